@@ -1,0 +1,1 @@
+"""elastic_ssm.eval"""
