@@ -201,6 +201,7 @@ class ESSHConfig(ConfigBase):
     d_ff: int = opt(4608, "full SwiGLU width d_ff")
     n_channels: int = opt(32, "full spectral-channel count K-bar")
     n_modes: int = opt(8, "damped-rotation modes m per channel")
+    channel_width: int = opt(0, "value width P per channel; 0 means d / n_channels (standalone exports set it)")
     swa_layers: tuple[int, ...] = opt((12, 17, 21), "zero-based indices of sliding-window-attention blocks")
     window: int = opt(2048, "sliding-window length w (tokens attended, including the current one)")
     head_dim: int = opt(64, "attention head dimension (heads = d / head_dim)")
@@ -223,7 +224,9 @@ class ESSHConfig(ConfigBase):
     def validate(self) -> None:
         _positive(self, "vocab_size", "d_model", "n_layers", "d_ff", "n_channels", "n_modes",
                   "window", "head_dim", "filter_length", "ffn_align")
-        if self.d_model % self.n_channels:
+        if self.channel_width < 0:
+            raise ConfigError(f"ESSHConfig.channel_width must be >= 0, got {self.channel_width}")
+        if self.channel_width == 0 and self.d_model % self.n_channels:
             raise ConfigError(
                 f"ESSHConfig.d_model={self.d_model} must be divisible by n_channels={self.n_channels}"
                 " (value width P = d / K-bar)"
@@ -254,8 +257,8 @@ class ESSHConfig(ConfigBase):
 
     @property
     def value_width(self) -> int:
-        """P = d / K-bar, the per-channel value width."""
-        return self.d_model // self.n_channels
+        """P = d / K-bar, the per-channel value width (or the explicit ``channel_width``)."""
+        return self.channel_width or self.d_model // self.n_channels
 
     @property
     def n_heads(self) -> int:

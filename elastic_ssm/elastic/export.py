@@ -1,0 +1,92 @@
+"""Standalone tier export and the export check (ESSH Appendix D.2, D.8, Q.2; ES-SSM Appendix B.6).
+
+``export_tier(model, tier)`` builds a model of the same class from the tier's standalone config and
+loads only the retained tensors (strict key matching). ``check_export`` compares the standalone model
+with the shared model evaluated at that tier on the same inputs: parameter count against the config
+formula, and logits (bitwise in float32 on CPU, where both use the same kernels on the same bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["export_tier", "check_export", "ExportCheck"]
+
+
+def export_tier(model: Any, tier: Any) -> Any:
+    """A standalone model holding only ``tier``'s retained tensors, with its own smaller config."""
+    from ..models.base import export_state
+
+    t = model.resolve_tier(tier)
+    cls = type(model)
+    small_cfg = cls.tier_config(model.config, t)
+    with torch.device("meta"):
+        small = cls(small_cfg)
+    device = next(model.parameters()).device
+    small.load_tier_state({k: v.to(device) for k, v in export_state(model, t).items()})
+    small.source = {"tier": t.name, "parent_config": model.config.to_dict()}
+    return small.train(model.training)
+
+
+@dataclass
+class ExportCheck:
+    """Result of comparing a standalone export with the shared model at the same tier."""
+
+    tier: str
+    params_expected: int
+    params_actual: int
+    max_abs_diff: float
+    bitwise_equal: bool
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        params_ok = self.params_expected == self.params_actual
+        return params_ok and (self.bitwise_equal or self.max_abs_diff <= self.tolerance)
+
+    def __str__(self) -> str:
+        status = "OK" if self.ok else "FAILED"
+        eq = "bitwise equal" if self.bitwise_equal else f"max |diff| {self.max_abs_diff:.3g}"
+        return (f"{self.tier}: {status} params {self.params_actual:,} (config {self.params_expected:,}), "
+                f"logits {eq}")
+
+
+@torch.no_grad()
+def check_export(
+    model: Any, tier: Any, input_ids: torch.Tensor | None = None, standalone: Any = None,
+    tolerance: float = 0.0, seq_len: int = 64, batch: int = 2, seed: int = 0,
+) -> ExportCheck:
+    """Compare ``standalone`` (default: a fresh ``export_tier``) with ``model(x, tier=tier)``.
+
+    ``input_ids`` [B, T] defaults to seeded random tokens. ``tolerance`` = 0 demands bitwise equality
+    (the CPU float32 guarantee); pass a small tolerance for GPU kernels with different reductions.
+    """
+    t = model.resolve_tier(tier)
+    if standalone is None:
+        standalone = export_tier(model, t)
+    if input_ids is None:
+        g = torch.Generator().manual_seed(seed)
+        vocab = model.config.vocab_size
+        input_ids = torch.randint(0, vocab, (batch, seq_len), generator=g)
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    was_training = (model.training, standalone.training)
+    model.eval()
+    standalone.eval()
+    try:
+        ref = model(input_ids, tier=t)
+        out = standalone(input_ids)
+    finally:
+        model.train(was_training[0])
+        standalone.train(was_training[1])
+    ref = ref.logits if hasattr(ref, "logits") else ref
+    out = out.logits if hasattr(out, "logits") else out
+    diff = (ref.float() - out.float()).abs().max().item()
+    n_actual = sum(p.numel() for p in standalone.parameters())
+    return ExportCheck(
+        tier=t.name, params_expected=model.num_parameters(t), params_actual=n_actual,
+        max_abs_diff=diff, bitwise_equal=bool(torch.equal(ref, out)), tolerance=tolerance,
+    )

@@ -1,0 +1,189 @@
+"""Base class of the elastic models: tier resolution, exact counts, safetensors save/load.
+
+A model directory holds ``model.safetensors`` (all parameters and persistent buffers, so the Hankel
+filters / modal tables a model was trained with travel with it) and ``config.json``::
+
+    {"format": "elastic_ssm", "format_version": 1, "arch": "essh", "config": {...},
+     "tiers": [{"name": "T1", "K": 8, "n_ff": 448, ...}, ...], "source": {...}}
+
+``from_pretrained(path, tier="T4")`` builds the tier's standalone config and reads only the retained
+dim-0 prefixes of the elastic tensors (``elastic/slicing.py``) with strict key matching.
+Subclasses implement ``tier_config`` and ``slice_rules`` (classmethods on a config, so loading a tier
+never instantiates the full model) and build their modules without non-persistent buffers, so that a
+model created on the meta device is completed by ``load_state_dict(assign=True)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..config import ConfigBase
+from ..elastic import tiers as tiers_mod
+from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
+
+FORMAT_VERSION = 1
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+
+
+class CheckpointError(RuntimeError):
+    """A saved model directory is missing, corrupted or does not match its config."""
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class ElasticModel(nn.Module):
+    """Common behaviour of ``ESSSM`` and ``ESSH``; ``config`` is the model's (possibly standalone) config."""
+
+    arch: ClassVar[str] = ""
+    config_class: ClassVar[type[ConfigBase]]
+
+    def __init__(self, config: ConfigBase) -> None:
+        super().__init__()
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config)}")
+        self.config = config
+        self.source: dict[str, Any] = {}
+
+    # ---- tiers -----------------------------------------------------------------------------------
+    def resolve_tier(self, tier: Any = None) -> tiers_mod.Tier:
+        return tiers_mod.resolve_tier(self.config, tier)
+
+    def tier_table(self) -> list[tiers_mod.Tier]:
+        return tiers_mod.tier_table(self.config)
+
+    def num_parameters(self, tier: Any = None) -> int:
+        """Exact parameter count of the standalone export of ``tier`` (computed from the config)."""
+        return tiers_mod.num_parameters(self.config, tier)
+
+    @classmethod
+    def tier_config(cls, config: ConfigBase, tier: tiers_mod.Tier) -> ConfigBase:
+        """The standalone config of ``tier`` (only the retained sizes)."""
+        raise NotImplementedError
+
+    @classmethod
+    def slice_rules(cls, config: ConfigBase, tier: tiers_mod.Tier) -> list[SliceRule]:
+        """Dim-0 prefix rules that cut the shared state dict down to ``tier``."""
+        raise NotImplementedError
+
+    def is_meta(self) -> bool:
+        return any(p.device.type == "meta" for p in self.parameters())
+
+    # ---- save / load -----------------------------------------------------------------------------
+    def _config_json(self) -> dict[str, Any]:
+        from .. import __version__
+
+        return {
+            "format": "elastic_ssm",
+            "format_version": FORMAT_VERSION,
+            "library_version": __version__,
+            "arch": self.arch,
+            "config": self.config.to_dict(),
+            "tiers": [dataclasses.asdict(t) for t in self.tier_table()],
+            "source": self.source,
+        }
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Write ``model.safetensors`` and ``config.json`` (each atomically) into directory ``path``."""
+        from safetensors.torch import save
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        atomic_write_bytes(path / WEIGHTS_NAME, save(tensors, metadata={"format": "pt", "arch": self.arch}))
+        text = json.dumps(self._config_json(), indent=2)
+        atomic_write_bytes(path / CONFIG_NAME, text.encode())
+        return path
+
+    @classmethod
+    def read_config(cls, path: str | Path) -> tuple[ConfigBase, dict[str, Any]]:
+        path = Path(path)
+        cfile = path / CONFIG_NAME
+        if not cfile.is_file():
+            raise CheckpointError(f"{path}: no {CONFIG_NAME}; expected a directory written by save_pretrained")
+        try:
+            meta = json.loads(cfile.read_text())
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{cfile} is not valid JSON ({e}); the file is corrupted") from e
+        if meta.get("format") != "elastic_ssm" or "config" not in meta:
+            raise CheckpointError(f"{cfile} is not an elastic_ssm model config")
+        if meta.get("arch") != cls.arch:
+            raise CheckpointError(f"{path} holds a {meta.get('arch')!r} model; load it with the matching class")
+        return cls.config_class.from_dict(meta["config"]), meta
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, tier: Any = None, device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+    ) -> ElasticModel:
+        """Load a saved model; with ``tier`` only that tier's tensor prefixes are read."""
+        path = Path(path)
+        config, meta = cls.read_config(path)
+        wfile = path / WEIGHTS_NAME
+        if not wfile.is_file():
+            raise CheckpointError(f"{path}: missing {WEIGHTS_NAME}")
+        rules: list[SliceRule] = []
+        source = dict(meta.get("source") or {})
+        if tier is not None:
+            t = tiers_mod.resolve_tier(config, tier)
+            rules = cls.slice_rules(config, t)
+            source = {"parent": str(path), "tier": t.name, "parent_config": config.to_dict()}
+            config = cls.tier_config(config, t)
+        with torch.device("meta"):
+            model = cls(config)
+        try:
+            state = load_sliced_safetensors(wfile, rules, device=device)
+        except Exception as e:  # safetensors raises several types on corruption
+            raise CheckpointError(f"{wfile} could not be read ({e}); the file is corrupted or truncated") from e
+        if dtype is not None:
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        _load_strict(model, state, wfile)
+        model.source = source
+        return model.eval()
+
+    def load_tier_state(self, state: dict[str, torch.Tensor]) -> None:
+        _load_strict(self, state, "state dict")
+
+
+def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], origin: Any) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{origin} does not match the model config: missing tensors {missing[:5]}"
+            f"{'...' if len(missing) > 5 else ''}, unexpected tensors {unexpected[:5]}"
+        )
+    for k, v in expected.items():
+        if tuple(v.shape) != tuple(state[k].shape):
+            raise CheckpointError(
+                f"{origin}: tensor {k} has shape {tuple(state[k].shape)}, the config expects {tuple(v.shape)}"
+            )
+    model.load_state_dict(state, strict=True, assign=True)
+
+
+def export_state(model: ElasticModel, tier: tiers_mod.Tier) -> dict[str, torch.Tensor]:
+    """The retained tensors of ``tier`` as independent (cloned) tensors."""
+    return slice_state_dict(model.state_dict(), type(model).slice_rules(model.config, tier), clone=True)
