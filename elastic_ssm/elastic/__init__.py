@@ -1,1 +1,27 @@
-"""elastic_ssm.elastic"""
+"""elastic_ssm.elastic: tiers (two-rate map, exact counts), budget sampling, slicing and export."""
+
+from .tiers import (
+    Tier,
+    channels_for,
+    ffn_width_for,
+    flops_per_token,
+    format_tier_table,
+    num_parameters,
+    parameter_breakdown,
+    resolve_tier,
+    state_bytes,
+    tier_table,
+)
+
+__all__ = [
+    "Tier",
+    "channels_for",
+    "ffn_width_for",
+    "flops_per_token",
+    "format_tier_table",
+    "num_parameters",
+    "parameter_breakdown",
+    "resolve_tier",
+    "state_bytes",
+    "tier_table",
+]
