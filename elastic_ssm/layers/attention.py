@@ -1,0 +1,113 @@
+"""Sliding-window causal self-attention with RoPE (ESSH Sec. 4, Appendix E.2).
+
+Query i attends keys j with 0 <= i - j < window (the current token included) and, in a padded batch,
+only non-padding keys (a padding query attends itself so its softmax stays finite). q, k, v, o carry
+no biases (4 d^2 parameters, Table 4). Attention is shared by every tier.
+
+Training / prefill use PyTorch SDPA; sequences longer than two windows are processed in query blocks of
+one window against the 2-window key band, so memory stays O(T * window). Decoding uses a ring buffer of
+``window`` key/value slots per sequence (``models/cache.py``); rotary phases come from absolute positions
+computed on the fly in float64 (no buffers, so meta-device construction and loading stay exact).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
+    """cos/sin tables [..., head_dim/2] for integer ``positions`` (phases in float64)."""
+    inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
+    ang = positions.to(torch.float64)[..., None] * inv
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1])... here halves (x[:h/2], x[h/2:]) by the position angle. x [B,H,T,hd]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int,
+                k_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Boolean [B|1, 1, Tq, Tk] mask: 0 <= q - k < window, key valid (padding queries see themselves)."""
+    diff = q_pos[..., :, None] - k_pos[..., None, :]
+    allowed = (diff >= 0) & (diff < window)
+    if k_valid is not None:
+        allowed = allowed & k_valid[..., None, :]
+        allowed = allowed | (diff == 0)
+    if allowed.dim() == 2:
+        allowed = allowed[None]
+    return allowed[:, None]
+
+
+class SlidingWindowAttention(nn.Module):
+    def __init__(self, d_model: int, head_dim: int, window: int, rope_base: float = 10000.0,
+                 init_std: float = 0.02, out_std: float | None = None) -> None:
+        super().__init__()
+        self.d_model, self.head_dim, self.window, self.rope_base = d_model, head_dim, window, rope_base
+        self.n_heads = d_model // head_dim
+        self.init_std, self.out_std = init_std, out_std if out_std is not None else init_std
+        self.qkv = nn.Parameter(torch.empty(3 * d_model, d_model))   # [3D, D]
+        self.out = nn.Parameter(torch.empty(d_model, d_model))       # [D, D]
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.qkv.device.type == "meta":
+            return
+        nn.init.normal_(self.qkv, std=self.init_std)
+        nn.init.normal_(self.out, std=self.out_std)
+
+    def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
+        """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] with RoPE on q and k."""
+        B, T, _ = x.shape
+        q, k, v = F.linear(x, self.qkv).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_base, q.dtype)
+        cos, sin = cos[:, None], sin[:, None]                      # [B,1,T,hd/2]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None = None,
+                cache=None, layer: int | None = None) -> torch.Tensor:
+        """x [B,T,D]; positions [B,T] absolute token positions; valid [B,T] bool (None: all valid).
+
+        With ``cache`` the last ``window`` keys/values are written into its ring buffer for ``layer``.
+        """
+        B, T, D = x.shape
+        q, k, v = self._qkv(x, positions)
+        idx = torch.arange(T, device=x.device)
+        W = self.window
+        if T <= 2 * W:
+            mask = window_mask(idx, idx, W, valid)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            blocks = []
+            for s in range(0, T, W):
+                e = min(s + W, T)
+                ks = max(0, s - W + 1)
+                kv = valid[:, ks:e] if valid is not None else None
+                mask = window_mask(idx[s:e], idx[ks:e], W, kv)
+                blocks.append(F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, ks:e], v[:, :, ks:e],
+                                                             attn_mask=mask))
+            o = torch.cat(blocks, dim=2)
+        if cache is not None:
+            cache.write_kv(layer, k, v, positions, valid)
+        return F.linear(o.transpose(1, 2).reshape(B, T, D), self.out)
+
+    def step(self, x: torch.Tensor, positions: torch.Tensor, cache, layer: int,
+             valid: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per sequence: x [B,D], positions [B]; attends the ring buffer plus itself."""
+        B, D = x.shape
+        q, k, v = self._qkv(x[:, None], positions[:, None])       # [B,H,1,hd]
+        cache.write_kv(layer, k, v, positions[:, None], None if valid is None else valid[:, None])
+        kc, vc, slot_pos = cache.kv(layer)                           # [B,H,W,hd], [B,W]
+        diff = positions[:, None] - slot_pos                         # [B,W]
+        allowed = (slot_pos >= 0) & (diff >= 0) & (diff < self.window)
+        scores = (q.to(kc.dtype) @ kc.transpose(-1, -2)) / math.sqrt(self.head_dim)   # [B,H,1,W]
+        scores = scores.float().masked_fill(~allowed[:, None, None], float("-inf"))
+        p = scores.softmax(-1).to(vc.dtype)
+        o = (p @ vc).to(x.dtype)                                     # [B,H,1,hd]
+        return F.linear(o.reshape(B, D), self.out)

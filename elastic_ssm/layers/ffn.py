@@ -1,0 +1,79 @@
+"""Elastic SwiGLU feed-forward layer (Shazeer, 2020) with prefix width and FFN gradient scaling.
+
+Storage is unit-major so a tier keeps a dim-0 prefix (ESSH D.2): ``w_in`` [F, 2, D] holds the gate
+and up rows of unit h at ``w_in[h, 0]`` and ``w_in[h, 1]``; ``w_out`` [F, D] holds the down-projection
+column of unit h as a row. ``forward(x, n_ff, grad_scale)`` evaluates only the first ``n_ff`` units
+and, for reduced-capacity micro-batches, applies W_hat = a W + (1 - a) sg(W) to the retained weights
+(ESSH D.4: forward unchanged, parameter gradients scaled by a = alpha_ff).
+
+For the importance ordering (ESSH D.3) the layer can keep a running mean of squared unit activations
+``act_sq`` [F] on full-width calls when ``track_activations`` is set (training state, not a parameter).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..elastic.slicing import prefix
+
+
+def scale_grad(w: torch.Tensor, alpha: float) -> torch.Tensor:
+    """alpha * w + (1 - alpha) * sg(w): identity forward, gradient scaled by alpha (ESSH D.4)."""
+    return alpha * w + (1.0 - alpha) * w.detach()
+
+
+class SwiGLU(nn.Module):
+    """y = W_down (silu(W_gate x) * (W_up x)) with elastic width."""
+
+    def __init__(self, d_model: int, d_ff: int, init_std: float = 0.02, out_std: float | None = None) -> None:
+        super().__init__()
+        self.d_model, self.d_ff = d_model, d_ff
+        self.init_std, self.out_std = init_std, out_std if out_std is not None else init_std
+        self.w_in = nn.Parameter(torch.empty(d_ff, 2, d_model))   # [F, 2, D]
+        self.w_out = nn.Parameter(torch.empty(d_ff, d_model))     # [F, D]
+        self.track_activations = False
+        self.stat_decay = 0.99
+        self.act_sq: torch.Tensor | None = None                   # [F] running mean of a_h^2
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.w_in.device.type == "meta":
+            return
+        nn.init.normal_(self.w_in, std=self.init_std)
+        nn.init.normal_(self.w_out, std=self.out_std)
+
+    def forward(self, x: torch.Tensor, n_ff: int | None = None, grad_scale: float | None = None) -> torch.Tensor:
+        n = self.d_ff if n_ff is None else n_ff
+        w_in = prefix(self.w_in, n).reshape(2 * n, self.d_model)   # [2F', D], rows (gate_h, up_h)
+        w_out = prefix(self.w_out, n)                               # [F', D]
+        if grad_scale is not None and grad_scale != 1.0:
+            w_in, w_out = scale_grad(w_in, grad_scale), scale_grad(w_out, grad_scale)
+        h = F.linear(x, w_in).unflatten(-1, (n, 2))                 # [..., F', 2]
+        act = F.silu(h[..., 0]) * h[..., 1]                         # [..., F']
+        if self.track_activations and self.training and n == self.d_ff:
+            self._update_stats(act)
+        return act @ w_out.to(act.dtype)                            # [..., D]
+
+    @torch.no_grad()
+    def _update_stats(self, act: torch.Tensor) -> None:
+        m = act.detach().float().pow(2).reshape(-1, act.shape[-1]).mean(0)
+        if self.act_sq is None or self.act_sq.shape != m.shape:
+            self.act_sq = m
+        else:
+            self.act_sq.mul_(self.stat_decay).add_(m, alpha=1 - self.stat_decay)
+
+    def importance(self) -> torch.Tensor:
+        """I_h = abar_h^2 * ||W_down[:, h]||^2 (ESSH D.3 / Algorithm 1 line 24); [F]."""
+        if self.act_sq is None:
+            raise RuntimeError("no activation statistics yet: enable track_activations and run full-width steps")
+        return self.act_sq * self.w_out.detach().float().pow(2).sum(-1)
+
+    @torch.no_grad()
+    def permute_units(self, perm: torch.Tensor) -> None:
+        """Reorder units by ``perm`` (new unit i = old unit perm[i]); the full-width function is unchanged."""
+        self.w_in.copy_(self.w_in[perm])
+        self.w_out.copy_(self.w_out[perm])
+        if self.act_sq is not None:
+            self.act_sq = self.act_sq[perm.to(self.act_sq.device)]

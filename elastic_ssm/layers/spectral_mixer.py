@@ -1,0 +1,125 @@
+"""Selective spectral mixer of ESSH (Sec. 4.1, Appendix C.1-C.4).
+
+Input u [B,T,D] is the block's RMS-normalised residual stream. One concatenated, channel-major input
+projection ``in_proj`` [K, P + 3M, D] gives for every channel k its value v_k^0 (P rows) and the
+write, read and clock pre-activations of its M modes, so a tier keeps the dim-0 prefix and the fused
+decoder reads one matrix. Per channel (all channel-local, so truncation leaves retained channels
+unchanged, C.4):
+
+    v_k   = (1 - beta_k) v_k^0 + beta_k v_k^0 / sqrt(|v_k^0|^2 / P + eps)            (Eq. 23)
+    eta^w = 2 sigmoid(w^w u + b^w),  eta^r = 2 sigmoid(w^r u + b^r),  Delta = softplus(w^D u + b^D)  (C.2)
+    rho   = exp(-softplus(rho_raw))                                                (C.3)
+    z_k   = selective scan of Eq. 5 with zero-lag correction a (Eq. 24)            (ops.spectral_scan)
+    y     = K^{-1/2} sum_{k<=K} W_k^out z_k                                         (Sec. 4.1)
+
+Initialisation: value rows and ``out_proj`` normal; gate/clock weights 0 with biases (0, 0, -3);
+modal tables from the matrix-pencil fit of the first K-bar Hankel filters (C.1); a = 1/2; beta = 0.
+Padding (``valid`` False) zeroes the write gate, so padded positions never enter a mode state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..elastic.slicing import prefix
+
+
+class SpectralMixer(nn.Module):
+    def __init__(self, d_model: int, n_channels: int, n_modes: int, value_width: int, *,
+                 filter_length: int = 2048, pole_clip: float = 1 - 1e-4, clock_bias_init: float = -3.0,
+                 zero_lag_init: float = 0.5, blend_eps: float = 1e-6, init_std: float = 0.02,
+                 out_std: float | None = None) -> None:
+        super().__init__()
+        K, M, P, D = n_channels, n_modes, value_width, d_model
+        self.K, self.M, self.P, self.D = K, M, P, D
+        self.filter_length, self.pole_clip = filter_length, pole_clip
+        self.clock_bias_init, self.zero_lag_init, self.blend_eps = clock_bias_init, zero_lag_init, blend_eps
+        self.init_std, self.out_std = init_std, out_std if out_std is not None else init_std
+        self.in_proj = nn.Parameter(torch.empty(K, P + 3 * M, D))   # [K, P+3M, D]
+        self.gate_bias = nn.Parameter(torch.empty(K, 3, M))         # [K, 3, M] write/read/clock biases
+        self.out_proj = nn.Parameter(torch.empty(K, P, D))          # [K, P, D]
+        self.rho_raw = nn.Parameter(torch.empty(K, M))
+        self.theta = nn.Parameter(torch.empty(K, M))
+        self.kc = nn.Parameter(torch.empty(K, M))
+        self.ks = nn.Parameter(torch.empty(K, M))
+        self.a = nn.Parameter(torch.empty(K, M))
+        self.beta = nn.Parameter(torch.empty(K))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        if self.in_proj.device.type == "meta":
+            return
+        from ..spectral import modal_tables
+
+        P = self.P
+        nn.init.normal_(self.in_proj[:, :P], std=self.init_std)
+        self.in_proj[:, P:].zero_()
+        self.gate_bias.zero_()
+        self.gate_bias[:, 2].fill_(self.clock_bias_init)
+        nn.init.normal_(self.out_proj, std=self.out_std)
+        tab = modal_tables(self.filter_length, self.K, self.M, clip=self.pole_clip)
+        rho = torch.as_tensor(tab["rho"], dtype=torch.float64)
+        gamma = -torch.log(rho)                                      # rho = exp(-softplus(rho_raw))
+        self.rho_raw.copy_(torch.log(torch.expm1(gamma)))
+        self.theta.copy_(torch.as_tensor(tab["theta"]))
+        self.kc.copy_(torch.as_tensor(tab["kc"]))
+        self.ks.copy_(torch.as_tensor(tab["ks"]))
+        self.a.fill_(self.zero_lag_init)
+        self.beta.zero_()
+
+    # ---- shared pieces ---------------------------------------------------------------------------
+    def _controls(self, u: torch.Tensor, K: int, valid: torch.Tensor | None):
+        """u [..., D] -> v [..., K, P], write/read/clock [..., K, M] in the scan dtype."""
+        P, M = self.P, self.M
+        w = prefix(self.in_proj, K).reshape(K * (P + 3 * M), self.D)
+        h = F.linear(u, w).unflatten(-1, (K, P + 3 * M))
+        dtype = self.theta.dtype
+        h = h.to(dtype)
+        v0, pre = h[..., :P], h[..., P:].unflatten(-1, (3, M)) + prefix(self.gate_bias, K)
+        beta = prefix(self.beta, K)[:, None]
+        rms = torch.rsqrt(v0.pow(2).mean(-1, keepdim=True) + self.blend_eps)
+        v = (1 - beta) * v0 + beta * (v0 * rms)                                   # Eq. 23
+        write = 2 * torch.sigmoid(pre[..., 0, :])
+        read = 2 * torch.sigmoid(pre[..., 1, :])
+        clock = F.softplus(pre[..., 2, :])
+        if valid is not None:
+            write = write * valid[..., None, None].to(dtype)
+        return v, write, read, clock
+
+    def _modal(self, K: int):
+        rho = torch.exp(-F.softplus(prefix(self.rho_raw, K)))
+        return rho, prefix(self.theta, K), prefix(self.kc, K), prefix(self.ks, K), prefix(self.a, K)
+
+    def _readout(self, z: torch.Tensor, K: int) -> torch.Tensor:
+        """z [..., K, P] -> y [..., D] = K^{-1/2} W^out z (first K*P columns of W^out)."""
+        w = prefix(self.out_proj, K).reshape(K * self.P, self.D)
+        return (z.flatten(-2).to(w.dtype) @ w) * (1.0 / math.sqrt(K))
+
+    # ---- training / prefill -------------------------------------------------------------------------
+    def forward(self, u: torch.Tensor, K: int | None = None, valid: torch.Tensor | None = None,
+                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                backend: str = "auto"):
+        """u [B,T,D] -> y [B,T,D] (and the final state [B,K,M,2,P] when ``output_final_state``)."""
+        from ..ops import spectral_scan
+
+        K = self.K if K is None else K
+        v, write, read, clock = self._controls(u, K, valid)
+        z, state = spectral_scan(v, write, read, clock, *self._modal(K), initial_state=initial_state,
+                                 output_final_state=output_final_state, backend=backend)
+        y = self._readout(z, K)
+        return (y, state) if output_final_state else y
+
+    # ---- decoding -------------------------------------------------------------------------------------
+    def step(self, u: torch.Tensor, state: torch.Tensor, K: int | None = None) -> torch.Tensor:
+        """One token: u [B,D], state [B,K,M,2,P] updated in place -> y [B,D]."""
+        from ..ops import spectral_scan_step
+
+        K = self.K if K is None else K
+        v, write, read, clock = self._controls(u, K, None)
+        z, _ = spectral_scan_step(v, write, read, clock, *self._modal(K), state)
+        return self._readout(z, K)

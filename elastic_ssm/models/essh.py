@@ -1,0 +1,158 @@
+"""ESSH: the elastic selective spectral hybrid language model (ESSH paper Sec. 4, Appendix E.2).
+
+Blocks follow ``config.layout`` ('S' spectral mixer, 'A' sliding-window attention); every block is
+pre-norm: x += Mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). A final RMSNorm and the tied embedding
+give the logits. ``forward(input_ids, tier=...)`` evaluates the shared model at a tier: spectral mixers
+keep their first K_T channels and FFNs their first n_ff,T units (prefix views from
+``elastic/slicing.py``); nothing of discarded channels or units is computed. Attention, embeddings and
+norms are shared by every tier (Sec. 4.2).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ESSHConfig
+from ..elastic.slicing import SliceRule
+from ..elastic.tiers import Tier
+from ..layers.attention import SlidingWindowAttention
+from ..layers.ffn import SwiGLU
+from ..layers.norm import RMSNorm
+from ..layers.spectral_mixer import SpectralMixer
+from .base import ElasticModel
+from .cache import ESSHCache
+from .generation import GenerationMixin
+
+_MIXER_TENSORS = r"blocks\.\d+\.mixer\.(in_proj|gate_bias|out_proj|rho_raw|theta|kc|ks|a|beta)"
+_FFN_TENSORS = r"blocks\.\d+\.ffn\.(w_in|w_out)"
+
+
+class ESSHBlock(nn.Module):
+    def __init__(self, cfg: ESSHConfig, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        if kind == "S":
+            self.mixer: nn.Module = SpectralMixer(
+                cfg.d_model, cfg.n_channels, cfg.n_modes, cfg.value_width, filter_length=cfg.filter_length,
+                pole_clip=cfg.pole_clip, clock_bias_init=cfg.clock_bias_init, zero_lag_init=cfg.zero_lag_init,
+                blend_eps=cfg.blend_eps, init_std=cfg.init_std, out_std=out_std)
+        else:
+            self.mixer = SlidingWindowAttention(cfg.d_model, cfg.head_dim, cfg.window, cfg.rope_base,
+                                                init_std=cfg.init_std, out_std=out_std)
+        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.ffn = SwiGLU(cfg.d_model, cfg.d_ff, init_std=cfg.init_std, out_std=out_std)
+
+    def forward(self, x, tier: Tier, positions, valid, cache, layer, ffn_grad_scale=None, backend="auto"):
+        h = self.norm1(x)
+        if self.kind == "S":
+            if cache is not None:
+                h, cache.states[layer] = self.mixer(h, tier.K, valid, initial_state=None,
+                                                    output_final_state=True, backend=backend)
+            else:
+                h = self.mixer(h, tier.K, valid, backend=backend)
+        else:
+            h = self.mixer(h, positions, valid, cache=cache, layer=layer)
+        x = x + h
+        return x + self.ffn(self.norm2(x), tier.n_ff, ffn_grad_scale)
+
+    def step(self, x, tier: Tier, positions, cache, layer):
+        h = self.norm1(x)
+        if self.kind == "S":
+            h = self.mixer.step(h, cache.states[layer], tier.K)
+        else:
+            h = self.mixer.step(h, positions, cache, layer)
+        x = x + h
+        return x + self.ffn(self.norm2(x), tier.n_ff)
+
+
+class ESSH(GenerationMixin, ElasticModel):
+    """The shared elastic model (or, with a tier's standalone config, an exported compact model)."""
+
+    arch = "essh"
+    config_class = ESSHConfig
+
+    def __init__(self, config: ESSHConfig) -> None:
+        super().__init__(config)
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(ESSHBlock(config, kind) for kind in config.layout)
+        self.norm_f = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if self.embed.weight.device.type != "meta":
+            nn.init.normal_(self.embed.weight, std=config.init_std)
+            if self.lm_head is not None:
+                nn.init.normal_(self.lm_head.weight, std=config.init_std)
+
+    # ---- tiers ------------------------------------------------------------------------------------
+    @classmethod
+    def tier_config(cls, config: ESSHConfig, tier: Tier) -> ESSHConfig:
+        return config.replace(n_channels=tier.K, channel_width=config.value_width, d_ff=tier.n_ff,
+                              tier_xi=(1.0,))
+
+    @classmethod
+    def slice_rules(cls, config: ESSHConfig, tier: Tier) -> list[SliceRule]:
+        return [SliceRule(_MIXER_TENSORS, tier.K), SliceRule(_FFN_TENSORS, tier.n_ff)]
+
+    def ffn_layers(self) -> list[SwiGLU]:
+        return [b.ffn for b in self.blocks]
+
+    # ---- forward ----------------------------------------------------------------------------------
+    def _check_ids(self, input_ids: torch.Tensor) -> None:
+        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
+                             f"{tuple(input_ids.shape)}")
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+            raise ValueError(f"token ids must lie in [0, vocab_size={self.config.vocab_size}); "
+                             f"got range [{int(input_ids.min())}, {int(input_ids.max())}]")
+
+    def hidden_states(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
+                      cache: ESSHCache | None = None, ffn_grad_scale: float | None = None,
+                      backend: str = "auto") -> torch.Tensor:
+        """Final-normed hidden states [B,T,D]. ``attention_mask`` [B,T] marks real tokens (left padding)."""
+        self._check_ids(input_ids)
+        t = self.resolve_tier(tier)
+        B, T = input_ids.shape
+        valid = None if attention_mask is None else attention_mask.bool()
+        if valid is None:
+            positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        else:
+            positions = (valid.long().cumsum(1) - 1).clamp_min(0)
+        if cache is not None:
+            positions = positions + cache.positions[:, None]
+        x = self.embed(input_ids)
+        for i, block in enumerate(self.blocks):
+            x = block(x, t, positions, valid, cache, i, ffn_grad_scale, backend)
+        if cache is not None:
+            n_real = T if valid is None else valid.long().sum(1)
+            cache.positions = cache.positions + n_real
+        return self.norm_f(x)
+
+    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        w = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, w)
+
+    def forward(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
+                cache: ESSHCache | None = None, ffn_grad_scale: float | None = None,
+                backend: str = "auto") -> torch.Tensor:
+        """Logits [B,T,V] of the shared model at ``tier`` (None: full capacity)."""
+        return self.logits_from_hidden(self.hidden_states(input_ids, tier, attention_mask, cache,
+                                                          ffn_grad_scale, backend))
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, cache: ESSHCache) -> torch.Tensor:
+        """Decode one token per sequence: tokens [B] -> logits [B,V]; the cache advances by one."""
+        t = cache.tier
+        x = self.embed(tokens)
+        for i, block in enumerate(self.blocks):
+            x = block.step(x, t, cache.positions, cache, i)
+        cache.positions = cache.positions + 1
+        return self.logits_from_hidden(self.norm_f(x))
+
+    def allocate_cache(self, batch: int, tier: Any = None, **kw: Any) -> ESSHCache:
+        return ESSHCache.allocate(self, batch, tier, **kw)
