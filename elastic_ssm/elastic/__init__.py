@@ -2,6 +2,7 @@
 
 from .tiers import (
     Tier,
+    capacity_tier,
     channels_for,
     ffn_width_for,
     flops_per_token,
@@ -15,6 +16,7 @@ from .tiers import (
 
 __all__ = [
     "Tier",
+    "capacity_tier",
     "channels_for",
     "ffn_width_for",
     "flops_per_token",

@@ -33,6 +33,7 @@ __all__ = [
     "Tier",
     "tier_table",
     "resolve_tier",
+    "capacity_tier",
     "channels_for",
     "ffn_width_for",
     "num_parameters",
@@ -116,6 +117,16 @@ def _essh_tier(cfg: ESSHConfig, index: int) -> Tier:
     return Tier(f"T{index}", index, xi, K, n_ff, _essh_params(cfg, K, n_ff)["total"])
 
 
+def capacity_tier(cfg: ESSHConfig, xi: float) -> Tier:
+    """The tier of an arbitrary budget fraction ``xi`` in (0, 1] through Eq. 7 (training capacities of
+    D.4 such as 3/32 need not be deployment tiers). Named ``"xi=<xi>"`` with ``index`` 0."""
+    _require_essh(cfg, "capacity_tier")
+    if not 0 < xi <= 1:
+        raise ValueError(f"a capacity fraction must lie in (0, 1], got {xi}")
+    K, n_ff = channels_for(cfg, xi), ffn_width_for(cfg, xi)
+    return Tier(f"xi={xi:g}", 0, float(xi), K, n_ff, _essh_params(cfg, K, n_ff)["total"])
+
+
 def _essm_tier(cfg: ESSSMConfig, K: int) -> Tier:
     index = cfg.budgets.index(K) + 1 if K in cfg.budgets else 0
     n_ff = cfg.d_model * cfg.ffn_mult
@@ -148,7 +159,8 @@ def _bad_tier(cfg: AnyConfig, tier: Any) -> ValueError:
 def resolve_tier(cfg: AnyConfig, tier: Any = None) -> Tier:
     """Turn a user-facing tier spec into a ``Tier`` of ``cfg``.
 
-    ESSH accepts ``None`` (full tier), a ``Tier`` or a name ``"T<i>"`` (case-insensitive).
+    ESSH accepts ``None`` (full tier), a ``Tier``, a name ``"T<i>"`` (case-insensitive) or a float
+    capacity fraction ``xi`` (``capacity_tier``).
     ES-SSM accepts ``None``, a ``Tier``, an int ``K`` in ``[1, K-bar]`` or ``"K<k>"``; a ``K`` outside
     ``cfg.budgets`` is allowed and gets ``index`` 0. A ``Tier`` must equal the tier of the same name
     computed from ``cfg`` (a tier of another config is refused). Anything else raises ``ValueError``
@@ -157,6 +169,13 @@ def resolve_tier(cfg: AnyConfig, tier: Any = None) -> Tier:
     table = tier_table(cfg)
     if tier is None:
         return table[-1]
+    if isinstance(tier, Tier) and isinstance(cfg, ESSHConfig) and tier.index == 0:
+        own = capacity_tier(cfg, tier.xi)
+        if own != tier:
+            raise ValueError(f"{tier} does not belong to this config; its xi={tier.xi:g} tier is {own}")
+        return own
+    if isinstance(tier, float) and isinstance(cfg, ESSHConfig):
+        return capacity_tier(cfg, tier)
     if isinstance(tier, Tier):
         own = resolve_tier(cfg, tier.name)
         if own != tier:
