@@ -175,6 +175,8 @@ def resolve_tier(cfg: AnyConfig, tier: Any = None) -> Tier:
             raise ValueError(f"{tier} does not belong to this config; its xi={tier.xi:g} tier is {own}")
         return own
     if isinstance(tier, float) and isinstance(cfg, ESSHConfig):
+        if not 0 < tier <= 1:
+            raise _bad_tier(cfg, tier)
         return capacity_tier(cfg, tier)
     if isinstance(tier, Tier):
         own = resolve_tier(cfg, tier.name)
