@@ -1,0 +1,290 @@
+"""Document sources: the embedded stdlib corpus, text / JSONL / Parquet files and folders, and HF datasets.
+
+``iter_documents(source, split=None)`` streams documents (``bytes`` or ``str``) one at a time, so no
+source is ever held in memory as a whole. ``source`` is one of
+
+* ``"stdlib"``: the Python standard library's own ``.py`` files (no download; see ``stdlib_files``);
+* a text file (``.txt``, ``.md``, ``.py``, ... optionally ``.gz``): one document per file;
+* a ``.jsonl`` / ``.jsonl.gz`` file: one document per line, taken from the ``text_field`` key;
+* a ``.parquet`` file: one document per row of the ``text_field`` column, read batch by batch;
+* a folder: all of the above found recursively, in sorted relative-path order (hidden entries skipped);
+* ``"hf:<name>[:<config>][:<split>]"``: a Hugging Face dataset, streamed (needs ``datasets``).
+
+Splits (``"train"`` / ``"validation"``) are deterministic: folders (and the stdlib) are split BY FILE on
+a stable hash of the relative path (``split_by_path``), JSONL/Parquet files by a hash of the row index,
+and a single text file by its last ``val_fraction`` of bytes (cut at a line break).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import json
+import sysconfig
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+VAL_FRACTION = 0.02
+STDLIB_MIN_VAL_FILES = 8
+SPLITS = ("train", "validation")
+TEXT_SUFFIXES = frozenset(
+    ".txt .md .rst .py .pyi .c .h .cc .cpp .hpp .cu .js .ts .java .go .rs .rb .sh .tex .html .htm .css "
+    ".xml .yaml .yml .toml .ini .cfg .csv .tsv .sql .lua .jl .r .scala .kt .swift .m .hs .el .lisp".split())
+# Text files larger than this are streamed as several documents cut at line breaks.
+MAX_TEXT_DOC_BYTES = 16 << 20
+_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+
+
+def _unit_hash(key: str) -> float:
+    """A stable number in [0, 1) for ``key`` (sha256; identical on every machine and Python version)."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2.0**64
+
+
+def _check_split(split: str | None) -> None:
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}: use one of {SPLITS} or None for everything")
+
+
+def split_by_path(rel_paths: Sequence[str], val_fraction: float = VAL_FRACTION,
+                  min_val: int = 1) -> tuple[list[str], list[str]]:
+    """Deterministic file-level split: ``(train, validation)``, each in the order of ``rel_paths``.
+
+    A path is in validation when the hash of its POSIX relative path is below ``val_fraction``; if that
+    picks fewer than ``min_val`` files, the ``min_val`` lowest-hash files are used instead. Membership of
+    a file never depends on which other files exist (beyond the ``min_val`` top-up).
+    """
+    if len(rel_paths) < 2:
+        raise ValueError(f"cannot split {len(rel_paths)} file(s) into train and validation; pass a "
+                         "separate validation source or more files")
+    scores = {p: _unit_hash(p) for p in rel_paths}
+    val = {p for p, u in scores.items() if u < val_fraction}
+    if len(val) < min_val:
+        val = set(sorted(rel_paths, key=lambda p: (scores[p], p))[: min(min_val, len(rel_paths) - 1)])
+    return [p for p in rel_paths if p not in val], [p for p in rel_paths if p in val]
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(include_tests: bool = True) -> list[str]:
+    """Sorted POSIX relative paths of the standard library's own ``.py`` files.
+
+    Excludes ``site-packages``/``dist-packages`` (installed third-party code), ``__pycache__`` and the
+    machine-generated ``_sysconfigdata*`` / ``config-*`` build files. ``include_tests`` keeps the
+    stdlib's ``test``/``tests``/``idle_test`` folders (about 60% of the bytes). The list differs between
+    Python versions and distributions (some strip the test suite), so the corpus is identical across runs
+    on one machine, not across machines.
+    """
+    return list(_stdlib_files(include_tests))
+
+
+@functools.lru_cache(maxsize=2)
+def _stdlib_files(include_tests: bool) -> tuple[str, ...]:
+    root = stdlib_root()
+    out = []
+    for p in root.rglob("*.py"):
+        parts = p.relative_to(root).parts
+        if any(d in _SKIP_DIRS or d.startswith("config-") for d in parts[:-1]):
+            continue
+        if parts[-1].startswith("_sysconfigdata"):
+            continue
+        if not include_tests and any(d in ("test", "tests", "idle_test") for d in parts[:-1]):
+            continue
+        if p.is_file():
+            out.append("/".join(parts))
+    if not out:
+        raise FileNotFoundError(f"no .py files under the stdlib path {root}; this Python installation "
+                                "ships no standard-library sources, so use another source")
+    return tuple(sorted(out))
+
+
+def stdlib_split_files(split: str | None, include_tests: bool = True) -> list[str]:
+    """The stdlib files of ``split`` (``None``: all), split by file with ``split_by_path``."""
+    _check_split(split)
+    files = stdlib_files(include_tests)
+    if split is None:
+        return files
+    train, val = split_by_path(files, VAL_FRACTION, STDLIB_MIN_VAL_FILES)
+    return train if split == "train" else val
+
+
+def stdlib_corpus(split: str | None = "train", max_bytes: int | None = None,
+                  include_tests: bool = True) -> list[bytes]:
+    """The embedded default corpus: raw bytes of each stdlib file of ``split``, in sorted path order.
+
+    ``max_bytes`` truncates the corpus (the last document is cut so the total is exactly ``max_bytes``).
+    """
+    root, docs, total = stdlib_root(), [], 0
+    for rel in stdlib_split_files(split, include_tests):
+        if max_bytes is not None and total >= max_bytes:
+            break
+        data = (root / rel).read_bytes()
+        if max_bytes is not None:
+            data = data[: max_bytes - total]
+        if data:
+            docs.append(data)
+            total += len(data)
+    return docs
+
+
+def _open_binary(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _kind(path: Path) -> str | None:
+    suffixes = [s.lower() for s in path.suffixes[-2:]]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes = suffixes[:-1]
+    last = suffixes[-1] if suffixes else ""
+    if last == ".jsonl":
+        return "jsonl"
+    if last == ".parquet":
+        return "parquet"
+    return "text" if last in TEXT_SUFFIXES else None
+
+
+def _iter_text(path: Path, split: str | None, val_fraction: float) -> Iterator[bytes]:
+    """One document per file; files above ``MAX_TEXT_DOC_BYTES`` come in pieces cut at line breaks."""
+    with _open_binary(path) as f:
+        start, stop = 0, None
+        if split is not None:
+            if path.suffix == ".gz":
+                raise ValueError(f"cannot split the compressed text file {path}; pass a folder or separate "
+                                 "train/validation files")
+            size = path.stat().st_size
+            f.seek(int(size * (1.0 - val_fraction)))
+            f.readline()  # move the cut to the next line break
+            cut = f.tell()
+            start, stop = (0, cut) if split == "train" else (cut, size)
+        f.seek(start)
+        while stop is None or f.tell() < stop:
+            want = MAX_TEXT_DOC_BYTES if stop is None else min(MAX_TEXT_DOC_BYTES, stop - f.tell())
+            chunk = f.read(want)
+            if not chunk:
+                return
+            if len(chunk) == MAX_TEXT_DOC_BYTES and (stop is None or f.tell() < stop):
+                tail = f.readline()
+                chunk += tail if stop is None else tail[: max(0, stop - (f.tell() - len(tail)))]
+            yield chunk
+
+
+def _keep_row(index: int, split: str | None, val_fraction: float) -> bool:
+    return split is None or (_unit_hash(f"row:{index}") < val_fraction) == (split == "validation")
+
+
+def _iter_jsonl(path: Path, field: str, split: str | None, val_fraction: float) -> Iterator[str]:
+    with _open_binary(path) as f:
+        row = -1
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row += 1
+            if not _keep_row(row, split, val_fraction):
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+            if not isinstance(obj, dict) or field not in obj:
+                keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+                raise KeyError(f"{path}:{lineno}: no {field!r} field (found {keys}); set text_field=")
+            if obj[field]:
+                yield obj[field]
+
+
+def _iter_parquet(path: Path, field: str, split: str | None, val_fraction: float) -> Iterator[str | bytes]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise ImportError('reading Parquet needs pyarrow: pip install "elastic-ssm[data]"') from err
+    pf = pq.ParquetFile(path)
+    if field not in pf.schema_arrow.names:
+        raise KeyError(f"{path}: no column {field!r} (columns: {pf.schema_arrow.names}); set text_field=")
+    row = -1
+    for batch in pf.iter_batches(columns=[field], batch_size=1024):
+        for value in batch.column(0).to_pylist():
+            row += 1
+            if value and _keep_row(row, split, val_fraction):
+                yield value
+
+
+def _iter_hf(spec: str, field: str, split: str | None) -> Iterator[str]:
+    parts = spec[3:].split(":")
+    name, config, hf_split = parts[0], None, None
+    if len(parts) == 2:
+        if parts[1] in ("train", "validation", "valid", "test"):
+            hf_split = parts[1]
+        else:
+            config = parts[1]
+    elif len(parts) == 3:
+        config, hf_split = parts[1] or None, parts[2]
+    elif len(parts) > 3 or not name:
+        raise ValueError(f"bad dataset spec {spec!r}: use hf:<name>[:<config>][:<split>]")
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError(f"{spec} needs the Hugging Face `datasets` package (pip install datasets) and "
+                          "network access; or download the data once and pass the folder") from err
+    ds = datasets.load_dataset(name, config, split=hf_split or split or "train", streaming=True)
+    for row in ds:
+        if field not in row:
+            raise KeyError(f"{spec}: no {field!r} field (found {sorted(row)}); set text_field=")
+        if row[field]:
+            yield row[field]
+
+
+def _iter_file(path: Path, field: str, split: str | None, val_fraction: float):
+    kind = _kind(path)
+    if kind == "jsonl":
+        return _iter_jsonl(path, field, split, val_fraction)
+    if kind == "parquet":
+        return _iter_parquet(path, field, split, val_fraction)
+    return _iter_text(path, split, val_fraction)
+
+
+def folder_files(folder: str | Path) -> list[str]:
+    """Sorted POSIX relative paths of the readable files under ``folder`` (hidden entries skipped)."""
+    folder = Path(folder)
+    out = []
+    for p in folder.rglob("*"):
+        rel = p.relative_to(folder).parts
+        if p.is_file() and not any(s.startswith(".") for s in rel) and _kind(p) is not None:
+            out.append("/".join(rel))
+    return sorted(out)
+
+
+def iter_documents(source: str | Path, split: str | None = None, *, text_field: str = "text",
+                   val_fraction: float = VAL_FRACTION) -> Iterator[bytes | str]:
+    """Stream the documents of ``source`` (see the module docstring), restricted to ``split`` if given.
+
+    Yields ``bytes`` (text files, the stdlib) or ``str`` (JSONL, Parquet, datasets); never empty ones.
+    """
+    _check_split(split)
+    if str(source) == "stdlib":
+        root = stdlib_root()
+        for rel in stdlib_split_files(split):
+            yield (root / rel).read_bytes()
+        return
+    if str(source).startswith("hf:"):
+        yield from _iter_hf(str(source), text_field, split)
+        return
+    path = Path(source).expanduser()
+    if path.is_dir():
+        files = folder_files(path)
+        if not files:
+            raise FileNotFoundError(f"no readable files (text, .jsonl, .parquet) under {path}")
+        if split is not None:
+            train, val = split_by_path(files, val_fraction)
+            files = train if split == "train" else val
+        for rel in files:
+            yield from (d for d in _iter_file(path / rel, text_field, None, val_fraction) if d)
+        return
+    if path.is_file():
+        if _kind(path) is None and path.suffix.lower() in (".bin", ".json"):
+            raise ValueError(f"{path} looks like a prepared token file; open it with TokenFile/load_corpus")
+        yield from (d for d in _iter_file(path, text_field, split, val_fraction) if d)
+        return
+    raise FileNotFoundError(f"data source not found: {str(source)!r}; use 'stdlib', a file, a folder, or "
+                            "hf:<name>[:<config>][:<split>]")

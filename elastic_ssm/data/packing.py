@@ -1,0 +1,210 @@
+"""Packing token streams into fixed-length training windows, with resumable shuffled batching.
+
+Documents are tokenized and concatenated into one flat stream with the tokenizer's SEP id after every
+document: ``d0 SEP d1 SEP d2 SEP``. The stream of N tokens is read as windows of L + 1 tokens,
+window ``i`` = ``stream[i*stride : i*stride + L + 1]``; the model input is ``w[:-1]`` and the next-token
+labels are ``w[1:]``, both ``[L]``. Training uses ``stride = L`` (every token after the first is a target
+exactly once per epoch); ``evaluation_batches`` defaults to ``stride = L + 1``, the non-overlapping
+``L + 1``-token windows of the ESSH paper's evaluation protocol (Appendix E).
+
+``PackedBatches`` shuffles window indices with a permutation fixed by ``(seed, epoch)``, shards every
+global batch of ``B * world_size`` windows into disjoint per-rank blocks, and records its position as
+``(epoch, windows consumed)`` so ``load_state_dict`` resumes at exactly the next batch, even with a
+different ``world_size`` as long as the global batch divides the consumed count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+
+CHUNK_DOCS = 256
+
+
+class TokenArray:
+    """An in-memory token stream: ``tokens`` is a 1-D numpy integer array ``[N]``."""
+
+    def __init__(self, tokens, vocab_size: int | None = None, meta: dict | None = None):
+        arr = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"tokens must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
+        self.tokens = arr
+        self.vocab_size = vocab_size
+        self.meta = dict(meta or {})
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, idx):
+        return self.tokens[idx]
+
+    def __repr__(self) -> str:
+        return f"TokenArray(n={len(self)}, dtype={self.tokens.dtype}, vocab_size={self.vocab_size})"
+
+
+def iter_token_chunks(docs: Iterable[str | bytes], tokenizer,
+                      chunk_docs: int = CHUNK_DOCS) -> Iterator[np.ndarray]:
+    """Tokenize ``docs`` in groups of ``chunk_docs``; yield int64 arrays ``[n]`` of ``doc SEP doc SEP``."""
+    sep = np.array([tokenizer.sep_id], dtype=np.int64)
+    group: list = []
+
+    def flush():
+        parts = []
+        for ids in tokenizer.encode_batch_np(group):
+            if len(ids):
+                parts += [ids, sep]
+        group.clear()
+        return np.concatenate(parts) if parts else None
+
+    for doc in docs:
+        if doc:
+            group.append(doc)
+        if len(group) >= chunk_docs:
+            out = flush()
+            if out is not None:
+                yield out
+    if group:
+        out = flush()
+        if out is not None:
+            yield out
+
+
+def pack_documents(docs: Iterable[str | bytes], tokenizer) -> TokenArray:
+    """Tokenize and concatenate ``docs`` in memory (for small corpora; use ``prepare`` for large ones)."""
+    chunks = list(iter_token_chunks(docs, tokenizer))
+    if not chunks:
+        raise ValueError("no non-empty documents to pack")
+    dtype = np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32
+    return TokenArray(np.concatenate(chunks).astype(dtype), tokenizer.vocab_size)
+
+
+def _as_array(tokens):
+    if hasattr(tokens, "tokens"):
+        return tokens.tokens
+    if isinstance(tokens, torch.Tensor):
+        return tokens.numpy()
+    return np.asarray(tokens)
+
+
+def num_windows(n_tokens: int, seq_len: int, stride: int | None = None) -> int:
+    """Number of complete ``seq_len + 1`` windows at ``stride`` (default ``seq_len``) in ``n_tokens``."""
+    stride = seq_len if stride is None else stride
+    return 0 if n_tokens < seq_len + 1 else (n_tokens - seq_len - 1) // stride + 1
+
+
+def gather_windows(tokens, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids [B, L], labels [B, L])`` int64 from the windows starting at ``starts`` ``[B]``."""
+    arr = _as_array(tokens)
+    w = np.stack([np.asarray(arr[s : s + seq_len + 1], dtype=np.int64) for s in starts.tolist()])
+    w = torch.from_numpy(w)  # [B, L + 1]
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+class PackedBatches:
+    """Shuffled, sharded, resumable batches ``(input_ids [B, L], labels [B, L])`` (int64 CPU tensors).
+
+    Args:
+        tokens: ``TokenArray``, ``TokenFile``, numpy array or tensor ``[N]``.
+        seq_len: L. batch_size: B per rank. seed: fixes every epoch's permutation with ``epoch``.
+        shuffle: permute windows each epoch (else sequential order).
+        drop_last: drop the incomplete last global batch; otherwise it is completed with windows from
+            the start of the same epoch's order, so every rank always gets B rows.
+        rank, world_size: data-parallel shard; rank ``r`` takes rows ``r*B:(r+1)*B`` of each global batch.
+        num_epochs: stop after this many epochs (``None``: iterate forever).
+    """
+
+    def __init__(self, tokens, seq_len: int, batch_size: int, seed: int = 0, shuffle: bool = True,
+                 drop_last: bool = True, rank: int = 0, world_size: int = 1, num_epochs: int | None = None):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        if seq_len < 1 or batch_size < 1:
+            raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive")
+        self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
+        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.rank, self.world_size, self.num_epochs = rank, world_size, num_epochs
+        self.num_windows = num_windows(len(_as_array(tokens)), seq_len)
+        self.global_batch = batch_size * world_size
+        if self.num_windows < (self.global_batch if drop_last else 1):
+            raise ValueError(
+                f"corpus too small: {len(_as_array(tokens))} tokens give {self.num_windows} windows of "
+                f"{seq_len + 1} tokens, fewer than one global batch of {self.global_batch}; lower "
+                "seq_len/batch_size or use more data")
+        self.epoch, self.consumed = 0, 0  # consumed: windows (all ranks) used in this epoch
+        self._perm_epoch, self._perm = -1, None
+
+    @property
+    def num_batches(self) -> int:
+        """Batches per epoch (the same on every rank)."""
+        full, rest = divmod(self.num_windows, self.global_batch)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    @property
+    def step_in_epoch(self) -> int:
+        return self.consumed // self.global_batch
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Window indices of ``epoch`` in visiting order ``[num_windows]`` (same on every rank)."""
+        if epoch != self._perm_epoch:
+            if self.shuffle:
+                self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
+            else:
+                self._perm = np.arange(self.num_windows)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def __iter__(self) -> PackedBatches:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.step_in_epoch >= self.num_batches:
+            self.epoch, self.consumed = self.epoch + 1, 0
+        if self.num_epochs is not None and self.epoch >= self.num_epochs:
+            raise StopIteration
+        order = self.order(self.epoch)
+        lo = self.consumed + self.rank * self.batch_size
+        idx = np.arange(lo, lo + self.batch_size) % self.num_windows
+        self.consumed += self.global_batch
+        return gather_windows(self.tokens, order[idx] * self.seq_len, self.seq_len)
+
+    def state_dict(self) -> dict:
+        """Position to resume from: the next ``__next__`` after ``load_state_dict`` gives the next batch."""
+        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed, "shuffle": self.shuffle,
+                "seq_len": self.seq_len, "num_windows": self.num_windows, "drop_last": self.drop_last}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("seq_len", "num_windows", "seed", "shuffle", "drop_last"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(f"cannot resume: checkpoint data {key}={state[key]} but this loader has "
+                                 f"{getattr(self, key)}; the corpus, seq_len or seed changed since the save")
+        if state["consumed"] % self.global_batch and state["consumed"] < self.num_windows:
+            raise ValueError(f"cannot resume: {state['consumed']} windows consumed is not a multiple of the "
+                             f"global batch {self.global_batch} (batch_size x world_size changed)")
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+
+
+def evaluation_batches(tokens, seq_len: int, batch_size: int, max_batches: int | None = None,
+                       stride: int | None = None, rank: int = 0,
+                       world_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Fixed validation batches ``(input_ids [b, L], labels [b, L])``, b <= B (only the last is short).
+
+    Windows are non-overlapping (``stride = L + 1`` by default) and never shuffled. With ``max_batches``
+    the ``max_batches * B * world_size`` windows are spread evenly over the whole stream (always the same
+    ones), so a capped evaluation still samples every part of the corpus. Rank ``r`` gets every
+    ``world_size``-th window.
+    """
+    stride = seq_len + 1 if stride is None else stride
+    n = num_windows(len(_as_array(tokens)), seq_len, stride)
+    if n == 0:
+        raise ValueError(f"evaluation corpus too small: {len(_as_array(tokens))} tokens, need at least "
+                         f"{seq_len + 1} for one window")
+    idx = np.arange(n)
+    if max_batches is not None and max_batches * batch_size * world_size < n:
+        idx = np.linspace(0, n - 1, max_batches * batch_size * world_size).round().astype(np.int64)
+    idx = idx[rank::world_size]
+    for lo in range(0, len(idx), batch_size):
+        yield gather_windows(tokens, idx[lo : lo + batch_size] * stride, seq_len)

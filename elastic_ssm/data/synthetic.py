@@ -1,0 +1,120 @@
+"""Synthetic recall tasks of the ESSH paper's Appendix I: MQAR and palindrome completion.
+
+Every generator returns ``(input_ids [N, L], labels [N, L])`` int64 tensors for next-token training:
+``labels[:, t]`` is the target for the prediction made at position ``t`` and equals ``IGNORE`` (-100,
+the ``ignore_index`` of ``torch.nn.functional.cross_entropy``) on positions that are not scored. Both are
+seeded (``numpy.random.default_rng(seed)``) and cheap enough to make fresh batches every step;
+``synthetic_batches`` yields an endless, reproducible stream in which batch ``s`` depends only on
+``(seed, s)``, so resuming at step ``s`` needs no saved state.
+
+Multi-query associative recall (MQAR; Arora et al., 2024, as used in ESSH Tables 21-22): the sequence
+opens with ``num_pairs`` key-value bigrams ``k1 v1 k2 v2 ...`` (distinct keys from the lower half of the
+vocabulary, values from the upper half), followed by a region of filler tokens (id 0) in which
+``num_queries`` of the keys reappear, each immediately followed by its value. Only those values are
+scored: the model must recall, at each query key, the value it was paired with in the context.
+
+Palindrome completion (ESSH Table 23): ``n = L // 2`` random symbols, a separator, then the same symbols
+in reverse order; every reversed symbol is scored. Token ids: 0 pad, 1 separator, symbols from 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+IGNORE = -100
+MQAR_FILLER = 0
+PAL_PAD, PAL_SEP = 0, 1
+
+
+def _rng(seed) -> np.random.Generator:
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+
+
+def _shift(seq: np.ndarray, scored: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """``seq [N, L + 1]`` and a mask of scored tokens ``[N, L + 1]`` -> ``(input_ids, labels)`` ``[N, L]``."""
+    labels = np.where(scored[:, 1:], seq[:, 1:], IGNORE)
+    return torch.from_numpy(seq[:, :-1].astype(np.int64)), torch.from_numpy(labels.astype(np.int64))
+
+
+def mqar(num_examples: int, seq_len: int, num_pairs: int, vocab_size: int = 8192,
+         num_queries: int | None = None, seed=0) -> tuple[torch.Tensor, torch.Tensor]:
+    """MQAR examples ``(input_ids [N, L], labels [N, L])``; ``num_queries`` defaults to ``num_pairs``.
+
+    Keys come from ``[1, vocab_size // 2)``, values from ``[vocab_size // 2, vocab_size)``. Query keys are
+    a random subset (without repetition) of the context keys placed at random, non-overlapping bigram slots
+    after the context; ``labels`` holds each queried value at the position of its query key.
+    """
+    q = num_pairs if num_queries is None else num_queries
+    half = vocab_size // 2
+    ctx, slots = 2 * num_pairs, (seq_len + 1 - 2 * num_pairs) // 2
+    if num_pairs < 1 or not 1 <= q <= num_pairs:
+        raise ValueError(f"need 1 <= num_queries ({q}) <= num_pairs ({num_pairs})")
+    if half - 1 < num_pairs:
+        raise ValueError(f"vocab_size={vocab_size} leaves {half - 1} keys, fewer than num_pairs={num_pairs}")
+    if slots < q:
+        raise ValueError(f"seq_len={seq_len} too short for {num_pairs} pairs and {q} queries: need "
+                         f"seq_len >= {2 * num_pairs + 2 * q - 1}")
+    rng = _rng(seed)
+    n = num_examples
+    keys = np.stack([rng.choice(np.arange(1, half), num_pairs, replace=False) for _ in range(n)])  # [N, P]
+    values = rng.integers(half, vocab_size, size=(n, num_pairs))  # [N, P]
+    seq = np.full((n, seq_len + 1), MQAR_FILLER, dtype=np.int64)
+    scored = np.zeros((n, seq_len + 1), dtype=bool)
+    seq[:, 0:ctx:2], seq[:, 1:ctx:2] = keys, values
+    rows = np.arange(n)[:, None]
+    which = np.argsort(rng.random((n, num_pairs)), axis=1)[:, :q]  # queried pairs [N, Q]
+    slot = np.sort(np.argsort(rng.random((n, slots)), axis=1)[:, :q], axis=1)  # [N, Q]
+    pos = ctx + 2 * slot
+    seq[rows, pos], seq[rows, pos + 1] = keys[rows, which], values[rows, which]
+    scored[rows, pos + 1] = True
+    return _shift(seq, scored)
+
+
+def palindrome(num_examples: int, seq_len: int, vocab_size: int = 16,
+               seed=0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Palindrome completion ``(input_ids [N, L], labels [N, L])``: ``x SEP reverse(x)``, ``len(x) = L // 2``.
+
+    Symbols are drawn uniformly from ``[2, vocab_size)``; for odd L one PAD token ends the sequence.
+    Exactly ``L // 2`` positions per row are scored (those that predict the reversed half).
+    """
+    if vocab_size < 3:
+        raise ValueError(f"vocab_size={vocab_size} must be >= 3 (pad, separator and at least one symbol)")
+    half = seq_len // 2
+    if half < 1:
+        raise ValueError(f"seq_len={seq_len} must be >= 2")
+    rng = _rng(seed)
+    x = rng.integers(2, vocab_size, size=(num_examples, half))  # [N, n]
+    seq = np.full((num_examples, seq_len + 1), PAL_PAD, dtype=np.int64)
+    scored = np.zeros_like(seq, dtype=bool)
+    seq[:, :half], seq[:, half] = x, PAL_SEP
+    seq[:, half + 1 : 2 * half + 1] = x[:, ::-1]
+    scored[:, half + 1 : 2 * half + 1] = True
+    return _shift(seq, scored)
+
+
+TASKS = {"mqar": mqar, "palindrome": palindrome}
+
+
+def synthetic_batches(task: str, batch_size: int, seq_len: int, seed: int = 0, start_step: int = 0,
+                      **kwargs) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless batches of ``task`` (``"mqar"`` or ``"palindrome"``); batch ``s`` uses seed ``(seed, s)``.
+
+    ``kwargs`` go to the generator (e.g. ``num_pairs=`` and ``vocab_size=`` for MQAR).
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown synthetic task {task!r}: choose from {sorted(TASKS)}")
+    step = start_step
+    while True:
+        yield TASKS[task](batch_size, seq_len, seed=np.random.default_rng([seed, step]), **kwargs)
+        step += 1
+
+
+def masked_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Fraction of scored positions (``labels != -100``) whose argmax over ``logits [N, L, V]`` is right."""
+    mask = labels != IGNORE
+    if not bool(mask.any()):
+        raise ValueError("no scored positions in labels")
+    return (logits.argmax(-1)[mask] == labels[mask]).float().mean().item()

@@ -1,0 +1,226 @@
+"""Prepared token files: a flat binary token stream plus a JSON sidecar, opened with ``np.memmap``.
+
+``prepare`` (the engine of ``elastic-ssm prepare``) streams documents through a tokenizer and writes
+``<out>.bin`` (uint16 tokens when V <= 65535, else uint32; native little-endian) and ``<out>.bin.json``
+(format version, dtype, token count, tokenizer spec, vocabulary size, source, split, document count and
+the sha256 of the token bytes). It holds at most one chunk of tokens in memory, writes to a temporary
+file and renames it into place, so a multi-GB corpus never sits in RAM and an interrupted run never
+leaves a half-written file under the final name. ``TokenFile`` maps the file read-only and checks it
+against the sidecar; ``load_corpus`` picks between a prepared file and in-memory tokenization.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .corpora import iter_documents, stdlib_root
+from .packing import TokenArray, iter_token_chunks, pack_documents
+from .tokenizers import load_tokenizer
+
+FORMAT = "elastic_ssm.tokens"
+VERSION = 1
+WRITE_CHUNK_TOKENS = 1 << 22
+
+
+def sidecar_path(path: str | Path) -> Path:
+    """The JSON sidecar of a token file: ``train.bin`` -> ``train.bin.json``."""
+    path = Path(path)
+    return path if path.name.endswith(".bin.json") else path.with_name(path.name + ".json")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 65535 else np.dtype(np.uint32)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None = None, *,
+            text_field: str = "text", max_tokens: int | None = None, show_progress: bool = True) -> TokenFile:
+    """Tokenize every document of ``source`` (see ``iter_documents``) into the token file ``out_path``.
+
+    Each document is followed by the tokenizer's SEP id. ``max_tokens`` stops early (the stream is cut
+    exactly there). Returns the opened ``TokenFile``.
+    """
+    tok = load_tokenizer(tokenizer)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tok.vocab_size)
+    tmp = out_path.with_name(f".{out_path.name}.tmp{os.getpid()}")
+    digest, count, n_docs, pending, n_pending = hashlib.sha256(), 0, 0, [], 0
+    bar = None
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc=f"prepare {out_path.name}", unit="tok", unit_scale=True, total=max_tokens)
+
+    def counted(docs):
+        nonlocal n_docs
+        for d in docs:
+            n_docs += 1
+            yield d
+
+    def flush(f):
+        nonlocal pending, n_pending
+        data = np.concatenate(pending).astype(dtype).tobytes()
+        f.write(data)
+        digest.update(data)
+        pending, n_pending = [], 0
+
+    try:
+        with open(tmp, "wb") as f:
+            docs = counted(iter_documents(source, split, text_field=text_field))
+            for chunk in iter_token_chunks(docs, tok):
+                if max_tokens is not None:
+                    chunk = chunk[: max_tokens - count]
+                if len(chunk) and int(chunk.max()) >= tok.vocab_size:
+                    raise ValueError(f"token id {int(chunk.max())} >= vocab_size {tok.vocab_size}")
+                pending.append(chunk)
+                n_pending += len(chunk)
+                count += len(chunk)
+                if bar is not None:
+                    bar.update(len(chunk))
+                if n_pending >= WRITE_CHUNK_TOKENS:
+                    flush(f)
+                if max_tokens is not None and count >= max_tokens:
+                    break
+            if pending:
+                flush(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if count == 0:
+            raise ValueError(f"source {source!r} (split={split}) produced no tokens")
+        meta = {
+            "format": FORMAT, "version": VERSION, "dtype": dtype.name, "count": count,
+            "tokenizer": tok.spec, "tokenizer_sha256": getattr(tok, "sha256", None),
+            "vocab_size": tok.vocab_size, "sep_id": tok.sep_id, "source": str(source), "split": split,
+            "text_field": text_field, "num_documents": n_docs, "sha256": digest.hexdigest(),
+        }
+        if str(source) == "stdlib":
+            import sys
+
+            meta["python"] = sys.version.split()[0]
+            meta["stdlib_root"] = str(stdlib_root())
+        sidecar = sidecar_path(out_path)
+        sidecar.unlink(missing_ok=True)
+        os.replace(tmp, out_path)
+        _atomic_write_text(sidecar, json.dumps(meta, indent=2) + "\n")
+    finally:
+        tmp.unlink(missing_ok=True)
+        if bar is not None:
+            bar.close()
+    return TokenFile(out_path)
+
+
+class TokenFile:
+    """A prepared token file, memory-mapped read-only: ``tokens`` is a ``np.memmap`` ``[N]``.
+
+    Raises ``FileNotFoundError`` for a missing file or sidecar and ``ValueError`` when the file size
+    does not match the sidecar's token count (an interrupted copy, a different file).
+    """
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        if path.name.endswith(".bin.json"):
+            path = path.with_name(path.name[: -len(".json")])
+        self.path, self.sidecar = path, sidecar_path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"token file not found: {path}; create it with elastic-ssm prepare")
+        if not self.sidecar.is_file():
+            raise FileNotFoundError(f"missing sidecar {self.sidecar} for token file {path}: without it the "
+                                    "dtype and tokenizer are unknown; re-run elastic-ssm prepare")
+        try:
+            self.meta = json.loads(self.sidecar.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"corrupt sidecar {self.sidecar}: {err}; re-run elastic-ssm prepare") from err
+        if self.meta.get("format") != FORMAT or self.meta.get("version", 0) > VERSION:
+            raise ValueError(f"{self.sidecar} is not an elastic_ssm token sidecar of version <= {VERSION} "
+                             f"(format={self.meta.get('format')!r}, version={self.meta.get('version')!r})")
+        self.dtype = np.dtype(self.meta["dtype"])
+        self.count = int(self.meta["count"])
+        found, extra = divmod(path.stat().st_size, self.dtype.itemsize)
+        if found != self.count or extra:
+            if found < self.count:
+                raise ValueError(f"{path}: file truncated: expected {self.count} tokens, found {found}; "
+                                 "re-run elastic-ssm prepare")
+            raise ValueError(f"{path}: size mismatch: expected {self.count} tokens, found "
+                             f"{path.stat().st_size / self.dtype.itemsize:g}; re-run elastic-ssm prepare")
+        self.tokens = np.memmap(path, dtype=self.dtype, mode="r", shape=(self.count,))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, idx):
+        return self.tokens[idx]
+
+    def verify(self, chunk: int = 1 << 24) -> None:
+        """Recompute the sha256 of the tokens (reads the whole file) and compare with the sidecar."""
+        digest = hashlib.sha256()
+        for lo in range(0, self.count, chunk):
+            digest.update(np.ascontiguousarray(self.tokens[lo : lo + chunk]).tobytes())
+        if digest.hexdigest() != self.meta["sha256"]:
+            raise ValueError(f"{self.path}: sha256 mismatch with {self.sidecar}; the file is corrupt or "
+                             "was replaced; re-run elastic-ssm prepare")
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """Raise if ``tokenizer`` is not the one the file was prepared with (vocab size / digest)."""
+        if tokenizer.vocab_size != self.vocab_size:
+            raise ValueError(f"{self.path} was prepared with tokenizer {self.meta['tokenizer']!r} "
+                             f"(vocab {self.vocab_size}) but the model uses vocab {tokenizer.vocab_size}; "
+                             "re-run elastic-ssm prepare with the same tokenizer")
+        want, have = self.meta.get("tokenizer_sha256"), getattr(tokenizer, "sha256", None)
+        if want and have and want != have:
+            raise ValueError(f"{self.path} was prepared with a different tokenizer.json "
+                             f"({self.meta['tokenizer']}); re-run elastic-ssm prepare")
+
+    def __repr__(self) -> str:
+        return (f"TokenFile({str(self.path)!r}, n={self.count}, dtype={self.dtype.name}, "
+                f"vocab={self.vocab_size})")
+
+
+def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_bytes: int | None = None,
+                text_field: str = "text") -> TokenArray | TokenFile:
+    """Tokens of ``source`` ready for ``PackedBatches``.
+
+    * a prepared ``*.bin`` file (or its ``.bin.json``): the memory-mapped ``TokenFile`` (``split`` is
+      ignored: prepare one file per split);
+    * a folder holding ``<split>.bin`` (e.g. ``prepare``'s ``train.bin`` / ``validation.bin``): that file;
+    * anything else (``"stdlib"`` by default): tokenized in memory into a ``TokenArray``; ``max_bytes``
+      caps the raw text read. Large corpora belong in a prepared file instead.
+    """
+    tok = load_tokenizer(tokenizer)
+    path = Path(str(source)).expanduser()
+    target = None
+    if path.name.endswith((".bin", ".bin.json")):
+        target = path
+    elif path.is_dir() and split is not None and (path / f"{split}.bin").is_file():
+        target = path / f"{split}.bin"
+    if target is not None:
+        tf = TokenFile(target)
+        tf.check_tokenizer(tok)
+        return tf
+
+    def capped(docs):
+        seen = 0
+        for d in docs:
+            if max_bytes is not None and seen >= max_bytes:
+                return
+            d = d if max_bytes is None else d[: max_bytes - seen]
+            seen += len(d)
+            yield d
+
+    arr = pack_documents(capped(iter_documents(source, split, text_field=text_field)), tok)
+    arr.meta.update(source=str(source), split=split, tokenizer=tok.spec)
+    return arr

@@ -1,0 +1,239 @@
+"""Tokenizers: raw bytes (the default, no dependency) and byte-level BPE through the `tokenizers` library.
+
+Both classes share one small interface used by packing, ``prepare`` and the training loop:
+
+* ``encode(text | bytes) -> list[int]`` and ``encode_np(doc) -> np.ndarray`` (``[n]`` int64), no specials;
+* ``encode_batch_np(docs) -> list[np.ndarray]`` (parallel in Rust for BPE);
+* ``decode(ids) -> str`` (invalid UTF-8 replaced, special tokens dropped);
+* ``vocab_size`` (V) and the special ids ``pad_id``, ``bos_id``, ``eos_id``, ``sep_id`` (document separator);
+* ``spec`` (the string ``load_tokenizer`` accepts) and ``save(dir)``.
+
+``ByteTokenizer``: ids 0..255 are the bytes themselves, then PAD=256, BOS=257, EOS=258, SEP=259; V = 260.
+``BPETokenizer`` wraps a ``tokenizers.Tokenizer`` loaded from a ``tokenizer.json`` (yours, or one made by
+``train_bpe`` / ``elastic-ssm tokenizer train``). ``tokenizers`` is imported lazily so the byte path never
+needs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<sep>")
+META_FILE = "elastic_tokenizer.json"
+_INSTALL_HINT = 'BPE tokenizers need the `tokenizers` package: pip install "elastic-ssm[data]"'
+
+# Names under which common tokenizer.json files carry their specials (first match wins).
+_CANDIDATES = {
+    "pad": ("<pad>", "<|pad|>", "[PAD]", "<|finetune_right_pad_id|>"),
+    "bos": ("<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]", "<|endoftext|>"),
+    "eos": ("<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<|eot_id|>", "[SEP]"),
+    "sep": ("<sep>", "<|sep|>", "<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]"),
+}
+
+
+def _import_tokenizers():
+    try:
+        import tokenizers
+    except ImportError as err:
+        raise ImportError(_INSTALL_HINT) from err
+    return tokenizers
+
+
+def _as_text(doc: str | bytes) -> str:
+    return doc.decode("utf-8", errors="replace") if isinstance(doc, (bytes, bytearray)) else doc
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer: token id = byte value (0..255); specials PAD/BOS/EOS/SEP = 256..259."""
+
+    PAD, BOS, EOS, SEP = 256, 257, 258, 259
+    vocab_size = 260
+    spec = "bytes"
+
+    pad_id = property(lambda self: self.PAD)
+    bos_id = property(lambda self: self.BOS)
+    eos_id = property(lambda self: self.EOS)
+    sep_id = property(lambda self: self.SEP)
+
+    def encode_np(self, doc: str | bytes) -> np.ndarray:
+        """Bytes of ``doc`` (UTF-8 for ``str``) as an int64 array ``[n]``."""
+        raw = doc.encode("utf-8") if isinstance(doc, str) else bytes(doc)
+        return np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+
+    def encode(self, doc: str | bytes) -> list[int]:
+        """Token ids of ``doc`` (no special tokens added)."""
+        return self.encode_np(doc).tolist()
+
+    def encode_batch_np(self, docs: Sequence[str | bytes]) -> list[np.ndarray]:
+        return [self.encode_np(d) for d in docs]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids``: special ids are dropped, invalid UTF-8 becomes U+FFFD."""
+        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.int64).reshape(-1)
+        return arr[(arr >= 0) & (arr < 256)].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``elastic_tokenizer.json`` into ``directory``; ``load_tokenizer(directory)`` reads it."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        meta = {"type": "bytes", "vocab_size": self.vocab_size,
+                "specials": dict(zip(SPECIAL_TOKENS, (self.PAD, self.BOS, self.EOS, self.SEP)))}
+        path = directory / META_FILE
+        path.write_text(json.dumps(meta, indent=2) + "\n")
+        return path
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer(vocab_size=260)"
+
+
+class BPETokenizer:
+    """A ``tokenizers.Tokenizer`` (from a ``tokenizer.json``) behind the ``ByteTokenizer`` interface.
+
+    Special ids are looked up by name (``<pad>``, ``<bos>``, ``<eos>``, ``<sep>`` and the usual GPT-2 /
+    Llama / SentencePiece spellings). A file without any separator-like token gets ``<sep>`` appended
+    as an added special token, so ``vocab_size`` is then one larger than the file's own vocabulary.
+    """
+
+    def __init__(self, tokenizer, path: str | Path | None = None):
+        self._tok = tokenizer
+        self.path = None if path is None else Path(path)
+        ids = {}
+        for role, names in _CANDIDATES.items():
+            ids[role] = next((i for i in map(tokenizer.token_to_id, names) if i is not None), None)
+        if ids["sep"] is None:
+            tokenizer.add_special_tokens(["<sep>"])
+            ids["sep"] = tokenizer.token_to_id("<sep>")
+        self._ids = {k: (ids["sep"] if v is None else v) for k, v in ids.items()}
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> BPETokenizer:
+        """Load a ``tokenizer.json`` (Hugging Face ``tokenizers`` format)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file not found: {path}; train one with "
+                                    "`elastic-ssm tokenizer train` or pass 'bytes'")
+        return cls(_import_tokenizers().Tokenizer.from_file(str(path)), path.resolve())
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    pad_id = property(lambda self: self._ids["pad"])
+    bos_id = property(lambda self: self._ids["bos"])
+    eos_id = property(lambda self: self._ids["eos"])
+    sep_id = property(lambda self: self._ids["sep"])
+
+    @property
+    def spec(self) -> str:
+        return str(self.path) if self.path is not None else "bpe:<in-memory>"
+
+    @property
+    def sha256(self) -> str:
+        """Digest of the serialized tokenizer (recorded in token-file sidecars)."""
+        return hashlib.sha256(self._tok.to_str().encode("utf-8")).hexdigest()
+
+    def encode(self, doc: str | bytes) -> list[int]:
+        """Token ids of ``doc`` (bytes are decoded as UTF-8 with replacement; no specials added)."""
+        return self._tok.encode(_as_text(doc), add_special_tokens=False).ids
+
+    def encode_np(self, doc: str | bytes) -> np.ndarray:
+        return np.asarray(self.encode(doc), dtype=np.int64)
+
+    def encode_batch_np(self, docs: Sequence[str | bytes]) -> list[np.ndarray]:
+        encs = self._tok.encode_batch([_as_text(d) for d in docs], add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.int64) for e in encs]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``tokenizer.json`` and ``elastic_tokenizer.json`` into ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(directory / "tokenizer.json"))
+        meta = {"type": "bpe", "file": "tokenizer.json", "vocab_size": self.vocab_size,
+                "specials": {r: i for r, i in self._ids.items()}, "sha256": self.sha256}
+        (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        return directory / "tokenizer.json"
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer(vocab_size={self.vocab_size}, path={self.spec!r})"
+
+
+Tokenizer = ByteTokenizer | BPETokenizer
+
+
+def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_frequency: int = 2,
+              max_bytes: int | None = None, show_progress: bool = False) -> BPETokenizer:
+    """Train a byte-level BPE tokenizer locally and save it as ``out_path`` (a ``tokenizer.json``).
+
+    ``files_or_iterator``: a source spec understood by ``iter_documents`` ("stdlib", a file, a folder,
+    "hf:..."), a list of such specs, or any iterable of ``str``/``bytes`` documents. ``max_bytes`` caps
+    the training text. The vocabulary starts from the 256 byte symbols (so any text is encodable) and the
+    specials ``<pad> <bos> <eos> <sep>`` take ids 0..3.
+    """
+    tk = _import_tokenizers()
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least "
+                         f"{256 + len(SPECIAL_TOKENS)} (256 bytes + {len(SPECIAL_TOKENS)} specials)")
+    from .corpora import iter_documents
+
+    if isinstance(files_or_iterator, (str, Path)):
+        docs = iter_documents(files_or_iterator)
+    elif isinstance(files_or_iterator, (list, tuple)) and all(
+            isinstance(s, (str, Path)) and (s == "stdlib" or Path(s).exists() or str(s).startswith("hf:"))
+            for s in files_or_iterator):
+        docs = (d for s in files_or_iterator for d in iter_documents(s))
+    else:
+        docs = iter(files_or_iterator)
+
+    def texts():
+        seen = 0
+        for d in docs:
+            if max_bytes is not None and seen >= max_bytes:
+                return
+            d = d if max_bytes is None else d[: max_bytes - seen]
+            seen += len(d)
+            yield _as_text(d)
+
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                     special_tokens=list(SPECIAL_TOKENS), show_progress=show_progress,
+                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts(), trainer=trainer)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    tok.save(str(tmp))
+    tmp.replace(out_path)
+    return BPETokenizer(tok, out_path.resolve())
+
+
+def load_tokenizer(spec: str | Path | Tokenizer = "bytes") -> Tokenizer:
+    """``"bytes"`` -> ``ByteTokenizer``; a ``tokenizer.json`` path -> ``BPETokenizer``; a directory
+    written by ``save`` (or holding a ``tokenizer.json``) -> the tokenizer saved there."""
+    if isinstance(spec, (ByteTokenizer, BPETokenizer)):
+        return spec
+    if str(spec) in ("bytes", "byte"):
+        return ByteTokenizer()
+    path = Path(spec)
+    if path.name == META_FILE:
+        path = path.parent
+    if path.is_dir():
+        meta = path / META_FILE
+        if meta.is_file() and json.loads(meta.read_text()).get("type") == "bytes":
+            return ByteTokenizer()
+        if (path / "tokenizer.json").is_file():
+            return BPETokenizer.from_file(path / "tokenizer.json")
+        raise FileNotFoundError(f"{path} holds neither {META_FILE} nor tokenizer.json")
+    if path.suffix == ".json" and path.is_file():
+        return BPETokenizer.from_file(path)
+    raise ValueError(f"unknown tokenizer {str(spec)!r}: use 'bytes', a path to a tokenizer.json, or a "
+                     "directory written by tokenizer.save()")
