@@ -1,0 +1,154 @@
+"""Budget dropout: the training-budget schedule of ES-SSM (paper Sec. 4.2, Eq. 5; Algorithm 2).
+
+At global optimisation step ``step`` (0-based) the training budget K_train is
+
+1. warm-up: ``step < warmup_steps``                      -> K-bar (all channels, the full budget);
+2. anchor:  after warm-up, ``step % n_full == 0``         -> K-bar (DESIGN: the text ends mid-Alg. 2;
+   anchors fall on global steps divisible by ``n_full``; ``n_full = 0`` disables them);
+3. otherwise Eq. 5: ``xi ~ U[0, 1)``, ``target = K_min (K-bar / K_min)^xi`` and
+   ``K_train = argmin_{k in budgets} |k - target|`` (a tie, probability zero, goes to the smaller k).
+
+``sample(step)`` is a pure function of ``(seed, step)``: xi comes from a NumPy generator seeded with
+``(seed, step)``, so resuming a run at step s reproduces the schedule exactly with no sampler state to
+save (``state_dict`` holds only the settings, for checking that a resumed run uses the same ones).
+
+Warm-up in epochs (the paper's E_warmup): the caller converts, ``warmup_steps = E_warmup *
+steps_per_epoch`` (see ``warmup_steps_from_epochs``), since only the training loop knows the epoch size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BudgetSampler", "warmup_steps_from_epochs"]
+
+
+def warmup_steps_from_epochs(epochs: float, steps_per_epoch: int) -> int:
+    """Warm-up length in steps of ``epochs`` epochs of ``steps_per_epoch`` steps each (rounded up)."""
+    if epochs < 0 or steps_per_epoch < 1:
+        raise ValueError(f"need epochs >= 0 and steps_per_epoch >= 1, got {epochs}, {steps_per_epoch}")
+    return math.ceil(epochs * steps_per_epoch)
+
+
+class BudgetSampler:
+    """Log-uniform snapped budget sampler with warm-up and full-budget anchors (Eq. 5).
+
+    Args:
+        budgets: runtime-budget set (channel counts); sorted and de-duplicated here. All must be <= full.
+        full: the full budget K-bar (used for warm-up and anchors; the upper end of the log range).
+        warmup_steps: steps trained at the full budget before budget dropout starts.
+        n_full: a full-budget anchor on every post-warm-up step with ``step % n_full == 0`` (paper: 8);
+            0 disables anchors.
+        seed: seed of the per-step generator.
+    """
+
+    def __init__(
+        self, budgets: Sequence[int], full: int, warmup_steps: int = 0, n_full: int = 8, seed: int = 0,
+    ) -> None:
+        self._configure(budgets, full, warmup_steps, n_full, seed)
+
+    def _configure(
+        self, budgets: Sequence[int], full: int, warmup_steps: int, n_full: int, seed: int
+    ) -> None:
+        bs = sorted({int(b) for b in budgets})
+        if not bs or bs[0] < 1:
+            raise ValueError(f"budgets must be a non-empty set of channel counts >= 1, got {list(budgets)}")
+        if int(full) < bs[-1]:
+            raise ValueError(f"full budget {full} is smaller than the largest budget {bs[-1]}; pass K-bar")
+        if warmup_steps < 0 or n_full < 0 or seed < 0:
+            raise ValueError(
+                f"warmup_steps, n_full and seed must be >= 0, got {warmup_steps}, {n_full}, {seed}"
+            )
+        self.budgets = tuple(bs)
+        self.full = int(full)
+        self.warmup_steps = int(warmup_steps)
+        self.n_full = int(n_full)
+        self.seed = int(seed)
+        self._arr = np.asarray(self.budgets, dtype=np.float64)
+
+    @classmethod
+    def from_config(cls, cfg: Any, **kw: Any) -> BudgetSampler:
+        """A sampler over ``cfg.budgets`` with ``full = cfg.n_channels`` (an ``ESSSMConfig``)."""
+        return cls(cfg.budgets, cfg.n_channels, **kw)
+
+    @property
+    def k_min(self) -> int:
+        return self.budgets[0]
+
+    # ---- sampling ------------------------------------------------------------------------------------
+    def is_full_step(self, step: int) -> bool:
+        """True for warm-up steps and post-warm-up anchors (``step % n_full == 0``)."""
+        if step < self.warmup_steps:
+            return True
+        return self.n_full > 0 and step % self.n_full == 0
+
+    def xi(self, step: int) -> float:
+        """The uniform draw xi in [0, 1) of ``step`` (a pure function of ``(seed, step)``)."""
+        return float(np.random.default_rng([self.seed, int(step)]).random())
+
+    def snap(self, target: float) -> int:
+        """Nearest budget to ``target`` (Eq. 5 argmin); a tie goes to the smaller budget."""
+        return self.budgets[int(np.argmin(np.abs(self._arr - target)))]
+
+    def sample(self, step: int) -> int:
+        """K_train of global step ``step`` (>= 0)."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        if self.is_full_step(step):
+            return self.full
+        target = self.k_min * (self.full / self.k_min) ** self.xi(step)
+        return self.snap(target)
+
+    __call__ = sample
+
+    # ---- reporting -----------------------------------------------------------------------------------
+    def snap_probabilities(self) -> dict[int, float]:
+        """Exact P(K_train = k) of an Eq. 5 draw (no warm-up, no anchor), from the snap intervals.
+
+        With midpoints m_i = (b_i + b_{i+1}) / 2, budget b_i wins for targets in (m_{i-1}, m_i]; the
+        target is log-uniform on [K_min, K-bar], so P(target <= x) = log(x / K_min) / log(K-bar / K_min).
+        """
+        if self.full == self.k_min:
+            return {b: float(b == self.full) for b in self.budgets}
+        span = math.log(self.full / self.k_min)
+        cdf = lambda x: min(1.0, max(0.0, math.log(x / self.k_min) / span))
+        edges = [self.k_min] + [(a + b) / 2 for a, b in zip(self.budgets, self.budgets[1:])] + [self.full]
+        return {b: cdf(hi) - cdf(lo) for b, lo, hi in zip(self.budgets, edges, edges[1:])}
+
+    def expected_distribution(self) -> dict[int, float]:
+        """Long-run post-warm-up P(K_train = k): anchors (1 / n_full) mixed with the Eq. 5 draws."""
+        a = 1.0 / self.n_full if self.n_full else 0.0
+        out = {b: (1.0 - a) * p for b, p in self.snap_probabilities().items()}
+        out[self.full] = out.get(self.full, 0.0) + a
+        return out
+
+    def distribution(self, n_steps: int, start: int = 0) -> dict[int, float]:
+        """Empirical fraction of each budget over steps ``start .. start + n_steps - 1`` (for reports)."""
+        if n_steps < 1:
+            raise ValueError(f"n_steps must be >= 1, got {n_steps}")
+        counts = dict.fromkeys(self.budgets, 0)
+        counts.setdefault(self.full, 0)
+        for s in range(start, start + n_steps):
+            counts[self.sample(s)] += 1
+        return {k: c / n_steps for k, c in sorted(counts.items())}
+
+    # ---- state ---------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The settings (the schedule itself is a pure function of them and the step)."""
+        return {"budgets": list(self.budgets), "full": self.full, "warmup_steps": self.warmup_steps,
+                "n_full": self.n_full, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the settings of ``state_dict()``; unknown or missing keys raise ``KeyError``."""
+        keys = ("budgets", "full", "warmup_steps", "n_full", "seed")
+        if set(state) != set(keys):
+            raise KeyError(f"BudgetSampler state needs exactly the keys {sorted(keys)}, got {sorted(state)}")
+        self._configure(**{k: state[k] for k in keys})
+
+    def __repr__(self) -> str:
+        return (f"BudgetSampler(budgets={self.budgets}, full={self.full}, warmup_steps={self.warmup_steps},"
+                f" n_full={self.n_full}, seed={self.seed})")

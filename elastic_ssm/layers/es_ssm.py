@@ -1,0 +1,192 @@
+"""ES-SSM spectral sublayer and pre-norm residual block (ES-SSM paper Sec. 4.1, Eq. 4; Figure 1).
+
+``SpectralSublayer`` evaluates, at runtime budget K <= K-bar (Eq. 4)::
+
+    s(t)   = W_g2 GELU(W_g1 u(t) + b_g1) + b_g2                      gate logits, first K rows only
+    g_k(t) = sigmoid(s_k(t)) / sqrt(K)
+    S_K(u)(t) = sum_{k=1}^{K} g_k(t) M_k (Phi_k * u)(t)
+
+with fixed Hankel filters ``Phi_k`` (the persistent buffer ``filters`` [K-bar, L], float32, built from
+``spectral.hankel_filters`` in float64) and learned ``M_k``. Every channel-indexed tensor keeps its
+channel on dim 0 (``gate_out.weight`` [K, d_g], ``gate_out.bias`` [K], ``proj`` [K, d, d], ``filters``
+[K, L]), so a budget is a dim-0 prefix (``elastic/slicing.prefix``) and nothing is computed for
+channels k > K (Appendix B.6 prefix consistency, B.7 zero gradient for removed channels).
+
+``proj[k]`` stores ``M_k`` transposed (d_in x d_out): the K projections then flatten for free into one
+[K*d, d] matrix. Since g_k(t) is a scalar, ``g_k M_k X_k = M_k (g_k X_k)``: the convolved features are
+gated first and the K projections plus the channel sum run as one matrix product (gate-before-projection).
+
+``ESSSMBlock``: ``r_mid = r + DropPath(S_K(LN1(r)))``, ``r_out = r_mid + DropPath(FFN(LN2(r_mid)))``
+with a GELU FFN d -> ffn_mult*d -> d (biases, dropout after the activation and after the output).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ESSSMConfig
+from ..elastic.slicing import prefix
+from ..ops.fft_conv import fft_causal_conv
+
+__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "hankel_filter_tensor",
+           "on_meta_device"]
+
+
+def on_meta_device() -> bool:
+    """True inside ``with torch.device("meta")`` (where parameters must not be initialised)."""
+    return torch.empty(0).device.type == "meta"
+
+
+def hankel_filter_tensor(seq_len: int, n_channels: int) -> torch.Tensor:
+    """The first ``n_channels`` Hankel eigenfilters of length ``seq_len`` as float32, [K, L] (App. B.3).
+
+    Computed in float64 (and cached on disk) by ``spectral.hankel_filters``; rounded to float32 once.
+    """
+    from ..spectral import hankel_filters
+
+    _, phi = hankel_filters(seq_len, n_channels)  # numpy float64 [K, L]
+    return torch.from_numpy(phi).to(torch.float32).contiguous()
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: zero the whole residual branch of a sample with probability ``p`` (training only)."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"DropPath rate must lie in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, ...] -> [B, ...]
+        if not self.training or self.p == 0.0:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)  # [B, 1, ..., 1]
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class GeluFFN(nn.Module):
+    """Tokenwise FFN ``fc2(dropout(GELU(fc1 x)))`` with exact (erf) GELU and biases, d -> n_ff -> d."""
+
+    def __init__(self, d_model: int, n_ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, n_ff)
+        self.fc2 = nn.Linear(n_ff, d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
+
+
+class SpectralSublayer(nn.Module):
+    """The ES-SSM spectral sublayer S_K of Eq. 4 (input and output width d).
+
+    Args:
+        d_model: width d.
+        n_channels: full budget K-bar.
+        seq_len: filter length L (the longest sequence accepted).
+        gate_hidden: gate-MLP hidden width d_g (paper: d / 2).
+        gate_bias_init: initial b_g2 (paper: -2, sigmoid(-2) ~ 0.12).
+        init_std: std of the normal initialisation of W_g1, W_g2 and M_k.
+    """
+
+    def __init__(
+        self, d_model: int, n_channels: int, seq_len: int, gate_hidden: int,
+        gate_bias_init: float = -2.0, init_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        self.d_model, self.n_channels, self.seq_len = d_model, n_channels, seq_len
+        self.gate_bias_init, self.init_std = gate_bias_init, init_std
+        self.gate_in = nn.Linear(d_model, gate_hidden)  # W_g1 [d_g, d], b_g1 [d_g]
+        self.gate_out = nn.Linear(gate_hidden, n_channels)  # W_g2 [K, d_g], b_g2 [K]
+        self.proj = nn.Parameter(torch.empty(n_channels, d_model, d_model))  # proj[k] = M_k^T, [K, d, d]
+        self.register_buffer("filters", torch.empty(n_channels, seq_len), persistent=True)  # [K, L]
+        if not on_meta_device():
+            self.filters.copy_(hankel_filter_tensor(seq_len, n_channels))
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) weights, zero b_g1, b_g2 = gate_bias_init (Sec. 4.1). Filters untouched."""
+        if self.proj.device.type == "meta":
+            return
+        for w in (self.gate_in.weight, self.gate_out.weight, self.proj):
+            nn.init.normal_(w, std=self.init_std)
+        nn.init.zeros_(self.gate_in.bias)
+        nn.init.constant_(self.gate_out.bias, self.gate_bias_init)
+
+    def gates(self, u: torch.Tensor, K: int) -> torch.Tensor:
+        """g_k(t) = sigmoid(s_k(t)) / sqrt(K) for k <= K; u [B, T, D] -> [B, T, K]."""
+        h = F.gelu(self.gate_in(u))  # [B, T, d_g], exact (erf) GELU
+        s = F.linear(h, prefix(self.gate_out.weight, K), prefix(self.gate_out.bias, K))  # [B, T, K]
+        return torch.sigmoid(s) * (1.0 / math.sqrt(K))
+
+    def channel_outputs(self, u: torch.Tensor, K: int | None = None) -> torch.Tensor:
+        """The retained-channel contributions z_k(t) = g_k(t) M_k (Phi_k * u)(t), [B, T, K, D].
+
+        A diagnostic (Figure 1's z_k): it materialises every channel's projection, which ``forward``
+        avoids. ``forward(u, K) == channel_outputs(u, K).sum(2)`` up to summation order.
+        """
+        K = self.n_channels if K is None else K
+        g = self.gates(u, K)  # [B, T, K]
+        x = fft_causal_conv(u, prefix(self.filters, K))  # [B, T, K, D]
+        m = prefix(self.proj, K)  # [K, D_in, D_out]
+        return torch.einsum("btki,kio->btko", (x * g.unsqueeze(-1)).to(m.dtype), m)
+
+    def forward(self, u: torch.Tensor, K: int | None = None) -> torch.Tensor:
+        """S_K(u) of Eq. 4: u [B, T, D] -> [B, T, D]; nothing is computed for channels k > K."""
+        K = self.n_channels if K is None else K
+        if not 1 <= K <= self.n_channels:
+            raise ValueError(
+                f"budget K={K} is outside [1, {self.n_channels}]; pass a K this layer holds (1..K-bar)"
+            )
+        B, T, D = u.shape
+        g = self.gates(u, K)  # [B, T, K]
+        x = fft_causal_conv(u, prefix(self.filters, K))  # [B, T, K, D], memory [B, K, D, T]
+        xg = x.permute(0, 2, 3, 1) * g.transpose(1, 2).unsqueeze(2)  # [B, K, D, T] gate before projection
+        w = prefix(self.proj, K).reshape(K * D, D)  # [K*D_in, D_out], a view
+        xg = xg.to(w.dtype).reshape(B, K * D, T).transpose(1, 2)  # [B, T, K*D]
+        return torch.matmul(xg, w)  # [B, T, D]
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_channels={self.n_channels}, seq_len={self.seq_len}"
+
+
+class ESSSMBlock(nn.Module):
+    """Pre-norm residual ES-SSM block (Sec. 4.1): spectral sublayer then GELU FFN, DropPath on both."""
+
+    def __init__(self, cfg: ESSSMConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.ln1 = nn.LayerNorm(d, eps=cfg.norm_eps)
+        self.mixer = SpectralSublayer(
+            d, cfg.n_channels, cfg.seq_len, cfg.gate_hidden, cfg.gate_bias_init, cfg.init_std
+        )
+        self.ln2 = nn.LayerNorm(d, eps=cfg.norm_eps)
+        self.ffn = GeluFFN(d, cfg.ffn_mult * d, cfg.dropout)
+        self.drop_path = DropPath(cfg.drop_path)
+        self.init_std = cfg.init_std
+        if not on_meta_device():
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """LayerNorms to (1, 0); FFN weights Normal(0, init_std), biases 0; the sublayer as its own."""
+        if self.ln1.weight.device.type == "meta":
+            return
+        for ln in (self.ln1, self.ln2):
+            nn.init.ones_(ln.weight)
+            nn.init.zeros_(ln.bias)
+        for lin in (self.ffn.fc1, self.ffn.fc2):
+            nn.init.normal_(lin.weight, std=self.init_std)
+            nn.init.zeros_(lin.bias)
+        self.mixer.reset_parameters()
+
+    def forward(self, r: torch.Tensor, K: int | None = None) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        r = r + self.drop_path(self.mixer(self.ln1(r), K))
+        return r + self.drop_path(self.ffn(self.ln2(r)))

@@ -1,0 +1,163 @@
+"""ES-SSM model: byte-level LM or sequence classifier over ES-SSM blocks (ES-SSM paper Sec. 4, Alg. 1).
+
+``ESSSM(cfg)`` stacks ``cfg.n_layers`` pre-norm ``ESSSMBlock``s between a token embedding and a final
+LayerNorm, followed by the LM head (tied: the embedding matrix itself, no extra parameter; untied:
+``lm_head`` [V, d] without bias) or, for ``task='classify'``, a mean pool over valid positions and a
+linear ``head`` [C, d] + [C].
+
+``forward(input_ids, tier=K)`` evaluates the shared model at runtime budget K (every spectral sublayer
+keeps channels 1..K, Eq. 4). ``export_tier(model, K)`` and ``from_pretrained(path, tier=K)`` build the
+standalone budget-K model (Algorithm 1) from dim-0 prefixes of ``gate_out.weight``, ``gate_out.bias``,
+``proj`` and ``filters`` of every block (``slice_rules``); on CPU in float32 it is bitwise equal to the
+shared model at K (Appendix B.6).
+
+The Hankel ``filters`` are a persistent buffer: a saved model carries the exact filters it was trained
+with, so it computes the same function on a machine whose LAPACK resolves the unresolved high-index
+eigenvectors differently (Appendix B.2 note). A freshly built model computes them with
+``spectral.hankel_filters(cfg.seq_len, cfg.n_channels)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ESSSMConfig
+from ..elastic import tiers as tiers_mod
+from ..elastic.slicing import SliceRule
+from ..layers.es_ssm import ESSSMBlock, on_meta_device
+from .base import ElasticModel
+
+__all__ = ["ESSSM"]
+
+#: State-dict names of the channel-indexed tensors (all cut along dim 0; Sec. 4.1 "direct prefix truncation").
+CHANNEL_TENSORS = r"blocks\.\d+\.mixer\.(?:gate_out\.weight|gate_out\.bias|proj|filters)"
+
+
+class ESSSM(ElasticModel):
+    """Elastic spectral SSM (ES-SSM paper): one model, a standalone export per runtime budget K."""
+
+    arch = "es_ssm"
+    config_class = ESSSMConfig
+
+    def __init__(self, config: ESSSMConfig) -> None:
+        super().__init__(config)
+        c = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)  # [V, d]
+        self.blocks = nn.ModuleList(ESSSMBlock(c) for _ in range(c.n_layers))
+        self.norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)
+        self.lm_head: nn.Linear | None = None
+        self.head: nn.Linear | None = None
+        if c.task == "lm":
+            if not c.tie_embeddings:
+                self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)  # [V, d]
+        else:
+            self.head = nn.Linear(c.d_model, c.num_classes)  # [C, d], [C]
+        if not on_meta_device():
+            self.init_weights()
+
+    # ---- initialisation ------------------------------------------------------------------------------
+    def init_weights(self) -> None:
+        """Normal(0, init_std) for embeddings and projections, zero biases, b_g2 = gate_bias_init,
+        LayerNorms (1, 0); the Hankel filters are not touched. A no-op on the meta device."""
+        if self.is_meta():
+            return
+        std = self.config.init_std
+        nn.init.normal_(self.embed.weight, std=std)
+        for block in self.blocks:
+            block.reset_parameters()
+        nn.init.ones_(self.norm.weight)
+        nn.init.zeros_(self.norm.bias)
+        for lin in (self.lm_head, self.head):
+            if lin is not None:
+                nn.init.normal_(lin.weight, std=std)
+                if lin.bias is not None:
+                    nn.init.zeros_(lin.bias)
+
+    # ---- tiers ---------------------------------------------------------------------------------------
+    @classmethod
+    def tier_config(cls, config: ESSSMConfig, tier: Any) -> ESSSMConfig:
+        """Standalone config of budget K: ``n_channels=K``, budgets ``{b < K} + (K,)``, all else equal."""
+        K = tiers_mod.resolve_tier(config, tier).K
+        budgets = tuple(b for b in config.budgets if b < K) + (K,)
+        return config.replace(n_channels=K, budgets=budgets)
+
+    @classmethod
+    def slice_rules(cls, config: ESSSMConfig, tier: Any) -> list[SliceRule]:
+        """Keep the first K rows of every channel-indexed tensor of every block (Sec. 4.1, App. B.6)."""
+        return [SliceRule(CHANNEL_TENSORS, tiers_mod.resolve_tier(config, tier).K)]
+
+    # ---- forward -------------------------------------------------------------------------------------
+    def _check_ids(self, input_ids: Any) -> torch.Tensor:
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(
+                f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}"
+            )
+        if input_ids.dim() != 2:
+            raise ValueError(
+                f"input_ids must have shape [B, T], got {tuple(input_ids.shape)};"
+                " for a single sequence pass input_ids[None]"
+            )
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise ValueError(
+                f"input_ids must be an integer tensor of token ids (torch.long), got {input_ids.dtype}"
+            )
+        B, T = input_ids.shape
+        if B == 0 or T == 0:
+            raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}); pass at least one token")
+        L = self.config.seq_len
+        if T > L:
+            raise ValueError(
+                f"sequence length T={T} exceeds the filter length L={L} this model was built for;"
+                f" build with seq_len >= T or truncate the input to {L} tokens"
+            )
+        if not torch.compiler.is_compiling():
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            V = self.config.vocab_size
+            if lo < 0 or hi >= V:
+                bad = hi if hi >= V else lo
+                raise IndexError(
+                    f"token id {bad} is outside the vocabulary [0, {V}); check the tokenizer"
+                    f" or build the model with vocab_size > {max(hi, V - 1)}"
+                )
+        return input_ids
+
+    def forward(
+        self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits of the model evaluated at ``tier`` (None = full budget; an int K, "K8" or a Tier).
+
+        Args:
+            input_ids: token ids, [B, T] with T <= cfg.seq_len.
+            tier: runtime budget; every spectral sublayer keeps channels 1..K.
+            attention_mask: [B, T], 1 for valid tokens, 0 for padding (padding on the right: the
+                convolution is causal, so valid positions never see right padding). For
+                ``task='classify'`` it selects the positions of the mean pool; for the LM the logits
+                do not depend on it (pad positions are the caller's to mask in the loss).
+
+        Returns:
+            [B, T, V] next-token logits (``task='lm'``) or [B, C] class logits (``task='classify'``).
+        """
+        K = self.resolve_tier(tier).K
+        ids = self._check_ids(input_ids)
+        if attention_mask is not None and tuple(attention_mask.shape) != tuple(ids.shape):
+            raise ValueError(
+                f"attention_mask must have the shape of input_ids {tuple(ids.shape)},"
+                f" got {tuple(attention_mask.shape)}"
+            )
+        x = self.embed(ids)  # [B, T, d]
+        for block in self.blocks:
+            x = block(x, K)  # [B, T, d]
+        x = self.norm(x)
+        if self.config.task == "lm":
+            weight = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, d]
+            return F.linear(x, weight)  # [B, T, V]
+        if attention_mask is None:
+            pooled = x.mean(dim=1)  # [B, d]
+        else:
+            m = attention_mask.to(x.dtype).unsqueeze(-1)  # [B, T, 1]
+            pooled = (x * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)  # [B, d]
+        return self.head(pooled)  # [B, C]
