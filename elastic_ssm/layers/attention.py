@@ -107,7 +107,8 @@ class SlidingWindowAttention(nn.Module):
         diff = positions[:, None] - slot_pos                         # [B,W]
         allowed = (slot_pos >= 0) & (diff >= 0) & (diff < self.window)
         scores = (q.to(kc.dtype) @ kc.transpose(-1, -2)) / math.sqrt(self.head_dim)   # [B,H,1,W]
-        scores = scores.float().masked_fill(~allowed[:, None, None], float("-inf"))
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+        scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
         p = scores.softmax(-1).to(vc.dtype)
         o = (p @ vc).to(x.dtype)                                     # [B,H,1,hd]
         return F.linear(o.reshape(B, D), self.out)

@@ -1,0 +1,177 @@
+"""ESSH model: exact counts, tier evaluation, export, save/load, cached decoding, padded generation."""
+
+import json
+
+import pytest
+import torch
+
+import elastic_ssm as es
+from elastic_ssm.models.base import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    cfg = es.ESSHConfig.preset("tiny")
+    model = es.ESSH(cfg).eval()
+    # Move away from the near-identity initialisation so every path matters in the comparisons.
+    with torch.no_grad():
+        for b in model.blocks:
+            if b.kind == "S":
+                b.mixer.in_proj[:, cfg.value_width:].normal_(std=0.3)
+                b.mixer.gate_bias.normal_(std=0.5)
+                b.mixer.beta.uniform_(0, 1)
+            b.ffn.w_out.normal_(std=0.1)
+    return model
+
+
+@pytest.mark.parametrize("name", ["370m", "1.5b"])
+def test_meta_instantiation_matches_config_counts(name):
+    cfg = es.ESSHConfig.preset(name)
+    with torch.device("meta"):
+        model = es.ESSH(cfg)
+        small = es.ESSH(es.ESSH.tier_config(cfg, es.elastic.tiers.resolve_tier(cfg, "T4")))
+    assert sum(p.numel() for p in model.parameters()) == model.num_parameters()
+    assert sum(p.numel() for p in small.parameters()) == model.num_parameters("T4")
+    expected = {"370m": (370_866_144, 185_254_998), "1.5b": (1_531_089_696, 827_570_754)}[name]
+    assert (model.num_parameters(), model.num_parameters("T4")) == expected
+
+
+def test_every_tier_export_is_bitwise_equal(tiny):
+    x = torch.randint(0, tiny.config.vocab_size, (2, 40))
+    for t in tiny.tier_table():
+        res = es.check_export(tiny, t.name, input_ids=x)
+        assert res.bitwise_equal, str(res)
+        assert res.params_actual == res.params_expected == t.params
+
+
+def test_tiers_differ_and_discarded_rows_get_no_gradient(tiny):
+    x = torch.randint(0, tiny.config.vocab_size, (2, 20))
+    full, t1 = tiny(x), tiny(x, tier="T1")
+    assert not torch.allclose(full, t1)
+    tiny.zero_grad()
+    tiny(x, tier="T1").square().mean().backward()
+    t = tiny.resolve_tier("T1")
+    mixer = tiny.blocks[0].mixer
+    assert mixer.in_proj.grad[t.K:].abs().max() == 0 and mixer.in_proj.grad[: t.K].abs().max() > 0
+    ffn = tiny.blocks[0].ffn
+    assert ffn.w_in.grad[t.n_ff:].abs().max() == 0 and ffn.w_in.grad[: t.n_ff].abs().max() > 0
+    tiny.zero_grad()
+
+
+def test_mixer_truncation_identity_eq19(tiny):
+    """y_Kbar - y_K = Kbar^-1/2 sum_{k>K} W_k z_k + (Kbar^-1/2 - K^-1/2) S_K   (ESSH Eq. 19)."""
+    mixer = tiny.blocks[0].mixer.double()
+    try:
+        u = torch.randn(2, 30, mixer.D, dtype=torch.float64)
+        Kb, K = mixer.K, 3
+        from elastic_ssm.ops import naive_spectral_scan
+
+        v, w, r, c = mixer._controls(u, Kb, None)
+        z, _ = naive_spectral_scan(v, w, r, c, *mixer._modal(Kb))
+        Wout = mixer.out_proj                                            # [K, P, D]
+        contrib = torch.einsum("btkp,kpd->btkd", z, Wout)
+        S_K = contrib[:, :, :K].sum(2)
+        lhs = mixer(u, Kb) - mixer(u, K)
+        rhs = contrib[:, :, K:].sum(2) / Kb**0.5 + (Kb**-0.5 - K**-0.5) * S_K
+        torch.testing.assert_close(lhs, rhs, rtol=0, atol=1e-12)
+    finally:
+        tiny.blocks[0].mixer.float()
+
+
+def test_save_load_round_trip_and_tier_loading(tiny, tmp_path):
+    x = torch.randint(0, tiny.config.vocab_size, (2, 24))
+    tiny.save_pretrained(tmp_path / "full")
+    meta = json.loads((tmp_path / "full" / "config.json").read_text())
+    assert [t["name"] for t in meta["tiers"]] == [f"T{i}" for i in range(1, 11)]
+    loaded = es.ESSH.from_pretrained(tmp_path / "full")
+    assert torch.equal(loaded(x), tiny(x))
+    t4 = es.ESSH.from_pretrained(tmp_path / "full", tier="T4")
+    assert torch.equal(t4(x), tiny(x, tier="T4"))
+    assert sum(p.numel() for p in t4.parameters()) == tiny.num_parameters("T4")
+    es.export_tier(tiny, "T4").save_pretrained(tmp_path / "t4")
+    assert torch.equal(es.ESSH.from_pretrained(tmp_path / "t4")(x), t4(x))
+
+
+def test_corrupted_and_mismatched_checkpoints(tiny, tmp_path):
+    d = tiny.save_pretrained(tmp_path / "m")
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="corrupted"):
+        es.ESSH.from_pretrained(d)
+    tiny.save_pretrained(tmp_path / "m2")
+    cfg = json.loads((tmp_path / "m2" / "config.json").read_text())
+    cfg["config"]["d_ff"] = 128
+    (tmp_path / "m2" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="shape"):
+        es.ESSH.from_pretrained(tmp_path / "m2")
+    with pytest.raises(CheckpointError, match="no config.json"):
+        es.ESSH.from_pretrained(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("tier", ["T1", "T6", "T10"])
+def test_decode_equals_full_forward_float64(tiny, tier):
+    model = tiny.double()
+    try:
+        T = 2 * model.config.window + 9                      # past the window length
+        x = torch.randint(0, model.config.vocab_size, (2, T))
+        ref = model(x, tier=tier)
+        P = 5
+        cache = model.allocate_cache(2, tier, state_dtype=torch.float64, kv_dtype=torch.float64)
+        out = [model(x[:, :P], tier=tier, cache=cache)]
+        for t in range(P, T):
+            out.append(model.step(x[:, t], cache)[:, None])
+        torch.testing.assert_close(torch.cat(out, 1), ref, rtol=0, atol=1e-10)
+    finally:
+        tiny.float()
+
+
+def test_cache_bytes_follow_the_config(tiny):
+    for name in ("T1", "T10"):
+        cache = tiny.allocate_cache(3, name, state_dtype=torch.float32, kv_dtype=torch.bfloat16)
+        assert cache.nbytes() == es.elastic.tiers.state_bytes(tiny.config, name, batch=3)
+
+
+def test_left_padded_batch_equals_unpadded(tiny):
+    model = tiny.double()
+    try:
+        V = model.config.vocab_size
+        seqs = [torch.randint(0, V, (n,)) for n in (7, 30, 19)]
+        T = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), T, dtype=torch.long)
+        mask = torch.zeros(len(seqs), T, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, T - len(s):], mask[i, T - len(s):] = s, 1
+        batch = model.generate(ids, 12, tier="T5", attention_mask=mask, temperature=0)
+        logits = model(ids, tier="T5", attention_mask=mask)
+        for i, s in enumerate(seqs):
+            single = model.generate(s[None], 12, tier="T5", temperature=0)
+            assert torch.equal(batch[i, T - len(s):], single[0])
+            torch.testing.assert_close(logits[i, T - len(s):], model(s[None], tier="T5")[0], rtol=0, atol=1e-10)
+    finally:
+        tiny.float()
+
+
+def test_generate_streams_and_samples(tiny):
+    x = torch.randint(0, tiny.config.vocab_size, (2, 5))
+    seen = []
+    g = torch.Generator().manual_seed(1)
+    out = tiny.generate(x, 6, tier="T2", temperature=0.8, top_k=20, top_p=0.9, streamer=seen.append, generator=g)
+    assert out.shape == (2, 11) and torch.equal(out[:, :5], x)
+    assert torch.equal(torch.stack(seen, 1), out[:, 5:])
+    greedy = tiny.generate(x, 4, temperature=0)
+    cur = x
+    for _ in range(4):
+        cur = torch.cat([cur, tiny(cur)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(greedy, cur)
+
+
+def test_bad_input(tiny):
+    with pytest.raises(ValueError, match="vocab_size"):
+        tiny(torch.tensor([[0, 999]]))
+    with pytest.raises(ValueError, match=r"\[B, T\]"):
+        tiny(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError):
+        tiny(torch.zeros(1, 3, dtype=torch.long), tier="T11")
+    with pytest.raises(ValueError, match="LEFT padding"):
+        tiny.generate(torch.zeros(1, 3, dtype=torch.long), 1, attention_mask=torch.tensor([[1, 1, 0]]))
