@@ -1,0 +1,86 @@
+"""ES-SSM budget-dropout recipe (ES-SSM paper Sec. 4.2, Eq. 5, Algorithm 2) and recipe selection.
+
+Each optimizer step trains the network at one budget K_train, shared by all of the step's
+micro-batches on every rank, drawn by ``elastic.budget.BudgetSampler``: the full budget K-bar during
+warm-up and on the anchor steps ``step % n_full == 0`` after it, otherwise the log-uniform snapped draw
+of Eq. 5. The objective is the plain task loss of the model at K_train,
+``L_train = L_task(F_theta(u; K_train), y)`` (next-token CE for ``task='lm'``, class CE for
+``task='classify'`` with labels [B]); there is no distillation and no gradient scaling.
+
+The warm-up is ``bd_warmup_steps`` steps, or ``bd_warmup_epochs`` epochs (E_warmup) converted with the
+number of optimizer steps per epoch (``len(data) // grad_accum``). ``make_recipe`` picks the recipe
+of a ``TrainConfig`` for a model ('auto': capacity-mixed for ESSH, budget dropout for ES-SSM).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..config import ESSHConfig, ESSSMConfig
+from ..elastic.budget import BudgetSampler, warmup_steps_from_epochs
+from .capacity_mixed import CapacityMixed, MicroPlan, Recipe, SharedRefinement
+
+__all__ = ["BudgetDropout", "make_recipe", "resolve_recipe_name", "bd_warmup_steps"]
+
+
+class BudgetDropout(Recipe):
+    """One sampled budget per step (Eq. 5) with warm-up and full-budget anchors."""
+
+    name = "budget_dropout"
+
+    def __init__(self, sampler: BudgetSampler) -> None:
+        self.sampler = sampler
+
+    def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
+        K = self.sampler.sample(step)
+        return [MicroPlan(tier=K, label=K) for _ in range(n_global)]
+
+
+def resolve_recipe_name(recipe: str, model: nn.Module) -> str:
+    """The concrete recipe of ``recipe`` for ``model``; a recipe that does not fit the model raises."""
+    cfg = getattr(model, "config", None)
+    if recipe == "auto":
+        if isinstance(cfg, ESSHConfig):
+            return "capacity_mixed"
+        if isinstance(cfg, ESSSMConfig):
+            return "budget_dropout"
+        return "dense"
+    if recipe == "capacity_mixed" and not isinstance(cfg, ESSHConfig):
+        raise ValueError("TrainConfig.recipe='capacity_mixed' is the ESSH recipe (Algorithm 1); the model "
+                         f"is {type(model).__name__}: use 'budget_dropout' for ES-SSM or 'dense'")
+    if recipe == "budget_dropout" and not isinstance(cfg, ESSSMConfig):
+        raise ValueError(f"TrainConfig.recipe='budget_dropout' is the ES-SSM recipe (Sec. 4.2); the model is "
+                         f"{type(model).__name__}: use 'capacity_mixed' for ESSH or 'dense'")
+    return recipe
+
+
+def bd_warmup_steps(cfg: Any, data: Any) -> int:
+    """Budget-dropout warm-up in steps: ``bd_warmup_epochs`` x steps per epoch, else ``bd_warmup_steps``."""
+    if cfg.bd_warmup_epochs <= 0:
+        return cfg.bd_warmup_steps
+    try:
+        per_epoch = len(data) // cfg.grad_accum
+    except TypeError as e:
+        raise ValueError("TrainConfig.bd_warmup_epochs needs data with len() (batches per epoch, e.g. "
+                         "PackedBatches); otherwise set bd_warmup_steps") from e
+    return warmup_steps_from_epochs(cfg.bd_warmup_epochs, max(1, per_epoch))
+
+
+def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None) -> Recipe:
+    """The recipe object of stage ``name`` ('capacity_mixed', 'budget_dropout', 'dense', 'refine')."""
+    mcfg = getattr(model, "config", None)
+    if name == "capacity_mixed":
+        return CapacityMixed.from_config(mcfg, cfg)
+    if name == "refine":
+        if not isinstance(mcfg, ESSHConfig):
+            raise ValueError("shared refinement (TrainConfig.refine.steps > 0) is defined for ESSH only")
+        return SharedRefinement.from_config(mcfg, cfg)
+    if name == "budget_dropout":
+        sampler = BudgetSampler(mcfg.budgets, mcfg.n_channels, warmup_steps=bd_warmup_steps(cfg, data),
+                                n_full=cfg.n_full, seed=cfg.seed)
+        return BudgetDropout(sampler)
+    if name == "dense":
+        return Recipe()
+    raise ValueError(f"unknown recipe {name!r}")

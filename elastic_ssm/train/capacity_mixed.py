@@ -1,0 +1,172 @@
+"""Recipes: the per-step micro-batch plan. ESSH capacity-mixed pretraining and shared refinement.
+
+A recipe decides, for optimizer step ``step``, what every micro-batch computes (a ``MicroPlan``: the
+tier, the FFN gradient scale, the distillation term). Plans are drawn for the *global* micro-batch
+slots ``g = 0 .. M x world - 1`` of the step from a NumPy generator seeded with ``(seed, step)``, and
+rank ``k`` runs slots ``g = r x world + k`` for its local micro-batches ``r = 0 .. M - 1``; with
+``PackedBatches`` sharding (rank k takes rows ``kB:(k+1)B`` of each global batch) this is exactly the
+slot order of one process with ``grad_accum x world`` micro-batches, so a DDP run and a single-process
+run with the same global batch compute the same step, and a resumed run redraws the same plan.
+
+``CapacityMixed`` is ESSH Algorithm 1 (D.4, D.5): while fewer than ``n_warm_tokens`` tokens have been
+seen, every slot is full capacity; afterwards the first ``round(f x M_global)`` slots are reserved
+for full capacity and every other slot draws uniformly from the training capacities (full included).
+A reduced slot evaluates ``CE(p_T) + kl_coef KL(sg[p_full] || p_T)`` with ``ffn_grad_scale = alpha_ff``
+(Eq. 8, D.4); a capacity whose (K_T, n_ff,T) equals the full shapes counts as full (no KL, no scale).
+After each step it applies the FFN importance ordering (D.3, ``ffn_order``).
+
+``SharedRefinement`` is D.8: every slot runs the full model with gradient and one reduced capacity,
+``CE(p_full) + CE(p_T) + tv_coef TV(sg[p_full], p_T)``; ``per_step`` draws one capacity per step for
+all slots (370M), ``cycle`` shuffles the capacities each step and cycles through them (1.5B).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..elastic.tiers import Tier, capacity_tier, resolve_tier
+from .dist import DistContext
+from .ffn_order import enable_tracking, order_ffn_units, should_order
+
+__all__ = ["MicroPlan", "Recipe", "CapacityMixed", "SharedRefinement", "slot_rng"]
+
+_CAPACITY_STREAM, _REFINE_STREAM = 1, 2
+
+
+def slot_rng(seed: int, step: int, stream: int) -> np.random.Generator:
+    """The generator of one step's draws: a pure function of ``(seed, step, stream)``."""
+    return np.random.default_rng([int(seed), int(step), int(stream)])
+
+
+@dataclass(frozen=True)
+class MicroPlan:
+    """What one micro-batch computes (keyword arguments of ``LossModule.forward`` plus a log label)."""
+
+    tier: Any = None
+    label: float | int = 1.0
+    ffn_grad_scale: float | None = None
+    distill: tuple[str, float] | None = None
+    full_ce: bool = False
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        return {"tier": self.tier, "ffn_grad_scale": self.ffn_grad_scale, "distill": self.distill,
+                "full_ce": self.full_ce}
+
+
+class Recipe:
+    """Base recipe: every micro-batch at full capacity with plain CE (the ``dense`` recipe)."""
+
+    name = "dense"
+    #: the policy of ``optim.param_groups`` this recipe's stage uses
+    policy = "pretrain"
+
+    def setup(self, model: nn.Module) -> None:
+        """Prepare the (unwrapped) model before the first step (e.g. activation statistics)."""
+
+    def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
+        return [MicroPlan() for _ in range(n_global)]
+
+    def local_plan(self, step: int, tokens_seen: int, n_local: int, ctx: DistContext) -> list[MicroPlan]:
+        """Plans of this rank's micro-batches ``r = 0 .. n_local - 1`` (global slot ``r x world + rank``)."""
+        plans = self.global_plan(step, tokens_seen, n_local * ctx.world_size)
+        return [plans[r * ctx.world_size + ctx.rank] for r in range(n_local)]
+
+    def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                   ctx: DistContext) -> dict[str, Any]:
+        """Hook after the optimizer update of 0-based ``step``; returns events to log."""
+        return {}
+
+
+def _is_full(cfg: Any, tier: Tier) -> bool:
+    full = resolve_tier(cfg, None)
+    return tier.K == full.K and tier.n_ff == full.n_ff
+
+
+class CapacityMixed(Recipe):
+    """ESSH capacity-mixed pretraining (Algorithm 1) with FFN importance ordering (D.3)."""
+
+    name = "capacity_mixed"
+
+    def __init__(self, model_cfg: Any, capacities: tuple[float, ...], full_share: float, n_warm_tokens: int,
+                 kl_coef: float, alpha_ff: float, seed: int, total_steps: int, order_every: int,
+                 order_until: float, stat_decay: float) -> None:
+        self.model_cfg = model_cfg
+        self.capacities = tuple(float(x) for x in capacities)
+        self.tiers = [capacity_tier(model_cfg, x) for x in self.capacities]
+        self.full_share, self.n_warm_tokens = full_share, n_warm_tokens
+        self.kl_coef, self.alpha_ff, self.seed = kl_coef, alpha_ff, seed
+        self.total_steps, self.order_every, self.order_until = total_steps, order_every, order_until
+        self.stat_decay = stat_decay
+
+    @classmethod
+    def from_config(cls, model_cfg: Any, cfg: Any) -> CapacityMixed:
+        return cls(model_cfg, cfg.capacities, cfg.full_share, cfg.n_warm_tokens, cfg.kl_coef, cfg.alpha_ff,
+                   cfg.seed, cfg.steps, cfg.order_every, cfg.order_until, cfg.stat_decay)
+
+    def setup(self, model: nn.Module) -> None:
+        enable_tracking(model, self.order_every > 0, self.stat_decay)
+
+    def capacities_of(self, step: int, tokens_seen: int, n_global: int) -> list[float]:
+        """Capacity fraction of every global slot of ``step`` (Alg. 1 lines 4-7)."""
+        if tokens_seen < self.n_warm_tokens:
+            return [1.0] * n_global
+        n_reserved = round(self.full_share * n_global)
+        draws = slot_rng(self.seed, step, _CAPACITY_STREAM).integers(0, len(self.capacities), size=n_global)
+        return [1.0 if g < n_reserved else self.capacities[int(draws[g])] for g in range(n_global)]
+
+    def plan_for(self, xi: float) -> MicroPlan:
+        if xi == 1.0:
+            return MicroPlan(label=1.0)
+        tier = self.tiers[self.capacities.index(xi)]
+        if _is_full(self.model_cfg, tier):
+            return MicroPlan(label=xi)
+        return MicroPlan(tier=tier, label=xi, ffn_grad_scale=self.alpha_ff, distill=("kl", self.kl_coef))
+
+    def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
+        return [self.plan_for(x) for x in self.capacities_of(step, tokens_seen, n_global)]
+
+    def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                   ctx: DistContext) -> dict[str, Any]:
+        if not should_order(step, self.total_steps, self.order_every, self.order_until):
+            return {}
+        order_ffn_units(model, optimizer, ctx)
+        return {"ffn_ordered": True}
+
+
+class SharedRefinement(Recipe):
+    """ESSH shared refinement (D.8): full CE + reduced CE + TV distillation, fresh AdamW (refine groups)."""
+
+    name = "refine"
+    policy = "refine"
+
+    def __init__(self, model_cfg: Any, capacities: tuple[float, ...], tv_coef: float, alpha_ff: float,
+                 seed: int, mode: str = "per_step") -> None:
+        if mode not in ("per_step", "cycle"):
+            raise ValueError(f"mode must be 'per_step' or 'cycle', got {mode!r}")
+        self.model_cfg = model_cfg
+        self.capacities = tuple(float(x) for x in capacities)
+        self.tiers = [capacity_tier(model_cfg, x) for x in self.capacities]
+        self.tv_coef, self.alpha_ff, self.seed, self.mode = tv_coef, alpha_ff, seed, mode
+
+    @classmethod
+    def from_config(cls, model_cfg: Any, cfg: Any) -> SharedRefinement:
+        r = cfg.refine
+        return cls(model_cfg, r.capacities, r.tv_coef, r.alpha_ff, cfg.seed, r.capacity_mode)
+
+    def setup(self, model: nn.Module) -> None:
+        enable_tracking(model, False)
+
+    def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
+        rng = slot_rng(self.seed, step, _REFINE_STREAM)
+        if self.mode == "per_step":
+            idx = [int(rng.integers(0, len(self.tiers)))] * n_global
+        else:
+            order = rng.permutation(len(self.tiers))
+            idx = [int(order[g % len(order)]) for g in range(n_global)]
+        return [MicroPlan(tier=self.tiers[i], label=self.capacities[i], ffn_grad_scale=self.alpha_ff,
+                          distill=("tv", self.tv_coef), full_ce=True) for i in idx]

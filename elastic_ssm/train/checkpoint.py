@@ -1,0 +1,227 @@
+"""Atomic, resumable training checkpoints (CONTRIBUTING rule 10).
+
+Layout of one stage directory (``<out_dir>/<stage>/``)::
+
+    step_0000250/
+        model/model.safetensors, model/config.json     (ElasticModel.save_pretrained)
+        optimizer.pt        AdamW state (moments, step counts, groups)
+        trainer.pt          step, tokens seen, LR-schedule settings, data-stream state, configs
+        rank0.pt, rank1.pt  per rank: RNG states (python, numpy, torch, cuda), FFN activation statistics
+        train_config.yaml   the TrainConfig of the run (for people; trainer.pt holds the same dict)
+        COMPLETE.json       written last: the step and the size of every file above
+    latest                  text file naming the newest complete directory (written atomically, last)
+
+A checkpoint is first written into ``.step_XXXXXXX.tmp/`` (every file through a temporary file,
+``fsync`` and ``os.replace``), then the directory is renamed into place and ``latest`` is updated, and
+finally all but the newest ``keep_last`` directories are deleted. A directory without a valid
+``COMPLETE.json`` (a crash mid-write, a truncated file) is skipped with a warning and the previous one
+is used. ``DataStream`` makes any iterable of micro-batches resumable: through its
+``state_dict``/``load_state_dict`` when it has them (``PackedBatches``), else by skipping the batches
+already consumed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..models.base import atomic_write_bytes
+from .dist import DistContext, barrier, broadcast_object
+
+__all__ = ["DataStream", "save_checkpoint", "load_checkpoint", "find_checkpoint", "valid_checkpoints",
+           "rng_state", "set_rng_state", "COMPLETE", "LATEST"]
+
+COMPLETE, LATEST = "COMPLETE.json", "latest"
+
+
+class DataStream:
+    """An endless-or-finite iterator over ``data`` that counts consumed micro-batches and resumes."""
+
+    def __init__(self, data: Any) -> None:
+        self.data, self.consumed, self._it = data, 0, None
+
+    def next(self) -> Any:
+        if self._it is None:
+            self._it = iter(self.data)
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            raise RuntimeError(f"the training data ran out after {self.consumed} micro-batches; pass an "
+                               "endless iterator (PackedBatches, num_epochs=None) or fewer steps") from None
+        self.consumed += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        inner = self.data.state_dict() if hasattr(self.data, "state_dict") else None
+        return {"consumed": self.consumed, "data": inner}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("data") is not None and hasattr(self.data, "load_state_dict"):
+            self.data.load_state_dict(state["data"])
+            self._it = iter(self.data)
+        else:
+            self._it = iter(self.data)
+            for _ in range(state["consumed"]):
+                next(self._it)
+        self.consumed = state["consumed"]
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch and CUDA generator states (plain containers, loadable with weights_only)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    out = {"python": random.getstate(), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+           "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(tuple(state["python"][:1]) + (tuple(state["python"][1]),) + tuple(state["python"][2:]))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save_torch(obj: Any, path: Path) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name.split("_")[1])
+
+
+def _is_complete(path: Path) -> bool:
+    marker = path / COMPLETE
+    try:
+        meta = json.loads(marker.read_text())
+        return all((path / f).is_file() and (path / f).stat().st_size == n for f, n in meta["files"].items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def valid_checkpoints(stage_dir: str | Path) -> list[Path]:
+    """Complete checkpoint directories, newest first; incomplete ones trigger a warning."""
+    stage_dir = Path(stage_dir)
+    if not stage_dir.is_dir():
+        return []
+    out = []
+    for p in sorted(stage_dir.glob("step_*"), key=_step_of, reverse=True):
+        if _is_complete(p):
+            out.append(p)
+        else:
+            warnings.warn(f"skipping checkpoint {p}: no valid {COMPLETE} (incomplete or corrupted write)",
+                          stacklevel=2)
+    return out
+
+
+def find_checkpoint(stage_dir: str | Path) -> Path | None:
+    """The checkpoint to resume from: ``latest`` if complete, else the newest complete directory."""
+    stage_dir = Path(stage_dir)
+    pointer = stage_dir / LATEST
+    if pointer.is_file():
+        cand = stage_dir / pointer.read_text().strip()
+        if _is_complete(cand):
+            return cand
+        warnings.warn(f"{pointer} names {cand.name}, which is incomplete or missing; using the newest "
+                      "complete checkpoint instead", stacklevel=2)
+    valid = valid_checkpoints(stage_dir)
+    return valid[0] if valid else None
+
+
+def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    trainer_state: dict[str, Any], rank_state: dict[str, Any], ctx: DistContext,
+                    keep_last: int = 3, config_yaml: str = "") -> Path:
+    """Write checkpoint ``step`` of ``model`` (the unwrapped model) atomically; collective under DDP."""
+    stage_dir = Path(stage_dir)
+    name = f"step_{step:07d}"
+    final, tmp = stage_dir / name, stage_dir / f".{name}.tmp"
+    if ctx.is_main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    barrier(ctx)
+    _save_torch(rank_state, tmp / f"rank{ctx.rank}.pt")
+    barrier(ctx)
+    if ctx.is_main:
+        model.save_pretrained(tmp / "model")
+        _save_torch(optimizer.state_dict(), tmp / "optimizer.pt")
+        _save_torch(trainer_state, tmp / "trainer.pt")
+        if config_yaml:
+            atomic_write_bytes(tmp / "train_config.yaml", config_yaml.encode())
+        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        atomic_write_bytes(tmp / COMPLETE, json.dumps({"step": step, "files": files}, indent=1).encode())
+        _fsync_dir(tmp / "model")
+        _fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(stage_dir)
+        atomic_write_bytes(stage_dir / LATEST, name.encode())
+        for old in valid_checkpoints(stage_dir)[keep_last:]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier(ctx)
+    return final
+
+
+def _load(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    ctx: DistContext) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Restore ``model`` and ``optimizer`` from the newest usable checkpoint of ``stage_dir``.
+
+    Returns ``(trainer_state, rank_state)`` or ``None`` when there is no checkpoint. A checkpoint that
+    fails to load is skipped with a warning and the next older one is tried. RNG states are *not*
+    applied here (the loop applies them last, right before the first resumed step).
+    """
+    from safetensors.torch import load_file
+
+    candidates: list[Path] = []
+    if ctx.is_main:
+        first = find_checkpoint(stage_dir)
+        rest = [p for p in valid_checkpoints(stage_dir) if p != first]
+        candidates = ([first] if first is not None else []) + rest
+    candidates = broadcast_object([str(p) for p in candidates], ctx)
+    device = next(model.parameters()).device
+    for cand in map(Path, candidates):
+        try:
+            state = load_file(str(cand / "model" / "model.safetensors"), device=str(device))
+            trainer, opt_state = _load(cand / "trainer.pt"), _load(cand / "optimizer.pt")
+            rank_file = cand / f"rank{ctx.rank}.pt"
+            if not rank_file.is_file():
+                warnings.warn(f"{cand} has no {rank_file.name} (world size changed); using rank0.pt",
+                              stacklevel=2)
+                rank_file = cand / "rank0.pt"
+            rank_state = _load(rank_file)
+            model.load_state_dict(state, strict=True)
+            optimizer.load_state_dict(opt_state)
+        except Exception as e:  # a corrupted file of any kind: fall back to the previous checkpoint
+            warnings.warn(f"could not load checkpoint {cand} ({type(e).__name__}: {e}); trying an older one",
+                          stacklevel=2)
+            continue
+        return trainer, rank_state
+    return None

@@ -1,0 +1,146 @@
+"""Training configuration: ``TrainConfig`` and its nested ``RefineConfig`` (ConfigBase style).
+
+Defaults are the paper's constants (ESSH Table 7 / Table 55, Appendices D.3-D.8; ES-SSM Sec. 4.2)
+except where a CPU default is stated in the help text (``steps``, batch shape, ``n_warm_tokens``,
+``out_dir``). Every field has a ``help`` string; the CLI derives its flags from these dataclasses and a
+``train:`` section of a run YAML loads into ``TrainConfig.from_dict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import ConfigBase, ConfigError, opt
+
+__all__ = ["TrainConfig", "RefineConfig", "TRAIN_CAPACITIES", "REFINE_CAPACITIES", "RECIPES"]
+
+#: The ten pretraining capacities xi of ESSH D.4 / Table 55 (full capacity included).
+TRAIN_CAPACITIES = (1 / 16, 3 / 32, 1 / 8, 5 / 32, 3 / 16, 1 / 4, 3 / 8, 1 / 2, 3 / 4, 1.0)
+#: Shared-refinement capacities of the 370M run, {2, 4, 8, 16, 24} / 32 (D.8, Table 55).
+REFINE_CAPACITIES = tuple(n / 32 for n in (2, 4, 8, 16, 24))
+RECIPES = ("auto", "capacity_mixed", "budget_dropout", "dense")
+
+
+def _check(cond: bool, cls: str, name: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{cls}.{name} {msg}")
+
+
+def _check_fracs(values: tuple[float, ...], cls: str, name: str) -> None:
+    _check(len(values) > 0 and all(0 < x <= 1 for x in values), cls, name,
+           f"must be a non-empty list of capacity fractions in (0, 1], got {values}")
+
+
+@dataclass(kw_only=True)
+class RefineConfig(ConfigBase):
+    """Shared refinement (SR), ESSH Appendix D.8: L = CE(p_full) + CE(p_T) + tv_coef TV(sg[p_full], p_T)."""
+
+    steps: int = opt(0, "SR optimizer steps after pretraining (0: no SR stage; paper 370M: 2060)")
+    lr: float = opt(6e-5, "SR peak learning rate (Table 55: 6e-5)")
+    tv_coef: float = opt(5.0, "coefficient of the total-variation distillation term (D.8: 5)")
+    capacities: tuple[float, ...] = opt(REFINE_CAPACITIES, "SR capacity fractions ({2,4,8,16,24}/32 at 370M)")
+    capacity_mode: str = opt("per_step", "'per_step': one capacity per step for all its micro-batches (370M);"
+                             " 'cycle': shuffle the capacities each step and cycle over micro-batches (1.5B)")
+    warmup_frac: float = opt(0.05, "SR linear warm-up as a fraction of SR steps (D.8: 5%)")
+    min_lr_frac: float = opt(0.0, "SR cosine floor as a fraction of the SR peak (D.8: decay toward zero)")
+    weight_decay: float = opt(0.1, "SR AdamW weight decay on every tensor with >= 2 dims (D.8: 0.1)")
+    alpha_ff: float = opt(0.5, "retained-FFN gradient scale of the reduced branch during SR (D.8: 0.5)")
+
+    def validate(self) -> None:
+        c = "RefineConfig"
+        _check(self.steps >= 0, c, "steps", f"must be >= 0, got {self.steps}")
+        _check(self.lr > 0, c, "lr", f"must be > 0, got {self.lr}")
+        _check(self.tv_coef >= 0, c, "tv_coef", f"must be >= 0, got {self.tv_coef}")
+        _check_fracs(self.capacities, c, "capacities")
+        _check(self.capacity_mode in ("per_step", "cycle"), c, "capacity_mode",
+               f"must be 'per_step' or 'cycle', got {self.capacity_mode!r}")
+        _check(0 <= self.warmup_frac < 1, c, "warmup_frac", f"must lie in [0, 1), got {self.warmup_frac}")
+        _check(0 <= self.min_lr_frac <= 1, c, "min_lr_frac", f"must lie in [0, 1], got {self.min_lr_frac}")
+        _check(self.weight_decay >= 0, c, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        _check(0 < self.alpha_ff <= 1, c, "alpha_ff", f"must lie in (0, 1], got {self.alpha_ff}")
+
+
+@dataclass(kw_only=True)
+class TrainConfig(ConfigBase):
+    """One training run: recipe, batch shape, AdamW + schedule, elastic knobs, eval, checkpoints."""
+
+    recipe: str = opt("auto", "'capacity_mixed' (ESSH, Alg. 1), 'budget_dropout' (ES-SSM, Sec. 4.2), "
+                      "'dense' (full capacity only) or 'auto' (by model type)")
+    steps: int = opt(1000, "optimizer steps of the pretraining stage (CPU default; paper 370M: 28,229)")
+    micro_batch_size: int = opt(8, "sequences per micro-batch on each rank (B)")
+    grad_accum: int = opt(1, "micro-batches per optimizer step on each rank (M; global M = M x world)")
+    seq_len: int = opt(512, "tokens per sequence (L; paper: 2048); used for token counts and data set-up")
+    lr: float = opt(1.2e-3, "peak learning rate (Table 7, 370M: 1.2e-3; 1.5B: 1.0e-3)")
+    warmup_frac: float = opt(0.01, "linear LR warm-up as a fraction of steps (Table 7: 1%)")
+    min_lr_frac: float = opt(0.1, "cosine floor as a fraction of the peak LR (Table 7: 10%)")
+    betas: tuple[float, ...] = opt((0.9, 0.95), "AdamW (beta1, beta2) (Table 7)")
+    eps: float = opt(1e-8, "AdamW epsilon (paper silent; torch default)")
+    weight_decay: float = opt(0.1, "AdamW weight decay of the decayed group (Table 7: 0.1; groups: E.2)")
+    clip: float = opt(1.0, "global gradient-norm clip (Table 7: 1.0; 0 disables)")
+    n_warm_tokens: int = opt(200_000, "tokens trained at full capacity before capacity mixing "
+                             "(D.4; paper 250M, CPU default 200k)")
+    full_share: float = opt(0.75, "fraction f of each step's micro-batches reserved for full capacity (D.4)")
+    capacities: tuple[float, ...] = opt(TRAIN_CAPACITIES, "training capacity fractions xi drawn uniformly by "
+                                        "the non-reserved micro-batches (D.4, full included)")
+    kl_coef: float = opt(0.5, "coefficient of KL(sg[p_full] || p_T) on reduced micro-batches (Eq. 8)")
+    alpha_ff: float = opt(0.5, "FFN weight-gradient scale on reduced micro-batches (D.4)")
+    order_every: int = opt(500, "FFN importance ordering period in steps (D.3; 0 disables)")
+    order_until: float = opt(0.8, "ordering happens only while step < order_until x steps (D.3: 80%)")
+    stat_decay: float = opt(0.99, "decay of the running mean of squared FFN activations (paper silent)")
+    refine: RefineConfig = field(default_factory=RefineConfig,
+                                 metadata={"help": "shared-refinement stage after pretraining (D.8)"})
+    bd_warmup_steps: int = opt(0, "budget dropout: steps at the full budget before sampling (ES-SSM Alg. 2)")
+    bd_warmup_epochs: float = opt(0.0, "budget dropout warm-up in epochs (E_warmup); overrides "
+                                  "bd_warmup_steps when > 0 and needs data with len() (batches per epoch)")
+    n_full: int = opt(8, "budget dropout: full-budget anchor on post-warm-up steps with step % n_full == 0")
+    loss_chunk: int = opt(0, "chunked loss (D.6): positions per chunk, 0 = full-logit loss (paper: 4096)")
+    precision: str = opt("fp32", "'fp32' or 'bf16' (autocast with fp32 master weights, E.5)")
+    eval_every: int = opt(500, "validate every this many steps (Table 7: 500; 0: only at the end)")
+    eval_batches: int = opt(16, "validation batches per tier (E.4: 16 batches of 8 x 2048)")
+    eval_tiers: tuple[str, ...] = opt((), "tiers to validate ('T4', 'K8', ...); empty: every deployment tier")
+    bytes_per_token: float = opt(0.0, "bytes per token for bits-per-byte; 0: 1 for a 260-entry byte "
+                                 "vocabulary, otherwise only bits-per-token are reported")
+    checkpoint_every: int = opt(250, "checkpoint every this many steps (Table 7: 250; 0: only at the end)")
+    keep_last: int = opt(3, "checkpoints kept per stage (older ones are deleted)")
+    out_dir: str = opt("runs/train", "run directory: checkpoints, metrics.jsonl, final model")
+    seed: int = opt(0, "seed of model init, capacity sampling and budget sampling")
+    log_every: int = opt(10, "write a metrics.jsonl training record every this many steps")
+    compile: bool = opt(False, "torch.compile every block (recompiles once per sampled capacity)")
+    device: str = opt("auto", "'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu' or 'cuda'")
+
+    def validate(self) -> None:
+        c = "TrainConfig"
+        _check(self.recipe in RECIPES, c, "recipe", f"must be one of {RECIPES}, got {self.recipe!r}")
+        for name in ("steps", "micro_batch_size", "grad_accum", "seq_len", "eval_batches", "keep_last",
+                     "log_every"):
+            _check(getattr(self, name) >= 1, c, name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("n_warm_tokens", "order_every", "bd_warmup_steps", "n_full", "loss_chunk",
+                     "eval_every", "checkpoint_every", "seed"):
+            _check(getattr(self, name) >= 0, c, name, f"must be >= 0, got {getattr(self, name)}")
+        _check(self.lr > 0, c, "lr", f"must be > 0, got {self.lr}")
+        _check(0 <= self.warmup_frac < 1, c, "warmup_frac", f"must lie in [0, 1), got {self.warmup_frac}")
+        _check(0 <= self.min_lr_frac <= 1, c, "min_lr_frac", f"must lie in [0, 1], got {self.min_lr_frac}")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), c, "betas",
+               f"must be two numbers in [0, 1), got {self.betas}")
+        _check(self.eps > 0, c, "eps", f"must be > 0, got {self.eps}")
+        _check(self.weight_decay >= 0, c, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        _check(self.clip >= 0, c, "clip", f"must be >= 0 (0 disables clipping), got {self.clip}")
+        _check(0 <= self.full_share <= 1, c, "full_share", f"must lie in [0, 1], got {self.full_share}")
+        _check_fracs(self.capacities, c, "capacities")
+        _check(self.kl_coef >= 0, c, "kl_coef", f"must be >= 0, got {self.kl_coef}")
+        _check(0 < self.alpha_ff <= 1, c, "alpha_ff", f"must lie in (0, 1], got {self.alpha_ff}")
+        _check(0 <= self.order_until <= 1, c, "order_until", f"must lie in [0, 1], got {self.order_until}")
+        _check(0 <= self.stat_decay < 1, c, "stat_decay", f"must lie in [0, 1), got {self.stat_decay}")
+        _check(self.bd_warmup_epochs >= 0, c, "bd_warmup_epochs",
+               f"must be >= 0, got {self.bd_warmup_epochs}")
+        _check(self.precision in ("fp32", "bf16"), c, "precision",
+               f"must be 'fp32' or 'bf16', got {self.precision!r}")
+        _check(self.bytes_per_token >= 0, c, "bytes_per_token", f"must be >= 0, got {self.bytes_per_token}")
+        _check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), c, "device",
+               f"must be 'auto', 'cpu', 'cuda' or 'cuda:<i>', got {self.device!r}")
+        _check(bool(self.out_dir), c, "out_dir", "must be a directory path")
+
+    @property
+    def warmup_steps(self) -> int:
+        """LR warm-up length in steps: ``round(warmup_frac * steps)``."""
+        return round(self.warmup_frac * self.steps)

@@ -1,0 +1,94 @@
+"""FFN importance ordering (ESSH Appendix D.3; Algorithm 1 lines 22-26).
+
+Every ``order_every`` steps while ``step < order_until x steps`` (and ``step > 0``), for every SwiGLU
+layer l:
+
+    I_{l,h} = AllReduceMean( abar_{l,h}^2 * ||W_down[:, h]||^2 )      (line 24; ``SwiGLU.importance``)
+    pi_l    = argsort_desc(I_l)                                         (line 25, stable)
+    PermuteFFN(Theta_l, Omega_l, abar_l^2; pi_l)                        (line 26)
+
+PermuteFFN reorders the gate/up rows (``w_in`` [F, 2, D]), the down rows (``w_out`` [F, D]) and the
+running statistics ``act_sq`` [F] (``SwiGLU.permute_units``) *and* every per-element optimizer state
+tensor of ``w_in`` / ``w_out`` with the parameter's shape (AdamW ``exp_avg``, ``exp_avg_sq``), so each
+unit keeps its moments. A full-width SwiGLU is invariant under a common permutation of its units, so
+the full model's function is unchanged (up to the summation order of the down projection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .dist import DistContext, all_reduce
+
+__all__ = ["should_order", "enable_tracking", "importance_scores", "permute_optimizer_state",
+           "order_ffn_units"]
+
+
+def should_order(step: int, total_steps: int, order_every: int, order_until: float) -> bool:
+    """Algorithm 1 line 22 for the 0-based step ``step`` that has just been applied."""
+    return order_every > 0 and step > 0 and step % order_every == 0 and step < order_until * total_steps
+
+
+def enable_tracking(model: nn.Module, on: bool, stat_decay: float = 0.99) -> None:
+    """Switch the running squared-activation statistics of every FFN layer on or off."""
+    layers = getattr(model, "ffn_layers", None)
+    if layers is None:
+        return
+    for ffn in layers():
+        ffn.track_activations = on
+        ffn.stat_decay = stat_decay
+
+
+def importance_scores(model: nn.Module, ctx: DistContext | None = None) -> list[torch.Tensor]:
+    """Per-layer importance [F] averaged across ranks (line 24). Raises if statistics are missing."""
+    scores = []
+    for ffn in model.ffn_layers():
+        s = ffn.importance().float().clone()
+        if ctx is not None:
+            all_reduce(s, ctx, "mean")
+        scores.append(s)
+    return scores
+
+
+@torch.no_grad()
+def permute_optimizer_state(optimizer: torch.optim.Optimizer, param: torch.Tensor,
+                            perm: torch.Tensor) -> int:
+    """Reorder dim 0 of every state tensor of ``param`` that has the parameter's shape; returns the
+    number of tensors moved (2 for AdamW after its first step, 0 before)."""
+    state = optimizer.state.get(param)
+    if not state:
+        return 0
+    moved = 0
+    for key, value in state.items():
+        if torch.is_tensor(value) and value.shape == param.shape and value.dim() > 0:
+            state[key] = value[perm.to(value.device)].contiguous()
+            moved += 1
+    return moved
+
+
+@torch.no_grad()
+def order_ffn_units(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    ctx: DistContext | None = None,
+                    scores: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Apply PermuteFFN to every FFN layer of ``model`` (the unwrapped ESSH); returns the permutations.
+
+    ``scores`` overrides the computed importances (tests). Layers without statistics yet (no
+    full-width training call so far) are left in place and get the identity permutation.
+    """
+    layers = model.ffn_layers()
+    perms: list[torch.Tensor] = []
+    if scores is None and any(f.act_sq is None for f in layers):
+        return [torch.arange(f.d_ff, device=f.w_out.device) for f in layers]
+    if scores is None:
+        scores = importance_scores(model, ctx)
+    for ffn, score in zip(layers, scores):
+        perm = torch.argsort(score.to(ffn.w_out.device), descending=True, stable=True)
+        if optimizer is not None:
+            for p in (ffn.w_in, ffn.w_out):
+                permute_optimizer_state(optimizer, p, perm)
+        ffn.permute_units(perm)
+        perms.append(perm)
+    return perms

@@ -1,0 +1,267 @@
+"""``train()``: one code path for CPU, one GPU and ``torchrun`` DDP (ESSH Algorithm 1; ES-SSM Alg. 2).
+
+One optimizer step of every recipe (``capacity_mixed.py``, ``budget_dropout.py``):
+
+1. draw this rank's M micro-batches; N_tok = AllReduceSum(sum_r N_r) valid tokens     (Alg. 1 line 2)
+2. the recipe's plan gives each micro-batch its tier, FFN gradient scale and distillation term
+3. for each micro-batch: loss sums from ``LossModule``; backward of ``world x sum / N_tok`` (DDP
+   averages, so this accumulates sum_r (N_r / N_tok) grad l_r summed over ranks)   (lines 3-20)
+4. clip the global gradient norm, set the warm-up/cosine LR, AdamW step               (line 21)
+5. the recipe's hook (FFN importance ordering for capacity-mixed training)          (lines 22-26)
+6. log, validate every ``eval_every`` steps, checkpoint every ``checkpoint_every`` steps.
+
+Stages: ``pretrain`` (the configured recipe) and, for ESSH with ``refine.steps > 0``, ``refine``
+(shared refinement, D.8, with a fresh AdamW over the refinement groups and its own schedule). Each stage
+checkpoints into ``<out_dir>/<stage>/`` and always writes a final checkpoint, so ``resume=True`` skips
+finished stages and continues an interrupted one bit for bit (on CPU): parameters, optimizer moments,
+FFN statistics, data position, RNG states and step/token counters are all restored.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import ConfigBase, ESSHConfig, ESSSMConfig
+from .budget_dropout import make_recipe, resolve_recipe_name
+from .checkpoint import DataStream, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .config import TrainConfig
+from .dist import DistContext, all_reduce, init_distributed, no_sync, unwrap, wrap_ddp
+from .losses import IGNORE_INDEX, LossModule
+from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, evaluate_tiers, take_batches
+from .optim import WarmupCosine, build_adamw, set_lr
+
+__all__ = ["train", "refine", "TrainResult", "build_model"]
+
+
+@dataclass
+class TrainResult:
+    """``history``: one record per optimizer step (all stages); ``evals``: validation records;
+    ``model_path``: the final model directory (``save_pretrained``); ``model``: the trained model."""
+
+    history: list[dict[str, Any]]
+    model_path: Path | None
+    model: nn.Module
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    out_dir: Path | None = None
+
+
+@dataclass
+class _Stage:
+    name: str
+    recipe_name: str
+    steps: int
+    lr: float
+    weight_decay: float
+    warmup: int
+    min_frac: float
+
+
+def build_model(model_or_cfg: Any, seed: int = 0) -> nn.Module:
+    """``model_or_cfg`` itself, or a freshly initialised ESSH / ES-SSM (seeded) for a model config."""
+    if isinstance(model_or_cfg, nn.Module):
+        return model_or_cfg
+    torch.manual_seed(seed)
+    if isinstance(model_or_cfg, ESSHConfig):
+        from ..models.essh import ESSH
+
+        return ESSH(model_or_cfg)
+    if isinstance(model_or_cfg, ESSSMConfig):
+        from ..models.es_ssm import ESSSM
+
+        return ESSSM(model_or_cfg)
+    raise TypeError(f"train() needs an ESSH/ESSSM model or its config, got {type(model_or_cfg).__name__}")
+
+
+def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None) -> list[_Stage]:
+    out = []
+    if only is None or "pretrain" in only:
+        out.append(_Stage("pretrain", recipe, cfg.steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps,
+                          cfg.min_lr_frac))
+    r = cfg.refine
+    if (only is None and r.steps > 0 and recipe == "capacity_mixed") or (only and "refine" in only):
+        if r.steps < 1:
+            raise ValueError("refine(): TrainConfig.refine.steps must be >= 1")
+        out.append(_Stage("refine", "refine", r.steps, r.lr, r.weight_decay, round(r.warmup_frac * r.steps),
+                          r.min_lr_frac))
+    return out
+
+
+def _batch_to(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
+        raise TypeError("each training micro-batch must be (input_ids, labels) or (input_ids, labels, "
+                        f"attention_mask); got {type(batch).__name__}")
+    nb = device.type == "cuda"
+    ids, labels = batch[0].to(device, non_blocking=nb), batch[1].to(device, non_blocking=nb)
+    mask = batch[2].to(device, non_blocking=nb) if len(batch) == 3 else None
+    return ids, labels, mask
+
+
+class _Trainer:
+    """State shared by the stages of one ``train()`` call."""
+
+    def __init__(self, model: nn.Module, data: Any, cfg: TrainConfig, ctx: DistContext, val_data: Any,
+                 progress: bool) -> None:
+        self.model, self.cfg, self.ctx = model, cfg, ctx
+        factory = callable(data) and not hasattr(data, "__iter__")
+        self.data = data(ctx.rank, ctx.world_size) if factory else data
+        self.stream = DataStream(self.data)
+        self.out = Path(cfg.out_dir)
+        self.log = MetricsLogger(self.out, ctx, progress)
+        self.val_data, self._val = val_data, None
+        self.bpb = bytes_per_token(cfg, model)
+        self.loss_mod = wrap_ddp(LossModule(model), ctx)
+
+    # ---- validation / checkpoints ---------------------------------------------------------------
+    def evaluate(self, stage: str, step: int) -> None:
+        if self.val_data is None:
+            return
+        if self._val is None:
+            self._val = take_batches(self.val_data, self.cfg.eval_batches)
+        tiers = eval_tier_list(self.model, self.cfg.eval_tiers)
+        recs = evaluate_tiers(self.model, self._val, tiers, self.ctx, self.bpb, self.cfg.precision)
+        for r in recs:
+            r.update(stage=stage, step=step)
+        self.log.eval_results(recs)
+
+    def rank_state(self) -> dict[str, Any]:
+        stats = [f.act_sq for f in self.model.ffn_layers()] if hasattr(self.model, "ffn_layers") else []
+        return {"rng": rng_state(), "act_sq": [None if s is None else s.cpu() for s in stats],
+                "data": self.stream.state_dict()}
+
+    def save(self, st: _Stage, step: int, tokens: int, opt: torch.optim.Optimizer,
+             sched: WarmupCosine) -> None:
+        trainer = {"stage": st.name, "step": step, "tokens_seen": tokens, "schedule": sched.state_dict(),
+                   "recipe": st.recipe_name, "train_config": self.cfg.to_dict(),
+                   "model_config": self.model.config.to_dict(), "world_size": self.ctx.world_size}
+        save_checkpoint(self.out / st.name, step, self.model, opt, trainer, self.rank_state(), self.ctx,
+                        self.cfg.keep_last, self.cfg.to_yaml())
+
+    def restore(self, st: _Stage, opt: torch.optim.Optimizer, sched: WarmupCosine) -> tuple[int, int]:
+        got = load_checkpoint(self.out / st.name, self.model, opt, self.ctx)
+        if got is None:
+            return 0, 0
+        trainer, rank = got
+        sched.check_state(trainer["schedule"])
+        if hasattr(self.model, "ffn_layers"):
+            for f, s in zip(self.model.ffn_layers(), rank["act_sq"]):
+                f.act_sq = None if s is None else s.to(f.w_out.device)
+        self.stream.load_state_dict(rank["data"])
+        set_rng_state(rank["rng"])
+        return int(trainer["step"]), int(trainer["tokens_seen"])
+
+    # ---- one stage ------------------------------------------------------------------------------------
+    def run_stage(self, st: _Stage, resume: bool) -> None:
+        cfg, ctx, model = self.cfg, self.ctx, self.model
+        recipe = make_recipe(st.recipe_name, model, cfg, self.data)
+        opt = build_adamw(model, st.lr, cfg.betas, st.weight_decay, cfg.eps, recipe.policy)
+        sched = WarmupCosine(st.lr, st.steps, st.warmup, st.min_frac)
+        step, tokens = self.restore(st, opt, sched) if resume else (0, 0)
+        if step >= st.steps:
+            return
+        recipe.setup(model)
+        model.train()
+        self.log.start_stage(st.name, st.steps, step)
+        params = [p for g in opt.param_groups for p in g["params"]]
+        M, W = cfg.grad_accum, ctx.world_size
+        amp = cfg.precision == "bf16"
+        while step < st.steps:
+            t0 = time.perf_counter()
+            batches = [_batch_to(self.stream.next(), ctx.device) for _ in range(M)]
+            n_tok = torch.stack([(b[1] != IGNORE_INDEX).sum() for b in batches]).sum().to(torch.float64)
+            all_reduce(n_tok, ctx)
+            if n_tok.item() == 0:
+                raise ValueError(f"step {step}: no valid labels (all -100) in the global batch")
+            n_local_tok = sum(b[0].numel() for b in batches)
+            gplan = recipe.global_plan(step, tokens, M * W)
+            scale = W / n_tok.item()
+            sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)
+            for r, (ids, labels, mask) in enumerate(batches):
+                plan = gplan[r * W + ctx.rank]
+                with no_sync(self.loss_mod, r < M - 1):
+                    with torch.autocast(ctx.device.type, torch.bfloat16, enabled=amp):
+                        out = self.loss_mod(ids, labels, attention_mask=mask, chunk=cfg.loss_chunk,
+                                            **plan.loss_kwargs())
+                    (out[0] * scale).backward()
+                sums += out.detach().double()
+            gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.clip if cfg.clip > 0 else float("inf"))
+            lr = sched(step)
+            set_lr(opt, lr)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            events = recipe.after_step(step, model, opt, ctx)
+            all_reduce(sums, ctx)
+            step_tokens = n_local_tok * W
+            tokens += step_tokens
+            step += 1
+            loss = (sums[0] / n_tok).item()
+            if not torch.isfinite(torch.tensor(loss)):
+                raise FloatingPointError(f"{st.name} step {step}: non-finite loss {loss}; lower the lr")
+            dt = time.perf_counter() - t0
+            rec = {"kind": "train", "stage": st.name, "step": step, "loss": loss,
+                   "ce": (sums[1] / n_tok).item(), "aux": (sums[2] / n_tok).item(), "lr": lr,
+                   "tokens": tokens, "tokens_per_s": step_tokens / max(dt, 1e-9),
+                   "capacities": [p.label for p in gplan],
+                   "grad_norm": float(gnorm), **events}
+            if st.name == "refine":
+                rec["ce_full"] = (sums[3] / n_tok).item()
+            self.log.train_step(rec, step % cfg.log_every == 0 or step == st.steps)
+            if (cfg.eval_every and step % cfg.eval_every == 0) or step == st.steps:
+                self.evaluate(st.name, step)
+            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == st.steps:
+                self.save(st, step, tokens, opt, sched)
+        self.log.close_bar()
+
+
+def _compile_blocks(model: nn.Module, n_capacities: int) -> None:
+    import torch._dynamo
+
+    limit = max(8, 2 * n_capacities + 4)
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+    for block in getattr(model, "blocks", []):
+        block.compile()
+
+
+def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
+          resume: bool = False, progress: bool = True, distributed: bool | None = None,
+          stages: tuple[str, ...] | None = None) -> TrainResult:
+    """Train an ESSH or ES-SSM model; returns the history and the final model directory.
+
+    Args:
+        model_or_cfg: a model (trained in place) or its config (built with ``cfg.seed``).
+        data: iterable of micro-batches ``(input_ids [B,T], labels [B,T])`` (labels -100 ignored; ES-SSM
+            classification: labels [B]; an optional third element is an attention mask), e.g. a
+            ``PackedBatches`` sharded with this rank's ``rank``/``world_size``; or a callable
+            ``data(rank, world_size)`` returning one.
+        cfg: the ``TrainConfig``. val_data: iterable of validation batches (the first
+            ``cfg.eval_batches`` are kept and reused). resume: continue from ``cfg.out_dir``.
+        distributed: None reads the torchrun environment; False forces one process.
+        stages: None runs pretraining (+ refinement when configured); ``("refine",)`` only refinement.
+    """
+    ctx = init_distributed(cfg.device, distributed)
+    try:
+        model = build_model(model_or_cfg, cfg.seed).to(ctx.device)
+        recipe = resolve_recipe_name(cfg.recipe, model)
+        if cfg.compile:
+            _compile_blocks(model, len(cfg.capacities))
+        trainer = _Trainer(model, data, cfg, ctx, val_data, progress)
+        for st in _stages(cfg, recipe, stages):
+            trainer.run_stage(st, resume)
+        path = None
+        if ctx.is_main:
+            path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
+        return TrainResult(trainer.log.history, path, model, trainer.log.evals, Path(cfg.out_dir))
+    finally:
+        ctx.close()
+
+
+def refine(model: nn.Module, data: Any, cfg: TrainConfig, **kw: Any) -> TrainResult:
+    """Shared refinement (ESSH D.8) of a pretrained ESSH as a separate stage (``cfg.refine`` settings)."""
+    return train(model, data, cfg, stages=("refine",), **kw)

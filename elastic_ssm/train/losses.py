@@ -1,0 +1,146 @@
+"""Training objectives as token *sums*, and the ``LossModule`` that DDP wraps.
+
+Every objective here returns sums over valid tokens (labels != -100); the loop divides by the global
+valid-token count N_tok, which realises the N_r / N_tok weighting of Algorithm 1 (line 19, ESSH D.7).
+
+* Full micro-batch:       CE(p_full, y)                                        (Alg. 1 line 10)
+* Reduced micro-batch:    CE(p_T, y) + kl_coef KL(sg[p_full] || p_T)            (Eq. 8 / Eq. 26)
+* Shared refinement:      CE(p_full, y) + CE(p_T, y) + tv_coef TV(sg[p_full], p_T)  (D.8)
+  with TV(p, q) = 1/2 sum_v |p(v) - q(v)|.
+
+Log-softmax and every reduction run in fp32 (also under bf16 autocast, D.6). The chunked path (D.6)
+splits the flattened positions into chunks of ``chunk`` tokens, computes the logits of one chunk at a
+time from the final hidden states and recomputes them in backward (``torch.utils.checkpoint``), so the
+full [B, T, V] logits never exist; sums over chunks equal the full-logit sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["IGNORE_INDEX", "loss_sums", "chunked_loss_sums", "LossModule"]
+
+IGNORE_INDEX = -100
+
+
+def loss_sums(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None = None,
+              coef: float = 0.0, kind: str = "kl") -> torch.Tensor:
+    """``[objective, ce, aux]`` summed over valid positions (fp32).
+
+    ``logits`` [..., V] (any float dtype), ``labels`` [...] with -100 ignored, ``teacher`` [..., V]
+    (stop-gradient target logits or None). ``aux`` is KL(p_teacher || p) for ``kind='kl'`` or
+    TV(p_teacher, p) for ``kind='tv'``; ``objective = ce + coef * aux``.
+    """
+    V = logits.shape[-1]
+    logp = logits.reshape(-1, V).float().log_softmax(-1)                   # [N, V]
+    y = labels.reshape(-1)
+    ce = F.nll_loss(logp, y, ignore_index=IGNORE_INDEX, reduction="sum")
+    if teacher is None or coef == 0.0:
+        zero = ce.new_zeros(())
+        return torch.stack([ce, ce, zero])
+    valid = (y != IGNORE_INDEX).to(logp.dtype)                             # [N]
+    tlogp = teacher.detach().reshape(-1, V).float().log_softmax(-1)        # [N, V]
+    if kind == "kl":
+        per = (tlogp.exp() * (tlogp - logp)).sum(-1)
+    elif kind == "tv":
+        per = 0.5 * (tlogp.exp() - logp.exp()).abs().sum(-1)
+    else:
+        raise ValueError(f"kind must be 'kl' or 'tv', got {kind!r}")
+    aux = (per * valid).sum()
+    return torch.stack([ce + coef * aux, ce, aux])
+
+
+def chunked_loss_sums(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+                      labels: torch.Tensor, teacher_hidden: torch.Tensor | None = None, coef: float = 0.0,
+                      kind: str = "kl", chunk: int = 4096) -> torch.Tensor:
+    """``loss_sums`` from final hidden states ``hidden`` [B, T, D], ``chunk`` positions at a time (D.6).
+
+    ``head`` maps [n, D] -> [n, V] (the tied output projection). Teacher logits come from
+    ``teacher_hidden`` through the same head without gradient. Each chunk runs under activation
+    checkpointing, so only one chunk's logits are alive at a time in forward and backward.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    D = hidden.shape[-1]
+    h = hidden.reshape(-1, D)                                              # [N, D]
+    y = labels.reshape(-1)
+    th = None if teacher_hidden is None else teacher_hidden.detach().reshape(-1, D)
+
+    def one(hc: torch.Tensor, yc: torch.Tensor, tc: torch.Tensor | None) -> torch.Tensor:
+        logits = head(hc)
+        if tc is None:
+            return loss_sums(logits, yc)
+        with torch.no_grad():
+            tlogits = head(tc)
+        return loss_sums(logits, yc, tlogits, coef, kind)
+
+    total = h.new_zeros(3, dtype=torch.float32)
+    for lo in range(0, h.shape[0], chunk):
+        tc = None if th is None else th[lo:lo + chunk]
+        total = total + checkpoint(one, h[lo:lo + chunk], y[lo:lo + chunk], tc, use_reentrant=False)
+    return total
+
+
+class LossModule(nn.Module):
+    """Wraps an elastic model so that one ``forward`` returns a micro-batch's loss sums (DDP wraps this).
+
+    ``forward(input_ids, labels, tier, ...)`` returns ``[objective, ce, aux, ce_full]`` (fp32 sums):
+
+    * ``distill=None, full_ce=False``: plain CE of the model at ``tier`` (full or budget dropout);
+    * ``distill=('kl', c)``: the teacher = the same model at full capacity on the same tokens under
+      ``no_grad`` (Alg. 1 line 12), student at ``tier`` with ``ffn_grad_scale`` (line 16-18);
+    * ``distill=('tv', c), full_ce=True``: shared refinement; the full pass keeps its gradient (its CE
+      is added) and its detached prediction is the teacher (D.8).
+
+    ``chunk`` > 0 selects the chunked loss (needs ``hidden_states`` / ``logits_from_hidden``).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def _out(self, input_ids, tier, mask, scale, hidden: bool) -> torch.Tensor:
+        kw: dict[str, Any] = {"tier": tier}
+        if mask is not None:
+            kw["attention_mask"] = mask
+        if scale is not None:
+            kw["ffn_grad_scale"] = scale
+        if hidden:
+            return self.model.hidden_states(input_ids, **kw)
+        return self.model(input_ids, **kw)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, tier: Any = None,
+                ffn_grad_scale: float | None = None, distill: tuple[str, float] | None = None,
+                full_ce: bool = False, attention_mask: torch.Tensor | None = None,
+                chunk: int = 0) -> torch.Tensor:
+        hidden = chunk > 0
+        if hidden and not hasattr(self.model, "logits_from_hidden"):
+            raise ValueError(f"loss_chunk > 0 needs a model with hidden_states/logits_from_hidden; "
+                             f"{type(self.model).__name__} has none: set loss_chunk=0")
+        teacher = None
+        ce_full = None
+        if full_ce:
+            teacher = self._out(input_ids, None, attention_mask, None, hidden)
+        elif distill is not None:
+            with torch.no_grad():
+                teacher = self._out(input_ids, None, attention_mask, None, hidden)
+        out = self._out(input_ids, tier, attention_mask, ffn_grad_scale, hidden)
+        kind, coef = distill if distill is not None else ("kl", 0.0)
+        if hidden:
+            head = self.model.logits_from_hidden
+            sums = chunked_loss_sums(head, out, labels, teacher, coef, kind, chunk)
+            if full_ce:
+                ce_full = chunked_loss_sums(head, teacher, labels, chunk=chunk)[1]
+        else:
+            sums = loss_sums(out, labels, teacher, coef, kind)
+            if full_ce:
+                ce_full = loss_sums(teacher, labels)[1]
+        if ce_full is None:
+            return torch.cat([sums, sums.new_zeros(1)])
+        return torch.stack([sums[0] + ce_full, sums[1], sums[2], ce_full])

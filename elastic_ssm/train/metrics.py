@@ -1,0 +1,143 @@
+"""Training metrics: a JSONL log, a tqdm progress bar and per-tier validation.
+
+``metrics.jsonl`` (rank 0, one JSON object per line) holds two kinds of records::
+
+    {"kind": "train", "stage": "pretrain", "step": 10, "loss": 3.1, "ce": 3.0, "aux": 0.2, "lr": 1e-3,
+     "tokens": 40960, "tokens_per_s": 5120.0, "capacities": [1.0, 1.0, 0.25, 1.0], "grad_norm": 0.8, ...}
+    {"kind": "eval", "stage": "pretrain", "step": 500, "tier": "T4", "loss": 3.4, "bpt": 4.9, "bpb": 4.9,
+     "tokens": 65536}
+
+``loss`` is the step objective per valid token (sum over micro-batches / N_tok, Algorithm 1), ``ce``
+the label cross-entropy of the sampled capacities, ``aux`` the KL (pretraining) or TV (refinement)
+term, ``ce_full`` the full model's CE during refinement. Validation reports the mean next-token
+loss of every requested tier, bits per token ``bpt = loss / ln 2`` and bits per byte
+``bpb = bpt / bytes_per_token`` (the byte tokenizer has one byte per token, ES-SSM Sec. 5); for
+classification it reports loss and accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .dist import DistContext, all_reduce
+from .losses import IGNORE_INDEX, loss_sums
+
+__all__ = ["MetricsLogger", "evaluate_tiers", "eval_tier_list", "bytes_per_token"]
+
+BYTE_VOCAB = 260
+
+
+class MetricsLogger:
+    """JSONL records and a tqdm bar on rank 0; silent elsewhere. ``history`` keeps every train record."""
+
+    def __init__(self, out_dir: str | Path, ctx: DistContext, progress: bool = True) -> None:
+        self.ctx = ctx
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.progress = progress and ctx.is_main
+        self.history: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
+        self._bar = None
+        if ctx.is_main:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def start_stage(self, stage: str, total: int, initial: int) -> None:
+        self.close_bar()
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, desc=stage, unit="step", dynamic_ncols=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.ctx.is_main:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def train_step(self, record: dict[str, Any], log: bool) -> None:
+        self.history.append(record)
+        if log:
+            self.write(record)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}",
+                                  lr=f"{record['lr']:.2e}", refresh=False)
+
+    def eval_results(self, records: list[dict[str, Any]]) -> None:
+        self.evals.extend(records)
+        for r in records:
+            self.write(r)
+        if self._bar is not None and records:
+            summary = " ".join(f"{r['tier']}={r['loss']:.3f}" for r in records)
+            self._bar.write(f"[{records[0]['stage']} step {records[0]['step']}] val loss {summary}")
+
+    def close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def bytes_per_token(cfg: Any, model: nn.Module) -> float:
+    """``TrainConfig.bytes_per_token``, or 1.0 for a 260-entry (byte) vocabulary when it is 0."""
+    if cfg.bytes_per_token > 0:
+        return float(cfg.bytes_per_token)
+    return 1.0 if getattr(model.config, "vocab_size", None) == BYTE_VOCAB else 0.0
+
+
+def eval_tier_list(model: nn.Module, names: Iterable[str] = ()) -> list[Any]:
+    """The tiers to validate: ``names`` resolved against the model, or every deployment tier."""
+    names = list(names)
+    if not names:
+        return list(model.tier_table())
+    return [model.resolve_tier(n) for n in names]
+
+
+@torch.no_grad()
+def evaluate_tiers(model: nn.Module, batches: list[Any], tiers: list[Any], ctx: DistContext,
+                   bpt_bytes: float = 0.0, precision: str = "fp32") -> list[dict[str, Any]]:
+    """Mean validation loss of ``model`` at every tier on ``batches`` (sums all-reduced across ranks).
+
+    ``batches`` is a list of ``(input_ids, labels)`` or ``(input_ids, labels, attention_mask)``.
+    """
+    was_training = model.training
+    model.eval()
+    out = []
+    classify = getattr(model.config, "task", "lm") == "classify"
+    try:
+        for tier in tiers:
+            tot = torch.zeros(3, dtype=torch.float64, device=ctx.device)   # loss sum, count, correct
+            for batch in batches:
+                ids, labels = batch[0].to(ctx.device), batch[1].to(ctx.device)
+                kw = {"attention_mask": batch[2].to(ctx.device)} if len(batch) > 2 else {}
+                with torch.autocast(ctx.device.type, torch.bfloat16, enabled=precision == "bf16"):
+                    logits = model(ids, tier=tier, **kw)
+                valid = labels != IGNORE_INDEX
+                tot[0] += loss_sums(logits, labels)[1].double()
+                tot[1] += valid.sum()
+                if classify:
+                    tot[2] += ((logits.argmax(-1) == labels) & valid).sum()
+            all_reduce(tot, ctx)
+            loss = (tot[0] / tot[1].clamp_min(1)).item()
+            rec: dict[str, Any] = {"kind": "eval", "tier": tier.name, "K": tier.K, "n_ff": tier.n_ff,
+                                   "loss": loss, "tokens": int(tot[1].item())}
+            if classify:
+                rec["accuracy"] = (tot[2] / tot[1].clamp_min(1)).item()
+            else:
+                rec["bpt"] = loss / math.log(2)
+                if bpt_bytes > 0:
+                    rec["bpb"] = rec["bpt"] / bpt_bytes
+            out.append(rec)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def take_batches(val_data: Any, n: int) -> list[Any]:
+    """The first ``n`` validation batches, materialised once (a one-shot iterator is read only once)."""
+    return list(islice(iter(val_data), n))

@@ -1,0 +1,122 @@
+"""AdamW parameter groups and the learning-rate schedule (ESSH Table 7, Appendices E.2 and D.8).
+
+Pretraining groups (E.2): *no* weight decay on the raw decay parameters, frequencies and modal
+readout coefficients (``rho_raw``, ``theta``, ``kc``, ``ks``), embeddings, normalisation weights,
+biases (``gate_bias`` and every ``*.bias``) and the channel-local blend coefficients ``beta``; weight
+decay 0.1 on the two-dimensional zero-lag table ``a`` and on every other tensor with >= 2 dims.
+Shared-refinement groups (D.8): weight decay on *every* tensor with >= 2 dims (embeddings and modal
+tables included), none on vectors.
+
+Schedule: linear warm-up over ``warmup`` steps to the peak, then cosine decay to ``min_frac x peak``
+at the last step (Table 7: 1% warm-up, cosine to 10%; D.8: 5% warm-up, cosine toward zero).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["NO_DECAY_NAMES", "param_groups", "build_adamw", "WarmupCosine", "set_lr"]
+
+#: Parameter leaf names excluded from weight decay during pretraining (E.2), besides embeddings,
+#: normalisation parameters and biases, which are recognised by module type / name.
+NO_DECAY_NAMES = frozenset({"rho_raw", "theta", "kc", "ks", "beta", "gate_bias"})
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)) or "Norm" in type(module).__name__
+
+
+def _decays(module: nn.Module, leaf: str, p: torch.Tensor, policy: str) -> bool:
+    """Whether parameter ``leaf`` of ``module`` is weight-decayed under ``policy``."""
+    if policy == "refine":
+        return p.dim() >= 2
+    if isinstance(module, nn.Embedding) or _is_norm(module):
+        return False
+    if leaf in NO_DECAY_NAMES or leaf == "bias" or leaf.endswith("_bias"):
+        return False
+    return p.dim() >= 2
+
+
+def param_groups(model: nn.Module, weight_decay: float, policy: str = "pretrain") -> list[dict[str, Any]]:
+    """Two AdamW groups ``[{decay}, {no decay}]`` with a ``names`` list each (for inspection and tests).
+
+    ``policy`` is ``"pretrain"`` (E.2) or ``"refine"`` (D.8). Tied parameters appear once; parameters
+    with ``requires_grad=False`` are left out. Empty groups are dropped.
+    """
+    if policy not in ("pretrain", "refine"):
+        raise ValueError(f"policy must be 'pretrain' or 'refine', got {policy!r}")
+    seen: set[int] = set()
+    decay: list[tuple[str, torch.Tensor]] = []
+    no_decay: list[tuple[str, torch.Tensor]] = []
+    for mod_name, module in model.named_modules():
+        for leaf, p in module.named_parameters(recurse=False):
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            name = f"{mod_name}.{leaf}" if mod_name else leaf
+            (decay if _decays(module, leaf, p, policy) else no_decay).append((name, p))
+    groups = [
+        {"params": [p for _, p in decay], "names": [n for n, _ in decay], "weight_decay": weight_decay},
+        {"params": [p for _, p in no_decay], "names": [n for n, _ in no_decay], "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_adamw(model: nn.Module, lr: float, betas: tuple[float, ...], weight_decay: float,
+                eps: float = 1e-8, policy: str = "pretrain") -> torch.optim.AdamW:
+    """AdamW over ``param_groups(model, weight_decay, policy)`` (fp32 master weights: the model's own).
+
+    Uses the fused CUDA kernel when every parameter lives on a GPU, the foreach path otherwise; both
+    are deterministic on CPU, which the bit-exact resume relies on.
+    """
+    groups = param_groups(model, weight_decay, policy)
+    on_cuda = all(p.is_cuda for g in groups for p in g["params"])
+    kw: dict[str, Any] = {"fused": True} if on_cuda else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps, **kw)
+
+
+@dataclass(frozen=True)
+class WarmupCosine:
+    """lr(step) for 0-based optimizer steps ``0 .. total - 1``.
+
+    * ``step < warmup``: ``peak * (step + 1) / warmup`` (linear; the first step is not wasted at lr 0);
+    * afterwards: ``floor + (peak - floor) * (1 + cos(pi * s)) / 2`` with
+      ``s = (step - warmup) / max(1, total - 1 - warmup)`` and ``floor = min_frac * peak``,
+      so the last step uses exactly the floor.
+    """
+
+    peak: float
+    total: int
+    warmup: int
+    min_frac: float
+
+    def __post_init__(self) -> None:
+        if self.total < 1 or not 0 <= self.warmup <= self.total or self.peak <= 0:
+            raise ValueError(f"WarmupCosine needs total >= 1, 0 <= warmup <= total, peak > 0; got {self}")
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return self.peak * (step + 1) / self.warmup
+        floor = self.min_frac * self.peak
+        s = min(1.0, (step - self.warmup) / max(1, self.total - 1 - self.warmup))
+        return floor + (self.peak - floor) * 0.5 * (1.0 + math.cos(math.pi * s))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"peak": self.peak, "total": self.total, "warmup": self.warmup, "min_frac": self.min_frac}
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Refuse to resume with a different schedule (the LR curve would silently change)."""
+        if state != self.state_dict():
+            raise ValueError(f"cannot resume: the checkpoint's LR schedule {state} differs from this run's "
+                             f"{self.state_dict()}; use the same steps, lr, warmup_frac and min_lr_frac")
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the learning rate of every group."""
+    for g in optimizer.param_groups:
+        g["lr"] = lr
