@@ -44,8 +44,8 @@ def test_every_field_has_help():
 
 
 def test_every_yaml_in_configs_loads():
-    root = Path(__file__).resolve().parents[1] / "configs"
-    files = sorted(root.glob("*.yaml"))
+    root = Path(__file__).resolve().parents[1]
+    files = sorted([*root.glob("configs/*.yaml"), *root.glob("elastic_ssm/configs/*.yaml")])
     assert files, "configs/ holds no YAML files"
     from elastic_ssm.config import load_any_config
 

@@ -1,1 +1,43 @@
-"""elastic_ssm.models"""
+"""elastic_ssm.models: ESSH, ES-SSM, the inference cache and ``load_pretrained`` for either."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .base import CheckpointError, ElasticModel
+
+__all__ = ["CheckpointError", "ElasticModel", "load_pretrained", "model_class", "build_model"]
+
+
+def model_class(arch: str) -> type[ElasticModel]:
+    if arch == "essh":
+        from .essh import ESSH
+
+        return ESSH
+    if arch == "es_ssm":
+        from .es_ssm import ESSSM
+
+        return ESSSM
+    raise CheckpointError(f"unknown model arch {arch!r}; expected 'essh' or 'es_ssm'")
+
+
+def build_model(config: Any) -> ElasticModel:
+    """A freshly initialised model for an ``ESSHConfig`` or ``ESSSMConfig``."""
+    from ..config import ESSHConfig
+
+    return model_class("essh" if isinstance(config, ESSHConfig) else "es_ssm")(config)
+
+
+def load_pretrained(path: str | Path, tier: Any = None, **kw: Any) -> ElasticModel:
+    """Load a directory written by ``save_pretrained`` (ESSH or ES-SSM); ``tier`` loads only that tier."""
+    cfile = Path(path) / "config.json"
+    if not cfile.is_file():
+        raise CheckpointError(f"{path}: no config.json; expected a directory written by save_pretrained "
+                              "(a training run keeps its final model in <out_dir>/final)")
+    try:
+        arch = json.loads(cfile.read_text()).get("arch", "")
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfile} is not valid JSON ({e}); the file is corrupted") from e
+    return model_class(arch).from_pretrained(path, tier=tier, **kw)

@@ -1,0 +1,251 @@
+"""Command line: ``elastic-ssm train|export|eval|generate|bench|prepare|tokenizer|quickstart|info``.
+
+Run flags are derived from the config dataclasses (``--model.<field>``, ``--train.<field>``,
+``--data.<field>``; see ``cli_args.py``) on top of a YAML run file (``--config``). Every command prints
+``--help``; errors are one line saying what to fix (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+from typing import Any
+
+from .cli_args import add_dataclass_flags, collect_overrides
+from .config import ConfigError, ESSHConfig
+
+DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import platform
+
+    import torch
+
+    from . import __version__
+    from .ops.dispatch import available_backends
+
+    print(f"elastic_ssm {__version__}  python {platform.python_version()}  torch {torch.__version__}")
+    for mod in ("triton", "fla", "safetensors", "tokenizers", "transformers", "lm_eval"):
+        try:
+            m = __import__(mod)
+            print(f"  {mod:<13}{getattr(m, '__version__', 'installed')}")
+        except Exception:
+            print(f"  {mod:<13}not installed")
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    print(f"device: {dev}   threads: {torch.get_num_threads()}")
+    print(f"scan backends available: {', '.join(available_backends())}")
+    return 0
+
+
+def load_run_config(args: argparse.Namespace):
+    from .run_config import RunConfig
+
+    base = RunConfig.from_yaml(args.config) if args.config else RunConfig.from_yaml(DEFAULT_RUN)
+    return base.with_overrides(collect_overrides(args, "model"), collect_overrides(args, "train"),
+                               collect_overrides(args, "data"))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .pipeline import run_training
+
+    run = load_run_config(args)
+    run_training(run, resume=args.resume)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .elastic.export import check_export, export_tier
+    from .models import load_pretrained
+
+    model = load_pretrained(args.checkpoint)
+    names = [t.name for t in model.tier_table()] if args.tier == "all" else args.tier.split(",")
+    out = Path(args.out)
+    failed = 0
+    for name in names:
+        small = export_tier(model, name)
+        res = check_export(model, name, standalone=small, seq_len=args.check_len)
+        print(res)
+        failed += not res.ok
+        small.save_pretrained(out / name)
+    print(f"wrote {len(names)} standalone model(s) under {out}")
+    return 1 if failed else 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .data import evaluation_batches, load_corpus, load_tokenizer
+    from .eval.perplexity import evaluate_tiers, format_evals
+    from .models import load_pretrained
+
+    model = load_pretrained(args.checkpoint, device=args.device)
+    tok = load_tokenizer(args.tokenizer)
+    tokens = load_corpus(args.data, tok, split=args.split)
+    batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.batches))
+    tiers = None if args.tiers == "all" else args.tiers.split(",")
+    bpt = args.bytes_per_token or (1.0 if tok.vocab_size <= 260 else 0.0)
+    rows = evaluate_tiers(model, batches, tiers, bytes_per_token=bpt or 1.0)
+    print(format_evals(rows))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0].row()))
+            w.writeheader()
+            w.writerows(r.row() for r in rows)
+        print(f"wrote {args.csv}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .data import load_tokenizer
+    from .models import load_pretrained
+
+    model = load_pretrained(args.checkpoint, tier=None if args.tier == "full" else args.tier, device=args.device)
+    tok = load_tokenizer(args.tokenizer)
+    ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long, device=args.device)
+    if ids.numel() == 0:
+        raise ConfigError("--prompt is empty: give at least one character")
+    g = torch.Generator(device=args.device).manual_seed(args.seed)
+    sys.stdout.write(args.prompt)
+
+    def stream(t: torch.Tensor) -> None:
+        sys.stdout.write(tok.decode([int(t[0])]))
+        sys.stdout.flush()
+
+    model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   streamer=stream, generator=g)
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from .data import prepare
+
+    tf = prepare(args.source, args.out, args.tokenizer, split=args.split, text_field=args.text_field,
+                 max_tokens=args.max_tokens or None)
+    print(f"wrote {len(tf):,} tokens to {args.out}")
+    return 0
+
+
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from .data import train_bpe
+
+    tok = train_bpe(args.source, args.vocab_size, args.out, max_bytes=args.max_bytes or None, show_progress=True)
+    print(f"trained a {tok.vocab_size}-entry BPE tokenizer -> {args.out}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    from .quickstart import quickstart
+
+    quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .run_config import DataConfig
+    from .train.config import TrainConfig
+
+    p = argparse.ArgumentParser(prog="elastic-ssm", description=__doc__.splitlines()[0])
+    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("info", help="versions, scan backends and device")
+    s.set_defaults(fn=cmd_info)
+
+    s = sub.add_parser("train", help="train a model from a YAML run file plus --section.field overrides")
+    s.add_argument("--config", help=f"run YAML (model/train/data sections); default {DEFAULT_RUN.name}")
+    s.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.out_dir")
+    add_dataclass_flags(s, ESSHConfig, "model")
+    add_dataclass_flags(s, TrainConfig, "train")
+    add_dataclass_flags(s, DataConfig, "data")
+    s.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser("export", help="write standalone tier models and check each against the shared model")
+    s.add_argument("checkpoint", help="model directory (save_pretrained / a run's final/)")
+    s.add_argument("--tier", default="all", help="'all' or comma-separated tier names (T1,T4 or K8)")
+    s.add_argument("--out", required=True, help="output folder; one sub-folder per tier")
+    s.add_argument("--check-len", type=int, default=128, help="tokens per sequence of the export check")
+    s.set_defaults(fn=cmd_export)
+
+    for name, fn, hlp in (("eval", cmd_eval, "per-tier loss / perplexity / bits-per-byte on a dataset"),
+                          ("generate", cmd_generate, "sample from any tier, streaming to stdout")):
+        s = sub.add_parser(name, help=hlp)
+        s.add_argument("checkpoint", help="model directory")
+        s.add_argument("--tokenizer", default="bytes", help="'bytes' or a tokenizer.json")
+        s.add_argument("--device", default="cpu", help="cpu or cuda")
+        s.set_defaults(fn=fn)
+        if name == "eval":
+            s.add_argument("--data", default="stdlib", help="source (see `elastic-ssm train --help`, data.source)")
+            s.add_argument("--split", default="validation", help="split of the source to evaluate")
+            s.add_argument("--tiers", default="all", help="'all' or comma-separated tier names")
+            s.add_argument("--seq-len", type=int, default=512, help="tokens per evaluation sequence")
+            s.add_argument("--batch-size", type=int, default=8, help="sequences per batch")
+            s.add_argument("--batches", type=int, default=16, help="number of batches (fixed windows)")
+            s.add_argument("--bytes-per-token", type=float, default=0.0, help="for BPB with BPE (0: bytes = 1)")
+            s.add_argument("--csv", help="also write the table as CSV")
+        else:
+            s.add_argument("--tier", default="full", help="tier to load ('full', T1..T10, K8 ...)")
+            s.add_argument("--prompt", required=True, help="text to continue")
+            s.add_argument("--max-new-tokens", type=int, default=200, help="tokens to sample")
+            s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+            s.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
+            s.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+            s.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+    s = sub.add_parser("prepare", help="tokenize a corpus into a memory-mapped token file (*.bin + .json)")
+    s.add_argument("source", help="'stdlib', a file or folder (txt/jsonl/parquet), or hf:<name>[:cfg][:split]")
+    s.add_argument("out", help="output token file, e.g. data/train.bin")
+    s.add_argument("--tokenizer", default="bytes", help="'bytes' or a tokenizer.json")
+    s.add_argument("--split", default=None, help="train / validation split of the source (default: all)")
+    s.add_argument("--text-field", default="text", help="JSONL/Parquet/HF text field")
+    s.add_argument("--max-tokens", type=int, default=0, help="stop after this many tokens (0: all)")
+    s.set_defaults(fn=cmd_prepare)
+
+    s = sub.add_parser("tokenizer", help="tokenizer tools")
+    tsub = s.add_subparsers(dest="tok_command", required=True, metavar="ACTION")
+    t = tsub.add_parser("train", help="train a byte-level BPE tokenizer locally")
+    t.add_argument("source", help="corpus source (as for prepare)")
+    t.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size")
+    t.add_argument("--out", required=True, help="output tokenizer.json")
+    t.add_argument("--max-bytes", type=int, default=0, help="cap on training text (0: all)")
+    t.set_defaults(fn=cmd_tokenizer)
+
+    s = sub.add_parser("bench", help="GPU benchmarks (decode, prefill, training, memory) with peers",
+                       add_help=False)
+    s.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments of the benchmark harness (--help)")
+    s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("quickstart", help="the main job: train a small ESSH on CPU, export, check and "
+                                          "evaluate all ten tiers, write report.md / tiers.csv / plot")
+    s.add_argument("--out", default="runs/quickstart", help="output folder")
+    s.add_argument("--steps", type=int, default=0, help="override the training steps (0: config default)")
+    s.add_argument("--config", default=None, help="run YAML (default: the embedded quickstart config)")
+    s.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
+                   help="also train the dense control (full capacity only) and truncate it to T1")
+    s.set_defaults(fn=cmd_quickstart)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
+        if args.debug:
+            raise
+        print(f"elastic-ssm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Glue from a ``RunConfig`` to data, model and ``train()`` (used by the CLI and the quickstart)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import ConfigError
+
+
+@dataclass
+class RunData:
+    """Token streams of a run: ``train_tokens`` for packed training batches, fixed ``val_batches``."""
+
+    train_tokens: Any
+    val_batches: list[tuple[torch.Tensor, torch.Tensor]]
+    vocab_size: int
+    bytes_per_token: float
+    source: str
+
+    def describe(self) -> str:
+        n_val = sum(int(y.numel()) for _, y in self.val_batches)
+        return (f"{self.source}: {len(self.train_tokens):,} training tokens, {n_val:,} validation tokens "
+                f"in {len(self.val_batches)} fixed batches, vocab {self.vocab_size}")
+
+    def batches(self, seq_len: int, batch_size: int, seed: int):
+        """``data(rank, world_size)`` factory for ``train()``: shuffled, sharded, resumable."""
+        from .data import PackedBatches
+
+        def make(rank: int = 0, world_size: int = 1):
+            return PackedBatches(self.train_tokens, seq_len, batch_size, seed=seed, rank=rank, world_size=world_size)
+
+        return make
+
+
+def build_data(run: Any) -> RunData:
+    from .data import evaluation_batches, load_corpus, load_tokenizer
+
+    d, t = run.data, run.train
+    tok = load_tokenizer(d.tokenizer)
+    if tok.vocab_size > run.model.vocab_size:
+        raise ConfigError(f"tokenizer {d.tokenizer!r} has {tok.vocab_size} ids but model.vocab_size is "
+                          f"{run.model.vocab_size}; set --model.vocab_size >= {tok.vocab_size}")
+    cap = d.max_train_bytes or None
+    train_tokens = load_corpus(d.source, tok, split="train", max_bytes=cap, text_field=d.text_field)
+    val_src = d.val_source or d.source
+    val_tokens = load_corpus(val_src, tok, split="validation", text_field=d.text_field)
+    val = list(evaluation_batches(val_tokens, t.seq_len, t.micro_batch_size, t.eval_batches))
+    if not val:
+        raise ConfigError(f"validation source {val_src!r} is shorter than one sequence of {t.seq_len} tokens")
+    bpt = t.bytes_per_token or (1.0 if tok.vocab_size <= 260 else 0.0)
+    return RunData(train_tokens, val, tok.vocab_size, bpt or 1.0, d.source)
+
+
+def train_run(run: Any, data: RunData, resume: bool = False, progress: bool = True):
+    """Train ``run.model`` on ``data`` with ``run.train``; returns the trained model."""
+    from .train import train
+
+    t = run.train
+    res = train(run.model, data.batches(t.seq_len, t.micro_batch_size, t.seed), t, val_data=data.val_batches,
+                resume=resume, progress=progress)
+    return res.model
+
+
+def run_training(run: Any, resume: bool = False):
+    """``elastic-ssm train``: build data, train, save the run config next to the checkpoints."""
+    from pathlib import Path
+
+    out = Path(run.train.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    run.to_yaml(out / "run.yaml")
+    data = build_data(run)
+    print(f"[train] {data.describe()}")
+    model = train_run(run, data, resume=resume)
+    print(f"[train] done; final model in {out / 'final'} (load with elastic_ssm.models.load_pretrained)")
+    return model

@@ -1,0 +1,90 @@
+"""A whole run in one YAML file: ``model`` (ESSH or ES-SSM), ``train`` and ``data`` sections.
+
+Example (``configs/quickstart.yaml``)::
+
+    model: {arch: essh, preset: small}
+    train: {steps: 300, micro_batch_size: 8, seq_len: 256}
+    data:  {source: stdlib, tokenizer: bytes}
+
+The CLI loads such a file, then applies ``--model.<field>``, ``--train.<field>``, ``--data.<field>``
+overrides derived from the dataclasses (``cli_args.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import ConfigBase, ConfigError, ESSHConfig, model_config_from_dict, opt
+
+__all__ = ["DataConfig", "RunConfig"]
+
+
+@dataclass(kw_only=True)
+class DataConfig(ConfigBase):
+    """Where tokens come from (``elastic_ssm.data``)."""
+
+    source: str = opt("stdlib", "'stdlib' (embedded default), a text/JSONL/Parquet file or folder, a prepared "
+                                "*.bin token file, or 'hf:<name>[:<config>][:<split>]'")
+    val_source: str = opt("", "validation source ('' = the validation split of `source`)")
+    tokenizer: str = opt("bytes", "'bytes' or a path to a tokenizer.json")
+    text_field: str = opt("text", "JSONL/Parquet/HF field holding the document text")
+    max_train_bytes: int = opt(0, "cap on the in-memory training text in bytes (0 = no cap)")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """model + train + data; ``model`` is an ``ESSHConfig`` or ``ESSSMConfig`` (``arch`` key in YAML)."""
+
+    model: Any = field(default_factory=lambda: ESSHConfig.preset("small"))
+    train: Any = None
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self) -> None:
+        from .train.config import TrainConfig
+
+        if self.train is None:
+            self.train = TrainConfig()
+
+    @property
+    def arch(self) -> str:
+        return "essh" if isinstance(self.model, ESSHConfig) else "es_ssm"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        from .train.config import TrainConfig
+
+        unknown = sorted(set(d) - {"model", "train", "data"})
+        if unknown:
+            raise ConfigError(f"run config: unknown section(s) {unknown}; use model, train, data")
+        model = model_config_from_dict(d.get("model") or {"arch": "essh", "preset": "small"})
+        return cls(model=model, train=TrainConfig.from_dict(d.get("train") or {}),
+                   data=DataConfig.from_dict(d.get("data") or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": {"arch": self.arch, **self.model.to_dict()}, "train": self.train.to_dict(),
+                "data": self.data.to_dict()}
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RunConfig:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"run config {p} does not exist")
+        data = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: expected a YAML mapping with model/train/data sections")
+        return cls.from_dict(data)
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    def with_overrides(self, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> RunConfig:
+        return RunConfig(model=self.model.replace(**model) if model else self.model,
+                         train=self.train.replace(**train) if train else self.train,
+                         data=self.data.replace(**data) if data else self.data)
