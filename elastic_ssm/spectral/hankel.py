@@ -1,0 +1,234 @@
+"""Hankel spectral channels: the matrix Z, its top eigenpairs in float64, and the resolved count.
+
+Specification: ES-SSM paper App. B.3 (Eqs. 10-12) and ESSH paper App. B.2-B.3 (Eq. 10).
+With mu(lambda) = (1 - lambda) [1, lambda, ..., lambda^(L-1)]^T (ES-SSM Eq. 10),
+
+    Z = int_0^1 mu(rho) mu(rho)^T d rho,   Z_ij = 2 / ((i+j)^3 - (i+j))   (1-based i, j)
+
+(ES-SSM Eq. 11; ESSH Eq. 10 writes it as 2 / ((s+t-1)(s+t)(s+t+1))). Z is a strictly totally
+positive Hankel matrix, so its eigenvalues are simple and positive and the k-th eigenvector has
+exactly k-1 sign changes (ESSH App. B.2) -- in exact arithmetic.
+
+Conventions (DESIGN "Where the papers are silent"):
+
+* eigenpairs are computed in float64 only, eigenvalues sorted decreasing, eigenvectors unit norm
+  with the sign fixed by ``phi_k(0) > 0``;
+* channel k is *resolved* when ``eps * sigma_1 / gap_k <= 1e-2`` (eps = float64 machine epsilon,
+  gap_k = distance of sigma_k to its nearest neighbour): the float64 eigenvector error is
+  ~eps * sigma_1 / gap_k, so beyond this point the vectors are numerically arbitrary. The resolved
+  set is the prefix of channels up to the first unresolved one; it holds 24 channels at L=2048.
+
+Solvers: a dense LAPACK ``eigh`` (top-n subset) for L <= 4096; above that, a block subspace
+iteration with an O(L log L) FFT Hankel product followed by Rayleigh-Ritz. Z is numerically of
+rank ~30 (its eigenvalues fall below eps * sigma_1 after ~28 channels at L=2048), so a subspace of
+n + 24 vectors captures its whole numerical range and matches the dense solver on the resolved
+channels. Results are memoised in-process and on disk (see :mod:`elastic_ssm.spectral.cache`).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import warnings
+
+import numpy as np
+import scipy.fft
+import scipy.linalg
+
+from . import cache
+
+__all__ = ["UnresolvedChannelWarning", "hankel_filters", "hankel_matrix", "resolved_channels"]
+
+#: Threshold on eps * sigma_1 / gap_k below which channel k counts as resolved.
+RESOLVE_TOL = 1e-2
+#: Largest L solved with the dense eigensolver; longer filters use the FFT subspace iteration.
+DENSE_MAX_L = 4096
+_PROBE = 64  # eigenvalues computed at least, so the resolved count is known from one solve
+_OVERSAMPLE = 24  # extra subspace vectors beyond the requested eigenpairs
+_POWER_STEPS = 3  # block products with Z before Rayleigh-Ritz
+
+
+class UnresolvedChannelWarning(UserWarning):
+    """More Hankel channels were requested than float64 resolves at this length."""
+
+
+def _as_int(value: object, name: str, hint: str) -> int:
+    """``value`` as a Python int (numpy ints accepted); ValueError naming ``hint`` otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}; {hint}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}; {hint}") from None
+
+
+def check_length(L: object) -> int:
+    """Validate a filter length: an integer ``L >= 2``; returns it as ``int``."""
+    L = _as_int(L, "L", "pass the filter length (sequence length), an integer >= 2")
+    if L < 2:
+        raise ValueError(f"L must be >= 2 (the filter length), got L={L}; pass L >= 2")
+    return L
+
+
+def check_channels(L: int, K: object) -> int:
+    """Validate a channel count ``1 <= K <= L`` for length ``L``; returns it as ``int``."""
+    K = _as_int(K, "K", f"pass the number of channels, 1 <= K <= L={L}")
+    if not 1 <= K <= L:
+        raise ValueError(f"K must satisfy 1 <= K <= L={L}, got K={K}; pass a channel count in that range")
+    return K
+
+
+def _hankel_sequence(L: int) -> np.ndarray:
+    """Anti-diagonal values h[n] = Z_ij for n = i+j-2 = 0..2L-2: 2/((n+1)(n+2)(n+3)), float64 [2L-1]."""
+    n = np.arange(2 * L - 1, dtype=np.float64)
+    return 2.0 / ((n + 1.0) * (n + 2.0) * (n + 3.0))
+
+
+def hankel_matrix(L: int) -> np.ndarray:
+    """The Hankel matrix Z of ES-SSM Eq. 11 (closed form, ESSH Eq. 10).
+
+    Args:
+        L: filter length, >= 2.
+
+    Returns:
+        float64 [L, L] with ``Z[i-1, j-1] = 2 / ((i+j)^3 - (i+j))`` for 1-based i, j.
+    """
+    L = check_length(L)
+    idx = np.arange(L)
+    return _hankel_sequence(L)[idx[:, None] + idx[None, :]]  # [L, L]
+
+
+def _hankel_matmul(h: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """Z @ X for the Hankel Z with anti-diagonals ``h`` [2L-1], X [L, p] -> [L, p], by FFT."""
+    L = X.shape[0]
+    n = scipy.fft.next_fast_len(3 * L - 2, real=True)
+    spec = scipy.fft.rfft(h, n)[:, None] * scipy.fft.rfft(X[::-1], n, axis=0)  # correlation as convolution
+    return scipy.fft.irfft(spec, n, axis=0)[L - 1 : 2 * L - 1]
+
+
+def _top_eigenpairs(L: int, n: int, method: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """The n largest eigenpairs of Z in float64, decreasing, sign fixed by ``phi_k(0) > 0``.
+
+    Args:
+        L: filter length.
+        n: number of eigenpairs, 1 <= n <= L.
+        method: ``"dense"`` (LAPACK eigh subset), ``"subspace"`` (FFT block subspace iteration +
+            Rayleigh-Ritz) or ``"auto"`` (dense for L <= DENSE_MAX_L or when n is a large share of L).
+
+    Returns:
+        sigma float64 [n], phi float64 [n, L] (rows are unit eigenvectors).
+    """
+    if method == "auto":
+        method = "dense" if L <= DENSE_MAX_L or 4 * (n + _OVERSAMPLE) > L else "subspace"
+    if method == "dense":
+        w, v = scipy.linalg.eigh(hankel_matrix(L), subset_by_index=[L - n, L - 1])  # ascending
+        sigma, phi = w[::-1], v[:, ::-1].T
+    elif method == "subspace":
+        h = _hankel_sequence(L)
+        p = min(L, n + _OVERSAMPLE)
+        basis = np.random.default_rng(L).standard_normal((L, p))  # [L, p], deterministic per L
+        for _ in range(_POWER_STEPS):
+            basis = np.linalg.qr(_hankel_matmul(h, basis))[0]
+        small = basis.T @ _hankel_matmul(h, basis)  # [p, p] Rayleigh quotient
+        w, u = np.linalg.eigh(0.5 * (small + small.T))
+        sigma, phi = w[::-1][:n], (basis @ u[:, ::-1][:, :n]).T
+    else:
+        raise ValueError(f"method must be 'auto', 'dense' or 'subspace', got {method!r}")
+    phi = phi * np.where(phi[:, :1] < 0, -1.0, 1.0)  # sign convention phi_k(0) > 0
+    return np.ascontiguousarray(sigma), np.ascontiguousarray(phi)
+
+
+def _resolved_count(spectrum: np.ndarray, L: int) -> tuple[int, bool]:
+    """Resolved prefix length from the top eigenvalues ``spectrum`` [n] (decreasing).
+
+    Returns:
+        (count, determined): ``determined`` is False when every channel that can be judged from
+        ``spectrum`` is resolved and more eigenvalues exist (the count is then a lower bound).
+    """
+    n = spectrum.shape[0]
+    below = spectrum[:-1] - spectrum[1:]  # gap_k to sigma_{k+1}, k = 1..n-1
+    above = np.concatenate([[np.inf], below[:-1]])  # gap_k to sigma_{k-1}
+    gaps = np.minimum(above, below)
+    if n == L:  # the last channel has only a left neighbour
+        gaps = np.concatenate([gaps, [below[-1] if n > 1 else np.inf]])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.finfo(np.float64).eps * spectrum[0] / np.where(gaps > 0, gaps, 0.0)
+    ok = ratio <= RESOLVE_TOL
+    count = int(ok.size if ok.all() else np.argmin(ok))
+    return count, count < ok.size or n == L
+
+
+@functools.lru_cache(maxsize=64)
+def _filters(L: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sigma [K], phi [K, L], spectrum [n]) from memory, disk, or a fresh solve of n >= K+1 pairs."""
+    n = min(L, max(K + 1, _PROBE))
+    stem = f"hankel_L{L}_K{K}"
+    hit = cache.load_arrays(stem, {"sigma": (K,), "phi": (K, L), "spectrum": (n,)})
+    if hit is None:
+        spectrum, phi = _top_eigenpairs(L, n)
+        hit = {"sigma": spectrum[:K].copy(), "phi": phi[:K].copy(), "spectrum": spectrum}
+        cache.save_arrays(stem, hit)
+    for arr in hit.values():
+        arr.setflags(write=False)
+    return hit["sigma"], hit["phi"], hit["spectrum"]
+
+
+def resolved_channels(L: int) -> int:
+    """How many leading Hankel eigenvectors float64 resolves at length ``L``.
+
+    Channel k is resolved when ``eps * sigma_1 / gap_k <= 1e-2``; the count is the length of the
+    resolved prefix (24 at L=2048). Cached with the eigenpairs.
+
+    Args:
+        L: filter length, >= 2.
+
+    Returns:
+        int in [1, L].
+    """
+    L = check_length(L)
+    K = 1
+    while True:
+        count, determined = _resolved_count(_filters(L, K)[2], L)
+        if determined:
+            return count
+        K = min(L, 2 * (count + 1))
+
+
+def _resolved_at(L: int, spectrum: np.ndarray) -> int:
+    """Resolved count from an already computed top spectrum, solving for more only if needed."""
+    count, determined = _resolved_count(spectrum, L)
+    return count if determined else resolved_channels(L)
+
+
+def _warn_unresolved(caller: str, L: int, K: int, resolved: int) -> None:
+    """Warn (never fail) when K exceeds the resolved channel count at length L."""
+    if K > resolved:
+        warnings.warn(
+            f"{caller}(L={L}, K={K}): float64 resolves only the first {resolved} Hankel eigenvectors "
+            f"at L={L} (eps*sigma_1/gap_k <= {RESOLVE_TOL:g}); channels {resolved + 1}..{K} are "
+            f"numerically arbitrary. Pass K <= {resolved} where the exact filters matter.",
+            UnresolvedChannelWarning,
+            stacklevel=3,
+        )
+
+
+def hankel_filters(L: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """The K leading Hankel spectral channels (ES-SSM Eq. 11-12, ESSH Sec. 3).
+
+    Eigenpairs of Z in float64, eigenvalues decreasing, eigenvectors unit norm with
+    ``phi_k(0) > 0``. Warns with :class:`UnresolvedChannelWarning` (never fails) when K exceeds
+    :func:`resolved_channels` (L). Cached in-process and on disk, keyed by (L, K).
+
+    Args:
+        L: filter length, >= 2.
+        K: number of channels, 1 <= K <= L.
+
+    Returns:
+        sigma: float64 [K], decreasing eigenvalues.
+        phi: float64 [K, L], row k-1 is the k-th eigenvector (filter samples phi_k(0..L-1)).
+    """
+    L = check_length(L)
+    K = check_channels(L, K)
+    sigma, phi, spectrum = _filters(L, K)
+    _warn_unresolved("hankel_filters", L, K, _resolved_at(L, spectrum))
+    return sigma.copy(), phi.copy()
