@@ -63,7 +63,7 @@ class SpectralMixer(nn.Module):
         self.gate_bias[:, 2].fill_(self.clock_bias_init)
         nn.init.normal_(self.out_proj, std=self.out_std)
         tab = modal_tables(self.filter_length, self.K, self.M, clip=self.pole_clip)
-        rho = torch.as_tensor(tab["rho"], dtype=torch.float64)
+        rho = torch.as_tensor(tab["rho"], dtype=torch.float64).clamp(1e-6, self.pole_clip)  # rho=0 fits stay finite
         gamma = -torch.log(rho)                                      # rho = exp(-softplus(rho_raw))
         self.rho_raw.copy_(torch.log(torch.expm1(gamma)))
         self.theta.copy_(torch.as_tensor(tab["theta"]))
