@@ -156,21 +156,23 @@ class _Trainer:
         return int(trainer["step"]), int(trainer["tokens_seen"])
 
     # ---- one stage ------------------------------------------------------------------------------------
-    def run_stage(self, st: _Stage, resume: bool) -> None:
+    def run_stage(self, st: _Stage, resume: bool, stop_after: int | None = None) -> bool:
+        """Run (or resume) stage ``st``; returns whether it finished (``stop_after`` ends it early)."""
         cfg, ctx, model = self.cfg, self.ctx, self.model
         recipe = make_recipe(st.recipe_name, model, cfg, self.data)
         opt = build_adamw(model, st.lr, cfg.betas, st.weight_decay, cfg.eps, recipe.policy)
         sched = WarmupCosine(st.lr, st.steps, st.warmup, st.min_frac)
         step, tokens = self.restore(st, opt, sched) if resume else (0, 0)
-        if step >= st.steps:
-            return
+        end = st.steps if stop_after is None else min(st.steps, stop_after)
+        if step >= end:
+            return step >= st.steps
         recipe.setup(model)
         model.train()
         self.log.start_stage(st.name, st.steps, step)
         params = [p for g in opt.param_groups for p in g["params"]]
         M, W = cfg.grad_accum, ctx.world_size
         amp = cfg.precision == "bf16"
-        while step < st.steps:
+        while step < end:
             t0 = time.perf_counter()
             batches = [_batch_to(self.stream.next(), ctx.device) for _ in range(M)]
             n_tok = torch.stack([(b[1] != IGNORE_INDEX).sum() for b in batches]).sum().to(torch.float64)
@@ -213,9 +215,10 @@ class _Trainer:
             self.log.train_step(rec, step % cfg.log_every == 0 or step == st.steps)
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == st.steps:
                 self.evaluate(st.name, step)
-            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == st.steps:
+            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step in (st.steps, end):
                 self.save(st, step, tokens, opt, sched)
         self.log.close_bar()
+        return step >= st.steps
 
 
 def _compile_blocks(model: nn.Module, n_capacities: int) -> None:
@@ -231,7 +234,7 @@ def _compile_blocks(model: nn.Module, n_capacities: int) -> None:
 
 def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
           resume: bool = False, progress: bool = True, distributed: bool | None = None,
-          stages: tuple[str, ...] | None = None) -> TrainResult:
+          stages: tuple[str, ...] | None = None, stop_after: int | None = None) -> TrainResult:
     """Train an ESSH or ES-SSM model; returns the history and the final model directory.
 
     Args:
@@ -244,6 +247,8 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             ``cfg.eval_batches`` are kept and reused). resume: continue from ``cfg.out_dir``.
         distributed: None reads the torchrun environment; False forces one process.
         stages: None runs pretraining (+ refinement when configured); ``("refine",)`` only refinement.
+        stop_after: end this call after that many steps of the current stage (a checkpoint is written
+            there; no final model is saved); a later ``resume=True`` call continues the same schedule.
     """
     ctx = init_distributed(cfg.device, distributed)
     try:
@@ -252,10 +257,13 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
         if cfg.compile:
             _compile_blocks(model, len(cfg.capacities))
         trainer = _Trainer(model, data, cfg, ctx, val_data, progress)
+        finished = True
         for st in _stages(cfg, recipe, stages):
-            trainer.run_stage(st, resume)
+            finished = trainer.run_stage(st, resume, stop_after)
+            if not finished:
+                break
         path = None
-        if ctx.is_main:
+        if finished and ctx.is_main:
             path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
         return TrainResult(trainer.log.history, path, model, trainer.log.evals, Path(cfg.out_dir))
     finally:

@@ -86,8 +86,9 @@ class WarmupCosine:
 
     * ``step < warmup``: ``peak * (step + 1) / warmup`` (linear; the first step is not wasted at lr 0);
     * afterwards: ``floor + (peak - floor) * (1 + cos(pi * s)) / 2`` with
-      ``s = (step - warmup) / max(1, total - 1 - warmup)`` and ``floor = min_frac * peak``,
-      so the last step uses exactly the floor.
+      ``s = (step - warmup) / (total - warmup)`` and ``floor = min_frac * peak``: the first step after
+      warm-up uses the peak and the curve would reach the floor one step after the last (so with a
+      floor of zero, as in shared refinement, no step is wasted at lr 0).
     """
 
     peak: float
@@ -103,7 +104,7 @@ class WarmupCosine:
         if step < self.warmup:
             return self.peak * (step + 1) / self.warmup
         floor = self.min_frac * self.peak
-        s = min(1.0, (step - self.warmup) / max(1, self.total - 1 - self.warmup))
+        s = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
         return floor + (self.peak - floor) * 0.5 * (1.0 + math.cos(math.pi * s))
 
     def state_dict(self) -> dict[str, Any]:
