@@ -1,1 +1,99 @@
-"""elastic_ssm.ops.spectral_scan"""
+"""The ESSH selective spectral scan (ESSH paper Sec. 4.1/4.3, Eq. 5 and 24, Appendix O): a stateless op.
+
+``spectral_scan`` validates its inputs and dispatches to the vectorised PyTorch chunked scan (``"torch"``,
+Algorithm 2), fla-core's GLA kernels (``"fla"``, CUDA) or the tokenwise specification (``"naive"``);
+``spectral_scan_step`` is the single-token decode step. The math is in README.md beside this file.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..dispatch import resolve_backend
+from .chunk_torch import chunk_spectral_scan
+from .fused_recurrent import spectral_scan_step
+from .naive import naive_spectral_scan
+
+__all__ = [
+    "chunk_spectral_scan",
+    "naive_spectral_scan",
+    "spectral_scan",
+    "spectral_scan_step",
+    "validate_scan_inputs",
+]
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _shape(x) -> str:
+    return str(list(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def validate_scan_inputs(v, write, read, clock, rho, theta, kc, ks, a, initial_state=None) -> None:
+    """Check ranks, shapes, dtypes and devices of the scan inputs; raises ValueError naming the argument."""
+    if not isinstance(v, torch.Tensor) or v.dim() != 4:
+        raise ValueError(f"spectral_scan: v must be a [B, T, K, P] tensor, got {_shape(v)}")
+    B, T, K, P = v.shape
+    if not isinstance(write, torch.Tensor) or write.dim() != 4 or tuple(write.shape[:3]) != (B, T, K):
+        raise ValueError(f"spectral_scan: write must be [B, T, K, M] = [{B}, {T}, {K}, M] to match v, "
+                         f"got {_shape(write)}")
+    M = write.shape[-1]
+    gates = {"read": read, "clock": clock}
+    params = {"rho": rho, "theta": theta, "kc": kc, "ks": ks, "a": a}
+    for name, x in gates.items():
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, T, K, M):
+            raise ValueError(f"spectral_scan: {name} must be [B, T, K, M] = [{B}, {T}, {K}, {M}], "
+                             f"got {_shape(x)}")
+    for name, x in params.items():
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (K, M):
+            raise ValueError(f"spectral_scan: {name} must be [K, M] = [{K}, {M}] (channels of v, modes of "
+                             f"write), got {_shape(x)}")
+    tensors = {"v": v, "write": write, **gates, **params}
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != (B, K, M, 2, P):
+            raise ValueError(f"spectral_scan: initial_state must be [B, K, M, 2, P] = "
+                             f"[{B}, {K}, {M}, 2, {P}], got {_shape(initial_state)}")
+        tensors["initial_state"] = initial_state
+    bad = [n for n, x in tensors.items() if not x.is_floating_point()]
+    if bad:
+        raise ValueError(f"spectral_scan: {', '.join(bad)} must be floating point tensors")
+    devices = {n: str(x.device) for n, x in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"spectral_scan: all inputs must be on one device, got {devices}")
+
+
+def spectral_scan(
+    v: torch.Tensor,  # [B, T, K, P] channel values
+    write: torch.Tensor,  # [B, T, K, M] write gates eta^w in (0, 2)
+    read: torch.Tensor,  # [B, T, K, M] read gates eta^r in (0, 2)
+    clock: torch.Tensor,  # [B, T, K, M] clock increments Delta > 0
+    rho: torch.Tensor,  # [K, M] intrinsic decay in (0, 1)
+    theta: torch.Tensor,  # [K, M] rotation frequency
+    kc: torch.Tensor,  # [K, M] readout cosine coefficient
+    ks: torch.Tensor,  # [K, M] readout sine coefficient
+    a: torch.Tensor,  # [K, M] zero-lag correction coefficient
+    initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame H(0)
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ESSH scan (Eq. 5) with the zero-lag correction (Eq. 24): returns ``z [B, T, K, P]`` and ``H(T)``.
+
+    ``H(T) [B, K, M, 2, P]`` is in the natural frame of Eq. 5 and is None unless ``output_final_state``.
+    ``backend``: "auto" | "torch" | "fla" | "naive" (see :func:`elastic_ssm.ops.resolve_backend`);
+    ``chunk_size`` is the chunk length of the torch path. ``z`` has ``v.dtype``; the torch path computes
+    bf16/fp16 inputs in float32 and returns their state in float32, as the fla path does.
+    """
+    validate_scan_inputs(v, write, read, clock, rho, theta, kc, ks, a, initial_state)
+    name = resolve_backend(backend, v)
+    args = (write, read, clock, rho, theta, kc, ks, a, initial_state, output_final_state)
+    if name == "fla":
+        from .chunk_fla import fla_spectral_scan
+
+        return fla_spectral_scan(v, *args)
+    if name == "naive":
+        return naive_spectral_scan(v, *args)
+    if v.dtype in _HALF:
+        z, state = chunk_spectral_scan(v.float(), *args, chunk_size=chunk_size)
+        return z.to(v.dtype), state
+    return chunk_spectral_scan(v, *args, chunk_size=chunk_size)

@@ -1,0 +1,68 @@
+"""Backend selection for the spectral scan: ``"torch"`` (vectorised PyTorch, any device), ``"fla"``
+(fla-core's Triton GLA kernels, CUDA only) or ``"naive"`` (the tokenwise specification).
+
+Precedence: an explicit ``backend=`` argument, then the environment variable ``ELASTIC_SSM_SCAN_BACKEND``,
+then ``"auto"``, which picks ``"fla"`` for CUDA tensors of a dtype fla supports when ``fla`` imports, else
+``"torch"``. fla and triton are optional extras: nothing here imports them at module import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+
+import torch
+
+ENV_VAR = "ELASTIC_SSM_SCAN_BACKEND"
+BACKENDS = ("auto", "torch", "fla", "naive")
+_FLA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_logger = logging.getLogger("elastic_ssm")
+_announced: set[tuple[str, str]] = set()
+
+
+@functools.cache
+def fla_available() -> bool:
+    """True when ``fla.ops.gla`` (fla-core, with triton) can be imported."""
+    try:
+        importlib.import_module("fla.ops.gla")
+    except Exception:  # ImportError, or triton failing to initialise without a driver
+        return False
+    return True
+
+
+def resolve_backend(backend: str = "auto", tensor: torch.Tensor | None = None) -> str:
+    """Resolve ``backend`` for inputs like ``tensor``: returns ``"torch"``, ``"fla"`` or ``"naive"``.
+
+    Raises ValueError for an unknown name or ``"fla"`` with non-CUDA tensors, ImportError for ``"fla"``
+    without fla-core installed. The choice is logged once per (backend, device type) on ``elastic_ssm``.
+    """
+    choice = backend
+    if not isinstance(choice, str):
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if choice.lower() == "auto":
+        choice = os.environ.get(ENV_VAR, "").strip() or "auto"
+    choice = choice.lower()
+    if choice not in BACKENDS:
+        source = f"environment variable {ENV_VAR}" if backend.lower() == "auto" else "backend argument"
+        raise ValueError(f"unknown spectral-scan backend {choice!r} from the {source}; "
+                         f"expected one of {BACKENDS}")
+    device = tensor.device.type if tensor is not None else "cpu"
+    if choice == "auto":
+        fla_ok = device == "cuda" and tensor.dtype in _FLA_DTYPES and fla_available()
+        choice = "fla" if fla_ok else "torch"
+    elif choice == "fla":
+        if device != "cuda":
+            raise ValueError(f"backend 'fla' runs on CUDA tensors only, got device {device!r}; "
+                             "use backend='torch' (or 'auto') on this device")
+        if not fla_available():
+            raise ImportError("backend 'fla' needs fla-core with triton: pip install 'elastic-ssm[gpu]' "
+                              "(or fla-core), or use backend='torch'")
+        if tensor.dtype not in _FLA_DTYPES:
+            raise ValueError(f"backend 'fla' supports {_FLA_DTYPES}, got {tensor.dtype}; use backend='torch'")
+    key = (choice, device)
+    if key not in _announced:
+        _announced.add(key)
+        _logger.info("spectral_scan backend: %s on %s", choice, device)
+    return choice

@@ -1,0 +1,124 @@
+"""GPU path of the ESSH scan through fla-core's ``chunk_gla`` (the GLA identity of DESIGN.md / README.md).
+
+Per channel k (a GLA head) and mode i (two key dimensions ``2i, 2i+1``), with positions ``t = 1..T``::
+
+    q_i(t) = eta^r_i(t) R(-theta_i t) kappa_i              kappa_i = (kc_i, -ks_i)
+    k_i(s) = eta^w_i(s) (cos theta_i s, -sin theta_i s)    = eta^w_i(s) R(-theta_i s) e1
+    g_i(t) = log rho_i - Delta_i(t)                        on both key dimensions of mode i
+    o(t)   = q(t)^T S(t),  S(t) = diag(exp g(t)) S(t-1) + k(t) v(t)^T,  scale 1
+
+The GLA state is the natural state rotated back by the absolute phase, ``S_i(t) = R(-theta_i t) H_i(t)``:
+the frames coincide at t = 0 (``S(0) = H(0)``) and the final state is ``H(T) = R(theta T) S(T)``. Phases
+``theta t mod 2 pi`` are formed in float64 before cos/sin (t reaches 1e5+). The zero-lag correction (Eq. 24)
+is added outside the kernel.
+
+fla conventions used (read from fla-org/flash-linear-attention ``fla/ops/gla/chunk.py`` and ``naive.py`` at
+the post-0.5.2 main branch, 2026-08, which the installed fla-core 0.6.0 follows): inputs ``[B, T, H, D]``
+(time-major, no ``head_first``), ``g`` is the natural-log forget gate per key dimension (cumulated inside),
+``scale`` defaults to ``D ** -0.5`` (we pass 1.0), states are ``[B, H, Dk, Dv]`` and ``initial_state`` must
+be float32. The mapping itself (:func:`gla_inputs`, :func:`gla_outputs`) is pure torch and is tested on CPU
+in float64 against :func:`naive_spectral_scan` with a tokenwise GLA recurrence.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _absolute_phase(theta: torch.Tensor, T: int) -> torch.Tensor:
+    """``theta t mod 2 pi`` for ``t = 1..T`` in float64: ``[T, K, M]`` (differentiable in theta)."""
+    t = torch.arange(1, T + 1, dtype=torch.float64, device=theta.device)
+    return torch.remainder(theta.double()[None] * t[:, None, None], 2 * math.pi)
+
+
+def gla_inputs(
+    v: torch.Tensor,  # [B, T, K, P]
+    write: torch.Tensor,  # [B, T, K, M]
+    read: torch.Tensor,  # [B, T, K, M]
+    clock: torch.Tensor,  # [B, T, K, M]
+    rho: torch.Tensor,  # [K, M]
+    theta: torch.Tensor,  # [K, M]
+    kc: torch.Tensor,  # [K, M]
+    ks: torch.Tensor,  # [K, M]
+    initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """GLA operands ``q, k [B, T, K, 2M]``, ``v [B, T, K, P]``, ``g [B, T, K, 2M]``, ``h0 [B, K, 2M, P]``.
+
+    ``q, k, v`` are cast to ``dtype`` (default ``v.dtype``); ``g`` and ``h0`` stay in at least float32, as fla
+    wants them. Key dimension ``2i + j`` is coordinate ``j`` of mode ``i``.
+    """
+    B, T, K, P = v.shape
+    M = rho.shape[-1]
+    dtype = dtype or v.dtype
+    wide = torch.promote_types(v.dtype, torch.float32)  # gates and tables before the final cast
+    phase = _absolute_phase(theta, T)  # [T, K, M]
+    cph, sph = torch.cos(phase), torch.sin(phase)
+    kcd, ksd = kc.double(), ks.double()
+    qrot = torch.stack([cph * kcd - sph * ksd, -(sph * kcd + cph * ksd)], -1).to(wide)  # R(-theta t) kappa
+    krot = torch.stack([cph, -sph], -1).to(wide)  # R(-theta t) e1  [T, K, M, 2]
+    q = (read.to(wide)[..., None] * qrot).reshape(B, T, K, 2 * M).to(dtype)
+    k = (write.to(wide)[..., None] * krot).reshape(B, T, K, 2 * M).to(dtype)
+    g = (torch.log(rho.to(wide)) - clock.to(wide))[..., None].expand(B, T, K, M, 2).reshape(B, T, K, 2 * M)
+    h0 = None if initial_state is None else initial_state.to(wide).reshape(B, K, 2 * M, P)
+    return q, k, v.to(dtype), g, h0
+
+
+def gla_outputs(
+    o: torch.Tensor,  # [B, T, K, P] GLA output q^T S
+    final_state: torch.Tensor | None,  # [B, K, 2M, P] GLA state S(T)
+    v: torch.Tensor,  # [B, T, K, P]
+    write: torch.Tensor,  # [B, T, K, M]
+    read: torch.Tensor,  # [B, T, K, M]
+    theta: torch.Tensor,  # [K, M]
+    kc: torch.Tensor,  # [K, M]
+    a: torch.Tensor,  # [K, M]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``z = o - sum_i a_i r_i w_i kc_i v`` (Eq. 24) in ``v.dtype`` and ``H(T) = R(theta T) S(T)`` or None."""
+    B, T, K, P = v.shape
+    M = theta.shape[-1]
+    wide = torch.promote_types(v.dtype, torch.float32)
+    corr = (read.to(wide) * write.to(wide) * (a * kc).to(wide)).sum(-1, keepdim=True)  # [B, T, K, 1]
+    z = (o.to(wide) - corr * v.to(wide)).to(v.dtype)
+    if final_state is None:
+        return z, None
+    ang = torch.remainder(theta.double() * T, 2 * math.pi)
+    c, s = torch.cos(ang), torch.sin(ang)
+    rot = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # [K, M, 2, 2]
+    S = final_state.reshape(B, K, M, 2, P)
+    sdt = torch.promote_types(S.dtype, torch.float32)
+    return z, torch.matmul(rot.to(sdt), S.to(sdt))  # [B, K, M, 2, P] natural frame
+
+
+def fla_spectral_scan(
+    v: torch.Tensor,  # [B, T, K, P]
+    write: torch.Tensor,  # [B, T, K, M]
+    read: torch.Tensor,  # [B, T, K, M]
+    clock: torch.Tensor,  # [B, T, K, M]
+    rho: torch.Tensor,  # [K, M]
+    theta: torch.Tensor,  # [K, M]
+    kc: torch.Tensor,  # [K, M]
+    ks: torch.Tensor,  # [K, M]
+    a: torch.Tensor,  # [K, M]
+    initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P]
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The scan through ``fla.ops.gla.chunk_gla`` (CUDA, fp32/bf16/fp16); state returned in float32.
+
+    fla provides gradients for q, k, v, g and the initial state; the mapping is torch ops, so autograd
+    carries them on to every input including theta, rho (through log rho) and the initial state.
+    """
+    from fla.ops.gla import chunk_gla  # optional dependency, imported only on this path
+
+    if v.shape[1] == 0:
+        from .naive import naive_spectral_scan
+
+        args = (write, read, clock, rho, theta, kc, ks, a, initial_state, output_final_state)
+        return naive_spectral_scan(v, *args)
+    q, k, vv, g, h0 = gla_inputs(v, write, read, clock, rho, theta, kc, ks, initial_state)
+    g = g.float()
+    h0 = None if h0 is None else h0.float().contiguous()
+    o, ht = chunk_gla(q, k, vv, g, scale=1.0, initial_state=h0, output_final_state=output_final_state)
+    return gla_outputs(o, ht if output_final_state else None, v, write, read, theta, kc, a)

@@ -1,0 +1,234 @@
+"""Chunked parallel ESSH scan in vectorised PyTorch (ESSH paper Algorithm 2, Appendix O.1): the CPU path.
+
+The sequence is cut into chunks of ``C`` positions (default 64). Only the ``2 M P`` boundary state per channel
+(Eq. 28) is carried from chunk to chunk; everything inside a chunk is evaluated for all chunks at once.
+Inside a chunk the positions form diagonal blocks of ``c`` positions (``c = C``, or 16 when the decays are
+steep):
+
+* the causal interaction ``G[t, s]`` of Eq. 27 inside a diagonal block is either *factorised* through centred
+  endpoint factors ``exp(-(l(t) - l*)) exp(l(s) - l*)`` (Eq. 34) when the block's log-decay span fits the
+  dtype (the admission rule of Appendix O.2, decided per mode), or built *pairwise* from ``l(t) - l(s) >= 0``
+  for the modes that do not fit;
+* everything older than the block arrives through mode states in a rotated frame, read out by
+  ``q(t) = r(t) R(theta tau_t)^T kappa exp(-(l(t) - l_ref))``; the rotation-absorbing identity
+  ``R(theta (t - s)) = R(theta t) R(theta s)^T`` uses chunk-local phases ``tau <= C`` (small angles).
+
+Apart from the admitted centred factors, every ``exp`` is of a non-positive number (a decay between ordered
+positions), so clocks of 50 per position and ``rho`` down to 1e-6 only underflow to exact zeros.
+Cumulative log-decays are summed and phases formed in float64 before the cast to the compute dtype.
+Gradients come from autograd (the pairwise block has its own recomputing backward). See README.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+SUB_BLOCK = 16  # diagonal-block length when a whole chunk cannot be factorised
+
+
+def _geometry(T: int, chunk_size: int) -> tuple[int, int, int]:
+    """Effective chunk length, number of chunks and time padding for a length-T sequence."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+    C = min(chunk_size, -(-T // SUB_BLOCK) * SUB_BLOCK)  # short sequences do not pay for a full chunk
+    N = -(-T // C)
+    return C, N, N * C - T
+
+
+def _safe_exponent(dtype) -> float:
+    """``E_safe`` of Appendix O.2 (eps = 2e-3): the largest log-decay span a factorised block may have.
+
+    Centred factors then lie in ``exp(+-E_safe / 2)``, so every factor and every product of two (also the
+    masked entries ``s > t``) is finite.
+    """
+    fi, eps = torch.finfo(dtype), 2e-3
+    return min(math.log(fi.max * eps), -math.log(fi.tiny / eps))
+
+
+def _plan(L: torch.Tensor, diagonal: str, limit: float) -> tuple[int, torch.Tensor | None]:
+    """Diagonal-block length ``c`` and the ``[K, M]`` mask of factorised modes (None: all factorised).
+
+    ``L`` is the within-chunk cumulative log-decay ``[B, K, N, C, M]`` (float64).
+    """
+    if diagonal not in ("auto", "factorized", "pairwise"):
+        raise ValueError(f"diagonal must be 'auto', 'factorized' or 'pairwise', got {diagonal!r}")
+    C = L.shape[-2]
+    if diagonal != "pairwise" and float(L[..., -1, :].detach().max()) <= limit:
+        return C, None  # the usual training case: one factorised block per chunk
+    if diagonal == "factorized":
+        raise ValueError(f"diagonal='factorized' needs every chunk's log-decay span <= {limit:.1f} for this "
+                         "dtype; use diagonal='auto'")
+    sub = SUB_BLOCK if C % SUB_BLOCK == 0 else C
+    if diagonal == "pairwise":
+        return sub, torch.zeros(L.shape[1], L.shape[-1], dtype=torch.bool, device=L.device)
+    ends = L[..., sub - 1 :: sub, :].detach()  # [B, K, N, C/c, M]
+    span = ends - F.pad(ends[..., :-1, :], (0, 0, 1, 0))
+    return sub, span.amax(dim=(0, 2, 3)) <= limit  # [K, M]
+
+
+def _lag_table(theta, kc, ks, sub: int, dtype) -> torch.Tensor:
+    """``Psi[k, t, s, i] = kc cos(theta (t - s)) - ks sin(theta (t - s))`` for ``s <= t``, else 0 (Eq. 12)."""
+    lag = torch.arange(sub, dtype=torch.float64, device=theta.device)
+    ang = lag[None, :, None] * theta.double()[:, None, :]  # [K, c, M]
+    psi = kc.double()[:, None, :] * torch.cos(ang) - ks.double()[:, None, :] * torch.sin(ang)
+    diff = lag[:, None] - lag[None, :]  # [c, c] lag t - s
+    table = psi[:, diff.clamp(min=0).long(), :]  # [K, c, c, M]
+    return (table * (diff >= 0).to(table.dtype)[None, :, :, None]).to(dtype)
+
+
+def _decays(lq: torch.Tensor) -> torch.Tensor:
+    """``exp(-(l(t) - l(s)))`` for ``s <= t`` and 1 above the diagonal: ``[..., t, s, M]``."""
+    d = lq[..., :, None, :] - lq[..., None, :, :]
+    return torch.exp(d.clamp_(min=0).neg_())
+
+
+class _PairwiseDiagonal(torch.autograd.Function):
+    """``G[t, s] = sum_i r_i(t) w_i(s) exp(-(l_i(t) - l_i(s))) psi_i(t - s)`` per diagonal block (Eq. 27).
+
+    Only non-positive exponents, so always finite. The ``[.., c, c, M]`` kernel is recomputed in backward
+    rather than stored.
+    """
+
+    @staticmethod
+    def forward(ctx, lq, r, w, psi):  # lq, r, w: [B, K', N, nc, c, M]; psi: [K', c, c, M]
+        ctx.save_for_backward(lq, r, w, psi)
+        ker = _decays(lq).mul_(psi[:, None, None]).mul_(w[..., None, :, :])  # [B, K', N, nc, t, s, M]
+        return torch.matmul(ker, r[..., :, :, None]).squeeze(-1)  # [B, K', N, nc, t, s]
+
+    @staticmethod
+    def backward(ctx, dG):
+        lq, r, w, psi = ctx.saved_tensors
+        e = _decays(lq).mul_(dG[..., None])  # dG E  [B, K', N, nc, t, s, M]
+        x = e * psi[:, None, None]  # dG E psi
+        dr = (x * w[..., None, :, :]).sum(-2)  # [B, K', N, nc, t, M]
+        x.mul_(r[..., :, None, :])
+        dw = x.sum(-3)  # [B, K', N, nc, s, M]
+        x.mul_(w[..., None, :, :])
+        dlq = x.sum(-3) - x.sum(-2)
+        dpsi = None
+        if ctx.needs_input_grad[3]:
+            dpsi = e.mul_(r[..., :, None, :]).mul_(w[..., None, :, :]).sum((0, 2, 3))
+        return dlq, dr, dw, dpsi
+
+
+def _rotation(phase: torch.Tensor) -> torch.Tensor:
+    """``R(phase)`` for a float64 phase tensor: ``[..., 2, 2]``; the phase is reduced mod 2 pi first."""
+    phase = torch.remainder(phase, 2 * math.pi)
+    c, s = torch.cos(phase), torch.sin(phase)
+    return torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)
+
+
+def chunk_spectral_scan(
+    v: torch.Tensor,  # [B, T, K, P]
+    write: torch.Tensor,  # [B, T, K, M]
+    read: torch.Tensor,  # [B, T, K, M]
+    clock: torch.Tensor,  # [B, T, K, M]
+    rho: torch.Tensor,  # [K, M]
+    theta: torch.Tensor,  # [K, M]
+    kc: torch.Tensor,  # [K, M]
+    ks: torch.Tensor,  # [K, M]
+    a: torch.Tensor,  # [K, M]
+    initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    diagonal: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked scan (Algorithm 2); same contract as :func:`naive_spectral_scan`. Returns ``z [B, T, K, P]``.
+
+    ``diagonal`` ("auto" | "factorized" | "pairwise") chooses how diagonal blocks are evaluated; "auto"
+    factorises every mode whose decay span admits it. Inputs are assumed validated (see
+    :func:`elastic_ssm.ops.spectral_scan`); the compute dtype is ``v.dtype``.
+    """
+    B, T, K, P = v.shape
+    M = rho.shape[-1]
+    dt, dev = v.dtype, v.device
+    if T == 0:
+        h = initial_state if initial_state is not None else v.new_zeros(B, K, M, 2, P)
+        return v.new_zeros(B, 0, K, P), (h if output_final_state else None)
+    C, N, pad = _geometry(T, chunk_size)
+
+    def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, K, X] -> [B, K, N, C, X], zero padded in time
+        x = F.pad(x, (0, 0, 0, 0, 0, pad)) if pad else x
+        return x.permute(0, 2, 1, 3).reshape(B, K, N, C, x.shape[-1])
+
+    # Per-position log-decay gamma + Delta (Eq. 34), float64, zero on padding; cumulative within each chunk.
+    L = chunks(clock.double() - torch.log(rho.double())).cumsum(-2)  # [B, K, N, C, M] l(tau), tau = 1..C
+    limit = _safe_exponent(dt)
+    sub, keep = _plan(L, diagonal, limit)
+    nc = C // sub
+    vb = chunks(v).reshape(B, K, N, nc, sub, P)
+    wb = chunks(write.to(dt)).reshape(B, K, N, nc, sub, M)
+    rb = chunks(read.to(dt)).reshape(B, K, N, nc, sub, M)
+    L = L.reshape(B, K, N, nc, sub, M)
+    Lend = L[..., -1, :]  # [B, K, N, nc, M] log-decay from chunk start to each block end
+    Lref = F.pad(Lend[..., :-1, :], (0, 0, 1, 0))  # ... to each block start (the position before it)
+    lq = L - Lref[..., None, :]  # [B, K, N, nc, c, M] >= 0, log-decay since the block start
+    span = (Lend - Lref)[..., None, :]  # [B, K, N, nc, 1, M]
+
+    # Rotated chunk-local frame: phase theta * tau, tau = 1..C after the state entering the chunk.
+    tau = torch.arange(1, C + 1, dtype=torch.float64, device=dev)
+    phi = theta.double()[:, None, :] * tau[None, :, None]  # [K, C, M]
+    cph, sph = torch.cos(phi), torch.sin(phi)
+    kcd, ksd = kc.double()[:, None, :], ks.double()[:, None, :]
+    qrot = torch.stack([cph * kcd - sph * ksd, -(sph * kcd + cph * ksd)], -1)  # R(phi)^T kappa  [K, C, M, 2]
+    qrot = qrot.to(dt).reshape(K, 1, nc, sub, M, 2)
+    krot = torch.stack([cph, -sph], -1).to(dt).reshape(K, 1, nc, sub, M, 2)  # R(phi)^T e1
+
+    def keys(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:  # [.., c, M] -> [.., c, 2M]
+        return (x[..., None] * rot).flatten(-2)
+
+    # Diagonal blocks (Eq. 27), core only: factorised modes through centred factors, the rest pairwise.
+    G = None
+    if keep is None or bool(keep.any()):
+        cen = (lq - 0.5 * span).clamp(-0.5 * limit, 0.5 * limit).to(dt)  # |cen| <= span / 2 when admitted
+        qf = rb * torch.exp(-cen)
+        if keep is not None:
+            qf = qf * keep.to(dt)[:, None, None, None, :]
+        kf = keys(wb * torch.exp(cen), krot)
+        G = torch.tril(torch.matmul(keys(qf, qrot), kf.mT))  # [B, K, N, nc, t, s]
+    if keep is not None and not bool(keep.all()):
+        kidx = (~keep).any(-1).nonzero().squeeze(-1)  # channels with at least one pairwise mode
+        psi = _lag_table(theta[kidx], kc[kidx], ks[kidx], sub, dt) * (~keep[kidx]).to(dt)[:, None, None, :]
+        Gp = _PairwiseDiagonal.apply(lq[:, kidx].to(dt), rb[:, kidx], wb[:, kidx], psi)
+        G = Gp if G is None else G.index_add(1, kidx, Gp)
+    corr = (rb * wb * (a * kc).to(dt)[:, None, None, None, :]).sum(-1, keepdim=True)  # Eq. 24
+    z = torch.matmul(G, vb) - corr * vb  # [B, K, N, nc, c, P]
+
+    q = keys(rb * torch.exp(-lq).to(dt), qrot)  # [B, K, N, nc, c, 2M] reads states entering the block
+    k = keys(wb * torch.exp(lq - span).to(dt), krot)  # writes decayed to the block end
+    S = torch.matmul(k.mT, vb)  # [B, K, N, nc, 2M, P] each block's own writes, at its end
+
+    # Block scan inside every chunk (all chunks at once): the chunk's own writes entering each block.
+    dsub = torch.exp(-span[..., 0, :]).to(dt).repeat_interleave(2, -1)[..., None]  # [B, K, N, nc, 2M, 1]
+    hloc = [None]
+    for Si, di in zip(S.unbind(3), dsub.unbind(3)):
+        hloc.append(Si if hloc[-1] is None else torch.addcmul(Si, di, hloc[-1]))
+
+    # Boundary recurrence over chunks (Algorithm 2, lines 20-22) in the global rotated frame
+    # S(t) = R(-theta t) H(t), where a chunk step is a pure decay; phases theta * t mod 2 pi in float64.
+    starts = torch.arange(N, dtype=torch.float64, device=dev) * C  # b_j - 1
+    to_global = _rotation(-theta.double()[:, None, :] * starts[:, None]).to(dt)  # [K, N, M, 2, 2]
+    U = torch.matmul(to_global, hloc[nc].reshape(B, K, N, M, 2, P)).reshape(B, K, N, 2 * M, P)
+    dchunk = torch.exp(-Lend[..., -1, :]).to(dt).repeat_interleave(2, -1)[..., None]  # [B, K, N, 2M, 1]
+    h = initial_state.to(dt).reshape(B, K, 2 * M, P) if initial_state is not None else None
+    enters = []
+    for Uj, dj in zip(U.unbind(2), dchunk.unbind(2)):
+        enters.append(h if h is not None else torch.zeros_like(Uj))
+        h = Uj if h is None else torch.addcmul(Uj, dj, h)
+    Henter = torch.stack(enters, dim=2).reshape(B, K, N, M, 2, P)  # global frame at each b_j - 1
+    Henter = torch.matmul(to_global.mT, Henter).reshape(B, K, N, 1, 2 * M, P)  # natural frame at b_j - 1
+
+    # Every block reads the entering chunk state decayed to its start plus the chunk's older writes.
+    Hsub = torch.exp(-Lref).to(dt).repeat_interleave(2, -1)[..., None] * Henter  # [B, K, N, nc, 2M, P]
+    if nc > 1:
+        Hsub = Hsub + F.pad(torch.stack(hloc[1:nc], dim=3), (0, 0, 0, 0, 1, 0))
+    z = z + torch.matmul(q, Hsub)  # [B, K, N, nc, c, P]
+    z = z.reshape(B, K, N * C, P)[:, :, :T].permute(0, 2, 1, 3)  # [B, T, K, P]
+    state = None
+    if output_final_state:  # H(T) = R(theta T) S(T); padding neither decays nor writes
+        to_natural = _rotation(theta.double() * T).to(dt)  # [K, M, 2, 2]
+        state = torch.matmul(to_natural, h.reshape(B, K, M, 2, P))
+    return z, state

@@ -1,0 +1,71 @@
+"""Single-token decode step of the ESSH scan (Algorithm 4, lines 10-14 of the ESSH paper; Appendix O.3).
+
+One token for every channel and mode at once, in plain torch (any device). The state is updated in place
+so a decode cache can hold it across steps without reallocating. Same math as the scan (Eq. 5 and 24)::
+
+    H_i <- rho_i exp(-Delta_i) R(theta_i) H_i + eta^w_i e1 v^T
+    z    = sum_i eta^r_i (H_i^T kappa_i - a_i eta^w_i kc_i v)
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_step(v_t, write_t, read_t, clock_t, params, state) -> None:
+    """Shape/device checks of :func:`spectral_scan_step`; raises ValueError naming the argument."""
+    if v_t.dim() != 3:
+        raise ValueError(f"spectral_scan_step: v_t must be [B, K, P], got shape {tuple(v_t.shape)}")
+    B, K, P = v_t.shape
+    if write_t.dim() != 3 or tuple(write_t.shape[:2]) != (B, K):
+        raise ValueError(f"spectral_scan_step: write_t must be [B, K, M] = [{B}, {K}, M], "
+                         f"got {tuple(write_t.shape)}")
+    M = write_t.shape[-1]
+    for name, x in (("read_t", read_t), ("clock_t", clock_t)):
+        if tuple(x.shape) != (B, K, M):
+            raise ValueError(f"spectral_scan_step: {name} must be [B, K, M] = [{B}, {K}, {M}], "
+                             f"got {tuple(x.shape)}")
+    for name, x in params.items():
+        if tuple(x.shape) != (K, M):
+            raise ValueError(f"spectral_scan_step: {name} must be [K, M] = [{K}, {M}], got {tuple(x.shape)}")
+    if not isinstance(state, torch.Tensor) or tuple(state.shape) != (B, K, M, 2, P):
+        got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
+        raise ValueError(f"spectral_scan_step: state must be [B, K, M, 2, P] = [{B}, {K}, {M}, 2, {P}], "
+                         f"got {got}")
+    tensors = {"v_t": v_t, "write_t": write_t, "read_t": read_t, "clock_t": clock_t, **params, "state": state}
+    devices = {n: x.device for n, x in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"spectral_scan_step: all tensors must be on one device, got {devices}")
+
+
+def spectral_scan_step(
+    v_t: torch.Tensor,  # [B, K, P] channel values of the new token
+    write_t: torch.Tensor,  # [B, K, M] write gates
+    read_t: torch.Tensor,  # [B, K, M] read gates
+    clock_t: torch.Tensor,  # [B, K, M] clock increments
+    rho: torch.Tensor,  # [K, M]
+    theta: torch.Tensor,  # [K, M]
+    kc: torch.Tensor,  # [K, M]
+    ks: torch.Tensor,  # [K, M]
+    a: torch.Tensor,  # [K, M]
+    state: torch.Tensor,  # [B, K, M, 2, P] natural frame H(t-1); overwritten with H(t)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advance the recurrence of Eq. 5 by one token; returns ``(z_t [B, K, P], state)``.
+
+    Computes in ``state.dtype`` (keep decode states in float32 for bf16 models); ``z_t`` has ``v_t.dtype``.
+    """
+    params = {"rho": rho, "theta": theta, "kc": kc, "ks": ks, "a": a}
+    _check_step(v_t, write_t, read_t, clock_t, params, state)
+    dt = state.dtype
+    vt, w, r = v_t.to(dt), write_t.to(dt), read_t.to(dt)
+    decay = rho.to(dt) * torch.exp(-clock_t.to(dt))  # [B, K, M]
+    cos, sin = torch.cos(theta).to(dt), torch.sin(theta).to(dt)
+    rot = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)  # [K, M, 2, 2]
+    new = torch.matmul(decay[..., None, None] * rot, state)  # [B, K, M, 2, P]
+    inject = w[..., None] * vt[:, :, None, :]  # [B, K, M, P] eta^w e1 v^T
+    new = torch.cat([new[..., :1, :] + inject[..., None, :], new[..., 1:, :]], dim=-2)
+    kappa = torch.stack([kc, -ks], -1).to(dt)  # [K, M, 2]
+    z = torch.einsum("bkmx,bkmxp->bkp", r[..., None] * kappa, new)  # sum_i r_i H_i^T kappa_i
+    z = z - (r * w * (a * kc).to(dt)).sum(-1, keepdim=True) * vt  # Eq. 24
+    state.copy_(new)
+    return z.to(v_t.dtype), state
