@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -129,7 +130,9 @@ def wrap_ddp(module: nn.Module, ctx: DistContext) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DDP(module, device_ids=ids, broadcast_buffers=False)
+    params = inspect.signature(DDP.__init__).parameters
+    key = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
+    return DDP(module, device_ids=ids, **{key: False})
 
 
 def no_sync(module: nn.Module, skip_sync: bool):
