@@ -9,8 +9,13 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm.ops import chunk_spectral_scan, naive_spectral_scan, resolve_backend, spectral_scan
-from elastic_ssm.ops import spectral_scan_step
+from elastic_ssm.ops import (
+    chunk_spectral_scan,
+    naive_spectral_scan,
+    resolve_backend,
+    spectral_scan,
+    spectral_scan_step,
+)
 from elastic_ssm.ops.spectral_scan.chunk_fla import gla_inputs, gla_outputs
 
 F64 = torch.float64
@@ -31,9 +36,10 @@ def make_inputs(B=2, T=70, K=3, M=4, P=5, clock=0.1, strong=None, rho_min=0.5, t
     if tiny_rho:
         rho[0, 0] = 1e-6
     theta = math.pi * (2 * rnd(K, M) - 1)
-    kc, ks, a = torch.randn(K, M, generator=g, dtype=F64), torch.randn(K, M, generator=g, dtype=F64), rnd(K, M)
+    kc, ks = torch.randn(K, M, generator=g, dtype=F64), torch.randn(K, M, generator=g, dtype=F64)
     h0 = torch.randn(B, K, M, 2, P, generator=g, dtype=F64)
-    return dict(v=v, write=write, read=read, clock=clk, rho=rho, theta=theta, kc=kc, ks=ks, a=a, initial_state=h0)
+    return dict(v=v, write=write, read=read, clock=clk, rho=rho, theta=theta, kc=kc, ks=ks, a=rnd(K, M),
+                initial_state=h0)
 
 
 def interaction_form(x):
@@ -144,7 +150,8 @@ def test_gradients_match_spec(clock, strong):
 
 @pytest.mark.parametrize("diagonal,clock", [("factorized", 0.3), ("pairwise", 0.3), ("auto", 30.0)])
 def test_gradcheck(diagonal, clock):
-    x = make_inputs(B=1, T=20, K=2, M=2, P=2, clock=clock, strong=(0, 1, 40.0) if diagonal == "auto" else None)
+    strong = (0, 1, 40.0) if diagonal == "auto" else None
+    x = make_inputs(B=1, T=20, K=2, M=2, P=2, clock=clock, strong=strong)
     leaves = [x[n].clone().requires_grad_() for n in NAMES]
 
     def f(*args):
@@ -172,7 +179,8 @@ def test_channel_prefix_consistency():
     x = make_inputs(K=5, T=90, clock=0.2)
     z, h = run(spectral_scan, x, backend="torch")
     Kp = 3
-    xp = {n: (t[:Kp] if n in NAMES[4:9] else t[:, :, :Kp] if t.dim() == 4 else t[:, :Kp]) for n, t in x.items()}
+    cut = lambda n, t: t[:Kp] if n in NAMES[4:9] else t[:, :, :Kp] if t.dim() == 4 else t[:, :Kp]  # noqa: E731
+    xp = {n: cut(n, t) for n, t in x.items()}
     zp, hp = run(spectral_scan, xp, backend="torch")
     torch.testing.assert_close(zp, z[:, :, :Kp], atol=1e-13, rtol=0)
     torch.testing.assert_close(hp, h[:, :Kp], atol=1e-13, rtol=0)
