@@ -1,1 +1,154 @@
-"""elastic_ssm.bench"""
+"""``elastic-ssm bench``: decode latency, prefill throughput, persistent memory and training throughput of
+ESSH tiers against parameter-matched peers, on random weights at the preset shapes (ESSH paper P, R).
+
+``run_bench(BenchConfig(...))`` runs the selected benchmarks in the order memory, decode, prefill, train,
+prints every row as it completes, and returns (and writes as JSON) ``{"env", "config", "memory",
+"decode", "prefill", "train", "ratios"}``; with ``docs`` set it appends the tables to
+``docs/benchmarks.md``. A failing or out-of-memory benchmark is recorded in its row (``error``) and the
+run goes on. ``main(argv)`` is the command-line entry (flags derived from ``BenchConfig``).
+Protocols: ``decode.py``, ``prefill.py``, ``train.py``, ``memory.py``; peers and matching: ``peers.py``.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..config import ConfigBase, ConfigError, ESSHConfig, opt
+
+__all__ = ["BenchConfig", "run_bench", "main"]
+
+_BENCHES = ("memory", "decode", "prefill", "train")
+_PEERS = ("transformer", "gated_deltanet", "mamba2")
+
+
+@dataclass(kw_only=True)
+class BenchConfig(ConfigBase):
+    """What ``elastic-ssm bench`` measures and how (defaults: the paper's H200 protocol, Appendix R)."""
+
+    preset: str = opt("370m", "ESSH preset whose shapes are benchmarked with random weights")
+    benchmarks: tuple[str, ...] = opt(_BENCHES, "benchmarks to run: memory, decode, prefill, train")
+    tiers: tuple[str, ...] = opt(("T1", "T4", "T7", "T10"), "ESSH tiers to decode ('all': every tier)")
+    peers: tuple[str, ...] = opt(_PEERS, "peers: transformer (ours), gated_deltanet / mamba2 (fla + FFN)")
+    batches: tuple[int, ...] = opt((1, 16, 128, 512), "decode batch sizes (CUDA-graph mode)")
+    eager_batches: tuple[int, ...] = opt((1,), "batch sizes also timed in eager mode")
+    graph: bool = opt(True, "time decode with whole-step CUDA graphs (CUDA only)")
+    context: int = opt(2048, "tokens already in the decode cache")
+    warmup: int = opt(50, "untimed decode steps per session")
+    iters: int = opt(200, "timed decode steps per session")
+    sessions: int = opt(1, "decode timing sessions per entry (paper: 3)")
+    prefill_lengths: tuple[int, ...] = opt((2048, 8192, 32768, 131072), "batch-1 prefill prompt lengths")
+    prefill_tiers: tuple[str, ...] = opt(("T10",), "ESSH tiers to prefill")
+    prefill_warmup: int = opt(3, "untimed prefill calls")
+    prefill_iters: int = opt(5, "timed prefill calls")
+    train_batch: int = opt(8, "training micro-batch (Table 50: 8 at 370M, 4 at 1.5B)")
+    train_seq_len: int = opt(2048, "training context")
+    train_warmup: int = opt(3, "untimed optimizer steps")
+    train_steps: int = opt(10, "timed optimizer steps")
+    train_peers: bool = opt(True, "also time the training step of the peers")
+    dtype: str = opt("auto", "weights / KV dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float32")
+    device: str = opt("auto", "auto (cuda if available), cuda, cpu")
+    decode_backend: str = opt("auto", "fused decode kernels: auto, triton, torch")
+    peak_tflops: float = opt(989.0, "dense bf16 peak for MFU (H200 SXM datasheet: 989 TFLOP/s)")
+    time_budget_s: float = opt(0.0, "skip the remaining entries after this many seconds (0: no limit)")
+    out: str = opt("bench_results.json", "JSON output path ('' to skip)")
+    docs: str = opt("", "markdown file to append the tables to, e.g. docs/benchmarks.md ('' to skip)")
+    seed: int = opt(0, "random seed of weights and tokens")
+
+    def validate(self) -> None:
+        bad = set(self.benchmarks) - set(_BENCHES)
+        if bad:
+            raise ConfigError(f"BenchConfig.benchmarks: unknown {sorted(bad)}; choose from {_BENCHES}")
+        bad = set(self.peers) - set(_PEERS)
+        if bad:
+            raise ConfigError(f"BenchConfig.peers: unknown {sorted(bad)}; choose from {_PEERS}")
+        if self.dtype not in ("auto", "bfloat16", "float32"):
+            raise ConfigError(f"BenchConfig.dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
+        if min(self.batches + self.eager_batches, default=1) < 1 or self.iters < 1 or self.prefill_iters < 1:
+            raise ConfigError("BenchConfig: batches and iteration counts must be >= 1")
+
+
+class _Runner:
+    def __init__(self, cfg: BenchConfig, log: Callable[[str], None]) -> None:
+        self.cfg, self.log, self.t0 = cfg, log, time.monotonic()
+        want = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dev = torch.device(want)
+        self.dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(
+            cfg.dtype, torch.bfloat16 if self.dev.type == "cuda" else torch.float32)
+        self.mcfg = ESSHConfig.preset(cfg.preset)
+        from ..elastic.tiers import tier_table
+
+        self.table = {t.name: t for t in tier_table(self.mcfg)}
+        self.full = list(self.table)[-1]
+        names = list(self.table) if "all" in cfg.tiers else list(cfg.tiers)
+        unknown = [n for n in names + list(cfg.prefill_tiers) if n not in self.table]
+        if unknown:
+            raise ConfigError(f"BenchConfig.tiers: unknown {unknown}; {cfg.preset} has {list(self.table)}")
+        self.tiers = names
+
+    def run(self, section: list, base: dict, fn: Callable[[], dict]) -> None:
+        """Append ``base | fn()`` to ``section``; errors and the time budget become the row's ``error``."""
+        b = self.cfg.time_budget_s
+        if b and time.monotonic() - self.t0 > b:
+            row = {**base, "error": "skipped: time budget"}
+        else:
+            try:
+                row = {**base, **fn()}
+            except Exception as e:  # one failing entry must not abort the run
+                from .peers import PeerUnavailable
+
+                if not isinstance(e, PeerUnavailable):
+                    traceback.print_exc()
+                msg = str(e).splitlines()[0][:200] if str(e) else ""
+                row = {**base, "error": f"{type(e).__name__}: {msg}"}
+            finally:
+                if self.dev.type == "cuda":
+                    torch.cuda.empty_cache()
+        section.append(row)
+        shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items() if k != "bench"}
+        self.log(f"[{time.monotonic() - self.t0:6.1f}s] {row.get('bench', '')} {shown}")
+
+
+def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> dict:
+    """Run the benchmarks of ``cfg``; returns the results dict (see module docstring)."""
+    from . import report
+    from .decode import decode_suite
+    from .memory import memory_suite
+    from .prefill import prefill_suite
+    from .train import train_suite
+
+    log = log or (lambda s: print(s, flush=True))
+    torch.manual_seed(cfg.seed)
+    r = _Runner(cfg, log)
+    results: dict = {"env": report.environment(r.dev), "config": cfg.to_dict(),
+                     "memory": [], "decode": [], "prefill": [], "train": []}
+    log(f"elastic-ssm bench on {results['env']['device']} ({r.dev}, {r.dtype}); preset {cfg.preset}")
+    suites = {"memory": memory_suite, "decode": decode_suite, "prefill": prefill_suite, "train": train_suite}
+    for name in _BENCHES:
+        if name in cfg.benchmarks:
+            suites[name](r, results[name])
+    results["ratios"] = report.ratios(results)
+    log("\n" + report.tables(results))
+    if cfg.out:
+        report.write_json(cfg.out, results)
+        log(f"wrote {cfg.out}")
+    if cfg.docs:
+        report.append_markdown(cfg.docs, results)
+        log(f"appended to {cfg.docs}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``elastic-ssm bench --bench.preset 1.5b --bench.batches 1 16 ...`` (flags from ``BenchConfig``)."""
+    import argparse
+
+    from ..cli_args import add_dataclass_flags, collect_overrides
+
+    parser = argparse.ArgumentParser(prog="elastic-ssm bench", description=__doc__.splitlines()[0])
+    add_dataclass_flags(parser, BenchConfig, "bench")
+    ns = parser.parse_args(argv)
+    return run_bench(BenchConfig(**collect_overrides(ns, "bench")))

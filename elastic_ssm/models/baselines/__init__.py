@@ -1,1 +1,5 @@
-"""elastic_ssm.models.baselines"""
+"""Baseline models for the systems comparison (ESSH paper E.6, Table 54): Transformer++."""
+
+from .transformer import KVCache, TransformerConfig, TransformerPP
+
+__all__ = ["KVCache", "TransformerConfig", "TransformerPP"]

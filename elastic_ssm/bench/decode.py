@@ -1,0 +1,235 @@
+"""Decode-latency benchmark: one synchronous step of the whole batch, after a context already in the cache.
+
+Protocol (ESSH paper E.5 / Appendix R): state and cache sized for ``context`` tokens (2K), weights and
+KV bf16, recurrent state fp32; ``warmup`` untimed steps, then ``iters`` steps each timed by a pair of
+CUDA events (``time.perf_counter`` on CPU); the reported value is the median in ms per step. ``graph``
+replays one CUDA graph of the whole step; ``eager`` runs the same step function op by op.
+
+The context is placed in the caches directly (shape benchmark with random weights, as the paper):
+recurrent states and ring slots hold random values, ``slot_pos`` holds the positions of the last
+``window`` context tokens and every row's next position is ``context``. Step cost does not depend on
+the cached values, only on their sizes; prefilling 2K tokens for batch 512 would dominate the run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from ..models.fast_decode import FastDecoder
+
+__all__ = ["time_fn", "summarize", "GraphedStep", "EsshDecoder", "TransformerDecoder", "bench_decode"]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_fn(fn: Callable[[], object], warmup: int, iters: int, device: torch.device) -> list[float]:
+    """Run ``fn`` ``warmup`` times untimed, then ``iters`` times; per-call times in ms."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    if device.type == "cuda":
+        new = lambda: torch.cuda.Event(enable_timing=True)
+        ev = [(new(), new()) for _ in range(iters)]
+        for s, e in ev:
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize(device)
+        return [s.elapsed_time(e) for s, e in ev]
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def summarize(times_ms: list[float]) -> dict[str, float]:
+    """Median, min and spread (p90 - p10) of a list of times in ms."""
+    q = statistics.quantiles(times_ms, n=10) if len(times_ms) >= 2 else [times_ms[0]] * 9
+    return {"ms": statistics.median(times_ms), "ms_min": min(times_ms), "ms_spread": q[-1] - q[0],
+            "n": len(times_ms)}
+
+
+class GraphedStep:
+    """CUDA graph of ``step(tokens [B]) -> logits`` for any step function with static buffers."""
+
+    def __init__(self, step: Callable[[torch.Tensor], torch.Tensor], batch: int, device: torch.device,
+                 warmup: int = 2) -> None:
+        self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                step(self.tokens)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = step(self.tokens)
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.tokens.copy_(tokens, non_blocking=True)
+        self.graph.replay()
+        return self.out
+
+
+@torch.no_grad()
+def _fill_random(t: torch.Tensor, std: float = 0.1) -> None:
+    if t.is_floating_point():
+        t.normal_(std=std)
+
+
+class EsshDecoder:
+    """ESSH at a tier: ``FastDecoder`` (``fused=True``) or the reference ``model.step`` (unfused control)."""
+
+    def __init__(self, model, tier, batch: int, context: int, graph: bool, fused: bool = True,
+                 backend: str = "auto") -> None:
+        cache = model.allocate_cache(batch, tier, state_dtype=torch.float32,
+                                     kv_dtype=model.embed.weight.dtype)
+        W = model.config.window
+        for t in (*cache.states.values(), *cache.keys.values(), *cache.values.values()):
+            _fill_random(t)
+        last = torch.arange(max(0, context - W), context, device=cache.slot_pos.device)
+        cache.slot_pos[:, last % W] = last
+        cache.positions.fill_(context)
+        self.model, self.cache, self.fused = model, cache, fused
+        self.fd = FastDecoder(model, tier, batch, cache=cache, backend=backend) if fused else None
+        if graph:
+            if not fused:
+                raise ValueError("the reference ESSH.step synchronises with the host; it runs eager only")
+            self.fd.capture(preserve_cache=False)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.fd.step(tokens) if self.fused else self.model.step(tokens, self.cache)
+
+    def reset(self) -> None:
+        """Nothing to reset: the ring buffer and the recurrent state never run out of room."""
+
+    def state_bytes(self) -> dict[str, int]:
+        return self.cache.nbytes()
+
+
+class TransformerDecoder:
+    """Transformer++ with a static KV cache of ``context + margin`` slots, the first ``context`` filled."""
+
+    def __init__(self, model, batch: int, context: int, graph: bool, margin: int = 320) -> None:
+        self.model, self.context = model, context
+        self.cache = model.allocate_cache(batch, context + margin)
+        _fill_random(self.cache.keys[:, :, :, :context])
+        _fill_random(self.cache.values[:, :, :, :context])
+        self.cache.positions.fill_(context)
+        dev = model.embed.weight.device
+        self._graph = GraphedStep(lambda t: model.step(t, self.cache), batch, dev) if graph else None
+        self.reset()
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._graph(tokens) if self._graph is not None else self.model.step(tokens, self.cache)
+
+    def reset(self) -> None:
+        """Back to ``context`` cached tokens (each session stays within the static cache)."""
+        self.cache.positions.fill_(self.context)
+
+    def state_bytes(self) -> dict[str, int]:
+        c = self.model.config
+        kv = c.kv_bytes(self.context, self.cache.keys.shape[1], self.cache.keys.element_size())
+        return {"recurrent": 0, "kv": kv, "total": kv}
+
+
+def bench_decode(make: Callable[[int, bool], object], batch: int, graph: bool, warmup: int, iters: int,
+                 vocab: int, device: torch.device, sessions: int = 1) -> dict:
+    """Median ms per decode step of ``make(batch, graph)``; OOM is reported, not raised.
+
+    Returns ``{"batch", "mode", "ms", "ms_min", "ms_spread", "n", "tok_s", "state_bytes_per_seq"}`` or
+    ``{"batch", "mode", "error": "OOM" | message}``.
+    """
+    row: dict = {"batch": batch, "mode": "graph" if graph else "eager"}
+    dec = None
+    try:
+        dec = make(batch, graph)
+        tokens = torch.randint(0, vocab, (batch,), device=device)
+        times: list[float] = []
+        for _ in range(sessions):
+            dec.reset()
+            times += time_fn(lambda: dec.step(tokens), warmup, iters, device)
+        row.update(summarize(times))
+        row["tok_s"] = batch / row["ms"] * 1e3
+        row["state_bytes_per_seq"] = dec.state_bytes()["total"] // batch
+    except torch.OutOfMemoryError:
+        row["error"] = "OOM"
+    finally:
+        dec = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def _modes(cfg, dev: torch.device, batch: int) -> list[bool]:
+    """Graph mode for every batch on CUDA, eager for ``eager_batches`` (every batch without CUDA)."""
+    graph = cfg.graph and dev.type == "cuda"
+    return ([True] if graph else []) + ([False] if (batch in cfg.eager_batches or not graph) else [])
+
+
+def _peer_model(r, peer: str):
+    """(model, make_decoder(batch, graph), params info) of a peer, or raise with the reason it is absent."""
+    from .peers import FlaDecoder, build_fla, build_transformer, fla_matched, require_fla, transformer_matched
+
+    cfg = r.cfg
+    if peer == "transformer":
+        tcfg, info = transformer_matched(r.mcfg)
+        pm = build_transformer(tcfg, r.dev, r.dtype)
+        margin = cfg.warmup + cfg.iters + 8
+        return pm, (lambda b, g: TransformerDecoder(pm, b, cfg.context, g, margin=margin)), info
+    require_fla(peer)
+    info = fla_matched(peer, r.mcfg)
+    pm = build_fla(peer, r.mcfg, info["d_ff"], r.dev, r.dtype)
+    return pm, (lambda b, g: FlaDecoder(pm, b, g)), info
+
+
+def decode_suite(r, out: list) -> None:
+    """ESSH tiers x batches x modes, the unfused reference at batch 1, then every peer (full size)."""
+    from .peers import build_essh
+
+    cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
+    model = build_essh(r.mcfg, dev, r.dtype)
+    for name in r.tiers:
+        t = r.table[name]
+        for B in cfg.batches:
+            for g in _modes(cfg, dev, B):
+                base = {"bench": "decode", "model": "essh", "preset": cfg.preset, "tier": name,
+                        "params": t.params, "full": name == r.full, "batch": B,
+                        "mode": "graph" if g else "eager"}
+                make = lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg,
+                                                            backend=cfg.decode_backend)
+                fn = lambda make=make, B=B, g=g: bench_decode(make, B, g, cfg.warmup, cfg.iters, V, dev,
+                                                              cfg.sessions)
+                r.run(out, base, fn)
+    base = {"bench": "decode", "model": "essh-unfused", "preset": cfg.preset, "tier": r.full,
+            "params": r.table[r.full].params, "batch": 1, "mode": "eager"}
+    make = lambda b, gg: EsshDecoder(model, r.full, b, cfg.context, False, fused=False)
+    r.run(out, base, lambda: bench_decode(make, 1, False, min(cfg.warmup, 10), min(cfg.iters, 50), V, dev))
+    model = None
+    for peer in cfg.peers:
+        base = {"bench": "decode", "model": peer, "preset": cfg.preset, "tier": "-"}
+        holder: dict = {}
+
+        def build(peer=peer, holder=holder) -> dict:
+            holder["m"], holder["make"], info = _peer_model(r, peer)
+            holder["params"] = info["params"]
+            return {"params": info["params"], "param_gap": info["gap"], "d_ff": info["d_ff"]}
+
+        r.run(out, {**base, "batch": 0, "mode": "build"}, build)
+        if "make" not in holder:
+            continue
+        for B in cfg.batches:
+            for g in _modes(cfg, dev, B):
+                row = {**base, "params": holder["params"], "batch": B, "mode": "graph" if g else "eager"}
+                r.run(out, row, lambda B=B, g=g, holder=holder: bench_decode(holder["make"], B, g, cfg.warmup,
+                                                                             cfg.iters, V, dev, cfg.sessions))
+        holder.clear()

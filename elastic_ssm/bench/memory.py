@@ -1,0 +1,82 @@
+"""Persistent decoding memory per sequence: measured cache tensors against the config's formula.
+
+ESSH (C.5, Table 53): ``recurrent = 2 (N - |A|) K_T m P`` fp32 entries and ``kv = |A| 2 w d`` bf16
+entries (``elastic.tiers.state_bytes``). The measured value is the byte size of the tensors an
+``ESSHCache`` of the tier actually allocates (states and K/V rings; the int64 slot-position and
+next-position bookkeeping, ``8 (w + 1)`` bytes per sequence, is reported separately). Both must agree
+exactly. Transformer++ keeps ``2 N context d`` KV entries; fla peers report the tensors of their cache.
+Allocation goes to the ``meta`` device by default, so even 1.5B-scale caches cost nothing to count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ESSHConfig
+from ..elastic.tiers import state_bytes, tier_table
+from ..models.baselines import TransformerConfig
+
+__all__ = ["essh_memory_rows", "transformer_memory_row", "format_mb"]
+
+
+class _CacheShape:
+    """The two attributes ``ESSHCache.allocate`` reads from a model (no weights are built)."""
+
+    def __init__(self, cfg: ESSHConfig, device: torch.device) -> None:
+        from ..elastic.tiers import resolve_tier
+
+        self.config, self._device = cfg, device
+        self.resolve_tier = lambda tier=None: resolve_tier(cfg, tier)
+
+    def parameters(self):
+        yield torch.empty(0, device=self._device)
+
+
+def essh_memory_rows(cfg: ESSHConfig, tiers=None, batch: int = 1, device: str | torch.device = "meta",
+                     state_dtype: torch.dtype = torch.float32,
+                     kv_dtype: torch.dtype = torch.bfloat16) -> list[dict]:
+    """One row per tier: measured and formula bytes per sequence at ``batch`` (``match`` must be True)."""
+    from ..models.cache import ESSHCache
+
+    device = torch.device(device)
+    names = [t.name for t in tier_table(cfg)] if tiers is None else list(tiers)
+    rows = []
+    for name in names:
+        cache = ESSHCache.allocate(_CacheShape(cfg, device), batch, name, device=device,
+                                   state_dtype=state_dtype, kv_dtype=kv_dtype)
+        measured = cache.nbytes()
+        formula = state_bytes(cfg, name, batch=batch, state_dtype_bytes=state_dtype.itemsize,
+                              kv_dtype_bytes=kv_dtype.itemsize)
+        book = cache.slot_pos.numel() * cache.slot_pos.element_size() + cache.positions.numel() * 8
+        rows.append({
+            "bench": "memory", "model": "essh", "tier": name, "batch": batch,
+            "recurrent": measured["recurrent"] // batch, "kv": measured["kv"] // batch,
+            "total": measured["total"] // batch, "formula_total": formula["total"] // batch,
+            "bookkeeping": book // batch, "match": measured == formula,
+        })
+    return rows
+
+
+def transformer_memory_row(tcfg: TransformerConfig, context: int, name: str = "transformer++",
+                           kv_dtype_bytes: int = 2) -> dict:
+    kv = tcfg.kv_bytes(context, 1, kv_dtype_bytes)
+    return {"bench": "memory", "model": name, "tier": "-", "batch": 1, "recurrent": 0, "kv": kv, "total": kv,
+            "formula_total": kv, "bookkeeping": 8, "match": True}
+
+
+def format_mb(n: int) -> str:
+    """Decimal megabytes, as the paper's tables."""
+    return f"{n / 1e6:.2f}"
+
+
+def memory_suite(r, out: list) -> None:
+    """Every ESSH tier (measured == formula) and the Transformer++ KV cache at ``context``."""
+    from .peers import transformer_matched
+
+    for name in r.table:
+        base = {"bench": "memory", "model": "essh", "preset": r.cfg.preset, "tier": name}
+        r.run(out, base, lambda name=name: essh_memory_rows(r.mcfg, [name])[0])
+    if "transformer" in r.cfg.peers:
+        base = {"bench": "memory", "model": "transformer", "preset": r.cfg.preset}
+        tcfg = transformer_matched(r.mcfg)[0]
+        r.run(out, base, lambda: transformer_memory_row(tcfg, r.cfg.context, "transformer"))

@@ -1,0 +1,237 @@
+"""Models of the systems comparison, built at the preset shapes with random weights (ESSH paper P.4).
+
+Parameter matching (Table 54 rule): a peer keeps the ESSH model's depth, residual width, vocabulary and
+embedding tying; only its FFN width changes, in multiples of ``align`` (64 at the paper's shapes; the
+config's ``ffn_align`` elsewhere), chosen to minimise |params(peer) - params(ESSH tier)|. Every peer
+is linear in its FFN width, so the best width is one of the two multiples around the exact solution.
+The gap is reported with the model; ``MATCH_TOLERANCE`` (0.5%) is the paper's largest gap (0.34%) plus
+one alignment step at the 370M shape.
+
+Peers: ``transformer`` (our Transformer++, ``models/baselines``), and when flash-linear-attention is
+installed ``gated_deltanet`` and ``mamba2``: fla's mixer layers alternating with our SwiGLU blocks
+("Mamba-2 + FFN", E.6). fla's Mamba-2 layer has its fast path only with ``mamba_ssm``; without it the
+peer is reported as unavailable rather than timed on a slow fallback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ESSHConfig
+from ..elastic.tiers import resolve_tier
+from ..layers.ffn import SwiGLU
+from ..layers.norm import RMSNorm
+from ..models.baselines import TransformerConfig, TransformerPP
+
+__all__ = ["MATCH_TOLERANCE", "PeerUnavailable", "require_fla", "match_ffn_width", "transformer_matched",
+           "build_essh", "build_transformer", "cast_matrices", "fla_status", "FlaFFNModel", "fla_matched",
+           "build_fla", "FlaDecoder"]
+
+MATCH_TOLERANCE = 0.005
+#: Weight matrices that run in the low-precision dtype; modal tables, gate biases, blend and norm
+#: vectors stay float32 (ESSH deployment: bf16 weights, fp32 recurrence).
+_MATRIX = re.compile(r"(embed\.weight|lm_head\.weight|.*\.(in_proj|out_proj|qkv|out|w_in|w_out))$")
+
+
+def match_ffn_width(target: int, params_at: callable, align: int) -> tuple[int, int, float]:
+    """FFN width (multiple of ``align``, >= align) whose parameter count is closest to ``target``.
+
+    ``params_at(d_ff)`` must be affine in ``d_ff``. Returns ``(d_ff, params, gap)`` with
+    ``gap = params / target - 1``.
+    """
+    p0, p1 = params_at(align), params_at(2 * align)
+    slope = (p1 - p0) / align
+    exact = align + (target - p0) / slope
+    cands = {max(align, align * math.floor(exact / align)), max(align, align * math.ceil(exact / align))}
+    best = min(cands, key=lambda f: (abs(params_at(f) - target), f))
+    p = params_at(best)
+    return best, p, p / target - 1
+
+
+def transformer_matched(cfg: ESSHConfig, tier=None,
+                        align: int | None = None) -> tuple[TransformerConfig, dict]:
+    """Transformer++ with the ESSH depth/width/vocabulary and a matched SwiGLU width (Table 54)."""
+    t = resolve_tier(cfg, tier)
+    align = align or cfg.ffn_align
+    base = TransformerConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                             d_ff=align, head_dim=cfg.head_dim, rope_base=cfg.rope_base,
+                             norm_eps=cfg.norm_eps,
+                             tie_embeddings=cfg.tie_embeddings, init_std=cfg.init_std)
+    d_ff, params, gap = match_ffn_width(t.params, lambda f: base.replace(d_ff=f).num_parameters(), align)
+    return base.replace(d_ff=d_ff), {"target_params": t.params, "params": params, "gap": gap, "d_ff": d_ff}
+
+
+@torch.no_grad()
+def cast_matrices(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast the weight matrices of an ESSH / Transformer++ model to ``dtype`` (in place)."""
+    for name, p in model.named_parameters():
+        if _MATRIX.fullmatch(name):
+            p.data = p.data.to(dtype)
+    return model
+
+
+def build_essh(cfg: ESSHConfig, device: torch.device, dtype: torch.dtype | None = None):
+    """Random-weight ESSH at ``cfg`` created directly on ``device``; matrices cast to ``dtype``."""
+    from ..models.essh import ESSH
+
+    with torch.device(device):
+        model = ESSH(cfg)
+    return (cast_matrices(model, dtype) if dtype is not None else model).eval()
+
+
+def build_transformer(tcfg: TransformerConfig, device: torch.device, dtype: torch.dtype | None = None):
+    with torch.device(device):
+        model = TransformerPP(tcfg)
+    return (cast_matrices(model, dtype) if dtype is not None else model).eval()
+
+
+# ---- flash-linear-attention peers ---------------------------------------------------------------------
+def fla_status() -> dict[str, str | None]:
+    """Installed versions of the optional peer libraries (None when absent)."""
+    out: dict[str, str | None] = {}
+    for mod in ("fla", "mamba_ssm", "triton"):
+        if importlib.util.find_spec(mod) is None:
+            out[mod] = None
+            continue
+        try:
+            out[mod] = getattr(importlib.import_module(mod), "__version__", "unknown")
+        except Exception as e:  # an installed but broken package is reported, not fatal
+            out[mod] = f"import failed: {type(e).__name__}: {e}"
+    return out
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer's optional library is missing: reported in the results, not treated as a failure."""
+
+
+def require_fla(kind: str) -> None:
+    """Raise ``PeerUnavailable`` unless fla (and, for Mamba-2, its mamba_ssm fast path) imports."""
+    libs = fla_status()
+    if libs["fla"] is None or str(libs["fla"]).startswith("import failed"):
+        raise PeerUnavailable(f"flash-linear-attention not usable ({libs['fla']}): "
+                              "pip install flash-linear-attention")
+    if kind == "mamba2" and libs["mamba_ssm"] is None:
+        raise PeerUnavailable("fla's Mamba-2 layer is fast only with mamba_ssm installed; "
+                              "not timed on its fallback")
+
+
+def _fla_mixer(kind: str, d: int, layer_idx: int) -> nn.Module:
+    """fla's mixer at the shapes of its own ~1.3B configs: GDN key width ~0.75 d, value 2x; Mamba-2
+    expand 2, head dim 64, state 128 (official settings kept fixed, Table 54)."""
+    if kind == "gated_deltanet":
+        from fla.layers import GatedDeltaNet
+
+        hd = 256 if d >= 2048 else max(16, min(128, d // 8))
+        return GatedDeltaNet(hidden_size=d, expand_v=2, head_dim=hd, num_heads=max(1, round(0.75 * d / hd)),
+                             mode="chunk", layer_idx=layer_idx)
+    if kind == "mamba2":
+        from fla.layers import Mamba2
+
+        hd = 64 if d >= 256 else 16
+        return Mamba2(num_heads=2 * d // hd, head_dim=hd, hidden_size=d, state_size=128, expand=2, n_groups=1,
+                      layer_idx=layer_idx)
+    raise ValueError(f"unknown fla peer {kind!r}; choose 'gated_deltanet' or 'mamba2'")
+
+
+class FlaFFNModel(nn.Module):
+    """fla mixer + SwiGLU blocks (pre-norm), tied embedding: ``forward(ids, cache=None) -> logits``."""
+
+    def __init__(self, kind: str, vocab: int, d: int, n_layers: int, d_ff: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.kind, self.vocab_size, self.d_model, self.n_layers, self.d_ff = kind, vocab, d, n_layers, d_ff
+        self.embed = nn.Embedding(vocab, d)
+        self.mixers = nn.ModuleList(_fla_mixer(kind, d, i) for i in range(n_layers))
+        self.norms = nn.ModuleList(RMSNorm(d, eps) for _ in range(2 * n_layers))
+        self.ffns = nn.ModuleList(SwiGLU(d, d_ff) for _ in range(n_layers))
+        self.norm_f = RMSNorm(d, eps)
+
+    def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for i, (mixer, ffn) in enumerate(zip(self.mixers, self.ffns)):
+            h = mixer(self.norms[2 * i](x), past_key_values=cache, use_cache=cache is not None)[0]
+            x = x + h
+            x = x + ffn(self.norms[2 * i + 1](x))
+        return F.linear(self.norm_f(x), self.embed.weight)
+
+
+def _fla_params(kind: str, cfg: ESSHConfig, d_ff: int) -> int:
+    with torch.device("meta"):
+        mixer = _fla_mixer(kind, cfg.d_model, 0)
+    per_mixer = sum(p.numel() for p in mixer.parameters())
+    d, N = cfg.d_model, cfg.n_layers
+    return cfg.vocab_size * d + N * (per_mixer + 3 * d * d_ff + 2 * d) + d
+
+
+def fla_matched(kind: str, cfg: ESSHConfig, tier=None, align: int | None = None) -> dict:
+    """FFN width of the fla peer matched to the ESSH tier (Table 54 rule)."""
+    t = resolve_tier(cfg, tier)
+    d_ff, params, gap = match_ffn_width(t.params, lambda f: _fla_params(kind, cfg, f), align or cfg.ffn_align)
+    return {"target_params": t.params, "params": params, "gap": gap, "d_ff": d_ff}
+
+
+def build_fla(kind: str, cfg: ESSHConfig, d_ff: int, device: torch.device, dtype: torch.dtype) -> FlaFFNModel:
+    with torch.device(device):
+        model = FlaFFNModel(kind, cfg.vocab_size, cfg.d_model, cfg.n_layers, d_ff, cfg.norm_eps)
+    for ffn in model.ffns:
+        ffn.reset_parameters()
+    return model.to(dtype).eval()
+
+
+class FlaDecoder:
+    """Decode step of a ``FlaFFNModel`` with fla's own cache (native state precision).
+
+    fla's cache replaces state tensors on every update; for a CUDA graph every new state is copied back
+    into the tensor the step read from ("pinning"), so replays advance one fixed set of buffers.
+    """
+
+    def __init__(self, model: FlaFFNModel, batch: int, graph: bool, prompt: int = 16) -> None:
+        from fla.models.utils import Cache
+
+        from .decode import GraphedStep
+
+        self.model, self.cache = model, Cache()
+        dev = model.embed.weight.device
+        with torch.no_grad():
+            model(torch.randint(0, model.vocab_size, (batch, prompt), device=dev), cache=self.cache)
+        self._pinned = [dict(layer) for layer in self.cache]
+        self._graph = GraphedStep(self._step, batch, dev) if graph else None
+
+    def _repin(self) -> None:
+        for layer, old in zip(self.cache, self._pinned):
+            for key, ref in old.items():
+                new = layer.get(key)
+                if isinstance(ref, torch.Tensor) and new is not ref:
+                    ref.copy_(new)
+                    layer[key] = ref
+                elif isinstance(ref, (tuple, list)) and new is not ref:
+                    for r, n in zip(ref, new):
+                        if isinstance(r, torch.Tensor) and n is not r:
+                            r.copy_(n)
+                    layer[key] = ref
+
+    @torch.no_grad()
+    def _step(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits = self.model(tokens[:, None], cache=self.cache)[:, 0]
+        self._repin()
+        return logits
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._graph(tokens) if self._graph is not None else self._step(tokens)
+
+    def reset(self) -> None:
+        """Recurrent state never runs out of room."""
+
+    def state_bytes(self) -> dict[str, int]:
+        n = 0
+        for layer in self._pinned:
+            for v in layer.values():
+                for t in (v if isinstance(v, (tuple, list)) else (v,)):
+                    if isinstance(t, torch.Tensor):
+                        n += t.numel() * t.element_size()
+        return {"recurrent": n, "kv": 0, "total": n}

@@ -1,0 +1,76 @@
+"""Prefill throughput: one batch-1 forward pass returning the full logits (ESSH paper P.2, Table 58).
+
+For each prompt length T the model runs ``model(ids [1, T])`` under ``torch.inference_mode`` (no cache
+writes for any model, the same policy for every peer), ``warmup`` untimed calls then ``iters`` timed
+calls (CUDA events); throughput is ``T / median time`` in ktok/s. Peak allocated memory (weights,
+activations and the ``[T, V]`` logits) is reported in decimal GB. Out-of-memory is a result, not a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .decode import summarize, time_fn
+
+__all__ = ["bench_prefill"]
+
+
+def bench_prefill(forward: Callable[[torch.Tensor], torch.Tensor], length: int, vocab: int,
+                  device: torch.device,
+                  warmup: int = 3, iters: int = 5, batch: int = 1) -> dict:
+    """Time ``forward(ids [batch, length])``; returns ``{"length", "ms", "ktok_s", "peak_gb", ...}``."""
+    row: dict = {"length": length, "batch": batch}
+    ids = torch.randint(0, vocab, (batch, length), device=device)
+    try:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        with torch.inference_mode():
+            times = time_fn(lambda: forward(ids), warmup, iters, device)
+        row.update(summarize(times))
+        row["ktok_s"] = batch * length / row["ms"]
+        if device.type == "cuda":
+            row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    except torch.OutOfMemoryError:
+        row["error"] = "OOM"
+    finally:
+        ids = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def prefill_suite(r, out: list) -> None:
+    """ESSH at ``prefill_tiers`` and every peer at every prompt length."""
+    from .decode import _peer_model
+    from .peers import build_essh
+
+    cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
+    model = build_essh(r.mcfg, dev, r.dtype)
+    for name in cfg.prefill_tiers:
+        for T in cfg.prefill_lengths:
+            base = {"bench": "prefill", "model": "essh", "preset": cfg.preset, "tier": name,
+                    "params": r.table[name].params, "full": name == r.full, "length": T}
+            fwd = lambda ids, name=name: model(ids, tier=name)
+            r.run(out, base, lambda fwd=fwd, T=T: bench_prefill(fwd, T, V, dev, cfg.prefill_warmup,
+                                                                cfg.prefill_iters))
+    model = None
+    for peer in cfg.peers:
+        holder: dict = {}
+
+        def build(peer=peer, holder=holder) -> dict:
+            holder["m"], _, info = _peer_model(r, peer)
+            holder["params"] = info["params"]
+            return {"params": info["params"]}
+
+        base = {"bench": "prefill", "model": peer, "preset": cfg.preset, "tier": "-"}
+        r.run(out, {**base, "length": 0}, build)
+        if "m" not in holder:
+            continue
+        for T in cfg.prefill_lengths:
+            row = {**base, "params": holder["params"], "length": T}
+            r.run(out, row, lambda T=T, m=holder["m"]: bench_prefill(m, T, V, dev, cfg.prefill_warmup,
+                                                                     cfg.prefill_iters))
+        holder.clear()

@@ -1,0 +1,139 @@
+"""Benchmark output: environment record, plain-text tables, ratios versus peers, JSON, docs append.
+
+``environment()`` records what the numbers depend on (device, torch / triton / fla versions, CUDA,
+commit, date, command). ``format_table`` prints rows as aligned columns; ``ratios`` divides ESSH
+decode latency by each peer's at the same batch and mode (< 1: ESSH faster) and prefill throughput
+ESSH / peer (> 1: ESSH faster). ``append_markdown`` adds one section per run to ``docs/benchmarks.md``:
+raw numbers, never edited by hand.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from .peers import fla_status
+
+__all__ = ["environment", "format_table", "ratios", "tables", "write_json", "append_markdown"]
+
+
+def _git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def environment(device: torch.device, command: str | None = None) -> dict:
+    libs = fla_status()
+    env = {
+        "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else platform.processor() or "cpu"),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "triton": libs["triton"], "fla": libs["fla"],
+        "mamba_ssm": libs["mamba_ssm"], "python": platform.python_version(), "commit": _git_commit(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command if command is not None else " ".join(sys.argv),
+    }
+    return env
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)
+
+
+def format_table(rows: list[dict], columns: list[str], title: str | None = None) -> str:
+    """Rows as a left/right aligned text table over ``columns`` (missing cells print '-')."""
+    head = list(columns)
+    body = [[_cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                  for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    lines = [fmt(head), "-" * len(fmt(head)), *map(fmt, body)]
+    return "\n".join(([title] if title else []) + lines)
+
+
+def ratios(results: dict) -> list[dict]:
+    """Decode ms ratios ESSH/peer (same preset, tier = full, batch, mode) and prefill ktok/s ratios."""
+    out = []
+    dec = [r for r in results.get("decode", []) if "ms" in r]
+    ess = {(r["preset"], r["batch"], r["mode"]): r for r in dec if r["model"] == "essh" and r.get("full")}
+    for r in dec:
+        if r["model"] == "essh":
+            continue
+        e = ess.get((r["preset"], r["batch"], r["mode"]))
+        if e is not None:
+            out.append({"bench": "decode", "preset": r["preset"], "peer": r["model"], "batch": r["batch"],
+                        "mode": r["mode"], "essh": e["ms"], "peer_value": r["ms"],
+                        "ratio": e["ms"] / r["ms"]})
+    pre = [r for r in results.get("prefill", []) if "ktok_s" in r]
+    esp = {(r["preset"], r["length"]): r for r in pre if r["model"] == "essh" and r.get("full")}
+    for r in pre:
+        e = esp.get((r["preset"], r["length"]))
+        if r["model"] != "essh" and e is not None:
+            out.append({"bench": "prefill", "preset": r["preset"], "peer": r["model"], "batch": 1,
+                        "mode": f"T={r['length']}", "essh": e["ktok_s"], "peer_value": r["ktok_s"],
+                        "ratio": e["ktok_s"] / r["ktok_s"]})
+    return out
+
+
+def write_json(path: str | Path, results: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, default=str))
+    tmp.replace(path)
+    return path
+
+
+_DECODE_COLS = ["model", "preset", "tier", "params", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq",
+                "error"]
+_PREFILL_COLS = ["model", "preset", "tier", "params", "length", "ms", "ktok_s", "peak_gb", "error"]
+_TRAIN_COLS = ["model", "preset", "params", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb", "error"]
+_MEM_COLS = ["model", "tier", "recurrent", "kv", "total", "formula_total", "match"]
+_RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value", "ratio"]
+
+
+def tables(results: dict) -> str:
+    """All sections of ``results`` as text tables."""
+    parts = []
+    for key, cols in (("memory", _MEM_COLS), ("decode", _DECODE_COLS), ("prefill", _PREFILL_COLS),
+                      ("train", _TRAIN_COLS)):
+        if results.get(key):
+            parts.append(format_table(results[key], cols, title=f"## {key}"))
+    rat = ratios(results)
+    if rat:
+        parts.append(format_table(rat, _RATIO_COLS, title="## ratios (decode: ESSH ms / peer ms; "
+                                                          "prefill: ESSH ktok/s / peer ktok/s)"))
+    return "\n\n".join(parts)
+
+
+def append_markdown(path: str | Path, results: dict) -> Path:
+    """Append one run (environment line + tables) to a markdown file, creating it with a header."""
+    path = Path(path)
+    env = results.get("env", {})
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# Benchmarks\n\nRaw numbers appended by `elastic-ssm bench` (one section per run; "
+                        "see docs/performance.md for the protocol).\n")
+    head = (f"\n## {env.get('date', '?')}: {env.get('device', '?')}\n\n"
+            f"torch {env.get('torch')}, CUDA {env.get('cuda')}, triton {env.get('triton')}, "
+            f"fla {env.get('fla')}, "
+            f"commit `{env.get('commit')}`; command: `{env.get('command')}`\n\n")
+    with path.open("a") as f:
+        f.write(head + "```\n" + tables(results) + "\n```\n")
+    return path

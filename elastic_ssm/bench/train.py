@@ -1,0 +1,102 @@
+"""Training throughput at full capacity and model FLOP utilisation (ESSH paper P.1, Table 50).
+
+One optimizer step = forward + backward of a ``[batch, seq_len]`` micro-batch of random tokens with
+next-token cross-entropy over the full logits, then a fused AdamW update. On CUDA the model keeps fp32
+master weights and runs under bf16 autocast (E.5). ``warmup`` steps are untimed; ``steps`` steps are
+timed with CUDA events; tokens/s = ``batch * seq_len / median step time``.
+
+MFU = ``3 F tok/s / peak`` with ``F`` the forward FLOPs per token from the config
+(``elastic.tiers.flops_per_token`` at context ``seq_len``; x3 for forward + backward) and ``peak`` the
+dense bf16 rate of the device: ``PEAK_TFLOPS['h200'] = 989`` (the datasheet's 989.4 TFLOP/s dense BF16
+of H100/H200 SXM). Elementwise work is not counted, so MFU is a lower bound of the matrix-unit share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .decode import summarize, time_fn
+
+__all__ = ["PEAK_TFLOPS", "bench_train"]
+
+PEAK_TFLOPS = {"h200": 989.0, "h100": 989.0, "a100": 312.0, "b200": 2250.0}
+
+
+def _loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+def bench_train(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], vocab: int,
+                flops_per_token: int, device: torch.device, batch: int = 8, seq_len: int = 2048,
+                warmup: int = 3, steps: int = 10, peak_tflops: float = 989.0, lr: float = 1e-4) -> dict:
+    """Time optimizer steps of ``model`` (``forward(ids) -> logits``); returns tokens/s, ms/step, MFU."""
+    row: dict = {"batch": batch, "seq_len": seq_len, "peak_tflops": peak_tflops}
+    cuda = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=cuda)
+    ids = torch.randint(0, vocab, (batch, seq_len), device=device)
+    model.train()
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = _loss(forward(ids), ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    try:
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        row.update(summarize(time_fn(step, warmup, steps, device)))
+        tok_s = batch * seq_len / (row["ms"] / 1e3)
+        row["tok_s"] = tok_s
+        row["mfu"] = 3 * flops_per_token * tok_s / (peak_tflops * 1e12)
+        if cuda:
+            row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    except torch.OutOfMemoryError:
+        row["error"] = "OOM"
+    finally:
+        model.eval()
+        opt = None
+        if cuda:
+            torch.cuda.empty_cache()
+    return row
+
+
+def train_suite(r, out: list) -> None:
+    """ESSH at full capacity (fp32 master weights, bf16 autocast) and, with ``train_peers``, the peers."""
+    from ..elastic.tiers import flops_per_token
+    from .peers import build_essh, build_fla, build_transformer, fla_matched, require_fla, transformer_matched
+
+    cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
+    kw = dict(batch=cfg.train_batch, seq_len=cfg.train_seq_len, warmup=cfg.train_warmup,
+              steps=cfg.train_steps,
+              peak_tflops=cfg.peak_tflops)
+    base = {"bench": "train", "model": "essh", "preset": cfg.preset, "tier": r.full,
+            "params": r.table[r.full].params}
+
+    def essh() -> dict:
+        model = build_essh(r.mcfg, dev, None)
+        fpt = flops_per_token(r.mcfg, None, context=cfg.train_seq_len)["total"]
+        return bench_train(model, model, V, fpt, dev, **kw)
+
+    r.run(out, base, essh)
+    if not cfg.train_peers:
+        return
+    for peer in cfg.peers:
+        def run_peer(peer=peer) -> dict:
+            if peer == "transformer":
+                tcfg, info = transformer_matched(r.mcfg)
+                model = build_transformer(tcfg, dev, None)
+                fpt = tcfg.flops_per_token(cfg.train_seq_len)["total"]
+            else:
+                require_fla(peer)
+                info = fla_matched(peer, r.mcfg)
+                model = build_fla(peer, r.mcfg, info["d_ff"], dev, torch.float32)
+                fpt = 2 * info["params"]   # dense-layer estimate: 2 FLOPs per parameter and token
+            return {"params": info["params"], **bench_train(model, model, V, fpt, dev, **kw)}
+
+        r.run(out, {"bench": "train", "model": peer, "preset": cfg.preset, "tier": "-"}, run_peer)

@@ -1,0 +1,215 @@
+"""Fused whole-model decoding of an ESSH tier: static buffers, one step function, optional CUDA graph.
+
+``FastDecoder(model, tier, batch)`` evaluates exactly what ``ESSH.step`` evaluates (ESSH paper
+Algorithm 4, Appendix O.3) with fewer, fatter kernels and no host synchronisation:
+
+* per spectral block: fused RMSNorm -> one GEMV of the retained ``in_proj`` prefix (values, write, read
+  and clock rows of all K_T channels, ``[K_T (P + 3m), d]``) -> one fused recurrent kernel
+  (``ops/spectral_scan/decode_triton.py``: blend Eq. 23, gates C.2, clock, state update Eq. 5 of all
+  retained modes, readout, zero-lag correction Eq. 24, K^{-1/2}) -> ``out_proj`` GEMM with the residual
+  add in its epilogue (``addmm``);
+* per SWA block: one QKV GEMV, RoPE from device positions, ring-buffer write at ``pos % window`` by
+  index_put (no ``nonzero``), masked attention over the window, output GEMM + residual;
+* per block: fused RMSNorm -> SwiGLU GEMV over the retained ``[2 n_ff, d]`` prefix -> fused silu*up ->
+  down GEMM + residual; then the final norm and the tied head.
+
+Weights are prefix *views* of the model's parameters (no copies; the tier is cut by
+``elastic.slicing.prefix``). Fixed modal constants (rho, cos/sin theta, kc, ks, a kc, biases, beta) are
+precomputed in the state dtype when the decoder is built ("cached at tier load", O.3). Caches are an
+``ESSHCache`` whose tensors stay at fixed addresses, so one whole decode step can be captured in a CUDA
+graph (``capture()``); ``step(tokens)`` then copies the tokens in, replays, and returns the static logits
+buffer (clone it to keep it past the next step). Dtype conventions equal ``ESSH.step``: residual stream
+in the embedding dtype, GEMMs in the weight dtype, recurrent state in ``state_dtype`` (float32 default).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..elastic.slicing import prefix
+from ..layers.attention import apply_rope
+from ..ops.spectral_scan.decode_triton import (
+    ModalConstants,
+    resolve_backend,
+    rms_norm,
+    spectral_decode_step,
+    swiglu,
+)
+from .cache import ESSHCache
+
+__all__ = ["FastDecoder"]
+
+
+@dataclass
+class _Layer:
+    kind: str                       # 'S' spectral or 'A' sliding-window attention
+    norm1: torch.Tensor             # [D]
+    norm2: torch.Tensor             # [D]
+    w_in: torch.Tensor              # S: [K(P+3M), D]; A: qkv [3D, D]
+    w_out: torch.Tensor             # S: [K P, D] (in x out); A: out^T [D, D] (in x out)
+    ffn_in: torch.Tensor            # [2 n_ff, D] rows (gate_h, up_h)
+    ffn_out: torch.Tensor           # [n_ff, D]
+    consts: ModalConstants | None   # S only
+
+
+def _residual_mm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x + a @ w with the add in the GEMM epilogue when dtypes agree. x [B,D], a [B,N], w [N,D]."""
+    if x.dtype == w.dtype and a.dtype == w.dtype:
+        return torch.addmm(x, a, w)
+    return x + (a.to(w.dtype) @ w).to(x.dtype)
+
+
+class FastDecoder:
+    """Static-buffer, host-sync-free decoder of ``model`` at ``tier`` for ``batch`` sequences.
+
+    ``cache``: an ``ESSHCache`` of this tier and batch (e.g. after a prefill); allocated if None.
+    ``backend``: 'auto' | 'triton' | 'torch' for the fused kernels. ``attention``: 'auto' (SDPA on CUDA,
+    the explicit masked-softmax of ``SlidingWindowAttention.step`` elsewhere) | 'sdpa' | 'math'.
+    """
+
+    def __init__(self, model, tier: Any = None, batch: int = 1, cache: ESSHCache | None = None,
+                 state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
+                 backend: str = "auto", attention: str = "auto", cuda_graph: bool = False) -> None:
+        cfg = model.config
+        self.model, self.config = model.eval(), cfg
+        self.tier = model.resolve_tier(tier)
+        emb = model.embed.weight
+        self.device, self.dtype = emb.device, emb.dtype
+        self.backend = resolve_backend(backend, self.device)
+        if attention not in ("auto", "sdpa", "math"):
+            raise ValueError(f"attention must be 'auto', 'sdpa' or 'math', got {attention!r}")
+        if attention == "auto":
+            attention = "sdpa" if self.device.type == "cuda" else "math"
+        self.attention = attention
+        if cache is None:
+            wide = torch.float64 if emb.dtype == torch.float64 else torch.float32
+            kv = kv_dtype or (torch.bfloat16 if self.device.type == "cuda" else emb.dtype)
+            cache = model.allocate_cache(batch, self.tier, state_dtype=state_dtype or wide, kv_dtype=kv)
+        if cache.batch != batch or cache.tier != self.tier:
+            raise ValueError(f"cache is for batch {cache.batch} at {cache.tier.name}; the decoder needs "
+                             f"batch {batch} at {self.tier.name}: allocate it with "
+                             "model.allocate_cache(batch, tier)")
+        self.cache, self.batch = cache, batch
+        state_dt = next(iter(cache.states.values())).dtype if cache.states else torch.float32
+        self.layers = [self._plan(block, state_dt) for block in model.blocks]
+        self.head = emb if model.lm_head is None else model.lm_head.weight
+        self.norm_f, self.eps = model.norm_f.weight, model.norm_f.eps
+        self.window, self.H, self.hd = cfg.window, cfg.n_heads, cfg.head_dim
+        self.inv_freq = cfg.rope_base ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64,
+                                                        device=self.device) / cfg.head_dim)
+        self._rows = torch.arange(batch, device=self.device)
+        self._tokens = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._logits: torch.Tensor | None = None
+        if cuda_graph:
+            self.capture()
+
+    # ---- tier load ------------------------------------------------------------------------------------
+    def _plan(self, block, state_dtype: torch.dtype) -> _Layer:
+        t, D = self.tier, self.config.d_model
+        ffn_in = prefix(block.ffn.w_in, t.n_ff).reshape(2 * t.n_ff, D)
+        ffn_out = prefix(block.ffn.w_out, t.n_ff)
+        if block.kind == "S":
+            mx = block.mixer
+            w_in = prefix(mx.in_proj, t.K).reshape(t.K * (mx.P + 3 * mx.M), D)
+            w_out = prefix(mx.out_proj, t.K).reshape(t.K * mx.P, D)
+            consts = ModalConstants.from_mixer(mx, t.K, state_dtype)
+        else:
+            w_in, w_out, consts = block.mixer.qkv, block.mixer.out.t(), None
+        return _Layer(block.kind, block.norm1.weight, block.norm2.weight, w_in, w_out, ffn_in, ffn_out,
+                      consts)
+
+    # ---- one step ---------------------------------------------------------------------------------------
+    def _attend(self, L: _Layer, i: int, u, x, slot, allowed, cos, sin):
+        B, H, hd = self.batch, self.H, self.hd
+        q, k, v = F.linear(u, L.w_in).view(B, 3, H, hd).unbind(1)        # [B,H,hd] each
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        kc, vc = self.cache.keys[i], self.cache.values[i]                 # [B,H,W,hd]
+        kc[self._rows, :, slot] = k.to(kc.dtype)
+        vc[self._rows, :, slot] = v.to(vc.dtype)
+        q = q[:, :, None].to(kc.dtype)                                    # [B,H,1,hd]
+        if self.attention == "sdpa":
+            o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=allowed[:, None, None])
+        else:
+            s = (q @ kc.transpose(-1, -2)) / math.sqrt(hd)                # [B,H,1,W]
+            s = s.to(torch.promote_types(s.dtype, torch.float32)).masked_fill(~allowed[:, None, None],
+                                                                             float("-inf"))
+            o = s.softmax(-1).to(vc.dtype) @ vc
+        return _residual_mm(x, o.to(x.dtype).reshape(B, H * hd), L.w_out)
+
+    def _step_impl(self) -> torch.Tensor:
+        c, be = self.cache, self.backend
+        pos = c.positions                                                 # [B] int64, next position
+        x = F.embedding(self._tokens, self.model.embed.weight)            # [B, D]
+        slot = allowed = cos = sin = None
+        if c.keys:
+            slot = pos % self.window
+            c.slot_pos[self._rows, slot] = pos                            # shared by all SWA layers
+            diff = pos[:, None] - c.slot_pos
+            allowed = (c.slot_pos >= 0) & (diff >= 0) & (diff < self.window)   # [B, W]
+            ang = pos.to(torch.float64)[:, None] * self.inv_freq           # RoPE phase in float64
+            cos, sin = ang.cos().to(x.dtype)[:, None], ang.sin().to(x.dtype)[:, None]   # [B,1,hd/2]
+        for i, L in enumerate(self.layers):
+            u = rms_norm(x, L.norm1, self.eps, be)
+            if L.kind == "S":
+                z = spectral_decode_step(F.linear(u, L.w_in), c.states[i], L.consts, L.w_out.dtype, be)
+                x = _residual_mm(x, z, L.w_out)
+            else:
+                x = self._attend(L, i, u, x, slot, allowed, cos, sin)
+            a = swiglu(F.linear(rms_norm(x, L.norm2, self.eps, be), L.ffn_in), be)
+            x = _residual_mm(x, a, L.ffn_out)
+        c.positions.add_(1)
+        return F.linear(rms_norm(x, self.norm_f, self.eps, be), self.head)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B] -> logits [B, V]; advances the cache by one token. With a captured graph the result
+        is a static buffer overwritten by the next call."""
+        if tokens.shape != (self.batch,):
+            raise ValueError(f"tokens must have shape ({self.batch},), got {tuple(tokens.shape)}")
+        self._tokens.copy_(tokens, non_blocking=True)
+        if self._graph is not None:
+            self._graph.replay()
+            return self._logits
+        return self._step_impl()
+
+    # ---- CUDA graph --------------------------------------------------------------------------------------
+    def _snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        c = self.cache
+        tensors = [*c.states.values(), *c.keys.values(), *c.values.values(), c.slot_pos, c.positions]
+        return [(t, t.clone()) for t in tensors]
+
+    @torch.no_grad()
+    def capture(self, warmup: int = 2, preserve_cache: bool = True) -> None:
+        """Capture one whole decode step in a CUDA graph (after ``warmup`` eager steps on a side stream,
+        which compile Triton kernels and create cuBLAS handles). With ``preserve_cache`` the cache is
+        restored afterwards, so the next ``step`` continues exactly where the cache stood."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA-graph capture needs the model on a CUDA device")
+        saved = self._snapshot() if preserve_cache else []
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self._step_impl()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._logits = self._step_impl()
+        for t, copy in saved:
+            t.copy_(copy)
+        self._graph = graph
+
+    @property
+    def graphed(self) -> bool:
+        return self._graph is not None
+
+    def state_nbytes(self) -> dict[str, int]:
+        """Persistent bytes held for the batch (recurrent states + KV ring; bookkeeping excluded)."""
+        return self.cache.nbytes()

@@ -1,0 +1,260 @@
+"""Fused single-token step of one ESSH spectral layer, plus the small fused ops of a decode step.
+
+ESSH paper Appendix O.3, Algorithm 4 lines 6-14, for every retained channel k and batch row b, from
+the raw output ``h`` of the concatenated input projection (per channel: P value rows, then M write,
+M read and M clock pre-activations, the layout of ``SpectralMixer.in_proj``)::
+
+    v      = (1 - beta_k) v0 + beta_k v0 / sqrt(|v0|^2 / P + eps)                   (Eq. 23)
+    eta^w  = 2 sigmoid(s^w + b^w),   eta^r = 2 sigmoid(s^r + b^r)                   (C.2)
+    decay  = rho exp(-softplus(s^D + b^D)) = rho sigmoid(-(s^D + b^D))             (O.3 identity)
+    H_i    <- decay R(theta_i) H_i + eta^w_i e1 v^T                                 (Eq. 5, state [2, P])
+    z      = sum_i eta^r_i H_i^T kappa_i - (sum_i a_i eta^r_i eta^w_i kc_i) v       (Eq. 24)
+    out    = K^{-1/2} z                                                             (Sec. 4.1 readout scale)
+
+Fixed modal constants are precomputed once per (layer, tier) in ``ModalConstants`` (rho, cos/sin theta,
+kc, ks, a kc, biases, beta). The output projection is left to cuBLAS. ``backend="triton"`` runs one
+Triton program per (b, k) holding all M modes of the channel in registers; ``"torch"`` is the same math
+in vectorised PyTorch (the CPU path and the reference of the Triton kernel). Triton is imported lazily
+(``TRITON_INTERPRET=1`` runs the kernels on CPU tensors). ``rms_norm`` and ``swiglu`` are the two
+elementwise pieces of a decode step fused the same way (one kernel each instead of three).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["ModalConstants", "spectral_decode_step", "spectral_step_torch", "rms_norm", "swiglu",
+           "triton_available", "resolve_backend"]
+
+# rows of ModalConstants.table [K, 9, M]
+_BW, _BR, _BC, _RHO, _COS, _SIN, _KC, _KS, _AKC = range(9)
+
+
+@dataclass
+class ModalConstants:
+    """Fixed per-layer constants of one tier: ``table [K, 9, M]`` (rows: write/read/clock biases, rho,
+    cos theta, sin theta, kc, ks, a*kc) and ``beta [K]``, both in the state dtype."""
+
+    table: torch.Tensor
+    beta: torch.Tensor
+    K: int
+    M: int
+    P: int
+    eps: float
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.K)
+
+    @classmethod
+    @torch.no_grad()
+    def from_mixer(cls, mixer, K: int, dtype: torch.dtype = torch.float32) -> ModalConstants:
+        """Constants of the first ``K`` channels of a ``SpectralMixer`` (computed in float64, then cast)."""
+        d = torch.float64
+        bias = mixer.gate_bias[:K].to(d)                                  # [K, 3, M]
+        rho = torch.exp(-F.softplus(mixer.rho_raw[:K].to(d)))            # C.3
+        th = mixer.theta[:K].to(d)
+        kc, ks, a = mixer.kc[:K].to(d), mixer.ks[:K].to(d), mixer.a[:K].to(d)
+        rows = [bias[:, 0], bias[:, 1], bias[:, 2], rho, torch.cos(th), torch.sin(th), kc, ks, a * kc]
+        table = torch.stack(rows, dim=1).to(dtype).contiguous()          # [K, 9, M]
+        beta = mixer.beta[:K].to(dtype).contiguous()
+        return cls(table, beta, K, mixer.M, mixer.P, float(mixer.blend_eps))
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """'auto' -> 'triton' on CUDA with triton installed (or under TRITON_INTERPRET), else 'torch'."""
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"decode backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend == "auto":
+        ok = triton_available() and (torch.device(device).type == "cuda" or _interpret())
+        return "triton" if ok else "torch"
+    if backend == "triton" and not triton_available():
+        raise RuntimeError("decode backend 'triton' needs the triton package: pip install 'elastic-ssm[gpu]'")
+    return backend
+
+
+# ---- PyTorch reference of the fused step -----------------------------------------------------------
+def spectral_step_torch(h: torch.Tensor, state: torch.Tensor, c: ModalConstants,
+                        out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """h [B, K(P+3M)] raw projection, state [B, K, M, 2, P] updated in place -> out [B, K P] (scaled)."""
+    B = h.shape[0]
+    K, M, P = c.K, c.M, c.P
+    t = c.table.to(state.dtype)
+    hh = h.reshape(B, K, P + 3 * M).to(state.dtype)
+    v0, pre = hh[..., :P], hh[..., P:].reshape(B, K, 3, M)               # [B,K,P], [B,K,3,M]
+    beta = c.beta.to(state.dtype)[:, None]
+    rms = torch.rsqrt(v0.pow(2).mean(-1, keepdim=True) + c.eps)
+    v = (1 - beta) * v0 + beta * (v0 * rms)                               # Eq. 23
+    w = 2 * torch.sigmoid(pre[:, :, 0] + t[:, _BW])                       # [B,K,M]
+    r = 2 * torch.sigmoid(pre[:, :, 1] + t[:, _BR])
+    decay = (t[:, _RHO] * torch.sigmoid(-(pre[:, :, 2] + t[:, _BC])))[..., None]
+    cos, sin = t[:, _COS, :, None], t[:, _SIN, :, None]                   # [K,M,1]
+    h0, h1 = state[..., 0, :], state[..., 1, :]                           # [B,K,M,P]
+    n0 = decay * (cos * h0 - sin * h1) + w[..., None] * v[:, :, None, :]
+    n1 = decay * (sin * h0 + cos * h1)
+    state.copy_(torch.stack((n0, n1), dim=-2))
+    z = ((r * t[:, _KC])[..., None] * n0 - (r * t[:, _KS])[..., None] * n1).sum(-2)
+    z = z - (r * w * t[:, _AKC]).sum(-1, keepdim=True) * v                # zero-lag correction (Eq. 24)
+    return (z * c.scale).to(out_dtype or h.dtype).reshape(B, K * P)
+
+
+def _rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dt = x.dtype
+    xf = x.float() if dt in (torch.float16, torch.bfloat16) else x
+    return F.rms_norm(xf, (xf.shape[-1],), weight.to(xf.dtype), eps).to(dt)
+
+
+def _swiglu_torch(h: torch.Tensor) -> torch.Tensor:
+    g = h.unflatten(-1, (-1, 2))                                          # [B, n, 2] (gate, up) pairs
+    return F.silu(g[..., 0]) * g[..., 1]
+
+
+# ---- Triton kernels (defined on first use) ---------------------------------------------------------
+@lru_cache(maxsize=2)
+def _kernels(interpret: bool):
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def spectral_step_kernel(h_ptr, state_ptr, out_ptr, tab_ptr, beta_ptr, K, P, M, stride_h, stride_o,
+                             eps, scale, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr):
+        pid = tl.program_id(0)
+        b = pid // K
+        k = pid % K
+        op = tl.arange(0, BLOCK_P)
+        om = tl.arange(0, BLOCK_M)
+        mp = op < P
+        mm = om < M
+        row = h_ptr + b * stride_h + k * (P + 3 * M)
+        v0 = tl.load(row + op, mask=mp, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + k)
+        rms = tl.rsqrt(tl.sum(v0 * v0, 0) / P + eps)
+        v = (1 - beta) * v0 + beta * (v0 * rms)                           # Eq. 23
+        tab = tab_ptr + k * 9 * M + om
+        pre = row + P + om
+        sw = tl.load(pre, mask=mm, other=0.0).to(tl.float32) + tl.load(tab, mask=mm, other=0.0)
+        sr = tl.load(pre + M, mask=mm, other=0.0).to(tl.float32) + tl.load(tab + M, mask=mm, other=0.0)
+        sc = tl.load(pre + 2 * M, mask=mm, other=0.0).to(tl.float32) + tl.load(tab + 2 * M, mask=mm,
+                                                                                other=0.0)
+        w = 2 * tl.sigmoid(sw)
+        r = 2 * tl.sigmoid(sr)
+        decay = tl.load(tab + 3 * M, mask=mm, other=0.0) * tl.sigmoid(-sc)
+        cs = tl.load(tab + 4 * M, mask=mm, other=0.0)
+        sn = tl.load(tab + 5 * M, mask=mm, other=0.0)
+        kc = tl.load(tab + 6 * M, mask=mm, other=0.0)
+        ks = tl.load(tab + 7 * M, mask=mm, other=0.0)
+        akc = tl.load(tab + 8 * M, mask=mm, other=0.0)
+        sbase = state_ptr + (b * K + k) * M * 2 * P
+        idx = om[:, None] * (2 * P) + op[None, :]
+        m2 = mm[:, None] & mp[None, :]
+        h0 = tl.load(sbase + idx, mask=m2, other=0.0)
+        h1 = tl.load(sbase + idx + P, mask=m2, other=0.0)
+        d = decay[:, None]
+        n0 = d * (cs[:, None] * h0 - sn[:, None] * h1) + w[:, None] * v[None, :]   # Eq. 5
+        n1 = d * (sn[:, None] * h0 + cs[:, None] * h1)
+        tl.store(sbase + idx, n0, mask=m2)
+        tl.store(sbase + idx + P, n1, mask=m2)
+        z = tl.sum((r * kc)[:, None] * n0 - (r * ks)[:, None] * n1, 0) - tl.sum(r * w * akc, 0) * v
+        tl.store(out_ptr + b * stride_o + k * P + op, (z * scale).to(out_ptr.dtype.element_ty), mask=mp)
+
+    @triton.jit
+    def rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BLOCK_D: tl.constexpr):
+        b = tl.program_id(0)
+        o = tl.arange(0, BLOCK_D)
+        m = o < D
+        x = tl.load(x_ptr + b * stride_x + o, mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + o, mask=m, other=0.0).to(tl.float32)
+        y = x * tl.rsqrt(tl.sum(x * x, 0) / D + eps) * w
+        tl.store(y_ptr + b * stride_y + o, y.to(y_ptr.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def swiglu_kernel(h_ptr, y_ptr, N, stride_h, stride_y, BLOCK_N: tl.constexpr):
+        b = tl.program_id(0)
+        o = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = o < N
+        g = tl.load(h_ptr + b * stride_h + 2 * o, mask=m, other=0.0).to(tl.float32)
+        u = tl.load(h_ptr + b * stride_h + 2 * o + 1, mask=m, other=0.0).to(tl.float32)
+        tl.store(y_ptr + b * stride_y + o, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=m)
+
+    return spectral_step_kernel, rms_norm_kernel, swiglu_kernel
+
+
+def _pow2(n: int, lo: int = 1) -> int:
+    return max(lo, 1 << (int(n) - 1).bit_length())
+
+
+def _spectral_step_triton(h, state, c: ModalConstants, out_dtype):
+    if state.dtype != torch.float32 or not state.is_contiguous():
+        raise ValueError("the Triton decode step needs a contiguous float32 state [B, K, M, 2, P]")
+    B = h.shape[0]
+    h = h if h.stride(-1) == 1 else h.contiguous()
+    out = torch.empty(B, c.K * c.P, dtype=out_dtype or h.dtype, device=h.device)
+    kern = _kernels(_interpret())[0]
+    kern[(B * c.K,)](h, state, out, c.table, c.beta, c.K, c.P, c.M, h.stride(0), out.stride(0), c.eps,
+                     c.scale, BLOCK_P=_pow2(c.P, 16), BLOCK_M=_pow2(c.M, 2), num_warps=2 if c.P <= 32 else 4)
+    return out
+
+
+def spectral_decode_step(h: torch.Tensor, state: torch.Tensor, consts: ModalConstants,
+                         out_dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
+    """One recurrent step of a whole spectral layer (see module docstring).
+
+    h [B, K (P + 3M)] raw ``in_proj`` output (any float dtype); state [B, K, M, 2, P] updated in place;
+    returns ``K^{-1/2} z`` [B, K P] in ``out_dtype`` (default ``h.dtype``), ready for ``out_proj``.
+    """
+    K, M, P = consts.K, consts.M, consts.P
+    if h.dim() != 2 or h.shape[1] != K * (P + 3 * M):
+        raise ValueError(f"h must be [B, K(P+3M)] = [B, {K * (P + 3 * M)}], got {tuple(h.shape)}")
+    if tuple(state.shape) != (h.shape[0], K, M, 2, P):
+        want = (h.shape[0], K, M, 2, P)
+        raise ValueError(f"state must be [B, K, M, 2, P] = {want}, got {tuple(state.shape)}")
+    if resolve_backend(backend, h.device) == "triton" and state.dtype == torch.float32:
+        return _spectral_step_triton(h, state, consts, out_dtype)
+    return spectral_step_torch(h, state, consts, out_dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto") -> torch.Tensor:
+    """RMSNorm of rows x [B, D] (float32 arithmetic, output in x.dtype), as ``layers.norm.RMSNorm``."""
+    if resolve_backend(backend, x.device) != "triton" or x.dtype == torch.float64 or x.dim() != 2:
+        return _rms_norm_torch(x, weight, eps)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    y = torch.empty_like(x)
+    B, D = x.shape
+    _kernels(_interpret())[1][(B,)](x, weight, y, D, x.stride(0), y.stride(0), eps, BLOCK_D=_pow2(D, 16),
+                                    num_warps=4 if D <= 2048 else 8)
+    return y
+
+
+def swiglu(h: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """silu(gate) * up of interleaved pairs: h [B, 2n] with (gate_j, up_j) at (2j, 2j+1) -> [B, n]."""
+    if resolve_backend(backend, h.device) != "triton" or h.dtype == torch.float64 or h.dim() != 2:
+        return _swiglu_torch(h)
+    h = h if h.stride(-1) == 1 else h.contiguous()
+    B, N = h.shape[0], h.shape[1] // 2
+    y = torch.empty(B, N, dtype=h.dtype, device=h.device)
+    block = 1024
+    _kernels(_interpret())[2][(B, triton_cdiv(N, block))](h, y, N, h.stride(0), y.stride(0), BLOCK_N=block,
+                                                          num_warps=4)
+    return y
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,205 @@
+"""Benchmark harness and decode fast path on CPU: fused step == spec, FastDecoder == ESSH.step,
+Transformer++ decode == forward, Table 54 matching, Table 53 memory, and an end-to-end tiny run."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import elastic_ssm as es
+from elastic_ssm.bench import BenchConfig, main, run_bench
+from elastic_ssm.bench.memory import essh_memory_rows
+from elastic_ssm.bench.peers import cast_matrices, match_ffn_width, transformer_matched
+from elastic_ssm.models.baselines import TransformerConfig, TransformerPP
+from elastic_ssm.models.fast_decode import FastDecoder
+from elastic_ssm.ops.spectral_scan import decode_triton as dt
+from elastic_ssm.ops.spectral_scan.naive import naive_spectral_scan
+
+
+def _perturbed(dtype, preset="tiny"):
+    torch.manual_seed(0)
+    cfg = es.ESSHConfig.preset(preset)
+    model = es.ESSH(cfg).to(dtype).eval()
+    with torch.no_grad():  # move away from the near-identity initialisation so every path matters
+        for b in model.blocks:
+            if b.kind == "S":
+                b.mixer.in_proj[:, cfg.value_width:].normal_(std=0.3)
+                b.mixer.gate_bias.normal_(std=0.5)
+                b.mixer.beta.uniform_(0, 1)
+                b.mixer.a.uniform_(0, 1)
+            b.ffn.w_out.normal_(std=0.1)
+    return model
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_fused_step_equals_naive_scan_step():
+    model = _perturbed(torch.float64)
+    mixer, K = model.blocks[0].mixer, 5
+    B, M, P = 3, mixer.M, mixer.P
+    u = torch.randn(B, mixer.D, dtype=torch.float64)
+    state = torch.randn(B, K, M, 2, P, dtype=torch.float64)
+    v, w, r, c = mixer._controls(u, K, None)
+    z_ref, s_ref = naive_spectral_scan(v[:, None], w[:, None], r[:, None], c[:, None], *mixer._modal(K),
+                                       initial_state=state, output_final_state=True)
+    consts = dt.ModalConstants.from_mixer(mixer, K, torch.float64)
+    h = u @ mixer.in_proj[:K].reshape(-1, mixer.D).T
+    s = state.clone()
+    z = dt.spectral_decode_step(h, s, consts, backend="torch")
+    torch.testing.assert_close(z, z_ref[:, 0].reshape(B, -1) / K ** 0.5, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(s, s_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_fused_step_validates_shapes():
+    consts = dt.ModalConstants(torch.rand(4, 9, 2), torch.rand(4), 4, 2, 3, 1e-6)
+    with pytest.raises(ValueError, match="h must be"):
+        dt.spectral_decode_step(torch.randn(1, 5), torch.zeros(1, 4, 2, 2, 3), consts)
+    with pytest.raises(ValueError, match="state must be"):
+        dt.spectral_decode_step(torch.randn(1, 36), torch.zeros(1, 4, 2, 2, 4), consts)
+    with pytest.raises(ValueError, match="decode backend"):
+        dt.resolve_backend("cuda", torch.device("cpu"))
+
+
+_INTERPRETER_CHECK = """
+import torch
+from elastic_ssm.ops.spectral_scan import decode_triton as dt
+for B, K, M, P in [(1, 4, 8, 28), (3, 5, 3, 64)]:
+    table = torch.randn(K, 9, M)
+    table[:, 3] = torch.rand(K, M)
+    c = dt.ModalConstants(table, torch.rand(K), K, M, P, 1e-6)
+    h, s = torch.randn(B, K * (P + 3 * M)), torch.randn(B, K, M, 2, P)
+    s2 = s.clone()
+    torch.testing.assert_close(dt.spectral_decode_step(h, s2, c, backend="triton"),
+                               dt.spectral_step_torch(h, s, c), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s2, s, rtol=1e-5, atol=1e-5)
+x, w = torch.randn(3, 100), torch.randn(100)
+torch.testing.assert_close(dt.rms_norm(x, w, 1e-6, "triton"), dt.rms_norm(x, w, 1e-6, "torch"))
+hh = torch.randn(2, 2 * 1500)
+torch.testing.assert_close(dt.swiglu(hh, "triton"), dt.swiglu(hh, "torch"), rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+
+
+def test_triton_kernels_in_interpreter():
+    """The Triton kernels on CPU tensors (TRITON_INTERPRET=1 must be set before triton is imported)."""
+    pytest.importorskip("triton", reason="optional: runs the Triton kernels on CPU via TRITON_INTERPRET")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", _INTERPRETER_CHECK], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("tier", ["T3", None])
+@pytest.mark.parametrize("attention", ["math", "sdpa"])
+def test_fast_decoder_equals_model_step(dtype, tol, tier, attention):
+    model, B = _perturbed(dtype), 3
+    V = model.config.vocab_size
+    ids = torch.randint(0, V, (B, 20))     # longer than the window (16): the ring wraps
+    ref_cache = model.allocate_cache(B, tier, state_dtype=dtype, kv_dtype=dtype)
+    with torch.no_grad():
+        model(ids, tier=tier, cache=ref_cache)
+    fd = FastDecoder(model, tier, B, cache=copy.deepcopy(ref_cache), backend="torch", attention=attention)
+    tok = torch.randint(0, V, (B,))
+    for _ in range(10):
+        ref = model.step(tok, ref_cache)
+        assert _rel(fd.step(tok), ref) < tol
+        tok = ref.argmax(-1)
+    torch.testing.assert_close(fd.cache.positions, ref_cache.positions)
+    for i, s in ref_cache.states.items():
+        torch.testing.assert_close(fd.cache.states[i], s, rtol=tol * 10, atol=tol * 10)
+
+
+def test_fast_decoder_rejects_foreign_cache():
+    model = _perturbed(torch.float32)
+    cache = model.allocate_cache(2, "T1")
+    with pytest.raises(ValueError, match="allocate it with"):
+        FastDecoder(model, "T3", 2, cache=cache)
+    with pytest.raises(ValueError, match="tokens must have shape"):
+        FastDecoder(model, "T1", 2, cache=cache).step(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="CUDA"):
+        FastDecoder(model, "T1", 2, cache=cache).capture()
+
+
+def test_transformer_decode_equals_forward():
+    torch.manual_seed(0)
+    cfg = TransformerConfig(vocab_size=64, d_model=32, n_layers=2, d_ff=48, head_dim=8)
+    model = TransformerPP(cfg).double().eval()
+    ids = torch.randint(0, 64, (2, 14))
+    with torch.no_grad():
+        full = model(ids)
+    cache = model.allocate_cache(2, 16)
+    with torch.no_grad():
+        prompt_logits = model(ids[:, :9], cache=cache)
+    torch.testing.assert_close(prompt_logits, full[:, :9])
+    for t in range(9, 14):
+        torch.testing.assert_close(model.step(ids[:, t], cache), full[:, t], rtol=1e-10, atol=1e-10)
+    assert sum(p.numel() for p in model.parameters()) == cfg.num_parameters()
+
+
+def test_table54_matching_and_counts():
+    tcfg, info = transformer_matched(es.ESSHConfig.preset("1.5b"))
+    assert (tcfg.d_ff, tcfg.n_layers, tcfg.d_model, tcfg.vocab_size) == (4672, 28, 2048, 128256)
+    assert round(info["params"] / 1e6, 1) == 1536.3 and abs(info["gap"] - 0.0034) < 1e-4   # Table 54
+    with torch.device("meta"):
+        model = TransformerPP(tcfg)
+    assert sum(p.numel() for p in model.parameters()) == tcfg.num_parameters() == info["params"]
+    d_ff, p, gap = match_ffn_width(1000, lambda f: 10 * f + 7, 8)
+    assert (d_ff, p) == (96, 967) and gap == pytest.approx(-0.033)
+
+
+def test_memory_matches_formula_and_table53():
+    rows = {r["tier"]: r for r in essh_memory_rows(es.ESSHConfig.preset("1.5b"), ["T1", "T10"])}
+    assert all(r["match"] for r in rows.values())
+    assert round(rows["T1"]["total"] / 1e6, 2) == 51.15 and round(rows["T10"]["total"] / 1e6, 2) == 53.61
+    (r370,) = essh_memory_rows(es.ESSHConfig.preset("370m"), ["T10"], batch=4)
+    assert r370["match"] and round(r370["total"] / 1e6, 2) == 23.11                   # Table 61(b)
+
+
+def test_cast_matrices_keeps_modal_tables_wide():
+    model = cast_matrices(_perturbed(torch.float32), torch.bfloat16)
+    mixer = model.blocks[0].mixer
+    assert mixer.in_proj.dtype == mixer.out_proj.dtype == model.embed.weight.dtype == torch.bfloat16
+    assert mixer.theta.dtype == mixer.gate_bias.dtype == model.norm_f.weight.dtype == torch.float32
+    assert model.blocks[1].mixer.qkv.dtype == model.blocks[1].ffn.w_in.dtype == torch.bfloat16
+
+
+def test_bench_end_to_end_tiny(tmp_path):
+    out, docs = tmp_path / "bench.json", tmp_path / "benchmarks.md"
+    cfg = BenchConfig(preset="tiny", tiers=("T1", "T10"), batches=(1, 2), warmup=1, iters=2,
+                      prefill_lengths=(32,), prefill_warmup=1, prefill_iters=1, train_batch=2,
+                      train_seq_len=32, train_warmup=1, train_steps=1,
+                      peers=("transformer", "gated_deltanet"), out=str(out), docs=str(docs), device="cpu")
+    logs = []
+    res = run_bench(cfg, log=logs.append)
+    saved = json.loads(out.read_text())
+    assert saved["config"]["preset"] == "tiny" and saved["env"]["torch"] == torch.__version__
+    dec = {(r["model"], r.get("tier"), r["batch"], r["mode"]): r for r in res["decode"]}
+    for key in [("essh", "T1", 1, "eager"), ("essh", "T10", 2, "eager"), ("transformer", "-", 1, "eager")]:
+        assert dec[key]["ms"] > 0 and dec[key]["state_bytes_per_seq"] > 0
+    assert all(r["match"] for r in res["memory"] if r["model"] == "essh")
+    assert {r["peer"] for r in res["ratios"]} >= {"transformer", "essh-unfused"}
+    assert res["train"][0]["tok_s"] > 0 and 0 < res["train"][0]["mfu"] < 1
+    assert res["prefill"][0]["ktok_s"] > 0
+    gdn = [r for r in res["decode"] if r["model"] == "gated_deltanet"]
+    assert gdn and ("error" in gdn[0] or "params" in gdn[0])
+    text = docs.read_text()
+    assert text.startswith("# Benchmarks") and "## decode" in text and "commit" in text
+    assert any("decode" in line for line in logs)
+
+
+def test_bench_cli_and_validation(tmp_path):
+    res = main(["--bench.preset", "tiny", "--bench.benchmarks", "memory", "--bench.peers", "transformer",
+                "--bench.out", str(tmp_path / "m.json")])
+    assert len(res["memory"]) == 11 and (tmp_path / "m.json").exists()
+    with pytest.raises(es.ConfigError, match="benchmarks"):
+        BenchConfig(benchmarks=("speed",))
+    with pytest.raises(es.ConfigError, match="tiers"):
+        bad = BenchConfig(preset="tiny", tiers=("T99",), benchmarks=("decode",), out="")
+        run_bench(bad, log=lambda s: None)
