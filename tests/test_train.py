@@ -257,7 +257,7 @@ def test_shared_refinement_stage(tiny_cfg, tmp_path):
     rec = SharedRefinement(tiny_cfg, (0.25, 0.5), 5.0, 0.5, seed=0, mode="cycle")
     labels = [p.label for p in rec.global_plan(0, 0, 4)]
     assert sorted(labels) == [0.25, 0.25, 0.5, 0.5] and labels[0] != labels[1]
-    cfg = _cfg(tmp_path, steps=1, refine=RefineConfig(steps=2))
+    cfg = _cfg(tmp_path, steps=1, full_share=0.5, refine=RefineConfig(steps=2))
     res = train(_tiny(tiny_cfg), es.data.PackedBatches(_tokens(), L, B), cfg, progress=False)
     r = [h for h in res.history if h["stage"] == "refine"]
     assert len(r) == 2 and len(set(r[0]["capacities"])) == 1
@@ -303,7 +303,7 @@ def test_resume_is_bit_exact(tiny_cfg, tmp_path):
 
 
 def test_corrupted_checkpoint_is_skipped(tiny_cfg, tmp_path):
-    cfg = _cfg(tmp_path, steps=4, checkpoint_every=2, keep_last=2)
+    cfg = _cfg(tmp_path, steps=4, checkpoint_every=2, keep_last=2, full_share=0.5)
     train(tiny_cfg, es.data.PackedBatches(_tokens(), L, B), cfg, progress=False)
     stage = tmp_path / "pretrain"
     assert sorted(p.name for p in stage.glob("step_*")) == ["step_0000002", "step_0000004"]

@@ -22,6 +22,7 @@ all slots (370M), ``cycle`` shuffles the capacities each step and cycles through
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +111,13 @@ class CapacityMixed(Recipe):
 
     def setup(self, model: nn.Module) -> None:
         enable_tracking(model, self.order_every > 0, self.stat_decay)
+
+    def check_slots(self, n_global: int) -> None:
+        """Warn when ``round(f x M_global)`` reserves every slot (no reduced capacity is ever sampled)."""
+        if self.full_share < 1 and round(self.full_share * n_global) >= n_global:
+            warnings.warn(f"capacity mixing with {n_global} micro-batch slot(s) per step and full_share="
+                          f"{self.full_share} reserves every slot for full capacity; raise grad_accum (or "
+                          "the world size) so some micro-batches sample reduced capacities", stacklevel=2)
 
     def capacities_of(self, step: int, tokens_seen: int, n_global: int) -> list[float]:
         """Capacity fraction of every global slot of ``step`` (Alg. 1 lines 4-7)."""

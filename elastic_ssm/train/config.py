@@ -67,9 +67,9 @@ class TrainConfig(ConfigBase):
     recipe: str = opt("auto", "'capacity_mixed' (ESSH, Alg. 1), 'budget_dropout' (ES-SSM, Sec. 4.2), "
                       "'dense' (full capacity only) or 'auto' (by model type)")
     steps: int = opt(1000, "optimizer steps of the pretraining stage (CPU default; paper 370M: 28,229)")
-    micro_batch_size: int = opt(8, "sequences per micro-batch on each rank (B)")
+    micro_batch_size: int = opt(8, "sequences per micro-batch on each rank (B); the data must deliver it")
     grad_accum: int = opt(1, "micro-batches per optimizer step on each rank (M; global M = M x world)")
-    seq_len: int = opt(512, "tokens per sequence (L; paper: 2048); used for token counts and data set-up")
+    seq_len: int = opt(512, "tokens per sequence (L; paper: 2048); the data must deliver it")
     lr: float = opt(1.2e-3, "peak learning rate (Table 7, 370M: 1.2e-3; 1.5B: 1.0e-3)")
     warmup_frac: float = opt(0.01, "linear LR warm-up as a fraction of steps (Table 7: 1%)")
     min_lr_frac: float = opt(0.1, "cosine floor as a fraction of the peak LR (Table 7: 10%)")

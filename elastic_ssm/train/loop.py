@@ -20,6 +20,7 @@ FFN statistics, data position, RNG states and step/token counters are all restor
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,16 @@ class _Trainer:
         self.val_data, self._val = val_data, None
         self.bpb = bytes_per_token(cfg, model)
         self.loss_mod = wrap_ddp(LossModule(model), ctx)
+        self._shape_checked = False
+
+    def _check_shape(self, ids: torch.Tensor) -> None:
+        """Warn once when the data's batch shape differs from ``micro_batch_size x seq_len``."""
+        want = (self.cfg.micro_batch_size, self.cfg.seq_len)
+        if not self._shape_checked and tuple(ids.shape) != want:
+            warnings.warn(f"micro-batches have shape {tuple(ids.shape)} but TrainConfig says "
+                          f"micro_batch_size x seq_len = {want}; token counts (n_warm_tokens, tokens/s) "
+                          "follow the data", stacklevel=3)
+        self._shape_checked = True
 
     # ---- validation / checkpoints ---------------------------------------------------------------
     def evaluate(self, stage: str, step: int) -> None:
@@ -167,6 +178,8 @@ class _Trainer:
         if step >= end:
             return step >= st.steps
         recipe.setup(model)
+        if hasattr(recipe, "check_slots"):
+            recipe.check_slots(cfg.grad_accum * ctx.world_size)
         model.train()
         self.log.start_stage(st.name, st.steps, step)
         params = [p for g in opt.param_groups for p in g["params"]]
@@ -175,6 +188,7 @@ class _Trainer:
         while step < end:
             t0 = time.perf_counter()
             batches = [_batch_to(self.stream.next(), ctx.device) for _ in range(M)]
+            self._check_shape(batches[0][0])
             n_tok = torch.stack([(b[1] != IGNORE_INDEX).sum() for b in batches]).sum().to(torch.float64)
             all_reduce(n_tok, ctx)
             if n_tok.item() == 0:
