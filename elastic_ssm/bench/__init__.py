@@ -37,6 +37,7 @@ class BenchConfig(ConfigBase):
     batches: tuple[int, ...] = opt((1, 16, 128, 512), "decode batch sizes (CUDA-graph mode)")
     eager_batches: tuple[int, ...] = opt((1,), "batch sizes also timed in eager mode")
     graph: bool = opt(True, "time decode with whole-step CUDA graphs (CUDA only)")
+    reference: bool = opt(True, "also time the unfused reference ESSH.step (eager, batch 1, full tier)")
     context: int = opt(2048, "tokens already in the decode cache")
     warmup: int = opt(50, "untimed decode steps per session")
     iters: int = opt(200, "timed decode steps per session")
@@ -113,8 +114,9 @@ class _Runner:
         self.log(f"[{time.monotonic() - self.t0:6.1f}s] {row.get('bench', '')} {shown}")
 
 
-def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> dict:
-    """Run the benchmarks of ``cfg``; returns the results dict (see module docstring)."""
+def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_tables: bool = True) -> dict:
+    """Run the benchmarks of ``cfg``; returns the results dict (see module docstring). ``log`` receives
+    one line per completed entry (default: print, flushed); ``print_tables`` logs the tables at the end."""
     from . import report
     from .decode import decode_suite
     from .memory import memory_suite
@@ -132,7 +134,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> dic
         if name in cfg.benchmarks:
             suites[name](r, results[name])
     results["ratios"] = report.ratios(results)
-    log("\n" + report.tables(results))
+    if print_tables:
+        log("\n" + report.tables(results))
     if cfg.out:
         report.write_json(cfg.out, results)
         log(f"wrote {cfg.out}")

@@ -197,7 +197,7 @@ def decode_suite(r, out: list) -> None:
     from .peers import build_essh
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
-    model = build_essh(r.mcfg, dev, r.dtype)
+    model = build_essh(r.mcfg, dev, r.dtype) if (r.tiers or cfg.reference) else None
     for name in r.tiers:
         t = r.table[name]
         for B in cfg.batches:
@@ -210,10 +210,12 @@ def decode_suite(r, out: list) -> None:
                 fn = lambda make=make, B=B, g=g: bench_decode(make, B, g, cfg.warmup, cfg.iters, V, dev,
                                                               cfg.sessions)
                 r.run(out, base, fn)
-    base = {"bench": "decode", "model": "essh-unfused", "preset": cfg.preset, "tier": r.full,
-            "params": r.table[r.full].params, "batch": 1, "mode": "eager"}
-    make = lambda b, gg: EsshDecoder(model, r.full, b, cfg.context, False, fused=False)
-    r.run(out, base, lambda: bench_decode(make, 1, False, min(cfg.warmup, 10), min(cfg.iters, 50), V, dev))
+    if cfg.reference:
+        base = {"bench": "decode", "model": "essh-unfused", "preset": cfg.preset, "tier": r.full,
+                "params": r.table[r.full].params, "batch": 1, "mode": "eager"}
+        make = lambda b, gg: EsshDecoder(model, r.full, b, cfg.context, False, fused=False)
+        fn = lambda: bench_decode(make, 1, False, min(cfg.warmup, 10), min(cfg.iters, 50), V, dev)
+        r.run(out, base, fn)
     model = None
     for peer in cfg.peers:
         base = {"bench": "decode", "model": peer, "preset": cfg.preset, "tier": "-"}

@@ -48,7 +48,7 @@ def prefill_suite(r, out: list) -> None:
     from .peers import build_essh
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
-    model = build_essh(r.mcfg, dev, r.dtype)
+    model = build_essh(r.mcfg, dev, r.dtype) if cfg.prefill_tiers else None
     for name in cfg.prefill_tiers:
         for T in cfg.prefill_lengths:
             base = {"bench": "prefill", "model": "essh", "preset": cfg.preset, "tier": name,

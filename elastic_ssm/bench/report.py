@@ -20,7 +20,8 @@ import torch
 
 from .peers import fla_status
 
-__all__ = ["environment", "format_table", "ratios", "tables", "write_json", "append_markdown"]
+__all__ = ["environment", "format_table", "ratios", "tables", "write_json", "markdown_section",
+           "append_markdown"]
 
 
 def _git_commit() -> str:
@@ -104,7 +105,7 @@ _DECODE_COLS = ["model", "preset", "tier", "params", "batch", "mode", "ms", "tok
                 "error"]
 _PREFILL_COLS = ["model", "preset", "tier", "params", "length", "ms", "ktok_s", "peak_gb", "error"]
 _TRAIN_COLS = ["model", "preset", "params", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb", "error"]
-_MEM_COLS = ["model", "tier", "recurrent", "kv", "total", "formula_total", "match"]
+_MEM_COLS = ["model", "preset", "tier", "recurrent", "kv", "total", "formula_total", "match"]
 _RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value", "ratio"]
 
 
@@ -122,18 +123,22 @@ def tables(results: dict) -> str:
     return "\n\n".join(parts)
 
 
-def append_markdown(path: str | Path, results: dict) -> Path:
-    """Append one run (environment line + tables) to a markdown file, creating it with a header."""
-    path = Path(path)
+def markdown_section(results: dict) -> str:
+    """One run as a markdown section: environment line, then all tables in a code block."""
     env = results.get("env", {})
+    head = (f"\n## {env.get('date', '?')}: {env.get('device', '?')}\n\n"
+            f"torch {env.get('torch')}, CUDA {env.get('cuda')}, triton {env.get('triton')}, "
+            f"fla {env.get('fla')}, commit `{env.get('commit')}`; command: `{env.get('command')}`\n\n")
+    return head + "```\n" + tables(results) + "\n```\n"
+
+
+def append_markdown(path: str | Path, results: dict) -> Path:
+    """Append one run to a markdown file (``docs/benchmarks.md``), creating it with a header."""
+    path = Path(path)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("# Benchmarks\n\nRaw numbers appended by `elastic-ssm bench` (one section per run; "
                         "see docs/performance.md for the protocol).\n")
-    head = (f"\n## {env.get('date', '?')}: {env.get('device', '?')}\n\n"
-            f"torch {env.get('torch')}, CUDA {env.get('cuda')}, triton {env.get('triton')}, "
-            f"fla {env.get('fla')}, "
-            f"commit `{env.get('commit')}`; command: `{env.get('command')}`\n\n")
     with path.open("a") as f:
-        f.write(head + "```\n" + tables(results) + "\n```\n")
+        f.write(markdown_section(results))
     return path
