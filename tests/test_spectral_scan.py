@@ -225,15 +225,16 @@ def test_gla_mapping_matches_spec(T):
         assert (gr - r).abs().max() <= 1e-9 * max(1.0, r.abs().max().item()), name
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fla_path_with_stand_in_kernel(monkeypatch, dtype):
+@pytest.mark.parametrize("dtype,compute", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                           (torch.bfloat16, None)])
+def test_fla_path_with_stand_in_kernel(monkeypatch, dtype, compute):
     """``fla_spectral_scan`` end to end on CPU, with a tokenwise stand-in for ``fla.ops.gla.chunk_gla`` that
     follows fla's conventions (layout [B, T, H, D], log-space g, float32 initial state, default scale)."""
     seen = {}
 
     def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
         assert q.shape == k.shape == g.shape and v.shape[:3] == q.shape[:3]
-        assert q.dtype == k.dtype == v.dtype == dtype and g.dtype == torch.float32
+        assert q.dtype == k.dtype == v.dtype == (compute or dtype) and g.dtype == torch.float32
         assert initial_state.dtype == torch.float32
         assert initial_state.shape == (q.shape[0], *q.shape[2:], v.shape[-1])
         seen["scale"] = scale
@@ -249,7 +250,7 @@ def test_fla_path_with_stand_in_kernel(monkeypatch, dtype):
     fla_spectral_scan = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_fla").fla_spectral_scan
     x = make_inputs(T=70, clock=0.3, strong=(1, 2, 30.0))
     low = {n: t.to(dtype) if n in NAMES[:4] else t.float() for n, t in x.items()}
-    z, h = run(fla_spectral_scan, low)
+    z, h = run(fla_spectral_scan, low, compute_dtype=compute)
     assert seen["scale"] == 1.0 and z.dtype == dtype and h.dtype == torch.float32
     z_ref, h_ref = run(naive_spectral_scan, {n: t.double() for n, t in low.items()})
     tol = 1e-5 if dtype == torch.float32 else 1e-2

@@ -54,11 +54,11 @@ def gla_inputs(
     M = rho.shape[-1]
     dtype = dtype or v.dtype
     wide = torch.promote_types(v.dtype, torch.float32)  # gates and tables before the final cast
-    phase = _absolute_phase(theta, T)  # [T, K, M]
-    cph, sph = torch.cos(phase), torch.sin(phase)
-    kcd, ksd = kc.double(), ks.double()
-    qrot = torch.stack([cph * kcd - sph * ksd, -(sph * kcd + cph * ksd)], -1).to(wide)  # R(-theta t) kappa
-    krot = torch.stack([cph, -sph], -1).to(wide)  # R(-theta t) e1  [T, K, M, 2]
+    phase = _absolute_phase(theta, T)  # [T, K, M] float64
+    cph, sph = torch.cos(phase).to(wide), torch.sin(phase).to(wide)
+    kcw, ksw = kc.to(wide), ks.to(wide)
+    qrot = torch.stack([cph * kcw - sph * ksw, -(sph * kcw + cph * ksw)], -1)  # R(-theta t) kappa
+    krot = torch.stack([cph, -sph], -1)  # R(-theta t) e1
     q = (read.to(wide)[..., None] * qrot).reshape(B, T, K, 2 * M).to(dtype)
     k = (write.to(wide)[..., None] * krot).reshape(B, T, K, 2 * M).to(dtype)
     g = (torch.log(rho.to(wide)) - clock.to(wide))[..., None].expand(B, T, K, M, 2).reshape(B, T, K, 2 * M)
@@ -104,11 +104,15 @@ def fla_spectral_scan(
     a: torch.Tensor,  # [K, M]
     initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P]
     output_final_state: bool = False,
+    compute_dtype: torch.dtype | None = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The scan through ``fla.ops.gla.chunk_gla`` (CUDA, fp32/bf16/fp16); state returned in float32.
+    """The scan through ``fla.ops.gla.chunk_gla`` (CUDA); ``z`` in ``v.dtype``, the state in float32.
 
-    fla provides gradients for q, k, v, g and the initial state; the mapping is torch ops, so autograd
-    carries them on to every input including theta, rho (through log rho) and the initial state.
+    ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for bf16 inputs: rounding the
+    rotated ``q, k`` to bf16 makes the theta gradient, a long cancelling sum over ``t``, lose ~2 digits;
+    None uses ``v.dtype``). fla provides gradients for q, k, v, g and the initial state; the mapping is
+    torch ops, so autograd carries them on to every input including theta, rho (through log rho) and the
+    initial state.
     """
     from fla.ops.gla import chunk_gla  # optional dependency, imported only on this path
 
@@ -117,7 +121,7 @@ def fla_spectral_scan(
 
         args = (write, read, clock, rho, theta, kc, ks, a, initial_state, output_final_state)
         return naive_spectral_scan(v, *args)
-    q, k, vv, g, h0 = gla_inputs(v, write, read, clock, rho, theta, kc, ks, initial_state)
+    q, k, vv, g, h0 = gla_inputs(v, write, read, clock, rho, theta, kc, ks, initial_state, compute_dtype)
     g = g.float()
     h0 = None if h0 is None else h0.float().contiguous()
     o, ht = chunk_gla(q, k, vv, g, scale=1.0, initial_state=h0, output_final_state=output_final_state)
