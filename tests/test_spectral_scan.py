@@ -109,6 +109,22 @@ def test_plans():
     assert sub == 16 and not keep.any()
 
 
+def test_decay_scan_recursion():
+    ct = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_torch")
+    g = torch.Generator().manual_seed(2)
+    ell = 3 * torch.rand(2, 3, 23, generator=g, dtype=F64)
+    U, h = torch.randn(2, 3, 23, 4, generator=g, dtype=F64), torch.randn(2, 3, 4, generator=g, dtype=F64)
+    states, last = ct._decay_scan(ell, U, h, group=4)  # three levels of groups
+    for j in range(23):
+        torch.testing.assert_close(states[..., j, :], h, atol=1e-13, rtol=0)
+        h = torch.exp(-ell[..., j, None]) * h + U[..., j, :]
+    torch.testing.assert_close(last, h, atol=1e-13, rtol=0)
+    x = make_inputs(B=1, T=1100, K=2, M=3, P=3, clock=0.05)  # 69 chunks of 16: the chunk scan recurses
+    z_ref, h_ref = run(naive_spectral_scan, x)
+    z, h = run(chunk_spectral_scan, x, chunk_size=16)
+    assert (z - z_ref).abs().max() < 1e-10 and (h - h_ref).abs().max() < 1e-10
+
+
 def test_factorized_admission():
     x = make_inputs(T=100, clock=0.05)
     z_ref, h_ref = run(naive_spectral_scan, x)
