@@ -33,6 +33,9 @@ class BudgetDropout(Recipe):
     def __init__(self, sampler: BudgetSampler) -> None:
         self.sampler = sampler
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.sampler.state_dict()}
+
     def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
         K = self.sampler.sample(step)
         return [MicroPlan(tier=K, label=K) for _ in range(n_global)]

@@ -82,6 +82,10 @@ class Recipe:
         """Hook after the optimizer update of 0-based ``step``; returns events to log."""
         return {}
 
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler settings (plans are pure functions of them and the step; saved in checkpoints)."""
+        return {"name": self.name}
+
 
 def _is_full(cfg: Any, tier: Tier) -> bool:
     full = resolve_tier(cfg, None)
@@ -111,6 +115,11 @@ class CapacityMixed(Recipe):
 
     def setup(self, model: nn.Module) -> None:
         enable_tracking(model, self.order_every > 0, self.stat_decay)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "capacities": list(self.capacities), "full_share": self.full_share,
+                "n_warm_tokens": self.n_warm_tokens, "seed": self.seed, "order_every": self.order_every,
+                "order_until": self.order_until, "total_steps": self.total_steps}
 
     def check_slots(self, n_global: int) -> None:
         """Warn when ``round(f x M_global)`` reserves every slot (no reduced capacity is ever sampled)."""
@@ -168,6 +177,9 @@ class SharedRefinement(Recipe):
 
     def setup(self, model: nn.Module) -> None:
         enable_tracking(model, False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "capacities": list(self.capacities), "mode": self.mode, "seed": self.seed}
 
     def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
         rng = slot_rng(self.seed, step, _REFINE_STREAM)

@@ -146,19 +146,24 @@ class _Trainer:
                 "data": self.stream.state_dict()}
 
     def save(self, st: _Stage, step: int, tokens: int, opt: torch.optim.Optimizer,
-             sched: WarmupCosine) -> None:
+             sched: WarmupCosine, recipe: Any) -> None:
         trainer = {"stage": st.name, "step": step, "tokens_seen": tokens, "schedule": sched.state_dict(),
-                   "recipe": st.recipe_name, "train_config": self.cfg.to_dict(),
+                   "recipe": recipe.state_dict(), "train_config": self.cfg.to_dict(),
                    "model_config": self.model.config.to_dict(), "world_size": self.ctx.world_size}
         save_checkpoint(self.out / st.name, step, self.model, opt, trainer, self.rank_state(), self.ctx,
                         self.cfg.keep_last, self.cfg.to_yaml())
 
-    def restore(self, st: _Stage, opt: torch.optim.Optimizer, sched: WarmupCosine) -> tuple[int, int]:
+    def restore(self, st: _Stage, opt: torch.optim.Optimizer, sched: WarmupCosine,
+                recipe: Any) -> tuple[int, int]:
         got = load_checkpoint(self.out / st.name, self.model, opt, self.ctx)
         if got is None:
             return 0, 0
         trainer, rank = got
         sched.check_state(trainer["schedule"])
+        if trainer["recipe"] != recipe.state_dict():
+            warnings.warn(f"resuming {st.name} with other sampling settings than the checkpoint's "
+                          f"({trainer['recipe']} -> {recipe.state_dict()}); the continuation is not the "
+                          "run that was interrupted", stacklevel=3)
         if hasattr(self.model, "ffn_layers"):
             for f, s in zip(self.model.ffn_layers(), rank["act_sq"]):
                 f.act_sq = None if s is None else s.to(f.w_out.device)
@@ -173,7 +178,7 @@ class _Trainer:
         recipe = make_recipe(st.recipe_name, model, cfg, self.data)
         opt = build_adamw(model, st.lr, cfg.betas, st.weight_decay, cfg.eps, recipe.policy)
         sched = WarmupCosine(st.lr, st.steps, st.warmup, st.min_frac)
-        step, tokens = self.restore(st, opt, sched) if resume else (0, 0)
+        step, tokens = self.restore(st, opt, sched, recipe) if resume else (0, 0)
         end = st.steps if stop_after is None else min(st.steps, stop_after)
         if step >= end:
             return step >= st.steps
@@ -230,7 +235,7 @@ class _Trainer:
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == st.steps:
                 self.evaluate(st.name, step)
             if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step in (st.steps, end):
-                self.save(st, step, tokens, opt, sched)
+                self.save(st, step, tokens, opt, sched, recipe)
         self.log.close_bar()
         return step >= st.steps
 
