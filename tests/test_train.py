@@ -47,7 +47,7 @@ def _micro_batches(n, seed=0):
 
 def _cfg(tmp_path, **kw):
     base = dict(steps=4, micro_batch_size=B, grad_accum=2, seq_len=L, out_dir=str(tmp_path), eval_every=0,
-                checkpoint_every=0, log_every=1, n_warm_tokens=0)
+                checkpoint_every=0, log_every=1, n_warm_tokens=0, device="cpu")
     return TrainConfig(**{**base, **kw})
 
 
@@ -338,7 +338,7 @@ def _ddp_worker(rank, world, port, out_dir, result_path):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    cfg = _cfg(out_dir, steps=3, grad_accum=1, full_share=0.5, device="cpu")
+    cfg = _cfg(out_dir, steps=3, grad_accum=1, full_share=0.5)
     data = lambda r, w: es.data.PackedBatches(_tokens(), L, B, rank=r, world_size=w)
     res = train(es.ESSHConfig.preset("tiny"), data, cfg, progress=False)
     if rank == 0:
