@@ -29,9 +29,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str)
     for f in dataclasses.fields(cls):
         tp = _base_type(hints[f.name])
         flag = f"--{prefix}.{f.name}"
-        help_ = f.metadata.get("help", "")
+        help_ = f.metadata.get("help", "").replace("%", "%%")
         if f.default is not dataclasses.MISSING:
-            help_ += f" (default: {f.default!r})"
+            help_ += f" (default: {f.default!r})".replace("%", "%%")
         kw: dict[str, Any] = {"dest": f"{prefix}.{f.name}", "help": help_, "default": argparse.SUPPRESS}
         if dataclasses.is_dataclass(tp):
             continue  # nested sections are configured through YAML

@@ -1,11 +1,10 @@
 """Shared test setup: CPU by default, float64-friendly, deterministic; GPU tests carry the `gpu` marker."""
 
-import os
-
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One thread: tests are small, and oversubscribed cores slow tiny ops by orders of magnitude.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
