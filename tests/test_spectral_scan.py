@@ -182,10 +182,10 @@ def test_gradcheck(diagonal, clock):
 def test_pairwise_block_backward():
     ct = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_torch")
     g = torch.Generator().manual_seed(1)
-    lq = torch.cumsum(torch.rand(1, 2, 1, 2, 5, 3, generator=g, dtype=F64), -2).requires_grad_()
-    r, w = (torch.rand(1, 2, 1, 2, 5, 3, generator=g, dtype=F64).requires_grad_() for _ in range(2))
-    psi = torch.tril(torch.randn(2, 5, 5, 3, generator=g, dtype=F64).permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-    assert torch.autograd.gradcheck(ct._PairwiseDiagonal.apply, (lq, r, w, psi.requires_grad_()))
+    lq = torch.cumsum(torch.rand(1, 3, 1, 2, 5, generator=g, dtype=F64), -1).requires_grad_()
+    r, w = (torch.rand(1, 3, 1, 2, 5, generator=g, dtype=F64).requires_grad_() for _ in range(2))
+    psi = torch.tril(torch.randn(3, 5, 5, generator=g, dtype=F64)).requires_grad_()
+    assert torch.autograd.gradcheck(ct._PairwiseDiagonal.apply, (lq, r, w, psi))
 
 
 def test_decode_steps_equal_scan():

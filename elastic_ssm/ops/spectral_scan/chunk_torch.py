@@ -8,7 +8,7 @@ steep):
 * the causal interaction ``G[t, s]`` of Eq. 27 inside a diagonal block is either *factorised* through centred
   endpoint factors ``exp(-(l(t) - l*)) exp(l(s) - l*)`` (Eq. 34) when the block's log-decay span fits the
   dtype (the admission rule of Appendix O.2, decided per mode), or built *pairwise* from ``l(t) - l(s) >= 0``
-  for the modes that do not fit;
+  for the (channel, mode) pairs that do not fit;
 * everything older than the block arrives through mode states in a rotated frame, read out by
   ``q(t) = r(t) R(theta tau_t)^T kappa exp(-(l(t) - l_ref))``; the rotation-absorbing identity
   ``R(theta (t - s)) = R(theta t) R(theta s)^T`` uses chunk-local phases ``tau <= C`` (small angles);
@@ -18,7 +18,7 @@ steep):
 Apart from the admitted centred factors, every ``exp`` is of a non-positive number (a decay between ordered
 positions), so clocks of 50 per position and ``rho`` down to 1e-6 only underflow to exact zeros.
 Cumulative log-decays are summed and phases formed in float64 before the cast to the compute dtype.
-Gradients come from autograd (the pairwise block has its own recomputing backward). See README.md.
+Gradients come from autograd (the pairwise block has a hand-written backward). See README.md.
 """
 
 from __future__ import annotations
@@ -81,38 +81,32 @@ def _lag_table(theta, kc, ks, sub: int, dtype) -> torch.Tensor:
     return (table * (diff >= 0).to(table.dtype)[None, :, :, None]).to(dtype)
 
 
-def _decays(lq: torch.Tensor) -> torch.Tensor:
-    """``exp(-(l(t) - l(s)))`` for ``s <= t`` and 1 above the diagonal: ``[..., t, s, M]``."""
-    d = lq[..., :, None, :] - lq[..., None, :, :]
-    return torch.exp(d.clamp_(min=0).neg_())
-
-
 class _PairwiseDiagonal(torch.autograd.Function):
-    """``G[t, s] = sum_i r_i(t) w_i(s) exp(-(l_i(t) - l_i(s))) psi_i(t - s)`` per diagonal block (Eq. 27).
+    """``G[t, s] = r(t) w(s) exp(-(l(t) - l(s))) psi(t - s)`` of one mode per diagonal block (Eq. 27).
 
-    Only non-positive exponents, so always finite. The ``[.., c, c, M]`` kernel is recomputed in backward
-    rather than stored.
+    Only non-positive exponents (``max(0, l(t) - l(s))``; above the diagonal ``psi = 0``), so always finite.
+    Inputs ``lq, r, w [B, n, N, nc, c]`` for n (channel, mode) pairs, ``psi [n, c, c]``.
     """
 
     @staticmethod
-    def forward(ctx, lq, r, w, psi):  # lq, r, w: [B, K', N, nc, c, M]; psi: [K', c, c, M]
-        ctx.save_for_backward(lq, r, w, psi)
-        ker = _decays(lq).mul_(psi[:, None, None]).mul_(w[..., None, :, :])  # [B, K', N, nc, t, s, M]
-        return torch.matmul(ker, r[..., :, :, None]).squeeze(-1)  # [B, K', N, nc, t, s]
+    def forward(ctx, lq, r, w, psi):
+        e = torch.exp((lq[..., :, None] - lq[..., None, :]).clamp_(min=0).neg_())  # [B, n, N, nc, t, s]
+        ctx.save_for_backward(e, r, w, psi)
+        return e * psi[:, None, None] * w[..., None, :] * r[..., :, None]
 
     @staticmethod
     def backward(ctx, dG):
-        lq, r, w, psi = ctx.saved_tensors
-        e = _decays(lq).mul_(dG[..., None])  # dG E  [B, K', N, nc, t, s, M]
-        x = e * psi[:, None, None]  # dG E psi
-        dr = (x * w[..., None, :, :]).sum(-2)  # [B, K', N, nc, t, M]
-        x.mul_(r[..., :, None, :])
-        dw = x.sum(-3)  # [B, K', N, nc, s, M]
-        x.mul_(w[..., None, :, :])
-        dlq = x.sum(-3) - x.sum(-2)
+        e, r, w, psi = ctx.saved_tensors
+        ed = e * dG  # dG E
+        x = ed * psi[:, None, None]  # dG E psi
+        dr = (x * w[..., None, :]).sum(-1)
+        x.mul_(r[..., :, None])
+        dw = x.sum(-2)
+        x.mul_(w[..., None, :])  # dG r w E psi
+        dlq = x.sum(-2) - x.sum(-1)
         dpsi = None
         if ctx.needs_input_grad[3]:
-            dpsi = e.mul_(r[..., :, None, :]).mul_(w[..., None, :, :]).sum((0, 2, 3))
+            dpsi = ed.mul_(r[..., :, None]).mul_(w[..., None, :]).sum((0, 2, 3))
         return dlq, dr, dw, dpsi
 
 
@@ -221,10 +215,15 @@ def chunk_spectral_scan(
         kf = keys(wb * torch.exp(cen), krot)
         G = torch.tril(torch.matmul(keys(qf, qrot), kf.mT))  # [B, K, N, nc, t, s]
     if keep is not None and not bool(keep.all()):
-        kidx = (~keep).any(-1).nonzero().squeeze(-1)  # channels with at least one pairwise mode
-        psi = _lag_table(theta[kidx], kc[kidx], ks[kidx], sub, dt) * (~keep[kidx]).to(dt)[:, None, None, :]
-        Gp = _PairwiseDiagonal.apply(lq[:, kidx].to(dt), rb[:, kidx], wb[:, kidx], psi)
-        G = Gp if G is None else G.index_add(1, kidx, Gp)
+        pairs = (~keep).flatten().nonzero().squeeze(-1)  # (channel, mode) pairs evaluated pairwise
+
+        def pick(x: torch.Tensor) -> torch.Tensor:  # [B, K, N, nc, c, M] -> [B, pairs, N, nc, c]
+            return x.movedim(-1, 2).reshape(B, K * M, N, nc, sub)[:, pairs]
+
+        psi = _lag_table(theta, kc, ks, sub, dt).movedim(-1, 1).reshape(K * M, sub, sub)[pairs]
+        Gp = _PairwiseDiagonal.apply(pick(lq).to(dt), pick(rb), pick(wb), psi)  # [B, pairs, N, nc, t, s]
+        G = Gp.new_zeros(B, K, N, nc, sub, sub) if G is None else G
+        G = G.index_add(1, torch.div(pairs, M, rounding_mode="floor"), Gp)
     corr = (rb * wb * (a * kc).to(dt)[:, None, None, None, :]).sum(-1, keepdim=True)  # Eq. 24
     z = torch.matmul(G, vb) - corr * vb  # [B, K, N, nc, c, P]
 
