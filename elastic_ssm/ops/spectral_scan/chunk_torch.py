@@ -202,8 +202,8 @@ def chunk_spectral_scan(
     qrot = qrot.to(dt).reshape(K, 1, nc, sub, M, 2)
     krot = torch.stack([cph, -sph], -1).to(dt).reshape(K, 1, nc, sub, M, 2)  # R(phi)^T e1
 
-    def keys(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:  # [.., c, M] -> [.., c, 2M]
-        return (x[..., None] * rot).flatten(-2)
+    def keys(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:  # [.., c, M] -> [.., c, 2M] (mode-major)
+        return torch.stack([x * rot[..., 0], x * rot[..., 1]], -1).flatten(-2)
 
     # Diagonal blocks (Eq. 27), core only: factorised modes through centred factors, the rest pairwise.
     G = None
