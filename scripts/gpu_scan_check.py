@@ -81,12 +81,15 @@ PATHS = (  # label, input dtype, function, keywords
 
 def correctness() -> None:
     say("== correctness: max|err| / max|ref| (z, state, worst input gradient) ==")
-    for T in (1, 63, 64, 65, 130, 2048):
+    t_values = tuple(int(t) for t in os.environ.get("SCAN_CHECK_T", "1,63,64,65,130,2048").split(","))
+    wanted = os.environ.get("SCAN_CHECK_PATHS")
+    paths = [p for p in PATHS if wanted is None or p[0] in wanted.split(",")]
+    for T in t_values:
         for strong in (False, True):
             base = make_inputs(2, T, 4, 8, 28, strong=strong, seed=T)
             ref_fn = naive_spectral_scan if T <= 256 else chunk_spectral_scan
             refs = {}
-            for label, dtype, fn, kw in PATHS:
+            for label, dtype, fn, kw in paths:
                 x = {n: t.to(dtype) if n in NAMES[:4] else t for n, t in base.items()}
                 if dtype not in refs:  # float64 reference of exactly these (rounded) inputs
                     refs[dtype] = outputs_and_grads(ref_fn, x, upcast=True)
@@ -169,13 +172,17 @@ def bench(label, B, T, K, M, P, backend, dtype=torch.float32, backward=True, rep
         RESULTS["errors"].append(dict(where=f"bench {label}", error=traceback.format_exc()))
 
 
+QUICK = os.environ.get("SCAN_CHECK_QUICK") == "1"  # skip the native-bf16 and torch timing rows
+
+
 def timings() -> None:
     say("== timings (median ms over warm repetitions, torch.cuda.Event) ==")
     for P in (28, 64):
         bench(f"fla fp32 B8 T2048 K32 M8 P{P}", 8, 2048, 32, 8, P, "fla")
         bench(f"fla bf16 B8 T2048 K32 M8 P{P}", 8, 2048, 32, 8, P, "fla", dtype=torch.bfloat16)
-        bench(f"fla bf16/bf16 B8 T2048 K32 M8 P{P}", 8, 2048, 32, 8, P, "fla-bf16", dtype=torch.bfloat16)
-        bench(f"torch fp32 B8 T2048 K32 M8 P{P}", 8, 2048, 32, 8, P, "torch", reps=5)
+        if not QUICK:
+            bench(f"fla bf16/bf16 B8 T2048 K32 M8 P{P}", 8, 2048, 32, 8, P, "fla-bf16", dtype=torch.bfloat16)
+            bench(f"torch fp32 B8 T2048 K32 M8 P{P}", 8, 2048, 32, 8, P, "torch", reps=5)
     bench("fla fp32 B1 T131072 K32 M8 P64", 1, 131072, 32, 8, 64, "fla", backward=False, reps=5)
     bench("torch fp32 B1 T131072 K32 M8 P64", 1, 131072, 32, 8, 64, "torch", backward=False, reps=3)
     try:  # the bare kernel, to see what the mapping costs around it

@@ -3,10 +3,14 @@
 Importing this package never imports triton or fla: those optional extras load only on their code paths.
 """
 
-from .dispatch import resolve_backend
+from .dispatch import available_backends, resolve_backend
+from .fft_conv import fft_causal_conv, naive_causal_conv
 from .spectral_scan import chunk_spectral_scan, naive_spectral_scan, spectral_scan, spectral_scan_step
 
 __all__ = [
+    "available_backends",
+    "fft_causal_conv",
+    "naive_causal_conv",
     "chunk_spectral_scan",
     "naive_spectral_scan",
     "resolve_backend",

@@ -32,6 +32,14 @@ def fla_available() -> bool:
     return True
 
 
+def available_backends() -> list[str]:
+    """Scan backends usable in this process: always "naive" and "torch"; "fla" when fla and CUDA work."""
+    out = ["naive", "torch"]
+    if torch.cuda.is_available() and fla_available():
+        out.append("fla")
+    return out
+
+
 def resolve_backend(backend: str = "auto", tensor: torch.Tensor | None = None) -> str:
     """Resolve ``backend`` for inputs like ``tensor``: returns ``"torch"``, ``"fla"`` or ``"naive"``.
 
