@@ -7,6 +7,9 @@ import torch
 
 import elastic_ssm as es
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_scan_check import timed  # noqa: E402  (median ms over warm repetitions, CUDA events)
+
 B, T, K, M, P = 8, 2048, 32, 8, int(os.environ.get("P", 28))
 dev = "cuda"
 
@@ -21,27 +24,14 @@ def inputs(dtype):
     return [t.requires_grad_() for t in (v, *gates, clock, *tabs)]
 
 
-def timed(fn, warm=3, reps=10):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
+def fwd_bwd(x):
+    z, _ = es.ops.spectral_scan(*x, backend="fla")
+    z.float().sum().backward()
 
 
 for dtype in (torch.float32, torch.bfloat16):
     x = inputs(dtype)
-    fwd = timed(lambda: es.ops.spectral_scan(*x, backend="fla"))
-    def fb():
-        z, _ = es.ops.spectral_scan(*x, backend="fla")
-        z.float().sum().backward()
-    both = timed(fb)
-    print(f"fla {str(dtype)[6:]:9s} B{B} T{T} K{K} M{M} P{P}: fwd {fwd:.3f} ms  fwd+bwd {both:.3f} ms", flush=True)
-sys.exit(0)
+    fwd = timed(lambda x=x: es.ops.spectral_scan(*x, backend="fla"))
+    both = timed(lambda x=x: fwd_bwd(x))
+    name = str(dtype)[6:]
+    print(f"fla {name:9s} B{B} T{T} K{K} M{M} P{P}: fwd {fwd:.3f} ms  fwd+bwd {both:.3f} ms", flush=True)
