@@ -11,7 +11,6 @@ import argparse
 import csv
 import sys
 from pathlib import Path
-from typing import Any
 
 from .cli_args import add_dataclass_flags, collect_overrides
 from .config import ConfigError, ESSHConfig
