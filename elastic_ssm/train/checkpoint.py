@@ -18,6 +18,13 @@ finally all but the newest ``keep_last`` directories are deleted. A directory wi
 is used. ``DataStream`` makes any iterable of micro-batches resumable: through its
 ``state_dict``/``load_state_dict`` when it has them (``PackedBatches``), else by skipping the batches
 already consumed.
+
+Under FSDP2 (``TrainConfig.parallel='fsdp'``) writing and reading are collective: the full, unsharded
+model and optimizer states are gathered to rank 0 (``get_model_state_dict`` /
+``get_optimizer_state_dict`` with ``full_state_dict=True, cpu_offload=True``) and written in the same
+files and formats as above (ordinary tensors; optimizer state keyed by parameter index), so a
+checkpoint of a sharded run loads into an unsharded one and back. On load every rank reads the full
+files and ``set_model_state_dict`` / ``set_optimizer_state_dict`` keep its own shards.
 """
 
 from __future__ import annotations
@@ -35,11 +42,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..models.base import atomic_write_bytes
-from .dist import DistContext, barrier, broadcast_object
+from ..models.base import CONFIG_NAME, WEIGHTS_NAME, atomic_write_bytes
+from .dist import DistContext, barrier, broadcast_object, is_sharded
 
 __all__ = ["DataStream", "save_checkpoint", "load_checkpoint", "find_checkpoint", "valid_checkpoints",
-           "rng_state", "set_rng_state", "COMPLETE", "LATEST"]
+           "rng_state", "set_rng_state", "full_model_state", "save_model_dir", "COMPLETE", "LATEST"]
 
 COMPLETE, LATEST = "COMPLETE.json", "latest"
 
@@ -151,11 +158,70 @@ def find_checkpoint(stage_dir: str | Path) -> Path | None:
     return valid[0] if valid else None
 
 
+def _full_options(**kw: Any):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model state on CPU: gathered from FSDP2 shards (collective; empty off rank 0), else
+    ``model.state_dict()`` moved to CPU."""
+    if not is_sharded(model):
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
+
+
+def _full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The gathered optimizer state of a sharded ``model`` in ``Optimizer.state_dict`` form (collective;
+    empty off rank 0): parameters numbered through the param groups in order."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    osd = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
+    if not osd:
+        return {}
+    index = {fqn: i for i, fqn in enumerate(f for g in osd["param_groups"] for f in g["params"])}
+    groups = [{**g, "params": [index[f] for f in g["params"]]} for g in osd["param_groups"]]
+    return {"state": {index[f]: v for f, v in osd["state"].items()}, "param_groups": groups}
+
+
+def _load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, torch.Tensor],
+                  opt_state: dict[str, Any]) -> None:
+    """Load full (unsharded) model and optimizer states into a sharded model; each rank keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    if len(order) != sum(len(g["params"]) for g in opt_state["param_groups"]):
+        raise ValueError("the optimizer state has another number of parameters than the optimizer")
+    osd = {"state": {order[int(i)]: v for i, v in opt_state["state"].items()},
+           "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in opt_state["param_groups"]]}
+    set_model_state_dict(model, state, options=_full_options(strict=True))
+    set_optimizer_state_dict(model, optimizer, osd, options=_full_options())
+
+
+def save_model_dir(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> Path:
+    """``model.save_pretrained(path)`` with the tensors of ``state`` (e.g. gathered from FSDP2 shards)."""
+    from safetensors.torch import save
+
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    atomic_write_bytes(path / WEIGHTS_NAME, save(tensors, metadata={"format": "pt", "arch": model.arch}))
+    atomic_write_bytes(path / CONFIG_NAME, json.dumps(model._config_json(), indent=2).encode())
+    return path
+
+
 def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     trainer_state: dict[str, Any], rank_state: dict[str, Any], ctx: DistContext,
                     keep_last: int = 3, config_yaml: str = "") -> Path:
-    """Write checkpoint ``step`` of ``model`` (the unwrapped model) atomically; collective under DDP."""
+    """Write checkpoint ``step`` of ``model`` (the unwrapped or FSDP2-sharded model) atomically; collective
+    under DDP and FSDP."""
     stage_dir = Path(stage_dir)
+    sharded = is_sharded(model)
+    if sharded:
+        model_state, opt_state = full_model_state(model), _full_optimizer_state(model, optimizer)
     name = f"step_{step:07d}"
     final, tmp = stage_dir / name, stage_dir / f".{name}.tmp"
     if ctx.is_main:
@@ -166,8 +232,11 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
     _save_torch(rank_state, tmp / f"rank{ctx.rank}.pt")
     barrier(ctx)
     if ctx.is_main:
-        model.save_pretrained(tmp / "model")
-        _save_torch(optimizer.state_dict(), tmp / "optimizer.pt")
+        if sharded:
+            save_model_dir(model, model_state, tmp / "model")
+        else:
+            model.save_pretrained(tmp / "model")
+        _save_torch(opt_state if sharded else optimizer.state_dict(), tmp / "optimizer.pt")
         _save_torch(trainer_state, tmp / "trainer.pt")
         if config_yaml:
             atomic_write_bytes(tmp / "train_config.yaml", config_yaml.encode())
@@ -206,7 +275,8 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
         rest = [p for p in valid_checkpoints(stage_dir) if p != first]
         candidates = ([first] if first is not None else []) + rest
     candidates = broadcast_object([str(p) for p in candidates], ctx)
-    device = next(model.parameters()).device
+    sharded = is_sharded(model)
+    device = "cpu" if sharded else next(model.parameters()).device
     for cand in map(Path, candidates):
         try:
             state = load_file(str(cand / "model" / "model.safetensors"), device=str(device))
@@ -217,8 +287,11 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
                               stacklevel=2)
                 rank_file = cand / "rank0.pt"
             rank_state = _load(rank_file)
-            model.load_state_dict(state, strict=True)
-            optimizer.load_state_dict(opt_state)
+            if sharded:
+                _load_sharded(model, optimizer, state, opt_state)
+            else:
+                model.load_state_dict(state, strict=True)
+                optimizer.load_state_dict(opt_state)
         except Exception as e:  # a corrupted file of any kind: fall back to the previous checkpoint
             warnings.warn(f"could not load checkpoint {cand} ({type(e).__name__}: {e}); trying an older one",
                           stacklevel=2)

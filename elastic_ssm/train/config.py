@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 
 from ..config import ConfigBase, ConfigError, opt
 
-__all__ = ["TrainConfig", "RefineConfig", "TRAIN_CAPACITIES", "REFINE_CAPACITIES", "RECIPES"]
+__all__ = ["TrainConfig", "RefineConfig", "TRAIN_CAPACITIES", "REFINE_CAPACITIES", "RECIPES", "PARALLEL"]
 
 #: The ten pretraining capacities xi of ESSH D.4 / Table 55 (full capacity included).
 TRAIN_CAPACITIES = (1 / 16, 3 / 32, 1 / 8, 5 / 32, 3 / 16, 1 / 4, 3 / 8, 1 / 2, 3 / 4, 1.0)
 #: Shared-refinement capacities of the 370M run, {2, 4, 8, 16, 24} / 32 (D.8, Table 55).
 REFINE_CAPACITIES = tuple(n / 32 for n in (2, 4, 8, 16, 24))
 RECIPES = ("auto", "capacity_mixed", "budget_dropout", "dense")
+PARALLEL = ("ddp", "fsdp")
 
 
 def _check(cond: bool, cls: str, name: str, msg: str) -> None:
@@ -107,6 +108,8 @@ class TrainConfig(ConfigBase):
     log_every: int = opt(10, "write a metrics.jsonl training record every this many steps")
     compile: bool = opt(False, "torch.compile every block (recompiles once per sampled capacity)")
     device: str = opt("auto", "'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu' or 'cuda'")
+    parallel: str = opt("ddp", "'ddp' or 'fsdp' (FSDP2 fully_shard per block, for models that need sharding); "
+                        "used under torchrun with more than one rank")
 
     def validate(self) -> None:
         c = "TrainConfig"
@@ -138,6 +141,7 @@ class TrainConfig(ConfigBase):
         _check(self.bytes_per_token >= 0, c, "bytes_per_token", f"must be >= 0, got {self.bytes_per_token}")
         _check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), c, "device",
                f"must be 'auto', 'cpu', 'cuda' or 'cuda:<i>', got {self.device!r}")
+        _check(self.parallel in PARALLEL, c, "parallel", f"must be one of {PARALLEL}, got {self.parallel!r}")
         _check(bool(self.out_dir), c, "out_dir", "must be a directory path")
 
     @property

@@ -1,4 +1,4 @@
-"""Process-group set-up for one code path on CPU, one GPU and ``torchrun`` (DDP).
+"""Process-group set-up for one code path on CPU, one GPU and ``torchrun`` (DDP or FSDP2).
 
 ``init_distributed`` reads the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT``); with ``WORLD_SIZE > 1`` it initialises the default process group
@@ -6,14 +6,21 @@
 single-process context and every collective below is the identity, so the training loop never
 branches on the world size.
 
-The loop wraps its ``LossModule`` in ``DistributedDataParallel`` (``wrap_ddp``): gradients of the M
-micro-batches are accumulated locally under ``no_sync`` and all-reduced once with the last backward
-(ESSH Algorithm 1 line 20). DDP *averages* over ranks, so the loop scales each micro-batch loss by the
-world size to obtain the sum of Algorithm 1. FSDP2 is not used: its sharded (DTensor) parameters and
-optimizer moments would need their own permutation (D.3) and checkpoint code; the 370M/1.5B presets
-with fp32 AdamW state fit one H200 each, which is what plain DDP needs.
-"""
+``TrainConfig.parallel='ddp'``: the loop wraps its ``LossModule`` in ``DistributedDataParallel``
+(``wrap_ddp``): gradients of the M micro-batches are accumulated locally under ``no_sync`` and
+all-reduced once with the last backward (ESSH Algorithm 1 line 20).
 
+``TrainConfig.parallel='fsdp'``: ``wrap_fsdp`` applies FSDP2 ``fully_shard`` to every block and then to
+the model itself (the root, which owns embeddings and the final norm; ``hidden_states`` is registered
+as an FSDP forward method for the chunked loss). Parameters, gradients and AdamW moments become
+``DTensor`` shards along dim 0; during a forward the parameters are unsharded plain tensors, so tier
+prefixes (``slicing.prefix``) and the activation statistics of the FFN layers work unchanged.
+``no_sync`` turns off the reduce-scatter of all but the last micro-batch. Code that touches parameters
+outside forward (FFN ordering, checkpoints) goes through ``full_tensor`` / ``shard_like``.
+
+Both wrappers *average* gradients over ranks, so the loop scales each micro-batch loss by the world
+size to obtain the sum of Algorithm 1.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +32,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
-__all__ = ["DistContext", "init_distributed", "all_reduce", "barrier", "wrap_ddp", "no_sync", "unwrap"]
+__all__ = ["DistContext", "init_distributed", "all_reduce", "barrier", "wrap_ddp", "wrap_fsdp", "no_sync",
+           "unwrap", "is_sharded", "full_tensor", "shard_like"]
 
 
 @dataclass
@@ -135,15 +144,70 @@ def wrap_ddp(module: nn.Module, ctx: DistContext) -> nn.Module:
     return DDP(module, device_ids=ids, **{key: False})
 
 
+def wrap_fsdp(model: nn.Module, ctx: DistContext, mixed_precision: bool = False) -> nn.Module:
+    """FSDP2 ``fully_shard`` on every block of ``model`` and then on ``model`` (the root); in place.
+
+    One process: ``model`` unchanged. ``mixed_precision``: bf16 parameters in forward/backward with fp32
+    gradient reduction (the sharded master weights and AdamW moments stay fp32). Call it before the
+    optimizer is built (the parameters are replaced by ``DTensor`` shards).
+    """
+    if not ctx.distributed:
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
+        raise ValueError(f"TrainConfig.parallel='fsdp' shards a model block by block, but "
+                         f"{type(model).__name__} has no non-empty 'blocks' ModuleList; use parallel='ddp'")
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if mixed_precision else MixedPrecisionPolicy())
+    for block in blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    if hasattr(model, "hidden_states"):
+        register_fsdp_forward_method(model, "hidden_states")
+    return model
+
+
+def is_sharded(module: nn.Module) -> bool:
+    """Whether ``module``'s parameters are FSDP2 ``DTensor`` shards."""
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole (unsharded) value of ``t``: a collective for a ``DTensor``, ``t`` itself otherwise."""
+    return t.detach().full_tensor() if isinstance(t, DTensor) else t
+
+
+def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``full`` (the same on every rank) laid out like ``like``: a ``DTensor`` with ``like``'s mesh and
+    placements (each rank keeps its own chunk, no communication), or ``full`` for a plain ``like``."""
+    if not isinstance(like, DTensor):
+        return full
+    return distribute_tensor(full.detach(), like.device_mesh, like.placements, src_data_rank=None)
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(module: nn.Module):
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
 def no_sync(module: nn.Module, skip_sync: bool):
-    """``module.no_sync()`` when ``skip_sync`` and ``module`` is DDP, else a null context."""
+    """Skip the gradient reduction of this backward when ``skip_sync``: ``module.no_sync()`` for DDP,
+    ``set_requires_gradient_sync(False)`` for an FSDP2 module; otherwise a null context."""
+    if skip_sync and hasattr(module, "set_requires_gradient_sync"):
+        return _fsdp_no_sync(module)
     if skip_sync and hasattr(module, "no_sync"):
         return module.no_sync()
     return contextlib.nullcontext()
 
 
 def unwrap(module: nn.Module) -> nn.Module:
-    """The module inside DDP / ``torch.compile`` wrappers."""
+    """The module inside DDP / ``torch.compile`` wrappers (an FSDP2 module is its own model)."""
     while True:
         if hasattr(module, "module") and isinstance(module.module, nn.Module):
             module = module.module

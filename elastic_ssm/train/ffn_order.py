@@ -12,6 +12,11 @@ running statistics ``act_sq`` [F] (``SwiGLU.permute_units``) *and* every per-ele
 tensor of ``w_in`` / ``w_out`` with the parameter's shape (AdamW ``exp_avg``, ``exp_avg_sq``), so each
 unit keeps its moments. A full-width SwiGLU is invariant under a common permutation of its units, so
 the full model's function is unchanged (up to the summation order of the down projection).
+
+Under FSDP2 (``TrainConfig.parallel='fsdp'``) ``w_in``/``w_out`` and their moments are ``DTensor``
+shards of dim 0: the importance uses the gathered ``w_out``, and every permuted tensor is gathered
+(``full_tensor``), permuted and cut back into this rank's shard (``shard_like``). ``act_sq`` is a plain
+per-rank tensor over all F units (forward runs on unsharded weights), exactly as without sharding.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
-from .dist import DistContext, all_reduce
+from .dist import DistContext, all_reduce, full_tensor, shard_like
 
 __all__ = ["should_order", "enable_tracking", "importance_scores", "permute_optimizer_state",
            "order_ffn_units"]
@@ -46,11 +52,39 @@ def importance_scores(model: nn.Module, ctx: DistContext | None = None) -> list[
     """Per-layer importance [F] averaged across ranks (line 24). Raises if statistics are missing."""
     scores = []
     for ffn in model.ffn_layers():
-        s = ffn.importance().float().clone()
+        s = _importance(ffn)
         if ctx is not None:
             all_reduce(s, ctx, "mean")
         scores.append(s)
     return scores
+
+
+def _importance(ffn: nn.Module) -> torch.Tensor:
+    """``ffn.importance()`` [F] (float32 copy); with a sharded ``w_out`` the same formula on its full value."""
+    if not isinstance(ffn.w_out, DTensor):
+        return ffn.importance().float().clone()
+    if ffn.act_sq is None:
+        return ffn.importance()  # raises the layer's error about missing statistics
+    return ffn.act_sq.float() * full_tensor(ffn.w_out).float().pow(2).sum(-1)
+
+
+def _permuted(t: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``t`` with dim 0 reordered by ``perm``, laid out like ``t`` (a shard of the permuted whole for a
+    ``DTensor``)."""
+    full = full_tensor(t)
+    return shard_like(full[perm.to(full.device)].contiguous(), t)
+
+
+@torch.no_grad()
+def _permute_units(ffn: nn.Module, perm: torch.Tensor) -> None:
+    """``ffn.permute_units(perm)``; for sharded weights each rank writes its shard of the permuted rows."""
+    if not isinstance(ffn.w_out, DTensor):
+        ffn.permute_units(perm)
+        return
+    for p in (ffn.w_in, ffn.w_out):
+        p.to_local().copy_(_permuted(p, perm).to_local())
+    if ffn.act_sq is not None:
+        ffn.act_sq = ffn.act_sq[perm.to(ffn.act_sq.device)]
 
 
 @torch.no_grad()
@@ -64,7 +98,7 @@ def permute_optimizer_state(optimizer: torch.optim.Optimizer, param: torch.Tenso
     moved = 0
     for key, value in state.items():
         if torch.is_tensor(value) and value.shape == param.shape and value.dim() > 0:
-            state[key] = value[perm.to(value.device)].contiguous()
+            state[key] = _permuted(value, perm)
             moved += 1
     return moved
 
@@ -89,6 +123,6 @@ def order_ffn_units(model: nn.Module, optimizer: torch.optim.Optimizer | None = 
         if optimizer is not None:
             for p in (ffn.w_in, ffn.w_out):
                 permute_optimizer_state(optimizer, p, perm)
-        ffn.permute_units(perm)
+        _permute_units(ffn, perm)
         perms.append(perm)
     return perms

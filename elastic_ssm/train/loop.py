@@ -1,11 +1,11 @@
-"""``train()``: one code path for CPU, one GPU and ``torchrun`` DDP (ESSH Algorithm 1; ES-SSM Alg. 2).
+"""``train()``: one code path for CPU, one GPU and ``torchrun`` DDP or FSDP2 (ESSH Algorithm 1; ES-SSM Alg. 2).
 
 One optimizer step of every recipe (``capacity_mixed.py``, ``budget_dropout.py``):
 
 1. draw this rank's M micro-batches; N_tok = AllReduceSum(sum_r N_r) valid tokens     (Alg. 1 line 2)
 2. the recipe's plan gives each micro-batch its tier, FFN gradient scale and distillation term
-3. for each micro-batch: loss sums from ``LossModule``; backward of ``world x sum / N_tok`` (DDP
-   averages, so this accumulates sum_r (N_r / N_tok) grad l_r summed over ranks)   (lines 3-20)
+3. for each micro-batch: loss sums from ``LossModule``; backward of ``world x sum / N_tok`` (DDP and
+   FSDP average, so this accumulates sum_r (N_r / N_tok) grad l_r summed over ranks) (lines 3-20)
 4. clip the global gradient norm, set the warm-up/cosine LR, AdamW step               (line 21)
 5. the recipe's hook (FFN importance ordering for capacity-mixed training)          (lines 22-26)
 6. log, validate every ``eval_every`` steps, checkpoint every ``checkpoint_every`` steps.
@@ -15,6 +15,10 @@ Stages: ``pretrain`` (the configured recipe) and, for ESSH with ``refine.steps >
 checkpoints into ``<out_dir>/<stage>/`` and always writes a final checkpoint, so ``resume=True`` skips
 finished stages and continues an interrupted one bit for bit (on CPU): parameters, optimizer moments,
 FFN statistics, data position, RNG states and step/token counters are all restored.
+
+``TrainConfig.parallel='fsdp'`` shards the model with FSDP2 (``dist.wrap_fsdp``) instead of wrapping the
+loss module in DDP; the step above is unchanged. Checkpoints hold full tensors (``checkpoint.py``) and
+the returned model is an unsharded copy on rank 0.
 """
 
 from __future__ import annotations
@@ -30,9 +34,26 @@ from torch import nn
 
 from ..config import ConfigBase, ESSHConfig, ESSSMConfig
 from .budget_dropout import make_recipe, resolve_recipe_name
-from .checkpoint import DataStream, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import (
+    DataStream,
+    full_model_state,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from .config import TrainConfig
-from .dist import DistContext, all_reduce, init_distributed, no_sync, unwrap, wrap_ddp
+from .dist import (
+    DistContext,
+    all_reduce,
+    full_tensor,
+    init_distributed,
+    is_sharded,
+    no_sync,
+    unwrap,
+    wrap_ddp,
+    wrap_fsdp,
+)
 from .losses import IGNORE_INDEX, LossModule
 from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, evaluate_tiers, take_batches
 from .optim import WarmupCosine, build_adamw, set_lr
@@ -43,7 +64,8 @@ __all__ = ["train", "refine", "TrainResult", "build_model"]
 @dataclass
 class TrainResult:
     """``history``: one record per optimizer step (all stages); ``evals``: validation records;
-    ``model_path``: the final model directory (``save_pretrained``); ``model``: the trained model."""
+    ``model_path``: the final model directory (``save_pretrained``); ``model``: the trained model (under
+    ``parallel='fsdp'``: an unsharded copy on rank 0, the sharded module on the other ranks)."""
 
     history: list[dict[str, Any]]
     model_path: Path | None
@@ -116,7 +138,13 @@ class _Trainer:
         self.log = MetricsLogger(self.out, ctx, progress)
         self.val_data, self._val = val_data, None
         self.bpb = bytes_per_token(cfg, model)
-        self.loss_mod = wrap_ddp(LossModule(model), ctx)
+        if cfg.parallel == "fsdp":
+            wrap_fsdp(model, ctx, cfg.precision == "bf16")
+            self.loss_mod = LossModule(model)
+            self.sync_mod: nn.Module = model
+        else:
+            self.loss_mod = wrap_ddp(LossModule(model), ctx)
+            self.sync_mod = self.loss_mod
         self._shape_checked = False
 
     def _check_shape(self, ids: torch.Tensor) -> None:
@@ -204,7 +232,7 @@ class _Trainer:
             sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)
             for r, (ids, labels, mask) in enumerate(batches):
                 plan = gplan[r * W + ctx.rank]
-                with no_sync(self.loss_mod, r < M - 1):
+                with no_sync(self.sync_mod, r < M - 1):
                     with torch.autocast(ctx.device.type, torch.bfloat16, enabled=amp):
                         out = self.loss_mod(ids, labels, attention_mask=mask, chunk=cfg.loss_chunk,
                                             **plan.loss_kwargs())
@@ -228,7 +256,7 @@ class _Trainer:
                    "ce": (sums[1] / n_tok).item(), "aux": (sums[2] / n_tok).item(), "lr": lr,
                    "tokens": tokens, "tokens_per_s": step_tokens / max(dt, 1e-9),
                    "capacities": [p.label for p in gplan],
-                   "grad_norm": float(gnorm), **events}
+                   "grad_norm": float(full_tensor(gnorm)), **events}
             if st.name == "refine":
                 rec["ce_full"] = (sums[3] / n_tok).item()
             self.log.train_step(rec, step % cfg.log_every == 0 or step == st.steps)
@@ -251,13 +279,30 @@ def _compile_blocks(model: nn.Module, n_capacities: int) -> None:
         block.compile()
 
 
+def _unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], device: torch.device) -> nn.Module:
+    """A plain (non-FSDP) model of ``model``'s class and config holding ``state`` and the FFN statistics."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = next(c for c in type(model).__mro__ if issubclass(c, nn.Module) and not issubclass(c, FSDPModule))
+    with torch.random.fork_rng(devices=[]):
+        plain = cls(model.config)
+    plain.load_state_dict(state, strict=True)
+    plain.to(device).train(model.training)
+    if hasattr(model, "ffn_layers"):
+        for src, dst in zip(model.ffn_layers(), plain.ffn_layers()):
+            dst.track_activations, dst.stat_decay = src.track_activations, src.stat_decay
+            dst.act_sq = None if src.act_sq is None else src.act_sq.clone()
+    return plain
+
+
 def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
           resume: bool = False, progress: bool = True, distributed: bool | None = None,
           stages: tuple[str, ...] | None = None, stop_after: int | None = None) -> TrainResult:
     """Train an ESSH or ES-SSM model; returns the history and the final model directory.
 
     Args:
-        model_or_cfg: a model (trained in place) or its config (built with ``cfg.seed``).
+        model_or_cfg: a model (trained in place; sharded in place under ``parallel='fsdp'``, use
+            ``TrainResult.model``) or its config (built with ``cfg.seed``).
         data: iterable of micro-batches ``(input_ids [B,T], labels [B,T])`` (labels -100 ignored; ES-SSM
             classification: labels [B]; an optional third element is an attention mask), e.g. a
             ``PackedBatches`` sharded with this rank's ``rank``/``world_size``; or a callable
@@ -282,6 +327,10 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             if not finished:
                 break
         path = None
+        if is_sharded(model):
+            state = full_model_state(model)
+            if ctx.is_main:
+                model = _unsharded_copy(model, state, ctx.device)
         if finished and ctx.is_main:
             path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
         return TrainResult(trainer.log.history, path, model, trainer.log.evals, Path(cfg.out_dir))
