@@ -8,6 +8,7 @@ Run flags are derived from the config dataclasses (``--model.<field>``, ``--trai
 from __future__ import annotations
 
 import argparse
+import codecs
 import csv
 import sys
 from pathlib import Path
@@ -109,8 +110,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     g = torch.Generator(device=args.device).manual_seed(args.seed)
     sys.stdout.write(args.prompt)
 
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
     def stream(t: torch.Tensor) -> None:
-        sys.stdout.write(tok.decode([int(t[0])]))
+        i = int(t[0])
+        if tok.vocab_size <= 260:          # bytes: decode incrementally so multi-byte characters survive
+            sys.stdout.write(utf8.decode(bytes([i])) if i < 256 else "")
+        else:
+            sys.stdout.write(tok.decode([i]))
         sys.stdout.flush()
 
     model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

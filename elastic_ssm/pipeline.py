@@ -70,7 +70,16 @@ def run_training(run: Any, resume: bool = False):
 
     out = Path(run.train.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    run.to_yaml(out / "run.yaml")
+    saved = out / "run.yaml"
+    if resume and saved.is_file():
+        from .run_config import RunConfig
+
+        before = RunConfig.from_yaml(saved).model.to_dict()
+        changed = sorted(k for k, v in run.model.to_dict().items() if before.get(k) != v)
+        if changed:
+            raise ConfigError(f"--resume: the model config differs from the one saved in {saved} in {changed}; "
+                              "resume with the same model settings or train into a new --train.out_dir")
+    run.to_yaml(saved)
     data = build_data(run)
     print(f"[train] {data.describe()}")
     model = train_run(run, data, resume=resume)

@@ -8,7 +8,7 @@ Bits per byte = loss_nats / ln 2 / bytes_per_token (1 for the byte tokenizer).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,9 +22,10 @@ class TierEval:
     K: int
     n_ff: int
     params: int
-    loss: float          # mean next-token cross-entropy in nats
-    tokens: int
+    loss: float          # mean cross-entropy in nats (next token, or the class for classifiers)
+    tokens: int          # scored positions (sequences for classifiers)
     bytes_per_token: float
+    accuracy: float | None = None   # classifiers only
 
     @property
     def perplexity(self) -> float:
@@ -39,27 +40,42 @@ class TierEval:
 
 
 @torch.no_grad()
-def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], tiers: Iterable[Any] | None = None,
-                   bytes_per_token: float = 1.0, autocast_dtype: torch.dtype | None = None) -> list[TierEval]:
-    """Mean CE of ``model(x, tier=t)`` over ``batches`` of (input_ids [B,T], labels [B,T], -100 ignored)."""
+def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tiers: Iterable[Any] | None = None,
+                   bytes_per_token: float = 1.0, precision: str = "fp32",
+                   reduce: Callable[[torch.Tensor], Any] | None = None) -> list[TierEval]:
+    """Mean CE of ``model(x, tier=t)`` on ``batches`` for every tier (default: the whole tier table).
+
+    ``batches``: ``(input_ids [B,T], labels [B,T] or [B], optional attention_mask [B,T])``, labels -100
+    ignored. ``precision="bf16"`` evaluates under bf16 autocast. ``reduce`` (e.g. a distributed all-reduce
+    sum) is applied to the per-tier sums ``[loss, count, correct]`` before averaging.
+    """
     tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
     device = next(model.parameters()).device
+    classify = getattr(model.config, "task", "lm") == "classify"
     was_training = model.training
     model.eval()
     out = []
     try:
         for t in tiers:
-            total, count = 0.0, 0
-            for x, y in batches:
-                x, y = x.to(device), y.to(device)
-                with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                    logits = model(x, tier=t)
-                total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100,
-                                         reduction="sum").item()
-                count += int((y != -100).sum())
+            tot = torch.zeros(3, dtype=torch.float64, device=device)      # loss sum, count, correct
+            for batch in batches:
+                x, y = batch[0].to(device), batch[1].to(device)
+                kw = {"attention_mask": batch[2].to(device)} if len(batch) > 2 else {}
+                with torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16"):
+                    logits = model(x, tier=t, **kw)
+                flat = logits.float().reshape(-1, logits.shape[-1])
+                tot[0] += F.cross_entropy(flat, y.reshape(-1), ignore_index=-100, reduction="sum").double()
+                valid = y != -100
+                tot[1] += valid.sum()
+                if classify:
+                    tot[2] += ((logits.argmax(-1) == y) & valid).sum()
+            if reduce is not None:
+                reduce(tot)
+            count = int(tot[1].item())
             if count == 0:
                 raise ValueError("evaluation batches contain no scored tokens")
-            out.append(TierEval(t.name, t.K, t.n_ff, t.params, total / count, count, bytes_per_token))
+            acc = (tot[2] / count).item() if classify else None
+            out.append(TierEval(t.name, t.K, t.n_ff, t.params, (tot[0] / count).item(), count, bytes_per_token, acc))
     finally:
         model.train(was_training)
     return out

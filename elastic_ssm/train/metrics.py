@@ -28,7 +28,6 @@ import torch
 from torch import nn
 
 from .dist import DistContext, all_reduce
-from .losses import IGNORE_INDEX, loss_sums
 
 __all__ = ["MetricsLogger", "evaluate_tiers", "eval_tier_list", "bytes_per_token"]
 
@@ -101,40 +100,23 @@ def eval_tier_list(model: nn.Module, names: Iterable[str] = ()) -> list[Any]:
 @torch.no_grad()
 def evaluate_tiers(model: nn.Module, batches: list[Any], tiers: list[Any], ctx: DistContext,
                    bpt_bytes: float = 0.0, precision: str = "fp32") -> list[dict[str, Any]]:
-    """Mean validation loss of ``model`` at every tier on ``batches`` (sums all-reduced across ranks).
+    """Validation records of ``model`` at every tier (``eval.perplexity.evaluate_tiers``, sums all-reduced
+    across ranks): loss, tokens, bits per token, bits per byte when ``bpt_bytes`` > 0, accuracy for
+    classifiers."""
+    from ..eval.perplexity import evaluate_tiers as evaluate
 
-    ``batches`` is a list of ``(input_ids, labels)`` or ``(input_ids, labels, attention_mask)``.
-    """
-    was_training = model.training
-    model.eval()
     out = []
-    classify = getattr(model.config, "task", "lm") == "classify"
-    try:
-        for tier in tiers:
-            tot = torch.zeros(3, dtype=torch.float64, device=ctx.device)   # loss sum, count, correct
-            for batch in batches:
-                ids, labels = batch[0].to(ctx.device), batch[1].to(ctx.device)
-                kw = {"attention_mask": batch[2].to(ctx.device)} if len(batch) > 2 else {}
-                with torch.autocast(ctx.device.type, torch.bfloat16, enabled=precision == "bf16"):
-                    logits = model(ids, tier=tier, **kw)
-                valid = labels != IGNORE_INDEX
-                tot[0] += loss_sums(logits, labels)[1].double()
-                tot[1] += valid.sum()
-                if classify:
-                    tot[2] += ((logits.argmax(-1) == labels) & valid).sum()
-            all_reduce(tot, ctx)
-            loss = (tot[0] / tot[1].clamp_min(1)).item()
-            rec: dict[str, Any] = {"kind": "eval", "tier": tier.name, "K": tier.K, "n_ff": tier.n_ff,
-                                   "loss": loss, "tokens": int(tot[1].item())}
-            if classify:
-                rec["accuracy"] = (tot[2] / tot[1].clamp_min(1)).item()
-            else:
-                rec["bpt"] = loss / math.log(2)
-                if bpt_bytes > 0:
-                    rec["bpb"] = rec["bpt"] / bpt_bytes
-            out.append(rec)
-    finally:
-        model.train(was_training)
+    for ev in evaluate(model, batches, tiers, bytes_per_token=bpt_bytes or 1.0, precision=precision,
+                       reduce=lambda t: all_reduce(t, ctx)):
+        rec: dict[str, Any] = {"kind": "eval", "tier": ev.tier, "K": ev.K, "n_ff": ev.n_ff, "loss": ev.loss,
+                               "tokens": ev.tokens}
+        if ev.accuracy is not None:
+            rec["accuracy"] = ev.accuracy
+        else:
+            rec["bpt"] = ev.loss / math.log(2)
+            if bpt_bytes > 0:
+                rec["bpb"] = ev.bpb
+        out.append(rec)
     return out
 
 

@@ -1,0 +1,95 @@
+"""The command line and the main job on a tiny configuration (the real quickstart is the README command)."""
+
+import csv
+import json
+
+import pytest
+import torch
+
+from elastic_ssm.cli import main
+
+TINY_RUN = """
+model: {arch: essh, preset: tiny}
+train: {recipe: capacity_mixed, steps: 3, micro_batch_size: 2, grad_accum: 4, seq_len: 32,
+        n_warm_tokens: 64, order_every: 2, eval_every: 0, eval_batches: 2, checkpoint_every: 2, log_every: 1}
+data: {source: stdlib, tokenizer: bytes, max_train_bytes: 200000}
+"""
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qs")
+    (root / "tiny.yaml").write_text(TINY_RUN)
+    assert main(["quickstart", "--out", str(root / "out"), "--config", str(root / "tiny.yaml")]) == 0
+    return root
+
+
+def test_quickstart_writes_report_table_plot_and_exports(quick):
+    out = quick / "out"
+    rows = list(csv.DictReader(open(out / "tiers.csv")))
+    assert [r["tier"] for r in rows] == [f"T{i}" for i in range(1, 11)]
+    assert all(r["export_check"] == "bitwise" for r in rows)
+    report = (out / "report.md").read_text()
+    assert "Tier curve monotone" in report and "Dense control" in report
+    assert (out / "quality_size.png").stat().st_size > 1000
+    assert (out / "exports" / "T1" / "model.safetensors").is_file()
+    assert (out / "elastic" / "final" / "config.json").is_file()
+
+
+def test_export_eval_generate_on_the_trained_model(quick, tmp_path, capsys):
+    final = str(quick / "out" / "elastic" / "final")
+    assert main(["export", final, "--tier", "T2,T5", "--out", str(tmp_path / "ex"), "--check-len", "16"]) == 0
+    assert "T5: OK" in capsys.readouterr().out
+    csv_path = tmp_path / "e.csv"
+    assert main(["eval", final, "--tiers", "T1,T10", "--seq-len", "32", "--batch-size", "2", "--batches", "2",
+                 "--csv", str(csv_path)]) == 0
+    rows = list(csv.DictReader(open(csv_path)))
+    assert [r["tier"] for r in rows] == ["T1", "T10"] and all(float(r["bpb"]) > 0 for r in rows)
+    capsys.readouterr()
+    assert main(["generate", final, "--tier", "T3", "--prompt", "def ", "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("def ")
+
+
+def test_train_resume_and_overrides(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(TINY_RUN)
+    out = tmp_path / "run"
+    args = ["train", "--config", str(cfg), "--train.out_dir", str(out), "--train.steps", "2",
+            "--model.d_ff", "128"]
+    assert main(args) == 0
+    meta = json.loads((out / "final" / "config.json").read_text())
+    assert meta["config"]["d_ff"] == 128
+    assert (out / "run.yaml").is_file() and (out / "metrics.jsonl").is_file()
+    assert main([*args[:-2], "--resume"]) == 2                    # model changed: refused, nothing lost
+    assert main([*args, "--train.steps", "3", "--resume"]) == 2      # schedule changed: refused
+    assert main([*args, "--resume"]) == 0                            # same run: continues from its checkpoint
+    steps = [json.loads(line).get("step") for line in open(out / "metrics.jsonl")]
+    assert max(s for s in steps if s is not None) == 2
+
+
+def test_prepare_and_tokenizer(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello elastic world\n" * 200)
+    assert main(["prepare", str(text), str(tmp_path / "t.bin")]) == 0
+    assert (tmp_path / "t.bin").stat().st_size == 2 * len(text.read_bytes()) + 2
+    assert main(["tokenizer", "train", str(text), "--vocab-size", "300", "--out", str(tmp_path / "tok.json")]) == 0
+    assert (tmp_path / "tok.json").is_file()
+
+
+def test_info_and_clear_errors(tmp_path, capsys):
+    assert main(["info"]) == 0
+    assert "scan backends" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {arch: essh, preset: tiny, d_model: 63}\n")
+    assert main(["train", "--config", str(bad)]) == 2
+    assert "divisible by n_channels" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+    assert "config.json" in capsys.readouterr().err
+
+
+def test_train_help_lists_derived_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "--train.full_share" in out and "--model.n_modes" in out and "--data.source" in out
+    torch.set_grad_enabled(True)
