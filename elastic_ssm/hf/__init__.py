@@ -1,1 +1,0 @@
-"""elastic_ssm.hf"""
