@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from .cli_args import add_dataclass_flags, collect_overrides
-from .config import ConfigError, ESSHConfig
+from .config import ConfigError, ESSHConfig, ESSSMConfig
 
 DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 
@@ -68,9 +68,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         small = export_tier(model, name)
         res = check_export(model, name, standalone=small, seq_len=args.check_len)
         print(res)
-        failed += not res.ok
+        if not res.ok:
+            failed += 1
+            print(f"  {name}: export check failed; not written")
+            continue
         small.save_pretrained(out / name)
-    print(f"wrote {len(names)} standalone model(s) under {out}")
+    print(f"wrote {len(names) - failed} standalone model(s) under {out}")
     return 1 if failed else 0
 
 
@@ -103,6 +106,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .models import load_pretrained
 
     model = load_pretrained(args.checkpoint, tier=None if args.tier == "full" else args.tier, device=args.device)
+    if not hasattr(model, "generate"):
+        raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; cached generation is an ESSH feature")
     tok = load_tokenizer(args.tokenizer)
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long, device=args.device)
     if ids.numel() == 0:
@@ -170,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("train", help="train a model from a YAML run file plus --section.field overrides")
     s.add_argument("--config", help=f"run YAML (model/train/data sections); default {DEFAULT_RUN.name}")
     s.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.out_dir")
-    add_dataclass_flags(s, ESSHConfig, "model")
+    essh_fields = add_dataclass_flags(s, ESSHConfig, "model")
+    add_dataclass_flags(s, ESSSMConfig, "model", skip=essh_fields)
     add_dataclass_flags(s, TrainConfig, "train")
     add_dataclass_flags(s, DataConfig, "data")
     s.set_defaults(fn=cmd_train)

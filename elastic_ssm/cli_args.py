@@ -22,11 +22,19 @@ def _base_type(tp: Any) -> Any:
     return tp
 
 
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str) -> None:
-    """Add one flag per field of ``cls`` (defaults suppressed: absent flags do not override)."""
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str,
+                        skip: set[str] | None = None) -> set[str]:
+    """Add one flag per field of ``cls`` (defaults suppressed: absent flags do not override).
+
+    Fields named in ``skip`` are left out (already added for another class); returns the added names.
+    """
     group = parser.add_argument_group(f"{prefix} ({cls.__name__})")
     hints = typing.get_type_hints(cls)
+    added = set()
     for f in dataclasses.fields(cls):
+        if skip and f.name in skip:
+            continue
+        added.add(f.name)
         tp = _base_type(hints[f.name])
         flag = f"--{prefix}.{f.name}"
         help_ = f.metadata.get("help", "").replace("%", "%%")
@@ -42,6 +50,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str)
             group.add_argument(flag, nargs="+", type=_parse_scalar(item), **kw)
         else:
             group.add_argument(flag, type=_parse_scalar(tp), **kw)
+    return added
 
 
 def _parse_scalar(tp: Any):

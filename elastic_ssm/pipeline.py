@@ -39,6 +39,9 @@ def build_data(run: Any) -> RunData:
     from .data import evaluation_batches, load_corpus, load_tokenizer
 
     d, t = run.data, run.train
+    if getattr(run.model, "task", "lm") != "lm":
+        raise ConfigError("the CLI's data pipeline packs token streams for language modelling; train an ES-SSM "
+                          "classifier from Python with train(model, batches of (input_ids, labels[B]), cfg)")
     tok = load_tokenizer(d.tokenizer)
     if tok.vocab_size > run.model.vocab_size:
         raise ConfigError(f"tokenizer {d.tokenizer!r} has {tok.vocab_size} ids but model.vocab_size is "

@@ -61,6 +61,10 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     run = RunConfig.from_yaml(config or EMBEDDED)
+    if run.arch != "essh":
+        from .config import ConfigError
+
+        raise ConfigError("quickstart trains an ESSH (model.arch: essh); use `elastic-ssm train` for ES-SSM runs")
     if steps:
         run = run.with_overrides({}, {"steps": steps}, {})
     run = run.with_overrides({}, {"out_dir": str(out / "elastic")}, {})

@@ -85,6 +85,13 @@ class RunConfig:
         return text
 
     def with_overrides(self, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> RunConfig:
+        """A copy with field overrides per section; a field the section's config lacks is a ConfigError."""
+        for section, cfg, changes in (("model", self.model, model), ("train", self.train, train),
+                                      ("data", self.data, data)):
+            unknown = sorted(set(changes) - set(cfg.to_dict()))
+            if unknown:
+                raise ConfigError(f"--{section}.{unknown[0]}: {type(cfg).__name__} has no field(s) {unknown}"
+                                  f" (this run's model arch is {self.arch!r})")
         return RunConfig(model=self.model.replace(**model) if model else self.model,
                          train=self.train.replace(**train) if train else self.train,
                          data=self.data.replace(**data) if data else self.data)

@@ -93,3 +93,19 @@ def test_train_help_lists_derived_flags(capsys):
     out = capsys.readouterr().out
     assert "--train.full_share" in out and "--model.n_modes" in out and "--data.source" in out
     torch.set_grad_enabled(True)
+
+
+def test_python_resume_refuses_a_different_model(tmp_path):
+    import elastic_ssm as es
+    from elastic_ssm.train import TrainConfig, train
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 256, (2, 16), generator=g), torch.randint(0, 256, (2, 16), generator=g))
+               for _ in range(8)]
+    cfg = TrainConfig(steps=2, micro_batch_size=2, seq_len=16, checkpoint_every=1, eval_every=0,
+                      out_dir=str(tmp_path), recipe="dense")
+    train(es.ESSHConfig.preset("tiny"), batches, cfg, progress=False, distributed=False)
+    before = sorted(p.name for p in (tmp_path / "pretrain").iterdir())
+    with pytest.raises(ValueError, match="different config"):
+        train(es.ESSHConfig.preset("tiny", d_ff=128), batches, cfg, resume=True, progress=False, distributed=False)
+    assert sorted(p.name for p in (tmp_path / "pretrain").iterdir()) == before     # nothing deleted

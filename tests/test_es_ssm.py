@@ -221,10 +221,10 @@ def test_bad_inputs_raise_clear_errors():
         model.blocks[0].mixer(torch.randn(1, 4, 32), 9)
     y = x.clone()
     y[0, 3] = cfg.vocab_size
-    with pytest.raises(IndexError, match=r"token id 260 is outside the vocabulary \[0, 260\)"):
+    with pytest.raises(ValueError, match=r"token id 260 is outside the vocabulary \[0, 260\)"):
         model(y)
     y[0, 3] = -1
-    with pytest.raises(IndexError, match="token id -1"):
+    with pytest.raises(ValueError, match="token id -1"):
         model(y)
     with pytest.raises(ValueError, match="attention_mask"):
         model(x, attention_mask=torch.ones(2, 3))

@@ -175,3 +175,13 @@ def test_bad_input(tiny):
         tiny(torch.zeros(1, 3, dtype=torch.long), tier="T11")
     with pytest.raises(ValueError, match="LEFT padding"):
         tiny.generate(torch.zeros(1, 3, dtype=torch.long), 1, attention_mask=torch.tensor([[1, 1, 0]]))
+
+
+def test_forward_with_a_used_cache_is_refused(tiny):
+    x = torch.randint(0, tiny.config.vocab_size, (1, 6))
+    cache = tiny.allocate_cache(1)
+    state_before = cache.states[0]
+    tiny(x, cache=cache)
+    assert cache.states[0] is state_before and cache.states[0].abs().sum() > 0   # updated in place
+    with pytest.raises(ValueError, match="continue a cached sequence with step"):
+        tiny(x, cache=cache)

@@ -19,9 +19,26 @@ from torch import nn
 from ..elastic.slicing import prefix
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the incoming gradient by ``alpha``."""
+
+    @staticmethod
+    def forward(ctx, w: torch.Tensor, alpha: float) -> torch.Tensor:
+        ctx.alpha = alpha
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.alpha, None
+
+
 def scale_grad(w: torch.Tensor, alpha: float) -> torch.Tensor:
-    """alpha * w + (1 - alpha) * sg(w): identity forward, gradient scaled by alpha (ESSH D.4)."""
-    return alpha * w + (1.0 - alpha) * w.detach()
+    """W_hat = alpha W + (1 - alpha) sg(W) (ESSH D.4): bit-exact identity forward, gradient scaled by alpha.
+
+    Implemented as a custom autograd function, so the forward reads W itself (no weight-sized temporaries)
+    for every alpha, and the parameter gradient from this branch is exactly alpha times the unscaled one.
+    """
+    return _ScaleGrad.apply(w, alpha)
 
 
 class SwiGLU(nn.Module):

@@ -78,10 +78,10 @@ class SpectralMixer(nn.Module):
         P, M = self.P, self.M
         w = prefix(self.in_proj, K).reshape(K * (P + 3 * M), self.D)
         h = F.linear(u, w).unflatten(-1, (K, P + 3 * M))
-        dtype = self.theta.dtype
+        dtype = torch.promote_types(self.theta.dtype, torch.float32)   # the scan never runs below fp32
         h = h.to(dtype)
-        v0, pre = h[..., :P], h[..., P:].unflatten(-1, (3, M)) + prefix(self.gate_bias, K)
-        beta = prefix(self.beta, K)[:, None]
+        v0, pre = h[..., :P], h[..., P:].unflatten(-1, (3, M)) + prefix(self.gate_bias, K).to(dtype)
+        beta = prefix(self.beta, K)[:, None].to(dtype)
         rms = torch.rsqrt(v0.pow(2).mean(-1, keepdim=True) + self.blend_eps)
         v = (1 - beta) * v0 + beta * (v0 * rms)                                   # Eq. 23
         write = 2 * torch.sigmoid(pre[..., 0, :])
@@ -92,8 +92,10 @@ class SpectralMixer(nn.Module):
         return v, write, read, clock
 
     def _modal(self, K: int):
-        rho = torch.exp(-F.softplus(prefix(self.rho_raw, K)))
-        return rho, prefix(self.theta, K), prefix(self.kc, K), prefix(self.ks, K), prefix(self.a, K)
+        """rho, theta, kc, ks, a [K, M] in at least fp32 (bf16 would round rho ~ 1 - 1e-4 to 1)."""
+        dt = torch.promote_types(self.theta.dtype, torch.float32)
+        rho = torch.exp(-F.softplus(prefix(self.rho_raw, K).to(dt)))
+        return rho, *(prefix(t, K).to(dt) for t in (self.theta, self.kc, self.ks, self.a))
 
     def _readout(self, z: torch.Tensor, K: int) -> torch.Tensor:
         """z [..., K, P] -> y [..., D] = K^{-1/2} W^out z (first K*P columns of W^out)."""

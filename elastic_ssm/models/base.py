@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
@@ -59,6 +60,8 @@ class ElasticModel(nn.Module):
 
     arch: ClassVar[str] = ""
     config_class: ClassVar[type[ConfigBase]]
+    #: state-dict names (regex) kept in float32 when loading with a lower ``dtype`` (modal tables, filters)
+    keep_fp32: ClassVar[str] = r"$^"
 
     def __init__(self, config: ConfigBase) -> None:
         super().__init__()
@@ -140,6 +143,8 @@ class ElasticModel(nn.Module):
     ) -> ElasticModel:
         """Load a saved model; with ``tier`` only that tier's tensor prefixes are read."""
         path = Path(path)
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} requested but CUDA is not available here; use device='cpu'")
         config, meta = cls.read_config(path)
         wfile = path / WEIGHTS_NAME
         if not wfile.is_file():
@@ -158,7 +163,8 @@ class ElasticModel(nn.Module):
         except Exception as e:  # safetensors raises several types on corruption
             raise CheckpointError(f"{wfile} could not be read ({e}); the file is corrupted or truncated") from e
         if dtype is not None:
-            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+            state = {k: v.to(dtype) if v.is_floating_point() and not re.fullmatch(cls.keep_fp32, k) else v
+                     for k, v in state.items()}
         _load_strict(model, state, wfile)
         model.source = source
         return model.eval()

@@ -41,6 +41,7 @@ class ESSSM(ElasticModel):
     """Elastic spectral SSM (ES-SSM paper): one model, a standalone export per runtime budget K."""
 
     arch = "es_ssm"
+    keep_fp32 = r".*filters"
     config_class = ESSSMConfig
 
     def __init__(self, config: ESSSMConfig) -> None:
@@ -119,7 +120,7 @@ class ESSSM(ElasticModel):
             V = self.config.vocab_size
             if lo < 0 or hi >= V:
                 bad = hi if hi >= V else lo
-                raise IndexError(
+                raise ValueError(
                     f"token id {bad} is outside the vocabulary [0, {V}); check the tokenizer"
                     f" or build the model with vocab_size > {max(hi, V - 1)}"
                 )

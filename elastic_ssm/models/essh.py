@@ -53,8 +53,8 @@ class ESSHBlock(nn.Module):
         h = self.norm1(x)
         if self.kind == "S":
             if cache is not None:
-                h, cache.states[layer] = self.mixer(h, tier.K, valid, initial_state=None,
-                                                    output_final_state=True, backend=backend)
+                h, state = self.mixer(h, tier.K, valid, output_final_state=True, backend=backend)
+                cache.states[layer].copy_(state)
             else:
                 h = self.mixer(h, tier.K, valid, backend=backend)
         else:
@@ -77,6 +77,7 @@ class ESSH(GenerationMixin, ElasticModel):
 
     arch = "essh"
     config_class = ESSHConfig
+    keep_fp32 = r"blocks\.\d+\.mixer\.(gate_bias|rho_raw|theta|kc|ks|a|beta)"
 
     def __init__(self, config: ESSHConfig) -> None:
         super().__init__(config)
@@ -123,14 +124,14 @@ class ESSH(GenerationMixin, ElasticModel):
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
         else:
             positions = (valid.long().cumsum(1) - 1).clamp_min(0)
-        if cache is not None:
-            positions = positions + cache.positions[:, None]
+        if cache is not None and bool(cache.positions.any()):
+            raise ValueError("forward(cache=...) prefills an empty cache; continue a cached sequence with "
+                             "step() (or allocate a new cache and prefill the whole prefix)")
         x = self.embed(input_ids)
         for i, block in enumerate(self.blocks):
             x = block(x, t, positions, valid, cache, i, ffn_grad_scale, backend)
         if cache is not None:
-            n_real = T if valid is None else valid.long().sum(1)
-            cache.positions = cache.positions + n_real
+            cache.positions += T if valid is None else valid.long().sum(1)
         return self.norm_f(x)
 
     def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
@@ -151,7 +152,7 @@ class ESSH(GenerationMixin, ElasticModel):
         x = self.embed(tokens)
         for i, block in enumerate(self.blocks):
             x = block.step(x, t, cache.positions, cache, i)
-        cache.positions = cache.positions + 1
+        cache.positions += 1
         return self.logits_from_hidden(self.norm_f(x))
 
     def allocate_cache(self, batch: int, tier: Any = None, **kw: Any) -> ESSHCache:

@@ -87,6 +87,16 @@ class Recipe:
         return {"name": self.name}
 
 
+def reserved_slots(full_share: float, n_global: int) -> int:
+    """Micro-batch slots reserved for full capacity (D.4): floor(f x M), at least one when f > 0.
+
+    Floor, not round: Python's round() is half-to-even, which would reserve both slots of a two-slot step.
+    """
+    if full_share <= 0:
+        return 0
+    return min(n_global, max(1, int(full_share * n_global)))
+
+
 def _is_full(cfg: Any, tier: Tier) -> bool:
     full = resolve_tier(cfg, None)
     return tier.K == full.K and tier.n_ff == full.n_ff
@@ -123,7 +133,7 @@ class CapacityMixed(Recipe):
 
     def check_slots(self, n_global: int) -> None:
         """Warn when ``round(f x M_global)`` reserves every slot (no reduced capacity is ever sampled)."""
-        if self.full_share < 1 and round(self.full_share * n_global) >= n_global:
+        if self.full_share < 1 and reserved_slots(self.full_share, n_global) >= n_global:
             warnings.warn(f"capacity mixing with {n_global} micro-batch slot(s) per step and full_share="
                           f"{self.full_share} reserves every slot for full capacity; raise grad_accum (or "
                           "the world size) so some micro-batches sample reduced capacities", stacklevel=2)
@@ -132,7 +142,7 @@ class CapacityMixed(Recipe):
         """Capacity fraction of every global slot of ``step`` (Alg. 1 lines 4-7)."""
         if tokens_seen < self.n_warm_tokens:
             return [1.0] * n_global
-        n_reserved = round(self.full_share * n_global)
+        n_reserved = reserved_slots(self.full_share, n_global)
         draws = slot_rng(self.seed, step, _CAPACITY_STREAM).integers(0, len(self.capacities), size=n_global)
         return [1.0 if g < n_reserved else self.capacities[int(draws[g])] for g in range(n_global)]
 

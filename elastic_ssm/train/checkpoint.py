@@ -259,6 +259,12 @@ def _load(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def unwrap_config(model) -> dict | None:
+    """The model's config as a dict (through DDP's ``module``), or None for a model without one."""
+    cfg = getattr(getattr(model, "module", model), "config", None)
+    return cfg.to_dict() if hasattr(cfg, "to_dict") else None
+
+
 def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                     ctx: DistContext) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Restore ``model`` and ``optimizer`` from the newest usable checkpoint of ``stage_dir``.
@@ -277,10 +283,22 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
     candidates = broadcast_object([str(p) for p in candidates], ctx)
     sharded = is_sharded(model)
     device = "cpu" if sharded else next(model.parameters()).device
+    expected = unwrap_config(model)
     for cand in map(Path, candidates):
         try:
+            trainer = _load(cand / "trainer.pt")
+        except Exception as e:  # unreadable: fall back to the previous checkpoint
+            warnings.warn(f"could not load checkpoint {cand} ({type(e).__name__}: {e}); trying an older one",
+                          stacklevel=2)
+            continue
+        saved = trainer.get("model_config") if isinstance(trainer, dict) else None
+        if expected is not None and saved is not None and saved != expected:
+            changed = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
+            raise ValueError(f"cannot resume from {cand}: it was written by a model with a different config "
+                             f"(fields {changed}); resume with the same model or use a new out_dir")
+        try:
             state = load_file(str(cand / "model" / "model.safetensors"), device=str(device))
-            trainer, opt_state = _load(cand / "trainer.pt"), _load(cand / "optimizer.pt")
+            opt_state = _load(cand / "optimizer.pt")
             rank_file = cand / f"rank{ctx.rank}.pt"
             if not rank_file.is_file():
                 warnings.warn(f"{cand} has no {rank_file.name} (world size changed); using rank0.pt",

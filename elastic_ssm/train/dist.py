@@ -147,8 +147,9 @@ def wrap_ddp(module: nn.Module, ctx: DistContext) -> nn.Module:
 def wrap_fsdp(model: nn.Module, ctx: DistContext, mixed_precision: bool = False) -> nn.Module:
     """FSDP2 ``fully_shard`` on every block of ``model`` and then on ``model`` (the root); in place.
 
-    One process: ``model`` unchanged. ``mixed_precision``: bf16 parameters in forward/backward with fp32
-    gradient reduction (the sharded master weights and AdamW moments stay fp32). Call it before the
+    One process: ``model`` unchanged. Parameters are gathered in fp32 and gradients reduced in fp32;
+    ``mixed_precision`` (bf16) is applied by the training loop's autocast, which keeps the modal tables
+    and the scan in fp32. Call it before the
     optimizer is built (the parameters are replaced by ``DTensor`` shards).
     """
     if not ctx.distributed:
@@ -159,8 +160,9 @@ def wrap_fsdp(model: nn.Module, ctx: DistContext, mixed_precision: bool = False)
     if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
         raise ValueError(f"TrainConfig.parallel='fsdp' shards a model block by block, but "
                          f"{type(model).__name__} has no non-empty 'blocks' ModuleList; use parallel='ddp'")
-    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if mixed_precision else MixedPrecisionPolicy())
+    # Parameters stay fp32 in forward: the loop's bf16 autocast runs the matmuls in bf16, while the modal
+    # tables (rho ~ 1 - 1e-4, theta) must not be rounded to bf16 (E.5: fp32 master weights and scan).
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
     for block in blocks:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)

@@ -33,7 +33,7 @@ def _is_norm(module: nn.Module) -> bool:
 
 def _decays(module: nn.Module, leaf: str, p: torch.Tensor, policy: str) -> bool:
     """Whether parameter ``leaf`` of ``module`` is weight-decayed under ``policy``."""
-    if policy == "refine":
+    if policy == "refine":  # D.8, literally: every tensor with >= 2 dims (gate_bias [K, 3, M] included)
         return p.dim() >= 2
     if isinstance(module, nn.Embedding) or _is_norm(module):
         return False
