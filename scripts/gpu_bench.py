@@ -79,18 +79,13 @@ def check_triton_step() -> dict:
 def _small(dtype):
     import elastic_ssm as es
     from elastic_ssm.bench.peers import cast_matrices
+    from elastic_ssm.models.essh import randomize_selective
 
     torch.manual_seed(0)
     cfg = es.ESSHConfig.preset("small")
     with torch.device("cuda"):
         model = es.ESSH(cfg).eval()
-    with torch.no_grad():
-        for b in model.blocks:
-            if b.kind == "S":
-                b.mixer.in_proj[:, cfg.value_width:].normal_(std=0.3)
-                b.mixer.gate_bias.normal_(std=0.5)
-                b.mixer.beta.uniform_(0, 1)
-            b.ffn.w_out.normal_(std=0.05)
+    randomize_selective(model, ffn_out_std=0.05)
     return cast_matrices(model, dtype) if dtype != torch.float32 else model
 
 

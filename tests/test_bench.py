@@ -15,6 +15,7 @@ from elastic_ssm.bench import BenchConfig, main, run_bench
 from elastic_ssm.bench.memory import essh_memory_rows
 from elastic_ssm.bench.peers import cast_matrices, match_ffn_width, transformer_matched
 from elastic_ssm.models.baselines import TransformerConfig, TransformerPP
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
 from elastic_ssm.ops.spectral_scan import decode_triton as dt
 from elastic_ssm.ops.spectral_scan.naive import naive_spectral_scan
@@ -24,15 +25,7 @@ def _perturbed(dtype, preset="tiny"):
     torch.manual_seed(0)
     cfg = es.ESSHConfig.preset(preset)
     model = es.ESSH(cfg).to(dtype).eval()
-    with torch.no_grad():  # move away from the near-identity initialisation so every path matters
-        for b in model.blocks:
-            if b.kind == "S":
-                b.mixer.in_proj[:, cfg.value_width:].normal_(std=0.3)
-                b.mixer.gate_bias.normal_(std=0.5)
-                b.mixer.beta.uniform_(0, 1)
-                b.mixer.a.uniform_(0, 1)
-            b.ffn.w_out.normal_(std=0.1)
-    return model
+    return randomize_selective(model, ffn_out_std=0.1, zero_lag=True)  # every path matters
 
 
 def _rel(a, b):

@@ -7,6 +7,7 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm.models.base import CheckpointError
+from elastic_ssm.models.essh import randomize_selective
 
 
 @pytest.fixture(scope="module")
@@ -15,14 +16,7 @@ def tiny():
     cfg = es.ESSHConfig.preset("tiny")
     model = es.ESSH(cfg).eval()
     # Move away from the near-identity initialisation so every path matters in the comparisons.
-    with torch.no_grad():
-        for b in model.blocks:
-            if b.kind == "S":
-                b.mixer.in_proj[:, cfg.value_width:].normal_(std=0.3)
-                b.mixer.gate_bias.normal_(std=0.5)
-                b.mixer.beta.uniform_(0, 1)
-            b.ffn.w_out.normal_(std=0.1)
-    return model
+    return randomize_selective(model, ffn_out_std=0.1)
 
 
 @pytest.mark.parametrize("name", ["370m", "1.5b"])

@@ -15,6 +15,7 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm.bench.peers import cast_matrices
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
 from elastic_ssm.ops.spectral_scan import decode_triton as dt
 
@@ -34,13 +35,7 @@ def _model(dtype=torch.float32, preset="small"):
     cfg = es.ESSHConfig.preset(preset)
     with torch.device(DEV):
         model = es.ESSH(cfg).eval()
-    with torch.no_grad():
-        for b in model.blocks:
-            if b.kind == "S":
-                b.mixer.in_proj[:, cfg.value_width:].normal_(std=0.3)
-                b.mixer.gate_bias.normal_(std=0.5)
-                b.mixer.beta.uniform_(0, 1)
-            b.ffn.w_out.normal_(std=0.05)
+    randomize_selective(model, ffn_out_std=0.05)
     return cast_matrices(model, dtype) if dtype != torch.float32 else model
 
 

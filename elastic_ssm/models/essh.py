@@ -72,6 +72,24 @@ class ESSHBlock(nn.Module):
         return x + self.ffn(self.norm2(x), tier.n_ff)
 
 
+@torch.no_grad()
+def randomize_selective(model: ESSH, ffn_out_std: float = 0.05, zero_lag: bool = False) -> ESSH:
+    """Move a freshly initialised ESSH away from its near-identity start (gates at one, beta 0), for tests
+    and shape benchmarks: random gate/clock weights (std 0.3) and biases (std 0.5), blend beta in [0, 1),
+    SwiGLU down projections with std ``ffn_out_std``; with ``zero_lag`` also a ~ U[0, 1). Uses the global
+    torch RNG; returns ``model``."""
+    P = model.config.value_width
+    for b in model.blocks:
+        if b.kind == "S":
+            b.mixer.in_proj[:, P:].normal_(std=0.3)
+            b.mixer.gate_bias.normal_(std=0.5)
+            b.mixer.beta.uniform_(0, 1)
+            if zero_lag:
+                b.mixer.a.uniform_(0, 1)
+        b.ffn.w_out.normal_(std=ffn_out_std)
+    return model
+
+
 class ESSH(GenerationMixin, ElasticModel):
     """The shared elastic model (or, with a tier's standalone config, an exported compact model)."""
 
