@@ -179,3 +179,18 @@ def test_forward_with_a_used_cache_is_refused(tiny):
     assert cache.states[0] is state_before and cache.states[0].abs().sum() > 0   # updated in place
     with pytest.raises(ValueError, match="continue a cached sequence with step"):
         tiny(x, cache=cache)
+
+
+def test_swa_causal_fast_path_equals_the_band_mask():
+    from elastic_ssm.layers.attention import SlidingWindowAttention, window_mask
+
+    torch.manual_seed(0)
+    attn = SlidingWindowAttention(32, 8, window=16).double()
+    x = torch.randn(2, 16, 32, dtype=torch.float64)
+    pos = torch.arange(16).expand(2, 16)
+    fast = attn(x, pos)                                       # T <= window, no padding: is_causal path
+    q, k, v = attn._qkv(x, pos)
+    idx = torch.arange(16)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(idx, idx, 16))
+    ref = torch.nn.functional.linear(ref.transpose(1, 2).reshape(2, 16, 32), attn.out)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-12)

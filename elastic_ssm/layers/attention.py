@@ -80,7 +80,10 @@ class SlidingWindowAttention(nn.Module):
         q, k, v = self._qkv(x, positions)
         idx = torch.arange(T, device=x.device)
         W = self.window
-        if T <= 2 * W:
+        if T <= W and valid is None:
+            # The window covers every earlier token: plain causal attention (flash kernel on GPU).
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif T <= 2 * W:
             mask = window_mask(idx, idx, W, valid)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
