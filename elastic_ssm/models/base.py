@@ -115,8 +115,10 @@ class ElasticModel(nn.Module):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        atomic_write_bytes(path / WEIGHTS_NAME, save(tensors, metadata={"format": "pt", "arch": self.arch}))
-        text = json.dumps(self._config_json(), indent=2)
+        blob = save(tensors, metadata={"format": "pt", "arch": self.arch})
+        atomic_write_bytes(path / WEIGHTS_NAME, blob)
+        # The size ties config.json to its weights: a directory overwritten only halfway is detected on load.
+        text = json.dumps({**self._config_json(), "weights_bytes": len(blob)}, indent=2)
         atomic_write_bytes(path / CONFIG_NAME, text.encode())
         return path
 
@@ -149,6 +151,11 @@ class ElasticModel(nn.Module):
         wfile = path / WEIGHTS_NAME
         if not wfile.is_file():
             raise CheckpointError(f"{path}: missing {WEIGHTS_NAME}")
+        expected = meta.get("weights_bytes")
+        if expected is not None and wfile.stat().st_size != expected:
+            raise CheckpointError(f"{wfile} has {wfile.stat().st_size} bytes but {CONFIG_NAME} was written with a "
+                                  f"{expected}-byte weights file: the file is truncated or corrupted, or the "
+                                  "directory was partially overwritten; save the model again")
         rules: list[SliceRule] = []
         source = dict(meta.get("source") or {})
         if tier is not None:
