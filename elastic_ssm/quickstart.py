@@ -52,7 +52,6 @@ def _monotone(rows: list[TierEval]) -> bool:
 
 def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control: bool = True,
                config: str | Path | None = None) -> dict[str, Any]:
-    import torch
 
     from .elastic.export import check_export, export_tier
     from .pipeline import build_data, train_run
@@ -117,7 +116,6 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
                                              if control_rows else ""))
     print(f"[quickstart] wrote {out / 'report.md'}, {out / 'tiers.csv'}"
           + (f", {out / 'quality_size.png'}" if plotted else " (install matplotlib for the plot)"))
-    torch.set_grad_enabled(True)
     return summary
 
 

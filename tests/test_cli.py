@@ -92,7 +92,6 @@ def test_train_help_lists_derived_flags(capsys):
         main(["train", "--help"])
     out = capsys.readouterr().out
     assert "--train.full_share" in out and "--model.n_modes" in out and "--data.source" in out
-    torch.set_grad_enabled(True)
 
 
 def test_python_resume_refuses_a_different_model(tmp_path):
