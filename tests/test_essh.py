@@ -194,3 +194,21 @@ def test_swa_causal_fast_path_equals_the_band_mask():
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(idx, idx, 16))
     ref = torch.nn.functional.linear(ref.transpose(1, 2).reshape(2, 16, 32), attn.out)
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-12)
+
+
+def test_default_cache_on_cpu_keeps_the_model_precision(tiny):
+    x = torch.randint(0, tiny.config.vocab_size, (1, 2 * tiny.config.window))
+    cache = tiny.allocate_cache(1, "T3")
+    assert cache.keys[1].dtype == torch.float32 and cache.states[0].dtype == torch.float32
+    out = [tiny(x[:, :3], tier="T3", cache=cache)]
+    out += [tiny.step(x[:, t], cache)[:, None] for t in range(3, x.shape[1])]
+    torch.testing.assert_close(torch.cat(out, 1), tiny(x, tier="T3"), rtol=0, atol=2e-5)
+
+
+def test_env_backend_fla_leaves_cpu_calls_on_torch(monkeypatch):
+    from elastic_ssm.ops import resolve_backend
+
+    monkeypatch.setenv("ELASTIC_SSM_SCAN_BACKEND", "fla")
+    assert resolve_backend("auto", torch.zeros(1)) == "torch"
+    with pytest.raises(ValueError, match="CUDA tensors only"):
+        resolve_backend("fla", torch.zeros(1))

@@ -71,6 +71,7 @@ def _fsdp_worker(rank, world, port, root, result_path):
         out["rest"] = _summary(rest) if rank == 0 else None
         if rank == 0:
             torch.save(out, result_path)
+        dist.barrier()  # both ranks done before either tears down gloo (avoids an abort at exit)
     finally:
         dist.destroy_process_group()
 

@@ -29,11 +29,19 @@ class ESSHCache:
     positions: torch.Tensor | None = None                              # [B] int64
 
     @classmethod
-    def allocate(cls, model, batch: int, tier=None, device=None, state_dtype: torch.dtype = torch.float32,
-                 kv_dtype: torch.dtype = torch.bfloat16) -> ESSHCache:
+    def allocate(cls, model, batch: int, tier=None, device=None, state_dtype: torch.dtype | None = None,
+                 kv_dtype: torch.dtype | None = None) -> ESSHCache:
+        """Zeroed cache for ``batch`` sequences at ``tier``. Defaults: fp32 mode states (float64 for a
+        float64 model), a bf16 KV ring on CUDA and the parameter dtype on CPU."""
         cfg = model.config
         t = model.resolve_tier(tier)
-        device = device or next(model.parameters()).device
+        if device is None or state_dtype is None or kv_dtype is None:
+            param = model.embed.weight
+            device = device or param.device
+            if state_dtype is None:
+                state_dtype = torch.float64 if param.dtype == torch.float64 else torch.float32
+            if kv_dtype is None:
+                kv_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else param.dtype
         P, M, W, H, hd = cfg.value_width, cfg.n_modes, cfg.window, cfg.n_heads, cfg.head_dim
         cache = cls(batch=batch, tier=t, window=W)
         for i, kind in enumerate(cfg.layout):

@@ -65,10 +65,6 @@ class GenerationMixin:
             _check_left_padding(attention_mask)
         was_training = self.training
         self.eval()
-        param = next(self.parameters())
-        wide = param.dtype if param.dtype == torch.float64 else torch.float32
-        state_dtype = state_dtype or wide
-        kv_dtype = kv_dtype or (torch.bfloat16 if param.device.type == "cuda" else param.dtype)
         eos = self.config.eos_token_id if eos is None and self.config.eos_token_id >= 0 else eos
         B = input_ids.shape[0]
         cache = self.allocate_cache(B, tier, state_dtype=state_dtype, kv_dtype=kv_dtype)

@@ -43,20 +43,24 @@ def available_backends() -> list[str]:
 def resolve_backend(backend: str = "auto", tensor: torch.Tensor | None = None) -> str:
     """Resolve ``backend`` for inputs like ``tensor``: returns ``"torch"``, ``"fla"`` or ``"naive"``.
 
-    Raises ValueError for an unknown name or ``"fla"`` with non-CUDA tensors, ImportError for ``"fla"``
+    ``ELASTIC_SSM_SCAN_BACKEND`` replaces ``"auto"``; when it says ``"fla"`` for non-CUDA tensors, those
+    calls use ``"torch"`` (so CPU evaluation works in a GPU job). Raises ValueError for an unknown name or
+    an explicit ``backend="fla"`` with non-CUDA tensors, ImportError for ``"fla"``
     without fla-core installed. The choice is logged once per (backend, device type) on ``elastic_ssm``.
     """
     choice = backend
     if not isinstance(choice, str):
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    device = tensor.device.type if tensor is not None else "cpu"
     if choice.lower() == "auto":
         choice = os.environ.get(ENV_VAR, "").strip() or "auto"
+        if choice.lower() == "fla" and device != "cuda":
+            choice = "auto"  # the environment asks for the GPU path; CPU calls in the same process use torch
     choice = choice.lower()
     if choice not in BACKENDS:
         source = f"environment variable {ENV_VAR}" if backend.lower() == "auto" else "backend argument"
         raise ValueError(f"unknown spectral-scan backend {choice!r} from the {source}; "
                          f"expected one of {BACKENDS}")
-    device = tensor.device.type if tensor is not None else "cpu"
     if choice == "auto":
         fla_ok = device == "cuda" and tensor.dtype in _FLA_DTYPES and fla_available()
         choice = "fla" if fla_ok else "torch"

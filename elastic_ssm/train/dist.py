@@ -60,8 +60,11 @@ class DistContext:
     def close(self) -> None:
         """Destroy the process group if ``init_distributed`` created it."""
         if self.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-            self.owns_group = False
+            try:
+                dist.barrier()  # no rank tears the group down while a peer still uses its connections
+            finally:
+                dist.destroy_process_group()
+                self.owns_group = False
 
 
 def _pick_device(device: str, local_rank: int) -> torch.device:
