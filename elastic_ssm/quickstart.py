@@ -91,7 +91,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     if control:
         print("[quickstart] training the dense control (full capacity only, same steps and data)")
         dense_run = run.with_overrides({}, {"recipe": "dense", "out_dir": str(out / "dense")}, {})
-        dense = train_run(dense_run, build_data(dense_run))
+        dense = train_run(dense_run, data)  # same data config: reuse the loaded corpus
         control_rows = evaluate_tiers(dense, data.val_batches)
 
     table = format_evals(rows)

@@ -86,10 +86,8 @@ class FastDecoder:
         if attention == "auto":
             attention = "sdpa" if self.device.type == "cuda" else "math"
         self.attention = attention
-        if cache is None:
-            wide = torch.float64 if emb.dtype == torch.float64 else torch.float32
-            kv = kv_dtype or (torch.bfloat16 if self.device.type == "cuda" else emb.dtype)
-            cache = model.allocate_cache(batch, self.tier, state_dtype=state_dtype or wide, kv_dtype=kv)
+        if cache is None:  # ESSHCache.allocate resolves the default dtypes (bf16 KV on CUDA only)
+            cache = model.allocate_cache(batch, self.tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
         if cache.batch != batch or cache.tier != self.tier:
             raise ValueError(f"cache is for batch {cache.batch} at {cache.tier.name}; the decoder needs "
                              f"batch {batch} at {self.tier.name}: allocate it with "
