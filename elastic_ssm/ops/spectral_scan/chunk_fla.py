@@ -106,15 +106,16 @@ def fla_spectral_scan(
     output_final_state: bool = False,
     compute_dtype: torch.dtype | None = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The scan through ``fla.ops.gla.chunk_gla`` (CUDA); ``z`` in ``v.dtype``, the state in float32.
+    """The scan through fla's chunked GLA kernels (CUDA); ``z`` in ``v.dtype``, the state in float32.
 
     ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for bf16 inputs: rounding the
     rotated ``q, k`` to bf16 makes the theta gradient, a long cancelling sum over ``t``, lose ~2 digits;
     None uses ``v.dtype``). fla provides gradients for q, k, v, g and the initial state; the mapping is
     torch ops, so autograd carries them on to every input including theta, rho (through log rho) and the
-    initial state.
+    initial state. The kernels are called through the custom ops of ``gla_op.py``, which ``torch.compile``
+    treats as opaque.
     """
-    from fla.ops.gla import chunk_gla  # optional dependency, imported only on this path
+    from .gla_op import gla_chunk
 
     if v.shape[1] == 0:
         from .naive import naive_spectral_scan
@@ -124,5 +125,5 @@ def fla_spectral_scan(
     q, k, vv, g, h0 = gla_inputs(v, write, read, clock, rho, theta, kc, ks, initial_state, compute_dtype)
     g = g.float()
     h0 = None if h0 is None else h0.float().contiguous()
-    o, ht = chunk_gla(q, k, vv, g, scale=1.0, initial_state=h0, output_final_state=output_final_state)
+    o, ht = gla_chunk(q, k, vv, g, scale=1.0, initial_state=h0, output_final_state=output_final_state)
     return gla_outputs(o, ht if output_final_state else None, v, write, read, theta, kc, a)

@@ -50,25 +50,33 @@ def _safe_exponent(dtype) -> float:
     return min(math.log(fi.max * eps), -math.log(fi.tiny / eps))
 
 
-def _plan(L: torch.Tensor, diagonal: str, limit: float) -> tuple[int, torch.Tensor | None]:
-    """Diagonal-block length ``c`` and the ``[K, M]`` mask of factorised modes (None: all factorised).
+def _plan(L: torch.Tensor, diagonal: str, limit: float) -> tuple[int, torch.Tensor | None, str]:
+    """Diagonal-block length ``c``, the ``[K, M]`` mask of factorised modes and the plan's kind.
 
-    ``L`` is the within-chunk cumulative log-decay ``[B, K, N, C, M]`` (float64).
+    ``L`` is the within-chunk cumulative log-decay ``[B, K, N, C, M]`` (float64). Kinds: "factorized" (every
+    mode, mask None), "pairwise" (no mode, mask None) or "mixed" (per-mode mask). Choosing the first needs
+    the data (one host sync); under ``torch.compile`` "auto" takes the pairwise plan, which is exact for
+    every decay and keeps the graph whole (the same results up to rounding).
     """
     if diagonal not in ("auto", "factorized", "pairwise"):
         raise ValueError(f"diagonal must be 'auto', 'factorized' or 'pairwise', got {diagonal!r}")
     C = L.shape[-2]
+    sub = SUB_BLOCK if C % SUB_BLOCK == 0 else C
+    if torch.compiler.is_compiling():
+        return (C, None, "factorized") if diagonal == "factorized" else (sub, None, "pairwise")
     if diagonal != "pairwise" and float(L[..., -1, :].detach().max()) <= limit:
-        return C, None  # the usual training case: one factorised block per chunk
+        return C, None, "factorized"  # the usual training case: one factorised block per chunk
     if diagonal == "factorized":
         raise ValueError(f"diagonal='factorized' needs every chunk's log-decay span <= {limit:.1f} for this "
                          "dtype; use diagonal='auto'")
-    sub = SUB_BLOCK if C % SUB_BLOCK == 0 else C
     if diagonal == "pairwise":
-        return sub, torch.zeros(L.shape[1], L.shape[-1], dtype=torch.bool, device=L.device)
+        return sub, None, "pairwise"
     ends = L[..., sub - 1 :: sub, :].detach()  # [B, K, N, C/c, M]
     span = ends - F.pad(ends[..., :-1, :], (0, 0, 1, 0))
-    return sub, span.amax(dim=(0, 2, 3)) <= limit  # [K, M]
+    keep = span.amax(dim=(0, 2, 3)) <= limit  # [K, M]
+    if bool(keep.all()):
+        return sub, None, "factorized"
+    return (sub, None, "pairwise") if not bool(keep.any()) else (sub, keep, "mixed")
 
 
 def _lag_table(theta, kc, ks, sub: int, dtype) -> torch.Tensor:
@@ -182,7 +190,7 @@ def chunk_spectral_scan(
     # Per-position log-decay gamma + Delta (Eq. 34), float64, zero on padding; cumulative within each chunk.
     L = chunks(clock.double() - torch.log(rho.double())).cumsum(-2)  # [B, K, N, C, M] l(tau), tau = 1..C
     limit = _safe_exponent(dt)
-    sub, keep = _plan(L, diagonal, limit)
+    sub, keep, kind = _plan(L, diagonal, limit)
     nc = C // sub
     vb = chunks(v).reshape(B, K, N, nc, sub, P)
     wb = chunks(write.to(dt)).reshape(B, K, N, nc, sub, M)
@@ -207,23 +215,27 @@ def chunk_spectral_scan(
 
     # Diagonal blocks (Eq. 27), core only: factorised modes through centred factors, the rest pairwise.
     G = None
-    if keep is None or bool(keep.any()):
+    if kind != "pairwise":
         cen = (lq - 0.5 * span).clamp(-0.5 * limit, 0.5 * limit).to(dt)  # |cen| <= span / 2 when admitted
         qf = rb * torch.exp(-cen)
         if keep is not None:
             qf = qf * keep.to(dt)[:, None, None, None, :]
         kf = keys(wb * torch.exp(cen), krot)
         G = torch.tril(torch.matmul(keys(qf, qrot), kf.mT))  # [B, K, N, nc, t, s]
-    if keep is not None and not bool(keep.all()):
-        pairs = (~keep).flatten().nonzero().squeeze(-1)  # (channel, mode) pairs evaluated pairwise
+    if kind != "factorized":
+        pairs = None if keep is None else (~keep).flatten().nonzero().squeeze(-1)  # pairs evaluated pairwise
 
         def pick(x: torch.Tensor) -> torch.Tensor:  # [B, K, N, nc, c, M] -> [B, pairs, N, nc, c]
-            return x.movedim(-1, 2).reshape(B, K * M, N, nc, sub)[:, pairs]
+            x = x.movedim(-1, 2).reshape(B, K * M, N, nc, sub)
+            return x if pairs is None else x[:, pairs]
 
-        psi = _lag_table(theta, kc, ks, sub, dt).movedim(-1, 1).reshape(K * M, sub, sub)[pairs]
+        psi = _lag_table(theta, kc, ks, sub, dt).movedim(-1, 1).reshape(K * M, sub, sub)
+        psi = psi if pairs is None else psi[pairs]
         Gp = _PairwiseDiagonal.apply(pick(lq).to(dt), pick(rb), pick(wb), psi)  # [B, pairs, N, nc, t, s]
-        G = Gp.new_zeros(B, K, N, nc, sub, sub) if G is None else G
-        G = G.index_add(1, torch.div(pairs, M, rounding_mode="floor"), Gp)
+        if pairs is None:
+            G = Gp.reshape(B, K, M, N, nc, sub, sub).sum(2)
+        else:
+            G = G.index_add(1, torch.div(pairs, M, rounding_mode="floor"), Gp)
     corr = (rb * wb * (a * kc).to(dt)[:, None, None, None, :]).sum(-1, keepdim=True)  # Eq. 24
     z = torch.matmul(G, vb) - corr * vb  # [B, K, N, nc, c, P]
 

@@ -1,0 +1,127 @@
+"""fla-core's chunked GLA kernels as two torch custom ops, so ``torch.compile`` traces around them.
+
+``gla_chunk`` computes ``o(t) = scale q(t)^T S(t)``, ``S(t) = diag(exp g(t)) S(t-1) + k(t) v(t)^T`` (inputs
+``[B, T, H, Dk|Dv]``, ``g`` float32 natural-log decays, ``h0`` float32 ``[B, H, Dk, Dv]`` or None) with
+fla's ``chunk_gla_fwd`` and differentiates through ``chunk_gla_bwd`` (module ``fla.ops.gla.chunk``). It
+follows fla's own autograd function (``ChunkGLAFunction``) for float32 gates: chunk length
+``min(64, max(16, next_pow2(T)))``, the forward keeps the within-chunk cumulative gate and the intra-chunk
+score block ``A`` for the backward, and the backward recomputes the chunk states.
+
+Why not call ``fla.ops.gla.chunk_gla``: it is wrapped in ``torch.compiler.disable``, so every spectral layer
+would split a compiled graph in two. As custom ops (``elastic_ssm::gla_chunk_fwd`` / ``_bwd``) with fake
+(meta) implementations, the kernels stay opaque to dynamo and inductor while the gate and projection math
+around them is fused. fla is imported when an op first runs, never at import time.
+"""
+
+import contextlib
+from typing import Optional  # custom-op schemas: Optional is understood by every torch 2.x
+
+import torch
+from torch import Tensor
+
+
+def chunk_length(T: int) -> int:
+    """fla's chunk length for a length-T sequence: the next power of two of T, clamped to [16, 64]."""
+    p = 1
+    while p < T:
+        p *= 2
+    return min(64, max(16, p))
+
+
+def _kernels():
+    from fla.ops.gla import chunk as fla_chunk  # optional dependency (CUDA + triton)
+
+    return fla_chunk.chunk_gla_fwd, fla_chunk.chunk_gla_bwd
+
+
+def _device(x: Tensor):
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _empty_state(x: Tensor) -> Tensor:
+    return x.new_empty(0, dtype=torch.float32)
+
+
+@torch.library.custom_op("elastic_ssm::gla_chunk_fwd", mutates_args=())
+def gla_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Optional[Tensor], scale: float,  # noqa: UP045
+                  output_final_state: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``o [B, T, H, Dv]`` (v.dtype), ``ht [B, H, Dk, Dv]`` float32 (empty unless ``output_final_state``),
+    ``A [B, T, H, C]`` float32 and ``g_cumsum [B, T, H, Dk]`` float32 (the last two for the backward)."""
+    fwd, _ = _kernels()
+    with _device(q):
+        g_cumsum, A, _, ht, o = fwd(
+            q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.contiguous(), g_cumsum=None,
+            scale=scale, initial_state=None if h0 is None else h0.contiguous(),
+            output_final_state=output_final_state, cu_seqlens=None, chunk_size=chunk_length(q.shape[1]),
+            chunk_indices=None)
+    ht = _empty_state(q) if ht is None else ht.float()
+    return o.to(v.dtype), ht, A.float(), g_cumsum.float()
+
+
+@gla_chunk_fwd.register_fake
+def _(q, k, v, g, h0, scale, output_final_state):
+    B, T, H, Dk = q.shape
+    Dv = v.shape[-1]
+    ht = q.new_empty(B, H, Dk, Dv, dtype=torch.float32) if output_final_state else _empty_state(q)
+    A = q.new_empty(B, T, H, chunk_length(T), dtype=torch.float32)
+    return torch.empty_like(v), ht, A, torch.empty_like(g, dtype=torch.float32)
+
+
+@torch.library.custom_op("elastic_ssm::gla_chunk_bwd", mutates_args=())
+def gla_chunk_bwd(q: Tensor, k: Tensor, v: Tensor, g_cumsum: Tensor, h0: Optional[Tensor], A: Tensor,  # noqa: UP045
+                  do: Tensor, dht: Optional[Tensor],  # noqa: UP045
+                  scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``dq, dk, dv`` (input dtypes), ``dg`` float32 (gradient of the per-step gate ``g``) and ``dh0`` float32
+    (empty when ``h0`` is None)."""
+    _, bwd = _kernels()
+    with _device(q):
+        dq, dk, dv, dg, dh0 = bwd(
+            q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=None, g_cumsum=g_cumsum.contiguous(),
+            scale=scale, initial_state=None if h0 is None else h0.contiguous(), h=None, A=A.contiguous(),
+            do=do.contiguous(), dht=None if dht is None else dht.contiguous(), cu_seqlens=None,
+            chunk_size=chunk_length(q.shape[1]), chunk_indices=None)
+    dh0 = _empty_state(q) if dh0 is None or h0 is None else dh0.float()
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.float(), dh0
+
+
+@gla_chunk_bwd.register_fake
+def _(q, k, v, g_cumsum, h0, A, do, dht, scale):
+    dh0 = _empty_state(q) if h0 is None else torch.empty_like(h0, dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(g_cumsum, dtype=torch.float32), dh0)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, g, h0, scale, output_final_state = inputs
+    _, _, A, g_cumsum = output
+    ctx.save_for_backward(q, k, v, g_cumsum, h0, A)
+    ctx.scale, ctx.output_final_state, ctx.has_h0 = scale, output_final_state, h0 is not None
+
+
+def _backward(ctx, do, dht, dA, dg_cumsum):
+    q, k, v, g_cumsum, h0, A = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(v)
+    dht = dht if ctx.output_final_state else None
+    dq, dk, dv, dg, dh0 = gla_chunk_bwd(q, k, v, g_cumsum, h0, A, do, dht, ctx.scale)
+    return dq, dk, dv, dg, (dh0 if ctx.has_h0 else None), None, None
+
+
+gla_chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def gla_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float = 1.0, initial_state: Tensor | None = None,
+              output_final_state: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Chunked GLA through fla (differentiable): ``o [B, T, H, Dv]`` and ``S(T) [B, H, Dk, Dv]`` float32 or None.
+
+    ``g`` and ``initial_state`` must be float32 (fla's requirement for states; float32 gates keep the
+    cumulative decays exact to fp32).
+    """
+    if g.dtype != torch.float32 or (initial_state is not None and initial_state.dtype != torch.float32):
+        raise ValueError(f"gla_chunk: g and initial_state must be float32, got {g.dtype} and "
+                         f"{None if initial_state is None else initial_state.dtype}")
+    if q.shape != k.shape or q.shape != g.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"gla_chunk: q, k, g must be [B, T, H, Dk] and v [B, T, H, Dv], got {list(q.shape)}, "
+                         f"{list(k.shape)}, {list(g.shape)}, {list(v.shape)}")
+    o, ht, _, _ = gla_chunk_fwd(q, k, v, g, initial_state, float(scale), output_final_state)
+    return o, (ht if output_final_state else None)
