@@ -17,7 +17,8 @@ one-minute smoke run). Prints, flushed, in this order:
 
 Writes ``$OUT/bench.json`` (env, checks, every row, targets) and ``$OUT/benchmarks_section.md`` (to append
 to docs/benchmarks.md). Each entry's failure (including OOM) is recorded and the run continues; a stage
-starts only while the time budget (``GPU_BENCH_BUDGET_S``, default 450 s) lasts.
+starts only while the time budget (``GPU_BENCH_BUDGET_S``, default 450 s) lasts; ``GPU_BENCH_STAGES`` (a
+comma-separated list of stage names, e.g. ``decode 370m,decode 1.5b``) runs only those stages.
 """
 
 from __future__ import annotations
@@ -235,7 +236,10 @@ def main() -> None:
     log("== correctness checks")
     checks, backend = run_checks()
     results: dict = {"env": env, "checks": checks, "decode_backend": backend}
+    only = [s.strip() for s in os.environ.get("GPU_BENCH_STAGES", "").split(",") if s.strip()]
     for name, kw in stages(backend):
+        if only and name not in only:
+            continue
         if left() < 15:
             log(f"== {name}: skipped (time budget)")
             continue

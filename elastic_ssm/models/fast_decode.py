@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from ..elastic.slicing import prefix
 from ..layers.attention import apply_rope
+from ..ops.gemv import MAX_FUSED_BATCH, gemv_accumulate, norm_gemv, norm_swiglu_gemv
 from ..ops.spectral_scan.decode_triton import (
     ModalConstants,
     resolve_backend,
@@ -55,6 +56,7 @@ class _Layer:
     ffn_in: torch.Tensor            # [2 n_ff, D] rows (gate_h, up_h)
     ffn_out: torch.Tensor           # [n_ff, D]
     consts: ModalConstants | None   # S only
+    w_out_rows: torch.Tensor | None  # A only: out [D, D] as F.linear weight (out x in)
 
 
 def _residual_mm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -74,7 +76,8 @@ class FastDecoder:
 
     def __init__(self, model, tier: Any = None, batch: int = 1, cache: ESSHCache | None = None,
                  state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
-                 backend: str = "auto", attention: str = "auto", cuda_graph: bool = False) -> None:
+                 backend: str = "auto", attention: str = "auto", gemv: str = "auto",
+                 cuda_graph: bool = False) -> None:
         cfg = model.config
         self.model, self.config = model.eval(), cfg
         self.tier = model.resolve_tier(tier)
@@ -102,6 +105,11 @@ class FastDecoder:
                                                         device=self.device) / cfg.head_dim)
         self._rows = torch.arange(batch, device=self.device)
         self._tokens = torch.zeros(batch, dtype=torch.long, device=self.device)
+        if gemv not in ("auto", "fused", "cublas"):
+            raise ValueError(f"gemv must be 'auto', 'fused' or 'cublas', got {gemv!r}")
+        self.fused_gemv = gemv == "fused" or (gemv == "auto" and batch <= MAX_FUSED_BATCH)
+        self._x = torch.zeros(batch, cfg.d_model, dtype=torch.promote_types(self.dtype, torch.float32),
+                              device=self.device)
         self._graph: torch.cuda.CUDAGraph | None = None
         self._logits: torch.Tensor | None = None
         if cuda_graph:
@@ -116,16 +124,17 @@ class FastDecoder:
             mx = block.mixer
             w_in = prefix(mx.in_proj, t.K).reshape(t.K * (mx.P + 3 * mx.M), D)
             w_out = prefix(mx.out_proj, t.K).reshape(t.K * mx.P, D)
-            consts = ModalConstants.from_mixer(mx, t.K, state_dtype)
+            consts, rows = ModalConstants.from_mixer(mx, t.K, state_dtype), None
         else:
-            w_in, w_out, consts = block.mixer.qkv, block.mixer.out.t(), None
+            w_in, w_out, consts, rows = block.mixer.qkv, block.mixer.out.t(), None, block.mixer.out
         return _Layer(block.kind, block.norm1.weight, block.norm2.weight, w_in, w_out, ffn_in, ffn_out,
-                      consts)
+                      consts, rows)
 
     # ---- one step ---------------------------------------------------------------------------------------
-    def _attend(self, L: _Layer, i: int, u, x, slot, allowed, cos, sin):
+    def _attend(self, L: _Layer, i: int, qkv, slot, allowed, cos, sin):
+        """qkv [B, 3D] -> attention output [B, H hd] (RoPE, ring-buffer write, masked window attention)."""
         B, H, hd = self.batch, self.H, self.hd
-        q, k, v = F.linear(u, L.w_in).view(B, 3, H, hd).unbind(1)        # [B,H,hd] each
+        q, k, v = qkv.view(B, 3, H, hd).unbind(1)                          # [B,H,hd] each
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kc, vc = self.cache.keys[i], self.cache.values[i]                 # [B,H,W,hd]
@@ -139,31 +148,59 @@ class FastDecoder:
             s = s.to(torch.promote_types(s.dtype, torch.float32)).masked_fill(~allowed[:, None, None],
                                                                              float("-inf"))
             o = s.softmax(-1).to(vc.dtype) @ vc
-        return _residual_mm(x, o.to(x.dtype).reshape(B, H * hd), L.w_out)
+        return o.reshape(B, H * hd)
+
+    def _window_prelude(self, dtype: torch.dtype):
+        """Ring slot, allowed-slot mask [B, W] and RoPE cos/sin [B, 1, hd/2] of this step (SWA models)."""
+        c = self.cache
+        if not c.keys:
+            return None, None, None, None
+        pos = c.positions                                                 # [B] int64, next position
+        slot = pos % self.window
+        c.slot_pos[self._rows, slot] = pos                                # shared by all SWA layers
+        diff = pos[:, None] - c.slot_pos
+        allowed = (c.slot_pos >= 0) & (diff >= 0) & (diff < self.window)   # [B, W]
+        ang = pos.to(torch.float64)[:, None] * self.inv_freq               # RoPE phase in float64
+        return slot, allowed, ang.cos().to(dtype)[:, None], ang.sin().to(dtype)[:, None]
 
     def _step_impl(self) -> torch.Tensor:
+        return self._step_fused() if self.fused_gemv else self._step_cublas()
+
+    def _step_cublas(self) -> torch.Tensor:
+        """Batched step: residual stream in the embedding dtype, cuBLAS products (any batch)."""
         c, be = self.cache, self.backend
-        pos = c.positions                                                 # [B] int64, next position
         x = F.embedding(self._tokens, self.model.embed.weight)            # [B, D]
-        slot = allowed = cos = sin = None
-        if c.keys:
-            slot = pos % self.window
-            c.slot_pos[self._rows, slot] = pos                            # shared by all SWA layers
-            diff = pos[:, None] - c.slot_pos
-            allowed = (c.slot_pos >= 0) & (diff >= 0) & (diff < self.window)   # [B, W]
-            ang = pos.to(torch.float64)[:, None] * self.inv_freq           # RoPE phase in float64
-            cos, sin = ang.cos().to(x.dtype)[:, None], ang.sin().to(x.dtype)[:, None]   # [B,1,hd/2]
+        slot, allowed, cos, sin = self._window_prelude(x.dtype)
         for i, L in enumerate(self.layers):
             u = rms_norm(x, L.norm1, self.eps, be)
             if L.kind == "S":
                 z = spectral_decode_step(F.linear(u, L.w_in), c.states[i], L.consts, L.w_out.dtype, be)
                 x = _residual_mm(x, z, L.w_out)
             else:
-                x = self._attend(L, i, u, x, slot, allowed, cos, sin)
+                o = self._attend(L, i, F.linear(u, L.w_in), slot, allowed, cos, sin)
+                x = _residual_mm(x, o.to(x.dtype), L.w_out)
             a = swiglu(F.linear(rms_norm(x, L.norm2, self.eps, be), L.ffn_in), be)
             x = _residual_mm(x, a, L.ffn_out)
         c.positions.add_(1)
         return F.linear(rms_norm(x, self.norm_f, self.eps, be), self.head)
+
+    def _step_fused(self) -> torch.Tensor:
+        """Small-batch step (``ops.gemv``): float32 residual stream ``self._x``; every pre-norm folded into
+        the next product, SwiGLU into the FFN input product, residual adds into the output products."""
+        c, be, eps, x = self.cache, self.backend, self.eps, self._x
+        x.copy_(F.embedding(self._tokens, self.model.embed.weight))       # [B, D] float32
+        slot, allowed, cos, sin = self._window_prelude(x.dtype)
+        for i, L in enumerate(self.layers):
+            if L.kind == "S":
+                h = norm_gemv(x, L.w_in, L.norm1, eps, backend=be)         # [B, K(P+3M)]
+                z = spectral_decode_step(h, c.states[i], L.consts, x.dtype, be)
+                gemv_accumulate(z, L.w_out, x, backend=be)
+            else:
+                o = self._attend(L, i, norm_gemv(x, L.w_in, L.norm1, eps, backend=be), slot, allowed, cos, sin)
+                norm_gemv(o, L.w_out_rows, out=x, residual=True, backend=be)
+            gemv_accumulate(norm_swiglu_gemv(x, L.ffn_in, L.norm2, eps, backend=be), L.ffn_out, x, backend=be)
+        c.positions.add_(1)
+        return norm_gemv(x, self.head, self.norm_f, eps, out_dtype=self.dtype, backend=be)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,165 @@
+"""Fused small-batch weight products of a decode step (ESSH paper Appendix O.3: decoding streams weights).
+
+At batch 1 a decode step is a chain of matrix-vector products whose cost is reading the weights; what
+cuBLAS adds around them (a separate RMSNorm kernel before each projection, a SwiGLU kernel after the FFN
+input product, a residual copy and a split-K reduction kernel after each output product) costs as much
+as the products themselves at the 370M shape. These three ops fold that work into the product kernels::
+
+    norm_gemv(x, w, g)          y = W (g * x / rms(x))           W [N, D] rows   (pre-norm + projection)
+    norm_swiglu_gemv(x, w, g)   a = silu(W_g u) * (W_u u)        W [2F, D] rows (gate_f, up_f), u normed
+    gemv_accumulate(a, w, x)    x += scale * a W                 W [N, D] in x out (down / out projection)
+
+``x`` (the residual stream) is float32 ``[B, D]``; products accumulate in float32 from weights of any
+float dtype; outputs are float32 unless ``out_dtype`` says otherwise (float64 operands keep float64 on
+the torch path, for tests against a float64 model). ``backend="torch"`` evaluates the
+same math with PyTorch ops (the CPU path and the tests' reference); ``"triton"`` runs
+``triton_kernels.py`` (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``) for ``B <= MAX_FUSED_BATCH``.
+Larger batches are matrix-matrix products: callers keep cuBLAS for them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..spectral_scan.decode_triton import resolve_backend
+
+__all__ = ["MAX_FUSED_BATCH", "norm_gemv", "norm_swiglu_gemv", "gemv_accumulate"]
+
+MAX_FUSED_BATCH = 8
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, what: str) -> None:
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"{what}: need x [B, D] and w [N, D] with the same D, got {tuple(x.shape)} and "
+                         f"{tuple(w.shape)}")
+    if w.stride(1) != 1:
+        raise ValueError(f"{what}: w must have unit stride along D (a row-major weight or a row prefix)")
+
+
+def _wide(*ts: torch.Tensor) -> torch.dtype:
+    """The arithmetic dtype of the torch path: float32, or float64 when an operand is float64."""
+    dt = torch.float32
+    for t in ts:
+        dt = torch.promote_types(dt, t.dtype)
+    return dt
+
+
+def _normed(x: torch.Tensor, g: torch.Tensor | None, eps: float, dt: torch.dtype) -> torch.Tensor:
+    xf = x.to(dt)
+    return xf if g is None else F.rms_norm(xf, (xf.shape[-1],), g.to(dt), eps)
+
+
+def _use_triton(backend: str, x: torch.Tensor, *ts: torch.Tensor) -> bool:
+    return (resolve_backend(backend, x.device) == "triton" and x.shape[0] <= MAX_FUSED_BATCH
+            and _wide(x, *ts) == torch.float32)
+
+
+def _rows(x, w, g, y, eps, swiglu: bool, residual: bool, n_out: int, block_n: int | None,
+          block_k: int | None, num_warps: int | None) -> None:
+    from .triton_kernels import rows_gemv_kernel
+
+    B, D = x.shape
+    bb = _pow2(B)
+    bk = block_k or max(32, min(_pow2(D), 256 // bb))
+    if block_n is None:   # enough programs to cover every SM about twice
+        block_n = max(4, min(32 if not swiglu else 16, _pow2(n_out // (2 * _sm_count(x.device)) + 1)))
+    grid = (_cdiv(n_out, block_n),)
+    rows_gemv_kernel[grid](x, g if g is not None else x, w, y, B, n_out, D, x.stride(0), w.stride(0),
+                                   y.stride(0), eps, HAS_NORM=g is not None, SWIGLU=swiglu, RESIDUAL=residual,
+                                   BLOCK_B=bb, BLOCK_N=block_n, BLOCK_K=bk, num_warps=num_warps or 4)
+
+
+def norm_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+              out: torch.Tensor | None = None, residual: bool = False, out_dtype: torch.dtype | None = None,
+              backend: str = "auto", block_n: int | None = None, block_k: int | None = None,
+              num_warps: int | None = None) -> torch.Tensor:
+    """``y [B, N] = rmsnorm(x; norm_weight) @ w.T`` (no norm when ``norm_weight`` is None).
+
+    With ``residual=True`` the product is added into ``out`` (e.g. the float32 residual stream) in place;
+    ``out`` must then be a different tensor than ``x``. x [B, D] any float dtype; w [N, D].
+    """
+    _check(x, w, "norm_gemv")
+    B, N = x.shape[0], w.shape[0]
+    if residual and (out is None or out.data_ptr() == x.data_ptr()):
+        raise ValueError("norm_gemv(residual=True) adds into `out`, which must be given and differ from x")
+    if out is None:
+        out = torch.empty(B, N, dtype=out_dtype or _wide(x, w), device=x.device)
+    if _use_triton(backend, x, w):
+        _rows(x if x.stride(1) == 1 else x.contiguous(), w, norm_weight, out, eps, False, residual, N,
+              block_n, block_k, num_warps)
+        return out
+    dt = _wide(x, w)
+    y = _normed(x, norm_weight, eps, dt) @ w.to(dt).t()
+    if residual:
+        out.add_(y.to(out.dtype))
+    else:
+        out.copy_(y)
+    return out
+
+
+def norm_swiglu_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None,
+                     eps: float = 1e-6, out_dtype: torch.dtype | None = None, backend: str = "auto",
+                     block_n: int | None = None, block_k: int | None = None,
+                     num_warps: int | None = None) -> torch.Tensor:
+    """``a [B, F] = silu(u W_g^T) * (u W_u^T)``, u = rmsnorm(x), w [2F, D] with rows (gate_f, up_f) at
+    (2f, 2f+1) — the row layout of ``SwiGLU.w_in`` ``[F, 2, D]`` flattened (a prefix of F units)."""
+    _check(x, w, "norm_swiglu_gemv")
+    if w.shape[0] % 2:
+        raise ValueError(f"norm_swiglu_gemv: w must have an even number of rows (gate, up pairs), got {w.shape[0]}")
+    B, F2 = x.shape[0], w.shape[0] // 2
+    dt = _wide(x, w)
+    if _use_triton(backend, x, w):
+        out = torch.empty(B, F2, dtype=out_dtype or dt, device=x.device)
+        _rows(x if x.stride(1) == 1 else x.contiguous(), w, norm_weight, out, eps, True, False, F2, block_n,
+              block_k, num_warps)
+        return out
+    h = (_normed(x, norm_weight, eps, dt) @ w.to(dt).t()).unflatten(-1, (F2, 2))
+    return (F.silu(h[..., 0]) * h[..., 1]).to(out_dtype or dt)
+
+
+def gemv_accumulate(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, scale: float = 1.0,
+                    backend: str = "auto", block_n: int | None = None, block_d: int | None = None,
+                    split: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """``x += scale * a @ w`` in place: a [B, N], w [N, D] (input x output, unit stride along D), x [B, D]
+    contiguous, float32 (or float64 on the torch path). Returns x. The Triton path splits N across
+    programs and adds with atomics."""
+    if a.dim() != 2 or w.dim() != 2 or x.dim() != 2 or a.shape[1] != w.shape[0] or x.shape != (a.shape[0],
+                                                                                                 w.shape[1]):
+        raise ValueError(f"gemv_accumulate: need a [B, N], w [N, D], x [B, D]; got {tuple(a.shape)}, "
+                         f"{tuple(w.shape)}, {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.float64) or not x.is_contiguous():
+        raise ValueError("gemv_accumulate: x (the residual stream) must be a contiguous float32/64 tensor")
+    B, N = a.shape
+    D = w.shape[1]
+    if not _use_triton(backend, a, w, x) or w.stride(1) != 1:
+        dt = _wide(a, w, x)
+        x.add_((scale * (a.to(dt) @ w.to(dt))).to(x.dtype))
+        return x
+    from .triton_kernels import cols_gemv_kernel
+
+    a = a if a.stride(1) == 1 else a.contiguous()
+    bb = _pow2(B)
+    bd = block_d or 64
+    bn = block_n or max(8, 64 // bb)
+    n_col = _cdiv(D, bd)
+    if split is None:   # ~2 programs per SM, each at least one row tile
+        split = max(1, min(_cdiv(N, bn), _cdiv(2 * _sm_count(a.device), n_col)))
+    rows = _cdiv(_cdiv(N, split), bn) * bn          # rows per split, a whole number of row tiles
+    split = _cdiv(N, rows)
+    cols_gemv_kernel[(n_col, split)](a, w, x, B, N, D, a.stride(0), w.stride(0), x.stride(0),
+                                             float(scale), ROWS=rows, BLOCK_B=bb, BLOCK_N=bn, BLOCK_D=bd,
+                                             num_warps=num_warps or 4)
+    return x

@@ -1,0 +1,91 @@
+"""Triton kernels of the fused small-batch products (see ``ops/gemv/__init__.py`` for the math).
+
+Two shapes of weight streaming, both reading every weight element exactly once per call:
+
+* ``rows_gemv_kernel``: ``y[b, n] = sum_d W[n, d] u[b, d]`` with W row-major ``[N, D]`` (a ``F.linear``
+  weight). One program owns ``BLOCK_N`` output rows and walks D in ``BLOCK_K`` tiles; the RMSNorm of the
+  input row (Eq. of ``layers/norm.py``) is recomputed per program from ``x`` (a few KB from L2), the SwiGLU
+  variant reads the interleaved (gate, up) row pairs of ``SwiGLU.w_in`` and writes ``silu(g) * u``, and the
+  residual variant adds ``y`` into ``x`` rows it owns.
+* ``cols_gemv_kernel``: ``x[b, d] += scale * sum_n a[b, n] W[n, d]`` with W ``[N, D]`` laid out input x
+  output (``SwiGLU.w_out``, ``SpectralMixer.out_proj``). Programs tile ``BLOCK_D`` output columns (128-byte
+  coalesced rows) and split N into ``SPLIT`` ranges so small matrices still fill every SM; partial sums are
+  added into the float32 residual stream with atomics (summation order is not fixed: results agree to
+  float32 rounding, not bitwise, between runs).
+
+The reduction length (D, resp. the rows per split) is a compile-time constant: one compilation per model
+width / split, and fixed trip counts. Batch rows ``b < B <= BLOCK_B`` are handled inside a program
+(weights are read once for the whole batch). This module imports triton: import it only on the Triton
+path (``TRITON_INTERPRET=1`` must be set before).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rows_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, B, N, D: tl.constexpr, stride_xb, stride_wn, stride_yb, eps,
+                     HAS_NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr,
+                     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_b = tl.arange(0, BLOCK_B)
+    mb = offs_b < B
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = offs_n < N
+    r = tl.full([BLOCK_B], 1.0, tl.float32)
+    if HAS_NORM:  # 1 / rms of each input row, recomputed by every program from x (a few KB, from L2)
+        ss = tl.zeros([BLOCK_B], tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_ptr + offs_b[:, None] * stride_xb + kk[None, :],
+                         mask=mb[:, None] & (kk < D)[None, :], other=0.0).to(tl.float32)
+            ss += tl.sum(xv * xv, axis=1)
+        r = 1.0 / tl.sqrt(ss / D + eps)
+    acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    row = offs_n * (2 if SWIGLU else 1)
+    for k0 in range(0, D, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        mk = kk < D
+        u = tl.load(x_ptr + offs_b[:, None] * stride_xb + kk[None, :], mask=mb[:, None] & mk[None, :],
+                    other=0.0).to(tl.float32)
+        if HAS_NORM:
+            g = tl.load(g_ptr + kk, mask=mk, other=0.0).to(tl.float32)
+            u = u * r[:, None] * g[None, :]
+        wmask = mn[:, None] & mk[None, :]
+        w = tl.load(w_ptr + row[:, None] * stride_wn + kk[None, :], mask=wmask, other=0.0).to(tl.float32)
+        acc += tl.sum(u[:, None, :] * w[None, :, :], axis=2)
+        if SWIGLU:
+            wu = tl.load(w_ptr + (row + 1)[:, None] * stride_wn + kk[None, :], mask=wmask,
+                         other=0.0).to(tl.float32)
+            acc_up += tl.sum(u[:, None, :] * wu[None, :, :], axis=2)
+    if SWIGLU:
+        acc = acc * tl.sigmoid(acc) * acc_up
+    out = y_ptr + offs_b[:, None] * stride_yb + offs_n[None, :]
+    m2 = mb[:, None] & mn[None, :]
+    if RESIDUAL:
+        acc += tl.load(out, mask=m2, other=0.0).to(tl.float32)
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m2)
+
+@triton.jit
+def cols_gemv_kernel(a_ptr, w_ptr, x_ptr, B, N, D, stride_ab, stride_wn, stride_xb, scale, ROWS: tl.constexpr,
+                     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_d = tl.program_id(0)
+    n_start = tl.program_id(1) * ROWS
+    offs_b = tl.arange(0, BLOCK_B)
+    mb = offs_b < B
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    md = offs_d < D
+    acc = tl.zeros([BLOCK_B, BLOCK_D], tl.float32)
+    for n0 in range(0, ROWS, BLOCK_N):
+        nn = n_start + n0 + tl.arange(0, BLOCK_N)
+        mn = (nn < N) & (n0 + tl.arange(0, BLOCK_N) < ROWS)
+        av = tl.load(a_ptr + offs_b[:, None] * stride_ab + nn[None, :], mask=mb[:, None] & mn[None, :],
+                     other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + nn[:, None] * stride_wn + offs_d[None, :], mask=mn[:, None] & md[None, :],
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(av[:, :, None] * w[None, :, :], axis=1)
+    tl.atomic_add(x_ptr + offs_b[:, None] * stride_xb + offs_d[None, :], acc * scale,
+                  mask=mb[:, None] & md[None, :], sem="relaxed")
