@@ -27,6 +27,7 @@ _LAZY = {
     "bench": ("elastic_ssm.bench", None),
     "ESSSM": ("elastic_ssm.models.es_ssm", "ESSSM"),
     "ESSH": ("elastic_ssm.models.essh", "ESSH"),
+    "compile_model": ("elastic_ssm.models", "compile_model"),
     "Tier": ("elastic_ssm.elastic.tiers", "Tier"),
     "tier_table": ("elastic_ssm.elastic.tiers", "tier_table"),
     "export_tier": ("elastic_ssm.elastic.export", "export_tier"),

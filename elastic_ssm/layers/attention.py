@@ -4,15 +4,21 @@ Query i attends keys j with 0 <= i - j < window (the current token included) and
 only non-padding keys (a padding query attends itself so its softmax stays finite). q, k, v, o carry
 no biases (4 d^2 parameters, Table 4). Attention is shared by every tier.
 
-Training / prefill use PyTorch SDPA; sequences longer than two windows are processed in query blocks of
-one window against the 2-window key band, so memory stays O(T * window). Decoding uses a ring buffer of
+Training / prefill: when the window covers the sequence, causal SDPA (flash on GPU). Longer unpadded
+sequences on CUDA use ``flex_attention`` with a block-sparse sliding-window mask (:func:`swa_block_mask`:
+key tiles wholly inside the band skip the mask, tiles crossing its edges apply it, all others are never
+read), compiled once per shape; exact, forward and backward. Elsewhere (CPU, padded batches, or
+``SWA_KERNEL = "masked"``) SDPA with a boolean band mask, in query blocks of one window against the
+2-window key band for T > 2 window, so memory stays O(T * window). Decoding uses a ring buffer of
 ``window`` key/value slots per sequence (``models/cache.py``); rotary phases come from absolute positions
 computed on the fly in float64 (no buffers, so meta-device construction and loading stay exact).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +49,70 @@ def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int,
     if allowed.dim() == 2:
         allowed = allowed[None]
     return allowed[:, None]
+
+
+#: "auto" (flex_attention for unpadded CUDA inputs longer than the window) or "masked" (always the SDPA band
+#: mask path); from the environment variable ELASTIC_SSM_SWA_KERNEL at import, settable at run time.
+SWA_KERNEL = os.environ.get("ELASTIC_SSM_SWA_KERNEL", "auto").strip().lower() or "auto"
+
+
+def _band(window: int):
+    def mask_mod(b, h, q_idx, kv_idx):
+        diff = q_idx - kv_idx
+        return (diff >= 0) & (diff < window)
+
+    return mask_mod
+
+
+def swa_block_mask(T: int, window: int, device, block_size: int = 128):
+    """flex_attention ``BlockMask`` of the causal band ``0 <= q - k < window`` for length T.
+
+    Built at tile level without a [T, T] mask: for query tile i and key tile j, ``q - k`` ranges over
+    ``(i - j) bs +- (bs - 1)``; tiles inside the band are "full" (no mask_mod call), tiles that cross an
+    edge "partial", the rest are skipped.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    nb = -(-T // block_size)
+    rel = (torch.arange(nb, device=device)[:, None] - torch.arange(nb, device=device)[None, :]) * block_size
+    lo, hi = rel - (block_size - 1), rel + (block_size - 1)  # [nb, nb] extremes of q - k in the tile
+    full = (lo >= 0) & (hi < window)
+    partial = (hi >= 0) & (lo < window) & ~full
+
+    def ordered(m: torch.Tensor):  # counts [1, 1, nb] and tile indices, selected tiles first [1, 1, nb, nb]
+        idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True)
+        return m.sum(-1).to(torch.int32)[None, None], idx.to(torch.int32)[None, None]
+
+    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block_size,
+                                    mask_mod=_band(window), seq_lengths=(T, T))
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_block_mask(T: int, window: int, device: torch.device, block_size: int):
+    return swa_block_mask(T, window, device, block_size)
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def swa_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, block_size: int = 128,
+             compiled: bool = True) -> torch.Tensor:
+    """Sliding-window causal attention of unpadded q, k, v [B, H, T, hd] through ``flex_attention``.
+
+    ``compiled``: run flex_attention through ``torch.compile`` (its fast kernels; inside an already
+    compiled graph it is traced in place). False runs the eager reference (tests on CPU).
+    """
+    from torch.nn.attention.flex_attention import flex_attention
+
+    T = q.shape[-2]
+    if torch.compiler.is_compiling():
+        return flex_attention(q, k, v, block_mask=swa_block_mask(T, window, q.device, block_size))
+    mask = _cached_block_mask(T, window, q.device, block_size)
+    return (_compiled_flex() if compiled else flex_attention)(q, k, v, block_mask=mask)
 
 
 class SlidingWindowAttention(nn.Module):
@@ -83,6 +153,8 @@ class SlidingWindowAttention(nn.Module):
         if T <= W and valid is None:
             # The window covers every earlier token: plain causal attention (flash kernel on GPU).
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif valid is None and x.is_cuda and SWA_KERNEL == "auto":
+            o = swa_flex(q, k, v, W)
         elif T <= 2 * W:
             mask = window_mask(idx, idx, W, valid)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

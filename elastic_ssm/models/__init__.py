@@ -8,7 +8,7 @@ from typing import Any
 
 from .base import CheckpointError, ElasticModel
 
-__all__ = ["CheckpointError", "ElasticModel", "load_pretrained", "model_class", "build_model"]
+__all__ = ["CheckpointError", "ElasticModel", "load_pretrained", "model_class", "build_model", "compile_model"]
 
 
 def model_class(arch: str) -> type[ElasticModel]:
@@ -28,6 +28,19 @@ def build_model(config: Any) -> ElasticModel:
     from ..config import ESSHConfig
 
     return model_class("essh" if isinstance(config, ESSHConfig) else "es_ssm")(config)
+
+
+def compile_model(model: ElasticModel, **kw: Any) -> ElasticModel:
+    """``torch.compile`` an ESSH's forward and backward in place (see ``ESSH.compile_forward``); returns it.
+
+    ``kw`` goes to ``torch.compile`` (default ``dynamic=False``). Other models are compiled per block.
+    """
+    if hasattr(model, "compile_forward"):
+        return model.compile_forward(**kw)
+    kw.setdefault("dynamic", False)
+    for block in getattr(model, "blocks", []):
+        block.compile(**kw)
+    return model
 
 
 def load_pretrained(path: str | Path, tier: Any = None, **kw: Any) -> ElasticModel:

@@ -130,10 +130,9 @@ class ESSH(GenerationMixin, ElasticModel):
             raise ValueError(f"token ids must lie in [0, vocab_size={self.config.vocab_size}); "
                              f"got range [{int(input_ids.min())}, {int(input_ids.max())}]")
 
-    def hidden_states(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
-                      cache: ESSHCache | None = None, ffn_grad_scale: float | None = None,
-                      backend: str = "auto") -> torch.Tensor:
-        """Final-normed hidden states [B,T,D]. ``attention_mask`` [B,T] marks real tokens (left padding)."""
+    def _prepare(self, input_ids: torch.Tensor, tier: Any, attention_mask: torch.Tensor | None,
+                 cache: ESSHCache | None):
+        """Eager checks before the (possibly compiled) trunk: tier, padding mask and positions [B, T]."""
         self._check_ids(input_ids)
         t = self.resolve_tier(tier)
         B, T = input_ids.shape
@@ -145,12 +144,32 @@ class ESSH(GenerationMixin, ElasticModel):
         if cache is not None and bool(cache.positions.any()):
             raise ValueError("forward(cache=...) prefills an empty cache; continue a cached sequence with "
                              "step() (or allocate a new cache and prefill the whole prefix)")
+        return t, valid, positions
+
+    def _trunk(self, input_ids: torch.Tensor, t: Tier, positions: torch.Tensor, valid: torch.Tensor | None,
+               cache: ESSHCache | None, ffn_grad_scale: float | None, backend: str,
+               logits: bool) -> torch.Tensor:
+        """Embedding, blocks and final norm (and the logits when ``logits``): what ``compile`` compiles."""
         x = self.embed(input_ids)
         for i, block in enumerate(self.blocks):
             x = block(x, t, positions, valid, cache, i, ffn_grad_scale, backend)
+        x = self.norm_f(x)
+        return self.logits_from_hidden(x) if logits else x
+
+    def _run(self, input_ids, tier, attention_mask, cache, ffn_grad_scale, backend, logits: bool):
+        t, valid, positions = self._prepare(input_ids, tier, attention_mask, cache)
+        compiled = self.__dict__.get("_compiled_trunk")
+        trunk = compiled if compiled is not None and cache is None else self._trunk
+        out = trunk(input_ids, t, positions, valid, cache, ffn_grad_scale, backend, logits)
         if cache is not None:
-            cache.positions += T if valid is None else valid.long().sum(1)
-        return self.norm_f(x)
+            cache.positions += input_ids.shape[1] if valid is None else valid.long().sum(1)
+        return out
+
+    def hidden_states(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
+                      cache: ESSHCache | None = None, ffn_grad_scale: float | None = None,
+                      backend: str = "auto") -> torch.Tensor:
+        """Final-normed hidden states [B,T,D]. ``attention_mask`` [B,T] marks real tokens (left padding)."""
+        return self._run(input_ids, tier, attention_mask, cache, ffn_grad_scale, backend, logits=False)
 
     def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight
@@ -160,8 +179,30 @@ class ESSH(GenerationMixin, ElasticModel):
                 cache: ESSHCache | None = None, ffn_grad_scale: float | None = None,
                 backend: str = "auto") -> torch.Tensor:
         """Logits [B,T,V] of the shared model at ``tier`` (None: full capacity)."""
-        return self.logits_from_hidden(self.hidden_states(input_ids, tier, attention_mask, cache,
-                                                          ffn_grad_scale, backend))
+        return self._run(input_ids, tier, attention_mask, cache, ffn_grad_scale, backend, logits=True)
+
+    def compile_forward(self, **kw: Any) -> ESSH:
+        """``torch.compile`` the model's forward and backward in place; returns ``self``.
+
+        Compiled: embedding, every block and the final norm and logits (one graph per input shape, tier,
+        padding mode and ``ffn_grad_scale``); the input checks, tier resolution and positions stay eager
+        (they read tensors on the host), and calls with a ``cache`` (prefill for generation) run eagerly.
+        The fla scan kernels are custom ops (``ops/spectral_scan/gla_op.py``), opaque to the compiler; the
+        CPU scan takes its sync-free pairwise plan under compile. ``kw`` goes to ``torch.compile``
+        (default ``dynamic=False``: shapes are specialised). ``compile_forward(disable=True)`` undoes it.
+        """
+        if kw.pop("disable", False):
+            self.__dict__.pop("_compiled_trunk", None)
+            return self
+        import torch._dynamo
+
+        limit = 64  # graphs per code object: shapes x tiers x padding modes
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+        kw.setdefault("dynamic", False)
+        self.__dict__["_compiled_trunk"] = torch.compile(self._trunk, **kw)
+        return self
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, cache: ESSHCache) -> torch.Tensor:

@@ -1,0 +1,136 @@
+"""torch.compile of ESSH (``compile_model``), the fla custom ops under compile, and the flex sliding-window path.
+
+CPU only. The whole-model checks use the ``aot_eager`` backend with ``fullgraph=True`` (dynamo capture,
+functionalisation and the joint forward/backward graph, so any graph break or host sync fails the test)
+and one inductor forward; inductor's C++ compile of the backward takes about a minute on a cold cache,
+which the GPU script and tests (``tests/test_compile_gpu.py``) cover instead.
+"""
+
+import importlib
+
+import fla_stand_in
+import pytest
+import torch
+import torch.nn.functional as F
+
+import elastic_ssm as es
+from elastic_ssm.layers.attention import SlidingWindowAttention, swa_block_mask, swa_flex, window_mask
+from elastic_ssm.models.essh import randomize_selective
+
+NAMES = ("v", "write", "read", "clock", "rho", "theta", "kc", "ks", "a", "initial_state")
+
+
+def _tiny(T=40):
+    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny")), zero_lag=True)
+    return model, torch.randint(0, model.config.vocab_size, (2, T))
+
+
+def _grads(model, ids, **kw):
+    model.zero_grad(set_to_none=True)
+    logits = model(ids, **kw)
+    w = torch.linspace(-1, 1, logits.shape[-1])
+    (logits * w).sum().backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("tier", [None, "T3"])
+def test_compiled_essh_matches_eager_forward_and_grads(tier):
+    """T = 40 > 2 windows: the blockwise SWA path, the chunked scan (pairwise plan under compile), SwiGLU."""
+    model, ids = _tiny()
+    ref, gref = _grads(model, ids, tier=tier)
+    es.compile_model(model, backend="aot_eager", fullgraph=True)
+    out, gout = _grads(model, ids, tier=tier)
+    assert (out - ref).abs().max() <= 1e-5 * max(1.0, ref.abs().max().item())
+    assert gout.keys() == gref.keys() and len(gout) > 10
+    for n, g in gref.items():
+        assert (gout[n] - g).abs().max() <= 1e-4 * max(1.0, g.abs().max().item()), n
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0  # left padding and a cache run eagerly / in their own graphs, unchanged
+    with torch.no_grad():
+        a = model(ids, tier=tier, attention_mask=mask)
+        model.compile_forward(disable=True)
+        b = model(ids, tier=tier, attention_mask=mask)
+    assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max().item())
+
+
+def test_compiled_essh_inductor_forward():
+    """Inductor's generated CPU code (scalar C++: vectorised kernels double the cold compile time)."""
+    import torch._inductor.config as inductor_config
+
+    model, ids = _tiny(T=24)
+    with torch.no_grad(), inductor_config.patch({"cpp.vec_isa_ok": False}):
+        ref = model(ids)
+        es.compile_model(model, fullgraph=True)
+        out = model(ids)
+    assert (out - ref).abs().max() <= 1e-5 * max(1.0, ref.abs().max().item())
+
+
+def _scan_inputs(B=2, T=50, K=3, M=4, P=5):
+    g = torch.Generator().manual_seed(3)
+    rn = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return dict(v=rn(B, T, K, P), write=2 * torch.sigmoid(rn(B, T, K, M)), read=2 * torch.sigmoid(rn(B, T, K, M)),
+                clock=F.softplus(rn(B, T, K, M) - 2), rho=0.5 + 0.49 * torch.rand(K, M, generator=g),
+                theta=3 * rn(K, M).tanh(), kc=rn(K, M) / M, ks=rn(K, M) / M, a=torch.rand(K, M, generator=g),
+                initial_state=rn(B, K, M, 2, P))
+
+
+def test_fla_custom_ops_under_compile(monkeypatch):
+    """The fla path traced whole (custom ops with fake kernels and registered autograd), forward and backward
+    equal to eager, with a CPU stand-in for fla's kernels."""
+    calls = fla_stand_in.install(monkeypatch)
+    fla_spectral_scan = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_fla").fla_spectral_scan
+
+    def run(fn, x):
+        leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
+        z, h = fn(*(leaves[n] for n in NAMES[:9]), initial_state=leaves["initial_state"], output_final_state=True)
+        loss = (z * torch.linspace(-1, 1, z.shape[-1])).sum() + (h * h.detach().sign()).sum()
+        return z.detach(), h.detach(), torch.autograd.grad(loss, [leaves[n] for n in NAMES])
+
+    x = _scan_inputs()
+    z0, h0, g0 = run(fla_spectral_scan, x)
+    z1, h1, g1 = run(torch.compile(fla_spectral_scan, backend="aot_eager", fullgraph=True), x)
+    assert calls["fwd"] == 2 and calls["bwd"] == 2 and calls["chunk_size"] == 64
+    assert (z1 - z0).abs().max() < 1e-6 and (h1 - h0).abs().max() < 1e-6
+    for n, a, b in zip(NAMES, g1, g0):
+        assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max().item()), n
+
+
+def _implied_mask(bm, T, window):
+    """The dense [T, T] mask a flex kernel applies for ``bm``: full tiles wholly, partial tiles through the band."""
+    bs = bm.BLOCK_SIZE[0]
+    nb = bm.kv_num_blocks.shape[-1]
+    q = torch.arange(nb * bs)
+    band = ((q[:, None] - q[None, :]) >= 0) & ((q[:, None] - q[None, :]) < window)
+    tiles = torch.zeros(nb, nb, dtype=torch.int64)
+    for i in range(nb):
+        part = bm.kv_indices[0, 0, i, : bm.kv_num_blocks[0, 0, i]]
+        full = bm.full_kv_indices[0, 0, i, : bm.full_kv_num_blocks[0, 0, i]]
+        tiles[i, part] += 1
+        tiles[i, full] += 2
+    assert tiles.max() <= 2  # no tile is both
+    t = tiles.repeat_interleave(bs, 0).repeat_interleave(bs, 1)
+    return ((t == 2) | ((t == 1) & band))[:T, :T]
+
+
+@pytest.mark.filterwarnings("ignore:.*flex_attention.*")
+@pytest.mark.parametrize("W,bs", [(16, 16), (24, 8), (16, 128)])
+def test_swa_flex_equals_band_mask(W, bs):
+    for T in (W + 1, 2 * W + 3, 5 * W):
+        idx = torch.arange(T)
+        bm = swa_block_mask(T, W, "cpu", bs)
+        assert torch.equal(_implied_mask(bm, T, W), window_mask(idx, idx, W)[0, 0])
+        q, k, v = (torch.randn(2, 3, T, 16, dtype=torch.float64) for _ in range(3))
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(idx, idx, W))
+        out = swa_flex(q, k, v, W, block_size=bs, compiled=False)
+        assert (out - ref).abs().max() < 1e-12, (W, T)
+
+
+def test_swa_kernel_switch_keeps_the_cpu_path(monkeypatch):
+    """On CPU the layer keeps the masked SDPA path (the flex path is CUDA only), whatever ``SWA_KERNEL`` says."""
+    attn = importlib.import_module("elastic_ssm.layers.attention")
+    layer = SlidingWindowAttention(32, 16, 8).double()
+    x = torch.randn(2, 30, 32, dtype=torch.float64)
+    pos = torch.arange(30).expand(2, 30)
+    a = layer(x, pos)
+    monkeypatch.setattr(attn, "SWA_KERNEL", "masked")
+    assert torch.equal(a, layer(x, pos))
