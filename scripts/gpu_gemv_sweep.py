@@ -21,8 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 from elastic_ssm.ops import gemv  # noqa: E402
 
 REPS = 16
-ROWS_CFGS = [(4, 256, 4), (8, 256, 4), (16, 256, 4), (8, 512, 4), (16, 128, 4), (8, 256, 8), (16, 512, 8),
-             (32, 256, 8), (32, 128, 4)]
+ROWS_CFGS = [(4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 512, 8), (4, 1024, 4), (2, 1024, 4), (16, 1024, 8)]
 COLS_CFGS = [(64, 64, None), (32, 64, None), (64, 128, None), (32, 128, None), (64, 64, "2x"), (16, 64, "2x")]
 
 
@@ -74,7 +73,9 @@ def sweep(name: str, kind: str, N: int, D: int) -> None:
                 continue
             t = timed(lambda i, kw=kw: gemv.norm_gemv(x, ws[i], g, **kw))
             best = min(best, (t, (bn, bk, nw)))
-        print(f"{out}; best {best[0]:6.2f} us ({nbytes / best[0] / 1e6:5.2f} TB/s) at {best[1]}", flush=True)
+        tuned = timed(lambda i: gemv.norm_gemv(x, ws[i], g))
+        print(f"{out}; best {best[0]:6.2f} us ({nbytes / best[0] / 1e6:5.2f} TB/s) at {best[1]}; "
+              f"autotuned {tuned:6.2f} us", flush=True)
     elif kind == "swiglu":
         ref = gemv.norm_swiglu_gemv(x, ws[0], g, backend="torch")
         xb = x.bfloat16()
@@ -89,7 +90,9 @@ def sweep(name: str, kind: str, N: int, D: int) -> None:
                 continue
             t = timed(lambda i, kw=kw: gemv.norm_swiglu_gemv(x, ws[i], g, **kw))
             best = min(best, (t, (kw["block_n"], bk, nw)))
-        print(f"{out}; best {best[0]:6.2f} us ({nbytes / best[0] / 1e6:5.2f} TB/s) at {best[1]}", flush=True)
+        tuned = timed(lambda i: gemv.norm_swiglu_gemv(x, ws[i], g))
+        print(f"{out}; best {best[0]:6.2f} us ({nbytes / best[0] / 1e6:5.2f} TB/s) at {best[1]}; "
+              f"autotuned {tuned:6.2f} us", flush=True)
     else:
         a = torch.randn(1, N, device=dev)
         acc0 = torch.randn(1, D, device=dev)

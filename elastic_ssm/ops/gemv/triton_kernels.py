@@ -3,10 +3,11 @@
 Two shapes of weight streaming, both reading every weight element exactly once per call:
 
 * ``rows_gemv_kernel``: ``y[b, n] = sum_d W[n, d] u[b, d]`` with W row-major ``[N, D]`` (a ``F.linear``
-  weight). One program owns ``BLOCK_N`` output rows and walks D in ``BLOCK_K`` tiles; the RMSNorm of the
-  input row (Eq. of ``layers/norm.py``) is recomputed per program from ``x`` (a few KB from L2), the SwiGLU
-  variant reads the interleaved (gate, up) row pairs of ``SwiGLU.w_in`` and writes ``silu(g) * u``, and the
-  residual variant adds ``y`` into ``x`` rows it owns.
+  weight). One program owns ``BLOCK_N`` outputs and walks D in ``BLOCK_K`` tiles; the RMSNorm of the input
+  row (``layers/norm.py``) comes from the same pass (sum of squares of the tiles it reads anyway), the
+  SwiGLU variant reads the interleaved (gate, up) row pairs of ``SwiGLU.w_in`` as one contiguous tile and
+  writes ``silu(g) * u``, and the residual variant adds ``y`` into the output rows it owns.
+  ``rows_gemv_tuned`` is the same kernel autotuned over tile shapes per (N, D, batch block, variant).
 * ``cols_gemv_kernel``: ``x[b, d] += scale * sum_n a[b, n] W[n, d]`` with W ``[N, D]`` laid out input x
   output (``SwiGLU.w_out``, ``SpectralMixer.out_proj``). Programs tile ``BLOCK_D`` output columns (128-byte
   coalesced rows) and split N into ``SPLIT`` ranges so small matrices still fill every SM; partial sums are
@@ -29,45 +30,61 @@ import triton.language as tl
 def rows_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, B, N, D: tl.constexpr, stride_xb, stride_wn, stride_yb, eps,
                      HAS_NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """N outputs per batch row; with SWIGLU the weight has 2N rows (gate_n, up_n) and N units are written.
+
+    One pass over D: the weight tile, the input tile and the input's sum of squares together; the norm is a
+    per-row scalar, so ``W (g x / rms) = (W (g x)) / rms`` is applied once at the end (no prologue)."""
+    R: tl.constexpr = BLOCK_N * 2 if SWIGLU else BLOCK_N            # weight rows per program
     pid = tl.program_id(0)
     offs_b = tl.arange(0, BLOCK_B)
     mb = offs_b < B
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mn = offs_n < N
-    r = tl.full([BLOCK_B], 1.0, tl.float32)
-    if HAS_NORM:  # 1 / rms of each input row, recomputed by every program from x (a few KB, from L2)
-        ss = tl.zeros([BLOCK_B], tl.float32)
-        for k0 in range(0, D, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_ptr + offs_b[:, None] * stride_xb + kk[None, :],
-                         mask=mb[:, None] & (kk < D)[None, :], other=0.0).to(tl.float32)
-            ss += tl.sum(xv * xv, axis=1)
-        r = 1.0 / tl.sqrt(ss / D + eps)
-    acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    acc_up = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    row = offs_n * (2 if SWIGLU else 1)
+    offs_r = pid * R + tl.arange(0, R)
+    mr = offs_r < N * (2 if SWIGLU else 1)
+    acc = tl.zeros([BLOCK_B, R], tl.float32)
+    ss = tl.zeros([BLOCK_B], tl.float32)
     for k0 in range(0, D, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         mk = kk < D
         u = tl.load(x_ptr + offs_b[:, None] * stride_xb + kk[None, :], mask=mb[:, None] & mk[None, :],
                     other=0.0).to(tl.float32)
         if HAS_NORM:
-            g = tl.load(g_ptr + kk, mask=mk, other=0.0).to(tl.float32)
-            u = u * r[:, None] * g[None, :]
-        wmask = mn[:, None] & mk[None, :]
-        w = tl.load(w_ptr + row[:, None] * stride_wn + kk[None, :], mask=wmask, other=0.0).to(tl.float32)
-        acc += tl.sum(u[:, None, :] * w[None, :, :], axis=2)
-        if SWIGLU:
-            wu = tl.load(w_ptr + (row + 1)[:, None] * stride_wn + kk[None, :], mask=wmask,
-                         other=0.0).to(tl.float32)
-            acc_up += tl.sum(u[:, None, :] * wu[None, :, :], axis=2)
+            ss += tl.sum(u * u, axis=1)
+            u = u * tl.load(g_ptr + kk, mask=mk, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_ptr + offs_r[:, None] * stride_wn + kk[None, :], mask=mr[:, None] & mk[None, :],
+                    other=0.0).to(tl.float32)
+        if BLOCK_B == 1:
+            acc += tl.sum(w * u, axis=1)[None, :]
+        else:
+            acc += tl.sum(u[:, None, :] * w[None, :, :], axis=2)
+    if HAS_NORM:
+        acc = acc * (1.0 / tl.sqrt(ss / D + eps))[:, None]
     if SWIGLU:
-        acc = acc * tl.sigmoid(acc) * acc_up
+        gate, up = tl.split(tl.reshape(acc, [BLOCK_B, BLOCK_N, 2]))
+        acc = gate * tl.sigmoid(gate) * up
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     out = y_ptr + offs_b[:, None] * stride_yb + offs_n[None, :]
-    m2 = mb[:, None] & mn[None, :]
+    m2 = mb[:, None] & (offs_n < N)[None, :]
     if RESIDUAL:
         acc += tl.load(out, mask=m2, other=0.0).to(tl.float32)
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m2)
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop tiles whose float32 product would not fit in registers (BLOCK_B x rows x BLOCK_K)."""
+    bb = kwargs.get("BLOCK_B", named_args.get("BLOCK_B", 1))
+    sw = 2 if kwargs.get("SWIGLU", named_args.get("SWIGLU", False)) else 1
+    keep = [c for c in configs if bb * sw * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= 64 * 32 * c.num_warps]
+    return keep or configs[:1]
+
+
+# (BLOCK_N, BLOCK_K, num_warps) tried once per (N, D, batch block, variant) on CUDA, at the first call
+_ROWS_CONFIGS = [(4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 512, 8), (16, 256, 4), (4, 1024, 4), (32, 256, 8),
+                 (2, 1024, 4)]
+rows_gemv_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w) for n, k, w in _ROWS_CONFIGS],
+    key=["N", "D", "BLOCK_B", "SWIGLU", "HAS_NORM", "RESIDUAL"], restore_value=["y_ptr"],
+    prune_configs_by={"early_config_prune": _prune})(rows_gemv_kernel)
+
 
 @triton.jit
 def cols_gemv_kernel(a_ptr, w_ptr, x_ptr, B, N, D, stride_ab, stride_wn, stride_xb, scale, ROWS: tl.constexpr,
