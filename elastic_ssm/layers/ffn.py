@@ -67,8 +67,8 @@ class SwiGLU(nn.Module):
         w_out = prefix(self.w_out, n)                               # [F', D]
         if grad_scale is not None and grad_scale != 1.0:
             w_in, w_out = scale_grad(w_in, grad_scale), scale_grad(w_out, grad_scale)
-        h = F.linear(x, w_in).unflatten(-1, (n, 2))                 # [..., F', 2]
-        act = F.silu(h[..., 0]) * h[..., 1]                         # [..., F']
+        gate, up = F.linear(x, w_in).unflatten(-1, (n, 2)).unbind(-1)   # [..., F'] each (strided views)
+        act = F.silu(gate) * up                                     # [..., F']; backward stacks dh in one pass
         if self.track_activations and self.training and n == self.d_ff:
             self._update_stats(act)
         return act @ w_out.to(act.dtype)                            # [..., D]

@@ -74,22 +74,26 @@ class SpectralMixer(nn.Module):
 
     # ---- shared pieces ---------------------------------------------------------------------------
     def _controls(self, u: torch.Tensor, K: int, valid: torch.Tensor | None):
-        """u [..., D] -> v [..., K, P], write/read/clock [..., K, M] in the scan dtype."""
+        """u [..., D] -> v [..., K, P], write/read/clock [..., K, M] in the scan dtype (at least fp32).
+
+        The projection stays in its dtype; each consumer upcasts as it reads (the bias add, the norm's
+        reduction, the blend product), so no separate fp32 copy of the projection is made, and the blend of
+        Eq. 23 is one product ``v0 ((1 - beta) + beta / rms(v0))`` with the factor on [..., K, 1].
+        """
         P, M = self.P, self.M
         w = prefix(self.in_proj, K).reshape(K * (P + 3 * M), self.D)
-        h = F.linear(u, w).unflatten(-1, (K, P + 3 * M))
+        h = F.linear(u, w).unflatten(-1, (K, P + 3 * M))                          # [..., K, P+3M]
         dtype = torch.promote_types(self.theta.dtype, torch.float32)   # the scan never runs below fp32
-        h = h.to(dtype)
-        v0, pre = h[..., :P], h[..., P:].unflatten(-1, (3, M)) + prefix(self.gate_bias, K).to(dtype)
+        v0 = h[..., :P]
+        pre = h[..., P:].unflatten(-1, (3, M)) + prefix(self.gate_bias, K).to(dtype)  # [..., K, 3, M], promoted
         beta = prefix(self.beta, K)[:, None].to(dtype)
-        rms = torch.rsqrt(v0.pow(2).mean(-1, keepdim=True) + self.blend_eps)
-        v = (1 - beta) * v0 + beta * (v0 * rms)                                   # Eq. 23
-        write = 2 * torch.sigmoid(pre[..., 0, :])
-        read = 2 * torch.sigmoid(pre[..., 1, :])
+        sq = torch.linalg.vector_norm(v0, dim=-1, keepdim=True, dtype=dtype).square()
+        v = v0 * ((1 - beta) + beta * torch.rsqrt(sq / P + self.blend_eps))     # Eq. 23
+        write, read = (2 * torch.sigmoid(pre[..., :2, :])).unbind(-2)
         clock = F.softplus(pre[..., 2, :])
         if valid is not None:
             write = write * valid[..., None, None].to(dtype)
-        return v, write, read, clock
+        return v.to(dtype), write, read, clock
 
     def _modal(self, K: int):
         """rho, theta, kc, ks, a [K, M] in at least fp32 (bf16 would round rho ~ 1 - 1e-4 to 1)."""
