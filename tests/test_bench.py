@@ -193,6 +193,8 @@ def test_bench_cli_and_validation(tmp_path):
     assert len(res["memory"]) == 11 and (tmp_path / "m.json").exists()
     with pytest.raises(es.ConfigError, match="benchmarks"):
         BenchConfig(benchmarks=("speed",))
+    with pytest.raises(es.ConfigError, match="compile_mode"):
+        BenchConfig(compile=True, compile_mode="fast")
     with pytest.raises(es.ConfigError, match="tiers"):
         bad = BenchConfig(preset="tiny", tiers=("T99",), benchmarks=("decode",), out="")
         run_bench(bad, log=lambda s: None)

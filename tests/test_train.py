@@ -357,3 +357,25 @@ def test_ddp_gloo_matches_single_process(tiny_cfg, tmp_path):
         assert a == pytest.approx(b, abs=1e-6)
     for k, v in single.model.state_dict().items():
         torch.testing.assert_close(ddp["state"][k], v, rtol=1e-4, atol=1e-6)
+
+
+def test_compile_scope_model_trains_like_eager(tiny_cfg, tmp_path, monkeypatch):
+    """``compile=True, compile_scope='model'`` goes through ``compile_model`` (here with the ``aot_eager``
+    backend: the whole forward/backward graph without inductor's C++ compile) and trains like eager."""
+    import elastic_ssm.models as models
+
+    seen = []
+    real = models.compile_model
+    monkeypatch.setattr(models, "compile_model",
+                        lambda m, **kw: seen.append(m) or real(m, backend="aot_eager", fullgraph=True, **kw))
+    kw = dict(steps=2, grad_accum=1, recipe="dense")
+    eager = train(tiny_cfg, _micro_batches(2), _cfg(tmp_path / "e", **kw), progress=False)
+    comp = train(tiny_cfg, _micro_batches(2), _cfg(tmp_path / "c", compile=True, compile_scope="model", **kw),
+                 progress=False)
+    assert len(seen) == 1 and "_compiled_trunk" in vars(seen[0])
+    for a, b in zip(eager.history, comp.history):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    with pytest.raises(ConfigError, match="compile_scope"):
+        TrainConfig(compile_scope="layers")
+    with pytest.raises(ConfigError, match="fsdp"):
+        TrainConfig(compile=True, compile_scope="model", parallel="fsdp")

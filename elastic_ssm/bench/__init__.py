@@ -51,6 +51,10 @@ class BenchConfig(ConfigBase):
     train_warmup: int = opt(3, "untimed optimizer steps")
     train_steps: int = opt(10, "timed optimizer steps")
     train_peers: bool = opt(True, "also time the training step of the peers")
+    compile: bool = opt(False, "torch.compile the ESSH model for prefill and train (elastic_ssm.compile_model; "
+                        "compiled once per shape, the warm-up calls absorb the compile time; also the train loss)")
+    compile_mode: str = opt("default", "torch.compile mode with compile: default, reduce-overhead (CUDA "
+                            "graphs), max-autotune, max-autotune-no-cudagraphs")
     dtype: str = opt("auto", "weights / KV dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float32")
     device: str = opt("auto", "auto (cuda if available), cuda, cpu")
     decode_backend: str = opt("auto", "fused decode kernels: auto, triton, torch")
@@ -69,6 +73,9 @@ class BenchConfig(ConfigBase):
             raise ConfigError(f"BenchConfig.peers: unknown {sorted(bad)}; choose from {_PEERS}")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"BenchConfig.dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
+        modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+        if self.compile_mode not in modes:
+            raise ConfigError(f"BenchConfig.compile_mode must be one of {modes}, got {self.compile_mode!r}")
         if min(self.batches + self.eager_batches, default=1) < 1 or self.iters < 1 or self.prefill_iters < 1:
             raise ConfigError("BenchConfig: batches and iteration counts must be >= 1")
 

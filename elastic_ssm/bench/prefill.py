@@ -2,8 +2,10 @@
 
 For each prompt length T the model runs ``model(ids [1, T])`` under ``torch.inference_mode`` (no cache
 writes for any model, the same policy for every peer), ``warmup`` untimed calls then ``iters`` timed
-calls (CUDA events); throughput is ``T / median time`` in ktok/s. Peak allocated memory (weights,
-activations and the ``[T, V]`` logits) is reported in decimal GB. Out-of-memory is a result, not a crash.
+calls (CUDA events); throughput is ``T / median time`` in ktok/s. With ``BenchConfig.compile`` the ESSH model is
+``torch.compile``d once (``compile_model``) and the warm-up calls absorb the compile time. Peak allocated
+memory (weights, activations and the ``[T, V]`` logits) is reported in decimal GB. Out-of-memory is a
+result, not a crash.
 """
 
 from __future__ import annotations
@@ -49,10 +51,15 @@ def prefill_suite(r, out: list) -> None:
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
     model = build_essh(r.mcfg, dev, r.dtype) if cfg.prefill_tiers else None
+    if model is not None and cfg.compile:
+        from ..models import compile_model
+
+        compile_model(model, mode=cfg.compile_mode)
     for name in cfg.prefill_tiers:
         for T in cfg.prefill_lengths:
             base = {"bench": "prefill", "model": "essh", "preset": cfg.preset, "tier": name,
-                    "params": r.table[name].params, "full": name == r.full, "length": T}
+                    "params": r.table[name].params, "full": name == r.full, "length": T,
+                    "compiled": cfg.compile}
             fwd = lambda ids, name=name: model(ids, tier=name)
             r.run(out, base, lambda fwd=fwd, T=T: bench_prefill(fwd, T, V, dev, cfg.prefill_warmup,
                                                                 cfg.prefill_iters))

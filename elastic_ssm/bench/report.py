@@ -103,8 +103,9 @@ def write_json(path: str | Path, results: dict) -> Path:
 
 _DECODE_COLS = ["model", "preset", "tier", "params", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq",
                 "error"]
-_PREFILL_COLS = ["model", "preset", "tier", "params", "length", "ms", "ktok_s", "peak_gb", "error"]
-_TRAIN_COLS = ["model", "preset", "params", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb", "error"]
+_PREFILL_COLS = ["model", "preset", "tier", "params", "compiled", "length", "ms", "ktok_s", "peak_gb", "error"]
+_TRAIN_COLS = ["model", "preset", "params", "compiled", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb",
+               "error"]
 _MEM_COLS = ["model", "preset", "tier", "recurrent", "kv", "total", "formula_total", "match"]
 _RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value", "ratio"]
 

@@ -3,7 +3,8 @@
 One optimizer step = forward + backward of a ``[batch, seq_len]`` micro-batch of random tokens with
 next-token cross-entropy over the full logits, then a fused AdamW update. On CUDA the model keeps fp32
 master weights and runs under bf16 autocast (E.5). ``warmup`` steps are untimed; ``steps`` steps are
-timed with CUDA events; tokens/s = ``batch * seq_len / median step time``.
+timed with CUDA events; tokens/s = ``batch * seq_len / median step time``. With ``BenchConfig.compile`` the ESSH
+model and the loss are ``torch.compile``d once; the warm-up steps absorb the compile time.
 
 MFU = ``3 F tok/s / peak`` with ``F`` the forward FLOPs per token from the config
 (``elastic.tiers.flops_per_token`` at context ``seq_len``; x3 for forward + backward) and ``peak`` the
@@ -31,9 +32,13 @@ def _loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 def bench_train(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], vocab: int,
                 flops_per_token: int, device: torch.device, batch: int = 8, seq_len: int = 2048,
-                warmup: int = 3, steps: int = 10, peak_tflops: float = 989.0, lr: float = 1e-4) -> dict:
-    """Time optimizer steps of ``model`` (``forward(ids) -> logits``); returns tokens/s, ms/step, MFU."""
+                warmup: int = 3, steps: int = 10, peak_tflops: float = 989.0, lr: float = 1e-4,
+                compile_loss: bool = False) -> dict:
+    """Time optimizer steps of ``model`` (``forward(ids) -> logits``); returns tokens/s, ms/step, MFU.
+
+    ``compile_loss`` compiles the loss (the logits' fp32 cast fuses into the cross-entropy)."""
     row: dict = {"batch": batch, "seq_len": seq_len, "peak_tflops": peak_tflops}
+    loss_fn = torch.compile(_loss, dynamic=False) if compile_loss else _loss
     cuda = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=cuda)
     ids = torch.randint(0, vocab, (batch, seq_len), device=device)
@@ -41,7 +46,7 @@ def bench_train(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.
 
     def step() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-            loss = _loss(forward(ids), ids)
+            loss = loss_fn(forward(ids), ids)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -80,10 +85,14 @@ def train_suite(r, out: list) -> None:
 
     def essh() -> dict:
         model = build_essh(r.mcfg, dev, None)
-        fpt = flops_per_token(r.mcfg, None, context=cfg.train_seq_len)["total"]
-        return bench_train(model, model, V, fpt, dev, **kw)
+        if cfg.compile:
+            from ..models import compile_model
 
-    r.run(out, base, essh)
+            compile_model(model, mode=cfg.compile_mode)
+        fpt = flops_per_token(r.mcfg, None, context=cfg.train_seq_len)["total"]
+        return bench_train(model, model, V, fpt, dev, compile_loss=cfg.compile, **kw)
+
+    r.run(out, {**base, "compiled": cfg.compile}, essh)
     if not cfg.train_peers:
         return
     for peer in cfg.peers:

@@ -106,7 +106,12 @@ class TrainConfig(ConfigBase):
     out_dir: str = opt("runs/train", "run directory: checkpoints, metrics.jsonl, final model")
     seed: int = opt(0, "seed of model init, capacity sampling and budget sampling")
     log_every: int = opt(10, "write a metrics.jsonl training record every this many steps")
-    compile: bool = opt(False, "torch.compile every block (recompiles once per sampled capacity)")
+    compile: bool = opt(False, "torch.compile the model (scope: compile_scope; one compile per sampled capacity, "
+                        "absorbed by the first steps)")
+    compile_scope: str = opt("blocks", "with compile: 'blocks' (each block, one graph per block kind and "
+                             "capacity: short compiles for capacity-mixed training, works with FSDP) or 'model' "
+                             "(elastic_ssm.compile_model: embedding, blocks, norm and logits in one graph per "
+                             "capacity: fewer kernels, longer compiles; not with parallel='fsdp')")
     device: str = opt("auto", "'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu' or 'cuda'")
     parallel: str = opt("ddp", "'ddp' or 'fsdp' (FSDP2 fully_shard per block, for models that need sharding); "
                         "used under torchrun with more than one rank")
@@ -142,6 +147,11 @@ class TrainConfig(ConfigBase):
         _check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), c, "device",
                f"must be 'auto', 'cpu', 'cuda' or 'cuda:<i>', got {self.device!r}")
         _check(self.parallel in PARALLEL, c, "parallel", f"must be one of {PARALLEL}, got {self.parallel!r}")
+        _check(self.compile_scope in ("blocks", "model"), c, "compile_scope",
+               f"must be 'blocks' or 'model', got {self.compile_scope!r}")
+        _check(not (self.compile and self.compile_scope == "model" and self.parallel == "fsdp"), c,
+               "compile_scope", "'model' does not combine with parallel='fsdp' (FSDP2 shards per block); "
+               "use compile_scope='blocks'")
         _check(bool(self.out_dir), c, "out_dir", "must be a directory path")
 
     @property

@@ -318,7 +318,11 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
     try:
         model = build_model(model_or_cfg, cfg.seed).to(ctx.device)
         recipe = resolve_recipe_name(cfg.recipe, model)
-        if cfg.compile:
+        if cfg.compile and cfg.compile_scope == "model":
+            from ..models import compile_model
+
+            compile_model(model)
+        elif cfg.compile:
             _compile_blocks(model, len(cfg.capacities))
         trainer = _Trainer(model, data, cfg, ctx, val_data, progress)
         finished = True
