@@ -75,7 +75,7 @@ def sweep(name: str, kind: str, N: int, D: int) -> None:
             best = min(best, (t, (bn, bk, nw)))
         tuned = timed(lambda i: gemv.norm_gemv(x, ws[i], g))
         print(f"{out}; best {best[0]:6.2f} us ({nbytes / best[0] / 1e6:5.2f} TB/s) at {best[1]}; "
-              f"autotuned {tuned:6.2f} us", flush=True)
+              f"default {tuned:6.2f} us", flush=True)
     elif kind == "swiglu":
         ref = gemv.norm_swiglu_gemv(x, ws[0], g, backend="torch")
         xb = x.bfloat16()
@@ -92,7 +92,7 @@ def sweep(name: str, kind: str, N: int, D: int) -> None:
             best = min(best, (t, (kw["block_n"], bk, nw)))
         tuned = timed(lambda i: gemv.norm_swiglu_gemv(x, ws[i], g))
         print(f"{out}; best {best[0]:6.2f} us ({nbytes / best[0] / 1e6:5.2f} TB/s) at {best[1]}; "
-              f"autotuned {tuned:6.2f} us", flush=True)
+              f"default {tuned:6.2f} us", flush=True)
     else:
         a = torch.randn(1, N, device=dev)
         acc0 = torch.randn(1, D, device=dev)

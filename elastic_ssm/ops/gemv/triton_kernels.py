@@ -7,7 +7,6 @@ Two shapes of weight streaming, both reading every weight element exactly once p
   row (``layers/norm.py``) comes from the same pass (sum of squares of the tiles it reads anyway), the
   SwiGLU variant reads the interleaved (gate, up) row pairs of ``SwiGLU.w_in`` as one contiguous tile and
   writes ``silu(g) * u``, and the residual variant adds ``y`` into the output rows it owns.
-  ``rows_gemv_tuned`` is the same kernel autotuned over tile shapes per (N, D, batch block, variant).
 * ``cols_gemv_kernel``: ``x[b, d] += scale * sum_n a[b, n] W[n, d]`` with W ``[N, D]`` laid out input x
   output (``SwiGLU.w_out``, ``SpectralMixer.out_proj``). Programs tile ``BLOCK_D`` output columns (128-byte
   coalesced rows) and split N into ``SPLIT`` ranges so small matrices still fill every SM; partial sums are
@@ -67,23 +66,6 @@ def rows_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, B, N, D: tl.constexpr, stride_x
     if RESIDUAL:
         acc += tl.load(out, mask=m2, other=0.0).to(tl.float32)
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m2)
-
-
-def _prune(configs, named_args, **kwargs):
-    """Drop tiles whose float32 product would not fit in registers (BLOCK_B x rows x BLOCK_K)."""
-    bb = kwargs.get("BLOCK_B", named_args.get("BLOCK_B", 1))
-    sw = 2 if kwargs.get("SWIGLU", named_args.get("SWIGLU", False)) else 1
-    keep = [c for c in configs if bb * sw * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= 64 * 32 * c.num_warps]
-    return keep or configs[:1]
-
-
-# (BLOCK_N, BLOCK_K, num_warps) tried once per (N, D, batch block, variant) on CUDA, at the first call
-_ROWS_CONFIGS = [(4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 512, 8), (16, 256, 4), (4, 1024, 4), (32, 256, 8),
-                 (2, 1024, 4)]
-rows_gemv_tuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w) for n, k, w in _ROWS_CONFIGS],
-    key=["N", "D", "BLOCK_B", "SWIGLU", "HAS_NORM", "RESIDUAL"], restore_value=["y_ptr"],
-    prune_configs_by={"early_config_prune": _prune})(rows_gemv_kernel)
 
 
 @triton.jit
