@@ -56,12 +56,17 @@ def test_compiled_essh_matches_eager_forward_and_grads(tier):
 def test_compiled_essh_inductor_forward():
     """Inductor's generated CPU code (scalar C++: vectorised kernels double the cold compile time)."""
     import torch._inductor.config as inductor_config
+    from torch._inductor import cpu_vec_isa
 
     model, ids = _tiny(T=24)
-    with torch.no_grad(), inductor_config.patch({"cpp.vec_isa_ok": False}):
-        ref = model(ids)
-        es.compile_model(model, fullgraph=True)
-        out = model(ids)
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()  # the ISA list is cached with the setting it was built under
+    try:
+        with torch.no_grad(), inductor_config.patch({"cpp.vec_isa_ok": False}):
+            ref = model(ids)
+            es.compile_model(model, fullgraph=True)
+            out = model(ids)
+    finally:
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()
     assert (out - ref).abs().max() <= 1e-5 * max(1.0, ref.abs().max().item())
 
 
@@ -134,3 +139,15 @@ def test_swa_kernel_switch_keeps_the_cpu_path(monkeypatch):
     a = layer(x, pos)
     monkeypatch.setattr(attn, "SWA_KERNEL", "masked")
     assert torch.equal(a, layer(x, pos))
+
+
+def test_swa_flex_block_mask_built_inside_a_compiled_graph():
+    """Under torch.compile (the compiled model on CUDA) the BlockMask is built in-graph; CPU inductor, forward."""
+    W, T, bs = 16, 83, 16
+    q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+    idx = torch.arange(T)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(idx, idx, W))
+    fn = torch.compile(lambda q, k, v: swa_flex(q, k, v, W, block_size=bs), fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        out = fn(q, k, v)
+    assert (out - ref).abs().max() < 1e-5
