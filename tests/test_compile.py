@@ -6,6 +6,7 @@ and one inductor forward; inductor's C++ compile of the backward takes about a m
 which the GPU script and tests (``tests/test_compile_gpu.py``) cover instead.
 """
 
+import copy
 import importlib
 
 import fla_stand_in
@@ -51,6 +52,16 @@ def test_compiled_essh_matches_eager_forward_and_grads(tier):
         model.compile_forward(disable=True)
         b = model(ids, tier=tier, attention_mask=mask)
     assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max().item())
+
+
+def test_deep_copy_of_a_compiled_model_uses_its_own_weights():
+    model, ids = _tiny(T=12)
+    es.compile_model(model, backend="aot_eager", fullgraph=True)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.norm_f.weight.mul_(2)
+        a, b, ref = model(ids), twin(ids), twin.compile_forward(disable=True)(ids)
+    assert "_compiled_trunk" in vars(model) and torch.allclose(b, ref, atol=1e-5) and not torch.allclose(a, b)
 
 
 def test_compiled_essh_inductor_forward():

@@ -159,8 +159,8 @@ class ESSH(GenerationMixin, ElasticModel):
     def _run(self, input_ids, tier, attention_mask, cache, ffn_grad_scale, backend, logits: bool):
         t, valid, positions = self._prepare(input_ids, tier, attention_mask, cache)
         compiled = self.__dict__.get("_compiled_trunk")
-        trunk = compiled if compiled is not None and cache is None else self._trunk
-        out = trunk(input_ids, t, positions, valid, cache, ffn_grad_scale, backend, logits)
+        trunk = compiled if compiled is not None and cache is None else ESSH._trunk
+        out = trunk(self, input_ids, t, positions, valid, cache, ffn_grad_scale, backend, logits)
         if cache is not None:
             cache.positions += input_ids.shape[1] if valid is None else valid.long().sum(1)
         return out
@@ -201,7 +201,9 @@ class ESSH(GenerationMixin, ElasticModel):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
         kw.setdefault("dynamic", False)
-        self.__dict__["_compiled_trunk"] = torch.compile(self._trunk, **kw)
+        # The unbound method, called with the model as argument: a deep copy of the model keeps working on
+        # its own weights (a compiled bound method would be shared by reference and run the original).
+        self.__dict__["_compiled_trunk"] = torch.compile(ESSH._trunk, **kw)
         return self
 
     @torch.no_grad()
