@@ -151,3 +151,25 @@ def test_graph_decoder_both_product_paths(B):
         want = model.step(tok, ref)
         assert _rel(fd.step(tok), want) < 1e-4
         tok = want.argmax(-1)
+
+
+@pytest.mark.parametrize("B,H,hd", [(1, 14, 64), (5, 32, 64)])
+def test_window_step_triton_equals_torch(B, H, hd):
+    from elastic_ssm.ops.swa_decode import rope_inv_freq, swa_decode_step
+
+    W = 2048
+    caches = [[torch.randn(B, H, W, hd, device=DEV).bfloat16() for _ in range(2)]]
+    caches.append([t.clone() for t in caches[0]])
+    sp = torch.full((B, W), -1, dtype=torch.long, device=DEV)
+    sp[:, :700] = torch.arange(700, device=DEV)
+    sps = [sp.clone(), sp.clone()]
+    pos = torch.full((B,), 700, dtype=torch.long, device=DEV)
+    pos[0] = 5000                                    # a wrapped ring for row 0
+    sps[0][0] = sps[1][0] = torch.arange(5000 - W, 5000, device=DEV).roll(5000 % W)
+    inv = rope_inv_freq(hd, 10000.0, DEV)
+    for _ in range(3):
+        qkv = torch.randn(B, 3 * H * hd, device=DEV)
+        o_t = swa_decode_step(qkv, *caches[0], sps[0], pos, inv, backend="torch", out_dtype=torch.float32)
+        o_k = swa_decode_step(qkv, *caches[1], sps[1], pos, inv, backend="triton", out_dtype=torch.float32)
+        assert _rel(o_k, o_t) < 1e-2 and torch.equal(sps[0], sps[1])
+        pos = pos + 1

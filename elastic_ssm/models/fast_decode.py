@@ -1,30 +1,35 @@
 """Fused whole-model decoding of an ESSH tier: static buffers, one step function, optional CUDA graph.
 
 ``FastDecoder(model, tier, batch)`` evaluates exactly what ``ESSH.step`` evaluates (ESSH paper
-Algorithm 4, Appendix O.3) with fewer, fatter kernels and no host synchronisation:
+Algorithm 4, Appendix O.3) with fewer, fatter kernels and no host synchronisation. Up to
+``ops.gemv.MAX_FUSED_BATCH`` rows (``gemv="auto"``) the residual stream is a float32 buffer and a block is
 
-* per spectral block: fused RMSNorm -> one GEMV of the retained ``in_proj`` prefix (values, write, read
-  and clock rows of all K_T channels, ``[K_T (P + 3m), d]``) -> one fused recurrent kernel
-  (``ops/spectral_scan/decode_triton.py``: blend Eq. 23, gates C.2, clock, state update Eq. 5 of all
-  retained modes, readout, zero-lag correction Eq. 24, K^{-1/2}) -> ``out_proj`` GEMM with the residual
-  add in its epilogue (``addmm``);
-* per SWA block: one QKV GEMV, RoPE from device positions, ring-buffer write at ``pos % window`` by
-  index_put (no ``nonzero``), masked attention over the window, output GEMM + residual;
-* per block: fused RMSNorm -> SwiGLU GEMV over the retained ``[2 n_ff, d]`` prefix -> fused silu*up ->
-  down GEMM + residual; then the final norm and the tied head.
+* spectral: one product of the retained ``in_proj`` prefix (values, write, read and clock rows of all K_T
+  channels, ``[K_T (P + 3m), d]``) with the pre-norm folded in (``ops.gemv.norm_gemv``) -> one fused
+  recurrent kernel (``ops/spectral_scan/decode_triton.py``: blend Eq. 23, gates C.2, clock, state update
+  Eq. 5 of all retained modes, readout, zero-lag correction Eq. 24, K^{-1/2}) -> ``out_proj`` product
+  added into the residual stream (``ops.gemv.gemv_accumulate``, split over its input rows);
+* sliding-window attention: QKV product with the pre-norm folded in -> one split-window kernel pair
+  (``ops.swa_decode``: RoPE from the device positions, ring write, online softmax, combine) -> output
+  product added into the residual stream;
+* FFN: one product of the ``[2 n_ff, d]`` prefix with the pre-norm folded in and silu(gate)*up in its
+  epilogue (``ops.gemv.norm_swiglu_gemv``) -> down product added into the residual stream;
+
+then the final norm folded into the tied head. Larger batches are matrix products: the residual stream
+stays in the embedding dtype and cuBLAS does the products (``gemv="cublas"``), with the same recurrent and
+window kernels.
 
 Weights are prefix *views* of the model's parameters (no copies; the tier is cut by
 ``elastic.slicing.prefix``). Fixed modal constants (rho, cos/sin theta, kc, ks, a kc, biases, beta) are
 precomputed in the state dtype when the decoder is built ("cached at tier load", O.3). Caches are an
 ``ESSHCache`` whose tensors stay at fixed addresses, so one whole decode step can be captured in a CUDA
 graph (``capture()``); ``step(tokens)`` then copies the tokens in, replays, and returns the static logits
-buffer (clone it to keep it past the next step). Dtype conventions equal ``ESSH.step``: residual stream
-in the embedding dtype, GEMMs in the weight dtype, recurrent state in ``state_dtype`` (float32 default).
+buffer (clone it to keep it past the next step). Recurrent state in ``state_dtype`` (float32 default),
+logits in the embedding dtype.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +37,6 @@ import torch
 import torch.nn.functional as F
 
 from ..elastic.slicing import prefix
-from ..layers.attention import apply_rope
 from ..ops.gemv import MAX_FUSED_BATCH, gemv_accumulate, norm_gemv, norm_swiglu_gemv
 from ..ops.spectral_scan.decode_triton import (
     ModalConstants,
@@ -41,6 +45,7 @@ from ..ops.spectral_scan.decode_triton import (
     spectral_decode_step,
     swiglu,
 )
+from ..ops.swa_decode import rope_inv_freq, swa_decode_step
 from .cache import ESSHCache
 
 __all__ = ["FastDecoder"]
@@ -101,9 +106,7 @@ class FastDecoder:
         self.head = emb if model.lm_head is None else model.lm_head.weight
         self.norm_f, self.eps = model.norm_f.weight, model.norm_f.eps
         self.window, self.H, self.hd = cfg.window, cfg.n_heads, cfg.head_dim
-        self.inv_freq = cfg.rope_base ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64,
-                                                        device=self.device) / cfg.head_dim)
-        self._rows = torch.arange(batch, device=self.device)
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base, self.device)
         self._tokens = torch.zeros(batch, dtype=torch.long, device=self.device)
         if gemv not in ("auto", "fused", "cublas"):
             raise ValueError(f"gemv must be 'auto', 'fused' or 'cublas', got {gemv!r}")
@@ -131,37 +134,11 @@ class FastDecoder:
                       consts, rows)
 
     # ---- one step ---------------------------------------------------------------------------------------
-    def _attend(self, L: _Layer, i: int, qkv, slot, allowed, cos, sin):
-        """qkv [B, 3D] -> attention output [B, H hd] (RoPE, ring-buffer write, masked window attention)."""
-        B, H, hd = self.batch, self.H, self.hd
-        q, k, v = qkv.view(B, 3, H, hd).unbind(1)                          # [B,H,hd] each
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        kc, vc = self.cache.keys[i], self.cache.values[i]                 # [B,H,W,hd]
-        kc[self._rows, :, slot] = k.to(kc.dtype)
-        vc[self._rows, :, slot] = v.to(vc.dtype)
-        q = q[:, :, None].to(kc.dtype)                                    # [B,H,1,hd]
-        if self.attention == "sdpa":
-            o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=allowed[:, None, None])
-        else:
-            s = (q @ kc.transpose(-1, -2)) / math.sqrt(hd)                # [B,H,1,W]
-            s = s.to(torch.promote_types(s.dtype, torch.float32)).masked_fill(~allowed[:, None, None],
-                                                                             float("-inf"))
-            o = s.softmax(-1).to(vc.dtype) @ vc
-        return o.reshape(B, H * hd)
-
-    def _window_prelude(self, dtype: torch.dtype):
-        """Ring slot, allowed-slot mask [B, W] and RoPE cos/sin [B, 1, hd/2] of this step (SWA models)."""
+    def _attend(self, i: int, qkv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """qkv [B, 3D] -> attention output [B, D] (RoPE, ring write, window softmax: ``ops.swa_decode``)."""
         c = self.cache
-        if not c.keys:
-            return None, None, None, None
-        pos = c.positions                                                 # [B] int64, next position
-        slot = pos % self.window
-        c.slot_pos[self._rows, slot] = pos                                # shared by all SWA layers
-        diff = pos[:, None] - c.slot_pos
-        allowed = (c.slot_pos >= 0) & (diff >= 0) & (diff < self.window)   # [B, W]
-        ang = pos.to(torch.float64)[:, None] * self.inv_freq               # RoPE phase in float64
-        return slot, allowed, ang.cos().to(dtype)[:, None], ang.sin().to(dtype)[:, None]
+        return swa_decode_step(qkv, c.keys[i], c.values[i], c.slot_pos, c.positions, self.inv_freq,
+                               self.backend, self.attention, out_dtype)
 
     def _step_impl(self) -> torch.Tensor:
         return self._step_fused() if self.fused_gemv else self._step_cublas()
@@ -170,15 +147,13 @@ class FastDecoder:
         """Batched step: residual stream in the embedding dtype, cuBLAS products (any batch)."""
         c, be = self.cache, self.backend
         x = F.embedding(self._tokens, self.model.embed.weight)            # [B, D]
-        slot, allowed, cos, sin = self._window_prelude(x.dtype)
         for i, L in enumerate(self.layers):
             u = rms_norm(x, L.norm1, self.eps, be)
             if L.kind == "S":
                 z = spectral_decode_step(F.linear(u, L.w_in), c.states[i], L.consts, L.w_out.dtype, be)
                 x = _residual_mm(x, z, L.w_out)
             else:
-                o = self._attend(L, i, F.linear(u, L.w_in), slot, allowed, cos, sin)
-                x = _residual_mm(x, o.to(x.dtype), L.w_out)
+                x = _residual_mm(x, self._attend(i, F.linear(u, L.w_in), x.dtype), L.w_out)
             a = swiglu(F.linear(rms_norm(x, L.norm2, self.eps, be), L.ffn_in), be)
             x = _residual_mm(x, a, L.ffn_out)
         c.positions.add_(1)
@@ -189,14 +164,13 @@ class FastDecoder:
         the next product, SwiGLU into the FFN input product, residual adds into the output products."""
         c, be, eps, x = self.cache, self.backend, self.eps, self._x
         x.copy_(F.embedding(self._tokens, self.model.embed.weight))       # [B, D] float32
-        slot, allowed, cos, sin = self._window_prelude(x.dtype)
         for i, L in enumerate(self.layers):
             if L.kind == "S":
                 h = norm_gemv(x, L.w_in, L.norm1, eps, backend=be)         # [B, K(P+3M)]
                 z = spectral_decode_step(h, c.states[i], L.consts, x.dtype, be)
                 gemv_accumulate(z, L.w_out, x, backend=be)
             else:
-                o = self._attend(L, i, norm_gemv(x, L.w_in, L.norm1, eps, backend=be), slot, allowed, cos, sin)
+                o = self._attend(i, norm_gemv(x, L.w_in, L.norm1, eps, backend=be), x.dtype)
                 norm_gemv(o, L.w_out_rows, out=x, residual=True, backend=be)
             gemv_accumulate(norm_swiglu_gemv(x, L.ffn_in, L.norm2, eps, backend=be), L.ffn_out, x, backend=be)
         c.positions.add_(1)

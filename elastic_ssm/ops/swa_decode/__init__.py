@@ -1,0 +1,112 @@
+"""One decode step of sliding-window attention on a ring buffer (ESSH Sec. 4 / Appendix E.2; Alg. 4).
+
+For each batch row b (next position ``p = positions[b]``) and head h, from the raw projection
+``qkv [B, 3 D]`` (q, k, v of all heads, the layout of ``SlidingWindowAttention.qkv``)::
+
+    q, k  <- RoPE(q, p), RoPE(k, p)           halves convention of layers/attention.py, phases in float64
+    K[b, h, p mod W], V[b, h, p mod W] <- k, v;   slot_pos[b, p mod W] <- p
+    allowed_j = slot_pos_j >= 0  and  0 <= p - slot_pos_j < W
+    o[b, h] = softmax_j(q . K_j / sqrt(hd) over allowed j) V                 -> o [B, D]
+
+This is exactly ``SlidingWindowAttention.step`` (ring write included) without the output projection, so
+the caller can fold that into its own product. ``backend="torch"`` evaluates it with PyTorch ops (the CPU
+path and the reference); ``"triton"`` runs two kernels (``triton_kernels.py``): a split-window pass with
+RoPE, the ring write and an online softmax per chunk of ``chunk`` slots, and a combine pass — instead of
+the ~20 small kernels of the op-by-op step. ``slot_pos`` is written by every call (idempotent), so with
+several attention layers per step no separate bookkeeping kernel is needed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..spectral_scan.decode_triton import resolve_backend
+
+__all__ = ["swa_decode_step", "rope_inv_freq"]
+
+
+def rope_inv_freq(head_dim: int, base: float, device=None) -> torch.Tensor:
+    """``base ** (-2 i / head_dim)`` for i < head_dim / 2, float64 (the table of ``layers.attention``)."""
+    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+
+
+def _check(qkv, keys, values, slot_pos, positions) -> tuple[int, int, int, int]:
+    if keys.dim() != 4 or values.shape != keys.shape:
+        raise ValueError(f"keys/values must both be [B, H, W, hd], got {tuple(keys.shape)} and "
+                         f"{tuple(values.shape)}")
+    B, H, W, hd = keys.shape
+    if qkv.shape != (B, 3 * H * hd) or slot_pos.shape != (B, W) or positions.shape != (B,):
+        raise ValueError(f"need qkv [B, 3 H hd] = [{B}, {3 * H * hd}], slot_pos [{B}, {W}], positions [{B}]; "
+                         f"got {tuple(qkv.shape)}, {tuple(slot_pos.shape)}, {tuple(positions.shape)}")
+    if hd % 2:
+        raise ValueError(f"head_dim must be even for RoPE, got {hd}")
+    return B, H, W, hd
+
+
+def _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention: str) -> torch.Tensor:
+    B, H, W, hd = keys.shape
+    q, k, v = qkv.view(B, 3, H, hd).unbind(1)                             # [B, H, hd]
+    ang = positions.to(torch.float64)[:, None] * inv_freq                 # [B, hd/2]
+    cos, sin = ang.cos().to(q.dtype)[:, None], ang.sin().to(q.dtype)[:, None]
+
+    def rope(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+    q, k = rope(q), rope(k)
+    rows, slot = torch.arange(B, device=qkv.device), positions % W
+    keys[rows, :, slot] = k.to(keys.dtype)
+    values[rows, :, slot] = v.to(values.dtype)
+    slot_pos[rows, slot] = positions
+    diff = positions[:, None] - slot_pos
+    allowed = (slot_pos >= 0) & (diff >= 0) & (diff < W)                  # [B, W]
+    qq = q[:, :, None].to(keys.dtype)                                     # [B, H, 1, hd]
+    if attention == "sdpa":
+        o = F.scaled_dot_product_attention(qq, keys, values, attn_mask=allowed[:, None, None])
+    else:
+        s = (qq @ keys.transpose(-1, -2)) / math.sqrt(hd)                 # [B, H, 1, W]
+        s = s.to(torch.promote_types(s.dtype, torch.float32)).masked_fill(~allowed[:, None, None],
+                                                                         float("-inf"))
+        o = s.softmax(-1).to(values.dtype) @ values
+    return o.reshape(B, H * hd)
+
+
+def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, chunk: int | None):
+    from .triton_kernels import swa_combine_kernel, swa_partial_kernel
+
+    B, H, W, hd = keys.shape
+    if keys.stride(3) != 1 or values.stride() != keys.stride() or slot_pos.stride(1) != 1:
+        raise ValueError("the Triton window step needs contiguous keys/values [B, H, W, hd] and slot_pos")
+    chunk = chunk or min(256, 1 << max(0, W - 1).bit_length())
+    S = -(-W // chunk)
+    qkv = qkv if qkv.stride(1) == 1 else qkv.contiguous()
+    m = torch.empty(B * H * S, dtype=torch.float32, device=qkv.device)
+    lsum = torch.empty_like(m)
+    acc = torch.empty(B * H * S, hd, dtype=torch.float32, device=qkv.device)
+    swa_partial_kernel[(B * H, S)](qkv, keys, values, slot_pos, positions, inv_freq, m, lsum, acc, H,
+                                   qkv.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
+                                   slot_pos.stride(0), 1.0 / math.sqrt(hd), W=W, HD=hd, CHUNK=chunk, S=S,
+                                   BLOCK_W=min(64, chunk), num_warps=4)
+    out = torch.empty(B, H * hd, dtype=out_dtype, device=qkv.device)
+    swa_combine_kernel[(B * H,)](m, lsum, acc, out, H, out.stride(0), HD=hd, S=S,
+                                 BLOCK_S=1 << max(0, S - 1).bit_length(), num_warps=4)
+    return out
+
+
+def swa_decode_step(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_pos: torch.Tensor,
+                    positions: torch.Tensor, inv_freq: torch.Tensor, backend: str = "auto",
+                    attention: str = "math", out_dtype: torch.dtype | None = None,
+                    chunk: int | None = None) -> torch.Tensor:
+    """Attention output ``o [B, H hd]`` of one token per row (see module docstring); updates ``keys``,
+    ``values`` [B, H, W, hd] and ``slot_pos`` [B, W] in place. ``positions`` [B] int64 are the tokens'
+    positions (not advanced here); ``inv_freq`` from :func:`rope_inv_freq` (float64, on the device).
+    ``attention`` ('math' | 'sdpa') picks the torch path's kernel; ``chunk`` the Triton window split."""
+    _check(qkv, keys, values, slot_pos, positions)
+    use_triton = (resolve_backend(backend, qkv.device) == "triton" and qkv.dtype != torch.float64
+                  and keys.shape[3] & (keys.shape[3] - 1) == 0)          # power-of-two head dim
+    if use_triton:
+        return _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype or qkv.dtype, chunk)
+    return _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention).to(out_dtype or qkv.dtype)

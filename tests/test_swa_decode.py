@@ -1,0 +1,94 @@
+"""One-token sliding-window attention step (``ops.swa_decode``): the torch path equals
+``SlidingWindowAttention.step`` (ring write included), and the Triton kernels (CPU interpreter) equal the
+torch path with several window chunks, a partly filled ring and a wrapped ring."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from elastic_ssm.layers.attention import SlidingWindowAttention
+from elastic_ssm.models.cache import ESSHCache
+from elastic_ssm.ops.swa_decode import rope_inv_freq, swa_decode_step
+
+
+def _cache(B, H, W, hd, dtype):
+    c = ESSHCache(batch=B, tier=None, window=W)
+    c.keys[0] = torch.zeros(B, H, W, hd, dtype=dtype)
+    c.values[0] = torch.zeros(B, H, W, hd, dtype=dtype)
+    c.slot_pos = torch.full((B, W), -1, dtype=torch.long)
+    return c
+
+
+@pytest.mark.parametrize("attention", ["math", "sdpa"])
+def test_torch_path_equals_layer_step(attention):
+    torch.manual_seed(0)
+    B, D, hd, W = 3, 32, 8, 6
+    layer = SlidingWindowAttention(D, hd, W).double()
+    ref, mine = _cache(B, D // hd, W, hd, torch.float64), _cache(B, D // hd, W, hd, torch.float64)
+    inv = rope_inv_freq(hd, layer.rope_base)
+    pos = torch.tensor([0, 3, 5])                    # rows start at different positions
+    for _ in range(9):                              # the ring wraps (9 + 5 > W)
+        x = torch.randn(B, D, dtype=torch.float64)
+        want = layer.step(x, pos, ref, 0)
+        o = swa_decode_step(F.linear(x, layer.qkv), mine.keys[0], mine.values[0], mine.slot_pos, pos, inv,
+                            backend="torch", attention=attention)
+        torch.testing.assert_close(F.linear(o, layer.out), want, rtol=1e-10, atol=1e-10)
+        pos = pos + 1
+    torch.testing.assert_close(mine.keys[0], ref.keys[0])
+    torch.testing.assert_close(mine.slot_pos, ref.slot_pos)
+
+
+def test_bad_shapes_are_named():
+    c = _cache(2, 2, 4, 8, torch.float32)
+    with pytest.raises(ValueError, match="need qkv"):
+        swa_decode_step(torch.randn(2, 40), c.keys[0], c.values[0], c.slot_pos, torch.zeros(2, dtype=torch.long),
+                        rope_inv_freq(8, 1e4))
+    with pytest.raises(ValueError, match="keys/values must both be"):
+        swa_decode_step(torch.randn(2, 48), c.keys[0], c.values[0][:, :1], c.slot_pos,
+                        torch.zeros(2, dtype=torch.long), rope_inv_freq(8, 1e4))
+
+
+_INTERPRETER_CHECK = """
+import torch
+from elastic_ssm.ops.swa_decode import rope_inv_freq, swa_decode_step
+
+torch.manual_seed(0)
+B, H, W, hd = 3, 2, 64, 16
+inv = rope_inv_freq(hd, 10000.0)
+for kv_dtype in (torch.float32, torch.bfloat16):
+    caches = []
+    for _ in range(2):
+        k, v = torch.randn(B, H, W, hd).to(kv_dtype), torch.randn(B, H, W, hd).to(kv_dtype)
+        caches.append([k, v])
+    caches[1] = [t.clone() for t in caches[0]]
+    sp0 = torch.full((B, W), -1, dtype=torch.long)
+    sp0[1, :20] = torch.arange(20)                  # row 1: 20 tokens so far
+    sp0[2] = torch.arange(1000, 1000 + W)           # row 2: a wrapped ring
+    sps = [sp0.clone(), sp0.clone()]
+    pos = torch.tensor([0, 20, 1000 + W])
+    for step in range(5):
+        qkv = torch.randn(B, 3 * H * hd)
+        o_t = swa_decode_step(qkv, *caches[0], sps[0], pos, inv, backend="torch", out_dtype=torch.float32)
+        o_k = swa_decode_step(qkv, *caches[1], sps[1], pos, inv, backend="triton", chunk=16,
+                              out_dtype=torch.float32)
+        err = ((o_k - o_t).norm() / o_t.norm()).item()
+        assert err < (1e-5 if kv_dtype == torch.float32 else 1e-2), (kv_dtype, step, err)
+        assert torch.equal(sps[0], sps[1])
+        tol = 1e-5 if kv_dtype == torch.float32 else 1e-2          # bf16: one rounding step apart at most
+        for a, b in zip(caches[0], caches[1]):
+            torch.testing.assert_close(b.float(), a.float(), rtol=tol, atol=1e-5)
+        pos = pos + 1
+print("ok")
+"""
+
+
+def test_triton_kernels_in_interpreter():
+    pytest.importorskip("triton", reason="optional: runs the Triton kernels on CPU via TRITON_INTERPRET")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", _INTERPRETER_CHECK], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
