@@ -64,6 +64,20 @@ def test_deep_copy_of_a_compiled_model_uses_its_own_weights():
     assert "_compiled_trunk" in vars(model) and torch.allclose(b, ref, atol=1e-5) and not torch.allclose(a, b)
 
 
+def test_compiled_first_call_traces_without_graph_breaks(monkeypatch):
+    """Compiled before any eager call (as the benchmarks do): the backend choice is resolved and announced in
+    the eager prologue, nothing is logged inside the graph (fullgraph would fail on a break)."""
+    from elastic_ssm.ops import dispatch
+
+    monkeypatch.setattr(dispatch, "_announced", set())
+    model, ids = _tiny(T=12)
+    es.compile_model(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        out = model(ids)
+        ref = model.compile_forward(disable=True)(ids)
+    assert ("torch", "cpu") in dispatch._announced and (out - ref).abs().max() < 1e-5
+
+
 def test_compiled_essh_inductor_forward():
     """Inductor's generated CPU code (scalar C++: vectorised kernels double the cold compile time)."""
     import torch._inductor.config as inductor_config

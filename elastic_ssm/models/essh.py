@@ -146,6 +146,16 @@ class ESSH(GenerationMixin, ElasticModel):
                              "step() (or allocate a new cache and prefill the whole prefix)")
         return t, valid, positions
 
+    def _scan_backend(self, backend: str, device: torch.device) -> str:
+        """The scan backend name for this device, resolved eagerly (the compiled trunk gets a constant)."""
+        from ..ops import resolve_backend
+
+        mixer = next((b.mixer for b in self.blocks if b.kind == "S"), None)
+        if mixer is None:
+            return backend
+        dtype = torch.promote_types(mixer.theta.dtype, torch.float32)  # the scan's compute dtype
+        return resolve_backend(backend, torch.empty(0, device=device, dtype=dtype))
+
     def _trunk(self, input_ids: torch.Tensor, t: Tier, positions: torch.Tensor, valid: torch.Tensor | None,
                cache: ESSHCache | None, ffn_grad_scale: float | None, backend: str,
                logits: bool) -> torch.Tensor:
@@ -158,6 +168,7 @@ class ESSH(GenerationMixin, ElasticModel):
 
     def _run(self, input_ids, tier, attention_mask, cache, ffn_grad_scale, backend, logits: bool):
         t, valid, positions = self._prepare(input_ids, tier, attention_mask, cache)
+        backend = self._scan_backend(backend, input_ids.device)
         compiled = self.__dict__.get("_compiled_trunk")
         trunk = compiled if compiled is not None and cache is None else ESSH._trunk
         out = trunk(self, input_ids, t, positions, valid, cache, ffn_grad_scale, backend, logits)
@@ -196,6 +207,10 @@ class ESSH(GenerationMixin, ElasticModel):
             return self
         import torch._dynamo
 
+        from ..ops.dispatch import fla_available
+
+        if torch.cuda.is_available():
+            fla_available()  # memoised eagerly, so tracing the backend choice imports nothing
         limit = 64  # graphs per code object: shapes x tiers x padding modes
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, name):

@@ -4,11 +4,12 @@
 Precedence: an explicit ``backend=`` argument, then the environment variable ``ELASTIC_SSM_SCAN_BACKEND``,
 then ``"auto"``, which picks ``"fla"`` for CUDA tensors of a dtype fla supports when ``fla`` imports, else
 ``"torch"``. fla and triton are optional extras: nothing here imports them at module import time.
+Resolution is traceable by ``torch.compile`` once ``fla_available()`` has run eagerly (``compile_model``
+does that): the fla check is memoised in a plain global and nothing is logged while compiling.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import os
@@ -22,14 +23,18 @@ _logger = logging.getLogger("elastic_ssm")
 _announced: set[tuple[str, str]] = set()
 
 
-@functools.cache
+_FLA_OK: list[bool] = []  # memo of fla_available(): a plain global, so compiled code reads it as a constant
+
+
 def fla_available() -> bool:
-    """True when ``fla.ops.gla`` (fla-core, with triton) can be imported."""
-    try:
-        importlib.import_module("fla.ops.gla")
-    except Exception:  # ImportError, or triton failing to initialise without a driver
-        return False
-    return True
+    """True when ``fla.ops.gla`` (fla-core, with triton) can be imported (checked once per process)."""
+    if not _FLA_OK:
+        try:
+            importlib.import_module("fla.ops.gla")
+            _FLA_OK.append(True)
+        except Exception:  # ImportError, or triton failing to initialise without a driver
+            _FLA_OK.append(False)
+    return _FLA_OK[0]
 
 
 def available_backends() -> list[str]:
@@ -73,6 +78,8 @@ def resolve_backend(backend: str = "auto", tensor: torch.Tensor | None = None) -
                               "(or fla-core), or use backend='torch'")
         if tensor.dtype not in _FLA_DTYPES:
             raise ValueError(f"backend 'fla' supports {_FLA_DTYPES}, got {tensor.dtype}; use backend='torch'")
+    if torch.compiler.is_compiling():
+        return choice  # no logging inside a traced graph (the eager prologue of ESSH announces it)
     key = (choice, device)
     if key not in _announced:
         _announced.add(key)
