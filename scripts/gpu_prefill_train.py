@@ -3,15 +3,17 @@
 
 ``python3 scripts/gpu_prefill_train.py [stage ...]`` from the repository root. Stages, in order (default: all):
 
-* ``check``: correctness first. ``compile_model`` vs eager on CUDA with the fla scan backend (``small``
-  preset, fp32, T = 3 windows + 5 so the flex sliding-window path runs): logits and every parameter gradient;
-  the flex_attention sliding window vs the masked SDPA path at the 1.5b attention shape, T = 3 W, bf16,
-  output and input/weight gradients. Prints PASS / FAIL with the relative errors.
-* ``prefill2k``: 1.5b T10, batch 1, T = 2048, eager then compiled (ms, ktok/s), then the top kernels of one
+* ``prefill2k``: 1.5b T10, batch 1, T = 2048, eager then compiled (ms, ktok/s); the compiled logits at the
+  first and last 256 positions are checked against eager (PASS / FAIL), then the top kernels of one
   compiled call (torch.profiler);
-* ``train``: 370m, B = 8, L = 2048, one fused-AdamW step (fp32 master weights, bf16 autocast, full-logit
-  cross-entropy), eager then compiled (model and loss), then the top kernels of one compiled step;
-* ``prefill128k``: 1.5b T10 at T = 131072, eager then compiled;
+* ``train``: 370m, B = 8, L = 2048: first the loss and gradient norm of one batch, eager vs compiled
+  (PASS / FAIL); then one fused-AdamW step (fp32 master weights, bf16 autocast, full-logit cross-entropy)
+  timed eager then compiled (model and loss), then the top kernels of one compiled step;
+* ``prefill128k``: 1.5b T10 at T = 131072, eager then compiled, logits checked as at 2K;
+* ``check``: ``compile_model`` vs eager on CUDA with the fla scan backend (``small`` preset, fp32,
+  T = 3 windows + 5 so the flex sliding-window path runs): logits and every parameter gradient; the
+  flex_attention sliding window vs the masked SDPA path at the 1.5b attention shape, T = 3 W, bf16,
+  output and input/weight gradients;
 * ``prefill2k-cg``: 1.5b at T = 2048 compiled with ``mode="reduce-overhead"`` (CUDA graphs), if time remains.
 
 Random weights at the preset shapes, like the benchmarks (``elastic_ssm.bench``); inductor and fla compile
@@ -141,6 +143,7 @@ def prefill(T: int, profile_compiled: bool, mode: str | None = None, eager: bool
     ids = torch.randint(0, model.config.vocab_size, (1, T), device=DEV)
     iters = 5 if T <= 8192 else 3
     runs = (["eager"] if eager else []) + ["compiled"]
+    edges = {}
     for kind in runs:
         if kind == "eager":
             model.compile_forward(disable=True)
@@ -152,9 +155,15 @@ def prefill(T: int, profile_compiled: bool, mode: str | None = None, eager: bool
             torch.cuda.synchronize()
             first = time.monotonic() - t
             r = summarize(time_fn(lambda: model(ids), 2, iters, DEV))
+            out = model(ids)
+            edges[kind] = torch.cat([out[:, :256], out[:, -256:]], 1).float()   # first and last positions
+            out = None
         label = kind if mode is None or kind == "eager" else f"{kind} mode={mode}"
         log(f"prefill 1.5b T10 T={T} {label}: {r['ms']:.2f} ms, {T / r['ms']:.1f} ktok/s "
             f"(first call {first:.1f} s, peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB)")
+        if kind == "compiled" and "eager" in edges:
+            verdict(f"compiled vs eager prefill logits (1.5b, bf16, T={T}, first/last 256)",
+                    rel(edges["compiled"], edges["eager"]), 3e-2)
         if kind == "compiled" and profile_compiled:
             with torch.inference_mode():
                 top_kernels(lambda: model(ids))
@@ -185,12 +194,26 @@ def train() -> None:
 
     cfg = ESSHConfig.preset("370m")
     fpt = flops_per_token(cfg, None, context=2048)["total"]
+    first: dict = {}
     for kind in ("eager", "compiled"):
         torch.manual_seed(0)
         model = build_essh(cfg, DEV, None)
         if kind == "compiled":
             es.compile_model(model)
         t = time.monotonic()
+        ids = torch.randint(0, cfg.vocab_size, (8, 2048), device=DEV, generator=torch.Generator(DEV).manual_seed(1))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(ids)[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+        loss.backward()
+        gnorm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None))
+        first[kind] = (loss.item(), gnorm.item())
+        model.zero_grad(set_to_none=True)
+        log(f"train 370m {kind}: first-batch loss {first[kind][0]:.6f}, grad norm {first[kind][1]:.6f}")
+        if kind == "compiled":
+            verdict("compiled vs eager training loss (370m, bf16 autocast)",
+                    abs(first["compiled"][0] - first["eager"][0]) / abs(first["eager"][0]), 1e-3)
+            verdict("compiled vs eager gradient norm", abs(first["compiled"][1] - first["eager"][1]) /
+                    first["eager"][1], 2e-2)
         r = bench_train(model, model, cfg.vocab_size, fpt, DEV, batch=8, seq_len=2048, warmup=3, steps=6,
                         compile_loss=kind == "compiled")
         if "error" in r:
@@ -205,10 +228,10 @@ def train() -> None:
 
 
 STAGES = {
-    "check": check,
     "prefill2k": lambda: prefill(2048, True),
     "train": train,
     "prefill128k": lambda: prefill(131072, False),
+    "check": check,
     "prefill2k-cg": lambda: prefill(2048, False, mode="reduce-overhead", eager=False),
 }
 
