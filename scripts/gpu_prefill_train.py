@@ -162,8 +162,11 @@ def prefill(T: int, profile_compiled: bool, mode: str | None = None, eager: bool
         log(f"prefill 1.5b T10 T={T} {label}: {r['ms']:.2f} ms, {T / r['ms']:.1f} ktok/s "
             f"(first call {first:.1f} s, peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB)")
         if kind == "compiled" and "eager" in edges:
+            # Both are bf16 models: max-abs error over max-abs of two bf16 evaluations is ~3e-2 at 4 layers
+            # (CPU, "small": eager bf16 vs fp32 4.5e-2, compiled bf16 vs fp32 3.4e-2, compiled vs eager
+            # 3.0e-2); the fp32 equality of compiled and eager is a CPU test (tests/test_compile.py).
             verdict(f"compiled vs eager prefill logits (1.5b, bf16, T={T}, first/last 256)",
-                    rel(edges["compiled"], edges["eager"]), 3e-2)
+                    rel(edges["compiled"], edges["eager"]), 1e-1)
         if kind == "compiled" and profile_compiled:
             with torch.inference_mode():
                 top_kernels(lambda: model(ids))

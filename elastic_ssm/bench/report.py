@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -25,11 +26,20 @@ __all__ = ["environment", "format_table", "ratios", "tables", "write_json", "mar
 
 
 def _git_commit() -> str:
+    """``ELASTIC_SSM_COMMIT`` if set, else the checkout's short HEAD with ``-dirty`` when tracked files differ
+    from it (a copied working tree, e.g. on a lent GPU machine, can carry a stale ``.git``)."""
+    if os.environ.get("ELASTIC_SSM_COMMIT"):
+        return os.environ["ELASTIC_SSM_COMMIT"]
     try:
-        root = Path(__file__).resolve().parents[2]
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+        root = str(Path(__file__).resolve().parents[2])
+        out = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
+        head = out.stdout.strip()
+        if not head:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", root, "diff-index", "--quiet", "HEAD", "--"], capture_output=True,
+                               timeout=30).returncode != 0
+        return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
