@@ -59,40 +59,25 @@ def sweep(name: str, kind: str, N: int, D: int) -> None:
     ws = [torch.randn(N, D, device=dev).bfloat16() * 0.05 for _ in range(REPS)]
     x, g = torch.randn(1, D, device=dev), torch.rand(D, device=dev) + 0.5
     nbytes = ws[0].numel() * 2
-    if kind == "rows":
-        ref = gemv.norm_gemv(x, ws[0], g, backend="torch")
+    if kind in ("rows", "swiglu"):
+        op = gemv.norm_gemv if kind == "rows" else gemv.norm_swiglu_gemv
+        per_unit = 1 if kind == "rows" else 2                       # weight rows per output
+        ref = op(x, ws[0], g, backend="torch")
         xb = x.bfloat16()
         base = timed(lambda i: F.linear(xb, ws[i]))
-        out = f"{name:>22} rows N={N:6d} D={D}: cuBLAS {base:6.2f} us ({nbytes / base / 1e6:5.2f} TB/s)"
+        out = f"{name:>22} {kind} N={N:6d} D={D}: cuBLAS product {base:6.2f} us ({nbytes / base / 1e6:5.2f} TB/s)"
         best = (1e9, None)
         for bn, bk, nw in ROWS_CFGS:
-            kw = dict(block_n=bn, block_k=bk, num_warps=nw, backend="triton")
-            err = rel(gemv.norm_gemv(x, ws[0], g, **kw), ref)
-            if err > 1e-4:
-                print(f"  FAIL {name} {bn, bk, nw}: rel err {err:.2e}", flush=True)
-                continue
-            t = timed(lambda i, kw=kw: gemv.norm_gemv(x, ws[i], g, **kw))
-            best = min(best, (t, (bn, bk, nw)))
-        tuned = timed(lambda i: gemv.norm_gemv(x, ws[i], g))
-        print(f"{out}; best {best[0]:6.2f} us ({nbytes / best[0] / 1e6:5.2f} TB/s) at {best[1]}; "
-              f"default {tuned:6.2f} us", flush=True)
-    elif kind == "swiglu":
-        ref = gemv.norm_swiglu_gemv(x, ws[0], g, backend="torch")
-        xb = x.bfloat16()
-        base = timed(lambda i: F.linear(xb, ws[i]))
-        out = f"{name:>22} swiglu 2F={N:5d} D={D}: cuBLAS product alone {base:6.2f} us"
-        best = (1e9, None)
-        for bn, bk, nw in ROWS_CFGS:
-            kw = dict(block_n=max(4, bn // 2), block_k=bk, num_warps=nw, backend="triton")
-            err = rel(gemv.norm_swiglu_gemv(x, ws[0], g, **kw), ref)
+            kw = dict(block_n=max(4, bn // per_unit), block_k=bk, num_warps=nw, backend="triton")
+            err = rel(op(x, ws[0], g, **kw), ref)
             if err > 1e-4:
                 print(f"  FAIL {name} {kw}: rel err {err:.2e}", flush=True)
                 continue
-            t = timed(lambda i, kw=kw: gemv.norm_swiglu_gemv(x, ws[i], g, **kw))
+            t = timed(lambda i, kw=kw: op(x, ws[i], g, **kw))
             best = min(best, (t, (kw["block_n"], bk, nw)))
-        tuned = timed(lambda i: gemv.norm_swiglu_gemv(x, ws[i], g))
+        default = timed(lambda i: op(x, ws[i], g))
         print(f"{out}; best {best[0]:6.2f} us ({nbytes / best[0] / 1e6:5.2f} TB/s) at {best[1]}; "
-              f"default {tuned:6.2f} us", flush=True)
+              f"default {default:6.2f} us", flush=True)
     else:
         a = torch.randn(1, N, device=dev)
         acc0 = torch.randn(1, D, device=dev)

@@ -37,6 +37,8 @@ import torch  # noqa: E402
 import elastic_ssm as es  # noqa: E402
 from elastic_ssm.bench.decode import summarize, time_fn  # noqa: E402
 from elastic_ssm.bench.peers import build_essh  # noqa: E402
+from elastic_ssm.bench.profiling import RunLog  # noqa: E402
+from elastic_ssm.bench.profiling import top_kernels as _top_kernels  # noqa: E402
 from elastic_ssm.bench.train import bench_train  # noqa: E402
 from elastic_ssm.config import ESSHConfig  # noqa: E402
 from elastic_ssm.layers import attention  # noqa: E402
@@ -45,16 +47,8 @@ from elastic_ssm.models.essh import randomize_selective  # noqa: E402
 OUT = Path(os.environ.get("OUT", "gpu_prefill_train_out"))
 BUDGET = float(os.environ.get("PT_BUDGET_S", "450"))
 DEV = torch.device("cuda")
-T0 = time.monotonic()
-LINES: list[str] = []
-
-
-def log(s: str) -> None:
-    s = f"[{time.monotonic() - T0:6.1f}s] {s}"
-    print(s, flush=True)
-    LINES.append(s)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "prefill_train.log").write_text("\n".join(LINES) + "\n")
+log = RunLog(OUT / "prefill_train.log")
+T0 = log.t0
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -66,19 +60,7 @@ def verdict(name: str, err: float, tol: float) -> None:
 
 
 def top_kernels(fn, n: int = 15) -> None:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
-    total = sum(e.self_device_time_total for e in rows)
-    rows.sort(key=lambda e: -e.self_device_time_total)
-    log(f"  profile: {len(rows)} kernel kinds, {sum(e.count for e in rows)} launches, "
-        f"{total / 1e3:.2f} ms device time")
-    for e in rows[:n]:
-        log(f"  {e.self_device_time_total / 1e3:9.3f} ms {e.count:6d}x  {e.key[:90]}")
+    _top_kernels(fn, n, log)
 
 
 # ---- correctness ---------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,33 +20,16 @@ import torch  # noqa: E402
 
 from elastic_ssm.bench.decode import EsshDecoder, summarize, time_fn  # noqa: E402
 from elastic_ssm.bench.peers import build_essh  # noqa: E402
+from elastic_ssm.bench.profiling import RunLog  # noqa: E402
+from elastic_ssm.bench.profiling import top_kernels as _top_kernels  # noqa: E402
 from elastic_ssm.config import ESSHConfig  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "gpu_profile_out"))
-T0 = time.monotonic()
-LOG: list[str] = []
-
-
-def log(s: str) -> None:
-    s = f"[{time.monotonic() - T0:6.1f}s] {s}"
-    print(s, flush=True)
-    LOG.append(s)
+log = RunLog(OUT / "profile.txt")
 
 
 def top_kernels(fn, n: int = 18) -> None:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
-    total = sum(e.self_device_time_total for e in rows)
-    rows.sort(key=lambda e: -e.self_device_time_total)
-    log(f"  profile: {len(rows)} kernel kinds, {sum(e.count for e in rows)} launches, "
-        f"{total / 1e3:.2f} ms device time")
-    for e in rows[:n]:
-        log(f"  {e.self_device_time_total / 1e3:9.3f} ms {e.count:6d}x  {e.key[:90]}")
+    _top_kernels(fn, n, log)
 
 
 def prefill(T: int, profile_it: bool = True) -> None:
@@ -110,7 +92,6 @@ def main() -> None:
             log(f"{s} failed: {type(e).__name__}: {str(e)[:300]}")
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        (OUT / "profile.txt").write_text("\n".join(LOG) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,10 @@ Transformer++ decode == forward, Table 54 matching, Table 53 memory, and an end-
 
 import copy
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from triton_interpreter import run_interpreted
 
 import elastic_ssm as es
 from elastic_ssm.bench import BenchConfig, main, run_bench
@@ -81,11 +79,7 @@ print("ok")
 
 def test_triton_kernels_in_interpreter():
     """The Triton kernels on CPU tensors (TRITON_INTERPRET=1 must be set before triton is imported)."""
-    pytest.importorskip("triton", reason="optional: runs the Triton kernels on CPU via TRITON_INTERPRET")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", _INTERPRETER_CHECK], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    run_interpreted(_INTERPRETER_CHECK)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
@@ -198,3 +192,14 @@ def test_bench_cli_and_validation(tmp_path):
     with pytest.raises(es.ConfigError, match="tiers"):
         bad = BenchConfig(preset="tiny", tiers=("T99",), benchmarks=("decode",), out="")
         run_bench(bad, log=lambda s: None)
+
+
+def test_run_log_keeps_every_line(tmp_path, capsys):
+    from elastic_ssm.bench.profiling import RunLog
+
+    log = RunLog(tmp_path / "sub" / "run.log")
+    log("first")
+    log("second")
+    lines = (tmp_path / "sub" / "run.log").read_text().splitlines()
+    assert [ln.split("] ", 1)[1] for ln in lines] == ["first", "second"]
+    assert "second" in capsys.readouterr().out
