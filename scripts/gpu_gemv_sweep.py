@@ -83,6 +83,7 @@ def sweep(name: str, kind: str, N: int, D: int) -> None:
         acc0 = torch.randn(1, D, device=dev)
         want = gemv.gemv_accumulate(a, ws[0], acc0.clone(), backend="torch")
         ab, wt = a.bfloat16(), [w.t() for w in ws]
+        wtc = [w.contiguous() for w in wt]
         base = timed(lambda i: F.linear(ab, wt[i]))
         out = f"{name:>22} cols N={N:6d} D={D}: cuBLAS {base:6.2f} us ({nbytes / base / 1e6:5.2f} TB/s)"
         best = (1e9, None)
@@ -97,7 +98,11 @@ def sweep(name: str, kind: str, N: int, D: int) -> None:
             acc = acc0.clone()
             t = timed(lambda i, kw=kw, acc=acc: gemv.gemv_accumulate(a, ws[i], acc, **kw))
             best = min(best, (t, (bn, bd, split or f"auto({auto})")))
-        print(f"{out}; best {best[0]:6.2f} us ({nbytes / best[0] / 1e6:5.2f} TB/s) at {best[1]}", flush=True)
+        # the same product from a transposed copy through the row kernel (FastDecoder out_layout="rows")
+        acc = acc0.clone()
+        rows = timed(lambda i, acc=acc: gemv.norm_gemv(a, wtc[i], out=acc, residual=True))
+        print(f"{out}; best {best[0]:6.2f} us ({nbytes / best[0] / 1e6:5.2f} TB/s) at {best[1]}; "
+              f"rows from a transposed copy {rows:6.2f} us ({nbytes / rows / 1e6:5.2f} TB/s)", flush=True)
 
 
 def main() -> None:

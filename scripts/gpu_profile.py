@@ -74,6 +74,10 @@ def decode() -> None:
                 log(f"decode {preset} {tier} B={B} graph: {t['ms']:.3f} ms")
                 if B == 1 and tier == "T10":
                     top_kernels(lambda d=d, tok=tok: d.step(tok), 12)
+                    d = EsshDecoder(model, tier, B, 2048, graph=True, out_layout="rows")
+                    t = summarize(time_fn(lambda d=d, tok=tok: d.step(tok), 20, 100, torch.device("cuda")))
+                    log(f"decode {preset} {tier} B={B} graph out_layout=rows: {t['ms']:.3f} ms")
+                d = None
         del model
         torch.cuda.empty_cache()
 

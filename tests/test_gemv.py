@@ -92,13 +92,15 @@ ids = torch.randint(0, cfg.vocab_size, (2, 20))
 ref = model.allocate_cache(2, "T2", state_dtype=torch.float32, kv_dtype=torch.float32)
 with torch.no_grad():
     model(ids, tier="T2", cache=ref)
-fd = FastDecoder(model, "T2", 2, cache=copy.deepcopy(ref), backend="triton")
-assert fd.fused_gemv
+decoders = [FastDecoder(model, "T2", 2, cache=copy.deepcopy(ref), backend="triton", out_layout=lay)
+            for lay in ("split", "rows")]
+assert all(fd.fused_gemv for fd in decoders)
 tok = ids[:, -1]
 for _ in range(4):
     want = model.step(tok, ref)
-    err = rel(fd.step(tok), want)
-    assert err < 1e-5, err
+    for fd in decoders:
+        err = rel(fd.step(tok), want)
+        assert err < 1e-5, err
     tok = want.argmax(-1)
 print("ok")
 """
@@ -109,8 +111,8 @@ def test_triton_kernels_in_interpreter():
     run_interpreted(_INTERPRETER_CHECK)
 
 
-@pytest.mark.parametrize("batch", [2, 9])
-def test_fast_decoder_product_paths_agree(batch):
+@pytest.mark.parametrize("batch,out_layout", [(2, "split"), (2, "rows"), (9, "split")])
+def test_fast_decoder_product_paths_agree(batch, out_layout):
     """``gemv='auto'`` picks the fused path up to MAX_FUSED_BATCH and cuBLAS-style products above; both
     equal ``ESSH.step`` (fp32 model, ring buffer wrapped)."""
     torch.manual_seed(1)
@@ -120,8 +122,10 @@ def test_fast_decoder_product_paths_agree(batch):
     ref = model.allocate_cache(batch, None, state_dtype=torch.float32, kv_dtype=torch.float32)
     with torch.no_grad():
         model(ids, cache=ref)
-    auto = FastDecoder(model, None, batch, cache=copy.deepcopy(ref), backend="torch")
+    auto = FastDecoder(model, None, batch, cache=copy.deepcopy(ref), backend="torch", out_layout=out_layout)
     assert auto.fused_gemv == (batch <= gemv.MAX_FUSED_BATCH)
+    copies = [L.ffn_out_rows for L in auto.layers if L.ffn_out_rows is not None]
+    assert len(copies) == (len(auto.layers) if auto.fused_gemv and out_layout == "rows" else 0)
     other = FastDecoder(model, None, batch, cache=copy.deepcopy(ref), backend="torch",
                         gemv="cublas" if auto.fused_gemv else "fused")
     tok = ids[:, -1]
@@ -133,3 +137,5 @@ def test_fast_decoder_product_paths_agree(batch):
         tok = want.argmax(-1)
     with pytest.raises(ValueError, match="gemv must be"):
         FastDecoder(model, None, batch, gemv="cutlass")
+    with pytest.raises(ValueError, match="out_layout must be"):
+        FastDecoder(model, None, batch, out_layout="cols")

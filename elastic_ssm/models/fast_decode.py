@@ -61,7 +61,8 @@ class _Layer:
     ffn_in: torch.Tensor            # [2 n_ff, D] rows (gate_h, up_h)
     ffn_out: torch.Tensor           # [n_ff, D]
     consts: ModalConstants | None   # S only
-    w_out_rows: torch.Tensor | None  # A only: out [D, D] as F.linear weight (out x in)
+    w_out_rows: torch.Tensor | None  # out x in form of the output product: A: out [D, D] (a view);
+    ffn_out_rows: torch.Tensor | None  # S with out_layout='rows': [D, K P] copies; FFN: [D, n_ff] copy
 
 
 def _residual_mm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -76,13 +77,18 @@ class FastDecoder:
 
     ``cache``: an ``ESSHCache`` of this tier and batch (e.g. after a prefill); allocated if None.
     ``backend``: 'auto' | 'triton' | 'torch' for the fused kernels. ``attention``: 'auto' (SDPA on CUDA,
-    the explicit masked-softmax of ``SlidingWindowAttention.step`` elsewhere) | 'sdpa' | 'math'.
+    the explicit masked-softmax of ``SlidingWindowAttention.step`` elsewhere) | 'sdpa' | 'math' (the torch
+    path of the window step). ``gemv``: 'auto' (fused products up to batch 8) | 'fused' | 'cublas'.
+    ``out_layout`` of the fused path's spectral out- and FFN down-products: 'split' (default) reads the
+    model's input-by-output weights in place, split over their rows with float32 atomics; 'rows' keeps a
+    transposed contiguous copy of those weights for the tier (extra memory: their size) and streams them
+    with the row kernel, each output owned by one program (deterministic summation).
     """
 
     def __init__(self, model, tier: Any = None, batch: int = 1, cache: ESSHCache | None = None,
                  state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
                  backend: str = "auto", attention: str = "auto", gemv: str = "auto",
-                 cuda_graph: bool = False) -> None:
+                 out_layout: str = "split", cuda_graph: bool = False) -> None:
         cfg = model.config
         self.model, self.config = model.eval(), cfg
         self.tier = model.resolve_tier(tier)
@@ -101,6 +107,12 @@ class FastDecoder:
                              f"batch {batch} at {self.tier.name}: allocate it with "
                              "model.allocate_cache(batch, tier)")
         self.cache, self.batch = cache, batch
+        if out_layout not in ("split", "rows"):
+            raise ValueError(f"out_layout must be 'split' or 'rows', got {out_layout!r}")
+        self.out_layout = out_layout
+        if gemv not in ("auto", "fused", "cublas"):
+            raise ValueError(f"gemv must be 'auto', 'fused' or 'cublas', got {gemv!r}")
+        self.fused_gemv = gemv == "fused" or (gemv == "auto" and batch <= MAX_FUSED_BATCH)
         state_dt = next(iter(cache.states.values())).dtype if cache.states else torch.float32
         self.layers = [self._plan(block, state_dt) for block in model.blocks]
         self.head = emb if model.lm_head is None else model.lm_head.weight
@@ -108,9 +120,6 @@ class FastDecoder:
         self.window, self.H, self.hd = cfg.window, cfg.n_heads, cfg.head_dim
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base, self.device)
         self._tokens = torch.zeros(batch, dtype=torch.long, device=self.device)
-        if gemv not in ("auto", "fused", "cublas"):
-            raise ValueError(f"gemv must be 'auto', 'fused' or 'cublas', got {gemv!r}")
-        self.fused_gemv = gemv == "fused" or (gemv == "auto" and batch <= MAX_FUSED_BATCH)
         self._x = torch.zeros(batch, cfg.d_model, dtype=torch.promote_types(self.dtype, torch.float32),
                               device=self.device)
         self._graph: torch.cuda.CUDAGraph | None = None
@@ -119,6 +128,10 @@ class FastDecoder:
             self.capture()
 
     # ---- tier load ------------------------------------------------------------------------------------
+    @property
+    def _row_copies(self) -> bool:
+        return self.out_layout == "rows" and self.fused_gemv
+
     def _plan(self, block, state_dtype: torch.dtype) -> _Layer:
         t, D = self.tier, self.config.d_model
         ffn_in = prefix(block.ffn.w_in, t.n_ff).reshape(2 * t.n_ff, D)
@@ -127,11 +140,13 @@ class FastDecoder:
             mx = block.mixer
             w_in = prefix(mx.in_proj, t.K).reshape(t.K * (mx.P + 3 * mx.M), D)
             w_out = prefix(mx.out_proj, t.K).reshape(t.K * mx.P, D)
-            consts, rows = ModalConstants.from_mixer(mx, t.K, state_dtype), None
+            consts = ModalConstants.from_mixer(mx, t.K, state_dtype)
+            rows = w_out.t().contiguous() if self._row_copies else None
         else:
             w_in, w_out, consts, rows = block.mixer.qkv, block.mixer.out.t(), None, block.mixer.out
+        ffn_rows = ffn_out.t().contiguous() if self._row_copies else None
         return _Layer(block.kind, block.norm1.weight, block.norm2.weight, w_in, w_out, ffn_in, ffn_out,
-                      consts, rows)
+                      consts, rows, ffn_rows)
 
     # ---- one step ---------------------------------------------------------------------------------------
     def _attend(self, i: int, qkv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -159,6 +174,14 @@ class FastDecoder:
         c.positions.add_(1)
         return F.linear(rms_norm(x, self.norm_f, self.eps, be), self.head)
 
+    def _add_product(self, a: torch.Tensor, w: torch.Tensor, w_rows: torch.Tensor | None,
+                     x: torch.Tensor) -> None:
+        """x += a @ w, from the out x in copy ``w_rows`` when the decoder keeps one, else split over rows."""
+        if w_rows is not None:
+            norm_gemv(a, w_rows, out=x, residual=True, backend=self.backend)
+        else:
+            gemv_accumulate(a, w, x, backend=self.backend)
+
     def _step_fused(self) -> torch.Tensor:
         """Small-batch step (``ops.gemv``): float32 residual stream ``self._x``; every pre-norm folded into
         the next product, SwiGLU into the FFN input product, residual adds into the output products."""
@@ -168,11 +191,11 @@ class FastDecoder:
             if L.kind == "S":
                 h = norm_gemv(x, L.w_in, L.norm1, eps, backend=be)         # [B, K(P+3M)]
                 z = spectral_decode_step(h, c.states[i], L.consts, x.dtype, be)
-                gemv_accumulate(z, L.w_out, x, backend=be)
+                self._add_product(z, L.w_out, L.w_out_rows, x)
             else:
                 o = self._attend(i, norm_gemv(x, L.w_in, L.norm1, eps, backend=be), x.dtype)
                 norm_gemv(o, L.w_out_rows, out=x, residual=True, backend=be)
-            gemv_accumulate(norm_swiglu_gemv(x, L.ffn_in, L.norm2, eps, backend=be), L.ffn_out, x, backend=be)
+            self._add_product(norm_swiglu_gemv(x, L.ffn_in, L.norm2, eps, backend=be), L.ffn_out, L.ffn_out_rows, x)
         c.positions.add_(1)
         return norm_gemv(x, self.head, self.norm_f, eps, out_dtype=self.dtype, backend=be)
 
