@@ -79,6 +79,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .data import evaluation_batches, load_corpus, load_tokenizer
+    from .data.tokenizers import measured_bytes_per_token
     from .eval.perplexity import evaluate_tiers, format_evals
     from .models import load_pretrained
 
@@ -87,8 +88,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     tokens = load_corpus(args.data, tok, split=args.split)
     batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.batches))
     tiers = None if args.tiers == "all" else args.tiers.split(",")
-    bpt = args.bytes_per_token or (1.0 if tok.vocab_size <= 260 else 0.0)
-    rows = evaluate_tiers(model, batches, tiers, bytes_per_token=bpt or 1.0)
+    bpt = args.bytes_per_token
+    if not bpt:   # the byte tokenizer: 1; a subword tokenizer: measured on the evaluated text
+        bpt = 1.0 if tok.vocab_size <= 260 else measured_bytes_per_token(tok, tokens)
+        if tok.vocab_size > 260:
+            print(f"bytes per token measured on the evaluation data: {bpt:.4f} (--bytes-per-token overrides)")
+    rows = evaluate_tiers(model, batches, tiers, bytes_per_token=bpt)
     print(format_evals(rows))
     if args.csv:
         with open(args.csv, "w", newline="") as f:
@@ -202,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--seq-len", type=int, default=512, help="tokens per evaluation sequence")
             s.add_argument("--batch-size", type=int, default=8, help="sequences per batch")
             s.add_argument("--batches", type=int, default=16, help="number of batches (fixed windows)")
-            s.add_argument("--bytes-per-token", type=float, default=0.0, help="for BPB with BPE (0: bytes = 1)")
+            s.add_argument("--bytes-per-token", type=float, default=0.0,
+                           help="divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)")
             s.add_argument("--csv", help="also write the table as CSV")
         else:
             s.add_argument("--tier", default="full", help="tier to load ('full', T1..T10, K8 ...)")

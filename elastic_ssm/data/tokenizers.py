@@ -168,6 +168,19 @@ class BPETokenizer:
 Tokenizer = ByteTokenizer | BPETokenizer
 
 
+def measured_bytes_per_token(tokenizer, tokens, max_tokens: int = 1 << 20) -> float:
+    """UTF-8 bytes of the decoded text per token over the first ``max_tokens`` of a token stream.
+
+    The divisor of bits per byte for a subword tokenizer (ES-SSM Sec. 5 reports bits per byte): special
+    tokens (document separators) count as tokens and contribute no bytes. ``tokens``: anything sliceable
+    to a 1-D integer array (``TokenArray``, ``TokenFile``, numpy, a list)."""
+    n = min(len(tokens), int(max_tokens))
+    if n <= 0:
+        raise ValueError("measured_bytes_per_token: no tokens to measure on")
+    ids = np.asarray(tokens[:n]).astype(np.int64).reshape(-1)
+    return len(tokenizer.decode(ids.tolist()).encode("utf-8")) / n
+
+
 def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_frequency: int = 2,
               max_bytes: int | None = None, show_progress: bool = False) -> BPETokenizer:
     """Train a byte-level BPE tokenizer locally and save it as ``out_path`` (a ``tokenizer.json``).
