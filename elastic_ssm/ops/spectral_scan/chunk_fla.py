@@ -26,6 +26,8 @@ import math
 
 import torch
 
+from .chunk_torch import _rotation
+
 
 def _absolute_phase(theta: torch.Tensor, T: int) -> torch.Tensor:
     """``theta t mod 2 pi`` for ``t = 1..T`` in float64: ``[T, K, M]`` (differentiable in theta)."""
@@ -84,9 +86,7 @@ def gla_outputs(
     z = (o.to(wide) - corr * v.to(wide)).to(v.dtype)
     if final_state is None:
         return z, None
-    ang = torch.remainder(theta.double() * T, 2 * math.pi)
-    c, s = torch.cos(ang), torch.sin(ang)
-    rot = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # [K, M, 2, 2]
+    rot = _rotation(theta.double() * T)  # [K, M, 2, 2], phase reduced mod 2 pi in float64
     S = final_state.reshape(B, K, M, 2, P)
     sdt = torch.promote_types(S.dtype, torch.float32)
     return z, torch.matmul(rot.to(sdt), S.to(sdt))  # [B, K, M, 2, P] natural frame
