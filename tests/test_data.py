@@ -296,3 +296,17 @@ def test_palindrome_and_stream():
     assert torch.equal(next(s1)[0], next(s2)[0])
     with pytest.raises(ValueError, match="unknown synthetic task"):
         next(data.synthetic_batches("listops", 1, 8))
+
+
+def test_cap_bytes_cuts_exactly_and_reads_nothing_past_the_cap():
+    from elastic_ssm.data.corpora import cap_bytes
+
+    pulled = []
+
+    def docs():
+        for d in (b"abc", b"defg", b"hi"):
+            pulled.append(d)
+            yield d
+
+    assert list(cap_bytes(docs(), 5)) == [b"abc", b"de"] and pulled == [b"abc", b"defg"]
+    assert list(cap_bytes(["ab", "c"], None)) == ["ab", "c"] and list(cap_bytes([b"x"], 0)) == []

@@ -22,7 +22,7 @@ import gzip
 import hashlib
 import json
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 VAL_FRACTION = 0.02
@@ -116,17 +116,22 @@ def stdlib_corpus(split: str | None = "train", max_bytes: int | None = None,
 
     ``max_bytes`` truncates the corpus (the last document is cut so the total is exactly ``max_bytes``).
     """
-    root, docs, total = stdlib_root(), [], 0
-    for rel in stdlib_split_files(split, include_tests):
-        if max_bytes is not None and total >= max_bytes:
-            break
-        data = (root / rel).read_bytes()
-        if max_bytes is not None:
-            data = data[: max_bytes - total]
-        if data:
-            docs.append(data)
-            total += len(data)
-    return docs
+    root = stdlib_root()
+    files = ((root / rel).read_bytes() for rel in stdlib_split_files(split, include_tests))  # read lazily
+    return [d for d in cap_bytes(files, max_bytes) if d]
+
+
+def cap_bytes(docs: Iterable[str | bytes], max_bytes: int | None) -> Iterator[str | bytes]:
+    """``docs`` until ``max_bytes`` (in ``len`` units) are reached; the last one is cut so the total is exactly
+    ``max_bytes``. No document is read after the cap (``docs`` is consumed lazily). None: no cap."""
+    it, seen = iter(docs), 0
+    while max_bytes is None or seen < max_bytes:   # checked before the next document is pulled
+        d = next(it, None)
+        if d is None:
+            return
+        d = d if max_bytes is None else d[: max_bytes - seen]
+        seen += len(d)
+        yield d
 
 
 def _open_binary(path: Path):

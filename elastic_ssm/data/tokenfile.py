@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpora import iter_documents, stdlib_root
+from .corpora import cap_bytes, iter_documents, stdlib_root
 from .packing import TokenArray, iter_token_chunks, pack_documents
 from .tokenizers import load_tokenizer
 
@@ -212,15 +212,6 @@ def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_b
         tf.check_tokenizer(tok)
         return tf
 
-    def capped(docs):
-        seen = 0
-        for d in docs:
-            if max_bytes is not None and seen >= max_bytes:
-                return
-            d = d if max_bytes is None else d[: max_bytes - seen]
-            seen += len(d)
-            yield d
-
-    arr = pack_documents(capped(iter_documents(source, split, text_field=text_field)), tok)
+    arr = pack_documents(cap_bytes(iter_documents(source, split, text_field=text_field), max_bytes), tok)
     arr.meta.update(source=str(source), split=split, tokenizer=tok.spec)
     return arr

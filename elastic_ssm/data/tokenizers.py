@@ -194,7 +194,7 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least "
                          f"{256 + len(SPECIAL_TOKENS)} (256 bytes + {len(SPECIAL_TOKENS)} specials)")
-    from .corpora import iter_documents
+    from .corpora import cap_bytes, iter_documents
 
     if isinstance(files_or_iterator, (str, Path)):
         docs = iter_documents(files_or_iterator)
@@ -205,14 +205,7 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
     else:
         docs = iter(files_or_iterator)
 
-    def texts():
-        seen = 0
-        for d in docs:
-            if max_bytes is not None and seen >= max_bytes:
-                return
-            d = d if max_bytes is None else d[: max_bytes - seen]
-            seen += len(d)
-            yield _as_text(d)
+    texts = (_as_text(d) for d in cap_bytes(docs, max_bytes))
 
     tok = tk.Tokenizer(tk.models.BPE())
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -220,7 +213,7 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
     trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                      special_tokens=list(SPECIAL_TOKENS), show_progress=show_progress,
                                      initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts(), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp")
