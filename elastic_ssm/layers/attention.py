@@ -24,18 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
-    """cos/sin tables [..., head_dim/2] for integer ``positions`` (phases in float64)."""
-    inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
-    ang = positions.to(torch.float64)[..., None] * inv
-    return ang.cos().to(dtype), ang.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[2i], x[2i+1])... here halves (x[:h/2], x[h/2:]) by the position angle. x [B,H,T,hd]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+from ..ops.rope import apply_rope, rope_cos_sin
 
 
 def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int,

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from ..elastic.slicing import prefix
 from ..ops.gemv import MAX_FUSED_BATCH, gemv_accumulate, norm_gemv, norm_swiglu_gemv
+from ..ops.rope import rope_inv_freq
 from ..ops.spectral_scan.decode_triton import (
     ModalConstants,
     resolve_backend,
@@ -45,7 +46,7 @@ from ..ops.spectral_scan.decode_triton import (
     spectral_decode_step,
     swiglu,
 )
-from ..ops.swa_decode import rope_inv_freq, swa_decode_step
+from ..ops.swa_decode import swa_decode_step
 from .cache import ESSHCache
 
 __all__ = ["FastDecoder"]
@@ -61,8 +62,9 @@ class _Layer:
     ffn_in: torch.Tensor            # [2 n_ff, D] rows (gate_h, up_h)
     ffn_out: torch.Tensor           # [n_ff, D]
     consts: ModalConstants | None   # S only
-    w_out_rows: torch.Tensor | None  # out x in form of the output product: A: out [D, D] (a view);
-    ffn_out_rows: torch.Tensor | None  # S with out_layout='rows': [D, K P] copies; FFN: [D, n_ff] copy
+    w_out_rows: torch.Tensor | None     # mixer output weight, out x in: A: out [D, D] (a view);
+                                        # S: a [D, K P] copy with out_layout='rows', else None
+    ffn_out_rows: torch.Tensor | None   # FFN down weight, out x in: a [D, n_ff] copy with out_layout='rows'
 
 
 def _residual_mm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -117,7 +119,6 @@ class FastDecoder:
         self.layers = [self._plan(block, state_dt) for block in model.blocks]
         self.head = emb if model.lm_head is None else model.lm_head.weight
         self.norm_f, self.eps = model.norm_f.weight, model.norm_f.eps
-        self.window, self.H, self.hd = cfg.window, cfg.n_heads, cfg.head_dim
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base, self.device)
         self._tokens = torch.zeros(batch, dtype=torch.long, device=self.device)
         self._x = torch.zeros(batch, cfg.d_model, dtype=torch.promote_types(self.dtype, torch.float32),

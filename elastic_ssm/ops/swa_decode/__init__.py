@@ -23,6 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..rope import apply_rope, cos_sin, rope_inv_freq
 from ..spectral_scan.decode_triton import resolve_backend
 
 __all__ = ["swa_decode_step", "rope_inv_freq", "MAX_TRITON_BATCH"]
@@ -32,12 +33,7 @@ __all__ = ["swa_decode_step", "rope_inv_freq", "MAX_TRITON_BATCH"]
 MAX_TRITON_BATCH = 8
 
 
-def rope_inv_freq(head_dim: int, base: float, device=None) -> torch.Tensor:
-    """``base ** (-2 i / head_dim)`` for i < head_dim / 2, float64 (the table of ``layers.attention``)."""
-    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
-
-
-def _check(qkv, keys, values, slot_pos, positions) -> tuple[int, int, int, int]:
+def _check(qkv, keys, values, slot_pos, positions) -> None:
     if keys.dim() != 4 or values.shape != keys.shape:
         raise ValueError(f"keys/values must both be [B, H, W, hd], got {tuple(keys.shape)} and "
                          f"{tuple(values.shape)}")
@@ -47,20 +43,13 @@ def _check(qkv, keys, values, slot_pos, positions) -> tuple[int, int, int, int]:
                          f"got {tuple(qkv.shape)}, {tuple(slot_pos.shape)}, {tuple(positions.shape)}")
     if hd % 2:
         raise ValueError(f"head_dim must be even for RoPE, got {hd}")
-    return B, H, W, hd
 
 
 def _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention: str) -> torch.Tensor:
     B, H, W, hd = keys.shape
     q, k, v = qkv.view(B, 3, H, hd).unbind(1)                             # [B, H, hd]
-    ang = positions.to(torch.float64)[:, None] * inv_freq                 # [B, hd/2]
-    cos, sin = ang.cos().to(q.dtype)[:, None], ang.sin().to(q.dtype)[:, None]
-
-    def rope(x):
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
-    q, k = rope(q), rope(k)
+    cos, sin = cos_sin(positions[:, None], inv_freq, q.dtype)            # [B, 1, hd/2]
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     rows, slot = torch.arange(B, device=qkv.device), positions % W
     keys[rows, :, slot] = k.to(keys.dtype)
     values[rows, :, slot] = v.to(values.dtype)
