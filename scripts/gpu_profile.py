@@ -9,6 +9,7 @@ largest entry. Random weights at the preset shapes, like the benchmarks. Writes 
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from elastic_ssm.bench.peers import build_essh  # noqa: E402
 from elastic_ssm.bench.profiling import RunLog  # noqa: E402
 from elastic_ssm.bench.profiling import top_kernels as _top_kernels  # noqa: E402
 from elastic_ssm.config import ESSHConfig  # noqa: E402
+from elastic_ssm.models.fast_decode import FastDecoder  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "gpu_profile_out"))
 log = RunLog(OUT / "profile.txt")
@@ -64,20 +66,29 @@ def train() -> None:
 
 
 def decode() -> None:
-    for preset, tiers, batches in (("1.5b", ("T10", "T1"), (1, 128)), ("370m", ("T10",), (1,))):
-        model = build_essh(ESSHConfig.preset(preset), torch.device("cuda"), torch.bfloat16)
+    """Graph decode per (preset, tier, batch); at batch 1 / T10 every (out_layout, PDL) variant, PDL on vs
+    off checked equal first, and the kernels of the default decoder."""
+    dev = torch.device("cuda")
+    for preset, tiers, batches in (("1.5b", ("T10", "T1"), (1, 128)), ("370m", ("T10", "T1"), (1,))):
+        model = build_essh(ESSHConfig.preset(preset), dev, torch.bfloat16)
         for tier in tiers:
             for B in batches:
-                d = EsshDecoder(model, tier, B, 2048, graph=True)
-                tok = torch.randint(0, 1000, (B,), device="cuda")
-                t = summarize(time_fn(lambda d=d, tok=tok: d.step(tok), 20, 100, torch.device("cuda")))
-                log(f"decode {preset} {tier} B={B} graph: {t['ms']:.3f} ms")
-                if B == 1 and tier == "T10":
-                    top_kernels(lambda d=d, tok=tok: d.step(tok), 12)
-                    d = EsshDecoder(model, tier, B, 2048, graph=True, out_layout="rows")
-                    t = summarize(time_fn(lambda d=d, tok=tok: d.step(tok), 20, 100, torch.device("cuda")))
-                    log(f"decode {preset} {tier} B={B} graph out_layout=rows: {t['ms']:.3f} ms")
-                d = None
+                tok = torch.randint(0, 1000, (B,), device=dev)
+                variants = ([("split", "auto")] if B > 1 or tier != "T10" else
+                            [("split", "auto"), ("split", False), ("rows", True), ("rows", False)])
+                for layout, pdl in variants:
+                    d = EsshDecoder(model, tier, B, 2048, graph=True, out_layout=layout, pdl=pdl)
+                    if pdl is True:   # a copy of the cache through ordinary launches: the same logits
+                        e = FastDecoder(model, tier, B, cache=copy.deepcopy(d.cache), out_layout=layout,
+                                        pdl=False, cuda_graph=True)
+                        err = (d.step(tok).float() - e.step(tok).float()).abs().max().item()
+                        log(f"  check {preset} {tier} {layout}: PDL vs ordinary launch max |diff| {err:.3g}")
+                        e = None
+                    t = summarize(time_fn(lambda d=d, tok=tok: d.step(tok), 20, 100, dev))
+                    log(f"decode {preset} {tier} B={B} graph out_layout={layout} pdl={d.fd.pdl}: {t['ms']:.3f} ms")
+                    if B == 1 and tier == "T10" and pdl == "auto":
+                        top_kernels(lambda d=d, tok=tok: d.step(tok), 12)
+                    d = None
         del model
         torch.cuda.empty_cache()
 

@@ -173,3 +173,33 @@ def test_window_step_triton_equals_torch(B, H, hd):
         o_k = swa_decode_step(qkv, *caches[1], sps[1], pos, inv, backend="triton", out_dtype=torch.float32)
         assert _rel(o_k, o_t) < 1e-2 and torch.equal(sps[0], sps[1])
         pos = pos + 1
+
+
+@pytest.mark.parametrize("graph", [True, False])
+@pytest.mark.parametrize("B,out_layout", [(1, "rows"), (1, "split"), (4, "rows")])
+def test_programmatic_dependent_launch_changes_nothing(graph, B, out_layout):
+    """PDL (ops/pdl.py) only moves kernel starts: with the deterministic row products the logits and the
+    states are bitwise those of ordinary launches; with split products (float32 atomics) equal to rounding;
+    both equal ESSH.step. Graphed and eager, over enough steps for the window ring to wrap."""
+    from elastic_ssm.ops.pdl import pdl_supported
+
+    assert pdl_supported(DEV), "the GPU tests run on Hopper or newer"
+    model = _model()
+    ref = _prefilled(model, B, None, 120, torch.float32)
+    on = FastDecoder(model, None, B, cache=copy.deepcopy(ref), out_layout=out_layout, pdl=True, cuda_graph=graph)
+    off = FastDecoder(model, None, B, cache=copy.deepcopy(ref), out_layout=out_layout, pdl=False,
+                      cuda_graph=graph)
+    assert on.pdl and not off.pdl
+    tok = torch.randint(0, model.config.vocab_size, (B,), device=DEV)
+    for _ in range(12):
+        want = model.step(tok, ref)
+        a, b = on.step(tok).clone(), off.step(tok).clone()
+        if out_layout == "rows":
+            assert torch.equal(a, b)
+        else:
+            assert _rel(a, b) < 1e-6
+        assert _rel(a, want) < 1e-4
+        tok = want.argmax(-1)
+    for i in on.cache.states:
+        assert torch.equal(on.cache.states[i], off.cache.states[i]) or out_layout == "split"
+    assert torch.equal(on.cache.keys[2], off.cache.keys[2]) or out_layout == "split"

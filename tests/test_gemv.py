@@ -68,10 +68,12 @@ for B in (1, 3, 8):
         x, g = torch.randn(B, D), torch.rand(D) + 0.5
         w, w2, wo = torch.randn(N, D).bfloat16(), torch.randn(2 * N, D).bfloat16(), torch.randn(N, D).bfloat16()
         for norm in (g, None):
-            worst = max(worst, rel(gemv.norm_gemv(x, w, norm, backend="triton"),
-                                   gemv.norm_gemv(x, w, norm, backend="torch")))
-        worst = max(worst, rel(gemv.norm_swiglu_gemv(x, w2, g, backend="triton"),
-                               gemv.norm_swiglu_gemv(x, w2, g, backend="torch")))
+            for bk in (None, 32):   # one column tile (the default here) and several (the loop after the first)
+                worst = max(worst, rel(gemv.norm_gemv(x, w, norm, backend="triton", block_k=bk),
+                                       gemv.norm_gemv(x, w, norm, backend="torch")))
+        for bk in (None, 32):
+            worst = max(worst, rel(gemv.norm_swiglu_gemv(x, w2, g, backend="triton", block_k=bk),
+                                   gemv.norm_swiglu_gemv(x, w2, g, backend="torch")))
         r1, r2 = torch.randn(B, N), None
         r2 = r1.clone()
         gemv.norm_gemv(x, w, out=r1, residual=True, backend="triton")
@@ -139,3 +141,23 @@ def test_fast_decoder_product_paths_agree(batch, out_layout):
         FastDecoder(model, None, batch, gemv="cutlass")
     with pytest.raises(ValueError, match="out_layout must be"):
         FastDecoder(model, None, batch, out_layout="cols")
+
+
+def test_programmatic_dependent_launch_is_off_where_unsupported(monkeypatch):
+    """PDL (ops/pdl.py) is a CUDA Hopper feature: 'auto' resolves to off on CPU and in the interpreter,
+    forcing it there is a clear error, and FastDecoder follows the same rule."""
+    import elastic_ssm as es
+    from elastic_ssm.models.fast_decode import FastDecoder
+    from elastic_ssm.ops.pdl import pdl_supported, resolve_pdl
+
+    assert not pdl_supported("cpu") and resolve_pdl("auto", "cpu") is False and resolve_pdl(False, "cpu") is False
+    with pytest.raises(ValueError, match="compute capability"):
+        resolve_pdl(True, "cpu")
+    with pytest.raises(ValueError, match="pdl must be"):
+        resolve_pdl("yes", "cpu")
+    monkeypatch.setenv("ELASTIC_SSM_PDL", "0")
+    assert not pdl_supported("cpu")
+    model = es.ESSH(es.ESSHConfig.preset("tiny")).eval()
+    assert FastDecoder(model, "T2", 1).pdl is False
+    with pytest.raises(ValueError, match="compute capability"):
+        FastDecoder(model, "T2", 1, pdl=True)

@@ -59,6 +59,7 @@ class BenchConfig(ConfigBase):
     device: str = opt("auto", "auto (cuda if available), cuda, cpu")
     decode_backend: str = opt("auto", "fused decode kernels: auto, triton, torch")
     decode_out_layout: str = opt("split", "FastDecoder out_layout of the batch <= 8 products: split, rows")
+    decode_pdl: str = opt("auto", "FastDecoder programmatic dependent launch: auto (Hopper+), on, off")
     peak_tflops: float = opt(989.0, "dense bf16 peak for MFU (H200 SXM datasheet: 989 TFLOP/s)")
     time_budget_s: float = opt(0.0, "skip the remaining entries after this many seconds (0: no limit)")
     out: str = opt("bench_results.json", "JSON output path ('' to skip)")
@@ -74,6 +75,8 @@ class BenchConfig(ConfigBase):
             raise ConfigError(f"BenchConfig.peers: unknown {sorted(bad)}; choose from {_PEERS}")
         if self.decode_out_layout not in ("split", "rows"):
             raise ConfigError(f"BenchConfig.decode_out_layout must be split or rows, got {self.decode_out_layout!r}")
+        if self.decode_pdl not in ("auto", "on", "off"):
+            raise ConfigError(f"BenchConfig.decode_pdl must be auto, on or off, got {self.decode_pdl!r}")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"BenchConfig.dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
         modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -86,11 +86,15 @@ def _fill_random(t: torch.Tensor, std: float = 0.1) -> None:
         t.normal_(std=std)
 
 
+#: BenchConfig.decode_pdl -> FastDecoder(pdl=...)
+_PDL = {"auto": "auto", "on": True, "off": False}
+
+
 class EsshDecoder:
     """ESSH at a tier: ``FastDecoder`` (``fused=True``) or the reference ``model.step`` (unfused control)."""
 
     def __init__(self, model, tier, batch: int, context: int, graph: bool, fused: bool = True,
-                 backend: str = "auto", out_layout: str = "split") -> None:
+                 backend: str = "auto", out_layout: str = "split", pdl: bool | str = "auto") -> None:
         cache = model.allocate_cache(batch, tier, state_dtype=torch.float32,
                                      kv_dtype=model.embed.weight.dtype)
         W = model.config.window
@@ -100,8 +104,8 @@ class EsshDecoder:
         cache.slot_pos[:, last % W] = last
         cache.positions.fill_(context)
         self.model, self.cache, self.fused = model, cache, fused
-        self.fd = (FastDecoder(model, tier, batch, cache=cache, backend=backend, out_layout=out_layout)
-                   if fused else None)
+        self.fd = (FastDecoder(model, tier, batch, cache=cache, backend=backend, out_layout=out_layout,
+                               pdl=pdl) if fused else None)
         if graph:
             if not fused:
                 raise ValueError("the reference ESSH.step synchronises with the host; it runs eager only")
@@ -208,7 +212,8 @@ def decode_suite(r, out: list) -> None:
                         "mode": "graph" if g else "eager"}
                 make = lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg,
                                                             backend=cfg.decode_backend,
-                                                            out_layout=cfg.decode_out_layout)
+                                                            out_layout=cfg.decode_out_layout,
+                                                            pdl=_PDL[cfg.decode_pdl])
                 fn = lambda make=make, B=B, g=g: bench_decode(make, B, g, cfg.warmup, cfg.iters, V, dev,
                                                               cfg.sessions)
                 r.run(out, base, fn)

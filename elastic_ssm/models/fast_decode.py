@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from ..elastic.slicing import prefix
 from ..ops.gemv import MAX_FUSED_BATCH, gemv_accumulate, norm_gemv, norm_swiglu_gemv
+from ..ops.pdl import resolve_pdl
 from ..ops.rope import rope_inv_freq
 from ..ops.spectral_scan.decode_triton import (
     ModalConstants,
@@ -85,18 +86,22 @@ class FastDecoder:
     model's input-by-output weights in place, split over their rows with float32 atomics; 'rows' keeps a
     transposed contiguous copy of those weights for the tier (extra memory: their size) and streams them
     with the row kernel, each output owned by one program (deterministic summation).
+    ``pdl``: launch the Triton kernels with programmatic dependent launch (``ops/pdl.py``): each kernel
+    starts streaming its weights while the previous one finishes. 'auto' (default) = on for CUDA devices
+    of compute capability >= 9.0 with the Triton backend; True / False force it.
     """
 
     def __init__(self, model, tier: Any = None, batch: int = 1, cache: ESSHCache | None = None,
                  state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
                  backend: str = "auto", attention: str = "auto", gemv: str = "auto",
-                 out_layout: str = "split", cuda_graph: bool = False) -> None:
+                 out_layout: str = "split", pdl: bool | str = "auto", cuda_graph: bool = False) -> None:
         cfg = model.config
         self.model, self.config = model.eval(), cfg
         self.tier = model.resolve_tier(tier)
         emb = model.embed.weight
         self.device, self.dtype = emb.device, emb.dtype
         self.backend = resolve_backend(backend, self.device)
+        self.pdl = resolve_pdl(pdl, self.device) and self.backend == "triton"
         if attention not in ("auto", "sdpa", "math"):
             raise ValueError(f"attention must be 'auto', 'sdpa' or 'math', got {attention!r}")
         if attention == "auto":
@@ -154,7 +159,7 @@ class FastDecoder:
         """qkv [B, 3D] -> attention output [B, D] (RoPE, ring write, window softmax: ``ops.swa_decode``)."""
         c = self.cache
         return swa_decode_step(qkv, c.keys[i], c.values[i], c.slot_pos, c.positions, self.inv_freq,
-                               self.backend, self.attention, out_dtype)
+                               self.backend, self.attention, out_dtype, pdl=self.pdl)
 
     def _step_impl(self) -> torch.Tensor:
         return self._step_fused() if self.fused_gemv else self._step_cublas()
@@ -179,26 +184,27 @@ class FastDecoder:
                      x: torch.Tensor) -> None:
         """x += a @ w, from the out x in copy ``w_rows`` when the decoder keeps one, else split over rows."""
         if w_rows is not None:
-            norm_gemv(a, w_rows, out=x, residual=True, backend=self.backend)
+            norm_gemv(a, w_rows, out=x, residual=True, backend=self.backend, pdl=self.pdl)
         else:
-            gemv_accumulate(a, w, x, backend=self.backend)
+            gemv_accumulate(a, w, x, backend=self.backend, pdl=self.pdl)
 
     def _step_fused(self) -> torch.Tensor:
         """Small-batch step (``ops.gemv``): float32 residual stream ``self._x``; every pre-norm folded into
         the next product, SwiGLU into the FFN input product, residual adds into the output products."""
-        c, be, eps, x = self.cache, self.backend, self.eps, self._x
+        c, be, eps, x, pdl = self.cache, self.backend, self.eps, self._x, self.pdl
         x.copy_(F.embedding(self._tokens, self.model.embed.weight))       # [B, D] float32
         for i, L in enumerate(self.layers):
             if L.kind == "S":
-                h = norm_gemv(x, L.w_in, L.norm1, eps, backend=be)         # [B, K(P+3M)]
-                z = spectral_decode_step(h, c.states[i], L.consts, x.dtype, be)
+                h = norm_gemv(x, L.w_in, L.norm1, eps, backend=be, pdl=pdl)           # [B, K(P+3M)]
+                z = spectral_decode_step(h, c.states[i], L.consts, x.dtype, be, pdl=pdl)
                 self._add_product(z, L.w_out, L.w_out_rows, x)
             else:
-                o = self._attend(i, norm_gemv(x, L.w_in, L.norm1, eps, backend=be), x.dtype)
-                norm_gemv(o, L.w_out_rows, out=x, residual=True, backend=be)
-            self._add_product(norm_swiglu_gemv(x, L.ffn_in, L.norm2, eps, backend=be), L.ffn_out, L.ffn_out_rows, x)
+                o = self._attend(i, norm_gemv(x, L.w_in, L.norm1, eps, backend=be, pdl=pdl), x.dtype)
+                norm_gemv(o, L.w_out_rows, out=x, residual=True, backend=be, pdl=pdl)
+            a = norm_swiglu_gemv(x, L.ffn_in, L.norm2, eps, backend=be, pdl=pdl)
+            self._add_product(a, L.ffn_out, L.ffn_out_rows, x)
         c.positions.add_(1)
-        return norm_gemv(x, self.head, self.norm_f, eps, out_dtype=self.dtype, backend=be)
+        return norm_gemv(x, self.head, self.norm_f, eps, out_dtype=self.dtype, backend=be, pdl=pdl)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

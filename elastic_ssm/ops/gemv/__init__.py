@@ -67,8 +67,13 @@ def _use_triton(backend: str, x: torch.Tensor, *ts: torch.Tensor) -> bool:
             and _wide(x, *ts) == torch.float32)
 
 
+def _launch_opts(pdl: bool) -> dict:
+    """Launch keywords: programmatic dependent launch when asked (``ops/pdl.py``)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
 def _rows(x, w, g, y, eps, swiglu: bool, residual: bool, n_out: int, block_n: int | None,
-          block_k: int | None, num_warps: int | None) -> None:
+          block_k: int | None, num_warps: int | None, pdl: bool = False) -> None:
     """Launch ``rows_gemv_kernel``. Default tile: 4 outputs x min(D, 1024 / batch block) columns, 4 warps —
     the fastest of the configurations swept on an H200 for every 370m / 1.5b projection at batch 1
     (``scripts/gpu_gemv_sweep.py``; Triton's autotuner, which times with the weights hot in L2, picked
@@ -80,15 +85,18 @@ def _rows(x, w, g, y, eps, swiglu: bool, residual: bool, n_out: int, block_n: in
     bn, bk = block_n or 4, block_k or max(32, min(_pow2(D), 1024 // bb))
     rows_gemv_kernel[(_cdiv(n_out, bn),)](x, g if g is not None else x, w, y, B, n_out, D, x.stride(0),
                                           w.stride(0), y.stride(0), eps, HAS_NORM=g is not None, SWIGLU=swiglu,
-                                          RESIDUAL=residual, BLOCK_B=bb, BLOCK_N=bn, BLOCK_K=bk,
-                                          num_warps=num_warps or 4)
+                                          RESIDUAL=residual, BLOCK_B=bb, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
+                                          num_warps=num_warps or 4, **_launch_opts(pdl))
 
 
 def norm_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
               out: torch.Tensor | None = None, residual: bool = False, out_dtype: torch.dtype | None = None,
               backend: str = "auto", block_n: int | None = None, block_k: int | None = None,
-              num_warps: int | None = None) -> torch.Tensor:
+              num_warps: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``y [B, N] = rmsnorm(x; norm_weight) @ w.T`` (no norm when ``norm_weight`` is None).
+
+    ``pdl``: launch the Triton kernel with programmatic dependent launch (``ops/pdl.py``; Hopper and
+    newer, see ``ops.pdl.resolve_pdl``); ignored on the torch path. The same for the other two ops.
 
     With ``residual=True`` the product is added into ``out`` (e.g. the float32 residual stream) in place;
     ``out`` must then be a different tensor than ``x``. x [B, D] any float dtype; w [N, D].
@@ -101,7 +109,7 @@ def norm_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None
         out = torch.empty(B, N, dtype=out_dtype or _wide(x, w), device=x.device)
     if _use_triton(backend, x, w):
         _rows(x if x.stride(1) == 1 else x.contiguous(), w, norm_weight, out, eps, False, residual, N,
-              block_n, block_k, num_warps)
+              block_n, block_k, num_warps, pdl)
         return out
     dt = _wide(x, w)
     y = _normed(x, norm_weight, eps, dt) @ w.to(dt).t()
@@ -115,7 +123,7 @@ def norm_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None
 def norm_swiglu_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None,
                      eps: float = 1e-6, out_dtype: torch.dtype | None = None, backend: str = "auto",
                      block_n: int | None = None, block_k: int | None = None,
-                     num_warps: int | None = None) -> torch.Tensor:
+                     num_warps: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``a [B, F] = silu(u W_g^T) * (u W_u^T)``, u = rmsnorm(x), w [2F, D] with rows (gate_f, up_f) at
     (2f, 2f+1) — the row layout of ``SwiGLU.w_in`` ``[F, 2, D]`` flattened (a prefix of F units)."""
     _check(x, w, "norm_swiglu_gemv")
@@ -126,7 +134,7 @@ def norm_swiglu_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor
     if _use_triton(backend, x, w):
         out = torch.empty(B, F2, dtype=out_dtype or dt, device=x.device)
         _rows(x if x.stride(1) == 1 else x.contiguous(), w, norm_weight, out, eps, True, False, F2, block_n,
-              block_k, num_warps)
+              block_k, num_warps, pdl)
         return out
     h = (_normed(x, norm_weight, eps, dt) @ w.to(dt).t()).unflatten(-1, (F2, 2))
     return (F.silu(h[..., 0]) * h[..., 1]).to(out_dtype or dt)
@@ -134,7 +142,7 @@ def norm_swiglu_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor
 
 def gemv_accumulate(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, scale: float = 1.0,
                     backend: str = "auto", block_n: int | None = None, block_d: int | None = None,
-                    split: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+                    split: int | None = None, num_warps: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``x += scale * a @ w`` in place: a [B, N], w [N, D] (input x output, unit stride along D), x [B, D]
     contiguous, float32 (or float64 on the torch path). Returns x. The Triton path splits N across
     programs and adds with atomics."""
@@ -162,6 +170,6 @@ def gemv_accumulate(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, scale: fl
     rows = _cdiv(_cdiv(N, split), bn) * bn          # rows per split, a whole number of row tiles
     split = _cdiv(N, rows)
     cols_gemv_kernel[(n_col, split)](a, w, x, B, N, D, a.stride(0), w.stride(0), x.stride(0),
-                                             float(scale), ROWS=rows, BLOCK_B=bb, BLOCK_N=bn, BLOCK_D=bd,
-                                             num_warps=num_warps or 4)
+                                     float(scale), ROWS=rows, BLOCK_B=bb, BLOCK_N=bn, BLOCK_D=bd, PDL=pdl,
+                                     num_warps=num_warps or 4, **_launch_opts(pdl))
     return x

@@ -132,10 +132,14 @@ def _swiglu_torch(h: torch.Tensor) -> torch.Tensor:
 def _kernels(interpret: bool):
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def spectral_step_kernel(h_ptr, state_ptr, out_ptr, tab_ptr, beta_ptr, K, P, M, stride_h, stride_o,
-                             eps, scale, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr):
+                             eps, scale, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch (ops/pdl.py): nothing is read before the wait
+            gdc_launch_dependents()
+            gdc_wait()
         pid = tl.program_id(0)
         b = pid // K
         k = pid % K
@@ -201,7 +205,7 @@ def _pow2(n: int, lo: int = 1) -> int:
     return max(lo, 1 << (int(n) - 1).bit_length())
 
 
-def _spectral_step_triton(h, state, c: ModalConstants, out_dtype):
+def _spectral_step_triton(h, state, c: ModalConstants, out_dtype, pdl: bool = False):
     if state.dtype != torch.float32 or not state.is_contiguous():
         raise ValueError("the Triton decode step needs a contiguous float32 state [B, K, M, 2, P]")
     B = h.shape[0]
@@ -209,13 +213,17 @@ def _spectral_step_triton(h, state, c: ModalConstants, out_dtype):
     out = torch.empty(B, c.K * c.P, dtype=out_dtype or h.dtype, device=h.device)
     kern = _kernels(_interpret())[0]
     kern[(B * c.K,)](h, state, out, c.table, c.beta, c.K, c.P, c.M, h.stride(0), out.stride(0), c.eps,
-                     c.scale, BLOCK_P=_pow2(c.P, 16), BLOCK_M=_pow2(c.M, 2), num_warps=2 if c.P <= 32 else 4)
+                     c.scale, BLOCK_P=_pow2(c.P, 16), BLOCK_M=_pow2(c.M, 2), PDL=pdl,
+                     num_warps=2 if c.P <= 32 else 4, **({"launch_pdl": True} if pdl else {}))
     return out
 
 
 def spectral_decode_step(h: torch.Tensor, state: torch.Tensor, consts: ModalConstants,
-                         out_dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
+                         out_dtype: torch.dtype | None = None, backend: str = "auto",
+                         pdl: bool = False) -> torch.Tensor:
     """One recurrent step of a whole spectral layer (see module docstring).
+
+    ``pdl``: launch the Triton kernel with programmatic dependent launch (``ops/pdl.py``).
 
     h [B, K (P + 3M)] raw ``in_proj`` output (any float dtype); state [B, K, M, 2, P] updated in place;
     returns ``K^{-1/2} z`` [B, K P] in ``out_dtype`` (default ``h.dtype``), ready for ``out_proj``.
@@ -227,7 +235,7 @@ def spectral_decode_step(h: torch.Tensor, state: torch.Tensor, consts: ModalCons
         want = (h.shape[0], K, M, 2, P)
         raise ValueError(f"state must be [B, K, M, 2, P] = {want}, got {tuple(state.shape)}")
     if resolve_backend(backend, h.device) == "triton" and state.dtype == torch.float32:
-        return _spectral_step_triton(h, state, consts, out_dtype)
+        return _spectral_step_triton(h, state, consts, out_dtype, pdl)
     return spectral_step_torch(h, state, consts, out_dtype)
 
 

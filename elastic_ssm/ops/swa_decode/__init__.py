@@ -67,7 +67,8 @@ def _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention: str
     return o.reshape(B, H * hd)
 
 
-def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, chunk: int | None):
+def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, chunk: int | None,
+                 pdl: bool = False):
     from .triton_kernels import swa_combine_kernel, swa_partial_kernel
 
     B, H, W, hd = keys.shape
@@ -79,28 +80,31 @@ def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, ch
     m = torch.empty(B * H * S, dtype=torch.float32, device=qkv.device)
     lsum = torch.empty_like(m)
     acc = torch.empty(B * H * S, hd, dtype=torch.float32, device=qkv.device)
+    opts = {"launch_pdl": True} if pdl else {}
     swa_partial_kernel[(B * H, S)](qkv, keys, values, slot_pos, positions, inv_freq, m, lsum, acc, H,
                                    qkv.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
                                    slot_pos.stride(0), 1.0 / math.sqrt(hd), W=W, HD=hd, CHUNK=chunk, S=S,
-                                   BLOCK_W=min(64, chunk), num_warps=4)
+                                   BLOCK_W=min(64, chunk), PDL=pdl, num_warps=4, **opts)
     out = torch.empty(B, H * hd, dtype=out_dtype, device=qkv.device)
     swa_combine_kernel[(B * H,)](m, lsum, acc, out, H, out.stride(0), HD=hd, S=S,
-                                 BLOCK_S=1 << max(0, S - 1).bit_length(), num_warps=4)
+                                 BLOCK_S=1 << max(0, S - 1).bit_length(), PDL=pdl, num_warps=4, **opts)
     return out
 
 
 def swa_decode_step(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_pos: torch.Tensor,
                     positions: torch.Tensor, inv_freq: torch.Tensor, backend: str = "auto",
                     attention: str = "math", out_dtype: torch.dtype | None = None,
-                    chunk: int | None = None) -> torch.Tensor:
+                    chunk: int | None = None, pdl: bool = False) -> torch.Tensor:
     """Attention output ``o [B, H hd]`` of one token per row (see module docstring); updates ``keys``,
     ``values`` [B, H, W, hd] and ``slot_pos`` [B, W] in place. ``positions`` [B] int64 are the tokens'
     positions (not advanced here); ``inv_freq`` from :func:`rope_inv_freq` (float64, on the device).
-    ``attention`` ('math' | 'sdpa') picks the torch path's kernel; ``chunk`` the Triton window split."""
+    ``attention`` ('math' | 'sdpa') picks the torch path's kernel; ``chunk`` the Triton window split;
+    ``pdl`` launches the Triton kernels with programmatic dependent launch (``ops/pdl.py``)."""
     _check(qkv, keys, values, slot_pos, positions)
     use_triton = (resolve_backend(backend, qkv.device) == "triton" and qkv.dtype != torch.float64
                   and qkv.shape[0] <= MAX_TRITON_BATCH
                   and keys.shape[3] & (keys.shape[3] - 1) == 0)          # power-of-two head dim
     if use_triton:
-        return _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype or qkv.dtype, chunk)
+        return _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype or qkv.dtype, chunk,
+                            pdl)
     return _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention).to(out_dtype or qkv.dtype)
