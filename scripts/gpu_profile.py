@@ -77,18 +77,22 @@ def decode() -> None:
                 variants = ([("split", "auto")] if B > 1 or tier != "T10" else
                             [("split", "auto"), ("split", False), ("rows", True), ("rows", False)])
                 for layout, pdl in variants:
-                    d = EsshDecoder(model, tier, B, 2048, graph=True, out_layout=layout, pdl=pdl)
-                    if pdl is True:   # a copy of the cache through ordinary launches: the same logits
-                        e = FastDecoder(model, tier, B, cache=copy.deepcopy(d.cache), out_layout=layout,
-                                        pdl=False, cuda_graph=True)
-                        err = (d.step(tok).float() - e.step(tok).float()).abs().max().item()
-                        log(f"  check {preset} {tier} {layout}: PDL vs ordinary launch max |diff| {err:.3g}")
-                        e = None
-                    t = summarize(time_fn(lambda d=d, tok=tok: d.step(tok), 20, 100, dev))
-                    log(f"decode {preset} {tier} B={B} graph out_layout={layout} pdl={d.fd.pdl}: {t['ms']:.3f} ms")
-                    if B == 1 and tier == "T10" and pdl == "auto":
-                        top_kernels(lambda d=d, tok=tok: d.step(tok), 12)
-                    d = None
+                    try:
+                        d = EsshDecoder(model, tier, B, 2048, graph=True, out_layout=layout, pdl=pdl)
+                        if pdl is True:   # a copy of the cache through ordinary launches: the same logits
+                            e = FastDecoder(model, tier, B, cache=copy.deepcopy(d.cache), out_layout=layout,
+                                            pdl=False, cuda_graph=True)
+                            err = (d.step(tok).float() - e.step(tok).float()).abs().max().item()
+                            log(f"  check {preset} {tier} {layout}: PDL vs ordinary launch max |diff| {err:.3g}")
+                            e = None
+                        t = summarize(time_fn(lambda d=d, tok=tok: d.step(tok), 20, 100, dev))
+                        log(f"decode {preset} {tier} B={B} graph out_layout={layout} pdl={d.fd.pdl}: {t['ms']:.3f} ms")
+                        if B == 1 and tier == "T10" and pdl == "auto":
+                            top_kernels(lambda d=d, tok=tok: d.step(tok), 12)
+                        d = None
+                    except Exception as e:  # report the variant and go on with the next
+                        log(f"decode {preset} {tier} B={B} {layout} pdl={pdl} failed: {type(e).__name__}: "
+                            f"{str(e)[:300]}")
         del model
         torch.cuda.empty_cache()
 

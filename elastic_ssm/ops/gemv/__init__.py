@@ -77,12 +77,19 @@ def _rows(x, w, g, y, eps, swiglu: bool, residual: bool, n_out: int, block_n: in
     """Launch ``rows_gemv_kernel``. Default tile: 4 outputs x min(D, 1024 / batch block) columns, 4 warps —
     the fastest of the configurations swept on an H200 for every 370m / 1.5b projection at batch 1
     (``scripts/gpu_gemv_sweep.py``; Triton's autotuner, which times with the weights hot in L2, picked
-    slower tiles for the streaming case)."""
+    slower tiles for the streaming case). With ``pdl`` at batch 1 one tile spans all of D (so the program
+    reads its whole weight slab before ``gdc_wait``, ``ops/pdl.py``), with as many outputs per program as
+    keep the slab at 8192 elements (64 per thread at 4 warps)."""
     from .triton_kernels import rows_gemv_kernel
 
     B, D = x.shape
     bb = _pow2(B)
-    bn, bk = block_n or 4, block_k or max(32, min(_pow2(D), 1024 // bb))
+    per_unit = 2 if swiglu else 1                       # weight rows per output
+    if pdl and bb == 1 and block_k is None:
+        bk = _pow2(D)
+        bn = block_n or max(1, min(4, 8192 // (bk * per_unit)))
+    else:
+        bn, bk = block_n or 4, block_k or max(32, min(_pow2(D), 1024 // bb))
     rows_gemv_kernel[(_cdiv(n_out, bn),)](x, g if g is not None else x, w, y, B, n_out, D, x.stride(0),
                                           w.stride(0), y.stride(0), eps, HAS_NORM=g is not None, SWIGLU=swiglu,
                                           RESIDUAL=residual, BLOCK_B=bb, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,

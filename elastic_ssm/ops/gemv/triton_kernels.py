@@ -50,9 +50,9 @@ def rows_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, B, N, D: tl.constexpr, stride_x
     """N outputs per batch row; with SWIGLU the weight has 2N rows (gate_n, up_n) and N units are written.
 
     One pass over D: the weight tile, the input tile and the input's sum of squares together; the norm is a
-    per-row scalar, so ``W (g x / rms) = (W (g x)) / rms`` is applied once at the end (no prologue). The
-    first weight tile is read before ``gdc_wait`` (``ops/pdl.py``): with PDL it streams while the previous
-    kernel finishes."""
+    per-row scalar, so ``W (g x / rms) = (W (g x)) / rms`` is applied once at the end (no prologue). When
+    one tile covers D (``BLOCK_K >= D``) the program's whole weight slab is read before ``gdc_wait``
+    (``ops/pdl.py``): with PDL it streams while the previous kernel finishes."""
     if PDL:
         gdc_launch_dependents()
     R: tl.constexpr = BLOCK_N * 2 if SWIGLU else BLOCK_N            # weight rows per program
@@ -61,19 +61,24 @@ def rows_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, B, N, D: tl.constexpr, stride_x
     mb = offs_b < B
     offs_r = pid * R + tl.arange(0, R)
     mr = offs_r < N * (2 if SWIGLU else 1)
-    kk = tl.arange(0, BLOCK_K)
-    mk = kk < D
-    w_first = tl.load(w_ptr + offs_r[:, None] * stride_wn + kk[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
-    if PDL:
-        gdc_wait()
     acc = tl.zeros([BLOCK_B, R], tl.float32)
     ss = tl.zeros([BLOCK_B], tl.float32)
-    acc, ss = _rows_tile(acc, ss, x_ptr, g_ptr, offs_b, mb, stride_xb, kk, mk, w_first, HAS_NORM, BLOCK_B)
-    for k0 in range(BLOCK_K, D, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
+    if BLOCK_K >= D:
+        kk = tl.arange(0, BLOCK_K)
         mk = kk < D
         w = tl.load(w_ptr + offs_r[:, None] * stride_wn + kk[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
+        if PDL:
+            gdc_wait()
         acc, ss = _rows_tile(acc, ss, x_ptr, g_ptr, offs_b, mb, stride_xb, kk, mk, w, HAS_NORM, BLOCK_B)
+    else:
+        if PDL:
+            gdc_wait()
+        for k0 in range(0, D, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            mk = kk < D
+            w = tl.load(w_ptr + offs_r[:, None] * stride_wn + kk[None, :], mask=mr[:, None] & mk[None, :],
+                        other=0.0)
+            acc, ss = _rows_tile(acc, ss, x_ptr, g_ptr, offs_b, mb, stride_xb, kk, mk, w, HAS_NORM, BLOCK_B)
     if HAS_NORM:
         acc = acc * (1.0 / tl.sqrt(ss / D + eps))[:, None]
     if SWIGLU:
@@ -88,36 +93,28 @@ def rows_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, B, N, D: tl.constexpr, stride_x
 
 
 @triton.jit
-def _cols_tile(acc, a_ptr, offs_b, mb, stride_ab, nn, mn, w, BLOCK_B: tl.constexpr):
-    av = tl.load(a_ptr + offs_b[:, None] * stride_ab + nn[None, :], mask=mb[:, None] & mn[None, :],
-                 other=0.0).to(tl.float32)
-    return acc + tl.sum(av[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
-
-
-@triton.jit
 def cols_gemv_kernel(a_ptr, w_ptr, x_ptr, B, N, D, stride_ab, stride_wn, stride_xb, scale, ROWS: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    """Rows ``[n_start, n_start + ROWS)`` of W times the matching inputs, added into BLOCK_D columns of x;
-    the first row tile of W is read before ``gdc_wait`` (``ops/pdl.py``)."""
+    """Rows ``[n_start, n_start + ROWS)`` of W times the matching inputs, added into BLOCK_D columns of x.
+    With PDL the program only signals and waits (``ops/pdl.py``): the pipelined row-tile loop keeps
+    several weight tiles in flight, which reading one tile before the wait would break."""
     if PDL:
         gdc_launch_dependents()
+        gdc_wait()
     pid_d = tl.program_id(0)
     n_start = tl.program_id(1) * ROWS
     offs_b = tl.arange(0, BLOCK_B)
     mb = offs_b < B
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     md = offs_d < D
-    nn = n_start + tl.arange(0, BLOCK_N)
-    mn = (nn < N) & (tl.arange(0, BLOCK_N) < ROWS)
-    w_first = tl.load(w_ptr + nn[:, None] * stride_wn + offs_d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
-    if PDL:
-        gdc_wait()
     acc = tl.zeros([BLOCK_B, BLOCK_D], tl.float32)
-    acc = _cols_tile(acc, a_ptr, offs_b, mb, stride_ab, nn, mn, w_first, BLOCK_B)
-    for n0 in range(BLOCK_N, ROWS, BLOCK_N):
+    for n0 in range(0, ROWS, BLOCK_N):
         nn = n_start + n0 + tl.arange(0, BLOCK_N)
         mn = (nn < N) & (n0 + tl.arange(0, BLOCK_N) < ROWS)
-        w = tl.load(w_ptr + nn[:, None] * stride_wn + offs_d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
-        acc = _cols_tile(acc, a_ptr, offs_b, mb, stride_ab, nn, mn, w, BLOCK_B)
+        av = tl.load(a_ptr + offs_b[:, None] * stride_ab + nn[None, :], mask=mb[:, None] & mn[None, :],
+                     other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + nn[:, None] * stride_wn + offs_d[None, :], mask=mn[:, None] & md[None, :],
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(av[:, :, None] * w[None, :, :], axis=1)
     tl.atomic_add(x_ptr + offs_b[:, None] * stride_xb + offs_d[None, :], acc * scale,
                   mask=mb[:, None] & md[None, :], sem="relaxed")
