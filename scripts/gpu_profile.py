@@ -74,8 +74,8 @@ def decode() -> None:
         for tier in tiers:
             for B in batches:
                 tok = torch.randint(0, 1000, (B,), device=dev)
-                variants = ([("split", "auto")] if B > 1 or tier != "T10" else
-                            [("split", "auto"), ("split", False), ("rows", True), ("rows", False)])
+                variants = ([("auto", "auto")] if B > 1 or tier != "T10" else
+                            [("auto", "auto"), ("split", True), ("split", False), ("rows", True), ("rows", False)])
                 for layout, pdl in variants:
                     try:
                         d = EsshDecoder(model, tier, B, 2048, graph=True, out_layout=layout, pdl=pdl)
@@ -86,7 +86,8 @@ def decode() -> None:
                             log(f"  check {preset} {tier} {layout}: PDL vs ordinary launch max |diff| {err:.3g}")
                             e = None
                         t = summarize(time_fn(lambda d=d, tok=tok: d.step(tok), 20, 100, dev))
-                        log(f"decode {preset} {tier} B={B} graph out_layout={layout} pdl={d.fd.pdl}: {t['ms']:.3f} ms")
+                        log(f"decode {preset} {tier} B={B} graph out_layout={layout} ({d.fd.out_layout}) "
+                            f"pdl={d.fd.pdl}: {t['ms']:.3f} ms")
                         if B == 1 and tier == "T10" and pdl == "auto":
                             top_kernels(lambda d=d, tok=tok: d.step(tok), 12)
                         d = None

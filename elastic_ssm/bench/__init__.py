@@ -58,7 +58,8 @@ class BenchConfig(ConfigBase):
     dtype: str = opt("auto", "weights / KV dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float32")
     device: str = opt("auto", "auto (cuda if available), cuda, cpu")
     decode_backend: str = opt("auto", "fused decode kernels: auto, triton, torch")
-    decode_out_layout: str = opt("split", "FastDecoder out_layout of the batch <= 8 products: split, rows")
+    decode_out_layout: str = opt("auto", "FastDecoder out_layout of the batch <= 8 products: auto (rows with "
+                                 "PDL, else split), split, rows")
     decode_pdl: str = opt("auto", "FastDecoder programmatic dependent launch: auto (Hopper+), on, off")
     peak_tflops: float = opt(989.0, "dense bf16 peak for MFU (H200 SXM datasheet: 989 TFLOP/s)")
     time_budget_s: float = opt(0.0, "skip the remaining entries after this many seconds (0: no limit)")
@@ -73,8 +74,9 @@ class BenchConfig(ConfigBase):
         bad = set(self.peers) - set(_PEERS)
         if bad:
             raise ConfigError(f"BenchConfig.peers: unknown {sorted(bad)}; choose from {_PEERS}")
-        if self.decode_out_layout not in ("split", "rows"):
-            raise ConfigError(f"BenchConfig.decode_out_layout must be split or rows, got {self.decode_out_layout!r}")
+        if self.decode_out_layout not in ("auto", "split", "rows"):
+            raise ConfigError("BenchConfig.decode_out_layout must be auto, split or rows, got "
+                              f"{self.decode_out_layout!r}")
         if self.decode_pdl not in ("auto", "on", "off"):
             raise ConfigError(f"BenchConfig.decode_pdl must be auto, on or off, got {self.decode_pdl!r}")
         if self.dtype not in ("auto", "bfloat16", "float32"):

@@ -94,7 +94,7 @@ class EsshDecoder:
     """ESSH at a tier: ``FastDecoder`` (``fused=True``) or the reference ``model.step`` (unfused control)."""
 
     def __init__(self, model, tier, batch: int, context: int, graph: bool, fused: bool = True,
-                 backend: str = "auto", out_layout: str = "split", pdl: bool | str = "auto") -> None:
+                 backend: str = "auto", out_layout: str = "auto", pdl: bool | str = "auto") -> None:
         cache = model.allocate_cache(batch, tier, state_dtype=torch.float32,
                                      kv_dtype=model.embed.weight.dtype)
         W = model.config.window

@@ -82,10 +82,13 @@ class FastDecoder:
     ``backend``: 'auto' | 'triton' | 'torch' for the fused kernels. ``attention``: 'auto' (SDPA on CUDA,
     the explicit masked-softmax of ``SlidingWindowAttention.step`` elsewhere) | 'sdpa' | 'math' (the torch
     path of the window step). ``gemv``: 'auto' (fused products up to batch 8) | 'fused' | 'cublas'.
-    ``out_layout`` of the fused path's spectral out- and FFN down-products: 'split' (default) reads the
-    model's input-by-output weights in place, split over their rows with float32 atomics; 'rows' keeps a
-    transposed contiguous copy of those weights for the tier (extra memory: their size) and streams them
-    with the row kernel, each output owned by one program (deterministic summation).
+    ``out_layout`` of the fused path's spectral out- and FFN down-products: 'split' reads the model's
+    input-by-output weights in place, split over their rows with float32 atomics; 'rows' keeps a
+    transposed contiguous copy of those weights for the tier (extra memory: their size, 0.86 GB for 1.5b
+    T10 in bf16) and streams them with the row kernel, each output owned by one program (deterministic
+    summation, and with PDL the whole weight slab of a program is read before it waits); 'auto'
+    (default) = 'rows' with PDL, else 'split' (the faster of the two on an H200 in each case,
+    docs/benchmarks.md).
     ``pdl``: launch the Triton kernels with programmatic dependent launch (``ops/pdl.py``): each kernel
     starts streaming its weights while the previous one finishes. 'auto' (default) = on for CUDA devices
     of compute capability >= 9.0 with the Triton backend; True / False force it.
@@ -94,7 +97,7 @@ class FastDecoder:
     def __init__(self, model, tier: Any = None, batch: int = 1, cache: ESSHCache | None = None,
                  state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
                  backend: str = "auto", attention: str = "auto", gemv: str = "auto",
-                 out_layout: str = "split", pdl: bool | str = "auto", cuda_graph: bool = False) -> None:
+                 out_layout: str = "auto", pdl: bool | str = "auto", cuda_graph: bool = False) -> None:
         cfg = model.config
         self.model, self.config = model.eval(), cfg
         self.tier = model.resolve_tier(tier)
@@ -114,9 +117,9 @@ class FastDecoder:
                              f"batch {batch} at {self.tier.name}: allocate it with "
                              "model.allocate_cache(batch, tier)")
         self.cache, self.batch = cache, batch
-        if out_layout not in ("split", "rows"):
-            raise ValueError(f"out_layout must be 'split' or 'rows', got {out_layout!r}")
-        self.out_layout = out_layout
+        if out_layout not in ("auto", "split", "rows"):
+            raise ValueError(f"out_layout must be 'auto', 'split' or 'rows', got {out_layout!r}")
+        self.out_layout = ("rows" if self.pdl else "split") if out_layout == "auto" else out_layout
         if gemv not in ("auto", "fused", "cublas"):
             raise ValueError(f"gemv must be 'auto', 'fused' or 'cublas', got {gemv!r}")
         self.fused_gemv = gemv == "fused" or (gemv == "auto" and batch <= MAX_FUSED_BATCH)
