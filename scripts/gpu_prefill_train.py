@@ -85,9 +85,9 @@ def check() -> None:
     out, gout = _grads(model, ids)
     log(f"check: compiled small forward+backward in {time.monotonic() - t:.1f} s (incl. compile)")
     # fla's float32 products are TF32 (tests/test_compile_gpu.py): its fla-vs-float64 tolerances apply
-    verdict("compiled vs eager ESSH logits (small, fp32, fla)", rel(out, ref), 2e-3)
+    verdict("compiled vs eager ESSH logits (small, fp32, fla)", rel(out, ref), 4e-3)
     worst = max(((rel(gout[n], g), n) for n, g in gref.items()), default=(float("nan"), "-"))
-    verdict(f"compiled vs eager parameter grads ({len(gref)} tensors, worst {worst[1]})", worst[0], 5e-3)
+    verdict(f"compiled vs eager parameter grads ({len(gref)} tensors, worst {worst[1]})", worst[0], 1e-2)
 
     cfg = ESSHConfig.preset("1.5b")
     W, T = cfg.window, 3 * cfg.window
