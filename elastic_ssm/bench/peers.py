@@ -191,9 +191,12 @@ class FlaDecoder:
     """
 
     def __init__(self, model: FlaFFNModel, batch: int, graph: bool, prompt: int = 16) -> None:
-        from fla.models.utils import Cache
-
         from .decode import GraphedStep
+
+        try:   # fla >= 0.5 keeps its cache on transformers' cache layers here; 0.6.0 has no fla.models.utils
+            from fla.models.cache_utils import Cache
+        except ImportError:
+            from fla.models.utils import Cache
 
         self.model, self.cache = model, Cache()
         dev = model.embed.weight.device
