@@ -190,7 +190,11 @@ class FlaDecoder:
     into the tensor the step read from ("pinning"), so replays advance one fixed set of buffers.
     """
 
-    def __init__(self, model: FlaFFNModel, batch: int, graph: bool, prompt: int = 16) -> None:
+    def __init__(self, model: FlaFFNModel, batch: int, graph: bool, prompt: int = 16,
+                 prompt_ids: torch.Tensor | None = None) -> None:
+        """Prefill ``prompt_ids`` [batch, T] (default: ``prompt`` random tokens) into fla's cache; with
+        ``graph`` capture one step (the warm-up steps' state changes are undone, so the next ``step``
+        continues from the prompt)."""
         from .decode import GraphedStep
 
         try:   # fla >= 0.5 keeps its cache on transformers' cache layers here; 0.6.0 has no fla.models.utils
@@ -200,10 +204,26 @@ class FlaDecoder:
 
         self.model, self.cache = model, Cache()
         dev = model.embed.weight.device
+        if prompt_ids is None:
+            prompt_ids = torch.randint(0, model.vocab_size, (batch, prompt), device=dev)
+        if prompt_ids.shape[0] != batch:
+            raise ValueError(f"prompt_ids has {prompt_ids.shape[0]} rows for a decoder of batch {batch}")
         with torch.no_grad():
-            model(torch.randint(0, model.vocab_size, (batch, prompt), device=dev), cache=self.cache)
+            model(prompt_ids, cache=self.cache)
         self._pinned = [dict(layer) for layer in self.cache]
-        self._graph = GraphedStep(self._step, batch, dev) if graph else None
+        self._graph = None
+        if graph:
+            saved = [(t, t.clone()) for t in self._pinned_tensors()]
+            self._graph = GraphedStep(self._step, batch, dev)
+            for t, copy in saved:
+                t.copy_(copy)
+
+    def _pinned_tensors(self) -> list[torch.Tensor]:
+        out = []
+        for layer in self._pinned:
+            for v in layer.values():
+                out += [t for t in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(t, torch.Tensor)]
+        return out
 
     def _repin(self) -> None:
         for layer, old in zip(self.cache, self._pinned):
@@ -231,10 +251,5 @@ class FlaDecoder:
         """Recurrent state never runs out of room."""
 
     def state_bytes(self) -> dict[str, int]:
-        n = 0
-        for layer in self._pinned:
-            for v in layer.values():
-                for t in (v if isinstance(v, (tuple, list)) else (v,)):
-                    if isinstance(t, torch.Tensor):
-                        n += t.numel() * t.element_size()
+        n = sum(t.numel() * t.element_size() for t in self._pinned_tensors())
         return {"recurrent": n, "kv": 0, "total": n}
