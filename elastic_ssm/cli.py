@@ -156,7 +156,8 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import main as bench_main
 
-    return bench_main(args.bench_args)
+    bench_main(args.bench_args)
+    return 0
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
@@ -255,7 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if command is not None and argv[command] == "bench":
+        # everything after "bench" belongs to the harness's own parser (its flags start with "-", which an
+        # argparse REMAINDER positional does not take when they come first)
+        args = parser.parse_args(argv[:command + 1])
+        args.bench_args = argv[command + 1:]
+    else:
+        args = parser.parse_args(argv)
     try:
         return int(args.fn(args) or 0)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:

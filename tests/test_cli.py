@@ -108,3 +108,19 @@ def test_python_resume_refuses_a_different_model(tmp_path):
     with pytest.raises(ValueError, match="different config"):
         train(es.ESSHConfig.preset("tiny", d_ff=128), batches, cfg, resume=True, progress=False, distributed=False)
     assert sorted(p.name for p in (tmp_path / "pretrain").iterdir()) == before     # nothing deleted
+
+
+def test_bench_command_passes_its_flags_to_the_harness(tmp_path, capsys):
+    """``elastic-ssm bench --bench.*``: the harness's flags reach its parser (they start with '-', which an
+    argparse remainder does not take first) and the command exits 0; here the memory benchmark on CPU."""
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--bench.device", "cpu", "--bench.benchmarks", "memory", "--bench.preset", "tiny",
+            "--bench.peers", "transformer", "--bench.out", str(out)]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["memory"]
+    assert {r["model"] for r in rows} == {"essh", "transformer"}
+    assert all(r["match"] for r in rows) and len([r for r in rows if r["model"] == "essh"]) == 10
+    assert main(["--debug", *argv]) == 0
+    with pytest.raises(SystemExit):            # the harness's own help, not the top-level parser's error
+        main(["bench", "--help"])
+    assert "--bench.decode_pdl" in capsys.readouterr().out
