@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Block-size sweep of the fused decode products (``elastic_ssm.ops.gemv``) at the preset shapes, batch 1.
 
-``python3 scripts/gpu_gemv_sweep.py`` on a CUDA machine. For every weight shape of one decode step of the
+``python3 scripts/gpu_gemv_sweep.py [--pdl]`` on a CUDA machine. For every weight shape of one decode step of the
 370m and 1.5b presets it checks each kernel configuration against the torch path, then times it: a CUDA
 graph of ``REPS`` calls, each on a different copy of the weights (more bytes than the L2 holds), replayed
 and timed with events; prints microseconds per call and effective weight bandwidth, next to the cuBLAS
-product (``F.linear`` of a bf16 vector) it replaces, and the best configuration per shape.
+product (``F.linear`` of a bf16 vector) it replaces, and the best configuration per shape. ``--pdl`` sweeps
+the products as ``FastDecoder`` launches them with programmatic dependent launch (``ops/pdl.py``): row
+kernels whose one tile spans D, output products from transposed copies, per (outputs per program, warps).
 """
 
 from __future__ import annotations
@@ -105,6 +107,32 @@ def sweep(name: str, kind: str, N: int, D: int) -> None:
               f"rows from a transposed copy {rows:6.2f} us ({nbytes / rows / 1e6:5.2f} TB/s)", flush=True)
 
 
+PDL_CFGS = [(1, 4), (2, 4), (4, 4), (8, 4), (2, 8), (4, 8), (8, 8)]   # (outputs per program, warps)
+
+
+def sweep_pdl(name: str, kind: str, N: int, D: int) -> None:
+    """Row products launched with PDL (one tile spans D): each (outputs per program, warps) against the
+    default PDL tile and the ordinary launch, in a chain of REPS dependent calls (as in a decode step)."""
+    dev = torch.device("cuda")
+    ws = [torch.randn(N, D, device=dev).bfloat16() * 0.05 for _ in range(REPS)]
+    x, g = torch.randn(1, D, device=dev), torch.rand(D, device=dev) + 0.5
+    op = gemv.norm_gemv if kind == "rows" else gemv.norm_swiglu_gemv
+    ref = op(x, ws[0], g, backend="torch")
+    nbytes = ws[0].numel() * 2
+    best = (1e9, None)
+    for bn, nw in PDL_CFGS:
+        kw = dict(block_n=bn, num_warps=nw, backend="triton", pdl=True)
+        err = rel(op(x, ws[0], g, **kw), ref)
+        if err > 1e-4:
+            print(f"  FAIL {name} {kw}: rel err {err:.2e}", flush=True)
+            continue
+        best = min(best, (timed(lambda i, kw=kw: op(x, ws[i], g, **kw)), (bn, nw)))
+    default = timed(lambda i: op(x, ws[i], g, pdl=True))
+    plain = timed(lambda i: op(x, ws[i], g))
+    print(f"{name:>22} {kind} N={N:6d} D={D} PDL: default {default:6.2f} us ({nbytes / default / 1e6:5.2f} TB/s); "
+          f"best {best[0]:6.2f} us at (outputs, warps) {best[1]}; ordinary launch {plain:6.2f} us", flush=True)
+
+
 def main() -> None:
     shapes = {
         "370m": [("in_proj", "rows", 1664, 896), ("out_proj", "cols", 896, 896), ("ffn_in", "swiglu", 9216, 896),
@@ -113,10 +141,15 @@ def main() -> None:
                  ("ffn_in", "swiglu", 11264, 2048), ("ffn_out", "cols", 5632, 2048), ("qkv", "rows", 6144, 2048),
                  ("head", "rows", 128256, 2048)],
     }
+    pdl = "--pdl" in sys.argv
     for preset, rows in shapes.items():
         for name, kind, N, D in rows:
             try:
-                sweep(f"{preset} {name}", kind, N, D)
+                if pdl:   # the row products as FastDecoder launches them with PDL; output products as rows
+                    sweep_pdl(f"{preset} {name}", "rows" if kind == "cols" else kind, *((D, N) if kind == "cols"
+                                                                                        else (N, D)))
+                else:
+                    sweep(f"{preset} {name}", kind, N, D)
             except Exception as e:  # report and go on
                 print(f"{preset} {name} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
             torch.cuda.empty_cache()
