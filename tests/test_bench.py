@@ -203,3 +203,19 @@ def test_run_log_keeps_every_line(tmp_path, capsys):
     lines = (tmp_path / "sub" / "run.log").read_text().splitlines()
     assert [ln.split("] ", 1)[1] for ln in lines] == ["first", "second"]
     assert "second" in capsys.readouterr().out
+
+
+def test_compiled_bench_compiles_transformer_peer_too(tmp_path):
+    """With ``compile`` the Transformer++ peer is compiled like ESSH (a fair ratio), and every row says so."""
+    cfg = BenchConfig(preset="tiny", benchmarks=("train", "prefill"), tiers=("T10",), prefill_tiers=("T10",),
+                      prefill_lengths=(32,), prefill_warmup=1, prefill_iters=1, train_batch=2, train_seq_len=32,
+                      train_warmup=1, train_steps=1, train_peers=True, peers=("transformer",), compile=True,
+                      out="", device="cpu")
+    res = run_bench(cfg, log=lambda s: None)
+    rows = [r for r in res["train"] + res["prefill"] if r.get("length", 1)]
+    assert {(r["bench"], r["model"]) for r in rows} == {("train", "essh"), ("train", "transformer"),
+                                                       ("prefill", "essh"), ("prefill", "transformer")}
+    for r in rows:
+        assert "error" not in r, r
+        assert r["compiled"] is True, r
+    assert all(r["tok_s"] > 0 for r in res["train"]) and all(r["ktok_s"] > 0 for r in rows if r["bench"] == "prefill")

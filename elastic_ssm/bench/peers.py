@@ -30,8 +30,8 @@ from ..layers.norm import RMSNorm
 from ..models.baselines import TransformerConfig, TransformerPP
 
 __all__ = ["MATCH_TOLERANCE", "PeerUnavailable", "require_fla", "match_ffn_width", "transformer_matched",
-           "build_essh", "build_transformer", "cast_matrices", "fla_status", "FlaFFNModel", "fla_matched",
-           "build_fla", "FlaDecoder"]
+           "peer_forward", "build_essh", "build_transformer", "cast_matrices", "fla_status", "FlaFFNModel",
+           "fla_matched", "build_fla", "FlaDecoder"]
 
 MATCH_TOLERANCE = 0.005
 #: Weight matrices that run in the low-precision dtype; modal tables, gate biases, blend and norm
@@ -92,6 +92,16 @@ def build_transformer(tcfg: TransformerConfig, device: torch.device, dtype: torc
 
 
 # ---- flash-linear-attention peers ---------------------------------------------------------------------
+def peer_forward(model: nn.Module, peer: str, compile: bool, mode: str = "default"):
+    """``(forward, compiled)`` for timing a peer: with ``compile`` our Transformer++ is ``torch.compile``d
+    like ESSH (``BenchConfig.compile``), so compiled ESSH is compared with a compiled Transformer++; fla
+    peers stay eager (their kernels sit behind ``torch.compiler.disable`` and fla tunes them itself)."""
+    if compile and peer == "transformer":
+        kw = {} if mode == "default" else {"mode": mode}
+        return torch.compile(model, dynamic=False, **kw), True
+    return model, False
+
+
 def fla_status() -> dict[str, str | None]:
     """Installed versions of the optional peer libraries (None when absent)."""
     out: dict[str, str | None] = {}

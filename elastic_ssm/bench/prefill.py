@@ -47,7 +47,7 @@ def bench_prefill(forward: Callable[[torch.Tensor], torch.Tensor], length: int, 
 def prefill_suite(r, out: list) -> None:
     """ESSH at ``prefill_tiers`` and every peer at every prompt length."""
     from .decode import _peer_model
-    from .peers import build_essh
+    from .peers import build_essh, peer_forward
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
     model = build_essh(r.mcfg, dev, r.dtype) if cfg.prefill_tiers else None
@@ -68,7 +68,8 @@ def prefill_suite(r, out: list) -> None:
         holder: dict = {}
 
         def build(peer=peer, holder=holder) -> dict:
-            holder["m"], _, info = _peer_model(r, peer)
+            m, _, info = _peer_model(r, peer)
+            holder["m"], holder["compiled"] = peer_forward(m, peer, cfg.compile, cfg.compile_mode)
             holder["params"] = info["params"]
             return {"params": info["params"]}
 
@@ -77,7 +78,7 @@ def prefill_suite(r, out: list) -> None:
         if "m" not in holder:
             continue
         for T in cfg.prefill_lengths:
-            row = {**base, "params": holder["params"], "length": T}
+            row = {**base, "params": holder["params"], "length": T, "compiled": holder["compiled"]}
             r.run(out, row, lambda T=T, m=holder["m"]: bench_prefill(m, T, V, dev, cfg.prefill_warmup,
                                                                      cfg.prefill_iters))
         holder.clear()

@@ -74,7 +74,15 @@ def bench_train(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.
 def train_suite(r, out: list) -> None:
     """ESSH at full capacity (fp32 master weights, bf16 autocast) and, with ``train_peers``, the peers."""
     from ..elastic.tiers import flops_per_token
-    from .peers import build_essh, build_fla, build_transformer, fla_matched, require_fla, transformer_matched
+    from .peers import (
+        build_essh,
+        build_fla,
+        build_transformer,
+        fla_matched,
+        peer_forward,
+        require_fla,
+        transformer_matched,
+    )
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
     kw = dict(batch=cfg.train_batch, seq_len=cfg.train_seq_len, warmup=cfg.train_warmup,
@@ -106,6 +114,8 @@ def train_suite(r, out: list) -> None:
                 info = fla_matched(peer, r.mcfg)
                 model = build_fla(peer, r.mcfg, info["d_ff"], dev, torch.float32)
                 fpt = 2 * info["params"]   # dense-layer estimate: 2 FLOPs per parameter and token
-            return {"params": info["params"], **bench_train(model, model, V, fpt, dev, **kw)}
+            fwd, compiled = peer_forward(model, peer, cfg.compile, cfg.compile_mode)
+            return {"params": info["params"], "compiled": compiled,
+                    **bench_train(model, fwd, V, fpt, dev, compile_loss=compiled, **kw)}
 
         r.run(out, {"bench": "train", "model": peer, "preset": cfg.preset, "tier": "-"}, run_peer)
