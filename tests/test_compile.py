@@ -8,6 +8,9 @@ which the GPU script and tests (``tests/test_compile_gpu.py``) cover instead.
 
 import copy
 import importlib
+import os
+import subprocess
+import sys
 
 import fla_stand_in
 import pytest
@@ -78,21 +81,34 @@ def test_compiled_first_call_traces_without_graph_breaks(monkeypatch):
     assert ("torch", "cpu") in dispatch._announced and (out - ref).abs().max() < 1e-5
 
 
-def test_compiled_essh_inductor_forward():
-    """Inductor's generated CPU code (scalar C++: vectorised kernels double the cold compile time)."""
-    import torch._inductor.config as inductor_config
-    from torch._inductor import cpu_vec_isa
+_INDUCTOR_SCALAR_CHECK = """
+import torch
+import torch._inductor.config as inductor_config
+import elastic_ssm as es
+from elastic_ssm.models.essh import randomize_selective
 
-    model, ids = _tiny(T=24)
-    cpu_vec_isa.valid_vec_isa_list.cache_clear()  # the ISA list is cached with the setting it was built under
-    try:
-        with torch.no_grad(), inductor_config.patch({"cpp.vec_isa_ok": False}):
-            ref = model(ids)
-            es.compile_model(model, fullgraph=True)
-            out = model(ids)
-    finally:
-        cpu_vec_isa.valid_vec_isa_list.cache_clear()
-    assert (out - ref).abs().max() <= 1e-5 * max(1.0, ref.abs().max().item())
+torch.manual_seed(0)
+model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny")), zero_lag=True)
+ids = torch.randint(0, model.config.vocab_size, (2, 24))
+with torch.no_grad(), inductor_config.patch({"cpp.vec_isa_ok": False}):
+    ref = model(ids)
+    es.compile_model(model, fullgraph=True)
+    out = model(ids)
+err = (out - ref).abs().max().item()
+assert err <= 1e-5 * max(1.0, ref.abs().max().item()), err
+print("ok")
+"""
+
+
+def test_compiled_essh_inductor_forward(tmp_path):
+    """Inductor's generated CPU code, scalar C++ (vectorised kernels double the cold compile time). It runs in
+    a process of its own with its own inductor cache: turning the vector ISA off inside the test process
+    left state behind that made a later process load a wrong artifact for the flex test below (max error
+    2.7, torch 2.13 CPU)."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    out = subprocess.run([sys.executable, "-c", _INDUCTOR_SCALAR_CHECK], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
 def _scan_inputs(B=2, T=50, K=3, M=4, P=5):
