@@ -185,7 +185,8 @@ def test_programmatic_dependent_launch_changes_nothing(graph, B, out_layout):
     both equal ESSH.step. Graphed and eager, over enough steps for the window ring to wrap."""
     from elastic_ssm.ops.pdl import pdl_supported
 
-    assert pdl_supported(DEV), "the GPU tests run on Hopper or newer"
+    if not pdl_supported(DEV):
+        pytest.skip("programmatic dependent launch needs compute capability >= 9.0 (Hopper)")
     model = _model()
     ref = _prefilled(model, B, None, 120, torch.float32)
     on = FastDecoder(model, None, B, cache=copy.deepcopy(ref), out_layout=out_layout, pdl=True, cuda_graph=graph)
