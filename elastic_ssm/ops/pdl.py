@@ -17,7 +17,8 @@ Rules every PDL kernel of this package follows (so the chain stays correct trans
   resident or done, so the early-starting successor only competes for free SM slots.
 
 Kernels take a ``PDL: tl.constexpr`` flag; with ``PDL=False`` (CPU interpreter, older GPUs, or
-``ELASTIC_SSM_PDL=0``) the GDC instructions are not emitted and the launch is an ordinary one.
+``ELASTIC_SSM_PDL=0``) the GDC instructions are not emitted and the launch is an ordinary one; launches
+pass ``**launch_options(pdl)``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import os
 
 import torch
 
-__all__ = ["pdl_supported", "resolve_pdl"]
+__all__ = ["pdl_supported", "resolve_pdl", "launch_options"]
 
 
 def pdl_supported(device: torch.device | str) -> bool:
@@ -50,3 +51,8 @@ def resolve_pdl(pdl: bool | str, device: torch.device | str) -> bool:
         raise ValueError("pdl=True needs a CUDA device of compute capability >= 9.0 (Hopper) outside the "
                          "Triton interpreter and ELASTIC_SSM_PDL unset or 1; use pdl='auto' or False")
     return bool(pdl)
+
+
+def launch_options(pdl: bool) -> dict:
+    """Keywords of a Triton launch: ``launch_pdl=True`` when ``pdl`` (an ordinary launch otherwise)."""
+    return {"launch_pdl": True} if pdl else {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..pdl import launch_options
 from ..spectral_scan.decode_triton import resolve_backend
 
 __all__ = ["MAX_FUSED_BATCH", "norm_gemv", "norm_swiglu_gemv", "gemv_accumulate"]
@@ -67,11 +68,6 @@ def _use_triton(backend: str, x: torch.Tensor, *ts: torch.Tensor) -> bool:
             and _wide(x, *ts) == torch.float32)
 
 
-def _launch_opts(pdl: bool) -> dict:
-    """Launch keywords: programmatic dependent launch when asked (``ops/pdl.py``)."""
-    return {"launch_pdl": True} if pdl else {}
-
-
 def _rows(x, w, g, y, eps, swiglu: bool, residual: bool, n_out: int, block_n: int | None,
           block_k: int | None, num_warps: int | None, pdl: bool = False) -> None:
     """Launch ``rows_gemv_kernel``. Default tile: 4 outputs x min(D, 1024 / batch block) columns, 4 warps —
@@ -93,7 +89,7 @@ def _rows(x, w, g, y, eps, swiglu: bool, residual: bool, n_out: int, block_n: in
     rows_gemv_kernel[(_cdiv(n_out, bn),)](x, g if g is not None else x, w, y, B, n_out, D, x.stride(0),
                                           w.stride(0), y.stride(0), eps, HAS_NORM=g is not None, SWIGLU=swiglu,
                                           RESIDUAL=residual, BLOCK_B=bb, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
-                                          num_warps=num_warps or 4, **_launch_opts(pdl))
+                                          num_warps=num_warps or 4, **launch_options(pdl))
 
 
 def norm_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -178,5 +174,5 @@ def gemv_accumulate(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, scale: fl
     split = _cdiv(N, rows)
     cols_gemv_kernel[(n_col, split)](a, w, x, B, N, D, a.stride(0), w.stride(0), x.stride(0),
                                      float(scale), ROWS=rows, BLOCK_B=bb, BLOCK_N=bn, BLOCK_D=bd, PDL=pdl,
-                                     num_warps=num_warps or 4, **_launch_opts(pdl))
+                                     num_warps=num_warps or 4, **launch_options(pdl))
     return x

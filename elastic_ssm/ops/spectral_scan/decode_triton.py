@@ -29,6 +29,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from ..pdl import launch_options
+
 __all__ = ["ModalConstants", "spectral_decode_step", "spectral_step_torch", "rms_norm", "swiglu",
            "triton_available", "resolve_backend"]
 
@@ -214,7 +216,7 @@ def _spectral_step_triton(h, state, c: ModalConstants, out_dtype, pdl: bool = Fa
     kern = _kernels(_interpret())[0]
     kern[(B * c.K,)](h, state, out, c.table, c.beta, c.K, c.P, c.M, h.stride(0), out.stride(0), c.eps,
                      c.scale, BLOCK_P=_pow2(c.P, 16), BLOCK_M=_pow2(c.M, 2), PDL=pdl,
-                     num_warps=2 if c.P <= 32 else 4, **({"launch_pdl": True} if pdl else {}))
+                     num_warps=2 if c.P <= 32 else 4, **launch_options(pdl))
     return out
 
 

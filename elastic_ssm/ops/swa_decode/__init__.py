@@ -23,6 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..pdl import launch_options
 from ..rope import apply_rope, cos_sin, rope_inv_freq
 from ..spectral_scan.decode_triton import resolve_backend
 
@@ -80,7 +81,7 @@ def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, ch
     m = torch.empty(B * H * S, dtype=torch.float32, device=qkv.device)
     lsum = torch.empty_like(m)
     acc = torch.empty(B * H * S, hd, dtype=torch.float32, device=qkv.device)
-    opts = {"launch_pdl": True} if pdl else {}
+    opts = launch_options(pdl)
     swa_partial_kernel[(B * H, S)](qkv, keys, values, slot_pos, positions, inv_freq, m, lsum, acc, H,
                                    qkv.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
                                    slot_pos.stride(0), 1.0 / math.sqrt(hd), W=W, HD=hd, CHUNK=chunk, S=S,
