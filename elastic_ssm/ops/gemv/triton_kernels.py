@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ..pdl_triton import gdc_launch_dependents, gdc_wait, pdl_enter
 
 
 @triton.jit
@@ -98,9 +99,7 @@ def cols_gemv_kernel(a_ptr, w_ptr, x_ptr, B, N, D, stride_ab, stride_wn, stride_
     """Rows ``[n_start, n_start + ROWS)`` of W times the matching inputs, added into BLOCK_D columns of x.
     With PDL the program only signals and waits (``ops/pdl.py``): the pipelined row-tile loop keeps
     several weight tiles in flight, which reading one tile before the wait would break."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_enter(PDL)
     pid_d = tl.program_id(0)
     n_start = tl.program_id(1) * ROWS
     offs_b = tl.arange(0, BLOCK_B)

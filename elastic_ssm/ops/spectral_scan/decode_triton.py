@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -129,78 +128,11 @@ def _swiglu_torch(h: torch.Tensor) -> torch.Tensor:
     return F.silu(g[..., 0]) * g[..., 1]
 
 
-# ---- Triton kernels (defined on first use) ---------------------------------------------------------
-@lru_cache(maxsize=2)
-def _kernels(interpret: bool):
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+def _kernels():
+    """(spectral_step_kernel, rms_norm_kernel, swiglu_kernel), imported on first use (``decode_triton_kernels.py``)."""
+    from . import decode_triton_kernels as k
 
-    @triton.jit
-    def spectral_step_kernel(h_ptr, state_ptr, out_ptr, tab_ptr, beta_ptr, K, P, M, stride_h, stride_o,
-                             eps, scale, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch (ops/pdl.py): nothing is read before the wait
-            gdc_launch_dependents()
-            gdc_wait()
-        pid = tl.program_id(0)
-        b = pid // K
-        k = pid % K
-        op = tl.arange(0, BLOCK_P)
-        om = tl.arange(0, BLOCK_M)
-        mp = op < P
-        mm = om < M
-        row = h_ptr + b * stride_h + k * (P + 3 * M)
-        v0 = tl.load(row + op, mask=mp, other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + k)
-        rms = tl.rsqrt(tl.sum(v0 * v0, 0) / P + eps)
-        v = (1 - beta) * v0 + beta * (v0 * rms)                           # Eq. 23
-        tab = tab_ptr + k * 9 * M + om
-        pre = row + P + om
-        sw = tl.load(pre, mask=mm, other=0.0).to(tl.float32) + tl.load(tab, mask=mm, other=0.0)
-        sr = tl.load(pre + M, mask=mm, other=0.0).to(tl.float32) + tl.load(tab + M, mask=mm, other=0.0)
-        sc = tl.load(pre + 2 * M, mask=mm, other=0.0).to(tl.float32) + tl.load(tab + 2 * M, mask=mm,
-                                                                                other=0.0)
-        w = 2 * tl.sigmoid(sw)
-        r = 2 * tl.sigmoid(sr)
-        decay = tl.load(tab + 3 * M, mask=mm, other=0.0) * tl.sigmoid(-sc)
-        cs = tl.load(tab + 4 * M, mask=mm, other=0.0)
-        sn = tl.load(tab + 5 * M, mask=mm, other=0.0)
-        kc = tl.load(tab + 6 * M, mask=mm, other=0.0)
-        ks = tl.load(tab + 7 * M, mask=mm, other=0.0)
-        akc = tl.load(tab + 8 * M, mask=mm, other=0.0)
-        sbase = state_ptr + (b * K + k) * M * 2 * P
-        idx = om[:, None] * (2 * P) + op[None, :]
-        m2 = mm[:, None] & mp[None, :]
-        h0 = tl.load(sbase + idx, mask=m2, other=0.0)
-        h1 = tl.load(sbase + idx + P, mask=m2, other=0.0)
-        d = decay[:, None]
-        n0 = d * (cs[:, None] * h0 - sn[:, None] * h1) + w[:, None] * v[None, :]   # Eq. 5
-        n1 = d * (sn[:, None] * h0 + cs[:, None] * h1)
-        tl.store(sbase + idx, n0, mask=m2)
-        tl.store(sbase + idx + P, n1, mask=m2)
-        z = tl.sum((r * kc)[:, None] * n0 - (r * ks)[:, None] * n1, 0) - tl.sum(r * w * akc, 0) * v
-        tl.store(out_ptr + b * stride_o + k * P + op, (z * scale).to(out_ptr.dtype.element_ty), mask=mp)
-
-    @triton.jit
-    def rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BLOCK_D: tl.constexpr):
-        b = tl.program_id(0)
-        o = tl.arange(0, BLOCK_D)
-        m = o < D
-        x = tl.load(x_ptr + b * stride_x + o, mask=m, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + o, mask=m, other=0.0).to(tl.float32)
-        y = x * tl.rsqrt(tl.sum(x * x, 0) / D + eps) * w
-        tl.store(y_ptr + b * stride_y + o, y.to(y_ptr.dtype.element_ty), mask=m)
-
-    @triton.jit
-    def swiglu_kernel(h_ptr, y_ptr, N, stride_h, stride_y, BLOCK_N: tl.constexpr):
-        b = tl.program_id(0)
-        o = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        m = o < N
-        g = tl.load(h_ptr + b * stride_h + 2 * o, mask=m, other=0.0).to(tl.float32)
-        u = tl.load(h_ptr + b * stride_h + 2 * o + 1, mask=m, other=0.0).to(tl.float32)
-        tl.store(y_ptr + b * stride_y + o, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=m)
-
-    return spectral_step_kernel, rms_norm_kernel, swiglu_kernel
+    return k.spectral_step_kernel, k.rms_norm_kernel, k.swiglu_kernel
 
 
 def _pow2(n: int, lo: int = 1) -> int:
@@ -213,7 +145,7 @@ def _spectral_step_triton(h, state, c: ModalConstants, out_dtype, pdl: bool = Fa
     B = h.shape[0]
     h = h if h.stride(-1) == 1 else h.contiguous()
     out = torch.empty(B, c.K * c.P, dtype=out_dtype or h.dtype, device=h.device)
-    kern = _kernels(_interpret())[0]
+    kern = _kernels()[0]
     kern[(B * c.K,)](h, state, out, c.table, c.beta, c.K, c.P, c.M, h.stride(0), out.stride(0), c.eps,
                      c.scale, BLOCK_P=_pow2(c.P, 16), BLOCK_M=_pow2(c.M, 2), PDL=pdl,
                      num_warps=2 if c.P <= 32 else 4, **launch_options(pdl))
@@ -248,7 +180,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "
     x = x if x.stride(-1) == 1 else x.contiguous()
     y = torch.empty_like(x)
     B, D = x.shape
-    _kernels(_interpret())[1][(B,)](x, weight, y, D, x.stride(0), y.stride(0), eps, BLOCK_D=_pow2(D, 16),
+    _kernels()[1][(B,)](x, weight, y, D, x.stride(0), y.stride(0), eps, BLOCK_D=_pow2(D, 16),
                                     num_warps=4 if D <= 2048 else 8)
     return y
 
@@ -261,7 +193,7 @@ def swiglu(h: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     B, N = h.shape[0], h.shape[1] // 2
     y = torch.empty(B, N, dtype=h.dtype, device=h.device)
     block = 1024
-    _kernels(_interpret())[2][(B, triton_cdiv(N, block))](h, y, N, h.stride(0), y.stride(0), BLOCK_N=block,
+    _kernels()[2][(B, triton_cdiv(N, block))](h, y, N, h.stride(0), y.stride(0), BLOCK_N=block,
                                                           num_warps=4)
     return y
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ..pdl_triton import pdl_enter
 
 
 @triton.jit
@@ -21,9 +22,7 @@ def swa_partial_kernel(qkv_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, inv_ptr, m_pt
                        stride_qb, stride_kb, stride_kh, stride_kw, stride_sb, sm_scale,
                        W: tl.constexpr, HD: tl.constexpr, CHUNK: tl.constexpr, S: tl.constexpr,
                        BLOCK_W: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # programmatic dependent launch (ops/pdl.py): nothing is read before the wait
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_enter(PDL)  # programmatic dependent launch (ops/pdl.py): nothing is read before the wait
     HALF: tl.constexpr = HD // 2
     bh = tl.program_id(0)
     s = tl.program_id(1)
@@ -97,9 +96,7 @@ def swa_partial_kernel(qkv_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, inv_ptr, m_pt
 @triton.jit
 def swa_combine_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, H, stride_ob, HD: tl.constexpr, S: tl.constexpr,
                        BLOCK_S: tl.constexpr, PDL: tl.constexpr):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_enter(PDL)
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
