@@ -7,7 +7,7 @@ They need a CUDA device and fla installed (its kernels are Triton-only). Run wit
 import pytest
 import torch
 
-from elastic_ssm.bench.peers import FlaDecoder, build_fla, fla_matched
+from elastic_ssm.bench.peers import FlaDecoder, build_fla, fla_matched, fla_training_refused
 from elastic_ssm.bench.train import bench_train
 from elastic_ssm.config import ESSHConfig
 
@@ -47,7 +47,12 @@ def test_gated_deltanet_peer_decodes_its_own_forward(graph):
 
 
 def test_gated_deltanet_peer_trains():
-    """One bench_train run of the peer (fp32 master weights, bf16 autocast): finite timing and MFU."""
+    """One bench_train run of the peer (fp32 master weights, bf16 autocast): finite timing and MFU. Where
+    fla itself refuses the peer's backward (Hopper with Triton 3.4-3.7.0, fla issue #640) the test skips
+    with fla's reason, and the harness records the same reason in the peer's training row."""
+    refused = fla_training_refused("gated_deltanet")
+    if refused:
+        pytest.skip(refused)
     cfg, model = _peer()
     row = bench_train(model, model, cfg.vocab_size, 2 * sum(p.numel() for p in model.parameters()), DEV,
                       batch=2, seq_len=256, warmup=1, steps=2)

@@ -66,7 +66,21 @@ def rel(x, ref):
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 130, 2048])
 @pytest.mark.parametrize("strong", [False, True])
 def test_fla_matches_reference(T, dtype, strong):
-    x = make_inputs(T=T, dtype=dtype, strong=strong, seed=T)
+    check_fla_against_reference(make_inputs(T=T, dtype=dtype, strong=strong, seed=T), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fla_matches_reference_at_preset_widths(dtype):
+    """The channel shape of the 370m and 1.5b presets (P = 64 value columns, M = 8 modes): value tiles of
+    width 64. On Hopper, Triton 3.4-3.7.0 miscompiles a transposed product at tile width 64 in one of fla's
+    gated backward kernels (fla issue #640, Gated DeltaNet); the GLA kernels this scan uses must be right at
+    that width too, forward and backward."""
+    check_fla_against_reference(make_inputs(B=1, T=256, K=4, M=8, P=64, strong=True, dtype=dtype, seed=7),
+                                dtype)
+
+
+def check_fla_against_reference(x, dtype):
+    T = x["v"].shape[1]
     ref_fn = naive_spectral_scan if T <= 256 else chunk_spectral_scan  # chunk fp64 == naive (CPU tests)
     z_ref, h_ref, g_ref = outputs_and_grads(ref_fn, x, upcast=True)
     z, h, grads = outputs_and_grads(spectral_scan, x, backend="fla")

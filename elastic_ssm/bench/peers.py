@@ -131,6 +131,26 @@ def require_fla(kind: str) -> None:
                               "not timed on its fallback")
 
 
+def fla_training_refused(kind: str) -> str | None:
+    """fla's own refusal to train ``kind`` on this device, as a sentence, else None.
+
+    fla 0.6 raises in the Gated DeltaNet backward on Hopper with Triton in [3.4.0, 3.7.1): Triton miscompiles
+    the gated ``chunk_bwd_dqkwg`` kernel there (wrong gradients, fla issue #640) unless the tilelang backend
+    is installed. torch 2.8-2.11 pin Triton 3.4-3.6, so a Hopper with those cannot time the peer's training.
+    Forward-only benchmarks (decode, prefill) are unaffected."""
+    if kind != "gated_deltanet" or importlib.util.find_spec("tilelang") is not None:
+        return None
+    try:
+        from fla import utils as fu
+    except Exception:  # fla absent or broken: require_fla reports it
+        return None
+    if (getattr(fu, "IS_NVIDIA_HOPPER", False) and getattr(fu, "TRITON_ABOVE_3_4_0", False)
+            and not getattr(fu, "TRITON_ABOVE_3_7_1", True)):
+        return ("fla refuses the Gated DeltaNet backward on Hopper with Triton >= 3.4.0 and < 3.7.1 (wrong "
+                "gradients, fla issue #640); install triton>=3.7.1 or tilelang to time its training")
+    return None
+
+
 def _fla_mixer(kind: str, d: int, layer_idx: int) -> nn.Module:
     """fla's mixer at the shapes of its own ~1.3B configs: GDN key width ~0.75 d, value 2x; Mamba-2
     expand 2, head dim 64, state 128 (official settings kept fixed, Table 54)."""

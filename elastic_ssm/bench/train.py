@@ -75,10 +75,12 @@ def train_suite(r, out: list) -> None:
     """ESSH at full capacity (fp32 master weights, bf16 autocast) and, with ``train_peers``, the peers."""
     from ..elastic.tiers import flops_per_token
     from .peers import (
+        PeerUnavailable,
         build_essh,
         build_fla,
         build_transformer,
         fla_matched,
+        fla_training_refused,
         peer_forward,
         require_fla,
         transformer_matched,
@@ -111,6 +113,9 @@ def train_suite(r, out: list) -> None:
                 fpt = tcfg.flops_per_token(cfg.train_seq_len)["total"]
             else:
                 require_fla(peer)
+                refused = fla_training_refused(peer)
+                if refused:
+                    raise PeerUnavailable(refused)
                 info = fla_matched(peer, r.mcfg)
                 model = build_fla(peer, r.mcfg, info["d_ff"], dev, torch.float32)
                 fpt = 2 * info["params"]   # dense-layer estimate: 2 FLOPs per parameter and token
