@@ -17,7 +17,6 @@ computed on the fly in float64 (no buffers, so meta-device construction and load
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import torch
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.rope import apply_rope, rope_cos_sin
+from ..ops.swa_decode import ring_attend
 
 
 def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int,
@@ -167,12 +167,6 @@ class SlidingWindowAttention(nn.Module):
         B, D = x.shape
         q, k, v = self._qkv(x[:, None], positions[:, None])       # [B,H,1,hd]
         cache.write_kv(layer, k, v, positions[:, None], None if valid is None else valid[:, None])
-        kc, vc, slot_pos = cache.kv(layer)                           # [B,H,W,hd], [B,W]
-        diff = positions[:, None] - slot_pos                         # [B,W]
-        allowed = (slot_pos >= 0) & (diff >= 0) & (diff < self.window)
-        scores = (q.to(kc.dtype) @ kc.transpose(-1, -2)) / math.sqrt(self.head_dim)   # [B,H,1,W]
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-        scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
-        p = scores.softmax(-1).to(vc.dtype)
-        o = (p @ vc).to(x.dtype)                                     # [B,H,1,hd]
+        kc, vc, slot_pos = cache.kv(layer)                           # [B,H,W,hd], [B,W] (W = window)
+        o = ring_attend(q, kc, vc, slot_pos, positions).to(x.dtype)  # [B,H,1,hd]
         return F.linear(o.reshape(B, D), self.out)

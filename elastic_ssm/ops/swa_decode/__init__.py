@@ -27,7 +27,7 @@ from ..pdl import launch_options
 from ..rope import apply_rope, cos_sin, rope_inv_freq
 from ..spectral_scan.decode_triton import resolve_backend
 
-__all__ = ["swa_decode_step", "rope_inv_freq", "MAX_TRITON_BATCH"]
+__all__ = ["swa_decode_step", "ring_attend", "rope_inv_freq", "MAX_TRITON_BATCH"]
 
 # Above this batch the window read dominates and SDPA's kernel streams the ring faster than ours
 # (H200, 1.5b, batch 128: 5.01 ms per step with the Triton pair vs 3.67 ms with SDPA).
@@ -55,17 +55,26 @@ def _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention: str
     keys[rows, :, slot] = k.to(keys.dtype)
     values[rows, :, slot] = v.to(values.dtype)
     slot_pos[rows, slot] = positions
+    return ring_attend(q[:, :, None], keys, values, slot_pos, positions, attention).reshape(B, H * hd)
+
+
+def ring_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_pos: torch.Tensor,
+                positions: torch.Tensor, attention: str = "math") -> torch.Tensor:
+    """Softmax attention of one query per row over the ring buffer's allowed slots (module docstring).
+
+    q [B, H, 1, hd] (rotated), keys / values [B, H, W, hd] with the current token already written,
+    slot_pos [B, W], positions [B] -> o [B, H, 1, hd] in ``values.dtype``. ``attention='math'`` computes the
+    scores in at least float32; ``'sdpa'`` hands the masked product to SDPA. The ring length W is the window.
+    """
+    W, hd = keys.shape[2], keys.shape[3]
     diff = positions[:, None] - slot_pos
     allowed = (slot_pos >= 0) & (diff >= 0) & (diff < W)                  # [B, W]
-    qq = q[:, :, None].to(keys.dtype)                                     # [B, H, 1, hd]
+    q = q.to(keys.dtype)
     if attention == "sdpa":
-        o = F.scaled_dot_product_attention(qq, keys, values, attn_mask=allowed[:, None, None])
-    else:
-        s = (qq @ keys.transpose(-1, -2)) / math.sqrt(hd)                 # [B, H, 1, W]
-        s = s.to(torch.promote_types(s.dtype, torch.float32)).masked_fill(~allowed[:, None, None],
-                                                                         float("-inf"))
-        o = s.softmax(-1).to(values.dtype) @ values
-    return o.reshape(B, H * hd)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[:, None, None])
+    s = (q @ keys.transpose(-1, -2)) / math.sqrt(hd)                      # [B, H, 1, W]
+    s = s.to(torch.promote_types(s.dtype, torch.float32)).masked_fill(~allowed[:, None, None], float("-inf"))
+    return s.softmax(-1).to(values.dtype) @ values
 
 
 def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, chunk: int | None,
