@@ -219,3 +219,17 @@ def test_compiled_bench_compiles_transformer_peer_too(tmp_path):
         assert "error" not in r, r
         assert r["compiled"] is True, r
     assert all(r["tok_s"] > 0 for r in res["train"]) and all(r["ktok_s"] > 0 for r in rows if r["bench"] == "prefill")
+
+
+def test_out_of_memory_is_a_row_result_and_other_errors_propagate():
+    from elastic_ssm.bench.decode import oom_as_result
+
+    row: dict = {}
+    with oom_as_result(row, torch.device("cpu"), peak=True):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert row == {"error": "OOM"}
+    row = {}
+    with pytest.raises(ValueError, match="bad shape"):
+        with oom_as_result(row, torch.device("cpu")):
+            raise ValueError("bad shape")
+    assert "error" not in row

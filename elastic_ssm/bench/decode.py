@@ -13,15 +13,16 @@ the cached values, only on their sizes; prefilling 2K tokens for batch 512 would
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 from ..models.fast_decode import FastDecoder
 
-__all__ = ["time_fn", "summarize", "GraphedStep", "EsshDecoder", "TransformerDecoder", "bench_decode"]
+__all__ = ["time_fn", "summarize", "oom_as_result", "GraphedStep", "EsshDecoder", "TransformerDecoder", "bench_decode"]
 
 
 def _sync(device: torch.device) -> None:
@@ -56,6 +57,29 @@ def summarize(times_ms: list[float]) -> dict[str, float]:
     q = statistics.quantiles(times_ms, n=10) if len(times_ms) >= 2 else [times_ms[0]] * 9
     return {"ms": statistics.median(times_ms), "ms_min": min(times_ms), "ms_spread": q[-1] - q[0],
             "n": len(times_ms)}
+
+
+@contextlib.contextmanager
+def oom_as_result(row: dict, device: torch.device, peak: bool = False) -> Iterator[None]:
+    """One benchmark entry: on CUDA the allocator cache is emptied (and with ``peak`` the peak-memory
+    counter reset) before the body; after it ``row["peak_gb"]`` holds the peak allocated decimal GB
+    (``peak``). Out-of-memory in the body becomes ``row["error"] = "OOM"`` instead of an exception; the
+    cache is emptied again afterwards either way. Objects the body keeps in the caller's locals are freed
+    when the caller returns (the next entry empties the cache again)."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        if peak:
+            torch.cuda.reset_peak_memory_stats(device)
+    try:
+        yield
+        if cuda and peak:
+            row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    except torch.OutOfMemoryError:
+        row["error"] = "OOM"
+    finally:
+        if cuda:
+            torch.cuda.empty_cache()
 
 
 class GraphedStep:
@@ -155,8 +179,7 @@ def bench_decode(make: Callable[[int, bool], object], batch: int, graph: bool, w
     ``{"batch", "mode", "error": "OOM" | message}``.
     """
     row: dict = {"batch": batch, "mode": "graph" if graph else "eager"}
-    dec = None
-    try:
+    with oom_as_result(row, device):
         dec = make(batch, graph)
         tokens = torch.randint(0, vocab, (batch,), device=device)
         times: list[float] = []
@@ -166,12 +189,6 @@ def bench_decode(make: Callable[[int, bool], object], batch: int, graph: bool, w
         row.update(summarize(times))
         row["tok_s"] = batch / row["ms"] * 1e3
         row["state_bytes_per_seq"] = dec.state_bytes()["total"] // batch
-    except torch.OutOfMemoryError:
-        row["error"] = "OOM"
-    finally:
-        dec = None
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     return row
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from .decode import summarize, time_fn
+from .decode import oom_as_result, summarize, time_fn
 
 __all__ = ["bench_prefill"]
 
@@ -25,22 +25,11 @@ def bench_prefill(forward: Callable[[torch.Tensor], torch.Tensor], length: int, 
     """Time ``forward(ids [batch, length])``; returns ``{"length", "ms", "ktok_s", "peak_gb", ...}``."""
     row: dict = {"length": length, "batch": batch}
     ids = torch.randint(0, vocab, (batch, length), device=device)
-    try:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
+    with oom_as_result(row, device, peak=True):
         with torch.inference_mode():
             times = time_fn(lambda: forward(ids), warmup, iters, device)
         row.update(summarize(times))
         row["ktok_s"] = batch * length / row["ms"]
-        if device.type == "cuda":
-            row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-    except torch.OutOfMemoryError:
-        row["error"] = "OOM"
-    finally:
-        ids = None
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     return row
 
 

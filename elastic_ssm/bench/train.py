@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .decode import summarize, time_fn
+from .decode import oom_as_result, summarize, time_fn
 
 __all__ = ["PEAK_TFLOPS", "bench_train"]
 
@@ -52,22 +52,13 @@ def bench_train(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.
         opt.zero_grad(set_to_none=True)
 
     try:
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-        row.update(summarize(time_fn(step, warmup, steps, device)))
-        tok_s = batch * seq_len / (row["ms"] / 1e3)
-        row["tok_s"] = tok_s
-        row["mfu"] = 3 * flops_per_token * tok_s / (peak_tflops * 1e12)
-        if cuda:
-            row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-    except torch.OutOfMemoryError:
-        row["error"] = "OOM"
+        with oom_as_result(row, device, peak=True):
+            row.update(summarize(time_fn(step, warmup, steps, device)))
+            tok_s = batch * seq_len / (row["ms"] / 1e3)
+            row["tok_s"] = tok_s
+            row["mfu"] = 3 * flops_per_token * tok_s / (peak_tflops * 1e12)
     finally:
         model.eval()
-        opt = None
-        if cuda:
-            torch.cuda.empty_cache()
     return row
 
 
