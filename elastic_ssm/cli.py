@@ -104,6 +104,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lm_eval(args: argparse.Namespace) -> int:
+    try:
+        from .eval.lm_harness import evaluate_tiers_on_tasks
+    except ImportError as e:
+        raise ConfigError(str(e)) from e
+    from .bench.report import format_table
+
+    tasks = [t for t in args.tasks.split(",") if t]
+    if not tasks:
+        raise ConfigError("--tasks is empty: name at least one lm-eval task (e.g. piqa,hellaswag)")
+    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
+    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers="all" if args.tiers == "all" else
+                                   args.tiers.split(","), tokenizer=args.tokenizer, device=args.device,
+                                   batch_size=args.batch_size, max_length=args.max_length, limit=limit,
+                                   num_fewshot=args.num_fewshot, include_path=args.include_path,
+                                   precision=args.precision)
+    print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {args.csv}")
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
@@ -219,6 +245,22 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
             s.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
             s.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+    s = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks at every tier (needs the eval extra)")
+    s.add_argument("checkpoint", help="model directory")
+    s.add_argument("--tasks", required=True, help="comma-separated lm-eval task names (piqa,hellaswag,...)")
+    s.add_argument("--tiers", default="all", help="'all' or comma-separated tier names")
+    s.add_argument("--tokenizer", default="bytes", help="'bytes' or a tokenizer.json")
+    s.add_argument("--device", default="cpu", help="cpu or cuda")
+    s.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass")
+    s.add_argument("--max-length", type=int, default=2048, help="longest scored input in tokens")
+    s.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
+    s.add_argument("--limit", type=float, default=None,
+                   help="documents per task (>= 1) or a fraction (< 1): a smoke run, not a paper number")
+    s.add_argument("--include-path", default=None, help="folder of extra task YAML files (local tasks)")
+    s.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16 = autocast")
+    s.add_argument("--csv", help="also write the rows as CSV")
+    s.set_defaults(fn=cmd_lm_eval)
 
     s = sub.add_parser("prepare", help="tokenize a corpus into a memory-mapped token file (*.bin + .json)")
     s.add_argument("source", help="'stdlib', a file or folder (txt/jsonl/parquet), or hf:<name>[:cfg][:split]")

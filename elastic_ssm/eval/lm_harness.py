@@ -1,0 +1,256 @@
+"""lm-evaluation-harness adapter: any tier of an elastic model as an lm-eval ``LM``.
+
+The ESSH paper reports zero-shot accuracy of every tier on LAMBADA, HellaSwag, PIQA, ARC-e/c, WinoGrande
+and OpenBookQA with lm-evaluation-harness (Appendix E.4; Tables 1(a), 13 and 15). ``ElasticLM`` serves
+one tier of a shared model (or a standalone export) to the harness; ``evaluate_tiers_on_tasks`` loads the
+model once and runs the same tasks for every requested tier (same prompts, same evaluator: E.4).
+
+    from elastic_ssm.eval.lm_harness import ElasticLM, evaluate_tiers_on_tasks
+    rows = evaluate_tiers_on_tasks("runs/x/final", ["piqa", "hellaswag"], tiers="all", tokenizer="bytes")
+
+or ``lm_eval.simple_evaluate(model=ElasticLM("runs/x/final", tier="T3"), tasks=["piqa"])``. The command
+line is ``elastic-ssm lm-eval CHECKPOINT --tasks piqa,hellaswag --tiers all``. Needs the ``eval`` extra
+(``pip install 'elastic-ssm[eval]'``, lm-eval >= 0.4.9); the harness downloads its datasets itself.
+
+Scoring (``_loglikelihood_tokens``): context + continuation, left-truncated to ``max_length + 1`` tokens,
+run as one causal forward at ``tier`` (right-padded batches, longest first: padding after a row's last
+token cannot change its logits); the log-probability of the continuation is the sum over its tokens, and
+``is_greedy`` is true when every continuation token is the argmax. Rolling log-likelihood (perplexity
+tasks) uses the harness's own disjoint rolling windows of ``max_length`` tokens. ``generate_until`` runs
+the model's cached generation (ESSH only), greedy unless the task asks for sampling, and cuts the text at
+the first stop string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError("the lm-eval adapter needs lm-evaluation-harness: pip install 'elastic-ssm[eval]' "
+                      "(or pip install 'lm-eval>=0.4.9')") from e
+
+from ..data.tokenizers import load_tokenizer
+
+__all__ = ["ElasticLM", "evaluate_tiers_on_tasks"]
+
+
+def _as_int(value: Any, name: str) -> int:
+    try:
+        out = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if out < 1:
+        raise ValueError(f"{name} must be >= 1, got {out}")
+    return out
+
+
+@register_model("elastic-ssm", "elastic_ssm")
+class ElasticLM(TemplateLM):
+    """One tier of an elastic model behind lm-eval's ``LM`` interface (see module docstring).
+
+    Args:
+        pretrained: a model (``ESSH`` / ``ESSSM`` / a standalone export) or a directory written by
+            ``save_pretrained``.
+        tier: tier name (``"T3"``), or ``"full"`` / None (default "full": the whole model, also for a
+            standalone export).
+        tokenizer: ``"bytes"`` (default), a ``tokenizer.json``, or a directory saved by the tokenizer.
+        device: where a loaded model goes (default: the model's device, else ``"cpu"``).
+        batch_size: sequences per forward pass.
+        max_length: longest scored input in tokens; longer inputs keep their last ``max_length`` tokens.
+        max_gen_toks: default generation length for ``generate_until``.
+        precision: ``"fp32"`` or ``"bf16"`` (autocast, CUDA).
+    """
+
+    backend = "causal"
+
+    def __init__(self, pretrained: Any, tier: str | None = "full", tokenizer: Any = "bytes",
+                 device: str | None = None, batch_size: int | str = 8, max_length: int | str = 2048,
+                 max_gen_toks: int | str = 256, precision: str = "fp32", **unused: Any) -> None:
+        super().__init__()
+        if isinstance(pretrained, (str, Path)):
+            from ..models import load_pretrained
+
+            model = load_pretrained(pretrained, device=device or "cpu")
+        else:
+            model = pretrained if device is None else pretrained.to(device)
+        if getattr(model.config, "task", "lm") != "lm":
+            raise ValueError("lm-eval scores language models; this checkpoint is a sequence classifier "
+                             f"(task={model.config.task!r})")
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+        self.model = model.eval()
+        self.tier = None if tier in (None, "", "none", "full") else tier
+        if self.tier is not None:
+            model.resolve_tier(self.tier)                    # unknown names fail here, naming the choices
+        self.tok = load_tokenizer(tokenizer)
+        vocab = model.config.vocab_size
+        if self.tok.vocab_size > vocab:
+            raise ValueError(f"tokenizer has {self.tok.vocab_size} ids but the model's vocabulary has {vocab}: "
+                             "pass the tokenizer the model was trained with (--tokenizer)")
+        self.batch_size = _as_int(batch_size, "batch_size")
+        self.max_length = _as_int(max_length, "max_length")
+        if model.arch == "es_ssm":                           # fixed filter length L (ES-SSM Sec. 3)
+            self.max_length = min(self.max_length, model.config.seq_len)
+        self.max_gen_toks = _as_int(max_gen_toks, "max_gen_toks")
+        self.precision = precision
+        self._device = next(model.parameters()).device
+
+    # ---- tokens ----------------------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return self.tok.eos_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        """Conditioning token for an empty context and the first rolling window: BOS (else EOS)."""
+        bos = getattr(self.tok, "bos_id", None)
+        return self.tok.eos_id if bos is None else bos
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def tokenizer_name(self) -> str:
+        return getattr(self.tok, "spec", type(self.tok).__name__)
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kw: Any) -> list[int]:
+        return list(self.tok.encode(string))
+
+    def tok_decode(self, tokens: Iterable[int]) -> str:
+        return self.tok.decode(list(tokens))
+
+    # ---- scoring ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _logprobs(self, rows: Sequence[list[int]]) -> torch.Tensor:
+        """Log-softmax of the next-token logits of right-padded ``rows``: [len(rows), max len, V] float32."""
+        width = max(len(r) for r in rows)
+        x = torch.full((len(rows), width), self.tok.eos_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            x[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        x = x.to(self._device)
+        with torch.autocast(self._device.type, torch.bfloat16, enabled=self.precision == "bf16"):
+            logits = self.model(x, tier=self.tier) if self.tier is not None else self.model(x)
+        return F.log_softmax(logits.float(), dim=-1)
+
+    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
+                              disable_tqdm: bool = False, **kw: Any) -> list[tuple[float, bool]]:
+        """``(context, continuation)`` token pairs -> ``(sum log p(continuation | context), is_greedy)``."""
+        prepared = []
+        for key, ctx, cont in requests:
+            if not cont:
+                raise ValueError(f"empty continuation for context {key[0]!r:.60}: nothing to score")
+            if len(cont) > self.max_length:
+                raise ValueError(f"continuation of {len(cont)} tokens is longer than max_length="
+                                 f"{self.max_length}: raise max_length")
+            if not ctx:
+                ctx = [self.prefix_token_id]
+            full = (ctx + cont)[-(self.max_length + 1):]
+            prepared.append((full[:-1], cont))
+        out: list[tuple[float, bool] | None] = [None] * len(requests)
+        order = sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0]))   # longest first
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            logp = self._logprobs([prepared[i][0] for i in idx])
+            for row, i in enumerate(idx):
+                inp, cont = prepared[i]
+                pos = torch.arange(len(inp) - len(cont), len(inp), device=logp.device)
+                target = torch.tensor(cont, device=logp.device)
+                lp = logp[row, pos]                                              # [n_cont, V]
+                score = float(lp.gather(-1, target[:, None]).sum())
+                greedy = bool((lp.argmax(-1) == target).all())
+                out[i] = (score, greedy)
+                key = requests[i][0]
+                if key is not None and key[0] is not None:
+                    self.cache_hook.add_partial("loglikelihood", key, (score, greedy))
+        return out  # type: ignore[return-value]
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """Log-likelihood of whole documents over disjoint rolling windows of ``max_length`` tokens."""
+        out = []
+        for req in requests:
+            (text,) = req.args
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                self.tok_encode(text), self.prefix_token_id, self.max_length, context_len=1)]
+            scores = self._loglikelihood_tokens([(None, ctx, cont) for ctx, cont in windows])
+            total = sum(s for s, _ in scores)
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+            out.append(total)
+        return out
+
+    # ---- generation ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Greedy (or sampled, when the task sets ``do_sample``) continuation, cut at the first stop string."""
+        if not hasattr(self.model, "generate"):
+            raise NotImplementedError(f"generate_until needs cached generation, which {type(self.model).__name__} "
+                                      "does not have (ESSH does); use loglikelihood tasks for this model")
+        out = []
+        for req in requests:
+            context, gen_kwargs = req.args
+            kw = dict(gen_kwargs or {})
+            until = kw.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            n_new = _as_int(kw.pop("max_gen_toks", self.max_gen_toks), "max_gen_toks")
+            temperature = float(kw.pop("temperature", 0.0)) if kw.pop("do_sample", False) else 0.0
+            ids = self.tok_encode(context)[-max(1, self.max_length - n_new):] or [self.prefix_token_id]
+            x = torch.tensor([ids], dtype=torch.long, device=self._device)
+            full = self.model.generate(x, max_new_tokens=n_new, tier=self.tier, temperature=temperature,
+                                       eos=self.eot_token_id)
+            new = [t for t in full[0, len(ids):].tolist() if t != self.eot_token_id]
+            text = self.tok_decode(new)
+            for stop in until:
+                if stop:
+                    text = text.split(stop)[0]
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            out.append(text)
+        return out
+
+
+def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | Sequence[str] = "all",
+                            tokenizer: Any = "bytes", device: str | None = None, batch_size: int = 8,
+                            max_length: int = 2048, limit: int | float | None = None,
+                            num_fewshot: int | None = None, include_path: str | None = None,
+                            precision: str = "fp32", bootstrap_iters: int = 1000, seed: int = 1234,
+                            ) -> list[dict[str, Any]]:
+    """Run lm-eval ``tasks`` at every tier in ``tiers`` ("all" = the model's tier table, or a list of
+    names) of one shared model, loaded once. Returns one row per (tier, task, metric): ``{"tier", "K",
+    "n_ff", "params", "task", "metric", "value", "stderr"}``. ``include_path`` adds a folder of task YAML
+    files (local tasks); ``limit`` caps the documents per task (a smoke run, not a paper number)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    first = ElasticLM(pretrained, tier=None, tokenizer=tokenizer, device=device, batch_size=batch_size,
+                      max_length=max_length, precision=precision)
+    model = first.model
+    names = [t.name for t in model.tier_table()] if tiers == "all" else list(tiers)
+    manager = TaskManager(include_path=include_path)
+    rows = []
+    for name in names:
+        t = model.resolve_tier(name)
+        lm = ElasticLM(model, tier=t.name, tokenizer=first.tok, batch_size=batch_size, max_length=max_length,
+                       precision=precision)
+        res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
+                                      task_manager=manager, bootstrap_iters=bootstrap_iters, log_samples=False,
+                                      random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+                                      fewshot_random_seed=seed)
+        for task, metrics in sorted(res["results"].items()):
+            for key, value in metrics.items():
+                metric, _, flt = key.partition(",")
+                if metric.endswith("_stderr") or not isinstance(value, (int, float)) or metric == "alias":
+                    continue
+                stderr = metrics.get(f"{metric}_stderr,{flt}")
+                rows.append({"tier": t.name, "K": t.K, "n_ff": t.n_ff, "params": t.params, "task": task,
+                             "metric": metric if flt in ("", "none") else f"{metric},{flt}",
+                             "value": float(value),
+                             "stderr": float(stderr) if isinstance(stderr, (int, float)) else None})
+    return rows

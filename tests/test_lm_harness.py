@@ -1,0 +1,152 @@
+"""lm-evaluation-harness adapter (``eval/lm_harness.py``): scores equal the model's own log-probabilities,
+padding and batching change nothing, rolling windows cover every token, generation equals
+``ESSH.generate``, and a local multiple-choice task runs end to end per tier (API and CLI), offline."""
+
+import csv
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("lm_eval", reason="the eval extra (lm-eval) is installed by the dev extra; CI runs these")
+from lm_eval.api.instance import Instance  # noqa: E402
+
+import elastic_ssm as es  # noqa: E402
+from elastic_ssm.cli import main  # noqa: E402
+from elastic_ssm.eval.lm_harness import ElasticLM, evaluate_tiers_on_tasks  # noqa: E402
+from elastic_ssm.models.essh import randomize_selective  # noqa: E402
+
+BOS = 257
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("tiny")).eval()
+    return randomize_selective(model, ffn_out_std=0.1)
+
+
+def _req(kind, *args):
+    return Instance(request_type=kind, doc={}, arguments=args, idx=0)
+
+
+def _direct(model, tier, context: bytes, continuation: bytes, max_length=10_000):
+    """sum log p(continuation | context) from one forward of the model (byte ids)."""
+    ids = (list(context) if context else [BOS]) + list(continuation)
+    ids = ids[-(max_length + 1):]
+    x = torch.tensor([ids[:-1]])
+    with torch.no_grad():
+        logp = F.log_softmax(model(x, tier=tier).float(), -1)[0]
+    n = len(continuation)
+    tgt = torch.tensor(ids[-n:])
+    return logp[-n:].gather(-1, tgt[:, None]).sum().item(), bool((logp[-n:].argmax(-1) == tgt).all())
+
+
+PAIRS = [("The quick brown", " fox"), ("def main(", "):\n    return 0"), ("", "hello"), ("x", "y")]
+
+
+@pytest.mark.parametrize("tier", ["T1", "T6", "T10"])
+def test_loglikelihood_equals_the_models_log_probabilities(tiny, tier):
+    lm = ElasticLM(tiny, tier=tier, batch_size=3)
+    got = lm.loglikelihood([_req("loglikelihood", c, x) for c, x in PAIRS])
+    for (ctx, cont), (score, greedy) in zip(PAIRS, got):
+        want, want_greedy = _direct(tiny, tier, ctx.encode(), cont.encode())
+        assert score == pytest.approx(want, abs=1e-4) and greedy == want_greedy
+    one = ElasticLM(tiny, tier=tier, batch_size=1).loglikelihood([_req("loglikelihood", c, x) for c, x in PAIRS])
+    assert [s for s, _ in one] == pytest.approx([s for s, _ in got], abs=1e-4)   # padding changes nothing
+
+
+def test_trailing_context_space_is_scored_with_the_continuation(tiny):
+    lm = ElasticLM(tiny, tier="T4")
+    (score, _), = lm.loglikelihood([_req("loglikelihood", "answer: ", "yes")])
+    want, _ = _direct(tiny, "T4", b"answer:", b" yes")
+    assert score == pytest.approx(want, abs=1e-4)
+
+
+def test_long_inputs_keep_their_last_max_length_tokens(tiny):
+    lm = ElasticLM(tiny, tier="T10", max_length=12)
+    ctx, cont = "a long context that does not fit", " end"
+    (score, _), = lm.loglikelihood([_req("loglikelihood", ctx, cont)])
+    assert score == pytest.approx(_direct(tiny, "T10", ctx.encode(), cont.encode(), max_length=12)[0], abs=1e-4)
+    with pytest.raises(ValueError, match="longer than max_length"):
+        lm.loglikelihood([_req("loglikelihood", "c", "x" * 13)])
+
+
+def test_rolling_loglikelihood_scores_every_token_once(tiny):
+    doc = "import os\nprint(os.getcwd())\n"
+    n = len(doc.encode())
+    full = ElasticLM(tiny, tier="T5", max_length=n).loglikelihood_rolling([_req("loglikelihood_rolling", doc)])[0]
+    assert full == pytest.approx(_direct(tiny, "T5", b"", doc.encode())[0], abs=1e-4)   # one window
+    windowed = ElasticLM(tiny, tier="T5", max_length=8).loglikelihood_rolling(
+        [_req("loglikelihood_rolling", doc)])[0]
+    # windows of 8 tokens, each scored once with less context: a different, finite, negative total
+    assert windowed < 0 and windowed != pytest.approx(full, abs=1e-3)
+    per_byte = ElasticLM(tiny, tier="T5", max_length=1).loglikelihood_rolling([_req("loglikelihood_rolling", doc)])[0]
+    want = sum(_direct(tiny, "T5", doc.encode()[i - 1:i] if i else b"", doc.encode()[i:i + 1])[0]
+               for i in range(n))                              # max_length 1: each byte given only the previous
+    assert per_byte == pytest.approx(want, abs=1e-3)
+
+
+def test_generate_until_is_greedy_generation_cut_at_the_stop_string(tiny):
+    lm = ElasticLM(tiny, tier="T7", max_gen_toks=24)
+    prompt = "for i in range("
+    ids = torch.tensor([list(prompt.encode())])
+    out = tiny.generate(ids, max_new_tokens=24, tier="T7", temperature=0, eos=258)[0, ids.shape[1]:].tolist()
+    text = bytes(t for t in out if t < 256).decode("utf-8", errors="replace")
+    got, = lm.generate_until([_req("generate_until", prompt, {"until": [], "max_gen_toks": 24})])
+    assert got == text
+    stop = text[5:7]
+    got, = lm.generate_until([_req("generate_until", prompt, {"until": [stop], "max_gen_toks": 24})])
+    assert got == text.split(stop)[0] and len(got) <= 5
+
+
+def test_bad_arguments_are_named(tiny):
+    with pytest.raises(ValueError, match="T11"):
+        ElasticLM(tiny, tier="T11")
+    with pytest.raises(ValueError, match="batch_size"):
+        ElasticLM(tiny, batch_size="many")
+    with pytest.raises(ValueError, match="precision"):
+        ElasticLM(tiny, precision="fp8")
+    clf = es.ESSSM(es.ESSSMConfig.preset("tiny", task="classify", num_classes=3))
+    with pytest.raises(ValueError, match="classifier"):
+        ElasticLM(clf)
+
+
+def _local_task(tmp_path):
+    """A 6-question multiple-choice task in lm-eval's YAML format over a local JSONL file."""
+    docs = [{"question": f"{a} + {b} =", "choices": [str(a + b), str(a + b + 1), "cat"], "label": 0}
+            for a, b in [(1, 2), (3, 4), (2, 2), (5, 1), (0, 7), (4, 4)]]
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = tmp_path / "tiny_choice.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "tiny_choice.yaml").write_text(
+        "task: tiny_choice\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {data}\ntest_split: test\noutput_type: multiple_choice\n"
+        "doc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: '{{label}}'\n"
+        "metric_list:\n  - metric: acc\n")
+    return docs
+
+
+def test_local_task_per_tier_through_the_api_and_the_cli(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    docs = _local_task(tmp_path / "tasks")
+    tiny.save_pretrained(tmp_path / "model")
+    rows = evaluate_tiers_on_tasks(tmp_path / "model", ["tiny_choice"], tiers=["T1", "T10"],
+                                   include_path=str(tmp_path / "tasks"), bootstrap_iters=0)
+    acc = {r["tier"]: r["value"] for r in rows if r["metric"] == "acc"}
+    assert set(acc) == {"T1", "T10"}
+    for tier, value in acc.items():   # the harness's accuracy = argmax of our own log-likelihoods
+        right = 0
+        for d in docs:
+            scores = [_direct(tiny, tier, d["question"].encode(), (" " + c).encode())[0] for c in d["choices"]]
+            right += int(max(range(3), key=scores.__getitem__) == d["label"])
+        assert value == pytest.approx(right / len(docs))
+    out = tmp_path / "lm_eval.csv"
+    assert main(["lm-eval", str(tmp_path / "model"), "--tasks", "tiny_choice", "--tiers", "T10",
+                 "--include-path", str(tmp_path / "tasks"), "--csv", str(out)]) == 0
+    with open(out) as f:
+        got = {r["metric"]: float(r["value"]) for r in csv.DictReader(f)}
+    assert got["acc"] == pytest.approx(acc["T10"])
+    assert main(["lm-eval", str(tmp_path / "model"), "--tasks", ""]) == 2
