@@ -131,16 +131,15 @@ class ElasticLM(TemplateLM):
 
     # ---- scoring ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def _logprobs(self, rows: Sequence[list[int]]) -> torch.Tensor:
-        """Log-softmax of the next-token logits of right-padded ``rows``: [len(rows), max len, V] float32."""
+    def _logits(self, rows: Sequence[list[int]]) -> torch.Tensor:
+        """Next-token logits of right-padded ``rows``: [len(rows), max len, V]."""
         width = max(len(r) for r in rows)
         x = torch.full((len(rows), width), self.tok.eos_id, dtype=torch.long)
         for i, r in enumerate(rows):
             x[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         x = x.to(self._device)
         with torch.autocast(self._device.type, torch.bfloat16, enabled=self.precision == "bf16"):
-            logits = self.model(x, tier=self.tier) if self.tier is not None else self.model(x)
-        return F.log_softmax(logits.float(), dim=-1)
+            return self.model(x, tier=self.tier) if self.tier is not None else self.model(x)
 
     def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
                               disable_tqdm: bool = False, **kw: Any) -> list[tuple[float, bool]]:
@@ -160,12 +159,11 @@ class ElasticLM(TemplateLM):
         order = sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0]))   # longest first
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
-            logp = self._logprobs([prepared[i][0] for i in idx])
+            logits = self._logits([prepared[i][0] for i in idx])
             for row, i in enumerate(idx):
                 inp, cont = prepared[i]
-                pos = torch.arange(len(inp) - len(cont), len(inp), device=logp.device)
-                target = torch.tensor(cont, device=logp.device)
-                lp = logp[row, pos]                                              # [n_cont, V]
+                target = torch.tensor(cont, device=logits.device)
+                lp = F.log_softmax(logits[row, len(inp) - len(cont):len(inp)].float(), dim=-1)   # [n_cont, V]
                 score = float(lp.gather(-1, target[:, None]).sum())
                 greedy = bool((lp.argmax(-1) == target).all())
                 out[i] = (score, greedy)
