@@ -2,6 +2,7 @@
 padding and batching change nothing, rolling windows cover every token, generation equals
 ``ESSH.generate``, and a local multiple-choice task runs end to end per tier (API and CLI), offline."""
 
+import copy
 import csv
 import json
 
@@ -99,6 +100,16 @@ def test_generate_until_is_greedy_generation_cut_at_the_stop_string(tiny):
     stop = text[5:7]
     got, = lm.generate_until([_req("generate_until", prompt, {"until": [stop], "max_gen_toks": 24})])
     assert got == text.split(stop)[0] and len(got) <= 5
+
+
+def test_batched_generation_equals_one_request_at_a_time(tiny):
+    model = copy.deepcopy(tiny).double()         # float64: no near-tie argmax can flip between batch shapes
+    reqs = [_req("generate_until", p, {"until": ["\n\n"], "max_gen_toks": 12})
+            for p in ("a", "while True:", "x = [1, 2, 3]\nprint(")]
+    reqs.append(_req("generate_until", "import", {"until": [], "max_gen_toks": 5}))
+    batched = ElasticLM(model, tier="T3", batch_size=3).generate_until(reqs)
+    single = ElasticLM(model, tier="T3", batch_size=1).generate_until(reqs)
+    assert batched == single and len(batched) == 4
 
 
 def test_bad_arguments_are_named(tiny):

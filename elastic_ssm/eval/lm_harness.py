@@ -188,29 +188,43 @@ class ElasticLM(TemplateLM):
     # ---- generation ------------------------------------------------------------------------------
     @torch.no_grad()
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        """Greedy (or sampled, when the task sets ``do_sample``) continuation, cut at the first stop string."""
+        """Greedy (or sampled, when the task sets ``do_sample``) continuation, cut at the first stop string.
+
+        Requests with the same generation arguments run together, ``batch_size`` at a time, as one
+        left-padded batch (``ESSH.generate``: every row equals its unpadded single-sequence result)."""
         if not hasattr(self.model, "generate"):
             raise NotImplementedError(f"generate_until needs cached generation, which {type(self.model).__name__} "
                                       "does not have (ESSH does); use loglikelihood tasks for this model")
-        out = []
-        for req in requests:
-            context, gen_kwargs = req.args
-            kw = dict(gen_kwargs or {})
+        groups: dict[str, list[int]] = {}
+        for i, req in enumerate(requests):
+            groups.setdefault(repr(sorted((req.args[1] or {}).items())), []).append(i)
+        out: list[str] = [""] * len(requests)
+        for members in groups.values():
+            kw = dict(requests[members[0]].args[1] or {})
             until = kw.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
             n_new = _as_int(kw.pop("max_gen_toks", self.max_gen_toks), "max_gen_toks")
             temperature = float(kw.pop("temperature", 0.0)) if kw.pop("do_sample", False) else 0.0
-            ids = self.tok_encode(context)[-max(1, self.max_length - n_new):] or [self.prefix_token_id]
-            x = torch.tensor([ids], dtype=torch.long, device=self._device)
-            full = self.model.generate(x, max_new_tokens=n_new, tier=self.tier, temperature=temperature,
-                                       eos=self.eot_token_id)
-            new = [t for t in full[0, len(ids):].tolist() if t != self.eot_token_id]
-            text = self.tok_decode(new)
-            for stop in until:
-                if stop:
-                    text = text.split(stop)[0]
-            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
-            out.append(text)
+            for start in range(0, len(members), self.batch_size):
+                idx = members[start:start + self.batch_size]
+                prompts = [self.tok_encode(requests[i].args[0])[-max(1, self.max_length - n_new):]
+                           or [self.prefix_token_id] for i in idx]
+                width = max(len(p) for p in prompts)
+                x = torch.full((len(idx), width), self.eot_token_id, dtype=torch.long)
+                mask = torch.zeros(len(idx), width, dtype=torch.long)
+                for row, p in enumerate(prompts):
+                    x[row, width - len(p):] = torch.tensor(p)
+                    mask[row, width - len(p):] = 1
+                full = self.model.generate(x.to(self._device), max_new_tokens=n_new, tier=self.tier,
+                                           attention_mask=mask.to(self._device), temperature=temperature,
+                                           eos=self.eot_token_id)
+                for row, i in enumerate(idx):
+                    text = self.tok_decode([t for t in full[row, width:].tolist() if t != self.eot_token_id])
+                    for stop in until:
+                        if stop:
+                            text = text.split(stop)[0]
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                    out[i] = text
         return out
 
 
