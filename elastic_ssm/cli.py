@@ -130,6 +130,35 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_niah(args: argparse.Namespace) -> int:
+    from .bench.report import format_table
+    from .data import load_corpus, load_tokenizer
+    from .eval.needle import NeedleConfig, evaluate_needle
+    from .models import load_pretrained
+
+    model = load_pretrained(args.checkpoint, device=args.device)
+    tok = load_tokenizer(args.tokenizer)
+    cfg = NeedleConfig(context_len=args.context, n_pairs=args.pairs, condition=args.condition, seed=args.seed,
+                       depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
+    filler = load_corpus(args.data, tok, split=args.split)
+    tiers = None if args.tiers == "all" else args.tiers.split(",")
+    rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision)
+    depth_cols = list(rows[0]["by_depth"])
+    flat = [{**{k: v for k, v in r.items() if k != "by_depth"}, **{f"d{d}": v for d, v in r["by_depth"].items()}}
+            for r in rows]
+    print(format_table(flat, ["tier", "params", "margin_win", "first_token", "full_key", "half_width",
+                              *[f"d{d}" for d in depth_cols]],
+                       title=f"NIAH, {cfg.n_pairs} key pairs x {len(cfg.depths)} depths, context {cfg.context_len}, "
+                             f"{cfg.condition} condition"))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(flat[0]))
+            w.writeheader()
+            w.writerows(flat)
+        print(f"wrote {args.csv}")
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
@@ -261,6 +290,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16 = autocast")
     s.add_argument("--csv", help="also write the rows as CSV")
     s.set_defaults(fn=cmd_lm_eval)
+
+    s = sub.add_parser("niah", help="needle-in-a-haystack key retrieval at every tier (ESSH Tables 17-18)")
+    s.add_argument("checkpoint", help="model directory")
+    s.add_argument("--tiers", default="all", help="'all' or comma-separated tier names")
+    s.add_argument("--tokenizer", default="bytes", help="'bytes' or a tokenizer.json")
+    s.add_argument("--data", default="stdlib", help="filler text source (as for eval)")
+    s.add_argument("--split", default="validation", help="split of the filler source")
+    s.add_argument("--context", type=int, default=2048, help="tokens per trial before the answer")
+    s.add_argument("--pairs", type=int, default=256, help="key pairs (each runs at every depth)")
+    s.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9", help="relative needle depths")
+    s.add_argument("--condition", default="counterfactual", choices=("counterfactual", "planted"),
+                   help="which key of a pair is inserted and expected (the paper's tables: counterfactual)")
+    s.add_argument("--seed", type=int, default=0, help="keys, filler windows and bootstrap")
+    s.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass")
+    s.add_argument("--device", default="cpu", help="cpu or cuda")
+    s.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16 = autocast")
+    s.add_argument("--csv", help="also write the rows as CSV")
+    s.set_defaults(fn=cmd_niah)
 
     s = sub.add_parser("prepare", help="tokenize a corpus into a memory-mapped token file (*.bin + .json)")
     s.add_argument("source", help="'stdlib', a file or folder (txt/jsonl/parquet), or hf:<name>[:cfg][:split]")

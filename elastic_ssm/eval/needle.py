@@ -1,0 +1,193 @@
+"""Needle-in-a-haystack (NIAH) key retrieval by tier (ESSH paper Appendix E.4 "Needle retrieval", H.1-H.2,
+Tables 1(b), 17 and 18).
+
+A trial plants a sentence holding a six-digit key into filler text at a relative depth, then asks for the
+key at the end of a ``context_len``-token sequence::
+
+    [filler ... NEEDLE(key) ... filler] QUERY -> key digits
+
+Each of ``n_pairs`` key pairs (a planted key and a counterfactual alternative, distinct random six-digit
+numbers) is run at every depth (default 0.1, 0.3, 0.5, 0.7, 0.9; 256 pairs x 5 depths = 1280 trials).
+The paper's tables use the counterfactual condition (``condition="counterfactual"``): the alternative key
+is the one inserted and the expected answer, the planted key is the competitor. Per trial, from one
+teacher-forced forward over the sequence followed by the expected key (and one with the competitor):
+
+* ``full_key``: every key token is the argmax given the correct preceding key tokens (primary metric);
+* ``first_token``: the first key token is the argmax;
+* ``margin_win``: the expected key's summed log-probability is higher than the competitor's.
+
+The 95% interval of full-key accuracy resamples the key pairs with replacement, keeping each pair's
+depths together (item-cluster bootstrap, 2000 replicates); ``half_width`` is half its width.
+The filler is text from an evaluation corpus (the validation split of ``stdlib`` by default), a fixed
+window per pair; the needle and query sentences are this module's templates (the paper does not print
+its own), so scores are comparable between tiers and models evaluated here, not to the paper's digits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["NeedleConfig", "NeedleTrial", "build_trials", "score_trials", "evaluate_needle", "summarize_needle"]
+
+
+@dataclass
+class NeedleConfig:
+    context_len: int = 2048                       # tokens of the whole sequence before the answer
+    depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
+    n_pairs: int = 256
+    key_digits: int = 6
+    condition: str = "counterfactual"             # or "planted"
+    needle: str = " The special magic number is {key}. Remember it. "
+    query: str = "\nWhat is the special magic number? The special magic number is "
+    seed: int = 0
+    bootstrap: int = 2000
+    batch_size: int = 8
+
+    def check(self) -> None:
+        if self.condition not in ("counterfactual", "planted"):
+            raise ValueError(f"condition must be 'counterfactual' or 'planted', got {self.condition!r}")
+        if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):
+            raise ValueError(f"depths must be fractions in [0, 1], got {self.depths}")
+        if self.n_pairs < 1 or self.key_digits < 1 or self.bootstrap < 0 or self.batch_size < 1:
+            raise ValueError("n_pairs, key_digits and batch_size must be >= 1 and bootstrap >= 0")
+        if "{key}" not in self.needle:
+            raise ValueError("the needle template must contain '{key}'")
+
+
+@dataclass
+class NeedleTrial:
+    pair: int
+    depth: float
+    prompt: list[int]            # context_len tokens: filler with the needle, then the query
+    expected: list[int]          # tokens of the inserted key (the answer)
+    competitor: list[int]        # tokens of the other key of the pair
+    needle_at: int               # token index where the needle starts
+    result: dict[str, bool] = field(default_factory=dict)
+
+
+def _keys(rng: np.random.Generator, digits: int) -> tuple[str, str]:
+    lo, hi = 10 ** (digits - 1), 10 ** digits
+    a = int(rng.integers(lo, hi))
+    b = a
+    while b == a:
+        b = int(rng.integers(lo, hi))
+    return str(a), str(b)
+
+
+def build_trials(filler: Any, tokenizer: Any, cfg: NeedleConfig) -> list[NeedleTrial]:
+    """Trials of ``cfg`` (pair-major, depth-minor) over ``filler`` tokens (any 1-D token sequence, e.g. a
+    ``TokenArray``): pair ``i`` takes its filler from a fixed window chosen by ``cfg.seed``."""
+    cfg.check()
+    enc = lambda s: [int(t) for t in tokenizer.encode(s)]  # noqa: E731
+    query = enc(cfg.query)
+    rng = np.random.default_rng(cfg.seed)
+    trials = []
+    for p in range(cfg.n_pairs):
+        planted, alternative = _keys(rng, cfg.key_digits)
+        inserted, other = (alternative, planted) if cfg.condition == "counterfactual" else (planted, alternative)
+        needle = enc(cfg.needle.format(key=inserted))
+        n_fill = cfg.context_len - len(needle) - len(query)
+        if n_fill < 1:
+            raise ValueError(f"context_len={cfg.context_len} leaves no room for filler around the "
+                             f"{len(needle)}-token needle and {len(query)}-token query")
+        if len(filler) < n_fill + 1:
+            raise ValueError(f"the filler corpus has {len(filler)} tokens; a trial needs {n_fill}")
+        start = int(rng.integers(0, len(filler) - n_fill + 1))
+        fill = [int(t) for t in np.asarray(filler[start:start + n_fill]).reshape(-1)]
+        for depth in cfg.depths:
+            at = int(round(depth * n_fill))
+            trials.append(NeedleTrial(p, depth, fill[:at] + needle + fill[at:] + query, enc(inserted), enc(other),
+                                      at))
+    return trials
+
+
+@torch.no_grad()
+def _key_scores(model: Any, tier: Any, prompts: list[list[int]], keys: list[list[int]],
+                precision: str) -> list[tuple[float, list[bool]]]:
+    """Teacher-forced (sum log p(key | prompt), per-token argmax hits) for each row."""
+    device = next(model.parameters()).device
+    rows = [p + k[:-1] for p, k in zip(prompts, keys)]
+    width = max(len(r) for r in rows)
+    x = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        x[i, :len(r)] = torch.tensor(r)
+    with torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16"):
+        logits = model(x.to(device), tier=tier) if tier is not None else model(x.to(device))
+    out = []
+    for i, (p, k) in enumerate(zip(prompts, keys)):
+        lp = F.log_softmax(logits[i, len(p) - 1:len(p) - 1 + len(k)].float(), -1)      # [len(k), V]
+        tgt = torch.tensor(k, device=lp.device)
+        out.append((float(lp.gather(-1, tgt[:, None]).sum()), (lp.argmax(-1) == tgt).tolist()))
+    return out
+
+
+def score_trials(model: Any, trials: Sequence[NeedleTrial], tier: Any = None, batch_size: int = 8,
+                 precision: str = "fp32") -> list[NeedleTrial]:
+    """Fill each trial's ``result`` (``full_key``, ``first_token``, ``margin_win``) at ``tier``."""
+    was_training = model.training
+    model.eval()
+    try:
+        for s in range(0, len(trials), batch_size):
+            chunk = trials[s:s + batch_size]
+            prompts = [t.prompt for t in chunk]
+            exp = _key_scores(model, tier, prompts, [t.expected for t in chunk], precision)
+            comp = _key_scores(model, tier, prompts, [t.competitor for t in chunk], precision)
+            for t, (e_score, hits), (c_score, _) in zip(chunk, exp, comp):
+                t.result = {"full_key": all(hits), "first_token": hits[0], "margin_win": e_score > c_score}
+    finally:
+        model.train(was_training)
+    return list(trials)
+
+
+def _bootstrap_half_width(per_pair: np.ndarray, replicates: int, seed: int) -> float:
+    """Half-width of the 95% percentile interval of the mean of ``per_pair`` [n_pairs, n_depths]
+    outcomes, resampling pairs (rows) with replacement."""
+    n = per_pair.shape[0]
+    if replicates == 0 or n < 2:
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    means = per_pair[rng.integers(0, n, size=(replicates, n))].mean(axis=(1, 2))
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(hi - lo) / 2
+
+
+def summarize_needle(trials: Sequence[NeedleTrial], cfg: NeedleConfig) -> dict[str, Any]:
+    """Means of the three metrics, the bootstrap half-width of full-key accuracy, and full-key accuracy
+    per depth (Table 17 / Table 18 layout)."""
+    pairs = sorted({t.pair for t in trials})
+    depths = sorted({t.depth for t in trials})
+    grid = np.zeros((len(pairs), len(depths)))
+    index = {p: i for i, p in enumerate(pairs)}
+    col = {d: j for j, d in enumerate(depths)}
+    for t in trials:
+        grid[index[t.pair], col[t.depth]] = t.result["full_key"]
+    mean = lambda k: float(np.mean([t.result[k] for t in trials]))  # noqa: E731
+    return {"trials": len(trials), "margin_win": mean("margin_win"), "first_token": mean("first_token"),
+            "full_key": mean("full_key"), "half_width": _bootstrap_half_width(grid, cfg.bootstrap, cfg.seed),
+            "by_depth": {f"{d:g}": float(grid[:, j].mean()) for j, d in enumerate(depths)}}
+
+
+def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any] | None = None,
+                    cfg: NeedleConfig | None = None, precision: str = "fp32") -> list[dict[str, Any]]:
+    """NIAH rows for every tier in ``tiers`` (default: the model's tier table), the same trials for each:
+    ``{"tier", "K", "n_ff", "params", "context_len", "condition", "trials", "margin_win", "first_token",
+    "full_key", "half_width", "by_depth"}``."""
+    cfg = cfg or NeedleConfig()
+    vocab = model.config.vocab_size
+    if tokenizer.vocab_size > vocab:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary has {vocab}")
+    trials = build_trials(filler, tokenizer, cfg)
+    tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
+    rows = []
+    for t in tiers:
+        scored = score_trials(model, trials, t, cfg.batch_size, precision)
+        rows.append({"tier": t.name, "K": t.K, "n_ff": t.n_ff, "params": t.params,
+                     "context_len": cfg.context_len, "condition": cfg.condition,
+                     **summarize_needle(scored, cfg)})
+    return rows
