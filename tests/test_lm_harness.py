@@ -161,3 +161,11 @@ def test_local_task_per_tier_through_the_api_and_the_cli(tiny, tmp_path, monkeyp
         got = {r["metric"]: float(r["value"]) for r in csv.DictReader(f)}
     assert got["acc"] == pytest.approx(acc["T10"])
     assert main(["lm-eval", str(tmp_path / "model"), "--tasks", ""]) == 2
+    # by registry name with string model_args, as lm-eval's own entry points build models
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    res = lm_eval.simple_evaluate(model="elastic-ssm", model_args=f"pretrained={tmp_path / 'model'},tier=T10",
+                                  tasks=["tiny_choice"], batch_size=2, bootstrap_iters=0,
+                                  task_manager=TaskManager(include_path=str(tmp_path / "tasks")))
+    assert res["results"]["tiny_choice"]["acc,none"] == pytest.approx(acc["T10"])

@@ -68,13 +68,14 @@ class ElasticLM(TemplateLM):
         max_length: longest scored input in tokens; longer inputs keep their last ``max_length`` tokens.
         max_gen_toks: default generation length for ``generate_until``.
         precision: ``"fp32"`` or ``"bf16"`` (autocast, CUDA).
+        max_batch_size: accepted because lm-eval passes it with ``model_args``; unused (fixed batches).
     """
 
     backend = "causal"
 
     def __init__(self, pretrained: Any, tier: str | None = "full", tokenizer: Any = "bytes",
                  device: str | None = None, batch_size: int | str = 8, max_length: int | str = 2048,
-                 max_gen_toks: int | str = 256, precision: str = "fp32", **unused: Any) -> None:
+                 max_gen_toks: int | str = 256, precision: str = "fp32", max_batch_size: Any = None) -> None:
         super().__init__()
         if isinstance(pretrained, (str, Path)):
             from ..models import load_pretrained
