@@ -77,6 +77,39 @@ def test_trials_have_the_requested_length_depth_and_keys():
     assert planted[0].expected == trials[0].competitor and planted[0].competitor == trials[0].expected
 
 
+class SpaceDigitTokenizer:
+    """Bytes, except that a space before a digit merges with it into one token (as GPT-2's BPE does)."""
+
+    vocab_size = 266
+
+    def encode(self, text):
+        out, i = [], 0
+        while i < len(text):
+            if text[i] == " " and i + 1 < len(text) and text[i + 1].isdigit():
+                out.append(256 + int(text[i + 1]))
+                i += 2
+            else:
+                out.append(ord(text[i]))
+                i += 1
+        return out
+
+    def decode(self, ids):
+        return "".join(" " + str(i - 256) if i >= 256 else chr(i) for i in ids)
+
+
+def test_keys_take_the_querys_trailing_space_when_the_tokenizer_merges_it():
+    tok = SpaceDigitTokenizer()
+    filler = np.asarray(tok.encode("the grass is green " * 40))
+    cfg = NeedleConfig(context_len=160, n_pairs=3, depths=(0.5,))
+    for t in build_trials(filler, tok, cfg):
+        key = tok.decode(t.expected)
+        assert key[0] == " " and key[1:].isdigit() and len(key) == 7 and t.expected[0] >= 256
+        assert tok.decode(t.prompt + t.expected).endswith("The special magic number is" + key)
+        assert tok.decode(t.competitor)[0] == " "
+    byte_trial = build_trials(FILLER, TOK, NeedleConfig(context_len=200, n_pairs=1))[0]
+    assert TOK.decode(byte_trial.expected).isdigit()               # bytes: the key is the digits alone
+
+
 def test_a_model_that_retrieves_scores_one_and_a_blind_model_zero():
     cfg = NeedleConfig(context_len=160, n_pairs=2, depths=(0.1, 0.9), bootstrap=200)
     trials = build_trials(FILLER, TOK, cfg)

@@ -80,17 +80,30 @@ def _keys(rng: np.random.Generator, digits: int) -> tuple[str, str]:
     return str(a), str(b)
 
 
+def _split_answer(enc: Any, query: str, keys: tuple[str, str]) -> tuple[list[int], list[list[int]]]:
+    """Query tokens and the tokens of each key as they follow the query in one encoding. When the
+    tokenizer merges the query's trailing whitespace with the key (BPE: ``" 123456"``), the whitespace
+    moves to the keys, as lm-eval does with continuations; with bytes the keys are the digits alone."""
+    for q_text in (query, query.rstrip()):
+        q = enc(q_text)
+        wholes = [enc(query + k) if q_text == query else enc(q_text + query[len(q_text):] + k) for k in keys]
+        if all(w[:len(q)] == q and len(w) > len(q) for w in wholes):
+            return q, [w[len(q):] for w in wholes]
+    raise ValueError("the tokenizer merges the end of the query template with the key; end the query with a "
+                     "word boundary (e.g. 'is ' or ': ')")
+
+
 def build_trials(filler: Any, tokenizer: Any, cfg: NeedleConfig) -> list[NeedleTrial]:
     """Trials of ``cfg`` (pair-major, depth-minor) over ``filler`` tokens (any 1-D token sequence, e.g. a
     ``TokenArray``): pair ``i`` takes its filler from a fixed window chosen by ``cfg.seed``."""
     cfg.check()
     enc = lambda s: [int(t) for t in tokenizer.encode(s)]  # noqa: E731
-    query = enc(cfg.query)
     rng = np.random.default_rng(cfg.seed)
     trials = []
     for p in range(cfg.n_pairs):
         planted, alternative = _keys(rng, cfg.key_digits)
         inserted, other = (alternative, planted) if cfg.condition == "counterfactual" else (planted, alternative)
+        query, (expected, competitor) = _split_answer(enc, cfg.query, (inserted, other))
         needle = enc(cfg.needle.format(key=inserted))
         n_fill = cfg.context_len - len(needle) - len(query)
         if n_fill < 1:
@@ -102,8 +115,7 @@ def build_trials(filler: Any, tokenizer: Any, cfg: NeedleConfig) -> list[NeedleT
         fill = [int(t) for t in np.asarray(filler[start:start + n_fill]).reshape(-1)]
         for depth in cfg.depths:
             at = int(round(depth * n_fill))
-            trials.append(NeedleTrial(p, depth, fill[:at] + needle + fill[at:] + query, enc(inserted), enc(other),
-                                      at))
+            trials.append(NeedleTrial(p, depth, fill[:at] + needle + fill[at:] + query, expected, competitor, at))
     return trials
 
 
