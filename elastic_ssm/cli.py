@@ -77,6 +77,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _write_csv(path: str | None, rows: list[dict]) -> None:
+    """``rows`` (dicts with the same keys) as a CSV file at ``path``; nothing when ``path`` is None."""
+    if not path:
+        return
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {path}")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from .data import evaluation_batches, load_corpus, load_tokenizer
     from .data.tokenizers import measured_bytes_per_token
@@ -95,12 +106,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(f"bytes per token measured on the evaluation data: {bpt:.4f} (--bytes-per-token overrides)")
     rows = evaluate_tiers(model, batches, tiers, bytes_per_token=bpt)
     print(format_evals(rows))
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0].row()))
-            w.writeheader()
-            w.writerows(r.row() for r in rows)
-        print(f"wrote {args.csv}")
+    _write_csv(args.csv, [r.row() for r in rows])
     return 0
 
 
@@ -121,12 +127,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
                                    num_fewshot=args.num_fewshot, include_path=args.include_path,
                                    precision=args.precision)
     print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        print(f"wrote {args.csv}")
+    _write_csv(args.csv, rows)
     return 0
 
 
@@ -150,12 +151,7 @@ def cmd_niah(args: argparse.Namespace) -> int:
                               *[f"d{d}" for d in depth_cols]],
                        title=f"NIAH, {cfg.n_pairs} key pairs x {len(cfg.depths)} depths, context {cfg.context_len}, "
                              f"{cfg.condition} condition"))
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(flat[0]))
-            w.writeheader()
-            w.writerows(flat)
-        print(f"wrote {args.csv}")
+    _write_csv(args.csv, flat)
     return 0
 
 
