@@ -12,21 +12,28 @@ from .config import ConfigError
 
 @dataclass
 class RunData:
-    """Token streams of a run: ``train_tokens`` for packed training batches, fixed ``val_batches``."""
+    """Token streams of a run: ``train_tokens`` for packed training batches, fixed ``val_batches``; or a
+    ``synthetic`` task (``data.synthetic.SyntheticSource``) that generates both."""
 
     train_tokens: Any
     val_batches: list[tuple[torch.Tensor, torch.Tensor]]
     vocab_size: int
     bytes_per_token: float
     source: str
+    synthetic: Any = None
 
     def describe(self) -> str:
-        n_val = sum(int(y.numel()) for _, y in self.val_batches)
+        n_val = sum(int((y != -100).sum()) for _, y in self.val_batches)
+        if self.synthetic is not None:
+            return (f"{self.source}: fresh batches every step, {n_val:,} scored validation tokens in "
+                    f"{len(self.val_batches)} fixed batches, vocab {self.vocab_size}")
         return (f"{self.source}: {len(self.train_tokens):,} training tokens, {n_val:,} validation tokens "
                 f"in {len(self.val_batches)} fixed batches, vocab {self.vocab_size}")
 
     def batches(self, seq_len: int, batch_size: int, seed: int):
         """``data(rank, world_size)`` factory for ``train()``: shuffled, sharded, resumable."""
+        if self.synthetic is not None:
+            return self.synthetic.batches(seq_len, batch_size, seed)
         from .data import PackedBatches
 
         def make(rank: int = 0, world_size: int = 1):
@@ -42,6 +49,15 @@ def build_data(run: Any) -> RunData:
     if getattr(run.model, "task", "lm") != "lm":
         raise ConfigError("the CLI's data pipeline packs token streams for language modelling; train an ES-SSM "
                           "classifier from Python with train(model, batches of (input_ids, labels[B]), cfg)")
+    if d.source.startswith("synthetic:"):
+        from .data.synthetic import SyntheticSource
+
+        try:
+            src = SyntheticSource(d.source, run.model.vocab_size)
+            val = src.validation(t.seq_len, t.micro_batch_size, t.eval_batches, t.seed)
+        except ValueError as e:
+            raise ConfigError(f"data.source: {e}") from e
+        return RunData(None, val, run.model.vocab_size, 0.0, d.source, synthetic=src)
     tok = load_tokenizer(d.tokenizer)
     if tok.vocab_size > run.model.vocab_size:
         raise ConfigError(f"tokenizer {d.tokenizer!r} has {tok.vocab_size} ids but model.vocab_size is "

@@ -28,7 +28,8 @@ class DataConfig(ConfigBase):
     """Where tokens come from (``elastic_ssm.data``)."""
 
     source: str = opt("stdlib", "'stdlib' (embedded default), a text/JSONL/Parquet file or folder, a prepared "
-                                "*.bin token file, or 'hf:<name>[:<config>][:<split>]'")
+                                "*.bin token file, 'hf:<name>[:<config>][:<split>]', or a synthetic recall task "
+                                "'synthetic:mqar[:num_pairs=16,...]' / 'synthetic:palindrome' (ESSH Appendix I)")
     val_source: str = opt("", "validation source ('' = the validation split of `source`)")
     tokenizer: str = opt("bytes", "'bytes' or a path to a tokenizer.json")
     text_field: str = opt("text", "JSONL/Parquet/HF field holding the document text")

@@ -19,6 +19,7 @@ in reverse order; every reversed symbol is scored. Token ids: 0 pad, 1 separator
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 
 import numpy as np
@@ -99,8 +100,9 @@ TASKS = {"mqar": mqar, "palindrome": palindrome}
 
 
 def synthetic_batches(task: str, batch_size: int, seq_len: int, seed: int = 0, start_step: int = 0,
-                      **kwargs) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless batches of ``task`` (``"mqar"`` or ``"palindrome"``); batch ``s`` uses seed ``(seed, s)``.
+                      shard: int = 0, **kwargs) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless batches of ``task`` (``"mqar"`` or ``"palindrome"``); batch ``s`` uses seed ``(seed, s)``
+    (``(seed, s, shard)`` for ``shard > 0``: one independent stream per data-parallel rank).
 
     ``kwargs`` go to the generator (e.g. ``num_pairs=`` and ``vocab_size=`` for MQAR).
     """
@@ -108,8 +110,49 @@ def synthetic_batches(task: str, batch_size: int, seq_len: int, seed: int = 0, s
         raise ValueError(f"unknown synthetic task {task!r}: choose from {sorted(TASKS)}")
     step = start_step
     while True:
-        yield TASKS[task](batch_size, seq_len, seed=np.random.default_rng([seed, step]), **kwargs)
+        key = [seed, step] if shard == 0 else [seed, step, shard]
+        yield TASKS[task](batch_size, seq_len, seed=np.random.default_rng(key), **kwargs)
         step += 1
+
+
+class SyntheticSource:
+    """A synthetic task as a run's data source: ``"synthetic:<task>[:key=value,...]"``, e.g.
+    ``"synthetic:mqar:num_pairs=16"`` or ``"synthetic:palindrome"``. ``vocab_size`` defaults to the model's.
+
+    ``batches(...)`` is the ``data(rank, world_size)`` factory of ``train()``: rank ``r`` draws its own
+    stream (``synthetic_batches(shard=r)``), and resuming (the loop skips the consumed batches) continues
+    it exactly. ``validation(...)`` is a fixed held-out set drawn from a
+    seed no training batch uses.
+    """
+
+    def __init__(self, spec: str, vocab_size: int) -> None:
+        parts = spec.split(":", 2)
+        if len(parts) < 2 or parts[0] != "synthetic" or parts[1] not in TASKS:
+            raise ValueError(f"bad synthetic source {spec!r}: use 'synthetic:<task>[:key=value,...]' with a task "
+                             f"from {sorted(TASKS)}")
+        self.spec, self.task = spec, parts[1]
+        self.kwargs: dict[str, int] = {"vocab_size": vocab_size}
+        for item in filter(None, (parts[2] if len(parts) > 2 else "").split(",")):
+            key, eq, value = item.partition("=")
+            if not eq or not value.strip().lstrip("-").isdigit():
+                raise ValueError(f"bad option {item!r} in {spec!r}: write key=integer, e.g. num_pairs=16")
+            self.kwargs[key.strip()] = int(value)
+        allowed = set(inspect.signature(TASKS[self.task]).parameters) - {"num_examples", "seq_len", "seed"}
+        if set(self.kwargs) - allowed:
+            raise ValueError(f"{spec!r}: unknown option(s) {sorted(set(self.kwargs) - allowed)} for "
+                             f"{self.task}; it takes {sorted(allowed)}")
+        if self.kwargs["vocab_size"] > vocab_size:
+            raise ValueError(f"{spec!r} uses vocab_size={self.kwargs['vocab_size']} but the model has {vocab_size}")
+
+    def batches(self, seq_len: int, batch_size: int, seed: int):
+        def make(rank: int = 0, world_size: int = 1):
+            return synthetic_batches(self.task, batch_size, seq_len, seed=seed, shard=rank, **self.kwargs)
+        return make
+
+    def validation(self, seq_len: int, batch_size: int, n_batches: int, seed: int) -> list[tuple]:
+        x, y = TASKS[self.task](batch_size * n_batches, seq_len, seed=np.random.default_rng([seed, 2**31 - 1]),
+                                **self.kwargs)
+        return list(zip(x.split(batch_size), y.split(batch_size)))
 
 
 def masked_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:

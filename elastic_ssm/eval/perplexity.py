@@ -25,7 +25,7 @@ class TierEval:
     loss: float          # mean cross-entropy in nats (next token, or the class for classifiers)
     tokens: int          # scored positions (sequences for classifiers)
     bytes_per_token: float
-    accuracy: float | None = None   # classifiers only
+    accuracy: float | None = None   # argmax == label over scored positions (next token; class for classifiers)
 
     @property
     def perplexity(self) -> float:
@@ -51,7 +51,6 @@ def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier
     """
     tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
     device = next(model.parameters()).device
-    classify = getattr(model.config, "task", "lm") == "classify"
     was_training = model.training
     model.eval()
     out = []
@@ -67,14 +66,13 @@ def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier
                 tot[0] += F.cross_entropy(flat, y.reshape(-1), ignore_index=-100, reduction="sum").double()
                 valid = y != -100
                 tot[1] += valid.sum()
-                if classify:
-                    tot[2] += ((logits.argmax(-1) == y) & valid).sum()
+                tot[2] += ((logits.argmax(-1) == y) & valid).sum()
             if reduce is not None:
                 reduce(tot)
             count = int(tot[1].item())
             if count == 0:
                 raise ValueError("evaluation batches contain no scored tokens")
-            acc = (tot[2] / count).item() if classify else None
+            acc = (tot[2] / count).item()
             out.append(TierEval(t.name, t.K, t.n_ff, t.params, (tot[0] / count).item(), count, bytes_per_token, acc))
     finally:
         model.train(was_training)
