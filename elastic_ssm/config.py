@@ -55,6 +55,12 @@ def _coerce(tp: Any, value: Any, name: str) -> Any:
         return tuple(_coerce(item, v, name) for v in value)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):
+        # YAML 1.1 (PyYAML) reads 3e-4 without a dot as a string; accept any number float() parses
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{name}: expected float, got {value!r}") from None
     if tp is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if tp in (int, float, str, bool) and not isinstance(value, tp):

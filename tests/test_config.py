@@ -51,3 +51,15 @@ def test_every_yaml_in_configs_loads():
 
     for f in files:
         load_any_config(f)
+
+
+def test_exponent_floats_written_without_a_dot_load_from_yaml(tmp_path):
+    from elastic_ssm.run_config import RunConfig
+
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {arch: essh, preset: tiny}\ntrain: {lr: 3e-4, weight_decay: 1E-2}\n")
+    run = RunConfig.from_yaml(path)                  # PyYAML reads both as strings (YAML 1.1)
+    assert run.train.lr == 3e-4 and run.train.weight_decay == 1e-2
+    path.write_text("model: {arch: essh, preset: tiny}\ntrain: {lr: fast}\n")
+    with pytest.raises(es.ConfigError, match="lr: expected float, got 'fast'"):
+        RunConfig.from_yaml(path)
