@@ -84,9 +84,8 @@ def _split_answer(enc: Any, query: str, keys: tuple[str, str]) -> tuple[list[int
     """Query tokens and the tokens of each key as they follow the query in one encoding. When the
     tokenizer merges the query's trailing whitespace with the key (BPE: ``" 123456"``), the whitespace
     moves to the keys, as lm-eval does with continuations; with bytes the keys are the digits alone."""
-    for q_text in (query, query.rstrip()):
-        q = enc(q_text)
-        wholes = [enc(query + k) if q_text == query else enc(q_text + query[len(q_text):] + k) for k in keys]
+    wholes = [enc(query + k) for k in keys]
+    for q in (enc(query), enc(query.rstrip())):
         if all(w[:len(q)] == q and len(w) > len(q) for w in wholes):
             return q, [w[len(q):] for w in wholes]
     raise ValueError("the tokenizer merges the end of the query template with the key; end the query with a "
