@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -39,6 +38,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
                       "(or pip install 'lm-eval>=0.4.9')") from e
 
 from ..data.tokenizers import load_tokenizer
+from .scoring import continuation_scores
 
 __all__ = ["ElasticLM", "evaluate_tiers_on_tasks"]
 
@@ -131,17 +131,6 @@ class ElasticLM(TemplateLM):
         return self.tok.decode(list(tokens))
 
     # ---- scoring ---------------------------------------------------------------------------------
-    @torch.no_grad()
-    def _logits(self, rows: Sequence[list[int]]) -> torch.Tensor:
-        """Next-token logits of right-padded ``rows``: [len(rows), max len, V]."""
-        width = max(len(r) for r in rows)
-        x = torch.full((len(rows), width), self.tok.eos_id, dtype=torch.long)
-        for i, r in enumerate(rows):
-            x[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        x = x.to(self._device)
-        with torch.autocast(self._device.type, torch.bfloat16, enabled=self.precision == "bf16"):
-            return self.model(x, tier=self.tier) if self.tier is not None else self.model(x)
-
     def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
                               disable_tqdm: bool = False, **kw: Any) -> list[tuple[float, bool]]:
         """``(context, continuation)`` token pairs -> ``(sum log p(continuation | context), is_greedy)``."""
@@ -155,18 +144,15 @@ class ElasticLM(TemplateLM):
             if not ctx:
                 ctx = [self.prefix_token_id]
             full = (ctx + cont)[-(self.max_length + 1):]
-            prepared.append((full[:-1], cont))
+            prepared.append((full[:-len(cont)], cont))                       # truncated context, continuation
         out: list[tuple[float, bool] | None] = [None] * len(requests)
-        order = sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0]))   # longest first
+        order = sorted(range(len(prepared)), key=lambda i: -sum(map(len, prepared[i])))   # longest first
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
-            logits = self._logits([prepared[i][0] for i in idx])
-            for row, i in enumerate(idx):
-                inp, cont = prepared[i]
-                target = torch.tensor(cont, device=logits.device)
-                lp = F.log_softmax(logits[row, len(inp) - len(cont):len(inp)].float(), dim=-1)   # [n_cont, V]
-                score = float(lp.gather(-1, target[:, None]).sum())
-                greedy = bool((lp.argmax(-1) == target).all())
+            scores = continuation_scores(self.model, self.tier, [prepared[i][0] for i in idx],
+                                         [prepared[i][1] for i in idx], self.precision)
+            for i, (score, hits) in zip(idx, scores):
+                greedy = all(hits)
                 out[i] = (score, greedy)
                 key = requests[i][0]
                 if key is not None and key[0] is not None:

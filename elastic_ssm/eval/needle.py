@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
+
+from .scoring import continuation_scores
 
 __all__ = ["NeedleConfig", "NeedleTrial", "build_trials", "score_trials", "evaluate_needle", "summarize_needle"]
 
@@ -118,26 +118,6 @@ def build_trials(filler: Any, tokenizer: Any, cfg: NeedleConfig) -> list[NeedleT
     return trials
 
 
-@torch.no_grad()
-def _key_scores(model: Any, tier: Any, prompts: list[list[int]], keys: list[list[int]],
-                precision: str) -> list[tuple[float, list[bool]]]:
-    """Teacher-forced (sum log p(key | prompt), per-token argmax hits) for each row."""
-    device = next(model.parameters()).device
-    rows = [p + k[:-1] for p, k in zip(prompts, keys)]
-    width = max(len(r) for r in rows)
-    x = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        x[i, :len(r)] = torch.tensor(r)
-    with torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16"):
-        logits = model(x.to(device), tier=tier) if tier is not None else model(x.to(device))
-    out = []
-    for i, (p, k) in enumerate(zip(prompts, keys)):
-        lp = F.log_softmax(logits[i, len(p) - 1:len(p) - 1 + len(k)].float(), -1)      # [len(k), V]
-        tgt = torch.tensor(k, device=lp.device)
-        out.append((float(lp.gather(-1, tgt[:, None]).sum()), (lp.argmax(-1) == tgt).tolist()))
-    return out
-
-
 def score_trials(model: Any, trials: Sequence[NeedleTrial], tier: Any = None, batch_size: int = 8,
                  precision: str = "fp32") -> list[NeedleTrial]:
     """Fill each trial's ``result`` (``full_key``, ``first_token``, ``margin_win``) at ``tier``."""
@@ -147,8 +127,8 @@ def score_trials(model: Any, trials: Sequence[NeedleTrial], tier: Any = None, ba
         for s in range(0, len(trials), batch_size):
             chunk = trials[s:s + batch_size]
             prompts = [t.prompt for t in chunk]
-            exp = _key_scores(model, tier, prompts, [t.expected for t in chunk], precision)
-            comp = _key_scores(model, tier, prompts, [t.competitor for t in chunk], precision)
+            exp = continuation_scores(model, tier, prompts, [t.expected for t in chunk], precision)
+            comp = continuation_scores(model, tier, prompts, [t.competitor for t in chunk], precision)
             for t, (e_score, hits), (c_score, _) in zip(chunk, exp, comp):
                 t.result = {"full_key": all(hits), "first_token": hits[0], "margin_win": e_score > c_score}
     finally:
