@@ -207,10 +207,9 @@ class ESSH(GenerationMixin, ElasticModel):
             return self
         import torch._dynamo
 
-        from ..ops.dispatch import fla_available
+        from ..ops.dispatch import prepare_compile
 
-        if torch.cuda.is_available():
-            fla_available()  # memoised eagerly, so tracing the backend choice imports nothing
+        prepare_compile()
         limit = 64  # graphs per code object: shapes x tiers x padding modes
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, name):

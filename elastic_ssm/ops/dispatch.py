@@ -4,8 +4,8 @@
 Precedence: an explicit ``backend=`` argument, then the environment variable ``ELASTIC_SSM_SCAN_BACKEND``,
 then ``"auto"``, which picks ``"fla"`` for CUDA tensors of a dtype fla supports when ``fla`` imports, else
 ``"torch"``. fla and triton are optional extras: nothing here imports them at module import time.
-Resolution is traceable by ``torch.compile`` once ``fla_available()`` has run eagerly (``compile_model``
-does that): the fla check is memoised in a plain global and nothing is logged while compiling.
+Resolution is traceable by ``torch.compile`` once ``prepare_compile()`` has run eagerly (``compile_model``
+and compiled training do that): the fla check is memoised in a plain global and nothing is logged while compiling.
 """
 
 from __future__ import annotations
@@ -35,6 +35,13 @@ def fla_available() -> bool:
         except Exception:  # ImportError, or triton failing to initialise without a driver
             _FLA_OK.append(False)
     return _FLA_OK[0]
+
+
+def prepare_compile() -> None:
+    """Run the fla check eagerly (on machines with CUDA) before ``torch.compile`` traces a scan: compiled code
+    then reads the memo as a constant and tracing imports nothing."""
+    if torch.cuda.is_available():
+        fla_available()
 
 
 def available_backends() -> list[str]:

@@ -271,10 +271,9 @@ class _Trainer:
 def _compile_blocks(model: nn.Module, n_capacities: int) -> None:
     import torch._dynamo
 
-    from ..ops.dispatch import fla_available
+    from ..ops.dispatch import prepare_compile
 
-    if torch.cuda.is_available():
-        fla_available()  # memoised eagerly: the compiled blocks read the scan backend choice as a constant
+    prepare_compile()
     limit = max(8, 2 * n_capacities + 4)
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
