@@ -181,7 +181,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "
     y = torch.empty_like(x)
     B, D = x.shape
     _kernels()[1][(B,)](x, weight, y, D, x.stride(0), y.stride(0), eps, BLOCK_D=_pow2(D, 16),
-                                    num_warps=4 if D <= 2048 else 8)
+                        num_warps=4 if D <= 2048 else 8)
     return y
 
 
@@ -194,7 +194,7 @@ def swiglu(h: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     y = torch.empty(B, N, dtype=h.dtype, device=h.device)
     block = 1024
     _kernels()[2][(B, triton_cdiv(N, block))](h, y, N, h.stride(0), y.stride(0), BLOCK_N=block,
-                                                          num_warps=4)
+                                              num_warps=4)
     return y
 
 
