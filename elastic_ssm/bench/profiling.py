@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -31,20 +33,19 @@ def top_kernels(fn: Callable[[], object], n: int = 15, log: Callable[[str], None
 
 
 class RunLog:
-    """Timestamped, flushed log lines of a GPU script, rewritten to ``path`` (if given) after each line, so a
-    run cut short by its time limit still leaves its log."""
+    """Timestamped, flushed log lines of a GPU script, appended to ``path`` (if given; emptied at the start)
+    as each is written, so a run cut short by its time limit still leaves its log."""
 
     def __init__(self, path=None) -> None:
-        import time
-        from pathlib import Path
-
-        self._clock, self.t0 = time.monotonic, time.monotonic()
-        self.path, self.lines = (Path(path) if path else None), []
-
-    def __call__(self, s: str) -> None:
-        s = f"[{self._clock() - self.t0:6.1f}s] {s}"
-        print(s, flush=True)
-        self.lines.append(s)
+        self.t0 = time.monotonic()
+        self.path = Path(path) if path else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("\n".join(self.lines) + "\n")
+            self.path.write_text("")
+
+    def __call__(self, s: str) -> None:
+        s = f"[{time.monotonic() - self.t0:6.1f}s] {s}"
+        print(s, flush=True)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(s + "\n")
