@@ -56,12 +56,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tier_names(spec: str) -> list[str] | None:
+    """``--tiers``: None for 'all' (the model's whole tier table), else the comma-separated names."""
+    return None if spec == "all" else spec.split(",")
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from .elastic.export import check_export, export_tier
     from .models import load_pretrained
 
     model = load_pretrained(args.checkpoint)
-    names = [t.name for t in model.tier_table()] if args.tier == "all" else args.tier.split(",")
+    names = _tier_names(args.tier) or [t.name for t in model.tier_table()]
     out = Path(args.out)
     failed = 0
     for name in names:
@@ -98,7 +103,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     tok = load_tokenizer(args.tokenizer)
     tokens = load_corpus(args.data, tok, split=args.split)
     batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.batches))
-    tiers = None if args.tiers == "all" else args.tiers.split(",")
+    tiers = _tier_names(args.tiers)
     bpt = args.bytes_per_token
     if not bpt:   # the byte tokenizer: 1; a subword tokenizer: measured on the evaluated text
         bpt = 1.0 if tok.vocab_size <= 260 else measured_bytes_per_token(tok, tokens)
@@ -121,8 +126,8 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     if not tasks:
         raise ConfigError("--tasks is empty: name at least one lm-eval task (e.g. piqa,hellaswag)")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers="all" if args.tiers == "all" else
-                                   args.tiers.split(","), tokenizer=args.tokenizer, device=args.device,
+    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=_tier_names(args.tiers),
+                                   tokenizer=args.tokenizer, device=args.device,
                                    batch_size=args.batch_size, max_length=args.max_length, limit=limit,
                                    num_fewshot=args.num_fewshot, include_path=args.include_path,
                                    precision=args.precision)
@@ -142,7 +147,7 @@ def cmd_niah(args: argparse.Namespace) -> int:
     cfg = NeedleConfig(context_len=args.context, n_pairs=args.pairs, condition=args.condition, seed=args.seed,
                        depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
     filler = load_corpus(args.data, tok, split=args.split)
-    tiers = None if args.tiers == "all" else args.tiers.split(",")
+    tiers = _tier_names(args.tiers)
     rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision)
     depth_cols = list(rows[0]["by_depth"])
     flat = [{**{k: v for k, v in r.items() if k != "by_depth"}, **{f"d{d}": v for d, v in r["by_depth"].items()}}

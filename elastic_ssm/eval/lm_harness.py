@@ -215,13 +215,13 @@ class ElasticLM(TemplateLM):
         return out
 
 
-def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | Sequence[str] = "all",
+def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | Sequence[str] | None = "all",
                             tokenizer: Any = "bytes", device: str | None = None, batch_size: int = 8,
                             max_length: int = 2048, limit: int | float | None = None,
                             num_fewshot: int | None = None, include_path: str | None = None,
                             precision: str = "fp32", bootstrap_iters: int = 1000, seed: int = 1234,
                             ) -> list[dict[str, Any]]:
-    """Run lm-eval ``tasks`` at every tier in ``tiers`` ("all" = the model's tier table, or a list of
+    """Run lm-eval ``tasks`` at every tier in ``tiers`` ("all" or None = the model's tier table, or a list of
     names) of one shared model, loaded once. Returns one row per (tier, task, metric): ``{"tier", "K",
     "n_ff", "params", "task", "metric", "value", "stderr"}``. ``include_path`` adds a folder of task YAML
     files (local tasks); ``limit`` caps the documents per task (a smoke run, not a paper number)."""
@@ -231,7 +231,7 @@ def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | 
     first = ElasticLM(pretrained, tier=None, tokenizer=tokenizer, device=device, batch_size=batch_size,
                       max_length=max_length, precision=precision)
     model = first.model
-    names = [t.name for t in model.tier_table()] if tiers == "all" else list(tiers)
+    names = [t.name for t in model.tier_table()] if tiers in ("all", None) else list(tiers)
     manager = TaskManager(include_path=include_path)
     rows = []
     for name in names:

@@ -74,10 +74,9 @@ class MetricsLogger:
         for r in records:
             self.write(r)
         if self._bar is not None and records:
-            summary = " ".join(f"{r['tier']}={r['loss']:.3f}" for r in records)
-            acc = " ".join(f"{r['tier']}={r['accuracy']:.3f}" for r in records if "accuracy" in r)
-            self._bar.write(f"[{records[0]['stage']} step {records[0]['step']}] val loss {summary}"
-                            + (f"; accuracy {acc}" if acc else ""))
+            loss = " ".join(f"{r['tier']}={r['loss']:.3f}" for r in records)
+            acc = " ".join(f"{r['tier']}={r['accuracy']:.3f}" for r in records)
+            self._bar.write(f"[{records[0]['stage']} step {records[0]['step']}] val loss {loss}; accuracy {acc}")
 
     def close_bar(self) -> None:
         if self._bar is not None:
