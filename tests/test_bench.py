@@ -39,8 +39,9 @@ def test_fused_step_equals_naive_scan_step():
     v, w, r, c = mixer._controls(u, K, None)
     z_ref, s_ref = naive_spectral_scan(v[:, None], w[:, None], r[:, None], c[:, None], *mixer._modal(K),
                                        initial_state=state, output_final_state=True)
-    consts = dt.ModalConstants.from_mixer(mixer, K, torch.float64)
-    h = u @ mixer.in_proj[:K].reshape(-1, mixer.D).T
+    plan = mixer.decode_plan(K, torch.float64)
+    consts = plan.consts
+    h = u @ plan.w_in.T
     s = state.clone()
     z = dt.spectral_decode_step(h, s, consts, backend="torch")
     torch.testing.assert_close(z, z_ref[:, 0].reshape(B, -1) / K ** 0.5, rtol=1e-12, atol=1e-12)

@@ -126,8 +126,8 @@ def test_fast_decoder_product_paths_agree(batch, out_layout):
         model(ids, cache=ref)
     auto = FastDecoder(model, None, batch, cache=copy.deepcopy(ref), backend="torch", out_layout=out_layout)
     assert auto.fused_gemv == (batch <= gemv.MAX_FUSED_BATCH)
-    copies = [L.ffn_out_rows for L in auto.layers if L.ffn_out_rows is not None]
-    assert len(copies) == (len(auto.layers) if auto.fused_gemv and out_layout == "rows" else 0)
+    copies = [p.w_out_rows for p in auto.ffns if p.w_out_rows is not None]
+    assert len(copies) == (len(auto.ffns) if auto.fused_gemv and out_layout == "rows" else 0)
     other = FastDecoder(model, None, batch, cache=copy.deepcopy(ref), backend="torch",
                         gemv="cublas" if auto.fused_gemv else "fused")
     tok = ids[:, -1]

@@ -9,16 +9,12 @@ import torch.nn.functional as F
 from triton_interpreter import run_interpreted
 
 from elastic_ssm.layers.attention import SlidingWindowAttention
-from elastic_ssm.models.cache import ESSHCache
 from elastic_ssm.ops.swa_decode import rope_inv_freq, swa_decode_step
 
 
-def _cache(B, H, W, hd, dtype):
-    c = ESSHCache(batch=B, tier=None, window=W)
-    c.keys[0] = torch.zeros(B, H, W, hd, dtype=dtype)
-    c.values[0] = torch.zeros(B, H, W, hd, dtype=dtype)
-    c.slot_pos = torch.full((B, W), -1, dtype=torch.long)
-    return c
+def _ring(B, H, W, hd, dtype):
+    layer = SlidingWindowAttention(H * hd, hd, W)
+    return layer.init_state(B, kv_dtype=dtype)
 
 
 @pytest.mark.parametrize("attention", ["math", "sdpa"])
@@ -26,27 +22,28 @@ def test_torch_path_equals_layer_step(attention):
     torch.manual_seed(0)
     B, D, hd, W = 3, 32, 8, 6
     layer = SlidingWindowAttention(D, hd, W).double()
-    ref, mine = _cache(B, D // hd, W, hd, torch.float64), _cache(B, D // hd, W, hd, torch.float64)
+    ref, mine = _ring(B, D // hd, W, hd, torch.float64), _ring(B, D // hd, W, hd, torch.float64)
     inv = rope_inv_freq(hd, layer.rope_base)
     pos = torch.tensor([0, 3, 5])                    # rows start at different positions
     for _ in range(9):                              # the ring wraps (9 + 5 > W)
         x = torch.randn(B, D, dtype=torch.float64)
-        want = layer.step(x, pos, ref, 0)
-        o = swa_decode_step(F.linear(x, layer.qkv), mine.keys[0], mine.values[0], mine.slot_pos, pos, inv,
+        ref.positions.copy_(pos)
+        want = layer.step(x, ref)
+        o = swa_decode_step(F.linear(x, layer.qkv), mine.keys, mine.values, mine.slot_pos, pos, inv,
                             backend="torch", attention=attention)
         torch.testing.assert_close(F.linear(o, layer.out), want, rtol=1e-10, atol=1e-10)
         pos = pos + 1
-    torch.testing.assert_close(mine.keys[0], ref.keys[0])
+    torch.testing.assert_close(mine.keys, ref.keys)
     torch.testing.assert_close(mine.slot_pos, ref.slot_pos)
 
 
 def test_bad_shapes_are_named():
-    c = _cache(2, 2, 4, 8, torch.float32)
+    c = _ring(2, 2, 4, 8, torch.float32)
     with pytest.raises(ValueError, match="need qkv"):
-        swa_decode_step(torch.randn(2, 40), c.keys[0], c.values[0], c.slot_pos, torch.zeros(2, dtype=torch.long),
+        swa_decode_step(torch.randn(2, 40), c.keys, c.values, c.slot_pos, torch.zeros(2, dtype=torch.long),
                         rope_inv_freq(8, 1e4))
     with pytest.raises(ValueError, match="keys/values must both be"):
-        swa_decode_step(torch.randn(2, 48), c.keys[0], c.values[0][:, :1], c.slot_pos,
+        swa_decode_step(torch.randn(2, 48), c.keys, c.values[:, :1], c.slot_pos,
                         torch.zeros(2, dtype=torch.long), rope_inv_freq(8, 1e4))
 
 

@@ -124,8 +124,9 @@ class EsshDecoder:
         W = model.config.window
         for t in (*cache.states.values(), *cache.keys.values(), *cache.values.values()):
             _fill_random(t)
-        last = torch.arange(max(0, context - W), context, device=cache.slot_pos.device)
-        cache.slot_pos[:, last % W] = last
+        last = torch.arange(max(0, context - W), context, device=cache.positions.device)
+        for ring in cache.rings.values():
+            ring.slot_pos[:, last % W] = last
         cache.positions.fill_(context)
         self.model, self.cache, self.fused = model, cache, fused
         self.fd = (FastDecoder(model, tier, batch, cache=cache, backend=backend, out_layout=out_layout,

@@ -3,7 +3,7 @@
 ESSH (C.5, Table 53): ``recurrent = 2 (N - |A|) K_T m P`` fp32 entries and ``kv = |A| 2 w d`` bf16
 entries (``elastic.tiers.state_bytes``). The measured value is the byte size of the tensors an
 ``ESSHCache`` of the tier actually allocates (states and K/V rings; the int64 slot-position and
-next-position bookkeeping, ``8 (w + 1)`` bytes per sequence, is reported separately). Both must agree
+next-position bookkeeping, ``8 (|A| w + 1)`` bytes per sequence, is reported separately). Both must agree
 exactly. Transformer++ keeps ``2 N context d`` KV entries; fla peers report the tensors of their cache.
 Allocation goes to the ``meta`` device by default, so even 1.5B-scale caches cost nothing to count.
 """
@@ -19,35 +19,25 @@ from ..models.baselines import TransformerConfig
 __all__ = ["essh_memory_rows", "transformer_memory_row", "format_mb"]
 
 
-class _CacheShape:
-    """The two attributes ``ESSHCache.allocate`` reads from a model (no weights are built)."""
-
-    def __init__(self, cfg: ESSHConfig, device: torch.device) -> None:
-        from ..elastic.tiers import resolve_tier
-
-        self.config, self._device = cfg, device
-        self.resolve_tier = lambda tier=None: resolve_tier(cfg, tier)
-
-    def parameters(self):
-        yield torch.empty(0, device=self._device)
-
-
 def essh_memory_rows(cfg: ESSHConfig, tiers=None, batch: int = 1, device: str | torch.device = "meta",
                      state_dtype: torch.dtype = torch.float32,
                      kv_dtype: torch.dtype = torch.bfloat16) -> list[dict]:
     """One row per tier: measured and formula bytes per sequence at ``batch`` (``match`` must be True)."""
     from ..models.cache import ESSHCache
+    from ..models.essh import ESSH
 
     device = torch.device(device)
+    with torch.device("meta"):
+        shape = ESSH(cfg)          # no weights are materialised: only the layers' init_state is used
     names = [t.name for t in tier_table(cfg)] if tiers is None else list(tiers)
     rows = []
     for name in names:
-        cache = ESSHCache.allocate(_CacheShape(cfg, device), batch, name, device=device,
+        cache = ESSHCache.allocate(shape, batch, name, device=device,
                                    state_dtype=state_dtype, kv_dtype=kv_dtype)
         measured = cache.nbytes()
         formula = state_bytes(cfg, name, batch=batch, state_dtype_bytes=state_dtype.itemsize,
                               kv_dtype_bytes=kv_dtype.itemsize)
-        book = cache.slot_pos.numel() * cache.slot_pos.element_size() + cache.positions.numel() * 8
+        book = sum(r.slot_pos.numel() * 8 for r in cache.rings.values()) + cache.positions.numel() * 8
         rows.append({
             "bench": "memory", "model": "essh", "tier": name, "batch": batch,
             "recurrent": measured["recurrent"] // batch, "kv": measured["kv"] // batch,

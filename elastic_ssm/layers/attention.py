@@ -23,8 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.rope import apply_rope, rope_cos_sin
+from ..ops.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from ..ops.swa_decode import ring_attend
+from .decode_plan import AttentionPlan
+from .window_ring import RingState
 
 
 def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int,
@@ -130,10 +132,10 @@ class SlidingWindowAttention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None = None,
-                cache=None, layer: int | None = None) -> torch.Tensor:
+                ring: RingState | None = None) -> torch.Tensor:
         """x [B,T,D]; positions [B,T] absolute token positions; valid [B,T] bool (None: all valid).
 
-        With ``cache`` the last ``window`` keys/values are written into its ring buffer for ``layer``.
+        With ``ring`` (this layer's decode state, empty) the last ``window`` keys/values are written into it.
         """
         B, T, D = x.shape
         q, k, v = self._qkv(x, positions)
@@ -157,16 +159,44 @@ class SlidingWindowAttention(nn.Module):
                 blocks.append(F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, ks:e], v[:, :, ks:e],
                                                              attn_mask=mask))
             o = torch.cat(blocks, dim=2)
-        if cache is not None:
-            cache.write_kv(layer, k, v, positions, valid)
+        if ring is not None:
+            ring.write(k, v, positions, valid)
         return F.linear(o.transpose(1, 2).reshape(B, T, D), self.out)
 
-    def step(self, x: torch.Tensor, positions: torch.Tensor, cache, layer: int,
-             valid: torch.Tensor | None = None) -> torch.Tensor:
-        """One token per sequence: x [B,D], positions [B]; attends the ring buffer plus itself."""
+    def mix(self, x: torch.Tensor, tier=None, positions: torch.Tensor | None = None,
+            valid: torch.Tensor | None = None, state: RingState | None = None, backend: str = "auto"):
+        """The block's call (same for every mixer); attention is shared by every tier, so ``tier`` and the
+        scan ``backend`` are unused."""
+        return self(x, positions, valid, ring=state)
+
+    # ---- decoding -------------------------------------------------------------------------------------
+    def init_state(self, batch: int, tier=None, *, kv_dtype: torch.dtype | None = None,
+                   device: torch.device | str | None = None, positions: torch.Tensor | None = None,
+                   **_: object) -> RingState:
+        """This layer's slice of a decode cache: an empty ring of ``window`` key and value slots
+        [B, H, W, hd] in ``kv_dtype`` (2 W d entries per sequence, Table 53). ``positions`` [B] is the
+        cache's shared next-position counter (a new zero counter if None)."""
+        device = device or self.qkv.device
+        dtype = kv_dtype or self.qkv.dtype
+        shape = (batch, self.n_heads, self.window, self.head_dim)
+        if positions is None:
+            positions = torch.zeros(batch, dtype=torch.long, device=device)
+        return RingState(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
+                         torch.full((batch, self.window), -1, dtype=torch.long, device=device), positions)
+
+    def step(self, x: torch.Tensor, ring: RingState, tier=None) -> torch.Tensor:
+        """Reference single-token step: x [B,D] at positions ``ring.positions`` [B]; writes the ring, then
+        attends its allowed slots (the token itself included) -> [B,D]."""
         B, D = x.shape
+        positions = ring.positions
         q, k, v = self._qkv(x[:, None], positions[:, None])       # [B,H,1,hd]
-        cache.write_kv(layer, k, v, positions[:, None], None if valid is None else valid[:, None])
-        kc, vc, slot_pos = cache.kv(layer)                           # [B,H,W,hd], [B,W] (W = window)
-        o = ring_attend(q, kc, vc, slot_pos, positions).to(x.dtype)  # [B,H,1,hd]
+        ring.write(k, v, positions[:, None], None)
+        o = ring_attend(q, ring.keys, ring.values, ring.slot_pos, positions).to(x.dtype)  # [B,H,1,hd]
         return F.linear(o.reshape(B, D), self.out)
+
+    @torch.no_grad()
+    def decode_plan(self, tier=None, state_dtype: torch.dtype | None = None,
+                    row_copies: bool = False) -> AttentionPlan:
+        """The fused step's weights (``layers/decode_plan.py``): ``qkv`` [3D, D], ``out`` [D, D] (already
+        out x in, so no copy is needed) and the float64 RoPE table. Shared by every tier."""
+        return AttentionPlan(self.qkv, self.out, rope_inv_freq(self.head_dim, self.rope_base, self.qkv.device))

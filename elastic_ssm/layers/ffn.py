@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..elastic.slicing import prefix
+from .decode_plan import FFNPlan
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -72,6 +73,16 @@ class SwiGLU(nn.Module):
         if self.track_activations and self.training and n == self.d_ff:
             self._update_stats(act)
         return act @ w_out.to(act.dtype)                            # [..., D]
+
+    @torch.no_grad()
+    def decode_plan(self, tier=None, row_copies: bool = False) -> FFNPlan:
+        """The fused step's weights at ``tier`` (its ``n_ff``, an int, or None = all units;
+        ``layers/decode_plan.py``): prefix views ``w_in`` [2 n_ff, D] and ``w_out`` [n_ff, D], and with
+        ``row_copies`` an out-by-in copy of ``w_out``."""
+        n = self.d_ff if tier is None else int(getattr(tier, "n_ff", tier))
+        w_out = prefix(self.w_out, n)
+        return FFNPlan(prefix(self.w_in, n).reshape(2 * n, self.d_model), w_out,
+                       w_out.t().contiguous() if row_copies else None)
 
     @torch.no_grad()
     def _update_stats(self, act: torch.Tensor) -> None:

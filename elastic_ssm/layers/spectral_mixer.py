@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..elastic.slicing import prefix
+from ..ops.spectral_scan.decode_triton import ModalConstants
+from .decode_plan import SpectralPlan
 
 
 class SpectralMixer(nn.Module):
@@ -95,9 +97,10 @@ class SpectralMixer(nn.Module):
             write = write * valid[..., None, None].to(dtype)
         return v.to(dtype), write, read, clock
 
-    def _modal(self, K: int):
-        """rho, theta, kc, ks, a [K, M] in at least fp32 (bf16 would round rho ~ 1 - 1e-4 to 1)."""
-        dt = torch.promote_types(self.theta.dtype, torch.float32)
+    def _modal(self, K: int, dtype: torch.dtype | None = None):
+        """rho, theta, kc, ks, a [K, M] in ``dtype`` (default: at least fp32; bf16 would round
+        rho ~ 1 - 1e-4 to 1). rho = exp(-softplus(rho_raw)) (C.3)."""
+        dt = dtype or torch.promote_types(self.theta.dtype, torch.float32)
         rho = torch.exp(-F.softplus(prefix(self.rho_raw, K).to(dt)))
         return rho, *(prefix(t, K).to(dt) for t in (self.theta, self.kc, self.ks, self.a))
 
@@ -120,12 +123,53 @@ class SpectralMixer(nn.Module):
         y = self._readout(z, K)
         return (y, state) if output_final_state else y
 
+    def mix(self, u: torch.Tensor, tier, positions: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+            state: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+        """The block's call (same for every mixer): u [B,T,D] at ``tier`` -> y [B,T,D]; with ``state`` (this
+        layer's slice of a decode cache, from ``init_state``) the final mode state is written into it.
+        ``positions`` is unused (the recurrence carries its own phase)."""
+        K = channels(tier, self.K)
+        if state is None:
+            return self(u, K, valid, backend=backend)
+        y, final = self(u, K, valid, output_final_state=True, backend=backend)
+        state.copy_(final)
+        return y
+
     # ---- decoding -------------------------------------------------------------------------------------
-    def step(self, u: torch.Tensor, state: torch.Tensor, K: int | None = None) -> torch.Tensor:
-        """One token: u [B,D], state [B,K,M,2,P] updated in place -> y [B,D]."""
+    def init_state(self, batch: int, tier=None, *, state_dtype: torch.dtype = torch.float32,
+                   device: torch.device | str | None = None, **_: object) -> torch.Tensor:
+        """This layer's slice of a decode cache: zeroed mode states [B, K_T, M, 2, P] in ``state_dtype``
+        (2 K_T m P entries per sequence, ESSH C.5). Other cache arguments (``kv_dtype``, ``positions``)
+        concern other layers and are ignored."""
+        K = channels(tier, self.K)
+        return torch.zeros(batch, K, self.M, 2, self.P, dtype=state_dtype, device=device or self.theta.device)
+
+    def step(self, u: torch.Tensor, state: torch.Tensor, tier=None) -> torch.Tensor:
+        """Reference single-token step (float64-capable): u [B,D], state [B,K,M,2,P] updated in place ->
+        y [B,D]. Eq. 23 blend, C.2 gates and the Eq. 5 / Eq. 24 step of ``ops.spectral_scan_step``."""
         from ..ops import spectral_scan_step
 
-        K = self.K if K is None else K
+        K = channels(tier, self.K)
         v, write, read, clock = self._controls(u, K, None)
         z, _ = spectral_scan_step(v, write, read, clock, *self._modal(K), state)
         return self._readout(z, K)
+
+    @torch.no_grad()
+    def decode_plan(self, tier=None, state_dtype: torch.dtype = torch.float32,
+                    row_copies: bool = False) -> SpectralPlan:
+        """Weights and constants of the fused step at ``tier`` (``layers/decode_plan.py``): prefix views of
+        ``in_proj`` [K(P+3M), D] and ``out_proj`` [K P, D], the modal constants of C.3 / Eq. 24 computed in
+        float64 and cast to ``state_dtype``, and with ``row_copies`` an out-by-in copy of ``out_proj``."""
+        K, P, M, d = channels(tier, self.K), self.P, self.M, torch.float64
+        w_in = prefix(self.in_proj, K).reshape(K * (P + 3 * M), self.D)
+        w_out = prefix(self.out_proj, K).reshape(K * P, self.D)
+        consts = ModalConstants.pack(prefix(self.gate_bias, K).to(d), *self._modal(K, d),
+                                     prefix(self.beta, K).to(d), P, self.blend_eps, state_dtype)
+        return SpectralPlan(w_in, w_out, consts, w_out.t().contiguous() if row_copies else None)
+
+
+def channels(tier, full: int) -> int:
+    """K of ``tier``: a ``Tier`` (its ``K``), an int, or None (all ``full`` channels)."""
+    if tier is None:
+        return full
+    return int(getattr(tier, "K", tier))

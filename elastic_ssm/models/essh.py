@@ -49,26 +49,14 @@ class ESSHBlock(nn.Module):
         self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.d_model, cfg.d_ff, init_std=cfg.init_std, out_std=out_std)
 
-    def forward(self, x, tier: Tier, positions, valid, cache, layer, ffn_grad_scale=None, backend="auto"):
-        h = self.norm1(x)
-        if self.kind == "S":
-            if cache is not None:
-                h, state = self.mixer(h, tier.K, valid, output_final_state=True, backend=backend)
-                cache.states[layer].copy_(state)
-            else:
-                h = self.mixer(h, tier.K, valid, backend=backend)
-        else:
-            h = self.mixer(h, positions, valid, cache=cache, layer=layer)
-        x = x + h
+    def forward(self, x, tier: Tier, positions, valid, state=None, ffn_grad_scale=None, backend="auto"):
+        """x [B,T,D] -> [B,T,D]; ``state`` (this layer's slice of a decode cache) is filled by the mixer."""
+        x = x + self.mixer.mix(self.norm1(x), tier, positions, valid, state, backend)
         return x + self.ffn(self.norm2(x), tier.n_ff, ffn_grad_scale)
 
-    def step(self, x, tier: Tier, positions, cache, layer):
-        h = self.norm1(x)
-        if self.kind == "S":
-            h = self.mixer.step(h, cache.states[layer], tier.K)
-        else:
-            h = self.mixer.step(h, positions, cache, layer)
-        x = x + h
+    def step(self, x, tier: Tier, state):
+        """One token: x [B,D] -> [B,D]; the mixer's ``step`` advances ``state`` (its cache slice)."""
+        x = x + self.mixer.step(self.norm1(x), state, tier)
         return x + self.ffn(self.norm2(x), tier.n_ff)
 
 
@@ -161,8 +149,9 @@ class ESSH(GenerationMixin, ElasticModel):
                logits: bool) -> torch.Tensor:
         """Embedding, blocks and final norm (and the logits when ``logits``): what ``compile`` compiles."""
         x = self.embed(input_ids)
-        for i, block in enumerate(self.blocks):
-            x = block(x, t, positions, valid, cache, i, ffn_grad_scale, backend)
+        states = [None] * len(self.blocks) if cache is None else cache.layers
+        for block, state in zip(self.blocks, states):
+            x = block(x, t, positions, valid, state, ffn_grad_scale, backend)
         x = self.norm_f(x)
         return self.logits_from_hidden(x) if logits else x
 
@@ -225,8 +214,8 @@ class ESSH(GenerationMixin, ElasticModel):
         """Decode one token per sequence: tokens [B] -> logits [B,V]; the cache advances by one."""
         t = cache.tier
         x = self.embed(tokens)
-        for i, block in enumerate(self.blocks):
-            x = block.step(x, t, cache.positions, cache, i)
+        for block, state in zip(self.blocks, cache.layers):
+            x = block.step(x, t, state)
         cache.positions += 1
         return self.logits_from_hidden(self.norm_f(x))
 

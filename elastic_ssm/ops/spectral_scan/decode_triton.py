@@ -12,7 +12,7 @@ M read and M clock pre-activations, the layout of ``SpectralMixer.in_proj``)::
     out    = K^{-1/2} z                                                             (Sec. 4.1 readout scale)
 
 Fixed modal constants are precomputed once per (layer, tier) in ``ModalConstants`` (rho, cos/sin theta,
-kc, ks, a kc, biases, beta). The output projection is left to cuBLAS. ``backend="triton"`` runs one
+kc, ks, a kc, biases, beta): the layer computes them (``SpectralMixer.decode_plan``), ``pack`` lays them out. The output projection is left to cuBLAS. ``backend="triton"`` runs one
 Triton program per (b, k) holding all M modes of the channel in registers; ``"torch"`` is the same math
 in vectorised PyTorch (the CPU path and the reference of the Triton kernel). Triton is imported lazily
 (``TRITON_INTERPRET=1`` runs the kernels on CPU tensors). ``rms_norm`` and ``swiglu`` are the two
@@ -55,17 +55,14 @@ class ModalConstants:
 
     @classmethod
     @torch.no_grad()
-    def from_mixer(cls, mixer, K: int, dtype: torch.dtype = torch.float32) -> ModalConstants:
-        """Constants of the first ``K`` channels of a ``SpectralMixer`` (computed in float64, then cast)."""
-        d = torch.float64
-        bias = mixer.gate_bias[:K].to(d)                                  # [K, 3, M]
-        rho = torch.exp(-F.softplus(mixer.rho_raw[:K].to(d)))            # C.3
-        th = mixer.theta[:K].to(d)
-        kc, ks, a = mixer.kc[:K].to(d), mixer.ks[:K].to(d), mixer.a[:K].to(d)
-        rows = [bias[:, 0], bias[:, 1], bias[:, 2], rho, torch.cos(th), torch.sin(th), kc, ks, a * kc]
+    def pack(cls, bias: torch.Tensor, rho: torch.Tensor, theta: torch.Tensor, kc: torch.Tensor, ks: torch.Tensor,
+             a: torch.Tensor, beta: torch.Tensor, P: int, eps: float, dtype: torch.dtype) -> ModalConstants:
+        """Pack a layer's modal tables into the kernel's layout: bias [K, 3, M], rho/theta/kc/ks/a [K, M],
+        beta [K] (computed by the layer, ideally in float64) -> ``table [K, 9, M]`` in ``dtype``."""
+        rows = [bias[:, 0], bias[:, 1], bias[:, 2], rho, torch.cos(theta), torch.sin(theta), kc, ks, a * kc]
         table = torch.stack(rows, dim=1).to(dtype).contiguous()          # [K, 9, M]
-        beta = mixer.beta[:K].to(dtype).contiguous()
-        return cls(table, beta, K, mixer.M, mixer.P, float(mixer.blend_eps))
+        K, M = rho.shape
+        return cls(table, beta.to(dtype).contiguous(), K, M, P, float(eps))
 
 
 def triton_available() -> bool:

@@ -1,0 +1,118 @@
+"""Decode plans: what each layer hands the fused decoder for one tier (ESSH Appendix O.3, Algorithm 4).
+
+A layer's ``decode_plan(tier, ...)`` returns one of these: the prefix *views* of its weights for the tier
+(cut by ``elastic.slicing.prefix``, no copies unless an out-by-in row copy is asked for) and the fixed
+constants its fused kernel needs, precomputed once when the tier is loaded. Each plan runs its own part of
+one decode step on the residual stream ``x`` [B, D]:
+
+* ``fused(x, norm, eps, state, opts)`` (batch <= ``ops.gemv.MAX_FUSED_BATCH``): float32 residual stream,
+  the block's pre-norm folded into the input product, the output product added into ``x`` in place;
+* ``batched(x, norm, eps, state, opts)`` (any batch): residual stream in the embedding dtype, cuBLAS
+  products, the same recurrent / window kernels; returns the new ``x``.
+
+The math of every plan is its layer's ``step`` (the reference it is tested against); the kernels live in
+``ops/`` (``ops.gemv``, ``ops.spectral_scan.decode_triton``, ``ops.swa_decode``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..ops.gemv import gemv_accumulate, norm_gemv, norm_swiglu_gemv
+from ..ops.spectral_scan.decode_triton import ModalConstants, rms_norm, spectral_decode_step, swiglu
+from ..ops.swa_decode import swa_decode_step
+
+__all__ = ["DecodeOptions", "SpectralPlan", "AttentionPlan", "FFNPlan"]
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """Kernel choices of one decoder: ``backend`` 'triton' | 'torch', programmatic dependent launch,
+    the torch window step's ``attention`` ('sdpa' | 'math')."""
+
+    backend: str
+    pdl: bool
+    attention: str
+
+
+def residual_mm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x + a @ w with the add in the GEMM epilogue when dtypes agree. x [B,D], a [B,N], w [N,D]."""
+    if x.dtype == w.dtype and a.dtype == w.dtype:
+        return torch.addmm(x, a, w)
+    return x + (a.to(w.dtype) @ w).to(x.dtype)
+
+
+def add_product(a: torch.Tensor, w: torch.Tensor, w_rows: torch.Tensor | None, x: torch.Tensor,
+                o: DecodeOptions) -> None:
+    """x += a @ w, from the out-by-in copy ``w_rows`` when the plan keeps one, else split over w's rows."""
+    if w_rows is not None:
+        norm_gemv(a, w_rows, out=x, residual=True, backend=o.backend, pdl=o.pdl)
+    else:
+        gemv_accumulate(a, w, x, backend=o.backend, pdl=o.pdl)
+
+
+@dataclass
+class SpectralPlan:
+    """Spectral mixer at one tier: in_proj prefix [K(P+3M), D], out_proj prefix [K P, D] (in x out),
+    modal constants, and optionally an out-by-in copy ``w_out_rows`` [D, K P]."""
+
+    w_in: torch.Tensor
+    w_out: torch.Tensor
+    consts: ModalConstants
+    w_out_rows: torch.Tensor | None = None
+
+    def fused(self, x, norm, eps, state, o: DecodeOptions) -> None:
+        h = norm_gemv(x, self.w_in, norm, eps, backend=o.backend, pdl=o.pdl)          # [B, K(P+3M)]
+        z = spectral_decode_step(h, state, self.consts, x.dtype, o.backend, pdl=o.pdl)  # [B, K P] scaled
+        add_product(z, self.w_out, self.w_out_rows, x, o)
+
+    def batched(self, x, norm, eps, state, o: DecodeOptions) -> torch.Tensor:
+        h = F.linear(rms_norm(x, norm, eps, o.backend), self.w_in)
+        return residual_mm(x, spectral_decode_step(h, state, self.consts, self.w_out.dtype, o.backend), self.w_out)
+
+
+@dataclass
+class AttentionPlan:
+    """Sliding-window attention: qkv [3D, D], out [D, D] (out x in; ``w_out`` is its in x out view) and
+    the RoPE frequency table (float64 [hd / 2])."""
+
+    w_in: torch.Tensor
+    w_out_rows: torch.Tensor
+    inv_freq: torch.Tensor
+
+    @property
+    def w_out(self) -> torch.Tensor:
+        return self.w_out_rows.t()
+
+    def _attend(self, qkv, ring, out_dtype, o: DecodeOptions) -> torch.Tensor:
+        return swa_decode_step(qkv, ring.keys, ring.values, ring.slot_pos, ring.positions, self.inv_freq,
+                               o.backend, o.attention, out_dtype, pdl=o.pdl)
+
+    def fused(self, x, norm, eps, ring, o: DecodeOptions) -> None:
+        att = self._attend(norm_gemv(x, self.w_in, norm, eps, backend=o.backend, pdl=o.pdl), ring, x.dtype, o)
+        norm_gemv(att, self.w_out_rows, out=x, residual=True, backend=o.backend, pdl=o.pdl)
+
+    def batched(self, x, norm, eps, ring, o: DecodeOptions) -> torch.Tensor:
+        qkv = F.linear(rms_norm(x, norm, eps, o.backend), self.w_in)
+        return residual_mm(x, self._attend(qkv, ring, x.dtype, o), self.w_out)
+
+
+@dataclass
+class FFNPlan:
+    """SwiGLU at one tier: w_in prefix [2 n_ff, D] (rows gate_h, up_h), w_out prefix [n_ff, D] (in x out),
+    optionally an out-by-in copy ``w_out_rows`` [D, n_ff]."""
+
+    w_in: torch.Tensor
+    w_out: torch.Tensor
+    w_out_rows: torch.Tensor | None = None
+
+    def fused(self, x, norm, eps, state, o: DecodeOptions) -> None:
+        a = norm_swiglu_gemv(x, self.w_in, norm, eps, backend=o.backend, pdl=o.pdl)
+        add_product(a, self.w_out, self.w_out_rows, x, o)
+
+    def batched(self, x, norm, eps, state, o: DecodeOptions) -> torch.Tensor:
+        a = swiglu(F.linear(rms_norm(x, norm, eps, o.backend), self.w_in), o.backend)
+        return residual_mm(x, a, self.w_out)
