@@ -1,11 +1,11 @@
 """Inference cache of an ESSH model at one tier: one state per layer, each the layer's own ``init_state``.
 
 A spectral layer's state is its mode states ``[B, K_T, M, 2, P]`` (float32 by default: ESSH Sec. 4.3,
-2 K_T m P entries per layer); a sliding-window-attention layer's state is a :class:`RingState`, a ring
-buffer of ``window`` key and value slots ``[B, H, W, hd]`` (``layers/window_ring.py``) (bfloat16 by default, Table 53) with the
-absolute position held by every slot (``-1`` = empty). ``positions`` [B] is the next position of every
-sequence (left padding does not count), shared by every ring. Sizes follow the tier; ``nbytes`` equals
-``elastic.tiers.state_bytes`` of the config (slot bookkeeping excluded).
+2 K_T m P entries per layer); a sliding-window-attention layer's state is a ``RingState``
+(``layers/window_ring.py``), a ring buffer of ``window`` key and value slots ``[B, H, W, hd]`` (bfloat16
+by default, Table 53) with the absolute position held by every slot (``-1`` = empty). ``positions`` [B]
+is the next position of every sequence (left padding does not count), shared by every ring. Sizes follow
+the tier; ``nbytes`` equals ``elastic.tiers.state_bytes`` of the config (slot bookkeeping excluded).
 
 Every tensor stays at a fixed address for the cache's lifetime (``reset_`` and the writes are in place),
 so a decode step over the cache can be captured in a CUDA graph; ``narrow(rows)`` gives a cache of views of

@@ -12,7 +12,8 @@ M read and M clock pre-activations, the layout of ``SpectralMixer.in_proj``)::
     out    = K^{-1/2} z                                                             (Sec. 4.1 readout scale)
 
 Fixed modal constants are precomputed once per (layer, tier) in ``ModalConstants`` (rho, cos/sin theta,
-kc, ks, a kc, biases, beta): the layer computes them (``SpectralMixer.decode_plan``), ``pack`` lays them out. The output projection is left to cuBLAS. ``backend="triton"`` runs one
+kc, ks, a kc, biases, beta): the layer computes them (``SpectralMixer.decode_plan``), ``pack`` lays them
+out. The output projection is left to cuBLAS. ``backend="triton"`` runs one
 Triton program per (b, k) holding all M modes of the channel in registers; ``"torch"`` is the same math
 in vectorised PyTorch (the CPU path and the reference of the Triton kernel). Triton is imported lazily
 (``TRITON_INTERPRET=1`` runs the kernels on CPU tensors). ``rms_norm`` and ``swiglu`` are the two
