@@ -221,3 +221,19 @@ class ESSH(GenerationMixin, ElasticModel):
 
     def allocate_cache(self, batch: int, tier: Any = None, **kw: Any) -> ESSHCache:
         return ESSHCache.allocate(self, batch, tier, **kw)
+
+    def _decode_session(self, batch: int, tier: Any, fast: bool | None, state_dtype, kv_dtype):
+        """``generate``'s decoder: the pooled fused decoder (``models/decode_engine.py``; CUDA-graphed on
+        CUDA), its cache reset and narrowed to ``batch`` rows for the prefill; or the reference step."""
+        from .decode_engine import decoder_pool, use_fast_decoding
+
+        if not use_fast_decoding(self, fast):
+            return super()._decode_session(batch, tier, fast, state_dtype, kv_dtype)
+        fd = decoder_pool(self).get(tier, batch, state_dtype, kv_dtype)
+        return fd.cache.reset_().narrow(batch), fd.step
+
+    def clear_decoders(self) -> None:
+        """Free the pooled decoders and their CUDA graphs (``models/decode_engine.py``)."""
+        from .decode_engine import decoder_pool
+
+        decoder_pool(self).clear()

@@ -63,6 +63,8 @@ class FastDecoder:
     ``pdl``: launch the Triton kernels with programmatic dependent launch (``ops/pdl.py``): each kernel
     starts streaming its weights while the previous one finishes. 'auto' (default) = on for CUDA devices
     of compute capability >= 9.0 with the Triton backend; True / False force it.
+    ``share_plans``: another decoder of the same model whose plans (and weight copies) this one reuses when
+    its tier, state dtype and layout agree (``models/decode_engine.py`` pools decoders per batch bucket).
 
     The decoder is a runner: every layer's weights and constants come from the layer's own
     ``decode_plan(tier, ...)`` (``layers/decode_plan.py``), and each plan runs its part of the step.
@@ -71,7 +73,8 @@ class FastDecoder:
     def __init__(self, model, tier: Any = None, batch: int = 1, cache: ESSHCache | None = None,
                  state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
                  backend: str = "auto", attention: str = "auto", gemv: str = "auto",
-                 out_layout: str = "auto", pdl: bool | str = "auto", cuda_graph: bool = False) -> None:
+                 out_layout: str = "auto", pdl: bool | str = "auto", cuda_graph: bool = False,
+                 share_plans: FastDecoder | None = None) -> None:
         cfg = model.config
         self.model, self.config = model.eval(), cfg
         self.tier = model.resolve_tier(tier)
@@ -99,8 +102,12 @@ class FastDecoder:
         self.fused_gemv = gemv == "fused" or (gemv == "auto" and batch <= MAX_FUSED_BATCH)
         state_dt = next(iter(cache.states.values())).dtype if cache.states else torch.float32
         rows = self.out_layout == "rows" and self.fused_gemv
-        self.mixers = [b.mixer.decode_plan(self.tier, state_dt, row_copies=rows) for b in model.blocks]
-        self.ffns = [b.ffn.decode_plan(self.tier, row_copies=rows) for b in model.blocks]
+        self._plan_key = (self.tier, state_dt, rows)
+        if share_plans is not None and share_plans.model is model and share_plans._plan_key == self._plan_key:
+            self.mixers, self.ffns = share_plans.mixers, share_plans.ffns
+        else:
+            self.mixers = [b.mixer.decode_plan(self.tier, state_dt, row_copies=rows) for b in model.blocks]
+            self.ffns = [b.ffn.decode_plan(self.tier, row_copies=rows) for b in model.blocks]
         self.norms = [(b.norm1.weight, b.norm2.weight) for b in model.blocks]
         self.head = emb if model.lm_head is None else model.lm_head.weight
         self.norm_f, self.eps = model.norm_f.weight, model.norm_f.eps

@@ -1,41 +1,72 @@
-"""Cached autoregressive generation for ESSH (prefill with the chunked scan, decode with the step).
+"""Cached autoregressive generation: one prefill, then one decode step per token (ESSH Algorithm 4).
 
 ``generate`` accepts a left-padded batch (``attention_mask`` [B, T], 1 = real token). Padded positions
 never enter a recurrent state (their write gate is zeroed) and are masked as attention keys, so every
-row equals the unpadded single-sequence result. Sampling: greedy (temperature 0), temperature, top-k,
-top-p; ``eos`` stops a row (it then emits ``pad`` = eos); ``streamer(tokens [B])`` is called per step.
+row equals the unpadded single-sequence result.
+
+Arguments follow Hugging Face's names and defaults: greedy unless ``do_sample`` (``do_sample=None``, the
+default, samples exactly when a ``temperature`` > 0, ``top_k`` or ``top_p`` is given; ``temperature=0``
+is greedy), ``eos_token_id`` stops a row, which then emits ``pad_token_id`` (default: the eos id).
+
+The decode step comes from the model's ``_decode_session`` (``models/decode_engine.py``): on CUDA the
+fused decoder replayed from a CUDA graph captured once per (tier, batch bucket) and reused by later calls;
+``fast=False`` uses the model's reference ``step``. The loop never synchronises with the host per token:
+sampling runs on the device (the exponential race for sampling, no ``multinomial``), eos is tracked in
+a device mask and checked every ``sync_every`` tokens, and generated ids collect in a device buffer.
+A ``streamer(tokens [B])`` gets each step's device tensor; reading its values synchronises.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+_GENERATE_ARGS = ("input_ids", "max_new_tokens", "tier", "attention_mask", "do_sample", "temperature", "top_k",
+                  "top_p", "eos_token_id", "pad_token_id", "eos", "streamer", "generator", "fast", "state_dtype",
+                  "kv_dtype", "sync_every")
+
+
+def check_sampling(temperature: float | None, top_k: int | None, top_p: float | None) -> None:
+    """One-line ValueErrors for sampling values outside their range."""
+    if temperature is not None and (not isinstance(temperature, (int, float)) or isinstance(temperature, bool)
+                                    or not math.isfinite(temperature) or temperature < 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0):
+        raise ValueError(f"top_k must be an integer >= 0 (0 = no top-k filter), got {top_k!r}")
+    if top_p is not None and (not isinstance(top_p, (int, float)) or isinstance(top_p, bool)
+                              or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must lie in (0, 1] (1 = no nucleus filter), got {top_p!r}")
+
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits [B, V] -> token ids [B]."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    """logits [B, V] -> token ids [B], on the device, without a host synchronisation.
+
+    ``temperature == 0`` is the argmax. Otherwise the logits are divided by the temperature, filtered to
+    the ``top_k`` largest and to the smallest set of mass >= ``top_p``, and a token is drawn by the
+    exponential race ``argmax_i p_i / E_i`` (E_i ~ Exp(1) i.i.d.), which picks i with probability p_i.
+    """
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
-    if top_k is not None and top_k > 0:
+    if top_k:
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and 0 < top_p < 1:
+    if top_p is not None and top_p < 1:
         sorted_logits, idx = logits.sort(-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) > top_p          # keep the smallest set with mass >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+        p = sorted_logits.softmax(-1)
+        drop = p.cumsum(-1) - p > top_p                         # keep the smallest set with mass >= top_p
+        logits = logits.scatter(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
     probs = logits.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / race).argmax(-1)
 
 
-def _check_left_padding(mask: torch.Tensor) -> None:
+def check_left_padding(mask: torch.Tensor) -> None:
     m = mask.long()
     if (m[:, 1:] < m[:, :-1]).any():
         raise ValueError("attention_mask must use LEFT padding (zeros before the real tokens of each row)")
@@ -43,46 +74,107 @@ def _check_left_padding(mask: torch.Tensor) -> None:
         raise ValueError("every row needs at least one real token (attention_mask row of zeros)")
 
 
+def _check_inputs(model, input_ids: torch.Tensor, attention_mask, max_new_tokens, eos, pad) -> None:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError("input_ids must be a tensor [B, T] (or [T]) of token ids")
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(f"the prompt is empty (input_ids of shape {tuple(input_ids.shape)}): give every row "
+                         "at least one token (e.g. the bos token)")
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    V = model.config.vocab_size
+    for name, t in (("eos_token_id", eos), ("pad_token_id", pad)):
+        if t is not None and (not isinstance(t, int) or not 0 <= t < V):
+            raise ValueError(f"{name} must be a token id in [0, vocab_size={V}), got {t!r}")
+    if attention_mask is not None:
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got "
+                             f"{tuple(attention_mask.shape)}")
+        check_left_padding(attention_mask)
+
+
 class GenerationMixin:
+    """``generate`` for models with ``allocate_cache``, a prefilling ``forward(..., cache=)`` and
+    ``step(tokens, cache)``; a model with a fused decoder also has ``_decode_session``."""
+
+    def _decode_session(self, batch: int, tier: Any, fast: bool | None, state_dtype, kv_dtype):
+        """(cache to prefill, step(tokens [B]) -> logits [B, V]); the reference path."""
+        cache = self.allocate_cache(batch, tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
+        return cache, lambda tokens: self.step(tokens, cache)
+
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 32, tier: Any = None,
-                 attention_mask: torch.Tensor | None = None, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, eos: int | None = None,
+                 attention_mask: torch.Tensor | None = None, do_sample: bool | None = None,
+                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                 eos_token_id: int | None = None, pad_token_id: int | None = None,
                  streamer: Callable[[torch.Tensor], None] | None = None,
-                 generator: torch.Generator | None = None, state_dtype: torch.dtype | None = None,
-                 kv_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Return ``input_ids`` followed by ``max_new_tokens`` sampled tokens, [B, T + new].
+                 generator: torch.Generator | None = None, fast: bool | None = None,
+                 state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
+                 sync_every: int = 16, eos: int | None = None, **unknown: Any) -> torch.Tensor:
+        """Return ``input_ids`` followed by up to ``max_new_tokens`` generated tokens, [B, T + new].
 
-        Caches default to fp32 states and a bf16 KV ring on CUDA, and to the parameter dtype on CPU.
+        Greedy by default (see the module docstring for ``do_sample``); generation stops early once every
+        row has emitted ``eos_token_id`` (default: the config's, if set; ``eos`` is an alias). ``fast``:
+        None = the fused, CUDA-graphed decoder on CUDA (``models/decode_engine.py``), True forces it, False
+        uses the reference step. Caches default to fp32 states and a bf16 KV ring on CUDA, the parameter
+        dtype on CPU.
         """
-        if input_ids.dim() == 1:
+        if unknown:
+            raise TypeError(f"generate() got unsupported argument(s) {sorted(unknown)}; supported: "
+                            f"{', '.join(_GENERATE_ARGS)}")
+        if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
             input_ids = input_ids[None]
-        if max_new_tokens < 0:
-            raise ValueError("max_new_tokens must be >= 0")
-        if attention_mask is not None:
-            if attention_mask.shape != input_ids.shape:
-                raise ValueError("attention_mask must have the shape of input_ids")
-            _check_left_padding(attention_mask)
+        if attention_mask is not None and attention_mask.dim() == 1:
+            attention_mask = attention_mask[None]
+        if eos is not None and eos_token_id is not None and eos != eos_token_id:
+            raise ValueError(f"eos={eos} and eos_token_id={eos_token_id} disagree; give one of them")
+        eos = eos_token_id if eos_token_id is not None else eos
+        if eos is None and self.config.eos_token_id >= 0:
+            eos = self.config.eos_token_id
+        pad = pad_token_id if pad_token_id is not None else eos
+        _check_inputs(self, input_ids, attention_mask, max_new_tokens, eos, pad)
+        check_sampling(temperature, top_k, top_p)
+        if do_sample is None:
+            do_sample = (temperature is not None and temperature > 0) or bool(top_k) or top_p is not None
+        temp = 0.0 if not do_sample else (1.0 if temperature is None else float(temperature))
+        if not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}")
         was_training = self.training
         self.eval()
-        eos = self.config.eos_token_id if eos is None and self.config.eos_token_id >= 0 else eos
-        B = input_ids.shape[0]
-        cache = self.allocate_cache(B, tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
-        logits = self(input_ids, tier=tier, attention_mask=attention_mask, cache=cache)[:, -1]
-        out = [input_ids]
-        done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         try:
-            for _ in range(max_new_tokens):
-                nxt = sample_next(logits, temperature, top_k, top_p, generator)
-                if eos is not None:
-                    nxt = torch.where(done, torch.full_like(nxt, eos), nxt)
-                    done |= nxt == eos
-                out.append(nxt[:, None])
-                if streamer is not None:
-                    streamer(nxt)
-                if eos is not None and bool(done.all()):
-                    break
-                logits = self.step(nxt, cache)
+            B = input_ids.shape[0]
+            cache, step = self._decode_session(B, tier, fast, state_dtype, kv_dtype)
+            logits = self(input_ids, tier=tier, attention_mask=attention_mask, cache=cache)[:, -1]
+            return torch.cat([input_ids, self._decode_loop(logits, step, max_new_tokens, temp, top_k, top_p,
+                                                           eos, pad, streamer, generator, sync_every)], dim=1)
         finally:
             self.train(was_training)
-        return torch.cat(out, dim=1)
+
+    @staticmethod
+    def _decode_loop(logits, step, n_new: int, temperature, top_k, top_p, eos, pad, streamer, generator,
+                     sync_every: int) -> torch.Tensor:
+        """Sample ``n_new`` tokens [B, n] on the device; cut after the step at which every row was done."""
+        B, dev = logits.shape[0], logits.device
+        out = torch.empty(B, n_new, dtype=torch.long, device=dev)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        all_done = torch.zeros(n_new, dtype=torch.bool, device=dev)
+        n = 0
+        for i in range(n_new):
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)
+            if eos is not None:
+                nxt = torch.where(done, pad, nxt)
+                done |= nxt == eos
+                all_done[i] = done.all()
+            out[:, i] = nxt
+            n = i + 1
+            if streamer is not None:
+                streamer(nxt)
+            # a streamer reads every token anyway (a sync per step), so the stop is checked at once
+            if eos is not None and (streamer is not None or n % sync_every == 0) and bool(all_done[i]):
+                break
+            if n < n_new:
+                logits = step(nxt)
+        if eos is not None and n:
+            hit = all_done[:n].nonzero()
+            n = int(hit[0, 0]) + 1 if hit.numel() else n
+        return out[:, :n]

@@ -1,0 +1,111 @@
+"""The decoders ``generate`` uses: fused, CUDA-graphed, captured once per (tier, batch bucket) and reused.
+
+``DecoderPool`` lives on a model (``decoder_pool(model)``). ``get(tier, batch)`` returns a ``FastDecoder``
+for the batch bucket ``2^ceil(log2 batch)`` (1, 2, 4, 8, 16, ...), built and (on CUDA) captured in a CUDA
+graph on first use; a later call with the same tier, bucket and cache dtypes replays the same graph. The
+caller resets the decoder's cache and prefills the first ``batch`` rows through ``cache.narrow(batch)``;
+the bucket's other rows decode padding, harmlessly.
+
+Memory: each pooled decoder holds its cache (``state_bytes`` of the tier at the bucket size) and its
+graph's private memory pool; decoders of one tier share their decode plans, so the out-by-in weight
+copies of the 'rows' layout (``FastDecoder``) exist once per tier. At most ``max_decoders`` (default 4)
+are kept, least recently used first out; ``model.clear_decoders()`` frees them all. Decoders are rebuilt
+when the model's parameters change (an in-place update bumps a tensor's version; ``load_state_dict`` or
+``.to()`` replaces the tensors), so a pooled decoder never runs on stale modal constants or weight copies.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from .fast_decode import FastDecoder
+
+__all__ = ["DecoderPool", "decoder_pool", "batch_bucket", "use_fast_decoding"]
+
+
+def batch_bucket(batch: int) -> int:
+    """The captured batch size serving ``batch`` rows: the next power of two."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    return 1 << (batch - 1).bit_length()
+
+
+def use_fast_decoding(model, fast: bool | None) -> bool:
+    """``fast=None``: the fused decoder on CUDA, the reference step on the CPU (docs/performance.md has the
+    CPU measurement); True / False force the choice."""
+    if fast is None:
+        return model.embed.weight.device.type == "cuda"
+    if fast not in (True, False):
+        raise ValueError(f"fast must be True, False or None (automatic), got {fast!r}")
+    return fast
+
+
+def _weights_signature(model) -> tuple:
+    return tuple((id(p), p._version) for p in model.parameters())
+
+
+class DecoderPool:
+    """Least-recently-used pool of ``FastDecoder``s of one model, keyed by (tier, bucket, cache dtypes)."""
+
+    def __init__(self, model, max_decoders: int = 4) -> None:
+        self._model, self.max_decoders = weakref.ref(model), max_decoders
+        self._decoders: OrderedDict[tuple, FastDecoder] = OrderedDict()
+        self._signature: tuple | None = None
+        self.captures = 0                     # graphs captured so far (tests check reuse with it)
+
+    def get(self, tier: Any, batch: int, state_dtype: torch.dtype | None = None,
+            kv_dtype: torch.dtype | None = None) -> FastDecoder:
+        """The decoder serving ``batch`` rows at ``tier`` (built and captured on first use)."""
+        model = self._model()
+        t = model.resolve_tier(tier)
+        sig = _weights_signature(model)
+        if sig != self._signature:
+            self.clear()
+            self._signature = sig
+        bucket = batch_bucket(batch)
+        key = (t.name, bucket, state_dtype, kv_dtype)
+        fd = self._decoders.get(key)
+        if fd is not None:
+            self._decoders.move_to_end(key)
+            return fd
+        graph = model.embed.weight.device.type == "cuda"
+        shared = next((d for (name, *_), d in self._decoders.items() if name == t.name), None)
+        fd = FastDecoder(model, t, bucket, state_dtype=state_dtype, kv_dtype=kv_dtype, share_plans=shared)
+        if graph:
+            try:
+                fd.capture(preserve_cache=False)
+                self.captures += 1
+            except RuntimeError as e:   # e.g. a kernel that cannot be captured on this stack: stay eager
+                warnings.warn(f"CUDA-graph capture of the decoder failed ({e}); decoding without a graph",
+                              stacklevel=3)
+        self._decoders[key] = fd
+        while len(self._decoders) > self.max_decoders:
+            self._decoders.popitem(last=False)
+        return fd
+
+    def clear(self) -> None:
+        self._decoders.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def info(self) -> list[dict]:
+        """One row per pooled decoder: tier, bucket, graphed, cache bytes."""
+        return [{"tier": k[0], "bucket": k[1], "graphed": d.graphed, "cache_bytes": d.cache.nbytes()["total"]}
+                for k, d in self._decoders.items()]
+
+
+_POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def decoder_pool(model) -> DecoderPool:
+    """The model's pool, created on first use. Held beside the model (a weak-keyed table), not in it, so
+    copying, pickling or saving a model never touches captured graphs."""
+    pool = _POOLS.get(model)
+    if pool is None:
+        pool = _POOLS[model] = DecoderPool(model)
+    return pool

@@ -1,0 +1,194 @@
+"""The layer decode interface (init_state / step / decode_plan) and ``generate`` on top of it (CPU).
+
+For every tier of the ``tiny`` and ``small`` presets (float64): each mixer's ``step`` equals its ``forward``
+one token at a time, also after a prefill through ``mix(state=...)``; the fused decoder (torch path) over
+the layers' plans equals the reference ``ESSH.step``; ``generate`` equals the greedy argmax of the full
+forward, on both decode paths, and left-padded rows equal their unpadded runs. Bad input gets one-line
+errors.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import elastic_ssm as es
+from elastic_ssm.layers.attention import SlidingWindowAttention
+from elastic_ssm.layers.spectral_mixer import SpectralMixer
+from elastic_ssm.models.decode_engine import batch_bucket, decoder_pool
+from elastic_ssm.models.essh import randomize_selective
+from elastic_ssm.models.fast_decode import FastDecoder
+from elastic_ssm.models.generation import sample_next
+
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module", params=["tiny", "small"])
+def model(request):
+    torch.manual_seed(0)
+    cfg = es.ESSHConfig.preset(request.param)
+    return randomize_selective(es.ESSH(cfg).to(F64).eval(), ffn_out_std=0.1, zero_lag=True)
+
+
+def _positions(B, T):
+    return torch.arange(T).expand(B, T)
+
+
+@torch.no_grad()
+def test_every_mixer_step_equals_its_forward(model):
+    """Per layer and tier: prefill 5 tokens into the layer's own state, then step the rest == forward."""
+    B, T, T0 = 2, 20, 5                      # T > window of tiny (16): the ring wraps
+    for tier in model.tier_table():
+        for block in model.blocks:
+            mixer = block.mixer
+            u = torch.randn(B, T, model.config.d_model, dtype=F64)
+            want = mixer.mix(u, tier, _positions(B, T))
+            positions = torch.zeros(B, dtype=torch.long)
+            state = mixer.init_state(B, tier, state_dtype=F64, kv_dtype=F64, positions=positions)
+            got = [mixer.mix(u[:, :T0], tier, _positions(B, T0), None, state)]
+            positions += T0
+            for t in range(T0, T):
+                got.append(mixer.step(u[:, t], state, tier)[:, None])
+                positions += 1
+            torch.testing.assert_close(torch.cat(got, 1), want, rtol=1e-10, atol=1e-10,
+                                       msg=f"{type(mixer).__name__} at {tier.name}")
+
+
+def test_init_state_sizes_follow_the_tier(model):
+    cfg = model.config
+    for tier in model.tier_table():
+        cache = model.allocate_cache(3, tier)
+        assert cache.nbytes() == es.elastic.state_bytes(cfg, tier.name, batch=3, state_dtype_bytes=8,
+                                                        kv_dtype_bytes=8)
+        for i, s in cache.states.items():
+            assert s.shape == (3, tier.K, cfg.n_modes, 2, cfg.value_width)
+            assert isinstance(model.blocks[i].mixer, SpectralMixer)
+        for i, r in cache.rings.items():
+            assert r.keys.shape == (3, cfg.n_heads, cfg.window, cfg.head_dim)
+            assert r.positions is cache.positions and isinstance(model.blocks[i].mixer, SlidingWindowAttention)
+
+
+def test_decode_plans_are_prefix_views(model):
+    tier = model.tier_table()[0]
+    for block in model.blocks:
+        plan = block.mixer.decode_plan(tier, torch.float32)
+        assert plan.w_in.data_ptr() == next(iter(block.mixer.parameters())).data_ptr()
+        ffn = block.ffn.decode_plan(tier)
+        assert ffn.w_in.shape == (2 * tier.n_ff, model.config.d_model)
+        assert ffn.w_in.data_ptr() == block.ffn.w_in.data_ptr() and ffn.w_out_rows is None
+        assert block.ffn.decode_plan(tier, row_copies=True).w_out_rows.shape == (model.config.d_model, tier.n_ff)
+
+
+@pytest.mark.parametrize("gemv", ["fused", "cublas"])
+def test_fused_decoder_equals_reference_step_every_tier(model, gemv):
+    ids = torch.randint(0, 256, (2, 24))
+    for tier in model.tier_table():
+        ref = model.allocate_cache(2, tier)
+        with torch.no_grad():
+            model(ids, tier=tier, cache=ref)
+        fd = FastDecoder(model, tier, 2, cache=copy.deepcopy(ref), backend="torch", gemv=gemv)
+        tok = ids[:, -1]
+        for _ in range(4):
+            want = model.step(tok, ref)
+            torch.testing.assert_close(fd.step(tok), want, rtol=1e-9, atol=1e-9, msg=tier.name)
+            tok = want.argmax(-1)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_generate_equals_greedy_forward_argmax_every_tier(model, fast):
+    ids = torch.randint(0, 256, (2, 9))
+    for tier in model.tier_table():
+        out = model.generate(ids, 8, tier=tier, fast=fast)
+        logits = model(out, tier=tier)
+        assert torch.equal(out[:, 10:], logits[:, 9:-1].argmax(-1)), tier.name
+        assert torch.equal(out[:, 9], logits[:, 8].argmax(-1))
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_left_padded_batch_equals_unpadded_rows(model, fast):
+    torch.manual_seed(3)
+    lengths = [3, 11, 7]
+    rows = [torch.randint(0, 256, (n,)) for n in lengths]
+    W = max(lengths)
+    ids = torch.zeros(3, W, dtype=torch.long)
+    mask = torch.zeros(3, W, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, W - len(r):], mask[i, W - len(r):] = r, 1
+    batch = model.generate(ids, 10, tier="T3", attention_mask=mask, fast=fast)
+    for i, r in enumerate(rows):
+        assert torch.equal(batch[i, W:], model.generate(r[None], 10, tier="T3", fast=fast)[0, len(r):])
+
+
+def test_pooled_decoders_are_reused_and_rebuilt_after_a_weight_update():
+    torch.manual_seed(1)
+    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny")).eval())
+    pool = decoder_pool(model)
+    ids = torch.randint(0, 256, (3, 5))
+    first = model.generate(ids, 4, tier="T2", fast=True)
+    fd = pool.get("T2", 3)
+    assert fd.batch == batch_bucket(3) == 4 and len(pool.info()) == 1
+    assert torch.equal(model.generate(ids, 4, tier="T2", fast=True), first)
+    model.generate(ids[:1], 4, tier="T5", fast=True)          # another tier and bucket: a second decoder
+    assert pool.get("T2", 4) is fd and len(pool.info()) == 2
+    with torch.no_grad():
+        model.blocks[0].mixer.rho_raw.add_(1.0)                # in place: the modal constants change
+    assert pool.get("T2", 3) is not fd
+    assert torch.equal(model.generate(ids, 4, tier="T2", fast=True), model.generate(ids, 4, tier="T2", fast=False))
+
+
+def test_eos_stops_early_and_pads(model):
+    ids = torch.randint(0, 256, (2, 6))
+    free = model.generate(ids, 6, tier="T1")
+    eos = int(free[0, 7])                                   # row 0 emits it by its second new token
+    first = [int((r[6:] == eos).nonzero()[0]) if (r[6:] == eos).any() else None for r in free]
+    out = model.generate(ids, 40, tier="T1", eos_token_id=eos, sync_every=4)
+    assert torch.equal(out[:, :6 + first[0] + 1], free[:, :6 + first[0] + 1])
+    assert (out[0, 6 + first[0]:] == eos).all()             # padded with eos after it (pad defaults to eos)
+    one = model.generate(ids[:1], 40, tier="T1", eos_token_id=eos, sync_every=4)
+    assert one.shape[1] == 6 + first[0] + 1                 # cut right after the step where every row is done
+    padded = model.generate(ids[:1], 40, tier="T1", eos_token_id=eos, pad_token_id=3)
+    assert padded.shape == one.shape and int(padded[0, -1]) == eos
+
+
+def test_sampling_is_greedy_by_default_and_reproducible(model):
+    ids = torch.randint(0, 256, (1, 5))
+    assert torch.equal(model.generate(ids, 5), model.generate(ids, 5, temperature=0.0))
+    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    a = model.generate(ids, 6, do_sample=True, top_k=20, top_p=0.9, generator=g1)
+    b = model.generate(ids, 6, temperature=1.0, top_k=20, top_p=0.9, generator=g2)
+    assert torch.equal(a, b)
+
+
+def test_exponential_race_samples_the_distribution():
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 1e-9]])).expand(20000, 4)
+    counts = torch.bincount(sample_next(logits, 1.0), minlength=4).double() / 20000
+    torch.testing.assert_close(counts, torch.tensor([0.5, 0.3, 0.2, 0.0], dtype=F64), atol=0.015, rtol=0)
+    nucleus = torch.bincount(sample_next(logits, 1.0, top_p=0.6), minlength=4).double() / 20000
+    assert nucleus[2] == 0 and nucleus[3] == 0 and abs(nucleus[0] - 0.625) < 0.015
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"top_p": 0.0}, "top_p must lie in"), ({"top_p": 1.5}, "top_p must lie in"),
+    ({"top_k": -1}, "top_k must be"), ({"temperature": float("nan")}, "temperature must be"),
+    ({"temperature": -1.0}, "temperature must be"), ({"eos_token_id": 10**6}, "eos_token_id must be"),
+    ({"max_new_tokens": -2}, "max_new_tokens must be"), ({"fast": "yes"}, "fast must be"),
+    ({"sync_every": 0}, "sync_every must be"),
+])
+def test_bad_generation_arguments(model, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), **{"max_new_tokens": 2, **kwargs})
+
+
+def test_bad_decoding_input_is_named(model):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
+    with pytest.raises(TypeError, match="unsupported argument.*num_beams"):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), 3, num_beams=4)
+    fd = FastDecoder(model, "T2", 2, backend="torch")
+    with pytest.raises(ValueError, match=r"1 <= B <= 2"):
+        fd.step(torch.zeros(3, dtype=torch.long))               # larger than the decoder's batch
+    with pytest.raises(ValueError, match="cache is for batch 2 at T2"):
+        FastDecoder(model, "T4", 2, cache=fd.cache)              # a tier the cache was not built for
+    with pytest.raises(ValueError, match="cannot take 3 rows"):
+        fd.cache.narrow(3)
