@@ -13,6 +13,8 @@ import types
 import typing
 from typing import Any
 
+from .config import ConfigError
+
 
 def _base_type(tp: Any) -> Any:
     origin = typing.get_origin(tp)
@@ -74,3 +76,38 @@ def collect_overrides(ns: argparse.Namespace, prefix: str) -> dict[str, Any]:
             v = tuple(value) if isinstance(value, list) else value
             out[key[len(prefix) + 1:]] = v
     return out
+
+
+# ---- the device of the evaluating / generating verbs ----------------------------------------------------
+DEVICE_HELP = "auto (cuda when a GPU is present, else cpu), cpu, cuda or cuda:N"
+
+
+def add_device_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def resolve_device(spec: str) -> str:
+    """``--device`` -> a torch device string; a one-line ConfigError for a device this machine lacks."""
+    import torch
+
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(spec)
+    except RuntimeError as e:
+        raise ConfigError(f"--device {spec!r} is not a device ({DEVICE_HELP})") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {spec}: CUDA is not available on this machine; use --device cpu (or auto)")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {spec}: only cpu and cuda are supported")
+    return spec
+
+
+def announce_device(verb: str, device: str, dtype) -> None:
+    """One line on stderr naming where and in which dtype a verb runs (stdout stays the verb's output)."""
+    import sys
+
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "CPU"
+    print(f"{verb}: {device} ({name}), weights {str(dtype).replace('torch.', '')}", file=sys.stderr)
