@@ -162,7 +162,8 @@ def test_bench_end_to_end_tiny(tmp_path):
     out, docs = tmp_path / "bench.json", tmp_path / "benchmarks.md"
     cfg = BenchConfig(preset="tiny", tiers=("T1", "T10"), batches=(1, 2), warmup=1, iters=2,
                       prefill_lengths=(32,), prefill_warmup=1, prefill_iters=1, train_batch=2,
-                      train_seq_len=32, train_warmup=1, train_steps=1,
+                      train_seq_len=32, train_warmup=1, train_steps=1, generate_tiers=("T1", "T10"),
+                      generate_prompt=24, generate_new_tokens=5, generate_iters=1,
                       peers=("transformer", "gated_deltanet"), out=str(out), docs=str(docs), device="cpu")
     logs = []
     res = run_bench(cfg, log=logs.append)
@@ -175,10 +176,15 @@ def test_bench_end_to_end_tiny(tmp_path):
     assert {r["peer"] for r in res["ratios"]} >= {"transformer", "essh-unfused"}
     assert res["train"][0]["tok_s"] > 0 and 0 < res["train"][0]["mfu"] < 1
     assert res["prefill"][0]["ktok_s"] > 0
+    gen = {r["tier"]: r for r in res["generate"]}
+    for row in gen.values():   # the user's generate path, with the pooled decoder's step beside it
+        assert row["total_ms"] > row["prefill_ms"] > 0 and row["ms_per_token"] > 0 and row["step_ms"] > 0
+        assert row["ratio"] == pytest.approx(row["ms_per_token"] / row["step_ms"]) and not row["graphed"]
+    assert set(gen) == {"T1", "T10"}
     gdn = [r for r in res["decode"] if r["model"] == "gated_deltanet"]
     assert gdn and ("error" in gdn[0] or "params" in gdn[0])
     text = docs.read_text()
-    assert text.startswith("# Benchmarks") and "## decode" in text and "commit" in text
+    assert text.startswith("# Benchmarks") and "## decode" in text and "## generate" in text and "commit" in text
     assert any("decode" in line for line in logs)
 
 

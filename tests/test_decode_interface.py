@@ -192,3 +192,34 @@ def test_bad_decoding_input_is_named(model):
         FastDecoder(model, "T4", 2, cache=fd.cache)              # a tier the cache was not built for
     with pytest.raises(ValueError, match="cannot take 3 rows"):
         fd.cache.narrow(3)
+
+
+@pytest.mark.parametrize("lengths", [[256, 256], [5, 300, 77]])
+def test_prefill_graph_function_equals_reference_prefill(model, lengths):
+    """The static-buffer prefill that ``PrefillGraph`` captures (run eagerly here): left padding to the length
+    bucket, extra rows of the batch bucket, positions and layer states equal the reference prefill."""
+    from elastic_ssm.models.decode_engine import FusedSession
+    from elastic_ssm.models.prefill_graph import length_bucket
+
+    assert [length_bucket(t) for t in (1, 256, 257, 2048, 2049, 131072)] == [256, 256, 512, 2048, 2304, 131072]
+    torch.manual_seed(5)
+    W = max(lengths)
+    ids = torch.zeros(len(lengths), W, dtype=torch.long)
+    mask = torch.zeros(len(lengths), W, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, W - n:], mask[i, W - n:] = torch.randint(0, 256, (n,)), 1
+    mask = None if len(set(lengths)) == 1 else mask
+    session = FusedSession(model, len(lengths), "T2", None, None)
+    got = session.prefill(ids, mask, graph=False)
+    ref = model.allocate_cache(len(lengths), "T2")
+    with torch.no_grad():
+        want = model(ids, tier="T2", attention_mask=mask, cache=ref)[:, -1]
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    rows = session.fd.cache.narrow(len(lengths))
+    assert torch.equal(rows.positions, ref.positions)
+    for mine, theirs in zip(rows.layers, ref.layers):
+        for a, b in ([(mine, theirs)] if isinstance(mine, torch.Tensor) else
+                     [(mine.keys, theirs.keys), (mine.slot_pos, theirs.slot_pos)]):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    tok = want.argmax(-1)
+    torch.testing.assert_close(session.step(tok), model.step(tok, ref), rtol=1e-9, atol=1e-9)

@@ -1,12 +1,13 @@
 """``elastic-ssm bench``: decode latency, prefill throughput, persistent memory and training throughput of
 ESSH tiers against parameter-matched peers, on random weights at the preset shapes (ESSH paper P, R).
 
-``run_bench(BenchConfig(...))`` runs the selected benchmarks in the order memory, decode, prefill, train,
-prints every row as it completes, and returns (and writes as JSON) ``{"env", "config", "memory",
-"decode", "prefill", "train", "ratios"}``; with ``docs`` set it appends the tables to
+``run_bench(BenchConfig(...))`` runs the selected benchmarks in the order memory, decode, prefill,
+generate, train, prints every row as it completes, and returns (and writes as JSON) ``{"env", "config",
+"memory", "decode", "prefill", "generate", "train", "ratios"}``; with ``docs`` set it appends the tables to
 ``docs/benchmarks.md``. A failing or out-of-memory benchmark is recorded in its row (``error``) and the
 run goes on. ``main(argv)`` is the command-line entry (flags derived from ``BenchConfig``).
-Protocols: ``decode.py``, ``prefill.py``, ``train.py``, ``memory.py``; peers and matching: ``peers.py``.
+Protocols: ``decode.py``, ``prefill.py``, ``generate.py`` (the user's ``model.generate`` path), ``train.py``,
+``memory.py``; peers and matching: ``peers.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..config import ConfigBase, ConfigError, ESSHConfig, opt
 
 __all__ = ["BenchConfig", "run_bench", "main"]
 
-_BENCHES = ("memory", "decode", "prefill", "train")
+_BENCHES = ("memory", "decode", "prefill", "generate", "train")
 _PEERS = ("transformer", "gated_deltanet", "mamba2")
 
 
@@ -31,7 +32,7 @@ class BenchConfig(ConfigBase):
     """What ``elastic-ssm bench`` measures and how (defaults: the paper's H200 protocol, Appendix R)."""
 
     preset: str = opt("370m", "ESSH preset whose shapes are benchmarked with random weights")
-    benchmarks: tuple[str, ...] = opt(_BENCHES, "benchmarks to run: memory, decode, prefill, train")
+    benchmarks: tuple[str, ...] = opt(_BENCHES, "benchmarks to run: memory, decode, prefill, generate, train")
     tiers: tuple[str, ...] = opt(("T1", "T4", "T7", "T10"), "ESSH tiers to decode ('all': every tier)")
     peers: tuple[str, ...] = opt(_PEERS, "peers: transformer (ours), gated_deltanet / mamba2 (fla + FFN)")
     batches: tuple[int, ...] = opt((1, 16, 128, 512), "decode batch sizes (CUDA-graph mode)")
@@ -46,6 +47,11 @@ class BenchConfig(ConfigBase):
     prefill_tiers: tuple[str, ...] = opt(("T10",), "ESSH tiers to prefill")
     prefill_warmup: int = opt(3, "untimed prefill calls")
     prefill_iters: int = opt(5, "timed prefill calls")
+    generate_tiers: tuple[str, ...] = opt(("T10",), "ESSH tiers timed through model.generate")
+    generate_batches: tuple[int, ...] = opt((1,), "model.generate batch sizes")
+    generate_prompt: int = opt(2048, "model.generate prompt tokens")
+    generate_new_tokens: int = opt(128, "model.generate new tokens per call")
+    generate_iters: int = opt(3, "timed model.generate calls per entry (median)")
     train_batch: int = opt(8, "training micro-batch (Table 50: 8 at 370M, 4 at 1.5B)")
     train_seq_len: int = opt(2048, "training context")
     train_warmup: int = opt(3, "untimed optimizer steps")
@@ -84,7 +90,11 @@ class BenchConfig(ConfigBase):
         modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
         if self.compile_mode not in modes:
             raise ConfigError(f"BenchConfig.compile_mode must be one of {modes}, got {self.compile_mode!r}")
-        if min(self.batches + self.eager_batches, default=1) < 1 or self.iters < 1 or self.prefill_iters < 1:
+        if self.generate_new_tokens < 2 or self.generate_prompt < 1 or self.generate_iters < 1:
+            raise ConfigError("BenchConfig: generate_new_tokens must be >= 2, generate_prompt and "
+                              "generate_iters >= 1")
+        if min(self.batches + self.eager_batches + self.generate_batches, default=1) < 1 or self.iters < 1 \
+                or self.prefill_iters < 1:
             raise ConfigError("BenchConfig: batches and iteration counts must be >= 1")
 
 
@@ -101,7 +111,7 @@ class _Runner:
         self.table = {t.name: t for t in tier_table(self.mcfg)}
         self.full = list(self.table)[-1]
         names = list(self.table) if "all" in cfg.tiers else list(cfg.tiers)
-        unknown = [n for n in names + list(cfg.prefill_tiers) if n not in self.table]
+        unknown = [n for n in names + list(cfg.prefill_tiers) + list(cfg.generate_tiers) if n not in self.table]
         if unknown:
             raise ConfigError(f"BenchConfig.tiers: unknown {unknown}; {cfg.preset} has {list(self.table)}")
         self.tiers = names
@@ -134,6 +144,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     one line per completed entry (default: print, flushed); ``print_tables`` logs the tables at the end."""
     from . import report
     from .decode import decode_suite
+    from .generate import generate_suite
     from .memory import memory_suite
     from .prefill import prefill_suite
     from .train import train_suite
@@ -142,9 +153,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     torch.manual_seed(cfg.seed)
     r = _Runner(cfg, log)
     results: dict = {"env": report.environment(r.dev), "config": cfg.to_dict(),
-                     "memory": [], "decode": [], "prefill": [], "train": []}
+                     "memory": [], "decode": [], "prefill": [], "generate": [], "train": []}
     log(f"elastic-ssm bench on {results['env']['device']} ({r.dev}, {r.dtype}); preset {cfg.preset}")
-    suites = {"memory": memory_suite, "decode": decode_suite, "prefill": prefill_suite, "train": train_suite}
+    suites = {"memory": memory_suite, "decode": decode_suite, "prefill": prefill_suite, "generate": generate_suite,
+              "train": train_suite}
     for name in _BENCHES:
         if name in cfg.benchmarks:
             suites[name](r, results[name])

@@ -114,6 +114,8 @@ def write_json(path: str | Path, results: dict) -> Path:
 _DECODE_COLS = ["model", "preset", "tier", "params", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq",
                 "error"]
 _PREFILL_COLS = ["model", "preset", "tier", "params", "compiled", "length", "ms", "ktok_s", "peak_gb", "error"]
+_GENERATE_COLS = ["preset", "tier", "batch", "compiled", "prompt", "new_tokens", "first_call_s", "prefill_ms",
+                  "prefill_ktok_s", "total_ms", "ms_per_token", "step_ms", "ratio", "graphed", "error"]
 _TRAIN_COLS = ["model", "preset", "params", "compiled", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb",
                "error"]
 _MEM_COLS = ["model", "preset", "tier", "recurrent", "kv", "total", "formula_total", "match"]
@@ -124,7 +126,7 @@ def tables(results: dict) -> str:
     """All sections of ``results`` as text tables."""
     parts = []
     for key, cols in (("memory", _MEM_COLS), ("decode", _DECODE_COLS), ("prefill", _PREFILL_COLS),
-                      ("train", _TRAIN_COLS)):
+                      ("generate", _GENERATE_COLS), ("train", _TRAIN_COLS)):
         if results.get(key):
             parts.append(format_table(results[key], cols, title=f"## {key}"))
     rat = ratios(results)

@@ -12,6 +12,10 @@ copies of the 'rows' layout (``FastDecoder``) exist once per tier. At most ``max
 are kept, least recently used first out; ``model.clear_decoders()`` frees them all. Decoders are rebuilt
 when the model's parameters change (an in-place update bumps a tensor's version; ``load_state_dict`` or
 ``.to()`` replaces the tensors), so a pooled decoder never runs on stale modal constants or weight copies.
+
+``FusedSession`` is what ``generate`` drives: the decoder of the batch bucket, and the prompt's prefill
+into its cache, from a ``PrefillGraph`` of the prompt's length bucket when the model is compiled on CUDA
+(``models/prefill_graph.py``; at most ``max_prefills`` = 4 graphs, sharing one memory pool).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from typing import Any
 import torch
 
 from .fast_decode import FastDecoder
+from .prefill_graph import PrefillGraph, length_bucket
 
-__all__ = ["DecoderPool", "decoder_pool", "batch_bucket", "use_fast_decoding"]
+__all__ = ["DecoderPool", "FusedSession", "decoder_pool", "batch_bucket", "use_fast_decoding"]
 
 
 def batch_bucket(batch: int) -> int:
@@ -55,6 +60,9 @@ class DecoderPool:
     def __init__(self, model, max_decoders: int = 4) -> None:
         self._model, self.max_decoders = weakref.ref(model), max_decoders
         self._decoders: OrderedDict[tuple, FastDecoder] = OrderedDict()
+        self._prefills: OrderedDict[tuple, PrefillGraph] = OrderedDict()
+        self._graph_pool = None               # one CUDA memory pool for all prefill graphs (never concurrent)
+        self.max_prefills = 4
         self._signature: tuple | None = None
         self.captures = 0                     # graphs captured so far (tests check reuse with it)
 
@@ -85,11 +93,30 @@ class DecoderPool:
                               stacklevel=3)
         self._decoders[key] = fd
         while len(self._decoders) > self.max_decoders:
-            self._decoders.popitem(last=False)
+            old = self._decoders.popitem(last=False)[1]
+            for k in [k for k, p in self._prefills.items() if p.fd is old]:
+                del self._prefills[k]
         return fd
+
+    def prefill_graph(self, fd: FastDecoder, length: int, padded: bool, graph: bool = True) -> PrefillGraph:
+        """The prefill graph of decoder ``fd`` for prompts of ``length`` tokens (captured on first use)."""
+        key = (id(fd), length, padded)
+        pg = self._prefills.get(key)
+        if pg is not None and pg.fd is fd:
+            self._prefills.move_to_end(key)
+            return pg
+        if graph and self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        pg = PrefillGraph(self._model(), fd, length, padded, graph=graph, pool=self._graph_pool)
+        self._prefills[key] = pg
+        while len(self._prefills) > self.max_prefills:
+            self._prefills.popitem(last=False)
+        return pg
 
     def clear(self) -> None:
         self._decoders.clear()
+        self._prefills.clear()
+        self._graph_pool = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -97,6 +124,32 @@ class DecoderPool:
         """One row per pooled decoder: tier, bucket, graphed, cache bytes."""
         return [{"tier": k[0], "bucket": k[1], "graphed": d.graphed, "cache_bytes": d.cache.nbytes()["total"]}
                 for k, d in self._decoders.items()]
+
+
+class FusedSession:
+    """``generate``'s fused path: the pooled decoder of the batch bucket; prefill into its cache, eagerly or
+    (compiled model on CUDA) from a prefill graph of the prompt's length bucket."""
+
+    def __init__(self, model, batch: int, tier: Any, state_dtype, kv_dtype) -> None:
+        self.model, self.pool = model, decoder_pool(model)
+        self.fd = self.pool.get(tier, batch, state_dtype, kv_dtype)
+        self.step = self.fd.step
+
+    def uses_prefill_graph(self) -> bool:
+        return self.fd.device.type == "cuda" and self.model.__dict__.get("_compiled_trunk") is not None
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                graph: bool = True) -> torch.Tensor:
+        """Prompt [B, T] -> logits of its last position [B, V]; fills the first B rows of the cache.
+        ``graph=False`` runs the prefill-graph function without capturing it (how the CPU tests check it)."""
+        B, T = input_ids.shape
+        if self.uses_prefill_graph() or not graph:
+            L = length_bucket(T)
+            padded = attention_mask is not None or L != T
+            return self.pool.prefill_graph(self.fd, L, padded, graph=graph)(input_ids, attention_mask)
+        cache = self.fd.cache.reset_().narrow(B)
+        h = self.model.hidden_states(input_ids, tier=self.fd.tier, attention_mask=attention_mask, cache=cache)
+        return self.model.logits_from_hidden(h[:, -1])
 
 
 _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

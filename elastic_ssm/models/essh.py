@@ -224,13 +224,13 @@ class ESSH(GenerationMixin, ElasticModel):
 
     def _decode_session(self, batch: int, tier: Any, fast: bool | None, state_dtype, kv_dtype):
         """``generate``'s decoder: the pooled fused decoder (``models/decode_engine.py``; CUDA-graphed on
-        CUDA), its cache reset and narrowed to ``batch`` rows for the prefill; or the reference step."""
-        from .decode_engine import decoder_pool, use_fast_decoding
+        CUDA, with a graphed prefill when the model is compiled), or the reference step."""
+        from .decode_engine import FusedSession, use_fast_decoding
+        from .generation import ReferenceSession
 
         if not use_fast_decoding(self, fast):
-            return super()._decode_session(batch, tier, fast, state_dtype, kv_dtype)
-        fd = decoder_pool(self).get(tier, batch, state_dtype, kv_dtype)
-        return fd.cache.reset_().narrow(batch), fd.step
+            return ReferenceSession(self, batch, tier, state_dtype, kv_dtype)
+        return FusedSession(self, batch, tier, state_dtype, kv_dtype)
 
     def clear_decoders(self) -> None:
         """Free the pooled decoders and their CUDA graphs (``models/decode_engine.py``)."""

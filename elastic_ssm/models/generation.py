@@ -93,14 +93,30 @@ def _check_inputs(model, input_ids: torch.Tensor, attention_mask, max_new_tokens
         check_left_padding(attention_mask)
 
 
+class ReferenceSession:
+    """The reference decode path: a fresh cache, ``forward(..., cache=)`` prefill, the model's ``step``."""
+
+    def __init__(self, model, batch: int, tier: Any, state_dtype, kv_dtype) -> None:
+        self.model, self.tier = model, tier
+        self.cache = model.allocate_cache(batch, tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Prompt [B, T] -> logits of its last position [B, V]; fills the cache."""
+        return self.model(input_ids, tier=self.tier, attention_mask=attention_mask, cache=self.cache)[:, -1]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.step(tokens, self.cache)
+
+
 class GenerationMixin:
     """``generate`` for models with ``allocate_cache``, a prefilling ``forward(..., cache=)`` and
-    ``step(tokens, cache)``; a model with a fused decoder also has ``_decode_session``."""
+    ``step(tokens, cache)``; a model with a fused decoder overrides ``_decode_session``."""
 
     def _decode_session(self, batch: int, tier: Any, fast: bool | None, state_dtype, kv_dtype):
-        """(cache to prefill, step(tokens [B]) -> logits [B, V]); the reference path."""
-        cache = self.allocate_cache(batch, tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
-        return cache, lambda tokens: self.step(tokens, cache)
+        """An object with ``prefill(ids, mask) -> logits [B, V]`` and ``step(tokens [B]) -> logits [B, V]``."""
+        if fast:
+            raise ValueError(f"{type(self).__name__} has no fused decoder; use fast=None or False")
+        return ReferenceSession(self, batch, tier, state_dtype, kv_dtype)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 32, tier: Any = None,
@@ -143,10 +159,11 @@ class GenerationMixin:
         self.eval()
         try:
             B = input_ids.shape[0]
-            cache, step = self._decode_session(B, tier, fast, state_dtype, kv_dtype)
-            logits = self(input_ids, tier=tier, attention_mask=attention_mask, cache=cache)[:, -1]
-            return torch.cat([input_ids, self._decode_loop(logits, step, max_new_tokens, temp, top_k, top_p,
-                                                           eos, pad, streamer, generator, sync_every)], dim=1)
+            session = self._decode_session(B, tier, fast, state_dtype, kv_dtype)
+            logits = session.prefill(input_ids, attention_mask)
+            return torch.cat([input_ids, self._decode_loop(logits, session.step, max_new_tokens, temp, top_k,
+                                                           top_p, eos, pad, streamer, generator, sync_every)],
+                             dim=1)
         finally:
             self.train(was_training)
 

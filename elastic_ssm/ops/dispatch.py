@@ -26,9 +26,18 @@ _announced: set[tuple[str, str]] = set()
 _FLA_OK: list[bool] = []  # memo of fla_available(): a plain global, so compiled code reads it as a constant
 
 
+def persist_autotuning() -> None:
+    """Let Triton keep autotuning results in its on-disk cache (``TRITON_CACHE_AUTOTUNING=1``) unless the
+    user set the variable: fla's kernels autotune on their first call for every new shape (minutes on a
+    fresh machine), and a later process on the same machine then reads the tuned configs instead. Must run
+    before fla is imported (its autotuners read the setting when they are created)."""
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+
+
 def fla_available() -> bool:
     """True when ``fla.ops.gla`` (fla-core, with triton) can be imported (checked once per process)."""
     if not _FLA_OK:
+        persist_autotuning()
         try:
             importlib.import_module("fla.ops.gla")
             _FLA_OK.append(True)

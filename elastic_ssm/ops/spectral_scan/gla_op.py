@@ -29,6 +29,9 @@ def chunk_length(T: int) -> int:
 
 
 def _kernels():
+    from ..dispatch import persist_autotuning
+
+    persist_autotuning()
     from fla.ops.gla import chunk as fla_chunk  # optional dependency (CUDA + triton)
 
     return fla_chunk.chunk_gla_fwd, fla_chunk.chunk_gla_bwd

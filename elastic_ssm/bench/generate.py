@@ -1,0 +1,81 @@
+"""The user's generation path, timed: ``model.generate`` wall clock, prefill apart, the decoder step beside it.
+
+For each tier of ``generate_tiers`` and batch of ``generate_batches`` (random weights at the preset
+shapes, ``generate_prompt`` prompt tokens, greedy, no eos so every call makes all its tokens):
+
+* ``first_call_s``: the first ``generate`` of the entry (decoder build and CUDA-graph capture; with
+  ``compile``, compilation and the prefill graph's capture too), wall clock;
+* ``prefill_ms``: ``generate(prompt, max_new_tokens=1)``, wall clock: prefill plus one sampled token;
+* ``total_ms``: ``generate(prompt, generate_new_tokens)``, wall clock over the whole call;
+* ``ms_per_token`` = (total - prefill) / (new tokens - 1): what a user's decode loop costs per token;
+* ``step_ms``: the pooled fused decoder's own step (``FastDecoder``, CUDA-graph replay, CUDA events) in the
+  same process, and ``ratio`` = ms_per_token / step_ms (1.0: generate adds nothing to the step).
+
+Medians over ``generate_iters`` calls after one warm-up call; CUDA is synchronised around each call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .decode import oom_as_result, summarize, time_fn
+
+__all__ = ["bench_generate", "generate_suite"]
+
+
+def _wall(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t) * 1e3
+
+
+def bench_generate(model, tier: str, batch: int, prompt_len: int, new_tokens: int, iters: int,
+                   device: torch.device) -> dict:
+    """One entry (see module docstring); returns the row's measured fields."""
+    from ..models.decode_engine import decoder_pool
+
+    if new_tokens < 2:
+        raise ValueError("generate_new_tokens must be >= 2 (the per-token figure needs two or more)")
+    row: dict = {"batch": batch, "prompt": prompt_len, "new_tokens": new_tokens}
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device)
+    with oom_as_result(row, device, peak=True):
+        row["first_call_s"] = _wall(lambda: model.generate(ids, 2, tier=tier), device) / 1e3
+        model.generate(ids, new_tokens, tier=tier)                     # warm: every graph exists now
+        pre = [_wall(lambda: model.generate(ids, 1, tier=tier), device) for _ in range(iters)]
+        tot = [_wall(lambda: model.generate(ids, new_tokens, tier=tier), device) for _ in range(iters)]
+        row["prefill_ms"] = summarize(pre)["ms"]
+        row["prefill_ktok_s"] = batch * prompt_len / row["prefill_ms"]
+        row["total_ms"] = summarize(tot)["ms"]
+        row["ms_per_token"] = (row["total_ms"] - row["prefill_ms"]) / (new_tokens - 1)
+        fd = decoder_pool(model).get(tier, batch)
+        row["graphed"] = fd.graphed
+        tok = torch.zeros(batch, dtype=torch.long, device=device)
+        with torch.inference_mode():
+            row["step_ms"] = summarize(time_fn(lambda: fd.step(tok), 20, 100, device))["ms"]
+        row["ratio"] = row["ms_per_token"] / row["step_ms"]
+    return row
+
+
+def generate_suite(r, out: list) -> None:
+    """Every (tier, batch) of the config through ``model.generate`` (compiled when ``compile`` is set)."""
+    from .peers import build_essh
+
+    cfg, dev = r.cfg, r.dev
+    model = build_essh(r.mcfg, dev, r.dtype)
+    if cfg.compile:
+        from ..models import compile_model
+
+        compile_model(model, mode=cfg.compile_mode)
+    for name in cfg.generate_tiers:
+        for batch in cfg.generate_batches:
+            base = {"bench": "generate", "model": "essh", "preset": cfg.preset, "tier": name,
+                    "params": r.table[name].params, "compiled": cfg.compile}
+            r.run(out, base, lambda name=name, batch=batch: bench_generate(
+                model, name, batch, cfg.generate_prompt, cfg.generate_new_tokens, cfg.generate_iters, dev))
+    model.clear_decoders()

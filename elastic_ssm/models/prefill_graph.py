@@ -1,0 +1,110 @@
+"""Prompt prefill replayed from a CUDA graph, per (decoder, length bucket): launch-free compiled prefill.
+
+A 2K-token prefill of the 1.5b model is a few hundred kernels; launched one by one from Python the host,
+not the GPU, sets the pace. ``PrefillGraph`` captures one whole prefill of the model's (compiled, when
+``compile_model`` was called) trunk into a decoder's cache: embedding, every block writing its layer state
+(mode states; window rings by the sync-free gathered write of ``layers/window_ring.py``), final norm and
+the logits of the last position only. A call copies the prompt into static buffers and replays.
+
+Prompts are left-padded to the graph's length (``length_bucket``: steps of at least 256 tokens, and above
+2048 tokens at most 1/8 of padding, so a handful of graphs cover every length), the padding masked exactly as
+in a padded batch (padded tokens never enter a state and are masked as attention keys), so every row equals
+its unpadded prefill up to rounding. A prompt whose length is a bucket and that has no mask runs the
+unpadded graph (the causal flash path). Rows of the decoder's batch bucket beyond the prompt's batch
+repeat its first row and are never read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["PrefillGraph", "length_bucket"]
+
+
+def length_bucket(T: int) -> int:
+    """The captured prompt length serving T tokens: T rounded up to a multiple of 2^(bits(T) - 4) (>= 256)."""
+    if T < 1:
+        raise ValueError(f"a prompt needs at least one token, got length {T}")
+    step = 1 << max(8, T.bit_length() - 4)
+    return -(-T // step) * step
+
+
+class PrefillGraph:
+    """Prefill of ``fd.batch`` prompts of ``length`` tokens at ``fd.tier`` into ``fd.cache``.
+
+    ``padded``: the graph takes a left-padding mask (any prompt up to ``length``); else prompts of exactly
+    ``length`` tokens. ``graph=False`` runs the same static-buffer function eagerly (CPU tests).
+    ``pool``: a CUDA graph memory pool shared by the prefill graphs of one model (they never overlap).
+    """
+
+    def __init__(self, model, fd, length: int, padded: bool, graph: bool = True, pool=None) -> None:
+        from .essh import ESSH
+
+        self.model, self.fd, self.length, self.padded = model, fd, length, padded
+        B, dev = fd.batch, fd.device
+        self.ids = torch.zeros(B, length, dtype=torch.long, device=dev)
+        self.mask = torch.ones(B, length, dtype=torch.bool, device=dev) if padded else None
+        self._positions = torch.arange(length, device=dev).expand(B, length)
+        self._backend = model._scan_backend("auto", dev)
+        compiled = model.__dict__.get("_compiled_trunk")
+        self._trunk = compiled if compiled is not None else ESSH._trunk
+        self.compiled = compiled is not None
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._logits: torch.Tensor | None = None
+        if graph:
+            self._capture(pool)
+
+    def _run(self) -> torch.Tensor:
+        """The captured work: trunk into the cache, next positions, last-position logits [B, V]."""
+        m, cache = self.model, self.fd.cache
+        if self.padded:
+            valid = self.mask
+            n = valid.long().sum(1)
+            positions = (valid.long().cumsum(1) - 1).clamp_min(0)
+        else:
+            valid, positions = None, self._positions
+            n = torch.full_like(cache.positions, self.length)
+        h = self._trunk(m, self.ids, self.fd.tier, positions, valid, cache, None, self._backend, False)
+        cache.positions.copy_(n)
+        return m.logits_from_hidden(h[:, -1])
+
+    @torch.no_grad()
+    def _capture(self, pool) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):          # compile, autotune and create handles outside the capture
+            for _ in range(2):
+                self._run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            self._logits = self._run()
+        self._graph = graph
+
+    @property
+    def graphed(self) -> bool:
+        return self._graph is not None
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids [B, T] (B <= batch, T <= length; left padding per ``attention_mask``) -> logits [B, V]."""
+        B, T = input_ids.shape
+        L = self.length
+        if B > self.fd.batch or T > L or (not self.padded and (T != L or attention_mask is not None)):
+            raise ValueError(f"this prefill graph takes up to {self.fd.batch} prompts of "
+                             f"{'at most ' if self.padded else 'exactly '}{L} tokens"
+                             f"{'' if self.padded else ' without a mask'}; got {tuple(input_ids.shape)}")
+        self.ids[:B, L - T:].copy_(input_ids)
+        if self.padded:
+            self.ids[:B, :L - T].zero_()
+            self.mask[:B, :L - T].fill_(False)
+            if attention_mask is None:
+                self.mask[:B, L - T:].fill_(True)
+            else:
+                self.mask[:B, L - T:].copy_(attention_mask.bool())
+            self.mask[B:].copy_(self.mask[:1].expand_as(self.mask[B:]))
+        self.ids[B:].copy_(self.ids[:1].expand_as(self.ids[B:]))
+        if self._graph is not None:
+            self._graph.replay()
+            return self._logits[:B]
+        return self._run()[:B]

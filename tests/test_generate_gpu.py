@@ -1,0 +1,87 @@
+"""``generate`` on CUDA (marker ``gpu``): the pooled, CUDA-graphed fused decoder equals the reference step,
+graphs are captured once per (tier, batch bucket) and reused, the compiled model's graphed prefill equals
+the eager one, and bad input leaves nothing broken. Run with ``ELASTIC_SSM_SCAN_BACKEND=torch`` to keep
+fla's compile out of the prefills (CONTRIBUTING.md)."""
+
+import pytest
+import torch
+
+import elastic_ssm as es
+from elastic_ssm.bench.peers import cast_matrices
+from elastic_ssm.models.decode_engine import decoder_pool
+from elastic_ssm.models.essh import randomize_selective
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def _model(dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    m = randomize_selective(es.ESSH(es.ESSHConfig.preset("small")).eval(), ffn_out_std=0.1, zero_lag=True)
+    return cast_matrices(m.to(DEV), dtype)        # modal tables stay float32, as from_pretrained(dtype=...)
+
+
+@pytest.fixture(scope="module")
+def fp32():
+    return _model()
+
+
+def test_graphed_generate_equals_reference_step_fp32(fp32):
+    ids = torch.randint(0, 256, (2, 40), device=DEV)
+    for tier in ("T1", "T5", "T10"):
+        fast = fp32.generate(ids, 16, tier=tier)                      # default on CUDA: fused + graph
+        ref = fp32.generate(ids, 16, tier=tier, fast=False, kv_dtype=torch.bfloat16)
+        assert torch.equal(fast, ref), tier
+    assert all(row["graphed"] for row in decoder_pool(fp32).info())
+
+
+def test_graphs_are_reused_across_calls(fp32):
+    pool = decoder_pool(fp32)
+    pool.clear()
+    ids = torch.randint(0, 256, (3, 20), device=DEV)
+    first = fp32.generate(ids, 8, tier="T4")
+    assert pool.captures >= 1
+    n, fd = pool.captures, pool.get("T4", 3)
+    assert torch.equal(fp32.generate(ids, 8, tier="T4"), first) and pool.captures == n
+    fp32.generate(ids[:1], 8, tier="T4")                                # another bucket: one new capture
+    fp32.generate(ids, 8, tier="T7")                                    # another tier: one new capture
+    assert pool.captures == n + 2 and pool.get("T4", 3) is fd           # the first one is still there
+
+
+def test_bf16_generate_agrees_with_fp32_forward():
+    m = _model(torch.bfloat16, seed=1)
+    ref = _model(torch.float32, seed=1)
+    ids = torch.randint(0, 256, (4, 64), device=DEV)
+    out = m.generate(ids, 32, tier="T10")
+    with torch.no_grad():
+        want = ref(out, tier="T10")[:, 63:-1].argmax(-1)                # fp32 greedy on the same prefix
+    agree = (out[:, 64:] == want).float().mean().item()
+    assert agree > 0.9, agree
+
+
+def test_compiled_model_prefill_graph_equals_eager(fp32):
+    compiled = _model()
+    es.compile_model(compiled)
+    ids = torch.randint(0, 256, (2, 300), device=DEV)                   # padded into the 512 bucket
+    mask = torch.ones_like(ids)
+    mask[1, :100] = 0
+    got = compiled.generate(ids, 12, tier="T10", attention_mask=mask)
+    want = fp32.generate(ids, 12, tier="T10", attention_mask=mask, fast=False, kv_dtype=torch.bfloat16)
+    assert torch.equal(got, want)
+    prefills = list(decoder_pool(compiled)._prefills.values())
+    assert prefills and all(p.graphed and p.compiled for p in prefills)
+    exact = torch.randint(0, 256, (1, 512), device=DEV)                 # a bucket length: unpadded graph
+    assert torch.equal(compiled.generate(exact, 6, tier="T10"),
+                       fp32.generate(exact, 6, tier="T10", fast=False, kv_dtype=torch.bfloat16))
+
+
+def test_bad_input_leaves_nothing_broken(fp32):
+    pool = decoder_pool(fp32)
+    fd = pool.get("T2", 2)
+    with pytest.raises(ValueError, match=r"1 <= B <= 2"):
+        fd.step(torch.zeros(3, dtype=torch.long, device=DEV))
+    with pytest.raises(ValueError, match="prompt is empty"):
+        fp32.generate(torch.zeros(2, 0, dtype=torch.long, device=DEV), 4, tier="T2")
+    ids = torch.randint(0, 256, (2, 10), device=DEV)
+    assert torch.equal(fp32.generate(ids, 6, tier="T2"), fp32.generate(ids, 6, tier="T2", fast=False,
+                                                                       kv_dtype=torch.bfloat16))
