@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""One H200 run of the user's generation path (issue #18 targets); stages chosen by ``GPU_GEN_STAGES``.
+
+Run from the repository root on the GPU machine with fla-core importable. Prints, flushed, one line per
+result, and writes ``$OUT/generate.json``. Stages (comma-separated names, default all, in this order):
+
+* ``tests``: ``pytest -m gpu tests/test_generate_gpu.py`` (torch scan backend, as CONTRIBUTING says);
+* ``generate``: ``elastic-ssm bench`` generate entries, eager prefill: 370m T10 batch 1, 1.5b T10 batch 1
+  and 128 (2K prompt, 128 new tokens), each with the pooled decoder's graph step beside it;
+* ``compiled``: the same for 1.5b T10 batch 1 with ``compile_model`` (graphed compiled prefill), and the
+  graphed compiled prefill alone at 2K and 128K tokens (ktok/s, CUDA events around the replayed call);
+* ``process``: a saved 1.5b model; two fresh processes each load it and generate one token after a 2K
+  prompt (the second finds Triton's kernel and autotuning caches), then ``elastic-ssm generate`` end to
+  end (load, 2K-character prompt, 256 tokens, greedy), wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = Path(os.environ.get("OUT", "/tmp/gpu_generate"))
+OUT.mkdir(parents=True, exist_ok=True)
+STAGES = [s for s in os.environ.get("GPU_GEN_STAGES", "tests,generate,compiled,process").split(",") if s]
+RESULTS: dict = {}
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+def stage_tests() -> None:
+    env = {**os.environ, "ELASTIC_SSM_SCAN_BACKEND": "torch"}
+    t = time.time()
+    r = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-x", "tests/test_generate_gpu.py",
+                        "tests/test_fast_decode_gpu.py", "-p", "no:cacheprovider"], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    tail = (r.stdout + r.stderr).strip().splitlines()[-25:]
+    log("\n".join(tail))
+    RESULTS["tests"] = {"rc": r.returncode, "s": time.time() - t, "tail": tail[-3:]}
+
+
+def _bench(preset: str, batches, compile_: bool) -> list[dict]:
+    from elastic_ssm.bench import BenchConfig, run_bench
+
+    cfg = BenchConfig(preset=preset, benchmarks=("generate",), generate_batches=tuple(batches), peers=(),
+                      compile=compile_, out="", generate_iters=3)
+    return run_bench(cfg, log=log, print_tables=False)["generate"]
+
+
+def stage_generate() -> None:
+    RESULTS["generate"] = _bench("370m", (1,), False) + _bench("1.5b", (1, 128), False)
+
+
+def stage_compiled() -> None:
+    import torch
+
+    from elastic_ssm.bench.decode import summarize
+    from elastic_ssm.bench.peers import build_essh
+    from elastic_ssm.config import ESSHConfig
+    from elastic_ssm.models import compile_model
+    from elastic_ssm.models.decode_engine import FusedSession
+
+    RESULTS["compiled_generate"] = _bench("1.5b", (1,), True)
+    model = compile_model(build_essh(ESSHConfig.preset("1.5b"), torch.device("cuda"), torch.bfloat16))
+    rows = []
+    for T in (2048, 131072):
+        ids = torch.randint(0, model.config.vocab_size, (1, T), device="cuda")
+        session = FusedSession(model, 1, "T10", None, None)
+        t0 = time.perf_counter()
+        session.prefill(ids, None)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(5):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            session.prefill(ids, None)
+            e.record()
+            torch.cuda.synchronize()
+            times.append(s.elapsed_time(e))
+        ms = summarize(times)["ms"]
+        row = {"length": T, "first_call_s": first, "ms": ms, "ktok_s": T / ms}
+        log("compiled graphed prefill 1.5b T10", row)
+        rows.append(row)
+        model.clear_decoders()
+    RESULTS["compiled_prefill"] = rows
+
+
+_CHILD = """
+import time, sys
+t0 = time.perf_counter()
+import torch, elastic_ssm as es
+m = es.ESSH.from_pretrained(sys.argv[1], tier="T10", device="cuda", dtype=torch.bfloat16)
+ids = torch.randint(0, m.config.vocab_size, (1, 2048), device="cuda")
+t1 = time.perf_counter()
+out = m.generate(ids, 1)
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+print(f"RESULT load_s={t1 - t0:.2f} first_token_s={t2 - t0:.2f}")
+"""
+
+
+def stage_process() -> None:
+    import torch
+
+    from elastic_ssm.bench.peers import build_essh
+    from elastic_ssm.config import ESSHConfig
+
+    d = Path("/tmp/essh15b")
+    if not (d / "config.json").exists():
+        build_essh(ESSHConfig.preset("1.5b"), torch.device("cuda"), torch.bfloat16).save_pretrained(d)
+    runs = []
+    for i in range(2):
+        r = subprocess.run([sys.executable, "-c", _CHILD, str(d)], cwd=ROOT, capture_output=True, text=True)
+        line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")]
+        runs.append(line[0] if line else (r.stderr.strip().splitlines() or ["?"])[-1])
+        log(f"process {i + 1}: {runs[-1]}")
+    prompt = ("def main(argv):\n    return argv\n" * 80)[:2048]
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "elastic_ssm.cli", "generate", str(d), "--tier", "T10",
+                        "--prompt", prompt, "--max-new-tokens", "256", "--temperature", "0"], cwd=ROOT,
+                       capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    log(f"elastic-ssm generate 1.5b T10 end to end: rc={r.returncode} wall={wall:.2f}s; "
+        f"stderr: {r.stderr.strip().splitlines()[-1:]}")
+    RESULTS["process"] = {"children": runs, "cli_wall_s": wall, "cli_rc": r.returncode}
+
+
+def main() -> None:
+    import torch
+
+    log(f"device {torch.cuda.get_device_name(0)}; torch {torch.__version__}; stages {STAGES}")
+    for name in STAGES:
+        t = time.time()
+        try:
+            globals()[f"stage_{name}"]()
+        except Exception as e:  # one failing stage must not lose the others' results
+            import traceback
+
+            traceback.print_exc()
+            RESULTS[name] = {"error": f"{type(e).__name__}: {e}"}
+        log(f"== stage {name}: {time.time() - t:.1f}s")
+        (OUT / "generate.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
