@@ -9,8 +9,8 @@ result, and writes ``$OUT/generate.json``. Stages (comma-separated names, defaul
   and 128 (2K prompt, 128 new tokens), each with the pooled decoder's graph step beside it;
 * ``compiled``: the same for 1.5b T10 batch 1 with ``compile_model`` (graphed compiled prefill), and the
   graphed compiled prefill alone at 2K and 128K tokens (ktok/s, CUDA events around the replayed call);
-* ``process``: a saved 1.5b model; two fresh processes each load it and generate one token after a 2K
-  prompt (the second finds Triton's kernel and autotuning caches), then ``elastic-ssm generate`` end to
+* ``process``: a saved 1.5b model; three fresh processes each load it and make the first token of a 2K
+  prompt, timed by phase (the later ones find Triton's kernel and autotuning caches), then ``elastic-ssm generate`` end to
   end (load, 2K-character prompt, 256 tokens, greedy), wall clock.
 """
 
@@ -97,13 +97,24 @@ _CHILD = """
 import time, sys
 t0 = time.perf_counter()
 import torch, elastic_ssm as es
+from elastic_ssm.models.decode_engine import FusedSession
+t_imp = time.perf_counter()
 m = es.ESSH.from_pretrained(sys.argv[1], tier="T10", device="cuda", dtype=torch.bfloat16)
-ids = torch.randint(0, m.config.vocab_size, (1, 2048), device="cuda")
-t1 = time.perf_counter()
-out = m.generate(ids, 1)
 torch.cuda.synchronize()
-t2 = time.perf_counter()
-print(f"RESULT load_s={t1 - t0:.2f} first_token_s={t2 - t0:.2f}")
+t_load = time.perf_counter()
+ids = torch.randint(0, m.config.vocab_size, (1, 2048), device="cuda")
+s = FusedSession(m, 1, "T10", None, None)
+torch.cuda.synchronize()
+t_dec = time.perf_counter()
+tok = s.prefill(ids, None).argmax(-1)
+torch.cuda.synchronize()
+t_pre = time.perf_counter()
+print(f"RESULT import_s={t_imp - t0:.2f} load_s={t_load - t_imp:.2f} decoder_s={t_dec - t_load:.2f} "
+      f"prefill_s={t_pre - t_dec:.2f} first_token_s={t_pre - t0:.2f}")
+t = time.perf_counter()
+m.generate(ids, 1)
+torch.cuda.synchronize()
+print(f"RESULT next generate(2K prompt, 1 token) {time.perf_counter() - t:.3f}s")
 """
 
 
@@ -117,10 +128,10 @@ def stage_process() -> None:
     if not (d / "config.json").exists():
         build_essh(ESSHConfig.preset("1.5b"), torch.device("cuda"), torch.bfloat16).save_pretrained(d)
     runs = []
-    for i in range(2):
+    for i in range(3):
         r = subprocess.run([sys.executable, "-c", _CHILD, str(d)], cwd=ROOT, capture_output=True, text=True)
         line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")]
-        runs.append(line[0] if line else (r.stderr.strip().splitlines() or ["?"])[-1])
+        runs.append(" | ".join(line) if line else (r.stderr.strip().splitlines() or ["?"])[-1])
         log(f"process {i + 1}: {runs[-1]}")
     prompt = ("def main(argv):\n    return argv\n" * 80)[:2048]
     t = time.perf_counter()

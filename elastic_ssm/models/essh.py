@@ -87,11 +87,15 @@ class ESSH(GenerationMixin, ElasticModel):
 
     def __init__(self, config: ESSHConfig) -> None:
         super().__init__(config)
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        # Built around an uninitialised weight: nn.Embedding's own init would run a random op, and the first
+        # random op on the meta device (from_pretrained builds there) costs ~4 s of one-time imports.
+        self.embed = nn.Embedding(config.vocab_size, config.d_model,
+                                  _weight=torch.empty(config.vocab_size, config.d_model))
         self.blocks = nn.ModuleList(ESSHBlock(config, kind) for kind in config.layout)
         self.norm_f = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         if self.embed.weight.device.type != "meta":
+            nn.init.normal_(self.embed.weight)   # nn.Embedding's own init: keeps the RNG stream (and runs) as before
             nn.init.normal_(self.embed.weight, std=config.init_std)
             if self.lm_head is not None:
                 nn.init.normal_(self.lm_head.weight, std=config.init_std)
