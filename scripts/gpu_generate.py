@@ -10,8 +10,8 @@ result, and writes ``$OUT/generate.json``. Stages (comma-separated names, defaul
 * ``compiled``: the same for 1.5b T10 batch 1 with ``compile_model`` (graphed compiled prefill), and the
   graphed compiled prefill alone at 2K and 128K tokens (ktok/s, CUDA events around the replayed call);
 * ``process``: a saved 1.5b model; three fresh processes each load it and make the first token of a
-  2K prompt, timed by phase (the later ones find Triton's kernel and autotuning caches), then ``elastic-ssm generate`` end to
-  end (load, 2K-character prompt, 256 tokens, greedy), wall clock.
+  2K prompt, timed by phase (the later ones find Triton's kernel and autotuning caches), then
+  ``elastic-ssm generate`` end to end (load, 2K-character prompt, 256 tokens, greedy), wall clock.
 """
 
 from __future__ import annotations
