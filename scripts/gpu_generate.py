@@ -103,7 +103,7 @@ m = es.ESSH.from_pretrained(sys.argv[1], tier="T10", device="cuda", dtype=torch.
 torch.cuda.synchronize()
 t_load = time.perf_counter()
 ids = torch.randint(0, m.config.vocab_size, (1, 2048), device="cuda")
-s = FusedSession(m, 1, "T10", None, None)
+s = FusedSession(m, 1, None, None, None)      # the loaded T10 model is standalone: its only tier
 torch.cuda.synchronize()
 t_dec = time.perf_counter()
 tok = s.prefill(ids, None).argmax(-1)
