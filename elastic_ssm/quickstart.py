@@ -54,7 +54,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
                config: str | Path | None = None) -> dict[str, Any]:
 
     from .elastic.export import check_export, export_tier
-    from .pipeline import build_data, train_run
+    from .pipeline import build_data, fit_model_to_tokenizer, train_run
     from .run_config import RunConfig
 
     out = Path(out_dir)
@@ -67,6 +67,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     if steps:
         run = run.with_overrides({}, {"steps": steps}, {})
     run = run.with_overrides({}, {"out_dir": str(out / "elastic")}, {})
+    run = fit_model_to_tokenizer(run)
     t0 = time.time()
     data = build_data(run)
     print(f"[quickstart] corpus: {data.describe()}")

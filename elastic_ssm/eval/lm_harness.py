@@ -6,7 +6,7 @@ one tier of a shared model (or a standalone export) to the harness; ``evaluate_t
 model once and runs the same tasks for every requested tier (same prompts, same evaluator: E.4).
 
     from elastic_ssm.eval.lm_harness import ElasticLM, evaluate_tiers_on_tasks
-    rows = evaluate_tiers_on_tasks("runs/x/final", ["piqa", "hellaswag"], tiers="all", tokenizer="bytes")
+    rows = evaluate_tiers_on_tasks("runs/x/final", ["piqa", "hellaswag"], tiers="all")
 
 or ``lm_eval.simple_evaluate(model=ElasticLM("runs/x/final", tier="T3"), tasks=["piqa"])``. The command
 line is ``elastic-ssm lm-eval CHECKPOINT --tasks piqa,hellaswag --tiers all``. Needs the ``eval`` extra
@@ -37,7 +37,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("the lm-eval adapter needs lm-evaluation-harness: pip install 'elastic-ssm[eval]' "
                       "(or pip install 'lm-eval>=0.4.9')") from e
 
-from ..data.tokenizers import load_tokenizer
+from ..data.tokenizer_files import resolve_tokenizer
 from .scoring import continuation_scores
 
 __all__ = ["ElasticLM", "evaluate_tiers_on_tasks"]
@@ -62,7 +62,8 @@ class ElasticLM(TemplateLM):
             ``save_pretrained``.
         tier: tier name (``"T3"``), or ``"full"`` / None (default "full": the whole model, also for a
             standalone export).
-        tokenizer: ``"bytes"`` (default), a ``tokenizer.json``, or a directory saved by the tokenizer.
+        tokenizer: None (default): the tokenizer saved with the model (bytes for a model without one); else
+            ``"bytes"``, a ``tokenizer.json`` or a tokenizer folder, which must equal the saved one.
         device: where a loaded model goes (default: the model's device, else ``"cpu"``).
         batch_size: sequences per forward pass.
         max_length: longest scored input in tokens; longer inputs keep their last ``max_length`` tokens.
@@ -73,7 +74,7 @@ class ElasticLM(TemplateLM):
 
     backend = "causal"
 
-    def __init__(self, pretrained: Any, tier: str | None = "full", tokenizer: Any = "bytes",
+    def __init__(self, pretrained: Any, tier: str | None = "full", tokenizer: Any = None,
                  device: str | None = None, batch_size: int | str = 8, max_length: int | str = 2048,
                  max_gen_toks: int | str = 256, precision: str = "fp32", max_batch_size: Any = None) -> None:
         super().__init__()
@@ -92,11 +93,7 @@ class ElasticLM(TemplateLM):
         self.tier = None if tier in (None, "", "none", "full") else tier
         if self.tier is not None:
             model.resolve_tier(self.tier)                    # unknown names fail here, naming the choices
-        self.tok = load_tokenizer(tokenizer)
-        vocab = model.config.vocab_size
-        if self.tok.vocab_size > vocab:
-            raise ValueError(f"tokenizer has {self.tok.vocab_size} ids but the model's vocabulary has {vocab}: "
-                             "pass the tokenizer the model was trained with (--tokenizer)")
+        self.tok = resolve_tokenizer(model, tokenizer)
         self.batch_size = _as_int(batch_size, "batch_size")
         self.max_length = _as_int(max_length, "max_length")
         if model.arch == "es_ssm":                           # fixed filter length L (ES-SSM Sec. 3)
@@ -216,7 +213,7 @@ class ElasticLM(TemplateLM):
 
 
 def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | Sequence[str] | None = "all",
-                            tokenizer: Any = "bytes", device: str | None = None, batch_size: int = 8,
+                            tokenizer: Any = None, device: str | None = None, batch_size: int = 8,
                             max_length: int = 2048, limit: int | float | None = None,
                             num_fewshot: int | None = None, include_path: str | None = None,
                             precision: str = "fp32", bootstrap_iters: int = 1000, seed: int = 1234,
