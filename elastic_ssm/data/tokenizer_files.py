@@ -5,7 +5,8 @@ export) holds the tokenizer the model was trained with when one is attached (``m
 
 * ``tokenizer.json``: the ``tokenizers`` file (for the byte tokenizer an equivalent byte-level file whose
   ids equal the byte values, so ``AutoTokenizer.from_pretrained(dir)`` also works for byte models);
-* ``tokenizer_config.json``: the special tokens (bos / eos / pad / sep) for Hugging Face ``AutoTokenizer``;
+* ``tokenizer_config.json``: the special tokens (bos / eos / pad / sep) for Hugging Face ``AutoTokenizer``,
+  and left padding (what batched generation needs);
 * ``elastic_tokenizer.json``: our own spec (``{"type": "bytes"}`` or ``"bpe"``), read by ``load_tokenizer``.
 
 ``config.json`` records ``tokenizer_record(tok)``: type, vocabulary size, special ids and a fingerprint
@@ -98,7 +99,7 @@ def save_tokenizer_files(tok: Tokenizer, directory: str | Path, model_max_length
         atomic_write_bytes(directory / TOKENIZER_FILE, text.encode("utf-8"))
         written.append(TOKENIZER_FILE)
         hf = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, "add_eos_token": False,
-              "clean_up_tokenization_spaces": False,
+              "clean_up_tokenization_spaces": False, "padding_side": "left",
               **{f"{role}_token": _token_name(tok, getattr(tok, f"{role}_id")) for role in ("bos", "eos", "pad")},
               "sep_token": _token_name(tok, tok.sep_id)}
         if model_max_length:

@@ -133,18 +133,20 @@ class ElasticModel(nn.Module):
             "tiers": [dataclasses.asdict(t) for t in self.tier_table()],
             "source": self.source,
         }
-        specials = {}
         if self.tokenizer is not None:
             from ..data.tokenizer_files import tokenizer_record
 
             out["tokenizer"] = tokenizer_record(self.tokenizer)
         elif self.tokenizer_record is not None:
             out["tokenizer"] = self.tokenizer_record
-        if "tokenizer" in out:
-            specials = {k: out["tokenizer"][k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-        else:
-            specials = {k: (v if (v := getattr(self.config, k, -1)) >= 0 else None)
-                        for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        # Special ids for transformers: the model config's where it has the field (eos is where our generate
+        # stops; -1 = none), else the tokenizer's.
+        tok = out.get("tokenizer") or {}
+        specials = {}
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            own = getattr(self.config, key, None)
+            value = own if own is not None and (own >= 0 or key == "eos_token_id") else tok.get(key)
+            specials[key] = value if value is not None and value >= 0 else None
         out.update(HF_KEYS.get(self.arch, {}), vocab_size=self.config.vocab_size, **specials)
         return out
 
