@@ -46,6 +46,23 @@ def test_training_saves_the_tokenizer_and_takes_vocab_size_from_it(bpe_run):
         assert loaded.tokenizer.sha256 == tok.sha256
     text = "def f(x):\n    return x  # é"
     assert data.load_tokenizer(final).encode(text) == tok.encode(text)
+    from transformers import AutoTokenizer
+
+    hf_tok = AutoTokenizer.from_pretrained(final)
+    assert hf_tok(text)["input_ids"] == tok.encode(text) and hf_tok.eos_token_id == tok.eos_id
+
+
+def test_a_hugging_face_tokenizer_folder_loads_by_path(bpe_run, tmp_path):
+    """tokenizer.json + tokenizer_config.json (a downloaded GPT-2 / Llama folder): the config names the specials."""
+    _, tok = bpe_run
+    raw = tok._tok.__class__.from_str(tok._tok.to_str())
+    raw.add_special_tokens(["<|begin|>", "<|end|>"])
+    raw.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|begin|>", "eos_token": {"content": "<|end|>", "special": True}}))
+    loaded = data.load_tokenizer(tmp_path)
+    assert (loaded.bos_id, loaded.eos_id) == (raw.token_to_id("<|begin|>"), raw.token_to_id("<|end|>"))
+    assert loaded.vocab_size == tok.vocab_size + 2 and loaded.encode("x = 1") == tok.encode("x = 1")
 
 
 def test_eval_and_generate_use_the_saved_tokenizer(bpe_run, capsys):

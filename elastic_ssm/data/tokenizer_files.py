@@ -78,7 +78,7 @@ def _token_name(tok: Tokenizer, token_id: int) -> str:
     return tok._tok.id_to_token(token_id)
 
 
-def save_tokenizer_files(tok: Tokenizer, directory: str | Path, model_max_length: int | None = None) -> list[str]:
+def save_tokenizer_files(tok: Tokenizer, directory: str | Path) -> list[str]:
     """Write the tokenizer files into ``directory`` (each atomically, mode 0644 under umask 022).
 
     Returns the names written. The byte tokenizer's ``tokenizer.json`` needs the ``tokenizers`` package;
@@ -102,8 +102,6 @@ def save_tokenizer_files(tok: Tokenizer, directory: str | Path, model_max_length
               "clean_up_tokenization_spaces": False, "padding_side": "left",
               **{f"{role}_token": _token_name(tok, getattr(tok, f"{role}_id")) for role in ("bos", "eos", "pad")},
               "sep_token": _token_name(tok, tok.sep_id)}
-        if model_max_length:
-            hf["model_max_length"] = int(model_max_length)
         atomic_write_bytes(directory / TOKENIZER_CONFIG_FILE, (json.dumps(hf, indent=2) + "\n").encode())
         written.append(TOKENIZER_CONFIG_FILE)
     meta = {"type": "bytes", "vocab_size": tok.vocab_size} if isinstance(tok, ByteTokenizer) else \

@@ -10,8 +10,8 @@ after which our directories (a training run's ``final/``, checkpoints' ``model/`
     out = model.generate(**tok(["def f(", "class A"], return_tensors="pt", padding=True), max_new_tokens=32)
     pipeline("text-generation", model="runs/x/final")("def main():", max_new_tokens=20)
 
-``configuration.py`` (``ESSHHFConfig``), ``cache.py`` (``ESSHHFCache``: our ``ESSHCache`` behind the
-``transformers.Cache`` interface), ``modeling.py`` (``ESSHForCausalLM``). ES-SSM models (no cached
+``modeling.py`` (``ESSHHFConfig``, ``ESSHForCausalLM``) and ``cache.py`` (``ESSHHFCache``: our
+``ESSHCache`` behind the ``transformers.Cache`` interface). ES-SSM models (no cached
 decoding) are not registered.
 """
 
@@ -28,8 +28,7 @@ if int(transformers.__version__.split(".")[0]) < 5:  # pragma: no cover - depend
                       "pip install -U 'transformers>=5'")
 
 from .cache import ESSHHFCache
-from .configuration import ESSHHFConfig
-from .modeling import ESSHForCausalLM
+from .modeling import ESSHForCausalLM, ESSHHFConfig
 
 AutoConfig.register(ESSHHFConfig.model_type, ESSHHFConfig, exist_ok=True)
 AutoModelForCausalLM.register(ESSHHFConfig, ESSHForCausalLM, exist_ok=True)

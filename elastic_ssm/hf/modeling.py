@@ -1,4 +1,11 @@
-"""``ESSHForCausalLM``: an ESSH (one tier of it) as a ``transformers`` causal language model.
+"""``ESSHHFConfig`` and ``ESSHForCausalLM``: an ESSH (one tier of it) as a ``transformers`` causal LM.
+
+``ESSHHFConfig`` (model_type ``essh``) reads our own ``config.json`` as it is: our ``save_pretrained``
+writes ``model_type``, ``architectures``, ``vocab_size`` and the special-token ids beside our keys
+(``config``: the ``ESSHConfig`` fields, ``tiers``: the tier table, ``tokenizer``: the tokenizer record;
+``models/base.py``), so ``AutoConfig.from_pretrained(dir)`` needs no conversion step. Its ``tier`` selects
+what ``from_pretrained(dir, tier="T4")`` loads (lm-eval and ``pipeline`` pass keyword arguments through
+the config, so the tier lives there).
 
 The wrapper holds our ``ESSH`` as ``.model`` and adds nothing to its math. ``forward`` takes
 ``input_ids`` [B, T], an optional ``attention_mask`` (left padding, as ``generate`` and ``pipeline``
@@ -11,9 +18,10 @@ build it), ``labels`` (next-token cross-entropy, ``-100`` ignored) and a ``cache
 These are the calls our own ``ESSH.generate`` makes, in the same order on the same tensors, so HF
 ``generate`` (greedy, sampling, left-padded batches) produces our tokens. ``from_pretrained(dir, tier=...)``
 loads with ``ESSH.from_pretrained`` (only the tier's prefixes are read); ``save_pretrained`` writes our
-format (weights, tokenizer, ``config.json``). Speed: prefill uses the fast chunked scan (fla on GPU);
-decoding runs the reference ``step`` once per token in eager PyTorch, as HF's loop needs a
-``forward`` per token. The fused / CUDA-graph decoder is reached through our ``model.model.generate``.
+format (weights, tokenizer, ``config.json``). Speed: the prefill is the fast path (the chunked scan;
+fla's kernels on GPU); each decoded token is one eager ``ESSH.step`` (the reference layer steps, as
+``ESSH.generate`` runs them), called from HF's Python loop. The fused CUDA-graph decoder
+(``models/fast_decode.py``) is not used on this path (docs/huggingface.md).
 """
 
 from __future__ import annotations
@@ -23,18 +31,76 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ..config import ESSHConfig
 from ..models.essh import ESSH
 from .cache import ESSHHFCache
-from .configuration import ESSHHFConfig
 
-__all__ = ["ESSHForCausalLM"]
+__all__ = ["ESSHForCausalLM", "ESSHHFConfig"]
 
 #: the name transformers uses for the cache in forward() and outputs (``cache`` since 5.x, before that
 #: ``past_key_values``)
 CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+class ESSHHFConfig(PretrainedConfig):
+    """The ``ESSHConfig`` of a model directory, its tier table and tokenizer ids, for ``transformers``.
+
+    Attributes beyond ``PretrainedConfig``:
+        config: the ``ESSHConfig`` fields (a dict, as in ``config.json``); ``essh_config()`` builds it.
+        tiers: the tier table (list of dicts: name, K, n_ff, xi, params), as in ``config.json``.
+        tier: the tier to load (``"T4"``, ``"K8"``; None or ``"full"``: the model as saved).
+    """
+
+    model_type = "essh"
+    config: dict | None = None
+    tiers: list | None = None
+    tier: str | None = None
+    arch: str = "essh"
+    vocab_size: int = 260
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    tie_word_embeddings: bool = True
+    use_cache: bool = True
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        if self.config is None:
+            self.config = ESSHConfig.preset("tiny").to_dict()
+        cfg = self.essh_config()
+        self.vocab_size = cfg.vocab_size
+        self.hidden_size = cfg.d_model
+        self.num_hidden_layers = cfg.n_layers
+        self.tie_word_embeddings = cfg.tie_embeddings
+        if self.tiers is None:
+            import dataclasses
+
+            from ..elastic.tiers import tier_table
+
+            self.tiers = [dataclasses.asdict(t) for t in tier_table(cfg)]
+        if self.tier in ("", "full", "none"):
+            self.tier = None
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):     # our configs use -1 for "none"
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                setattr(self, name, None)
+        super().__post_init__(**kwargs)
+
+    def essh_config(self) -> ESSHConfig:
+        """The ``ESSHConfig`` this config describes (the saved model's, before any ``tier`` cut)."""
+        return ESSHConfig.from_dict(dict(self.config))
+
+    @classmethod
+    def from_model(cls, model: Any, tier: str | None = None) -> ESSHHFConfig:
+        """The config of a loaded ``ESSH`` (its own, possibly standalone, config and its tokenizer ids)."""
+        meta = model._config_json()
+        keep = {k: meta[k] for k in ("config", "tiers", "arch", "vocab_size", "bos_token_id", "eos_token_id",
+                                     "pad_token_id", "format", "format_version", "source", "tokenizer")
+                if k in meta}
+        return cls(**keep, tier=tier, architectures=["ESSHForCausalLM"])
 
 
 def _device(device_map: Any) -> str:
