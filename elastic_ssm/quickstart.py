@@ -54,6 +54,8 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
                config: str | Path | None = None) -> dict[str, Any]:
 
     from .elastic.export import check_export, export_tier
+    from .elastic.model_card import model_card
+    from .models.base import atomic_write_bytes
     from .pipeline import build_data, fit_model_to_tokenizer, train_run
     from .run_config import RunConfig
 
@@ -87,6 +89,8 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     for t in model.tier_table():
         ev = evaluate_tiers(exports[t.name], data.val_batches)[0]
         rows.append(TierEval(t.name, t.K, t.n_ff, t.params, ev.loss, ev.tokens, ev.bytes_per_token))
+        atomic_write_bytes(out / "exports" / t.name / "README.md", model_card(   # the card, now with quality
+            exports[t.name], {"held-out bits per byte (quickstart validation)": rows[-1].bpb}).encode())
 
     control_rows = None
     if control:

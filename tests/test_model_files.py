@@ -40,6 +40,10 @@ def test_training_saves_the_tokenizer_and_takes_vocab_size_from_it(bpe_run):
     assert meta["tokenizer"]["fingerprint"] == tok.sha256 and meta["eos_token_id"] == tok.eos_id
     assert meta["config"]["eos_token_id"] == tok.eos_id and meta["model_type"] == "essh"
     ckpt = next((root / "run").glob("**/step_*/model"))
+    mask = os.umask(0o022)
+    os.umask(mask)
+    modes = {p.relative_to(root): stat.S_IMODE(p.stat().st_mode) for p in (root / "run").rglob("*") if p.is_file()}
+    assert set(modes.values()) == {0o666 & ~mask}, modes            # weights, optimizer, tokenizer files alike
     for d in (final, ckpt):
         assert {"tokenizer.json", "tokenizer_config.json", "elastic_tokenizer.json"} <= {p.name for p in d.iterdir()}
         loaded = es.models.load_pretrained(d)
@@ -87,6 +91,10 @@ def test_a_different_tokenizer_is_a_one_line_error(bpe_run, capsys):
         assert main(["eval", final, "--tokenizer", other, "--batches", "1", "--seq-len", "16"]) == 2
         err = capsys.readouterr().err.strip()
         assert "is not the tokenizer saved with the model" in err and len(err.splitlines()) == 1
+        from elastic_ssm.eval.lm_harness import ElasticLM
+
+        with pytest.raises(ValueError, match="is not the tokenizer saved with the model"):
+            ElasticLM(final, tier="T2", tokenizer=other)
 
 
 def test_exports_carry_tokenizer_and_model_card(bpe_run, tmp_path):
