@@ -81,7 +81,7 @@ def test_forward_loss_and_cache(saved):
     hf = AutoModelForCausalLM.from_pretrained(path)
     x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
     out = hf(x, labels=x)
-    assert isinstance(out, transformers.modeling_outputs.CausalLMOutputWithPast)
+    assert isinstance(out, transformers.modeling_outputs.CausalLMOutputWithPast) and out.cache is None
     logits = model(x)
     torch.testing.assert_close(out.logits, logits)
     expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))

@@ -203,7 +203,7 @@ class ESSHForCausalLM(PreTrainedModel, GenerationMixin):
         cache = kwargs.pop("cache", None) or kwargs.pop("past_key_values", None)
         if cache is not None and not isinstance(cache, ESSHHFCache):
             raise TypeError(f"ESSHForCausalLM needs an ESSHHFCache (or none), got {type(cache).__name__}")
-        use_cache = use_cache if use_cache is not None else (cache is not None or not self.training)
+        use_cache = bool(use_cache) or cache is not None      # generate passes use_cache=True; scoring needs none
         if cache is not None and cache.prefilled:
             logits = torch.stack([self.model.step(tok, cache.inner) for tok in input_ids.unbind(1)], dim=1)
         else:
