@@ -203,3 +203,15 @@ def test_console_script_runs_lm_evals_own_cli_per_tier(tiny, tmp_path, monkeypat
             scores = [_direct(tiny, tier, d["question"].encode(), (" " + c).encode())[0] for c in d["choices"]]
             right += int(max(range(3), key=scores.__getitem__) == d["label"])
         assert summary[tier] == pytest.approx(right / len(docs))
+
+
+def test_console_script_reads_lm_evals_short_flags():
+    from elastic_ssm.eval.harness import _flag, _pop_flag, _set_flag
+
+    argv = ["-M", "elastic-ssm", "-a", "pretrained=m,tier=all", "-o=res", "--csv", "s.csv", "--tasks", "t"]
+    assert [_flag(argv, f)[1] for f in ("--model", "--model_args", "--output_path")] == \
+        ["elastic-ssm", "pretrained=m,tier=all", "res"]
+    assert _set_flag(argv, "--model_args", "pretrained=m,tier=T1")[3] == "pretrained=m,tier=T1"
+    assert _set_flag(argv, "--output_path", "res/T1")[4] == "--output_path=res/T1"
+    assert _pop_flag(argv, "--csv") == ([*argv[:5], "--tasks", "t"], "s.csv")
+    assert _set_flag(["--tasks", "t"], "--device", "cpu") == ["--tasks", "t", "--device", "cpu"]

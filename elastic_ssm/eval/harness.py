@@ -29,12 +29,19 @@ from typing import Any
 __all__ = ["main"]
 
 
+#: lm-eval's short spellings of the flags read here
+ALIASES = {"--model": ("--model", "-M"), "--model_args": ("--model_args", "-a"),
+           "--output_path": ("--output_path", "-o"), "--device": ("--device",), "--csv": ("--csv",)}
+
+
 def _flag(argv: list[str], name: str) -> tuple[int, str | None]:
-    """Index of ``--name`` (``--name V`` or ``--name=V``) in ``argv`` and its value; (-1, None) if absent."""
+    """Index of ``--name`` (``--name V``, ``--name=V`` or lm-eval's short form) in ``argv`` and its value;
+    (-1, None) if absent."""
+    spellings = ALIASES.get(name, (name,))
     for i, a in enumerate(argv):
-        if a == name:
+        if a in spellings:
             return i, argv[i + 1] if i + 1 < len(argv) else None
-        if a.startswith(name + "="):
+        if any(a.startswith(sp + "=") for sp in spellings):
             return i, a.split("=", 1)[1]
     return -1, None
 
@@ -44,7 +51,7 @@ def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
     if i < 0:
         return [*argv, name, value]
     out = list(argv)
-    if out[i] == name:
+    if "=" not in out[i]:
         out[i + 1] = value
     else:
         out[i] = f"{name}={value}"
@@ -55,7 +62,7 @@ def _pop_flag(argv: list[str], name: str) -> tuple[list[str], str | None]:
     i, value = _flag(argv, name)
     if i < 0:
         return argv, None
-    return argv[:i] + argv[i + (2 if argv[i] == name else 1):], value
+    return argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], value
 
 
 def _parse_model_args(text: str) -> dict[str, str]:
@@ -160,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
 
         argv = [*argv, "--device", "cuda" if torch.cuda.is_available() else "cpu"]
     _, model_args = _flag(argv, "--model_args")
-    args = _parse_model_args(model_args or "")
+    ours = _flag(argv, "--model")[1] in ("elastic-ssm", "elastic_ssm")
+    args = _parse_model_args(model_args or "") if ours else {}      # another --model: lm-eval as it is
     _, out_dir = _flag(argv, "--output_path")
     rows: list[dict[str, Any]] = []
     from .lm_harness import result_rows
