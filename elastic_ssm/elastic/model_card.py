@@ -40,7 +40,8 @@ def model_card(model: Any, quality: dict[str, float] | None = None) -> str:
         f"# elastic_ssm {model.arch.upper()} export, tier {tier}",
         "",
         f"A standalone {model.arch} model cut from a shared elastic model at tier **{tier}** "
-        "(train once, export many): it holds only the retained channel and feed-forward prefixes.",
+        "(train once, export many): it holds only the retained "
+        f"{'spectral-channel and feed-forward' if model.arch == 'essh' else 'spectral-channel'} prefixes.",
         "",
         "| | |",
         "|---|---|",
@@ -56,9 +57,10 @@ def model_card(model: Any, quality: dict[str, float] | None = None) -> str:
     if model.arch == "essh":
         lines += [f"| spectral channels K / FFN width | {cfg.n_channels} / {cfg.d_ff} |",
                   f"| layers / width / vocabulary | {cfg.n_layers} / {cfg.d_model} / {cfg.vocab_size:,} |"]
+    detail = (f"recurrent {_size(state['recurrent'])} fp32, window ring {_size(state['kv'])} bf16"
+              if model.arch == "essh" else "the last L-1 normalised inputs per block, fp32")
     lines += [
-        f"| decoding state per sequence | {_size(state['total'])} (recurrent {_size(state['recurrent'])} fp32, "
-        f"window ring {_size(state['kv'])} bf16) |",
+        f"| decoding state per sequence | {_size(state['total'])} ({detail}) |",
         f"| tokenizer | {tok_line} |",
     ]
     if quality:
