@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +98,7 @@ def fit_model_to_tokenizer(run: Any) -> Any:
         if hasattr(run.model, name) and name not in run.explicit_model_fields:
             changes[name] = tid
     changes = {k: v for k, v in changes.items() if getattr(run.model, k) != v}
-    return run.with_overrides(changes, {}, {}) if changes else run
+    return dataclasses.replace(run, model=run.model.replace(**changes)) if changes else run   # still implicit
 
 
 def train_run(run: Any, data: RunData, resume: bool = False, progress: bool = True):
@@ -122,6 +123,10 @@ def run_training(run: Any, resume: bool = False):
         from .run_config import RunConfig
 
         before = RunConfig.from_yaml(saved).model.to_dict()
+        # a run started before the tokenizer set eos / pad keeps its saved ids (they do not touch the weights)
+        ids = {k: before[k] for k in ("eos_token_id", "pad_token_id")
+               if k in before and k not in run.explicit_model_fields and before[k] != getattr(run.model, k)}
+        run = dataclasses.replace(run, model=run.model.replace(**ids)) if ids else run
         changed = sorted(k for k, v in run.model.to_dict().items() if before.get(k) != v)
         if changed:
             raise ConfigError(f"--resume: the model config differs from the one saved in {saved} in {changed}; "
