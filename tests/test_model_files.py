@@ -147,3 +147,15 @@ def test_torch_export_of_the_forward():
     torch.testing.assert_close(program.module()(x), small(x), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="token ids must lie"):          # eager validation stays
         small(torch.full((1, 4), model.config.vocab_size))
+
+
+def test_resuming_a_run_from_before_tokenizers_set_eos_and_pad(tmp_path):
+    """A run saved with eos / pad = -1 (as every run was before) resumes: the saved ids are kept."""
+    (tmp_path / "run.yaml").write_text(BPE_RUN.replace("TOK", "bytes"))
+    base = ["train", "--config", str(tmp_path / "run.yaml"), "--train.out_dir", str(tmp_path / "run"),
+            "--train.checkpoint_every", "1"]
+    assert main([*base, "--train.steps", "1", "--model.eos_token_id", "-1", "--model.pad_token_id", "-1"]) == 0
+    assert main([*base, "--train.steps", "1", "--resume"]) == 0
+    assert json.loads((tmp_path / "run" / "final" / "config.json").read_text())["config"]["eos_token_id"] == -1
+    assert main(["train", "--config", str(tmp_path / "run.yaml"), "--train.out_dir", str(tmp_path / "new")]) == 0
+    assert json.loads((tmp_path / "new" / "final" / "config.json").read_text())["config"]["eos_token_id"] == 258
