@@ -17,6 +17,8 @@ from .cli_args import add_dataclass_flags, add_device_flag, announce_device, col
 from .config import ConfigError, ESSHConfig, ESSSMConfig
 
 DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
+TOKENIZER_HELP = ("default: the tokenizer saved with the model; a different one ('bytes', a tokenizer.json or "
+                  "folder) is refused")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -97,7 +99,8 @@ def _write_csv(path: str | None, rows: list[dict]) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .data import evaluation_batches, load_corpus, load_tokenizer
+    from .data import evaluation_batches, load_corpus
+    from .data.tokenizer_files import resolve_tokenizer
     from .data.tokenizers import measured_bytes_per_token
     from .eval.perplexity import evaluate_tiers, format_evals
     from .models import load_pretrained
@@ -105,7 +108,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
     announce_device("eval", device, next(model.parameters()).dtype)
-    tok = load_tokenizer(args.tokenizer)
+    tok = resolve_tokenizer(model, args.tokenizer)
     tokens = load_corpus(args.data, tok, split=args.split)
     batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.batches))
     tiers = _tier_names(args.tiers)
@@ -143,14 +146,15 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
 
 def cmd_niah(args: argparse.Namespace) -> int:
     from .bench.report import format_table
-    from .data import load_corpus, load_tokenizer
+    from .data import load_corpus
+    from .data.tokenizer_files import resolve_tokenizer
     from .eval.needle import NeedleConfig, evaluate_needle
     from .models import load_pretrained
 
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
     announce_device("niah", device, next(model.parameters()).dtype)
-    tok = load_tokenizer(args.tokenizer)
+    tok = resolve_tokenizer(model, args.tokenizer)
     cfg = NeedleConfig(context_len=args.context, n_pairs=args.pairs, condition=args.condition, seed=args.seed,
                        depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
     filler = load_corpus(args.data, tok, split=args.split)
@@ -170,7 +174,7 @@ def cmd_niah(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from .data import load_tokenizer
+    from .data.tokenizer_files import resolve_tokenizer
     from .models import load_pretrained
 
     device = resolve_device(args.device)
@@ -181,7 +185,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     announce_device("generate", device, dtype)
     if not hasattr(model, "generate"):
         raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; cached generation is an ESSH feature")
-    tok = load_tokenizer(args.tokenizer)
+    tok = resolve_tokenizer(model, args.tokenizer)
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long, device=device)
     if ids.numel() == 0:
         raise ConfigError("--prompt is empty: give at least one character")
@@ -267,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
                           ("generate", cmd_generate, "sample from any tier, streaming to stdout")):
         s = sub.add_parser(name, help=hlp)
         s.add_argument("checkpoint", help="model directory")
-        s.add_argument("--tokenizer", default="bytes", help="'bytes' or a tokenizer.json")
+        s.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP)
         add_device_flag(s)
         s.set_defaults(fn=fn)
         if name == "eval":
@@ -295,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoint", help="model directory")
     s.add_argument("--tasks", required=True, help="comma-separated lm-eval task names (piqa,hellaswag,...)")
     s.add_argument("--tiers", default="all", help="'all' or comma-separated tier names")
-    s.add_argument("--tokenizer", default="bytes", help="'bytes' or a tokenizer.json")
+    s.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP)
     add_device_flag(s)
     s.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass")
     s.add_argument("--max-length", type=int, default=2048, help="longest scored input in tokens")
@@ -310,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("niah", help="needle-in-a-haystack key retrieval at every tier (ESSH Tables 17-18)")
     s.add_argument("checkpoint", help="model directory")
     s.add_argument("--tiers", default="all", help="'all' or comma-separated tier names")
-    s.add_argument("--tokenizer", default="bytes", help="'bytes' or a tokenizer.json")
+    s.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP)
     s.add_argument("--data", default="stdlib", help="filler text source (as for eval)")
     s.add_argument("--split", default="validation", help="split of the filler source")
     s.add_argument("--context", type=int, default=2048, help="tokens per trial before the answer")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ class RunData:
     bytes_per_token: float
     source: str
     synthetic: Any = None
+    tokenizer: Any = None
 
     def describe(self) -> str:
         n_val = sum(int((y != -100).sum()) for _, y in self.val_batches)
@@ -70,7 +72,33 @@ def build_data(run: Any) -> RunData:
     if not val:
         raise ConfigError(f"validation source {val_src!r} is shorter than one sequence of {t.seq_len} tokens")
     bpt = t.bytes_per_token or (1.0 if tok.vocab_size <= 260 else 0.0)
-    return RunData(train_tokens, val, tok.vocab_size, bpt or 1.0, d.source)
+    return RunData(train_tokens, val, tok.vocab_size, bpt or 1.0, d.source, tokenizer=tok)
+
+
+def fit_model_to_tokenizer(run: Any) -> Any:
+    """``run`` with the model's ``vocab_size`` (and, for ESSH, eos / pad ids) taken from the data's tokenizer.
+
+    A ``vocab_size`` set explicitly (YAML ``model`` section or ``--model.vocab_size``) is kept when it
+    is at least the tokenizer's (padding, e.g. 50304 for GPT-2's 50257 ids); a smaller one is an error.
+    Synthetic tasks have no tokenizer and keep the configured vocabulary."""
+    from .data import load_tokenizer
+
+    if run.data.source.startswith("synthetic:") or getattr(run.model, "task", "lm") != "lm":
+        return run
+    tok = load_tokenizer(run.data.tokenizer)
+    vocab = run.model.vocab_size
+    if "vocab_size" in run.explicit_model_fields:
+        if vocab < tok.vocab_size:
+            raise ConfigError(f"tokenizer {run.data.tokenizer!r} has {tok.vocab_size} ids but model.vocab_size is "
+                              f"{vocab}; set --model.vocab_size >= {tok.vocab_size} or leave it out")
+    else:
+        vocab = tok.vocab_size
+    changes: dict[str, Any] = {"vocab_size": vocab}
+    for name, tid in (("eos_token_id", tok.eos_id), ("pad_token_id", tok.pad_id)):
+        if hasattr(run.model, name) and name not in run.explicit_model_fields:
+            changes[name] = tid
+    changes = {k: v for k, v in changes.items() if getattr(run.model, k) != v}
+    return dataclasses.replace(run, model=run.model.replace(**changes)) if changes else run   # still implicit
 
 
 def train_run(run: Any, data: RunData, resume: bool = False, progress: bool = True):
@@ -79,7 +107,7 @@ def train_run(run: Any, data: RunData, resume: bool = False, progress: bool = Tr
 
     t = run.train
     res = train(run.model, data.batches(t.seq_len, t.micro_batch_size, t.seed), t, val_data=data.val_batches,
-                resume=resume, progress=progress)
+                resume=resume, progress=progress, tokenizer=data.tokenizer)
     return res.model
 
 
@@ -87,6 +115,7 @@ def run_training(run: Any, resume: bool = False):
     """``elastic-ssm train``: build data, train, save the run config next to the checkpoints."""
     from pathlib import Path
 
+    run = fit_model_to_tokenizer(run)
     out = Path(run.train.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "run.yaml"
@@ -94,6 +123,10 @@ def run_training(run: Any, resume: bool = False):
         from .run_config import RunConfig
 
         before = RunConfig.from_yaml(saved).model.to_dict()
+        # a run started before the tokenizer set eos / pad keeps its saved ids (they do not touch the weights)
+        ids = {k: before[k] for k in ("eos_token_id", "pad_token_id")
+               if k in before and k not in run.explicit_model_fields and before[k] != getattr(run.model, k)}
+        run = dataclasses.replace(run, model=run.model.replace(**ids)) if ids else run
         changed = sorted(k for k, v in run.model.to_dict().items() if before.get(k) != v)
         if changed:
             raise ConfigError(f"--resume: the model config differs from the one saved in {saved} in {changed}; "

@@ -31,7 +31,9 @@ class DataConfig(ConfigBase):
                                 "*.bin token file, 'hf:<name>[:<config>][:<split>]', or a synthetic recall task "
                                 "'synthetic:mqar[:num_pairs=16,...]' / 'synthetic:palindrome' (ESSH Appendix I)")
     val_source: str = opt("", "validation source ('' = the validation split of `source`)")
-    tokenizer: str = opt("bytes", "'bytes' or a path to a tokenizer.json")
+    tokenizer: str = opt("bytes", "'bytes', a tokenizer.json, or a tokenizer folder (tokenizer.json + "
+                                  "tokenizer_config.json, e.g. a downloaded GPT-2 or Llama tokenizer); the "
+                                  "model's vocab_size is taken from it and it is saved with every checkpoint")
     text_field: str = opt("text", "JSONL/Parquet/HF field holding the document text")
     max_train_bytes: int = opt(0, "cap on the in-memory training text in bytes (0 = no cap)")
 
@@ -43,6 +45,8 @@ class RunConfig:
     model: Any = field(default_factory=lambda: ESSHConfig.preset("small"))
     train: Any = None
     data: DataConfig = field(default_factory=DataConfig)
+    #: model fields set explicitly (YAML ``model`` section or ``--model.<field>``), e.g. a padded vocab_size
+    explicit_model_fields: frozenset = field(default_factory=frozenset, compare=False)
 
     def __post_init__(self) -> None:
         from .train.config import TrainConfig
@@ -63,7 +67,8 @@ class RunConfig:
             raise ConfigError(f"run config: unknown section(s) {unknown}; use model, train, data")
         model = model_config_from_dict(d.get("model") or {"arch": "essh", "preset": "small"})
         return cls(model=model, train=TrainConfig.from_dict(d.get("train") or {}),
-                   data=DataConfig.from_dict(d.get("data") or {}))
+                   data=DataConfig.from_dict(d.get("data") or {}),
+                   explicit_model_fields=frozenset(d.get("model") or {}))
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": {"arch": self.arch, **self.model.to_dict()}, "train": self.train.to_dict(),
@@ -95,4 +100,5 @@ class RunConfig:
                                   f" (this run's model arch is {self.arch!r})")
         return RunConfig(model=self.model.replace(**model) if model else self.model,
                          train=self.train.replace(**train) if train else self.train,
-                         data=self.data.replace(**data) if data else self.data)
+                         data=self.data.replace(**data) if data else self.data,
+                         explicit_model_fields=self.explicit_model_fields | frozenset(model))

@@ -33,6 +33,9 @@ def test_quickstart_writes_report_table_plot_and_exports(quick):
     assert "Tier curve monotone" in report and "Dense control" in report
     assert (out / "quality_size.png").stat().st_size > 1000
     assert (out / "exports" / "T1" / "model.safetensors").is_file()
+    bpb = float(rows[0]["bpb"])
+    assert f"| held-out bits per byte (quickstart validation) | {bpb:.4f} |" in (out / "exports" / "T1" /
+                                                                                "README.md").read_text()
     assert (out / "elastic" / "final" / "config.json").is_file()
 
 

@@ -169,3 +169,49 @@ def test_local_task_per_tier_through_the_api_and_the_cli(tiny, tmp_path, monkeyp
                                   tasks=["tiny_choice"], batch_size=2, bootstrap_iters=0,
                                   task_manager=TaskManager(include_path=str(tmp_path / "tasks")))
     assert res["results"]["tiny_choice"]["acc,none"] == pytest.approx(acc["T10"])
+
+
+def test_console_script_runs_lm_evals_own_cli_per_tier(tiny, tmp_path, monkeypatch):
+    """``elastic-ssm-lm-eval``: lm-eval's own flags (--include_path, --batch_size auto, --output_path,
+    --log_samples), one lm-eval results JSON per tier and our CSV summary, offline."""
+    from pathlib import Path
+
+    from elastic_ssm.eval import harness
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert '\nelastic-ssm-lm-eval = "elastic_ssm.eval.harness:main"\n' in pyproject      # the console script
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    docs = _local_task(tmp_path / "tasks")
+    tiny.save_pretrained(tmp_path / "model")
+    out = tmp_path / "results"
+    assert harness.main(["--model_args", f"pretrained={tmp_path / 'model'},tier=T1+T10", "--tasks", "tiny_choice",
+                         "--include_path", str(tmp_path / "tasks"), "--batch_size", "auto",
+                         "--output_path", str(out), "--log_samples"]) == 0
+    with open(out / "tiers.csv") as f:
+        summary = {r["tier"]: float(r["value"]) for r in csv.DictReader(f) if r["metric"] == "acc"}
+    assert set(summary) == {"T1", "T10"}
+    for tier in ("T1", "T10"):
+        (result_file,) = (out / tier).glob("*/results_*.json")
+        res = json.loads(result_file.read_text())
+        assert res["config"]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+        assert res["results"]["tiny_choice"]["acc,none"] == pytest.approx(summary[tier])
+        (samples,) = (out / tier).glob("*/samples_tiny_choice_*.jsonl")
+        assert len(samples.read_text().splitlines()) == len(docs)
+        right = 0
+        for d in docs:
+            scores = [_direct(tiny, tier, d["question"].encode(), (" " + c).encode())[0] for c in d["choices"]]
+            right += int(max(range(3), key=scores.__getitem__) == d["label"])
+        assert summary[tier] == pytest.approx(right / len(docs))
+
+
+def test_console_script_reads_lm_evals_short_flags():
+    from elastic_ssm.eval.harness import _flag, _pop_flag, _set_flag
+
+    argv = ["-M", "elastic-ssm", "-a", "pretrained=m,tier=all", "-o=res", "--csv", "s.csv", "--tasks", "t"]
+    assert [_flag(argv, f)[1] for f in ("--model", "--model_args", "--output_path")] == \
+        ["elastic-ssm", "pretrained=m,tier=all", "res"]
+    assert _set_flag(argv, "--model_args", "pretrained=m,tier=T1")[3] == "pretrained=m,tier=T1"
+    assert _set_flag(argv, "--output_path", "res/T1")[4] == "--output_path=res/T1"
+    assert _pop_flag(argv, "--csv") == ([*argv[:5], "--tasks", "t"], "s.csv")
+    assert _set_flag(["--tasks", "t"], "--device", "cpu") == ["--tasks", "t", "--device", "cpu"]

@@ -99,12 +99,14 @@ class BPETokenizer:
     as an added special token, so ``vocab_size`` is then one larger than the file's own vocabulary.
     """
 
-    def __init__(self, tokenizer, path: str | Path | None = None):
+    def __init__(self, tokenizer, path: str | Path | None = None, special_names: dict[str, str] | None = None):
         self._tok = tokenizer
         self.path = None if path is None else Path(path)
         ids = {}
         for role, names in _CANDIDATES.items():
-            ids[role] = next((i for i in map(tokenizer.token_to_id, names) if i is not None), None)
+            named = (special_names or {}).get(role)
+            ids[role] = next((i for i in map(tokenizer.token_to_id, (named, *names) if named else names)
+                              if i is not None), None)
         if ids["sep"] is None:
             tokenizer.add_special_tokens(["<sep>"])
             ids["sep"] = tokenizer.token_to_id("<sep>")
@@ -112,12 +114,23 @@ class BPETokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> BPETokenizer:
-        """Load a ``tokenizer.json`` (Hugging Face ``tokenizers`` format)."""
+        """Load a ``tokenizer.json`` (Hugging Face ``tokenizers`` format); the special tokens named by a
+        ``tokenizer_config.json`` beside it (``bos_token``, ``eos_token``, ``pad_token``, ``sep_token``, as
+        in a downloaded Hugging Face tokenizer folder) take precedence over the usual spellings."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}; train one with "
                                     "`elastic-ssm tokenizer train` or pass 'bytes'")
-        return cls(_import_tokenizers().Tokenizer.from_file(str(path)), path.resolve())
+        names = {}
+        hf_config = path.with_name("tokenizer_config.json")
+        if hf_config.is_file():
+            cfg = json.loads(hf_config.read_text())
+            for role in _CANDIDATES:
+                value = cfg.get(f"{role}_token")
+                value = value.get("content") if isinstance(value, dict) else value
+                if isinstance(value, str):
+                    names[role] = value
+        return cls(_import_tokenizers().Tokenizer.from_file(str(path)), path.resolve(), names)
 
     @property
     def vocab_size(self) -> int:
@@ -224,7 +237,8 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
 
 def load_tokenizer(spec: str | Path | Tokenizer = "bytes") -> Tokenizer:
     """``"bytes"`` -> ``ByteTokenizer``; a ``tokenizer.json`` path -> ``BPETokenizer``; a directory
-    written by ``save`` (or holding a ``tokenizer.json``) -> the tokenizer saved there."""
+    written by ``save`` or by a model's ``save_pretrained``, or a Hugging Face tokenizer folder
+    (``tokenizer.json`` + ``tokenizer_config.json``) -> the tokenizer saved there."""
     if isinstance(spec, (ByteTokenizer, BPETokenizer)):
         return spec
     if str(spec) in ("bytes", "byte"):

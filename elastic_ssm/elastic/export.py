@@ -28,6 +28,7 @@ def export_tier(model: Any, tier: Any) -> Any:
     device = next(model.parameters()).device
     small.load_tier_state({k: v.to(device) for k, v in export_state(model, t).items()})
     small.source = {"tier": t.name, "parent_config": model.config.to_dict()}
+    small.tokenizer, small.tokenizer_record = model.tokenizer, model.tokenizer_record   # the tokenizer travels
     return small.train(model.training)
 
 

@@ -6,7 +6,7 @@ one tier of a shared model (or a standalone export) to the harness; ``evaluate_t
 model once and runs the same tasks for every requested tier (same prompts, same evaluator: E.4).
 
     from elastic_ssm.eval.lm_harness import ElasticLM, evaluate_tiers_on_tasks
-    rows = evaluate_tiers_on_tasks("runs/x/final", ["piqa", "hellaswag"], tiers="all", tokenizer="bytes")
+    rows = evaluate_tiers_on_tasks("runs/x/final", ["piqa", "hellaswag"], tiers="all")
 
 or ``lm_eval.simple_evaluate(model=ElasticLM("runs/x/final", tier="T3"), tasks=["piqa"])``. The command
 line is ``elastic-ssm lm-eval CHECKPOINT --tasks piqa,hellaswag --tiers all``. Needs the ``eval`` extra
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -37,10 +38,10 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("the lm-eval adapter needs lm-evaluation-harness: pip install 'elastic-ssm[eval]' "
                       "(or pip install 'lm-eval>=0.4.9')") from e
 
-from ..data.tokenizers import load_tokenizer
+from ..data.tokenizer_files import resolve_tokenizer
 from .scoring import continuation_scores
 
-__all__ = ["ElasticLM", "evaluate_tiers_on_tasks"]
+__all__ = ["ElasticLM", "evaluate_tiers_on_tasks", "result_rows"]
 
 
 def _as_int(value: Any, name: str) -> int:
@@ -62,18 +63,22 @@ class ElasticLM(TemplateLM):
             ``save_pretrained``.
         tier: tier name (``"T3"``), or ``"full"`` / None (default "full": the whole model, also for a
             standalone export).
-        tokenizer: ``"bytes"`` (default), a ``tokenizer.json``, or a directory saved by the tokenizer.
+        tokenizer: None (default): the tokenizer saved with the model (bytes for a model without one); else
+            ``"bytes"``, a ``tokenizer.json`` or a tokenizer folder, which must equal the saved one.
         device: where a loaded model goes (default: the model's device, else ``"cpu"``).
-        batch_size: sequences per forward pass.
+        batch_size: sequences per forward pass (an int), or ``"auto"`` (below).
         max_length: longest scored input in tokens; longer inputs keep their last ``max_length`` tokens.
         max_gen_toks: default generation length for ``generate_until``.
         precision: ``"fp32"`` or ``"bf16"`` (autocast, CUDA).
-        max_batch_size: accepted because lm-eval passes it with ``model_args``; unused (fixed batches).
+        batch_size: also ``"auto"`` (lm-eval's ``--batch_size auto``): on CUDA the largest power of two up
+            to ``max_batch_size`` whose forward at the longest request's length fits in memory, found on
+            the first batch; on CPU ``min(8, max_batch_size)``.
+        max_batch_size: the ceiling of ``batch_size="auto"`` (default 64).
     """
 
     backend = "causal"
 
-    def __init__(self, pretrained: Any, tier: str | None = "full", tokenizer: Any = "bytes",
+    def __init__(self, pretrained: Any, tier: str | None = "full", tokenizer: Any = None,
                  device: str | None = None, batch_size: int | str = 8, max_length: int | str = 2048,
                  max_gen_toks: int | str = 256, precision: str = "fp32", max_batch_size: Any = None) -> None:
         super().__init__()
@@ -92,12 +97,10 @@ class ElasticLM(TemplateLM):
         self.tier = None if tier in (None, "", "none", "full") else tier
         if self.tier is not None:
             model.resolve_tier(self.tier)                    # unknown names fail here, naming the choices
-        self.tok = load_tokenizer(tokenizer)
-        vocab = model.config.vocab_size
-        if self.tok.vocab_size > vocab:
-            raise ValueError(f"tokenizer has {self.tok.vocab_size} ids but the model's vocabulary has {vocab}: "
-                             "pass the tokenizer the model was trained with (--tokenizer)")
-        self.batch_size = _as_int(batch_size, "batch_size")
+        self.tok = resolve_tokenizer(model, tokenizer)
+        self._batch_spec = str(batch_size)
+        self.max_batch_size = _as_int(max_batch_size, "max_batch_size") if max_batch_size else 64
+        self.batch_size = 0 if self._batch_spec.startswith("auto") else _as_int(batch_size, "batch_size")
         self.max_length = _as_int(max_length, "max_length")
         if model.arch == "es_ssm":                           # fixed filter length L (ES-SSM Sec. 3)
             self.max_length = min(self.max_length, model.config.seq_len)
@@ -147,8 +150,12 @@ class ElasticLM(TemplateLM):
             prepared.append((full[:-len(cont)], cont))                       # truncated context, continuation
         out: list[tuple[float, bool] | None] = [None] * len(requests)
         order = sorted(range(len(prepared)), key=lambda i: -sum(map(len, prepared[i])))   # longest first
+        if order and not self.batch_size:
+            self.batch_size = self._auto_batch_size(sum(map(len, prepared[order[0]])))
+        bar = tqdm(total=len(order), desc="scoring", unit="req", disable=disable_tqdm or len(order) < 2)
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
+            bar.update(len(idx))
             scores = continuation_scores(self.model, self.tier, [prepared[i][0] for i in idx],
                                          [prepared[i][1] for i in idx], self.precision)
             for i, (score, hits) in zip(idx, scores):
@@ -157,16 +164,33 @@ class ElasticLM(TemplateLM):
                 key = requests[i][0]
                 if key is not None and key[0] is not None:
                     self.cache_hook.add_partial("loglikelihood", key, (score, greedy))
+        bar.close()
         return out  # type: ignore[return-value]
+
+    def _auto_batch_size(self, length: int) -> int:
+        """``batch_size="auto"``: the largest power of two <= ``max_batch_size`` whose forward of ``length``
+        tokens fits on the device (CUDA; tried from the top, halving on out-of-memory); CPU: 8."""
+        if self._device.type != "cuda":
+            return min(8, self.max_batch_size)
+        size = 1 << (self.max_batch_size.bit_length() - 1)
+        while size > 1:
+            try:
+                continuation_scores(self.model, self.tier, [[0] * max(1, length - 1)] * size, [[0]] * size,
+                                    self.precision)
+                break
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                size //= 2
+        return size
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """Log-likelihood of whole documents over disjoint rolling windows of ``max_length`` tokens."""
         out = []
-        for req in requests:
+        for req in tqdm(requests, desc="rolling log-likelihood", unit="doc", disable=disable_tqdm):
             (text,) = req.args
             windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
                 self.tok_encode(text), self.prefix_token_id, self.max_length, context_len=1)]
-            scores = self._loglikelihood_tokens([(None, ctx, cont) for ctx, cont in windows])
+            scores = self._loglikelihood_tokens([(None, ctx, cont) for ctx, cont in windows], disable_tqdm=True)
             total = sum(s for s, _ in scores)
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
             out.append(total)
@@ -186,6 +210,9 @@ class ElasticLM(TemplateLM):
         for i, req in enumerate(requests):
             groups.setdefault(repr(sorted((req.args[1] or {}).items())), []).append(i)
         out: list[str] = [""] * len(requests)
+        if not self.batch_size:
+            self.batch_size = self._auto_batch_size(self.max_length)
+        bar = tqdm(total=len(requests), desc="generating", unit="req", disable=disable_tqdm)
         for members in groups.values():
             kw = dict(requests[members[0]].args[1] or {})
             until = kw.pop("until", None) or []
@@ -212,11 +239,13 @@ class ElasticLM(TemplateLM):
                             text = text.split(stop)[0]
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
                     out[i] = text
+                bar.update(len(idx))
+        bar.close()
         return out
 
 
 def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | Sequence[str] | None = "all",
-                            tokenizer: Any = "bytes", device: str | None = None, batch_size: int = 8,
+                            tokenizer: Any = None, device: str | None = None, batch_size: int = 8,
                             max_length: int = 2048, limit: int | float | None = None,
                             num_fewshot: int | None = None, include_path: str | None = None,
                             precision: str = "fp32", bootstrap_iters: int = 1000, seed: int = 1234,
@@ -242,14 +271,21 @@ def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | 
                                       task_manager=manager, bootstrap_iters=bootstrap_iters, log_samples=False,
                                       random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
                                       fewshot_random_seed=seed)
-        for task, metrics in sorted(res["results"].items()):
-            for key, value in metrics.items():
-                metric, _, flt = key.partition(",")
-                if metric.endswith("_stderr") or not isinstance(value, (int, float)) or metric == "alias":
-                    continue
-                stderr = metrics.get(f"{metric}_stderr,{flt}")
-                rows.append({"tier": t.name, "K": t.K, "n_ff": t.n_ff, "params": t.params, "task": task,
-                             "metric": metric if flt in ("", "none") else f"{metric},{flt}",
-                             "value": float(value),
-                             "stderr": float(stderr) if isinstance(stderr, (int, float)) else None})
+        rows += result_rows(res, t)
+    return rows
+
+
+def result_rows(results: dict[str, Any], tier: Any) -> list[dict[str, Any]]:
+    """lm-eval's ``results`` of one tier as rows ``{"tier", "K", "n_ff", "params", "task", "metric",
+    "value", "stderr"}`` (one per task and metric; ``tier`` is a ``Tier``)."""
+    rows = []
+    for task, metrics in sorted(results["results"].items()):
+        for key, value in metrics.items():
+            metric, _, flt = key.partition(",")
+            if metric.endswith("_stderr") or not isinstance(value, (int, float)) or metric == "alias":
+                continue
+            stderr = metrics.get(f"{metric}_stderr,{flt}")
+            rows.append({"tier": tier.name, "K": tier.K, "n_ff": tier.n_ff, "params": tier.params, "task": task,
+                         "metric": metric if flt in ("", "none") else f"{metric},{flt}", "value": float(value),
+                         "stderr": float(stderr) if isinstance(stderr, (int, float)) else None})
     return rows

@@ -1,10 +1,16 @@
 """Base class of the elastic models: tier resolution, exact counts, safetensors save/load.
 
 A model directory holds ``model.safetensors`` (all parameters and persistent buffers, so the Hankel
-filters / modal tables a model was trained with travel with it) and ``config.json``::
+filters / modal tables a model was trained with travel with it), ``config.json``::
 
     {"format": "elastic_ssm", "format_version": 1, "arch": "essh", "config": {...},
-     "tiers": [{"name": "T1", "K": 8, "n_ff": 448, ...}, ...], "source": {...}}
+     "tiers": [{"name": "T1", "K": 8, "n_ff": 448, ...}, ...], "source": {...},
+     "tokenizer": {"type": "bpe", "vocab_size": 512, "fingerprint": "...", "eos_token_id": 2, ...},
+     "model_type": "essh", "architectures": ["ESSHForCausalLM"], "eos_token_id": 2, ...}
+
+and, when the model carries one (``model.tokenizer``), its tokenizer (``data/tokenizer_files.py``). The
+``model_type`` / ``architectures`` / special-id keys let ``transformers`` read the directory
+(``elastic_ssm.hf``).
 
 ``from_pretrained(path, tier="T4")`` builds the tier's standalone config and reads only the retained
 dim-0 prefixes of the elastic tensors (``elastic/slicing.py``) with strict key matching.
@@ -20,6 +26,7 @@ import json
 import os
 import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,17 +40,38 @@ from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_di
 FORMAT_VERSION = 1
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+#: keys that let ``transformers`` read a model directory (``elastic_ssm.hf`` registers the type)
+HF_KEYS = {"essh": {"model_type": "essh", "architectures": ["ESSHForCausalLM"]}}
 
 
 class CheckpointError(RuntimeError):
     """A saved model directory is missing, corrupted or does not match its config."""
 
 
+def _umask() -> int:
+    """The process umask: from /proc on Linux (no side effect), else by setting and restoring it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
+    """Write ``data`` to ``path`` via a temporary file in the same directory and ``os.replace``.
+
+    The file gets the mode a plain ``open(path, "w")`` would give it (0666 less the umask, so 0644 under
+    the usual umask 022): ``mkstemp`` creates its files 0600, unreadable to other users or a serving
+    container."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -69,6 +97,11 @@ class ElasticModel(nn.Module):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config)}")
         self.config = config
         self.source: dict[str, Any] = {}
+        #: the tokenizer the model was trained with (saved with it; ``data.tokenizer_files``)
+        self.tokenizer: Any = None
+        #: the tokenizer entry of the loaded config.json (kept when the tokenizer itself cannot be loaded)
+        self.tokenizer_record: dict[str, Any] | None = None
+        self.name_or_path = ""
 
     # ---- tiers -----------------------------------------------------------------------------------
     def resolve_tier(self, tier: Any = None) -> tiers_mod.Tier:
@@ -98,7 +131,7 @@ class ElasticModel(nn.Module):
     def _config_json(self) -> dict[str, Any]:
         from .. import __version__
 
-        return {
+        out = {
             "format": "elastic_ssm",
             "format_version": FORMAT_VERSION,
             "library_version": __version__,
@@ -107,17 +140,46 @@ class ElasticModel(nn.Module):
             "tiers": [dataclasses.asdict(t) for t in self.tier_table()],
             "source": self.source,
         }
+        if self.tokenizer is not None:
+            from ..data.tokenizer_files import tokenizer_record
 
-    def save_pretrained(self, path: str | Path) -> Path:
-        """Write ``model.safetensors`` and ``config.json`` (each atomically) into directory ``path``."""
+            out["tokenizer"] = tokenizer_record(self.tokenizer)
+        elif self.tokenizer_record is not None:
+            out["tokenizer"] = self.tokenizer_record
+        # Special ids for transformers: the model config's where it has the field (eos is where our generate
+        # stops; -1 = none), else the tokenizer's.
+        tok = out.get("tokenizer") or {}
+        specials = {}
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            own = getattr(self.config, key, None)
+            value = own if own is not None and (own >= 0 or key == "eos_token_id") else tok.get(key)
+            specials[key] = value if value is not None and value >= 0 else None
+        out.update(HF_KEYS.get(self.arch, {}), vocab_size=self.config.vocab_size, **specials)
+        return out
+
+    def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+        """Write ``model.safetensors``, the tokenizer files, a model card ``README.md`` (standalone exports)
+        and ``config.json`` (each atomically) into ``path``.
+
+        ``state_dict`` replaces the model's own tensors (e.g. full tensors gathered from FSDP shards).
+        ``config.json`` comes last: it names the weights' size, so a directory interrupted halfway is
+        detected on load."""
         from safetensors.torch import save
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        state = self.state_dict() if state_dict is None else state_dict
+        tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
         blob = save(tensors, metadata={"format": "pt", "arch": self.arch})
         atomic_write_bytes(path / WEIGHTS_NAME, blob)
-        # The size ties config.json to its weights: a directory overwritten only halfway is detected on load.
+        if self.tokenizer is not None:
+            from ..data.tokenizer_files import save_tokenizer_files
+
+            save_tokenizer_files(self.tokenizer, path)
+        if self.source.get("tier"):       # a standalone export: write its model card
+            from ..elastic.model_card import model_card
+
+            atomic_write_bytes(path / "README.md", model_card(self).encode())
         text = json.dumps({**self._config_json(), "weights_bytes": len(blob)}, indent=2)
         atomic_write_bytes(path / CONFIG_NAME, text.encode())
         return path
@@ -174,10 +236,24 @@ class ElasticModel(nn.Module):
                      for k, v in state.items()}
         _load_strict(model, state, wfile)
         model.source = source
+        model.name_or_path = str(path)
+        model.tokenizer_record = meta.get("tokenizer")
+        model.tokenizer = _saved_tokenizer(path, model.tokenizer_record)
         return model.eval()
 
     def load_tier_state(self, state: dict[str, torch.Tensor]) -> None:
         _load_strict(self, state, "state dict")
+
+
+def _saved_tokenizer(path: Path, record: dict[str, Any] | None) -> Any:
+    """The tokenizer saved in ``path``; None (with a warning) when it needs a package that is missing."""
+    from ..data.tokenizer_files import load_saved_tokenizer
+
+    try:
+        return load_saved_tokenizer(path, record)
+    except ImportError as e:
+        warnings.warn(f"{path}: the saved tokenizer was not loaded ({e})", stacklevel=3)
+        return None
 
 
 def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], origin: Any) -> None:

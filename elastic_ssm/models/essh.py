@@ -118,7 +118,9 @@ class ESSH(GenerationMixin, ElasticModel):
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
                              f"{tuple(input_ids.shape)}")
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+        if torch.compiler.is_compiling() or not input_ids.numel():
+            return                           # traced (torch.export / compile): no host reads of the values
+        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size:
             raise ValueError(f"token ids must lie in [0, vocab_size={self.config.vocab_size}); "
                              f"got range [{int(input_ids.min())}, {int(input_ids.max())}]")
 

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..models.base import CONFIG_NAME, WEIGHTS_NAME, atomic_write_bytes
+from ..models.base import atomic_write_bytes
 from .dist import DistContext, barrier, broadcast_object, is_sharded
 
 __all__ = ["DataStream", "save_checkpoint", "load_checkpoint", "find_checkpoint", "valid_checkpoints",
@@ -204,13 +204,7 @@ def _load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, state: dic
 
 def save_model_dir(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> Path:
     """``model.save_pretrained(path)`` with the tensors of ``state`` (e.g. gathered from FSDP2 shards)."""
-    from safetensors.torch import save
-
-    path.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-    atomic_write_bytes(path / WEIGHTS_NAME, save(tensors, metadata={"format": "pt", "arch": model.arch}))
-    atomic_write_bytes(path / CONFIG_NAME, json.dumps(model._config_json(), indent=2).encode())
-    return path
+    return model.save_pretrained(path, state_dict=state)
 
 
 def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -290,6 +290,7 @@ def _unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], device: to
     with torch.random.fork_rng(devices=[]):
         plain = cls(model.config)
     plain.load_state_dict(state, strict=True)
+    plain.tokenizer = getattr(model, "tokenizer", None)
     plain.to(device).train(model.training)
     if hasattr(model, "ffn_layers"):
         for src, dst in zip(model.ffn_layers(), plain.ffn_layers()):
@@ -300,7 +301,8 @@ def _unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], device: to
 
 def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
           resume: bool = False, progress: bool = True, distributed: bool | None = None,
-          stages: tuple[str, ...] | None = None, stop_after: int | None = None) -> TrainResult:
+          stages: tuple[str, ...] | None = None, stop_after: int | None = None,
+          tokenizer: Any = None) -> TrainResult:
     """Train an ESSH or ES-SSM model; returns the history and the final model directory.
 
     Args:
@@ -316,10 +318,16 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
         stages: None runs pretraining (+ refinement when configured); ``("refine",)`` only refinement.
         stop_after: end this call after that many steps of the current stage (a checkpoint is written
             there; no final model is saved); a later ``resume=True`` call continues the same schedule.
+        tokenizer: the tokenizer of the data (a spec for ``load_tokenizer`` or a tokenizer); it becomes
+            ``model.tokenizer`` and is saved with every checkpoint and the final model.
     """
     ctx = init_distributed(cfg.device, distributed)
     try:
         model = build_model(model_or_cfg, cfg.seed).to(ctx.device)
+        if tokenizer is not None:
+            from ..data import load_tokenizer
+
+            model.tokenizer = load_tokenizer(tokenizer)
         recipe = resolve_recipe_name(cfg.recipe, model)
         if cfg.compile and cfg.compile_scope == "model":
             from ..models import compile_model

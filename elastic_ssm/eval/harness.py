@@ -1,0 +1,208 @@
+"""lm-evaluation-harness's own command line for elastic models: ``elastic-ssm-lm-eval``.
+
+    elastic-ssm-lm-eval --model elastic-ssm --model_args pretrained=runs/x/final,tier=all \\
+        --tasks piqa,hellaswag --batch_size auto --output_path results/ --log_samples
+
+(also ``python -m elastic_ssm.eval.harness ...``). This registers our ``ElasticLM`` under the names
+``elastic-ssm`` / ``elastic_ssm`` (``eval/lm_harness.py``) and then runs lm-eval's own ``cli_evaluate``, so
+every lm-eval flag works and results are written in lm-eval's own format. On top of that:
+
+* ``--model`` defaults to ``elastic-ssm``; ``--device`` defaults to ``cuda`` when a GPU is present, else
+  ``cpu`` (lm-eval's own default is ``cuda:0``);
+* ``tier=all`` in ``--model_args`` (or ``tier=T1+T4+T10``) runs lm-eval once per tier of the model's tier
+  table (ESSH Appendix E.4: same tasks, same prompts for every tier), each into ``<output_path>/<tier>/``;
+  ``tier=T4`` runs one tier, no ``tier`` the model as saved;
+* a CSV summary (one row per tier, task and metric: ``tier, K, n_ff, params, task, metric, value,
+  stderr``) goes to ``--csv PATH`` (our flag, removed before lm-eval parses the rest) or, by default, to
+  ``<output_path>/tiers.csv``; the same table is printed at the end.
+
+The tokenizer is the one saved with the model (``tokenizer=`` in ``--model_args`` must equal it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+
+#: lm-eval's short spellings of the flags read here
+ALIASES = {"--model": ("--model", "-M"), "--model_args": ("--model_args", "-a"),
+           "--output_path": ("--output_path", "-o"), "--device": ("--device",), "--csv": ("--csv",)}
+
+
+def _flag(argv: list[str], name: str) -> tuple[int, str | None]:
+    """Index of ``--name`` (``--name V``, ``--name=V`` or lm-eval's short form) in ``argv`` and its value;
+    (-1, None) if absent."""
+    spellings = ALIASES.get(name, (name,))
+    for i, a in enumerate(argv):
+        if a in spellings:
+            return i, argv[i + 1] if i + 1 < len(argv) else None
+        if any(a.startswith(sp + "=") for sp in spellings):
+            return i, a.split("=", 1)[1]
+    return -1, None
+
+
+def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
+    i, _ = _flag(argv, name)
+    if i < 0:
+        return [*argv, name, value]
+    out = list(argv)
+    if "=" not in out[i]:
+        out[i + 1] = value
+    else:
+        out[i] = f"{name}={value}"
+    return out
+
+
+def _pop_flag(argv: list[str], name: str) -> tuple[list[str], str | None]:
+    i, value = _flag(argv, name)
+    if i < 0:
+        return argv, None
+    return argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], value
+
+
+def _parse_model_args(text: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, text.split(",")):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise SystemExit(f"elastic-ssm-lm-eval: --model_args entry {part!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _tiers(args: dict[str, str]) -> tuple[list[Any], bool]:
+    """The tiers to run (``Tier`` objects; ``[None]`` without ``pretrained=DIR``) and whether ``tier=`` in
+    ``--model_args`` is rewritten per run (``tier=all`` or ``tier=A+B``)."""
+    spec = args.get("tier", "")
+    several = spec == "all" or "+" in spec
+    if "pretrained" not in args:
+        if several:
+            raise SystemExit("elastic-ssm-lm-eval: tier=all needs pretrained=DIR in --model_args")
+        return [None], False
+    from ..elastic.tiers import resolve_tier, tier_table
+    from ..models import model_class
+
+    cfile = Path(args["pretrained"]) / "config.json"
+    if not cfile.is_file():
+        raise SystemExit(f"elastic-ssm-lm-eval: {args['pretrained']} has no config.json (pretrained= must be a "
+                         "model directory written by save_pretrained)")
+    config, _ = model_class(json.loads(cfile.read_text()).get("arch", "")).read_config(args["pretrained"])
+    if spec == "all":
+        return tier_table(config), True
+    names = spec.split("+") if several else [None if spec in ("", "full", "none") else spec]
+    return [resolve_tier(config, name) for name in names], several
+
+
+def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """lm-eval's ``cli_evaluate`` on ``argv``; returns the results dict it computed (None if it ran none).
+
+    ``indexes`` keeps lm-eval's task index (the scan of every task YAML, ~10 s) between the runs of one
+    invocation, keyed by the scanned folders, so that ``tier=all`` scans once; each run still builds its
+    own ``TaskManager`` with its own metadata."""
+    import lm_eval
+    from lm_eval.__main__ import cli_evaluate
+
+    from . import lm_harness  # noqa: F401  (registers "elastic-ssm" with lm-eval's model registry)
+
+    try:
+        from lm_eval.tasks._index import TaskIndex
+    except ImportError:                   # another lm-eval layout: no reuse, every run scans
+        TaskIndex = None
+    captured: dict[str, Any] = {}
+    original = lm_eval.simple_evaluate
+    original_build = getattr(TaskIndex, "build", None)          # a static method: a plain function here
+    descriptor = TaskIndex.__dict__.get("build") if TaskIndex is not None else None
+
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        res = original(*args, **kwargs)
+        if res is not None:
+            captured.update({k: v for k, v in res.items() if k != "samples"})
+        return res
+
+    def build(paths: Any, *args: Any, **kwargs: Any) -> Any:
+        paths = list(paths)
+        key = repr(([str(p) for p in paths], args, sorted(kwargs.items())))
+        if key not in indexes:
+            indexes[key] = original_build(paths, *args, **kwargs)
+        return dict(indexes[key])
+
+    saved_argv = sys.argv
+    lm_eval.simple_evaluate = capture
+    reuse = isinstance(descriptor, staticmethod) and indexes is not None
+    if reuse:
+        TaskIndex.build = staticmethod(build)
+    try:
+        sys.argv = ["lm-eval", *argv]
+        cli_evaluate()
+    finally:
+        sys.argv = saved_argv
+        lm_eval.simple_evaluate = original
+        if reuse:
+            TaskIndex.build = descriptor
+    return captured or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run":                   # lm-eval's explicit subcommand: accepted, implied anyway
+        argv = argv[1:]
+    if any(a in ("-h", "--help") for a in argv) or not argv:
+        print(__doc__)
+        try:
+            _run_lm_eval(["run", "--help"])
+        except SystemExit:
+            pass
+        return 0
+    argv, csv_path = _pop_flag(argv, "--csv")
+    if _flag(argv, "--model")[0] < 0:
+        argv = ["--model", "elastic-ssm", *argv]
+    if _flag(argv, "--device")[0] < 0:
+        import torch
+
+        argv = [*argv, "--device", "cuda" if torch.cuda.is_available() else "cpu"]
+    _, model_args = _flag(argv, "--model_args")
+    ours = _flag(argv, "--model")[1] in ("elastic-ssm", "elastic_ssm")
+    args = _parse_model_args(model_args or "") if ours else {}      # another --model: lm-eval as it is
+    _, out_dir = _flag(argv, "--output_path")
+    rows: list[dict[str, Any]] = []
+    from .lm_harness import result_rows
+
+    tiers, rewrite = _tiers(args)
+    indexes: dict[str, Any] = {}
+    for tier in tiers:
+        run = list(argv)
+        if rewrite:
+            tier_args = ",".join(f"{k}={tier.name if k == 'tier' else v}" for k, v in args.items())
+            run = _set_flag(run, "--model_args", tier_args)
+            if out_dir:
+                run = _set_flag(run, "--output_path", str(Path(out_dir) / tier.name))
+        if tier is not None:
+            print(f"[elastic-ssm-lm-eval] tier {tier.name}: K={tier.K}, n_ff={tier.n_ff}, params={tier.params:,}")
+        res = _run_lm_eval(["run", *run], indexes)
+        if res is not None and tier is not None:
+            rows += result_rows(res, tier)
+    csv_path = csv_path or (str(Path(out_dir) / "tiers.csv") if out_dir and rows else None)
+    if rows:
+        from ..bench.report import format_table
+
+        print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
+    if csv_path and rows:
+        import csv
+
+        Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(csv_path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {csv_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""``ESSHHFCache``: our ``ESSHCache`` (recurrent mode states + window rings) behind ``transformers.Cache``.
+
+An ESSH decodes with fixed-size state: every spectral layer keeps its mode states ``[B, K_T, M, 2, P]``
+and every sliding-window-attention layer a ring of ``window`` key/value slots ``[B, H, W, hd]``
+(``models/cache.py``; sizes follow the tier, ESSH Sec. 4.3). ``transformers`` drives generation through a
+``Cache`` object it passes back into ``forward``; this class wraps one ``ESSHCache`` (``.inner``) and
+answers the questions ``generate`` asks (sequence length, batch size, beam reordering, whether it can be
+cropped). It has no per-layer ``CacheLayer`` objects: the states are read and written only by our layers,
+through ``.inner``. A recurrent state cannot be rolled back, so ``crop`` refuses (assisted decoding
+needs it) and ``is_croppable`` is False.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+from ..models.cache import ESSHCache
+
+__all__ = ["ESSHHFCache"]
+
+
+class ESSHHFCache(Cache):
+    """Decoding state of one ESSH at one tier for ``transformers`` generation.
+
+    Args:
+        model: the ``ESSH`` the cache belongs to (a standalone export or the shared model).
+        batch_size: sequences decoded together (B).
+        tier: tier of the shared model (None: the model as loaded).
+        state_dtype / kv_dtype: as ``ESSHCache.allocate`` (defaults: fp32 states; bf16 ring on CUDA).
+    """
+
+    is_compileable = False
+
+    def __init__(self, model: Any, batch_size: int, tier: Any = None, state_dtype: torch.dtype | None = None,
+                 kv_dtype: torch.dtype | None = None) -> None:
+        super().__init__(layers=[])
+        self.inner = ESSHCache.allocate(model, batch_size, tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
+        self.n_layers = model.config.n_layers
+        self.prefilled = False
+
+    # ---- what generate asks ---------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.n_layers
+
+    def __repr__(self) -> str:
+        n = self.inner.nbytes()
+        return (f"ESSHHFCache(batch={self.inner.batch}, tier={self.inner.tier.name}, seen={self.get_seq_length()}, "
+                f"recurrent={n['recurrent']:,} B, kv={n['kv']:,} B)")
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens seen by the longest sequence (left padding does not count)."""
+        return int(self.inner.positions.max()) if self.prefilled else 0
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1                                         # fixed-size state: no length limit
+
+    def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
+        return self.prefilled
+
+    @property
+    def batch_size(self) -> int:
+        return self.inner.batch
+
+    @property
+    def is_initialized(self) -> bool:
+        return True
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [kind == "A" for kind in self._layout()]
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [kind == "S" for kind in self._layout()]
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False] * self.n_layers
+
+    def _layout(self) -> list[str]:
+        return ["S" if i in self.inner.states else "A" for i in range(self.n_layers)]
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held: ``recurrent``, ``kv`` and ``total`` (equals ``elastic.tiers.state_bytes`` x batch)."""
+        return self.inner.nbytes()
+
+    # ---- batch edits (beam search, contrastive search) -------------------------------------------
+    def _apply(self, fn) -> None:
+        c = self.inner
+        c.states = {i: fn(s) for i, s in c.states.items()}
+        c.keys = {i: fn(k) for i, k in c.keys.items()}
+        c.values = {i: fn(v) for i, v in c.values.items()}
+        c.slot_pos, c.positions = fn(c.slot_pos), fn(c.positions)
+        c.batch = int(c.positions.shape[0])
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._apply(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._apply(lambda t: t[indices.to(t.device)])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._apply(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def reset(self) -> None:
+        c = self.inner
+        for t in (*c.states.values(), *c.keys.values(), *c.values.values()):
+            t.zero_()
+        c.slot_pos.fill_(-1)
+        c.positions.zero_()
+        self.prefilled = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise NotImplementedError("an ESSH cache holds recurrent states, which cannot be rolled back by "
+                                      f"{tokens_to_remove} tokens (assisted decoding is not supported)")
+
+    def activate_past_recording(self) -> None:
+        raise NotImplementedError("an ESSH cache cannot record past states (assisted decoding is not supported)")
+
+    def offload(self, layer_idx: int, only_non_sliding: bool = True) -> None:
+        return None
+
+    def prefetch(self, layer_idx: int, only_non_sliding: bool = True) -> None:
+        return None

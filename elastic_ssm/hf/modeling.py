@@ -1,0 +1,234 @@
+"""``ESSHHFConfig`` and ``ESSHForCausalLM``: an ESSH (one tier of it) as a ``transformers`` causal LM.
+
+``ESSHHFConfig`` (model_type ``essh``) reads our own ``config.json`` as it is: our ``save_pretrained``
+writes ``model_type``, ``architectures``, ``vocab_size`` and the special-token ids beside our keys
+(``config``: the ``ESSHConfig`` fields, ``tiers``: the tier table, ``tokenizer``: the tokenizer record;
+``models/base.py``), so ``AutoConfig.from_pretrained(dir)`` needs no conversion step. Its ``tier`` selects
+what ``from_pretrained(dir, tier="T4")`` loads (lm-eval and ``pipeline`` pass keyword arguments through
+the config, so the tier lives there).
+
+The wrapper holds our ``ESSH`` as ``.model`` and adds nothing to its math. ``forward`` takes
+``input_ids`` [B, T], an optional ``attention_mask`` (left padding, as ``generate`` and ``pipeline``
+build it), ``labels`` (next-token cross-entropy, ``-100`` ignored) and a ``cache``:
+
+* no cache, ``use_cache`` on (``generate``'s first call): an ``ESSHHFCache`` sized to the batch and tier
+  is allocated and prefilled with the chunked scan (``ESSH.forward(..., cache=)``);
+* a prefilled cache: each new token is one recurrent ``ESSH.step``.
+
+These are the calls our own ``ESSH.generate`` makes, in the same order on the same tensors, so HF
+``generate`` (greedy, sampling, left-padded batches) produces our tokens. ``from_pretrained(dir, tier=...)``
+loads with ``ESSH.from_pretrained`` (only the tier's prefixes are read); ``save_pretrained`` writes our
+format (weights, tokenizer, ``config.json``). Speed: the prefill is the fast path (the chunked scan;
+fla's kernels on GPU); each decoded token is one eager ``ESSH.step`` (the reference layer steps, as
+``ESSH.generate`` runs them), called from HF's Python loop. The fused CUDA-graph decoder
+(``models/fast_decode.py``) is not used on this path (docs/huggingface.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from ..config import ESSHConfig
+from ..models.essh import ESSH
+from .cache import ESSHHFCache
+
+__all__ = ["ESSHForCausalLM", "ESSHHFConfig"]
+
+#: the name transformers uses for the cache in forward() and outputs (``cache`` since 5.x, before that
+#: ``past_key_values``)
+CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+class ESSHHFConfig(PretrainedConfig):
+    """The ``ESSHConfig`` of a model directory, its tier table and tokenizer ids, for ``transformers``.
+
+    Attributes beyond ``PretrainedConfig``:
+        config: the ``ESSHConfig`` fields (a dict, as in ``config.json``); ``essh_config()`` builds it.
+        tiers: the tier table (list of dicts: name, K, n_ff, xi, params), as in ``config.json``.
+        tier: the tier to load (``"T4"``, ``"K8"``; None or ``"full"``: the model as saved).
+    """
+
+    model_type = "essh"
+    config: dict | None = None
+    tiers: list | None = None
+    tier: str | None = None
+    arch: str = "essh"
+    vocab_size: int = 260
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    tie_word_embeddings: bool = True
+    use_cache: bool = True
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        if self.config is None:
+            self.config = ESSHConfig.preset("tiny").to_dict()
+        cfg = self.essh_config()
+        self.vocab_size = cfg.vocab_size
+        self.hidden_size = cfg.d_model
+        self.num_hidden_layers = cfg.n_layers
+        self.tie_word_embeddings = cfg.tie_embeddings
+        if self.tiers is None:
+            import dataclasses
+
+            from ..elastic.tiers import tier_table
+
+            self.tiers = [dataclasses.asdict(t) for t in tier_table(cfg)]
+        if self.tier in ("", "full", "none"):
+            self.tier = None
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):     # our configs use -1 for "none"
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                setattr(self, name, None)
+        super().__post_init__(**kwargs)
+
+    def essh_config(self) -> ESSHConfig:
+        """The ``ESSHConfig`` this config describes (the saved model's, before any ``tier`` cut)."""
+        return ESSHConfig.from_dict(dict(self.config))
+
+    @classmethod
+    def from_model(cls, model: Any, tier: str | None = None) -> ESSHHFConfig:
+        """The config of a loaded ``ESSH`` (its own, possibly standalone, config and its tokenizer ids)."""
+        meta = model._config_json()
+        keep = {k: meta[k] for k in ("config", "tiers", "arch", "vocab_size", "bos_token_id", "eos_token_id",
+                                     "pad_token_id", "format", "format_version", "source", "tokenizer")
+                if k in meta}
+        return cls(**keep, tier=tier, architectures=["ESSHForCausalLM"])
+
+
+def _device(device_map: Any) -> str:
+    """The single device of a ``device_map`` (this wrapper does not split a model across devices)."""
+    if device_map is None:
+        return "cpu"
+    if isinstance(device_map, dict):
+        devices = {str(v) for v in device_map.values()}
+        if len(devices) != 1:
+            raise ValueError(f"ESSHForCausalLM loads onto one device; got device_map={device_map!r}")
+        device_map = devices.pop()
+    if device_map == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(device_map, int) or str(device_map).isdigit():
+        return f"cuda:{int(device_map)}"
+    return str(device_map)
+
+
+def _dtype(dtype: Any) -> torch.dtype | None:
+    if dtype is None or dtype == "auto":
+        return None
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+class ESSHForCausalLM(PreTrainedModel, GenerationMixin):
+    """One ESSH (a shared model at a tier, or a standalone export) behind ``transformers``' causal-LM API."""
+
+    config_class = ESSHHFConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["ESSHBlock"]
+    _is_stateful = True
+    _supports_cache_class = True
+
+    def __init__(self, config: ESSHHFConfig, model: ESSH | None = None) -> None:
+        super().__init__(config)
+        if model is None:
+            model = ESSH(config.essh_config())
+        self.model = model
+        self.post_init()
+        if self.can_generate() and config.eos_token_id is not None:
+            # finished rows repeat eos, as ESSH.generate does (transformers' default would write pad_token_id)
+            self.generation_config.pad_token_id = config.eos_token_id
+
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        """Nothing: the ESSH initialises its own parameters, and loading assigns the saved ones."""
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False                       # forward allocates an ESSHHFCache itself (no KV DynamicCache)
+
+    # ---- loading and saving ---------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *model_args: Any, tier: str | None = None,
+                        config: ESSHHFConfig | None = None, device_map: Any = None, dtype: Any = None,
+                        torch_dtype: Any = None, **kwargs: Any) -> ESSHForCausalLM:
+        """Load one of our model directories; ``tier`` (or ``config.tier``) reads only that tier's prefixes.
+
+        Accepts the usual ``transformers`` keywords: ``device_map`` (one device: ``"cpu"``, ``"cuda"``,
+        ``"auto"``), ``dtype`` / ``torch_dtype``; hub keywords are ignored (loading is local only)."""
+        path = Path(pretrained_model_name_or_path)
+        if not (path / "config.json").is_file():
+            raise OSError(f"{path} is not a local elastic_ssm model directory (no config.json); ESSH models load "
+                          "from a directory written by save_pretrained (a training run's final/, an export)")
+        tier = tier if tier is not None else getattr(config, "tier", None)
+        tier = None if tier in ("", "full", "none") else tier
+        model = ESSH.from_pretrained(path, tier=tier, device=_device(device_map),
+                                     dtype=_dtype(dtype if dtype is not None else torch_dtype))
+        out = cls(ESSHHFConfig.from_model(model, tier=tier), model=model)
+        out.config.name_or_path = str(path)
+        out.name_or_path = str(path)
+        return out.eval()
+
+    def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
+        """Write our format (weights, tokenizer, ``config.json`` readable by both loaders)."""
+        self.model.save_pretrained(save_directory)
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.model.embed
+
+    def get_output_embeddings(self) -> torch.nn.Module | None:
+        return self.model.lm_head
+
+    @property
+    def tokenizer(self) -> Any:
+        """Our tokenizer saved with the model (``elastic_ssm.data``), or None."""
+        return self.model.tokenizer
+
+    # ---- forward ----------------------------------------------------------------------------------
+    def allocate_cache(self, batch_size: int) -> ESSHHFCache:
+        return ESSHHFCache(self.model, batch_size)
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                labels: torch.LongTensor | None = None, use_cache: bool | None = None,
+                return_dict: bool | None = None, inputs_embeds: torch.Tensor | None = None,
+                **kwargs: Any) -> CausalLMOutputWithPast:
+        """Logits [B, T, V] (and ``loss`` with ``labels``, ``cache`` with ``use_cache``); see the module docstring."""
+        if inputs_embeds is not None or input_ids is None:
+            raise ValueError("ESSHForCausalLM takes input_ids (inputs_embeds is not supported)")
+        cache = kwargs.pop("cache", None) or kwargs.pop("past_key_values", None)
+        if cache is not None and not isinstance(cache, ESSHHFCache):
+            raise TypeError(f"ESSHForCausalLM needs an ESSHHFCache (or none), got {type(cache).__name__}")
+        use_cache = bool(use_cache) or cache is not None      # generate passes use_cache=True; scoring needs none
+        if cache is not None and cache.prefilled:
+            logits = torch.stack([self.model.step(tok, cache.inner) for tok in input_ids.unbind(1)], dim=1)
+        else:
+            mask = attention_mask
+            if mask is not None and bool(mask.bool().all()):
+                mask = None                # no padding: the same call as ESSH.generate without a mask
+            if use_cache and cache is None:
+                cache = self.allocate_cache(input_ids.shape[0])
+            logits = self.model(input_ids, attention_mask=mask, cache=cache.inner if use_cache else None)
+            if use_cache:
+                cache.prefilled = True
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device),
+                                   ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache if use_cache else None})
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, next_sequence_length: int | None = None,
+                                      attention_mask: torch.Tensor | None = None, use_cache: bool | None = True,
+                                      **kwargs: Any) -> dict[str, Any]:
+        """Prefill with the whole prompt, then feed only the tokens the cache has not seen."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is not None and cache.prefilled:
+            input_ids = input_ids[:, -(next_sequence_length or 1):]
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": use_cache}
+        if cache is not None:
+            inputs[CACHE_KEY] = cache
+        return inputs

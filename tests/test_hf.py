@@ -1,0 +1,101 @@
+"""Hugging Face transformers adapter (``elastic_ssm.hf``): our model directories load through the Auto
+classes, and HF ``generate`` / ``pipeline`` produce the tokens of our own ``ESSH.generate``."""
+
+import pytest
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, pipeline
+
+import elastic_ssm as es
+import elastic_ssm.hf  # registers model_type "essh" with the Auto classes
+from elastic_ssm import data
+from elastic_ssm.models.essh import randomize_selective
+
+PROMPT = torch.tensor([list(b"def foo(x):")])
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny ESSH (gates moved off their identity start) with the byte tokenizer, saved."""
+    torch.manual_seed(0)
+    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny"))).eval()
+    model.tokenizer = data.load_tokenizer("bytes")
+    path = tmp_path_factory.mktemp("hf") / "model"
+    model.save_pretrained(path)
+    return model, path
+
+
+def test_auto_classes_load_our_directory(saved):
+    model, path = saved
+    cfg = AutoConfig.from_pretrained(path)
+    assert isinstance(cfg, elastic_ssm.hf.ESSHHFConfig) and cfg.tiers[3]["name"] == "T4"
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    assert isinstance(hf, elastic_ssm.hf.ESSHForCausalLM)
+    assert sum(p.numel() for p in hf.parameters()) == model.num_parameters()
+    t4 = AutoModelForCausalLM.from_pretrained(path, tier="T4")          # only T4's prefixes are read
+    assert t4.config.tier == "T4" and t4.model.config.n_channels == model.resolve_tier("T4").K
+    assert sum(p.numel() for p in t4.parameters()) == model.num_parameters("T4")
+
+
+@pytest.mark.parametrize("tier", [None, "T4"])
+def test_greedy_generate_equals_ours(saved, tier):
+    model, path = saved
+    hf = AutoModelForCausalLM.from_pretrained(path, tier=tier)
+    ours = model.generate(PROMPT, max_new_tokens=24, tier=tier, temperature=0.0)
+    theirs = hf.generate(PROMPT, max_new_tokens=24, do_sample=False)
+    assert torch.equal(theirs, ours)
+
+
+def test_sampling_equals_ours_under_the_same_seed(saved):
+    model, path = saved
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    for ours_kw, hf_kw in (({"temperature": 0.7, "top_k": 20}, {"temperature": 0.7, "top_k": 20}),
+                           ({"temperature": 0.9, "top_p": 0.8}, {"temperature": 0.9, "top_p": 0.8, "top_k": 0})):
+        torch.manual_seed(3)
+        ours = model.generate(PROMPT, max_new_tokens=20, **ours_kw)
+        torch.manual_seed(3)
+        theirs = hf.generate(PROMPT, max_new_tokens=20, do_sample=True, **hf_kw)
+        assert torch.equal(theirs, ours)
+        assert len(set(ours[0, PROMPT.shape[1]:].tolist())) > 3          # really sampled
+
+
+def test_left_padded_batch_with_eos_equals_ours(saved, tmp_path):
+    model, path = saved
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok.padding_side == "left"
+    enc = tok(["import os", "def f(a, b):\n    return", "x"], return_tensors="pt", padding=True)
+    assert enc["attention_mask"][2, -1] == 1 and enc["attention_mask"][2].sum() == 1     # "x", left-padded
+    free = model.generate(enc["input_ids"], max_new_tokens=10, temperature=0.0, attention_mask=enc["attention_mask"])
+    eos = int(free[1, -7])                         # a token row 1 emits mid-way: make it the end of sequence
+    stopping = es.ESSH.from_pretrained(path)
+    stopping.config = stopping.config.replace(eos_token_id=eos)
+    stopping.save_pretrained(tmp_path / "eos")
+    ours = stopping.generate(enc["input_ids"], max_new_tokens=10, temperature=0.0, attention_mask=enc["attention_mask"])
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "eos")
+    theirs = hf.generate(**enc, max_new_tokens=10, do_sample=False)
+    assert (ours == eos).any() and torch.equal(theirs, ours)
+
+
+def test_forward_loss_and_cache(saved):
+    model, path = saved
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    out = hf(x, labels=x)
+    assert isinstance(out, transformers.modeling_outputs.CausalLMOutputWithPast) and out.cache is None
+    logits = model(x)
+    torch.testing.assert_close(out.logits, logits)
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+    torch.testing.assert_close(out.loss, expected)
+    cache = hf(x[:, :-1], use_cache=True).cache
+    assert isinstance(cache, elastic_ssm.hf.ESSHHFCache) and cache.get_seq_length() == 15
+    assert cache.nbytes()["total"] == es.elastic.tiers.state_bytes(model.config, batch=2, kv_dtype_bytes=4)["total"]
+    step = hf(x[:, -1:], cache=cache).logits
+    torch.testing.assert_close(step[:, 0], logits[:, -1], rtol=1e-4, atol=1e-4)
+
+
+def test_pipeline_text_generation(saved):
+    model, path = saved
+    gen = pipeline("text-generation", model=str(path))
+    text = gen("def main():", max_new_tokens=12, do_sample=False)[0]["generated_text"]
+    ids = model.generate(torch.tensor([list(b"def main():")]), max_new_tokens=12, temperature=0.0)
+    assert text == model.tokenizer.decode(ids[0].tolist())

@@ -1,0 +1,161 @@
+"""Model directories travel: the tokenizer inside (training final/, checkpoints, exports), file modes,
+the model card of an export, and ``torch.export`` of the forward."""
+
+import json
+import os
+import stat
+
+import pytest
+import torch
+
+import elastic_ssm as es
+from elastic_ssm import data
+from elastic_ssm.cli import main
+from elastic_ssm.data.corpora import iter_documents
+
+BPE_RUN = """
+model: {arch: essh, preset: tiny}
+train: {recipe: dense, steps: 2, micro_batch_size: 2, grad_accum: 1, seq_len: 32, eval_every: 0,
+        eval_batches: 1, checkpoint_every: 2, log_every: 1}
+data: {source: stdlib, tokenizer: TOK, max_train_bytes: 60000}
+"""
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory):
+    """A tiny BPE tokenizer trained here, and two training steps with it through ``elastic-ssm train``."""
+    root = tmp_path_factory.mktemp("bpe")
+    docs = [d for _, d in zip(range(12), iter_documents("stdlib"))]
+    tok = data.train_bpe(docs, 300, root / "tok" / "tokenizer.json")
+    (root / "run.yaml").write_text(BPE_RUN.replace("TOK", str(root / "tok" / "tokenizer.json")))
+    assert main(["train", "--config", str(root / "run.yaml"), "--train.out_dir", str(root / "run")]) == 0
+    return root, tok
+
+
+def test_training_saves_the_tokenizer_and_takes_vocab_size_from_it(bpe_run):
+    root, tok = bpe_run
+    final = root / "run" / "final"
+    meta = json.loads((final / "config.json").read_text())
+    assert meta["config"]["vocab_size"] == tok.vocab_size == 300          # the tiny preset says 260
+    assert meta["tokenizer"]["fingerprint"] == tok.sha256 and meta["eos_token_id"] == tok.eos_id
+    assert meta["config"]["eos_token_id"] == tok.eos_id and meta["model_type"] == "essh"
+    ckpt = next((root / "run").glob("**/step_*/model"))
+    mask = os.umask(0o022)
+    os.umask(mask)
+    modes = {p.relative_to(root): stat.S_IMODE(p.stat().st_mode) for p in (root / "run").rglob("*") if p.is_file()}
+    assert set(modes.values()) == {0o666 & ~mask}, modes            # weights, optimizer, tokenizer files alike
+    for d in (final, ckpt):
+        assert {"tokenizer.json", "tokenizer_config.json", "elastic_tokenizer.json"} <= {p.name for p in d.iterdir()}
+        loaded = es.models.load_pretrained(d)
+        assert loaded.tokenizer.sha256 == tok.sha256
+    text = "def f(x):\n    return x  # é"
+    assert data.load_tokenizer(final).encode(text) == tok.encode(text)
+    from transformers import AutoTokenizer
+
+    hf_tok = AutoTokenizer.from_pretrained(final)
+    assert hf_tok(text)["input_ids"] == tok.encode(text) and hf_tok.eos_token_id == tok.eos_id
+
+
+def test_a_hugging_face_tokenizer_folder_loads_by_path(bpe_run, tmp_path):
+    """tokenizer.json + tokenizer_config.json (a downloaded GPT-2 / Llama folder): the config names the specials."""
+    _, tok = bpe_run
+    raw = tok._tok.__class__.from_str(tok._tok.to_str())
+    raw.add_special_tokens(["<|begin|>", "<|end|>"])
+    raw.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|begin|>", "eos_token": {"content": "<|end|>", "special": True}}))
+    loaded = data.load_tokenizer(tmp_path)
+    assert (loaded.bos_id, loaded.eos_id) == (raw.token_to_id("<|begin|>"), raw.token_to_id("<|end|>"))
+    assert loaded.vocab_size == tok.vocab_size + 2 and loaded.encode("x = 1") == tok.encode("x = 1")
+
+
+def test_eval_and_generate_use_the_saved_tokenizer(bpe_run, capsys):
+    root, _ = bpe_run
+    final, tok_file = str(root / "run" / "final"), str(root / "tok" / "tokenizer.json")
+    outs = []
+    for extra in ([], ["--tokenizer", tok_file]):
+        assert main(["eval", final, "--tiers", "T1,T10", "--seq-len", "32", "--batch-size", "2", "--batches", "1",
+                     *extra]) == 0
+        assert main(["generate", final, "--tier", "T2", "--prompt", "def ", "--max-new-tokens", "6",
+                     "--temperature", "0", *extra]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and "bytes per token measured" in outs[0]
+
+
+def test_a_different_tokenizer_is_a_one_line_error(bpe_run, capsys):
+    root, _ = bpe_run
+    final = str(root / "run" / "final")
+    for other in ("bytes", str(root / "other" / "tokenizer.json")):
+        if other != "bytes":
+            data.train_bpe([d for _, d in zip(range(6), iter_documents("stdlib"))], 290, other)
+        assert main(["eval", final, "--tokenizer", other, "--batches", "1", "--seq-len", "16"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "is not the tokenizer saved with the model" in err and len(err.splitlines()) == 1
+        from elastic_ssm.eval.lm_harness import ElasticLM
+
+        with pytest.raises(ValueError, match="is not the tokenizer saved with the model"):
+            ElasticLM(final, tier="T2", tokenizer=other)
+
+
+def test_exports_carry_tokenizer_and_model_card(bpe_run, tmp_path):
+    root, tok = bpe_run
+    assert main(["export", str(root / "run" / "final"), "--tier", "T3", "--out", str(tmp_path / "ex"),
+                 "--check-len", "8"]) == 0
+    d = tmp_path / "ex" / "T3"
+    small = es.ESSH.from_pretrained(d)
+    assert small.tokenizer.sha256 == tok.sha256
+    card = (d / "README.md").read_text()
+    assert f"{small.num_parameters():,}" in card and "T3" in card
+    assert "AutoModelForCausalLM.from_pretrained" in card and "ESSH.from_pretrained" in card
+    assert f"{es.elastic.tiers.state_bytes(small.config)['total']:,}" in card
+
+
+def test_saved_files_are_0644_under_umask_022(tmp_path):
+    old = os.umask(0o022)
+    try:
+        model = es.ESSH(es.ESSHConfig.preset("tiny"))
+        model.tokenizer = data.load_tokenizer("bytes")
+        model.save_pretrained(tmp_path / "m")
+        files = list((tmp_path / "m").iterdir())
+        assert {"model.safetensors", "config.json", "elastic_tokenizer.json", "tokenizer.json"} <= \
+            {p.name for p in files}
+        assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o644}
+        os.umask(0o077)
+        model.save_pretrained(tmp_path / "private")
+        assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "private").iterdir()} == {0o600}
+    finally:
+        os.umask(old)
+
+
+def test_byte_model_directory_tokenizes_like_the_byte_tokenizer(tmp_path):
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    model.tokenizer = data.load_tokenizer("bytes")
+    model.save_pretrained(tmp_path)
+    file_tok = data.BPETokenizer.from_file(tmp_path / "tokenizer.json")
+    text = "naïve café ✓ \x00\t\n"
+    assert file_tok.encode(text) == list(text.encode("utf-8"))
+    assert file_tok.decode(file_tok.encode(text)) == text
+    assert isinstance(es.ESSH.from_pretrained(tmp_path).tokenizer, data.ByteTokenizer)
+
+
+def test_torch_export_of_the_forward():
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("tiny")).eval()
+    small = es.export_tier(model, "T4").eval()
+    x = torch.randint(0, model.config.vocab_size, (2, 12))
+    program = torch.export.export(small, (x,))
+    torch.testing.assert_close(program.module()(x), small(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="token ids must lie"):          # eager validation stays
+        small(torch.full((1, 4), model.config.vocab_size))
+
+
+def test_resuming_a_run_from_before_tokenizers_set_eos_and_pad(tmp_path):
+    """A run saved with eos / pad = -1 (as every run was before) resumes: the saved ids are kept."""
+    (tmp_path / "run.yaml").write_text(BPE_RUN.replace("TOK", "bytes"))
+    base = ["train", "--config", str(tmp_path / "run.yaml"), "--train.out_dir", str(tmp_path / "run"),
+            "--train.checkpoint_every", "1"]
+    assert main([*base, "--train.steps", "1", "--model.eos_token_id", "-1", "--model.pad_token_id", "-1"]) == 0
+    assert main([*base, "--train.steps", "1", "--resume"]) == 0
+    assert json.loads((tmp_path / "run" / "final" / "config.json").read_text())["config"]["eos_token_id"] == -1
+    assert main(["train", "--config", str(tmp_path / "run.yaml"), "--train.out_dir", str(tmp_path / "new")]) == 0
+    assert json.loads((tmp_path / "new" / "final" / "config.json").read_text())["config"]["eos_token_id"] == 258
