@@ -107,8 +107,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
-    announce_device("eval", device, next(model.parameters()).dtype)
     tok = resolve_tokenizer(model, args.tokenizer)
+    announce_device("eval", device, next(model.parameters()).dtype)
     tokens = load_corpus(args.data, tok, split=args.split)
     batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.batches))
     tiers = _tier_names(args.tiers)
@@ -153,8 +153,8 @@ def cmd_niah(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
-    announce_device("niah", device, next(model.parameters()).dtype)
     tok = resolve_tokenizer(model, args.tokenizer)
+    announce_device("niah", device, next(model.parameters()).dtype)
     cfg = NeedleConfig(context_len=args.context, n_pairs=args.pairs, condition=args.condition, seed=args.seed,
                        depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
     filler = load_corpus(args.data, tok, split=args.split)
@@ -182,13 +182,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
              "bfloat16": torch.bfloat16}[args.dtype]
     model = load_pretrained(args.checkpoint, tier=None if args.tier == "full" else args.tier, device=device,
                             dtype=dtype)
-    announce_device("generate", device, dtype)
     if not hasattr(model, "generate"):
         raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; cached generation is an ESSH feature")
     tok = resolve_tokenizer(model, args.tokenizer)
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long, device=device)
     if ids.numel() == 0:
         raise ConfigError("--prompt is empty: give at least one character")
+    announce_device("generate", device, dtype)
     g = torch.Generator(device=device).manual_seed(args.seed)
     sys.stdout.write(args.prompt)
 
