@@ -144,6 +144,32 @@ def stage_process() -> None:
     RESULTS["process"] = {"children": runs, "cli_wall_s": wall, "cli_rc": r.returncode}
 
 
+_PROFILE = """
+import cProfile, pstats, sys, time, torch, elastic_ssm as es
+from elastic_ssm.models.decode_engine import FusedSession
+m = es.ESSH.from_pretrained(sys.argv[1], tier="T10", device="cuda", dtype=torch.bfloat16)
+ids = torch.randint(0, m.config.vocab_size, (1, 2048), device="cuda")
+s = FusedSession(m, 1, None, None, None)
+torch.cuda.synchronize()
+t = time.perf_counter()
+cProfile.run("s.prefill(ids, None); torch.cuda.synchronize()", "/tmp/prefill.prof")
+print(f"first prefill {time.perf_counter() - t:.2f}s")
+pstats.Stats("/tmp/prefill.prof").sort_stats("cumtime").print_stats(30)
+pstats.Stats("/tmp/prefill.prof").sort_stats("tottime").print_stats(15)
+"""
+
+
+def stage_profile() -> None:
+    """Where a fresh process's first prefill spends its time (after ``process`` warmed the caches)."""
+    env = {**os.environ, "TRITON_PRINT_AUTOTUNING": "1"}
+    r = subprocess.run([sys.executable, "-c", _PROFILE, "/tmp/essh15b"], cwd=ROOT, capture_output=True, text=True,
+                       env=env)
+    (OUT / "profile.txt").write_text(r.stdout + r.stderr)
+    lines = r.stdout.splitlines()
+    log("\n".join(lines[:60]))
+    log(f"autotuning lines printed: {sum('autotun' in x.lower() for x in (r.stdout + r.stderr).splitlines())}")
+
+
 def main() -> None:
     import torch
 
