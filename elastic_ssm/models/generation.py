@@ -8,9 +8,9 @@ Arguments follow Hugging Face's names and defaults: greedy unless ``do_sample`` 
 default, samples exactly when a ``temperature`` > 0, ``top_k`` or ``top_p`` is given; ``temperature=0``
 is greedy), ``eos_token_id`` stops a row, which then emits ``pad_token_id`` (default: the eos id).
 
-The decode step comes from the model's ``_decode_session`` (``models/decode_engine.py``): on CUDA the
-fused decoder replayed from a CUDA graph captured once per (tier, batch bucket) and reused by later calls;
-``fast=False`` uses the model's reference ``step``. The loop never synchronises with the host per token:
+The decode step comes from the model's ``_decode_session`` (``models/decode_engine.py``): the fused
+decoder, on CUDA replayed from a CUDA graph captured once per (tier, batch bucket) and reused by later
+calls; ``fast=False`` uses the model's reference ``step``. The loop never synchronises with the host per token:
 sampling runs on the device (the exponential race for sampling, no ``multinomial``), eos is tracked in
 a device mask and checked every ``sync_every`` tokens, and generated ids collect in a device buffer.
 A ``streamer(tokens [B])`` gets each step's device tensor; reading its values synchronises.
@@ -131,8 +131,8 @@ class GenerationMixin:
 
         Greedy by default (see the module docstring for ``do_sample``); generation stops early once every
         row has emitted ``eos_token_id`` (default: the config's, if set; ``eos`` is an alias). ``fast``:
-        None = the fused, CUDA-graphed decoder on CUDA (``models/decode_engine.py``), True forces it, False
-        uses the reference step. Caches default to fp32 states and a bf16 KV ring on CUDA, the parameter
+        None / True = the fused decoder (``models/decode_engine.py``; replayed from a CUDA graph on CUDA),
+        False = the reference step. Caches default to fp32 states and a bf16 KV ring on CUDA, the parameter
         dtype on CPU.
         """
         if unknown:
