@@ -16,6 +16,9 @@ channels k > K (Appendix B.6 prefix consistency, B.7 zero gradient for removed c
 [K*d, d] matrix. Since g_k(t) is a scalar, ``g_k M_k X_k = M_k (g_k X_k)``: the convolved features are
 gated first and the K projections plus the channel sum run as one matrix product (gate-before-projection).
 
+Cached decoding (one token per call: exact ring buffer or modal states) is ``SpectralDecodeMixin`` in
+``es_ssm_decode.py``; ``ESSSMBlock.step`` composes it with the FFN.
+
 ``ESSSMBlock``: ``r_mid = r + DropPath(S_K(LN1(r)))``, ``r_out = r_mid + DropPath(FFN(LN2(r_mid)))``
 with a GELU FFN d -> ffn_mult*d -> d (biases, dropout after the activation and after the output).
 """

@@ -32,13 +32,14 @@ import numpy as np
 import torch
 
 from ..elastic.slicing import prefix
+from ..spectral import DampedModes, fit_damped_modes
 
 __all__ = ["DECODE_MODES", "ModalFit", "DecodePlan", "check_decode", "modal_fit", "SpectralDecodeMixin"]
 
 #: The decode modes of ``ESSSM.allocate_cache``.
 DECODE_MODES = ("exact", "modal")
 
-_FITS: dict[tuple[str, int], ModalFit] = {}
+_FITS: dict[tuple[str, int], DampedModes] = {}
 
 
 def check_decode(decode: object, n_modes: object, L: int) -> tuple[str, int]:
@@ -66,26 +67,28 @@ class ModalFit:
     errors: torch.Tensor
 
 
+def _fit_row(row: np.ndarray, n_modes: int) -> DampedModes:
+    """``fit_damped_modes`` of one float64 filter [L], cached in-process by its bytes and m."""
+    key = (hashlib.sha1(row.tobytes()).hexdigest() + str(row.shape), n_modes)
+    if key not in _FITS:
+        _FITS[key] = fit_damped_modes(row, n_modes)
+    return _FITS[key]
+
+
 def modal_fit(filters: torch.Tensor, n_modes: int) -> ModalFit:
     """Matrix-pencil fits (``spectral.fit_damped_modes``) of the rows of ``filters`` [K, L], m = ``n_modes``.
 
-    The model's own filter buffer is fitted (a saved model carries its filters). Cached in-process by the
-    filter bytes and m, so the blocks of one model (identical filters) and repeated caches fit once.
+    The model's own filter buffer is fitted (a saved model carries its filters). Each row is cached
+    in-process by its bytes and m, so the blocks of one model (identical filters) and caches of several
+    budgets (shared prefixes) fit every channel once.
     """
-    from ..spectral import fit_damped_modes
-
     phi = filters.detach().to("cpu", torch.float64).contiguous()  # [K, L]
-    key = (hashlib.sha1(phi.numpy().tobytes()).hexdigest() + str(tuple(phi.shape)), n_modes)
-    hit = _FITS.get(key)
-    if hit is None:
-        fits = [fit_damped_modes(row, n_modes) for row in phi.numpy()]
-        t = lambda name: torch.from_numpy(np.stack([getattr(f, name) for f in fits]))  # [K, M]
-        L = phi.shape[1]
-        recon = torch.from_numpy(np.stack([f.filter(L) for f in fits]))  # [K, L]
-        errors = (recon - phi).norm(dim=1) / phi.norm(dim=1)  # [K]
-        hit = ModalFit(t("rho"), t("theta"), t("kc"), t("ks"), recon, errors)
-        _FITS[key] = hit
-    return hit
+    fits = [_fit_row(row, n_modes) for row in phi.numpy()]
+    t = lambda name: torch.from_numpy(np.stack([getattr(f, name) for f in fits]))  # [K, M]
+    L = phi.shape[1]
+    recon = torch.from_numpy(np.stack([f.filter(L) for f in fits]))  # [K, L]
+    errors = (recon - phi).norm(dim=1) / phi.norm(dim=1)  # [K]
+    return ModalFit(t("rho"), t("theta"), t("kc"), t("ks"), recon, errors)
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ class SpectralDecodeMixin:
             if S:
                 n = min(T, S)
                 slots = torch.arange(T - n, T, device=u.device) % S
-                state[:, slots] = u[:, T - n:].to(state.dtype)
+                state[:, slots] = u[:, T - n:].detach().to(state.dtype)
             return y
         y = self(u, K, phi=plan.tensors["filters"])  # [B, T, D]
         T = u.shape[1]
@@ -161,7 +164,7 @@ class SpectralDecodeMixin:
         rho, theta = plan.tensors["rho"], plan.tensors["theta"]  # [K, M] float64
         mag = rho.unsqueeze(-1) ** n  # [K, M, T]
         phase = theta.unsqueeze(-1) * n  # [K, M, T], float64 phase
-        uu = u.to(torch.float64)
+        uu = u.detach().to(torch.float64)  # the state is not differentiated through
         state[:, :, :, 0] = torch.einsum("kmt,btd->bkmd", mag * torch.cos(phase), uu).to(state.dtype)
         state[:, :, :, 1] = torch.einsum("kmt,btd->bkmd", mag * torch.sin(phase), uu).to(state.dtype)
         return y
