@@ -78,6 +78,6 @@ def format_modal_report(rows: list[dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * 8]
     for r in rows:
         fit = ("-", "-") if r["decode"] == "exact" else (f"{r['fit_max']:.3g}", f"{r['fit_mean']:.3g}")
-        lines.append(f"| {r['K']} | {r['decode']} | {r['m']} | {fit[0]} | {fit[1]} | {r['bpb']:.4f} | "
-                     f"{r['delta_bpb']:+.4f} | {r['state_bytes']:,} |")
+        lines.append(f"| {r['K']} | {r['decode']} | {r['m']} | {fit[0]} | {fit[1]} | {r['bpb']:.5f} | "
+                     f"{r['delta_bpb']:+.1e} | {r['state_bytes']:,} |")
     return "\n".join(lines)
