@@ -176,19 +176,22 @@ def trained():
 
 
 def test_modal_on_a_trained_model_stays_within_its_reported_error(trained):
-    """docs/results.md reports, for a trained byte LM, |Δbpb| <= 0.01 at m >= 8 (fit errors <= 1e-2);
-    here the same bound on a tiny model trained inside the test, and a loss that did fall below 8 bits."""
+    """docs/results.md: where every retained filter fits within 1e-2, modal decoding changes the held-out
+    bits per byte by less than 1e-3 (measured <= 3e-5); a poor fit (m=4 at K=8, error 0.9) visibly does."""
     model, windows = trained
+    exact = {}
     for K in (2, 8):
-        exact = decode_bpb(model, windows, K, "exact")
-        assert exact["bpb"] < 5.0  # trained: uniform over 260 ids would be 8.02 bits
+        exact[K] = decode_bpb(model, windows, K, "exact")["bpb"]
+        assert exact[K] < 5.0  # trained: uniform over 260 ids would be 8.02 bits
         fwd = model(windows[:, :-1], tier=K)
         ref = torch.nn.functional.cross_entropy(fwd.double().flatten(0, 1), windows[:, 1:].flatten())
-        assert exact["bpb"] == pytest.approx(ref.item() / math.log(2), abs=1e-5)  # decoding == forward
+        assert exact[K] == pytest.approx(ref.item() / math.log(2), abs=1e-5)  # decoding == forward
         for m in (8, 16):
             modal = decode_bpb(model, windows, K, "modal", m)
             assert max(modal["fit_errors"]) < 1e-2
-            assert abs(modal["bpb"] - exact["bpb"]) <= 0.01, (K, m, modal["bpb"], exact["bpb"])
+            assert abs(modal["bpb"] - exact[K]) < 1e-3, (K, m, modal["bpb"], exact[K])
+    poor = decode_bpb(model, windows, 8, "modal", 4)
+    assert max(poor["fit_errors"]) > 0.5 and abs(poor["bpb"] - exact[8]) > 1e-3
 
 
 # ---- bad input ----------------------------------------------------------------------------------------
