@@ -97,7 +97,8 @@ class DecodePlan:
 
     exact: ``phi0`` [K] (lag-0 taps) and ``window`` [K, 2S-1] (the reversed filter tail, doubled).
     modal: ``a = rho cos theta``, ``b = rho sin theta``, ``kc``, ``ks`` [K, M, 1]; ``filters`` [K, L] the
-    fitted filters (prefill); ``errors`` [K] the fit errors. All in the state dtype except ``filters``.
+    fitted filters (prefill, in the filters' dtype); ``rho``, ``theta`` [K, M] float64 (prefill phases);
+    ``errors`` [K] the fit errors. The rest is in the state dtype.
     """
 
     mode: str
