@@ -217,9 +217,9 @@ class ESSSM(GenerationMixin, ElasticModel):
         cache.position = t + 1
         return self.logits_from_hidden(self.norm(x))  # [B, V]
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 32, tier: Any = None, *,
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 32, tier: Any = None, *args: Any,
                  decode: str = "exact", n_modes: int = 8, **kw: Any) -> torch.Tensor:
         """``GenerationMixin.generate`` (same arguments, left padding, sampling) at the integer budget
         ``tier``; ``decode='modal'`` with ``n_modes`` selects the constant-memory modal decoder."""
         with cache_options(decode=decode, n_modes=n_modes):
-            return super().generate(input_ids, max_new_tokens, tier, **kw)
+            return super().generate(input_ids, max_new_tokens, tier, *args, **kw)
