@@ -177,6 +177,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .data.tokenizer_files import resolve_tokenizer
     from .models import load_pretrained
 
+    if args.tier.isdigit():  # an ES-SSM budget K
+        args.tier = int(args.tier)
     device = resolve_device(args.device)
     dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16}[args.dtype]
@@ -285,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)")
             s.add_argument("--csv", help="also write the table as CSV")
         else:
-            s.add_argument("--tier", default="full", help="tier to load ('full', T1..T10, K8 ...)")
+            s.add_argument("--tier", default="full", help="tier to load ('full', T1..T10; ES-SSM: a budget 8 or K8)")
             s.add_argument("--prompt", required=True, help="text to continue")
             s.add_argument("--max-new-tokens", type=int, default=200, help="tokens to sample")
             s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")

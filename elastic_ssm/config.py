@@ -159,9 +159,12 @@ class ESSSMConfig(ConfigBase):
     num_classes: int = opt(0, "classes for task='classify'")
     tie_embeddings: bool = opt(True, "tie the LM head to the input embedding")
     init_std: float = opt(0.02, "std of normal initialisation for projections and embeddings")
+    eos_token_id: int = opt(-1, "end-of-sequence token id that stops generation (-1: none)")
 
     def validate(self) -> None:
         _positive(self, "vocab_size", "d_model", "n_layers", "n_channels", "seq_len", "ffn_mult")
+        if not -1 <= self.eos_token_id < self.vocab_size:
+            raise ConfigError(f"ESSSMConfig.eos_token_id={self.eos_token_id} must be -1 or a token id < vocab_size")
         if self.task not in ("lm", "classify"):
             raise ConfigError(f"ESSSMConfig.task must be 'lm' or 'classify', got {self.task!r}")
         if self.task == "classify" and self.num_classes < 2:

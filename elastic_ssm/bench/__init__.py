@@ -1,5 +1,6 @@
 """``elastic-ssm bench``: decode latency, prefill throughput, persistent memory and training throughput of
-ESSH tiers against parameter-matched peers, on random weights at the preset shapes (ESSH paper P, R).
+ESSH tiers against parameter-matched peers, on random weights at the preset shapes (ESSH paper P, R); on
+request (``--bench.benchmarks es_ssm_decode``) the ES-SSM decode step per budget and decoder.
 
 ``run_bench(BenchConfig(...))`` runs the selected benchmarks in the order memory, decode, prefill,
 generate, train, prints every row as it completes, and returns (and writes as JSON) ``{"env", "config",
@@ -7,7 +8,7 @@ generate, train, prints every row as it completes, and returns (and writes as JS
 ``docs/benchmarks.md``. A failing or out-of-memory benchmark is recorded in its row (``error``) and the
 run goes on. ``main(argv)`` is the command-line entry (flags derived from ``BenchConfig``).
 Protocols: ``decode.py``, ``prefill.py``, ``generate.py`` (the user's ``model.generate`` path), ``train.py``,
-``memory.py``; peers and matching: ``peers.py``.
+``memory.py``, ``es_ssm_decode.py``; peers and matching: ``peers.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from ..config import ConfigBase, ConfigError, ESSHConfig, opt
 
 __all__ = ["BenchConfig", "run_bench", "main"]
 
-_BENCHES = ("memory", "decode", "prefill", "generate", "train")
+_BENCHES = ("memory", "decode", "prefill", "generate", "train", "es_ssm_decode")
+_DEFAULT_BENCHES = _BENCHES[:5]
 _PEERS = ("transformer", "gated_deltanet", "mamba2")
 
 
@@ -32,7 +34,8 @@ class BenchConfig(ConfigBase):
     """What ``elastic-ssm bench`` measures and how (defaults: the paper's H200 protocol, Appendix R)."""
 
     preset: str = opt("370m", "ESSH preset whose shapes are benchmarked with random weights")
-    benchmarks: tuple[str, ...] = opt(_BENCHES, "benchmarks to run: memory, decode, prefill, generate, train")
+    benchmarks: tuple[str, ...] = opt(_DEFAULT_BENCHES, "benchmarks to run: memory, decode, prefill, generate, "
+                                      "train; es_ssm_decode (ES-SSM step per budget, es_ssm_* fields) on request")
     tiers: tuple[str, ...] = opt(("T1", "T4", "T7", "T10"), "ESSH tiers to decode ('all': every tier)")
     peers: tuple[str, ...] = opt(_PEERS, "peers: transformer (ours), gated_deltanet / mamba2 (fla + FFN)")
     batches: tuple[int, ...] = opt((1, 16, 128, 512), "decode batch sizes (CUDA-graph mode)")
@@ -72,6 +75,11 @@ class BenchConfig(ConfigBase):
     out: str = opt("bench_results.json", "JSON output path ('' to skip)")
     docs: str = opt("", "markdown file to append the tables to, e.g. docs/benchmarks.md ('' to skip)")
     seed: int = opt(0, "random seed of weights and tokens")
+    es_ssm_preset: str = opt("byte-base", "es_ssm_decode: ES-SSM preset whose shapes are decoded (random weights)")
+    es_ssm_budgets: tuple[int, ...] = opt((2, 8, 32), "es_ssm_decode: budgets K")
+    es_ssm_batches: tuple[int, ...] = opt((1, 64), "es_ssm_decode: batch sizes (eager)")
+    es_ssm_decoders: tuple[str, ...] = opt(("exact", "modal"), "es_ssm_decode: decoders, exact and/or modal")
+    es_ssm_modes: int = opt(8, "es_ssm_decode: modes m per channel of the modal decoder")
 
     def validate(self) -> None:
         bad = set(self.benchmarks) - set(_BENCHES)
@@ -80,6 +88,10 @@ class BenchConfig(ConfigBase):
         bad = set(self.peers) - set(_PEERS)
         if bad:
             raise ConfigError(f"BenchConfig.peers: unknown {sorted(bad)}; choose from {_PEERS}")
+        bad = set(self.es_ssm_decoders) - {"exact", "modal"}
+        if bad or min(self.es_ssm_batches, default=1) < 1 or self.es_ssm_modes < 1:
+            raise ConfigError("BenchConfig: es_ssm_decoders must be exact / modal, es_ssm_batches and es_ssm_modes"
+                              f" >= 1; got {self.es_ssm_decoders}, {self.es_ssm_batches}, {self.es_ssm_modes}")
         if self.decode_out_layout not in ("auto", "split", "rows"):
             raise ConfigError("BenchConfig.decode_out_layout must be auto, split or rows, got "
                               f"{self.decode_out_layout!r}")
@@ -144,6 +156,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     one line per completed entry (default: print, flushed); ``print_tables`` logs the tables at the end."""
     from . import report
     from .decode import decode_suite
+    from .es_ssm_decode import es_ssm_decode_suite
     from .generate import generate_suite
     from .memory import memory_suite
     from .prefill import prefill_suite
@@ -153,10 +166,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     torch.manual_seed(cfg.seed)
     r = _Runner(cfg, log)
     results: dict = {"env": report.environment(r.dev), "config": cfg.to_dict(),
-                     "memory": [], "decode": [], "prefill": [], "generate": [], "train": []}
+                     **{name: [] for name in _BENCHES}}
     log(f"elastic-ssm bench on {results['env']['device']} ({r.dev}, {r.dtype}); preset {cfg.preset}")
     suites = {"memory": memory_suite, "decode": decode_suite, "prefill": prefill_suite, "generate": generate_suite,
-              "train": train_suite}
+              "train": train_suite, "es_ssm_decode": es_ssm_decode_suite}
     for name in _BENCHES:
         if name in cfg.benchmarks:
             suites[name](r, results[name])

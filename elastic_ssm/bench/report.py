@@ -118,6 +118,7 @@ _GENERATE_COLS = ["preset", "tier", "batch", "compiled", "prompt", "new_tokens",
                   "prefill_ktok_s", "total_ms", "ms_per_token", "step_ms", "ratio", "graphed", "error"]
 _TRAIN_COLS = ["model", "preset", "params", "compiled", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb",
                "error"]
+_ES_SSM_COLS = ["model", "preset", "K", "decode", "m", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq", "error"]
 _MEM_COLS = ["model", "preset", "tier", "recurrent", "kv", "total", "formula_total", "match"]
 _RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value", "ratio"]
 
@@ -126,7 +127,7 @@ def tables(results: dict) -> str:
     """All sections of ``results`` as text tables."""
     parts = []
     for key, cols in (("memory", _MEM_COLS), ("decode", _DECODE_COLS), ("prefill", _PREFILL_COLS),
-                      ("generate", _GENERATE_COLS), ("train", _TRAIN_COLS)):
+                      ("generate", _GENERATE_COLS), ("train", _TRAIN_COLS), ("es_ssm_decode", _ES_SSM_COLS)):
         if results.get(key):
             parts.append(format_table(results[key], cols, title=f"## {key}"))
     rat = ratios(results)

@@ -252,14 +252,17 @@ def num_parameters(cfg: AnyConfig, tier: Any = None) -> int:
 # ---- persistent state (C.5, Table 5, Table 53) ------------------------------------------------------
 def state_bytes(
     cfg: AnyConfig, tier: Any = None, batch: int = 1, state_dtype_bytes: int = 4, kv_dtype_bytes: int = 2,
+    decode: str = "exact", n_modes: int = 8,
 ) -> dict[str, int]:
     """Persistent per-batch decoding state in bytes: ``recurrent``, ``kv`` and ``total``.
 
     ESSH: ``recurrent = 2 (N - |A|) K_T m P`` entries (C.5) in ``state_dtype_bytes`` (fp32 in Table 53);
     ``kv = |A| * 2 * window * d`` entries (K and V of every SWA layer, a full window ring buffer) in
-    ``kv_dtype_bytes`` (bf16 in Table 53). ES-SSM: the LTI spectral sublayer has no finite recurrent
-    realisation, so exact causal decoding keeps the last ``L - 1`` normalised inputs of every block
-    (``recurrent = N (L - 1) d`` entries in ``state_dtype_bytes``); ``kv = 0``.
+    ``kv_dtype_bytes`` (bf16 in Table 53). ES-SSM (``decode``, ``n_modes`` apply to it only): the LTI
+    spectral sublayer has no finite recurrent realisation, so exact causal decoding (``decode='exact'``)
+    keeps the last ``L - 1`` normalised inputs of every block (``recurrent = N (L - 1) d`` entries,
+    whatever K); the modal decoder (``decode='modal'``, m = ``n_modes`` damped-rotation modes per retained
+    channel) keeps ``recurrent = 2 N K m d`` entries. ``kv = 0``. Equal to ``ESSSMCache.nbytes()``.
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -267,9 +270,14 @@ def state_bytes(
     if isinstance(cfg, ESSHConfig):
         rec = 2 * cfg.n_spectral_layers * t.K * cfg.n_modes * cfg.value_width
         kv = len(cfg.swa_layers) * 2 * cfg.window * cfg.d_model
-    else:
+    elif decode == "exact":
         rec = cfg.n_layers * (cfg.seq_len - 1) * cfg.d_model
         kv = 0
+    elif decode == "modal":
+        rec = 2 * cfg.n_layers * t.K * n_modes * cfg.d_model
+        kv = 0
+    else:
+        raise ValueError(f"unknown decode mode {decode!r}; use 'exact' or 'modal'")
     out = {"recurrent": batch * rec * state_dtype_bytes, "kv": batch * kv * kv_dtype_bytes}
     out["total"] = out["recurrent"] + out["kv"]
     return out
@@ -328,30 +336,38 @@ def _human(n: float) -> str:
     return str(int(n))
 
 
-def format_tier_table(rows: Iterable[Tier], cfg: AnyConfig | None = None, batch: int = 1) -> str:
+def format_tier_table(rows: Iterable[Tier], cfg: AnyConfig | None = None, batch: int = 1,
+                      n_modes: tuple[int, ...] = (4, 8, 16)) -> str:
     """A plain-text table of tiers: name, xi, K, n_ff, params (exact and rounded) and fraction r.
 
-    With ``cfg`` (the config the rows come from) it adds the persistent state of ``state_bytes``
-    at ``batch`` in decimal MB (recurrent fp32, KV bf16, total).
+    With ``cfg`` (the config the rows come from) it adds the persistent state of ``state_bytes`` at
+    ``batch`` in decimal MB: ESSH recurrent fp32, KV bf16 and total; ES-SSM the fp32 decode state of the
+    exact ring buffer and of the modal decoder at each m in ``n_modes``.
     """
     rows = list(rows)
     if not rows:
         raise ValueError("format_tier_table needs at least one Tier")
     full = max(r.params for r in rows) if cfg is None else num_parameters(cfg)
     head = ["tier", "xi", "K", "n_ff", "params", "", "r"]
+    essm = isinstance(cfg, ESSSMConfig)
     body = []
     for r in rows:
         line = [r.name, f"{r.xi:.4f}", str(r.K), str(r.n_ff), f"{r.params:,}", _human(r.params),
                 f"{r.params / full:.3f}"]
-        if cfg is not None:
+        if essm:
+            modes = [("modal", m) for m in n_modes]
+            line += [f"{state_bytes(cfg, r, batch=batch, decode=d, n_modes=m)['total'] / 1e6:.3f}"
+                     for d, m in [("exact", 8), *modes]]
+        elif cfg is not None:
             sb = state_bytes(cfg, r, batch=batch)
             line += [f"{sb[k] / 1e6:.2f}" for k in ("recurrent", "kv", "total")]
         body.append(line)
-    if cfg is not None:
+    if essm:
+        head += ["exact MB"] + [f"modal m={m} MB" for m in n_modes]
+    elif cfg is not None:
         head += ["state MB", "KV MB", "total MB"]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     rule = "-" * len(fmt(head))
     return "\n".join([fmt(head), rule, *map(fmt, body)])
-

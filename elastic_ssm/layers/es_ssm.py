@@ -16,6 +16,9 @@ channels k > K (Appendix B.6 prefix consistency, B.7 zero gradient for removed c
 [K*d, d] matrix. Since g_k(t) is a scalar, ``g_k M_k X_k = M_k (g_k X_k)``: the convolved features are
 gated first and the K projections plus the channel sum run as one matrix product (gate-before-projection).
 
+Cached decoding (one token per call: exact ring buffer or modal states) is ``SpectralDecodeMixin`` in
+``es_ssm_decode.py``; ``ESSSMBlock.step`` composes it with the FFN.
+
 ``ESSSMBlock``: ``r_mid = r + DropPath(S_K(LN1(r)))``, ``r_out = r_mid + DropPath(FFN(LN2(r_mid)))``
 with a GELU FFN d -> ffn_mult*d -> d (biases, dropout after the activation and after the output).
 """
@@ -31,6 +34,7 @@ from torch import nn
 from ..config import ESSSMConfig
 from ..elastic.slicing import prefix
 from ..ops.fft_conv import fft_causal_conv
+from .es_ssm_decode import DecodePlan, SpectralDecodeMixin
 
 __all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "hankel_filter_tensor",
            "on_meta_device"]
@@ -85,7 +89,7 @@ class GeluFFN(nn.Module):
         return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
 
 
-class SpectralSublayer(nn.Module):
+class SpectralSublayer(SpectralDecodeMixin, nn.Module):
     """The ES-SSM spectral sublayer S_K of Eq. 4 (input and output width d).
 
     Args:
@@ -139,16 +143,17 @@ class SpectralSublayer(nn.Module):
         m = prefix(self.proj, K)  # [K, D_in, D_out]
         return torch.einsum("btki,kio->btko", (x * g.unsqueeze(-1)).to(m.dtype), m)
 
-    def forward(self, u: torch.Tensor, K: int | None = None) -> torch.Tensor:
-        """S_K(u) of Eq. 4: u [B, T, D] -> [B, T, D]; nothing is computed for channels k > K."""
+    def forward(self, u: torch.Tensor, K: int | None = None, phi: torch.Tensor | None = None) -> torch.Tensor:
+        """S_K(u) of Eq. 4: u [B, T, D] -> [B, T, D]; nothing is computed for channels k > K.
+
+        ``phi`` [K, L] replaces the first K Hankel filters (the modal decoder's fitted filters).
+        """
         K = self.n_channels if K is None else K
-        if not 1 <= K <= self.n_channels:
-            raise ValueError(
-                f"budget K={K} is outside [1, {self.n_channels}]; pass a K this layer holds (1..K-bar)"
-            )
+        self._check_budget(K)
         B, T, D = u.shape
         g = self.gates(u, K)  # [B, T, K]
-        x = fft_causal_conv(u, prefix(self.filters, K))  # [B, T, K, D], memory [B, K, D, T]
+        phi = prefix(self.filters, K) if phi is None else phi  # [K, L]
+        x = fft_causal_conv(u, phi)  # [B, T, K, D], memory [B, K, D, T]
         xg = x.permute(0, 2, 3, 1) * g.transpose(1, 2).unsqueeze(2)  # [B, K, D, T] gate before projection
         w = prefix(self.proj, K).reshape(K * D, D)  # [K*D_in, D_out], a view
         xg = xg.to(w.dtype).reshape(B, K * D, T).transpose(1, 2)  # [B, T, K*D]
@@ -187,6 +192,19 @@ class ESSSMBlock(nn.Module):
             nn.init.zeros_(lin.bias)
         self.mixer.reset_parameters()
 
-    def forward(self, r: torch.Tensor, K: int | None = None) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
-        r = r + self.drop_path(self.mixer(self.ln1(r), K))
+    def forward(self, r: torch.Tensor, K: int | None = None, valid: torch.Tensor | None = None,
+                plan: DecodePlan | None = None, state: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T, D] -> [B, T, D]. ``valid`` [B, T] (1 = token) zeroes the sublayer input at padded
+        positions, so they never enter a convolution; with ``plan``/``state`` the prefill also fills the
+        decode state (``SpectralDecodeMixin.prefill``)."""
+        u = self.ln1(r)  # [B, T, D]
+        if valid is not None:
+            u = u * valid.unsqueeze(-1).to(u.dtype)
+        h = self.mixer(u, K) if plan is None else self.mixer.prefill(u, plan, state)
+        r = r + self.drop_path(h)
         return r + self.drop_path(self.ffn(self.ln2(r)))
+
+    def step(self, r: torch.Tensor, plan: DecodePlan, state: torch.Tensor, t: int) -> torch.Tensor:
+        """One token at time ``t``: r [B, D] -> [B, D]; the mixer state advances in place."""
+        r = r + self.mixer.step(self.ln1(r), plan, state, t)
+        return r + self.ffn(self.ln2(r))

@@ -30,6 +30,8 @@ from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule
 from ..layers.es_ssm import ESSSMBlock, on_meta_device
 from .base import ElasticModel
+from .es_ssm_cache import ESSSMCache, cache_options
+from .generation import GenerationMixin
 
 __all__ = ["ESSSM"]
 
@@ -37,7 +39,7 @@ __all__ = ["ESSSM"]
 CHANNEL_TENSORS = r"blocks\.\d+\.mixer\.(?:gate_out\.weight|gate_out\.bias|proj|filters)"
 
 
-class ESSSM(ElasticModel):
+class ESSSM(GenerationMixin, ElasticModel):
     """Elastic spectral SSM (ES-SSM paper): one model, a standalone export per runtime budget K."""
 
     arch = "es_ssm"
@@ -128,16 +130,20 @@ class ESSSM(ElasticModel):
 
     def forward(
         self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
+        cache: ESSSMCache | None = None,
     ) -> torch.Tensor:
         """Logits of the model evaluated at ``tier`` (None = full budget; an int K, "K8" or a Tier).
 
         Args:
             input_ids: token ids, [B, T] with T <= cfg.seq_len.
             tier: runtime budget; every spectral sublayer keeps channels 1..K.
-            attention_mask: [B, T], 1 for valid tokens, 0 for padding (padding on the right: the
-                convolution is causal, so valid positions never see right padding). For
-                ``task='classify'`` it selects the positions of the mean pool; for the LM the logits
-                do not depend on it (pad positions are the caller's to mask in the loss).
+            attention_mask: [B, T], 1 for valid tokens, 0 for padding. Padded positions are zeroed at the
+                input of every spectral sublayer, so they never enter a convolution: with left padding
+                each row equals its unpadded run; with right padding valid positions never see the pads
+                (causal). For ``task='classify'`` it also selects the positions of the mean pool.
+            cache: an empty ``ESSSMCache`` of the same budget (``allocate_cache``): the prompt is
+                prefilled (exact: the FFT forward; modal: the forward with the fitted filters) and the
+                cache holds the state for ``step``. The mask must then use left padding.
 
         Returns:
             [B, T, V] next-token logits (``task='lm'``) or [B, C] class logits (``task='classify'``).
@@ -149,16 +155,71 @@ class ESSSM(ElasticModel):
                 f"attention_mask must have the shape of input_ids {tuple(ids.shape)},"
                 f" got {tuple(attention_mask.shape)}"
             )
+        valid = None if attention_mask is None else attention_mask.to(torch.bool)  # [B, T]
+        if cache is not None:
+            cache.check_prefill(K)
+            if cache.batch != ids.shape[0]:
+                raise ValueError(f"this cache holds batch={cache.batch} sequences, input_ids has"
+                                 f" {ids.shape[0]}; allocate_cache({ids.shape[0]}, ...)")
+            if valid is not None and bool((valid[:, 1:].long() < valid[:, :-1].long()).any()):
+                raise ValueError("attention_mask must use LEFT padding (zeros before the real tokens of each"
+                                 " row) when prefilling a cache")
         x = self.embed(ids)  # [B, T, d]
-        for block in self.blocks:
-            x = block(x, K)  # [B, T, d]
+        for i, block in enumerate(self.blocks):
+            if cache is None:
+                x = block(x, K, valid)  # [B, T, d]
+            else:
+                x = block(x, K, valid, cache.plans[i], cache.states[i])
+        if cache is not None:
+            cache.position = ids.shape[1]
         x = self.norm(x)
         if self.config.task == "lm":
-            weight = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, d]
-            return F.linear(x, weight)  # [B, T, V]
+            return self.logits_from_hidden(x)  # [B, T, V]
         if attention_mask is None:
             pooled = x.mean(dim=1)  # [B, d]
         else:
             m = attention_mask.to(x.dtype).unsqueeze(-1)  # [B, T, 1]
             pooled = (x * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)  # [B, d]
         return self.head(pooled)  # [B, C]
+
+    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head on final-normed hidden states: [..., d] -> [..., V] (tied: the embedding matrix)."""
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, d]
+        return F.linear(h, weight)
+
+    # ---- cached decoding (GenerationMixin contract) --------------------------------------------------
+    def allocate_cache(self, batch: int, tier: Any = None, **kw: Any) -> ESSSMCache:
+        """Empty decode cache for ``batch`` sequences at budget ``tier``.
+
+        Keywords: ``decode`` ('exact' ring buffer, default | 'modal' m-mode states), ``n_modes`` (m,
+        default 8), ``state_dtype`` (default float32; float64 for a float64 model), ``kv_dtype`` (unused).
+        See ``models/es_ssm_cache.py``.
+        """
+        return ESSSMCache.allocate(self, batch, tier, **kw)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, cache: ESSSMCache) -> torch.Tensor:
+        """Decode one token per sequence: tokens [B] -> logits [B, V]; the cache advances by one.
+
+        Each block runs the sublayer's per-token form of Eq. 4 (``SpectralDecodeMixin.step``) and the FFN.
+        Beyond L tokens the exact decoder keeps the last L inputs (the filters have support L).
+        """
+        if tokens.dim() != 1 or tokens.shape[0] != cache.batch:
+            raise ValueError(f"step takes one token per sequence, tokens [B={cache.batch}], got"
+                             f" {tuple(tokens.shape)}")
+        V = self.config.vocab_size
+        if not torch.compiler.is_compiling() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
+            raise ValueError(f"token ids must lie in [0, {V}); got [{int(tokens.min())}, {int(tokens.max())}]")
+        t = cache.position
+        x = self.embed(tokens)  # [B, d]
+        for i, block in enumerate(self.blocks):
+            x = block.step(x, cache.plans[i], cache.states[i], t)  # [B, d]
+        cache.position = t + 1
+        return self.logits_from_hidden(self.norm(x))  # [B, V]
+
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 32, tier: Any = None, *args: Any,
+                 decode: str = "exact", n_modes: int = 8, **kw: Any) -> torch.Tensor:
+        """``GenerationMixin.generate`` (same arguments, left padding, sampling) at the integer budget
+        ``tier``; ``decode='modal'`` with ``n_modes`` selects the constant-memory modal decoder."""
+        with cache_options(decode=decode, n_modes=n_modes):
+            return super().generate(input_ids, max_new_tokens, tier, *args, **kw)

@@ -1,0 +1,196 @@
+"""Cached decoding of the ES-SSM spectral sublayer (ES-SSM paper Eq. 4): exact ring buffer and modal state.
+
+The sublayer is linear time-invariant in its input ``u`` [B, T, D]: channel k sees the causal convolution
+``x_k(t) = sum_{tau=0}^{L-1} phi_k(tau) u(t - tau)`` (Eq. 3/4, ``u(s) = 0`` for s < 0), which is then
+gated and projected exactly as in ``SpectralSublayer.forward``. Two ways to produce ``x_k(t)`` one token
+at a time:
+
+``decode="exact"`` (default): a ring buffer of the last ``S = L - 1`` inputs [B, S, D]. One new token
+costs ``x_k(t) = phi_k(0) u(t) + sum_{s<S} phi_k(lag_s) buf[s]`` -- one dot product of length L per
+retained channel and feature, no FFT. Slot ``s`` holds the input of the time ``t' = s (mod S)`` with lag
+``t - t'`` in 1..S, so the filter read in slot order is ``phi[1 + (t - 1 - s) mod S]``: a contiguous slice
+``window[:, o : o + S]`` (``o = -t mod S``) of the doubled, reversed tail ``window[k, j] = phi_k(1 + (S - 1
+- j) mod S)`` [K, 2S - 1]; no gather. Slots never written hold zeros (inputs before the sequence).
+
+``decode="modal"`` (opt-in, m modes): each retained filter is replaced by its matrix-pencil fit (ESSH
+App. C.1.1, ``spectral.fit_damped_modes``) ``phi_k(tau) ~ sum_i Re(c_i z_i^tau)``,
+``z_i = rho_i e^{i theta_i}``, ``c_i = kc_i + i ks_i`` (ESSH Eq. 4). Then ``x_k(t) = sum_i Re(c_i h_i(t))``
+with the damped rotation ``h_i(t) = z_i h_i(t-1) + u(t)`` (ESSH Eq. 5 with unit gates): a state
+[B, K, M, 2, D] (real and imaginary parts) of constant size. The modal decoder computes exactly the model
+whose filters are the fitted ones (``ModalFit.filters``); its prefill convolves with those filters.
+
+Left padding: the caller zeroes the sublayer input at padded positions; since only lags enter, a row is
+then its unpadded run (every row shares one time index, the padded length).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..elastic.slicing import prefix
+from ..spectral import DampedModes, fit_damped_modes
+
+__all__ = ["DECODE_MODES", "ModalFit", "DecodePlan", "check_decode", "modal_fit", "SpectralDecodeMixin"]
+
+#: The decode modes of ``ESSSM.allocate_cache``.
+DECODE_MODES = ("exact", "modal")
+
+_FITS: dict[tuple[str, int], DampedModes] = {}
+
+
+def check_decode(decode: object, n_modes: object, L: int) -> tuple[str, int]:
+    """Validate a decode mode and mode count for filters of length L; one-line ``ValueError`` otherwise."""
+    if decode not in DECODE_MODES:
+        raise ValueError(f"unknown decode mode {decode!r}; use 'exact' (ring buffer, default) or 'modal'"
+                         " (m damped modes per channel, constant memory)")
+    if isinstance(n_modes, bool) or not isinstance(n_modes, int) or not 1 <= n_modes <= max(1, L // 4):
+        raise ValueError(f"n_modes={n_modes!r} must be an int in [1, L/4 = {L // 4}] for filters of length"
+                         f" L={L} (the matrix-pencil rank); pass fewer modes")
+    return str(decode), n_modes
+
+
+@dataclass(frozen=True)
+class ModalFit:
+    """m-mode fits of K filters, all float64: ``rho, theta, kc, ks`` [K, M], the fitted filters
+    ``filters`` [K, L] (ESSH Eq. 4 sampled at lags 0..L-1) and the relative errors ``errors`` [K]
+    (``||fit - phi_k|| / ||phi_k||``, ESSH App. B.7 epsilon_k^(m))."""
+
+    rho: torch.Tensor
+    theta: torch.Tensor
+    kc: torch.Tensor
+    ks: torch.Tensor
+    filters: torch.Tensor
+    errors: torch.Tensor
+
+
+def _fit_row(row: np.ndarray, n_modes: int) -> DampedModes:
+    """``fit_damped_modes`` of one float64 filter [L], cached in-process by its bytes and m."""
+    key = (hashlib.sha1(row.tobytes()).hexdigest() + str(row.shape), n_modes)
+    if key not in _FITS:
+        _FITS[key] = fit_damped_modes(row, n_modes)
+    return _FITS[key]
+
+
+def modal_fit(filters: torch.Tensor, n_modes: int) -> ModalFit:
+    """Matrix-pencil fits (``spectral.fit_damped_modes``) of the rows of ``filters`` [K, L], m = ``n_modes``.
+
+    The model's own filter buffer is fitted (a saved model carries its filters). Each row is cached
+    in-process by its bytes and m, so the blocks of one model (identical filters) and caches of several
+    budgets (shared prefixes) fit every channel once.
+    """
+    phi = filters.detach().to("cpu", torch.float64).contiguous()  # [K, L]
+    fits = [_fit_row(row, n_modes) for row in phi.numpy()]
+    t = lambda name: torch.from_numpy(np.stack([getattr(f, name) for f in fits]))  # [K, M]
+    L = phi.shape[1]
+    recon = torch.from_numpy(np.stack([f.filter(L) for f in fits]))  # [K, L]
+    errors = (recon - phi).norm(dim=1) / phi.norm(dim=1)  # [K]
+    return ModalFit(t("rho"), t("theta"), t("kc"), t("ks"), recon, errors)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Constants of one sublayer's decoder at budget K (not per-sequence state; not in ``nbytes``).
+
+    exact: ``phi0`` [K] (lag-0 taps) and ``window`` [K, 2S-1] (the reversed filter tail, doubled).
+    modal: ``a = rho cos theta``, ``b = rho sin theta``, ``kc``, ``ks`` [K, M, 1]; ``filters`` [K, L] the
+    fitted filters (prefill, in the filters' dtype); ``rho``, ``theta`` [K, M] float64 (prefill phases);
+    ``errors`` [K] the fit errors. The rest is in the state dtype.
+    """
+
+    mode: str
+    K: int
+    tensors: dict[str, torch.Tensor]
+    errors: torch.Tensor | None = None
+
+
+class SpectralDecodeMixin:
+    """``decode_plan`` / ``init_state`` / ``prefill`` / ``step`` of ``SpectralSublayer`` (Eq. 4 per token)."""
+
+    def decode_plan(self, K: int, decode: str = "exact", n_modes: int = 8,
+                    dtype: torch.dtype = torch.float32) -> DecodePlan:
+        """The precomputed constants of budget K in ``dtype`` (the state dtype) on the filters' device."""
+        decode, n_modes = check_decode(decode, n_modes, self.seq_len)
+        self._check_budget(K)
+        phi = prefix(self.filters, K)  # [K, L]
+        if decode == "exact":
+            S = phi.shape[1] - 1
+            tail = phi[:, 1:].to(dtype).flip(-1)  # [K, S], tail[:, j] = phi(S - j)
+            window = torch.cat([tail, tail[:, :-1]], dim=1) if S else tail  # [K, 2S-1]
+            return DecodePlan("exact", K, {"phi0": phi[:, 0].to(dtype), "window": window.contiguous()})
+        fit = modal_fit(phi, n_modes)
+        dev = phi.device
+        cast = lambda x: x.to(device=dev, dtype=dtype).unsqueeze(-1)  # [K, M, 1]
+        tensors = {"a": cast(fit.rho * torch.cos(fit.theta)), "b": cast(fit.rho * torch.sin(fit.theta)),
+                   "kc": cast(fit.kc), "ks": cast(fit.ks), "rho": fit.rho.to(dev), "theta": fit.theta.to(dev),
+                   "filters": fit.filters.to(device=dev, dtype=self.filters.dtype)}
+        return DecodePlan("modal", K, tensors, fit.errors)
+
+    def init_state(self, batch: int, plan: DecodePlan, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Zero state: exact [B, L-1, D] ring buffer; modal [B, K, M, 2, D] mode states."""
+        dev = self.filters.device
+        if plan.mode == "exact":
+            return torch.zeros(batch, self.seq_len - 1, self.d_model, dtype=dtype, device=dev)
+        M = plan.tensors["a"].shape[1]
+        return torch.zeros(batch, plan.K, M, 2, self.d_model, dtype=dtype, device=dev)
+
+    def _check_budget(self, K: int) -> None:
+        if not 1 <= K <= self.n_channels:
+            raise ValueError(
+                f"budget K={K} is outside [1, {self.n_channels}]; pass a K this layer holds (1..K-bar)"
+            )
+
+    def prefill(self, u: torch.Tensor, plan: DecodePlan, state: torch.Tensor) -> torch.Tensor:
+        """Forward over a whole prompt and fill ``state`` for the next token (time T).
+
+        ``u`` [B, T, D] is the (masked) sublayer input of times 0..T-1 (T <= L). exact: the same FFT
+        forward as training, and the last min(T, S) inputs go to slots ``t mod S``. modal: the forward
+        with the fitted filters, and ``h_i(T-1) = sum_t z_i^(T-1-t) u(t)`` (phases in float64).
+        """
+        K = plan.K
+        if plan.mode == "exact":
+            y = self(u, K)  # [B, T, D]
+            S, T = state.shape[1], u.shape[1]
+            if S:
+                n = min(T, S)
+                slots = torch.arange(T - n, T, device=u.device) % S
+                state[:, slots] = u[:, T - n:].detach().to(state.dtype)
+            return y
+        y = self(u, K, phi=plan.tensors["filters"])  # [B, T, D]
+        T = u.shape[1]
+        n = torch.arange(T - 1, -1, -1, device=u.device, dtype=torch.float64)  # lags T-1-t, [T]
+        rho, theta = plan.tensors["rho"], plan.tensors["theta"]  # [K, M] float64
+        mag = rho.unsqueeze(-1) ** n  # [K, M, T]
+        phase = theta.unsqueeze(-1) * n  # [K, M, T], float64 phase
+        uu = u.detach().to(torch.float64)  # the state is not differentiated through
+        state[:, :, :, 0] = torch.einsum("kmt,btd->bkmd", mag * torch.cos(phase), uu).to(state.dtype)
+        state[:, :, :, 1] = torch.einsum("kmt,btd->bkmd", mag * torch.sin(phase), uu).to(state.dtype)
+        return y
+
+    def step(self, u: torch.Tensor, plan: DecodePlan, state: torch.Tensor, t: int) -> torch.Tensor:
+        """One token at time ``t``: u [B, D] -> S_K(u)(t) [B, D]; ``state`` advances in place (Eq. 4)."""
+        K, D = plan.K, self.d_model
+        B = u.shape[0]
+        g = self.gates(u.unsqueeze(1), K)[:, 0]  # [B, K]
+        us = u.to(state.dtype)
+        p = plan.tensors
+        if plan.mode == "exact":
+            x = p["phi0"].unsqueeze(-1) * us.unsqueeze(1)  # [B, K, D], lag 0
+            S = state.shape[1]
+            if S:
+                o = (-t) % S
+                x = x + torch.matmul(p["window"][:, o:o + S], state)  # [K, S] @ [B, S, D] -> [B, K, D]
+                state[:, t % S] = us
+        else:
+            re, im = state[:, :, :, 0], state[:, :, :, 1]  # [B, K, M, D]
+            new_re = p["a"] * re - p["b"] * im + us[:, None, None, :]
+            new_im = p["b"] * re + p["a"] * im
+            re.copy_(new_re)
+            im.copy_(new_im)
+            x = (p["kc"] * new_re - p["ks"] * new_im).sum(2)  # [B, K, D], Re(sum_i c_i h_i)
+        w = prefix(self.proj, K).reshape(K * D, D)  # [K*D_in, D_out]
+        xg = (x * g.unsqueeze(-1).to(x.dtype)).to(w.dtype).reshape(B, K * D)  # [B, K*D], gate first
+        return (xg @ w).to(u.dtype)  # [B, D]
