@@ -223,3 +223,20 @@ def test_prefill_graph_function_equals_reference_prefill(model, lengths):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
     tok = want.argmax(-1)
     torch.testing.assert_close(session.step(tok), model.step(tok, ref), rtol=1e-9, atol=1e-9)
+
+
+def test_cache_batch_edits_follow_the_rows(model):
+    """``ESSHCache.apply_`` (beam reorder / selection / repetition, as the HF cache uses it) keeps each row's
+    states, rings and position together: stepping the edited cache equals stepping caches of those rows."""
+    ids = torch.randint(0, 256, (2, 7))
+    cache = model.allocate_cache(2, "T3")
+    with torch.no_grad():
+        model(ids, tier="T3", cache=cache)
+    order = torch.tensor([1, 0, 1])
+    cache.apply_(lambda t: t.index_select(0, order))
+    assert cache.batch == 3 and all(r.positions is cache.positions for r in cache.rings.values())
+    want = model.allocate_cache(3, "T3")
+    with torch.no_grad():
+        model(ids[order], tier="T3", cache=want)
+    tok = torch.tensor([5, 6, 7])
+    torch.testing.assert_close(model.step(tok, cache), model.step(tok, want), rtol=1e-10, atol=1e-10)

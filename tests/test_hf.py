@@ -99,3 +99,18 @@ def test_pipeline_text_generation(saved):
     text = gen("def main():", max_new_tokens=12, do_sample=False)[0]["generated_text"]
     ids = model.generate(torch.tensor([list(b"def main():")]), max_new_tokens=12, temperature=0.0)
     assert text == model.tokenizer.decode(ids[0].tolist())
+
+
+def test_beam_search_scores_equal_the_forward(saved):
+    """Beam search reorders the cache rows every step (``ESSHHFCache`` -> ``ESSHCache.apply_``): each returned
+    beam's score must equal its log-probability under a full forward pass."""
+    model, path = saved
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    out = hf.generate(PROMPT, max_new_tokens=8, num_beams=3, num_return_sequences=3, do_sample=False,
+                      length_penalty=0.0, early_stopping=True, output_scores=True, return_dict_in_generate=True)
+    T = PROMPT.shape[1]
+    with torch.no_grad():
+        logp = model(out.sequences).float().log_softmax(-1)[:, T - 1:-1]
+    want = logp.gather(-1, out.sequences[:, T:, None]).squeeze(-1).sum(-1)
+    assert len(set(map(tuple, out.sequences.tolist()))) == 3
+    torch.testing.assert_close(out.sequences_scores.float(), want, rtol=1e-4, atol=1e-4)

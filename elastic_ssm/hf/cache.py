@@ -93,12 +93,7 @@ class ESSHHFCache(Cache):
 
     # ---- batch edits (beam search, contrastive search) -------------------------------------------
     def _apply(self, fn) -> None:
-        c = self.inner
-        c.states = {i: fn(s) for i, s in c.states.items()}
-        c.keys = {i: fn(k) for i, k in c.keys.items()}
-        c.values = {i: fn(v) for i, v in c.values.items()}
-        c.slot_pos, c.positions = fn(c.slot_pos), fn(c.positions)
-        c.batch = int(c.positions.shape[0])
+        self.inner.apply_(fn)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._apply(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -110,11 +105,7 @@ class ESSHHFCache(Cache):
         self._apply(lambda t: t.repeat_interleave(repeats, dim=0))
 
     def reset(self) -> None:
-        c = self.inner
-        for t in (*c.states.values(), *c.keys.values(), *c.values.values()):
-            t.zero_()
-        c.slot_pos.fill_(-1)
-        c.positions.zero_()
+        self.inner.reset_()
         self.prefilled = False
 
     def crop(self, tokens_to_remove: int) -> None:

@@ -94,6 +94,16 @@ class ESSHCache:
         self.positions.zero_()
         return self
 
+    @torch.no_grad()
+    def apply_(self, fn) -> ESSHCache:
+        """Replace every tensor by ``fn(tensor)`` along the batch dim (a beam reorder, a row selection, a
+        repetition), in place of this cache's fields; returns it. The rings keep sharing ``positions``."""
+        positions = fn(self.positions)
+        self.layers = [fn(s) if isinstance(s, torch.Tensor) else
+                       RingState(fn(s.keys), fn(s.values), fn(s.slot_pos), positions) for s in self.layers]
+        self.positions, self.batch = positions, int(positions.shape[0])
+        return self
+
     def narrow(self, rows: int) -> ESSHCache:
         """A cache of views of the first ``rows`` sequences (writes land in this cache)."""
         if not 1 <= rows <= self.batch:
