@@ -2,7 +2,10 @@
 
 Run flags are derived from the config dataclasses (``--model.<field>``, ``--train.<field>``,
 ``--data.<field>``; see ``cli_args.py``) on top of a YAML run file (``--config``). Every command prints
-``--help``; errors are one line saying what to fix (``--debug`` shows the traceback).
+``--help``. A user's mistake (a bad flag or value, a missing or unreadable file, a malformed YAML or
+tokenizer, a full or read-only disk, diverged training) ends in one line naming the problem and the fix and
+exit code 2 (``--debug`` or ``ELASTIC_SSM_DEBUG=1`` shows the traceback); a training run stopped by SIGTERM
+or SIGINT exits 128 + the signal number after writing a checkpoint.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import argparse
 import codecs
 import csv
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -49,10 +54,19 @@ def load_run_config(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .pipeline import run_training
+    import signal
 
+    from .pipeline import run_training
+    from .train.preflight import TrainingInterrupted
+
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the run in --train.out_dir and --overwrite replaces it; give one")
     run = load_run_config(args)
-    run_training(run, resume=args.resume)
+    try:
+        run_training(run, resume=args.resume, overwrite=args.overwrite)
+    except TrainingInterrupted as e:
+        print(f"elastic-ssm train: {e}", file=sys.stderr)
+        return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
     return 0
 
 
@@ -219,7 +233,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from .quickstart import quickstart
 
-    quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config)
+    quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config,
+               overwrite=args.overwrite)
     return 0
 
 
@@ -227,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .run_config import DataConfig
     from .train.config import TrainConfig
 
-    p = argparse.ArgumentParser(prog="elastic-ssm", description=__doc__.splitlines()[0])
+    p = _Parser(prog="elastic-ssm", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -237,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("train", help="train a model from a YAML run file plus --section.field overrides")
     s.add_argument("--config", help=f"run YAML (model/train/data sections); default {DEFAULT_RUN.name}")
     s.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.out_dir")
+    s.add_argument("--overwrite", action="store_true",
+                   help="start fresh in a train.out_dir that holds another run (that run is moved aside)")
     essh_fields = add_dataclass_flags(s, ESSHConfig, "model")
     add_dataclass_flags(s, ESSSMConfig, "model", skip=essh_fields)
     add_dataclass_flags(s, TrainConfig, "train")
@@ -340,8 +357,56 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", default=None, help="run YAML (default: the embedded quickstart config)")
     s.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
                    help="also train the dense control (full capacity only) and truncate it to T1")
+    s.add_argument("--overwrite", action="store_true", help="move the runs of an earlier quickstart in --out aside")
     s.set_defaults(fn=cmd_quickstart)
     return p
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the usage block is one ``--help`` away) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+#: numeric options of the subcommands and their smallest valid value (checked before a command runs)
+_MINIMUM = {"check_len": 1, "seq_len": 1, "batch_size": 1, "batches": 1, "max_new_tokens": 0, "context": 1,
+            "pairs": 1, "max_length": 1, "max_tokens": 0, "max_bytes": 0, "vocab_size": 1, "steps": 0}
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Reject out-of-range numeric options with a message naming the flag."""
+    for name, low in _MINIMUM.items():
+        value = getattr(args, name, None)
+        if isinstance(value, int) and value < low:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    bpt = getattr(args, "bytes_per_token", None)
+    if bpt is not None and not (math.isfinite(bpt) and bpt >= 0):
+        raise ConfigError(f"--bytes-per-token must be a finite number >= 0 (0: automatic), got {bpt}")
+
+
+def _one_line(e: BaseException) -> str:
+    """The exception as one line naming the problem (OSError: file and reason; YAML: where)."""
+    import yaml
+
+    if isinstance(e, OSError) and e.strerror and not isinstance(e, FileNotFoundError | PermissionError):
+        text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+        text += "" if e.filename is None else " (check the path, its permissions and the free disk space)"
+    elif isinstance(e, OSError) and e.strerror and e.filename:
+        text = f"{e.filename}: {e.strerror}"
+    elif isinstance(e, yaml.YAMLError):
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        text = f"invalid YAML{where}: {getattr(e, 'problem', None) or e}; fix the file's syntax"
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(text.split())
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    import yaml
+
+    return ConfigError, ValueError, OSError, RuntimeError, yaml.YAMLError, ArithmeticError, ImportError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,13 +420,28 @@ def main(argv: list[str] | None = None) -> int:
         args.bench_args = argv[command + 1:]
     else:
         args = parser.parse_args(argv)
+    debug = args.debug or os.environ.get("ELASTIC_SSM_DEBUG", "") not in ("", "0")
     try:
+        _check_args(args)
         return int(args.fn(args) or 0)
-    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
-        if args.debug:
+    except KeyboardInterrupt:
+        if debug:
             raise
-        print(f"elastic-ssm {args.command}: error: {e}", file=sys.stderr)
+        print(f"elastic-ssm {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except _user_errors() as e:
+        if debug:
+            raise
+        kind = "training diverged" if isinstance(e, FloatingPointError) else "error"
+        text = _one_line(e).removeprefix("training diverged: ")
+        print(f"elastic-ssm {args.command}: {kind}: {text} (--debug shows the traceback)", file=sys.stderr)
         return 2
+    except Exception as e:  # not a known user mistake: still one line, but say it looks like a bug
+        if debug:
+            raise
+        print(f"elastic-ssm {args.command}: unexpected {type(e).__name__}: {_one_line(e)} (probably a bug: rerun "
+              "with --debug and report the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -56,9 +56,11 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str,
 def _parse_scalar(tp: Any):
     if tp is float:
         def parse_float(s: str) -> float:
-            if "/" in s:
-                num, den = s.split("/")
-                return float(num) / float(den)
+            if s.count("/") == 1:
+                num, den = (float(x) for x in s.split("/"))
+                if den == 0:
+                    raise ValueError(f"{s}: division by zero")
+                return num / den
             return float(s)
         return parse_float
     if tp in (int, str):
