@@ -50,7 +50,6 @@ from .config import TrainConfig
 from .dist import (
     DistContext,
     all_reduce,
-    broadcast_object,
     full_tensor,
     init_distributed,
     is_sharded,
@@ -62,7 +61,7 @@ from .dist import (
 from .losses import IGNORE_INDEX, LossModule
 from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, evaluate_tiers, take_batches
 from .optim import WarmupCosine, build_adamw, set_lr
-from .preflight import StopSignals, TrainingInterrupted, config_changes, preflight
+from .preflight import StopSignals, TrainingInterrupted, config_changes, start_run
 
 __all__ = ["train", "refine", "TrainResult", "build_model"]
 
@@ -287,7 +286,6 @@ class _Trainer:
             if self._stop_requested():
                 if not saved:
                     self.save(st, step, tokens, opt, sched, recipe)
-                self.log.close_bar()
                 raise TrainingInterrupted(self.stop.requested or "a signal on another rank", st.name, step,
                                           self.out / st.name / f"step_{step:07d}")
         self.log.close_bar()
@@ -359,17 +357,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
     try:
         model = build_model(model_or_cfg, cfg.seed).to(ctx.device)
         recipe = resolve_recipe_name(cfg.recipe, model)
-        failure = None
-        if ctx.is_main:
-            try:
-                lock = preflight(model, cfg, resume, overwrite, record)
-            except (ConfigError, OSError) as e:
-                failure = e
-        message = broadcast_object(None if failure is None else str(failure), ctx)
-        if failure is not None:
-            raise failure
-        if message is not None:
-            raise ConfigError(f"rank 0 refused to start: {message}")
+        lock = start_run(model, cfg, ctx, resume, overwrite, record)
         if cfg.compile and cfg.compile_scope == "model":
             from ..models import compile_model
 
@@ -379,10 +367,13 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
         with StopSignals(announce=ctx.is_main) as stop:
             trainer = _Trainer(model, data, cfg, ctx, val_data, progress, stop)
             finished = True
-            for st in _stages(cfg, recipe, stages):
-                finished = trainer.run_stage(st, resume, stop_after)
-                if not finished:
-                    break
+            try:
+                for st in _stages(cfg, recipe, stages):
+                    finished = trainer.run_stage(st, resume, stop_after)
+                    if not finished:
+                        break
+            finally:  # an error message then starts on a line of its own
+                trainer.log.close_bar()
         path = None
         if is_sharded(model):
             state = full_model_state(model)

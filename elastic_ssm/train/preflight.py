@@ -23,7 +23,7 @@ import yaml
 from ..config import ConfigError
 from .rundir import RunLock, check_free_disk, claim_run_dir, clean_stale_files
 
-__all__ = ["preflight", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD"]
+__all__ = ["preflight", "start_run", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD"]
 
 RUN_RECORD = "run.yaml"
 
@@ -103,6 +103,25 @@ def preflight(model: Any, cfg: Any, resume: bool, overwrite: bool, record: dict[
     except BaseException:
         lock.release()
         raise
+    return lock
+
+
+def start_run(model: Any, cfg: Any, ctx: Any, resume: bool, overwrite: bool, record: dict[str, Any] | None):
+    """``preflight`` on rank 0 with its verdict broadcast, so that every rank fails together; returns the
+    lock (None off rank 0)."""
+    from .dist import broadcast_object
+
+    lock, failure = None, None
+    if ctx.is_main:
+        try:
+            lock = preflight(model, cfg, resume, overwrite, record)
+        except (ConfigError, OSError) as e:
+            failure = e
+    message = broadcast_object(None if failure is None else str(failure), ctx)
+    if failure is not None:
+        raise failure
+    if message is not None:
+        raise ConfigError(f"rank 0 refused to start: {message}")
     return lock
 
 

@@ -1,0 +1,172 @@
+"""A run directory belongs to one run: reuse, a second writer, --overwrite, --resume refusals, corrupted
+weights and checkpoints (sha256), a read-only or full disk, divergence. Each refusal is one line and exit
+code 2, and leaves the directory as it was."""
+
+import json
+import os
+import shutil
+import signal
+import time
+import warnings
+
+import harness
+import pytest
+
+import elastic_ssm as es
+from elastic_ssm.cli import main
+from elastic_ssm.models.base import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    """A finished 2-step run (in process) and its run file."""
+    root = tmp_path_factory.mktemp("done")
+    cfg = harness.write_run(root, steps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(root / "run")]) == 0
+    return cfg, root / "run"
+
+
+def _copy(done, tmp_path):
+    cfg, run = done
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return cfg, dst
+
+
+def _snapshot(path):
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _one_line_error(capsys, *needles):
+    """The one error line (progress-bar lines of a run that started are not messages)."""
+    text = capsys.readouterr().err
+    lines = [line for line in text.splitlines() if line.strip() and "step/s" not in line and "?step" not in line]
+    assert len(lines) == 1 and lines[0].startswith("elastic-ssm") and "Traceback" not in text, text
+    err = lines[0]
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+def test_reused_dir_is_refused_and_overwrite_moves_the_old_run_aside(done, tmp_path, capsys):
+    cfg, run = _copy(done, tmp_path)
+    before = _snapshot(run)
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(run)]) == 2
+    _one_line_error(capsys, str(run), "--resume", "--overwrite", "--train.out_dir")
+    assert _snapshot(run) == before  # run.yaml, metrics, checkpoints untouched
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--overwrite"]) == 0
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert len(aside) == 1 and _snapshot(aside[0]) == {k: v for k, v in before.items() if k != ".lock"}
+    assert "moved the previous run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change", [["--train.kl_coef", "0.3"], ["--train.alpha_ff", "0.25"],
+                                    ["--train.capacities", "0.5", "1.0"], ["--model.d_ff", "128"],
+                                    ["--data.max_train_bytes", "1000"], ["--train.seed", "1"]])
+def test_resume_refuses_objective_changes_and_leaves_the_run_untouched(done, tmp_path, capsys, change):
+    cfg, run = _copy(done, tmp_path)
+    before = _snapshot(run)
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume", *change]) == 2
+    _one_line_error(capsys, change[0].removeprefix("--"))
+    assert _snapshot(run) == before
+
+
+def test_resume_without_a_checkpoint_is_refused(done, tmp_path, capsys):
+    cfg, _ = done
+    for out in (tmp_path / "missing", tmp_path):
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(out), "--resume"]) == 2
+        _one_line_error(capsys, "no", "without --resume")
+    assert not (tmp_path / "missing").exists() and not (tmp_path / "run.yaml").exists()
+
+
+def test_a_second_writer_is_refused_and_a_dead_holders_lock_is_stale(tmp_path, capsys):
+    cfg = harness.write_run(tmp_path, steps=400)
+    out = tmp_path / "busy"
+    first = harness.start(cfg, out)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and not (out / "run.yaml").is_file():
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        holder = json.loads((out / ".lock").read_text())
+        assert holder["pid"] == first.pid
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(out), "--resume"]) == 2
+        _one_line_error(capsys, "in use by another run", f"pid {first.pid}")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=60)
+    from elastic_ssm.train.rundir import RunLock
+
+    with pytest.warns(UserWarning, match=f"stale lock of pid {first.pid}"):
+        RunLock(out).acquire().release()
+
+
+def test_flipped_bytes_in_weights_and_checkpoints_are_detected(done, tmp_path, capsys):
+    cfg, run = _copy(done, tmp_path)
+    weights = run / "final" / "model.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[len(blob) // 2] ^= 0x10  # same size, one bit
+    weights.write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="sha256"):
+        es.models.load_pretrained(run / "final")
+    assert main(["eval", str(run / "final"), "--seq-len", "16", "--batch-size", "1", "--batches", "1",
+                 "--data", str(cfg.parent / "corpus.txt")]) == 2
+    _one_line_error(capsys, str(weights), "checksum")
+    for step in ("step_0000002", "step_0000001"):  # newest first: a warning and the older one; then an error
+        opt = run / "pretrain" / step / "optimizer.pt"
+        blob = bytearray(opt.read_bytes())
+        blob[-20] ^= 0x01
+        opt.write_bytes(bytes(blob))
+    with pytest.warns(UserWarning, match="optimizer.pt: sha256 checksum mismatch"):
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume"]) == 2
+    _one_line_error(capsys, "could be loaded", "step_0000001", "optimizer.pt")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="running as root: permission bits do not stop root, so this "
+                                               "platform cannot make a read-only directory for the test")
+def test_read_only_out_dir(done, tmp_path, capsys):
+    cfg, _ = done
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(ro / "run")]) == 2
+        _one_line_error(capsys, "Permission denied", str(ro / "run"))
+    finally:
+        ro.chmod(0o700)
+
+
+def test_full_disk_is_found_before_the_first_step_and_during_a_write(done, tmp_path, capsys, monkeypatch):
+    cfg, _ = done
+    import elastic_ssm.train.rundir as rundir
+
+    monkeypatch.setattr(rundir.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10 << 20, 10 << 20, 4096))
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(tmp_path / "full")]) == 2
+    _one_line_error(capsys, "MiB free", "one checkpoint")
+    assert not (tmp_path / "full" / "metrics.jsonl").exists()
+    monkeypatch.undo()
+
+    import elastic_ssm.train.checkpoint as ckpt
+
+    def no_space(path, data):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(ckpt, "atomic_write_bytes", no_space)
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(tmp_path / "full2")]) == 2
+    _one_line_error(capsys, "No space left on device")
+
+
+def test_divergence_names_the_step_the_checkpoint_and_what_to_try(done, tmp_path, capsys):
+    cfg, _ = done
+    out = tmp_path / "div"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rc = main(["train", "--config", str(cfg), "--train.out_dir", str(out), "--train.lr", "1e35",
+                   "--train.clip", "0", "--train.steps", "4"])
+    assert rc == 2
+    err = _one_line_error(capsys, "training diverged", "non-finite loss", "--train.lr")
+    assert "step_0000001" in err or "no checkpoint was written yet" in err
