@@ -249,7 +249,7 @@ def load_tokenizer(spec: str | Path | Tokenizer = "bytes") -> Tokenizer:
         if (path / "tokenizer.json").is_file():
             return BPETokenizer.from_file(path / "tokenizer.json")
         raise FileNotFoundError(f"{path} holds neither {META_FILE} nor tokenizer.json")
-    if path.suffix == ".json" and path.is_file():
-        return BPETokenizer.from_file(path)
+    if path.suffix == ".json":
+        return BPETokenizer.from_file(path)  # names a missing file
     raise ValueError(f"unknown tokenizer {str(spec)!r}: use 'bytes', a path to a tokenizer.json, or a "
                      "directory written by tokenizer.save()")
