@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import codecs
 import csv
-import math
 import os
 import sys
 from pathlib import Path
 
 from .cli_args import add_dataclass_flags, collect_overrides
+from .cli_errors import Parser, run_reporting_errors
 from .config import ConfigError, ESSHConfig, ESSSMConfig
 
 DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .run_config import DataConfig
     from .train.config import TrainConfig
 
-    p = _Parser(prog="elastic-ssm", description=__doc__.splitlines()[0])
+    p = Parser(prog="elastic-ssm", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -362,53 +362,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (the usage block is one ``--help`` away) and exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-#: numeric options of the subcommands and their smallest valid value (checked before a command runs)
-_MINIMUM = {"check_len": 1, "seq_len": 1, "batch_size": 1, "batches": 1, "max_new_tokens": 0, "context": 1,
-            "pairs": 1, "max_length": 1, "max_tokens": 0, "max_bytes": 0, "vocab_size": 1, "steps": 0}
-
-
-def _check_args(args: argparse.Namespace) -> None:
-    """Reject out-of-range numeric options with a message naming the flag."""
-    for name, low in _MINIMUM.items():
-        value = getattr(args, name, None)
-        if isinstance(value, int) and value < low:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    bpt = getattr(args, "bytes_per_token", None)
-    if bpt is not None and not (math.isfinite(bpt) and bpt >= 0):
-        raise ConfigError(f"--bytes-per-token must be a finite number >= 0 (0: automatic), got {bpt}")
-
-
-def _one_line(e: BaseException) -> str:
-    """The exception as one line naming the problem (OSError: file and reason; YAML: where)."""
-    import yaml
-
-    if isinstance(e, OSError) and e.strerror and not isinstance(e, FileNotFoundError | PermissionError):
-        text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
-        text += "" if e.filename is None else " (check the path, its permissions and the free disk space)"
-    elif isinstance(e, OSError) and e.strerror and e.filename:
-        text = f"{e.filename}: {e.strerror}"
-    elif isinstance(e, yaml.YAMLError):
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        text = f"invalid YAML{where}: {getattr(e, 'problem', None) or e}; fix the file's syntax"
-    else:
-        text = str(e) or type(e).__name__
-    return " ".join(text.split())
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    import yaml
-
-    return ConfigError, ValueError, OSError, RuntimeError, yaml.YAMLError, ArithmeticError, ImportError
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -421,27 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args = parser.parse_args(argv)
     debug = args.debug or os.environ.get("ELASTIC_SSM_DEBUG", "") not in ("", "0")
-    try:
-        _check_args(args)
-        return int(args.fn(args) or 0)
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        print(f"elastic-ssm {args.command}: interrupted", file=sys.stderr)
-        return 130
-    except _user_errors() as e:
-        if debug:
-            raise
-        kind = "training diverged" if isinstance(e, FloatingPointError) else "error"
-        text = _one_line(e).removeprefix("training diverged: ")
-        print(f"elastic-ssm {args.command}: {kind}: {text} (--debug shows the traceback)", file=sys.stderr)
-        return 2
-    except Exception as e:  # not a known user mistake: still one line, but say it looks like a bug
-        if debug:
-            raise
-        print(f"elastic-ssm {args.command}: unexpected {type(e).__name__}: {_one_line(e)} (probably a bug: rerun "
-              "with --debug and report the traceback)", file=sys.stderr)
-        return 1
+    return run_reporting_errors(lambda: args.fn(args), args, debug)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from .rundir import RunLock, check_free_disk, claim_run_dir, clean_stale_files
 __all__ = ["preflight", "start_run", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD"]
 
 RUN_RECORD = "run.yaml"
+#: data settings a resumed run may change (validation only; the training stream must stay the same)
+DATA_RESUME_FREE = frozenset({"val_source"})
 
 
 class TrainingInterrupted(Exception):
@@ -63,8 +65,8 @@ def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]
     changed = []
     for section in ("model", "train", "data"):
         if section in record and isinstance(saved.get(section), dict):
-            changed += config_changes(saved[section], record[section], free if section == "train" else frozenset(),
-                                      f"{section}.")
+            skip = {"train": free, "data": DATA_RESUME_FREE}.get(section, frozenset())
+            changed += config_changes(saved[section], record[section], skip, f"{section}.")
     if changed:
         raise ConfigError(f"--resume: {len(changed)} setting(s) that change the objective differ from {saved_path} "
                           f"({'; '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}); resume with the "
