@@ -11,10 +11,11 @@ import math
 
 import pytest
 import torch
-from test_spectral_scan import make_inputs
+from test_spectral_scan import make_inputs, naive_gla
 
 import elastic_ssm as es
 from elastic_ssm.ops import chunk_spectral_scan, naive_spectral_scan, spectral_scan
+from elastic_ssm.ops.spectral_scan.chunk_fla import gla_inputs, gla_outputs
 
 ARGS = ("v", "write", "read", "clock", "rho", "theta", "kc", "ks", "a")
 
@@ -69,6 +70,20 @@ def test_zero_rho_and_infinite_clock_are_finite_resets(dtype):
     for s, f in zip(spec, fast):
         assert torch.isfinite(f).all()
         torch.testing.assert_close(f.double(), s, rtol=tol, atol=tol)
+
+
+def test_gla_mapping_of_the_fla_path_resets_finitely():
+    """The fla path's forget gate g = log rho - Delta is capped the same way (no -inf, so no NaN)."""
+    x = make_inputs(B=1, T=20, K=2, M=3, P=4, seed=5)
+    x["rho"][0, 1] = 0.0
+    x["clock"][0, 7, 1, 2] = math.inf
+    q, k, v, g, h0 = gla_inputs(*(x[n] for n in ARGS[:8]), initial_state=x["initial_state"])
+    assert torch.isfinite(g).all()
+    z, h = gla_outputs(*naive_gla(q, k, v, g, h0), x["v"], x["write"], x["read"], x["theta"], x["kc"], x["a"])
+    z_ref, h_ref = naive_spectral_scan(*(x[n] for n in ARGS), initial_state=x["initial_state"],
+                                       output_final_state=True)
+    torch.testing.assert_close(z, z_ref, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(h, h_ref, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 2e-4)])

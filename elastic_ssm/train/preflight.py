@@ -90,13 +90,10 @@ def preflight(model: Any, cfg: Any, resume: bool, overwrite: bool, record: dict[
     out.mkdir(parents=True, exist_ok=True)
     lock = RunLock(out).acquire()
     try:
-        if resume:  # incomplete checkpoints first, so that "nothing to resume" sees only loadable ones
-            clean_stale_files(out)
+        if resume and record is not None:  # every refusal comes before the first change to the directory
+            _check_resume_record(out, record, cfg.RESUME_FREE)
         claim_run_dir(out, resume, overwrite)
         clean_stale_files(out)
-        if resume:
-            if record is not None:
-                _check_resume_record(out, record, cfg.RESUME_FREE)
         check_free_disk(out, sum(p.numel() for p in model.parameters()))
         if record is not None:
             from ..models.base import atomic_write_bytes

@@ -2,10 +2,11 @@
 
 ``train()`` calls these on rank 0 before the first step (``docs/training.md``, "Work is never lost"):
 
-* ``RunLock``: an advisory ``fcntl`` lock on ``<out_dir>/.lock``. The file holds the holder's host, pid
-  and start time, so a second run into the directory is refused with a message naming the holder. The
-  kernel drops the lock when its process dies (SIGKILL included), so a lock file left behind is stale by
-  construction; where the file system cannot lock, the holder's pid is checked instead (same host).
+* ``RunLock``: an advisory ``flock`` on ``<out_dir>/.lock`` (held by the open file, so a second open in
+  the same process conflicts too). The file holds the holder's host, pid and start time, so a second run
+  into the directory is refused with a message naming the holder. The kernel drops the lock when its
+  process dies (SIGKILL included), so a lock file left behind is stale by construction; where the file
+  system cannot lock, the holder's pid is checked instead (same host).
 * ``claim_run_dir``: a fresh run into a directory that holds another run's checkpoints or ``final/`` is
   refused (choices: ``--resume``, ``--overwrite``, another ``--train.out_dir``); ``overwrite`` moves the old
   run aside into a sibling ``<name>.replaced-<UTC time>`` folder (nothing is deleted). ``--resume`` into a
@@ -69,9 +70,9 @@ class RunLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         held = self._holder()
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            if e.errno in (errno.EACCES, errno.EAGAIN):
+            if e.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
                 os.close(fd)
                 raise RunDirBusy(f"{self.path.parent} is in use by another run (pid {held.get('pid', '?')} on "
                                  f"{held.get('host', '?')} since {held.get('started', '?')}); wait for it to "
@@ -134,12 +135,16 @@ def _move_aside(out: Path) -> Path:
 def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None:
     """Check that ``out`` may be written by this run (see the module docstring); returns where an
     ``overwrite`` moved the previous run, else None. Raises ``ConfigError`` with the choices."""
+    from .checkpoint import _is_complete
+
     out = Path(out)
     found = run_artifacts(out)
     if resume:
-        if not found:
-            raise ConfigError(f"--resume: {out} holds no checkpoint to continue (no pretrain/step_*, refine/step_* "
-                              "or final/); run without --resume to start a fresh run there")
+        if not any(_is_complete(out / name) for name in found if name != "final/"):
+            held = " (only a final model, which cannot continue training)" if found else ""
+            raise ConfigError(f"--resume: {out} holds no complete checkpoint to continue (pretrain/step_* or "
+                              f"refine/step_*){held}; run without --resume to start a fresh run there "
+                              "(--overwrite if it holds another run)")
         return None
     if not found:
         old_log = out / "metrics.jsonl"

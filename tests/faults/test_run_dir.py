@@ -76,11 +76,16 @@ def test_resume_refuses_objective_changes_and_leaves_the_run_untouched(done, tmp
 
 
 def test_resume_without_a_checkpoint_is_refused(done, tmp_path, capsys):
-    cfg, _ = done
-    for out in (tmp_path / "missing", tmp_path):
+    cfg, run = _copy(done, tmp_path)
+    shutil.rmtree(run / "pretrain")  # a finished model alone cannot continue training
+    before = _snapshot(run)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out in (tmp_path / "missing", empty, run):
         assert main(["train", "--config", str(cfg), "--train.out_dir", str(out), "--resume"]) == 2
         _one_line_error(capsys, "no", "without --resume")
-    assert not (tmp_path / "missing").exists() and not (tmp_path / "run.yaml").exists()
+    assert not (tmp_path / "missing").exists() and not (empty / "run.yaml").exists()
+    assert _snapshot(run) == before
 
 
 def test_a_second_writer_is_refused_and_a_dead_holders_lock_is_stale(tmp_path, capsys):
