@@ -75,6 +75,28 @@ def test_resume_refuses_objective_changes_and_leaves_the_run_untouched(done, tmp
     assert _snapshot(run) == before
 
 
+def test_python_resume_compares_the_checkpoints_train_config(tmp_path):
+    """``train(resume=True)`` without a run.yaml compares against the TrainConfig stored in the checkpoint."""
+    import torch
+
+    from elastic_ssm.config import ConfigError
+    from elastic_ssm.train import TrainConfig, train
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 256, (2, 16), generator=g), torch.randint(0, 256, (2, 16), generator=g))
+               for _ in range(8)]
+    cfg = TrainConfig(steps=3, micro_batch_size=2, seq_len=16, eval_every=0, out_dir=str(tmp_path), device="cpu",
+                      n_warm_tokens=0, grad_accum=2)
+    train(es.ESSHConfig.preset("tiny"), batches, cfg, progress=False, distributed=False, stop_after=1)
+    for change in (dict(kl_coef=0.1), dict(alpha_ff=0.9), dict(full_share=0.5), dict(capacities=(0.5, 1.0))):
+        with pytest.raises(ConfigError, match=next(iter(change))):
+            train(es.ESSHConfig.preset("tiny"), batches, cfg.replace(**change), resume=True, progress=False,
+                  distributed=False)
+    res = train(es.ESSHConfig.preset("tiny"), batches, cfg.replace(log_every=5, keep_last=1), resume=True,
+                progress=False, distributed=False)  # logging and retention may change
+    assert [h["step"] for h in res.history] == [2, 3]
+
+
 def test_resume_without_a_checkpoint_is_refused(done, tmp_path, capsys):
     cfg, run = _copy(done, tmp_path)
     shutil.rmtree(run / "pretrain")  # a finished model alone cannot continue training
