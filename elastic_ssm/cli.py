@@ -63,7 +63,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--resume continues the run in --train.out_dir and --overwrite replaces it; give one")
     run = load_run_config(args)
     try:
-        run_training(run, resume=args.resume, overwrite=args.overwrite)
+        run_training(run, resume={None: False, "yes": True}.get(args.resume, args.resume), overwrite=args.overwrite)
     except TrainingInterrupted as e:
         print(f"elastic-ssm train: {e}", file=sys.stderr)
         return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
@@ -251,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("train", help="train a model from a YAML run file plus --section.field overrides")
     s.add_argument("--config", help=f"run YAML (model/train/data sections); default {DEFAULT_RUN.name}")
-    s.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.out_dir")
+    s.add_argument("--resume", nargs="?", const="yes", choices=("yes", "auto"), default=None,
+                   help="continue from the latest checkpoint in train.out_dir; '--resume auto' starts fresh when "
+                        "there is none yet (for jobs requeued with the same command)")
     s.add_argument("--overwrite", action="store_true",
                    help="start fresh in a train.out_dir that holds another run (that run is moved aside)")
     essh_fields = add_dataclass_flags(s, ESSHConfig, "model")

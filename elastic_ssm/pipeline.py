@@ -73,7 +73,7 @@ def build_data(run: Any) -> RunData:
     return RunData(train_tokens, val, tok.vocab_size, bpt or 1.0, d.source)
 
 
-def train_run(run: Any, data: RunData, resume: bool = False, progress: bool = True, overwrite: bool = False):
+def train_run(run: Any, data: RunData, resume: bool | str = False, progress: bool = True, overwrite: bool = False):
     """Train ``run.model`` on ``data`` with ``run.train``; returns the trained model. ``run.yaml`` in the run
     directory records the whole run (written by ``train`` once its start-up checks pass; compared on resume)."""
     from .train import train
@@ -84,7 +84,7 @@ def train_run(run: Any, data: RunData, resume: bool = False, progress: bool = Tr
     return res.model
 
 
-def run_training(run: Any, resume: bool = False, overwrite: bool = False):
+def run_training(run: Any, resume: bool | str = False, overwrite: bool = False):
     """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
     from pathlib import Path
 

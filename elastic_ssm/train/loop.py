@@ -330,7 +330,7 @@ def _unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], device: to
 
 
 def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
-          resume: bool = False, progress: bool = True, distributed: bool | None = None,
+          resume: bool | str = False, progress: bool = True, distributed: bool | None = None,
           stages: tuple[str, ...] | None = None, stop_after: int | None = None, overwrite: bool = False,
           record: dict[str, Any] | None = None) -> TrainResult:
     """Train an ESSH or ES-SSM model; returns the history and the final model directory.
@@ -344,8 +344,8 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             ``data(rank, world_size)`` returning one.
         cfg: the ``TrainConfig``. val_data: iterable of validation batches (the first
             ``cfg.eval_batches`` are kept and reused). resume: continue from ``cfg.out_dir`` (refused when
-            it holds no checkpoint). overwrite: a fresh run into an ``out_dir`` holding another run's
-            checkpoints moves that run aside (without it, such a run is refused).
+            it holds no checkpoint; ``"auto"``: continue if it holds one, else start). overwrite: a fresh
+            run into an ``out_dir`` holding another run's checkpoints moves that run aside (else: refused).
         record: the whole run settings (``RunConfig.to_dict()``): compared on resume, written to ``run.yaml``.
         distributed: None reads the torchrun environment; False forces one process.
         stages: None runs pretraining (+ refinement when configured); ``("refine",)`` only refinement.
@@ -357,7 +357,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
     try:
         model = build_model(model_or_cfg, cfg.seed).to(ctx.device)
         recipe = resolve_recipe_name(cfg.recipe, model)
-        lock = start_run(model, cfg, ctx, resume, overwrite, record)
+        lock, resume = start_run(model, cfg, ctx, resume, overwrite, record)
         if cfg.compile and cfg.compile_scope == "model":
             from ..models import compile_model
 

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError
-from .rundir import RunLock, check_free_disk, claim_run_dir, clean_stale_files
+from .rundir import RunLock, check_free_disk, claim_run_dir, clean_stale_files, has_checkpoint
 
 __all__ = ["preflight", "start_run", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD"]
 
@@ -73,8 +73,11 @@ def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]
                           "saved settings or start a new --train.out_dir")
 
 
-def preflight(model: Any, cfg: Any, resume: bool, overwrite: bool, record: dict[str, Any] | None) -> RunLock:
-    """Rank-0 checks before the first step; returns the held ``RunLock`` (release it when the run ends)."""
+def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
+              record: dict[str, Any] | None) -> tuple[RunLock, bool]:
+    """Rank-0 checks before the first step; returns the held ``RunLock`` (release it when the run ends) and
+    whether the run resumes (``resume="auto"``: when ``out_dir`` holds a complete checkpoint, e.g. a job that
+    a cluster requeues with the same command after a preemption)."""
     from .metrics import eval_tier_list
 
     out = Path(cfg.out_dir)
@@ -84,12 +87,16 @@ def preflight(model: Any, cfg: Any, resume: bool, overwrite: bool, record: dict[
         eval_tier_list(model, cfg.eval_tiers)
     except Exception as e:
         raise ConfigError(f"train.eval_tiers {list(cfg.eval_tiers)}: {e}") from None
-    if resume and not out.is_dir():
+    if resume is True and not out.is_dir():
         raise ConfigError(f"--resume: {out} does not exist, so there is no run to continue; run without --resume "
                           "to start one there")
     out.mkdir(parents=True, exist_ok=True)
     lock = RunLock(out).acquire()
     try:
+        if resume == "auto":
+            resume = has_checkpoint(out)
+            what = "continuing the run" if resume else "no checkpoint yet, starting"
+            print(f"[train] --resume auto: {what} in {out}")
         if resume and record is not None:  # every refusal comes before the first change to the directory
             _check_resume_record(out, record, cfg.RESUME_FREE)
         claim_run_dir(out, resume, overwrite)
@@ -102,26 +109,27 @@ def preflight(model: Any, cfg: Any, resume: bool, overwrite: bool, record: dict[
     except BaseException:
         lock.release()
         raise
-    return lock
+    return lock, bool(resume)
 
 
-def start_run(model: Any, cfg: Any, ctx: Any, resume: bool, overwrite: bool, record: dict[str, Any] | None):
-    """``preflight`` on rank 0 with its verdict broadcast, so that every rank fails together; returns the
-    lock (None off rank 0)."""
+def start_run(model: Any, cfg: Any, ctx: Any, resume: bool | str, overwrite: bool,
+              record: dict[str, Any] | None) -> tuple[RunLock | None, bool]:
+    """``preflight`` on rank 0 with its verdict broadcast, so that every rank fails (or resumes) together;
+    returns the lock (None off rank 0) and whether the run resumes."""
     from .dist import broadcast_object
 
     lock, failure = None, None
     if ctx.is_main:
         try:
-            lock = preflight(model, cfg, resume, overwrite, record)
+            lock, resume = preflight(model, cfg, resume, overwrite, record)
         except (ConfigError, OSError) as e:
             failure = e
-    message = broadcast_object(None if failure is None else str(failure), ctx)
+    message, resume = broadcast_object((None if failure is None else str(failure), resume), ctx)
     if failure is not None:
         raise failure
     if message is not None:
         raise ConfigError(f"rank 0 refused to start: {message}")
-    return lock
+    return lock, bool(resume)
 
 
 class StopSignals:

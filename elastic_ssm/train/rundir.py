@@ -30,7 +30,7 @@ from pathlib import Path
 from ..config import ConfigError
 
 __all__ = ["RunLock", "RunDirBusy", "claim_run_dir", "clean_stale_files", "check_free_disk", "run_artifacts",
-           "LOCK_NAME"]
+           "has_checkpoint", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
 STAGES = ("pretrain", "refine")
@@ -132,15 +132,21 @@ def _move_aside(out: Path) -> Path:
     return dest
 
 
-def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None:
-    """Check that ``out`` may be written by this run (see the module docstring); returns where an
-    ``overwrite`` moved the previous run, else None. Raises ``ConfigError`` with the choices."""
+def has_checkpoint(out: str | Path) -> bool:
+    """Whether ``out`` holds a complete checkpoint of a stage (what ``--resume`` needs)."""
     from .checkpoint import _is_complete
 
     out = Path(out)
+    return any(_is_complete(out / name) for name in run_artifacts(out) if name != "final/")
+
+
+def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None:
+    """Check that ``out`` may be written by this run (see the module docstring); returns where an
+    ``overwrite`` moved the previous run, else None. Raises ``ConfigError`` with the choices."""
+    out = Path(out)
     found = run_artifacts(out)
     if resume:
-        if not any(_is_complete(out / name) for name in found if name != "final/"):
+        if not has_checkpoint(out):
             held = " (only a final model, which cannot continue training)" if found else ""
             raise ConfigError(f"--resume: {out} holds no complete checkpoint to continue (pretrain/step_* or "
                               f"refine/step_*){held}; run without --resume to start a fresh run there "

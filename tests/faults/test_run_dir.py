@@ -197,3 +197,48 @@ def test_divergence_names_the_step_the_checkpoint_and_what_to_try(done, tmp_path
     assert rc == 2
     err = _one_line_error(capsys, "training diverged", "non-finite loss", "--train.lr")
     assert "step_0000001" in err or "no checkpoint was written yet" in err
+
+
+def test_resume_auto_starts_then_continues(done, tmp_path, capsys):
+    """``--resume auto`` (a job requeued with one command): a fresh start without a checkpoint, a
+    continuation with one; a directory holding only another run's final model is still refused."""
+    cfg, _ = done
+    out = tmp_path / "auto"
+    argv = ["train", "--config", str(cfg), "--train.out_dir", str(out), "--resume", "auto"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv) == 0
+        assert "no checkpoint yet, starting" in capsys.readouterr().out
+        assert main(argv) == 0
+        assert "continuing the run" in capsys.readouterr().out
+    shutil.rmtree(out / "pretrain")
+    assert main(argv) == 2
+    _one_line_error(capsys, "already holds another run", "final/")
+
+
+def test_sigint_checkpoints_and_exits_130(done, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during training (here delivered by the kernel to this process at step 2): the step finishes, a
+    checkpoint is written, the command says so and exits 130; --resume then finishes the run."""
+    from elastic_ssm.train.metrics import MetricsLogger
+
+    cfg, _ = done
+    out = tmp_path / "int"
+    original = MetricsLogger.train_step
+
+    def train_step(self, record, log):
+        original(self, record, log)
+        if record["step"] == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(MetricsLogger, "train_step", train_step)
+    argv = ["train", "--config", str(cfg), "--train.out_dir", str(out), "--train.steps", "4",
+            "--train.checkpoint_every", "0"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv) == 128 + signal.SIGINT
+        err = _one_line_error(capsys, "stopped by SIGINT after pretrain step 1", "--resume")
+        assert (out / "pretrain" / "step_0000001" / "COMPLETE.json").is_file() and "step_0000001" in err
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+        monkeypatch.setattr(MetricsLogger, "train_step", original)
+        assert main([*argv, "--resume"]) == 0
+    assert (out / "final" / "model.safetensors").is_file()
