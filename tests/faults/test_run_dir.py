@@ -167,6 +167,28 @@ def test_read_only_out_dir(done, tmp_path, capsys):
         ro.chmod(0o700)
 
 
+def test_read_only_file_system_message(done, tmp_path, capsys, monkeypatch):
+    """A read-only mount (EROFS), simulated so that it runs as root too: one line naming the path."""
+    import errno
+
+    import elastic_ssm.train.rundir as rundir
+
+    cfg, _ = done
+    out = tmp_path / "mounted"
+    out.mkdir()
+    real_open = os.open
+
+    def read_only(path, *a, **kw):
+        if str(path).startswith(str(out)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(rundir.os, "open", read_only)
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(out)]) == 2
+    _one_line_error(capsys, "Read-only file system", str(out))
+    assert list(out.iterdir()) == []
+
+
 def test_full_disk_is_found_before_the_first_step_and_during_a_write(done, tmp_path, capsys, monkeypatch):
     cfg, _ = done
     import elastic_ssm.train.rundir as rundir
