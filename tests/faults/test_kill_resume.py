@@ -33,11 +33,44 @@ def _kill_after_steps(cfg, out, n_steps, extra=()):
     return p.returncode
 
 
+class _Reference:
+    """The uninterrupted run, started once per module and awaited only where it is compared."""
+
+    def __init__(self, root):
+        self.cfg = harness.write_run(root, steps=7)
+        self.out = root / "ref"
+        self.proc = harness.start(self.cfg, self.out)
+
+    def wait(self):
+        if self.proc.returncode is None:
+            _, err = self.proc.communicate(timeout=120)
+            assert self.proc.returncode == 0, err
+        return self.out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    ref = _Reference(tmp_path_factory.mktemp("ref"))
+    yield ref
+    if ref.proc.poll() is None:
+        ref.proc.kill()
+        ref.proc.communicate()
+
+
+def _same_run(out, ref_out):
+    """Bit-identical final weights and per-step losses, every step logged once, no temporary file left."""
+    a, b = load_file(out / "final" / "model.safetensors"), load_file(ref_out / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    got, want = _train_losses(out), _train_losses(ref_out)
+    assert [s for s, _ in got] == list(range(1, 8))
+    assert got == want
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
 @pytest.mark.parametrize("seed", [0])
-def test_kills_and_sigterm_then_resume_is_bit_exact(tmp_path, seed):
+def test_kills_and_sigterm_then_resume_is_bit_exact(tmp_path, reference, seed):
     rng = random.Random(seed)
-    cfg = harness.write_run(tmp_path, steps=7)
-    ref = harness.start(cfg, tmp_path / "ref")  # uninterrupted, in parallel with the faulty chain
+    cfg = reference.cfg
     out = tmp_path / "run"
 
     assert _kill_after_steps(cfg, out, rng.randint(1, 3)) == -signal.SIGKILL
@@ -57,13 +90,18 @@ def test_kills_and_sigterm_then_resume_is_bit_exact(tmp_path, seed):
     assert not any(p.exists() for p in half)
     rc, _, err = harness.run(cfg, out, "--resume")
     assert rc == 0, err
+    _same_run(out, reference.wait())
 
-    ref_out, ref_err = ref.communicate(timeout=120)
-    assert ref.returncode == 0, ref_err
-    a, b = load_file(out / "final" / "model.safetensors"), load_file(tmp_path / "ref" / "final" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    got, want = _train_losses(out), _train_losses(tmp_path / "ref")
-    assert [s for s, _ in got] == list(range(1, 8))  # each step logged exactly once
-    assert got == want
-    leftovers = [p for p in out.rglob("*") if ".tmp" in p.name]
-    assert not leftovers
+
+def test_killed_in_the_first_checkpoint_then_resume_auto_starts_over(tmp_path, reference):
+    """A run that dies inside its first checkpoint write has nothing to continue: ``--resume auto`` starts it
+    over (its torn files removed, its log kept as metrics.prev.jsonl) and ends as the uninterrupted run."""
+    out = tmp_path / "run"
+    rc, _, err = harness.run(reference.cfg, out, fault="sigkill-write:model.safetensors")
+    assert rc == -signal.SIGKILL, err
+    assert list(out.glob("pretrain/.step_0000001.tmp/model/.model.safetensors.torn.tmp"))
+    rc, stdout, err = harness.run(reference.cfg, out, "--resume", "auto")
+    assert rc == 0, err
+    assert "no checkpoint yet, starting" in stdout
+    assert (out / "metrics.prev.jsonl").is_file()
+    _same_run(out, reference.wait())
