@@ -263,7 +263,7 @@ class _Trainer:
             step += 1
             loss = (sums[0] / n_tok).item()
             if not torch.isfinite(torch.tensor(loss)):
-                last = find_checkpoint(self.out / st.name) if ctx.is_main else None
+                last = find_checkpoint(self.out / st.name) if ctx.is_main else "(named on rank 0)"
                 kept = f"the last checkpoint is {last}" if last else "no checkpoint was written yet"
                 raise FloatingPointError(
                     f"training diverged: {st.name} step {step} has a non-finite loss ({loss}); {kept}; retry with a "
