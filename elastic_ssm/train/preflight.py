@@ -99,9 +99,9 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
             print(f"[train] --resume auto: {what} in {out}")
         if resume and record is not None:  # every refusal comes before the first change to the directory
             _check_resume_record(out, record, cfg.RESUME_FREE)
+        check_free_disk(out, sum(p.numel() for p in model.parameters()))
         claim_run_dir(out, resume, overwrite)
         clean_stale_files(out)
-        check_free_disk(out, sum(p.numel() for p in model.parameters()))
         if record is not None:
             from ..models.base import atomic_write_bytes
 
