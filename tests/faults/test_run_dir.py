@@ -264,3 +264,33 @@ def test_sigint_checkpoints_and_exits_130(done, tmp_path, capsys, monkeypatch):
         monkeypatch.setattr(MetricsLogger, "train_step", original)
         assert main([*argv, "--resume"]) == 0
     assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_lock_without_file_locking_falls_back_to_the_holders_pid(tmp_path, monkeypatch):
+    """On a file system without flock (ENOLCK) the recorded holder decides: alive on this host -> refused,
+    dead -> its stale lock is taken over with a warning."""
+    import errno
+    import fcntl
+    import socket
+    import subprocess
+    import sys
+
+    from elastic_ssm.train.rundir import RunDirBusy, RunLock
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock_file = tmp_path / ".lock"
+        lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid, "started": "t"}))
+        with pytest.raises(RunDirBusy, match=f"pid {sleeper.pid}"):
+            RunLock(tmp_path).acquire()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with pytest.warns(UserWarning, match=f"stale lock of pid {sleeper.pid}"):
+        lock = RunLock(tmp_path).acquire()
+    assert json.loads(lock_file.read_text())["pid"] == os.getpid()
+    lock.release()
