@@ -16,6 +16,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .config import ConfigError
@@ -44,6 +45,18 @@ def check_args(args: argparse.Namespace) -> None:
     bpt = getattr(args, "bytes_per_token", None)
     if bpt is not None and not (math.isfinite(bpt) and bpt >= 0):
         raise ConfigError(f"--bytes-per-token must be a finite number >= 0 (0: automatic), got {bpt}")
+    depths = getattr(args, "depths", None)
+    if isinstance(depths, str):
+        try:
+            [float(d) for d in depths.split(",")]
+        except ValueError:
+            raise ConfigError(f"--depths must be comma-separated numbers in [0, 1], got {depths!r}") from None
+    # output paths are checked before the work that produces them, so no result is computed and then lost
+    csv = getattr(args, "csv", None)
+    if csv and not Path(csv).resolve().parent.is_dir():
+        raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")
+    if getattr(args, "command", None) == "export" and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out} is a file; give a folder (one sub-folder per tier is written there)")
 
 
 def one_line(e: BaseException) -> str:
