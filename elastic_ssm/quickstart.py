@@ -67,6 +67,12 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     if steps:
         run = run.with_overrides({}, {"steps": steps}, {})
     run = run.with_overrides({}, {"out_dir": str(out / "elastic")}, {})
+    from .train.rundir import run_artifacts
+
+    if not overwrite and any(run_artifacts(out / name) for name in ("elastic", "dense")):
+        from .config import ConfigError
+
+        raise ConfigError(f"{out} holds an earlier quickstart; pass --overwrite to move it aside, or another --out")
     t0 = time.time()
     data = build_data(run)
     print(f"[quickstart] corpus: {data.describe()}")
