@@ -155,7 +155,8 @@ def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None
     if not found:
         old_log = out / "metrics.jsonl"
         if old_log.is_file():  # a run that stopped before its first checkpoint: keep its log, start a new one
-            os.replace(old_log, out / "metrics.prev.jsonl")
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(old_log.stat().st_mtime))
+            os.replace(old_log, out / f"metrics.prev-{stamp}.jsonl")
         return None
     if not overwrite:
         shown = ", ".join(found[:3]) + (" ..." if len(found) > 3 else "")

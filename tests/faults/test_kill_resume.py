@@ -97,7 +97,7 @@ def test_kills_and_sigterm_then_resume_is_bit_exact(tmp_path, reference, seed):
 
 def test_killed_in_the_first_checkpoint_then_resume_auto_starts_over(tmp_path, reference):
     """A run that dies inside its first checkpoint write has nothing to continue: ``--resume auto`` starts it
-    over (its torn files removed, its log kept as metrics.prev.jsonl) and ends as the uninterrupted run."""
+    over (its torn files removed, its log kept as metrics.prev-<time>.jsonl) and ends as the uninterrupted run."""
     out = tmp_path / "run"
     rc, _, err = harness.run(reference.cfg, out, fault="sigkill-write:model.safetensors")
     assert rc == -signal.SIGKILL, err
@@ -105,5 +105,5 @@ def test_killed_in_the_first_checkpoint_then_resume_auto_starts_over(tmp_path, r
     rc, stdout, err = harness.run(reference.cfg, out, "--resume", "auto")
     assert rc == 0, err
     assert "no checkpoint yet, starting" in stdout
-    assert (out / "metrics.prev.jsonl").is_file()
+    assert len(list(out.glob("metrics.prev-*.jsonl"))) == 1
     _same_run(out, reference.wait())
