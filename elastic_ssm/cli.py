@@ -2,18 +2,31 @@
 
 Run flags are derived from the config dataclasses (``--model.<field>``, ``--train.<field>``,
 ``--data.<field>``; see ``cli_args.py``) on top of a YAML run file (``--config``). Every command prints
-``--help``; errors are one line saying what to fix (``--debug`` shows the traceback).
+``--help``. A user's mistake (a bad flag or value, a missing or unreadable file, a malformed YAML or
+tokenizer, a full or read-only disk, diverged training) ends in one line naming the problem and the fix and
+exit code 2 (``--debug`` or ``ELASTIC_SSM_DEBUG=1`` shows the traceback); a training run stopped by SIGTERM
+or SIGINT exits 128 + the signal number after writing a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import codecs
-import csv
+import os
 import sys
 from pathlib import Path
 
-from .cli_args import add_dataclass_flags, add_device_flag, announce_device, collect_overrides, resolve_device
+from .cli_args import (
+    add_dataclass_flags,
+    add_device_flag,
+    announce_device,
+    checked_tiers,
+    collect_overrides,
+    resolve_device,
+    tier_names,
+    write_csv,
+)
+from .cli_errors import Parser, run_reporting_errors
 from .config import ConfigError, ESSHConfig, ESSSMConfig
 
 DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
@@ -51,16 +64,20 @@ def load_run_config(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import signal
+
     from .pipeline import run_training
+    from .train.preflight import TrainingInterrupted
 
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the run in --train.out_dir and --overwrite replaces it; give one")
     run = load_run_config(args)
-    run_training(run, resume=args.resume)
+    try:
+        run_training(run, resume={None: False, "yes": True}.get(args.resume, args.resume), overwrite=args.overwrite)
+    except TrainingInterrupted as e:
+        print(f"elastic-ssm train: {e}", file=sys.stderr)
+        return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
     return 0
-
-
-def _tier_names(spec: str) -> list[str] | None:
-    """``--tiers``: None for 'all' (the model's whole tier table), else the comma-separated names."""
-    return None if spec == "all" else spec.split(",")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -69,8 +86,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
-    announce_device("export check", device, model.embed.weight.dtype if hasattr(model, "embed") else "float32")
-    names = _tier_names(args.tier) or [t.name for t in model.tier_table()]
+    names = checked_tiers(model, args.tier) or [t.name for t in model.tier_table()]
+    announce_device("export check", device, next(model.parameters()).dtype)
     tolerance = 0.0 if device == "cpu" else 1e-4   # bitwise on CPU; GPU kernels may pick other reductions
     out = Path(args.out)
     failed = 0
@@ -87,17 +104,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _write_csv(path: str | None, rows: list[dict]) -> None:
-    """``rows`` (dicts with the same keys) as a CSV file at ``path``; nothing when ``path`` is None."""
-    if not path:
-        return
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {path}")
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     from .data import evaluation_batches, load_corpus
     from .data.tokenizer_files import resolve_tokenizer
@@ -108,18 +114,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
     tok = resolve_tokenizer(model, args.tokenizer)
-    announce_device("eval", device, next(model.parameters()).dtype)
     tokens = load_corpus(args.data, tok, split=args.split)
     batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.batches))
-    tiers = _tier_names(args.tiers)
+    tiers = checked_tiers(model, args.tiers)
     bpt = args.bytes_per_token
     if not bpt:   # the byte tokenizer: 1; a subword tokenizer: measured on the evaluated text
         bpt = 1.0 if tok.vocab_size <= 260 else measured_bytes_per_token(tok, tokens)
         if tok.vocab_size > 260:
             print(f"bytes per token measured on the evaluation data: {bpt:.4f} (--bytes-per-token overrides)")
+    announce_device("eval", device, next(model.parameters()).dtype)
     rows = evaluate_tiers(model, batches, tiers, bytes_per_token=bpt)
     print(format_evals(rows))
-    _write_csv(args.csv, [r.row() for r in rows])
+    write_csv(args.csv, [r.row() for r in rows])
     return 0
 
 
@@ -134,13 +140,13 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     if not tasks:
         raise ConfigError("--tasks is empty: name at least one lm-eval task (e.g. piqa,hellaswag)")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=_tier_names(args.tiers),
+    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=tier_names(args.tiers),
                                    tokenizer=args.tokenizer, device=resolve_device(args.device),
                                    batch_size=args.batch_size, max_length=args.max_length, limit=limit,
                                    num_fewshot=args.num_fewshot, include_path=args.include_path,
                                    precision=args.precision)
     print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
-    _write_csv(args.csv, rows)
+    write_csv(args.csv, rows)
     return 0
 
 
@@ -154,11 +160,11 @@ def cmd_niah(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
     tok = resolve_tokenizer(model, args.tokenizer)
-    announce_device("niah", device, next(model.parameters()).dtype)
     cfg = NeedleConfig(context_len=args.context, n_pairs=args.pairs, condition=args.condition, seed=args.seed,
                        depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
     filler = load_corpus(args.data, tok, split=args.split)
-    tiers = _tier_names(args.tiers)
+    tiers = checked_tiers(model, args.tiers)
+    announce_device("niah", device, next(model.parameters()).dtype)
     rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision)
     depth_cols = list(rows[0]["by_depth"])
     flat = [{**{k: v for k, v in r.items() if k != "by_depth"}, **{f"d{d}": v for d, v in r["by_depth"].items()}}
@@ -167,7 +173,7 @@ def cmd_niah(args: argparse.Namespace) -> int:
                               *[f"d{d}" for d in depth_cols]],
                        title=f"NIAH, {cfg.n_pairs} key pairs x {len(cfg.depths)} depths, context {cfg.context_len}, "
                              f"{cfg.condition} condition"))
-    _write_csv(args.csv, flat)
+    write_csv(args.csv, flat)
     return 0
 
 
@@ -237,7 +243,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from .quickstart import quickstart
 
-    quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config)
+    quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config,
+               overwrite=args.overwrite)
     return 0
 
 
@@ -245,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .run_config import DataConfig
     from .train.config import TrainConfig
 
-    p = argparse.ArgumentParser(prog="elastic-ssm", description=__doc__.splitlines()[0])
+    p = Parser(prog="elastic-ssm", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -254,7 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("train", help="train a model from a YAML run file plus --section.field overrides")
     s.add_argument("--config", help=f"run YAML (model/train/data sections); default {DEFAULT_RUN.name}")
-    s.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.out_dir")
+    s.add_argument("--resume", nargs="?", const="yes", choices=("yes", "auto"), default=None,
+                   help="continue from the latest checkpoint in train.out_dir; '--resume auto' starts fresh when "
+                        "there is none yet (for jobs requeued with the same command)")
+    s.add_argument("--overwrite", action="store_true",
+                   help="start fresh in a train.out_dir that holds another run (that run is moved aside)")
     essh_fields = add_dataclass_flags(s, ESSHConfig, "model")
     add_dataclass_flags(s, ESSSMConfig, "model", skip=essh_fields)
     add_dataclass_flags(s, TrainConfig, "train")
@@ -361,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", default=None, help="run YAML (default: the embedded quickstart config)")
     s.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
                    help="also train the dense control (full capacity only) and truncate it to T1")
+    s.add_argument("--overwrite", action="store_true", help="move the runs of an earlier quickstart in --out aside")
     s.set_defaults(fn=cmd_quickstart)
     return p
 
@@ -376,13 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         args.bench_args = argv[command + 1:]
     else:
         args = parser.parse_args(argv)
-    try:
-        return int(args.fn(args) or 0)
-    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
-        if args.debug:
-            raise
-        print(f"elastic-ssm {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    debug = args.debug or os.environ.get("ELASTIC_SSM_DEBUG", "") not in ("", "0")
+    return run_reporting_errors(lambda: args.fn(args), args, debug)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the user actually gave, so YAML files and presets supply everything else.
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import types
 import typing
@@ -58,9 +59,11 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str,
 def _parse_scalar(tp: Any):
     if tp is float:
         def parse_float(s: str) -> float:
-            if "/" in s:
-                num, den = s.split("/")
-                return float(num) / float(den)
+            if s.count("/") == 1:
+                num, den = (float(x) for x in s.split("/"))
+                if den == 0:
+                    raise ValueError(f"{s}: division by zero")
+                return num / den
             return float(s)
         return parse_float
     if tp in (int, str):
@@ -111,3 +114,27 @@ def announce_device(verb: str, device: str, dtype) -> None:
 
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "CPU"
     print(f"{verb}: {device} ({name}), weights {str(dtype).replace('torch.', '')}", file=sys.stderr)
+
+
+# ---- tier lists and CSV output of the evaluating verbs ---------------------------------------------------
+def tier_names(spec: str) -> list[str] | None:
+    """``--tiers``: None for 'all' (the model's whole tier table), else the comma-separated names."""
+    return None if spec == "all" else spec.split(",")
+
+
+def checked_tiers(model, spec: str) -> list[str] | None:
+    """``_tier_names`` with every name resolved against the model first (an unknown tier is named before any
+    work starts)."""
+    names = tier_names(spec)
+    return None if names is None else [model.resolve_tier(n).name for n in names]
+
+
+def write_csv(path: str | None, rows: list[dict]) -> None:
+    """``rows`` (dicts with the same keys) as a CSV file at ``path``; nothing when ``path`` is None."""
+    if not path:
+        return
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {path}")

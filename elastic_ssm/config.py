@@ -11,6 +11,7 @@ Presets reproduce the ESSH paper's Table 7 ("370m", "1.5b") and add small CPU pr
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -48,19 +49,25 @@ def _coerce(tp: Any, value: Any, name: str) -> Any:
         return _coerce(args[0], value, name)
     if dataclasses.is_dataclass(tp) and isinstance(value, dict):
         return tp.from_dict(value)
+    if dataclasses.is_dataclass(tp) and not isinstance(value, tp):
+        raise ConfigError(f"{name}: expected a mapping of {tp.__name__} fields, got {value!r}")
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{name}: expected a list, got {value!r}")
         (item,) = typing.get_args(tp)[:1] or (Any,)
         return tuple(_coerce(item, v, name) for v in value)
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+    if tp in (int, float) and isinstance(value, bool):  # YAML `steps: true` is not the number 1
+        raise ConfigError(f"{name}: expected {tp.__name__}, got the boolean {value!r}")
+    if tp is float and isinstance(value, int):
+        value = float(value)
     if tp is float and isinstance(value, str):
         # YAML 1.1 (PyYAML) reads 3e-4 without a dot as a string; accept any number float() parses
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
             raise ConfigError(f"{name}: expected float, got {value!r}") from None
+    if tp is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}: expected a finite number, got {value!r}")
     if tp is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if tp in (int, float, str, bool) and not isinstance(value, tp):
@@ -94,6 +101,8 @@ class ConfigBase:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ConfigBase:
+        if not isinstance(d, dict):
+            raise ConfigError(f"{cls.__name__}: expected a mapping of field names to values, got {d!r}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
@@ -307,6 +316,8 @@ MODEL_CONFIGS: dict[str, type[ConfigBase]] = {"essh": ESSHConfig, "es_ssm": ESSS
 
 def model_config_from_dict(d: dict[str, Any]) -> ConfigBase:
     """Build a model config from ``{"arch": "essh"|"es_ssm", "preset": optional name, ...fields}``."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"model: expected a mapping such as {{arch: essh, preset: tiny}}, got {d!r}")
     d = dict(d)
     arch = d.pop("arch", "essh")
     if arch not in MODEL_CONFIGS:
@@ -314,6 +325,11 @@ def model_config_from_dict(d: dict[str, Any]) -> ConfigBase:
     cls = MODEL_CONFIGS[arch]
     preset = d.pop("preset", None)
     if preset is not None:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"model: unknown field(s) {unknown} beside preset {preset!r}; valid fields are "
+                              f"{sorted(names)}")
         return cls.preset(preset, **d)  # type: ignore[attr-defined]
     return cls.from_dict(d)
 

@@ -101,39 +101,36 @@ def fit_model_to_tokenizer(run: Any) -> Any:
     return dataclasses.replace(run, model=run.model.replace(**changes)) if changes else run   # still implicit
 
 
-def train_run(run: Any, data: RunData, resume: bool = False, progress: bool = True):
-    """Train ``run.model`` on ``data`` with ``run.train``; returns the trained model."""
+def train_run(run: Any, data: RunData, resume: bool | str = False, progress: bool = True, overwrite: bool = False):
+    """Train ``run.model`` on ``data`` with ``run.train``; returns the trained model. ``run.yaml`` in the run
+    directory records the whole run (written by ``train`` once its start-up checks pass; compared on resume)."""
     from .train import train
 
     t = run.train
     res = train(run.model, data.batches(t.seq_len, t.micro_batch_size, t.seed), t, val_data=data.val_batches,
-                resume=resume, progress=progress, tokenizer=data.tokenizer)
+                resume=resume, progress=progress, overwrite=overwrite, record=run.to_dict(),
+                tokenizer=data.tokenizer)
     return res.model
 
 
-def run_training(run: Any, resume: bool = False):
-    """``elastic-ssm train``: build data, train, save the run config next to the checkpoints."""
+def run_training(run: Any, resume: bool | str = False, overwrite: bool = False):
+    """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
     from pathlib import Path
 
     run = fit_model_to_tokenizer(run)
     out = Path(run.train.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     saved = out / "run.yaml"
     if resume and saved.is_file():
         from .run_config import RunConfig
 
         before = RunConfig.from_yaml(saved).model.to_dict()
-        # a run started before the tokenizer set eos / pad keeps its saved ids (they do not touch the weights)
+        # a run started before the tokenizer set eos / pad keeps its saved ids (they do not touch the weights);
+        # every other setting is compared by train()'s start-up checks
         ids = {k: before[k] for k in ("eos_token_id", "pad_token_id")
                if k in before and k not in run.explicit_model_fields and before[k] != getattr(run.model, k)}
         run = dataclasses.replace(run, model=run.model.replace(**ids)) if ids else run
-        changed = sorted(k for k, v in run.model.to_dict().items() if before.get(k) != v)
-        if changed:
-            raise ConfigError(f"--resume: the model config differs from the one saved in {saved} in {changed}; "
-                              "resume with the same model settings or train into a new --train.out_dir")
-    run.to_yaml(saved)
     data = build_data(run)
     print(f"[train] {data.describe()}")
-    model = train_run(run, data, resume=resume)
+    model = train_run(run, data, resume=resume, overwrite=overwrite)
     print(f"[train] done; final model in {out / 'final'} (load with elastic_ssm.models.load_pretrained)")
     return model

@@ -51,7 +51,7 @@ def _monotone(rows: list[TierEval]) -> bool:
 
 
 def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control: bool = True,
-               config: str | Path | None = None) -> dict[str, Any]:
+               config: str | Path | None = None, overwrite: bool = False) -> dict[str, Any]:
 
     from .elastic.export import check_export, export_tier
     from .elastic.model_card import model_card
@@ -69,11 +69,17 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     if steps:
         run = run.with_overrides({}, {"steps": steps}, {})
     run = run.with_overrides({}, {"out_dir": str(out / "elastic")}, {})
+    from .train.rundir import run_artifacts
+
+    if not overwrite and any(run_artifacts(out / name) for name in ("elastic", "dense")):
+        from .config import ConfigError
+
+        raise ConfigError(f"{out} holds an earlier quickstart; pass --overwrite to move it aside, or another --out")
     run = fit_model_to_tokenizer(run)
     t0 = time.time()
     data = build_data(run)
     print(f"[quickstart] corpus: {data.describe()}")
-    model = train_run(run, data)
+    model = train_run(run, data, overwrite=overwrite)
     t_train = time.time() - t0
 
     print("[quickstart] exporting and checking every tier against the shared model")
@@ -96,7 +102,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     if control:
         print("[quickstart] training the dense control (full capacity only, same steps and data)")
         dense_run = run.with_overrides({}, {"recipe": "dense", "out_dir": str(out / "dense")}, {})
-        dense = train_run(dense_run, data)  # same data config: reuse the loaded corpus
+        dense = train_run(dense_run, data, overwrite=overwrite)  # same data config: reuse the loaded corpus
         control_rows = evaluate_tiers(dense, data.val_batches)
 
     table = format_evals(rows)

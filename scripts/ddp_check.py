@@ -67,13 +67,14 @@ def _run(a: argparse.Namespace) -> None:
     data = lambda r, w: es.data.PackedBatches(tokens, a.seq_len, a.micro_batch, seed=0, rank=r, world_size=w)
 
     t0 = time.perf_counter()
-    ddp = train(model_cfg, data, _config(a, f"{base}/ddp", a.grad_accum, world), progress=rank == 0)
+    # a scratch directory: an earlier check's run there is moved aside (train refuses to mix two runs)
+    ddp = train(model_cfg, data, _config(a, f"{base}/ddp", a.grad_accum, world), progress=rank == 0, overwrite=True)
     t_ddp = time.perf_counter() - t0
     if rank != 0:
         return
     t0 = time.perf_counter()
     single = train(model_cfg, data(0, 1), _config(a, f"{base}/single", a.grad_accum * world, 1),
-                   progress=True, distributed=False)
+                   progress=True, distributed=False, overwrite=True)
     t_single = time.perf_counter() - t0
 
     la, lb = [h["loss"] for h in ddp.history], [h["loss"] for h in single.history]

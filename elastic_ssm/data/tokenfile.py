@@ -146,6 +146,9 @@ class TokenFile:
                              f"(format={self.meta.get('format')!r}, version={self.meta.get('version')!r})")
         self.dtype = np.dtype(self.meta["dtype"])
         self.count = int(self.meta["count"])
+        if self.count < 1:
+            raise ValueError(f"{path} holds no tokens (its sidecar says count={self.count}); prepare it from a "
+                             "non-empty source")
         found, extra = divmod(path.stat().st_size, self.dtype.itemsize)
         if found != self.count or extra:
             if found < self.count:
@@ -196,7 +199,8 @@ def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_b
 
     * a prepared ``*.bin`` file (or its ``.bin.json``): the memory-mapped ``TokenFile`` (``split`` is
       ignored: prepare one file per split);
-    * a folder holding ``<split>.bin`` (e.g. ``prepare``'s ``train.bin`` / ``validation.bin``): that file;
+    * a folder holding ``<split>.bin`` (e.g. ``prepare``'s ``train.bin`` / ``validation.bin``): that file; a
+      folder holding other ``*.bin`` files but not this split's is an error (never read as text);
     * anything else (``"stdlib"`` by default): tokenized in memory into a ``TokenArray``; ``max_bytes``
       caps the raw text read. Large corpora belong in a prepared file instead.
     """
@@ -207,11 +211,23 @@ def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_b
         target = path
     elif path.is_dir() and split is not None and (path / f"{split}.bin").is_file():
         target = path / f"{split}.bin"
+    elif path.is_dir() and any(path.glob("*.bin")) | any(path.glob("*.bin.json")):
+        names = sorted(p.name for p in path.glob("*.bin"))
+        want = path / f"{split}.bin"
+        raise FileNotFoundError(f"{path} is a prepared-data folder ({', '.join(names) or 'sidecars only'}) without "
+                                f"{want.name}; prepare that split with `elastic-ssm prepare SOURCE {want} --split "
+                                f"{split}` (its other files are not read as text)")
     if target is not None:
         tf = TokenFile(target)
         tf.check_tokenizer(tok)
         return tf
 
-    arr = pack_documents(cap_bytes(iter_documents(source, split, text_field=text_field), max_bytes), tok)
+    try:
+        arr = pack_documents(cap_bytes(iter_documents(source, split, text_field=text_field), max_bytes), tok)
+    except ValueError as e:
+        if "no non-empty documents" not in str(e):
+            raise
+        raise ValueError(f"source {str(source)!r} (split {split}) holds no text to tokenize; give a non-empty "
+                         "file or folder") from None
     arr.meta.update(source=str(source), split=split, tokenizer=tok.spec)
     return arr

@@ -130,7 +130,13 @@ class BPETokenizer:
                 value = value.get("content") if isinstance(value, dict) else value
                 if isinstance(value, str):
                     names[role] = value
-        return cls(_import_tokenizers().Tokenizer.from_file(str(path)), path.resolve(), names)
+        lib = _import_tokenizers()
+        try:
+            tok = lib.Tokenizer.from_file(str(path))
+        except Exception as e:  # the Rust library raises a bare Exception for any malformed file
+            raise ValueError(f"{path} is not a valid tokenizer.json ({' '.join(str(e).split())}); re-create it "
+                             "with `elastic-ssm tokenizer train` or pass 'bytes'") from None
+        return cls(tok, path.resolve(), names)
 
     @property
     def vocab_size(self) -> int:
@@ -248,12 +254,16 @@ def load_tokenizer(spec: str | Path | Tokenizer = "bytes") -> Tokenizer:
         path = path.parent
     if path.is_dir():
         meta = path / META_FILE
-        if meta.is_file() and json.loads(meta.read_text()).get("type") == "bytes":
+        try:
+            kind = json.loads(meta.read_text()).get("type") if meta.is_file() else None
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"{meta} is not a valid tokenizer description ({e}); save the tokenizer again") from None
+        if kind == "bytes":
             return ByteTokenizer()
         if (path / "tokenizer.json").is_file():
             return BPETokenizer.from_file(path / "tokenizer.json")
         raise FileNotFoundError(f"{path} holds neither {META_FILE} nor tokenizer.json")
-    if path.suffix == ".json" and path.is_file():
-        return BPETokenizer.from_file(path)
+    if path.suffix == ".json":
+        return BPETokenizer.from_file(path)  # names a missing file
     raise ValueError(f"unknown tokenizer {str(spec)!r}: use 'bytes', a path to a tokenizer.json, or a "
                      "directory written by tokenizer.save()")

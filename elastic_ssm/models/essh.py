@@ -118,6 +118,8 @@ class ESSH(GenerationMixin, ElasticModel):
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
                              f"{tuple(input_ids.shape)}")
+        if input_ids.shape[0] == 0:
+            raise ValueError(f"input_ids {tuple(input_ids.shape)} is a batch of 0 rows; pass at least one sequence")
         if torch.compiler.is_compiling() or not input_ids.numel():
             return                           # traced (torch.export / compile): no host reads of the values
         if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size:
@@ -130,6 +132,11 @@ class ESSH(GenerationMixin, ElasticModel):
         self._check_ids(input_ids)
         t = self.resolve_tier(tier)
         B, T = input_ids.shape
+        if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                           or tuple(attention_mask.shape) != (B, T)):
+            got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+            raise ValueError(f"attention_mask must be [B, T] = {(B, T)} like input_ids (1 = real token, 0 = left "
+                             f"padding), got {got}; it is never broadcast")
         valid = None if attention_mask is None else attention_mask.bool()
         if valid is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)

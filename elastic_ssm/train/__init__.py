@@ -21,6 +21,7 @@ from .loop import TrainResult, build_model, refine, train
 from .losses import LossModule, chunked_loss_sums, loss_sums
 from .metrics import MetricsLogger, evaluate_tiers
 from .optim import WarmupCosine, build_adamw, param_groups
+from .preflight import TrainingInterrupted
 
 __all__ = [
     "BudgetDropout", "CapacityMixed", "DataStream", "DistContext", "LossModule", "MetricsLogger",
@@ -28,5 +29,5 @@ __all__ = [
     "TrainConfig", "TrainResult", "WarmupCosine", "build_adamw", "build_model", "chunked_loss_sums",
     "evaluate_tiers", "find_checkpoint", "importance_scores", "init_distributed", "load_checkpoint",
     "loss_sums", "make_recipe", "order_ffn_units", "param_groups", "permute_optimizer_state", "refine",
-    "resolve_recipe_name", "save_checkpoint", "train",
+    "resolve_recipe_name", "save_checkpoint", "train", "TrainingInterrupted",
 ]

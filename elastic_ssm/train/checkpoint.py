@@ -8,16 +8,19 @@ Layout of one stage directory (``<out_dir>/<stage>/``)::
         trainer.pt          step, tokens seen, LR-schedule settings, data-stream state, configs
         rank0.pt, rank1.pt  per rank: RNG states (python, numpy, torch, cuda), FFN activation statistics
         train_config.yaml   the TrainConfig of the run (for people; trainer.pt holds the same dict)
-        COMPLETE.json       written last: the step and the size of every file above
+        COMPLETE.json       written last: the step, the size and the sha256 of every file above
     latest                  text file naming the newest complete directory (written atomically, last)
 
 A checkpoint is first written into ``.step_XXXXXXX.tmp/`` (every file through a temporary file,
 ``fsync`` and ``os.replace``), then the directory is renamed into place and ``latest`` is updated, and
 finally all but the newest ``keep_last`` directories are deleted. A directory without a valid
 ``COMPLETE.json`` (a crash mid-write, a truncated file) is skipped with a warning and the previous one
-is used. ``DataStream`` makes any iterable of micro-batches resumable: through its
-``state_dict``/``load_state_dict`` when it has them (``PackedBatches``), else by skipping the batches
-already consumed.
+is used. On load every file's sha256 is compared with ``COMPLETE.json`` (same-size bit rot is a warning
+naming the file, and the previous checkpoint is used); when checkpoints exist but none loads, loading is an
+error, never a silent fresh start. The checksums are computed while the bytes are written (one hash pass
+per checkpoint, overlapped with the write) and never during training steps. ``DataStream`` makes any
+iterable of micro-batches resumable: through its ``state_dict``/``load_state_dict`` when it has them
+(``PackedBatches``), else by skipping the batches already consumed.
 
 Under FSDP2 (``TrainConfig.parallel='fsdp'``) writing and reading are collective: the full, unsharded
 model and optimizer states are gathered to rank 0 (``get_model_state_dict`` /
@@ -42,11 +45,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..models.base import atomic_write_bytes
+from ..models.base import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write_bytes, file_sha256
 from .dist import DistContext, barrier, broadcast_object, is_sharded
 
 __all__ = ["DataStream", "save_checkpoint", "load_checkpoint", "find_checkpoint", "valid_checkpoints",
-           "rng_state", "set_rng_state", "full_model_state", "save_model_dir", "COMPLETE", "LATEST"]
+           "rng_state", "set_rng_state", "full_model_state", "save_model_dir", "verify_checkpoint", "COMPLETE",
+           "LATEST"]
 
 COMPLETE, LATEST = "COMPLETE.json", "latest"
 
@@ -102,10 +106,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _save_torch(obj: Any, path: Path) -> None:
+def _save_torch(obj: Any, path: Path) -> str:
     buf = io.BytesIO()
     torch.save(obj, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    return atomic_write_bytes(path, buf.getvalue())
 
 
 def _fsync_dir(path: Path) -> None:
@@ -230,12 +234,15 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
             save_model_dir(model, model_state, tmp / "model")
         else:
             model.save_pretrained(tmp / "model")
-        _save_torch(opt_state if sharded else optimizer.state_dict(), tmp / "optimizer.pt")
-        _save_torch(trainer_state, tmp / "trainer.pt")
+        sums = {"optimizer.pt": _save_torch(opt_state if sharded else optimizer.state_dict(), tmp / "optimizer.pt"),
+                "trainer.pt": _save_torch(trainer_state, tmp / "trainer.pt")}
         if config_yaml:
-            atomic_write_bytes(tmp / "train_config.yaml", config_yaml.encode())
+            sums["train_config.yaml"] = atomic_write_bytes(tmp / "train_config.yaml", config_yaml.encode())
+        sums[f"model/{WEIGHTS_NAME}"] = json.loads((tmp / "model" / CONFIG_NAME).read_text())["weights_sha256"]
         files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        atomic_write_bytes(tmp / COMPLETE, json.dumps({"step": step, "files": files}, indent=1).encode())
+        sha = {f: sums[f] if f in sums else file_sha256(tmp / f) for f in files}  # rank files, config.json: small
+        atomic_write_bytes(tmp / COMPLETE, json.dumps({"step": step, "files": files, "sha256": sha},
+                                                      indent=1).encode())
         _fsync_dir(tmp / "model")
         _fsync_dir(tmp)
         if final.exists():
@@ -251,6 +258,15 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
 
 def _load(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Compare every file of checkpoint ``path`` with the sha256 recorded in its ``COMPLETE.json``; raises
+    ``CheckpointError`` naming the first file that differs (checkpoints written before checksums: sizes only)."""
+    meta = json.loads((path / COMPLETE).read_text())
+    for name, digest in (meta.get("sha256") or {}).items():
+        if file_sha256(path / name) != digest:
+            raise CheckpointError(f"{path / name}: sha256 checksum mismatch with {COMPLETE} (same-size corruption)")
 
 
 def unwrap_config(model) -> dict | None:
@@ -278,10 +294,13 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
     sharded = is_sharded(model)
     device = "cpu" if sharded else next(model.parameters()).device
     expected = unwrap_config(model)
+    failures = []
     for cand in map(Path, candidates):
         try:
+            verify_checkpoint(cand)
             trainer = _load(cand / "trainer.pt")
         except Exception as e:  # unreadable: fall back to the previous checkpoint
+            failures.append(f"{cand.name}: {e}")
             warnings.warn(f"could not load checkpoint {cand} ({type(e).__name__}: {e}); trying an older one",
                           stacklevel=2)
             continue
@@ -305,8 +324,12 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
                 model.load_state_dict(state, strict=True)
                 optimizer.load_state_dict(opt_state)
         except Exception as e:  # a corrupted file of any kind: fall back to the previous checkpoint
+            failures.append(f"{cand.name}: {e}")
             warnings.warn(f"could not load checkpoint {cand} ({type(e).__name__}: {e}); trying an older one",
                           stacklevel=2)
             continue
         return trainer, rank_state
+    if failures:  # checkpoints exist but none loads: never restart silently from step 0 over them
+        raise CheckpointError(f"no checkpoint of {stage_dir} could be loaded ({'; '.join(failures)}); move the "
+                              "directory aside to start fresh, or restore the files from a copy")
     return None

@@ -9,6 +9,7 @@ except where a CPU default is stated in the help text (``steps``, batch shape, `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ..config import ConfigBase, ConfigError, opt
 
@@ -64,6 +65,12 @@ class RefineConfig(ConfigBase):
 @dataclass(kw_only=True)
 class TrainConfig(ConfigBase):
     """One training run: recipe, batch shape, AdamW + schedule, elastic knobs, eval, checkpoints."""
+
+    #: fields a resumed run may change: logging, evaluation, checkpoint cadence, placement and compilation
+    #: (every other field changes the objective, the data order or the schedule, so ``resume`` refuses it)
+    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({
+        "out_dir", "log_every", "eval_every", "eval_batches", "eval_tiers", "bytes_per_token", "checkpoint_every",
+        "keep_last", "compile", "compile_scope", "device", "parallel", "loss_chunk"})
 
     recipe: str = opt("auto", "'capacity_mixed' (ESSH, Alg. 1), 'budget_dropout' (ES-SSM, Sec. 4.2), "
                       "'dense' (full capacity only) or 'auto' (by model type)")

@@ -27,12 +27,12 @@ import contextlib
 import datetime
 import inspect
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 __all__ = ["DistContext", "init_distributed", "all_reduce", "barrier", "wrap_ddp", "wrap_fsdp", "no_sync",
            "unwrap", "is_sharded", "full_tensor", "shard_like"]
@@ -174,21 +174,30 @@ def wrap_fsdp(model: nn.Module, ctx: DistContext, mixed_precision: bool = False)
     return model
 
 
+def _is_dtensor(t: object) -> bool:
+    """``isinstance(t, DTensor)`` without importing ``torch.distributed.tensor`` (about 2 s of CLI start-up):
+    while that module is not loaded, no ``DTensor`` can exist."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return mod is not None and isinstance(t, mod.DTensor)
+
+
 def is_sharded(module: nn.Module) -> bool:
     """Whether ``module``'s parameters are FSDP2 ``DTensor`` shards."""
-    return any(isinstance(p, DTensor) for p in module.parameters())
+    return any(_is_dtensor(p) for p in module.parameters())
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole (unsharded) value of ``t``: a collective for a ``DTensor``, ``t`` itself otherwise."""
-    return t.detach().full_tensor() if isinstance(t, DTensor) else t
+    return t.detach().full_tensor() if _is_dtensor(t) else t
 
 
 def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``full`` (the same on every rank) laid out like ``like``: a ``DTensor`` with ``like``'s mesh and
     placements (each rank keeps its own chunk, no communication), or ``full`` for a plain ``like``."""
-    if not isinstance(like, DTensor):
+    if not _is_dtensor(like):
         return full
+    from torch.distributed.tensor import distribute_tensor
+
     return distribute_tensor(full.detach(), like.device_mesh, like.placements, src_data_rank=None)
 
 

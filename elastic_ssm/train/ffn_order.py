@@ -25,9 +25,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-from .dist import DistContext, all_reduce, full_tensor, shard_like
+from .dist import DistContext, _is_dtensor, all_reduce, full_tensor, shard_like
 
 __all__ = ["should_order", "enable_tracking", "importance_scores", "permute_optimizer_state",
            "order_ffn_units"]
@@ -61,7 +60,7 @@ def importance_scores(model: nn.Module, ctx: DistContext | None = None) -> list[
 
 def _importance(ffn: nn.Module) -> torch.Tensor:
     """``ffn.importance()`` [F] (float32 copy); with a sharded ``w_out`` the same formula on its full value."""
-    if not isinstance(ffn.w_out, DTensor):
+    if not _is_dtensor(ffn.w_out):
         return ffn.importance().float().clone()
     if ffn.act_sq is None:
         return ffn.importance()  # raises the layer's error about missing statistics
@@ -78,7 +77,7 @@ def _permuted(t: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def _permute_units(ffn: nn.Module, perm: torch.Tensor) -> None:
     """``ffn.permute_units(perm)``; for sharded weights each rank writes its shard of the permuted rows."""
-    if not isinstance(ffn.w_out, DTensor):
+    if not _is_dtensor(ffn.w_out):
         ffn.permute_units(perm)
         return
     for p in (ffn.w_in, ffn.w_out):

@@ -16,6 +16,9 @@ checkpoints into ``<out_dir>/<stage>/`` and always writes a final checkpoint, so
 finished stages and continues an interrupted one bit for bit (on CPU): parameters, optimizer moments,
 FFN statistics, data position, RNG states and step/token counters are all restored.
 
+Rank 0 runs ``preflight.py`` before the first step; SIGTERM/SIGINT end a run after the current step with
+a checkpoint (``TrainingInterrupted``).
+
 ``TrainConfig.parallel='fsdp'`` shards the model with FSDP2 (``dist.wrap_fsdp``) instead of wrapping the
 loss module in DDP; the step above is unchanged. Checkpoints hold full tensors (``checkpoint.py``) and
 the returned model is an unsharded copy on rank 0.
@@ -32,10 +35,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import ConfigBase, ESSHConfig, ESSSMConfig
+from ..config import ConfigBase, ConfigError, ESSHConfig, ESSSMConfig
 from .budget_dropout import make_recipe, resolve_recipe_name
 from .checkpoint import (
     DataStream,
+    find_checkpoint,
     full_model_state,
     load_checkpoint,
     rng_state,
@@ -57,6 +61,7 @@ from .dist import (
 from .losses import IGNORE_INDEX, LossModule
 from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, evaluate_tiers, take_batches
 from .optim import WarmupCosine, build_adamw, set_lr
+from .preflight import StopSignals, TrainingInterrupted, config_changes, start_run
 
 __all__ = ["train", "refine", "TrainResult", "build_model"]
 
@@ -129,8 +134,8 @@ class _Trainer:
     """State shared by the stages of one ``train()`` call."""
 
     def __init__(self, model: nn.Module, data: Any, cfg: TrainConfig, ctx: DistContext, val_data: Any,
-                 progress: bool) -> None:
-        self.model, self.cfg, self.ctx = model, cfg, ctx
+                 progress: bool, stop: StopSignals) -> None:
+        self.model, self.cfg, self.ctx, self.stop = model, cfg, ctx, stop
         factory = callable(data) and not hasattr(data, "__iter__")
         self.data = data(ctx.rank, ctx.world_size) if factory else data
         self.stream = DataStream(self.data)
@@ -187,6 +192,12 @@ class _Trainer:
         if got is None:
             return 0, 0
         trainer, rank = got
+        changed = config_changes(trainer.get("train_config") or self.cfg.to_dict(), self.cfg.to_dict(),
+                                 self.cfg.RESUME_FREE)
+        if changed:
+            raise ConfigError(f"cannot resume {self.out / st.name}: TrainConfig setting(s) that change the objective "
+                              f"differ from the checkpoint's ({'; '.join(changed[:4])}); resume with the same "
+                              "settings or train into a new out_dir")
         sched.check_state(trainer["schedule"])
         if trainer["recipe"] != recipe.state_dict():
             warnings.warn(f"resuming {st.name} with other sampling settings than the checkpoint's "
@@ -207,6 +218,8 @@ class _Trainer:
         opt = build_adamw(model, st.lr, cfg.betas, st.weight_decay, cfg.eps, recipe.policy)
         sched = WarmupCosine(st.lr, st.steps, st.warmup, st.min_frac)
         step, tokens = self.restore(st, opt, sched, recipe) if resume else (0, 0)
+        if resume and ctx.is_main:
+            self.log.drop_after(st.name, step)
         end = st.steps if stop_after is None else min(st.steps, stop_after)
         if step >= end:
             return step >= st.steps
@@ -250,7 +263,12 @@ class _Trainer:
             step += 1
             loss = (sums[0] / n_tok).item()
             if not torch.isfinite(torch.tensor(loss)):
-                raise FloatingPointError(f"{st.name} step {step}: non-finite loss {loss}; lower the lr")
+                last = find_checkpoint(self.out / st.name) if ctx.is_main else "(named on rank 0)"
+                kept = f"the last checkpoint is {last}" if last else "no checkpoint was written yet"
+                raise FloatingPointError(
+                    f"training diverged: {st.name} step {step} has a non-finite loss ({loss}); {kept}; retry with a "
+                    "lower --train.lr or a longer warm-up (--train.warmup_frac) in a new --train.out_dir, or check "
+                    "the data for bad tokens")
             dt = time.perf_counter() - t0
             rec = {"kind": "train", "stage": st.name, "step": step, "loss": loss,
                    "ce": (sums[1] / n_tok).item(), "aux": (sums[2] / n_tok).item(), "lr": lr,
@@ -262,10 +280,23 @@ class _Trainer:
             self.log.train_step(rec, step % cfg.log_every == 0 or step == st.steps)
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == st.steps:
                 self.evaluate(st.name, step)
-            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step in (st.steps, end):
+            saved = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step in (st.steps, end)
+            if saved:
                 self.save(st, step, tokens, opt, sched, recipe)
+            if self._stop_requested():
+                if not saved:
+                    self.save(st, step, tokens, opt, sched, recipe)
+                raise TrainingInterrupted(self.stop.requested or "a signal on another rank", st.name, step,
+                                          self.out / st.name / f"step_{step:07d}")
         self.log.close_bar()
         return step >= st.steps
+
+    def _stop_requested(self) -> bool:
+        """Whether any rank received SIGTERM/SIGINT (one tiny all-reduce per step under torchrun)."""
+        if not self.ctx.distributed:
+            return self.stop.requested is not None
+        flag = torch.tensor([float(self.stop.requested is not None)], device=self.ctx.device)
+        return bool(all_reduce(flag, self.ctx).item() > 0)
 
 
 def _compile_blocks(model: nn.Module, n_capacities: int) -> None:
@@ -300,9 +331,9 @@ def _unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], device: to
 
 
 def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
-          resume: bool = False, progress: bool = True, distributed: bool | None = None,
-          stages: tuple[str, ...] | None = None, stop_after: int | None = None,
-          tokenizer: Any = None) -> TrainResult:
+          resume: bool | str = False, progress: bool = True, distributed: bool | None = None,
+          stages: tuple[str, ...] | None = None, stop_after: int | None = None, overwrite: bool = False,
+          record: dict[str, Any] | None = None, tokenizer: Any = None) -> TrainResult:
     """Train an ESSH or ES-SSM model; returns the history and the final model directory.
 
     Args:
@@ -313,7 +344,10 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             ``PackedBatches`` sharded with this rank's ``rank``/``world_size``; or a callable
             ``data(rank, world_size)`` returning one.
         cfg: the ``TrainConfig``. val_data: iterable of validation batches (the first
-            ``cfg.eval_batches`` are kept and reused). resume: continue from ``cfg.out_dir``.
+            ``cfg.eval_batches`` are kept and reused). resume: continue from ``cfg.out_dir`` (refused when
+            it holds no checkpoint; ``"auto"``: continue if it holds one, else start). overwrite: a fresh
+            run into an ``out_dir`` holding another run's checkpoints moves that run aside (else: refused).
+        record: the whole run settings (``RunConfig.to_dict()``): compared on resume, written to ``run.yaml``.
         distributed: None reads the torchrun environment; False forces one process.
         stages: None runs pretraining (+ refinement when configured); ``("refine",)`` only refinement.
         stop_after: end this call after that many steps of the current stage (a checkpoint is written
@@ -322,6 +356,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             ``model.tokenizer`` and is saved with every checkpoint and the final model.
     """
     ctx = init_distributed(cfg.device, distributed)
+    lock = None
     try:
         model = build_model(model_or_cfg, cfg.seed).to(ctx.device)
         if tokenizer is not None:
@@ -329,18 +364,23 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
 
             model.tokenizer = load_tokenizer(tokenizer)
         recipe = resolve_recipe_name(cfg.recipe, model)
+        lock, resume = start_run(model, cfg, ctx, resume, overwrite, record)
         if cfg.compile and cfg.compile_scope == "model":
             from ..models import compile_model
 
             compile_model(model)
         elif cfg.compile:
             _compile_blocks(model, len(cfg.capacities))
-        trainer = _Trainer(model, data, cfg, ctx, val_data, progress)
-        finished = True
-        for st in _stages(cfg, recipe, stages):
-            finished = trainer.run_stage(st, resume, stop_after)
-            if not finished:
-                break
+        with StopSignals(announce=ctx.is_main) as stop:
+            trainer = _Trainer(model, data, cfg, ctx, val_data, progress, stop)
+            finished = True
+            try:
+                for st in _stages(cfg, recipe, stages):
+                    finished = trainer.run_stage(st, resume, stop_after)
+                    if not finished:
+                        break
+            finally:  # an error message then starts on a line of its own
+                trainer.log.close_bar()
         path = None
         if is_sharded(model):
             state = full_model_state(model)
@@ -350,6 +390,8 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
         return TrainResult(trainer.log.history, path, model, trainer.log.evals, Path(cfg.out_dir))
     finally:
+        if lock is not None:
+            lock.release()
         ctx.close()
 
 

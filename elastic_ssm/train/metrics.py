@@ -7,7 +7,8 @@
     {"kind": "eval", "stage": "pretrain", "step": 500, "tier": "T4", "loss": 3.4, "bpt": 4.9, "bpb": 4.9,
      "accuracy": 0.31, "tokens": 65536}
 
-``loss`` is the step objective per valid token (sum over micro-batches / N_tok, Algorithm 1), ``ce``
+A resumed stage first drops the records written after its checkpoint (``drop_after``), so every step is
+logged once. ``loss`` is the step objective per valid token (sum over micro-batches / N_tok, Algorithm 1), ``ce``
 the label cross-entropy of the sampled capacities, ``aux`` the KL (pretraining) or TV (refinement)
 term, ``ce_full`` the full model's CE during refinement. Validation reports the mean next-token
 loss of every requested tier, bits per token ``bpt = loss / ln 2`` and bits per byte
@@ -59,6 +60,28 @@ class MetricsLogger:
         if self.ctx.is_main:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+
+    def drop_after(self, stage: str, step: int) -> int:
+        """Drop the records of ``stage`` after ``step`` (written after the checkpoint a run resumes from, so
+        they are written again) and any torn last line; returns how many lines were dropped."""
+        if not self.path.is_file():
+            return 0
+        kept, dropped = [], 0
+        for line in self.path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                dropped += 1
+                continue
+            if rec.get("stage") == stage and int(rec.get("step", 0)) > step:
+                dropped += 1
+                continue
+            kept.append(line)
+        if dropped:
+            from ..models.base import atomic_write_bytes
+
+            atomic_write_bytes(self.path, "".join(f"{x}\n" for x in kept).encode())
+        return dropped
 
     def train_step(self, record: dict[str, Any], log: bool) -> None:
         self.history.append(record)

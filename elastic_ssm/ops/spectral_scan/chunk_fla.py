@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from .chunk_torch import _rotation
+from .chunk_torch import _reset_exponent, _rotation
 
 
 def _absolute_phase(theta: torch.Tensor, T: int) -> torch.Tensor:
@@ -63,7 +63,9 @@ def gla_inputs(
     krot = torch.stack([cph, -sph], -1)  # R(-theta t) e1
     q = (read.to(wide)[..., None] * qrot).reshape(B, T, K, 2 * M).to(dtype)
     k = (write.to(wide)[..., None] * krot).reshape(B, T, K, 2 * M).to(dtype)
-    g = (torch.log(rho.to(wide)) - clock.to(wide))[..., None].expand(B, T, K, M, 2).reshape(B, T, K, 2 * M)
+    # capped like the torch path: rho = 0 or an infinite clock is an exact reset, never -inf - (-inf) = NaN
+    g = (torch.log(rho.to(wide)) - clock.to(wide)).clamp(min=-_reset_exponent(wide))
+    g = g[..., None].expand(B, T, K, M, 2).reshape(B, T, K, 2 * M)
     h0 = None if initial_state is None else initial_state.to(wide).reshape(B, K, 2 * M, P)
     return q, k, v.to(dtype), g, h0
 

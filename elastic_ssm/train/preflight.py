@@ -1,0 +1,165 @@
+"""Checks before the first training step, the comparison of a resumed run, and graceful preemption.
+
+``preflight`` runs on rank 0 before any step and before anything in ``out_dir`` is written (its verdict is
+broadcast, so every rank fails together): the one-writer lock and ownership of the run directory
+(``rundir.py``), the evaluation tier names, free disk space for one checkpoint, and on ``resume`` the
+comparison of every setting that changes the objective with the settings the run was started with. Only
+when all of it passes is ``run.yaml`` (the whole run record) written.
+
+``StopSignals`` turns SIGTERM (what clusters send before they kill a job) and the first SIGINT (Ctrl-C)
+into a request that the loop honours after the current step: it writes a checkpoint and raises
+``TrainingInterrupted`` naming it. A second SIGINT stops at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import ConfigError
+from .rundir import RunLock, check_free_disk, claim_run_dir, clean_stale_files, has_checkpoint
+
+__all__ = ["preflight", "start_run", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD"]
+
+RUN_RECORD = "run.yaml"
+#: data settings a resumed run may change (validation only; the training stream must stay the same)
+DATA_RESUME_FREE = frozenset({"val_source"})
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped on a signal after a finished step; ``checkpoint`` is where it can be resumed."""
+
+    def __init__(self, signame: str, stage: str, step: int, checkpoint: Path | None) -> None:
+        self.signame, self.stage, self.step, self.checkpoint = signame, stage, step, checkpoint
+        where = f"checkpoint {checkpoint}" if checkpoint else "no new checkpoint (no step had finished)"
+        super().__init__(f"stopped by {signame} after {stage} step {step}; {where}; continue with --resume")
+
+
+def config_changes(saved: dict[str, Any], now: dict[str, Any], free: frozenset[str] = frozenset(),
+                   prefix: str = "") -> list[str]:
+    """Dotted names of the fields that differ between two config dicts, except the ``free`` ones."""
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        if k in free:
+            continue
+        a, b = saved.get(k), now.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, free, f"{prefix}{k}.")
+        elif (list(a) if isinstance(a, tuple) else a) != (list(b) if isinstance(b, tuple) else b):
+            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return out
+
+
+def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]) -> None:
+    saved_path = out / RUN_RECORD
+    if not saved_path.is_file():
+        return
+    try:
+        saved = yaml.safe_load(saved_path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{saved_path} is not valid YAML ({e}); restore it or start a new --train.out_dir") from e
+    changed = []
+    for section in ("model", "train", "data"):
+        if section in record and isinstance(saved.get(section), dict):
+            skip = {"train": free, "data": DATA_RESUME_FREE}.get(section, frozenset())
+            changed += config_changes(saved[section], record[section], skip, f"{section}.")
+    if changed:
+        raise ConfigError(f"--resume: {len(changed)} setting(s) that change the objective differ from {saved_path} "
+                          f"({'; '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}); resume with the "
+                          "saved settings or start a new --train.out_dir")
+
+
+def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
+              record: dict[str, Any] | None) -> tuple[RunLock, bool]:
+    """Rank-0 checks before the first step; returns the held ``RunLock`` (release it when the run ends) and
+    whether the run resumes (``resume="auto"``: when ``out_dir`` holds a complete checkpoint, e.g. a job that
+    a cluster requeues with the same command after a preemption)."""
+    from .metrics import eval_tier_list
+
+    out = Path(cfg.out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--train.out_dir {out} is a file; choose a directory path")
+    try:
+        eval_tier_list(model, cfg.eval_tiers)
+    except Exception as e:
+        raise ConfigError(f"train.eval_tiers {list(cfg.eval_tiers)}: {e}") from None
+    if resume is True and not out.is_dir():
+        raise ConfigError(f"--resume: {out} does not exist, so there is no run to continue; run without --resume "
+                          "to start one there")
+    out.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(out).acquire()
+    try:
+        if resume == "auto":
+            resume = has_checkpoint(out)
+            what = "continuing the run" if resume else "no checkpoint yet, starting"
+            print(f"[train] --resume auto: {what} in {out}")
+        if resume and record is not None:  # every refusal comes before the first change to the directory
+            _check_resume_record(out, record, cfg.RESUME_FREE)
+        check_free_disk(out, sum(p.numel() for p in model.parameters()))
+        claim_run_dir(out, resume, overwrite)
+        clean_stale_files(out)
+        if record is not None:
+            from ..models.base import atomic_write_bytes
+
+            atomic_write_bytes(out / RUN_RECORD, yaml.safe_dump(record, sort_keys=False).encode())
+    except BaseException:
+        lock.release()
+        raise
+    return lock, bool(resume)
+
+
+def start_run(model: Any, cfg: Any, ctx: Any, resume: bool | str, overwrite: bool,
+              record: dict[str, Any] | None) -> tuple[RunLock | None, bool]:
+    """``preflight`` on rank 0 with its verdict broadcast, so that every rank fails (or resumes) together;
+    returns the lock (None off rank 0) and whether the run resumes."""
+    from .dist import broadcast_object
+
+    lock, failure = None, None
+    if ctx.is_main:
+        try:
+            lock, resume = preflight(model, cfg, resume, overwrite, record)
+        except (ConfigError, OSError) as e:
+            failure = e
+    message, resume = broadcast_object((None if failure is None else str(failure), resume), ctx)
+    if failure is not None:
+        raise failure
+    if message is not None:
+        raise ConfigError(f"rank 0 refused to start: {message}")
+    return lock, bool(resume)
+
+
+class StopSignals:
+    """While active (``with``), SIGTERM and the first SIGINT set ``requested`` instead of killing the process.
+
+    Only the main thread can install handlers; elsewhere this is a no-op and signals behave as usual.
+    """
+
+    def __init__(self, announce: bool = True) -> None:
+        self.requested: str | None = None
+        self.announce = announce
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.requested and signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self.requested = name
+        if self.announce:
+            print(f"[train] {name}: finishing the current step, then writing a checkpoint and stopping"
+                  + (" (Ctrl-C again stops at once)" if signum == signal.SIGINT else ""), flush=True)
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old.clear()

@@ -1,0 +1,296 @@
+"""A run directory belongs to one run: reuse, a second writer, --overwrite, --resume refusals, corrupted
+weights and checkpoints (sha256), a read-only or full disk, divergence. Each refusal is one line and exit
+code 2, and leaves the directory as it was."""
+
+import json
+import os
+import shutil
+import signal
+import time
+import warnings
+
+import harness
+import pytest
+
+import elastic_ssm as es
+from elastic_ssm.cli import main
+from elastic_ssm.models.base import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    """A finished 2-step run (in process) and its run file."""
+    root = tmp_path_factory.mktemp("done")
+    cfg = harness.write_run(root, steps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(root / "run")]) == 0
+    return cfg, root / "run"
+
+
+def _copy(done, tmp_path):
+    cfg, run = done
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return cfg, dst
+
+
+def _snapshot(path):
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _one_line_error(capsys, *needles):
+    """The one error line (progress-bar lines of a run that started are not messages)."""
+    text = capsys.readouterr().err
+    lines = [line for line in text.splitlines() if line.strip() and "step/s" not in line and "?step" not in line]
+    assert len(lines) == 1 and lines[0].startswith("elastic-ssm") and "Traceback" not in text, text
+    err = lines[0]
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+def test_reused_dir_is_refused_and_overwrite_moves_the_old_run_aside(done, tmp_path, capsys):
+    cfg, run = _copy(done, tmp_path)
+    before = _snapshot(run)
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(run)]) == 2
+    _one_line_error(capsys, str(run), "--resume", "--overwrite", "--train.out_dir")
+    assert _snapshot(run) == before  # run.yaml, metrics, checkpoints untouched
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--overwrite"]) == 0
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert len(aside) == 1 and _snapshot(aside[0]) == {k: v for k, v in before.items() if k != ".lock"}
+    assert "moved the previous run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change", [["--train.kl_coef", "0.3"], ["--train.alpha_ff", "0.25"],
+                                    ["--train.capacities", "0.5", "1.0"], ["--model.d_ff", "128"],
+                                    ["--data.max_train_bytes", "1000"], ["--train.seed", "1"]])
+def test_resume_refuses_objective_changes_and_leaves_the_run_untouched(done, tmp_path, capsys, change):
+    cfg, run = _copy(done, tmp_path)
+    before = _snapshot(run)
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume", *change]) == 2
+    _one_line_error(capsys, change[0].removeprefix("--"))
+    assert _snapshot(run) == before
+
+
+def test_python_resume_compares_the_checkpoints_train_config(tmp_path):
+    """``train(resume=True)`` without a run.yaml compares against the TrainConfig stored in the checkpoint."""
+    import torch
+
+    from elastic_ssm.config import ConfigError
+    from elastic_ssm.train import TrainConfig, train
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 256, (2, 16), generator=g), torch.randint(0, 256, (2, 16), generator=g))
+               for _ in range(8)]
+    cfg = TrainConfig(steps=3, micro_batch_size=2, seq_len=16, eval_every=0, out_dir=str(tmp_path), device="cpu",
+                      n_warm_tokens=0, grad_accum=2)
+    train(es.ESSHConfig.preset("tiny"), batches, cfg, progress=False, distributed=False, stop_after=1)
+    for change in (dict(kl_coef=0.1), dict(alpha_ff=0.9), dict(full_share=0.5), dict(capacities=(0.5, 1.0))):
+        with pytest.raises(ConfigError, match=next(iter(change))):
+            train(es.ESSHConfig.preset("tiny"), batches, cfg.replace(**change), resume=True, progress=False,
+                  distributed=False)
+    res = train(es.ESSHConfig.preset("tiny"), batches, cfg.replace(log_every=5, keep_last=1), resume=True,
+                progress=False, distributed=False)  # logging and retention may change
+    assert [h["step"] for h in res.history] == [2, 3]
+
+
+def test_resume_without_a_checkpoint_is_refused(done, tmp_path, capsys):
+    cfg, run = _copy(done, tmp_path)
+    shutil.rmtree(run / "pretrain")  # a finished model alone cannot continue training
+    before = _snapshot(run)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out in (tmp_path / "missing", empty, run):
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(out), "--resume"]) == 2
+        _one_line_error(capsys, "no", "without --resume")
+    assert not (tmp_path / "missing").exists() and not (empty / "run.yaml").exists()
+    assert _snapshot(run) == before
+
+
+def test_a_second_writer_is_refused_and_a_dead_holders_lock_is_stale(tmp_path, capsys):
+    cfg = harness.write_run(tmp_path, steps=400)
+    out = tmp_path / "busy"
+    first = harness.start(cfg, out)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and not (out / "run.yaml").is_file():
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        holder = json.loads((out / ".lock").read_text())
+        assert holder["pid"] == first.pid
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(out), "--resume"]) == 2
+        _one_line_error(capsys, "in use by another run", f"pid {first.pid}")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=60)
+    from elastic_ssm.train.rundir import RunLock
+
+    with pytest.warns(UserWarning, match=f"stale lock of pid {first.pid}"):
+        RunLock(out).acquire().release()
+
+
+def test_flipped_bytes_in_weights_and_checkpoints_are_detected(done, tmp_path, capsys):
+    cfg, run = _copy(done, tmp_path)
+    weights = run / "final" / "model.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[len(blob) // 2] ^= 0x10  # same size, one bit
+    weights.write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="sha256"):
+        es.models.load_pretrained(run / "final")
+    assert main(["eval", str(run / "final"), "--seq-len", "16", "--batch-size", "1", "--batches", "1",
+                 "--data", str(cfg.parent / "corpus.txt")]) == 2
+    _one_line_error(capsys, str(weights), "checksum")
+    for step in ("step_0000002", "step_0000001"):  # newest first: a warning and the older one; then an error
+        opt = run / "pretrain" / step / "optimizer.pt"
+        blob = bytearray(opt.read_bytes())
+        blob[-20] ^= 0x01
+        opt.write_bytes(bytes(blob))
+    with pytest.warns(UserWarning, match="optimizer.pt: sha256 checksum mismatch"):
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume"]) == 2
+    _one_line_error(capsys, "could be loaded", "step_0000001", "optimizer.pt")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="running as root: permission bits do not stop root, so this "
+                                               "platform cannot make a read-only directory for the test")
+def test_read_only_out_dir(done, tmp_path, capsys):
+    cfg, _ = done
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(ro / "run")]) == 2
+        _one_line_error(capsys, "Permission denied", str(ro / "run"))
+    finally:
+        ro.chmod(0o700)
+
+
+def test_read_only_file_system_message(done, tmp_path, capsys, monkeypatch):
+    """A read-only mount (EROFS), simulated so that it runs as root too: one line naming the path."""
+    import errno
+
+    import elastic_ssm.train.rundir as rundir
+
+    cfg, _ = done
+    out = tmp_path / "mounted"
+    out.mkdir()
+    real_open = os.open
+
+    def read_only(path, *a, **kw):
+        if str(path).startswith(str(out)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(rundir.os, "open", read_only)
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(out)]) == 2
+    _one_line_error(capsys, "Read-only file system", str(out))
+    assert list(out.iterdir()) == []
+
+
+def test_full_disk_is_found_before_the_first_step_and_during_a_write(done, tmp_path, capsys, monkeypatch):
+    cfg, _ = done
+    import elastic_ssm.train.rundir as rundir
+
+    monkeypatch.setattr(rundir.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10 << 20, 10 << 20, 4096))
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(tmp_path / "full")]) == 2
+    _one_line_error(capsys, "MiB free", "one checkpoint")
+    assert not (tmp_path / "full" / "metrics.jsonl").exists()
+    monkeypatch.undo()
+
+    import elastic_ssm.train.checkpoint as ckpt
+
+    def no_space(path, data):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(ckpt, "atomic_write_bytes", no_space)
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(tmp_path / "full2")]) == 2
+    _one_line_error(capsys, "No space left on device")
+
+
+def test_divergence_names_the_step_the_checkpoint_and_what_to_try(done, tmp_path, capsys):
+    cfg, _ = done
+    out = tmp_path / "div"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rc = main(["train", "--config", str(cfg), "--train.out_dir", str(out), "--train.lr", "1e35",
+                   "--train.clip", "0", "--train.steps", "4"])
+    assert rc == 2
+    err = _one_line_error(capsys, "training diverged", "non-finite loss", "--train.lr")
+    assert "step_0000001" in err or "no checkpoint was written yet" in err
+
+
+def test_resume_auto_starts_then_continues(done, tmp_path, capsys):
+    """``--resume auto`` (a job requeued with one command): a fresh start without a checkpoint, a
+    continuation with one; a directory holding only another run's final model is still refused."""
+    cfg, _ = done
+    out = tmp_path / "auto"
+    argv = ["train", "--config", str(cfg), "--train.out_dir", str(out), "--resume", "auto"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv) == 0
+        assert "no checkpoint yet, starting" in capsys.readouterr().out
+        assert main(argv) == 0
+        assert "continuing the run" in capsys.readouterr().out
+    shutil.rmtree(out / "pretrain")
+    assert main(argv) == 2
+    _one_line_error(capsys, "already holds another run", "final/")
+
+
+def test_sigint_checkpoints_and_exits_130(done, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during training (here delivered by the kernel to this process at step 2): the step finishes, a
+    checkpoint is written, the command says so and exits 130; --resume then finishes the run."""
+    from elastic_ssm.train.metrics import MetricsLogger
+
+    cfg, _ = done
+    out = tmp_path / "int"
+    original = MetricsLogger.train_step
+
+    def train_step(self, record, log):
+        original(self, record, log)
+        if record["step"] == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(MetricsLogger, "train_step", train_step)
+    argv = ["train", "--config", str(cfg), "--train.out_dir", str(out), "--train.steps", "4",
+            "--train.checkpoint_every", "0"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv) == 128 + signal.SIGINT
+        err = _one_line_error(capsys, "stopped by SIGINT after pretrain step 1", "--resume")
+        assert (out / "pretrain" / "step_0000001" / "COMPLETE.json").is_file() and "step_0000001" in err
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+        monkeypatch.setattr(MetricsLogger, "train_step", original)
+        assert main([*argv, "--resume"]) == 0
+    assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_lock_without_file_locking_falls_back_to_the_holders_pid(tmp_path, monkeypatch):
+    """On a file system without flock (ENOLCK) the recorded holder decides: alive on this host -> refused,
+    dead -> its stale lock is taken over with a warning."""
+    import errno
+    import fcntl
+    import socket
+    import subprocess
+    import sys
+
+    from elastic_ssm.train.rundir import RunDirBusy, RunLock
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock_file = tmp_path / ".lock"
+        lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid, "started": "t"}))
+        with pytest.raises(RunDirBusy, match=f"pid {sleeper.pid}"):
+            RunLock(tmp_path).acquire()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with pytest.warns(UserWarning, match=f"stale lock of pid {sleeper.pid}"):
+        lock = RunLock(tmp_path).acquire()
+    assert json.loads(lock_file.read_text())["pid"] == os.getpid()
+    lock.release()

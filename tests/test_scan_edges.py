@@ -1,0 +1,135 @@
+"""Edge values of the ESSH scan (Eq. 5, 24) against the float64 tokenwise specification (naive.py).
+
+The chunked torch path must be causal and finite wherever the spec is: a NaN/Inf at position t leaves every
+output before t (and every other channel) finite and equal to the spec; ``rho = 0`` and an infinite clock
+are the spec's finite state reset; clocks far above the reset exponent are exact; ``rho = exp(-softplus(x))``
+of a large ``x`` (underflow to 0 inside the model) keeps the logits finite. The public op rejects values
+outside its ranges (negative clock, rho outside [0, 1], non-finite modal tables) on CPU.
+"""
+
+import math
+
+import pytest
+import torch
+from test_spectral_scan import make_inputs, naive_gla
+
+import elastic_ssm as es
+from elastic_ssm.ops import chunk_spectral_scan, naive_spectral_scan, spectral_scan
+from elastic_ssm.ops.spectral_scan.chunk_fla import gla_inputs, gla_outputs
+
+ARGS = ("v", "write", "read", "clock", "rho", "theta", "kc", "ks", "a")
+
+
+def _both(x, dtype=torch.float64, chunk=16):
+    spec = naive_spectral_scan(*(x[n] for n in ARGS), initial_state=x["initial_state"], output_final_state=True)
+    fast = chunk_spectral_scan(*(x[n].to(dtype) for n in ARGS), initial_state=x["initial_state"].to(dtype),
+                               output_final_state=True, chunk_size=chunk)
+    return spec, fast
+
+
+def _agree_where_finite(spec, fast, atol=1e-9):
+    """Same finiteness pattern-or-better, equal values wherever the spec is finite."""
+    for s, f in zip(spec, fast):
+        fin = torch.isfinite(s)
+        assert torch.isfinite(f[fin]).all(), "the fast path is non-finite where the spec is finite"
+        torch.testing.assert_close(f[fin].double(), s[fin], rtol=1e-7, atol=atol)
+
+
+@pytest.mark.parametrize("where", ["v", "write", "clock", "read", "initial_state"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_nonfinite_input_does_not_reach_earlier_positions(where, bad):
+    x = make_inputs(B=2, T=70, K=3, M=4, P=5, seed=1)
+    t0, k = 37, 1
+    if where == "initial_state":
+        x[where][1, k, 2, 0, 0] = bad
+    elif where == "v":
+        x[where][1, t0, k, 3] = bad
+    else:
+        x[where][1, t0, k, 2] = bad
+    spec, fast = _both(x)
+    _agree_where_finite(spec, fast)
+    z = fast[0]
+    assert torch.isfinite(z[0]).all() and torch.isfinite(z[1, :, [0, 2]]).all()  # other rows and channels
+    if where != "initial_state":
+        assert torch.isfinite(z[1, :t0]).all()  # causal: nothing before t0 is touched
+    if where == "clock" and bad == math.inf:  # an infinite clock is a reset, finite everywhere
+        assert torch.isfinite(spec[0]).all() and torch.isfinite(z).all()
+    else:
+        assert not torch.isfinite(z[1, t0 if where != "initial_state" else 0, k]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_zero_rho_and_infinite_clock_are_finite_resets(dtype):
+    x = make_inputs(B=2, T=130, K=3, M=4, P=5, seed=2)
+    x["rho"][0, 1] = 0.0
+    x["clock"][0, 5, 2, 3] = math.inf
+    x["clock"][1, 64:, 1, 0] = math.inf  # a chunk boundary, every position after it
+    spec, fast = _both(x, dtype, chunk=64)
+    assert all(torch.isfinite(s).all() for s in spec)
+    tol = 1e-9 if dtype == torch.float64 else 2e-4
+    for s, f in zip(spec, fast):
+        assert torch.isfinite(f).all()
+        torch.testing.assert_close(f.double(), s, rtol=tol, atol=tol)
+
+
+def test_gla_mapping_of_the_fla_path_resets_finitely():
+    """The fla path's forget gate g = log rho - Delta is capped the same way (no -inf, so no NaN)."""
+    x = make_inputs(B=1, T=20, K=2, M=3, P=4, seed=5)
+    x["rho"][0, 1] = 0.0
+    x["clock"][0, 7, 1, 2] = math.inf
+    q, k, v, g, h0 = gla_inputs(*(x[n] for n in ARGS[:8]), initial_state=x["initial_state"])
+    assert torch.isfinite(g).all()
+    z, h = gla_outputs(*naive_gla(q, k, v, g, h0), x["v"], x["write"], x["read"], x["theta"], x["kc"], x["a"])
+    z_ref, h_ref = naive_spectral_scan(*(x[n] for n in ARGS), initial_state=x["initial_state"],
+                                       output_final_state=True)
+    torch.testing.assert_close(z, z_ref, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(h, h_ref, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 2e-4)])
+@pytest.mark.parametrize("size", [1e2, 1e4, 1e6, 1e30])
+def test_isolated_large_clocks_stay_accurate(dtype, tol, size):
+    """Accurate clock range: any clock >= 0 (above ~105 in fp32 / ~746 in fp64 a clock is an exact reset)."""
+    x = make_inputs(B=1, T=130, K=2, M=3, P=4, seed=3)
+    for t in (3, 40, 64, 100):
+        x["clock"][0, t, t % 2, t % 3] = size
+    spec, fast = _both(x, dtype, chunk=64)
+    for s, f in zip(spec, fast):
+        torch.testing.assert_close(f.double(), s, rtol=tol, atol=tol)
+
+
+def test_nan_input_keeps_gradients_of_earlier_positions_finite():
+    x = make_inputs(B=1, T=40, K=2, M=3, P=4, seed=4)
+    x["v"][0, 30, 0, 0] = math.nan
+    v = x["v"].clone().requires_grad_(True)
+    z, _ = chunk_spectral_scan(v, *(x[n] for n in ARGS[1:]), chunk_size=16)
+    z[0, :30].sum().backward()
+    assert torch.isfinite(v.grad).all()
+
+
+def test_large_rho_raw_keeps_the_model_finite():
+    """rho = exp(-softplus(rho_raw)) underflows to 0 at rho_raw >~ 104: a reset, not NaN logits."""
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("tiny")).eval()
+    mixer = next(b.mixer for b in model.blocks if b.kind == "S")
+    with torch.no_grad():
+        mixer.rho_raw[0, 0] = 120.0
+        mixer.rho_raw[1, :] = 1e4
+    ids = torch.randint(0, 256, (2, 40))
+    logits = model(ids)
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name,value,match", [
+    ("clock", -1e-3, "clock must be >= 0"), ("rho", 1.5, "rho must lie in"), ("rho", -0.1, "rho must lie in"),
+    ("rho", math.nan, "rho must lie in"), ("theta", math.inf, "theta must be finite"),
+])
+def test_public_op_checks_value_ranges(name, value, match):
+    x = make_inputs(B=1, T=8, K=2, M=3, P=4)
+    x[name].view(-1)[0] = value
+    with pytest.raises(ValueError, match=match):
+        spectral_scan(*(x[n] for n in ARGS), backend="torch")
+    x = make_inputs(B=1, T=8, K=2, M=3, P=4)
+    x["clock"][0, 3, 0, 0] = math.nan  # NaN is not a range error: it propagates as in the spec
+    z, _ = spectral_scan(*(x[n] for n in ARGS), backend="torch")
+    assert torch.isfinite(z[0, :3]).all() and not torch.isfinite(z[0, 3, 0]).all()
