@@ -240,3 +240,13 @@ def test_cache_batch_edits_follow_the_rows(model):
         model(ids[order], tier="T3", cache=want)
     tok = torch.tensor([5, 6, 7])
     torch.testing.assert_close(model.step(tok, cache), model.step(tok, want), rtol=1e-10, atol=1e-10)
+
+
+def test_reference_step_names_bad_token_ids(model):
+    cache = model.allocate_cache(2, "T1")
+    for bad, match in ((torch.tensor([1.0, 2.0]), "integer token id"), (torch.tensor([1, 2, 3]), r"tokens \[2\]"),
+                       (torch.tensor([1, 10**6]), "token ids must lie in")):
+        with pytest.raises(ValueError, match=match):
+            model.step(bad, cache)
+    with pytest.raises(ValueError, match="integer ids"):
+        FastDecoder(model, "T1", 2, backend="torch").step(torch.tensor([1.0, 2.0]))

@@ -224,7 +224,15 @@ class ESSH(GenerationMixin, ElasticModel):
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, cache: ESSHCache) -> torch.Tensor:
-        """Decode one token per sequence: tokens [B] -> logits [B,V]; the cache advances by one."""
+        """Decode one token per sequence: tokens [B] -> logits [B,V]; the cache advances by one.
+
+        The reference step: it checks its input (integer ids of shape [cache.batch] inside the vocabulary,
+        which reads the ids on the host); the fused decoder of ``generate`` runs without such reads."""
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype not in (torch.int64, torch.int32) \
+                or tuple(tokens.shape) != (cache.batch,):
+            got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(f"step takes one integer token id per sequence, tokens [{cache.batch}]; got {got}")
+        self._check_ids(tokens[None])
         t = cache.tier
         x = self.embed(tokens)
         for block, state in zip(self.blocks, cache.layers):

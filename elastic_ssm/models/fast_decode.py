@@ -150,8 +150,10 @@ class FastDecoder:
         """tokens [B'] (B' <= batch: the first B' cache rows) -> logits [B', V]; advances the whole cache by
         one token. With a captured graph the result is (a view of) a static buffer overwritten by the next
         call."""
-        if tokens.dim() != 1 or not 1 <= tokens.shape[0] <= self.batch:
-            raise ValueError(f"tokens must have shape (B,) with 1 <= B <= {self.batch}, got {tuple(tokens.shape)}")
+        if tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 1 \
+                or not 1 <= tokens.shape[0] <= self.batch:
+            raise ValueError(f"tokens must be integer ids of shape (B,) with 1 <= B <= {self.batch}, got "
+                             f"{tokens.dtype} {tuple(tokens.shape)}")
         rows = tokens.shape[0]
         self._tokens[:rows].copy_(tokens, non_blocking=True)
         if self._graph is not None:
