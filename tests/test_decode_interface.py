@@ -250,3 +250,28 @@ def test_reference_step_names_bad_token_ids(model):
             model.step(bad, cache)
     with pytest.raises(ValueError, match="integer ids"):
         FastDecoder(model, "T1", 2, backend="torch").step(torch.tensor([1.0, 2.0]))
+
+
+def test_weight_piece_digests_find_a_flipped_byte(tmp_path):
+    """``config.json`` carries per-piece sha256 digests; loading verifies them in parallel and names the
+    corrupted byte range (``models/checksums.py``)."""
+    import json
+
+    from elastic_ssm.models import checksums
+    from elastic_ssm.models.base import CheckpointError
+
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    model.save_pretrained(tmp_path)
+    meta = json.loads((tmp_path / "config.json").read_text())
+    rec = meta["weights_sha256_pieces"]
+    assert rec["digests"] == checksums.file_piece_digests(tmp_path / "model.safetensors", rec["piece_bytes"])
+    es.ESSH.from_pretrained(tmp_path)
+    small = {**rec, "piece_bytes": 4096, "digests": checksums.file_piece_digests(tmp_path / "model.safetensors", 4096)}
+    meta["weights_sha256_pieces"] = small
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    blob = bytearray((tmp_path / "model.safetensors").read_bytes())
+    blob[10000] ^= 1
+    (tmp_path / "model.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match=r"model.safetensors: sha256 checksum mismatch in bytes 8192\.\.12288"):
+        es.ESSH.from_pretrained(tmp_path)
+    es.ESSH.from_pretrained(tmp_path, verify=False)         # the caller's choice: no check

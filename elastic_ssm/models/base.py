@@ -101,8 +101,19 @@ def file_sha256(path: str | Path, chunk: int = 1 << 26) -> str:
     return h.hexdigest()
 
 
-def verify_sha256(path: str | Path, expected: str | None) -> None:
-    """Raise ``CheckpointError`` naming ``path`` when its sha256 differs from ``expected`` (None: unchecked)."""
+def verify_sha256(path: str | Path, expected: str | None, pieces: dict | None = None) -> None:
+    """Raise ``CheckpointError`` naming ``path`` when its bytes differ from what was written: by the piece
+    digests when given (parallel, ``models/checksums.py``), else by the whole-file sha256 ``expected``
+    (None: unchecked)."""
+    if pieces:
+        from .checksums import mismatched_piece
+
+        bad = mismatched_piece(path, pieces)
+        if bad is not None:
+            raise CheckpointError(f"{path}: sha256 checksum mismatch in bytes {bad[0]}..{bad[1]} (the bytes changed "
+                                  "after they were written: disk or copy corruption); restore the file from a good "
+                                  "copy or save the model again")
+        return
     if expected and file_sha256(path) != expected:
         raise CheckpointError(f"{path}: sha256 checksum mismatch (the bytes changed after they were written: disk "
                               "or copy corruption); restore the file from a good copy or save the model again")
@@ -207,7 +218,10 @@ class ElasticModel(nn.Module):
             atomic_write_bytes(path / "README.md", model_card(self).encode())
         # Size and checksum tie config.json to its weights: a directory overwritten only halfway and same-size
         # bit rot are both detected on load.
-        text = json.dumps({**self._config_json(), "weights_bytes": len(blob), "weights_sha256": digest}, indent=2)
+        from .checksums import pieces_record
+
+        text = json.dumps({**self._config_json(), "weights_bytes": len(blob), "weights_sha256": digest,
+                           "weights_sha256_pieces": pieces_record(blob)}, indent=2)
         atomic_write_bytes(path / CONFIG_NAME, text.encode())
         return path
 
@@ -234,9 +248,10 @@ class ElasticModel(nn.Module):
     ) -> ElasticModel:
         """Load a saved model; with ``tier`` only that tier's tensor prefixes are loaded.
 
-        ``verify`` checks the sha256 of ``model.safetensors`` against ``config.json`` (one streaming read of the
-        whole file in a thread, overlapped with loading; ~1.3 GB/s of hashing per core, so ~5 s for the 1.5b
-        preset's 6.1 GB); a mismatch raises ``CheckpointError`` naming the file. ``verify=False`` skips it.
+        ``verify`` checks ``model.safetensors`` against the sha256 digests in ``config.json``, overlapped with
+        loading: the 64 MiB piece digests on several threads (``models/checksums.py``), or for older
+        directories the whole-file digest on one (~1.3 GB/s per core); a mismatch raises ``CheckpointError``
+        naming the file. ``verify=False`` skips it.
         """
         path = Path(path)
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
@@ -255,7 +270,7 @@ class ElasticModel(nn.Module):
             from concurrent.futures import ThreadPoolExecutor
 
             pool = ThreadPoolExecutor(1)
-            check = pool.submit(verify_sha256, wfile, meta["weights_sha256"])
+            check = pool.submit(verify_sha256, wfile, meta["weights_sha256"], meta.get("weights_sha256_pieces"))
             pool.shutdown(wait=False)
         rules: list[SliceRule] = []
         source = dict(meta.get("source") or {})

@@ -1,0 +1,61 @@
+"""Weight checksums that verify in parallel: sha256 of fixed-size pieces of ``model.safetensors``.
+
+``config.json`` carries ``weights_sha256`` (the whole file's sha256, for any outside tool) and
+``weights_sha256_pieces`` (``{"piece_bytes": 64 MiB, "digests": [...]}``). Verifying the pieces spreads the
+hashing over threads (hashlib releases the GIL on large buffers), so checking a 3 GB bf16 1.5b checkpoint
+costs a fraction of a second on a many-core host instead of seconds; a mismatch names the file and the byte
+range. Directories written before the pieces existed are verified with the whole-file digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+PIECE_BYTES = 1 << 26
+
+__all__ = ["PIECE_BYTES", "piece_digests", "file_piece_digests", "pieces_record", "mismatched_piece"]
+
+
+def _workers() -> int:
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+def piece_digests(data: bytes | memoryview, piece: int = PIECE_BYTES) -> list[str]:
+    """sha256 hex digests of ``data[i * piece:(i + 1) * piece]``, hashed on several threads."""
+    view = memoryview(data)
+    starts = range(0, len(view), piece)
+    with ThreadPoolExecutor(_workers()) as pool:
+        return list(pool.map(lambda s: hashlib.sha256(view[s:s + piece]).hexdigest(), starts))
+
+
+def file_piece_digests(path: str | Path, piece: int = PIECE_BYTES) -> list[str]:
+    """The same digests of a file's bytes, each piece read (``os.pread``) and hashed on its own thread."""
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with ThreadPoolExecutor(_workers()) as pool:
+            return list(pool.map(lambda s: hashlib.sha256(os.pread(fd, piece, s)).hexdigest(),
+                                 range(0, size, piece)))
+    finally:
+        os.close(fd)
+
+
+def pieces_record(data: bytes | memoryview) -> dict:
+    """What ``config.json`` stores under ``weights_sha256_pieces``."""
+    return {"piece_bytes": PIECE_BYTES, "digests": piece_digests(data)}
+
+
+def mismatched_piece(path: str | Path, record: dict) -> tuple[int, int] | None:
+    """The byte range [start, end) of the first piece whose digest differs from ``record``; None if all match."""
+    piece = int(record["piece_bytes"])
+    got = file_piece_digests(path, piece)
+    want = list(record["digests"])
+    if len(got) != len(want):
+        return (0, os.path.getsize(path))
+    for i, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            return (i * piece, min((i + 1) * piece, os.path.getsize(path)))
+    return None
