@@ -4,7 +4,8 @@
 Run from the repository root on the GPU machine with fla-core importable. Prints, flushed, one line per
 result, and writes ``$OUT/generate.json``. Stages (comma-separated names, default all, in this order):
 
-* ``tests``: ``pytest -m gpu tests/test_generate_gpu.py`` (torch scan backend, as CONTRIBUTING says);
+* ``tests``: ``pytest -m gpu`` of tests/test_generate_gpu.py, test_fast_decode_gpu.py and
+  test_es_ssm_decode_bench.py (torch scan backend, as CONTRIBUTING says);
 * ``generate``: ``elastic-ssm bench`` generate entries, eager prefill: 370m T10 batch 1, 1.5b T10 batch 1
   and 128 (2K prompt, 128 new tokens), each with the pooled decoder's graph step beside it;
 * ``compiled``: the same for 1.5b T10 batch 1 with ``compile_model`` (graphed compiled prefill), and the
@@ -38,9 +39,9 @@ def log(*a) -> None:
 def stage_tests() -> None:
     env = {**os.environ, "ELASTIC_SSM_SCAN_BACKEND": "torch"}
     t = time.time()
-    r = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-x", "tests/test_generate_gpu.py",
-                        "tests/test_fast_decode_gpu.py", "-p", "no:cacheprovider"], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "tests/test_generate_gpu.py",
+                        "tests/test_fast_decode_gpu.py", "tests/test_es_ssm_decode_bench.py", "-p",
+                        "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True)
     tail = (r.stdout + r.stderr).strip().splitlines()[-25:]
     log("\n".join(tail))
     RESULTS["tests"] = {"rc": r.returncode, "s": time.time() - t, "tail": tail[-3:]}
@@ -168,6 +169,18 @@ def stage_profile() -> None:
     lines = r.stdout.splitlines()
     log("\n".join(lines[:60]))
     log(f"autotuning lines printed: {sum('autotun' in x.lower() for x in (r.stdout + r.stderr).splitlines())}")
+
+
+def stage_scan() -> None:
+    """The fla scan against its float64 reference after the edge-value changes (a subset: fla autotunes per
+    shape, minutes on a fresh machine)."""
+    sel = "reference_at_preset_widths or auto_backend or torch_path or long_sequence or (reference and 130)"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "tests/test_spectral_scan_gpu.py", "-k",
+                        sel, "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=float(os.environ.get("GPU_GEN_SCAN_TIMEOUT", "240")))
+    tail = (r.stdout + r.stderr).strip().splitlines()[-15:]
+    log("\n".join(tail))
+    RESULTS["scan"] = {"rc": r.returncode, "tail": tail[-3:]}
 
 
 def main() -> None:
