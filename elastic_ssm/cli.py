@@ -1,4 +1,4 @@
-"""Command line: ``elastic-ssm train|export|eval|generate|bench|prepare|tokenizer|quickstart|info``.
+"""Command line: ``elastic-ssm train|export|eval|generate|serve|calibrate|bench|prepare|tokenizer|quickstart|info``.
 
 Run flags are derived from the config dataclasses (``--model.<field>``, ``--train.<field>``,
 ``--data.<field>``; see ``cli_args.py``) on top of a YAML run file (``--config``). Every command prints
@@ -15,6 +15,8 @@ from pathlib import Path
 
 from .cli_args import add_dataclass_flags, add_device_flag, announce_device, collect_overrides, resolve_device
 from .config import ConfigError, ESSHConfig, ESSSMConfig
+from .serve.cli import add_budget_flags, add_eval_flags, auto_tier, record_quality
+from .serve.cli import add_parsers as add_serve_parsers
 
 DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 TOKENIZER_HELP = ("default: the tokenizer saved with the model; a different one ('bytes', a tokenizer.json or "
@@ -120,6 +122,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     rows = evaluate_tiers(model, batches, tiers, bytes_per_token=bpt)
     print(format_evals(rows))
     _write_csv(args.csv, [r.row() for r in rows])
+    record_quality(args, rows)
     return 0
 
 
@@ -180,8 +183,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16}[args.dtype]
-    model = load_pretrained(args.checkpoint, tier=None if args.tier == "full" else args.tier, device=device,
-                            dtype=dtype)
+    tier = auto_tier(args.checkpoint, args) if args.tier == "auto" else args.tier
+    model = load_pretrained(args.checkpoint, tier=None if tier == "full" else tier, device=device, dtype=dtype)
     if not hasattr(model, "generate"):
         raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; cached generation is an ESSH feature")
     tok = resolve_tokenizer(model, args.tokenizer)
@@ -284,8 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--bytes-per-token", type=float, default=0.0,
                            help="divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)")
             s.add_argument("--csv", help="also write the table as CSV")
+            add_eval_flags(s)
         else:
-            s.add_argument("--tier", default="full", help="tier to load ('full', T1..T10, K8 ...)")
+            s.add_argument("--tier", default="full", help="tier to load ('full', T1..T10, K8 ..., 'auto')")
+            add_budget_flags(s)
             s.add_argument("--prompt", required=True, help="text to continue")
             s.add_argument("--max-new-tokens", type=int, default=200, help="tokens to sample")
             s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -346,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="output tokenizer.json")
     t.add_argument("--max-bytes", type=int, default=0, help="cap on training text (0: all)")
     t.set_defaults(fn=cmd_tokenizer)
+
+    add_serve_parsers(sub)
 
     s = sub.add_parser("bench", help="GPU benchmarks (decode, prefill, training, memory) with peers",
                        add_help=False)
