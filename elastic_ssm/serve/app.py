@@ -33,6 +33,10 @@ from collections import defaultdict
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
 from .engine import Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_completion
@@ -115,16 +119,11 @@ class ServerSettings:
 
 
 def _json(status: int, body: dict, headers: dict | None = None):
-    from fastapi.responses import JSONResponse
-
     return JSONResponse(body, status_code=status, headers=headers)
 
 
 def create_app(model, settings: ServerSettings, engine: Engine | None = None):
     """The FastAPI app serving ``model`` (see the module docstring)."""
-    from fastapi import FastAPI
-    from fastapi import Request as HttpRequest
-    from fastapi.responses import PlainTextResponse, StreamingResponse
 
     metrics = Metrics()
     tok = model.tokenizer
