@@ -30,7 +30,7 @@ def test_row_view_writes_one_row_and_reset_empties_only_it(tiny):
     view = reset_row_(cache, 1)
     assert view.batch == 1 and view.positions.data_ptr() == cache.positions[1:].data_ptr()
     assert int(cache.positions[1]) == 0 and int(cache.positions[0]) == 7 and int(cache.positions[2]) == 7
-    for i, s in cache.states.items():
+    for s in cache.states.values():
         assert s[1].abs().sum() == 0 and (s[0] == 7).all() and (s[2] == 7).all()
     for r in cache.rings.values():
         assert (r.slot_pos[1] == -1).all() and (r.slot_pos[0] == 7).all() and (r.keys[1] == 0).all()

@@ -139,7 +139,7 @@ def create_app(model, settings: ServerSettings, engine: Engine | None = None):
         eng = engine or Engine(model, settings.tiers, settings.slots, settings.max_queue,
                                settings.stall_timeout_s, eos=eos, tokenizer=tok, metrics=metrics)
         eng.metrics = metrics
-        state["engine"] = eng.start()
+        state["engine"] = app.state.engine = eng.start()
         try:
             yield
         finally:

@@ -161,7 +161,7 @@ class Engine:
         req = pool.owner[row]
         text = self._texts[name][row]
         if reason != "cancelled" and text is not None:
-            tail = text.flush()
+            tail = text.finish()
             if tail:
                 req.emit("text", tail)
         req.finish_reason = reason

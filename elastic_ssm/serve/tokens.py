@@ -115,8 +115,15 @@ class TextStream:
         return self._take(len(self.text))
 
     def flush(self) -> str:
-        """Everything not yet sent (at the end of the request; a pending partial character is dropped)."""
+        """Everything decoded and not yet sent."""
         return self._take(len(self.text))
+
+    def finish(self) -> str:
+        """The rest of the text at the end of a request: a trailing incomplete character of a byte model
+        becomes U+FFFD (as ``tokenizer.decode`` of all the tokens gives), unless a stop string ended it."""
+        if self.bytes and not self.stopped:
+            self.text += self._utf8.decode(b"", final=True)
+        return self.flush()
 
     def _take(self, upto: int) -> str:
         if upto <= self.sent:
