@@ -1,6 +1,8 @@
 """Serving pieces without HTTP: slot rows, the slot pool against generate, per-row sampling, text, select_tier."""
 
+import asyncio
 import json
+import time
 
 import pytest
 import torch
@@ -156,3 +158,58 @@ def test_calibrate_and_quality_files(tiny, tmp_path):
     rows = [TierEval("T1", 1, 16, 10, 2.0, 100, 1.0), TierEval("T2", 2, 32, 20, 1.5, 100, 1.0)]
     q = quality_table(rows, "stdlib", "validation")
     assert q["tiers"]["T2"]["value"] == pytest.approx(1.5 / 0.6931471805599453) and not q["higher_is_better"]
+
+
+def test_a_stalled_client_is_cancelled_and_its_slot_freed(tiny):
+    eng = Engine(tiny, ["T1"], slots=2, stall_timeout=0.3, tokenizer=tiny.tokenizer).start()
+    try:
+        stalled = Request(tier="T1", prompt=[1, 2], max_tokens=100000)   # nobody ever takes its events
+        eng.submit(stalled)
+        deadline = time.time() + 20
+        while stalled.finish_reason is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert stalled.finish_reason == "cancelled" and stalled.completion_tokens < 100000
+        assert eng.pools["T1"].busy() == 0
+    finally:
+        eng.shutdown()
+
+
+def test_auto_tier_moves_down_when_the_default_tier_is_full(tiny):
+    eng = Engine(tiny, ["T1", "T4", "T10"], slots=1, tokenizer=tiny.tokenizer)   # not started: requests wait
+    assert eng.pick_auto("T10") == "T10"
+    eng.submit(Request(tier="T10", prompt=[1], max_tokens=1))
+    assert eng.pick_auto("T10") == "T4"
+    assert eng.pick_auto("T4") == "T4"                 # never above the default tier
+    eng.submit(Request(tier="T4", prompt=[1], max_tokens=1))
+    eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))
+    eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))
+    assert eng.pick_auto("T10") in ("T4", "T10")       # all full: the least loaded (T1 has two waiting)
+
+
+def test_guard_caps_connections_per_client():
+    from elastic_ssm.serve.guard import Guard
+
+    gate = asyncio.Event()
+    sent = []
+
+    async def app(scope, receive, send):
+        await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def run():
+        guard = Guard(app, api_key=None, max_connections=2, max_body=100)
+        scope = {"type": "http", "path": "/v1/models", "headers": [], "client": ("10.0.0.1", 1)}
+
+        async def send(msg):
+            sent.append(msg.get("status"))
+
+        tasks = [asyncio.create_task(guard(scope, None, send)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert [s for s in sent if s] == [429]          # the third concurrent request from one address
+        other = dict(scope, client=("10.0.0.2", 1))
+        gate.set()
+        await asyncio.gather(*tasks, guard(other, None, send))
+        assert sorted(s for s in sent if s) == [200, 200, 200, 429]
+        assert guard._open == {}
+
+    asyncio.run(run())

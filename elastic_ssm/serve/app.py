@@ -130,7 +130,6 @@ def create_app(model, settings: ServerSettings, engine: Engine | None = None):
     if tok is None:
         raise ValueError("the model directory holds no tokenizer; save the model with model.tokenizer set")
     eos = model.config.eos_token_id if model.config.eos_token_id >= 0 else None
-    order = {t.name: t.index for t in model.tier_table()}
     chat = ChatTemplate.from_model(model)
     state: dict = {}
 
@@ -148,17 +147,6 @@ def create_app(model, settings: ServerSettings, engine: Engine | None = None):
     app = FastAPI(title="elastic-ssm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, api_key=settings.api_key, max_connections=settings.max_connections_per_client,
                        max_body=settings.max_body_bytes, metrics=metrics)
-
-    def pick_auto() -> str:
-        """Under load, the largest tier up to the default one with a free slot, else the least loaded."""
-        eng = state["engine"]
-        cands = sorted((t for t in settings.tiers if order[t] <= order[settings.default_tier]),
-                       key=lambda t: -order[t]) or [settings.default_tier]
-        for t in cands:
-            pool = eng.pools[t]
-            if pool.free_slots() > len(eng.waiting[t]):
-                return t
-        return min(cands, key=eng.load)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
@@ -184,7 +172,7 @@ def create_app(model, settings: ServerSettings, engine: Engine | None = None):
         params = parse_completion(body, settings.name, settings.tiers, settings.default_tier, tok,
                                   model.config.vocab_size, settings.max_prompt_tokens, settings.max_tokens_limit)
         eng = state["engine"]
-        tier = pick_auto() if params.tier == "auto" else params.tier
+        tier = eng.pick_auto(settings.default_tier) if params.tier == "auto" else params.tier
         req = Request(tier=tier, prompt=params.prompt, max_tokens=params.max_tokens,
                       temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
                       stop=params.stop, loop=asyncio.get_running_loop(), queue=asyncio.Queue())
@@ -209,9 +197,21 @@ def create_app(model, settings: ServerSettings, engine: Engine | None = None):
                      ttft, (time.monotonic() - started) * 1e3, status, params.stream)
 
         async def events():
+            """The request's events; text already waiting is joined into one piece (one chunk to send)."""
+            held = None
             while True:
-                ev = await req.queue.get()
+                ev, held = held or await req.queue.get(), None
                 req.took()
+                if ev[0] == "text":
+                    parts = [ev[1]]
+                    while not req.queue.empty():
+                        nxt = req.queue.get_nowait()
+                        if nxt[0] != "text":
+                            held = nxt
+                            break
+                        req.took()
+                        parts.append(nxt[1])
+                    ev = ("text", "".join(parts))
                 yield ev
                 if ev[0] in ("done", "error"):
                     return

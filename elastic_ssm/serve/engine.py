@@ -9,9 +9,10 @@ parameters), hands each request its text (``serve/tokens.py``), and runs one dec
 fixed batch bucket. A request finishes on ``max_tokens`` (reason ``length``), on a stop string or the
 model's eos token (``stop``), or by cancellation (the client left or stopped reading).
 
-Events reach the HTTP side through ``Request.emit`` (thread-safe, into the request's asyncio queue):
-``("text", str)``, ``("done", finish_reason)``, ``("error", message)``. An error while serving one request
-ends that request only; the engine keeps serving the others.
+Events reach the HTTP side through ``Request.emit``: ``("text", str)``, ``("done", finish_reason)``,
+``("error", message)``. The engine collects the events of a whole step and hands them to the event loop in
+one thread-safe call per loop (``deliver``), not one per token, so 128 streams cost one wake-up a step.
+An error while serving one request ends that request only; the engine keeps serving the others.
 """
 
 from __future__ import annotations
@@ -33,6 +34,20 @@ __all__ = ["Engine", "Request", "Busy"]
 
 log = logging.getLogger("elastic_ssm.serve")
 _ids = itertools.count(1)
+_OUTBOX: dict[Any, list] = {}     # event loop -> [(queue, event)], filled and flushed by the engine thread only
+
+
+def _put_all(items: list) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
+def deliver() -> None:
+    """Hand every queued event to its event loop: one ``call_soon_threadsafe`` per loop."""
+    while _OUTBOX:
+        loop, items = _OUTBOX.popitem()
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_put_all, items)
 
 
 class Busy(RuntimeError):
@@ -69,9 +84,10 @@ class Request:
         return self.emitted - self.taken
 
     def emit(self, *event: Any) -> None:
+        """Queue ``event`` for the handler (delivered by the engine at the end of its step)."""
         self.emitted += 1
         if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            _OUTBOX.setdefault(self.loop, []).append((self.queue, event))
 
     def took(self) -> None:
         """The handler took one event (called on its side; used to detect a client that stopped reading)."""
@@ -134,6 +150,16 @@ class Engine:
         p = self.pools[tier]
         return (p.busy() + len(self.waiting[tier])) / p.slots
 
+    def pick_auto(self, default: str) -> str:
+        """``"tier": "auto"`` under load: the largest served tier up to ``default`` with a slot free for one more
+        request, else the least loaded of them."""
+        order = {t.name: t.index for t in self.model.tier_table()}
+        cands = sorted((t for t in self.pools if order[t] <= order[default]), key=lambda t: -order[t])
+        for t in cands:
+            if self.pools[t].free_slots() > len(self.waiting[t]):
+                return t
+        return min(cands, key=self.load)
+
     def snapshot(self) -> dict[str, dict[str, int]]:
         return {n: {"slots": p.slots, "busy": p.busy(), "waiting": len(self.waiting[n])}
                 for n, p in self.pools.items()}
@@ -155,6 +181,7 @@ class Engine:
                 except Exception as e:   # a failure of the step itself: end this pool's requests, keep serving
                     log.exception("engine step failed at tier %s", name)
                     self._fail_all(name, f"internal error while decoding: {type(e).__name__}")
+                deliver()
 
     def _finish(self, name: str, row: int, reason: str) -> None:
         pool = self.pools[name]
