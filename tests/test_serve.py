@@ -213,3 +213,17 @@ def test_guard_caps_connections_per_client():
         assert guard._open == {}
 
     asyncio.run(run())
+
+
+def test_calibrate_command_writes_the_profile_select_tier_reads(tiny, tmp_path, capsys):
+    from elastic_ssm.cli import main
+
+    tiny.save_pretrained(tmp_path)
+    assert main(["calibrate", str(tmp_path), "--batches", "1,2", "--tiers", "T1,T10", "--warmup", "1",
+                 "--iters", "2"]) == 0
+    prof = json.loads((tmp_path / "tier_profile.json").read_text())
+    assert set(prof["tiers"]) == {"T1", "T10"} and set(prof["tiers"]["T1"]["ms_per_token"]) == {"1", "2"}
+    assert main(["calibrate", str(tmp_path), "--batches", "0"]) == 2
+    assert "--batches must be integers >= 1" in capsys.readouterr().err
+    # only T1 and T10 were profiled: a latency budget considers those
+    assert es.select_tier(tmp_path, max_ms_per_token=1e6).name == "T10"
