@@ -227,3 +227,40 @@ def test_calibrate_command_writes_the_profile_select_tier_reads(tiny, tmp_path, 
     assert "--batches must be integers >= 1" in capsys.readouterr().err
     # only T1 and T10 were profiled: a latency budget considers those
     assert es.select_tier(tmp_path, max_ms_per_token=1e6).name == "T10"
+
+
+def test_a_failing_request_or_step_ends_alone_and_the_engine_keeps_serving(tiny):
+    eng = Engine(tiny, ["T1"], slots=2, tokenizer=tiny.tokenizer).start()
+    pool = eng.pools["T1"]
+    admit, step = pool.admit, pool.step
+
+    def bad_admit(owner, prompt):
+        if prompt == [9]:
+            raise ValueError("boom")
+        return admit(owner, prompt)
+
+    pool.admit = bad_admit
+
+    def wait(*reqs):
+        deadline = time.time() + 20
+        while any(r.finish_reason is None for r in reqs) and time.time() < deadline:
+            time.sleep(0.02)
+
+    try:
+        bad, good = Request(tier="T1", prompt=[9], max_tokens=4), Request(tier="T1", prompt=[8], max_tokens=4)
+        eng.submit(bad)
+        eng.submit(good)
+        wait(bad, good)
+        assert (bad.finish_reason, good.finish_reason) == ("error", "length") and good.completion_tokens == 4
+        pool.step = lambda tokens: (_ for _ in ()).throw(RuntimeError("kernel failure"))
+        hit = Request(tier="T1", prompt=[8], max_tokens=4)
+        eng.submit(hit)
+        wait(hit)
+        assert hit.finish_reason == "error" and pool.busy() == 0 and eng.alive()
+        pool.step = step
+        after = Request(tier="T1", prompt=[8], max_tokens=4)
+        eng.submit(after)
+        wait(after)
+        assert after.finish_reason == "length"
+    finally:
+        eng.shutdown()

@@ -155,7 +155,10 @@ def create_app(model, settings: ServerSettings, engine: Engine | None = None):
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": settings.name, "tiers": state["engine"].snapshot()}
+        eng = state["engine"]
+        if not eng.alive():
+            return _json(503, {"status": "engine stopped", "model": settings.name})
+        return {"status": "ok", "model": settings.name, "tiers": eng.snapshot()}
 
     @app.get("/v1/models")
     async def models():

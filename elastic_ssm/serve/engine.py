@@ -135,8 +135,13 @@ class Engine:
             self._cond.notify_all()
         self._thread.join(timeout=10)
 
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def submit(self, req: Request) -> None:
         """Queue ``req`` for its tier; ``Busy`` when the tier's queue is full."""
+        if self._thread.ident is not None and not self._thread.is_alive():
+            raise Busy("the server's engine has stopped; restart the server")
         with self._cond:
             q = self.waiting[req.tier]
             if len(q) >= self.max_queue + self.pools[req.tier].free_slots():
@@ -200,6 +205,7 @@ class Engine:
     def _fail_all(self, name: str, message: str) -> None:
         pool = self.pools[name]
         for row in pool.active_rows():
+            pool.owner[row].finish_reason = "error"
             pool.owner[row].emit("error", message)
             pool.release(row)
             self._texts[name][row] = None
@@ -219,6 +225,7 @@ class Engine:
                 row = pool.admit(req, req.prompt)
             except Exception as e:
                 log.warning("prefill of %s failed: %s", req.id, e)
+                req.finish_reason = "error"
                 req.emit("error", f"the prompt could not be processed: {e}")
                 continue
             temp[row], top_k[row], top_p[row] = float(req.temperature), int(req.top_k), float(req.top_p)
