@@ -172,6 +172,25 @@ def test_a_stalled_client_is_cancelled_and_its_slot_freed(tiny):
         assert eng.pools["T1"].busy() == 0
     finally:
         eng.shutdown()
+    # a reading client is never dropped, and time spent waiting for a slot does not count as not reading
+    eng = Engine(tiny, ["T1"], slots=1, stall_timeout=1.0, tokenizer=tiny.tokenizer).start()
+    try:
+        first = Request(tier="T1", prompt=[1], max_tokens=100000)
+        queued = Request(tier="T1", prompt=[2], max_tokens=5)
+        eng.submit(first)
+        eng.submit(queued)
+        t0 = time.time()
+        while queued.finish_reason is None and time.time() - t0 < 20:
+            for r in (first, queued):                     # a client reading every 0.3 s
+                while r.pending > 0:
+                    r.took()
+            if time.time() - t0 > 2.0:
+                first.cancel()                            # the client of the first request leaves
+            time.sleep(0.3)
+        assert first.finish_reason == "cancelled" and first.completion_tokens > 1
+        assert queued.finish_reason == "length" and queued.completion_tokens == 5
+    finally:
+        eng.shutdown()
 
 
 def test_auto_tier_moves_down_when_the_default_tier_is_full(tiny):

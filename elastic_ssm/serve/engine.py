@@ -185,7 +185,11 @@ class Engine:
                     self._tick(name)
                 except Exception as e:   # a failure of the step itself: end this pool's requests, keep serving
                     log.exception("engine step failed at tier %s", name)
-                    self._fail_all(name, f"internal error while decoding: {type(e).__name__}")
+                    try:
+                        self._fail_all(name, f"internal error while decoding: {type(e).__name__}")
+                    except Exception:
+                        log.exception("could not end the requests of tier %s; freeing its slots", name)
+                        self.pools[name].owner = [None] * self.pools[name].slots
                 deliver()
 
     def _finish(self, name: str, row: int, reason: str) -> None:
@@ -228,6 +232,7 @@ class Engine:
                 req.finish_reason = "error"
                 req.emit("error", f"the prompt could not be processed: {e}")
                 continue
+            req.consumed_at = time.monotonic()     # time in the queue is not time the client failed to read
             temp[row], top_k[row], top_p[row] = float(req.temperature), int(req.top_k), float(req.top_p)
             self._noise[name].seed_row(row, req.seed)
             self._texts[name][row] = TextStream(self.tokenizer, req.stop)
