@@ -133,3 +133,32 @@ def test_chat_completions_through_the_saved_chat_template(model_dir, tmp_path):
         assert out["usage"]["prompt_tokens"] == len("<user>hello\n<assistant>")
         bad = c.post("/v1/chat/completions", json={"model": "tiny", "messages": "hi"})
         assert bad.status_code == 400 and "messages must be" in bad.json()["error"]["message"]
+
+
+def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monkeypatch, caplog):
+    import uvicorn
+
+    from elastic_ssm.cli import main
+
+    runs = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: runs.append((app, kw)))
+    monkeypatch.delenv("ELASTIC_SSM_API_KEY", raising=False)
+    with caplog.at_level("WARNING", logger="elastic_ssm.serve"):
+        assert main(["serve", str(model_dir), "--tiers", "T1,T4", "--host", "0.0.0.0", "--port", "1234",
+                     "--device", "cpu", "--max-batch", "2"]) == 0
+    assert "without an API key" in caplog.text
+    app, kw = runs[-1]
+    assert (kw["host"], kw["port"]) == ("0.0.0.0", 1234)
+    with TestClient(app) as c:
+        assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["tiny", "tiny@T1", "tiny@T4"]
+    caplog.clear()
+    monkeypatch.setenv("ELASTIC_SSM_API_KEY", "s3cret")
+    t3 = es.tier_table(es.ESSHConfig.preset("tiny"))[2].params
+    with caplog.at_level("WARNING", logger="elastic_ssm.serve"):
+        assert main(["serve", str(model_dir), "--tiers", "T1", "--tier", "auto", "--max-params", str(t3),
+                     "--device", "cpu", "--max-batch", "1"]) == 0
+    assert "without an API key" not in caplog.text and runs[-1][1]["host"] == "127.0.0.1"
+    with TestClient(runs[-1][0]) as c:
+        assert c.get("/v1/models").status_code == 401
+        models = c.get("/v1/models", headers=KEY).json()["data"]
+        assert [(m["id"], m["tier"]) for m in models] == [("tiny", "T3"), ("tiny@T1", "T1"), ("tiny@T3", "T3")]
