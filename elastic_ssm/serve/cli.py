@@ -42,6 +42,14 @@ def auto_tier(checkpoint: str, args: argparse.Namespace, progress=print) -> str:
     return t.name
 
 
+def _weights_dtype(name: str, device: str):
+    """``--dtype``: auto = bfloat16 on CUDA (the fused decoder's format), float32 elsewhere."""
+    import torch
+
+    return {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "float32": torch.float32,
+            "bfloat16": torch.bfloat16}[name]
+
+
 def _is_local(host: str) -> bool:
     if host == "localhost":
         return True
@@ -57,7 +65,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError:
         raise ConfigError("serving needs the serve extra: pip install 'elastic-ssm[serve]'") from None
-    import torch
 
     from ..models import load_pretrained
     from .app import ServerSettings, create_app
@@ -65,8 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_batch < 1:
         raise ConfigError(f"--max-batch must be >= 1, got {args.max_batch}")
     device = resolve_device(args.device)
-    dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "float32": torch.float32,
-             "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = _weights_dtype(args.dtype, device)
     model = load_pretrained(args.checkpoint, device=device, dtype=dtype)
     if not hasattr(model, "allocate_cache"):
         raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; serving decodes ESSH models")
@@ -97,14 +103,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    import torch
 
     from ..models import load_pretrained
     from .calibrate import calibrate, write_profile
 
     device = resolve_device(args.device)
-    dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "float32": torch.float32,
-             "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = _weights_dtype(args.dtype, device)
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
