@@ -122,9 +122,8 @@ def _json(status: int, body: dict, headers: dict | None = None):
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(model, settings: ServerSettings, engine: Engine | None = None):
+def create_app(model, settings: ServerSettings):
     """The FastAPI app serving ``model`` (see the module docstring)."""
-
     metrics = Metrics()
     tok = model.tokenizer
     if tok is None:
@@ -135,9 +134,8 @@ def create_app(model, settings: ServerSettings, engine: Engine | None = None):
 
     @asynccontextmanager
     async def lifespan(app):
-        eng = engine or Engine(model, settings.tiers, settings.slots, settings.max_queue,
-                               settings.stall_timeout_s, eos=eos, tokenizer=tok, metrics=metrics)
-        eng.metrics = metrics
+        eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s, eos=eos,
+                     tokenizer=tok, metrics=metrics)
         state["engine"] = app.state.engine = eng.start()
         try:
             yield
