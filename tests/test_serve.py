@@ -65,6 +65,25 @@ def test_pool_with_staggered_arrivals_equals_one_at_a_time_generate(tiny, tier):
     assert [out[k] for k in range(len(prompts))] == ref
 
 
+def test_a_burst_of_equal_length_prompts_is_prefilled_together(tiny):
+    prompts = [list(b"abcdefg"), list(b"0123456"), list(b"zzzzzzz")]
+    n = 16
+    ref = [tiny.generate(torch.tensor([p]), n, tier="T4")[0, len(p):].tolist() for p in prompts]
+    pool = SlotPool(tiny, "T4", 5, max_prefill=4)
+    pool.admit("x", list(b"hello"))                      # row 0 is busy: the burst lands in rows 1..3
+    assert pool.admit_many([0, 1, 2], prompts) == [1, 2, 3]
+    with pytest.raises(ValueError, match="of one length"):
+        pool.admit_many([3, 4], [[1, 2], [1]])
+    out = {k: [] for k in range(3)}
+    zeros, k0, p1 = torch.zeros(5), torch.zeros(5, dtype=torch.long), torch.ones(5)
+    for _ in range(n):
+        tokens = sample_rows(pool.logits, zeros, k0, p1, None)
+        for r in (1, 2, 3):
+            out[pool.owner[r]].append(int(tokens[r]))
+        pool.step(tokens)
+    assert [out[k] for k in range(3)] == ref
+
+
 def test_sample_rows_equals_sample_next_row_by_row():
     torch.manual_seed(1)
     logits = torch.randn(5, 50) * 3
@@ -259,6 +278,7 @@ def test_a_failing_request_or_step_ends_alone_and_the_engine_keeps_serving(tiny)
         return admit(owner, prompt)
 
     pool.admit = bad_admit
+    pool.admit_many = lambda owners, prompts: (_ for _ in ()).throw(RuntimeError("batched prefill failed"))
 
     def wait(*reqs):
         deadline = time.time() + 20

@@ -215,29 +215,54 @@ class Engine:
             self._texts[name][row] = None
 
     def _admit(self, name: str) -> None:
+        """Prefill waiting requests into free rows: prompts of one length together (``SlotPool.admit_many``);
+        a group whose prefill fails is prefilled one by one, so only a failing request ends."""
         pool, q = self.pools[name], self.waiting[name]
-        temp, top_k, top_p = self._params[name]
-        while pool.free_slots():
-            with self._cond:
-                if not q:
-                    return
+        take: list[Request] = []
+        with self._cond:
+            while q and len(take) < pool.free_slots():
                 req = q.popleft()
-            if req.cancelled:
-                req.emit("done", "cancelled")
-                continue
-            try:
-                row = pool.admit(req, req.prompt)
-            except Exception as e:
-                log.warning("prefill of %s failed: %s", req.id, e)
-                req.finish_reason = "error"
-                req.emit("error", f"the prompt could not be processed: {e}")
-                continue
-            req.consumed_at = time.monotonic()     # time in the queue is not time the client failed to read
-            temp[row], top_k[row], top_p[row] = float(req.temperature), int(req.top_k), float(req.top_p)
-            self._noise[name].seed_row(row, req.seed)
-            self._texts[name][row] = TextStream(self.tokenizer, req.stop)
-            if req.max_tokens == 0:
-                self._finish(name, row, "length")
+                if req.cancelled:
+                    req.finish_reason = "cancelled"
+                    req.emit("done", "cancelled")
+                else:
+                    take.append(req)
+        groups: dict[int, list[Request]] = {}
+        for req in take:
+            groups.setdefault(len(req.prompt), []).append(req)
+        for group in groups.values():
+            for k in range(0, len(group), pool.max_prefill):
+                chunk = group[k:k + pool.max_prefill]
+                try:
+                    rows = pool.admit_many(chunk, [r.prompt for r in chunk]) if len(chunk) > 1 else None
+                except Exception as e:
+                    log.warning("batched prefill of %d prompts failed (%s); prefilling them one by one", len(chunk), e)
+                    rows = None
+                if rows is None:
+                    rows = [self._admit_one(pool, req) for req in chunk]
+                for req, row in zip(chunk, rows):
+                    if row is not None:
+                        self._start(name, req, row)
+
+    @staticmethod
+    def _admit_one(pool: SlotPool, req: Request) -> int | None:
+        """Prefill one request; a failure ends that request (an ``error`` event) and returns None."""
+        try:
+            return pool.admit(req, req.prompt)
+        except Exception as e:
+            log.warning("prefill of %s failed: %s", req.id, e)
+            req.finish_reason = "error"
+            req.emit("error", f"the prompt could not be processed: {e}")
+            return None
+
+    def _start(self, name: str, req: Request, row: int) -> None:
+        temp, top_k, top_p = self._params[name]
+        req.consumed_at = time.monotonic()     # time in the queue is not time the client failed to read
+        temp[row], top_k[row], top_p[row] = float(req.temperature), int(req.top_k), float(req.top_p)
+        self._noise[name].seed_row(row, req.seed)
+        self._texts[name][row] = TextStream(self.tokenizer, req.stop)
+        if req.max_tokens == 0:
+            self._finish(name, row, "length")
 
     def _tick(self, name: str) -> None:
         pool = self.pools[name]

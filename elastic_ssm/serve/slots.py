@@ -8,7 +8,9 @@ Continuous batching (``serve/engine.py``) needs three things the decode engine d
 * ``reset_row_(cache, i)``: empty that one sequence in place (zero states and ring, no slot filled,
   position 0) before its prefill;
 * ``SlotPool``: a ``FastDecoder`` of ``slots`` rows at one tier (captured in a CUDA graph once, on CUDA),
-  the pending logits of every row ``[slots, V]`` (float32), and which request holds which row.
+  the pending logits of every row ``[slots, V]`` (float32), and which request holds which row;
+  ``admit_many`` prefills several prompts of one length in one batched forward (into a scratch cache whose
+  rows are then copied into the free slots), so a burst of arrivals costs one prefill, not one each.
 
 A sequence's state is constant in size (recurrent state + window ring), so a slot is a fixed row of
 fixed buffers; adding or removing a request never reallocates or recaptures. Rows without a request
@@ -50,11 +52,13 @@ class SlotPool:
 
     ``share``: another pool of the same model whose decoder's plans this one reuses (same tier only).
     ``state_dtype`` / ``kv_dtype``: the cache's (defaults of ``ESSHCache.allocate``: fp32 states, a bf16 window
-    ring on CUDA).
+    ring on CUDA). ``max_prefill``: prompts of one length prefilled together by ``admit_many`` (its scratch
+    cache holds that many rows).
     """
 
     def __init__(self, model, tier: Any, slots: int, share: SlotPool | None = None,
-                 state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None) -> None:
+                 state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
+                 max_prefill: int = 16) -> None:
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
         self.model = model
@@ -72,6 +76,9 @@ class SlotPool:
         self.logits = torch.zeros(slots, V, dtype=torch.float32, device=self.device)   # [slots, V]
         self.tokens = torch.zeros(slots, dtype=torch.long, device=self.device)         # last token per row
         self.owner: list[Any] = [None] * slots
+        self.max_prefill = min(slots, max_prefill)
+        self._dtypes = (state_dtype, kv_dtype)
+        self._scratch: ESSHCache | None = None       # admit_many's prefill cache, allocated on first use
 
     # ---- slots -------------------------------------------------------------------------------------------
     def free_slots(self) -> int:
@@ -93,6 +100,31 @@ class SlotPool:
         self.logits[i] = self.model.logits_from_hidden(h[:, -1])[0].float()
         self.owner[i] = owner
         return i
+
+    @torch.no_grad()
+    def admit_many(self, owners: list, prompts: list[list[int]]) -> list[int]:
+        """Prefill prompts of one length into free rows together (one batched forward into a scratch cache of
+        ``max_prefill`` rows, then each row copied into its slot); returns the rows, in order."""
+        n = len(prompts)
+        if n == 1:
+            return [self.admit(owners[0], prompts[0])]
+        if not 1 < n <= min(self.max_prefill, self.free_slots()) or len({len(p) for p in prompts}) != 1:
+            raise ValueError(f"admit_many takes 2..{self.max_prefill} prompts of one length, at most the "
+                             f"{self.free_slots()} free slots")
+        if self._scratch is None or self._scratch.batch < n:
+            self._scratch = self.model.allocate_cache(self.max_prefill, self.tier, state_dtype=self._dtypes[0],
+                                                      kv_dtype=self._dtypes[1])
+        view = self._scratch.narrow(n).reset_()
+        ids = torch.tensor(prompts, dtype=torch.long, device=self.device)                # [n, T]
+        h = self.model.hidden_states(ids, tier=self.tier, cache=view)                    # [n, T, D]
+        rows = [i for i, o in enumerate(self.owner) if o is None][:n]
+        idx = torch.tensor(rows, device=self.device)
+        for dst, src in zip(self.cache.tensors(), view.tensors()):
+            dst.index_copy_(0, idx, src)
+        self.logits.index_copy_(0, idx, self.model.logits_from_hidden(h[:, -1]).float())
+        for i, owner in zip(rows, owners):
+            self.owner[i] = owner
+        return rows
 
     def release(self, i: int) -> None:
         """Free row ``i`` at once (finished, cancelled or failed); it is reset when next admitted."""
