@@ -25,7 +25,6 @@ import torch
 __all__ = ["sample_rows", "RowNoise", "TextStream"]
 
 
-
 def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                 noise: torch.Tensor | None, filters: bool = True) -> torch.Tensor:
     """logits [B, V]; temperature / top_p float [B], top_k long [B]; noise [B, V] of Exp(1) draws (None when
