@@ -6,7 +6,6 @@ client that leaves in the middle of a stream frees its slot at once.
 """
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,17 +21,12 @@ pytest.importorskip("fastapi")
 
 import elastic_ssm as es  # noqa: E402
 from elastic_ssm import data  # noqa: E402
+from elastic_ssm.bench.serve import free_port, wait_healthy  # noqa: E402
 from elastic_ssm.models.essh import randomize_selective  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["def main():", "The capital of", "ab"]
 N = 24
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -43,23 +37,14 @@ def server(tmp_path_factory):
     model.tokenizer = data.load_tokenizer("bytes")
     path = tmp_path_factory.mktemp("serve") / "tiny"
     model.save_pretrained(path)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "elastic_ssm.cli", "serve", str(path), "--tiers", "T1,T10",
                              "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--max-batch", "4"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"the server did not start:\n{proc.stdout.read()}")
-        time.sleep(0.2)
+    if not wait_healthy(base, proc, 60):
+        pytest.fail(f"the server did not start:\n{proc.communicate()[0]}")
     try:
         yield base, path
     finally:

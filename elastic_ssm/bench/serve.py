@@ -21,9 +21,10 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
-__all__ = ["IdTokenizer", "serve_suite", "bench_serve"]
+__all__ = ["IdTokenizer", "serve_suite", "bench_serve", "wait_healthy", "free_port"]
 
 
 class IdTokenizer:
@@ -91,37 +92,45 @@ def _client(args: tuple) -> dict:
     return asyncio.run(main())
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
+    """Poll ``base``/health until it answers 200 (True); False when ``proc`` exits or ``timeout`` s pass (the
+    process is then killed)."""
+    import httpx
+
+    deadline = time.time() + timeout
+    while proc.poll() is None and time.time() < deadline:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    return False
+
+
 def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slots: int, prompt: int,
                 new_tokens: int, rounds: int, procs: int, device: str, dtype: str, seed: int = 0) -> dict:
     """Start the server process, drive ``streams`` streams over the tiers of ``mix``, return the row."""
-    import httpx
-
     from ..config import ESSHConfig
 
     vocab = ESSHConfig.preset(preset).vocab_size
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "elastic_ssm.bench.serve", "--preset", preset, "--tiers", ",".join(tiers),
            "--slots", str(slots), "--port", str(port), "--device", device, "--dtype", dtype, "--seed", str(seed)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    log = tempfile.TemporaryFile(mode="w+")       # a file, not a pipe: a full pipe would stall the server
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=os.environ.copy())
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 900
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                err = proc.stderr.read()[-500:] if proc.stderr else ""
-                raise RuntimeError(f"the bench server did not start: {err}")
-            time.sleep(0.5)
+        if not wait_healthy(base, proc, 900):
+            log.seek(0)
+            raise RuntimeError(f"the bench server did not start: {log.read()[-500:]}")
         plan = [mix[i % len(mix)] for i in range(streams)]
         procs = max(1, min(procs, streams))
         shares = [(base, plan[i::procs], rounds, prompt, new_tokens, vocab, seed + i) for i in range(procs)]
@@ -135,6 +144,7 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
     ttft = [x for p in parts for x in p["ttft"]]
     itl = [x for p in parts for x in p["itl"]]
     tokens = sum(p["tokens"] for p in parts)
