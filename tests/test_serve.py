@@ -257,6 +257,9 @@ def test_calibrate_command_writes_the_profile_select_tier_reads(tiny, tmp_path, 
     from elastic_ssm.cli import main
 
     tiny.save_pretrained(tmp_path)
+    assert main(["generate", str(tmp_path), "--tier", "auto", "--max-ms-per-token", "5", "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a measured profile: run `elastic-ssm calibrate" in err and len(err.strip().splitlines()) == 1
     assert main(["calibrate", str(tmp_path), "--batches", "1,2", "--tiers", "T1,T10", "--warmup", "1",
                  "--iters", "2"]) == 0
     prof = json.loads((tmp_path / "tier_profile.json").read_text())
