@@ -266,6 +266,10 @@ def test_calibrate_command_writes_the_profile_select_tier_reads(tiny, tmp_path, 
     assert set(prof["tiers"]) == {"T1", "T10"} and set(prof["tiers"]["T1"]["ms_per_token"]) == {"1", "2"}
     assert main(["calibrate", str(tmp_path), "--batches", "0"]) == 2
     assert "--batches must be integers >= 1" in capsys.readouterr().err
+    essm = es.ESSSM(es.ESSSMConfig.preset("tiny"))
+    essm.save_pretrained(tmp_path / "essm")
+    assert main(["calibrate", str(tmp_path / "essm")]) == 2
+    assert "'es_ssm' model; calibration times the fused ESSH decoder" in capsys.readouterr().err
     # only T1 and T10 were profiled: a latency budget considers those
     assert es.select_tier(tmp_path, max_ms_per_token=1e6).name == "T10"
 

@@ -74,8 +74,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     dtype = _weights_dtype(args.dtype, device)
     model = load_pretrained(args.checkpoint, device=device, dtype=dtype)
-    if not hasattr(model, "allocate_cache"):
-        raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; serving decodes ESSH models")
+    if model.arch != "essh":
+        raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; serving runs the fused ESSH decoder")
     table = [t.name for t in model.tier_table()]
     tiers = table if args.tiers == "all" else [model.resolve_tier(t.strip()).name for t in args.tiers.split(",")]
     default = auto_tier(args.checkpoint, args) if args.tier == "auto" else (
@@ -116,8 +116,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not batches or min(batches) < 1:
         raise ConfigError(f"--batches must be integers >= 1, got {args.batches!r}")
     model = load_pretrained(args.checkpoint, device=device, dtype=dtype)
-    if not hasattr(model, "allocate_cache"):
-        raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; calibration times ESSH decoding")
+    if model.arch != "essh":
+        raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; calibration times the fused ESSH "
+                          "decoder")
     announce_device("calibrate", device, dtype)
     tiers = None if args.tiers == "all" else [model.resolve_tier(t).name for t in args.tiers.split(",")]
     profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters)
