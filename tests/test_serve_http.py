@@ -131,6 +131,11 @@ def test_chat_completions_through_the_saved_chat_template(model_dir, tmp_path):
         out = r.json()
         assert out["object"] == "chat.completion" and out["choices"][0]["message"]["role"] == "assistant"
         assert out["usage"]["prompt_tokens"] == len("<user>hello\n<assistant>")
+        lines = [json.loads(line[6:]) for line in c.post("/v1/chat/completions", json={**body, "stream": True})
+                 .text.splitlines() if line.startswith("data: {")]
+        assert lines[0]["object"] == "chat.completion.chunk" and lines[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert "".join(x["choices"][0]["delta"].get("content", "") for x in lines) == \
+            out["choices"][0]["message"]["content"] and lines[-1]["choices"][0]["finish_reason"] == "length"
         bad = c.post("/v1/chat/completions", json={"model": "tiny", "messages": "hi"})
         assert bad.status_code == 400 and "messages must be" in bad.json()["error"]["message"]
 

@@ -74,6 +74,7 @@ class Request:
     finish_reason: str | None = None
     first_token_at: float | None = None
     cancelled: bool = False
+    role_sent: bool = False          # a streamed chat answer has named its role
     consumed_at: float = field(default_factory=time.monotonic)   # the handler last took an event
     emitted: int = 0                 # events emitted (engine thread only)
     taken: int = 0                   # events taken (handler side only)

@@ -202,7 +202,6 @@ def chunk_body(req, model_id: str, text: str, finish_reason: str | None, usage: 
     return body
 
 
-
 class ChatTemplate:
     """A compiled chat template and the OpenAI chat response shapes."""
 
@@ -264,5 +263,7 @@ class ChatTemplate:
             body["choices"], body["usage"] = [], _usage(len(req.prompt), req.completion_tokens)
         else:
             delta = {"content": text} if text else {}
+            if text and not req.role_sent:                   # the first text chunk names the role
+                delta["role"], req.role_sent = "assistant", True
             body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
         return body
