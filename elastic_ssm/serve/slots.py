@@ -50,22 +50,19 @@ def reset_row_(cache: ESSHCache, i: int) -> ESSHCache:
 class SlotPool:
     """``slots`` sequences of ``model`` decoded together at ``tier`` (see the module docstring).
 
-    ``share``: another pool of the same model whose decoder's plans this one reuses (same tier only).
     ``state_dtype`` / ``kv_dtype``: the cache's (defaults of ``ESSHCache.allocate``: fp32 states, a bf16 window
     ring on CUDA). ``max_prefill``: prompts of one length prefilled together by ``admit_many`` (its scratch
     cache holds that many rows).
     """
 
-    def __init__(self, model, tier: Any, slots: int, share: SlotPool | None = None,
-                 state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
-                 max_prefill: int = 16) -> None:
+    def __init__(self, model, tier: Any, slots: int, state_dtype: torch.dtype | None = None,
+                 kv_dtype: torch.dtype | None = None, max_prefill: int = 16) -> None:
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
         self.model = model
         self.tier = model.resolve_tier(tier)
         self.slots = slots
-        self.fd = FastDecoder(model, self.tier, slots, state_dtype=state_dtype, kv_dtype=kv_dtype,
-                              share_plans=share.fd if share is not None else None)
+        self.fd = FastDecoder(model, self.tier, slots, state_dtype=state_dtype, kv_dtype=kv_dtype)
         self.device = self.fd.device
         self.graphed = False
         if self.device.type == "cuda":
