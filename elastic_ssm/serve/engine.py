@@ -71,6 +71,7 @@ class Request:
     id: str = field(default_factory=lambda: f"cmpl-{next(_ids)}")
     created: float = field(default_factory=time.time)
     completion_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)             # the generated token ids
     finish_reason: str | None = None
     first_token_at: float | None = None
     cancelled: bool = False
@@ -290,6 +291,7 @@ class Engine:
         for row, req in zip(rows, reqs):
             tok = values[row]
             req.completion_tokens += 1
+            req.tokens.append(tok)
             if req.first_token_at is None:
                 req.first_token_at = t
             if self.eos is not None and tok == self.eos:
