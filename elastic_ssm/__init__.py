@@ -1,7 +1,7 @@
 """elastic_ssm: train-once, export-many elastic spectral state space models (ES-SSM and ESSH).
 
 Public API (see docs/ and DESIGN): ``es.spectral``, ``es.ops``, ``es.ESSSMConfig``, ``es.ESSHConfig``,
-``es.ESSSM``, ``es.ESSH``, ``es.tier_table``, ``es.export_tier``, ``es.check_export``.
+``es.ESSSM``, ``es.ESSH``, ``es.tier_table``, ``es.export_tier``, ``es.check_export``, ``es.select_tier``.
 Heavy modules are imported lazily so ``import elastic_ssm`` stays fast and works on a CPU-only machine
 without triton or fla.
 """
@@ -33,6 +33,8 @@ _LAZY = {
     "export_tier": ("elastic_ssm.elastic.export", "export_tier"),
     "check_export": ("elastic_ssm.elastic.export", "check_export"),
     "BudgetSampler": ("elastic_ssm.elastic.budget", "BudgetSampler"),
+    "serve": ("elastic_ssm.serve", None),
+    "select_tier": ("elastic_ssm.serve.select", "select_tier"),
 }
 
 __all__ = ["ConfigError", "ESSHConfig", "ESSSMConfig", "__version__", *_LAZY]

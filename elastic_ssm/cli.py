@@ -1,4 +1,4 @@
-"""Command line: ``elastic-ssm train|export|eval|generate|bench|prepare|tokenizer|quickstart|info``.
+"""Command line: ``elastic-ssm train|export|eval|generate|serve|calibrate|bench|prepare|tokenizer|quickstart|info``.
 
 Run flags are derived from the config dataclasses (``--model.<field>``, ``--train.<field>``,
 ``--data.<field>``; see ``cli_args.py``) on top of a YAML run file (``--config``). Every command prints
@@ -28,6 +28,9 @@ from .cli_args import (
 )
 from .cli_errors import Parser, run_reporting_errors
 from .config import ConfigError, ESSHConfig, ESSSMConfig
+from .data.cli import add_data_parsers
+from .serve.cli import add_budget_flags, add_eval_flags, auto_tier, record_quality
+from .serve.cli import add_parsers as add_serve_parsers
 
 DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 TOKENIZER_HELP = ("default: the tokenizer saved with the model; a different one ('bytes', a tokenizer.json or "
@@ -126,6 +129,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     rows = evaluate_tiers(model, batches, tiers, bytes_per_token=bpt)
     print(format_evals(rows))
     write_csv(args.csv, [r.row() for r in rows])
+    record_quality(args, rows)
     return 0
 
 
@@ -188,8 +192,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16}[args.dtype]
-    model = load_pretrained(args.checkpoint, tier=None if args.tier == "full" else args.tier, device=device,
-                            dtype=dtype)
+    tier = auto_tier(args.checkpoint, args) if args.tier == "auto" else args.tier
+    model = load_pretrained(args.checkpoint, tier=None if tier == "full" else tier, device=device, dtype=dtype)
     if not hasattr(model, "generate"):
         raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; cached generation is an ESSH feature")
     tok = resolve_tokenizer(model, args.tokenizer)
@@ -213,23 +217,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    streamer=stream, generator=g, do_sample=args.temperature > 0)
     sys.stdout.write("\n")
-    return 0
-
-
-def cmd_prepare(args: argparse.Namespace) -> int:
-    from .data import prepare
-
-    tf = prepare(args.source, args.out, args.tokenizer, split=args.split, text_field=args.text_field,
-                 max_tokens=args.max_tokens or None)
-    print(f"wrote {len(tf):,} tokens to {args.out}")
-    return 0
-
-
-def cmd_tokenizer(args: argparse.Namespace) -> int:
-    from .data import train_bpe
-
-    tok = train_bpe(args.source, args.vocab_size, args.out, max_bytes=args.max_bytes or None, show_progress=True)
-    print(f"trained a {tok.vocab_size}-entry BPE tokenizer -> {args.out}")
     return 0
 
 
@@ -297,8 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--bytes-per-token", type=float, default=0.0,
                            help="divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)")
             s.add_argument("--csv", help="also write the table as CSV")
+            add_eval_flags(s)
         else:
-            s.add_argument("--tier", default="full", help="tier to load ('full', T1..T10; ES-SSM: a budget 8 or K8)")
+            s.add_argument("--tier", default="full",
+                           help="tier to load ('full', T1..T10, 'auto'; ES-SSM: a budget 8 or K8)")
+            add_budget_flags(s)
             s.add_argument("--prompt", required=True, help="text to continue")
             s.add_argument("--max-new-tokens", type=int, default=200, help="tokens to sample")
             s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -342,23 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--csv", help="also write the rows as CSV")
     s.set_defaults(fn=cmd_niah)
 
-    s = sub.add_parser("prepare", help="tokenize a corpus into a memory-mapped token file (*.bin + .json)")
-    s.add_argument("source", help="'stdlib', a file or folder (txt/jsonl/parquet), or hf:<name>[:cfg][:split]")
-    s.add_argument("out", help="output token file, e.g. data/train.bin")
-    s.add_argument("--tokenizer", default="bytes", help="'bytes' or a tokenizer.json")
-    s.add_argument("--split", default=None, help="train / validation split of the source (default: all)")
-    s.add_argument("--text-field", default="text", help="JSONL/Parquet/HF text field")
-    s.add_argument("--max-tokens", type=int, default=0, help="stop after this many tokens (0: all)")
-    s.set_defaults(fn=cmd_prepare)
+    add_data_parsers(sub)
 
-    s = sub.add_parser("tokenizer", help="tokenizer tools")
-    tsub = s.add_subparsers(dest="tok_command", required=True, metavar="ACTION")
-    t = tsub.add_parser("train", help="train a byte-level BPE tokenizer locally")
-    t.add_argument("source", help="corpus source (as for prepare)")
-    t.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size")
-    t.add_argument("--out", required=True, help="output tokenizer.json")
-    t.add_argument("--max-bytes", type=int, default=0, help="cap on training text (0: all)")
-    t.set_defaults(fn=cmd_tokenizer)
+    add_serve_parsers(sub)
 
     s = sub.add_parser("bench", help="GPU benchmarks (decode, prefill, training, memory) with peers",
                        add_help=False)

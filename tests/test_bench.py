@@ -109,7 +109,7 @@ def test_fast_decoder_rejects_foreign_cache():
     cache = model.allocate_cache(2, "T1")
     with pytest.raises(ValueError, match="allocate it with"):
         FastDecoder(model, "T3", 2, cache=cache)
-    with pytest.raises(ValueError, match="tokens must have shape"):
+    with pytest.raises(ValueError, match="tokens must be integer ids of shape"):
         FastDecoder(model, "T1", 2, cache=cache).step(torch.zeros(3, dtype=torch.long))
     with pytest.raises(RuntimeError, match="CUDA"):
         FastDecoder(model, "T1", 2, cache=cache).capture()
@@ -240,3 +240,16 @@ def test_out_of_memory_is_a_row_result_and_other_errors_propagate():
         with oom_as_result(row, torch.device("cpu")):
             raise ValueError("bad shape")
     assert "error" not in row
+
+
+def test_serve_bench_drives_a_real_server_process_on_the_cpu(tmp_path):
+    pytest.importorskip("fastapi")
+    cfg = BenchConfig(preset="tiny", benchmarks=("serve",), serve_mixes=("T1,T10",), serve_streams=(5,),
+                      serve_slots=2, serve_prompt=5, serve_new_tokens=6, serve_rounds=1, serve_client_procs=1,
+                      out="", device="cpu")
+    res = run_bench(cfg, log=lambda s: None)
+    assert [r["mix"] for r in res["serve"]] == ["T1,T10"]
+    for row in res["serve"]:   # 3 streams at T1 through 2 slots: one waits in the queue, every token arrives
+        assert "error" not in row, row
+        assert row["tokens"] == 5 * 6 and row["tok_s"] > 0 and row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0
+        assert row["itl_p50_ms"] > 0

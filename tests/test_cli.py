@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from elastic_ssm import ESSHConfig, tier_table
 from elastic_ssm.cli import main
 
 TINY_RUN = """
@@ -48,9 +49,16 @@ def test_export_eval_generate_on_the_trained_model(quick, tmp_path, capsys):
                  "--csv", str(csv_path)]) == 0
     rows = list(csv.DictReader(open(csv_path)))
     assert [r["tier"] for r in rows] == ["T1", "T10"] and all(float(r["bpb"]) > 0 for r in rows)
+    quality = json.loads((quick / "out" / "elastic" / "final" / "tier_quality.json").read_text())
+    assert quality["metric"] == "bpb" and quality["data"] == "stdlib" and not quality["higher_is_better"]
+    assert {t: q["value"] for t, q in quality["tiers"].items()} == {r["tier"]: float(r["bpb"]) for r in rows}
     capsys.readouterr()
     assert main(["generate", final, "--tier", "T3", "--prompt", "def ", "--max-new-tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("def ")
+    t3 = tier_table(ESSHConfig.preset("tiny"))[2].params
+    assert main(["generate", final, "--tier", "auto", "--max-params", str(t3), "--prompt", "x",
+                 "--max-new-tokens", "2"]) == 0
+    assert "--tier auto: T3" in capsys.readouterr().err
 
 
 def test_train_resume_and_overrides(tmp_path):

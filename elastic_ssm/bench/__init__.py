@@ -3,11 +3,12 @@ ESSH tiers against parameter-matched peers, on random weights at the preset shap
 request (``--bench.benchmarks es_ssm_decode``) the ES-SSM decode step per budget and decoder.
 
 ``run_bench(BenchConfig(...))`` runs the selected benchmarks in the order memory, decode, prefill,
-generate, train, prints every row as it completes, and returns (and writes as JSON) ``{"env", "config",
-"memory", "decode", "prefill", "generate", "train", "ratios"}``; with ``docs`` set it appends the tables to
-``docs/benchmarks.md``. A failing or out-of-memory benchmark is recorded in its row (``error``) and the
-run goes on. ``main(argv)`` is the command-line entry (flags derived from ``BenchConfig``).
+generate, train, serve, prints every row as it completes, and returns (and writes as JSON) ``{"env",
+"config", "memory", "decode", "prefill", "generate", "train", "serve", "ratios"}``; with ``docs`` set it
+appends the tables to ``docs/benchmarks.md``. A failing or out-of-memory benchmark is recorded in its row
+(``error``) and the run goes on. ``main(argv)`` is the command-line entry (flags derived from ``BenchConfig``).
 Protocols: ``decode.py``, ``prefill.py``, ``generate.py`` (the user's ``model.generate`` path), ``train.py``,
+``serve.py`` (concurrent streams against a real ``elastic-ssm serve`` process; only when named),
 ``memory.py``, ``es_ssm_decode.py``; peers and matching: ``peers.py``.
 """
 
@@ -24,8 +25,8 @@ from ..config import ConfigBase, ConfigError, ESSHConfig, opt
 
 __all__ = ["BenchConfig", "run_bench", "main"]
 
-_BENCHES = ("memory", "decode", "prefill", "generate", "train", "es_ssm_decode")
-_DEFAULT_BENCHES = _BENCHES[:5]
+_BENCHES = ("memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode")
+_DEFAULT_BENCHES = _BENCHES[:5]   # serve (server + client processes) and es_ssm_decode: asked for by name
 _PEERS = ("transformer", "gated_deltanet", "mamba2")
 
 
@@ -35,7 +36,8 @@ class BenchConfig(ConfigBase):
 
     preset: str = opt("370m", "ESSH preset whose shapes are benchmarked with random weights")
     benchmarks: tuple[str, ...] = opt(_DEFAULT_BENCHES, "benchmarks to run: memory, decode, prefill, generate, "
-                                      "train; es_ssm_decode (ES-SSM step per budget, es_ssm_* fields) on request")
+                                      "train; serve (streams against a server process), es_ssm_decode (ES-SSM "
+                                      "step per budget, es_ssm_* fields) on request")
     tiers: tuple[str, ...] = opt(("T1", "T4", "T7", "T10"), "ESSH tiers to decode ('all': every tier)")
     peers: tuple[str, ...] = opt(_PEERS, "peers: transformer (ours), gated_deltanet / mamba2 (fla + FFN)")
     batches: tuple[int, ...] = opt((1, 16, 128, 512), "decode batch sizes (CUDA-graph mode)")
@@ -55,6 +57,14 @@ class BenchConfig(ConfigBase):
     generate_prompt: int = opt(2048, "model.generate prompt tokens")
     generate_new_tokens: int = opt(128, "model.generate new tokens per call")
     generate_iters: int = opt(3, "timed model.generate calls per entry (median)")
+    serve_mixes: tuple[str, ...] = opt(("T10", "T1,T4,T10"), "serve: tier mixes (comma-separated tiers; the "
+                                       "streams cycle through a mix)")
+    serve_streams: tuple[int, ...] = opt((128,), "serve: concurrent client streams")
+    serve_slots: int = opt(128, "serve: slots per tier (the pool's decode batch)")
+    serve_prompt: int = opt(128, "serve: prompt tokens per request")
+    serve_new_tokens: int = opt(256, "serve: tokens generated per request")
+    serve_rounds: int = opt(2, "serve: requests each stream sends one after another")
+    serve_client_procs: int = opt(8, "serve: load-generator processes")
     train_batch: int = opt(8, "training micro-batch (Table 50: 8 at 370M, 4 at 1.5B)")
     train_seq_len: int = opt(2048, "training context")
     train_warmup: int = opt(3, "untimed optimizer steps")
@@ -102,6 +112,10 @@ class BenchConfig(ConfigBase):
         modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
         if self.compile_mode not in modes:
             raise ConfigError(f"BenchConfig.compile_mode must be one of {modes}, got {self.compile_mode!r}")
+        if min(self.serve_streams, default=1) < 1 or min(self.serve_slots, self.serve_prompt, self.serve_new_tokens,
+                                                          self.serve_rounds, self.serve_client_procs) < 1:
+            raise ConfigError("BenchConfig: serve_streams, serve_slots, serve_prompt, serve_new_tokens, serve_rounds "
+                              "and serve_client_procs must be >= 1")
         if self.generate_new_tokens < 2 or self.generate_prompt < 1 or self.generate_iters < 1:
             raise ConfigError("BenchConfig: generate_new_tokens must be >= 2, generate_prompt and "
                               "generate_iters >= 1")
@@ -123,7 +137,8 @@ class _Runner:
         self.table = {t.name: t for t in tier_table(self.mcfg)}
         self.full = list(self.table)[-1]
         names = list(self.table) if "all" in cfg.tiers else list(cfg.tiers)
-        unknown = [n for n in names + list(cfg.prefill_tiers) + list(cfg.generate_tiers) if n not in self.table]
+        serve = [t for m in cfg.serve_mixes for t in m.split(",")]
+        unknown = [n for n in names + list(cfg.prefill_tiers) + list(cfg.generate_tiers) + serve if n not in self.table]
         if unknown:
             raise ConfigError(f"BenchConfig.tiers: unknown {unknown}; {cfg.preset} has {list(self.table)}")
         self.tiers = names
@@ -160,6 +175,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     from .generate import generate_suite
     from .memory import memory_suite
     from .prefill import prefill_suite
+    from .serve import serve_suite
     from .train import train_suite
 
     log = log or (lambda s: print(s, flush=True))
@@ -169,7 +185,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
                      **{name: [] for name in _BENCHES}}
     log(f"elastic-ssm bench on {results['env']['device']} ({r.dev}, {r.dtype}); preset {cfg.preset}")
     suites = {"memory": memory_suite, "decode": decode_suite, "prefill": prefill_suite, "generate": generate_suite,
-              "train": train_suite, "es_ssm_decode": es_ssm_decode_suite}
+              "train": train_suite, "serve": serve_suite, "es_ssm_decode": es_ssm_decode_suite}
     for name in _BENCHES:
         if name in cfg.benchmarks:
             suites[name](r, results[name])

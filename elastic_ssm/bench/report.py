@@ -119,6 +119,8 @@ _GENERATE_COLS = ["preset", "tier", "batch", "compiled", "prompt", "new_tokens",
 _TRAIN_COLS = ["model", "preset", "params", "compiled", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb",
                "error"]
 _ES_SSM_COLS = ["model", "preset", "K", "decode", "m", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq", "error"]
+_SERVE_COLS = ["preset", "mix", "streams", "slots", "prompt", "new_tokens", "tokens", "wall_s", "tok_s",
+               "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "error"]
 _MEM_COLS = ["model", "preset", "tier", "recurrent", "kv", "total", "formula_total", "match"]
 _RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value", "ratio"]
 
@@ -127,7 +129,8 @@ def tables(results: dict) -> str:
     """All sections of ``results`` as text tables."""
     parts = []
     for key, cols in (("memory", _MEM_COLS), ("decode", _DECODE_COLS), ("prefill", _PREFILL_COLS),
-                      ("generate", _GENERATE_COLS), ("train", _TRAIN_COLS), ("es_ssm_decode", _ES_SSM_COLS)):
+                      ("generate", _GENERATE_COLS), ("train", _TRAIN_COLS), ("serve", _SERVE_COLS),
+                      ("es_ssm_decode", _ES_SSM_COLS)):
         if results.get(key):
             parts.append(format_table(results[key], cols, title=f"## {key}"))
     rat = ratios(results)

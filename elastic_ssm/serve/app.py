@@ -1,0 +1,264 @@
+"""The HTTP application: OpenAI-compatible completions over the engine, with health, model list and metrics.
+
+``create_app(model, settings)`` returns a FastAPI app (the ``serve`` extra) whose lifespan starts and stops an
+``Engine`` (``serve/engine.py``) over the served tiers of the one loaded model. Routes:
+
+* ``GET /health``: ``{"status": "ok", "tiers": {tier: {slots, busy, waiting}}}`` (no key needed);
+* ``GET /v1/models``: one id per served tier (``name@T4``) and ``name`` (the default tier);
+* ``POST /v1/completions``: ``serve/protocol.py`` reads the body; streamed as server-sent events
+  (``data: {chunk}`` lines, an optional usage chunk, ``data: [DONE]``) or answered whole;
+* ``POST /v1/chat/completions``: through the tokenizer's chat template (``serve/protocol.py``), else a 400;
+* ``GET /metrics``: Prometheus text (``Metrics`` below).
+
+Every refusal is OpenAI's error shape with a one-line message: 400 bad field, 404 unknown model name, 408
+slow upload, 413 body too large, 429 too many connections from one client, 503 + ``Retry-After`` when the
+tier's slots and queue are full. A request names a tier, never a file: nothing in a request can load a
+model or read a path. One log line per finished request (logger ``elastic_ssm.serve``).
+
+Metrics: Prometheus text metrics of the server and the one log line per request.
+
+``Metrics`` counts requests by tier and HTTP status, prompt and generated tokens by tier, and reads the
+engine's slot use and queue length per tier when rendered (``GET /metrics``, text format 0.0.4). The
+counters are plain integers updated under a lock (the engine thread adds generated tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections import defaultdict
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from .engine import Busy, Engine, Request
+from .guard import Guard, parse_json, read_body, watch_disconnect
+from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_completion
+
+__all__ = ["ServerSettings", "create_app", "Metrics"]
+
+log = logging.getLogger("elastic_ssm.serve")
+
+
+
+
+class Metrics:
+    """Counters of one server process (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: dict[tuple[str, int], int] = defaultdict(int)
+        self.prompt_tokens: dict[str, int] = defaultdict(int)
+        self.generated_tokens: dict[str, int] = defaultdict(int)
+        self.rejected: dict[str, int] = defaultdict(int)
+        self.started = time.time()
+
+    def add_tokens(self, tier: str, n: int) -> None:
+        with self._lock:
+            self.generated_tokens[tier] += n
+
+    def request(self, tier: str, status: int, prompt_tokens: int = 0) -> None:
+        with self._lock:
+            self.requests[(tier, status)] += 1
+            self.prompt_tokens[tier] += prompt_tokens
+
+    def reject(self, reason: str) -> None:
+        with self._lock:
+            self.rejected[reason] += 1
+
+    def render(self, engine) -> str:
+        """The Prometheus text exposition of every counter and the engine's current slot use."""
+        out = ["# HELP elastic_ssm_requests_total Completion requests by tier and HTTP status.",
+               "# TYPE elastic_ssm_requests_total counter"]
+        with self._lock:
+            out += [f'elastic_ssm_requests_total{{tier="{t}",status="{s}"}} {n}'
+                    for (t, s), n in sorted(self.requests.items())]
+            out += ["# HELP elastic_ssm_rejected_total Requests refused before reaching a tier, by reason.",
+                    "# TYPE elastic_ssm_rejected_total counter"]
+            out += [f'elastic_ssm_rejected_total{{reason="{r}"}} {n}' for r, n in sorted(self.rejected.items())]
+            for name, table, hlp in (("prompt_tokens_total", self.prompt_tokens, "Prompt tokens prefilled"),
+                                     ("generated_tokens_total", self.generated_tokens, "Tokens generated")):
+                out += [f"# HELP elastic_ssm_{name} {hlp}, by tier.", f"# TYPE elastic_ssm_{name} counter"]
+                out += [f'elastic_ssm_{name}{{tier="{t}"}} {n}' for t, n in sorted(table.items())]
+        snap = engine.snapshot()
+        for key, hlp in (("slots", "Slots of the tier's pool (its decode batch bucket)"),
+                         ("busy", "Slots holding a running request"),
+                         ("waiting", "Requests queued for a free slot")):
+            out += [f"# HELP elastic_ssm_{key} {hlp}.", f"# TYPE elastic_ssm_{key} gauge"]
+            out += [f'elastic_ssm_{key}{{tier="{t}"}} {v[key]}' for t, v in snap.items()]
+        out += ["# HELP elastic_ssm_decode_steps_total Decode steps run by the engine.",
+                "# TYPE elastic_ssm_decode_steps_total counter", f"elastic_ssm_decode_steps_total {engine.steps}",
+                "# HELP elastic_ssm_uptime_seconds Seconds since the server started.",
+                "# TYPE elastic_ssm_uptime_seconds gauge",
+                f"elastic_ssm_uptime_seconds {time.time() - self.started:.1f}"]
+        return "\n".join(out) + "\n"
+
+
+@dataclass
+class ServerSettings:
+    """What ``elastic-ssm serve`` configures (its flags; see ``serve/cli.py``)."""
+
+    name: str
+    tiers: list[str]
+    default_tier: str
+    slots: int = 8
+    api_key: str | None = None
+    max_queue: int = 64
+    max_body_bytes: int = 1 << 20
+    max_prompt_tokens: int = 8192
+    max_tokens_limit: int = 4096
+    max_connections_per_client: int = 32
+    body_timeout_s: float = 30.0
+    stall_timeout_s: float = 30.0
+
+
+def _json(status: int, body: dict, headers: dict | None = None):
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def create_app(model, settings: ServerSettings):
+    """The FastAPI app serving ``model`` (see the module docstring)."""
+    metrics = Metrics()
+    tok = model.tokenizer
+    if tok is None:
+        raise ValueError("the model directory holds no tokenizer; save the model with model.tokenizer set")
+    eos = model.config.eos_token_id if model.config.eos_token_id >= 0 else None
+    chat = ChatTemplate.from_model(model)
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app):
+        eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s, eos=eos,
+                     tokenizer=tok, metrics=metrics)
+        state["engine"] = app.state.engine = eng.start()
+        try:
+            yield
+        finally:
+            eng.shutdown()
+
+    app = FastAPI(title="elastic-ssm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Guard, api_key=settings.api_key, max_connections=settings.max_connections_per_client,
+                       max_body=settings.max_body_bytes, metrics=metrics)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, exc: ApiError):
+        metrics.reject(f"http_{exc.status}")
+        return _json(exc.status, error_body(exc.status, exc.message, exc.param), exc.headers)
+
+    @app.get("/health")
+    async def health():
+        eng = state["engine"]
+        if not eng.alive():
+            return _json(503, {"status": "engine stopped", "model": settings.name})
+        return {"status": "ok", "model": settings.name, "tiers": eng.snapshot()}
+
+    @app.get("/v1/models")
+    async def models():
+        ids = [settings.name] + [f"{settings.name}@{t}" for t in settings.tiers]
+        now = int(time.time())
+        return {"object": "list", "data": [{"id": i, "object": "model", "created": now, "owned_by": "elastic-ssm",
+                                            "tier": i.partition("@")[2] or settings.default_tier} for i in ids]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(state["engine"]), media_type="text/plain; version=0.0.4")
+
+    async def run_completion(http: HttpRequest, body, render_chunk, render_whole):
+        params = parse_completion(body, settings.name, settings.tiers, settings.default_tier, tok,
+                                  model.config.vocab_size, settings.max_prompt_tokens, settings.max_tokens_limit)
+        eng = state["engine"]
+        tier = eng.pick_auto(settings.default_tier) if params.tier == "auto" else params.tier
+        req = Request(tier=tier, prompt=params.prompt, max_tokens=params.max_tokens,
+                      temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
+                      stop=params.stop, loop=asyncio.get_running_loop(), queue=asyncio.Queue())
+        try:
+            eng.submit(req)
+        except Busy as e:
+            metrics.request(tier, 503)
+            raise ApiError(503, str(e), headers={"Retry-After": "1"}) from None
+        model_id = f"{settings.name}@{tier}"
+        client = http.client.host if http.client else "?"
+        watcher = asyncio.create_task(watch_disconnect(http.receive, req))
+        started = time.monotonic()
+
+        def finish(status: int) -> None:
+            watcher.cancel()
+            if req.finish_reason is None:
+                req.cancel()
+            metrics.request(tier, status, len(req.prompt))
+            ttft = (req.first_token_at - started) * 1e3 if req.first_token_at else float("nan")
+            log.info("%s %s %s prompt=%d completion=%d finish=%s ttft_ms=%.1f total_ms=%.1f status=%d stream=%s",
+                     client, req.id, model_id, len(req.prompt), req.completion_tokens, req.finish_reason,
+                     ttft, (time.monotonic() - started) * 1e3, status, params.stream)
+
+        async def events():
+            """The request's events; text already waiting is joined into one piece (one chunk to send)."""
+            held = None
+            while True:
+                ev, held = held or await req.queue.get(), None
+                req.took()
+                if ev[0] == "text":
+                    parts = [ev[1]]
+                    while not req.queue.empty():
+                        nxt = req.queue.get_nowait()
+                        if nxt[0] != "text":
+                            held = nxt
+                            break
+                        req.took()
+                        parts.append(nxt[1])
+                    ev = ("text", "".join(parts))
+                yield ev
+                if ev[0] in ("done", "error"):
+                    return
+
+        if params.stream:
+            async def sse():
+                status = 200
+                try:
+                    async for kind, value in events():
+                        if kind == "text":
+                            chunk = render_chunk(req, model_id, value, None)
+                        elif kind == "done":
+                            chunk = render_chunk(req, model_id, "", value)
+                        else:
+                            status, chunk = 500, error_body(500, value)
+                        yield f"data: {json.dumps(chunk)}\n\n"
+                    if params.include_usage and status == 200:
+                        yield f"data: {json.dumps(render_chunk(req, model_id, '', None, usage=True))}\n\n"
+                    yield "data: [DONE]\n\n"
+                finally:
+                    finish(status if req.finish_reason != "cancelled" else 499)
+
+            return StreamingResponse(sse(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        parts, status = [], 200
+        try:
+            async for kind, value in events():
+                if kind == "text":
+                    parts.append(value)
+                elif kind == "error":
+                    status = 500
+                    return _json(500, error_body(500, value))
+        finally:
+            finish(status if req.finish_reason != "cancelled" else 499)
+        return render_whole(req, model_id, "".join(parts))
+
+    @app.post("/v1/completions")
+    async def completions(http: HttpRequest):
+        body = parse_json(await read_body(http, settings.max_body_bytes, settings.body_timeout_s))
+        return await run_completion(http, body, chunk_body, completion_body)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HttpRequest):
+        body = parse_json(await read_body(http, settings.max_body_bytes, settings.body_timeout_s))
+        if chat is None:
+            raise ApiError(400, "this model's tokenizer has no chat template; use /v1/completions with a prompt")
+        return await run_completion(http, chat.as_completion(body), chat.chunk_body, chat.completion_body)
+
+    return app

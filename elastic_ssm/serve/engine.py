@@ -1,0 +1,312 @@
+"""The serving engine: continuous batching over one slot pool per served tier, in one background thread.
+
+``Engine(model, tiers, slots)`` builds a ``SlotPool`` per tier (``serve/slots.py``; the weights are the one
+loaded model's prefix views, only caches and graphs are per tier). ``submit(request)`` queues a
+``Request`` for its tier (bounded: ``max_queue`` waiting per tier, then ``Busy``). The engine thread
+loops: for each tier it drops cancelled or stalled requests (freeing their slots at once), prefills
+waiting requests into free slots, samples one token for every busy row (``serve/tokens.py``, per-row
+parameters), hands each request its text (``serve/tokens.py``), and runs one decode step of the pool at its
+fixed batch bucket. A request finishes on ``max_tokens`` (reason ``length``), on a stop string or the
+model's eos token (``stop``), or by cancellation (the client left or stopped reading).
+
+Events reach the HTTP side through ``Request.emit``: ``("text", str)``, ``("done", finish_reason)``,
+``("error", message)``. The engine collects the events of a whole step and hands them to the event loop in
+one thread-safe call per loop (``deliver``), not one per token, so 128 streams cost one wake-up a step.
+An error while serving one request ends that request only; the engine keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .slots import SlotPool
+from .tokens import RowNoise, TextStream, sample_rows
+
+__all__ = ["Engine", "Request", "Busy"]
+
+log = logging.getLogger("elastic_ssm.serve")
+_ids = itertools.count(1)
+_OUTBOX: dict[Any, list] = {}     # event loop -> [(queue, event)], filled and flushed by the engine thread only
+
+
+def _put_all(items: list) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
+def deliver() -> None:
+    """Hand every queued event to its event loop: one ``call_soon_threadsafe`` per loop."""
+    while _OUTBOX:
+        loop, items = _OUTBOX.popitem()
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_put_all, items)
+
+
+class Busy(RuntimeError):
+    """Every slot of the tier is busy and its queue is full (the HTTP layer answers 503)."""
+
+
+@dataclass
+class Request:
+    """One completion: token ids of the prompt, sampling parameters, and the way back to its client."""
+
+    tier: str
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    loop: Any = None                 # the asyncio loop of the handler (None: events are only recorded)
+    queue: Any = None                # asyncio.Queue the handler reads
+    id: str = field(default_factory=lambda: f"cmpl-{next(_ids)}")
+    created: float = field(default_factory=time.time)
+    completion_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)             # the generated token ids
+    finish_reason: str | None = None
+    first_token_at: float | None = None
+    cancelled: bool = False
+    role_sent: bool = False          # a streamed chat answer has named its role
+    consumed_at: float = field(default_factory=time.monotonic)   # the handler last took an event
+    emitted: int = 0                 # events emitted (engine thread only)
+    taken: int = 0                   # events taken (handler side only)
+
+    @property
+    def pending(self) -> int:
+        """Events emitted and not yet taken by the handler."""
+        return self.emitted - self.taken
+
+    def emit(self, *event: Any) -> None:
+        """Queue ``event`` for the handler (delivered by the engine at the end of its step)."""
+        self.emitted += 1
+        if self.loop is not None:
+            _OUTBOX.setdefault(self.loop, []).append((self.queue, event))
+
+    def took(self) -> None:
+        """The handler took one event (called on its side; used to detect a client that stopped reading)."""
+        self.taken += 1
+        self.consumed_at = time.monotonic()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Engine:
+    """Continuous batching over one ``SlotPool`` per tier (see the module docstring).
+
+    ``slots``: rows per tier pool (the decoder's batch bucket). ``max_queue``: waiting requests per tier
+    before ``Busy``. ``stall_timeout``: seconds a request may hold undelivered output before it is
+    cancelled and its slot freed. ``eos``: token id that ends a request (None: none).
+    """
+
+    def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
+                 eos: int | None = None, tokenizer=None, metrics=None) -> None:
+        self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
+        self.eos, self.max_queue, self.stall_timeout = eos, max_queue, stall_timeout
+        self.pools: dict[str, SlotPool] = {}
+        for name in tiers:
+            self.pools[name] = SlotPool(model, name, slots)
+        V = model.config.vocab_size
+        self._noise = {name: RowNoise(slots, V, p.device) for name, p in self.pools.items()}
+        self._params = {name: (torch.zeros(slots, device=p.device), torch.zeros(slots, dtype=torch.long,
+                        device=p.device), torch.ones(slots, device=p.device)) for name, p in self.pools.items()}
+        self._texts: dict[str, list[TextStream | None]] = {n: [None] * slots for n in self.pools}
+        self.waiting: dict[str, deque[Request]] = {n: deque() for n in self.pools}
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="elastic-ssm-engine", daemon=True)
+        self.steps = 0
+
+    # ---- control -----------------------------------------------------------------------------------------
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, req: Request) -> None:
+        """Queue ``req`` for its tier; ``Busy`` when the tier's queue is full."""
+        if self._thread.ident is not None and not self._thread.is_alive():
+            raise Busy("the server's engine has stopped; restart the server")
+        with self._cond:
+            q = self.waiting[req.tier]
+            if len(q) >= self.max_queue + self.pools[req.tier].free_slots():
+                raise Busy(f"tier {req.tier} is at capacity ({self.pools[req.tier].slots} slots busy, "
+                           f"{len(q)} requests waiting); retry shortly")
+            q.append(req)
+            self._cond.notify_all()
+
+    def load(self, tier: str) -> float:
+        """Busy slots plus waiting requests, per slot (> 1: requests wait)."""
+        p = self.pools[tier]
+        return (p.busy() + len(self.waiting[tier])) / p.slots
+
+    def pick_auto(self, default: str) -> str:
+        """``"tier": "auto"`` under load: the largest served tier up to ``default`` with a slot free for one more
+        request, else the least loaded of them."""
+        order = {t.name: t.index for t in self.model.tier_table()}
+        cands = sorted((t for t in self.pools if order[t] <= order[default]), key=lambda t: -order[t])
+        for t in cands:
+            if self.pools[t].free_slots() > len(self.waiting[t]):
+                return t
+        return min(cands, key=self.load)
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        return {n: {"slots": p.slots, "busy": p.busy(), "waiting": len(self.waiting[n])}
+                for n, p in self.pools.items()}
+
+    # ---- the loop ----------------------------------------------------------------------------------------
+    def _has_work(self) -> bool:
+        return any(p.busy() for p in self.pools.values()) or any(self.waiting.values())
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._has_work():
+                    self._cond.wait(timeout=1.0)
+                if self._stop:
+                    return
+            for name in self.pools:
+                try:
+                    self._tick(name)
+                except Exception as e:   # a failure of the step itself: end this pool's requests, keep serving
+                    log.exception("engine step failed at tier %s", name)
+                    try:
+                        self._fail_all(name, f"internal error while decoding: {type(e).__name__}")
+                    except Exception:
+                        log.exception("could not end the requests of tier %s; freeing its slots", name)
+                        self.pools[name].owner = [None] * self.pools[name].slots
+                deliver()
+
+    def _finish(self, name: str, row: int, reason: str) -> None:
+        pool = self.pools[name]
+        req = pool.owner[row]
+        text = self._texts[name][row]
+        if reason != "cancelled" and text is not None:
+            tail = text.finish()
+            if tail:
+                req.emit("text", tail)
+        req.finish_reason = reason
+        req.emit("done", reason)
+        pool.release(row)
+        self._texts[name][row] = None
+        self._noise[name].seed_row(row, None)
+
+    def _fail_all(self, name: str, message: str) -> None:
+        pool = self.pools[name]
+        for row in pool.active_rows():
+            pool.owner[row].finish_reason = "error"
+            pool.owner[row].emit("error", message)
+            pool.release(row)
+            self._texts[name][row] = None
+
+    def _admit(self, name: str) -> None:
+        """Prefill waiting requests into free rows: prompts of one length together (``SlotPool.admit_many``);
+        a group whose prefill fails is prefilled one by one, so only a failing request ends."""
+        pool, q = self.pools[name], self.waiting[name]
+        take: list[Request] = []
+        with self._cond:
+            while q and len(take) < pool.free_slots():
+                req = q.popleft()
+                if req.cancelled:
+                    req.finish_reason = "cancelled"
+                    req.emit("done", "cancelled")
+                else:
+                    take.append(req)
+        groups: dict[int, list[Request]] = {}
+        for req in take:
+            groups.setdefault(len(req.prompt), []).append(req)
+        for group in groups.values():
+            for k in range(0, len(group), pool.max_prefill):
+                chunk = group[k:k + pool.max_prefill]
+                try:
+                    rows = pool.admit_many(chunk, [r.prompt for r in chunk]) if len(chunk) > 1 else None
+                except Exception as e:
+                    log.warning("batched prefill of %d prompts failed (%s); prefilling them one by one", len(chunk), e)
+                    rows = None
+                if rows is None:
+                    rows = [self._admit_one(pool, req) for req in chunk]
+                for req, row in zip(chunk, rows):
+                    if row is not None:
+                        self._start(name, req, row)
+
+    @staticmethod
+    def _admit_one(pool: SlotPool, req: Request) -> int | None:
+        """Prefill one request; a failure ends that request (an ``error`` event) and returns None."""
+        try:
+            return pool.admit(req, req.prompt)
+        except Exception as e:
+            log.warning("prefill of %s failed: %s", req.id, e)
+            req.finish_reason = "error"
+            req.emit("error", f"the prompt could not be processed: {e}")
+            return None
+
+    def _start(self, name: str, req: Request, row: int) -> None:
+        temp, top_k, top_p = self._params[name]
+        req.consumed_at = time.monotonic()     # time in the queue is not time the client failed to read
+        temp[row], top_k[row], top_p[row] = float(req.temperature), int(req.top_k), float(req.top_p)
+        self._noise[name].seed_row(row, req.seed)
+        self._texts[name][row] = TextStream(self.tokenizer, req.stop)
+        if req.max_tokens == 0:
+            self._finish(name, row, "length")
+
+    def _tick(self, name: str) -> None:
+        pool = self.pools[name]
+        now = time.monotonic()
+        for row in pool.active_rows():
+            req = pool.owner[row]
+            if req.cancelled or (req.pending > 0 and now - req.consumed_at > self.stall_timeout):
+                if not req.cancelled:
+                    log.warning("%s: client stopped reading for %.0f s; cancelled", req.id, self.stall_timeout)
+                    req.cancel()
+                self._finish(name, row, "cancelled")
+        self._admit(name)
+        rows = pool.active_rows()
+        if not rows:
+            return
+        temp, top_k, top_p = self._params[name]
+        reqs = [pool.owner[r] for r in rows]
+        sampling = any(r.temperature > 0 for r in reqs)
+        filters = any(r.temperature > 0 and (r.top_k > 0 or r.top_p < 1) for r in reqs)
+        noise = self._noise[name].draw() if sampling else None
+        tokens = sample_rows(pool.logits, temp, top_k, top_p, noise, filters)          # [slots]
+        values = tokens.tolist()                                                        # the one sync per step
+        t = time.monotonic()
+        for row, req in zip(rows, reqs):
+            tok = values[row]
+            req.completion_tokens += 1
+            req.tokens.append(tok)
+            if req.first_token_at is None:
+                req.first_token_at = t
+            if self.eos is not None and tok == self.eos:
+                self._finish(name, row, "stop")
+                continue
+            stream = self._texts[name][row]
+            piece = stream.push(tok)
+            if piece:
+                req.emit("text", piece)
+            if stream.stopped:
+                self._finish(name, row, "stop")
+            elif req.completion_tokens >= req.max_tokens:
+                self._finish(name, row, "length")
+        if self.metrics is not None:
+            self.metrics.add_tokens(name, len(rows))
+        if pool.busy():
+            pool.step(tokens)
+            self.steps += 1

@@ -1,0 +1,115 @@
+"""Security in front of the API: bearer-key check, per-client connection cap, body-size cap, disconnect watch.
+
+``Guard`` is a plain ASGI middleware (it also sees streamed responses end to end):
+
+* with an API key, every path but ``/health`` needs ``Authorization: Bearer <key>``, compared with
+  ``hmac.compare_digest`` (constant time); otherwise 401 with ``WWW-Authenticate: Bearer``;
+* at most ``max_connections`` requests in flight per client address (429 beyond);
+* a ``Content-Length`` above ``max_body`` is refused before the body is read (413); ``read_body`` enforces
+  the same cap on bodies without a length and a time limit on slow uploads (408).
+
+``watch_disconnect(receive, req)`` waits for the client's ``http.disconnect`` after the body was read and
+cancels the engine request, so a client that leaves frees its slot at the next engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from collections import defaultdict
+
+from .protocol import ApiError, error_body
+
+__all__ = ["Guard", "read_body", "parse_json", "watch_disconnect"]
+
+
+async def _send_error(send, status: int, message: str, headers: dict | None = None) -> None:
+    body = json.dumps(error_body(status, message)).encode()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    hdrs += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    """ASGI middleware: key, connection cap, body cap (see the module docstring)."""
+
+    def __init__(self, app, api_key: str | None, max_connections: int, max_body: int, metrics=None) -> None:
+        self.app, self.max_connections, self.max_body, self.metrics = app, max_connections, max_body, metrics
+        self._key = f"Bearer {api_key}".encode() if api_key else None
+        self._open: dict[str, int] = defaultdict(int)
+
+    def _reject(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.reject(reason)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        if self._key is not None and scope.get("path") != "/health":
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._key):
+                self._reject("unauthorized")
+                await _send_error(send, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                  {"WWW-Authenticate": "Bearer"})
+                return
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            self._reject("body_too_large")
+            await _send_error(send, 413, f"request body over {self.max_body} bytes")
+            return
+        client = (scope.get("client") or ("unknown", 0))[0]
+        if self._open[client] >= self.max_connections:
+            self._reject("too_many_connections")
+            await _send_error(send, 429, f"more than {self.max_connections} concurrent requests from {client}; "
+                                         "wait for one to finish", {"Retry-After": "1"})
+            return
+        self._open[client] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._open[client] -= 1
+            if not self._open[client]:
+                del self._open[client]
+
+
+async def read_body(request, limit: int, timeout: float) -> bytes:
+    """The whole request body, at most ``limit`` bytes and within ``timeout`` seconds."""
+    chunks, size = [], 0
+
+    async def _read() -> None:
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body over {limit} bytes")
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(_read(), timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
+    return b"".join(chunks)
+
+
+def parse_json(raw: bytes):
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ApiError(400, "the request body is not UTF-8 encoded JSON") from None
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e.msg} at position {e.pos})") from None
+    except RecursionError:
+        raise ApiError(400, "the request body nests JSON too deeply") from None
+
+
+async def watch_disconnect(receive, req) -> None:
+    """Cancel ``req`` when the client disconnects (run as a task once the body has been read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            req.cancel()
+            return

@@ -1,0 +1,138 @@
+"""A tier's slot pool: one fused decoder at a fixed batch bucket whose cache rows are sequences (slots).
+
+Continuous batching (``serve/engine.py``) needs three things the decode engine does not do by itself:
+
+* ``row_cache(cache, i)``: an ``ESSHCache`` of views of row ``i`` only (mode states ``[1, K, M, 2, P]``,
+  the window rings ``[1, H, W, hd]`` and their slot positions, ``positions[i:i+1]``), so a new request is
+  prefilled by the model's own chunked forward into its slot while every other row keeps its state;
+* ``reset_row_(cache, i)``: empty that one sequence in place (zero states and ring, no slot filled,
+  position 0) before its prefill;
+* ``SlotPool``: a ``FastDecoder`` of ``slots`` rows at one tier (captured in a CUDA graph once, on CUDA),
+  the pending logits of every row ``[slots, V]`` (float32), and which request holds which row;
+  ``admit_many`` prefills several prompts of one length in one batched forward (into a scratch cache whose
+  rows are then copied into the free slots), so a burst of arrivals costs one prefill, not one each.
+
+A sequence's state is constant in size (recurrent state + window ring), so a slot is a fixed row of
+fixed buffers; adding or removing a request never reallocates or recaptures. Rows without a request
+decode whatever token they were last given, harmlessly: no row reads another row's state, and a row is
+reset before it is reused. The pool has its own decoder (not ``decoder_pool(model)``'s), so a
+``model.generate`` call in the same process can never reset the cache of a running batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..layers.window_ring import RingState
+from ..models.cache import ESSHCache
+from ..models.fast_decode import FastDecoder
+
+__all__ = ["SlotPool", "row_cache", "reset_row_"]
+
+
+def row_cache(cache: ESSHCache, i: int) -> ESSHCache:
+    """A batch-1 cache of views of row ``i`` of ``cache`` (writes land in ``cache``)."""
+    if not 0 <= i < cache.batch:
+        raise IndexError(f"row {i} is outside a cache of {cache.batch} rows")
+    positions = cache.positions[i:i + 1]
+    layers = [s[i:i + 1] if isinstance(s, torch.Tensor) else
+              RingState(s.keys[i:i + 1], s.values[i:i + 1], s.slot_pos[i:i + 1], positions) for s in cache.layers]
+    return ESSHCache(batch=1, tier=cache.tier, window=cache.window, layers=layers, positions=positions)
+
+
+def reset_row_(cache: ESSHCache, i: int) -> ESSHCache:
+    """Empty sequence ``i`` of ``cache`` in place; returns its row view, ready for a prefill."""
+    return row_cache(cache, i).reset_()
+
+
+class SlotPool:
+    """``slots`` sequences of ``model`` decoded together at ``tier`` (see the module docstring).
+
+    ``state_dtype`` / ``kv_dtype``: the cache's (defaults of ``ESSHCache.allocate``: fp32 states, a bf16 window
+    ring on CUDA). ``max_prefill``: prompts of one length prefilled together by ``admit_many`` (its scratch
+    cache holds that many rows).
+    """
+
+    def __init__(self, model, tier: Any, slots: int, state_dtype: torch.dtype | None = None,
+                 kv_dtype: torch.dtype | None = None, max_prefill: int = 16) -> None:
+        if not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
+        self.model = model
+        self.tier = model.resolve_tier(tier)
+        self.slots = slots
+        self.fd = FastDecoder(model, self.tier, slots, state_dtype=state_dtype, kv_dtype=kv_dtype)
+        self.device = self.fd.device
+        self.graphed = False
+        if self.device.type == "cuda":
+            self.fd.capture(preserve_cache=False)
+            self.graphed = True
+        self.cache = self.fd.cache.reset_()
+        V = model.config.vocab_size
+        self.logits = torch.zeros(slots, V, dtype=torch.float32, device=self.device)   # [slots, V]
+        self.tokens = torch.zeros(slots, dtype=torch.long, device=self.device)         # last token per row
+        self.owner: list[Any] = [None] * slots
+        self.max_prefill = min(slots, max_prefill)
+        self._dtypes = (state_dtype, kv_dtype)
+        self._scratch: ESSHCache | None = None       # admit_many's prefill cache, allocated on first use
+
+    # ---- slots -------------------------------------------------------------------------------------------
+    def free_slots(self) -> int:
+        return sum(o is None for o in self.owner)
+
+    def busy(self) -> int:
+        return self.slots - self.free_slots()
+
+    def active_rows(self) -> list[int]:
+        return [i for i, o in enumerate(self.owner) if o is not None]
+
+    @torch.no_grad()
+    def admit(self, owner: Any, prompt: list[int]) -> int:
+        """Prefill ``prompt`` into a free row for ``owner``; its next-token logits wait in ``self.logits``."""
+        i = self.owner.index(None)
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)              # [1, T]
+        view = reset_row_(self.cache, i)
+        h = self.model.hidden_states(ids, tier=self.tier, cache=view)                    # [1, T, D]
+        self.logits[i] = self.model.logits_from_hidden(h[:, -1])[0].float()
+        self.owner[i] = owner
+        return i
+
+    @torch.no_grad()
+    def admit_many(self, owners: list, prompts: list[list[int]]) -> list[int]:
+        """Prefill prompts of one length into free rows together (one batched forward into a scratch cache of
+        ``max_prefill`` rows, then each row copied into its slot); returns the rows, in order."""
+        n = len(prompts)
+        if n == 1:
+            return [self.admit(owners[0], prompts[0])]
+        if not 1 < n <= min(self.max_prefill, self.free_slots()) or len({len(p) for p in prompts}) != 1:
+            raise ValueError(f"admit_many takes 2..{self.max_prefill} prompts of one length, at most the "
+                             f"{self.free_slots()} free slots")
+        if self._scratch is None or self._scratch.batch < n:
+            self._scratch = self.model.allocate_cache(self.max_prefill, self.tier, state_dtype=self._dtypes[0],
+                                                      kv_dtype=self._dtypes[1])
+        view = self._scratch.narrow(n).reset_()
+        ids = torch.tensor(prompts, dtype=torch.long, device=self.device)                # [n, T]
+        h = self.model.hidden_states(ids, tier=self.tier, cache=view)                    # [n, T, D]
+        rows = [i for i, o in enumerate(self.owner) if o is None][:n]
+        idx = torch.tensor(rows, device=self.device)
+        for dst, src in zip(self.cache.tensors(), view.tensors()):
+            dst.index_copy_(0, idx, src)
+        self.logits.index_copy_(0, idx, self.model.logits_from_hidden(h[:, -1]).float())
+        for i, owner in zip(rows, owners):
+            self.owner[i] = owner
+        return rows
+
+    def release(self, i: int) -> None:
+        """Free row ``i`` at once (finished, cancelled or failed); it is reset when next admitted."""
+        self.owner[i] = None
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (tokens [slots]); the next logits of every row land in ``self.logits``."""
+        self.tokens.copy_(tokens)
+        self.logits.copy_(self.fd.step(self.tokens))
+        return self.logits
+
+    def state_bytes(self) -> int:
+        return self.cache.nbytes()["total"]

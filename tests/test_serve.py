@@ -1,0 +1,312 @@
+"""Serving pieces without HTTP: slot rows, the slot pool against generate, per-row sampling, text, select_tier."""
+
+import asyncio
+import json
+import time
+
+import pytest
+import torch
+
+import elastic_ssm as es
+from elastic_ssm import data
+from elastic_ssm.elastic.tiers import state_bytes
+from elastic_ssm.models.essh import randomize_selective
+from elastic_ssm.models.generation import sample_next
+from elastic_ssm.serve.calibrate import calibrate, quality_table, write_profile, write_quality
+from elastic_ssm.serve.engine import Busy, Engine, Request
+from elastic_ssm.serve.slots import SlotPool, reset_row_, row_cache
+from elastic_ssm.serve.tokens import RowNoise, TextStream, sample_rows
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    # an untied head and active gates: greedy text varies from token to token and from tier to tier
+    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny", tie_embeddings=False)), 0.5, True).eval()
+    model.tokenizer = data.load_tokenizer("bytes")
+    return model
+
+
+def test_row_view_writes_one_row_and_reset_empties_only_it(tiny):
+    cache = tiny.allocate_cache(3, "T4")
+    for t in cache.tensors():
+        t.fill_(7)
+    view = reset_row_(cache, 1)
+    assert view.batch == 1 and view.positions.data_ptr() == cache.positions[1:].data_ptr()
+    assert int(cache.positions[1]) == 0 and int(cache.positions[0]) == 7 and int(cache.positions[2]) == 7
+    for s in cache.states.values():
+        assert s[1].abs().sum() == 0 and (s[0] == 7).all() and (s[2] == 7).all()
+    for r in cache.rings.values():
+        assert (r.slot_pos[1] == -1).all() and (r.slot_pos[0] == 7).all() and (r.keys[1] == 0).all()
+    with pytest.raises(IndexError, match="outside"):
+        row_cache(cache, 3)
+
+
+@pytest.mark.parametrize("tier", ["T1", "T10"])
+def test_pool_with_staggered_arrivals_equals_one_at_a_time_generate(tiny, tier):
+    prompts = [list(b"hello world"), list(b"abc"), list(b"the quick brown fox jumps"), list(b"z")]
+    n = 24
+    ref = [tiny.generate(torch.tensor([p]), n, tier=tier)[0, len(p):].tolist() for p in prompts]
+    pool = SlotPool(tiny, tier, 4)
+    out, waiting, step = {}, list(enumerate(prompts)), 0
+    zeros = torch.zeros(4)
+    while waiting or pool.busy():
+        if waiting and step % 5 == 0:                  # a new request joins a running batch every 5 steps
+            k, p = waiting.pop(0)
+            pool.admit(k, p)
+            out[k] = []
+        tokens = sample_rows(pool.logits, zeros, torch.zeros(4, dtype=torch.long), torch.ones(4), None)
+        for r in pool.active_rows():
+            out[pool.owner[r]].append(int(tokens[r]))
+            if len(out[pool.owner[r]]) == n:
+                pool.release(r)                        # the freed row is reused by a later arrival
+        pool.step(tokens)
+        step += 1
+    assert [out[k] for k in range(len(prompts))] == ref
+
+
+def test_a_burst_of_equal_length_prompts_is_prefilled_together(tiny):
+    prompts = [list(b"abcdefg"), list(b"0123456"), list(b"zzzzzzz")]
+    n = 16
+    ref = [tiny.generate(torch.tensor([p]), n, tier="T4")[0, len(p):].tolist() for p in prompts]
+    pool = SlotPool(tiny, "T4", 5, max_prefill=4)
+    pool.admit("x", list(b"hello"))                      # row 0 is busy: the burst lands in rows 1..3
+    assert pool.admit_many([0, 1, 2], prompts) == [1, 2, 3]
+    with pytest.raises(ValueError, match="of one length"):
+        pool.admit_many([3, 4], [[1, 2], [1]])
+    out = {k: [] for k in range(3)}
+    zeros, k0, p1 = torch.zeros(5), torch.zeros(5, dtype=torch.long), torch.ones(5)
+    for _ in range(n):
+        tokens = sample_rows(pool.logits, zeros, k0, p1, None)
+        for r in (1, 2, 3):
+            out[pool.owner[r]].append(int(tokens[r]))
+        pool.step(tokens)
+    assert [out[k] for k in range(3)] == ref
+
+
+def test_sample_rows_equals_sample_next_row_by_row():
+    torch.manual_seed(1)
+    logits = torch.randn(5, 50) * 3
+    temp = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.9])
+    top_k = torch.tensor([0, 5, 0, 3, 10])
+    top_p = torch.tensor([1.0, 1.0, 0.6, 0.9, 0.5])
+    noise = RowNoise(5, 50, torch.device("cpu"), seed=0)
+    for row in range(5):
+        noise.seed_row(row, 100 + row)
+    for call in range(3):
+        got = sample_rows(logits, temp, top_k, top_p, noise.draw())
+        for row in range(5):
+            g = torch.Generator().manual_seed(100 + row)
+            for _ in range(call + 1):   # the row's generator has drawn once per call so far
+                want = sample_next(logits[row:row + 1], float(temp[row]), int(top_k[row]) or None,
+                                   float(top_p[row]), generator=g)
+            if float(temp[row]) == 0:
+                assert int(got[row]) == int(logits[row].argmax())
+            else:
+                assert int(got[row]) == int(want[0]), row
+
+
+def test_text_stream_decodes_split_characters_and_cuts_at_stop():
+    tok = data.load_tokenizer("bytes")
+    s = TextStream(tok, ["END"])
+    pieces = [s.push(b) for b in "é ok EN".encode()]
+    assert "".join(pieces) == "é ok "               # "EN" held back: it could begin "END"
+    assert s.push(ord("D")) == "" and s.stopped and s.text == "é ok "
+    go_on = TextStream(tok, ["END"])
+    assert "".join(go_on.push(b) for b in b"ENx!") == "EN" and not go_on.stopped and go_on.flush() == "x!"
+    plain = TextStream(tok, [])
+    assert [plain.push(b) for b in "é".encode()] == ["", "é"]
+    assert plain.push(258) == "" and plain.flush() == ""
+
+
+def test_engine_queue_is_bounded(tiny):
+    eng = Engine(tiny, ["T1"], slots=1, max_queue=1, tokenizer=tiny.tokenizer)   # not started: nothing runs
+    eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))
+    eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))
+    with pytest.raises(Busy, match="at capacity"):
+        eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))
+
+
+def test_select_tier_against_the_exact_counts(tiny, tmp_path):
+    cfg, table = tiny.config, tiny.tier_table()
+    tiny.save_pretrained(tmp_path)
+    assert es.select_tier(tmp_path) == table[-1]
+    assert es.select_tier(tmp_path, max_params=table[3].params) == table[3]
+    assert es.select_tier(tiny, max_params=table[3].params - 1) == table[2]
+    sb = [state_bytes(cfg, t, 4)["total"] for t in table]
+    for limit in (sb[5], sb[5] - 1, sb[-1]):   # tiers of equal K hold equal state: the largest of them wins
+        want = max((t for t, b in zip(table, sb) if b <= limit), key=lambda t: t.index)
+        assert es.select_tier(tmp_path, max_state_bytes=limit, batch=4) == want
+    with pytest.raises(ValueError, match=r"no tier fits the budget; the closest is T1 \(params"):
+        es.select_tier(tmp_path, max_params=table[0].params - 1)
+    with pytest.raises(ValueError, match="needs a measured profile: run `elastic-ssm calibrate"):
+        es.select_tier(tmp_path, max_ms_per_token=1.0)
+
+
+def test_select_tier_with_a_synthetic_profile_and_quality(tiny, tmp_path):
+    table = tiny.tier_table()
+    ms = {t.name: {"ms_per_token": {"1": 0.1 * t.index, "16": 0.2 * t.index}} for t in table}
+    profile = {"device": "synthetic", "tiers": ms}
+    assert es.select_tier(tiny, max_ms_per_token=0.45, profile=profile) == table[3]
+    assert es.select_tier(tiny, max_ms_per_token=0.45, batch=16, profile=profile) == table[1]
+    assert es.select_tier(tiny, max_ms_per_token=0.45, batch=8, profile=profile) == table[1]  # next profiled: 16
+    with pytest.raises(ValueError, match="not profiled at batch >= 32"):
+        es.select_tier(tiny, max_ms_per_token=10.0, batch=32, profile=profile)
+    # measured quality overrides the tier order: here T7 scores best (lower bpb) among those that fit
+    quality = {"metric": "bpb", "higher_is_better": False,
+               "tiers": {t.name: {"value": 2.0 - (0.1 if t.name == "T7" else 0.01 * t.index)} for t in table}}
+    assert es.select_tier(tiny, max_params=table[8].params, quality=quality) == table[6]
+    tiny.save_pretrained(tmp_path)
+    write_profile(tmp_path, profile)
+    write_quality(tmp_path, quality | {"data": "d", "split": "s"})
+    assert es.select_tier(str(tmp_path), max_ms_per_token=0.75) == table[6]
+
+
+def test_calibrate_and_quality_files(tiny, tmp_path):
+    prof = calibrate(tiny, [1, 2], ["T1", "T10"], warmup=1, iters=2, progress=lambda *a, **k: None)
+    assert set(prof["tiers"]) == {"T1", "T10"} and prof["tiers"]["T1"]["params"] == tiny.num_parameters("T1")
+    assert prof["tiers"]["T10"]["state_bytes"] == state_bytes(tiny.config, "T10")["total"]
+    assert all(v > 0 for r in prof["tiers"].values() for v in r["ms_per_token"].values())
+    tiny.save_pretrained(tmp_path)
+    write_profile(tmp_path, prof)
+    assert json.loads((tmp_path / "tier_profile.json").read_text())["device"] == prof["device"]
+    slow = max(prof["tiers"]["T10"]["ms_per_token"]["1"], prof["tiers"]["T1"]["ms_per_token"]["1"])
+    assert es.select_tier(tmp_path, max_ms_per_token=slow * 2).name in ("T1", "T10")
+    from elastic_ssm.eval.perplexity import TierEval
+
+    rows = [TierEval("T1", 1, 16, 10, 2.0, 100, 1.0), TierEval("T2", 2, 32, 20, 1.5, 100, 1.0)]
+    q = quality_table(rows, "stdlib", "validation")
+    assert q["tiers"]["T2"]["value"] == pytest.approx(1.5 / 0.6931471805599453) and not q["higher_is_better"]
+
+
+def test_a_stalled_client_is_cancelled_and_its_slot_freed(tiny):
+    eng = Engine(tiny, ["T1"], slots=2, stall_timeout=0.3, tokenizer=tiny.tokenizer).start()
+    try:
+        stalled = Request(tier="T1", prompt=[1, 2], max_tokens=100000)   # nobody ever takes its events
+        eng.submit(stalled)
+        deadline = time.time() + 20
+        while stalled.finish_reason is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert stalled.finish_reason == "cancelled" and stalled.completion_tokens < 100000
+        assert eng.pools["T1"].busy() == 0
+    finally:
+        eng.shutdown()
+    # a reading client is never dropped, and time spent waiting for a slot does not count as not reading
+    eng = Engine(tiny, ["T1"], slots=1, stall_timeout=1.0, tokenizer=tiny.tokenizer).start()
+    try:
+        first = Request(tier="T1", prompt=[1], max_tokens=100000)
+        queued = Request(tier="T1", prompt=[2], max_tokens=5)
+        eng.submit(first)
+        eng.submit(queued)
+        t0 = time.time()
+        while queued.finish_reason is None and time.time() - t0 < 20:
+            for r in (first, queued):                     # a client reading every 0.3 s
+                while r.pending > 0:
+                    r.took()
+            if time.time() - t0 > 2.0:
+                first.cancel()                            # the client of the first request leaves
+            time.sleep(0.3)
+        assert first.finish_reason == "cancelled" and first.completion_tokens > 1
+        assert queued.finish_reason == "length" and queued.completion_tokens == 5
+    finally:
+        eng.shutdown()
+
+
+def test_auto_tier_moves_down_when_the_default_tier_is_full(tiny):
+    eng = Engine(tiny, ["T1", "T4", "T10"], slots=1, tokenizer=tiny.tokenizer)   # not started: requests wait
+    assert eng.pick_auto("T10") == "T10"
+    eng.submit(Request(tier="T10", prompt=[1], max_tokens=1))
+    assert eng.pick_auto("T10") == "T4"
+    assert eng.pick_auto("T4") == "T4"                 # never above the default tier
+    eng.submit(Request(tier="T4", prompt=[1], max_tokens=1))
+    eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))
+    eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))
+    assert eng.pick_auto("T10") in ("T4", "T10")       # all full: the least loaded (T1 has two waiting)
+
+
+def test_guard_caps_connections_per_client():
+    from elastic_ssm.serve.guard import Guard
+
+    gate = asyncio.Event()
+    sent = []
+
+    async def app(scope, receive, send):
+        await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def run():
+        guard = Guard(app, api_key=None, max_connections=2, max_body=100)
+        scope = {"type": "http", "path": "/v1/models", "headers": [], "client": ("10.0.0.1", 1)}
+
+        async def send(msg):
+            sent.append(msg.get("status"))
+
+        tasks = [asyncio.create_task(guard(scope, None, send)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert [s for s in sent if s] == [429]          # the third concurrent request from one address
+        other = dict(scope, client=("10.0.0.2", 1))
+        gate.set()
+        await asyncio.gather(*tasks, guard(other, None, send))
+        assert sorted(s for s in sent if s) == [200, 200, 200, 429]
+        assert guard._open == {}
+
+    asyncio.run(run())
+
+
+def test_calibrate_command_writes_the_profile_select_tier_reads(tiny, tmp_path, capsys):
+    from elastic_ssm.cli import main
+
+    tiny.save_pretrained(tmp_path)
+    assert main(["generate", str(tmp_path), "--tier", "auto", "--max-ms-per-token", "5", "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a measured profile: run `elastic-ssm calibrate" in err and len(err.strip().splitlines()) == 1
+    assert main(["calibrate", str(tmp_path), "--batches", "1,2", "--tiers", "T1,T10", "--warmup", "1",
+                 "--iters", "2"]) == 0
+    prof = json.loads((tmp_path / "tier_profile.json").read_text())
+    assert set(prof["tiers"]) == {"T1", "T10"} and set(prof["tiers"]["T1"]["ms_per_token"]) == {"1", "2"}
+    assert main(["calibrate", str(tmp_path), "--batches", "0"]) == 2
+    assert "--batches must be integers >= 1" in capsys.readouterr().err
+    essm = es.ESSSM(es.ESSSMConfig.preset("tiny"))
+    essm.save_pretrained(tmp_path / "essm")
+    assert main(["calibrate", str(tmp_path / "essm")]) == 2
+    assert "'es_ssm' model; calibration times the fused ESSH decoder" in capsys.readouterr().err
+    # only T1 and T10 were profiled: a latency budget considers those
+    assert es.select_tier(tmp_path, max_ms_per_token=1e6).name == "T10"
+
+
+def test_a_failing_request_or_step_ends_alone_and_the_engine_keeps_serving(tiny):
+    eng = Engine(tiny, ["T1"], slots=2, tokenizer=tiny.tokenizer).start()
+    pool = eng.pools["T1"]
+    admit, step = pool.admit, pool.step
+
+    def bad_admit(owner, prompt):
+        if prompt == [9]:
+            raise ValueError("boom")
+        return admit(owner, prompt)
+
+    pool.admit = bad_admit
+    pool.admit_many = lambda owners, prompts: (_ for _ in ()).throw(RuntimeError("batched prefill failed"))
+
+    def wait(*reqs):
+        deadline = time.time() + 20
+        while any(r.finish_reason is None for r in reqs) and time.time() < deadline:
+            time.sleep(0.02)
+
+    try:
+        bad, good = Request(tier="T1", prompt=[9], max_tokens=4), Request(tier="T1", prompt=[8], max_tokens=4)
+        eng.submit(bad)
+        eng.submit(good)
+        wait(bad, good)
+        assert (bad.finish_reason, good.finish_reason) == ("error", "length") and good.completion_tokens == 4
+        pool.step = lambda tokens: (_ for _ in ()).throw(RuntimeError("kernel failure"))
+        hit = Request(tier="T1", prompt=[8], max_tokens=4)
+        eng.submit(hit)
+        wait(hit)
+        assert hit.finish_reason == "error" and pool.busy() == 0 and eng.alive()
+        pool.step = step
+        after = Request(tier="T1", prompt=[8], max_tokens=4)
+        eng.submit(after)
+        wait(after)
+        assert after.finish_reason == "length"
+    finally:
+        eng.shutdown()

@@ -1,0 +1,169 @@
+"""The HTTP API in process (FastAPI's TestClient): key, limits, every kind of bad request, 503, chat, metrics."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+import elastic_ssm as es  # noqa: E402
+from elastic_ssm import data  # noqa: E402
+from elastic_ssm.serve.app import ServerSettings, create_app  # noqa: E402
+from elastic_ssm.serve.engine import Busy  # noqa: E402
+
+KEY = {"Authorization": "Bearer s3cret"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    model.tokenizer = data.load_tokenizer("bytes")
+    path = tmp_path_factory.mktemp("m") / "tiny"
+    model.save_pretrained(path)
+    return path
+
+
+def _client(path, **kw):
+    model = es.ESSH.from_pretrained(path)
+    settings = ServerSettings(name="tiny", tiers=["T1", "T10"], default_tier="T10", slots=2,
+                              **{"max_body_bytes": 4000, "max_prompt_tokens": 64, "max_tokens_limit": 32, **kw})
+    return TestClient(create_app(model, settings))
+
+
+def _complete(c, headers=KEY, **body):
+    return c.post("/v1/completions", headers=headers, json={"model": "tiny", "prompt": "hi", "max_tokens": 3, **body})
+
+
+def test_key_limits_and_still_serving(model_dir):
+    with _client(model_dir, api_key="s3cret") as c:
+        assert c.get("/health").status_code == 200                    # health needs no key
+        assert c.get("/v1/models").status_code == 401
+        r = c.get("/v1/models", headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert _complete(c, headers={}).status_code == 401
+        assert c.get("/metrics").status_code == 401
+        ids = [m["id"] for m in c.get("/v1/models", headers=KEY).json()["data"]]
+        assert ids == ["tiny", "tiny@T1", "tiny@T10"]
+        big = c.post("/v1/completions", headers=KEY, content=b'{"prompt": "' + b"a" * 5000 + b'"}')
+        assert big.status_code == 413 and "over 4000 bytes" in big.json()["error"]["message"]
+        long = _complete(c, prompt="x" * 65)
+        assert long.status_code == 400 and "at most 64" in long.json()["error"]["message"]
+        assert _complete(c, max_tokens=33).status_code == 400
+        ok = _complete(c, temperature=0)
+        assert ok.status_code == 200, ok.text
+        body = ok.json()
+        assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+        assert body["model"] == "tiny@T10" and body["choices"][0]["finish_reason"] == "length"
+
+
+BAD = [
+    ({"model": "tiny@T7"}, 400, "not served here"),
+    ({"model": "other"}, 404, "unknown model"),
+    ({"tier": "T99"}, 400, "not served here"),
+    ({"model": "tiny@T1", "tier": "T10"}, 400, "disagree"),
+    ({"max_tokens": -1}, 400, "max_tokens must be an integer"),
+    ({"max_tokens": 2.5}, 400, "max_tokens must be an integer"),
+    ({"temperature": "hot"}, 400, "temperature"),
+    ({"temperature": 3}, 400, "temperature"),
+    ({"top_p": 0}, 400, "top_p"),
+    ({"top_k": -5}, 400, "top_k"),
+    ({"seed": "x"}, 400, "seed"),
+    ({"n": 2}, 400, "n must be 1"),
+    ({"logprobs": 3}, 400, "logprobs is not supported"),
+    ({"stop": ["a"] * 5}, 400, "stop must be"),
+    ({"stream": "yes"}, 400, "stream must be"),
+    ({"prompt": ""}, 400, "prompt is empty"),
+    ({"prompt": ["a", "b"]}, 400, "one request each"),
+    ({"prompt": [1, 999]}, 400, "token ids must lie"),
+    ({"prompt": None}, 400, "prompt must be"),
+]
+
+
+def test_bad_requests_get_400_and_the_server_keeps_answering(model_dir):
+    with _client(model_dir) as c:
+        for fields, status, words in BAD:
+            r = _complete(c, headers={}, **fields)
+            assert r.status_code == status, (fields, r.text)
+            assert words in r.json()["error"]["message"], (fields, r.text)
+        raw = [b"{not json", b"[1, 2]", b'"text"', b'{"prompt": "\xff\xfe"}', b"[" * 3000,
+               b'{"prompt": "\\ud800 lone surrogate"}']
+        for body in raw:
+            r = c.post("/v1/completions", content=body)
+            assert r.status_code == 400 and "\n" not in r.json()["error"]["message"], (body[:20], r.text)
+        chat = c.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+        assert chat.status_code == 400 and "no chat template" in chat.json()["error"]["message"]
+        assert _complete(c, headers={}, prompt=[104, 105], temperature=0).status_code == 200
+        c.app.state.engine.submit = lambda req: (_ for _ in ()).throw(Busy("tier T10 is at capacity"))
+        full = _complete(c, headers={})
+        assert full.status_code == 503 and full.headers["retry-after"] == "1"
+        metrics = c.get("/metrics").text
+        assert 'elastic_ssm_requests_total{tier="T10",status="200"} 1' in metrics
+        assert 'elastic_ssm_requests_total{tier="T10",status="503"} 1' in metrics
+        assert 'elastic_ssm_slots{tier="T1"} 2' in metrics
+        assert 'elastic_ssm_rejected_total{reason="http_400"}' in metrics
+
+
+def test_seeded_sampling_repeats_and_auto_tier_reports_the_tier(model_dir):
+    with _client(model_dir) as c:
+        a = _complete(c, headers={}, temperature=1.0, top_p=0.9, top_k=20, seed=7, max_tokens=12).json()
+        b = _complete(c, headers={}, temperature=1.0, top_p=0.9, top_k=20, seed=7, max_tokens=12).json()
+        assert a["choices"][0]["text"] == b["choices"][0]["text"]
+        auto = _complete(c, headers={}, tier="auto", temperature=0).json()
+        assert auto["tier"] == "T10" and auto["model"] == "tiny@T10"    # nothing else running: no downgrade
+
+
+def test_chat_completions_through_the_saved_chat_template(model_dir, tmp_path):
+    import shutil
+
+    path = tmp_path / "chatty"
+    shutil.copytree(model_dir, path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with _client(path) as c:
+        body = {"model": "tiny@T1", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4,
+                "temperature": 0}
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["object"] == "chat.completion" and out["choices"][0]["message"]["role"] == "assistant"
+        assert out["usage"]["prompt_tokens"] == len("<user>hello\n<assistant>")
+        lines = [json.loads(line[6:]) for line in c.post("/v1/chat/completions", json={**body, "stream": True})
+                 .text.splitlines() if line.startswith("data: {")]
+        assert lines[0]["object"] == "chat.completion.chunk" and lines[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert "".join(x["choices"][0]["delta"].get("content", "") for x in lines) == \
+            out["choices"][0]["message"]["content"] and lines[-1]["choices"][0]["finish_reason"] == "length"
+        bad = c.post("/v1/chat/completions", json={"model": "tiny", "messages": "hi"})
+        assert bad.status_code == 400 and "messages must be" in bad.json()["error"]["message"]
+
+
+def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monkeypatch, caplog):
+    import uvicorn
+
+    from elastic_ssm.cli import main
+
+    runs = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: runs.append((app, kw)))
+    monkeypatch.delenv("ELASTIC_SSM_API_KEY", raising=False)
+    with caplog.at_level("WARNING", logger="elastic_ssm.serve"):
+        assert main(["serve", str(model_dir), "--tiers", "T1,T4", "--host", "0.0.0.0", "--port", "1234",
+                     "--device", "cpu", "--max-batch", "2"]) == 0
+    assert "without an API key" in caplog.text
+    app, kw = runs[-1]
+    assert (kw["host"], kw["port"]) == ("0.0.0.0", 1234)
+    with TestClient(app) as c:
+        assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["tiny", "tiny@T1", "tiny@T4"]
+    caplog.clear()
+    monkeypatch.setenv("ELASTIC_SSM_API_KEY", "s3cret")
+    t3 = es.tier_table(es.ESSHConfig.preset("tiny"))[2].params
+    with caplog.at_level("WARNING", logger="elastic_ssm.serve"):
+        assert main(["serve", str(model_dir), "--tiers", "T1", "--tier", "auto", "--max-params", str(t3),
+                     "--device", "cpu", "--max-batch", "1"]) == 0
+    assert "without an API key" not in caplog.text and runs[-1][1]["host"] == "127.0.0.1"
+    with TestClient(runs[-1][0]) as c:
+        assert c.get("/v1/models").status_code == 401
+        models = c.get("/v1/models", headers=KEY).json()["data"]
+        assert [(m["id"], m["tier"]) for m in models] == [("tiny", "T3"), ("tiny@T1", "T1"), ("tiny@T3", "T3")]
