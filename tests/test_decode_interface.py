@@ -275,3 +275,11 @@ def test_weight_piece_digests_find_a_flipped_byte(tmp_path):
     with pytest.raises(CheckpointError, match=r"model.safetensors: sha256 checksum mismatch in bytes 8192\.\.12288"):
         es.ESSH.from_pretrained(tmp_path)
     es.ESSH.from_pretrained(tmp_path, verify=False)         # the caller's choice: no check
+
+
+def test_models_report_device_and_dtype():
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    assert model.device == torch.device("cpu") and model.dtype == torch.float32
+    assert model.to(F64).dtype == F64
+    es_ssm = es.ESSSM(es.ESSSMConfig.preset("tiny"))
+    assert es_ssm.device.type == "cpu" and es_ssm.dtype == torch.float32

@@ -163,6 +163,16 @@ class ElasticModel(nn.Module):
     def is_meta(self) -> bool:
         return any(p.device.type == "meta" for p in self.parameters())
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights live (the embedding's device), as Hugging Face models report it."""
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the weight matrices (the embedding's); modal tables may stay float32 beside bf16."""
+        return next(self.parameters()).dtype
+
     # ---- save / load -----------------------------------------------------------------------------
     def _config_json(self) -> dict[str, Any]:
         from .. import __version__
