@@ -19,8 +19,8 @@ import torch
 
 from ..dispatch import resolve_backend
 from .chunk_torch import chunk_spectral_scan
-from .fused_recurrent import spectral_scan_step
 from .naive import naive_spectral_scan
+from .step import spectral_scan_step
 
 __all__ = [
     "chunk_spectral_scan",
