@@ -91,11 +91,12 @@ class ESSH(GenerationMixin, ElasticModel):
         # random op on the meta device (from_pretrained builds there) costs ~4 s of one-time imports.
         self.embed = nn.Embedding(config.vocab_size, config.d_model,
                                   _weight=torch.empty(config.vocab_size, config.d_model))
+        if self.embed.weight.device.type != "meta":
+            nn.init.normal_(self.embed.weight)   # nn.Embedding's own init, at the same point of the RNG stream
         self.blocks = nn.ModuleList(ESSHBlock(config, kind) for kind in config.layout)
         self.norm_f = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         if self.embed.weight.device.type != "meta":
-            nn.init.normal_(self.embed.weight)   # nn.Embedding's own init: keeps the RNG stream (and runs) as before
             nn.init.normal_(self.embed.weight, std=config.init_std)
             if self.lm_head is not None:
                 nn.init.normal_(self.lm_head.weight, std=config.init_std)
