@@ -94,21 +94,24 @@ class ESSHCache:
         self.positions.zero_()
         return self
 
+    def _map(self, fn) -> ESSHCache:
+        """A cache whose every tensor is ``fn(tensor)`` (a batch-dim edit or view); rings share its positions."""
+        positions = fn(self.positions)
+        layers = [fn(s) if isinstance(s, torch.Tensor) else
+                  RingState(fn(s.keys), fn(s.values), fn(s.slot_pos), positions) for s in self.layers]
+        return ESSHCache(batch=int(positions.shape[0]), tier=self.tier, window=self.window, layers=layers,
+                         positions=positions)
+
     @torch.no_grad()
     def apply_(self, fn) -> ESSHCache:
         """Replace every tensor by ``fn(tensor)`` along the batch dim (a beam reorder, a row selection, a
         repetition), in place of this cache's fields; returns it. The rings keep sharing ``positions``."""
-        positions = fn(self.positions)
-        self.layers = [fn(s) if isinstance(s, torch.Tensor) else
-                       RingState(fn(s.keys), fn(s.values), fn(s.slot_pos), positions) for s in self.layers]
-        self.positions, self.batch = positions, int(positions.shape[0])
+        edited = self._map(fn)
+        self.layers, self.positions, self.batch = edited.layers, edited.positions, edited.batch
         return self
 
-    def narrow(self, rows: int) -> ESSHCache:
-        """A cache of views of the first ``rows`` sequences (writes land in this cache)."""
-        if not 1 <= rows <= self.batch:
-            raise ValueError(f"cannot take {rows} rows of a cache built for batch {self.batch}")
-        positions = self.positions[:rows]
-        layers = [s[:rows] if isinstance(s, torch.Tensor) else
-                  RingState(s.keys[:rows], s.values[:rows], s.slot_pos[:rows], positions) for s in self.layers]
-        return ESSHCache(batch=rows, tier=self.tier, window=self.window, layers=layers, positions=positions)
+    def narrow(self, rows: int, start: int = 0) -> ESSHCache:
+        """A cache of views of sequences ``start .. start + rows - 1`` (writes land in this cache)."""
+        if not (1 <= rows and 0 <= start and start + rows <= self.batch):
+            raise ValueError(f"cannot take {rows} rows from row {start} of a cache built for batch {self.batch}")
+        return self._map(lambda t: t[start:start + rows])

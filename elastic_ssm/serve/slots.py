@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from ..layers.window_ring import RingState
 from ..models.cache import ESSHCache
 from ..models.fast_decode import FastDecoder
 
@@ -36,10 +35,7 @@ def row_cache(cache: ESSHCache, i: int) -> ESSHCache:
     """A batch-1 cache of views of row ``i`` of ``cache`` (writes land in ``cache``)."""
     if not 0 <= i < cache.batch:
         raise IndexError(f"row {i} is outside a cache of {cache.batch} rows")
-    positions = cache.positions[i:i + 1]
-    layers = [s[i:i + 1] if isinstance(s, torch.Tensor) else
-              RingState(s.keys[i:i + 1], s.values[i:i + 1], s.slot_pos[i:i + 1], positions) for s in cache.layers]
-    return ESSHCache(batch=1, tier=cache.tier, window=cache.window, layers=layers, positions=positions)
+    return cache.narrow(1, start=i)
 
 
 def reset_row_(cache: ESSHCache, i: int) -> ESSHCache:
