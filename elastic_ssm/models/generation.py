@@ -50,6 +50,12 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     exponential race ``argmax_i p_i / E_i`` (E_i ~ Exp(1) i.i.d.), which picks i with probability p_i.
     """
     check_sampling(temperature, top_k, top_p)
+    return _sample(logits, temperature, top_k, top_p, generator)
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+            generator: torch.Generator | None) -> torch.Tensor:
+    """``sample_next`` without the argument checks (the decode loop checks them once per call)."""
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
@@ -177,7 +183,7 @@ class GenerationMixin:
         all_done = torch.zeros(n_new, dtype=torch.bool, device=dev)
         n = 0
         for i in range(n_new):
-            nxt = sample_next(logits, temperature, top_k, top_p, generator)
+            nxt = _sample(logits, temperature, top_k, top_p, generator)
             if eos is not None:
                 nxt = torch.where(done, pad, nxt)
                 done |= nxt == eos
