@@ -186,7 +186,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from .data.tokenizer_files import resolve_tokenizer
     from .models import load_pretrained
+    from .models.generation import check_sampling
 
+    check_sampling(args.temperature, args.top_k, args.top_p)   # before anything is printed or loaded
     if args.tier.isdigit():  # an ES-SSM budget K
         args.tier = int(args.tier)
     device = resolve_device(args.device)

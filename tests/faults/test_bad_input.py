@@ -81,6 +81,8 @@ CASES = {  # name: (argv, words the message must contain)
     "eval model is a file": (["eval", "{file}"], ["a_file"]),
     "generate empty prompt": (["generate", "{model}", "--prompt", ""], ["--prompt", "empty"]),
     "generate unknown tier": (["generate", "{model}", "--prompt", "a", "--tier", "T99"], ["T99"]),
+    "generate top-p above 1": (["generate", "{model}", "--prompt", "a", "--top-p", "1.5"], ["top_p", "(0, 1]"]),
+    "generate negative top-k": (["generate", "{model}", "--prompt", "a", "--top-k", "-2"], ["top_k", ">= 0"]),
     "niah context 0": (["niah", "{model}", "--context", "0"], ["--context"]),
     "niah depths not numbers": (["niah", "{model}", "--depths", "0.1,abc"], ["--depths", "abc"]),
     "eval csv folder missing": ([*EVAL, "--csv", "{root}/no/such/dir/x.csv"], ["--csv", "does not exist"]),
