@@ -107,7 +107,8 @@ ids = torch.randint(0, m.config.vocab_size, (1, 2048), device="cuda")
 s = FusedSession(m, 1, None, None, None)      # the loaded T10 model is standalone: its only tier
 torch.cuda.synchronize()
 t_dec = time.perf_counter()
-tok = s.prefill(ids, None).argmax(-1)
+with torch.inference_mode():
+    tok = s.prefill(ids, None).argmax(-1)
 torch.cuda.synchronize()
 t_pre = time.perf_counter()
 print(f"RESULT import_s={t_imp - t0:.2f} load_s={t_load - t_imp:.2f} decoder_s={t_dec - t_load:.2f} "
@@ -143,6 +144,75 @@ def stage_process() -> None:
     log(f"elastic-ssm generate 1.5b T10 end to end: rc={r.returncode} wall={wall:.2f}s; "
         f"stderr: {r.stderr.strip().splitlines()[-1:]}")
     RESULTS["process"] = {"children": runs, "cli_wall_s": wall, "cli_rc": r.returncode}
+
+
+_IMPORT_FLA = """
+import importlib.util, os, sys, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import fla.ops.gla
+t2 = time.perf_counter()
+import torch._dynamo as d
+pyc = importlib.util.cache_from_source(d.__file__)
+print(f"RESULT torch_s={t1 - t0:.2f} fla_s={t2 - t1:.2f} dynamo_pyc={os.path.exists(pyc)} "
+      f"site_writable={os.access(os.path.dirname(d.__file__), os.W_OK)} "
+      f"dontwrite={sys.flags.dont_write_bytecode}")
+"""
+
+
+def _child(script: str, *args: str, env: dict | None = None) -> str:
+    r = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, **(env or {})})
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")]
+    return " | ".join(line) if line else (r.stderr.strip().splitlines() or ["?"])[-1]
+
+
+def stage_firsttoken() -> None:
+    """A new process's first token by phase with each scan backend for the prefill, the cost of importing
+    fla alone, and the eager 2K / 16K prefill of 1.5b T10 with each backend (CUDA events, warm)."""
+    import torch
+
+    from elastic_ssm.bench.decode import summarize
+    from elastic_ssm.bench.peers import build_essh
+    from elastic_ssm.config import ESSHConfig
+    from elastic_ssm.models.decode_engine import FusedSession
+
+    d = Path("/tmp/essh15b")
+    model = build_essh(ESSHConfig.preset("1.5b"), torch.device("cuda"), torch.bfloat16)
+    if not (d / "config.json").exists():
+        model.save_pretrained(d)
+    rows = {}
+    torch.set_grad_enabled(False)
+    for backend in ("fla", "torch"):
+        os.environ["ELASTIC_SSM_SCAN_BACKEND"] = backend
+        for T in (2048, 16384):
+            ids = torch.randint(0, model.config.vocab_size, (1, T), device="cuda")
+            session = FusedSession(model, 1, "T10", None, None)
+            session.prefill(ids, None)
+            times = []
+            for _ in range(3):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                session.prefill(ids, None)
+                e.record()
+                torch.cuda.synchronize()
+                times.append(s.elapsed_time(e))
+            rows[f"{backend} {T}"] = summarize(times)["ms"]
+            log(f"eager prefill 1.5b T10 {backend} T={T}: {rows[f'{backend} {T}']:.2f} ms")
+            model.clear_decoders()
+    os.environ.pop("ELASTIC_SSM_SCAN_BACKEND")
+    del model
+    torch.cuda.empty_cache()
+    out = {"prefill_ms": rows, "children": []}
+    for _ in range(2):
+        out["children"].append(f"import fla: {_child(_IMPORT_FLA)}")
+        log(out["children"][-1])
+    for backend in ("fla", "torch", "fla", "torch"):
+        env = {"ELASTIC_SSM_SCAN_BACKEND": backend}
+        out["children"].append(f"{backend}: {_child(_CHILD, str(d), env=env)}")
+        log(out["children"][-1])
+    RESULTS["firsttoken"] = out
 
 
 _PROFILE = """

@@ -109,3 +109,23 @@ def test_calibrate_on_cuda_times_graphed_pools():
     assert prof["device"] == torch.cuda.get_device_name(0)
     assert all(v > 0 for row in prof["tiers"].values() for v in row["ms_per_token"].values())
     assert es.select_tier(model, max_ms_per_token=1e3, profile=prof).name == "T10"
+
+
+def test_step_async_hands_back_the_sampled_tokens_and_steps_like_step():
+    """The engine's overlapped step: the host gets exactly the sampled tokens, and the next logits equal those
+    of the synchronous ``step`` (graphed pools, fp32)."""
+    torch.manual_seed(0)
+    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny", tie_embeddings=False)), 0.5, True).cuda().eval()
+    pools = [SlotPool(model, "T10", 8, kv_dtype=torch.float32) for _ in range(2)]
+    for pool in pools:
+        for k in range(5):
+            pool.admit(k, list(range(3 + k, 20 + 2 * k)))
+    dev = pools[0].device
+    temp, k0, p1 = torch.full((8,), 0.9, device=dev), torch.zeros(8, dtype=torch.long, device=dev), \
+        torch.ones(8, device=dev)
+    for _ in range(12):
+        torch.testing.assert_close(pools[0].logits, pools[1].logits, rtol=0, atol=0)
+        tokens = sample_rows(pools[0].logits, temp, k0, p1, torch.empty(8, model.config.vocab_size,
+                                                                       device=dev).exponential_())
+        assert pools[0].step_async(tokens) == tokens.tolist()
+        pools[1].step(tokens)

@@ -7,7 +7,8 @@ so every streamed character is one token. Load comes from ``serve_client_procs``
 Python client cannot read tens of thousands of server-sent events a second alone), each running its share
 of the streams with ``httpx``: every stream sends ``serve_rounds`` requests one after another (a prompt of
 ``serve_prompt`` random ids, greedy, ``serve_new_tokens`` tokens, streamed), the streams' tiers cycling
-through the mix. Reported per (mix, streams): aggregate generated tokens/s over the run's wall clock,
+through the mix. A warm-up pass (every stream once, 8 tokens) runs first and is reported as ``warmup_s``.
+Reported per (mix, streams): aggregate generated tokens/s over the run's wall clock,
 p50/p99 time to first token, p50/p99 inter-token latency (gaps between streamed chunks), and the
 issue's targets beside them (docs/serving.md).
 """
@@ -133,11 +134,17 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
             raise RuntimeError(f"the bench server did not start: {log.read()[-500:]}")
         plan = [mix[i % len(mix)] for i in range(streams)]
         procs = max(1, min(procs, streams))
-        shares = [(base, plan[i::procs], rounds, prompt, new_tokens, vocab, seed + i) for i in range(procs)]
-        t0 = time.perf_counter()
         with mp.get_context("spawn").Pool(procs) as pool:
+            # warm-up: the same streams once with a few tokens, so that first-use costs (fla's autotuning of the
+            # prefill shapes, CUDA context of the clients) are reported apart from the served rate
+            t0 = time.perf_counter()
+            pool.map(_client, [(base, plan[i::procs], 1, prompt, min(8, new_tokens), vocab, seed + 100 + i)
+                               for i in range(procs)])
+            warmup = time.perf_counter() - t0
+            shares = [(base, plan[i::procs], rounds, prompt, new_tokens, vocab, seed + i) for i in range(procs)]
+            t0 = time.perf_counter()
             parts = pool.map(_client, shares)
-        wall = time.perf_counter() - t0
+            wall = time.perf_counter() - t0
     finally:
         proc.terminate()
         try:
@@ -149,8 +156,9 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
     itl = [x for p in parts for x in p["itl"]]
     tokens = sum(p["tokens"] for p in parts)
     ms = lambda v: None if v is None else v * 1e3
-    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "ttft_p50_ms": ms(_percentile(ttft, 50)),
-            "ttft_p99_ms": ms(_percentile(ttft, 99)), "itl_p50_ms": ms(_percentile(itl, 50)),
+    return {"warmup_s": warmup, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
+            "ttft_p50_ms": ms(_percentile(ttft, 50)), "ttft_p99_ms": ms(_percentile(ttft, 99)),
+            "itl_p50_ms": ms(_percentile(itl, 50)),
             "itl_p99_ms": ms(_percentile(itl, 99))}
 
 

@@ -5,9 +5,10 @@ loaded model's prefix views, only caches and graphs are per tier). ``submit(requ
 ``Request`` for its tier (bounded: ``max_queue`` waiting per tier, then ``Busy``). The engine thread
 loops: for each tier it drops cancelled or stalled requests (freeing their slots at once), prefills
 waiting requests into free slots, samples one token for every busy row (``serve/tokens.py``, per-row
-parameters), hands each request its text (``serve/tokens.py``), and runs one decode step of the pool at its
-fixed batch bucket. A request finishes on ``max_tokens`` (reason ``length``), on a stop string or the
-model's eos token (``stop``), or by cancellation (the client left or stopped reading).
+parameters), launches the pool's decode step on those tokens (its fixed batch bucket) and, while the GPU
+runs it, hands each request its text (``serve/tokens.py``). A request finishes on ``max_tokens`` (reason
+``length``), on a stop string or the model's eos token (``stop``), or by cancellation (the client left or
+stopped reading).
 
 Events reach the HTTP side through ``Request.emit``: ``("text", str)``, ``("done", finish_reason)``,
 ``("error", message)``. The engine collects the events of a whole step and hands them to the event loop in
@@ -286,7 +287,10 @@ class Engine:
         filters = any(r.temperature > 0 and (r.top_k > 0 or r.top_p < 1) for r in reqs)
         noise = self._noise[name].draw() if sampling else None
         tokens = sample_rows(pool.logits, temp, top_k, top_p, noise, filters)          # [slots]
-        values = tokens.tolist()                                                        # the one sync per step
+        # the tokens go to the host while the GPU already runs the next step on them: the per-row work below
+        # (text, stop strings, events) overlaps the step instead of adding to every inter-token gap. A row
+        # that finishes here has been stepped once more; its slot is reset when next admitted.
+        values = pool.step_async(tokens)
         t = time.monotonic()
         for row, req in zip(rows, reqs):
             tok = values[row]
@@ -307,6 +311,4 @@ class Engine:
                 self._finish(name, row, "length")
         if self.metrics is not None:
             self.metrics.add_tokens(name, len(rows))
-        if pool.busy():
-            pool.step(tokens)
-            self.steps += 1
+        self.steps += 1

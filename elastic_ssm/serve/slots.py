@@ -72,6 +72,8 @@ class SlotPool:
         self.max_prefill = min(slots, max_prefill)
         self._dtypes = (state_dtype, kv_dtype)
         self._scratch: ESSHCache | None = None       # admit_many's prefill cache, allocated on first use
+        self._host_tokens: torch.Tensor | None = None  # step_async's pinned copy of the sampled tokens (CUDA)
+        self._copied: torch.cuda.Event | None = None
 
     # ---- slots -------------------------------------------------------------------------------------------
     def free_slots(self) -> int:
@@ -129,6 +131,24 @@ class SlotPool:
         self.tokens.copy_(tokens)
         self.logits.copy_(self.fd.step(self.tokens))
         return self.logits
+
+    @torch.no_grad()
+    def step_async(self, tokens: torch.Tensor) -> list[int]:
+        """Launch :meth:`step` on ``tokens [slots]`` and return them as host ints once they are on the host,
+        without waiting for the step: the copy is queued before the step (on CUDA into pinned memory, with an
+        event), so the caller works on this token while the GPU computes the next logits."""
+        if self.device.type != "cuda":
+            values = tokens.tolist()
+            self.step(tokens)
+            return values
+        if self._host_tokens is None:
+            self._host_tokens = torch.empty(self.slots, dtype=torch.long, pin_memory=True)
+            self._copied = torch.cuda.Event()
+        self._host_tokens.copy_(tokens, non_blocking=True)
+        self._copied.record()
+        self.step(tokens)
+        self._copied.synchronize()
+        return self._host_tokens.tolist()
 
     def state_bytes(self) -> int:
         return self.cache.nbytes()["total"]
