@@ -39,7 +39,7 @@ def training_length(checkpoint: str | Path) -> tuple[int, Path] | None:
 
 def parse_lengths(spec: str, train_len: int | None) -> list[int]:
     """``--lengths``: comma-separated ``<n>x`` (n times ``train_len``) or absolute token counts."""
-    out = []
+    parsed = []
     for raw in spec.split(","):
         item = raw.strip().lower()
         try:
@@ -49,12 +49,13 @@ def parse_lengths(spec: str, train_len: int | None) -> list[int]:
                               "token count such as 4096") from None
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(f"--lengths {raw!r}: lengths and multiples must be > 0")
-        if item.endswith("x"):
-            if train_len is None:
-                raise ConfigError(f"--lengths {raw}: no run.yaml found above the model directory to read the "
-                                  "training length from; give --train-len N or absolute lengths")
-            value = round(value * train_len)
-        out.append(int(value))
+        parsed.append((raw, value, item.endswith("x")))
+    if train_len is None and any(multiple for _, _, multiple in parsed):
+        raise ConfigError(f"--lengths {spec}: no run.yaml found above the model directory to read the training "
+                          "length from; give --train-len N or absolute lengths")
+    out = [int(round(value * train_len)) if multiple else int(value) for _, value, multiple in parsed]
+    if min(out) < 1:
+        raise ConfigError(f"--lengths {spec}: every length must be at least one token, got {out}")
     return out
 
 
