@@ -70,7 +70,7 @@ def ordering(values: Sequence[float]) -> float:
 
     if len(values) < 2 or len(set(values)) == 1:
         return float("nan")
-    return -float(spearmanr(range(1, len(values) + 1), values).statistic)
+    return 0.0 - float(spearmanr(range(1, len(values) + 1), values).statistic)   # never -0.0
 
 
 def first_share(values: Sequence[float], first: int = 8) -> float:
