@@ -12,6 +12,7 @@ import elastic_ssm as es
 from elastic_ssm.cli import main
 from elastic_ssm.elastic.tiers import capacity_tier
 from elastic_ssm.eval.cli import parse_lengths
+from elastic_ssm.eval.perplexity import split_windows
 
 EVAL = ["--batch-size", "2", "--batches", "1", "--no-write-quality"]
 
@@ -56,10 +57,23 @@ def test_length_sweep_at_multiples_of_the_run_training_length(run, capsys):
     assert "training length 16 (from" in text and "L=64" in text
     rows = _rows(out)
     assert [(r["tier"], int(r["seq_len"])) for r in rows] == [(t, n) for n in (16, 32, 64) for t in ("T1", "T10")]
-    assert all(int(r["tokens"]) == 2 * int(r["seq_len"]) for r in rows)
+    assert all(int(r["tokens"]) == 2 * 64 for r in rows)      # the same tokens scored at every length
     assert main(["eval", str(run / "run" / "final"), "--data", str(run / "c.txt"), *EVAL, "--tiers", "T2",
                  "--lengths", "2x,20", "--train-len", "12", "--csv", str(out)]) == 0
     assert [int(r["seq_len"]) for r in _rows(out)] == [24, 20]
+
+
+def test_split_windows_keeps_every_label_token_in_order():
+    x = torch.arange(2 * 12).reshape(2, 12)
+    batches = [(x, x + 1)]
+    for n in (12, 6, 4, 3):
+        (xs, ys), = split_windows(batches, n)
+        assert xs.shape == (2 * 12 // n, n) and torch.equal(ys.flatten(), (x + 1).flatten())
+        assert torch.equal(ys, xs + 1)                 # every label still follows its own input token
+    (xs, ys), = split_windows(batches, 5)              # 12 // 5 = 2 pieces per row, the tail is dropped
+    assert torch.equal(xs, torch.tensor([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [12, 13, 14, 15, 16], [17, 18, 19, 20, 21]]))
+    with pytest.raises(ValueError, match="pieces of 13"):
+        split_windows(batches, 13)
 
 
 def test_parse_lengths():

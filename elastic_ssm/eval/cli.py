@@ -79,7 +79,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ..data import evaluation_batches
     from ..models import load_pretrained
     from ..serve.cli import record_quality
-    from .perplexity import evaluate_tiers, format_evals, format_length_sweep
+    from .perplexity import evaluate_tiers, format_evals, format_length_sweep, split_windows
 
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
@@ -90,12 +90,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         lengths = parse_lengths(args.lengths, found and found[0])
         if found and found[1] is not None and any(x.strip().lower().endswith("x") for x in args.lengths.split(",")):
             print(f"training length {found[0]} (from {found[1]})")
-    longest = getattr(model.config, "seq_len", None) if model.arch == "es_ssm" else None
-    if longest is not None and max(lengths) > longest:
-        raise ConfigError(f"--lengths: {max(lengths)} tokens exceed this ES-SSM model's filter length {longest}, "
+    limit = getattr(model.config, "seq_len", None) if model.arch == "es_ssm" else None
+    if limit is not None and max(lengths) > limit:
+        raise ConfigError(f"--lengths: {max(lengths)} tokens exceed this ES-SSM model's filter length {limit}, "
                           "the longest sequence it accepts")
     tokens, bpt = _tokens_and_bpt(args, model)
-    batch_sets = [list(evaluation_batches(tokens, n, args.batch_size, args.batches)) for n in lengths]
+    longest = list(evaluation_batches(tokens, max(lengths), args.batch_size, args.batches))
+    batch_sets = [split_windows(longest, n) for n in lengths]    # the same scored tokens at every length
     announce_device("eval", device, next(model.parameters()).dtype)
     rows = [r for batches in batch_sets for r in evaluate_tiers(model, batches, tiers, bytes_per_token=bpt)]
     print(format_evals(rows))

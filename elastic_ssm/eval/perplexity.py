@@ -96,6 +96,21 @@ def loss_sums(forward: Callable[..., torch.Tensor], batches: Sequence[tuple[torc
     return tot
 
 
+def split_windows(batches: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> list[tuple[torch.Tensor, ...]]:
+    """Cut every ``(input_ids [b, L], labels [b, L])`` batch into ``L // length`` consecutive windows of
+    ``length`` tokens each, ``[b * (L // length), length]`` (a tail shorter than ``length`` is dropped).
+
+    The length sweep scores the same label tokens at every length (only the context each token sees
+    changes) by cutting the windows of the longest length."""
+    out = []
+    for x, y in batches:
+        n = x.shape[1] // length
+        if n < 1:
+            raise ValueError(f"cannot cut windows of {x.shape[1]} tokens into pieces of {length}")
+        out.append(tuple(t[:, :n * length].reshape(t.shape[0] * n, length) for t in (x, y)))  # [b*n, length]
+    return out
+
+
 def format_evals(rows: Sequence[TierEval]) -> str:
     """The rows as a text table; an ``xi`` column when a row is a capacity fraction (not a named tier) and a
     ``length`` column when the rows were evaluated at more than one sequence length."""
