@@ -105,7 +105,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(format_length_sweep(rows))
     write_csv(args.csv, [r.row() for r in rows])
     named = {t.name for t in model.tier_table()}
-    record_quality(args, [r for r in rows if r.tier in named and r.seq_len == lengths[0]])
+    recorded = [r for r in rows if r.tier in named and r.seq_len == lengths[0]]   # select_tier picks named tiers
+    if recorded:
+        record_quality(args, recorded)
     return 0
 
 
