@@ -1,4 +1,6 @@
-"""Command line: ``elastic-ssm train|export|eval|generate|serve|calibrate|bench|prepare|tokenizer|quickstart|info``.
+"""Command line: ``elastic-ssm train|export|eval|importance|generate|serve|bench|quickstart|info|...``.
+
+The other verbs: ``lm-eval``, ``niah``, ``calibrate``, ``prepare``, ``tokenizer``.
 
 Run flags are derived from the config dataclasses (``--model.<field>``, ``--train.<field>``,
 ``--data.<field>``; see ``cli_args.py``) on top of a YAML run file (``--config``). Every command prints
@@ -29,12 +31,11 @@ from .cli_args import (
 from .cli_errors import Parser, run_reporting_errors
 from .config import ConfigError, ESSHConfig, ESSSMConfig
 from .data.cli import add_data_parsers
-from .serve.cli import add_budget_flags, add_eval_flags, auto_tier, record_quality
+from .eval.cli import TOKENIZER_HELP, add_eval_parsers
+from .serve.cli import add_budget_flags, auto_tier
 from .serve.cli import add_parsers as add_serve_parsers
 
 DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
-TOKENIZER_HELP = ("default: the tokenizer saved with the model; a different one ('bytes', a tokenizer.json or "
-                  "folder) is refused")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -105,32 +106,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         small.save_pretrained(out / name)
     print(f"wrote {len(names) - failed} standalone model(s) under {out}")
     return 1 if failed else 0
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from .data import evaluation_batches, load_corpus
-    from .data.tokenizer_files import resolve_tokenizer
-    from .data.tokenizers import measured_bytes_per_token
-    from .eval.perplexity import evaluate_tiers, format_evals
-    from .models import load_pretrained
-
-    device = resolve_device(args.device)
-    model = load_pretrained(args.checkpoint, device=device)
-    tok = resolve_tokenizer(model, args.tokenizer)
-    tokens = load_corpus(args.data, tok, split=args.split)
-    batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.batches))
-    tiers = checked_tiers(model, args.tiers)
-    bpt = args.bytes_per_token
-    if not bpt:   # the byte tokenizer: 1; a subword tokenizer: measured on the evaluated text
-        bpt = 1.0 if tok.vocab_size <= 260 else measured_bytes_per_token(tok, tokens)
-        if tok.vocab_size > 260:
-            print(f"bytes per token measured on the evaluation data: {bpt:.4f} (--bytes-per-token overrides)")
-    announce_device("eval", device, next(model.parameters()).dtype)
-    rows = evaluate_tiers(model, batches, tiers, bytes_per_token=bpt)
-    print(format_evals(rows))
-    write_csv(args.csv, [r.row() for r in rows])
-    record_quality(args, rows)
-    return 0
 
 
 def cmd_lm_eval(args: argparse.Namespace) -> int:
@@ -269,36 +244,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_flag(s)
     s.set_defaults(fn=cmd_export)
 
-    for name, fn, hlp in (("eval", cmd_eval, "per-tier loss / perplexity / bits-per-byte on a dataset"),
-                          ("generate", cmd_generate, "sample from any tier, streaming to stdout")):
-        s = sub.add_parser(name, help=hlp)
-        s.add_argument("checkpoint", help="model directory")
-        s.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP)
-        add_device_flag(s)
-        s.set_defaults(fn=fn)
-        if name == "eval":
-            s.add_argument("--data", default="stdlib", help="source (see `elastic-ssm train --help`, data.source)")
-            s.add_argument("--split", default="validation", help="split of the source to evaluate")
-            s.add_argument("--tiers", default="all", help="'all' or comma-separated tier names")
-            s.add_argument("--seq-len", type=int, default=512, help="tokens per evaluation sequence")
-            s.add_argument("--batch-size", type=int, default=8, help="sequences per batch")
-            s.add_argument("--batches", type=int, default=16, help="number of batches (fixed windows)")
-            s.add_argument("--bytes-per-token", type=float, default=0.0,
-                           help="divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)")
-            s.add_argument("--csv", help="also write the table as CSV")
-            add_eval_flags(s)
-        else:
-            s.add_argument("--tier", default="full",
-                           help="tier to load ('full', T1..T10, 'auto'; ES-SSM: a budget 8 or K8)")
-            add_budget_flags(s)
-            s.add_argument("--prompt", required=True, help="text to continue")
-            s.add_argument("--max-new-tokens", type=int, default=200, help="tokens to sample")
-            s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-            s.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
-            s.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
-            s.add_argument("--seed", type=int, default=0, help="sampling seed")
-            s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                           help="weights: auto = bfloat16 on CUDA (the fused decoder's format), float32 on CPU")
+    add_eval_parsers(sub)
+
+    s = sub.add_parser("generate", help="sample from any tier, streaming to stdout")
+    s.add_argument("checkpoint", help="model directory")
+    s.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP)
+    add_device_flag(s)
+    s.set_defaults(fn=cmd_generate)
+    s.add_argument("--tier", default="full", help="tier to load ('full', T1..T10, 'auto'; ES-SSM: a budget 8 or K8)")
+    add_budget_flags(s)
+    s.add_argument("--prompt", required=True, help="text to continue")
+    s.add_argument("--max-new-tokens", type=int, default=200, help="tokens to sample")
+    s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    s.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
+    s.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed")
+    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="weights: auto = bfloat16 on CUDA (the fused decoder's format), float32 on CPU")
 
     s = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks at every tier (needs the eval extra)")
     s.add_argument("checkpoint", help="model directory")

@@ -129,6 +129,35 @@ def checked_tiers(model, spec: str) -> list[str] | None:
     return None if names is None else [model.resolve_tier(n).name for n in names]
 
 
+def checked_capacities(model, spec: str) -> list | None:
+    """``eval --tiers``: None for 'all', else one ``Tier`` per comma-separated entry, each a tier name (T4; K8 for
+    ES-SSM, or a budget 8) or, for ESSH, a capacity fraction in (0, 1] through the two-rate map (Eq. 7). A value that is
+    neither is a one-line ``ConfigError`` naming it and the valid range."""
+    names = tier_names(spec)
+    if names is None:
+        return None
+    out = []
+    for raw in names:
+        name = raw.strip()
+        try:
+            out.append(model.resolve_tier(int(name) if name.isdigit() and model.arch != "essh" else name))
+            continue
+        except ValueError as e:
+            named_error = e
+        try:
+            xi = float(name)
+        except ValueError:
+            raise ConfigError(f"--tiers {name!r} is neither a tier name nor a number: {named_error}; or give a "
+                              "capacity fraction in (0, 1], e.g. 0.45") from None
+        if model.arch != "essh":
+            raise ConfigError(f"--tiers {name}: capacity fractions are the ESSH two-rate map; this "
+                              f"{model.arch!r} model takes tier names ({named_error})")
+        if not 0 < xi <= 1:   # also NaN
+            raise ConfigError(f"--tiers {name}: a capacity fraction must lie in (0, 1] (0 < xi <= 1)")
+        out.append(model.resolve_tier(xi))
+    return out
+
+
 def write_csv(path: str | None, rows: list[dict]) -> None:
     """``rows`` (dicts with the same keys) as a CSV file at ``path``; nothing when ``path`` is None."""
     if not path:

@@ -33,7 +33,8 @@ class Parser(argparse.ArgumentParser):
 
 #: numeric options of the subcommands and their smallest valid value (checked before a command runs)
 _MINIMUM = {"check_len": 1, "seq_len": 1, "batch_size": 1, "batches": 1, "max_new_tokens": 0, "context": 1,
-            "pairs": 1, "max_length": 1, "max_tokens": 0, "max_bytes": 0, "vocab_size": 1, "steps": 0}
+            "pairs": 1, "max_length": 1, "max_tokens": 0, "max_bytes": 0, "vocab_size": 1, "steps": 0,
+            "train_len": 1, "first": 1}
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -2,7 +2,10 @@
 
 ``evaluate_tiers`` runs the shared model at every requested tier on the same fixed batches
 (ESSH E.4: same inputs, same evaluator for every tier) and returns one ``TierEval`` per tier.
-Bits per byte = loss_nats / ln 2 / bytes_per_token (1 for the byte tokenizer).
+Bits per byte = loss_nats / ln 2 / bytes_per_token (1 for the byte tokenizer). A tier may be a named
+tier or any capacity fraction ``xi`` in (0, 1] (``Tier.index`` 0: the two-rate map of Eq. 7 at a budget
+training never sampled); the row reports ``xi`` and the exact parameter count of that capacity's export.
+``loss_sums`` is the scoring loop itself, shared with the channel knock-out (``importance.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ class TierEval:
     tokens: int          # scored positions (sequences for classifiers)
     bytes_per_token: float
     accuracy: float | None = None   # argmax == label over scored positions (next token; class for classifiers)
+    xi: float | None = None         # the budget variable of Eq. 7 (ES-SSM: K / K-bar)
+    seq_len: int | None = None      # tokens per evaluated sequence (None when the batches differ in length)
 
     @property
     def perplexity(self) -> float:
@@ -50,38 +55,86 @@ def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier
     sum) is applied to the per-tier sums ``[loss, count, correct]`` before averaging.
     """
     tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
-    device = next(model.parameters()).device
+    lengths = {int(b[0].shape[1]) for b in batches}
+    seq_len = lengths.pop() if len(lengths) == 1 else None
     was_training = model.training
     model.eval()
     out = []
     try:
         for t in tiers:
-            tot = torch.zeros(3, dtype=torch.float64, device=device)      # loss sum, count, correct
-            for batch in batches:
-                x, y = batch[0].to(device), batch[1].to(device)
-                kw = {"attention_mask": batch[2].to(device)} if len(batch) > 2 else {}
-                with torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16"):
-                    logits = model(x, tier=t, **kw)
-                flat = logits.float().reshape(-1, logits.shape[-1])
-                tot[0] += F.cross_entropy(flat, y.reshape(-1), ignore_index=-100, reduction="sum").double()
-                valid = y != -100
-                tot[1] += valid.sum()
-                tot[2] += ((logits.argmax(-1) == y) & valid).sum()
+            tot = loss_sums(lambda x, _t=t, **kw: model(x, tier=_t, **kw), batches, model, precision)
             if reduce is not None:
                 reduce(tot)
             count = int(tot[1].item())
             if count == 0:
                 raise ValueError("evaluation batches contain no scored tokens")
             acc = (tot[2] / count).item()
-            out.append(TierEval(t.name, t.K, t.n_ff, t.params, (tot[0] / count).item(), count, bytes_per_token, acc))
+            out.append(TierEval(t.name, t.K, t.n_ff, t.params, (tot[0] / count).item(), count, bytes_per_token, acc,
+                                xi=t.xi, seq_len=seq_len))
     finally:
         model.train(was_training)
     return out
 
 
+@torch.no_grad()
+def loss_sums(forward: Callable[..., torch.Tensor], batches: Sequence[tuple[torch.Tensor, ...]], model: Any,
+              precision: str = "fp32") -> torch.Tensor:
+    """``[summed CE in nats, scored positions, argmax hits]`` (float64 [3]) of ``forward(x, **kw) -> logits``
+    over ``batches`` (as for ``evaluate_tiers``), on the device of ``model``'s parameters."""
+    device = next(model.parameters()).device
+    tot = torch.zeros(3, dtype=torch.float64, device=device)      # loss sum, count, correct
+    for batch in batches:
+        x, y = batch[0].to(device), batch[1].to(device)
+        kw = {"attention_mask": batch[2].to(device)} if len(batch) > 2 else {}
+        with torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16"):
+            logits = forward(x, **kw)
+        flat = logits.float().reshape(-1, logits.shape[-1])
+        tot[0] += F.cross_entropy(flat, y.reshape(-1), ignore_index=-100, reduction="sum").double()
+        valid = y != -100
+        tot[1] += valid.sum()
+        tot[2] += ((logits.argmax(-1) == y) & valid).sum()
+    return tot
+
+
+def split_windows(batches: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> list[tuple[torch.Tensor, ...]]:
+    """Cut every ``(input_ids [b, L], labels [b, L])`` batch into ``L // length`` consecutive windows of
+    ``length`` tokens each, ``[b * (L // length), length]`` (a tail shorter than ``length`` is dropped).
+
+    The length sweep scores the same label tokens at every length (only the context each token sees
+    changes) by cutting the windows of the longest length."""
+    out = []
+    for x, y in batches:
+        n = x.shape[1] // length
+        if n < 1:
+            raise ValueError(f"cannot cut windows of {x.shape[1]} tokens into pieces of {length}")
+        out.append(tuple(t[:, :n * length].reshape(t.shape[0] * n, length) for t in (x, y)))  # [b*n, length]
+    return out
+
+
 def format_evals(rows: Sequence[TierEval]) -> str:
-    head = f"{'tier':<8}{'K':>4}{'n_ff':>7}{'params':>14}{'loss':>9}{'ppl':>10}{'bpb':>8}"
+    """The rows as a text table; an ``xi`` column when a row is a capacity fraction (not a named tier) and a
+    ``length`` column when the rows were evaluated at more than one sequence length."""
+    show_xi = any(not r.tier[1:].isdigit() for r in rows)
+    show_len = len({r.seq_len for r in rows}) > 1
+    head = (f"{'tier':<10}" + (f"{'xi':>8}" if show_xi else "") + (f"{'length':>8}" if show_len else "")
+            + f"{'K':>4}{'n_ff':>7}{'params':>14}{'loss':>9}{'ppl':>10}{'bpb':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.tier:<8}{r.K:>4}{r.n_ff:>7}{r.params:>14,}{r.loss:>9.4f}{r.perplexity:>10.3f}{r.bpb:>8.4f}")
+        xi = f"{r.xi:>8.4g}" if show_xi else ""
+        length = f"{r.seq_len if r.seq_len is not None else '-':>8}" if show_len else ""
+        lines.append(f"{r.tier:<10}{xi}{length}{r.K:>4}{r.n_ff:>7}{r.params:>14,}{r.loss:>9.4f}"
+                     f"{r.perplexity:>10.3f}{r.bpb:>8.4f}")
+    return "\n".join(lines)
+
+
+def format_length_sweep(rows: Sequence[TierEval]) -> str:
+    """Bits per byte of every tier (rows) at every evaluated sequence length (columns)."""
+    lengths = sorted({r.seq_len for r in rows if r.seq_len is not None})
+    tiers = list(dict.fromkeys(r.tier for r in rows))
+    bpb = {(r.tier, r.seq_len): r.bpb for r in rows}
+    head = f"{'bpb':<10}" + "".join(f"{f'L={n}':>10}" for n in lengths)
+    lines = [head, "-" * len(head)]
+    for t in tiers:
+        lines.append(f"{t:<10}" + "".join(f"{bpb[(t, n)]:>10.4f}" if (t, n) in bpb else f"{'-':>10}"
+                                          for n in lengths))
     return "\n".join(lines)

@@ -1,0 +1,184 @@
+"""``elastic-ssm eval`` and ``elastic-ssm importance``: the held-out evaluators (registered by ``cli.py``).
+
+``eval`` scores every requested tier on fixed held-out windows; ``--tiers`` mixes named tiers with capacity
+fractions training never sampled (``0.3,T4,0.62``: the two-rate map of Eq. 7 with exact parameter counts),
+and ``--lengths`` repeats the evaluation at several sequence lengths (``1x,2x,4x,8x`` of the training
+length, read from the run's ``run.yaml`` or ``--train-len``, or absolute token counts). ``importance``
+measures the knock-out and output-energy profile of the spectral channels (ESSH App. L.3, Table 31) and
+writes a CSV, a JSON and, with matplotlib, a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from ..cli_args import add_device_flag, announce_device, checked_capacities, resolve_device, write_csv
+from ..config import ConfigError
+
+__all__ = ["add_eval_parsers", "cmd_eval", "cmd_importance", "parse_lengths", "training_length"]
+
+TOKENIZER_HELP = ("default: the tokenizer saved with the model; a different one ('bytes', a tokenizer.json or "
+                  "folder) is refused")
+
+
+def training_length(checkpoint: str | Path) -> tuple[int, Path] | None:
+    """``(train.seq_len, run.yaml)`` of the run a model directory belongs to: the ``run.yaml`` beside a
+    run's ``final/`` or above a checkpoint's ``<stage>/<step>/model/``; None when there is none."""
+    from ..run_config import RunConfig
+
+    here = Path(checkpoint).resolve()
+    for parent in list(here.parents)[:3]:
+        run = parent / "run.yaml"
+        if run.is_file():
+            return RunConfig.from_yaml(run).train.seq_len, run
+    return None
+
+
+def parse_lengths(spec: str, train_len: int | None) -> list[int]:
+    """``--lengths``: comma-separated ``<n>x`` (n times ``train_len``) or absolute token counts."""
+    parsed = []
+    for raw in spec.split(","):
+        item = raw.strip().lower()
+        try:
+            value = float(item[:-1]) if item.endswith("x") else int(item)
+        except ValueError:
+            raise ConfigError(f"--lengths {raw!r}: give a multiple of the training length such as 2x, or a "
+                              "token count such as 4096") from None
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--lengths {raw!r}: lengths and multiples must be > 0")
+        parsed.append((raw, value, item.endswith("x")))
+    if train_len is None and any(multiple for _, _, multiple in parsed):
+        raise ConfigError(f"--lengths {spec}: no run.yaml found above the model directory to read the training "
+                          "length from; give --train-len N or absolute lengths")
+    out = [int(round(value * train_len)) if multiple else int(value) for _, value, multiple in parsed]
+    if min(out) < 1:
+        raise ConfigError(f"--lengths {spec}: every length must be at least one token, got {out}")
+    return out
+
+
+def _tokens_and_bpt(args: argparse.Namespace, model):
+    """The held-out token stream of ``--data`` / ``--split`` and the bits-per-byte divisor."""
+    from ..data import load_corpus
+    from ..data.tokenizer_files import resolve_tokenizer
+    from ..data.tokenizers import measured_bytes_per_token
+
+    tok = resolve_tokenizer(model, args.tokenizer)
+    tokens = load_corpus(args.data, tok, split=args.split)
+    bpt = args.bytes_per_token
+    if not bpt:   # the byte tokenizer: 1; a subword tokenizer: measured on the evaluated text
+        bpt = 1.0 if tok.vocab_size <= 260 else measured_bytes_per_token(tok, tokens)
+        if tok.vocab_size > 260:
+            print(f"bytes per token measured on the evaluation data: {bpt:.4f} (--bytes-per-token overrides)")
+    return tokens, bpt
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ..data import evaluation_batches
+    from ..models import load_pretrained
+    from ..serve.cli import record_quality
+    from .perplexity import evaluate_tiers, format_evals, format_length_sweep, split_windows
+
+    device = resolve_device(args.device)
+    model = load_pretrained(args.checkpoint, device=device)
+    tiers = checked_capacities(model, args.tiers)
+    lengths = [args.seq_len]
+    if args.lengths:
+        found = (args.train_len, None) if args.train_len else training_length(args.checkpoint)
+        lengths = parse_lengths(args.lengths, found and found[0])
+        if found and found[1] is not None and any(x.strip().lower().endswith("x") for x in args.lengths.split(",")):
+            print(f"training length {found[0]} (from {found[1]})")
+    limit = getattr(model.config, "seq_len", None) if model.arch == "es_ssm" else None
+    if limit is not None and max(lengths) > limit:
+        raise ConfigError(f"--lengths: {max(lengths)} tokens exceed this ES-SSM model's filter length {limit}, "
+                          "the longest sequence it accepts")
+    tokens, bpt = _tokens_and_bpt(args, model)
+    longest = list(evaluation_batches(tokens, max(lengths), args.batch_size, args.batches))
+    batch_sets = [split_windows(longest, n) for n in lengths]    # the same scored tokens at every length
+    announce_device("eval", device, next(model.parameters()).dtype)
+    rows = [r for batches in batch_sets for r in evaluate_tiers(model, batches, tiers, bytes_per_token=bpt)]
+    print(format_evals(rows))
+    if len(lengths) > 1:
+        print()
+        print(format_length_sweep(rows))
+    write_csv(args.csv, [r.row() for r in rows])
+    named = {t.name for t in model.tier_table()}
+    recorded = [r for r in rows if r.tier in named and r.seq_len == lengths[0]]   # select_tier picks named tiers
+    if recorded:
+        record_quality(args, recorded)
+    return 0
+
+
+def cmd_importance(args: argparse.Namespace) -> int:
+    from ..data import evaluation_batches
+    from ..models import load_pretrained
+    from .importance import channel_importance, format_importance, plot_importance
+
+    device = resolve_device(args.device)
+    model = load_pretrained(args.checkpoint, device=device)
+    tier = None if args.tier == "full" else checked_capacities(model, args.tier)
+    if tier is not None and len(tier) != 1:
+        raise ConfigError(f"--tier {args.tier}: give one tier ('full', a name such as T4, or a fraction)")
+    out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder")
+    out.mkdir(parents=True, exist_ok=True)     # before the work, so an unwritable place fails at once
+    tokens, bpt = _tokens_and_bpt(args, model)
+    batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.batches))
+    announce_device("importance", device, next(model.parameters()).dtype)
+    res = channel_importance(model, batches, tier and tier[0], bytes_per_token=bpt, first=args.first,
+                             precision=args.precision, progress=True)
+    print(format_importance(res))
+    write_csv(str(out / "channel_importance.csv"), res.rows())
+    clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v   # JSON has no NaN
+    record = {"checkpoint": str(args.checkpoint), "data": args.data, "split": args.split, "seq_len": args.seq_len,
+              "batches": len(batches), **{k: clean(v) for k, v in res.summary().items()},
+              "channels": [{k: clean(v) for k, v in row.items()} for row in res.rows()]}
+    (out / "channel_importance.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out / 'channel_importance.json'}")
+    skipped = plot_importance(res, out / "channel_importance.png")
+    print(f"plot skipped: {skipped}" if skipped else f"wrote {out / 'channel_importance.png'}")
+    return 0
+
+
+def _data_flags(s: argparse.ArgumentParser, seq_len: int) -> None:
+    s.add_argument("checkpoint", help="model directory")
+    s.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP)
+    add_device_flag(s)
+    s.add_argument("--data", default="stdlib", help="source (see `elastic-ssm train --help`, data.source)")
+    s.add_argument("--split", default="validation", help="split of the source to evaluate")
+    s.add_argument("--seq-len", type=int, default=seq_len, help="tokens per evaluation sequence")
+    s.add_argument("--batch-size", type=int, default=8, help="sequences per batch")
+    s.add_argument("--batches", type=int, default=16, help="number of batches (fixed windows)")
+    s.add_argument("--bytes-per-token", type=float, default=0.0,
+                   help="divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)")
+
+
+def add_eval_parsers(sub) -> None:
+    """Register ``eval`` and ``importance`` on the top-level subparsers."""
+    from ..serve.cli import add_eval_flags
+
+    s = sub.add_parser("eval", help="per-tier loss / perplexity / bits-per-byte on a dataset")
+    _data_flags(s, 512)
+    s.add_argument("--tiers", default="all",
+                   help="'all' or comma-separated tier names and capacity fractions in (0, 1] (T1,0.45,T10)")
+    s.add_argument("--lengths", default=None,
+                   help="evaluate at several sequence lengths instead of --seq-len: multiples of the training "
+                        "length (1x,2x,4x,8x) and/or token counts (1024,4096)")
+    s.add_argument("--train-len", type=int, default=None,
+                   help="training sequence length for --lengths Nx (default: train.seq_len of the run.yaml above "
+                        "the model directory)")
+    s.add_argument("--csv", help="also write the table as CSV")
+    add_eval_flags(s)
+    s.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("importance", help="knock-out and output energy per spectral channel (ESSH Table 31)")
+    _data_flags(s, 512)
+    s.add_argument("--tier", default="full", help="tier whose channels are measured ('full', T4, or a fraction)")
+    s.add_argument("--first", type=int, default=8, help="channels counted in the first-N share (Table 31: 8)")
+    s.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16 = autocast")
+    s.add_argument("--out", default=None,
+                   help="folder for channel_importance.csv/.json/.png (default: MODEL_DIR/importance)")
+    s.set_defaults(fn=cmd_importance)

@@ -1,0 +1,252 @@
+"""Channel importance profile of a spectral model (ESSH paper Appendix L.3, Table 31, Figure 10).
+
+For every spectral channel ``k`` of a tier (default: the full model) two measurements on the same fixed
+held-out batches:
+
+* **knock-out**: the validation perplexity (and bits per byte) increase after zeroing channel ``k`` in
+  every spectral layer at once. The channel's contribution is removed through the model's real forward
+  by replacing its output rows (ESSH ``out_proj[k]`` [P, D]; ES-SSM ``proj[k]`` = M_k^T [D, D]) with
+  zeros in a ``torch.func.functional_call``: the model's own parameters are never written.
+* **output energy**: the mean squared activation of channel ``k``'s contribution to the mixer output,
+  averaged over positions, output coordinates and spectral layers (unperturbed forward). ESSH: the
+  contribution is ``K^{-1/2} W_k^out z_k`` (Sec. 4.1), ES-SSM: ``g_k M_k (Phi_k * u)`` (Eq. 3/4).
+
+Summaries, as in Table 31: the ordering ``-Spearman(k, importance_k)`` (larger = importance falls faster
+with the channel index; NaN for a constant profile) and the share of the first ``first`` (8) channels,
+``sum_{k<=8} imp_k / sum_k imp_k``. A knock-out that *lowers* the perplexity counts as 0 in its share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from ..elastic.slicing import prefix
+from .perplexity import loss_sums
+
+__all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "ordering", "first_share",
+           "format_importance", "plot_importance"]
+
+
+@dataclass
+class ChannelImportance:
+    channel: int            # 1-based channel index k
+    knockout_loss: float    # mean CE in nats with channel k zeroed
+    delta_ppl: float        # knock-out perplexity - base perplexity
+    delta_bpb: float        # knock-out bits per byte - base bits per byte
+    energy: float           # mean squared activation of the channel's contribution
+
+
+@dataclass
+class ImportanceResult:
+    tier: str
+    K: int
+    params: int
+    base_loss: float
+    base_ppl: float
+    base_bpb: float
+    tokens: int
+    first: int
+    ordering_knockout: float   # -Spearman(k, delta_ppl_k)
+    ordering_energy: float     # -Spearman(k, energy_k)
+    share_knockout: float      # first-``first`` share of the knock-out increase
+    share_energy: float        # first-``first`` share of the output energy
+    channels: list[ChannelImportance] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "channels"}
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [asdict(c) for c in self.channels]
+
+
+def ordering(values: Sequence[float]) -> float:
+    """``-Spearman(k, values_k)`` over k = 1..len(values) (Table 31); NaN when ``values`` is constant."""
+    from scipy.stats import spearmanr
+
+    if len(values) < 2 or len(set(values)) == 1:
+        return float("nan")
+    return 0.0 - float(spearmanr(range(1, len(values) + 1), values).statistic)   # never -0.0
+
+
+def first_share(values: Sequence[float], first: int = 8) -> float:
+    """Share of the first ``first`` entries in the total, negative entries counted as 0 (NaN if all are)."""
+    pos = [max(float(v), 0.0) for v in values]
+    total = sum(pos)
+    return sum(pos[:first]) / total if total > 0 else float("nan")
+
+
+def _channel_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """``(parameter name, spectral layer)`` of the per-channel output rows of every spectral layer."""
+    from ..layers.es_ssm import SpectralSublayer
+    from ..layers.spectral_mixer import SpectralMixer
+
+    out = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, SpectralMixer):
+            out.append((f"{name}.out_proj", mod))
+        elif isinstance(mod, SpectralSublayer):
+            out.append((f"{name}.proj", mod))
+    if not out:
+        raise ValueError(f"channel importance needs spectral channels (ESSH or ES-SSM); this "
+                         f"{getattr(model, 'arch', type(model).__name__)!r} model has no spectral layer")
+    return out
+
+
+class _EnergyMeter:
+    """Accumulates each channel's output energy [K] over the spectral layers of one forward pass.
+
+    ESSH: wraps the mixer's readout on the instance (``z [.., K, P]`` -> energy through the Gram matrix
+    ``W_k W_k^T`` [K, P, P], never materialising the [.., K, D] contributions); ES-SSM: a forward hook
+    that asks the sublayer for its ``channel_outputs`` [B, T, K, D]."""
+
+    def __init__(self, layers: list[tuple[str, torch.nn.Module]], K: int) -> None:
+        self.layers, self.K = layers, K
+        self.sums = torch.zeros(len(layers), K, dtype=torch.float64)
+        self.counts = torch.zeros(len(layers), dtype=torch.float64)
+        self._undo: list[Any] = []
+
+    def _add(self, i: int, energy: torch.Tensor, n: int) -> None:
+        self.sums[i] += energy.detach().double().cpu()
+        self.counts[i] += n
+
+    def __enter__(self) -> _EnergyMeter:
+        from ..layers.spectral_mixer import SpectralMixer
+
+        for i, (_, mod) in enumerate(self.layers):
+            if isinstance(mod, SpectralMixer):
+                readout = mod._readout
+
+                def wrapped(z, K, _i=i, _mod=mod, _readout=readout):
+                    w = prefix(_mod.out_proj, K).float()                       # [K, P, D]
+                    gram = w @ w.transpose(1, 2)                               # [K, P, P]
+                    zf = z.float().reshape(-1, K, z.shape[-1])                 # [N, K, P]
+                    e = torch.einsum("nkp,kpq,nkq->k", zf, gram, zf) / (K * _mod.D)
+                    self._add(_i, e, zf.shape[0])
+                    return _readout(z, K)
+
+                mod._readout = wrapped
+                self._undo.append(lambda _mod=mod: delattr(_mod, "_readout"))
+            else:
+                def hook(mod, args, _out, _i=i):
+                    u, K = args[0], (args[1] if len(args) > 1 and args[1] is not None else mod.n_channels)
+                    c = mod.channel_outputs(u, K).float()                      # [B, T, K, D]
+                    self._add(_i, c.square().mean(dim=(0, 1, 3)), c.shape[0] * c.shape[1])
+
+                self._undo.append(mod.register_forward_hook(hook).remove)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+    def energy(self) -> list[float]:
+        """Per-channel energy [K]: per layer the mean over positions, averaged over the spectral layers."""
+        return (self.sums / self.counts.clamp(min=1)[:, None]).mean(0).tolist()
+
+
+@torch.no_grad()
+def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier: Any = None,
+                       bytes_per_token: float = 1.0, first: int = 8, precision: str = "fp32",
+                       progress: bool = False) -> ImportanceResult:
+    """Knock-out and energy profile of every channel of ``tier`` (module docstring; Table 31).
+
+    ``batches``: ``(input_ids [B, T], labels [B, T])`` as for ``evaluate_tiers``. ``progress`` shows a bar over the
+    knocked-out channels on stderr. Costs K + 1 evaluations of the batches.
+    """
+    import sys
+
+    from torch.func import functional_call
+    from tqdm import tqdm
+
+    if first < 1:
+        raise ValueError(f"first must be >= 1, got {first}")
+    t = model.resolve_tier(tier)
+    K = t.K
+    layers = _channel_layers(model)
+    was_training = model.training
+    model.eval()
+    try:
+        meter = _EnergyMeter(layers, K)
+        with meter:
+            base = loss_sums(lambda x, **kw: model(x, tier=t, **kw), batches, model, precision)
+        count = int(base[1].item())
+        if count == 0:
+            raise ValueError("evaluation batches contain no scored tokens")
+        base_loss = base[0].item() / count
+        weights = {name: mod.get_parameter(name.rsplit(".", 1)[1]) for name, mod in layers}
+        channels = []
+        for k in tqdm(range(K), desc="knock-out", unit="channel", disable=not progress, file=sys.stderr):
+            knocked = {name: w.index_fill(0, torch.tensor([k], device=w.device), 0) for name, w in weights.items()}
+            fwd = lambda x, _p=knocked, **kw: functional_call(model, _p, (x,), {"tier": t, **kw})
+            loss = loss_sums(fwd, batches, model, precision)[0].item() / count
+            channels.append(ChannelImportance(k + 1, loss, _ppl(loss) - _ppl(base_loss),
+                                              (loss - base_loss) / math.log(2) / bytes_per_token, 0.0))
+    finally:
+        model.train(was_training)
+    for c, e in zip(channels, meter.energy()):
+        c.energy = e
+    knock, energy = [c.delta_ppl for c in channels], [c.energy for c in channels]
+    return ImportanceResult(t.name, K, t.params, base_loss, _ppl(base_loss),
+                            base_loss / math.log(2) / bytes_per_token, count, first,
+                            ordering(knock), ordering(energy), first_share(knock, first), first_share(energy, first),
+                            channels)
+
+
+def _ppl(loss: float) -> float:
+    return math.exp(min(loss, 700.0))
+
+
+def format_importance(res: ImportanceResult) -> str:
+    """The per-channel table and the Table 31 summary as text."""
+    head = f"{'k':>4}{'knock-out dPPL':>16}{'dbpb':>10}{'energy':>12}{'energy share':>14}"
+    total = sum(c.energy for c in res.channels) or float("nan")
+    lines = [f"channel importance at {res.tier} (K={res.K}, {res.params:,} parameters) on {res.tokens:,} tokens: "
+             f"base ppl {res.base_ppl:.4f}, bpb {res.base_bpb:.4f}", head, "-" * len(head)]
+    for c in res.channels:
+        lines.append(f"{c.channel:>4}{c.delta_ppl:>16.4f}{c.delta_bpb:>10.4f}{c.energy:>12.4g}"
+                     f"{c.energy / total:>14.3f}")
+    lines += ["", f"{'':<22}{'energy':>10}{'knock-out':>11}",
+              f"{'-Spearman(k, imp_k)':<22}{res.ordering_energy:>10.3f}{res.ordering_knockout:>11.3f}",
+              f"{f'first-{res.first} share':<22}{res.share_energy:>10.3f}{res.share_knockout:>11.3f}"]
+    return "\n".join(lines)
+
+
+def plot_importance(res: ImportanceResult, path: Any) -> str | None:
+    """Figure 10 (a, b) as a PNG at ``path``: knock-out increase per channel and the cumulative shares of
+    knock-out and energy. Returns None when written, else why it was skipped (matplotlib missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'elastic-ssm[plot]')"
+    ks = [c.channel for c in res.channels]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    a.bar(ks, [c.delta_ppl for c in res.channels], color="tab:blue")
+    a.set_xlabel("channel k")
+    a.set_ylabel("validation PPL increase after zeroing k")
+    a.set_title(f"(a) knock-out, -Spearman {res.ordering_knockout:.2f}")
+    for vals, label in (([max(c.delta_ppl, 0.0) for c in res.channels], "knock-out"),
+                        ([c.energy for c in res.channels], "output energy")):
+        total = sum(vals) or float("nan")
+        cum = [sum(vals[:i + 1]) / total for i in range(len(vals))]
+        b.plot(ks, cum, "o-", label=label, markersize=3)
+    b.axvline(res.first, color="gray", linestyle=":")
+    b.set_xlabel("channel k")
+    b.set_ylabel("cumulative share")
+    b.set_title(f"(b) first-{res.first} share: knock-out {res.share_knockout:.2f}, energy {res.share_energy:.2f}")
+    b.legend()
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"channel importance at {res.tier} (ESSH App. L.3)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
