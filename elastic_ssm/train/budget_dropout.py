@@ -89,6 +89,10 @@ def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None) -> Reci
         return BudgetDropout(sampler)
     if name == "dense":
         return Recipe()
+    if name == "posthoc":
+        from .posthoc import PosthocRecovery
+
+        return PosthocRecovery.from_config(model, cfg)
     if name == "nested_ffn":
         from .nested_ffn import NestedFFN
 
