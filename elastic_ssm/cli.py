@@ -1,4 +1,4 @@
-"""Command line: ``elastic-ssm train|export|eval|generate|serve|calibrate|bench|prepare|tokenizer|quickstart|info``.
+"""Command line: ``elastic-ssm train|recover|export|eval|generate|serve|calibrate|bench|prepare|tokenizer|...``.
 
 Run flags are derived from the config dataclasses (``--model.<field>``, ``--train.<field>``,
 ``--data.<field>``; see ``cli_args.py``) on top of a YAML run file (``--config``). Every command prints
@@ -31,6 +31,7 @@ from .config import ConfigError, ESSHConfig, ESSSMConfig
 from .data.cli import add_data_parsers
 from .serve.cli import add_budget_flags, add_eval_flags, auto_tier, record_quality
 from .serve.cli import add_parsers as add_serve_parsers
+from .train.recover_cli import add_recover_parser
 
 DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 TOKENIZER_HELP = ("default: the tokenizer saved with the model; a different one ('bytes', a tokenizer.json or "
@@ -339,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_niah)
 
     add_data_parsers(sub)
+    add_recover_parser(sub)
 
     add_serve_parsers(sub)
 
