@@ -118,7 +118,9 @@ def calibrate(model: nn.Module, batches: list[Any], channel_order: str = "origin
     hooks = []
     if channel_order == "energy":
         def hook(i):
-            return lambda mod, args: energy[i].add_(channel_energy(mod, args[0], args[2] if len(args) > 2 else None))
+            def add(mod, args) -> None:       # args = (u, K, valid) of SpectralMixer.forward; returns None
+                energy[i].add_(channel_energy(mod, args[0], args[2] if len(args) > 2 else None))
+            return add
         hooks = [m.register_forward_pre_hook(hook(i)) for i, m in enumerate(mixers)]
     was_training = model.training
     model.train()                                   # activation statistics are gathered in training mode
