@@ -87,12 +87,15 @@ class RunConfig:
     def with_model_choice(self, **choice: str) -> RunConfig:
         """A copy whose model section takes ``arch`` / ``preset`` / ``tier_config`` from ``choice`` (the CLI's
         ``--model.arch`` ...). When the arch changes, the section's own fields are dropped and the file's
-        ``train.recipe`` becomes 'auto' (a recipe is arch-specific; ``--train.recipe`` still overrides it)."""
+        ``train.recipe`` becomes 'auto' (a recipe is arch-specific; ``--train.recipe`` still overrides it); so
+        it does with a ``tier_config`` (a specialist trains densely)."""
         ModelChoice(**choice)                          # type checks with the field names in the message
         source = dict(self.model_source or {"arch": self.arch})
         train = self.train
         if choice.get("arch", source.get("arch", "essh")) != source.get("arch", "essh"):
             source = {k: source[k] for k in ("preset", "tier_config") if k in source}
+            train = train.replace(recipe="auto")
+        if choice.get("tier_config"):             # a specialist has one tier: nothing to mix ('auto' -> dense)
             train = train.replace(recipe="auto")
         source.update({k: v for k, v in choice.items()})
         source = {k: v for k, v in source.items() if v != "" or k not in _CHOICE_KEYS}

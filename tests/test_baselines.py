@@ -35,8 +35,9 @@ def test_each_baseline_trains_from_the_cli_and_its_loss_falls(name, tmp_path):
     flags, arch, recipe = BASELINES[name]
     (tmp_path / "run.yaml").write_text(RUN)
     out = tmp_path / "out"
-    assert main(["train", "--config", str(tmp_path / "run.yaml"), "--train.recipe", "auto", *flags,
-                 "--train.out_dir", str(out)]) == 0
+    # the others reset the file's recipe; two slots per step so capacity mixing samples reduced capacities
+    auto = ["--train.recipe", "auto", "--train.grad_accum", "2"] if name == "mixer-only" else []
+    assert main(["train", "--config", str(tmp_path / "run.yaml"), *auto, *flags, "--train.out_dir", str(out)]) == 0
     meta = json.loads((out / "final" / "config.json").read_text())
     assert meta["arch"] == arch
     recs = [json.loads(x) for x in open(out / "metrics.jsonl")]
@@ -162,6 +163,20 @@ def test_posthoc_recovery_improves_the_truncated_model(dense_parent, tmp_path):
     hist = rec.results[0].history
     assert {h["lr"] for h in hist[1:]} == {1e-4} and all(h["aux"] >= 0 for h in hist)   # constant lr, KL term
     assert "frozen_teacher" not in rec.model.__dict__
+
+
+@pytest.mark.parametrize("protocol", ["refine", "label_only"])
+def test_dense_control_truncated_then_recovered(dense_parent, tmp_path, protocol):
+    import copy
+
+    parent, toks, val, cfg = dense_parent
+    run = cfg.replace(out_dir=str(tmp_path / protocol), refine=cfg.refine.replace(steps=15, lr=1e-3))
+    rec = truncate_and_recover(copy.deepcopy(parent), es.data.PackedBatches(toks, 32, 4, seed=2), run, val,
+                               protocol=protocol, tiers=["T1"], progress=False)
+    (row,) = rec.rows()
+    assert row["tier"] == "T1" and row["loss_recovered"] < row["loss_truncated"] - 0.01, row
+    if protocol == "label_only":
+        assert rec.exports["T1"].num_parameters() == parent.num_parameters("T1")
 
 
 def test_elastify_refuses_a_model_without_ffn_layers(tmp_path):
