@@ -1,4 +1,4 @@
-"""Command line: ``elastic-ssm train|export|eval|importance|generate|serve|bench|quickstart|info|...``.
+"""Command line: ``elastic-ssm train|recover|export|eval|importance|generate|serve|bench|quickstart|info|...``.
 
 The other verbs: ``lm-eval``, ``niah``, ``calibrate``, ``prepare``, ``tokenizer``.
 
@@ -34,6 +34,7 @@ from .data.cli import add_data_parsers
 from .eval.cli import TOKENIZER_HELP, add_eval_parsers
 from .serve.cli import add_budget_flags, auto_tier
 from .serve.cli import add_parsers as add_serve_parsers
+from .train.recover_cli import add_recover_parser
 
 DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 
@@ -63,8 +64,10 @@ def load_run_config(args: argparse.Namespace):
     from .run_config import RunConfig
 
     base = RunConfig.from_yaml(args.config) if args.config else RunConfig.from_yaml(DEFAULT_RUN)
-    return base.with_overrides(collect_overrides(args, "model"), collect_overrides(args, "train"),
-                               collect_overrides(args, "data"))
+    model = collect_overrides(args, "model")
+    choice = {k: model.pop(k) for k in ("arch", "preset", "tier_config") if k in model}
+    base = base.with_model_choice(**choice) if choice else base
+    return base.with_overrides(model, collect_overrides(args, "train"), collect_overrides(args, "data"))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -213,7 +216,8 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .run_config import DataConfig
+    from .baseline_config import MatFormerConfig, TransformerConfig
+    from .run_config import DataConfig, ModelChoice
     from .train.config import TrainConfig
 
     p = Parser(prog="elastic-ssm", description=__doc__.splitlines()[0])
@@ -230,8 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "there is none yet (for jobs requeued with the same command)")
     s.add_argument("--overwrite", action="store_true",
                    help="start fresh in a train.out_dir that holds another run (that run is moved aside)")
-    essh_fields = add_dataclass_flags(s, ESSHConfig, "model")
-    add_dataclass_flags(s, ESSSMConfig, "model", skip=essh_fields)
+    seen = add_dataclass_flags(s, ModelChoice, "model")
+    for cls in (ESSHConfig, ESSSMConfig, TransformerConfig, MatFormerConfig):
+        seen |= add_dataclass_flags(s, cls, "model", skip=seen)
     add_dataclass_flags(s, TrainConfig, "train")
     add_dataclass_flags(s, DataConfig, "data")
     s.set_defaults(fn=cmd_train)
@@ -297,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_niah)
 
     add_data_parsers(sub)
+    add_recover_parser(sub)
 
     add_serve_parsers(sub)
 

@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -152,6 +152,8 @@ def _positive(cfg: ConfigBase, *names: str) -> None:
 class ESSSMConfig(ConfigBase):
     """ES-SSM (LTI spectral sublayer, ES-SSM paper Sec. 4): byte-level LM or sequence classifier."""
 
+    arch: ClassVar[str] = "es_ssm"
+
     vocab_size: int = opt(260, "input vocabulary (bytes 0-255 plus pad/bos/eos/sep specials)")
     d_model: int = opt(256, "residual width d")
     n_layers: int = opt(4, "number of ES-SSM blocks")
@@ -212,6 +214,8 @@ class ESSSMConfig(ConfigBase):
 @dataclass(kw_only=True)
 class ESSHConfig(ConfigBase):
     """ESSH hybrid (ESSH paper Sec. 4, Table 7): spectral mixers + sliding-window attention + SwiGLU."""
+
+    arch: ClassVar[str] = "essh"
 
     vocab_size: int = opt(50304, "vocabulary size V (tied embedding)")
     d_model: int = opt(896, "residual width d")
@@ -293,9 +297,12 @@ class ESSHConfig(ConfigBase):
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ESSHConfig:
-        if name not in ESSH_PRESETS:
-            raise ConfigError(f"unknown ESSH preset {name!r}; choose one of {sorted(ESSH_PRESETS)}")
-        return cls(**{**ESSH_PRESETS[name], **overrides})
+        """A named shape; ``<name>-mixer`` is the mixer-only variant (no attention blocks, Tables 21-23)."""
+        base, mixer_only = (name[:-6], True) if name.endswith("-mixer") else (name, False)
+        if base not in ESSH_PRESETS:
+            raise ConfigError(f"unknown ESSH preset {name!r}; choose one of {sorted(ESSH_PRESETS)}, or one of "
+                              "them with '-mixer' for the mixer-only variant")
+        return cls(**{**ESSH_PRESETS[base], **({"swa_layers": ()} if mixer_only else {}), **overrides})
 
 
 ESSH_PRESETS: dict[str, dict[str, Any]] = {
@@ -311,27 +318,52 @@ ESSH_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-MODEL_CONFIGS: dict[str, type[ConfigBase]] = {"essh": ESSHConfig, "es_ssm": ESSSMConfig}
+def model_configs() -> dict[str, type[ConfigBase]]:
+    """Model config class of every ``model.arch``: the two papers' models and the baselines (E.6)."""
+    from .baseline_config import MatFormerConfig, TransformerConfig
+
+    return {c.arch: c for c in (ESSHConfig, ESSSMConfig, TransformerConfig, MatFormerConfig)}  # type: ignore
 
 
 def model_config_from_dict(d: dict[str, Any]) -> ConfigBase:
-    """Build a model config from ``{"arch": "essh"|"es_ssm", "preset": optional name, ...fields}``."""
+    """Build a model config from ``{"arch": ..., "preset": optional name, "tier_config": optional tier,
+    ...fields}``. ``arch`` is one of ``model_configs()`` (default "essh"). ``tier_config`` (e.g. "T4") gives
+    the standalone configuration of that tier of the described model: an independent specialist trained
+    from scratch at exactly the tier's shape (Table 43), whose parameter count equals the tier's."""
     if not isinstance(d, dict):
         raise ConfigError(f"model: expected a mapping such as {{arch: essh, preset: tiny}}, got {d!r}")
     d = dict(d)
     arch = d.pop("arch", "essh")
-    if arch not in MODEL_CONFIGS:
-        raise ConfigError(f"model.arch must be one of {sorted(MODEL_CONFIGS)}, got {arch!r}")
-    cls = MODEL_CONFIGS[arch]
+    configs = model_configs()
+    if arch not in configs:
+        raise ConfigError(f"model.arch must be one of {sorted(configs)}, got {arch!r}")
+    cls = configs[arch]
     preset = d.pop("preset", None)
+    tier = d.pop("tier_config", None)
     if preset is not None:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
             raise ConfigError(f"model: unknown field(s) {unknown} beside preset {preset!r}; valid fields are "
                               f"{sorted(names)}")
-        return cls.preset(preset, **d)  # type: ignore[attr-defined]
-    return cls.from_dict(d)
+        cfg = cls.preset(preset, **d)  # type: ignore[attr-defined]
+    else:
+        cfg = cls.from_dict(d)
+    return cfg if tier in (None, "") else specialist_config(cfg, tier)
+
+
+def specialist_config(cfg: ConfigBase, tier: Any) -> ConfigBase:
+    """The standalone config of ``tier`` of ``cfg`` (what ``export_tier`` gives), to train from scratch."""
+    from .elastic.tiers import resolve_tier
+    from .models import model_class
+
+    try:
+        t = resolve_tier(cfg, tier)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model.tier_config: {e}") from None
+    small = model_class(cfg.arch).tier_config(cfg, t)  # type: ignore[attr-defined]
+    # an ES-SSM export keeps the smaller budgets for budget dropout; a specialist trains its one budget only
+    return small.replace(budgets=(small.n_channels,)) if isinstance(small, ESSSMConfig) else small
 
 
 def load_any_config(path: str | Path) -> Any:

@@ -131,6 +131,16 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False):
         run = dataclasses.replace(run, model=run.model.replace(**ids)) if ids else run
     data = build_data(run)
     print(f"[train] {data.describe()}")
+    from .elastic.matching import format_report, parameter_report
+
+    params = parameter_report(run.model, run.model_source)      # Tables 8 / 9 / 54, reported with the run
+    print(f"[train] parameters: {format_report(params)}")
     model = train_run(run, data, resume=resume, overwrite=overwrite)
+    if (out / "final").is_dir():
+        import json
+
+        from .models.base import atomic_write_bytes
+
+        atomic_write_bytes(out / "parameters.json", json.dumps(params, indent=2).encode())
     print(f"[train] done; final model in {out / 'final'} (load with elastic_ssm.models.load_pretrained)")
     return model

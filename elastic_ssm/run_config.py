@@ -1,4 +1,4 @@
-"""A whole run in one YAML file: ``model`` (ESSH or ES-SSM), ``train`` and ``data`` sections.
+"""A whole run in one YAML file: ``model`` (ESSH, ES-SSM or a baseline), ``train`` and ``data`` sections.
 
 Example (``configs/quickstart.yaml``)::
 
@@ -20,7 +20,7 @@ import yaml
 
 from .config import ConfigBase, ConfigError, ESSHConfig, model_config_from_dict, opt
 
-__all__ = ["DataConfig", "RunConfig"]
+__all__ = ["DataConfig", "ModelChoice", "RunConfig"]
 
 
 @dataclass(kw_only=True)
@@ -39,14 +39,28 @@ class DataConfig(ConfigBase):
 
 
 @dataclass(kw_only=True)
+class ModelChoice(ConfigBase):
+    """Which model a run trains (the ``model`` section's keys beside the architecture's own fields)."""
+
+    arch: str = opt("essh", "'essh', 'es_ssm', or a baseline of the ESSH paper (E.6): 'transformer' "
+                            "(Transformer++), 'matformer' (nested FFN widths, N.1); with --model.preset")
+    preset: str = opt("", "named shape of the arch: tiny, small, 370m, 1.5b (ESSH also '<name>-mixer': no "
+                          "attention blocks, Tables 21-23; ES-SSM: tiny, small, byte-base)")
+    tier_config: str = opt("", "train an independent specialist: the standalone shape of this tier of the "
+                               "described model ('T4'; ES-SSM 'K8'), from scratch (Table 43)")
+
+
+@dataclass(kw_only=True)
 class RunConfig:
-    """model + train + data; ``model`` is an ``ESSHConfig`` or ``ESSSMConfig`` (``arch`` key in YAML)."""
+    """model + train + data; ``model`` is a config of ``config.model_configs()`` (``arch`` key in YAML)."""
 
     model: Any = field(default_factory=lambda: ESSHConfig.preset("small"))
     train: Any = None
     data: DataConfig = field(default_factory=DataConfig)
     #: model fields set explicitly (YAML ``model`` section or ``--model.<field>``), e.g. a padded vocab_size
     explicit_model_fields: frozenset = field(default_factory=frozenset, compare=False)
+    #: the ``model`` section as written (arch, preset, tier_config and fields), for ``with_model_choice``
+    model_source: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         from .train.config import TrainConfig
@@ -56,7 +70,7 @@ class RunConfig:
 
     @property
     def arch(self) -> str:
-        return "essh" if isinstance(self.model, ESSHConfig) else "es_ssm"
+        return type(self.model).arch
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
@@ -65,10 +79,28 @@ class RunConfig:
         unknown = sorted(set(d) - {"model", "train", "data"})
         if unknown:
             raise ConfigError(f"run config: unknown section(s) {unknown}; use model, train, data")
-        model = model_config_from_dict(d.get("model") or {"arch": "essh", "preset": "small"})
-        return cls(model=model, train=TrainConfig.from_dict(d.get("train") or {}),
+        source = dict(d.get("model") or {"arch": "essh", "preset": "small"})
+        return cls(model=model_config_from_dict(source), train=TrainConfig.from_dict(d.get("train") or {}),
                    data=DataConfig.from_dict(d.get("data") or {}),
-                   explicit_model_fields=frozenset(d.get("model") or {}))
+                   explicit_model_fields=frozenset(source) - _CHOICE_KEYS, model_source=source)
+
+    def with_model_choice(self, **choice: str) -> RunConfig:
+        """A copy whose model section takes ``arch`` / ``preset`` / ``tier_config`` from ``choice`` (the CLI's
+        ``--model.arch`` ...). When the arch changes, the section's own fields are dropped and the file's
+        ``train.recipe`` becomes 'auto' (a recipe is arch-specific; ``--train.recipe`` still overrides it); so
+        it does with a ``tier_config`` (a specialist trains densely)."""
+        ModelChoice(**choice)                          # type checks with the field names in the message
+        source = dict(self.model_source or {"arch": self.arch})
+        train = self.train
+        if choice.get("arch", source.get("arch", "essh")) != source.get("arch", "essh"):
+            source = {k: source[k] for k in ("preset", "tier_config") if k in source}
+            train = train.replace(recipe="auto")
+        if choice.get("tier_config"):             # a specialist has one tier: nothing to mix ('auto' -> dense)
+            train = train.replace(recipe="auto")
+        source.update({k: v for k, v in choice.items()})
+        source = {k: v for k, v in source.items() if v != "" or k not in _CHOICE_KEYS}
+        return RunConfig(model=model_config_from_dict(source), train=train, data=self.data,
+                         explicit_model_fields=frozenset(source) - _CHOICE_KEYS, model_source=source)
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": {"arch": self.arch, **self.model.to_dict()}, "train": self.train.to_dict(),
@@ -101,4 +133,8 @@ class RunConfig:
         return RunConfig(model=self.model.replace(**model) if model else self.model,
                          train=self.train.replace(**train) if train else self.train,
                          data=self.data.replace(**data) if data else self.data,
-                         explicit_model_fields=self.explicit_model_fields | frozenset(model))
+                         explicit_model_fields=self.explicit_model_fields | frozenset(model),
+                         model_source={**self.model_source, **model})
+
+
+_CHOICE_KEYS = frozenset({"arch", "preset", "tier_config"})

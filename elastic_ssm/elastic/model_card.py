@@ -16,6 +16,9 @@ from . import tiers as tiers_mod
 
 __all__ = ["model_card"]
 
+#: what a tier of each arch keeps (Transformer++ / MatFormer: nested FFN units only)
+RETAINED = {"essh": "spectral-channel and feed-forward", "es_ssm": "spectral-channel"}
+
 
 def _size(n: int) -> str:
     if n < 1024:
@@ -33,6 +36,7 @@ def model_card(model: Any, quality: dict[str, float] | None = None) -> str:
     params = model.num_parameters()
     state = tiers_mod.state_bytes(cfg)
     tok = model.tokenizer
+    loader = "models.load_pretrained"
     tok_line = "none saved (pass one with --tokenizer)" if tok is None else \
         f"{'byte-level (bytes 0-255 + 4 specials)' if tok.vocab_size <= 260 else 'BPE'}, {tok.vocab_size:,} ids " \
         f"(`tokenizer.json`, `tokenizer_config.json`)"
@@ -41,7 +45,7 @@ def model_card(model: Any, quality: dict[str, float] | None = None) -> str:
         "",
         f"A standalone {model.arch} model cut from a shared elastic model at tier **{tier}** "
         "(train once, export many): it holds only the retained "
-        f"{'spectral-channel and feed-forward' if model.arch == 'essh' else 'spectral-channel'} prefixes.",
+        f"{RETAINED.get(model.arch, 'feed-forward')} prefixes.",
         "",
         "| | |",
         "|---|---|",
@@ -57,8 +61,9 @@ def model_card(model: Any, quality: dict[str, float] | None = None) -> str:
     if model.arch == "essh":
         lines += [f"| spectral channels K / FFN width | {cfg.n_channels} / {cfg.d_ff} |",
                   f"| layers / width / vocabulary | {cfg.n_layers} / {cfg.d_model} / {cfg.vocab_size:,} |"]
-    detail = (f"recurrent {_size(state['recurrent'])} fp32, window ring {_size(state['kv'])} bf16"
-              if model.arch == "essh" else "the last L-1 normalised inputs per block, fp32")
+    detail = {"essh": f"recurrent {_size(state['recurrent'])} fp32, window ring {_size(state['kv'])} bf16",
+              "es_ssm": "the last L-1 normalised inputs per block, fp32"}.get(
+        model.arch, "bf16 K and V of every layer at 2048 tokens of context (full attention)")
     lines += [
         f"| decoding state per sequence | {_size(state['total'])} ({detail}) |",
         f"| tokenizer | {tok_line} |",
@@ -73,8 +78,8 @@ def model_card(model: Any, quality: dict[str, float] | None = None) -> str:
         "",
         "```python",
         "import elastic_ssm as es",
-        f"model = es.{'ESSH' if model.arch == 'essh' else 'ESSSM'}.from_pretrained(\"DIR\")"
-        "          # model.tokenizer is the saved tokenizer",
+        f"model = es.{ {'essh': 'ESSH.from_pretrained', 'es_ssm': 'ESSSM.from_pretrained'}.get(model.arch, loader)}"
+        "(\"DIR\")          # model.tokenizer is the saved tokenizer",
         "ids = model.tokenizer.encode(\"def main():\")",
     ]
     if model.arch == "essh":

@@ -14,6 +14,10 @@ Table 53 (``2 (N - |A|) K_T m P`` recurrent entries; a ``window x d`` K and V ca
 ES-SSM (``ESSSMConfig``): one tier per runtime budget ``K`` in ``cfg.budgets`` (ES-SSM paper Sec. 4);
 the FFN is not elastic, so ``n_ff = d * ffn_mult`` and ``xi = K / K-bar``.
 
+Transformer++ / MatFormer (``TransformerConfig``, ``baseline_config.py``): nested FFN tiers only, ``K = 0``;
+``n_ff`` by the one-rate map ``align max(1, floor(d_ff xi^e / align))`` (``e = 1``: Table 39), the full tier
+keeping ``d_ff``; counts by the same rules as ESSH (Table 4), KV state of full attention at ``context``.
+
 All counts are computed from the config alone; ``docs/tiers.md`` states every rule in prose.
 """
 
@@ -27,6 +31,7 @@ from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, localcontext
 from fractions import Fraction
 from typing import Any
 
+from ..baseline_config import TransformerConfig
 from ..config import ESSHConfig, ESSSMConfig
 
 __all__ = [
@@ -43,7 +48,9 @@ __all__ = [
     "format_tier_table",
 ]
 
-AnyConfig = ESSHConfig | ESSSMConfig
+AnyConfig = ESSHConfig | ESSSMConfig | TransformerConfig
+#: configs whose tiers are named T1..Tn over ``tier_xi`` and accept any capacity fraction
+_FRACTION_TIERS = (ESSHConfig, TransformerConfig)
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,7 @@ def _scaled_power(total: int, xi: float | Fraction, exponent: float) -> Decimal:
 
 
 def _require_essh(cfg: Any, what: str) -> ESSHConfig:
-    if not isinstance(cfg, ESSHConfig):
+    if not isinstance(cfg, _FRACTION_TIERS):
         raise TypeError(f"{what} is the ESSH two-rate map (Eq. 7); got {type(cfg).__name__}")
     return cfg
 
@@ -94,7 +101,8 @@ def channels_for(cfg: ESSHConfig, xi: float | Fraction) -> int:
     ``round`` is Python's (half to even), applied to the exact value; DESIGN.md notes that no training
     or deployment budget lands on a .5 tie. The exponent is ``cfg.channel_exponent``.
     """
-    cfg = _require_essh(cfg, "channels_for")
+    if not isinstance(cfg, ESSHConfig):
+        raise TypeError(f"channels_for is the ESSH channel map (Eq. 7); got {type(cfg).__name__}")
     v = _scaled_power(cfg.n_channels, xi, cfg.channel_exponent)
     return max(1, int(v.to_integral_value(rounding=ROUND_HALF_EVEN)))
 
@@ -106,15 +114,24 @@ def ffn_width_for(cfg: ESSHConfig, xi: float | Fraction) -> int:
     ``align`` in exact arithmetic (e.g. ``xi = 1``) are never pushed down by binary rounding.
     """
     cfg = _require_essh(cfg, "ffn_width_for")
+    if isinstance(cfg, TransformerConfig) and xi == 1:
+        return cfg.d_ff                          # the nested map's full tier keeps every unit
     v = _scaled_power(cfg.d_ff, xi, cfg.ffn_exponent) / Decimal(cfg.ffn_align)
     return cfg.ffn_align * max(1, int(v.to_integral_value(rounding=ROUND_FLOOR)))
 
 
 # ---- tier tables and resolution --------------------------------------------------------------------
-def _essh_tier(cfg: ESSHConfig, index: int) -> Tier:
+def _essh_tier(cfg: ESSHConfig | TransformerConfig, index: int) -> Tier:
     xi = cfg.tier_xi[index - 1]
+    return _fraction_tier(cfg, f"T{index}", index, xi)
+
+
+def _fraction_tier(cfg: ESSHConfig | TransformerConfig, name: str, index: int, xi: float) -> Tier:
+    if isinstance(cfg, TransformerConfig):
+        n_ff = min(cfg.d_ff, ffn_width_for(cfg, xi))
+        return Tier(name, index, float(xi), 0, n_ff, cfg.num_parameters(n_ff))
     K, n_ff = channels_for(cfg, xi), ffn_width_for(cfg, xi)
-    return Tier(f"T{index}", index, xi, K, n_ff, _essh_params(cfg, K, n_ff)["total"])
+    return Tier(name, index, float(xi), K, n_ff, _essh_params(cfg, K, n_ff)["total"])
 
 
 def capacity_tier(cfg: ESSHConfig, xi: float) -> Tier:
@@ -123,8 +140,7 @@ def capacity_tier(cfg: ESSHConfig, xi: float) -> Tier:
     _require_essh(cfg, "capacity_tier")
     if not 0 < xi <= 1:
         raise ValueError(f"a capacity fraction must lie in (0, 1], got {xi}")
-    K, n_ff = channels_for(cfg, xi), ffn_width_for(cfg, xi)
-    return Tier(f"xi={xi:g}", 0, float(xi), K, n_ff, _essh_params(cfg, K, n_ff)["total"])
+    return _fraction_tier(cfg, f"xi={xi:g}", 0, xi)
 
 
 def _essm_tier(cfg: ESSSMConfig, K: int) -> Tier:
@@ -139,7 +155,7 @@ def tier_table(cfg: AnyConfig) -> list[Tier]:
     ESSH: one tier per ``cfg.tier_xi`` entry through Eq. 7 (Table 6 with the default ten budgets).
     ES-SSM: one tier per runtime budget in ``cfg.budgets``.
     """
-    if isinstance(cfg, ESSHConfig):
+    if isinstance(cfg, _FRACTION_TIERS):
         return [_essh_tier(cfg, i) for i in range(1, len(cfg.tier_xi) + 1)]
     if isinstance(cfg, ESSSMConfig):
         return [_essm_tier(cfg, K) for K in cfg.budgets]
@@ -148,7 +164,7 @@ def tier_table(cfg: AnyConfig) -> list[Tier]:
 
 def _bad_tier(cfg: AnyConfig, tier: Any) -> ValueError:
     names = [t.name for t in tier_table(cfg)]
-    if isinstance(cfg, ESSHConfig):
+    if isinstance(cfg, _FRACTION_TIERS):
         hint = f"use None (full), a Tier, or one of {names}"
     else:
         hint = (f"use None (full), a Tier, an int K in [1, {cfg.n_channels}] or 'K<k>'"
@@ -169,12 +185,12 @@ def resolve_tier(cfg: AnyConfig, tier: Any = None) -> Tier:
     table = tier_table(cfg)
     if tier is None:
         return table[-1]
-    if isinstance(tier, Tier) and isinstance(cfg, ESSHConfig) and tier.index == 0:
+    if isinstance(tier, Tier) and isinstance(cfg, _FRACTION_TIERS) and tier.index == 0:
         own = capacity_tier(cfg, tier.xi)
         if own != tier:
             raise ValueError(f"{tier} does not belong to this config; its xi={tier.xi:g} tier is {own}")
         return own
-    if isinstance(tier, float) and isinstance(cfg, ESSHConfig):
+    if isinstance(tier, float) and isinstance(cfg, _FRACTION_TIERS):
         if not 0 < tier <= 1:
             raise _bad_tier(cfg, tier)
         return capacity_tier(cfg, tier)
@@ -183,7 +199,7 @@ def resolve_tier(cfg: AnyConfig, tier: Any = None) -> Tier:
         if own != tier:
             raise ValueError(f"{tier} does not belong to this config; its {tier.name} is {own}")
         return own
-    if isinstance(cfg, ESSHConfig):
+    if isinstance(cfg, _FRACTION_TIERS):
         m = re.fullmatch(r"[tT](\d+)", tier) if isinstance(tier, str) else None
         if m and 1 <= int(m.group(1)) <= len(table):
             return table[int(m.group(1)) - 1]
@@ -239,6 +255,11 @@ def parameter_breakdown(cfg: AnyConfig, tier: Any = None) -> dict[str, int]:
     embedding + head + norms + attention). ES-SSM keys: embedding, head, norms, gate, spectral, ffn.
     """
     t = resolve_tier(cfg, tier)
+    if isinstance(cfg, TransformerConfig):
+        d, N = cfg.d_model, cfg.n_layers
+        out = {"embedding": cfg.vocab_size * d, "head": 0 if cfg.tie_embeddings else cfg.vocab_size * d,
+               "norms": 2 * d * N + d, "attention": 4 * d * d * N, "ffn": 3 * d * t.n_ff * N}
+        return {**out, "total": sum(out.values())}
     if isinstance(cfg, ESSHConfig):
         return _essh_params(cfg, t.K, t.n_ff)
     return _essm_params(cfg, t.K)
@@ -252,7 +273,7 @@ def num_parameters(cfg: AnyConfig, tier: Any = None) -> int:
 # ---- persistent state (C.5, Table 5, Table 53) ------------------------------------------------------
 def state_bytes(
     cfg: AnyConfig, tier: Any = None, batch: int = 1, state_dtype_bytes: int = 4, kv_dtype_bytes: int = 2,
-    decode: str = "exact", n_modes: int = 8,
+    decode: str = "exact", n_modes: int = 8, context: int = 2048,
 ) -> dict[str, int]:
     """Persistent per-batch decoding state in bytes: ``recurrent``, ``kv`` and ``total``.
 
@@ -263,11 +284,14 @@ def state_bytes(
     keeps the last ``L - 1`` normalised inputs of every block (``recurrent = N (L - 1) d`` entries,
     whatever K); the modal decoder (``decode='modal'``, m = ``n_modes`` damped-rotation modes per retained
     channel) keeps ``recurrent = 2 N K m d`` entries. ``kv = 0``. Equal to ``ESSSMCache.nbytes()``.
+    Transformer++ / MatFormer: ``kv = N * 2 * context * d`` entries (full attention), ``recurrent = 0``.
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     t = resolve_tier(cfg, tier)
-    if isinstance(cfg, ESSHConfig):
+    if isinstance(cfg, TransformerConfig):    # full attention: K and V of every layer for ``context`` tokens
+        rec, kv = 0, cfg.n_layers * 2 * context * cfg.d_model
+    elif isinstance(cfg, ESSHConfig):
         rec = 2 * cfg.n_spectral_layers * t.K * cfg.n_modes * cfg.value_width
         kv = len(cfg.swa_layers) * 2 * cfg.window * cfg.d_model
     elif decode == "exact":
@@ -304,6 +328,8 @@ def flops_per_token(cfg: AnyConfig, tier: Any = None, context: int = 2048) -> di
         raise ValueError(f"context must be >= 1, got {context}")
     t = resolve_tier(cfg, tier)
     d, K = cfg.d_model, t.K
+    if isinstance(cfg, TransformerConfig):
+        return cfg.flops_per_token(context, t.n_ff)
     if isinstance(cfg, ESSHConfig):
         m, P, S, A = cfg.n_modes, cfg.value_width, cfg.n_spectral_layers, len(cfg.swa_layers)
         out = {

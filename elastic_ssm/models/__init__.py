@@ -1,4 +1,5 @@
-"""elastic_ssm.models: ESSH, ES-SSM, the inference cache and ``load_pretrained`` for either."""
+"""elastic_ssm.models: ESSH, ES-SSM, the baselines (Transformer++, MatFormer), the inference cache and
+``load_pretrained`` for any of them."""
 
 from __future__ import annotations
 
@@ -20,14 +21,21 @@ def model_class(arch: str) -> type[ElasticModel]:
         from .es_ssm import ESSSM
 
         return ESSSM
-    raise CheckpointError(f"unknown model arch {arch!r}; expected 'essh' or 'es_ssm'")
+    if arch in ("transformer", "matformer"):
+        from .baselines import MatFormer, TransformerPP
+
+        return TransformerPP if arch == "transformer" else MatFormer
+    raise CheckpointError(f"unknown model arch {arch!r}; expected 'essh', 'es_ssm', 'transformer' or 'matformer'")
 
 
 def build_model(config: Any) -> ElasticModel:
-    """A freshly initialised model for an ``ESSHConfig`` or ``ESSSMConfig``."""
-    from ..config import ESSHConfig
-
-    return model_class("essh" if isinstance(config, ESSHConfig) else "es_ssm")(config)
+    """A freshly initialised model for a model config (``ESSHConfig``, ``ESSSMConfig``, ``TransformerConfig``,
+    ``MatFormerConfig``: the class named by the config's ``arch``)."""
+    arch = getattr(type(config), "arch", None)
+    if not isinstance(arch, str):
+        raise TypeError(f"build_model needs a model config (ESSHConfig, ESSSMConfig, TransformerConfig, "
+                        f"MatFormerConfig), got {type(config).__name__}")
+    return model_class(arch)(config)
 
 
 def compile_model(model: ElasticModel, **kw: Any) -> ElasticModel:

@@ -9,7 +9,8 @@ of Eq. 5. The objective is the plain task loss of the model at K_train,
 
 The warm-up is ``bd_warmup_steps`` steps, or ``bd_warmup_epochs`` epochs (E_warmup) converted with the
 number of optimizer steps per epoch (``len(data) // grad_accum``). ``make_recipe`` picks the recipe
-of a ``TrainConfig`` for a model ('auto': capacity-mixed for ESSH, budget dropout for ES-SSM).
+of a ``TrainConfig`` for a model ('auto': capacity-mixed for ESSH, budget dropout for ES-SSM, nested FFN
+widths for MatFormer (``nested_ffn.py``), dense for a model with a single tier such as a specialist).
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ class BudgetDropout(Recipe):
 def resolve_recipe_name(recipe: str, model: nn.Module) -> str:
     """The concrete recipe of ``recipe`` for ``model``; a recipe that does not fit the model raises."""
     cfg = getattr(model, "config", None)
-    if recipe == "auto":
-        if isinstance(cfg, ESSHConfig):
+    if recipe == "auto":   # a model with a single tier (a specialist, a Transformer++) has nothing to mix
+        if isinstance(cfg, ESSHConfig) and len(cfg.tier_xi) > 1:
             return "capacity_mixed"
-        if isinstance(cfg, ESSSMConfig):
+        if isinstance(cfg, ESSSMConfig) and len(cfg.budgets) > 1:
             return "budget_dropout"
+        if len(getattr(cfg, "granularities", ())) > 1:
+            return "nested_ffn"
         return "dense"
     if recipe == "capacity_mixed" and not isinstance(cfg, ESSHConfig):
         raise ValueError("TrainConfig.recipe='capacity_mixed' is the ESSH recipe (Algorithm 1); the model "
@@ -72,7 +75,7 @@ def bd_warmup_steps(cfg: Any, data: Any) -> int:
 
 
 def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None) -> Recipe:
-    """The recipe object of stage ``name`` ('capacity_mixed', 'budget_dropout', 'dense', 'refine')."""
+    """The recipe object of stage ``name`` ('capacity_mixed', 'budget_dropout', 'nested_ffn', 'dense', 'refine')."""
     mcfg = getattr(model, "config", None)
     if name == "capacity_mixed":
         return CapacityMixed.from_config(mcfg, cfg)
@@ -86,4 +89,12 @@ def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None) -> Reci
         return BudgetDropout(sampler)
     if name == "dense":
         return Recipe()
+    if name == "posthoc":
+        from .posthoc import PosthocRecovery
+
+        return PosthocRecovery.from_config(model, cfg)
+    if name == "nested_ffn":
+        from .nested_ffn import NestedFFN
+
+        return NestedFFN.from_config(mcfg, cfg)
     raise ValueError(f"unknown recipe {name!r}")

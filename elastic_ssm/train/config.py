@@ -19,7 +19,7 @@ __all__ = ["TrainConfig", "RefineConfig", "TRAIN_CAPACITIES", "REFINE_CAPACITIES
 TRAIN_CAPACITIES = (1 / 16, 3 / 32, 1 / 8, 5 / 32, 3 / 16, 1 / 4, 3 / 8, 1 / 2, 3 / 4, 1.0)
 #: Shared-refinement capacities of the 370M run, {2, 4, 8, 16, 24} / 32 (D.8, Table 55).
 REFINE_CAPACITIES = tuple(n / 32 for n in (2, 4, 8, 16, 24))
-RECIPES = ("auto", "capacity_mixed", "budget_dropout", "dense")
+RECIPES = ("auto", "capacity_mixed", "budget_dropout", "nested_ffn", "posthoc", "dense")
 PARALLEL = ("ddp", "fsdp")
 
 
@@ -73,7 +73,8 @@ class TrainConfig(ConfigBase):
         "keep_last", "compile", "compile_scope", "device", "parallel", "loss_chunk"})
 
     recipe: str = opt("auto", "'capacity_mixed' (ESSH, Alg. 1), 'budget_dropout' (ES-SSM, Sec. 4.2), "
-                      "'dense' (full capacity only) or 'auto' (by model type)")
+                      "'nested_ffn' (MatFormer, N.1), 'posthoc' (recovery of a dense parent, E.7: `elastic-ssm "
+                      "recover`), 'dense' (full capacity only) or 'auto' (by model type)")
     steps: int = opt(1000, "optimizer steps of the pretraining stage (CPU default; paper 370M: 28,229)")
     micro_batch_size: int = opt(8, "sequences per micro-batch on each rank (B); the data must deliver it")
     grad_accum: int = opt(1, "micro-batches per optimizer step on each rank (M; global M = M x world)")

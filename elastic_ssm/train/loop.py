@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import ConfigBase, ConfigError, ESSHConfig, ESSSMConfig
+from ..config import ConfigBase, ConfigError
 from .budget_dropout import make_recipe, resolve_recipe_name
 from .checkpoint import (
     DataStream,
@@ -91,19 +91,13 @@ class _Stage:
 
 
 def build_model(model_or_cfg: Any, seed: int = 0) -> nn.Module:
-    """``model_or_cfg`` itself, or a freshly initialised ESSH / ES-SSM (seeded) for a model config."""
+    """``model_or_cfg`` itself, or a freshly initialised model (seeded) for a model config."""
     if isinstance(model_or_cfg, nn.Module):
         return model_or_cfg
+    from ..models import build_model as build  # ESSH, ES-SSM, Transformer++ or MatFormer by the config's arch
+
     torch.manual_seed(seed)
-    if isinstance(model_or_cfg, ESSHConfig):
-        from ..models.essh import ESSH
-
-        return ESSH(model_or_cfg)
-    if isinstance(model_or_cfg, ESSSMConfig):
-        from ..models.es_ssm import ESSSM
-
-        return ESSSM(model_or_cfg)
-    raise TypeError(f"train() needs an ESSH/ESSSM model or its config, got {type(model_or_cfg).__name__}")
+    return build(model_or_cfg)
 
 
 def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None) -> list[_Stage]:

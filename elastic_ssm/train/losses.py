@@ -96,7 +96,9 @@ class LossModule(nn.Module):
     * ``distill=('kl', c)``: the teacher = the same model at full capacity on the same tokens under
       ``no_grad`` (Alg. 1 line 12), student at ``tier`` with ``ffn_grad_scale`` (line 16-18);
     * ``distill=('tv', c), full_ce=True``: shared refinement; the full pass keeps its gradient (its CE
-      is added) and its detached prediction is the teacher (D.8).
+      is added) and its detached prediction is the teacher (D.8);
+    * ``distill=('kl', c)`` on a model carrying ``__dict__["frozen_teacher"]``: that separate frozen model is
+      the teacher (post-hoc recovery, E.7, ``posthoc.py``).
 
     ``chunk`` > 0 selects the chunked loss (needs ``hidden_states`` / ``logits_from_hidden``).
     """
@@ -125,8 +127,15 @@ class LossModule(nn.Module):
                              f"{type(self.model).__name__} has none: set loss_chunk=0")
         teacher = None
         ce_full = None
+        frozen = self.model.__dict__.get("frozen_teacher")   # post-hoc recovery's parent (train/posthoc.py)
         if full_ce:
             teacher = self._out(input_ids, None, attention_mask, None, hidden)
+        elif distill is not None and frozen is not None:
+            if hidden:
+                raise ValueError("post-hoc recovery distils from a separate parent: set loss_chunk=0")
+            with torch.no_grad():
+                kw = {} if attention_mask is None else {"attention_mask": attention_mask}
+                teacher = frozen(input_ids, **kw)
         elif distill is not None:
             with torch.no_grad():
                 teacher = self._out(input_ids, None, attention_mask, None, hidden)

@@ -1,5 +1,5 @@
-"""Baseline models for the systems comparison (ESSH paper E.6, Table 54): Transformer++."""
+"""Baseline models of the ESSH paper's comparisons (E.6, Tables 8, 9, 54): Transformer++ and MatFormer."""
 
-from .transformer import KVCache, TransformerConfig, TransformerPP
+from .transformer import KVCache, MatFormer, MatFormerConfig, TransformerConfig, TransformerPP
 
-__all__ = ["KVCache", "TransformerConfig", "TransformerPP"]
+__all__ = ["KVCache", "MatFormer", "MatFormerConfig", "TransformerConfig", "TransformerPP"]

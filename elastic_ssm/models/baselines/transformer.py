@@ -1,4 +1,5 @@
-"""Transformer++ baseline (ESSH paper E.6): RMSNorm, RoPE, SwiGLU, full causal attention, tied embedding.
+"""Transformer++ and MatFormer baselines (ESSH paper E.6, Tables 8, 9, 39, 54): RMSNorm, RoPE, SwiGLU, full
+causal attention, tied embedding; trainable through ``train()`` like ESSH (``tier=``, nested-FFN tiers).
 
 Every block is pre-norm: x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). Attention has no biases
 (q, k, v, o: 4 d^2), heads of ``head_dim``; training and prefill use PyTorch SDPA with ``is_causal``
@@ -7,70 +8,36 @@ device-side position of each row and read through a length-``L_max`` mask, so a 
 fixed shapes, no host synchronisation, and can be captured in one CUDA graph.
 
 Parameter count (the counting rules of ESSH Table 4 / Table 54): ``V d`` (tied, once)
-``+ N (4 d^2 + 3 d d_ff + 2 d) + d``. The systems comparison (Table 54) fixes depth, width and
+``+ N (4 d^2 + 3 d n_ff + 2 d) + d``. The systems comparison (Table 54) fixes depth, width and
 vocabulary to the ESSH model's and matches ``d_ff`` (``bench/peers.py``).
+
+The SwiGLU is the elastic layer of ESSH (unit-major ``w_in`` [F, 2, D], ``w_out`` [F, D]), so a tier
+``(K = 0, n_ff)`` of the config's nested-FFN map keeps a dim-0 prefix of every FFN: ``forward(ids,
+tier="T4")`` evaluates it, ``export_tier`` / ``from_pretrained(dir, tier=...)`` cut it (``elastic/slicing.py``)
+exactly as for ESSH. ``MatFormer`` is this model under ``MatFormerConfig`` (ten tiers, nested training).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...config import ConfigBase, ConfigError, opt
+from ...baseline_config import MatFormerConfig, TransformerConfig
+from ...elastic.slicing import SliceRule
+from ...elastic.tiers import Tier
 from ...layers.attention import apply_rope, rope_cos_sin
 from ...layers.ffn import SwiGLU
 from ...layers.norm import RMSNorm
+from ..base import ElasticModel
 
-__all__ = ["TransformerConfig", "TransformerPP", "KVCache"]
+__all__ = ["TransformerConfig", "TransformerPP", "MatFormerConfig", "MatFormer", "KVCache"]
 
-
-@dataclass(kw_only=True)
-class TransformerConfig(ConfigBase):
-    """Transformer++ shape (ESSH paper E.6, Table 54)."""
-
-    vocab_size: int = opt(50304, "vocabulary size V (tied embedding)")
-    d_model: int = opt(896, "residual width d")
-    n_layers: int = opt(22, "number of attention + SwiGLU blocks")
-    d_ff: int = opt(4224, "SwiGLU width")
-    head_dim: int = opt(64, "attention head dimension (heads = d / head_dim)")
-    rope_base: float = opt(10000.0, "RoPE base frequency")
-    norm_eps: float = opt(1e-6, "RMSNorm epsilon")
-    tie_embeddings: bool = opt(True, "tie the LM head to the token embedding")
-    init_std: float = opt(0.02, "std of the normal initialisation")
-
-    def validate(self) -> None:
-        for n in ("vocab_size", "d_model", "n_layers", "d_ff", "head_dim"):
-            if getattr(self, n) <= 0:
-                raise ConfigError(f"TransformerConfig.{n} must be > 0, got {getattr(self, n)}")
-        if self.d_model % self.head_dim or self.head_dim % 2:
-            raise ConfigError(f"TransformerConfig: d_model={self.d_model} must be a multiple of an even "
-                              f"head_dim={self.head_dim}")
-
-    @property
-    def n_heads(self) -> int:
-        return self.d_model // self.head_dim
-
-    def num_parameters(self) -> int:
-        d, N = self.d_model, self.n_layers
-        head = 0 if self.tie_embeddings else self.vocab_size * d
-        return self.vocab_size * d + head + N * (4 * d * d + 3 * d * self.d_ff + 2 * d) + d
-
-    def flops_per_token(self, context: int = 2048) -> dict[str, int]:
-        """Per-token FLOPs (2 per multiply-accumulate), the convention of ``elastic.tiers.flops_per_token``:
-        projections 2 N 4 d^2, attention scores/values 2 N 2 d context, SwiGLU 2 N 3 d d_ff, head 2 d V."""
-        d, N = self.d_model, self.n_layers
-        out = {"projection": 2 * N * 4 * d * d, "attention": 2 * N * 2 * d * context,
-               "ffn": 2 * N * 3 * d * self.d_ff, "head": 2 * d * self.vocab_size}
-        out["total"] = sum(out.values())
-        return out
-
-    def kv_bytes(self, context: int, batch: int = 1, dtype_bytes: int = 2) -> int:
-        """Persistent KV bytes: K and V of every layer for ``context`` tokens."""
-        return batch * self.n_layers * 2 * context * self.d_model * dtype_bytes
+_FFN_TENSORS = r"blocks\.\d+\.ffn\.(w_in|w_out)"
 
 
 @dataclass
@@ -101,25 +68,45 @@ class _Block(nn.Module):
             nn.init.normal_(self.out, std=out_std)
 
 
-class TransformerPP(nn.Module):
-    """Transformer++ language model: ``forward(ids [B,T]) -> logits [B,T,V]``; ``step`` for decoding."""
+class TransformerPP(ElasticModel):
+    """Transformer++ language model: ``forward(ids [B,T], tier=None) -> logits [B,T,V]``; ``step`` decodes."""
+
+    arch = "transformer"
+    config_class = TransformerConfig
 
     def __init__(self, config: TransformerConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        super().__init__(config)
+        # built around an uninitialised weight (no random op on the meta device; see ESSH.__init__)
+        self.embed = nn.Embedding(config.vocab_size, config.d_model,
+                                  _weight=torch.empty(config.vocab_size, config.d_model))
         self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
         self.norm_f = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = (None if config.tie_embeddings
                         else nn.Linear(config.d_model, config.vocab_size, bias=False))
         if self.embed.weight.device.type != "meta":
             nn.init.normal_(self.embed.weight, std=config.init_std)
+            if self.lm_head is not None:
+                nn.init.normal_(self.lm_head.weight, std=config.init_std)
 
-    def num_parameters(self) -> int:
-        return self.config.num_parameters()
+    # ---- tiers (nested FFN width only) ------------------------------------------------------------------
+    @classmethod
+    def tier_config(cls, config: TransformerConfig, tier: Tier) -> TransformerConfig:
+        """A tier's standalone config: a plain Transformer++ of ``n_ff`` units (one tier)."""
+        return config.replace(d_ff=tier.n_ff, tier_xi=(1.0,))
+
+    @classmethod
+    def slice_rules(cls, config: TransformerConfig, tier: Tier) -> list[SliceRule]:
+        return [SliceRule(_FFN_TENSORS, tier.n_ff)]
+
+    def ffn_layers(self) -> list[SwiGLU]:
+        return [b.ffn for b in self.blocks]
+
+    # ---- forward ----------------------------------------------------------------------------------------
+    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.embed.weight if self.lm_head is None else self.lm_head.weight)
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm_f(h), self.embed.weight if self.lm_head is None else self.lm_head.weight)
+        return self.logits_from_hidden(self.norm_f(h))
 
     def _qkv(self, blk: _Block, x: torch.Tensor, positions: torch.Tensor):
         """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] with RoPE on q and k."""
@@ -130,10 +117,23 @@ class TransformerPP(nn.Module):
         cos, sin = cos[:, None], sin[:, None]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Causal logits [B,T,V]. With ``cache`` (empty, positions 0) the K/V of all T tokens are stored."""
+    def hidden_states(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
+                      cache: KVCache | None = None, ffn_grad_scale: float | None = None) -> torch.Tensor:
+        """Final-normed hidden states [B,T,D] at ``tier`` (its ``n_ff``). ``attention_mask`` [B,T] marks real
+        tokens (left padding: positions count real tokens; a padding query attends itself only). With
+        ``cache`` (empty, positions 0) the K/V of all T tokens are stored."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
         B, T = input_ids.shape
-        pos = torch.arange(T, device=input_ids.device).expand(B, T)
+        n_ff = self.resolve_tier(tier).n_ff
+        mask = None
+        if attention_mask is None:
+            pos = torch.arange(T, device=input_ids.device).expand(B, T)
+        else:
+            valid = attention_mask.bool()                                      # [B, T]
+            pos = (valid.long().cumsum(1) - 1).clamp_min(0)
+            eye = torch.eye(T, dtype=torch.bool, device=valid.device)
+            mask = ((torch.ones_like(eye).tril() & valid[:, None, :]) | eye)[:, None]   # [B, 1, T, T]
         x = self.embed(input_ids)
         for i, blk in enumerate(self.blocks):
             q, k, v = self._qkv(blk, x, pos)
@@ -142,12 +142,17 @@ class TransformerPP(nn.Module):
                     raise ValueError(f"prompt of {T} tokens exceeds the cache length {cache.max_len}")
                 cache.keys[i, :, :, :T] = k.to(cache.keys.dtype)
                 cache.values[i, :, :, :T] = v.to(cache.values.dtype)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=mask is None, attn_mask=mask)
             x = x + F.linear(o.transpose(1, 2).reshape(B, T, -1), blk.out)
-            x = x + blk.ffn(blk.norm2(x))
+            x = x + blk.ffn(blk.norm2(x), n_ff, ffn_grad_scale)
         if cache is not None:
             cache.positions.fill_(T)
-        return self._head(x)
+        return self.norm_f(x)
+
+    def forward(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
+                cache: KVCache | None = None, ffn_grad_scale: float | None = None) -> torch.Tensor:
+        """Causal logits [B,T,V] of the model at ``tier`` (None: all FFN units)."""
+        return self.logits_from_hidden(self.hidden_states(input_ids, tier, attention_mask, cache, ffn_grad_scale))
 
     def allocate_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None,
                        device: torch.device | None = None) -> KVCache:
@@ -178,3 +183,16 @@ class TransformerPP(nn.Module):
             x = x + blk.ffn(blk.norm2(x))
         pos.add_(1)
         return self._head(x)[:, 0]
+
+
+class MatFormer(TransformerPP):
+    """MatFormer (ESSH N.1, Table 9): Transformer++ with nested FFN widths, ten deployment tiers; trained by
+    the ``nested_ffn`` recipe (one of ``config.granularities`` per micro-batch); tiers export like ESSH's."""
+
+    arch = "matformer"
+    config_class = MatFormerConfig
+
+    @classmethod
+    def tier_config(cls, config: MatFormerConfig, tier: Tier) -> MatFormerConfig:
+        """A tier's standalone config: one tier and one (full) granularity of ``n_ff`` units."""
+        return config.replace(d_ff=tier.n_ff, tier_xi=(1.0,), granularities=(1.0,))

@@ -1,0 +1,61 @@
+"""MatFormer's nested-FFN recipe as the ESSH paper trains its MatFormer baseline (Appendix N.1, Table 9).
+
+Every micro-batch slot of a step draws one granularity uniformly from ``MatFormerConfig.granularities``
+(N.1: 1/8, 1/4, 1/2 and full width) and trains the model at that FFN width with plain label
+cross-entropy: no distillation (Table 9, "Pretrain KL 0"), no FFN gradient scaling and no FFN reordering.
+Drawing the four widths uniformly per slot is the paper's "one quarter of micro-batches for full width, the
+other three widths uniformly in the remaining micro-batches" in expectation, and it is exact in expectation
+for any number of micro-batches per step (also ``grad_accum = 1``). The draw is a pure function of
+``(seed, step, slot)`` like every recipe's (``capacity_mixed.slot_rng``), so a resumed or DDP run redraws
+the same plan; ``metrics.jsonl`` records each slot's width fraction under ``capacities``.
+
+A width fraction ``xi`` maps to ``n_ff = align floor(d_ff xi / align)`` (``elastic.tiers.capacity_tier``;
+Table 39's map), the same map the deployment tiers use, so a trained granularity is exported exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..elastic.tiers import capacity_tier
+from .capacity_mixed import MicroPlan, Recipe, slot_rng
+
+__all__ = ["NestedFFN"]
+
+#: the random stream of this recipe's draws (capacity mixing and refinement use 1 and 2)
+_NESTED_STREAM = 3
+
+
+class NestedFFN(Recipe):
+    """One uniformly drawn FFN granularity per micro-batch slot; plain CE at that width (MatFormer, N.1)."""
+
+    name = "nested_ffn"
+
+    def __init__(self, model_cfg: Any, granularities: tuple[float, ...], seed: int) -> None:
+        if not granularities:
+            raise ValueError("NestedFFN needs at least one granularity")
+        self.model_cfg = model_cfg
+        self.granularities = tuple(float(x) for x in granularities)
+        self.tiers = [capacity_tier(model_cfg, x) for x in self.granularities]
+        self.seed = seed
+
+    @classmethod
+    def from_config(cls, model_cfg: Any, cfg: Any) -> NestedFFN:
+        grains = getattr(model_cfg, "granularities", None)
+        if grains is None:
+            raise ValueError(f"TrainConfig.recipe='nested_ffn' trains a MatFormer (model.arch matformer); the model "
+                             f"config is {type(model_cfg).__name__}")
+        return cls(model_cfg, grains, cfg.seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "granularities": list(self.granularities), "seed": self.seed}
+
+    def plan_for(self, index: int) -> MicroPlan:
+        xi, tier = self.granularities[index], self.tiers[index]
+        if tier.n_ff == self.model_cfg.d_ff:
+            return MicroPlan(label=xi)
+        return MicroPlan(tier=tier, label=xi)
+
+    def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
+        draws = slot_rng(self.seed, step, _NESTED_STREAM).integers(0, len(self.granularities), size=n_global)
+        return [self.plan_for(int(i)) for i in draws]

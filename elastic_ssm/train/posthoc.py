@@ -1,0 +1,185 @@
+"""Post-hoc elastification of a dense-trained ESSH (ESSH Appendix E.7, N.6; after Nemotron Elastic).
+
+The paper's protocol for the dense-control parent, step by step:
+
+1. **Calibration ranking** on a held-aside subset (2M tokens in the paper): every FFN unit h of layer l
+   gets the importance ``I_{l,h} = abar_{l,h}^2 ||W_down[:, h]||^2`` (the same score as D.3, here a plain
+   mean of the squared activations over the calibration tokens), and the units are put in decreasing order
+   (``ffn_order.order_ffn_units``), so a prefix mask keeps the most important ones. Spectral channels
+   *retain their original ordering* (E.7); ``channel_order="energy"`` instead ranks channels by their mean
+   output energy ``E_k = mean_t ||W_k^out z_k(t)||^2`` on the calibration data (Nemotron-style activation
+   ranking) and permutes them. Both permutations leave the full model's function unchanged.
+2. **Nested masks**: the tiers of the two-rate map (Eq. 7) at the mask fractions (``TrainConfig.capacities``;
+   the paper's dense-control run uses five masks: full, ~75%, ~50% and two compact targets).
+3. **Recovery** (recipe ``posthoc``): a *frozen* copy of the parent supervises the masked model; each
+   micro-batch draws one mask uniformly and trains ``CE(p_mask, y) + KL(p_parent || p_mask)`` (forward KL
+   and label cross-entropy, both with coefficient one), with a 1% warm-up to the constant learning rate
+   1e-4 (``posthoc_train_config``). The full-capacity mask is trained too (it is the "100% mask").
+
+``elastify(parent, data, cfg)`` runs all three and returns ``train()``'s result. The frozen parent rides on
+the student as ``model.__dict__["frozen_teacher"]`` (not a submodule: it is not trained, checkpointed or
+wrapped by DDP), where ``LossModule`` finds it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..elastic.tiers import capacity_tier
+from .capacity_mixed import MicroPlan, Recipe, slot_rng
+from .ffn_order import enable_tracking, order_ffn_units
+
+__all__ = ["PosthocRecovery", "calibrate", "channel_energy", "permute_channels", "posthoc_train_config",
+           "elastify", "mask_summary", "CHANNEL_TENSORS"]
+
+#: spectral-mixer tensors whose dim 0 is the channel (permuted together by ``permute_channels``)
+CHANNEL_TENSORS = ("in_proj", "gate_bias", "out_proj", "rho_raw", "theta", "kc", "ks", "a", "beta")
+_POSTHOC_STREAM = 4
+
+
+class PosthocRecovery(Recipe):
+    """E.7 recovery: one uniformly drawn mask per slot; CE + forward KL from the frozen parent (coef 1)."""
+
+    name = "posthoc"
+
+    def __init__(self, model_cfg: Any, masks: tuple[float, ...], seed: int, kl_coef: float = 1.0) -> None:
+        self.masks = tuple(float(x) for x in masks)
+        self.tiers = [None if x == 1.0 else capacity_tier(model_cfg, x) for x in self.masks]
+        self.seed, self.kl_coef = seed, kl_coef
+
+    @classmethod
+    def from_config(cls, model: nn.Module, cfg: Any) -> PosthocRecovery:
+        if model.__dict__.get("frozen_teacher") is None:
+            raise ValueError("TrainConfig.recipe='posthoc' recovers a dense-trained parent under its frozen copy: "
+                             "run `elastic-ssm recover PARENT --protocol posthoc` or elastic_ssm.train.posthoc."
+                             "elastify, not `train` from scratch")
+        return cls(model.config, cfg.capacities, cfg.seed)
+
+    def setup(self, model: nn.Module) -> None:
+        enable_tracking(model, False)
+        teacher = model.__dict__["frozen_teacher"]
+        teacher.to(next(model.parameters()).device).eval().requires_grad_(False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "masks": list(self.masks), "seed": self.seed}
+
+    def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
+        draws = slot_rng(self.seed, step, _POSTHOC_STREAM).integers(0, len(self.masks), size=n_global)
+        return [MicroPlan(tier=self.tiers[int(i)], label=self.masks[int(i)], distill=("kl", self.kl_coef))
+                for i in draws]
+
+
+def posthoc_train_config(cfg: Any, masks: tuple[float, ...] | None = None) -> Any:
+    """``cfg`` set to the E.7 recovery: recipe ``posthoc``, 1% warm-up then constant lr 1e-4 (cosine floor =
+    peak), the mask fractions as ``capacities`` (default: ``cfg.capacities``), no refinement stage."""
+    return cfg.replace(recipe="posthoc", lr=1e-4, warmup_frac=0.01, min_lr_frac=1.0,
+                       capacities=tuple(masks) if masks else cfg.capacities, refine=cfg.refine.replace(steps=0))
+
+
+@torch.no_grad()
+def channel_energy(mixer: nn.Module, u: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean output energy of every spectral channel, ``E_k = mean_t ||W_k^out z_k(t)||^2`` [K] (float64),
+    for the mixer input ``u`` [B, T, D] (the normalised residual stream the mixer sees)."""
+    from ..ops import spectral_scan
+
+    K = mixer.K
+    v, write, read, clock = mixer._controls(u, K, valid)
+    z, _ = spectral_scan(v, write, read, clock, *mixer._modal(K))                     # [B, T, K, P]
+    y = torch.einsum("btkp,kpd->btkd", z.to(mixer.out_proj.dtype), mixer.out_proj)   # [B, T, K, D]
+    return y.double().pow(2).sum(-1).mean((0, 1))
+
+
+@torch.no_grad()
+def permute_channels(mixer: nn.Module, perm: torch.Tensor) -> None:
+    """Reorder the channels of a ``SpectralMixer`` (new channel i = old channel perm[i]); the full-capacity
+    output is unchanged (channel-local computation, order-free sum of Sec. 4.1)."""
+    for name in CHANNEL_TENSORS:
+        p = getattr(mixer, name)
+        p.copy_(p[perm.to(p.device)])
+
+
+@torch.no_grad()
+def calibrate(model: nn.Module, batches: list[Any], channel_order: str = "original") -> dict[str, Any]:
+    """Calibration ranking (step 1 above) of ``model`` in place on ``batches`` of ``(input_ids, labels)``.
+
+    Returns ``{"ffn": [perm per layer], "channels": [perm per spectral layer] (identity for "original"),
+    "tokens": calibration tokens}``. The model's full-capacity function is unchanged."""
+    if channel_order not in ("original", "energy"):
+        raise ValueError(f"channel_order must be 'original' (E.7) or 'energy', got {channel_order!r}")
+    if not batches:
+        raise ValueError("calibration needs at least one batch")
+    ffns = model.ffn_layers()
+    mixers = [b.mixer for b in model.blocks if getattr(b, "kind", "") == "S"]
+    energy = [torch.zeros(m.K, dtype=torch.float64) for m in mixers]
+    hooks = []
+    if channel_order == "energy":
+        def hook(i):
+            def add(mod, args) -> None:       # args = (u, K, valid) of SpectralMixer.forward; returns None
+                energy[i].add_(channel_energy(mod, args[0], args[2] if len(args) > 2 else None))
+            return add
+        hooks = [m.register_forward_pre_hook(hook(i)) for i, m in enumerate(mixers)]
+    was_training = model.training
+    model.train()                                   # activation statistics are gathered in training mode
+    for f in ffns:
+        f.act_sq, f.track_activations = None, True
+    tokens = 0
+    try:
+        for i, batch in enumerate(batches):
+            for f in ffns:                           # decay i/(i+1): the running value is the plain mean
+                f.stat_decay = i / (i + 1)
+            ids = batch[0].to(next(model.parameters()).device)
+            model(ids)
+            tokens += ids.numel()
+    finally:
+        for h in hooks:
+            h.remove()
+        enable_tracking(model, False)
+        model.train(was_training)
+    ffn_perms = order_ffn_units(model)
+    ch_perms = []
+    for m, e in zip(mixers, energy):
+        perm = torch.argsort(e, descending=True, stable=True) if channel_order == "energy" else torch.arange(m.K)
+        permute_channels(m, perm)
+        ch_perms.append(perm)
+    for f in ffns:
+        f.act_sq = None
+    return {"ffn": ffn_perms, "channels": ch_perms, "tokens": tokens}
+
+
+def elastify(parent: nn.Module, data: Any, cfg: Any, calibration: list[Any], val_data: Any = None,
+             masks: tuple[float, ...] | None = None, channel_order: str = "original", **train_kw: Any):
+    """Post-hoc elastification of the dense-trained ESSH ``parent`` (E.7): calibrate and reorder a copy,
+    then recover it under the frozen ``parent`` with ``train()`` (``posthoc_train_config(cfg, masks)``).
+
+    ``calibration``: batches of ``(input_ids, labels)`` for the ranking; ``data`` / ``val_data`` as for
+    ``train``. Returns ``train()``'s ``TrainResult`` (its ``model`` is the elastified student; every tier of
+    the two-rate map exports from it); ``result.calibration`` holds the permutations."""
+    from .loop import train
+
+    if not hasattr(parent, "ffn_layers") or not hasattr(parent, "blocks"):
+        raise TypeError(f"elastify needs an ESSH parent, got {type(parent).__name__}")
+    student = copy.deepcopy(parent)
+    student.source = {"posthoc_parent": getattr(parent, "name_or_path", "") or "in memory"}
+    ranking = calibrate(student, calibration, channel_order)
+    teacher = copy.deepcopy(parent).eval().requires_grad_(False)
+    student.__dict__["frozen_teacher"] = teacher
+    try:
+        result = train(student, data, posthoc_train_config(cfg, masks), val_data=val_data, **train_kw)
+    finally:
+        student.__dict__.pop("frozen_teacher", None)
+    result.calibration = ranking
+    return result
+
+
+def mask_summary(cfg: Any, masks: tuple[float, ...]) -> list[dict[str, Any]]:
+    """Per mask: its fraction, retained (K, n_ff) and exact parameter count (E.7 reports actual counts)."""
+    rows = []
+    for x in masks:
+        t = capacity_tier(cfg, x)
+        rows.append({"mask": x, "K": t.K, "n_ff": t.n_ff, "params": t.params,
+                     "share": round(t.params / capacity_tier(cfg, 1.0).params, 4)})
+    return rows

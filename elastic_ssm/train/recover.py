@@ -1,0 +1,103 @@
+"""Truncate a trained ESSH and recover it: the paper's controls for models not trained with capacity mixing.
+
+``truncate_and_recover(model, data, cfg, val_batches, protocol=...)`` evaluates the model at every tier as it
+is (raw truncation: the prefix of channels and FFN units kept by the two-rate map), recovers it with one of
+the paper's protocols, evaluates again and returns both tables:
+
+* ``"refine"`` — the dense control of Tables 33, 37 and 43 ("ESSH trained only at full capacity, then
+  truncated and recovered for 2060 steps as in Table 43", Table 8): shared refinement (D.8,
+  ``cfg.refine``: full CE + reduced CE + TV distillation over the refinement capacities) of the dense model,
+  the same stage capacity-mixed ESSH gets, so the gap shown is the paper's gap (``train(..., stages=
+  ("refine",))``; ``cfg.refine.steps`` must be > 0).
+* ``"label_only"`` — "Dense control, label-only recovery" (Table 43): each requested tier is exported and
+  trained at its fixed shape with label cross-entropy only (no distillation, no full-model term),
+  ``cfg.refine.steps`` steps at ``cfg.refine.lr`` (the paper: twice the refinement steps), one run per tier
+  under ``<out_dir>/<tier>``.
+* ``"posthoc"`` — post-hoc elastification (E.7, ``posthoc.py``): calibration ranking, nested masks,
+  recovery under the frozen parent with forward KL + CE at constant lr 1e-4 for ``cfg.refine.steps`` steps.
+
+``elastic-ssm recover PARENT --protocol ...`` (``recover_cli.py``) runs this on a saved model; the quickstart
+can call it for its dense control.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+__all__ = ["PROTOCOLS", "Recovery", "truncate_and_recover"]
+
+PROTOCOLS = ("refine", "label_only", "posthoc")
+
+
+@dataclass
+class Recovery:
+    """Per-tier evaluations (``eval.perplexity.TierEval``) before and after recovery; ``model`` is the recovered
+    shared model (``label_only``: the input model, its recovered exports are in ``exports``)."""
+
+    protocol: str
+    truncated: list[Any]
+    recovered: list[Any]
+    model: nn.Module
+    exports: dict[str, nn.Module] = field(default_factory=dict)
+    results: list[Any] = field(default_factory=list)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per tier: params, loss / bits per byte truncated and recovered (the quickstart's table)."""
+        out = []
+        for a, b in zip(self.truncated, self.recovered):
+            out.append({"tier": a.tier, "params": a.params, "loss_truncated": a.loss, "loss_recovered": b.loss,
+                        "bpb_truncated": a.bpb, "bpb_recovered": b.bpb})
+        return out
+
+
+def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: list[Any], protocol: str = "refine",
+                         tiers: list[Any] | None = None, bytes_per_token: float = 1.0,
+                         calibration: list[Any] | None = None, masks: tuple[float, ...] | None = None,
+                         channel_order: str = "original", **train_kw: Any) -> Recovery:
+    """Evaluate ``model`` at ``tiers`` (default: all), recover it by ``protocol``, evaluate again.
+
+    ``data``: training micro-batches for recovery (as for ``train``); ``cfg``: the ``TrainConfig`` of the run
+    (``out_dir`` receives the recovery run; ``refine.steps`` its length). ``calibration`` (posthoc, required):
+    training batches for the ranking; ``masks`` (posthoc): mask fractions (default ``cfg.capacities``).
+    ``train_kw`` goes to ``train``.
+    """
+    from ..elastic.export import export_tier
+    from ..eval.perplexity import evaluate_tiers
+    from .loop import train
+
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    if cfg.refine.steps < 1:
+        raise ValueError("recovery length is TrainConfig.refine.steps; set it >= 1 (the paper: 2060 steps for "
+                         "refinement and post-hoc-matched runs, 4120 for label-only)")
+    names = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
+    truncated = evaluate_tiers(model, val_batches, names, bytes_per_token=bytes_per_token)
+    if protocol == "refine":
+        res = train(model, data, cfg, val_data=val_batches, stages=("refine",), **train_kw)
+        recovered = evaluate_tiers(res.model, val_batches, names, bytes_per_token=bytes_per_token)
+        return Recovery(protocol, truncated, recovered, res.model, results=[res])
+    if protocol == "posthoc":
+        from .posthoc import elastify
+
+        if not calibration:
+            raise ValueError("protocol 'posthoc' needs calibration batches (E.7: a 2M-token calibration subset)")
+        res = elastify(model, data, cfg.replace(steps=cfg.refine.steps), calibration, val_data=val_batches,
+                       masks=masks, channel_order=channel_order, **train_kw)
+        recovered = evaluate_tiers(res.model, val_batches, names, bytes_per_token=bytes_per_token)
+        return Recovery(protocol, truncated, recovered, res.model, results=[res])
+    exports, results, recovered = {}, [], []
+    for t in names:                  # label-only: each tier at its fixed shape, CE only (Table 43)
+        small = export_tier(model, t)
+        run = cfg.replace(recipe="dense", steps=cfg.refine.steps, lr=cfg.refine.lr, refine=cfg.refine.replace(steps=0),
+                          out_dir=str(Path(cfg.out_dir) / t.name), eval_tiers=())
+        res = train(small, data, run, val_data=val_batches, **train_kw)
+        ev = evaluate_tiers(res.model, val_batches, bytes_per_token=bytes_per_token)[0]
+        recovered.append(dataclasses.replace(ev, tier=t.name, K=t.K, n_ff=t.n_ff, params=t.params))
+        exports[t.name], results = res.model, [*results, res]
+    return Recovery(protocol, truncated, recovered, model, exports, results)
+
