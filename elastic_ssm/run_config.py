@@ -79,7 +79,11 @@ class RunConfig:
         unknown = sorted(set(d) - {"model", "train", "data"})
         if unknown:
             raise ConfigError(f"run config: unknown section(s) {unknown}; use model, train, data")
-        source = dict(d.get("model") or {"arch": "essh", "preset": "small"})
+        model = d.get("model") or {"arch": "essh", "preset": "small"}
+        if not isinstance(model, dict):
+            raise ConfigError(f"run config: the model section must be a mapping (e.g. model: {{preset: tiny}}), "
+                              f"got {type(model).__name__} {model!r}")
+        source = dict(model)
         return cls(model=model_config_from_dict(source), train=TrainConfig.from_dict(d.get("train") or {}),
                    data=DataConfig.from_dict(d.get("data") or {}),
                    explicit_model_fields=frozenset(source) - _CHOICE_KEYS, model_source=source)

@@ -21,7 +21,10 @@ import functools
 import gzip
 import hashlib
 import json
+import os
+import socket
 import sysconfig
+import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -215,6 +218,25 @@ def _iter_parquet(path: Path, field: str, split: str | None, val_fraction: float
                 yield value
 
 
+def _check_hub_reachable(spec: str, timeout: float = 5.0) -> None:
+    """Fail in seconds, not after the hub client's retries (~40 s), when the Hugging Face hub cannot be
+    reached: a TCP connection to ``HF_ENDPOINT`` (default https://huggingface.co). Skipped when the user asked
+    for the local cache (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``)."""
+    if any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+           for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
+    url = urllib.parse.urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+    except OSError as err:
+        raise ConnectionError(f"{spec}: the Hugging Face hub at {endpoint} cannot be reached from here "
+                              f"({err.strerror or err}); prepare the data where there is network "
+                              "(`elastic-ssm prepare`) and pass the folder, or set HF_DATASETS_OFFLINE=1 to "
+                              "read a dataset already in the local cache") from None
+
+
 def _iter_hf(spec: str, field: str, split: str | None) -> Iterator[str]:
     parts = spec[3:].split(":")
     name, config, hf_split = parts[0], None, None
@@ -232,6 +254,7 @@ def _iter_hf(spec: str, field: str, split: str | None) -> Iterator[str]:
     except ImportError as err:
         raise ImportError(f"{spec} needs the Hugging Face `datasets` package (pip install datasets) and "
                           "network access; or download the data once and pass the folder") from err
+    _check_hub_reachable(spec)
     ds = datasets.load_dataset(name, config, split=hf_split or split or "train", streaming=True)
     for row in ds:
         if field not in row:

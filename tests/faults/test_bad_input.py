@@ -151,3 +151,26 @@ def test_config_json_of_a_saved_model_carries_the_checksum(files):
     _, w = files
     meta = json.loads((w["model"] / "config.json").read_text())
     assert len(meta["weights_sha256"]) == 64
+
+
+def test_an_unreachable_hub_is_one_line_in_seconds(files, capsys, monkeypatch):
+    """An ``hf:`` source without network fails at once (a TCP check of ``HF_ENDPOINT``: here a closed local
+    port), not after the hub client's retries, with the fix in the message; ``HF_DATASETS_OFFLINE=1`` skips
+    the check and leaves the cache lookup to ``datasets``."""
+    import socket
+
+    from elastic_ssm.data.corpora import _check_hub_reachable
+
+    with socket.socket() as s:                   # a port nobody listens on: connecting is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    root, _ = files
+    assert main(["prepare", "hf:someone/corpus", str(root / "hf.bin")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "/s]" not in line]
+    assert len(err) == 1 and "cannot be reached" in err[0] and f"127.0.0.1:{port}" in err[0], err
+    assert "HF_DATASETS_OFFLINE=1" in err[0] and "Traceback" not in err[0]
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    _check_hub_reachable("hf:someone/corpus")    # the user asked for the local cache: no check, no error
