@@ -7,8 +7,8 @@ caller resets the decoder's cache and prefills the first ``batch`` rows through 
 the bucket's other rows decode padding, harmlessly.
 
 Memory: each pooled decoder holds its cache (``state_bytes`` of the tier at the bucket size) and its
-graph's private memory pool; decoders of one tier share their decode plans, so the out-by-in weight
-copies of the 'rows' layout (``FastDecoder``) exist once per tier. At most ``max_decoders`` (default 4)
+graph's private memory pool; decoders of one tier share their decode plans, so the in-by-out weight
+copies of the 'split' layout (``FastDecoder``) exist once per tier. At most ``max_decoders`` (default 4)
 are kept, least recently used first out; ``model.clear_decoders()`` frees them all. Decoders are rebuilt
 when the model's parameters change (an in-place update bumps a tensor's version; ``load_state_dict`` or
 ``.to()`` replaces the tensors), so a pooled decoder never runs on stale modal constants or weight copies.
