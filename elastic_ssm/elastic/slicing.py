@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SliceRule", "prefix", "empty_linear", "linear", "linear_weight", "is_plain_linear", "slice_state_dict", "sliced_shape",
+__all__ = ["SliceRule", "prefix", "empty_linear", "linear", "linear_weight", "is_plain_linear", "has_float_weight",
+           "slice_state_dict", "sliced_shape",
            "load_sliced_safetensors"]
 
 
@@ -69,10 +70,17 @@ def is_plain_linear(module: nn.Module) -> bool:
     return type(module) is nn.Linear
 
 
+def has_float_weight(module: nn.Module) -> bool:
+    """An ``nn.Linear`` whose weight is an ordinary tensor (torchao's weight-only quantization keeps the module
+    and swaps its weight for a tensor subclass, which kernels reading the raw weight cannot use)."""
+    return is_plain_linear(module) and type(module.weight.data) is torch.Tensor
+
+
 def linear_weight(module: nn.Module, rows: int | None = None, cols: int | None = None) -> torch.Tensor:
     """The first ``rows`` x ``cols`` block (None = all) of an ``nn.Linear``'s weight ``[out, in]``, a view."""
     if not is_plain_linear(module):
-        raise ValueError(f"{type(module).__name__} replaced an elastic nn.Linear (quantization or an adapter): it "
+        raise ValueError(f"{type(module).__module__}.{type(module).__qualname__} replaced an elastic nn.Linear "
+                         "(quantization or an adapter): it "
                          "runs only at the full width of the model; export the tier first (es.export_tier) and "
                          "quantize / adapt the export")
     w = module.weight

@@ -1,8 +1,9 @@
 """Sliding-window causal self-attention with RoPE (ESSH Sec. 4, Appendix E.2).
 
-Query i attends keys j with 0 <= i - j < window (the current token included) and, in a padded batch,
-only non-padding keys (a padding query attends itself so its softmax stays finite). q, k, v, o carry
-no biases (4 d^2 parameters, Table 4): ``qkv`` (``nn.Linear``, weight [3D, D]) and ``out`` ([D, D]). Attention is shared by every tier.
+Query i attends keys j with 0 <= i - j < window (the current token included) and, in a padded batch, only
+non-padding keys (a padding query attends itself so its softmax stays finite). q, k, v, o carry no biases (4
+d^2 parameters, Table 4): ``qkv`` (``nn.Linear``, weight [3D, D]) and ``out`` ([D, D]). Attention is shared by
+every tier.
 
 Training / prefill: when the window covers the sequence, causal SDPA (flash on GPU). Longer unpadded
 sequences on CUDA use ``flex_attention`` with a block-sparse sliding-window mask (:func:`swa_block_mask`:

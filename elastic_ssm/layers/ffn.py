@@ -1,10 +1,11 @@
 """Elastic SwiGLU feed-forward layer (Shazeer, 2020) with prefix width and FFN gradient scaling.
 
 Both products are ``nn.Linear`` modules without bias, unit-ordered so a tier keeps a prefix (ESSH D.2):
-``w_in.weight`` [2F, D] holds the gate and up rows of unit h at rows 2h and 2h + 1 (a row prefix of
-2 n_ff), ``w_out.weight`` [D, F] the down-projection column of unit h as column h (a column prefix). ``forward(x, n_ff, grad_scale)`` evaluates only the first ``n_ff`` units
-and, for reduced-capacity micro-batches, applies W_hat = a W + (1 - a) sg(W) to the retained weights
-(ESSH D.4: forward unchanged, parameter gradients scaled by a = alpha_ff).
+``w_in.weight`` [2F, D] holds the gate and up rows of unit h at rows 2h and 2h + 1 (a row prefix of 2 n_ff),
+``w_out.weight`` [D, F] the down-projection column of unit h as column h (a column prefix).
+``forward(x, n_ff, grad_scale)`` evaluates only the first ``n_ff`` units and, for reduced-capacity
+micro-batches, applies W_hat = a W + (1 - a) sg(W) to the retained weights (ESSH D.4: forward unchanged,
+parameter gradients scaled by a = alpha_ff).
 
 For the importance ordering (ESSH D.3) the layer can keep a running mean of squared unit activations
 ``act_sq`` [F] on full-width calls when ``track_activations`` is set (training state, not a parameter).

@@ -2,10 +2,10 @@
 
 Input u [B,T,D] is the block's RMS-normalised residual stream. One concatenated, channel-major input
 projection ``in_proj`` (an ``nn.Linear``, weight [K (P + 3M), D]: rows k (P + 3M) .. (k + 1)(P + 3M) are
-channel k's value v_k^0 (P rows) and the write, read and clock pre-activations of its M modes) gives
-every control, so a tier keeps a row prefix and the fused decoder reads one matrix; ``out_proj`` (weight
-[D, K P]) keeps a column prefix (``elastic/slicing.py``). Per channel (all channel-local, so truncation leaves retained channels
-unchanged, C.4):
+channel k's value v_k^0 (P rows) and the write, read and clock pre-activations of its M modes) gives every
+control, so a tier keeps a row prefix and the fused decoder reads one matrix; ``out_proj`` (weight [D, K P])
+keeps a column prefix (``elastic/slicing.py``). Per channel (all channel-local, so truncation leaves retained
+channels unchanged, C.4):
 
     v_k   = (1 - beta_k) v_k^0 + beta_k v_k^0 / sqrt(|v_k^0|^2 / P + eps)            (Eq. 23)
     eta^w = 2 sigmoid(w^w u + b^w),  eta^r = 2 sigmoid(w^r u + b^r),  Delta = softplus(w^D u + b^D)  (C.2)

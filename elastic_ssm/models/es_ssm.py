@@ -5,11 +5,11 @@ LayerNorm, followed by the LM head (tied: the embedding matrix itself, no extra 
 ``lm_head`` [V, d] without bias) or, for ``task='classify'``, a mean pool over valid positions and a
 linear ``head`` [C, d] + [C].
 
-``forward(input_ids, tier=K)`` evaluates the shared model at runtime budget K (every spectral sublayer
-keeps channels 1..K, Eq. 4). ``export_tier(model, K)`` and ``from_pretrained(path, tier=K)`` build the
-standalone budget-K model (Algorithm 1) from the first K rows of ``gate_out.weight``, ``gate_out.bias`` and
-``filters`` and the first K d columns of ``proj.weight`` of every block (``slice_rules``); on CPU in float32 it is bitwise equal to the
-shared model at K (Appendix B.6).
+``forward(input_ids, tier=K)`` evaluates the shared model at runtime budget K (every spectral sublayer keeps
+channels 1..K, Eq. 4). ``export_tier(model, K)`` and ``from_pretrained(path, tier=K)`` build the standalone
+budget-K model (Algorithm 1) from the first K rows of ``gate_out.weight``, ``gate_out.bias`` and ``filters``
+and the first K d columns of ``proj.weight`` of every block (``slice_rules``); on CPU in float32 it is bitwise
+equal to the shared model at K (Appendix B.6).
 
 The Hankel ``filters`` are a persistent buffer: a saved model carries the exact filters it was trained
 with, so it computes the same function on a machine whose LAPACK resolves the unresolved high-index

@@ -20,14 +20,13 @@ stays in the embedding dtype and cuBLAS does the products (``gemv="cublas"``), w
 window kernels.
 
 Each of those pieces is a plan the layer hands over (``SpectralMixer`` / ``SlidingWindowAttention`` /
-``SwiGLU.decode_plan``, ``layers/decode_plan.py``): weights are prefix *views* of the model's parameters
-(no copies except the 'split' layout's, below; the tier is cut by ``elastic.slicing``), and fixed modal constants (rho, cos/sin theta,
-kc, ks, a kc, biases, beta) are computed by the spectral layer in float64 and cast to the state dtype when
-the decoder is built ("cached at tier load", O.3). Caches are an
-``ESSHCache`` whose tensors stay at fixed addresses, so one whole decode step can be captured in a CUDA
-graph (``capture()``); ``step(tokens)`` then copies the tokens in, replays, and returns the static logits
-buffer (clone it to keep it past the next step). Recurrent state in ``state_dtype`` (float32 default),
-logits in the embedding dtype.
+``SwiGLU.decode_plan``, ``layers/decode_plan.py``): weights are prefix *views* of the model's parameters (no
+copies except the 'split' layout's, below; the tier is cut by ``elastic.slicing``), and fixed modal constants
+(rho, cos/sin theta, kc, ks, a kc, biases, beta) are computed by the spectral layer in float64 and cast to the
+state dtype when the decoder is built ("cached at tier load", O.3). Caches are an ``ESSHCache`` whose tensors
+stay at fixed addresses, so one whole decode step can be captured in a CUDA graph (``capture()``);
+``step(tokens)`` then copies the tokens in, replays, and returns the static logits buffer (clone it to keep it
+past the next step). Recurrent state in ``state_dtype`` (float32 default), logits in the embedding dtype.
 """
 
 from __future__ import annotations

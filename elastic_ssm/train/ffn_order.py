@@ -8,10 +8,11 @@ layer l:
     PermuteFFN(Theta_l, Omega_l, abar_l^2; pi_l)                        (line 26)
 
 PermuteFFN reorders the gate/up row pairs (``w_in.weight`` [2F, D]), the down columns (``w_out.weight``
-[D, F]) and the running statistics ``act_sq`` [F] (``SwiGLU.permute_units``; ``SwiGLU.unit_tensors``
-names each weight's unit dim) *and* every per-element optimizer state tensor of those weights with the
-parameter's shape (AdamW ``exp_avg``, ``exp_avg_sq``), so each unit keeps its moments. A full-width SwiGLU is invariant under a common permutation of its units, so
-the full model's function is unchanged (up to the summation order of the down projection).
+[D, F]) and the running statistics ``act_sq`` [F] (``SwiGLU.permute_units``; ``SwiGLU.unit_tensors`` names
+each weight's unit dim) *and* every per-element optimizer state tensor of those weights with the parameter's shape
+(AdamW ``exp_avg``, ``exp_avg_sq``), so each unit keeps its moments. A full-width SwiGLU is invariant under a
+common permutation of its units, so the full model's function is unchanged (up to the summation order of the
+down projection).
 
 Under FSDP2 (``TrainConfig.parallel='fsdp'``) the weights and their moments are ``DTensor`` shards of
 dim 0: the importance uses the gathered down weight, and every permuted tensor is gathered
