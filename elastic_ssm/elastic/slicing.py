@@ -93,15 +93,23 @@ def linear(module: nn.Module, x: torch.Tensor, rows: int | None = None, cols: in
     (an ``nn.Linear``; its bias, if any, is cut with the rows; None = all of that side), ``x`` cast to the
     weight's dtype.
 
-    Uncut, the module itself is called, so a module put in its place (``quantize_dynamic``'s ``Linear``, a
-    PEFT LoRA layer) computes; cut, ``F.linear`` reads a prefix view of the weight (``linear_weight``, which
-    refuses a replaced module: it has no float weight to cut).
+    An ``nn.Linear`` is evaluated as its own forward, ``F.linear`` on (prefix views of) its weight and bias
+    (through the module call when it has forward hooks, uncut). A module put in its place
+    (``quantize_dynamic``'s ``Linear``, a PEFT LoRA layer) is called as a module, at full width only: it has
+    no float weight to cut (``linear_weight`` refuses it).
     """
-    if (rows is None or rows == module.out_features) and (cols is None or cols == module.in_features):
-        weight = getattr(module, "weight", None)
-        return module(x.to(weight.dtype) if isinstance(weight, torch.Tensor) else x)
-    w, b = linear_weight(module, rows, cols), module.bias
-    return F.linear(x.to(w.dtype), w, None if b is None or rows is None else prefix(b, rows))
+    full = (rows is None or rows == module.out_features) and (cols is None or cols == module.in_features)
+    if type(module) is nn.Linear:
+        w, b = module.weight, module.bias
+        if full and (module._forward_hooks or module._forward_pre_hooks):
+            return module(x.to(w.dtype))
+        if not full:
+            w, b = linear_weight(module, rows, cols), None if b is None or rows is None else prefix(b, rows)
+        return F.linear(x.to(w.dtype), w, b)
+    if not full:
+        linear_weight(module, rows, cols)                   # raises: a replaced module runs at full width only
+    weight = getattr(module, "weight", None)
+    return module(x.to(weight.dtype) if isinstance(weight, torch.Tensor) else x)
 
 
 def _rule_for(name: str, rules: Iterable[SliceRule]) -> SliceRule | None:
