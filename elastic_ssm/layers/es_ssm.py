@@ -124,7 +124,7 @@ class SpectralSublayer(SpectralDecodeMixin, nn.Module):
             nn.init.normal_(w, std=self.init_std)
         with torch.no_grad():   # drawn as the [K, d_in, d_out] stack of M_k^T of the layout before nn.Linear
             K, D = self.n_channels, self.d_model
-            self.proj.weight.copy_(torch.empty(K * D, D).normal_(std=self.init_std).t())
+            self.proj.weight.copy_(self.proj.weight.new_empty(K * D, D).normal_(std=self.init_std).t())
         nn.init.zeros_(self.gate_in.bias)
         nn.init.constant_(self.gate_out.bias, self.gate_bias_init)
 

@@ -62,7 +62,7 @@ class SwiGLU(nn.Module):
             return
         with torch.no_grad():   # drawn in the unit-major order of the layout before nn.Linear (same model per seed)
             nn.init.normal_(self.w_in.weight, std=self.init_std)
-            self.w_out.weight.copy_(torch.empty(self.d_ff, self.d_model).normal_(std=self.out_std).t())
+            self.w_out.weight.copy_(self.w_out.weight.new_empty(self.d_ff, self.d_model).normal_(std=self.out_std).t())
 
     def forward(self, x: torch.Tensor, n_ff: int | None = None, grad_scale: float | None = None) -> torch.Tensor:
         n = self.d_ff if n_ff is None else n_ff

@@ -66,7 +66,7 @@ class SpectralMixer(nn.Module):
         self.gate_bias.zero_()
         self.gate_bias[:, 2].fill_(self.clock_bias_init)
         # drawn in the [K, P, D] order of the layout before nn.Linear, so a seed gives the same model
-        self.out_proj.weight.copy_(torch.empty(self.K * P, self.D).normal_(std=self.out_std).t())
+        self.out_proj.weight.copy_(self.out_proj.weight.new_empty(self.K * P, self.D).normal_(std=self.out_std).t())
         tab = modal_tables(self.filter_length, self.K, self.M, clip=self.pole_clip)
         rho = torch.as_tensor(tab["rho"], dtype=torch.float64).clamp(1e-6, self.pole_clip)  # rho=0 fits stay finite
         gamma = -torch.log(rho)                                      # rho = exp(-softplus(rho_raw))

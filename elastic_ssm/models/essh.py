@@ -79,7 +79,8 @@ def randomize_selective(model: ESSH, ffn_out_std: float = 0.05, zero_lag: bool =
             b.mixer.beta.uniform_(0, 1)
             if zero_lag:
                 b.mixer.a.uniform_(0, 1)
-        b.ffn.w_out.weight.copy_(torch.empty(c.d_ff, c.d_model).normal_(std=ffn_out_std).t())  # unit-major draw
+        w = b.ffn.w_out.weight
+        w.copy_(w.new_empty(c.d_ff, c.d_model).normal_(std=ffn_out_std).t())   # drawn unit-major
     return model
 
 
