@@ -100,7 +100,8 @@ def sweep(name: str, kind: str, N: int, D: int) -> None:
             acc = acc0.clone()
             t = timed(lambda i, kw=kw, acc=acc: gemv.gemv_accumulate(a, ws[i], acc, **kw))
             best = min(best, (t, (bn, bd, split or f"auto({auto})")))
-        # the same product from a transposed copy through the row kernel (FastDecoder out_layout="rows")
+        # the same product through the row kernel from the out-by-in weight (FastDecoder out_layout="rows": the
+        # nn.Linear weight itself)
         acc = acc0.clone()
         rows = timed(lambda i, acc=acc: gemv.norm_gemv(a, wtc[i], out=acc, residual=True))
         print(f"{out}; best {best[0]:6.2f} us ({nbytes / best[0] / 1e6:5.2f} TB/s) at {best[1]}; "

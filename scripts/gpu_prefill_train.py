@@ -99,7 +99,7 @@ def check() -> None:
     for kernel in ("auto", "masked"):
         attention.SWA_KERNEL = kernel
         y = layer(x, pos)
-        res[kernel] = (y.detach(), *torch.autograd.grad((y * dy).sum(), [x, layer.qkv, layer.out]))
+        res[kernel] = (y.detach(), *torch.autograd.grad((y * dy).sum(), [x, layer.qkv.weight, layer.out.weight]))
     attention.SWA_KERNEL = "auto"
     for name, a, b in zip(("out", "dx", "dqkv", "dout"), res["auto"], res["masked"]):
         verdict(f"flex SWA vs masked SDPA {name} (1.5b heads, T=3W={T}, bf16)", rel(a, b), 2e-2)

@@ -153,9 +153,9 @@ def test_memory_matches_formula_and_table53():
 def test_cast_matrices_keeps_modal_tables_wide():
     model = cast_matrices(_perturbed(torch.float32), torch.bfloat16)
     mixer = model.blocks[0].mixer
-    assert mixer.in_proj.dtype == mixer.out_proj.dtype == model.embed.weight.dtype == torch.bfloat16
+    assert mixer.in_proj.weight.dtype == mixer.out_proj.weight.dtype == model.embed.weight.dtype == torch.bfloat16
     assert mixer.theta.dtype == mixer.gate_bias.dtype == model.norm_f.weight.dtype == torch.float32
-    assert model.blocks[1].mixer.qkv.dtype == model.blocks[1].ffn.w_in.dtype == torch.bfloat16
+    assert model.blocks[1].mixer.qkv.weight.dtype == model.blocks[1].ffn.w_in.weight.dtype == torch.bfloat16
 
 
 def test_bench_end_to_end_tiny(tmp_path):

@@ -70,13 +70,20 @@ def test_init_state_sizes_follow_the_tier(model):
 
 def test_decode_plans_are_prefix_views(model):
     tier = model.tier_table()[0]
+    c = model.config
     for block in model.blocks:
         plan = block.mixer.decode_plan(tier, torch.float32)
-        assert plan.w_in.data_ptr() == next(iter(block.mixer.parameters())).data_ptr()
+        w_in, w_out = (block.mixer.in_proj, block.mixer.out_proj) if block.kind == "S" else (block.mixer.qkv,
+                                                                                             block.mixer.out)
+        assert plan.w_in.data_ptr() == w_in.weight.data_ptr() and plan.w_out_rows.data_ptr() == w_out.weight.data_ptr()
+        if block.kind == "S":   # a column prefix of out_proj.weight [D, K P], read in place
+            assert plan.w_out_rows.shape == (c.d_model, tier.K * c.value_width) and plan.w_out_split is None
         ffn = block.ffn.decode_plan(tier)
-        assert ffn.w_in.shape == (2 * tier.n_ff, model.config.d_model)
-        assert ffn.w_in.data_ptr() == block.ffn.w_in.data_ptr() and ffn.w_out_rows is None
-        assert block.ffn.decode_plan(tier, row_copies=True).w_out_rows.shape == (model.config.d_model, tier.n_ff)
+        assert ffn.w_in.shape == (2 * tier.n_ff, c.d_model) and ffn.w_out_rows.shape == (c.d_model, tier.n_ff)
+        assert ffn.w_in.data_ptr() == block.ffn.w_in.weight.data_ptr() and ffn.w_out_split is None
+        assert ffn.w_out_rows.data_ptr() == block.ffn.w_out.weight.data_ptr()
+        split = block.ffn.decode_plan(tier, split_copy=True).w_out_split       # the split kernel's in x out copy
+        assert split.is_contiguous() and torch.equal(split, ffn.w_out_rows.t())
 
 
 @pytest.mark.parametrize("gemv", ["fused", "cublas"])

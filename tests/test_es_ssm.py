@@ -39,7 +39,7 @@ def reference_eq4(layer, u, K):
     s = h @ layer.gate_out.weight[:K].T + layer.gate_out.bias[:K]  # [B, T, K]
     g = torch.sigmoid(s) / math.sqrt(K)
     x = naive_causal_conv(u, layer.filters[:K])  # [B, T, K, D]
-    M = layer.proj[:K].transpose(1, 2)  # M_k = proj[k]^T, [K, D_out, D_in]
+    M = layer.proj.weight.unflatten(1, (layer.n_channels, -1))[:, :K].transpose(0, 1)  # M_k [K, D_out, D_in]
     return torch.einsum("btk,koi,btki->bto", g, M, x)
 
 
@@ -71,7 +71,7 @@ def test_prefix_consistency_b6(K):
     torch.testing.assert_close(z_K, z_full, rtol=0, atol=1e-12)
     with torch.no_grad():  # scrambling removed channels changes nothing at budget K
         before = layer(u, K)
-        layer.proj[K:].normal_()
+        layer.proj.weight[:, K * 6:].normal_()   # columns of channels > K
         layer.gate_out.weight[K:].normal_()
         layer.gate_out.bias[K:].normal_()
         layer.filters[K:].normal_()
@@ -81,8 +81,9 @@ def test_prefix_consistency_b6(K):
 def test_removed_channels_get_zero_gradient_b7():
     layer, K = layer64(), 3
     layer(torch.randn(2, 20, 6, dtype=torch.float64), K).square().sum().backward()
-    for p in (layer.proj, layer.gate_out.weight, layer.gate_out.bias):
-        assert torch.all(p.grad[K:] == 0) and torch.all(p.grad[:K].abs().sum(tuple(range(1, p.dim()))) > 0)
+    proj = layer.proj.weight.grad.unflatten(1, (8, 6)).transpose(0, 1)   # [K, D_out, D_in], channel first
+    for g in (proj, layer.gate_out.weight.grad, layer.gate_out.bias.grad):
+        assert torch.all(g[K:] == 0) and torch.all(g[:K].abs().sum(tuple(range(1, g.dim()))) > 0)
 
 
 def test_drop_path_is_per_sample():
@@ -124,10 +125,13 @@ def test_tier_config_and_rules():
     assert ESSSM.tier_config(cfg, 4).budgets == (2, 4)
     assert ESSSM.tier_config(cfg, "K3").budgets == (2, 3)
     assert ESSSM.tier_config(cfg, 1).budgets == (1,)
-    (rule,) = ESSSM.slice_rules(cfg, 4)
+    rows, cols = ESSSM.slice_rules(cfg, 4)
     names = ESSSM(cfg).state_dict().keys()
-    cut = sorted(n for n in names if rule.matches(n))
-    assert len(cut) == 4 * cfg.n_layers and all(".mixer." in n for n in cut)
+    cut = sorted(n for n in names if rows.matches(n))
+    assert len(cut) == 3 * cfg.n_layers and all(".mixer." in n for n in cut) and rows.dim == 0
+    cut = sorted(n for n in names if cols.matches(n))
+    assert cut == [f"blocks.{i}.mixer.proj.weight" for i in range(cfg.n_layers)]
+    assert (cols.dim, cols.length) == (1, 4 * cfg.d_model)
 
 
 def test_model_float64_and_bf16_autocast_run():

@@ -31,7 +31,7 @@ def lively(cfg, dtype=torch.float64, seed=0):
     with torch.no_grad():
         for b in model.blocks:
             b.mixer.gate_out.bias.normal_()
-            b.mixer.proj.normal_(std=0.3)
+            b.mixer.proj.weight.normal_(std=0.3)
             b.ffn.fc2.weight.normal_(std=0.3)
         model.embed.weight.normal_(std=1.0)
     return model
@@ -95,7 +95,8 @@ def fir_reference(model, x, K):
         conv = torch.stack([torch.einsum("ks,bsd->bkd", phi[:, :min(t + 1, L)].flip(-1),
                                          u[:, max(0, t - L + 1):t + 1]) for t in range(T)], 1)  # [B, T, K, D]
         g = b.mixer.gates(u, K)  # [B, T, K]
-        h = h + torch.einsum("btk,btki,kio->bto", g, conv, b.mixer.proj[:K])
+        M = b.mixer.proj.weight.unflatten(1, (b.mixer.n_channels, -1))[:, :K]   # [D_out, K, D_in]
+        h = h + torch.einsum("btk,btki,oki->bto", g, conv, M)
         h = h + b.ffn(b.ln2(h))
     return model.logits_from_hidden(model.norm(h))
 

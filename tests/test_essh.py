@@ -46,10 +46,15 @@ def test_tiers_differ_and_discarded_rows_get_no_gradient(tiny):
     tiny.zero_grad()
     tiny(x, tier="T1").square().mean().backward()
     t = tiny.resolve_tier("T1")
-    mixer = tiny.blocks[0].mixer
-    assert mixer.in_proj.grad[t.K:].abs().max() == 0 and mixer.in_proj.grad[: t.K].abs().max() > 0
+    mixer, c = tiny.blocks[0].mixer, tiny.config
+    rows, cols = t.K * (c.value_width + 3 * c.n_modes), t.K * c.value_width   # in_proj rows, out_proj columns
+    g_in, g_out = mixer.in_proj.weight.grad, mixer.out_proj.weight.grad
+    assert g_in[rows:].abs().max() == 0 and g_in[:rows].abs().max() > 0
+    assert g_out[:, cols:].abs().max() == 0 and g_out[:, :cols].abs().max() > 0
     ffn = tiny.blocks[0].ffn
-    assert ffn.w_in.grad[t.n_ff:].abs().max() == 0 and ffn.w_in.grad[: t.n_ff].abs().max() > 0
+    g_in, g_out = ffn.w_in.weight.grad, ffn.w_out.weight.grad                   # [2F, D] rows, [D, F] columns
+    assert g_in[2 * t.n_ff:].abs().max() == 0 and g_in[: 2 * t.n_ff].abs().max() > 0
+    assert g_out[:, t.n_ff:].abs().max() == 0 and g_out[:, : t.n_ff].abs().max() > 0
     tiny.zero_grad()
 
 
@@ -63,7 +68,7 @@ def test_mixer_truncation_identity_eq19(tiny):
 
         v, w, r, c = mixer._controls(u, Kb, None)
         z, _ = naive_spectral_scan(v, w, r, c, *mixer._modal(Kb))
-        Wout = mixer.out_proj                                            # [K, P, D]
+        Wout = mixer.out_proj.weight.t().unflatten(0, (Kb, mixer.P))    # [K, P, D]
         contrib = torch.einsum("btkp,kpd->btkd", z, Wout)
         S_K = contrib[:, :, :K].sum(2)
         lhs = mixer(u, Kb) - mixer(u, K)
@@ -192,7 +197,7 @@ def test_swa_causal_fast_path_equals_the_band_mask():
     q, k, v = attn._qkv(x, pos)
     idx = torch.arange(16)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(idx, idx, 16))
-    ref = torch.nn.functional.linear(ref.transpose(1, 2).reshape(2, 16, 32), attn.out)
+    ref = torch.nn.functional.linear(ref.transpose(1, 2).reshape(2, 16, 32), attn.out.weight)
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-12)
 
 

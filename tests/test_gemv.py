@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from triton_interpreter import run_interpreted
 
 import elastic_ssm as es
+from elastic_ssm.layers.decode_plan import FFNPlan, SpectralPlan
 from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
 from elastic_ssm.ops import gemv
@@ -126,8 +127,9 @@ def test_fast_decoder_product_paths_agree(batch, out_layout):
         model(ids, cache=ref)
     auto = FastDecoder(model, None, batch, cache=copy.deepcopy(ref), backend="torch", out_layout=out_layout)
     assert auto.fused_gemv == (batch <= gemv.MAX_FUSED_BATCH)
-    copies = [p.w_out_rows for p in auto.ffns if p.w_out_rows is not None]
-    assert len(copies) == (len(auto.ffns) if auto.fused_gemv and out_layout == "rows" else 0)
+    copies = [p.w_out_split for p in auto.ffns + auto.mixers if getattr(p, "w_out_split", None) is not None]
+    n_split = sum(isinstance(p, (FFNPlan, SpectralPlan)) for p in auto.ffns + auto.mixers)
+    assert len(copies) == (n_split if auto.fused_gemv and out_layout == "split" else 0)
     other = FastDecoder(model, None, batch, cache=copy.deepcopy(ref), backend="torch",
                         gemv="cublas" if auto.fused_gemv else "fused")
     tok = ids[:, -1]

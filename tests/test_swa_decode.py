@@ -29,9 +29,9 @@ def test_torch_path_equals_layer_step(attention):
         x = torch.randn(B, D, dtype=torch.float64)
         ref.positions.copy_(pos)
         want = layer.step(x, ref)
-        o = swa_decode_step(F.linear(x, layer.qkv), mine.keys, mine.values, mine.slot_pos, pos, inv,
+        o = swa_decode_step(F.linear(x, layer.qkv.weight), mine.keys, mine.values, mine.slot_pos, pos, inv,
                             backend="torch", attention=attention)
-        torch.testing.assert_close(F.linear(o, layer.out), want, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(F.linear(o, layer.out.weight), want, rtol=1e-10, atol=1e-10)
         pos = pos + 1
     torch.testing.assert_close(mine.keys, ref.keys)
     torch.testing.assert_close(mine.slot_pos, ref.slot_pos)

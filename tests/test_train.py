@@ -110,7 +110,8 @@ def test_param_groups_pretrain_and_refine(tiny_cfg):
     leaf = lambda names: {n.rsplit(".", 1)[-1] for n in names}
     assert leaf(g["none"]) == {"rho_raw", "theta", "kc", "ks", "beta", "gate_bias", "weight"}
     assert {"embed.weight", "norm_f.weight", "blocks.0.norm1.weight"} <= g["none"]
-    assert leaf(g["decay"]) == {"a", "in_proj", "out_proj", "w_in", "w_out", "qkv", "out"}
+    owner = lambda names: {n.removesuffix(".weight").rsplit(".", 1)[-1] for n in names}   # nn.Linear: its name
+    assert owner(g["decay"]) == {"a", "in_proj", "out_proj", "w_in", "w_out", "qkv", "out"}
     assert g["decay"].isdisjoint(g["none"])
     assert g["decay"] | g["none"] == {n for n, _ in model.named_parameters()}
     r = {"decay" if grp["weight_decay"] else "none": set(grp["names"])
@@ -142,7 +143,7 @@ def test_ffn_grad_scale_scales_only_ffn_weight_grads(tiny_cfg):
         grads.append((out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     assert torch.equal(grads[0][0], grads[1][0])         # forward unchanged
     for n, g in grads[0][1].items():
-        if n.endswith(("ffn.w_in", "ffn.w_out")):
+        if n.endswith(("ffn.w_in.weight", "ffn.w_out.weight")):
             assert torch.equal(grads[1][1][n], 0.5 * g) and g.abs().max() > 0, n
         else:
             assert torch.equal(grads[1][1][n], g), n
@@ -208,7 +209,7 @@ def test_capacity_mixed_step_matches_hand_reference(tiny_cfg, tmp_path):
         w = int(valid.sum()) / n_tok
         gs = torch.autograd.grad(w * loss, list(params.values()))
         for (n, _), g in zip(params.items(), gs):
-            grads[n] += 0.5 * g if (xi != 1.0 and n.endswith(("ffn.w_in", "ffn.w_out"))) else g
+            grads[n] += 0.5 * g if (xi != 1.0 and n.endswith(("ffn.w_in.weight", "ffn.w_out.weight"))) else g
         total += w * loss.item()
     assert res.history[0]["loss"] == pytest.approx(total, rel=1e-6)
     assert res.history[0]["capacities"] == plan
@@ -241,17 +242,19 @@ def test_ffn_ordering_preserves_function_and_moves_moments(tiny_cfg):
     other_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
     model.eval()
     before = model(ids)
-    old = [(f.w_in.clone(), f.w_out.clone(), f.act_sq.clone(), opt.state[f.w_in]["exp_avg"].clone(),
-            opt.state[f.w_out]["exp_avg_sq"].clone(), f.importance()) for f in model.ffn_layers()]
+    old = [(f.w_in.weight.clone(), f.w_out.weight.clone(), f.act_sq.clone(),
+            opt.state[f.w_in.weight]["exp_avg"].clone(), opt.state[f.w_out.weight]["exp_avg_sq"].clone(),
+            f.importance()) for f in model.ffn_layers()]
     perms = order_ffn_units(model, opt)
     torch.testing.assert_close(model(ids), before, rtol=1e-5, atol=1e-5)
     for f, p, (w_in, w_out, act, m_in, v_out, imp) in zip(model.ffn_layers(), perms, old):
         assert not torch.equal(p, torch.arange(len(p)))
         assert torch.all(imp[p][:-1] >= imp[p][1:])
-        assert torch.equal(f.w_in, w_in[p]) and torch.equal(f.w_out, w_out[p])
+        rows = torch.stack([2 * p, 2 * p + 1], 1).flatten()          # w_in.weight [2F, D]: (gate_h, up_h) pairs
+        assert torch.equal(f.w_in.weight, w_in[rows]) and torch.equal(f.w_out.weight, w_out[:, p])
         assert torch.equal(f.act_sq, act[p])
-        assert torch.equal(opt.state[f.w_in]["exp_avg"], m_in[p])
-        assert torch.equal(opt.state[f.w_out]["exp_avg_sq"], v_out[p])
+        assert torch.equal(opt.state[f.w_in.weight]["exp_avg"], m_in[rows])
+        assert torch.equal(opt.state[f.w_out.weight]["exp_avg_sq"], v_out[:, p])
     # one more step: the permuted model tracks the unpermuted one row for row
     model.train()
     for m, o in ((model, opt), (other, other_opt)):
@@ -259,7 +262,9 @@ def test_ffn_ordering_preserves_function_and_moves_moments(tiny_cfg):
         loss_sums(m(ids), labels)[0].backward()
         o.step()
     for f, g, p in zip(model.ffn_layers(), other.ffn_layers(), perms):
-        torch.testing.assert_close(f.w_in, g.w_in[p], rtol=1e-5, atol=1e-6)
+        rows = torch.stack([2 * p, 2 * p + 1], 1).flatten()
+        torch.testing.assert_close(f.w_in.weight, g.w_in.weight[rows], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(f.w_out.weight, g.w_out.weight[:, p], rtol=1e-5, atol=1e-6)
 
 
 # ---- recipes end to end ------------------------------------------------------------------------------

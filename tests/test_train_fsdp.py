@@ -159,8 +159,8 @@ def test_fsdp_checkpoint_is_unsharded_and_resume_continues_exactly(fsdp_runs):
     ckpt = find_checkpoint(root / "resumed" / "pretrain")
     opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
     assert all(isinstance(i, int) for i in opt["state"])
-    w = es.ESSH.from_pretrained(ckpt / "model").blocks[0].ffn.w_in
-    assert not isinstance(w, DTensor) and w.shape[0] == es.ESSHConfig.preset("tiny").d_ff
+    w = es.ESSH.from_pretrained(ckpt / "model").blocks[0].ffn.w_in.weight
+    assert not isinstance(w, DTensor) and w.shape[0] == 2 * es.ESSHConfig.preset("tiny").d_ff
     # the same Optimizer.state_dict layout as an unsharded run's checkpoint (interchangeable)
     ref = torch.load(find_checkpoint(root / "one" / "pretrain") / "optimizer.pt", weights_only=True)
     assert [g["params"] for g in opt["param_groups"]] == [g["params"] for g in ref["param_groups"]]

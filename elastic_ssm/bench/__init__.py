@@ -77,8 +77,8 @@ class BenchConfig(ConfigBase):
     dtype: str = opt("auto", "weights / KV dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float32")
     device: str = opt("auto", "auto (cuda if available), cuda, cpu")
     decode_backend: str = opt("auto", "fused decode kernels: auto, triton, torch")
-    decode_out_layout: str = opt("auto", "FastDecoder out_layout of the batch <= 8 products: auto (rows with "
-                                 "PDL, else split), split, rows")
+    decode_out_layout: str = opt("auto", "FastDecoder out_layout of the batch <= 8 products: auto (split for "
+                                 "Triton without PDL, else rows), split, rows")
     decode_pdl: str = opt("auto", "FastDecoder programmatic dependent launch: auto (Hopper+), on, off")
     peak_tflops: float = opt(989.0, "dense bf16 peak for MFU (H200 SXM datasheet: 989 TFLOP/s)")
     time_budget_s: float = opt(0.0, "skip the remaining entries after this many seconds (0: no limit)")

@@ -36,7 +36,7 @@ __all__ = ["MATCH_TOLERANCE", "PeerUnavailable", "require_fla", "match_ffn_width
 MATCH_TOLERANCE = 0.005
 #: Weight matrices that run in the low-precision dtype; modal tables, gate biases, blend and norm
 #: vectors stay float32 (ESSH deployment: bf16 weights, fp32 recurrence).
-_MATRIX = re.compile(r"(embed\.weight|lm_head\.weight|.*\.(in_proj|out_proj|qkv|out|w_in|w_out))$")
+_MATRIX = re.compile(r"(embed\.weight|lm_head\.weight|.*\.(in_proj|out_proj|qkv|out|w_in|w_out)(\.weight)?)$")
 
 
 def match_ffn_width(target: int, params_at: callable, align: int) -> tuple[int, int, float]:

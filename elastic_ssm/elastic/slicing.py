@@ -1,14 +1,23 @@
 """The one place where tier prefixes are cut (DESIGN rule 3).
 
-Every elastic tensor of both models is laid out so that a tier keeps a *prefix along dim 0*:
-ESSH's concatenated mixer input projection is channel-major ``[K, P + 3M, D]``, its output projection
-``[K, P, D]``, the modal tables ``[K, M]``, the SwiGLU input ``[F, 2, D]`` and output ``[F, D]``;
-ES-SSM's channel projections ``[K, D, D]``, gate rows ``[K, d_g]`` and filters ``[K, L]``. A contiguous
-dim-0 prefix is a view with the same base pointer, so the shared model evaluated at a tier and the
-standalone export run the same kernels on the same bytes (bitwise-equal outputs on CPU, ESSH Q.2).
+Every elastic tensor of both models keeps a *prefix* at a tier. Projections are ``nn.Linear`` modules
+with the usual ``[out, in]`` weight, so the elastic side decides the dim that is cut:
 
-``prefix`` is used by layers in the forward pass, ``slice_state_dict`` by ``export_tier`` and
-``load_sliced_safetensors`` by ``from_pretrained(..., tier=...)`` (reading only the retained rows).
+* dim 0 (rows, the output side): ESSH's mixer ``in_proj.weight`` ``[K (P + 3M), D]`` (channel-major:
+  values, write, read, clock rows of channel k together), the SwiGLU ``w_in.weight`` ``[2F, D]`` (rows
+  gate_h, up_h), the modal tables ``[K, M]``, ES-SSM's gate rows ``[K, d_g]`` and filters ``[K, L]``;
+* dim 1 (columns, the input side): ESSH's mixer ``out_proj.weight`` ``[D, K P]``, the SwiGLU
+  ``w_out.weight`` ``[D, F]`` and ES-SSM's ``proj.weight`` ``[D, K D]`` (M_k = columns kD..(k+1)D).
+
+A dim-0 prefix is a contiguous view with the same base pointer; a dim-1 prefix is a strided view (row
+stride of the full width) that BLAS reads in place, and a standalone export stores it contiguous. The
+shared model evaluated at a tier and the export run the same kernels on the same values (bitwise-equal
+outputs on CPU, ESSH Q.2; tested).
+
+``prefix`` cuts tensors in the forward pass, ``linear`` applies a (prefix of a) ``nn.Linear`` — the whole
+module when nothing is cut, so a swapped module (``quantize_dynamic``, a PEFT LoRA wrapper) runs at full
+width, and a clear error when asked for a prefix of one; ``slice_state_dict`` serves ``export_tier`` and
+``load_sliced_safetensors`` ``from_pretrained(..., tier=...)`` (reading only the retained prefixes).
 """
 
 from __future__ import annotations
@@ -19,16 +28,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-__all__ = ["SliceRule", "prefix", "slice_state_dict", "sliced_shape", "load_sliced_safetensors"]
+__all__ = ["SliceRule", "prefix", "empty_linear", "linear", "linear_weight", "is_plain_linear", "has_float_weight",
+           "slice_state_dict", "sliced_shape",
+           "load_sliced_safetensors"]
 
 
 @dataclass(frozen=True)
 class SliceRule:
-    """Keep the first ``length`` entries along dim 0 of every tensor whose name fully matches ``pattern``."""
+    """Keep the first ``length`` entries along ``dim`` (0 or 1) of every tensor whose name fully matches
+    ``pattern``."""
 
     pattern: str
     length: int
+    dim: int = 0
 
     def matches(self, name: str) -> bool:
         return re.fullmatch(self.pattern, name) is not None
@@ -42,6 +57,61 @@ def prefix(t: torch.Tensor, n: int, dim: int = 0) -> torch.Tensor:
     return t if n == size else t.narrow(dim, 0, n)
 
 
+def empty_linear(d_in: int, d_out: int) -> nn.Linear:
+    """An ``nn.Linear(d_in, d_out, bias=False)`` (weight [d_out, d_in]) on the current default device whose
+    values are left to the owning layer's ``reset_parameters``: built on the meta device, so no random draw
+    is spent (a seed gives the same model as the layouts before ``nn.Linear``) and meta construction stays
+    free."""
+    return nn.Linear(d_in, d_out, bias=False, device="meta").to_empty(device=torch.empty(0).device)
+
+
+def is_plain_linear(module: nn.Module) -> bool:
+    """True for an ``nn.Linear`` itself (not a quantized replacement or an adapter wrapper around one)."""
+    return type(module) is nn.Linear
+
+
+def has_float_weight(module: nn.Module) -> bool:
+    """An ``nn.Linear`` whose weight is an ordinary tensor (torchao's weight-only quantization keeps the module
+    and swaps its weight for a tensor subclass, which kernels reading the raw weight cannot use)."""
+    return is_plain_linear(module) and type(module.weight.data) is torch.Tensor
+
+
+def linear_weight(module: nn.Module, rows: int | None = None, cols: int | None = None) -> torch.Tensor:
+    """The first ``rows`` x ``cols`` block (None = all) of an ``nn.Linear``'s weight ``[out, in]``, a view."""
+    if not is_plain_linear(module):
+        raise ValueError(f"{type(module).__module__}.{type(module).__qualname__} replaced an elastic nn.Linear "
+                         "(quantization or an adapter): it "
+                         "runs only at the full width of the model; export the tier first (es.export_tier) and "
+                         "quantize / adapt the export")
+    w = module.weight
+    w = w if rows is None else prefix(w, rows, 0)
+    return w if cols is None else prefix(w, cols, 1)
+
+
+def linear(module: nn.Module, x: torch.Tensor, rows: int | None = None, cols: int | None = None) -> torch.Tensor:
+    """``x [..., cols] -> [..., rows]`` through the first ``rows`` outputs and ``cols`` inputs of ``module``
+    (an ``nn.Linear``; its bias, if any, is cut with the rows; None = all of that side), ``x`` cast to the
+    weight's dtype.
+
+    An ``nn.Linear`` is evaluated as its own forward, ``F.linear`` on (prefix views of) its weight and bias
+    (through the module call when it has forward hooks, uncut). A module put in its place
+    (``quantize_dynamic``'s ``Linear``, a PEFT LoRA layer) is called as a module, at full width only: it has
+    no float weight to cut (``linear_weight`` refuses it).
+    """
+    full = (rows is None or rows == module.out_features) and (cols is None or cols == module.in_features)
+    if type(module) is nn.Linear:
+        w, b = module.weight, module.bias
+        if full and (module._forward_hooks or module._forward_pre_hooks):
+            return module(x.to(w.dtype))
+        if not full:
+            w, b = linear_weight(module, rows, cols), None if b is None or rows is None else prefix(b, rows)
+        return F.linear(x.to(w.dtype), w, b)
+    if not full:
+        linear_weight(module, rows, cols)                   # raises: a replaced module runs at full width only
+    weight = getattr(module, "weight", None)
+    return module(x.to(weight.dtype) if isinstance(weight, torch.Tensor) else x)
+
+
 def _rule_for(name: str, rules: Iterable[SliceRule]) -> SliceRule | None:
     hits = [r for r in rules if r.matches(name)]
     if len(hits) > 1:
@@ -53,28 +123,29 @@ def sliced_shape(name: str, shape: tuple[int, ...], rules: Iterable[SliceRule]) 
     rule = _rule_for(name, rules)
     if rule is None:
         return tuple(shape)
-    if not 1 <= rule.length <= shape[0]:
-        raise ValueError(f"{name}: cannot keep {rule.length} of {shape[0]} rows")
-    return (rule.length, *shape[1:])
+    if not 1 <= rule.length <= shape[rule.dim]:
+        raise ValueError(f"{name}: cannot keep {rule.length} of {shape[rule.dim]} entries along dim {rule.dim}")
+    return tuple(rule.length if i == rule.dim else n for i, n in enumerate(shape))
 
 
 def slice_state_dict(
     state: Mapping[str, torch.Tensor], rules: Iterable[SliceRule], clone: bool = True
 ) -> dict[str, torch.Tensor]:
-    """Apply ``rules`` to a state dict; unmatched tensors are shared tensors kept whole."""
+    """Apply ``rules`` to a state dict; unmatched tensors are shared tensors kept whole. With ``clone`` every
+    tensor is an independent contiguous copy (a dim-1 prefix then drops the full row stride)."""
     rules = list(rules)
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
         rule = _rule_for(name, rules)
-        s = t if rule is None else prefix(t, rule.length)
-        out[name] = s.clone() if clone else s
+        s = t if rule is None else prefix(t, rule.length, rule.dim)
+        out[name] = s.clone(memory_format=torch.contiguous_format) if clone else s
     return out
 
 
 def load_sliced_safetensors(
     path: str | Path, rules: Iterable[SliceRule], device: str | torch.device = "cpu"
 ) -> dict[str, torch.Tensor]:
-    """Read a safetensors file, materialising only the retained dim-0 prefix of each elastic tensor."""
+    """Read a safetensors file, materialising only the retained prefix of each elastic tensor."""
     from safetensors import safe_open
 
     rules = list(rules)
@@ -86,8 +157,9 @@ def load_sliced_safetensors(
                 out[name] = f.get_tensor(name)
                 continue
             sl = f.get_slice(name)
-            rows = sl.get_shape()[0]
-            if not 1 <= rule.length <= rows:
-                raise ValueError(f"{path}: tensor {name} has {rows} rows, cannot keep {rule.length}")
-            out[name] = sl[: rule.length]
+            size = sl.get_shape()[rule.dim]
+            if not 1 <= rule.length <= size:
+                raise ValueError(f"{path}: tensor {name} has {size} entries along dim {rule.dim}, cannot keep "
+                                 f"{rule.length}")
+            out[name] = sl[: rule.length] if rule.dim == 0 else sl[:, : rule.length]
     return out

@@ -1,8 +1,9 @@
 """Sliding-window causal self-attention with RoPE (ESSH Sec. 4, Appendix E.2).
 
-Query i attends keys j with 0 <= i - j < window (the current token included) and, in a padded batch,
-only non-padding keys (a padding query attends itself so its softmax stays finite). q, k, v, o carry
-no biases (4 d^2 parameters, Table 4). Attention is shared by every tier.
+Query i attends keys j with 0 <= i - j < window (the current token included) and, in a padded batch, only
+non-padding keys (a padding query attends itself so its softmax stays finite). q, k, v, o carry no biases (4
+d^2 parameters, Table 4): ``qkv`` (``nn.Linear``, weight [3D, D]) and ``out`` ([D, D]). Attention is shared by
+every tier.
 
 Training / prefill: when the window covers the sequence, causal SDPA (flash on GPU). Longer unpadded
 sequences on CUDA use ``flex_attention`` with a block-sparse sliding-window mask (:func:`swa_block_mask`:
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..elastic.slicing import empty_linear, linear, linear_weight
 from ..ops.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from ..ops.swa_decode import ring_attend
 from .decode_plan import AttentionPlan
@@ -113,20 +115,20 @@ class SlidingWindowAttention(nn.Module):
         self.d_model, self.head_dim, self.window, self.rope_base = d_model, head_dim, window, rope_base
         self.n_heads = d_model // head_dim
         self.init_std, self.out_std = init_std, out_std if out_std is not None else init_std
-        self.qkv = nn.Parameter(torch.empty(3 * d_model, d_model))   # [3D, D]
-        self.out = nn.Parameter(torch.empty(d_model, d_model))       # [D, D]
+        self.qkv = empty_linear(d_model, 3 * d_model)   # weight [3D, D]: q, k, v rows
+        self.out = empty_linear(d_model, d_model)       # weight [D, D]
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.qkv.device.type == "meta":
+        if self.qkv.weight.device.type == "meta":
             return
-        nn.init.normal_(self.qkv, std=self.init_std)
-        nn.init.normal_(self.out, std=self.out_std)
+        nn.init.normal_(self.qkv.weight, std=self.init_std)
+        nn.init.normal_(self.out.weight, std=self.out_std)
 
     def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
         """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] with RoPE on q and k."""
         B, T, _ = x.shape
-        q, k, v = F.linear(x, self.qkv).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = linear(self.qkv, x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_base, q.dtype)
         cos, sin = cos[:, None], sin[:, None]                      # [B,1,T,hd/2]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -161,7 +163,7 @@ class SlidingWindowAttention(nn.Module):
             o = torch.cat(blocks, dim=2)
         if ring is not None:
             ring.write(k, v, positions, valid)
-        return F.linear(o.transpose(1, 2).reshape(B, T, D), self.out)
+        return linear(self.out, o.transpose(1, 2).reshape(B, T, D))
 
     def mix(self, x: torch.Tensor, tier=None, positions: torch.Tensor | None = None,
             valid: torch.Tensor | None = None, state: RingState | None = None, backend: str = "auto"):
@@ -176,8 +178,8 @@ class SlidingWindowAttention(nn.Module):
         """This layer's slice of a decode cache: an empty ring of ``window`` key and value slots
         [B, H, W, hd] in ``kv_dtype`` (2 W d entries per sequence, Table 53). ``positions`` [B] is the
         cache's shared next-position counter (a new zero counter if None)."""
-        device = device or self.qkv.device
-        dtype = kv_dtype or self.qkv.dtype
+        device = device or self.out.weight.device
+        dtype = kv_dtype or self.out.weight.dtype
         shape = (batch, self.n_heads, self.window, self.head_dim)
         if positions is None:
             positions = torch.zeros(batch, dtype=torch.long, device=device)
@@ -192,11 +194,12 @@ class SlidingWindowAttention(nn.Module):
         q, k, v = self._qkv(x[:, None], positions[:, None])       # [B,H,1,hd]
         ring.write(k, v, positions[:, None], None)
         o = ring_attend(q, ring.keys, ring.values, ring.slot_pos, positions).to(x.dtype)  # [B,H,1,hd]
-        return F.linear(o.reshape(B, D), self.out)
+        return linear(self.out, o.reshape(B, D))
 
     @torch.no_grad()
     def decode_plan(self, tier=None, state_dtype: torch.dtype | None = None,
-                    row_copies: bool = False) -> AttentionPlan:
-        """The fused step's weights (``layers/decode_plan.py``): ``qkv`` [3D, D], ``out`` [D, D] (already
-        out x in, so no copy is needed) and the float64 RoPE table. Shared by every tier."""
-        return AttentionPlan(self.qkv, self.out, rope_inv_freq(self.head_dim, self.rope_base, self.qkv.device))
+                    split_copy: bool = False) -> AttentionPlan:
+        """The fused step's weights (``layers/decode_plan.py``): ``qkv.weight`` [3D, D], ``out.weight``
+        [D, D] (out x in, so no copy is needed) and the float64 RoPE table. Shared by every tier."""
+        w_in, w_out = linear_weight(self.qkv), linear_weight(self.out)
+        return AttentionPlan(w_in, w_out, rope_inv_freq(self.head_dim, self.rope_base, w_in.device))

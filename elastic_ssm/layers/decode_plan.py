@@ -1,8 +1,9 @@
 """Decode plans: what each layer hands the fused decoder for one tier (ESSH Appendix O.3, Algorithm 4).
 
-A layer's ``decode_plan(tier, ...)`` returns one of these: the prefix *views* of its weights for the tier
-(cut by ``elastic.slicing.prefix``, no copies unless an out-by-in row copy is asked for) and the fixed
-constants its fused kernel needs, precomputed once when the tier is loaded. Each plan runs its own part of
+A layer's ``decode_plan(tier, ...)`` returns one of these: the prefix *views* of its ``nn.Linear`` weights
+for the tier (cut by ``elastic.slicing``; ``[out, in]``, so an output product's view is a column prefix
+read with the full row stride; no copies unless an in-by-out copy for the split kernel is asked for) and the
+fixed constants its fused kernel needs, precomputed once when the tier is loaded. Each plan runs its own part of
 one decode step on the residual stream ``x`` [B, D]:
 
 * ``fused(x, norm, eps, state, opts)`` (batch <= ``ops.gemv.MAX_FUSED_BATCH``): float32 residual stream,
@@ -25,7 +26,7 @@ from ..ops.gemv import gemv_accumulate, norm_gemv, norm_swiglu_gemv
 from ..ops.spectral_scan.decode_triton import ModalConstants, rms_norm, spectral_decode_step, swiglu
 from ..ops.swa_decode import swa_decode_step
 
-__all__ = ["DecodeOptions", "SpectralPlan", "AttentionPlan", "FFNPlan"]
+__all__ = ["DecodeOptions", "SpectralPlan", "AttentionPlan", "FFNPlan", "in_by_out_copy"]
 
 
 @dataclass(frozen=True)
@@ -45,29 +46,40 @@ def residual_mm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tens
     return x + (a.to(w.dtype) @ w).to(x.dtype)
 
 
-def add_product(a: torch.Tensor, w: torch.Tensor, w_rows: torch.Tensor | None, x: torch.Tensor,
+def add_product(a: torch.Tensor, w_rows: torch.Tensor, w_split: torch.Tensor | None, x: torch.Tensor,
                 o: DecodeOptions) -> None:
-    """x += a @ w, from the out-by-in copy ``w_rows`` when the plan keeps one, else split over w's rows."""
-    if w_rows is not None:
-        norm_gemv(a, w_rows, out=x, residual=True, backend=o.backend, pdl=o.pdl)
+    """x += a @ w: split over the rows of the in-by-out copy ``w_split`` when the plan keeps one, else one
+    output per program from the out-by-in weight ``w_rows`` (a prefix view of the module's weight)."""
+    if w_split is not None:
+        gemv_accumulate(a, w_split, x, backend=o.backend, pdl=o.pdl)
     else:
-        gemv_accumulate(a, w, x, backend=o.backend, pdl=o.pdl)
+        norm_gemv(a, w_rows, out=x, residual=True, backend=o.backend, pdl=o.pdl)
+
+
+def in_by_out_copy(w_rows: torch.Tensor, copy: bool) -> torch.Tensor | None:
+    """The in-by-out contiguous copy [N, D] of an out-by-in weight view [D, N] for the split kernel, if asked."""
+    return w_rows.t().contiguous() if copy else None
 
 
 @dataclass
 class SpectralPlan:
-    """Spectral mixer at one tier: in_proj prefix [K(P+3M), D], out_proj prefix [K P, D] (in x out),
-    modal constants, and optionally an out-by-in copy ``w_out_rows`` [D, K P]."""
+    """Spectral mixer at one tier: in_proj prefix [K(P+3M), D], out_proj prefix ``w_out_rows`` [D, K P]
+    (out x in, a column prefix), modal constants, and optionally an in-by-out copy ``w_out_split`` [K P, D]."""
 
     w_in: torch.Tensor
-    w_out: torch.Tensor
+    w_out_rows: torch.Tensor
     consts: ModalConstants
-    w_out_rows: torch.Tensor | None = None
+    w_out_split: torch.Tensor | None = None
+
+    @property
+    def w_out(self) -> torch.Tensor:
+        """The output product's weight in x out [K P, D] (the copy, else a transposed view)."""
+        return self.w_out_split if self.w_out_split is not None else self.w_out_rows.t()
 
     def fused(self, x, norm, eps, state, o: DecodeOptions) -> None:
         h = norm_gemv(x, self.w_in, norm, eps, backend=o.backend, pdl=o.pdl)          # [B, K(P+3M)]
         z = spectral_decode_step(h, state, self.consts, x.dtype, o.backend, pdl=o.pdl)  # [B, K P] scaled
-        add_product(z, self.w_out, self.w_out_rows, x, o)
+        add_product(z, self.w_out_rows, self.w_out_split, x, o)
 
     def batched(self, x, norm, eps, state, o: DecodeOptions) -> torch.Tensor:
         h = F.linear(rms_norm(x, norm, eps, o.backend), self.w_in)
@@ -102,16 +114,21 @@ class AttentionPlan:
 
 @dataclass
 class FFNPlan:
-    """SwiGLU at one tier: w_in prefix [2 n_ff, D] (rows gate_h, up_h), w_out prefix [n_ff, D] (in x out),
-    optionally an out-by-in copy ``w_out_rows`` [D, n_ff]."""
+    """SwiGLU at one tier: w_in prefix [2 n_ff, D] (rows gate_h, up_h), w_out prefix ``w_out_rows``
+    [D, n_ff] (out x in, a column prefix), optionally an in-by-out copy ``w_out_split`` [n_ff, D]."""
 
     w_in: torch.Tensor
-    w_out: torch.Tensor
-    w_out_rows: torch.Tensor | None = None
+    w_out_rows: torch.Tensor
+    w_out_split: torch.Tensor | None = None
+
+    @property
+    def w_out(self) -> torch.Tensor:
+        """The down product's weight in x out [n_ff, D] (the copy, else a transposed view)."""
+        return self.w_out_split if self.w_out_split is not None else self.w_out_rows.t()
 
     def fused(self, x, norm, eps, state, o: DecodeOptions) -> None:
         a = norm_swiglu_gemv(x, self.w_in, norm, eps, backend=o.backend, pdl=o.pdl)
-        add_product(a, self.w_out, self.w_out_rows, x, o)
+        add_product(a, self.w_out_rows, self.w_out_split, x, o)
 
     def batched(self, x, norm, eps, state, o: DecodeOptions) -> torch.Tensor:
         a = swiglu(F.linear(rms_norm(x, norm, eps, o.backend), self.w_in), o.backend)

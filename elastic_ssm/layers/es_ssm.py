@@ -7,14 +7,14 @@
     S_K(u)(t) = sum_{k=1}^{K} g_k(t) M_k (Phi_k * u)(t)
 
 with fixed Hankel filters ``Phi_k`` (the persistent buffer ``filters`` [K-bar, L], float32, built from
-``spectral.hankel_filters`` in float64) and learned ``M_k``. Every channel-indexed tensor keeps its
-channel on dim 0 (``gate_out.weight`` [K, d_g], ``gate_out.bias`` [K], ``proj`` [K, d, d], ``filters``
-[K, L]), so a budget is a dim-0 prefix (``elastic/slicing.prefix``) and nothing is computed for
-channels k > K (Appendix B.6 prefix consistency, B.7 zero gradient for removed channels).
+``spectral.hankel_filters`` in float64) and learned ``M_k``. Every channel-indexed tensor keeps a prefix
+of its channels (``gate_out.weight`` [K, d_g], ``gate_out.bias`` [K] and ``filters`` [K, L] along dim 0,
+``proj.weight`` [d, K d] along dim 1; ``elastic/slicing.py``), and nothing is computed for channels
+k > K (Appendix B.6 prefix consistency, B.7 zero gradient for removed channels).
 
-``proj[k]`` stores ``M_k`` transposed (d_in x d_out): the K projections then flatten for free into one
-[K*d, d] matrix. Since g_k(t) is a scalar, ``g_k M_k X_k = M_k (g_k X_k)``: the convolved features are
-gated first and the K projections plus the channel sum run as one matrix product (gate-before-projection).
+``proj`` is one ``nn.Linear(K d, d)``: ``M_k`` is the column block ``proj.weight[:, k d : (k + 1) d]``.
+Since g_k(t) is a scalar, ``g_k M_k X_k = M_k (g_k X_k)``: the convolved features are gated first and the
+K projections plus the channel sum run as one matrix product (gate-before-projection).
 
 Cached decoding (one token per call: exact ring buffer or modal states) is ``SpectralDecodeMixin`` in
 ``es_ssm_decode.py``; ``ESSSMBlock.step`` composes it with the FFN.
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ESSSMConfig
-from ..elastic.slicing import prefix
+from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
 from ..ops.fft_conv import fft_causal_conv
 from .es_ssm_decode import DecodePlan, SpectralDecodeMixin
 
@@ -110,7 +110,7 @@ class SpectralSublayer(SpectralDecodeMixin, nn.Module):
         self.gate_bias_init, self.init_std = gate_bias_init, init_std
         self.gate_in = nn.Linear(d_model, gate_hidden)  # W_g1 [d_g, d], b_g1 [d_g]
         self.gate_out = nn.Linear(gate_hidden, n_channels)  # W_g2 [K, d_g], b_g2 [K]
-        self.proj = nn.Parameter(torch.empty(n_channels, d_model, d_model))  # proj[k] = M_k^T, [K, d, d]
+        self.proj = empty_linear(n_channels * d_model, d_model)  # weight [d, K d]: M_k = columns k d .. (k+1) d
         self.register_buffer("filters", torch.empty(n_channels, seq_len), persistent=True)  # [K, L]
         if not on_meta_device():
             self.filters.copy_(hankel_filter_tensor(seq_len, n_channels))
@@ -118,17 +118,20 @@ class SpectralSublayer(SpectralDecodeMixin, nn.Module):
 
     def reset_parameters(self) -> None:
         """Normal(0, init_std) weights, zero b_g1, b_g2 = gate_bias_init (Sec. 4.1). Filters untouched."""
-        if self.proj.device.type == "meta":
+        if self.proj.weight.device.type == "meta":
             return
-        for w in (self.gate_in.weight, self.gate_out.weight, self.proj):
+        for w in (self.gate_in.weight, self.gate_out.weight):
             nn.init.normal_(w, std=self.init_std)
+        with torch.no_grad():   # drawn as the [K, d_in, d_out] stack of M_k^T of the layout before nn.Linear
+            K, D = self.n_channels, self.d_model
+            self.proj.weight.copy_(self.proj.weight.new_empty(K * D, D).normal_(std=self.init_std).t())
         nn.init.zeros_(self.gate_in.bias)
         nn.init.constant_(self.gate_out.bias, self.gate_bias_init)
 
     def gates(self, u: torch.Tensor, K: int) -> torch.Tensor:
         """g_k(t) = sigmoid(s_k(t)) / sqrt(K) for k <= K; u [B, T, D] -> [B, T, K]."""
         h = F.gelu(self.gate_in(u))  # [B, T, d_g], exact (erf) GELU
-        s = F.linear(h, prefix(self.gate_out.weight, K), prefix(self.gate_out.bias, K))  # [B, T, K]
+        s = linear(self.gate_out, h, rows=K)  # [B, T, K]
         return torch.sigmoid(s) * (1.0 / math.sqrt(K))
 
     def channel_outputs(self, u: torch.Tensor, K: int | None = None) -> torch.Tensor:
@@ -140,7 +143,7 @@ class SpectralSublayer(SpectralDecodeMixin, nn.Module):
         K = self.n_channels if K is None else K
         g = self.gates(u, K)  # [B, T, K]
         x = fft_causal_conv(u, prefix(self.filters, K))  # [B, T, K, D]
-        m = prefix(self.proj, K)  # [K, D_in, D_out]
+        m = linear_weight(self.proj, cols=K * self.d_model).unflatten(1, (K, -1)).permute(1, 2, 0)  # [K, Din, Dout]
         return torch.einsum("btki,kio->btko", (x * g.unsqueeze(-1)).to(m.dtype), m)
 
     def forward(self, u: torch.Tensor, K: int | None = None, phi: torch.Tensor | None = None) -> torch.Tensor:
@@ -155,9 +158,8 @@ class SpectralSublayer(SpectralDecodeMixin, nn.Module):
         phi = prefix(self.filters, K) if phi is None else phi  # [K, L]
         x = fft_causal_conv(u, phi)  # [B, T, K, D], memory [B, K, D, T]
         xg = x.permute(0, 2, 3, 1) * g.transpose(1, 2).unsqueeze(2)  # [B, K, D, T] gate before projection
-        w = prefix(self.proj, K).reshape(K * D, D)  # [K*D_in, D_out], a view
-        xg = xg.to(w.dtype).reshape(B, K * D, T).transpose(1, 2)  # [B, T, K*D]
-        return torch.matmul(xg, w)  # [B, T, D]
+        xg = xg.reshape(B, K * D, T).transpose(1, 2)  # [B, T, K*D]
+        return linear(self.proj, xg, cols=K * D)  # [B, T, D]
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_channels={self.n_channels}, seq_len={self.seq_len}"

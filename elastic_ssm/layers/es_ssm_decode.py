@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..elastic.slicing import prefix
+from ..elastic.slicing import linear, prefix
 from ..spectral import DampedModes, fit_damped_modes
 
 __all__ = ["DECODE_MODES", "ModalFit", "DecodePlan", "check_decode", "modal_fit", "SpectralDecodeMixin"]
@@ -191,6 +191,5 @@ class SpectralDecodeMixin:
             re.copy_(new_re)
             im.copy_(new_im)
             x = (p["kc"] * new_re - p["ks"] * new_im).sum(2)  # [B, K, D], Re(sum_i c_i h_i)
-        w = prefix(self.proj, K).reshape(K * D, D)  # [K*D_in, D_out]
-        xg = (x * g.unsqueeze(-1).to(x.dtype)).to(w.dtype).reshape(B, K * D)  # [B, K*D], gate first
-        return (xg @ w).to(u.dtype)  # [B, D]
+        xg = (x * g.unsqueeze(-1).to(x.dtype)).reshape(B, K * D)  # [B, K*D], gate first
+        return linear(self.proj, xg, cols=K * D).to(u.dtype)  # [B, D]

@@ -1,10 +1,11 @@
 """Elastic SwiGLU feed-forward layer (Shazeer, 2020) with prefix width and FFN gradient scaling.
 
-Storage is unit-major so a tier keeps a dim-0 prefix (ESSH D.2): ``w_in`` [F, 2, D] holds the gate
-and up rows of unit h at ``w_in[h, 0]`` and ``w_in[h, 1]``; ``w_out`` [F, D] holds the down-projection
-column of unit h as a row. ``forward(x, n_ff, grad_scale)`` evaluates only the first ``n_ff`` units
-and, for reduced-capacity micro-batches, applies W_hat = a W + (1 - a) sg(W) to the retained weights
-(ESSH D.4: forward unchanged, parameter gradients scaled by a = alpha_ff).
+Both products are ``nn.Linear`` modules without bias, unit-ordered so a tier keeps a prefix (ESSH D.2):
+``w_in.weight`` [2F, D] holds the gate and up rows of unit h at rows 2h and 2h + 1 (a row prefix of 2 n_ff),
+``w_out.weight`` [D, F] the down-projection column of unit h as column h (a column prefix).
+``forward(x, n_ff, grad_scale)`` evaluates only the first ``n_ff`` units and, for reduced-capacity
+micro-batches, applies W_hat = a W + (1 - a) sg(W) to the retained weights (ESSH D.4: forward unchanged,
+parameter gradients scaled by a = alpha_ff).
 
 For the importance ordering (ESSH D.3) the layer can keep a running mean of squared unit activations
 ``act_sq`` [F] on full-width calls when ``track_activations`` is set (training state, not a parameter).
@@ -16,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..elastic.slicing import prefix
-from .decode_plan import FFNPlan
+from ..elastic.slicing import empty_linear, linear, linear_weight
+from .decode_plan import FFNPlan, in_by_out_copy
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -49,40 +50,44 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.d_model, self.d_ff = d_model, d_ff
         self.init_std, self.out_std = init_std, out_std if out_std is not None else init_std
-        self.w_in = nn.Parameter(torch.empty(d_ff, 2, d_model))   # [F, 2, D]
-        self.w_out = nn.Parameter(torch.empty(d_ff, d_model))     # [F, D]
+        self.w_in = empty_linear(d_model, 2 * d_ff)     # weight [2F, D], rows (gate_h, up_h)
+        self.w_out = empty_linear(d_ff, d_model)        # weight [D, F], column h = unit h
         self.track_activations = False
         self.stat_decay = 0.99
         self.act_sq: torch.Tensor | None = None                   # [F] running mean of a_h^2
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.w_in.device.type == "meta":
+        if self.w_in.weight.device.type == "meta":
             return
-        nn.init.normal_(self.w_in, std=self.init_std)
-        nn.init.normal_(self.w_out, std=self.out_std)
+        with torch.no_grad():   # drawn in the unit-major order of the layout before nn.Linear (same model per seed)
+            nn.init.normal_(self.w_in.weight, std=self.init_std)
+            self.w_out.weight.copy_(self.w_out.weight.new_empty(self.d_ff, self.d_model).normal_(std=self.out_std).t())
 
     def forward(self, x: torch.Tensor, n_ff: int | None = None, grad_scale: float | None = None) -> torch.Tensor:
         n = self.d_ff if n_ff is None else n_ff
-        w_in = prefix(self.w_in, n).reshape(2 * n, self.d_model)   # [2F', D], rows (gate_h, up_h)
-        w_out = prefix(self.w_out, n)                               # [F', D]
-        if grad_scale is not None and grad_scale != 1.0:
-            w_in, w_out = scale_grad(w_in, grad_scale), scale_grad(w_out, grad_scale)
-        gate, up = F.linear(x, w_in).unflatten(-1, (n, 2)).unbind(-1)   # [..., F'] each (strided views)
+        scaled = grad_scale is not None and grad_scale != 1.0
+        if scaled:   # W_hat of D.4 on the retained prefixes ([2F', D] rows, [D, F'] columns)
+            h = F.linear(x, scale_grad(linear_weight(self.w_in, rows=2 * n), grad_scale))
+        else:        # the modules themselves at full width (quantized or adapted modules compute)
+            h = linear(self.w_in, x, rows=2 * n)
+        gate, up = h.unflatten(-1, (n, 2)).unbind(-1)               # [..., F'] each (strided views)
         act = F.silu(gate) * up                                     # [..., F']; backward stacks dh in one pass
         if self.track_activations and self.training and n == self.d_ff:
             self._update_stats(act)
-        return act @ w_out.to(act.dtype)                            # [..., D]
+        if scaled:
+            w_out = scale_grad(linear_weight(self.w_out, cols=n), grad_scale)
+            return F.linear(act.to(w_out.dtype), w_out)
+        return linear(self.w_out, act, cols=n)                      # [..., D]
 
     @torch.no_grad()
-    def decode_plan(self, tier=None, row_copies: bool = False) -> FFNPlan:
+    def decode_plan(self, tier=None, split_copy: bool = False) -> FFNPlan:
         """The fused step's weights at ``tier`` (its ``n_ff``, an int, or None = all units;
-        ``layers/decode_plan.py``): prefix views ``w_in`` [2 n_ff, D] and ``w_out`` [n_ff, D], and with
-        ``row_copies`` an out-by-in copy of ``w_out``."""
+        ``layers/decode_plan.py``): prefix views of ``w_in.weight`` [2 n_ff, D] (rows) and ``w_out.weight``
+        [D, n_ff] (columns), and with ``split_copy`` an in-by-out copy [n_ff, D] of the latter."""
         n = self.d_ff if tier is None else int(getattr(tier, "n_ff", tier))
-        w_out = prefix(self.w_out, n)
-        return FFNPlan(prefix(self.w_in, n).reshape(2 * n, self.d_model), w_out,
-                       w_out.t().contiguous() if row_copies else None)
+        w_out = linear_weight(self.w_out, cols=n)
+        return FFNPlan(linear_weight(self.w_in, rows=2 * n), w_out, in_by_out_copy(w_out, split_copy))
 
     @torch.no_grad()
     def _update_stats(self, act: torch.Tensor) -> None:
@@ -96,12 +101,30 @@ class SwiGLU(nn.Module):
         """I_h = abar_h^2 * ||W_down[:, h]||^2 (ESSH D.3 / Algorithm 1 line 24); [F]."""
         if self.act_sq is None:
             raise RuntimeError("no activation statistics yet: enable track_activations and run full-width steps")
-        return self.act_sq * self.w_out.detach().float().pow(2).sum(-1)
+        return self.act_sq * unit_norms_sq(self.w_out.weight.detach())
+
+    def unit_tensors(self) -> list[tuple[nn.Parameter, int, int]]:
+        """``(parameter, dim, entries per unit)`` of each unit-indexed weight: ``w_in.weight`` rows (gate_h,
+        up_h: 2 per unit) and ``w_out.weight`` columns (1 per unit); what a unit permutation reorders."""
+        return [(self.w_in.weight, 0, 2), (self.w_out.weight, 1, 1)]
 
     @torch.no_grad()
     def permute_units(self, perm: torch.Tensor) -> None:
         """Reorder units by ``perm`` (new unit i = old unit perm[i]); the full-width function is unchanged."""
-        self.w_in.copy_(self.w_in[perm])
-        self.w_out.copy_(self.w_out[perm])
+        for p, dim, per in self.unit_tensors():
+            p.copy_(p.index_select(dim, unit_index(perm.to(p.device), per)))
         if self.act_sq is not None:
             self.act_sq = self.act_sq[perm.to(self.act_sq.device)]
+
+
+def unit_norms_sq(w_out: torch.Tensor) -> torch.Tensor:
+    """||W_down[:, h]||^2 of every unit h of a down weight [D, F] -> [F] (float32)."""
+    return w_out.float().pow(2).sum(0)
+
+
+def unit_index(perm: torch.Tensor, per_unit: int) -> torch.Tensor:
+    """Entry indices of a unit permutation ``perm`` [F] along a dim holding ``per_unit`` entries per unit:
+    [F * per_unit], unit perm[i]'s entries at i * per_unit + (0 .. per_unit - 1)."""
+    if per_unit == 1:
+        return perm
+    return (perm[:, None] * per_unit + torch.arange(per_unit, device=perm.device)).flatten()

@@ -1,10 +1,11 @@
 """Selective spectral mixer of ESSH (Sec. 4.1, Appendix C.1-C.4).
 
 Input u [B,T,D] is the block's RMS-normalised residual stream. One concatenated, channel-major input
-projection ``in_proj`` [K, P + 3M, D] gives for every channel k its value v_k^0 (P rows) and the
-write, read and clock pre-activations of its M modes, so a tier keeps the dim-0 prefix and the fused
-decoder reads one matrix. Per channel (all channel-local, so truncation leaves retained channels
-unchanged, C.4):
+projection ``in_proj`` (an ``nn.Linear``, weight [K (P + 3M), D]: rows k (P + 3M) .. (k + 1)(P + 3M) are
+channel k's value v_k^0 (P rows) and the write, read and clock pre-activations of its M modes) gives every
+control, so a tier keeps a row prefix and the fused decoder reads one matrix; ``out_proj`` (weight [D, K P])
+keeps a column prefix (``elastic/slicing.py``). Per channel (all channel-local, so truncation leaves retained
+channels unchanged, C.4):
 
     v_k   = (1 - beta_k) v_k^0 + beta_k v_k^0 / sqrt(|v_k^0|^2 / P + eps)            (Eq. 23)
     eta^w = 2 sigmoid(w^w u + b^w),  eta^r = 2 sigmoid(w^r u + b^r),  Delta = softplus(w^D u + b^D)  (C.2)
@@ -25,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..elastic.slicing import prefix
+from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
 from ..ops.spectral_scan.decode_triton import ModalConstants
-from .decode_plan import SpectralPlan
+from .decode_plan import SpectralPlan, in_by_out_copy
 
 
 class SpectralMixer(nn.Module):
@@ -41,9 +42,9 @@ class SpectralMixer(nn.Module):
         self.filter_length, self.pole_clip = filter_length, pole_clip
         self.clock_bias_init, self.zero_lag_init, self.blend_eps = clock_bias_init, zero_lag_init, blend_eps
         self.init_std, self.out_std = init_std, out_std if out_std is not None else init_std
-        self.in_proj = nn.Parameter(torch.empty(K, P + 3 * M, D))   # [K, P+3M, D]
+        self.in_proj = empty_linear(D, K * (P + 3 * M))   # weight [K(P+3M), D], channel-major rows
         self.gate_bias = nn.Parameter(torch.empty(K, 3, M))         # [K, 3, M] write/read/clock biases
-        self.out_proj = nn.Parameter(torch.empty(K, P, D))          # [K, P, D]
+        self.out_proj = empty_linear(K * P, D)             # weight [D, K P], channel-major columns
         self.rho_raw = nn.Parameter(torch.empty(K, M))
         self.theta = nn.Parameter(torch.empty(K, M))
         self.kc = nn.Parameter(torch.empty(K, M))
@@ -54,16 +55,18 @@ class SpectralMixer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        if self.in_proj.device.type == "meta":
+        if self.theta.device.type == "meta":
             return
         from ..spectral import modal_tables
 
         P = self.P
-        nn.init.normal_(self.in_proj[:, :P], std=self.init_std)
-        self.in_proj[:, P:].zero_()
+        w_in = self.in_proj.weight.view(self.K, P + 3 * self.M, self.D)   # [K, P+3M, D]
+        nn.init.normal_(w_in[:, :P], std=self.init_std)
+        w_in[:, P:].zero_()
         self.gate_bias.zero_()
         self.gate_bias[:, 2].fill_(self.clock_bias_init)
-        nn.init.normal_(self.out_proj, std=self.out_std)
+        # drawn in the [K, P, D] order of the layout before nn.Linear, so a seed gives the same model
+        self.out_proj.weight.copy_(self.out_proj.weight.new_empty(self.K * P, self.D).normal_(std=self.out_std).t())
         tab = modal_tables(self.filter_length, self.K, self.M, clip=self.pole_clip)
         rho = torch.as_tensor(tab["rho"], dtype=torch.float64).clamp(1e-6, self.pole_clip)  # rho=0 fits stay finite
         gamma = -torch.log(rho)                                      # rho = exp(-softplus(rho_raw))
@@ -83,8 +86,7 @@ class SpectralMixer(nn.Module):
         Eq. 23 is one product ``v0 ((1 - beta) + beta / rms(v0))`` with the factor on [..., K, 1].
         """
         P, M = self.P, self.M
-        w = prefix(self.in_proj, K).reshape(K * (P + 3 * M), self.D)
-        h = F.linear(u, w).unflatten(-1, (K, P + 3 * M))                          # [..., K, P+3M]
+        h = linear(self.in_proj, u, rows=K * (P + 3 * M)).unflatten(-1, (K, P + 3 * M))   # [..., K, P+3M]
         dtype = torch.promote_types(self.theta.dtype, torch.float32)   # the scan never runs below fp32
         v0 = h[..., :P]
         pre = h[..., P:].unflatten(-1, (3, M)) + prefix(self.gate_bias, K).to(dtype)  # [..., K, 3, M], promoted
@@ -106,8 +108,7 @@ class SpectralMixer(nn.Module):
 
     def _readout(self, z: torch.Tensor, K: int) -> torch.Tensor:
         """z [..., K, P] -> y [..., D] = K^{-1/2} W^out z (first K*P columns of W^out)."""
-        w = prefix(self.out_proj, K).reshape(K * self.P, self.D)
-        return (z.flatten(-2).to(w.dtype) @ w) * (1.0 / math.sqrt(K))
+        return linear(self.out_proj, z.flatten(-2), cols=K * self.P) * (1.0 / math.sqrt(K))
 
     # ---- training / prefill -------------------------------------------------------------------------
     def forward(self, u: torch.Tensor, K: int | None = None, valid: torch.Tensor | None = None,
@@ -156,17 +157,17 @@ class SpectralMixer(nn.Module):
 
     @torch.no_grad()
     def decode_plan(self, tier=None, state_dtype: torch.dtype = torch.float32,
-                    row_copies: bool = False) -> SpectralPlan:
+                    split_copy: bool = False) -> SpectralPlan:
         """Weights and constants of the fused step at ``tier`` (``layers/decode_plan.py``): prefix views of
-        ``in_proj`` [K(P+3M), D] and ``out_proj`` [K P, D], the modal constants of C.3 / Eq. 24 computed in
-        float64 and cast to ``state_dtype``, and with ``row_copies`` an out-by-in copy of ``out_proj``."""
+        ``in_proj.weight`` [K(P+3M), D] (rows) and ``out_proj.weight`` [D, K P] (columns), the modal constants
+        of C.3 / Eq. 24 computed in float64 and cast to ``state_dtype``, and with ``split_copy`` an in-by-out
+        copy [K P, D] of the output weight for the split kernel."""
         K, P, M, d = channels(tier, self.K), self.P, self.M, torch.float64
-        w_in = prefix(self.in_proj, K).reshape(K * (P + 3 * M), self.D)
-        w_out = prefix(self.out_proj, K).reshape(K * P, self.D)
+        w_in = linear_weight(self.in_proj, rows=K * (P + 3 * M))
+        w_out = linear_weight(self.out_proj, cols=K * P)
         consts = ModalConstants.pack(prefix(self.gate_bias, K).to(d), *self._modal(K, d),
                                      prefix(self.beta, K).to(d), P, self.blend_eps, state_dtype)
-        return SpectralPlan(w_in, w_out, consts, w_out.t().contiguous() if row_copies else None)
-
+        return SpectralPlan(w_in, w_out, consts, in_by_out_copy(w_out, split_copy))
 
 def channels(tier, full: int) -> int:
     """K of ``tier``: a ``Tier`` (its ``K``), an int, or None (all ``full`` channels)."""

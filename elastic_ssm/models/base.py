@@ -13,7 +13,8 @@ and, when the model carries one (``model.tokenizer``), its tokenizer (``data/tok
 (``elastic_ssm.hf``).
 
 ``from_pretrained(path, tier="T4")`` builds the tier's standalone config and reads only the retained
-dim-0 prefixes of the elastic tensors (``elastic/slicing.py``) with strict key matching.
+prefixes of the elastic tensors (``elastic/slicing.py``) with strict key matching. Files written before
+the projections became ``nn.Linear`` modules are converted on load (``models/legacy.py``).
 Subclasses implement ``tier_config`` and ``slice_rules`` (classmethods on a config, so loading a tier
 never instantiates the full model) and build their modules without non-persistent buffers, so that a
 model created on the meta device is completed by ``load_state_dict(assign=True)``.
@@ -37,6 +38,7 @@ from torch import nn
 from ..config import ConfigBase
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
+from .legacy import legacy_names, refuse_legacy, upgrade_state_dict
 
 FORMAT_VERSION = 1
 WEIGHTS_NAME = "model.safetensors"
@@ -138,6 +140,7 @@ class ElasticModel(nn.Module):
         #: the tokenizer entry of the loaded config.json (kept when the tokenizer itself cannot be loaded)
         self.tokenizer_record: dict[str, Any] | None = None
         self.name_or_path = ""
+        self.register_load_state_dict_pre_hook(refuse_legacy)   # old layouts convert through from_pretrained
 
     # ---- tiers -----------------------------------------------------------------------------------
     def resolve_tier(self, tier: Any = None) -> tiers_mod.Tier:
@@ -157,7 +160,7 @@ class ElasticModel(nn.Module):
 
     @classmethod
     def slice_rules(cls, config: ConfigBase, tier: tiers_mod.Tier) -> list[SliceRule]:
-        """Dim-0 prefix rules that cut the shared state dict down to ``tier``."""
+        """Prefix rules (rows or columns) that cut the shared state dict down to ``tier``."""
         raise NotImplementedError
 
     def is_meta(self) -> bool:
@@ -299,6 +302,8 @@ class ElasticModel(nn.Module):
             raise CheckpointError(f"{wfile} could not be read ({e}); the file is corrupted or truncated") from e
         if check is not None:
             check.result()
+        if legacy_names(state, cls.arch):   # written before nn.Linear: convert, then cut the tier's prefixes
+            state = slice_state_dict(upgrade_state_dict(state, cls.arch), rules, clone=True)
         if dtype is not None:
             state = {k: v.to(dtype) if v.is_floating_point() and not re.fullmatch(cls.keep_fp32, k) else v
                      for k, v in state.items()}

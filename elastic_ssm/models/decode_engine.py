@@ -7,8 +7,8 @@ caller resets the decoder's cache and prefills the first ``batch`` rows through 
 the bucket's other rows decode padding, harmlessly.
 
 Memory: each pooled decoder holds its cache (``state_bytes`` of the tier at the bucket size) and its
-graph's private memory pool; decoders of one tier share their decode plans, so the out-by-in weight
-copies of the 'rows' layout (``FastDecoder``) exist once per tier. At most ``max_decoders`` (default 4)
+graph's private memory pool; decoders of one tier share their decode plans, so the in-by-out weight
+copies of the 'split' layout (``FastDecoder``) exist once per tier. At most ``max_decoders`` (default 4)
 are kept, least recently used first out; ``model.clear_decoders()`` frees them all. Decoders are rebuilt
 when the model's parameters change (an in-place update bumps a tensor's version; ``load_state_dict`` or
 ``.to()`` replaces the tensors), so a pooled decoder never runs on stale modal constants or weight copies.
@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..elastic.slicing import has_float_weight
 from .fast_decode import FastDecoder
 from .prefill_graph import PrefillGraph, length_bucket
 
@@ -42,16 +43,34 @@ def batch_bucket(batch: int) -> int:
 
 def use_fast_decoding(model, fast: bool | None) -> bool:
     """``fast=None`` or True: the fused decoder (CUDA-graphed on CUDA; its torch path on the CPU, as fast as
-    the reference step or faster there, docs/benchmarks.md); False: the reference step."""
-    if fast is None:
-        return True
-    if fast not in (True, False):
+    the reference step or faster there, docs/benchmarks.md); False: the reference step.
+
+    The fused decoder reads the float weights of the model's ``nn.Linear`` modules; a model in which some were
+    replaced (``torch.ao.quantization.quantize_dynamic``, PEFT LoRA layers) or hold a quantized weight
+    (torchao ``quantize_``) decodes with the reference step, which calls the modules themselves: ``fast=None``
+    picks it, ``fast=True`` is refused."""
+    if fast not in (True, False, None):
         raise ValueError(f"fast must be True, False or None (automatic), got {fast!r}")
-    return fast
+    if fast is False:
+        return False
+    replaced = next((n for n, m in model.named_modules() if hasattr(m, "in_features") and not has_float_weight(m)),
+                    None)
+    if replaced is not None and fast:
+        raise ValueError(f"fast=True: the fused decoder reads nn.Linear weights, but {replaced} is a "
+                         f"{_describe(model.get_submodule(replaced))}; use fast=None or False (the reference "
+                         "step runs replaced modules)")
+    return replaced is None
 
 
 def _weights_signature(model) -> tuple:
     return tuple((id(p), p._version) for p in model.parameters())
+
+
+def _describe(module: torch.nn.Module) -> str:
+    """``package.Class`` of a module, and of its weight when that is a tensor subclass."""
+    kind = f"{type(module).__module__}.{type(module).__qualname__}"
+    w = getattr(module, "weight", None)
+    return kind if not isinstance(w, torch.Tensor) else f"{kind} with a {type(w.data).__qualname__} weight"
 
 
 class DecoderPool:

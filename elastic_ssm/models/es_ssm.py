@@ -5,11 +5,11 @@ LayerNorm, followed by the LM head (tied: the embedding matrix itself, no extra 
 ``lm_head`` [V, d] without bias) or, for ``task='classify'``, a mean pool over valid positions and a
 linear ``head`` [C, d] + [C].
 
-``forward(input_ids, tier=K)`` evaluates the shared model at runtime budget K (every spectral sublayer
-keeps channels 1..K, Eq. 4). ``export_tier(model, K)`` and ``from_pretrained(path, tier=K)`` build the
-standalone budget-K model (Algorithm 1) from dim-0 prefixes of ``gate_out.weight``, ``gate_out.bias``,
-``proj`` and ``filters`` of every block (``slice_rules``); on CPU in float32 it is bitwise equal to the
-shared model at K (Appendix B.6).
+``forward(input_ids, tier=K)`` evaluates the shared model at runtime budget K (every spectral sublayer keeps
+channels 1..K, Eq. 4). ``export_tier(model, K)`` and ``from_pretrained(path, tier=K)`` build the standalone
+budget-K model (Algorithm 1) from the first K rows of ``gate_out.weight``, ``gate_out.bias`` and ``filters``
+and the first K d columns of ``proj.weight`` of every block (``slice_rules``); on CPU in float32 it is bitwise
+equal to the shared model at K (Appendix B.6).
 
 The Hankel ``filters`` are a persistent buffer: a saved model carries the exact filters it was trained
 with, so it computes the same function on a machine whose LAPACK resolves the unresolved high-index
@@ -35,8 +35,10 @@ from .generation import GenerationMixin
 
 __all__ = ["ESSSM"]
 
-#: State-dict names of the channel-indexed tensors (all cut along dim 0; Sec. 4.1 "direct prefix truncation").
-CHANNEL_TENSORS = r"blocks\.\d+\.mixer\.(?:gate_out\.weight|gate_out\.bias|proj|filters)"
+#: State-dict names of the channel-indexed tensors (Sec. 4.1 "direct prefix truncation"): rows of these ...
+CHANNEL_TENSORS = r"blocks\.\d+\.mixer\.(?:gate_out\.weight|gate_out\.bias|filters)"
+#: ... and column blocks of the channel projections (M_k = columns k d .. (k + 1) d of ``proj.weight``).
+CHANNEL_COLUMNS = r"blocks\.\d+\.mixer\.proj\.weight"
 
 
 class ESSSM(GenerationMixin, ElasticModel):
@@ -90,8 +92,9 @@ class ESSSM(GenerationMixin, ElasticModel):
 
     @classmethod
     def slice_rules(cls, config: ESSSMConfig, tier: Any) -> list[SliceRule]:
-        """Keep the first K rows of every channel-indexed tensor of every block (Sec. 4.1, App. B.6)."""
-        return [SliceRule(CHANNEL_TENSORS, tiers_mod.resolve_tier(config, tier).K)]
+        """Keep the first K channels of every channel-indexed tensor of every block (Sec. 4.1, App. B.6)."""
+        K = tiers_mod.resolve_tier(config, tier).K
+        return [SliceRule(CHANNEL_TENSORS, K), SliceRule(CHANNEL_COLUMNS, K * config.d_model, dim=1)]
 
     # ---- forward -------------------------------------------------------------------------------------
     def _check_ids(self, input_ids: Any) -> torch.Tensor:

@@ -28,8 +28,12 @@ from .base import ElasticModel
 from .cache import ESSHCache
 from .generation import GenerationMixin
 
-_MIXER_TENSORS = r"blocks\.\d+\.mixer\.(in_proj|gate_bias|out_proj|rho_raw|theta|kc|ks|a|beta)"
-_FFN_TENSORS = r"blocks\.\d+\.ffn\.(w_in|w_out)"
+#: Channel-indexed tensors of the spectral mixers, cut to the first K_T channels: rows (dim 0) ...
+_MIXER_TENSORS = r"blocks\.\d+\.mixer\.(gate_bias|rho_raw|theta|kc|ks|a|beta)"
+_MIXER_IN = r"blocks\.\d+\.mixer\.in_proj\.weight"      # [K (P + 3M), D]: K_T (P + 3M) rows
+_MIXER_OUT = r"blocks\.\d+\.mixer\.out_proj\.weight"    # [D, K P]: K_T P columns
+_FFN_IN = r"blocks\.\d+\.ffn\.w_in\.weight"             # [2F, D]: 2 n_ff rows
+_FFN_OUT = r"blocks\.\d+\.ffn\.w_out\.weight"           # [D, F]: n_ff columns
 
 
 class ESSHBlock(nn.Module):
@@ -66,15 +70,17 @@ def randomize_selective(model: ESSH, ffn_out_std: float = 0.05, zero_lag: bool =
     and shape benchmarks: random gate/clock weights (std 0.3) and biases (std 0.5), blend beta in [0, 1),
     SwiGLU down projections with std ``ffn_out_std``; with ``zero_lag`` also a ~ U[0, 1). Uses the global
     torch RNG; returns ``model``."""
-    P = model.config.value_width
+    c = model.config
+    P = c.value_width
     for b in model.blocks:
         if b.kind == "S":
-            b.mixer.in_proj[:, P:].normal_(std=0.3)
+            b.mixer.in_proj.weight.view(-1, P + 3 * c.n_modes, c.d_model)[:, P:].normal_(std=0.3)
             b.mixer.gate_bias.normal_(std=0.5)
             b.mixer.beta.uniform_(0, 1)
             if zero_lag:
                 b.mixer.a.uniform_(0, 1)
-        b.ffn.w_out.normal_(std=ffn_out_std)
+        w = b.ffn.w_out.weight
+        w.copy_(w.new_empty(c.d_ff, c.d_model).normal_(std=ffn_out_std).t())   # drawn unit-major
     return model
 
 
@@ -109,7 +115,9 @@ class ESSH(GenerationMixin, ElasticModel):
 
     @classmethod
     def slice_rules(cls, config: ESSHConfig, tier: Tier) -> list[SliceRule]:
-        return [SliceRule(_MIXER_TENSORS, tier.K), SliceRule(_FFN_TENSORS, tier.n_ff)]
+        K, P, M = tier.K, config.value_width, config.n_modes
+        return [SliceRule(_MIXER_TENSORS, K), SliceRule(_MIXER_IN, K * (P + 3 * M)), SliceRule(_MIXER_OUT, K * P, 1),
+                SliceRule(_FFN_IN, 2 * tier.n_ff), SliceRule(_FFN_OUT, tier.n_ff, 1)]
 
     def ffn_layers(self) -> list[SwiGLU]:
         return [b.ffn for b in self.blocks]

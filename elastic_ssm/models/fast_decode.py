@@ -20,14 +20,13 @@ stays in the embedding dtype and cuBLAS does the products (``gemv="cublas"``), w
 window kernels.
 
 Each of those pieces is a plan the layer hands over (``SpectralMixer`` / ``SlidingWindowAttention`` /
-``SwiGLU.decode_plan``, ``layers/decode_plan.py``): weights are prefix *views* of the model's parameters
-(no copies; the tier is cut by ``elastic.slicing.prefix``), and fixed modal constants (rho, cos/sin theta,
-kc, ks, a kc, biases, beta) are computed by the spectral layer in float64 and cast to the state dtype when
-the decoder is built ("cached at tier load", O.3). Caches are an
-``ESSHCache`` whose tensors stay at fixed addresses, so one whole decode step can be captured in a CUDA
-graph (``capture()``); ``step(tokens)`` then copies the tokens in, replays, and returns the static logits
-buffer (clone it to keep it past the next step). Recurrent state in ``state_dtype`` (float32 default),
-logits in the embedding dtype.
+``SwiGLU.decode_plan``, ``layers/decode_plan.py``): weights are prefix *views* of the model's parameters (no
+copies except the 'split' layout's, below; the tier is cut by ``elastic.slicing``), and fixed modal constants
+(rho, cos/sin theta, kc, ks, a kc, biases, beta) are computed by the spectral layer in float64 and cast to the
+state dtype when the decoder is built ("cached at tier load", O.3). Caches are an ``ESSHCache`` whose tensors
+stay at fixed addresses, so one whole decode step can be captured in a CUDA graph (``capture()``);
+``step(tokens)`` then copies the tokens in, replays, and returns the static logits buffer (clone it to keep it
+past the next step). Recurrent state in ``state_dtype`` (float32 default), logits in the embedding dtype.
 """
 
 from __future__ import annotations
@@ -53,13 +52,14 @@ class FastDecoder:
     ``backend``: 'auto' | 'triton' | 'torch' for the fused kernels. ``attention``: 'auto' (SDPA on CUDA,
     the explicit masked-softmax of ``SlidingWindowAttention.step`` elsewhere) | 'sdpa' | 'math' (the torch
     path of the window step). ``gemv``: 'auto' (fused products up to batch 8) | 'fused' | 'cublas'.
-    ``out_layout`` of the fused path's spectral out- and FFN down-products: 'split' reads the model's
-    input-by-output weights in place, split over their rows with float32 atomics; 'rows' keeps a
-    transposed contiguous copy of those weights for the tier (extra memory: their size, 0.86 GB for 1.5b
-    T10 in bf16) and streams them with the row kernel, each output owned by one program (deterministic
-    summation, and with PDL the whole weight slab of a program is read before it waits); 'auto'
-    (default) = 'rows' with PDL, else 'split' (the faster of the two on an H200 in each case,
-    docs/benchmarks.md).
+    ``out_layout`` of the fused path's spectral out- and FFN down-products: 'rows' streams the modules'
+    out-by-in weights in place (a column prefix at a lower tier, read with the full row stride) with the row
+    kernel, each output owned by one program (deterministic summation, and with PDL the whole weight slab
+    of a program is read before it waits); 'split' keeps an input-by-output contiguous copy of those
+    weights for the tier (extra memory: their size, 0.86 GB for 1.5b T10 in bf16) and splits it over its
+    rows with float32 atomics; 'auto' (default) = 'split' for the Triton kernels without PDL, else 'rows'
+    (the faster of the two on an H200 in each case, docs/benchmarks.md; on the torch backend both are one
+    matrix product, so no copy is made).
     ``pdl``: launch the Triton kernels with programmatic dependent launch (``ops/pdl.py``): each kernel
     starts streaming its weights while the previous one finishes. 'auto' (default) = on for CUDA devices
     of compute capability >= 9.0 with the Triton backend; True / False force it.
@@ -96,18 +96,20 @@ class FastDecoder:
         self.cache, self.batch = cache, batch
         if out_layout not in ("auto", "split", "rows"):
             raise ValueError(f"out_layout must be 'auto', 'split' or 'rows', got {out_layout!r}")
-        self.out_layout = ("rows" if pdl_on else "split") if out_layout == "auto" else out_layout
+        if out_layout == "auto":
+            out_layout = "split" if self.backend == "triton" and not pdl_on else "rows"
+        self.out_layout = out_layout
         if gemv not in ("auto", "fused", "cublas"):
             raise ValueError(f"gemv must be 'auto', 'fused' or 'cublas', got {gemv!r}")
         self.fused_gemv = gemv == "fused" or (gemv == "auto" and batch <= MAX_FUSED_BATCH)
         state_dt = next(iter(cache.states.values())).dtype if cache.states else torch.float32
-        rows = self.out_layout == "rows" and self.fused_gemv
-        self._plan_key = (self.tier, state_dt, rows)
+        split = self.out_layout == "split" and self.fused_gemv
+        self._plan_key = (self.tier, state_dt, split)
         if share_plans is not None and share_plans.model is model and share_plans._plan_key == self._plan_key:
             self.mixers, self.ffns = share_plans.mixers, share_plans.ffns
         else:
-            self.mixers = [b.mixer.decode_plan(self.tier, state_dt, row_copies=rows) for b in model.blocks]
-            self.ffns = [b.ffn.decode_plan(self.tier, row_copies=rows) for b in model.blocks]
+            self.mixers = [b.mixer.decode_plan(self.tier, state_dt, split_copy=split) for b in model.blocks]
+            self.ffns = [b.ffn.decode_plan(self.tier, split_copy=split) for b in model.blocks]
         self.norms = [(b.norm1.weight, b.norm2.weight) for b in model.blocks]
         self.head = emb if model.lm_head is None else model.lm_head.weight
         self.norm_f, self.eps = model.norm_f.weight, model.norm_f.eps

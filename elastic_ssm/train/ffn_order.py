@@ -7,14 +7,15 @@ layer l:
     pi_l    = argsort_desc(I_l)                                         (line 25, stable)
     PermuteFFN(Theta_l, Omega_l, abar_l^2; pi_l)                        (line 26)
 
-PermuteFFN reorders the gate/up rows (``w_in`` [F, 2, D]), the down rows (``w_out`` [F, D]) and the
-running statistics ``act_sq`` [F] (``SwiGLU.permute_units``) *and* every per-element optimizer state
-tensor of ``w_in`` / ``w_out`` with the parameter's shape (AdamW ``exp_avg``, ``exp_avg_sq``), so each
-unit keeps its moments. A full-width SwiGLU is invariant under a common permutation of its units, so
-the full model's function is unchanged (up to the summation order of the down projection).
+PermuteFFN reorders the gate/up row pairs (``w_in.weight`` [2F, D]), the down columns (``w_out.weight``
+[D, F]) and the running statistics ``act_sq`` [F] (``SwiGLU.permute_units``; ``SwiGLU.unit_tensors`` names
+each weight's unit dim) *and* every per-element optimizer state tensor of those weights with the parameter's shape
+(AdamW ``exp_avg``, ``exp_avg_sq``), so each unit keeps its moments. A full-width SwiGLU is invariant under a
+common permutation of its units, so the full model's function is unchanged (up to the summation order of the
+down projection).
 
-Under FSDP2 (``TrainConfig.parallel='fsdp'``) ``w_in``/``w_out`` and their moments are ``DTensor``
-shards of dim 0: the importance uses the gathered ``w_out``, and every permuted tensor is gathered
+Under FSDP2 (``TrainConfig.parallel='fsdp'``) the weights and their moments are ``DTensor`` shards of
+dim 0: the importance uses the gathered down weight, and every permuted tensor is gathered
 (``full_tensor``), permuted and cut back into this rank's shard (``shard_like``). ``act_sq`` is a plain
 per-rank tensor over all F units (forward runs on unsharded weights), exactly as without sharding.
 """
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..layers.ffn import unit_index, unit_norms_sq
 from .dist import DistContext, _is_dtensor, all_reduce, full_tensor, shard_like
 
 __all__ = ["should_order", "enable_tracking", "importance_scores", "permute_optimizer_state",
@@ -59,45 +61,45 @@ def importance_scores(model: nn.Module, ctx: DistContext | None = None) -> list[
 
 
 def _importance(ffn: nn.Module) -> torch.Tensor:
-    """``ffn.importance()`` [F] (float32 copy); with a sharded ``w_out`` the same formula on its full value."""
-    if not _is_dtensor(ffn.w_out):
+    """``ffn.importance()`` [F] (float32 copy); with a sharded down weight the same formula on its full value."""
+    if not _is_dtensor(ffn.w_out.weight):
         return ffn.importance().float().clone()
     if ffn.act_sq is None:
         return ffn.importance()  # raises the layer's error about missing statistics
-    return ffn.act_sq.float() * full_tensor(ffn.w_out).float().pow(2).sum(-1)
+    return ffn.act_sq.float() * unit_norms_sq(full_tensor(ffn.w_out.weight))
 
 
-def _permuted(t: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """``t`` with dim 0 reordered by ``perm``, laid out like ``t`` (a shard of the permuted whole for a
-    ``DTensor``)."""
+def _permuted(t: torch.Tensor, perm: torch.Tensor, dim: int = 0, per_unit: int = 1) -> torch.Tensor:
+    """``t`` with the units along ``dim`` (``per_unit`` entries each) reordered by ``perm``, laid out like
+    ``t`` (a shard of the permuted whole for a ``DTensor``)."""
     full = full_tensor(t)
-    return shard_like(full[perm.to(full.device)].contiguous(), t)
+    return shard_like(full.index_select(dim, unit_index(perm.to(full.device), per_unit)).contiguous(), t)
 
 
 @torch.no_grad()
 def _permute_units(ffn: nn.Module, perm: torch.Tensor) -> None:
     """``ffn.permute_units(perm)``; for sharded weights each rank writes its shard of the permuted rows."""
-    if not _is_dtensor(ffn.w_out):
+    if not _is_dtensor(ffn.w_out.weight):
         ffn.permute_units(perm)
         return
-    for p in (ffn.w_in, ffn.w_out):
-        p.to_local().copy_(_permuted(p, perm).to_local())
+    for p, dim, per in ffn.unit_tensors():
+        p.to_local().copy_(_permuted(p, perm, dim, per).to_local())
     if ffn.act_sq is not None:
         ffn.act_sq = ffn.act_sq[perm.to(ffn.act_sq.device)]
 
 
 @torch.no_grad()
 def permute_optimizer_state(optimizer: torch.optim.Optimizer, param: torch.Tensor,
-                            perm: torch.Tensor) -> int:
-    """Reorder dim 0 of every state tensor of ``param`` that has the parameter's shape; returns the
-    number of tensors moved (2 for AdamW after its first step, 0 before)."""
+                            perm: torch.Tensor, dim: int = 0, per_unit: int = 1) -> int:
+    """Reorder the units along ``dim`` (``per_unit`` entries each) of every state tensor of ``param`` that has
+    the parameter's shape; returns the number of tensors moved (2 for AdamW after its first step, 0 before)."""
     state = optimizer.state.get(param)
     if not state:
         return 0
     moved = 0
     for key, value in state.items():
         if torch.is_tensor(value) and value.shape == param.shape and value.dim() > 0:
-            state[key] = _permuted(value, perm)
+            state[key] = _permuted(value, perm, dim, per_unit)
             moved += 1
     return moved
 
@@ -114,14 +116,14 @@ def order_ffn_units(model: nn.Module, optimizer: torch.optim.Optimizer | None = 
     layers = model.ffn_layers()
     perms: list[torch.Tensor] = []
     if scores is None and any(f.act_sq is None for f in layers):
-        return [torch.arange(f.d_ff, device=f.w_out.device) for f in layers]
+        return [torch.arange(f.d_ff, device=f.w_out.weight.device) for f in layers]
     if scores is None:
         scores = importance_scores(model, ctx)
     for ffn, score in zip(layers, scores):
-        perm = torch.argsort(score.to(ffn.w_out.device), descending=True, stable=True)
+        perm = torch.argsort(score.to(ffn.w_out.weight.device), descending=True, stable=True)
         if optimizer is not None:
-            for p in (ffn.w_in, ffn.w_out):
-                permute_optimizer_state(optimizer, p, perm)
+            for p, dim, per in ffn.unit_tensors():
+                permute_optimizer_state(optimizer, p, perm, dim, per)
         _permute_units(ffn, perm)
         perms.append(perm)
     return perms

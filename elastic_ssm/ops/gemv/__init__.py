@@ -128,7 +128,7 @@ def norm_swiglu_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor
                      block_n: int | None = None, block_k: int | None = None,
                      num_warps: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``a [B, F] = silu(u W_g^T) * (u W_u^T)``, u = rmsnorm(x), w [2F, D] with rows (gate_f, up_f) at
-    (2f, 2f+1) — the row layout of ``SwiGLU.w_in`` ``[F, 2, D]`` flattened (a prefix of F units)."""
+    (2f, 2f+1) — the row layout of ``SwiGLU.w_in.weight`` ``[2F, D]`` (a prefix of F units)."""
     _check(x, w, "norm_swiglu_gemv")
     if w.shape[0] % 2:
         raise ValueError(f"norm_swiglu_gemv: w must have an even number of rows (gate, up pairs), got {w.shape[0]}")

@@ -5,13 +5,13 @@ Two shapes of weight streaming, both reading every weight element exactly once p
 * ``rows_gemv_kernel``: ``y[b, n] = sum_d W[n, d] u[b, d]`` with W row-major ``[N, D]`` (a ``F.linear``
   weight). One program owns ``BLOCK_N`` outputs and walks D in ``BLOCK_K`` tiles; the RMSNorm of the input
   row (``layers/norm.py``) comes from the same pass (sum of squares of the tiles it reads anyway), the
-  SwiGLU variant reads the interleaved (gate, up) row pairs of ``SwiGLU.w_in`` as one contiguous tile and
+  SwiGLU variant reads the interleaved (gate, up) row pairs of ``SwiGLU.w_in.weight`` as one contiguous tile and
   writes ``silu(g) * u``, and the residual variant adds ``y`` into the output rows it owns.
 * ``cols_gemv_kernel``: ``x[b, d] += scale * sum_n a[b, n] W[n, d]`` with W ``[N, D]`` laid out input x
-  output (``SwiGLU.w_out``, ``SpectralMixer.out_proj``). Programs tile ``BLOCK_D`` output columns (128-byte
-  coalesced rows) and split N into ``SPLIT`` ranges so small matrices still fill every SM; partial sums are
-  added into the float32 residual stream with atomics (summation order is not fixed: results agree to
-  float32 rounding, not bitwise, between runs).
+  output (the split layout's copies of ``SwiGLU.w_out.weight``, ``SpectralMixer.out_proj.weight``).
+  Programs tile ``BLOCK_D`` output columns (128-byte coalesced rows) and split N into ``SPLIT`` ranges so
+  small matrices still fill every SM; partial sums are added into the float32 residual stream with atomics
+  (summation order is not fixed: results agree to float32 rounding, not bitwise, between runs).
 
 The reduction length (D, resp. the rows per split) is a compile-time constant: one compilation per model
 width / split, and fixed trip counts. Batch rows ``b < B <= BLOCK_B`` are handled inside a program

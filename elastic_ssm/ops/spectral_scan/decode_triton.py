@@ -2,7 +2,7 @@
 
 ESSH paper Appendix O.3, Algorithm 4 lines 6-14, for every retained channel k and batch row b, from
 the raw output ``h`` of the concatenated input projection (per channel: P value rows, then M write,
-M read and M clock pre-activations, the layout of ``SpectralMixer.in_proj``)::
+M read and M clock pre-activations, the layout of ``SpectralMixer.in_proj.weight``)::
 
     v      = (1 - beta_k) v0 + beta_k v0 / sqrt(|v0|^2 / P + eps)                   (Eq. 23)
     eta^w  = 2 sigmoid(s^w + b^w),   eta^r = 2 sigmoid(s^r + b^r)                   (C.2)

@@ -1,0 +1,145 @@
+"""Standard modules, standard tools (issue #13 part 4): projections are ``nn.Linear`` and the embedding an
+``nn.Embedding``, so ``quantize_dynamic``, torchao and PEFT LoRA work on an exported tier; files written in
+the layout before ``nn.Linear`` (``tests/data/legacy_layout``, written by commit 3d59bf4) load with the
+logits that code computed."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import nn
+
+import elastic_ssm as es
+from elastic_ssm.models.legacy import upgrade_state_dict
+
+LEGACY = Path(__file__).parent / "data" / "legacy_layout"
+PROJECTIONS = ("in_proj", "out_proj", "qkv", "out", "w_in", "w_out")
+
+
+@pytest.fixture(scope="module")
+def export():
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("tiny")).eval()   # as initialised
+    return model, es.export_tier(model, "T4").eval(), torch.randint(0, 260, (2, 20))
+
+
+def test_every_projection_is_an_nn_linear_and_counts_stay_exact(export):
+    model, small, _ = export
+    kinds = {type(m) for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in PROJECTIONS}
+    assert kinds == {nn.Linear} and type(model.embed) is nn.Embedding
+    essm = es.ESSSM(es.ESSSMConfig.preset("tiny"))
+    assert all(type(b.mixer.proj) is nn.Linear for b in essm.blocks)
+    assert sum(p.numel() for p in small.parameters()) == model.num_parameters("T4")
+
+
+def test_quantize_dynamic_changes_the_logits_a_little_and_decodes(export):
+    model, small, ids = export
+    q = torch.ao.quantization.quantize_dynamic(copy.deepcopy(small), {nn.Linear}, dtype=torch.qint8)
+    assert type(q.blocks[0].mixer.in_proj) is not nn.Linear
+    with torch.no_grad():
+        ref, out = small(ids), q(ids)
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert 0 < rel < 0.05, rel                                 # int8 weights: a small, measurable change
+    gen = q.generate(ids[:, :6], max_new_tokens=4)            # the reference step runs the quantized modules
+    assert gen.shape == (2, 10) and torch.equal(gen[:, :6], ids[:, :6])
+    with pytest.raises(ValueError, match="fast=True: the fused decoder reads nn.Linear weights"):
+        q.generate(ids[:, :6], max_new_tokens=2, fast=True)
+    shared = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+    with torch.no_grad():
+        shared(ids)                                            # full width: the quantized modules compute
+        with pytest.raises(ValueError, match="runs only at the full width of the model; export the tier first"):
+            shared(ids, tier="T2")
+
+
+def test_quantize_dynamic_on_an_es_ssm_export():
+    torch.manual_seed(0)
+    small = es.export_tier(es.ESSSM(es.ESSSMConfig.preset("tiny")).eval(), 4).eval()
+    ids = torch.randint(0, 260, (2, 16))
+    q = torch.ao.quantization.quantize_dynamic(copy.deepcopy(small), {nn.Linear}, dtype=torch.qint8)
+    with torch.no_grad():
+        ref, out = small(ids), q(ids)
+    assert 0 < ((out - ref).norm() / ref.norm()).item() < 0.05
+    assert q.generate(ids[:, :4], max_new_tokens=3).shape == (2, 7)
+
+
+def test_torchao_int8_weight_only_runs_and_decodes_with_the_reference_step(export):
+    pytest.importorskip("torchao", reason="torchao is in the dev extra")
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    _, small, ids = export
+    q = copy.deepcopy(small)
+    quantize_(q, Int8WeightOnlyConfig())
+    with torch.no_grad():
+        ref, out = small(ids), q(ids)
+    assert 0 < ((out - ref).norm() / ref.norm()).item() < 0.05
+    assert q.generate(ids[:, :6], max_new_tokens=3).shape == (2, 9)
+
+
+def _train_two_steps(model, step_loss):
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model.train()
+    for _ in range(2):
+        opt.zero_grad()
+        step_loss().backward()
+        opt.step()
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    adapters = {n for n in before if "lora_" in n}
+    return changed, adapters
+
+
+def test_peft_lora_on_an_export_trains_only_the_adapters(export):
+    peft = pytest.importorskip("peft", reason="peft is in the dev extra")
+    _, small, ids = export
+    pm = peft.get_peft_model(copy.deepcopy(small), peft.LoraConfig(r=4, target_modules=list(PROJECTIONS)))
+    changed, adapters = _train_two_steps(
+        pm, lambda: F.cross_entropy(pm(ids)[:, :-1].flatten(0, 1), ids[:, 1:].flatten()))
+    assert len(adapters) == 2 * 2 * len(PROJECTIONS) and changed == adapters   # A and B of every target
+    pm.eval()
+    with torch.no_grad():
+        assert not torch.allclose(pm(ids), small(ids))
+    assert pm.generate(ids[:, :6], max_new_tokens=2).shape == (2, 8)
+
+
+def test_peft_lora_through_the_transformers_adapter(export, tmp_path):
+    peft = pytest.importorskip("peft", reason="peft is in the dev extra")
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+
+    import elastic_ssm.hf  # noqa: F401  (registers the Auto classes)
+
+    _, small, ids = export
+    small.save_pretrained(tmp_path / "t4")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "t4")
+    cfg = peft.LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["in_proj", "out_proj", "w_in", "w_out"])
+    pm = peft.get_peft_model(hf, cfg)
+    changed, adapters = _train_two_steps(pm, lambda: pm(input_ids=ids, labels=ids).loss)
+    assert adapters and changed == adapters
+    pm.eval()
+    assert pm.generate(input_ids=ids[:, :6], max_new_tokens=2, do_sample=False).shape == (2, 8)
+
+
+@pytest.mark.parametrize("cls,name", [(es.ESSH, "essh"), (es.ESSSM, "es_ssm")])
+def test_a_directory_of_the_old_layout_loads_with_the_same_logits(cls, name):
+    path = LEGACY / name
+    want = load_file(str(path / "expected.safetensors"))
+    with safe_open(str(path / "expected.safetensors"), "pt") as f:
+        tier = f.metadata()["tier"]
+    tier = int(tier) if tier.isdigit() else tier
+    ids = want["input_ids"]
+    model = cls.from_pretrained(path)
+    with torch.no_grad():
+        assert torch.equal(model(ids), want["logits"])
+        assert torch.equal(model(ids, tier=tier), want["logits_tier"])
+        assert torch.equal(cls.from_pretrained(path, tier=tier)(ids), want["logits_tier"])
+    assert torch.equal(model.generate(ids, max_new_tokens=6, tier=tier), want["generated"])
+    old = load_file(str(path / "model.safetensors"))
+    fresh = copy.deepcopy(model)
+    with pytest.raises(ValueError, match="layout before the projections became nn.Linear"):
+        fresh.load_state_dict(old)
+    fresh.load_state_dict(upgrade_state_dict(old, cls.arch))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
