@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,7 +131,10 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False):
                if k in before and k not in run.explicit_model_fields and before[k] != getattr(run.model, k)}
         run = dataclasses.replace(run, model=run.model.replace(**ids)) if ids else run
     data = build_data(run)
-    print(f"[train] {data.describe()}")
+    main = os.environ.get("RANK", "0") == "0"  # under torchrun, status lines come from rank 0 only
+    if main:
+        print(f"[train] {data.describe()}")
     model = train_run(run, data, resume=resume, overwrite=overwrite)
-    print(f"[train] done; final model in {out / 'final'} (load with elastic_ssm.models.load_pretrained)")
+    if main:
+        print(f"[train] done; final model in {out / 'final'} (load with elastic_ssm.models.load_pretrained)")
     return model

@@ -67,8 +67,9 @@ class TrainConfig(ConfigBase):
     """One training run: recipe, batch shape, AdamW + schedule, elastic knobs, eval, checkpoints."""
 
     #: fields a resumed run may change: logging, evaluation, checkpoint cadence, placement and compilation
-    #: (every other field changes the objective, the data order or the schedule, so ``resume`` refuses it)
-    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({
+    #: (every other field changes the objective, the data order or the schedule, so ``resume`` refuses it);
+    #: ``grad_accum`` may change only with the world size, keeping ``grad_accum x ranks`` (checked on resume)
+    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"grad_accum",
         "out_dir", "log_every", "eval_every", "eval_batches", "eval_tiers", "bytes_per_token", "checkpoint_every",
         "keep_last", "compile", "compile_scope", "device", "parallel", "loss_chunk", "dist_timeout_s"})
 

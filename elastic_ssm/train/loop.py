@@ -188,8 +188,14 @@ class _Trainer:
         if got is None:
             return 0, 0
         trainer, rank = got
-        changed = config_changes(trainer.get("train_config") or self.cfg.to_dict(), self.cfg.to_dict(),
-                                 self.cfg.RESUME_FREE)
+        W = self.ctx.world_size
+        saved, world = trainer.get("train_config") or self.cfg.to_dict(), int(trainer.get("world_size", W))
+        changed = config_changes(saved, self.cfg.to_dict(), self.cfg.RESUME_FREE)
+        if saved["grad_accum"] * world != self.cfg.grad_accum * W:  # another world size: same global batch only
+            changed.append(f"grad_accum x ranks: {saved['grad_accum']} x {world} -> {self.cfg.grad_accum} x {W}")
+        if world != W and rank["data"].get("data") is None:
+            raise ConfigError(f"cannot resume {self.out / st.name} on {W} ranks (saved on {world}): the data has no "
+                              "state_dict to re-shard its position (use PackedBatches) or resume on as many ranks")
         if changed:
             raise ConfigError(f"cannot resume {self.out / st.name}: TrainConfig setting(s) that change the objective "
                               f"differ from the checkpoint's ({'; '.join(changed[:4])}); resume with the same "
