@@ -53,3 +53,26 @@ def test_bf16_budget_dropout_es_ssm_on_cuda(tmp_path):
     losses = [h["loss"] for h in res.history]
     assert all(math.isfinite(x) for x in losses)
     assert sum(losses[-5:]) / 5 < losses[0] - 0.5, losses
+
+
+def test_bf16_training_with_the_torch_scan_at_model_shape(tmp_path, monkeypatch):
+    """bf16 autocast with the pure-torch scan (no fla) at the small preset's shape (issue #19): one mode made
+    too steep for a factorised block, so the scan takes its mixed plan (Eq. 27 pairwise + factorised)."""
+    import importlib
+
+    ct = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_torch")
+    kinds, real = [], ct._plan
+    monkeypatch.setattr(ct, "_plan", lambda *a: (lambda p: kinds.append(p[2]) or p)(real(*a)))
+    monkeypatch.setenv("ELASTIC_SSM_SCAN_BACKEND", "torch")
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("small"))
+    with torch.no_grad():
+        model.blocks[0].mixer.rho_raw[-1, -1] = 8.0
+    cfg = TrainConfig(steps=30, micro_batch_size=8, grad_accum=2, seq_len=256, lr=3e-3, warmup_frac=0.1,
+                      n_warm_tokens=0, full_share=0.5, precision="bf16", device="cuda", eval_every=0,
+                      checkpoint_every=0, out_dir=str(tmp_path))
+    res = train(model, _text_batches(seq_len=256), cfg, progress=False)
+    losses = [h["loss"] for h in res.history]
+    assert "mixed" in kinds and all(math.isfinite(x) for x in losses)
+    assert all(math.isfinite(h["grad_norm"]) for h in res.history)
+    assert sum(losses[-5:]) / 5 < losses[0] - 0.3, losses
