@@ -379,6 +379,8 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
         if finished and ctx.is_main:
             path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
         return TrainResult(trainer.log.history, path, model, trainer.log.evals, Path(cfg.out_dir))
+    except TrainingInterrupted:  # every rank stops after the same step: the usual clean close
+        raise
     except Exception as e:  # a failed collective: one line naming this rank and its step
         ctx.close(clean=False)  # no final barrier: the peers may never come to it
         err = collective_error(e, ctx, trainer and trainer.watch.where, cfg.dist_timeout_s)
