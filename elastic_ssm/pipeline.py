@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,17 +131,20 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False):
                if k in before and k not in run.explicit_model_fields and before[k] != getattr(run.model, k)}
         run = dataclasses.replace(run, model=run.model.replace(**ids)) if ids else run
     data = build_data(run)
-    print(f"[train] {data.describe()}")
+    main = os.environ.get("RANK", "0") == "0"  # under torchrun, status lines come from rank 0 only
     from .elastic.matching import format_report, parameter_report
 
     params = parameter_report(run.model, run.model_source)      # Tables 8 / 9 / 54, reported with the run
-    print(f"[train] parameters: {format_report(params)}")
+    if main:
+        print(f"[train] {data.describe()}")
+        print(f"[train] parameters: {format_report(params)}")
     model = train_run(run, data, resume=resume, overwrite=overwrite)
-    if (out / "final").is_dir():
+    if main and (out / "final").is_dir():
         import json
 
         from .models.base import atomic_write_bytes
 
         atomic_write_bytes(out / "parameters.json", json.dumps(params, indent=2).encode())
-    print(f"[train] done; final model in {out / 'final'} (load with elastic_ssm.models.load_pretrained)")
+    if main:
+        print(f"[train] done; final model in {out / 'final'} (load with elastic_ssm.models.load_pretrained)")
     return model

@@ -287,6 +287,26 @@ def test_half_precision_inputs_on_cpu():
     assert (z.double() - z_ref).abs().max() < 2e-2 * z_ref.abs().max()
 
 
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16])
+def test_torch_path_under_bf16_autocast_computes_in_float32(in_dtype):
+    """Autocast does not reach the torch scan (training under ``--train.precision bf16`` without fla): a mixed
+    plan (one mode pairwise, Eq. 27) gives, forward and backward, what it gives without autocast."""
+    x = make_inputs(T=70, strong=(1, 2, 30.0), seed=3)
+    ct = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_torch")
+    L = torch.cumsum(x["clock"] - torch.log(x["rho"]), 1).permute(0, 2, 1, 3).reshape(2, 3, 1, 70, 4)
+    assert ct._plan(L[:, :, :, :64], "auto", ct._safe_exponent(torch.float32))[2] == "mixed"
+
+    def grads(autocast):
+        xs = {n: t.to(in_dtype if n in NAMES[:4] else torch.float32).requires_grad_() for n, t in x.items()}
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            z, h = run(spectral_scan, xs, backend="torch")
+        (z.float().square().sum() + h.square().sum()).backward()
+        return [z, h] + [xs[n].grad for n in NAMES]
+
+    for a, b in zip(grads(True), grads(False), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
 def test_dispatch(monkeypatch, caplog):
     t = torch.zeros(1)
     assert resolve_backend("auto", t) == "torch"

@@ -3,6 +3,7 @@ FFN gradient scaling (D.4), importance ordering (D.3), chunked loss (D.6), share
 budget dropout (ES-SSM Sec. 4.2), bit-exact resume, corrupted checkpoints and DDP on gloo."""
 
 import copy
+import importlib
 import math
 import os
 import socket
@@ -384,3 +385,17 @@ def test_compile_scope_model_trains_like_eager(tiny_cfg, tmp_path, monkeypatch):
         TrainConfig(compile_scope="layers")
     with pytest.raises(ConfigError, match="fsdp"):
         TrainConfig(compile=True, compile_scope="model", parallel="fsdp")
+
+
+def test_bf16_autocast_training_with_the_torch_scan(tiny_cfg, tmp_path, monkeypatch):
+    """``precision='bf16'`` with the torch scan (no fla): a mode too steep for a factorised block makes the scan
+    plan mixed (Eq. 27 pairwise + factorised), the case that failed under autocast (issue #19)."""
+    ct = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_torch")
+    kinds, real = [], ct._plan
+    monkeypatch.setattr(ct, "_plan", lambda *a: (lambda p: kinds.append(p[2]) or p)(real(*a)))
+    monkeypatch.setenv("ELASTIC_SSM_SCAN_BACKEND", "torch")
+    model = _tiny(tiny_cfg)
+    with torch.no_grad():
+        model.blocks[0].mixer.rho_raw[-1, -1] = 8.0        # -log rho ~ 8 per position: 128 over a 16-block
+    res = train(model, _micro_batches(4), _cfg(tmp_path, steps=2, precision="bf16"), progress=False)
+    assert "mixed" in kinds and all(math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) for h in res.history)

@@ -72,6 +72,16 @@ class DataStream:
         self.consumed += 1
         return batch
 
+    def next_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The next micro-batch as ``(input_ids, labels, attention_mask or None)`` on ``device``."""
+        batch = self.next()
+        if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
+            raise TypeError("each training micro-batch must be (input_ids, labels) or (input_ids, labels, "
+                            f"attention_mask); got {type(batch).__name__}")
+        nb = device.type == "cuda"
+        ids, labels = batch[0].to(device, non_blocking=nb), batch[1].to(device, non_blocking=nb)
+        return ids, labels, batch[2].to(device, non_blocking=nb) if len(batch) == 3 else None
+
     def state_dict(self) -> dict[str, Any]:
         inner = self.data.state_dict() if hasattr(self.data, "state_dict") else None
         return {"consumed": self.consumed, "data": inner}

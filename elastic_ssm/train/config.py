@@ -67,10 +67,11 @@ class TrainConfig(ConfigBase):
     """One training run: recipe, batch shape, AdamW + schedule, elastic knobs, eval, checkpoints."""
 
     #: fields a resumed run may change: logging, evaluation, checkpoint cadence, placement and compilation
-    #: (every other field changes the objective, the data order or the schedule, so ``resume`` refuses it)
-    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({
+    #: (every other field changes the objective, the data order or the schedule, so ``resume`` refuses it);
+    #: ``grad_accum`` may change only with the world size, keeping ``grad_accum x ranks`` (checked on resume)
+    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"grad_accum",
         "out_dir", "log_every", "eval_every", "eval_batches", "eval_tiers", "bytes_per_token", "checkpoint_every",
-        "keep_last", "compile", "compile_scope", "device", "parallel", "loss_chunk"})
+        "keep_last", "compile", "compile_scope", "device", "parallel", "loss_chunk", "dist_timeout_s"})
 
     recipe: str = opt("auto", "'capacity_mixed' (ESSH, Alg. 1), 'budget_dropout' (ES-SSM, Sec. 4.2), "
                       "'nested_ffn' (MatFormer, N.1), 'posthoc' (recovery of a dense parent, E.7: `elastic-ssm "
@@ -123,6 +124,9 @@ class TrainConfig(ConfigBase):
     device: str = opt("auto", "'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu' or 'cuda'")
     parallel: str = opt("ddp", "'ddp' or 'fsdp' (FSDP2 fully_shard per block, for models that need sharding); "
                         "used under torchrun with more than one rank")
+    dist_timeout_s: float = opt(600.0, "under torchrun: seconds a collective may wait for the other ranks before "
+                                "the run stops with an error naming the rank and the step (a stuck or diverged "
+                                "rank; raise it when one rank alone does long work such as a big checkpoint)")
 
     def validate(self) -> None:
         c = "TrainConfig"
@@ -160,6 +164,7 @@ class TrainConfig(ConfigBase):
         _check(not (self.compile and self.compile_scope == "model" and self.parallel == "fsdp"), c,
                "compile_scope", "'model' does not combine with parallel='fsdp' (FSDP2 shards per block); "
                "use compile_scope='blocks'")
+        _check(self.dist_timeout_s > 0, c, "dist_timeout_s", f"must be > 0 seconds, got {self.dist_timeout_s}")
         _check(bool(self.out_dir), c, "out_dir", "must be a directory path")
 
     @property

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["DistContext", "init_distributed", "all_reduce", "barrier", "wrap_ddp", "wrap_fsdp", "no_sync",
-           "unwrap", "is_sharded", "full_tensor", "shard_like"]
+           "unwrap", "is_sharded", "full_tensor", "shard_like", "unsharded_copy"]
 
 
 @dataclass
@@ -57,11 +57,13 @@ class DistContext:
     def distributed(self) -> bool:
         return self.world_size > 1
 
-    def close(self) -> None:
-        """Destroy the process group if ``init_distributed`` created it."""
+    def close(self, clean: bool = True) -> None:
+        """Destroy the process group if ``init_distributed`` created it; ``clean=False`` (after an error) skips
+        the final barrier, which would wait for peers that may never come (a second timeout)."""
         if self.owns_group and dist.is_initialized():
             try:
-                dist.barrier()  # no rank tears the group down while a peer still uses its connections
+                if clean:
+                    dist.barrier()  # no rank tears the group down while a peer still uses its connections
             finally:
                 dist.destroy_process_group()
                 self.owns_group = False
@@ -80,11 +82,14 @@ def _pick_device(device: str, local_rank: int) -> torch.device:
     return dev
 
 
-def init_distributed(device: str = "auto", enabled: bool | None = None) -> DistContext:
+def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_s: float = 600.0) -> DistContext:
     """Context of this process; initialises the process group from the torchrun environment.
 
     ``enabled=False`` forces a single-process context even under torchrun (used by
-    ``scripts/ddp_check.py`` to run the single-GPU reference inside a torchrun job).
+    ``scripts/ddp_check.py`` to run the single-GPU reference inside a torchrun job). ``timeout_s``: how long
+    a collective of the new group may wait for the other ranks before it fails (``lockstep.py``); on NCCL,
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (the watchdog ends the process on a timed-out collective instead of
+    leaving it hanging) unless the environment sets it.
     """
     if enabled is False:
         return DistContext(device=_pick_device(device, 0))
@@ -100,8 +105,10 @@ def init_distributed(device: str = "auto", enabled: bool | None = None) -> DistC
     dev = _pick_device(device, local)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     kw = {"device_id": dev} if dev.type == "cuda" else {}
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(minutes=30), **kw)
+    if backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s),
+                            **kw)
     return DistContext(rank, world, local, dev, backend, True)
 
 
@@ -229,3 +236,20 @@ def unwrap(module: nn.Module) -> nn.Module:
             module = module._orig_mod
         else:
             return module
+
+
+def unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], device: torch.device) -> nn.Module:
+    """A plain (non-FSDP) model of ``model``'s class and config holding ``state`` and the FFN statistics."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = next(c for c in type(model).__mro__ if issubclass(c, nn.Module) and not issubclass(c, FSDPModule))
+    with torch.random.fork_rng(devices=[]):
+        plain = cls(model.config)
+    plain.load_state_dict(state, strict=True)
+    plain.tokenizer = getattr(model, "tokenizer", None)
+    plain.to(device).train(model.training)
+    if hasattr(model, "ffn_layers"):
+        for src, dst in zip(model.ffn_layers(), plain.ffn_layers()):
+            dst.track_activations, dst.stat_decay = src.track_activations, src.stat_decay
+            dst.act_sq = None if src.act_sq is None else src.act_sq.clone()
+    return plain

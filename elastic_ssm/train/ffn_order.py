@@ -111,11 +111,14 @@ def order_ffn_units(model: nn.Module, optimizer: torch.optim.Optimizer | None = 
     """Apply PermuteFFN to every FFN layer of ``model`` (the unwrapped ESSH); returns the permutations.
 
     ``scores`` overrides the computed importances (tests). Layers without statistics yet (no
-    full-width training call so far) are left in place and get the identity permutation.
+    full-width training call so far, on any rank) are left in place and get the identity permutation.
     """
     layers = model.ffn_layers()
     perms: list[torch.Tensor] = []
-    if scores is None and any(f.act_sq is None for f in layers):
+    missing = torch.tensor([float(any(f.act_sq is None for f in layers))], device=layers[0].w_out.weight.device)
+    if scores is None and ctx is not None:
+        all_reduce(missing, ctx)  # every rank takes the same branch (the importances are a collective)
+    if scores is None and missing.item() > 0:
         return [torch.arange(f.d_ff, device=f.w_out.weight.device) for f in layers]
     if scores is None:
         scores = importance_scores(model, ctx)

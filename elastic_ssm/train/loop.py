@@ -54,10 +54,12 @@ from .dist import (
     init_distributed,
     is_sharded,
     no_sync,
+    unsharded_copy,
     unwrap,
     wrap_ddp,
     wrap_fsdp,
 )
+from .lockstep import StepWatch, check_same_count, collective_error, teacher_padding
 from .losses import IGNORE_INDEX, LossModule
 from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, evaluate_tiers, take_batches
 from .optim import WarmupCosine, build_adamw, set_lr
@@ -114,16 +116,6 @@ def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None) -> list
     return out
 
 
-def _batch_to(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
-        raise TypeError("each training micro-batch must be (input_ids, labels) or (input_ids, labels, "
-                        f"attention_mask); got {type(batch).__name__}")
-    nb = device.type == "cuda"
-    ids, labels = batch[0].to(device, non_blocking=nb), batch[1].to(device, non_blocking=nb)
-    mask = batch[2].to(device, non_blocking=nb) if len(batch) == 3 else None
-    return ids, labels, mask
-
-
 class _Trainer:
     """State shared by the stages of one ``train()`` call."""
 
@@ -137,6 +129,8 @@ class _Trainer:
         self.log = MetricsLogger(self.out, ctx, progress)
         self.val_data, self._val = val_data, None
         self.bpb = bytes_per_token(cfg, model)
+        self.sharded = cfg.parallel == "fsdp" and ctx.distributed
+        self.watch = StepWatch(ctx, cfg.dist_timeout_s)
         if cfg.parallel == "fsdp":
             wrap_fsdp(model, ctx, cfg.precision == "bf16")
             self.loss_mod = LossModule(model)
@@ -149,7 +143,7 @@ class _Trainer:
     def _check_shape(self, ids: torch.Tensor) -> None:
         """Warn once when the data's batch shape differs from ``micro_batch_size x seq_len``."""
         want = (self.cfg.micro_batch_size, self.cfg.seq_len)
-        if not self._shape_checked and tuple(ids.shape) != want:
+        if not self._shape_checked and tuple(ids.shape) != want and self.ctx.is_main:
             warnings.warn(f"micro-batches have shape {tuple(ids.shape)} but TrainConfig says "
                           f"micro_batch_size x seq_len = {want}; token counts (n_warm_tokens, tokens/s) "
                           "follow the data", stacklevel=3)
@@ -161,6 +155,8 @@ class _Trainer:
             return
         if self._val is None:
             self._val = take_batches(self.val_data, self.cfg.eval_batches)
+            if self.sharded:
+                check_same_count(len(self._val), self.ctx, "validation batches")
         tiers = eval_tier_list(self.model, self.cfg.eval_tiers)
         recs = evaluate_tiers(self.model, self._val, tiers, self.ctx, self.bpb, self.cfg.precision)
         for r in recs:
@@ -186,8 +182,14 @@ class _Trainer:
         if got is None:
             return 0, 0
         trainer, rank = got
-        changed = config_changes(trainer.get("train_config") or self.cfg.to_dict(), self.cfg.to_dict(),
-                                 self.cfg.RESUME_FREE)
+        W = self.ctx.world_size
+        saved, world = trainer.get("train_config") or self.cfg.to_dict(), int(trainer.get("world_size", W))
+        changed = config_changes(saved, self.cfg.to_dict(), self.cfg.RESUME_FREE)
+        if saved["grad_accum"] * world != self.cfg.grad_accum * W:  # another world size: same global batch only
+            changed.append(f"grad_accum x ranks: {saved['grad_accum']} x {world} -> {self.cfg.grad_accum} x {W}")
+        if world != W and rank["data"].get("data") is None:
+            raise ConfigError(f"cannot resume {self.out / st.name} on {W} ranks (saved on {world}): the data has no "
+                              "state_dict to re-shard its position (use PackedBatches) or resume on as many ranks")
         if changed:
             raise ConfigError(f"cannot resume {self.out / st.name}: TrainConfig setting(s) that change the objective "
                               f"differ from the checkpoint's ({'; '.join(changed[:4])}); resume with the same "
@@ -218,7 +220,7 @@ class _Trainer:
         if step >= end:
             return step >= st.steps
         recipe.setup(model)
-        if hasattr(recipe, "check_slots"):
+        if hasattr(recipe, "check_slots") and ctx.is_main:
             recipe.check_slots(cfg.grad_accum * ctx.world_size)
         model.train()
         self.log.start_stage(st.name, st.steps, step)
@@ -227,7 +229,8 @@ class _Trainer:
         amp = cfg.precision == "bf16"
         while step < end:
             t0 = time.perf_counter()
-            batches = [_batch_to(self.stream.next(), ctx.device) for _ in range(M)]
+            self.watch.mark(st.name, step + 1)
+            batches = [self.stream.next_on(ctx.device) for _ in range(M)]
             self._check_shape(batches[0][0])
             n_tok = torch.stack([(b[1] != IGNORE_INDEX).sum() for b in batches]).sum().to(torch.float64)
             all_reduce(n_tok, ctx)
@@ -235,12 +238,15 @@ class _Trainer:
                 raise ValueError(f"step {step}: no valid labels (all -100) in the global batch")
             n_local_tok = sum(b[0].numel() for b in batches)
             gplan = recipe.global_plan(step, tokens, M * W)
+            idle = teacher_padding(gplan, M, W, ctx.rank) if self.sharded else [False] * M
             scale = W / n_tok.item()
             sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)
             for r, (ids, labels, mask) in enumerate(batches):
                 plan = gplan[r * W + ctx.rank]
                 with no_sync(self.sync_mod, r < M - 1):
                     with torch.autocast(ctx.device.type, torch.bfloat16, enabled=amp):
+                        if idle[r]:  # another rank's r-th micro-batch runs a teacher pass (lockstep.py)
+                            self.loss_mod.idle_teacher(ids, mask, cfg.loss_chunk)
                         out = self.loss_mod(ids, labels, attention_mask=mask, chunk=cfg.loss_chunk,
                                             **plan.loss_kwargs())
                     (out[0] * scale).backward()
@@ -307,23 +313,6 @@ def _compile_blocks(model: nn.Module, n_capacities: int) -> None:
         block.compile()
 
 
-def _unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], device: torch.device) -> nn.Module:
-    """A plain (non-FSDP) model of ``model``'s class and config holding ``state`` and the FFN statistics."""
-    from torch.distributed.fsdp import FSDPModule
-
-    cls = next(c for c in type(model).__mro__ if issubclass(c, nn.Module) and not issubclass(c, FSDPModule))
-    with torch.random.fork_rng(devices=[]):
-        plain = cls(model.config)
-    plain.load_state_dict(state, strict=True)
-    plain.tokenizer = getattr(model, "tokenizer", None)
-    plain.to(device).train(model.training)
-    if hasattr(model, "ffn_layers"):
-        for src, dst in zip(model.ffn_layers(), plain.ffn_layers()):
-            dst.track_activations, dst.stat_decay = src.track_activations, src.stat_decay
-            dst.act_sq = None if src.act_sq is None else src.act_sq.clone()
-    return plain
-
-
 def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
           resume: bool | str = False, progress: bool = True, distributed: bool | None = None,
           stages: tuple[str, ...] | None = None, stop_after: int | None = None, overwrite: bool = False,
@@ -349,8 +338,8 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
         tokenizer: the tokenizer of the data (a spec for ``load_tokenizer`` or a tokenizer); it becomes
             ``model.tokenizer`` and is saved with every checkpoint and the final model.
     """
-    ctx = init_distributed(cfg.device, distributed)
-    lock = None
+    ctx = init_distributed(cfg.device, distributed, cfg.dist_timeout_s)
+    lock, trainer = None, None
     try:
         model = build_model(model_or_cfg, cfg.seed).to(ctx.device)
         if tokenizer is not None:
@@ -375,14 +364,23 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
                         break
             finally:  # an error message then starts on a line of its own
                 trainer.log.close_bar()
+                trainer.watch.close()
         path = None
         if is_sharded(model):
             state = full_model_state(model)
             if ctx.is_main:
-                model = _unsharded_copy(model, state, ctx.device)
+                model = unsharded_copy(model, state, ctx.device)
         if finished and ctx.is_main:
             path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
         return TrainResult(trainer.log.history, path, model, trainer.log.evals, Path(cfg.out_dir))
+    except TrainingInterrupted:  # every rank stops after the same step: the usual clean close
+        raise
+    except Exception as e:  # a failed collective: one line naming this rank and its step
+        ctx.close(clean=False)  # no final barrier: the peers may never come to it
+        err = collective_error(e, ctx, trainer and trainer.watch.where, cfg.dist_timeout_s)
+        if err is e:
+            raise
+        raise err from e
     finally:
         if lock is not None:
             lock.release()

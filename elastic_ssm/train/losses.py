@@ -117,6 +117,23 @@ class LossModule(nn.Module):
             return self.model.hidden_states(input_ids, **kw)
         return self.model(input_ids, **kw)
 
+    @torch.no_grad()
+    def idle_teacher(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                     chunk: int = 0) -> None:
+        """The teacher pass of a distillation micro-batch (full capacity, no gradient), output discarded and
+        FFN activation statistics untouched: under FSDP2 a rank without a teacher in its r-th micro-batch runs
+        it when another rank's r-th micro-batch has one, so all ranks all-gather the same parameters in the
+        same order (``lockstep.py``)."""
+        layers = self.model.ffn_layers() if hasattr(self.model, "ffn_layers") else []
+        tracking = [f.track_activations for f in layers]
+        for f in layers:
+            f.track_activations = False
+        try:
+            self._out(input_ids, None, attention_mask, None, chunk > 0)
+        finally:
+            for f, on in zip(layers, tracking):
+                f.track_activations = on
+
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, tier: Any = None,
                 ffn_grad_scale: float | None = None, distill: tuple[str, float] | None = None,
                 full_ce: bool = False, attention_mask: torch.Tensor | None = None,

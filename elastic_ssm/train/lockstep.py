@@ -1,0 +1,121 @@
+"""Ranks in lock step: the same collectives in the same order on every rank, and no silent hang.
+
+**Same structure by construction.** FSDP2 (``TrainConfig.parallel='fsdp'``) all-gathers a block's parameters
+in every forward of that block and reduce-scatters its gradients in backward, so every rank must run the
+same number of forwards and backwards in the same order: NCCL matches collectives by their position in
+each rank's sequence, and a rank with one forward more pairs its all-gathers with its peers' reduce-scatters
+(a hang, or silently mixed-up parameters when the sizes happen to agree). In capacity-mixed training (ESSH
+Algorithm 1) a reduced micro-batch runs a no-grad full-capacity teacher pass (line 12) before its student
+pass, while a full one does not, and the capacities of the ranks' r-th micro-batches are drawn
+independently. ``teacher_padding`` names the micro-batches of this rank that must run an *idle* teacher
+pass (``LossModule.idle_teacher``: the same forward, output discarded, FFN statistics untouched) because
+another rank's r-th micro-batch runs a real one. The padding changes no result: the idle pass has no
+gradient and leaves every statistic alone, so a padded run equals the single-process run. DDP needs no
+padding (its only collective is the gradient all-reduce of the last backward).
+
+**No silent hang.** The process group is created with ``TrainConfig.dist_timeout_s`` (``dist.py``); a
+collective that waits longer fails. ``collective_error`` turns such a failure into one line naming the rank,
+the stage and the step (``CollectiveError``). On NCCL the watchdog tears the process down at the timeout
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` unless set), so ``StepWatch`` prints that line from a thread just
+before it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .dist import DistContext
+
+__all__ = ["CollectiveError", "teacher_padding", "collective_error", "check_same_count", "StepWatch"]
+
+_MARKERS = ("timed out", "timeout", "gloo", "nccl", "connection closed", "connection reset", "broken pipe")
+
+
+class CollectiveError(RuntimeError):
+    """A collective did not complete on this rank (timeout, a peer that died or ran other collectives)."""
+
+
+def _idle_teacher_slot(plan: Any) -> bool:
+    """Whether a micro-batch plan runs the no-grad teacher pass of ``LossModule`` (KL distillation)."""
+    return plan.distill is not None and not plan.full_ce
+
+
+def teacher_padding(gplan: Sequence[Any], n_local: int, world: int, rank: int) -> list[bool]:
+    """For local micro-batches ``r = 0 .. n_local - 1`` (global slot ``r x world + rank``): whether this rank
+    must run an idle teacher pass because it has none and another rank's r-th micro-batch has one."""
+    out = []
+    for r in range(n_local):
+        row = [_idle_teacher_slot(gplan[r * world + k]) for k in range(world)]
+        out.append(any(row) and not row[rank])
+    return out
+
+
+def _is_collective_failure(e: BaseException) -> bool:
+    if isinstance(e, torch.distributed.DistError):
+        return True
+    return isinstance(e, RuntimeError) and any(m in str(e).lower() for m in _MARKERS)
+
+
+def collective_error(e: BaseException, ctx: DistContext, where: tuple[str, int] | None,
+                     timeout_s: float) -> BaseException:
+    """``e`` itself, or for a failed collective of a distributed run a one-line ``CollectiveError`` naming the
+    rank and the step (the original error is chained)."""
+    if not ctx.distributed or isinstance(e, CollectiveError) or not _is_collective_failure(e):
+        return e
+    step = f"{where[0]} step {where[1]}" if where else "start-up (before the first step)"
+    first = " ".join(str(e).split())[:300]
+    return CollectiveError(
+        f"rank {ctx.rank} of {ctx.world_size}: a collective of {step} did not complete ({type(e).__name__}: "
+        f"{first}); another rank failed, stopped or ran a different sequence of collectives (the process-group "
+        f"timeout is {timeout_s:g} s, --train.dist_timeout_s); see that rank's error")
+
+
+def check_same_count(n: int, ctx: DistContext, what: str) -> None:
+    """Raise on every rank unless ``n`` is the same on all of them (a collective; one process: nothing)."""
+    if not ctx.distributed:
+        return
+    t = torch.tensor([n, -n], dtype=torch.float64, device=ctx.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)  # [max n, -min n]
+    if t[0].item() != -t[1].item():
+        raise ValueError(f"{what}: rank {ctx.rank} has {n}, the ranks have between {int(-t[1].item())} and "
+                         f"{int(t[0].item())}; under parallel='fsdp' every rank must run the same number of "
+                         "forward passes: give every rank the same number of batches")
+
+
+class StepWatch:
+    """A daemon thread that prints one line naming the rank and the step when a step has run for
+    ``timeout_s - margin`` seconds (NCCL runs only: its watchdog then aborts the process at the timeout)."""
+
+    def __init__(self, ctx: DistContext, timeout_s: float) -> None:
+        self.ctx, self.timeout_s = ctx, timeout_s
+        self.where: tuple[str, int] | None = None
+        self._since = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = None
+        if ctx.distributed and ctx.backend == "nccl":
+            self._thread = threading.Thread(target=self._run, name="elastic-ssm-step-watch", daemon=True)
+            self._thread.start()
+
+    def mark(self, stage: str, step: int) -> None:
+        """This rank starts ``stage`` step ``step`` (1-based) now."""
+        self.where, self._since = (stage, step), time.monotonic()
+
+    def _run(self) -> None:
+        limit = max(self.timeout_s - min(30.0, 0.1 * self.timeout_s), 1.0)
+        told = None
+        while not self._stop.wait(1.0):
+            if self.where is not None and self.where != told and time.monotonic() - self._since > limit:
+                told = self.where
+                print(f"elastic-ssm train: rank {self.ctx.rank} of {self.ctx.world_size}: {self.where[0]} step "
+                      f"{self.where[1]} has run for {limit:.0f} s; a collective waits for another rank and fails "
+                      f"at the {self.timeout_s:g} s process-group timeout (--train.dist_timeout_s)",
+                      file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._stop.set()
