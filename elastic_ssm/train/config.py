@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..config import ConfigBase, ConfigError, opt
+from ..config import ESSH_TIER_XI, ConfigBase, ConfigError, opt
 
 __all__ = ["TrainConfig", "RefineConfig", "TRAIN_CAPACITIES", "REFINE_CAPACITIES", "RECIPES", "PARALLEL",
            "TRAIN_PRESETS", "PRECISIONS", "resolve_precision"]
@@ -31,7 +31,7 @@ RECIPES = ("auto", "capacity_mixed", "budget_dropout", "dense")
 PARALLEL = ("ddp", "fsdp")
 PRECISIONS = ("auto", "fp32", "bf16")
 #: T1-T9 of the deployment tiers, {2,4,7,10,13,17,20,24,28}/32 (D.1): the 1.5B refinement capacities (D.8).
-_T1_T9 = tuple(n / 32 for n in (2, 4, 7, 10, 13, 17, 20, 24, 28))
+_T1_T9 = ESSH_TIER_XI[:-1]
 
 #: The papers' training settings per ESSH model size (Table 7, Table 55, D.4, D.8, E.3). Steps are the
 #: pretraining tokens over the tokens per step (370M: 7.4B / 262,144; 1.5B: 100B / 524,288). The 1.5B
