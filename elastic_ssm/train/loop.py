@@ -229,8 +229,7 @@ class _Trainer:
         model.train()
         self.log.start_stage(st.name, st.steps, step)
         params = [p for g in opt.param_groups for p in g["params"]]
-        M, W = st.accum, ctx.world_size
-        amp = self.precision == "bf16"
+        M, W, amp = st.accum, ctx.world_size, self.precision == "bf16"
         while step < end:
             t0 = time.perf_counter()
             batches = [_batch_to(self.stream.next(), ctx.device) for _ in range(M)]
@@ -278,13 +277,15 @@ class _Trainer:
             if st.name == "refine":
                 rec["ce_full"] = (sums[3] / n_tok).item()
             saved = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step in (st.steps, end)
-            stop = self._stop_requested()   # a checkpoint step is also logged: the capacity counts are complete
-            self.log.train_step(rec, step % cfg.log_every == 0 or saved or stop)
+            self.log.train_step(rec, step % cfg.log_every == 0 or saved)   # checkpoint steps too: counts complete
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == st.steps:
                 self.evaluate(st.name, step)
-            if saved or stop:
+            if saved:
                 self.save(st, step, tokens, opt, sched, recipe)
-            if stop:
+            if self._stop_requested():
+                if not saved:
+                    self.log.flush(rec)
+                    self.save(st, step, tokens, opt, sched, recipe)
                 raise TrainingInterrupted(self.stop.requested or "a signal on another rank", st.name, step,
                                           self.out / st.name / f"step_{step:07d}")
         self.log.close_bar()

@@ -102,6 +102,13 @@ class MetricsLogger:
             self._bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}",
                                   lr=f"{record['lr']:.2e}", refresh=False)
 
+    def flush(self, record: dict[str, Any]) -> None:
+        """Write ``record`` (the last step's) when capacity counts are pending, e.g. before a checkpoint that an
+        interrupted run resumes from (the steps after it are logged again, so no count is lost or doubled)."""
+        if self._counts:
+            self.write({**record, "capacity_counts": self._counts})
+            self._counts = {}
+
     def eval_results(self, records: list[dict[str, Any]]) -> None:
         self.evals.extend(records)
         for r in records:
