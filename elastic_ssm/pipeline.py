@@ -102,15 +102,17 @@ def fit_model_to_tokenizer(run: Any) -> Any:
     return dataclasses.replace(run, model=run.model.replace(**changes)) if changes else run   # still implicit
 
 
-def train_run(run: Any, data: RunData, resume: bool | str = False, progress: bool = True, overwrite: bool = False):
+def train_run(run: Any, data: RunData, resume: bool | str = False, progress: bool = True, overwrite: bool = False,
+              stages: tuple[str, ...] | None = None):
     """Train ``run.model`` on ``data`` with ``run.train``; returns the trained model. ``run.yaml`` in the run
-    directory records the whole run (written by ``train`` once its start-up checks pass; compared on resume)."""
+    directory records the whole run (written by ``train`` once its start-up checks pass; compared on resume).
+    ``stages``: as for ``train`` (e.g. ``("pretrain", "refine")`` gives a dense run its refinement stage)."""
     from .train import train
 
     t = run.train
     res = train(run.model, data.batches(t.seq_len, t.micro_batch_size, t.seed), t, val_data=data.val_batches,
                 resume=resume, progress=progress, overwrite=overwrite, record=run.to_dict(),
-                tokenizer=data.tokenizer)
+                tokenizer=data.tokenizer, stages=stages)
     return res.model
 
 

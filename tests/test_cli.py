@@ -12,7 +12,8 @@ from elastic_ssm.cli import main
 TINY_RUN = """
 model: {arch: essh, preset: tiny}
 train: {recipe: capacity_mixed, steps: 3, micro_batch_size: 2, grad_accum: 4, seq_len: 32,
-        n_warm_tokens: 64, order_every: 2, eval_every: 0, eval_batches: 2, checkpoint_every: 2, log_every: 1}
+        n_warm_tokens: 64, order_every: 2, eval_every: 0, eval_batches: 2, checkpoint_every: 2, log_every: 1,
+        refine: {steps: 2, tokens_per_step: 128}}
 data: {source: stdlib, tokenizer: bytes, max_train_bytes: 200000}
 """
 
@@ -32,6 +33,9 @@ def test_quickstart_writes_report_table_plot_and_exports(quick):
     assert all(r["export_check"] == "bitwise" for r in rows)
     report = (out / "report.md").read_text()
     assert "Tier curve monotone" in report and "Dense control" in report
+    # the dense control as the paper runs it: truncated and recovered with the same refinement, raw beside it
+    assert "truncated to each tier and recovered" in report and "(raw, before recovery)" in report
+    assert (out / "dense" / "refine" / "step_0000002").is_dir() and (out / "elastic" / "refine").is_dir()
     assert (out / "quality_size.png").stat().st_size > 1000
     assert (out / "exports" / "T1" / "model.safetensors").is_file()
     bpb = float(rows[0]["bpb"])

@@ -7,10 +7,12 @@ of Eq. 5. The objective is the plain task loss of the model at K_train,
 ``L_train = L_task(F_theta(u; K_train), y)`` (next-token CE for ``task='lm'``, class CE for
 ``task='classify'`` with labels [B]); there is no distillation and no gradient scaling.
 
-The warm-up is ``bd_warmup_steps`` steps, or ``bd_warmup_epochs`` epochs (E_warmup) converted with the
-number of optimizer steps per epoch (``len(data) // grad_accum``). ``make_recipe`` picks the recipe
-of a ``TrainConfig`` for a model ('auto': capacity-mixed for ESSH, budget dropout for ES-SSM, nested FFN
-widths for MatFormer (``nested_ffn.py``), dense for a model with a single tier such as a specialist).
+The warm-up (Algorithm 2's first phase) is on by default: ``bd_warmup_epochs`` epochs (E_warmup) converted
+with the number of optimizer steps per epoch (``len(data) // M``) when set, else ``bd_warmup_steps`` steps
+when set, else ``round(bd_warmup_frac x steps)`` (default 0.1; the paper's E_warmup value is not in its
+text). ``make_recipe`` picks the recipe of a ``TrainConfig`` for a model ('auto': capacity-mixed for ESSH,
+budget dropout for ES-SSM, nested FFN widths for MatFormer (``nested_ffn.py``), dense for a model with a
+single tier such as a specialist).
 """
 
 from __future__ import annotations
@@ -62,20 +64,23 @@ def resolve_recipe_name(recipe: str, model: nn.Module) -> str:
     return recipe
 
 
-def bd_warmup_steps(cfg: Any, data: Any) -> int:
-    """Budget-dropout warm-up in steps: ``bd_warmup_epochs`` x steps per epoch, else ``bd_warmup_steps``."""
+def bd_warmup_steps(cfg: Any, data: Any, accum: int | None = None) -> int:
+    """Budget-dropout warm-up in steps: ``bd_warmup_epochs`` x steps per epoch (``len(data) // accum``, the
+    micro-batches per rank and step; default ``cfg.grad_accum``), else ``bd_warmup_steps``, else
+    ``round(bd_warmup_frac x steps)``."""
     if cfg.bd_warmup_epochs <= 0:
-        return cfg.bd_warmup_steps
+        return cfg.bd_warmup_steps or round(cfg.bd_warmup_frac * cfg.steps)
     try:
-        per_epoch = len(data) // cfg.grad_accum
+        per_epoch = len(data) // (accum or cfg.grad_accum)
     except TypeError as e:
         raise ValueError("TrainConfig.bd_warmup_epochs needs data with len() (batches per epoch, e.g. "
                          "PackedBatches); otherwise set bd_warmup_steps") from e
     return warmup_steps_from_epochs(cfg.bd_warmup_epochs, max(1, per_epoch))
 
 
-def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None) -> Recipe:
-    """The recipe object of stage ``name`` ('capacity_mixed', 'budget_dropout', 'nested_ffn', 'dense', 'refine')."""
+def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None, accum: int | None = None) -> Recipe:
+    """The recipe object of stage ``name`` ('capacity_mixed', 'budget_dropout', 'nested_ffn', 'dense', 'refine');
+    ``accum``: micro-batches per rank and step (for an epoch-based budget-dropout warm-up)."""
     mcfg = getattr(model, "config", None)
     if name == "capacity_mixed":
         return CapacityMixed.from_config(mcfg, cfg)
@@ -84,7 +89,7 @@ def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None) -> Reci
             raise ValueError("shared refinement (TrainConfig.refine.steps > 0) is defined for ESSH only")
         return SharedRefinement.from_config(mcfg, cfg)
     if name == "budget_dropout":
-        sampler = BudgetSampler(mcfg.budgets, mcfg.n_channels, warmup_steps=bd_warmup_steps(cfg, data),
+        sampler = BudgetSampler(mcfg.budgets, mcfg.n_channels, warmup_steps=bd_warmup_steps(cfg, data, accum),
                                 n_full=cfg.n_full, seed=cfg.seed)
         return BudgetDropout(sampler)
     if name == "dense":

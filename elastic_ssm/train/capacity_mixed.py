@@ -9,8 +9,13 @@ slot order of one process with ``grad_accum x world`` micro-batches, so a DDP ru
 run with the same global batch compute the same step, and a resumed run redraws the same plan.
 
 ``CapacityMixed`` is ESSH Algorithm 1 (D.4, D.5): while fewer than ``n_warm_tokens`` tokens have been
-seen, every slot is full capacity; afterwards the first ``round(f x M_global)`` slots are reserved
-for full capacity and every other slot draws uniformly from the training capacities (full included).
+seen, every slot is full capacity; afterwards the first ``n_F`` slots are reserved for full capacity
+(Alg. 1's set F) and every other slot draws uniformly from the training capacities (full included).
+``n_F = floor(f x M_global) + Bernoulli(frac(f x M_global))`` (``reserved_slots``), so the reserved share is
+exactly f in expectation for every number of slots, and the full share is ``f + (1 - f) / n_capacities``
+(D.4: 0.75 + 0.25 / 10 = 0.775) also for one micro-batch per step; when ``f x M_global`` is an integer
+(the paper's 16 slots) ``n_F`` is that integer every step. The draw is one more number of the step's
+generator, so every rank computes the same plan and the same number of forward passes per slot.
 A reduced slot evaluates ``CE(p_T) + kl_coef KL(sg[p_full] || p_T)`` with ``ffn_grad_scale = alpha_ff``
 (Eq. 8, D.4); a capacity whose (K_T, n_ff,T) equals the full shapes counts as full (no KL, no scale).
 After each step it applies the FFN importance ordering (D.3, ``ffn_order``).
@@ -22,7 +27,7 @@ all slots (370M), ``cycle`` shuffles the capacities each step and cycles through
 
 from __future__ import annotations
 
-import warnings
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,14 +92,13 @@ class Recipe:
         return {"name": self.name}
 
 
-def reserved_slots(full_share: float, n_global: int) -> int:
-    """Micro-batch slots reserved for full capacity (D.4): floor(f x M), at least one when f > 0.
-
-    Floor, not round: Python's round() is half-to-even, which would reserve both slots of a two-slot step.
-    """
-    if full_share <= 0:
-        return 0
-    return min(n_global, max(1, int(full_share * n_global)))
+def reserved_slots(full_share: float, n_global: int, u: float = 1.0) -> int:
+    """Micro-batch slots reserved for full capacity (D.4): ``floor(f x M)`` plus one more when the uniform
+    draw ``u`` in [0, 1) falls below the remainder ``f x M - floor(f x M)``, so ``E[n_F] = f x M`` exactly."""
+    x = full_share * n_global
+    base = math.floor(x + 1e-9)             # 0.75 x 4 is 3, not 2.9999...
+    frac = x - base if x - base > 1e-9 else 0.0
+    return min(n_global, base + (1 if u < frac else 0))
 
 
 def _is_full(cfg: Any, tier: Tier) -> bool:
@@ -131,19 +135,15 @@ class CapacityMixed(Recipe):
                 "n_warm_tokens": self.n_warm_tokens, "seed": self.seed, "order_every": self.order_every,
                 "order_until": self.order_until, "total_steps": self.total_steps}
 
-    def check_slots(self, n_global: int) -> None:
-        """Warn when ``round(f x M_global)`` reserves every slot (no reduced capacity is ever sampled)."""
-        if self.full_share < 1 and reserved_slots(self.full_share, n_global) >= n_global:
-            warnings.warn(f"capacity mixing with {n_global} micro-batch slot(s) per step and full_share="
-                          f"{self.full_share} reserves every slot for full capacity; raise grad_accum (or "
-                          "the world size) so some micro-batches sample reduced capacities", stacklevel=2)
-
     def capacities_of(self, step: int, tokens_seen: int, n_global: int) -> list[float]:
-        """Capacity fraction of every global slot of ``step`` (Alg. 1 lines 4-7)."""
+        """Capacity fraction of every global slot of ``step`` (Alg. 1 lines 4-7): a pure function of
+        ``(seed, step, tokens_seen, n_global)``, the same on every rank."""
         if tokens_seen < self.n_warm_tokens:
             return [1.0] * n_global
-        n_reserved = reserved_slots(self.full_share, n_global)
-        draws = slot_rng(self.seed, step, _CAPACITY_STREAM).integers(0, len(self.capacities), size=n_global)
+        rng = slot_rng(self.seed, step, _CAPACITY_STREAM)
+        draws = rng.integers(0, len(self.capacities), size=n_global)
+        whole = float(self.full_share * n_global).is_integer()   # no remainder: no extra draw (same plans as before)
+        n_reserved = reserved_slots(self.full_share, n_global, 1.0 if whole else float(rng.random()))
         return [1.0 if g < n_reserved else self.capacities[int(draws[g])] for g in range(n_global)]
 
     def plan_for(self, xi: float) -> MicroPlan:

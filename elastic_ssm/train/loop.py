@@ -46,7 +46,7 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from .config import TrainConfig
+from .config import TrainConfig, resolve_precision
 from .dist import (
     DistContext,
     all_reduce,
@@ -90,6 +90,7 @@ class _Stage:
     weight_decay: float
     warmup: int
     min_frac: float
+    accum: int = 1
 
 
 def build_model(model_or_cfg: Any, seed: int = 0) -> nn.Module:
@@ -102,17 +103,17 @@ def build_model(model_or_cfg: Any, seed: int = 0) -> nn.Module:
     return build(model_or_cfg)
 
 
-def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None) -> list[_Stage]:
+def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None, world: int = 1) -> list[_Stage]:
     out = []
     if only is None or "pretrain" in only:
         out.append(_Stage("pretrain", recipe, cfg.steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps,
-                          cfg.min_lr_frac))
+                          cfg.min_lr_frac, cfg.micro_batches(world)))
     r = cfg.refine
     if (only is None and r.steps > 0 and recipe == "capacity_mixed") or (only and "refine" in only):
         if r.steps < 1:
             raise ValueError("refine(): TrainConfig.refine.steps must be >= 1")
         out.append(_Stage("refine", "refine", r.steps, r.lr, r.weight_decay, round(r.warmup_frac * r.steps),
-                          r.min_lr_frac))
+                          r.min_lr_frac, cfg.micro_batches(world, "refine")))
     return out
 
 
@@ -131,8 +132,9 @@ class _Trainer:
         self.bpb = bytes_per_token(cfg, model)
         self.sharded = cfg.parallel == "fsdp" and ctx.distributed
         self.watch = StepWatch(ctx, cfg.dist_timeout_s)
+        self.precision = resolve_precision(cfg.precision, ctx.device)
         if cfg.parallel == "fsdp":
-            wrap_fsdp(model, ctx, cfg.precision == "bf16")
+            wrap_fsdp(model, ctx, self.precision == "bf16")
             self.loss_mod = LossModule(model)
             self.sync_mod: nn.Module = model
         else:
@@ -158,7 +160,7 @@ class _Trainer:
             if self.sharded:
                 check_same_count(len(self._val), self.ctx, "validation batches")
         tiers = eval_tier_list(self.model, self.cfg.eval_tiers)
-        recs = evaluate_tiers(self.model, self._val, tiers, self.ctx, self.bpb, self.cfg.precision)
+        recs = evaluate_tiers(self.model, self._val, tiers, self.ctx, self.bpb, self.precision)
         for r in recs:
             r.update(stage=stage, step=step)
         self.log.eval_results(recs)
@@ -210,7 +212,7 @@ class _Trainer:
     def run_stage(self, st: _Stage, resume: bool, stop_after: int | None = None) -> bool:
         """Run (or resume) stage ``st``; returns whether it finished (``stop_after`` ends it early)."""
         cfg, ctx, model = self.cfg, self.ctx, self.model
-        recipe = make_recipe(st.recipe_name, model, cfg, self.data)
+        recipe = make_recipe(st.recipe_name, model, cfg, self.data, st.accum)
         opt = build_adamw(model, st.lr, cfg.betas, st.weight_decay, cfg.eps, recipe.policy)
         sched = WarmupCosine(st.lr, st.steps, st.warmup, st.min_frac)
         step, tokens = self.restore(st, opt, sched, recipe) if resume else (0, 0)
@@ -220,13 +222,10 @@ class _Trainer:
         if step >= end:
             return step >= st.steps
         recipe.setup(model)
-        if hasattr(recipe, "check_slots") and ctx.is_main:
-            recipe.check_slots(cfg.grad_accum * ctx.world_size)
         model.train()
         self.log.start_stage(st.name, st.steps, step)
         params = [p for g in opt.param_groups for p in g["params"]]
-        M, W = cfg.grad_accum, ctx.world_size
-        amp = cfg.precision == "bf16"
+        M, W, amp = st.accum, ctx.world_size, self.precision == "bf16"
         while step < end:
             t0 = time.perf_counter()
             self.watch.mark(st.name, step + 1)
@@ -277,14 +276,15 @@ class _Trainer:
                    "grad_norm": float(full_tensor(gnorm)), **events}
             if st.name == "refine":
                 rec["ce_full"] = (sums[3] / n_tok).item()
-            self.log.train_step(rec, step % cfg.log_every == 0 or step == st.steps)
+            saved = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step in (st.steps, end)
+            self.log.train_step(rec, step % cfg.log_every == 0 or saved)   # checkpoint steps too: counts complete
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == st.steps:
                 self.evaluate(st.name, step)
-            saved = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step in (st.steps, end)
             if saved:
                 self.save(st, step, tokens, opt, sched, recipe)
             if self._stop_requested():
                 if not saved:
+                    self.log.flush(rec)
                     self.save(st, step, tokens, opt, sched, recipe)
                 raise TrainingInterrupted(self.stop.requested or "a signal on another rank", st.name, step,
                                           self.out / st.name / f"step_{step:07d}")
@@ -358,7 +358,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             trainer = _Trainer(model, data, cfg, ctx, val_data, progress, stop)
             finished = True
             try:
-                for st in _stages(cfg, recipe, stages):
+                for st in _stages(cfg, recipe, stages, ctx.world_size):
                     finished = trainer.run_stage(st, resume, stop_after)
                     if not finished:
                         break

@@ -3,14 +3,19 @@
 ``metrics.jsonl`` (rank 0, one JSON object per line) holds two kinds of records::
 
     {"kind": "train", "stage": "pretrain", "step": 10, "loss": 3.1, "ce": 3.0, "aux": 0.2, "lr": 1e-3,
-     "tokens": 40960, "tokens_per_s": 5120.0, "capacities": [1.0, 1.0, 0.25, 1.0], "grad_norm": 0.8, ...}
+     "tokens": 40960, "tokens_per_s": 5120.0, "capacities": [1.0, 1.0, 0.25, 1.0], "grad_norm": 0.8,
+     "capacity_counts": {"1.0": 29, "0.25": 3, ...}, ...}
     {"kind": "eval", "stage": "pretrain", "step": 500, "tier": "T4", "loss": 3.4, "bpt": 4.9, "bpb": 4.9,
      "accuracy": 0.31, "tokens": 65536}
 
 A resumed stage first drops the records written after its checkpoint (``drop_after``), so every step is
-logged once. ``loss`` is the step objective per valid token (sum over micro-batches / N_tok, Algorithm 1), ``ce``
-the label cross-entropy of the sampled capacities, ``aux`` the KL (pretraining) or TV (refinement)
-term, ``ce_full`` the full model's CE during refinement. Validation reports the mean next-token
+logged once. ``capacities`` lists the capacity (ESSH fraction xi, ES-SSM budget K) of each global
+micro-batch slot of the record's step; ``capacity_counts`` counts the capacities of every micro-batch of
+the steps since the previous written record (the loop also writes the record of every checkpoint step), so
+summing ``capacity_counts`` over a stage's records gives its realised capacity mix exactly (ESSH D.4:
+full share 0.775 in expectation). ``loss`` is the step objective per valid token (sum over micro-batches /
+N_tok, Algorithm 1), ``ce`` the label cross-entropy of the sampled capacities, ``aux`` the KL (pretraining)
+or TV (refinement) term, ``ce_full`` the full model's CE during refinement. Validation reports the mean next-token
 loss of every requested tier, bits per token ``bpt = loss / ln 2`` and bits per byte
 ``bpb = bpt / bytes_per_token`` (the byte tokenizer has one byte per token, ES-SSM Sec. 5), and the
 accuracy of the argmax on scored positions (next-token accuracy; on a synthetic recall task, the recall
@@ -46,11 +51,13 @@ class MetricsLogger:
         self.history: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
         self._bar = None
+        self._counts: dict[str, int] = {}
         if ctx.is_main:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def start_stage(self, stage: str, total: int, initial: int) -> None:
         self.close_bar()
+        self._counts = {}
         if self.progress:
             from tqdm.auto import tqdm
 
@@ -85,12 +92,22 @@ class MetricsLogger:
 
     def train_step(self, record: dict[str, Any], log: bool) -> None:
         self.history.append(record)
+        for c in record.get("capacities", ()):
+            self._counts[str(c)] = self._counts.get(str(c), 0) + 1
         if log:
-            self.write(record)
+            self.write({**record, "capacity_counts": self._counts} if self._counts else record)
+            self._counts = {}
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}",
                                   lr=f"{record['lr']:.2e}", refresh=False)
+
+    def flush(self, record: dict[str, Any]) -> None:
+        """Write ``record`` (the last step's) when capacity counts are pending, e.g. before a checkpoint that an
+        interrupted run resumes from (the steps after it are logged again, so no count is lost or doubled)."""
+        if self._counts:
+            self.write({**record, "capacity_counts": self._counts})
+            self._counts = {}
 
     def eval_results(self, records: list[dict[str, Any]]) -> None:
         self.evals.extend(records)

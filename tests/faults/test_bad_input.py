@@ -31,7 +31,8 @@ def files(tmp_path_factory):
     for name, body in {"good": TINY, "train5": "train: 5\n", "model_str": "model: tiny\n",
                        "preset_key": "model: {preset: tiny, colour: red}\n", "syntax": "model: {preset: tiny\n",
                        "steps_bool": "model: {preset: tiny}\ntrain: {steps: true}\n", "list": "- 1\n- 2\n",
-                       "section": "model: {preset: tiny}\nextra: {a: 1}\n"}.items():
+                       "section": "model: {preset: tiny}\nextra: {a: 1}\n",
+                       "train_preset": "model: {preset: tiny}\ntrain: {preset: 7b}\n"}.items():
         (root / f"{name}.yaml").write_text(body)
         w[name] = root / f"{name}.yaml"
     torch.manual_seed(0)
@@ -54,6 +55,11 @@ CASES = {  # name: (argv, words the message must contain)
     "lr inf": ([*TRAIN, "--train.lr", "inf"], ["lr", "finite"]),
     "lr nan": ([*TRAIN, "--train.lr", "nan"], ["lr", "finite"]),
     "steps 0": ([*TRAIN, "--train.steps", "0"], ["steps", ">= 1"]),
+    "uneven token batch": ([*TRAIN, "--train.tokens_per_step", "100"], ["tokens_per_step", "multiple"]),
+    "token batch and grad_accum": ([*TRAIN, "--train.tokens_per_step", "64", "--train.grad_accum", "2"],
+                                   ["grad_accum", "tokens_per_step"]),
+    "unknown train preset": (["train", "--config", "{train_preset}"], ["preset", "7b"]),
+    "precision fp16": ([*TRAIN, "--train.precision", "fp16"], ["precision", "fp16"]),
     "batch 0": ([*TRAIN, "--train.micro_batch_size", "0"], ["micro_batch_size", ">= 1"]),
     "seq_len 0": ([*TRAIN, "--train.seq_len", "0"], ["seq_len", ">= 1"]),
     "negative bytes_per_token": ([*TRAIN, "--train.bytes_per_token", "-1"], ["bytes_per_token"]),
