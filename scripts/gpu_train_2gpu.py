@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # a checkout without `pip install -e .` (the GPU machine) imports elastic_ssm from here
 RUN_YAML = """model:
   arch: essh
   preset: {preset}
@@ -94,8 +95,9 @@ class Runner:
                "--overwrite", *flags]
         t = time.monotonic()
         try:
-            proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
-                                  timeout=timeout)
+            path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)
+            proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": path, **env}, capture_output=True,
+                                  text=True, timeout=timeout)
             rc, text = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
             parts = [x.decode(errors="replace") if isinstance(x, bytes) else x for x in (e.stdout, e.stderr) if x]
