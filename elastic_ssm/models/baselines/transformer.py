@@ -3,8 +3,9 @@ causal attention, tied embedding; trainable through ``train()`` like ESSH (``tie
 
 Every block is pre-norm: x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). Attention has no biases
 (q, k, v, o: 4 d^2): ``qkv`` and ``out`` are ``nn.Linear`` modules (weights [3D, D], q, k, v rows, and
-[D, D]) like ESSH's attention, so ``quantize_dynamic`` and PEFT find them; heads of ``head_dim``; training and prefill use PyTorch SDPA with ``is_causal``
-(flash attention on CUDA). Decoding uses a *static* KV cache ``[N, B, H, L_max, hd]`` written at the
+[D, D]) like ESSH's attention, so ``quantize_dynamic`` and PEFT find them on an export (every projection
+runs through ``slicing.linear``); heads of ``head_dim``. Training and prefill use PyTorch SDPA with
+``is_causal`` (flash attention on CUDA). Decoding uses a *static* KV cache ``[N, B, H, L_max, hd]`` written at the
 device-side position of each row and read through a length-``L_max`` mask, so a whole decode step has
 fixed shapes, no host synchronisation, and can be captured in one CUDA graph.
 
