@@ -1,7 +1,8 @@
 """Configs of the baselines the ESSH paper compares against (Appendix E.6, Tables 8, 9 and 54), torch-free.
 
 ``TransformerConfig`` is Transformer++ (RoPE, RMSNorm, SwiGLU, full causal attention, tied embedding).
-Its SwiGLU is stored unit-major like ESSH's, so it has *nested FFN tiers*: tier ``T_i`` keeps the first
+Its SwiGLU is ESSH's unit-ordered layer (``w_in.weight`` rows / ``w_out.weight`` columns per unit), so it has
+*nested FFN tiers*: tier ``T_i`` keeps the first
 
     n_ff(xi) = align * max(1, floor(d_ff * xi ** ffn_exponent / align))      (xi < 1; the full tier keeps d_ff)
 

@@ -29,14 +29,15 @@ def _batches(ids: torch.Tensor, seed: int, n: int = 8, T: int = 32):
 
 
 def _zeroed_copy(model, k: int):
-    """A deep copy with channel k's output rows zeroed in every spectral layer (the knock-out by hand)."""
+    """A deep copy with channel k's output columns zeroed in every spectral layer (the knock-out by hand):
+    ESSH ``out_proj.weight[:, kP:(k+1)P]``, ES-SSM ``proj.weight[:, kD:(k+1)D]`` (M_k)."""
     other = copy.deepcopy(model)
     with torch.no_grad():
         for m in other.modules():
             if isinstance(m, SpectralMixer):
-                m.out_proj[k].zero_()
+                m.out_proj.weight[:, k * m.P:(k + 1) * m.P].zero_()
             elif isinstance(m, SpectralSublayer):
-                m.proj[k].zero_()
+                m.proj.weight[:, k * m.d_model:(k + 1) * m.d_model].zero_()
     return other
 
 
@@ -68,6 +69,36 @@ def test_knockout_is_the_zeroed_model_and_never_writes_the_weights(arch):
     assert all(c.energy > 0 for i, c in enumerate(silent.channels) if i != 1)
 
 
+def test_energy_is_the_mean_square_of_each_channels_own_output():
+    """The meter's energy of channel k (and ``posthoc.channel_energy`` / (K D)) equals the mean square of the
+    mixer's output with every other channel's ``out_proj.weight`` columns zeroed, averaged over layers."""
+    from torch.func import functional_call
+
+    from elastic_ssm.train.posthoc import channel_energy
+
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("tiny")).eval()
+    batches = _batches(_text_ids(), seed=2, n=2, T=16)
+    mixers = [m for m in model.modules() if isinstance(m, SpectralMixer)]
+    inputs = []
+    hooks = [m.register_forward_pre_hook(lambda mod, args: inputs.append(args[0])) for m in mixers]
+    with torch.no_grad():
+        model(batches[0][0])
+    for h in hooks:
+        h.remove()
+    res = channel_importance(model, batches)
+    K, P, D = mixers[0].K, mixers[0].P, mixers[0].D
+    with torch.no_grad():
+        for k in (0, 3, K - 1):
+            keep = torch.zeros(K * P)
+            keep[k * P:(k + 1) * P] = 1
+            alone = [functional_call(m, {"out_proj.weight": m.out_proj.weight * keep}, (u,)).square().mean()
+                     for m, u in zip(mixers, inputs)]
+            assert res.channels[k].energy == pytest.approx(torch.stack(alone).mean().item(), rel=1e-4)
+            posthoc = [channel_energy(m, u)[k].item() / (K * D) for m, u in zip(mixers, inputs)]
+            assert posthoc == pytest.approx([a.item() for a in alone], rel=1e-4)
+
+
 def _planted_model(steps: int = 40):
     """A tiny ESSH trained only through one channel: every other weight stays at its random init."""
     torch.manual_seed(0)
@@ -79,9 +110,12 @@ def _planted_model(steps: int = 40):
         p.requires_grad_(False)
     for m in model.modules():
         if isinstance(m, SpectralMixer):
-            for p in (m.in_proj, m.out_proj, m.gate_bias):
+            # channel dims: in_proj.weight rows (P + 3M per channel), out_proj.weight columns (P), gate_bias dim 0
+            for p, dim, per in ((m.in_proj.weight, 0, m.P + 3 * m.M), (m.out_proj.weight, 1, m.P),
+                                (m.gate_bias, 0, 1)):
+                keep = mask.repeat_interleave(per).view(-1, *[1] * (p.dim() - 1 - dim))
                 p.requires_grad_(True)
-                p.register_hook(lambda g: g * mask.view(-1, *[1] * (g.dim() - 1)))
+                p.register_hook(lambda g, _keep=keep: g * _keep)
                 params.append(p)
     opt = torch.optim.Adam(params, lr=1e-2)
     ids = _text_ids()

@@ -5,8 +5,9 @@ held-out batches:
 
 * **knock-out**: the validation perplexity (and bits per byte) increase after zeroing channel ``k`` in
   every spectral layer at once. The channel's contribution is removed through the model's real forward
-  by replacing its output rows (ESSH ``out_proj[k]`` [P, D]; ES-SSM ``proj[k]`` = M_k^T [D, D]) with
-  zeros in a ``torch.func.functional_call``: the model's own parameters are never written.
+  by replacing its output columns (ESSH ``out_proj.weight[:, kP:(k+1)P]`` [D, P] of [D, K P]; ES-SSM
+  ``proj.weight[:, kD:(k+1)D]`` = M_k [D, D] of [D, K D]) with zeros in a ``torch.func.functional_call``:
+  the model's own parameters are never written.
 * **output energy**: the mean squared activation of channel ``k``'s contribution to the mixer output,
   averaged over positions, output coordinates and spectral layers (unperturbed forward). ESSH: the
   contribution is ``K^{-1/2} W_k^out z_k`` (Sec. 4.1), ES-SSM: ``g_k M_k (Phi_k * u)`` (Eq. 3/4).
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..elastic.slicing import prefix
+from ..elastic.slicing import linear_weight
 from .perplexity import loss_sums
 
 __all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "ordering", "first_share",
@@ -80,17 +81,19 @@ def first_share(values: Sequence[float], first: int = 8) -> float:
     return sum(pos[:first]) / total if total > 0 else float("nan")
 
 
-def _channel_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """``(parameter name, spectral layer)`` of the per-channel output rows of every spectral layer."""
+def _channel_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, int]]:
+    """``(parameter name, spectral layer, columns per channel)`` of the output projection weight of every
+    spectral layer: ESSH ``out_proj.weight`` [D, K P] (P columns per channel), ES-SSM ``proj.weight``
+    [D, K D] (D columns, M_k)."""
     from ..layers.es_ssm import SpectralSublayer
     from ..layers.spectral_mixer import SpectralMixer
 
     out = []
     for name, mod in model.named_modules():
         if isinstance(mod, SpectralMixer):
-            out.append((f"{name}.out_proj", mod))
+            out.append((f"{name}.out_proj.weight", mod, mod.P))
         elif isinstance(mod, SpectralSublayer):
-            out.append((f"{name}.proj", mod))
+            out.append((f"{name}.proj.weight", mod, mod.d_model))
     if not out:
         raise ValueError(f"channel importance needs spectral channels (ESSH or ES-SSM); this "
                          f"{getattr(model, 'arch', type(model).__name__)!r} model has no spectral layer")
@@ -101,10 +104,11 @@ class _EnergyMeter:
     """Accumulates each channel's output energy [K] over the spectral layers of one forward pass.
 
     ESSH: wraps the mixer's readout on the instance (``z [.., K, P]`` -> energy through the Gram matrix
-    ``W_k W_k^T`` [K, P, P], never materialising the [.., K, D] contributions); ES-SSM: a forward hook
+    ``W_k^T W_k`` [K, P, P] of the column blocks ``W_k`` [D, P] of ``out_proj.weight``, never materialising
+    the [.., K, D] contributions); ES-SSM: a forward hook
     that asks the sublayer for its ``channel_outputs`` [B, T, K, D]."""
 
-    def __init__(self, layers: list[tuple[str, torch.nn.Module]], K: int) -> None:
+    def __init__(self, layers: list[tuple[str, torch.nn.Module, int]], K: int) -> None:
         self.layers, self.K = layers, K
         self.sums = torch.zeros(len(layers), K, dtype=torch.float64)
         self.counts = torch.zeros(len(layers), dtype=torch.float64)
@@ -117,13 +121,13 @@ class _EnergyMeter:
     def __enter__(self) -> _EnergyMeter:
         from ..layers.spectral_mixer import SpectralMixer
 
-        for i, (_, mod) in enumerate(self.layers):
+        for i, (_, mod, _per) in enumerate(self.layers):
             if isinstance(mod, SpectralMixer):
                 readout = mod._readout
 
                 def wrapped(z, K, _i=i, _mod=mod, _readout=readout):
-                    w = prefix(_mod.out_proj, K).float()                       # [K, P, D]
-                    gram = w @ w.transpose(1, 2)                               # [K, P, P]
+                    w = linear_weight(_mod.out_proj, cols=K * _mod.P).float().unflatten(1, (K, -1))  # [D, K, P]
+                    gram = torch.einsum("dkp,dkq->kpq", w, w)                  # [K, P, P]
                     zf = z.float().reshape(-1, K, z.shape[-1])                 # [N, K, P]
                     e = torch.einsum("nkp,kpq,nkq->k", zf, gram, zf) / (K * _mod.D)
                     self._add(_i, e, zf.shape[0])
@@ -179,10 +183,11 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
         if count == 0:
             raise ValueError("evaluation batches contain no scored tokens")
         base_loss = base[0].item() / count
-        weights = {name: mod.get_parameter(name.rsplit(".", 1)[1]) for name, mod in layers}
+        weights = {name: (model.get_parameter(name), per) for name, _, per in layers}   # [D, K per] each
         channels = []
         for k in tqdm(range(K), desc="knock-out", unit="channel", disable=not progress, file=sys.stderr):
-            knocked = {name: w.index_fill(0, torch.tensor([k], device=w.device), 0) for name, w in weights.items()}
+            knocked = {name: w.index_fill(1, torch.arange(k * per, (k + 1) * per, device=w.device), 0)
+                       for name, (w, per) in weights.items()}
             fwd = lambda x, _p=knocked, **kw: functional_call(model, _p, (x,), {"tier": t, **kw})
             loss = loss_sums(fwd, batches, model, precision)[0].item() / count
             channels.append(ChannelImportance(k + 1, loss, _ppl(loss) - _ppl(base_loss),

@@ -29,15 +29,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..elastic.slicing import linear_weight
 from ..elastic.tiers import capacity_tier
+from ..layers.ffn import unit_index
 from .capacity_mixed import MicroPlan, Recipe, slot_rng
 from .ffn_order import enable_tracking, order_ffn_units
 
 __all__ = ["PosthocRecovery", "calibrate", "channel_energy", "permute_channels", "posthoc_train_config",
            "elastify", "mask_summary", "CHANNEL_TENSORS"]
 
-#: spectral-mixer tensors whose dim 0 is the channel (permuted together by ``permute_channels``)
-CHANNEL_TENSORS = ("in_proj", "gate_bias", "out_proj", "rho_raw", "theta", "kc", "ks", "a", "beta")
+#: ``(parameter name, channel dim)`` of the spectral mixer's channel-indexed tensors, permuted together by
+#: ``permute_channels``: ``in_proj.weight`` [K (P + 3M), D] rows (P + 3M per channel, channel-major),
+#: ``out_proj.weight`` [D, K P] columns (P per channel), the tables ``gate_bias`` [K, 3, M],
+#: ``rho_raw, theta, kc, ks, a`` [K, M] and ``beta`` [K] along dim 0.
+CHANNEL_TENSORS = (("in_proj.weight", 0), ("gate_bias", 0), ("out_proj.weight", 1), ("rho_raw", 0),
+                   ("theta", 0), ("kc", 0), ("ks", 0), ("a", 0), ("beta", 0))
 _POSTHOC_STREAM = 4
 
 
@@ -83,23 +89,28 @@ def posthoc_train_config(cfg: Any, masks: tuple[float, ...] | None = None) -> An
 @torch.no_grad()
 def channel_energy(mixer: nn.Module, u: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Mean output energy of every spectral channel, ``E_k = mean_t ||W_k^out z_k(t)||^2`` [K] (float64),
-    for the mixer input ``u`` [B, T, D] (the normalised residual stream the mixer sees)."""
+    for the mixer input ``u`` [B, T, D] (the normalised residual stream the mixer sees); ``W_k^out`` is
+    channel k's block of ``out_proj.weight`` [D, K P], columns k P .. (k + 1) P."""
     from ..ops import spectral_scan
 
-    K = mixer.K
+    K, P = mixer.K, mixer.P
     v, write, read, clock = mixer._controls(u, K, valid)
     z, _ = spectral_scan(v, write, read, clock, *mixer._modal(K))                     # [B, T, K, P]
-    y = torch.einsum("btkp,kpd->btkd", z.to(mixer.out_proj.dtype), mixer.out_proj)   # [B, T, K, D]
+    w = linear_weight(mixer.out_proj).unflatten(1, (K, P))                             # [D, K, P]
+    y = torch.einsum("btkp,dkp->btkd", z.to(w.dtype), w)                               # [B, T, K, D]
     return y.double().pow(2).sum(-1).mean((0, 1))
 
 
 @torch.no_grad()
 def permute_channels(mixer: nn.Module, perm: torch.Tensor) -> None:
     """Reorder the channels of a ``SpectralMixer`` (new channel i = old channel perm[i]); the full-capacity
-    output is unchanged (channel-local computation, order-free sum of Sec. 4.1)."""
-    for name in CHANNEL_TENSORS:
-        p = getattr(mixer, name)
-        p.copy_(p[perm.to(p.device)])
+    output is unchanged (channel-local computation, order-free sum of Sec. 4.1). Each tensor of
+    ``CHANNEL_TENSORS`` moves whole per-channel blocks along its channel dim (``in_proj.weight``: the
+    P + 3M rows of a channel; ``out_proj.weight``: its P columns)."""
+    for name, dim in CHANNEL_TENSORS:
+        p = mixer.get_parameter(name)
+        per = p.shape[dim] // mixer.K                  # entries per channel along dim
+        p.copy_(p.index_select(dim, unit_index(perm.to(p.device), per)))
 
 
 @torch.no_grad()

@@ -2,8 +2,10 @@
 causal attention, tied embedding; trainable through ``train()`` like ESSH (``tier=``, nested-FFN tiers).
 
 Every block is pre-norm: x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). Attention has no biases
-(q, k, v, o: 4 d^2), heads of ``head_dim``; training and prefill use PyTorch SDPA with ``is_causal``
-(flash attention on CUDA). Decoding uses a *static* KV cache ``[N, B, H, L_max, hd]`` written at the
+(q, k, v, o: 4 d^2): ``qkv`` and ``out`` are ``nn.Linear`` modules (weights [3D, D], q, k, v rows, and
+[D, D]) like ESSH's attention, so ``quantize_dynamic`` and PEFT find them on an export (every projection
+runs through ``slicing.linear``); heads of ``head_dim``. Training and prefill use PyTorch SDPA with
+``is_causal`` (flash attention on CUDA). Decoding uses a *static* KV cache ``[N, B, H, L_max, hd]`` written at the
 device-side position of each row and read through a length-``L_max`` mask, so a whole decode step has
 fixed shapes, no host synchronisation, and can be captured in one CUDA graph.
 
@@ -11,8 +13,9 @@ Parameter count (the counting rules of ESSH Table 4 / Table 54): ``V d`` (tied, 
 ``+ N (4 d^2 + 3 d n_ff + 2 d) + d``. The systems comparison (Table 54) fixes depth, width and
 vocabulary to the ESSH model's and matches ``d_ff`` (``bench/peers.py``).
 
-The SwiGLU is the elastic layer of ESSH (unit-major ``w_in`` [F, 2, D], ``w_out`` [F, D]), so a tier
-``(K = 0, n_ff)`` of the config's nested-FFN map keeps a dim-0 prefix of every FFN: ``forward(ids,
+The SwiGLU is the elastic layer of ESSH (``w_in.weight`` [2F, D], rows gate_h, up_h; ``w_out.weight``
+[D, F], column h = unit h), so a tier ``(K = 0, n_ff)`` of the config's nested-FFN map keeps the first
+2 n_ff rows of ``w_in.weight`` and the first n_ff columns of ``w_out.weight``: ``forward(ids,
 tier="T4")`` evaluates it, ``export_tier`` / ``from_pretrained(dir, tier=...)`` cut it (``elastic/slicing.py``)
 exactly as for ESSH. ``MatFormer`` is this model under ``MatFormerConfig`` (ten tiers, nested training).
 """
@@ -28,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...baseline_config import MatFormerConfig, TransformerConfig
-from ...elastic.slicing import SliceRule
+from ...elastic.slicing import SliceRule, empty_linear, linear
 from ...elastic.tiers import Tier
 from ...layers.attention import apply_rope, rope_cos_sin
 from ...layers.ffn import SwiGLU
@@ -37,7 +40,8 @@ from ..base import ElasticModel
 
 __all__ = ["TransformerConfig", "TransformerPP", "MatFormerConfig", "MatFormer", "KVCache"]
 
-_FFN_TENSORS = r"blocks\.\d+\.ffn\.(w_in|w_out)"
+_FFN_IN = r"blocks\.\d+\.ffn\.w_in\.weight"      # [2F, D]: 2 n_ff rows
+_FFN_OUT = r"blocks\.\d+\.ffn\.w_out\.weight"    # [D, F]: n_ff columns
 
 
 @dataclass
@@ -59,13 +63,13 @@ class _Block(nn.Module):
         super().__init__()
         d, out_std = cfg.d_model, cfg.init_std / math.sqrt(2 * cfg.n_layers)
         self.norm1 = RMSNorm(d, cfg.norm_eps)
-        self.qkv = nn.Parameter(torch.empty(3 * d, d))
-        self.out = nn.Parameter(torch.empty(d, d))
+        self.qkv = empty_linear(d, 3 * d)              # weight [3D, D]: q, k, v rows
+        self.out = empty_linear(d, d)                  # weight [D, D]
         self.norm2 = RMSNorm(d, cfg.norm_eps)
         self.ffn = SwiGLU(d, cfg.d_ff, init_std=cfg.init_std, out_std=out_std)
-        if self.qkv.device.type != "meta":
-            nn.init.normal_(self.qkv, std=cfg.init_std)
-            nn.init.normal_(self.out, std=out_std)
+        if self.qkv.weight.device.type != "meta":
+            nn.init.normal_(self.qkv.weight, std=cfg.init_std)
+            nn.init.normal_(self.out.weight, std=out_std)
 
 
 class TransformerPP(ElasticModel):
@@ -96,7 +100,7 @@ class TransformerPP(ElasticModel):
 
     @classmethod
     def slice_rules(cls, config: TransformerConfig, tier: Tier) -> list[SliceRule]:
-        return [SliceRule(_FFN_TENSORS, tier.n_ff)]
+        return [SliceRule(_FFN_IN, 2 * tier.n_ff, dim=0), SliceRule(_FFN_OUT, tier.n_ff, dim=1)]
 
     def ffn_layers(self) -> list[SwiGLU]:
         return [b.ffn for b in self.blocks]
@@ -112,7 +116,7 @@ class TransformerPP(ElasticModel):
         """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] with RoPE on q and k."""
         B, T, _ = x.shape
         c = self.config
-        q, k, v = F.linear(blk.norm1(x), blk.qkv).view(B, T, 3, c.n_heads, c.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = linear(blk.qkv, blk.norm1(x)).view(B, T, 3, c.n_heads, c.head_dim).permute(2, 0, 3, 1, 4)
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_base, q.dtype)
         cos, sin = cos[:, None], sin[:, None]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -143,7 +147,7 @@ class TransformerPP(ElasticModel):
                 cache.keys[i, :, :, :T] = k.to(cache.keys.dtype)
                 cache.values[i, :, :, :T] = v.to(cache.values.dtype)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=mask is None, attn_mask=mask)
-            x = x + F.linear(o.transpose(1, 2).reshape(B, T, -1), blk.out)
+            x = x + linear(blk.out, o.transpose(1, 2).reshape(B, T, -1))
             x = x + blk.ffn(blk.norm2(x), n_ff, ffn_grad_scale)
         if cache is not None:
             cache.positions.fill_(T)
@@ -179,7 +183,7 @@ class TransformerPP(ElasticModel):
             kc[rows, :, pos] = k[:, :, 0].to(kc.dtype)
             vc[rows, :, pos] = v[:, :, 0].to(vc.dtype)
             o = F.scaled_dot_product_attention(q.to(kc.dtype), kc, vc, attn_mask=allowed[:, None, None])
-            x = x + F.linear(o.to(x.dtype).transpose(1, 2).reshape(B, 1, -1), blk.out)
+            x = x + linear(blk.out, o.to(x.dtype).transpose(1, 2).reshape(B, 1, -1))
             x = x + blk.ffn(blk.norm2(x))
         pos.add_(1)
         return self._head(x)[:, 0]
