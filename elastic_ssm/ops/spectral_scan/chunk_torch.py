@@ -29,6 +29,7 @@ Gradients come from autograd (the pairwise block has a hand-written backward). S
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -208,7 +209,18 @@ def _rotation(phase: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)
 
 
-def _chunk_scan(
+def _autocast_off(fn):
+    """Run ``fn(v, ...)`` with autocast disabled on ``v``'s device type (see :func:`chunk_spectral_scan`)."""
+    @functools.wraps(fn)
+    def wrapped(v: torch.Tensor, *args, **kwargs):
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            return fn(v, *args, **kwargs)
+
+    return wrapped
+
+
+@_autocast_off
+def chunk_spectral_scan(
     v: torch.Tensor,  # [B, T, K, P]
     write: torch.Tensor,  # [B, T, K, M]
     read: torch.Tensor,  # [B, T, K, M]
@@ -223,7 +235,15 @@ def _chunk_scan(
     chunk_size: int = 64,
     diagonal: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The body of :func:`chunk_spectral_scan` (called with autocast off)."""
+    """Chunked scan (Algorithm 2); same contract as :func:`naive_spectral_scan`. Returns ``z [B, T, K, P]``.
+
+    ``diagonal`` ("auto" | "factorized" | "pairwise") chooses how diagonal blocks are evaluated; "auto"
+    factorises every mode whose decay span admits it. Inputs are assumed validated (see
+    :func:`elastic_ssm.ops.spectral_scan`); the compute dtype is ``v.dtype``, also under autocast: the scan
+    runs with autocast off, since autocast would run its matmuls (the diagonal blocks, the decay scans, the
+    frame rotations) in bf16 while the pairwise blocks stay in ``v.dtype`` (a dtype mismatch in mixed plans,
+    and errors of 1e-1 instead of 1e-5 against the specification).
+    """
     B, T, K, P = v.shape
     M = rho.shape[-1]
     dt, dev = v.dtype, v.device
@@ -327,32 +347,3 @@ def _chunk_scan(
     if z_bad is not None:
         z = z.masked_fill(z_bad, math.nan)
     return z, state
-
-
-def chunk_spectral_scan(
-    v: torch.Tensor,  # [B, T, K, P]
-    write: torch.Tensor,  # [B, T, K, M]
-    read: torch.Tensor,  # [B, T, K, M]
-    clock: torch.Tensor,  # [B, T, K, M]
-    rho: torch.Tensor,  # [K, M]
-    theta: torch.Tensor,  # [K, M]
-    kc: torch.Tensor,  # [K, M]
-    ks: torch.Tensor,  # [K, M]
-    a: torch.Tensor,  # [K, M]
-    initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame
-    output_final_state: bool = False,
-    chunk_size: int = 64,
-    diagonal: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked scan (Algorithm 2); same contract as :func:`naive_spectral_scan`. Returns ``z [B, T, K, P]``.
-
-    ``diagonal`` ("auto" | "factorized" | "pairwise") chooses how diagonal blocks are evaluated; "auto"
-    factorises every mode whose decay span admits it. Inputs are assumed validated (see
-    :func:`elastic_ssm.ops.spectral_scan`); the compute dtype is ``v.dtype``, also under autocast: the scan
-    runs with autocast off, since autocast would run its matmuls (the diagonal blocks, the decay scans, the
-    frame rotations) in bf16 while the pairwise blocks stay in ``v.dtype`` (a dtype mismatch in mixed plans,
-    and errors of 1e-1 instead of 1e-5 against the specification).
-    """
-    with torch.autocast(device_type=v.device.type, enabled=False):
-        return _chunk_scan(v, write, read, clock, rho, theta, kc, ks, a, initial_state, output_final_state,
-                           chunk_size, diagonal)
