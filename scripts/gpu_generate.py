@@ -59,10 +59,26 @@ def stage_generate() -> None:
     RESULTS["generate"] = _bench("370m", (1,), False) + _bench("1.5b", (1, 128), False)
 
 
-def stage_compiled() -> None:
+def _prefill_ms(session, ids, repeats: int) -> float:
+    """Median CUDA-event time of ``session.prefill(ids)`` over ``repeats`` calls, in ms."""
     import torch
 
     from elastic_ssm.bench.decode import summarize
+
+    times = []
+    for _ in range(repeats):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        session.prefill(ids, None)
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return summarize(times)["ms"]
+
+
+def stage_compiled() -> None:
+    import torch
+
     from elastic_ssm.bench.peers import build_essh
     from elastic_ssm.config import ESSHConfig
     from elastic_ssm.models import compile_model
@@ -78,15 +94,7 @@ def stage_compiled() -> None:
         session.prefill(ids, None)
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
-        times = []
-        for _ in range(5):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            session.prefill(ids, None)
-            e.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(e))
-        ms = summarize(times)["ms"]
+        ms = _prefill_ms(session, ids, 5)
         row = {"length": T, "first_call_s": first, "ms": ms, "ktok_s": T / ms}
         log("compiled graphed prefill 1.5b T10", row)
         rows.append(row)
@@ -173,7 +181,6 @@ def stage_firsttoken() -> None:
     fla alone, and the eager 2K / 16K prefill of 1.5b T10 with each backend (CUDA events, warm)."""
     import torch
 
-    from elastic_ssm.bench.decode import summarize
     from elastic_ssm.bench.peers import build_essh
     from elastic_ssm.config import ESSHConfig
     from elastic_ssm.models.decode_engine import FusedSession
@@ -190,15 +197,7 @@ def stage_firsttoken() -> None:
             ids = torch.randint(0, model.config.vocab_size, (1, T), device="cuda")
             session = FusedSession(model, 1, "T10", None, None)
             session.prefill(ids, None)
-            times = []
-            for _ in range(3):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                session.prefill(ids, None)
-                e.record()
-                torch.cuda.synchronize()
-                times.append(s.elapsed_time(e))
-            rows[f"{backend} {T}"] = summarize(times)["ms"]
+            rows[f"{backend} {T}"] = _prefill_ms(session, ids, 3)
             log(f"eager prefill 1.5b T10 {backend} T={T}: {rows[f'{backend} {T}']:.2f} ms")
             model.clear_decoders()
     os.environ.pop("ELASTIC_SSM_SCAN_BACKEND")
