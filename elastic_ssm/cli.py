@@ -208,10 +208,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    from .quickstart import quickstart
+    import signal
 
-    quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config,
-               overwrite=args.overwrite)
+    from .quickstart import quickstart
+    from .train.preflight import TrainingInterrupted
+
+    try:
+        quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config,
+                   overwrite=args.overwrite)
+    except TrainingInterrupted as e:     # a stopped run, checkpointed: like `train`, not a bug
+        print(f"elastic-ssm quickstart: {e}", file=sys.stderr)
+        return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
     return 0
 
 

@@ -107,3 +107,18 @@ def test_killed_in_the_first_checkpoint_then_resume_auto_starts_over(tmp_path, r
     assert "no checkpoint yet, starting" in stdout
     assert len(list(out.glob("metrics.prev-*.jsonl"))) == 1
     _same_run(out, reference.wait())
+
+
+def test_sigterm_during_quickstart_is_a_stop_not_a_bug(tmp_path):
+    """``elastic-ssm quickstart`` stopped by SIGTERM ends like ``train``: exit 143, one line naming the
+    checkpoint, not the "unexpected ... probably a bug" line."""
+    cfg = harness.write_run(tmp_path, steps=6)
+    out = tmp_path / "qs"
+    argv = [harness.sys.executable, str(harness.HERE / "harness.py"), "--fault", "sigterm-step:2", "quickstart",
+            "--config", str(cfg), "--out", str(out), "--no-control"]
+    p = harness.subprocess.run(argv, capture_output=True, text=True, env=harness._env(), cwd=str(tmp_path),
+                               timeout=180)
+    err = [line for line in p.stderr.splitlines() if line.strip() and "/s]" not in line and "step/s" not in line]
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr[-2000:]
+    assert err and "elastic-ssm quickstart: stopped by SIGTERM" in err[-1] and "probably a bug" not in p.stderr
+    assert "--resume" in err[-1] or "checkpoint" in err[-1]
