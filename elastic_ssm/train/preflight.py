@@ -39,6 +39,9 @@ class TrainingInterrupted(Exception):
         super().__init__(f"stopped by {signame} after {stage} step {step}; {where}; continue with --resume")
 
 
+_NEWER = "not in the saved run"
+
+
 def config_changes(saved: dict[str, Any], now: dict[str, Any], free: frozenset[str] = frozenset(),
                    prefix: str = "") -> list[str]:
     """Dotted names of the fields that differ between two config dicts, except the ``free`` ones."""
@@ -47,7 +50,9 @@ def config_changes(saved: dict[str, Any], now: dict[str, Any], free: frozenset[s
         if k in free:
             continue
         a, b = saved.get(k), now.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
+        if k not in saved:      # a setting this version added: the run was written by an older elastic_ssm
+            out.append(f"{prefix}{k}: {_NEWER} (now {b!r})")
+        elif isinstance(a, dict) and isinstance(b, dict):
             out += config_changes(a, b, free, f"{prefix}{k}.")
         elif (list(a) if isinstance(a, tuple) else a) != (list(b) if isinstance(b, tuple) else b):
             out.append(f"{prefix}{k}: {a!r} -> {b!r}")
@@ -67,6 +72,12 @@ def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]
         if section in record and isinstance(saved.get(section), dict):
             skip = {"train": free, "data": DATA_RESUME_FREE}.get(section, frozenset())
             changed += config_changes(saved[section], record[section], skip, f"{section}.")
+    newer = [c.split(":")[0] for c in changed if _NEWER in c]
+    if newer:
+        raise ConfigError(f"--resume: {out} was written by an older elastic_ssm ({saved_path} has no "
+                          f"{', '.join(newer[:4])}{' ...' if len(newer) > 4 else ''}), and this version cannot "
+                          "continue its checkpoints; start a new --train.out_dir (each checkpoint's model/ folder "
+                          "still loads with from_pretrained)")
     if changed:
         raise ConfigError(f"--resume: {len(changed)} setting(s) that change the objective differ from {saved_path} "
                           f"({'; '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}); resume with the "

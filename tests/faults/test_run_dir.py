@@ -75,6 +75,22 @@ def test_resume_refuses_objective_changes_and_leaves_the_run_untouched(done, tmp
     assert _snapshot(run) == before
 
 
+def test_resume_of_a_run_written_by_an_older_version_names_that(done, tmp_path, capsys):
+    """A run.yaml without a setting this version has (written before the setting existed) is refused as an older
+    run, naming the missing settings, not as if the user had changed them; nothing in the run is touched."""
+    import yaml
+
+    cfg, run = _copy(done, tmp_path)
+    saved = yaml.safe_load((run / "run.yaml").read_text())
+    del saved["train"]["tokens_per_step"], saved["train"]["refine"]["tokens_per_step"]
+    (run / "run.yaml").write_text(yaml.safe_dump(saved))
+    before = _snapshot(run)
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume"]) == 2
+    _one_line_error(capsys, "older elastic_ssm", "train.tokens_per_step", "train.refine.tokens_per_step",
+                    "new --train.out_dir")
+    assert _snapshot(run) == before
+
+
 def test_python_resume_compares_the_checkpoints_train_config(tmp_path):
     """``train(resume=True)`` without a run.yaml compares against the TrainConfig stored in the checkpoint."""
     import torch
