@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from ..elastic.slicing import linear_weight
 from .perplexity import loss_sums
 
 __all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "ordering", "first_share",
@@ -103,9 +102,8 @@ def _channel_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, 
 class _EnergyMeter:
     """Accumulates each channel's output energy [K] over the spectral layers of one forward pass.
 
-    ESSH: wraps the mixer's readout on the instance (``z [.., K, P]`` -> energy through the Gram matrix
-    ``W_k^T W_k`` [K, P, P] of the column blocks ``W_k`` [D, P] of ``out_proj.weight``, never materialising
-    the [.., K, D] contributions); ES-SSM: a forward hook
+    ESSH: wraps the mixer's readout on the instance (``z [.., K, P]`` -> ``SpectralMixer.channel_energy``,
+    through Gram matrices, never materialising the [.., K, D] contributions); ES-SSM: a forward hook
     that asks the sublayer for its ``channel_outputs`` [B, T, K, D]."""
 
     def __init__(self, layers: list[tuple[str, torch.nn.Module, int]], K: int) -> None:
@@ -126,11 +124,8 @@ class _EnergyMeter:
                 readout = mod._readout
 
                 def wrapped(z, K, _i=i, _mod=mod, _readout=readout):
-                    w = linear_weight(_mod.out_proj, cols=K * _mod.P).float().unflatten(1, (K, -1))  # [D, K, P]
-                    gram = torch.einsum("dkp,dkq->kpq", w, w)                  # [K, P, P]
-                    zf = z.float().reshape(-1, K, z.shape[-1])                 # [N, K, P]
-                    e = torch.einsum("nkp,kpq,nkq->k", zf, gram, zf) / (K * _mod.D)
-                    self._add(_i, e, zf.shape[0])
+                    n = z[..., 0, 0].numel()                                   # positions in this call
+                    self._add(_i, _mod.channel_energy(z, K) * n / (K * _mod.D), n)
                     return _readout(z, K)
 
                 mod._readout = wrapped

@@ -110,6 +110,17 @@ class SpectralMixer(nn.Module):
         """z [..., K, P] -> y [..., D] = K^{-1/2} W^out z (first K*P columns of W^out)."""
         return linear(self.out_proj, z.flatten(-2), cols=K * self.P) * (1.0 / math.sqrt(K))
 
+    def channel_energy(self, z: torch.Tensor, K: int) -> torch.Tensor:
+        """Mean output energy of each channel, ``E_k = mean_t ||W_k^out z_k(t)||^2`` [K] (float64), for the scan
+        output ``z [..., K, P]``; ``W_k^out`` [D, P] is channel k's column block of ``out_proj.weight``. Computed
+        through the Gram matrices ``W_k^T W_k`` [K, P, P], never materialising the [..., K, D] contributions
+        (ESSH App. L.3 output energy; the ``K^{-1/2}`` of the readout is not included)."""
+        dt = torch.promote_types(self.out_proj.weight.dtype, torch.float32)
+        w = linear_weight(self.out_proj, cols=K * self.P).to(dt).unflatten(1, (K, self.P))   # [D, K, P]
+        gram = torch.einsum("dkp,dkq->kpq", w, w)                                          # [K, P, P]
+        zf = z.to(dt).reshape(-1, K, self.P)                                               # [N, K, P]
+        return torch.einsum("nkp,kpq,nkq->k", zf, gram, zf).double() / max(zf.shape[0], 1)
+
     # ---- training / prefill -------------------------------------------------------------------------
     def forward(self, u: torch.Tensor, K: int | None = None, valid: torch.Tensor | None = None,
                 initial_state: torch.Tensor | None = None, output_final_state: bool = False,

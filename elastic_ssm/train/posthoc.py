@@ -29,7 +29,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..elastic.slicing import linear_weight
 from ..elastic.tiers import capacity_tier
 from ..layers.ffn import unit_index
 from .capacity_mixed import MicroPlan, Recipe, slot_rng
@@ -93,12 +92,10 @@ def channel_energy(mixer: nn.Module, u: torch.Tensor, valid: torch.Tensor | None
     channel k's block of ``out_proj.weight`` [D, K P], columns k P .. (k + 1) P."""
     from ..ops import spectral_scan
 
-    K, P = mixer.K, mixer.P
+    K = mixer.K
     v, write, read, clock = mixer._controls(u, K, valid)
     z, _ = spectral_scan(v, write, read, clock, *mixer._modal(K))                     # [B, T, K, P]
-    w = linear_weight(mixer.out_proj).unflatten(1, (K, P))                             # [D, K, P]
-    y = torch.einsum("btkp,dkp->btkd", z.to(w.dtype), w)                               # [B, T, K, D]
-    return y.double().pow(2).sum(-1).mean((0, 1))
+    return mixer.channel_energy(z, K)
 
 
 @torch.no_grad()
