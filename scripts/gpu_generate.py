@@ -128,6 +128,13 @@ print(f"RESULT next generate(2K prompt, 1 token) {time.perf_counter() - t:.3f}s"
 """
 
 
+def _child(script: str, *args: str, env: dict | None = None) -> str:
+    r = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, **(env or {})})
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")]
+    return " | ".join(line) if line else (r.stderr.strip().splitlines() or ["?"])[-1]
+
+
 def stage_process() -> None:
     import torch
 
@@ -139,9 +146,7 @@ def stage_process() -> None:
         build_essh(ESSHConfig.preset("1.5b"), torch.device("cuda"), torch.bfloat16).save_pretrained(d)
     runs = []
     for i in range(3):
-        r = subprocess.run([sys.executable, "-c", _CHILD, str(d)], cwd=ROOT, capture_output=True, text=True)
-        line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")]
-        runs.append(" | ".join(line) if line else (r.stderr.strip().splitlines() or ["?"])[-1])
+        runs.append(_child(_CHILD, str(d)))
         log(f"process {i + 1}: {runs[-1]}")
     prompt = ("def main(argv):\n    return argv\n" * 80)[:2048]
     t = time.perf_counter()
@@ -167,13 +172,6 @@ print(f"RESULT torch_s={t1 - t0:.2f} fla_s={t2 - t1:.2f} dynamo_pyc={os.path.exi
       f"site_writable={os.access(os.path.dirname(d.__file__), os.W_OK)} "
       f"dontwrite={sys.flags.dont_write_bytecode}")
 """
-
-
-def _child(script: str, *args: str, env: dict | None = None) -> str:
-    r = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True,
-                       env={**os.environ, **(env or {})})
-    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")]
-    return " | ".join(line) if line else (r.stderr.strip().splitlines() or ["?"])[-1]
 
 
 def stage_firsttoken() -> None:

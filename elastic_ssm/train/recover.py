@@ -16,8 +16,9 @@ the paper's protocols, evaluates again and returns both tables:
 * ``"posthoc"`` — post-hoc elastification (E.7, ``posthoc.py``): calibration ranking, nested masks,
   recovery under the frozen parent with forward KL + CE at constant lr 1e-4 for ``cfg.refine.steps`` steps.
 
-``elastic-ssm recover PARENT --protocol ...`` (``recover_cli.py``) runs this on a saved model; the quickstart
-can call it for its dense control.
+``elastic-ssm recover PARENT --protocol ...`` (``recover_cli.py``) runs this on a saved model. The quickstart's
+dense control runs the same refinement stage inside its own dense run (``train(..., stages=("pretrain",
+"refine"))``, so the refinement continues that run's data stream and checkpoints) rather than calling this.
 """
 
 from __future__ import annotations
