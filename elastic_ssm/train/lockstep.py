@@ -113,8 +113,9 @@ class StepWatch:
             if self.where is not None and self.where != told and time.monotonic() - self._since > limit:
                 told = self.where
                 print(f"elastic-ssm train: rank {self.ctx.rank} of {self.ctx.world_size}: {self.where[0]} step "
-                      f"{self.where[1]} has run for {limit:.0f} s; a collective waits for another rank and fails "
-                      f"at the {self.timeout_s:g} s process-group timeout (--train.dist_timeout_s)",
+                      f"{self.where[1]} has run for {limit:.0f} s: if a collective is waiting for another rank it "
+                      f"fails at the {self.timeout_s:g} s process-group timeout (--train.dist_timeout_s; first "
+                      f"fla/Triton autotuning of new shapes can also take minutes: raise it if so)",
                       file=sys.stderr, flush=True)
 
     def close(self) -> None:
