@@ -231,7 +231,7 @@ def test_compiled_bench_compiles_transformer_peer_too(tmp_path):
 
 
 def test_out_of_memory_is_a_row_result_and_other_errors_propagate():
-    from elastic_ssm.bench.decode import oom_as_result
+    from elastic_ssm.bench.timing import oom_as_result
 
     row: dict = {}
     with oom_as_result(row, torch.device("cpu"), peak=True):

@@ -16,23 +16,11 @@ Medians over ``generate_iters`` calls after one warm-up call; CUDA is synchronis
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from .decode import oom_as_result, summarize, time_fn
+from .timing import oom_as_result, summarize, time_fn, wall_ms
 
 __all__ = ["bench_generate", "generate_suite"]
-
-
-def _wall(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - t) * 1e3
 
 
 def bench_generate(model, tier: str, batch: int, prompt_len: int, new_tokens: int, iters: int,
@@ -45,10 +33,10 @@ def bench_generate(model, tier: str, batch: int, prompt_len: int, new_tokens: in
     row: dict = {"batch": batch, "prompt": prompt_len, "new_tokens": new_tokens}
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device)
     with oom_as_result(row, device, peak=True):
-        row["first_call_s"] = _wall(lambda: model.generate(ids, 2, tier=tier), device) / 1e3
+        row["first_call_s"] = wall_ms(lambda: model.generate(ids, 2, tier=tier), device) / 1e3
         model.generate(ids, new_tokens, tier=tier)                     # warm: every graph exists now
-        pre = [_wall(lambda: model.generate(ids, 1, tier=tier), device) for _ in range(iters)]
-        tot = [_wall(lambda: model.generate(ids, new_tokens, tier=tier), device) for _ in range(iters)]
+        pre = [wall_ms(lambda: model.generate(ids, 1, tier=tier), device) for _ in range(iters)]
+        tot = [wall_ms(lambda: model.generate(ids, new_tokens, tier=tier), device) for _ in range(iters)]
         row["prefill_ms"] = summarize(pre)["ms"]
         row["prefill_ktok_s"] = batch * prompt_len / row["prefill_ms"]
         row["total_ms"] = summarize(tot)["ms"]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from .decode import oom_as_result, summarize, time_fn
+from .timing import oom_as_result, summarize, time_fn
 
 __all__ = ["bench_prefill"]
 
@@ -35,7 +35,7 @@ def bench_prefill(forward: Callable[[torch.Tensor], torch.Tensor], length: int, 
 
 def prefill_suite(r, out: list) -> None:
     """ESSH at ``prefill_tiers`` and every peer at every prompt length."""
-    from .decode import _peer_model
+    from .decode import peer_model
     from .peers import build_essh, peer_forward
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
@@ -57,7 +57,7 @@ def prefill_suite(r, out: list) -> None:
         holder: dict = {}
 
         def build(peer=peer, holder=holder) -> dict:
-            m, _, info = _peer_model(r, peer)
+            m, _, info = peer_model(r, peer)
             holder["m"], holder["compiled"] = peer_forward(m, peer, cfg.compile, cfg.compile_mode)
             holder["params"] = info["params"]
             return {"params": info["params"]}
