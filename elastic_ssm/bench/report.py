@@ -194,7 +194,7 @@ def suite_tables(results: dict) -> str:
         if e.get("rows"):
             parts.append(rows_table(e["rows"], f"## {e['name']} ({e['kind']})"))
     if results.get("targets"):
-        parts.append(format_table(results["targets"], ["entry", "target", "value", "status", "why"],
+        parts.append(format_table(results["targets"], ["entry", "target", "row", "value", "status", "why"],
                                   title="## targets"))
     states = [{"entry": e["name"], "kind": e["kind"], "state": e["state"], "seconds": e.get("seconds")}
               for e in results.get("entries", [])]

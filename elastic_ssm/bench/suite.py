@@ -260,12 +260,13 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
     raises is recorded with its error and the run goes on. Returns ``{"env", "suite", "budget_s", "entries":
     [{"name", "kind", "state", "seconds", "rows", "targets"}], "targets", "skipped"}``, written to
     ``out_dir/<suite>.json`` after every entry; the tables go to ``out_dir/<suite>.md`` and, with ``docs``,
-    are appended to that file (docs/benchmarks.md)."""
+    are appended to that file (docs/benchmarks.md). ``log`` receives every line (default: printed and kept in
+    ``out_dir/<suite>.log``)."""
     import torch
 
     from . import report
+    from .profiling import RunLog
 
-    log = log or (lambda s: print(s, flush=True))
     if suite.gpus and torch.cuda.device_count() < suite.gpus:
         raise ConfigError(f"bench suite {suite.name} needs {suite.gpus} CUDA GPU(s), this machine has "
                           f"{torch.cuda.device_count()}; run it on a GPU machine or pick a CPU suite such as cpu-smoke")
@@ -275,6 +276,7 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
     deadline = t0 + budget if budget else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    log = log or RunLog(out / f"{suite.name}.log")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     res: dict = {"env": report.environment(dev), "suite": suite.name, "path": str(suite.path),
                  "description": suite.description, "budget_s": budget, "entries": [], "targets": [], "skipped": []}

@@ -73,6 +73,15 @@ def _same(a: Any, b: Any) -> bool:
     return str(a) == str(b)
 
 
+_KEYS = ("model", "preset", "tier", "batch", "mode", "length", "name", "probe", "run", "backend", "mix", "step",
+         "product", "label")
+
+
+def _describe(row: dict, where: dict) -> str:
+    """The row's identifying columns that ``where`` did not already fix, e.g. ``tier=T3 batch=1``."""
+    return " ".join(f"{k}={row[k]}" for k in _KEYS if k in row and k not in where)[:60]
+
+
 def parse_targets(spec: Any, where: str) -> list[Target]:
     """Targets of one entry from its ``target`` (a mapping) or ``targets`` (a list of mappings) value;
     ``where`` names the entry in errors."""
@@ -113,5 +122,6 @@ def evaluate_targets(targets: list[Target], rows: list[dict], entry: str, state:
         for r in judged:
             ok = t.holds(r[t.metric])
             r["target"] = "FAIL" if r.get("target") == "FAIL" or not ok else "PASS"
-            out.append({"entry": entry, "target": t.label, "value": r[t.metric], "status": "PASS" if ok else "FAIL"})
+            out.append({"entry": entry, "target": t.label, "row": _describe(r, t.where), "value": r[t.metric],
+                        "status": "PASS" if ok else "FAIL"})
     return out
