@@ -272,8 +272,6 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
                           f"{torch.cuda.device_count()}; run it on a GPU machine or pick a CPU suite such as cpu-smoke")
     entries = select(suite, only)
     budget = suite.budget_s if budget_s is None else budget_s
-    t0 = time.monotonic()
-    deadline = t0 + budget if budget else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log = log or RunLog(out / f"{suite.name}.log")
@@ -282,6 +280,8 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
                  "description": suite.description, "budget_s": budget, "entries": [], "targets": [], "skipped": []}
     log(f"bench suite {suite.name} on {res['env']['device']}: {len(entries)} entries, "
         f"budget {f'{budget:.0f} s' if budget else 'none'}, output {out}")
+    t0 = time.monotonic()
+    deadline = t0 + budget if budget else None
     for e in entries:
         rec: dict = {"name": e.name, "kind": e.kind, "options": e.options.to_dict(), "env": e.env, "rows": []}
         if deadline is not None and time.monotonic() >= deadline:
