@@ -96,8 +96,9 @@ def _workload(opts: ProfileOptions, dev: torch.device):
     if opts.workload == "decode":
         from .decode import EsshDecoder
 
-        d = EsshDecoder(build_essh(cfg, dev, torch.bfloat16), opts.tier, opts.batch, opts.length, graph=True,
-                        out_layout=opts.out_layout, pdl={"auto": "auto", "on": True, "off": False}[opts.pdl])
+        d = EsshDecoder(build_essh(cfg, dev, torch.bfloat16), opts.tier, opts.batch, opts.length,
+                        graph=dev.type == "cuda", out_layout=opts.out_layout,
+                        pdl={"auto": "auto", "on": True, "off": False}[opts.pdl])
         tok = torch.randint(0, cfg.vocab_size, (opts.batch,), device=dev)
         return (lambda: d.step(tok)), opts.batch
     kw = {} if opts.compile_mode == "default" else {"mode": opts.compile_mode}
