@@ -97,8 +97,10 @@ class BenchConfig(ConfigBase):
     peak_tflops: float = opt(989.0, "dense bf16 peak for MFU (H200 SXM datasheet: 989 TFLOP/s)")
     time_budget_s: float = opt(0.0, "skip the remaining entries after this many seconds (0: no limit; a suite: "
                                "its own budget_s unless this flag is given)")
-    out: str = opt("bench_results.json", "JSON output path ('' to skip)")
-    docs: str = opt("", "markdown file to append the tables to, e.g. docs/benchmarks.md ('' to skip)")
+    out: str = opt("bench_results.json", "JSON output path ('' to skip; a suite writes <out_dir>/<suite>.json and "
+                   "also this file when the flag is given)")
+    docs: str = opt("", "markdown file to append the tables (a suite: its section) to, e.g. docs/benchmarks.md "
+                    "('' to skip)")
     seed: int = opt(0, "random seed of weights and tokens")
     es_ssm_preset: str = opt("byte-base", "es_ssm_decode: ES-SSM preset whose shapes are decoded (random weights)")
     es_ssm_budgets: tuple[int, ...] = opt((2, 8, 32), "es_ssm_decode: budgets K")

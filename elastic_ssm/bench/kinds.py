@@ -1,25 +1,25 @@
 """Entry kinds of a bench suite: each is an options dataclass (the entry's keys in the suite YAML) and a
 function ``run(options, ctx) -> rows``; this file is the registry and holds the three generic kinds.
 
-=================  ==========================================  ===============================================
-kind               options                                     what one entry does
-=================  ==========================================  ===============================================
-bench              ``BenchConfig``                             ``run_bench`` (memory/decode/prefill/generate/
-                                                               train/serve/es_ssm_decode), rows per section
-tests              ``PytestOptions``                            a pytest selection in a child process (the
-                                                               ``gpu`` tests are where correctness is checked)
-command            ``CommandOptions``                          any command (e.g. ``torchrun -m ...``), rc, time
-session_prefill    ``prefill.SessionPrefillOptions``           generate's prefill (eager or graphed compiled)
-generate_paths     ``generate.GeneratePathsOptions``           generate per token: reference vs fused step
-first_token        ``process.FirstTokenOptions``               fresh processes' first token by phase
-train_matrix       ``multigpu.TrainMatrixOptions``             ``elastic-ssm train`` per recipe x parallel x ...
-train_scaling      ``multigpu.TrainScalingOptions``            1 GPU vs 2 GPUs, same global batch, loss curves
-profile            ``profiling.ProfileOptions``                time and top kernels of one workload
-gemv_sweep         ``gemv_sweep.GemvSweepOptions``             fused decode products per tile vs cuBLAS
-scan_timing        ``scan_timing.ScanTimingOptions``           the spectral scan per backend and shape
-checksum_cost      ``checksum.ChecksumOptions``                sha256 cost of saving and loading a preset
-es_ssm_report      ``es_ssm_decode.EsSsmReportOptions``        modal vs exact ES-SSM decoding, bits per byte
-=================  ==========================================  ===============================================
+===============  =====================================  =====================================================
+kind             options                                what one entry does
+===============  =====================================  =====================================================
+bench            ``BenchConfig``                        ``run_bench`` (memory/decode/prefill/generate/train/
+                                                        serve/es_ssm_decode), rows per section
+tests            ``PytestOptions``                      a pytest selection in a child process (the ``gpu``
+                                                        tests are where correctness is checked)
+command          ``CommandOptions``                     any command (e.g. ``torchrun -m ...``): rc, time
+session_prefill  ``prefill.SessionPrefillOptions``      generate's prefill (eager or graphed compiled)
+generate_paths   ``generate.GeneratePathsOptions``      generate per token: reference vs fused step (CPU)
+first_token      ``process.FirstTokenOptions``          fresh processes' first token by phase
+train_matrix     ``multigpu.TrainMatrixOptions``        ``elastic-ssm train`` per recipe x parallel x ...
+train_scaling    ``multigpu.TrainScalingOptions``       1 GPU vs N GPUs, same global batch, loss curves
+profile          ``profiling.ProfileOptions``           time and top kernels of one workload
+gemv_sweep       ``gemv_sweep.GemvSweepOptions``        fused decode products per tile vs cuBLAS
+scan_timing      ``scan_timing.ScanTimingOptions``      the spectral scan per path and shape
+checksum_cost    ``checksum.ChecksumOptions``           sha256 cost of saving and loading a preset
+es_ssm_report    ``es_ssm_decode.EsSsmReportOptions``   modal vs exact ES-SSM decoding, bits per byte
+===============  =====================================  =====================================================
 
 ``ctx`` (``suite.EntryContext``) gives the entry its folder (``ctx.out_dir``), a log, the time left in
 the suite's budget (``ctx.time_left()``) and the entry's ``env`` (set around in-process kinds, passed to
