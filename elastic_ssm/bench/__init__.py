@@ -9,7 +9,12 @@ appends the tables to ``docs/benchmarks.md``. A failing or out-of-memory benchma
 (``error``) and the run goes on. ``main(argv)`` is the command-line entry (flags derived from ``BenchConfig``).
 Protocols: ``decode.py``, ``prefill.py``, ``generate.py`` (the user's ``model.generate`` path), ``train.py``,
 ``serve.py`` (concurrent streams against a real ``elastic-ssm serve`` process; only when named),
-``memory.py``, ``es_ssm_decode.py``; peers and matching: ``peers.py``.
+``memory.py``, ``es_ssm_decode.py``; peers and matching: ``peers.py``; timing helpers: ``timing.py``.
+
+Suites (``--bench.suite NAME``, ``suite.py``): a YAML file under ``configs/bench/`` lists typed entries
+(``kinds.py``: ``bench`` entries are ``BenchConfig``s; pytest selections, fresh processes, torchrun
+training matrices, profiles, sweeps) with targets as data (``targets.py``), run within a time budget;
+``bench_command`` is the sub-command behind ``elastic-ssm bench``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 
 from ..config import ConfigBase, ConfigError, ESSHConfig, opt
 
-__all__ = ["BenchConfig", "run_bench", "main"]
+__all__ = ["BenchConfig", "run_bench", "bench_command", "main"]
 
 _BENCHES = ("memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode")
 _DEFAULT_BENCHES = _BENCHES[:5]   # serve (server + client processes) and es_ssm_decode: asked for by name
@@ -34,6 +39,15 @@ _PEERS = ("transformer", "gated_deltanet", "mamba2")
 class BenchConfig(ConfigBase):
     """What ``elastic-ssm bench`` measures and how (defaults: the paper's H200 protocol, Appendix R)."""
 
+    suite: str = opt("", "run a suite instead: a name under configs/bench/ (generate, train-2gpu, h200, ...; "
+                     "'list' lists them) or a YAML path; other flags given override that option in every entry "
+                     "that has it")
+    only: tuple[str, ...] = opt((), "suite: run only the entries with these names (glob patterns; also "
+                                "entries marked optional)")
+    set: tuple[str, ...] = opt((), "suite: entry options as [ENTRY.]KEY=VALUE (VALUE read as YAML), e.g. "
+                               "combos.steps=4 or model=runs/x/final")
+    out_dir: str = opt("bench_out", "suite: folder of <suite>.json, <suite>.md and each entry's files (logs, "
+                       "child outputs, plots); pass $OUT on the device machine")
     preset: str = opt("370m", "ESSH preset whose shapes are benchmarked with random weights")
     benchmarks: tuple[str, ...] = opt(_DEFAULT_BENCHES, "benchmarks to run: memory, decode, prefill, generate, "
                                       "train; serve (streams against a server process), es_ssm_decode (ES-SSM "
@@ -81,9 +95,12 @@ class BenchConfig(ConfigBase):
                                  "Triton without PDL, else rows), split, rows")
     decode_pdl: str = opt("auto", "FastDecoder programmatic dependent launch: auto (Hopper+), on, off")
     peak_tflops: float = opt(989.0, "dense bf16 peak for MFU (H200 SXM datasheet: 989 TFLOP/s)")
-    time_budget_s: float = opt(0.0, "skip the remaining entries after this many seconds (0: no limit)")
-    out: str = opt("bench_results.json", "JSON output path ('' to skip)")
-    docs: str = opt("", "markdown file to append the tables to, e.g. docs/benchmarks.md ('' to skip)")
+    time_budget_s: float = opt(0.0, "skip the remaining entries after this many seconds (0: no limit; a suite: "
+                               "its own budget_s unless this flag is given)")
+    out: str = opt("bench_results.json", "JSON output path ('' to skip; a suite writes <out_dir>/<suite>.json and "
+                   "also this file when the flag is given)")
+    docs: str = opt("", "markdown file to append the tables (a suite: its section) to, e.g. docs/benchmarks.md "
+                    "('' to skip)")
     seed: int = opt(0, "random seed of weights and tokens")
     es_ssm_preset: str = opt("byte-base", "es_ssm_decode: ES-SSM preset whose shapes are decoded (random weights)")
     es_ssm_budgets: tuple[int, ...] = opt((2, 8, 32), "es_ssm_decode: budgets K")
@@ -92,6 +109,8 @@ class BenchConfig(ConfigBase):
     es_ssm_modes: int = opt(8, "es_ssm_decode: modes m per channel of the modal decoder")
 
     def validate(self) -> None:
+        if self.time_budget_s < 0:
+            raise ConfigError(f"BenchConfig.time_budget_s must be >= 0 (0: no limit), got {self.time_budget_s}")
         bad = set(self.benchmarks) - set(_BENCHES)
         if bad:
             raise ConfigError(f"BenchConfig.benchmarks: unknown {sorted(bad)}; choose from {_BENCHES}")
@@ -201,13 +220,40 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     return results
 
 
+#: BenchConfig fields that steer a suite run itself; the other flags given override entry options
+_SUITE_FIELDS = ("suite", "only", "set", "out_dir", "out", "docs", "time_budget_s")
+
+
+def bench_command(given: dict) -> dict:
+    """``elastic-ssm bench`` with the ``BenchConfig`` fields the user gave (``given``): a suite when ``suite``
+    is set (the other given fields override entry options), else one ``run_bench``."""
+    from . import report
+    from .suite import apply_overrides, list_suites, load_suite, run_suite
+
+    cfg = BenchConfig(**given)
+    if not cfg.suite:
+        return run_bench(cfg)
+    if cfg.suite == "list":
+        for name, path in list_suites().items():
+            s = load_suite(path)
+            names = ", ".join(e.name + (" (optional)" if e.optional else "") for e in s.entries)
+            print(f"{name:<18} {s.description}\n{'':<18} entries: {names}")
+        return {}
+    suite = apply_overrides(load_suite(cfg.suite), cfg.set, {k: v for k, v in given.items() if k not in _SUITE_FIELDS})
+    res = run_suite(suite, only=cfg.only, budget_s=cfg.time_budget_s if "time_budget_s" in given else None,
+                    out_dir=cfg.out_dir, docs=cfg.docs)
+    if "out" in given and cfg.out:
+        report.write_json(cfg.out, res)
+    return res
+
+
 def main(argv: list[str] | None = None) -> dict:
-    """``elastic-ssm bench --bench.preset 1.5b --bench.batches 1 16 ...`` (flags from ``BenchConfig``)."""
-    import argparse
-
+    """``elastic-ssm bench --bench.preset 1.5b --bench.batches 1 16 ...`` or ``--bench.suite NAME`` (flags from
+    ``BenchConfig``)."""
     from ..cli_args import add_dataclass_flags, collect_overrides
+    from ..cli_errors import Parser
 
-    parser = argparse.ArgumentParser(prog="elastic-ssm bench", description=__doc__.splitlines()[0])
+    parser = Parser(prog="elastic-ssm bench", description=__doc__.splitlines()[0])
     add_dataclass_flags(parser, BenchConfig, "bench")
     ns = parser.parse_args(argv)
-    return run_bench(BenchConfig(**collect_overrides(ns, "bench")))
+    return bench_command(collect_overrides(ns, "bench"))

@@ -13,95 +13,15 @@ the cached values, only on their sizes; prefilling 2K tokens for batch 512 would
 
 from __future__ import annotations
 
-import contextlib
-import statistics
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
 from ..models.fast_decode import FastDecoder
+from .peers import FlaDecoder, build_essh, build_fla, build_transformer, fla_matched, require_fla, transformer_matched
+from .timing import GraphedStep, oom_as_result, summarize, time_fn
 
-__all__ = ["time_fn", "summarize", "oom_as_result", "GraphedStep", "EsshDecoder", "TransformerDecoder", "bench_decode"]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_fn(fn: Callable[[], object], warmup: int, iters: int, device: torch.device) -> list[float]:
-    """Run ``fn`` ``warmup`` times untimed, then ``iters`` times; per-call times in ms."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    if device.type == "cuda":
-        new = lambda: torch.cuda.Event(enable_timing=True)
-        ev = [(new(), new()) for _ in range(iters)]
-        for s, e in ev:
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize(device)
-        return [s.elapsed_time(e) for s, e in ev]
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
-
-
-def summarize(times_ms: list[float]) -> dict[str, float]:
-    """Median, min and spread (p90 - p10) of a list of times in ms."""
-    q = statistics.quantiles(times_ms, n=10) if len(times_ms) >= 2 else [times_ms[0]] * 9
-    return {"ms": statistics.median(times_ms), "ms_min": min(times_ms), "ms_spread": q[-1] - q[0],
-            "n": len(times_ms)}
-
-
-@contextlib.contextmanager
-def oom_as_result(row: dict, device: torch.device, peak: bool = False) -> Iterator[None]:
-    """One benchmark entry: on CUDA the allocator cache is emptied (and with ``peak`` the peak-memory
-    counter reset) before the body; after it ``row["peak_gb"]`` holds the peak allocated decimal GB
-    (``peak``). Out-of-memory in the body becomes ``row["error"] = "OOM"`` instead of an exception; the
-    cache is emptied again afterwards either way. Objects the body keeps in the caller's locals are freed
-    when the caller returns (the next entry empties the cache again)."""
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.empty_cache()
-        if peak:
-            torch.cuda.reset_peak_memory_stats(device)
-    try:
-        yield
-        if cuda and peak:
-            row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-    except torch.OutOfMemoryError:
-        row["error"] = "OOM"
-    finally:
-        if cuda:
-            torch.cuda.empty_cache()
-
-
-class GraphedStep:
-    """CUDA graph of ``step(tokens [B]) -> logits`` for any step function with static buffers."""
-
-    def __init__(self, step: Callable[[torch.Tensor], torch.Tensor], batch: int, device: torch.device,
-                 warmup: int = 2) -> None:
-        self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                step(self.tokens)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = step(self.tokens)
-
-    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.tokens.copy_(tokens, non_blocking=True)
-        self.graph.replay()
-        return self.out
+__all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model"]
 
 
 @torch.no_grad()
@@ -199,10 +119,8 @@ def _modes(cfg, dev: torch.device, batch: int) -> list[bool]:
     return ([True] if graph else []) + ([False] if (batch in cfg.eager_batches or not graph) else [])
 
 
-def _peer_model(r, peer: str):
+def peer_model(r, peer: str):
     """(model, make_decoder(batch, graph), params info) of a peer, or raise with the reason it is absent."""
-    from .peers import FlaDecoder, build_fla, build_transformer, fla_matched, require_fla, transformer_matched
-
     cfg = r.cfg
     if peer == "transformer":
         tcfg, info = transformer_matched(r.mcfg)
@@ -217,8 +135,6 @@ def _peer_model(r, peer: str):
 
 def decode_suite(r, out: list) -> None:
     """ESSH tiers x batches x modes, the unfused reference at batch 1, then every peer (full size)."""
-    from .peers import build_essh
-
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
     model = build_essh(r.mcfg, dev, r.dtype) if (r.tiers or cfg.reference) else None
     for name in r.tiers:
@@ -247,7 +163,7 @@ def decode_suite(r, out: list) -> None:
         holder: dict = {}
 
         def build(peer=peer, holder=holder) -> dict:
-            holder["m"], holder["make"], info = _peer_model(r, peer)
+            holder["m"], holder["make"], info = peer_model(r, peer)
             holder["params"] = info["params"]
             return {"params": info["params"], "param_gap": info["gap"], "d_ff": info["d_ff"]}
 

@@ -12,27 +12,25 @@ shapes, ``generate_prompt`` prompt tokens, greedy, no eos so every call makes al
   same process, and ``ratio`` = ms_per_token / step_ms (1.0: generate adds nothing to the step).
 
 Medians over ``generate_iters`` calls after one warm-up call; CUDA is synchronised around each call.
+
+Suite kind ``generate_paths`` (``GeneratePathsOptions``, CPU): ``generate``'s cost per token on the reference
+step (``fast=False``) against the fused decoder's torch path (``fast=True``), random ``randomize_selective``
+weights, one thread, process CPU time (steadier than wall time on a shared machine), median over ``repeats``:
+(time of a call making ``new_tokens + 1`` tokens - time of a call making 1) / ``new_tokens``.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
-from .decode import oom_as_result, summarize, time_fn
+from ..config import ConfigBase, ConfigError, opt
+from .timing import oom_as_result, summarize, time_fn, wall_ms
 
-__all__ = ["bench_generate", "generate_suite"]
-
-
-def _wall(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - t) * 1e3
+__all__ = ["bench_generate", "generate_suite", "GeneratePathsOptions", "run_generate_paths"]
 
 
 def bench_generate(model, tier: str, batch: int, prompt_len: int, new_tokens: int, iters: int,
@@ -45,10 +43,10 @@ def bench_generate(model, tier: str, batch: int, prompt_len: int, new_tokens: in
     row: dict = {"batch": batch, "prompt": prompt_len, "new_tokens": new_tokens}
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device)
     with oom_as_result(row, device, peak=True):
-        row["first_call_s"] = _wall(lambda: model.generate(ids, 2, tier=tier), device) / 1e3
+        row["first_call_s"] = wall_ms(lambda: model.generate(ids, 2, tier=tier), device) / 1e3
         model.generate(ids, new_tokens, tier=tier)                     # warm: every graph exists now
-        pre = [_wall(lambda: model.generate(ids, 1, tier=tier), device) for _ in range(iters)]
-        tot = [_wall(lambda: model.generate(ids, new_tokens, tier=tier), device) for _ in range(iters)]
+        pre = [wall_ms(lambda: model.generate(ids, 1, tier=tier), device) for _ in range(iters)]
+        tot = [wall_ms(lambda: model.generate(ids, new_tokens, tier=tier), device) for _ in range(iters)]
         row["prefill_ms"] = summarize(pre)["ms"]
         row["prefill_ktok_s"] = batch * prompt_len / row["prefill_ms"]
         row["total_ms"] = summarize(tot)["ms"]
@@ -79,3 +77,51 @@ def generate_suite(r, out: list) -> None:
             r.run(out, base, lambda name=name, batch=batch: bench_generate(
                 model, name, batch, cfg.generate_prompt, cfg.generate_new_tokens, cfg.generate_iters, dev))
     model.clear_decoders()
+
+
+@dataclass(kw_only=True)
+class GeneratePathsOptions(ConfigBase):
+    """Reference step vs fused torch path of ``generate`` on the CPU."""
+
+    presets: tuple[str, ...] = opt(("tiny", "small"), "ESSH presets (random weights)")
+    prompt: int = opt(64, "prompt tokens")
+    new_tokens: int = opt(32, "tokens whose cost is averaged")
+    repeats: int = opt(7, "measurements per path (median)")
+    threads: int = opt(1, "torch CPU threads")
+
+    def validate(self) -> None:
+        if min(self.prompt, self.new_tokens, self.repeats, self.threads) < 1:
+            raise ConfigError("GeneratePathsOptions: prompt, new_tokens, repeats and threads must be >= 1")
+
+
+def _cpu_ms_per_token(model, x: torch.Tensor, fast: bool, n: int) -> float:
+    model.generate(x, 2, fast=fast)
+    t = time.process_time()
+    model.generate(x, n + 1, fast=fast)
+    whole = time.process_time() - t
+    t = time.process_time()
+    model.generate(x, 1, fast=fast)
+    return (whole - (time.process_time() - t)) / n * 1e3
+
+
+def run_generate_paths(opts: GeneratePathsOptions, ctx) -> list[dict]:
+    """A row per (preset, path): ``{"preset", "path", "ms_per_token"}``."""
+    from ..config import ESSHConfig
+    from ..models.essh import ESSH, randomize_selective
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(opts.threads)
+    torch.manual_seed(0)
+    rows = []
+    try:
+        for preset in opts.presets:
+            model = randomize_selective(ESSH(ESSHConfig.preset(preset)).eval(), ffn_out_std=0.1)
+            x = torch.randint(0, model.config.vocab_size, (1, opts.prompt))
+            times: dict[str, list[float]] = {"reference": [], "fused-torch": []}
+            for _ in range(opts.repeats):
+                times["reference"].append(_cpu_ms_per_token(model, x, False, opts.new_tokens))
+                times["fused-torch"].append(_cpu_ms_per_token(model, x, True, opts.new_tokens))
+            rows += [{"preset": preset, "path": k, "ms_per_token": statistics.median(v)} for k, v in times.items()]
+    finally:
+        torch.set_num_threads(threads)
+    return rows

@@ -28,6 +28,7 @@ from ..elastic.tiers import resolve_tier
 from ..layers.ffn import SwiGLU
 from ..layers.norm import RMSNorm
 from ..models.baselines import TransformerConfig, TransformerPP
+from .timing import GraphedStep
 
 __all__ = ["MATCH_TOLERANCE", "PeerUnavailable", "require_fla", "match_ffn_width", "transformer_matched",
            "peer_forward", "build_essh", "build_transformer", "cast_matrices", "fla_status", "FlaFFNModel",
@@ -225,8 +226,6 @@ class FlaDecoder:
         """Prefill ``prompt_ids`` [batch, T] (default: ``prompt`` random tokens) into fla's cache; with
         ``graph`` capture one step (the warm-up steps' state changes are undone, so the next ``step``
         continues from the prompt)."""
-        from .decode import GraphedStep
-
         try:   # fla >= 0.5 keeps its cache on transformers' cache layers here; 0.6.0 has no fla.models.utils
             from fla.models.cache_utils import Cache
         except ImportError:

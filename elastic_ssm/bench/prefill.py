@@ -6,17 +6,25 @@ calls (CUDA events); throughput is ``T / median time`` in ktok/s. With ``BenchCo
 ``torch.compile``d once (``compile_model``) and the warm-up calls absorb the compile time. Peak allocated
 memory (weights, activations and the ``[T, V]`` logits) is reported in decimal GB. Out-of-memory is a
 result, not a crash.
+
+Suite kind ``session_prefill`` (``SessionPrefillOptions``): the prefill ``generate`` itself runs
+(``FusedSession.prefill`` into the pooled decoder's cache: eager, or with ``compile`` the CUDA graph of the
+compiled trunk per length bucket), per scan backend and prompt length: the first call's wall seconds (graph
+capture, compilation, fla autotuning) and the median of ``repeats`` warm calls (CUDA events).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from .decode import oom_as_result, summarize, time_fn
+from ..config import ConfigBase, ConfigError, opt
+from .timing import oom_as_result, summarize, time_fn, wall_ms
 
-__all__ = ["bench_prefill"]
+__all__ = ["bench_prefill", "SessionPrefillOptions", "run_session_prefill"]
 
 
 def bench_prefill(forward: Callable[[torch.Tensor], torch.Tensor], length: int, vocab: int,
@@ -35,7 +43,7 @@ def bench_prefill(forward: Callable[[torch.Tensor], torch.Tensor], length: int, 
 
 def prefill_suite(r, out: list) -> None:
     """ESSH at ``prefill_tiers`` and every peer at every prompt length."""
-    from .decode import _peer_model
+    from .decode import peer_model
     from .peers import build_essh, peer_forward
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
@@ -57,7 +65,7 @@ def prefill_suite(r, out: list) -> None:
         holder: dict = {}
 
         def build(peer=peer, holder=holder) -> dict:
-            m, _, info = _peer_model(r, peer)
+            m, _, info = peer_model(r, peer)
             holder["m"], holder["compiled"] = peer_forward(m, peer, cfg.compile, cfg.compile_mode)
             holder["params"] = info["params"]
             return {"params": info["params"]}
@@ -71,3 +79,64 @@ def prefill_suite(r, out: list) -> None:
             r.run(out, row, lambda T=T, m=holder["m"]: bench_prefill(m, T, V, dev, cfg.prefill_warmup,
                                                                      cfg.prefill_iters))
         holder.clear()
+
+
+@dataclass(kw_only=True)
+class SessionPrefillOptions(ConfigBase):
+    """``generate``'s own prefill, timed per scan backend and prompt length (random weights)."""
+
+    preset: str = opt("1.5b", "ESSH preset (random weights)")
+    tier: str = opt("T10", "tier of the pooled decoder")
+    lengths: tuple[int, ...] = opt((2048, 131072), "prompt lengths (batch 1)")
+    compile: bool = opt(False, "compile_model first: on CUDA the prefill replays the graph of the compiled trunk")
+    scan_backends: tuple[str, ...] = opt(("auto",), "ELASTIC_SSM_SCAN_BACKEND of each pass: auto (as the "
+                                                    "environment says), fla, torch")
+    repeats: int = opt(5, "timed prefills per length after the first (median)")
+    device: str = opt("auto", "auto (cuda if available), cuda, cpu")
+
+    def validate(self) -> None:
+        if not self.lengths or min(self.lengths) < 1 or self.repeats < 1:
+            raise ConfigError("SessionPrefillOptions: lengths and repeats must be >= 1")
+        bad = set(self.scan_backends) - {"auto", "fla", "torch"}
+        if bad:
+            raise ConfigError(f"SessionPrefillOptions.scan_backends: unknown {sorted(bad)}; use auto, fla, torch")
+
+
+def run_session_prefill(opts: SessionPrefillOptions, ctx) -> list[dict]:
+    """Rows ``{"backend", "compiled", "length", "first_call_s", "ms", "ktok_s"}``."""
+    from ..config import ESSHConfig
+    from ..models import compile_model
+    from ..models.decode_engine import FusedSession
+    from ..ops.dispatch import ENV_VAR
+    from .peers import build_essh
+
+    dev = torch.device(opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = build_essh(ESSHConfig.preset(opts.preset), dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    if opts.compile:
+        compile_model(model)
+    rows, before = [], os.environ.get(ENV_VAR)
+    try:
+        for backend in opts.scan_backends:
+            if backend != "auto":
+                os.environ[ENV_VAR] = backend
+            for T in opts.lengths:
+                if ctx.time_left() <= 0:
+                    rows.append({"backend": backend, "length": T, "error": "skipped: time budget"})
+                    continue
+                row: dict = {"backend": backend, "compiled": opts.compile, "length": T}
+                ids = torch.randint(0, model.config.vocab_size, (1, T), device=dev)
+                with oom_as_result(row, dev, peak=True), torch.no_grad():
+                    session = FusedSession(model, 1, opts.tier, None, None)
+                    call = lambda s=session, x=ids: s.prefill(x, None)
+                    row["first_call_s"] = wall_ms(call, dev) / 1e3
+                    row["ms"] = summarize(time_fn(call, 0, opts.repeats, dev))["ms"]
+                    row["ktok_s"] = T / row["ms"]
+                ctx.log(f"  prefill {opts.preset} {opts.tier} {backend} compiled={opts.compile} T={T}: {row}")
+                rows.append(row)
+                model.clear_decoders()
+    finally:
+        if before is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = before
+    return rows

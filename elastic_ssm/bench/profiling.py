@@ -1,14 +1,22 @@
-"""Helpers of the GPU scripts: the top device-time kernels of one call (torch.profiler) and a run log."""
+"""Where the time goes: the top device-time kernels of one call (torch.profiler), suite kind ``profile``
+(one workload, prefill / train / decode at a preset, timed and profiled), and the run log of a suite.
+
+``RunLog`` prints timestamped lines and appends them to a file as they come, so a run cut short by its time
+limit still leaves its log (``run_suite`` writes ``<out_dir>/<suite>.log``).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-__all__ = ["top_kernels", "RunLog"]
+from ..config import ConfigBase, ConfigError, opt
+
+__all__ = ["top_kernels", "RunLog", "ProfileOptions", "run_profile"]
 
 
 def top_kernels(fn: Callable[[], object], n: int = 15, log: Callable[[str], None] = print) -> list[dict]:
@@ -33,7 +41,7 @@ def top_kernels(fn: Callable[[], object], n: int = 15, log: Callable[[str], None
 
 
 class RunLog:
-    """Timestamped, flushed log lines of a GPU script, appended to ``path`` (if given; emptied at the start)
+    """Timestamped, flushed log lines of a suite run, appended to ``path`` (if given; emptied at the start)
     as each is written, so a run cut short by its time limit still leaves its log."""
 
     def __init__(self, path=None) -> None:
@@ -49,3 +57,94 @@ class RunLog:
         if self.path is not None:
             with self.path.open("a") as f:
                 f.write(s + "\n")
+
+
+@dataclass(kw_only=True)
+class ProfileOptions(ConfigBase):
+    """One workload timed (CUDA events, median) and profiled (top kernels by device time), random weights."""
+
+    workload: str = opt("prefill", "prefill (batch 1, `length` tokens), train (one fused-AdamW step, bf16 "
+                                   "autocast), decode (graph FastDecoder step after a `length` context)")
+    preset: str = opt("1.5b", "ESSH preset")
+    tier: str = opt("T10", "tier (prefill, decode)")
+    length: int = opt(2048, "prompt length (prefill), context (decode), sequence length (train)")
+    batch: int = opt(1, "batch (train: micro-batch, decode: sequences)")
+    compile: bool = opt(False, "compile_model first (prefill, train; the loss too)")
+    compile_mode: str = opt("default", "torch.compile mode with compile (reduce-overhead: CUDA graphs)")
+    out_layout: str = opt("auto", "decode: FastDecoder out_layout (auto, split, rows)")
+    pdl: str = opt("auto", "decode: programmatic dependent launch (auto, on, off)")
+    warmup: int = opt(2, "untimed calls (absorb compilation and autotuning)")
+    iters: int = opt(5, "timed calls (median)")
+    top: int = opt(15, "kernels listed from one profiled call (0: timing only)")
+
+    def validate(self) -> None:
+        if self.workload not in ("prefill", "train", "decode"):
+            raise ConfigError(f"ProfileOptions.workload must be prefill, train or decode, got {self.workload!r}")
+        if self.out_layout not in ("auto", "split", "rows") or self.pdl not in ("auto", "on", "off"):
+            raise ConfigError("ProfileOptions: out_layout is auto/split/rows and pdl auto/on/off")
+        if min(self.length, self.batch, self.iters) < 1 or self.warmup < 0 or self.top < 0:
+            raise ConfigError("ProfileOptions: length, batch and iters must be >= 1, warmup and top >= 0")
+
+
+def _workload(opts: ProfileOptions, dev: torch.device):
+    """(fn, tokens per call) of the workload."""
+    from ..config import ESSHConfig
+    from ..models import compile_model
+    from .peers import build_essh
+
+    cfg = ESSHConfig.preset(opts.preset)
+    if opts.workload == "decode":
+        from .decode import EsshDecoder
+
+        d = EsshDecoder(build_essh(cfg, dev, torch.bfloat16), opts.tier, opts.batch, opts.length,
+                        graph=dev.type == "cuda", out_layout=opts.out_layout,
+                        pdl={"auto": "auto", "on": True, "off": False}[opts.pdl])
+        tok = torch.randint(0, cfg.vocab_size, (opts.batch,), device=dev)
+        return (lambda: d.step(tok)), opts.batch
+    kw = {} if opts.compile_mode == "default" else {"mode": opts.compile_mode}
+    model = build_essh(cfg, dev, torch.bfloat16 if opts.workload == "prefill" else None)
+    if opts.compile:
+        compile_model(model, **kw)
+    ids = torch.randint(0, cfg.vocab_size, (opts.batch, opts.length), device=dev)
+    if opts.workload == "prefill":
+        def prefill():
+            with torch.inference_mode():
+                model(ids, tier=opts.tier)
+        return prefill, opts.batch * opts.length
+    opt_ = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
+    loss = lambda lg, y: torch.nn.functional.cross_entropy(lg[:, :-1].flatten(0, 1).float(), y[:, 1:].flatten())
+    loss_fn = torch.compile(loss, dynamic=False) if opts.compile else loss
+    model.train()
+
+    def step():
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            out = loss_fn(model(ids), ids)
+        out.backward()
+        opt_.step()
+        opt_.zero_grad(set_to_none=True)
+    return step, opts.batch * opts.length
+
+
+def run_profile(opts: ProfileOptions, ctx) -> list[dict]:
+    """One row: ``ms`` (median), ``ktok_s``, ``peak_gb``, and with ``top`` the profiled call's kernel kinds,
+    launches and device ms; the kernel list goes to the log and ``kernels.json``."""
+    from .timing import summarize, time_fn
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    row: dict = {"workload": opts.workload, "preset": opts.preset, "tier": opts.tier, "length": opts.length,
+                 "batch": opts.batch, "compiled": opts.compile}
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    fn, tokens = _workload(opts, dev)
+    t = time.monotonic()
+    fn()
+    row["first_call_s"] = time.monotonic() - t
+    row.update(summarize(time_fn(fn, opts.warmup, opts.iters, dev)))
+    row["ktok_s"] = tokens / row["ms"]
+    if dev.type == "cuda":
+        row["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        if opts.top:
+            kernels = top_kernels(fn, opts.top, ctx.log)
+            ctx.save_json("kernels.json", kernels)
+            row["top_kernel"] = kernels[0]["name"][:60] if kernels else None
+    return [row]

@@ -21,8 +21,11 @@ import torch
 
 from .peers import fla_status
 
-__all__ = ["environment", "format_table", "ratios", "tables", "write_json", "markdown_section",
-           "append_markdown"]
+__all__ = ["SECTIONS", "environment", "format_table", "ratios", "tables", "write_json", "markdown_section",
+           "append_markdown", "rows_table", "suite_tables", "suite_markdown"]
+
+#: the result sections of one ``run_bench`` (in run order)
+SECTIONS = ("memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode")
 
 
 def _git_commit() -> str:
@@ -57,20 +60,21 @@ def environment(device: torch.device, command: str | None = None) -> dict:
     return env
 
 
-def _cell(v) -> str:
+def _cell(v, width: int = 0) -> str:
     if v is None:
         return "-"
     if isinstance(v, bool):
         return "yes" if v else "NO"
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
-    return str(v)
+    s = str(v)
+    return s[:width - 3] + "..." if width and len(s) > width else s
 
 
 def format_table(rows: list[dict], columns: list[str], title: str | None = None) -> str:
     """Rows as a left/right aligned text table over ``columns`` (missing cells print '-')."""
     head = list(columns)
-    body = [[_cell(r.get(c)) for c in columns] for r in rows]
+    body = [[_cell(r.get(c), 80) for c in columns] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
@@ -149,13 +153,60 @@ def markdown_section(results: dict) -> str:
     return head + "```\n" + tables(results) + "\n```\n"
 
 
-def append_markdown(path: str | Path, results: dict) -> Path:
-    """Append one run to a markdown file (``docs/benchmarks.md``), creating it with a header."""
+def append_markdown(path: str | Path, results: dict, section: str | None = None) -> Path:
+    """Append one run (``section``, default ``markdown_section(results)``) to a markdown file
+    (``docs/benchmarks.md``), creating it with a header; what is there already is never rewritten."""
     path = Path(path)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("# Benchmarks\n\nRaw numbers appended by `elastic-ssm bench` (one section per run; "
                         "see docs/performance.md for the protocol).\n")
     with path.open("a") as f:
-        f.write(markdown_section(results))
+        f.write(markdown_section(results) if section is None else section)
     return path
+
+
+# ---- suites ----------------------------------------------------------------------------------------------
+_SECTION_COLS = dict(zip(SECTIONS, (_MEM_COLS, _DECODE_COLS, _PREFILL_COLS, _GENERATE_COLS, _TRAIN_COLS,
+                                    _SERVE_COLS, _ES_SSM_COLS)), ratios=_RATIO_COLS)
+
+
+def rows_table(rows: list[dict], title: str) -> str:
+    """Rows of any entry kind as a table: the columns of their bench section, else every scalar column in the
+    order first seen; a ``target`` column (PASS / FAIL) when a target judged a row."""
+    sections = list(dict.fromkeys(r.get("section") for r in rows))
+    if len(sections) > 1:
+        return "\n\n".join(rows_table([r for r in rows if r.get("section") == s], f"{title} / {s}")
+                            for s in sections)
+    cols = list(_SECTION_COLS.get(sections[0] or "", []))
+    if not cols:
+        cols = [k for k in dict.fromkeys(k for r in rows for k in r)
+                if k not in ("section", "target") and all(not isinstance(r.get(k), (list, dict)) for r in rows)]
+    if any("target" in r for r in rows):
+        cols = [c for c in cols if c != "error"] + ["target"] + (["error"] if "error" in cols else [])
+    return format_table(rows, cols, title=title)
+
+
+def suite_tables(results: dict) -> str:
+    """Every entry's rows, the targets with PASS / FAIL / n/a, and the entries skipped or failed."""
+    parts = []
+    for e in results.get("entries", []):
+        if e.get("rows"):
+            parts.append(rows_table(e["rows"], f"## {e['name']} ({e['kind']})"))
+    if results.get("targets"):
+        parts.append(format_table(results["targets"], ["entry", "target", "row", "value", "status", "why"],
+                                  title="## targets"))
+    states = [{"entry": e["name"], "kind": e["kind"], "state": e["state"], "seconds": e.get("seconds")}
+              for e in results.get("entries", [])]
+    if states:
+        parts.append(format_table(states, ["entry", "kind", "state", "seconds"], title="## entries"))
+    return "\n\n".join(parts)
+
+
+def suite_markdown(results: dict) -> str:
+    """One suite run as a markdown section: suite, environment line, then the tables in a code block."""
+    env = results.get("env", {})
+    head = (f"\n## {env.get('date', '?')}: suite `{results.get('suite')}` on {env.get('device', '?')}\n\n"
+            f"torch {env.get('torch')}, CUDA {env.get('cuda')}, triton {env.get('triton')}, fla {env.get('fla')}, "
+            f"commit `{env.get('commit')}`; command: `{env.get('command')}`\n\n")
+    return head + "```\n" + suite_tables(results) + "\n```\n"

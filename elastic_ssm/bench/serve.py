@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from .timing import percentile
+
 __all__ = ["IdTokenizer", "serve_suite", "bench_serve", "wait_healthy", "free_port"]
 
 
@@ -41,13 +43,6 @@ class IdTokenizer:
 
     def decode(self, ids) -> str:
         return "".join(chr(0x100 + int(i)) for i in ids)
-
-
-def _percentile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
 def _client(args: tuple) -> dict:
@@ -157,9 +152,9 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
     tokens = sum(p["tokens"] for p in parts)
     ms = lambda v: None if v is None else v * 1e3
     return {"warmup_s": warmup, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
-            "ttft_p50_ms": ms(_percentile(ttft, 50)), "ttft_p99_ms": ms(_percentile(ttft, 99)),
-            "itl_p50_ms": ms(_percentile(itl, 50)),
-            "itl_p99_ms": ms(_percentile(itl, 99))}
+            "ttft_p50_ms": ms(percentile(ttft, 50)), "ttft_p99_ms": ms(percentile(ttft, 99)),
+            "itl_p50_ms": ms(percentile(itl, 50)),
+            "itl_p99_ms": ms(percentile(itl, 99))}
 
 
 def serve_suite(r, out: list) -> None:

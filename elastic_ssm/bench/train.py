@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .decode import oom_as_result, summarize, time_fn
+from .timing import oom_as_result, summarize, time_fn
 
 __all__ = ["PEAK_TFLOPS", "bench_train"]
 

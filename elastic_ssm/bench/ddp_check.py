@@ -4,13 +4,15 @@ Run on 2 GPUs (each rank trains ``--grad-accum`` micro-batches per step; the ref
 with ``grad_accum x N`` micro-batches of the same windows, so both see identical global batches and the
 same capacity plan, ESSH Algorithm 1)::
 
-    torchrun --nproc_per_node 2 scripts/ddp_check.py --steps 50
-    python scripts/ddp_check.py --steps 10 --device cpu     # spawns 2 gloo processes itself
+    torchrun --nproc_per_node 2 -m elastic_ssm.bench.ddp_check --steps 50
+    python -m elastic_ssm.bench.ddp_check --steps 10 --device cpu     # spawns 2 gloo processes itself
 
+(the ``ddp-check`` entry of the ``train-2gpu`` bench suite runs the first).
 Rank 0 prints both loss curves and their maximum absolute difference, and writes
 ``$OUT/ddp_check.json`` (or ``--out``) with the curves, timings and the environment. The two curves
 agree to float32 reduction-order noise (CPU gloo: ~1e-6 over a few steps; GPU: larger, since cuBLAS and
-NCCL reduce in different orders, and the difference grows slowly with the number of steps).
+NCCL reduce in different orders, and the difference grows slowly with the number of steps). This is an
+equivalence report, not a timing: it prints the difference, it does not judge it.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from pathlib import Path
 
 import torch
 
-import elastic_ssm as es
-from elastic_ssm.train import TrainConfig, train
+from .. import data as es_data
+from ..config import ESSHConfig
+from ..train import TrainConfig, train
 
 
 def _args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m elastic_ssm.bench.ddp_check", description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--preset", default="small", help="ESSH preset (byte vocabulary): tiny or small")
     p.add_argument("--seq-len", type=int, default=256)
@@ -45,7 +48,7 @@ def _args(argv=None) -> argparse.Namespace:
 
 def _tokens(max_bytes: int = 4_000_000):
     """Byte tokens of the embedded stdlib corpus (learnable text, so the curves move)."""
-    return es.data.load_corpus("stdlib", "bytes", split="train", max_bytes=max_bytes)
+    return es_data.load_corpus("stdlib", "bytes", split="train", max_bytes=max_bytes)
 
 
 def _config(a: argparse.Namespace, out_dir: str, grad_accum: int, world: int) -> TrainConfig:
@@ -61,10 +64,10 @@ def _run(a: argparse.Namespace) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     tokens = _tokens()
-    model_cfg = es.ESSHConfig.preset(a.preset)
+    model_cfg = ESSHConfig.preset(a.preset)
     # one run directory shared by all ranks (checkpoints hold one file per rank)
     base = os.path.join(tempfile.gettempdir(), f"ddp_check_{os.environ.get('MASTER_PORT', 'single')}")
-    data = lambda r, w: es.data.PackedBatches(tokens, a.seq_len, a.micro_batch, seed=0, rank=r, world_size=w)
+    data = lambda r, w: es_data.PackedBatches(tokens, a.seq_len, a.micro_batch, seed=0, rank=r, world_size=w)
 
     t0 = time.perf_counter()
     # a scratch directory: an earlier check's run there is moved aside (train refuses to mix two runs)

@@ -1,0 +1,207 @@
+"""A fresh process's first token, by phase (suite kind ``first_token``; issue 18: the second process on a
+machine makes its first token of 1.5b within 10 s).
+
+The parent saves a random-weight model of ``preset`` once (``model_dir``, default a folder under the system
+temp dir, reused by later entries and runs), then starts ``runs`` child processes one after another per scan
+backend, each ``python -m elastic_ssm.bench.process first-token DIR ...``: import, ``from_pretrained`` at the
+tier, the pooled fused decoder, the first prefill of a ``prompt``-token prompt and its argmax, then one more
+``generate(prompt, 1)``; wall seconds per phase, measured from the moment the parent started the child (so
+``import_s`` includes the interpreter's start-up). Later children find Triton's kernel and autotuning caches
+on disk, as a user's second process does (``warm``). Optional: ``import_fla`` children that only import fla
+(the cost that dominated the first eager prefill), a cProfile of one child's prefill (``cprofile``, written to
+``profile.txt`` with Triton's autotuning lines), and ``elastic-ssm generate`` end to end (``cli_tokens``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import ConfigBase, ConfigError, opt
+
+__all__ = ["FirstTokenOptions", "run_first_token", "saved_model"]
+
+
+@dataclass(kw_only=True)
+class FirstTokenOptions(ConfigBase):
+    """Fresh processes' first token by phase, per scan backend."""
+
+    preset: str = opt("1.5b", "ESSH preset of the saved random-weight model")
+    tier: str = opt("T10", "tier the children load")
+    model_dir: str = opt("", "model folder to load (saved there first if it has no config.json); '' = "
+                             "<temp dir>/elastic_ssm_bench/<preset>")
+    prompt: int = opt(2048, "prompt tokens of the first prefill")
+    runs: int = opt(3, "children per scan backend, one after another")
+    scan_backends: tuple[str, ...] = opt(("auto",), "ELASTIC_SSM_SCAN_BACKEND of the children: auto (as the "
+                                                    "environment says), fla, torch; runs cycle through them")
+    import_fla: int = opt(0, "children that only import fla first (startup and fla import seconds)")
+    cprofile: bool = opt(False, "one more child with its prefill under cProfile (profile.txt; Triton prints "
+                                "its autotuning)")
+    cli_tokens: int = opt(0, "then `elastic-ssm generate` end to end: prompt of `prompt` characters, this many "
+                             "greedy tokens (0: not run)")
+    device: str = opt("cuda", "device of the children")
+    timeout_s: float = opt(600.0, "limit of one child")
+
+    def validate(self) -> None:
+        if self.prompt < 1 or self.runs < 0 or self.import_fla < 0 or self.cli_tokens < 0:
+            raise ConfigError("FirstTokenOptions: prompt must be >= 1; runs, import_fla, cli_tokens >= 0")
+        bad = set(self.scan_backends) - {"auto", "fla", "torch"}
+        if bad or not self.scan_backends:
+            raise ConfigError(f"FirstTokenOptions.scan_backends: use auto, fla, torch; got {self.scan_backends}")
+
+
+def saved_model(preset: str, model_dir: str = "", device: str = "cuda") -> Path:
+    """``model_dir`` (or the default temp folder) holding a random-weight bf16 ``preset`` model, saved once."""
+    d = Path(model_dir) if model_dir else Path(tempfile.gettempdir()) / "elastic_ssm_bench" / preset
+    if not (d / "config.json").is_file():
+        import torch
+
+        from ..config import ESSHConfig
+        from .peers import build_essh
+
+        dev = torch.device(device if device != "cuda" or torch.cuda.is_available() else "cpu")
+        model = build_essh(ESSHConfig.preset(preset), dev, torch.bfloat16)
+        model.save_pretrained(d)
+        del model
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return d
+
+
+def _child(args: list[str], ctx, env: dict[str, str], timeout: float, log_name: str) -> dict:
+    """One ``python -m elastic_ssm.bench.process ...`` child; its ``RESULT {json}`` line, or the error."""
+    cmd = [sys.executable, "-m", "elastic_ssm.bench.process", *args, "--spawned-at", repr(time.time())]
+    try:
+        p = subprocess.run(cmd, env=ctx.child_env(env), capture_output=True, text=True,
+                           timeout=max(1.0, min(timeout, ctx.time_left())))
+        out, err = p.stdout, p.stderr
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout:.0f} s"}
+    with ctx.path(log_name).open("a") as f:
+        f.write(" ".join(cmd) + "\n" + out + err + "\n")
+    found = [ln[7:] for ln in out.splitlines() if ln.startswith("RESULT ")]
+    if found:
+        return json.loads(found[-1])
+    return {"error": ((err or out).strip().splitlines() or ["no output"])[-1][-300:]}
+
+
+def run_first_token(opts: FirstTokenOptions, ctx) -> list[dict]:
+    """Rows: ``{"probe": "first token", "run", "backend", "warm", "import_s", "load_s", "decoder_s",
+    "prefill_s", "first_token_s", "next_generate_s"}``, ``{"probe": "import fla", ...}`` and
+    ``{"probe": "elastic-ssm generate", "rc", "wall_s"}``."""
+    d = saved_model(opts.preset, opts.model_dir, opts.device)
+    rows: list[dict] = []
+    for i in range(opts.import_fla):
+        rows.append({"probe": "import fla", "run": i + 1, **_child(["import-fla"], ctx, {}, opts.timeout_s,
+                                                                   "children.log")})
+        ctx.log(f"  {rows[-1]}")
+    base = ["first-token", str(d), "--tier", opts.tier, "--prompt", str(opts.prompt), "--device", opts.device]
+    n = 0
+    for i in range(opts.runs):
+        for backend in opts.scan_backends:
+            if ctx.time_left() <= 0:
+                rows.append({"probe": "first token", "run": i + 1, "backend": backend, "error": "skipped: time budget"})
+                continue
+            env = {} if backend == "auto" else {"ELASTIC_SSM_SCAN_BACKEND": backend}
+            res = _child(base, ctx, env, opts.timeout_s, "children.log")
+            rows.append({"probe": "first token", "run": i + 1, "backend": backend, "warm": n > 0, **res})
+            n += 1
+            ctx.log(f"  {rows[-1]}")
+    if opts.cprofile:
+        env = {"TRITON_PRINT_AUTOTUNING": "1"}
+        res = _child([*base, "--cprofile", str(ctx.path("profile.txt"))], ctx, env, opts.timeout_s, "children.log")
+        rows.append({"probe": "first token, cProfile", "backend": "auto", "warm": n > 0, **res})
+    if opts.cli_tokens:
+        prompt = ("def main(argv):\n    return argv\n" * (opts.prompt // 30 + 1))[:opts.prompt]
+        cmd = [sys.executable, "-m", "elastic_ssm.cli", "generate", str(d), "--tier", opts.tier, "--prompt", prompt,
+               "--max-new-tokens", str(opts.cli_tokens), "--temperature", "0"]
+        t = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, env=ctx.child_env(), capture_output=True, text=True,
+                               timeout=max(1.0, min(opts.timeout_s, ctx.time_left())))
+            rc, last = p.returncode, (p.stderr.strip().splitlines() or [""])[-1][-200:]
+        except subprocess.TimeoutExpired:
+            rc, last = "timeout", ""
+        rows.append({"probe": "elastic-ssm generate", "tokens": opts.cli_tokens, "rc": rc,
+                     "wall_s": time.perf_counter() - t, "last_line": last})
+        ctx.log(f"  {rows[-1]}")
+    return rows
+
+
+# ---- the child processes ---------------------------------------------------------------------------------
+def _first_token_child(a: argparse.Namespace) -> dict:
+    import torch
+
+    import elastic_ssm as es
+    from elastic_ssm.models.decode_engine import FusedSession
+
+    sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
+    t_imp = time.time()
+    m = es.ESSH.from_pretrained(a.model, tier=a.tier, device=a.device, dtype=torch.bfloat16)
+    sync()
+    t_load = time.time()
+    ids = torch.randint(0, m.config.vocab_size, (1, a.prompt), device=a.device)
+    s = FusedSession(m, 1, None, None, None)      # a model loaded at a tier is standalone: its only tier
+    sync()
+    t_dec = time.time()
+    with torch.inference_mode():
+        if a.cprofile:
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.runcall(lambda: (s.prefill(ids, None).argmax(-1), sync()))
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("cumtime").print_stats(30)
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
+            Path(a.cprofile).write_text(buf.getvalue())
+        else:
+            s.prefill(ids, None).argmax(-1)
+    sync()
+    t_pre = time.time()
+    m.generate(ids, 1)
+    sync()
+    return {"import_s": t_imp - a.spawned_at, "load_s": t_load - t_imp, "decoder_s": t_dec - t_load,
+            "prefill_s": t_pre - t_dec, "first_token_s": t_pre - a.spawned_at, "next_generate_s": time.time() - t_pre}
+
+
+def _import_fla_child(a: argparse.Namespace) -> dict:
+    import importlib.util
+
+    t1 = time.time()
+    import fla.ops.gla  # noqa: F401
+    import torch._dynamo as dynamo
+
+    t2 = time.time()
+    pyc = importlib.util.cache_from_source(dynamo.__file__)
+    return {"startup_s": t1 - a.spawned_at, "fla_s": t2 - t1, "dynamo_pyc": os.path.exists(pyc),
+            "site_writable": os.access(os.path.dirname(dynamo.__file__), os.W_OK),
+            "dont_write_bytecode": bool(sys.flags.dont_write_bytecode)}
+
+
+def _main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m elastic_ssm.bench.process", description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=("first-token", "import-fla"))
+    p.add_argument("model", nargs="?", help="model folder (first-token)")
+    p.add_argument("--tier", default="T10")
+    p.add_argument("--prompt", type=int, default=2048)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--cprofile", default="", help="write a cProfile of the prefill here")
+    p.add_argument("--spawned-at", type=float, default=None, help="time.time() when the parent started us")
+    a = p.parse_args(argv)
+    if a.spawned_at is None:
+        a.spawned_at = time.time()
+    res = _first_token_child(a) if a.mode == "first-token" else _import_fla_child(a)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    _main()

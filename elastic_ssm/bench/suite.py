@@ -1,0 +1,318 @@
+"""Bench suites: YAML files under ``configs/bench/`` that list typed entries, run by ``elastic-ssm bench
+--bench.suite NAME`` (or a path) within a time budget, with targets as data.
+
+A suite file::
+
+    description: the user's generation path on one H200
+    budget_s: 540          # entries that would start later are skipped (--bench.time_budget_s overrides)
+    gpus: 1                # CUDA devices the suite needs (0: runs anywhere)
+    entries:
+      - name: generate-370m                    # unique; --bench.only picks entries by name (globs)
+        kind: bench                            # kinds.KINDS: bench, tests, command, first_token, ...
+        preset: 370m                           # every other key is an option of the kind (BenchConfig here)
+        benchmarks: [generate]
+        target: {ms_per_token: {max: 0.60}}    # targets.py
+      - {name: scan-check, kind: tests, optional: true, args: [-m, gpu, tests/test_spectral_scan_gpu.py]}
+
+``env`` (a mapping) sets environment variables for one entry (its child processes, or around an
+in-process entry); ``optional: true`` entries run only when ``--bench.only`` names them. ``load_suite``
+validates everything (unknown keys, options, targets) with one-line errors before anything runs;
+``run_suite`` runs the entries in order, each into ``OUT_DIR/<entry>/``, and returns the results (also
+``OUT_DIR/<suite>.json`` and the markdown section ``OUT_DIR/<suite>.md``, appended to ``docs`` if given).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import os
+import re
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import ConfigBase, ConfigError
+from .kinds import KINDS, kind_options, kind_runner
+from .targets import Target, evaluate_targets, parse_targets
+
+__all__ = ["Entry", "Suite", "EntryContext", "suite_dirs", "find_suite", "list_suites", "load_suite",
+           "apply_overrides", "select", "run_suite"]
+
+_SUITE_KEYS = {"description", "budget_s", "gpus", "entries"}
+_ENTRY_KEYS = {"name", "kind", "target", "targets", "env", "optional"}
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(kw_only=True)
+class Entry:
+    """One typed entry: ``options`` is an instance of its kind's options dataclass."""
+
+    name: str
+    kind: str
+    options: ConfigBase
+    targets: list[Target] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    optional: bool = False
+
+
+@dataclass(kw_only=True)
+class Suite:
+    name: str
+    path: Path
+    description: str = ""
+    budget_s: float = 0.0
+    gpus: int = 0
+    entries: list[Entry] = field(default_factory=list)
+
+
+def suite_dirs() -> list[Path]:
+    """Where suite names are looked up: ``./configs/bench`` then the checkout's ``configs/bench``."""
+    dirs = [Path.cwd() / "configs" / "bench", Path(__file__).resolve().parents[2] / "configs" / "bench"]
+    return list(dict.fromkeys(d.resolve() for d in dirs if d.is_dir()))
+
+
+def list_suites() -> dict[str, Path]:
+    """Suite name -> file, over ``suite_dirs()`` (the first folder wins a name)."""
+    out: dict[str, Path] = {}
+    for d in suite_dirs():
+        for p in sorted(d.glob("*.yaml")):
+            out.setdefault(p.stem, p)
+    return out
+
+
+def find_suite(name_or_path: str) -> Path:
+    """A suite file from a name under ``configs/bench/`` or a path (one-line error naming the choices)."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        if not p.is_file():
+            raise ConfigError(f"bench suite file {p} does not exist")
+        return p
+    known = list_suites()
+    if name_or_path not in known:
+        raise ConfigError(f"unknown bench suite {name_or_path!r}; choose from {sorted(known)} (configs/bench/) "
+                          "or give a path to a YAML file")
+    return known[name_or_path]
+
+
+def _entry(raw: Any, i: int, where: str) -> Entry:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: entry {i + 1} must be a mapping with name and kind, got {raw!r}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"{where}: entry {i + 1} needs a name of letters, digits, '.', '_' or '-', got {name!r}")
+    here = f"{where}, entry {name!r}"
+    kind = raw.get("kind")
+    if kind not in KINDS:
+        raise ConfigError(f"{here}: unknown kind {kind!r}; choose from {sorted(KINDS)}")
+    if "target" in raw and "targets" in raw:
+        raise ConfigError(f"{here}: give 'target' or 'targets', not both")
+    env = raw.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+        raise ConfigError(f"{here}: env must map variable names to values, got {env!r}")
+    optional = raw.get("optional", False)
+    if not isinstance(optional, bool):
+        raise ConfigError(f"{here}: optional must be true or false, got {optional!r}")
+    spec = raw.get("target", raw.get("targets"))
+    targets = parse_targets(spec, here) if spec is not None else []
+    options = {k: v for k, v in raw.items() if k not in _ENTRY_KEYS}
+    try:
+        opts = kind_options(kind).from_dict(options)
+    except (ConfigError, TypeError, ValueError) as e:
+        raise ConfigError(f"{here}: {e}") from None
+    return Entry(name=name, kind=kind, options=opts, targets=targets, env={k: str(v) for k, v in env.items()},
+                 optional=optional)
+
+
+def load_suite(name_or_path: str | Path) -> Suite:
+    """Parse and validate a suite (see the module docstring); nothing runs."""
+    path = find_suite(str(name_or_path))
+    where = f"bench suite {path}"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a mapping with 'entries', got {type(data).__name__}")
+    unknown = sorted(set(data) - _SUITE_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; a suite has {sorted(_SUITE_KEYS)}")
+    raw = data.get("entries")
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where}: 'entries' must be a non-empty list of entries")
+    budget, gpus = data.get("budget_s", 0.0), data.get("gpus", 0)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
+        raise ConfigError(f"{where}: budget_s must be seconds >= 0 (0: no limit), got {budget!r}")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise ConfigError(f"{where}: gpus must be a whole number >= 0, got {gpus!r}")
+    entries = [_entry(e, i, where) for i, e in enumerate(raw)]
+    seen: set[str] = set()
+    for e in entries:
+        if e.name in seen:
+            raise ConfigError(f"{where}: two entries are named {e.name!r}; names must be unique")
+        seen.add(e.name)
+    return Suite(name=path.stem, path=path, description=str(data.get("description", "")), budget_s=float(budget),
+                 gpus=gpus, entries=entries)
+
+
+def apply_overrides(suite: Suite, sets: tuple[str, ...] = (), options: dict[str, Any] | None = None) -> Suite:
+    """Change entry options in place: ``sets`` items ``[ENTRY.]KEY=VALUE`` (VALUE read as YAML) set KEY of the
+    named entry or of every entry whose kind has KEY; ``options`` (the other ``--bench.*`` flags given) set
+    those fields in every entry whose kind has them. Each changed options object is validated again."""
+    changes: list[tuple[str | None, str, Any, str]] = []
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--bench.set {item!r}: write KEY=VALUE or ENTRY.KEY=VALUE, e.g. steps=4")
+        head, dot, tail = key.rpartition(".")
+        name, key = (head, tail) if dot and head in {e.name for e in suite.entries} else (None, key)
+        changes.append((name, key, yaml.safe_load(value), f"--bench.set {item}"))
+    for key, value in (options or {}).items():
+        changes.append((None, key, value, f"--bench.{key}"))
+    for name, key, value, flag in changes:
+        hit = False
+        for e in suite.entries:
+            if (name is None or e.name == name) and key in type(e.options).__dataclass_fields__:
+                try:
+                    e.options = type(e.options).from_dict({**e.options.to_dict(), key: value})
+                except (ConfigError, TypeError, ValueError) as err:
+                    raise ConfigError(f"{flag}: entry {e.name!r}: {err}") from None
+                hit = True
+        if not hit and flag.startswith("--bench.set"):
+            raise ConfigError(f"{flag}: no entry of suite {suite.name} has an option {key!r}"
+                              + (f" (entry {name!r})" if name else ""))
+    return suite
+
+
+def select(suite: Suite, only: tuple[str, ...]) -> list[Entry]:
+    """Entries to run: those ``only`` names (glob patterns) or, without ``only``, every non-optional one."""
+    if not only:
+        return [e for e in suite.entries if not e.optional]
+    for pat in only:
+        if not any(fnmatch.fnmatchcase(e.name, pat) for e in suite.entries):
+            raise ConfigError(f"--bench.only {pat!r} matches no entry of suite {suite.name}; its entries are "
+                              f"{[e.name for e in suite.entries]}")
+    return [e for e in suite.entries if any(fnmatch.fnmatchcase(e.name, p) for p in only)]
+
+
+@dataclass
+class EntryContext:
+    """What an entry's run function gets besides its options."""
+
+    name: str
+    out_dir: Path
+    log: Callable[[str], None]
+    deadline: float | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def time_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def child_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment of a child process: ours, the entry's ``env``, ``extra``, and ``PYTHONPATH`` led by
+        the folder this ``elastic_ssm`` is imported from (so ``python -m elastic_ssm...`` finds it)."""
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, **self.env, **(extra or {})}
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH", "")) if x)
+        return env
+
+    def path(self, name: str) -> Path:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        return self.out_dir / name
+
+    def write_text(self, name: str, text: str) -> Path:
+        p = self.path(name)
+        p.write_text(text)
+        return p
+
+    def read_text(self, name: str) -> str:
+        p = self.out_dir / name
+        return p.read_text() if p.is_file() else ""
+
+    def save_json(self, name: str, data: Any) -> Path:
+        return self.write_text(name, json.dumps(data, indent=1, default=str))
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]):
+    """``env`` set in ``os.environ`` for an in-process entry, the previous values restored afterwards."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | None = None,
+              out_dir: str | Path = "bench_out", docs: str = "", log: Callable[[str], None] | None = None) -> dict:
+    """Run the selected entries of ``suite`` in order within ``budget_s`` (None: the suite's ``budget_s``;
+    0: no limit): an entry that would start after the budget is skipped and listed as skipped, an entry that
+    raises is recorded with its error and the run goes on. Returns ``{"env", "suite", "budget_s", "entries":
+    [{"name", "kind", "state", "seconds", "rows", "targets"}], "targets", "skipped"}``, written to
+    ``out_dir/<suite>.json`` after every entry; the tables go to ``out_dir/<suite>.md`` and, with ``docs``,
+    are appended to that file (docs/benchmarks.md). ``log`` receives every line (default: printed and kept in
+    ``out_dir/<suite>.log``)."""
+    import torch
+
+    from . import report
+    from .profiling import RunLog
+
+    if suite.gpus and torch.cuda.device_count() < suite.gpus:
+        raise ConfigError(f"bench suite {suite.name} needs {suite.gpus} CUDA GPU(s), this machine has "
+                          f"{torch.cuda.device_count()}; run it on a GPU machine or pick a CPU suite such as cpu-smoke")
+    entries = select(suite, only)
+    budget = suite.budget_s if budget_s is None else budget_s
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = log or RunLog(out / f"{suite.name}.log")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    res: dict = {"env": report.environment(dev), "suite": suite.name, "path": str(suite.path),
+                 "description": suite.description, "budget_s": budget, "entries": [], "targets": [], "skipped": []}
+    log(f"bench suite {suite.name} on {res['env']['device']}: {len(entries)} entries, "
+        f"budget {f'{budget:.0f} s' if budget else 'none'}, output {out}")
+    t0 = time.monotonic()
+    deadline = t0 + budget if budget else None
+    for e in entries:
+        rec: dict = {"name": e.name, "kind": e.kind, "options": e.options.to_dict(), "env": e.env, "rows": []}
+        if deadline is not None and time.monotonic() >= deadline:
+            rec["state"] = "skipped: time budget"
+            res["skipped"].append(e.name)
+            log(f"== {e.name}: skipped (time budget)")
+        else:
+            log(f"== {e.name} ({e.kind}) [{time.monotonic() - t0:.0f} s]")
+            ctx = EntryContext(name=e.name, out_dir=out / e.name, log=log, deadline=deadline, env=e.env)
+            t = time.monotonic()
+            try:
+                with _environ(e.env):
+                    rec["rows"] = list(kind_runner(e.kind)(e.options, ctx))
+                rec["state"] = "ran"
+            except Exception as err:  # one failing entry must not lose the others
+                traceback.print_exc()
+                msg = str(err).splitlines()[0][:300] if str(err) else ""
+                rec["state"] = f"error: {type(err).__name__}: {msg}"
+            rec["seconds"] = round(time.monotonic() - t, 1)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            log(f"== {e.name}: {rec['state']} in {rec['seconds']} s")
+        rec["targets"] = evaluate_targets(e.targets, rec["rows"], e.name, rec["state"])
+        res["entries"].append(rec)
+        res["targets"] += rec["targets"]
+        report.write_json(out / f"{suite.name}.json", res)
+    text = report.suite_tables(res)
+    log("\n" + text)
+    (out / f"{suite.name}.md").write_text(report.suite_markdown(res))
+    log(f"wrote {out / (suite.name + '.json')} and {out / (suite.name + '.md')}")
+    if docs:
+        report.append_markdown(docs, res, section=report.suite_markdown(res))
+        log(f"appended to {docs}")
+    return res

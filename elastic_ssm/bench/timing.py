@@ -1,0 +1,156 @@
+"""Timing helpers of every benchmark: warm-up then timed calls (CUDA events on the GPU, ``perf_counter`` on
+the CPU), medians and percentiles, wall-clock calls, CUDA-graph replays, relative errors, OOM as a result.
+
+Every bench module times through these (no private copies): ``time_fn`` (per-call ms after ``warmup``
+untimed calls), ``summarize`` (median, min, p90 - p10 spread), ``wall_ms`` (one synchronised call),
+``time_graph_us`` (a CUDA graph of ``reps`` calls, replayed, median per call), ``percentile``, ``rel_err``
+(relative error of two tensors, for sweeps that must not time a wrong configuration), ``oom_as_result`` and
+``GraphedStep`` (a whole decode step as one CUDA graph). Correctness checks live in the ``gpu`` tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+__all__ = ["sync", "time_fn", "summarize", "wall_ms", "time_graph_us", "percentile", "rel_err", "oom_as_result",
+           "GraphedStep"]
+
+
+def sync(device: torch.device | str | None = None) -> None:
+    """Wait for the device's queued work (no-op off CUDA)."""
+    device = torch.device(device) if device is not None else None
+    if device is None and torch.cuda.is_available() or device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_fn(fn: Callable[[], object], warmup: int, iters: int, device: torch.device) -> list[float]:
+    """Run ``fn`` ``warmup`` times untimed, then ``iters`` times; per-call times in ms (CUDA events on CUDA,
+    one event pair per call, read after one final synchronisation)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    if device.type == "cuda":
+        new = lambda: torch.cuda.Event(enable_timing=True)
+        ev = [(new(), new()) for _ in range(iters)]
+        for s, e in ev:
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize(device)
+        return [s.elapsed_time(e) for s, e in ev]
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def summarize(times_ms: list[float]) -> dict[str, float]:
+    """Median, min and spread (p90 - p10) of a list of times in ms."""
+    q = statistics.quantiles(times_ms, n=10) if len(times_ms) >= 2 else [times_ms[0]] * 9
+    return {"ms": statistics.median(times_ms), "ms_min": min(times_ms), "ms_spread": q[-1] - q[0],
+            "n": len(times_ms)}
+
+
+def wall_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall-clock ms of one call of ``fn``, the device synchronised before and after."""
+    sync(device)
+    t = time.perf_counter()
+    fn()
+    sync(device)
+    return (time.perf_counter() - t) * 1e3
+
+
+def time_graph_us(fn: Callable[[int], object], reps: int, replays: int = 20) -> float:
+    """Microseconds per call of ``fn(i)`` for i in range(reps), captured in one CUDA graph (warmed on a side
+    stream first) and replayed ``replays`` times; the median replay / ``reps``. Calls on different inputs
+    ``i`` (e.g. weight copies larger than the L2 together) time cold reads."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(reps):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / reps)
+    return statistics.median(ts)
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) of ``xs`` by nearest rank; None for an empty list."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor, norm: str = "fro") -> float:
+    """Relative error of ``a`` against the reference ``b``: ``||a - b|| / ||b||`` (``norm="fro"``) or
+    ``max|a - b| / max|b|`` (``norm="max"``), computed in float32."""
+    a, b = a.float(), b.float()
+    if norm == "max":
+        return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@contextlib.contextmanager
+def oom_as_result(row: dict, device: torch.device, peak: bool = False) -> Iterator[None]:
+    """One benchmark entry: on CUDA the allocator cache is emptied (and with ``peak`` the peak-memory
+    counter reset) before the body; after it ``row["peak_gb"]`` holds the peak allocated decimal GB
+    (``peak``). Out-of-memory in the body becomes ``row["error"] = "OOM"`` instead of an exception; the
+    cache is emptied again afterwards either way. Objects the body keeps in the caller's locals are freed
+    when the caller returns (the next entry empties the cache again)."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        if peak:
+            torch.cuda.reset_peak_memory_stats(device)
+    try:
+        yield
+        if cuda and peak:
+            row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    except torch.OutOfMemoryError:
+        row["error"] = "OOM"
+    finally:
+        if cuda:
+            torch.cuda.empty_cache()
+
+
+class GraphedStep:
+    """CUDA graph of ``step(tokens [B]) -> logits`` for any step function with static buffers."""
+
+    def __init__(self, step: Callable[[torch.Tensor], torch.Tensor], batch: int, device: torch.device,
+                 warmup: int = 2) -> None:
+        self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                step(self.tokens)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = step(self.tokens)
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.tokens.copy_(tokens, non_blocking=True)
+        self.graph.replay()
+        return self.out
