@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import ConfigBase, ConfigError
+from ..config import ConfigBase, ConfigError, TrainConfig, resolve_precision
 from .budget_dropout import make_recipe, resolve_recipe_name
 from .checkpoint import (
     DataStream,
@@ -46,7 +46,6 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from .config import TrainConfig, resolve_precision
 from .dist import (
     DistContext,
     all_reduce,

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...baseline_config import MatFormerConfig, TransformerConfig
+from ...config import MatFormerConfig, TransformerConfig
 from ...elastic.slicing import SliceRule, empty_linear, linear
 from ...elastic.tiers import Tier
 from ...layers.attention import apply_rope, rope_cos_sin
