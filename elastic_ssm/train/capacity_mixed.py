@@ -124,8 +124,9 @@ class CapacityMixed(Recipe):
 
     @classmethod
     def from_config(cls, model_cfg: Any, cfg: Any) -> CapacityMixed:
-        return cls(model_cfg, cfg.capacities, cfg.full_share, cfg.n_warm_tokens, cfg.kl_coef, cfg.alpha_ff,
-                   cfg.seed, cfg.steps, cfg.order_every, cfg.order_until, cfg.stat_decay)
+        mix, order = cfg.mixing, cfg.ordering
+        return cls(model_cfg, mix.capacities, mix.full_share, mix.n_warm_tokens, mix.kl_coef, mix.alpha_ff,
+                   cfg.seed, cfg.steps, order.every, order.until, order.stat_decay)
 
     def setup(self, model: nn.Module) -> None:
         enable_tracking(model, self.order_every > 0, self.stat_decay)
