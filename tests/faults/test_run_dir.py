@@ -64,8 +64,8 @@ def test_reused_dir_is_refused_and_overwrite_moves_the_old_run_aside(done, tmp_p
     assert "moved the previous run" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("change", [["--train.kl_coef", "0.3"], ["--train.alpha_ff", "0.25"],
-                                    ["--train.capacities", "0.5", "1.0"], ["--model.d_ff", "128"],
+@pytest.mark.parametrize("change", [["--train.mixing.kl_coef", "0.3"], ["--train.mixing.alpha_ff", "0.25"],
+                                    ["--train.mixing.capacities", "0.5", "1.0"], ["--model.d_ff", "128"],
                                     ["--data.max_train_bytes", "1000"], ["--train.seed", "1"]])
 def test_resume_refuses_objective_changes_and_leaves_the_run_untouched(done, tmp_path, capsys, change):
     cfg, run = _copy(done, tmp_path)
