@@ -124,9 +124,11 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False):
     out = Path(run.train.out_dir)
     saved = out / "run.yaml"
     if resume and saved.is_file():
-        from .config import RunConfig
+        import yaml
 
-        before = RunConfig.from_yaml(saved).model.to_dict()
+        from .config import model_config_from_dict
+
+        before = model_config_from_dict((yaml.safe_load(saved.read_text()) or {}).get("model") or {}).to_dict()
         # a run started before the tokenizer set eos / pad keeps its saved ids (they do not touch the weights);
         # every other setting is compared by train()'s start-up checks
         ids = {k: before[k] for k in ("eos_token_id", "pad_token_id")

@@ -91,6 +91,37 @@ def test_resume_of_a_run_written_by_an_older_version_names_that(done, tmp_path, 
     assert _snapshot(run) == before
 
 
+def _flat_train(train):
+    """A train record as the version before the train sections wrote it (flat names, refine nested)."""
+    from elastic_ssm.config import TrainConfig
+
+    flat = {k: v for k, v in train.items() if not isinstance(v, dict) or k == "refine"}
+    for old, path in TrainConfig.FLAT_NAMES.items():
+        sec, sub = path.split(".")
+        flat[old] = train[sec][sub]
+    return flat
+
+
+def test_resume_of_a_run_written_with_flat_train_names(done, tmp_path, capsys):
+    """A run.yaml written before the train settings moved into sections (lr, n_warm_tokens, eval_every, ...)
+    resumes when the settings are equal, and a changed one is named by its new path."""
+    import yaml
+
+    cfg, run = _copy(done, tmp_path)
+    saved = yaml.safe_load((run / "run.yaml").read_text())
+    flat = _flat_train(saved["train"])
+    assert "lr" in flat and "optim" not in flat and flat["n_warm_tokens"] == 64
+    (run / "run.yaml").write_text(yaml.safe_dump({**saved, "train": flat}, sort_keys=False))
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume",
+                 "--train.mixing.kl_coef", "0.25"]) == 2
+    _one_line_error(capsys, "train.mixing.kl_coef: 0.5 -> 0.25")
+    (run / "run.yaml").write_text(yaml.safe_dump({**saved, "train": flat}, sort_keys=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # an old record is mapped silently
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume"]) == 0
+    assert yaml.safe_load((run / "run.yaml").read_text())["train"]["optim"]["lr"] == flat["lr"]
+
+
 def test_python_resume_compares_the_checkpoints_train_config(tmp_path):
     """``train(resume=True)`` without a run.yaml compares against the TrainConfig stored in the checkpoint."""
     import torch
