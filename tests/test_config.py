@@ -146,7 +146,7 @@ def test_old_flat_train_names_still_load_with_one_warning_line(tmp_path):
     assert all(c == want for c in loaded)
     assert all("\n" not in str(w.message) and "lr -> optim.lr" in str(w.message) for w in got)
     with pytest.warns(FlatNameWarning, match="order_every -> ordering.every"):
-        assert want.order_every == 3 and want.lr == 3e-3          # old attribute reads
+        assert want.order_every == 3                              # old attribute reads
     with pytest.raises(ConfigError, match="give only optim.lr"):
         TrainConfig.from_dict({"lr": 1e-3, "optim": {"lr": 2e-3}})
     with pytest.raises(ConfigError, match="unknown field"):
