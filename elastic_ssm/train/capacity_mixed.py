@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config import TierLike
 from ..elastic.tiers import Tier, capacity_tier, resolve_tier
 from .dist import DistContext
 from .ffn_order import enable_tracking, order_ffn_units, should_order
@@ -53,7 +54,7 @@ def slot_rng(seed: int, step: int, stream: int) -> np.random.Generator:
 class MicroPlan:
     """What one micro-batch computes (keyword arguments of ``LossModule.forward`` plus a log label)."""
 
-    tier: Any = None
+    tier: TierLike = None
     label: float | int = 1.0
     ffn_grad_scale: float | None = None
     distill: tuple[str, float] | None = None
