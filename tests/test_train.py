@@ -304,7 +304,7 @@ def test_budget_dropout_recipe_es_ssm(tmp_path, task):
 
 # ---- checkpoints ---------------------------------------------------------------------------------------
 def test_resume_is_bit_exact(tiny_cfg, tmp_path):
-    kw = dict(steps=6, n_warm_tokens=2 * B * L * 2, order_every=2, full_share=0.5)
+    kw = dict(steps=6, mixing=dict(n_warm_tokens=2 * B * L * 2, full_share=0.5), ordering=dict(every=2))
     straight = train(tiny_cfg, es.data.PackedBatches(_tokens(), L, B), _cfg(tmp_path / "a", **kw),
                      progress=False)
     first = train(tiny_cfg, es.data.PackedBatches(_tokens(), L, B), _cfg(tmp_path / "b", **kw),
