@@ -261,10 +261,10 @@ def test_divergence_names_the_step_the_checkpoint_and_what_to_try(done, tmp_path
     out = tmp_path / "div"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rc = main(["train", "--config", str(cfg), "--train.out_dir", str(out), "--train.lr", "1e35",
-                   "--train.clip", "0", "--train.steps", "4"])
+        rc = main(["train", "--config", str(cfg), "--train.out_dir", str(out), "--train.optim.lr", "1e35",
+                   "--train.optim.clip", "0", "--train.steps", "4"])
     assert rc == 2
-    err = _one_line_error(capsys, "training diverged", "non-finite loss", "--train.lr")
+    err = _one_line_error(capsys, "training diverged", "non-finite loss", "--train.optim.lr")
     assert "step_0000001" in err or "no checkpoint was written yet" in err
 
 
