@@ -26,33 +26,42 @@ def _base_type(tp: Any) -> Any:
 
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str,
-                        skip: set[str] | None = None) -> set[str]:
-    """Add one flag per field of ``cls`` (defaults suppressed: absent flags do not override).
+                        skip: set[str] | None = None, aliases: dict[str, str] | None = None) -> set[str]:
+    """Add one flag per field of ``cls`` (defaults suppressed: absent flags do not override); a nested section
+    (a dataclass field) gets ``--<prefix>.<section>.<field>`` flags, recursively.
 
-    Fields named in ``skip`` are left out (already added for another class); returns the added names.
+    Fields named in ``skip`` are left out (already added for another class); returns the added names. A field
+    path with an old name in ``cls.FLAT_NAMES`` (``optim.lr`` <- ``lr``) also answers to ``--<prefix>.<old>``.
     """
     group = parser.add_argument_group(f"{prefix} ({cls.__name__})")
     hints = typing.get_type_hints(cls)
+    if aliases is None:
+        flat = getattr(cls, "FLAT_NAMES", {})
+        aliases = {path: f"--{prefix}.{old}" for old, path in flat.items()}
     added = set()
     for f in dataclasses.fields(cls):
         if skip and f.name in skip:
             continue
         added.add(f.name)
         tp = _base_type(hints[f.name])
-        flag = f"--{prefix}.{f.name}"
+        if dataclasses.is_dataclass(tp):
+            sub = {k.partition(".")[2]: v for k, v in aliases.items() if k.startswith(f.name + ".")}
+            add_dataclass_flags(parser, tp, f"{prefix}.{f.name}", aliases=sub)
+            continue
         help_ = f.metadata.get("help", "").replace("%", "%%")
         if f.default is not dataclasses.MISSING:
             help_ += f" (default: {f.default!r})".replace("%", "%%")
-        kw: dict[str, Any] = {"dest": f"{prefix}.{f.name}", "help": help_, "default": argparse.SUPPRESS}
-        if dataclasses.is_dataclass(tp):
-            continue  # nested sections are configured through YAML
-        if tp is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-        elif typing.get_origin(tp) is tuple:
-            (item,) = typing.get_args(tp)[:1]
-            group.add_argument(flag, nargs="+", type=_parse_scalar(item), **kw)
-        else:
-            group.add_argument(flag, type=_parse_scalar(tp), **kw)
+        for flag, shown in ((f"--{prefix}.{f.name}", help_), (aliases.get(f.name), argparse.SUPPRESS)):
+            if flag is None:
+                continue                                   # the old flat name is accepted, not listed
+            kw: dict[str, Any] = {"dest": f"{prefix}.{f.name}", "help": shown, "default": argparse.SUPPRESS}
+            if tp is bool:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            elif typing.get_origin(tp) is tuple:
+                (item,) = typing.get_args(tp)[:1]
+                group.add_argument(flag, nargs="+", type=_parse_scalar(item), **kw)
+            else:
+                group.add_argument(flag, type=_parse_scalar(tp), **kw)
     return added
 
 
@@ -72,7 +81,8 @@ def _parse_scalar(tp: Any):
 
 
 def collect_overrides(ns: argparse.Namespace, prefix: str) -> dict[str, Any]:
-    """The ``--<prefix>.<field>`` values given on the command line, as a dict of field -> value."""
+    """The ``--<prefix>.<field>`` values given on the command line, as a dict of field -> value (a nested
+    section's field as a dotted path, ``optim.lr``: ``ConfigBase.updated`` applies it)."""
     out = {}
     for key, value in vars(ns).items():
         if key.startswith(prefix + "."):

@@ -57,7 +57,7 @@ def build_data(run: Any) -> RunData:
 
         try:
             src = SyntheticSource(d.source, run.model.vocab_size)
-            val = src.validation(t.seq_len, t.micro_batch_size, t.eval_batches, t.seed)
+            val = src.validation(t.seq_len, t.micro_batch_size, t.eval.batches, t.seed)
         except ValueError as e:
             raise ConfigError(f"data.source: {e}") from e
         return RunData(None, val, run.model.vocab_size, 0.0, d.source, synthetic=src)
@@ -69,10 +69,10 @@ def build_data(run: Any) -> RunData:
     train_tokens = load_corpus(d.source, tok, split="train", max_bytes=cap, text_field=d.text_field)
     val_src = d.val_source or d.source
     val_tokens = load_corpus(val_src, tok, split="validation", text_field=d.text_field)
-    val = list(evaluation_batches(val_tokens, t.seq_len, t.micro_batch_size, t.eval_batches))
+    val = list(evaluation_batches(val_tokens, t.seq_len, t.micro_batch_size, t.eval.batches))
     if not val:
         raise ConfigError(f"validation source {val_src!r} is shorter than one sequence of {t.seq_len} tokens")
-    bpt = t.bytes_per_token or (1.0 if tok.vocab_size <= 260 else 0.0)
+    bpt = t.eval.bytes_per_token or (1.0 if tok.vocab_size <= 260 else 0.0)
     return RunData(train_tokens, val, tok.vocab_size, bpt or 1.0, d.source, tokenizer=tok)
 
 
@@ -124,9 +124,11 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False):
     out = Path(run.train.out_dir)
     saved = out / "run.yaml"
     if resume and saved.is_file():
-        from .run_config import RunConfig
+        import yaml
 
-        before = RunConfig.from_yaml(saved).model.to_dict()
+        from .config import model_config_from_dict
+
+        before = model_config_from_dict((yaml.safe_load(saved.read_text()) or {}).get("model") or {}).to_dict()
         # a run started before the tokenizer set eos / pad keeps its saved ids (they do not touch the weights);
         # every other setting is compared by train()'s start-up checks
         ids = {k: before[k] for k in ("eos_token_id", "pad_token_id")

@@ -106,7 +106,8 @@ def test_train_help_lists_derived_flags(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = capsys.readouterr().out
-    assert "--train.full_share" in out and "--model.n_modes" in out and "--data.source" in out
+    assert "--train.mixing.full_share" in out and "--model.n_modes" in out and "--data.source" in out
+    assert "--train.refine.steps" in out and "--train.full_share" not in out   # old flat names: accepted, not listed
 
 
 def test_python_resume_refuses_a_different_model(tmp_path):

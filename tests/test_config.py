@@ -38,7 +38,11 @@ def test_validation_names_the_field():
 
 
 def test_every_field_has_help():
-    for cls in (es.ESSHConfig, es.ESSSMConfig):
+    from elastic_ssm import config
+
+    classes = [getattr(config, n) for n in config.__all__ if n.endswith("Config") and n != "ModelConfig"]
+    assert len(classes) >= 15
+    for cls in classes:
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
 
@@ -54,12 +58,116 @@ def test_every_yaml_in_configs_loads():
 
 
 def test_exponent_floats_written_without_a_dot_load_from_yaml(tmp_path):
-    from elastic_ssm.run_config import RunConfig
+    from elastic_ssm.config import RunConfig
 
     path = tmp_path / "run.yaml"
-    path.write_text("model: {arch: essh, preset: tiny}\ntrain: {lr: 3e-4, weight_decay: 1E-2}\n")
+    path.write_text("model: {arch: essh, preset: tiny}\ntrain: {optim: {lr: 3e-4, weight_decay: 1E-2}}\n")
     run = RunConfig.from_yaml(path)                  # PyYAML reads both as strings (YAML 1.1)
-    assert run.train.lr == 3e-4 and run.train.weight_decay == 1e-2
-    path.write_text("model: {arch: essh, preset: tiny}\ntrain: {lr: fast}\n")
+    assert run.train.optim.lr == 3e-4 and run.train.optim.weight_decay == 1e-2
+    path.write_text("model: {arch: essh, preset: tiny}\ntrain: {optim: {lr: fast}}\n")
     with pytest.raises(es.ConfigError, match="lr: expected float, got 'fast'"):
         RunConfig.from_yaml(path)
+
+
+# ---- one torch-free config tree ----------------------------------------------------------------------------
+_NO_TORCH = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, _Block())
+from elastic_ssm.config import ESSHConfig, ESSSMConfig, RunConfig, TrainConfig, load_any_config
+run = RunConfig()
+t = TrainConfig.preset("370m")
+table = ESSHConfig.preset("1.5b").tier_table()
+run2 = load_any_config("configs/essh-370m-train.yaml")
+spec = RunConfig.from_dict({"model": {"arch": "es_ssm", "preset": "tiny", "tier_config": "K4"}})
+assert "torch" not in sys.modules
+print(run.arch, t.optim.lr, table[-1].params, run2.train.refine.steps, spec.model.budgets)
+"""
+
+
+def test_config_package_builds_runs_presets_and_tier_tables_without_torch():
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-c", _NO_TORCH], cwd=root, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["essh", "0.0012", str(es.ESSHConfig.preset("1.5b").tier_table()[-1].params),
+                                "2060", "(4,)"]
+
+
+def test_run_config_is_a_typed_config_base():
+    from elastic_ssm.config import ConfigBase, DataConfig, ModelConfig, RunConfig, TrainConfig, model_configs
+
+    run = RunConfig.from_dict({"model": {"arch": "transformer", "preset": "tiny", "d_ff": 96},
+                               "train": {"steps": 3, "optim": {"lr": 2e-3}}, "data": {"tokenizer": "bytes"}})
+    assert isinstance(run, ConfigBase) and isinstance(run.model, ModelConfig)
+    assert isinstance(run.train, TrainConfig) and isinstance(run.data, DataConfig)
+    assert run.arch == "transformer" and run.model.d_ff == 96 and run.explicit_model_fields == {"d_ff"}
+    assert set(model_configs()) == {"essh", "es_ssm", "transformer", "matformer"}
+    back = RunConfig.from_dict(run.to_dict())
+    assert back == run and back.to_dict() == run.to_dict()
+    new = run.with_overrides({"n_layers": 1}, {"optim.weight_decay": 0.0, "refine.steps": 2}, {})
+    assert (new.model.n_layers, new.train.optim.weight_decay, new.train.optim.lr, new.train.refine.steps) == (
+        1, 0.0, 2e-3, 2)
+    with pytest.raises(ConfigError, match="--train.optim.lrr"):
+        run.with_overrides({}, {"optim.lrr": 1.0}, {})
+    with pytest.raises(ConfigError, match="--model.d_model_x"):
+        run.with_overrides({"d_model_x": 1}, {}, {})
+
+
+# ---- renamed train settings ------------------------------------------------------------------------------
+def _flat(train: dict) -> dict:
+    from elastic_ssm.config import TrainConfig
+
+    out = {k: v for k, v in train.items() if not isinstance(v, dict) or k == "refine"}
+    for old, path in TrainConfig.FLAT_NAMES.items():
+        sec, sub = path.split(".")
+        out[old] = train[sec][sub]
+    return out
+
+
+def test_old_flat_train_names_still_load_with_one_warning_line(tmp_path):
+    from elastic_ssm.config import FlatNameWarning, TrainConfig
+
+    want = TrainConfig(steps=7, optim={"lr": 3e-3}, mixing={"n_warm_tokens": 5, "kl_coef": 0.25},
+                       ordering={"every": 3}, budget_dropout={"warmup_steps": 2}, eval={"every": 0},
+                       checkpoint={"keep_last": 1})
+    assert want.optim.lr == 3e-3 and want.optim.clip == 1.0 and want.mixing.full_share == 0.75
+    flat = dict(steps=7, lr=3e-3, n_warm_tokens=5, kl_coef=0.25, order_every=3, bd_warmup_steps=2, eval_every=0,
+                keep_last=1)
+    path = tmp_path / "t.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in flat.items()))
+    with pytest.warns(FlatNameWarning) as got:
+        loaded = [TrainConfig.from_yaml(path), TrainConfig(**flat), TrainConfig().replace(**flat)]
+    assert all(c == want for c in loaded)
+    assert all("\n" not in str(w.message) and "lr -> optim.lr" in str(w.message) for w in got)
+    with pytest.warns(FlatNameWarning, match="order_every -> ordering.every"):
+        assert want.order_every == 3                              # old attribute reads
+    with pytest.raises(ConfigError, match="give only optim.lr"):
+        TrainConfig.from_dict({"lr": 1e-3, "optim": {"lr": 2e-3}})
+    with pytest.raises(ConfigError, match="unknown field"):
+        TrainConfig.from_dict({"lr_peak": 1e-3})
+    with pytest.raises(AttributeError):
+        TrainConfig().no_such_setting  # noqa: B018
+
+
+def test_an_old_flat_train_record_maps_silently_to_the_sections():
+    import warnings
+
+    from elastic_ssm.config import TrainConfig
+
+    cfg = TrainConfig.preset("370m", eval={"tiers": ("T1",)}, budget_dropout={"n_full": 4})
+    old = _flat(cfg.to_dict())
+    assert "optim" not in old and old["n_full"] == 4 and old["eval_tiers"] == ["T1"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert TrainConfig.upgrade_record(old) == cfg.to_dict()
+    from elastic_ssm.train.preflight import config_changes
+
+    changed = config_changes(TrainConfig.upgrade_record({**old, "kl_coef": 0.1, "eval_every": 3}), cfg.to_dict(),
+                             TrainConfig.RESUME_FREE)
+    assert changed == ["mixing.kl_coef: 0.1 -> 0.5"]               # eval is free, the objective is not

@@ -35,9 +35,11 @@ def _tokens(n=6000):
 
 
 def _cfg(tmp_path, **kw):
-    base = dict(steps=4, micro_batch_size=B, seq_len=L, out_dir=str(tmp_path), eval_every=0, checkpoint_every=0,
-                log_every=1, n_warm_tokens=0, device="cpu")
-    return TrainConfig(**{**base, **kw})
+    base = dict(steps=4, micro_batch_size=B, seq_len=L, out_dir=str(tmp_path), log_every=1, device="cpu",
+                eval=dict(every=0), checkpoint=dict(every=0), mixing=dict(n_warm_tokens=0))
+    for k, v in kw.items():   # a section given as a mapping updates the base's section field by field
+        base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return TrainConfig(**base)
 
 
 # ---- capacity mixing (D.4) -----------------------------------------------------------------------------
@@ -63,7 +65,7 @@ def test_reserved_slots_are_f_times_m_in_expectation():
 
 
 def test_every_rank_draws_the_same_plan(tmp_path):
-    rec = CapacityMixed.from_config(es.ESSHConfig.preset("tiny"), _cfg(tmp_path, seed=3, full_share=0.6))
+    rec = CapacityMixed.from_config(es.ESSHConfig.preset("tiny"), _cfg(tmp_path, seed=3, mixing=dict(full_share=0.6)))
     for step in range(20):
         whole = rec.global_plan(step, 10**9, 6)
         per_rank = [rec.local_plan(step, 10**9, 2, DistContext(rank=k, world_size=3)) for k in range(3)]
@@ -72,7 +74,7 @@ def test_every_rank_draws_the_same_plan(tmp_path):
 
 def test_metrics_jsonl_counts_every_micro_batch_capacity(tmp_path):
     tiny = es.ESSHConfig.preset("tiny")
-    cfg = _cfg(tmp_path, steps=5, grad_accum=1, log_every=4, checkpoint_every=3, order_every=0)
+    cfg = _cfg(tmp_path, steps=5, grad_accum=1, log_every=4, checkpoint=dict(every=3), ordering=dict(every=0))
     res = train(tiny, es.data.PackedBatches(_tokens(), L, B), cfg, progress=False)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     written = [r for r in lines if r["kind"] == "train"]
@@ -106,8 +108,9 @@ def test_paper_run_files_are_the_paper_settings(size, steps, mode, caps):
     t, want = run.train, TrainConfig.preset(size)
     assert t.to_dict() == want.to_dict() | {"out_dir": t.out_dir}
     lr, tokens, cadence = {"370m": (1.2e-3, 262_144, (500, 250)), "1.5b": (1.0e-3, 524_288, (1000, 200))}[size]
-    assert (t.lr, t.tokens_per_step, t.seq_len, (t.eval_every, t.checkpoint_every)) == (lr, tokens, 2048, cadence)
-    assert t.n_warm_tokens == 250_000_000 and t.precision == "auto" and t.recipe == "capacity_mixed"
+    assert (t.optim.lr, t.tokens_per_step, t.seq_len, (t.eval.every, t.checkpoint.every)) == (
+        lr, tokens, 2048, cadence)
+    assert t.mixing.n_warm_tokens == 250_000_000 and t.precision == "auto" and t.recipe == "capacity_mixed"
     r = t.refine
     assert (r.steps, r.tokens_per_step, r.lr, r.tv_coef, r.capacity_mode) == (steps, 131_072, 6e-5, 5.0, mode)
     assert r.capacities == pytest.approx(caps)
@@ -118,9 +121,10 @@ def test_paper_run_files_are_the_paper_settings(size, steps, mode, caps):
 
 
 def test_preset_overrides_merge_into_its_refinement():
-    t = TrainConfig.from_dict({"preset": "1.5b", "steps": 10, "refine": {"steps": 3}})
-    assert (t.steps, t.lr, t.refine.steps, t.refine.capacity_mode, t.refine.tokens_per_step) == (
-        10, 1.0e-3, 3, "cycle", 131_072)
+    t = TrainConfig.from_dict({"preset": "1.5b", "steps": 10, "refine": {"steps": 3}, "optim": {"clip": 0.5}})
+    assert (t.steps, t.optim.lr, t.optim.clip, t.refine.steps, t.refine.capacity_mode, t.refine.tokens_per_step) == (
+        10, 1.0e-3, 0.5, 3, "cycle", 131_072)
+    assert t.mixing.n_warm_tokens == 250_000_000 and t.eval.every == 1000          # the preset's other sections
     with pytest.raises(ConfigError, match="unknown training preset"):
         TrainConfig.preset("7b")
     with pytest.raises(ConfigError, match="unknown field"):
@@ -129,7 +133,7 @@ def test_preset_overrides_merge_into_its_refinement():
 
 def test_refinement_batch_and_lr_are_its_own(tmp_path):
     tiny = es.ESSHConfig.preset("tiny")
-    cfg = _cfg(tmp_path, steps=2, tokens_per_step=4 * B * L, lr=1e-3, order_every=0,
+    cfg = _cfg(tmp_path, steps=2, tokens_per_step=4 * B * L, optim=dict(lr=1e-3), ordering=dict(every=0),
                refine=RefineConfig(steps=3, tokens_per_step=2 * B * L, lr=2e-4, warmup_frac=0.0))
     res = train(tiny, es.data.PackedBatches(_tokens(), L, B), cfg, progress=False)
     pre = [h for h in res.history if h["stage"] == "pretrain"]
@@ -155,10 +159,9 @@ def test_budget_dropout_warm_up_is_on_by_default():
     rec = make_recipe("budget_dropout", model, TrainConfig(steps=40))
     assert rec.sampler.state_dict()["warmup_steps"] == 4                     # 0.1 x 40
     assert [rec.global_plan(s, 0, 1)[0].label for s in range(4)] == [8] * 4  # full budget first (Alg. 2)
-    assert make_recipe("budget_dropout", model, TrainConfig(steps=40, bd_warmup_frac=0.0)).sampler.state_dict()[
-        "warmup_steps"] == 0
-    assert make_recipe("budget_dropout", model, TrainConfig(steps=40, bd_warmup_steps=7)).sampler.state_dict()[
-        "warmup_steps"] == 7
+    for bd, want in (({"warmup_frac": 0.0}, 0), ({"warmup_steps": 7}, 7)):
+        cfg = TrainConfig(steps=40, budget_dropout=bd)
+        assert make_recipe("budget_dropout", model, cfg).sampler.state_dict()["warmup_steps"] == want
 
 
 def test_es_ssm_paper_presets_use_droppath_and_the_inferred_1_3b_shape():

@@ -47,9 +47,11 @@ def _micro_batches(n, seed=0):
 
 
 def _cfg(tmp_path, **kw):
-    base = dict(steps=4, micro_batch_size=B, grad_accum=2, seq_len=L, out_dir=str(tmp_path), eval_every=0,
-                checkpoint_every=0, log_every=1, n_warm_tokens=0, device="cpu")
-    return TrainConfig(**{**base, **kw})
+    base = dict(steps=4, micro_batch_size=B, grad_accum=2, seq_len=L, out_dir=str(tmp_path), log_every=1,
+                device="cpu", eval=dict(every=0), checkpoint=dict(every=0), mixing=dict(n_warm_tokens=0))
+    for k, v in kw.items():   # a section given as a mapping updates the base's section field by field
+        base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return TrainConfig(**base)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -75,17 +77,18 @@ def _tiny(cfg, seed=0):
 # ---- config, schedule, groups ---------------------------------------------------------------------
 def test_config_defaults_validation_and_yaml(tmp_path):
     cfg = TrainConfig()
-    assert (cfg.lr, cfg.warmup_frac, cfg.min_lr_frac, cfg.betas, cfg.weight_decay, cfg.clip) == (
+    o, mix = cfg.optim, cfg.mixing
+    assert (o.lr, o.warmup_frac, o.min_lr_frac, o.betas, o.weight_decay, o.clip) == (
         1.2e-3, 0.01, 0.1, (0.9, 0.95), 0.1, 1.0)
-    assert (cfg.full_share, cfg.kl_coef, cfg.alpha_ff, cfg.order_every, cfg.order_until) == (
+    assert (mix.full_share, mix.kl_coef, mix.alpha_ff, cfg.ordering.every, cfg.ordering.until) == (
         0.75, 0.5, 0.5, 500, 0.8)
-    assert cfg.capacities == (1 / 16, 3 / 32, 1 / 8, 5 / 32, 3 / 16, 1 / 4, 3 / 8, 1 / 2, 3 / 4, 1.0)
+    assert mix.capacities == (1 / 16, 3 / 32, 1 / 8, 5 / 32, 3 / 16, 1 / 4, 3 / 8, 1 / 2, 3 / 4, 1.0)
     r = cfg.refine
     assert (r.lr, r.tv_coef, r.warmup_frac, r.min_lr_frac, r.weight_decay) == (6e-5, 5.0, 0.05, 0.0, 0.1)
-    assert r.capacities == (2 / 32, 4 / 32, 8 / 32, 16 / 32, 24 / 32) and cfg.n_full == 8
+    assert r.capacities == (2 / 32, 4 / 32, 8 / 32, 16 / 32, 24 / 32) and cfg.budget_dropout.n_full == 8
     assert all(TrainConfig.field_help().values())
     with pytest.raises(ConfigError, match="full_share"):
-        TrainConfig(full_share=1.5)
+        TrainConfig(mixing={"full_share": 1.5})
     with pytest.raises(ConfigError, match="recipe"):
         TrainConfig(recipe="nope")
     with pytest.raises(ConfigError, match="capacity_mode"):
@@ -123,7 +126,7 @@ def test_param_groups_pretrain_and_refine(tiny_cfg):
 
 # ---- capacity sampling, gradient scaling, losses --------------------------------------------------
 def test_capacity_sampling_reserved_slots_and_reproducibility(tiny_cfg, tmp_path):
-    rec = CapacityMixed.from_config(tiny_cfg, _cfg(tmp_path, n_warm_tokens=1000))
+    rec = CapacityMixed.from_config(tiny_cfg, _cfg(tmp_path, mixing=dict(n_warm_tokens=1000)))
     assert rec.capacities_of(3, 999, 8) == [1.0] * 8
     caps = [rec.capacities_of(s, 1000, 8) for s in range(400)]
     assert all(c[:6] == [1.0] * 6 for c in caps) and caps[7] == rec.capacities_of(7, 5000, 8)
@@ -187,9 +190,9 @@ def test_capacity_mixed_step_matches_hand_reference(tiny_cfg, tmp_path):
     M = 4
     data = _micro_batches(M)
     plan_of = lambda s: CapacityMixed.from_config(
-        tiny_cfg, _cfg(tmp_path, seed=s, grad_accum=M, full_share=0.5)).capacities_of(0, 0, M)
+        tiny_cfg, _cfg(tmp_path, seed=s, grad_accum=M, mixing=dict(full_share=0.5))).capacities_of(0, 0, M)
     seed = next(s for s in range(100) if sum(x < 0.5 for x in plan_of(s)) == 2)
-    cfg = _cfg(tmp_path, seed=seed, steps=1, grad_accum=M, full_share=0.5, clip=0.05)
+    cfg = _cfg(tmp_path, seed=seed, steps=1, grad_accum=M, mixing=dict(full_share=0.5), optim=dict(clip=0.05))
     plan = CapacityMixed.from_config(tiny_cfg, cfg).capacities_of(0, 0, M)
     model = _tiny(tiny_cfg)
     ref = copy.deepcopy(model)
@@ -224,7 +227,7 @@ def test_capacity_mixed_step_matches_hand_reference(tiny_cfg, tmp_path):
     for i, n in enumerate(names):
         g = grads[n] * coef
         torch.testing.assert_close(state["state"][i]["exp_avg"] / 0.1, g, rtol=1e-4, atol=1e-9)
-        expect = params[n].detach() * (1 - cfg.lr * wd[n]) - cfg.lr * g / (g.abs() + cfg.eps)
+        expect = params[n].detach() * (1 - cfg.optim.lr * wd[n]) - cfg.optim.lr * g / (g.abs() + cfg.optim.eps)
         torch.testing.assert_close(new[n].detach(), expect, rtol=1e-5, atol=1e-7)
 
 
@@ -273,7 +276,7 @@ def test_shared_refinement_stage(tiny_cfg, tmp_path):
     rec = SharedRefinement(tiny_cfg, (0.25, 0.5), 5.0, 0.5, seed=0, mode="cycle")
     labels = [p.label for p in rec.global_plan(0, 0, 4)]
     assert sorted(labels) == [0.25, 0.25, 0.5, 0.5] and labels[0] != labels[1]
-    cfg = _cfg(tmp_path, steps=1, full_share=0.5, refine=RefineConfig(steps=2))
+    cfg = _cfg(tmp_path, steps=1, mixing=dict(full_share=0.5), refine=RefineConfig(steps=2))
     res = train(_tiny(tiny_cfg), es.data.PackedBatches(_tokens(), L, B), cfg, progress=False)
     r = [h for h in res.history if h["stage"] == "refine"]
     assert len(r) == 2 and len(set(r[0]["capacities"])) == 1
@@ -290,7 +293,7 @@ def test_budget_dropout_recipe_es_ssm(tmp_path, task):
         g = torch.Generator().manual_seed(0)
         data = [(torch.randint(0, 256, (B, L), generator=g), torch.randint(0, 3, (B,), generator=g))
                 for _ in range(12)]
-    cfg = _cfg(tmp_path, steps=6, bd_warmup_steps=2, n_full=3)
+    cfg = _cfg(tmp_path, steps=6, budget_dropout=dict(warmup_steps=2, n_full=3))
     res = train(mcfg, data, cfg, val_data=data, progress=False)
     sampler = es.BudgetSampler(mcfg.budgets, mcfg.n_channels, warmup_steps=2, n_full=3, seed=0)
     assert [h["capacities"] for h in res.history] == [[sampler.sample(s)] * 2 for s in range(6)]
@@ -301,7 +304,7 @@ def test_budget_dropout_recipe_es_ssm(tmp_path, task):
 
 # ---- checkpoints ---------------------------------------------------------------------------------------
 def test_resume_is_bit_exact(tiny_cfg, tmp_path):
-    kw = dict(steps=6, n_warm_tokens=2 * B * L * 2, order_every=2, full_share=0.5)
+    kw = dict(steps=6, mixing=dict(n_warm_tokens=2 * B * L * 2, full_share=0.5), ordering=dict(every=2))
     straight = train(tiny_cfg, es.data.PackedBatches(_tokens(), L, B), _cfg(tmp_path / "a", **kw),
                      progress=False)
     first = train(tiny_cfg, es.data.PackedBatches(_tokens(), L, B), _cfg(tmp_path / "b", **kw),
@@ -319,7 +322,7 @@ def test_resume_is_bit_exact(tiny_cfg, tmp_path):
 
 
 def test_corrupted_checkpoint_is_skipped(tiny_cfg, tmp_path):
-    cfg = _cfg(tmp_path, steps=4, checkpoint_every=2, keep_last=2, full_share=0.5)
+    cfg = _cfg(tmp_path, steps=4, checkpoint=dict(every=2, keep_last=2), mixing=dict(full_share=0.5))
     train(tiny_cfg, es.data.PackedBatches(_tokens(), L, B), cfg, progress=False)
     stage = tmp_path / "pretrain"
     assert sorted(p.name for p in stage.glob("step_*")) == ["step_0000002", "step_0000004"]
@@ -344,7 +347,7 @@ def _ddp_worker(rank, world, port, out_dir, result_path):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    cfg = _cfg(out_dir, steps=3, grad_accum=1, full_share=0.5)
+    cfg = _cfg(out_dir, steps=3, grad_accum=1, mixing=dict(full_share=0.5))
     data = lambda r, w: es.data.PackedBatches(_tokens(), L, B, rank=r, world_size=w)
     res = train(es.ESSHConfig.preset("tiny"), data, cfg, progress=False)
     if rank == 0:
@@ -356,7 +359,7 @@ def test_ddp_gloo_matches_single_process(tiny_cfg, tmp_path):
     mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path / "ddp"), str(tmp_path / "ddp.pt")), nprocs=2)
     ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
     single = train(tiny_cfg, es.data.PackedBatches(_tokens(), L, B),
-                   _cfg(tmp_path / "one", steps=3, grad_accum=2, full_share=0.5), progress=False)
+                   _cfg(tmp_path / "one", steps=3, grad_accum=2, mixing=dict(full_share=0.5)), progress=False)
     assert ddp["caps"] == [h["capacities"] for h in single.history]
     assert any(x != 1.0 for c in ddp["caps"] for x in c)
     for a, b in zip(ddp["loss"], [h["loss"] for h in single.history]):

@@ -13,10 +13,12 @@ from typing import Any
 
 import torch
 
+from ..config import TierLike
+
 __all__ = ["export_tier", "check_export", "ExportCheck"]
 
 
-def export_tier(model: Any, tier: Any) -> Any:
+def export_tier(model: Any, tier: TierLike) -> Any:
     """A standalone model holding only ``tier``'s retained tensors, with its own smaller config."""
     from ..models.base import export_state
 
@@ -57,7 +59,7 @@ class ExportCheck:
 
 @torch.no_grad()
 def check_export(
-    model: Any, tier: Any, input_ids: torch.Tensor | None = None, standalone: Any = None,
+    model: Any, tier: TierLike, input_ids: torch.Tensor | None = None, standalone: Any = None,
     tolerance: float = 0.0, seq_len: int = 64, batch: int = 2, seed: int = 0,
 ) -> ExportCheck:
     """Compare ``standalone`` (default: a fresh ``export_tier``) with ``model(x, tier=tier)``.

@@ -18,11 +18,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..config import TierLike
+
 __all__ = ["decode_bpb", "modal_report", "format_modal_report"]
 
 
 @torch.no_grad()
-def decode_bpb(model, windows: torch.Tensor, tier: Any = None, decode: str = "exact", n_modes: int = 8,
+def decode_bpb(model, windows: torch.Tensor, tier: TierLike = None, decode: str = "exact", n_modes: int = 8,
                prefill: int = 1, batch_size: int = 64, bytes_per_token: float = 1.0) -> dict[str, Any]:
     """Teacher-forced bits per byte of ``windows`` [N, T] through prefill + ``step``.
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..config import TierLike
 from .perplexity import loss_sums
 
 __all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "ordering", "first_share",
@@ -150,7 +151,7 @@ class _EnergyMeter:
 
 
 @torch.no_grad()
-def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier: Any = None,
+def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier: TierLike = None,
                        bytes_per_token: float = 1.0, first: int = 8, precision: str = "fp32",
                        progress: bool = False) -> ImportanceResult:
     """Knock-out and energy profile of every channel of ``tier`` (module docstring; Table 31).

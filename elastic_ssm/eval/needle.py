@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import TierLike
 from .scoring import continuation_scores
 
 __all__ = ["NeedleConfig", "NeedleTrial", "build_trials", "score_trials", "evaluate_needle", "summarize_needle"]
@@ -118,7 +119,7 @@ def build_trials(filler: Any, tokenizer: Any, cfg: NeedleConfig) -> list[NeedleT
     return trials
 
 
-def score_trials(model: Any, trials: Sequence[NeedleTrial], tier: Any = None, batch_size: int = 8,
+def score_trials(model: Any, trials: Sequence[NeedleTrial], tier: TierLike = None, batch_size: int = 8,
                  precision: str = "fp32") -> list[NeedleTrial]:
     """Fill each trial's ``result`` (``full_key``, ``first_token``, ``margin_win``) at ``tier``."""
     was_training = model.training

@@ -15,11 +15,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..config import TierLike
+
 __all__ = ["continuation_scores"]
 
 
 @torch.no_grad()
-def continuation_scores(model: Any, tier: Any, contexts: Sequence[list[int]], continuations: Sequence[list[int]],
+def continuation_scores(model: Any, tier: TierLike, contexts: Sequence[list[int]], continuations: Sequence[list[int]],
                         precision: str = "fp32") -> list[tuple[float, list[bool]]]:
     """``[(sum log p(continuation | context), per-token argmax hits)]`` for each row; every context and
     continuation needs at least one token. ``tier`` None runs the model as it is; ``precision="bf16"``

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
+from ..config import TierLike
 from ..models.cache import ESSHCache
 
 __all__ = ["ESSHHFCache"]
@@ -34,7 +35,7 @@ class ESSHHFCache(Cache):
 
     is_compileable = False
 
-    def __init__(self, model: Any, batch_size: int, tier: Any = None, state_dtype: torch.dtype | None = None,
+    def __init__(self, model: Any, batch_size: int, tier: TierLike = None, state_dtype: torch.dtype | None = None,
                  kv_dtype: torch.dtype | None = None) -> None:
         super().__init__(layers=[])
         self.inner = ESSHCache.allocate(model, batch_size, tier, state_dtype=state_dtype, kv_dtype=kv_dtype)

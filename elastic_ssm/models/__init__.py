@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..config import TierLike
 from .base import CheckpointError, ElasticModel
 
 __all__ = ["CheckpointError", "ElasticModel", "load_pretrained", "model_class", "build_model", "compile_model"]
@@ -51,7 +52,7 @@ def compile_model(model: ElasticModel, **kw: Any) -> ElasticModel:
     return model
 
 
-def load_pretrained(path: str | Path, tier: Any = None, **kw: Any) -> ElasticModel:
+def load_pretrained(path: str | Path, tier: TierLike = None, **kw: Any) -> ElasticModel:
     """Load a directory written by ``save_pretrained`` (ESSH or ES-SSM); ``tier`` loads only that tier."""
     cfile = Path(path) / "config.json"
     if not cfile.is_file():

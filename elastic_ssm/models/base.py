@@ -30,12 +30,12 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
-from ..config import ConfigBase
+from ..config import ConfigBase, TierLike
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
 from .legacy import legacy_names, refuse_legacy, upgrade_state_dict
@@ -121,6 +121,29 @@ def verify_sha256(path: str | Path, expected: str | None, pieces: dict | None = 
                               "or copy corruption); restore the file from a good copy or save the model again")
 
 
+@runtime_checkable
+class TrainableModel(Protocol):
+    """What ``elastic_ssm.train`` calls on a model (every ``ElasticModel`` provides it); the config carries the
+    architecture's tiers, counts and recipes (``elastic_ssm.config.ModelConfig``).
+
+    Optional, found with ``hasattr`` by the trainer: ``ffn_layers()`` (the unit-ordered SwiGLU layers, block
+    order: FFN ordering, ``ffn_grad_scale``, activation statistics; ESSH and the Transformer++ baselines) and
+    ``hidden_states`` / ``logits_from_hidden`` (the chunked loss, ``loss_chunk > 0``)."""
+
+    arch: ClassVar[str]
+    config: Any
+
+    def __call__(self, input_ids: torch.Tensor, tier: TierLike = None, **kw: Any) -> torch.Tensor:
+        """Logits ``[B, T, V]`` of the shared model at ``tier`` (``attention_mask``, ``ffn_grad_scale``)."""
+        ...
+
+    def resolve_tier(self, tier: TierLike = None) -> tiers_mod.Tier: ...
+
+    def tier_table(self) -> list[tiers_mod.Tier]: ...
+
+    def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path: ...
+
+
 class ElasticModel(nn.Module):
     """Common behaviour of ``ESSSM`` and ``ESSH``; ``config`` is the model's (possibly standalone) config."""
 
@@ -143,20 +166,20 @@ class ElasticModel(nn.Module):
         self.register_load_state_dict_pre_hook(refuse_legacy)   # old layouts convert through from_pretrained
 
     # ---- tiers -----------------------------------------------------------------------------------
-    def resolve_tier(self, tier: Any = None) -> tiers_mod.Tier:
+    def resolve_tier(self, tier: TierLike = None) -> tiers_mod.Tier:
         return tiers_mod.resolve_tier(self.config, tier)
 
     def tier_table(self) -> list[tiers_mod.Tier]:
         return tiers_mod.tier_table(self.config)
 
-    def num_parameters(self, tier: Any = None) -> int:
+    def num_parameters(self, tier: TierLike = None) -> int:
         """Exact parameter count of the standalone export of ``tier`` (computed from the config)."""
         return tiers_mod.num_parameters(self.config, tier)
 
     @classmethod
-    def tier_config(cls, config: ConfigBase, tier: tiers_mod.Tier) -> ConfigBase:
-        """The standalone config of ``tier`` (only the retained sizes)."""
-        raise NotImplementedError
+    def tier_config(cls, config: ConfigBase, tier: TierLike) -> ConfigBase:
+        """The standalone config of ``tier`` (only the retained sizes): the config's ``standalone_config``."""
+        return config.standalone_config(config.resolve_tier(tier))  # type: ignore[attr-defined]
 
     @classmethod
     def slice_rules(cls, config: ConfigBase, tier: tiers_mod.Tier) -> list[SliceRule]:
@@ -256,7 +279,7 @@ class ElasticModel(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, tier: Any = None, device: str | torch.device = "cpu",
+        cls, path: str | Path, tier: TierLike = None, device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None, verify: bool = True,
     ) -> ElasticModel:
         """Load a saved model; with ``tier`` only that tier's tensor prefixes are loaded.

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ESSSMConfig
+from ..config import ESSSMConfig, TierLike
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule
 from ..layers.es_ssm import ESSSMBlock, on_meta_device
@@ -84,14 +84,7 @@ class ESSSM(GenerationMixin, ElasticModel):
 
     # ---- tiers ---------------------------------------------------------------------------------------
     @classmethod
-    def tier_config(cls, config: ESSSMConfig, tier: Any) -> ESSSMConfig:
-        """Standalone config of budget K: ``n_channels=K``, budgets ``{b < K} + (K,)``, all else equal."""
-        K = tiers_mod.resolve_tier(config, tier).K
-        budgets = tuple(b for b in config.budgets if b < K) + (K,)
-        return config.replace(n_channels=K, budgets=budgets)
-
-    @classmethod
-    def slice_rules(cls, config: ESSSMConfig, tier: Any) -> list[SliceRule]:
+    def slice_rules(cls, config: ESSSMConfig, tier: TierLike) -> list[SliceRule]:
         """Keep the first K channels of every channel-indexed tensor of every block (Sec. 4.1, App. B.6)."""
         K = tiers_mod.resolve_tier(config, tier).K
         return [SliceRule(CHANNEL_TENSORS, K), SliceRule(CHANNEL_COLUMNS, K * config.d_model, dim=1)]
@@ -132,7 +125,7 @@ class ESSSM(GenerationMixin, ElasticModel):
         return input_ids
 
     def forward(
-        self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
+        self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
         cache: ESSSMCache | None = None,
     ) -> torch.Tensor:
         """Logits of the model evaluated at ``tier`` (None = full budget; an int K, "K8" or a Tier).
@@ -191,7 +184,7 @@ class ESSSM(GenerationMixin, ElasticModel):
         return F.linear(h, weight)
 
     # ---- cached decoding (GenerationMixin contract) --------------------------------------------------
-    def allocate_cache(self, batch: int, tier: Any = None, **kw: Any) -> ESSSMCache:
+    def allocate_cache(self, batch: int, tier: TierLike = None, **kw: Any) -> ESSSMCache:
         """Empty decode cache for ``batch`` sequences at budget ``tier``.
 
         Keywords: ``decode`` ('exact' ring buffer, default | 'modal' m-mode states), ``n_modes`` (m,
@@ -220,7 +213,7 @@ class ESSSM(GenerationMixin, ElasticModel):
         cache.position = t + 1
         return self.logits_from_hidden(self.norm(x))  # [B, V]
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 32, tier: Any = None, *args: Any,
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 32, tier: TierLike = None, *args: Any,
                  decode: str = "exact", n_modes: int = 8, **kw: Any) -> torch.Tensor:
         """``GenerationMixin.generate`` (same arguments, left padding, sampling) at the integer budget
         ``tier``; ``decode='modal'`` with ``n_modes`` selects the constant-memory modal decoder."""

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..config import TierLike
 from ..elastic.tiers import Tier
 from ..layers.es_ssm_decode import DecodePlan, check_decode
 
@@ -56,7 +57,7 @@ class ESSSMCache:
     plans: dict[int, DecodePlan] = field(default_factory=dict)        # block -> constants of its decoder
 
     @classmethod
-    def allocate(cls, model, batch: int, tier: Any = None, *, decode: str | None = None,
+    def allocate(cls, model, batch: int, tier: TierLike = None, *, decode: str | None = None,
                  n_modes: int | None = None, state_dtype: torch.dtype | None = None,
                  kv_dtype: torch.dtype | None = None, **unknown: Any) -> ESSSMCache:
         """Zeroed cache. ``state_dtype`` defaults to float32 (float64 for a float64 model); ``kv_dtype`` is

@@ -11,10 +11,10 @@ Typical use (see docs/training.md)::
 The same script runs on CPU, on one GPU and under ``torchrun --nproc_per_node N`` (DDP).
 """
 
+from ..config import REFINE_CAPACITIES, TRAIN_CAPACITIES, RefineConfig, TrainConfig
 from .budget_dropout import BudgetDropout, make_recipe, resolve_recipe_name
 from .capacity_mixed import CapacityMixed, MicroPlan, Recipe, SharedRefinement
 from .checkpoint import DataStream, find_checkpoint, load_checkpoint, save_checkpoint
-from .config import REFINE_CAPACITIES, TRAIN_CAPACITIES, RefineConfig, TrainConfig
 from .dist import DistContext, init_distributed
 from .ffn_order import importance_scores, order_ffn_units, permute_optimizer_state
 from .loop import TrainResult, build_model, refine, train

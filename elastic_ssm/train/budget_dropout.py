@@ -7,12 +7,13 @@ of Eq. 5. The objective is the plain task loss of the model at K_train,
 ``L_train = L_task(F_theta(u; K_train), y)`` (next-token CE for ``task='lm'``, class CE for
 ``task='classify'`` with labels [B]); there is no distillation and no gradient scaling.
 
-The warm-up (Algorithm 2's first phase) is on by default: ``bd_warmup_epochs`` epochs (E_warmup) converted
-with the number of optimizer steps per epoch (``len(data) // M``) when set, else ``bd_warmup_steps`` steps
-when set, else ``round(bd_warmup_frac x steps)`` (default 0.1; the paper's E_warmup value is not in its
-text). ``make_recipe`` picks the recipe of a ``TrainConfig`` for a model ('auto': capacity-mixed for ESSH,
-budget dropout for ES-SSM, nested FFN widths for MatFormer (``nested_ffn.py``), dense for a model with a
-single tier such as a specialist).
+The warm-up (Algorithm 2's first phase, ``TrainConfig.budget_dropout``) is on by default: ``warmup_epochs``
+epochs (E_warmup) converted with the number of optimizer steps per epoch (``len(data) // M``) when set, else
+``warmup_steps`` steps when set, else ``round(warmup_frac x steps)`` (default 0.1; the paper's E_warmup value
+is not in its text). ``make_recipe`` picks the recipe of a ``TrainConfig`` for a model ('auto': the model
+config's ``default_recipe()``: capacity-mixed for ESSH, budget dropout for ES-SSM, nested FFN widths for
+MatFormer (``nested_ffn.py``), dense for a model with a single tier such as a specialist); a recipe that
+needs an architecture is refused for the others (``ModelConfig.elastic_recipes``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from ..config import ESSHConfig, ESSSMConfig
+from ..config import ModelConfig
 from ..elastic.budget import BudgetSampler, warmup_steps_from_epochs
 from .capacity_mixed import CapacityMixed, MicroPlan, Recipe, SharedRefinement
 
@@ -47,35 +48,33 @@ class BudgetDropout(Recipe):
 def resolve_recipe_name(recipe: str, model: nn.Module) -> str:
     """The concrete recipe of ``recipe`` for ``model``; a recipe that does not fit the model raises."""
     cfg = getattr(model, "config", None)
+    own = cfg.elastic_recipes if isinstance(cfg, ModelConfig) else ()
     if recipe == "auto":   # a model with a single tier (a specialist, a Transformer++) has nothing to mix
-        if isinstance(cfg, ESSHConfig) and len(cfg.tier_xi) > 1:
-            return "capacity_mixed"
-        if isinstance(cfg, ESSSMConfig) and len(cfg.budgets) > 1:
-            return "budget_dropout"
-        if len(getattr(cfg, "granularities", ())) > 1:
-            return "nested_ffn"
-        return "dense"
-    if recipe == "capacity_mixed" and not isinstance(cfg, ESSHConfig):
-        raise ValueError("TrainConfig.recipe='capacity_mixed' is the ESSH recipe (Algorithm 1); the model "
-                         f"is {type(model).__name__}: use 'budget_dropout' for ES-SSM or 'dense'")
-    if recipe == "budget_dropout" and not isinstance(cfg, ESSSMConfig):
-        raise ValueError(f"TrainConfig.recipe='budget_dropout' is the ES-SSM recipe (Sec. 4.2); the model is "
-                         f"{type(model).__name__}: use 'capacity_mixed' for ESSH or 'dense'")
+        return cfg.default_recipe() if isinstance(cfg, ModelConfig) else "dense"
+    if recipe in _NEEDS and recipe not in own:
+        raise ValueError(f"TrainConfig.recipe={recipe!r} is {_NEEDS[recipe]}; the model is {type(model).__name__}: "
+                         f"use 'auto' (for this model {resolve_recipe_name('auto', model)!r}) or 'dense'")
     return recipe
 
 
+#: recipes defined for one architecture only (``ModelConfig.elastic_recipes`` says which a config takes)
+_NEEDS = {"capacity_mixed": "the ESSH recipe (Algorithm 1)", "budget_dropout": "the ES-SSM recipe (Sec. 4.2)",
+          "refine": "shared refinement of ESSH (D.8)"}
+
+
 def bd_warmup_steps(cfg: Any, data: Any, accum: int | None = None) -> int:
-    """Budget-dropout warm-up in steps: ``bd_warmup_epochs`` x steps per epoch (``len(data) // accum``, the
-    micro-batches per rank and step; default ``cfg.grad_accum``), else ``bd_warmup_steps``, else
-    ``round(bd_warmup_frac x steps)``."""
-    if cfg.bd_warmup_epochs <= 0:
-        return cfg.bd_warmup_steps or round(cfg.bd_warmup_frac * cfg.steps)
+    """Budget-dropout warm-up in steps (``cfg.budget_dropout``): ``warmup_epochs`` x steps per epoch
+    (``len(data) // accum``, the micro-batches per rank and step; default ``cfg.grad_accum``), else
+    ``warmup_steps``, else ``round(warmup_frac x steps)``."""
+    bd = cfg.budget_dropout
+    if bd.warmup_epochs <= 0:
+        return bd.warmup_steps or round(bd.warmup_frac * cfg.steps)
     try:
         per_epoch = len(data) // (accum or cfg.grad_accum)
     except TypeError as e:
-        raise ValueError("TrainConfig.bd_warmup_epochs needs data with len() (batches per epoch, e.g. "
-                         "PackedBatches); otherwise set bd_warmup_steps") from e
-    return warmup_steps_from_epochs(cfg.bd_warmup_epochs, max(1, per_epoch))
+        raise ValueError("TrainConfig.budget_dropout.warmup_epochs needs data with len() (batches per epoch, e.g. "
+                         "PackedBatches); otherwise set budget_dropout.warmup_steps") from e
+    return warmup_steps_from_epochs(bd.warmup_epochs, max(1, per_epoch))
 
 
 def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None, accum: int | None = None) -> Recipe:
@@ -85,12 +84,12 @@ def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None, accum: 
     if name == "capacity_mixed":
         return CapacityMixed.from_config(mcfg, cfg)
     if name == "refine":
-        if not isinstance(mcfg, ESSHConfig):
+        if "refine" not in getattr(mcfg, "elastic_recipes", ()):
             raise ValueError("shared refinement (TrainConfig.refine.steps > 0) is defined for ESSH only")
         return SharedRefinement.from_config(mcfg, cfg)
     if name == "budget_dropout":
         sampler = BudgetSampler(mcfg.budgets, mcfg.n_channels, warmup_steps=bd_warmup_steps(cfg, data, accum),
-                                n_full=cfg.n_full, seed=cfg.seed)
+                                n_full=cfg.budget_dropout.n_full, seed=cfg.seed)
         return BudgetDropout(sampler)
     if name == "dense":
         return Recipe()

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config import TierLike
 from ..elastic.tiers import Tier, capacity_tier, resolve_tier
 from .dist import DistContext
 from .ffn_order import enable_tracking, order_ffn_units, should_order
@@ -53,7 +54,7 @@ def slot_rng(seed: int, step: int, stream: int) -> np.random.Generator:
 class MicroPlan:
     """What one micro-batch computes (keyword arguments of ``LossModule.forward`` plus a log label)."""
 
-    tier: Any = None
+    tier: TierLike = None
     label: float | int = 1.0
     ffn_grad_scale: float | None = None
     distill: tuple[str, float] | None = None
@@ -124,8 +125,9 @@ class CapacityMixed(Recipe):
 
     @classmethod
     def from_config(cls, model_cfg: Any, cfg: Any) -> CapacityMixed:
-        return cls(model_cfg, cfg.capacities, cfg.full_share, cfg.n_warm_tokens, cfg.kl_coef, cfg.alpha_ff,
-                   cfg.seed, cfg.steps, cfg.order_every, cfg.order_until, cfg.stat_decay)
+        mix, order = cfg.mixing, cfg.ordering
+        return cls(model_cfg, mix.capacities, mix.full_share, mix.n_warm_tokens, mix.kl_coef, mix.alpha_ff,
+                   cfg.seed, cfg.steps, order.every, order.until, order.stat_decay)
 
     def setup(self, model: nn.Module) -> None:
         enable_tracking(model, self.order_every > 0, self.stat_decay)

@@ -8,7 +8,7 @@ One optimizer step of every recipe (``capacity_mixed.py``, ``budget_dropout.py``
    FSDP average, so this accumulates sum_r (N_r / N_tok) grad l_r summed over ranks) (lines 3-20)
 4. clip the global gradient norm, set the warm-up/cosine LR, AdamW step               (line 21)
 5. the recipe's hook (FFN importance ordering for capacity-mixed training)          (lines 22-26)
-6. log, validate every ``eval_every`` steps, checkpoint every ``checkpoint_every`` steps.
+6. log, validate every ``eval.every`` steps, checkpoint every ``checkpoint.every`` steps.
 
 Stages: ``pretrain`` (the configured recipe) and, for ESSH with ``refine.steps > 0``, ``refine``
 (shared refinement, D.8, with a fresh AdamW over the refinement groups and its own schedule). Each stage
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import ConfigBase, ConfigError
+from ..config import ConfigBase, ConfigError, TrainConfig, resolve_precision
 from .budget_dropout import make_recipe, resolve_recipe_name
 from .checkpoint import (
     DataStream,
@@ -46,7 +46,6 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from .config import TrainConfig, resolve_precision
 from .dist import (
     DistContext,
     all_reduce,
@@ -106,8 +105,8 @@ def build_model(model_or_cfg: Any, seed: int = 0) -> nn.Module:
 def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None, world: int = 1) -> list[_Stage]:
     out = []
     if only is None or "pretrain" in only:
-        out.append(_Stage("pretrain", recipe, cfg.steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps,
-                          cfg.min_lr_frac, cfg.micro_batches(world)))
+        out.append(_Stage("pretrain", recipe, cfg.steps, cfg.optim.lr, cfg.optim.weight_decay,
+                          cfg.warmup_steps, cfg.optim.min_lr_frac, cfg.micro_batches(world)))
     r = cfg.refine
     if (only is None and r.steps > 0 and recipe == "capacity_mixed") or (only and "refine" in only):
         if r.steps < 1:
@@ -156,10 +155,10 @@ class _Trainer:
         if self.val_data is None:
             return
         if self._val is None:
-            self._val = take_batches(self.val_data, self.cfg.eval_batches)
+            self._val = take_batches(self.val_data, self.cfg.eval.batches)
             if self.sharded:
                 check_same_count(len(self._val), self.ctx, "validation batches")
-        tiers = eval_tier_list(self.model, self.cfg.eval_tiers)
+        tiers = eval_tier_list(self.model, self.cfg.eval.tiers)
         recs = evaluate_tiers(self.model, self._val, tiers, self.ctx, self.bpb, self.precision)
         for r in recs:
             r.update(stage=stage, step=step)
@@ -176,7 +175,7 @@ class _Trainer:
                    "recipe": recipe.state_dict(), "train_config": self.cfg.to_dict(),
                    "model_config": self.model.config.to_dict(), "world_size": self.ctx.world_size}
         save_checkpoint(self.out / st.name, step, self.model, opt, trainer, self.rank_state(), self.ctx,
-                        self.cfg.keep_last, self.cfg.to_yaml())
+                        self.cfg.checkpoint.keep_last, self.cfg.to_yaml())
 
     def restore(self, st: _Stage, opt: torch.optim.Optimizer, sched: WarmupCosine,
                 recipe: Any) -> tuple[int, int]:
@@ -185,7 +184,8 @@ class _Trainer:
             return 0, 0
         trainer, rank = got
         W = self.ctx.world_size
-        saved, world = trainer.get("train_config") or self.cfg.to_dict(), int(trainer.get("world_size", W))
+        saved = TrainConfig.upgrade_record(trainer.get("train_config") or self.cfg.to_dict())
+        world = int(trainer.get("world_size", W))
         changed = config_changes(saved, self.cfg.to_dict(), self.cfg.RESUME_FREE)
         if saved["grad_accum"] * world != self.cfg.grad_accum * W:  # another world size: same global batch only
             changed.append(f"grad_accum x ranks: {saved['grad_accum']} x {world} -> {self.cfg.grad_accum} x {W}")
@@ -213,7 +213,7 @@ class _Trainer:
         """Run (or resume) stage ``st``; returns whether it finished (``stop_after`` ends it early)."""
         cfg, ctx, model = self.cfg, self.ctx, self.model
         recipe = make_recipe(st.recipe_name, model, cfg, self.data, st.accum)
-        opt = build_adamw(model, st.lr, cfg.betas, st.weight_decay, cfg.eps, recipe.policy)
+        opt = build_adamw(model, st.lr, cfg.optim.betas, st.weight_decay, cfg.optim.eps, recipe.policy)
         sched = WarmupCosine(st.lr, st.steps, st.warmup, st.min_frac)
         step, tokens = self.restore(st, opt, sched, recipe) if resume else (0, 0)
         if resume and ctx.is_main:
@@ -250,7 +250,7 @@ class _Trainer:
                                             **plan.loss_kwargs())
                     (out[0] * scale).backward()
                 sums += out.detach().double()
-            gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.clip if cfg.clip > 0 else float("inf"))
+            gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip if cfg.optim.clip > 0 else float("inf"))
             lr = sched(step)
             set_lr(opt, lr)
             opt.step()
@@ -266,8 +266,8 @@ class _Trainer:
                 kept = f"the last checkpoint is {last}" if last else "no checkpoint was written yet"
                 raise FloatingPointError(
                     f"training diverged: {st.name} step {step} has a non-finite loss ({loss}); {kept}; retry with a "
-                    "lower --train.lr or a longer warm-up (--train.warmup_frac) in a new --train.out_dir, or check "
-                    "the data for bad tokens")
+                    "lower --train.optim.lr or a longer warm-up (--train.optim.warmup_frac) in a new --train.out_dir, "
+                    "or check the data for bad tokens")
             dt = time.perf_counter() - t0
             rec = {"kind": "train", "stage": st.name, "step": step, "loss": loss,
                    "ce": (sums[1] / n_tok).item(), "aux": (sums[2] / n_tok).item(), "lr": lr,
@@ -276,9 +276,9 @@ class _Trainer:
                    "grad_norm": float(full_tensor(gnorm)), **events}
             if st.name == "refine":
                 rec["ce_full"] = (sums[3] / n_tok).item()
-            saved = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step in (st.steps, end)
+            saved = (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step in (st.steps, end)
             self.log.train_step(rec, step % cfg.log_every == 0 or saved)   # checkpoint steps too: counts complete
-            if (cfg.eval_every and step % cfg.eval_every == 0) or step == st.steps:
+            if (cfg.eval.every and step % cfg.eval.every == 0) or step == st.steps:
                 self.evaluate(st.name, step)
             if saved:
                 self.save(st, step, tokens, opt, sched, recipe)
@@ -327,7 +327,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             ``PackedBatches`` sharded with this rank's ``rank``/``world_size``; or a callable
             ``data(rank, world_size)`` returning one.
         cfg: the ``TrainConfig``. val_data: iterable of validation batches (the first
-            ``cfg.eval_batches`` are kept and reused). resume: continue from ``cfg.out_dir`` (refused when
+            ``cfg.eval.batches`` are kept and reused). resume: continue from ``cfg.out_dir`` (refused when
             it holds no checkpoint; ``"auto"``: continue if it holds one, else start). overwrite: a fresh
             run into an ``out_dir`` holding another run's checkpoints moves that run aside (else: refused).
         record: the whole run settings (``RunConfig.to_dict()``): compared on resume, written to ``run.yaml``.
@@ -353,7 +353,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
 
             compile_model(model)
         elif cfg.compile:
-            _compile_blocks(model, len(cfg.capacities))
+            _compile_blocks(model, len(cfg.mixing.capacities))
         with StopSignals(announce=ctx.is_main) as stop:
             trainer = _Trainer(model, data, cfg, ctx, val_data, progress, stop)
             finished = True

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..config import TierLike
+
 __all__ = ["IGNORE_INDEX", "loss_sums", "chunked_loss_sums", "LossModule"]
 
 IGNORE_INDEX = -100
@@ -134,7 +136,7 @@ class LossModule(nn.Module):
             for f, on in zip(layers, tracking):
                 f.track_activations = on
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, tier: Any = None,
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, tier: TierLike = None,
                 ffn_grad_scale: float | None = None, distill: tuple[str, float] | None = None,
                 full_ce: bool = False, attention_mask: torch.Tensor | None = None,
                 chunk: int = 0) -> torch.Tensor:

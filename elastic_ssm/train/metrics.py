@@ -125,9 +125,9 @@ class MetricsLogger:
 
 
 def bytes_per_token(cfg: Any, model: nn.Module) -> float:
-    """``TrainConfig.bytes_per_token``, or 1.0 for a 260-entry (byte) vocabulary when it is 0."""
-    if cfg.bytes_per_token > 0:
-        return float(cfg.bytes_per_token)
+    """``TrainConfig.eval.bytes_per_token``, or 1.0 for a 260-entry (byte) vocabulary when it is 0."""
+    if cfg.eval.bytes_per_token > 0:
+        return float(cfg.eval.bytes_per_token)
     return 1.0 if getattr(model.config, "vocab_size", None) == BYTE_VOCAB else 0.0
 
 

@@ -9,7 +9,7 @@ The paper's protocol for the dense-control parent, step by step:
    *retain their original ordering* (E.7); ``channel_order="energy"`` instead ranks channels by their mean
    output energy ``E_k = mean_t ||W_k^out z_k(t)||^2`` on the calibration data (Nemotron-style activation
    ranking) and permutes them. Both permutations leave the full model's function unchanged.
-2. **Nested masks**: the tiers of the two-rate map (Eq. 7) at the mask fractions (``TrainConfig.capacities``;
+2. **Nested masks**: the tiers of the two-rate map (Eq. 7) at the mask fractions (``TrainConfig.mixing.capacities``;
    the paper's dense-control run uses five masks: full, ~75%, ~50% and two compact targets).
 3. **Recovery** (recipe ``posthoc``): a *frozen* copy of the parent supervises the masked model; each
    micro-batch draws one mask uniformly and trains ``CE(p_mask, y) + KL(p_parent || p_mask)`` (forward KL
@@ -62,7 +62,7 @@ class PosthocRecovery(Recipe):
             raise ValueError("TrainConfig.recipe='posthoc' recovers a dense-trained parent under its frozen copy: "
                              "run `elastic-ssm recover PARENT --protocol posthoc` or elastic_ssm.train.posthoc."
                              "elastify, not `train` from scratch")
-        return cls(model.config, cfg.capacities, cfg.seed)
+        return cls(model.config, cfg.mixing.capacities, cfg.seed)
 
     def setup(self, model: nn.Module) -> None:
         enable_tracking(model, False)
@@ -80,9 +80,9 @@ class PosthocRecovery(Recipe):
 
 def posthoc_train_config(cfg: Any, masks: tuple[float, ...] | None = None) -> Any:
     """``cfg`` set to the E.7 recovery: recipe ``posthoc``, 1% warm-up then constant lr 1e-4 (cosine floor =
-    peak), the mask fractions as ``capacities`` (default: ``cfg.capacities``), no refinement stage."""
-    return cfg.replace(recipe="posthoc", lr=1e-4, warmup_frac=0.01, min_lr_frac=1.0,
-                       capacities=tuple(masks) if masks else cfg.capacities, refine=cfg.refine.replace(steps=0))
+    peak), the mask fractions as ``capacities`` (default: ``cfg.mixing.capacities``), no refinement stage."""
+    return cfg.updated({"recipe": "posthoc", "optim.lr": 1e-4, "optim.warmup_frac": 0.01, "optim.min_lr_frac": 1.0,
+                        "mixing.capacities": tuple(masks) if masks else cfg.mixing.capacities, "refine.steps": 0})
 
 
 @torch.no_grad()

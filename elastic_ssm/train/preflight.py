@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError
+from ..config import ConfigError, TrainConfig
 from .rundir import RunLock, check_free_disk, claim_run_dir, clean_stale_files, has_checkpoint
 
 __all__ = ["preflight", "start_run", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD"]
@@ -44,7 +44,8 @@ _NEWER = "not in the saved run"
 
 def config_changes(saved: dict[str, Any], now: dict[str, Any], free: frozenset[str] = frozenset(),
                    prefix: str = "") -> list[str]:
-    """Dotted names of the fields that differ between two config dicts, except the ``free`` ones."""
+    """Dotted names of the fields that differ between two config dicts (nested sections compared field by
+    field), except the top-level ``free`` ones (a free name is a field or a whole section, e.g. ``eval``)."""
     out = []
     for k in sorted(set(saved) | set(now)):
         if k in free:
@@ -53,7 +54,7 @@ def config_changes(saved: dict[str, Any], now: dict[str, Any], free: frozenset[s
         if k not in saved:      # a setting this version added: the run was written by an older elastic_ssm
             out.append(f"{prefix}{k}: {_NEWER} (now {b!r})")
         elif isinstance(a, dict) and isinstance(b, dict):
-            out += config_changes(a, b, free, f"{prefix}{k}.")
+            out += config_changes(a, b, frozenset(), f"{prefix}{k}.")
         elif (list(a) if isinstance(a, tuple) else a) != (list(b) if isinstance(b, tuple) else b):
             out.append(f"{prefix}{k}: {a!r} -> {b!r}")
     return out
@@ -67,6 +68,8 @@ def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]
         saved = yaml.safe_load(saved_path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{saved_path} is not valid YAML ({e}); restore it or start a new --train.out_dir") from e
+    if isinstance(saved.get("train"), dict):     # an earlier version wrote flat names (lr, eval_every, ...)
+        saved["train"] = TrainConfig.upgrade_record(saved["train"])
     changed = []
     for section in ("model", "train", "data"):
         if section in record and isinstance(saved.get(section), dict):
@@ -95,9 +98,9 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--train.out_dir {out} is a file; choose a directory path")
     try:
-        eval_tier_list(model, cfg.eval_tiers)
+        eval_tier_list(model, cfg.eval.tiers)
     except Exception as e:
-        raise ConfigError(f"train.eval_tiers {list(cfg.eval_tiers)}: {e}") from None
+        raise ConfigError(f"train.eval.tiers {list(cfg.eval.tiers)}: {e}") from None
     if resume is True and not out.is_dir():
         raise ConfigError(f"--resume: {out} does not exist, so there is no run to continue; run without --resume "
                           "to start one there")

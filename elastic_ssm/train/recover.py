@@ -64,7 +64,7 @@ def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: lis
 
     ``data``: training micro-batches for recovery (as for ``train``); ``cfg``: the ``TrainConfig`` of the run
     (``out_dir`` receives the recovery run; ``refine.steps`` its length). ``calibration`` (posthoc, required):
-    training batches for the ranking; ``masks`` (posthoc): mask fractions (default ``cfg.capacities``).
+    training batches for the ranking; ``masks`` (posthoc): mask fractions (default ``cfg.mixing.capacities``).
     ``train_kw`` goes to ``train``.
     """
     from ..elastic.export import export_tier
@@ -94,8 +94,8 @@ def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: lis
     exports, results, recovered = {}, [], []
     for t in names:                  # label-only: each tier at its fixed shape, CE only (Table 43)
         small = export_tier(model, t)
-        run = cfg.replace(recipe="dense", steps=cfg.refine.steps, lr=cfg.refine.lr, refine=cfg.refine.replace(steps=0),
-                          out_dir=str(Path(cfg.out_dir) / t.name), eval_tiers=())
+        run = cfg.updated({"recipe": "dense", "steps": cfg.refine.steps, "optim.lr": cfg.refine.lr, "refine.steps": 0,
+                           "out_dir": str(Path(cfg.out_dir) / t.name), "eval.tiers": ()})
         res = train(small, data, run, val_data=val_batches, **train_kw)
         ev = evaluate_tiers(res.model, val_batches, bytes_per_token=bytes_per_token)[0]
         recovered.append(dataclasses.replace(ev, tier=t.name, K=t.K, n_ff=t.n_ff, params=t.params))

@@ -26,9 +26,9 @@ REPO = HERE.parents[1]
 
 RUN_YAML = """
 model: {arch: essh, preset: tiny}
-train: {recipe: capacity_mixed, steps: STEPS, micro_batch_size: 2, grad_accum: 2, seq_len: 32, n_warm_tokens: 64,
-        order_every: 2, eval_every: 0, eval_batches: 1, eval_tiers: [T1, T10], checkpoint_every: 1, keep_last: 2,
-        log_every: 1, device: cpu}
+train: {recipe: capacity_mixed, steps: STEPS, micro_batch_size: 2, grad_accum: 2, seq_len: 32, log_every: 1,
+        device: cpu, mixing: {n_warm_tokens: 64}, ordering: {every: 2}, eval: {every: 0, batches: 1, tiers: [T1, T10]},
+        checkpoint: {every: 1, keep_last: 2}}
 data: {source: CORPUS, tokenizer: bytes}
 """
 

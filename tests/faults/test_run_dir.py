@@ -64,8 +64,8 @@ def test_reused_dir_is_refused_and_overwrite_moves_the_old_run_aside(done, tmp_p
     assert "moved the previous run" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("change", [["--train.kl_coef", "0.3"], ["--train.alpha_ff", "0.25"],
-                                    ["--train.capacities", "0.5", "1.0"], ["--model.d_ff", "128"],
+@pytest.mark.parametrize("change", [["--train.mixing.kl_coef", "0.3"], ["--train.mixing.alpha_ff", "0.25"],
+                                    ["--train.mixing.capacities", "0.5", "1.0"], ["--model.d_ff", "128"],
                                     ["--data.max_train_bytes", "1000"], ["--train.seed", "1"]])
 def test_resume_refuses_objective_changes_and_leaves_the_run_untouched(done, tmp_path, capsys, change):
     cfg, run = _copy(done, tmp_path)
@@ -89,6 +89,37 @@ def test_resume_of_a_run_written_by_an_older_version_names_that(done, tmp_path, 
     _one_line_error(capsys, "older elastic_ssm", "train.tokens_per_step", "train.refine.tokens_per_step",
                     "new --train.out_dir")
     assert _snapshot(run) == before
+
+
+def _flat_train(train):
+    """A train record as the version before the train sections wrote it (flat names, refine nested)."""
+    from elastic_ssm.config import TrainConfig
+
+    flat = {k: v for k, v in train.items() if not isinstance(v, dict) or k == "refine"}
+    for old, path in TrainConfig.FLAT_NAMES.items():
+        sec, sub = path.split(".")
+        flat[old] = train[sec][sub]
+    return flat
+
+
+def test_resume_of_a_run_written_with_flat_train_names(done, tmp_path, capsys):
+    """A run.yaml written before the train settings moved into sections (lr, n_warm_tokens, eval_every, ...)
+    resumes when the settings are equal, and a changed one is named by its new path."""
+    import yaml
+
+    cfg, run = _copy(done, tmp_path)
+    saved = yaml.safe_load((run / "run.yaml").read_text())
+    flat = _flat_train(saved["train"])
+    assert "lr" in flat and "optim" not in flat and flat["n_warm_tokens"] == 64
+    (run / "run.yaml").write_text(yaml.safe_dump({**saved, "train": flat}, sort_keys=False))
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume",
+                 "--train.mixing.kl_coef", "0.25"]) == 2
+    _one_line_error(capsys, "train.mixing.kl_coef: 0.5 -> 0.25")
+    (run / "run.yaml").write_text(yaml.safe_dump({**saved, "train": flat}, sort_keys=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # an old record is mapped silently
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume"]) == 0
+    assert yaml.safe_load((run / "run.yaml").read_text())["train"]["optim"]["lr"] == flat["lr"]
 
 
 def test_python_resume_compares_the_checkpoints_train_config(tmp_path):
@@ -230,10 +261,10 @@ def test_divergence_names_the_step_the_checkpoint_and_what_to_try(done, tmp_path
     out = tmp_path / "div"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rc = main(["train", "--config", str(cfg), "--train.out_dir", str(out), "--train.lr", "1e35",
-                   "--train.clip", "0", "--train.steps", "4"])
+        rc = main(["train", "--config", str(cfg), "--train.out_dir", str(out), "--train.optim.lr", "1e35",
+                   "--train.optim.clip", "0", "--train.steps", "4"])
     assert rc == 2
-    err = _one_line_error(capsys, "training diverged", "non-finite loss", "--train.lr")
+    err = _one_line_error(capsys, "training diverged", "non-finite loss", "--train.optim.lr")
     assert "step_0000001" in err or "no checkpoint was written yet" in err
 
 

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...baseline_config import MatFormerConfig, TransformerConfig
+from ...config import MatFormerConfig, TierLike, TransformerConfig
 from ...elastic.slicing import SliceRule, empty_linear, linear
 from ...elastic.tiers import Tier
 from ...layers.attention import apply_rope, rope_cos_sin
@@ -94,11 +93,6 @@ class TransformerPP(ElasticModel):
 
     # ---- tiers (nested FFN width only) ------------------------------------------------------------------
     @classmethod
-    def tier_config(cls, config: TransformerConfig, tier: Tier) -> TransformerConfig:
-        """A tier's standalone config: a plain Transformer++ of ``n_ff`` units (one tier)."""
-        return config.replace(d_ff=tier.n_ff, tier_xi=(1.0,))
-
-    @classmethod
     def slice_rules(cls, config: TransformerConfig, tier: Tier) -> list[SliceRule]:
         return [SliceRule(_FFN_IN, 2 * tier.n_ff, dim=0), SliceRule(_FFN_OUT, tier.n_ff, dim=1)]
 
@@ -121,7 +115,7 @@ class TransformerPP(ElasticModel):
         cos, sin = cos[:, None], sin[:, None]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def hidden_states(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
+    def hidden_states(self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
                       cache: KVCache | None = None, ffn_grad_scale: float | None = None) -> torch.Tensor:
         """Final-normed hidden states [B,T,D] at ``tier`` (its ``n_ff``). ``attention_mask`` [B,T] marks real
         tokens (left padding: positions count real tokens; a padding query attends itself only). With
@@ -153,7 +147,7 @@ class TransformerPP(ElasticModel):
             cache.positions.fill_(T)
         return self.norm_f(x)
 
-    def forward(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
+    def forward(self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None, ffn_grad_scale: float | None = None) -> torch.Tensor:
         """Causal logits [B,T,V] of the model at ``tier`` (None: all FFN units)."""
         return self.logits_from_hidden(self.hidden_states(input_ids, tier, attention_mask, cache, ffn_grad_scale))
@@ -196,7 +190,3 @@ class MatFormer(TransformerPP):
     arch = "matformer"
     config_class = MatFormerConfig
 
-    @classmethod
-    def tier_config(cls, config: MatFormerConfig, tier: Tier) -> MatFormerConfig:
-        """A tier's standalone config: one tier and one (full) granularity of ``n_ff`` units."""
-        return config.replace(d_ff=tier.n_ff, tier_xi=(1.0,), granularities=(1.0,))

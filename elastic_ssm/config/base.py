@@ -1,0 +1,271 @@
+"""``ConfigBase``: keyword-only dataclass trees with field docs, validation, coercion and a YAML round trip.
+
+Every field carries a one-line ``help`` in its metadata (``opt``); the CLI derives its flags from these
+dataclasses (``cli_args.add_dataclass_flags``), never from a hand-kept flag list. ``from_dict`` rejects
+unknown keys and ``validate`` names the offending field, so a typo in a YAML file is an error, not a
+silent default. Values from YAML/JSON are coerced to the annotated types (``_coerce``): tuples, nested
+sections (a mapping becomes the section's config), optionals, and numbers that YAML 1.1 reads as strings.
+
+Renamed settings: a config may declare ``FLAT_NAMES`` (an old top-level name -> its ``section.field``
+path, e.g. ``TrainConfig``'s ``lr`` -> ``optim.lr``). ``nest_flat`` moves such keys into their sections;
+``from_dict``, ``replace``, keyword construction (with ``@flat_names``) and attribute reads accept the old
+names and emit one ``FlatNameWarning`` line naming the new spelling. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+__all__ = ["ConfigBase", "ConfigError", "FlatNameWarning", "opt", "section", "flat_names", "read_yaml_mapping"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and what to do."""
+
+
+class FlatNameWarning(FutureWarning):
+    """A setting was given by its old flat name (``lr``) instead of its section path (``optim.lr``)."""
+
+
+_WARNED: dict[Any, Any] = {}
+
+
+def _warn_flat(cls_name: str, renames: dict[str, str]) -> None:
+    """One line on stderr (through ``warnings``, so it can be filtered), once per message and process."""
+    text = ", ".join(f"{old} -> {new}" for old, new in renames.items())
+    msg = f"{cls_name}: old flat setting name(s) {text}; they still load, write the section names in new files"
+    # no source line to show: the warning prints as one line
+    warnings.warn_explicit(msg, FlatNameWarning, "elastic_ssm.config", 0, module="elastic_ssm.config",
+                           registry=_WARNED)
+
+
+def opt(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with a default and a one-line help text (used by the CLI)."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use a tuple or default_factory for mutable defaults")
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+def section(cls: type, help: str) -> Any:
+    """A nested config section (a ``ConfigBase`` subclass built with its defaults) with a help text."""
+    return field(default_factory=cls, metadata={"help": help})
+
+
+def _coerce(tp: Any, value: Any, name: str) -> Any:
+    """Coerce a YAML/JSON value to the annotated field type (tuples, nested configs, optionals, unions)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        if any(isinstance(a, type) and isinstance(value, a) for a in args):
+            return value
+        return _coerce(args[0], value, name)
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        return tp.from_dict(value)
+    if dataclasses.is_dataclass(tp) and not isinstance(value, tp):
+        raise ConfigError(f"{name}: expected a mapping of {tp.__name__} fields, got {value!r}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        (item,) = typing.get_args(tp)[:1] or (Any,)
+        return tuple(_coerce(item, v, name) for v in value)
+    if tp in (int, float) and isinstance(value, bool):  # YAML `steps: true` is not the number 1
+        raise ConfigError(f"{name}: expected {tp.__name__}, got the boolean {value!r}")
+    if tp is float and isinstance(value, int):
+        value = float(value)
+    if tp is float and isinstance(value, str):
+        # YAML 1.1 (PyYAML) reads 3e-4 without a dot as a string; accept any number float() parses
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(f"{name}: expected float, got {value!r}") from None
+    if tp is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}: expected a finite number, got {value!r}")
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if tp in (int, float, str, bool) and not isinstance(value, tp):
+        raise ConfigError(f"{name}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def read_yaml_mapping(path_or_text: str | Path, what: str) -> dict[str, Any]:
+    """The mapping in a YAML file path, or in YAML text (anything containing a newline or ':')."""
+    if isinstance(path_or_text, str) and ("\n" in path_or_text or ":" in path_or_text):
+        text = str(path_or_text)
+    else:
+        p = Path(path_or_text)
+        if not p.is_file():
+            raise ConfigError(f"{what}: config file {p} does not exist")
+        text = p.read_text()
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what}: not valid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what}: YAML must be a mapping of field names, got {type(data)}")
+    return data
+
+
+@dataclass(kw_only=True)
+class ConfigBase:
+    """Shared behaviour: validation hook, dict/YAML round trip, ``replace``, renamed flat settings."""
+
+    #: old flat setting names -> their ``section.field`` paths (see the module docstring)
+    FLAT_NAMES: ClassVar[dict[str, str]] = {}
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, _coerce(hints[f.name], getattr(self, f.name), f.name))
+        self.validate()
+
+    def validate(self) -> None:  # overridden by subclasses
+        """Raise ``ConfigError`` naming the bad field."""
+
+    def __getattr__(self, name: str) -> Any:       # only reached when normal lookup fails
+        path = type(self).FLAT_NAMES.get(name)
+        if path is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        _warn_flat(type(self).__name__, {name: path})
+        sec, sub = path.split(".")
+        return getattr(getattr(self, sec), sub)
+
+    @classmethod
+    def nest_flat(cls, d: dict[str, Any], warn: bool = True) -> dict[str, Any]:
+        """``d`` with the old flat names of ``FLAT_NAMES`` moved into their sections (a section given as a
+        mapping or a config gets the field; a flat name and its section both setting a field differently is
+        a ConfigError unless the section is a config object, as in ``replace``). ``warn``: one
+        ``FlatNameWarning`` naming the new spellings."""
+        flat = [k for k in d if k in cls.FLAT_NAMES]
+        if not flat:
+            return d
+        out = {k: v for k, v in d.items() if k not in cls.FLAT_NAMES}
+        for old in flat:
+            sec, sub = cls.FLAT_NAMES[old].split(".")
+            cur = out.get(sec)
+            if isinstance(cur, ConfigBase):
+                out[sec] = cur.replace(**{sub: d[old]})
+                continue
+            if cur is None:
+                cur = {}
+            if not isinstance(cur, dict):
+                raise ConfigError(f"{cls.__name__}.{sec}: expected a mapping of fields, got {cur!r}")
+            if sub in cur and cur[sub] != d[old]:
+                raise ConfigError(f"{cls.__name__}: {old}={d[old]!r} and {sec}.{sub}={cur[sub]!r} name the same "
+                                  f"setting; give only {sec}.{sub}")
+            out[sec] = {**cur, sub: d[old]}
+        if warn:
+            _warn_flat(cls.__name__, {k: cls.FLAT_NAMES[k] for k in flat})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, ConfigBase):
+                v = v.to_dict()
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def check_names(cls, d: dict[str, Any], beside: str = "") -> None:
+        """ConfigError naming the keys of ``d`` that are neither fields nor old flat names."""
+        names = cls.field_names()
+        unknown = sorted(set(d) - names - set(cls.FLAT_NAMES))
+        if unknown:
+            raise ConfigError(f"{cls.__name__}: unknown field(s) {unknown}{beside}; valid fields are {sorted(names)}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ConfigBase:
+        if not isinstance(d, dict):
+            raise ConfigError(f"{cls.__name__}: expected a mapping of field names to values, got {d!r}")
+        cls.check_names(d)
+        return cls(**cls.nest_flat(d))
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_yaml(cls, path_or_text: str | Path) -> ConfigBase:
+        """Load from a YAML file path, or from YAML text (anything containing a newline or ':')."""
+        return cls.from_dict(read_yaml_mapping(path_or_text, cls.__name__))
+
+    def replace(self, **changes: Any) -> ConfigBase:
+        """``dataclasses.replace``; an old flat name changes that field of its section (other fields kept)."""
+        renamed = {k: changes.pop(k) for k in list(changes) if k in type(self).FLAT_NAMES}
+        out = dataclasses.replace(self, **changes) if changes else self
+        if renamed:
+            _warn_flat(type(self).__name__, {k: type(self).FLAT_NAMES[k] for k in renamed})
+            out = out.updated({type(self).FLAT_NAMES[k]: v for k, v in renamed.items()})
+        return out
+
+    def updated(self, changes: dict[str, Any], where: str = "") -> ConfigBase:
+        """A copy with ``changes`` applied, keys being field names or dotted paths into nested sections
+        (``{"optim.lr": 1e-3, "refine.steps": 2}``); an unknown name is a ConfigError naming ``where``."""
+        own: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {}
+        for key, value in changes.items():
+            head, _, rest = key.partition(".")
+            if head in type(self).FLAT_NAMES and not rest:
+                head, _, rest = type(self).FLAT_NAMES[head].partition(".")
+            if head not in self.field_names():
+                raise ConfigError(f"{where}{key}: {type(self).__name__} has no field {head!r}")
+            if rest:
+                if not isinstance(getattr(self, head), ConfigBase):
+                    raise ConfigError(f"{where}{key}: {type(self).__name__}.{head} has no fields")
+                nested.setdefault(head, {})[rest] = value
+            else:
+                own[head] = value
+        for head, sub in nested.items():
+            own[head] = getattr(self, head).updated(sub, f"{where}{head}.")
+        return dataclasses.replace(self, **own) if own else self
+
+    @classmethod
+    def field_help(cls) -> dict[str, str]:
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+def flat_names(cls: type[ConfigBase]) -> type[ConfigBase]:
+    """Class decorator (above ``@dataclass``): keyword construction also accepts ``cls.FLAT_NAMES``."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: ConfigBase, **kw: Any) -> None:
+        init(self, **type(self).nest_flat(kw))
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
+def positive(cfg: ConfigBase, *names: str) -> None:
+    """ConfigError unless every field in ``names`` is > 0."""
+    for n in names:
+        v = getattr(cfg, n)
+        if not v > 0:
+            raise ConfigError(f"{type(cfg).__name__}.{n} must be > 0, got {v!r}")
+
+
+def check(cond: bool, cls: str, name: str, msg: str) -> None:
+    """ConfigError ``<cls>.<name> <msg>`` unless ``cond``."""
+    if not cond:
+        raise ConfigError(f"{cls}.{name} {msg}")

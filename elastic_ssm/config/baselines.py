@@ -1,0 +1,162 @@
+"""``TransformerConfig`` / ``MatFormerConfig``: the ESSH paper's baselines (Appendix E.6, Tables 8, 9, 54).
+
+``TransformerConfig`` is Transformer++ (RoPE, RMSNorm, SwiGLU, full causal attention, tied embedding).
+Its SwiGLU is ESSH's unit-ordered layer (``w_in.weight`` rows / ``w_out.weight`` columns per unit), so it has
+*nested FFN tiers*: tier ``T_i`` keeps the first
+
+    n_ff(xi) = align * max(1, floor(d_ff * xi ** ffn_exponent / align))      (xi < 1; the full tier keeps d_ff)
+
+units of every FFN. A plain Transformer++ has one tier (``tier_xi = (1.0,)``). ``MatFormerConfig`` is the
+same backbone with the ten ESSH deployment fractions as tiers and the four trained granularities of N.1
+(1/8, 1/4, 1/2, full; Table 9: no distillation). With ``ffn_exponent = 1`` and ``align = 64`` the 370m
+preset reproduces the MatFormer parameter counts of Table 39 exactly (T1 130.9M ... T10 365.6M).
+
+Presets (Table 9 / Table 54 shapes; CPU presets matched to the ESSH presets of the same name, Table 8 rule
+"parameter count within 2%"): ``tiny``, ``small``, ``370m`` (365.6M, Table 9), ``1.5b`` (1536.3M, Table 54).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, ClassVar
+
+from .base import ConfigError, opt
+from .essh import ESSH_TIER_XI
+from .model import FractionTierConfig, Tier
+
+__all__ = ["TransformerConfig", "MatFormerConfig", "TRANSFORMER_PRESETS", "MATFORMER_GRANULARITIES"]
+
+#: MatFormer's trained FFN granularities in the ESSH comparison (Appendix N.1): 1/8, 1/4, 1/2 and full width.
+MATFORMER_GRANULARITIES = (0.125, 0.25, 0.5, 1.0)
+
+TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
+    # CPU presets: ESSH "tiny" / "small" depth, width and vocabulary, d_ff matched to their full counts
+    # (tiny 172,224 vs ESSH 173,264: -0.60%; small 1,821,120 vs 1,824,240: -0.17%).
+    "tiny": dict(vocab_size=260, d_model=64, n_layers=3, d_ff=184, head_dim=16, ffn_align=8),
+    "small": dict(vocab_size=260, d_model=192, n_layers=4, d_ff=512, head_dim=32, ffn_align=32),
+    # Table 9: Transformer++ / MatFormer of the 370M comparison, 365.6M (ESSH 370.9M, -1.42%).
+    "370m": dict(vocab_size=50304, d_model=896, n_layers=22, d_ff=4224, head_dim=64, ffn_align=64),
+    # Table 54: Transformer++ of the 1.53B systems comparison, 1536.3M (ESSH 1531.1M, +0.34%).
+    "1.5b": dict(vocab_size=128256, d_model=2048, n_layers=28, d_ff=4672, head_dim=64, ffn_align=64),
+}
+
+
+@dataclass(kw_only=True)
+class TransformerConfig(FractionTierConfig):
+    """Transformer++ shape (ESSH paper E.6, Tables 9 and 54), with nested-FFN tiers (one tier by default)."""
+
+    arch: ClassVar[str] = "transformer"
+
+    vocab_size: int = opt(50304, "vocabulary size V (tied embedding)")
+    d_model: int = opt(896, "residual width d")
+    n_layers: int = opt(22, "number of attention + SwiGLU blocks")
+    d_ff: int = opt(4224, "SwiGLU width (Table 9: 4224 at 370M; Table 54: 4672 at 1.5B)")
+    head_dim: int = opt(64, "attention head dimension (heads = d / head_dim)")
+    rope_base: float = opt(10000.0, "RoPE base frequency")
+    norm_eps: float = opt(1e-6, "RMSNorm epsilon")
+    tie_embeddings: bool = opt(True, "tie the LM head to the token embedding")
+    init_std: float = opt(0.02, "std of the normal initialisation")
+    tier_xi: tuple[float, ...] = opt((1.0,), "budget fractions of the nested-FFN tiers ((1.0,): a plain "
+                                     "Transformer++ with one tier; MatFormer: the ten ESSH fractions)")
+    ffn_exponent: float = opt(1.0, "nested FFN width n_ff = align floor(d_ff xi^e / align) (Table 39: e = 1)")
+    ffn_align: int = opt(64, "FFN width alignment of the nested tiers (Table 39: 64)")
+    eos_token_id: int = opt(-1, "end-of-sequence token id (-1: none)")
+
+    def validate(self) -> None:
+        c = type(self).__name__
+        for n in ("vocab_size", "d_model", "n_layers", "d_ff", "head_dim", "ffn_align"):
+            if getattr(self, n) <= 0:
+                raise ConfigError(f"{c}.{n} must be > 0, got {getattr(self, n)}")
+        if self.d_model % self.head_dim or self.head_dim % 2:
+            raise ConfigError(f"{c}: d_model={self.d_model} must be a multiple of an even head_dim={self.head_dim}")
+        if not self.tier_xi or any(not 0 < x <= 1 for x in self.tier_xi):
+            raise ConfigError(f"{c}.tier_xi must be fractions in (0, 1], got {self.tier_xi}")
+        if list(self.tier_xi) != sorted(set(self.tier_xi)) or self.tier_xi[-1] != 1.0:
+            raise ConfigError(f"{c}.tier_xi must be strictly increasing and end with 1.0 (the full tier)")
+        if not self.ffn_exponent > 0:
+            raise ConfigError(f"{c}.ffn_exponent must be > 0, got {self.ffn_exponent}")
+        if not -1 <= self.eos_token_id < self.vocab_size:
+            raise ConfigError(f"{c}.eos_token_id={self.eos_token_id} must be -1 or a token id < vocab_size")
+
+    @property
+    def n_heads(self) -> int:
+        return self.d_model // self.head_dim
+
+    def num_parameters(self, n_ff: int | None = None) -> int:
+        """``V d`` (tied, once) ``+ N (4 d^2 + 3 d n_ff + 2 d) + d`` (Table 4 counting rules), at ``n_ff``
+        retained FFN units (default: all)."""
+        d, N = self.d_model, self.n_layers
+        n = self.d_ff if n_ff is None else n_ff
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        return self.vocab_size * d + head + N * (4 * d * d + 3 * d * n + 2 * d) + d
+
+    def flops_per_token(self, context: int = 2048, n_ff: int | None = None) -> dict[str, int]:
+        """Per-token FLOPs (2 per multiply-accumulate), the convention of ``elastic.tiers.flops_per_token``:
+        projections 2 N 4 d^2, attention scores/values 2 N 2 d context, SwiGLU 2 N 3 d n_ff, head 2 d V."""
+        d, N = self.d_model, self.n_layers
+        n = self.d_ff if n_ff is None else n_ff
+        out = {"projection": 2 * N * 4 * d * d, "attention": 2 * N * 2 * d * context,
+               "ffn": 2 * N * 3 * d * n, "head": 2 * d * self.vocab_size}
+        out["total"] = sum(out.values())
+        return out
+
+    def kv_bytes(self, context: int, batch: int = 1, dtype_bytes: int = 2) -> int:
+        """Persistent KV bytes: K and V of every layer for ``context`` tokens."""
+        return batch * self.n_layers * 2 * context * self.d_model * dtype_bytes
+
+    # ---- nested FFN tiers (K = 0) ------------------------------------------------------------------------
+    def ffn_width_for(self, xi: float | Fraction) -> int:
+        """The nested map ``align max(1, floor(d_ff xi^e / align))``; the full tier keeps every unit."""
+        return self.d_ff if xi == 1 else min(self.d_ff, super().ffn_width_for(xi))
+
+    def fraction_tier(self, name: str, index: int, xi: float) -> Tier:
+        n_ff = self.ffn_width_for(xi)
+        return Tier(name, index, float(xi), 0, n_ff, self.num_parameters(n_ff))
+
+    def tier_parameters(self, tier: Tier) -> dict[str, int]:
+        d, N = self.d_model, self.n_layers
+        out = {"embedding": self.vocab_size * d, "head": 0 if self.tie_embeddings else self.vocab_size * d,
+               "norms": 2 * d * N + d, "attention": 4 * d * d * N, "ffn": 3 * d * tier.n_ff * N}
+        return {**out, "total": sum(out.values())}
+
+    def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8,
+                   context: int = 2048) -> tuple[int, int]:
+        """Full attention: K and V of every layer for ``context`` tokens, no recurrent state."""
+        return 0, self.n_layers * 2 * context * self.d_model
+
+    def tier_flops(self, tier: Tier, context: int = 2048) -> dict[str, int]:
+        return self.flops_per_token(context, tier.n_ff)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> TransformerConfig:
+        if name not in TRANSFORMER_PRESETS:
+            raise ConfigError(f"unknown {cls.arch} preset {name!r}; choose one of {sorted(TRANSFORMER_PRESETS)}")
+        return cls(**{**TRANSFORMER_PRESETS[name], **overrides})
+
+
+@dataclass(kw_only=True)
+class MatFormerConfig(TransformerConfig):
+    """MatFormer (Devvrit et al., 2024) as the ESSH paper trains it (N.1, Table 9): a Transformer++ whose
+    FFNs nest; every micro-batch trains one of ``granularities`` (uniform draw), no distillation."""
+
+    arch: ClassVar[str] = "matformer"
+
+    tier_xi: tuple[float, ...] = opt(ESSH_TIER_XI, "deployment fractions of the exported tiers (Table 39: the "
+                                     "ten ESSH fractions; T1 lies below the smallest trained granularity)")
+    granularities: tuple[float, ...] = opt(MATFORMER_GRANULARITIES, "FFN width fractions trained, one drawn "
+                                           "uniformly per micro-batch (N.1: 1/8, 1/4, 1/2, full)")
+
+    def validate(self) -> None:
+        super().validate()
+        g = self.granularities
+        if not g or any(not 0 < x <= 1 for x in g) or list(g) != sorted(set(g)) or g[-1] != 1.0:
+            raise ConfigError(f"MatFormerConfig.granularities must be increasing fractions in (0, 1] ending with "
+                              f"1.0 (full width), got {g}")
+
+    def default_recipe(self) -> str:
+        return "nested_ffn" if len(self.granularities) > 1 else "dense"
+
+    def standalone_config(self, tier: Tier) -> MatFormerConfig:
+        """One tier and one (full) granularity of ``n_ff`` units."""
+        return self.replace(d_ff=tier.n_ff, tier_xi=(1.0,), granularities=(1.0,))

@@ -1,0 +1,199 @@
+"""``ESSHConfig``: the ESSH hybrid (ESSH paper Sec. 4, Table 7) and its tiers and exact counts.
+
+Spectral mixers + sliding-window attention + SwiGLU. A tier ``T`` keeps spectral channels ``1..K_T`` and FFN
+units ``1..n_ff,T`` given by the two-rate capacity map (Sec. 4.2, Eq. 7; Appendix D.1, Table 6)::
+
+    K_T   = max(1, round(K-bar * xi_T ** 0.5))
+    n_ff  = align * max(1, floor(d_ff * xi_T ** 0.8 / align))       (align = 64 in the paper)
+
+Parameter counts follow Eq. 25 of Appendix C.5 with the counting rules that reproduce Table 4 exactly;
+persistent state follows C.5 and Table 53. Presets: Table 7 ("370m", "1.5b") and the CPU presets "tiny"
+(tests) and "small" (the laptop quickstart); ``<name>-mixer`` drops the attention blocks (Tables 21-23).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN
+from fractions import Fraction
+from typing import Any, ClassVar
+
+from .base import ConfigError, opt, positive
+from .model import FractionTierConfig, Tier, scaled_power
+
+__all__ = ["ESSHConfig", "ESSH_PRESETS", "ESSH_TIER_XI"]
+
+#: Budget fractions xi_T of the ten ESSH deployment tiers (Appendix D.1, Table 6).
+ESSH_TIER_XI = tuple(n / 32 for n in (2, 4, 7, 10, 13, 17, 20, 24, 28, 32))
+
+
+@dataclass(kw_only=True)
+class ESSHConfig(FractionTierConfig):
+    """ESSH hybrid (ESSH paper Sec. 4, Table 7): spectral mixers + sliding-window attention + SwiGLU."""
+
+    arch: ClassVar[str] = "essh"
+    elastic_recipes: ClassVar[tuple[str, ...]] = ("capacity_mixed", "refine")
+
+    vocab_size: int = opt(50304, "vocabulary size V (tied embedding)")
+    d_model: int = opt(896, "residual width d")
+    n_layers: int = opt(22, "number of blocks (spectral + SWA)")
+    d_ff: int = opt(4608, "full SwiGLU width d_ff")
+    n_channels: int = opt(32, "full spectral-channel count K-bar")
+    n_modes: int = opt(8, "damped-rotation modes m per channel")
+    channel_width: int = opt(0, "value width P per channel; 0 means d / n_channels (standalone exports set it)")
+    swa_layers: tuple[int, ...] = opt((12, 17, 21), "zero-based indices of sliding-window-attention blocks")
+    window: int = opt(2048, "sliding-window length w (tokens attended, including the current one)")
+    head_dim: int = opt(64, "attention head dimension (heads = d / head_dim)")
+    rope_base: float = opt(10000.0, "RoPE base frequency (paper silent; 10000 as in Su et al.)")
+    filter_length: int = opt(2048, "Hankel length L of the filters the modal tables are fitted to (C.1)")
+    tier_xi: tuple[float, ...] = opt(ESSH_TIER_XI, "budget fractions xi_T of the deployment tiers (D.1)")
+    channel_exponent: float = opt(0.5, "two-rate map: K_T = max(1, round(K xi^e)) (Eq. 7)")
+    ffn_exponent: float = opt(0.8, "two-rate map: n_ff = align * max(1, floor(d_ff xi^e / align)) (Eq. 7)")
+    ffn_align: int = opt(64, "FFN width alignment of the two-rate map (Eq. 7: 64)")
+    tie_embeddings: bool = opt(True, "tie the LM head to the token embedding")
+    norm_eps: float = opt(1e-6, "RMSNorm epsilon")
+    blend_eps: float = opt(1e-6, "epsilon_norm of the channel-local value blend (Eq. 23)")
+    clock_bias_init: float = opt(-3.0, "clock bias initialisation (C.2: softplus(-3) ~ 0.0486)")
+    zero_lag_init: float = opt(0.5, "zero-lag coefficient a initialisation (C.3)")
+    pole_clip: float = opt(1.0 - 1e-4, "matrix-pencil pole-magnitude clip (DESIGN: 1 - 1e-4)")
+    init_std: float = opt(0.02, "std of normal initialisation for projections and embeddings")
+    pad_token_id: int = opt(-1, "padding token id for batched generation (-1: none)")
+    eos_token_id: int = opt(-1, "end-of-sequence token id (-1: none)")
+
+    def validate(self) -> None:
+        positive(self, "vocab_size", "d_model", "n_layers", "d_ff", "n_channels", "n_modes",
+                  "window", "head_dim", "filter_length", "ffn_align")
+        if self.channel_width < 0:
+            raise ConfigError(f"ESSHConfig.channel_width must be >= 0, got {self.channel_width}")
+        if self.channel_width == 0 and self.d_model % self.n_channels:
+            raise ConfigError(
+                f"ESSHConfig.d_model={self.d_model} must be divisible by n_channels={self.n_channels}"
+                " (value width P = d / K-bar)"
+            )
+        if self.d_model % self.head_dim:
+            raise ConfigError(
+                f"ESSHConfig.d_model={self.d_model} must be divisible by head_dim={self.head_dim}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"ESSHConfig.head_dim={self.head_dim} must be even (RoPE)")
+        bad = [i for i in self.swa_layers if not 0 <= i < self.n_layers]
+        if bad or len(set(self.swa_layers)) != len(self.swa_layers):
+            raise ConfigError(
+                f"ESSHConfig.swa_layers={self.swa_layers}: indices must be distinct and in [0, {self.n_layers})"
+            )
+        if not self.tier_xi or any(not 0 < x <= 1 for x in self.tier_xi):
+            raise ConfigError(f"ESSHConfig.tier_xi must be fractions in (0, 1], got {self.tier_xi}")
+        if list(self.tier_xi) != sorted(self.tier_xi) or self.tier_xi[-1] != 1.0:
+            raise ConfigError("ESSHConfig.tier_xi must be increasing and end with 1.0 (the full tier)")
+        if self.n_modes > self.filter_length // 4:
+            raise ConfigError("ESSHConfig.n_modes must be <= filter_length / 4 (matrix-pencil rank)")
+        if not 0 < self.pole_clip < 1:
+            raise ConfigError("ESSHConfig.pole_clip must lie in (0, 1)")
+        for name in ("pad_token_id", "eos_token_id"):
+            v = getattr(self, name)
+            if not -1 <= v < self.vocab_size:
+                raise ConfigError(f"ESSHConfig.{name}={v} must be -1 or a token id < vocab_size")
+
+    @property
+    def value_width(self) -> int:
+        """P = d / K-bar, the per-channel value width (or the explicit ``channel_width``)."""
+        return self.channel_width or self.d_model // self.n_channels
+
+    @property
+    def n_heads(self) -> int:
+        return self.d_model // self.head_dim
+
+    @property
+    def layout(self) -> str:
+        """Hybrid layout as a pattern string: 'S' spectral block, 'A' sliding-window attention block."""
+        return "".join("A" if i in self.swa_layers else "S" for i in range(self.n_layers))
+
+    @property
+    def n_spectral_layers(self) -> int:
+        return self.n_layers - len(self.swa_layers)
+
+    # ---- tiers and exact costs (Eq. 7, Eq. 25, C.5) --------------------------------------------------------
+    def channels_for(self, xi: float | Fraction) -> int:
+        """Retained spectral channels ``K_T = max(1, round(K-bar xi^{1/2}))`` (Eq. 7).
+
+        ``round`` is Python's (half to even), applied to the exact value; DESIGN.md notes that no training
+        or deployment budget lands on a .5 tie. The exponent is ``channel_exponent``.
+        """
+        v = scaled_power(self.n_channels, xi, self.channel_exponent)
+        return max(1, int(v.to_integral_value(rounding=ROUND_HALF_EVEN)))
+
+    def fraction_tier(self, name: str, index: int, xi: float) -> Tier:
+        K, n_ff = self.channels_for(xi), self.ffn_width_for(xi)
+        return Tier(name, index, float(xi), K, n_ff, self.count_parameters(K, n_ff)["total"])
+
+    def count_parameters(self, K: int, n_ff: int) -> dict[str, int]:
+        """Parameters at ``K`` channels and ``n_ff`` FFN units by component (Eq. 25; Table 4 rules: tied
+        embedding once, two RMSNorm vectors per block and one final norm, one bias per mode on the
+        write/read/clock rows, nothing else biased)."""
+        d, m, P, N = self.d_model, self.n_modes, self.value_width, self.n_layers
+        out = {
+            "embedding": self.vocab_size * d,
+            "head": 0 if self.tie_embeddings else self.vocab_size * d,
+            "norms": 2 * d * N + d,  # two RMSNorm weights per block + the final norm
+            "attention": 4 * d * d * len(self.swa_layers),  # q, k, v, o without biases
+            # per retained channel: value in/out 2dP, write/read/clock (md + m) each,
+            # rho/theta/kc/ks/a (5m), blend beta (1)  ->  2dP + 3md + 8m + 1
+            "spectral": self.n_spectral_layers * K * (2 * d * P + 3 * m * d + 8 * m + 1),
+            "ffn": 3 * d * n_ff * N,  # SwiGLU gate/up/down in every block
+        }
+        out["total"] = sum(out.values())
+        return out
+
+    def tier_parameters(self, tier: Tier) -> dict[str, int]:
+        return self.count_parameters(tier.K, tier.n_ff)
+
+    def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8,
+                   context: int = 2048) -> tuple[int, int]:
+        """``2 (N - |A|) K_T m P`` recurrent entries (C.5) and a full ``window`` ring of K and V per SWA
+        layer (``decode``, ``n_modes``, ``context`` do not apply)."""
+        rec = 2 * self.n_spectral_layers * tier.K * self.n_modes * self.value_width
+        return rec, len(self.swa_layers) * 2 * self.window * self.d_model
+
+    def tier_flops(self, tier: Tier, context: int = 2048) -> dict[str, int]:
+        """Summed over blocks: ``projection`` 2 (2 d K P + 3 d K m) per spectral block; ``ffn`` 2 * 3 d n_ff per
+        block; ``attention`` 2 (4 d^2 + 2 d min(context, window)) per SWA block; ``scan`` 2 K (7 m P + 3 P) per
+        spectral block (Eq. 9 step 7mP, zero-lag Eq. 24 P, blend Eq. 23 2P); ``head`` 2 d V (C.5)."""
+        d, K, m, P = self.d_model, tier.K, self.n_modes, self.value_width
+        S, A = self.n_spectral_layers, len(self.swa_layers)
+        out = {
+            "projection": 2 * S * (2 * d * K * P + 3 * d * K * m),
+            "ffn": 2 * self.n_layers * 3 * d * tier.n_ff,
+            "attention": 2 * A * (4 * d * d + 2 * d * min(context, self.window)),
+            "scan": 2 * S * K * (7 * m * P + 3 * P),
+            "head": 2 * d * self.vocab_size,
+        }
+        out["total"] = sum(out.values())
+        return out
+
+    def standalone_config(self, tier: Tier) -> ESSHConfig:
+        return self.replace(n_channels=tier.K, channel_width=self.value_width, d_ff=tier.n_ff, tier_xi=(1.0,))
+
+    def default_recipe(self) -> str:
+        return "capacity_mixed" if len(self.tier_xi) > 1 else "dense"
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ESSHConfig:
+        """A named shape; ``<name>-mixer`` is the mixer-only variant (no attention blocks, Tables 21-23)."""
+        base, mixer_only = (name[:-6], True) if name.endswith("-mixer") else (name, False)
+        if base not in ESSH_PRESETS:
+            raise ConfigError(f"unknown ESSH preset {name!r}; choose one of {sorted(ESSH_PRESETS)}, or one of "
+                              "them with '-mixer' for the mixer-only variant")
+        return cls(**{**ESSH_PRESETS[base], **({"swa_layers": ()} if mixer_only else {}), **overrides})
+
+
+ESSH_PRESETS: dict[str, dict[str, Any]] = {
+    # Table 7, 370M column.
+    "370m": dict(vocab_size=50304, d_model=896, n_layers=22, d_ff=4608, swa_layers=(12, 17, 21)),
+    # Table 7, 1.5B column.
+    "1.5b": dict(vocab_size=128256, d_model=2048, n_layers=28, d_ff=5632, swa_layers=(15, 22, 27)),
+    # CPU presets (byte vocabulary 256 + 4 specials): "tiny" for tests, "small" for the quickstart.
+    "tiny": dict(vocab_size=260, d_model=64, n_layers=3, d_ff=192, n_channels=8, n_modes=4,
+                 swa_layers=(1,), window=16, head_dim=16, filter_length=256, ffn_align=16),
+    "small": dict(vocab_size=260, d_model=192, n_layers=4, d_ff=512, n_channels=16, n_modes=8,
+                  swa_layers=(2,), window=128, head_dim=32, filter_length=1024, ffn_align=32),
+}

@@ -1,0 +1,205 @@
+"""What every model config declares: its tiers, their exact counts, and the registry of architectures.
+
+``ModelConfig`` is the base of the model configs (``ESSHConfig``, ``ESSSMConfig``, ``TransformerConfig``,
+``MatFormerConfig``). A subclass with its own ``arch`` registers itself (``model_configs()``), and states
+its architecture's arithmetic as methods, so ``elastic/tiers.py`` needs no switch over config types and
+adding an architecture touches one config module (plus its model folder):
+
+- ``tier_table()`` the deployment tiers; ``parse_tier(spec)`` the tier names / budgets it accepts;
+- ``tier_parameters(tier)`` the exact parameter count by component (ESSH Eq. 25, Table 4);
+- ``tier_state(tier, ...)`` persistent decode state entries (C.5, Table 53); ``tier_flops`` (C.5, Table 5);
+- ``standalone_config(tier)`` the config of the tier's export, ``specialist_config`` a from-scratch one;
+- ``default_recipe()`` / ``elastic_recipes`` the training recipes that fit the architecture.
+
+``FractionTierConfig`` holds what ESSH and the Transformer++ baselines share: tiers ``T1..Tn`` over
+``tier_xi``, any capacity fraction in (0, 1] through the map of Eq. 7 (``capacity_tier``).
+``Tier`` and ``TierLike`` live here because configs compute them; ``elastic.tiers`` re-exports them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal, localcontext
+from fractions import Fraction
+from typing import Any, ClassVar
+
+from .base import ConfigBase
+
+__all__ = ["Tier", "TierLike", "ModelConfig", "FractionTierConfig", "model_configs", "scaled_power"]
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One deployment tier.
+
+    ``name`` is ``"T1".."Tn"`` for ESSH and ``"K<k>"`` for ES-SSM; ``index`` is the 1-based position in
+    ``tier_table(cfg)`` (0 for a capacity fraction or an ES-SSM budget outside ``cfg.budgets``); ``xi`` the
+    budget variable of Eq. 7 (ES-SSM: ``K / K-bar``); ``K`` retained spectral channels; ``n_ff`` retained
+    FFN width; ``params`` the exact parameter count of the standalone export.
+    """
+
+    name: str
+    index: int
+    xi: float
+    K: int
+    n_ff: int
+    params: int
+
+
+#: What a ``tier=`` argument accepts: None (the full tier), a ``Tier`` of the config, a name ("T4"; ES-SSM
+#: "K8"), an ES-SSM budget (int K) or an ESSH / Transformer++ capacity fraction (float in (0, 1]).
+TierLike = str | int | float | Tier | None
+
+_REGISTRY: dict[str, type[ModelConfig]] = {}
+
+
+def model_configs() -> dict[str, type[ModelConfig]]:
+    """Model config class of every ``model.arch`` (the two papers' models and the baselines, E.6)."""
+    return dict(_REGISTRY)
+
+
+# ---- Eq. 7 arithmetic, exact --------------------------------------------------------------------------
+def exact_decimal(x: float | int | Fraction) -> Decimal:
+    """The exact decimal a number denotes (a float by its shortest repr, so 0.8 means 4/5)."""
+    if isinstance(x, Fraction):
+        return Decimal(x.numerator) / Decimal(x.denominator)
+    return Decimal(repr(float(x))) if isinstance(x, float) else Decimal(int(x))
+
+
+def scaled_power(total: int, xi: float | Fraction, exponent: float) -> Decimal:
+    """``total * xi ** exponent`` to 50 significant digits (correctly rounded ``Decimal`` power)."""
+    xi_d = exact_decimal(xi)
+    if not 0 < xi_d <= 1:
+        raise ValueError(f"budget variable xi must lie in (0, 1], got {xi!r}")
+    with localcontext() as ctx:
+        ctx.prec = 50
+        return Decimal(total) * xi_d ** exact_decimal(exponent)
+
+
+class ModelConfig(ConfigBase):
+    """Base of the model configs: an architecture's tiers and exact costs (see the module docstring)."""
+
+    arch: ClassVar[str] = ""
+    #: recipes that need this architecture ('capacity_mixed' and 'refine' are ESSH's, 'budget_dropout' ES-SSM's)
+    elastic_recipes: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if cls.__dict__.get("arch"):
+            _REGISTRY[cls.arch] = cls
+
+    # ---- tiers -------------------------------------------------------------------------------------
+    def tier_table(self) -> list[Tier]:
+        """All deployment tiers, smallest first."""
+        raise NotImplementedError
+
+    def parse_tier(self, spec: Any) -> Tier | None:
+        """The tier a name / number denotes, or None when ``spec`` is not one this architecture accepts."""
+        raise NotImplementedError
+
+    def tier_hint(self) -> str:
+        """What ``resolve_tier`` accepts, for its error message."""
+        return f"use None (full), a Tier, or one of {[t.name for t in self.tier_table()]}"
+
+    def own_tier(self, tier: Tier) -> Tier:
+        """This config's tier of the same name (what a ``Tier`` argument must equal)."""
+        return self.resolve_tier(tier.name)
+
+    def resolve_tier(self, tier: TierLike = None) -> Tier:
+        """A user-facing tier spec as a ``Tier`` of this config: None is the full tier; a ``Tier`` must equal
+        this config's tier of that name (a tier of another config is refused); anything else goes through
+        ``parse_tier``. A ``ValueError`` lists the valid names."""
+        if tier is None:
+            return self.tier_table()[-1]
+        if isinstance(tier, Tier):
+            own = self.own_tier(tier)
+            if own != tier:
+                what = f"xi={tier.xi:g} tier" if tier.index == 0 and tier.name.startswith("xi=") else tier.name
+                raise ValueError(f"{tier} does not belong to this config; its {what} is {own}")
+            return own
+        t = self.parse_tier(tier)
+        if t is None:
+            raise ValueError(f"unknown tier {tier!r} for {type(self).__name__}: {self.tier_hint()}")
+        return t
+
+    # ---- exact costs of a tier ------------------------------------------------------------------------
+    def tier_parameters(self, tier: Tier) -> dict[str, int]:
+        """Parameters of ``tier``'s standalone export by component, plus ``"total"``."""
+        raise NotImplementedError
+
+    def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8,
+                   context: int = 2048) -> tuple[int, int]:
+        """Persistent decode state of one sequence in entries: ``(recurrent, kv)``."""
+        raise NotImplementedError
+
+    def tier_flops(self, tier: Tier, context: int = 2048) -> dict[str, int]:
+        """Per-token FLOPs (2 per multiply-accumulate) by component, plus ``"total"``."""
+        raise NotImplementedError
+
+    def state_columns(self, tier: Tier, state_bytes: Any, batch: int,
+                      n_modes: tuple[int, ...]) -> list[tuple[str, str]]:
+        """Extra ``(header, cell)`` columns of ``format_tier_table``: state MB, KV MB and total MB (decimal)
+        at ``batch``; ``state_bytes`` is ``elastic.tiers.state_bytes``."""
+        sb = state_bytes(self, tier, batch=batch)
+        return [(h, f"{sb[k] / 1e6:.2f}") for h, k in
+                (("state MB", "recurrent"), ("KV MB", "kv"), ("total MB", "total"))]
+
+    # ---- configs derived from a tier -------------------------------------------------------------------
+    def standalone_config(self, tier: Tier) -> ModelConfig:
+        """The config of ``tier``'s standalone export (only the retained sizes)."""
+        raise NotImplementedError
+
+    def specialist_config(self, tier: Tier) -> ModelConfig:
+        """The config of an independent model of ``tier``'s shape trained from scratch (Table 43)."""
+        return self.standalone_config(tier)
+
+    def default_recipe(self) -> str:
+        """The recipe ``train.recipe='auto'`` picks: 'dense' for a model with one tier."""
+        return "dense"
+
+
+class FractionTierConfig(ModelConfig):
+    """Tiers ``T1..Tn`` over ``tier_xi`` (a field of the subclass), any capacity fraction through Eq. 7."""
+
+    tier_xi: tuple[float, ...]
+    d_ff: int
+    ffn_exponent: float
+    ffn_align: int
+
+    def fraction_tier(self, name: str, index: int, xi: float) -> Tier:
+        """The tier of capacity fraction ``xi`` (its K, n_ff and exact parameter count)."""
+        raise NotImplementedError
+
+    def ffn_width_for(self, xi: float | Fraction) -> int:
+        """Retained FFN width ``n_ff = align max(1, floor(d_ff xi^e / align))`` (Eq. 7, Figure 5).
+
+        The floor is taken of a 50-digit decimal evaluation, so values that are exact multiples of
+        ``align`` in exact arithmetic (e.g. ``xi = 1``) are never pushed down by binary rounding.
+        """
+        v = scaled_power(self.d_ff, xi, self.ffn_exponent) / Decimal(self.ffn_align)
+        return self.ffn_align * max(1, int(v.to_integral_value(rounding=ROUND_FLOOR)))
+
+    def capacity_tier(self, xi: float) -> Tier:
+        """The tier of an arbitrary budget fraction ``xi`` in (0, 1] (training capacities of D.4 such as
+        3/32 need not be deployment tiers). Named ``"xi=<xi>"`` with ``index`` 0."""
+        if not 0 < xi <= 1:
+            raise ValueError(f"a capacity fraction must lie in (0, 1], got {xi}")
+        return self.fraction_tier(f"xi={xi:g}", 0, xi)
+
+    def tier_table(self) -> list[Tier]:
+        return [self.fraction_tier(f"T{i}", i, xi) for i, xi in enumerate(self.tier_xi, 1)]
+
+    def own_tier(self, tier: Tier) -> Tier:
+        return self.capacity_tier(tier.xi) if tier.index == 0 else self.resolve_tier(tier.name)
+
+    def parse_tier(self, spec: Any) -> Tier | None:
+        if isinstance(spec, float):
+            return self.capacity_tier(spec) if 0 < spec <= 1 else None
+        m = re.fullmatch(r"[tT](\d+)", spec) if isinstance(spec, str) else None
+        if m and 1 <= int(m.group(1)) <= len(self.tier_xi):
+            return self.tier_table()[int(m.group(1)) - 1]
+        return None
+
+    def standalone_config(self, tier: Tier) -> ModelConfig:
+        return self.replace(d_ff=tier.n_ff, tier_xi=(1.0,))  # type: ignore[return-value]

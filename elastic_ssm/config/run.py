@@ -1,0 +1,189 @@
+"""A whole run in one YAML file: ``model`` (ESSH, ES-SSM or a baseline), ``train`` and ``data`` sections.
+
+Example (``configs/quickstart.yaml``)::
+
+    model: {arch: essh, preset: small}
+    train: {steps: 300, micro_batch_size: 8, seq_len: 256, optim: {lr: 3e-3}}
+    data:  {source: stdlib, tokenizer: bytes}
+
+``RunConfig`` is a ``ConfigBase`` whose ``model`` is any registered ``ModelConfig`` (the ``arch`` key picks
+the class, ``model_configs()``), ``train`` a ``TrainConfig`` and ``data`` a ``DataConfig``. The CLI loads a
+file, then applies ``--model.<field>``, ``--train.<section>.<field>``, ``--data.<field>`` overrides derived
+from the dataclasses (``cli_args.py``). Everything here is torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .base import ConfigBase, ConfigError, opt, section
+from .essh import ESSHConfig
+from .model import ModelConfig, TierLike, model_configs
+from .train import TrainConfig
+
+__all__ = ["DataConfig", "ModelChoice", "RunConfig", "model_config_from_dict", "specialist_config",
+           "load_any_config"]
+
+_CHOICE_KEYS = frozenset({"arch", "preset", "tier_config"})
+
+
+@dataclass(kw_only=True)
+class DataConfig(ConfigBase):
+    """Where tokens come from (``elastic_ssm.data``)."""
+
+    source: str = opt("stdlib", "'stdlib' (embedded default), a text/JSONL/Parquet file or folder, a prepared "
+                                "*.bin token file, 'hf:<name>[:<config>][:<split>]', or a synthetic recall task "
+                                "'synthetic:mqar[:num_pairs=16,...]' / 'synthetic:palindrome' (ESSH Appendix I)")
+    val_source: str = opt("", "validation source ('' = the validation split of `source`)")
+    tokenizer: str = opt("bytes", "'bytes', a tokenizer.json, or a tokenizer folder (tokenizer.json + "
+                                  "tokenizer_config.json, e.g. a downloaded GPT-2 or Llama tokenizer); the "
+                                  "model's vocab_size is taken from it and it is saved with every checkpoint")
+    text_field: str = opt("text", "JSONL/Parquet/HF field holding the document text")
+    max_train_bytes: int = opt(0, "cap on the in-memory training text in bytes (0 = no cap)")
+
+
+@dataclass(kw_only=True)
+class ModelChoice(ConfigBase):
+    """Which model a run trains (the ``model`` section's keys beside the architecture's own fields)."""
+
+    arch: str = opt("essh", "'essh', 'es_ssm', or a baseline of the ESSH paper (E.6): 'transformer' "
+                            "(Transformer++), 'matformer' (nested FFN widths, N.1); with --model.preset")
+    preset: str = opt("", "named shape of the arch: tiny, small, 370m, 1.5b (ESSH also '<name>-mixer': no "
+                          "attention blocks, Tables 21-23; ES-SSM: tiny, small, byte-base)")
+    tier_config: str = opt("", "train an independent specialist: the standalone shape of this tier of the "
+                               "described model ('T4'; ES-SSM 'K8'), from scratch (Table 43)")
+
+
+def specialist_config(cfg: ModelConfig, tier: TierLike) -> ModelConfig:
+    """The config of an independent model of ``tier``'s shape of ``cfg``, to train from scratch (Table 43):
+    the standalone export's config (an ES-SSM specialist trains its one budget only)."""
+    try:
+        t = cfg.resolve_tier(tier)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model.tier_config: {e}") from None
+    return cfg.specialist_config(t)
+
+
+def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    """Build a model config from ``{"arch": ..., "preset": optional name, "tier_config": optional tier,
+    ...fields}``. ``arch`` is one of ``model_configs()`` (default "essh"). ``tier_config`` (e.g. "T4") gives
+    the standalone configuration of that tier of the described model: an independent specialist trained
+    from scratch at exactly the tier's shape (Table 43), whose parameter count equals the tier's."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"model: expected a mapping such as {{arch: essh, preset: tiny}}, got {d!r}")
+    d = dict(d)
+    arch = d.pop("arch", "essh")
+    configs = model_configs()
+    if arch not in configs:
+        raise ConfigError(f"model.arch must be one of {sorted(configs)}, got {arch!r}")
+    cls = configs[arch]
+    preset = d.pop("preset", None)
+    tier = d.pop("tier_config", None)
+    if preset is not None:
+        cls.check_names(d, f" beside preset {preset!r}")
+        cfg = cls.preset(preset, **d)  # type: ignore[attr-defined]
+    else:
+        cfg = cls.from_dict(d)
+    return cfg if tier in (None, "") else specialist_config(cfg, tier)
+
+
+@dataclass(kw_only=True)
+class RunConfig(ConfigBase):
+    """model + train + data; ``model`` is a config of ``model_configs()`` (``arch`` key in YAML)."""
+
+    model: ModelConfig = field(default_factory=lambda: ESSHConfig.preset("small"),
+                               metadata={"help": "the model: {arch, preset, tier_config, ...fields}"})
+    train: TrainConfig = section(TrainConfig, "training: recipe, batch, optimizer and recipe sections")
+    data: DataConfig = section(DataConfig, "where tokens come from")
+    explicit_model_fields: frozenset = field(
+        default_factory=frozenset, compare=False,
+        metadata={"help": "model fields set explicitly (the YAML model section or --model.<field>), e.g. a "
+                          "padded vocab_size that the tokenizer must not replace"})
+    model_source: dict = field(default_factory=dict, compare=False,
+                               metadata={"help": "the model section as written (arch, preset, tier_config, "
+                                                 "fields), for with_model_choice"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, dict):
+            source = dict(self.model)
+            self.model = model_config_from_dict(source)
+            self.model_source = self.model_source or source
+            self.explicit_model_fields = self.explicit_model_fields or frozenset(source) - _CHOICE_KEYS
+        super().__post_init__()
+
+    @property
+    def arch(self) -> str:
+        return type(self.model).arch
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        if not isinstance(d, dict):
+            raise ConfigError(f"run config: expected a mapping with model/train/data sections, got {d!r}")
+        unknown = sorted(set(d) - {"model", "train", "data"})
+        if unknown:
+            raise ConfigError(f"run config: unknown section(s) {unknown}; use model, train, data")
+        model = d.get("model") or {"arch": "essh", "preset": "small"}
+        if not isinstance(model, dict):
+            raise ConfigError(f"run config: the model section must be a mapping (e.g. model: {{preset: tiny}}), "
+                              f"got {type(model).__name__} {model!r}")
+        return cls(model=dict(model), train=TrainConfig.from_dict(d.get("train") or {}),
+                   data=DataConfig.from_dict(d.get("data") or {}))
+
+    def with_model_choice(self, **choice: str) -> RunConfig:
+        """A copy whose model section takes ``arch`` / ``preset`` / ``tier_config`` from ``choice`` (the CLI's
+        ``--model.arch`` ...). When the arch changes, the section's own fields are dropped and the file's
+        ``train.recipe`` becomes 'auto' (a recipe is arch-specific; ``--train.recipe`` still overrides it); so
+        it does with a ``tier_config`` (a specialist trains densely)."""
+        ModelChoice(**choice)                          # type checks with the field names in the message
+        source = dict(self.model_source or {"arch": self.arch})
+        train = self.train
+        if choice.get("arch", source.get("arch", "essh")) != source.get("arch", "essh"):
+            source = {k: source[k] for k in ("preset", "tier_config") if k in source}
+            train = train.replace(recipe="auto")
+        if choice.get("tier_config"):             # a specialist has one tier: nothing to mix ('auto' -> dense)
+            train = train.replace(recipe="auto")
+        source.update(choice)
+        source = {k: v for k, v in source.items() if v != "" or k not in _CHOICE_KEYS}
+        return RunConfig(model=source, train=train, data=self.data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": {"arch": self.arch, **self.model.to_dict()}, "train": self.train.to_dict(),
+                "data": self.data.to_dict()}
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RunConfig:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"run config {p} does not exist")
+        data = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: expected a YAML mapping with model/train/data sections")
+        return cls.from_dict(data)
+
+    def with_overrides(self, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> RunConfig:
+        """A copy with field overrides per section (``train`` keys may be dotted: ``optim.lr``); a field the
+        section's config lacks is a ConfigError."""
+        unknown = sorted(set(model) - self.model.field_names())
+        if unknown:
+            raise ConfigError(f"--model.{unknown[0]}: {type(self.model).__name__} has no field(s) {unknown}"
+                              f" (this run's model arch is {self.arch!r})")
+        return dataclasses.replace(
+            self, model=self.model.updated(model, "--model."), train=self.train.updated(train, "--train."),
+            data=self.data.updated(data, "--data."), model_source={**self.model_source, **model},
+            explicit_model_fields=self.explicit_model_fields | frozenset(model))
+
+
+def load_any_config(path: str | Path) -> RunConfig | ModelConfig:
+    """Load a YAML file of ``configs/``: a run file (``model:`` plus optional ``train:``/``data:``
+    sections, loaded as a ``RunConfig``) or a bare model file (``arch:`` plus model fields)."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping")
+    if "model" in data:
+        return RunConfig.from_dict(data)
+    return model_config_from_dict(data)

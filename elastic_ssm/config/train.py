@@ -1,0 +1,218 @@
+"""``TrainConfig``: one training run (batch shape, precision, placement) with its recipe knobs in sections.
+
+Sections (``config/recipe.py``): ``optim`` (AdamW + schedule), ``mixing`` (capacity-mixed training, Alg. 1),
+``ordering`` (FFN importance ordering, D.3), ``budget_dropout`` (ES-SSM Alg. 2), ``eval``, ``checkpoint`` and
+``refine`` (shared refinement, D.8). A run file writes ``train: {steps: 300, optim: {lr: 3e-3}}``; the CLI
+takes ``--train.optim.lr 3e-3``.
+
+Renamed settings: the flat names of earlier versions (``lr``, ``n_warm_tokens``, ``order_every``,
+``bd_warmup_steps``, ``eval_every``, ``checkpoint_every``, ... see ``FLAT_NAMES``) still load from YAML files,
+``TrainConfig(lr=...)``, ``replace``, attribute reads and an old run's ``run.yaml`` / checkpoint, each with
+one ``FlatNameWarning`` line naming the new spelling (``nest_flat(..., warn=False)`` maps an old record
+silently for the resume comparison).
+
+``TrainConfig.preset("370m" | "1.5b")`` holds the paper's whole training setting of a model size (Table 7,
+Table 55, D.8): batch in tokens, peak lr, token warm-up, cadences and the shared-refinement stage; a run
+file says ``train: {preset: 1.5b, ...}`` and its other keys override the preset's, section by section. The
+global batch is stated in tokens (``tokens_per_step``) and ``micro_batches(world_size)`` derives the
+micro-batches per rank from the number of ranks (E.2: "distributed training preserves the stated global
+token batch").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .base import ConfigBase, ConfigError, check, flat_names, opt, section
+from .recipe import (
+    REFINE_CAPACITIES,
+    T1_T9,
+    BudgetDropoutConfig,
+    CheckpointConfig,
+    EvalConfig,
+    MixingConfig,
+    OptimConfig,
+    OrderingConfig,
+    RefineConfig,
+)
+
+__all__ = ["TrainConfig", "RECIPES", "PARALLEL", "PRECISIONS", "TRAIN_PRESETS", "resolve_precision"]
+
+RECIPES = ("auto", "capacity_mixed", "budget_dropout", "nested_ffn", "posthoc", "dense")
+PARALLEL = ("ddp", "fsdp")
+PRECISIONS = ("auto", "fp32", "bf16")
+
+#: The papers' training settings per ESSH model size (Table 7, Table 55, D.4, D.8, E.3). Steps are the
+#: pretraining tokens over the tokens per step (370M: 7.4B / 262,144; 1.5B: 100B / 524,288). The 1.5B
+#: micro-batch of 4 x 2048 tokens is inferred from D.8 (131,072 refinement tokens in 16 micro-batches).
+TRAIN_PRESETS: dict[str, dict] = {
+    "370m": dict(recipe="capacity_mixed", steps=28229, micro_batch_size=8, seq_len=2048, tokens_per_step=262_144,
+                 optim=dict(lr=1.2e-3), mixing=dict(n_warm_tokens=250_000_000), eval=dict(every=500),
+                 checkpoint=dict(every=250),
+                 refine=dict(steps=2060, tokens_per_step=131_072, lr=6e-5, capacities=REFINE_CAPACITIES,
+                             capacity_mode="per_step")),
+    "1.5b": dict(recipe="capacity_mixed", steps=190_735, micro_batch_size=4, seq_len=2048, tokens_per_step=524_288,
+                 optim=dict(lr=1.0e-3), mixing=dict(n_warm_tokens=250_000_000), eval=dict(every=1000),
+                 checkpoint=dict(every=200),
+                 refine=dict(steps=4120, tokens_per_step=131_072, lr=6e-5, capacities=T1_T9, capacity_mode="cycle")),
+}
+
+_SECTIONS = {"optim": ("lr", "warmup_frac", "min_lr_frac", "betas", "eps", "weight_decay", "clip"),
+             "mixing": ("n_warm_tokens", "full_share", "capacities", "kl_coef", "alpha_ff")}
+#: old flat name -> section path
+_FLAT = {**{n: f"{s}.{n}" for s, names in _SECTIONS.items() for n in names},
+         "order_every": "ordering.every", "order_until": "ordering.until", "stat_decay": "ordering.stat_decay",
+         "bd_warmup_steps": "budget_dropout.warmup_steps", "bd_warmup_epochs": "budget_dropout.warmup_epochs",
+         "bd_warmup_frac": "budget_dropout.warmup_frac", "n_full": "budget_dropout.n_full",
+         "eval_every": "eval.every", "eval_batches": "eval.batches", "eval_tiers": "eval.tiers",
+         "bytes_per_token": "eval.bytes_per_token", "checkpoint_every": "checkpoint.every",
+         "keep_last": "checkpoint.keep_last"}
+
+
+def resolve_precision(precision: str, device: object) -> str:
+    """``'auto'`` -> ``'bf16'`` on CUDA (bf16 autocast, ESSH E.5 / Table 7), ``'fp32'`` elsewhere; an explicit
+    ``'fp32'`` / ``'bf16'`` is kept. ``device`` is a ``torch.device`` or a device string."""
+    if precision != "auto":
+        return precision
+    return "bf16" if str(device).startswith("cuda") else "fp32"
+
+
+def _micro_batches(tokens: int, B: int, T: int, world: int, name: str) -> int:
+    per = B * T * world
+    if tokens % per:
+        raise ConfigError(f"TrainConfig.{name}={tokens:,} is not a multiple of micro_batch_size x seq_len x ranks = "
+                          f"{B} x {T} x {world} = {per:,}; change {name}, micro_batch_size or the number of ranks")
+    return tokens // per
+
+
+@flat_names
+@dataclass(kw_only=True)
+class TrainConfig(ConfigBase):
+    """One training run: recipe, batch shape, precision and placement; the recipe knobs in sections."""
+
+    FLAT_NAMES: ClassVar[dict[str, str]] = _FLAT
+    #: settings a resumed run may change: logging, evaluation, checkpoint cadence, placement and compilation
+    #: (every other setting changes the objective, the data order or the schedule, so ``resume`` refuses it);
+    #: ``grad_accum`` may change only with the world size, keeping ``grad_accum x ranks`` (checked on resume)
+    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"grad_accum", "out_dir", "log_every", "eval", "checkpoint",
+        "compile", "compile_scope", "device", "parallel", "loss_chunk", "dist_timeout_s"})
+
+    recipe: str = opt("auto", "'capacity_mixed' (ESSH, Alg. 1), 'budget_dropout' (ES-SSM, Sec. 4.2), "
+                      "'nested_ffn' (MatFormer, N.1), 'posthoc' (recovery of a dense parent, E.7: `elastic-ssm "
+                      "recover`), 'dense' (full capacity only) or 'auto' (by model type)")
+    steps: int = opt(1000, "optimizer steps of the pretraining stage (CPU default; paper 370M: 28,229)")
+    micro_batch_size: int = opt(8, "sequences per micro-batch on each rank (B); the data must deliver it")
+    grad_accum: int = opt(1, "micro-batches per optimizer step on each rank (M; global M = M x world); "
+                          "with tokens_per_step > 0 it is derived and must stay 1")
+    tokens_per_step: int = opt(0, "global batch in tokens per optimizer step (Table 7: 262,144 at 370M, 524,288 "
+                               "at 1.5B); > 0 derives M = tokens_per_step / (micro_batch_size x seq_len x ranks); "
+                               "0: M = grad_accum")
+    seq_len: int = opt(512, "tokens per sequence (L; paper: 2048); the data must deliver it")
+    optim: OptimConfig = section(OptimConfig, "AdamW and the warm-up + cosine schedule (Table 7)")
+    mixing: MixingConfig = section(MixingConfig, "capacity-mixed training (ESSH Alg. 1, D.4)")
+    ordering: OrderingConfig = section(OrderingConfig, "FFN importance ordering (ESSH D.3)")
+    budget_dropout: BudgetDropoutConfig = section(BudgetDropoutConfig, "ES-SSM budget dropout (Alg. 2)")
+    refine: RefineConfig = section(RefineConfig, "shared-refinement stage after pretraining (D.8)")
+    eval: EvalConfig = section(EvalConfig, "validation during training (E.4)")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "checkpoint cadence and retention")
+    loss_chunk: int = opt(0, "chunked loss (D.6): positions per chunk, 0 = full-logit loss (paper: 4096)")
+    precision: str = opt("auto", "'auto' (bf16 on CUDA, fp32 on CPU), 'fp32' or 'bf16' (autocast with fp32 "
+                         "master weights, E.5)")
+    out_dir: str = opt("runs/train", "run directory: checkpoints, metrics.jsonl, final model")
+    seed: int = opt(0, "seed of model init, capacity sampling and budget sampling")
+    log_every: int = opt(10, "write a metrics.jsonl training record every this many steps")
+    compile: bool = opt(False, "torch.compile the model (scope: compile_scope; one compile per sampled capacity, "
+                        "absorbed by the first steps)")
+    compile_scope: str = opt("blocks", "with compile: 'blocks' (each block, one graph per block kind and "
+                             "capacity: short compiles for capacity-mixed training, works with FSDP) or 'model' "
+                             "(elastic_ssm.compile_model: embedding, blocks, norm and logits in one graph per "
+                             "capacity: fewer kernels, longer compiles; not with parallel='fsdp')")
+    device: str = opt("auto", "'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu' or 'cuda'")
+    parallel: str = opt("ddp", "'ddp' or 'fsdp' (FSDP2 fully_shard per block, for models that need sharding); "
+                        "used under torchrun with more than one rank")
+    dist_timeout_s: float = opt(600.0, "under torchrun: seconds a collective may wait for the other ranks before "
+                                "the run stops with an error naming the rank and the step (a stuck or diverged "
+                                "rank; raise it when one rank alone does long work such as a big checkpoint)")
+
+    def validate(self) -> None:
+        c = "TrainConfig"
+        check(self.recipe in RECIPES, c, "recipe", f"must be one of {RECIPES}, got {self.recipe!r}")
+        for name in ("steps", "micro_batch_size", "grad_accum", "seq_len", "log_every"):
+            check(getattr(self, name) >= 1, c, name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("loss_chunk", "tokens_per_step", "seed"):
+            check(getattr(self, name) >= 0, c, name, f"must be >= 0, got {getattr(self, name)}")
+        check(self.precision in PRECISIONS, c, "precision", f"must be one of {PRECISIONS}, got {self.precision!r}")
+        check(self.tokens_per_step == 0 or self.grad_accum == 1, c, "grad_accum",
+              f"is derived from tokens_per_step={self.tokens_per_step:,} (the global batch in tokens); give one of "
+              "them (set tokens_per_step 0 to use grad_accum)")
+        if self.tokens_per_step:
+            _micro_batches(self.tokens_per_step, self.micro_batch_size, self.seq_len, 1, "tokens_per_step")
+        if self.refine.tokens_per_step:
+            _micro_batches(self.refine.tokens_per_step, self.micro_batch_size, self.seq_len, 1,
+                           "refine.tokens_per_step")
+        check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), c, "device",
+              f"must be 'auto', 'cpu', 'cuda' or 'cuda:<i>', got {self.device!r}")
+        check(self.parallel in PARALLEL, c, "parallel", f"must be one of {PARALLEL}, got {self.parallel!r}")
+        check(self.compile_scope in ("blocks", "model"), c, "compile_scope",
+              f"must be 'blocks' or 'model', got {self.compile_scope!r}")
+        check(not (self.compile and self.compile_scope == "model" and self.parallel == "fsdp"), c,
+              "compile_scope", "'model' does not combine with parallel='fsdp' (FSDP2 shards per block); "
+              "use compile_scope='blocks'")
+        check(self.dist_timeout_s > 0, c, "dist_timeout_s", f"must be > 0 seconds, got {self.dist_timeout_s}")
+        check(bool(self.out_dir), c, "out_dir", "must be a directory path")
+
+    @property
+    def warmup_steps(self) -> int:
+        """LR warm-up length in steps: ``round(optim.warmup_frac * steps)``."""
+        return round(self.optim.warmup_frac * self.steps)
+
+    def micro_batches(self, world_size: int = 1, stage: str = "pretrain") -> int:
+        """Micro-batches per rank and optimizer step (M) of ``stage`` ('pretrain' or 'refine') on ``world_size``
+        ranks: ``tokens_per_step / (micro_batch_size x seq_len x world_size)`` when the batch is stated in
+        tokens, else ``grad_accum``; a token batch the ranks cannot split evenly is a ConfigError."""
+        if stage == "refine" and self.refine.tokens_per_step:
+            return _micro_batches(self.refine.tokens_per_step, self.micro_batch_size, self.seq_len, world_size,
+                                  "refine.tokens_per_step")
+        if self.tokens_per_step:
+            return _micro_batches(self.tokens_per_step, self.micro_batch_size, self.seq_len, world_size,
+                                  "tokens_per_step")
+        return self.grad_accum
+
+    @classmethod
+    def upgrade_record(cls, d: dict[str, Any]) -> dict[str, Any]:
+        """A ``train`` record (``to_dict()``) written by an earlier version, with its flat names in their
+        sections, silently (for the resume comparison of an old ``run.yaml`` or checkpoint)."""
+        return cls.nest_flat(d, warn=False) if isinstance(d, dict) else d
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> TrainConfig:
+        """The paper's training setting of model size ``name`` (``TRAIN_PRESETS``) with ``overrides``; a section
+        in ``overrides`` (a mapping or a config) updates the preset's section field by field."""
+        if name not in TRAIN_PRESETS:
+            raise ConfigError(f"unknown training preset {name!r}; choose one of {sorted(TRAIN_PRESETS)}")
+        base = dict(TRAIN_PRESETS[name])
+        overrides = cls.nest_flat(overrides)
+        for sec in _SECTION_NAMES & set(overrides):
+            given = overrides.pop(sec)
+            if isinstance(given, ConfigBase):
+                given = given.to_dict()
+            if not isinstance(given, dict):
+                raise ConfigError(f"TrainConfig.{sec}: expected a mapping of {sec} fields, got {given!r}")
+            base[sec] = {**base.get(sec, {}), **given}
+        return cls(**{**base, **overrides})
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """``ConfigBase.from_dict`` plus an optional ``preset`` key (``TrainConfig.preset``)."""
+        if isinstance(d, dict) and "preset" in d:
+            d = dict(d)
+            name = d.pop("preset")
+            cls.check_names(d, f" beside preset {name!r}")
+            return cls.preset(name, **d)
+        return super().from_dict(d)  # type: ignore[return-value]
+
+
+_SECTION_NAMES = frozenset(f.name for f in dataclasses.fields(TrainConfig)
+                           if isinstance(f.default_factory, type) and issubclass(f.default_factory, ConfigBase))
