@@ -282,7 +282,10 @@ def add_run_flags(s: argparse.ArgumentParser, model: bool = True) -> None:
     add_dataclass_flags(s, DataConfig, "data", defaults=run.data, source=source)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``elastic-ssm`` parser. ``command``: the sub-command about to run (``main``); the run-setting flags,
+    whose config classes import torch until the config package is torch-free, then go on that one only, so
+    ``--version`` and ``--help`` stay quick."""
     from . import __version__
 
     p = Parser(prog="elastic-ssm", description=__doc__.splitlines()[0])
@@ -294,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_, description=help_)
         if options_cls is not None:
             add_dataclass_flags(s, options_cls)
-        if name in ("train", "recover"):
+        if name in ("train", "recover") and command in (None, name):
             add_run_flags(s, model=name == "train")
         s.set_defaults(fn=fn, options_cls=options_cls)
         if name == "prepare":
@@ -320,9 +323,9 @@ def _command(spec: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    parser = build_parser("" if command is None else argv[command])
     if command is not None and argv[command] == "bench":
         # everything after "bench" belongs to the harness's own parser (its flags start with "-", which an
         # argparse REMAINDER positional does not take when they come first)

@@ -82,8 +82,11 @@ def test_recover_protocols_are_the_trainers():
     assert cli_options.RECOVER_PROTOCOLS == PROTOCOLS
 
 
-def test_options_module_imports_no_torch():
-    code = "import sys, elastic_ssm.cli_options; print('torch' in sys.modules)"
+def test_options_and_the_help_of_model_commands_import_no_torch():
+    """Parsing loads no model code: the commands' functions are imported when they run."""
+    code = ("import sys, contextlib, io, elastic_ssm.cli_options\nfrom elastic_ssm.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "    main(['eval', '--help'])\nprint('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
