@@ -26,9 +26,6 @@ from typing import Any
 
 from .config import ConfigError
 
-#: metadata keys of ``flag()`` beside ``help``
-_FLAG_KEYS = ("aliases", "choices", "positional", "minimum", "nargs", "const", "metavar")
-
 
 def flag(default: Any = dataclasses.MISSING, help: str = "", *, aliases: tuple[str, ...] = (),
          choices: tuple | None = None, positional: bool = False, minimum: float | None = None,
