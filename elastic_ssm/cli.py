@@ -20,23 +20,34 @@ from pathlib import Path
 
 from .cli_args import (
     add_dataclass_flags,
-    add_device_flag,
     announce_device,
     checked_tiers,
     collect_overrides,
+    is_rank_zero,
     resolve_device,
+    resolve_dtype,
+    spelled,
     tier_names,
     write_csv,
 )
 from .cli_errors import Parser, run_reporting_errors
+from .cli_options import (
+    DEFAULT_RUN,
+    CalibrateOptions,
+    EvalOptions,
+    ExportOptions,
+    GenerateOptions,
+    ImportanceOptions,
+    LmEvalOptions,
+    NiahOptions,
+    PrepareOptions,
+    QuickstartOptions,
+    RecoverOptions,
+    ServeOptions,
+    TokenizerTrainOptions,
+    TrainOptions,
+)
 from .config import ConfigError, ESSHConfig, ESSSMConfig
-from .data.cli import add_data_parsers
-from .eval.cli import TOKENIZER_HELP, add_eval_parsers
-from .serve.cli import add_budget_flags, auto_tier
-from .serve.cli import add_parsers as add_serve_parsers
-from .train.recover_cli import add_recover_parser
-
-DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -61,7 +72,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def load_run_config(args: argparse.Namespace):
-    from .run_config import RunConfig
+    from .config import RunConfig
 
     base = RunConfig.from_yaml(args.config) if args.config else RunConfig.from_yaml(DEFAULT_RUN)
     model = collect_overrides(args, "model")
@@ -82,7 +93,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         run_training(run, resume={None: False, "yes": True}.get(args.resume, args.resume), overwrite=args.overwrite)
     except TrainingInterrupted as e:
-        print(f"elastic-ssm train: {e}", file=sys.stderr)
+        if is_rank_zero():        # every rank stops; one line says so
+            print(f"elastic-ssm train: {e}", file=sys.stderr)
         return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
     return 0
 
@@ -93,7 +105,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
-    names = checked_tiers(model, args.tier) or [t.name for t in model.tier_table()]
+    names = checked_tiers(model, args.tiers) or [t.name for t in model.tier_table()]
     announce_device("export check", device, next(model.parameters()).dtype)
     tolerance = 0.0 if device == "cpu" else 1e-4   # bitwise on CPU; GPU kernels may pick other reductions
     out = Path(args.out)
@@ -142,7 +154,7 @@ def cmd_niah(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
     tok = resolve_tokenizer(model, args.tokenizer)
-    cfg = NeedleConfig(context_len=args.context, n_pairs=args.pairs, condition=args.condition, seed=args.seed,
+    cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition, seed=args.seed,
                        depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
     filler = load_corpus(args.data, tok, split=args.split)
     tiers = checked_tiers(model, args.tiers)
@@ -165,13 +177,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .data.tokenizer_files import resolve_tokenizer
     from .models import load_pretrained
     from .models.generation import check_sampling
+    from .serve.cli import auto_tier
 
     check_sampling(args.temperature, args.top_k, args.top_p)   # before anything is printed or loaded
     if args.tier.isdigit():  # an ES-SSM budget K
         args.tier = int(args.tier)
     device = resolve_device(args.device)
-    dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "float32": torch.float32,
-             "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = resolve_dtype(args.dtype, device)
     tier = auto_tier(args.checkpoint, args) if args.tier == "auto" else args.tier
     model = load_pretrained(args.checkpoint, tier=None if tier == "full" else tier, device=device, dtype=dtype)
     if not hasattr(model, "generate"):
@@ -179,7 +191,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tok = resolve_tokenizer(model, args.tokenizer)
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long, device=device)
     if ids.numel() == 0:
-        raise ConfigError("--prompt is empty: give at least one character")
+        raise ConfigError(f"{spelled(args, 'prompt')} is empty: give at least one character")
     announce_device("generate", device, dtype)
     g = torch.Generator(device=device).manual_seed(args.seed)
     sys.stdout.write(args.prompt)
@@ -217,123 +229,101 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config,
                    overwrite=args.overwrite)
     except TrainingInterrupted as e:     # a stopped run, checkpointed: like `train`, not a bug
-        print(f"elastic-ssm quickstart: {e}", file=sys.stderr)
+        if is_rank_zero():
+            print(f"elastic-ssm quickstart: {e}", file=sys.stderr)
         return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .baseline_config import MatFormerConfig, TransformerConfig
-    from .run_config import DataConfig, ModelChoice
-    from .train.config import TrainConfig
+#: sub-command -> (one-line help, options dataclass of cli_options.py or None, "module:function" run with args);
+#: the functions are imported when the command runs, so parsing and --help load no model code
+COMMANDS: dict[str, tuple[str, type | None, str]] = {
+    "info": ("versions, scan backends and device", None, "elastic_ssm.cli:cmd_info"),
+    "train": ("train a model from a YAML run file plus --section.field overrides", TrainOptions,
+              "elastic_ssm.cli:cmd_train"),
+    "export": ("write standalone tier models and check each against the shared model", ExportOptions,
+               "elastic_ssm.cli:cmd_export"),
+    "eval": ("per-tier loss / perplexity / bits-per-byte on a dataset", EvalOptions, "elastic_ssm.eval.cli:cmd_eval"),
+    "importance": ("knock-out and output energy per spectral channel (ESSH Table 31)", ImportanceOptions,
+                   "elastic_ssm.eval.cli:cmd_importance"),
+    "generate": ("sample from any tier, streaming to stdout", GenerateOptions, "elastic_ssm.cli:cmd_generate"),
+    "lm-eval": ("lm-evaluation-harness tasks at every tier (needs the eval extra)", LmEvalOptions,
+                "elastic_ssm.cli:cmd_lm_eval"),
+    "niah": ("needle-in-a-haystack key retrieval at every tier (ESSH Tables 17-18)", NiahOptions,
+             "elastic_ssm.cli:cmd_niah"),
+    "prepare": ("tokenize a corpus into a memory-mapped token file (*.bin + .json)", PrepareOptions,
+                "elastic_ssm.data.cli:cmd_prepare"),
+    "recover": ("truncate a saved ESSH and recover it (dense control, label-only, post-hoc elastification); "
+                "tables before/after", RecoverOptions, "elastic_ssm.train.recover_cli:cmd_recover"),
+    "serve": ("OpenAI-compatible HTTP server of every tier of one checkpoint (needs the serve extra)", ServeOptions,
+              "elastic_ssm.serve.cli:cmd_serve"),
+    "calibrate": ("measure ms/token of every tier on this device (served decode path) into the model directory's "
+                  "tier_profile.json", CalibrateOptions, "elastic_ssm.serve.cli:cmd_calibrate"),
+    "quickstart": ("the main job: train a small ESSH on CPU, export, check and evaluate all ten tiers, write "
+                   "report.md / tiers.csv / plot", QuickstartOptions, "elastic_ssm.cli:cmd_quickstart"),
+}
+
+
+def add_run_flags(s: argparse.ArgumentParser, model: bool = True) -> None:
+    """``--model.*`` (with ``model``), ``--train.*`` and ``--data.*``, derived from the config dataclasses; ``--help``
+    shows the values of the run file a run without ``--config`` loads (``DEFAULT_RUN``)."""
+    from .config import DataConfig, MatFormerConfig, ModelChoice, RunConfig, TrainConfig, TransformerConfig
+
+    run = RunConfig.from_yaml(DEFAULT_RUN)
+    source = f"{DEFAULT_RUN.name} when no --config is given"
+    if model:
+        choice = ModelChoice(**{k: v for k, v in run.model_source.items() if k in ("arch", "preset", "tier_config")})
+        seen = add_dataclass_flags(s, ModelChoice, "model", defaults=choice, source=source)
+        for cls in (ESSHConfig, ESSSMConfig, TransformerConfig, MatFormerConfig):
+            seen |= add_dataclass_flags(s, cls, "model", skip=seen, defaults=run.model, source=source)
+    add_dataclass_flags(s, TrainConfig, "train", defaults=run.train, source=source)
+    add_dataclass_flags(s, DataConfig, "data", defaults=run.data, source=source)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``elastic-ssm`` parser. ``command``: the sub-command about to run (``main``); the run-setting flags,
+    whose config classes import torch until the config package is torch-free, then go on that one only, so
+    ``--version`` and ``--help`` stay quick."""
+    from . import __version__
 
     p = Parser(prog="elastic-ssm", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    p.add_argument("--version", action="version", version=f"elastic-ssm {__version__}",
+                   help="print the package version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    s = sub.add_parser("info", help="versions, scan backends and device")
-    s.set_defaults(fn=cmd_info)
-
-    s = sub.add_parser("train", help="train a model from a YAML run file plus --section.field overrides")
-    s.add_argument("--config", help=f"run YAML (model/train/data sections); default {DEFAULT_RUN.name}")
-    s.add_argument("--resume", nargs="?", const="yes", choices=("yes", "auto"), default=None,
-                   help="continue from the latest checkpoint in train.out_dir; '--resume auto' starts fresh when "
-                        "there is none yet (for jobs requeued with the same command)")
-    s.add_argument("--overwrite", action="store_true",
-                   help="start fresh in a train.out_dir that holds another run (that run is moved aside)")
-    seen = add_dataclass_flags(s, ModelChoice, "model")
-    for cls in (ESSHConfig, ESSSMConfig, TransformerConfig, MatFormerConfig):
-        seen |= add_dataclass_flags(s, cls, "model", skip=seen)
-    add_dataclass_flags(s, TrainConfig, "train")
-    add_dataclass_flags(s, DataConfig, "data")
-    s.set_defaults(fn=cmd_train)
-
-    s = sub.add_parser("export", help="write standalone tier models and check each against the shared model")
-    s.add_argument("checkpoint", help="model directory (save_pretrained / a run's final/)")
-    s.add_argument("--tier", default="all", help="'all' or comma-separated tier names (T1,T4 or K8)")
-    s.add_argument("--out", required=True, help="output folder; one sub-folder per tier")
-    s.add_argument("--check-len", type=int, default=128, help="tokens per sequence of the export check")
-    add_device_flag(s)
-    s.set_defaults(fn=cmd_export)
-
-    add_eval_parsers(sub)
-
-    s = sub.add_parser("generate", help="sample from any tier, streaming to stdout")
-    s.add_argument("checkpoint", help="model directory")
-    s.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP)
-    add_device_flag(s)
-    s.set_defaults(fn=cmd_generate)
-    s.add_argument("--tier", default="full", help="tier to load ('full', T1..T10, 'auto'; ES-SSM: a budget 8 or K8)")
-    add_budget_flags(s)
-    s.add_argument("--prompt", required=True, help="text to continue")
-    s.add_argument("--max-new-tokens", type=int, default=200, help="tokens to sample")
-    s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    s.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
-    s.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
-    s.add_argument("--seed", type=int, default=0, help="sampling seed")
-    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                   help="weights: auto = bfloat16 on CUDA (the fused decoder's format), float32 on CPU")
-
-    s = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks at every tier (needs the eval extra)")
-    s.add_argument("checkpoint", help="model directory")
-    s.add_argument("--tasks", required=True, help="comma-separated lm-eval task names (piqa,hellaswag,...)")
-    s.add_argument("--tiers", default="all", help="'all' or comma-separated tier names")
-    s.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP)
-    add_device_flag(s)
-    s.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass")
-    s.add_argument("--max-length", type=int, default=2048, help="longest scored input in tokens")
-    s.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
-    s.add_argument("--limit", type=float, default=None,
-                   help="documents per task (>= 1) or a fraction (< 1): a smoke run, not a paper number")
-    s.add_argument("--include-path", default=None, help="folder of extra task YAML files (local tasks)")
-    s.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16 = autocast")
-    s.add_argument("--csv", help="also write the rows as CSV")
-    s.set_defaults(fn=cmd_lm_eval)
-
-    s = sub.add_parser("niah", help="needle-in-a-haystack key retrieval at every tier (ESSH Tables 17-18)")
-    s.add_argument("checkpoint", help="model directory")
-    s.add_argument("--tiers", default="all", help="'all' or comma-separated tier names")
-    s.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP)
-    s.add_argument("--data", default="stdlib", help="filler text source (as for eval)")
-    s.add_argument("--split", default="validation", help="split of the filler source")
-    s.add_argument("--context", type=int, default=2048, help="tokens per trial before the answer")
-    s.add_argument("--pairs", type=int, default=256, help="key pairs (each runs at every depth)")
-    s.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9", help="relative needle depths")
-    s.add_argument("--condition", default="counterfactual", choices=("counterfactual", "planted"),
-                   help="which key of a pair is inserted and expected (the paper's tables: counterfactual)")
-    s.add_argument("--seed", type=int, default=0, help="keys, filler windows and bootstrap")
-    s.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass")
-    add_device_flag(s)
-    s.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16 = autocast")
-    s.add_argument("--csv", help="also write the rows as CSV")
-    s.set_defaults(fn=cmd_niah)
-
-    add_data_parsers(sub)
-    add_recover_parser(sub)
-
-    add_serve_parsers(sub)
+    for name, (help_, options_cls, fn) in COMMANDS.items():
+        s = sub.add_parser(name, help=help_, description=help_)
+        if options_cls is not None:
+            add_dataclass_flags(s, options_cls)
+        if name in ("train", "recover") and command in (None, name):
+            add_run_flags(s, model=name == "train")
+        s.set_defaults(fn=fn, options_cls=options_cls)
+        if name == "prepare":
+            s = sub.add_parser("tokenizer", help="tokenizer tools")
+            tsub = s.add_subparsers(dest="tok_command", required=True, metavar="ACTION")
+            t = tsub.add_parser("train", help="train a byte-level BPE tokenizer locally")
+            add_dataclass_flags(t, TokenizerTrainOptions)
+            t.set_defaults(fn="elastic_ssm.data.cli:cmd_tokenizer", options_cls=TokenizerTrainOptions)
 
     s = sub.add_parser("bench", help="GPU benchmarks (decode, prefill, training, memory) with peers",
                        add_help=False)
     s.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments of the benchmark harness (--help)")
-    s.set_defaults(fn=cmd_bench)
-
-    s = sub.add_parser("quickstart", help="the main job: train a small ESSH on CPU, export, check and "
-                                          "evaluate all ten tiers, write report.md / tiers.csv / plot")
-    s.add_argument("--out", default="runs/quickstart", help="output folder")
-    s.add_argument("--steps", type=int, default=0, help="override the training steps (0: config default)")
-    s.add_argument("--config", default=None, help="run YAML (default: the embedded quickstart config)")
-    s.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
-                   help="also train the dense control (full capacity only) and truncate it to T1")
-    s.add_argument("--overwrite", action="store_true", help="move the runs of an earlier quickstart in --out aside")
-    s.set_defaults(fn=cmd_quickstart)
+    s.set_defaults(fn="elastic_ssm.cli:cmd_bench", options_cls=None)
     return p
 
 
+def _command(spec: str):
+    """``"module:function"`` -> the function."""
+    import importlib
+
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    parser = build_parser("" if command is None else argv[command])
     if command is not None and argv[command] == "bench":
         # everything after "bench" belongs to the harness's own parser (its flags start with "-", which an
         # argparse REMAINDER positional does not take when they come first)
@@ -342,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args = parser.parse_args(argv)
     debug = args.debug or os.environ.get("ELASTIC_SSM_DEBUG", "") not in ("", "0")
-    return run_reporting_errors(lambda: args.fn(args), args, debug)
+    return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,16 @@
-"""Derive argparse flags from config dataclasses (DESIGN rule 4: no hand-kept flag lists).
+"""Derive argparse flags from dataclasses (DESIGN rule 4: no hand-kept flag lists).
 
-Every field of a ``ConfigBase`` subclass becomes ``--<prefix>.<field>`` with the field's ``help``;
-tuples take several values, booleans get ``--x/--no-x``. ``collect_overrides`` returns only the flags
-the user actually gave, so YAML files and presets supply everything else.
+Two spellings, one function (``add_dataclass_flags``):
+
+* config sections (``prefix`` given): every field of a ``ConfigBase`` subclass becomes
+  ``--<prefix>.<field>`` with the field's ``help``; defaults are suppressed, so ``collect_overrides``
+  returns only the flags the user gave and YAML files and presets supply everything else. ``defaults``
+  (a config instance) makes ``--help`` show the values a run would really use;
+* command options (no prefix, ``cli_options.py``): every field becomes ``--<field-with-dashes>`` (or a
+  positional argument) whose default is the field's; ``flag()`` declares the extras (hidden aliases,
+  choices, a minimum checked before the command runs).
+
+In both, tuples take several values and booleans get ``--x/--no-x``.
 """
 
 from __future__ import annotations
@@ -10,11 +18,27 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import os
+import sys
 import types
 import typing
 from typing import Any
 
 from .config import ConfigError
+
+
+def flag(default: Any = dataclasses.MISSING, help: str = "", *, aliases: tuple[str, ...] = (),
+         choices: tuple | None = None, positional: bool = False, minimum: float | None = None,
+         nargs: str | None = None, const: Any = None, metavar: str | None = None) -> Any:
+    """A command-option field: its default (none: the flag is required), a one-line ``help``, and
+    ``aliases`` (older spellings, accepted but hidden from ``--help``), ``choices``, ``positional`` (an
+    argument without ``--``), ``minimum`` (checked by ``cli_errors.check_args``), ``nargs`` / ``const``
+    (``--resume [auto]``) and ``metavar``."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use a tuple for a default of several values")
+    meta = {"help": help, "aliases": aliases, "choices": choices, "positional": positional, "minimum": minimum,
+            "nargs": nargs, "const": const, "metavar": metavar}
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def _base_type(tp: Any) -> Any:
@@ -25,15 +49,22 @@ def _base_type(tp: Any) -> Any:
     return tp
 
 
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str,
-                        skip: set[str] | None = None, aliases: dict[str, str] | None = None) -> set[str]:
-    """Add one flag per field of ``cls`` (defaults suppressed: absent flags do not override); a nested section
-    (a dataclass field) gets ``--<prefix>.<section>.<field>`` flags, recursively.
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str | None = None,
+                        skip: set[str] | None = None, defaults: Any = None, source: str = "",
+                        aliases: dict[str, str] | None = None) -> set[str]:
+    """Add one flag per field of ``cls``; returns the added field names.
 
-    Fields named in ``skip`` are left out (already added for another class); returns the added names. A field
-    path with an old name in ``cls.FLAT_NAMES`` (``optim.lr`` <- ``lr``) also answers to ``--<prefix>.<old>``.
+    With ``prefix`` (a config section): ``--<prefix>.<field>``, defaults suppressed (absent flags do not
+    override); a nested section (a dataclass field) gets ``--<prefix>.<section>.<field>`` flags, recursively;
+    fields named in ``skip`` are left out (already added for another class); ``defaults`` is the config whose
+    values ``--help`` shows as the defaults (those of the run file ``source``; a field it lacks shows "from the
+    preset"). A field path with an old name in ``cls.FLAT_NAMES`` (``optim.lr`` <- ``lr``) also answers to
+    ``--<prefix>.<old>`` (hidden). Without ``prefix``: the command options of ``cls`` (``flag()`` fields).
     """
-    group = parser.add_argument_group(f"{prefix} ({cls.__name__})")
+    if prefix is None:
+        return _add_option_flags(parser, cls)
+    where = f"; defaults: {source}" if source else ""
+    group = parser.add_argument_group(f"{prefix} ({cls.__name__}{where})")
     hints = typing.get_type_hints(cls)
     if aliases is None:
         flat = getattr(cls, "FLAT_NAMES", {})
@@ -46,23 +77,97 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str,
         tp = _base_type(hints[f.name])
         if dataclasses.is_dataclass(tp):
             sub = {k.partition(".")[2]: v for k, v in aliases.items() if k.startswith(f.name + ".")}
-            add_dataclass_flags(parser, tp, f"{prefix}.{f.name}", aliases=sub)
+            add_dataclass_flags(parser, tp, f"{prefix}.{f.name}", defaults=getattr(defaults, f.name, None),
+                                source=source, aliases=sub)
             continue
         help_ = f.metadata.get("help", "").replace("%", "%%")
-        if f.default is not dataclasses.MISSING:
-            help_ += f" (default: {f.default!r})".replace("%", "%%")
-        for flag, shown in ((f"--{prefix}.{f.name}", help_), (aliases.get(f.name), argparse.SUPPRESS)):
-            if flag is None:
+        help_ += _default_text(f, defaults).replace("%", "%%")
+        for flag_, shown in ((f"--{prefix}.{f.name}", help_), (aliases.get(f.name), argparse.SUPPRESS)):
+            if flag_ is None:
                 continue                                   # the old flat name is accepted, not listed
             kw: dict[str, Any] = {"dest": f"{prefix}.{f.name}", "help": shown, "default": argparse.SUPPRESS}
             if tp is bool:
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+                group.add_argument(flag_, action=argparse.BooleanOptionalAction, **kw)
             elif typing.get_origin(tp) is tuple:
                 (item,) = typing.get_args(tp)[:1]
-                group.add_argument(flag, nargs="+", type=_parse_scalar(item), **kw)
+                group.add_argument(flag_, nargs="+", type=_parse_scalar(item), **kw)
             else:
-                group.add_argument(flag, type=_parse_scalar(tp), **kw)
+                group.add_argument(flag_, type=_parse_scalar(tp), **kw)
     return added
+
+
+def _default_text(f: dataclasses.Field, defaults: Any) -> str:
+    """`` (default: X)``: the value in ``defaults`` when given (the run file's), else the class default."""
+    if defaults is not None:
+        if not hasattr(defaults, f.name):
+            return " (default: from the preset)"
+        value = getattr(defaults, f.name)
+        return f" (default: {list(value) if isinstance(value, tuple) else value!r})"
+    if f.default is not dataclasses.MISSING:
+        return f" (default: {f.default!r})"
+    return ""
+
+
+class _Alias(argparse.Action):
+    """A hidden older spelling of a flag: stores like the flag and records the spelling for messages."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        spelled = dict(getattr(namespace, "_spelled", {}))
+        spelled[self.dest] = option_string
+        namespace._spelled = spelled
+
+
+def _add_option_flags(parser: argparse.ArgumentParser, cls: type) -> set[str]:
+    """``--field-name`` (or a positional) per field of the options dataclass ``cls``, default the field's."""
+    hints = typing.get_type_hints(cls)
+    own = [c for c in cls.__mro__ if dataclasses.is_dataclass(c)]
+    fields = sorted(dataclasses.fields(cls),     # the command's own fields first, then the shared groups'
+                    key=lambda f: next(i for i, c in enumerate(own) if f.name in vars(c).get("__annotations__", {})))
+    for f in fields:
+        meta = f.metadata
+        tp = _base_type(hints[f.name])
+        required = f.default is dataclasses.MISSING
+        help_ = meta.get("help", "").replace("%", "%%")
+        if not (required or meta.get("positional") or f.default is None or f.default is False or f.default == ""):
+            help_ += f" (default: {f.default})".replace("%", "%%")
+        kw: dict[str, Any] = {"help": help_}
+        for key in ("choices", "nargs", "const", "metavar"):
+            if meta.get(key) is not None:
+                kw[key] = meta[key]
+        if tp is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = _parse_scalar(typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else tp)
+            if typing.get_origin(tp) is tuple:
+                kw.setdefault("nargs", "+")
+        if meta.get("positional"):
+            if not required:
+                raise TypeError(f"{cls.__name__}.{f.name}: a positional argument takes no default")
+            parser.add_argument(f.name, **kw)
+            continue
+        name = "--" + f.name.replace("_", "-")
+        if required:
+            parser.add_argument(name, dest=f.name, required=True, **kw)
+        else:
+            parser.add_argument(name, dest=f.name, default=f.default, **kw)
+        for alias in meta.get("aliases") or ():
+            alias_kw = {k: v for k, v in kw.items() if k not in ("help", "action")}
+            if tp is bool:
+                raise TypeError(f"{cls.__name__}.{f.name}: boolean flags take no aliases")
+            parser.add_argument(alias, dest=f.name, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                                action=_Alias, **alias_kw)
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def spelled(args: argparse.Namespace, name: str) -> str:
+    """The flag of option ``name`` as the user wrote it (an alias such as ``--pairs`` if used)."""
+    return getattr(args, "_spelled", {}).get(name) or "--" + name.replace("_", "-")
+
+
+def options(args: argparse.Namespace, cls: type) -> Any:
+    """The options dataclass ``cls`` filled from the parsed ``args``."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def _parse_scalar(tp: Any):
@@ -91,12 +196,17 @@ def collect_overrides(ns: argparse.Namespace, prefix: str) -> dict[str, Any]:
     return out
 
 
+def is_rank_zero() -> bool:
+    """Whether this process prints status lines: rank 0 of a torchrun / ``torch.distributed`` job (``RANK``,
+    or the initialised process group), or a single process."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"
+
+
 # ---- the device of the evaluating / generating verbs ----------------------------------------------------
 DEVICE_HELP = "auto (cuda when a GPU is present, else cpu), cpu, cuda or cuda:N"
-
-
-def add_device_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
 def resolve_device(spec: str) -> str:
@@ -116,12 +226,28 @@ def resolve_device(spec: str) -> str:
     return spec
 
 
-def announce_device(verb: str, device: str, dtype) -> None:
-    """One line on stderr naming where and in which dtype a verb runs (stdout stays the verb's output)."""
-    import sys
-
+def resolve_dtype(name: str, device: str):
+    """``--dtype`` -> the weights' torch dtype: auto = bfloat16 on CUDA (the fused decoder's format), float32
+    elsewhere."""
     import torch
 
+    return {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "float32": torch.float32,
+            "bfloat16": torch.bfloat16}[name]
+
+
+def status(*parts: Any, **kw: Any) -> None:
+    """``print`` for status lines: only rank 0 of a torchrun job prints them."""
+    if is_rank_zero():
+        print(*parts, **kw)
+
+
+def announce_device(verb: str, device: str, dtype) -> None:
+    """One line on stderr naming where and in which dtype a verb runs (stdout stays the verb's output); under
+    torchrun only rank 0 says it."""
+    import torch
+
+    if not is_rank_zero():
+        return
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "CPU"
     print(f"{verb}: {device} ({name}), weights {str(dtype).replace('torch.', '')}", file=sys.stderr)
 
@@ -176,4 +302,4 @@ def write_csv(path: str | None, rows: list[dict]) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print(f"wrote {path}")
+    status(f"wrote {path}")

@@ -7,42 +7,44 @@ stderr and exit code 2; anything else is one line that says it is probably a bug
 ``--debug`` or ``ELASTIC_SSM_DEBUG=1`` the exception propagates with its traceback. ``Parser`` makes
 argparse's own errors (unknown flag, unparsable value) one line too, and ``check_args`` rejects
 out-of-range numeric options (``--batch-size 0``, ``--check-len 0``, a negative ``--bytes-per-token``)
-before a subcommand runs.
+before a subcommand runs, naming the flag as the user spelled it (an older alias included). Under torchrun a
+mistake in the command line or run file is reported once (rank 0); other errors by each rank, with its number.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .cli_args import is_rank_zero, spelled
 from .config import ConfigError
 
 __all__ = ["Parser", "check_args", "one_line", "run_reporting_errors"]
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (the usage block is one ``--help`` away) and exit code 2."""
+    """argparse with a one-line error (the usage block is one ``--help`` away) and exit code 2; under torchrun
+    rank 0 says it (every rank parses the same command line)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-#: numeric options of the subcommands and their smallest valid value (checked before a command runs)
-_MINIMUM = {"check_len": 1, "seq_len": 1, "batch_size": 1, "batches": 1, "max_new_tokens": 0, "context": 1,
-            "pairs": 1, "max_length": 1, "max_tokens": 0, "max_bytes": 0, "vocab_size": 1, "steps": 0,
-            "train_len": 1, "first": 1}
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n" if is_rank_zero() else None)
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Reject out-of-range numeric options with a message naming the flag."""
-    for name, low in _MINIMUM.items():
-        value = getattr(args, name, None)
-        if isinstance(value, int) and value < low:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    """Reject out-of-range options with a message naming the flag as the user wrote it.
+
+    The minimums are the ``minimum`` of the command's options dataclass (``cli_options.py``)."""
+    cls = getattr(args, "options_cls", None)
+    for f in dataclasses.fields(cls) if cls is not None else ():
+        low, value = f.metadata.get("minimum"), getattr(args, f.name, None)
+        if low is not None and isinstance(value, int | float) and not isinstance(value, bool) and value < low:
+            raise ConfigError(f"{spelled(args, f.name)} must be >= {low}, got {value}")
     bpt = getattr(args, "bytes_per_token", None)
     if bpt is not None and not (math.isfinite(bpt) and bpt >= 0):
         raise ConfigError(f"--bytes-per-token must be a finite number >= 0 (0: automatic), got {bpt}")
@@ -94,6 +96,16 @@ def _user_errors() -> tuple[type[BaseException], ...]:
             MemoryError)
 
 
+def _report(args: argparse.Namespace, text: str, every_rank: bool = False) -> None:
+    """The error line on stderr. Under torchrun, a mistake in the command line or run file (the same on every
+    rank) is said once, by rank 0; any other error by each rank that meets it, naming the rank."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if every_rank and world > 1:
+        print(f"elastic-ssm {args.command} (rank {os.environ.get('RANK', '?')}): {text}", file=sys.stderr)
+    elif is_rank_zero():
+        print(f"elastic-ssm {args.command}: {text}", file=sys.stderr)
+
+
 def run_reporting_errors(fn: Callable[[], Any], args: argparse.Namespace, debug: bool) -> int:
     """``check_args(args)`` then ``fn()``; the exit code, with errors reported as described above."""
     try:
@@ -102,18 +114,18 @@ def run_reporting_errors(fn: Callable[[], Any], args: argparse.Namespace, debug:
     except KeyboardInterrupt:
         if debug:
             raise
-        print(f"elastic-ssm {args.command}: interrupted", file=sys.stderr)
+        _report(args, "interrupted")
         return 130
     except _user_errors() as e:
         if debug:
             raise
         kind = "training diverged" if isinstance(e, FloatingPointError) else "error"
         text = one_line(e).removeprefix("training diverged: ")
-        print(f"elastic-ssm {args.command}: {kind}: {text} (--debug shows the traceback)", file=sys.stderr)
+        _report(args, f"{kind}: {text} (--debug shows the traceback)", every_rank=not isinstance(e, ConfigError))
         return 2
     except Exception as e:  # not a known user mistake: still one line, but say it looks like a bug
         if debug:
             raise
-        print(f"elastic-ssm {args.command}: unexpected {type(e).__name__}: {one_line(e)} (probably a bug: rerun "
-              "with --debug and report the traceback)", file=sys.stderr)
+        _report(args, f"unexpected {type(e).__name__}: {one_line(e)} (probably a bug: rerun with --debug and report "
+                "the traceback)", every_rank=True)
         return 1

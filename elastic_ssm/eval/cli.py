@@ -15,19 +15,16 @@ import json
 import math
 from pathlib import Path
 
-from ..cli_args import add_device_flag, announce_device, checked_capacities, resolve_device, write_csv
+from ..cli_args import announce_device, checked_capacities, resolve_device, spelled, status, write_csv
 from ..config import ConfigError
 
-__all__ = ["add_eval_parsers", "cmd_eval", "cmd_importance", "parse_lengths", "training_length"]
-
-TOKENIZER_HELP = ("default: the tokenizer saved with the model; a different one ('bytes', a tokenizer.json or "
-                  "folder) is refused")
+__all__ = ["cmd_eval", "cmd_importance", "parse_lengths", "training_length"]
 
 
 def training_length(checkpoint: str | Path) -> tuple[int, Path] | None:
     """``(train.seq_len, run.yaml)`` of the run a model directory belongs to: the ``run.yaml`` beside a
     run's ``final/`` or above a checkpoint's ``<stage>/<step>/model/``; None when there is none."""
-    from ..run_config import RunConfig
+    from ..config import RunConfig
 
     here = Path(checkpoint).resolve()
     for parent in list(here.parents)[:3]:
@@ -71,7 +68,7 @@ def _tokens_and_bpt(args: argparse.Namespace, model):
     if not bpt:   # the byte tokenizer: 1; a subword tokenizer: measured on the evaluated text
         bpt = 1.0 if tok.vocab_size <= 260 else measured_bytes_per_token(tok, tokens)
         if tok.vocab_size > 260:
-            print(f"bytes per token measured on the evaluation data: {bpt:.4f} (--bytes-per-token overrides)")
+            status(f"bytes per token measured on the evaluation data: {bpt:.4f} (--bytes-per-token overrides)")
     return tokens, bpt
 
 
@@ -89,13 +86,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         found = (args.train_len, None) if args.train_len else training_length(args.checkpoint)
         lengths = parse_lengths(args.lengths, found and found[0])
         if found and found[1] is not None and any(x.strip().lower().endswith("x") for x in args.lengths.split(",")):
-            print(f"training length {found[0]} (from {found[1]})")
+            status(f"training length {found[0]} (from {found[1]})")
     limit = getattr(model.config, "seq_len", None) if model.arch == "es_ssm" else None
     if limit is not None and max(lengths) > limit:
         raise ConfigError(f"--lengths: {max(lengths)} tokens exceed this ES-SSM model's filter length {limit}, "
                           "the longest sequence it accepts")
     tokens, bpt = _tokens_and_bpt(args, model)
-    longest = list(evaluation_batches(tokens, max(lengths), args.batch_size, args.batches))
+    longest = list(evaluation_batches(tokens, max(lengths), args.batch_size, args.n_batches))
     batch_sets = [split_windows(longest, n) for n in lengths]    # the same scored tokens at every length
     announce_device("eval", device, next(model.parameters()).dtype)
     rows = [r for batches in batch_sets for r in evaluate_tiers(model, batches, tiers, bytes_per_token=bpt)]
@@ -120,13 +117,14 @@ def cmd_importance(args: argparse.Namespace) -> int:
     model = load_pretrained(args.checkpoint, device=device)
     tier = None if args.tier == "full" else checked_capacities(model, args.tier)
     if tier is not None and len(tier) != 1:
-        raise ConfigError(f"--tier {args.tier}: give one tier ('full', a name such as T4, or a fraction)")
+        raise ConfigError(f"{spelled(args, 'tier')} {args.tier}: give one tier ('full', a name such as T4, or a "
+                          "fraction)")
     out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; give a folder")
+        raise ConfigError(f"{spelled(args, 'out')} {out} is a file; give a folder")
     out.mkdir(parents=True, exist_ok=True)     # before the work, so an unwritable place fails at once
     tokens, bpt = _tokens_and_bpt(args, model)
-    batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.batches))
+    batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.n_batches))
     announce_device("importance", device, next(model.parameters()).dtype)
     res = channel_importance(model, batches, tier and tier[0], bytes_per_token=bpt, first=args.first,
                              precision=args.precision, progress=True)
@@ -141,44 +139,3 @@ def cmd_importance(args: argparse.Namespace) -> int:
     skipped = plot_importance(res, out / "channel_importance.png")
     print(f"plot skipped: {skipped}" if skipped else f"wrote {out / 'channel_importance.png'}")
     return 0
-
-
-def _data_flags(s: argparse.ArgumentParser, seq_len: int) -> None:
-    s.add_argument("checkpoint", help="model directory")
-    s.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP)
-    add_device_flag(s)
-    s.add_argument("--data", default="stdlib", help="source (see `elastic-ssm train --help`, data.source)")
-    s.add_argument("--split", default="validation", help="split of the source to evaluate")
-    s.add_argument("--seq-len", type=int, default=seq_len, help="tokens per evaluation sequence")
-    s.add_argument("--batch-size", type=int, default=8, help="sequences per batch")
-    s.add_argument("--batches", type=int, default=16, help="number of batches (fixed windows)")
-    s.add_argument("--bytes-per-token", type=float, default=0.0,
-                   help="divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)")
-
-
-def add_eval_parsers(sub) -> None:
-    """Register ``eval`` and ``importance`` on the top-level subparsers."""
-    from ..serve.cli import add_eval_flags
-
-    s = sub.add_parser("eval", help="per-tier loss / perplexity / bits-per-byte on a dataset")
-    _data_flags(s, 512)
-    s.add_argument("--tiers", default="all",
-                   help="'all' or comma-separated tier names and capacity fractions in (0, 1] (T1,0.45,T10)")
-    s.add_argument("--lengths", default=None,
-                   help="evaluate at several sequence lengths instead of --seq-len: multiples of the training "
-                        "length (1x,2x,4x,8x) and/or token counts (1024,4096)")
-    s.add_argument("--train-len", type=int, default=None,
-                   help="training sequence length for --lengths Nx (default: train.seq_len of the run.yaml above "
-                        "the model directory)")
-    s.add_argument("--csv", help="also write the table as CSV")
-    add_eval_flags(s)
-    s.set_defaults(fn=cmd_eval)
-
-    s = sub.add_parser("importance", help="knock-out and output energy per spectral channel (ESSH Table 31)")
-    _data_flags(s, 512)
-    s.add_argument("--tier", default="full", help="tier whose channels are measured ('full', T4, or a fraction)")
-    s.add_argument("--first", type=int, default=8, help="channels counted in the first-N share (Table 31: 8)")
-    s.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16 = autocast")
-    s.add_argument("--out", default=None,
-                   help="folder for channel_importance.csv/.json/.png (default: MODEL_DIR/importance)")
-    s.set_defaults(fn=cmd_importance)

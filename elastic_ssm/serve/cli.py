@@ -1,7 +1,7 @@
-"""``elastic-ssm serve`` and ``elastic-ssm calibrate``, and the ``--tier auto`` budget flags of ``generate``.
+"""``elastic-ssm serve`` and ``elastic-ssm calibrate``, and the ``--tier auto`` choice of ``generate``.
 
-``add_parsers(sub)`` registers both subcommands on the main parser (``elastic_ssm/cli.py``); their bodies
-live here so the main CLI only lists them. ``serve`` loads one checkpoint once and serves the tiers
+Their flags are ``ServeOptions`` / ``CalibrateOptions`` / ``TierBudgetOptions`` of ``cli_options.py``; the
+bodies live here so the main CLI only lists them. ``serve`` loads one checkpoint once and serves the tiers
 named by ``--tiers`` (every tier a prefix view of the same weights), on 127.0.0.1 unless ``--host`` says
 otherwise; ``--api-key`` (or ``ELASTIC_SSM_API_KEY``) guards every endpoint but ``/health``.
 """
@@ -15,24 +15,15 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli_args import add_device_flag, announce_device, resolve_device
+from ..cli_args import announce_device, resolve_device, resolve_dtype, status
 from ..config import ConfigError
 
-__all__ = ["add_parsers", "add_budget_flags", "auto_tier", "cmd_serve", "cmd_calibrate"]
+__all__ = ["auto_tier", "cmd_calibrate", "cmd_serve", "record_quality"]
 
 API_KEY_ENV = "ELASTIC_SSM_API_KEY"
 
 
-def add_budget_flags(s: argparse.ArgumentParser) -> None:
-    """The budgets ``--tier auto`` is chosen under (``es.select_tier``)."""
-    s.add_argument("--max-ms-per-token", type=float, default=None,
-                   help="--tier auto: latency budget per stream (needs tier_profile.json: elastic-ssm calibrate)")
-    s.add_argument("--max-state-bytes", type=int, default=None, help="--tier auto: state budget per sequence")
-    s.add_argument("--max-params", type=int, default=None, help="--tier auto: parameter budget")
-    s.add_argument("--budget-batch", type=int, default=1, help="--tier auto: decode batch the budget is for")
-
-
-def auto_tier(checkpoint: str, args: argparse.Namespace, progress=print) -> str:
+def auto_tier(checkpoint: str, args: argparse.Namespace, progress=status) -> str:
     """The tier ``es.select_tier`` picks for the budget flags (one line saying which and why)."""
     from .select import select_tier
 
@@ -40,14 +31,6 @@ def auto_tier(checkpoint: str, args: argparse.Namespace, progress=print) -> str:
                     max_params=args.max_params, batch=args.budget_batch)
     progress(f"--tier auto: {t.name} ({t.params:,} parameters) fits the budget", file=sys.stderr)
     return t.name
-
-
-def _weights_dtype(name: str, device: str):
-    """``--dtype``: auto = bfloat16 on CUDA (the fused decoder's format), float32 elsewhere."""
-    import torch
-
-    return {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "float32": torch.float32,
-            "bfloat16": torch.bfloat16}[name]
 
 
 def _is_local(host: str) -> bool:
@@ -69,10 +52,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..models import load_pretrained
     from .app import ServerSettings, create_app
 
-    if args.max_batch < 1:
-        raise ConfigError(f"--max-batch must be >= 1, got {args.max_batch}")
     device = resolve_device(args.device)
-    dtype = _weights_dtype(args.dtype, device)
+    dtype = resolve_dtype(args.dtype, device)
     model = load_pretrained(args.checkpoint, device=device, dtype=dtype)
     if model.arch != "essh":
         raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; serving runs the fused ESSH decoder")
@@ -108,7 +89,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import calibrate, write_profile
 
     device = resolve_device(args.device)
-    dtype = _weights_dtype(args.dtype, device)
+    dtype = resolve_dtype(args.dtype, device)
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
@@ -126,47 +107,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
-    """Register ``serve`` and ``calibrate`` on the main CLI's subparsers."""
-    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server of every tier of one checkpoint "
-                                     "(needs the serve extra)")
-    s.add_argument("checkpoint", help="model directory (with its tokenizer)")
-    s.add_argument("--tiers", default="all", help="'all' or comma-separated tiers to serve (T1,T4,T10)")
-    s.add_argument("--tier", default=None, help="default tier (model id without '@'): a served tier or 'auto' "
-                                                "(es.select_tier under the budget flags); default: the largest")
-    add_budget_flags(s)
-    s.add_argument("--name", default=None, help="model name in the API (default: the directory's name)")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: local only)")
-    s.add_argument("--port", type=int, default=8000, help="TCP port")
-    s.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})")
-    s.add_argument("--max-batch", type=int, default=16, help="slots per tier: the decode batch of its pool")
-    s.add_argument("--max-queue", type=int, default=64, help="requests waiting per tier before 503")
-    s.add_argument("--max-prompt-tokens", type=int, default=8192, help="longest prompt accepted")
-    s.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens accepted")
-    s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body accepted")
-    s.add_argument("--max-connections-per-client", type=int, default=32, help="concurrent requests per address")
-    s.add_argument("--max-connections", type=int, default=1024, help="concurrent connections in all")
-    s.add_argument("--timeout", type=float, default=30.0,
-                   help="seconds a client may take to send its body or to read pending output before its "
-                        "request is dropped and its slot freed")
-    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                   help="weights: auto = bfloat16 on CUDA, float32 on CPU")
-    add_device_flag(s)
-    s.set_defaults(fn=cmd_serve)
-
-    s = sub.add_parser("calibrate", help="measure ms/token of every tier on this device (served decode path) "
-                                         "into the model directory's tier_profile.json")
-    s.add_argument("checkpoint", help="model directory")
-    s.add_argument("--batches", default="1,16,128", help="decode batch sizes to time")
-    s.add_argument("--tiers", default="all", help="'all' or comma-separated tier names")
-    s.add_argument("--warmup", type=int, default=5, help="untimed steps per entry")
-    s.add_argument("--iters", type=int, default=20, help="timed steps per entry")
-    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                   help="weights: auto = bfloat16 on CUDA, float32 on CPU")
-    add_device_flag(s)
-    s.set_defaults(fn=cmd_calibrate)
-
-
 def record_quality(args: argparse.Namespace, rows) -> None:
     """``elastic-ssm eval``: write the per-tier quality into the model directory's tier_quality.json."""
     from .calibrate import quality_table, write_quality
@@ -180,10 +120,3 @@ def record_quality(args: argparse.Namespace, rows) -> None:
               file=sys.stderr)
         return
     print(f"wrote {path}")
-
-
-def add_eval_flags(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--write-quality", action=argparse.BooleanOptionalAction, default=True,
-                   help="record the per-tier quality in the model directory's tier_quality.json (select_tier)")
-    s.add_argument("--quality-metric", default="bpb", choices=("bpb", "loss", "perplexity", "accuracy"),
-                   help="the quality tier_quality.json records")

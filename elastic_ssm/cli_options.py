@@ -1,0 +1,252 @@
+"""The options of every ``elastic-ssm`` sub-command, as keyword-only dataclasses (torch-free).
+
+``cli.py`` turns each class into argparse flags with ``cli_args.add_dataclass_flags`` (no prefix): a field
+``n_pairs`` is ``--n-pairs``, a ``positional`` field an argument without ``--``. Shared groups
+(``DeviceOptions``, ``DtypeOptions``, ``PrecisionOptions``, ``TokenizerOptions``, ``TiersOptions``,
+``HeldOutOptions``, ``TierBudgetOptions``, ``SamplingOptions``, ``CsvOptions``) give one spelling per concept:
+``--tiers`` for one or more tiers and ``--tier`` for exactly one, ``--device``, ``--dtype`` (weights),
+``--precision`` (autocast of float32 weights), ``--tokenizer``, ``--out``. Older spellings stay as hidden
+aliases (``export --tier``, ``niah --pairs`` / ``--context``, ``eval --batches``; docs/cli.md has the table).
+The run settings of ``train`` and ``recover`` are not here: they are the config sections' ``--model.*``,
+``--train.*``, ``--data.*`` flags (``cli_args``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cli_args import DEVICE_HELP, flag
+
+__all__ = ["DEFAULT_RUN", "CalibrateOptions", "CsvOptions", "DeviceOptions", "DtypeOptions", "EvalOptions",
+           "ExportOptions", "GenerateOptions", "HeldOutOptions", "ImportanceOptions", "LmEvalOptions", "NiahOptions",
+           "PrecisionOptions", "PrepareOptions", "QuickstartOptions", "RECOVER_PROTOCOLS", "RecoverOptions",
+           "SamplingOptions", "ServeOptions", "TierBudgetOptions", "TiersOptions", "TokenizerOptions",
+           "TokenizerTrainOptions", "TrainOptions"]
+
+#: the run file of ``train`` / ``recover`` without ``--config`` (and of ``quickstart``)
+DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
+MODEL_DIR = "model directory (save_pretrained / a run's final/)"
+TOKENIZER_HELP = ("default: the tokenizer saved with the model; a different one ('bytes', a tokenizer.json or "
+                  "folder) is refused")
+RECOVER_PROTOCOLS = ("refine", "label_only", "posthoc")     # train/recover.py's PROTOCOLS (a test keeps them equal)
+_WEIGHTS = ("auto", "float32", "bfloat16")
+
+
+# ---- shared groups ---------------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class DeviceOptions:
+    device: str = flag("auto", DEVICE_HELP)
+
+
+@dataclass(kw_only=True)
+class DtypeOptions:
+    dtype: str = flag("auto", "weights: auto = bfloat16 on CUDA (the fused decoder's format), float32 on CPU",
+                      choices=_WEIGHTS)
+
+
+@dataclass(kw_only=True)
+class PrecisionOptions:
+    precision: str = flag("fp32", "fp32, or bf16 = autocast of the float32 weights", choices=("fp32", "bf16"))
+
+
+@dataclass(kw_only=True)
+class TokenizerOptions:
+    tokenizer: str | None = flag(None, TOKENIZER_HELP)
+
+
+@dataclass(kw_only=True)
+class TiersOptions:
+    tiers: str = flag("all", "'all' or comma-separated tier names (T1,T4,T10; ES-SSM K8)")
+
+
+@dataclass(kw_only=True)
+class CsvOptions:
+    csv: str | None = flag(None, "also write the rows as CSV to this file")
+
+
+@dataclass(kw_only=True)
+class ModelDirOptions:
+    checkpoint: str = flag(help=MODEL_DIR, positional=True, metavar="MODEL_DIR")
+
+
+@dataclass(kw_only=True)
+class HeldOutOptions(ModelDirOptions, TokenizerOptions, DeviceOptions):
+    """A model directory scored on fixed held-out windows of a text source (``eval``, ``importance``)."""
+
+    data: str = flag("stdlib", "source (see `elastic-ssm train --help`, data.source)")
+    split: str = flag("validation", "split of the source to evaluate")
+    seq_len: int = flag(512, "tokens per evaluation sequence", minimum=1)
+    batch_size: int = flag(8, "sequences per batch", minimum=1)
+    n_batches: int = flag(16, "number of batches (fixed windows)", aliases=("--batches",), minimum=1)
+    bytes_per_token: float = flag(0.0, "divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)")
+
+
+@dataclass(kw_only=True)
+class TierBudgetOptions:
+    """The budgets ``--tier auto`` is chosen under (``es.select_tier``)."""
+
+    max_ms_per_token: float | None = flag(None, "--tier auto: latency budget per stream (needs tier_profile.json: "
+                                                "elastic-ssm calibrate)")
+    max_state_bytes: int | None = flag(None, "--tier auto: state budget per sequence")
+    max_params: int | None = flag(None, "--tier auto: parameter budget")
+    budget_batch: int = flag(1, "--tier auto: decode batch the budget is for", minimum=1)
+
+
+@dataclass(kw_only=True)
+class SamplingOptions:
+    max_new_tokens: int = flag(200, "tokens to sample", minimum=0)
+    temperature: float = flag(0.8, "0 = greedy")
+    top_k: int | None = flag(None, "sample from the k most likely tokens")
+    top_p: float | None = flag(None, "nucleus sampling mass")
+    seed: int = flag(0, "sampling seed")
+
+
+# ---- commands --------------------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class TrainOptions:
+    """``train``: the run file and how the run directory is treated (settings: --model.* --train.* --data.*)."""
+
+    config: str | None = flag(None, f"run YAML (model/train/data sections); default: {DEFAULT_RUN.name}, the "
+                                      "quickstart's run file (the defaults --help shows below)")
+    resume: str | None = flag(None, "continue from the latest checkpoint in train.out_dir; '--resume auto' starts "
+                                    "fresh when there is none yet (for jobs requeued with the same command)",
+                              nargs="?", const="yes", choices=("yes", "auto"))
+    overwrite: bool = flag(False, "start fresh in a train.out_dir that holds another run (that run is moved aside)")
+
+
+@dataclass(kw_only=True)
+class ExportOptions(ModelDirOptions, TiersOptions, DeviceOptions):
+    tiers: str = flag("all", "'all' or comma-separated tier names to export (T1,T4 or K8)", aliases=("--tier",))
+    out: str = flag(help="output folder; one sub-folder per tier")
+    check_len: int = flag(128, "tokens per sequence of the export check", minimum=1)
+
+
+@dataclass(kw_only=True)
+class EvalOptions(HeldOutOptions, CsvOptions):
+    tiers: str = flag("all", "'all' or comma-separated tier names and capacity fractions in (0, 1] (T1,0.45,T10)")
+    lengths: str | None = flag(None, "evaluate at several sequence lengths instead of --seq-len: multiples of the "
+                                     "training length (1x,2x,4x,8x) and/or token counts (1024,4096)")
+    train_len: int | None = flag(None, "training sequence length for --lengths Nx (default: train.seq_len of the "
+                                       "run.yaml above the model directory)", minimum=1)
+    write_quality: bool = flag(True, "record the per-tier quality in the model directory's tier_quality.json "
+                                     "(select_tier)")
+    quality_metric: str = flag("bpb", "the quality tier_quality.json records",
+                               choices=("bpb", "loss", "perplexity", "accuracy"))
+
+
+@dataclass(kw_only=True)
+class ImportanceOptions(HeldOutOptions, PrecisionOptions):
+    tier: str = flag("full", "tier whose channels are measured ('full', T4, or a fraction)")
+    first: int = flag(8, "channels counted in the first-N share (Table 31: 8)", minimum=1)
+    out: str | None = flag(None, "folder for channel_importance.csv/.json/.png (default: MODEL_DIR/importance)")
+
+
+@dataclass(kw_only=True)
+class GenerateOptions(ModelDirOptions, TokenizerOptions, DeviceOptions, DtypeOptions, TierBudgetOptions,
+                      SamplingOptions):
+    tier: str = flag("full", "tier to load ('full', T1..T10, 'auto'; ES-SSM: a budget 8 or K8)")
+    prompt: str = flag(help="text to continue")
+
+
+@dataclass(kw_only=True)
+class LmEvalOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions, PrecisionOptions, CsvOptions):
+    tasks: str = flag(help="comma-separated lm-eval task names (piqa,hellaswag,...)")
+    batch_size: int = flag(8, "sequences per forward pass", minimum=1)
+    max_length: int = flag(2048, "longest scored input in tokens", minimum=1)
+    num_fewshot: int | None = flag(None, "few-shot examples (default: the task's)")
+    limit: float | None = flag(None, "documents per task (>= 1) or a fraction (< 1): a smoke run, not a paper number")
+    include_path: str | None = flag(None, "folder of extra task YAML files (local tasks)")
+
+
+@dataclass(kw_only=True)
+class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions, PrecisionOptions, CsvOptions):
+    """``niah``: the fields of ``eval.needle.NeedleConfig`` the command line sets, under their own names."""
+
+    data: str = flag("stdlib", "filler text source (as for eval)")
+    split: str = flag("validation", "split of the filler source")
+    context_len: int = flag(2048, "tokens per trial before the answer", aliases=("--context",), minimum=1)
+    n_pairs: int = flag(256, "key pairs (each runs at every depth)", aliases=("--pairs",), minimum=1)
+    depths: str = flag("0.1,0.3,0.5,0.7,0.9", "comma-separated relative needle depths in [0, 1]")
+    condition: str = flag("counterfactual", "which key of a pair is inserted and expected (the paper's tables: "
+                                            "counterfactual)", choices=("counterfactual", "planted"))
+    seed: int = flag(0, "keys, filler windows and bootstrap")
+    batch_size: int = flag(8, "sequences per forward pass", minimum=1)
+
+
+@dataclass(kw_only=True)
+class PrepareOptions:
+    source: str = flag(help="'stdlib', a file or folder (txt/jsonl/parquet), or hf:<name>[:cfg][:split]",
+                       positional=True)
+    out: str = flag(help="output token file, e.g. data/train.bin", positional=True)
+    tokenizer: str = flag("bytes", "'bytes' or a tokenizer.json")
+    split: str | None = flag(None, "train / validation split of the source (default: all)")
+    text_field: str = flag("text", "JSONL/Parquet/HF text field")
+    max_tokens: int = flag(0, "stop after this many tokens (0: all)", minimum=0)
+
+
+@dataclass(kw_only=True)
+class TokenizerTrainOptions:
+    source: str = flag(help="corpus source (as for prepare)", positional=True)
+    vocab_size: int = flag(8192, "vocabulary size", minimum=1)
+    out: str = flag(help="output tokenizer.json")
+    max_bytes: int = flag(0, "cap on training text (0: all)", minimum=0)
+
+
+@dataclass(kw_only=True)
+class RecoverOptions(TiersOptions, DeviceOptions):
+    """``recover``: the protocol and its knobs (data and training settings: --config, --train.*, --data.*)."""
+
+    parent: str = flag(help="model directory of the trained (e.g. dense) ESSH", positional=True, metavar="PARENT")
+    protocol: str = flag("refine", "refine: shared refinement of the truncated model (Tables 33/43); label_only: "
+                                   "each tier at its fixed shape with CE only (Table 43); posthoc: E.7 ranking + "
+                                   "masked recovery", choices=RECOVER_PROTOCOLS)
+    config: str | None = flag(None, "run YAML for data and training settings (default: the quickstart's)")
+    steps: int = flag(0, "recovery steps (0: train.refine.steps of the run file)", minimum=0)
+    tiers: str = flag("all", "'all' or comma-separated tiers to evaluate (label_only: train)")
+    masks: tuple[float, ...] | None = flag(None, "posthoc: mask capacity fractions, full first "
+                                                 "(default train.capacities)")
+    calibration_batches: int = flag(16, "posthoc: training micro-batches for the ranking (E.7: 2M tokens)",
+                                    minimum=1)
+    channel_order: str = flag("original", "posthoc: keep the spectral channels' order (E.7) or rank them by "
+                                          "output energy", choices=("original", "energy"))
+    overwrite: bool = flag(False, "move another run in train.out_dir aside")
+
+
+@dataclass(kw_only=True)
+class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptions):
+    """``serve``: one checkpoint, every tier a prefix view of the same weights (``serve/app.py``)."""
+
+    checkpoint: str = flag(help="model directory (with its tokenizer)", positional=True, metavar="MODEL_DIR")
+    tiers: str = flag("all", "'all' or comma-separated tiers to serve (T1,T4,T10)")
+    tier: str | None = flag(None, "default tier (model id without '@'): a served tier or 'auto' (es.select_tier "
+                                  "under the budget flags); default: the largest")
+    name: str | None = flag(None, "model name in the API (default: the directory's name)")
+    host: str = flag("127.0.0.1", "address to bind (default: local only)")
+    port: int = flag(8000, "TCP port", minimum=0)
+    api_key: str | None = flag(None, "require 'Authorization: Bearer KEY' (or set ELASTIC_SSM_API_KEY)")
+    max_batch: int = flag(16, "slots per tier: the decode batch of its pool", minimum=1)
+    max_queue: int = flag(64, "requests waiting per tier before 503", minimum=0)
+    max_prompt_tokens: int = flag(8192, "longest prompt accepted", minimum=1)
+    max_tokens_limit: int = flag(4096, "largest max_tokens accepted", minimum=1)
+    max_body_bytes: int = flag(1 << 20, "largest request body accepted", minimum=1)
+    max_connections_per_client: int = flag(32, "concurrent requests per address", minimum=1)
+    max_connections: int = flag(1024, "concurrent connections in all", minimum=1)
+    timeout: float = flag(30.0, "seconds a client may take to send its body or to read pending output before its "
+                                "request is dropped and its slot freed")
+
+
+@dataclass(kw_only=True)
+class CalibrateOptions(ModelDirOptions, TiersOptions, DtypeOptions, DeviceOptions):
+    batches: str = flag("1,16,128", "comma-separated decode batch sizes to time")
+    warmup: int = flag(5, "untimed steps per entry", minimum=0)
+    iters: int = flag(20, "timed steps per entry", minimum=1)
+
+
+@dataclass(kw_only=True)
+class QuickstartOptions:
+    out: str = flag("runs/quickstart", "output folder")
+    steps: int = flag(0, "override the training steps (0: config default)", minimum=0)
+    config: str | None = flag(None, "run YAML (default: the embedded quickstart config)")
+    control: bool = flag(True, "also train the dense control (full capacity only) and truncate it to T1")
+    overwrite: bool = flag(False, "move the runs of an earlier quickstart in --out aside")
