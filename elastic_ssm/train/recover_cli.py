@@ -25,10 +25,9 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
     from ..cli_args import collect_overrides, resolve_device, status, write_csv
     from ..cli_options import DEFAULT_RUN
-    from ..config import ConfigError
+    from ..config import ConfigError, RunConfig
     from ..models import load_pretrained
     from ..pipeline import build_data
-    from ..config import RunConfig
     from .recover import truncate_and_recover
 
     device = resolve_device(args.device)
