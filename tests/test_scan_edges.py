@@ -1,14 +1,19 @@
 """Edge values of the ESSH scan (Eq. 5, 24) against the float64 tokenwise specification (naive.py).
 
-The chunked torch path must be causal and finite wherever the spec is: a NaN/Inf at position t leaves every
-output before t (and every other channel) finite and equal to the spec; ``rho = 0`` and an infinite clock
-are the spec's finite state reset; clocks far above the reset exponent are exact; ``rho = exp(-softplus(x))``
-of a large ``x`` (underflow to 0 inside the model) keeps the logits finite. The public op rejects values
-outside its ranges (negative clock, rho outside [0, 1], non-finite modal tables) on CPU.
+Both chunked paths (torch, and fla through its CPU stand-in ``fla_stand_in.py``, which spreads a non-finite
+input over its whole chunk as fla's ``A @ V`` does) must be causal and finite wherever the spec is: a NaN/Inf
+at position t leaves every output before t (and every other channel) finite and equal to the spec;
+``rho = 0`` and an infinite clock are the spec's finite state reset; clocks far above the reset exponent are
+exact; ``rho = exp(-softplus(x))`` of a large ``x`` (underflow to 0 inside the model) keeps the logits finite.
+The public op rejects values outside its ranges (negative clock, rho outside [0, 1], non-finite modal
+tables) eagerly, and under ``torch.compile`` turns them into NaN outputs without a graph break.
+The same cases for the real fla kernels: ``tests/test_spectral_scan_gpu.py -k edge``.
 """
 
+import importlib
 import math
 
+import fla_stand_in
 import pytest
 import torch
 from test_spectral_scan import make_inputs, naive_gla
@@ -27,12 +32,32 @@ def _both(x, dtype=torch.float64, chunk=16):
     return spec, fast
 
 
-def _agree_where_finite(spec, fast, atol=1e-9):
+def _agree_where_finite(spec, fast, atol=1e-9, rtol=1e-7):
     """Same finiteness pattern-or-better, equal values wherever the spec is finite."""
     for s, f in zip(spec, fast):
         fin = torch.isfinite(s)
         assert torch.isfinite(f[fin]).all(), "the fast path is non-finite where the spec is finite"
-        torch.testing.assert_close(f[fin].double(), s[fin], rtol=1e-7, atol=atol)
+        torch.testing.assert_close(f[fin].double(), s[fin], rtol=rtol, atol=atol)
+
+
+def _fla(monkeypatch, x):
+    """The fla path on CPU (stand-in kernel) in float32, and the float64 spec of the same float32 values."""
+    fla_stand_in.install(monkeypatch)
+    fla_spectral_scan = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_fla").fla_spectral_scan
+    x32 = {n: t.float() for n, t in x.items()}
+    fast = fla_spectral_scan(*(x32[n] for n in ARGS), initial_state=x32["initial_state"], output_final_state=True)
+    spec = naive_spectral_scan(*(x32[n].double() for n in ARGS), initial_state=x32["initial_state"].double(),
+                               output_final_state=True)
+    return spec, fast
+
+
+def _set_bad(x, where, bad, t0, k):
+    if where == "initial_state":
+        x[where][1, k, 2, 0, 0] = bad
+    elif where == "v":
+        x[where][1, t0, k, 3] = bad
+    else:
+        x[where][1, t0, k, 2] = bad
 
 
 @pytest.mark.parametrize("where", ["v", "write", "clock", "read", "initial_state"])
@@ -40,12 +65,7 @@ def _agree_where_finite(spec, fast, atol=1e-9):
 def test_nonfinite_input_does_not_reach_earlier_positions(where, bad):
     x = make_inputs(B=2, T=70, K=3, M=4, P=5, seed=1)
     t0, k = 37, 1
-    if where == "initial_state":
-        x[where][1, k, 2, 0, 0] = bad
-    elif where == "v":
-        x[where][1, t0, k, 3] = bad
-    else:
-        x[where][1, t0, k, 2] = bad
+    _set_bad(x, where, bad, t0, k)
     spec, fast = _both(x)
     _agree_where_finite(spec, fast)
     z = fast[0]
@@ -56,6 +76,37 @@ def test_nonfinite_input_does_not_reach_earlier_positions(where, bad):
         assert torch.isfinite(spec[0]).all() and torch.isfinite(z).all()
     else:
         assert not torch.isfinite(z[1, t0 if where != "initial_state" else 0, k]).all()
+
+
+@pytest.mark.parametrize("where", ["v", "write", "clock", "read", "initial_state"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_fla_path_keeps_nonfinite_inputs_where_the_spec_does(monkeypatch, where, bad):
+    """The fla wrapper isolates a bad position from the kernel's chunk (the stand-in would NaN all of it)."""
+    x = make_inputs(B=2, T=70, K=3, M=4, P=5, seed=1)
+    t0, k = 37, 1
+    _set_bad(x, where, bad, t0, k)
+    spec, fast = _fla(monkeypatch, x)
+    _agree_where_finite(spec, fast, atol=1e-5, rtol=1e-5)
+    z = fast[0]
+    if where != "initial_state":
+        assert torch.isfinite(z[1, :t0]).all()  # positions 0..36 share the bad position's chunk (0..63)
+    if where == "clock" and bad == math.inf:
+        assert torch.isfinite(z).all() and torch.isfinite(fast[1]).all()
+    else:
+        assert not torch.isfinite(z[1, t0 if where != "initial_state" else 0, k]).all()
+        assert torch.isfinite(fast[1][0]).all()  # the other row's final state
+        assert torch.isfinite(fast[1][1, k]).all() == (where == "read")  # a read gate does not enter the state
+
+
+def test_stand_in_kernel_spreads_a_nan_over_its_chunk(monkeypatch):
+    """What the wrapper guards against: the raw kernel (custom op) NaNs the earlier rows of the chunk."""
+    fla_stand_in.install(monkeypatch)
+    from elastic_ssm.ops.spectral_scan.gla_op import gla_chunk
+
+    q, k, v = (torch.randn(1, 70, 2, 4) for _ in range(3))
+    v[0, 37, 1, 0] = math.nan
+    o, _ = gla_chunk(q, k, v, torch.full((1, 70, 2, 4), -0.1))
+    assert not torch.isfinite(o[0, :64, 1]).any() and torch.isfinite(o[0, :, 0]).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -70,6 +121,17 @@ def test_zero_rho_and_infinite_clock_are_finite_resets(dtype):
     for s, f in zip(spec, fast):
         assert torch.isfinite(f).all()
         torch.testing.assert_close(f.double(), s, rtol=tol, atol=tol)
+
+
+def test_fla_path_resets_finitely(monkeypatch):
+    x = make_inputs(B=2, T=130, K=3, M=4, P=5, seed=2)
+    x["rho"][0, 1] = 0.0
+    x["clock"][0, 5, 2, 3] = math.inf
+    x["clock"][1, 64:, 1, 0] = math.inf
+    spec, fast = _fla(monkeypatch, x)
+    for s, f in zip(spec, fast):
+        assert torch.isfinite(s).all() and torch.isfinite(f).all()
+        torch.testing.assert_close(f.double(), s, rtol=2e-5, atol=2e-5)
 
 
 def test_gla_mapping_of_the_fla_path_resets_finitely():

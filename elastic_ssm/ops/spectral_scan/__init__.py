@@ -4,13 +4,16 @@
 Algorithm 2), fla-core's GLA kernels (``"fla"``, CUDA) or the tokenwise specification (``"naive"``);
 ``spectral_scan_step`` is the single-token decode step. The math is in README.md beside this file.
 
-Value ranges (``validate_scan_values``): ``clock >= 0`` and ``0 <= rho <= 1`` (a negative clock or
-``rho > 1`` is growth, which the chunked paths cannot factorise), finite ``theta, kc, ks, a``. They are
-checked eagerly (one host sync) on CPU tensors outside ``torch.compile``, and on CUDA only with
-``check_values=True`` (the layer's own gates are in range by construction, and a sync per layer would
-stall the GPU). NaN/Inf in ``v``, the gates or the clock are not errors: the torch path follows the spec
-(outputs before the bad position stay finite). Accurate clock range: any ``clock >= 0``; per-position
-log-decays ``clock - log rho`` above ~105 (fp32) / ~746 (fp64) are exact resets, as in the spec.
+Value ranges (``edges.validate_scan_values``): ``clock >= 0`` and ``0 <= rho <= 1`` (a negative clock or
+``rho > 1`` is growth, which the chunked paths cannot factorise), finite ``theta, kc, ks, a``. By default
+(``check_values=True``) they are checked on every device with one host sync, except inside
+``torch.compile`` and CUDA-graph capture, where out-of-range ``clock`` / ``rho`` entries become NaN instead
+(sync-free; in-range values are unchanged), so a bad value never gives a plausible wrong number. The layer
+(``SpectralMixer``) passes ``check_values=False``: its gates are in range by construction. NaN/Inf in ``v``,
+the gates, the clock or the initial state are not errors: both chunked paths follow the spec (outputs
+before the bad position stay finite and equal to the spec's; ``edges.py``). Accurate clock range: any
+``clock >= 0``; per-position log-decays ``clock - log rho`` above ~105 (fp32) / ~746 (fp64) are exact
+resets, as in the spec.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 from ..dispatch import resolve_backend
 from .chunk_torch import chunk_spectral_scan
+from .edges import host_sync_allowed, poison_out_of_range, validate_scan_values
 from .naive import naive_spectral_scan
 from .step import spectral_scan_step
 
@@ -71,19 +75,6 @@ def validate_scan_inputs(v, write, read, clock, rho, theta, kc, ks, a, initial_s
         raise ValueError(f"spectral_scan: all inputs must be on one device, got {devices}")
 
 
-def validate_scan_values(clock, rho, theta, kc, ks, a) -> None:
-    """Raise ValueError unless ``clock >= 0`` (NaN allowed: it propagates as in the spec), ``0 <= rho <= 1``
-    and ``theta, kc, ks, a`` are finite. One host sync; call it outside compiled regions."""
-    if bool((clock < 0).any()):
-        raise ValueError(f"spectral_scan: clock must be >= 0 (a decay), got a minimum of {float(clock.min()):.4g}")
-    if not bool(((rho >= 0) & (rho <= 1)).all()):
-        raise ValueError("spectral_scan: rho must lie in [0, 1] (a decay factor), got values in "
-                         f"[{float(rho.min()):.4g}, {float(rho.max()):.4g}] or NaN")
-    for name, x in (("theta", theta), ("kc", kc), ("ks", ks), ("a", a)):
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"spectral_scan: {name} must be finite, it holds NaN or Inf")
-
-
 def spectral_scan(
     v: torch.Tensor,  # [B, T, K, P] channel values
     write: torch.Tensor,  # [B, T, K, M] write gates eta^w in (0, 2)
@@ -98,7 +89,7 @@ def spectral_scan(
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
-    check_values: bool | None = None,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ESSH scan (Eq. 5) with the zero-lag correction (Eq. 24): returns ``z [B, T, K, P]`` and ``H(T)``.
 
@@ -106,13 +97,16 @@ def spectral_scan(
     ``backend``: "auto" | "torch" | "fla" | "naive" (see :func:`elastic_ssm.ops.resolve_backend`);
     ``chunk_size`` is the chunk length of the torch path. ``z`` has ``v.dtype``; the torch path computes
     bf16/fp16 inputs in float32 and returns their state in float32, as the fla path does.
-    ``check_values`` (None: on CPU tensors) runs ``validate_scan_values`` outside ``torch.compile``.
+    ``check_values`` (False: the caller guarantees the ranges) raises ValueError for a
+    negative clock, ``rho`` outside ``[0, 1]`` or non-finite modal tables (one host sync); inside
+    ``torch.compile`` / CUDA-graph capture it marks out-of-range clock and rho entries NaN instead.
     """
     validate_scan_inputs(v, write, read, clock, rho, theta, kc, ks, a, initial_state)
-    if check_values is None:
-        check_values = v.device.type == "cpu"
-    if check_values and not torch.compiler.is_compiling():
-        validate_scan_values(clock, rho, theta, kc, ks, a)
+    if check_values:
+        if host_sync_allowed(v):
+            validate_scan_values(clock, rho, theta, kc, ks, a)
+        else:
+            clock, rho = poison_out_of_range(clock, rho)
     name = resolve_backend(backend, v)
     args = (write, read, clock, rho, theta, kc, ks, a, initial_state, output_final_state)
     if name == "fla":

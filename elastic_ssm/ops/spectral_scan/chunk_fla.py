@@ -26,7 +26,8 @@ import math
 
 import torch
 
-from .chunk_torch import _reset_exponent, _rotation
+from .chunk_torch import _rotation
+from .edges import host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
 
 
 def _absolute_phase(theta: torch.Tensor, T: int) -> torch.Tensor:
@@ -63,8 +64,9 @@ def gla_inputs(
     krot = torch.stack([cph, -sph], -1)  # R(-theta t) e1
     q = (read.to(wide)[..., None] * qrot).reshape(B, T, K, 2 * M).to(dtype)
     k = (write.to(wide)[..., None] * krot).reshape(B, T, K, 2 * M).to(dtype)
-    # capped like the torch path: rho = 0 or an infinite clock is an exact reset, never -inf - (-inf) = NaN
-    g = (torch.log(rho.to(wide)) - clock.to(wide)).clamp(min=-_reset_exponent(wide))
+    # capped like the torch path (edges.py): rho = 0 or an infinite clock is an exact reset (exp underflows to
+    # 0 in fp32, also after fla's base-2 conversion), never -inf - (-inf) = NaN in fla's within-chunk cumsums
+    g = (torch.log(rho.to(wide)) - clock.to(wide)).clamp(min=-reset_exponent(wide))
     g = g[..., None].expand(B, T, K, M, 2).reshape(B, T, K, 2 * M)
     h0 = None if initial_state is None else initial_state.to(wide).reshape(B, K, 2 * M, P)
     return q, k, v.to(dtype), g, h0
@@ -116,6 +118,11 @@ def fla_spectral_scan(
     torch ops, so autograd carries them on to every input including theta, rho (through log rho) and the
     initial state. The kernels are called through the custom ops of ``gla_op.py``, which ``torch.compile``
     treats as opaque.
+
+    Edge values (``edges.py``): the forget gate is capped, so ``rho = 0`` and infinite clocks are exact
+    resets; outside compiled regions and CUDA-graph capture a NaN/Inf input is zeroed before the kernel
+    (whose ``A @ V`` per chunk would otherwise spread ``0 * NaN`` to earlier positions of its chunk) and the
+    outputs are NaN exactly where the spec's are (one host sync: a sum over the inputs decides).
     """
     from .gla_op import gla_chunk
 
@@ -124,8 +131,13 @@ def fla_spectral_scan(
 
         args = (write, read, clock, rho, theta, kc, ks, a, initial_state, output_final_state)
         return naive_spectral_scan(v, *args)
+    z_bad = state_bad = None
+    if host_sync_allowed(v):
+        v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock,
+                                                                                   initial_state)
     q, k, vv, g, h0 = gla_inputs(v, write, read, clock, rho, theta, kc, ks, initial_state, compute_dtype)
     g = g.float()
     h0 = None if h0 is None else h0.float().contiguous()
     o, ht = gla_chunk(q, k, vv, g, scale=1.0, initial_state=h0, output_final_state=output_final_state)
-    return gla_outputs(o, ht if output_final_state else None, v, write, read, theta, kc, a)
+    z, state = gla_outputs(o, ht if output_final_state else None, v, write, read, theta, kc, a)
+    return restore_nonfinite(z, state, z_bad, state_bad)
