@@ -27,7 +27,7 @@ import math
 import torch
 
 from .chunk_torch import _rotation
-from .edges import host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
+from .edges import capped_log_decay, host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
 
 
 def _absolute_phase(theta: torch.Tensor, T: int) -> torch.Tensor:
@@ -66,7 +66,7 @@ def gla_inputs(
     k = (write.to(wide)[..., None] * krot).reshape(B, T, K, 2 * M).to(dtype)
     # capped like the torch path (edges.py): rho = 0 or an infinite clock is an exact reset (exp underflows to
     # 0 in fp32, also after fla's base-2 conversion), never -inf - (-inf) = NaN in fla's within-chunk cumsums
-    g = (torch.log(rho.to(wide)) - clock.to(wide)).clamp(min=-reset_exponent(wide))
+    g = -capped_log_decay(clock, rho, wide, reset_exponent(wide))  # log rho - Delta, >= -cap
     g = g[..., None].expand(B, T, K, M, 2).reshape(B, T, K, 2 * M)
     h0 = None if initial_state is None else initial_state.to(wide).reshape(B, K, 2 * M, P)
     return q, k, v.to(dtype), g, h0

@@ -35,7 +35,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .edges import host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
+from .edges import capped_log_decay, host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
 
 SUB_BLOCK = 16  # diagonal-block length when a whole chunk cannot be factorised
 
@@ -215,7 +215,7 @@ def chunk_spectral_scan(
         return x.permute(0, 2, 1, 3).reshape(B, K, N, C, x.shape[-1])
 
     # Per-position log-decay gamma + Delta (Eq. 34), float64, zero on padding; cumulative within each chunk.
-    gamma = (clock.double() - torch.log(rho.double())).clamp(max=reset_exponent(dt))  # rho = 0, Delta = inf
+    gamma = capped_log_decay(clock, rho, torch.float64, reset_exponent(dt))  # rho = 0, Delta = inf: resets
     L = chunks(gamma).cumsum(-2)  # [B, K, N, C, M] l(tau), tau = 1..C
     limit = _safe_exponent(dt)
     sub, keep, kind = _plan(L, diagonal, limit)

@@ -3,8 +3,9 @@
 The chunked paths must be causal and finite wherever the float64 tokenwise specification (``naive.py``) is:
 
 * **Exact resets.** A per-position log-decay ``Delta(t) - log rho`` is capped at :func:`reset_exponent` of the
-  compute dtype, where ``exp(-x)`` is exactly 0: ``rho = 0`` or an infinite clock is the spec's state reset,
-  computed without ``inf - inf`` (the chunked paths subtract cumulative log-decays).
+  compute dtype, where ``exp(-x)`` is exactly 0 (:func:`capped_log_decay`): ``rho = 0`` or an infinite clock
+  is the spec's state reset, computed without ``inf - inf`` (the chunked paths subtract cumulative
+  log-decays) and with finite gradients (``log rho`` is never evaluated at 0, so no ``0 * inf``).
 * **Non-finite inputs.** A chunked kernel multiplies whole chunks at once (``A @ V`` with masked ``A``), so a
   NaN/Inf at position t would turn ``0 * NaN`` into NaN at every earlier position of its chunk.
   :func:`isolate_nonfinite` zeroes the bad entries before the kernel and says where the spec's outputs are
@@ -32,6 +33,19 @@ def reset_exponent(dtype: torch.dtype) -> float:
     larger per-position log-decays (a huge or infinite clock, ``rho = 0``) are capped there without changing
     any result, which keeps cumulative sums finite and float32 differences accurate."""
     return -math.log(torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps) + 2.0
+
+
+def capped_log_decay(clock: torch.Tensor, rho: torch.Tensor, dtype: torch.dtype, cap: float) -> torch.Tensor:
+    """``min(Delta - log rho, cap)`` in ``dtype``: ``clock [B, T, K, M]``, ``rho [K, M]`` -> ``[B, T, K, M]``.
+
+    ``rho = 0`` gives the cap with a zero gradient to ``rho`` (the log-space scan cannot carry ``d/d rho`` at
+    0; a ``rho = exp(-softplus(x))`` that underflowed to 0 receives exactly the spec's zero gradient in ``x``);
+    an infinite clock gives the cap with a zero gradient to the clock, as in the spec.
+    """
+    rho = rho.to(dtype)
+    zero = rho == 0  # NaN or negative rho stay NaN (loud), only an exact 0 is the reset
+    log_rho = torch.where(zero, -math.inf, torch.log(torch.where(zero, 1.0, rho)))  # the inner where: no 1/0
+    return (clock.to(dtype) - log_rho).clamp(max=cap)
 
 
 def host_sync_allowed(x: torch.Tensor) -> bool:
