@@ -26,7 +26,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
 
-from elastic_ssm.ops import chunk_spectral_scan, naive_spectral_scan, spectral_scan, spectral_scan_step  # noqa: E402
+from elastic_ssm.ops import (  # noqa: E402
+    ModalTables,
+    chunk_spectral_scan,
+    naive_spectral_scan,
+    spectral_scan,
+    spectral_scan_step,
+)
 from elastic_ssm.ops.spectral_scan.chunk_fla import fla_spectral_scan, gla_inputs  # noqa: E402
 
 NAMES = ("v", "write", "read", "clock", "rho", "theta", "kc", "ks", "a", "initial_state")
@@ -53,8 +59,14 @@ def make_inputs(B, T, K, M, P, strong=False, seed=0, dtype=torch.float32, grad=F
     return {n: t.requires_grad_(grad) for n, t in x.items()}
 
 
+def tables(x) -> ModalTables:
+    return ModalTables(*(x[n] for n in NAMES[4:9]))
+
+
 def call(fn, x, **kw):
-    return fn(*(x[n] for n in NAMES[:9]), initial_state=x["initial_state"], output_final_state=True, **kw)
+    """The public ops take the nine tensors; the package's own paths take ModalTables."""
+    mid = [x[n] for n in NAMES[4:9]] if fn in (naive_spectral_scan, spectral_scan) else [tables(x)]
+    return fn(*(x[n] for n in NAMES[:4]), *mid, initial_state=x["initial_state"], output_final_state=True, **kw)
 
 
 def outputs_and_grads(fn, x, upcast=False, **kw):
@@ -112,7 +124,7 @@ def correctness() -> None:
     with torch.no_grad():
         z_ref, h_ref = call(chunk_spectral_scan, x)
         state = x["initial_state"].clone()
-        zs = [spectral_scan_step(*(x[n][:, t] for n in NAMES[:4]), *(x[n] for n in NAMES[4:9]), state)[0]
+        zs = [spectral_scan_step(*(x[n][:, t] for n in NAMES[:4]), tables(x), state)[0]
               for t in range(70)]
     row = dict(path="step vs torch scan fp32", z=rel(torch.stack(zs, 1), z_ref), state=rel(state, h_ref))
     say(f"decode step vs chunked scan: z {row['z']:.2e} state {row['state']:.2e}")
@@ -189,7 +201,7 @@ def timings() -> None:
         from fla.ops.gla import chunk_gla
 
         x = make_inputs(8, 2048, 32, 8, 28)
-        q, k, v, g, h0 = gla_inputs(*(x[n] for n in NAMES[:8]), initial_state=x["initial_state"])
+        q, k, v, g, h0 = gla_inputs(*(x[n] for n in NAMES[:4]), tables(x), initial_state=x["initial_state"])
         g, h0 = g.float(), h0.float()
         with torch.no_grad():
             ms = timed(lambda: chunk_gla(q, k, v, g, scale=1.0, initial_state=h0, output_final_state=True))
@@ -198,7 +210,7 @@ def timings() -> None:
         for B in (1, 128):
             y = make_inputs(B, 1, 32, 8, 28)
             state = y["initial_state"].clone()
-            args = [y[n][:, 0] for n in NAMES[:4]] + [y[n] for n in NAMES[4:9]]
+            args = [y[n][:, 0] for n in NAMES[:4]] + [tables(y)]
             ms = timed(lambda a=args, s=state: spectral_scan_step(*a, s), warm=5, reps=50)
             say(f"{f'torch decode step B{B} K32 M8 P28':38s} {ms:8.3f} ms")
             RESULTS["timings"].append(dict(label=f"torch decode step B{B} K32 M8 P28", ms=ms))

@@ -16,7 +16,7 @@ import math
 import fla_stand_in
 import pytest
 import torch
-from test_spectral_scan import _grads, make_inputs, naive_gla
+from test_spectral_scan import _grads, make_inputs, naive_gla, tables
 
 import elastic_ssm as es
 from elastic_ssm.ops import chunk_spectral_scan, naive_spectral_scan, spectral_scan
@@ -27,7 +27,8 @@ ARGS = ("v", "write", "read", "clock", "rho", "theta", "kc", "ks", "a")
 
 def _both(x, dtype=torch.float64, chunk=16):
     spec = naive_spectral_scan(*(x[n] for n in ARGS), initial_state=x["initial_state"], output_final_state=True)
-    fast = chunk_spectral_scan(*(x[n].to(dtype) for n in ARGS), initial_state=x["initial_state"].to(dtype),
+    fast = chunk_spectral_scan(*(x[n].to(dtype) for n in ARGS[:4]), tables(x).to(dtype),
+                               initial_state=x["initial_state"].to(dtype),
                                output_final_state=True, chunk_size=chunk)
     return spec, fast
 
@@ -45,7 +46,8 @@ def _fla(monkeypatch, x):
     fla_stand_in.install(monkeypatch)
     fla_spectral_scan = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_fla").fla_spectral_scan
     x32 = {n: t.float() for n, t in x.items()}
-    fast = fla_spectral_scan(*(x32[n] for n in ARGS), initial_state=x32["initial_state"], output_final_state=True)
+    fast = fla_spectral_scan(*(x32[n] for n in ARGS[:4]), tables(x32), initial_state=x32["initial_state"],
+                             output_final_state=True)
     spec = naive_spectral_scan(*(x32[n].double() for n in ARGS), initial_state=x32["initial_state"].double(),
                                output_final_state=True)
     return spec, fast
@@ -140,8 +142,9 @@ def test_resets_have_the_spec_gradients(monkeypatch, path):
         fla_stand_in.install(monkeypatch)
         fn = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_fla").fla_spectral_scan
         x, tol = {n: t.float().double() for n, t in x.items()}, 1e-4
-        run_fn = lambda *a, **kw: fn(*(t.float() for t in a), **{k: (w.float() if torch.is_tensor(w) else w)  # noqa: E731
-                                                                 for k, w in kw.items()})
+        def run_fn(*a, initial_state, output_final_state):  # float32 inputs (ModalTables.to as well)
+            return fn(*(t.to(torch.float32) for t in a), initial_state=initial_state.float(),
+                      output_final_state=output_final_state)
     else:
         run_fn, tol = lambda *a, **kw: chunk_spectral_scan(*a, chunk_size=64, **kw), 1e-9  # noqa: E731
     for name, g, r in zip(ARGS + ("initial_state",), _grads(run_fn, x), _grads(naive_spectral_scan, x)):
@@ -161,9 +164,9 @@ def test_gla_mapping_of_the_fla_path_resets_finitely():
     x = make_inputs(B=1, T=20, K=2, M=3, P=4, seed=5)
     x["rho"][0, 1] = 0.0
     x["clock"][0, 7, 1, 2] = math.inf
-    q, k, v, g, h0 = gla_inputs(*(x[n] for n in ARGS[:8]), initial_state=x["initial_state"])
+    q, k, v, g, h0 = gla_inputs(*(x[n] for n in ARGS[:4]), tables(x), initial_state=x["initial_state"])
     assert torch.isfinite(g).all()
-    z, h = gla_outputs(*naive_gla(q, k, v, g, h0), x["v"], x["write"], x["read"], x["theta"], x["kc"], x["a"])
+    z, h = gla_outputs(*naive_gla(q, k, v, g, h0), x["v"], x["write"], x["read"], tables(x))
     z_ref, h_ref = naive_spectral_scan(*(x[n] for n in ARGS), initial_state=x["initial_state"],
                                        output_final_state=True)
     torch.testing.assert_close(z, z_ref, rtol=1e-9, atol=1e-9)
@@ -186,7 +189,7 @@ def test_nan_input_keeps_gradients_of_earlier_positions_finite():
     x = make_inputs(B=1, T=40, K=2, M=3, P=4, seed=4)
     x["v"][0, 30, 0, 0] = math.nan
     v = x["v"].clone().requires_grad_(True)
-    z, _ = chunk_spectral_scan(v, *(x[n] for n in ARGS[1:]), chunk_size=16)
+    z, _ = chunk_spectral_scan(v, *(x[n] for n in ARGS[1:4]), tables(x), chunk_size=16)
     z[0, :30].sum().backward()
     assert torch.isfinite(v.grad).all()
 

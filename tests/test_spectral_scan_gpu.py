@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from elastic_ssm.ops import (
+    ModalTables,
     chunk_spectral_scan,
     naive_spectral_scan,
     resolve_backend,
@@ -46,8 +47,13 @@ def make_inputs(B=2, T=130, K=4, M=8, P=28, strong=False, seed=0, dtype=torch.fl
     return {n: t.to(device=device, dtype=dtype if n in low else torch.float32) for n, t in x.items()}
 
 
+PUBLIC = (naive_spectral_scan, spectral_scan)  # the nine-tensor signature; the package's paths take ModalTables
+
+
 def run(fn, x, **kw):
-    return fn(*(x[n] for n in NAMES[:9]), initial_state=x["initial_state"], output_final_state=True, **kw)
+    tables = [x[n] for n in NAMES[4:9]]
+    args = [x[n] for n in NAMES[:4]] + (tables if fn in PUBLIC else [ModalTables(*tables)])
+    return fn(*args, initial_state=x["initial_state"], output_final_state=True, **kw)
 
 
 def outputs_and_grads(fn, x, upcast=False, **kw):
@@ -148,7 +154,7 @@ def test_step_matches_scan_on_cuda(dtype):
     x = {n: t.to(dtype) for n, t in make_inputs(T=70, strong=True, dtype=dtype).items()}
     z_ref, h_ref = run(chunk_spectral_scan, x)
     state = x["initial_state"].clone()
-    zs = [spectral_scan_step(*(x[n][:, t] for n in NAMES[:4]), *(x[n] for n in NAMES[4:9]), state)[0]
+    zs = [spectral_scan_step(*(x[n][:, t] for n in NAMES[:4]), ModalTables(*(x[n] for n in NAMES[4:9])), state)[0]
           for t in range(70)]
     tol = 1e-10 if dtype == torch.float64 else 1e-4
     assert rel(torch.stack(zs, 1), z_ref.double()) < tol

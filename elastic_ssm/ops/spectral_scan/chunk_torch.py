@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .edges import capped_log_decay, host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
+from .inputs import ModalTables
 
 SUB_BLOCK = 16  # diagonal-block length when a whole chunk cannot be factorised
 
@@ -179,17 +180,14 @@ def chunk_spectral_scan(
     write: torch.Tensor,  # [B, T, K, M]
     read: torch.Tensor,  # [B, T, K, M]
     clock: torch.Tensor,  # [B, T, K, M]
-    rho: torch.Tensor,  # [K, M]
-    theta: torch.Tensor,  # [K, M]
-    kc: torch.Tensor,  # [K, M]
-    ks: torch.Tensor,  # [K, M]
-    a: torch.Tensor,  # [K, M]
+    modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
     initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame
     output_final_state: bool = False,
     chunk_size: int = 64,
     diagonal: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked scan (Algorithm 2); same contract as :func:`naive_spectral_scan`. Returns ``z [B, T, K, P]``.
+    """Chunked scan (Algorithm 2); the contract of :func:`naive_spectral_scan` with the modal tables as one
+    ``ModalTables``. Returns ``z [B, T, K, P]`` and ``H(T) [B, K, M, 2, P]`` or None.
 
     ``diagonal`` ("auto" | "factorized" | "pairwise") chooses how diagonal blocks are evaluated; "auto"
     factorises every mode whose decay span admits it. Inputs are assumed validated (see
@@ -199,6 +197,7 @@ def chunk_spectral_scan(
     and errors of 1e-1 instead of 1e-5 against the specification).
     """
     B, T, K, P = v.shape
+    rho, theta, kc, ks, a = modal
     M = rho.shape[-1]
     dt, dev = v.dtype, v.device
     if T == 0:

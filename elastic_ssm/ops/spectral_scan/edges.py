@@ -27,6 +27,8 @@ import math
 
 import torch
 
+from .inputs import ModalTables
+
 
 def reset_exponent(dtype: torch.dtype) -> float:
     """A log-decay from which ``exp(-x)`` is exactly 0 in ``dtype`` (about 105.3 in fp32, 746.5 in fp64):
@@ -55,11 +57,12 @@ def host_sync_allowed(x: torch.Tensor) -> bool:
     return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def validate_scan_values(clock, rho, theta, kc, ks, a) -> None:
+def validate_scan_values(clock: torch.Tensor, modal: ModalTables) -> None:
     """Raise ValueError unless ``clock >= 0`` (NaN allowed: it propagates as in the spec), ``0 <= rho <= 1``
     and ``theta, kc, ks, a`` are finite. One host sync (all flags in one transfer); call it where
     :func:`host_sync_allowed`."""
-    tables = (("theta", theta), ("kc", kc), ("ks", ks), ("a", a))
+    rho = modal.rho
+    tables = (("theta", modal.theta), ("kc", modal.kc), ("ks", modal.ks), ("a", modal.a))
     flags = torch.stack([(clock < 0).any(), ~((rho >= 0) & (rho <= 1)).all()]
                         + [~torch.isfinite(x).all() for _, x in tables]).tolist()
     if flags[0]:
@@ -72,12 +75,12 @@ def validate_scan_values(clock, rho, theta, kc, ks, a) -> None:
             raise ValueError(f"spectral_scan: {name} must be finite, it holds NaN or Inf")
 
 
-def poison_out_of_range(clock: torch.Tensor, rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def poison_out_of_range(clock: torch.Tensor, modal: ModalTables) -> tuple[torch.Tensor, ModalTables]:
     """The sync-free stand-in of :func:`validate_scan_values` for compiled regions: a negative clock and a
     ``rho`` outside ``[0, 1]`` become NaN (in-range values pass unchanged, bit for bit)."""
     clock = torch.where(clock < 0, math.nan, clock)
-    rho = torch.where((rho >= 0) & (rho <= 1), rho, math.nan)
-    return clock, rho
+    rho = torch.where((modal.rho >= 0) & (modal.rho <= 1), modal.rho, math.nan)
+    return clock, modal._replace(rho=rho)
 
 
 def isolate_nonfinite(v, write, read, clock, initial_state):
