@@ -63,9 +63,9 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
 
     from .elastic.export import check_export, export_tier
     from .elastic.model_card import model_card
-    from .models.base import atomic_write_bytes
     from .pipeline import build_data, fit_model_to_tokenizer, train_run
     from .run_config import RunConfig
+    from .utils.files import atomic_write_bytes
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
