@@ -146,7 +146,7 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False):
     if main and (out / "final").is_dir():
         import json
 
-        from .models.base import atomic_write_bytes
+        from .utils.files import atomic_write_bytes
 
         atomic_write_bytes(out / "parameters.json", json.dumps(params, indent=2).encode())
     if main:

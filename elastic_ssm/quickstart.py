@@ -60,12 +60,11 @@ def _monotone(rows: list[TierEval]) -> bool:
 
 def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control: bool = True,
                config: str | Path | None = None, overwrite: bool = False) -> dict[str, Any]:
-
     from .config import RunConfig
     from .elastic.export import check_export, export_tier
     from .elastic.model_card import model_card
-    from .models.base import atomic_write_bytes
     from .pipeline import build_data, fit_model_to_tokenizer, train_run
+    from .utils.files import atomic_write_bytes
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

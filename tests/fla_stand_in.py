@@ -6,6 +6,11 @@ returns ``(g_cumsum, A, h, ht, o)`` with ``g_cumsum`` the within-chunk cumulativ
 ``g=None`` and that ``g_cumsum`` (float32 gates), recomputes the states (``h=None``) and returns the
 gradients ``dq, dk, dv, dg, dh0``. The math is a float64 tokenwise recurrence; the backward is its ``torch.func.vjp``.
 ``install(monkeypatch)`` puts the stand-in into ``sys.modules`` and returns a dict of call records.
+
+Non-finite inputs: fla's forward evaluates each chunk as ``A @ V`` with a causally masked ``A`` (in
+``chunk_gla_fwd_kernel_o``), so a NaN/Inf value at position s reaches every earlier row of its chunk as
+``0 * NaN``. The stand-in reproduces the worst case of that: any non-finite ``q, k, v`` or ``g`` in a chunk of
+a head makes that whole chunk of the head's output NaN (the recurrence already carries it to later chunks).
 """
 
 import math
@@ -39,6 +44,17 @@ def _gate_from_cumsum(gc, C):
     return torch.where(first, g, g - prev)
 
 
+def _poison_chunks(o, inputs, C):
+    """NaN over every (chunk, head) of ``o [B, T, H, V]`` whose inputs hold a non-finite entry (see above)."""
+    B, T, H, _ = o.shape
+    n = -(-T // C)
+    bad = torch.zeros(B, n * C, H, dtype=torch.bool)
+    for x in inputs:
+        bad[:, :T] |= ~torch.isfinite(x).all(-1)
+    bad = bad.reshape(B, n, C, H).any(2, keepdim=True).expand(B, n, C, H).reshape(B, n * C, H)[:, :T]
+    return o.masked_fill(bad[..., None], math.nan)
+
+
 def _state0(q, v, h0):
     B, _, H, Dk = q.shape
     return torch.zeros(B, H, Dk, v.shape[-1], dtype=torch.float64) if h0 is None else h0.double()
@@ -55,6 +71,7 @@ def install(monkeypatch) -> dict:
         calls["chunk_size"] = chunk_size
         o, S = naive_gla(q.double(), k.double(), v.double(), g.double(), _state0(q, v, initial_state), scale)
         B, T, H, _ = q.shape
+        o = _poison_chunks(o, (q, k, v, g), chunk_size)
         A = torch.full((B, T, H, chunk_size), 7.0, dtype=torch.float32)
         return (_local_cumsum(g, chunk_size).float(), A, None, S.float() if output_final_state else None,
                 o.to(v.dtype))

@@ -15,6 +15,7 @@ from elastic_ssm.bench.peers import cast_matrices, match_ffn_width, transformer_
 from elastic_ssm.models.baselines import TransformerConfig, TransformerPP
 from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
+from elastic_ssm.ops.dispatch import resolve_decode_backend
 from elastic_ssm.ops.spectral_scan import decode_triton as dt
 from elastic_ssm.ops.spectral_scan.naive import naive_spectral_scan
 
@@ -55,11 +56,12 @@ def test_fused_step_validates_shapes():
     with pytest.raises(ValueError, match="state must be"):
         dt.spectral_decode_step(torch.randn(1, 36), torch.zeros(1, 4, 2, 2, 4), consts)
     with pytest.raises(ValueError, match="decode backend"):
-        dt.resolve_backend("cuda", torch.device("cpu"))
+        resolve_decode_backend("cuda", torch.device("cpu"))
 
 
 _INTERPRETER_CHECK = """
 import torch
+from elastic_ssm.ops import norm_swiglu as ns
 from elastic_ssm.ops.spectral_scan import decode_triton as dt
 for B, K, M, P in [(1, 4, 8, 28), (3, 5, 3, 64)]:
     table = torch.randn(K, 9, M)
@@ -71,9 +73,9 @@ for B, K, M, P in [(1, 4, 8, 28), (3, 5, 3, 64)]:
                                dt.spectral_step_torch(h, s, c), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(s2, s, rtol=1e-5, atol=1e-5)
 x, w = torch.randn(3, 100), torch.randn(100)
-torch.testing.assert_close(dt.rms_norm(x, w, 1e-6, "triton"), dt.rms_norm(x, w, 1e-6, "torch"))
+torch.testing.assert_close(ns.rms_norm(x, w, 1e-6, "triton"), ns.rms_norm(x, w, 1e-6, "torch"))
 hh = torch.randn(2, 2 * 1500)
-torch.testing.assert_close(dt.swiglu(hh, "triton"), dt.swiglu(hh, "torch"), rtol=1e-5, atol=1e-5)
+torch.testing.assert_close(ns.swiglu(hh, "triton"), ns.swiglu(hh, "torch"), rtol=1e-5, atol=1e-5)
 print("ok")
 """
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import elastic_ssm as es
 from elastic_ssm.layers.attention import SlidingWindowAttention, swa_block_mask, swa_flex, window_mask
 from elastic_ssm.models.essh import randomize_selective
+from elastic_ssm.ops import ModalTables
 
 NAMES = ("v", "write", "read", "clock", "rho", "theta", "kc", "ks", "a", "initial_state")
 
@@ -128,7 +129,9 @@ def test_fla_custom_ops_under_compile(monkeypatch):
 
     def run(fn, x):
         leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
-        z, h = fn(*(leaves[n] for n in NAMES[:9]), initial_state=leaves["initial_state"], output_final_state=True)
+        modal = ModalTables(*(leaves[n] for n in NAMES[4:9]))
+        z, h = fn(*(leaves[n] for n in NAMES[:4]), modal, initial_state=leaves["initial_state"],
+                  output_final_state=True)
         loss = (z * torch.linspace(-1, 1, z.shape[-1])).sum() + (h * h.detach().sign()).sum()
         return z.detach(), h.detach(), torch.autograd.grad(loss, [leaves[n] for n in NAMES])
 

@@ -11,6 +11,7 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm.ops import (
+    ModalTables,
     chunk_spectral_scan,
     naive_spectral_scan,
     resolve_backend,
@@ -69,8 +70,22 @@ def interaction_form(x):
     return z + torch.einsum("bkmt,kmtx,bkmxp->btkp", coef, qk, h0)
 
 
+PUBLIC = (naive_spectral_scan, spectral_scan)  # the nine-tensor signature of DESIGN.md
+
+
+def inputs_of(fn, x) -> list:
+    """Positional inputs of ``fn``: the nine tensors for the public ops; v, write, read, clock and one
+    ``ModalTables`` for the package's own paths (chunked torch and fla scans)."""
+    head = [x[n] for n in NAMES[:4]]
+    return head + [x[n] for n in NAMES[4:9]] if fn in PUBLIC else head + [tables(x)]
+
+
+def tables(x) -> ModalTables:
+    return ModalTables(*(x[n] for n in NAMES[4:9]))
+
+
 def run(fn, x, **kw):
-    return fn(*(x[n] for n in NAMES[:9]), initial_state=x["initial_state"], output_final_state=True, **kw)
+    return fn(*inputs_of(fn, x), initial_state=x["initial_state"], output_final_state=True, **kw)
 
 
 # (T, clock, strong mode): chunk-level, 16-level, mixed (factorised + pairwise) and pairwise plans all occur
@@ -171,8 +186,8 @@ def test_gradcheck(diagonal, clock):
     leaves = [x[n].clone().requires_grad_() for n in NAMES]
 
     def f(*args):
-        return chunk_spectral_scan(*args[:9], initial_state=args[9], output_final_state=True, chunk_size=16,
-                                   diagonal=diagonal)
+        return chunk_spectral_scan(*args[:4], ModalTables(*args[4:9]), initial_state=args[9],
+                                   output_final_state=True, chunk_size=16, diagonal=diagonal)
 
     assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-6, fast_mode=True)
 
@@ -193,7 +208,7 @@ def test_decode_steps_equal_scan():
     zs = []
     for t in range(x["v"].shape[1]):
         args = [x[n][:, t] for n in ("v", "write", "read", "clock")]
-        z_t, out = spectral_scan_step(*args, *(x[n] for n in NAMES[4:9]), state)
+        z_t, out = spectral_scan_step(*args, tables(x), state)
         assert out is state
         zs.append(z_t)
     assert (torch.stack(zs, 1) - z_ref).abs().max() < 1e-10
@@ -225,11 +240,10 @@ def naive_gla(q, k, v, g, h0):
 def test_gla_mapping_matches_spec(T):
     x = make_inputs(T=T, clock=0.5, strong=(2, 1, 30.0))
     leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
-    q, k, v, g, h0 = gla_inputs(*(leaves[n] for n in NAMES[:8]), initial_state=leaves["initial_state"])
+    q, k, v, g, h0 = gla_inputs(*inputs_of(gla_inputs, leaves), initial_state=leaves["initial_state"])
     assert q.shape == (2, T, 3, 8) and g.shape == q.shape and h0.shape == (2, 3, 8, 5)
     o, S = naive_gla(q, k, v, g, h0)
-    z, h = gla_outputs(o, S, leaves["v"], leaves["write"], leaves["read"], leaves["theta"], leaves["kc"],
-                       leaves["a"])
+    z, h = gla_outputs(o, S, leaves["v"], leaves["write"], leaves["read"], tables(leaves))
     z_ref, h_ref = run(naive_spectral_scan, x)
     assert (z - z_ref).abs().max() < 1e-10 and (h - h_ref).abs().max() < 1e-10
     loss = (z * torch.cos(z)).sum() + (h * h.detach().sign()).sum()
@@ -347,8 +361,10 @@ def test_bad_inputs(mutate, msg):
 
 def test_bad_step_inputs():
     x = make_inputs(T=2)
-    args = [x[n][:, 0] for n in ("v", "write", "read", "clock")] + [x[n] for n in NAMES[4:9]]
+    args = [x[n][:, 0] for n in ("v", "write", "read", "clock")]
     with pytest.raises(ValueError, match="state must be"):
-        spectral_scan_step(*args, x["initial_state"][:, :2])
+        spectral_scan_step(*args, tables(x), x["initial_state"][:, :2])
     with pytest.raises(ValueError, match="clock_t must be"):
-        spectral_scan_step(*args[:3], args[3][..., :2], *args[4:], x["initial_state"].clone())
+        spectral_scan_step(*args[:3], args[3][..., :2], tables(x), x["initial_state"].clone())
+    with pytest.raises(ValueError, match="rho must be"):
+        spectral_scan_step(*args, tables(x)._replace(rho=x["rho"][:2]), x["initial_state"].clone())

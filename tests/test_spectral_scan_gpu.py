@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from elastic_ssm.ops import (
+    ModalTables,
     chunk_spectral_scan,
     naive_spectral_scan,
     resolve_backend,
@@ -46,8 +47,13 @@ def make_inputs(B=2, T=130, K=4, M=8, P=28, strong=False, seed=0, dtype=torch.fl
     return {n: t.to(device=device, dtype=dtype if n in low else torch.float32) for n, t in x.items()}
 
 
+PUBLIC = (naive_spectral_scan, spectral_scan)  # the nine-tensor signature; the package's paths take ModalTables
+
+
 def run(fn, x, **kw):
-    return fn(*(x[n] for n in NAMES[:9]), initial_state=x["initial_state"], output_final_state=True, **kw)
+    tables = [x[n] for n in NAMES[4:9]]
+    args = [x[n] for n in NAMES[:4]] + (tables if fn in PUBLIC else [ModalTables(*tables)])
+    return fn(*args, initial_state=x["initial_state"], output_final_state=True, **kw)
 
 
 def outputs_and_grads(fn, x, upcast=False, **kw):
@@ -148,8 +154,98 @@ def test_step_matches_scan_on_cuda(dtype):
     x = {n: t.to(dtype) for n, t in make_inputs(T=70, strong=True, dtype=dtype).items()}
     z_ref, h_ref = run(chunk_spectral_scan, x)
     state = x["initial_state"].clone()
-    zs = [spectral_scan_step(*(x[n][:, t] for n in NAMES[:4]), *(x[n] for n in NAMES[4:9]), state)[0]
+    zs = [spectral_scan_step(*(x[n][:, t] for n in NAMES[:4]), ModalTables(*(x[n] for n in NAMES[4:9])), state)[0]
           for t in range(70)]
     tol = 1e-10 if dtype == torch.float64 else 1e-4
     assert rel(torch.stack(zs, 1), z_ref.double()) < tol
     assert rel(state, h_ref.double()) < tol
+
+
+# ---- edge values through fla (tests/test_scan_edges.py on CPU): one shape, the one T=130 above compiled ----
+EDGE = dict(B=2, T=130, K=4, M=8, P=28)
+
+
+def _edge_inputs(seed):
+    return make_inputs(**EDGE, seed=seed)
+
+
+def _fla_and_spec(x):
+    with torch.no_grad():
+        fast = run(spectral_scan, x, backend="fla")
+        spec = run(naive_spectral_scan, {n: t.double() for n, t in x.items()})
+    return spec, fast
+
+
+def _agree_where_finite(spec, fast):
+    """fla finite wherever the float64 spec is, and within the fp32 tolerance there (relative to the scale)."""
+    for s, f in zip(spec, fast):
+        fin = torch.isfinite(s)
+        assert torch.isfinite(f[fin]).all(), "fla is non-finite where the spec is finite"
+        scale = s[fin].abs().max().clamp_min(1e-30)
+        assert ((f[fin].double() - s[fin]).abs().max() / scale).item() < FWD_TOL[torch.float32]
+
+
+@pytest.mark.parametrize("where", ["v", "write", "clock", "read", "initial_state"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_edge_fla_nonfinite_input_stays_causal(where, bad):
+    """A NaN/Inf at position 37 (inside the first 64-chunk) leaves positions 0..36, the other row and the other
+    channels as the spec gives them; fla's per-chunk ``A @ V`` would spread it without the wrapper's isolation."""
+    x = _edge_inputs(seed=11)
+    t0, k = 37, 1
+    if where == "initial_state":
+        x[where][1, k, 2, 0, 0] = bad
+    elif where == "v":
+        x[where][1, t0, k, 3] = bad
+    else:
+        x[where][1, t0, k, 2] = bad
+    spec, fast = _fla_and_spec(x)
+    _agree_where_finite(spec, fast)
+    z = fast[0]
+    others = [c for c in range(EDGE["K"]) if c != k]
+    assert torch.isfinite(z[0]).all() and torch.isfinite(z[1][:, others]).all()
+    if where != "initial_state":
+        assert torch.isfinite(z[1, :t0]).all()
+    if where == "clock" and bad == math.inf:  # a reset: finite everywhere, as in the spec
+        assert torch.isfinite(z).all() and torch.isfinite(fast[1]).all()
+    else:
+        assert not torch.isfinite(z[1, t0 if where != "initial_state" else 0, k]).all()
+
+
+def test_edge_fla_zero_rho_and_infinite_clocks_are_finite_resets():
+    """rho = 0 and +inf clocks (also every position from a chunk boundary on): the forget gate is capped at an
+    exact reset, so outputs, state and every gradient stay finite and match the spec."""
+    x = _edge_inputs(seed=12)
+    x["rho"][0, 1] = 0.0
+    x["clock"][0, 5, 2, 3] = math.inf
+    x["clock"][1, 64:, 1, 0] = math.inf
+    spec, fast = _fla_and_spec(x)
+    assert all(torch.isfinite(s).all() for s in spec) and all(torch.isfinite(f).all() for f in fast)
+    _agree_where_finite(spec, fast)
+    z, h, grads = outputs_and_grads(spectral_scan, x, backend="fla")
+    for name, g in zip(NAMES, grads):
+        assert g is not None and torch.isfinite(g).all(), name
+
+
+@pytest.mark.parametrize("size", [1e2, 1e6, 1e30])
+def test_edge_fla_isolated_large_clocks_stay_accurate(size):
+    x = _edge_inputs(seed=13)
+    for t in (3, 40, 64, 100):
+        x["clock"][:, t, t % EDGE["K"], t % EDGE["M"]] = size
+    _agree_where_finite(*_fla_and_spec(x))
+
+
+def test_edge_fla_nan_keeps_gradients_of_earlier_positions_finite():
+    x = _edge_inputs(seed=14)
+    x["v"][0, 100, 0, 0] = math.nan
+    v = x["v"].clone().requires_grad_(True)
+    z, _ = spectral_scan(v, *(x[n] for n in NAMES[1:9]), backend="fla")
+    z[0, :100].sum().backward()
+    assert torch.isfinite(v.grad).all()
+
+
+@pytest.mark.parametrize("name,value,match", [("clock", -1e-3, "clock must be >= 0"), ("rho", 1.5, "rho must lie in")])
+def test_edge_public_op_checks_value_ranges_on_cuda(name, value, match):
+    x = _edge_inputs(seed=15)
+    x[name].view(-1)[0] = value
+    with pytest.raises(ValueError, match=match):
+        spectral_scan(*(x[n] for n in NAMES[:9]), backend="fla")

@@ -153,6 +153,32 @@ def test_ffn_grad_scale_scales_only_ffn_weight_grads(tiny_cfg):
             assert torch.equal(grads[1][1][n], g), n
 
 
+def test_ffn_grad_scaled_is_scoped_to_its_block(tiny_cfg):
+    """The training knob lives in train/ (not in the model's forward): set on every FFN inside the block,
+    restored after it, also when the block raises; the full-capacity teacher pass of a refinement step runs
+    outside it, so only the student's FFN gradients are scaled."""
+    from elastic_ssm.train.losses import ffn_grad_scaled
+
+    model = _tiny(tiny_cfg)
+    with ffn_grad_scaled(model, 0.5):
+        assert {f.grad_scale for f in model.ffn_layers()} == {0.5}
+    assert {f.grad_scale for f in model.ffn_layers()} == {None}
+    with pytest.raises(RuntimeError), ffn_grad_scaled(model, 0.25):
+        raise RuntimeError
+    assert {f.grad_scale for f in model.ffn_layers()} == {None}
+    lm, (ids, labels) = LossModule(model), _micro_batches(1)[0]
+    tier = model.resolve_tier(0.25)
+    grads = []
+    for scale in (None, 0.5):   # refinement: CE(full) + CE(T) + TV; the full pass keeps its gradient
+        model.zero_grad()
+        lm(ids, labels, tier=tier, ffn_grad_scale=scale, distill=("tv", 5.0), full_ce=True)[0].backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if n.endswith("ffn.w_out.weight")})
+    n_ff = tier.n_ff
+    for n, g in grads[0].items():   # units beyond the tier see only the full pass: unscaled
+        assert torch.equal(grads[1][n][:, n_ff:], g[:, n_ff:]) and g[:, n_ff:].abs().max() > 0, n
+        assert not torch.allclose(grads[1][n][:, :n_ff], g[:, :n_ff]), n
+
+
 def test_loss_sums_kl_and_tv_by_hand():
     g = torch.Generator().manual_seed(1)
     s, t = torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g)

@@ -6,7 +6,7 @@ step is timed after ``os.sync()`` so that earlier dirty pages do not land in the
 
 * ``hash``: ``hashlib.sha256`` of the serialised ``model.safetensors`` bytes alone;
 * ``plain`` / ``hashed``: write + fsync of those bytes without a hash, and through
-  ``models.base.atomic_write_bytes`` (temporary file, fsync, rename, hash in a thread beside the write),
+  ``utils.files.atomic_write_bytes`` (temporary file, fsync, rename, hash in a thread beside the write),
   alternating ``repeats`` times;
 * ``save_model_dir``: what a checkpoint's ``model/`` costs (serialise, hashed write, ``config.json``);
 * ``load verify=False`` / ``load verify=True``: ``from_pretrained`` without and with the check.
@@ -67,7 +67,7 @@ def measure(preset: str, root: Path, repeats: int) -> dict[str, float]:
     from safetensors.torch import save
 
     from ..config import ESSHConfig
-    from ..models.base import atomic_write_bytes
+    from ..utils.files import atomic_write_bytes
     from ..models.essh import ESSH
     from ..train.checkpoint import save_model_dir
 

@@ -68,17 +68,18 @@ def _call(fn, x, **kw):
 
 
 def _fn(path: str):
-    from ..ops import spectral_scan
+    from ..ops import ModalTables, spectral_scan
     from ..ops.spectral_scan.chunk_fla import fla_spectral_scan
 
     if path == "fla bf16/bf16":
-        return fla_spectral_scan, {"compute_dtype": None}
+        return (lambda v, w, r, c, *tables, **kw: fla_spectral_scan(v, w, r, c, ModalTables(*tables), **kw),
+                {"compute_dtype": None})
     return spectral_scan, {"backend": path.split()[0]}
 
 
 def run_scan_timing(opts: ScanTimingOptions, ctx) -> list[dict]:
     """Rows ``{"label", "path", "B", "T", "K", "M", "P", "fwd_ms", "fwd_bwd_ms"}`` and ``{"label", "ms"}``."""
-    from ..ops import spectral_scan_step
+    from ..ops import ModalTables, spectral_scan_step
 
     if not torch.cuda.is_available():
         raise RuntimeError("the scan timing runs the fla and CUDA paths: it needs a CUDA device")
@@ -118,7 +119,10 @@ def run_scan_timing(opts: ScanTimingOptions, ctx) -> list[dict]:
             from ..ops.spectral_scan.chunk_fla import gla_inputs
 
             x = scan_inputs(opts.batch, opts.length, opts.channels, opts.modes, opts.widths[0])
-            q, k, v, g, h0 = gla_inputs(*(x[n] for n in _NAMES[:8]), initial_state=x["initial_state"])
+            from ..ops import ModalTables
+
+            q, k, v, g, h0 = gla_inputs(*(x[n] for n in _NAMES[:4]), ModalTables(*(x[n] for n in _NAMES[4:9])),
+                                        initial_state=x["initial_state"])
             g, h0 = g.float(), h0.float()
             with torch.no_grad():
                 ms = med(lambda: chunk_gla(q, k, v, g, scale=1.0, initial_state=h0, output_final_state=True))
@@ -128,7 +132,7 @@ def run_scan_timing(opts: ScanTimingOptions, ctx) -> list[dict]:
     for B in opts.step_batches:
         y = scan_inputs(B, 1, opts.channels, opts.modes, opts.widths[0])
         state = y["initial_state"].clone()
-        args = [y[n][:, 0] for n in _NAMES[:4]] + [y[n] for n in _NAMES[4:9]]
+        args = [y[n][:, 0] for n in _NAMES[:4]] + [ModalTables(*(y[n] for n in _NAMES[4:9]))]
         rows.append({"label": f"torch decode step B{B} P{opts.widths[0]}", "B": B,
                      "ms": summarize(time_fn(lambda a=args, s=state: spectral_scan_step(*a, s), 5, 50, dev))["ms"]})
     return rows

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from ..utils.files import atomic_write_text, atomic_writer
 from .corpora import cap_bytes, iter_documents, stdlib_root
 from .packing import TokenArray, iter_token_chunks, pack_documents
 from .tokenizers import load_tokenizer
@@ -37,12 +37,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 65535 else np.dtype(np.uint32)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None = None, *,
             text_field: str = "text", max_tokens: int | None = None, show_progress: bool = True) -> TokenFile:
     """Tokenize every document of ``source`` (see ``iter_documents``) into the token file ``out_path``.
@@ -54,7 +48,6 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tok.vocab_size)
-    tmp = out_path.with_name(f".{out_path.name}.tmp{os.getpid()}")
     digest, count, n_docs, pending, n_pending = hashlib.sha256(), 0, 0, [], 0
     bar = None
     if show_progress:
@@ -76,7 +69,7 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
         pending, n_pending = [], 0
 
     try:
-        with open(tmp, "wb") as f:
+        with atomic_writer(out_path) as f:   # replaces out_path only when the block completes
             docs = counted(iter_documents(source, split, text_field=text_field))
             for chunk in iter_token_chunks(docs, tok):
                 if max_tokens is not None:
@@ -94,10 +87,10 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
                     break
             if pending:
                 flush(f)
-            f.flush()
-            os.fsync(f.fileno())
-        if count == 0:
-            raise ValueError(f"source {source!r} (split={split}) produced no tokens")
+            if count == 0:
+                raise ValueError(f"source {source!r} (split={split}) produced no tokens")
+            sidecar = sidecar_path(out_path)
+            sidecar.unlink(missing_ok=True)   # never an old sidecar beside the new tokens
         meta = {
             "format": FORMAT, "version": VERSION, "dtype": dtype.name, "count": count,
             "tokenizer": tok.spec, "tokenizer_sha256": getattr(tok, "sha256", None),
@@ -109,12 +102,8 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
 
             meta["python"] = sys.version.split()[0]
             meta["stdlib_root"] = str(stdlib_root())
-        sidecar = sidecar_path(out_path)
-        sidecar.unlink(missing_ok=True)
-        os.replace(tmp, out_path)
-        _atomic_write_text(sidecar, json.dumps(meta, indent=2) + "\n")
+        atomic_write_text(sidecar, json.dumps(meta, indent=2) + "\n")
     finally:
-        tmp.unlink(missing_ok=True)
         if bar is not None:
             bar.close()
     return TokenFile(out_path)

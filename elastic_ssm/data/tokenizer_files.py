@@ -83,7 +83,7 @@ def save_tokenizer_files(tok: Tokenizer, directory: str | Path) -> list[str]:
 
     Returns the names written. The byte tokenizer's ``tokenizer.json`` needs the ``tokenizers`` package;
     without it only ``elastic_tokenizer.json`` is written (enough for this library's own loaders)."""
-    from ..models.base import atomic_write_bytes
+    from ..utils.files import atomic_write_bytes
 
     directory = Path(directory)
     written = []

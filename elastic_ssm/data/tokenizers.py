@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..utils.files import atomic_write_text
+
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<sep>")
 META_FILE = "elastic_tokenizer.json"
 _INSTALL_HINT = 'BPE tokenizers need the `tokenizers` package: pip install "elastic-ssm[data]"'
@@ -84,7 +86,7 @@ class ByteTokenizer:
         meta = {"type": "bytes", "vocab_size": self.vocab_size,
                 "specials": dict(zip(SPECIAL_TOKENS, (self.PAD, self.BOS, self.EOS, self.SEP)))}
         path = directory / META_FILE
-        path.write_text(json.dumps(meta, indent=2) + "\n")
+        atomic_write_text(path, json.dumps(meta, indent=2) + "\n")
         return path
 
     def __repr__(self) -> str:
@@ -177,7 +179,7 @@ class BPETokenizer:
         self._tok.save(str(directory / "tokenizer.json"))
         meta = {"type": "bpe", "file": "tokenizer.json", "vocab_size": self.vocab_size,
                 "specials": {r: i for r, i in self._ids.items()}, "sha256": self.sha256}
-        (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        atomic_write_text(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
         return directory / "tokenizer.json"
 
     def __repr__(self) -> str:

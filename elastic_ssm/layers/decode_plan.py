@@ -12,7 +12,7 @@ one decode step on the residual stream ``x`` [B, D]:
   products, the same recurrent / window kernels; returns the new ``x``.
 
 The math of every plan is its layer's ``step`` (the reference it is tested against); the kernels live in
-``ops/`` (``ops.gemv``, ``ops.spectral_scan.decode_triton``, ``ops.swa_decode``).
+``ops/`` (``ops.gemv``, ``ops.norm_swiglu``, ``ops.spectral_scan.decode_triton``, ``ops.swa_decode``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.gemv import gemv_accumulate, norm_gemv, norm_swiglu_gemv
-from ..ops.spectral_scan.decode_triton import ModalConstants, rms_norm, spectral_decode_step, swiglu
+from ..ops.norm_swiglu import rms_norm, swiglu
+from ..ops.spectral_scan.decode_triton import ModalConstants, spectral_decode_step
 from ..ops.swa_decode import swa_decode_step
 
 __all__ = ["DecodeOptions", "SpectralPlan", "AttentionPlan", "FFNPlan", "in_by_out_copy"]

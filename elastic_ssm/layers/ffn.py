@@ -3,9 +3,10 @@
 Both products are ``nn.Linear`` modules without bias, unit-ordered so a tier keeps a prefix (ESSH D.2):
 ``w_in.weight`` [2F, D] holds the gate and up rows of unit h at rows 2h and 2h + 1 (a row prefix of 2 n_ff),
 ``w_out.weight`` [D, F] the down-projection column of unit h as column h (a column prefix).
-``forward(x, n_ff, grad_scale)`` evaluates only the first ``n_ff`` units and, for reduced-capacity
-micro-batches, applies W_hat = a W + (1 - a) sg(W) to the retained weights (ESSH D.4: forward unchanged,
-parameter gradients scaled by a = alpha_ff).
+``forward(x, n_ff)`` evaluates only the first ``n_ff`` units. While ``grad_scale`` is set (a float a, by the
+trainer for the forward of a reduced-capacity micro-batch: ``train.losses.ffn_grad_scaled``; None otherwise)
+it applies W_hat = a W + (1 - a) sg(W) to the retained weights (ESSH D.4: forward unchanged, parameter
+gradients scaled by a = alpha_ff). The knob is the trainer's; the layer only knows the reparameterisation.
 
 For the importance ordering (ESSH D.3) the layer can keep a running mean of squared unit activations
 ``act_sq`` [F] on full-width calls when ``track_activations`` is set (training state, not a parameter).
@@ -52,6 +53,7 @@ class SwiGLU(nn.Module):
         self.init_std, self.out_std = init_std, out_std if out_std is not None else init_std
         self.w_in = empty_linear(d_model, 2 * d_ff)     # weight [2F, D], rows (gate_h, up_h)
         self.w_out = empty_linear(d_ff, d_model)        # weight [D, F], column h = unit h
+        self.grad_scale: float | None = None   # D.4's alpha_ff, set by train.losses.ffn_grad_scaled
         self.track_activations = False
         self.stat_decay = 0.99
         self.act_sq: torch.Tensor | None = None                   # [F] running mean of a_h^2
@@ -64,8 +66,10 @@ class SwiGLU(nn.Module):
             nn.init.normal_(self.w_in.weight, std=self.init_std)
             self.w_out.weight.copy_(self.w_out.weight.new_empty(self.d_ff, self.d_model).normal_(std=self.out_std).t())
 
-    def forward(self, x: torch.Tensor, n_ff: int | None = None, grad_scale: float | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, n_ff: int | None = None) -> torch.Tensor:
+        """x [..., D] -> [..., D] through the first ``n_ff`` units (None: all)."""
         n = self.d_ff if n_ff is None else n_ff
+        grad_scale = self.grad_scale
         scaled = grad_scale is not None and grad_scale != 1.0
         if scaled:   # W_hat of D.4 on the retained prefixes ([2F', D] rows, [D, F'] columns)
             h = F.linear(x, scale_grad(linear_weight(self.w_in, rows=2 * n), grad_scale))

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
 from ..ops.spectral_scan.decode_triton import ModalConstants
+from ..ops.spectral_scan.inputs import ModalTables
 from .decode_plan import SpectralPlan, in_by_out_copy
 
 
@@ -99,12 +100,12 @@ class SpectralMixer(nn.Module):
             write = write * valid[..., None, None].to(dtype)
         return v.to(dtype), write, read, clock
 
-    def _modal(self, K: int, dtype: torch.dtype | None = None):
-        """rho, theta, kc, ks, a [K, M] in ``dtype`` (default: at least fp32; bf16 would round
-        rho ~ 1 - 1e-4 to 1). rho = exp(-softplus(rho_raw)) (C.3)."""
+    def _modal(self, K: int, dtype: torch.dtype | None = None) -> ModalTables:
+        """The modal tables rho, theta, kc, ks, a [K, M] of the first K channels in ``dtype`` (default: at least
+        fp32; bf16 would round rho ~ 1 - 1e-4 to 1). rho = exp(-softplus(rho_raw)) (C.3)."""
         dt = dtype or torch.promote_types(self.theta.dtype, torch.float32)
         rho = torch.exp(-F.softplus(prefix(self.rho_raw, K).to(dt)))
-        return rho, *(prefix(t, K).to(dt) for t in (self.theta, self.kc, self.ks, self.a))
+        return ModalTables(rho, *(prefix(t, K).to(dt) for t in (self.theta, self.kc, self.ks, self.a)))
 
     def _readout(self, z: torch.Tensor, K: int) -> torch.Tensor:
         """z [..., K, P] -> y [..., D] = K^{-1/2} W^out z (first K*P columns of W^out)."""
@@ -126,12 +127,13 @@ class SpectralMixer(nn.Module):
                 initial_state: torch.Tensor | None = None, output_final_state: bool = False,
                 backend: str = "auto"):
         """u [B,T,D] -> y [B,T,D] (and the final state [B,K,M,2,P] when ``output_final_state``)."""
-        from ..ops import spectral_scan
+        from ..ops.spectral_scan import scan
 
         K = self.K if K is None else K
         v, write, read, clock = self._controls(u, K, valid)
-        z, state = spectral_scan(v, write, read, clock, *self._modal(K), initial_state=initial_state,
-                                 output_final_state=output_final_state, backend=backend)
+        # gates in (0, 2), clock = softplus >= 0 and rho = exp(-softplus) in [0, 1] by construction: no range check
+        z, state = scan(v, write, read, clock, self._modal(K), initial_state=initial_state,
+                        output_final_state=output_final_state, backend=backend, check_values=False)
         y = self._readout(z, K)
         return (y, state) if output_final_state else y
 
@@ -163,7 +165,7 @@ class SpectralMixer(nn.Module):
 
         K = channels(tier, self.K)
         v, write, read, clock = self._controls(u, K, None)
-        z, _ = spectral_scan_step(v, write, read, clock, *self._modal(K), state)
+        z, _ = spectral_scan_step(v, write, read, clock, self._modal(K), state)
         return self._readout(z, K)
 
     @torch.no_grad()
@@ -176,7 +178,7 @@ class SpectralMixer(nn.Module):
         K, P, M, d = channels(tier, self.K), self.P, self.M, torch.float64
         w_in = linear_weight(self.in_proj, rows=K * (P + 3 * M))
         w_out = linear_weight(self.out_proj, cols=K * P)
-        consts = ModalConstants.pack(prefix(self.gate_bias, K).to(d), *self._modal(K, d),
+        consts = ModalConstants.pack(prefix(self.gate_bias, K).to(d), self._modal(K, d),
                                      prefix(self.beta, K).to(d), P, self.blend_eps, state_dtype)
         return SpectralPlan(w_in, w_out, consts, in_by_out_copy(w_out, split_copy))
 

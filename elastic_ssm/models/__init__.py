@@ -9,6 +9,7 @@ from typing import Any
 
 from ..config import TierLike
 from .base import CheckpointError, ElasticModel
+from .compile import compile_model
 
 __all__ = ["CheckpointError", "ElasticModel", "load_pretrained", "model_class", "build_model", "compile_model"]
 
@@ -29,27 +30,19 @@ def model_class(arch: str) -> type[ElasticModel]:
     raise CheckpointError(f"unknown model arch {arch!r}; expected 'essh', 'es_ssm', 'transformer' or 'matformer'")
 
 
-def build_model(config: Any) -> ElasticModel:
+def build_model(config: Any, seed: int | None = None) -> ElasticModel:
     """A freshly initialised model for a model config (``ESSHConfig``, ``ESSSMConfig``, ``TransformerConfig``,
-    ``MatFormerConfig``: the class named by the config's ``arch``)."""
+    ``MatFormerConfig``: the class named by the config's ``arch``). With ``seed`` the global torch RNG is
+    seeded first, so a seed gives the same model (what ``train`` does with ``TrainConfig.seed``)."""
     arch = getattr(type(config), "arch", None)
     if not isinstance(arch, str):
         raise TypeError(f"build_model needs a model config (ESSHConfig, ESSSMConfig, TransformerConfig, "
                         f"MatFormerConfig), got {type(config).__name__}")
+    if seed is not None:
+        import torch
+
+        torch.manual_seed(seed)
     return model_class(arch)(config)
-
-
-def compile_model(model: ElasticModel, **kw: Any) -> ElasticModel:
-    """``torch.compile`` an ESSH's forward and backward in place (see ``ESSH.compile_forward``); returns it.
-
-    ``kw`` goes to ``torch.compile`` (default ``dynamic=False``). Other models are compiled per block.
-    """
-    if hasattr(model, "compile_forward"):
-        return model.compile_forward(**kw)
-    kw.setdefault("dynamic", False)
-    for block in getattr(model, "blocks", []):
-        block.compile(**kw)
-    return model
 
 
 def load_pretrained(path: str | Path, tier: TierLike = None, **kw: Any) -> ElasticModel:

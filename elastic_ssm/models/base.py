@@ -25,9 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -38,6 +36,7 @@ from torch import nn
 from ..config import ConfigBase, TierLike
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
+from ..utils.files import atomic_write_bytes
 from .legacy import legacy_names, refuse_legacy, upgrade_state_dict
 
 FORMAT_VERSION = 1
@@ -49,49 +48,6 @@ HF_KEYS = {"essh": {"model_type": "essh", "architectures": ["ESSHForCausalLM"]}}
 
 class CheckpointError(RuntimeError):
     """A saved model directory is missing, corrupted or does not match its config."""
-
-
-def _umask() -> int:
-    """The process umask: from /proc on Linux (no side effect), else by setting and restoring it."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> str:
-    """Write ``data`` to ``path`` via a temporary file in the same directory and ``os.replace``; returns the
-    sha256 hex digest of ``data``, hashed in a thread while the bytes are written (hashlib releases the GIL),
-    so the checksum costs about max(hash, write) rather than their sum.
-
-    The file gets the mode a plain ``open(path, "w")`` would give it (0666 less the umask, so 0644 under
-    the usual umask 022): ``mkstemp`` creates its files 0600, unreadable to other users or a serving
-    container."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with ThreadPoolExecutor(1) as pool:
-            digest = pool.submit(lambda: hashlib.sha256(data).hexdigest())
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            hexdigest = digest.result()
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return hexdigest
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 26) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..elastic.slicing import has_float_weight
+from .compile import compiled_trunk
 from .fast_decode import FastDecoder
 from .prefill_graph import PrefillGraph, length_bucket
 
@@ -155,7 +156,7 @@ class FusedSession:
         self.step = self.fd.step
 
     def uses_prefill_graph(self) -> bool:
-        return self.fd.device.type == "cuda" and self.model.__dict__.get("_compiled_trunk") is not None
+        return self.fd.device.type == "cuda" and compiled_trunk(self.model) is not None
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 graph: bool = True) -> torch.Tensor:

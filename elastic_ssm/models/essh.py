@@ -6,6 +6,10 @@ give the logits. ``forward(input_ids, tier=...)`` evaluates the shared model at 
 keep their first K_T channels and FFNs their first n_ff,T units (prefix views from
 ``elastic/slicing.py``); nothing of discarded channels or units is computed. Attention, embeddings and
 norms are shared by every tier (Sec. 4.2).
+
+Architecture only: compiling the trunk and resolving the scan backend live in ``compile.py``, the training
+knob of FFN gradient scaling (D.4) in ``train/losses.py`` (``ffn_grad_scaled``), test helpers in
+``testing.py`` (``randomize_selective``, still importable from here).
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ from ..layers.norm import RMSNorm
 from ..layers.spectral_mixer import SpectralMixer
 from .base import ElasticModel
 from .cache import ESSHCache
+from .compile import compile_trunk, scan_backend, trunk_for
 from .generation import GenerationMixin
+from .testing import randomize_selective
+
+__all__ = ["ESSH", "ESSHBlock", "randomize_selective"]
 
 #: Channel-indexed tensors of the spectral mixers, cut to the first K_T channels: rows (dim 0) ...
 _MIXER_TENSORS = r"blocks\.\d+\.mixer\.(gate_bias|rho_raw|theta|kc|ks|a|beta)"
@@ -53,35 +61,15 @@ class ESSHBlock(nn.Module):
         self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.d_model, cfg.d_ff, init_std=cfg.init_std, out_std=out_std)
 
-    def forward(self, x, tier: Tier, positions, valid, state=None, ffn_grad_scale=None, backend="auto"):
+    def forward(self, x, tier: Tier, positions, valid, state=None, backend="auto"):
         """x [B,T,D] -> [B,T,D]; ``state`` (this layer's slice of a decode cache) is filled by the mixer."""
         x = x + self.mixer.mix(self.norm1(x), tier, positions, valid, state, backend)
-        return x + self.ffn(self.norm2(x), tier.n_ff, ffn_grad_scale)
+        return x + self.ffn(self.norm2(x), tier.n_ff)
 
     def step(self, x, tier: Tier, state):
         """One token: x [B,D] -> [B,D]; the mixer's ``step`` advances ``state`` (its cache slice)."""
         x = x + self.mixer.step(self.norm1(x), state, tier)
         return x + self.ffn(self.norm2(x), tier.n_ff)
-
-
-@torch.no_grad()
-def randomize_selective(model: ESSH, ffn_out_std: float = 0.05, zero_lag: bool = False) -> ESSH:
-    """Move a freshly initialised ESSH away from its near-identity start (gates at one, beta 0), for tests
-    and shape benchmarks: random gate/clock weights (std 0.3) and biases (std 0.5), blend beta in [0, 1),
-    SwiGLU down projections with std ``ffn_out_std``; with ``zero_lag`` also a ~ U[0, 1). Uses the global
-    torch RNG; returns ``model``."""
-    c = model.config
-    P = c.value_width
-    for b in model.blocks:
-        if b.kind == "S":
-            b.mixer.in_proj.weight.view(-1, P + 3 * c.n_modes, c.d_model)[:, P:].normal_(std=0.3)
-            b.mixer.gate_bias.normal_(std=0.5)
-            b.mixer.beta.uniform_(0, 1)
-            if zero_lag:
-                b.mixer.a.uniform_(0, 1)
-        w = b.ffn.w_out.weight
-        w.copy_(w.new_empty(c.d_ff, c.d_model).normal_(std=ffn_out_std).t())   # drawn unit-major
-    return model
 
 
 class ESSH(GenerationMixin, ElasticModel):
@@ -156,80 +144,42 @@ class ESSH(GenerationMixin, ElasticModel):
                              "step() (or allocate a new cache and prefill the whole prefix)")
         return t, valid, positions
 
-    def _scan_backend(self, backend: str, device: torch.device) -> str:
-        """The scan backend name for this device, resolved eagerly (the compiled trunk gets a constant)."""
-        from ..ops import resolve_backend
-
-        mixer = next((b.mixer for b in self.blocks if b.kind == "S"), None)
-        if mixer is None:
-            return backend
-        dtype = torch.promote_types(mixer.theta.dtype, torch.float32)  # the scan's compute dtype
-        return resolve_backend(backend, torch.empty(0, device=device, dtype=dtype))
-
     def _trunk(self, input_ids: torch.Tensor, t: Tier, positions: torch.Tensor, valid: torch.Tensor | None,
-               cache: ESSHCache | None, ffn_grad_scale: float | None, backend: str,
-               logits: bool) -> torch.Tensor:
-        """Embedding, blocks and final norm (and the logits when ``logits``): what ``compile`` compiles."""
+               cache: ESSHCache | None, backend: str, logits: bool) -> torch.Tensor:
+        """Embedding, blocks and final norm (and the logits when ``logits``): what ``compile.py`` compiles."""
         x = self.embed(input_ids)
         states = [None] * len(self.blocks) if cache is None else cache.layers
         for block, state in zip(self.blocks, states):
-            x = block(x, t, positions, valid, state, ffn_grad_scale, backend)
+            x = block(x, t, positions, valid, state, backend)
         x = self.norm_f(x)
         return self.logits_from_hidden(x) if logits else x
 
-    def _run(self, input_ids, tier, attention_mask, cache, ffn_grad_scale, backend, logits: bool):
+    def _run(self, input_ids, tier, attention_mask, cache, backend, logits: bool):
         t, valid, positions = self._prepare(input_ids, tier, attention_mask, cache)
-        backend = self._scan_backend(backend, input_ids.device)
-        compiled = self.__dict__.get("_compiled_trunk")
-        trunk = compiled if compiled is not None and cache is None else ESSH._trunk
-        out = trunk(self, input_ids, t, positions, valid, cache, ffn_grad_scale, backend, logits)
+        backend = scan_backend(self, backend, input_ids.device)  # eager: the compiled trunk gets a constant
+        out = trunk_for(self, cache)(self, input_ids, t, positions, valid, cache, backend, logits)
         if cache is not None:
             cache.positions += input_ids.shape[1] if valid is None else valid.long().sum(1)
         return out
 
     def hidden_states(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
-                      cache: ESSHCache | None = None, ffn_grad_scale: float | None = None,
-                      backend: str = "auto") -> torch.Tensor:
+                      cache: ESSHCache | None = None, backend: str = "auto") -> torch.Tensor:
         """Final-normed hidden states [B,T,D]. ``attention_mask`` [B,T] marks real tokens (left padding)."""
-        return self._run(input_ids, tier, attention_mask, cache, ffn_grad_scale, backend, logits=False)
+        return self._run(input_ids, tier, attention_mask, cache, backend, logits=False)
 
     def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(h, w)
 
     def forward(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
-                cache: ESSHCache | None = None, ffn_grad_scale: float | None = None,
-                backend: str = "auto") -> torch.Tensor:
+                cache: ESSHCache | None = None, backend: str = "auto") -> torch.Tensor:
         """Logits [B,T,V] of the shared model at ``tier`` (None: full capacity)."""
-        return self._run(input_ids, tier, attention_mask, cache, ffn_grad_scale, backend, logits=True)
+        return self._run(input_ids, tier, attention_mask, cache, backend, logits=True)
 
     def compile_forward(self, **kw: Any) -> ESSH:
-        """``torch.compile`` the model's forward and backward in place; returns ``self``.
-
-        Compiled: embedding, every block and the final norm and logits (one graph per input shape, tier,
-        padding mode and ``ffn_grad_scale``); the input checks, tier resolution and positions stay eager
-        (they read tensors on the host), and calls with a ``cache`` (prefill for generation) run eagerly.
-        The fla scan kernels are custom ops (``ops/spectral_scan/gla_op.py``), opaque to the compiler; the
-        CPU scan takes its sync-free pairwise plan under compile. ``kw`` goes to ``torch.compile``
-        (default ``dynamic=False``: shapes are specialised). ``compile_forward(disable=True)`` undoes it.
-        """
-        if kw.pop("disable", False):
-            self.__dict__.pop("_compiled_trunk", None)
-            return self
-        import torch._dynamo
-
-        from ..ops.dispatch import prepare_compile
-
-        prepare_compile()
-        limit = 64  # graphs per code object: shapes x tiers x padding modes
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
-        kw.setdefault("dynamic", False)
-        # The unbound method, called with the model as argument: a deep copy of the model keeps working on
-        # its own weights (a compiled bound method would be shared by reference and run the original).
-        self.__dict__["_compiled_trunk"] = torch.compile(ESSH._trunk, **kw)
-        return self
+        """``torch.compile`` the model's forward and backward in place (the trunk: ``compile.compile_trunk``);
+        returns ``self``. ``kw`` goes to ``torch.compile``; ``compile_forward(disable=True)`` undoes it."""
+        return compile_trunk(self, **kw)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, cache: ESSHCache) -> torch.Tensor:

@@ -37,9 +37,10 @@ import torch
 import torch.nn.functional as F
 
 from ..layers.decode_plan import DecodeOptions
+from ..ops.dispatch import resolve_decode_backend
 from ..ops.gemv import MAX_FUSED_BATCH, norm_gemv
+from ..ops.norm_swiglu import rms_norm
 from ..ops.pdl import resolve_pdl
-from ..ops.spectral_scan.decode_triton import resolve_backend, rms_norm
 from .cache import ESSHCache
 
 __all__ = ["FastDecoder"]
@@ -80,7 +81,7 @@ class FastDecoder:
         self.tier = model.resolve_tier(tier)
         emb = model.embed.weight
         self.device, self.dtype = emb.device, emb.dtype
-        self.backend = resolve_backend(backend, self.device)
+        self.backend = resolve_decode_backend(backend, self.device)
         pdl_on = resolve_pdl(pdl, self.device) and self.backend == "triton"
         if attention not in ("auto", "sdpa", "math"):
             raise ValueError(f"attention must be 'auto', 'sdpa' or 'math', got {attention!r}")

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .compile import compiled_trunk, scan_backend, trunk_for
+
 __all__ = ["PrefillGraph", "length_bucket"]
 
 
@@ -38,17 +40,14 @@ class PrefillGraph:
     """
 
     def __init__(self, model, fd, length: int, padded: bool, graph: bool = True, pool=None) -> None:
-        from .essh import ESSH
-
         self.model, self.fd, self.length, self.padded = model, fd, length, padded
         B, dev = fd.batch, fd.device
         self.ids = torch.zeros(B, length, dtype=torch.long, device=dev)
         self.mask = torch.ones(B, length, dtype=torch.bool, device=dev) if padded else None
         self._positions = torch.arange(length, device=dev).expand(B, length)
-        self._backend = model._scan_backend("auto", dev)
-        compiled = model.__dict__.get("_compiled_trunk")
-        self._trunk = compiled if compiled is not None else ESSH._trunk
-        self.compiled = compiled is not None
+        self._backend = scan_backend(model, "auto", dev)
+        self._trunk = trunk_for(model)
+        self.compiled = compiled_trunk(model) is not None
         self._graph: torch.cuda.CUDAGraph | None = None
         self._logits: torch.Tensor | None = None
         if graph:
@@ -64,7 +63,7 @@ class PrefillGraph:
         else:
             valid, positions = None, self._positions
             n = torch.full_like(cache.positions, self.length)
-        h = self._trunk(m, self.ids, self.fd.tier, positions, valid, cache, None, self._backend, False)
+        h = self._trunk(m, self.ids, self.fd.tier, positions, valid, cache, self._backend, False)
         cache.positions.copy_(n)
         return m.logits_from_hidden(h[:, -1])
 

@@ -5,9 +5,10 @@ Importing this package never imports triton or fla: those optional extras load o
 
 from .dispatch import available_backends, resolve_backend
 from .fft_conv import fft_causal_conv, naive_causal_conv
-from .spectral_scan import chunk_spectral_scan, naive_spectral_scan, spectral_scan, spectral_scan_step
+from .spectral_scan import ModalTables, chunk_spectral_scan, naive_spectral_scan, spectral_scan, spectral_scan_step
 
 __all__ = [
+    "ModalTables",
     "available_backends",
     "fft_causal_conv",
     "naive_causal_conv",

@@ -1,5 +1,7 @@
 """Backend selection for the spectral scan: ``"torch"`` (vectorised PyTorch, any device), ``"fla"``
-(fla-core's Triton GLA kernels, CUDA only) or ``"naive"`` (the tokenwise specification).
+(fla-core's Triton GLA kernels, CUDA only) or ``"naive"`` (the tokenwise specification); and for our own
+decode kernels (``resolve_decode_backend``: ``"triton"`` or ``"torch"``, used by ``ops/gemv``,
+``ops/norm_swiglu``, ``ops/swa_decode`` and the fused spectral step).
 
 Precedence: an explicit ``backend=`` argument, then the environment variable ``ELASTIC_SSM_SCAN_BACKEND``,
 then ``"auto"``, which picks ``"fla"`` for CUDA tensors of a dtype fla supports when ``fla`` imports, else
@@ -101,3 +103,30 @@ def resolve_backend(backend: str = "auto", tensor: torch.Tensor | None = None) -
         _announced.add(key)
         _logger.info("spectral_scan backend: %s on %s", choice, device)
     return choice
+
+
+def triton_available() -> bool:
+    """True when the ``triton`` package imports (it is an optional extra)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def triton_interpreting() -> bool:
+    """True under ``TRITON_INTERPRET=1`` (Triton kernels run on CPU tensors, as in the CPU test suite)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve_decode_backend(backend: str, device: torch.device | str) -> str:
+    """Backend of the decode kernels: "auto" -> "triton" on CUDA with triton installed (or under
+    ``TRITON_INTERPRET=1``), else "torch"; "triton" without triton raises with the fix."""
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"decode backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend == "auto":
+        ok = triton_available() and (torch.device(device).type == "cuda" or triton_interpreting())
+        return "triton" if ok else "torch"
+    if backend == "triton" and not triton_available():
+        raise RuntimeError("decode backend 'triton' needs the triton package: pip install 'elastic-ssm[gpu]'")
+    return backend

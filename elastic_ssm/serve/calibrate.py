@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..elastic.tiers import state_bytes
-from ..models.base import atomic_write_bytes
+from ..utils.files import atomic_write_bytes
 from .select import PROFILE_FILE, QUALITY_FILE
 from .slots import SlotPool
 

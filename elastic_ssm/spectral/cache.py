@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from ..utils.files import atomic_writer
 
 __all__ = ["FORMAT", "cache_dir", "cache_path", "load_arrays", "save_arrays"]
 
@@ -75,27 +76,18 @@ def load_arrays(stem: str, expected: dict[str, tuple[int, ...]]) -> dict[str, np
 
 
 def save_arrays(stem: str, arrays: dict[str, np.ndarray]) -> bool:
-    """Write ``arrays`` to the entry ``stem`` atomically (temp file + ``os.replace``).
+    """Write ``arrays`` to the entry ``stem`` atomically (``utils.files.atomic_writer``: temporary file, fsync,
+    ``os.replace``; mode 0666 less the umask, so several users can share the cache).
 
     Returns:
         ``True`` when the entry was written, ``False`` when the directory is not usable (no error
         is raised: the caller already holds the arrays and continues without the cache).
     """
     path = cache_path(stem)
-    tmp_name = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as fh:
+        with atomic_writer(path) as fh:
             np.savez(fh, **arrays)
-        os.chmod(tmp_name, 0o644)  # mkstemp makes 0600; the cache may be shared by several users
-        os.replace(tmp_name, path)
         return True
     except OSError as err:
         _log.debug("spectral cache not written (%s): %s", path, err)
-        if tmp_name is not None:
-            try:
-                os.unlink(tmp_name)
-            except OSError:
-                pass
         return False

@@ -12,14 +12,16 @@ The same script runs on CPU, on one GPU and under ``torchrun --nproc_per_node N`
 """
 
 from ..config import REFINE_CAPACITIES, TRAIN_CAPACITIES, RefineConfig, TrainConfig
+from ..eval.perplexity import evaluate_tiers  # the one per-tier evaluation (kept importable from here)
+from ..models import build_model  # the one model builder (kept importable from here)
 from .budget_dropout import BudgetDropout, make_recipe, resolve_recipe_name
 from .capacity_mixed import CapacityMixed, MicroPlan, Recipe, SharedRefinement
 from .checkpoint import DataStream, find_checkpoint, load_checkpoint, save_checkpoint
 from .dist import DistContext, init_distributed
 from .ffn_order import importance_scores, order_ffn_units, permute_optimizer_state
-from .loop import TrainResult, build_model, refine, train
-from .losses import LossModule, chunked_loss_sums, loss_sums
-from .metrics import MetricsLogger, evaluate_tiers
+from .loop import TrainResult, refine, train
+from .losses import LossModule, chunked_loss_sums, ffn_grad_scaled, loss_sums
+from .metrics import MetricsLogger, validation_records
 from .optim import WarmupCosine, build_adamw, param_groups
 from .preflight import TrainingInterrupted
 
@@ -27,7 +29,7 @@ __all__ = [
     "BudgetDropout", "CapacityMixed", "DataStream", "DistContext", "LossModule", "MetricsLogger",
     "MicroPlan", "REFINE_CAPACITIES", "Recipe", "RefineConfig", "SharedRefinement", "TRAIN_CAPACITIES",
     "TrainConfig", "TrainResult", "WarmupCosine", "build_adamw", "build_model", "chunked_loss_sums",
-    "evaluate_tiers", "find_checkpoint", "importance_scores", "init_distributed", "load_checkpoint",
+    "evaluate_tiers", "ffn_grad_scaled", "find_checkpoint", "importance_scores", "init_distributed", "load_checkpoint",
     "loss_sums", "make_recipe", "order_ffn_units", "param_groups", "permute_optimizer_state", "refine",
-    "resolve_recipe_name", "save_checkpoint", "train", "TrainingInterrupted",
+    "resolve_recipe_name", "save_checkpoint", "train", "TrainingInterrupted", "validation_records",
 ]

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..models.base import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write_bytes, file_sha256
+from ..models.base import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, file_sha256
+from ..utils.files import atomic_write_bytes, fsync_dir
 from .dist import DistContext, barrier, broadcast_object, is_sharded
 
 __all__ = ["DataStream", "save_checkpoint", "load_checkpoint", "find_checkpoint", "valid_checkpoints",
@@ -120,14 +121,6 @@ def _save_torch(obj: Any, path: Path) -> str:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return atomic_write_bytes(path, buf.getvalue())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _step_of(path: Path) -> int:
@@ -253,12 +246,12 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
         sha = {f: sums[f] if f in sums else file_sha256(tmp / f) for f in files}  # rank files, config.json: small
         atomic_write_bytes(tmp / COMPLETE, json.dumps({"step": step, "files": files, "sha256": sha},
                                                       indent=1).encode())
-        _fsync_dir(tmp / "model")
-        _fsync_dir(tmp)
+        fsync_dir(tmp / "model")
+        fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(stage_dir)
+        fsync_dir(stage_dir)
         atomic_write_bytes(stage_dir / LATEST, name.encode())
         for old in valid_checkpoints(stage_dir)[keep_last:]:
             shutil.rmtree(old, ignore_errors=True)

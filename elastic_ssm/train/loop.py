@@ -60,11 +60,11 @@ from .dist import (
 )
 from .lockstep import StepWatch, check_same_count, collective_error, teacher_padding
 from .losses import IGNORE_INDEX, LossModule
-from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, evaluate_tiers, take_batches
+from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, take_batches, validation_records
 from .optim import WarmupCosine, build_adamw, set_lr
 from .preflight import StopSignals, TrainingInterrupted, config_changes, start_run
 
-__all__ = ["train", "refine", "TrainResult", "build_model"]
+__all__ = ["train", "refine", "TrainResult"]
 
 
 @dataclass
@@ -90,16 +90,6 @@ class _Stage:
     warmup: int
     min_frac: float
     accum: int = 1
-
-
-def build_model(model_or_cfg: Any, seed: int = 0) -> nn.Module:
-    """``model_or_cfg`` itself, or a freshly initialised model (seeded) for a model config."""
-    if isinstance(model_or_cfg, nn.Module):
-        return model_or_cfg
-    from ..models import build_model as build  # ESSH, ES-SSM, Transformer++ or MatFormer by the config's arch
-
-    torch.manual_seed(seed)
-    return build(model_or_cfg)
 
 
 def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None, world: int = 1) -> list[_Stage]:
@@ -159,7 +149,7 @@ class _Trainer:
             if self.sharded:
                 check_same_count(len(self._val), self.ctx, "validation batches")
         tiers = eval_tier_list(self.model, self.cfg.eval.tiers)
-        recs = evaluate_tiers(self.model, self._val, tiers, self.ctx, self.bpb, self.precision)
+        recs = validation_records(self.model, self._val, tiers, self.ctx, self.bpb, self.precision)
         for r in recs:
             r.update(stage=stage, step=step)
         self.log.eval_results(recs)
@@ -341,7 +331,10 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
     ctx = init_distributed(cfg.device, distributed, cfg.dist_timeout_s)
     lock, trainer = None, None
     try:
-        model = build_model(model_or_cfg, cfg.seed).to(ctx.device)
+        from ..models import build_model  # ESSH, ES-SSM, Transformer++ or MatFormer by the config's arch
+
+        model = model_or_cfg if isinstance(model_or_cfg, nn.Module) else build_model(model_or_cfg, cfg.seed)
+        model = model.to(ctx.device)
         if tokenizer is not None:
             from ..data import load_tokenizer
 

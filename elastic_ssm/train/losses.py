@@ -16,7 +16,8 @@ full [B, T, V] logits never exist; sums over chunks equal the full-logit sums.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..config import TierLike
 
-__all__ = ["IGNORE_INDEX", "loss_sums", "chunked_loss_sums", "LossModule"]
+__all__ = ["IGNORE_INDEX", "loss_sums", "chunked_loss_sums", "LossModule", "ffn_grad_scaled"]
 
 IGNORE_INDEX = -100
 
@@ -89,6 +90,23 @@ def chunked_loss_sums(head: Callable[[torch.Tensor], torch.Tensor], hidden: torc
     return total
 
 
+@contextmanager
+def ffn_grad_scaled(model: nn.Module, scale: float | None) -> Iterator[None]:
+    """Inside the block, forwards of ``model``'s FFN layers (``model.ffn_layers()``) scale the gradients of their
+    retained weights by ``scale`` (ESSH D.4, W_hat = a W + (1 - a) sg(W): the forward is unchanged). For the
+    student pass of a reduced-capacity micro-batch (Alg. 1 lines 16-18); None or 1 changes nothing. The
+    scaling is recorded in the autograd graph at forward time, so the backward may run after the block."""
+    layers = model.ffn_layers() if scale is not None and hasattr(model, "ffn_layers") else []
+    before = [f.grad_scale for f in layers]
+    for f in layers:
+        f.grad_scale = scale
+    try:
+        yield
+    finally:
+        for f, old in zip(layers, before):
+            f.grad_scale = old
+
+
 class LossModule(nn.Module):
     """Wraps an elastic model so that one ``forward`` returns a micro-batch's loss sums (DDP wraps this).
 
@@ -113,11 +131,10 @@ class LossModule(nn.Module):
         kw: dict[str, Any] = {"tier": tier}
         if mask is not None:
             kw["attention_mask"] = mask
-        if scale is not None:
-            kw["ffn_grad_scale"] = scale
-        if hidden:
-            return self.model.hidden_states(input_ids, **kw)
-        return self.model(input_ids, **kw)
+        with ffn_grad_scaled(self.model, scale):
+            if hidden:
+                return self.model.hidden_states(input_ids, **kw)
+            return self.model(input_ids, **kw)
 
     @torch.no_grad()
     def idle_teacher(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

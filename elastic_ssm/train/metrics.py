@@ -36,7 +36,7 @@ from torch import nn
 
 from .dist import DistContext, all_reduce
 
-__all__ = ["MetricsLogger", "evaluate_tiers", "eval_tier_list", "bytes_per_token"]
+__all__ = ["MetricsLogger", "validation_records", "eval_tier_list", "bytes_per_token"]
 
 BYTE_VOCAB = 260
 
@@ -85,7 +85,7 @@ class MetricsLogger:
                 continue
             kept.append(line)
         if dropped:
-            from ..models.base import atomic_write_bytes
+            from ..utils.files import atomic_write_bytes
 
             atomic_write_bytes(self.path, "".join(f"{x}\n" for x in kept).encode())
         return dropped
@@ -140,16 +140,16 @@ def eval_tier_list(model: nn.Module, names: Iterable[str] = ()) -> list[Any]:
 
 
 @torch.no_grad()
-def evaluate_tiers(model: nn.Module, batches: list[Any], tiers: list[Any], ctx: DistContext,
-                   bpt_bytes: float = 0.0, precision: str = "fp32") -> list[dict[str, Any]]:
-    """Validation records of ``model`` at every tier (``eval.perplexity.evaluate_tiers``, sums all-reduced
-    across ranks): loss, tokens, accuracy, and for language models bits per token and bits per byte
-    when ``bpt_bytes`` > 0."""
-    from ..eval.perplexity import evaluate_tiers as evaluate
+def validation_records(model: nn.Module, batches: list[Any], tiers: list[Any], ctx: DistContext,
+                       bpt_bytes: float = 0.0, precision: str = "fp32") -> list[dict[str, Any]]:
+    """``metrics.jsonl`` records of the validation of ``model`` at every tier: the one
+    ``eval.perplexity.evaluate_tiers`` with its sums all-reduced across ranks; loss, tokens, accuracy, and
+    for language models bits per token and bits per byte when ``bpt_bytes`` > 0."""
+    from ..eval.perplexity import evaluate_tiers
 
     classify = getattr(model.config, "task", "lm") == "classify"
     out = []
-    for ev in evaluate(model, batches, tiers, bytes_per_token=bpt_bytes or 1.0, precision=precision,
+    for ev in evaluate_tiers(model, batches, tiers, bytes_per_token=bpt_bytes or 1.0, precision=precision,
                        reduce=lambda t: all_reduce(t, ctx)):
         rec: dict[str, Any] = {"kind": "eval", "tier": ev.tier, "K": ev.K, "n_ff": ev.n_ff, "loss": ev.loss,
                                "tokens": ev.tokens}

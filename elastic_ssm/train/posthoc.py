@@ -90,11 +90,11 @@ def channel_energy(mixer: nn.Module, u: torch.Tensor, valid: torch.Tensor | None
     """Mean output energy of every spectral channel, ``E_k = mean_t ||W_k^out z_k(t)||^2`` [K] (float64),
     for the mixer input ``u`` [B, T, D] (the normalised residual stream the mixer sees); ``W_k^out`` is
     channel k's block of ``out_proj.weight`` [D, K P], columns k P .. (k + 1) P."""
-    from ..ops import spectral_scan
+    from ..ops.spectral_scan import scan
 
     K = mixer.K
     v, write, read, clock = mixer._controls(u, K, valid)
-    z, _ = spectral_scan(v, write, read, clock, *mixer._modal(K))                     # [B, T, K, P]
+    z, _ = scan(v, write, read, clock, mixer._modal(K), check_values=False)  # [B, T, K, P]
     return mixer.channel_energy(z, K)
 
 

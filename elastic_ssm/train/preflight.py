@@ -117,7 +117,7 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
         claim_run_dir(out, resume, overwrite)
         clean_stale_files(out)
         if record is not None:
-            from ..models.base import atomic_write_bytes
+            from ..utils.files import atomic_write_bytes
 
             atomic_write_bytes(out / RUN_RECORD, yaml.safe_dump(record, sort_keys=False).encode())
     except BaseException:

@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 
 from ..config import ConfigError
+from ..utils.files import is_temp_name
 
 __all__ = ["RunLock", "RunDirBusy", "claim_run_dir", "clean_stale_files", "check_free_disk", "run_artifacts",
            "has_checkpoint", "LOCK_NAME"]
@@ -177,7 +178,7 @@ def clean_stale_files(out: str | Path) -> list[Path]:
         if not folder.is_dir():
             continue
         for p in folder.iterdir():
-            stale_tmp = p.name.startswith(".") and ".tmp" in p.name
+            stale_tmp = is_temp_name(p.name)
             broken = p.is_dir() and p.name.startswith("step_") and folder.name in STAGES and not _is_complete(p)
             if stale_tmp or broken:
                 what = "temporary file of an interrupted write" if stale_tmp else "incomplete checkpoint"

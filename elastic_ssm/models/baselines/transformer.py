@@ -116,7 +116,7 @@ class TransformerPP(ElasticModel):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def hidden_states(self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
-                      cache: KVCache | None = None, ffn_grad_scale: float | None = None) -> torch.Tensor:
+                      cache: KVCache | None = None) -> torch.Tensor:
         """Final-normed hidden states [B,T,D] at ``tier`` (its ``n_ff``). ``attention_mask`` [B,T] marks real
         tokens (left padding: positions count real tokens; a padding query attends itself only). With
         ``cache`` (empty, positions 0) the K/V of all T tokens are stored."""
@@ -142,15 +142,15 @@ class TransformerPP(ElasticModel):
                 cache.values[i, :, :, :T] = v.to(cache.values.dtype)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=mask is None, attn_mask=mask)
             x = x + linear(blk.out, o.transpose(1, 2).reshape(B, T, -1))
-            x = x + blk.ffn(blk.norm2(x), n_ff, ffn_grad_scale)
+            x = x + blk.ffn(blk.norm2(x), n_ff)
         if cache is not None:
             cache.positions.fill_(T)
         return self.norm_f(x)
 
     def forward(self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
-                cache: KVCache | None = None, ffn_grad_scale: float | None = None) -> torch.Tensor:
+                cache: KVCache | None = None) -> torch.Tensor:
         """Causal logits [B,T,V] of the model at ``tier`` (None: all FFN units)."""
-        return self.logits_from_hidden(self.hidden_states(input_ids, tier, attention_mask, cache, ffn_grad_scale))
+        return self.logits_from_hidden(self.hidden_states(input_ids, tier, attention_mask, cache))
 
     def allocate_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None,
                        device: torch.device | None = None) -> KVCache:

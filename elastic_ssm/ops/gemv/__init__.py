@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..dispatch import resolve_decode_backend
 from ..pdl import launch_options
-from ..spectral_scan.decode_triton import resolve_backend
 
 __all__ = ["MAX_FUSED_BATCH", "norm_gemv", "norm_swiglu_gemv", "gemv_accumulate"]
 
@@ -64,7 +64,7 @@ def _normed(x: torch.Tensor, g: torch.Tensor | None, eps: float, dt: torch.dtype
 
 
 def _use_triton(backend: str, x: torch.Tensor, *ts: torch.Tensor) -> bool:
-    return (resolve_backend(backend, x.device) == "triton" and x.shape[0] <= MAX_FUSED_BATCH
+    return (resolve_decode_backend(backend, x.device) == "triton" and x.shape[0] <= MAX_FUSED_BATCH
             and _wide(x, *ts) == torch.float32)
 
 

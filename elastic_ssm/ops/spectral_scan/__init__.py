@@ -3,14 +3,20 @@
 ``spectral_scan`` validates its inputs and dispatches to the vectorised PyTorch chunked scan (``"torch"``,
 Algorithm 2), fla-core's GLA kernels (``"fla"``, CUDA) or the tokenwise specification (``"naive"``);
 ``spectral_scan_step`` is the single-token decode step. The math is in README.md beside this file.
+``spectral_scan`` and ``naive_spectral_scan`` take the five modal tables as positional tensors (the public
+signature of DESIGN.md); inside the package they travel as one ``ModalTables`` (``inputs.py``): ``scan``
+is ``spectral_scan`` with that argument, and the chunked paths and the step take it too.
 
-Value ranges (``validate_scan_values``): ``clock >= 0`` and ``0 <= rho <= 1`` (a negative clock or
-``rho > 1`` is growth, which the chunked paths cannot factorise), finite ``theta, kc, ks, a``. They are
-checked eagerly (one host sync) on CPU tensors outside ``torch.compile``, and on CUDA only with
-``check_values=True`` (the layer's own gates are in range by construction, and a sync per layer would
-stall the GPU). NaN/Inf in ``v``, the gates or the clock are not errors: the torch path follows the spec
-(outputs before the bad position stay finite). Accurate clock range: any ``clock >= 0``; per-position
-log-decays ``clock - log rho`` above ~105 (fp32) / ~746 (fp64) are exact resets, as in the spec.
+Value ranges (``edges.validate_scan_values``): ``clock >= 0`` and ``0 <= rho <= 1`` (a negative clock or
+``rho > 1`` is growth, which the chunked paths cannot factorise), finite ``theta, kc, ks, a``. By default
+(``check_values=True``) they are checked on every device with one host sync, except inside
+``torch.compile`` and CUDA-graph capture, where out-of-range ``clock`` / ``rho`` entries become NaN instead
+(sync-free; in-range values are unchanged), so a bad value never gives a plausible wrong number. The layer
+(``SpectralMixer``) passes ``check_values=False``: its gates are in range by construction. NaN/Inf in ``v``,
+the gates, the clock or the initial state are not errors: both chunked paths follow the spec (outputs
+before the bad position stay finite and equal to the spec's; ``edges.py``). Accurate clock range: any
+``clock >= 0``; per-position log-decays ``clock - log rho`` above ~105 (fp32) / ~746 (fp64) are exact
+resets, as in the spec.
 """
 
 from __future__ import annotations
@@ -19,12 +25,16 @@ import torch
 
 from ..dispatch import resolve_backend
 from .chunk_torch import chunk_spectral_scan
+from .edges import host_sync_allowed, poison_out_of_range, validate_scan_values
+from .inputs import ModalTables, validate_scan_inputs
 from .naive import naive_spectral_scan
 from .step import spectral_scan_step
 
 __all__ = [
+    "ModalTables",
     "chunk_spectral_scan",
     "naive_spectral_scan",
+    "scan",
     "spectral_scan",
     "spectral_scan_step",
     "validate_scan_inputs",
@@ -34,62 +44,47 @@ __all__ = [
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def _shape(x) -> str:
-    return str(list(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+def scan(
+    v: torch.Tensor,  # [B, T, K, P] channel values
+    write: torch.Tensor,  # [B, T, K, M] write gates eta^w in (0, 2)
+    read: torch.Tensor,  # [B, T, K, M] read gates eta^r in (0, 2)
+    clock: torch.Tensor,  # [B, T, K, M] clock increments Delta >= 0
+    modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
+    *,
+    initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame H(0)
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+    check_values: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`spectral_scan` with the modal tables as one ``ModalTables`` (the package's own call)."""
+    modal = ModalTables(*modal)
+    validate_scan_inputs(v, write, read, clock, modal, initial_state)
+    if check_values:
+        if host_sync_allowed(v):
+            validate_scan_values(clock, modal)
+        else:
+            clock, modal = poison_out_of_range(clock, modal)
+    name = resolve_backend(backend, v)
+    if name == "fla":
+        from .chunk_fla import fla_spectral_scan
 
-
-def validate_scan_inputs(v, write, read, clock, rho, theta, kc, ks, a, initial_state=None) -> None:
-    """Check ranks, shapes, dtypes and devices of the scan inputs; raises ValueError naming the argument."""
-    if not isinstance(v, torch.Tensor) or v.dim() != 4:
-        raise ValueError(f"spectral_scan: v must be a [B, T, K, P] tensor, got {_shape(v)}")
-    B, T, K, P = v.shape
-    if not isinstance(write, torch.Tensor) or write.dim() != 4 or tuple(write.shape[:3]) != (B, T, K):
-        raise ValueError(f"spectral_scan: write must be [B, T, K, M] = [{B}, {T}, {K}, M] to match v, "
-                         f"got {_shape(write)}")
-    M = write.shape[-1]
-    gates = {"read": read, "clock": clock}
-    params = {"rho": rho, "theta": theta, "kc": kc, "ks": ks, "a": a}
-    for name, x in gates.items():
-        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, T, K, M):
-            raise ValueError(f"spectral_scan: {name} must be [B, T, K, M] = [{B}, {T}, {K}, {M}], "
-                             f"got {_shape(x)}")
-    for name, x in params.items():
-        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (K, M):
-            raise ValueError(f"spectral_scan: {name} must be [K, M] = [{K}, {M}] (channels of v, modes of "
-                             f"write), got {_shape(x)}")
-    tensors = {"v": v, "write": write, **gates, **params}
-    if initial_state is not None:
-        if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != (B, K, M, 2, P):
-            raise ValueError(f"spectral_scan: initial_state must be [B, K, M, 2, P] = "
-                             f"[{B}, {K}, {M}, 2, {P}], got {_shape(initial_state)}")
-        tensors["initial_state"] = initial_state
-    bad = [n for n, x in tensors.items() if not x.is_floating_point()]
-    if bad:
-        raise ValueError(f"spectral_scan: {', '.join(bad)} must be floating point tensors")
-    devices = {n: str(x.device) for n, x in tensors.items()}
-    if len(set(devices.values())) > 1:
-        raise ValueError(f"spectral_scan: all inputs must be on one device, got {devices}")
-
-
-def validate_scan_values(clock, rho, theta, kc, ks, a) -> None:
-    """Raise ValueError unless ``clock >= 0`` (NaN allowed: it propagates as in the spec), ``0 <= rho <= 1``
-    and ``theta, kc, ks, a`` are finite. One host sync; call it outside compiled regions."""
-    if bool((clock < 0).any()):
-        raise ValueError(f"spectral_scan: clock must be >= 0 (a decay), got a minimum of {float(clock.min()):.4g}")
-    if not bool(((rho >= 0) & (rho <= 1)).all()):
-        raise ValueError("spectral_scan: rho must lie in [0, 1] (a decay factor), got values in "
-                         f"[{float(rho.min()):.4g}, {float(rho.max()):.4g}] or NaN")
-    for name, x in (("theta", theta), ("kc", kc), ("ks", ks), ("a", a)):
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"spectral_scan: {name} must be finite, it holds NaN or Inf")
+        return fla_spectral_scan(v, write, read, clock, modal, initial_state, output_final_state)
+    if name == "naive":
+        return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)
+    args = (write, read, clock, modal, initial_state, output_final_state)
+    if v.dtype in _HALF:
+        z, state = chunk_spectral_scan(v.float(), *args, chunk_size=chunk_size)
+        return z.to(v.dtype), state
+    return chunk_spectral_scan(v, *args, chunk_size=chunk_size)
 
 
 def spectral_scan(
     v: torch.Tensor,  # [B, T, K, P] channel values
     write: torch.Tensor,  # [B, T, K, M] write gates eta^w in (0, 2)
     read: torch.Tensor,  # [B, T, K, M] read gates eta^r in (0, 2)
-    clock: torch.Tensor,  # [B, T, K, M] clock increments Delta > 0
-    rho: torch.Tensor,  # [K, M] intrinsic decay in (0, 1)
+    clock: torch.Tensor,  # [B, T, K, M] clock increments Delta >= 0
+    rho: torch.Tensor,  # [K, M] intrinsic decay in [0, 1]
     theta: torch.Tensor,  # [K, M] rotation frequency
     kc: torch.Tensor,  # [K, M] readout cosine coefficient
     ks: torch.Tensor,  # [K, M] readout sine coefficient
@@ -98,7 +93,7 @@ def spectral_scan(
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
-    check_values: bool | None = None,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ESSH scan (Eq. 5) with the zero-lag correction (Eq. 24): returns ``z [B, T, K, P]`` and ``H(T)``.
 
@@ -106,22 +101,10 @@ def spectral_scan(
     ``backend``: "auto" | "torch" | "fla" | "naive" (see :func:`elastic_ssm.ops.resolve_backend`);
     ``chunk_size`` is the chunk length of the torch path. ``z`` has ``v.dtype``; the torch path computes
     bf16/fp16 inputs in float32 and returns their state in float32, as the fla path does.
-    ``check_values`` (None: on CPU tensors) runs ``validate_scan_values`` outside ``torch.compile``.
+    ``check_values`` (False: the caller guarantees the ranges) raises ValueError for a
+    negative clock, ``rho`` outside ``[0, 1]`` or non-finite modal tables (one host sync); inside
+    ``torch.compile`` / CUDA-graph capture it marks out-of-range clock and rho entries NaN instead.
     """
-    validate_scan_inputs(v, write, read, clock, rho, theta, kc, ks, a, initial_state)
-    if check_values is None:
-        check_values = v.device.type == "cpu"
-    if check_values and not torch.compiler.is_compiling():
-        validate_scan_values(clock, rho, theta, kc, ks, a)
-    name = resolve_backend(backend, v)
-    args = (write, read, clock, rho, theta, kc, ks, a, initial_state, output_final_state)
-    if name == "fla":
-        from .chunk_fla import fla_spectral_scan
-
-        return fla_spectral_scan(v, *args)
-    if name == "naive":
-        return naive_spectral_scan(v, *args)
-    if v.dtype in _HALF:
-        z, state = chunk_spectral_scan(v.float(), *args, chunk_size=chunk_size)
-        return z.to(v.dtype), state
-    return chunk_spectral_scan(v, *args, chunk_size=chunk_size)
+    return scan(v, write, read, clock, ModalTables(rho, theta, kc, ks, a), initial_state=initial_state,
+                output_final_state=output_final_state, backend=backend, chunk_size=chunk_size,
+                check_values=check_values)

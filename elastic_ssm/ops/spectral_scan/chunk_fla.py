@@ -26,7 +26,9 @@ import math
 
 import torch
 
-from .chunk_torch import _reset_exponent, _rotation
+from .chunk_torch import _rotation
+from .edges import capped_log_decay, host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
+from .inputs import ModalTables
 
 
 def _absolute_phase(theta: torch.Tensor, T: int) -> torch.Tensor:
@@ -40,10 +42,7 @@ def gla_inputs(
     write: torch.Tensor,  # [B, T, K, M]
     read: torch.Tensor,  # [B, T, K, M]
     clock: torch.Tensor,  # [B, T, K, M]
-    rho: torch.Tensor,  # [K, M]
-    theta: torch.Tensor,  # [K, M]
-    kc: torch.Tensor,  # [K, M]
-    ks: torch.Tensor,  # [K, M]
+    modal: ModalTables,  # rho, theta, kc, ks (a is used by gla_outputs): each [K, M]
     initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame
     dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -53,6 +52,7 @@ def gla_inputs(
     wants them. Key dimension ``2i + j`` is coordinate ``j`` of mode ``i``.
     """
     B, T, K, P = v.shape
+    rho, theta, kc, ks, _ = modal
     M = rho.shape[-1]
     dtype = dtype or v.dtype
     wide = torch.promote_types(v.dtype, torch.float32)  # gates and tables before the final cast
@@ -63,8 +63,9 @@ def gla_inputs(
     krot = torch.stack([cph, -sph], -1)  # R(-theta t) e1
     q = (read.to(wide)[..., None] * qrot).reshape(B, T, K, 2 * M).to(dtype)
     k = (write.to(wide)[..., None] * krot).reshape(B, T, K, 2 * M).to(dtype)
-    # capped like the torch path: rho = 0 or an infinite clock is an exact reset, never -inf - (-inf) = NaN
-    g = (torch.log(rho.to(wide)) - clock.to(wide)).clamp(min=-_reset_exponent(wide))
+    # capped like the torch path (edges.py): rho = 0 or an infinite clock is an exact reset (exp underflows to
+    # 0 in fp32, also after fla's base-2 conversion), never -inf - (-inf) = NaN in fla's within-chunk cumsums
+    g = -capped_log_decay(clock, rho, wide, reset_exponent(wide))  # log rho - Delta, >= -cap
     g = g[..., None].expand(B, T, K, M, 2).reshape(B, T, K, 2 * M)
     h0 = None if initial_state is None else initial_state.to(wide).reshape(B, K, 2 * M, P)
     return q, k, v.to(dtype), g, h0
@@ -76,12 +77,11 @@ def gla_outputs(
     v: torch.Tensor,  # [B, T, K, P]
     write: torch.Tensor,  # [B, T, K, M]
     read: torch.Tensor,  # [B, T, K, M]
-    theta: torch.Tensor,  # [K, M]
-    kc: torch.Tensor,  # [K, M]
-    a: torch.Tensor,  # [K, M]
+    modal: ModalTables,  # theta, kc, a are used: each [K, M]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``z = o - sum_i a_i r_i w_i kc_i v`` (Eq. 24) in ``v.dtype`` and ``H(T) = R(theta T) S(T)`` or None."""
     B, T, K, P = v.shape
+    theta, kc, a = modal.theta, modal.kc, modal.a
     M = theta.shape[-1]
     wide = torch.promote_types(v.dtype, torch.float32)
     corr = (read.to(wide) * write.to(wide) * (a * kc).to(wide)).sum(-1, keepdim=True)  # [B, T, K, 1]
@@ -99,11 +99,7 @@ def fla_spectral_scan(
     write: torch.Tensor,  # [B, T, K, M]
     read: torch.Tensor,  # [B, T, K, M]
     clock: torch.Tensor,  # [B, T, K, M]
-    rho: torch.Tensor,  # [K, M]
-    theta: torch.Tensor,  # [K, M]
-    kc: torch.Tensor,  # [K, M]
-    ks: torch.Tensor,  # [K, M]
-    a: torch.Tensor,  # [K, M]
+    modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
     initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P]
     output_final_state: bool = False,
     compute_dtype: torch.dtype | None = torch.float32,
@@ -116,16 +112,25 @@ def fla_spectral_scan(
     torch ops, so autograd carries them on to every input including theta, rho (through log rho) and the
     initial state. The kernels are called through the custom ops of ``gla_op.py``, which ``torch.compile``
     treats as opaque.
+
+    Edge values (``edges.py``): the forget gate is capped, so ``rho = 0`` and infinite clocks are exact
+    resets; outside compiled regions and CUDA-graph capture a NaN/Inf input is zeroed before the kernel
+    (whose ``A @ V`` per chunk would otherwise spread ``0 * NaN`` to earlier positions of its chunk) and the
+    outputs are NaN exactly where the spec's are (one host sync: a sum over the inputs decides).
     """
     from .gla_op import gla_chunk
 
     if v.shape[1] == 0:
         from .naive import naive_spectral_scan
 
-        args = (write, read, clock, rho, theta, kc, ks, a, initial_state, output_final_state)
-        return naive_spectral_scan(v, *args)
-    q, k, vv, g, h0 = gla_inputs(v, write, read, clock, rho, theta, kc, ks, initial_state, compute_dtype)
+        return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)
+    z_bad = state_bad = None
+    if host_sync_allowed(v):
+        v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock,
+                                                                                   initial_state)
+    q, k, vv, g, h0 = gla_inputs(v, write, read, clock, modal, initial_state, compute_dtype)
     g = g.float()
     h0 = None if h0 is None else h0.float().contiguous()
     o, ht = gla_chunk(q, k, vv, g, scale=1.0, initial_state=h0, output_final_state=output_final_state)
-    return gla_outputs(o, ht if output_final_state else None, v, write, read, theta, kc, a)
+    z, state = gla_outputs(o, ht if output_final_state else None, v, write, read, modal)
+    return restore_nonfinite(z, state, z_bad, state_bad)

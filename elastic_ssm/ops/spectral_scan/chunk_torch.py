@@ -19,10 +19,10 @@ Apart from the admitted centred factors, every ``exp`` is of a non-positive numb
 positions), so clocks of 50 per position and ``rho`` down to 1e-6 only underflow to exact zeros.
 Cumulative log-decays are summed and phases formed in float64 before the cast to the compute dtype.
 
-Edge values follow the float64 specification (``naive.py``): a per-position log-decay
-``Delta - log rho`` is capped at ``_reset_exponent`` (where ``exp(-x)`` is exactly 0 in the compute dtype),
+Edge values follow the float64 specification (``naive.py``) through ``edges.py``: a per-position log-decay
+``Delta - log rho`` is capped at ``reset_exponent`` (where ``exp(-x)`` is exactly 0 in the compute dtype),
 so ``rho = 0`` or an infinite clock is the spec's state reset, never ``inf - inf``; and a NaN/Inf input at
-position t (``_isolate_nonfinite``) is masked out of the chunked products and restored as NaN only where
+position t (``isolate_nonfinite``) is masked out of the chunked products and restored as NaN only where
 the recurrence carries it (from t on, in its channel), so outputs before t stay finite.
 Gradients come from autograd (the pairwise block has a hand-written backward). See README.md.
 """
@@ -34,6 +34,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from .edges import capped_log_decay, host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
+from .inputs import ModalTables
 
 SUB_BLOCK = 16  # diagonal-block length when a whole chunk cannot be factorised
 
@@ -55,54 +58,6 @@ def _safe_exponent(dtype) -> float:
     """
     fi, eps = torch.finfo(dtype), 2e-3
     return min(math.log(fi.max * eps), -math.log(fi.tiny / eps))
-
-
-def _reset_exponent(dtype) -> float:
-    """A log-decay from which ``exp(-x)`` is exactly 0 in ``dtype`` (about 105.3 in fp32, 746.5 in fp64):
-    larger per-position log-decays (a huge or infinite clock, ``rho = 0``) are capped there without changing
-    any result, which keeps cumulative sums finite and float32 differences accurate."""
-    return -math.log(torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps) + 2.0
-
-
-def _isolate_nonfinite(v, write, read, clock, initial_state):
-    """Zero the non-finite entries of the inputs and say where the specification's outputs are non-finite.
-
-    The recurrence carries a NaN/Inf of ``v`` (its value column, every mode), of ``write`` or a NaN/``-inf``
-    clock (that mode, every column) and of the initial state (its mode and column) from its position on;
-    a non-finite ``read`` touches only its own output. Returns the cleaned inputs, ``z_bad [B, T, K, P]``
-    and ``state_bad [B, K, M, 1, P]`` (both None when all is finite). One host sync: the sum of the inputs
-    decides (0.13 ms against 104 ms for the scan at B=4, T=512, K=16, M=8, P=16 on one core); only a
-    non-finite sum (a bad value, an infinite clock, an overflow) builds the masks. Not used under
-    ``torch.compile`` (the compiled path assumes finite inputs).
-    """
-    total = v.sum() + write.sum() + read.sum() + clock.sum()  # finite sums: the usual case, one cheap pass
-    if initial_state is not None:
-        total = total + initial_state.sum()
-    if bool(torch.isfinite(total)):
-        return v, write, read, clock, initial_state, None, None
-    bad_v = ~torch.isfinite(v)  # [B, T, K, P]
-    bad_m = ~torch.isfinite(write) | torch.isnan(clock) | (clock == -math.inf)  # [B, T, K, M]
-    bad_r = ~torch.isfinite(read)
-    bad_h = None if initial_state is None else ~torch.isfinite(initial_state).all(-2)  # [B, K, M, P]
-    flags = [bad_v.any(), bad_m.any(), bad_r.any()] + ([] if bad_h is None else [bad_h.any()])
-    if not bool(torch.stack(flags).any()):
-        return v, write, read, clock, initial_state, None, None
-
-    def from_first(x: torch.Tensor) -> torch.Tensor:  # True from the first True on, along time
-        return x.to(torch.uint8).cummax(1).values.bool()
-
-    carried_v, carried_m = from_first(bad_v), from_first(bad_m)
-    z_bad = carried_v | (carried_m | bad_r).any(-1, keepdim=True)  # [B, T, K, P]
-    state_bad = carried_v[:, -1, :, None, None, :] | carried_m[:, -1, :, :, None, None]  # [B, K, M, 1, P]
-    if bad_h is not None:
-        z_bad = z_bad | bad_h.any(2)[:, None]
-        state_bad = state_bad | bad_h[:, :, :, None, :]
-        initial_state = torch.where(bad_h[:, :, :, None, :], 0, initial_state)
-    v = torch.where(bad_v, 0, v)
-    write = torch.where(bad_m, 0, write)
-    read = torch.where(bad_r, 0, read)
-    clock = torch.where(torch.isnan(clock) | (clock == -math.inf), 0, clock)
-    return v, write, read, clock, initial_state, z_bad, state_bad
 
 
 def _plan(L: torch.Tensor, diagonal: str, limit: float) -> tuple[int, torch.Tensor | None, str]:
@@ -225,17 +180,14 @@ def chunk_spectral_scan(
     write: torch.Tensor,  # [B, T, K, M]
     read: torch.Tensor,  # [B, T, K, M]
     clock: torch.Tensor,  # [B, T, K, M]
-    rho: torch.Tensor,  # [K, M]
-    theta: torch.Tensor,  # [K, M]
-    kc: torch.Tensor,  # [K, M]
-    ks: torch.Tensor,  # [K, M]
-    a: torch.Tensor,  # [K, M]
+    modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
     initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame
     output_final_state: bool = False,
     chunk_size: int = 64,
     diagonal: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked scan (Algorithm 2); same contract as :func:`naive_spectral_scan`. Returns ``z [B, T, K, P]``.
+    """Chunked scan (Algorithm 2); the contract of :func:`naive_spectral_scan` with the modal tables as one
+    ``ModalTables``. Returns ``z [B, T, K, P]`` and ``H(T) [B, K, M, 2, P]`` or None.
 
     ``diagonal`` ("auto" | "factorized" | "pairwise") chooses how diagonal blocks are evaluated; "auto"
     factorises every mode whose decay span admits it. Inputs are assumed validated (see
@@ -245,6 +197,7 @@ def chunk_spectral_scan(
     and errors of 1e-1 instead of 1e-5 against the specification).
     """
     B, T, K, P = v.shape
+    rho, theta, kc, ks, a = modal
     M = rho.shape[-1]
     dt, dev = v.dtype, v.device
     if T == 0:
@@ -252,16 +205,16 @@ def chunk_spectral_scan(
         return v.new_zeros(B, 0, K, P), (h if output_final_state else None)
     C, N, pad = _geometry(T, chunk_size)
     z_bad = state_bad = None
-    if not torch.compiler.is_compiling():
-        v, write, read, clock, initial_state, z_bad, state_bad = _isolate_nonfinite(v, write, read, clock,
-                                                                                    initial_state)
+    if host_sync_allowed(v):  # NaN/Inf inputs stay where the spec puts them (edges.py)
+        v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock,
+                                                                                   initial_state)
 
     def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, K, X] -> [B, K, N, C, X], zero padded in time
         x = F.pad(x, (0, 0, 0, 0, 0, pad)) if pad else x
         return x.permute(0, 2, 1, 3).reshape(B, K, N, C, x.shape[-1])
 
     # Per-position log-decay gamma + Delta (Eq. 34), float64, zero on padding; cumulative within each chunk.
-    gamma = (clock.double() - torch.log(rho.double())).clamp(max=_reset_exponent(dt))  # rho = 0, Delta = inf
+    gamma = capped_log_decay(clock, rho, torch.float64, reset_exponent(dt))  # rho = 0, Delta = inf: resets
     L = chunks(gamma).cumsum(-2)  # [B, K, N, C, M] l(tau), tau = 1..C
     limit = _safe_exponent(dt)
     sub, keep, kind = _plan(L, diagonal, limit)
@@ -342,8 +295,4 @@ def chunk_spectral_scan(
     if output_final_state:  # H(T) = R(theta T) S(T); padding neither decays nor writes
         to_natural = _rotation(theta.double() * T).to(dt)  # [K, M, 2, 2]
         state = torch.matmul(to_natural, h.reshape(B, K, M, 2, P))  # [B, K, M, 2, P]
-        if state_bad is not None:
-            state = state.masked_fill(state_bad, math.nan)
-    if z_bad is not None:
-        z = z.masked_fill(z_bad, math.nan)
-    return z, state
+    return restore_nonfinite(z, state, z_bad, state_bad)

@@ -16,23 +16,22 @@ kc, ks, a kc, biases, beta): the layer computes them (``SpectralMixer.decode_pla
 out. The output projection is left to cuBLAS. ``backend="triton"`` runs one
 Triton program per (b, k) holding all M modes of the channel in registers; ``"torch"`` is the same math
 in vectorised PyTorch (the CPU path and the reference of the Triton kernel). Triton is imported lazily
-(``TRITON_INTERPRET=1`` runs the kernels on CPU tensors). ``rms_norm`` and ``swiglu`` are the two
-elementwise pieces of a decode step fused the same way (one kernel each instead of three).
+(``TRITON_INTERPRET=1`` runs the kernels on CPU tensors). The two elementwise pieces of a decode step,
+``rms_norm`` and ``swiglu``, are their own op: ``ops/norm_swiglu``.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from ..dispatch import resolve_decode_backend
 from ..pdl import launch_options
+from .inputs import ModalTables
 
-__all__ = ["ModalConstants", "spectral_decode_step", "spectral_step_torch", "rms_norm", "swiglu",
-           "triton_available", "resolve_backend"]
+__all__ = ["ModalConstants", "spectral_decode_step", "spectral_step_torch"]
 
 # rows of ModalConstants.table [K, 9, M]
 _BW, _BR, _BC, _RHO, _COS, _SIN, _KC, _KS, _AKC = range(9)
@@ -56,38 +55,15 @@ class ModalConstants:
 
     @classmethod
     @torch.no_grad()
-    def pack(cls, bias: torch.Tensor, rho: torch.Tensor, theta: torch.Tensor, kc: torch.Tensor, ks: torch.Tensor,
-             a: torch.Tensor, beta: torch.Tensor, P: int, eps: float, dtype: torch.dtype) -> ModalConstants:
-        """Pack a layer's modal tables into the kernel's layout: bias [K, 3, M], rho/theta/kc/ks/a [K, M],
-        beta [K] (computed by the layer, ideally in float64) -> ``table [K, 9, M]`` in ``dtype``."""
+    def pack(cls, bias: torch.Tensor, modal: ModalTables, beta: torch.Tensor, P: int, eps: float,
+             dtype: torch.dtype) -> ModalConstants:
+        """Pack a layer's modal tables into the kernel's layout: bias [K, 3, M], ``modal`` (rho, theta, kc, ks,
+        a: [K, M]), beta [K] (computed by the layer, ideally in float64) -> ``table [K, 9, M]`` in ``dtype``."""
+        rho, theta, kc, ks, a = modal
         rows = [bias[:, 0], bias[:, 1], bias[:, 2], rho, torch.cos(theta), torch.sin(theta), kc, ks, a * kc]
         table = torch.stack(rows, dim=1).to(dtype).contiguous()          # [K, 9, M]
         K, M = rho.shape
         return cls(table, beta.to(dtype).contiguous(), K, M, P, float(eps))
-
-
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """'auto' -> 'triton' on CUDA with triton installed (or under TRITON_INTERPRET), else 'torch'."""
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"decode backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    if backend == "auto":
-        ok = triton_available() and (torch.device(device).type == "cuda" or _interpret())
-        return "triton" if ok else "torch"
-    if backend == "triton" and not triton_available():
-        raise RuntimeError("decode backend 'triton' needs the triton package: pip install 'elastic-ssm[gpu]'")
-    return backend
 
 
 # ---- PyTorch reference of the fused step -----------------------------------------------------------
@@ -115,22 +91,11 @@ def spectral_step_torch(h: torch.Tensor, state: torch.Tensor, c: ModalConstants,
     return (z * c.scale).to(out_dtype or h.dtype).reshape(B, K * P)
 
 
-def _rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dt = x.dtype
-    xf = x.float() if dt in (torch.float16, torch.bfloat16) else x
-    return F.rms_norm(xf, (xf.shape[-1],), weight.to(xf.dtype), eps).to(dt)
+def _kernel():
+    """``spectral_step_kernel``, imported on first use (``decode_triton_kernels.py`` imports triton)."""
+    from .decode_triton_kernels import spectral_step_kernel
 
-
-def _swiglu_torch(h: torch.Tensor) -> torch.Tensor:
-    g = h.unflatten(-1, (-1, 2))                                          # [B, n, 2] (gate, up) pairs
-    return F.silu(g[..., 0]) * g[..., 1]
-
-
-def _kernels():
-    """(spectral_step_kernel, rms_norm_kernel, swiglu_kernel), imported on first use (``decode_triton_kernels.py``)."""
-    from . import decode_triton_kernels as k
-
-    return k.spectral_step_kernel, k.rms_norm_kernel, k.swiglu_kernel
+    return spectral_step_kernel
 
 
 def _pow2(n: int, lo: int = 1) -> int:
@@ -143,7 +108,7 @@ def _spectral_step_triton(h, state, c: ModalConstants, out_dtype, pdl: bool = Fa
     B = h.shape[0]
     h = h if h.stride(-1) == 1 else h.contiguous()
     out = torch.empty(B, c.K * c.P, dtype=out_dtype or h.dtype, device=h.device)
-    kern = _kernels()[0]
+    kern = _kernel()
     kern[(B * c.K,)](h, state, out, c.table, c.beta, c.K, c.P, c.M, h.stride(0), out.stride(0), c.eps,
                      c.scale, BLOCK_P=_pow2(c.P, 16), BLOCK_M=_pow2(c.M, 2), PDL=pdl,
                      num_warps=2 if c.P <= 32 else 4, **launch_options(pdl))
@@ -166,35 +131,6 @@ def spectral_decode_step(h: torch.Tensor, state: torch.Tensor, consts: ModalCons
     if tuple(state.shape) != (h.shape[0], K, M, 2, P):
         want = (h.shape[0], K, M, 2, P)
         raise ValueError(f"state must be [B, K, M, 2, P] = {want}, got {tuple(state.shape)}")
-    if resolve_backend(backend, h.device) == "triton" and state.dtype == torch.float32:
+    if resolve_decode_backend(backend, h.device) == "triton" and state.dtype == torch.float32:
         return _spectral_step_triton(h, state, consts, out_dtype, pdl)
     return spectral_step_torch(h, state, consts, out_dtype)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto") -> torch.Tensor:
-    """RMSNorm of rows x [B, D] (float32 arithmetic, output in x.dtype), as ``layers.norm.RMSNorm``."""
-    if resolve_backend(backend, x.device) != "triton" or x.dtype == torch.float64 or x.dim() != 2:
-        return _rms_norm_torch(x, weight, eps)
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    y = torch.empty_like(x)
-    B, D = x.shape
-    _kernels()[1][(B,)](x, weight, y, D, x.stride(0), y.stride(0), eps, BLOCK_D=_pow2(D, 16),
-                        num_warps=4 if D <= 2048 else 8)
-    return y
-
-
-def swiglu(h: torch.Tensor, backend: str = "auto") -> torch.Tensor:
-    """silu(gate) * up of interleaved pairs: h [B, 2n] with (gate_j, up_j) at (2j, 2j+1) -> [B, n]."""
-    if resolve_backend(backend, h.device) != "triton" or h.dtype == torch.float64 or h.dim() != 2:
-        return _swiglu_torch(h)
-    h = h if h.stride(-1) == 1 else h.contiguous()
-    B, N = h.shape[0], h.shape[1] // 2
-    y = torch.empty(B, N, dtype=h.dtype, device=h.device)
-    block = 1024
-    _kernels()[2][(B, triton_cdiv(N, block))](h, y, N, h.stride(0), y.stride(0), BLOCK_N=block,
-                                              num_warps=4)
-    return y
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)

@@ -1,9 +1,9 @@
 """Triton kernels of the fused decode step (math and reference: ``ops/spectral_scan/decode_triton.py``).
 
 ``spectral_step_kernel``, grid ``(B * K,)``: program (b, k) holds the M modes of channel k in registers
-and runs Eq. 23, C.2, Eq. 5 and Eq. 24 for one token. ``rms_norm_kernel`` (grid ``(B,)``) and
-``swiglu_kernel`` (grid ``(B, cdiv(N, BLOCK_N))``) are the two elementwise pieces of a decode step. This
-module imports triton: import it only on the Triton path (``TRITON_INTERPRET=1`` must be set before).
+and runs Eq. 23, C.2, Eq. 5 and Eq. 24 for one token (the kernels of the other elementwise pieces of a
+decode step are in ``ops/norm_swiglu``). This module imports triton: import it only on the Triton path
+(``TRITON_INTERPRET=1`` must be set before).
 """
 
 from __future__ import annotations
@@ -56,22 +56,3 @@ def spectral_step_kernel(h_ptr, state_ptr, out_ptr, tab_ptr, beta_ptr, K, P, M, 
     tl.store(sbase + idx + P, n1, mask=m2)
     z = tl.sum((r * kc)[:, None] * n0 - (r * ks)[:, None] * n1, 0) - tl.sum(r * w * akc, 0) * v
     tl.store(out_ptr + b * stride_o + k * P + op, (z * scale).to(out_ptr.dtype.element_ty), mask=mp)
-
-@triton.jit
-def rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BLOCK_D: tl.constexpr):
-    b = tl.program_id(0)
-    o = tl.arange(0, BLOCK_D)
-    m = o < D
-    x = tl.load(x_ptr + b * stride_x + o, mask=m, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + o, mask=m, other=0.0).to(tl.float32)
-    y = x * tl.rsqrt(tl.sum(x * x, 0) / D + eps) * w
-    tl.store(y_ptr + b * stride_y + o, y.to(y_ptr.dtype.element_ty), mask=m)
-
-@triton.jit
-def swiglu_kernel(h_ptr, y_ptr, N, stride_h, stride_y, BLOCK_N: tl.constexpr):
-    b = tl.program_id(0)
-    o = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = o < N
-    g = tl.load(h_ptr + b * stride_h + 2 * o, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(h_ptr + b * stride_h + 2 * o + 1, mask=m, other=0.0).to(tl.float32)
-    tl.store(y_ptr + b * stride_y + o, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=m)

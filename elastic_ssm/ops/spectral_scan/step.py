@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .inputs import ModalTables
+
 
 def _check_step(v_t, write_t, read_t, clock_t, params, state) -> None:
     """Shape/device checks of :func:`spectral_scan_step`; raises ValueError naming the argument."""
@@ -43,19 +45,16 @@ def spectral_scan_step(
     write_t: torch.Tensor,  # [B, K, M] write gates
     read_t: torch.Tensor,  # [B, K, M] read gates
     clock_t: torch.Tensor,  # [B, K, M] clock increments
-    rho: torch.Tensor,  # [K, M]
-    theta: torch.Tensor,  # [K, M]
-    kc: torch.Tensor,  # [K, M]
-    ks: torch.Tensor,  # [K, M]
-    a: torch.Tensor,  # [K, M]
+    modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
     state: torch.Tensor,  # [B, K, M, 2, P] natural frame H(t-1); overwritten with H(t)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advance the recurrence of Eq. 5 by one token; returns ``(z_t [B, K, P], state)``.
 
     Computes in ``state.dtype`` (keep decode states in float32 for bf16 models); ``z_t`` has ``v_t.dtype``.
     """
-    params = {"rho": rho, "theta": theta, "kc": kc, "ks": ks, "a": a}
-    _check_step(v_t, write_t, read_t, clock_t, params, state)
+    modal = ModalTables(*modal)
+    _check_step(v_t, write_t, read_t, clock_t, modal._asdict(), state)
+    rho, theta, kc, ks, a = modal
     dt = state.dtype
     vt, w, r = v_t.to(dt), write_t.to(dt), read_t.to(dt)
     decay = rho.to(dt) * torch.exp(-clock_t.to(dt))  # [B, K, M]

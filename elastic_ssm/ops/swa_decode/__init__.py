@@ -23,9 +23,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..dispatch import resolve_decode_backend
 from ..pdl import launch_options
 from ..rope import apply_rope, cos_sin, rope_inv_freq
-from ..spectral_scan.decode_triton import resolve_backend
 
 __all__ = ["swa_decode_step", "ring_attend", "rope_inv_freq", "MAX_TRITON_BATCH"]
 
@@ -111,7 +111,7 @@ def swa_decode_step(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     ``attention`` ('math' | 'sdpa') picks the torch path's kernel; ``chunk`` the Triton window split;
     ``pdl`` launches the Triton kernels with programmatic dependent launch (``ops/pdl.py``)."""
     _check(qkv, keys, values, slot_pos, positions)
-    use_triton = (resolve_backend(backend, qkv.device) == "triton" and qkv.dtype != torch.float64
+    use_triton = (resolve_decode_backend(backend, qkv.device) == "triton" and qkv.dtype != torch.float64
                   and qkv.shape[0] <= MAX_TRITON_BATCH
                   and keys.shape[3] & (keys.shape[3] - 1) == 0)          # power-of-two head dim
     if use_triton:

@@ -1,0 +1,84 @@
+"""Compiling the ESSH trunk and resolving its scan backend: the machinery around the architecture of ``essh.py``.
+
+``ESSH.forward`` / ``hidden_states`` run the input checks, tier resolution and positions eagerly and then the
+trunk (embedding, blocks, final norm, logits: ``ESSH._trunk``). :func:`compile_trunk` (what
+``elastic_ssm.compile_model`` and ``ESSH.compile_forward`` call) stores a ``torch.compile``d trunk on the
+model; :func:`trunk_for` picks it for calls without a cache (prefill for generation runs eagerly, or from
+the CUDA graph of ``prefill_graph.py``). :func:`scan_backend` resolves the spectral scan's backend eagerly, so
+the compiled trunk receives a constant. The fla scan kernels are custom ops (``ops/spectral_scan/gla_op.py``),
+opaque to the compiler; the CPU scan takes its sync-free pairwise plan under compile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["compile_model", "compile_trunk", "compiled_trunk", "scan_backend", "trunk_for"]
+
+_KEY = "_compiled_trunk"  # the model's __dict__ entry (not a submodule, not a parameter: a deep copy keeps it)
+
+
+def compile_model(model: Any, **kw: Any) -> Any:
+    """``torch.compile`` a model in place and return it: an ESSH's whole trunk, forward and backward (one graph
+    per input shape, tier and padding mode; :func:`compile_trunk`), other models block by block.
+
+    ``kw`` goes to ``torch.compile`` (default ``dynamic=False``: shapes are specialised).
+    """
+    if hasattr(model, "compile_forward"):
+        return model.compile_forward(**kw)
+    kw.setdefault("dynamic", False)
+    for block in getattr(model, "blocks", []):
+        block.compile(**kw)
+    return model
+
+
+def compile_trunk(model: Any, **kw: Any) -> Any:
+    """Store ``torch.compile(type(model)._trunk, **kw)`` on ``model`` (``disable=True``: drop it); returns ``model``.
+
+    The unbound method is compiled and called with the model as argument, so a deep copy of the model keeps
+    working on its own weights (a compiled bound method would be shared by reference and run the original).
+    Raises the dynamo recompile limit to 64 graphs per code object (shapes x tiers x padding modes).
+    """
+    if kw.pop("disable", False):
+        model.__dict__.pop(_KEY, None)
+        return model
+    import torch._dynamo
+
+    from ..ops.dispatch import prepare_compile
+
+    prepare_compile()
+    limit = 64
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+    kw.setdefault("dynamic", False)
+    model.__dict__[_KEY] = torch.compile(type(model)._trunk, **kw)
+    return model
+
+
+def compiled_trunk(model: Any) -> Callable | None:
+    """The compiled trunk stored by :func:`compile_trunk`, or None."""
+    return model.__dict__.get(_KEY)
+
+
+def trunk_for(model: Any, cache: Any = None) -> Callable:
+    """The trunk a forward call runs: the compiled one when there is one and no ``cache``, else the eager one
+    (called as ``trunk(model, input_ids, tier, positions, valid, cache, backend, logits)``)."""
+    compiled = compiled_trunk(model)
+    return compiled if compiled is not None and cache is None else type(model)._trunk
+
+
+def scan_backend(model: Any, backend: str, device: torch.device) -> str:
+    """The scan backend name of ``model``'s spectral layers on ``device``, resolved eagerly from ``backend``
+    ("auto" | "torch" | "fla" | "naive", ``ops/dispatch.py``) for the scan's compute dtype (at least float32);
+    ``backend`` unchanged when the model has no spectral layer."""
+    from ..ops import resolve_backend
+
+    mixer = next((b.mixer for b in getattr(model, "blocks", []) if getattr(b, "kind", None) == "S"), None)
+    if mixer is None:
+        return backend
+    dtype = torch.promote_types(mixer.theta.dtype, torch.float32)
+    return resolve_backend(backend, torch.empty(0, device=device, dtype=dtype))

@@ -1,0 +1,73 @@
+"""RMSNorm and SwiGLU of decode rows as single fused kernels (the elementwise pieces of a decode step).
+
+A decode step at small batch is a chain of weight products (``ops/gemv``) with two elementwise ops between
+them. Op by op, PyTorch runs each as three or more kernels (square-mean, rsqrt-scale, weight multiply;
+silu, multiply, the strided split); here each is one kernel over rows ``[B, D]``::
+
+    rms_norm(x, weight, eps)   y = weight * x / sqrt(mean_j x_j^2 + eps)          x [B, D] -> [B, D]
+    swiglu(h)                  y_j = silu(h_{2j}) * h_{2j+1}                      h [B, 2n] -> [B, n]
+
+``rms_norm`` is ``layers.norm.RMSNorm`` (ESSH: pre-norm of every block and the final norm, eps
+``ESSHConfig.norm_eps``) in float32 arithmetic with the output in ``x.dtype``. ``swiglu`` is the SwiGLU of
+``layers.ffn`` (ESSH Sec. 4: SwiGLU FFNs) on the interleaved (gate, up) pairs of ``SwiGLU.w_in``'s output.
+``backend`` ("auto" | "torch" | "triton", :func:`elastic_ssm.ops.dispatch.resolve_decode_backend`):
+"triton" runs ``triton_kernels.py`` (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``); "torch" is the
+same math in PyTorch (the CPU path and the kernels' reference), also used for float64 and non-2-D inputs.
+Tested against each other in ``tests/test_bench.py`` (interpreter) and ``tests/test_fast_decode_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..dispatch import resolve_decode_backend
+
+__all__ = ["rms_norm", "swiglu"]
+
+
+def _rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dt = x.dtype
+    xf = x.float() if dt in (torch.float16, torch.bfloat16) else x
+    return F.rms_norm(xf, (xf.shape[-1],), weight.to(xf.dtype), eps).to(dt)
+
+
+def _swiglu_torch(h: torch.Tensor) -> torch.Tensor:
+    g = h.unflatten(-1, (-1, 2))  # [B, n, 2] (gate, up) pairs
+    return F.silu(g[..., 0]) * g[..., 1]
+
+
+def _pow2(n: int, lo: int = 1) -> int:
+    return max(lo, 1 << (int(n) - 1).bit_length())
+
+
+def _use_triton(x: torch.Tensor, backend: str) -> bool:
+    return resolve_decode_backend(backend, x.device) == "triton" and x.dtype != torch.float64 and x.dim() == 2
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto") -> torch.Tensor:
+    """RMSNorm of rows ``x [B, D]`` with ``weight [D]`` (float32 arithmetic, output in ``x.dtype``)."""
+    if not _use_triton(x, backend):
+        return _rms_norm_torch(x, weight, eps)
+    from .triton_kernels import rms_norm_kernel
+
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    y = torch.empty_like(x)
+    B, D = x.shape
+    rms_norm_kernel[(B,)](x, weight, y, D, x.stride(0), y.stride(0), eps, BLOCK_D=_pow2(D, 16),
+                          num_warps=4 if D <= 2048 else 8)
+    return y
+
+
+def swiglu(h: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """``silu(gate) * up`` of interleaved pairs: ``h [B, 2n]``, ``(gate_j, up_j)`` at ``(2j, 2j+1)`` -> ``[B, n]``."""
+    if not _use_triton(h, backend):
+        return _swiglu_torch(h)
+    from .triton_kernels import swiglu_kernel
+
+    h = h if h.stride(-1) == 1 else h.contiguous()
+    B, N = h.shape[0], h.shape[1] // 2
+    y = torch.empty(B, N, dtype=h.dtype, device=h.device)
+    block = 1024
+    swiglu_kernel[(B, -(-N // block))](h, y, N, h.stride(0), y.stride(0), BLOCK_N=block, num_warps=4)
+    return y
