@@ -67,9 +67,9 @@ def measure(preset: str, root: Path, repeats: int) -> dict[str, float]:
     from safetensors.torch import save
 
     from ..config import ESSHConfig
-    from ..utils.files import atomic_write_bytes
     from ..models.essh import ESSH
     from ..train.checkpoint import save_model_dir
+    from ..utils.files import atomic_write_bytes
 
     root.mkdir(parents=True, exist_ok=True)
     with torch.device("meta"):
