@@ -121,3 +121,15 @@ def test_elastic_ssm_has_no_import_cycle():
     found = cycles(graph)
     assert not found, "import cycles inside elastic_ssm (module-level imports):\n" + "\n".join(
         " -> ".join(c) for c in found)
+
+
+def test_the_tests_mirror_the_package_folders():
+    """Issue #17: a test file lives in the folder of the package it tests (``tests/ops/`` for ``elastic_ssm/ops``);
+    cross-cutting suites (``faults``) and data (``fixtures``) are the only other folders, CLI and layout tests sit
+    at the top."""
+    tests = Path(__file__).resolve().parent
+    packages = {p.name for p in (ROOT / "elastic_ssm").iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert folders - packages <= {"faults", "fixtures"}, sorted(folders - packages - {"faults", "fixtures"})
+    top = sorted(p.name for p in tests.glob("test_*.py"))
+    assert top == ["test_cli.py", "test_cli_options.py", "test_imports.py"], top

@@ -93,12 +93,12 @@ def run_bench_entry(cfg, ctx) -> list[dict]:
 class PytestOptions(ConfigBase):
     """A pytest selection run before the timings (the checks live in the tests, never in the bench)."""
 
-    args: tuple[str, ...] = opt((), "pytest arguments, e.g. [-m, gpu, tests/test_generate_gpu.py, -k, graph]")
+    args: tuple[str, ...] = opt((), "pytest arguments, e.g. [-m, gpu, tests/models/test_generate_gpu.py, -k, graph]")
     timeout_s: float = opt(0.0, "stop the run after this many seconds (0: the suite's remaining budget)")
 
     def validate(self) -> None:
         if not self.args:
-            raise ConfigError("PytestOptions.args: name the tests to run, e.g. [-m, gpu, tests/test_generate_gpu.py]")
+            raise ConfigError("PytestOptions.args: name the tests to run, e.g. [-m, gpu, tests/models/test_generate_gpu.py]")
 
 
 _COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")

@@ -6,7 +6,7 @@ B x T x K x M x P for each value width P and path: ``fla fp32`` (fp32 inputs), `
 computed in fp32), ``fla bf16/bf16`` (q/k/v in bf16), ``torch fp32`` (the chunked PyTorch scan); then the
 long-sequence forward (``long_length``) of fla and torch, the bare ``fla.ops.gla.chunk_gla`` call on the mapped
 inputs (what the mapping costs around it), and the torch decode step per batch. The accuracy of these paths
-against the float64 reference is checked by ``tests/test_spectral_scan_gpu.py``, not here.
+against the float64 reference is checked by ``tests/ops/test_spectral_scan_gpu.py``, not here.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ A suite file::
         preset: 370m                           # every other key is an option of the kind (BenchConfig here)
         benchmarks: [generate]
         target: {ms_per_token: {max: 0.60}}    # targets.py
-      - {name: scan-check, kind: tests, optional: true, args: [-m, gpu, tests/test_spectral_scan_gpu.py]}
+      - {name: scan-check, kind: tests, optional: true, args: [-m, gpu, tests/ops/test_spectral_scan_gpu.py]}
 
 ``env`` (a mapping) sets environment variables for one entry (its child processes, or around an
 in-process entry); ``optional: true`` entries run only when ``--bench.only`` names them. ``load_suite``

@@ -13,7 +13,7 @@ silu, multiply, the strided split); here each is one kernel over rows ``[B, D]``
 ``backend`` ("auto" | "torch" | "triton", :func:`elastic_ssm.ops.dispatch.resolve_decode_backend`):
 "triton" runs ``triton_kernels.py`` (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``); "torch" is the
 same math in PyTorch (the CPU path and the kernels' reference), also used for float64 and non-2-D inputs.
-Tested against each other in ``tests/test_bench.py`` (interpreter) and ``tests/test_fast_decode_gpu.py``.
+Tested against each other in ``tests/bench/test_bench.py`` (interpreter) and ``tests/models/test_fast_decode_gpu.py``.
 """
 
 from __future__ import annotations

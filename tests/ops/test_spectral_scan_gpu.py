@@ -7,7 +7,7 @@ the default fla path keeps q, k, v in fp32, see ``fla_spectral_scan``). The thet
 cancelling sum over t, and fla's float32 products are TF32 for fp32 and bf16 inputs alike (same kernel
 precision), so it is held to 3e-2 for both: measured on an H200 1.06e-2 (P=28, T=130) and 1.38e-2 (P=64,
 T=256, strong clocks), while every other gradient stays under 5e-3.
-Run with ``python -m pytest -m gpu tests/test_spectral_scan_gpu.py``.
+Run with ``python -m pytest -m gpu tests/ops/test_spectral_scan_gpu.py``.
 """
 
 import math
@@ -161,7 +161,7 @@ def test_step_matches_scan_on_cuda(dtype):
     assert rel(state, h_ref.double()) < tol
 
 
-# ---- edge values through fla (tests/test_scan_edges.py on CPU): one shape, the one T=130 above compiled ----
+# ---- edge values through fla (tests/ops/test_scan_edges.py on CPU): one shape, the one T=130 above compiled ----
 EDGE = dict(B=2, T=130, K=4, M=8, P=28)
 
 

@@ -18,7 +18,7 @@ from elastic_ssm.train.capacity_mixed import reserved_slots
 from elastic_ssm.train.config import resolve_precision
 from elastic_ssm.train.dist import DistContext
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 L, B = 16, 2
 
 

@@ -24,7 +24,7 @@ from elastic_ssm import data  # noqa: E402
 from elastic_ssm.bench.serve import free_port, wait_healthy  # noqa: E402
 from elastic_ssm.models.essh import randomize_selective  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["def main():", "The capital of", "ab"]
 N = 24
 

@@ -1,6 +1,6 @@
 """Standard modules, standard tools (issue #13 part 4): projections are ``nn.Linear`` and the embedding an
 ``nn.Embedding``, so ``quantize_dynamic``, torchao and PEFT LoRA work on an exported tier; files written in
-the layout before ``nn.Linear`` (``tests/data/legacy_layout``, written by commit 3d59bf4) load with the
+the layout before ``nn.Linear`` (``tests/fixtures/legacy_layout``, written by commit 3d59bf4) load with the
 logits that code computed."""
 
 import copy
@@ -16,7 +16,7 @@ from torch import nn
 import elastic_ssm as es
 from elastic_ssm.models.legacy import upgrade_state_dict
 
-LEGACY = Path(__file__).parent / "data" / "legacy_layout"
+LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_layout"
 PROJECTIONS = ("in_proj", "out_proj", "qkv", "out", "w_in", "w_out")
 
 

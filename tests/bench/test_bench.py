@@ -267,7 +267,7 @@ from elastic_ssm.bench.suite import apply_overrides, load_suite, run_suite  # no
 from elastic_ssm.bench.targets import evaluate_targets, parse_targets  # noqa: E402
 from elastic_ssm.cli import main as cli_main  # noqa: E402
 
-SUITES = sorted((Path(__file__).resolve().parents[1] / "configs" / "bench").glob("*.yaml"))
+SUITES = sorted((Path(__file__).resolve().parents[2] / "configs" / "bench").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SUITES, ids=[p.stem for p in SUITES])

@@ -3,7 +3,7 @@
 CPU only. The whole-model checks use the ``aot_eager`` backend with ``fullgraph=True`` (dynamo capture,
 functionalisation and the joint forward/backward graph, so any graph break or host sync fails the test)
 and one inductor forward; inductor's C++ compile of the backward takes about a minute on a cold cache,
-which the GPU script and tests (``tests/test_compile_gpu.py``) cover instead.
+which the GPU script and tests (``tests/models/test_compile_gpu.py``) cover instead.
 """
 
 import copy

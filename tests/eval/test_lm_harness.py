@@ -178,7 +178,7 @@ def test_console_script_runs_lm_evals_own_cli_per_tier(tiny, tmp_path, monkeypat
 
     from elastic_ssm.eval import harness
 
-    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert '\nelastic-ssm-lm-eval = "elastic_ssm.eval.harness:main"\n' in pyproject      # the console script
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

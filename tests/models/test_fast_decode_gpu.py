@@ -1,6 +1,6 @@
 """GPU decode fast path (marker ``gpu``): Triton kernels == their torch math, CUDA-graph FastDecoder ==
 ``ESSH.step`` (fp32) and within bf16 tolerance, and bf16 graph decoding of a real byte prompt agrees with
-the fp32 full forward. Run with ``python -m pytest -m gpu tests/test_fast_decode_gpu.py``.
+the fp32 full forward. Run with ``python -m pytest -m gpu tests/models/test_fast_decode_gpu.py``.
 
 Tolerances (relative Frobenius error): fp32 paths 1e-4 (different but exact summation orders, no TF32);
 bf16 weights / KV against the same model's reference step 2e-2; bf16 decode against the fp32 forward:

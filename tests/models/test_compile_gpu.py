@@ -1,7 +1,7 @@
 """GPU tests of the compiled paths: ``compile_model`` with the fla scan custom ops against eager (forward and
 parameter gradients) and the flex_attention sliding window against the masked SDPA path, forward and backward.
 
-Run with ``python -m pytest -m gpu tests/test_compile_gpu.py`` (inductor and fla compile per shape on first use).
+Run with ``python -m pytest -m gpu tests/models/test_compile_gpu.py`` (inductor and fla compile per shape on first use).
 """
 
 import pytest
@@ -32,7 +32,7 @@ def test_compiled_essh_with_fla_matches_eager():
     of single elements, so compiled and eager agree at that level, not at float32 rounding (measured on an
     H200: 8.6e-4 on the logits, 5.5e-3 on the theta gradient of block 0). Each side is within fla's
     tolerance of the exact values, so their difference is held to twice it. The CPU test
-    (tests/test_compile.py, no TF32) holds them to 1e-5 / 1e-4."""
+    (tests/models/test_compile.py, no TF32) holds them to 1e-5 / 1e-4."""
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = randomize_selective(es.ESSH(es.ESSHConfig.preset("small")), zero_lag=True).train()

@@ -7,7 +7,7 @@ at position t leaves every output before t (and every other channel) finite and 
 exact; ``rho = exp(-softplus(x))`` of a large ``x`` (underflow to 0 inside the model) keeps the logits finite.
 The public op rejects values outside its ranges (negative clock, rho outside [0, 1], non-finite modal
 tables) eagerly, and under ``torch.compile`` turns them into NaN outputs without a graph break.
-The same cases for the real fla kernels: ``tests/test_spectral_scan_gpu.py -k edge``.
+The same cases for the real fla kernels: ``tests/ops/test_spectral_scan_gpu.py -k edge``.
 """
 
 import importlib

@@ -48,7 +48,7 @@ def test_every_field_has_help():
 
 
 def test_every_yaml_in_configs_loads():
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     files = sorted([*root.glob("configs/*.yaml"), *root.glob("elastic_ssm/configs/*.yaml")])
     assert files, "configs/ holds no YAML files"
     from elastic_ssm.config import load_any_config
@@ -92,7 +92,7 @@ def test_config_package_builds_runs_presets_and_tier_tables_without_torch():
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     p = subprocess.run([sys.executable, "-c", _NO_TORCH], cwd=root, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["essh", "0.0012", str(es.ESSHConfig.preset("1.5b").tier_table()[-1].params),

@@ -3,7 +3,7 @@ also with the pure-torch scan at a model shape. On 2 GPUs (issue #19): ``torchru
 elastic_ssm.cli train`` finishes for capacity-mixed FSDP2 (ranks at different capacities in the same step) and
 DDP, and a collective that one rank never joins ends the run with a line naming the rank and the step.
 
-Run on a GPU with ``python -m pytest -m gpu tests/test_train_gpu.py`` (the 2-GPU tests: ``-k two_gpus``);
+Run on a GPU with ``python -m pytest -m gpu tests/train/test_train_gpu.py`` (the 2-GPU tests: ``-k two_gpus``);
 without CUDA these tests are strict xfails (tests/conftest.py), with one GPU the 2-GPU tests fail: never
 silent skips.
 """
@@ -88,7 +88,7 @@ def test_bf16_training_with_the_torch_scan_at_model_shape(tmp_path, monkeypatch)
 
 
 # ---- two GPUs (torchrun, NCCL) ----------------------------------------------------------------------
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUN_YAML = """model: {arch: essh, preset: small}
 train: {recipe: capacity_mixed, steps: 8, micro_batch_size: 8, grad_accum: 2, seq_len: 256, n_warm_tokens: 0,
         full_share: 0.5, capacities: [0.25, 1.0], eval_every: 4, eval_batches: 2, checkpoint_every: 4, log_every: 1}

@@ -1,7 +1,7 @@
 """GPU tests of the benchmark peers built from flash-linear-attention (``bench.peers``): Gated DeltaNet + FFN.
 
 They need a CUDA device and fla installed (its kernels are Triton-only). Run with
-``python -m pytest -m gpu tests/test_peers_gpu.py``.
+``python -m pytest -m gpu tests/bench/test_peers_gpu.py``.
 """
 
 import pytest

@@ -1,6 +1,6 @@
 """The ES-SSM decode benchmark entry (``elastic-ssm bench --bench.benchmarks es_ssm_decode``): CPU smoke test of
 its plumbing, and GPU tests (marker ``gpu``, not run in CI) of the decoders on CUDA and of the entry at the
-byte-base shapes. Run the GPU part with ``python -m pytest -m gpu tests/test_es_ssm_decode_bench.py``."""
+byte-base shapes. Run the GPU part with ``python -m pytest -m gpu tests/bench/test_es_ssm_decode_bench.py``."""
 
 import pytest
 import torch
