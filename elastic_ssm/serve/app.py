@@ -122,8 +122,9 @@ def _json(status: int, body: dict, headers: dict | None = None):
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(model, settings: ServerSettings):
-    """The FastAPI app serving ``model`` (see the module docstring)."""
+def create_app(model, settings: ServerSettings, pool_factory=None):
+    """The FastAPI app serving ``model`` (see the module docstring); ``pool_factory``: internal, the bench's CPU
+    proxy (``Engine``'s)."""
     metrics = Metrics()
     tok = model.tokenizer
     if tok is None:
@@ -134,8 +135,9 @@ def create_app(model, settings: ServerSettings):
 
     @asynccontextmanager
     async def lifespan(app):
+        extra = {} if pool_factory is None else {"pool_factory": pool_factory}
         eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s, eos=eos,
-                     tokenizer=tok, metrics=metrics)
+                     tokenizer=tok, metrics=metrics, **extra)
         state["engine"] = app.state.engine = eng.start()
         try:
             yield

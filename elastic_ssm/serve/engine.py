@@ -106,16 +106,18 @@ class Engine:
 
     ``slots``: rows per tier pool (the decoder's batch bucket). ``max_queue``: waiting requests per tier
     before ``Busy``. ``stall_timeout``: seconds a request may hold undelivered output before it is
-    cancelled and its slot freed. ``eos``: token id that ends a request (None: none).
+    cancelled and its slot freed. ``eos``: token id that ends a request (None: none). ``pool_factory``:
+    internal (the bench's CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool as
+    ``pool_factory(model, tier, slots)``; ``SlotPool`` everywhere else.
     """
 
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
-                 eos: int | None = None, tokenizer=None, metrics=None) -> None:
+                 eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool) -> None:
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
         self.eos, self.max_queue, self.stall_timeout = eos, max_queue, stall_timeout
         self.pools: dict[str, SlotPool] = {}
         for name in tiers:
-            self.pools[name] = SlotPool(model, name, slots)
+            self.pools[name] = pool_factory(model, name, slots)
         V = model.config.vocab_size
         self._noise = {name: RowNoise(slots, V, p.device) for name, p in self.pools.items()}
         self._params = {name: (torch.zeros(slots, device=p.device), torch.zeros(slots, dtype=torch.long,
