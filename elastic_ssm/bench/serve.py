@@ -197,8 +197,8 @@ def _client(args: tuple) -> dict:
 
     async def main() -> dict:
         res = await asyncio.gather(*(one(t, random.Random(seed * 1000 + i)) for i, t in enumerate(streams)))
-        return {"cpu": time.process_time() - cpu0, "ttft": [x for r in res for x in r[0]], "itl": [x for r in res for x in r[1]],
-                "tokens": sum(r[2] for r in res)}
+        return {"cpu": time.process_time() - cpu0, "ttft": [x for r in res for x in r[0]],
+                "itl": [x for r in res for x in r[1]], "tokens": sum(r[2] for r in res)}
 
     cpu0 = time.process_time()
     return asyncio.run(main())
@@ -233,13 +233,21 @@ def _server_stats(base: str, pid: int) -> tuple[float, float]:
 
     text = httpx.get(f"{base}/metrics", timeout=10).text
     steps = next(float(x.split()[-1]) for x in text.splitlines() if x.startswith("elastic_ssm_decode_steps_total"))
+    return steps, _tree_cpu(pid)
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its descendants (the engine process), from /proc (NaN elsewhere)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        cpu = float("nan")
-    return steps, cpu
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                cpu += sum(_tree_cpu(int(c)) for c in f.read().split())
+        return cpu
+    except (OSError, ValueError):
+        return float("nan")
 
 
 def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slots: int, prompt: int,
@@ -252,7 +260,8 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
     vocab = ESSHConfig.preset(preset).vocab_size
     port = free_port()
     cmd = [sys.executable, "-m", "elastic_ssm.bench.serve", "--preset", preset, "--tiers", ",".join(tiers),
-           "--slots", str(slots), "--port", str(port), "--device", device, "--dtype", dtype, "--seed", str(seed), *server_args]
+           "--slots", str(slots), "--port", str(port), "--device", device, "--dtype", dtype, "--seed", str(seed),
+           *server_args]
     log = tempfile.TemporaryFile(mode="w+")       # a file, not a pipe: a full pipe would stall the server
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=os.environ.copy())
     base = f"http://127.0.0.1:{port}"
@@ -307,14 +316,30 @@ def serve_suite(r, out: list) -> None:
                 cfg.serve_rounds, cfg.serve_client_procs, str(r.dev), str(r.dtype).replace("torch.", ""), cfg.seed))
 
 
-def _serve_main(argv: list[str] | None = None) -> None:
-    """The server process of the benchmark (random weights, ``IdTokenizer``)."""
+def _bench_model(preset: str, device: str, dtype: str, seed: int, stub: bool):
+    """The bench server's model: random weights at ``preset`` with ``IdTokenizer`` (for the CPU proxy on CPU in
+    float32 with a 1024-id vocabulary: above 260 ids, so the text is IdTokenizer's, one character per token).
+    ``device="meta"``: the HTTP process's view of it."""
     import torch
-    import uvicorn
 
     from ..config import ESSHConfig
-    from ..serve.app import ServerSettings, create_app
     from .peers import build_essh
+
+    torch.manual_seed(seed)
+    cfg = ESSHConfig.preset(preset, vocab_size=1024) if stub else ESSHConfig.preset(preset)
+    if stub and device != "meta":
+        torch.set_num_threads(1)
+        device, dtype = "cpu", "float32"
+    model = build_essh(cfg, torch.device(device), getattr(torch, dtype))
+    model.tokenizer = IdTokenizer(model.config.vocab_size)
+    return model
+
+
+def _serve_main(argv: list[str] | None = None) -> None:
+    """The server process of the benchmark (random weights, ``IdTokenizer``)."""
+    import uvicorn
+
+    from ..serve.app import ServerSettings, create_app
 
     p = argparse.ArgumentParser(prog="python -m elastic_ssm.bench.serve")
     p.add_argument("--preset", required=True)
@@ -324,6 +349,8 @@ def _serve_main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine", default="process", choices=("process", "thread"),
+                   help="the engine in its own process (as elastic-ssm serve) or a thread of the HTTP process")
     p.add_argument("--stub-step-ms", type=float, default=None,
                    help="CPU proxy: StubPool with a decode step of this many ms instead of the model's pools")
     p.add_argument("--stub-prefill-ms", type=float, default=0.0, help="CPU proxy: fixed ms per prefill forward")
@@ -334,23 +361,22 @@ def _serve_main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.switch_interval is not None:
         sys.setswitchinterval(a.switch_interval)
-    torch.manual_seed(a.seed)
+    stub = a.stub_step_ms is not None
     pool_factory = None
-    if a.stub_step_ms is not None:
-        torch.set_num_threads(1)
-        # a vocabulary above 260 ids: IdTokenizer's text, not the byte decoder (one character per token)
-        model = build_essh(ESSHConfig.preset(a.preset, vocab_size=1024), torch.device("cpu"), torch.float32)
+    if stub:
         pool_factory = functools.partial(StubPool, step_ms=a.stub_step_ms, prefill_ms=a.stub_prefill_ms,
                                          prefill_us_per_token=a.stub_prefill_us_per_token)
-    else:
-        model = build_essh(ESSHConfig.preset(a.preset), torch.device(a.device), getattr(torch, a.dtype))
-    model.tokenizer = IdTokenizer(model.config.vocab_size)
+    load = functools.partial(_bench_model, a.preset, a.device, a.dtype, a.seed, stub)
     tiers = a.tiers.split(",")
     settings = ServerSettings(name="bench", tiers=tiers, default_tier=tiers[-1], slots=a.slots,
                               max_queue=4 * a.slots, max_connections_per_client=1 << 16, max_prompt_tokens=1 << 16,
                               max_tokens_limit=1 << 16)
-    uvicorn.run(create_app(model, settings, pool_factory=pool_factory), host="127.0.0.1", port=a.port,
-                log_level="warning", limit_concurrency=1 << 16, loop=a.loop, http=a.http)
+    if a.engine == "process":
+        app = create_app(_bench_model(a.preset, "meta", a.dtype, a.seed, stub), settings, pool_factory, load=load)
+    else:
+        app = create_app(load(), settings, pool_factory)
+    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", limit_concurrency=1 << 16, loop=a.loop,
+                http=a.http)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ class Request:
     consumed_at: float = field(default_factory=time.monotonic)   # the handler last took an event
     emitted: int = 0                 # events emitted (engine thread only)
     taken: int = 0                   # events taken (handler side only)
+    rid: int = 0                     # the request's number between the processes of ``RemoteEngine``
+    on_cancel: Any = None            # called once by ``cancel`` (``RemoteEngine`` tells its engine process)
 
     @property
     def pending(self) -> int:
@@ -98,6 +100,8 @@ class Request:
         self.consumed_at = time.monotonic()
 
     def cancel(self) -> None:
+        if not self.cancelled and self.on_cancel is not None:
+            self.on_cancel(self)
         self.cancelled = True
 
 
