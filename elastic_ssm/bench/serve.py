@@ -2,16 +2,20 @@
 
 The server runs in its own process (``python -m elastic_ssm.bench.serve``: the served app of
 ``serve/app.py`` over a random-weight ESSH at the bench preset, every tier of ``serve_tiers`` with
-``serve_slots`` slots, no weights on disk). Its tokenizer is ``IdTokenizer``: one character per token id,
-so every streamed character is one token. Load comes from ``serve_client_procs`` client processes (a
-Python client cannot read tens of thousands of server-sent events a second alone), each running its share
-of the streams over raw HTTP/1.1 keep-alive connections (asyncio streams; ``httpx`` cost more per event than
-the server, and on a small machine the load generator was what the bench measured): every stream sends ``serve_rounds`` requests one after another (a prompt of
-``serve_prompt`` random ids, greedy, ``serve_new_tokens`` tokens, streamed), the streams' tiers cycling
-through the mix. A warm-up pass (every stream once, 8 tokens) runs first and is reported as ``warmup_s``.
-Reported per (mix, streams): aggregate generated tokens/s over the run's wall clock,
-p50/p99 time to first token, p50/p99 inter-token latency (gaps between streamed chunks), and the
-issue's targets beside them (docs/serving.md).
+``serve_slots`` slots, no weights on disk; its engine in a process of its own, as ``elastic-ssm serve``).
+Its tokenizer is ``IdTokenizer``: one character per token id, so every streamed character is one token.
+Load comes from ``serve_client_procs`` client processes, each running its share of the streams over raw
+HTTP/1.1 keep-alive connections (asyncio streams: ``httpx`` cost more per event than the server does, and on
+a small machine the load generator was what got measured): every stream sends ``serve_rounds`` requests
+one after another (a prompt of ``serve_prompt`` random ids, greedy, ``serve_new_tokens`` tokens, streamed),
+the streams' tiers cycling through the mix. A warm-up pass (every stream once, 8 tokens) runs first and is
+reported as ``warmup_s``. Reported per (mix, streams): aggregate generated tokens/s over the run's wall
+clock, p50/p99 time to first token, p50/p99 inter-token latency (the gaps between reads that carried text:
+events read together are one arrival), the engine's decode steps per second (``steps_s``) and the CPU
+cores the server's processes used (``server_cpu``, and per generated token ``server_us_per_token``).
+
+CPU proxy (``scripts/serve_proxy.py``): ``--stub-step-ms`` gives the server ``StubPool``s, whose decode step and
+prefills cost fixed wall time, so what the HTTP and engine layers alone can push is measured without a GPU.
 """
 
 from __future__ import annotations
