@@ -2,20 +2,26 @@
 
 The server runs in its own process (``python -m elastic_ssm.bench.serve``: the served app of
 ``serve/app.py`` over a random-weight ESSH at the bench preset, every tier of ``serve_tiers`` with
-``serve_slots`` slots, no weights on disk). Its tokenizer is ``IdTokenizer``: one character per token id,
-so every streamed character is one token. Load comes from ``serve_client_procs`` client processes (a
-Python client cannot read tens of thousands of server-sent events a second alone), each running its share
-of the streams with ``httpx``: every stream sends ``serve_rounds`` requests one after another (a prompt of
-``serve_prompt`` random ids, greedy, ``serve_new_tokens`` tokens, streamed), the streams' tiers cycling
-through the mix. A warm-up pass (every stream once, 8 tokens) runs first and is reported as ``warmup_s``.
-Reported per (mix, streams): aggregate generated tokens/s over the run's wall clock,
-p50/p99 time to first token, p50/p99 inter-token latency (gaps between streamed chunks), and the
-issue's targets beside them (docs/serving.md).
+``serve_slots`` slots, no weights on disk; its engine in a process of its own, as ``elastic-ssm serve``).
+Its tokenizer is ``IdTokenizer``: one character per token id, so every streamed character is one token.
+Load comes from ``serve_client_procs`` client processes, each running its share of the streams over raw
+HTTP/1.1 keep-alive connections (asyncio streams: ``httpx`` cost more per event than the server does, and on
+a small machine the load generator was what got measured): every stream sends ``serve_rounds`` requests
+one after another (a prompt of ``serve_prompt`` random ids, greedy, ``serve_new_tokens`` tokens, streamed),
+the streams' tiers cycling through the mix. A warm-up pass (every stream once, 8 tokens) runs first and is
+reported as ``warmup_s``. Reported per (mix, streams): aggregate generated tokens/s over the run's wall
+clock, p50/p99 time to first token, p50/p99 inter-token latency (the gaps between reads that carried text:
+events read together are one arrival), the engine's decode steps per second (``steps_s``) and the CPU
+cores the server's processes used (``server_cpu``, and per generated token ``server_us_per_token``).
+
+CPU proxy (``python -m elastic_ssm.bench.serve_proxy``): ``--stub-step-ms`` gives the server ``StubPool``s, whose decode step and
+prefills cost fixed wall time, so what the HTTP and engine layers alone can push is measured without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -45,46 +51,155 @@ class IdTokenizer:
         return "".join(chr(0x100 + int(i)) for i in ids)
 
 
-def _client(args: tuple) -> dict:
-    """One client process: its streams, run concurrently; returns raw timings."""
-    import asyncio
+class StubPool:
+    """A ``SlotPool`` stand-in whose decode step and prefills cost fixed wall time: the bench's CPU proxy of
+    the GPU (``--stub-step-ms``), to measure what the HTTP and engine layers alone can push.
 
-    import httpx
+    It keeps ``SlotPool``'s interface and timing shape: ``step_async`` first waits for the previous step to
+    end (the GPU's synchronisation, a sleep that releases the GIL as a CUDA wait does), then starts the next
+    one (ready ``step_ms`` later) and returns the tokens at once, so the engine's per-row work overlaps the
+    step as on the GPU. A prefill of ``n`` prompts of ``T`` tokens occupies the "device" for
+    ``prefill_ms + prefill_us_per_token * n * T / 1000`` ms. Greedy text is row ``r``'s last token + 1 (mod the
+    vocabulary), so every step gives every stream one token and one character.
+    """
+
+    def __init__(self, model, tier, slots: int, step_ms: float, prefill_ms: float = 0.0,
+                 prefill_us_per_token: float = 0.0, max_prefill: int = 16) -> None:
+        import torch
+
+        self.tier, self.slots, self.device = model.resolve_tier(tier), slots, torch.device("cpu")
+        self.V = model.config.vocab_size
+        self.logits = torch.zeros(slots, self.V)                                      # [slots, V]
+        self.owner: list = [None] * slots
+        self.max_prefill = min(slots, max_prefill)
+        self.step_s, self.prefill = step_ms / 1e3, (prefill_ms / 1e3, prefill_us_per_token / 1e6)
+        self.graphed, self._ready = False, 0.0
+
+    def free_slots(self) -> int:
+        return sum(o is None for o in self.owner)
+
+    def busy(self) -> int:
+        return self.slots - self.free_slots()
+
+    def active_rows(self) -> list[int]:
+        return [i for i, o in enumerate(self.owner) if o is not None]
+
+    def release(self, i: int) -> None:
+        self.owner[i] = None
+
+    def _occupy(self, seconds: float) -> None:
+        """The device runs for ``seconds`` more after the work already queued (host does not wait)."""
+        self._ready = max(time.monotonic(), self._ready) + seconds
+
+    def _wait(self) -> None:
+        left = self._ready - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+
+    def _next(self, rows: list[int], last: list[int]) -> None:
+        self.logits[rows] = 0.0
+        self.logits[rows, [(t + 1) % self.V for t in last]] = 1.0
+
+    def admit_many(self, owners: list, prompts: list[list[int]]) -> list[int]:
+        rows = [i for i, o in enumerate(self.owner) if o is None][:len(prompts)]
+        if len(rows) < len(prompts):
+            raise ValueError("no free slot")
+        self._occupy(self.prefill[0] + self.prefill[1] * sum(len(p) for p in prompts))
+        self._next(rows, [p[-1] for p in prompts])
+        for i, owner in zip(rows, owners):
+            self.owner[i] = owner
+        return rows
+
+    def admit(self, owner, prompt: list[int]) -> int:
+        return self.admit_many([owner], [prompt])[0]
+
+    def step_async(self, tokens) -> list[int]:
+        values = tokens.tolist()
+        self._wait()
+        self._occupy(self.step_s)
+        self._next(list(range(self.slots)), values)
+        return values
+
+
+async def _read_head(reader) -> tuple[int, dict[str, str]]:
+    """The status and headers of an HTTP/1.1 response."""
+    status = int((await reader.readline()).split()[1])
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        k, _, v = line.decode("latin-1").partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return status, headers
+
+
+async def _stream_once(reader, writer, host: str, body: dict):
+    """POST one streamed completion on an open keep-alive connection; yields (arrival time, characters of text)
+    per read that carried text: raw HTTP/1.1 with chunked transfer, so the client costs little per token."""
+    raw = json.dumps(body).encode()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(raw), raw))
+    status, headers = await _read_head(reader)
+    if status != 200:
+        n = int(headers.get("content-length", "0"))
+        raise RuntimeError(f"server answered {status}: {(await reader.readexactly(n))[:200]!r}")
+    buf, sse, done = b"", b"", False
+    while not done:
+        data = await reader.read(1 << 16)
+        if not data:
+            raise ConnectionError("the server closed the stream")
+        now = time.perf_counter()
+        buf += data
+        while (i := buf.find(b"\r\n")) >= 0:          # whole chunks of the chunked body
+            size = int(buf[:i], 16)
+            if len(buf) < i + 4 + size:
+                break
+            sse += buf[i + 2:i + 2 + size]
+            buf = buf[i + 4 + size:]
+            if size == 0:
+                done = True
+                break
+        events, _, sse = sse.rpartition(b"\n\n")
+        n = 0
+        for line in events.split(b"\n"):
+            if line.startswith(b"data: {"):
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                n += len(choices[0].get("text") or "")
+        if n:
+            yield now, n
+
+
+def _client(args: tuple) -> dict:
+    """One client process: its streams, run concurrently (one keep-alive connection each); raw timings.
+    Inter-token latency is the gap between reads that carried text (what a client sees; several events
+    read at once are one arrival)."""
+    import asyncio
+    import random
 
     base, streams, rounds, prompt, new_tokens, vocab, seed = args
+    host, port = base.split("//", 1)[1].rsplit(":", 1)
 
-    async def one(client, tier: str, rng) -> tuple[list, list, int]:
+    async def one(tier: str, rng) -> tuple[list, list, int]:
         ttft, itl, tokens = [], [], 0
-        for _ in range(rounds):
-            body = {"model": f"bench@{tier}", "prompt": [rng.randrange(vocab) for _ in range(prompt)],
-                    "max_tokens": new_tokens, "temperature": 0, "stream": True}
-            t0 = last = time.perf_counter()
-            first = True
-            async with client.stream("POST", f"{base}/v1/completions", json=body) as r:
-                if r.status_code != 200:
-                    raise RuntimeError(f"server answered {r.status_code}: {(await r.aread())[:200]!r}")
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    now = time.perf_counter()
-                    choices = json.loads(line[6:]).get("choices") or [{}]
-                    n = len(choices[0].get("text") or "")
-                    if n == 0:
-                        continue
+        reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
+        try:
+            for _ in range(rounds):
+                body = {"model": f"bench@{tier}", "prompt": [rng.randrange(vocab) for _ in range(prompt)],
+                        "max_tokens": new_tokens, "temperature": 0, "stream": True}
+                t0 = last = time.perf_counter()
+                first = True
+                async for now, n in _stream_once(reader, writer, host, body):
                     (ttft.append(now - t0) if first else itl.append(now - last))
                     first, last = False, now
                     tokens += n
+        finally:
+            writer.close()
         return ttft, itl, tokens
 
     async def main() -> dict:
-        import random
+        res = await asyncio.gather(*(one(t, random.Random(seed * 1000 + i)) for i, t in enumerate(streams)))
+        return {"cpu": time.process_time() - cpu0, "ttft": [x for r in res for x in r[0]],
+                "itl": [x for r in res for x in r[1]], "tokens": sum(r[2] for r in res)}
 
-        limits = httpx.Limits(max_connections=len(streams) + 4)
-        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-            res = await asyncio.gather(*(one(client, t, random.Random(seed * 1000 + i)) for i, t in enumerate(streams)))
-        return {"ttft": [x for r in res for x in r[0]], "itl": [x for r in res for x in r[1]],
-                "tokens": sum(r[2] for r in res)}
-
+    cpu0 = time.process_time()
     return asyncio.run(main())
 
 
@@ -111,15 +226,41 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
     return False
 
 
+def _server_stats(base: str, pid: int) -> tuple[float, float]:
+    """(decode steps so far, CPU seconds of the server process) — the server's side of a measurement."""
+    import httpx
+
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    steps = next(float(x.split()[-1]) for x in text.splitlines() if x.startswith("elastic_ssm_decode_steps_total"))
+    return steps, _tree_cpu(pid)
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its descendants (the engine process), from /proc (NaN elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                cpu += sum(_tree_cpu(int(c)) for c in f.read().split())
+        return cpu
+    except (OSError, ValueError):
+        return float("nan")
+
+
 def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slots: int, prompt: int,
-                new_tokens: int, rounds: int, procs: int, device: str, dtype: str, seed: int = 0) -> dict:
-    """Start the server process, drive ``streams`` streams over the tiers of ``mix``, return the row."""
+                new_tokens: int, rounds: int, procs: int, device: str, dtype: str, seed: int = 0,
+                server_args: tuple[str, ...] = ()) -> dict:
+    """Start the server process, drive ``streams`` streams over the tiers of ``mix``, return the row
+    (``server_args``: more flags of the server process, e.g. the CPU proxy's ``--stub-step-ms``)."""
     from ..config import ESSHConfig
 
     vocab = ESSHConfig.preset(preset).vocab_size
     port = free_port()
     cmd = [sys.executable, "-m", "elastic_ssm.bench.serve", "--preset", preset, "--tiers", ",".join(tiers),
-           "--slots", str(slots), "--port", str(port), "--device", device, "--dtype", dtype, "--seed", str(seed)]
+           "--slots", str(slots), "--port", str(port), "--device", device, "--dtype", dtype, "--seed", str(seed),
+           *server_args]
     log = tempfile.TemporaryFile(mode="w+")       # a file, not a pipe: a full pipe would stall the server
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=os.environ.copy())
     base = f"http://127.0.0.1:{port}"
@@ -137,9 +278,11 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
                                for i in range(procs)])
             warmup = time.perf_counter() - t0
             shares = [(base, plan[i::procs], rounds, prompt, new_tokens, vocab, seed + i) for i in range(procs)]
+            steps0, cpu0 = _server_stats(base, proc.pid)
             t0 = time.perf_counter()
             parts = pool.map(_client, shares)
             wall = time.perf_counter() - t0
+            steps1, cpu1 = _server_stats(base, proc.pid)
     finally:
         proc.terminate()
         try:
@@ -154,7 +297,9 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
     return {"warmup_s": warmup, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
             "ttft_p50_ms": ms(percentile(ttft, 50)), "ttft_p99_ms": ms(percentile(ttft, 99)),
             "itl_p50_ms": ms(percentile(itl, 50)),
-            "itl_p99_ms": ms(percentile(itl, 99))}
+            "itl_p99_ms": ms(percentile(itl, 99)), "steps_s": (steps1 - steps0) / wall,
+            "server_cpu": (cpu1 - cpu0) / wall, "server_us_per_token": (cpu1 - cpu0) / max(tokens, 1) * 1e6,
+            "client_cpu": sum(p["cpu"] for p in parts) / wall}
 
 
 def serve_suite(r, out: list) -> None:
@@ -170,14 +315,30 @@ def serve_suite(r, out: list) -> None:
                 cfg.serve_rounds, cfg.serve_client_procs, str(r.dev), str(r.dtype).replace("torch.", ""), cfg.seed))
 
 
-def _serve_main(argv: list[str] | None = None) -> None:
-    """The server process of the benchmark (random weights, ``IdTokenizer``)."""
+def _bench_model(preset: str, device: str, dtype: str, seed: int, stub: bool):
+    """The bench server's model: random weights at ``preset`` with ``IdTokenizer`` (for the CPU proxy on CPU in
+    float32 with a 1024-id vocabulary: above 260 ids, so the text is IdTokenizer's, one character per token).
+    ``device="meta"``: the HTTP process's view of it."""
     import torch
-    import uvicorn
 
     from ..config import ESSHConfig
-    from ..serve.app import ServerSettings, create_app
     from .peers import build_essh
+
+    torch.manual_seed(seed)
+    cfg = ESSHConfig.preset(preset, vocab_size=1024) if stub else ESSHConfig.preset(preset)
+    if stub and device != "meta":
+        torch.set_num_threads(1)
+        device, dtype = "cpu", "float32"
+    model = build_essh(cfg, torch.device(device), getattr(torch, dtype))
+    model.tokenizer = IdTokenizer(model.config.vocab_size)
+    return model
+
+
+def _serve_main(argv: list[str] | None = None) -> None:
+    """The server process of the benchmark (random weights, ``IdTokenizer``)."""
+    import uvicorn
+
+    from ..serve.app import ServerSettings, create_app
 
     p = argparse.ArgumentParser(prog="python -m elastic_ssm.bench.serve")
     p.add_argument("--preset", required=True)
@@ -187,16 +348,34 @@ def _serve_main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine", default="process", choices=("process", "thread"),
+                   help="the engine in its own process (as elastic-ssm serve) or a thread of the HTTP process")
+    p.add_argument("--stub-step-ms", type=float, default=None,
+                   help="CPU proxy: StubPool with a decode step of this many ms instead of the model's pools")
+    p.add_argument("--stub-prefill-ms", type=float, default=0.0, help="CPU proxy: fixed ms per prefill forward")
+    p.add_argument("--stub-prefill-us-per-token", type=float, default=0.0, help="CPU proxy: us per prefilled token")
+    p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval (experiments)")
+    p.add_argument("--loop", default="auto", help="uvicorn's event loop (experiments)")
+    p.add_argument("--http", default="auto", help="uvicorn's HTTP protocol (experiments)")
     a = p.parse_args(argv)
-    torch.manual_seed(a.seed)
-    model = build_essh(ESSHConfig.preset(a.preset), torch.device(a.device), getattr(torch, a.dtype))
-    model.tokenizer = IdTokenizer(model.config.vocab_size)
+    if a.switch_interval is not None:
+        sys.setswitchinterval(a.switch_interval)
+    stub = a.stub_step_ms is not None
+    pool_factory = None
+    if stub:
+        pool_factory = functools.partial(StubPool, step_ms=a.stub_step_ms, prefill_ms=a.stub_prefill_ms,
+                                         prefill_us_per_token=a.stub_prefill_us_per_token)
+    load = functools.partial(_bench_model, a.preset, a.device, a.dtype, a.seed, stub)
     tiers = a.tiers.split(",")
     settings = ServerSettings(name="bench", tiers=tiers, default_tier=tiers[-1], slots=a.slots,
                               max_queue=4 * a.slots, max_connections_per_client=1 << 16, max_prompt_tokens=1 << 16,
                               max_tokens_limit=1 << 16)
-    uvicorn.run(create_app(model, settings), host="127.0.0.1", port=a.port, log_level="warning",
-                limit_concurrency=1 << 16)
+    if a.engine == "process":
+        app = create_app(_bench_model(a.preset, "meta", a.dtype, a.seed, stub), settings, pool_factory, load=load)
+    else:
+        app = create_app(load(), settings, pool_factory)
+    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", limit_concurrency=1 << 16, loop=a.loop,
+                http=a.http)
 
 
 if __name__ == "__main__":

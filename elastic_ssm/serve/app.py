@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from .engine import Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_completion
+from .remote import RemoteEngine
 
 __all__ = ["ServerSettings", "create_app", "Metrics"]
 
@@ -122,8 +123,14 @@ def _json(status: int, body: dict, headers: dict | None = None):
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(model, settings: ServerSettings):
-    """The FastAPI app serving ``model`` (see the module docstring)."""
+def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
+    """The FastAPI app serving ``model`` (see the module docstring).
+
+    ``load``: a picklable callable that builds the model: the engine then runs in its own process
+    (``RemoteEngine``, ``serve/remote.py``; ``model`` need only be its meta-device view, ``remote.model_view``),
+    built here and kept in ``app.state.engine`` (its ``start`` may be called before the server runs, to report
+    a failed load early; the lifespan starts it otherwise and always stops it). Without ``load`` the engine is a
+    thread of this process. ``pool_factory``: internal, the bench's CPU proxy (``Engine``'s)."""
     metrics = Metrics()
     tok = model.tokenizer
     if tok is None:
@@ -132,17 +139,28 @@ def create_app(model, settings: ServerSettings):
     chat = ChatTemplate.from_model(model)
     state: dict = {}
 
+    remote = None
+    if load is not None:
+        remote = RemoteEngine(load, model, settings.tiers, settings.slots, settings.max_queue,
+                              settings.stall_timeout_s, eos=eos, metrics=metrics, pool_factory=pool_factory)
+
     @asynccontextmanager
     async def lifespan(app):
-        eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s, eos=eos,
-                     tokenizer=tok, metrics=metrics)
-        state["engine"] = app.state.engine = eng.start()
+        if remote is not None:
+            eng = remote.start()
+            eng.attach(asyncio.get_running_loop())
+        else:
+            extra = {} if pool_factory is None else {"pool_factory": pool_factory}
+            eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s,
+                         eos=eos, tokenizer=tok, metrics=metrics, **extra).start()
+        state["engine"] = app.state.engine = eng
         try:
             yield
         finally:
             eng.shutdown()
 
     app = FastAPI(title="elastic-ssm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = remote
     app.add_middleware(Guard, api_key=settings.api_key, max_connections=settings.max_connections_per_client,
                        max_body=settings.max_body_bytes, metrics=metrics)
 

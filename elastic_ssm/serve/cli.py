@@ -9,6 +9,7 @@ otherwise; ``--api-key`` (or ``ELASTIC_SSM_API_KEY``) guards every endpoint but 
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import logging
 import os
@@ -51,10 +52,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from ..models import load_pretrained
     from .app import ServerSettings, create_app
+    from .remote import model_view
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    model = load_pretrained(args.checkpoint, device=device, dtype=dtype)
+    model = model_view(args.checkpoint)       # the weights load in the engine process (serve/remote.py)
     if model.arch != "essh":
         raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; serving runs the fused ESSH decoder")
     table = [t.name for t in model.tier_table()]
@@ -75,11 +77,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,
                               max_connections_per_client=args.max_connections_per_client,
                               body_timeout_s=args.timeout, stall_timeout_s=args.timeout)
-    app = create_app(model, settings)
-    log.info("serving %s tiers %s (default %s), %d slots each, on http://%s:%d", name, ",".join(tiers), default,
-             args.max_batch, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=5,
-                limit_concurrency=args.max_connections)
+    app = create_app(model, settings, load=functools.partial(load_pretrained, args.checkpoint, device=device,
+                                                             dtype=dtype))
+    try:
+        try:
+            app.state.engine.start()
+        except RuntimeError as e:
+            raise ConfigError(f"{args.checkpoint}: {e}") from None
+        log.info("serving %s tiers %s (default %s), %d slots each, on http://%s:%d", name, ",".join(tiers),
+                 default, args.max_batch, args.host, args.port)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=5,
+                    limit_concurrency=args.max_connections)
+    finally:
+        app.state.engine.shutdown()
     return 0
 
 

@@ -80,6 +80,8 @@ class Request:
     consumed_at: float = field(default_factory=time.monotonic)   # the handler last took an event
     emitted: int = 0                 # events emitted (engine thread only)
     taken: int = 0                   # events taken (handler side only)
+    rid: int = 0                     # the request's number between the processes of ``RemoteEngine``
+    on_cancel: Any = None            # called once by ``cancel`` (``RemoteEngine`` tells its engine process)
 
     @property
     def pending(self) -> int:
@@ -98,6 +100,8 @@ class Request:
         self.consumed_at = time.monotonic()
 
     def cancel(self) -> None:
+        if not self.cancelled and self.on_cancel is not None:
+            self.on_cancel(self)
         self.cancelled = True
 
 
@@ -106,16 +110,18 @@ class Engine:
 
     ``slots``: rows per tier pool (the decoder's batch bucket). ``max_queue``: waiting requests per tier
     before ``Busy``. ``stall_timeout``: seconds a request may hold undelivered output before it is
-    cancelled and its slot freed. ``eos``: token id that ends a request (None: none).
+    cancelled and its slot freed. ``eos``: token id that ends a request (None: none). ``pool_factory``:
+    internal (the bench's CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool as
+    ``pool_factory(model, tier, slots)``; ``SlotPool`` everywhere else.
     """
 
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
-                 eos: int | None = None, tokenizer=None, metrics=None) -> None:
+                 eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool) -> None:
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
         self.eos, self.max_queue, self.stall_timeout = eos, max_queue, stall_timeout
         self.pools: dict[str, SlotPool] = {}
         for name in tiers:
-            self.pools[name] = SlotPool(model, name, slots)
+            self.pools[name] = pool_factory(model, name, slots)
         V = model.config.vocab_size
         self._noise = {name: RowNoise(slots, V, p.device) for name, p in self.pools.items()}
         self._params = {name: (torch.zeros(slots, device=p.device), torch.zeros(slots, dtype=torch.long,

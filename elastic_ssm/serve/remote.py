@@ -1,0 +1,304 @@
+"""The engine in its own process: the HTTP process only parses requests and writes server-sent events.
+
+One Python process has one interpreter lock. With the engine as a thread beside the event loop, the loop's
+work for 128 streams (a socket write and a chunk per token) and the engine's per-step work (sampling,
+launching the step, text per row) take turns on it, and every decode step waits for the HTTP side: on an
+H200 the 3.7 ms step of 1.5b at batch 128 became a 5.6 ms gap between tokens. ``RemoteEngine`` runs the same
+``Engine`` (``serve/engine.py``) in a child process (``spawn``), so the decode loop never waits for HTTP work;
+when the HTTP side falls behind, the text waiting for a stream is joined into one chunk (``app.py``), so it
+writes fewer, larger events rather than slowing the model.
+
+Messages (``multiprocessing`` pipes, one each way, pickled):
+
+* HTTP -> engine: ``("submit", rid, fields)`` (an ``engine.Request``'s fields), ``("cancel", rid)``,
+  ``("stop",)``;
+* engine -> HTTP: ``("ready",)`` or ``("failed", message)`` once, then per engine step
+  ``("ev", steps, {tier: tokens}, [(rid, kind, value, completion_tokens, first_token_at), ...])``: every event
+  of that step in one message (``_Sink`` stands in for an event loop in ``engine.deliver``).
+
+The HTTP side keeps the request objects (``engine.Request``) the handlers read, and does what needs them:
+the bound on waiting requests (``Busy`` when a tier's requests in flight reach its slots plus ``max_queue``,
+as ``Engine.submit``), ``pick_auto``, the slot counts of ``/health`` and ``/metrics``, and the stalled-reader
+timeout (a stream whose client has not taken pending output for ``stall_timeout`` seconds is cancelled). If
+the engine process dies, every request in flight ends with an error and ``/health`` answers 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import multiprocessing as mp
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from .engine import Busy, Engine, Request
+
+__all__ = ["RemoteEngine", "model_view"]
+
+log = logging.getLogger("elastic_ssm.serve")
+_FIELDS = ("tier", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop")
+
+
+class _Tokens:
+    """The child's stand-in for ``Metrics``: generated tokens per tier since the last message."""
+
+    def __init__(self) -> None:
+        self.by_tier: dict[str, int] = defaultdict(int)
+
+    def add_tokens(self, tier: str, n: int) -> None:
+        self.by_tier[tier] += n
+
+
+class _Sink:
+    """Takes the place of an asyncio loop in ``engine.deliver``: one message per call, to the HTTP process."""
+
+    def __init__(self, conn, engine: Engine, tokens: _Tokens, live: dict) -> None:
+        self.conn, self.engine, self.tokens, self.live = conn, engine, tokens, live
+
+    def is_closed(self) -> bool:
+        return False
+
+    def call_soon_threadsafe(self, _fn, items: list) -> None:
+        out = []
+        for req, (kind, value) in items:        # queue = the engine-side Request itself
+            out.append((req.rid, kind, value, req.completion_tokens, req.first_token_at))
+            if kind in ("done", "error"):
+                self.live.pop(req.rid, None)
+        counts, self.tokens.by_tier = dict(self.tokens.by_tier), defaultdict(int)
+        self.conn.send(("ev", self.engine.steps, counts, out))
+
+
+def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
+    """The engine process: load the model, run ``Engine``, follow the HTTP process's commands."""
+    try:
+        model = load()
+        tokens = _Tokens()
+        engine = Engine(model, stall_timeout=math.inf, metrics=tokens, tokenizer=model.tokenizer, **kw)
+    except Exception as e:
+        events.send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    live: dict[int, Request] = {}
+    sink = _Sink(events, engine, tokens, live)
+    engine.start()
+    events.send(("ready",))
+    try:
+        while True:
+            msg = commands.recv()
+            if msg[0] == "submit":
+                req = Request(**msg[2], loop=sink)
+                req.rid, req.queue = msg[1], req
+                live[req.rid] = req
+                try:
+                    engine.submit(req)
+                except Busy as e:
+                    req.finish_reason = "error"
+                    req.emit("error", str(e))
+            elif msg[0] == "cancel":
+                req = live.get(msg[1])
+                if req is not None:
+                    req.cancel()
+            elif msg[0] == "stop":
+                break
+    except (EOFError, OSError):      # the HTTP process is gone
+        pass
+    finally:
+        engine.shutdown()
+
+
+def model_view(path: str) -> Any:
+    """What the HTTP process needs of a saved model without its weights: a meta-device model of its config
+    (tier table, vocabulary, eos, ``arch``) with its tokenizer and ``name_or_path`` (the chat template).
+    ``CheckpointError`` as ``load_pretrained`` for a directory that holds no model."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from ..models import CheckpointError, model_class
+    from ..models.base import _saved_tokenizer
+
+    cfile = Path(path) / "config.json"
+    if not cfile.is_file():
+        raise CheckpointError(f"{path}: no config.json; expected a directory written by save_pretrained "
+                              "(a training run keeps its final model in <out_dir>/final)")
+    try:
+        arch = json.loads(cfile.read_text()).get("arch", "")
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfile} is not valid JSON ({e}); the file is corrupted") from e
+    cls = model_class(arch)
+    config, meta = cls.read_config(path)
+    with torch.device("meta"):
+        model = cls(config)
+    model.name_or_path = str(path)
+    model.tokenizer = _saved_tokenizer(Path(path), meta.get("tokenizer"))
+    return model
+
+
+class RemoteEngine:
+    """``Engine``'s interface to the HTTP app, its decode loop in a child process (see the module docstring).
+
+    ``load``: a picklable callable that builds the model in the child (e.g. ``functools.partial(load_pretrained,
+    path, device=..., dtype=...)``); ``model``: the HTTP side's view of it (its config, tier table and tokenizer;
+    a meta-device model will do). The other arguments are ``Engine``'s (``pool_factory`` must be picklable).
+    """
+
+    def __init__(self, load: Callable[[], Any], model, tiers: list[str], slots: int = 8, max_queue: int = 64,
+                 stall_timeout: float = 30.0, eos: int | None = None, metrics=None, pool_factory=None,
+                 start_timeout: float = 1800.0) -> None:
+        self.model, self.tiers, self.slots, self.max_queue = model, list(tiers), slots, max_queue
+        self.stall_timeout, self.metrics, self.start_timeout = stall_timeout, metrics, start_timeout
+        kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, "eos": eos}
+        if pool_factory is not None:
+            kw["pool_factory"] = pool_factory
+        ctx = mp.get_context("spawn")
+        self._cmd_r, self._cmd = ctx.Pipe(duplex=False)
+        self._ev, self._ev_w = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_child, args=(load, kw, self._cmd_r, self._ev_w), daemon=True,
+                                 name="elastic-ssm-engine")
+        self.live: dict[int, Request] = {}
+        self.in_flight: dict[str, int] = {t: 0 for t in self.tiers}
+        self.steps = 0
+        self._next_rid = 0
+        self._dead = False
+        self._loop = None
+        self._watch = None
+
+    # ---- control -----------------------------------------------------------------------------------------
+    def start(self) -> RemoteEngine:
+        """Start the child and wait until its pools are built (idempotent); ``RuntimeError`` if it fails."""
+        if self._proc.pid is not None:
+            return self
+        self._proc.start()
+        self._cmd_r.close()
+        self._ev_w.close()
+        if not self._ev.poll(self.start_timeout):
+            self._proc.kill()
+            raise RuntimeError(f"the engine process did not start within {self.start_timeout:g} s")
+        try:
+            msg = self._ev.recv()
+        except EOFError:
+            self._proc.join(5)
+            raise RuntimeError(f"the engine process ended at start (exit code {self._proc.exitcode})") from None
+        if msg[0] != "ready":
+            self._proc.join(10)
+            raise RuntimeError(f"the engine process could not start: {msg[1]}")
+        return self
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the child's events in ``loop`` (the HTTP server's) and watch for stalled readers."""
+        self._loop = loop
+        loop.add_reader(self._ev.fileno(), self._on_events)
+        self._watch = loop.create_task(self._watch_stalls())
+
+    def shutdown(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._ev.fileno())
+            if self._watch is not None:
+                self._watch.cancel()
+        if self._proc.pid is None:
+            return
+        try:
+            self._cmd.send(("stop",))
+        except OSError:
+            pass
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+
+    def alive(self) -> bool:
+        return not self._dead and self._proc.is_alive()
+
+    # ---- requests ----------------------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        """Send ``req`` to the engine; ``Busy`` when its tier's slots and queue are full (``Engine.submit``)."""
+        if not self.alive():
+            raise Busy("the server's engine has stopped; restart the server")
+        if self.in_flight[req.tier] >= self.slots + self.max_queue:
+            busy, waiting = self._counts(req.tier)
+            raise Busy(f"tier {req.tier} is at capacity ({busy} slots busy, {waiting} requests waiting); "
+                       "retry shortly")
+        self._next_rid += 1
+        req.rid, req.on_cancel = self._next_rid, self._cancel
+        self.live[req.rid] = req
+        self.in_flight[req.tier] += 1
+        self._cmd.send(("submit", req.rid, {k: getattr(req, k) for k in _FIELDS}))
+
+    def _cancel(self, req: Request) -> None:
+        if req.rid in self.live and self.alive():
+            self._cmd.send(("cancel", req.rid))
+
+    def _counts(self, tier: str) -> tuple[int, int]:
+        n = self.in_flight[tier]
+        return min(n, self.slots), max(0, n - self.slots)
+
+    def load(self, tier: str) -> float:
+        return self.in_flight[tier] / self.slots
+
+    def pick_auto(self, default: str) -> str:
+        """As ``Engine.pick_auto``, from the requests in flight."""
+        order = {t.name: t.index for t in self.model.tier_table()}
+        cands = sorted((t for t in self.tiers if order[t] <= order[default]), key=lambda t: -order[t])
+        for t in cands:
+            if self.in_flight[t] < self.slots:
+                return t
+        return min(cands, key=self.load)
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        return {t: dict(zip(("slots", "busy", "waiting"), (self.slots, *self._counts(t)))) for t in self.tiers}
+
+    # ---- events ------------------------------------------------------------------------------------------
+    def _on_events(self) -> None:
+        try:
+            while self._ev.poll():
+                msg = self._ev.recv()
+                if msg[0] == "ev":
+                    self._dispatch(*msg[1:])
+        except (EOFError, OSError):
+            self._engine_died()
+
+    def _dispatch(self, steps: int, tokens: dict[str, int], items: list) -> None:
+        self.steps = steps
+        if self.metrics is not None:
+            for tier, n in tokens.items():
+                self.metrics.add_tokens(tier, n)
+        now = time.monotonic()
+        for rid, kind, value, completion_tokens, first_token_at in items:
+            req = self.live.get(rid)
+            if req is None:
+                continue
+            req.completion_tokens, req.first_token_at = completion_tokens, first_token_at
+            if kind != "text":
+                req.finish_reason = value if kind == "done" else "error"
+                del self.live[rid]
+                self.in_flight[req.tier] -= 1
+            if req.emitted == req.taken:
+                req.consumed_at = now          # waiting for a slot is not failing to read
+            req.emitted += 1
+            req.queue.put_nowait((kind, value))
+
+    def _engine_died(self) -> None:
+        if self._dead:
+            return
+        self._dead = True
+        log.error("the engine process ended (exit code %s); failing %d requests", self._proc.exitcode, len(self.live))
+        self._loop.remove_reader(self._ev.fileno())
+        for req in self.live.values():
+            req.finish_reason = "error"
+            req.emitted += 1
+            req.queue.put_nowait(("error", "the server's engine stopped"))
+        self.live.clear()
+        self.in_flight = {t: 0 for t in self.tiers}
+
+    async def _watch_stalls(self) -> None:
+        """Cancel streams whose client has not taken pending output for ``stall_timeout`` seconds."""
+        while True:
+            await asyncio.sleep(min(1.0, self.stall_timeout / 4))
+            now = time.monotonic()
+            for req in list(self.live.values()):
+                if not req.cancelled and req.pending > 0 and now - req.consumed_at > self.stall_timeout:
+                    log.warning("%s: client stopped reading for %.0f s; cancelled", req.id, self.stall_timeout)
+                    req.cancel()

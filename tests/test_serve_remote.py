@@ -1,0 +1,108 @@
+"""The engine in its own process (``serve/remote.py``) and the bench's CPU proxy pool (``StubPool``).
+
+``RemoteEngine`` is driven as the HTTP app drives it (submit, events on the asyncio loop, cancel): greedy text
+equals ``model.generate``, a full tier answers ``Busy``, a cancelled request frees its slot, a failed load is
+one clear error, and a dead engine process ends the requests in flight.
+"""
+
+import asyncio
+import functools
+import time
+
+import pytest
+import torch
+
+import elastic_ssm as es
+from elastic_ssm import data
+from elastic_ssm.bench.serve import IdTokenizer, StubPool
+from elastic_ssm.models import load_pretrained
+from elastic_ssm.models.essh import randomize_selective
+from elastic_ssm.serve.engine import Busy, Engine, Request
+from elastic_ssm.serve.remote import RemoteEngine, model_view
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny", tie_embeddings=False)), 0.5, True).eval()
+    model.tokenizer = data.load_tokenizer("bytes")
+    path = tmp_path_factory.mktemp("remote") / "tiny"
+    model.save_pretrained(path)
+    return path
+
+
+async def _run(req: Request) -> tuple[str, list]:
+    text, kinds = [], []
+    while True:
+        kind, value = await req.queue.get()
+        req.took()
+        kinds.append(kind)
+        if kind == "text":
+            text.append(value)
+        if kind != "text":
+            return "".join(text), kinds
+
+
+def test_remote_engine_serves_cancels_and_bounds_its_queue(model_dir):
+    view = model_view(str(model_dir))
+    assert view.arch == "essh" and view.tokenizer is not None
+    eng = RemoteEngine(functools.partial(load_pretrained, str(model_dir)), view, ["T1", "T10"], slots=1, max_queue=1)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        eng.start().attach(loop)
+
+        def make(tier, n, temperature=0.0):
+            return Request(tier=tier, prompt=list(b"def f("), max_tokens=n, temperature=temperature, loop=loop,
+                           queue=asyncio.Queue())
+
+        greedy = make("T1", 6)
+        eng.submit(greedy)
+        text, kinds = await _run(greedy)
+        assert kinds[-1] == "done" and greedy.finish_reason == "length" and greedy.completion_tokens == 6
+        ref = load_pretrained(str(model_dir)).generate(torch.tensor([list(b"def f(")]), max_new_tokens=6, tier="T1")
+        assert text == view.tokenizer.decode(ref[0, 6:].tolist())
+        long, queued = make("T10", 4000, 0.7), make("T10", 3)
+        eng.submit(long)
+        eng.submit(queued)                                  # one slot busy, one request waiting: the bound
+        with pytest.raises(Busy, match="at capacity"):
+            eng.submit(make("T10", 3))
+        await long.queue.get()
+        long.cancel()                                       # the client left: its slot frees, the queued one runs
+        assert (await _run(queued))[1][-1] == "done" and queued.completion_tokens == 3
+        assert long.finish_reason == "cancelled" and eng.snapshot()["T10"] == {"slots": 1, "busy": 0, "waiting": 0}
+        stuck = make("T10", 4000, 0.7)
+        eng.submit(stuck)
+        await stuck.queue.get()
+        eng._proc.kill()                                    # the engine process dies: the request ends with an error
+        assert (await _run(stuck))[1][-1] == "error" and not eng.alive()
+        with pytest.raises(Busy, match="stopped"):
+            eng.submit(make("T1", 1))
+
+    try:
+        asyncio.run(main())
+    finally:
+        eng.shutdown()
+
+
+def test_a_failed_load_is_one_clear_error(model_dir, tmp_path):
+    eng = RemoteEngine(functools.partial(load_pretrained, str(tmp_path)), model_view(str(model_dir)), ["T1"])
+    with pytest.raises(RuntimeError, match="could not start: CheckpointError: .*no config.json"):
+        eng.start()
+
+
+def test_stub_pool_gives_each_stream_its_last_token_plus_one():
+    model = es.ESSH(es.ESSHConfig.preset("tiny", vocab_size=1024))
+    model.tokenizer = IdTokenizer(1024)
+    eng = Engine(model, ["T10"], slots=4, tokenizer=model.tokenizer,
+                 pool_factory=functools.partial(StubPool, step_ms=0.0)).start()
+    try:
+        reqs = [Request(tier="T10", prompt=[p, 1022 - p], max_tokens=3, temperature=0) for p in (0, 5)]
+        for r in reqs:
+            eng.submit(r)
+        deadline = time.monotonic() + 30
+        while any(r.finish_reason is None for r in reqs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [r.tokens for r in reqs] == [[1023, 0, 1], [1018, 1019, 1020]]
+    finally:
+        eng.shutdown()
