@@ -98,7 +98,8 @@ class PytestOptions(ConfigBase):
 
     def validate(self) -> None:
         if not self.args:
-            raise ConfigError("PytestOptions.args: name the tests to run, e.g. [-m, gpu, tests/models/test_generate_gpu.py]")
+            raise ConfigError("PytestOptions.args: name the tests to run, e.g. "
+                              "[-m, gpu, tests/models/test_generate_gpu.py]")
 
 
 _COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")

@@ -14,8 +14,8 @@ clock, p50/p99 time to first token, p50/p99 inter-token latency (the gaps betwee
 events read together are one arrival), the engine's decode steps per second (``steps_s``) and the CPU
 cores the server's processes used (``server_cpu``, and per generated token ``server_us_per_token``).
 
-CPU proxy (``python -m elastic_ssm.bench.serve_proxy``): ``--stub-step-ms`` gives the server ``StubPool``s, whose decode step and
-prefills cost fixed wall time, so what the HTTP and engine layers alone can push is measured without a GPU.
+CPU proxy (``python -m elastic_ssm.bench.serve_proxy``): ``--stub-step-ms`` gives the server ``StubPool``s,
+whose decode step and prefills cost fixed wall time, so what the HTTP and engine layers alone can push is measured without a GPU.
 """
 
 from __future__ import annotations
