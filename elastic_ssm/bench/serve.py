@@ -15,7 +15,8 @@ events read together are one arrival), the engine's decode steps per second (``s
 cores the server's processes used (``server_cpu``, and per generated token ``server_us_per_token``).
 
 CPU proxy (``python -m elastic_ssm.bench.serve_proxy``): ``--stub-step-ms`` gives the server ``StubPool``s,
-whose decode step and prefills cost fixed wall time, so what the HTTP and engine layers alone can push is measured without a GPU.
+whose decode step and prefills cost fixed wall time, so what the HTTP and engine layers alone can push is
+measured without a GPU.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """GPU: a CUDA-graphed slot pool at batch bucket 16 with requests arriving mid-stream equals one-at-a-time
 generation (fp32 weights, states and window ring); the engine over two graphed tiers repeats seeded
 sampled requests exactly; calibration times graphed pools. Run with
-``python -m pytest -m gpu tests/serve/test_serve_gpu.py`` (``ELASTIC_SSM_SCAN_BACKEND=torch`` keeps fla from compiling for the prefills)."""
+``python -m pytest -m gpu tests/serve/test_serve_gpu.py`` (``ELASTIC_SSM_SCAN_BACKEND=torch`` keeps fla from
+compiling for the prefills)."""
 
 import time
 
