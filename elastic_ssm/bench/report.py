@@ -147,10 +147,13 @@ def tables(results: dict) -> str:
 def markdown_section(results: dict) -> str:
     """One run as a markdown section: environment line, then all tables in a code block."""
     env = results.get("env", {})
-    head = (f"\n## {env.get('date', '?')}: {env.get('device', '?')}\n\n"
-            f"torch {env.get('torch')}, CUDA {env.get('cuda')}, triton {env.get('triton')}, "
-            f"fla {env.get('fla')}, commit `{env.get('commit')}`; command: `{env.get('command')}`\n\n")
-    return head + "```\n" + tables(results) + "\n```\n"
+    return f"\n## {env.get('date', '?')}: {env.get('device', '?')}\n\n" + _env_line(env) + tables(results) + "\n```\n"
+
+
+def _env_line(env: dict) -> str:
+    """Versions, commit and command of a run, then the opening of the code block its tables go in."""
+    return (f"torch {env.get('torch')}, CUDA {env.get('cuda')}, triton {env.get('triton')}, fla {env.get('fla')}, "
+            f"commit `{env.get('commit')}`; command: `{env.get('command')}`\n\n```\n")
 
 
 def append_markdown(path: str | Path, results: dict, section: str | None = None) -> Path:
@@ -206,7 +209,5 @@ def suite_tables(results: dict) -> str:
 def suite_markdown(results: dict) -> str:
     """One suite run as a markdown section: suite, environment line, then the tables in a code block."""
     env = results.get("env", {})
-    head = (f"\n## {env.get('date', '?')}: suite `{results.get('suite')}` on {env.get('device', '?')}\n\n"
-            f"torch {env.get('torch')}, CUDA {env.get('cuda')}, triton {env.get('triton')}, fla {env.get('fla')}, "
-            f"commit `{env.get('commit')}`; command: `{env.get('command')}`\n\n")
-    return head + "```\n" + suite_tables(results) + "\n```\n"
+    head = f"\n## {env.get('date', '?')}: suite `{results.get('suite')}` on {env.get('device', '?')}\n\n"
+    return head + _env_line(env) + suite_tables(results) + "\n```\n"

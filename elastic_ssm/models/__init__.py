@@ -45,8 +45,9 @@ def build_model(config: Any, seed: int | None = None) -> ElasticModel:
     return model_class(arch)(config)
 
 
-def load_pretrained(path: str | Path, tier: TierLike = None, **kw: Any) -> ElasticModel:
-    """Load a directory written by ``save_pretrained`` (ESSH or ES-SSM); ``tier`` loads only that tier."""
+def saved_model_class(path: str | Path) -> type[ElasticModel]:
+    """The model class of a directory written by ``save_pretrained`` (its ``config.json``'s ``arch``);
+    ``CheckpointError`` naming the problem for a folder that holds no model or a corrupted config."""
     cfile = Path(path) / "config.json"
     if not cfile.is_file():
         raise CheckpointError(f"{path}: no config.json; expected a directory written by save_pretrained "
@@ -55,4 +56,9 @@ def load_pretrained(path: str | Path, tier: TierLike = None, **kw: Any) -> Elast
         arch = json.loads(cfile.read_text()).get("arch", "")
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfile} is not valid JSON ({e}); the file is corrupted") from e
-    return model_class(arch).from_pretrained(path, tier=tier, **kw)
+    return model_class(arch)
+
+
+def load_pretrained(path: str | Path, tier: TierLike = None, **kw: Any) -> ElasticModel:
+    """Load a directory written by ``save_pretrained`` (ESSH or ES-SSM); ``tier`` loads only that tier."""
+    return saved_model_class(path).from_pretrained(path, tier=tier, **kw)

@@ -112,23 +112,14 @@ def model_view(path: str) -> Any:
     """What the HTTP process needs of a saved model without its weights: a meta-device model of its config
     (tier table, vocabulary, eos, ``arch``) with its tokenizer and ``name_or_path`` (the chat template).
     ``CheckpointError`` as ``load_pretrained`` for a directory that holds no model."""
-    import json
     from pathlib import Path
 
     import torch
 
-    from ..models import CheckpointError, model_class
+    from ..models import saved_model_class
     from ..models.base import _saved_tokenizer
 
-    cfile = Path(path) / "config.json"
-    if not cfile.is_file():
-        raise CheckpointError(f"{path}: no config.json; expected a directory written by save_pretrained "
-                              "(a training run keeps its final model in <out_dir>/final)")
-    try:
-        arch = json.loads(cfile.read_text()).get("arch", "")
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfile} is not valid JSON ({e}); the file is corrupted") from e
-    cls = model_class(arch)
+    cls = saved_model_class(path)
     config, meta = cls.read_config(path)
     with torch.device("meta"):
         model = cls(config)
