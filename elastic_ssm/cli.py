@@ -74,7 +74,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def load_run_config(args: argparse.Namespace):
     from .config import RunConfig
 
-    base = RunConfig.from_yaml(args.config) if args.config else RunConfig.from_yaml(DEFAULT_RUN)
+    base = RunConfig.from_yaml(DEFAULT_RUN if args.config is None else args.config)
     model = collect_overrides(args, "model")
     choice = {k: model.pop(k) for k in ("arch", "preset", "tier_config") if k in model}
     base = base.with_model_choice(**choice) if choice else base
@@ -133,6 +133,9 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     tasks = [t for t in args.tasks.split(",") if t]
     if not tasks:
         raise ConfigError("--tasks is empty: name at least one lm-eval task (e.g. piqa,hellaswag)")
+    if args.include_path is not None and not Path(args.include_path).is_dir():
+        raise ConfigError(f"--include-path {args.include_path} is not a folder; give the folder of your task YAML "
+                          "files")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=tier_names(args.tiers),
                                    tokenizer=args.tokenizer, device=resolve_device(args.device),
@@ -148,18 +151,23 @@ def cmd_niah(args: argparse.Namespace) -> int:
     from .bench.report import format_table
     from .data import load_corpus
     from .data.tokenizer_files import resolve_tokenizer
-    from .eval.needle import NeedleConfig, evaluate_needle
+    from .eval.needle import NeedleConfig, build_trials, evaluate_needle
     from .models import load_pretrained
 
+    cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition, seed=args.seed,
+                       depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
+    cfg.check()
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
     tok = resolve_tokenizer(model, args.tokenizer)
-    cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition, seed=args.seed,
-                       depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
     filler = load_corpus(args.data, tok, split=args.split)
     tiers = checked_tiers(model, args.tiers)
+    try:
+        trials = build_trials(filler, tok, cfg)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("context_len=", f"{spelled(args, 'context_len')} ")) from None
     announce_device("niah", device, next(model.parameters()).dtype)
-    rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision)
+    rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision, trials=trials)
     depth_cols = list(rows[0]["by_depth"])
     flat = [{**{k: v for k, v in r.items() if k != "by_depth"}, **{f"d{d}": v for d, v in r["by_depth"].items()}}
             for r in rows]

@@ -62,14 +62,10 @@ def profile_ms(profile: dict, tier: str, batch: int) -> float | None:
 
 def _config_and_dir(model_or_dir: Any):
     if isinstance(model_or_dir, (str, Path)):
-        from ..models import model_class
+        from ..models import saved_model_class
 
         path = Path(model_or_dir)
-        cfile = path / "config.json"
-        if not cfile.is_file():
-            raise ValueError(f"{path}: no config.json; give a model directory written by save_pretrained")
-        arch = json.loads(cfile.read_text()).get("arch", "")
-        return model_class(arch).read_config(path)[0], path
+        return saved_model_class(path).read_config(path)[0], path
     cfg = getattr(model_or_dir, "config", None)
     if cfg is None:
         raise TypeError(f"select_tier needs a model or a model directory, got {type(model_or_dir).__name__}")
