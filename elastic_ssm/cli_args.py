@@ -176,6 +176,24 @@ def _add_option_flags(parser: argparse.ArgumentParser, cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
+def check_output_path(flag: str, path: str, kind: str) -> None:
+    """An output ``path`` (``kind`` "file" or "folder") the command can create (missing folders above it are
+    created): not the other kind of thing, and not below a file. Checked before the work that produces the
+    output, so no result is computed and then lost."""
+    from pathlib import Path
+
+    p = Path(path)
+    if kind == "file" and p.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; give a file path")
+    if kind == "folder" and p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {path} is a file; give a folder (it is created if missing)")
+    parent = p.resolve().parent if kind == "file" else p.resolve()
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: {parent} is a file, so nothing can be written below it; choose another path")
+
+
 def spelled(args: argparse.Namespace, name: str) -> str:
     """The flag of option ``name`` as the user wrote it (an alias such as ``--pairs`` if used); a positional
     argument by its ``--help`` name (``SOURCE``, ``MODEL_DIR``)."""

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .cli_args import is_rank_zero, spelled
+from .cli_args import check_output_path, is_rank_zero, spelled
 from .config import ConfigError
 
 __all__ = ["Parser", "check_args", "one_line", "run_reporting_errors"]
@@ -34,21 +34,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n" if is_rank_zero() else None)
-
-
-def _check_output(flag: str, path: str, kind: str) -> None:
-    """An output ``path`` (``kind`` "file" or "folder") the command can create (missing folders above it are
-    created): not the other kind of thing, and not below a file. Checked before the work that produces the output, so no result is computed and lost."""
-    p = Path(path)
-    if kind == "file" and p.is_dir():
-        raise ConfigError(f"{flag} {path} is a folder; give a file path")
-    if kind == "folder" and p.exists() and not p.is_dir():
-        raise ConfigError(f"{flag} {path} is a file; give a folder (it is created if missing)")
-    parent = p.resolve().parent if kind == "file" else p.resolve()
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{flag} {path}: {parent} is a file, so nothing can be written below it; choose another path")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -74,7 +59,7 @@ def check_args(args: argparse.Namespace) -> None:
         if high is not None and any(v > high for v in numbers):
             raise ConfigError(f"{spelled(args, f.name)} must be <= {high}, got {value}")
         if meta.get("output") and isinstance(value, str):
-            _check_output(spelled(args, f.name), value, meta["output"])
+            check_output_path(spelled(args, f.name), value, meta["output"])
     csv = getattr(args, "csv", None)             # write_csv creates no folder
     if csv and not Path(csv).resolve().parent.is_dir():
         raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")

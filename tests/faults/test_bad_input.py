@@ -38,7 +38,8 @@ def files(tmp_path_factory):
                        "optim_unknown": "model: {preset: tiny}\ntrain: {optim: {lr: 1e-3, colour: red}}\n",
                        "flat_and_section": "model: {preset: tiny}\ntrain: {lr: 1e-3, optim: {lr: 2e-3}}\n",
                        "dup_key": "model: {preset: tiny}\nmodel: {preset: small}\n", "blank": "# nothing\n",
-                       "preset_int": "model: {preset: 5}\n", "eval_null": "model: {preset: tiny}\ntrain: {eval: null}\n",
+                       "preset_int": "model: {preset: 5}\n",
+                       "eval_null": "model: {preset: tiny}\ntrain: {eval: null}\n",
                        "cuda7": "model: {preset: tiny}\ntrain: {device: 'cuda:7'}\n"}.items():
         (root / f"{name}.yaml").write_text(body)
         w[name] = root / f"{name}.yaml"
@@ -188,6 +189,20 @@ CASES = {  # name: (argv, words the message must contain)
     "recover out_dir is a file": (["recover", "{model}", "--steps", "1", "--train.out_dir", "{file}"],
                                   ["a_file", "is a file"]),
     "quickstart out is a file": (["quickstart", "--out", "{file}"], ["--out", "is a file"]),
+    # bench: suites, selections and outputs (checked before anything is measured)
+    "bench suite is a folder": (["bench", "--bench.suite", "{prep}/"], ["prep", "is a folder"]),
+    "bench only names nothing": (["bench", "--bench.suite", "cpu-smoke", "--bench.only", "nothing*"],
+                                 ["--bench.only", "matches no entry"]),
+    "bench set malformed": (["bench", "--bench.suite", "cpu-smoke", "--bench.set", "iters"],
+                            ["--bench.set", "KEY=VALUE"]),
+    "bench set bad YAML value": (["bench", "--bench.suite", "cpu-smoke", "--bench.set", "memory.iters=["],
+                                 ["--bench.set memory.iters=[", "invalid YAML"]),
+    "bench set without suite": (["bench", "--bench.set", "iters=3"], ["--bench.set", "--bench.suite"]),
+    "bench device cuda:7": (["bench", "--bench.device", "cuda:7"], ["--bench.device", "cuda:7"]),
+    "bench docs is a folder": (["bench", "--bench.device", "cpu", "--bench.docs", "{prep}"],
+                               ["--bench.docs", "folder"]),
+    "bench out_dir is a file": (["bench", "--bench.suite", "cpu-smoke", "--bench.out_dir", "{file}"],
+                                ["--bench.out_dir", "is a file"]),
 }
 
 
