@@ -299,8 +299,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"elastic-ssm {__version__}",
                    help="print the package version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p.commands = {}                   # name -> its parser, for errors that point at the command's own --help
     for name, (help_, options_cls, fn) in COMMANDS.items():
-        s = sub.add_parser(name, help=help_, description=help_)
+        s = p.commands[name] = sub.add_parser(name, help=help_, description=help_)
         if options_cls is not None:
             add_dataclass_flags(s, options_cls)
         if name in ("train", "recover") and command in (None, name):
@@ -309,7 +310,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if name == "prepare":
             s = sub.add_parser("tokenizer", help="tokenizer tools")
             tsub = s.add_subparsers(dest="tok_command", required=True, metavar="ACTION")
-            t = tsub.add_parser("train", help="train a byte-level BPE tokenizer locally")
+            t = p.commands["tokenizer"] = tsub.add_parser("train", help="train a byte-level BPE tokenizer locally")
             add_dataclass_flags(t, TokenizerTrainOptions)
             t.set_defaults(fn="elastic_ssm.data.cli:cmd_tokenizer", options_cls=TokenizerTrainOptions)
 
@@ -338,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv[:command + 1])
         args.bench_args = argv[command + 1:]
     else:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:         # argparse would say it for the whole program; name the command whose --help lists its flags
+            parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     debug = args.debug or os.environ.get("ELASTIC_SSM_DEBUG", "") not in ("", "0")
     return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
 
