@@ -129,6 +129,36 @@ class TrainableModel(Protocol):
     def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path: ...
 
 
+def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = None,
+                       left_padding: bool = False) -> None:
+    """``input_ids`` an integer tensor [B, T] with B >= 1 and ids in [0, vocab_size); ``attention_mask`` (when
+    given) a tensor of exactly that shape (never broadcast) holding 0 / 1 with a 1 in every row, its zeros before
+    the ones with ``left_padding``. A ``ValueError`` (``TypeError`` for a non-tensor) names the problem. The
+    value checks read the host and are skipped while tracing (``torch.compile`` / ``torch.export``)."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}")
+    if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
+                         f"{tuple(input_ids.shape)}")
+    if input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)} is a batch of 0 rows; pass at least one sequence")
+    B, T = input_ids.shape
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                       or tuple(attention_mask.shape) != (B, T)):
+        got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+        raise ValueError(f"attention_mask must be [B, T] = {(B, T)} like input_ids (1 = real token, 0 = left "
+                         f"padding), got {got}; it is never broadcast")
+    if torch.compiler.is_compiling() or not input_ids.numel():
+        return
+    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size:
+        raise ValueError(f"token ids must lie in [0, vocab_size={vocab_size}); "
+                         f"got range [{int(input_ids.min())}, {int(input_ids.max())}]")
+    if attention_mask is not None:
+        from .generation import check_attention_mask
+
+        check_attention_mask(attention_mask, left_padding=left_padding)
+
+
 class ElasticModel(nn.Module):
     """Common behaviour of ``ESSSM`` and ``ESSH``; ``config`` is the model's (possibly standalone) config."""
 
@@ -275,6 +305,9 @@ class ElasticModel(nn.Module):
         """
         path = Path(path)
         checked_device(device, "from_pretrained(device=)")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"from_pretrained(dtype=) takes a floating torch.dtype (torch.float32, torch.bfloat16, "
+                            f"...) or None (as saved), got {dtype!r}")
         config, meta = cls.read_config(path)
         wfile = path / WEIGHTS_NAME
         if not wfile.is_file():

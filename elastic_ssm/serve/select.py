@@ -83,8 +83,8 @@ def select_tier(model_or_dir: Any, max_ms_per_token: float | None = None, max_st
         raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
     for name, v in (("max_ms_per_token", max_ms_per_token), ("max_state_bytes", max_state_bytes),
                     ("max_params", max_params)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
-            raise ValueError(f"{name} must be a positive number, got {v!r}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):   # NaN too
+            raise ValueError(f"{name} must be a positive number (inf: no limit), got {v!r}")
     cfg, path = _config_and_dir(model_or_dir)
     profile = profile if profile is not None else _read(path, PROFILE_FILE)
     quality = quality if quality is not None else _read(path, QUALITY_FILE)

@@ -11,6 +11,7 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
+from elastic_ssm.models import CheckpointError
 
 TINY = "model: {arch: essh, preset: tiny}\ntrain: {steps: 2, micro_batch_size: 2, seq_len: 16, eval_batches: 1}\n"
 
@@ -248,6 +249,54 @@ def test_model_inputs_are_checked(make, match):
     model = es.ESSH(es.ESSHConfig.preset("tiny"))
     with pytest.raises(ValueError, match=match):
         model(**make())
+
+
+MASKS = [
+    (torch.full((2, 8), 0.5), "only 0 .padding. and 1"),                # not a mask: never silently rounded
+    (torch.tensor([[1] * 8, [0] * 8]), "at least one real token"),      # a row with nothing to predict from
+]
+
+
+@pytest.mark.parametrize("arch", ["essh", "transformer", "es_ssm"])
+def test_attention_masks_are_checked_in_every_architecture(arch):
+    """Mask values, rows without a real token and (for the baselines too) the [B, T] shape; a cache prefill
+    needs left padding. Ids out of the vocabulary and a list instead of a tensor are named, not an IndexError."""
+    from elastic_ssm.models import build_model
+
+    cfg = {"essh": es.ESSHConfig, "transformer": es.config.TransformerConfig, "es_ssm": es.ESSSMConfig}[arch]
+    model = build_model(cfg.preset("tiny"), seed=0)
+    ids = torch.randint(0, 200, (2, 8))
+    for mask, match in [*MASKS, (torch.ones(1, 8), "attention_mask must")]:
+        with pytest.raises(ValueError, match=match):
+            model(ids, attention_mask=mask)
+    with pytest.raises(ValueError, match="vocab"):
+        model(torch.full((1, 4), 10_000))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        model([[1, 2, 3]])
+    right = torch.tensor([[1] * 6 + [0] * 2, [1] * 8])
+    model(ids, attention_mask=right)                 # no cache: causal, the padding after the tokens is harmless
+    if arch == "essh":
+        with pytest.raises(ValueError, match="LEFT padding"):
+            model(ids, attention_mask=right, cache=model.allocate_cache(2))
+
+
+def test_python_api_arguments_are_checked(files):
+    _, w = files
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    with pytest.raises(TypeError, match="export_tier needs an elastic_ssm model"):
+        es.export_tier(str(w["model"]), "T1")
+    with pytest.raises(TypeError, match="dtype"):
+        es.ESSH.from_pretrained(w["model"], dtype="float16")
+    with pytest.raises(ValueError, match="cuda:7"):
+        es.ESSH.from_pretrained(w["model"], device="cuda:7")
+    for budget in (dict(max_state_bytes=float("nan")), dict(max_params=-1), dict(max_ms_per_token=float("nan"))):
+        with pytest.raises(ValueError, match="positive number"):
+            es.select_tier(model, **budget)
+    with pytest.raises(ValueError, match="no tier fits"):
+        es.select_tier(model, max_params=1)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        es.select_tier(w["model"].parent / "nothing", max_params=10**9)
 
 
 def test_config_json_of_a_saved_model_carries_the_checksum(files):
