@@ -343,7 +343,14 @@ def main(argv: list[str] | None = None) -> int:
         if extra:         # argparse would say it for the whole program; name the command whose --help lists its flags
             parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     debug = args.debug or os.environ.get("ELASTIC_SSM_DEBUG", "") not in ("", "0")
-    return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
+    if debug:
+        return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
+    import warnings
+
+    with warnings.catch_warnings():     # a warning is one line too (no source line); --debug shows the usual form
+        warnings.showwarning = lambda message, category, *rest, **kw: print(
+            f"elastic-ssm {args.command}: {category.__name__}: {' '.join(str(message).split())}", file=sys.stderr)
+        return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
 
 
 if __name__ == "__main__":

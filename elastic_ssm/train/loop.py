@@ -358,13 +358,18 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             finally:  # an error message then starts on a line of its own
                 trainer.log.close_bar()
                 trainer.watch.close()
-        path = None
-        if is_sharded(model):
-            state = full_model_state(model)
-            if ctx.is_main:
-                model = unsharded_copy(model, state, ctx.device)
-        if finished and ctx.is_main:
-            path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
+            # the final save runs under the same handlers: a SIGTERM / Ctrl-C now lets it finish (a half-written
+            # final/ and a silent exit would leave a finished run looking unfinished)
+            path = None
+            if is_sharded(model):
+                state = full_model_state(model)
+                if ctx.is_main:
+                    model = unsharded_copy(model, state, ctx.device)
+            if finished and ctx.is_main:
+                path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
+            if finished and stop.requested and ctx.is_main:
+                print(f"[train] {stop.requested} arrived during the final save; the save finished and the run is "
+                      f"complete ({path})", flush=True)
         return TrainResult(trainer.log.history, path, model, trainer.log.evals, Path(cfg.out_dir))
     except TrainingInterrupted:  # every rank stops after the same step: the usual clean close
         raise

@@ -7,7 +7,9 @@ Run as a script, it is ``elastic-ssm train`` with one fault armed (``--fault KIN
 * ``sigterm-step:N``  SIGTERM to itself at step N: the run must finish the step, checkpoint and exit 143;
 * ``sigkill-write:NAME``  SIGKILL inside the first atomic write of a file called NAME, after half of its
   bytes reached the temporary file (a torn checkpoint directory and a stale temporary file stay behind);
-* ``sigkill-prune:1``  SIGKILL while the first old checkpoint is being deleted (half of it is gone).
+* ``sigkill-prune:1``  SIGKILL while the first old checkpoint is being deleted (half of it is gone);
+* ``sigterm-write:PATH``  SIGTERM to itself inside the first atomic write of a file whose path ends in PATH (e.g.
+  ``final/model.safetensors``: a cluster's preemption during the final save), before its bytes are written.
 
 As a module it gives the tests the run file, the corpus and ``start`` / ``run`` helpers.
 """
@@ -91,6 +93,17 @@ def _arm(fault: str) -> None:
                 torn = Path(path).parent / f".{Path(path).name}.torn.tmp"
                 torn.write_bytes(data[: len(data) // 2])
                 die()
+            return original_write(path, data)
+
+        base.atomic_write_bytes = ckpt.atomic_write_bytes = atomic_write_bytes
+    elif kind == "sigterm-write":
+        original_write = base.atomic_write_bytes
+        sent = []
+
+        def atomic_write_bytes(path, data):
+            if not sent and Path(path).as_posix().endswith(arg):
+                sent.append(path)
+                os.kill(os.getpid(), signal.SIGTERM)
             return original_write(path, data)
 
         base.atomic_write_bytes = ckpt.atomic_write_bytes = atomic_write_bytes
