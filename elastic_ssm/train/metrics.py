@@ -65,8 +65,15 @@ class MetricsLogger:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.ctx.is_main:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            try:
+                with self.path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            except OSError as e:      # e.g. a full disk: name the log (a torn last line is dropped on resume)
+                if e.filename is not None:
+                    raise
+                from ..utils.files import with_path
+
+                raise with_path(e, self.path) from e
 
     def drop_after(self, stage: str, step: int) -> int:
         """Drop the records of ``stage`` after ``step`` (written after the checkpoint a run resumes from, so
