@@ -102,23 +102,25 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .elastic.export import check_export, export_tier
     from .models import load_pretrained
+    from .train.rundir import RunLock
 
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
     names = checked_tiers(model, args.tiers) or [t.name for t in model.tier_table()]
-    announce_device("export check", device, next(model.parameters()).dtype)
-    tolerance = 0.0 if device == "cpu" else 1e-4   # bitwise on CPU; GPU kernels may pick other reductions
     out = Path(args.out)
     failed = 0
-    for name in names:
-        small = export_tier(model, name)
-        res = check_export(model, name, standalone=small, seq_len=args.check_len, tolerance=tolerance)
-        print(res)
-        if not res.ok:
-            failed += 1
-            print(f"  {name}: export check failed; not written")
-            continue
-        small.save_pretrained(out / name)
+    with RunLock(out, owner="export", flag="--out"):   # one writer: two exports never interleave a tier's files
+        announce_device("export check", device, next(model.parameters()).dtype)
+        tolerance = 0.0 if device == "cpu" else 1e-4   # bitwise on CPU; GPU kernels may pick other reductions
+        for name in names:
+            small = export_tier(model, name)
+            res = check_export(model, name, standalone=small, seq_len=args.check_len, tolerance=tolerance)
+            print(res)
+            if not res.ok:
+                failed += 1
+                print(f"  {name}: export check failed; not written")
+                continue
+            small.save_pretrained(out / name)
     print(f"wrote {len(names) - failed} standalone model(s) under {out}")
     return 1 if failed else 0
 

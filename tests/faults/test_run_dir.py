@@ -422,3 +422,19 @@ def test_lock_without_file_locking_falls_back_to_the_holders_pid(tmp_path, monke
         lock = RunLock(tmp_path).acquire()
     assert json.loads(lock_file.read_text())["pid"] == os.getpid()
     lock.release()
+
+
+def test_concurrent_exports_into_one_folder_are_refused(done, tmp_path, capsys):
+    """While one export writes a folder (its lock held), a second export there is refused with one line naming the
+    holder, and writes nothing; once released, the export runs."""
+    from elastic_ssm.train.rundir import RunLock
+
+    _, run = done
+    out = tmp_path / "exports"
+    argv = ["export", str(run / "final"), "--out", str(out), "--tiers", "T1", "--check-len", "8", "--device", "cpu"]
+    with RunLock(out, owner="export", flag="--out"):
+        assert main(argv) == 2
+        _one_line_error(capsys, str(out), "in use by another export", f"pid {os.getpid()}", "another --out")
+        assert not (out / "T1").exists()
+    assert main(argv) == 0
+    assert (out / "T1" / "config.json").is_file()
