@@ -349,10 +349,13 @@ def main(argv: list[str] | None = None) -> int:
         return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
     import warnings
 
-    with warnings.catch_warnings():     # a warning is one line too (no source line); --debug shows the usual form
-        warnings.showwarning = lambda message, category, *rest, **kw: print(
-            f"elastic-ssm {args.command}: {category.__name__}: {' '.join(str(message).split())}", file=sys.stderr)
+    original = warnings.formatwarning    # a warning is one line too (no source line); --debug shows the usual form
+    warnings.formatwarning = lambda message, category, *rest, **kw: (
+        f"elastic-ssm {args.command}: {category.__name__}: {' '.join(str(message).split())}\n")
+    try:
         return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
+    finally:
+        warnings.formatwarning = original
 
 
 if __name__ == "__main__":

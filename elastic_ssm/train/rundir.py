@@ -150,7 +150,9 @@ def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None
     found = run_artifacts(out)
     if resume:
         if not has_checkpoint(out):
-            held = " (only a final model, which cannot continue training)" if found else ""
+            steps = [f for f in found if "step_" in f]
+            held = (f" ({', '.join(steps[:3])} {'is' if len(steps) == 1 else 'are'} incomplete or damaged)"
+                    if steps else " (only a final model, which cannot continue training)" if found else "")
             raise ConfigError(f"--resume: {out} holds no complete checkpoint to continue (pretrain/step_* or "
                               f"refine/step_*){held}; run without --resume to start a fresh run there "
                               "(--overwrite if it holds another run)")

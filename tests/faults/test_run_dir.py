@@ -438,3 +438,27 @@ def test_concurrent_exports_into_one_folder_are_refused(done, tmp_path, capsys):
         assert not (out / "T1").exists()
     assert main(argv) == 0
     assert (out / "T1" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("damage,needles", [
+    (lambda run: (run / "run.yaml").write_text("model: {arch: essh\n"), ["run.yaml", "invalid YAML", "line 2"]),
+    (lambda run: (run / "run.yaml").write_text(""), ["run.yaml", "not a run record"]),
+    (lambda run: (run / "run.yaml").write_text("- 1\n"), ["run.yaml", "not a run record"]),
+    (lambda run: (run / "run.yaml").write_bytes(bytes(range(256))), ["run.yaml", "not UTF-8"]),
+    (lambda run: (run / "run.yaml").write_text((run / "run.yaml").read_text().replace("d_model: 64", "d_model: x")),
+     ["run.yaml", "model section is invalid", "d_model"]),
+    (lambda run: (run / "metrics.jsonl").write_bytes(bytes(range(256))), ["metrics.jsonl", "not a JSON-lines log"]),
+    (lambda run: [(p / "COMPLETE.json").write_text("{") for p in (run / "pretrain").glob("step_*")],
+     ["no complete checkpoint", "step_0000001", "incomplete or damaged"]),
+])
+def test_a_damaged_run_directory_is_named_on_resume(done, tmp_path, capsys, damage, needles):
+    """The run record, the log or every checkpoint damaged: ``--resume`` names the file and what to do (never an
+    AttributeError, a decode error without a file, or a comparison skipped as if the record were empty)."""
+    cfg, run = _copy(done, tmp_path)
+    damage(run)
+    before = _snapshot(run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume"]) == 2
+    _one_line_error(capsys, *needles)
+    assert _snapshot(run) == before
