@@ -74,7 +74,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def load_run_config(args: argparse.Namespace):
     from .config import RunConfig
 
-    base = RunConfig.from_yaml(args.config) if args.config else RunConfig.from_yaml(DEFAULT_RUN)
+    base = RunConfig.from_yaml(DEFAULT_RUN if args.config is None else args.config)
     model = collect_overrides(args, "model")
     choice = {k: model.pop(k) for k in ("arch", "preset", "tier_config") if k in model}
     base = base.with_model_choice(**choice) if choice else base
@@ -102,23 +102,25 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .elastic.export import check_export, export_tier
     from .models import load_pretrained
+    from .train.rundir import RunLock
 
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
     names = checked_tiers(model, args.tiers) or [t.name for t in model.tier_table()]
-    announce_device("export check", device, next(model.parameters()).dtype)
-    tolerance = 0.0 if device == "cpu" else 1e-4   # bitwise on CPU; GPU kernels may pick other reductions
     out = Path(args.out)
     failed = 0
-    for name in names:
-        small = export_tier(model, name)
-        res = check_export(model, name, standalone=small, seq_len=args.check_len, tolerance=tolerance)
-        print(res)
-        if not res.ok:
-            failed += 1
-            print(f"  {name}: export check failed; not written")
-            continue
-        small.save_pretrained(out / name)
+    with RunLock(out, owner="export", flag="--out"):   # one writer: two exports never interleave a tier's files
+        announce_device("export check", device, next(model.parameters()).dtype)
+        tolerance = 0.0 if device == "cpu" else 1e-4   # bitwise on CPU; GPU kernels may pick other reductions
+        for name in names:
+            small = export_tier(model, name)
+            res = check_export(model, name, standalone=small, seq_len=args.check_len, tolerance=tolerance)
+            print(res)
+            if not res.ok:
+                failed += 1
+                print(f"  {name}: export check failed; not written")
+                continue
+            small.save_pretrained(out / name)
     print(f"wrote {len(names) - failed} standalone model(s) under {out}")
     return 1 if failed else 0
 
@@ -133,6 +135,9 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     tasks = [t for t in args.tasks.split(",") if t]
     if not tasks:
         raise ConfigError("--tasks is empty: name at least one lm-eval task (e.g. piqa,hellaswag)")
+    if args.include_path is not None and not Path(args.include_path).is_dir():
+        raise ConfigError(f"--include-path {args.include_path} is not a folder; give the folder of your task YAML "
+                          "files")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=tier_names(args.tiers),
                                    tokenizer=args.tokenizer, device=resolve_device(args.device),
@@ -148,18 +153,23 @@ def cmd_niah(args: argparse.Namespace) -> int:
     from .bench.report import format_table
     from .data import load_corpus
     from .data.tokenizer_files import resolve_tokenizer
-    from .eval.needle import NeedleConfig, evaluate_needle
+    from .eval.needle import NeedleConfig, build_trials, evaluate_needle
     from .models import load_pretrained
 
+    cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition, seed=args.seed,
+                       depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
+    cfg.check()
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
     tok = resolve_tokenizer(model, args.tokenizer)
-    cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition, seed=args.seed,
-                       depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
     filler = load_corpus(args.data, tok, split=args.split)
     tiers = checked_tiers(model, args.tiers)
+    try:
+        trials = build_trials(filler, tok, cfg)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("context_len=", f"{spelled(args, 'context_len')} ")) from None
     announce_device("niah", device, next(model.parameters()).dtype)
-    rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision)
+    rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision, trials=trials)
     depth_cols = list(rows[0]["by_depth"])
     flat = [{**{k: v for k, v in r.items() if k != "by_depth"}, **{f"d{d}": v for d, v in r["by_depth"].items()}}
             for r in rows]
@@ -291,8 +301,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"elastic-ssm {__version__}",
                    help="print the package version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p.commands = {}                   # name -> its parser, for errors that point at the command's own --help
     for name, (help_, options_cls, fn) in COMMANDS.items():
-        s = sub.add_parser(name, help=help_, description=help_)
+        s = p.commands[name] = sub.add_parser(name, help=help_, description=help_)
         if options_cls is not None:
             add_dataclass_flags(s, options_cls)
         if name in ("train", "recover") and command in (None, name):
@@ -301,7 +312,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if name == "prepare":
             s = sub.add_parser("tokenizer", help="tokenizer tools")
             tsub = s.add_subparsers(dest="tok_command", required=True, metavar="ACTION")
-            t = tsub.add_parser("train", help="train a byte-level BPE tokenizer locally")
+            t = p.commands["tokenizer"] = tsub.add_parser("train", help="train a byte-level BPE tokenizer locally")
             add_dataclass_flags(t, TokenizerTrainOptions)
             t.set_defaults(fn="elastic_ssm.data.cli:cmd_tokenizer", options_cls=TokenizerTrainOptions)
 
@@ -330,9 +341,21 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv[:command + 1])
         args.bench_args = argv[command + 1:]
     else:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:         # argparse would say it for the whole program; name the command whose --help lists its flags
+            parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     debug = args.debug or os.environ.get("ELASTIC_SSM_DEBUG", "") not in ("", "0")
-    return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
+    if debug:
+        return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
+    import warnings
+
+    original = warnings.formatwarning    # a warning is one line too (no source line); --debug shows the usual form
+    warnings.formatwarning = lambda message, category, *rest, **kw: (
+        f"elastic-ssm {args.command}: {category.__name__}: {' '.join(str(message).split())}\n")
+    try:
+        return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
+    finally:
+        warnings.formatwarning = original
 
 
 if __name__ == "__main__":

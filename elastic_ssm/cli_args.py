@@ -29,15 +29,20 @@ from .config import ConfigError
 
 def flag(default: Any = dataclasses.MISSING, help: str = "", *, aliases: tuple[str, ...] = (),
          choices: tuple | None = None, positional: bool = False, minimum: float | None = None,
+         above: float | None = None, maximum: float | None = None, output: str | None = None,
          nargs: str | None = None, const: Any = None, metavar: str | None = None) -> Any:
     """A command-option field: its default (none: the flag is required), a one-line ``help``, and
     ``aliases`` (older spellings, accepted but hidden from ``--help``), ``choices``, ``positional`` (an
-    argument without ``--``), ``minimum`` (checked by ``cli_errors.check_args``), ``nargs`` / ``const``
-    (``--resume [auto]``) and ``metavar``."""
+    argument without ``--``), ``minimum`` (value >= minimum), ``above`` (value > above), ``maximum``, ``output`` ("file"
+    or "folder": a path the command writes, checked before any work), ``nargs`` / ``const`` (``--resume
+    [auto]``) and ``metavar``. ``cli_errors.check_args`` checks them, and for every option that an empty string
+    and a non-finite number (nan, inf) are refused."""
     if isinstance(default, (list, dict, set)):
         raise TypeError("use a tuple for a default of several values")
+    if output not in (None, "file", "folder"):
+        raise TypeError(f"output must be 'file' or 'folder', got {output!r}")
     meta = {"help": help, "aliases": aliases, "choices": choices, "positional": positional, "minimum": minimum,
-            "nargs": nargs, "const": const, "metavar": metavar}
+            "above": above, "maximum": maximum, "output": output, "nargs": nargs, "const": const, "metavar": metavar}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -90,9 +95,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str 
                 group.add_argument(flag_, action=argparse.BooleanOptionalAction, **kw)
             elif typing.get_origin(tp) is tuple:
                 (item,) = typing.get_args(tp)[:1]
-                group.add_argument(flag_, nargs="+", type=_parse_scalar(item), **kw)
+                group.add_argument(flag_, nargs="+", type=_parse_scalar(item), action=_Recorded, **kw)
             else:
-                group.add_argument(flag_, type=_parse_scalar(tp), **kw)
+                group.add_argument(flag_, type=_parse_scalar(tp), action=_Recorded, **kw)
     return added
 
 
@@ -106,6 +111,17 @@ def _default_text(f: dataclasses.Field, defaults: Any) -> str:
     if f.default is not dataclasses.MISSING:
         return f" (default: {f.default!r})"
     return ""
+
+
+class _Recorded(argparse.Action):
+    """A config-section flag: stores its value and records the spelling it came with, so a setting given by its
+    old flat name and by its section path with different values is refused (``collect_overrides``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        given = dict(getattr(namespace, "_section_given", {}))
+        given[self.dest] = {**given.get(self.dest, {}), option_string: values}
+        namespace._section_given = given
 
 
 class _Alias(argparse.Action):
@@ -160,8 +176,31 @@ def _add_option_flags(parser: argparse.ArgumentParser, cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
+def check_output_path(flag: str, path: str, kind: str) -> None:
+    """An output ``path`` (``kind`` "file" or "folder") the command can create (missing folders above it are
+    created): not the other kind of thing, and not below a file. Checked before the work that produces the
+    output, so no result is computed and then lost."""
+    from pathlib import Path
+
+    p = Path(path)
+    if kind == "file" and p.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; give a file path")
+    if kind == "folder" and p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {path} is a file; give a folder (it is created if missing)")
+    parent = p.resolve().parent if kind == "file" else p.resolve()
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: {parent} is a file, so nothing can be written below it; choose another path")
+
+
 def spelled(args: argparse.Namespace, name: str) -> str:
-    """The flag of option ``name`` as the user wrote it (an alias such as ``--pairs`` if used)."""
+    """The flag of option ``name`` as the user wrote it (an alias such as ``--pairs`` if used); a positional
+    argument by its ``--help`` name (``SOURCE``, ``MODEL_DIR``)."""
+    cls = getattr(args, "options_cls", None)
+    field = next((f for f in dataclasses.fields(cls) if f.name == name), None) if cls is not None else None
+    if field is not None and field.metadata.get("positional"):
+        return field.metadata.get("metavar") or name.upper()
     return getattr(args, "_spelled", {}).get(name) or "--" + name.replace("_", "-")
 
 
@@ -188,6 +227,10 @@ def _parse_scalar(tp: Any):
 def collect_overrides(ns: argparse.Namespace, prefix: str) -> dict[str, Any]:
     """The ``--<prefix>.<field>`` values given on the command line, as a dict of field -> value (a nested
     section's field as a dotted path, ``optim.lr``: ``ConfigBase.updated`` applies it)."""
+    for dest, spellings in getattr(ns, "_section_given", {}).items():
+        if dest.startswith(prefix + ".") and len(spellings) > 1 and len({repr(v) for v in spellings.values()}) > 1:
+            (a, va), (b, vb) = list(spellings.items())[:2]
+            raise ConfigError(f"{a} {va} and {b} {vb} name the same setting; give only --{dest}")
     out = {}
     for key, value in vars(ns).items():
         if key.startswith(prefix + "."):
@@ -213,16 +256,14 @@ def resolve_device(spec: str) -> str:
     """``--device`` -> a torch device string; a one-line ConfigError for a device this machine lacks."""
     import torch
 
+    from .utils.devices import checked_device
+
     if spec == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        dev = torch.device(spec)
-    except RuntimeError as e:
-        raise ConfigError(f"--device {spec!r} is not a device ({DEVICE_HELP})") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {spec}: CUDA is not available on this machine; use --device cpu (or auto)")
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {spec}: only cpu and cuda are supported")
+        checked_device(spec, "--device")
+    except ValueError as e:
+        raise ConfigError(f"{e} (or auto)") from None
     return spec
 
 
@@ -298,8 +339,13 @@ def write_csv(path: str | None, rows: list[dict]) -> None:
     """``rows`` (dicts with the same keys) as a CSV file at ``path``; nothing when ``path`` is None."""
     if not path:
         return
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    import io
+
+    from .utils.files import atomic_write_text
+
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())     # a crash or a full disk never leaves half a table
     status(f"wrote {path}")

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .cli_args import is_rank_zero, spelled
+from .cli_args import check_output_path, is_rank_zero, spelled
 from .config import ConfigError
 
 __all__ = ["Parser", "check_args", "one_line", "run_reporting_errors"]
@@ -37,29 +37,43 @@ class Parser(argparse.ArgumentParser):
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Reject out-of-range options with a message naming the flag as the user wrote it.
+    """Reject bad options with a message naming the flag as the user wrote it, before the command runs.
 
-    The minimums are the ``minimum`` of the command's options dataclass (``cli_options.py``)."""
+    From the command's options dataclass (``cli_options.py``): an empty string, a non-finite number, a value
+    below ``minimum`` or not above ``above``, and an ``output`` path that cannot be written."""
     cls = getattr(args, "options_cls", None)
     for f in dataclasses.fields(cls) if cls is not None else ():
-        low, value = f.metadata.get("minimum"), getattr(args, f.name, None)
-        if low is not None and isinstance(value, int | float) and not isinstance(value, bool) and value < low:
+        meta, value = f.metadata, getattr(args, f.name, None)
+        items = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in items):
+            raise ConfigError(f"{spelled(args, f.name)} is an empty string; give a value (see --help)")
+        numbers = [v for v in items if isinstance(v, int | float) and not isinstance(v, bool)]
+        if any(not math.isfinite(v) for v in numbers):
+            raise ConfigError(f"{spelled(args, f.name)} must be a finite number, got {value}")
+        low, above = meta.get("minimum"), meta.get("above")
+        if low is not None and any(v < low for v in numbers):
             raise ConfigError(f"{spelled(args, f.name)} must be >= {low}, got {value}")
+        if above is not None and any(v <= above for v in numbers):
+            raise ConfigError(f"{spelled(args, f.name)} must be > {above}, got {value}")
+        high = meta.get("maximum")
+        if high is not None and any(v > high for v in numbers):
+            raise ConfigError(f"{spelled(args, f.name)} must be <= {high}, got {value}")
+        if meta.get("output") and isinstance(value, str):
+            check_output_path(spelled(args, f.name), value, meta["output"])
+    csv = getattr(args, "csv", None)             # write_csv creates no folder
+    if csv and not Path(csv).resolve().parent.is_dir():
+        raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")
     bpt = getattr(args, "bytes_per_token", None)
     if bpt is not None and not (math.isfinite(bpt) and bpt >= 0):
         raise ConfigError(f"--bytes-per-token must be a finite number >= 0 (0: automatic), got {bpt}")
     depths = getattr(args, "depths", None)
     if isinstance(depths, str):
         try:
-            [float(d) for d in depths.split(",")]
+            values = [float(d) for d in depths.split(",")]
         except ValueError:
-            raise ConfigError(f"--depths must be comma-separated numbers in [0, 1], got {depths!r}") from None
-    # output paths are checked before the work that produces them, so no result is computed and then lost
-    csv = getattr(args, "csv", None)
-    if csv and not Path(csv).resolve().parent.is_dir():
-        raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")
-    if getattr(args, "command", None) == "export" and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ConfigError(f"--out {args.out} is a file; give a folder (one sub-folder per tier is written there)")
+            values = []
+        if not values or not all(0 <= d <= 1 for d in values):   # also NaN
+            raise ConfigError(f"--depths must be comma-separated numbers in [0, 1], got {depths!r}")
 
 
 def one_line(e: BaseException) -> str:

@@ -62,7 +62,7 @@ class TiersOptions:
 
 @dataclass(kw_only=True)
 class CsvOptions:
-    csv: str | None = flag(None, "also write the rows as CSV to this file")
+    csv: str | None = flag(None, "also write the rows as CSV to this file", output="file")
 
 
 @dataclass(kw_only=True)
@@ -87,9 +87,9 @@ class TierBudgetOptions:
     """The budgets ``--tier auto`` is chosen under (``es.select_tier``)."""
 
     max_ms_per_token: float | None = flag(None, "--tier auto: latency budget per stream (needs tier_profile.json: "
-                                                "elastic-ssm calibrate)")
-    max_state_bytes: int | None = flag(None, "--tier auto: state budget per sequence")
-    max_params: int | None = flag(None, "--tier auto: parameter budget")
+                                                "elastic-ssm calibrate)", above=0)
+    max_state_bytes: int | None = flag(None, "--tier auto: state budget per sequence", minimum=1)
+    max_params: int | None = flag(None, "--tier auto: parameter budget", minimum=1)
     budget_batch: int = flag(1, "--tier auto: decode batch the budget is for", minimum=1)
 
 
@@ -118,7 +118,7 @@ class TrainOptions:
 @dataclass(kw_only=True)
 class ExportOptions(ModelDirOptions, TiersOptions, DeviceOptions):
     tiers: str = flag("all", "'all' or comma-separated tier names to export (T1,T4 or K8)", aliases=("--tier",))
-    out: str = flag(help="output folder; one sub-folder per tier")
+    out: str = flag(help="output folder; one sub-folder per tier", output="folder")
     check_len: int = flag(128, "tokens per sequence of the export check", minimum=1)
 
 
@@ -139,7 +139,8 @@ class EvalOptions(HeldOutOptions, CsvOptions):
 class ImportanceOptions(HeldOutOptions, PrecisionOptions):
     tier: str = flag("full", "tier whose channels are measured ('full', T4, or a fraction)")
     first: int = flag(8, "channels counted in the first-N share (Table 31: 8)", minimum=1)
-    out: str | None = flag(None, "folder for channel_importance.csv/.json/.png (default: MODEL_DIR/importance)")
+    out: str | None = flag(None, "folder for channel_importance.csv/.json/.png (default: MODEL_DIR/importance)",
+                           output="folder")
 
 
 @dataclass(kw_only=True)
@@ -154,8 +155,9 @@ class LmEvalOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptio
     tasks: str = flag(help="comma-separated lm-eval task names (piqa,hellaswag,...)")
     batch_size: int = flag(8, "sequences per forward pass", minimum=1)
     max_length: int = flag(2048, "longest scored input in tokens", minimum=1)
-    num_fewshot: int | None = flag(None, "few-shot examples (default: the task's)")
-    limit: float | None = flag(None, "documents per task (>= 1) or a fraction (< 1): a smoke run, not a paper number")
+    num_fewshot: int | None = flag(None, "few-shot examples (default: the task's)", minimum=0)
+    limit: float | None = flag(None, "documents per task (>= 1) or a fraction (< 1): a smoke run, not a paper number",
+                               above=0)
     include_path: str | None = flag(None, "folder of extra task YAML files (local tasks)")
 
 
@@ -178,7 +180,7 @@ class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions
 class PrepareOptions:
     source: str = flag(help="'stdlib', a file or folder (txt/jsonl/parquet), or hf:<name>[:cfg][:split]",
                        positional=True)
-    out: str = flag(help="output token file, e.g. data/train.bin", positional=True)
+    out: str = flag(help="output token file, e.g. data/train.bin", positional=True, output="file")
     tokenizer: str = flag("bytes", "'bytes' or a tokenizer.json")
     split: str | None = flag(None, "train / validation split of the source (default: all)")
     text_field: str = flag("text", "JSONL/Parquet/HF text field")
@@ -189,7 +191,7 @@ class PrepareOptions:
 class TokenizerTrainOptions:
     source: str = flag(help="corpus source (as for prepare)", positional=True)
     vocab_size: int = flag(8192, "vocabulary size", minimum=1)
-    out: str = flag(help="output tokenizer.json")
+    out: str = flag(help="output tokenizer.json", output="file")
     max_bytes: int = flag(0, "cap on training text (0: all)", minimum=0)
 
 
@@ -223,7 +225,7 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
                                   "under the budget flags); default: the largest")
     name: str | None = flag(None, "model name in the API (default: the directory's name)")
     host: str = flag("127.0.0.1", "address to bind (default: local only)")
-    port: int = flag(8000, "TCP port", minimum=0)
+    port: int = flag(8000, "TCP port (0: any free port)", minimum=0, maximum=65535)
     api_key: str | None = flag(None, "require 'Authorization: Bearer KEY' (or set ELASTIC_SSM_API_KEY)")
     max_batch: int = flag(16, "slots per tier: the decode batch of its pool", minimum=1)
     max_queue: int = flag(64, "requests waiting per tier before 503", minimum=0)
@@ -233,7 +235,7 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
     max_connections_per_client: int = flag(32, "concurrent requests per address", minimum=1)
     max_connections: int = flag(1024, "concurrent connections in all", minimum=1)
     timeout: float = flag(30.0, "seconds a client may take to send its body or to read pending output before its "
-                                "request is dropped and its slot freed")
+                                "request is dropped and its slot freed", above=0)
 
 
 @dataclass(kw_only=True)
@@ -245,7 +247,7 @@ class CalibrateOptions(ModelDirOptions, TiersOptions, DtypeOptions, DeviceOption
 
 @dataclass(kw_only=True)
 class QuickstartOptions:
-    out: str = flag("runs/quickstart", "output folder")
+    out: str = flag("runs/quickstart", "output folder", output="folder")
     steps: int = flag(0, "override the training steps (0: config default)", minimum=0)
     config: str | None = flag(None, "run YAML (default: the embedded quickstart config)")
     control: bool = flag(True, "also train the dense control (full capacity only) and truncate it to T1")

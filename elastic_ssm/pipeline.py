@@ -120,15 +120,26 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False):
     """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
     from pathlib import Path
 
+    from .utils.devices import checked_device
+
+    if run.train.device != "auto":        # a device this machine lacks is named before any data is read
+        try:
+            checked_device(run.train.device, "train.device")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     run = fit_model_to_tokenizer(run)
     out = Path(run.train.out_dir)
-    saved = out / "run.yaml"
-    if resume and saved.is_file():
-        import yaml
+    from .train.preflight import read_run_record
 
+    saved = read_run_record(out) if resume else None
+    if saved is not None:
         from .config import model_config_from_dict
 
-        before = model_config_from_dict((yaml.safe_load(saved.read_text()) or {}).get("model") or {}).to_dict()
+        try:
+            before = model_config_from_dict(saved["model"]).to_dict()
+        except ConfigError as e:
+            raise ConfigError(f"{out / 'run.yaml'}: its model section is invalid ({e}); restore it from a copy, or "
+                              "start a new --train.out_dir") from None
         # a run started before the tokenizer set eos / pad keeps its saved ids (they do not touch the weights);
         # every other setting is compared by train()'s start-up checks
         ids = {k: before[k] for k in ("eos_token_id", "pad_token_id")

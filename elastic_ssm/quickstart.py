@@ -67,8 +67,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     from .utils.files import atomic_write_bytes
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    run = RunConfig.from_yaml(config or EMBEDDED)
+    run = RunConfig.from_yaml(EMBEDDED if config is None else config)
     if run.arch != "essh":
         from .config import ConfigError
 
@@ -82,6 +81,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
         from .config import ConfigError
 
         raise ConfigError(f"{out} holds an earlier quickstart; pass --overwrite to move it aside, or another --out")
+    out.mkdir(parents=True, exist_ok=True)          # after the checks: a refused run leaves no folder behind
     run = fit_model_to_tokenizer(run)
     t0 = time.time()
     data = build_data(run)

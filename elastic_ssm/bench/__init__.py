@@ -224,6 +224,30 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
 _SUITE_FIELDS = ("suite", "only", "set", "out_dir", "out", "docs", "time_budget_s")
 
 
+def _check_before_running(cfg: BenchConfig, given: dict) -> None:
+    """What would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a
+    device this machine lacks, and output paths that cannot be written (a folder where the JSON or markdown
+    file goes, a file where the suite's folder goes, an empty ``--bench.out_dir``)."""
+    from ..cli_args import check_output_path
+    from ..utils.devices import checked_device
+
+    for key in ("set", "only"):
+        if given.get(key) and not cfg.suite:
+            raise ConfigError(f"--bench.{key} picks or changes entries of a suite; give --bench.suite NAME as well")
+    if cfg.device != "auto" and not cfg.suite:     # a suite's entries may name their own devices
+        try:
+            checked_device(cfg.device, "--bench.device")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if cfg.suite and cfg.suite != "list":
+        if not cfg.out_dir.strip():
+            raise ConfigError("--bench.out_dir is an empty string; give the folder for the suite's results")
+        check_output_path("--bench.out_dir", cfg.out_dir, "folder")
+    for key in ("out", "docs"):
+        if getattr(cfg, key) and (key in given or not cfg.suite):
+            check_output_path(f"--bench.{key}", getattr(cfg, key), "file")
+
+
 def bench_command(given: dict) -> dict:
     """``elastic-ssm bench`` with the ``BenchConfig`` fields the user gave (``given``): a suite when ``suite``
     is set (the other given fields override entry options), else one ``run_bench``."""
@@ -231,6 +255,7 @@ def bench_command(given: dict) -> dict:
     from .suite import apply_overrides, list_suites, load_suite, run_suite
 
     cfg = BenchConfig(**given)
+    _check_before_running(cfg, given)
     if not cfg.suite:
         return run_bench(cfg)
     if cfg.suite == "list":

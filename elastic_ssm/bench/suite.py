@@ -35,9 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..config import ConfigBase, ConfigError
+from ..config.base import load_yaml, read_yaml_file
 from .kinds import KINDS, kind_options, kind_runner
 from .targets import Target, evaluate_targets, parse_targets
 
@@ -91,7 +90,8 @@ def find_suite(name_or_path: str) -> Path:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
         if not p.is_file():
-            raise ConfigError(f"bench suite file {p} does not exist")
+            raise ConfigError(f"bench suite file {p} {'is a folder' if p.is_dir() else 'does not exist'}; give a "
+                              "suite YAML file or a name under configs/bench/")
         return p
     known = list_suites()
     if name_or_path not in known:
@@ -133,10 +133,7 @@ def load_suite(name_or_path: str | Path) -> Suite:
     """Parse and validate a suite (see the module docstring); nothing runs."""
     path = find_suite(str(name_or_path))
     where = f"bench suite {path}"
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = read_yaml_file(path, "bench suite")       # syntax errors with line and column, keys given twice
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: must be a mapping with 'entries', got {type(data).__name__}")
     unknown = sorted(set(data) - _SUITE_KEYS)
@@ -171,7 +168,7 @@ def apply_overrides(suite: Suite, sets: tuple[str, ...] = (), options: dict[str,
             raise ConfigError(f"--bench.set {item!r}: write KEY=VALUE or ENTRY.KEY=VALUE, e.g. steps=4")
         head, dot, tail = key.rpartition(".")
         name, key = (head, tail) if dot and head in {e.name for e in suite.entries} else (None, key)
-        changes.append((name, key, yaml.safe_load(value), f"--bench.set {item}"))
+        changes.append((name, key, load_yaml(value, f"--bench.set {item}"), f"--bench.set {item}"))
     for key, value in (options or {}).items():
         changes.append((None, key, value, f"--bench.{key}"))
     for name, key, value, flag in changes:

@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 
 import yaml
 
-__all__ = ["ConfigBase", "ConfigError", "FlatNameWarning", "opt", "section", "flat_names", "read_yaml_mapping"]
+__all__ = ["ConfigBase", "ConfigError", "FlatNameWarning", "opt", "section", "flat_names", "read_yaml_mapping",
+           "read_yaml_file", "load_yaml"]
 
 
 class ConfigError(ValueError):
@@ -99,21 +100,63 @@ def _coerce(tp: Any, value: Any, name: str) -> Any:
     return value
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":      # '<<: *anchor': merged keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise ConfigError(f"key {key!r} is given twice (lines {seen[key]} and {line}); keep one")
+            if isinstance(key, typing.Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load`` of ``text`` that names ``where`` (a file or what the text configures) in its errors:
+    a syntax error (line and column) and a key given twice in one mapping are a ``ConfigError``."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{where}: invalid YAML{at}: {getattr(e, 'problem', None) or e}; fix the file's "
+                          "syntax") from None
+
+
+def read_yaml_file(path: str | Path, what: str = "config file") -> Any:
+    """The YAML document in file ``path`` (``load_yaml``); a missing path, a folder, an unreadable or non-UTF-8
+    file is a ``ConfigError`` naming it. An empty file (or one holding only comments) is ``None``."""
+    p = Path(path)
+    if not str(path).strip():
+        raise ConfigError(f"{what}: the path is an empty string; give a YAML file")
+    if p.is_dir():
+        raise ConfigError(f"{what} {p} is a folder; give a YAML file")
+    if not p.is_file():
+        raise ConfigError(f"{what} {p} does not exist")
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {p} is not UTF-8 text ({e.reason} at byte {e.start}); give a YAML file") from None
+    return load_yaml(text, str(p))
+
+
 def read_yaml_mapping(path_or_text: str | Path, what: str) -> dict[str, Any]:
     """The mapping in a YAML file path, or in YAML text (anything containing a newline or ':')."""
     if isinstance(path_or_text, str) and ("\n" in path_or_text or ":" in path_or_text):
-        text = str(path_or_text)
+        data = load_yaml(str(path_or_text), what)
     else:
-        p = Path(path_or_text)
-        if not p.is_file():
-            raise ConfigError(f"{what}: config file {p} does not exist")
-        text = p.read_text()
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{what}: not valid YAML ({' '.join(str(e).split())})") from None
+        data = read_yaml_file(path_or_text, f"{what}: config file")
+    data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError(f"{what}: YAML must be a mapping of field names, got {type(data)}")
+        raise ConfigError(f"{what}: YAML must be a mapping of field names, got {type(data).__name__} {data!r}")
     return data
 
 
@@ -127,7 +170,7 @@ class ConfigBase:
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
-            setattr(self, f.name, _coerce(hints[f.name], getattr(self, f.name), f.name))
+            setattr(self, f.name, _coerce(hints[f.name], getattr(self, f.name), f"{type(self).__name__}.{f.name}"))
         self.validate()
 
     def validate(self) -> None:  # overridden by subclasses

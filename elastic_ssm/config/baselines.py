@@ -65,9 +65,11 @@ class TransformerConfig(FractionTierConfig):
 
     def validate(self) -> None:
         c = type(self).__name__
-        for n in ("vocab_size", "d_model", "n_layers", "d_ff", "head_dim", "ffn_align"):
+        for n in ("vocab_size", "d_model", "n_layers", "d_ff", "head_dim", "ffn_align", "norm_eps", "rope_base"):
             if getattr(self, n) <= 0:
                 raise ConfigError(f"{c}.{n} must be > 0, got {getattr(self, n)}")
+        if self.init_std < 0:
+            raise ConfigError(f"{c}.init_std must be >= 0, got {self.init_std}")
         if self.d_model % self.head_dim or self.head_dim % 2:
             raise ConfigError(f"{c}: d_model={self.d_model} must be a multiple of an even head_dim={self.head_dim}")
         if not self.tier_xi or any(not 0 < x <= 1 for x in self.tier_xi):

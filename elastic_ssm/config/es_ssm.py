@@ -47,7 +47,9 @@ class ESSSMConfig(ModelConfig):
     eos_token_id: int = opt(-1, "end-of-sequence token id that stops generation (-1: none)")
 
     def validate(self) -> None:
-        positive(self, "vocab_size", "d_model", "n_layers", "n_channels", "seq_len", "ffn_mult")
+        positive(self, "vocab_size", "d_model", "n_layers", "n_channels", "seq_len", "ffn_mult", "norm_eps")
+        if self.init_std < 0:
+            raise ConfigError(f"ESSSMConfig.init_std must be >= 0, got {self.init_std}")
         if not -1 <= self.eos_token_id < self.vocab_size:
             raise ConfigError(f"ESSSMConfig.eos_token_id={self.eos_token_id} must be -1 or a token id < vocab_size")
         if self.task not in ("lm", "classify"):

@@ -62,7 +62,10 @@ class ESSHConfig(FractionTierConfig):
 
     def validate(self) -> None:
         positive(self, "vocab_size", "d_model", "n_layers", "d_ff", "n_channels", "n_modes",
-                  "window", "head_dim", "filter_length", "ffn_align")
+                  "window", "head_dim", "filter_length", "ffn_align", "norm_eps", "blend_eps", "rope_base",
+                  "channel_exponent", "ffn_exponent")
+        if self.init_std < 0:
+            raise ConfigError(f"ESSHConfig.init_std must be >= 0, got {self.init_std}")
         if self.channel_width < 0:
             raise ConfigError(f"ESSHConfig.channel_width must be >= 0, got {self.channel_width}")
         if self.channel_width == 0 and self.d_model % self.n_channels:

@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .base import ConfigBase, ConfigError, opt, section
+from .base import ConfigBase, ConfigError, opt, read_yaml_file, section
 from .essh import ESSHConfig
 from .model import ModelConfig, TierLike, model_configs
 from .train import TrainConfig
@@ -45,6 +43,13 @@ class DataConfig(ConfigBase):
                                   "model's vocab_size is taken from it and it is saved with every checkpoint")
     text_field: str = opt("text", "JSONL/Parquet/HF field holding the document text")
     max_train_bytes: int = opt(0, "cap on the in-memory training text in bytes (0 = no cap)")
+
+    def validate(self) -> None:
+        for name in ("source", "tokenizer", "text_field"):
+            if not getattr(self, name).strip():
+                raise ConfigError(f"DataConfig.{name} is empty; give a value (see --help, data.{name})")
+        if self.max_train_bytes < 0:
+            raise ConfigError(f"DataConfig.max_train_bytes must be >= 0 (0 = no cap), got {self.max_train_bytes}")
 
 
 @dataclass(kw_only=True)
@@ -77,6 +82,9 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
     if not isinstance(d, dict):
         raise ConfigError(f"model: expected a mapping such as {{arch: essh, preset: tiny}}, got {d!r}")
     d = dict(d)
+    for key in sorted(_CHOICE_KEYS & set(d)):
+        if d[key] is not None and not isinstance(d[key], str):
+            raise ConfigError(f"model.{key} must be a name (a string), got {type(d[key]).__name__} {d[key]!r}")
     arch = d.pop("arch", "essh")
     configs = model_configs()
     if arch not in configs:
@@ -157,13 +165,19 @@ class RunConfig(ConfigBase):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> RunConfig:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"run config {p} does not exist")
-        data = yaml.safe_load(p.read_text()) or {}
+        """A run file; a missing or empty one (only comments), YAML syntax errors, a key given twice and a
+        document that is not a mapping are ``ConfigError``s naming the file."""
+        data = read_yaml_file(path, "run config")
+        if data is None:
+            raise ConfigError(f"run config {path} is empty; give model/train/data sections (e.g. model: {{preset: "
+                              "tiny}) or leave out --config for the default run")
         if not isinstance(data, dict):
-            raise ConfigError(f"{p}: expected a YAML mapping with model/train/data sections")
-        return cls.from_dict(data)
+            raise ConfigError(f"{path}: expected a YAML mapping with model/train/data sections, got "
+                              f"{type(data).__name__} {data!r}"[:300])
+        try:
+            return cls.from_dict(data)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
 
     def with_overrides(self, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> RunConfig:
         """A copy with field overrides per section (``train`` keys may be dotted: ``optim.lr``); a field the
@@ -181,7 +195,7 @@ class RunConfig(ConfigBase):
 def load_any_config(path: str | Path) -> RunConfig | ModelConfig:
     """Load a YAML file of ``configs/``: a run file (``model:`` plus optional ``train:``/``data:``
     sections, loaded as a ``RunConfig``) or a bare model file (``arch:`` plus model fields)."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_yaml_file(path) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a YAML mapping")
     if "model" in data:

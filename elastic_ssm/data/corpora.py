@@ -290,6 +290,9 @@ def iter_documents(source: str | Path, split: str | None = None, *, text_field: 
     Yields ``bytes`` (text files, the stdlib) or ``str`` (JSONL, Parquet, datasets); never empty ones.
     """
     _check_split(split)
+    if not str(source).strip():       # Path("") is the working directory: never read it by accident
+        raise ValueError("the data source is an empty string; use 'stdlib', a file, a folder, or "
+                         "hf:<name>[:<config>][:<split>]")
     if str(source) == "stdlib":
         root = stdlib_root()
         for rel in stdlib_split_files(split):

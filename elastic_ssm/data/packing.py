@@ -201,7 +201,8 @@ def evaluation_batches(tokens, seq_len: int, batch_size: int, max_batches: int |
     n = num_windows(len(_as_array(tokens)), seq_len, stride)
     if n == 0:
         raise ValueError(f"evaluation corpus too small: {len(_as_array(tokens))} tokens, need at least "
-                         f"{seq_len + 1} for one window")
+                         f"{seq_len + 1} for one window of {seq_len}; use a shorter sequence length or more "
+                         "validation text")
     idx = np.arange(n)
     if max_batches is not None and max_batches * batch_size * world_size < n:
         idx = np.linspace(0, n - 1, max_batches * batch_size * world_size).round().astype(np.int64)

@@ -44,8 +44,11 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
     Each document is followed by the tokenizer's SEP id. ``max_tokens`` stops early (the stream is cut
     exactly there). Returns the opened ``TokenFile``.
     """
-    tok = load_tokenizer(tokenizer)
     out_path = Path(out_path)
+    if out_path.suffix != ".bin":     # load_corpus knows a token file by its name: anything else is read as text
+        raise ValueError(f"{out_path}: a token file's name must end in .bin (e.g. {out_path.with_suffix('.bin')}), "
+                         "or training and evaluation would read its bytes as text")
+    tok = load_tokenizer(tokenizer)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tok.vocab_size)
     digest, count, n_docs, pending, n_pending = hashlib.sha256(), 0, 0, [], 0

@@ -226,7 +226,13 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
     else:
         docs = iter(files_or_iterator)
 
-    texts = (_as_text(d) for d in cap_bytes(docs, max_bytes))
+    seen = [0]
+
+    def texts():
+        for d in cap_bytes(docs, max_bytes):
+            text = _as_text(d)
+            seen[0] += len(text)
+            yield text
 
     tok = tk.Tokenizer(tk.models.BPE())
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -234,12 +240,15 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
     trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                      special_tokens=list(SPECIAL_TOKENS), show_progress=show_progress,
                                      initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator(texts(), trainer=trainer)
+    if not seen[0]:
+        what = repr(str(files_or_iterator)) if isinstance(files_or_iterator, (str, Path)) else "the given documents"
+        raise ValueError(f"the tokenizer's training text is empty ({what} holds no text); give a non-empty source")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    tok.save(str(tmp))
-    tmp.replace(out_path)
+    from ..utils.files import atomic_write_text
+
+    atomic_write_text(out_path, tok.to_str())
     return BPETokenizer(tok, out_path.resolve())
 
 
@@ -264,7 +273,8 @@ def load_tokenizer(spec: str | Path | Tokenizer = "bytes") -> Tokenizer:
             return ByteTokenizer()
         if (path / "tokenizer.json").is_file():
             return BPETokenizer.from_file(path / "tokenizer.json")
-        raise FileNotFoundError(f"{path} holds neither {META_FILE} nor tokenizer.json")
+        raise FileNotFoundError(f"{path} holds neither {META_FILE} nor tokenizer.json; give 'bytes', a "
+                                "tokenizer.json file or a folder holding one")
     if path.suffix == ".json":
         return BPETokenizer.from_file(path)  # names a missing file
     raise ValueError(f"unknown tokenizer {str(spec)!r}: use 'bytes', a path to a tokenizer.json, or a "

@@ -20,8 +20,11 @@ __all__ = ["export_tier", "check_export", "ExportCheck"]
 
 def export_tier(model: Any, tier: TierLike) -> Any:
     """A standalone model holding only ``tier``'s retained tensors, with its own smaller config."""
-    from ..models.base import export_state
+    from ..models.base import ElasticModel, export_state
 
+    if not isinstance(model, ElasticModel):
+        raise TypeError(f"export_tier needs an elastic_ssm model (ESSH, ESSSM, TransformerPP, MatFormer), got "
+                        f"{type(model).__name__}; load a directory with es.models.load_pretrained first")
     t = model.resolve_tier(tier)
     cls = type(model)
     small_cfg = cls.tier_config(model.config, t)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..cli_args import announce_device, checked_capacities, resolve_device, spelled, status, write_csv
 from ..config import ConfigError
+from ..utils.files import atomic_write_text
 
 __all__ = ["cmd_eval", "cmd_importance", "parse_lengths", "training_length"]
 
@@ -89,7 +90,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             status(f"training length {found[0]} (from {found[1]})")
     limit = getattr(model.config, "seq_len", None) if model.arch == "es_ssm" else None
     if limit is not None and max(lengths) > limit:
-        raise ConfigError(f"--lengths: {max(lengths)} tokens exceed this ES-SSM model's filter length {limit}, "
+        which = "--lengths" if args.lengths else spelled(args, "seq_len")
+        raise ConfigError(f"{which}: {max(lengths)} tokens exceed this ES-SSM model's filter length {limit}, "
                           "the longest sequence it accepts")
     tokens, bpt = _tokens_and_bpt(args, model)
     longest = list(evaluation_batches(tokens, max(lengths), args.batch_size, args.n_batches))
@@ -119,6 +121,10 @@ def cmd_importance(args: argparse.Namespace) -> int:
     if tier is not None and len(tier) != 1:
         raise ConfigError(f"{spelled(args, 'tier')} {args.tier}: give one tier ('full', a name such as T4, or a "
                           "fraction)")
+    K = model.resolve_tier(tier and tier[0]).K
+    if args.first > K:
+        raise ConfigError(f"{spelled(args, 'first')} {args.first} exceeds the {K} channels of the measured tier; "
+                          f"give at most {K}")
     out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{spelled(args, 'out')} {out} is a file; give a folder")
@@ -134,7 +140,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
     record = {"checkpoint": str(args.checkpoint), "data": args.data, "split": args.split, "seq_len": args.seq_len,
               "batches": len(batches), **{k: clean(v) for k, v in res.summary().items()},
               "channels": [{k: clean(v) for k, v in row.items()} for row in res.rows()]}
-    (out / "channel_importance.json").write_text(json.dumps(record, indent=2) + "\n")
+    atomic_write_text(out / "channel_importance.json", json.dumps(record, indent=2) + "\n")
     print(f"wrote {out / 'channel_importance.json'}")
     skipped = plot_importance(res, out / "channel_importance.png")
     print(f"plot skipped: {skipped}" if skipped else f"wrote {out / 'channel_importance.png'}")

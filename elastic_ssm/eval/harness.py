@@ -21,7 +21,6 @@ The tokenizer is the one saved with the model (``tokenizer=`` in ``--model_args`
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,13 +84,12 @@ def _tiers(args: dict[str, str]) -> tuple[list[Any], bool]:
             raise SystemExit("elastic-ssm-lm-eval: tier=all needs pretrained=DIR in --model_args")
         return [None], False
     from ..elastic.tiers import resolve_tier, tier_table
-    from ..models import model_class
+    from ..models import CheckpointError, saved_model_class
 
-    cfile = Path(args["pretrained"]) / "config.json"
-    if not cfile.is_file():
-        raise SystemExit(f"elastic-ssm-lm-eval: {args['pretrained']} has no config.json (pretrained= must be a "
-                         "model directory written by save_pretrained)")
-    config, _ = model_class(json.loads(cfile.read_text()).get("arch", "")).read_config(args["pretrained"])
+    try:
+        config, _ = saved_model_class(args["pretrained"]).read_config(args["pretrained"])
+    except CheckpointError as e:
+        raise SystemExit(f"elastic-ssm-lm-eval: pretrained={args['pretrained']}: {e}") from None
     if spec == "all":
         return tier_table(config), True
     names = spec.split("+") if several else [None if spec in ("", "full", "none") else spec]

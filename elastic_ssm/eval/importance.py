@@ -168,6 +168,8 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
         raise ValueError(f"first must be >= 1, got {first}")
     t = model.resolve_tier(tier)
     K = t.K
+    if first > K:
+        raise ValueError(f"first={first} exceeds the {K} channels of tier {t.name}; give first <= {K}")
     layers = _channel_layers(model)
     was_training = model.training
     model.eval()

@@ -257,14 +257,18 @@ def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | 
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    manager = TaskManager(include_path=include_path)   # task names are checked before the model loads
+    unknown = [t for t in tasks if t not in manager.all_tasks and not Path(t).is_file()]
+    if unknown:
+        raise ValueError(f"unknown lm-eval task(s) {unknown}: not a registered task, group or tag name nor a task "
+                         "YAML file (`lm-eval ls tasks` lists them; local tasks need --include-path)")
     first = ElasticLM(pretrained, tier=None, tokenizer=tokenizer, device=device, batch_size=batch_size,
                       max_length=max_length, precision=precision)
     model = first.model
     names = [t.name for t in model.tier_table()] if tiers in ("all", None) else list(tiers)
-    manager = TaskManager(include_path=include_path)
+    resolved = [model.resolve_tier(name) for name in names]    # every tier checked before the first task runs
     rows = []
-    for name in names:
-        t = model.resolve_tier(name)
+    for t in resolved:
         lm = ElasticLM(model, tier=t.name, tokenizer=first.tok, batch_size=batch_size, max_length=max_length,
                        precision=precision)
         res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,

@@ -166,15 +166,17 @@ def summarize_needle(trials: Sequence[NeedleTrial], cfg: NeedleConfig) -> dict[s
 
 
 def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any] | None = None,
-                    cfg: NeedleConfig | None = None, precision: str = "fp32") -> list[dict[str, Any]]:
+                    cfg: NeedleConfig | None = None, precision: str = "fp32",
+                    trials: list[NeedleTrial] | None = None) -> list[dict[str, Any]]:
     """NIAH rows for every tier in ``tiers`` (default: the model's tier table), the same trials for each:
     ``{"tier", "K", "n_ff", "params", "context_len", "condition", "trials", "margin_win", "first_token",
-    "full_key", "half_width", "by_depth"}``."""
+    "full_key", "half_width", "by_depth"}``. ``trials``: those of ``build_trials(filler, tokenizer, cfg)``
+    when the caller built them already (the CLI does, to report a bad setting before its status line)."""
     cfg = cfg or NeedleConfig()
     vocab = model.config.vocab_size
     if tokenizer.vocab_size > vocab:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary has {vocab}")
-    trials = build_trials(filler, tokenizer, cfg)
+    trials = build_trials(filler, tokenizer, cfg) if trials is None else trials
     tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
     rows = []
     for t in tiers:

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..config import TierLike
-from .base import CheckpointError, ElasticModel
+from .base import CheckpointError, ElasticModel, read_model_meta
 from .compile import compile_model
 
-__all__ = ["CheckpointError", "ElasticModel", "load_pretrained", "model_class", "build_model", "compile_model"]
+__all__ = ["CheckpointError", "ElasticModel", "load_pretrained", "model_class", "build_model", "compile_model",
+           "read_model_meta", "saved_model_class"]
 
 
 def model_class(arch: str) -> type[ElasticModel]:
@@ -45,20 +45,16 @@ def build_model(config: Any, seed: int | None = None) -> ElasticModel:
     return model_class(arch)(config)
 
 
-def saved_model_class(path: str | Path) -> type[ElasticModel]:
-    """The model class of a directory written by ``save_pretrained`` (its ``config.json``'s ``arch``);
-    ``CheckpointError`` naming the problem for a folder that holds no model or a corrupted config."""
-    cfile = Path(path) / "config.json"
-    if not cfile.is_file():
-        raise CheckpointError(f"{path}: no config.json; expected a directory written by save_pretrained "
-                              "(a training run keeps its final model in <out_dir>/final)")
-    try:
-        arch = json.loads(cfile.read_text()).get("arch", "")
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfile} is not valid JSON ({e}); the file is corrupted") from e
-    return model_class(arch)
-
-
 def load_pretrained(path: str | Path, tier: TierLike = None, **kw: Any) -> ElasticModel:
     """Load a directory written by ``save_pretrained`` (ESSH or ES-SSM); ``tier`` loads only that tier."""
     return saved_model_class(path).from_pretrained(path, tier=tier, **kw)
+
+
+def saved_model_class(path: str | Path) -> type[ElasticModel]:
+    """The model class of a directory written by ``save_pretrained`` (its ``config.json`` checked for shape by
+    ``read_model_meta``: a missing, malformed or unknown record is a ``CheckpointError`` naming the file)."""
+    arch = read_model_meta(path)["arch"]
+    try:
+        return model_class(arch)
+    except CheckpointError as e:
+        raise CheckpointError(f"{Path(path) / 'config.json'}: {e}") from e

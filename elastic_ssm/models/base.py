@@ -33,9 +33,10 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from ..config import ConfigBase, TierLike
+from ..config import ConfigBase, ConfigError, TierLike
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
+from ..utils.devices import checked_device
 from ..utils.files import atomic_write_bytes
 from .legacy import legacy_names, refuse_legacy, upgrade_state_dict
 
@@ -48,6 +49,34 @@ HF_KEYS = {"essh": {"model_type": "essh", "architectures": ["ESSHForCausalLM"]}}
 
 class CheckpointError(RuntimeError):
     """A saved model directory is missing, corrupted or does not match its config."""
+
+
+def read_model_meta(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` record of a model directory written by ``save_pretrained``, checked for shape: a
+    mapping with ``format: elastic_ssm``, a string ``arch`` and a ``config`` mapping. A missing or empty path, a
+    file where the folder belongs, an unreadable or malformed ``config.json`` is a ``CheckpointError`` naming it."""
+    if not str(path).strip():
+        raise CheckpointError("the model directory is an empty string; give a directory written by save_pretrained")
+    path = Path(path)
+    cfile = path / CONFIG_NAME
+    if path.is_file():
+        raise CheckpointError(f"{path} is a file; give the model directory (written by save_pretrained) that "
+                              f"holds {CONFIG_NAME} and {WEIGHTS_NAME}")
+    if not cfile.is_file():
+        what = "does not exist" if not path.exists() else f"has no {CONFIG_NAME}"
+        raise CheckpointError(f"{path} {what}; expected a model directory ({CONFIG_NAME} + {WEIGHTS_NAME}) written "
+                              "by save_pretrained (a training run keeps its final model in <out_dir>/final)")
+    try:
+        meta = json.loads(cfile.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfile} is not valid JSON ({e}); the file is corrupted: save the model again") from e
+    if not isinstance(meta, dict) or meta.get("format") != "elastic_ssm" or not isinstance(meta.get("config"), dict):
+        raise CheckpointError(f"{cfile} is not an elastic_ssm model record (a JSON object with format "
+                              "'elastic_ssm' and a config mapping); give a directory written by save_pretrained")
+    if not isinstance(meta.get("arch"), str) or not meta["arch"]:
+        raise CheckpointError(f"{cfile} names no model arch ('arch': essh, es_ssm, transformer or matformer); "
+                              "the file is corrupted: save the model again")
+    return meta
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 26) -> str:
@@ -98,6 +127,36 @@ class TrainableModel(Protocol):
     def tier_table(self) -> list[tiers_mod.Tier]: ...
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path: ...
+
+
+def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = None,
+                       left_padding: bool = False) -> None:
+    """``input_ids`` an integer tensor [B, T] with B >= 1 and ids in [0, vocab_size); ``attention_mask`` (when
+    given) a tensor of exactly that shape (never broadcast) holding 0 / 1 with a 1 in every row, its zeros before
+    the ones with ``left_padding``. A ``ValueError`` (``TypeError`` for a non-tensor) names the problem. The
+    value checks read the host and are skipped while tracing (``torch.compile`` / ``torch.export``)."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}")
+    if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
+                         f"{tuple(input_ids.shape)}")
+    if input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)} is a batch of 0 rows; pass at least one sequence")
+    B, T = input_ids.shape
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                       or tuple(attention_mask.shape) != (B, T)):
+        got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+        raise ValueError(f"attention_mask must be [B, T] = {(B, T)} like input_ids (1 = real token, 0 = left "
+                         f"padding), got {got}; it is never broadcast")
+    if torch.compiler.is_compiling() or not input_ids.numel():
+        return
+    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size:
+        raise ValueError(f"token ids must lie in [0, vocab_size={vocab_size}); "
+                         f"got range [{int(input_ids.min())}, {int(input_ids.max())}]")
+    if attention_mask is not None:
+        from .generation import check_attention_mask
+
+        check_attention_mask(attention_mask, left_padding=left_padding)
 
 
 class ElasticModel(nn.Module):
@@ -219,19 +278,18 @@ class ElasticModel(nn.Module):
 
     @classmethod
     def read_config(cls, path: str | Path) -> tuple[ConfigBase, dict[str, Any]]:
-        path = Path(path)
-        cfile = path / CONFIG_NAME
-        if not cfile.is_file():
-            raise CheckpointError(f"{path}: no {CONFIG_NAME}; expected a directory written by save_pretrained")
+        """The model config and the whole ``config.json`` record of a saved directory (``read_model_meta``); a
+        record of another arch, or a config the file holds that does not validate, is a ``CheckpointError``
+        naming the file."""
+        meta = read_model_meta(path)
+        if meta["arch"] != cls.arch:
+            raise CheckpointError(f"{path} holds a {meta['arch']!r} model; load it with the matching class "
+                                  "(or es.models.load_pretrained, which picks it)")
         try:
-            meta = json.loads(cfile.read_text())
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{cfile} is not valid JSON ({e}); the file is corrupted") from e
-        if meta.get("format") != "elastic_ssm" or "config" not in meta:
-            raise CheckpointError(f"{cfile} is not an elastic_ssm model config")
-        if meta.get("arch") != cls.arch:
-            raise CheckpointError(f"{path} holds a {meta.get('arch')!r} model; load it with the matching class")
-        return cls.config_class.from_dict(meta["config"]), meta
+            return cls.config_class.from_dict(meta["config"]), meta
+        except ConfigError as e:
+            raise CheckpointError(f"{Path(path) / CONFIG_NAME}: the model config it holds is invalid ({e}); the "
+                                  "file is corrupted or was edited by hand: save the model again") from e
 
     @classmethod
     def from_pretrained(
@@ -246,8 +304,10 @@ class ElasticModel(nn.Module):
         naming the file. ``verify=False`` skips it.
         """
         path = Path(path)
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} requested but CUDA is not available here; use device='cpu'")
+        checked_device(device, "from_pretrained(device=)")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"from_pretrained(dtype=) takes a floating torch.dtype (torch.float32, torch.bfloat16, "
+                            f"...) or None (as saved), got {dtype!r}")
         config, meta = cls.read_config(path)
         wfile = path / WEIGHTS_NAME
         if not wfile.is_file():

@@ -31,7 +31,7 @@ from ..elastic.slicing import SliceRule
 from ..layers.es_ssm import ESSSMBlock, on_meta_device
 from .base import ElasticModel
 from .es_ssm_cache import ESSSMCache, cache_options
-from .generation import GenerationMixin
+from .generation import GenerationMixin, check_attention_mask
 
 __all__ = ["ESSSM"]
 
@@ -151,6 +151,8 @@ class ESSSM(GenerationMixin, ElasticModel):
                 f"attention_mask must have the shape of input_ids {tuple(ids.shape)},"
                 f" got {tuple(attention_mask.shape)}"
             )
+        if attention_mask is not None and not torch.compiler.is_compiling():
+            check_attention_mask(attention_mask, left_padding=False)    # values; left padding for a cache below
         valid = None if attention_mask is None else attention_mask.to(torch.bool)  # [B, T]
         if cache is not None:
             cache.check_prefill(K)

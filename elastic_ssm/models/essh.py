@@ -28,7 +28,7 @@ from ..layers.attention import SlidingWindowAttention
 from ..layers.ffn import SwiGLU
 from ..layers.norm import RMSNorm
 from ..layers.spectral_mixer import SpectralMixer
-from .base import ElasticModel
+from .base import ElasticModel, check_token_inputs
 from .cache import ESSHCache
 from .compile import compile_trunk, scan_backend, trunk_for
 from .generation import GenerationMixin
@@ -112,28 +112,15 @@ class ESSH(GenerationMixin, ElasticModel):
 
     # ---- forward ----------------------------------------------------------------------------------
     def _check_ids(self, input_ids: torch.Tensor) -> None:
-        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
-                             f"{tuple(input_ids.shape)}")
-        if input_ids.shape[0] == 0:
-            raise ValueError(f"input_ids {tuple(input_ids.shape)} is a batch of 0 rows; pass at least one sequence")
-        if torch.compiler.is_compiling() or not input_ids.numel():
-            return                           # traced (torch.export / compile): no host reads of the values
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size:
-            raise ValueError(f"token ids must lie in [0, vocab_size={self.config.vocab_size}); "
-                             f"got range [{int(input_ids.min())}, {int(input_ids.max())}]")
+        check_token_inputs(input_ids, self.config.vocab_size)
 
     def _prepare(self, input_ids: torch.Tensor, tier: Any, attention_mask: torch.Tensor | None,
                  cache: ESSHCache | None):
         """Eager checks before the (possibly compiled) trunk: tier, padding mask and positions [B, T]."""
-        self._check_ids(input_ids)
+        # a cache prefill continues from the end of every row: its padding must come first
+        check_token_inputs(input_ids, self.config.vocab_size, attention_mask, left_padding=cache is not None)
         t = self.resolve_tier(tier)
         B, T = input_ids.shape
-        if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
-                                           or tuple(attention_mask.shape) != (B, T)):
-            got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
-            raise ValueError(f"attention_mask must be [B, T] = {(B, T)} like input_ids (1 = real token, 0 = left "
-                             f"padding), got {got}; it is never broadcast")
         valid = None if attention_mask is None else attention_mask.bool()
         if valid is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)

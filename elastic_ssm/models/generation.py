@@ -72,12 +72,21 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: 
     return (probs / race).argmax(-1)
 
 
-def check_left_padding(mask: torch.Tensor) -> None:
+def check_attention_mask(mask: torch.Tensor, left_padding: bool = True) -> None:
+    """``mask`` [B, T] holds only 0 and 1 (or booleans), every row at least one 1, and with ``left_padding`` the
+    zeros of a row before its ones (what a cache prefill and ``generate`` continue from). Reads the values on
+    the host: call it outside compiled regions."""
+    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token), got other values")
     m = mask.long()
-    if (m[:, 1:] < m[:, :-1]).any():
+    if left_padding and (m[:, 1:] < m[:, :-1]).any():
         raise ValueError("attention_mask must use LEFT padding (zeros before the real tokens of each row)")
     if (m.sum(1) == 0).any():
         raise ValueError("every row needs at least one real token (attention_mask row of zeros)")
+
+
+def check_left_padding(mask: torch.Tensor) -> None:
+    check_attention_mask(mask, left_padding=True)
 
 
 def _check_inputs(model, input_ids: torch.Tensor, attention_mask, max_new_tokens, eos, pad) -> None:

@@ -43,6 +43,26 @@ def _is_local(host: str) -> bool:
         return False
 
 
+def _check_bind(host: str, port: int) -> None:
+    """ConfigError unless this process can listen on ``host:port`` (a name that does not resolve, an address
+    this machine does not have, a port in use or reserved); the test socket is closed again at once."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigError(f"--host {host}: cannot resolve it ({e.strerror}); give an address of this machine, e.g. "
+                          "127.0.0.1 or 0.0.0.0") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror}); choose another "
+                              "--port (0: any free one) or an address of this machine") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import fastapi  # noqa: F401
@@ -54,6 +74,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .app import ServerSettings, create_app
     from .remote import model_view
 
+    if args.name is not None and ("@" in args.name or not args.name.strip()):
+        raise ConfigError(f"--name {args.name!r}: a model name cannot contain '@' (model ids are NAME@TIER)")
+    _check_bind(args.host, args.port)             # before the model loads: a bad address fails in a second
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     model = model_view(args.checkpoint)       # the weights load in the engine process (serve/remote.py)
@@ -110,8 +133,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if model.arch != "essh":
         raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; calibration times the fused ESSH "
                           "decoder")
-    announce_device("calibrate", device, dtype)
     tiers = None if args.tiers == "all" else [model.resolve_tier(t).name for t in args.tiers.split(",")]
+    announce_device("calibrate", device, dtype)
     profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters)
     print(f"wrote {write_profile(args.checkpoint, profile)}")
     return 0

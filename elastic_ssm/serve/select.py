@@ -62,14 +62,10 @@ def profile_ms(profile: dict, tier: str, batch: int) -> float | None:
 
 def _config_and_dir(model_or_dir: Any):
     if isinstance(model_or_dir, (str, Path)):
-        from ..models import model_class
+        from ..models import saved_model_class
 
         path = Path(model_or_dir)
-        cfile = path / "config.json"
-        if not cfile.is_file():
-            raise ValueError(f"{path}: no config.json; give a model directory written by save_pretrained")
-        arch = json.loads(cfile.read_text()).get("arch", "")
-        return model_class(arch).read_config(path)[0], path
+        return saved_model_class(path).read_config(path)[0], path
     cfg = getattr(model_or_dir, "config", None)
     if cfg is None:
         raise TypeError(f"select_tier needs a model or a model directory, got {type(model_or_dir).__name__}")
@@ -87,8 +83,8 @@ def select_tier(model_or_dir: Any, max_ms_per_token: float | None = None, max_st
         raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
     for name, v in (("max_ms_per_token", max_ms_per_token), ("max_state_bytes", max_state_bytes),
                     ("max_params", max_params)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
-            raise ValueError(f"{name} must be a positive number, got {v!r}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):   # NaN too
+            raise ValueError(f"{name} must be a positive number (inf: no limit), got {v!r}")
     cfg, path = _config_and_dir(model_or_dir)
     profile = profile if profile is not None else _read(path, PROFILE_FILE)
     quality = quality if quality is not None else _read(path, QUALITY_FILE)

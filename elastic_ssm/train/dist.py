@@ -34,6 +34,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..config import ConfigError
+from ..utils.devices import checked_device
+
 __all__ = ["DistContext", "init_distributed", "all_reduce", "barrier", "wrap_ddp", "wrap_fsdp", "no_sync",
            "unwrap", "is_sharded", "full_tensor", "shard_like", "unsharded_copy"]
 
@@ -76,7 +79,10 @@ def _pick_device(device: str, local_rank: int) -> torch.device:
         if not torch.cuda.is_available():
             raise RuntimeError("TrainConfig.device='cuda' but CUDA is not available; use 'cpu' or 'auto'")
         device = f"cuda:{local_rank}"
-    dev = torch.device(device)
+    try:
+        dev = checked_device(device, "train.device")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     return dev

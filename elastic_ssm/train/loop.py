@@ -358,16 +358,30 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             finally:  # an error message then starts on a line of its own
                 trainer.log.close_bar()
                 trainer.watch.close()
-        path = None
-        if is_sharded(model):
-            state = full_model_state(model)
-            if ctx.is_main:
-                model = unsharded_copy(model, state, ctx.device)
-        if finished and ctx.is_main:
-            path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
+            # the final save runs under the same handlers: a SIGTERM / Ctrl-C now lets it finish (a half-written
+            # final/ and a silent exit would leave a finished run looking unfinished)
+            path = None
+            if is_sharded(model):
+                state = full_model_state(model)
+                if ctx.is_main:
+                    model = unsharded_copy(model, state, ctx.device)
+            if finished and ctx.is_main:
+                path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
+            if finished and stop.requested and ctx.is_main:
+                print(f"[train] {stop.requested} arrived during the final save; the save finished and the run is "
+                      f"complete ({path})", flush=True)
         return TrainResult(trainer.log.history, path, model, trainer.log.evals, Path(cfg.out_dir))
     except TrainingInterrupted:  # every rank stops after the same step: the usual clean close
         raise
+    except OSError as e:         # a full disk or quota during a write: say what is kept and how to go on
+        import errno
+
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT) or e.filename is None:
+            raise
+        found = [c for c in (find_checkpoint(Path(cfg.out_dir) / s) for s in ("refine", "pretrain")) if c]
+        kept = (f"the last complete checkpoint is {found[0]}: free space, then continue with --resume" if found
+                else "no checkpoint was written yet: free space, then start again (--resume auto)")
+        raise type(e)(e.errno, f"{e.strerror}; {kept}", e.filename) from e
     except Exception as e:  # a failed collective: one line naming this rank and its step
         ctx.close(clean=False)  # no final barrier: the peers may never come to it
         err = collective_error(e, ctx, trainer and trainer.watch.where, cfg.dist_timeout_s)

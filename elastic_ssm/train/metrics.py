@@ -34,11 +34,22 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import ConfigError
 from .dist import DistContext, all_reduce
 
-__all__ = ["MetricsLogger", "validation_records", "eval_tier_list", "bytes_per_token"]
+__all__ = ["MetricsLogger", "validation_records", "eval_tier_list", "bytes_per_token", "read_log"]
 
 BYTE_VOCAB = 260
+
+
+def read_log(path: str | Path) -> str:
+    """The text of a ``metrics.jsonl``; one that is not UTF-8 (records are ASCII JSON, so not a torn line but a
+    damaged or foreign file) is a ``ConfigError`` naming it."""
+    try:
+        return Path(path).read_text()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not a JSON-lines log ({e.reason} at byte {e.start}); move it aside and resume "
+                          "again (a new log is started)") from None
 
 
 class MetricsLogger:
@@ -65,8 +76,15 @@ class MetricsLogger:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.ctx.is_main:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            try:
+                with self.path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            except OSError as e:      # e.g. a full disk: name the log (a torn last line is dropped on resume)
+                if e.filename is not None:
+                    raise
+                from ..utils.files import with_path
+
+                raise with_path(e, self.path) from e
 
     def drop_after(self, stage: str, step: int) -> int:
         """Drop the records of ``stage`` after ``step`` (written after the checkpoint a run resumes from, so
@@ -74,7 +92,7 @@ class MetricsLogger:
         if not self.path.is_file():
             return 0
         kept, dropped = [], 0
-        for line in self.path.read_text().splitlines():
+        for line in read_log(self.path).splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:

@@ -23,7 +23,8 @@ import yaml
 from ..config import ConfigError, TrainConfig
 from .rundir import RunLock, check_free_disk, claim_run_dir, clean_stale_files, has_checkpoint
 
-__all__ = ["preflight", "start_run", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD"]
+__all__ = ["preflight", "start_run", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD",
+           "read_run_record"]
 
 RUN_RECORD = "run.yaml"
 #: data settings a resumed run may change (validation only; the training stream must stay the same)
@@ -60,14 +61,30 @@ def config_changes(saved: dict[str, Any], now: dict[str, Any], free: frozenset[s
     return out
 
 
+def read_run_record(out: str | Path) -> dict[str, Any] | None:
+    """The ``run.yaml`` of run directory ``out`` (None when there is none). A record that is not UTF-8, not YAML,
+    empty, or not a mapping with ``model``, ``train`` and ``data`` mappings is a ``ConfigError`` naming the file:
+    a resume is compared against it, so a damaged record must not pass as an empty one."""
+    from ..config.base import read_yaml_file
+
+    path = Path(out) / RUN_RECORD
+    if not path.is_file():
+        return None
+    fix = "restore it from a copy, or start a new --train.out_dir"
+    try:
+        saved = read_yaml_file(path, "run record")
+    except ConfigError as e:
+        raise ConfigError(f"{e}; {fix}") from None
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(k), dict) for k in ("model", "train", "data")):
+        raise ConfigError(f"{path} is not a run record (a mapping with model, train and data sections); {fix}")
+    return saved
+
+
 def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]) -> None:
     saved_path = out / RUN_RECORD
-    if not saved_path.is_file():
+    saved = read_run_record(out)
+    if saved is None:
         return
-    try:
-        saved = yaml.safe_load(saved_path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{saved_path} is not valid YAML ({e}); restore it or start a new --train.out_dir") from e
     if isinstance(saved.get("train"), dict):     # an earlier version wrote flat names (lr, eval_every, ...)
         saved["train"] = TrainConfig.upgrade_record(saved["train"])
     changed = []
@@ -92,7 +109,7 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
     """Rank-0 checks before the first step; returns the held ``RunLock`` (release it when the run ends) and
     whether the run resumes (``resume="auto"``: when ``out_dir`` holds a complete checkpoint, e.g. a job that
     a cluster requeues with the same command after a preemption)."""
-    from .metrics import eval_tier_list
+    from .metrics import eval_tier_list, read_log
 
     out = Path(cfg.out_dir)
     if out.exists() and not out.is_dir():
@@ -113,6 +130,8 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
             print(f"[train] --resume auto: {what} in {out}")
         if resume and record is not None:  # every refusal comes before the first change to the directory
             _check_resume_record(out, record, cfg.RESUME_FREE)
+        if resume and (out / "metrics.jsonl").is_file():
+            read_log(out / "metrics.jsonl")   # the resumed stage rewrites it: a damaged log is named now
         check_free_disk(out, sum(p.numel() for p in model.parameters()))
         claim_run_dir(out, resume, overwrite)
         clean_stale_files(out)

@@ -34,15 +34,16 @@ def cmd_recover(args: argparse.Namespace) -> int:
     parent = load_pretrained(args.parent, device=device)
     if not hasattr(parent, "ffn_layers") or parent.arch != "essh":
         raise ConfigError(f"{args.parent} holds a {parent.arch!r} model; recover truncates an ESSH")
-    base = RunConfig.from_yaml(args.config) if args.config else RunConfig.from_yaml(DEFAULT_RUN)
+    base = RunConfig.from_yaml(DEFAULT_RUN if args.config is None else args.config)
     run = base.with_overrides({}, collect_overrides(args, "train"), collect_overrides(args, "data"))
     train_cfg = run.train.replace(device=device)
     if args.steps:
         train_cfg = train_cfg.replace(refine=train_cfg.refine.replace(steps=args.steps))
     run = dataclasses.replace(run, model=parent.config, train=train_cfg)
-    data = build_data(run)
     t = run.train
     tiers = None if args.tiers == "all" else [parent.resolve_tier(n).name for n in args.tiers.split(",")]
+    _check_before_work(args, parent, t, tiers)
+    data = build_data(run)
     calibration = None
     if args.protocol == "posthoc":
         make = data.batches(t.seq_len, t.micro_batch_size, t.seed + 1)   # not the recovery's own order
@@ -57,6 +58,33 @@ def cmd_recover(args: argparse.Namespace) -> int:
     Path(t.out_dir).mkdir(parents=True, exist_ok=True)
     write_csv(str(Path(t.out_dir) / "recovery.csv"), rows)
     return 0
+
+
+def _check_before_work(args: argparse.Namespace, parent: Any, t: Any, tiers: list[str] | None) -> None:
+    """Settings the recovery would reject only after the truncated model's evaluation (minutes at scale): the
+    length, post-hoc masks, and run directories that are files or hold another run (without --overwrite)."""
+    from ..config import ConfigError
+    from .posthoc import posthoc_train_config
+    from .rundir import run_artifacts
+
+    if t.refine.steps < 1:
+        raise ConfigError("recovery length is train.refine.steps (or --steps); set it >= 1 (the paper: 2060 steps "
+                          "for refinement and post-hoc-matched runs, 4120 for label-only)")
+    if args.protocol == "posthoc":
+        try:
+            posthoc_train_config(t, tuple(args.masks) if args.masks else None)   # the masks as capacities
+        except ConfigError as e:
+            raise ConfigError(f"--masks {' '.join(map(str, args.masks or ()))}: {e}") from None
+    out = Path(t.out_dir)
+    names = tiers or [x.name for x in parent.tier_table()]
+    runs = [out / n for n in names] if args.protocol == "label_only" else [out]
+    for d in runs:
+        if d.exists() and not d.is_dir():
+            raise ConfigError(f"--train.out_dir: {d} is a file; choose a directory path")
+        found = [] if args.overwrite else run_artifacts(d)
+        if found:
+            raise ConfigError(f"{d} already holds another run ({', '.join(found[:3])}); pass --overwrite (moves it "
+                              "aside) or choose another --train.out_dir")
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

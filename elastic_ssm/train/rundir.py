@@ -54,8 +54,10 @@ def _alive(pid: int) -> bool:
 class RunLock:
     """Exclusive advisory lock on ``<out_dir>/.lock`` for the lifetime of one run (``with`` or release)."""
 
-    def __init__(self, out_dir: str | Path) -> None:
+    def __init__(self, out_dir: str | Path, owner: str = "run", flag: str = "--train.out_dir") -> None:
+        """``owner`` (what holds the lock) and ``flag`` (where the user picks another folder) word the refusal."""
         self.path = Path(out_dir) / LOCK_NAME
+        self.owner, self.flag = owner, flag
         self._fd: int | None = None
 
     def _holder(self) -> dict:
@@ -75,15 +77,15 @@ class RunLock:
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
                 os.close(fd)
-                raise RunDirBusy(f"{self.path.parent} is in use by another run (pid {held.get('pid', '?')} on "
-                                 f"{held.get('host', '?')} since {held.get('started', '?')}); wait for it to "
-                                 "finish or choose another --train.out_dir") from None
+                raise RunDirBusy(f"{self.path.parent} is in use by another {self.owner} (pid {held.get('pid', '?')} "
+                                 f"on {held.get('host', '?')} since {held.get('started', '?')}); wait for it to "
+                                 f"finish or choose another {self.flag}") from None
             # no locking on this file system: fall back to the recorded holder's liveness
             if held.get("host") == socket.gethostname() and held.get("pid") not in (None, os.getpid()) \
                     and _alive(int(held["pid"])):
                 os.close(fd)
                 raise RunDirBusy(f"{self.path.parent} is in use by pid {held['pid']} (this file system has no "
-                                 "file locks; the pid is alive); choose another --train.out_dir") from None
+                                 f"file locks; the pid is alive); choose another {self.flag}") from None
         if held.get("pid") and held.get("pid") != os.getpid():
             if held.get("host") != socket.gethostname() or not _alive(int(held["pid"])):
                 warnings.warn(f"{self.path}: taking over the stale lock of pid {held['pid']} on "
@@ -148,7 +150,9 @@ def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None
     found = run_artifacts(out)
     if resume:
         if not has_checkpoint(out):
-            held = " (only a final model, which cannot continue training)" if found else ""
+            steps = [f for f in found if "step_" in f]
+            held = (f" ({', '.join(steps[:3])} {'is' if len(steps) == 1 else 'are'} incomplete or damaged)"
+                    if steps else " (only a final model, which cannot continue training)" if found else "")
             raise ConfigError(f"--resume: {out} holds no complete checkpoint to continue (pretrain/step_* or "
                               f"refine/step_*){held}; run without --resume to start a fresh run there "
                               "(--overwrite if it holds another run)")

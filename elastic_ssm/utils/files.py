@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "fsync_dir", "is_temp_name",
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "fsync_dir", "is_temp_name", "with_path",
            "process_umask"]
 
 
@@ -58,10 +58,17 @@ def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:
+            raise with_path(e, path) from e      # a full disk names the file it could not write
         raise
+
+
+def with_path(e: OSError, path: str | Path) -> OSError:
+    """``e`` (an ``OSError`` raised by a write, which carries no file name) as the same error naming ``path``."""
+    return type(e)(e.errno, e.strerror or str(e), str(path))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> str:

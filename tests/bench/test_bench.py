@@ -381,7 +381,8 @@ def test_cpu_suite_runs_end_to_end_through_the_cli(tmp_path, capsys):
     ("entries:\n  - {name: a, kind: bench, target: {ms: 1.2}}", "target metric 'ms' needs a mapping"),
     ("entries:\n  - {name: a, kind: bench}\n  - {name: a, kind: bench}", "two entries are named 'a'"),
     ("budget: 3\nentries:\n  - {name: a, kind: bench}", "unknown key(s) ['budget']"),
-    ("entries: [ {name: a", "not valid YAML"),
+    ("entries: [ {name: a", "invalid YAML at line"),
+    ("entries:\n  - {name: a, kind: bench}\nentries: []", "key 'entries' is given twice (lines 1 and 3)"),
 ])
 def test_bad_suite_files_give_one_line_errors(tmp_path, capsys, text, message):
     rc = cli_main(["bench", "--bench.suite", str(_suite(tmp_path, text))])

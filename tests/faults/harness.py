@@ -7,7 +7,11 @@ Run as a script, it is ``elastic-ssm train`` with one fault armed (``--fault KIN
 * ``sigterm-step:N``  SIGTERM to itself at step N: the run must finish the step, checkpoint and exit 143;
 * ``sigkill-write:NAME``  SIGKILL inside the first atomic write of a file called NAME, after half of its
   bytes reached the temporary file (a torn checkpoint directory and a stale temporary file stay behind);
-* ``sigkill-prune:1``  SIGKILL while the first old checkpoint is being deleted (half of it is gone).
+* ``sigkill-prune:1``  SIGKILL while the first old checkpoint is being deleted (half of it is gone);
+* ``fill-disk:N``  after training step N is logged, fill the file system of the run directory (a file
+  ``<out_dir>/../filler``), so the next write finds no space left (a full disk in the middle of a run);
+* ``sigterm-write:PATH``  SIGTERM to itself inside the first atomic write of a file whose path ends in PATH (e.g.
+  ``final/model.safetensors``: a cluster's preemption during the final save), before its bytes are written.
 
 As a module it gives the tests the run file, the corpus and ``start`` / ``run`` helpers.
 """
@@ -74,7 +78,22 @@ def _arm(fault: str) -> None:
 
     kind, arg = fault.split(":", 1)
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
-    if kind in ("sigkill-step", "sigterm-step"):
+    if kind == "fill-disk":
+        original_step = MetricsLogger.train_step
+
+        def train_step(self, record, log):
+            original_step(self, record, log)
+            if record["step"] == int(arg):
+                with open(self.path.parent.parent / "filler", "wb", buffering=0) as f:
+                    for size in (1 << 16, 1 << 12, 1):       # to the last byte
+                        try:
+                            while True:
+                                f.write(b"\0" * size)
+                        except OSError:
+                            pass
+
+        MetricsLogger.train_step = train_step
+    elif kind in ("sigkill-step", "sigterm-step"):
         original_step = MetricsLogger.train_step
 
         def train_step(self, record, log):
@@ -91,6 +110,17 @@ def _arm(fault: str) -> None:
                 torn = Path(path).parent / f".{Path(path).name}.torn.tmp"
                 torn.write_bytes(data[: len(data) // 2])
                 die()
+            return original_write(path, data)
+
+        base.atomic_write_bytes = ckpt.atomic_write_bytes = atomic_write_bytes
+    elif kind == "sigterm-write":
+        original_write = base.atomic_write_bytes
+        sent = []
+
+        def atomic_write_bytes(path, data):
+            if not sent and Path(path).as_posix().endswith(arg):
+                sent.append(path)
+                os.kill(os.getpid(), signal.SIGTERM)
             return original_write(path, data)
 
         base.atomic_write_bytes = ckpt.atomic_write_bytes = atomic_write_bytes

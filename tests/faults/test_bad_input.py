@@ -3,6 +3,7 @@ problem (never a traceback); ``--debug`` shows the traceback. The model-level ca
 that names the argument."""
 
 import json
+import socket
 import warnings
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
+from elastic_ssm.models import CheckpointError
 
 TINY = "model: {arch: essh, preset: tiny}\ntrain: {steps: 2, micro_batch_size: 2, seq_len: 16, eval_batches: 1}\n"
 
@@ -32,12 +34,32 @@ def files(tmp_path_factory):
                        "preset_key": "model: {preset: tiny, colour: red}\n", "syntax": "model: {preset: tiny\n",
                        "steps_bool": "model: {preset: tiny}\ntrain: {steps: true}\n", "list": "- 1\n- 2\n",
                        "section": "model: {preset: tiny}\nextra: {a: 1}\n",
-                       "train_preset": "model: {preset: tiny}\ntrain: {preset: 7b}\n"}.items():
+                       "train_preset": "model: {preset: tiny}\ntrain: {preset: 7b}\n",
+                       "optim_scalar": "model: {preset: tiny}\ntrain: {optim: 5}\n",
+                       "optim_unknown": "model: {preset: tiny}\ntrain: {optim: {lr: 1e-3, colour: red}}\n",
+                       "flat_and_section": "model: {preset: tiny}\ntrain: {lr: 1e-3, optim: {lr: 2e-3}}\n",
+                       "dup_key": "model: {preset: tiny}\nmodel: {preset: small}\n", "blank": "# nothing\n",
+                       "preset_int": "model: {preset: 5}\n",
+                       "eval_null": "model: {preset: tiny}\ntrain: {eval: null}\n",
+                       "cuda7": "model: {preset: tiny}\ntrain: {device: 'cuda:7'}\n"}.items():
         (root / f"{name}.yaml").write_text(body)
         w[name] = root / f"{name}.yaml"
     torch.manual_seed(0)
     es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(w["model"])
-    return root, w
+    w["cfg_list"] = root / "cfg_list"
+    w["cfg_list"].mkdir()
+    (w["cfg_list"] / "config.json").write_text("[1, 2]")
+    w["cfg_field"] = root / "cfg_field"
+    w["cfg_field"].mkdir()
+    meta = json.loads((w["model"] / "config.json").read_text())
+    meta["config"]["d_model"] = "wide"
+    (w["cfg_field"] / "config.json").write_text(json.dumps(meta))
+    w["busy_port"] = socket.socket()
+    w["busy_port"].bind(("127.0.0.1", 0))
+    w["busy_port"].listen()
+    w["port"] = str(w["busy_port"].getsockname()[1])
+    yield root, w
+    w["busy_port"].close()
 
 
 TRAIN = ["train", "--config", "{good}", "--data.source", "{corpus}", "--train.out_dir", "{root}/out"]
@@ -95,7 +117,7 @@ CASES = {  # name: (argv, words the message must contain)
     "importance first 0": (["importance", "{model}", "--first", "0"], ["--first", ">= 1"]),
     "importance unknown tier": (["importance", "{model}", "--tier", "T99", "--out", "{root}/imp"], ["T99"]),
     "importance out is a file": (["importance", "{model}", "--out", "{file}"], ["--out", "is a file"]),
-    "eval missing model": (["eval", "{root}/nomodel"], ["nomodel", "config.json"]),
+    "eval missing model": (["eval", "{root}/nomodel"], ["nomodel", "does not exist", "save_pretrained"]),
     "eval model is a file": (["eval", "{file}"], ["a_file"]),
     "generate empty prompt": (["generate", "{model}", "--prompt", ""], ["--prompt", "empty"]),
     "generate unknown tier": (["generate", "{model}", "--prompt", "a", "--tier", "T99"], ["T99"]),
@@ -108,6 +130,80 @@ CASES = {  # name: (argv, words the message must contain)
     "prepare empty source": (["prepare", "{empty}", "{root}/e.bin"], ["empty.txt", "no tokens"]),
     "tokenizer vocab 0": (["tokenizer", "train", "{corpus}", "--vocab-size", "0", "--out", "{root}/t.json"],
                           ["--vocab-size"]),
+    # config files: nested sections, duplicate keys, empty files, names that are not strings
+    "section given as a scalar": (["train", "--config", "{optim_scalar}"], ["TrainConfig.optim", "mapping"]),
+    "unknown key in a section": (["train", "--config", "{optim_unknown}"], ["OptimConfig", "colour"]),
+    "flat name and section differ": (["train", "--config", "{flat_and_section}"], ["lr", "optim.lr", "same setting"]),
+    "flat flag and section flag differ": ([*TRAIN, "--train.lr", "1e-3", "--train.optim.lr", "2e-3"],
+                                          ["--train.lr", "--train.optim.lr", "same setting"]),
+    "yaml key twice": (["train", "--config", "{dup_key}"], ["'model'", "twice", "lines 1 and 2"]),
+    "yaml empty": (["train", "--config", "{blank}"], ["blank.yaml", "is empty"]),
+    "config path empty": (["train", "--config", ""], ["--config", "empty string"]),
+    "config is a folder": (["train", "--config", "{prep}"], ["prep", "folder"]),
+    "preset not a string": (["train", "--config", "{preset_int}"], ["model.preset", "string"]),
+    "section null": (["train", "--config", "{eval_null}"], ["TrainConfig.eval", "mapping"]),
+    "cuda:7 in the run file": (["train", "--config", "{cuda7}", "--data.source", "{corpus}", "--train.out_dir",
+                                "{root}/c7"], ["train.device", "cuda:7"]),
+    "device cuda:7": ([*TRAIN, "--train.device", "cuda:7"], ["train.device", "cuda:7"]),
+    "data.source empty": ([*TRAIN, "--data.source", ""], ["DataConfig.source", "empty"]),
+    "data.tokenizer empty": ([*TRAIN, "--data.tokenizer", ""], ["DataConfig.tokenizer", "empty"]),
+    "max_train_bytes negative": ([*TRAIN, "--data.max_train_bytes", "-5"], ["max_train_bytes", ">= 0"]),
+    "norm_eps 0": ([*TRAIN, "--model.norm_eps", "0"], ["norm_eps", "> 0"]),
+    "channel_exponent 0": ([*TRAIN, "--model.channel_exponent", "0"], ["channel_exponent", "> 0"]),
+    "init_std negative": ([*TRAIN, "--model.init_std", "-1"], ["init_std", ">= 0"]),
+    "model dir is a file": (["export", "{file}", "--out", "{root}/ex"], ["a_file", "is a file"]),
+    "model dir empty string": (["generate", "", "--prompt", "a"], ["MODEL_DIR", "empty"]),
+    "config.json a list": (["eval", "{cfg_list}"], ["config.json", "not an elastic_ssm model record"]),
+    "config.json bad field": (["eval", "{cfg_field}"], ["config.json", "d_model", "invalid"]),
+    "eval device cuda:7": ([*EVAL, "--device", "cuda:7"], ["--device", "cuda:7"]),
+    "eval device nonsense": ([*EVAL, "--device", "gpu0"], ["--device", "gpu0"]),
+    # every option: empty strings, non-finite numbers, outputs that cannot be written (before any work)
+    "eval data empty": ([*EVAL, "--data", ""], ["--data", "empty"]),
+    "eval lengths empty": ([*EVAL, "--lengths", ""], ["--lengths", "empty"]),
+    "eval csv is a folder": ([*EVAL, "--csv", "{prep}"], ["--csv", "folder"]),
+    "eval csv below a file": ([*EVAL, "--csv", "{file}/x.csv"], ["--csv", "a_file is a file"]),
+    "export out empty": (["export", "{model}", "--out", ""], ["--out", "empty"]),
+    "export out below a file": (["export", "{model}", "--out", "{file}/x"], ["--out", "a_file is a file"]),
+    "importance first above K": (["importance", "{model}", "--first", "99", "--out", "{root}/imp"],
+                                 ["--first 99", "8 channels"]),
+    "generate budget nan": (["generate", "{model}", "--prompt", "a", "--tier", "auto", "--max-ms-per-token", "nan"],
+                            ["--max-ms-per-token", "finite"]),
+    "niah depth above 1": (["niah", "{model}", "--depths", "0.5,1.5"], ["--depths", "[0, 1]"]),
+    "niah context too short": (["niah", "{model}", "--data", "{corpus}", "--context", "8", "--pairs", "1"],
+                               ["--context 8", "no room"]),
+    "serve timeout 0": (["serve", "{model}", "--timeout", "0"], ["--timeout", "> 0"]),
+    "serve port 70000": (["serve", "{model}", "--port", "70000"], ["--port", "65535"]),
+    "serve port in use": (["serve", "{model}", "--port", "{port}"], ["--port {port}", "in use"]),
+    "serve host unknown": (["serve", "{model}", "--host", "no.such.host.invalid"], ["--host", "resolve"]),
+    "serve name with @": (["serve", "{model}", "--name", "a@b"], ["--name", "'@'"]),
+    "lm-eval limit 0": (["lm-eval", "{model}", "--tasks", "piqa", "--limit", "0"], ["--limit", "> 0"]),
+    "lm-eval fewshot -1": (["lm-eval", "{model}", "--tasks", "piqa", "--num-fewshot", "-1"], ["--num-fewshot"]),
+    "lm-eval include path missing": (["lm-eval", "{model}", "--tasks", "x", "--include-path", "{root}/none"],
+                                     ["--include-path", "not a folder"]),
+    "prepare source empty": (["prepare", "", "{root}/e.bin"], ["SOURCE", "empty"]),
+    "prepare out is a folder": (["prepare", "{corpus}", "{prep}"], ["OUT", "folder"]),
+    "prepare out not .bin": (["prepare", "{corpus}", "{root}/tokens"], ["tokens", ".bin"]),
+    "tokenizer empty source": (["tokenizer", "train", "{empty}", "--vocab-size", "300", "--out", "{root}/t.json"],
+                               ["empty.txt", "no text"]),
+    "recover masks above 1": (["recover", "{model}", "--protocol", "posthoc", "--masks", "0.5", "2", "--steps", "1",
+                               "--train.out_dir", "{root}/rec"], ["--masks", "(0, 1]"]),
+    "recover out_dir is a file": (["recover", "{model}", "--steps", "1", "--train.out_dir", "{file}"],
+                                  ["a_file", "is a file"]),
+    "quickstart out is a file": (["quickstart", "--out", "{file}"], ["--out", "is a file"]),
+    # bench: suites, selections and outputs (checked before anything is measured)
+    "bench suite is a folder": (["bench", "--bench.suite", "{prep}/"], ["prep", "is a folder"]),
+    "bench only names nothing": (["bench", "--bench.suite", "cpu-smoke", "--bench.only", "nothing*"],
+                                 ["--bench.only", "matches no entry"]),
+    "bench set malformed": (["bench", "--bench.suite", "cpu-smoke", "--bench.set", "iters"],
+                            ["--bench.set", "KEY=VALUE"]),
+    "bench set bad YAML value": (["bench", "--bench.suite", "cpu-smoke", "--bench.set", "memory.iters=["],
+                                 ["--bench.set memory.iters=[", "invalid YAML"]),
+    "bench set without suite": (["bench", "--bench.set", "iters=3"], ["--bench.set", "--bench.suite"]),
+    "bench device cuda:7": (["bench", "--bench.device", "cuda:7"], ["--bench.device", "cuda:7"]),
+    "bench docs is a folder": (["bench", "--bench.device", "cpu", "--bench.docs", "{prep}"],
+                               ["--bench.docs", "folder"]),
+    "bench out_dir is a file": (["bench", "--bench.suite", "cpu-smoke", "--bench.out_dir", "{file}"],
+                                ["--bench.out_dir", "is a file"]),
 }
 
 
@@ -116,6 +212,7 @@ def test_bad_input_is_one_line_and_exit_code_2(files, case, capsys):
     root, w = files
     argv, words = CASES[case]
     argv = [a.format(root=root, **w) for a in argv]
+    words = [x.format(**w) for x in words]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -152,6 +249,54 @@ def test_model_inputs_are_checked(make, match):
     model = es.ESSH(es.ESSHConfig.preset("tiny"))
     with pytest.raises(ValueError, match=match):
         model(**make())
+
+
+MASKS = [
+    (torch.full((2, 8), 0.5), "only 0 .padding. and 1"),                # not a mask: never silently rounded
+    (torch.tensor([[1] * 8, [0] * 8]), "at least one real token"),      # a row with nothing to predict from
+]
+
+
+@pytest.mark.parametrize("arch", ["essh", "transformer", "es_ssm"])
+def test_attention_masks_are_checked_in_every_architecture(arch):
+    """Mask values, rows without a real token and (for the baselines too) the [B, T] shape; a cache prefill
+    needs left padding. Ids out of the vocabulary and a list instead of a tensor are named, not an IndexError."""
+    from elastic_ssm.models import build_model
+
+    cfg = {"essh": es.ESSHConfig, "transformer": es.config.TransformerConfig, "es_ssm": es.ESSSMConfig}[arch]
+    model = build_model(cfg.preset("tiny"), seed=0)
+    ids = torch.randint(0, 200, (2, 8))
+    for mask, match in [*MASKS, (torch.ones(1, 8), "attention_mask must")]:
+        with pytest.raises(ValueError, match=match):
+            model(ids, attention_mask=mask)
+    with pytest.raises(ValueError, match="vocab"):
+        model(torch.full((1, 4), 10_000))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        model([[1, 2, 3]])
+    right = torch.tensor([[1] * 6 + [0] * 2, [1] * 8])
+    model(ids, attention_mask=right)                 # no cache: causal, the padding after the tokens is harmless
+    if arch == "essh":
+        with pytest.raises(ValueError, match="LEFT padding"):
+            model(ids, attention_mask=right, cache=model.allocate_cache(2))
+
+
+def test_python_api_arguments_are_checked(files):
+    _, w = files
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    with pytest.raises(TypeError, match="export_tier needs an elastic_ssm model"):
+        es.export_tier(str(w["model"]), "T1")
+    with pytest.raises(TypeError, match="dtype"):
+        es.ESSH.from_pretrained(w["model"], dtype="float16")
+    with pytest.raises(ValueError, match="cuda:7"):
+        es.ESSH.from_pretrained(w["model"], device="cuda:7")
+    for budget in (dict(max_state_bytes=float("nan")), dict(max_params=-1), dict(max_ms_per_token=float("nan"))):
+        with pytest.raises(ValueError, match="positive number"):
+            es.select_tier(model, **budget)
+    with pytest.raises(ValueError, match="no tier fits"):
+        es.select_tier(model, max_params=1)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        es.select_tier(w["model"].parent / "nothing", max_params=10**9)
 
 
 def test_config_json_of_a_saved_model_carries_the_checksum(files):

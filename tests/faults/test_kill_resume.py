@@ -122,3 +122,14 @@ def test_sigterm_during_quickstart_is_a_stop_not_a_bug(tmp_path):
     assert p.returncode == 128 + signal.SIGTERM, p.stderr[-2000:]
     assert err and "elastic-ssm quickstart: stopped by SIGTERM" in err[-1] and "probably a bug" not in p.stderr
     assert "--resume" in err[-1] or "checkpoint" in err[-1]
+
+
+def test_sigterm_during_the_final_save_lets_it_finish(tmp_path, reference):
+    """A preemption signal that arrives while ``final/`` is written: the save completes (not a half-written
+    ``final/`` and a silent exit by the default handler), the command says so and exits 0 as a finished run."""
+    out = tmp_path / "run"
+    rc, stdout, err = harness.run(reference.cfg, out, fault="sigterm-write:final/model.safetensors")
+    assert rc == 0, err
+    assert "SIGTERM arrived during the final save; the save finished" in stdout
+    _same_run(out, reference.wait())
+    assert (out / "final" / "config.json").is_file()

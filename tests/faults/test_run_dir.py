@@ -253,7 +253,88 @@ def test_full_disk_is_found_before_the_first_step_and_during_a_write(done, tmp_p
 
     monkeypatch.setattr(ckpt, "atomic_write_bytes", no_space)
     assert main(["train", "--config", str(cfg), "--train.out_dir", str(tmp_path / "full2")]) == 2
-    _one_line_error(capsys, "No space left on device")
+    _one_line_error(capsys, "No space left on device", "no checkpoint was written yet", "--resume auto")
+
+
+def test_a_full_disk_for_the_metrics_file_names_it_and_the_checkpoint(done, tmp_path, capsys, monkeypatch):
+    """``metrics.jsonl`` cannot grow at step 2 (a write() fails with ENOSPC and, as the OS does, no file name):
+    one line naming the log, the disk and the checkpoint kept; after space is freed ``--resume`` logs every step
+    once (the torn record dropped)."""
+    import errno
+    import pathlib
+
+    cfg, _ = done
+    out = tmp_path / "run"
+    real_open = pathlib.Path.open
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[: len(text) // 2])      # half a record reaches the disk, then no space is left
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def open_(path, mode="r", *a, **kw):
+        if path.name != "metrics.jsonl" or mode != "a" or not path.is_file():
+            return real_open(path, mode, *a, **kw)
+        with open(path) as log:                        # the builtin: Path.open is what this replaces
+            steps = log.read().count('"kind": "train"')
+        return Full(real_open(path, mode, *a, **kw)) if steps >= 1 else real_open(path, mode, *a, **kw)
+
+    monkeypatch.setattr(pathlib.Path, "open", open_)
+    argv = ["train", "--config", str(cfg), "--train.out_dir", str(out)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv) == 2
+        _one_line_error(capsys, str(out / "metrics.jsonl"), "No space left on device",
+                        "the last complete checkpoint is", "step_0000001", "--resume")
+        monkeypatch.undo()
+        assert main([*argv, "--resume"]) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2]
+
+
+def _mount_small_tmpfs(path, mib):
+    """A real file system of ``mib`` MiB at ``path`` (needs root and mount rights; False where the platform cannot
+    make one)."""
+    import subprocess
+
+    path.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_a_real_full_disk_mid_run_then_resume(tmp_path):
+    """The disk fills up after step 3 (harness ``fill-disk``): the run stops at its next write with one line naming
+    the file and the checkpoint; with the space freed, ``--resume`` finishes with every step logged once."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    if not _mount_small_tmpfs(mnt, 12):
+        pytest.skip("cannot mount a small tmpfs here (needs root and mount rights) to make a real full disk")
+    try:
+        cfg = harness.write_run(tmp_path, steps=5)
+        out = mnt / "run"
+        rc, _, err = harness.run(cfg, out, fault="fill-disk:3")
+        lines = [line for line in err.splitlines() if line.strip() and "step/s" not in line and "/s]" not in line]
+        assert rc == 2 and len(lines) == 1, err
+        assert "No space left on device" in lines[0] and str(out) in lines[0] and "step_0000002" in lines[0], lines
+        (mnt / "filler").unlink()
+        rc, _, err = harness.run(cfg, out, "--resume")
+        assert rc == 0, err
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3, 4, 5]
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
 def test_divergence_names_the_step_the_checkpoint_and_what_to_try(done, tmp_path, capsys):
@@ -341,3 +422,43 @@ def test_lock_without_file_locking_falls_back_to_the_holders_pid(tmp_path, monke
         lock = RunLock(tmp_path).acquire()
     assert json.loads(lock_file.read_text())["pid"] == os.getpid()
     lock.release()
+
+
+def test_concurrent_exports_into_one_folder_are_refused(done, tmp_path, capsys):
+    """While one export writes a folder (its lock held), a second export there is refused with one line naming the
+    holder, and writes nothing; once released, the export runs."""
+    from elastic_ssm.train.rundir import RunLock
+
+    _, run = done
+    out = tmp_path / "exports"
+    argv = ["export", str(run / "final"), "--out", str(out), "--tiers", "T1", "--check-len", "8", "--device", "cpu"]
+    with RunLock(out, owner="export", flag="--out"):
+        assert main(argv) == 2
+        _one_line_error(capsys, str(out), "in use by another export", f"pid {os.getpid()}", "another --out")
+        assert not (out / "T1").exists()
+    assert main(argv) == 0
+    assert (out / "T1" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("damage,needles", [
+    (lambda run: (run / "run.yaml").write_text("model: {arch: essh\n"), ["run.yaml", "invalid YAML", "line 2"]),
+    (lambda run: (run / "run.yaml").write_text(""), ["run.yaml", "not a run record"]),
+    (lambda run: (run / "run.yaml").write_text("- 1\n"), ["run.yaml", "not a run record"]),
+    (lambda run: (run / "run.yaml").write_bytes(bytes(range(256))), ["run.yaml", "not UTF-8"]),
+    (lambda run: (run / "run.yaml").write_text((run / "run.yaml").read_text().replace("d_model: 64", "d_model: x")),
+     ["run.yaml", "model section is invalid", "d_model"]),
+    (lambda run: (run / "metrics.jsonl").write_bytes(bytes(range(256))), ["metrics.jsonl", "not a JSON-lines log"]),
+    (lambda run: [(p / "COMPLETE.json").write_text("{") for p in (run / "pretrain").glob("step_*")],
+     ["no complete checkpoint", "step_0000001", "incomplete or damaged"]),
+])
+def test_a_damaged_run_directory_is_named_on_resume(done, tmp_path, capsys, damage, needles):
+    """The run record, the log or every checkpoint damaged: ``--resume`` names the file and what to do (never an
+    AttributeError, a decode error without a file, or a comparison skipped as if the record were empty)."""
+    cfg, run = _copy(done, tmp_path)
+    damage(run)
+    before = _snapshot(run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume"]) == 2
+    _one_line_error(capsys, *needles)
+    assert _snapshot(run) == before

@@ -342,7 +342,8 @@ def test_dispatch(monkeypatch, caplog):
 BAD = [
     (lambda x: x.update(v=x["v"][0]), "v must be a \\[B, T, K, P\\]"),
     (lambda x: x.update(write=x["write"][:, :, :2]), "write must be"),
-    (lambda x: x.update(clock=x["clock"][..., :3]), "clock must be"),
+    (lambda x: x.update(clock=x["clock"][..., :3]), "write, read and clock must share one shape"),
+    (lambda x: x.update(write=x["write"][..., :3]), "got write \\[2, 5, 3, 3\\], read \\[2, 5, 3, 4\\]"),
     (lambda x: x.update(rho=x["rho"][:2]), "rho must be \\[K, M\\] = \\[3, 4\\]"),
     (lambda x: x.update(a=x["a"][None]), "a must be"),
     (lambda x: x.update(initial_state=x["initial_state"][..., :4]), "initial_state must be"),
@@ -352,11 +353,20 @@ BAD = [
 
 
 @pytest.mark.parametrize("mutate,msg", BAD)
-def test_bad_inputs(mutate, msg):
+@pytest.mark.parametrize("fn", [spectral_scan, naive_spectral_scan])
+def test_bad_inputs(mutate, msg, fn):
     x = make_inputs(T=5)
     mutate(x)
     with pytest.raises(ValueError, match=msg):
-        run(spectral_scan, x)
+        run(fn, x)
+
+
+def test_an_empty_batch_scans_to_empty_outputs():
+    """B = 0 (the chunked path reduces over the batch): empty z and state of the right shapes, as the spec gives."""
+    x = {k: v[:0] if v.dim() >= 4 else v for k, v in make_inputs(T=5).items()}
+    for fn in (spectral_scan, naive_spectral_scan):
+        z, state = run(fn, x)
+        assert z.shape == (0, 5, 3, x["v"].shape[-1]) and state.shape == (0, *x["initial_state"].shape[1:])
 
 
 def test_bad_step_inputs():

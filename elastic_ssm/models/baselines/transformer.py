@@ -35,7 +35,7 @@ from ...elastic.tiers import Tier
 from ...layers.attention import apply_rope, rope_cos_sin
 from ...layers.ffn import SwiGLU
 from ...layers.norm import RMSNorm
-from ..base import ElasticModel
+from ..base import ElasticModel, check_token_inputs
 
 __all__ = ["TransformerConfig", "TransformerPP", "MatFormerConfig", "MatFormer", "KVCache"]
 
@@ -120,8 +120,7 @@ class TransformerPP(ElasticModel):
         """Final-normed hidden states [B,T,D] at ``tier`` (its ``n_ff``). ``attention_mask`` [B,T] marks real
         tokens (left padding: positions count real tokens; a padding query attends itself only). With
         ``cache`` (empty, positions 0) the K/V of all T tokens are stored."""
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
+        check_token_inputs(input_ids, self.config.vocab_size, attention_mask, left_padding=cache is not None)
         B, T = input_ids.shape
         n_ff = self.resolve_tier(tier).n_ff
         mask = None

@@ -66,6 +66,10 @@ def scan(
         else:
             clock, modal = poison_out_of_range(clock, modal)
     name = resolve_backend(backend, v)
+    if v.shape[0] == 0:          # an empty batch: nothing to scan (the chunked paths reduce over the batch)
+        state_dtype = torch.float32 if v.dtype in _HALF else v.dtype
+        K, P, M = v.shape[2], v.shape[3], write.shape[-1]
+        return torch.zeros_like(v), v.new_zeros((0, K, M, 2, P), dtype=state_dtype) if output_final_state else None
     if name == "fla":
         from .chunk_fla import fla_spectral_scan
 

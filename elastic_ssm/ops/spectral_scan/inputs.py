@@ -53,10 +53,10 @@ def validate_scan_inputs(v, write, read, clock, modal: ModalTables, initial_stat
     M = write.shape[-1]
     gates = {"read": read, "clock": clock}
     params = modal._asdict()
-    for name, x in gates.items():
+    for x in gates.values():
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, T, K, M):
-            raise ValueError(f"spectral_scan: {name} must be [B, T, K, M] = [{B}, {T}, {K}, {M}], "
-                             f"got {_shape(x)}")
+            raise ValueError(f"spectral_scan: write, read and clock must share one shape [B, T, K, M] with B, T, K "
+                             f"of v; got write {_shape(write)}, read {_shape(read)}, clock {_shape(clock)}")
     for name, x in params.items():
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != (K, M):
             raise ValueError(f"spectral_scan: {name} must be [K, M] = [{K}, {M}] (channels of v, modes of "

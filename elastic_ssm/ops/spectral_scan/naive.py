@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .inputs import ModalTables, validate_scan_inputs
+
 
 def naive_spectral_scan(
     v: torch.Tensor,  # [B, T, K, P] channel values
@@ -27,7 +29,9 @@ def naive_spectral_scan(
     initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame H(0)
     output_final_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Evaluate the recurrence of Eq. 5 token by token; returns ``z [B, T, K, P]`` and ``H(T)`` or None."""
+    """Evaluate the recurrence of Eq. 5 token by token; returns ``z [B, T, K, P]`` and ``H(T)`` or None.
+    Shapes are checked (a ValueError names the argument); values are taken as they are (the specification)."""
+    validate_scan_inputs(v, write, read, clock, ModalTables(rho, theta, kc, ks, a), initial_state)
     B, T, K, P = v.shape
     M = rho.shape[-1]
     if initial_state is None:
