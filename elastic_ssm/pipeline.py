@@ -24,6 +24,7 @@ class RunData:
     source: str
     synthetic: Any = None
     tokenizer: Any = None
+    corpus: str = ""
 
     def describe(self) -> str:
         n_val = sum(int((y != -100).sum()) for _, y in self.val_batches)
@@ -31,7 +32,8 @@ class RunData:
             return (f"{self.source}: fresh batches every step, {n_val:,} scored validation tokens in "
                     f"{len(self.val_batches)} fixed batches, vocab {self.vocab_size}")
         return (f"{self.source}: {len(self.train_tokens):,} training tokens, {n_val:,} validation tokens "
-                f"in {len(self.val_batches)} fixed batches, vocab {self.vocab_size}")
+                f"in {len(self.val_batches)} fixed batches, vocab {self.vocab_size}"
+                + (f"; corpus {self.corpus}" if self.corpus else ""))
 
     def batches(self, seq_len: int, batch_size: int, seed: int):
         """``data(rank, world_size)`` factory for ``train()``: shuffled, sharded, resumable."""
@@ -73,7 +75,10 @@ def build_data(run: Any) -> RunData:
     if not val:
         raise ConfigError(f"validation source {val_src!r} is shorter than one sequence of {t.seq_len} tokens")
     bpt = t.eval.bytes_per_token or (1.0 if tok.vocab_size <= 260 else 0.0)
-    return RunData(train_tokens, val, tok.vocab_size, bpt or 1.0, d.source, tokenizer=tok)
+    from .data.pysrc import describe_split_files
+
+    corpus = describe_split_files(getattr(train_tokens, "meta", {}), getattr(val_tokens, "meta", {}))
+    return RunData(train_tokens, val, tok.vocab_size, bpt or 1.0, d.source, tokenizer=tok, corpus=corpus)
 
 
 def fit_model_to_tokenizer(run: Any) -> Any:
