@@ -44,6 +44,8 @@ ROLES: dict[str, tuple[str, str]] = {
     "mqar-hybrid": ("ESSH hybrid", "recall"),
     "mqar-mixer": ("ESSH mixer-only", "recall"),
 }
+#: seconds of a device call a training run may use (540 s budget - 25 s reserve - eval and margin)
+CALL_TRAIN_S = 420
 TITLES = {0: "calibration: tokens/s and start-up of each setting", 1: "train once vs train each size",
           2: "budget dropout makes every prefix usable", 3: "recall needs the hybrid",
           4: "capacities between the trained tiers", 5: "cost of one shared run vs the specialists"}
@@ -142,6 +144,17 @@ def _rows(claim: int, name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if claim == 0:                  # start-up = wall - steady; the steps of this setting that fit CALL_TRAIN_S
+        out = {}
+        for n, s in runs.items():
+            if not (s.get("wall_s") and s.get("tokens")):
+                continue
+            per_step = s["tokens"] / max(sum(s["steps"].values()), 1)
+            startup = max(s["wall_s"] - s["steady_s"], 0.0)
+            out[n] = {"tokens_per_s": s["tokens_per_s_median"], "startup_s": round(startup, 1),
+                      "tokens_per_step": per_step,
+                      "steps_that_fit": int(max(CALL_TRAIN_S - startup, 0) * s["tokens_per_s_median"] / per_step)}
+        return {"call_train_s": CALL_TRAIN_S, "settings": out}
     if claim == 4:
         pts = sorted((r["params"], r["bpb"], r["tier"]) for r in rows if r["bpb"] is not None)
         rises = [(b2 - b1, t1, t2) for (_, b1, t1), (_, b2, t2) in zip(pts, pts[1:])]
