@@ -80,6 +80,7 @@ class ReplicationStepOptions(ConfigBase):
     """One command of a replication run, resumable across device calls (see the module docstring)."""
 
     args: tuple[str, ...] = opt((), "the command; {root}, {run} and 'python' are filled in")
+    extra_args: tuple[str, ...] = opt((), "appended to args (e.g. --bench.set essh-train.extra_args=[--stop-after,20])")
     run: str = opt("", "the run's folder under root (its log, calls.jsonl and {run})")
     root: str = opt("runs/replication", "the state folder every run of the suites lives in")
     outputs: tuple[str, ...] = opt((), "paths this step produces; the step is skipped when all exist")
@@ -137,7 +138,7 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
         ctx.log(f"  {ctx.name}: deferred ({left:.0f} s left of the budget, needs {opts.needs_s:.0f} s)")
         return [{**row, "state": "deferred"}]
     stop_at = time.monotonic() + min(opts.timeout_s or float("inf"), left)
-    cmd = [sys.executable if a == "python" else _fill(a, root, opts.run) for a in opts.args]
+    cmd = [sys.executable if a == "python" else _fill(a, root, opts.run) for a in opts.args + opts.extra_args]
     fresh = not _has_checkpoint(run_dir)
     t0 = time.monotonic()
     rc, termed = _supervise(cmd, ctx.child_env(), run_dir / "logs" / f"{ctx.name}.log", stop_at, opts.grace_s)
