@@ -188,4 +188,4 @@ def describe_split_files(train_meta: dict, val_meta: dict) -> str:
         return ""
     return (f"{t['spec']} ({', '.join(t['roots'])}): train {t['files']:,} files / {t['bytes']:,} bytes, "
             f"validation {v['files']:,} files / {v['bytes']:,} bytes, split by file; {t['duplicates_dropped']:,} "
-            f"duplicate files ({t['duplicate_bytes']:,} bytes) dropped")
+            f"duplicate files ({t['duplicate_bytes']:,} bytes) dropped; manifest {t['manifest'][:16]}")

@@ -16,6 +16,10 @@ commit of every call). A run without its results is listed under ``missing``, ne
   monotone in parameters or not, and the largest rise of bpb between neighbours;
 * claim 5: wall seconds (the train calls of the last attempt, from a fresh start), tokens, median tokens/s
   and full-model bpb of each run; the shared run against the sum of the specialists'.
+
+``corpus`` is the data line of the runs' training logs (files, bytes, split, and the manifest digest of the
+``pysrc`` corpus); ``same_corpus`` is False when the runs were trained on different corpora (another machine
+image between device sessions), and then ``corpus`` lists each.
 """
 
 from __future__ import annotations
@@ -185,13 +189,16 @@ def collect_claim(claim: int, root: str | Path, runs: tuple[str, ...] | list[str
         rows = [r for r in rows if r["role"] == "elastic"]
     done = lambda n, s: bool(s.get("eval") or s.get("last_validation") or (claim == 0 and s.get("tokens")))   # noqa: E731
     missing = [n for n, s in summaries.items() if not done(n, s)]
-    corpus = ""
+    corpora = {}                        # the data line of each run's last training call (pysrc: files, bytes)
     for n in runs:
         for log in sorted((root / n / "logs").glob("*train*.log")) if (root / n / "logs").is_dir() else []:
             hit = [ln for ln in log.read_text(errors="replace").splitlines() if "; corpus " in ln]
-            corpus = corpus or (hit[-1].split("; corpus ", 1)[1] if hit else "")
+            if hit:
+                corpora[n] = hit[-1].split("; corpus ", 1)[1]
+    distinct = sorted(set(corpora.values()))
     return {"claim": claim, "title": TITLES[claim], "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "corpus": corpus, "missing": missing, "rows": rows, "summary": _summary(claim, summaries, rows),
+            "corpus": distinct[0] if len(distinct) == 1 else distinct, "same_corpus": len(distinct) <= 1,
+            "missing": missing, "rows": rows, "summary": _summary(claim, summaries, rows),
             "runs": {n: {k: v for k, v in s.items() if k not in ("eval", "last_validation")}
                      for n, s in summaries.items()}}
 

@@ -103,7 +103,7 @@ def test_claim1_suite_runs_resumes_and_skips(tmp_path, monkeypatch):
     tiers = {r: [x["tier"] for x in res["rows"] if x["run"] == r] for r in runs}
     assert tiers["essh"] == [f"T{i}" for i in range(1, 11)]             # fractions are claim 4's rows
     assert tiers["dense"] == tiers["dense-rec"] == tiers["essh"] and len(tiers["spec-t1"]) == 1
-    assert all(x["bpb"] > 0 for x in res["rows"]) and "files" in res["corpus"]
+    assert all(x["bpb"] > 0 for x in res["rows"]) and res["same_corpus"] and "files" in res["corpus"]
     assert json.loads((out2 / "replication-state.json").read_text())["generation"] == 2
 
     out3, states = _call(path, tmp_path, monkeypatch, 3, root2)         # warm machine, nothing left to do
