@@ -219,7 +219,8 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
     if claim in (1, 4):
         styles = {"elastic": "o-", "truncated": "x--", "recovered": "s-.", "specialist": "*", "matformer": "^:"}
         for run in dict.fromkeys(r["run"] for r in rows):
-            pts = sorted((r["params"], r["bpb"], r) for r in rows if r["run"] == run and r["bpb"] is not None)
+            pts = sorted(((r["params"], r["bpb"], r) for r in rows if r["run"] == run and r["bpb"] is not None),
+                         key=lambda p: p[:2])
             if not pts:
                 continue
             style = styles.get(pts[0][2]["role"], "o-")
