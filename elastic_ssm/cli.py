@@ -91,7 +91,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--resume continues the run in --train.out_dir and --overwrite replaces it; give one")
     run = load_run_config(args)
     try:
-        run_training(run, resume={None: False, "yes": True}.get(args.resume, args.resume), overwrite=args.overwrite)
+        run_training(run, resume={None: False, "yes": True}.get(args.resume, args.resume), overwrite=args.overwrite,
+                     stop_after=args.stop_after or None)
     except TrainingInterrupted as e:
         if is_rank_zero():        # every rank stops; one line says so
             print(f"elastic-ssm train: {e}", file=sys.stderr)

@@ -113,6 +113,8 @@ class TrainOptions:
                                     "fresh when there is none yet (for jobs requeued with the same command)",
                               nargs="?", const="yes", choices=("yes", "auto"))
     overwrite: bool = flag(False, "start fresh in a train.out_dir that holds another run (that run is moved aside)")
+    stop_after: int = flag(0, "end this call at step N of the current stage with a checkpoint there and no final "
+                              "model (continue with --resume; 0: run to the end)", minimum=0)
 
 
 @dataclass(kw_only=True)

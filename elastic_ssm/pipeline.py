@@ -24,6 +24,7 @@ class RunData:
     source: str
     synthetic: Any = None
     tokenizer: Any = None
+    corpus: str = ""
 
     def describe(self) -> str:
         n_val = sum(int((y != -100).sum()) for _, y in self.val_batches)
@@ -31,7 +32,8 @@ class RunData:
             return (f"{self.source}: fresh batches every step, {n_val:,} scored validation tokens in "
                     f"{len(self.val_batches)} fixed batches, vocab {self.vocab_size}")
         return (f"{self.source}: {len(self.train_tokens):,} training tokens, {n_val:,} validation tokens "
-                f"in {len(self.val_batches)} fixed batches, vocab {self.vocab_size}")
+                f"in {len(self.val_batches)} fixed batches, vocab {self.vocab_size}"
+                + (f"; corpus {self.corpus}" if self.corpus else ""))
 
     def batches(self, seq_len: int, batch_size: int, seed: int):
         """``data(rank, world_size)`` factory for ``train()``: shuffled, sharded, resumable."""
@@ -73,7 +75,10 @@ def build_data(run: Any) -> RunData:
     if not val:
         raise ConfigError(f"validation source {val_src!r} is shorter than one sequence of {t.seq_len} tokens")
     bpt = t.eval.bytes_per_token or (1.0 if tok.vocab_size <= 260 else 0.0)
-    return RunData(train_tokens, val, tok.vocab_size, bpt or 1.0, d.source, tokenizer=tok)
+    from .data.pysrc import describe_split_files
+
+    corpus = describe_split_files(getattr(train_tokens, "meta", {}), getattr(val_tokens, "meta", {}))
+    return RunData(train_tokens, val, tok.vocab_size, bpt or 1.0, d.source, tokenizer=tok, corpus=corpus)
 
 
 def fit_model_to_tokenizer(run: Any) -> Any:
@@ -103,20 +108,21 @@ def fit_model_to_tokenizer(run: Any) -> Any:
 
 
 def train_run(run: Any, data: RunData, resume: bool | str = False, progress: bool = True, overwrite: bool = False,
-              stages: tuple[str, ...] | None = None):
+              stages: tuple[str, ...] | None = None, stop_after: int | None = None):
     """Train ``run.model`` on ``data`` with ``run.train``; returns the trained model. ``run.yaml`` in the run
     directory records the whole run (written by ``train`` once its start-up checks pass; compared on resume).
-    ``stages``: as for ``train`` (e.g. ``("pretrain", "refine")`` gives a dense run its refinement stage)."""
+    ``stages``: as for ``train`` (e.g. ``("pretrain", "refine")`` gives a dense run its refinement stage);
+    ``stop_after``: as for ``train`` (end the call at that step of the current stage, with a checkpoint)."""
     from .train import train
 
     t = run.train
     res = train(run.model, data.batches(t.seq_len, t.micro_batch_size, t.seed), t, val_data=data.val_batches,
                 resume=resume, progress=progress, overwrite=overwrite, record=run.to_dict(),
-                tokenizer=data.tokenizer, stages=stages)
+                tokenizer=data.tokenizer, stages=stages, stop_after=stop_after)
     return res.model
 
 
-def run_training(run: Any, resume: bool | str = False, overwrite: bool = False):
+def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, stop_after: int | None = None):
     """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
     from pathlib import Path
 
@@ -153,13 +159,16 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False):
     if main:
         print(f"[train] {data.describe()}")
         print(f"[train] parameters: {format_report(params)}")
-    model = train_run(run, data, resume=resume, overwrite=overwrite)
+    model = train_run(run, data, resume=resume, overwrite=overwrite, stop_after=stop_after)
     if main and (out / "final").is_dir():
         import json
 
         from .utils.files import atomic_write_bytes
 
         atomic_write_bytes(out / "parameters.json", json.dumps(params, indent=2).encode())
-    if main:
+    if main and not (out / "final").is_dir():
+        print(f"[train] stopped at step {stop_after} of the current stage (--stop-after); checkpoint in {out}; "
+              "continue with --resume")
+    elif main:
         print(f"[train] done; final model in {out / 'final'} (load with elastic_ssm.models.load_pretrained)")
     return model

@@ -19,6 +19,8 @@ gemv_sweep       ``gemv_sweep.GemvSweepOptions``        fused decode products pe
 scan_timing      ``scan_timing.ScanTimingOptions``      the spectral scan per path and shape
 checksum_cost    ``checksum.ChecksumOptions``           sha256 cost of saving and loading a preset
 es_ssm_report    ``es_ssm_decode.EsSsmReportOptions``   modal vs exact ES-SSM decoding, bits per byte
+replication_*    ``replication.ReplicationStepOptions``  issue 16's runs across device calls: a resumable
+                 ``...StateOptions``, ``...ReportOptions``  step, carrying the state, a claim's JSON and plot
 ===============  =====================================  =====================================================
 
 ``ctx`` (``suite.EntryContext``) gives the entry its folder (``ctx.out_dir``), a log, the time left in
@@ -59,6 +61,12 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "checksum_cost": ("elastic_ssm.bench.checksum", "ChecksumOptions", "elastic_ssm.bench.checksum:run_checksum"),
     "es_ssm_report": ("elastic_ssm.bench.es_ssm_decode", "EsSsmReportOptions",
                       "elastic_ssm.bench.es_ssm_decode:run_es_ssm_report"),
+    "replication_step": ("elastic_ssm.bench.replication", "ReplicationStepOptions",
+                         "elastic_ssm.bench.replication:run_step"),
+    "replication_state": ("elastic_ssm.bench.replication", "ReplicationStateOptions",
+                          "elastic_ssm.bench.replication:run_state"),
+    "replication_report": ("elastic_ssm.bench.replication", "ReplicationReportOptions",
+                           "elastic_ssm.bench.replication:run_report"),
 }
 
 

@@ -12,7 +12,8 @@ same backbone with the ten ESSH deployment fractions as tiers and the four train
 preset reproduces the MatFormer parameter counts of Table 39 exactly (T1 130.9M ... T10 365.6M).
 
 Presets (Table 9 / Table 54 shapes; CPU presets matched to the ESSH presets of the same name, Table 8 rule
-"parameter count within 2%"): ``tiny``, ``small``, ``370m`` (365.6M, Table 9), ``1.5b`` (1536.3M, Table 54).
+"parameter count within 2%"): ``tiny``, ``small``, ``40m`` (issue 16's replication), ``370m`` (365.6M, Table 9),
+``1.5b`` (1536.3M, Table 54).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
     # (tiny 172,224 vs ESSH 173,264: -0.60%; small 1,821,120 vs 1,824,240: -0.17%).
     "tiny": dict(vocab_size=260, d_model=64, n_layers=3, d_ff=184, head_dim=16, ffn_align=8),
     "small": dict(vocab_size=260, d_model=192, n_layers=4, d_ff=512, head_dim=32, ffn_align=32),
+    # ESSH "40m" (the replication of issue 16): same depth, width, vocabulary; 41,103,872 vs 41,054,976 (+0.12%).
+    "40m": dict(vocab_size=260, d_model=512, n_layers=10, d_ff=1984, head_dim=64, ffn_align=64),
     # Table 9: Transformer++ / MatFormer of the 370M comparison, 365.6M (ESSH 370.9M, -1.42%).
     "370m": dict(vocab_size=50304, d_model=896, n_layers=22, d_ff=4224, head_dim=64, ffn_align=64),
     # Table 54: Transformer++ of the 1.53B systems comparison, 1536.3M (ESSH 1531.1M, +0.34%).

@@ -194,6 +194,11 @@ ESSH_PRESETS: dict[str, dict[str, Any]] = {
     "370m": dict(vocab_size=50304, d_model=896, n_layers=22, d_ff=4608, swa_layers=(12, 17, 21)),
     # Table 7, 1.5B column.
     "1.5b": dict(vocab_size=128256, d_model=2048, n_layers=28, d_ff=5632, swa_layers=(15, 22, 27)),
+    # Byte-level small-scale replication (issue 16, configs/replication/): d = 512, 10 blocks (attention at 4 and
+    # 9, window = the 1024-byte training length), K-bar = 32 channels of P = 16; 41,054,976 parameters at T10,
+    # 7,029,312 at T1.
+    "40m": dict(vocab_size=260, d_model=512, n_layers=10, d_ff=2048, n_channels=32, n_modes=8, swa_layers=(4, 9),
+                window=1024, head_dim=64, filter_length=1024),
     # CPU presets (byte vocabulary 256 + 4 specials): "tiny" for tests, "small" for the quickstart.
     "tiny": dict(vocab_size=260, d_model=64, n_layers=3, d_ff=192, n_channels=8, n_modes=4,
                  swa_layers=(1,), window=16, head_dim=16, filter_length=256, ffn_align=16),

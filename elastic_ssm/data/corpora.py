@@ -4,6 +4,8 @@
 source is ever held in memory as a whole. ``source`` is one of
 
 * ``"stdlib"``: the Python standard library's own ``.py`` files (no download; see ``stdlib_files``);
+* ``"pysrc"`` / ``"pysrc:<root>[,<root>...]"``: every ``.py`` file of the stdlib and site-packages, or of
+  the given folders, deduplicated by content (``pysrc.py``);
 * a text file (``.txt``, ``.md``, ``.py``, ... optionally ``.gz``): one document per file;
 * a ``.jsonl`` / ``.jsonl.gz`` file: one document per line, taken from the ``text_field`` key;
 * a ``.parquet`` file: one document per row of the ``text_field`` column, read batch by batch;
@@ -293,6 +295,11 @@ def iter_documents(source: str | Path, split: str | None = None, *, text_field: 
     if not str(source).strip():       # Path("") is the working directory: never read it by accident
         raise ValueError("the data source is an empty string; use 'stdlib', a file, a folder, or "
                          "hf:<name>[:<config>][:<split>]")
+    from .pysrc import is_pysrc, iter_pysrc
+
+    if is_pysrc(source):
+        yield from iter_pysrc(str(source), split)
+        return
     if str(source) == "stdlib":
         root = stdlib_root()
         for rel in stdlib_split_files(split):
@@ -317,5 +324,5 @@ def iter_documents(source: str | Path, split: str | None = None, *, text_field: 
             raise ValueError(f"{path} looks like a prepared token file; open it with TokenFile/load_corpus")
         yield from (d for d in _iter_file(path, text_field, split, val_fraction) if d)
         return
-    raise FileNotFoundError(f"data source not found: {str(source)!r}; use 'stdlib', a file, a folder, or "
-                            "hf:<name>[:<config>][:<split>]")
+    raise FileNotFoundError(f"data source not found: {str(source)!r}; use 'stdlib', 'pysrc', a file, a "
+                            "folder, or hf:<name>[:<config>][:<split>]")

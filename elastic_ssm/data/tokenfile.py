@@ -38,12 +38,16 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None = None, *,
-            text_field: str = "text", max_tokens: int | None = None, show_progress: bool = True) -> TokenFile:
+            text_field: str = "text", max_tokens: int | None = None, show_progress: bool = True,
+            extra_meta: dict | None = None) -> TokenFile:
     """Tokenize every document of ``source`` (see ``iter_documents``) into the token file ``out_path``.
 
     Each document is followed by the tokenizer's SEP id. ``max_tokens`` stops early (the stream is cut
-    exactly there). Returns the opened ``TokenFile``.
+    exactly there). ``extra_meta`` is added to the sidecar (a ``pysrc`` source records its file and byte
+    counts there by default). Returns the opened ``TokenFile``.
     """
+    from .pysrc import is_pysrc, manifest
+
     out_path = Path(out_path)
     if out_path.suffix != ".bin":     # load_corpus knows a token file by its name: anything else is read as text
         raise ValueError(f"{out_path}: a token file's name must end in .bin (e.g. {out_path.with_suffix('.bin')}), "
@@ -100,7 +104,10 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
             "vocab_size": tok.vocab_size, "sep_id": tok.sep_id, "source": str(source), "split": split,
             "text_field": text_field, "num_documents": n_docs, "sha256": digest.hexdigest(),
         }
-        if str(source) == "stdlib":
+        if is_pysrc(source) and extra_meta is None:
+            extra_meta = {"pysrc": manifest(str(source)).stats(split)}
+        meta.update(extra_meta or {})
+        if str(source) == "stdlib" or is_pysrc(source):
             import sys
 
             meta["python"] = sys.version.split()[0]
@@ -193,10 +200,16 @@ def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_b
       ignored: prepare one file per split);
     * a folder holding ``<split>.bin`` (e.g. ``prepare``'s ``train.bin`` / ``validation.bin``): that file; a
       folder holding other ``*.bin`` files but not this split's is an error (never read as text);
+    * ``"pysrc..."`` with a split and no ``max_bytes``: that split's prepared token file in the cache
+      (``pysrc.pysrc_tokens``; prepared on first use);
     * anything else (``"stdlib"`` by default): tokenized in memory into a ``TokenArray``; ``max_bytes``
       caps the raw text read. Large corpora belong in a prepared file instead.
     """
+    from .pysrc import is_pysrc, pysrc_tokens
+
     tok = load_tokenizer(tokenizer)
+    if is_pysrc(source) and split is not None and not max_bytes:
+        return pysrc_tokens(str(source), tok, split)       # prepared once into the cache, then memory-mapped
     path = Path(str(source)).expanduser()
     target = None
     if path.name.endswith((".bin", ".bin.json")):

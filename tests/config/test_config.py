@@ -49,7 +49,8 @@ def test_every_field_has_help():
 
 def test_every_yaml_in_configs_loads():
     root = Path(__file__).resolve().parents[2]
-    files = sorted([*root.glob("configs/*.yaml"), *root.glob("elastic_ssm/configs/*.yaml")])
+    files = sorted([*root.glob("configs/*.yaml"), *root.glob("configs/replication/*.yaml"),
+                    *root.glob("elastic_ssm/configs/*.yaml")])
     assert files, "configs/ holds no YAML files"
     from elastic_ssm.config import load_any_config
 

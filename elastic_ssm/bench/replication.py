@@ -1,0 +1,316 @@
+"""Entry kinds of the replication suites (issue 16, ``configs/bench/replication-*.yaml``): runs that span
+short device calls.
+
+A device call lasts at most 10 minutes and starts on a bare machine; only up to 8 files (16 MiB each) come
+back from ``$OUT``, and the next call gets back what the caller carries. The suites therefore keep every run
+under one state folder, ``root`` (default ``runs/replication``, one sub-folder per run: ``essh``,
+``dense``, ...), and three kinds move it through calls:
+
+=====================  ======================================================================================
+``replication_step``   one command of a run (``elastic-ssm train ... --resume auto``, ``eval``, ``recover``):
+                       skipped when its ``outputs`` (or everything in ``skip_when``) exist, ``waiting`` while a
+                       path of ``requires`` is missing, ``deferred`` when less than ``needs_s`` of the suite's
+                       budget is left; a command still running ``grace_s`` before the budget ends gets SIGTERM
+                       (``elastic-ssm train`` then writes a checkpoint and exits 143) and SIGKILL at the end.
+                       Output is appended to ``<run>/logs/<entry>.log``, one JSON line per call (state, rc,
+                       seconds, whether a checkpoint existed at the start, device, commit) to
+                       ``<run>/calls.jsonl``.
+``replication_state``  ``action: restore`` unpacks the state carried from the last call (``carry`` folder) into
+                       ``root`` unless the machine still holds that generation or a newer one; ``action: pack``
+                       writes ``root`` as ``replication-state.tgz.partNN`` (at most ``part_mib`` each) plus
+                       ``replication-state.json`` into ``dest`` (``$OUT``), leaving out model weights and
+                       checkpoints except the newest checkpoint of an unfinished run when the whole state
+                       stays under ``max_mib``; and copies the files named in ``publish`` beside them.
+``replication_report`` the per-tier numbers of every run of one claim into ``<root>/results/claimN.json`` and
+                       its plot ``claimN.png`` (``eval/replication.py``).
+=====================  ======================================================================================
+
+In the command of a step ``{root}`` is the state folder, ``{run}`` the run's folder (``<root>/<run>``) and
+``python`` this interpreter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import ConfigBase, ConfigError, opt
+
+__all__ = ["ReplicationStepOptions", "ReplicationStateOptions", "ReplicationReportOptions", "run_step",
+           "run_state", "run_report", "pack_state", "restore_state", "STATE_NAME"]
+
+STATE_NAME = "replication-state"
+_HEAVY_DIRS = {"final", "exports"}
+
+
+def _fill(text: str, root: Path, run: str) -> str:
+    return text.replace("{root}", str(root)).replace("{run}", str(root / run) if run else str(root))
+
+
+def _all_exist(paths, root: Path, run: str) -> bool:
+    return bool(paths) and all(Path(_fill(p, root, run)).exists() for p in paths)
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    return any(run_dir.glob("*/step_*/COMPLETE.json"))
+
+
+def _environment() -> dict:
+    import torch
+
+    from .report import environment
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    env = environment(dev)
+    return {k: env[k] for k in ("device", "torch", "cuda", "triton", "fla", "python", "commit", "date")}
+
+
+@dataclass(kw_only=True)
+class ReplicationStepOptions(ConfigBase):
+    """One command of a replication run, resumable across device calls (see the module docstring)."""
+
+    args: tuple[str, ...] = opt((), "the command; {root}, {run} and 'python' are filled in")
+    extra_args: tuple[str, ...] = opt((), "appended to args (e.g. --bench.set essh-train.extra_args=[--stop-after,20])")
+    run: str = opt("", "the run's folder under root (its log, calls.jsonl and {run})")
+    root: str = opt("runs/replication", "the state folder every run of the suites lives in")
+    outputs: tuple[str, ...] = opt((), "paths this step produces; the step is skipped when all exist")
+    skip_when: tuple[str, ...] = opt((), "also skipped when all of these exist (the results of the steps that "
+                                         "need this one's outputs)")
+    requires: tuple[str, ...] = opt((), "paths that must exist before the step runs (else: waiting)")
+    needs_s: float = opt(0.0, "start only with at least this many seconds of the suite's budget left")
+    timeout_s: float = opt(0.0, "stop the command after this many seconds (0: the suite's remaining budget)")
+    grace_s: float = opt(45.0, "SIGTERM this long before the stop, SIGKILL at the stop (time for a checkpoint)")
+    reserve_s: float = opt(25.0, "stop this long before the suite's budget ends (the pack entry runs after it)")
+
+    def validate(self) -> None:
+        if not self.args:
+            raise ConfigError("ReplicationStepOptions.args: give the command, e.g. [python, -m, elastic_ssm.cli, "
+                              "train, ...]")
+        if min(self.grace_s, self.needs_s, self.timeout_s, self.reserve_s) < 0:
+            raise ConfigError("ReplicationStepOptions: needs_s, timeout_s, grace_s and reserve_s must be >= 0")
+
+
+def _supervise(cmd: list[str], env: dict, log_path: Path, stop_at: float, grace_s: float) -> tuple[object, bool]:
+    """Run ``cmd`` with output appended to ``log_path``; SIGTERM at ``stop_at - grace_s``, SIGKILL (the whole
+    process group) at ``stop_at``. Returns ``(rc or 'killed', whether SIGTERM was sent)``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+        log.flush()
+        p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        termed = False
+        while p.poll() is None:
+            now = time.monotonic()
+            if now >= stop_at:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                return "killed", True
+            if not termed and now >= stop_at - grace_s:
+                p.send_signal(signal.SIGTERM)
+                termed = True
+            time.sleep(0.2)
+    return p.returncode, termed
+
+
+def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
+    root = Path(opts.root)
+    run_dir = root / opts.run if opts.run else root
+    row: dict = {"run": opts.run, "step": ctx.name}
+    if _all_exist(opts.outputs, root, opts.run) or _all_exist(opts.skip_when, root, opts.run):
+        ctx.log(f"  {ctx.name}: done earlier, skipped")
+        return [{**row, "state": "skipped"}]
+    missing = [p for p in opts.requires if not Path(_fill(p, root, opts.run)).exists()]
+    if missing:
+        ctx.log(f"  {ctx.name}: waiting for {_fill(missing[0], root, opts.run)}")
+        return [{**row, "state": "waiting", "missing": _fill(missing[0], root, opts.run)}]
+    left = ctx.time_left() - opts.reserve_s
+    if left < max(opts.needs_s, 1.0):
+        ctx.log(f"  {ctx.name}: deferred ({left:.0f} s left of the budget, needs {opts.needs_s:.0f} s)")
+        return [{**row, "state": "deferred"}]
+    stop_at = time.monotonic() + min(opts.timeout_s or float("inf"), left)
+    cmd = [sys.executable if a == "python" else _fill(a, root, opts.run) for a in opts.args + opts.extra_args]
+    fresh = not _has_checkpoint(run_dir)
+    t0 = time.monotonic()
+    rc, termed = _supervise(cmd, ctx.child_env(), run_dir / "logs" / f"{ctx.name}.log", stop_at, opts.grace_s)
+    wall = round(time.monotonic() - t0, 1)
+    complete = not opts.outputs or _all_exist(opts.outputs, root, opts.run)
+    state = ("ran" if rc == 0 and complete else "stopped" if termed
+             else "incomplete" if rc == 0 else f"failed rc={rc}")
+    rec = {**row, "state": state, "rc": rc, "wall_s": wall, "fresh": fresh, "checkpoint": _has_checkpoint(run_dir),
+           **_environment()}
+    with open(run_dir / "calls.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    tail = (run_dir / "logs" / f"{ctx.name}.log").read_text(errors="replace").strip().splitlines()[-1:]
+    ctx.log(f"  {ctx.name}: {state} in {wall} s{': ' + tail[0][-200:] if tail and state != 'ran' else ''}")
+    return [rec]
+
+
+# ---- carrying the state between calls ---------------------------------------------------------------------
+@dataclass(kw_only=True)
+class ReplicationStateOptions(ConfigBase):
+    """Restore the carried state at the start of a call, or pack it for the next call at its end."""
+
+    action: str = opt("pack", "'restore' (first entry of a suite) or 'pack' (last entry)")
+    root: str = opt("runs/replication", "the state folder")
+    carry: str = opt("runs/carry", "restore: the carried folder holding replication-state.json and its parts")
+    dest: str = opt("$OUT", "pack: where the state goes (environment variables expanded; when that is unset, "
+                            "<root>/../carry-out)")
+    max_mib: float = opt(44.0, "pack: the state's size limit (a checkpoint is included only below it)")
+    part_mib: float = opt(15.0, "pack: the largest part file (a device call returns files of at most 16 MiB)")
+    publish: tuple[str, ...] = opt((), "pack: files under root copied beside the state (e.g. results/claim1.json)")
+
+    def validate(self) -> None:
+        if self.action not in ("restore", "pack"):
+            raise ConfigError(f"ReplicationStateOptions.action must be 'restore' or 'pack', got {self.action!r}")
+        if not 0 < self.part_mib <= 16 or self.max_mib <= 0:
+            raise ConfigError("ReplicationStateOptions: part_mib must be in (0, 16] and max_mib > 0")
+
+
+def _light_files(root: Path) -> list[Path]:
+    """Every file of the state but model weights (``final/``, ``exports/``) and checkpoint directories."""
+    out = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).parts
+        if not p.is_file() or any(d in _HEAVY_DIRS or d.startswith("step_") or d.startswith(".") for d in rel[:-1]):
+            continue
+        if rel[-1] in (".lock", "latest") or rel[-1].startswith(STATE_NAME):
+            continue
+        out.append(p)
+    return out
+
+
+def _newest_checkpoints(root: Path) -> list[Path]:
+    """The newest complete checkpoint directory of each unfinished run (a run without ``final/``)."""
+    out = []
+    for run in sorted(d for d in root.iterdir() if d.is_dir()):
+        if (run / "final").is_dir():
+            continue
+        for stage in sorted(d for d in run.iterdir() if d.is_dir()):
+            steps = sorted(s for s in stage.glob("step_*") if (s / "COMPLETE.json").is_file())
+            if steps:
+                out.append(steps[-1])
+    return out
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def pack_state(root: str | Path, dest: str | Path, max_mib: float = 44.0, part_mib: float = 15.0) -> dict:
+    """Write ``root`` as ``replication-state.tgz.partNN`` + ``replication-state.json`` into ``dest``."""
+    root, dest = Path(root), Path(dest)
+    state_file = root / f"{STATE_NAME}.json"
+    generation = json.loads(state_file.read_text())["generation"] + 1 if state_file.is_file() else 1
+    files = _light_files(root)
+    budget = int(max_mib * 2**20) - sum(f.stat().st_size for f in files)
+    kept = []
+    for ckpt in _newest_checkpoints(root):
+        size = _size(ckpt)
+        if size <= budget:                    # weights compress little: count them at full size
+            kept.append(str(ckpt.relative_to(root)))
+            budget -= size
+            files += [f for f in sorted(ckpt.rglob("*")) if f.is_file()]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=str(f.relative_to(root)))
+    blob, part = buf.getvalue(), int(part_mib * 2**20)
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.glob(f"{STATE_NAME}.tgz.part*"):
+        old.unlink()
+    parts = []
+    for i in range(0, max(len(blob), 1), part):
+        name = f"{STATE_NAME}.tgz.part{len(parts):02d}"
+        (dest / name).write_bytes(blob[i:i + part])
+        parts.append({"name": name, "sha256": hashlib.sha256(blob[i:i + part]).hexdigest()})
+    meta = {"generation": generation, "parts": parts, "bytes": len(blob), "files": len(files),
+            "checkpoints": kept, "runs": sorted(d.name for d in root.iterdir() if d.is_dir()),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    state_file.write_text(json.dumps({"generation": generation}) + "\n")
+    (dest / f"{STATE_NAME}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
+def restore_state(carry: str | Path, root: str | Path) -> str:
+    """Unpack the carried state into ``root`` unless ``root`` holds that generation already; returns what
+    happened. A part that does not match its recorded sha256 is a one-line error."""
+    carry, root = Path(carry), Path(root)
+    meta_file = carry / f"{STATE_NAME}.json"
+    if not meta_file.is_file():
+        return f"nothing carried ({meta_file} absent): a first call"
+    meta = json.loads(meta_file.read_text())
+    here = root / f"{STATE_NAME}.json"
+    have = json.loads(here.read_text())["generation"] if here.is_file() else 0
+    if have >= meta["generation"]:
+        return f"kept the machine's state (generation {have} >= carried {meta['generation']})"
+    blob = b""
+    for p in meta["parts"]:
+        data = (carry / p["name"]).read_bytes() if (carry / p["name"]).is_file() else b""
+        if hashlib.sha256(data).hexdigest() != p["sha256"]:
+            raise ConfigError(f"carried state part {carry / p['name']} is missing or differs from "
+                              f"{meta_file}; copy every file of the last call's $OUT into {carry}")
+        blob += data
+    root.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(root, **kw)
+    here.write_text(json.dumps({"generation": meta["generation"]}) + "\n")
+    return f"restored generation {meta['generation']}: {meta['files']} files, checkpoints {meta['checkpoints']}"
+
+
+def run_state(opts: ReplicationStateOptions, ctx) -> list[dict]:
+    if opts.action == "restore":
+        what = restore_state(opts.carry, opts.root)
+        ctx.log(f"  {what}")
+        return [{"action": "restore", "result": what}]
+    dest = os.path.expandvars(opts.dest)
+    if "$" in dest or not dest:
+        dest = str(Path(opts.root).parent / "carry-out")
+    meta = pack_state(opts.root, dest, opts.max_mib, opts.part_mib)
+    for rel in opts.publish:
+        src = Path(opts.root) / rel
+        if src.is_file():
+            shutil.copy2(src, Path(dest) / src.name)
+    ctx.log(f"  packed generation {meta['generation']} into {dest}: {meta['files']} files, {meta['bytes']:,} bytes "
+            f"in {len(meta['parts'])} part(s), checkpoints {meta['checkpoints']}")
+    return [{"action": "pack", "dest": dest, **{k: meta[k] for k in ("generation", "files", "bytes", "checkpoints")}}]
+
+
+# ---- the claim's table and plot ---------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class ReplicationReportOptions(ConfigBase):
+    """Collect one claim's numbers from its runs into ``<root>/results/claimN.json`` and draw ``claimN.png``."""
+
+    claim: int = opt(1, "the claim of issue 16 (1-5; 0: the calibration runs)")
+    root: str = opt("runs/replication", "the state folder")
+    runs: tuple[str, ...] = opt((), "the runs (folders under root) of the claim; a missing one is listed as to-run")
+
+    def validate(self) -> None:
+        if not 0 <= self.claim <= 5:
+            raise ConfigError(f"ReplicationReportOptions.claim must be 0-5, got {self.claim}")
+        if not self.runs:
+            raise ConfigError("ReplicationReportOptions.runs: name the claim's runs, e.g. [essh, dense]")
+
+
+def run_report(opts: ReplicationReportOptions, ctx) -> list[dict]:
+    from ..eval.replication import collect_claim, plot_claim
+
+    res = collect_claim(opts.claim, opts.root, opts.runs)
+    out = Path(opts.root) / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"claim{opts.claim}" if opts.claim else "calibration"
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    skipped = plot_claim(res, out / f"{name}.png")
+    ctx.log(f"  wrote {out / (name + '.json')}" + (f"; plot skipped: {skipped}" if skipped else f" and {name}.png")
+            + (f"; still to run: {res['missing']}" if res["missing"] else ""))
+    return res["rows"]

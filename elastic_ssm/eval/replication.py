@@ -1,0 +1,262 @@
+"""The claims of issue 16 from the replication runs: one JSON of per-tier numbers per claim and its plot.
+
+``collect_claim(claim, root, runs)`` reads each run folder under ``root`` (``bench/replication.py`` keeps them
+there across device calls): ``eval.csv`` (``elastic-ssm eval --csv``: bits per byte per tier and capacity
+fraction), ``metrics.jsonl`` (tokens, tokens/s, and the validation records: MQAR accuracy per tier),
+``parameters.json`` (the Tables 8/9 matching), ``run.yaml`` and ``calls.jsonl`` (wall seconds, device and
+commit of every call). A run without its results is listed under ``missing``, never guessed. Rows:
+
+* claim 1 (ESSH Tables 8, 10, 33, 43): bpb and parameters of every tier of the capacity-mixed ESSH, the
+  specialists (one tier each; the dense control's full tier is the T10 specialist: same shape, recipe, tokens
+  and seed), the dense control truncated and truncated + recovered, and MatFormer's tiers (claim 5);
+* claim 2 (ES-SSM Sec. 4.2): bpb at every evaluated budget K with and without budget dropout;
+* claim 3 (ESSH Tables 21-23): MQAR accuracy per tier of the last validation, hybrid and mixer-only;
+* claim 4: the ESSH rows of claim 1 plus the capacity fractions, each marked ``trained_shape`` (its
+  ``(K, n_ff)`` is one that training sampled: ``mixing.capacities`` or ``refine.capacities``) and a summary:
+  monotone in parameters or not, and the largest rise of bpb between neighbours;
+* claim 5: wall seconds (the train calls of the last attempt, from a fresh start), tokens, median tokens/s
+  and full-model bpb of each run; the shared run against the sum of the specialists'.
+
+``corpus`` is the data line of the runs' training logs (files, bytes, split, and the manifest digest of the
+``pysrc`` corpus); ``same_corpus`` is False when the runs were trained on different corpora (another machine
+image between device sessions), and then ``corpus`` lists each.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["ROLES", "collect_claim", "plot_claim", "run_summary"]
+
+#: run folder -> (label, role); the suites in configs/bench/replication-*.yaml use these names.
+ROLES: dict[str, tuple[str, str]] = {
+    "essh": ("ESSH capacity-mixed + shared refinement", "elastic"),
+    "dense": ("dense control, truncated (full tier = T10 specialist)", "truncated"),
+    "dense-rec": ("dense control, truncated + recovered", "recovered"),
+    "spec-t1": ("specialist T1 from scratch", "specialist"),
+    "spec-t4": ("specialist T4 from scratch", "specialist"),
+    "matformer": ("MatFormer (FFN-only nesting)", "matformer"),
+    "essm-bd": ("ES-SSM with budget dropout", "budgets"),
+    "essm-full": ("ES-SSM full budget only", "budgets"),
+    "mqar-hybrid": ("ESSH hybrid", "recall"),
+    "mqar-mixer": ("ESSH mixer-only", "recall"),
+}
+#: seconds of a device call a training run may use (540 s budget - 25 s reserve - eval and margin)
+CALL_TRAIN_S = 420
+TITLES = {0: "calibration: tokens/s and start-up of each setting", 1: "train once vs train each size",
+          2: "budget dropout makes every prefix usable", 3: "recall needs the hybrid",
+          4: "capacities between the trained tiers", 5: "cost of one shared run vs the specialists"}
+
+
+def _csv(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    num = lambda v: None if v in ("", None) else (int(v) if v.lstrip("-").isdigit() else float(v))   # noqa: E731
+    out = []
+    for r in rows:
+        try:
+            out.append({k: (v if k == "tier" else num(v)) for k, v in r.items()})
+        except ValueError:
+            out.append(dict(r))
+    return out
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue                                  # a torn last line of an interrupted call
+    return out
+
+
+def run_summary(run_dir: Path) -> dict[str, Any]:
+    """What one run folder says: config, parameters, tokens, tokens/s, wall seconds, device and commit."""
+    out: dict[str, Any] = {"present": run_dir.is_dir()}
+    if (run_dir / "run.yaml").is_file():
+        rec = yaml.safe_load((run_dir / "run.yaml").read_text()) or {}
+        out["model"], out["recipe"] = rec.get("model", {}), rec.get("train", {}).get("recipe")
+        out["train"] = rec.get("train", {})
+    if (run_dir / "parameters.json").is_file():
+        out["parameters"] = json.loads((run_dir / "parameters.json").read_text())
+    metrics = _jsonl(run_dir / "metrics.jsonl")
+    train = [r for r in metrics if r.get("kind") == "train"]
+    if train:
+        stages = {r.get("stage") for r in train}
+        out["tokens"] = sum(max(r["tokens"] for r in train if r.get("stage") == s) for s in stages)
+        out["steps"] = {s: max(r["step"] for r in train if r.get("stage") == s) for s in stages}
+        rates = [r["tokens_per_s"] for r in train[1:]] or [train[0]["tokens_per_s"]]
+        out["tokens_per_s_median"] = statistics.median(rates)
+        out["steady_s"] = out["tokens"] / out["tokens_per_s_median"]
+    calls = [c for c in _jsonl(run_dir / "calls.jsonl") if c.get("step", "").endswith(("-train", "-recover"))]
+    start = max((i for i, c in enumerate(calls) if c.get("fresh")), default=0)
+    attempt = calls[start:]
+    if attempt:
+        out["wall_s"] = round(sum(c.get("wall_s", 0.0) for c in attempt), 1)
+        out["calls"] = len(attempt)
+        out["environment"] = sorted({f"{c.get('device')} / torch {c.get('torch')} / commit {c.get('commit')}"
+                                     for c in attempt})
+    evals = [r for r in metrics if r.get("kind") == "eval"]
+    if evals:
+        last = max((r.get("stage") == "refine", r.get("step", 0)) for r in evals)
+        out["last_validation"] = [r for r in evals if (r.get("stage") == "refine", r.get("step", 0)) == last]
+    out["eval"] = _csv(run_dir / "eval.csv")
+    return out
+
+
+def _trained_shapes(summary: dict[str, Any]) -> set[tuple[int, int]]:
+    from ..config import model_config_from_dict
+
+    model = {k: v for k, v in summary.get("model", {}).items()}
+    if not model:
+        return set()
+    cfg = model_config_from_dict(model)
+    t = summary.get("train", {})
+    fracs = list(t.get("mixing", {}).get("capacities", [])) + list(t.get("refine", {}).get("capacities", []))
+    return {(cfg.channels_for(x), cfg.ffn_width_for(x) if x < 1 else cfg.d_ff) for x in fracs} | {
+        (cfg.n_channels, cfg.d_ff)}
+
+
+def _rows(claim: int, name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
+    label, role = ROLES.get(name, (name, "elastic"))
+    base = {"run": name, "label": label, "role": role}
+    if role == "recall":
+        return [{**base, "tier": r["tier"], "K": r.get("K"), "n_ff": r.get("n_ff"),
+                 "params": s.get("parameters", {}).get("tiers", {}).get(r["tier"]), "accuracy": r.get("accuracy")}
+                for r in s.get("last_validation", [])]
+    rows = [{**base, **{k: r.get(k) for k in ("tier", "xi", "K", "n_ff", "params", "bpb", "loss")}}
+            for r in s.get("eval", [])]
+    if claim in (1, 5) and role == "elastic":                 # fractions belong to claim 4's plot
+        rows = [r for r in rows if not str(r["tier"]).startswith("xi=")]
+    if claim == 4:
+        shapes = _trained_shapes(s)
+        for r in rows:
+            r["trained_shape"] = (r["K"], r["n_ff"]) in shapes if shapes else None
+    return rows
+
+
+def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if claim == 0:                  # start-up = wall - steady; the steps of this setting that fit CALL_TRAIN_S
+        out = {}
+        for n, s in runs.items():
+            if not (s.get("wall_s") and s.get("tokens")):
+                continue
+            per_step = s["tokens"] / max(sum(s["steps"].values()), 1)
+            startup = max(s["wall_s"] - s["steady_s"], 0.0)
+            out[n] = {"tokens_per_s": s["tokens_per_s_median"], "startup_s": round(startup, 1),
+                      "tokens_per_step": per_step,
+                      "steps_that_fit": int(max(CALL_TRAIN_S - startup, 0) * s["tokens_per_s_median"] / per_step)}
+        return {"call_train_s": CALL_TRAIN_S, "settings": out}
+    if claim == 4:
+        pts = sorted((r["params"], r["bpb"], r["tier"]) for r in rows if r["bpb"] is not None)
+        rises = [(b2 - b1, t1, t2) for (_, b1, t1), (_, b2, t2) in zip(pts, pts[1:])]
+        worst = max(rises, default=(0.0, None, None))
+        return {"points": len(pts), "untrained_points": sum(1 for r in rows if r.get("trained_shape") is False),
+                "monotone": all(d <= 0 for d, _, _ in rises), "largest_rise_bpb": worst[0],
+                "largest_rise_between": [worst[1], worst[2]]}
+    if claim == 5:
+        cost = {n: {k: s.get(k) for k in ("wall_s", "steady_s", "tokens", "tokens_per_s_median", "calls")}
+                for n, s in runs.items()}
+        for n, s in runs.items():
+            full = [r for r in s.get("eval", []) if r.get("xi") in (1, 1.0) or r.get("tier") == "T10"]
+            cost[n]["bpb_full"] = full[-1]["bpb"] if full else None
+        each = [n for n in runs if ROLES.get(n, ("", ""))[1] in ("specialist", "truncated")]
+        total = lambda key: (sum(cost[n][key] for n in each) if each and all(cost[n][key] for n in each)   # noqa: E731
+                             else None)
+        return {"runs": cost, "specialists": each, "specialists_wall_s": total("wall_s"),
+                "specialists_steady_s": total("steady_s")}
+    return {}
+
+
+def collect_claim(claim: int, root: str | Path, runs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """One claim's JSON (see the module docstring); ``missing`` lists the runs without results."""
+    root = Path(root)
+    summaries = {n: run_summary(root / n) for n in runs}
+    rows = [r for n in runs for r in _rows(claim, n, summaries[n])]
+    if claim == 4:
+        rows = [r for r in rows if r["role"] == "elastic"]
+    done = lambda n, s: bool(s.get("eval") or s.get("last_validation") or (claim == 0 and s.get("tokens")))   # noqa: E731
+    missing = [n for n, s in summaries.items() if not done(n, s)]
+    corpora = {}                        # the data line of each run's last training call (pysrc: files, bytes)
+    for n in runs:
+        for log in sorted((root / n / "logs").glob("*train*.log")) if (root / n / "logs").is_dir() else []:
+            hit = [ln for ln in log.read_text(errors="replace").splitlines() if "; corpus " in ln]
+            if hit:
+                corpora[n] = hit[-1].split("; corpus ", 1)[1]
+    distinct = sorted(set(corpora.values()))
+    return {"claim": claim, "title": TITLES[claim], "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "corpus": distinct[0] if len(distinct) == 1 else distinct, "same_corpus": len(distinct) <= 1,
+            "missing": missing, "rows": rows, "summary": _summary(claim, summaries, rows),
+            "runs": {n: {k: v for k, v in s.items() if k not in ("eval", "last_validation")}
+                     for n, s in summaries.items()}}
+
+
+def plot_claim(res: dict[str, Any], path: str | Path) -> str:
+    """Draw the claim's plot into ``path`` (PNG); returns '' or why it was skipped (no matplotlib, no rows)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'elastic-ssm[plot]')"
+    rows, claim = res["rows"], res["claim"]
+    if not rows and claim not in (0, 5):
+        return "no results yet"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if claim in (1, 4):
+        styles = {"elastic": "o-", "truncated": "x--", "recovered": "s-.", "specialist": "*", "matformer": "^:"}
+        for run in dict.fromkeys(r["run"] for r in rows):
+            pts = sorted(((r["params"], r["bpb"], r) for r in rows if r["run"] == run and r["bpb"] is not None),
+                         key=lambda p: p[:2])
+            if not pts:
+                continue
+            style = styles.get(pts[0][2]["role"], "o-")
+            ax.plot([p / 1e6 for p, _, _ in pts], [b for _, b, _ in pts], style, label=pts[0][2]["label"],
+                    markersize=10 if style == "*" else 5)
+            if claim == 4:
+                new = [(p, b) for p, b, r in pts if r.get("trained_shape") is False]
+                ax.scatter([p / 1e6 for p, _ in new], [b for _, b in new], s=80, facecolors="none", edgecolors="red",
+                           label="shape never sampled in training")
+        ax.set_xscale("log")
+        ax.set_xlabel("parameters of the standalone model (M)")
+        ax.set_ylabel("held-out bits per byte")
+    elif claim == 2:
+        for run in dict.fromkeys(r["run"] for r in rows):
+            pts = sorted((r["K"], r["bpb"]) for r in rows if r["run"] == run and r["bpb"] is not None)
+            ax.plot([k for k, _ in pts], [b for _, b in pts], "o-", label=ROLES.get(run, (run,))[0], markersize=3)
+        ax.set_xlabel("budget K (spectral channels kept)")
+        ax.set_ylabel("held-out bits per byte")
+    elif claim == 3:
+        for run in dict.fromkeys(r["run"] for r in rows):
+            pts = [(r["tier"], r["accuracy"]) for r in rows if r["run"] == run]
+            ax.plot([t for t, _ in pts], [a for _, a in pts], "o-", label=ROLES.get(run, (run,))[0])
+        ax.set_xlabel("tier")
+        ax.set_ylabel("MQAR accuracy")
+        ax.set_ylim(0, 1.05)
+    else:
+        cost = res["summary"].get("runs", {}) if claim == 5 else {n: s for n, s in res["runs"].items()}
+        names = [n for n in cost if cost[n].get("wall_s") or cost[n].get("tokens_per_s_median")]
+        key = "wall_s" if claim == 5 else "tokens_per_s_median"
+        ax.bar(names, [cost[n].get(key) or 0 for n in names])
+        ax.set_ylabel("wall seconds of the training calls" if claim == 5 else "median tokens/s")
+    ax.set_title(f"#16 claim {claim}: {res['title']}" if claim else res["title"], fontsize=10)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return ""

@@ -1,0 +1,139 @@
+"""The replication kinds (issue 16): a step skips, waits, defers, stops at the budget with SIGTERM; the state
+travels between calls in parts and comes back only when newer; a claim's JSON lists what is missing."""
+
+import json
+import sys
+import time
+
+import pytest
+
+from elastic_ssm.bench.replication import (
+    ReplicationReportOptions,
+    ReplicationStepOptions,
+    pack_state,
+    restore_state,
+    run_report,
+    run_step,
+)
+from elastic_ssm.bench.suite import EntryContext
+from elastic_ssm.config import ConfigError
+from elastic_ssm.eval.replication import collect_claim
+
+
+def _ctx(tmp_path, name="step", budget=None):
+    deadline = None if budget is None else time.monotonic() + budget
+    return EntryContext(name=name, out_dir=tmp_path / "bench" / name, log=lambda s: None, deadline=deadline)
+
+
+def _step(tmp_path, code, **kw):
+    return ReplicationStepOptions(args=("python", "-c", code), run="r", root=str(tmp_path / "state"), **kw)
+
+
+def test_step_runs_records_and_then_skips(tmp_path):
+    code = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('x'); print('made it')"
+    opts = ReplicationStepOptions(args=("python", "-c", code, "{run}/out.txt"), run="r", root=str(tmp_path / "state"),
+                                  outputs=("{run}/out.txt",))
+    row = run_step(opts, _ctx(tmp_path))[0]
+    assert row["state"] == "ran" and row["rc"] == 0 and row["fresh"] is True
+    run = tmp_path / "state" / "r"
+    assert "made it" in (run / "logs" / "step.log").read_text()
+    calls = [json.loads(x) for x in (run / "calls.jsonl").read_text().splitlines()]
+    assert len(calls) == 1 and calls[0]["commit"] and calls[0]["device"]
+    assert run_step(opts, _ctx(tmp_path))[0]["state"] == "skipped"          # its output exists now
+    assert len((run / "calls.jsonl").read_text().splitlines()) == 1
+
+
+def test_step_waits_defers_and_reports_failures(tmp_path):
+    assert run_step(_step(tmp_path, "pass", requires=("{run}/final",)), _ctx(tmp_path))[0]["state"] == "waiting"
+    row = run_step(_step(tmp_path, "pass", needs_s=300, reserve_s=0), _ctx(tmp_path, budget=100))[0]
+    assert row["state"] == "deferred"
+    assert run_step(_step(tmp_path, "raise SystemExit(3)"), _ctx(tmp_path))[0]["state"] == "failed rc=3"
+    done = _step(tmp_path, "pass", outputs=("{run}/missing",), skip_when=("{root}",))
+    assert run_step(done, _ctx(tmp_path))[0]["state"] == "skipped"           # everything downstream is done
+    assert run_step(_step(tmp_path, "pass", outputs=("{run}/never",)), _ctx(tmp_path))[0]["state"] == "incomplete"
+
+
+def test_step_gets_sigterm_before_the_budget_ends(tmp_path):
+    code = ("import signal, sys, time, pathlib\n"
+            "def stop(*a):\n    pathlib.Path(sys.argv[1]).write_text('checkpoint'); sys.exit(143)\n"
+            "signal.signal(signal.SIGTERM, stop)\ntime.sleep(60)\n")
+    opts = ReplicationStepOptions(args=("python", "-c", code, "{run}/ckpt"), run="r", root=str(tmp_path / "state"),
+                                  outputs=("{run}/final",), grace_s=5, reserve_s=0)
+    t = time.monotonic()
+    row = run_step(opts, _ctx(tmp_path, budget=8))[0]
+    assert row["state"] == "stopped" and row["rc"] == 143 and time.monotonic() - t < 30
+    assert (tmp_path / "state" / "r" / "ckpt").read_text() == "checkpoint"
+
+
+def _fake_run(root, name, final=True, ckpt_bytes=1000):
+    run = root / name
+    (run / "logs").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"kind": "train", "stage": "pretrain", "step": 1}\n')
+    (run / "logs" / "t.log").write_text("log\n")
+    (run / ".lock").write_text("pid")
+    step = run / "pretrain" / "step_0000002"
+    step.mkdir(parents=True)
+    (step / "optimizer.pt").write_bytes(b"\0" * ckpt_bytes)
+    (step / "COMPLETE.json").write_text("{}")
+    (run / "pretrain" / "latest").write_text("step_0000002")
+    if final:
+        (run / "final").mkdir()
+        (run / "final" / "model.safetensors").write_bytes(b"\0" * 5000)
+    return run
+
+
+def test_pack_leaves_weights_out_and_restores_only_newer_state(tmp_path):
+    root, out = tmp_path / "state", tmp_path / "out"
+    _fake_run(root, "done")
+    _fake_run(root, "partial", final=False, ckpt_bytes=3 * 2**20)
+    _fake_run(root, "big", final=False, ckpt_bytes=6 * 2**20)
+    meta = pack_state(root, out, max_mib=5, part_mib=0.001)                   # room for one checkpoint
+    assert meta["checkpoints"] == ["partial/pretrain/step_0000002"] and len(meta["parts"]) > 1
+    assert all((out / p["name"]).stat().st_size <= 0.001 * 2**20 + 1 for p in meta["parts"])
+    fresh = tmp_path / "fresh"
+    assert "restored generation 1" in restore_state(out, fresh)
+    got = {str(p.relative_to(fresh)) for p in fresh.rglob("*") if p.is_file()}
+    assert "done/metrics.jsonl" in got and "partial/pretrain/step_0000002/optimizer.pt" in got
+    assert not any("final" in g or g.startswith("big/pretrain/step") or g.endswith((".lock", "latest")) for g in got)
+    assert "kept the machine's state" in restore_state(out, fresh)          # same generation: nothing replaced
+    (fresh / "done" / "new.txt").write_text("newer")
+    assert pack_state(fresh, out)["generation"] == 2
+    older = tmp_path / "older"
+    restore_state(out, older)
+    assert (older / "done" / "new.txt").read_text() == "newer"
+    part = out / json.loads((out / "replication-state.json").read_text())["parts"][0]["name"]
+    part.write_bytes(part.read_bytes()[:-1])
+    with pytest.raises(ConfigError, match="missing or differs"):
+        restore_state(out, tmp_path / "third")
+    assert restore_state(tmp_path / "nothing", tmp_path / "x").startswith("nothing carried")
+
+
+def test_report_lists_missing_runs_and_judges_smoothness(tmp_path):
+    root = tmp_path / "state"
+    run = root / "essh"
+    run.mkdir(parents=True)
+    rows = [("T1", 0.0625, 8, 192, 7e6, 3.0), ("xi=0.3", 0.3, 18, 768, 1.8e7, 2.4), ("T10", 1.0, 32, 2048, 4.1e7, 2.5)]
+    (run / "eval.csv").write_text("tier,xi,K,n_ff,params,bpb,loss\n" +
+                                  "".join(f"{t},{x},{k},{n},{int(p)},{b},{b * 0.69}\n" for t, x, k, n, p, b in rows))
+    (run / "run.yaml").write_text("model: {arch: essh, preset: 40m}\ntrain: {recipe: capacity_mixed, mixing: "
+                                  "{capacities: [0.0625, 1.0]}, refine: {capacities: [0.0625]}}\n")
+    res = collect_claim(4, root, ["essh", "spec-t1"])
+    assert res["missing"] == ["spec-t1"]
+    trained = {r["tier"]: r["trained_shape"] for r in res["rows"]}
+    assert trained == {"T1": True, "xi=0.3": False, "T10": True}
+    assert res["summary"]["monotone"] is False and res["summary"]["largest_rise_between"] == ["xi=0.3", "T10"]
+    assert [r["tier"] for r in collect_claim(1, root, ["essh"])["rows"]] == ["T1", "T10"]   # fractions: claim 4
+    opts = ReplicationReportOptions(claim=4, root=str(root), runs=("essh",))
+    run_report(opts, _ctx(tmp_path, "report"))
+    saved = json.loads((root / "results" / "claim4.json").read_text())
+    assert saved["summary"]["untrained_points"] == 1
+    if "matplotlib" in sys.modules or _has_matplotlib():
+        assert (root / "results" / "claim4.png").stat().st_size > 0
+
+
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
