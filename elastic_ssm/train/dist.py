@@ -95,7 +95,9 @@ def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_
     ``scripts/ddp_check.py`` to run the single-GPU reference inside a torchrun job). ``timeout_s``: how long
     a collective of the new group may wait for the other ranks before it fails (``lockstep.py``); on NCCL,
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (the watchdog ends the process on a timed-out collective instead of
-    leaving it hanging) unless the environment sets it.
+    leaving it hanging) unless the environment sets it, and, when no flight recorder is on
+    (``TORCH_NCCL_TRACE_BUFFER_SIZE`` unset or 0), ``TORCH_NCCL_DUMP_ON_TIMEOUT=0``: otherwise the watchdog waits
+    60 s for a debug dump that has nothing in it before it ends the process (seen on 2 x H200, docs/benchmarks.md).
     """
     if enabled is False:
         return DistContext(device=_pick_device(device, 0))
@@ -113,6 +115,8 @@ def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_
     kw = {"device_id": dev} if dev.type == "cuda" else {}
     if backend == "nccl":
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0") in ("", "0"):
+            os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s),
                             **kw)
     return DistContext(rank, world, local, dev, backend, True)
