@@ -230,6 +230,8 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
     port: int = flag(8000, "TCP port (0: any free port)", minimum=0, maximum=65535)
     api_key: str | None = flag(None, "require 'Authorization: Bearer KEY' (or set ELASTIC_SSM_API_KEY)")
     max_batch: int = flag(16, "slots per tier: the decode batch of its pool", minimum=1)
+    max_prefill: int = flag(16, "most waiting prompts of one length prefilled together in one forward (at most "
+                                "--max-batch; larger admits a burst of requests in fewer forwards)", minimum=1)
     max_queue: int = flag(64, "requests waiting per tier before 503", minimum=0)
     max_prompt_tokens: int = flag(8192, "longest prompt accepted", minimum=1)
     max_tokens_limit: int = flag(4096, "largest max_tokens accepted", minimum=1)

@@ -79,6 +79,8 @@ class BenchConfig(ConfigBase):
     serve_new_tokens: int = opt(256, "serve: tokens generated per request")
     serve_rounds: int = opt(2, "serve: requests each stream sends one after another")
     serve_client_procs: int = opt(8, "serve: load-generator processes")
+    serve_max_prefill: tuple[int, ...] = opt((16,), "serve: the server's --max-prefill (prompts of one length "
+                                             "prefilled together); one row per value")
     train_batch: int = opt(8, "training micro-batch (Table 50: 8 at 370M, 4 at 1.5B)")
     train_seq_len: int = opt(2048, "training context")
     train_warmup: int = opt(3, "untimed optimizer steps")
@@ -131,10 +133,11 @@ class BenchConfig(ConfigBase):
         modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
         if self.compile_mode not in modes:
             raise ConfigError(f"BenchConfig.compile_mode must be one of {modes}, got {self.compile_mode!r}")
-        if min(self.serve_streams, default=1) < 1 or min(self.serve_slots, self.serve_prompt, self.serve_new_tokens,
+        if min(self.serve_streams, default=1) < 1 or min(self.serve_max_prefill, default=1) < 1 or min(
+                self.serve_slots, self.serve_prompt, self.serve_new_tokens,
                                                           self.serve_rounds, self.serve_client_procs) < 1:
-            raise ConfigError("BenchConfig: serve_streams, serve_slots, serve_prompt, serve_new_tokens, serve_rounds "
-                              "and serve_client_procs must be >= 1")
+            raise ConfigError("BenchConfig: serve_streams, serve_max_prefill, serve_slots, serve_prompt, "
+                              "serve_new_tokens, serve_rounds and serve_client_procs must be >= 1")
         if self.generate_new_tokens < 2 or self.generate_prompt < 1 or self.generate_iters < 1:
             raise ConfigError("BenchConfig: generate_new_tokens must be >= 2, generate_prompt and "
                               "generate_iters >= 1")

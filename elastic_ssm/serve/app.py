@@ -109,6 +109,7 @@ class ServerSettings:
     tiers: list[str]
     default_tier: str
     slots: int = 8
+    max_prefill: int = 16
     api_key: str | None = None
     max_queue: int = 64
     max_body_bytes: int = 1 << 20
@@ -142,7 +143,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     remote = None
     if load is not None:
         remote = RemoteEngine(load, model, settings.tiers, settings.slots, settings.max_queue,
-                              settings.stall_timeout_s, eos=eos, metrics=metrics, pool_factory=pool_factory)
+                              settings.stall_timeout_s, eos=eos, metrics=metrics, pool_factory=pool_factory,
+                              max_prefill=settings.max_prefill)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -152,7 +154,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         else:
             extra = {} if pool_factory is None else {"pool_factory": pool_factory}
             eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s,
-                         eos=eos, tokenizer=tok, metrics=metrics, **extra).start()
+                         eos=eos, tokenizer=tok, metrics=metrics, max_prefill=settings.max_prefill, **extra).start()
         state["engine"] = app.state.engine = eng
         try:
             yield

@@ -95,7 +95,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.warning("listening on %s without an API key: anyone who can reach this address can use the model; "
                     "set --api-key or %s", args.host, API_KEY_ENV)
     announce_device("serve", device, dtype)
-    settings = ServerSettings(name=name, tiers=tiers, default_tier=default, slots=args.max_batch, api_key=key,
+    settings = ServerSettings(name=name, tiers=tiers, default_tier=default, slots=args.max_batch,
+                              max_prefill=args.max_prefill, api_key=key,
                               max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,
                               max_connections_per_client=args.max_connections_per_client,

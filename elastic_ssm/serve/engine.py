@@ -110,18 +110,23 @@ class Engine:
 
     ``slots``: rows per tier pool (the decoder's batch bucket). ``max_queue``: waiting requests per tier
     before ``Busy``. ``stall_timeout``: seconds a request may hold undelivered output before it is
-    cancelled and its slot freed. ``eos``: token id that ends a request (None: none). ``pool_factory``:
-    internal (the bench's CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool as
-    ``pool_factory(model, tier, slots)``; ``SlotPool`` everywhere else.
+    cancelled and its slot freed. ``eos``: token id that ends a request (None: none). ``max_prefill``: the most
+    waiting prompts of one length prefilled together in one forward (``SlotPool.admit_many``; a burst of
+    arrivals is admitted in fewer, larger forwards when it is larger). ``pool_factory``: internal (the bench's
+    CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool as
+    ``pool_factory(model, tier, slots, max_prefill=...)``; ``SlotPool`` everywhere else.
     """
 
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
-                 eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool) -> None:
+                 eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool,
+                 max_prefill: int = 16) -> None:
+        if not isinstance(max_prefill, int) or max_prefill < 1:
+            raise ValueError(f"max_prefill must be an int >= 1, got {max_prefill!r}")
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
         self.eos, self.max_queue, self.stall_timeout = eos, max_queue, stall_timeout
         self.pools: dict[str, SlotPool] = {}
         for name in tiers:
-            self.pools[name] = pool_factory(model, name, slots)
+            self.pools[name] = pool_factory(model, name, slots, max_prefill=max_prefill)
         V = model.config.vocab_size
         self._noise = {name: RowNoise(slots, V, p.device) for name, p in self.pools.items()}
         self._params = {name: (torch.zeros(slots, device=p.device), torch.zeros(slots, dtype=torch.long,

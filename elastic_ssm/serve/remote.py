@@ -138,10 +138,11 @@ class RemoteEngine:
 
     def __init__(self, load: Callable[[], Any], model, tiers: list[str], slots: int = 8, max_queue: int = 64,
                  stall_timeout: float = 30.0, eos: int | None = None, metrics=None, pool_factory=None,
-                 start_timeout: float = 1800.0) -> None:
+                 start_timeout: float = 1800.0, max_prefill: int = 16) -> None:
         self.model, self.tiers, self.slots, self.max_queue = model, list(tiers), slots, max_queue
         self.stall_timeout, self.metrics, self.start_timeout = stall_timeout, metrics, start_timeout
-        kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, "eos": eos}
+        kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, "eos": eos,
+                              "max_prefill": max_prefill}
         if pool_factory is not None:
             kw["pool_factory"] = pool_factory
         ctx = mp.get_context("spawn")

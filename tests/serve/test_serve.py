@@ -310,3 +310,28 @@ def test_a_failing_request_or_step_ends_alone_and_the_engine_keeps_serving(tiny)
         assert after.finish_reason == "length"
     finally:
         eng.shutdown()
+
+
+def test_engine_prefills_a_burst_in_groups_of_max_prefill_and_matches_generate(tiny):
+    prompts = [list(b"burst-%02d" % i) for i in range(7)]            # seven prompts of one length
+    n = 6
+    ref = [tiny.generate(torch.tensor([p]), n, tier="T4")[0, len(p):].tolist() for p in prompts]
+    eng = Engine(tiny, ["T4"], slots=8, tokenizer=tiny.tokenizer, max_prefill=3)
+    pool = eng.pools["T4"]
+    assert pool.max_prefill == 3
+    groups, admit_many = [], pool.admit_many
+    pool.admit_many = lambda owners, ps: groups.append(len(ps)) or admit_many(owners, ps)
+    reqs = [Request(tier="T4", prompt=p, max_tokens=n, temperature=0.0) for p in prompts]
+    for r in reqs:                      # all queued before the loop starts: one admission round takes them all
+        eng.submit(r)
+    eng.start()
+    try:
+        deadline = time.time() + 30
+        while any(r.finish_reason is None for r in reqs) and time.time() < deadline:
+            time.sleep(0.02)
+    finally:
+        eng.shutdown()
+    assert groups == [3, 3]             # and the seventh alone (SlotPool.admit)
+    assert [r.tokens for r in reqs] == ref and {r.finish_reason for r in reqs} == {"length"}
+    with pytest.raises(ValueError, match="max_prefill"):
+        Engine(tiny, ["T4"], slots=2, max_prefill=0)
