@@ -30,7 +30,12 @@ __all__ = ["Parser", "check_args", "one_line", "run_reporting_errors"]
 
 class Parser(argparse.ArgumentParser):
     """argparse with a one-line error (the usage block is one ``--help`` away) and exit code 2; under torchrun
-    rank 0 says it (every rank parses the same command line)."""
+    rank 0 says it (every rank parses the same command line). Flags must be written whole: no prefix
+    abbreviations (``--train.st`` is an error, not ``--train.steps``), so a typo never picks another setting."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n" if is_rank_zero() else None)

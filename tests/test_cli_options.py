@@ -76,6 +76,15 @@ def test_an_error_names_the_flag_as_typed(capsys):
     assert "--n-pairs must be >= 1" in capsys.readouterr().err
 
 
+def test_an_abbreviated_flag_is_an_error_not_another_setting(capsys):
+    parser = build_parser("train")
+    assert parser.parse_args(["train", "--train.steps", "5"]).__dict__["train.steps"] == 5
+    for argv in (["train", "--train.st", "5"], ["serve", "m", "--max-batc", "4"], ["eval", "m", "--tier", "T1"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        assert "unrecognized arguments: " + argv[-2] in capsys.readouterr().err
+
+
 def test_recover_protocols_are_the_trainers():
     from elastic_ssm.train.recover import PROTOCOLS
 

@@ -10,21 +10,11 @@ import torch
 import elastic_ssm as es
 from elastic_ssm import data
 from elastic_ssm.elastic.tiers import state_bytes
-from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.generation import sample_next
 from elastic_ssm.serve.calibrate import calibrate, quality_table, write_profile, write_quality
 from elastic_ssm.serve.engine import Busy, Engine, Request
 from elastic_ssm.serve.slots import SlotPool, reset_row_, row_cache
 from elastic_ssm.serve.tokens import RowNoise, TextStream, sample_rows
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(0)
-    # an untied head and active gates: greedy text varies from token to token and from tier to tier
-    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny", tie_embeddings=False)), 0.5, True).eval()
-    model.tokenizer = data.load_tokenizer("bytes")
-    return model
 
 
 def test_row_view_writes_one_row_and_reset_empties_only_it(tiny):

@@ -20,9 +20,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 import elastic_ssm as es  # noqa: E402
-from elastic_ssm import data  # noqa: E402
 from elastic_ssm.bench.serve import free_port, wait_healthy  # noqa: E402
-from elastic_ssm.models.essh import randomize_selective  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["def main():", "The capital of", "ab"]
@@ -30,13 +28,8 @@ N = 24
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    torch.manual_seed(0)
-    # an untied head and active gates: greedy text varies from token to token and from tier to tier
-    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny", tie_embeddings=False)), 0.5, True).eval()
-    model.tokenizer = data.load_tokenizer("bytes")
-    path = tmp_path_factory.mktemp("serve") / "tiny"
-    model.save_pretrained(path)
+def server(tiny_dir):
+    path = tiny_dir
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "elastic_ssm.cli", "serve", str(path), "--tiers", "T1,T10",

@@ -13,22 +13,15 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm import data
 from elastic_ssm.bench.serve import IdTokenizer, StubPool
 from elastic_ssm.models import load_pretrained
-from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.serve.engine import Busy, Engine, Request
 from elastic_ssm.serve.remote import RemoteEngine, model_view
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny", tie_embeddings=False)), 0.5, True).eval()
-    model.tokenizer = data.load_tokenizer("bytes")
-    path = tmp_path_factory.mktemp("remote") / "tiny"
-    model.save_pretrained(path)
-    return path
+def model_dir(tiny_dir):
+    return tiny_dir
 
 
 async def _run(req: Request) -> tuple[str, list]:
