@@ -55,8 +55,9 @@ def _config(a: argparse.Namespace, out_dir: str, grad_accum: int, world: int) ->
     """Full capacity for the first 4 steps (same global token count in both runs), then mixing."""
     warm = a.micro_batch * a.seq_len * grad_accum * world * 4
     return TrainConfig(steps=a.steps, micro_batch_size=a.micro_batch, grad_accum=grad_accum,
-                       seq_len=a.seq_len, lr=1e-3, warmup_frac=0.1, n_warm_tokens=warm, full_share=0.5,
-                       order_every=10, eval_every=0, checkpoint_every=0, log_every=10,
+                       seq_len=a.seq_len, optim={"lr": 1e-3, "warmup_frac": 0.1},
+                       mixing={"n_warm_tokens": warm, "full_share": 0.5}, ordering={"every": 10},
+                       eval={"every": 0}, checkpoint={"every": 0}, log_every=10,
                        precision=a.precision, device=a.device, out_dir=out_dir, seed=0)
 
 
