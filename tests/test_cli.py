@@ -12,7 +12,8 @@ from elastic_ssm.cli import main
 TINY_RUN = """
 model: {arch: essh, preset: tiny}
 train: {recipe: capacity_mixed, steps: 3, micro_batch_size: 2, grad_accum: 4, seq_len: 32,
-        n_warm_tokens: 64, order_every: 2, eval_every: 0, eval_batches: 2, checkpoint_every: 2, log_every: 1,
+        mixing: {n_warm_tokens: 64}, ordering: {every: 2}, eval: {every: 0, batches: 2}, checkpoint: {every: 2},
+        log_every: 1,
         refine: {steps: 2, tokens_per_step: 128}}
 data: {source: stdlib, tokenizer: bytes, max_train_bytes: 200000}
 """
@@ -117,7 +118,7 @@ def test_python_resume_refuses_a_different_model(tmp_path):
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randint(0, 256, (2, 16), generator=g), torch.randint(0, 256, (2, 16), generator=g))
                for _ in range(8)]
-    cfg = TrainConfig(steps=2, micro_batch_size=2, seq_len=16, checkpoint_every=1, eval_every=0,
+    cfg = TrainConfig(steps=2, micro_batch_size=2, seq_len=16, checkpoint={"every": 1}, eval={"every": 0},
                       out_dir=str(tmp_path), recipe="dense")
     train(es.ESSHConfig.preset("tiny"), batches, cfg, progress=False, distributed=False)
     before = sorted(p.name for p in (tmp_path / "pretrain").iterdir())

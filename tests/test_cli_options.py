@@ -129,7 +129,7 @@ def test_the_tiny_run_file_trains(tmp_path):
     """``configs/tiny.yaml`` (every YAML there loads: ``test_config.py``), two steps of it."""
     out = tmp_path / "tiny"
     assert main(["train", "--config", str(ROOT / "configs" / "tiny.yaml"), "--train.steps", "2",
-                 "--train.tokens_per_step", "512", "--train.eval_batches", "1", "--data.max_train_bytes", "100000",
+                 "--train.tokens_per_step", "512", "--train.eval.batches", "1", "--data.max_train_bytes", "100000",
                  "--train.out_dir", str(out)]) == 0
     steps = [json.loads(line).get("step") for line in open(out / "metrics.jsonl")]
     assert max(s for s in steps if s is not None) >= 2 and (out / "final" / "config.json").is_file()

@@ -13,7 +13,7 @@ import elastic_ssm as es
 from elastic_ssm.cli import main
 from elastic_ssm.models import CheckpointError
 
-TINY = "model: {arch: essh, preset: tiny}\ntrain: {steps: 2, micro_batch_size: 2, seq_len: 16, eval_batches: 1}\n"
+TINY = "model: {arch: essh, preset: tiny}\ntrain: {steps: 2, micro_batch_size: 2, seq_len: 16, eval: {batches: 1}}\n"
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +73,9 @@ CASES = {  # name: (argv, words the message must contain)
     "unknown section": (["train", "--config", "{section}"], ["extra"]),
     "steps: true": (["train", "--config", "{steps_bool}"], ["steps", "boolean"]),
     "config missing": (["train", "--config", "{root}/nope.yaml"], ["nope.yaml", "does not exist"]),
-    "lr 1/0": ([*TRAIN, "--train.lr", "1/0"], ["--train.lr", "1/0"]),
-    "lr inf": ([*TRAIN, "--train.lr", "inf"], ["lr", "finite"]),
-    "lr nan": ([*TRAIN, "--train.lr", "nan"], ["lr", "finite"]),
+    "lr 1/0": ([*TRAIN, "--train.optim.lr", "1/0"], ["--train.optim.lr", "1/0"]),
+    "lr inf": ([*TRAIN, "--train.optim.lr", "inf"], ["lr", "finite"]),
+    "lr nan": ([*TRAIN, "--train.optim.lr", "nan"], ["lr", "finite"]),
     "steps 0": ([*TRAIN, "--train.steps", "0"], ["steps", ">= 1"]),
     "uneven token batch": ([*TRAIN, "--train.tokens_per_step", "100"], ["tokens_per_step", "multiple"]),
     "token batch and grad_accum": ([*TRAIN, "--train.tokens_per_step", "64", "--train.grad_accum", "2"],
@@ -84,7 +84,7 @@ CASES = {  # name: (argv, words the message must contain)
     "precision fp16": ([*TRAIN, "--train.precision", "fp16"], ["precision", "fp16"]),
     "batch 0": ([*TRAIN, "--train.micro_batch_size", "0"], ["micro_batch_size", ">= 1"]),
     "seq_len 0": ([*TRAIN, "--train.seq_len", "0"], ["seq_len", ">= 1"]),
-    "negative bytes_per_token": ([*TRAIN, "--train.bytes_per_token", "-1"], ["bytes_per_token"]),
+    "negative bytes_per_token": ([*TRAIN, "--train.eval.bytes_per_token", "-1"], ["bytes_per_token"]),
     "unknown flag": ([*TRAIN, "--train.colour", "red"], ["--train.colour"]),
     "bad eval tier": ([*TRAIN, "--train.eval.tiers", "T99"], ["eval.tiers", "T99"]),
     "lr 0 (nested flag)": ([*TRAIN, "--train.optim.lr", "0"], ["OptimConfig.lr", "> 0"]),

@@ -132,14 +132,15 @@ def test_python_resume_compares_the_checkpoints_train_config(tmp_path):
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randint(0, 256, (2, 16), generator=g), torch.randint(0, 256, (2, 16), generator=g))
                for _ in range(8)]
-    cfg = TrainConfig(steps=3, micro_batch_size=2, seq_len=16, eval_every=0, out_dir=str(tmp_path), device="cpu",
-                      n_warm_tokens=0, grad_accum=2)
+    cfg = TrainConfig(steps=3, micro_batch_size=2, seq_len=16, eval={"every": 0}, out_dir=str(tmp_path),
+                      device="cpu", mixing={"n_warm_tokens": 0}, grad_accum=2)
     train(es.ESSHConfig.preset("tiny"), batches, cfg, progress=False, distributed=False, stop_after=1)
     for change in (dict(kl_coef=0.1), dict(alpha_ff=0.9), dict(full_share=0.5), dict(capacities=(0.5, 1.0))):
         with pytest.raises(ConfigError, match=next(iter(change))):
-            train(es.ESSHConfig.preset("tiny"), batches, cfg.replace(**change), resume=True, progress=False,
-                  distributed=False)
-    res = train(es.ESSHConfig.preset("tiny"), batches, cfg.replace(log_every=5, keep_last=1), resume=True,
+            train(es.ESSHConfig.preset("tiny"), batches, cfg.replace(mixing=cfg.mixing.replace(**change)),
+                  resume=True, progress=False, distributed=False)
+    res = train(es.ESSHConfig.preset("tiny"), batches,
+                cfg.replace(log_every=5, checkpoint=cfg.checkpoint.replace(keep_last=1)), resume=True,
                 progress=False, distributed=False)  # logging and retention may change
     assert [h["step"] for h in res.history] == [2, 3]
 
@@ -382,7 +383,7 @@ def test_sigint_checkpoints_and_exits_130(done, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(MetricsLogger, "train_step", train_step)
     argv = ["train", "--config", str(cfg), "--train.out_dir", str(out), "--train.steps", "4",
-            "--train.checkpoint_every", "0"]
+            "--train.checkpoint.every", "0"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert main(argv) == 128 + signal.SIGINT

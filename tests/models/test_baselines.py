@@ -18,8 +18,8 @@ from elastic_ssm.train.recover import truncate_and_recover
 
 RUN = """
 model: {arch: essh, preset: tiny}
-train: {recipe: capacity_mixed, steps: 30, micro_batch_size: 4, seq_len: 32, lr: 3.0e-3, eval_every: 0,
-        eval_batches: 1, checkpoint_every: 0, log_every: 1, n_warm_tokens: 0}
+train: {recipe: capacity_mixed, steps: 30, micro_batch_size: 4, seq_len: 32, optim: {lr: 3.0e-3},
+        eval: {every: 0, batches: 1}, checkpoint: {every: 0}, log_every: 1, mixing: {n_warm_tokens: 0}}
 data: {source: stdlib, tokenizer: bytes, max_train_bytes: 60000}
 """
 BASELINES = {  # CLI model flags -> (arch saved, the recipe 'auto' resolves to)
@@ -149,8 +149,8 @@ def _data(seed=0):
 @pytest.fixture(scope="module")
 def dense_parent(tmp_path_factory):
     toks, val = _data()
-    cfg = TrainConfig(recipe="dense", steps=40, micro_batch_size=4, seq_len=32, lr=3e-3, eval_every=0,
-                      eval_batches=2, checkpoint_every=0, log_every=100,
+    cfg = TrainConfig(recipe="dense", steps=40, micro_batch_size=4, seq_len=32, optim={"lr": 3e-3},
+                      eval={"every": 0, "batches": 2}, checkpoint={"every": 0}, log_every=100,
                       out_dir=str(tmp_path_factory.mktemp("dense")))
     torch.manual_seed(0)
     res = train(es.ESSHConfig.preset("tiny"), es.data.PackedBatches(toks, 32, 4, seed=0), cfg, progress=False)

@@ -15,8 +15,8 @@ from elastic_ssm.data.corpora import iter_documents
 
 BPE_RUN = """
 model: {arch: essh, preset: tiny}
-train: {recipe: dense, steps: 2, micro_batch_size: 2, grad_accum: 1, seq_len: 32, eval_every: 0,
-        eval_batches: 1, checkpoint_every: 2, log_every: 1}
+train: {recipe: dense, steps: 2, micro_batch_size: 2, grad_accum: 1, seq_len: 32, eval: {every: 0, batches: 1},
+        checkpoint: {every: 2}, log_every: 1}
 data: {source: stdlib, tokenizer: TOK, max_train_bytes: 60000}
 """
 
@@ -153,7 +153,7 @@ def test_resuming_a_run_from_before_tokenizers_set_eos_and_pad(tmp_path):
     """A run saved with eos / pad = -1 (as every run was before) resumes: the saved ids are kept."""
     (tmp_path / "run.yaml").write_text(BPE_RUN.replace("TOK", "bytes"))
     base = ["train", "--config", str(tmp_path / "run.yaml"), "--train.out_dir", str(tmp_path / "run"),
-            "--train.checkpoint_every", "1"]
+            "--train.checkpoint.every", "1"]
     assert main([*base, "--train.steps", "1", "--model.eos_token_id", "-1", "--model.pad_token_id", "-1"]) == 0
     assert main([*base, "--train.steps", "1", "--resume"]) == 0
     assert json.loads((tmp_path / "run" / "final" / "config.json").read_text())["config"]["eos_token_id"] == -1

@@ -15,7 +15,8 @@ from elastic_ssm.train import TrainConfig, train
 MQAR_RUN = """
 model: {arch: essh, preset: tiny, vocab_size: 64}
 train: {recipe: capacity_mixed, steps: 4, micro_batch_size: 2, grad_accum: 4, seq_len: 32,
-        n_warm_tokens: 64, order_every: 2, eval_every: 2, eval_batches: 2, checkpoint_every: 2, log_every: 1}
+        mixing: {n_warm_tokens: 64}, ordering: {every: 2}, eval: {every: 2, batches: 2}, checkpoint: {every: 2},
+        log_every: 1}
 data: {source: "synthetic:mqar:num_pairs=4"}
 """
 
@@ -48,8 +49,9 @@ def test_resume_on_a_synthetic_stream_is_bit_exact(tmp_path):
     make = SyntheticSource("synthetic:mqar:num_pairs=4", 64).batches(seq_len=32, batch_size=2, seed=0)
 
     def tcfg(out):
-        return TrainConfig(steps=4, micro_batch_size=2, grad_accum=4, seq_len=32, n_warm_tokens=64,
-                           order_every=2, eval_every=0, checkpoint_every=2, out_dir=str(out), seed=0)
+        return TrainConfig(steps=4, micro_batch_size=2, grad_accum=4, seq_len=32, mixing={"n_warm_tokens": 64},
+                           ordering={"every": 2}, eval={"every": 0}, checkpoint={"every": 2}, out_dir=str(out),
+                           seed=0)
 
     straight = train(cfg, make, tcfg(tmp_path / "a"), progress=False)
     train(cfg, make, tcfg(tmp_path / "b"), progress=False, stop_after=2)

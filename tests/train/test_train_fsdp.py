@@ -23,9 +23,9 @@ def _tokens(n=6000, seed=0):
 
 
 def _cfg(out_dir, **kw):
-    base = dict(steps=STEPS, micro_batch_size=B, grad_accum=2, seq_len=L, out_dir=str(out_dir), eval_every=0,
-                checkpoint_every=0, log_every=1, n_warm_tokens=0, device="cpu", full_share=0.5, order_every=1,
-                eval_batches=1, eval_tiers=("T2",))
+    base = dict(steps=STEPS, micro_batch_size=B, grad_accum=2, seq_len=L, out_dir=str(out_dir),
+                eval={"every": 0, "batches": 1, "tiers": ("T2",)}, checkpoint={"every": 0}, log_every=1,
+                mixing={"n_warm_tokens": 0, "full_share": 0.5}, ordering={"every": 1}, device="cpu")
     return TrainConfig(**{**base, **kw})
 
 
@@ -59,7 +59,7 @@ def _fsdp_worker(rank, world, port, root, result_path):
         val = [next(iter(es.data.PackedBatches(_tokens(seed=1), L, B, rank=rank, world_size=world)))]
         tiny = es.ESSHConfig.preset("tiny")
         out = {}
-        plain = train(tiny, data, _cfg(f"{root}/plain", parallel="fsdp", order_every=0), progress=False)
+        plain = train(tiny, data, _cfg(f"{root}/plain", parallel="fsdp", ordering={"every": 0}), progress=False)
         out["plain"] = _summary(plain) if rank == 0 else None
         ddp = train(tiny, data, _cfg(f"{root}/ddp", parallel="ddp"), val_data=val, progress=False)
         out["ddp"] = _summary(ddp) if rank == 0 else None
@@ -89,7 +89,7 @@ def fsdp_runs(tmp_path_factory):
         single = train(tiny, es.data.PackedBatches(_tokens(), L, B), _cfg(root / "one", grad_accum=4),
                        val_data=val, progress=False)
         plain = train(tiny, es.data.PackedBatches(_tokens(), L, B),
-                      _cfg(root / "one_plain", grad_accum=4, order_every=0), progress=False)
+                      _cfg(root / "one_plain", grad_accum=4, ordering={"every": 0}), progress=False)
     finally:
         torch.set_num_threads(n)
     return torch.load(result, weights_only=True), {"order": _summary(single), "plain": _summary(plain)}, root

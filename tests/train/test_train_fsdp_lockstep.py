@@ -28,9 +28,10 @@ def _tokens(n=6000, seed=0):
 
 
 def _cfg(out_dir, **kw):
-    base = dict(steps=STEPS, micro_batch_size=B, grad_accum=2, seq_len=L, out_dir=str(out_dir), eval_every=0,
-                checkpoint_every=0, log_every=1, n_warm_tokens=0, device="cpu", full_share=0.5, capacities=CAPS,
-                order_every=100, seed=3, eval_batches=1, eval_tiers=("T2",))   # order_every > steps: tracking only
+    base = dict(steps=STEPS, micro_batch_size=B, grad_accum=2, seq_len=L, out_dir=str(out_dir),
+                eval={"every": 0, "batches": 1, "tiers": ("T2",)}, checkpoint={"every": 0}, log_every=1,
+                mixing={"n_warm_tokens": 0, "full_share": 0.5, "capacities": CAPS}, device="cpu", seed=3,
+                ordering={"every": 100})   # ordering.every > steps: tracking only
     return TrainConfig(**{**base, **kw})
 
 

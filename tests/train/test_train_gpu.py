@@ -31,9 +31,10 @@ def _text_batches(seq_len=128, batch=8):
 
 @pytest.mark.parametrize("loss_chunk", [0, 256])
 def test_bf16_capacity_mixed_steps_reduce_loss(tmp_path, loss_chunk):
-    cfg = TrainConfig(steps=40, micro_batch_size=8, grad_accum=4, seq_len=128, lr=3e-3, warmup_frac=0.1,
-                      n_warm_tokens=0, full_share=0.5, order_every=10, precision="bf16", device="cuda",
-                      loss_chunk=loss_chunk, eval_every=0, checkpoint_every=0, out_dir=str(tmp_path))
+    cfg = TrainConfig(steps=40, micro_batch_size=8, grad_accum=4, seq_len=128,
+                      optim={"lr": 3e-3, "warmup_frac": 0.1}, mixing={"n_warm_tokens": 0, "full_share": 0.5},
+                      ordering={"every": 10}, precision="bf16", device="cuda", loss_chunk=loss_chunk,
+                      eval={"every": 0}, checkpoint={"every": 0}, out_dir=str(tmp_path))
     res = train(es.ESSHConfig.preset("tiny"), _text_batches(), cfg, progress=False)
     losses = [h["loss"] for h in res.history]
     assert all(math.isfinite(x) for x in losses)
@@ -55,8 +56,9 @@ def test_bf16_capacity_mixed_steps_reduce_loss(tmp_path, loss_chunk):
 
 def test_bf16_budget_dropout_es_ssm_on_cuda(tmp_path):
     mcfg = es.ESSSMConfig.preset("tiny", seq_len=128)
-    cfg = TrainConfig(steps=30, micro_batch_size=8, grad_accum=2, seq_len=128, lr=3e-3, warmup_frac=0.1,
-                      bd_warmup_steps=5, precision="bf16", device="cuda", eval_every=0, checkpoint_every=0,
+    cfg = TrainConfig(steps=30, micro_batch_size=8, grad_accum=2, seq_len=128,
+                      optim={"lr": 3e-3, "warmup_frac": 0.1}, budget_dropout={"warmup_steps": 5},
+                      precision="bf16", device="cuda", eval={"every": 0}, checkpoint={"every": 0},
                       out_dir=str(tmp_path))
     res = train(mcfg, _text_batches(), cfg, progress=False)
     losses = [h["loss"] for h in res.history]
@@ -77,9 +79,10 @@ def test_bf16_training_with_the_torch_scan_at_model_shape(tmp_path, monkeypatch)
     model = es.ESSH(es.ESSHConfig.preset("small"))
     with torch.no_grad():
         model.blocks[0].mixer.rho_raw[-1, -1] = 8.0
-    cfg = TrainConfig(steps=30, micro_batch_size=8, grad_accum=2, seq_len=256, lr=3e-3, warmup_frac=0.1,
-                      n_warm_tokens=0, full_share=0.5, precision="bf16", device="cuda", eval_every=0,
-                      checkpoint_every=0, out_dir=str(tmp_path))
+    cfg = TrainConfig(steps=30, micro_batch_size=8, grad_accum=2, seq_len=256,
+                      optim={"lr": 3e-3, "warmup_frac": 0.1}, mixing={"n_warm_tokens": 0, "full_share": 0.5},
+                      precision="bf16", device="cuda", eval={"every": 0}, checkpoint={"every": 0},
+                      out_dir=str(tmp_path))
     res = train(model, _text_batches(seq_len=256), cfg, progress=False)
     losses = [h["loss"] for h in res.history]
     assert "mixed" in kinds and all(math.isfinite(x) for x in losses)
@@ -90,8 +93,9 @@ def test_bf16_training_with_the_torch_scan_at_model_shape(tmp_path, monkeypatch)
 # ---- two GPUs (torchrun, NCCL) ----------------------------------------------------------------------
 REPO = Path(__file__).resolve().parents[2]
 RUN_YAML = """model: {arch: essh, preset: small}
-train: {recipe: capacity_mixed, steps: 8, micro_batch_size: 8, grad_accum: 2, seq_len: 256, n_warm_tokens: 0,
-        full_share: 0.5, capacities: [0.25, 1.0], eval_every: 4, eval_batches: 2, checkpoint_every: 4, log_every: 1}
+train: {recipe: capacity_mixed, steps: 8, micro_batch_size: 8, grad_accum: 2, seq_len: 256,
+        mixing: {n_warm_tokens: 0, full_share: 0.5, capacities: [0.25, 1.0]}, eval: {every: 4, batches: 2},
+        checkpoint: {every: 4}, log_every: 1}
 data: {source: stdlib, tokenizer: bytes}
 """
 
