@@ -47,13 +47,25 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def _scan_backend(device: torch.device) -> str:
+    """The spectral-scan backend ``"auto"`` resolves to for this device (``ELASTIC_SSM_SCAN_BACKEND`` applied):
+    the fla and torch scans differ in speed and in first-use autotuning, so a benchmark row names it."""
+    from ..ops.dispatch import resolve_backend
+
+    try:
+        return resolve_backend("auto", torch.empty(0, device=device))
+    except (ValueError, ImportError) as e:
+        return f"unusable ({e})"
+
+
 def environment(device: torch.device, command: str | None = None) -> dict:
     libs = fla_status()
     env = {
         "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
                    else platform.processor() or "cpu"),
         "torch": torch.__version__, "cuda": torch.version.cuda, "triton": libs["triton"], "fla": libs["fla"],
-        "mamba_ssm": libs["mamba_ssm"], "python": platform.python_version(), "commit": _git_commit(),
+        "mamba_ssm": libs["mamba_ssm"], "scan_backend": _scan_backend(device), "python": platform.python_version(),
+        "commit": _git_commit(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command if command is not None else " ".join(sys.argv),
     }

@@ -396,3 +396,14 @@ def test_unknown_suite_and_selection_errors_name_the_choices(capsys):
     assert "unknown bench suite 'nosuch'" in err and "'generate'" in err and "'train-2gpu'" in err
     assert cli_main(["bench", "--bench.suite", "cpu-smoke", "--bench.only", "nothing*"]) == 2
     assert "matches no entry of suite cpu-smoke" in capsys.readouterr().err
+
+
+def test_environment_names_the_scan_backend_the_run_used(monkeypatch):
+    from elastic_ssm.bench.report import environment
+
+    monkeypatch.delenv("ELASTIC_SSM_SCAN_BACKEND", raising=False)
+    assert environment(torch.device("cpu"))["scan_backend"] == "torch"      # auto on CPU
+    monkeypatch.setenv("ELASTIC_SSM_SCAN_BACKEND", "naive")
+    assert environment(torch.device("cpu"))["scan_backend"] == "naive"
+    monkeypatch.setenv("ELASTIC_SSM_SCAN_BACKEND", "bogus")
+    assert environment(torch.device("cpu"))["scan_backend"].startswith("unusable (unknown spectral-scan backend")
