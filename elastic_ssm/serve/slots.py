@@ -9,8 +9,9 @@ Continuous batching (``serve/engine.py``) needs three things the decode engine d
   position 0) before its prefill;
 * ``SlotPool``: a ``FastDecoder`` of ``slots`` rows at one tier (captured in a CUDA graph once, on CUDA),
   the pending logits of every row ``[slots, V]`` (float32), and which request holds which row;
-  ``admit_many`` prefills several prompts of one length in one batched forward (into a scratch cache whose
-  rows are then copied into the free slots), so a burst of arrivals costs one prefill, not one each.
+  ``admit_many`` prefills several prompts of one length in one batched forward (straight into consecutive
+  free rows when there are enough, else into a scratch cache whose rows are then copied into the free slots),
+  so a burst of arrivals costs one prefill, not one each.
 
 A sequence's state is constant in size (recurrent state + window ring), so a slot is a fixed row of
 fixed buffers; adding or removing a request never reallocates or recaptures. Rows without a request
@@ -48,7 +49,7 @@ class SlotPool:
 
     ``state_dtype`` / ``kv_dtype``: the cache's (defaults of ``ESSHCache.allocate``: fp32 states, a bf16 window
     ring on CUDA). ``max_prefill``: prompts of one length prefilled together by ``admit_many`` (its scratch
-    cache holds that many rows).
+    cache, allocated only when the free rows are scattered, holds that many rows).
     """
 
     def __init__(self, model, tier: Any, slots: int, state_dtype: torch.dtype | None = None,
@@ -96,27 +97,46 @@ class SlotPool:
         self.owner[i] = owner
         return i
 
+    def _free_run(self, n: int) -> int | None:
+        """First row of ``n`` consecutive free rows, or None when the free rows are more scattered."""
+        run = 0
+        for i, o in enumerate(self.owner):
+            run = run + 1 if o is None else 0
+            if run == n:
+                return i - n + 1
+        return None
+
     @torch.no_grad()
     def admit_many(self, owners: list, prompts: list[list[int]]) -> list[int]:
-        """Prefill prompts of one length into free rows together (one batched forward into a scratch cache of
-        ``max_prefill`` rows, then each row copied into its slot); returns the rows, in order."""
+        """Prefill prompts of one length into free rows together (one batched forward); returns the rows, in order.
+
+        When ``n`` consecutive rows are free (a burst into an idle pool, or after a wave ends) the forward writes
+        straight into them (``cache.narrow``); otherwise into a scratch cache of ``max_prefill`` rows (allocated on
+        first need) whose rows are then copied into the first free slots."""
         n = len(prompts)
         if n == 1:
             return [self.admit(owners[0], prompts[0])]
         if not 1 < n <= min(self.max_prefill, self.free_slots()) or len({len(p) for p in prompts}) != 1:
             raise ValueError(f"admit_many takes 2..{self.max_prefill} prompts of one length, at most the "
                              f"{self.free_slots()} free slots")
-        if self._scratch is None or self._scratch.batch < n:
-            self._scratch = self.model.allocate_cache(self.max_prefill, self.tier, state_dtype=self._dtypes[0],
-                                                      kv_dtype=self._dtypes[1])
-        view = self._scratch.narrow(n).reset_()
         ids = torch.tensor(prompts, dtype=torch.long, device=self.device)                # [n, T]
-        h = self.model.hidden_states(ids, tier=self.tier, cache=view)                    # [n, T, D]
-        rows = [i for i, o in enumerate(self.owner) if o is None][:n]
-        idx = torch.tensor(rows, device=self.device)
-        for dst, src in zip(self.cache.tensors(), view.tensors()):
-            dst.index_copy_(0, idx, src)
-        self.logits.index_copy_(0, idx, self.model.logits_from_hidden(h[:, -1]).float())
+        start = self._free_run(n)
+        if start is not None:
+            rows = list(range(start, start + n))
+            view = self.cache.narrow(n, start=start).reset_()
+            h = self.model.hidden_states(ids, tier=self.tier, cache=view)                # [n, T, D]
+            self.logits[start:start + n] = self.model.logits_from_hidden(h[:, -1]).float()
+        else:
+            if self._scratch is None:
+                self._scratch = self.model.allocate_cache(self.max_prefill, self.tier, state_dtype=self._dtypes[0],
+                                                          kv_dtype=self._dtypes[1])
+            view = self._scratch.narrow(n).reset_()
+            h = self.model.hidden_states(ids, tier=self.tier, cache=view)                # [n, T, D]
+            rows = [i for i, o in enumerate(self.owner) if o is None][:n]
+            idx = torch.tensor(rows, device=self.device)
+            for dst, src in zip(self.cache.tensors(), view.tensors()):
+                dst.index_copy_(0, idx, src)
+            self.logits.index_copy_(0, idx, self.model.logits_from_hidden(h[:, -1]).float())
         for i, owner in zip(rows, owners):
             self.owner[i] = owner
         return rows

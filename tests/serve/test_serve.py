@@ -55,20 +55,28 @@ def test_pool_with_staggered_arrivals_equals_one_at_a_time_generate(tiny, tier):
     assert [out[k] for k in range(len(prompts))] == ref
 
 
-def test_a_burst_of_equal_length_prompts_is_prefilled_together(tiny):
+@pytest.mark.parametrize("busy,rows", [((0,), [1, 2, 3]), ((0, 2), [1, 3, 4])])
+def test_a_burst_of_equal_length_prompts_is_prefilled_together(tiny, busy, rows):
+    """Into consecutive free rows directly (no scratch cache), or through the scratch cache when they are not."""
     prompts = [list(b"abcdefg"), list(b"0123456"), list(b"zzzzzzz")]
     n = 16
     ref = [tiny.generate(torch.tensor([p]), n, tier="T4")[0, len(p):].tolist() for p in prompts]
     pool = SlotPool(tiny, "T4", 5, max_prefill=4)
-    pool.admit("x", list(b"hello"))                      # row 0 is busy: the burst lands in rows 1..3
-    assert pool.admit_many([0, 1, 2], prompts) == [1, 2, 3]
+    for i in range(max(busy) + 1):                         # requests in rows 0..max(busy); then the others leave
+        assert pool.admit("x", list(b"hello")) == i
+    for i in set(range(max(busy) + 1)) - set(busy):
+        pool.release(i)
+    before = [t[list(busy)].clone() for t in pool.cache.tensors()]
+    assert pool.admit_many([0, 1, 2], prompts) == rows
+    assert all(torch.equal(b, t[list(busy)]) for b, t in zip(before, pool.cache.tensors()))   # busy rows untouched
+    assert (pool._scratch is None) == (rows == list(range(rows[0], rows[0] + 3)))
     with pytest.raises(ValueError, match="of one length"):
         pool.admit_many([3, 4], [[1, 2], [1]])
     out = {k: [] for k in range(3)}
     zeros, k0, p1 = torch.zeros(5), torch.zeros(5, dtype=torch.long), torch.ones(5)
     for _ in range(n):
         tokens = sample_rows(pool.logits, zeros, k0, p1, None)
-        for r in (1, 2, 3):
+        for r in rows:
             out[pool.owner[r]].append(int(tokens[r]))
         pool.step(tokens)
     assert [out[k] for k in range(3)] == ref
