@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 
+from ..serve.slots import SlotRows
 from .timing import percentile
 
 __all__ = ["IdTokenizer", "serve_suite", "bench_serve", "wait_healthy", "free_port"]
@@ -53,7 +54,7 @@ class IdTokenizer:
         return "".join(chr(0x100 + int(i)) for i in ids)
 
 
-class StubPool:
+class StubPool(SlotRows):
     """A ``SlotPool`` stand-in whose decode step and prefills cost fixed wall time: the bench's CPU proxy of
     the GPU (``--stub-step-ms``), to measure what the HTTP and engine layers alone can push.
 
@@ -69,25 +70,13 @@ class StubPool:
                  prefill_us_per_token: float = 0.0, max_prefill: int = 16) -> None:
         import torch
 
-        self.tier, self.slots, self.device = model.resolve_tier(tier), slots, torch.device("cpu")
+        super().__init__(slots)
+        self.tier, self.device = model.resolve_tier(tier), torch.device("cpu")
         self.V = model.config.vocab_size
         self.logits = torch.zeros(slots, self.V)                                      # [slots, V]
-        self.owner: list = [None] * slots
         self.max_prefill = min(slots, max_prefill)
         self.step_s, self.prefill = step_ms / 1e3, (prefill_ms / 1e3, prefill_us_per_token / 1e6)
         self.graphed, self._ready = False, 0.0
-
-    def free_slots(self) -> int:
-        return sum(o is None for o in self.owner)
-
-    def busy(self) -> int:
-        return self.slots - self.free_slots()
-
-    def active_rows(self) -> list[int]:
-        return [i for i, o in enumerate(self.owner) if o is not None]
-
-    def release(self, i: int) -> None:
-        self.owner[i] = None
 
     def _occupy(self, seconds: float) -> None:
         """The device runs for ``seconds`` more after the work already queued (host does not wait)."""
@@ -103,7 +92,7 @@ class StubPool:
         self.logits[rows, [(t + 1) % self.V for t in last]] = 1.0
 
     def admit_many(self, owners: list, prompts: list[list[int]]) -> list[int]:
-        rows = [i for i, o in enumerate(self.owner) if o is None][:len(prompts)]
+        rows = self.free_rows(len(prompts))
         if len(rows) < len(prompts):
             raise ValueError("no free slot")
         self._occupy(self.prefill[0] + self.prefill[1] * sum(len(p) for p in prompts))

@@ -29,7 +29,7 @@ import torch
 from ..models.cache import ESSHCache
 from ..models.fast_decode import FastDecoder
 
-__all__ = ["SlotPool", "row_cache", "reset_row_"]
+__all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_"]
 
 
 def row_cache(cache: ESSHCache, i: int) -> ESSHCache:
@@ -44,7 +44,42 @@ def reset_row_(cache: ESSHCache, i: int) -> ESSHCache:
     return row_cache(cache, i).reset_()
 
 
-class SlotPool:
+class SlotRows:
+    """Which request holds which of ``slots`` rows (``owner[i]``; None: free). The bookkeeping of ``SlotPool``
+    and of the bench's CPU stand-in (``bench/serve.py``'s ``StubPool``)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.owner: list[Any] = [None] * slots
+
+    def free_slots(self) -> int:
+        return sum(o is None for o in self.owner)
+
+    def busy(self) -> int:
+        return self.slots - self.free_slots()
+
+    def active_rows(self) -> list[int]:
+        return [i for i, o in enumerate(self.owner) if o is not None]
+
+    def free_rows(self, n: int) -> list[int]:
+        """The first ``n`` free rows (fewer when fewer are free)."""
+        return [i for i, o in enumerate(self.owner) if o is None][:n]
+
+    def free_run(self, n: int) -> int | None:
+        """First row of ``n`` consecutive free rows, or None when the free rows are more scattered."""
+        run = 0
+        for i, o in enumerate(self.owner):
+            run = run + 1 if o is None else 0
+            if run == n:
+                return i - n + 1
+        return None
+
+    def release(self, i: int) -> None:
+        """Free row ``i`` at once (finished, cancelled or failed); it is reset when next admitted."""
+        self.owner[i] = None
+
+
+class SlotPool(SlotRows):
     """``slots`` sequences of ``model`` decoded together at ``tier`` (see the module docstring).
 
     ``state_dtype`` / ``kv_dtype``: the cache's (defaults of ``ESSHCache.allocate``: fp32 states, a bf16 window
@@ -56,9 +91,9 @@ class SlotPool:
                  kv_dtype: torch.dtype | None = None, max_prefill: int = 16) -> None:
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
+        super().__init__(slots)
         self.model = model
         self.tier = model.resolve_tier(tier)
-        self.slots = slots
         self.fd = FastDecoder(model, self.tier, slots, state_dtype=state_dtype, kv_dtype=kv_dtype)
         self.device = self.fd.device
         self.graphed = False
@@ -69,23 +104,13 @@ class SlotPool:
         V = model.config.vocab_size
         self.logits = torch.zeros(slots, V, dtype=torch.float32, device=self.device)   # [slots, V]
         self.tokens = torch.zeros(slots, dtype=torch.long, device=self.device)         # last token per row
-        self.owner: list[Any] = [None] * slots
         self.max_prefill = min(slots, max_prefill)
         self._dtypes = (state_dtype, kv_dtype)
-        self._scratch: ESSHCache | None = None       # admit_many's prefill cache, allocated on first use
+        self._scratch: ESSHCache | None = None       # admit_many's prefill cache, once free rows were scattered
         self._host_tokens: torch.Tensor | None = None  # step_async's pinned copy of the sampled tokens (CUDA)
         self._copied: torch.cuda.Event | None = None
 
     # ---- slots -------------------------------------------------------------------------------------------
-    def free_slots(self) -> int:
-        return sum(o is None for o in self.owner)
-
-    def busy(self) -> int:
-        return self.slots - self.free_slots()
-
-    def active_rows(self) -> list[int]:
-        return [i for i, o in enumerate(self.owner) if o is not None]
-
     @torch.no_grad()
     def admit(self, owner: Any, prompt: list[int]) -> int:
         """Prefill ``prompt`` into a free row for ``owner``; its next-token logits wait in ``self.logits``."""
@@ -96,15 +121,6 @@ class SlotPool:
         self.logits[i] = self.model.logits_from_hidden(h[:, -1])[0].float()
         self.owner[i] = owner
         return i
-
-    def _free_run(self, n: int) -> int | None:
-        """First row of ``n`` consecutive free rows, or None when the free rows are more scattered."""
-        run = 0
-        for i, o in enumerate(self.owner):
-            run = run + 1 if o is None else 0
-            if run == n:
-                return i - n + 1
-        return None
 
     @torch.no_grad()
     def admit_many(self, owners: list, prompts: list[list[int]]) -> list[int]:
@@ -120,7 +136,7 @@ class SlotPool:
             raise ValueError(f"admit_many takes 2..{self.max_prefill} prompts of one length, at most the "
                              f"{self.free_slots()} free slots")
         ids = torch.tensor(prompts, dtype=torch.long, device=self.device)                # [n, T]
-        start = self._free_run(n)
+        start = self.free_run(n)
         if start is not None:
             rows = list(range(start, start + n))
             view = self.cache.narrow(n, start=start).reset_()
@@ -132,7 +148,7 @@ class SlotPool:
                                                           kv_dtype=self._dtypes[1])
             view = self._scratch.narrow(n).reset_()
             h = self.model.hidden_states(ids, tier=self.tier, cache=view)                # [n, T, D]
-            rows = [i for i, o in enumerate(self.owner) if o is None][:n]
+            rows = self.free_rows(n)
             idx = torch.tensor(rows, device=self.device)
             for dst, src in zip(self.cache.tensors(), view.tensors()):
                 dst.index_copy_(0, idx, src)
@@ -140,10 +156,6 @@ class SlotPool:
         for i, owner in zip(rows, owners):
             self.owner[i] = owner
         return rows
-
-    def release(self, i: int) -> None:
-        """Free row ``i`` at once (finished, cancelled or failed); it is reset when next admitted."""
-        self.owner[i] = None
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
