@@ -69,6 +69,7 @@ def install(monkeypatch) -> dict:
         assert all(x.is_contiguous() for x in (q, k, v, g))
         calls["fwd"] += 1
         calls["chunk_size"] = chunk_size
+        calls["heads"] = q.shape[2]
         o, S = naive_gla(q.double(), k.double(), v.double(), g.double(), _state0(q, v, initial_state), scale)
         B, T, H, _ = q.shape
         o = _poison_chunks(o, (q, k, v, g), chunk_size)

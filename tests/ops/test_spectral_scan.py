@@ -265,6 +265,7 @@ def test_fla_path_with_stand_in_kernel(monkeypatch, dtype, compute):
     leaves = {n: t.clone().requires_grad_() for n, t in low.items()}
     z, h = run(fla_spectral_scan, leaves, compute_dtype=compute)
     assert calls["fwd"] == 1 and calls["chunk_size"] == 64 and z.dtype == dtype and h.dtype == torch.float32
+    assert calls["heads"] == 4              # K = 3 channels run as 4 heads (gla_op.head_bucket), one sliced off
     ref = {n: t.double().requires_grad_() for n, t in low.items()}
     z_ref, h_ref = run(naive_spectral_scan, ref)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
@@ -280,6 +281,30 @@ def test_fla_path_with_stand_in_kernel(monkeypatch, dtype, compute):
         if name == "theta" and compute is None:
             continue  # bf16 q, k lose the theta gradient's digits (see fla_spectral_scan's docstring)
         assert (gr.double() - r).abs().max() <= gtol * r.abs().max(), name
+
+
+@pytest.mark.parametrize("H", [1, 3, 5, 8, 11])
+def test_gla_chunk_pads_heads_to_a_power_of_two(monkeypatch, H):
+    """fla autotunes per head count: ``gla_chunk`` runs the kernels on ``head_bucket(H)`` heads and returns the
+    unpadded heads' outputs, states and gradients exactly (heads never mix)."""
+    calls = fla_stand_in.install(monkeypatch)
+    gla_op = importlib.import_module("elastic_ssm.ops.spectral_scan.gla_op")
+    assert [gla_op.head_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 32]
+    g0 = torch.Generator().manual_seed(H)
+    q, k, g = (torch.randn(2, 19, H, 4, generator=g0) for _ in range(3))
+    v, h0 = torch.randn(2, 19, H, 3, generator=g0), torch.randn(2, H, 4, 3, generator=g0)
+    g = -torch.nn.functional.softplus(g)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
+    o, ht = gla_op.gla_chunk(*leaves[:4], initial_state=leaves[4], output_final_state=True)
+    assert calls["heads"] == gla_op.head_bucket(H) and o.shape == (2, 19, H, 3) and ht.shape == (2, H, 4, 3)
+    ref = [x.double().requires_grad_() for x in (q, k, v, g, h0)]
+    o_ref, ht_ref = fla_stand_in.naive_gla(*ref)
+    assert (o.double() - o_ref).abs().max() < 1e-5 and (ht.double() - ht_ref).abs().max() < 1e-5
+    do, dht = torch.randn(o.shape, generator=g0), torch.randn(ht.shape, generator=g0)
+    grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), leaves)
+    grads_ref = torch.autograd.grad((o_ref * do).sum() + (ht_ref * dht).sum(), ref)
+    for name, gr, r in zip("q k v g h0".split(), grads, grads_ref):
+        assert gr.shape == r.shape and (gr.double() - r).abs().max() < 1e-4 * max(1.0, r.abs().max()), name
 
 
 def test_no_state_and_empty_sequence():

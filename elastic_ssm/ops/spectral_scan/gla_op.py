@@ -17,6 +17,7 @@ import contextlib
 from typing import Optional  # custom-op schemas: Optional is understood by every torch 2.x
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -113,9 +114,23 @@ def _backward(ctx, do, dht, dA, dg_cumsum):
 gla_chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+def head_bucket(H: int) -> int:
+    """The head count fla's kernels see for ``H`` heads: the next power of two (``H`` itself when it is one).
+
+    fla autotunes its kernels per shape, and ``H`` (the scan's channel count K) is part of their autotuning
+    keys: capacity-mixed training (Alg. 1) meets a new K with almost every sampled capacity (the tiers of every
+    ESSH preset have K = 8, 11, 15, ..., 32), and each new K costs tens of seconds of autotuning on a fresh
+    machine (46 s per new capacity measured on an H200). Padding to a power of two leaves at most
+    ``log2(K-bar) + 1`` shapes (8, 16, 32) for less than twice the scan's work at a sub-full capacity."""
+    return 1 << max(0, H - 1).bit_length()
+
+
 def gla_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float = 1.0, initial_state: Tensor | None = None,
               output_final_state: bool = False) -> tuple[Tensor, Tensor | None]:
     """Chunked GLA through fla (differentiable): ``o [B, T, H, Dv]`` and ``S(T) [B, H, Dk, Dv]`` float32 or None.
+
+    The kernels run on ``head_bucket(H)`` heads (zero heads appended, their outputs dropped): heads never mix,
+    so the result is the unpadded one.
 
     ``g`` and ``initial_state`` must be float32 (fla's requirement for states; float32 gates keep the
     cumulative decays exact to fp32).
@@ -126,5 +141,10 @@ def gla_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float = 1.0, in
     if q.shape != k.shape or q.shape != g.shape or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"gla_chunk: q, k, g must be [B, T, H, Dk] and v [B, T, H, Dv], got {list(q.shape)}, "
                          f"{list(k.shape)}, {list(g.shape)}, {list(v.shape)}")
+    H = q.shape[2]
+    Hb = head_bucket(H)
+    if Hb != H:                       # zero heads: q = k = v = 0, g = 0 keep S = 0 and o = 0; sliced off below
+        q, k, v, g = (F.pad(x, (0, 0, 0, Hb - H)) for x in (q, k, v, g))
+        initial_state = None if initial_state is None else F.pad(initial_state, (0, 0, 0, 0, 0, Hb - H))
     o, ht, _, _ = gla_chunk_fwd(q, k, v, g, initial_state, float(scale), output_final_state)
-    return o, (ht if output_final_state else None)
+    return o[:, :, :H], (ht[:, :H] if output_final_state else None)
