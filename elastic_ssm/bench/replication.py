@@ -20,7 +20,9 @@ under one state folder, ``root`` (default ``runs/replication``, one sub-folder p
                        writes ``root`` as ``replication-state.tgz.partNN`` (at most ``part_mib`` each) plus
                        ``replication-state.json`` into ``dest`` (``$OUT``), leaving out model weights and
                        checkpoints except the newest checkpoint of an unfinished run when the whole state
-                       stays under ``max_mib``; and copies the files named in ``publish`` beside them.
+                       stays under ``max_mib``; and copies the files named in ``publish`` beside them. The
+                       steps' ``TRITON_CACHE_DIR`` is ``<root>/.triton``: its autotuning results travel too,
+                       so fla's kernels are benchmarked once per shape over all calls, not once per call.
 ``replication_report`` the per-tier numbers of every run of one claim into ``<root>/results/claimN.json`` and
                        its plot ``claimN.png`` (``eval/replication.py``).
 =====================  ======================================================================================
@@ -51,6 +53,7 @@ __all__ = ["ReplicationStepOptions", "ReplicationStateOptions", "ReplicationRepo
 
 STATE_NAME = "replication-state"
 _HEAVY_DIRS = {"final", "exports"}
+TRITON_DIR = ".triton"     # under root: the steps' TRITON_CACHE_DIR; only its *.autotune.json files travel
 
 
 def _fill(text: str, root: Path, run: str) -> str:
@@ -141,7 +144,9 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
     cmd = [sys.executable if a == "python" else _fill(a, root, opts.run) for a in opts.args + opts.extra_args]
     fresh = not _has_checkpoint(run_dir)
     t0 = time.monotonic()
-    rc, termed = _supervise(cmd, ctx.child_env(), run_dir / "logs" / f"{ctx.name}.log", stop_at, opts.grace_s)
+    env = ctx.child_env()
+    env.setdefault("TRITON_CACHE_DIR", str((root / TRITON_DIR).resolve()))   # autotuning carried (pack_state)
+    rc, termed = _supervise(cmd, env, run_dir / "logs" / f"{ctx.name}.log", stop_at, opts.grace_s)
     wall = round(time.monotonic() - t0, 1)
     complete = not opts.outputs or _all_exist(opts.outputs, root, opts.run)
     state = ("ran" if rc == 0 and complete else "stopped" if termed
@@ -177,8 +182,10 @@ class ReplicationStateOptions(ConfigBase):
 
 
 def _light_files(root: Path) -> list[Path]:
-    """Every file of the state but model weights (``final/``, ``exports/``) and checkpoint directories."""
-    out = []
+    """Every file of the state but model weights (``final/``, ``exports/``) and checkpoint directories; of the
+    steps' Triton cache only the autotuning results (``*.autotune.json``, a few KB each: a later call then
+    compiles each kernel's chosen config once instead of benchmarking every config again)."""
+    out = sorted((root / TRITON_DIR).rglob("*.autotune.json"))
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).parts
         if not p.is_file() or any(d in _HEAVY_DIRS or d.startswith("step_") or d.startswith(".") for d in rel[:-1]):

@@ -29,14 +29,16 @@ def _step(tmp_path, code, **kw):
     return ReplicationStepOptions(args=("python", "-c", code), run="r", root=str(tmp_path / "state"), **kw)
 
 
-def test_step_runs_records_and_then_skips(tmp_path):
-    code = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('x'); print('made it')"
+def test_step_runs_records_and_then_skips(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    code = ("import os, pathlib, sys; pathlib.Path(sys.argv[1]).write_text('x'); "
+            "print('made it', os.environ['TRITON_CACHE_DIR'])")
     opts = ReplicationStepOptions(args=("python", "-c", code, "{run}/out.txt"), run="r", root=str(tmp_path / "state"),
                                   outputs=("{run}/out.txt",))
     row = run_step(opts, _ctx(tmp_path))[0]
     assert row["state"] == "ran" and row["rc"] == 0 and row["fresh"] is True
     run = tmp_path / "state" / "r"
-    assert "made it" in (run / "logs" / "step.log").read_text()
+    assert f"made it {(tmp_path / 'state' / '.triton').resolve()}" in (run / "logs" / "step.log").read_text()
     calls = [json.loads(x) for x in (run / "calls.jsonl").read_text().splitlines()]
     assert len(calls) == 1 and calls[0]["commit"] and calls[0]["device"]
     assert run_step(opts, _ctx(tmp_path))[0]["state"] == "skipped"          # its output exists now
@@ -87,6 +89,10 @@ def test_pack_leaves_weights_out_and_restores_only_newer_state(tmp_path):
     _fake_run(root, "done")
     _fake_run(root, "partial", final=False, ckpt_bytes=3 * 2**20)
     _fake_run(root, "big", final=False, ckpt_bytes=6 * 2**20)
+    tuned = root / ".triton" / "ab12" / "chunk_gla_fwd_kernel_o.autotune.json"
+    tuned.parent.mkdir(parents=True)
+    tuned.write_text('{"key": [32, 64], "configs_timings": []}')
+    (tuned.parent / "chunk_gla_fwd_kernel_o.cubin").write_bytes(b"\0" * 4096)   # compiled kernels stay behind
     meta = pack_state(root, out, max_mib=5, part_mib=0.001)                   # room for one checkpoint
     assert meta["checkpoints"] == ["partial/pretrain/step_0000002"] and len(meta["parts"]) > 1
     assert all((out / p["name"]).stat().st_size <= 0.001 * 2**20 + 1 for p in meta["parts"])
@@ -94,6 +100,7 @@ def test_pack_leaves_weights_out_and_restores_only_newer_state(tmp_path):
     assert "restored generation 1" in restore_state(out, fresh)
     got = {str(p.relative_to(fresh)) for p in fresh.rglob("*") if p.is_file()}
     assert "done/metrics.jsonl" in got and "partial/pretrain/step_0000002/optimizer.pt" in got
+    assert ".triton/ab12/chunk_gla_fwd_kernel_o.autotune.json" in got and not any(g.endswith(".cubin") for g in got)
     assert not any("final" in g or g.startswith("big/pretrain/step") or g.endswith((".lock", "latest")) for g in got)
     assert "kept the machine's state" in restore_state(out, fresh)          # same generation: nothing replaced
     (fresh / "done" / "new.txt").write_text("newer")
