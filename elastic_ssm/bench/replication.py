@@ -14,7 +14,8 @@ under one state folder, ``root`` (default ``runs/replication``, one sub-folder p
                        (``elastic-ssm train`` then writes a checkpoint and exits 143) and SIGKILL at the end.
                        Output is appended to ``<run>/logs/<entry>.log``, one JSON line per call (state, rc,
                        seconds, whether a checkpoint existed at the start, device, commit) to
-                       ``<run>/calls.jsonl``.
+                       ``<run>/calls.jsonl``; with ``once`` a step that ran to completion in an earlier call
+                       is skipped although its outputs (model weights) did not travel (the calibration probes).
 ``replication_state``  ``action: restore`` unpacks the state carried from the last call (``carry`` folder) into
                        ``root`` unless the machine still holds that generation or a newer one; ``action: pack``
                        writes ``root`` as ``replication-state.tgz.partNN`` (at most ``part_mib`` each) plus
@@ -68,6 +69,21 @@ def _has_checkpoint(run_dir: Path) -> bool:
     return any(run_dir.glob("*/step_*/COMPLETE.json"))
 
 
+def _recorded_ran(run_dir: Path, step: str) -> bool:
+    """Whether ``<run>/calls.jsonl`` holds a call of ``step`` that ran to completion."""
+    path = run_dir / "calls.jsonl"
+    if not path.is_file():
+        return False
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("step") == step and rec.get("state") == "ran":
+            return True
+    return False
+
+
 def _environment() -> dict:
     import torch
 
@@ -89,6 +105,8 @@ class ReplicationStepOptions(ConfigBase):
     outputs: tuple[str, ...] = opt((), "paths this step produces; the step is skipped when all exist")
     skip_when: tuple[str, ...] = opt((), "also skipped when all of these exist (the results of the steps that "
                                          "need this one's outputs)")
+    once: bool = opt(False, "also skipped when the run's calls.jsonl records this step as ran (for steps whose "
+                            "outputs do not travel between calls and that nothing else needs, e.g. probes)")
     requires: tuple[str, ...] = opt((), "paths that must exist before the step runs (else: waiting)")
     needs_s: float = opt(0.0, "start only with at least this many seconds of the suite's budget left")
     timeout_s: float = opt(0.0, "stop the command after this many seconds (0: the suite's remaining budget)")
@@ -129,7 +147,8 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
     root = Path(opts.root)
     run_dir = root / opts.run if opts.run else root
     row: dict = {"run": opts.run, "step": ctx.name}
-    if _all_exist(opts.outputs, root, opts.run) or _all_exist(opts.skip_when, root, opts.run):
+    if (_all_exist(opts.outputs, root, opts.run) or _all_exist(opts.skip_when, root, opts.run)
+            or (opts.once and _recorded_ran(run_dir, ctx.name))):
         ctx.log(f"  {ctx.name}: done earlier, skipped")
         return [{**row, "state": "skipped"}]
     missing = [p for p in opts.requires if not Path(_fill(p, root, opts.run)).exists()]

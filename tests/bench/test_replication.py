@@ -43,6 +43,16 @@ def test_step_runs_records_and_then_skips(tmp_path, monkeypatch):
     assert len(calls) == 1 and calls[0]["commit"] and calls[0]["device"]
     assert run_step(opts, _ctx(tmp_path))[0]["state"] == "skipped"          # its output exists now
     assert len((run / "calls.jsonl").read_text().splitlines()) == 1
+    (run / "out.txt").unlink()                       # outputs that did not travel to the next machine:
+    assert run_step(opts, _ctx(tmp_path))[0]["state"] == "ran"              # run again, unless `once`
+    once = ReplicationStepOptions(**{**opts.to_dict(), "once": True})
+    (run / "out.txt").unlink()
+    assert run_step(once, _ctx(tmp_path))[0]["state"] == "skipped"
+    with open(run / "calls.jsonl", "a") as f:
+        f.write("not json\n")                                              # a torn line is read past
+    assert run_step(once, _ctx(tmp_path))[0]["state"] == "skipped"
+    other = ReplicationStepOptions(**{**once.to_dict(), "run": "r2"})
+    assert run_step(other, _ctx(tmp_path))[0]["state"] == "ran"             # another run's record does not count
 
 
 def test_step_waits_defers_and_reports_failures(tmp_path):
