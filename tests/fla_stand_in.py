@@ -65,7 +65,11 @@ def install(monkeypatch) -> dict:
 
     def chunk_gla_fwd(q, k, v, g, g_cumsum, scale, initial_state, output_final_state, cu_seqlens=None,
                       chunk_size=64, chunk_indices=None):
-        assert g.dtype == torch.float32 and g_cumsum is None and cu_seqlens is None
+        assert g.dtype == torch.float32 and cu_seqlens is None
+        if g_cumsum is not None:                 # given (gla_op.local_cumsum_log2): must be fla's own
+            assert g_cumsum.dtype == torch.float32 and g_cumsum.shape == g.shape
+            assert torch.allclose(g_cumsum.double(), _local_cumsum(g.double(), chunk_size), rtol=1e-5, atol=1e-5)
+            calls["given_cumsum"] = calls.get("given_cumsum", 0) + 1
         assert all(x.is_contiguous() for x in (q, k, v, g))
         calls["fwd"] += 1
         calls["chunk_size"] = chunk_size
@@ -74,7 +78,8 @@ def install(monkeypatch) -> dict:
         B, T, H, _ = q.shape
         o = _poison_chunks(o, (q, k, v, g), chunk_size)
         A = torch.full((B, T, H, chunk_size), 7.0, dtype=torch.float32)
-        return (_local_cumsum(g, chunk_size).float(), A, None, S.float() if output_final_state else None,
+        gc = _local_cumsum(g, chunk_size).float() if g_cumsum is None else g_cumsum
+        return (gc, A, None, S.float() if output_final_state else None,
                 o.to(v.dtype))
 
     def chunk_gla_bwd(q, k, v, g, g_cumsum, scale, initial_state, h, A, do, dht, cu_seqlens=None,

@@ -297,6 +297,7 @@ def test_gla_chunk_pads_heads_to_a_power_of_two(monkeypatch, H):
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
     o, ht = gla_op.gla_chunk(*leaves[:4], initial_state=leaves[4], output_final_state=True)
     assert calls["heads"] == gla_op.head_bucket(H) and o.shape == (2, 19, H, 3) and ht.shape == (2, H, 4, 3)
+    assert calls["given_cumsum"] == 1       # the cumulative gate from torch (fla's cumsum autotunes per B)
     ref = [x.double().requires_grad_() for x in (q, k, v, g, h0)]
     o_ref, ht_ref = fla_stand_in.naive_gla(*ref)
     assert (o.double() - o_ref).abs().max() < 1e-5 and (ht.double() - ht_ref).abs().max() < 1e-5
@@ -305,6 +306,19 @@ def test_gla_chunk_pads_heads_to_a_power_of_two(monkeypatch, H):
     grads_ref = torch.autograd.grad((o_ref * do).sum() + (ht_ref * dht).sum(), ref)
     for name, gr, r in zip("q k v g h0".split(), grads, grads_ref):
         assert gr.shape == r.shape and (gr.double() - r).abs().max() < 1e-4 * max(1.0, r.abs().max()), name
+
+
+@pytest.mark.parametrize("T,C", [(1, 16), (19, 16), (64, 64), (130, 64)])
+def test_local_cumsum_log2_is_fla_chunk_local_cumsum(T, C):
+    """fla's ``chunk_local_cumsum(g, C, scale=1/ln 2)``: cumulate within each chunk of C positions, then scale."""
+    from elastic_ssm.ops.spectral_scan.gla_op import local_cumsum_log2
+
+    g = -torch.rand(2, T, 3, 4, dtype=F64)
+    got = local_cumsum_log2(g, C)
+    want = torch.empty_like(g)
+    for start in range(0, T, C):
+        want[:, start:start + C] = g[:, start:start + C].cumsum(1) / math.log(2)
+    assert got.dtype == torch.float32 and got.is_contiguous() and (got.double() - want).abs().max() < 1e-5
 
 
 def test_no_state_and_empty_sequence():

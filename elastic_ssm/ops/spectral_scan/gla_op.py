@@ -4,8 +4,9 @@
 ``[B, T, H, Dk|Dv]``, ``g`` float32 natural-log decays, ``h0`` float32 ``[B, H, Dk, Dv]`` or None) with
 fla's ``chunk_gla_fwd`` and differentiates through ``chunk_gla_bwd`` (module ``fla.ops.gla.chunk``). It
 follows fla's own autograd function (``ChunkGLAFunction``) for float32 gates: chunk length
-``min(64, max(16, next_pow2(T)))``, the forward keeps the within-chunk cumulative gate and the intra-chunk
-score block ``A`` for the backward, and the backward recomputes the chunk states.
+``min(64, max(16, next_pow2(T)))``, the forward keeps the within-chunk cumulative gate (computed in torch,
+``local_cumsum_log2``: fla's cumsum kernels autotune per batch size) and the intra-chunk score block ``A`` for
+the backward, and the backward recomputes the chunk states.
 
 Why not call ``fla.ops.gla.chunk_gla``: it is wrapped in ``torch.compiler.disable``, so every spectral layer
 would split a compiled graph in two. As custom ops (``elastic_ssm::gla_chunk_fwd`` / ``_bwd``) with fake
@@ -14,11 +15,14 @@ around them is fused. fla is imported when an op first runs, never at import tim
 """
 
 import contextlib
+import math
 from typing import Optional  # custom-op schemas: Optional is understood by every torch 2.x
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+_RCP_LN2 = 1.0 / math.log(2.0)
 
 
 def chunk_length(T: int) -> int:
@@ -27,6 +31,19 @@ def chunk_length(T: int) -> int:
     while p < T:
         p *= 2
     return min(64, max(16, p))
+
+
+def local_cumsum_log2(g: Tensor, C: int) -> Tensor:
+    """Cumulative sum of ``g [B, T, H, D]`` within chunks of ``C`` positions, in base-2 units, float32: what fla's
+    ``chunk_local_cumsum(g, C, scale=1/ln 2)`` computes (cumulate in fp32, then scale).
+
+    Computed here in torch because fla's cumsum kernels autotune per batch size B and head count H (their
+    autotuning keys), and the rest of the GLA kernels do not key on B: a served pool that prefills bursts of
+    1..max_prefill prompts would otherwise autotune once per burst size."""
+    B, T, H, D = g.shape
+    n = -(-T // C)
+    gp = F.pad(g.float(), (0, 0, 0, 0, 0, n * C - T))
+    return (gp.view(B, n, C, H, D).cumsum(2).view(B, n * C, H, D)[:, :T] * _RCP_LN2).contiguous()
 
 
 def _kernels():
@@ -52,12 +69,12 @@ def gla_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Optional[Tenso
     """``o [B, T, H, Dv]`` (v.dtype), ``ht [B, H, Dk, Dv]`` float32 (empty unless ``output_final_state``),
     ``A [B, T, H, C]`` float32 and ``g_cumsum [B, T, H, Dk]`` float32 (the last two for the backward)."""
     fwd, _ = _kernels()
+    C = chunk_length(q.shape[1])
     with _device(q):
         g_cumsum, A, _, ht, o = fwd(
-            q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.contiguous(), g_cumsum=None,
+            q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.contiguous(), g_cumsum=local_cumsum_log2(g, C),
             scale=scale, initial_state=None if h0 is None else h0.contiguous(),
-            output_final_state=output_final_state, cu_seqlens=None, chunk_size=chunk_length(q.shape[1]),
-            chunk_indices=None)
+            output_final_state=output_final_state, cu_seqlens=None, chunk_size=C, chunk_indices=None)
     ht = _empty_state(q) if ht is None else ht.float()
     return o.to(v.dtype), ht, A.float(), g_cumsum.float()
 
