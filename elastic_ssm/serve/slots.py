@@ -109,6 +109,25 @@ class SlotPool(SlotRows):
         self._scratch: ESSHCache | None = None       # admit_many's prefill cache, once free rows were scattered
         self._host_tokens: torch.Tensor | None = None  # step_async's pinned copy of the sampled tokens (CUDA)
         self._copied: torch.cuda.Event | None = None
+        if self.device.type == "cuda":
+            self.warm_up()
+
+    @torch.no_grad()
+    def warm_up(self, lengths: tuple[int, ...] = (16, 32, 64)) -> None:
+        """One prefill per length of ``lengths`` into the first free row, then that row reset (done at
+        construction on CUDA; busy rows are untouched).
+
+        On a fresh machine the first prefill of each shape compiles kernels, and fla autotunes each (head
+        count, chunk length) once: the chunk length is 16, 32 or 64 by prompt length (``gla_op.chunk_length``)
+        and the batch size is no key (``gla_op.local_cumsum_log2``), so these three prefills cover every prompt
+        of this tier. Here that happens while the server starts, not inside its first requests."""
+        if not self.free_slots():
+            raise RuntimeError("warm_up needs a free slot; call it before admitting requests")
+        row = self.owner.index(None)
+        for T in lengths:
+            ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                  # [1, T]
+            self.model.hidden_states(ids, tier=self.tier, cache=reset_row_(self.cache, row))
+        reset_row_(self.cache, row)
 
     # ---- slots -------------------------------------------------------------------------------------------
     @torch.no_grad()

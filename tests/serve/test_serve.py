@@ -55,6 +55,28 @@ def test_pool_with_staggered_arrivals_equals_one_at_a_time_generate(tiny, tier):
     assert [out[k] for k in range(len(prompts))] == ref
 
 
+def test_warm_up_prefills_a_free_row_and_leaves_it_empty(tiny):
+    """``SlotPool.warm_up`` (run at construction on CUDA): a busy row decodes on as if nothing happened, and the
+    warmed row is left empty (zero state and ring, position 0)."""
+    prompt, n = list(b"hello world"), 12
+    ref = tiny.generate(torch.tensor([prompt]), n, tier="T4")[0, len(prompt):].tolist()
+    pool = SlotPool(tiny, "T4", 3)
+    pool.admit("a", prompt)
+    pool.warm_up()
+    warmed = row_cache(pool.cache, 1)
+    assert int(warmed.positions[0]) == 0 and all(not t.any() for t in warmed.tensors() if t.is_floating_point())
+    out = []
+    for _ in range(n):
+        tok = pool.logits[0].argmax()
+        out.append(int(tok))
+        pool.step(torch.full((3,), int(tok)))
+    assert out == ref
+    full = SlotPool(tiny, "T4", 1)
+    full.admit("b", prompt)
+    with pytest.raises(RuntimeError, match="free slot"):
+        full.warm_up()
+
+
 @pytest.mark.parametrize("busy,rows", [((0,), [1, 2, 3]), ((0, 2), [1, 3, 4])])
 def test_a_burst_of_equal_length_prompts_is_prefilled_together(tiny, busy, rows):
     """Into consecutive free rows directly (no scratch cache), or through the scratch cache when they are not."""
