@@ -25,6 +25,7 @@ counters are plain integers updated under a lock (the engine thread adds generat
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import threading
@@ -158,9 +159,11 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                          eos=eos, tokenizer=tok, metrics=metrics, max_prefill=settings.max_prefill,
                          prefill_wait_ms=settings.prefill_wait_ms, **extra).start()
         state["engine"] = app.state.engine = eng
-        try:
+        gc.freeze()          # the objects of start-up out of the collector's sight: a full collection paused the
+        try:                 # process ~130 ms and with it a wave of arrivals (serve/remote.py: the same in the engine)
             yield
         finally:
+            gc.unfreeze()
             eng.shutdown()
 
     app = FastAPI(title="elastic-ssm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

@@ -26,6 +26,7 @@ the engine process dies, every request in flight ends with an error and ``/healt
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import multiprocessing as mp
@@ -82,7 +83,8 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
         return
     live: dict[int, Request] = {}
     sink = _Sink(events, engine, tokens, live)
-    engine.start()
+    gc.freeze()     # the model, pools and modules out of the collector's sight: a full collection of them took ~120 ms,
+    engine.start()  # a stall of every stream when it fell between two decode steps
     events.send(("ready",))
     try:
         while True:
