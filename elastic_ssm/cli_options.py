@@ -232,6 +232,10 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
     max_batch: int = flag(16, "slots per tier: the decode batch of its pool", minimum=1)
     max_prefill: int = flag(16, "most waiting prompts of one length prefilled together in one forward (at most "
                                 "--max-batch; larger admits a burst of requests in fewer forwards)", minimum=1)
+    prefill_wait_ms: float = flag(50.0, "longest a waiting request is held (ms) for more arrivals to share its "
+                                        "prefill forward; it goes at once when the waiting requests fill "
+                                        "min(--max-prefill, free slots); running streams keep decoding meanwhile "
+                                        "(0: prefill whatever waits at once)", minimum=0)
     max_queue: int = flag(64, "requests waiting per tier before 503", minimum=0)
     max_prompt_tokens: int = flag(8192, "longest prompt accepted", minimum=1)
     max_tokens_limit: int = flag(4096, "largest max_tokens accepted", minimum=1)

@@ -19,6 +19,7 @@ training matrices, profiles, sweeps) with targets as data (``targets.py``), run 
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from collections.abc import Callable
@@ -81,6 +82,9 @@ class BenchConfig(ConfigBase):
     serve_client_procs: int = opt(8, "serve: load-generator processes")
     serve_max_prefill: tuple[int, ...] = opt((16,), "serve: the server's --max-prefill (prompts of one length "
                                              "prefilled together); one row per value")
+    serve_prefill_wait_ms: tuple[float, ...] = opt((50.0,), "serve: the server's --prefill-wait-ms (longest a "
+                                                   "waiting request is held for more arrivals to share its prefill "
+                                                   "forward); one row per value")
     train_batch: int = opt(8, "training micro-batch (Table 50: 8 at 370M, 4 at 1.5B)")
     train_seq_len: int = opt(2048, "training context")
     train_warmup: int = opt(3, "untimed optimizer steps")
@@ -133,6 +137,9 @@ class BenchConfig(ConfigBase):
         modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
         if self.compile_mode not in modes:
             raise ConfigError(f"BenchConfig.compile_mode must be one of {modes}, got {self.compile_mode!r}")
+        if not all(math.isfinite(w) and w >= 0 for w in self.serve_prefill_wait_ms):
+            raise ConfigError("BenchConfig.serve_prefill_wait_ms: milliseconds, finite and >= 0, got "
+                              f"{self.serve_prefill_wait_ms}")
         if min(self.serve_streams, default=1) < 1 or min(self.serve_max_prefill, default=1) < 1 or min(
                 self.serve_slots, self.serve_prompt, self.serve_new_tokens,
                                                           self.serve_rounds, self.serve_client_procs) < 1:

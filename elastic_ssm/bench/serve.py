@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 
+from ..serve.engine import PREFILL_WAIT_MS
 from ..serve.slots import SlotRows
 from .timing import percentile
 
@@ -297,13 +298,15 @@ def serve_suite(r, out: list) -> None:
     """Every (mix, streams) of the config against one server process per entry."""
     cfg = r.cfg
     tiers = sorted({t for m in cfg.serve_mixes for t in m.split(",")}, key=lambda t: r.table[t].index)
-    for mix, streams, prefill in itertools.product(cfg.serve_mixes, cfg.serve_streams, cfg.serve_max_prefill):
+    for mix, streams, prefill, wait in itertools.product(cfg.serve_mixes, cfg.serve_streams, cfg.serve_max_prefill,
+                                                         cfg.serve_prefill_wait_ms):
         base = {"bench": "serve", "preset": cfg.preset, "mix": mix, "streams": streams, "slots": cfg.serve_slots,
-                "max_prefill": prefill, "prompt": cfg.serve_prompt, "new_tokens": cfg.serve_new_tokens}
-        r.run(out, base, lambda mix=mix, streams=streams, prefill=prefill: bench_serve(
+                "max_prefill": prefill, "prefill_wait_ms": wait, "prompt": cfg.serve_prompt,
+                "new_tokens": cfg.serve_new_tokens}
+        r.run(out, base, lambda mix=mix, streams=streams, prefill=prefill, wait=wait: bench_serve(
             cfg.preset, tiers, mix.split(","), streams, cfg.serve_slots, cfg.serve_prompt, cfg.serve_new_tokens,
             cfg.serve_rounds, cfg.serve_client_procs, str(r.dev), str(r.dtype).replace("torch.", ""), cfg.seed,
-            server_args=("--max-prefill", str(prefill))))
+            server_args=("--max-prefill", str(prefill), "--prefill-wait-ms", str(wait))))
 
 
 def _bench_model(preset: str, device: str, dtype: str, seed: int, stub: bool):
@@ -336,6 +339,8 @@ def _serve_main(argv: list[str] | None = None) -> None:
     p.add_argument("--tiers", required=True)
     p.add_argument("--slots", type=int, required=True)
     p.add_argument("--max-prefill", type=int, default=16, help="prompts of one length prefilled together")
+    p.add_argument("--prefill-wait-ms", type=float, default=PREFILL_WAIT_MS,
+                   help="longest a waiting request is held for more arrivals to share its prefill forward")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
@@ -360,8 +365,8 @@ def _serve_main(argv: list[str] | None = None) -> None:
     load = functools.partial(_bench_model, a.preset, a.device, a.dtype, a.seed, stub)
     tiers = a.tiers.split(",")
     settings = ServerSettings(name="bench", tiers=tiers, default_tier=tiers[-1], slots=a.slots,
-                              max_prefill=a.max_prefill, max_queue=4 * a.slots, max_connections_per_client=1 << 16,
-                              max_prompt_tokens=1 << 16, max_tokens_limit=1 << 16)
+                              max_prefill=a.max_prefill, prefill_wait_ms=a.prefill_wait_ms, max_queue=4 * a.slots,
+                              max_connections_per_client=1 << 16, max_prompt_tokens=1 << 16, max_tokens_limit=1 << 16)
     if a.engine == "process":
         app = create_app(_bench_model(a.preset, "meta", a.dtype, a.seed, stub), settings, pool_factory, load=load)
     else:

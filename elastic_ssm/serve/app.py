@@ -25,6 +25,7 @@ counters are plain integers updated under a lock (the engine thread adds generat
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import threading
@@ -37,7 +38,7 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from .engine import Busy, Engine, Request
+from .engine import PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_completion
 from .remote import RemoteEngine
@@ -110,6 +111,7 @@ class ServerSettings:
     default_tier: str
     slots: int = 8
     max_prefill: int = 16
+    prefill_wait_ms: float = PREFILL_WAIT_MS
     api_key: str | None = None
     max_queue: int = 64
     max_body_bytes: int = 1 << 20
@@ -144,7 +146,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     if load is not None:
         remote = RemoteEngine(load, model, settings.tiers, settings.slots, settings.max_queue,
                               settings.stall_timeout_s, eos=eos, metrics=metrics, pool_factory=pool_factory,
-                              max_prefill=settings.max_prefill)
+                              max_prefill=settings.max_prefill, prefill_wait_ms=settings.prefill_wait_ms)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -154,11 +156,14 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         else:
             extra = {} if pool_factory is None else {"pool_factory": pool_factory}
             eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s,
-                         eos=eos, tokenizer=tok, metrics=metrics, max_prefill=settings.max_prefill, **extra).start()
+                         eos=eos, tokenizer=tok, metrics=metrics, max_prefill=settings.max_prefill,
+                         prefill_wait_ms=settings.prefill_wait_ms, **extra).start()
         state["engine"] = app.state.engine = eng
-        try:
+        gc.freeze()          # the objects of start-up out of the collector's sight: a full collection paused the
+        try:                 # process ~130 ms and with it a wave of arrivals (serve/remote.py: the same in the engine)
             yield
         finally:
+            gc.unfreeze()
             eng.shutdown()
 
     app = FastAPI(title="elastic-ssm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

@@ -4,22 +4,32 @@
 loaded model's prefix views, only caches and graphs are per tier). ``submit(request)`` queues a
 ``Request`` for its tier (bounded: ``max_queue`` waiting per tier, then ``Busy``). The engine thread
 loops: for each tier it drops cancelled or stalled requests (freeing their slots at once), prefills
-waiting requests into free slots, samples one token for every busy row (``serve/tokens.py``, per-row
-parameters), launches the pool's decode step on those tokens (its fixed batch bucket) and, while the GPU
-runs it, hands each request its text (``serve/tokens.py``). A request finishes on ``max_tokens`` (reason
-``length``), on a stop string or the model's eos token (``stop``), or by cancellation (the client left or
-stopped reading).
+waiting requests into free slots (coalescing a burst of arrivals, below), samples one token for every busy
+row (``serve/tokens.py``, per-row parameters), launches the pool's decode step on those tokens (its fixed
+batch bucket) and, while the GPU runs it, hands each request its text (``serve/tokens.py``). A request
+finishes on ``max_tokens`` (reason ``length``), on a stop string or the model's eos token (``stop``), or by
+cancellation (the client left or stopped reading).
 
 Events reach the HTTP side through ``Request.emit``: ``("text", str)``, ``("done", finish_reason)``,
 ``("error", message)``. The engine collects the events of a whole step and hands them to the event loop in
 one thread-safe call per loop (``deliver``), not one per token, so 128 streams cost one wake-up a step.
 An error while serving one request ends that request only; the engine keeps serving the others.
+
+Coalescing admission (``prefill_wait_ms``, a dynamic batcher's maximum queue delay, as Triton's
+``max_queue_delay_microseconds``; the preferred batch is what can be admitted now): a prefill forward has a fixed
+cost besides its per-token cost (the 1.5b at T10, 128-token prompts, H200: ~74 ms + ~11.7 us a token), so a burst
+of 128 arrivals costs far less in one forward than in the many small ones that admitting "whatever is queued
+when the loop comes round" gives. A tier's waiting requests are prefilled when they fill
+``min(max_prefill, free slots)``, or when the oldest of them has waited ``prefill_wait_ms`` since it reached the
+engine; until then the running rows keep decoding (the queue is checked between steps) and, with no row running,
+the engine sleeps on its condition variable until a new arrival or that deadline. 0 admits at once.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -31,7 +41,7 @@ import torch
 from .slots import SlotPool
 from .tokens import RowNoise, TextStream, sample_rows
 
-__all__ = ["Engine", "Request", "Busy"]
+__all__ = ["Engine", "Request", "Busy", "PREFILL_WAIT_MS", "check_prefill_wait"]
 
 log = logging.getLogger("elastic_ssm.serve")
 _ids = itertools.count(1)
@@ -49,6 +59,17 @@ def deliver() -> None:
         loop, items = _OUTBOX.popitem()
         if not loop.is_closed():
             loop.call_soon_threadsafe(_put_all, items)
+
+
+#: default of ``--prefill-wait-ms`` (docs/serving.md, "Coalescing admission", has the measurements behind it)
+PREFILL_WAIT_MS = 50.0
+
+
+def check_prefill_wait(ms) -> None:
+    """ValueError unless ``ms`` is a finite number of milliseconds >= 0."""
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms < 0:
+        raise ValueError(f"prefill_wait_ms must be a finite number of milliseconds >= 0 (0: admit at once), "
+                         f"got {ms!r}")
 
 
 class Busy(RuntimeError):
@@ -81,6 +102,7 @@ class Request:
     emitted: int = 0                 # events emitted (engine thread only)
     taken: int = 0                   # events taken (handler side only)
     rid: int = 0                     # the request's number between the processes of ``RemoteEngine``
+    queued_at: float = 0.0           # when ``Engine.submit`` queued it (the engine's clock)
     on_cancel: Any = None            # called once by ``cancel`` (``RemoteEngine`` tells its engine process)
 
     @property
@@ -112,16 +134,20 @@ class Engine:
     before ``Busy``. ``stall_timeout``: seconds a request may hold undelivered output before it is
     cancelled and its slot freed. ``eos``: token id that ends a request (None: none). ``max_prefill``: the most
     waiting prompts of one length prefilled together in one forward (``SlotPool.admit_many``; a burst of
-    arrivals is admitted in fewer, larger forwards when it is larger). ``pool_factory``: internal (the bench's
-    CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool as
-    ``pool_factory(model, tier, slots, max_prefill=...)``; ``SlotPool`` everywhere else.
+    arrivals is admitted in fewer, larger forwards when it is larger). ``prefill_wait_ms``: the longest a waiting
+    request is held for more arrivals to share its prefill forward (module docstring; 0: admit at once).
+    ``pool_factory``: internal (the bench's CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool
+    as ``pool_factory(model, tier, slots, max_prefill=...)``; ``SlotPool`` everywhere else. ``clock``: the
+    monotonic clock, in seconds, that admission reads (tests inject a fake one).
     """
 
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
                  eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool,
-                 max_prefill: int = 16) -> None:
+                 max_prefill: int = 16, prefill_wait_ms: float = PREFILL_WAIT_MS, clock=time.monotonic) -> None:
         if not isinstance(max_prefill, int) or max_prefill < 1:
             raise ValueError(f"max_prefill must be an int >= 1, got {max_prefill!r}")
+        check_prefill_wait(prefill_wait_ms)
+        self.prefill_wait, self._clock = prefill_wait_ms / 1e3, clock
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
         self.eos, self.max_queue, self.stall_timeout = eos, max_queue, stall_timeout
         self.pools: dict[str, SlotPool] = {}
@@ -161,6 +187,7 @@ class Engine:
             if len(q) >= self.max_queue + self.pools[req.tier].free_slots():
                 raise Busy(f"tier {req.tier} is at capacity ({self.pools[req.tier].slots} slots busy, "
                            f"{len(q)} requests waiting); retry shortly")
+            req.queued_at = self._clock()
             q.append(req)
             self._cond.notify_all()
 
@@ -184,14 +211,33 @@ class Engine:
                 for n, p in self.pools.items()}
 
     # ---- the loop ----------------------------------------------------------------------------------------
-    def _has_work(self) -> bool:
-        return any(p.busy() for p in self.pools.values()) or any(self.waiting.values())
+    def _admit_in(self, name: str, now: float) -> float | None:
+        """Seconds until tier ``name`` should prefill its waiting requests (0: now; None: none wait, or no slot is
+        free): at once when they fill ``min(max_prefill, free slots)`` or coalescing is off, else when the oldest
+        has waited ``prefill_wait``."""
+        q, pool = self.waiting[name], self.pools[name]
+        if not q:
+            return None
+        free = pool.free_slots()
+        if free == 0:
+            return None
+        if self.prefill_wait <= 0 or len(q) >= min(pool.max_prefill, free):
+            return 0.0
+        return max(0.0, q[0].queued_at + self.prefill_wait - now)
+
+    def _idle_for(self) -> float | None:
+        """Seconds the loop may sleep (0: a pool has running rows or an admission is due; None: until notified)."""
+        if any(p.busy() for p in self.pools.values()):
+            return 0.0
+        now = self._clock()
+        due = [d for d in (self._admit_in(n, now) for n in self.pools) if d is not None]
+        return min(due, default=None)
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stop and not self._has_work():
-                    self._cond.wait(timeout=1.0)
+                while not self._stop and (wait := self._idle_for()) != 0:
+                    self._cond.wait(timeout=1.0 if wait is None else min(wait, 1.0))
                 if self._stop:
                     return
             for name in self.pools:
@@ -288,7 +334,8 @@ class Engine:
                     log.warning("%s: client stopped reading for %.0f s; cancelled", req.id, self.stall_timeout)
                     req.cancel()
                 self._finish(name, row, "cancelled")
-        self._admit(name)
+        if self._admit_in(name, self._clock()) == 0:
+            self._admit(name)
         rows = pool.active_rows()
         if not rows:
             return

@@ -26,6 +26,7 @@ the engine process dies, every request in flight ends with an error and ``/healt
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import multiprocessing as mp
@@ -34,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from .engine import Busy, Engine, Request
+from .engine import PREFILL_WAIT_MS, Busy, Engine, Request, check_prefill_wait
 
 __all__ = ["RemoteEngine", "model_view"]
 
@@ -82,7 +83,8 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
         return
     live: dict[int, Request] = {}
     sink = _Sink(events, engine, tokens, live)
-    engine.start()
+    gc.freeze()     # the model, pools and modules out of the collector's sight: a full collection of them took ~120 ms,
+    engine.start()  # a stall of every stream when it fell between two decode steps
     events.send(("ready",))
     try:
         while True:
@@ -138,11 +140,13 @@ class RemoteEngine:
 
     def __init__(self, load: Callable[[], Any], model, tiers: list[str], slots: int = 8, max_queue: int = 64,
                  stall_timeout: float = 30.0, eos: int | None = None, metrics=None, pool_factory=None,
-                 start_timeout: float = 1800.0, max_prefill: int = 16) -> None:
+                 start_timeout: float = 1800.0, max_prefill: int = 16,
+                 prefill_wait_ms: float = PREFILL_WAIT_MS) -> None:
+        check_prefill_wait(prefill_wait_ms)          # in this process: a bad value fails before the child starts
         self.model, self.tiers, self.slots, self.max_queue = model, list(tiers), slots, max_queue
         self.stall_timeout, self.metrics, self.start_timeout = stall_timeout, metrics, start_timeout
         kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, "eos": eos,
-                              "max_prefill": max_prefill}
+                              "max_prefill": max_prefill, "prefill_wait_ms": prefill_wait_ms}
         if pool_factory is not None:
             kw["pool_factory"] = pool_factory
         ctx = mp.get_context("spawn")

@@ -1,0 +1,159 @@
+"""Coalescing admission (``Engine(prefill_wait_ms=W)``): a burst of arrivals is prefilled in one forward, a lone
+request waits at most W, running rows keep decoding meanwhile, W=0 admits at once.
+
+The engine reads admission time through an injected fake clock and the tests drive ``Engine._tick`` by hand (no
+engine thread), so every assertion is on counts and group sizes at chosen clock values, never on wall time. The
+pool is the bench's ``StubPool`` with free decode steps and prefills (its greedy text: last token + 1).
+"""
+
+import functools
+import math
+import time
+
+import pytest
+
+from elastic_ssm.bench.serve import StubPool
+from elastic_ssm.serve.engine import Engine, Request
+from elastic_ssm.serve.remote import RemoteEngine
+
+STUB = functools.partial(StubPool, step_ms=0.0)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _engine(tiny, wait_ms: float, slots: int = 8, max_prefill: int = 8, clock=None):
+    """An engine over one stub pool whose ``groups`` list records the size of every prefill forward."""
+    eng = Engine(tiny, ["T4"], slots=slots, tokenizer=tiny.tokenizer, pool_factory=STUB, max_prefill=max_prefill,
+                 prefill_wait_ms=wait_ms, clock=clock or time.monotonic)
+    pool = eng.pools["T4"]
+    eng.groups, admit_many = [], pool.admit_many          # StubPool.admit goes through admit_many too
+    pool.admit_many = lambda owners, prompts: eng.groups.append(len(prompts)) or admit_many(owners, prompts)
+    return eng
+
+
+def _req(max_tokens: int = 4, prompt=(1, 2, 3)) -> Request:
+    return Request(tier="T4", prompt=list(prompt), max_tokens=max_tokens, temperature=0.0)
+
+
+def test_a_burst_over_a_few_ms_is_admitted_in_one_forward_when_it_fills_the_free_slots(tiny):
+    clock = FakeClock()
+    eng = _engine(tiny, wait_ms=50, clock=clock)
+    reqs = [_req() for _ in range(8)]
+    for k, (i, j) in enumerate([(0, 3), (3, 6), (6, 8)]):      # 3, 3 and 2 arrivals, 2 ms apart
+        clock.t = 100.0 + 0.002 * k
+        for r in reqs[i:j]:
+            eng.submit(r)
+        eng._tick("T4")
+        assert eng.groups == ([] if j < 8 else [8])
+    assert all(r.completion_tokens == 1 for r in reqs)        # admitted and given their first token in that tick
+    assert eng._idle_for() == 0                              # rows run: the loop never sleeps
+
+
+def test_a_lone_request_waits_at_most_the_wait_and_the_idle_loop_sleeps_until_then(tiny):
+    clock = FakeClock()
+    eng = _engine(tiny, wait_ms=50, clock=clock)
+    assert eng._idle_for() is None                           # nothing to do: sleep until notified
+    lone = _req()
+    eng.submit(lone)
+    for t, left in ((0.0, 0.05), (0.01, 0.04), (0.0499, 0.0001)):
+        clock.t = 100.0 + t
+        assert eng._idle_for() == pytest.approx(left)        # what the loop sleeps on its condition variable
+        eng._tick("T4")
+        assert eng.groups == [] and lone.completion_tokens == 0
+    clock.t = 100.05
+    assert eng._idle_for() == 0
+    eng._tick("T4")
+    assert eng.groups == [1] and lone.completion_tokens == 1
+
+
+def test_running_rows_keep_decoding_while_admission_waits(tiny):
+    clock = FakeClock()
+    eng = _engine(tiny, wait_ms=50, clock=clock)
+    running = [_req(max_tokens=100) for _ in range(2)]
+    for r in running:
+        eng.submit(r)
+    clock.t = 100.05
+    eng._tick("T4")                                          # the two waited 50 ms: admitted together
+    assert eng.groups == [2]
+    late = _req()
+    clock.t = 101.0
+    eng.submit(late)
+    steps = eng.steps
+    for k in range(5):                                       # 0..40 ms after the late arrival: decode, no prefill
+        clock.t = 101.0 + 0.01 * k
+        eng._tick("T4")
+    assert eng.steps == steps + 5 and [r.completion_tokens for r in running] == [6, 6]
+    assert eng.groups == [2] and late.completion_tokens == 0
+    clock.t = 101.05
+    eng._tick("T4")
+    assert eng.groups == [2, 1] and late.completion_tokens == 1 and running[0].completion_tokens == 7
+
+
+def test_the_preferred_batch_is_what_fits_max_prefill_and_the_free_slots(tiny):
+    clock = FakeClock()
+    eng = _engine(tiny, wait_ms=50, slots=8, max_prefill=3, clock=clock)
+    for _ in range(3):
+        eng.submit(_req(max_tokens=100))
+    eng._tick("T4")                                          # 3 = max_prefill waiting: at once
+    assert eng.groups == [3]
+    for _ in range(5):                                       # 5 free slots, 5 waiting: at once (3 + 2)
+        eng.submit(_req())
+    eng._tick("T4")
+    assert eng.groups == [3, 3, 2]
+
+
+def test_zero_wait_admits_whatever_waits_at_once(tiny):
+    clock = FakeClock()
+    eng = _engine(tiny, wait_ms=0, clock=clock)
+    first = _req(max_tokens=100)
+    eng.submit(first)
+    eng._tick("T4")
+    assert eng.groups == [1] and first.completion_tokens == 1
+    for _ in range(2):
+        eng.submit(_req())
+    eng._tick("T4")                                          # same clock: nothing waits for more
+    assert eng.groups == [1, 2]
+
+
+def test_the_engine_thread_admits_a_burst_together_as_soon_as_it_fills_the_slots(tiny):
+    """Real clock, running loop: with a 30 s wait the four requests can only finish within the 20 s below if the
+    fourth arrival wakes the sleeping loop, and they were then prefilled together."""
+    eng = _engine(tiny, wait_ms=30_000, slots=4, max_prefill=4).start()
+    reqs = [_req() for _ in range(4)]
+    try:
+        for r in reqs:
+            eng.submit(r)
+            time.sleep(0.005)
+        deadline = time.time() + 20
+        while any(r.finish_reason is None for r in reqs) and time.time() < deadline:
+            time.sleep(0.01)
+    finally:
+        eng.shutdown()
+    assert eng.groups == [4] and [r.finish_reason for r in reqs] == ["length"] * 4
+
+
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, "5", None, True])
+def test_a_bad_wait_is_a_one_line_error(tiny, bad):
+    with pytest.raises(ValueError, match=r"prefill_wait_ms must be a finite number of milliseconds >= 0"):
+        Engine(tiny, ["T4"], slots=2, pool_factory=STUB, prefill_wait_ms=bad)
+    with pytest.raises(ValueError, match="prefill_wait_ms"):          # before any engine process starts
+        RemoteEngine(lambda: tiny, tiny, ["T4"], slots=2, prefill_wait_ms=bad)
+
+
+def test_the_defaults_of_the_flag_the_settings_and_the_bench_agree():
+    import dataclasses
+
+    from elastic_ssm.bench import BenchConfig
+    from elastic_ssm.cli_options import ServeOptions
+    from elastic_ssm.serve.app import ServerSettings
+    from elastic_ssm.serve.engine import PREFILL_WAIT_MS
+
+    flag = {f.name: f.default for f in dataclasses.fields(ServeOptions)}["prefill_wait_ms"]
+    assert flag == ServerSettings(name="m", tiers=["T1"], default_tier="T1").prefill_wait_ms == PREFILL_WAIT_MS
+    assert BenchConfig().serve_prefill_wait_ms == (PREFILL_WAIT_MS,)
