@@ -22,6 +22,8 @@ reset before it is reused. The pool has its own decoder (not ``decoder_pool(mode
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import torch
@@ -30,6 +32,8 @@ from ..models.cache import ESSHCache
 from ..models.fast_decode import FastDecoder
 
 __all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_"]
+
+log = logging.getLogger("elastic_ssm.serve")
 
 
 def row_cache(cache: ESSHCache, i: int) -> ESSHCache:
@@ -124,10 +128,14 @@ class SlotPool(SlotRows):
         if not self.free_slots():
             raise RuntimeError("warm_up needs a free slot; call it before admitting requests")
         row = self.owner.index(None)
+        start = time.perf_counter()
         for T in lengths:
             ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                  # [1, T]
             self.model.hidden_states(ids, tier=self.tier, cache=reset_row_(self.cache, row))
         reset_row_(self.cache, row)
+        log.info("tier %s: prefill warmed up for prompts of %s tokens in %.1f s (on a fresh machine fla autotunes "
+                 "here, once; Triton keeps the result on disk)", self.tier.name, "/".join(map(str, lengths)),
+                 time.perf_counter() - start)
 
     # ---- slots -------------------------------------------------------------------------------------------
     @torch.no_grad()
