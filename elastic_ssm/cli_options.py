@@ -230,8 +230,9 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
     port: int = flag(8000, "TCP port (0: any free port)", minimum=0, maximum=65535)
     api_key: str | None = flag(None, "require 'Authorization: Bearer KEY' (or set ELASTIC_SSM_API_KEY)")
     max_batch: int = flag(16, "slots per tier: the decode batch of its pool", minimum=1)
-    max_prefill: int = flag(16, "most waiting prompts of one length prefilled together in one forward (at most "
-                                "--max-batch; larger admits a burst of requests in fewer forwards)", minimum=1)
+    max_prefill: int = flag(16, "most waiting prompts prefilled together in one forward (similar lengths, "
+                                "left-padded; at most --max-batch; larger admits a burst of requests in fewer "
+                                "forwards)", minimum=1)
     prefill_wait_ms: float = flag(50.0, "longest a waiting request is held (ms) for more arrivals to share its "
                                         "prefill forward; it goes at once when the waiting requests fill "
                                         "min(--max-prefill, free slots); running streams keep decoding meanwhile "

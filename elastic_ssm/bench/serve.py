@@ -96,7 +96,7 @@ class StubPool(SlotRows):
         rows = self.free_rows(len(prompts))
         if len(rows) < len(prompts):
             raise ValueError("no free slot")
-        self._occupy(self.prefill[0] + self.prefill[1] * sum(len(p) for p in prompts))
+        self._occupy(self.prefill[0] + self.prefill[1] * len(prompts) * max(len(p) for p in prompts))  # padded
         self._next(rows, [p[-1] for p in prompts])
         for i, owner in zip(rows, owners):
             self.owner[i] = owner
@@ -338,7 +338,7 @@ def _serve_main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", required=True)
     p.add_argument("--tiers", required=True)
     p.add_argument("--slots", type=int, required=True)
-    p.add_argument("--max-prefill", type=int, default=16, help="prompts of one length prefilled together")
+    p.add_argument("--max-prefill", type=int, default=16, help="most prompts prefilled together in one forward")
     p.add_argument("--prefill-wait-ms", type=float, default=PREFILL_WAIT_MS,
                    help="longest a waiting request is held for more arrivals to share its prefill forward")
     p.add_argument("--port", type=int, required=True)

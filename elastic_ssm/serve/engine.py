@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .slots import SlotPool
+from .slots import SlotPool, prefill_groups
 from .tokens import RowNoise, TextStream, sample_rows
 
 __all__ = ["Engine", "Request", "Busy", "PREFILL_WAIT_MS", "check_prefill_wait"]
@@ -133,9 +133,9 @@ class Engine:
     ``slots``: rows per tier pool (the decoder's batch bucket). ``max_queue``: waiting requests per tier
     before ``Busy``. ``stall_timeout``: seconds a request may hold undelivered output before it is
     cancelled and its slot freed. ``eos``: token id that ends a request (None: none). ``max_prefill``: the most
-    waiting prompts of one length prefilled together in one forward (``SlotPool.admit_many``; a burst of
-    arrivals is admitted in fewer, larger forwards when it is larger). ``prefill_wait_ms``: the longest a waiting
-    request is held for more arrivals to share its prefill forward (module docstring; 0: admit at once).
+    waiting prompts prefilled together in one forward (``SlotPool.admit_many``, similar lengths left-padded; a
+    burst of arrivals is admitted in fewer, larger forwards when it is larger). ``prefill_wait_ms``: the longest a
+    waiting request is held for more arrivals to share its prefill forward (module docstring; 0: admit at once).
     ``pool_factory``: internal (the bench's CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool
     as ``pool_factory(model, tier, slots, max_prefill=...)``; ``SlotPool`` everywhere else. ``clock``: the
     monotonic clock, in seconds, that admission reads (tests inject a fake one).
@@ -275,8 +275,9 @@ class Engine:
             self._texts[name][row] = None
 
     def _admit(self, name: str) -> None:
-        """Prefill waiting requests into free rows: prompts of one length together (``SlotPool.admit_many``);
-        a group whose prefill fails is prefilled one by one, so only a failing request ends."""
+        """Prefill waiting requests into free rows, in groups of similar length (``prefill_groups``; one batched,
+        left-padded forward each, ``SlotPool.admit_many``); a group whose prefill fails is prefilled one by one,
+        so only a failing request ends."""
         pool, q = self.pools[name], self.waiting[name]
         take: list[Request] = []
         with self._cond:
@@ -287,22 +288,18 @@ class Engine:
                     req.emit("done", "cancelled")
                 else:
                     take.append(req)
-        groups: dict[int, list[Request]] = {}
-        for req in take:
-            groups.setdefault(len(req.prompt), []).append(req)
-        for group in groups.values():
-            for k in range(0, len(group), pool.max_prefill):
-                chunk = group[k:k + pool.max_prefill]
-                try:
-                    rows = pool.admit_many(chunk, [r.prompt for r in chunk]) if len(chunk) > 1 else None
-                except Exception as e:
-                    log.warning("batched prefill of %d prompts failed (%s); prefilling them one by one", len(chunk), e)
-                    rows = None
-                if rows is None:
-                    rows = [self._admit_one(pool, req) for req in chunk]
-                for req, row in zip(chunk, rows):
-                    if row is not None:
-                        self._start(name, req, row)
+        for group in prefill_groups([len(r.prompt) for r in take], pool.max_prefill):
+            chunk = [take[i] for i in group]
+            try:
+                rows = pool.admit_many(chunk, [r.prompt for r in chunk]) if len(chunk) > 1 else None
+            except Exception as e:
+                log.warning("batched prefill of %d prompts failed (%s); prefilling them one by one", len(chunk), e)
+                rows = None
+            if rows is None:
+                rows = [self._admit_one(pool, req) for req in chunk]
+            for req, row in zip(chunk, rows):
+                if row is not None:
+                    self._start(name, req, row)
 
     @staticmethod
     def _admit_one(pool: SlotPool, req: Request) -> int | None:

@@ -9,7 +9,7 @@ Continuous batching (``serve/engine.py``) needs three things the decode engine d
   position 0) before its prefill;
 * ``SlotPool``: a ``FastDecoder`` of ``slots`` rows at one tier (captured in a CUDA graph once, on CUDA),
   the pending logits of every row ``[slots, V]`` (float32), and which request holds which row;
-  ``admit_many`` prefills several prompts of one length in one batched forward (straight into consecutive
+  ``admit_many`` prefills several prompts in one batched, left-padded forward (straight into consecutive
   free rows when there are enough, else into a scratch cache whose rows are then copied into the free slots),
   so a burst of arrivals costs one prefill, not one each.
 
@@ -31,7 +31,7 @@ import torch
 from ..models.cache import ESSHCache
 from ..models.fast_decode import FastDecoder
 
-__all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_"]
+__all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups"]
 
 log = logging.getLogger("elastic_ssm.serve")
 
@@ -46,6 +46,43 @@ def row_cache(cache: ESSHCache, i: int) -> ESSHCache:
 def reset_row_(cache: ESSHCache, i: int) -> ESSHCache:
     """Empty sequence ``i`` of ``cache`` in place; returns its row view, ready for a prefill."""
     return row_cache(cache, i).reset_()
+
+
+def left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``ids [n, T]`` of prompts left-padded (id 0) to the longest, ``T``, and the mask of real tokens ``[n, T]``
+    (None when every prompt has ``T`` tokens: the unmasked forward)."""
+    T = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), T, dtype=torch.long)
+    mask = torch.zeros(len(prompts), T, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, T - len(p):] = True
+    same = all(len(p) == T for p in prompts)
+    return ids.to(device), (None if same else mask.to(device))
+
+
+def prefill_groups(lengths: list[int], max_prefill: int, pad_ratio: float = 1.25, pad_tokens: int = 2048
+                   ) -> list[list[int]]:
+    """Indices of prompts (of ``lengths``) grouped for batched prefill, at most ``max_prefill`` a group.
+
+    Sorted by length, a prompt joins the current group while the group stays within ``max_prefill`` and its
+    left padding stays small: the padded tokens (``size x longest``) at most ``pad_ratio`` x the real ones, or
+    at most ``pad_tokens`` more than them (a padded token costs its per-token time; another forward costs a fixed
+    time worth thousands of tokens, docs/serving.md). Prompts of one length always share a group up to
+    ``max_prefill``."""
+    groups: list[list[int]] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
+        L = lengths[i]
+        if groups and len(groups[-1]) < max_prefill:
+            padded, total = (len(groups[-1]) + 1) * L, real + L
+            if padded <= pad_ratio * total or padded - total <= pad_tokens:
+                groups[-1].append(i)
+                real = total
+                continue
+        groups.append([i])
+        real = L
+    return groups
 
 
 class SlotRows:
@@ -87,7 +124,7 @@ class SlotPool(SlotRows):
     """``slots`` sequences of ``model`` decoded together at ``tier`` (see the module docstring).
 
     ``state_dtype`` / ``kv_dtype``: the cache's (defaults of ``ESSHCache.allocate``: fp32 states, a bf16 window
-    ring on CUDA). ``max_prefill``: prompts of one length prefilled together by ``admit_many`` (its scratch
+    ring on CUDA). ``max_prefill``: the most prompts prefilled together by ``admit_many`` (its scratch
     cache, allocated only when the free rows are scattered, holds that many rows).
     """
 
@@ -141,6 +178,8 @@ class SlotPool(SlotRows):
     @torch.no_grad()
     def admit(self, owner: Any, prompt: list[int]) -> int:
         """Prefill ``prompt`` into a free row for ``owner``; its next-token logits wait in ``self.logits``."""
+        if not self.free_slots():
+            raise ValueError(f"admit: all {self.slots} slots are busy")
         i = self.owner.index(None)
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)              # [1, T]
         view = reset_row_(self.cache, i)
@@ -151,30 +190,32 @@ class SlotPool(SlotRows):
 
     @torch.no_grad()
     def admit_many(self, owners: list, prompts: list[list[int]]) -> list[int]:
-        """Prefill prompts of one length into free rows together (one batched forward); returns the rows, in order.
+        """Prefill prompts into free rows together (one batched forward); returns the rows, in order.
 
-        When ``n`` consecutive rows are free (a burst into an idle pool, or after a wave ends) the forward writes
-        straight into them (``cache.narrow``); otherwise into a scratch cache of ``max_prefill`` rows (allocated on
-        first need) whose rows are then copied into the first free slots."""
+        Prompts of different lengths are left-padded to the longest and masked (``attention_mask``: padding never
+        enters a state and is never attended to; every row equals its own prefill up to rounding). When ``n``
+        consecutive rows are free (a burst into an idle pool, or after a wave ends) the forward writes straight
+        into them (``cache.narrow``); otherwise into a scratch cache of ``max_prefill`` rows (allocated on first
+        need) whose rows are then copied into the first free slots."""
         n = len(prompts)
         if n == 1:
             return [self.admit(owners[0], prompts[0])]
-        if not 1 < n <= min(self.max_prefill, self.free_slots()) or len({len(p) for p in prompts}) != 1:
-            raise ValueError(f"admit_many takes 2..{self.max_prefill} prompts of one length, at most the "
+        if not 1 < n <= min(self.max_prefill, self.free_slots()) or not all(prompts):
+            raise ValueError(f"admit_many takes 2..{self.max_prefill} non-empty prompts, at most the "
                              f"{self.free_slots()} free slots")
-        ids = torch.tensor(prompts, dtype=torch.long, device=self.device)                # [n, T]
+        ids, mask = left_pad(prompts, self.device)                                       # [n, T], [n, T] | None
         start = self.free_run(n)
         if start is not None:
             rows = list(range(start, start + n))
             view = self.cache.narrow(n, start=start).reset_()
-            h = self.model.hidden_states(ids, tier=self.tier, cache=view)                # [n, T, D]
+            h = self.model.hidden_states(ids, tier=self.tier, attention_mask=mask, cache=view)  # [n, T, D]
             self.logits[start:start + n] = self.model.logits_from_hidden(h[:, -1]).float()
         else:
             if self._scratch is None:
                 self._scratch = self.model.allocate_cache(self.max_prefill, self.tier, state_dtype=self._dtypes[0],
                                                           kv_dtype=self._dtypes[1])
             view = self._scratch.narrow(n).reset_()
-            h = self.model.hidden_states(ids, tier=self.tier, cache=view)                # [n, T, D]
+            h = self.model.hidden_states(ids, tier=self.tier, attention_mask=mask, cache=view)  # [n, T, D]
             rows = self.free_rows(n)
             idx = torch.tensor(rows, device=self.device)
             for dst, src in zip(self.cache.tensors(), view.tensors()):

@@ -13,7 +13,7 @@ from elastic_ssm.elastic.tiers import state_bytes
 from elastic_ssm.models.generation import sample_next
 from elastic_ssm.serve.calibrate import calibrate, quality_table, write_profile, write_quality
 from elastic_ssm.serve.engine import Busy, Engine, Request
-from elastic_ssm.serve.slots import SlotPool, reset_row_, row_cache
+from elastic_ssm.serve.slots import SlotPool, prefill_groups, reset_row_, row_cache
 from elastic_ssm.serve.tokens import RowNoise, TextStream, sample_rows
 
 
@@ -55,6 +55,42 @@ def test_pool_with_staggered_arrivals_equals_one_at_a_time_generate(tiny, tier):
     assert [out[k] for k in range(len(prompts))] == ref
 
 
+def test_prefill_groups_bound_size_and_padding():
+    lengths = [9, 40, 9, 10, 9, 41, 300, 9, 12]
+    groups = prefill_groups(lengths, max_prefill=4)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))      # every prompt, once
+    for g in groups:
+        real, padded = sum(lengths[i] for i in g), len(g) * max(lengths[i] for i in g)
+        assert len(g) <= 4 and (padded <= 1.25 * real or padded - real <= 2048)
+    assert [sorted(lengths[i] for i in g) for g in groups] == [[9, 9, 9, 9], [10, 12, 40, 41], [300]]
+    tight = prefill_groups(lengths, max_prefill=8, pad_tokens=0)               # by the ratio alone
+    assert [sorted(lengths[i] for i in g) for g in tight] == [[9, 9, 9, 9, 10, 12], [40, 41], [300]]
+    assert prefill_groups([7] * 5, 2) == [[0, 1], [2, 3], [4]]                  # one length: by max_prefill
+
+
+def test_prompts_of_different_lengths_prefilled_together_equal_generate(tiny):
+    """``admit_many`` left-pads prompts of different lengths into one masked forward; every row then decodes
+    as ``generate`` does for its prompt alone (greedy), including into scattered rows (the scratch cache)."""
+    prompts = [list(b"hi"), list(b"hello there"), list(b"abcdef"), list(b"a somewhat longer prompt")]
+    n = 10
+    ref = [tiny.generate(torch.tensor([p]), n, tier="T4")[0, len(p):].tolist() for p in prompts]
+    for busy in ((), (1, 3)):
+        pool = SlotPool(tiny, "T4", 8, max_prefill=4)
+        for r in busy:
+            pool.owner[r] = "other"
+        rows = pool.admit_many(list(range(4)), prompts)
+        assert len(set(rows)) == 4 and not set(rows) & set(busy)
+        out = {r: [] for r in rows}
+        for _ in range(n):
+            tokens = pool.logits.argmax(-1)
+            for r in rows:
+                out[r].append(int(tokens[r]))
+            pool.step(tokens)
+        assert [out[r] for r in rows] == ref, busy
+    with pytest.raises(ValueError, match="non-empty"):
+        SlotPool(tiny, "T4", 4).admit_many(["a", "b"], [[1, 2], []])
+
+
 def test_warm_up_prefills_a_free_row_and_leaves_it_empty(tiny):
     """``SlotPool.warm_up`` (run at construction on CUDA): a busy row decodes on as if nothing happened, and the
     warmed row is left empty (zero state and ring, position 0)."""
@@ -92,8 +128,9 @@ def test_a_burst_of_equal_length_prompts_is_prefilled_together(tiny, busy, rows)
     assert pool.admit_many([0, 1, 2], prompts) == rows
     assert all(torch.equal(b, t[list(busy)]) for b, t in zip(before, pool.cache.tensors()))   # busy rows untouched
     assert (pool._scratch is None) == (rows == list(range(rows[0], rows[0] + 3)))
-    with pytest.raises(ValueError, match="of one length"):
-        pool.admit_many([3, 4], [[1, 2], [1]])
+    more = max(2, pool.free_slots() + 1)                                        # more prompts than free slots
+    with pytest.raises(ValueError, match=f"at most the {pool.free_slots()} free slots"):
+        pool.admit_many(list(range(3, 3 + more)), [[1, 2]] * more)
     out = {k: [] for k in range(3)}
     zeros, k0, p1 = torch.zeros(5), torch.zeros(5, dtype=torch.long), torch.ones(5)
     for _ in range(n):
