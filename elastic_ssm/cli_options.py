@@ -233,6 +233,9 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
     max_prefill: int = flag(16, "most waiting prompts prefilled together in one forward (similar lengths, "
                                 "left-padded; at most --max-batch; larger admits a burst of requests in fewer "
                                 "forwards)", minimum=1)
+    max_prefill_tokens: int = flag(32768, "most prompt tokens (padding included) in one prefill forward: bounds its "
+                                          "memory and how long it holds up the running streams (a longer prompt "
+                                          "goes alone)", minimum=1)
     prefill_wait_ms: float = flag(50.0, "longest a waiting request is held (ms) for more arrivals to share its "
                                         "prefill forward; it goes at once when the waiting requests fill "
                                         "min(--max-prefill, free slots); running streams keep decoding meanwhile "

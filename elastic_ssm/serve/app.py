@@ -38,7 +38,7 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from .engine import PREFILL_WAIT_MS, Busy, Engine, Request
+from .engine import PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_completion
 from .remote import RemoteEngine
@@ -111,6 +111,7 @@ class ServerSettings:
     default_tier: str
     slots: int = 8
     max_prefill: int = 16
+    max_prefill_tokens: int = PREFILL_TOKENS
     prefill_wait_ms: float = PREFILL_WAIT_MS
     api_key: str | None = None
     max_queue: int = 64
@@ -146,7 +147,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     if load is not None:
         remote = RemoteEngine(load, model, settings.tiers, settings.slots, settings.max_queue,
                               settings.stall_timeout_s, eos=eos, metrics=metrics, pool_factory=pool_factory,
-                              max_prefill=settings.max_prefill, prefill_wait_ms=settings.prefill_wait_ms)
+                              max_prefill=settings.max_prefill, prefill_wait_ms=settings.prefill_wait_ms,
+                              max_prefill_tokens=settings.max_prefill_tokens)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -157,6 +159,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             extra = {} if pool_factory is None else {"pool_factory": pool_factory}
             eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s,
                          eos=eos, tokenizer=tok, metrics=metrics, max_prefill=settings.max_prefill,
+                         max_prefill_tokens=settings.max_prefill_tokens,
                          prefill_wait_ms=settings.prefill_wait_ms, **extra).start()
         state["engine"] = app.state.engine = eng
         gc.freeze()          # the objects of start-up out of the collector's sight: a full collection paused the

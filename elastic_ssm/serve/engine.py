@@ -41,7 +41,7 @@ import torch
 from .slots import SlotPool, prefill_groups
 from .tokens import RowNoise, TextStream, sample_rows
 
-__all__ = ["Engine", "Request", "Busy", "PREFILL_WAIT_MS", "check_prefill_wait"]
+__all__ = ["Engine", "Request", "Busy", "PREFILL_WAIT_MS", "PREFILL_TOKENS", "check_prefill_wait"]
 
 log = logging.getLogger("elastic_ssm.serve")
 _ids = itertools.count(1)
@@ -60,6 +60,9 @@ def deliver() -> None:
         if not loop.is_closed():
             loop.call_soon_threadsafe(_put_all, items)
 
+
+#: default of ``--max-prefill-tokens``: prompt tokens (padding included) in one prefill forward
+PREFILL_TOKENS = 32768
 
 #: default of ``--prefill-wait-ms`` (docs/serving.md, "Coalescing admission", has the measurements behind it)
 PREFILL_WAIT_MS = 50.0
@@ -134,7 +137,8 @@ class Engine:
     before ``Busy``. ``stall_timeout``: seconds a request may hold undelivered output before it is
     cancelled and its slot freed. ``eos``: token id that ends a request (None: none). ``max_prefill``: the most
     waiting prompts prefilled together in one forward (``SlotPool.admit_many``, similar lengths left-padded; a
-    burst of arrivals is admitted in fewer, larger forwards when it is larger). ``prefill_wait_ms``: the longest a
+    burst of arrivals is admitted in fewer, larger forwards when it is larger); ``max_prefill_tokens``: the most
+    prompt tokens, padding included, in one of them (a longer prompt goes alone). ``prefill_wait_ms``: the longest a
     waiting request is held for more arrivals to share its prefill forward (module docstring; 0: admit at once).
     ``pool_factory``: internal (the bench's CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool
     as ``pool_factory(model, tier, slots, max_prefill=...)``; ``SlotPool`` everywhere else. ``clock``: the
@@ -143,9 +147,12 @@ class Engine:
 
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
                  eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool,
-                 max_prefill: int = 16, prefill_wait_ms: float = PREFILL_WAIT_MS, clock=time.monotonic) -> None:
-        if not isinstance(max_prefill, int) or max_prefill < 1:
-            raise ValueError(f"max_prefill must be an int >= 1, got {max_prefill!r}")
+                 max_prefill: int = 16, prefill_wait_ms: float = PREFILL_WAIT_MS, clock=time.monotonic,
+                 max_prefill_tokens: int = PREFILL_TOKENS) -> None:
+        for key, value in (("max_prefill", max_prefill), ("max_prefill_tokens", max_prefill_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key} must be an int >= 1, got {value!r}")
+        self.max_prefill_tokens = max_prefill_tokens
         check_prefill_wait(prefill_wait_ms)
         self.prefill_wait, self._clock = prefill_wait_ms / 1e3, clock
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
@@ -288,7 +295,7 @@ class Engine:
                     req.emit("done", "cancelled")
                 else:
                     take.append(req)
-        for group in prefill_groups([len(r.prompt) for r in take], pool.max_prefill):
+        for group in prefill_groups([len(r.prompt) for r in take], pool.max_prefill, self.max_prefill_tokens):
             chunk = [take[i] for i in group]
             try:
                 rows = pool.admit_many(chunk, [r.prompt for r in chunk]) if len(chunk) > 1 else None

@@ -61,21 +61,22 @@ def left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tens
     return ids.to(device), (None if same else mask.to(device))
 
 
-def prefill_groups(lengths: list[int], max_prefill: int, pad_ratio: float = 1.25, pad_tokens: int = 2048
-                   ) -> list[list[int]]:
-    """Indices of prompts (of ``lengths``) grouped for batched prefill, at most ``max_prefill`` a group.
+def prefill_groups(lengths: list[int], max_prefill: int, max_tokens: int | None = None, pad_ratio: float = 1.25,
+                   pad_tokens: int = 2048) -> list[list[int]]:
+    """Indices of prompts (of ``lengths``) grouped for batched prefill, at most ``max_prefill`` a group and at
+    most ``max_tokens`` padded tokens (``size x longest``; None: no bound; a longer prompt is a group alone).
 
     Sorted by length, a prompt joins the current group while the group stays within ``max_prefill`` and its
     left padding stays small: the padded tokens (``size x longest``) at most ``pad_ratio`` x the real ones, or
     at most ``pad_tokens`` more than them (a padded token costs its per-token time; another forward costs a fixed
     time worth thousands of tokens, docs/serving.md). Prompts of one length always share a group up to
-    ``max_prefill``."""
+    ``max_prefill`` and ``max_tokens``."""
     groups: list[list[int]] = []
     real = 0
     for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
         L = lengths[i]
-        if groups and len(groups[-1]) < max_prefill:
-            padded, total = (len(groups[-1]) + 1) * L, real + L
+        padded, total = ((len(groups[-1]) + 1) * L, real + L) if groups else (0, 0)
+        if groups and len(groups[-1]) < max_prefill and (max_tokens is None or padded <= max_tokens):
             if padded <= pad_ratio * total or padded - total <= pad_tokens:
                 groups[-1].append(i)
                 real = total

@@ -66,6 +66,8 @@ def test_prefill_groups_bound_size_and_padding():
     tight = prefill_groups(lengths, max_prefill=8, pad_tokens=0)               # by the ratio alone
     assert [sorted(lengths[i] for i in g) for g in tight] == [[9, 9, 9, 9, 10, 12], [40, 41], [300]]
     assert prefill_groups([7] * 5, 2) == [[0, 1], [2, 3], [4]]                  # one length: by max_prefill
+    assert prefill_groups([7] * 5, 8, max_tokens=21) == [[0, 1, 2], [3, 4]]     # and by padded tokens
+    assert prefill_groups([5, 50, 6], 8, max_tokens=20) == [[0, 2], [1]]       # a longer prompt goes alone
 
 
 def test_prompts_of_different_lengths_prefilled_together_equal_generate(tiny):
@@ -392,3 +394,5 @@ def test_engine_prefills_a_burst_in_groups_of_max_prefill_and_matches_generate(t
     assert [r.tokens for r in reqs] == ref and {r.finish_reason for r in reqs} == {"length"}
     with pytest.raises(ValueError, match="max_prefill"):
         Engine(tiny, ["T4"], slots=2, max_prefill=0)
+    with pytest.raises(ValueError, match="max_prefill_tokens must be an int >= 1"):
+        Engine(tiny, ["T4"], slots=2, max_prefill_tokens=0)
