@@ -139,7 +139,10 @@ def head_bucket(H: int) -> int:
     ESSH preset have K = 8, 11, 15, ..., 32), and each new K costs tens of seconds of autotuning on a fresh
     machine (46 s per new capacity measured on an H200). Padding to a power of two leaves at most
     ``log2(K-bar) + 1`` shapes (8, 16, 32) for less than twice the scan's work at a sub-full capacity."""
-    return 1 << max(0, H - 1).bit_length()
+    b = 1
+    while b < H:                      # comparisons, not int.bit_length: H may be a symbolic size under torch.compile
+        b *= 2
+    return b
 
 
 def gla_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float = 1.0, initial_state: Tensor | None = None,
