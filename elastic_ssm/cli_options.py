@@ -230,9 +230,10 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
     port: int = flag(8000, "TCP port (0: any free port)", minimum=0, maximum=65535)
     api_key: str | None = flag(None, "require 'Authorization: Bearer KEY' (or set ELASTIC_SSM_API_KEY)")
     max_batch: int = flag(16, "slots per tier: the decode batch of its pool", minimum=1)
-    max_prefill: int = flag(16, "most waiting prompts prefilled together in one forward (similar lengths, "
-                                "left-padded; at most --max-batch; larger admits a burst of requests in fewer "
-                                "forwards)", minimum=1)
+    max_prefill: int = flag(0, "most waiting prompts prefilled together in one forward (similar lengths, "
+                               "left-padded; 0: --max-batch, a burst that fills the pool in one forward; set it "
+                               "lower to bound the scratch cache used when the free slots are scattered)",
+                            minimum=0)
     max_prefill_tokens: int = flag(32768, "most prompt tokens (padding included) in one prefill forward: bounds its "
                                           "memory and how long it holds up the running streams (a longer prompt "
                                           "goes alone)", minimum=1)

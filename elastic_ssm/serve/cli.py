@@ -96,7 +96,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     "set --api-key or %s", args.host, API_KEY_ENV)
     announce_device("serve", device, dtype)
     settings = ServerSettings(name=name, tiers=tiers, default_tier=default, slots=args.max_batch,
-                              max_prefill=args.max_prefill, max_prefill_tokens=args.max_prefill_tokens,
+                              max_prefill=min(args.max_prefill or args.max_batch, args.max_batch),
+                              max_prefill_tokens=args.max_prefill_tokens,
                               prefill_wait_ms=args.prefill_wait_ms, api_key=key,
                               max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,

@@ -144,9 +144,13 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
     import uvicorn
 
     from elastic_ssm.cli import main
+    from elastic_ssm.serve import app as app_module
 
-    runs = []
+    runs, settings = [], []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: runs.append((app, kw)))
+    create_app = app_module.create_app
+    monkeypatch.setattr(app_module, "create_app",
+                        lambda model, s, **kw: settings.append(s) or create_app(model, s, **kw))
     monkeypatch.delenv("ELASTIC_SSM_API_KEY", raising=False)
     with caplog.at_level("WARNING", logger="elastic_ssm.serve"):
         assert main(["serve", str(model_dir), "--tiers", "T1,T4", "--host", "0.0.0.0", "--port", "1234",
@@ -154,6 +158,7 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
     assert "without an API key" in caplog.text
     app, kw = runs[-1]
     assert (kw["host"], kw["port"]) == ("0.0.0.0", 1234)
+    assert (settings[-1].slots, settings[-1].max_prefill) == (2, 2)           # --max-prefill 0: --max-batch
     with TestClient(app) as c:
         assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["tiny", "tiny@T1", "tiny@T4"]
     caplog.clear()
@@ -161,7 +166,8 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
     t3 = es.tier_table(es.ESSHConfig.preset("tiny"))[2].params
     with caplog.at_level("WARNING", logger="elastic_ssm.serve"):
         assert main(["serve", str(model_dir), "--tiers", "T1", "--tier", "auto", "--max-params", str(t3),
-                     "--device", "cpu", "--max-batch", "1"]) == 0
+                     "--device", "cpu", "--max-batch", "1", "--max-prefill", "4"]) == 0
+    assert settings[-1].max_prefill == 1                                       # at most --max-batch
     assert "without an API key" not in caplog.text and runs[-1][1]["host"] == "127.0.0.1"
     with TestClient(runs[-1][0]) as c:
         assert c.get("/v1/models").status_code == 401
