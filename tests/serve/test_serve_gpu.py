@@ -1,5 +1,6 @@
 """GPU: a CUDA-graphed slot pool at batch bucket 16 with requests arriving mid-stream equals one-at-a-time
-generation (fp32 weights, states and window ring); the engine over two graphed tiers repeats seeded
+generation (fp32 weights, states and window ring), also for prompts of different lengths prefilled together;
+the engine over two graphed tiers repeats seeded
 sampled requests exactly; calibration times graphed pools. Run with
 ``python -m pytest -m gpu tests/serve/test_serve_gpu.py`` (``ELASTIC_SSM_SCAN_BACKEND=torch`` keeps fla from
 compiling for the prefills)."""
@@ -71,6 +72,36 @@ def test_pool_at_bucket_16_with_mid_stream_arrivals_equals_one_at_a_time(tier):
         ties = ((top2[:, 0] - top2[:, 1]) < 1e-3).nonzero()
         upto = int(ties[0, 0]) if ties.numel() else n
         assert toks[k][:upto] == ref[:upto].tolist(), k
+
+
+@pytest.mark.parametrize("busy", [(), (1, 4, 6)])
+def test_prompts_of_different_lengths_prefilled_together_on_cuda(busy):
+    """``admit_many`` on CUDA (graphed pool, fp32): prompts of 3-37 tokens left-padded into one forward, into
+    consecutive rows or (some rows busy) through the scratch cache; every row then decodes with the logits of its
+    own prompt (teacher-forced reference), i.e. the padding never reached a state."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny", tie_embeddings=False)), 0.5, True).cuda().eval()
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 256, (L,), generator=g).tolist() for L in (3, 17, 9, 37, 30, 12)]
+    pool = SlotPool(model, "T10", 16, kv_dtype=torch.float32)
+    for r in busy:
+        pool.owner[r] = "busy"
+    rows = pool.admit_many(list(range(len(prompts))), prompts)
+    assert not set(rows) & set(busy)
+    n, logits = 12, {r: [] for r in rows}
+    zeros, k0, p1 = torch.zeros(16, device="cuda"), torch.zeros(16, dtype=torch.long, device="cuda"), \
+        torch.ones(16, device="cuda")
+    toks = {r: [] for r in rows}
+    for _ in range(n):
+        nxt = sample_rows(pool.logits, zeros, k0, p1, None)
+        for r in rows:
+            logits[r].append(pool.logits[r].clone())
+            toks[r].append(int(nxt[r]))
+        pool.step(nxt)
+    for r, p in zip(rows, prompts):
+        want = model(torch.tensor([p + toks[r]], device="cuda"), tier="T10")[0, len(p) - 1:-1].float()
+        torch.testing.assert_close(torch.stack(logits[r]), want, rtol=1e-3, atol=1e-3)
 
 
 def _wait(reqs, seconds=120):
