@@ -88,6 +88,15 @@ def test_fla_matches_reference_at_preset_widths(dtype):
                                 dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("K", [5, 11])
+def test_fla_matches_reference_with_padded_heads(K, dtype):
+    """K channels that are not a power of two run on ``gla_op.head_bucket(K)`` heads (8, 16: zero heads added
+    and dropped), with the within-chunk cumulative gate from torch (``local_cumsum_log2``); forward and
+    backward still match the reference."""
+    check_fla_against_reference(make_inputs(T=130, K=K, dtype=dtype, strong=True, seed=K), dtype)
+
+
 def check_fla_against_reference(x, dtype):
     T = x["v"].shape[1]
     ref_fn = naive_spectral_scan if T <= 256 else chunk_spectral_scan  # chunk fp64 == naive (CPU tests)
