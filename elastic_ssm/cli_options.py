@@ -241,6 +241,9 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
                                         "prefill forward; it goes at once when the waiting requests fill "
                                         "min(--max-prefill, free slots); running streams keep decoding meanwhile "
                                         "(0: prefill whatever waits at once)", minimum=0)
+    prefill_graphs: bool = flag(True, "on CUDA, replay prefill forwards from CUDA graphs, one per (prompts, "
+                                      "length) bucket captured on first use (no per-forward host dispatch); "
+                                      "--no-prefill-graphs prefills eagerly")
     max_queue: int = flag(64, "requests waiting per tier before 503", minimum=0)
     max_prompt_tokens: int = flag(8192, "longest prompt accepted", minimum=1)
     max_tokens_limit: int = flag(4096, "largest max_tokens accepted", minimum=1)

@@ -7,32 +7,65 @@ not the GPU, sets the pace. ``PrefillGraph`` captures one whole prefill of the m
 the logits of the last position only. A call copies the prompt into static buffers and replays.
 
 Prompts are left-padded to the graph's length (``length_bucket``: steps of at least 256 tokens, and above
-2048 tokens at most 1/8 of padding, so a handful of graphs cover every length), the padding masked exactly as
+2048 tokens at most 1/8 of padding, so a handful of graphs cover every length; the server's slot pools take
+finer steps for short prompts, ``min_step=32``), the padding masked exactly as
 in a padded batch (padded tokens never enter a state and are masked as attention keys), so every row equals
 its unpadded prefill up to rounding. A prompt whose length is a bucket and that has no mask runs the
 unpadded graph (the causal flash path). Rows of the decoder's batch bucket beyond the prompt's batch
 repeat its first row and are never read.
+
+The graph writes into the cache of a target: a ``FastDecoder`` (``generate``: its own cache) or a
+``CacheTarget`` (the server's slot pools, ``serve/slots.py``: a scratch cache whose rows are then copied into
+the pool's free slots, since a graph's addresses are fixed and the free slots are not).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from ..elastic.tiers import Tier
+from .cache import ESSHCache
 from .compile import compiled_trunk, scan_backend, trunk_for
 
-__all__ = ["PrefillGraph", "length_bucket"]
+__all__ = ["CacheTarget", "PrefillGraph", "length_bucket"]
 
 
-def length_bucket(T: int) -> int:
-    """The captured prompt length serving T tokens: T rounded up to a multiple of 2^(bits(T) - 4) (>= 256)."""
+def length_bucket(T: int, min_step: int = 256) -> int:
+    """The captured prompt length serving T tokens: T rounded up to a multiple of max(2^(bits(T) - 4),
+    ``min_step``) (a power of two): at most 1/8 of padding once T > 8 ``min_step``."""
     if T < 1:
         raise ValueError(f"a prompt needs at least one token, got length {T}")
-    step = 1 << max(8, T.bit_length() - 4)
+    if min_step < 1 or min_step & (min_step - 1):
+        raise ValueError(f"min_step must be a power of two, got {min_step}")
+    step = max(min_step, 1 << max(0, T.bit_length() - 4))
     return -(-T // step) * step
 
 
+@dataclass(frozen=True)
+class CacheTarget:
+    """What a ``PrefillGraph`` writes: ``cache``, an ``ESSHCache`` (its rows, tier and device); a ``FastDecoder``
+    has the same four attributes."""
+
+    cache: ESSHCache
+
+    @property
+    def tier(self) -> Tier:
+        return self.cache.tier
+
+    @property
+    def batch(self) -> int:
+        return self.cache.batch
+
+    @property
+    def device(self) -> torch.device:
+        return self.cache.positions.device
+
+
 class PrefillGraph:
-    """Prefill of ``fd.batch`` prompts of ``length`` tokens at ``fd.tier`` into ``fd.cache``.
+    """Prefill of ``fd.batch`` prompts of ``length`` tokens at ``fd.tier`` into ``fd.cache`` (``fd``: a
+    ``FastDecoder`` or a ``CacheTarget``).
 
     ``padded``: the graph takes a left-padding mask (any prompt up to ``length``); else prompts of exactly
     ``length`` tokens. ``graph=False`` runs the same static-buffer function eagerly (CPU tests).

@@ -113,6 +113,7 @@ class ServerSettings:
     max_prefill: int = 16
     max_prefill_tokens: int = PREFILL_TOKENS
     prefill_wait_ms: float = PREFILL_WAIT_MS
+    prefill_graphs: bool = True          # graphed prefill on CUDA (serve/slots.py); False: eager everywhere
     api_key: str | None = None
     max_queue: int = 64
     max_body_bytes: int = 1 << 20
@@ -148,7 +149,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         remote = RemoteEngine(load, model, settings.tiers, settings.slots, settings.max_queue,
                               settings.stall_timeout_s, eos=eos, metrics=metrics, pool_factory=pool_factory,
                               max_prefill=settings.max_prefill, prefill_wait_ms=settings.prefill_wait_ms,
-                              max_prefill_tokens=settings.max_prefill_tokens)
+                              max_prefill_tokens=settings.max_prefill_tokens,
+                              prefill_graphs=settings.prefill_graphs)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -160,7 +162,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s,
                          eos=eos, tokenizer=tok, metrics=metrics, max_prefill=settings.max_prefill,
                          max_prefill_tokens=settings.max_prefill_tokens,
-                         prefill_wait_ms=settings.prefill_wait_ms, **extra).start()
+                         prefill_wait_ms=settings.prefill_wait_ms, prefill_graphs=settings.prefill_graphs,
+                         **extra).start()
         state["engine"] = app.state.engine = eng
         gc.freeze()          # the objects of start-up out of the collector's sight: a full collection paused the
         try:                 # process ~130 ms and with it a wave of arrivals (serve/remote.py: the same in the engine)

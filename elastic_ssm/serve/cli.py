@@ -98,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(name=name, tiers=tiers, default_tier=default, slots=args.max_batch,
                               max_prefill=min(args.max_prefill or args.max_batch, args.max_batch),
                               max_prefill_tokens=args.max_prefill_tokens,
-                              prefill_wait_ms=args.prefill_wait_ms, api_key=key,
+                              prefill_wait_ms=args.prefill_wait_ms, prefill_graphs=args.prefill_graphs, api_key=key,
                               max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,
                               max_connections_per_client=args.max_connections_per_client,

@@ -11,7 +11,13 @@ Continuous batching (``serve/engine.py``) needs three things the decode engine d
   the pending logits of every row ``[slots, V]`` (float32), and which request holds which row;
   ``admit_many`` prefills several prompts in one batched, left-padded forward (straight into consecutive
   free rows when there are enough, else into a scratch cache whose rows are then copied into the free slots),
-  so a burst of arrivals costs one prefill, not one each.
+  so a burst of arrivals costs one prefill, not one each;
+* graphed prefill (on CUDA by default): a prefill forward replayed from a CUDA graph per (rows bucket, prompt
+  length bucket) into a scratch cache whose rows are then copied into the free slots. An eager forward of the
+  1.5b model costs ~75-90 ms of host dispatch besides its per-token time (docs/benchmarks.md, ninth session),
+  whatever its batch: the graph replays it with one launch. Graphs are captured on first use of a shape (three
+  forwards: two warm-ups and the capture; a log line each), kept least recently used first out, and share one
+  memory pool; a shape whose padded tokens exceed ``max_graph_tokens``, or a capture that fails, runs eagerly.
 
 A sequence's state is constant in size (recurrent state + window ring), so a slot is a fixed row of
 fixed buffers; adding or removing a request never reallocates or recaptures. Rows without a request
@@ -24,12 +30,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from typing import Any
 
 import torch
 
 from ..models.cache import ESSHCache
+from ..models.decode_engine import batch_bucket
 from ..models.fast_decode import FastDecoder
+from ..models.prefill_graph import CacheTarget, PrefillGraph, length_bucket
 
 __all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups"]
 
@@ -126,11 +135,18 @@ class SlotPool(SlotRows):
 
     ``state_dtype`` / ``kv_dtype``: the cache's (defaults of ``ESSHCache.allocate``: fp32 states, a bf16 window
     ring on CUDA). ``max_prefill``: the most prompts prefilled together by ``admit_many`` (its scratch
-    cache, allocated only when the free rows are scattered, holds that many rows).
+    cache, allocated when graphed prefill is on or the free rows are scattered, holds that many rows).
+    ``prefill_graphs``: graphed prefill (module docstring); None = on CUDA. True on the CPU runs the graphs'
+    static-buffer function without capturing it (how the CPU tests check that path). ``max_graphs``: prefill
+    graphs kept; ``max_graph_tokens``: the most padded prompt tokens (rows bucket x length bucket) of a graph.
     """
 
+    #: prompt-length buckets of the graphed prefill: multiples of 32 up to 512 tokens, then at most 1/8 padding
+    LENGTH_STEP = 32
+
     def __init__(self, model, tier: Any, slots: int, state_dtype: torch.dtype | None = None,
-                 kv_dtype: torch.dtype | None = None, max_prefill: int = 16) -> None:
+                 kv_dtype: torch.dtype | None = None, max_prefill: int = 16, prefill_graphs: bool | None = None,
+                 max_graphs: int = 8, max_graph_tokens: int = 32768) -> None:
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
         super().__init__(slots)
@@ -151,6 +167,13 @@ class SlotPool(SlotRows):
         self._scratch: ESSHCache | None = None       # admit_many's prefill cache, once free rows were scattered
         self._host_tokens: torch.Tensor | None = None  # step_async's pinned copy of the sampled tokens (CUDA)
         self._copied: torch.cuda.Event | None = None
+        if prefill_graphs not in (None, True, False):
+            raise ValueError(f"prefill_graphs must be True, False or None (on CUDA), got {prefill_graphs!r}")
+        self.prefill_graphs = self.device.type == "cuda" if prefill_graphs is None else prefill_graphs
+        self.max_graphs, self.max_graph_tokens = max_graphs, max_graph_tokens
+        self._graphs: OrderedDict[tuple[int, int, bool], PrefillGraph] = OrderedDict()
+        self._graph_pool = None                        # one CUDA memory pool for the prefill graphs
+        self.captures = 0                              # prefill graphs captured so far
         if self.device.type == "cuda":
             self.warm_up()
 
@@ -182,10 +205,14 @@ class SlotPool(SlotRows):
         if not self.free_slots():
             raise ValueError(f"admit: all {self.slots} slots are busy")
         i = self.owner.index(None)
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)              # [1, T]
-        view = reset_row_(self.cache, i)
-        h = self.model.hidden_states(ids, tier=self.tier, cache=view)                    # [1, T, D]
-        self.logits[i] = self.model.logits_from_hidden(h[:, -1])[0].float()
+        graph = self._graph_for([prompt])
+        if graph is not None:
+            self._copy_rows(self._graph_prefill(graph, [prompt]), [i])
+        else:
+            ids = torch.tensor([prompt], dtype=torch.long, device=self.device)          # [1, T]
+            view = reset_row_(self.cache, i)
+            h = self.model.hidden_states(ids, tier=self.tier, cache=view)                # [1, T, D]
+            self.logits[i] = self.model.logits_from_hidden(h[:, -1])[0].float()
         self.owner[i] = owner
         return i
 
@@ -204,6 +231,13 @@ class SlotPool(SlotRows):
         if not 1 < n <= min(self.max_prefill, self.free_slots()) or not all(prompts):
             raise ValueError(f"admit_many takes 2..{self.max_prefill} non-empty prompts, at most the "
                              f"{self.free_slots()} free slots")
+        graph = self._graph_for(prompts)
+        if graph is not None:
+            rows = self.free_rows(n)
+            self._copy_rows(self._graph_prefill(graph, prompts), rows)
+            for i, owner in zip(rows, owners):
+                self.owner[i] = owner
+            return rows
         ids, mask = left_pad(prompts, self.device)                                       # [n, T], [n, T] | None
         start = self.free_run(n)
         if start is not None:
@@ -212,19 +246,74 @@ class SlotPool(SlotRows):
             h = self.model.hidden_states(ids, tier=self.tier, attention_mask=mask, cache=view)  # [n, T, D]
             self.logits[start:start + n] = self.model.logits_from_hidden(h[:, -1]).float()
         else:
-            if self._scratch is None:
-                self._scratch = self.model.allocate_cache(self.max_prefill, self.tier, state_dtype=self._dtypes[0],
-                                                          kv_dtype=self._dtypes[1])
-            view = self._scratch.narrow(n).reset_()
+            view = self.scratch().narrow(n).reset_()
             h = self.model.hidden_states(ids, tier=self.tier, attention_mask=mask, cache=view)  # [n, T, D]
             rows = self.free_rows(n)
-            idx = torch.tensor(rows, device=self.device)
-            for dst, src in zip(self.cache.tensors(), view.tensors()):
-                dst.index_copy_(0, idx, src)
-            self.logits.index_copy_(0, idx, self.model.logits_from_hidden(h[:, -1]).float())
+            self._copy_rows(self.model.logits_from_hidden(h[:, -1]), rows)
         for i, owner in zip(rows, owners):
             self.owner[i] = owner
         return rows
+
+    # ---- prefill through the scratch cache ----------------------------------------------------------------
+    def scratch(self) -> ESSHCache:
+        """The prefill cache of ``max_prefill`` rows (allocated on first need)."""
+        if self._scratch is None:
+            self._scratch = self.model.allocate_cache(self.max_prefill, self.tier, state_dtype=self._dtypes[0],
+                                                      kv_dtype=self._dtypes[1])
+        return self._scratch
+
+    def _copy_rows(self, logits: torch.Tensor, rows: list[int]) -> None:
+        """Rows ``0 .. n-1`` of the scratch cache, and their next-token ``logits [n, V]``, into pool ``rows``."""
+        n = len(rows)
+        src = self._scratch.narrow(n)
+        if rows == list(range(rows[0], rows[0] + n)):
+            for dst, s in zip(self.cache.narrow(n, start=rows[0]).tensors(), src.tensors()):
+                dst.copy_(s)
+            self.logits[rows[0]:rows[0] + n] = logits.float()
+            return
+        idx = torch.tensor(rows, device=self.device)
+        for dst, s in zip(self.cache.tensors(), src.tensors()):
+            dst.index_copy_(0, idx, s)
+        self.logits.index_copy_(0, idx, logits.float())
+
+    def _graph_for(self, prompts: list[list[int]]) -> PrefillGraph | None:
+        """The prefill graph for these prompts (captured on first use of its shape), or None: eager prefill."""
+        if not self.prefill_graphs:
+            return None
+        T = max(len(p) for p in prompts)
+        rows = min(batch_bucket(len(prompts)), self.max_prefill)
+        length = length_bucket(T, min_step=self.LENGTH_STEP)
+        if rows * length > self.max_graph_tokens:
+            return None
+        key = (rows, length, length != T or any(len(p) != T for p in prompts))
+        graph = self._graphs.get(key)
+        if graph is not None:
+            self._graphs.move_to_end(key)
+            return graph
+        cuda = self.device.type == "cuda"
+        start = time.perf_counter()
+        try:
+            if cuda and self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            graph = PrefillGraph(self.model, CacheTarget(self.scratch().narrow(rows)), length, key[2], graph=cuda,
+                                 pool=self._graph_pool)
+        except RuntimeError as e:    # a kernel that cannot be captured on this stack: prefill eagerly from now on
+            log.warning("tier %s: capturing a prefill graph failed (%s); prefilling without graphs", self.tier.name, e)
+            self.prefill_graphs = False
+            return None
+        self.captures += cuda
+        self._graphs[key] = graph
+        while len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+        if cuda:
+            log.info("tier %s: prefill graph for %d rows x %d tokens%s captured in %.1f s", self.tier.name, rows,
+                     length, " (padded)" if key[2] else "", time.perf_counter() - start)
+        return graph
+
+    def _graph_prefill(self, graph: PrefillGraph, prompts: list[list[int]]) -> torch.Tensor:
+        """Replay ``graph`` on ``prompts`` into the scratch cache's first rows; their next-token logits [n, V]."""
+        ids, mask = left_pad(prompts, self.device)                                       # [n, T], [n, T] | None
+        return graph(ids, mask)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -125,6 +125,9 @@ def test_peft_lora_through_the_transformers_adapter(export, tmp_path):
 
 @pytest.mark.parametrize("cls,name", [(es.ESSH, "essh"), (es.ESSSM, "es_ssm")])
 def test_a_directory_of_the_old_layout_loads_with_the_same_logits(cls, name):
+    """The logits were recorded on another CPU: float32 kernels round differently across CPU generations (one
+    ulp, 1.2e-7, on a later development machine than the one that wrote the file), so they are compared to
+    1e-6; the loaded weights are compared bitwise (below) and the generated tokens exactly."""
     path = LEGACY / name
     want = load_file(str(path / "expected.safetensors"))
     with safe_open(str(path / "expected.safetensors"), "pt") as f:
@@ -133,9 +136,10 @@ def test_a_directory_of_the_old_layout_loads_with_the_same_logits(cls, name):
     ids = want["input_ids"]
     model = cls.from_pretrained(path)
     with torch.no_grad():
-        assert torch.equal(model(ids), want["logits"])
-        assert torch.equal(model(ids, tier=tier), want["logits_tier"])
-        assert torch.equal(cls.from_pretrained(path, tier=tier)(ids), want["logits_tier"])
+        close = dict(rtol=0, atol=1e-6)
+        torch.testing.assert_close(model(ids), want["logits"], **close)
+        torch.testing.assert_close(model(ids, tier=tier), want["logits_tier"], **close)
+        torch.testing.assert_close(cls.from_pretrained(path, tier=tier)(ids), want["logits_tier"], **close)
     assert torch.equal(model.generate(ids, max_new_tokens=6, tier=tier), want["generated"])
     old = load_file(str(path / "model.safetensors"))
     fresh = copy.deepcopy(model)

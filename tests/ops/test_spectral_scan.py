@@ -122,6 +122,18 @@ def test_plans():
     assert ct._plan(L * 1e3, "auto", lim) == (16, None, "pairwise")  # no mode fits
 
 
+def test_plan_inside_a_cuda_graph_capture_reads_no_data(monkeypatch):
+    """Inside a CUDA-graph capture (the serving pools' graphed prefill) "auto" takes the pairwise plan, as under
+    compile: choosing the factorised one reads the decays on the host, which a capture forbids."""
+    ct = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_torch")
+    lim = ct._safe_exponent(F64)
+    L = torch.cumsum(torch.full((1, 2, 3, 64, 2), 0.5, dtype=F64), -2)
+    assert not ct._capturing(L)
+    monkeypatch.setattr(ct, "_capturing", lambda x: True)
+    assert ct._plan(L, "auto", lim) == (16, None, "pairwise")
+    assert ct._plan(L, "factorized", lim) == (64, None, "factorized")
+
+
 def test_decay_scan_recursion():
     ct = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_torch")
     g = torch.Generator().manual_seed(2)

@@ -143,6 +143,61 @@ def test_a_burst_of_equal_length_prompts_is_prefilled_together(tiny, busy, rows)
     assert [out[k] for k in range(3)] == ref
 
 
+def _greedy_rows(pool, rows, n):
+    """``n`` greedy tokens of each of ``rows`` of ``pool``, stepping the whole pool."""
+    out = {r: [] for r in rows}
+    for _ in range(n):
+        tokens = pool.logits.argmax(-1)
+        for r in rows:
+            out[r].append(int(tokens[r]))
+        pool.step(tokens)
+    return [out[r] for r in rows]
+
+
+def test_graphed_prefill_path_equals_generate(tiny):
+    """The graphed prefill (``prefill_graphs=True``; on the CPU its static-buffer function runs without a
+    capture): prompts padded to the length bucket in a scratch cache of the rows bucket, copied into contiguous or
+    scattered free rows; every row then decodes as ``generate`` does for its prompt alone, busy rows untouched,
+    and a shape's graph is reused."""
+    prompts = [list(b"hi"), list(b"hello there"), list(b"abcdef")]           # 3 prompts: a rows bucket of 4
+    equal = [list(range(40, 72)), list(range(100, 132))]                     # 32 tokens: the unpadded graph
+    n = 10
+    ref = {tuple(p): tiny.generate(torch.tensor([p]), n, tier="T4")[0, len(p):].tolist() for p in prompts + equal}
+    for busy in ((), (1, 3)):
+        pool = SlotPool(tiny, "T4", 8, max_prefill=4, prefill_graphs=True)
+        for r in busy:
+            pool.owner[r] = "other"
+        before = [t[list(busy)].clone() for t in pool.cache.tensors()]
+        rows = pool.admit_many(list(range(3)), prompts)
+        rows += pool.admit_many([3, 4], equal)
+        rows.append(pool.admit(5, prompts[1]))                               # one prompt: a graph of one row
+        assert len(set(rows)) == 6 and not set(rows) & set(busy)
+        assert all(torch.equal(b, t[list(busy)]) for b, t in zip(before, pool.cache.tensors()))
+        assert sorted(pool._graphs) == [(1, 32, True), (2, 32, False), (4, 32, True)]
+        assert _greedy_rows(pool, rows, n) == [ref[tuple(p)] for p in prompts + equal + [prompts[1]]], busy
+    for r in rows:
+        pool.release(r)
+    graph = pool._graphs[(4, 32, True)]
+    assert pool.admit_many(["a", "b", "c"], prompts) and pool._graphs[(4, 32, True)] is graph   # reused
+
+
+def test_graphed_prefill_bounds_its_graphs_and_goes_eager_above_the_token_limit(tiny):
+    """At most ``max_graphs`` graphs (least recently used out); a shape above ``max_graph_tokens`` padded tokens
+    is prefilled eagerly and decodes as ``generate`` does."""
+    pool = SlotPool(tiny, "T4", 4, max_prefill=2, prefill_graphs=True, max_graphs=2, max_graph_tokens=64)
+    long = list(range(1, 71))                                            # bucket 96 > 64 tokens: eager
+    rows = [pool.admit(k, list(range(1, T + 1))) for k, T in enumerate((5, 40))] + [pool.admit(2, long)]
+    assert list(pool._graphs) == [(1, 32, True), (1, 64, True)]
+    ref = tiny.generate(torch.tensor([long]), 8, tier="T4")[0, len(long):].tolist()
+    assert _greedy_rows(pool, rows, 8)[2] == ref
+    for r in rows:
+        pool.release(r)
+    pool.admit_many(["a", "b"], [[7] * 20, [9] * 20])                   # 2 rows x 32: evicts (1, 32)
+    assert list(pool._graphs) == [(1, 64, True), (2, 32, True)]
+    with pytest.raises(ValueError, match="prefill_graphs"):
+        SlotPool(tiny, "T4", 2, prefill_graphs="yes")
+
+
 def test_sample_rows_equals_sample_next_row_by_row():
     torch.manual_seed(1)
     logits = torch.randn(5, 50) * 3

@@ -21,10 +21,10 @@ from elastic_ssm.serve.tokens import sample_rows
 pytestmark = pytest.mark.gpu
 
 
-def _pool_run(model, tier, prompts, n, slots, every):
+def _pool_run(model, tier, prompts, n, slots, every, prefill_graphs=None):
     """Greedy decoding of ``prompts`` through one pool, a new request joining every ``every`` steps; returns per
     request its tokens and the logits it was sampled from."""
-    pool = SlotPool(model, tier, slots, kv_dtype=torch.float32)
+    pool = SlotPool(model, tier, slots, kv_dtype=torch.float32, prefill_graphs=prefill_graphs)
     assert pool.graphed
     dev = pool.device
     zeros, k0, p1 = torch.zeros(slots, device=dev), torch.zeros(slots, dtype=torch.long, device=dev), \
@@ -45,11 +45,13 @@ def _pool_run(model, tier, prompts, n, slots, every):
                 pool.release(r)
         pool.step(nxt)
         step += 1
+    assert pool.prefill_graphs == (prefill_graphs is not False) and (pool.captures > 0) == pool.prefill_graphs
     return toks, logits
 
 
+@pytest.mark.parametrize("graphs", [None, False], ids=["graphed-prefill", "eager-prefill"])
 @pytest.mark.parametrize("tier", ["T2", "T10"])
-def test_pool_at_bucket_16_with_mid_stream_arrivals_equals_one_at_a_time(tier):
+def test_pool_at_bucket_16_with_mid_stream_arrivals_equals_one_at_a_time(tier, graphs):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
@@ -59,7 +61,7 @@ def test_pool_at_bucket_16_with_mid_stream_arrivals_equals_one_at_a_time(tier):
     prompts = [torch.randint(0, 256, (int(L),), generator=g).tolist()
                for L in torch.randint(1, 40, (24,), generator=g)]          # 24 requests through 16 slots
     n = 32
-    toks, logits = _pool_run(model, tier, prompts, n, slots=16, every=3)
+    toks, logits = _pool_run(model, tier, prompts, n, slots=16, every=3, prefill_graphs=graphs)
     for k, p in enumerate(prompts):
         ref = model.generate(torch.tensor([p], device="cuda"), n, tier=tier, kv_dtype=torch.float32)[0, len(p):]
         # teacher-forced reference logits of the pool's own tokens: every step of the pool matches them
@@ -74,21 +76,24 @@ def test_pool_at_bucket_16_with_mid_stream_arrivals_equals_one_at_a_time(tier):
         assert toks[k][:upto] == ref[:upto].tolist(), k
 
 
+@pytest.mark.parametrize("graphs", [None, False], ids=["graphed-prefill", "eager-prefill"])
 @pytest.mark.parametrize("busy", [(), (1, 4, 6)])
-def test_prompts_of_different_lengths_prefilled_together_on_cuda(busy):
+def test_prompts_of_different_lengths_prefilled_together_on_cuda(busy, graphs):
     """``admit_many`` on CUDA (graphed pool, fp32): prompts of 3-37 tokens left-padded into one forward, into
-    consecutive rows or (some rows busy) through the scratch cache; every row then decodes with the logits of its
-    own prompt (teacher-forced reference), i.e. the padding never reached a state."""
+    consecutive rows or (some rows busy) through the scratch cache, replayed from a prefill graph (6 prompts: 8
+    rows x 64 tokens, the unused rows and the padding never read) or eagerly; every row then decodes with the
+    logits of its own prompt (teacher-forced reference), i.e. the padding never reached a state."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny", tie_embeddings=False)), 0.5, True).cuda().eval()
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 256, (L,), generator=g).tolist() for L in (3, 17, 9, 37, 30, 12)]
-    pool = SlotPool(model, "T10", 16, kv_dtype=torch.float32)
+    pool = SlotPool(model, "T10", 16, kv_dtype=torch.float32, prefill_graphs=graphs)
     for r in busy:
         pool.owner[r] = "busy"
     rows = pool.admit_many(list(range(len(prompts))), prompts)
     assert not set(rows) & set(busy)
+    assert list(pool._graphs) == ([(8, 64, True)] if graphs is None else []) and pool.captures == len(pool._graphs)
     n, logits = 12, {r: [] for r in rows}
     zeros, k0, p1 = torch.zeros(16, device="cuda"), torch.zeros(16, dtype=torch.long, device="cuda"), \
         torch.ones(16, device="cuda")

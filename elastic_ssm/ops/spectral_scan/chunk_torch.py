@@ -60,19 +60,25 @@ def _safe_exponent(dtype) -> float:
     return min(math.log(fi.max * eps), -math.log(fi.tiny / eps))
 
 
+def _capturing(x: torch.Tensor) -> bool:
+    """True inside a CUDA-graph capture on ``x``'s device (no host sync may run there)."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _plan(L: torch.Tensor, diagonal: str, limit: float) -> tuple[int, torch.Tensor | None, str]:
     """Diagonal-block length ``c``, the ``[K, M]`` mask of factorised modes and the plan's kind.
 
     ``L`` is the within-chunk cumulative log-decay ``[B, K, N, C, M]`` (float64). Kinds: "factorized" (every
     mode, mask None), "pairwise" (no mode, mask None) or "mixed" (per-mode mask). Choosing the first needs
-    the data (one host sync); under ``torch.compile`` "auto" takes the pairwise plan, which is exact for
-    every decay and keeps the graph whole (the same results up to rounding).
+    the data (one host sync); under ``torch.compile`` and inside a CUDA-graph capture (the serving pools' graphed
+    prefill, ``models/prefill_graph.py``) "auto" takes the pairwise plan, which is exact for every decay and keeps
+    the graph whole (the same results up to rounding).
     """
     if diagonal not in ("auto", "factorized", "pairwise"):
         raise ValueError(f"diagonal must be 'auto', 'factorized' or 'pairwise', got {diagonal!r}")
     C = L.shape[-2]
     sub = SUB_BLOCK if C % SUB_BLOCK == 0 else C
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _capturing(L):
         return (C, None, "factorized") if diagonal == "factorized" else (sub, None, "pairwise")
     if diagonal != "pairwise" and float(L[..., -1, :].detach().max()) <= limit:
         return C, None, "factorized"  # the usual training case: one factorised block per chunk
