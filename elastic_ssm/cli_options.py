@@ -244,6 +244,9 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
     prefill_graphs: bool = flag(True, "on CUDA, replay prefill forwards from CUDA graphs, one per (prompts, "
                                       "length) bucket captured on first use (no per-forward host dispatch); "
                                       "--no-prefill-graphs prefills eagerly")
+    attended_spans: bool = flag(True, "while every running sequence is shorter than a power of two below the "
+                                      "attention window, a decode step reads only that prefix of the window "
+                                      "caches (one CUDA graph per span); --no-attended-spans reads all of it")
     max_queue: int = flag(64, "requests waiting per tier before 503", minimum=0)
     max_prompt_tokens: int = flag(8192, "longest prompt accepted", minimum=1)
     max_tokens_limit: int = flag(4096, "largest max_tokens accepted", minimum=1)

@@ -33,11 +33,13 @@ __all__ = ["DecodeOptions", "SpectralPlan", "AttentionPlan", "FFNPlan", "in_by_o
 @dataclass(frozen=True)
 class DecodeOptions:
     """Kernel choices of one decoder: ``backend`` 'triton' | 'torch', programmatic dependent launch,
-    the torch window step's ``attention`` ('sdpa' | 'math')."""
+    the torch window step's ``attention`` ('sdpa' | 'math'), and the window ring's attended ``span`` (its first
+    slots only, ``ops.swa_decode``; None: the whole ring)."""
 
     backend: str
     pdl: bool
     attention: str
+    span: int | None = None
 
 
 def residual_mm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -102,7 +104,7 @@ class AttentionPlan:
 
     def _attend(self, qkv, ring, out_dtype, o: DecodeOptions) -> torch.Tensor:
         return swa_decode_step(qkv, ring.keys, ring.values, ring.slot_pos, ring.positions, self.inv_freq,
-                               o.backend, o.attention, out_dtype, pdl=o.pdl)
+                               o.backend, o.attention, out_dtype, pdl=o.pdl, span=o.span)
 
     def fused(self, x, norm, eps, ring, o: DecodeOptions) -> None:
         att = self._attend(norm_gemv(x, self.w_in, norm, eps, backend=o.backend, pdl=o.pdl), ring, x.dtype, o)

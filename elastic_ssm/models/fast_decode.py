@@ -27,10 +27,17 @@ state dtype when the decoder is built ("cached at tier load", O.3). Caches are a
 stay at fixed addresses, so one whole decode step can be captured in a CUDA graph (``capture()``);
 ``step(tokens)`` then copies the tokens in, replays, and returns the static logits buffer (clone it to keep it
 past the next step). Recurrent state in ``state_dtype`` (float32 default), logits in the embedding dtype.
+
+Attended spans: ``step(tokens, span=n)`` promises that every row whose logits are read has fewer than ``n``
+tokens (position < n), so the window attention may read the ring's first slots only (``ops.swa_decode``,
+"span"). The span is rounded up to a power of two (at least ``min_span``; W or more: the whole ring), and
+``capture(spans=True)`` captures one graph per such bucket (sharing one memory pool), so a caller that knows its
+rows' lengths on the host (the serving pools) replays the graph that reads only what its rows hold.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -43,7 +50,16 @@ from ..ops.norm_swiglu import rms_norm
 from ..ops.pdl import resolve_pdl
 from .cache import ESSHCache
 
-__all__ = ["FastDecoder"]
+__all__ = ["FastDecoder", "span_buckets"]
+
+
+def span_buckets(window: int, min_span: int) -> list[int]:
+    """The attended spans of a ring of ``window`` slots below the whole ring: powers of two from ``min_span``."""
+    out, s = [], 1 << max(0, min_span - 1).bit_length()
+    while s < window:
+        out.append(s)
+        s *= 2
+    return out
 
 
 class FastDecoder:
@@ -75,7 +91,7 @@ class FastDecoder:
                  state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
                  backend: str = "auto", attention: str = "auto", gemv: str = "auto",
                  out_layout: str = "auto", pdl: bool | str = "auto", cuda_graph: bool = False,
-                 share_plans: FastDecoder | None = None) -> None:
+                 share_plans: FastDecoder | None = None, min_span: int = 128) -> None:
         cfg = model.config
         self.model, self.config = model.eval(), cfg
         self.tier = model.resolve_tier(tier)
@@ -119,6 +135,9 @@ class FastDecoder:
                               device=self.device)
         self._graph: torch.cuda.CUDAGraph | None = None
         self._logits: torch.Tensor | None = None
+        has_ring = any(getattr(b, "kind", None) != "S" for b in model.blocks)
+        self.spans = span_buckets(cfg.window, min_span) if has_ring else []   # attended spans below the window
+        self._span_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         if cuda_graph:
             self.capture()
 
@@ -148,46 +167,69 @@ class FastDecoder:
         self.cache.positions.add_(1)
         return logits
 
+    def span_for(self, n: int | None) -> int | None:
+        """The attended span serving rows of fewer than ``n`` tokens: the smallest bucket >= n, or None (the
+        whole ring) when ``n`` is None or no bucket is that large."""
+        return None if n is None else next((s for s in self.spans if s >= n), None)
+
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, span: int | None = None) -> torch.Tensor:
         """tokens [B'] (B' <= batch: the first B' cache rows) -> logits [B', V]; advances the whole cache by
         one token. With a captured graph the result is (a view of) a static buffer overwritten by the next
-        call."""
+        call. ``span``: every row read has position < span (module docstring); None: no promise."""
         if tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 1 \
                 or not 1 <= tokens.shape[0] <= self.batch:
             raise ValueError(f"tokens must be integer ids of shape (B,) with 1 <= B <= {self.batch}, got "
                              f"{tokens.dtype} {tuple(tokens.shape)}")
         rows = tokens.shape[0]
         self._tokens[:rows].copy_(tokens, non_blocking=True)
+        span = self.span_for(span)
         if self._graph is not None:
-            self._graph.replay()
-            return self._logits[:rows]
-        return self._step_impl()[:rows]
+            graph, logits = self._span_graphs.get(span, (self._graph, self._logits))
+            graph.replay()
+            return logits[:rows]
+        if span is None:
+            return self._step_impl()[:rows]
+        full, self.options = self.options, replace(self.options, span=span)
+        try:
+            return self._step_impl()[:rows]
+        finally:
+            self.options = full
 
     # ---- CUDA graph --------------------------------------------------------------------------------------
     def _snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(t, t.clone()) for t in self.cache.tensors()]
 
     @torch.no_grad()
-    def capture(self, warmup: int = 2, preserve_cache: bool = True) -> None:
+    def capture(self, warmup: int = 2, preserve_cache: bool = True, spans: bool = False) -> None:
         """Capture one whole decode step in a CUDA graph (after ``warmup`` eager steps on a side stream,
         which compile Triton kernels and create cuBLAS handles). With ``preserve_cache`` the cache is
-        restored afterwards, so the next ``step`` continues exactly where the cache stood."""
+        restored afterwards, so the next ``step`` continues exactly where the cache stood. ``spans``: also one
+        graph per attended span of ``self.spans`` (one memory pool for all), for ``step(tokens, span=...)``."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA-graph capture needs the model on a CUDA device")
         saved = self._snapshot() if preserve_cache else []
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                self._step_impl()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._logits = self._step_impl()
+        full = self.options
+        pool = torch.cuda.graph_pool_handle() if spans and self.spans else None
+        graphs = {}
+        try:
+            for span in [None, *(self.spans if spans else [])]:
+                self.options = full if span is None else replace(full, span=span)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(warmup):
+                        self._step_impl()
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    graphs[span] = (graph, self._step_impl())
+        finally:
+            self.options = full
         for t, copy in saved:
             t.copy_(copy)
-        self._graph = graph
+        self._graph, self._logits = graphs.pop(None)
+        self._span_graphs = graphs
 
     @property
     def graphed(self) -> bool:

@@ -114,6 +114,7 @@ class ServerSettings:
     max_prefill_tokens: int = PREFILL_TOKENS
     prefill_wait_ms: float = PREFILL_WAIT_MS
     prefill_graphs: bool = True          # graphed prefill on CUDA (serve/slots.py); False: eager everywhere
+    attended_spans: bool = True          # decode steps read the window rings' filled prefix only (serve/slots.py)
     api_key: str | None = None
     max_queue: int = 64
     max_body_bytes: int = 1 << 20
@@ -150,7 +151,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                               settings.stall_timeout_s, eos=eos, metrics=metrics, pool_factory=pool_factory,
                               max_prefill=settings.max_prefill, prefill_wait_ms=settings.prefill_wait_ms,
                               max_prefill_tokens=settings.max_prefill_tokens,
-                              prefill_graphs=settings.prefill_graphs)
+                              prefill_graphs=settings.prefill_graphs, attended_spans=settings.attended_spans)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -163,7 +164,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                          eos=eos, tokenizer=tok, metrics=metrics, max_prefill=settings.max_prefill,
                          max_prefill_tokens=settings.max_prefill_tokens,
                          prefill_wait_ms=settings.prefill_wait_ms, prefill_graphs=settings.prefill_graphs,
-                         **extra).start()
+                         attended_spans=settings.attended_spans, **extra).start()
         state["engine"] = app.state.engine = eng
         gc.freeze()          # the objects of start-up out of the collector's sight: a full collection paused the
         try:                 # process ~130 ms and with it a wave of arrivals (serve/remote.py: the same in the engine)

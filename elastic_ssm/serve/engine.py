@@ -143,14 +143,16 @@ class Engine:
     ``prefill_graphs``: False prefills eagerly; True (default) replays prefill forwards from CUDA graphs on CUDA
     (``SlotPool``, ``serve/slots.py``; the CPU always prefills eagerly). ``pool_factory``: internal (the bench's
     CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool as ``pool_factory(model, tier, slots,
-    max_prefill=..., prefill_graphs=...)``; ``SlotPool`` everywhere else. ``clock``: the
-    monotonic clock, in seconds, that admission reads (tests inject a fake one).
+    max_prefill=..., prefill_graphs=..., spans=...)``; ``SlotPool`` everywhere else. ``attended_spans``: decode
+    steps read only the filled prefix of the window rings while every running sequence is short (``SlotPool``).
+    ``clock``: the monotonic clock, in seconds, that admission reads (tests inject a fake one).
     """
 
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
                  eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool,
                  max_prefill: int = 16, prefill_wait_ms: float = PREFILL_WAIT_MS, clock=time.monotonic,
-                 max_prefill_tokens: int = PREFILL_TOKENS, prefill_graphs: bool = True) -> None:
+                 max_prefill_tokens: int = PREFILL_TOKENS, prefill_graphs: bool = True,
+                 attended_spans: bool = True) -> None:
         for key, value in (("max_prefill", max_prefill), ("max_prefill_tokens", max_prefill_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be an int >= 1, got {value!r}")
@@ -162,7 +164,8 @@ class Engine:
         self.pools: dict[str, SlotPool] = {}
         for name in tiers:
             self.pools[name] = pool_factory(model, name, slots, max_prefill=max_prefill,
-                                            prefill_graphs=None if prefill_graphs else False)
+                                            prefill_graphs=None if prefill_graphs else False,
+                                            spans=attended_spans)
         V = model.config.vocab_size
         self._noise = {name: RowNoise(slots, V, p.device) for name, p in self.pools.items()}
         self._params = {name: (torch.zeros(slots, device=p.device), torch.zeros(slots, dtype=torch.long,

@@ -142,13 +142,14 @@ class RemoteEngine:
                  stall_timeout: float = 30.0, eos: int | None = None, metrics=None, pool_factory=None,
                  start_timeout: float = 1800.0, max_prefill: int = 16,
                  prefill_wait_ms: float = PREFILL_WAIT_MS, max_prefill_tokens: int = PREFILL_TOKENS,
-                 prefill_graphs: bool = True) -> None:
+                 prefill_graphs: bool = True, attended_spans: bool = True) -> None:
         check_prefill_wait(prefill_wait_ms)          # in this process: a bad value fails before the child starts
         self.model, self.tiers, self.slots, self.max_queue = model, list(tiers), slots, max_queue
         self.stall_timeout, self.metrics, self.start_timeout = stall_timeout, metrics, start_timeout
         kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, "eos": eos,
                               "max_prefill": max_prefill, "prefill_wait_ms": prefill_wait_ms,
-                              "max_prefill_tokens": max_prefill_tokens, "prefill_graphs": prefill_graphs}
+                              "max_prefill_tokens": max_prefill_tokens, "prefill_graphs": prefill_graphs,
+                              "attended_spans": attended_spans}
         if pool_factory is not None:
             kw["pool_factory"] = pool_factory
         ctx = mp.get_context("spawn")

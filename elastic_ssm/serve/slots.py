@@ -17,7 +17,12 @@ Continuous batching (``serve/engine.py``) needs three things the decode engine d
   1.5b model costs ~75-90 ms of host dispatch besides its per-token time (docs/benchmarks.md, ninth session),
   whatever its batch: the graph replays it with one launch. Graphs are captured on first use of a shape (three
   forwards: two warm-ups and the capture; a log line each), kept least recently used first out, and share one
-  memory pool; a shape whose padded tokens exceed ``max_graph_tokens``, or a capture that fails, runs eagerly.
+  memory pool; a shape whose padded tokens exceed ``max_graph_tokens``, or a capture that fails, runs eagerly;
+* attended spans: the pool knows every row's length on the host (its prompt's tokens plus one per step), so each
+  decode step passes the longest running row's length as the decoder's ``span`` (``FastDecoder.step``): while
+  every running sequence is shorter than a power of two below the window, the window attention reads only that
+  prefix of each ring (``ops.swa_decode``), e.g. 256 or 512 of the 1.5b's 2048 slots for 128-token prompts, not
+  the whole 6.4 GB of rings at 128 rows. On CUDA the decoder captures one graph per span at construction.
 
 A sequence's state is constant in size (recurrent state + window ring), so a slot is a fixed row of
 fixed buffers; adding or removing a request never reallocates or recaptures. Rows without a request
@@ -139,6 +144,8 @@ class SlotPool(SlotRows):
     ``prefill_graphs``: graphed prefill (module docstring); None = on CUDA. True on the CPU runs the graphs'
     static-buffer function without capturing it (how the CPU tests check that path). ``max_graphs``: prefill
     graphs kept; ``max_graph_tokens``: the most padded prompt tokens (rows bucket x length bucket) of a graph.
+    ``spans``: attended spans (module docstring; False: every step reads the whole ring); ``min_span``: the
+    smallest span (a power of two).
     """
 
     #: prompt-length buckets of the graphed prefill: multiples of 32 up to 512 tokens, then at most 1/8 padding
@@ -146,17 +153,19 @@ class SlotPool(SlotRows):
 
     def __init__(self, model, tier: Any, slots: int, state_dtype: torch.dtype | None = None,
                  kv_dtype: torch.dtype | None = None, max_prefill: int = 16, prefill_graphs: bool | None = None,
-                 max_graphs: int = 8, max_graph_tokens: int = 32768) -> None:
+                 max_graphs: int = 8, max_graph_tokens: int = 32768, spans: bool = True, min_span: int = 128) -> None:
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
         super().__init__(slots)
         self.model = model
         self.tier = model.resolve_tier(tier)
-        self.fd = FastDecoder(model, self.tier, slots, state_dtype=state_dtype, kv_dtype=kv_dtype)
+        self.fd = FastDecoder(model, self.tier, slots, state_dtype=state_dtype, kv_dtype=kv_dtype, min_span=min_span)
         self.device = self.fd.device
+        self.spans = bool(spans)
+        self.row_pos = [0] * slots                   # tokens each row's sequence holds (host bookkeeping)
         self.graphed = False
         if self.device.type == "cuda":
-            self.fd.capture(preserve_cache=False)
+            self.fd.capture(preserve_cache=False, spans=self.spans)
             self.graphed = True
         self.cache = self.fd.cache.reset_()
         V = model.config.vocab_size
@@ -214,6 +223,7 @@ class SlotPool(SlotRows):
             h = self.model.hidden_states(ids, tier=self.tier, cache=view)                # [1, T, D]
             self.logits[i] = self.model.logits_from_hidden(h[:, -1])[0].float()
         self.owner[i] = owner
+        self.row_pos[i] = len(prompt)
         return i
 
     @torch.no_grad()
@@ -235,8 +245,7 @@ class SlotPool(SlotRows):
         if graph is not None:
             rows = self.free_rows(n)
             self._copy_rows(self._graph_prefill(graph, prompts), rows)
-            for i, owner in zip(rows, owners):
-                self.owner[i] = owner
+            self._own(rows, owners, prompts)
             return rows
         ids, mask = left_pad(prompts, self.device)                                       # [n, T], [n, T] | None
         start = self.free_run(n)
@@ -250,9 +259,13 @@ class SlotPool(SlotRows):
             h = self.model.hidden_states(ids, tier=self.tier, attention_mask=mask, cache=view)  # [n, T, D]
             rows = self.free_rows(n)
             self._copy_rows(self.model.logits_from_hidden(h[:, -1]), rows)
-        for i, owner in zip(rows, owners):
-            self.owner[i] = owner
+        self._own(rows, owners, prompts)
         return rows
+
+    def _own(self, rows: list[int], owners: list, prompts: list[list[int]]) -> None:
+        for i, owner, prompt in zip(rows, owners, prompts):
+            self.owner[i] = owner
+            self.row_pos[i] = len(prompt)
 
     # ---- prefill through the scratch cache ----------------------------------------------------------------
     def scratch(self) -> ESSHCache:
@@ -317,9 +330,15 @@ class SlotPool(SlotRows):
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (tokens [slots]); the next logits of every row land in ``self.logits``."""
+        """Feed one token per row (tokens [slots]); the next logits of every row land in ``self.logits``. The
+        step attends over the span that holds the longest running row (module docstring); a free row's output
+        is not read, whatever its stale length."""
         self.tokens.copy_(tokens)
-        self.logits.copy_(self.fd.step(self.tokens))
+        active = self.active_rows()
+        span = max(self.row_pos[r] for r in active) + 1 if self.spans and active else None
+        self.logits.copy_(self.fd.step(self.tokens, span=span))
+        for r in active:
+            self.row_pos[r] += 1
         return self.logits
 
     @torch.no_grad()

@@ -101,6 +101,27 @@ def test_fused_decoder_equals_reference_step_every_tier(model, gemv):
             tok = want.argmax(-1)
 
 
+def test_fused_decoder_with_attended_spans_equals_reference_step(model):
+    """``step(tokens, span=n)`` with n = the rows' length + 1: the window attention reads a power-of-two prefix
+    of the ring (8, 16, 32, ... slots, then the whole ring once the rows outgrow the largest span) and every
+    step equals the reference ``ESSH.step``."""
+    W = model.config.window
+    ids = torch.randint(0, 256, (2, 5))
+    ref = model.allocate_cache(2, "T4")
+    with torch.no_grad():
+        model(ids, tier="T4", cache=ref)
+    fd = FastDecoder(model, "T4", 2, cache=copy.deepcopy(ref), backend="torch", min_span=8)
+    assert fd.spans == [s for s in (8, 16, 32, 64) if s < W]
+    assert fd.span_for(5) == 8 and fd.span_for(9) == (16 if W > 16 else None) and fd.span_for(None) is None
+    tok, used = ids[:, -1], set()
+    for n in range(5, W + 6):                       # past the window: the ring wraps
+        want = model.step(tok, ref)
+        used.add(fd.span_for(n + 1))
+        torch.testing.assert_close(fd.step(tok, span=n + 1), want, rtol=1e-9, atol=1e-9, msg=str(n))
+        tok = want.argmax(-1)
+    assert used == {*fd.spans, None}
+
+
 @pytest.mark.parametrize("fast", [False, True])
 def test_generate_equals_greedy_forward_argmax_every_tier(model, fast):
     ids = torch.randint(0, 256, (2, 9))

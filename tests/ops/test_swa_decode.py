@@ -37,6 +37,31 @@ def test_torch_path_equals_layer_step(attention):
     torch.testing.assert_close(mine.slot_pos, ref.slot_pos)
 
 
+@pytest.mark.parametrize("attention", ["math", "sdpa"])
+def test_a_span_reads_only_the_ring_prefix_and_equals_the_whole_ring(attention):
+    """``span``: rows shorter than the span attend over the ring's first slots only, with the same output and the
+    same ring writes as over the whole ring; a row longer than the span would lose its early tokens (so the
+    span is a promise the caller keeps)."""
+    torch.manual_seed(1)
+    B, H, hd, W = 3, 2, 8, 32
+    whole, part = _ring(B, H, W, hd, torch.float64), _ring(B, H, W, hd, torch.float64)
+    inv = rope_inv_freq(hd, 1e4)
+    pos = torch.tensor([0, 3, 9])
+    for _ in range(6):                               # positions up to 14 < span 16
+        qkv = torch.randn(B, 3 * H * hd, dtype=torch.float64)
+        want = swa_decode_step(qkv, whole.keys, whole.values, whole.slot_pos, pos, inv, attention=attention)
+        got = swa_decode_step(qkv, part.keys, part.values, part.slot_pos, pos, inv, attention=attention, span=16)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        pos = pos + 1
+    assert torch.equal(part.keys, whole.keys) and torch.equal(part.slot_pos, whole.slot_pos)
+    qkv = torch.randn(B, 3 * H * hd, dtype=torch.float64)
+    want = swa_decode_step(qkv, whole.keys, whole.values, whole.slot_pos, pos, inv, attention=attention)
+    short = swa_decode_step(qkv, part.keys, part.values, part.slot_pos, pos, inv, attention=attention, span=4)
+    assert not torch.allclose(short[2], want[2])     # row 2 at position 15 > span 4: its early slots are skipped
+    with pytest.raises(ValueError, match="span must be"):
+        swa_decode_step(qkv, part.keys, part.values, part.slot_pos, pos, inv, span=0)
+
+
 def test_bad_shapes_are_named():
     c = _ring(2, 2, 4, 8, torch.float32)
     with pytest.raises(ValueError, match="need qkv"):
@@ -77,6 +102,23 @@ for kv_dtype in (torch.float32, torch.bfloat16):
         for a, b in zip(caches[0], caches[1]):
             torch.testing.assert_close(b.float(), a.float(), rtol=tol, atol=1e-5)
         pos = pos + 1
+# span: rows shorter than 32 slots (two of the four 16-slot chunks) against the torch path over the whole ring
+caches = [[torch.randn(B, H, W, hd) for _ in range(2)] for _ in range(2)]
+caches[1] = [t.clone() for t in caches[0]]
+sp0 = torch.full((B, W), -1, dtype=torch.long)
+sp0[1, :20] = torch.arange(20)
+sps = [sp0.clone(), sp0.clone()]
+pos = torch.tensor([0, 20, 5])
+for step in range(8):                               # positions up to 27 < 32
+    qkv = torch.randn(B, 3 * H * hd)
+    o_t = swa_decode_step(qkv, *caches[0], sps[0], pos, inv, backend="torch", out_dtype=torch.float32)
+    o_k = swa_decode_step(qkv, *caches[1], sps[1], pos, inv, backend="triton", chunk=16, span=32,
+                          out_dtype=torch.float32)
+    assert ((o_k - o_t).norm() / o_t.norm()).item() < 1e-5, step
+    assert torch.equal(sps[0], sps[1])
+    for a, b in zip(caches[0], caches[1]):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    pos = pos + 1
 print("ok")
 """
 

@@ -55,6 +55,37 @@ def test_pool_with_staggered_arrivals_equals_one_at_a_time_generate(tiny, tier):
     assert [out[k] for k in range(len(prompts))] == ref
 
 
+def test_pool_attends_the_span_of_its_longest_running_row(tiny):
+    """Each step passes the longest running row's length + 1 as the decoder's span (free rows, whatever their
+    stale length, do not count); with the tiny window of 16 and spans of 4 and 8 the rows cross both and the
+    whole ring, and decode as one-at-a-time ``generate`` does."""
+    prompts = [list(b"ab"), list(b"x"), list(b"hey")]
+    n = 16
+    ref = [tiny.generate(torch.tensor([p]), n, tier="T4")[0, len(p):].tolist() for p in prompts]
+    pool = SlotPool(tiny, "T4", 4, min_span=4)
+    assert pool.fd.spans == [4, 8]
+    pool.owner[3], pool.row_pos[3] = None, 1000                 # a free row with a stale length: not counted
+    asked, step = [], pool.fd.step
+    pool.fd.step = lambda tokens, span=None: asked.append(span) or step(tokens, span=span)
+    out, waiting, k = {}, list(enumerate(prompts)), 0
+    while waiting or pool.busy():
+        if waiting and k % 3 == 0:
+            i, p = waiting.pop(0)
+            pool.admit(i, p)
+            out[i] = []
+        tokens = pool.logits.argmax(-1)
+        for r in pool.active_rows():
+            out[pool.owner[r]].append(int(tokens[r]))
+            if len(out[pool.owner[r]]) == n:
+                pool.release(r)
+        active = pool.active_rows()
+        pool.step(tokens)
+        assert asked[-1] == (max(pool.row_pos[r] for r in active) if active else None)   # length + 1, stepped
+        k += 1
+    assert [out[i] for i in range(3)] == ref
+    assert {pool.fd.span_for(s) for s in asked} == {4, 8, None}
+
+
 def test_prefill_groups_bound_size_and_padding():
     lengths = [9, 40, 9, 10, 9, 41, 300, 9, 12]
     groups = prefill_groups(lengths, max_prefill=4)

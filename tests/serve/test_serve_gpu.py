@@ -21,10 +21,13 @@ from elastic_ssm.serve.tokens import sample_rows
 pytestmark = pytest.mark.gpu
 
 
-def _pool_run(model, tier, prompts, n, slots, every, prefill_graphs=None):
+def _pool_run(model, tier, prompts, n, slots, every, prefill_graphs=None, min_span=128, spans=None):
     """Greedy decoding of ``prompts`` through one pool, a new request joining every ``every`` steps; returns per
-    request its tokens and the logits it was sampled from."""
-    pool = SlotPool(model, tier, slots, kv_dtype=torch.float32, prefill_graphs=prefill_graphs)
+    request its tokens and the logits it was sampled from (``spans``: a list that collects each step's span)."""
+    pool = SlotPool(model, tier, slots, kv_dtype=torch.float32, prefill_graphs=prefill_graphs, min_span=min_span)
+    if spans is not None:
+        step = pool.fd.step
+        pool.fd.step = lambda tokens, span=None: spans.append(pool.fd.span_for(span)) or step(tokens, span=span)
     assert pool.graphed
     dev = pool.device
     zeros, k0, p1 = torch.zeros(slots, device=dev), torch.zeros(slots, dtype=torch.long, device=dev), \
@@ -74,6 +77,23 @@ def test_pool_at_bucket_16_with_mid_stream_arrivals_equals_one_at_a_time(tier, g
         ties = ((top2[:, 0] - top2[:, 1]) < 1e-3).nonzero()
         upto = int(ties[0, 0]) if ties.numel() else n
         assert toks[k][:upto] == ref[:upto].tolist(), k
+
+
+@pytest.mark.parametrize("slots", [8, 16])          # the Triton window kernels up to batch 8, SDPA above
+def test_graphed_attended_spans_equal_the_teacher_forced_forward(slots):
+    """Short prompts (1-3 tokens) on the tiny model (window 16) with spans of 4 and 8: the pool replays the graph
+    of each step's span (4, 8, then the whole ring) and every row's logits equal the teacher-forced forward."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny", tie_embeddings=False)), 0.5, True).cuda().eval()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (int(L),), generator=g).tolist() for L in torch.randint(1, 4, (10,), generator=g)]
+    spans: list = []
+    toks, logits = _pool_run(model, "T10", prompts, 14, slots=slots, every=3, min_span=4, spans=spans)
+    assert set(spans) == {4, 8, None}
+    for k, p in enumerate(prompts):
+        want = model(torch.tensor([p + toks[k]], device="cuda"), tier="T10")[0, len(p) - 1:-1].float()
+        torch.testing.assert_close(torch.stack(logits[k]), want, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("graphs", [None, False], ids=["graphed-prefill", "eager-prefill"])

@@ -14,6 +14,15 @@ path and the reference); ``"triton"`` runs two kernels (``triton_kernels.py``): 
 RoPE, the ring write and an online softmax per chunk of ``chunk`` slots, and a combine pass — instead of
 the ~20 small kernels of the op-by-op step. ``slot_pos`` is written by every call (idempotent), so with
 several attention layers per step no separate bookkeeping kernel is needed.
+
+``span``: attend over ring slots ``0 .. span - 1`` only. Until a sequence has W tokens its ring is not wrapped
+and its tokens sit in slots ``0 .. p`` (Alg. 4's write at ``p mod W``, and the prefill's gathered write,
+``layers/window_ring.py``), so when every row whose output is read has ``p < span`` the slots from ``span`` on
+are empty for those rows and the step may skip them: the attention then reads ``span / W`` of the ring instead
+of all of it (at batch 128 of the 1.5b the ring is 6.4 GB, the larger part of a step's memory traffic). The
+write still goes to slot ``p mod W`` of the whole ring. A row with ``p >= span`` attends over the prefix only:
+wrong, so a caller passes a span only when it knows every row it reads is shorter (the serving pools track
+each row's position on the host, ``serve/slots.py``). None: the whole ring.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ def _check(qkv, keys, values, slot_pos, positions) -> None:
         raise ValueError(f"head_dim must be even for RoPE, got {hd}")
 
 
-def _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention: str) -> torch.Tensor:
+def _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention: str, span: int) -> torch.Tensor:
     B, H, W, hd = keys.shape
     q, k, v = qkv.view(B, 3, H, hd).unbind(1)                             # [B, H, hd]
     cos, sin = cos_sin(positions[:, None], inv_freq, q.dtype)            # [B, 1, hd/2]
@@ -55,18 +64,20 @@ def _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention: str
     keys[rows, :, slot] = k.to(keys.dtype)
     values[rows, :, slot] = v.to(values.dtype)
     slot_pos[rows, slot] = positions
-    return ring_attend(q[:, :, None], keys, values, slot_pos, positions, attention).reshape(B, H * hd)
+    return ring_attend(q[:, :, None], keys[:, :, :span], values[:, :, :span], slot_pos[:, :span], positions, attention,
+                       window=W).reshape(B, H * hd)
 
 
 def ring_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_pos: torch.Tensor,
-                positions: torch.Tensor, attention: str = "math") -> torch.Tensor:
+                positions: torch.Tensor, attention: str = "math", window: int | None = None) -> torch.Tensor:
     """Softmax attention of one query per row over the ring buffer's allowed slots (module docstring).
 
-    q [B, H, 1, hd] (rotated), keys / values [B, H, W, hd] with the current token already written,
-    slot_pos [B, W], positions [B] -> o [B, H, 1, hd] in ``values.dtype``. ``attention='math'`` computes the
-    scores in at least float32; ``'sdpa'`` hands the masked product to SDPA. The ring length W is the window.
+    q [B, H, 1, hd] (rotated), keys / values [B, H, S, hd] with the current token already written,
+    slot_pos [B, S], positions [B] -> o [B, H, 1, hd] in ``values.dtype``. ``attention='math'`` computes the
+    scores in at least float32; ``'sdpa'`` hands the masked product to SDPA. ``window``: W (default S, the
+    whole ring; less than W when the slots are a prefix of the ring, ``span``).
     """
-    W, hd = keys.shape[2], keys.shape[3]
+    W, hd = window or keys.shape[2], keys.shape[3]
     diff = positions[:, None] - slot_pos
     allowed = (slot_pos >= 0) & (diff >= 0) & (diff < W)                  # [B, W]
     q = q.to(keys.dtype)
@@ -78,14 +89,14 @@ def ring_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_
 
 
 def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, chunk: int | None,
-                 pdl: bool = False):
+                 pdl: bool = False, span: int | None = None):
     from .triton_kernels import swa_combine_kernel, swa_partial_kernel
 
     B, H, W, hd = keys.shape
     if keys.stride(3) != 1 or values.stride() != keys.stride() or slot_pos.stride(1) != 1:
         raise ValueError("the Triton window step needs contiguous keys/values [B, H, W, hd] and slot_pos")
     chunk = chunk or min(256, 1 << max(0, W - 1).bit_length())
-    S = -(-W // chunk)
+    S = -(-min(span or W, W) // chunk)          # the chunks that hold slots 0 .. span - 1
     qkv = qkv if qkv.stride(1) == 1 else qkv.contiguous()
     m = torch.empty(B * H * S, dtype=torch.float32, device=qkv.device)
     lsum = torch.empty_like(m)
@@ -104,17 +115,22 @@ def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, ch
 def swa_decode_step(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_pos: torch.Tensor,
                     positions: torch.Tensor, inv_freq: torch.Tensor, backend: str = "auto",
                     attention: str = "math", out_dtype: torch.dtype | None = None,
-                    chunk: int | None = None, pdl: bool = False) -> torch.Tensor:
+                    chunk: int | None = None, pdl: bool = False, span: int | None = None) -> torch.Tensor:
     """Attention output ``o [B, H hd]`` of one token per row (see module docstring); updates ``keys``,
     ``values`` [B, H, W, hd] and ``slot_pos`` [B, W] in place. ``positions`` [B] int64 are the tokens'
     positions (not advanced here); ``inv_freq`` from :func:`rope_inv_freq` (float64, on the device).
     ``attention`` ('math' | 'sdpa') picks the torch path's kernel; ``chunk`` the Triton window split;
-    ``pdl`` launches the Triton kernels with programmatic dependent launch (``ops/pdl.py``)."""
+    ``pdl`` launches the Triton kernels with programmatic dependent launch (``ops/pdl.py``); ``span`` attends
+    over the ring's first ``span`` slots only (module docstring: every row read must have position < span)."""
     _check(qkv, keys, values, slot_pos, positions)
+    W = keys.shape[2]
+    if span is not None and (isinstance(span, bool) or not isinstance(span, int) or span < 1):
+        raise ValueError(f"span must be a number of ring slots >= 1 (or None: the whole ring), got {span!r}")
+    span = W if span is None else min(span, W)
     use_triton = (resolve_decode_backend(backend, qkv.device) == "triton" and qkv.dtype != torch.float64
                   and qkv.shape[0] <= MAX_TRITON_BATCH
                   and keys.shape[3] & (keys.shape[3] - 1) == 0)          # power-of-two head dim
     if use_triton:
         return _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype or qkv.dtype, chunk,
-                            pdl)
-    return _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention).to(out_dtype or qkv.dtype)
+                            pdl, span)
+    return _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention, span).to(out_dtype or qkv.dtype)
