@@ -17,13 +17,18 @@ under one state folder, ``root`` (default ``runs/replication``, one sub-folder p
                        ``<run>/calls.jsonl``; with ``once`` a step that ran to completion in an earlier call
                        is skipped although its outputs (model weights) did not travel (the calibration probes).
 ``replication_state``  ``action: restore`` unpacks the state carried from the last call (``carry`` folder) into
-                       ``root`` unless the machine still holds that generation or a newer one; ``action: pack``
+                       ``root`` unless the machine still holds that generation or a newer one, then adds the
+                       committed records (``records``, below) of runs the state lacks; ``action: pack``
                        writes ``root`` as ``replication-state.tgz.partNN`` (at most ``part_mib`` each) plus
                        ``replication-state.json`` into ``dest`` (``$OUT``), leaving out model weights and
                        checkpoints except the newest checkpoint of an unfinished run when the whole state
                        stays under ``max_mib``; and copies the files named in ``publish`` beside them. The
                        steps' ``TRITON_CACHE_DIR`` is ``<root>/.triton``: its autotuning results travel too,
                        so fla's kernels are benchmarked once per shape over all calls, not once per call.
+                       Pack also writes ``replication-records.tgz``: each run's records (``RECORD_FILES`` and its
+                       logs, text, what the reports read), to be unpacked into ``docs/results/records/`` and
+                       committed, so a finished run survives the loss of the carried state (the carry lives on
+                       one development machine; committed records live in the repository).
 ``replication_report`` the per-tier numbers of every run of one claim into ``<root>/results/claimN.json`` and
                        its plot ``claimN.png`` (``eval/replication.py``).
 =====================  ======================================================================================
@@ -50,9 +55,13 @@ from pathlib import Path
 from ..config import ConfigBase, ConfigError, opt
 
 __all__ = ["ReplicationStepOptions", "ReplicationStateOptions", "ReplicationReportOptions", "run_step",
-           "run_state", "run_report", "pack_state", "restore_state", "STATE_NAME"]
+           "run_state", "run_report", "pack_state", "restore_state", "pack_records", "seed_records", "STATE_NAME",
+           "RECORDS_NAME", "RECORD_FILES"]
 
 STATE_NAME = "replication-state"
+RECORDS_NAME = "replication-records.tgz"
+#: the files of a run that its claim's report reads (eval/replication.py), besides ``logs/*.log``
+RECORD_FILES = ("eval.csv", "metrics.jsonl", "parameters.json", "run.yaml", "calls.jsonl")
 _HEAVY_DIRS = {"final", "exports"}
 TRITON_DIR = ".triton"     # under root: the steps' TRITON_CACHE_DIR; only its *.autotune.json files travel
 
@@ -187,6 +196,8 @@ class ReplicationStateOptions(ConfigBase):
     action: str = opt("pack", "'restore' (first entry of a suite) or 'pack' (last entry)")
     root: str = opt("runs/replication", "the state folder")
     carry: str = opt("runs/carry", "restore: the carried folder holding replication-state.json and its parts")
+    records: str = opt("docs/results/records", "restore: committed run records added where the state lacks them "
+                                               "('' : none)")
     dest: str = opt("$OUT", "pack: where the state goes (environment variables expanded; when that is unset, "
                             "<root>/../carry-out)")
     max_mib: float = opt(44.0, "pack: the state's size limit (a checkpoint is included only below it)")
@@ -267,6 +278,43 @@ def pack_state(root: str | Path, dest: str | Path, max_mib: float = 44.0, part_m
     return meta
 
 
+def _record_files(root: Path) -> list[Path]:
+    """Each run's records under ``root``: ``<run>/<RECORD_FILES>`` and ``<run>/logs/*.log``."""
+    out = []
+    for run in sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")):
+        out += [run / n for n in RECORD_FILES if (run / n).is_file()]
+        out += sorted(p for p in (run / "logs").glob("*.log") if p.is_file())
+    return out
+
+
+def pack_records(root: str | Path, dest: str | Path) -> dict:
+    """Write every run's records (text, no weights) as ``dest/replication-records.tgz``."""
+    root, dest = Path(root), Path(dest)
+    files = _record_files(root) if root.is_dir() else []
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest / RECORDS_NAME, "w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=str(f.relative_to(root)))
+    return {"files": len(files), "bytes": (dest / RECORDS_NAME).stat().st_size}
+
+
+def seed_records(records: str | Path, root: str | Path) -> list[str]:
+    """Copy the committed records under ``records`` (``<run>/...``, as ``pack_records`` wrote them) into ``root``
+    where ``root`` lacks the file; returns the runs that got files. A file already in ``root`` (a newer carried
+    state) is never replaced."""
+    records, root = Path(records), Path(root)
+    runs = set()
+    if not records.is_dir():
+        return []
+    for src in sorted(p for p in records.rglob("*") if p.is_file()):
+        dst = root / src.relative_to(records)
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+            runs.add(src.relative_to(records).parts[0])
+    return sorted(runs)
+
+
 def restore_state(carry: str | Path, root: str | Path) -> str:
     """Unpack the carried state into ``root`` unless ``root`` holds that generation already; returns what
     happened. A part that does not match its recorded sha256 is a one-line error."""
@@ -297,18 +345,23 @@ def restore_state(carry: str | Path, root: str | Path) -> str:
 def run_state(opts: ReplicationStateOptions, ctx) -> list[dict]:
     if opts.action == "restore":
         what = restore_state(opts.carry, opts.root)
+        seeded = seed_records(opts.records, opts.root) if opts.records else []
+        if seeded:
+            what += f"; records of {', '.join(seeded)} added from {opts.records}"
         ctx.log(f"  {what}")
         return [{"action": "restore", "result": what}]
     dest = os.path.expandvars(opts.dest)
     if "$" in dest or not dest:
         dest = str(Path(opts.root).parent / "carry-out")
     meta = pack_state(opts.root, dest, opts.max_mib, opts.part_mib)
+    records = pack_records(opts.root, dest)
     for rel in opts.publish:
         src = Path(opts.root) / rel
         if src.is_file():
             shutil.copy2(src, Path(dest) / src.name)
     ctx.log(f"  packed generation {meta['generation']} into {dest}: {meta['files']} files, {meta['bytes']:,} bytes "
-            f"in {len(meta['parts'])} part(s), checkpoints {meta['checkpoints']}")
+            f"in {len(meta['parts'])} part(s), checkpoints {meta['checkpoints']}; records: {records['files']} files, "
+            f"{records['bytes']:,} bytes ({RECORDS_NAME}: unpack into docs/results/records/ and commit)")
     return [{"action": "pack", "dest": dest, **{k: meta[k] for k in ("generation", "files", "bytes", "checkpoints")}}]
 
 

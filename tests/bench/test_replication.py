@@ -10,9 +10,12 @@ import pytest
 from elastic_ssm.bench.replication import (
     ReplicationReportOptions,
     ReplicationStepOptions,
+    ReplicationStateOptions,
+    pack_records,
     pack_state,
     restore_state,
     run_report,
+    run_state,
     run_step,
 )
 from elastic_ssm.bench.suite import EntryContext
@@ -123,6 +126,43 @@ def test_pack_leaves_weights_out_and_restores_only_newer_state(tmp_path):
     with pytest.raises(ConfigError, match="missing or differs"):
         restore_state(out, tmp_path / "third")
     assert restore_state(tmp_path / "nothing", tmp_path / "x").startswith("nothing carried")
+
+
+def test_committed_records_bring_a_finished_run_back_when_the_carried_state_is_lost(tmp_path):
+    """``pack`` also writes the runs' records (text the reports read, no weights or checkpoints); unpacked into the
+    repository and named by ``restore``'s ``records``, they seed a machine that got no carried state, so a
+    finished run's steps are skipped instead of trained again; a file the carried state holds is never
+    replaced."""
+    import tarfile
+
+    root, out = tmp_path / "state", tmp_path / "out"
+    run = _fake_run(root, "done")
+    (run / "eval.csv").write_text("tier,bpb\nT10,2.0\n")
+    _fake_run(root, "partial", final=False)
+    meta = pack_records(root, out)
+    with tarfile.open(out / "replication-records.tgz") as tar:
+        names = sorted(tar.getnames())
+    assert names == ["done/eval.csv", "done/logs/t.log", "done/metrics.jsonl", "partial/logs/t.log",
+                     "partial/metrics.jsonl"] and meta["files"] == 5
+    records = tmp_path / "repo" / "records"
+    records.mkdir(parents=True)
+    with tarfile.open(out / "replication-records.tgz") as tar:
+        tar.extractall(records, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    lost = tmp_path / "lost"                                          # a new machine, nothing carried
+    (lost / "partial").mkdir(parents=True)
+    (lost / "partial" / "metrics.jsonl").write_text("newer\n")
+    opts = ReplicationStateOptions(action="restore", root=str(lost), carry=str(tmp_path / "no-carry"),
+                                   records=str(records))
+    [row] = run_state(opts, _ctx(tmp_path, "restore"))
+    assert "records of done, partial added" in row["result"]
+    assert (lost / "done" / "eval.csv").read_text() == "tier,bpb\nT10,2.0\n"
+    assert (lost / "partial" / "metrics.jsonl").read_text() == "newer\n"       # never replaced
+    step = ReplicationStepOptions(args=("python", "-c", "raise SystemExit(3)"), run="done", root=str(lost),
+                                  outputs=("{run}/final",), skip_when=("{run}/eval.csv",))
+    assert run_step(step, _ctx(tmp_path, "done-train"))[0]["state"] == "skipped"
+    packed = run_state(ReplicationStateOptions(action="pack", root=str(lost), dest=str(tmp_path / "out2")),
+                       _ctx(tmp_path, "pack"))
+    assert packed[0]["generation"] == 1 and (tmp_path / "out2" / "replication-records.tgz").is_file()
 
 
 def test_report_lists_missing_runs_and_judges_smoothness(tmp_path):
