@@ -15,7 +15,11 @@ when the model's parameters change (an in-place update bumps a tensor's version;
 
 ``FusedSession`` is what ``generate`` drives: the decoder of the batch bucket, and the prompt's prefill
 into its cache, from a ``PrefillGraph`` of the prompt's length bucket when the model is compiled on CUDA
-(``models/prefill_graph.py``; at most ``max_prefills`` = 4 graphs, sharing one memory pool).
+(``models/prefill_graph.py``; at most ``max_prefills`` = 4 graphs, sharing one memory pool). Above
+``SPAN_MIN_BATCH`` rows (where the window step is SDPA over the whole ring, ``ops.swa_decode``) the session also
+passes the rows' length to each step as its attended span (``FastDecoder.step``): the prompt's padded length plus
+the steps so far bounds every row, so while the sequences are short the step reads only that prefix of the rings;
+those decoders capture one graph per span.
 """
 
 from __future__ import annotations
@@ -28,11 +32,15 @@ from typing import Any
 import torch
 
 from ..elastic.slicing import has_float_weight
+from ..ops.swa_decode import MAX_TRITON_BATCH
 from .compile import compiled_trunk
 from .fast_decode import FastDecoder
 from .prefill_graph import PrefillGraph, length_bucket
 
-__all__ = ["DecoderPool", "FusedSession", "decoder_pool", "batch_bucket", "use_fast_decoding"]
+__all__ = ["DecoderPool", "FusedSession", "decoder_pool", "batch_bucket", "use_fast_decoding", "SPAN_MIN_BATCH"]
+
+#: generate passes attended spans above this batch (the Triton window kernels up to it skip empty slots anyway)
+SPAN_MIN_BATCH = MAX_TRITON_BATCH
 
 
 def batch_bucket(batch: int) -> int:
@@ -83,6 +91,7 @@ class DecoderPool:
         self._prefills: OrderedDict[tuple, PrefillGraph] = OrderedDict()
         self._graph_pool = None               # one CUDA memory pool for all prefill graphs (never concurrent)
         self.max_prefills = 4
+        self.min_span = 128                   # smallest attended span of the decoders (FastDecoder)
         self._signature: tuple | None = None
         self.captures = 0                     # graphs captured so far (tests check reuse with it)
 
@@ -103,10 +112,11 @@ class DecoderPool:
             return fd
         graph = model.embed.weight.device.type == "cuda"
         shared = next((d for (name, *_), d in self._decoders.items() if name == t.name), None)
-        fd = FastDecoder(model, t, bucket, state_dtype=state_dtype, kv_dtype=kv_dtype, share_plans=shared)
+        fd = FastDecoder(model, t, bucket, state_dtype=state_dtype, kv_dtype=kv_dtype, share_plans=shared,
+                         min_span=self.min_span)
         if graph:
             try:
-                fd.capture(preserve_cache=False)
+                fd.capture(preserve_cache=False, spans=bucket > SPAN_MIN_BATCH)
                 self.captures += 1
             except RuntimeError as e:   # e.g. a kernel that cannot be captured on this stack: stay eager
                 warnings.warn(f"CUDA-graph capture of the decoder failed ({e}); decoding without a graph",
@@ -153,7 +163,13 @@ class FusedSession:
     def __init__(self, model, batch: int, tier: Any, state_dtype, kv_dtype) -> None:
         self.model, self.pool = model, decoder_pool(model)
         self.fd = self.pool.get(tier, batch, state_dtype, kv_dtype)
-        self.step = self.fd.step
+        self.spans = self.fd.batch > SPAN_MIN_BATCH and bool(self.fd.spans)
+        self.length = 0                       # the prompt's padded length + steps: no row is longer
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The decoder's step (tokens [B] -> logits [B, V]), over the attended span of the rows' length."""
+        self.length += 1
+        return self.fd.step(tokens, span=self.length if self.spans else None)
 
     def uses_prefill_graph(self) -> bool:
         return self.fd.device.type == "cuda" and compiled_trunk(self.model) is not None
@@ -163,6 +179,7 @@ class FusedSession:
         """Prompt [B, T] -> logits of its last position [B, V]; fills the first B rows of the cache.
         ``graph=False`` runs the prefill-graph function without capturing it (how the CPU tests check it)."""
         B, T = input_ids.shape
+        self.length = T
         if self.uses_prefill_graph() or not graph:
             L = length_bucket(T)
             padded = attention_mask is not None or L != T

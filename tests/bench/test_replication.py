@@ -9,8 +9,8 @@ import pytest
 
 from elastic_ssm.bench.replication import (
     ReplicationReportOptions,
-    ReplicationStepOptions,
     ReplicationStateOptions,
+    ReplicationStepOptions,
     pack_records,
     pack_state,
     restore_state,

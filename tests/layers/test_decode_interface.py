@@ -122,6 +122,32 @@ def test_fused_decoder_with_attended_spans_equals_reference_step(model):
     assert used == {*fd.spans, None}
 
 
+def test_generate_passes_attended_spans_above_the_span_batch(model, monkeypatch):
+    """``generate``'s fused session (batch above ``SPAN_MIN_BATCH``) steps over the span of the prompt's padded
+    length + the steps so far, crossing every span of the decoder, and equals the reference step's greedy text
+    (left-padded rows of different lengths included)."""
+    import elastic_ssm.models.decode_engine as engine
+
+    W = model.config.window
+    monkeypatch.setattr(engine, "SPAN_MIN_BATCH", 0)
+    pool = decoder_pool(model)
+    pool.clear()
+    monkeypatch.setattr(pool, "min_span", 8)
+    ids = torch.randint(1, 256, (3, 6))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0                                   # a left-padded row
+    asked = []
+    step = FastDecoder.step
+    monkeypatch.setattr(FastDecoder, "step", lambda self, tokens, span=None: asked.append(self.span_for(span))
+                        or step(self, tokens, span=span))
+    n = W + 4 - ids.shape[1]                          # up to past the window: every span, then the whole ring
+    got = model.generate(ids, n, tier="T4", attention_mask=mask, fast=True)
+    want = model.generate(ids, n, tier="T4", attention_mask=mask, fast=False)
+    assert torch.equal(got, want)
+    assert set(asked) == {*[s for s in (8, 16, 32, 64) if s < W], None}
+    pool.clear()
+
+
 @pytest.mark.parametrize("fast", [False, True])
 def test_generate_equals_greedy_forward_argmax_every_tier(model, fast):
     ids = torch.randint(0, 256, (2, 9))
