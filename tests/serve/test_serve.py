@@ -101,6 +101,17 @@ def test_prefill_groups_bound_size_and_padding():
     assert prefill_groups([5, 50, 6], 8, max_tokens=20) == [[0, 2], [1]]       # a longer prompt goes alone
 
 
+def _greedy_rows(pool, rows, n):
+    """``n`` greedy tokens of each of ``rows`` of ``pool``, stepping the whole pool."""
+    out = {r: [] for r in rows}
+    for _ in range(n):
+        tokens = pool.logits.argmax(-1)
+        for r in rows:
+            out[r].append(int(tokens[r]))
+        pool.step(tokens)
+    return [out[r] for r in rows]
+
+
 def test_prompts_of_different_lengths_prefilled_together_equal_generate(tiny):
     """``admit_many`` left-pads prompts of different lengths into one masked forward; every row then decodes
     as ``generate`` does for its prompt alone (greedy), including into scattered rows (the scratch cache)."""
@@ -113,13 +124,7 @@ def test_prompts_of_different_lengths_prefilled_together_equal_generate(tiny):
             pool.owner[r] = "other"
         rows = pool.admit_many(list(range(4)), prompts)
         assert len(set(rows)) == 4 and not set(rows) & set(busy)
-        out = {r: [] for r in rows}
-        for _ in range(n):
-            tokens = pool.logits.argmax(-1)
-            for r in rows:
-                out[r].append(int(tokens[r]))
-            pool.step(tokens)
-        assert [out[r] for r in rows] == ref, busy
+        assert _greedy_rows(pool, rows, n) == ref, busy
     with pytest.raises(ValueError, match="non-empty"):
         SlotPool(tiny, "T4", 4).admit_many(["a", "b"], [[1, 2], []])
 
@@ -172,17 +177,6 @@ def test_a_burst_of_equal_length_prompts_is_prefilled_together(tiny, busy, rows)
             out[pool.owner[r]].append(int(tokens[r]))
         pool.step(tokens)
     assert [out[k] for k in range(3)] == ref
-
-
-def _greedy_rows(pool, rows, n):
-    """``n`` greedy tokens of each of ``rows`` of ``pool``, stepping the whole pool."""
-    out = {r: [] for r in rows}
-    for _ in range(n):
-        tokens = pool.logits.argmax(-1)
-        for r in rows:
-            out[r].append(int(tokens[r]))
-        pool.step(tokens)
-    return [out[r] for r in rows]
 
 
 def test_graphed_prefill_path_equals_generate(tiny):
