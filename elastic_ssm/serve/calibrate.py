@@ -3,8 +3,9 @@
 ``calibrate(model, batches)`` times the served decode path of every tier: a ``SlotPool`` of each batch size
 (``serve/slots.py``: the fused decoder, CUDA-graphed on CUDA), ``warmup`` untimed steps, then ``iters``
 steps timed with CUDA events (wall clock on the CPU); one step gives every stream of the batch one token,
-so the step time is the ms/token each stream sees. It also records the exact per-sequence state bytes and
-parameter count of each tier from the config, the device and the library versions.
+so the step time is the ms/token each stream sees. Every step reads the whole window ring (no attended span,
+``serve/slots.py``): the cost of long sequences, the bound a budget must hold to. It also records the exact
+per-sequence state bytes and parameter count of each tier from the config, the device and the library versions.
 ``write_profile`` / ``write_quality`` write the files into the model directory atomically;
 ``quality_table(rows, ...)`` turns ``elastic-ssm eval``'s rows into the quality file's table.
 """
@@ -59,7 +60,7 @@ def calibrate(model, batches: list[int], tiers: list[str] | None = None, warmup:
         t = model.resolve_tier(name)
         row = {"ms_per_token": {}, "state_bytes": state_bytes(model.config, t)["total"], "params": t.params}
         for b in batches:
-            pool = SlotPool(model, t, b)
+            pool = SlotPool(model, t, b, spans=False)     # the whole ring every step: the long-context cost
             row["ms_per_token"][str(b)] = round(_step_ms(pool, warmup, iters), 5)
             del pool
             progress(f"  {name} batch {b}: {row['ms_per_token'][str(b)]:.3f} ms/token")
