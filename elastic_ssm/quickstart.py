@@ -58,6 +58,12 @@ def _monotone(rows: list[TierEval]) -> bool:
     return all(a.bpb >= b.bpb for a, b in zip(rows, rows[1:]))
 
 
+def _inversions(rows: list[TierEval]) -> str:
+    """Where a larger tier scored worse than the one below it, with by how much (empty when none)."""
+    return ", ".join(f"{b.tier} {b.bpb - a.bpb:.2g} bpb above {a.tier}" for a, b in zip(rows, rows[1:])
+                     if b.bpb > a.bpb)
+
+
 def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control: bool = True,
                config: str | Path | None = None, overwrite: bool = False) -> dict[str, Any]:
     from .config import RunConfig
@@ -118,7 +124,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
             w.writerow({**r.row(), "export_check": "bitwise" if c.bitwise_equal else f"{c.max_abs_diff:.3g}"})
     plotted = _plot(rows, control_rows, out / "quality_size.png", raw_rows)
     summary = {
-        "monotone": _monotone(rows),
+        "monotone": _monotone(rows), "inversions": _inversions(rows), "held_out_tokens": rows[0].tokens,
         "bpb_T1": rows[0].bpb, "bpb_T10": rows[-1].bpb,
         "control_bpb_T1": control_rows[0].bpb if control_rows else None,
         "control_bpb_T10": control_rows[-1].bpb if control_rows else None,
@@ -134,7 +140,8 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
                  f"raw truncation {summary['control_raw_bpb_T1']:.3f}")
     elif control_rows:
         dense = f"; dense control truncated to T1: {summary['control_bpb_T1']:.3f}"
-    print(f"\n[quickstart] monotone tier curve: {summary['monotone']}; T1 {summary['bpb_T1']:.3f} bpb vs "
+    inv = f" ({summary['inversions']})" if summary["inversions"] else ""
+    print(f"\n[quickstart] monotone tier curve: {summary['monotone']}{inv}; T1 {summary['bpb_T1']:.3f} bpb vs "
           f"T10 {summary['bpb_T10']:.3f}" + dense)
     print(f"[quickstart] wrote {out / 'report.md'}, {out / 'tiers.csv'}"
           + (f", {out / 'quality_size.png'}" if plotted else " (install matplotlib for the plot)"))
@@ -177,7 +184,9 @@ def _write_report(out: Path, run: Any, table: str, control_rows, summary: dict, 
         "## Every tier, exported and evaluated on held-out files", "", "```", table, "```", "",
         f"- Export check: {sum(c.bitwise_equal for c in checks)}/{len(checks)} standalone exports are "
         "bitwise equal to the shared model at their tier (CPU, float32).",
-        f"- Tier curve monotone (smaller tier => higher BPB): **{summary['monotone']}**.",
+        f"- Tier curve monotone (smaller tier => higher BPB): **{summary['monotone']}**"
+        + (f" ({summary['inversions']}; the held-out set is {summary['held_out_tokens']:,} bytes)."
+           if summary["inversions"] else "."),
         f"- Smallest tier T1: {summary['bpb_T1']:.4f} bpb vs full T10: {summary['bpb_T10']:.4f} bpb "
         f"(+{summary['bpb_T1'] - summary['bpb_T10']:.4f}).",
     ]
