@@ -8,7 +8,7 @@ Load comes from ``serve_client_procs`` client processes, each running its share 
 HTTP/1.1 keep-alive connections (asyncio streams: ``httpx`` cost more per event than the server does, and on
 a small machine the load generator was what got measured): every stream sends ``serve_rounds`` requests
 one after another (a prompt of ``serve_prompt`` random ids, greedy, ``serve_new_tokens`` tokens, streamed),
-the streams' tiers cycling through the mix. A warm-up pass (every stream once, 8 tokens) runs first and is
+the streams' tiers cycling through the mix. A warm-up pass (every stream twice, 8 tokens) runs first and is
 reported as ``warmup_s``. Reported per (mix, streams): aggregate generated tokens/s over the run's wall
 clock, p50/p99 time to first token, p50/p99 inter-token latency (the gaps between reads that carried text:
 events read together are one arrival), the engine's decode steps per second (``steps_s``) and the CPU
@@ -265,10 +265,11 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
         plan = [mix[i % len(mix)] for i in range(streams)]
         procs = max(1, min(procs, streams))
         with mp.get_context("spawn").Pool(procs) as pool:
-            # warm-up: the same streams once with a few tokens, so that first-use costs (fla's autotuning of the
-            # prefill shapes, CUDA context of the clients) are reported apart from the served rate
+            # warm-up: the same streams twice with a few tokens, so that first-use costs (fla's autotuning of the
+            # prefill shapes, the capture of a prefill graph at a shape's second use, CUDA context of the clients)
+            # are reported apart from the served rate
             t0 = time.perf_counter()
-            pool.map(_client, [(base, plan[i::procs], 1, prompt, min(8, new_tokens), vocab, seed + 100 + i)
+            pool.map(_client, [(base, plan[i::procs], 2, prompt, min(8, new_tokens), vocab, seed + 100 + i)
                                for i in range(procs)])
             warmup = time.perf_counter() - t0
             shares = [(base, plan[i::procs], rounds, prompt, new_tokens, vocab, seed + i) for i in range(procs)]

@@ -15,9 +15,11 @@ Continuous batching (``serve/engine.py``) needs three things the decode engine d
 * graphed prefill (on CUDA by default): a prefill forward replayed from a CUDA graph per (rows bucket, prompt
   length bucket) into a scratch cache whose rows are then copied into the free slots. An eager forward of the
   1.5b model costs ~75-90 ms of host dispatch besides its per-token time (docs/benchmarks.md, ninth session),
-  whatever its batch: the graph replays it with one launch. Graphs are captured on first use of a shape (three
-  forwards: two warm-ups and the capture; a log line each), kept least recently used first out, and share one
-  memory pool; a shape whose padded tokens exceed ``max_graph_tokens``, or a capture that fails, runs eagerly;
+  whatever its batch: the graph replays it with one launch. A shape is captured the ``graph_after``-th time it
+  is met (default 2: a one-off shape never pays the capture's three forwards, two warm-ups and the capture; a log
+  line each); the graphs are kept least recently used first out and share one memory pool (so they cost about
+  one forward's activations together, plus their static inputs and logits); a shape whose padded tokens exceed
+  ``max_graph_tokens``, a shape met fewer times, or a capture that fails runs eagerly;
 * attended spans: the pool knows every row's length on the host (its prompt's tokens plus one per step), so each
   decode step passes the longest running row's length as the decoder's ``span`` (``FastDecoder.step``): while
   every running sequence is shorter than a power of two below the window, the window attention reads only that
@@ -143,7 +145,8 @@ class SlotPool(SlotRows):
     cache, allocated when graphed prefill is on or the free rows are scattered, holds that many rows).
     ``prefill_graphs``: graphed prefill (module docstring); None = on CUDA. True on the CPU runs the graphs'
     static-buffer function without capturing it (how the CPU tests check that path). ``max_graphs``: prefill
-    graphs kept; ``max_graph_tokens``: the most padded prompt tokens (rows bucket x length bucket) of a graph.
+    graphs kept; ``max_graph_tokens``: the most padded prompt tokens (rows bucket x length bucket) of a graph;
+    ``graph_after``: the time a shape is met at which its graph is captured (1: at once).
     ``spans``: attended spans (module docstring; False: every step reads the whole ring); ``min_span``: the
     smallest span (a power of two).
     """
@@ -153,7 +156,8 @@ class SlotPool(SlotRows):
 
     def __init__(self, model, tier: Any, slots: int, state_dtype: torch.dtype | None = None,
                  kv_dtype: torch.dtype | None = None, max_prefill: int = 16, prefill_graphs: bool | None = None,
-                 max_graphs: int = 8, max_graph_tokens: int = 32768, spans: bool = True, min_span: int = 128) -> None:
+                 max_graphs: int = 32, max_graph_tokens: int = 32768, graph_after: int = 2, spans: bool = True,
+                 min_span: int = 128) -> None:
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
         super().__init__(slots)
@@ -179,8 +183,9 @@ class SlotPool(SlotRows):
         if prefill_graphs not in (None, True, False):
             raise ValueError(f"prefill_graphs must be True, False or None (on CUDA), got {prefill_graphs!r}")
         self.prefill_graphs = self.device.type == "cuda" if prefill_graphs is None else prefill_graphs
-        self.max_graphs, self.max_graph_tokens = max_graphs, max_graph_tokens
+        self.max_graphs, self.max_graph_tokens, self.graph_after = max_graphs, max_graph_tokens, graph_after
         self._graphs: OrderedDict[tuple[int, int, bool], PrefillGraph] = OrderedDict()
+        self._met: dict[tuple[int, int, bool], int] = {}   # times each shape without a graph was met
         self._graph_pool = None                        # one CUDA memory pool for the prefill graphs
         self.captures = 0                              # prefill graphs captured so far
         if self.device.type == "cuda":
@@ -303,6 +308,10 @@ class SlotPool(SlotRows):
         if graph is not None:
             self._graphs.move_to_end(key)
             return graph
+        self._met[key] = self._met.get(key, 0) + 1
+        if self._met[key] < self.graph_after:
+            return None
+        del self._met[key]
         cuda = self.device.type == "cuda"
         start = time.perf_counter()
         try:

@@ -189,7 +189,7 @@ def test_graphed_prefill_path_equals_generate(tiny):
     n = 10
     ref = {tuple(p): tiny.generate(torch.tensor([p]), n, tier="T4")[0, len(p):].tolist() for p in prompts + equal}
     for busy in ((), (1, 3)):
-        pool = SlotPool(tiny, "T4", 8, max_prefill=4, prefill_graphs=True)
+        pool = SlotPool(tiny, "T4", 8, max_prefill=4, prefill_graphs=True, graph_after=1)
         for r in busy:
             pool.owner[r] = "other"
         before = [t[list(busy)].clone() for t in pool.cache.tensors()]
@@ -206,10 +206,24 @@ def test_graphed_prefill_path_equals_generate(tiny):
     assert pool.admit_many(["a", "b", "c"], prompts) and pool._graphs[(4, 32, True)] is graph   # reused
 
 
+def test_a_prefill_shape_gets_its_graph_the_second_time_it_is_met(tiny):
+    """By default a one-off shape is prefilled eagerly (no capture's three forwards for it); the second prompt of
+    that shape captures the graph, and both rows decode as ``generate`` does."""
+    prompts = [list(b"first prompt"), list(b"other prompt")]                 # 12 tokens: bucket 32
+    ref = [tiny.generate(torch.tensor([p]), 8, tier="T4")[0, len(p):].tolist() for p in prompts]
+    pool = SlotPool(tiny, "T4", 4, prefill_graphs=True)
+    rows = [pool.admit(0, prompts[0])]
+    assert not pool._graphs
+    rows.append(pool.admit(1, prompts[1]))
+    assert list(pool._graphs) == [(1, 32, True)]
+    assert _greedy_rows(pool, rows, 8) == ref
+
+
 def test_graphed_prefill_bounds_its_graphs_and_goes_eager_above_the_token_limit(tiny):
     """At most ``max_graphs`` graphs (least recently used out); a shape above ``max_graph_tokens`` padded tokens
     is prefilled eagerly and decodes as ``generate`` does."""
-    pool = SlotPool(tiny, "T4", 4, max_prefill=2, prefill_graphs=True, max_graphs=2, max_graph_tokens=64)
+    pool = SlotPool(tiny, "T4", 4, max_prefill=2, prefill_graphs=True, max_graphs=2, max_graph_tokens=64,
+                    graph_after=1)
     long = list(range(1, 71))                                            # bucket 96 > 64 tokens: eager
     rows = [pool.admit(k, list(range(1, T + 1))) for k, T in enumerate((5, 40))] + [pool.admit(2, long)]
     assert list(pool._graphs) == [(1, 32, True), (1, 64, True)]

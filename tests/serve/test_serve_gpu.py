@@ -24,7 +24,8 @@ pytestmark = pytest.mark.gpu
 def _pool_run(model, tier, prompts, n, slots, every, prefill_graphs=None, min_span=128, spans=None):
     """Greedy decoding of ``prompts`` through one pool, a new request joining every ``every`` steps; returns per
     request its tokens and the logits it was sampled from (``spans``: a list that collects each step's span)."""
-    pool = SlotPool(model, tier, slots, kv_dtype=torch.float32, prefill_graphs=prefill_graphs, min_span=min_span)
+    pool = SlotPool(model, tier, slots, kv_dtype=torch.float32, prefill_graphs=prefill_graphs, min_span=min_span,
+                    graph_after=1)
     if spans is not None:
         step = pool.fd.step
         pool.fd.step = lambda tokens, span=None: spans.append(pool.fd.span_for(span)) or step(tokens, span=span)
@@ -108,7 +109,7 @@ def test_prompts_of_different_lengths_prefilled_together_on_cuda(busy, graphs):
     model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny", tie_embeddings=False)), 0.5, True).cuda().eval()
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 256, (L,), generator=g).tolist() for L in (3, 17, 9, 37, 30, 12)]
-    pool = SlotPool(model, "T10", 16, kv_dtype=torch.float32, prefill_graphs=graphs)
+    pool = SlotPool(model, "T10", 16, kv_dtype=torch.float32, prefill_graphs=graphs, graph_after=1)
     for r in busy:
         pool.owner[r] = "busy"
     rows = pool.admit_many(list(range(len(prompts))), prompts)
