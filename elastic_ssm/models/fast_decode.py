@@ -111,6 +111,8 @@ class FastDecoder:
                              f"batch {batch} at {self.tier.name}: allocate it with "
                              "model.allocate_cache(batch, tier)")
         self.cache, self.batch = cache, batch
+        if isinstance(min_span, bool) or not isinstance(min_span, int) or min_span < 1:
+            raise ValueError(f"min_span must be an int >= 1 (ring slots), got {min_span!r}")
         if out_layout not in ("auto", "split", "rows"):
             raise ValueError(f"out_layout must be 'auto', 'split' or 'rows', got {out_layout!r}")
         if out_layout == "auto":

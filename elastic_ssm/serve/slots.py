@@ -160,6 +160,12 @@ class SlotPool(SlotRows):
                  min_span: int = 128) -> None:
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
+        if prefill_graphs not in (None, True, False):
+            raise ValueError(f"prefill_graphs must be True, False or None (on CUDA), got {prefill_graphs!r}")
+        for name, value in (("max_graphs", max_graphs), ("max_graph_tokens", max_graph_tokens),
+                            ("graph_after", graph_after)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         super().__init__(slots)
         self.model = model
         self.tier = model.resolve_tier(tier)
@@ -180,8 +186,6 @@ class SlotPool(SlotRows):
         self._scratch: ESSHCache | None = None       # admit_many's prefill cache, once free rows were scattered
         self._host_tokens: torch.Tensor | None = None  # step_async's pinned copy of the sampled tokens (CUDA)
         self._copied: torch.cuda.Event | None = None
-        if prefill_graphs not in (None, True, False):
-            raise ValueError(f"prefill_graphs must be True, False or None (on CUDA), got {prefill_graphs!r}")
         self.prefill_graphs = self.device.type == "cuda" if prefill_graphs is None else prefill_graphs
         self.max_graphs, self.max_graph_tokens, self.graph_after = max_graphs, max_graph_tokens, graph_after
         self._graphs: OrderedDict[tuple[int, int, bool], PrefillGraph] = OrderedDict()

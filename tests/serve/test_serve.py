@@ -235,6 +235,9 @@ def test_graphed_prefill_bounds_its_graphs_and_goes_eager_above_the_token_limit(
     assert list(pool._graphs) == [(1, 64, True), (2, 32, True)]
     with pytest.raises(ValueError, match="prefill_graphs"):
         SlotPool(tiny, "T4", 2, prefill_graphs="yes")
+    for bad in ({"graph_after": 0}, {"max_graphs": 1.5}, {"max_graph_tokens": True}, {"min_span": 0}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be an int >= 1"):
+            SlotPool(tiny, "T4", 2, **bad)
 
 
 def test_sample_rows_equals_sample_next_row_by_row():
