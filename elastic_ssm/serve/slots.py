@@ -299,7 +299,8 @@ class SlotPool(SlotRows):
         self.logits.index_copy_(0, idx, logits.float())
 
     def _graph_for(self, prompts: list[list[int]]) -> PrefillGraph | None:
-        """The prefill graph for these prompts (captured on first use of its shape), or None: eager prefill."""
+        """The prefill graph for these prompts (captured the ``graph_after``-th time their shape is met), or None:
+        eager prefill."""
         if not self.prefill_graphs:
             return None
         T = max(len(p) for p in prompts)
@@ -323,8 +324,9 @@ class SlotPool(SlotRows):
                 self._graph_pool = torch.cuda.graph_pool_handle()
             graph = PrefillGraph(self.model, CacheTarget(self.scratch().narrow(rows)), length, key[2], graph=cuda,
                                  pool=self._graph_pool)
-        except RuntimeError as e:    # a kernel that cannot be captured on this stack: prefill eagerly from now on
-            log.warning("tier %s: capturing a prefill graph failed (%s); prefilling without graphs", self.tier.name, e)
+        except Exception as e:       # e.g. a kernel that cannot be captured on this stack: prefill eagerly from now on
+            log.warning("tier %s: capturing a prefill graph failed (%s: %s); prefilling without graphs",
+                        self.tier.name, type(e).__name__, e)
             self.prefill_graphs = False
             return None
         self.captures += cuda

@@ -219,6 +219,22 @@ def test_a_prefill_shape_gets_its_graph_the_second_time_it_is_met(tiny):
     assert _greedy_rows(pool, rows, 8) == ref
 
 
+def test_a_failed_prefill_capture_turns_the_graphs_off_and_prefills_eagerly(tiny, monkeypatch, caplog):
+    import elastic_ssm.serve.slots as slots
+
+    def broken(*a, **k):
+        raise ValueError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(slots, "PrefillGraph", broken)
+    prompt = list(b"hello")
+    ref = tiny.generate(torch.tensor([prompt]), 6, tier="T4")[0, len(prompt):].tolist()
+    pool = SlotPool(tiny, "T4", 2, prefill_graphs=True, graph_after=1)
+    with caplog.at_level("WARNING", logger="elastic_ssm.serve"):
+        row = pool.admit("a", prompt)
+    assert not pool.prefill_graphs and "capturing a prefill graph failed (ValueError" in caplog.text
+    assert _greedy_rows(pool, [row], 6) == [ref]
+
+
 def test_graphed_prefill_bounds_its_graphs_and_goes_eager_above_the_token_limit(tiny):
     """At most ``max_graphs`` graphs (least recently used out); a shape above ``max_graph_tokens`` padded tokens
     is prefilled eagerly and decodes as ``generate`` does."""
