@@ -175,8 +175,12 @@ class SlotPool(SlotRows):
         self.row_pos = [0] * slots                   # tokens each row's sequence holds (host bookkeeping)
         self.graphed = False
         if self.device.type == "cuda":
+            start = time.perf_counter()
             self.fd.capture(preserve_cache=False, spans=self.spans)
             self.graphed = True
+            spans = "/".join(map(str, self.fd.spans if self.spans else [])) or "none"
+            log.info("tier %s: decode step of %d rows captured in %.1f s (attended spans: %s, and the whole ring)",
+                     self.tier.name, slots, time.perf_counter() - start, spans)
         self.cache = self.fd.cache.reset_()
         V = model.config.vocab_size
         self.logits = torch.zeros(slots, V, dtype=torch.float32, device=self.device)   # [slots, V]
