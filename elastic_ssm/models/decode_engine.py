@@ -124,7 +124,7 @@ class DecoderPool:
         self._decoders[key] = fd
         while len(self._decoders) > self.max_decoders:
             old = self._decoders.popitem(last=False)[1]
-            for k in [k for k, p in self._prefills.items() if p.fd is old]:
+            for k in [k for k, p in self._prefills.items() if p.cache is old.cache]:
                 del self._prefills[k]
         return fd
 
@@ -132,12 +132,12 @@ class DecoderPool:
         """The prefill graph of decoder ``fd`` for prompts of ``length`` tokens (captured on first use)."""
         key = (id(fd), length, padded)
         pg = self._prefills.get(key)
-        if pg is not None and pg.fd is fd:
+        if pg is not None and pg.cache is fd.cache:
             self._prefills.move_to_end(key)
             return pg
         if graph and self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
-        pg = PrefillGraph(self._model(), fd, length, padded, graph=graph, pool=self._graph_pool)
+        pg = PrefillGraph(self._model(), fd.cache, length, padded, graph=graph, pool=self._graph_pool)
         self._prefills[key] = pg
         while len(self._prefills) > self.max_prefills:
             self._prefills.popitem(last=False)

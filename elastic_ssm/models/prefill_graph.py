@@ -14,22 +14,19 @@ its unpadded prefill up to rounding. A prompt whose length is a bucket and that 
 unpadded graph (the causal flash path). Rows of the decoder's batch bucket beyond the prompt's batch
 repeat its first row and are never read.
 
-The graph writes into the cache of a target: a ``FastDecoder`` (``generate``: its own cache) or a
-``CacheTarget`` (the server's slot pools, ``serve/slots.py``: a scratch cache whose rows are then copied into
-the pool's free slots, since a graph's addresses are fixed and the free slots are not).
+The graph writes into a cache of the batch it serves: a ``FastDecoder``'s own cache (``generate``) or a
+scratch cache (the server's slot pools, ``serve/slots.py``, whose rows are then copied into the pool's free
+slots, since a graph's addresses are fixed and the free slots are not).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ..elastic.tiers import Tier
 from .cache import ESSHCache
 from .compile import compiled_trunk, scan_backend, trunk_for
 
-__all__ = ["CacheTarget", "PrefillGraph", "length_bucket"]
+__all__ = ["PrefillGraph", "length_bucket"]
 
 
 def length_bucket(T: int, min_step: int = 256) -> int:
@@ -43,38 +40,17 @@ def length_bucket(T: int, min_step: int = 256) -> int:
     return -(-T // step) * step
 
 
-@dataclass(frozen=True)
-class CacheTarget:
-    """What a ``PrefillGraph`` writes: ``cache``, an ``ESSHCache`` (its rows, tier and device); a ``FastDecoder``
-    has the same four attributes."""
-
-    cache: ESSHCache
-
-    @property
-    def tier(self) -> Tier:
-        return self.cache.tier
-
-    @property
-    def batch(self) -> int:
-        return self.cache.batch
-
-    @property
-    def device(self) -> torch.device:
-        return self.cache.positions.device
-
-
 class PrefillGraph:
-    """Prefill of ``fd.batch`` prompts of ``length`` tokens at ``fd.tier`` into ``fd.cache`` (``fd``: a
-    ``FastDecoder`` or a ``CacheTarget``).
+    """Prefill of ``cache.batch`` prompts of ``length`` tokens at ``cache.tier`` into ``cache``.
 
     ``padded``: the graph takes a left-padding mask (any prompt up to ``length``); else prompts of exactly
     ``length`` tokens. ``graph=False`` runs the same static-buffer function eagerly (CPU tests).
     ``pool``: a CUDA graph memory pool shared by the prefill graphs of one model (they never overlap).
     """
 
-    def __init__(self, model, fd, length: int, padded: bool, graph: bool = True, pool=None) -> None:
-        self.model, self.fd, self.length, self.padded = model, fd, length, padded
-        B, dev = fd.batch, fd.device
+    def __init__(self, model, cache: ESSHCache, length: int, padded: bool, graph: bool = True, pool=None) -> None:
+        self.model, self.cache, self.length, self.padded = model, cache, length, padded
+        B, dev = cache.batch, cache.positions.device
         self.ids = torch.zeros(B, length, dtype=torch.long, device=dev)
         self.mask = torch.ones(B, length, dtype=torch.bool, device=dev) if padded else None
         self._positions = torch.arange(length, device=dev).expand(B, length)
@@ -88,7 +64,7 @@ class PrefillGraph:
 
     def _run(self) -> torch.Tensor:
         """The captured work: trunk into the cache, next positions, last-position logits [B, V]."""
-        m, cache = self.model, self.fd.cache
+        m, cache = self.model, self.cache
         if self.padded:
             valid = self.mask
             n = valid.long().sum(1)
@@ -96,7 +72,7 @@ class PrefillGraph:
         else:
             valid, positions = None, self._positions
             n = torch.full_like(cache.positions, self.length)
-        h = self._trunk(m, self.ids, self.fd.tier, positions, valid, cache, self._backend, False)
+        h = self._trunk(m, self.ids, cache.tier, positions, valid, cache, self._backend, False)
         cache.positions.copy_(n)
         return m.logits_from_hidden(h[:, -1])
 
@@ -122,8 +98,8 @@ class PrefillGraph:
         """input_ids [B, T] (B <= batch, T <= length; left padding per ``attention_mask``) -> logits [B, V]."""
         B, T = input_ids.shape
         L = self.length
-        if B > self.fd.batch or T > L or (not self.padded and (T != L or attention_mask is not None)):
-            raise ValueError(f"this prefill graph takes up to {self.fd.batch} prompts of "
+        if B > self.cache.batch or T > L or (not self.padded and (T != L or attention_mask is not None)):
+            raise ValueError(f"this prefill graph takes up to {self.cache.batch} prompts of "
                              f"{'at most ' if self.padded else 'exactly '}{L} tokens"
                              f"{'' if self.padded else ' without a mask'}; got {tuple(input_ids.shape)}")
         self.ids[:B, L - T:].copy_(input_ids)
