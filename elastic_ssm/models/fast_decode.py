@@ -148,11 +148,13 @@ class FastDecoder:
         return self.options.pdl
 
     # ---- one step ---------------------------------------------------------------------------------------
-    def _step_impl(self) -> torch.Tensor:
+    def _step_impl(self, span: int | None = None) -> torch.Tensor:
         """One step of the whole model: every block's mixer plan, then its FFN plan, on the residual stream.
         Up to batch 8 (``fused_gemv``) the stream is the float32 buffer ``self._x`` and each plan adds into it
-        in place; larger batches keep it in the embedding dtype with cuBLAS products."""
-        o, eps, layers = self.options, self.eps, zip(self.mixers, self.ffns, self.norms, self.cache.layers)
+        in place; larger batches keep it in the embedding dtype with cuBLAS products. ``span``: the window
+        attention's attended span (a bucket of ``self.spans``; None: the whole ring)."""
+        o = self.options if span is None else replace(self.options, span=span)
+        eps, layers = self.eps, zip(self.mixers, self.ffns, self.norms, self.cache.layers)
         if self.fused_gemv:
             x = self._x
             x.copy_(F.embedding(self._tokens, self.model.embed.weight))        # [B, D] float32
@@ -190,13 +192,7 @@ class FastDecoder:
             graph, logits = self._span_graphs.get(span, (self._graph, self._logits))
             graph.replay()
             return logits[:rows]
-        if span is None:
-            return self._step_impl()[:rows]
-        full, self.options = self.options, replace(self.options, span=span)
-        try:
-            return self._step_impl()[:rows]
-        finally:
-            self.options = full
+        return self._step_impl(span)[:rows]
 
     # ---- CUDA graph --------------------------------------------------------------------------------------
     def _snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -211,23 +207,18 @@ class FastDecoder:
         if self.device.type != "cuda":
             raise RuntimeError("CUDA-graph capture needs the model on a CUDA device")
         saved = self._snapshot() if preserve_cache else []
-        full = self.options
         pool = torch.cuda.graph_pool_handle() if spans and self.spans else None
         graphs = {}
-        try:
-            for span in [None, *(self.spans if spans else [])]:
-                self.options = full if span is None else replace(full, span=span)
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(warmup):
-                        self._step_impl()
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    graphs[span] = (graph, self._step_impl())
-        finally:
-            self.options = full
+        for span in [None, *(self.spans if spans else [])]:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    self._step_impl(span)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                graphs[span] = (graph, self._step_impl(span))
         for t, copy in saved:
             t.copy_(copy)
         self._graph, self._logits = graphs.pop(None)

@@ -89,14 +89,14 @@ def ring_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_
 
 
 def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, chunk: int | None,
-                 pdl: bool = False, span: int | None = None):
+                 pdl: bool, span: int):
     from .triton_kernels import swa_combine_kernel, swa_partial_kernel
 
     B, H, W, hd = keys.shape
     if keys.stride(3) != 1 or values.stride() != keys.stride() or slot_pos.stride(1) != 1:
         raise ValueError("the Triton window step needs contiguous keys/values [B, H, W, hd] and slot_pos")
     chunk = chunk or min(256, 1 << max(0, W - 1).bit_length())
-    S = -(-min(span or W, W) // chunk)          # the chunks that hold slots 0 .. span - 1
+    S = -(-span // chunk)                       # the chunks that hold slots 0 .. span - 1
     qkv = qkv if qkv.stride(1) == 1 else qkv.contiguous()
     m = torch.empty(B * H * S, dtype=torch.float32, device=qkv.device)
     lsum = torch.empty_like(m)
