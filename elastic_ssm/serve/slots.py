@@ -45,7 +45,7 @@ import torch
 from ..models.cache import ESSHCache
 from ..models.decode_engine import batch_bucket
 from ..models.fast_decode import FastDecoder
-from ..models.prefill_graph import CacheTarget, PrefillGraph, length_bucket
+from ..models.prefill_graph import PrefillGraph, length_bucket
 
 __all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups"]
 
@@ -290,15 +290,8 @@ class SlotPool(SlotRows):
 
     def _copy_rows(self, logits: torch.Tensor, rows: list[int]) -> None:
         """Rows ``0 .. n-1`` of the scratch cache, and their next-token ``logits [n, V]``, into pool ``rows``."""
-        n = len(rows)
-        src = self._scratch.narrow(n)
-        if rows == list(range(rows[0], rows[0] + n)):
-            for dst, s in zip(self.cache.narrow(n, start=rows[0]).tensors(), src.tensors()):
-                dst.copy_(s)
-            self.logits[rows[0]:rows[0] + n] = logits.float()
-            return
         idx = torch.tensor(rows, device=self.device)
-        for dst, s in zip(self.cache.tensors(), src.tensors()):
+        for dst, s in zip(self.cache.tensors(), self._scratch.narrow(len(rows)).tensors()):
             dst.index_copy_(0, idx, s)
         self.logits.index_copy_(0, idx, logits.float())
 
@@ -326,7 +319,7 @@ class SlotPool(SlotRows):
         try:
             if cuda and self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
-            graph = PrefillGraph(self.model, CacheTarget(self.scratch().narrow(rows)), length, key[2], graph=cuda,
+            graph = PrefillGraph(self.model, self.scratch().narrow(rows), length, key[2], graph=cuda,
                                  pool=self._graph_pool)
         except Exception as e:       # e.g. a kernel that cannot be captured on this stack: prefill eagerly from now on
             log.warning("tier %s: capturing a prefill graph failed (%s: %s); prefilling without graphs",
