@@ -124,6 +124,12 @@ class ServerSettings:
     body_timeout_s: float = 30.0
     stall_timeout_s: float = 30.0
 
+    def engine_options(self) -> dict:
+        """The ``Engine`` keyword arguments among these settings (admission, prefill and decode choices)."""
+        return {"max_prefill": self.max_prefill, "max_prefill_tokens": self.max_prefill_tokens,
+                "prefill_wait_ms": self.prefill_wait_ms, "prefill_graphs": self.prefill_graphs,
+                "attended_spans": self.attended_spans}
+
 
 def _json(status: int, body: dict, headers: dict | None = None):
     return JSONResponse(body, status_code=status, headers=headers)
@@ -149,9 +155,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     if load is not None:
         remote = RemoteEngine(load, model, settings.tiers, settings.slots, settings.max_queue,
                               settings.stall_timeout_s, eos=eos, metrics=metrics, pool_factory=pool_factory,
-                              max_prefill=settings.max_prefill, prefill_wait_ms=settings.prefill_wait_ms,
-                              max_prefill_tokens=settings.max_prefill_tokens,
-                              prefill_graphs=settings.prefill_graphs, attended_spans=settings.attended_spans)
+                              **settings.engine_options())
 
     @asynccontextmanager
     async def lifespan(app):
@@ -161,10 +165,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         else:
             extra = {} if pool_factory is None else {"pool_factory": pool_factory}
             eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s,
-                         eos=eos, tokenizer=tok, metrics=metrics, max_prefill=settings.max_prefill,
-                         max_prefill_tokens=settings.max_prefill_tokens,
-                         prefill_wait_ms=settings.prefill_wait_ms, prefill_graphs=settings.prefill_graphs,
-                         attended_spans=settings.attended_spans, **extra).start()
+                         eos=eos, tokenizer=tok, metrics=metrics, **settings.engine_options(), **extra).start()
         state["engine"] = app.state.engine = eng
         gc.freeze()          # the objects of start-up out of the collector's sight: a full collection paused the
         try:                 # process ~130 ms and with it a wave of arrivals (serve/remote.py: the same in the engine)

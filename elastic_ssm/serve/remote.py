@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import logging
 import math
 import multiprocessing as mp
@@ -35,7 +36,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from .engine import PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request, check_prefill_wait
+from .engine import Busy, Engine, Request, check_prefill_wait
 
 __all__ = ["RemoteEngine", "model_view"]
 
@@ -135,21 +136,20 @@ class RemoteEngine:
 
     ``load``: a picklable callable that builds the model in the child (e.g. ``functools.partial(load_pretrained,
     path, device=..., dtype=...)``); ``model``: the HTTP side's view of it (its config, tier table and tokenizer;
-    a meta-device model will do). The other arguments are ``Engine``'s (``pool_factory`` must be picklable).
+    a meta-device model will do). The other arguments, and ``engine_options`` (``max_prefill``,
+    ``prefill_wait_ms``, ...), are ``Engine``'s (``pool_factory`` must be picklable).
     """
 
     def __init__(self, load: Callable[[], Any], model, tiers: list[str], slots: int = 8, max_queue: int = 64,
                  stall_timeout: float = 30.0, eos: int | None = None, metrics=None, pool_factory=None,
-                 start_timeout: float = 1800.0, max_prefill: int = 16,
-                 prefill_wait_ms: float = PREFILL_WAIT_MS, max_prefill_tokens: int = PREFILL_TOKENS,
-                 prefill_graphs: bool = True, attended_spans: bool = True) -> None:
-        check_prefill_wait(prefill_wait_ms)          # in this process: a bad value fails before the child starts
+                 start_timeout: float = 1800.0, **engine_options: Any) -> None:
+        inspect.signature(Engine).bind_partial(**engine_options)   # in this process: an unknown name or a bad
+        if "prefill_wait_ms" in engine_options:                   # value fails before the child starts
+            check_prefill_wait(engine_options["prefill_wait_ms"])
         self.model, self.tiers, self.slots, self.max_queue = model, list(tiers), slots, max_queue
         self.stall_timeout, self.metrics, self.start_timeout = stall_timeout, metrics, start_timeout
         kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, "eos": eos,
-                              "max_prefill": max_prefill, "prefill_wait_ms": prefill_wait_ms,
-                              "max_prefill_tokens": max_prefill_tokens, "prefill_graphs": prefill_graphs,
-                              "attended_spans": attended_spans}
+                              **engine_options}
         if pool_factory is not None:
             kw["pool_factory"] = pool_factory
         ctx = mp.get_context("spawn")
