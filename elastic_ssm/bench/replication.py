@@ -80,17 +80,9 @@ def _has_checkpoint(run_dir: Path) -> bool:
 
 def _recorded_ran(run_dir: Path, step: str) -> bool:
     """Whether ``<run>/calls.jsonl`` holds a call of ``step`` that ran to completion."""
-    path = run_dir / "calls.jsonl"
-    if not path.is_file():
-        return False
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("step") == step and rec.get("state") == "ran":
-            return True
-    return False
+    from ..eval.replication import read_jsonl
+
+    return any(rec.get("step") == step and rec.get("state") == "ran" for rec in read_jsonl(run_dir / "calls.jsonl"))
 
 
 def _environment() -> dict:

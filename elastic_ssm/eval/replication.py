@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["ROLES", "collect_claim", "plot_claim", "run_summary"]
+__all__ = ["ROLES", "collect_claim", "plot_claim", "read_jsonl", "run_summary"]
 
 #: run folder -> (label, role); the suites in configs/bench/replication-*.yaml use these names.
 ROLES: dict[str, tuple[str, str]] = {
@@ -70,7 +70,8 @@ def _csv(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (none when it is absent; an unreadable line is skipped)."""
     if not path.is_file():
         return []
     out = []
@@ -91,7 +92,7 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         out["train"] = rec.get("train", {})
     if (run_dir / "parameters.json").is_file():
         out["parameters"] = json.loads((run_dir / "parameters.json").read_text())
-    metrics = _jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     train = [r for r in metrics if r.get("kind") == "train"]
     if train:
         stages = {r.get("stage") for r in train}
@@ -100,7 +101,7 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         rates = [r["tokens_per_s"] for r in train[1:]] or [train[0]["tokens_per_s"]]
         out["tokens_per_s_median"] = statistics.median(rates)
         out["steady_s"] = out["tokens"] / out["tokens_per_s_median"]
-    calls = [c for c in _jsonl(run_dir / "calls.jsonl") if c.get("step", "").endswith(("-train", "-recover"))]
+    calls = [c for c in read_jsonl(run_dir / "calls.jsonl") if c.get("step", "").endswith(("-train", "-recover"))]
     start = max((i for i, c in enumerate(calls) if c.get("fresh")), default=0)
     attempt = calls[start:]
     if attempt:
