@@ -35,18 +35,30 @@ def test_graphed_generate_equals_reference_step_fp32(fp32):
     assert all(row["graphed"] for row in decoder_pool(fp32).info())
 
 
-def test_graphed_generate_with_attended_spans_equals_reference_step_fp32(fp32, monkeypatch):
-    """Batch 16 (SDPA window step): the session replays the graph of each step's span (16, 32, 64 slots of the
-    small preset's 128, then the whole ring) and equals the reference step."""
+@pytest.mark.parametrize("min_span", [16, 1024], ids=["spans", "whole-ring"])
+def test_graphed_generate_with_attended_spans_follows_the_forward(fp32, monkeypatch, min_span):
+    """Batch 16 (SDPA window step), fp32 ring: the session replays the graph of each step's span (16, 32, 64
+    slots of the small preset's 128, then the whole ring; ``whole-ring``: no spans, the baseline) and every
+    token is the argmax of the teacher-forced forward's logits up to the row's first near tie (the span's
+    shorter SDPA rounds differently from the reference step's, so tokens, not bits, are compared)."""
     pool = decoder_pool(fp32)
     pool.clear()
-    monkeypatch.setattr(pool, "min_span", 16)
-    ids = torch.randint(0, 256, (16, 10), device=DEV)
-    fast = fp32.generate(ids, 60, tier="T10")                          # lengths 10 ... 70: 16, 32, 64, all
-    fd = pool.get("T10", 16)
-    assert fd.graphed and sorted(fd._span_graphs) == [16, 32, 64]
-    ref = fp32.generate(ids, 60, tier="T10", fast=False, kv_dtype=torch.bfloat16)
-    assert torch.equal(fast, ref)
+    monkeypatch.setattr(pool, "min_span", min_span)
+    g = torch.Generator(device=DEV).manual_seed(5)
+    ids = torch.randint(0, 256, (16, 10), device=DEV, generator=g)
+    fast = fp32.generate(ids, 60, tier="T10", kv_dtype=torch.float32)   # lengths 10 ... 70: 16, 32, 64, all
+    fd = pool.get("T10", 16, kv_dtype=torch.float32)
+    assert fd.graphed and sorted(fd._span_graphs) == ([16, 32, 64] if min_span == 16 else [])
+    want = fp32(fast, tier="T10")[:, 9:-1].float()                     # the logits each new token came from
+    top2 = want.topk(2, -1).values
+    near_tie = (top2[:, :, 0] - top2[:, :, 1]) < 1e-3
+    for r in range(16):
+        ties = near_tie[r].nonzero()
+        upto = int(ties[0, 0]) if ties.numel() else 60
+        got, greedy = fast[r, 10:10 + upto], want[r, :upto].argmax(-1)
+        bad = (got != greedy).nonzero()
+        assert not bad.numel(), (f"row {r}: first differing new token {int(bad[0, 0])} of {upto} (no near tie "
+                                 f"before it)")
     pool.clear()
 
 

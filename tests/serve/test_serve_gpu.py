@@ -27,8 +27,8 @@ def _pool_run(model, tier, prompts, n, slots, every, prefill_graphs=None, min_sp
     pool = SlotPool(model, tier, slots, kv_dtype=torch.float32, prefill_graphs=prefill_graphs, min_span=min_span,
                     graph_after=1)
     if spans is not None:
-        step = pool.fd.step
-        pool.fd.step = lambda tokens, span=None: spans.append(pool.fd.span_for(span)) or step(tokens, span=span)
+        fd_step = pool.fd.step
+        pool.fd.step = lambda tokens, span=None: spans.append(pool.fd.span_for(span)) or fd_step(tokens, span=span)
     assert pool.graphed
     dev = pool.device
     zeros, k0, p1 = torch.zeros(slots, device=dev), torch.zeros(slots, dtype=torch.long, device=dev), \
