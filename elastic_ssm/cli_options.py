@@ -241,10 +241,10 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
                                         "prefill forward; it goes at once when the waiting requests fill "
                                         "min(--max-prefill, free slots); running streams keep decoding meanwhile "
                                         "(0: prefill whatever waits at once)", minimum=0)
-    prefill_graphs: bool = flag(False, "on CUDA, replay prefill forwards from CUDA graphs, one per (prompts, "
-                                       "length) bucket captured at its second use (no per-forward host "
-                                       "dispatch, but the torch scan's slower pairwise plan: off by default, "
-                                       "docs/serving.md); --no-prefill-graphs prefills eagerly")
+    prefill_graphs: bool = flag(True, "on CUDA, replay prefill forwards of up to 2,048 padded prompt tokens "
+                                      "from CUDA graphs, one per (prompts, length) bucket captured at its second "
+                                      "use (no per-forward host dispatch; larger forwards run eagerly, which is "
+                                      "faster for them); --no-prefill-graphs prefills eagerly")
     attended_spans: bool = flag(True, "while every running sequence is shorter than a power of two below the "
                                       "attention window, a decode step reads only that prefix of the window "
                                       "caches (one CUDA graph per span); --no-attended-spans reads all of it")

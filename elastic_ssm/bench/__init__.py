@@ -85,7 +85,7 @@ class BenchConfig(ConfigBase):
     serve_prefill_wait_ms: tuple[float, ...] = opt((50.0,), "serve: the server's --prefill-wait-ms (longest a "
                                                    "waiting request is held for more arrivals to share its prefill "
                                                    "forward); one row per value")
-    serve_prefill_graphs: tuple[bool, ...] = opt((False,), "serve: the server's --prefill-graphs (prefill forwards "
+    serve_prefill_graphs: tuple[bool, ...] = opt((True,), "serve: the server's --prefill-graphs (prefill forwards "
                                                  "replayed from CUDA graphs) or not; one row per value")
     serve_attended_spans: tuple[bool, ...] = opt((True,), "serve: the server's --attended-spans (decode steps read "
                                                  "the filled prefix of the window rings) or not; one row per value")

@@ -348,7 +348,7 @@ def _serve_main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-prefill", type=int, default=16, help="most prompts prefilled together in one forward")
     p.add_argument("--prefill-wait-ms", type=float, default=PREFILL_WAIT_MS,
                    help="longest a waiting request is held for more arrivals to share its prefill forward")
-    p.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="replay prefill forwards from CUDA graphs (serve --prefill-graphs)")
     p.add_argument("--attended-spans", action=argparse.BooleanOptionalAction, default=True,
                    help="decode steps read the filled prefix of the window rings only (serve --attended-spans)")

@@ -113,7 +113,7 @@ class ServerSettings:
     max_prefill: int = 16
     max_prefill_tokens: int = PREFILL_TOKENS
     prefill_wait_ms: float = PREFILL_WAIT_MS
-    prefill_graphs: bool = False         # graphed prefill on CUDA (serve/slots.py); False: eager everywhere
+    prefill_graphs: bool = True          # graphed prefill on CUDA (serve/slots.py); False: eager everywhere
     attended_spans: bool = True          # decode steps read the window rings' filled prefix only (serve/slots.py)
     api_key: str | None = None
     max_queue: int = 64

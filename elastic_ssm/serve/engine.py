@@ -140,7 +140,7 @@ class Engine:
     burst of arrivals is admitted in fewer, larger forwards when it is larger); ``max_prefill_tokens``: the most
     prompt tokens, padding included, in one of them (a longer prompt goes alone). ``prefill_wait_ms``: the longest a
     waiting request is held for more arrivals to share its prefill forward (module docstring; 0: admit at once).
-    ``prefill_graphs``: False (default) prefills eagerly; True replays prefill forwards from CUDA graphs on CUDA
+    ``prefill_graphs``: False prefills eagerly; True (default) replays prefill forwards from CUDA graphs on CUDA
     (``SlotPool``, ``serve/slots.py``; the CPU always prefills eagerly). ``pool_factory``: internal (the bench's
     CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool as ``pool_factory(model, tier, slots,
     max_prefill=..., prefill_graphs=..., spans=...)``; ``SlotPool`` everywhere else. ``attended_spans``: decode
@@ -151,7 +151,7 @@ class Engine:
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
                  eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool,
                  max_prefill: int = 16, prefill_wait_ms: float = PREFILL_WAIT_MS, clock=time.monotonic,
-                 max_prefill_tokens: int = PREFILL_TOKENS, prefill_graphs: bool = False,
+                 max_prefill_tokens: int = PREFILL_TOKENS, prefill_graphs: bool = True,
                  attended_spans: bool = True) -> None:
         for key, value in (("max_prefill", max_prefill), ("max_prefill_tokens", max_prefill_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -19,7 +19,8 @@ Continuous batching (``serve/engine.py``) needs three things the decode engine d
   is met (default 2: a one-off shape never pays the capture's three forwards, two warm-ups and the capture; a log
   line each); the graphs are kept least recently used first out and share one memory pool (so they cost about
   one forward's activations together, plus their static inputs and logits); a shape whose padded tokens exceed
-  ``max_graph_tokens``, a shape met fewer times, or a capture that fails runs eagerly;
+  ``max_graph_tokens`` (default ``GRAPH_TOKENS``: larger ones are faster eager), a shape met fewer times, or a
+  capture that fails runs eagerly;
 * attended spans: the pool knows every row's length on the host (its prompt's tokens plus one per step), so each
   decode step passes the longest running row's length as the decoder's ``span`` (``FastDecoder.step``): while
   every running sequence is shorter than a power of two below the window, the window attention reads only that
@@ -50,6 +51,13 @@ from ..models.prefill_graph import PrefillGraph, length_bucket
 __all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups"]
 
 log = logging.getLogger("elastic_ssm.serve")
+
+#: the most padded prompt tokens (rows x length bucket) a prefill graph takes by default. Inside a capture the torch
+#: scan runs its sync-free pairwise plan, which costs more per token than the eager forward's factorised one: on an
+#: H200 (1.5b T10, docs/benchmarks.md, eleventh session) a graphed prefill of 1 x 128 tokens took ~17 ms against
+#: ~126 ms eager (the host dispatch saved), one of 128 x 128 ~1 s against ~0.27 s. From those two points the graph
+#: stops paying at about 2,000 tokens; larger prefills run eagerly.
+GRAPH_TOKENS = 2048
 
 
 def row_cache(cache: ESSHCache, i: int) -> ESSHCache:
@@ -156,7 +164,7 @@ class SlotPool(SlotRows):
 
     def __init__(self, model, tier: Any, slots: int, state_dtype: torch.dtype | None = None,
                  kv_dtype: torch.dtype | None = None, max_prefill: int = 16, prefill_graphs: bool | None = None,
-                 max_graphs: int = 32, max_graph_tokens: int = 32768, graph_after: int = 2, spans: bool = True,
+                 max_graphs: int = 32, max_graph_tokens: int = GRAPH_TOKENS, graph_after: int = 2, spans: bool = True,
                  min_span: int = 128) -> None:
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
