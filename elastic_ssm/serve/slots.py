@@ -208,12 +208,12 @@ class SlotPool(SlotRows):
             self.warm_up()
 
     @torch.no_grad()
-    def warm_up(self, lengths: tuple[int, ...] = (16, 32, 64)) -> None:
+    def warm_up(self, lengths: tuple[int, ...] = (16, 64)) -> None:
         """One prefill per length of ``lengths`` into the first free row, then that row reset (done at
         construction on CUDA; busy rows are untouched).
 
         On a fresh machine the first prefill of each shape compiles kernels, and fla autotunes each (head
-        count, chunk length) once: the chunk length is 16, 32 or 64 by prompt length (``gla_op.chunk_length``)
+        count, chunk length) once: the chunk length is 16 or 64 by prompt length (``gla_op.chunk_length``)
         and the batch size is no key (``gla_op.local_cumsum_log2``), so these three prefills cover every prompt
         of this tier. Here that happens while the server starts, not inside its first requests."""
         if not self.free_slots():

@@ -3,8 +3,8 @@
 ``gla_chunk`` computes ``o(t) = scale q(t)^T S(t)``, ``S(t) = diag(exp g(t)) S(t-1) + k(t) v(t)^T`` (inputs
 ``[B, T, H, Dk|Dv]``, ``g`` float32 natural-log decays, ``h0`` float32 ``[B, H, Dk, Dv]`` or None) with
 fla's ``chunk_gla_fwd`` and differentiates through ``chunk_gla_bwd`` (module ``fla.ops.gla.chunk``). It
-follows fla's own autograd function (``ChunkGLAFunction``) for float32 gates: chunk length
-``min(64, max(16, next_pow2(T)))``, the forward keeps the within-chunk cumulative gate (computed in torch,
+follows fla's own autograd function (``ChunkGLAFunction``) for float32 gates (but chunk length 16 or 64,
+never fla's 32: ``chunk_length``), the forward keeps the within-chunk cumulative gate (computed in torch,
 ``local_cumsum_log2``: fla's cumsum kernels autotune per batch size) and the intra-chunk score block ``A`` for
 the backward, and the backward recomputes the chunk states.
 
@@ -26,11 +26,14 @@ _RCP_LN2 = 1.0 / math.log(2.0)
 
 
 def chunk_length(T: int) -> int:
-    """fla's chunk length for a length-T sequence: the next power of two of T, clamped to [16, 64]."""
-    p = 1
-    while p < T:
-        p *= 2
-    return min(64, max(16, p))
+    """The chunk length for a length-T sequence: 16 up to 16 positions, else 64.
+
+    fla's own autograd function takes the next power of two of T clamped to [16, 64], i.e. also 32 for
+    T = 17..32; with fla-core 0.6.0 on an H200 (triton 3.6, float32 q/k/v, head dim 16 of the 370m / 1.5b
+    presets) ``chunk_gla_fwd_kernel_o`` at chunk 32 stops with "CUDA error: misaligned address" while chunk 16
+    and 64 run (docs/benchmarks.md, eleventh session). A chunk longer than the sequence is masked in the
+    kernels, so T = 17..63 runs one partial chunk of 64."""
+    return 16 if T <= 16 else 64
 
 
 def local_cumsum_log2(g: Tensor, C: int) -> Tensor:
