@@ -115,12 +115,16 @@ def _default_text(f: dataclasses.Field, defaults: Any) -> str:
 
 class _Recorded(argparse.Action):
     """A config-section flag: stores its value and records the spelling it came with, so a setting given by its
-    old flat name and by its section path with different values is refused (``collect_overrides``)."""
+    old flat name and by its section path with different values is refused (``collect_overrides``). A list
+    flag given twice by one spelling keeps both lists (``--bench.set a=1 --bench.set b=2`` sets a and b)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
         given = dict(getattr(namespace, "_section_given", {}))
-        given[self.dest] = {**given.get(self.dest, {}), option_string: values}
+        mine = given.get(self.dest, {})
+        if self.nargs == "+" and option_string in mine:    # a list flag given again: its values add up
+            values = [*mine[option_string], *values]
+        setattr(namespace, self.dest, values)
+        given[self.dest] = {**mine, option_string: values}
         namespace._section_given = given
 
 

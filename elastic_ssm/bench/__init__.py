@@ -43,10 +43,11 @@ class BenchConfig(ConfigBase):
     suite: str = opt("", "run a suite instead: a name under configs/bench/ (generate, train-2gpu, h200, ...; "
                      "'list' lists them) or a YAML path; other flags given override that option in every entry "
                      "that has it")
-    only: tuple[str, ...] = opt((), "suite: run only the entries with these names (glob patterns; also "
-                                "entries marked optional)")
+    only: tuple[str, ...] = opt((), "suite: run only the entries with these names (glob patterns, separated by "
+                                "spaces or commas; also entries marked optional)")
     set: tuple[str, ...] = opt((), "suite: entry options as [ENTRY.]KEY=VALUE (VALUE read as YAML), e.g. "
-                               "combos.steps=4 or model=runs/x/final")
+                               "combos.steps=4 or model=runs/x/final; several after one flag or the flag "
+                               "repeated")
     out_dir: str = opt("bench_out", "suite: folder of <suite>.json, <suite>.md and each entry's files (logs, "
                        "child outputs, plots); pass $OUT on the device machine")
     preset: str = opt("370m", "ESSH preset whose shapes are benchmarked with random weights")

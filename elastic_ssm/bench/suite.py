@@ -187,7 +187,9 @@ def apply_overrides(suite: Suite, sets: tuple[str, ...] = (), options: dict[str,
 
 
 def select(suite: Suite, only: tuple[str, ...]) -> list[Entry]:
-    """Entries to run: those ``only`` names (glob patterns) or, without ``only``, every non-optional one."""
+    """Entries to run: those ``only`` names (glob patterns; "a,b" is read as "a" and "b") or, without ``only``,
+    every non-optional one."""
+    only = tuple(p for pat in only for p in pat.split(",") if p)
     if not only:
         return [e for e in suite.entries if not e.optional]
     for pat in only:

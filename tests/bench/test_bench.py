@@ -407,3 +407,20 @@ def test_environment_names_the_scan_backend_the_run_used(monkeypatch):
     assert environment(torch.device("cpu"))["scan_backend"] == "naive"
     monkeypatch.setenv("ELASTIC_SSM_SCAN_BACKEND", "bogus")
     assert environment(torch.device("cpu"))["scan_backend"].startswith("unusable (unknown spectral-scan backend")
+
+
+def test_only_takes_commas_and_a_repeated_set_adds_up(tmp_path):
+    """``--bench.only a,b`` picks both entries (as ``--bench.only a b`` does), and two ``--bench.set`` flags both
+    apply (the second used to replace the first without a word)."""
+    path = _suite(tmp_path, """
+entries:
+  - {name: a, kind: command, args: [python, -c, "import sys; sys.exit(3)"], target: {rc: {equals: 0}}}
+  - {name: b, kind: command, args: [python, -c, "import sys; sys.exit(4)"], target: {rc: {equals: 0}}}
+  - {name: c, kind: command, args: [python, -c, "import sys; sys.exit(5)"], target: {rc: {equals: 0}}}
+""")
+    out = tmp_path / "out"
+    rc = cli_main(["bench", "--bench.suite", str(path), "--bench.only", "a,b", "--bench.out_dir", str(out),
+                   "--bench.set", "a.args=[python,-c,'print(1)']", "--bench.set", "b.args=[python,-c,'print(2)']"])
+    res = json.loads((out / "s.json").read_text())
+    assert [e["name"] for e in res["entries"]] == ["a", "b"]
+    assert [(t["entry"], t["status"]) for t in res["targets"]] == [("a", "PASS"), ("b", "PASS")] and rc == 0
