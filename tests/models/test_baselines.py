@@ -188,7 +188,8 @@ def test_posthoc_recovery_improves_the_truncated_model(dense_parent, tmp_path):
     for a, b in zip(rec.truncated, rec.recovered):
         assert b.loss < a.loss - 0.01, (a, b)
     hist = rec.results[0].history
-    assert {h["lr"] for h in hist[1:]} == {1e-4} and all(h["aux"] >= 0 for h in hist)   # constant lr, KL term
+    assert {h["lr"] for h in hist[1:]} == {1e-4}, hist
+    assert all(h["aux"] >= -1e-6 for h in hist), [h["aux"] for h in hist]   # a KL term (>= 0 up to rounding)
     assert "frozen_teacher" not in rec.model.__dict__
 
 
