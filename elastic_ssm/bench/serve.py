@@ -11,8 +11,9 @@ one after another (a prompt of ``serve_prompt`` random ids, greedy, ``serve_new_
 the streams' tiers cycling through the mix. A warm-up pass (every stream twice, 8 tokens) runs first and is
 reported as ``warmup_s``. Reported per (mix, streams): aggregate generated tokens/s over the run's wall
 clock, p50/p99 time to first token, p50/p99 inter-token latency (the gaps between reads that carried text:
-events read together are one arrival), the engine's decode steps per second (``steps_s``) and the CPU
-cores the server's processes used (``server_cpu``, and per generated token ``server_us_per_token``).
+events read together are one arrival), the engine's decode steps per second (``steps_s``), its prefill
+forwards (``prefills``) and prefill graph captures (``captures``) during the timed pass, and the CPU cores the
+server's processes used (``server_cpu``, and per generated token ``server_us_per_token``).
 
 CPU proxy (``python -m elastic_ssm.bench.serve_proxy``): ``--stub-step-ms`` gives the server ``StubPool``s,
 whose decode step and prefills cost fixed wall time, so what the HTTP and engine layers alone can push is
@@ -25,6 +26,7 @@ import argparse
 import functools
 import itertools
 import json
+import math
 import multiprocessing as mp
 import os
 import socket
@@ -220,13 +222,17 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
     return False
 
 
-def _server_stats(base: str, pid: int) -> tuple[float, float]:
-    """(decode steps so far, CPU seconds of the server process) — the server's side of a measurement."""
+_COUNTERS = ("decode_steps", "prefill_forwards", "prefill_graph_captures")
+
+
+def _server_stats(base: str, pid: int) -> tuple[dict[str, float], float]:
+    """({counter: value so far} of the server's ``/metrics``, CPU seconds of the server process) — the server's
+    side of a measurement."""
     import httpx
 
     text = httpx.get(f"{base}/metrics", timeout=10).text
-    steps = next(float(x.split()[-1]) for x in text.splitlines() if x.startswith("elastic_ssm_decode_steps_total"))
-    return steps, _tree_cpu(pid)
+    values = {x.split()[0]: float(x.split()[-1]) for x in text.splitlines() if x.startswith("elastic_ssm_")}
+    return {c: values.get(f"elastic_ssm_{c}_total", math.nan) for c in _COUNTERS}, _tree_cpu(pid)
 
 
 def _tree_cpu(pid: int) -> float:
@@ -292,7 +298,9 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
     return {"warmup_s": warmup, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
             "ttft_p50_ms": ms(percentile(ttft, 50)), "ttft_p99_ms": ms(percentile(ttft, 99)),
             "itl_p50_ms": ms(percentile(itl, 50)),
-            "itl_p99_ms": ms(percentile(itl, 99)), "steps_s": (steps1 - steps0) / wall,
+            "itl_p99_ms": ms(percentile(itl, 99)), "steps_s": (steps1["decode_steps"] - steps0["decode_steps"]) / wall,
+            "prefills": steps1["prefill_forwards"] - steps0["prefill_forwards"],
+            "captures": steps1["prefill_graph_captures"] - steps0["prefill_graph_captures"],
             "server_cpu": (cpu1 - cpu0) / wall, "server_us_per_token": (cpu1 - cpu0) / max(tokens, 1) * 1e6,
             "client_cpu": sum(p["cpu"] for p in parts) / wall}
 

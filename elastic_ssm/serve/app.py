@@ -96,6 +96,12 @@ class Metrics:
             out += [f'elastic_ssm_{key}{{tier="{t}"}} {v[key]}' for t, v in snap.items()]
         out += ["# HELP elastic_ssm_decode_steps_total Decode steps run by the engine.",
                 "# TYPE elastic_ssm_decode_steps_total counter", f"elastic_ssm_decode_steps_total {engine.steps}",
+                "# HELP elastic_ssm_prefill_forwards_total Prefill forwards run (prompts admitted together: one).",
+                "# TYPE elastic_ssm_prefill_forwards_total counter",
+                f"elastic_ssm_prefill_forwards_total {engine.prefills}",
+                "# HELP elastic_ssm_prefill_graph_captures_total Prefill CUDA graphs captured (--prefill-graphs).",
+                "# TYPE elastic_ssm_prefill_graph_captures_total counter",
+                f"elastic_ssm_prefill_graph_captures_total {engine.captures}",
                 "# HELP elastic_ssm_uptime_seconds Seconds since the server started.",
                 "# TYPE elastic_ssm_uptime_seconds gauge",
                 f"elastic_ssm_uptime_seconds {time.time() - self.started:.1f}"]

@@ -175,7 +175,8 @@ class Engine:
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="elastic-ssm-engine", daemon=True)
-        self.steps = 0
+        self.steps = 0                  # decode steps run
+        self.prefills = 0               # prefill forwards run (a batched one counts once)
 
     # ---- control -----------------------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -222,6 +223,15 @@ class Engine:
     def snapshot(self) -> dict[str, dict[str, int]]:
         return {n: {"slots": p.slots, "busy": p.busy(), "waiting": len(self.waiting[n])}
                 for n, p in self.pools.items()}
+
+    @property
+    def captures(self) -> int:
+        """Prefill graphs captured so far by the pools (``SlotPool.captures``)."""
+        return sum(getattr(p, "captures", 0) for p in self.pools.values())
+
+    def counters(self) -> tuple[int, int, int]:
+        """(decode steps, prefill forwards, prefill graph captures) so far: ``/metrics`` reports them."""
+        return self.steps, self.prefills, self.captures
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def _admit_in(self, name: str, now: float) -> float | None:
@@ -305,11 +315,13 @@ class Engine:
             chunk = [take[i] for i in group]
             try:
                 rows = pool.admit_many(chunk, [r.prompt for r in chunk]) if len(chunk) > 1 else None
+                self.prefills += rows is not None
             except Exception as e:
                 log.warning("batched prefill of %d prompts failed (%s); prefilling them one by one", len(chunk), e)
                 rows = None
             if rows is None:
                 rows = [self._admit_one(pool, req) for req in chunk]
+                self.prefills += len(chunk)
             for req, row in zip(chunk, rows):
                 if row is not None:
                     self._start(name, req, row)

@@ -13,7 +13,8 @@ Messages (``multiprocessing`` pipes, one each way, pickled):
 * HTTP -> engine: ``("submit", rid, fields)`` (an ``engine.Request``'s fields), ``("cancel", rid)``,
   ``("stop",)``;
 * engine -> HTTP: ``("ready",)`` or ``("failed", message)`` once, then per engine step
-  ``("ev", steps, {tier: tokens}, [(rid, kind, value, completion_tokens, first_token_at), ...])``: every event
+  ``("ev", counters, {tier: tokens}, [(rid, kind, value, completion_tokens, first_token_at), ...])``
+  (``counters``: ``Engine.counters()``, i.e. decode steps, prefill forwards, prefill graph captures): every event
   of that step in one message (``_Sink`` stands in for an event loop in ``engine.deliver``).
 
 The HTTP side keeps the request objects (``engine.Request``) the handlers read, and does what needs them:
@@ -70,7 +71,7 @@ class _Sink:
             if kind in ("done", "error"):
                 self.live.pop(req.rid, None)
         counts, self.tokens.by_tier = dict(self.tokens.by_tier), defaultdict(int)
-        self.conn.send(("ev", self.engine.steps, counts, out))
+        self.conn.send(("ev", self.engine.counters(), counts, out))
 
 
 def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
@@ -159,7 +160,7 @@ class RemoteEngine:
                                  name="elastic-ssm-engine")
         self.live: dict[int, Request] = {}
         self.in_flight: dict[str, int] = {t: 0 for t in self.tiers}
-        self.steps = 0
+        self.steps = self.prefills = self.captures = 0     # the engine's counters, as of its last message
         self._next_rid = 0
         self._dead = False
         self._loop = None
@@ -259,8 +260,8 @@ class RemoteEngine:
         except (EOFError, OSError):
             self._engine_died()
 
-    def _dispatch(self, steps: int, tokens: dict[str, int], items: list) -> None:
-        self.steps = steps
+    def _dispatch(self, counters: tuple[int, int, int], tokens: dict[str, int], items: list) -> None:
+        self.steps, self.prefills, self.captures = counters
         if self.metrics is not None:
             for tier, n in tokens.items():
                 self.metrics.add_tokens(tier, n)

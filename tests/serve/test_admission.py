@@ -53,6 +53,7 @@ def test_a_burst_over_a_few_ms_is_admitted_in_one_forward_when_it_fills_the_free
         assert eng.groups == ([] if j < 8 else [8])
     assert all(r.completion_tokens == 1 for r in reqs)        # admitted and given their first token in that tick
     assert eng._idle_for() == 0                              # rows run: the loop never sleeps
+    assert eng.counters() == (1, 1, 0)                       # one step, one prefill forward, no graph (CPU)
 
 
 def test_a_lone_request_waits_at_most_the_wait_and_the_idle_loop_sleeps_until_then(tiny):

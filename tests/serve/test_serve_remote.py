@@ -64,6 +64,7 @@ def test_remote_engine_serves_cancels_and_bounds_its_queue(model_dir):
         long.cancel()                                       # the client left: its slot frees, the queued one runs
         assert (await _run(queued))[1][-1] == "done" and queued.completion_tokens == 3
         assert long.finish_reason == "cancelled" and eng.snapshot()["T10"] == {"slots": 1, "busy": 0, "waiting": 0}
+        assert eng.prefills == 3 and eng.steps >= 6 + 3 and eng.captures == 0    # the engine's counters came over
         stuck = make("T10", 4000, 0.7)
         eng.submit(stuck)
         await stuck.queue.get()
