@@ -12,7 +12,8 @@ the streams' tiers cycling through the mix. A warm-up pass (every stream twice, 
 reported as ``warmup_s``. Reported per (mix, streams): aggregate generated tokens/s over the run's wall
 clock, p50/p99 time to first token, p50/p99 inter-token latency (the gaps between reads that carried text:
 events read together are one arrival), the engine's decode steps per second (``steps_s``), its prefill
-forwards (``prefills``) and prefill graph captures (``captures``) during the timed pass, and the CPU cores the
+forwards (``prefills``), prefill graph captures (``captures``), seconds admitting (``prefill_s``) and idle
+(``idle_s``) during the timed pass (``Engine.counters``; the rest of ``wall_s`` is decoding), and the CPU cores the
 server's processes used (``server_cpu``, and per generated token ``server_us_per_token``).
 
 CPU proxy (``python -m elastic_ssm.bench.serve_proxy``): ``--stub-step-ms`` gives the server ``StubPool``s,
@@ -35,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from ..serve.engine import PREFILL_WAIT_MS
+from ..serve.engine import COUNTERS, PREFILL_WAIT_MS
 from ..serve.slots import SlotRows
 from .timing import percentile
 
@@ -222,9 +223,6 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
     return False
 
 
-_COUNTERS = ("decode_steps", "prefill_forwards", "prefill_graph_captures")
-
-
 def _server_stats(base: str, pid: int) -> tuple[dict[str, float], float]:
     """({counter: value so far} of the server's ``/metrics``, CPU seconds of the server process) — the server's
     side of a measurement."""
@@ -232,7 +230,7 @@ def _server_stats(base: str, pid: int) -> tuple[dict[str, float], float]:
 
     text = httpx.get(f"{base}/metrics", timeout=10).text
     values = {x.split()[0]: float(x.split()[-1]) for x in text.splitlines() if x.startswith("elastic_ssm_")}
-    return {c: values.get(f"elastic_ssm_{c}_total", math.nan) for c in _COUNTERS}, _tree_cpu(pid)
+    return {c: values.get(f"elastic_ssm_{c}_total", math.nan) for c in COUNTERS}, _tree_cpu(pid)
 
 
 def _tree_cpu(pid: int) -> float:
@@ -301,6 +299,8 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
             "itl_p99_ms": ms(percentile(itl, 99)), "steps_s": (steps1["decode_steps"] - steps0["decode_steps"]) / wall,
             "prefills": steps1["prefill_forwards"] - steps0["prefill_forwards"],
             "captures": steps1["prefill_graph_captures"] - steps0["prefill_graph_captures"],
+            "prefill_s": steps1["prefill_seconds"] - steps0["prefill_seconds"],
+            "idle_s": steps1["idle_seconds"] - steps0["idle_seconds"],
             "server_cpu": (cpu1 - cpu0) / wall, "server_us_per_token": (cpu1 - cpu0) / max(tokens, 1) * 1e6,
             "client_cpu": sum(p["cpu"] for p in parts) / wall}
 

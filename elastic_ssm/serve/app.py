@@ -50,6 +50,16 @@ log = logging.getLogger("elastic_ssm.serve")
 
 
 
+#: the engine loop's counters (``Engine.counters``) as ``/metrics`` names them
+_ENGINE_COUNTERS = {
+    "decode_steps": "Decode steps run by the engine",
+    "prefill_forwards": "Prefill forwards run (prompts admitted together: one)",
+    "prefill_graph_captures": "Prefill CUDA graphs captured (--prefill-graphs)",
+    "idle_seconds": "Seconds the engine loop waited with nothing to run",
+    "prefill_seconds": "Seconds the engine loop spent admitting requests (host wall clock)",
+}
+
+
 class Metrics:
     """Counters of one server process (see the module docstring)."""
 
@@ -94,15 +104,11 @@ class Metrics:
                          ("waiting", "Requests queued for a free slot")):
             out += [f"# HELP elastic_ssm_{key} {hlp}.", f"# TYPE elastic_ssm_{key} gauge"]
             out += [f'elastic_ssm_{key}{{tier="{t}"}} {v[key]}' for t, v in snap.items()]
-        out += ["# HELP elastic_ssm_decode_steps_total Decode steps run by the engine.",
-                "# TYPE elastic_ssm_decode_steps_total counter", f"elastic_ssm_decode_steps_total {engine.steps}",
-                "# HELP elastic_ssm_prefill_forwards_total Prefill forwards run (prompts admitted together: one).",
-                "# TYPE elastic_ssm_prefill_forwards_total counter",
-                f"elastic_ssm_prefill_forwards_total {engine.prefills}",
-                "# HELP elastic_ssm_prefill_graph_captures_total Prefill CUDA graphs captured (--prefill-graphs).",
-                "# TYPE elastic_ssm_prefill_graph_captures_total counter",
-                f"elastic_ssm_prefill_graph_captures_total {engine.captures}",
-                "# HELP elastic_ssm_uptime_seconds Seconds since the server started.",
+        counters = engine.counters()
+        for key, hlp in _ENGINE_COUNTERS.items():
+            out += [f"# HELP elastic_ssm_{key}_total {hlp}.", f"# TYPE elastic_ssm_{key}_total counter",
+                        f"elastic_ssm_{key}_total {counters[key]}"]
+        out += ["# HELP elastic_ssm_uptime_seconds Seconds since the server started.",
                 "# TYPE elastic_ssm_uptime_seconds gauge",
                 f"elastic_ssm_uptime_seconds {time.time() - self.started:.1f}"]
         return "\n".join(out) + "\n"

@@ -41,7 +41,7 @@ import torch
 from .slots import SlotPool, prefill_groups
 from .tokens import RowNoise, TextStream, sample_rows
 
-__all__ = ["Engine", "Request", "Busy", "PREFILL_WAIT_MS", "PREFILL_TOKENS", "check_prefill_wait"]
+__all__ = ["Engine", "Request", "Busy", "PREFILL_WAIT_MS", "PREFILL_TOKENS", "COUNTERS", "check_prefill_wait"]
 
 log = logging.getLogger("elastic_ssm.serve")
 _ids = itertools.count(1)
@@ -63,6 +63,9 @@ def deliver() -> None:
 
 #: default of ``--max-prefill-tokens``: prompt tokens (padding included) in one prefill forward
 PREFILL_TOKENS = 32768
+
+#: the names of ``Engine.counters()``, as ``/metrics`` reports them (``elastic_ssm_<name>_total``)
+COUNTERS = ("decode_steps", "prefill_forwards", "prefill_graph_captures", "idle_seconds", "prefill_seconds")
 
 #: default of ``--prefill-wait-ms`` (docs/serving.md, "Coalescing admission", has the measurements behind it)
 PREFILL_WAIT_MS = 50.0
@@ -177,6 +180,8 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="elastic-ssm-engine", daemon=True)
         self.steps = 0                  # decode steps run
         self.prefills = 0               # prefill forwards run (a batched one counts once)
+        self.idle_s = 0.0               # seconds the loop waited with nothing to run
+        self.prefill_s = 0.0            # seconds the loop spent admitting (prefill forwards, host wall clock)
 
     # ---- control -----------------------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -229,9 +234,14 @@ class Engine:
         """Prefill graphs captured so far by the pools (``SlotPool.captures``)."""
         return sum(getattr(p, "captures", 0) for p in self.pools.values())
 
-    def counters(self) -> tuple[int, int, int]:
-        """(decode steps, prefill forwards, prefill graph captures) so far: ``/metrics`` reports them."""
-        return self.steps, self.prefills, self.captures
+    def counters(self) -> dict[str, float]:
+        """What ``/metrics`` reports of the loop so far: decode steps, prefill forwards, prefill graph captures,
+        seconds idle and seconds admitting. Admission time is host wall clock: a synchronous prefill (the torch
+        scan reads its plan on the host) counts whole, the device time left of an asynchronous one goes to the
+        next decode step. Wall time minus both is decoding (and the per-row work between steps)."""
+        return {"decode_steps": self.steps, "prefill_forwards": self.prefills,
+                "prefill_graph_captures": self.captures, "idle_seconds": round(self.idle_s, 6),
+                "prefill_seconds": round(self.prefill_s, 6)}
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def _admit_in(self, name: str, now: float) -> float | None:
@@ -259,8 +269,10 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._cond:
+                start = time.monotonic()
                 while not self._stop and (wait := self._idle_for()) != 0:
                     self._cond.wait(timeout=1.0 if wait is None else min(wait, 1.0))
+                self.idle_s += time.monotonic() - start
                 if self._stop:
                     return
             for name in self.pools:
@@ -357,7 +369,9 @@ class Engine:
                     req.cancel()
                 self._finish(name, row, "cancelled")
         if self._admit_in(name, self._clock()) == 0:
+            start = time.monotonic()
             self._admit(name)
+            self.prefill_s += time.monotonic() - start
         rows = pool.active_rows()
         if not rows:
             return

@@ -14,7 +14,7 @@ Messages (``multiprocessing`` pipes, one each way, pickled):
   ``("stop",)``;
 * engine -> HTTP: ``("ready",)`` or ``("failed", message)`` once, then per engine step
   ``("ev", counters, {tier: tokens}, [(rid, kind, value, completion_tokens, first_token_at), ...])``
-  (``counters``: ``Engine.counters()``, i.e. decode steps, prefill forwards, prefill graph captures): every event
+  (``counters``: ``Engine.counters()``, decode steps, prefill forwards, ... so far): every event
   of that step in one message (``_Sink`` stands in for an event loop in ``engine.deliver``).
 
 The HTTP side keeps the request objects (``engine.Request``) the handlers read, and does what needs them:
@@ -37,7 +37,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from .engine import Busy, Engine, Request, check_prefill_wait
+from .engine import COUNTERS, Busy, Engine, Request, check_prefill_wait
 
 __all__ = ["RemoteEngine", "model_view"]
 
@@ -160,7 +160,8 @@ class RemoteEngine:
                                  name="elastic-ssm-engine")
         self.live: dict[int, Request] = {}
         self.in_flight: dict[str, int] = {t: 0 for t in self.tiers}
-        self.steps = self.prefills = self.captures = 0     # the engine's counters, as of its last message
+        self._counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)   # the engine's, as of its last message
+        self.steps = 0
         self._next_rid = 0
         self._dead = False
         self._loop = None
@@ -260,8 +261,12 @@ class RemoteEngine:
         except (EOFError, OSError):
             self._engine_died()
 
-    def _dispatch(self, counters: tuple[int, int, int], tokens: dict[str, int], items: list) -> None:
-        self.steps, self.prefills, self.captures = counters
+    def counters(self) -> dict[str, float]:
+        """``Engine.counters()`` of the engine process, as of its last message."""
+        return dict(self._counters)
+
+    def _dispatch(self, counters: dict[str, float], tokens: dict[str, int], items: list) -> None:
+        self._counters, self.steps = counters, counters["decode_steps"]
         if self.metrics is not None:
             for tier, n in tokens.items():
                 self.metrics.add_tokens(tier, n)

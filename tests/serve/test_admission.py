@@ -13,7 +13,7 @@ import time
 import pytest
 
 from elastic_ssm.bench.serve import StubPool
-from elastic_ssm.serve.engine import Engine, Request
+from elastic_ssm.serve.engine import COUNTERS, Engine, Request
 from elastic_ssm.serve.remote import RemoteEngine
 
 STUB = functools.partial(StubPool, step_ms=0.0)
@@ -53,7 +53,9 @@ def test_a_burst_over_a_few_ms_is_admitted_in_one_forward_when_it_fills_the_free
         assert eng.groups == ([] if j < 8 else [8])
     assert all(r.completion_tokens == 1 for r in reqs)        # admitted and given their first token in that tick
     assert eng._idle_for() == 0                              # rows run: the loop never sleeps
-    assert eng.counters() == (1, 1, 0)                       # one step, one prefill forward, no graph (CPU)
+    c = eng.counters()                                       # one step, one prefill forward, no graph (CPU)
+    assert (c["decode_steps"], c["prefill_forwards"], c["prefill_graph_captures"]) == (1, 1, 0)
+    assert set(c) == set(COUNTERS) and c["prefill_seconds"] > 0
 
 
 def test_a_lone_request_waits_at_most_the_wait_and_the_idle_loop_sleeps_until_then(tiny):

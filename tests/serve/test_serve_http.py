@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 import elastic_ssm as es  # noqa: E402
 from elastic_ssm import data  # noqa: E402
 from elastic_ssm.serve.app import ServerSettings, create_app  # noqa: E402
-from elastic_ssm.serve.engine import Busy  # noqa: E402
+from elastic_ssm.serve.engine import COUNTERS, Busy  # noqa: E402
 
 KEY = {"Authorization": "Bearer s3cret"}
 
@@ -104,6 +104,11 @@ def test_bad_requests_get_400_and_the_server_keeps_answering(model_dir):
         assert 'elastic_ssm_requests_total{tier="T10",status="503"} 1' in metrics
         assert 'elastic_ssm_slots{tier="T1"} 2' in metrics
         assert 'elastic_ssm_rejected_total{reason="http_400"}' in metrics
+        counters = {}                                           # the engine loop's counters, one line each
+        for name in COUNTERS:
+            (line,) = [x for x in metrics.splitlines() if x.startswith(f"elastic_ssm_{name}_total ")]
+            counters[name] = float(line.split()[1])
+        assert counters["decode_steps"] > 0 and counters["prefill_forwards"] > 0 and min(counters.values()) >= 0
 
 
 def test_seeded_sampling_repeats_and_auto_tier_reports_the_tier(model_dir):

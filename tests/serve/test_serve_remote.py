@@ -64,7 +64,9 @@ def test_remote_engine_serves_cancels_and_bounds_its_queue(model_dir):
         long.cancel()                                       # the client left: its slot frees, the queued one runs
         assert (await _run(queued))[1][-1] == "done" and queued.completion_tokens == 3
         assert long.finish_reason == "cancelled" and eng.snapshot()["T10"] == {"slots": 1, "busy": 0, "waiting": 0}
-        assert eng.prefills == 3 and eng.steps >= 6 + 3 and eng.captures == 0    # the engine's counters came over
+        c = eng.counters()                                  # the engine process's counters came over
+        assert c["prefill_forwards"] == 3 and c["decode_steps"] >= 6 + 3 and c["prefill_graph_captures"] == 0
+        assert c["prefill_seconds"] > 0 and c["idle_seconds"] >= 0
         stuck = make("T10", 4000, 0.7)
         eng.submit(stuck)
         await stuck.queue.get()
