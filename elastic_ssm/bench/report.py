@@ -137,7 +137,7 @@ _TRAIN_COLS = ["model", "preset", "params", "compiled", "batch", "seq_len", "ms"
 _ES_SSM_COLS = ["model", "preset", "K", "decode", "m", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq", "error"]
 _SERVE_COLS = ["preset", "mix", "streams", "slots", "prompt", "new_tokens", "tokens", "wall_s", "tok_s",
                "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "prefills", "captures",
-               "prefill_s", "idle_s", "error"]
+               "prefill_s", "idle_s", "http_cpu", "error"]
 _MEM_COLS = ["model", "preset", "tier", "recurrent", "kv", "total", "formula_total", "match"]
 _RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value", "ratio"]
 

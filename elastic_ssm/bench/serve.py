@@ -14,7 +14,8 @@ clock, p50/p99 time to first token, p50/p99 inter-token latency (the gaps betwee
 events read together are one arrival), the engine's decode steps per second (``steps_s``), its prefill
 forwards (``prefills``), prefill graph captures (``captures``), seconds admitting (``prefill_s``) and idle
 (``idle_s``) during the timed pass (``Engine.counters``; the rest of ``wall_s`` is decoding), and the CPU cores the
-server's processes used (``server_cpu``, and per generated token ``server_us_per_token``).
+server's processes used (``server_cpu``; ``http_cpu`` of them the HTTP process alone, which saturates at 1; and per
+generated token ``server_us_per_token``).
 
 CPU proxy (``python -m elastic_ssm.bench.serve_proxy``): ``--stub-step-ms`` gives the server ``StubPool``s,
 whose decode step and prefills cost fixed wall time, so what the HTTP and engine layers alone can push is
@@ -223,9 +224,9 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
     return False
 
 
-def _server_stats(base: str, pid: int) -> tuple[dict[str, float], float]:
-    """({counter: value so far} of the server's ``/metrics``, CPU seconds of the server process) — the server's
-    side of a measurement."""
+def _server_stats(base: str, pid: int) -> tuple[dict[str, float], tuple[float, float]]:
+    """({counter: value so far} of the server's ``/metrics``, CPU seconds of the HTTP process and of all the
+    server's processes, ``_tree_cpu``) — the server's side of a measurement."""
     import httpx
 
     text = httpx.get(f"{base}/metrics", timeout=10).text
@@ -233,19 +234,27 @@ def _server_stats(base: str, pid: int) -> tuple[dict[str, float], float]:
     return {c: values.get(f"elastic_ssm_{c}_total", math.nan) for c in COUNTERS}, _tree_cpu(pid)
 
 
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds of process ``pid`` and its descendants (the engine process), from /proc (NaN elsewhere)."""
+def _own_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` alone, from /proc (NaN elsewhere)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                cpu += sum(_tree_cpu(int(c)) for c in f.read().split())
-        return cpu
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError):
         return float("nan")
 
+
+def _tree_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of (process ``pid`` alone — the HTTP process —, it and its descendants — the engine process —),
+    from /proc (NaN elsewhere)."""
+    own = total = _own_cpu(pid)
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                total += sum(_tree_cpu(int(c))[1] for c in f.read().split())
+    except (OSError, ValueError):
+        total = float("nan")
+    return own, total
 
 def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slots: int, prompt: int,
                 new_tokens: int, rounds: int, procs: int, device: str, dtype: str, seed: int = 0,
@@ -301,7 +310,8 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
             "captures": steps1["prefill_graph_captures"] - steps0["prefill_graph_captures"],
             "prefill_s": steps1["prefill_seconds"] - steps0["prefill_seconds"],
             "idle_s": steps1["idle_seconds"] - steps0["idle_seconds"],
-            "server_cpu": (cpu1 - cpu0) / wall, "server_us_per_token": (cpu1 - cpu0) / max(tokens, 1) * 1e6,
+            "server_cpu": (cpu1[1] - cpu0[1]) / wall, "http_cpu": (cpu1[0] - cpu0[0]) / wall,
+            "server_us_per_token": (cpu1[1] - cpu0[1]) / max(tokens, 1) * 1e6,
             "client_cpu": sum(p["cpu"] for p in parts) / wall}
 
 

@@ -3,6 +3,9 @@ Transformer++ decode == forward, Table 54 matching, Table 53 memory, and an end-
 
 import copy
 import json
+import os
+import sys
+import time
 
 import pytest
 import torch
@@ -424,3 +427,24 @@ entries:
     res = json.loads((out / "s.json").read_text())
     assert [e["name"] for e in res["entries"]] == ["a", "b"]
     assert [(t["entry"], t["status"]) for t in res["targets"]] == [("a", "PASS"), ("b", "PASS")] and rc == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_server_cpu_splits_the_http_process_from_its_engine_child():
+    """``_tree_cpu`` (the serve rows' ``http_cpu`` / ``server_cpu``): a child that burned 0.3 s of CPU counts in the
+    total, not in the parent's own seconds."""
+    import subprocess
+
+    from elastic_ssm.bench.serve import _own_cpu, _tree_cpu
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        deadline = time.monotonic() + 20
+        while _own_cpu(child.pid) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        own, total = _tree_cpu(os.getpid())
+        assert own >= 0 and total - own >= 0.28, (own, total)
+    finally:
+        child.kill()
+        child.wait()
