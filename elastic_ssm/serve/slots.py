@@ -47,6 +47,7 @@ from ..models.cache import ESSHCache
 from ..models.decode_engine import batch_bucket
 from ..models.fast_decode import FastDecoder
 from ..models.prefill_graph import PrefillGraph, length_bucket
+from ..ops.dispatch import ENV_VAR
 
 __all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups"]
 
@@ -222,7 +223,13 @@ class SlotPool(SlotRows):
         start = time.perf_counter()
         for T in lengths:
             ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                  # [1, T]
-            self.model.hidden_states(ids, tier=self.tier, cache=reset_row_(self.cache, row))
+            try:
+                self.model.hidden_states(ids, tier=self.tier, cache=reset_row_(self.cache, row))
+            except RuntimeError as e:   # a kernel that fails on this stack: say where, and the way around fla
+                first = (str(e).strip().splitlines() or [""])[0]
+                raise RuntimeError(f"tier {self.tier.name}: the warm-up prefill of {T} tokens failed "
+                                   f"({type(e).__name__}: {first}); if fla is installed, "
+                                   f"{ENV_VAR}=torch runs the scan in PyTorch instead") from e
         reset_row_(self.cache, row)
         log.info("tier %s: prefill warmed up for prompts of %s tokens in %.1f s (on a fresh machine fla autotunes "
                  "here, once; Triton keeps the result on disk)", self.tier.name, "/".join(map(str, lengths)),

@@ -129,6 +129,24 @@ def test_prompts_of_different_lengths_prefilled_together_equal_generate(tiny):
         SlotPool(tiny, "T4", 4).admit_many(["a", "b"], [[1, 2], []])
 
 
+def test_a_failing_warm_up_names_the_tier_the_length_and_the_torch_scan(tiny, monkeypatch):
+    """A kernel that fails in the warm-up prefill (an H200 with fla-core 0.6.0 once stopped at 32 tokens with "CUDA
+    error: misaligned address") is one line naming the tier, the prompt length and ``ELASTIC_SSM_SCAN_BACKEND``."""
+    pool = SlotPool(tiny, "T4", 2)
+
+    def fails(ids, **kw):
+        if ids.shape[1] == 64:
+            raise RuntimeError("CUDA error: misaligned address\nSearch for `cudaErrorMisalignedAddress' ...")
+        return torch.zeros(1)
+
+    monkeypatch.setattr(tiny, "hidden_states", fails)
+    with pytest.raises(RuntimeError) as e:
+        pool.warm_up()
+    msg = str(e.value)
+    assert "\n" not in msg and "tier T4" in msg and "64 tokens" in msg and "misaligned address" in msg
+    assert "ELASTIC_SSM_SCAN_BACKEND=torch" in msg
+
+
 def test_warm_up_prefills_a_free_row_and_leaves_it_empty(tiny):
     """``SlotPool.warm_up`` (run at construction on CUDA): a busy row decodes on as if nothing happened, and the
     warmed row is left empty (zero state and ring, position 0)."""
