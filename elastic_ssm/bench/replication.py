@@ -26,7 +26,8 @@ under one state folder, ``root`` (default ``runs/replication``, one sub-folder p
                        steps' ``TRITON_CACHE_DIR`` is ``<root>/.triton``: its autotuning results travel too,
                        so fla's kernels are benchmarked once per shape over all calls, not once per call.
                        Pack also writes ``replication-records.tgz``: each run's records (``RECORD_FILES`` and its
-                       logs, text, what the reports read), to be unpacked into ``docs/results/records/`` and
+                       logs, text, what the reports read) and the Triton autotuning results (``.triton``), to be
+                       unpacked into ``docs/results/records/`` and
                        committed, so a finished run survives the loss of the carried state (the carry lives on
                        one development machine; committed records live in the repository).
 ``replication_report`` the per-tier numbers of every run of one claim into ``<root>/results/claimN.json`` and
@@ -271,8 +272,11 @@ def pack_state(root: str | Path, dest: str | Path, max_mib: float = 44.0, part_m
 
 
 def _record_files(root: Path) -> list[Path]:
-    """Each run's records under ``root``: ``<run>/<RECORD_FILES>`` and ``<run>/logs/*.log``."""
-    out = []
+    """Each run's records under ``root``: ``<run>/<RECORD_FILES>`` and ``<run>/logs/*.log``, and the steps'
+    Triton autotuning results (``.triton/**/*.autotune.json``: committed with the records, a new machine of the
+    same image compiles each fla kernel's chosen config once instead of benchmarking every config; on the H200
+    that was 274 s of a 40m run's start-up against 63 s, docs/results.md)."""
+    out = sorted((root / TRITON_DIR).rglob("*.autotune.json"))
     for run in sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")):
         out += [run / n for n in RECORD_FILES if (run / n).is_file()]
         out += sorted(p for p in (run / "logs").glob("*.log") if p.is_file())
@@ -303,7 +307,9 @@ def seed_records(records: str | Path, root: str | Path) -> list[str]:
         if not dst.exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
-            runs.add(src.relative_to(records).parts[0])
+            top = src.relative_to(records).parts[0]
+            if not top.startswith("."):                  # .triton: autotuning results, not a run
+                runs.add(top)
     return sorted(runs)
 
 

@@ -139,11 +139,15 @@ def test_committed_records_bring_a_finished_run_back_when_the_carried_state_is_l
     run = _fake_run(root, "done")
     (run / "eval.csv").write_text("tier,bpb\nT10,2.0\n")
     _fake_run(root, "partial", final=False)
+    tuned = root / ".triton" / "abc123" / "chunk_gla_fwd_kernel_o.autotune.json"     # the steps' Triton cache
+    tuned.parent.mkdir(parents=True)
+    tuned.write_text('{"configs_timings": []}')
+    (tuned.parent / "chunk_gla_fwd_kernel_o.cubin").write_bytes(b"binary")         # compiled: not a record
     meta = pack_records(root, out)
     with tarfile.open(out / "replication-records.tgz") as tar:
         names = sorted(tar.getnames())
-    assert names == ["done/eval.csv", "done/logs/t.log", "done/metrics.jsonl", "partial/logs/t.log",
-                     "partial/metrics.jsonl"] and meta["files"] == 5
+    assert names == [".triton/abc123/chunk_gla_fwd_kernel_o.autotune.json", "done/eval.csv", "done/logs/t.log",
+                     "done/metrics.jsonl", "partial/logs/t.log", "partial/metrics.jsonl"] and meta["files"] == 6
     records = tmp_path / "repo" / "records"
     records.mkdir(parents=True)
     with tarfile.open(out / "replication-records.tgz") as tar:
@@ -157,6 +161,7 @@ def test_committed_records_bring_a_finished_run_back_when_the_carried_state_is_l
     assert "records of done, partial added" in row["result"]
     assert (lost / "done" / "eval.csv").read_text() == "tier,bpb\nT10,2.0\n"
     assert (lost / "partial" / "metrics.jsonl").read_text() == "newer\n"       # never replaced
+    assert (lost / ".triton" / "abc123" / "chunk_gla_fwd_kernel_o.autotune.json").is_file()   # autotuning back
     step = ReplicationStepOptions(args=("python", "-c", "raise SystemExit(3)"), run="done", root=str(lost),
                                   outputs=("{run}/final",), skip_when=("{run}/eval.csv",))
     assert run_step(step, _ctx(tmp_path, "done-train"))[0]["state"] == "skipped"
