@@ -38,7 +38,7 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from .engine import PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
+from .engine import COUNTERS, PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_completion
 from .remote import RemoteEngine
@@ -48,16 +48,6 @@ __all__ = ["ServerSettings", "create_app", "Metrics"]
 log = logging.getLogger("elastic_ssm.serve")
 
 
-
-
-#: the engine loop's counters (``Engine.counters``) as ``/metrics`` names them
-_ENGINE_COUNTERS = {
-    "decode_steps": "Decode steps run by the engine",
-    "prefill_forwards": "Prefill forwards run (prompts admitted together: one)",
-    "prefill_graph_captures": "Prefill CUDA graphs captured (--prefill-graphs)",
-    "idle_seconds": "Seconds the engine loop waited with nothing to run",
-    "prefill_seconds": "Seconds the engine loop spent admitting requests (host wall clock)",
-}
 
 
 class Metrics:
@@ -105,9 +95,9 @@ class Metrics:
             out += [f"# HELP elastic_ssm_{key} {hlp}.", f"# TYPE elastic_ssm_{key} gauge"]
             out += [f'elastic_ssm_{key}{{tier="{t}"}} {v[key]}' for t, v in snap.items()]
         counters = engine.counters()
-        for key, hlp in _ENGINE_COUNTERS.items():
+        for key, hlp in COUNTERS.items():
             out += [f"# HELP elastic_ssm_{key}_total {hlp}.", f"# TYPE elastic_ssm_{key}_total counter",
-                        f"elastic_ssm_{key}_total {counters[key]}"]
+                    f"elastic_ssm_{key}_total {counters[key]}"]
         out += ["# HELP elastic_ssm_uptime_seconds Seconds since the server started.",
                 "# TYPE elastic_ssm_uptime_seconds gauge",
                 f"elastic_ssm_uptime_seconds {time.time() - self.started:.1f}"]
