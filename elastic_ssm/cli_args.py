@@ -95,7 +95,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, prefix: str 
                 group.add_argument(flag_, action=argparse.BooleanOptionalAction, **kw)
             elif typing.get_origin(tp) is tuple:
                 (item,) = typing.get_args(tp)[:1]
-                group.add_argument(flag_, nargs="+", type=_parse_scalar(item), action=_Recorded, **kw)
+                action = _RecordedRepeatable if f.metadata.get("repeatable") else _Recorded
+                group.add_argument(flag_, nargs="+", type=_parse_scalar(item), action=action, **kw)
             else:
                 group.add_argument(flag_, type=_parse_scalar(tp), action=_Recorded, **kw)
     return added
@@ -115,17 +116,25 @@ def _default_text(f: dataclasses.Field, defaults: Any) -> str:
 
 class _Recorded(argparse.Action):
     """A config-section flag: stores its value and records the spelling it came with, so a setting given by its
-    old flat name and by its section path with different values is refused (``collect_overrides``). A list
-    flag given twice by one spelling keeps both lists (``--bench.set a=1 --bench.set b=2`` sets a and b)."""
+    old flat name and by its section path with different values is refused (``collect_overrides``)."""
+
+    repeatable = False
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = dict(getattr(namespace, "_section_given", {}))
         mine = given.get(self.dest, {})
-        if self.nargs == "+" and option_string in mine:    # a list flag given again: its values add up
+        if self.repeatable and option_string in mine:       # a repeatable list flag given again: values add up
             values = [*mine[option_string], *values]
         setattr(namespace, self.dest, values)
         given[self.dest] = {**mine, option_string: values}
         namespace._section_given = given
+
+
+class _RecordedRepeatable(_Recorded):
+    """A list flag of ``opt(..., repeatable=True)``: given twice, it keeps both lists (``--bench.set a=1
+    --bench.set b=2`` sets a and b)."""
+
+    repeatable = True
 
 
 class _Alias(argparse.Action):

@@ -44,10 +44,11 @@ class BenchConfig(ConfigBase):
                      "'list' lists them) or a YAML path; other flags given override that option in every entry "
                      "that has it")
     only: tuple[str, ...] = opt((), "suite: run only the entries with these names (glob patterns, separated by "
-                                "spaces or commas; also entries marked optional)")
+                                "spaces or commas, the flag repeatable; also entries marked optional)",
+                                repeatable=True)
     set: tuple[str, ...] = opt((), "suite: entry options as [ENTRY.]KEY=VALUE (VALUE read as YAML), e.g. "
                                "combos.steps=4 or model=runs/x/final; several after one flag or the flag "
-                               "repeated")
+                               "repeated", repeatable=True)
     out_dir: str = opt("bench_out", "suite: folder of <suite>.json, <suite>.md and each entry's files (logs, "
                        "child outputs, plots); pass $OUT on the device machine")
     preset: str = opt("370m", "ESSH preset whose shapes are benchmarked with random weights")

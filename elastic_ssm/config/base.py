@@ -50,11 +50,13 @@ def _warn_flat(cls_name: str, renames: dict[str, str]) -> None:
                            registry=_WARNED)
 
 
-def opt(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field with a default and a one-line help text (used by the CLI)."""
+def opt(default: Any, help: str, repeatable: bool = False, **kw: Any) -> Any:
+    """A dataclass field with a default and a one-line help text (used by the CLI). ``repeatable``: a tuple
+    field whose flag, given several times, keeps every value (``--bench.set a=1 --bench.set b=2``); other
+    flags given twice keep the last, as argparse does."""
     if isinstance(default, (list, dict, set)):
         raise TypeError("use a tuple or default_factory for mutable defaults")
-    return field(default=default, metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help, "repeatable": repeatable}, **kw)
 
 
 def section(cls: type, help: str) -> Any:
