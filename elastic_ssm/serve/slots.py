@@ -379,7 +379,10 @@ class SlotPool(SlotRows):
             return values
         if self._host_tokens is None:
             self._host_tokens = torch.empty(self.slots, dtype=torch.long, pin_memory=True)
-            self._copied = torch.cuda.Event()
+            # blocking: the wait sleeps instead of spinning a core for the whole step (the driver's default
+            # spins while it has fewer contexts than cores), leaving the host's cores to the HTTP process and
+            # the clients; a wake-up costs microseconds against a step of milliseconds
+            self._copied = torch.cuda.Event(blocking=True)
         self._host_tokens.copy_(tokens, non_blocking=True)
         self._copied.record()
         self.step(tokens)
