@@ -245,6 +245,10 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
                                       "from CUDA graphs, one per (prompts, length) bucket captured at its second "
                                       "use (no per-forward host dispatch; larger forwards run eagerly, which is "
                                       "faster for them); --no-prefill-graphs prefills eagerly")
+    prefill_graph_tokens: int = flag(2048, "the largest graphed prefill forward, in padded prompt tokens (rows "
+                                           "x length bucket; larger ones run eagerly): the torch scan's "
+                                           "captured plan is slower per token than its eager one "
+                                           "(docs/serving.md)", minimum=1)
     attended_spans: bool = flag(True, "while every running sequence is shorter than a power of two below the "
                                       "attention window, a decode step reads only that prefix of the window "
                                       "caches (one CUDA graph per span); --no-attended-spans reads all of it")

@@ -89,6 +89,8 @@ class BenchConfig(ConfigBase):
                                                    "forward); one row per value")
     serve_prefill_graphs: tuple[bool, ...] = opt((True,), "serve: the server's --prefill-graphs (prefill forwards "
                                                  "replayed from CUDA graphs) or not; one row per value")
+    serve_prefill_graph_tokens: tuple[int, ...] = opt((2048,), "serve: the server's --prefill-graph-tokens (the "
+                                                      "largest graphed prefill); one row per value")
     serve_attended_spans: tuple[bool, ...] = opt((True,), "serve: the server's --attended-spans (decode steps read "
                                                  "the filled prefix of the window rings) or not; one row per value")
     train_batch: int = opt(8, "training micro-batch (Table 50: 8 at 370M, 4 at 1.5B)")

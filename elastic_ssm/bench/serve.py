@@ -38,7 +38,7 @@ import tempfile
 import time
 
 from ..serve.engine import COUNTERS, PREFILL_WAIT_MS
-from ..serve.slots import SlotRows
+from ..serve.slots import GRAPH_TOKENS, SlotRows
 from .timing import percentile
 
 __all__ = ["IdTokenizer", "serve_suite", "bench_serve", "wait_healthy", "free_port"]
@@ -68,13 +68,14 @@ class StubPool(SlotRows):
     one (ready ``step_ms`` later) and returns the tokens at once, so the engine's per-row work overlaps the
     step as on the GPU. A prefill of ``n`` prompts of ``T`` tokens occupies the "device" for
     ``prefill_ms + prefill_us_per_token * n * T / 1000`` ms. Greedy text is row ``r``'s last token + 1 (mod the
-    vocabulary), so every step gives every stream one token and one character. ``prefill_graphs`` and ``spans``
-    are accepted and ignored: a graphed prefill is a smaller ``prefill_ms``, a shorter span a smaller ``step_ms``.
+    vocabulary), so every step gives every stream one token and one character. ``prefill_graphs``, ``spans``
+    and ``max_graph_tokens`` are accepted and ignored: a graphed prefill is a smaller ``prefill_ms``, a shorter
+    span a smaller ``step_ms``.
     """
 
     def __init__(self, model, tier, slots: int, step_ms: float, prefill_ms: float = 0.0,
                  prefill_us_per_token: float = 0.0, max_prefill: int = 16, prefill_graphs: bool | None = None,
-                 spans: bool = True) -> None:
+                 spans: bool = True, max_graph_tokens: int = 0) -> None:
         import torch
 
         super().__init__(slots)
@@ -319,14 +320,15 @@ def serve_suite(r, out: list) -> None:
     """Every (mix, streams) of the config against one server process per entry."""
     cfg = r.cfg
     tiers = sorted({t for m in cfg.serve_mixes for t in m.split(",")}, key=lambda t: r.table[t].index)
-    for mix, streams, prefill, wait, graphs, spans in itertools.product(
+    for mix, streams, prefill, wait, graphs, graph_tokens, spans in itertools.product(
             cfg.serve_mixes, cfg.serve_streams, cfg.serve_max_prefill, cfg.serve_prefill_wait_ms,
-            cfg.serve_prefill_graphs, cfg.serve_attended_spans):
+            cfg.serve_prefill_graphs, cfg.serve_prefill_graph_tokens, cfg.serve_attended_spans):
         base = {"bench": "serve", "preset": cfg.preset, "mix": mix, "streams": streams, "slots": cfg.serve_slots,
-                "max_prefill": prefill, "prefill_wait_ms": wait, "prefill_graphs": graphs, "attended_spans": spans,
+                "max_prefill": prefill, "prefill_wait_ms": wait, "prefill_graphs": graphs,
+                "prefill_graph_tokens": graph_tokens, "attended_spans": spans,
                 "prompt": cfg.serve_prompt, "new_tokens": cfg.serve_new_tokens}
         args = ("--max-prefill", str(prefill), "--prefill-wait-ms", str(wait),
-                "--prefill-graphs" if graphs else "--no-prefill-graphs",
+                "--prefill-graphs" if graphs else "--no-prefill-graphs", "--prefill-graph-tokens", str(graph_tokens),
                 "--attended-spans" if spans else "--no-attended-spans")
         r.run(out, base, lambda mix=mix, streams=streams, args=args: bench_serve(
             cfg.preset, tiers, mix.split(","), streams, cfg.serve_slots, cfg.serve_prompt, cfg.serve_new_tokens,
@@ -368,6 +370,8 @@ def _serve_main(argv: list[str] | None = None) -> None:
                    help="longest a waiting request is held for more arrivals to share its prefill forward")
     p.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="replay prefill forwards from CUDA graphs (serve --prefill-graphs)")
+    p.add_argument("--prefill-graph-tokens", type=int, default=GRAPH_TOKENS,
+                   help="the largest graphed prefill, padded prompt tokens (serve --prefill-graph-tokens)")
     p.add_argument("--attended-spans", action=argparse.BooleanOptionalAction, default=True,
                    help="decode steps read the filled prefix of the window rings only (serve --attended-spans)")
     p.add_argument("--port", type=int, required=True)
@@ -395,7 +399,8 @@ def _serve_main(argv: list[str] | None = None) -> None:
     tiers = a.tiers.split(",")
     settings = ServerSettings(name="bench", tiers=tiers, default_tier=tiers[-1], slots=a.slots,
                               max_prefill=a.max_prefill, prefill_wait_ms=a.prefill_wait_ms,
-                              prefill_graphs=a.prefill_graphs, attended_spans=a.attended_spans,
+                              prefill_graphs=a.prefill_graphs, prefill_graph_tokens=a.prefill_graph_tokens,
+                              attended_spans=a.attended_spans,
                               max_queue=4 * a.slots,
                               max_connections_per_client=1 << 16, max_prompt_tokens=1 << 16, max_tokens_limit=1 << 16)
     if a.engine == "process":

@@ -42,6 +42,7 @@ from .engine import COUNTERS, PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Req
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_completion
 from .remote import RemoteEngine
+from .slots import GRAPH_TOKENS
 
 __all__ = ["ServerSettings", "create_app", "Metrics"]
 
@@ -116,6 +117,7 @@ class ServerSettings:
     max_prefill_tokens: int = PREFILL_TOKENS
     prefill_wait_ms: float = PREFILL_WAIT_MS
     prefill_graphs: bool = True          # graphed prefill on CUDA (serve/slots.py); False: eager everywhere
+    prefill_graph_tokens: int = GRAPH_TOKENS   # the largest graphed prefill, padded prompt tokens
     attended_spans: bool = True          # decode steps read the window rings' filled prefix only (serve/slots.py)
     api_key: str | None = None
     max_queue: int = 64
@@ -130,7 +132,7 @@ class ServerSettings:
         """The ``Engine`` keyword arguments among these settings (admission, prefill and decode choices)."""
         return {"max_prefill": self.max_prefill, "max_prefill_tokens": self.max_prefill_tokens,
                 "prefill_wait_ms": self.prefill_wait_ms, "prefill_graphs": self.prefill_graphs,
-                "attended_spans": self.attended_spans}
+                "prefill_graph_tokens": self.prefill_graph_tokens, "attended_spans": self.attended_spans}
 
 
 def _json(status: int, body: dict, headers: dict | None = None):

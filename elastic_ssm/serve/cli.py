@@ -99,6 +99,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               max_prefill=min(args.max_prefill or args.max_batch, args.max_batch),
                               max_prefill_tokens=args.max_prefill_tokens,
                               prefill_wait_ms=args.prefill_wait_ms, prefill_graphs=args.prefill_graphs,
+                              prefill_graph_tokens=args.prefill_graph_tokens,
                               attended_spans=args.attended_spans, api_key=key,
                               max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .slots import SlotPool, prefill_groups
+from .slots import GRAPH_TOKENS, SlotPool, prefill_groups
 from .tokens import RowNoise, TextStream, sample_rows
 
 __all__ = ["Engine", "Request", "Busy", "PREFILL_WAIT_MS", "PREFILL_TOKENS", "COUNTERS", "check_prefill_wait"]
@@ -150,7 +150,8 @@ class Engine:
     prompt tokens, padding included, in one of them (a longer prompt goes alone). ``prefill_wait_ms``: the longest a
     waiting request is held for more arrivals to share its prefill forward (module docstring; 0: admit at once).
     ``prefill_graphs``: False prefills eagerly; True (default) replays prefill forwards from CUDA graphs on CUDA
-    (``SlotPool``, ``serve/slots.py``; the CPU always prefills eagerly). ``pool_factory``: internal (the bench's
+    (``SlotPool``, ``serve/slots.py``; the CPU always prefills eagerly), each of at most ``prefill_graph_tokens``
+    padded prompt tokens (larger ones run eagerly). ``pool_factory``: internal (the bench's
     CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool as ``pool_factory(model, tier, slots,
     max_prefill=..., prefill_graphs=..., spans=...)``; ``SlotPool`` everywhere else. ``attended_spans``: decode
     steps read only the filled prefix of the window rings while every running sequence is short (``SlotPool``).
@@ -161,8 +162,9 @@ class Engine:
                  eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool,
                  max_prefill: int = 16, prefill_wait_ms: float = PREFILL_WAIT_MS, clock=time.monotonic,
                  max_prefill_tokens: int = PREFILL_TOKENS, prefill_graphs: bool = True,
-                 attended_spans: bool = True) -> None:
-        for key, value in (("max_prefill", max_prefill), ("max_prefill_tokens", max_prefill_tokens)):
+                 attended_spans: bool = True, prefill_graph_tokens: int = GRAPH_TOKENS) -> None:
+        for key, value in (("max_prefill", max_prefill), ("max_prefill_tokens", max_prefill_tokens),
+                           ("prefill_graph_tokens", prefill_graph_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be an int >= 1, got {value!r}")
         self.max_prefill_tokens = max_prefill_tokens
@@ -174,7 +176,7 @@ class Engine:
         for name in tiers:
             self.pools[name] = pool_factory(model, name, slots, max_prefill=max_prefill,
                                             prefill_graphs=None if prefill_graphs else False,
-                                            spans=attended_spans)
+                                            spans=attended_spans, max_graph_tokens=prefill_graph_tokens)
         V = model.config.vocab_size
         self._noise = {name: RowNoise(slots, V, p.device) for name, p in self.pools.items()}
         self._params = {name: (torch.zeros(slots, device=p.device), torch.zeros(slots, dtype=torch.long,

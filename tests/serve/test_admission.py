@@ -160,3 +160,16 @@ def test_the_defaults_of_the_flag_the_settings_and_the_bench_agree():
     flag = {f.name: f.default for f in dataclasses.fields(ServeOptions)}["prefill_wait_ms"]
     assert flag == ServerSettings(name="m", tiers=["T1"], default_tier="T1").prefill_wait_ms == PREFILL_WAIT_MS
     assert BenchConfig().serve_prefill_wait_ms == (PREFILL_WAIT_MS,)
+    from elastic_ssm.serve.slots import GRAPH_TOKENS
+
+    tokens = {f.name: f.default for f in dataclasses.fields(ServeOptions)}["prefill_graph_tokens"]
+    assert tokens == ServerSettings(name="m", tiers=["T1"], default_tier="T1").prefill_graph_tokens == GRAPH_TOKENS
+    assert BenchConfig().serve_prefill_graph_tokens == (GRAPH_TOKENS,)
+    assert ServerSettings(name="m", tiers=["T1"], default_tier="T1").engine_options()["prefill_graph_tokens"] == 2048
+
+
+def test_prefill_graph_tokens_reach_the_pools_and_bad_values_are_refused(tiny):
+    assert Engine(tiny, ["T4"], slots=2, prefill_graph_tokens=512).pools["T4"].max_graph_tokens == 512
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="prefill_graph_tokens must be an int >= 1"):
+            Engine(tiny, ["T4"], slots=2, prefill_graph_tokens=bad)
