@@ -429,3 +429,20 @@ def test_bad_step_inputs():
         spectral_scan_step(*args[:3], args[3][..., :2], tables(x), x["initial_state"].clone())
     with pytest.raises(ValueError, match="rho must be"):
         spectral_scan_step(*args, tables(x)._replace(rho=x["rho"][:2]), x["initial_state"].clone())
+
+
+@pytest.mark.parametrize("T,C", [(5, 16), (16, 16), (17, 64), (32, 64), (40, 64)])
+def test_gla_chunk_never_asks_fla_for_chunks_of_32(monkeypatch, T, C):
+    """``gla_op.chunk_length``: 16 up to 16 positions, else 64 (fla-core 0.6.0's output kernel stopped an H200 at
+    chunk 32, prompts of 17-32 tokens); a chunk longer than the sequence still gives the exact recurrence."""
+    calls = fla_stand_in.install(monkeypatch)
+    gla_op = importlib.import_module("elastic_ssm.ops.spectral_scan.gla_op")
+    g0 = torch.Generator().manual_seed(T)
+    q, k, g = (torch.randn(1, T, 4, 16, generator=g0) for _ in range(3))
+    v, h0 = torch.randn(1, T, 4, 8, generator=g0), torch.randn(1, 4, 16, 8, generator=g0)
+    g = -torch.nn.functional.softplus(g)
+    o, ht = gla_op.gla_chunk(q, k, v, g, initial_state=h0, output_final_state=True)
+    assert calls["chunk_size"] == C
+    o_ref, ht_ref = fla_stand_in.naive_gla(*(x.double() for x in (q, k, v, g, h0)))
+    assert (o.double() - o_ref).abs().max() < 1e-4 * o_ref.abs().max()
+    assert (ht.double() - ht_ref).abs().max() < 1e-4 * ht_ref.abs().max()
