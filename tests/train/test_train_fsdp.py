@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import finish_rank
 from torch.distributed.tensor import DTensor
 
 import elastic_ssm as es
@@ -71,9 +72,10 @@ def _fsdp_worker(rank, world, port, root, result_path):
         out["rest"] = _summary(rest) if rank == 0 else None
         if rank == 0:
             torch.save(out, result_path)
-        dist.barrier()  # both ranks done before either tears down gloo (avoids an abort at exit)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    finish_rank()       # a barrier, then exit without gloo's teardown (tests/gloo_ranks.py)
 
 
 @pytest.fixture(scope="module")

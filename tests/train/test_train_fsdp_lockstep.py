@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import finish_rank
 
 import elastic_ssm as es
 from elastic_ssm.train import TrainConfig, find_checkpoint, train
@@ -72,9 +73,10 @@ def _worker(rank, world, port, root, result_path):
         out["resharded"] = _summary(train(tiny, _data, _cfg(f"{root}/one_half", parallel="fsdp"), progress=False,
                                           resume=True), rank)
         torch.save(out, f"{result_path}.{rank}")
-        dist.barrier()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    finish_rank()       # a barrier, then exit without gloo's teardown (tests/gloo_ranks.py)
 
 
 @pytest.fixture(scope="module")
