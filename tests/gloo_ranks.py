@@ -1,8 +1,9 @@
 """Ending a spawned gloo rank of a CPU test without ``destroy_process_group``.
 
-After both ranks pass a final barrier, gloo's teardown can still abort one of them: a CI run of
-``tests/train/test_train_fsdp.py`` once lost rank 1 with "terminate called without an active exception" (SIGABRT)
-after the work was done, and ``mp.spawn`` then fails the whole module. A rank whose results are written and
+A CI run of ``tests/train/test_train_fsdp.py`` once lost rank 1 with "terminate called without an active
+exception" (SIGABRT), and ``mp.spawn`` then failed the whole module. Where it aborted was not recorded; a C++
+thread of gloo ended during ``destroy_process_group`` is the likely place (the test already had a barrier
+before it for an abort at exit), so the ranks no longer tear gloo down. A rank whose results are written and
 which has met every other rank at a barrier has nothing left to tear down that the operating system does not
 (sockets, memory), so it leaves with ``os._exit(0)`` and runs no C++ destructor. A rank that fails before that
 point still tears down and raises, so its error reaches ``mp.spawn``.
