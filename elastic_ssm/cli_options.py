@@ -241,10 +241,10 @@ class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptio
                                         "prefill forward; it goes at once when the waiting requests fill "
                                         "min(--max-prefill, free slots); running streams keep decoding meanwhile "
                                         "(0: prefill whatever waits at once)", minimum=0)
-    prefill_graphs: bool = flag(True, "on CUDA, replay prefill forwards of up to 2,048 padded prompt tokens "
-                                      "from CUDA graphs, one per (prompts, length) bucket captured at its second "
-                                      "use (no per-forward host dispatch; larger forwards run eagerly, which is "
-                                      "faster for them); --no-prefill-graphs prefills eagerly")
+    prefill_graphs: bool = flag(True, "on CUDA, replay prefill forwards of up to --prefill-graph-tokens "
+                                      "padded prompt tokens from CUDA graphs, one per (prompts, length) bucket "
+                                      "captured at its second use (no per-forward host dispatch; larger forwards "
+                                      "run eagerly, which is faster for them); --no-prefill-graphs prefills eagerly")
     prefill_graph_tokens: int = flag(2048, "the largest graphed prefill forward, in padded prompt tokens (rows "
                                            "x length bucket; larger ones run eagerly): the torch scan's "
                                            "captured plan is slower per token than its eager one "

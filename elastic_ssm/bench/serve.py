@@ -287,11 +287,11 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
                                for i in range(procs)])
             warmup = time.perf_counter() - t0
             shares = [(base, plan[i::procs], rounds, prompt, new_tokens, vocab, seed + i) for i in range(procs)]
-            steps0, cpu0 = _server_stats(base, proc.pid)
+            before, cpu0 = _server_stats(base, proc.pid)
             t0 = time.perf_counter()
             parts = pool.map(_client, shares)
             wall = time.perf_counter() - t0
-            steps1, cpu1 = _server_stats(base, proc.pid)
+            after, cpu1 = _server_stats(base, proc.pid)
     finally:
         proc.terminate()
         try:
@@ -299,6 +299,7 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+    served = {c: after[c] - before[c] for c in COUNTERS}      # the engine's counters over the timed pass
     ttft = [x for p in parts for x in p["ttft"]]
     itl = [x for p in parts for x in p["itl"]]
     tokens = sum(p["tokens"] for p in parts)
@@ -306,11 +307,9 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
     return {"warmup_s": warmup, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
             "ttft_p50_ms": ms(percentile(ttft, 50)), "ttft_p99_ms": ms(percentile(ttft, 99)),
             "itl_p50_ms": ms(percentile(itl, 50)),
-            "itl_p99_ms": ms(percentile(itl, 99)), "steps_s": (steps1["decode_steps"] - steps0["decode_steps"]) / wall,
-            "prefills": steps1["prefill_forwards"] - steps0["prefill_forwards"],
-            "captures": steps1["prefill_graph_captures"] - steps0["prefill_graph_captures"],
-            "prefill_s": steps1["prefill_seconds"] - steps0["prefill_seconds"],
-            "idle_s": steps1["idle_seconds"] - steps0["idle_seconds"],
+            "itl_p99_ms": ms(percentile(itl, 99)), "steps_s": served["decode_steps"] / wall,
+            "prefills": served["prefill_forwards"], "captures": served["prefill_graph_captures"],
+            "prefill_s": served["prefill_seconds"], "idle_s": served["idle_seconds"],
             "server_cpu": (cpu1[1] - cpu0[1]) / wall, "http_cpu": (cpu1[0] - cpu0[0]) / wall,
             "server_us_per_token": (cpu1[1] - cpu0[1]) / max(tokens, 1) * 1e6,
             "client_cpu": sum(p["cpu"] for p in parts) / wall}

@@ -161,7 +161,6 @@ class RemoteEngine:
         self.live: dict[int, Request] = {}
         self.in_flight: dict[str, int] = {t: 0 for t in self.tiers}
         self._counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)   # the engine's, as of its last message
-        self.steps = 0
         self._next_rid = 0
         self._dead = False
         self._loop = None
@@ -266,7 +265,7 @@ class RemoteEngine:
         return dict(self._counters)
 
     def _dispatch(self, counters: dict[str, float], tokens: dict[str, int], items: list) -> None:
-        self._counters, self.steps = counters, counters["decode_steps"]
+        self._counters = counters
         if self.metrics is not None:
             for tier, n in tokens.items():
                 self.metrics.add_tokens(tier, n)
