@@ -441,8 +441,15 @@ def test_gla_chunk_never_asks_fla_for_chunks_of_32(monkeypatch, T, C):
     q, k, g = (torch.randn(1, T, 4, 16, generator=g0) for _ in range(3))
     v, h0 = torch.randn(1, T, 4, 8, generator=g0), torch.randn(1, 4, 16, 8, generator=g0)
     g = -torch.nn.functional.softplus(g)
-    o, ht = gla_op.gla_chunk(q, k, v, g, initial_state=h0, output_final_state=True)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
+    o, ht = gla_op.gla_chunk(*leaves[:4], initial_state=leaves[4], output_final_state=True)
     assert calls["chunk_size"] == C
-    o_ref, ht_ref = fla_stand_in.naive_gla(*(x.double() for x in (q, k, v, g, h0)))
+    ref = [x.double().requires_grad_() for x in (q, k, v, g, h0)]
+    o_ref, ht_ref = fla_stand_in.naive_gla(*ref)
     assert (o.double() - o_ref).abs().max() < 1e-4 * o_ref.abs().max()
     assert (ht.double() - ht_ref).abs().max() < 1e-4 * ht_ref.abs().max()
+    do, dht = torch.randn(o.shape, generator=g0), torch.randn(ht.shape, generator=g0)     # and the backward
+    grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), leaves)
+    grads_ref = torch.autograd.grad((o_ref * do).sum() + (ht_ref * dht).sum(), ref)
+    for name, gr, r in zip("q k v g h0".split(), grads, grads_ref):
+        assert (gr.double() - r).abs().max() < 1e-4 * max(1.0, r.abs().max()), name
