@@ -88,6 +88,21 @@ def test_fla_matches_reference_at_preset_widths(dtype):
                                 dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [17, 32, 40])
+def test_fla_forward_at_short_prompt_lengths_of_the_preset_widths(T, dtype):
+    """The prefill path of ``generate`` and ``serve`` (forward only) at prompts of 17-40 tokens and the 1.5b's
+    channel shape: no "misaligned address" (fla's chunk 32), and within the forward tolerance of the float64
+    reference. Apart from the backward test below, whose first run on a fresh machine autotunes fla's
+    backward kernels for minutes."""
+    x = make_inputs(B=2, T=T, K=32, M=8, P=64, strong=True, dtype=dtype, seed=T)
+    with torch.no_grad():
+        z, h = run(spectral_scan, x, backend="fla")
+        z_ref, h_ref = run(naive_spectral_scan, {n: t.double() for n, t in x.items()})
+    assert z.dtype == dtype and torch.isfinite(z).all() and torch.isfinite(h).all()
+    assert rel(z, z_ref) < FWD_TOL[dtype] and rel(h, h_ref) < FWD_TOL[dtype], (rel(z, z_ref), rel(h, h_ref))
+
+
 @pytest.mark.parametrize("T", [17, 32, 40])
 def test_fla_at_short_prompt_lengths_of_the_preset_widths(T):
     """Prompts of 17-63 tokens at the 1.5b's channel shape (32 channels, M = 8, P = 64, float32 compute): fla's
