@@ -2,8 +2,12 @@
 generation (fp32 weights, states and window ring), also for prompts of different lengths prefilled together;
 the engine over two graphed tiers repeats seeded
 sampled requests exactly; calibration times graphed pools. Run with
-``python -m pytest -m gpu tests/serve/test_serve_gpu.py`` (``ELASTIC_SSM_SCAN_BACKEND=torch`` keeps fla from
-compiling for the prefills)."""
+``python -m pytest -m gpu tests/serve/test_serve_gpu.py``.
+
+The fp32 checks hold every logit to 1e-3 of the teacher-forced forward, which the torch scan meets; fla's float32
+products run in TF32 (a 2.8e-3 absolute difference on an H200, twelfth session), so the module runs the prefills
+on the torch scan (``torch_scan``) and the prompts-prefilled-together test runs once more on fla (the default on
+CUDA, what ``serve`` uses) with a TF32 tolerance."""
 
 import time
 
@@ -19,6 +23,13 @@ from elastic_ssm.serve.slots import SlotPool
 from elastic_ssm.serve.tokens import sample_rows
 
 pytestmark = pytest.mark.gpu
+TOL = {"torch": 1e-3, "fla": 1e-2}      # fla: TF32 products, 2.8e-3 measured (eager prefill, no busy rows)
+
+
+@pytest.fixture(autouse=True)
+def torch_scan(monkeypatch):
+    """Prefills on the torch scan unless a test asks for another (``monkeypatch.setenv`` inside the test)."""
+    monkeypatch.setenv("ELASTIC_SSM_SCAN_BACKEND", "torch")
 
 
 def _pool_run(model, tier, prompts, n, slots, every, prefill_graphs=None, min_span=128, spans=None):
@@ -97,13 +108,16 @@ def test_graphed_attended_spans_equal_the_teacher_forced_forward(slots):
         torch.testing.assert_close(torch.stack(logits[k]), want, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("scan", ["torch", "fla"])
 @pytest.mark.parametrize("graphs", [None, False], ids=["graphed-prefill", "eager-prefill"])
 @pytest.mark.parametrize("busy", [(), (1, 4, 6)])
-def test_prompts_of_different_lengths_prefilled_together_on_cuda(busy, graphs):
+def test_prompts_of_different_lengths_prefilled_together_on_cuda(busy, graphs, scan, monkeypatch):
     """``admit_many`` on CUDA (graphed pool, fp32): prompts of 3-37 tokens left-padded into one forward, into
     consecutive rows or (some rows busy) through the scratch cache, replayed from a prefill graph (6 prompts: 8
     rows x 64 tokens, the unused rows and the padding never read) or eagerly; every row then decodes with the
-    logits of its own prompt (teacher-forced reference), i.e. the padding never reached a state."""
+    logits of its own prompt (teacher-forced reference), i.e. the padding never reached a state. On the torch
+    scan and on fla (the default on CUDA; fla-core must be installed: an ImportError otherwise, not a skip)."""
+    monkeypatch.setenv("ELASTIC_SSM_SCAN_BACKEND", scan)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny", tie_embeddings=False)), 0.5, True).cuda().eval()
@@ -127,7 +141,7 @@ def test_prompts_of_different_lengths_prefilled_together_on_cuda(busy, graphs):
         pool.step(nxt)
     for r, p in zip(rows, prompts):
         want = model(torch.tensor([p + toks[r]], device="cuda"), tier="T10")[0, len(p) - 1:-1].float()
-        torch.testing.assert_close(torch.stack(logits[r]), want, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(torch.stack(logits[r]), want, rtol=TOL[scan], atol=TOL[scan])
 
 
 def _wait(reqs, seconds=120):
