@@ -527,3 +527,18 @@ def test_engine_prefills_a_burst_in_groups_of_max_prefill_and_matches_generate(t
         Engine(tiny, ["T4"], slots=2, max_prefill=0)
     with pytest.raises(ValueError, match="max_prefill_tokens must be an int >= 1"):
         Engine(tiny, ["T4"], slots=2, max_prefill_tokens=0)
+
+
+def test_serve_names_the_http_stack_it_runs_on(monkeypatch):
+    """``serve``'s start line says whether uvicorn runs on uvloop and httptools (the ``serve`` extra) or falls back
+    to asyncio and h11, and how to get the fast pair."""
+    import importlib.util
+
+    from elastic_ssm.serve.cli import http_stack
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n: object() if n in ("uvloop", "httptools") else real(n))
+    assert http_stack() == "event loop uvloop, HTTP httptools"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n: None if n in ("uvloop", "httptools") else real(n))
+    stack = http_stack()
+    assert "asyncio" in stack and "pip install uvloop" in stack and "h11" in stack and "pip install httptools" in stack
