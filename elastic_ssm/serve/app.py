@@ -139,6 +139,20 @@ def _json(status: int, body: dict, headers: dict | None = None):
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+_MARK = "\x00text\x00"
+
+
+def _text_event(render_chunk, req, model_id: str):
+    """``text -> "data: <chunk JSON>\\n\\n"`` for the streamed text chunks of one request after its first: the
+    chunk is rendered once around a marker and only the text is encoded per event, the same bytes as
+    ``json.dumps`` of the whole chunk (the HTTP process writes one such event per token and stream: its hottest
+    line). Built after the first text chunk, whose rendering may differ (the chat chunk's role)."""
+    head, sep, tail = json.dumps(render_chunk(req, model_id, _MARK, None)).partition(json.dumps(_MARK))
+    assert sep, "the chunk body must carry its text as one JSON string"
+    head, tail = "data: " + head, tail + "\n\n"
+    return lambda text: head + json.dumps(text) + tail
+
+
 def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     """The FastAPI app serving ``model`` (see the module docstring).
 
@@ -257,10 +271,15 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         if params.stream:
             async def sse():
                 status = 200
+                text_event = None
                 try:
                     async for kind, value in events():
-                        if kind == "text":
+                        if kind == "text" and text_event is not None:
+                            yield text_event(value)
+                            continue
+                        if kind == "text":         # the first text chunk as rendered (chat names the role in it)
                             chunk = render_chunk(req, model_id, value, None)
+                            text_event = _text_event(render_chunk, req, model_id)
                         elif kind == "done":
                             chunk = render_chunk(req, model_id, "", value)
                         else:

@@ -139,6 +139,7 @@ def test_chat_completions_through_the_saved_chat_template(model_dir, tmp_path):
         lines = [json.loads(line[6:]) for line in c.post("/v1/chat/completions", json={**body, "stream": True})
                  .text.splitlines() if line.startswith("data: {")]
         assert lines[0]["object"] == "chat.completion.chunk" and lines[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert len(lines) > 2 and all("role" not in x["choices"][0]["delta"] for x in lines[1:])
         assert "".join(x["choices"][0]["delta"].get("content", "") for x in lines) == \
             out["choices"][0]["message"]["content"] and lines[-1]["choices"][0]["finish_reason"] == "length"
         bad = c.post("/v1/chat/completions", json={"model": "tiny", "messages": "hi"})
@@ -188,3 +189,22 @@ def test_a_running_server_keeps_its_start_up_objects_out_of_full_collections(mod
         assert c.get("/health").status_code == 200
         assert gc.get_freeze_count() > 1000
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_streamed_text_event_is_the_json_of_its_whole_chunk(chat):
+    """The per-token fast path (chunk rendered once around a marker) gives the bytes ``json.dumps`` of the whole
+    chunk gives, for texts JSON must escape; for chat after the first chunk (which names the role)."""
+    from types import SimpleNamespace
+
+    from elastic_ssm.serve.app import _text_event
+    from elastic_ssm.serve.protocol import ChatTemplate, chunk_body
+
+    render = ChatTemplate("{{ messages }}", {}).chunk_body if chat else chunk_body
+    req = SimpleNamespace(id="cmpl-1", created=1700000000.0, tier="T4", prompt=[1, 2], completion_tokens=3,
+                          role_sent=False)
+    if chat:
+        render(req, "m@T4", "first", None)
+    event = _text_event(render, req, "m@T4")
+    for text in ["a", 'quote " and \\ backslash', "line\nbreak\ttab", "\x00nul\x1f", "é ü 中文 🙂", "\u2028"]:
+        assert event(text) == f"data: {json.dumps(render(req, 'm@T4', text, None))}\n\n", text
