@@ -263,6 +263,7 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
     """Start the server process, drive ``streams`` streams over the tiers of ``mix``, return the row
     (``server_args``: more flags of the server process, e.g. the CPU proxy's ``--stub-step-ms``)."""
     from ..config import ESSHConfig
+    from ..serve.cli import http_stack  # the server process: this interpreter, this environment
 
     vocab = ESSHConfig.preset(preset).vocab_size
     port = free_port()
@@ -312,7 +313,7 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
             "prefill_s": served["prefill_seconds"], "idle_s": served["idle_seconds"],
             "server_cpu": (cpu1[1] - cpu0[1]) / wall, "http_cpu": (cpu1[0] - cpu0[0]) / wall,
             "server_us_per_token": (cpu1[1] - cpu0[1]) / max(tokens, 1) * 1e6,
-            "client_cpu": sum(p["cpu"] for p in parts) / wall}
+            "client_cpu": sum(p["cpu"] for p in parts) / wall, "http_stack": http_stack()}
 
 
 def serve_suite(r, out: list) -> None:

@@ -20,3 +20,4 @@ def test_proxy_row_counts_every_token_and_splits_the_servers_time():
     assert 1 <= row["prefills"] <= streams * rounds and row["captures"] == 0   # no CUDA graphs on the CPU
     assert 0 <= row["prefill_s"] < row["wall_s"] and 0 <= row["idle_s"] < row["wall_s"]
     assert 0 <= row["http_cpu"] <= row["server_cpu"] + 1e-6      # CPU in 10 ms ticks: the engine may show none
+    assert row["http_stack"].startswith("event loop ") and ", HTTP " in row["http_stack"]
