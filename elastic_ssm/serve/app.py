@@ -148,7 +148,8 @@ def _text_event(render_chunk, req, model_id: str):
     ``json.dumps`` of the whole chunk (the HTTP process writes one such event per token and stream: its hottest
     line). Built after the first text chunk, whose rendering may differ (the chat chunk's role)."""
     head, sep, tail = json.dumps(render_chunk(req, model_id, _MARK, None)).partition(json.dumps(_MARK))
-    assert sep, "the chunk body must carry its text as one JSON string"
+    if not sep:               # a body that does not carry the text as one JSON string: render every chunk whole
+        return lambda text: f"data: {json.dumps(render_chunk(req, model_id, text, None))}\n\n"
     head, tail = "data: " + head, tail + "\n\n"
     return lambda text: head + json.dumps(text) + tail
 

@@ -208,3 +208,15 @@ def test_a_streamed_text_event_is_the_json_of_its_whole_chunk(chat):
     event = _text_event(render, req, "m@T4")
     for text in ["a", 'quote " and \\ backslash', "line\nbreak\ttab", "\x00nul\x1f", "é ü 中文 🙂", "\u2028"]:
         assert event(text) == f"data: {json.dumps(render(req, 'm@T4', text, None))}\n\n", text
+
+
+def test_a_chunk_without_its_text_as_one_string_is_rendered_whole():
+    """A chunk renderer that does not put the text in one JSON string (here: split into characters) still streams
+    what it renders: the fast path steps aside."""
+    from types import SimpleNamespace
+
+    from elastic_ssm.serve.app import _text_event
+
+    render = lambda req, model_id, text, finish: {"chars": list(text), "model": model_id}  # noqa: E731
+    event = _text_event(render, SimpleNamespace(), "m")
+    assert event('a"b') == "data: " + json.dumps({"chars": ["a", '"', "b"], "model": "m"}) + "\n\n"
