@@ -8,7 +8,8 @@ every tier.
 Training / prefill: when the window covers the sequence, causal SDPA (flash on GPU). Longer unpadded
 sequences on CUDA use ``flex_attention`` with a block-sparse sliding-window mask (:func:`swa_block_mask`:
 key tiles wholly inside the band skip the mask, tiles crossing its edges apply it, all others are never
-read), compiled once per shape; exact, forward and backward. Elsewhere (CPU, padded batches, or
+read), compiled once per power-of-two length bucket (:func:`flex_length`), for at most ``FLEX_MAX_SHAPES``
+shapes a process; exact, forward and backward. Elsewhere (CPU, padded batches, or
 ``SWA_KERNEL = "masked"``) SDPA with a boolean band mask, in query blocks of one window against the
 2-window key band for T > 2 window, so memory stays O(T * window). Decoding uses a ring buffer of
 ``window`` key/value slots per sequence (``models/cache.py``); rotary phases come from absolute positions
@@ -18,6 +19,7 @@ computed on the fly in float64 (no buffers, so meta-device construction and load
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import torch
@@ -92,20 +94,61 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+#: How many shapes the eager-mode flex call may compile in one process. torch.compile compiles ``flex_attention``
+#: once per input shape and, past its recompile limit (8), runs it unfused, with the whole [T, T] score matrix
+#: in memory (out of memory at long prompts): shapes past this count take the masked SDPA path instead (exact,
+#: O(T * window) memory, slower). Lengths are bucketed (:func:`flex_length`), so one batch size and dtype
+#: cover prompts up to 2**(log2(window) + FLEX_MAX_SHAPES).
+FLEX_MAX_SHAPES = 7
+_flex_shapes: set = set()
+
+
+def flex_length(T: int, block_size: int = 128) -> int:
+    """The length flex_attention runs a T-token sequence at: the next power of two (at least one tile).
+
+    Prompts of every length between two powers of two share one compiled kernel; the padding (keys and queries
+    after the last token) is never attended by a real query (the band is causal) and its outputs are dropped, so
+    the result is exact. At most twice the attention work, on the sliding-window blocks only."""
+    n = max(T, block_size)
+    return 1 << (n - 1).bit_length()
+
+
+def flex_admits(q: torch.Tensor, block_size: int = 128) -> bool:
+    """Whether the eager flex call may run q [B, H, T, hd]: its shape was compiled already, or fewer than
+    ``FLEX_MAX_SHAPES`` shapes were (then it is counted)."""
+    key = (*q.shape[:2], flex_length(q.shape[-2], block_size), q.shape[-1], q.dtype, q.device,
+           torch.is_grad_enabled() and q.requires_grad)
+    if key in _flex_shapes:
+        return True
+    if len(_flex_shapes) >= FLEX_MAX_SHAPES:
+        if not getattr(flex_admits, "warned", False):
+            flex_admits.warned = True
+            logging.getLogger("elastic_ssm").warning(
+                "sliding-window attention: flex_attention was compiled for %d shapes already; new shapes (here "
+                "%s) take the masked SDPA path (exact, slower)", FLEX_MAX_SHAPES, tuple(q.shape))
+        return False
+    _flex_shapes.add(key)
+    return True
+
+
 def swa_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, block_size: int = 128,
              compiled: bool = True) -> torch.Tensor:
     """Sliding-window causal attention of unpadded q, k, v [B, H, T, hd] through ``flex_attention``.
 
     ``compiled``: run flex_attention through ``torch.compile`` (its fast kernels; inside an already
-    compiled graph it is traced in place). False runs the eager reference (tests on CPU).
+    compiled graph it is traced in place). False runs the eager reference (tests on CPU). Outside a compiled
+    graph the sequence runs at ``flex_length(T)`` (zero padding at the end, dropped from the output), so
+    prompts of many lengths compile few kernels.
     """
     from torch.nn.attention.flex_attention import flex_attention
 
     T = q.shape[-2]
     if torch.compiler.is_compiling():
         return flex_attention(q, k, v, block_mask=swa_block_mask(T, window, q.device, block_size))
-    mask = _cached_block_mask(T, window, q.device, block_size)
-    return (_compiled_flex() if compiled else flex_attention)(q, k, v, block_mask=mask)
+    Tp = flex_length(T, block_size)   # contiguous whether padded or not: one compiled kernel per length bucket
+    q, k, v = (F.pad(t, (0, 0, 0, Tp - T)).contiguous() for t in (q, k, v))
+    mask = _cached_block_mask(Tp, window, q.device, block_size)
+    return (_compiled_flex() if compiled else flex_attention)(q, k, v, block_mask=mask)[..., :T, :]
 
 
 class SlidingWindowAttention(nn.Module):
@@ -146,7 +189,8 @@ class SlidingWindowAttention(nn.Module):
         if T <= W and valid is None:
             # The window covers every earlier token: plain causal attention (flash kernel on GPU).
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif valid is None and x.is_cuda and SWA_KERNEL == "auto":
+        elif valid is None and x.is_cuda and SWA_KERNEL == "auto" and (torch.compiler.is_compiling()
+                                                                       or flex_admits(q)):
             o = swa_flex(q, k, v, W)
         elif T <= 2 * W:
             mask = window_mask(idx, idx, W, valid)

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import elastic_ssm as es
-from elastic_ssm.layers.attention import SlidingWindowAttention, swa_block_mask, swa_flex, window_mask
+from elastic_ssm.layers import attention
+from elastic_ssm.layers.attention import SlidingWindowAttention, flex_length, swa_block_mask, swa_flex, window_mask
 from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.ops import ModalTables
 
@@ -172,6 +173,69 @@ def test_swa_flex_equals_band_mask(W, bs):
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(idx, idx, W))
         out = swa_flex(q, k, v, W, block_size=bs, compiled=False)
         assert (out - ref).abs().max() < 1e-12, (W, T)
+
+
+def test_flex_length_buckets_to_powers_of_two():
+    assert [flex_length(T, 128) for T in (1, 128, 129, 2049, 4096, 4097, 100_000)] == \
+        [128, 128, 256, 4096, 4096, 8192, 131072]
+    assert flex_length(17, 16) == 32
+
+
+def test_padded_flex_backward_equals_the_band_mask(monkeypatch):
+    """The zero padding up to ``flex_length`` changes no gradient: padded queries' outputs are dropped, so their
+    (zero) output gradients give the real keys nothing (float64). flex has no CPU backward, so the band attention
+    at the padded length is the masked SDPA here (on GPU: tests/models/test_compile_gpu.py)."""
+    import torch.nn.attention.flex_attention as fa
+
+    W, T, bs = 16, 37, 16
+
+    def band_attention(q, k, v, block_mask):
+        assert q.shape[-2] == flex_length(T, bs) == block_mask.seq_lengths[0]
+        i = torch.arange(q.shape[-2])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(i, i, W))
+
+    monkeypatch.setattr(fa, "flex_attention", band_attention)
+    idx = torch.arange(T)
+    leaves = [torch.randn(2, 3, T, 8, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    dy = torch.randn(2, 3, T, 8, dtype=torch.float64)
+    ref = torch.autograd.grad((F.scaled_dot_product_attention(*leaves, attn_mask=window_mask(idx, idx, W)) * dy)
+                              .sum(), leaves)
+    got = torch.autograd.grad((swa_flex(*leaves, W, block_size=bs, compiled=False) * dy).sum(), leaves)
+    for a, b in zip(got, ref):
+        assert (a - b).abs().max() < 1e-12
+
+
+def test_compiled_flex_compiles_once_per_length_bucket():
+    """Eleven prompt lengths between 40 and 120 compile two kernels (buckets 64 and 128), not eleven: before the
+    buckets, the ninth length passed torch.compile's recompile limit and flex ran unfused with the whole [T, T]
+    score matrix in memory."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    for T in range(40, 121, 8):
+        q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+        idx = torch.arange(T)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(idx, idx, 16))
+        with torch.no_grad():
+            assert (swa_flex(q, k, v, 16, block_size=16) - ref).abs().max() < 1e-5, T
+    assert counters["stats"]["unique_graphs"] - before == 2
+
+
+def test_flex_admits_a_bounded_number_of_shapes_then_the_masked_path(monkeypatch, caplog):
+    """Past ``FLEX_MAX_SHAPES`` compiled shapes a new one is refused (the layer then takes the masked SDPA path)
+    with one warning; shapes seen before, and lengths in a seen bucket, are still admitted."""
+    monkeypatch.setattr(attention, "FLEX_MAX_SHAPES", 2)
+    monkeypatch.setattr(attention, "_flex_shapes", set())
+    monkeypatch.setattr(attention.flex_admits, "warned", False, raising=False)
+    q = lambda B, T: torch.zeros(B, 2, T, 16)  # noqa: E731
+    assert attention.flex_admits(q(1, 300)) and attention.flex_admits(q(1, 400))     # bucket 512, one shape
+    assert attention.flex_admits(q(1, 600))                                          # bucket 1024
+    with caplog.at_level("WARNING", logger="elastic_ssm"):
+        assert not attention.flex_admits(q(2, 300)) and not attention.flex_admits(q(1, 3000))
+    assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
+    assert "masked SDPA path" in caplog.records[0].getMessage()
+    assert attention.flex_admits(q(1, 500)) and attention.flex_admits(q(1, 1000))
 
 
 def test_swa_kernel_switch_keeps_the_cpu_path(monkeypatch):

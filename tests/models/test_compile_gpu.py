@@ -60,3 +60,28 @@ def test_flex_sliding_window_equals_masked_path(dtype, tol, monkeypatch):
         outs.append((y.detach(), *torch.autograd.grad((y * dy).sum(), [x, layer.qkv.weight, layer.out.weight])))
     for a, b in zip(*outs):
         assert _rel(a, b) < tol
+
+
+def test_prompts_of_many_lengths_compile_few_flex_kernels(monkeypatch):
+    """Twelve prompt lengths past the window (65-500 tokens, a layer of window 64) run the sliding window through
+    flex at power-of-two lengths: every output equals the masked SDPA path and three kernels are compiled (before
+    the buckets, the ninth length passed torch.compile's recompile limit and flex ran unfused with the whole
+    [T, T] scores). The cap past ``FLEX_MAX_SHAPES`` is checked on the CPU (tests/models/test_compile.py)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(attention, "_flex_shapes", set())
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    torch.manual_seed(0)
+    layer = attention.SlidingWindowAttention(128, 32, 64).cuda()
+    for T in (65, 70, 100, 127, 128, 129, 200, 256, 257, 300, 400, 500):
+        x = torch.randn(1, T, 128, device="cuda")
+        pos = torch.arange(T, device="cuda")[None]
+        with torch.no_grad():
+            monkeypatch.setattr(attention, "SWA_KERNEL", "auto")
+            got = layer(x, pos)
+            monkeypatch.setattr(attention, "SWA_KERNEL", "masked")
+            want = layer(x, pos)
+        assert _rel(got, want) < 1e-4, T
+    assert len(attention._flex_shapes) == 3                           # buckets 128, 256, 512
+    assert counters["stats"]["unique_graphs"] - before <= 3
