@@ -139,7 +139,7 @@ def test_chat_completions_through_the_saved_chat_template(model_dir, tmp_path):
         lines = [json.loads(line[6:]) for line in c.post("/v1/chat/completions", json={**body, "stream": True})
                  .text.splitlines() if line.startswith("data: {")]
         assert lines[0]["object"] == "chat.completion.chunk" and lines[0]["choices"][0]["delta"]["role"] == "assistant"
-        assert len(lines) > 2 and all("role" not in x["choices"][0]["delta"] for x in lines[1:])
+        assert all("role" not in x["choices"][0]["delta"] for x in lines[1:])    # text may come in one chunk
         assert "".join(x["choices"][0]["delta"].get("content", "") for x in lines) == \
             out["choices"][0]["message"]["content"] and lines[-1]["choices"][0]["finish_reason"] == "length"
         bad = c.post("/v1/chat/completions", json={"model": "tiny", "messages": "hi"})
