@@ -257,6 +257,7 @@ def _tree_cpu(pid: int) -> tuple[float, float]:
         total = float("nan")
     return own, total
 
+
 def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slots: int, prompt: int,
                 new_tokens: int, rounds: int, procs: int, device: str, dtype: str, seed: int = 0,
                 server_args: tuple[str, ...] = ()) -> dict:

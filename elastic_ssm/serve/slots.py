@@ -215,7 +215,7 @@ class SlotPool(SlotRows):
 
         On a fresh machine the first prefill of each shape compiles kernels, and fla autotunes each (head
         count, chunk length) once: the chunk length is 16 or 64 by prompt length (``gla_op.chunk_length``)
-        and the batch size is no key (``gla_op.local_cumsum_log2``), so these three prefills cover every prompt
+        and the batch size is no key (``gla_op.local_cumsum_log2``), so these two prefills cover every prompt
         of this tier. Here that happens while the server starts, not inside its first requests."""
         if not self.free_slots():
             raise RuntimeError("warm_up needs a free slot; call it before admitting requests")
