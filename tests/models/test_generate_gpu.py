@@ -40,7 +40,10 @@ def test_graphed_generate_with_attended_spans_follows_the_forward(fp32, monkeypa
     """Batch 16 (SDPA window step), fp32 ring: the session replays the graph of each step's span (16, 32, 64
     slots of the small preset's 128, then the whole ring; ``whole-ring``: no spans, the baseline) and every
     token is the argmax of the teacher-forced forward's logits up to the row's first near tie (the span's
-    shorter SDPA rounds differently from the reference step's, so tokens, not bits, are compared)."""
+    shorter SDPA rounds differently from the reference step's, so tokens, not bits, are compared). Prefill and
+    reference forward run on the torch scan: fla's float32 products are TF32 (up to 2.8e-3 on the logits of the serve
+    tests), more than the 1e-3 near-tie margin, and the scan is not what this test is about."""
+    monkeypatch.setenv("ELASTIC_SSM_SCAN_BACKEND", "torch")
     pool = decoder_pool(fp32)
     pool.clear()
     monkeypatch.setattr(pool, "min_span", min_span)
