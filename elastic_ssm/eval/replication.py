@@ -14,7 +14,7 @@ commit of every call). A run without its results is listed under ``missing``, ne
 * claim 4: the ESSH rows of claim 1 plus the capacity fractions, each marked ``trained_shape`` (its
   ``(K, n_ff)`` is one that training sampled: ``mixing.capacities`` or ``refine.capacities``) and a summary:
   monotone in parameters or not, and the largest rise of bpb between neighbours;
-* claim 5: wall seconds (the train calls of the last attempt, from a fresh start), tokens, median tokens/s
+* claim 5: wall seconds (the train calls of the last attempt, from a fresh start), tokens, time-weighted tokens/s
   and full-model bpb of each run; the shared run against the sum of the specialists'.
 
 ``corpus`` is the data line of the runs' training logs (files, bytes, split, and the manifest digest of the
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -83,6 +82,15 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def logged_rate(records: list[dict[str, Any]]) -> float:
+    """Tokens/s of a run from its logged steps, time-weighted: each record is one step (the same tokens per step)
+    at ``tokens_per_s``, so the rate is their tokens over their seconds (the harmonic mean of the records). A
+    median or plain mean would follow the cheap steps of a run whose step cost varies (budget dropout's small K,
+    capacity mixing's small tiers)."""
+    n = len(records)
+    return n / sum(1.0 / max(r["tokens_per_s"], 1e-9) for r in records)
+
+
 def run_summary(run_dir: Path) -> dict[str, Any]:
     """What one run folder says: config, parameters, tokens, tokens/s, wall seconds, device and commit."""
     out: dict[str, Any] = {"present": run_dir.is_dir()}
@@ -98,9 +106,8 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         stages = {r.get("stage") for r in train}
         out["tokens"] = sum(max(r["tokens"] for r in train if r.get("stage") == s) for s in stages)
         out["steps"] = {s: max(r["step"] for r in train if r.get("stage") == s) for s in stages}
-        rates = [r["tokens_per_s"] for r in train[1:]] or [train[0]["tokens_per_s"]]
-        out["tokens_per_s_median"] = statistics.median(rates)
-        out["steady_s"] = out["tokens"] / out["tokens_per_s_median"]
+        out["tokens_per_s"] = logged_rate(train[1:] or train[:1])
+        out["steady_s"] = out["tokens"] / out["tokens_per_s"]
     calls = [c for c in read_jsonl(run_dir / "calls.jsonl") if c.get("step", "").endswith(("-train", "-recover"))]
     start = max((i for i, c in enumerate(calls) if c.get("fresh")), default=0)
     attempt = calls[start:]
@@ -156,9 +163,9 @@ def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, A
                 continue
             per_step = s["tokens"] / max(sum(s["steps"].values()), 1)
             startup = max(s["wall_s"] - s["steady_s"], 0.0)
-            out[n] = {"tokens_per_s": s["tokens_per_s_median"], "startup_s": round(startup, 1),
+            out[n] = {"tokens_per_s": s["tokens_per_s"], "startup_s": round(startup, 1),
                       "tokens_per_step": per_step,
-                      "steps_that_fit": int(max(CALL_TRAIN_S - startup, 0) * s["tokens_per_s_median"] / per_step)}
+                      "steps_that_fit": int(max(CALL_TRAIN_S - startup, 0) * s["tokens_per_s"] / per_step)}
         return {"call_train_s": CALL_TRAIN_S, "settings": out}
     if claim == 4:
         pts = sorted((r["params"], r["bpb"], r["tier"]) for r in rows if r["bpb"] is not None)
@@ -168,7 +175,7 @@ def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, A
                 "monotone": all(d <= 0 for d, _, _ in rises), "largest_rise_bpb": worst[0],
                 "largest_rise_between": [worst[1], worst[2]]}
     if claim == 5:
-        cost = {n: {k: s.get(k) for k in ("wall_s", "steady_s", "tokens", "tokens_per_s_median", "calls")}
+        cost = {n: {k: s.get(k) for k in ("wall_s", "steady_s", "tokens", "tokens_per_s", "calls")}
                 for n, s in runs.items()}
         for n, s in runs.items():
             full = [r for r in s.get("eval", []) if r.get("xi") in (1, 1.0) or r.get("tier") == "T10"]
@@ -249,10 +256,10 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
         ax.set_ylim(0, 1.05)
     else:
         cost = res["summary"].get("runs", {}) if claim == 5 else {n: s for n, s in res["runs"].items()}
-        names = [n for n in cost if cost[n].get("wall_s") or cost[n].get("tokens_per_s_median")]
-        key = "wall_s" if claim == 5 else "tokens_per_s_median"
+        names = [n for n in cost if cost[n].get("wall_s") or cost[n].get("tokens_per_s")]
+        key = "wall_s" if claim == 5 else "tokens_per_s"
         ax.bar(names, [cost[n].get(key) or 0 for n in names])
-        ax.set_ylabel("wall seconds of the training calls" if claim == 5 else "median tokens/s")
+        ax.set_ylabel("wall seconds of the training calls" if claim == 5 else "tokens/s (time-weighted)")
     ax.set_title(f"#16 claim {claim}: {res['title']}" if claim else res["title"], fontsize=10)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)

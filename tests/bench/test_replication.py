@@ -20,7 +20,7 @@ from elastic_ssm.bench.replication import (
 )
 from elastic_ssm.bench.suite import EntryContext
 from elastic_ssm.config import ConfigError
-from elastic_ssm.eval.replication import collect_claim
+from elastic_ssm.eval.replication import collect_claim, run_summary
 
 
 def _ctx(tmp_path, name="step", budget=None):
@@ -199,3 +199,19 @@ def _has_matplotlib():
     except ImportError:
         return False
     return True
+
+
+def test_run_rate_is_tokens_over_seconds_when_step_costs_vary(tmp_path):
+    """A budget-dropout run: logged steps of 1M tok/s (small K) and 0.2M tok/s (full K). The run's rate is its
+    tokens over its seconds, not the median of the records (which the calibration of 2026-12-01 took: 5.7 x too
+    fast for the ES-SSM); the first record (start-up) is left out."""
+    run = tmp_path / "essm-bd"
+    run.mkdir()
+    rates = [50_000.0, 1e6, 1e6, 1e6, 2e5, 2e5]
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"kind": "train", "stage": "pretrain", "step": 10 * (i + 1), "tokens": 65536 * 10 * (i + 1),
+                    "tokens_per_s": r}) + "\n" for i, r in enumerate(rates)))
+    s = run_summary(run)
+    seconds = sum(1 / r for r in rates[1:])                  # per token of a step, each record one step
+    assert s["tokens_per_s"] == pytest.approx(5 / seconds) and s["tokens_per_s"] == pytest.approx(3.8462e5, rel=1e-4)
+    assert s["steady_s"] == pytest.approx(65536 * 60 / s["tokens_per_s"])
