@@ -218,7 +218,7 @@ class RecoverOptions(TiersOptions, DeviceOptions):
 
 
 @dataclass(kw_only=True)
-class ServeOptions(ModelDirOptions, TierBudgetOptions, DtypeOptions, DeviceOptions):
+class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOptions, DeviceOptions):
     """``serve``: one checkpoint, every tier a prefix view of the same weights (``serve/app.py``)."""
 
     checkpoint: str = flag(help="model directory (with its tokenizer)", positional=True, metavar="MODEL_DIR")

@@ -38,6 +38,7 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from ..data.tokenizer_files import resolve_tokenizer
 from .engine import COUNTERS, PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_completion
@@ -163,9 +164,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     a failed load early; the lifespan starts it otherwise and always stops it). Without ``load`` the engine is a
     thread of this process. ``pool_factory``: internal, the bench's CPU proxy (``Engine``'s)."""
     metrics = Metrics()
-    tok = model.tokenizer
-    if tok is None:
-        raise ValueError("the model directory holds no tokenizer; save the model with model.tokenizer set")
+    tok = model.tokenizer if model.tokenizer is not None else resolve_tokenizer(model)   # bytes when none saved
     eos = model.config.eos_token_id if model.config.eos_token_id >= 0 else None
     chat = ChatTemplate.from_model(model)
     state: dict = {}

@@ -70,9 +70,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError:
         raise ConfigError("serving needs the serve extra: pip install 'elastic-ssm[serve]'") from None
 
-    from ..models import load_pretrained
+    from ..data.tokenizer_files import resolve_tokenizer
     from .app import ServerSettings, create_app
-    from .remote import model_view
+    from .remote import load_for_serving, model_view
 
     if args.name is not None and ("@" in args.name or not args.name.strip()):
         raise ConfigError(f"--name {args.name!r}: a model name cannot contain '@' (model ids are NAME@TIER)")
@@ -82,6 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model = model_view(args.checkpoint)       # the weights load in the engine process (serve/remote.py)
     if model.arch != "essh":
         raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; serving runs the fused ESSH decoder")
+    model.tokenizer = resolve_tokenizer(model, args.tokenizer)   # the saved one; bytes for a model saved without
     table = [t.name for t in model.tier_table()]
     tiers = table if args.tiers == "all" else [model.resolve_tier(t.strip()).name for t in args.tiers.split(",")]
     default = auto_tier(args.checkpoint, args) if args.tier == "auto" else (
@@ -105,8 +106,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,
                               max_connections_per_client=args.max_connections_per_client,
                               body_timeout_s=args.timeout, stall_timeout_s=args.timeout)
-    app = create_app(model, settings, load=functools.partial(load_pretrained, args.checkpoint, device=device,
-                                                             dtype=dtype))
+    app = create_app(model, settings, load=functools.partial(load_for_serving, args.checkpoint, args.tokenizer,
+                                                             device=device, dtype=dtype))
     try:
         try:
             app.state.engine.start()

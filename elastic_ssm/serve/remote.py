@@ -37,6 +37,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from ..data.tokenizer_files import resolve_tokenizer
 from .engine import COUNTERS, Busy, Engine, Request, check_prefill_wait
 
 __all__ = ["RemoteEngine", "model_view"]
@@ -79,7 +80,8 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
     try:
         model = load()
         tokens = _Tokens()
-        engine = Engine(model, stall_timeout=math.inf, metrics=tokens, tokenizer=model.tokenizer, **kw)
+        tok = model.tokenizer if model.tokenizer is not None else resolve_tokenizer(model)
+        engine = Engine(model, stall_timeout=math.inf, metrics=tokens, tokenizer=tok, **kw)
     except Exception as e:
         events.send(("failed", f"{type(e).__name__}: {e}"))
         return
@@ -128,7 +130,19 @@ def model_view(path: str) -> Any:
     with torch.device("meta"):
         model = cls(config)
     model.name_or_path = str(path)
-    model.tokenizer = _saved_tokenizer(Path(path), meta.get("tokenizer"))
+    model.tokenizer_record = meta.get("tokenizer")
+    model.tokenizer = _saved_tokenizer(Path(path), model.tokenizer_record)
+    return model
+
+
+def load_for_serving(path: str, tokenizer: str | None = None, **load_kw: Any) -> Any:
+    """``load_pretrained(path, **load_kw)`` with the tokenizer ``resolve_tokenizer`` gives for ``tokenizer`` (the
+    saved one by default; bytes for a model saved without one): the engine process's loader of ``serve``."""
+    from ..data.tokenizer_files import resolve_tokenizer
+    from ..models import load_pretrained
+
+    model = load_pretrained(path, **load_kw)
+    model.tokenizer = resolve_tokenizer(model, tokenizer)
     return model
 
 

@@ -179,6 +179,8 @@ CASES = {  # name: (argv, words the message must contain)
     "serve prefill wait negative": (["serve", "{model}", "--prefill-wait-ms", "-5"], ["--prefill-wait-ms", ">= 0"]),
     "serve prefill wait inf": (["serve", "{model}", "--prefill-wait-ms", "inf"], ["--prefill-wait-ms", "finite"]),
     "serve prefill tokens zero": (["serve", "{model}", "--max-prefill-tokens", "0"], ["--max-prefill-tokens", ">= 1"]),
+    "serve corrupt tokenizer": (["serve", "{model}", "--tokenizer", "{tok}"], ["tokenizer.json", "not a valid"]),
+    "serve missing tokenizer": (["serve", "{model}", "--tokenizer", "{root}/none.json"], ["none.json"]),
     "lm-eval limit 0": (["lm-eval", "{model}", "--tasks", "piqa", "--limit", "0"], ["--limit", "> 0"]),
     "lm-eval fewshot -1": (["lm-eval", "{model}", "--tasks", "piqa", "--num-fewshot", "-1"], ["--num-fewshot"]),
     "lm-eval include path missing": (["lm-eval", "{model}", "--tasks", "x", "--include-path", "{root}/none"],

@@ -14,9 +14,10 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm.bench.serve import IdTokenizer, StubPool
+from elastic_ssm.data.tokenizer_files import resolve_tokenizer
 from elastic_ssm.models import load_pretrained
 from elastic_ssm.serve.engine import Busy, Engine, Request
-from elastic_ssm.serve.remote import RemoteEngine, model_view
+from elastic_ssm.serve.remote import RemoteEngine, load_for_serving, model_view
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,37 @@ def test_remote_engine_serves_cancels_and_bounds_its_queue(model_dir):
         asyncio.run(main())
     finally:
         eng.shutdown()
+
+
+def test_a_model_saved_without_a_tokenizer_is_served_with_bytes(tmp_path):
+    """As ``generate`` and ``eval`` do (``resolve_tokenizer``): a byte-vocabulary model saved from Python without
+    a tokenizer is served with the byte tokenizer on both sides of the process boundary; ``--tokenizer`` names
+    another one only for a model saved without one, and must match a saved one."""
+    torch.manual_seed(0)
+    bare = es.ESSH(es.ESSHConfig.preset("tiny")).eval()
+    bare.save_pretrained(tmp_path / "bare")
+    view = model_view(str(tmp_path / "bare"))
+    assert view.tokenizer is None and view.tokenizer_record is None
+    view.tokenizer = resolve_tokenizer(view, None)
+    assert view.tokenizer.spec == "bytes"
+    loaded = load_for_serving(str(tmp_path / "bare"))
+    assert loaded.tokenizer.spec == "bytes" and loaded.tokenizer.encode("ab") == [97, 98]
+    eng = RemoteEngine(functools.partial(load_for_serving, str(tmp_path / "bare"), None), view, ["T4"], slots=1)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        eng.start().attach(loop)
+        req = Request(tier="T4", prompt=list(b"def f("), max_tokens=5, temperature=0.0, loop=loop,
+                      queue=asyncio.Queue())
+        eng.submit(req)
+        return await _run(req)
+
+    try:
+        text, kinds = asyncio.run(main())
+    finally:
+        eng.shutdown()
+    ref = loaded.generate(torch.tensor([list(b"def f(")]), max_new_tokens=5, tier="T4")
+    assert kinds[-1] == "done" and text == loaded.tokenizer.decode(ref[0, 6:].tolist())
 
 
 def test_a_failed_load_is_one_clear_error(model_dir, tmp_path):
