@@ -10,7 +10,9 @@ under one state folder, ``root`` (default ``runs/replication``, one sub-folder p
 ``replication_step``   one command of a run (``elastic-ssm train ... --resume auto``, ``eval``, ``recover``):
                        skipped when its ``outputs`` (or everything in ``skip_when``) exist, ``waiting`` while a
                        path of ``requires`` is missing, ``deferred`` when less than ``needs_s`` of the suite's
-                       budget is left; a command still running ``grace_s`` before the budget ends gets SIGTERM
+                       budget is left (or, for a run starting over because its checkpoint did not travel, less
+                       than a cut fresh attempt of it ran plus ``grace_s``: it needs more than it had); a
+                       command still running ``grace_s`` before the budget ends gets SIGTERM
                        (``elastic-ssm train`` then writes a checkpoint and exits 143) and SIGKILL at the end.
                        Output is appended to ``<run>/logs/<entry>.log``, one JSON line per call (state, rc,
                        seconds, whether a checkpoint existed at the start, device, commit) to
@@ -86,6 +88,14 @@ def _recorded_ran(run_dir: Path, step: str) -> bool:
     return any(rec.get("step") == step and rec.get("state") == "ran" for rec in read_jsonl(run_dir / "calls.jsonl"))
 
 
+def _cut_after(run_dir: Path, step: str) -> float:
+    """Seconds the longest fresh attempt of ``step`` ran before the budget stopped it (0: none was cut)."""
+    from ..eval.replication import read_jsonl
+
+    return max((float(rec.get("wall_s", 0.0)) for rec in read_jsonl(run_dir / "calls.jsonl")
+                if rec.get("step") == step and rec.get("state") == "stopped" and rec.get("fresh")), default=0.0)
+
+
 def _environment() -> dict:
     import torch
 
@@ -158,12 +168,15 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
         ctx.log(f"  {ctx.name}: waiting for {_fill(missing[0], root, opts.run)}")
         return [{**row, "state": "waiting", "missing": _fill(missing[0], root, opts.run)}]
     left = ctx.time_left() - opts.reserve_s
-    if left < max(opts.needs_s, 1.0):
-        ctx.log(f"  {ctx.name}: deferred ({left:.0f} s left of the budget, needs {opts.needs_s:.0f} s)")
+    fresh = not _has_checkpoint(run_dir)
+    cut = _cut_after(run_dir, ctx.name) if fresh else 0.0      # its checkpoint did not travel: it starts over
+    needs = max(opts.needs_s, cut + opts.grace_s if cut else 0.0, 1.0)
+    if left < needs:
+        why = f"; a fresh attempt was stopped after {cut:.0f} s" if needs > max(opts.needs_s, 1.0) else ""
+        ctx.log(f"  {ctx.name}: deferred ({left:.0f} s left of the budget, needs {needs:.0f} s{why})")
         return [{**row, "state": "deferred"}]
     stop_at = time.monotonic() + min(opts.timeout_s or float("inf"), left)
     cmd = [sys.executable if a == "python" else _fill(a, root, opts.run) for a in opts.args + opts.extra_args]
-    fresh = not _has_checkpoint(run_dir)
     t0 = time.monotonic()
     env = ctx.child_env()
     env.setdefault("TRITON_CACHE_DIR", str((root / TRITON_DIR).resolve()))   # autotuning carried (pack_state)

@@ -68,6 +68,25 @@ def test_step_waits_defers_and_reports_failures(tmp_path):
     assert run_step(_step(tmp_path, "pass", outputs=("{run}/never",)), _ctx(tmp_path))[0]["state"] == "incomplete"
 
 
+def test_a_run_cut_before_starts_over_only_with_more_time_than_it_had(tmp_path):
+    """essm-full of 2026-12-01: a fresh attempt stopped after 251 s whose 0.5 GB checkpoint did not travel is
+    not started again with less than 251 s + grace left, whatever its needs_s says; with its checkpoint (it
+    resumes) the needs_s alone decides."""
+    run = tmp_path / "state" / "r"
+    run.mkdir(parents=True)
+    (run / "calls.jsonl").write_text(json.dumps({"run": "r", "step": "step", "state": "stopped", "rc": 143,
+                                                 "wall_s": 90.0, "fresh": True, "checkpoint": True}) + "\n")
+    opts = _step(tmp_path, "pass", needs_s=10, reserve_s=0, grace_s=5)
+    logs = []
+    ctx = EntryContext(name="step", out_dir=tmp_path / "bench", log=logs.append, deadline=time.monotonic() + 80)
+    assert run_step(opts, ctx)[0]["state"] == "deferred"
+    assert "a fresh attempt was stopped after 90 s" in logs[-1] and "needs 95 s" in logs[-1]
+    assert run_step(opts, _ctx(tmp_path, budget=120))[0]["state"] == "ran"
+    (run / "pretrain" / "step_0000002").mkdir(parents=True)         # a checkpoint here: it resumes
+    (run / "pretrain" / "step_0000002" / "COMPLETE.json").write_text("{}")
+    assert run_step(opts, _ctx(tmp_path, budget=80))[0]["state"] == "ran"
+
+
 def test_step_gets_sigterm_before_the_budget_ends(tmp_path):
     code = ("import signal, sys, time, pathlib\n"
             "def stop(*a):\n    pathlib.Path(sys.argv[1]).write_text('checkpoint'); sys.exit(143)\n"
