@@ -170,12 +170,16 @@ def parse_completion(body: Any, name: str, tiers: list[str], default_tier: str, 
         stream = False
     if not isinstance(stream, bool):
         raise ApiError(400, f"stream must be true or false, got {stream!r}", "stream")
-    opts = body.get("stream_options") or {}
-    if not isinstance(opts, dict):
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
         raise ApiError(400, "stream_options must be an object", "stream_options")
+    if opts is not None and not stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
+    usage = (opts or {}).get("include_usage", False)
+    if not isinstance(usage, bool | None):
+        raise ApiError(400, f"stream_options.include_usage must be true or false, got {usage!r}", "stream_options")
     return CompletionParams(tier=tier, prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                            top_k=max(top_k, 0), stop=stop, seed=seed, stream=stream,
-                            include_usage=bool(opts.get("include_usage")))
+                            top_k=max(top_k, 0), stop=stop, seed=seed, stream=stream, include_usage=bool(usage))
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -79,6 +79,9 @@ BAD = [
     ({"prompt": ["a", "b"]}, 400, "one request each"),
     ({"prompt": [1, 999]}, 400, "token ids must lie"),
     ({"prompt": None}, 400, "prompt must be"),
+    ({"stream_options": {"include_usage": True}}, 400, "only allowed with stream: true"),
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, 400, "include_usage must be true or false"),
+    ({"stream": True, "stream_options": [1]}, 400, "stream_options must be an object"),
 ]
 
 
@@ -109,6 +112,22 @@ def test_bad_requests_get_400_and_the_server_keeps_answering(model_dir):
             (line,) = [x for x in metrics.splitlines() if x.startswith(f"elastic_ssm_{name}_total ")]
             counters[name] = float(line.split()[1])
         assert counters["decode_steps"] > 0 and counters["prefill_forwards"] > 0 and min(counters.values()) >= 0
+
+
+def test_streamed_usage_comes_last_when_asked_for(model_dir):
+    """``stream_options.include_usage``: one more chunk with empty ``choices`` and the counts, then [DONE];
+    without it the stream ends at the finish chunk."""
+    with _client(model_dir) as c:
+        for usage in (True, False):
+            r = _complete(c, headers={}, stream=True, stream_options={"include_usage": usage}, temperature=0)
+            events = [e[len("data: "):] for e in r.text.split("\n\n") if e]
+            assert r.status_code == 200 and events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            assert chunks[-1 - usage]["choices"][0]["finish_reason"] == "length"
+            if usage:
+                assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+                    "prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+            assert all("usage" not in ch or ch["usage"] is None for ch in chunks[:len(chunks) - usage])
 
 
 def test_seeded_sampling_repeats_and_auto_tier_reports_the_tier(model_dir):
