@@ -173,7 +173,7 @@ def parse_completion(body: Any, name: str, tiers: list[str], default_tier: str, 
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise ApiError(400, "stream_options must be an object", "stream_options")
-    if opts is not None and not stream:
+    if opts and not stream:                      # as vLLM: an empty object is let through
         raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
     usage = (opts or {}).get("include_usage", False)
     if not isinstance(usage, bool | None):

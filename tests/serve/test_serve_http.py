@@ -118,6 +118,7 @@ def test_streamed_usage_comes_last_when_asked_for(model_dir):
     """``stream_options.include_usage``: one more chunk with empty ``choices`` and the counts, then [DONE];
     without it the stream ends at the finish chunk."""
     with _client(model_dir) as c:
+        assert _complete(c, headers={}, stream_options={}).status_code == 200       # empty: let through, as vLLM
         for usage in (True, False):
             r = _complete(c, headers={}, stream=True, stream_options={"include_usage": usage}, temperature=0)
             events = [e[len("data: "):] for e in r.text.split("\n\n") if e]
