@@ -27,8 +27,8 @@ __all__ = ["DEFAULT_RUN", "CalibrateOptions", "CsvOptions", "DeviceOptions", "Dt
 #: the run file of ``train`` / ``recover`` without ``--config`` (and of ``quickstart``)
 DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 MODEL_DIR = "model directory (save_pretrained / a run's final/)"
-TOKENIZER_HELP = ("default: the tokenizer saved with the model; a different one ('bytes', a tokenizer.json or "
-                  "folder) is refused")
+TOKENIZER_HELP = ("default: the tokenizer saved with the model (bytes when it has none); 'bytes', a tokenizer.json "
+                  "or folder names one for a model saved without one; one that differs from the saved one is refused")
 RECOVER_PROTOCOLS = ("refine", "label_only", "posthoc")     # train/recover.py's PROTOCOLS (a test keeps them equal)
 _WEIGHTS = ("auto", "float32", "bfloat16")
 
