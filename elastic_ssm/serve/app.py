@@ -173,6 +173,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     if load is not None:
         remote = RemoteEngine(load, model, settings.tiers, settings.slots, settings.max_queue,
                               settings.stall_timeout_s, eos=eos, metrics=metrics, pool_factory=pool_factory,
+                              tokenizer=tok,
                               **settings.engine_options())
 
     @asynccontextmanager

@@ -71,8 +71,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("serving needs the serve extra: pip install 'elastic-ssm[serve]'") from None
 
     from ..data.tokenizer_files import resolve_tokenizer
+    from ..models import load_pretrained
     from .app import ServerSettings, create_app
-    from .remote import load_for_serving, model_view
+    from .remote import model_view
 
     if args.name is not None and ("@" in args.name or not args.name.strip()):
         raise ConfigError(f"--name {args.name!r}: a model name cannot contain '@' (model ids are NAME@TIER)")
@@ -106,8 +107,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,
                               max_connections_per_client=args.max_connections_per_client,
                               body_timeout_s=args.timeout, stall_timeout_s=args.timeout)
-    app = create_app(model, settings, load=functools.partial(load_for_serving, args.checkpoint, args.tokenizer,
-                                                             device=device, dtype=dtype))
+    app = create_app(model, settings, load=functools.partial(load_pretrained, args.checkpoint, device=device,
+                                                             dtype=dtype))
     try:
         try:
             app.state.engine.start()

@@ -80,8 +80,7 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
     try:
         model = load()
         tokens = _Tokens()
-        tok = model.tokenizer if model.tokenizer is not None else resolve_tokenizer(model)
-        engine = Engine(model, stall_timeout=math.inf, metrics=tokens, tokenizer=tok, **kw)
+        engine = Engine(model, stall_timeout=math.inf, metrics=tokens, **kw)   # kw: the HTTP side's tokenizer
     except Exception as e:
         events.send(("failed", f"{type(e).__name__}: {e}"))
         return
@@ -135,35 +134,27 @@ def model_view(path: str) -> Any:
     return model
 
 
-def load_for_serving(path: str, tokenizer: str | None = None, **load_kw: Any) -> Any:
-    """``load_pretrained(path, **load_kw)`` with the tokenizer ``resolve_tokenizer`` gives for ``tokenizer`` (the
-    saved one by default; bytes for a model saved without one): the engine process's loader of ``serve``."""
-    from ..data.tokenizer_files import resolve_tokenizer
-    from ..models import load_pretrained
-
-    model = load_pretrained(path, **load_kw)
-    model.tokenizer = resolve_tokenizer(model, tokenizer)
-    return model
-
-
 class RemoteEngine:
     """``Engine``'s interface to the HTTP app, its decode loop in a child process (see the module docstring).
 
     ``load``: a picklable callable that builds the model in the child (e.g. ``functools.partial(load_pretrained,
     path, device=..., dtype=...)``); ``model``: the HTTP side's view of it (its config, tier table and tokenizer;
-    a meta-device model will do). The other arguments, and ``engine_options`` (``max_prefill``,
-    ``prefill_wait_ms``, ...), are ``Engine``'s (``pool_factory`` must be picklable).
+    a meta-device model will do). ``tokenizer``: the one both processes use (default ``resolve_tokenizer(model)``:
+    the view's, bytes when it has none), sent to the engine process. The other arguments, and
+    ``engine_options`` (``max_prefill``, ``prefill_wait_ms``, ...), are ``Engine``'s (``pool_factory`` must be
+    picklable).
     """
 
     def __init__(self, load: Callable[[], Any], model, tiers: list[str], slots: int = 8, max_queue: int = 64,
                  stall_timeout: float = 30.0, eos: int | None = None, metrics=None, pool_factory=None,
-                 start_timeout: float = 1800.0, **engine_options: Any) -> None:
+                 start_timeout: float = 1800.0, tokenizer=None, **engine_options: Any) -> None:
         inspect.signature(Engine).bind_partial(**engine_options)   # in this process: an unknown name or a bad
         if "prefill_wait_ms" in engine_options:                   # value fails before the child starts
             check_prefill_wait(engine_options["prefill_wait_ms"])
         self.model, self.tiers, self.slots, self.max_queue = model, list(tiers), slots, max_queue
         self.stall_timeout, self.metrics, self.start_timeout = stall_timeout, metrics, start_timeout
         kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, "eos": eos,
+                              "tokenizer": tokenizer if tokenizer is not None else resolve_tokenizer(model),
                               **engine_options}
         if pool_factory is not None:
             kw["pool_factory"] = pool_factory

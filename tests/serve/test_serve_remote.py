@@ -17,7 +17,7 @@ from elastic_ssm.bench.serve import IdTokenizer, StubPool
 from elastic_ssm.data.tokenizer_files import resolve_tokenizer
 from elastic_ssm.models import load_pretrained
 from elastic_ssm.serve.engine import Busy, Engine, Request
-from elastic_ssm.serve.remote import RemoteEngine, load_for_serving, model_view
+from elastic_ssm.serve.remote import RemoteEngine, model_view
 
 
 @pytest.fixture(scope="module")
@@ -84,18 +84,19 @@ def test_remote_engine_serves_cancels_and_bounds_its_queue(model_dir):
 
 def test_a_model_saved_without_a_tokenizer_is_served_with_bytes(tmp_path):
     """As ``generate`` and ``eval`` do (``resolve_tokenizer``): a byte-vocabulary model saved from Python without
-    a tokenizer is served with the byte tokenizer on both sides of the process boundary; ``--tokenizer`` names
-    another one only for a model saved without one, and must match a saved one."""
+    a tokenizer is served with the byte tokenizer, which the HTTP side resolves once and sends to the engine
+    process (its own load has none); ``--tokenizer`` names another one only for a model saved without one, and
+    must match a saved one."""
     torch.manual_seed(0)
     bare = es.ESSH(es.ESSHConfig.preset("tiny")).eval()
     bare.save_pretrained(tmp_path / "bare")
     view = model_view(str(tmp_path / "bare"))
     assert view.tokenizer is None and view.tokenizer_record is None
     view.tokenizer = resolve_tokenizer(view, None)
-    assert view.tokenizer.spec == "bytes"
-    loaded = load_for_serving(str(tmp_path / "bare"))
-    assert loaded.tokenizer.spec == "bytes" and loaded.tokenizer.encode("ab") == [97, 98]
-    eng = RemoteEngine(functools.partial(load_for_serving, str(tmp_path / "bare"), None), view, ["T4"], slots=1)
+    assert view.tokenizer.spec == "bytes" and view.tokenizer.encode("ab") == [97, 98]
+    loaded = load_pretrained(str(tmp_path / "bare"))
+    assert loaded.tokenizer is None
+    eng = RemoteEngine(functools.partial(load_pretrained, str(tmp_path / "bare")), view, ["T4"], slots=1)
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -110,7 +111,7 @@ def test_a_model_saved_without_a_tokenizer_is_served_with_bytes(tmp_path):
     finally:
         eng.shutdown()
     ref = loaded.generate(torch.tensor([list(b"def f(")]), max_new_tokens=5, tier="T4")
-    assert kinds[-1] == "done" and text == loaded.tokenizer.decode(ref[0, 6:].tolist())
+    assert kinds[-1] == "done" and text == view.tokenizer.decode(ref[0, 6:].tolist())
 
 
 def test_a_failed_load_is_one_clear_error(model_dir, tmp_path):
