@@ -82,6 +82,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+WARMUP_FACTOR = 5.0
+
+
 def logged_rate(records: list[dict[str, Any]]) -> float:
     """Tokens/s of a run from its logged steps, time-weighted: each record is one step (the same tokens per step)
     at ``tokens_per_s``, so the rate is their tokens over their seconds (the harmonic mean of the records). A
@@ -89,6 +92,21 @@ def logged_rate(records: list[dict[str, Any]]) -> float:
     capacity mixing's small tiers)."""
     n = len(records)
     return n / sum(1.0 / max(r["tokens_per_s"], 1e-9) for r in records)
+
+
+def split_warmup(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(steady, warm-up) records of a run's logged steps. The first step (start-up) and every step slower than
+    ``WARMUP_FACTOR`` x the median step of the rest are warm-up: one-time costs such as fla autotuning a shape it
+    meets for the first time (40-260 s for one step of the calibration of 2026-12-01, whose time-weighted rate they
+    cut from ~175k to 37k tok/s) or a first compile. Budget dropout's and capacity mixing's cost spread (about 2.5 x
+    between their smallest and full steps) stays inside the steady rate."""
+    if len(records) < 2:
+        return list(records), []
+    rest = records[1:]
+    median = sorted(1.0 / max(r["tokens_per_s"], 1e-9) for r in rest)[len(rest) // 2]
+    is_slow = [1.0 / max(r["tokens_per_s"], 1e-9) > WARMUP_FACTOR * median for r in rest]
+    return ([r for r, slow in zip(rest, is_slow) if not slow],
+            [records[0], *(r for r, slow in zip(rest, is_slow) if slow)])
 
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
@@ -106,8 +124,12 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         stages = {r.get("stage") for r in train}
         out["tokens"] = sum(max(r["tokens"] for r in train if r.get("stage") == s) for s in stages)
         out["steps"] = {s: max(r["step"] for r in train if r.get("stage") == s) for s in stages}
-        out["tokens_per_s"] = logged_rate(train[1:] or train[:1])
+        steady, warmup = split_warmup(train)
+        out["tokens_per_s"] = logged_rate(steady or train)
         out["steady_s"] = out["tokens"] / out["tokens_per_s"]
+        per_step = out["tokens"] / max(sum(out["steps"].values()), 1)
+        out["warmup_steps"] = [r["step"] for r in warmup]
+        out["warmup_s"] = round(sum(per_step / max(r["tokens_per_s"], 1e-9) for r in warmup), 1)
     calls = [c for c in read_jsonl(run_dir / "calls.jsonl") if c.get("step", "").endswith(("-train", "-recover"))]
     start = max((i for i, c in enumerate(calls) if c.get("fresh")), default=0)
     attempt = calls[start:]
@@ -164,6 +186,7 @@ def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, A
             per_step = s["tokens"] / max(sum(s["steps"].values()), 1)
             startup = max(s["wall_s"] - s["steady_s"], 0.0)
             out[n] = {"tokens_per_s": s["tokens_per_s"], "startup_s": round(startup, 1),
+                      "warmup_s": s.get("warmup_s"), "warmup_steps": s.get("warmup_steps"),
                       "tokens_per_step": per_step,
                       "steps_that_fit": int(max(CALL_TRAIN_S - startup, 0) * s["tokens_per_s"] / per_step)}
         return {"call_train_s": CALL_TRAIN_S, "settings": out}

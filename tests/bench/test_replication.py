@@ -221,16 +221,37 @@ def _has_matplotlib():
 
 
 def test_run_rate_is_tokens_over_seconds_when_step_costs_vary(tmp_path):
-    """A budget-dropout run: logged steps of 1M tok/s (small K) and 0.2M tok/s (full K). The run's rate is its
+    """A budget-dropout run: logged steps of 0.5M tok/s (small K) and 0.2M tok/s (full K). The run's rate is its
     tokens over its seconds, not the median of the records (which the calibration of 2026-12-01 took: 5.7 x too
     fast for the ES-SSM); the first record (start-up) is left out."""
     run = tmp_path / "essm-bd"
     run.mkdir()
-    rates = [50_000.0, 1e6, 1e6, 1e6, 2e5, 2e5]
+    rates = [50_000.0, 5e5, 5e5, 5e5, 2e5, 2e5]
     (run / "metrics.jsonl").write_text("".join(
         json.dumps({"kind": "train", "stage": "pretrain", "step": 10 * (i + 1), "tokens": 65536 * 10 * (i + 1),
                     "tokens_per_s": r}) + "\n" for i, r in enumerate(rates)))
     s = run_summary(run)
     seconds = sum(1 / r for r in rates[1:])                  # per token of a step, each record one step
-    assert s["tokens_per_s"] == pytest.approx(5 / seconds) and s["tokens_per_s"] == pytest.approx(3.8462e5, rel=1e-4)
+    assert s["tokens_per_s"] == pytest.approx(5 / seconds) and s["tokens_per_s"] == pytest.approx(3.125e5, rel=1e-4)
     assert s["steady_s"] == pytest.approx(65536 * 60 / s["tokens_per_s"])
+
+
+def test_one_time_warmup_steps_leave_the_steady_rate_and_go_to_startup(tmp_path):
+    """The calibration of 2026-12-01: fla autotuned a new shape inside steps 1 and 8 of the ESSH probe (263 s and
+    40 s against ~0.4 s), which took its time-weighted rate to 37k tok/s. Such steps (> WARMUP_FACTOR x the median)
+    are warm-up: out of the rate, into the start-up; a 2.5 x spread of step costs (capacity mixing) stays in."""
+    run = tmp_path / "calib-essh"
+    run.mkdir()
+    rates = [250.0, 2e5, 1.6e6, 2e5, 2e5, 65536 / 40.0, 8e4, 2e5, 2e5]
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"kind": "train", "stage": "pretrain", "step": i + 1, "tokens": 65536 * (i + 1),
+                    "tokens_per_s": r}) + "\n" for i, r in enumerate(rates)))
+    (run / "calls.jsonl").write_text(json.dumps({"step": "calib-essh-train", "fresh": True, "wall_s": 330.0}) + "\n")
+    s = run_summary(run)
+    steady = [r for i, r in enumerate(rates) if i not in (0, 5)]
+    assert s["warmup_steps"] == [1, 6]
+    assert s["tokens_per_s"] == pytest.approx(len(steady) / sum(1 / r for r in steady))
+    assert s["warmup_s"] == pytest.approx(65536 / 250.0 + 40.0, abs=0.1)
+    calib = collect_claim(0, tmp_path, ["calib-essh"])["summary"]["settings"]["calib-essh"]
+    assert calib["startup_s"] == pytest.approx(330.0 - 9 * 65536 / s["tokens_per_s"], abs=0.1)
+    assert calib["startup_s"] > s["warmup_s"] > 300
