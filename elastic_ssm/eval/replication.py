@@ -10,12 +10,14 @@ commit of every call). A run without its results is listed under ``missing``, ne
   specialists (one tier each; the dense control's full tier is the T10 specialist: same shape, recipe, tokens
   and seed), the dense control truncated and truncated + recovered, and MatFormer's tiers (claim 5);
 * claim 2 (ES-SSM Sec. 4.2): bpb at every evaluated budget K with and without budget dropout;
-* claim 3 (ESSH Tables 21-23): MQAR accuracy per tier of the last validation, hybrid and mixer-only;
+* claim 3 (ESSH Tables 21-23): MQAR accuracy per tier of the last validation (and its step), hybrid and
+  mixer-only; a run is ``missing`` until it has validated at its last step, and ``summary.progress`` says how
+  far each is (its runs span many calls);
 * claim 4: the ESSH rows of claim 1 plus the capacity fractions, each marked ``trained_shape`` (its
   ``(K, n_ff)`` is one that training sampled: ``mixing.capacities`` or ``refine.capacities``) and a summary:
   monotone in parameters or not, and the largest rise of bpb between neighbours;
-* claim 5: wall seconds (the train calls of the last attempt, from a fresh start), tokens, time-weighted tokens/s
-  and full-model bpb of each run; the shared run against the sum of the specialists'.
+* claim 5: wall seconds (the train calls of the last attempt, from a fresh start), tokens, steady tokens/s (warm-up
+  steps left out, ``split_warmup``) and full-model bpb of each run; the shared run against the sum of the specialists'.
 
 ``corpus`` is the data line of the runs' training logs (files, bytes, split, and the manifest digest of the
 ``pysrc`` corpus); ``same_corpus`` is False when the runs were trained on different corpora (another machine
@@ -164,7 +166,8 @@ def _rows(claim: int, name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
     base = {"run": name, "label": label, "role": role}
     if role == "recall":
         return [{**base, "tier": r["tier"], "K": r.get("K"), "n_ff": r.get("n_ff"),
-                 "params": s.get("parameters", {}).get("tiers", {}).get(r["tier"]), "accuracy": r.get("accuracy")}
+                 "params": s.get("parameters", {}).get("tiers", {}).get(r["tier"]), "accuracy": r.get("accuracy"),
+                 "step": r.get("step")}
                 for r in s.get("last_validation", [])]
     rows = [{**base, **{k: r.get(k) for k in ("tier", "xi", "K", "n_ff", "params", "bpb", "loss")}}
             for r in s.get("eval", [])]
@@ -208,7 +211,25 @@ def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, A
                              else None)
         return {"runs": cost, "specialists": each, "specialists_wall_s": total("wall_s"),
                 "specialists_steady_s": total("steady_s")}
+    if claim == 3:                  # how far each recall run is: its last validation's step of its train.steps
+        return {"progress": {n: {"validated_at": _validated_at(s), "of_steps": s.get("train", {}).get("steps")}
+                             for n, s in runs.items()}}
     return {}
+
+
+def _validated_at(s: dict[str, Any]) -> int | None:
+    return max((r.get("step", 0) for r in s.get("last_validation", [])), default=None)
+
+
+def _done(claim: int, name: str, s: dict[str, Any]) -> bool:
+    """Whether a run has its claim's results: an evaluation, or for a recall run (claim 3, whose numbers are
+    its training's own validations) a validation at its last step; a run cut between calls is not done."""
+    if claim == 0:
+        return bool(s.get("tokens"))
+    if ROLES.get(name, ("", ""))[1] == "recall":
+        at, steps = _validated_at(s), s.get("train", {}).get("steps")
+        return at is not None and steps is not None and at >= steps
+    return bool(s.get("eval") or s.get("last_validation"))
 
 
 def collect_claim(claim: int, root: str | Path, runs: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -218,8 +239,7 @@ def collect_claim(claim: int, root: str | Path, runs: tuple[str, ...] | list[str
     rows = [r for n in runs for r in _rows(claim, n, summaries[n])]
     if claim == 4:
         rows = [r for r in rows if r["role"] == "elastic"]
-    done = lambda n, s: bool(s.get("eval") or s.get("last_validation") or (claim == 0 and s.get("tokens")))   # noqa: E731
-    missing = [n for n, s in summaries.items() if not done(n, s)]
+    missing = [n for n, s in summaries.items() if not _done(claim, n, s)]
     corpora = {}                        # the data line of each run's last training call (pysrc: files, bytes)
     for n in runs:
         for log in sorted((root / n / "logs").glob("*train*.log")) if (root / n / "logs").is_dir() else []:

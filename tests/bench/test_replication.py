@@ -255,3 +255,28 @@ def test_one_time_warmup_steps_leave_the_steady_rate_and_go_to_startup(tmp_path)
     calib = collect_claim(0, tmp_path, ["calib-essh"])["summary"]["settings"]["calib-essh"]
     assert calib["startup_s"] == pytest.approx(330.0 - 9 * 65536 / s["tokens_per_s"], abs=0.1)
     assert calib["startup_s"] > s["warmup_s"] > 300
+
+
+def _mqar_run(root, name, validations, steps=20000):
+    """A recall run folder: run.yaml (train.steps) and the validations of its training at the given steps."""
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "run.yaml").write_text(f"model: {{arch: essh}}\ntrain: {{recipe: capacity_mixed, steps: {steps}}}\n")
+    lines = [{"kind": "eval", "stage": "pretrain", "step": step, "tier": tier, "K": k, "n_ff": ff, "accuracy": acc}
+             for step, acc in validations for tier, k, ff, acc in
+             (("T1", 8, 192, acc - 0.02), ("T4", 18, 256, acc - 0.01), ("T10", 32, 512, acc))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_claim3_reads_the_last_validation_and_a_cut_run_stays_missing(tmp_path):
+    """MQAR runs span many device calls: each call's report shows the last validation's accuracy with its step,
+    and a run counts as done only once it has validated at its last step."""
+    _mqar_run(tmp_path, "mqar-hybrid", [(1000, 0.30), (2000, 0.95)], steps=2000)
+    _mqar_run(tmp_path, "mqar-mixer", [(1000, 0.02), (5000, 0.03)])
+    res = collect_claim(3, tmp_path, ["mqar-hybrid", "mqar-mixer"])
+    assert res["missing"] == ["mqar-mixer"]
+    rows = {(r["run"], r["tier"]): r for r in res["rows"]}
+    assert rows["mqar-hybrid", "T10"]["accuracy"] == pytest.approx(0.95) and rows["mqar-hybrid", "T1"]["step"] == 2000
+    assert rows["mqar-mixer", "T4"]["accuracy"] == pytest.approx(0.02) and rows["mqar-mixer", "T4"]["step"] == 5000
+    assert res["summary"]["progress"] == {"mqar-hybrid": {"validated_at": 2000, "of_steps": 2000},
+                                          "mqar-mixer": {"validated_at": 5000, "of_steps": 20000}}

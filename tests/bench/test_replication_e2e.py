@@ -47,7 +47,7 @@ def _suite(tmp_path):
                      outputs=["{run}/eval.csv"])]
 
     entries = [{"name": "restore", "kind": "replication_state", "action": "restore", "root": root,
-                "carry": str(tmp_path / "carry")}]
+                "carry": str(tmp_path / "carry"), "records": ""}]      # not the repository's records
     entries += arm("essh", "essh", ",".join(f"T{i}" for i in range(1, 11)) + ",0.3,0.7")
     entries += arm("dense", "dense")[:2]
     entries.append(step("dense-recover", "dense-rec", ["recover", "{root}/dense/final", "--protocol", "refine",
