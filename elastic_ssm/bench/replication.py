@@ -18,6 +18,9 @@ under one state folder, ``root`` (default ``runs/replication``, one sub-folder p
                        seconds, whether a checkpoint existed at the start, device, commit) to
                        ``<run>/calls.jsonl``; with ``once`` a step that ran to completion in an earlier call
                        is skipped although its outputs (model weights) did not travel (the calibration probes).
+                       With ``concurrent`` the command starts and the suite goes on at once (a thread supervises
+                       it), so two small runs share the GPU; the next ``replication_report`` or
+                       ``replication_state`` entry first waits for every such step (``wait_concurrent``).
 ``replication_state``  ``action: restore`` unpacks the state carried from the last call (``carry`` folder) into
                        ``root`` unless the machine still holds that generation or a newer one, then adds the
                        committed records (``records``, below) of runs the state lacks; ``action: pack``
@@ -51,6 +54,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +62,8 @@ from pathlib import Path
 from ..config import ConfigBase, ConfigError, opt
 
 __all__ = ["ReplicationStepOptions", "ReplicationStateOptions", "ReplicationReportOptions", "run_step",
-           "run_state", "run_report", "pack_state", "restore_state", "pack_records", "seed_records", "STATE_NAME",
-           "RECORDS_NAME", "RECORD_FILES"]
+           "wait_concurrent", "run_state", "run_report", "pack_state", "restore_state", "pack_records", "seed_records",
+           "STATE_NAME", "RECORDS_NAME", "RECORD_FILES"]
 
 STATE_NAME = "replication-state"
 RECORDS_NAME = "replication-records.tgz"
@@ -124,6 +128,8 @@ class ReplicationStepOptions(ConfigBase):
     timeout_s: float = opt(0.0, "stop the command after this many seconds (0: the suite's remaining budget)")
     grace_s: float = opt(45.0, "SIGTERM this long before the stop, SIGKILL at the stop (time for a checkpoint)")
     reserve_s: float = opt(25.0, "stop this long before the suite's budget ends (the pack entry runs after it)")
+    concurrent: bool = opt(False, "start the command and go on to the next entries at once; the next report or "
+                                  "pack entry waits for it (two small runs sharing one GPU: claim 3's MQAR arms)")
 
     def validate(self) -> None:
         if not self.args:
@@ -177,9 +183,42 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
         return [{**row, "state": "deferred"}]
     stop_at = time.monotonic() + min(opts.timeout_s or float("inf"), left)
     cmd = [sys.executable if a == "python" else _fill(a, root, opts.run) for a in opts.args + opts.extra_args]
-    t0 = time.monotonic()
     env = ctx.child_env()
     env.setdefault("TRITON_CACHE_DIR", str((root / TRITON_DIR).resolve()))   # autotuning carried (pack_state)
+    launch = lambda: _execute(opts, ctx, row, cmd, env, stop_at, fresh)     # noqa: E731
+    if not opts.concurrent:
+        return [launch()]
+    started = {**row, "state": "started"}
+    thread = threading.Thread(target=lambda: started.update(launch()), name=ctx.name, daemon=True)
+    thread.start()
+    _CONCURRENT.append(thread)
+    ctx.log(f"  {ctx.name}: started alongside the next entries (the next report or pack entry waits for it)")
+    return [started]
+
+
+#: concurrent steps started by this process and not yet waited for (``wait_concurrent``)
+_CONCURRENT: list[threading.Thread] = []
+
+
+def wait_concurrent(log=None) -> int:
+    """Wait for every concurrent step started so far; each ends by its own SIGTERM/SIGKILL deadline, so this
+    returns before the suite's budget. The report and pack entries call it first. Returns how many it waited for."""
+    n = 0
+    while _CONCURRENT:
+        thread = _CONCURRENT.pop(0)
+        if log and thread.is_alive():
+            log(f"  waiting for {thread.name}")
+        thread.join()
+        n += 1
+    return n
+
+
+def _execute(opts: ReplicationStepOptions, ctx, row: dict, cmd: list[str], env: dict, stop_at: float,
+             fresh: bool) -> dict:
+    """Run one step's command under ``_supervise`` and record the call in ``<run>/calls.jsonl``."""
+    root = Path(opts.root)
+    run_dir = root / opts.run if opts.run else root
+    t0 = time.monotonic()
     rc, termed = _supervise(cmd, env, run_dir / "logs" / f"{ctx.name}.log", stop_at, opts.grace_s)
     wall = round(time.monotonic() - t0, 1)
     complete = not opts.outputs or _all_exist(opts.outputs, root, opts.run)
@@ -191,7 +230,7 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
         f.write(json.dumps(rec) + "\n")
     tail = (run_dir / "logs" / f"{ctx.name}.log").read_text(errors="replace").strip().splitlines()[-1:]
     ctx.log(f"  {ctx.name}: {state} in {wall} s{': ' + tail[0][-200:] if tail and state != 'ran' else ''}")
-    return [rec]
+    return rec
 
 
 # ---- carrying the state between calls ---------------------------------------------------------------------
@@ -256,13 +295,19 @@ def pack_state(root: str | Path, dest: str | Path, max_mib: float = 44.0, part_m
     generation = json.loads(state_file.read_text())["generation"] + 1 if state_file.is_file() else 1
     files = _light_files(root)
     budget = int(max_mib * 2**20) - sum(f.stat().st_size for f in files)
-    kept = []
-    for ckpt in _newest_checkpoints(root):
+    kept, left_out = [], []
+    # the most recently written first: the runs this call advanced, not an old probe's leftover (mtimes survive
+    # the tar round trip of restore_state)
+    newest_first = sorted(_newest_checkpoints(root), key=lambda c: (c / "COMPLETE.json").stat().st_mtime,
+                          reverse=True)
+    for ckpt in newest_first:
         size = _size(ckpt)
         if size <= budget:                    # weights compress little: count them at full size
             kept.append(str(ckpt.relative_to(root)))
             budget -= size
             files += [f for f in sorted(ckpt.rglob("*")) if f.is_file()]
+        else:
+            left_out.append(str(ckpt.relative_to(root)))
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for f in files:
@@ -277,8 +322,8 @@ def pack_state(root: str | Path, dest: str | Path, max_mib: float = 44.0, part_m
         (dest / name).write_bytes(blob[i:i + part])
         parts.append({"name": name, "sha256": hashlib.sha256(blob[i:i + part]).hexdigest()})
     meta = {"generation": generation, "parts": parts, "bytes": len(blob), "files": len(files),
-            "checkpoints": kept, "runs": sorted(d.name for d in root.iterdir() if d.is_dir()),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "checkpoints": kept, "checkpoints_left_out": left_out,
+            "runs": sorted(d.name for d in root.iterdir() if d.is_dir()), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     state_file.write_text(json.dumps({"generation": generation}) + "\n")
     (dest / f"{STATE_NAME}.json").write_text(json.dumps(meta, indent=1) + "\n")
     return meta
@@ -354,6 +399,7 @@ def restore_state(carry: str | Path, root: str | Path) -> str:
 
 
 def run_state(opts: ReplicationStateOptions, ctx) -> list[dict]:
+    wait_concurrent(ctx.log)
     if opts.action == "restore":
         what = restore_state(opts.carry, opts.root)
         seeded = seed_records(opts.records, opts.root) if opts.records else []
@@ -373,6 +419,9 @@ def run_state(opts: ReplicationStateOptions, ctx) -> list[dict]:
     ctx.log(f"  packed generation {meta['generation']} into {dest}: {meta['files']} files, {meta['bytes']:,} bytes "
             f"in {len(meta['parts'])} part(s), checkpoints {meta['checkpoints']}; records: {records['files']} files, "
             f"{records['bytes']:,} bytes ({RECORDS_NAME}: unpack into docs/results/records/ and commit)")
+    if meta["checkpoints_left_out"]:
+        ctx.log(f"  WARNING: over max_mib={opts.max_mib:g}, these checkpoints stay behind and their runs start over: "
+                f"{meta['checkpoints_left_out']}")
     return [{"action": "pack", "dest": dest, **{k: meta[k] for k in ("generation", "files", "bytes", "checkpoints")}}]
 
 
@@ -395,6 +444,7 @@ class ReplicationReportOptions(ConfigBase):
 def run_report(opts: ReplicationReportOptions, ctx) -> list[dict]:
     from ..eval.replication import collect_claim, plot_claim
 
+    wait_concurrent(ctx.log)
     res = collect_claim(opts.claim, opts.root, opts.runs)
     out = Path(opts.root) / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 travels between calls in parts and comes back only when newer; a claim's JSON lists what is missing."""
 
 import json
+import os
 import sys
 import time
 
@@ -17,6 +18,7 @@ from elastic_ssm.bench.replication import (
     run_report,
     run_state,
     run_step,
+    wait_concurrent,
 )
 from elastic_ssm.bench.suite import EntryContext
 from elastic_ssm.config import ConfigError
@@ -280,3 +282,54 @@ def test_claim3_reads_the_last_validation_and_a_cut_run_stays_missing(tmp_path):
     assert rows["mqar-mixer", "T4"]["accuracy"] == pytest.approx(0.02) and rows["mqar-mixer", "T4"]["step"] == 5000
     assert res["summary"]["progress"] == {"mqar-hybrid": {"validated_at": 2000, "of_steps": 2000},
                                           "mqar-mixer": {"validated_at": 5000, "of_steps": 20000}}
+
+
+def test_pack_keeps_the_most_recently_written_checkpoints_when_not_all_fit(tmp_path):
+    """An old probe's checkpoint (calib-mqar, cut at step 88) must not push out the checkpoint of the run the call
+    just advanced, although its name sorts first; what stays behind is listed."""
+    root = tmp_path / "state"
+    old = _fake_run(root, "calib-mqar", final=False, ckpt_bytes=3 * 2**20)
+    _fake_run(root, "mqar-hybrid", final=False, ckpt_bytes=3 * 2**20)
+    stamp = (old / "pretrain" / "step_0000002" / "COMPLETE.json")
+    os.utime(stamp, (stamp.stat().st_atime - 3600, stamp.stat().st_mtime - 3600))
+    meta = pack_state(root, tmp_path / "out", max_mib=5)
+    assert meta["checkpoints"] == ["mqar-hybrid/pretrain/step_0000002"]
+    assert meta["checkpoints_left_out"] == ["calib-mqar/pretrain/step_0000002"]
+
+
+def test_concurrent_steps_run_together_and_pack_waits_for_them(tmp_path):
+    """Claim 3's two MQAR arms share one GPU: each concurrent step starts and the suite goes on at once; both
+    commands run at the same time (each waits to see the other's file), and the pack entry waits for both before
+    it packs, so their checkpoints and calls are in the state. A concurrent step near the budget still gets its
+    SIGTERM."""
+    code = ("import pathlib, sys, time\n"
+            "me, other = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])\n"
+            "me.parent.mkdir(parents=True, exist_ok=True); me.write_text('up')\n"
+            "t = time.monotonic()\n"
+            "while not other.exists():\n"
+            "    time.sleep(0.05)\n"
+            "    if time.monotonic() - t > 20: sys.exit(7)\n"
+            "time.sleep(1); (me.parent / 'final').mkdir()\n")
+    state = tmp_path / "state"
+
+    def arm(run, other):
+        return ReplicationStepOptions(args=("python", "-c", code, "{run}/up", f"{{root}}/{other}/up"), run=run,
+                                      root=str(state), outputs=("{run}/final",), concurrent=True)
+
+    rows = [run_step(arm("a", "b"), _ctx(tmp_path, "a-train"))[0],
+            run_step(arm("b", "a"), _ctx(tmp_path, "b-train"))[0]]
+    assert [r["state"] for r in rows] == ["started", "started"]
+    logs = []
+    ctx = EntryContext(name="pack", out_dir=tmp_path / "bench" / "pack", log=logs.append)
+    run_state(ReplicationStateOptions(action="pack", root=str(state), dest=str(tmp_path / "out")), ctx)
+    assert [r["state"] for r in rows] == ["ran", "ran"] and all(r["rc"] == 0 for r in rows)   # updated in place
+    for run in ("a", "b"):
+        calls = [json.loads(x) for x in (state / run / "calls.jsonl").read_text().splitlines()]
+        assert [c["state"] for c in calls] == ["ran"]
+    assert wait_concurrent() == 0                                  # nothing left running
+    slow = ReplicationStepOptions(args=("python", "-c", "import time; time.sleep(60)"), run="c", root=str(state),
+                                  concurrent=True, grace_s=2, reserve_s=0)
+    t = time.monotonic()
+    row = run_step(slow, _ctx(tmp_path, "c-train", budget=4))[0]
+    assert row["state"] == "started" and wait_concurrent() == 1 and time.monotonic() - t < 15
+    assert row["state"] == "stopped"
