@@ -189,7 +189,15 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
     if not opts.concurrent:
         return [launch()]
     started = {**row, "state": "started"}
-    thread = threading.Thread(target=lambda: started.update(launch()), name=ctx.name, daemon=True)
+
+    def supervised() -> None:
+        try:
+            started.update(launch())
+        except Exception as err:  # recorded in the row, never lost in a thread
+            started.update(state=f"error: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}")
+            ctx.log(f"  {ctx.name}: {started['state']}")
+
+    thread = threading.Thread(target=supervised, name=ctx.name, daemon=True)
     thread.start()
     _CONCURRENT.append(thread)
     ctx.log(f"  {ctx.name}: started alongside the next entries (the next report or pack entry waits for it)")

@@ -333,3 +333,7 @@ def test_concurrent_steps_run_together_and_pack_waits_for_them(tmp_path):
     row = run_step(slow, _ctx(tmp_path, "c-train", budget=4))[0]
     assert row["state"] == "started" and wait_concurrent() == 1 and time.monotonic() - t < 15
     assert row["state"] == "stopped"
+    broken = ReplicationStepOptions(args=(str(tmp_path / "no-such-program"),), run="d", root=str(state),
+                                    concurrent=True)
+    row = run_step(broken, _ctx(tmp_path, "d-train"))[0]
+    assert wait_concurrent() == 1 and row["state"].startswith("error: FileNotFoundError")   # in the row, not lost
