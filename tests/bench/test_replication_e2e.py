@@ -5,6 +5,7 @@ carried state on a fresh root and finishes, the third skips everything."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -109,3 +110,45 @@ def test_claim1_suite_runs_resumes_and_skips(tmp_path, monkeypatch):
     out3, states = _call(path, tmp_path, monkeypatch, 3, root2)         # warm machine, nothing left to do
     assert {s for n, s in states.items() if n.endswith(("-train", "-eval", "-recover"))} == {"skipped"}
     assert json.loads((out3 / "claim1.json").read_text())["rows"] == res["rows"]
+
+
+SHRINK = ["--train.device", "cpu", "--train.precision", "fp32", "--train.steps", "6", "--train.micro_batch_size", "2",
+          "--train.grad_accum", "2", "--train.seq_len", "64", "--train.eval.every", "3", "--train.eval.batches", "1",
+          "--train.checkpoint.every", "2", "--train.log_every", "1", "--model.d_model", "32", "--model.d_ff", "64",
+          "--model.n_channels", "8", "--model.head_dim", "16", "--model.filter_length", "256",
+          "--data.source", "synthetic:mqar:num_pairs=4"]
+
+
+def test_claim3_suite_runs_both_arms_together_across_calls(tmp_path, monkeypatch):
+    """The claim-3 suite itself (configs/bench/replication-claim3.yaml: both MQAR arms `concurrent`), shrunk to a
+    CPU toy through extra_args: the first call is cut after 3 of 6 steps (`--stop-after` stands for the budget)
+    and both arms' checkpoints travel in one state; the next call, on a fresh root, resumes both and the claim
+    is complete."""
+    monkeypatch.setenv("ELASTIC_SSM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])             # the suite names configs/replication/...
+
+    def call(n, root, carry, stop=()):
+        flags = [f"{arm}.extra_args=[{', '.join(repr(a) for a in SHRINK + list(stop))}]"
+                 for arm in ("mqar-hybrid-train", "mqar-mixer-train")]
+        sets = [x for f in [f"root={root}", f"carry={carry}", "records=''", *flags] for x in ("--bench.set", f)]
+        return _call(Path("replication-claim3"), tmp_path, monkeypatch, n, root, *sets)
+
+    out1, states = call(1, tmp_path / "state1", tmp_path / "none", ["--stop-after", "3"])
+    assert states["mqar-hybrid-train"] == states["mqar-mixer-train"] == "incomplete"
+    meta = json.loads((out1 / "replication-state.json").read_text())
+    assert sorted(meta["checkpoints"]) == ["mqar-hybrid/pretrain/step_0000003", "mqar-mixer/pretrain/step_0000003"]
+    first = json.loads((out1 / "claim3.json").read_text())
+    assert first["missing"] == ["mqar-hybrid", "mqar-mixer"]            # validated at step 3 of 6: not done
+    assert first["summary"]["progress"]["mqar-mixer"] == {"validated_at": 3, "of_steps": 6}
+
+    root2 = tmp_path / "state2"
+    out2, states = call(2, root2, out1)
+    assert states["restore"].startswith("restored generation 1")
+    assert states["mqar-hybrid-train"] == states["mqar-mixer-train"] == "ran"
+    for arm in ("mqar-hybrid", "mqar-mixer"):
+        calls = [json.loads(x) for x in (root2 / arm / "calls.jsonl").read_text().splitlines()]
+        assert [c["fresh"] for c in calls] == [True, False]            # the second call resumed
+    res = json.loads((out2 / "claim3.json").read_text())
+    assert res["missing"] == [] and {r["step"] for r in res["rows"]} == {6}
+    assert {(r["run"], r["tier"]) for r in res["rows"]} == {(a, t) for a in ("mqar-hybrid", "mqar-mixer")
+                                                            for t in ("T1", "T4", "T10")}
