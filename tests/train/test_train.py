@@ -10,7 +10,9 @@ import socket
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import finish_rank
 
 import elastic_ssm as es
 from elastic_ssm.config import ConfigError
@@ -373,12 +375,20 @@ def _ddp_worker(rank, world, port, out_dir, result_path):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    cfg = _cfg(out_dir, steps=3, grad_accum=1, mixing=dict(full_share=0.5))
-    data = lambda r, w: es.data.PackedBatches(_tokens(), L, B, rank=r, world_size=w)
-    res = train(es.ESSHConfig.preset("tiny"), data, cfg, progress=False)
-    if rank == 0:
-        torch.save({"loss": [h["loss"] for h in res.history], "caps": [h["capacities"] for h in res.history],
-                    "state": res.model.state_dict()}, result_path)
+    dist.init_process_group("gloo", rank=rank, world_size=world)   # ours: train() then leaves it standing
+    try:
+        cfg = _cfg(out_dir, steps=3, grad_accum=1, mixing=dict(full_share=0.5))
+        data = lambda r, w: es.data.PackedBatches(_tokens(), L, B, rank=r, world_size=w)  # noqa: E731
+        res = train(es.ESSHConfig.preset("tiny"), data, cfg, progress=False)
+        if rank == 0:
+            torch.save({"loss": [h["loss"] for h in res.history], "caps": [h["capacities"] for h in res.history],
+                        "state": res.model.state_dict()}, result_path)
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    # a barrier, then exit without gloo's teardown (tests/gloo_ranks.py): once in three CI runs on 2026-12-01 rank
+    # 1 of this test aborted there ("terminate called without an active exception") after a complete run
+    finish_rank()
 
 
 def test_ddp_gloo_matches_single_process(tiny_cfg, tmp_path):
