@@ -131,9 +131,9 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         steady, warmup = split_warmup(train)
         out["tokens_per_s"] = logged_rate(steady or train)
         out["steady_s"] = out["tokens"] / out["tokens_per_s"]
-        per_step = out["tokens"] / max(sum(out["steps"].values()), 1)
+        out["tokens_per_step"] = out["tokens"] / max(sum(out["steps"].values()), 1)
         out["warmup_steps"] = [r["step"] for r in warmup]
-        out["warmup_s"] = round(sum(per_step / max(r["tokens_per_s"], 1e-9) for r in warmup), 1)
+        out["warmup_s"] = round(sum(out["tokens_per_step"] / max(r["tokens_per_s"], 1e-9) for r in warmup), 1)
     calls = [c for c in read_jsonl(run_dir / "calls.jsonl") if c.get("step", "").endswith(("-train", "-recover"))]
     start = max((i for i, c in enumerate(calls) if c.get("fresh")), default=0)
     attempt = calls[start:]
@@ -188,12 +188,11 @@ def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, A
         for n, s in runs.items():
             if not (s.get("wall_s") and s.get("tokens")):
                 continue
-            per_step = s["tokens"] / max(sum(s["steps"].values()), 1)
             startup = max(s["wall_s"] - s["steady_s"], 0.0)
             out[n] = {"tokens_per_s": s["tokens_per_s"], "startup_s": round(startup, 1),
-                      "warmup_s": s.get("warmup_s"), "warmup_steps": s.get("warmup_steps"),
-                      "tokens_per_step": per_step,
-                      "steps_that_fit": int(max(CALL_TRAIN_S - startup, 0) * s["tokens_per_s"] / per_step)}
+                      "warmup_s": s["warmup_s"], "warmup_steps": s["warmup_steps"],
+                      "tokens_per_step": s["tokens_per_step"],
+                      "steps_that_fit": int(max(CALL_TRAIN_S - startup, 0) * s["tokens_per_s"] / s["tokens_per_step"])}
         return {"call_train_s": CALL_TRAIN_S, "settings": out}
     if claim == 4:
         pts = sorted((r["params"], r["bpb"], r["tier"]) for r in rows if r["bpb"] is not None)

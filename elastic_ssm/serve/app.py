@@ -164,7 +164,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     a failed load early; the lifespan starts it otherwise and always stops it). Without ``load`` the engine is a
     thread of this process. ``pool_factory``: internal, the bench's CPU proxy (``Engine``'s)."""
     metrics = Metrics()
-    tok = model.tokenizer if model.tokenizer is not None else resolve_tokenizer(model)   # bytes when none saved
+    tok = resolve_tokenizer(model)                   # the saved one; bytes for a model saved without one
     eos = model.config.eos_token_id if model.config.eos_token_id >= 0 else None
     chat = ChatTemplate.from_model(model)
     state: dict = {}
