@@ -17,7 +17,9 @@ commit of every call). A run without its results is listed under ``missing``, ne
   ``(K, n_ff)`` is one that training sampled: ``mixing.capacities`` or ``refine.capacities``) and a summary:
   monotone in parameters or not, and the largest rise of bpb between neighbours;
 * claim 5: wall seconds (the train calls of the last attempt, from a fresh start), tokens, steady tokens/s (warm-up
-  steps left out, ``split_warmup``) and full-model bpb of each run; the shared run against the sum of the specialists'.
+  steps left out, ``split_warmup``) and full-model bpb of each run; the shared run against the sum of the specialists'
+  (``wall_ratio``), and ``at_sizes``: at each specialist's size (matched by parameter count) its bpb beside the
+  shared run's tier, the recovered dense control's and MatFormer's.
 
 ``corpus`` is the data line of the runs' training logs (files, bytes, split, and the manifest digest of the
 ``pysrc`` corpus); ``same_corpus`` is False when the runs were trained on different corpora (another machine
@@ -210,12 +212,36 @@ def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, A
         each = [n for n in runs if ROLES.get(n, ("", ""))[1] in ("specialist", "truncated")]
         total = lambda key: (sum(cost[n][key] for n in each) if each and all(cost[n][key] for n in each)   # noqa: E731
                              else None)
+        shared = next((n for n in runs if ROLES.get(n, ("", ""))[1] == "elastic"), None)
+        shared_wall = cost[shared]["wall_s"] if shared else None
         return {"runs": cost, "specialists": each, "specialists_wall_s": total("wall_s"),
-                "specialists_steady_s": total("steady_s")}
+                "specialists_steady_s": total("steady_s"), "shared": shared, "shared_wall_s": shared_wall,
+                "wall_ratio": (total("wall_s") / shared_wall) if total("wall_s") and shared_wall else None,
+                "at_sizes": _quality_at_sizes(rows, cost)}
     if claim == 3:                  # how far each recall run is: its last validation's step of its train.steps
         return {"progress": {n: {"validated_at": _validated_at(s), "of_steps": s.get("train", {}).get("steps")}
                              for n, s in runs.items()}}
     return {}
+
+
+def _quality_at_sizes(rows: list[dict[str, Any]], cost: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Claim 5's quality at each size a specialist was trained for: the shared run's tier of the same parameter
+    count, that specialist (the dense control's full model is the T10 one), the dense control truncated +
+    recovered and MatFormer at the same tier name, in bits per byte, with the specialist's wall seconds."""
+    by_role = lambda role: [r for r in rows if r["role"] == role and r.get("bpb") is not None]   # noqa: E731
+    own = {r["params"]: r for r in by_role("specialist")}
+    own.update({r["params"]: r for r in by_role("truncated") if r.get("xi") in (1, 1.0)})
+    same_tier = lambda role, tier: next((r["bpb"] for r in by_role(role) if r["tier"] == tier), None)   # noqa: E731
+    out = []
+    for r in by_role("elastic"):
+        spec = own.get(r["params"])
+        if spec is None:
+            continue
+        out.append({"tier": r["tier"], "params": r["params"], "shared_bpb": r["bpb"], "specialist": spec["run"],
+                    "specialist_bpb": spec["bpb"], "specialist_wall_s": cost.get(spec["run"], {}).get("wall_s"),
+                    "recovered_bpb": same_tier("recovered", r["tier"]),
+                    "matformer_bpb": same_tier("matformer", r["tier"])})
+    return out
 
 
 def _validated_at(s: dict[str, Any]) -> int | None:
@@ -267,7 +293,11 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
     rows, claim = res["rows"], res["claim"]
     if not rows and claim not in (0, 5):
         return "no results yet"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if claim == 5:
+        fig, (ax, quality) = plt.subplots(1, 2, figsize=(12, 4.5))
+        _plot_quality_at_sizes(quality, res["summary"].get("at_sizes", []))
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
     if claim in (1, 4):
         styles = {"elastic": "o-", "truncated": "x--", "recovered": "s-.", "specialist": "*", "matformer": "^:"}
         for run in dict.fromkeys(r["run"] for r in rows):
@@ -298,12 +328,12 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
         ax.set_xlabel("tier")
         ax.set_ylabel("MQAR accuracy")
         ax.set_ylim(0, 1.05)
+    elif claim == 5:
+        _plot_cost(ax, res["summary"])
     else:
-        cost = res["summary"].get("runs", {}) if claim == 5 else {n: s for n, s in res["runs"].items()}
-        names = [n for n in cost if cost[n].get("wall_s") or cost[n].get("tokens_per_s")]
-        key = "wall_s" if claim == 5 else "tokens_per_s"
-        ax.bar(names, [cost[n].get(key) or 0 for n in names])
-        ax.set_ylabel("wall seconds of the training calls" if claim == 5 else "tokens/s (time-weighted)")
+        names = [n for n, s in res["runs"].items() if s.get("tokens_per_s")]
+        ax.bar(names, [res["runs"][n]["tokens_per_s"] for n in names])
+        ax.set_ylabel("steady tokens/s (warm-up steps left out)")
     ax.set_title(f"#16 claim {claim}: {res['title']}" if claim else res["title"], fontsize=10)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
@@ -312,3 +342,43 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return ""
+
+
+def _plot_cost(ax: Any, summary: dict[str, Any]) -> None:
+    """Claim 5, left: wall seconds of training per way of getting the models, the specialists stacked."""
+    cost = summary.get("runs", {})
+    wall = lambda n: cost.get(n, {}).get("wall_s") or 0.0   # noqa: E731
+    by_role = lambda role: [n for n in cost if ROLES.get(n, ("", ""))[1] == role and wall(n)]   # noqa: E731
+    bars = [("one shared run\n(every tier)", by_role("elastic")),
+            ("a specialist\nper size", summary.get("specialists") or []),
+            ("dense control\n+ recovery", by_role("truncated") + by_role("recovered")),
+            ("MatFormer\n(every tier)", by_role("matformer"))]
+    bars = [(label, [n for n in names if wall(n)]) for label, names in bars if any(wall(n) for n in names)]
+    colour = {n: f"C{i}" for i, n in enumerate(cost)}          # a run keeps its colour in every bar
+    for i, (_, names) in enumerate(bars):
+        left = 0.0
+        for n in names:
+            ax.barh(i, wall(n), left=left, color=colour[n], edgecolor="white")
+            ax.text(left + wall(n) / 2, i, f"{n}\n{wall(n):.0f} s", ha="center", va="center", fontsize=7)
+            left += wall(n)
+    ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("wall seconds of the training calls (one H200)")
+
+
+def _plot_quality_at_sizes(ax: Any, sizes: list[dict[str, Any]]) -> None:
+    """Claim 5, right: bits per byte at each specialist's size, one group per size."""
+    series = [("shared_bpb", "shared run's tier"), ("specialist_bpb", "specialist"),
+              ("recovered_bpb", "dense truncated + recovered"), ("matformer_bpb", "MatFormer tier")]
+    width = 0.8 / len(series)
+    for j, (key, label) in enumerate(series):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i, r in enumerate(sizes) if r.get(key) is not None]
+        ys = [r[key] for r in sizes if r.get(key) is not None]
+        if ys:
+            ax.bar(xs, ys, width, label=label)
+    ax.set_xticks(range(len(sizes)), [f"{r['tier']} ({r['params'] / 1e6:.1f}M)" for r in sizes])
+    ax.set_ylabel("held-out bits per byte")
+    ax.set_title("quality at the specialists' sizes", fontsize=10)
+    if sizes:
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")

@@ -337,3 +337,37 @@ def test_concurrent_steps_run_together_and_pack_waits_for_them(tmp_path):
                                     concurrent=True)
     row = run_step(broken, _ctx(tmp_path, "d-train"))[0]
     assert wait_concurrent() == 1 and row["state"].startswith("error: FileNotFoundError")   # in the row, not lost
+
+
+def test_claim5_sets_each_specialist_beside_the_shared_tier_of_its_size(tmp_path):
+    """Claim 5 matches a specialist to the shared run's tier by parameter count (the dense control's full model is
+    the T10 specialist), sums the specialists' training seconds and divides by the shared run's."""
+    root = tmp_path / "state"
+
+    def run(name, rows, wall):
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "eval.csv").write_text("tier,xi,K,n_ff,params,bpb,loss\n" +
+                                    "".join(f"{t},{x},8,64,{p},{b},0.5\n" for t, x, p, b in rows))
+        (d / "calls.jsonl").write_text(json.dumps({"run": name, "step": f"{name}-train", "wall_s": wall,
+                                                   "fresh": True}) + "\n")
+
+    run("essh", [("T1", 0.0625, 700, 1.4), ("T4", 0.3125, 1800, 1.2), ("T10", 1.0, 4100, 1.1)], 300.0)
+    run("dense", [("T1", 0.0625, 700, 4.9), ("T10", 1.0, 4100, 1.15)], 200.0)
+    run("dense-rec", [("T1", 0.0625, 700, 2.9), ("T10", 1.0, 4100, 1.16)], 50.0)
+    run("spec-t1", [("T1", 1.0, 700, 1.25)], 100.0)
+    res = collect_claim(5, root, ["essh", "dense", "dense-rec", "spec-t1", "spec-t4"])
+    summary = res["summary"]
+    assert res["missing"] == ["spec-t4"]
+    assert summary["specialists_wall_s"] is None               # spec-t4 has not run: no sum is guessed
+    assert [(s["tier"], s["specialist"], s["specialist_bpb"], s["shared_bpb"], s["recovered_bpb"])
+            for s in summary["at_sizes"]] == [("T1", "spec-t1", 1.25, 1.4, 2.9), ("T10", "dense", 1.15, 1.1, 1.16)]
+    run("spec-t4", [("T1", 1.0, 1800, 1.15)], 150.0)
+    summary = collect_claim(5, root, ["essh", "dense", "dense-rec", "spec-t1", "spec-t4"])["summary"]
+    assert summary["specialists_wall_s"] == pytest.approx(450.0) and summary["wall_ratio"] == pytest.approx(1.5)
+    assert [s["tier"] for s in summary["at_sizes"]] == ["T1", "T4", "T10"]
+    if _has_matplotlib():
+        from elastic_ssm.eval.replication import plot_claim
+        assert plot_claim(collect_claim(5, root, ["essh", "dense", "dense-rec", "spec-t1", "spec-t4"]),
+                          tmp_path / "claim5.png") == ""
+        assert (tmp_path / "claim5.png").stat().st_size > 0
