@@ -115,6 +115,19 @@ def split_warmup(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
             [records[0], *(r for r, slow in zip(rest, is_slow) if slow)])
 
 
+def _count_parameters(model: dict[str, Any]) -> dict[str, Any]:
+    """The full and per-tier parameter counts of a run's resolved ``model`` section (``parameter_report``); empty
+    when the section does not describe a model this version can build."""
+    from ..config import ConfigError, model_config_from_dict
+    from ..elastic.matching import parameter_report
+
+    try:
+        rep = parameter_report(model_config_from_dict(dict(model)))
+    except (ConfigError, TypeError, ValueError):
+        return {}
+    return {k: rep[k] for k in ("arch", "params", "tiers")}
+
+
 def run_summary(run_dir: Path) -> dict[str, Any]:
     """What one run folder says: config, parameters, tokens, tokens/s, wall seconds, device and commit."""
     out: dict[str, Any] = {"present": run_dir.is_dir()}
@@ -124,10 +137,12 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         out["train"] = rec.get("train", {})
     if (run_dir / "parameters.json").is_file():
         out["parameters"] = json.loads((run_dir / "parameters.json").read_text())
+    elif out.get("model"):          # a run cut between calls has no parameters.json yet: count from its run.yaml
+        out["parameters"] = _count_parameters(out["model"])
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     train = [r for r in metrics if r.get("kind") == "train"]
     if train:
-        stages = {r.get("stage") for r in train}
+        stages = list(dict.fromkeys(r.get("stage") for r in train))     # in training order: stable JSON
         out["tokens"] = sum(max(r["tokens"] for r in train if r.get("stage") == s) for s in stages)
         out["steps"] = {s: max(r["step"] for r in train if r.get("stage") == s) for s in stages}
         steady, warmup = split_warmup(train)

@@ -5,8 +5,10 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from elastic_ssm.bench.replication import (
     ReplicationReportOptions,
@@ -23,6 +25,8 @@ from elastic_ssm.bench.replication import (
 from elastic_ssm.bench.suite import EntryContext
 from elastic_ssm.config import ConfigError
 from elastic_ssm.eval.replication import collect_claim, run_summary
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _ctx(tmp_path, name="step", budget=None):
@@ -259,11 +263,11 @@ def test_one_time_warmup_steps_leave_the_steady_rate_and_go_to_startup(tmp_path)
     assert calib["startup_s"] > s["warmup_s"] > 300
 
 
-def _mqar_run(root, name, validations, steps=20000):
-    """A recall run folder: run.yaml (train.steps) and the validations of its training at the given steps."""
+def _mqar_run(root, name, validations, steps=20000, model="{arch: essh}"):
+    """A recall run folder: run.yaml (model, train.steps) and the validations of its training at the given steps."""
     run = root / name
     run.mkdir(parents=True)
-    (run / "run.yaml").write_text(f"model: {{arch: essh}}\ntrain: {{recipe: capacity_mixed, steps: {steps}}}\n")
+    (run / "run.yaml").write_text(f"model: {model}\ntrain: {{recipe: capacity_mixed, steps: {steps}}}\n")
     lines = [{"kind": "eval", "stage": "pretrain", "step": step, "tier": tier, "K": k, "n_ff": ff, "accuracy": acc}
              for step, acc in validations for tier, k, ff, acc in
              (("T1", 8, 192, acc - 0.02), ("T4", 18, 256, acc - 0.01), ("T10", 32, 512, acc))]
@@ -274,8 +278,11 @@ def test_claim3_reads_the_last_validation_and_a_cut_run_stays_missing(tmp_path):
     """MQAR runs span many device calls: each call's report shows the last validation's accuracy with its step,
     and a run counts as done only once it has validated at its last step."""
     _mqar_run(tmp_path, "mqar-hybrid", [(1000, 0.30), (2000, 0.95)], steps=2000)
-    _mqar_run(tmp_path, "mqar-mixer", [(1000, 0.02), (5000, 0.03)])
+    _mqar_run(tmp_path, "mqar-mixer", [(1000, 0.02), (5000, 0.03)],
+              model=yaml.safe_load((REPO / "configs/replication/mqar-mixer.yaml").read_text())["model"])
     res = collect_claim(3, tmp_path, ["mqar-hybrid", "mqar-mixer"])
+    # a cut run has no parameters.json yet: its counts come from run.yaml's model (Table 21: 1.25 / 1.53 / 2.04M)
+    assert [round(r["params"] / 1e6, 2) for r in res["rows"] if r["run"] == "mqar-mixer"] == [1.25, 1.53, 2.04]
     assert res["missing"] == ["mqar-mixer"]
     rows = {(r["run"], r["tier"]): r for r in res["rows"]}
     assert rows["mqar-hybrid", "T10"]["accuracy"] == pytest.approx(0.95) and rows["mqar-hybrid", "T1"]["step"] == 2000
