@@ -287,6 +287,10 @@ def bench_command(given: dict) -> dict:
                     out_dir=cfg.out_dir, docs=cfg.docs)
     if "out" in given and cfg.out:
         report.write_json(cfg.out, res)
+    if res.get("stopped_by"):
+        stop = res["stopped_by"]
+        raise ConfigError(f"bench suite {suite.name} stopped: its required entry {stop['entry']} failed "
+                          f"({stop['state']}); the entries after it did not run (tables in {cfg.out_dir})")
     return res
 
 

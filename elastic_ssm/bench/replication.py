@@ -386,24 +386,30 @@ def restore_state(carry: str | Path, root: str | Path) -> str:
     meta_file = carry / f"{STATE_NAME}.json"
     if not meta_file.is_file():
         return f"nothing carried ({meta_file} absent): a first call"
-    meta = json.loads(meta_file.read_text())
+    fix = f"copy every file of the last call's $OUT into {carry}"
+    try:
+        meta = json.loads(meta_file.read_text())
+        parts, generation = list(meta["parts"]), int(meta["generation"])
+        names = [(p["name"], p["sha256"]) for p in parts]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"carried state {meta_file} is not a state written by pack ({type(err).__name__}: "
+                          f"{err}); {fix}") from None
     here = root / f"{STATE_NAME}.json"
     have = json.loads(here.read_text())["generation"] if here.is_file() else 0
-    if have >= meta["generation"]:
+    if have >= generation:
         return f"kept the machine's state (generation {have} >= carried {meta['generation']})"
     blob = b""
-    for p in meta["parts"]:
-        data = (carry / p["name"]).read_bytes() if (carry / p["name"]).is_file() else b""
-        if hashlib.sha256(data).hexdigest() != p["sha256"]:
-            raise ConfigError(f"carried state part {carry / p['name']} is missing or differs from "
-                              f"{meta_file}; copy every file of the last call's $OUT into {carry}")
+    for name, digest in names:
+        data = (carry / name).read_bytes() if (carry / name).is_file() else b""
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ConfigError(f"carried state part {carry / name} is missing or differs from {meta_file}; {fix}")
         blob += data
     root.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
         kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tar.extractall(root, **kw)
-    here.write_text(json.dumps({"generation": meta["generation"]}) + "\n")
-    return f"restored generation {meta['generation']}: {meta['files']} files, checkpoints {meta['checkpoints']}"
+    here.write_text(json.dumps({"generation": generation}) + "\n")
+    return f"restored generation {generation}: {meta.get('files')} files, checkpoints {meta.get('checkpoints')}"
 
 
 def run_state(opts: ReplicationStateOptions, ctx) -> list[dict]:

@@ -15,7 +15,9 @@ A suite file::
       - {name: scan-check, kind: tests, optional: true, args: [-m, gpu, tests/ops/test_spectral_scan_gpu.py]}
 
 ``env`` (a mapping) sets environment variables for one entry (its child processes, or around an
-in-process entry); ``optional: true`` entries run only when ``--bench.only`` names them. ``load_suite``
+in-process entry); ``optional: true`` entries run only when ``--bench.only`` names them; when a ``required:
+true`` entry fails, the entries after it are skipped (a replication suite's restore: training on without the
+carried state would pack a new state over it). ``load_suite``
 validates everything (unknown keys, options, targets) with one-line errors before anything runs;
 ``run_suite`` runs the entries in order, each into ``OUT_DIR/<entry>/``, and returns the results (also
 ``OUT_DIR/<suite>.json`` and the markdown section ``OUT_DIR/<suite>.md``, appended to ``docs`` if given).
@@ -44,7 +46,7 @@ __all__ = ["Entry", "Suite", "EntryContext", "suite_dirs", "find_suite", "list_s
            "apply_overrides", "select", "run_suite"]
 
 _SUITE_KEYS = {"description", "budget_s", "gpus", "entries"}
-_ENTRY_KEYS = {"name", "kind", "target", "targets", "env", "optional"}
+_ENTRY_KEYS = {"name", "kind", "target", "targets", "env", "optional", "required"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -58,6 +60,7 @@ class Entry:
     targets: list[Target] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     optional: bool = False
+    required: bool = False
 
 
 @dataclass(kw_only=True)
@@ -115,9 +118,10 @@ def _entry(raw: Any, i: int, where: str) -> Entry:
     env = raw.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
         raise ConfigError(f"{here}: env must map variable names to values, got {env!r}")
-    optional = raw.get("optional", False)
-    if not isinstance(optional, bool):
-        raise ConfigError(f"{here}: optional must be true or false, got {optional!r}")
+    optional, required = raw.get("optional", False), raw.get("required", False)
+    for key, value in (("optional", optional), ("required", required)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{here}: {key} must be true or false, got {value!r}")
     spec = raw.get("target", raw.get("targets"))
     targets = parse_targets(spec, here) if spec is not None else []
     options = {k: v for k, v in raw.items() if k not in _ENTRY_KEYS}
@@ -126,7 +130,7 @@ def _entry(raw: Any, i: int, where: str) -> Entry:
     except (ConfigError, TypeError, ValueError) as e:
         raise ConfigError(f"{here}: {e}") from None
     return Entry(name=name, kind=kind, options=opts, targets=targets, env={k: str(v) for k, v in env.items()},
-                 optional=optional)
+                 optional=optional, required=required)
 
 
 def load_suite(name_or_path: str | Path) -> Suite:
@@ -256,8 +260,10 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
               out_dir: str | Path = "bench_out", docs: str = "", log: Callable[[str], None] | None = None) -> dict:
     """Run the selected entries of ``suite`` in order within ``budget_s`` (None: the suite's ``budget_s``;
     0: no limit): an entry that would start after the budget is skipped and listed as skipped, an entry that
-    raises is recorded with its error and the run goes on. Returns ``{"env", "suite", "budget_s", "entries":
-    [{"name", "kind", "state", "seconds", "rows", "targets"}], "targets", "skipped"}``, written to
+    raises is recorded with its error and the run goes on, unless it is ``required``: then the entries after it
+    are skipped and listed as skipped. Returns ``{"env", "suite", "budget_s", "entries":
+    [{"name", "kind", "state", "seconds", "rows", "targets"}], "targets", "skipped", "stopped_by"}`` (the
+    failed required entry and its state, or None), written to
     ``out_dir/<suite>.json`` after every entry; the tables go to ``out_dir/<suite>.md`` and, with ``docs``,
     are appended to that file (docs/benchmarks.md). ``log`` receives every line (default: printed and kept in
     ``out_dir/<suite>.log``)."""
@@ -276,14 +282,20 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
     log = log or RunLog(out / f"{suite.name}.log")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     res: dict = {"env": report.environment(dev), "suite": suite.name, "path": str(suite.path),
-                 "description": suite.description, "budget_s": budget, "entries": [], "targets": [], "skipped": []}
+                 "description": suite.description, "budget_s": budget, "entries": [], "targets": [], "skipped": [],
+                 "stopped_by": None}
     log(f"bench suite {suite.name} on {res['env']['device']}: {len(entries)} entries, "
         f"budget {f'{budget:.0f} s' if budget else 'none'}, output {out}")
     t0 = time.monotonic()
     deadline = t0 + budget if budget else None
+    failed = ""                                     # the required entry that failed: the rest are skipped
     for e in entries:
         rec: dict = {"name": e.name, "kind": e.kind, "options": e.options.to_dict(), "env": e.env, "rows": []}
-        if deadline is not None and time.monotonic() >= deadline:
+        if failed:
+            rec["state"] = f"skipped: required entry {failed} failed"
+            res["skipped"].append(e.name)
+            log(f"== {e.name}: {rec['state']}")
+        elif deadline is not None and time.monotonic() >= deadline:
             rec["state"] = "skipped: time budget"
             res["skipped"].append(e.name)
             log(f"== {e.name}: skipped (time budget)")
@@ -296,9 +308,12 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
                     rec["rows"] = list(kind_runner(e.kind)(e.options, ctx))
                 rec["state"] = "ran"
             except Exception as err:  # one failing entry must not lose the others
-                traceback.print_exc()
+                if not isinstance(err, ConfigError):        # a ConfigError's one line says it all
+                    traceback.print_exc()
                 msg = str(err).splitlines()[0][:300] if str(err) else ""
                 rec["state"] = f"error: {type(err).__name__}: {msg}"
+                failed = e.name if e.required else ""
+                res["stopped_by"] = {"entry": e.name, "state": rec["state"]} if failed else None
             rec["seconds"] = round(time.monotonic() - t, 1)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

@@ -335,6 +335,34 @@ entries:
     assert [e["state"] for e in res["entries"]] == ["ran", "ran"]
 
 
+def test_a_failed_required_entry_skips_the_rest_and_the_cli_says_so(tmp_path, capsys):
+    """A replication suite's restore is ``required``: training on without the carried state would pack a new state
+    that replaces it. A failing ordinary entry lets the rest run; a failing required one stops the suite."""
+    text = """
+entries:
+  - {name: soft, kind: command, args: [python, -c, "raise SystemExit(3)"]}
+  - {name: hard, kind: replication_state, action: restore, carry: CARRY, root: ROOT, required: true}
+  - {name: after, kind: command, args: [python, -c, "open('AFTER', 'w')"]}
+"""
+    for word, where in (("CARRY", "carry"), ("ROOT", "root"), ("AFTER", "x")):
+        text = text.replace(word, str(tmp_path / where))
+    path = _suite(tmp_path, text)
+    (tmp_path / "carry").mkdir()
+    (tmp_path / "carry" / "replication-state.json").write_text("garbage{")
+    res = run_suite(load_suite(path), out_dir=tmp_path / "out", log=lambda s: None)
+    states = {e["name"]: e["state"] for e in res["entries"]}
+    assert states["soft"] == "ran" and states["after"] == "skipped: required entry hard failed"
+    assert states["hard"].startswith("error: ConfigError: carried state") and "not a state written by pack" in states[
+        "hard"]
+    assert res["stopped_by"]["entry"] == "hard" and res["skipped"] == ["after"]
+    assert not (tmp_path / "x").exists()
+    assert cli_main(["bench", "--bench.suite", str(path), "--bench.out_dir", str(tmp_path / "out3")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stopped: its required entry hard failed" in err[0], err
+    with pytest.raises(Exception, match="required must be true or false"):
+        load_suite(_suite(tmp_path, "entries:\n  - {name: a, kind: bench, required: yes please}"))
+
+
 def test_overrides_and_entry_selection(tmp_path):
     suite = apply_overrides(load_suite("train-2gpu"), ("combos.steps=4", "timeout_s=99"), {"nproc": 3})
     e = {x.name: x.options for x in suite.entries}
