@@ -8,7 +8,8 @@ commit of every call). A run without its results is listed under ``missing``, ne
 
 * claim 1 (ESSH Tables 8, 10, 33, 43): bpb and parameters of every tier of the capacity-mixed ESSH, the
   specialists (one tier each; the dense control's full tier is the T10 specialist: same shape, recipe, tokens
-  and seed), the dense control truncated and truncated + recovered, and MatFormer's tiers (claim 5);
+  and seed), the dense control truncated and truncated + recovered, MatFormer's tiers (claim 5) and the dense
+  Transformer++ of MatFormer's backbone (one point: the architecture's gap without the nesting, Table 10);
 * claim 2 (ES-SSM Sec. 4.2): bpb at every evaluated budget K with and without budget dropout;
 * claim 3 (ESSH Tables 21-23): MQAR accuracy per tier of the last validation (and its step), hybrid and
   mixer-only; a run is ``missing`` until it has validated at its last step, and ``summary.progress`` says how
@@ -46,6 +47,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "spec-t1": ("specialist T1 from scratch", "specialist"),
     "spec-t4": ("specialist T4 from scratch", "specialist"),
     "matformer": ("MatFormer (FFN-only nesting)", "matformer"),
+    "transformer": ("Transformer++ dense (MatFormer's backbone)", "baseline"),
     "essm-bd": ("ES-SSM with budget dropout", "budgets"),
     "essm-full": ("ES-SSM full budget only", "budgets"),
     "mqar-hybrid": ("ESSH hybrid", "recall"),
@@ -314,7 +316,8 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
     else:
         fig, ax = plt.subplots(figsize=(7, 4.5))
     if claim in (1, 4):
-        styles = {"elastic": "o-", "truncated": "x--", "recovered": "s-.", "specialist": "*", "matformer": "^:"}
+        styles = {"elastic": "o-", "truncated": "x--", "recovered": "s-.", "specialist": "*", "matformer": "^:",
+                  "baseline": "D"}
         for run in dict.fromkeys(r["run"] for r in rows):
             pts = sorted(((r["params"], r["bpb"], r) for r in rows if r["run"] == run and r["bpb"] is not None),
                          key=lambda p: p[:2])
@@ -322,7 +325,7 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
                 continue
             style = styles.get(pts[0][2]["role"], "o-")
             ax.plot([p / 1e6 for p, _, _ in pts], [b for _, b, _ in pts], style, label=pts[0][2]["label"],
-                    markersize=10 if style == "*" else 5)
+                    markersize={"*": 10, "D": 7}.get(style, 5))
             if claim == 4:
                 new = [(p, b) for p, b, r in pts if r.get("trained_shape") is False]
                 ax.scatter([p / 1e6 for p, _ in new], [b for _, b in new], s=80, facecolors="none", edgecolors="red",
@@ -367,7 +370,8 @@ def _plot_cost(ax: Any, summary: dict[str, Any]) -> None:
     bars = [("one shared run\n(every tier)", by_role("elastic")),
             ("a specialist\nper size", summary.get("specialists") or []),
             ("dense control\n+ recovery", by_role("truncated") + by_role("recovered")),
-            ("MatFormer\n(every tier)", by_role("matformer"))]
+            ("MatFormer\n(every tier)", by_role("matformer")),
+            ("Transformer++\n(one size)", by_role("baseline"))]
     bars = [(label, [n for n in names if wall(n)]) for label, names in bars if any(wall(n) for n in names)]
     colour = {n: f"C{i}" for i, n in enumerate(cost)}          # a run keeps its colour in every bar
     for i, (_, names) in enumerate(bars):

@@ -10,7 +10,7 @@ from elastic_ssm.config import RunConfig
 from elastic_ssm.elastic.matching import parameter_report
 
 ROOT = Path(__file__).resolve().parents[2]
-CLAIMS = {"lm": ["essh", "dense", "spec-t1", "spec-t4", "matformer"], "es_ssm": ["essm-bd", "essm-full"],
+CLAIMS = {"lm": ["essh", "dense", "spec-t1", "spec-t4", "matformer", "transformer"], "es_ssm": ["essm-bd", "essm-full"],
           "mqar": ["mqar-hybrid", "mqar-mixer"]}
 
 
@@ -28,8 +28,8 @@ def test_arms_share_tokens_schedule_and_seed(claim):
     runs = [_run(n) for n in CLAIMS[claim]]
     same = [({**r.train.to_dict(), "recipe": None}, r.data.to_dict()) for r in runs]
     assert all(s == same[0] for s in same)
-    want = {"lm": ["capacity_mixed", "dense", "dense", "dense", "nested_ffn"], "es_ssm": ["budget_dropout", "dense"],
-            "mqar": ["auto", "auto"]}[claim]
+    want = {"lm": ["capacity_mixed", "dense", "dense", "dense", "nested_ffn", "dense"],
+            "es_ssm": ["budget_dropout", "dense"], "mqar": ["auto", "auto"]}[claim]
     assert [r.train.recipe for r in runs] == want
     if claim == "mqar":                         # the same model but for the attention block
         a, b = (r.model.to_dict() for r in runs)
@@ -43,6 +43,8 @@ def test_lm_arms_are_matched_as_the_paper_matches_them():
     assert reports["spec-t1"]["params"] == reports["essh"]["tiers"]["T1"]          # Table 43: exact tier shape
     assert reports["spec-t4"]["params"] == reports["essh"]["tiers"]["T4"]
     assert reports["matformer"]["reference"]["holds"] and abs(reports["matformer"]["params"] / full - 1) < 0.02
+    assert reports["transformer"]["reference"]["holds"] and reports["transformer"]["params"] == reports["matformer"][
+        "params"]                                                                     # MatFormer's backbone, dense
     mqar = {n: parameter_report(_run(n).model)["tiers"] for n in CLAIMS["mqar"]}
     assert mqar["mqar-hybrid"]["T10"] < mqar["mqar-mixer"]["T10"]                   # Table 21: 1.81M vs 2.04M
 
