@@ -370,11 +370,15 @@ def test_claim5_sets_each_specialist_beside_the_shared_tier_of_its_size(tmp_path
     assert [(s["tier"], s["specialist"], s["specialist_bpb"], s["shared_bpb"], s["recovered_bpb"])
             for s in summary["at_sizes"]] == [("T1", "spec-t1", 1.25, 1.4, 2.9), ("T10", "dense", 1.15, 1.1, 1.16)]
     run("spec-t4", [("T1", 1.0, 1800, 1.15)], 150.0)
-    summary = collect_claim(5, root, ["essh", "dense", "dense-rec", "spec-t1", "spec-t4"])["summary"]
+    run("transformer", [("T1", 1.0, 4110, 1.5)], 90.0)       # one size, not a specialist of a tier: no sum, no size
+    names = ["essh", "dense", "dense-rec", "spec-t1", "spec-t4", "transformer"]
+    summary = collect_claim(5, root, names)["summary"]
     assert summary["specialists_wall_s"] == pytest.approx(450.0) and summary["wall_ratio"] == pytest.approx(1.5)
     assert [s["tier"] for s in summary["at_sizes"]] == ["T1", "T4", "T10"]
+    assert summary["runs"]["transformer"]["bpb_full"] == pytest.approx(1.5) and "transformer" not in summary[
+        "specialists"]
     if _has_matplotlib():
         from elastic_ssm.eval.replication import plot_claim
-        assert plot_claim(collect_claim(5, root, ["essh", "dense", "dense-rec", "spec-t1", "spec-t4"]),
-                          tmp_path / "claim5.png") == ""
+        assert plot_claim(collect_claim(5, root, names), tmp_path / "claim5.png") == ""
+        assert plot_claim(collect_claim(1, root, names), tmp_path / "claim1.png") == ""
         assert (tmp_path / "claim5.png").stat().st_size > 0
