@@ -118,7 +118,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _report(args: argparse.Namespace, text: str, every_rank: bool = False) -> None:
     """The error line on stderr. Under torchrun, a mistake in the command line or run file (the same on every
     rank) is said once, by rank 0; any other error by each rank that meets it, naming the rank."""
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    try:                                            # the reporter must not fail on the variable it reports
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    except ValueError:
+        world = 1
     if every_rank and world > 1:
         print(f"elastic-ssm {args.command} (rank {os.environ.get('RANK', '?')}): {text}", file=sys.stderr)
     elif is_rank_zero():

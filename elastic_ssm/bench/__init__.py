@@ -291,6 +291,12 @@ def bench_command(given: dict) -> dict:
         stop = res["stopped_by"]
         raise ConfigError(f"bench suite {suite.name} stopped: its required entry {stop['entry']} failed "
                           f"({stop['state']}); the entries after it did not run (tables in {cfg.out_dir})")
+    failed = [e for e in res["entries"] if str(e.get("state", "")).startswith("error")]
+    if failed:                      # every entry ran and its results are written; the exit code says some failed
+        first = failed[0]
+        raise ConfigError(f"bench suite {suite.name}: {len(failed)} of {len(res['entries'])} entries failed, first "
+                          f"{first['name']} ({first['state']}); the others' results and the tables are in "
+                          f"{cfg.out_dir}")
     return res
 
 

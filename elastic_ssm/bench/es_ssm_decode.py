@@ -112,6 +112,9 @@ def run_es_ssm_report(opts: EsSsmReportOptions, ctx) -> list[dict]:
         raise ConfigError("es_ssm_report: name the trained model, e.g. --bench.set model=runs/es-ssm-decode-cpu/final")
     torch.set_num_threads(opts.threads)
     model = load_pretrained(opts.model).eval()
+    if getattr(type(model.config), "arch", None) != "es_ssm":
+        raise ConfigError(f"es_ssm_report: {opts.model} is a {type(model).__name__} model, not an ES-SSM one; name an "
+                          "ES-SSM run's final model (e.g. runs/es-ssm-decode-cpu/final)")
     L = model.config.seq_len
     held = load_corpus("stdlib", "bytes", split="validation")
     batch = next(iter(evaluation_batches(held, L, opts.windows, 1)))[0]  # [N, L], spread over the split

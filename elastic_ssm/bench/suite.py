@@ -39,6 +39,7 @@ from typing import Any
 
 from ..config import ConfigBase, ConfigError
 from ..config.base import load_yaml, read_yaml_file
+from ..models.base import CheckpointError
 from .kinds import KINDS, kind_options, kind_runner
 from .targets import Target, evaluate_targets, parse_targets
 
@@ -308,7 +309,7 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
                     rec["rows"] = list(kind_runner(e.kind)(e.options, ctx))
                 rec["state"] = "ran"
             except Exception as err:  # one failing entry must not lose the others
-                if not isinstance(err, ConfigError):        # a ConfigError's one line says it all
+                if not isinstance(err, ConfigError | CheckpointError):   # a user's mistake: its one line says it all
                     traceback.print_exc()
                 msg = str(err).splitlines()[0][:300] if str(err) else ""
                 rec["state"] = f"error: {type(err).__name__}: {msg}"

@@ -36,6 +36,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..utils.devices import checked_device
+from ..utils.env import env_int
 
 __all__ = ["DistContext", "init_distributed", "all_reduce", "barrier", "wrap_ddp", "wrap_fsdp", "no_sync",
            "unwrap", "is_sharded", "full_tensor", "shard_like", "unsharded_copy"]
@@ -103,13 +104,16 @@ def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_
         return DistContext(device=_pick_device(device, 0))
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
-        local = int(os.environ.get("LOCAL_RANK", rank))
+        local = env_int("LOCAL_RANK", rank)
         return DistContext(rank, world, local, _pick_device(device, local), dist.get_backend(), False)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = env_int("WORLD_SIZE", 1)
     if world <= 1:
         return DistContext(device=_pick_device(device, 0))
-    rank = int(os.environ["RANK"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
+    if not os.environ.get("RANK", "").strip():
+        raise ConfigError(f"WORLD_SIZE={world} but RANK is not set; launch with torchrun (which sets both), or "
+                          "unset WORLD_SIZE for one process")
+    rank = env_int("RANK", 0)
+    local = env_int("LOCAL_RANK", rank)
     dev = _pick_device(device, local)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     kw = {"device_id": dev} if dev.type == "cuda" else {}

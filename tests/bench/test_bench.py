@@ -359,6 +359,11 @@ entries:
     assert cli_main(["bench", "--bench.suite", str(path), "--bench.out_dir", str(tmp_path / "out3")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "stopped: its required entry hard failed" in err[0], err
+    path = _suite(tmp_path, text.replace(", required: true", ""))     # not required: the rest runs, rc says it
+    assert cli_main(["bench", "--bench.suite", str(path), "--bench.out_dir", str(tmp_path / "out4")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "1 of 3 entries failed, first hard" in err[0], err
+    assert (tmp_path / "x").exists()
     with pytest.raises(Exception, match="required must be true or false"):
         load_suite(_suite(tmp_path, "entries:\n  - {name: a, kind: bench, required: yes please}"))
 
