@@ -140,6 +140,18 @@ def check_same_tokenizer(given: Tokenizer, saved: Tokenizer | dict[str, Any], wh
                          "leave --tokenizer out to use the saved one")
 
 
+def _why_not_loaded(record: dict[str, Any], where: str, directory: Any) -> str:
+    """Why a model's recorded tokenizer is absent: its files are missing from the model's folder, or the
+    ``tokenizers`` package that reads them is not installed."""
+    folder = Path(directory) if directory else None
+    if folder is not None and folder.is_dir() and not any((folder / f).is_file() for f in (META_FILE, TOKENIZER_FILE)):
+        return (f"the tokenizer recorded in {folder / 'config.json'} ({record.get('type')}, vocabulary "
+                f"{record.get('vocab_size')}) has no files in {folder} ({META_FILE}, {TOKENIZER_FILE}): copy them back "
+                "from where the model was saved, or pass --tokenizer with the tokenizer it was trained with")
+    return (f"the tokenizer saved with {where} could not be loaded (a {record.get('type')} tokenizer needs the "
+            "`tokenizers` package: pip install 'elastic-ssm[data]')")
+
+
 def resolve_tokenizer(model: Any, spec: Any = None) -> Tokenizer:
     """The tokenizer to use with ``model``: the saved one by default; ``spec`` must match it when given.
 
@@ -152,8 +164,7 @@ def resolve_tokenizer(model: Any, spec: Any = None) -> Tokenizer:
         if saved is not None:
             return saved
         if record is not None:
-            raise ValueError(f"the tokenizer saved with {where} could not be loaded (a {record.get('type')} "
-                             "tokenizer needs the `tokenizers` package: pip install 'elastic-ssm[data]')")
+            raise ValueError(_why_not_loaded(record, where, getattr(model, "name_or_path", None)))
         tok: Tokenizer = ByteTokenizer()
         if model.config.vocab_size != ByteTokenizer.vocab_size:
             warnings.warn(f"the model has no saved tokenizer and a {model.config.vocab_size}-entry vocabulary; "
