@@ -94,8 +94,9 @@ class ESSSMConfig(ModelConfig):
         return self.budget_tier(K) if K is not None and 1 <= K <= self.n_channels else None
 
     def tier_hint(self) -> str:
-        return (f"use None (full), a Tier, an int K in [1, {self.n_channels}] or 'K<k>'"
-                f" (trained budgets: {[t.name for t in self.tier_table()]})")
+        return (f"give a budget K in [1, {self.n_channels}] (8 or 'K8'; trained budgets: "
+                f"{[t.name for t in self.tier_table()]}) or the full model (None in Python, 'full' on the command "
+                "line)")
 
     def count_parameters(self, K: int) -> dict[str, int]:
         """Parameters at budget ``K`` by component: embedding, head, norms, gate, spectral, ffn."""

@@ -100,7 +100,8 @@ class ModelConfig(ConfigBase):
 
     def tier_hint(self) -> str:
         """What ``resolve_tier`` accepts, for its error message."""
-        return f"use None (full), a Tier, or one of {[t.name for t in self.tier_table()]}"
+        return (f"give one of {[t.name for t in self.tier_table()]} or the full model (None in Python, 'full' on the "
+                "command line)")
 
     def own_tier(self, tier: Tier) -> Tier:
         """This config's tier of the same name (what a ``Tier`` argument must equal)."""
