@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import os
 import sys
 from pathlib import Path
 
@@ -111,6 +110,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out)
     failed = 0
     with RunLock(out, owner="export", flag="--out"):   # one writer: two exports never interleave a tier's files
+        occupied = _occupied_tier_folders(out, names, args.overwrite)   # refused before any tier is exported
         announce_device("export check", device, next(model.parameters()).dtype)
         tolerance = 0.0 if device == "cpu" else 1e-4   # bitwise on CPU; GPU kernels may pick other reductions
         for name in names:
@@ -119,11 +119,63 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(res)
             if not res.ok:
                 failed += 1
-                print(f"  {name}: export check failed; not written")
+                print(f"  {name}: export check failed; not written" + (" (the folder keeps its old files)"
+                                                                       if name in occupied else ""))
                 continue
-            small.save_pretrained(out / name)
+            if name in occupied:
+                _replace_folder(out / name, small.save_pretrained)
+            else:
+                small.save_pretrained(out / name)
     print(f"wrote {len(names) - failed} standalone model(s) under {out}")
     return 1 if failed else 0
+
+
+def _occupied_tier_folders(out: Path, names: list[str], overwrite: bool) -> set[str]:
+    """The tiers whose folder under ``out`` already holds files (leftover temporary files of an interrupted write
+    aside). Without ``overwrite`` any such folder is a one-line ``ConfigError`` naming it: a saved model is never
+    replaced silently, not even by the same export (exports are not byte-reproducible: the weights file's header
+    order varies, so "the same model" cannot be told by its bytes)."""
+    from .utils.files import is_temp_name
+
+    occupied = set()
+    for name in names:
+        folder = out / name
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"--out {out}: {folder} is a file where tier {name}'s folder belongs; move it away or "
+                              "choose another --out")
+        held = sorted(p.name for p in folder.iterdir() if not is_temp_name(p.name)) if folder.is_dir() else []
+        if held:
+            occupied.add(name)
+            if not overwrite:
+                raise ConfigError(f"--out {out}: {folder} already holds files ({', '.join(held[:3])}"
+                                  f"{', ...' if len(held) > 3 else ''}); pass --overwrite to replace them, or "
+                                  "choose another --out")
+    return occupied
+
+
+def _replace_folder(folder: Path, write) -> None:
+    """``write(path)`` into a staging folder beside ``folder``, then swap it in: the old files stay whole until the
+    new ones are complete, and none of them is left beside the new model."""
+    import os
+    import shutil
+    import tempfile
+
+    from .utils.files import process_umask
+
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    os.chmod(staging, 0o777 & ~process_umask())    # mkdtemp's 0700 would hide the model from other users
+    old = staging.with_name(staging.name.replace(".tmp", ".old.tmp"))
+    try:
+        write(staging)
+        os.replace(folder, old)
+        try:
+            os.replace(staging, folder)
+        except BaseException:
+            os.replace(old, folder)           # put the old model back rather than leave no folder
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def cmd_lm_eval(args: argparse.Namespace) -> int:
@@ -191,6 +243,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .serve.cli import auto_tier
 
     check_sampling(args.temperature, args.top_k, args.top_p)   # before anything is printed or loaded
+    check_utf8_prompt(args)
+    names = tier_names(args.tier)          # the tier-list parser of every verb: " T4" is T4
+    if names is None or len(names) != 1:
+        what = "every tier" if names is None else "several tiers"
+        raise ConfigError(f"{spelled(args, 'tier')} {args.tier!r} names {what}; generate samples from one tier: give "
+                          "one ('full', T1..T10, 'auto'; ES-SSM: 8 or K8)")
+    args.tier = names[0]
     if args.tier.isdigit():  # an ES-SSM budget K
         args.tier = int(args.tier)
     device = resolve_device(args.device)
@@ -221,6 +280,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
                    streamer=stream, generator=g, do_sample=args.temperature > 0)
     sys.stdout.write("\n")
     return 0
+
+
+def check_utf8_prompt(args: argparse.Namespace) -> None:
+    """``--prompt`` must be text: bytes that are not UTF-8 reach Python as lone surrogates (PEP 383), which no
+    tokenizer can encode; a one-line ``ConfigError`` names the first such byte and the fix."""
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(args.prompt[e.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        raise ConfigError(f"{spelled(args, 'prompt')} is not valid UTF-8 text ({what} at character "
+                          f"{e.start}); give UTF-8 text, e.g. convert a file from its encoding with --prompt "
+                          '"$(iconv -f latin1 -t utf-8 FILE)" (generate has no prompt-file option)') from None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -345,7 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         args, extra = parser.parse_known_args(argv)
         if extra:         # argparse would say it for the whole program; name the command whose --help lists its flags
             parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
-    debug = args.debug or os.environ.get("ELASTIC_SSM_DEBUG", "") not in ("", "0")
+    from .config import ConfigError
+    from .utils.env import env_flag
+
+    try:
+        debug = args.debug or env_flag("ELASTIC_SSM_DEBUG")
+    except ConfigError as e:
+        print(f"elastic-ssm {args.command}: error: {e}", file=sys.stderr)
+        return 2
     if debug:
         return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
     import warnings

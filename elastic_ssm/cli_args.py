@@ -308,8 +308,10 @@ def announce_device(verb: str, device: str, dtype) -> None:
 
 # ---- tier lists and CSV output of the evaluating verbs ---------------------------------------------------
 def tier_names(spec: str) -> list[str] | None:
-    """``--tiers``: None for 'all' (the model's whole tier table), else the comma-separated names."""
-    return None if spec == "all" else spec.split(",")
+    """``--tiers``: None for 'all' (the model's whole tier table), else the comma-separated names, each stripped of
+    spaces (``"T1, T4"`` is ``["T1", "T4"]``). The one parser of every verb's tier list."""
+    spec = spec.strip()
+    return None if spec == "all" else [name.strip() for name in spec.split(",")]
 
 
 def checked_tiers(model, spec: str) -> list[str] | None:

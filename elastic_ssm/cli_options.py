@@ -122,6 +122,8 @@ class ExportOptions(ModelDirOptions, TiersOptions, DeviceOptions):
     tiers: str = flag("all", "'all' or comma-separated tier names to export (T1,T4 or K8)", aliases=("--tier",))
     out: str = flag(help="output folder; one sub-folder per tier", output="folder")
     check_len: int = flag(128, "tokens per sequence of the export check", minimum=1)
+    overwrite: bool = flag(False, "replace tier folders under --out that already hold files (refused otherwise, "
+                                  "even for the same model)")
 
 
 @dataclass(kw_only=True)
@@ -187,6 +189,7 @@ class PrepareOptions:
     split: str | None = flag(None, "train / validation split of the source (default: all)")
     text_field: str = flag("text", "JSONL/Parquet/HF text field")
     max_tokens: int = flag(0, "stop after this many tokens (0: all)", minimum=0)
+    overwrite: bool = flag(False, "replace an existing OUT (and its .json sidecar); refused otherwise")
 
 
 @dataclass(kw_only=True)
@@ -195,6 +198,7 @@ class TokenizerTrainOptions:
     vocab_size: int = flag(8192, "vocabulary size", minimum=1)
     out: str = flag(help="output tokenizer.json", output="file")
     max_bytes: int = flag(0, "cap on training text (0: all)", minimum=0)
+    overwrite: bool = flag(False, "replace an existing --out file; refused otherwise")
 
 
 @dataclass(kw_only=True)

@@ -106,7 +106,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     named = {t.name for t in model.tier_table()}
     recorded = [r for r in rows if r.tier in named and r.seq_len == lengths[0]]   # select_tier picks named tiers
     if recorded:
-        record_quality(args, recorded)
+        record_quality(args, recorded, model, window=max(lengths))
     return 0
 
 

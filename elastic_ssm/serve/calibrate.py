@@ -8,12 +8,22 @@ so the step time is the ms/token each stream sees. Every step reads the whole wi
 per-sequence state bytes and parameter count of each tier from the config, the device and the library versions.
 ``write_profile`` / ``write_quality`` write the files into the model directory atomically;
 ``quality_table(rows, ...)`` turns ``elastic-ssm eval``'s rows into the quality file's table.
+
+A later measurement of some tiers updates those tiers and keeps the others (the profile: per tier and batch)
+when the saved record is comparable with it: the same ``PROFILE_KEYS`` (device, dtype, versions) or
+``QUALITY_KEYS`` (metric, data, split, windows, tokenizer, bytes per token, device type, dtype), and the same
+parameter count for every tier both hold (the same model). A saved record that is not comparable (or not
+readable) is never mixed in nor dropped: it is renamed ``<name>.replaced-<UTC time>.json`` beside the new
+one, and ``notice`` gets one line saying so and why.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,7 +33,12 @@ from ..utils.files import atomic_write_bytes
 from .select import PROFILE_FILE, QUALITY_FILE
 from .slots import SlotPool
 
-__all__ = ["calibrate", "write_profile", "write_quality", "quality_table"]
+__all__ = ["calibrate", "write_profile", "write_quality", "quality_table", "PROFILE_KEYS", "QUALITY_KEYS"]
+
+# the settings that make two records' numbers comparable (a merge needs them equal; see the module docstring)
+PROFILE_KEYS = ("device", "dtype", "torch", "triton", "cuda")
+QUALITY_KEYS = ("metric", "data", "split", "seq_len", "window", "batch_size", "n_batches", "tokenizer",
+                "bytes_per_token", "device", "dtype")
 
 
 def _step_ms(pool: SlotPool, warmup: int, iters: int) -> float:
@@ -64,6 +79,7 @@ def calibrate(model, batches: list[int], tiers: list[str] | None = None, warmup:
             row["ms_per_token"][str(b)] = round(_step_ms(pool, warmup, iters), 5)
             del pool
             progress(f"  {name} batch {b}: {row['ms_per_token'][str(b)]:.3f} ms/token")
+        row["date"] = out["date"]
         out["tiers"][name] = row
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -76,33 +92,102 @@ def _write(path: str | Path, name: str, table: dict) -> Path:
     return target
 
 
-def write_profile(path: str | Path, profile: dict) -> Path:
-    """Write ``tier_profile.json`` into the model directory ``path``."""
-    return _write(path, PROFILE_FILE, profile)
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
-def quality_table(rows, data: str, split: str, metric: str = "bpb") -> dict:
-    """``tier_quality.json``'s table from ``evaluate_tiers`` rows (``TierEval``); lower is better for
-    ``bpb`` / ``loss`` / ``perplexity``, higher for ``accuracy``."""
-    if metric not in ("bpb", "loss", "perplexity", "accuracy"):
-        raise ValueError(f"metric must be bpb, loss, perplexity or accuracy, got {metric!r}")
-    tiers = {}
-    for r in rows:
-        d = r.row()
-        tiers[d["tier"]] = {"value": d[metric], "loss": d["loss"], "tokens": d["tokens"], "params": d["params"]}
-    return {"data": data, "split": split, "metric": metric, "higher_is_better": metric == "accuracy",
-            "tiers": tiers}
+def _tier_names(names) -> str:
+    names = sorted(names, key=lambda n: (len(n), n))      # T2 before T10
+    if len(names) > 4:
+        return f"{names[0]}..{names[-1]}, {len(names)} tiers"
+    return ",".join(names) if names else "no tiers"
 
 
-def write_quality(path: str | Path, table: dict) -> Path:
-    """Write ``tier_quality.json`` into the model directory ``path`` (merging tiers already recorded for the
-    same data, split and metric)."""
-    target = Path(path) / QUALITY_FILE
+def _not_comparable(old, new: dict, keys: tuple[str, ...]) -> str | None:
+    """Why the saved record ``old`` cannot be merged with ``new`` (None: it can)."""
+    if not isinstance(old, dict) or not isinstance(old.get("tiers"), dict):
+        return "it is not a readable record"
+    absent = [k for k in keys if k not in old and new.get(k) is not None]
+    diffs = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if k not in absent and old.get(k) != new.get(k)]
+    if absent:
+        diffs.append(f"it does not record {', '.join(absent)}")
+    for tier, row in new["tiers"].items():
+        was = old["tiers"].get(tier)
+        if isinstance(was, dict) and isinstance(row, dict) and was.get("params") != row.get("params"):
+            diffs.append(f"{tier} params {was.get('params')} -> {row.get('params')} (another model)")
+            break
+    return "; ".join(diffs) or None
+
+
+def _aside(target: Path) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest, n = target.with_name(f"{target.stem}.replaced-{stamp}.json"), 1
+    while dest.exists():
+        dest, n = target.with_name(f"{target.stem}.replaced-{stamp}-{n}.json"), n + 1
+    os.replace(target, dest)
+    return dest
+
+
+def _merge_write(path: str | Path, name: str, table: dict, keys: tuple[str, ...], merge_rows: Callable,
+                 notice: Callable[[str], None] | None) -> Path:
+    """Write ``table`` as ``path/name``, merged into the saved record when comparable, else beside it."""
+    target = Path(path) / name
     if target.is_file():
         try:
             old = json.loads(target.read_text())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             old = None
-        if isinstance(old, dict) and all(old.get(k) == table[k] for k in ("data", "split", "metric")):
-            table = {**table, "tiers": {**(old.get("tiers") or {}), **table["tiers"]}}
-    return _write(path, QUALITY_FILE, table)
+        why = _not_comparable(old, table, keys)
+        if why is None:
+            tiers = dict(old["tiers"])
+            for tier, row in table["tiers"].items():
+                tiers[tier] = merge_rows(tiers.get(tier), row)
+            table = {**table, "tiers": tiers}
+        else:
+            dest = _aside(target)
+            (notice or _stderr)(f"{target}: the saved record ({_tier_names(list((old or {}).get('tiers') or {}))})"
+                                f" is not comparable with this one ({why}); kept it as {dest.name}, and "
+                                f"{name} now holds {_tier_names(list(table['tiers']))} only")
+    return _write(path, name, table)
+
+
+def _merge_profile_row(old, new: dict) -> dict:
+    if not isinstance(old, dict) or not isinstance(old.get("ms_per_token"), dict):
+        return new
+    return {**old, **new, "ms_per_token": {**old["ms_per_token"], **new["ms_per_token"]}}
+
+
+def write_profile(path: str | Path, profile: dict, notice: Callable[[str], None] | None = None) -> Path:
+    """Write ``tier_profile.json`` into the model directory ``path``: merged into the saved profile when it was
+    measured on the same device, dtype and versions (a tier's and batch's new time replaces the old one,
+    the others stay), else the saved one is kept beside it and ``notice`` (default: stderr) says so."""
+    return _merge_write(path, PROFILE_FILE, profile, PROFILE_KEYS, _merge_profile_row, notice)
+
+
+def quality_table(rows, data: str, split: str, metric: str = "bpb", **settings) -> dict:
+    """``tier_quality.json``'s table from ``evaluate_tiers`` rows (``TierEval``); lower is better for
+    ``bpb`` / ``loss`` / ``perplexity``, higher for ``accuracy``. ``settings``: the other ``QUALITY_KEYS``
+    (``window``, ``batch_size``, ``n_batches``, ``tokenizer``, ``device``, ``dtype``); ``seq_len`` and
+    ``bytes_per_token`` come from the rows."""
+    if metric not in ("bpb", "loss", "perplexity", "accuracy"):
+        raise ValueError(f"metric must be bpb, loss, perplexity or accuracy, got {metric!r}")
+    unknown = set(settings) - set(QUALITY_KEYS)
+    if unknown:
+        raise ValueError(f"unknown quality settings {sorted(unknown)}; known: {', '.join(QUALITY_KEYS)}")
+    rows, tiers = list(rows), {}
+    for r in rows:
+        d = r.row()
+        tiers[d["tier"]] = {"value": d[metric], "loss": d["loss"], "tokens": d["tokens"], "params": d["params"]}
+    def same(field: str):     # the rows' common value (None when they differ)
+        values = {getattr(r, field) for r in rows}
+        return values.pop() if len(values) == 1 else None
+
+    return {"data": data, "split": split, "metric": metric, "higher_is_better": metric == "accuracy",
+            "seq_len": same("seq_len"), "bytes_per_token": same("bytes_per_token"), **settings, "tiers": tiers}
+
+
+def write_quality(path: str | Path, table: dict, notice: Callable[[str], None] | None = None) -> Path:
+    """Write ``tier_quality.json`` into the model directory ``path``: merged into the saved record when every
+    ``QUALITY_KEYS`` setting agrees (a tier's new value replaces the old one, the others stay), else the
+    saved one is kept beside it and ``notice`` (default: stderr) says so."""
+    return _merge_write(path, QUALITY_FILE, table, QUALITY_KEYS, lambda old, new: new, notice)

@@ -25,13 +25,13 @@ API_KEY_ENV = "ELASTIC_SSM_API_KEY"
 
 
 def auto_tier(checkpoint: str, args: argparse.Namespace, progress=status) -> str:
-    """The tier ``es.select_tier`` picks for the budget flags (one line saying which and why)."""
-    from .select import select_tier
+    """The tier ``es.select_tier`` picks for the budget flags (one line saying which, why and from which tiers)."""
+    from .select import tier_choice
 
-    t = select_tier(checkpoint, max_ms_per_token=args.max_ms_per_token, max_state_bytes=args.max_state_bytes,
-                    max_params=args.max_params, batch=args.budget_batch)
-    progress(f"--tier auto: {t.name} ({t.params:,} parameters) fits the budget", file=sys.stderr)
-    return t.name
+    choice = tier_choice(checkpoint, max_ms_per_token=args.max_ms_per_token, max_state_bytes=args.max_state_bytes,
+                         max_params=args.max_params, batch=args.budget_batch)
+    progress(f"--tier auto: {choice.line()}", file=sys.stderr)
+    return choice.tier.name
 
 
 def _is_local(host: str) -> bool:
@@ -153,18 +153,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     tiers = None if args.tiers == "all" else [model.resolve_tier(t).name for t in args.tiers.split(",")]
     announce_device("calibrate", device, dtype)
     profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters)
-    print(f"wrote {write_profile(args.checkpoint, profile)}")
+    print(f"wrote {write_profile(args.checkpoint, profile, notice=lambda line: status(line, file=sys.stderr))}")
     return 0
 
 
-def record_quality(args: argparse.Namespace, rows) -> None:
-    """``elastic-ssm eval``: write the per-tier quality into the model directory's tier_quality.json."""
+def record_quality(args: argparse.Namespace, rows, model=None, window: int | None = None) -> None:
+    """``elastic-ssm eval``: write the per-tier quality into the model directory's tier_quality.json, with the
+    settings that make it comparable with a later eval's (``calibrate.QUALITY_KEYS``). ``window``: the length
+    of the windows the scored tokens were cut from (the longest of ``--lengths``)."""
     from .calibrate import quality_table, write_quality
 
     if not args.write_quality:
         return
+    weight = next(model.parameters()) if model is not None else None
+    settings = {"window": window, "batch_size": getattr(args, "batch_size", None),
+                "n_batches": getattr(args, "n_batches", None), "tokenizer": getattr(args, "tokenizer", None) or "saved",
+                "device": weight.device.type if weight is not None else None,
+                "dtype": str(weight.dtype).replace("torch.", "") if weight is not None else None}
+    table = quality_table(rows, args.data, args.split, args.quality_metric, **settings)
     try:
-        path = write_quality(args.checkpoint, quality_table(rows, args.data, args.split, args.quality_metric))
+        path = write_quality(args.checkpoint, table, notice=lambda line: status(line, file=sys.stderr))
     except OSError as e:
         print(f"could not write tier_quality.json into {args.checkpoint} ({e}); --no-write-quality skips it",
               file=sys.stderr)

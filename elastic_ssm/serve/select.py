@@ -13,19 +13,25 @@ the ``Tier`` of best quality among those within every given budget: parameters o
 and persistent state for ``batch`` sequences (fp32 recurrent state, bf16 window ring: ``elastic.tiers``)
 come exactly from the config; latency from the profile at the smallest profiled batch >= ``batch``. Without
 ``tier_quality.json`` the best is the largest tier that fits (the tier order makes it the best by
-construction). No tier fitting, or a latency budget without a profile, is a ``ValueError`` naming the
-closest tier and what it would need.
+construction); quality decides only when ``tier_quality.json`` scores every tier that fits. Under a latency
+budget only the tiers the profile times (at a batch >= ``batch``) are considered: a tier never timed is not
+assumed to fit, so the answer is the best of the measured tiers. ``tier_choice`` (same arguments) says so:
+its ``TierChoice`` holds the tier, the tiers considered, the tiers left out for want of a timing and how the
+choice was made, and ``line()`` is the sentence ``--tier auto`` prints. No tier fitting, or a latency budget
+without a profile, is a ``ValueError`` naming the closest tier and what it would need.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..elastic.tiers import Tier, state_bytes, tier_table
 
-__all__ = ["select_tier", "read_profile", "read_quality", "PROFILE_FILE", "QUALITY_FILE", "profile_ms"]
+__all__ = ["select_tier", "tier_choice", "TierChoice", "read_profile", "read_quality", "PROFILE_FILE", "QUALITY_FILE",
+           "profile_ms"]
 
 PROFILE_FILE = "tier_profile.json"
 QUALITY_FILE = "tier_quality.json"
@@ -74,11 +80,63 @@ def _config_and_dir(model_or_dir: Any):
     return cfg, Path(source) if source and not (getattr(model_or_dir, "source", None) or {}).get("tier") else None
 
 
+def _span(names: list[str], order: list[str]) -> str:
+    """Tier names with runs of neighbours in the tier table written ``T5-T10``."""
+    idx = sorted(order.index(n) for n in names)
+    runs: list[list[int]] = []
+    for i in idx:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(order[r[0]] if len(r) == 1 else f"{order[r[0]]}{'-' if len(r) > 2 else ','}{order[r[-1]]}"
+                    for r in runs)
+
+
+@dataclass
+class TierChoice:
+    """What ``tier_choice`` picked and from what (see the module docstring)."""
+
+    tier: Tier
+    considered: list[str]                  # the tiers within every budget, smallest first
+    unmeasured: list[str] = field(default_factory=list)   # left out: no timing at a batch >= ``batch``
+    by: str = "tier order"                 # "tier order" or the quality metric that decided
+    unscored: list[str] = field(default_factory=list)     # considered tiers tier_quality.json does not score
+    order: list[str] = field(default_factory=list)        # the tier table's names
+    batch: int = 1
+    path: Path | None = None
+
+    def line(self) -> str:
+        """One sentence: the tier, how it was chosen, from which tiers, and which were never measured."""
+        span = lambda names: _span(names, self.order or names)
+        how = f"best {self.by} in {QUALITY_FILE}" if self.by != "tier order" else "largest by tier order"
+        if self.unscored:
+            how += f" ({QUALITY_FILE} does not score {span(self.unscored)})"
+        text = (f"{self.tier.name} ({self.tier.params:,} parameters) fits the budget: {how} of the tiers "
+                f"considered, {span(self.considered)}")
+        if self.unmeasured:
+            larger = [n for n in self.unmeasured if self.order.index(n) > self.order.index(self.tier.name)]
+            text += (f"; not considered, never timed at batch >= {self.batch} in {PROFILE_FILE}: "
+                     f"{span(self.unmeasured)}" + (" (a larger tier may fit too)" if larger else "")
+                     + f"; time them: elastic-ssm calibrate {self.path or 'DIR'} --tiers {','.join(self.unmeasured)}"
+                     f" --batches {self.batch}")
+        return text
+
+
 def select_tier(model_or_dir: Any, max_ms_per_token: float | None = None, max_state_bytes: int | None = None,
                 max_params: int | None = None, batch: int = 1, *, profile: dict | None = None,
                 quality: dict | None = None) -> Tier:
     """The best-quality tier within every given budget (see the module docstring). ``profile`` / ``quality``:
-    tables in the files' format, used instead of the directory's files."""
+    tables in the files' format, used instead of the directory's files. ``tier_choice`` also says which
+    tiers were considered."""
+    return tier_choice(model_or_dir, max_ms_per_token, max_state_bytes, max_params, batch, profile=profile,
+                       quality=quality).tier
+
+
+def tier_choice(model_or_dir: Any, max_ms_per_token: float | None = None, max_state_bytes: int | None = None,
+                max_params: int | None = None, batch: int = 1, *, profile: dict | None = None,
+                quality: dict | None = None) -> TierChoice:
+    """``select_tier``'s choice with what it was made from (``TierChoice``; ``.line()`` says it)."""
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
     for name, v in (("max_ms_per_token", max_ms_per_token), ("max_state_bytes", max_state_bytes),
@@ -94,6 +152,7 @@ def select_tier(model_or_dir: Any, max_ms_per_token: float | None = None, max_st
                          f"(no {PROFILE_FILE} found); the smallest tier is {table[0].name}")
     misses: dict[str, list[str]] = {}
     fits: list[Tier] = []
+    unmeasured: list[str] = []
     for t in table:
         why = []
         if max_params is not None and t.params > max_params:
@@ -105,6 +164,7 @@ def select_tier(model_or_dir: Any, max_ms_per_token: float | None = None, max_st
             ms = profile_ms(profile, t.name, batch)
             if ms is None:
                 why.append(f"not profiled at batch >= {batch}")
+                unmeasured.append(t.name)
             elif ms > max_ms_per_token:
                 why.append(f"{ms:.3f} ms/token at batch {batch} > {max_ms_per_token:g}")
         (misses.__setitem__(t.name, why) if why else fits.append(t))
@@ -112,7 +172,12 @@ def select_tier(model_or_dir: Any, max_ms_per_token: float | None = None, max_st
         closest = min(table, key=lambda t: (len(misses[t.name]), t.index))
         raise ValueError(f"no tier fits the budget; the closest is {closest.name} ({'; '.join(misses[closest.name])})")
     scores = {k: v["value"] if isinstance(v, dict) else v for k, v in ((quality or {}).get("tiers") or {}).items()}
-    if quality and all(isinstance(scores.get(t.name), (int, float)) for t in fits):
+    unscored = [t.name for t in fits if not isinstance(scores.get(t.name), (int, float))]
+    choice = TierChoice(max(fits, key=lambda t: t.index), [t.name for t in fits],
+                        [n for n in unmeasured if len(misses[n]) == 1], unscored=unscored if quality else [],
+                        order=[t.name for t in table], batch=batch, path=path)
+    if quality and not unscored:
         sign = 1.0 if quality.get("higher_is_better", False) else -1.0
-        return max(fits, key=lambda t: (sign * float(scores[t.name]), t.index))
-    return max(fits, key=lambda t: t.index)
+        choice.tier = max(fits, key=lambda t: (sign * float(scores[t.name]), t.index))
+        choice.by = str(quality.get("metric") or "quality")
+    return choice

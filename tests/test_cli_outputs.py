@@ -1,0 +1,185 @@
+"""What the writing verbs do with outputs that already exist (export, tokenizer train, prepare), generate's
+--prompt that is not UTF-8, and the one tier-list parser (spaces around names) of export / generate / eval."""
+
+import json
+
+import pytest
+
+import elastic_ssm as es
+from elastic_ssm.cli import main
+from elastic_ssm.cli_args import checked_capacities, checked_tiers, tier_names
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "m"
+    es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(path)
+    return path
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    lines = [line for line in err.splitlines() if line.startswith("elastic-ssm ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def export(model_dir, out, *flags):
+    return main(["export", str(model_dir), "--out", str(out), "--check-len", "8", *flags])
+
+
+def tier_of(folder) -> str:
+    return json.loads((folder / "config.json").read_text())["source"]["tier"]
+
+
+# ---- 1. export never replaces a saved model without --overwrite -------------------------------------------------
+def test_export_refuses_a_tier_folder_that_holds_another_model(model_dir, tmp_path, capsys):
+    out = tmp_path / "exp"
+    assert export(model_dir, out, "--tiers", "T1,T4") == 0
+    assert tier_of(out / "T1") == "T1"
+    # another model put where T1 was exported: its weights must survive a second export
+    (out / "T1" / "model.safetensors").write_bytes(b"someone else's weights")
+    (out / "T1" / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert export(model_dir, out, "--tiers", "T1") == 2
+    line = one_error_line(capsys)
+    assert str(out / "T1") in line and "already holds files" in line and "--overwrite" in line
+    assert (out / "T1" / "model.safetensors").read_bytes() == b"someone else's weights"
+    assert (out / "T1" / "notes.txt").read_text() == "mine"
+
+
+def test_export_refusal_comes_before_any_tier_is_written(model_dir, tmp_path, capsys):
+    out = tmp_path / "exp"
+    (out / "T4").mkdir(parents=True)
+    (out / "T4" / "model.safetensors").write_bytes(b"kept")
+    assert export(model_dir, out, "--tiers", "T1,T4") == 2     # T1 comes first but is not written either
+    assert "T4" in one_error_line(capsys)
+    assert not (out / "T1").exists()
+    assert (out / "T4" / "model.safetensors").read_bytes() == b"kept"
+
+
+def test_export_of_the_same_model_again_is_refused_too(model_dir, tmp_path, capsys):
+    out = tmp_path / "exp"
+    assert export(model_dir, out, "--tiers", "T2") == 0
+    before = (out / "T2" / "config.json").read_bytes()
+    capsys.readouterr()
+    assert export(model_dir, out, "--tiers", "T2") == 2       # documented: exports are not byte-reproducible
+    assert "--overwrite" in one_error_line(capsys)
+    assert (out / "T2" / "config.json").read_bytes() == before
+
+
+def test_export_overwrite_replaces_the_whole_tier_folder(model_dir, tmp_path, capsys):
+    out = tmp_path / "exp"
+    (out / "T1").mkdir(parents=True)
+    (out / "T1" / "model.safetensors").write_bytes(b"old")
+    (out / "T1" / "tokenizer.json").write_text("{}")        # a stale file of the old model must not stay beside it
+    (out / "T3").mkdir()
+    (out / "T3" / "config.json").write_text("{}")
+    assert export(model_dir, out, "--tiers", "T1,T3", "--overwrite") == 0
+    for name in ("T1", "T3"):
+        assert tier_of(out / name) == name
+        assert es.models.load_pretrained(out / name).config.n_channels > 0    # loads: weights match config.json
+    assert not (out / "T1" / "tokenizer.json").exists()
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "T1", "T3"]   # no staging folder left behind
+    from elastic_ssm.utils.files import process_umask
+
+    assert (out / "T1").stat().st_mode & 0o777 == 0o777 & ~process_umask()   # as mkdir makes it, not mkdtemp's 0700
+
+
+def test_export_overwrite_keeps_the_old_folder_when_the_check_fails(model_dir, tmp_path, capsys, monkeypatch):
+    import elastic_ssm.elastic.export as export_mod
+
+    out = tmp_path / "exp"
+    (out / "T1").mkdir(parents=True)
+    (out / "T1" / "model.safetensors").write_bytes(b"old")
+    real = export_mod.check_export
+
+    def failing(*a, **kw):
+        res = real(*a, **kw)
+        res.params_actual += 1                       # a standalone model of the wrong size: the check fails
+        return res
+
+    monkeypatch.setattr(export_mod, "check_export", failing)
+    assert export(model_dir, out, "--tiers", "T1", "--overwrite") == 1
+    assert "keeps its old files" in capsys.readouterr().out
+    assert (out / "T1" / "model.safetensors").read_bytes() == b"old"
+
+
+def test_export_refuses_a_file_where_a_tier_folder_belongs(model_dir, tmp_path, capsys):
+    out = tmp_path / "exp"
+    out.mkdir()
+    (out / "T1").write_text("a file")
+    assert export(model_dir, out, "--tiers", "T1", "--overwrite") == 2
+    assert "is a file" in one_error_line(capsys)
+    assert (out / "T1").read_text() == "a file"
+
+
+# ---- 2. tokenizer train / prepare never replace an existing output without --overwrite ---------------------------
+@pytest.fixture
+def corpus(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello elastic world, the quick brown fox\n" * 200)
+    return text
+
+
+def test_tokenizer_train_refuses_an_existing_out(corpus, tmp_path, capsys):
+    out = tmp_path / "tokenizer.json"
+    out.write_text("a model's tokenizer")
+    args = ["tokenizer", "train", str(corpus), "--vocab-size", "300", "--out", str(out)]
+    assert main(args) == 2
+    line = one_error_line(capsys)
+    assert f"--out {out} already exists" in line and "--overwrite" in line
+    assert out.read_text() == "a model's tokenizer"
+    assert main([*args, "--overwrite"]) == 0
+    assert json.loads(out.read_text())["model"]["type"] == "BPE"
+
+
+def test_prepare_refuses_an_existing_token_file_or_sidecar(corpus, tmp_path, capsys):
+    out = tmp_path / "t.bin"
+    assert main(["prepare", str(corpus), str(out)]) == 0
+    tokens, sidecar = out.read_bytes(), (tmp_path / "t.bin.json").read_text()
+    capsys.readouterr()
+    other = tmp_path / "other.txt"
+    other.write_text("different text\n" * 10)
+    assert main(["prepare", str(other), str(out)]) == 2
+    line = one_error_line(capsys)
+    assert f"OUT {out} already exists" in line and "--overwrite" in line
+    assert out.read_bytes() == tokens and (tmp_path / "t.bin.json").read_text() == sidecar
+    out.unlink()                                  # a sidecar alone is output too: it would be replaced
+    assert main(["prepare", str(other), str(out)]) == 2
+    assert "t.bin.json already exists" in one_error_line(capsys)
+    assert (tmp_path / "t.bin.json").read_text() == sidecar
+    assert main(["prepare", str(other), str(out), "--overwrite"]) == 0
+    assert out.stat().st_size == 2 * len(other.read_bytes()) + 2    # uint16 bytes + one SEP
+    assert json.loads((tmp_path / "t.bin.json").read_text())["source"] == str(other)
+
+
+# ---- 3. generate: a --prompt that is not UTF-8 -------------------------------------------------------------------
+def test_generate_names_a_prompt_that_is_not_utf8(model_dir, capsys):
+    prompt = b"def \xff\xfe x".decode("utf-8", "surrogateescape")     # what Python makes of such argv bytes
+    assert main(["generate", str(model_dir), "--prompt", prompt, "--max-new-tokens", "2"]) == 2
+    line = one_error_line(capsys)
+    assert "--prompt is not valid UTF-8 text" in line and "0xff" in line and "iconv" in line
+    assert "surrogates" not in line
+    assert capsys.readouterr().out == ""                # nothing printed as if it were the prompt
+
+
+# ---- 4. one tier-list parser: spaces around names ----------------------------------------------------------------
+def test_tier_names_strips_spaces():
+    assert tier_names("T1, T4") == ["T1", "T4"] and tier_names(" T1 ,T4 ") == ["T1", "T4"]
+    assert tier_names("all") is None and tier_names(" all ") is None
+
+
+def test_tier_lists_with_spaces_in_every_verb(model_dir, tmp_path, capsys):
+    model = es.models.load_pretrained(model_dir)
+    assert checked_tiers(model, "T1, T4") == ["T1", "T4"]
+    assert [t.name for t in checked_capacities(model, "T1, T4")] == ["T1", "T4"]    # eval: as before
+    out = tmp_path / "exp"
+    assert export(model_dir, out, "--tiers", "T1, T4") == 0
+    assert tier_of(out / "T1") == "T1" and tier_of(out / "T4") == "T4"
+    capsys.readouterr()
+    assert main(["generate", str(model_dir), "--tier", " T4", "--prompt", "def", "--max-new-tokens", "2",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("def")
+    assert main(["generate", str(model_dir), "--tier", "T1, T4", "--prompt", "def"]) == 2
+    assert "names several tiers" in one_error_line(capsys)
