@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli_args import announce_device, resolve_device, resolve_dtype, status
+from ..cli_args import announce_device, checked_tiers, resolve_device, resolve_dtype, status
 from ..config import ConfigError
 
 __all__ = ["auto_tier", "cmd_calibrate", "cmd_serve", "record_quality"]
@@ -150,7 +150,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if model.arch != "essh":
         raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; calibration times the fused ESSH "
                           "decoder")
-    tiers = None if args.tiers == "all" else [model.resolve_tier(t).name for t in args.tiers.split(",")]
+    tiers = checked_tiers(model, args.tiers)          # the tier-list parser of every verb: "T1, T4" is T1, T4
     announce_device("calibrate", device, dtype)
     profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters)
     print(f"wrote {write_profile(args.checkpoint, profile, notice=lambda line: status(line, file=sys.stderr))}")

@@ -140,7 +140,7 @@ def test_calibrate_and_generate_across_runs(tiny, tmp_path, capsys):
     d = tmp_path / "m"
     tiny.save_pretrained(d)
     run = ["--batches", "1", "--warmup", "0", "--iters", "1"]
-    assert main(["calibrate", str(d), "--tiers", "T1,T4", *run]) == 0
+    assert main(["calibrate", str(d), "--tiers", "T1, T4", *run]) == 0
     assert main(["calibrate", str(d), "--tiers", "T4", *run]) == 0
     assert set(json.loads((d / "tier_profile.json").read_text())["tiers"]) == {"T1", "T4"}
     capsys.readouterr()
