@@ -321,10 +321,11 @@ def checked_tiers(model, spec: str) -> list[str] | None:
     return None if names is None else [model.resolve_tier(n).name for n in names]
 
 
-def checked_capacities(model, spec: str) -> list | None:
+def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
     """``eval --tiers``: None for 'all', else one ``Tier`` per comma-separated entry, each a tier name (T4; K8 for
     ES-SSM, or a budget 8) or, for ESSH, a capacity fraction in (0, 1] through the two-rate map (Eq. 7). A value that is
-    neither is a one-line ``ConfigError`` naming it and the valid range."""
+    neither is a one-line ``ConfigError`` naming it, the valid range and ``flag`` (the option as the user spelled
+    it)."""
     names = tier_names(spec)
     if names is None:
         return None
@@ -339,13 +340,13 @@ def checked_capacities(model, spec: str) -> list | None:
         try:
             xi = float(name)
         except ValueError:
-            raise ConfigError(f"--tiers {name!r} is neither a tier name nor a number: {named_error}; or give a "
+            raise ConfigError(f"{flag} {name!r} is neither a tier name nor a number: {named_error}; or give a "
                               "capacity fraction in (0, 1], e.g. 0.45") from None
         if model.arch != "essh":
-            raise ConfigError(f"--tiers {name}: capacity fractions are the ESSH two-rate map; this "
+            raise ConfigError(f"{flag} {name}: capacity fractions are the ESSH two-rate map; this "
                               f"{model.arch!r} model takes tier names ({named_error})")
         if not 0 < xi <= 1:   # also NaN
-            raise ConfigError(f"--tiers {name}: a capacity fraction must lie in (0, 1] (0 < xi <= 1)")
+            raise ConfigError(f"{flag} {name}: a capacity fraction must lie in (0, 1] (0 < xi <= 1)")
         out.append(model.resolve_tier(xi))
     return out
 

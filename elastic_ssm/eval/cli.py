@@ -95,6 +95,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           "the longest sequence it accepts")
     tokens, bpt = _tokens_and_bpt(args, model)
     longest = list(evaluation_batches(tokens, max(lengths), args.batch_size, args.n_batches))
+    windows, asked = sum(int(x.shape[0]) for x, _ in longest), args.batch_size * args.n_batches
+    if windows < asked:           # a small evaluation set: say so rather than score fewer tokens silently
+        status(f"the {args.split} data of {args.data} holds {windows} window(s) of {max(lengths) + 1} tokens, fewer "
+               f"than the {asked} asked (--batch-size {args.batch_size} x --n-batches {args.n_batches}): scoring "
+               f"{windows * max(lengths):,} tokens")
     batch_sets = [split_windows(longest, n) for n in lengths]    # the same scored tokens at every length
     announce_device("eval", device, next(model.parameters()).dtype)
     rows = [r for batches in batch_sets for r in evaluate_tiers(model, batches, tiers, bytes_per_token=bpt)]
@@ -111,24 +116,48 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_importance(args: argparse.Namespace) -> int:
-    from ..data import evaluation_batches
     from ..models import load_pretrained
-    from .importance import channel_importance, format_importance, plot_importance
 
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
-    tier = None if args.tier == "full" else checked_capacities(model, args.tier)
+    tier = None if args.tier == "full" else checked_capacities(model, args.tier, spelled(args, "tier"))
     if tier is not None and len(tier) != 1:
         raise ConfigError(f"{spelled(args, 'tier')} {args.tier}: give one tier ('full', a name such as T4, or a "
                           "fraction)")
     K = model.resolve_tier(tier and tier[0]).K
     if args.first > K:
-        raise ConfigError(f"{spelled(args, 'first')} {args.first} exceeds the {K} channels of the measured tier; "
-                          f"give at most {K}")
+        if args.first != _default("first"):
+            raise ConfigError(f"{spelled(args, 'first')} {args.first} exceeds the {K} channels of the measured tier; "
+                              f"give at most {K}")
+        status(f"the measured tier has {K} channels: the first-N share counts all {K} (the default --first is "
+               f"{args.first})")
+        args.first = K
     out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{spelled(args, 'out')} {out} is a file; give a folder")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)     # before the work, so an unwritable place fails at once
+    try:
+        return _importance_into(args, model, tier, out, device)
+    except BaseException:
+        if created and not any(out.iterdir()):  # a failed run leaves no empty folder behind
+            out.rmdir()
+        raise
+
+
+def _default(name: str):
+    """The default of an ``importance`` option (``cli_options.ImportanceOptions``)."""
+    import dataclasses
+
+    from ..cli_options import ImportanceOptions
+
+    return next(f.default for f in dataclasses.fields(ImportanceOptions) if f.name == name)
+
+
+def _importance_into(args: argparse.Namespace, model, tier, out: Path, device) -> int:
+    from ..data import evaluation_batches
+    from .importance import channel_importance, format_importance, plot_importance
+
     tokens, bpt = _tokens_and_bpt(args, model)
     batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.n_batches))
     announce_device("importance", device, next(model.parameters()).dtype)
