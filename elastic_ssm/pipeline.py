@@ -122,6 +122,22 @@ def train_run(run: Any, data: RunData, resume: bool | str = False, progress: boo
     return res.model
 
 
+def _position(out: Any) -> tuple[str, int] | None:
+    """``(stage, step)`` of the newest complete checkpoint of the run in ``out`` (the later stage first), or
+    None when it has none; read only (incomplete checkpoints are skipped quietly)."""
+    import warnings
+
+    from .train.checkpoint import find_checkpoint
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for stage in ("refine", "pretrain"):
+            found = find_checkpoint(out / stage)
+            if found is not None:
+                return stage, int(found.name.split("_")[1])
+    return None
+
+
 def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, stop_after: int | None = None):
     """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
     from pathlib import Path
@@ -135,9 +151,15 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
             raise ConfigError(str(e)) from None
     run = fit_model_to_tokenizer(run)
     out = Path(run.train.out_dir)
+    if resume == "auto":       # checkpoints that all fail their check: named now, not "no checkpoint yet, starting"
+        from .train.rundir import has_checkpoint, refuse_unusable_run
+
+        refuse_unusable_run(out)
+        resume_auto_continues = has_checkpoint(out)   # else a fresh start: a run.yaml there is not compared
+    at_start = _position(out) if resume else None
     from .train.preflight import read_run_record
 
-    saved = read_run_record(out) if resume else None
+    saved = read_run_record(out) if resume is True or (resume == "auto" and resume_auto_continues) else None
     if saved is not None:
         from .config import model_config_from_dict
 
@@ -166,7 +188,13 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
         from .utils.files import atomic_write_bytes
 
         atomic_write_bytes(out / "parameters.json", json.dumps(params, indent=2).encode())
-    if main and not (out / "final").is_dir():
+    after = _position(out) if main and stop_after else None
+    if main and not (out / "final").is_dir() and after is not None and after == at_start and after[1] >= stop_after:
+        where = "past" if after[1] > stop_after else "at"
+        print(f"[train] the run is already {where} step {stop_after} (at {after[0]} step {after[1]}); nothing was "
+              f"trained (--stop-after {stop_after}); continue with --resume and a larger --stop-after, or without "
+              "--stop-after to finish it")
+    elif main and not (out / "final").is_dir():
         print(f"[train] stopped at step {stop_after} of the current stage (--stop-after); checkpoint in {out}; "
               "continue with --resume")
     elif main:

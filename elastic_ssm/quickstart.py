@@ -64,6 +64,39 @@ def _inversions(rows: list[TierEval]) -> str:
                      if b.bpb > a.bpb)
 
 
+#: what ``quickstart`` writes into ``--out`` (the two runs, the exports, the report)
+OUTPUTS = ("elastic", "dense", "exports", "report.md", "tiers.csv", "quality_size.png")
+
+
+def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
+    """Refuse (``ConfigError``, one line naming them) when any of ``OUTPUTS`` already exists in ``out``; with
+    ``overwrite`` move them into ``<out>/replaced-<UTC time>/`` instead (nothing is deleted) and return that."""
+    import os
+
+    from .config import ConfigError
+
+    names = [n for n in OUTPUTS if (out / n).exists() and (control or n != "dense")]
+    if not names:
+        return None
+    if not overwrite:
+        raise ConfigError(f"{out} already holds quickstart outputs ({', '.join(names)}); pass --overwrite to move "
+                          "them aside (nothing is deleted), or choose another --out")
+    from .train.rundir import RunLock
+
+    for name in ("elastic", "dense"):               # never move a run that a live process is writing
+        if (out / name / ".lock").is_file():
+            RunLock(out / name, owner="quickstart run", flag="--out").acquire().release()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest, n = out / f"replaced-{stamp}", 1
+    while dest.exists():
+        dest, n = out / f"replaced-{stamp}-{n}", n + 1
+    dest.mkdir()
+    for name in names:
+        os.replace(out / name, dest / name)
+    print(f"[quickstart] --overwrite: moved the earlier outputs ({', '.join(names)}) to {dest}")
+    return dest
+
+
 def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control: bool = True,
                config: str | Path | None = None, overwrite: bool = False) -> dict[str, Any]:
     from .config import RunConfig
@@ -81,12 +114,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     if steps:
         run = run.with_overrides({}, {"steps": steps}, {})
     run = run.with_overrides({}, {"out_dir": str(out / "elastic")}, {})
-    from .train.rundir import run_artifacts
-
-    if not overwrite and any(run_artifacts(out / name) for name in ("elastic", "dense")):
-        from .config import ConfigError
-
-        raise ConfigError(f"{out} holds an earlier quickstart; pass --overwrite to move it aside, or another --out")
+    _claim_outputs(out, control, overwrite)
     out.mkdir(parents=True, exist_ok=True)          # after the checks: a refused run leaves no folder behind
     run = fit_model_to_tokenizer(run)
     t0 = time.time()

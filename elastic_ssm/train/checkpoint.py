@@ -11,15 +11,19 @@ Layout of one stage directory (``<out_dir>/<stage>/``)::
         COMPLETE.json       written last: the step, the size and the sha256 of every file above
     latest                  text file naming the newest complete directory (written atomically, last)
 
-A checkpoint is first written into ``.step_XXXXXXX.tmp/`` (every file through a temporary file,
-``fsync`` and ``os.replace``), then the directory is renamed into place and ``latest`` is updated, and
-finally all but the newest ``keep_last`` directories are deleted. A directory without a valid
-``COMPLETE.json`` (a crash mid-write, a truncated file) is skipped with a warning and the previous one
-is used. On load every file's sha256 is compared with ``COMPLETE.json`` (same-size bit rot is a warning
-naming the file, and the previous checkpoint is used); when checkpoints exist but none loads, loading is an
-error, never a silent fresh start. The checksums are computed while the bytes are written (one hash pass
-per checkpoint, overlapped with the write) and never during training steps. ``DataStream`` makes any
-iterable of micro-batches resumable: through its ``state_dict``/``load_state_dict`` when it has them
+A checkpoint is first written into ``.step_XXXXXXX.tmp/`` (every file through a temporary file, ``fsync``
+and ``os.replace``), then the directory is renamed into place and ``latest`` is updated, and finally all but
+the newest ``keep_last`` directories are deleted (each loses its ``COMPLETE.json`` first, so a prune cut
+short leaves an unmarked directory, never a marked, half-deleted one). A directory without a valid
+``COMPLETE.json`` (a crash mid-write, a truncated or edited file) is skipped with a warning and the previous
+one is used; ``checkpoint_fault`` names what is wrong with it. A checkpoint that has its ``COMPLETE.json``
+is never deleted for failing a check: ``move_damaged`` moves it into ``<out_dir>/damaged/<stage>/``
+(``train/rundir.py`` does so on start-up; a save of the same step does so for a same-size-corrupted one it
+would replace). On load every file's sha256 is compared with ``COMPLETE.json`` (same-size bit rot is a
+warning naming the file, and the previous checkpoint is used); when checkpoints exist but none loads,
+loading is an error, never a silent fresh start. The checksums are computed while the bytes are written (one
+hash pass per checkpoint, overlapped with the write) and never during training steps. ``DataStream`` makes
+any iterable of micro-batches resumable: through its ``state_dict``/``load_state_dict`` when it has them
 (``PackedBatches``), else by skipping the batches already consumed.
 
 Under FSDP2 (``TrainConfig.parallel='fsdp'``) writing and reading are collective: the full, unsharded
@@ -36,7 +40,9 @@ import io
 import json
 import os
 import random
+import re
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -51,9 +57,11 @@ from .dist import DistContext, barrier, broadcast_object, is_sharded
 
 __all__ = ["DataStream", "save_checkpoint", "load_checkpoint", "find_checkpoint", "valid_checkpoints",
            "rng_state", "set_rng_state", "full_model_state", "save_model_dir", "verify_checkpoint", "COMPLETE",
-           "LATEST"]
+           "LATEST", "checkpoint_fault", "is_checkpoint_name", "move_damaged", "DAMAGED_DIR"]
 
 COMPLETE, LATEST = "COMPLETE.json", "latest"
+DAMAGED_DIR = "damaged"   # <out_dir>/damaged/<stage>/<step_XXXXXXX>.damaged-<UTC time>: checkpoints that failed a check
+_STEP_NAME = re.compile(r"step_(\d+)")
 
 
 class DataStream:
@@ -123,17 +131,58 @@ def _save_torch(obj: Any, path: Path) -> str:
     return atomic_write_bytes(path, buf.getvalue())
 
 
+def is_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is a checkpoint directory's name (``step_`` and digits only; a user's copy such as
+    ``step_0000040.bak`` is not one and is left alone)."""
+    return _STEP_NAME.fullmatch(name) is not None
+
+
 def _step_of(path: Path) -> int:
     return int(path.name.split("_")[1])
 
 
-def _is_complete(path: Path) -> bool:
+def _checkpoint_dirs(stage_dir: Path) -> list[Path]:
+    """The checkpoint directories of a stage (valid or not), newest first."""
+    found = [p for p in stage_dir.glob("step_*") if is_checkpoint_name(p.name) and p.is_dir() and not p.is_symlink()]
+    return sorted(found, key=_step_of, reverse=True)
+
+
+def checkpoint_fault(path: Path) -> str | None:
+    """What makes checkpoint directory ``path`` unusable, in words naming the file (``None``: its
+    ``COMPLETE.json`` lists every file at its recorded size). Sizes only; ``verify_checkpoint`` hashes."""
     marker = path / COMPLETE
+    if not marker.is_file():
+        return f"it has no {COMPLETE} (its save or its deletion was cut short)"
     try:
-        meta = json.loads(marker.read_text())
-        return all((path / f).is_file() and (path / f).stat().st_size == n for f, n in meta["files"].items())
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+        files = json.loads(marker.read_text())["files"]
+        for name, size in files.items():
+            f = path / name
+            if not f.is_file():
+                return f"{name} is missing"
+            got = f.stat().st_size
+            if got != size:
+                return f"{name} is {got} bytes but {COMPLETE} records {size} (truncated or edited after the save)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{COMPLETE} is unreadable ({type(e).__name__}: {e})"
+    return None
+
+
+def _is_complete(path: Path) -> bool:
+    return checkpoint_fault(path) is None
+
+
+def move_damaged(path: Path) -> Path:
+    """Move checkpoint directory ``path`` (``<out_dir>/<stage>/step_X``) to
+    ``<out_dir>/damaged/<stage>/step_X.damaged-<UTC time>`` (nothing is deleted); returns the new path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    folder = path.parent.parent / DAMAGED_DIR / path.parent.name
+    folder.mkdir(parents=True, exist_ok=True)
+    dest, n = folder / f"{path.name}.damaged-{stamp}", 1
+    while dest.exists():
+        dest, n = folder / f"{path.name}.damaged-{stamp}-{n}", n + 1
+    os.replace(path, dest)
+    fsync_dir(path.parent)
+    return dest
 
 
 def valid_checkpoints(stage_dir: str | Path) -> list[Path]:
@@ -142,7 +191,7 @@ def valid_checkpoints(stage_dir: str | Path) -> list[Path]:
     if not stage_dir.is_dir():
         return []
     out = []
-    for p in sorted(stage_dir.glob("step_*"), key=_step_of, reverse=True):
+    for p in _checkpoint_dirs(stage_dir):
         if _is_complete(p):
             out.append(p)
         else:
@@ -248,12 +297,16 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
                                                       indent=1).encode())
         fsync_dir(tmp / "model")
         fsync_dir(tmp)
-        if final.exists():
-            shutil.rmtree(final)
+        if final.exists():  # a checkpoint of this step that failed to load (e.g. same-size corruption): kept
+            dest = move_damaged(final)
+            print(f"[train] {final} was not used (it failed to load); moved it to {dest} before saving step "
+                  f"{step} again", flush=True)
         os.replace(tmp, final)
         fsync_dir(stage_dir)
         atomic_write_bytes(stage_dir / LATEST, name.encode())
         for old in valid_checkpoints(stage_dir)[keep_last:]:
+            (old / COMPLETE).unlink(missing_ok=True)   # unmarked first: a prune cut short is cleaned on start-up
+            fsync_dir(old)
             shutil.rmtree(old, ignore_errors=True)
     barrier(ctx)
     return final

@@ -9,10 +9,17 @@
   system cannot lock, the holder's pid is checked instead (same host).
 * ``claim_run_dir``: a fresh run into a directory that holds another run's checkpoints or ``final/`` is
   refused (choices: ``--resume``, ``--overwrite``, another ``--train.out_dir``); ``overwrite`` moves the old
-  run aside into a sibling ``<name>.replaced-<UTC time>`` folder (nothing is deleted). ``--resume`` into a
-  directory with no checkpoint is refused too.
-* ``clean_stale_files``: temporary files of interrupted atomic writes and incomplete (half-written or
-  half-pruned) checkpoint directories are removed, each with a warning.
+  run aside into a sibling ``<name>.replaced-<UTC time>`` folder (nothing is deleted). A fresh run into a
+  directory holding files it would overwrite (a ``run.yaml`` that is not a run record, a ``parameters.json``,
+  a file named like one of its folders) is refused the same way. An earlier attempt cut before its first
+  checkpoint (its own ``run.yaml`` record and ``metrics.jsonl``) is kept beside the new run as
+  ``run.prev-<time>.yaml`` / ``metrics.prev-<time>.jsonl``. ``--resume`` into a directory with no usable
+  checkpoint is refused, naming the file that failed its check when there is one.
+* ``clean_stale_files``: temporary files of interrupted atomic writes and unmarked checkpoint directories
+  older than a complete one (a prune cut short) are removed, each with a warning. A checkpoint directory
+  that fails its check but has its ``COMPLETE.json`` (truncated or edited after the save), or an unmarked
+  one that is not older than a complete one, is never deleted: it is moved into
+  ``<out_dir>/damaged/<stage>/`` with one line naming the file, the new place and the checkpoint used instead.
 * ``check_free_disk``: enough free space for one more checkpoint (model + AdamW moments, plus margin).
 """
 
@@ -31,10 +38,14 @@ from ..config import ConfigError
 from ..utils.files import is_temp_name
 
 __all__ = ["RunLock", "RunDirBusy", "claim_run_dir", "clean_stale_files", "check_free_disk", "run_artifacts",
-           "has_checkpoint", "LOCK_NAME"]
+           "has_checkpoint", "unusable_checkpoints", "refuse_unusable_run", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
 STAGES = ("pretrain", "refine")
+#: files ``train`` writes at the top of its directory through atomic writes (their temporaries are its own)
+OWN_FILES = ("run.yaml", "metrics.jsonl", "parameters.json")
+#: ``train`` settings every run record (``run.yaml`` as ``train`` writes it) holds
+_RECORD_TRAIN_KEYS = frozenset({"recipe", "steps", "seq_len", "optim", "checkpoint", "out_dir", "seed"})
 
 
 class RunDirBusy(ConfigError):
@@ -115,10 +126,13 @@ class RunLock:
 
 
 def run_artifacts(out: Path) -> list[str]:
-    """Checkpoints and final models of a previous run in ``out`` (relative names, for messages)."""
+    """Checkpoints, final models and set-aside damaged checkpoints of a previous run in ``out`` (relative
+    names, for messages)."""
     found = [f"{s}/{p.name}" for s in STAGES for p in sorted((out / s).glob("step_*")) if p.is_dir()]
     if (out / "final").is_dir():
         found.append("final/")
+    if (out / "damaged").is_dir():
+        found.append("damaged/")
     return found
 
 
@@ -140,7 +154,83 @@ def has_checkpoint(out: str | Path) -> bool:
     from .checkpoint import _is_complete
 
     out = Path(out)
-    return any(_is_complete(out / name) for name in run_artifacts(out) if name != "final/")
+    return any(_is_complete(out / name) for name in run_artifacts(out) if name.split("/")[0] in STAGES)
+
+
+def unusable_checkpoints(out: str | Path) -> list[tuple[str, str]]:
+    """``(stage/step_X, what is wrong)`` for every checkpoint directory of ``out`` that fails its check,
+    newest first per stage (empty when all are complete)."""
+    from .checkpoint import _checkpoint_dirs, checkpoint_fault
+
+    out, bad = Path(out), []
+    for s in STAGES:
+        for p in _checkpoint_dirs(out / s):
+            fault = checkpoint_fault(p)
+            if fault is not None:
+                bad.append((f"{s}/{p.name}", fault))
+    return bad
+
+
+def _unusable_only(out: Path) -> str | None:
+    """When every checkpoint of ``out`` fails its check and there is no final model: what is wrong with the
+    newest one (for the refusal), else None."""
+    if has_checkpoint(out) or (out / "final").is_dir():
+        return None
+    bad = unusable_checkpoints(out)
+    if not bad:
+        return None
+    more = f" (and {len(bad) - 1} more checkpoint(s) failed too)" if len(bad) > 1 else ""
+    return f"{bad[0][0]} is incomplete or damaged: {bad[0][1]}{more}"
+
+
+def refuse_unusable_run(out: str | Path) -> None:
+    """Raise ``ConfigError`` when ``out`` holds checkpoints that all fail their check and no final model: there
+    is nothing to continue, yet starting over would bury that run (``--resume auto``, a fresh run)."""
+    out = Path(out)
+    bad = _unusable_only(out) if out.is_dir() else None
+    if bad is not None:
+        raise ConfigError(f"{out} holds a run whose checkpoints all fail their check ({bad}); nothing was "
+                          "changed: restore that file from a copy and continue with --resume, start the run "
+                          "over with --overwrite (moves it aside), or choose another --train.out_dir")
+
+
+def _is_run_record(path: Path) -> bool:
+    """Whether ``path`` is a ``run.yaml`` that ``train`` wrote (not a file of the user's with that name)."""
+    import yaml
+
+    try:
+        rec = yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return (isinstance(rec, dict) and all(isinstance(rec.get(k), dict) for k in ("model", "train", "data"))
+            and _RECORD_TRAIN_KEYS <= set(rec["train"]))
+
+
+def _would_overwrite(out: Path) -> list[str]:
+    """Entries of ``out`` (holding no checkpoint or final model) that a new run would overwrite or trip on."""
+    clash = []
+    run_yaml = out / "run.yaml"
+    if run_yaml.exists() and not (run_yaml.is_file() and _is_run_record(run_yaml)):
+        clash.append("run.yaml (not a run record written by train)")
+    if (out / "parameters.json").exists():
+        clash.append("parameters.json")
+    if (out / "metrics.jsonl").exists() and not (out / "metrics.jsonl").is_file():
+        clash.append("metrics.jsonl (not a file)")
+    clash += [f"{name} (not a folder)" for name in (*STAGES, "final") if (out / name).exists()
+              and not (out / name).is_dir()]
+    return clash
+
+
+def _keep_earlier_attempt(out: Path) -> None:
+    """An attempt cut before its first checkpoint: keep its log and record beside the new run's."""
+    old_log, old_rec = out / "metrics.jsonl", out / "run.yaml"
+    dated = old_log if old_log.is_file() else old_rec
+    if not dated.is_file():
+        return
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(dated.stat().st_mtime))
+    for path, dest in ((old_log, f"metrics.prev-{stamp}.jsonl"), (old_rec, f"run.prev-{stamp}.yaml")):
+        if path.is_file() and not (out / dest).exists():
+            os.replace(path, out / dest)
 
 
 def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None:
@@ -150,31 +240,50 @@ def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None
     found = run_artifacts(out)
     if resume:
         if not has_checkpoint(out):
+            bad = _unusable_only(out)
+            if bad is not None:
+                raise ConfigError(f"--resume: {out} holds no complete checkpoint to continue ({bad}); restore that "
+                                  "file from a copy and resume again, or start the run over with --overwrite "
+                                  "instead of --resume (moves this run aside; nothing is deleted)")
             steps = [f for f in found if "step_" in f]
             held = (f" ({', '.join(steps[:3])} {'is' if len(steps) == 1 else 'are'} incomplete or damaged)"
-                    if steps else " (only a final model, which cannot continue training)" if found else "")
+                    if steps else " (only a final model, which cannot continue training)" if "final/" in found
+                    else f" (checkpoints that failed their check were moved to {out / 'damaged'})" if found else "")
             raise ConfigError(f"--resume: {out} holds no complete checkpoint to continue (pretrain/step_* or "
                               f"refine/step_*){held}; run without --resume to start a fresh run there "
                               "(--overwrite if it holds another run)")
         return None
-    if not found:
-        old_log = out / "metrics.jsonl"
-        if old_log.is_file():  # a run that stopped before its first checkpoint: keep its log, start a new one
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(old_log.stat().st_mtime))
-            os.replace(old_log, out / f"metrics.prev-{stamp}.jsonl")
+    clash = [] if found else _would_overwrite(out)
+    if not found and not clash:
+        _keep_earlier_attempt(out)
         return None
     if not overwrite:
+        refuse_unusable_run(out)   # e.g. --resume auto: nothing to continue, yet not an empty folder either
+        if clash:
+            raise ConfigError(f"{out} holds files a new run would overwrite ({', '.join(clash)}); move them away, "
+                              "pass --overwrite (moves the folder's contents aside, nothing is deleted), or choose "
+                              "another --train.out_dir")
         shown = ", ".join(found[:3]) + (" ..." if len(found) > 3 else "")
         raise ConfigError(f"{out} already holds another run ({shown}); continue it with --resume, replace it with "
                           "--overwrite (moves it aside), or choose another --train.out_dir")
     dest = _move_aside(out)
-    print(f"[train] --overwrite: moved the previous run in {out} to {dest}")
+    print(f"[train] --overwrite: moved the previous {'run' if found else 'files'} in {out} to {dest}")
     return dest
 
 
+def _own_temp(folder: Path, out: Path, name: str) -> bool:
+    """A temporary file of an interrupted write by ``train``: any in its own folders; at the top of ``out``
+    (a folder the user may share) only those of the files it writes there."""
+    if not is_temp_name(name):
+        return False
+    return folder != out or any(name.startswith(f".{own}.") for own in OWN_FILES)
+
+
 def clean_stale_files(out: str | Path) -> list[Path]:
-    """Remove temporary files of interrupted writes and incomplete checkpoint directories; returns them."""
-    from .checkpoint import _is_complete
+    """Remove temporary files of interrupted writes and unmarked checkpoint directories older than a
+    complete one (a prune cut short); move every other checkpoint directory that fails its check into
+    ``<out>/damaged/<stage>/`` (never deleted: see the module docstring). Returns the paths removed or moved."""
+    from .checkpoint import COMPLETE, LATEST, _checkpoint_dirs, _step_of, checkpoint_fault, move_damaged
 
     out, removed = Path(out), []
     folders = [out, out / "final", *[out / s for s in STAGES]]
@@ -182,13 +291,35 @@ def clean_stale_files(out: str | Path) -> list[Path]:
         if not folder.is_dir():
             continue
         for p in folder.iterdir():
-            stale_tmp = is_temp_name(p.name)
-            broken = p.is_dir() and p.name.startswith("step_") and folder.name in STAGES and not _is_complete(p)
-            if stale_tmp or broken:
-                what = "temporary file of an interrupted write" if stale_tmp else "incomplete checkpoint"
-                warnings.warn(f"removing {p} ({what})", stacklevel=2)
+            if _own_temp(folder, out, p.name):
+                warnings.warn(f"removing {p} (temporary file of an interrupted write)", stacklevel=2)
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
                 removed.append(p)
+    for s in STAGES:
+        dirs = _checkpoint_dirs(out / s)
+        faults = {p: checkpoint_fault(p) for p in dirs}
+        good = [p for p in dirs if faults[p] is None]
+        for p in dirs:
+            if faults[p] is None:
+                continue
+            removed.append(p)
+            if not (p / COMPLETE).exists() and good and _step_of(p) < _step_of(good[0]):
+                warnings.warn(f"removing {p} (an old checkpoint whose deletion was cut short)", stacklevel=2)
+                shutil.rmtree(p, ignore_errors=True)
+                continue
+            dest = move_damaged(p)
+            then = (f"training resumes from the newest good checkpoint, {s}/{good[0].name}" if good
+                    else f"no good checkpoint of {s} is left")
+            print(f"[train] checkpoint {s}/{p.name} failed its check ({faults[p]}); moved it to {dest}, nothing "
+                  f"was deleted; {then}", flush=True)
+        pointer = out / s / LATEST
+        if dirs and pointer.is_file() and not (out / s / pointer.read_text().strip()).is_dir():
+            from ..utils.files import atomic_write_bytes
+
+            if good:
+                atomic_write_bytes(pointer, good[0].name.encode())
+            else:
+                pointer.unlink()
     return removed
 
 

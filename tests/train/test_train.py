@@ -359,9 +359,9 @@ def test_corrupted_checkpoint_is_skipped(tiny_cfg, tmp_path):
         f.truncate(10)
     with pytest.warns(UserWarning, match="incomplete"):
         assert find_checkpoint(stage).name == "step_0000002"
-    with pytest.warns(UserWarning):
-        res = train(tiny_cfg, es.data.PackedBatches(_tokens(), L, B), cfg, progress=False, resume=True)
+    res = train(tiny_cfg, es.data.PackedBatches(_tokens(), L, B), cfg, progress=False, resume=True)
     assert [h["step"] for h in res.history] == [3, 4]
+    assert len(list((tmp_path / "damaged" / "pretrain").glob("step_0000004.damaged-*"))) == 1  # moved, not deleted
 
 
 # ---- DDP on gloo -----------------------------------------------------------------------------------------
