@@ -17,13 +17,20 @@ every lm-eval flag works and results are written in lm-eval's own format. On top
   ``<output_path>/tiers.csv``; the same table is printed at the end.
 
 The tokenizer is the one saved with the model (``tokenizer=`` in ``--model_args`` must equal it).
+
+Errors are reported as ``elastic-ssm lm-eval`` reports them (``cli_errors.run_reporting_errors``): a bad
+``--model_args`` (an unknown tier, a missing model directory), an unknown task and other user mistakes are
+one line on stderr and exit code 2; ``--debug`` (our flag) or ``ELASTIC_SSM_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
+
+from ..config import ConfigError
 
 __all__ = ["main"]
 
@@ -69,7 +76,7 @@ def _parse_model_args(text: str) -> dict[str, str]:
     for part in filter(None, text.split(",")):
         key, sep, value = part.partition("=")
         if not sep:
-            raise SystemExit(f"elastic-ssm-lm-eval: --model_args entry {part!r} is not key=value")
+            raise ConfigError(f"--model_args entry {part!r} is not key=value (e.g. pretrained=DIR,tier=T4)")
         out[key.strip()] = value.strip()
     return out
 
@@ -81,7 +88,7 @@ def _tiers(args: dict[str, str]) -> tuple[list[Any], bool]:
     several = spec == "all" or "+" in spec
     if "pretrained" not in args:
         if several:
-            raise SystemExit("elastic-ssm-lm-eval: tier=all needs pretrained=DIR in --model_args")
+            raise ConfigError(f"tier={spec} in --model_args needs pretrained=DIR there too")
         return [None], False
     from ..elastic.tiers import resolve_tier, tier_table
     from ..models import CheckpointError, saved_model_class
@@ -89,11 +96,14 @@ def _tiers(args: dict[str, str]) -> tuple[list[Any], bool]:
     try:
         config, _ = saved_model_class(args["pretrained"]).read_config(args["pretrained"])
     except CheckpointError as e:
-        raise SystemExit(f"elastic-ssm-lm-eval: pretrained={args['pretrained']}: {e}") from None
+        raise ConfigError(f"--model_args pretrained={args['pretrained']}: {e}") from None
     if spec == "all":
         return tier_table(config), True
     names = spec.split("+") if several else [None if spec in ("", "full", "none") else spec]
-    return [resolve_tier(config, name) for name in names], several
+    try:
+        return [resolve_tier(config, name) for name in names], several
+    except ValueError as e:
+        raise ConfigError(f"--model_args tier={spec}: {e}") from None
 
 
 def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -137,6 +147,11 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
     try:
         sys.argv = ["lm-eval", *argv]
         cli_evaluate()
+    except ValueError as e:
+        if str(e).startswith("Tasks not found"):        # lm-eval's own words; say what to do
+            raise ConfigError(f"{e}: not a task, group or tag lm-eval knows; check the spelling (`lm-eval list "
+                              "tasks` lists them) or pass --include_path DIR with your task YAML files") from None
+        raise
     finally:
         sys.argv = saved_argv
         lm_eval.simple_evaluate = original
@@ -146,8 +161,24 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status."""
+    """Console entry point; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status (2: a user's
+    mistake, reported in one line as ``elastic-ssm lm-eval`` reports it; see the module docstring)."""
+    from ..cli_errors import run_reporting_errors
+    from ..utils.env import env_flag
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]              # our flag, not lm-eval's
+    reporter = argparse.Namespace(command="lm-eval")
+    try:
+        debug = debug or env_flag("ELASTIC_SSM_DEBUG")
+    except ConfigError as e:
+        print(f"elastic-ssm lm-eval: error: {e}", file=sys.stderr)
+        return 2
+    return run_reporting_errors(lambda: _main(argv), reporter, debug)
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "run":                   # lm-eval's explicit subcommand: accepted, implied anyway
         argv = argv[1:]
     if any(a in ("-h", "--help") for a in argv) or not argv:

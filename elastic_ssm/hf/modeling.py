@@ -45,6 +45,13 @@ __all__ = ["ESSHForCausalLM", "ESSHHFConfig"]
 CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
+#: the generation config every ``ESSHForCausalLM`` starts with: ``ESSH.generate``'s defaults (greedy unless
+#: ``do_sample=True``; with sampling, temperature 1 and no top-p cut unless given). No top-k cut unless given
+#: either: ``top_k`` stays unset here (a 0 beside ``do_sample=False`` makes transformers warn on every greedy
+#: call) and ``_prepare_generation_config`` turns transformers' global default of 50 into 0 ("no top-k").
+GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "top_p": 1.0}
+
+
 class ESSHHFConfig(PretrainedConfig):
     """The ``ESSHConfig`` of a model directory, its tier table and tokenizer ids, for ``transformers``.
 
@@ -82,7 +89,8 @@ class ESSHHFConfig(PretrainedConfig):
             from ..elastic.tiers import tier_table
 
             self.tiers = [dataclasses.asdict(t) for t in tier_table(cfg)]
-        if self.tier in ("", "full", "none"):
+        check_tier_name(self.tier)
+        if self.tier in ("full", "none"):
             self.tier = None
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):     # our configs use -1 for "none"
             if getattr(self, name) is not None and getattr(self, name) < 0:
@@ -101,6 +109,13 @@ class ESSHHFConfig(PretrainedConfig):
                                      "pad_token_id", "format", "format_version", "source", "tokenizer")
                 if k in meta}
         return cls(**keep, tier=tier, architectures=["ESSHForCausalLM"])
+
+
+def check_tier_name(tier: Any) -> None:
+    """A ``ValueError`` for an empty ``tier`` (``tier=""`` would otherwise quietly load the full model)."""
+    if isinstance(tier, str) and not tier.strip():
+        raise ValueError(f"tier={tier!r} is empty: give a tier name such as 'T4' (config.tiers lists them), "
+                         "'full', or leave tier out for the model as saved")
 
 
 def _device(device_map: Any) -> str:
@@ -141,9 +156,23 @@ class ESSHForCausalLM(PreTrainedModel, GenerationMixin):
             model = ESSH(config.essh_config())
         self.model = model
         self.post_init()
-        if self.can_generate() and config.eos_token_id is not None:
-            # finished rows repeat eos, as ESSH.generate does (transformers' default would write pad_token_id)
-            self.generation_config.pad_token_id = config.eos_token_id
+        if self.can_generate():
+            # our ESSH.generate's defaults: greedy unless asked, no top-k / top-p cut unless asked (transformers'
+            # own defaults are top_k=50, and the text-generation pipeline samples at temperature 0.7 unless the
+            # model's generation_config says otherwise)
+            self.generation_config.update(**GENERATION_DEFAULTS)
+            if config.eos_token_id is not None:
+                # finished rows repeat eos, as ESSH.generate does (transformers' default would write pad_token_id)
+                self.generation_config.pad_token_id = config.eos_token_id
+
+    def _prepare_generation_config(self, generation_config: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """transformers' merge of the call's and the model's generation settings, except that an unasked
+        ``top_k`` is 0 (no top-k cut, as in ``ESSH.generate``) instead of transformers' global default 50."""
+        out = super()._prepare_generation_config(generation_config, *args, **kwargs)
+        asked = kwargs.get("top_k", getattr(generation_config, "top_k", None))
+        if asked is None and self.generation_config.top_k is None:
+            out[0].top_k = 0
+        return out
 
     def _init_weights(self, module: torch.nn.Module) -> None:
         """Nothing: the ESSH initialises its own parameters, and loading assigns the saved ones."""
@@ -166,7 +195,8 @@ class ESSHForCausalLM(PreTrainedModel, GenerationMixin):
             raise OSError(f"{path} is not a local elastic_ssm model directory (no config.json); ESSH models load "
                           "from a directory written by save_pretrained (a training run's final/, an export)")
         tier = tier if tier is not None else getattr(config, "tier", None)
-        tier = None if tier in ("", "full", "none") else tier
+        check_tier_name(tier)
+        tier = None if tier in ("full", "none") else tier
         model = ESSH.from_pretrained(path, tier=tier, device=_device(device_map),
                                      dtype=_dtype(dtype if dtype is not None else torch_dtype))
         out = cls(ESSHHFConfig.from_model(model, tier=tier), model=model)

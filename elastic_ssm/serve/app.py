@@ -166,7 +166,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     metrics = Metrics()
     tok = resolve_tokenizer(model)                   # the saved one; bytes for a model saved without one
     eos = model.config.eos_token_id if model.config.eos_token_id >= 0 else None
-    chat = ChatTemplate.from_model(model)
+    chat = ChatTemplate.from_model(model, tok)
     state: dict = {}
 
     remote = None
@@ -202,6 +202,21 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     async def _api_error(request, exc: ApiError):
         metrics.reject(f"http_{exc.status}")
         return _json(exc.status, error_body(exc.status, exc.message, exc.param), exc.headers)
+
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc: StarletteHTTPException):
+        """Starlette's own refusals (an unknown path, a method the path does not take) in OpenAI's error shape."""
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.url.path}; see GET /v1/models, POST /v1/completions, " \
+                      "POST /v1/chat/completions, GET /health, GET /metrics"
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("allow") or (exc.headers or {}).get("Allow")
+            message = f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}" if allowed else "")
+        else:
+            message = str(exc.detail)
+        return _json(exc.status_code, error_body(exc.status_code, message), dict(exc.headers or {}))
 
     @app.get("/health")
     async def health():

@@ -15,9 +15,13 @@ Chat: Chat completions through the tokenizer's chat template, when the model dir
 A model directory's ``tokenizer_config.json`` may carry a Jinja ``chat_template`` (Hugging Face's field).
 ``ChatTemplate.from_model(model)`` reads it (None when there is none: ``/v1/chat/completions`` then
 answers 400). The template is rendered in Jinja's immutable sandbox with ``messages``,
-``add_generation_prompt=True`` and the tokenizer's special tokens, and the request then runs as a
-completion of that prompt; answers take OpenAI's chat shapes (``chat.completion`` with a ``message``;
-``chat.completion.chunk`` with a ``delta`` when streamed).
+``add_generation_prompt=True``, the tokenizer's special tokens (``bos_token`` ...) and transformers' helpers
+``raise_exception`` (a template's refusal: a 400 carrying its message) and ``strftime_now``. The prompt is then
+encoded as transformers' ``apply_chat_template`` encodes it: each special-token string (``<bos>``, any
+``added_tokens`` entry marked special in the saved ``tokenizer.json``) becomes its id, the text between them
+goes through the tokenizer (as there, such a string inside a message's content is that special token too);
+the request then runs as a completion of those ids. Answers take OpenAI's chat shapes (``chat.completion``
+with a ``message``; ``chat.completion.chunk`` with a ``delta`` when streamed).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ApiError", "CompletionParams", "parse_completion", "completion_body", "chunk_body", "error_body",
-           "ChatTemplate"]
+           "ChatTemplate", "special_token_ids"]
 
 
 class ApiError(Exception):
@@ -206,17 +210,62 @@ def chunk_body(req, model_id: str, text: str, finish_reason: str | None, usage: 
     return body
 
 
-class ChatTemplate:
-    """A compiled chat template and the OpenAI chat response shapes."""
+def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = None) -> dict[str, int]:
+    """Special-token text -> id, as the saved tokenizer knows them: the ``added_tokens`` marked ``special`` in
+    ``tokenizer.json``, and the ``tokenizer_config.json`` tokens (``specials``: ``bos_token`` -> ``"<bos>"``) of
+    the roles our tokenizer has ids for (``bos_id``, ``eos_id``, ``pad_id``, ``sep_id``)."""
+    out: dict[str, int] = {}
+    try:
+        added = json.loads((path / "tokenizer.json").read_text()).get("added_tokens") or []
+    except (OSError, ValueError, AttributeError):
+        added = []
+    for t in added if isinstance(added, list) else []:
+        if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str) and t["content"] \
+                and isinstance(t.get("id"), int):
+            out[t["content"]] = t["id"]
+    for key, text in specials.items():
+        tid = getattr(tokenizer, key.removesuffix("_token") + "_id", None)
+        if text and text not in out and isinstance(tid, int) and not isinstance(tid, bool) and tid >= 0:
+            out[text] = tid
+    return out
 
-    def __init__(self, source: str, specials: dict[str, str]) -> None:
+
+class ChatTemplate:
+    """A compiled chat template and the OpenAI chat response shapes.
+
+    ``specials``: the template's special-token variables (``bos_token`` -> ``"<bos>"``); ``tokenizer`` and
+    ``special_ids`` (special-token text -> id, from the saved ``tokenizer.json``): with them the rendered prompt
+    is encoded as ``apply_chat_template`` encodes it (each special-token string one id, the text between them
+    through the tokenizer); without them the rendered text is the prompt."""
+
+    def __init__(self, source: str, specials: dict[str, str], tokenizer: Any = None,
+                 special_ids: dict[str, int] | None = None) -> None:
+        import jinja2.ext
+        from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        def raise_exception(message: Any) -> None:     # as transformers defines it for chat templates
+            raise TemplateError(message)
+
+        def strftime_now(fmt: str) -> str:
+            return time.strftime(fmt)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[jinja2.ext.loopcontrols])
+        env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
         self.template, self.specials = env.from_string(source), specials
+        self.tokenizer = tokenizer
+        self.special_ids = {k: int(v) for k, v in (special_ids or {}).items() if k}
+        self._split = None
+        if self.special_ids:
+            import re
+
+            # longest first, so that a special token containing another is matched whole
+            alternatives = sorted(self.special_ids, key=len, reverse=True)
+            self._split = re.compile("(" + "|".join(re.escape(t) for t in alternatives) + ")")
 
     @classmethod
-    def from_model(cls, model) -> ChatTemplate | None:
+    def from_model(cls, model, tokenizer: Any = None) -> ChatTemplate | None:
         path = getattr(model, "name_or_path", None)
         cfg = Path(path) / "tokenizer_config.json" if path else None
         if cfg is None or not cfg.is_file():
@@ -228,11 +277,27 @@ class ChatTemplate:
         source = meta.get("chat_template")
         if not isinstance(source, str) or not source.strip():
             return None
-        specials = {k: v for k, v in meta.items() if k.endswith("_token") and isinstance(v, str)}
-        return cls(source, specials)
+        specials = {}
+        for k, v in meta.items():             # "<bos>", or an AddedToken record {"content": "<bos>", ...}
+            v = v.get("content") if isinstance(v, dict) else v
+            if k.endswith("_token") and isinstance(v, str):
+                specials[k] = v
+        return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer))
+
+    def encode(self, prompt: str) -> list[int] | str:
+        """The rendered prompt's token ids (special-token strings as their ids), or the text without a tokenizer."""
+        if self.tokenizer is None:
+            return prompt
+        ids: list[int] = []
+        for i, piece in enumerate(self._split.split(prompt) if self._split is not None else [prompt]):
+            if i % 2:
+                ids.append(self.special_ids[piece])
+            elif piece:
+                ids += list(self.tokenizer.encode(piece))
+        return ids if ids else prompt          # an empty prompt: parse_prompt's own message
 
     def as_completion(self, body) -> dict:
-        """The completions body equivalent to a chat body (messages rendered into ``prompt``)."""
+        """The completions body equivalent to a chat body (messages rendered and encoded into ``prompt``)."""
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
         messages = body.get("messages")
@@ -244,11 +309,12 @@ class ChatTemplate:
         try:
             prompt = self.template.render(messages=messages, add_generation_prompt=True, **self.specials)
         except Exception as e:   # a template error (e.g. raise_exception on a role order) is the request's fault
-            raise ApiError(400, f"the chat template refused these messages: {e}", "messages") from None
+            text = " ".join(str(e).split()) or type(e).__name__
+            raise ApiError(400, f"the chat template refused these messages: {text}", "messages") from None
         out = {k: v for k, v in body.items() if k not in ("messages", "max_completion_tokens")}
         if body.get("max_completion_tokens") is not None:
             out["max_tokens"] = body["max_completion_tokens"]
-        out["prompt"] = prompt
+        out["prompt"] = self.encode(prompt)
         return out
 
     @staticmethod

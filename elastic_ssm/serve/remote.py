@@ -15,7 +15,14 @@ Messages (``multiprocessing`` pipes, one each way, pickled):
 * engine -> HTTP: ``("ready",)`` or ``("failed", message)`` once, then per engine step
   ``("ev", counters, {tier: tokens}, [(rid, kind, value, completion_tokens, first_token_at), ...])``
   (``counters``: ``Engine.counters()``, decode steps, prefill forwards, ... so far): every event
-  of that step in one message (``_Sink`` stands in for an event loop in ``engine.deliver``).
+  of that step in one message (``_Sink`` stands in for an event loop in ``engine.deliver``); ``("stopped",
+  "SIGTERM")`` when a SIGTERM stopped it.
+
+Shutdown: the engine process ignores SIGINT (a Ctrl-C reaches every process of the terminal's group; the HTTP
+process handles it and stops the engine with ``("stop",)``), and a SIGTERM (``kill``, a process manager, often
+sent to the whole group) stops it quietly, saying so first. Either way the server logs one info line ("the
+engine process stopped ...") instead of an error and a traceback; an engine process that ends on its own
+(a crash, killed) is an error, with its exit code.
 
 The HTTP side keeps the request objects (``engine.Request``) the handlers read, and does what needs them:
 the bound on waiting requests (``Busy`` when a tier's requests in flight reach its slots plus ``max_queue``,
@@ -32,6 +39,7 @@ import inspect
 import logging
 import math
 import multiprocessing as mp
+import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -75,21 +83,34 @@ class _Sink:
         self.conn.send(("ev", self.engine.counters(), counts, out))
 
 
+class _Stop(BaseException):
+    """Raised in the engine process by SIGTERM (not an ``Exception``: no handler on the way mistakes it for one)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)       # a second one must not interrupt the shutdown
+    raise _Stop
+
+
 def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
-    """The engine process: load the model, run ``Engine``, follow the HTTP process's commands."""
+    """The engine process: load the model, run ``Engine``, follow the HTTP process's commands; SIGINT ignored,
+    SIGTERM a quiet stop (see the module docstring)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    engine = None
     try:
-        model = load()
-        tokens = _Tokens()
-        engine = Engine(model, stall_timeout=math.inf, metrics=tokens, **kw)   # kw: the HTTP side's tokenizer
-    except Exception as e:
-        events.send(("failed", f"{type(e).__name__}: {e}"))
-        return
-    live: dict[int, Request] = {}
-    sink = _Sink(events, engine, tokens, live)
-    gc.freeze()     # the model, pools and modules out of the collector's sight: a full collection of them took ~120 ms,
-    engine.start()  # a stall of every stream when it fell between two decode steps
-    events.send(("ready",))
-    try:
+        try:
+            model = load()
+            tokens = _Tokens()
+            engine = Engine(model, stall_timeout=math.inf, metrics=tokens, **kw)   # kw: the HTTP side's tokenizer
+        except Exception as e:
+            events.send(("failed", f"{type(e).__name__}: {e}"))
+            return
+        live: dict[int, Request] = {}
+        sink = _Sink(events, engine, tokens, live)
+        gc.freeze()  # the model, pools and modules out of the collector's sight: a full collection of them took
+        engine.start()  # ~120 ms, a stall of every stream when it fell between two decode steps
+        events.send(("ready",))
         while True:
             msg = commands.recv()
             if msg[0] == "submit":
@@ -107,10 +128,17 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
                     req.cancel()
             elif msg[0] == "stop":
                 break
+    except _Stop:
+        try:
+            events.send(("stopped", "SIGTERM"))
+        except OSError:             # the HTTP process is gone already
+            pass
     except (EOFError, OSError):      # the HTTP process is gone
         pass
     finally:
-        engine.shutdown()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if engine is not None:
+            engine.shutdown()
 
 
 def model_view(path: str) -> Any:
@@ -168,6 +196,7 @@ class RemoteEngine:
         self._counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)   # the engine's, as of its last message
         self._next_rid = 0
         self._dead = False
+        self._stopped = False             # shutdown() ran, or the engine said it stopped: said once, as info
         self._loop = None
         self._watch = None
 
@@ -199,6 +228,7 @@ class RemoteEngine:
         self._watch = loop.create_task(self._watch_stalls())
 
     def shutdown(self) -> None:
+        """Stop the engine process (idempotent); one info line the first time."""
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._ev.fileno())
             if self._watch is not None:
@@ -213,6 +243,9 @@ class RemoteEngine:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
+        if not self._stopped:
+            self._stopped = True
+            log.info("the engine process stopped (server shutdown)")
 
     def alive(self) -> bool:
         return not self._dead and self._proc.is_alive()
@@ -262,6 +295,9 @@ class RemoteEngine:
                 msg = self._ev.recv()
                 if msg[0] == "ev":
                     self._dispatch(*msg[1:])
+                elif msg[0] == "stopped":
+                    self._engine_died(stopped_by=msg[1])
+                    return
         except (EOFError, OSError):
             self._engine_died()
 
@@ -289,16 +325,26 @@ class RemoteEngine:
             req.emitted += 1
             req.queue.put_nowait((kind, value))
 
-    def _engine_died(self) -> None:
+    def _engine_died(self, stopped_by: str | None = None) -> None:
+        """The engine process ended: a stop it was sent (``stopped_by``: the signal) is one info line, any other
+        end an error with its exit code; the requests in flight end with an error either way."""
         if self._dead:
             return
         self._dead = True
-        log.error("the engine process ended (exit code %s); failing %d requests", self._proc.exitcode, len(self.live))
         self._loop.remove_reader(self._ev.fileno())
+        if stopped_by is not None:
+            self._stopped = True
+            log.info("the engine process stopped (%s)%s", stopped_by,
+                     f"; ending {len(self.live)} requests in flight" if self.live else "")
+        else:
+            self._proc.join(2)                  # its exit code (a signal: negative), not None while unreaped
+            log.error("the engine process ended (exit code %s); failing %d requests", self._proc.exitcode,
+                      len(self.live))
         for req in self.live.values():
             req.finish_reason = "error"
             req.emitted += 1
-            req.queue.put_nowait(("error", "the server's engine stopped"))
+            req.queue.put_nowait(("error", "the server is shutting down" if stopped_by is not None
+                                  else "the server's engine stopped"))
         self.live.clear()
         self.in_flight = {t: 0 for t in self.tiers}
 

@@ -215,3 +215,29 @@ def test_console_script_reads_lm_evals_short_flags():
     assert _set_flag(argv, "--output_path", "res/T1")[4] == "--output_path=res/T1"
     assert _pop_flag(argv, "--csv") == ([*argv[:5], "--tasks", "t"], "s.csv")
     assert _set_flag(["--tasks", "t"], "--device", "cpu") == ["--tasks", "t", "--device", "cpu"]
+
+
+def test_console_script_reports_bad_input_in_one_line(tiny, tmp_path, monkeypatch, capsys):
+    """``elastic-ssm-lm-eval`` reports a user's mistake as ``elastic-ssm lm-eval`` does: one line, exit 2."""
+    from elastic_ssm.eval import harness
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("ELASTIC_SSM_DEBUG", raising=False)
+    _local_task(tmp_path / "tasks")
+    tiny.save_pretrained(tmp_path / "model")
+    model, tasks = str(tmp_path / "model"), str(tmp_path / "tasks")
+    cases = [(f"pretrained={model},tier=T11", "tiny_choice", "tier=T11"),
+             (f"pretrained={model}", "no_such_task", "no_such_task"),
+             (f"pretrained={tmp_path / 'missing'}", "tiny_choice", "missing does not exist"),
+             ("pretrained", "tiny_choice", "is not key=value"),
+             ("tier=all", "tiny_choice", "needs pretrained=DIR")]
+    for model_args, task, named in cases:
+        capsys.readouterr()
+        code = harness.main(["--model_args", model_args, "--tasks", task, "--include_path", tasks, "--device", "cpu"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2, model_args
+        assert len(err) == 1 and err[0].startswith("elastic-ssm lm-eval: error: ") and named in err[0], err
+        assert "Traceback" not in err[0]
+    with pytest.raises(ValueError, match="T11"):       # --debug: the exception itself, with its traceback
+        harness.main(["--model_args", f"pretrained={model},tier=T11", "--tasks", "tiny_choice", "--debug"])

@@ -114,3 +114,40 @@ def test_beam_search_scores_equal_the_forward(saved):
     want = logp.gather(-1, out.sequences[:, T:, None]).squeeze(-1).sum(-1)
     assert len(set(map(tuple, out.sequences.tolist()))) == 3
     torch.testing.assert_close(out.sequences_scores.float(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_generation_defaults_are_ours_not_transformers(saved):
+    """transformers 5 defaults to top_k=50 and the text-generation pipeline to sampling at temperature 0.7;
+    the wrapper's generation_config restores ESSH.generate's defaults (greedy; no top-k unless asked)."""
+    model, path = saved
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    assert hf.generation_config.do_sample is False
+    ours = model.generate(PROMPT, max_new_tokens=16)                        # no sampling arguments: greedy
+    assert torch.equal(hf.generate(PROMPT, max_new_tokens=16), ours)
+    for kw in ({"top_p": 0.9}, {}, {"temperature": 1.3}):                  # no top_k given: no top-k cut
+        torch.manual_seed(5)
+        ours = model.generate(PROMPT, max_new_tokens=24, do_sample=True, **kw)
+        torch.manual_seed(5)
+        theirs = hf.generate(PROMPT, max_new_tokens=24, do_sample=True, **kw)
+        assert torch.equal(theirs, ours), kw
+    gen = pipeline("text-generation", model=str(path))
+    texts = [gen("def main():", max_new_tokens=16)[0]["generated_text"] for _ in range(2)]
+    ids = model.generate(torch.tensor([list(b"def main():")]), max_new_tokens=16)
+    assert texts == [model.tokenizer.decode(ids[0].tolist())] * 2              # no do_sample: greedy, ours
+    torch.manual_seed(7)
+    sampled = gen("def main():", max_new_tokens=16, do_sample=True)[0]["generated_text"]
+    torch.manual_seed(7)
+    ids = model.generate(torch.tensor([list(b"def main():")]), max_new_tokens=16, do_sample=True)
+    assert sampled == model.tokenizer.decode(ids[0].tolist())                  # temperature 1, not 0.7
+
+
+@pytest.mark.parametrize("tier", ["", "  "])
+def test_an_empty_tier_is_an_error_not_the_full_model(saved, tier):
+    _, path = saved
+    with pytest.raises(ValueError, match=r"is empty: give a tier name such as 'T4'"):
+        AutoModelForCausalLM.from_pretrained(path, tier=tier)
+    with pytest.raises(ValueError, match="is empty"):                       # the tier given through the config
+        AutoModelForCausalLM.from_pretrained(path, config=AutoConfig.from_pretrained(path, tier=tier))
+    with pytest.raises(ValueError, match="is empty"):
+        elastic_ssm.hf.ESSHHFConfig(tier=tier)
+    assert AutoModelForCausalLM.from_pretrained(path, tier="full").config.tier is None

@@ -240,3 +240,69 @@ def test_a_chunk_without_its_text_as_one_string_is_rendered_whole():
     render = lambda req, model_id, text, finish: {"chars": list(text), "model": model_id}  # noqa: E731
     event = _text_event(render, SimpleNamespace(), "m")
     assert event('a"b') == "data: " + json.dumps({"chars": ["a", '"', "b"], "model": "m"}) + "\n\n"
+
+
+def _with_template(model_dir, tmp_path, template):
+    import shutil
+
+    path = tmp_path / "templated"
+    shutil.copytree(model_dir, path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def test_chat_template_special_tokens_are_their_ids_as_in_apply_chat_template(model_dir, tmp_path):
+    """``{{ bos_token }}`` (and any special-token string the template writes) is one id, not its characters'
+    bytes: the prompt ids equal transformers' ``apply_chat_template``'s."""
+    from elastic_ssm.data.tokenizer_files import resolve_tokenizer
+    from elastic_ssm.serve.protocol import ChatTemplate
+
+    template = ("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}<sep>{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}")
+    path = _with_template(model_dir, tmp_path, template)
+    model = es.ESSH.from_pretrained(path)
+    chat = ChatTemplate.from_model(model, resolve_tokenizer(model))
+    messages = [{"role": "user", "content": "hi"}]
+    ids = chat.as_completion({"model": "tiny", "messages": messages})["prompt"]
+    assert ids == [257, *b"<user>hi", 259, *b"<assistant>"]          # <bos> = 257, <sep> = 259 (byte tokenizer)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(path)
+    expected = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    expected = expected["input_ids"] if isinstance(expected, dict) or hasattr(expected, "keys") else expected
+    assert ids == list(expected)
+    with _client(path) as c:
+        r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_chat_template_raise_exception_refuses_with_the_templates_message(model_dir, tmp_path):
+    template = ("{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
+                "{{ raise_exception('Only user and assistant roles are supported, got ' + m.role) }}"
+                "{% endif %}{{ m.content }}{% endfor %}")
+    with _client(_with_template(model_dir, tmp_path, template)) as c:
+        bad = c.post("/v1/chat/completions", json={"model": "tiny", "max_tokens": 2,
+                                                   "messages": [{"role": "system", "content": "x"}]})
+        assert bad.status_code == 400, bad.text
+        err = bad.json()["error"]
+        assert err["param"] == "messages" and err["type"] == "invalid_request_error"
+        assert err["message"] == ("the chat template refused these messages: Only user and assistant roles are "
+                                  "supported, got system")
+        ok = c.post("/v1/chat/completions", json={"model": "tiny", "max_tokens": 2,
+                                                  "messages": [{"role": "user", "content": "x"}]})
+        assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] == 1
+
+
+def test_unknown_paths_and_methods_answer_in_the_openai_error_shape(model_dir):
+    with _client(model_dir) as c:
+        r = c.get("/v1/nothing")
+        assert r.status_code == 404
+        err = r.json()["error"]
+        assert err["type"] == "not_found_error" and err["code"] == 404 and "/v1/nothing" in err["message"]
+        assert "detail" not in r.json()
+        r = c.get("/v1/completions")
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        err = r.json()["error"]
+        assert err["code"] == 405 and err["message"] == "GET is not allowed on /v1/completions; use POST"

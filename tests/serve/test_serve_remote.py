@@ -135,3 +135,56 @@ def test_stub_pool_gives_each_stream_its_last_token_plus_one():
         assert [r.tokens for r in reqs] == [[1023, 0, 1], [1018, 1019, 1020]]
     finally:
         eng.shutdown()
+
+
+def test_a_signal_to_the_process_group_stops_the_engine_quietly(model_dir, caplog):
+    """Ctrl-C (SIGINT to the whole group) is the HTTP process's to handle: the engine process ignores it and is
+    stopped by ``shutdown``; a SIGTERM stops it at once, saying so. Each is one info line, never an error."""
+    import logging
+    import os
+    import signal
+
+    view = model_view(str(model_dir))
+
+    async def main(eng):
+        loop = asyncio.get_running_loop()
+        eng.start().attach(loop)
+        req = Request(tier="T1", prompt=list(b"def f("), max_tokens=4000, temperature=0.7, loop=loop,
+                      queue=asyncio.Queue())
+        eng.submit(req)
+        await req.queue.get()
+        req.took()
+        os.kill(eng._proc.pid, signal.SIGINT)              # the group's Ctrl-C, as the engine process sees it
+        await asyncio.sleep(1.0)
+        assert eng.alive() and req.finish_reason is None     # still serving
+        os.kill(eng._proc.pid, signal.SIGTERM)
+        kinds = (await _run(req))[1]
+        assert kinds[-1] == "error" and not eng.alive()
+        eng._proc.join(10)
+        assert eng._proc.exitcode == 0                       # ended on its own terms, not killed by the signal
+
+    caplog.set_level(logging.INFO, logger="elastic_ssm.serve")
+    eng = RemoteEngine(functools.partial(load_pretrained, str(model_dir)), view, ["T1"], slots=1)
+    try:
+        asyncio.run(main(eng))
+    finally:
+        eng.shutdown()
+    records = [r for r in caplog.records if r.name == "elastic_ssm.serve"]
+    assert [(r.levelname, r.getMessage()) for r in records] == \
+        [("INFO", "the engine process stopped (SIGTERM); ending 1 requests in flight")]
+
+    caplog.clear()
+    eng = RemoteEngine(functools.partial(load_pretrained, str(model_dir)), view, ["T1"], slots=1)
+
+    async def interrupted():
+        eng.start().attach(asyncio.get_running_loop())
+        os.kill(eng._proc.pid, signal.SIGINT)
+        await asyncio.sleep(0.5)
+        assert eng.alive()
+        eng.shutdown()
+        eng.shutdown()                                       # the lifespan and the command both call it: said once
+
+    asyncio.run(interrupted())
+    assert eng._proc.exitcode == 0
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "elastic_ssm.serve"] == \
+        [("INFO", "the engine process stopped (server shutdown)")]
