@@ -112,7 +112,8 @@ class TrainOptions:
     resume: str | None = flag(None, "continue from the latest checkpoint in train.out_dir; '--resume auto' starts "
                                     "fresh when there is none yet (for jobs requeued with the same command)",
                               nargs="?", const="yes", choices=("yes", "auto"))
-    overwrite: bool = flag(False, "start fresh in a train.out_dir that holds another run (that run is moved aside)")
+    overwrite: bool = flag(False, "start fresh in a train.out_dir that holds another run or other files (they are "
+                           "moved aside, never deleted)")
     stop_after: int = flag(0, "end this call at step N of the current stage with a checkpoint there and no final "
                               "model (continue with --resume; 0: run to the end)", minimum=0)
 
@@ -279,4 +280,4 @@ class QuickstartOptions:
     steps: int = flag(0, "override the training steps (0: config default)", minimum=0)
     config: str | None = flag(None, "run YAML (default: the embedded quickstart config)")
     control: bool = flag(True, "also train the dense control (full capacity only) and truncate it to T1")
-    overwrite: bool = flag(False, "move the runs of an earlier quickstart in --out aside")
+    overwrite: bool = flag(False, "move the outputs of an earlier quickstart in --out (runs, exports, report) aside")
