@@ -49,6 +49,20 @@ def write_run(root: Path, steps: int = 7) -> Path:
     return cfg
 
 
+def trained_run(root: Path, steps: int, *extra: str) -> tuple[Path, Path]:
+    """A run file under ``root`` trained in process into ``root/run`` (``extra``: more CLI flags, e.g.
+    ``--stop-after 3``), warnings silenced; returns ``(run file, run directory)``."""
+    import warnings
+
+    from elastic_ssm.cli import main
+
+    cfg = write_run(root, steps=steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(root / "run"), *extra]) == 0
+    return cfg, root / "run"
+
+
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 

@@ -20,12 +20,7 @@ from elastic_ssm.models.base import CheckpointError
 @pytest.fixture(scope="module")
 def done(tmp_path_factory):
     """A finished 2-step run (in process) and its run file."""
-    root = tmp_path_factory.mktemp("done")
-    cfg = harness.write_run(root, steps=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main(["train", "--config", str(cfg), "--train.out_dir", str(root / "run")]) == 0
-    return cfg, root / "run"
+    return harness.trained_run(tmp_path_factory.mktemp("done"), 2)
 
 
 def _copy(done, tmp_path):

@@ -15,13 +15,9 @@ from elastic_ssm.config import ConfigError
 @pytest.fixture(scope="module")
 def cut(tmp_path_factory):
     """An unfinished run (6 steps, stopped after step 3; checkpoints step 2 and 3 kept) and its run file."""
-    root = tmp_path_factory.mktemp("cut")
-    cfg = harness.write_run(root, steps=6)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main(["train", "--config", str(cfg), "--train.out_dir", str(root / "run"), "--stop-after", "3"]) == 0
-    assert sorted(p.name for p in (root / "run" / "pretrain").glob("step_*")) == ["step_0000002", "step_0000003"]
-    return cfg, root / "run"
+    cfg, run = harness.trained_run(tmp_path_factory.mktemp("cut"), 6, "--stop-after", "3")
+    assert sorted(p.name for p in (run / "pretrain").glob("step_*")) == ["step_0000002", "step_0000003"]
+    return cfg, run
 
 
 def _copy(cut, tmp_path):
