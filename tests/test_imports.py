@@ -132,4 +132,4 @@ def test_the_tests_mirror_the_package_folders():
     folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
     assert folders - packages <= {"faults", "fixtures"}, sorted(folders - packages - {"faults", "fixtures"})
     top = sorted(p.name for p in tests.glob("test_*.py"))
-    assert top == ["test_cli.py", "test_cli_options.py", "test_imports.py"], top
+    assert "test_cli.py" in top and all(n.startswith("test_cli") or n == "test_imports.py" for n in top), top
