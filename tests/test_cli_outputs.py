@@ -183,3 +183,25 @@ def test_tier_lists_with_spaces_in_every_verb(model_dir, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("def")
     assert main(["generate", str(model_dir), "--tier", "T1, T4", "--prompt", "def"]) == 2
     assert "names several tiers" in one_error_line(capsys)
+
+
+def test_a_standalone_export_loads_by_the_name_of_the_tier_it_was_cut_from(tmp_path):
+    """``exports/T4`` has one tier of its own (named T1); ``tier="T4"`` is the whole export, any other name is
+    refused with the tier it was cut from."""
+    import elastic_ssm as es
+
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    es.export_tier(model, "T4").save_pretrained(tmp_path / "T4")
+    whole = es.ESSH.from_pretrained(tmp_path / "T4")
+    named = es.ESSH.from_pretrained(tmp_path / "T4", tier="T4")
+    assert named.num_parameters() == whole.num_parameters() == model.num_parameters("T4")
+    with pytest.raises(ValueError, match="standalone export of tier T4"):
+        es.ESSH.from_pretrained(tmp_path / "T4", tier="T6")
+    with pytest.raises(ValueError, match="unknown tier 'T66'") as err:
+        es.ESSH.from_pretrained(_saved_parent(model, tmp_path), tier="T66")
+    assert "standalone export" not in str(err.value)
+
+
+def _saved_parent(model, tmp_path):
+    model.save_pretrained(tmp_path / "full")
+    return tmp_path / "full"

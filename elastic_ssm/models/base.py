@@ -326,8 +326,8 @@ class ElasticModel(nn.Module):
             pool.shutdown(wait=False)
         rules: list[SliceRule] = []
         source = dict(meta.get("source") or {})
-        if tier is not None:
-            t = tiers_mod.resolve_tier(config, tier)
+        t = _tier_of_directory(config, tier, source, path) if tier is not None else None
+        if t is not None:
             rules = cls.slice_rules(config, t)
             source = {"parent": str(path), "tier": t.name, "parent_config": config.to_dict()}
             config = cls.tier_config(config, t)
@@ -355,6 +355,22 @@ class ElasticModel(nn.Module):
 
     def load_tier_state(self, state: dict[str, torch.Tensor]) -> None:
         _load_strict(self, state, "state dict")
+
+
+def _tier_of_directory(config: Any, tier: TierLike, source: dict[str, Any], path: Path) -> tiers_mod.Tier | None:
+    """``tier`` of the saved ``config``; None (the whole model) when the directory is a standalone export of the
+    tier named ``tier`` (``exports/T4`` loaded with ``tier="T4"``: its own table has one tier, named T1). Any other
+    unknown name is the config's ``ValueError``, which for an export also says what the directory holds."""
+    try:
+        return tiers_mod.resolve_tier(config, tier)
+    except ValueError as e:
+        exported = source.get("tier") if source.get("parent_config") else None
+        if exported is not None and isinstance(tier, str) and tier.strip() == exported:
+            return None
+        if exported is not None:
+            raise ValueError(f"{e}; {path} is a standalone export of tier {exported}: load it whole (no tier, or "
+                             f"tier={exported!r})") from None
+        raise
 
 
 def _saved_tokenizer(path: Path, record: dict[str, Any] | None) -> Any:
