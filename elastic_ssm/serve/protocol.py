@@ -230,6 +230,24 @@ def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = Non
     return out
 
 
+
+def text_content(content, index: int) -> str:
+    """A chat message's ``content`` as text: a string, or OpenAI's list of content parts whose ``text`` parts are
+    joined (``[{"type": "text", "text": "..."}]``); any other part (an image, audio) is a 400 naming it, since
+    the model reads text only."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(isinstance(part, dict) for part in content):
+        kinds = [part.get("type") for part in content]
+        other = next((k for k in kinds if k != "text"), None)
+        if other is not None:
+            raise ApiError(400, f"messages[{index}].content has a {other!r} part; this model reads text only "
+                           "(content parts of type 'text')", "messages")
+        if all(isinstance(part.get("text"), str) for part in content):
+            return "".join(part["text"] for part in content)
+    raise ApiError(400, f"messages[{index}].content must be a string or a list of {{type: 'text', text}} parts",
+                   "messages")
+
 class ChatTemplate:
     """A compiled chat template and the OpenAI chat response shapes.
 
@@ -302,10 +320,9 @@ class ChatTemplate:
             raise ApiError(400, "the request body must be a JSON object")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
-            raise ApiError(400, "messages must be a non-empty list of {role, content} objects with string content",
-                           "messages")
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
+        messages = [{**m, "content": text_content(m.get("content"), i)} for i, m in enumerate(messages)]
         try:
             prompt = self.template.render(messages=messages, add_generation_prompt=True, **self.specials)
         except Exception as e:   # a template error (e.g. raise_exception on a role order) is the request's fault

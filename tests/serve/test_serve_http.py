@@ -306,3 +306,22 @@ def test_unknown_paths_and_methods_answer_in_the_openai_error_shape(model_dir):
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         err = r.json()["error"]
         assert err["code"] == 405 and err["message"] == "GET is not allowed on /v1/completions; use POST"
+
+
+def test_chat_content_may_be_a_list_of_text_parts_as_openai_clients_send(model_dir, tmp_path):
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
+    with _client(_with_template(model_dir, tmp_path, template)) as c:
+        def chat(content):
+            return c.post("/v1/chat/completions", json={"model": "tiny", "max_tokens": 1, "temperature": 0,
+                                                        "messages": [{"role": "user", "content": content}]})
+
+        plain = chat("hello there")
+        parts = chat([{"type": "text", "text": "hello "}, {"type": "text", "text": "there"}])
+        assert plain.status_code == parts.status_code == 200, parts.text
+        assert parts.json()["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]
+        assert parts.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+        image = chat([{"type": "image_url", "image_url": {"url": "http://x"}}])
+        assert image.status_code == 400 and "'image_url' part" in image.json()["error"]["message"]
+        for bad in (7, [], [{"type": "text"}], None):
+            r = chat(bad)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "messages", (bad, r.text)
