@@ -228,8 +228,8 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
 
     checkpoint: str = flag(help="model directory (with its tokenizer)", positional=True, metavar="MODEL_DIR")
     tiers: str = flag("all", "'all' or comma-separated tiers to serve (T1,T4,T10)")
-    tier: str | None = flag(None, "default tier (model id without '@'): a served tier or 'auto' (es.select_tier "
-                                  "under the budget flags); default: the largest")
+    tier: str | None = flag(None, "default tier (model id without '@'): one of --tiers or 'auto' (es.select_tier "
+                                  "under the budget flags; served too if --tiers lacks it); default: the largest")
     name: str | None = flag(None, "model name in the API (default: the directory's name)")
     host: str = flag("127.0.0.1", "address to bind (default: local only)")
     port: int = flag(8000, "TCP port (0: any free port)", minimum=0, maximum=65535)

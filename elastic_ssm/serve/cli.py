@@ -85,9 +85,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; serving runs the fused ESSH decoder")
     model.tokenizer = resolve_tokenizer(model, args.tokenizer)   # the saved one; bytes for a model saved without
     table = [t.name for t in model.tier_table()]
-    tiers = table if args.tiers == "all" else [model.resolve_tier(t.strip()).name for t in args.tiers.split(",")]
+    tiers = checked_tiers(model, args.tiers) or table
+    if args.tier not in (None, "auto") and model.resolve_tier(args.tier.strip()).name not in tiers:
+        raise ConfigError(f"--tier {args.tier} is not one of the served --tiers {','.join(tiers)}; add it to --tiers, "
+                          "or pick one of them")
     default = auto_tier(args.checkpoint, args) if args.tier == "auto" else (
-        tiers[-1] if args.tier is None else model.resolve_tier(args.tier).name)
+        tiers[-1] if args.tier is None else model.resolve_tier(args.tier.strip()).name)
+    if default not in tiers:                     # --tier auto picked a tier outside --tiers: it is served too
+        status(f"--tier auto picked {default}, which --tiers does not list; serving it too", file=sys.stderr)
     tiers = sorted(set(tiers) | {default}, key=table.index)
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     name = args.name or Path(args.checkpoint).resolve().name

@@ -199,6 +199,9 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
         assert c.get("/v1/models").status_code == 401
         models = c.get("/v1/models", headers=KEY).json()["data"]
         assert [(m["id"], m["tier"]) for m in models] == [("tiny", "T3"), ("tiny@T1", "T1"), ("tiny@T3", "T3")]
+    served = len(runs)
+    assert main(["serve", str(model_dir), "--tiers", "T1, T4", "--tier", "T10", "--device", "cpu"]) == 2
+    assert len(runs) == served                              # an explicit default outside --tiers: refused, not added
 
 
 def test_a_running_server_keeps_its_start_up_objects_out_of_full_collections(model_dir):
