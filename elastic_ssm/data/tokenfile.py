@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..utils.files import atomic_write_text, atomic_writer
-from .corpora import cap_bytes, iter_documents, stdlib_root
+from .corpora import VAL_FRACTION, cap_bytes, iter_documents, stdlib_root
 from .packing import TokenArray, iter_token_chunks, pack_documents
 from .tokenizers import load_tokenizer
 
@@ -232,6 +232,12 @@ def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_b
     except ValueError as e:
         if "no non-empty documents" not in str(e):
             raise
+        whole = Path(str(source))
+        size = whole.stat().st_size if whole.is_file() else 0
+        if split is not None and size > 0:     # the file has text, its split has none: it is too small to split
+            raise ValueError(f"source {str(source)!r} holds {size:,} bytes, too few to give its {split} split any "
+                             f"text (a text file's last {VAL_FRACTION:.0%}, cut at a line break, is validation); use "
+                             "a larger file, or another source for that split") from None
         raise ValueError(f"source {str(source)!r} (split {split}) holds no text to tokenize; give a non-empty "
                          "file or folder") from None
     arr.meta.update(source=str(source), split=split, tokenizer=tok.spec)

@@ -44,3 +44,10 @@ def test_importance_names_its_own_flag_and_leaves_no_empty_folder(saved, capsys)
     assert cli_main(["importance", str(saved / "m"), "--data", str(saved / "empty.txt"), "--out", str(out)]) == 2
     capsys.readouterr()
     assert not out.exists()
+
+
+def test_a_file_too_small_for_its_validation_split_is_named_as_such(saved, capsys):
+    (saved / "tiny.txt").write_text("abc")
+    assert cli_main(["eval", str(saved / "m"), "--data", str(saved / "tiny.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "holds 3 bytes, too few to give its validation split any text" in err
