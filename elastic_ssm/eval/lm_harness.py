@@ -279,6 +279,10 @@ def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | 
     return rows
 
 
+#: keys of lm-eval's per-task results that are bookkeeping, not scores (the task's name, its number of samples)
+_NOT_METRICS = frozenset({"alias", "sample_len", "samples"})
+
+
 def result_rows(results: dict[str, Any], tier: Any) -> list[dict[str, Any]]:
     """lm-eval's ``results`` of one tier as rows ``{"tier", "K", "n_ff", "params", "task", "metric",
     "value", "stderr"}`` (one per task and metric; ``tier`` is a ``Tier``)."""
@@ -286,7 +290,7 @@ def result_rows(results: dict[str, Any], tier: Any) -> list[dict[str, Any]]:
     for task, metrics in sorted(results["results"].items()):
         for key, value in metrics.items():
             metric, _, flt = key.partition(",")
-            if metric.endswith("_stderr") or not isinstance(value, (int, float)) or metric == "alias":
+            if metric.endswith("_stderr") or not isinstance(value, (int, float)) or metric in _NOT_METRICS:
                 continue
             stderr = metrics.get(f"{metric}_stderr,{flt}")
             rows.append({"tier": tier.name, "K": tier.K, "n_ff": tier.n_ff, "params": tier.params, "task": task,

@@ -241,3 +241,14 @@ def test_console_script_reports_bad_input_in_one_line(tiny, tmp_path, monkeypatc
         assert "Traceback" not in err[0]
     with pytest.raises(ValueError, match="T11"):       # --debug: the exception itself, with its traceback
         harness.main(["--model_args", f"pretrained={model},tier=T11", "--tasks", "tiny_choice", "--debug"])
+
+
+def test_result_rows_keep_scores_and_drop_bookkeeping():
+    from elastic_ssm.elastic.tiers import Tier
+    from elastic_ssm.eval.lm_harness import result_rows
+
+    tier = Tier(name="T4", index=4, xi=0.3125, K=18, n_ff=768, params=1000)
+    res = {"results": {"piqa": {"alias": "piqa", "sample_len": 1838, "acc,none": 0.6, "acc_stderr,none": 0.01,
+                                "acc_norm,none": 0.61, "acc_norm_stderr,none": "N/A"}}}
+    rows = result_rows(res, tier)
+    assert [(r["metric"], r["value"], r["stderr"]) for r in rows] == [("acc", 0.6, 0.01), ("acc_norm", 0.61, None)]
