@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError, TrainConfig
-from .rundir import RunLock, check_free_disk, claim_run_dir, clean_stale_files, has_checkpoint
+from .rundir import LOCK_NAME, RunLock, check_free_disk, claim_run_dir, clean_stale_files, has_checkpoint
 
 __all__ = ["preflight", "start_run", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD",
            "read_run_record"]
@@ -121,6 +121,8 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
     if resume is True and not out.is_dir():
         raise ConfigError(f"--resume: {out} does not exist, so there is no run to continue; run without --resume "
                           "to start one there")
+    made = [d for d in (out, *out.parents) if not d.exists()]       # the folders mkdir creates, deepest first
+    had_lock = (out / LOCK_NAME).exists()
     out.mkdir(parents=True, exist_ok=True)
     lock = RunLock(out).acquire()
     try:
@@ -140,9 +142,22 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
 
             atomic_write_bytes(out / RUN_RECORD, yaml.safe_dump(record, sort_keys=False).encode())
     except BaseException:
-        lock.release()
+        _undo_claim(out, lock, made, had_lock)
         raise
     return lock, bool(resume)
+
+
+def _undo_claim(out: Path, lock: RunLock, made: list[Path], had_lock: bool) -> None:
+    """A refused start leaves ``out`` as it found it: the lock file it created is removed (while still held, so
+    no other run can have locked it in between) and so are the folders it created, each only when empty."""
+    if not had_lock:
+        (out / LOCK_NAME).unlink(missing_ok=True)
+    lock.release()
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def start_run(model: Any, cfg: Any, ctx: Any, resume: bool | str, overwrite: bool,

@@ -27,9 +27,8 @@ def _copy(cut, tmp_path):
 
 
 def _snapshot(path):
-    """Every file under ``path`` and its bytes (the run lock, emptied when released, left out)."""
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+    """Every file under ``path`` and its bytes (a refused start removes the lock file it created)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 def _train(cfg, out, *extra):
@@ -210,3 +209,24 @@ def test_quickstart_overwrite_moves_its_outputs_aside(tmp_path):
     dest = _claim_outputs(out, control=True, overwrite=True)
     assert dest.parent == out and _snapshot(dest) == before
     assert not (out / "report.md").exists() and not (out / "exports").exists()
+
+
+def test_a_start_refused_after_the_folder_was_made_leaves_no_folder_or_lock(cut, tmp_path, capsys, monkeypatch):
+    """A refusal after ``preflight`` made the folder and took its lock (here: not enough free disk) removes both;
+    in a folder that already existed, only the lock file it created goes."""
+    from elastic_ssm.config import ConfigError
+    from elastic_ssm.train import preflight
+
+    def full_disk(*args, **kwargs):
+        raise ConfigError("not enough free disk (test)")
+
+    monkeypatch.setattr(preflight, "check_free_disk", full_disk)
+    cfg, _ = cut
+    fresh = tmp_path / "new" / "run"
+    assert _train(cfg, fresh, "--stop-after", "1") == 2 and not fresh.parent.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert _train(cfg, kept, "--stop-after", "1") == 2
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+    capsys.readouterr()
