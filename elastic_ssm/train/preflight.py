@@ -21,7 +21,15 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError, TrainConfig
-from .rundir import LOCK_NAME, RunLock, check_free_disk, claim_run_dir, clean_stale_files, has_checkpoint
+from .rundir import (
+    LOCK_NAME,
+    RunLock,
+    check_free_disk,
+    claim_run_dir,
+    clean_stale_files,
+    has_checkpoint,
+    refuse_unusable_run,
+)
 
 __all__ = ["preflight", "start_run", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD",
            "read_run_record"]
@@ -127,6 +135,7 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
     lock = RunLock(out).acquire()
     try:
         if resume == "auto":
+            refuse_unusable_run(out)            # damaged checkpoints only: named, never "no checkpoint yet"
             resume = has_checkpoint(out)
             what = "continuing the run" if resume else "no checkpoint yet, starting"
             print(f"[train] --resume auto: {what} in {out}")

@@ -230,3 +230,20 @@ def test_a_start_refused_after_the_folder_was_made_leaves_no_folder_or_lock(cut,
     assert _train(cfg, kept, "--stop-after", "1") == 2
     assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
     capsys.readouterr()
+
+
+def test_the_python_api_resume_auto_names_damaged_checkpoints_first(cut, tmp_path, capsys):
+    """``train(resume="auto")`` called directly (not through the CLI's own check) refuses before saying anything
+    about a fresh start."""
+    import elastic_ssm as es
+    from elastic_ssm.config import TrainConfig
+    from elastic_ssm.train import train
+
+    cfg, run = _copy(cut, tmp_path)
+    for step in ("step_0000002", "step_0000003"):
+        _append(run / "pretrain" / step / "train_config.yaml")
+    capsys.readouterr()
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    with pytest.raises(ConfigError, match="fail their check"):
+        train(model, [], TrainConfig(steps=6, out_dir=str(run), device="cpu"), resume="auto")
+    assert "no checkpoint yet" not in capsys.readouterr().out
