@@ -86,10 +86,9 @@ def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
     for name in ("elastic", "dense"):               # never move a run that a live process is writing
         if (out / name / ".lock").is_file():
             RunLock(out / name, owner="quickstart run", flag="--out").acquire().release()
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest, n = out / f"replaced-{stamp}", 1
-    while dest.exists():
-        dest, n = out / f"replaced-{stamp}-{n}", n + 1
+    from .utils.files import free_stamped_path
+
+    dest = free_stamped_path(out, "replaced-")
     dest.mkdir()
     for name in names:
         os.replace(out / name, dest / name)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ..elastic.tiers import state_bytes
-from ..utils.files import atomic_write_bytes
+from ..utils.files import atomic_write_bytes, free_stamped_path
 from .select import PROFILE_FILE, QUALITY_FILE
 from .slots import SlotPool
 
@@ -120,10 +120,7 @@ def _not_comparable(old, new: dict, keys: tuple[str, ...]) -> str | None:
 
 
 def _aside(target: Path) -> Path:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest, n = target.with_name(f"{target.stem}.replaced-{stamp}.json"), 1
-    while dest.exists():
-        dest, n = target.with_name(f"{target.stem}.replaced-{stamp}-{n}.json"), n + 1
+    dest = free_stamped_path(target.parent, f"{target.stem}.replaced-", ".json")
     os.replace(target, dest)
     return dest
 

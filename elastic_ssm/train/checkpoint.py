@@ -42,7 +42,6 @@ import os
 import random
 import re
 import shutil
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,7 @@ import torch
 from torch import nn
 
 from ..models.base import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, file_sha256
-from ..utils.files import atomic_write_bytes, fsync_dir
+from ..utils.files import atomic_write_bytes, free_stamped_path, fsync_dir
 from .dist import DistContext, barrier, broadcast_object, is_sharded
 
 __all__ = ["DataStream", "save_checkpoint", "load_checkpoint", "find_checkpoint", "valid_checkpoints",
@@ -174,12 +173,9 @@ def _is_complete(path: Path) -> bool:
 def move_damaged(path: Path) -> Path:
     """Move checkpoint directory ``path`` (``<out_dir>/<stage>/step_X``) to
     ``<out_dir>/damaged/<stage>/step_X.damaged-<UTC time>`` (nothing is deleted); returns the new path."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     folder = path.parent.parent / DAMAGED_DIR / path.parent.name
     folder.mkdir(parents=True, exist_ok=True)
-    dest, n = folder / f"{path.name}.damaged-{stamp}", 1
-    while dest.exists():
-        dest, n = folder / f"{path.name}.damaged-{stamp}-{n}", n + 1
+    dest = free_stamped_path(folder, f"{path.name}.damaged-")
     os.replace(path, dest)
     fsync_dir(path.parent)
     return dest

@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 
 from ..config import ConfigError
-from ..utils.files import is_temp_name
+from ..utils.files import free_stamped_path, is_temp_name
 
 __all__ = ["RunLock", "RunDirBusy", "claim_run_dir", "clean_stale_files", "check_free_disk", "run_artifacts",
            "has_checkpoint", "unusable_checkpoints", "refuse_unusable_run", "LOCK_NAME"]
@@ -137,11 +137,7 @@ def run_artifacts(out: Path) -> list[str]:
 
 
 def _move_aside(out: Path) -> Path:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest = out.with_name(f"{out.name}.replaced-{stamp}")
-    n = 1
-    while dest.exists():
-        dest, n = out.with_name(f"{out.name}.replaced-{stamp}-{n}"), n + 1
+    dest = free_stamped_path(out.parent, f"{out.name}.replaced-")
     dest.mkdir(parents=True)
     for child in out.iterdir():
         if child.name != LOCK_NAME:

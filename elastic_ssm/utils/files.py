@@ -21,7 +21,20 @@ from pathlib import Path
 from typing import BinaryIO
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "fsync_dir", "is_temp_name", "with_path",
-           "process_umask"]
+           "process_umask", "free_stamped_path"]
+
+
+def free_stamped_path(folder: Path, head: str, tail: str = "") -> Path:
+    """``folder/<head><UTC time><tail>``, or with ``-1``, ``-2`` ... before ``tail`` when that name is taken: the
+    one naming rule of what is set aside instead of deleted (a replaced run, a damaged checkpoint, an earlier
+    quickstart's outputs, an incomparable measurement record). Nothing is created."""
+    import time
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest, n = folder / f"{head}{stamp}{tail}", 1
+    while dest.exists():
+        dest, n = folder / f"{head}{stamp}-{n}{tail}", n + 1
+    return dest
 
 
 def process_umask() -> int:
