@@ -29,7 +29,7 @@ from .cli_args import (
     tier_names,
     write_csv,
 )
-from .cli_errors import Parser, run_reporting_errors
+from .cli_errors import Parser, debug_requested, run_reporting_errors
 from .cli_options import (
     DEFAULT_RUN,
     CalibrateOptions,
@@ -417,13 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         args, extra = parser.parse_known_args(argv)
         if extra:         # argparse would say it for the whole program; name the command whose --help lists its flags
             parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
-    from .config import ConfigError
-    from .utils.env import env_flag
-
-    try:
-        debug = args.debug or env_flag("ELASTIC_SSM_DEBUG")
-    except ConfigError as e:
-        print(f"elastic-ssm {args.command}: error: {e}", file=sys.stderr)
+    debug = debug_requested(args.debug, args)
+    if debug is None:
         return 2
     if debug:
         return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)

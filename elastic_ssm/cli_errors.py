@@ -128,6 +128,18 @@ def _report(args: argparse.Namespace, text: str, every_rank: bool = False) -> No
         print(f"elastic-ssm {args.command}: {text}", file=sys.stderr)
 
 
+def debug_requested(flag: bool, args: argparse.Namespace) -> bool | None:
+    """``--debug`` or the ``ELASTIC_SSM_DEBUG`` switch (``utils.env.env_flag``); None, after one line on stderr,
+    when the variable holds something that is not a switch (the caller exits with 2)."""
+    from .utils.env import env_flag
+
+    try:
+        return flag or env_flag("ELASTIC_SSM_DEBUG")
+    except ConfigError as e:
+        _report(args, f"error: {e}")
+        return None
+
+
 def run_reporting_errors(fn: Callable[[], Any], args: argparse.Namespace, debug: bool) -> int:
     """``check_args(args)`` then ``fn()``; the exit code, with errors reported as described above."""
     try:

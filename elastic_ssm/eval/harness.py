@@ -163,17 +163,13 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status (2: a user's
     mistake, reported in one line as ``elastic-ssm lm-eval`` reports it; see the module docstring)."""
-    from ..cli_errors import run_reporting_errors
-    from ..utils.env import env_flag
+    from ..cli_errors import debug_requested, run_reporting_errors
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]              # our flag, not lm-eval's
     reporter = argparse.Namespace(command="lm-eval")
-    try:
-        debug = debug or env_flag("ELASTIC_SSM_DEBUG")
-    except ConfigError as e:
-        print(f"elastic-ssm lm-eval: error: {e}", file=sys.stderr)
+    debug = debug_requested("--debug" in argv, reporter)
+    argv = [a for a in argv if a != "--debug"]              # our flag, not lm-eval's
+    if debug is None:
         return 2
     return run_reporting_errors(lambda: _main(argv), reporter, debug)
 
