@@ -98,10 +98,12 @@ def tokens_fingerprint(tokens, samples: int = 64, width: int = 4096) -> str:
     arr = _as_array(tokens)
     n = len(arr)
     digest = hashlib.sha256(f"{n}:".encode())
-    starts = [0] if n <= samples * width else np.linspace(0, n - width, samples).astype(np.int64)
+    if n <= samples * width:
+        starts, width = [0], n
+    else:
+        starts = np.linspace(0, n - width, samples).astype(np.int64)
     for lo in starts:
-        digest.update(np.ascontiguousarray(arr[int(lo):int(lo) + (n if n <= samples * width else width)],
-                                           dtype=np.int64).tobytes())
+        digest.update(np.ascontiguousarray(arr[int(lo):int(lo) + width], dtype=np.int64).tobytes())
     return digest.hexdigest()
 
 
@@ -150,6 +152,7 @@ class PackedBatches:
                 "seq_len/batch_size or use more data")
         self.epoch, self.consumed = 0, 0  # consumed: windows (all ranks) used in this epoch
         self._perm_epoch, self._perm = -1, None
+        self._fingerprint: str | None = None
 
     @property
     def num_batches(self) -> int:
@@ -190,7 +193,7 @@ class PackedBatches:
 
     def fingerprint(self) -> str:
         """``tokens_fingerprint`` of the stream (computed once)."""
-        if getattr(self, "_fingerprint", None) is None:
+        if self._fingerprint is None:
             self._fingerprint = tokens_fingerprint(self.tokens)
         return self._fingerprint
 

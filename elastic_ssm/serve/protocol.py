@@ -230,7 +230,6 @@ def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = Non
     return out
 
 
-
 def text_content(content, index: int) -> str:
     """A chat message's ``content`` as text: a string, or OpenAI's list of content parts whose ``text`` parts are
     joined (``[{"type": "text", "text": "..."}]``); any other part (an image, audio) is a 400 naming it, since
@@ -247,6 +246,7 @@ def text_content(content, index: int) -> str:
             return "".join(part["text"] for part in content)
     raise ApiError(400, f"messages[{index}].content must be a string or a list of {{type: 'text', text}} parts",
                    "messages")
+
 
 class ChatTemplate:
     """A compiled chat template and the OpenAI chat response shapes.
