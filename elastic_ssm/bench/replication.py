@@ -397,7 +397,7 @@ def restore_state(carry: str | Path, root: str | Path) -> str:
     here = root / f"{STATE_NAME}.json"
     have = json.loads(here.read_text())["generation"] if here.is_file() else 0
     if have >= generation:
-        return f"kept the machine's state (generation {have} >= carried {meta['generation']})"
+        return f"kept the machine's state (generation {have} >= carried {generation})"
     blob = b""
     for name, digest in names:
         data = (carry / name).read_bytes() if (carry / name).is_file() else b""

@@ -60,6 +60,11 @@ TITLES = {0: "calibration: tokens/s and start-up of each setting", 1: "train onc
           4: "capacities between the trained tiers", 5: "cost of one shared run vs the specialists"}
 
 
+def _role(name: str) -> str:
+    """The role of run folder ``name`` in ``ROLES`` ('' for a folder no claim names)."""
+    return ROLES.get(name, ("", ""))[1]
+
+
 def _csv(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
@@ -226,10 +231,10 @@ def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, A
         for n, s in runs.items():
             full = [r for r in s.get("eval", []) if r.get("xi") in (1, 1.0) or r.get("tier") == "T10"]
             cost[n]["bpb_full"] = full[-1]["bpb"] if full else None
-        each = [n for n in runs if ROLES.get(n, ("", ""))[1] in ("specialist", "truncated")]
+        each = [n for n in runs if _role(n) in ("specialist", "truncated")]
         total = lambda key: (sum(cost[n][key] for n in each) if each and all(cost[n][key] for n in each)   # noqa: E731
                              else None)
-        shared = next((n for n in runs if ROLES.get(n, ("", ""))[1] == "elastic"), None)
+        shared = next((n for n in runs if _role(n) == "elastic"), None)
         shared_wall = cost[shared]["wall_s"] if shared else None
         return {"runs": cost, "specialists": each, "specialists_wall_s": total("wall_s"),
                 "specialists_steady_s": total("steady_s"), "shared": shared, "shared_wall_s": shared_wall,
@@ -270,7 +275,7 @@ def _done(claim: int, name: str, s: dict[str, Any]) -> bool:
     its training's own validations) a validation at its last step; a run cut between calls is not done."""
     if claim == 0:
         return bool(s.get("tokens"))
-    if ROLES.get(name, ("", ""))[1] == "recall":
+    if _role(name) == "recall":
         at, steps = _validated_at(s), s.get("train", {}).get("steps")
         return at is not None and steps is not None and at >= steps
     return bool(s.get("eval") or s.get("last_validation"))
@@ -366,7 +371,7 @@ def _plot_cost(ax: Any, summary: dict[str, Any]) -> None:
     """Claim 5, left: wall seconds of training per way of getting the models, the specialists stacked."""
     cost = summary.get("runs", {})
     wall = lambda n: cost.get(n, {}).get("wall_s") or 0.0   # noqa: E731
-    by_role = lambda role: [n for n in cost if ROLES.get(n, ("", ""))[1] == role and wall(n)]   # noqa: E731
+    by_role = lambda role: [n for n in cost if _role(n) == role and wall(n)]   # noqa: E731
     bars = [("one shared run\n(every tier)", by_role("elastic")),
             ("a specialist\nper size", summary.get("specialists") or []),
             ("dense control\n+ recovery", by_role("truncated") + by_role("recovered")),
