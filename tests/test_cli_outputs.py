@@ -186,8 +186,8 @@ def test_tier_lists_with_spaces_in_every_verb(model_dir, tmp_path, capsys):
 
 
 def test_a_standalone_export_loads_by_the_name_of_the_tier_it_was_cut_from(tmp_path):
-    """``exports/T4`` has one tier of its own (named T1); ``tier="T4"`` is the whole export, any other name is
-    refused with the tier it was cut from."""
+    """``exports/T4`` has one tier of its own, named T4 (``tier_names``); ``tier="T4"`` is the whole export with
+    its source kept, any other name is refused with the tier it was cut from."""
     import elastic_ssm as es
 
     model = es.ESSH(es.ESSHConfig.preset("tiny"))
@@ -195,8 +195,11 @@ def test_a_standalone_export_loads_by_the_name_of_the_tier_it_was_cut_from(tmp_p
     whole = es.ESSH.from_pretrained(tmp_path / "T4")
     named = es.ESSH.from_pretrained(tmp_path / "T4", tier="T4")
     assert named.num_parameters() == whole.num_parameters() == model.num_parameters("T4")
-    with pytest.raises(ValueError, match="standalone export of tier T4"):
-        es.ESSH.from_pretrained(tmp_path / "T4", tier="T6")
+    assert [t.name for t in named.tier_table()] == ["T4"] and named.source == whole.source
+    assert named.source["tier"] == "T4" and "parent" not in named.source     # not re-cut from the export itself
+    for other in ("T6", "T1"):
+        with pytest.raises(ValueError, match="standalone export of tier T4"):
+            es.ESSH.from_pretrained(tmp_path / "T4", tier=other)
     with pytest.raises(ValueError, match="unknown tier 'T66'") as err:
         es.ESSH.from_pretrained(_saved_parent(model, tmp_path), tier="T66")
     assert "standalone export" not in str(err.value)
@@ -205,3 +208,35 @@ def test_a_standalone_export_loads_by_the_name_of_the_tier_it_was_cut_from(tmp_p
 def _saved_parent(model, tmp_path):
     model.save_pretrained(tmp_path / "full")
     return tmp_path / "full"
+
+
+def test_an_export_written_before_tier_names_still_loads_by_either_name(tmp_path):
+    """A config.json without ``tier_names`` (exports of earlier versions) calls its tier T1; the source tier's name
+    loads it whole too."""
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    es.export_tier(model, "T4").save_pretrained(tmp_path / "T4")
+    cfg_file = tmp_path / "T4" / "config.json"
+    meta = json.loads(cfg_file.read_text())
+    del meta["config"]["tier_names"]
+    cfg_file.write_text(json.dumps(meta))
+    for name in ("T1", "T4", None):
+        loaded = es.ESSH.from_pretrained(tmp_path / "T4", tier=name)
+        assert [t.name for t in loaded.tier_table()] == ["T1"] and loaded.source["tier"] == "T4"
+
+
+def test_verbs_call_an_export_by_its_source_tier(model_dir, tmp_path, capsys):
+    """export --tiers T4 writes a directory that eval, generate and serve's tier list call T4."""
+    from elastic_ssm.serve.remote import model_view
+
+    assert export(model_dir, tmp_path / "ex", "--tiers", "T4") == 0
+    t4 = tmp_path / "ex" / "T4"
+    capsys.readouterr()
+    assert main(["eval", str(t4), "--tiers", "T4", "--n-batches", "1", "--batch-size", "1", "--seq-len", "16"]) == 0
+    assert list(json.loads((t4 / "tier_quality.json").read_text())["tiers"]) == ["T4"]
+    assert main(["generate", str(t4), "--tier", "T4", "--prompt", "de", "--max-new-tokens", "2",
+                 "--temperature", "0"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(t4), "--tier", "T1", "--prompt", "de"]) == 2
+    assert "standalone export of tier T4" in one_error_line(capsys)
+    served = model_view(t4)                      # what serve lists (ids NAME@T4) and resolves --tier with
+    assert [t.name for t in served.tier_table()] == ["T4"] and checked_tiers(served, "T4") == ["T4"]

@@ -62,6 +62,8 @@ class TransformerConfig(FractionTierConfig):
     init_std: float = opt(0.02, "std of the normal initialisation")
     tier_xi: tuple[float, ...] = opt((1.0,), "budget fractions of the nested-FFN tiers ((1.0,): a plain "
                                      "Transformer++ with one tier; MatFormer: the ten ESSH fractions)")
+    tier_names: tuple[str, ...] = opt((), "names of the tier_xi tiers; empty: T1..Tn (a standalone export keeps its "
+                                      "source tier's name, e.g. [T4])")
     ffn_exponent: float = opt(1.0, "nested FFN width n_ff = align floor(d_ff xi^e / align) (Table 39: e = 1)")
     ffn_align: int = opt(64, "FFN width alignment of the nested tiers (Table 39: 64)")
     eos_token_id: int = opt(-1, "end-of-sequence token id (-1: none)")
@@ -79,6 +81,7 @@ class TransformerConfig(FractionTierConfig):
             raise ConfigError(f"{c}.tier_xi must be fractions in (0, 1], got {self.tier_xi}")
         if list(self.tier_xi) != sorted(set(self.tier_xi)) or self.tier_xi[-1] != 1.0:
             raise ConfigError(f"{c}.tier_xi must be strictly increasing and end with 1.0 (the full tier)")
+        self.check_tier_names()
         if not self.ffn_exponent > 0:
             raise ConfigError(f"{c}.ffn_exponent must be > 0, got {self.ffn_exponent}")
         if not -1 <= self.eos_token_id < self.vocab_size:
@@ -164,4 +167,5 @@ class MatFormerConfig(TransformerConfig):
 
     def standalone_config(self, tier: Tier) -> MatFormerConfig:
         """One tier and one (full) granularity of ``n_ff`` units."""
-        return self.replace(d_ff=tier.n_ff, tier_xi=(1.0,), granularities=(1.0,))
+        return self.replace(d_ff=tier.n_ff, tier_xi=(1.0,), granularities=(1.0,),
+                            tier_names=self.standalone_names(tier))

@@ -47,6 +47,8 @@ class ESSHConfig(FractionTierConfig):
     rope_base: float = opt(10000.0, "RoPE base frequency (paper silent; 10000 as in Su et al.)")
     filter_length: int = opt(2048, "Hankel length L of the filters the modal tables are fitted to (C.1)")
     tier_xi: tuple[float, ...] = opt(ESSH_TIER_XI, "budget fractions xi_T of the deployment tiers (D.1)")
+    tier_names: tuple[str, ...] = opt((), "names of the tier_xi tiers; empty: T1..Tn (a standalone export keeps its "
+                                      "source tier's name, e.g. [T4])")
     channel_exponent: float = opt(0.5, "two-rate map: K_T = max(1, round(K xi^e)) (Eq. 7)")
     ffn_exponent: float = opt(0.8, "two-rate map: n_ff = align * max(1, floor(d_ff xi^e / align)) (Eq. 7)")
     ffn_align: int = opt(64, "FFN width alignment of the two-rate map (Eq. 7: 64)")
@@ -88,6 +90,7 @@ class ESSHConfig(FractionTierConfig):
             raise ConfigError(f"ESSHConfig.tier_xi must be fractions in (0, 1], got {self.tier_xi}")
         if list(self.tier_xi) != sorted(self.tier_xi) or self.tier_xi[-1] != 1.0:
             raise ConfigError("ESSHConfig.tier_xi must be increasing and end with 1.0 (the full tier)")
+        self.check_tier_names()
         if self.n_modes > self.filter_length // 4:
             raise ConfigError("ESSHConfig.n_modes must be <= filter_length / 4 (matrix-pencil rank)")
         if not 0 < self.pole_clip < 1:
@@ -174,7 +177,8 @@ class ESSHConfig(FractionTierConfig):
         return out
 
     def standalone_config(self, tier: Tier) -> ESSHConfig:
-        return self.replace(n_channels=tier.K, channel_width=self.value_width, d_ff=tier.n_ff, tier_xi=(1.0,))
+        return self.replace(n_channels=tier.K, channel_width=self.value_width, d_ff=tier.n_ff, tier_xi=(1.0,),
+                            tier_names=self.standalone_names(tier))
 
     def default_recipe(self) -> str:
         return "capacity_mixed" if len(self.tier_xi) > 1 else "dense"

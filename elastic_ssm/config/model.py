@@ -24,7 +24,7 @@ from decimal import ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
 from typing import Any, ClassVar
 
-from .base import ConfigBase
+from .base import ConfigBase, ConfigError
 
 __all__ = ["Tier", "TierLike", "ModelConfig", "FractionTierConfig", "model_configs", "scaled_power"]
 
@@ -161,9 +161,14 @@ class ModelConfig(ConfigBase):
 
 
 class FractionTierConfig(ModelConfig):
-    """Tiers ``T1..Tn`` over ``tier_xi`` (a field of the subclass), any capacity fraction through Eq. 7."""
+    """Tiers ``T1..Tn`` over ``tier_xi`` (a field of the subclass), any capacity fraction through Eq. 7.
+
+    ``tier_names`` (a field of the subclass) renames them: a standalone export of ``T4`` has one tier, its full
+    model, and keeps the name ``T4`` (``standalone_config``), so ``serve``, ``eval --tiers`` and the tier
+    tables call it what its source called it. Empty (every config that is not an export) means ``T1..Tn``."""
 
     tier_xi: tuple[float, ...]
+    tier_names: tuple[str, ...]
     d_ff: int
     ffn_exponent: float
     ffn_align: int
@@ -188,8 +193,26 @@ class FractionTierConfig(ModelConfig):
             raise ValueError(f"a capacity fraction must lie in (0, 1], got {xi}")
         return self.fraction_tier(f"xi={xi:g}", 0, xi)
 
+    def tier_name(self, index: int) -> str:
+        """Name of the ``index``-th (1-based) tier: its ``tier_names`` entry, or ``T<index>``."""
+        return self.tier_names[index - 1] if self.tier_names else f"T{index}"
+
+    def check_tier_names(self) -> None:
+        """``ConfigError`` unless ``tier_names`` is empty or names each ``tier_xi`` entry ``T<n>``, with ``n``
+        increasing (the names of the source's tiers, which are ordered by size too)."""
+        names = self.tier_names
+        if not names:
+            return
+        where = f"{type(self).__name__}.tier_names"
+        if len(names) != len(self.tier_xi):
+            raise ConfigError(f"{where} must name each of the {len(self.tier_xi)} tier_xi entries, got {list(names)}")
+        numbers = [int(m.group(1)) if (m := re.fullmatch(r"T([1-9]\d*)", n)) else None for n in names]
+        if None in numbers or numbers != sorted(set(numbers)):   # type: ignore[type-var]
+            raise ConfigError(f"{where} must be names T<n> with n increasing (as T1, T4), got {list(names)}; "
+                              "leave it empty for T1..Tn")
+
     def tier_table(self) -> list[Tier]:
-        return [self.fraction_tier(f"T{i}", i, xi) for i, xi in enumerate(self.tier_xi, 1)]
+        return [self.fraction_tier(self.tier_name(i), i, xi) for i, xi in enumerate(self.tier_xi, 1)]
 
     def own_tier(self, tier: Tier) -> Tier:
         return self.capacity_tier(tier.xi) if tier.index == 0 else self.resolve_tier(tier.name)
@@ -197,10 +220,20 @@ class FractionTierConfig(ModelConfig):
     def parse_tier(self, spec: Any) -> Tier | None:
         if isinstance(spec, float):
             return self.capacity_tier(spec) if 0 < spec <= 1 else None
-        m = re.fullmatch(r"[tT](\d+)", spec) if isinstance(spec, str) else None
-        if m and 1 <= int(m.group(1)) <= len(self.tier_xi):
-            return self.tier_table()[int(m.group(1)) - 1]
-        return None
+        m = re.fullmatch(r"[tT](\d+)", spec.strip()) if isinstance(spec, str) else None
+        if m is None:
+            return None
+        number = int(m.group(1))
+        if self.tier_names:      # a renamed table (an export): only its own names
+            name = f"T{number}"
+            return self.tier_table()[self.tier_names.index(name)] if name in self.tier_names else None
+        return self.tier_table()[number - 1] if 1 <= number <= len(self.tier_xi) else None
+
+    def standalone_names(self, tier: Tier) -> tuple[str, ...]:
+        """``tier_names`` of ``tier``'s standalone export: its own name (a capacity fraction's export, index 0,
+        is ``T1`` of its own table)."""
+        return (tier.name,) if tier.index else ()
 
     def standalone_config(self, tier: Tier) -> ModelConfig:
-        return self.replace(d_ff=tier.n_ff, tier_xi=(1.0,))  # type: ignore[return-value]
+        return self.replace(d_ff=tier.n_ff, tier_xi=(1.0,),   # type: ignore[return-value]
+                            tier_names=self.standalone_names(tier))

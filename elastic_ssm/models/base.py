@@ -358,19 +358,21 @@ class ElasticModel(nn.Module):
 
 
 def _tier_of_directory(config: Any, tier: TierLike, source: dict[str, Any], path: Path) -> tiers_mod.Tier | None:
-    """``tier`` of the saved ``config``; None (the whole model) when the directory is a standalone export of the
-    tier named ``tier`` (``exports/T4`` loaded with ``tier="T4"``: its own table has one tier, named T1). Any other
-    unknown name is the config's ``ValueError``, which for an export also says what the directory holds."""
+    """``tier`` of the saved ``config``; None (the whole model, its ``source`` kept) when the directory is a
+    standalone export and ``tier`` names its full model (``exports/T4`` loaded with ``tier="T4"``; an export
+    written before configs kept ``tier_names`` calls its one tier T1 and is matched by its source's name). Any
+    other unknown name is the config's ``ValueError``, which for an export also says what the directory holds."""
+    exported = source.get("tier") if source.get("parent_config") else None
     try:
-        return tiers_mod.resolve_tier(config, tier)
+        t = tiers_mod.resolve_tier(config, tier)
     except ValueError as e:
-        exported = source.get("tier") if source.get("parent_config") else None
         if exported is not None and isinstance(tier, str) and tier.strip() == exported:
             return None
         if exported is not None:
             raise ValueError(f"{e}; {path} is a standalone export of tier {exported}: load it whole (no tier, or "
                              f"tier={exported!r})") from None
         raise
+    return None if exported is not None and t == tiers_mod.tier_table(config)[-1] else t
 
 
 def _saved_tokenizer(path: Path, record: dict[str, Any] | None) -> Any:

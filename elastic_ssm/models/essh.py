@@ -97,11 +97,6 @@ class ESSH(GenerationMixin, ElasticModel):
 
     # ---- tiers ------------------------------------------------------------------------------------
     @classmethod
-    def tier_config(cls, config: ESSHConfig, tier: Tier) -> ESSHConfig:
-        return config.replace(n_channels=tier.K, channel_width=config.value_width, d_ff=tier.n_ff,
-                              tier_xi=(1.0,))
-
-    @classmethod
     def slice_rules(cls, config: ESSHConfig, tier: Tier) -> list[SliceRule]:
         K, P, M = tier.K, config.value_width, config.n_modes
         return [SliceRule(_MIXER_TENSORS, K), SliceRule(_MIXER_IN, K * (P + 3 * M)), SliceRule(_MIXER_OUT, K * P, 1),

@@ -119,6 +119,37 @@ def test_resolve_tier_essh(c370):
         resolve_tier(c370, other)
 
 
+@pytest.mark.parametrize("arch", ["essh", "matformer"])
+def test_a_standalone_config_keeps_its_source_tier_name(arch):
+    """The export of T4 has one tier, its full model, named T4 (not T1 of its own table); only that name
+    resolves, and the tier is the source's T4 in every count."""
+    from elastic_ssm.config import model_configs
+
+    cfg = model_configs()[arch].preset("tiny")
+    t4 = resolve_tier(cfg, "T4")
+    small = cfg.standalone_config(t4)
+    (only,) = tier_table(small)
+    assert small.tier_names == ("T4",) and (only.name, only.index, only.xi) == ("T4", 1, 1.0)
+    assert (only.K, only.n_ff, only.params) == (t4.K, t4.n_ff, t4.params)
+    assert resolve_tier(small, "t4") == resolve_tier(small, " T4") == resolve_tier(small, None) == only
+    for bad in ("T1", "T5", "K4"):
+        with pytest.raises(ValueError, match=r"give one of \['T4'\]"):
+            resolve_tier(small, bad)
+    assert type(cfg).from_dict(small.to_dict()) == small        # the name survives config.json
+    assert cfg.standalone_config(cfg.capacity_tier(0.3)).tier_names == ()   # a fraction's export: T1 of its own
+
+
+def test_tier_names_must_name_every_tier_in_order(c370):
+    named = c370.replace(tier_names=tuple(f"T{i}" for i in range(2, 12)))
+    assert [t.name for t in tier_table(named)][:2] == ["T2", "T3"] and resolve_tier(named, "T11").xi == 1.0
+    with pytest.raises(ValueError, match="unknown tier 'T1'"):
+        resolve_tier(named, "T1")
+    for bad, says in [(("T1",), "each of the 10"), (tuple(f"T{i}" for i in range(10, 0, -1)), "increasing"),
+                      (tuple(f"X{i}" for i in range(1, 11)), "names T<n>"), (("T1",) * 10, "increasing")]:
+        with pytest.raises(ValueError, match=says):
+            c370.replace(tier_names=bad)
+
+
 def test_resolve_tier_esssm():
     cfg = ESSSMConfig.preset("small")
     assert [t.name for t in tier_table(cfg)] == [f"K{k}" for k in cfg.budgets]
