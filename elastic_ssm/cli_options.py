@@ -232,7 +232,7 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
                                   "under the budget flags; served too if --tiers lacks it); default: the largest")
     name: str | None = flag(None, "model name in the API (default: the directory's name)")
     host: str = flag("127.0.0.1", "address to bind (default: local only)")
-    port: int = flag(8000, "TCP port (0: any free port)", minimum=0, maximum=65535)
+    port: int = flag(8000, "TCP port (0: any free port, named in the start line)", minimum=0, maximum=65535)
     api_key: str | None = flag(None, "require 'Authorization: Bearer KEY' (or set ELASTIC_SSM_API_KEY)")
     max_batch: int = flag(16, "slots per tier: the decode batch of its pool", minimum=1)
     max_prefill: int = flag(0, "most waiting prompts prefilled together in one forward (similar lengths, "

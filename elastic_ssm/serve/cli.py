@@ -34,6 +34,18 @@ def auto_tier(checkpoint: str, args: argparse.Namespace, progress=status) -> str
     return choice.tier.name
 
 
+def require_essh(checkpoint: str, arch: str, verb: str) -> None:
+    """``ConfigError`` unless ``arch`` is ESSH: ``serve`` and ``calibrate`` run the fused ESSH decoder (the slot
+    pool and its CUDA graphs); the line says what the other architectures offer instead."""
+    if arch == "essh":
+        return
+    instead = (f"decode it with `elastic-ssm generate {checkpoint} --tier K<k>` (ESSSM.generate in Python)"
+               if arch == "es_ssm" else "the Transformer++ and MatFormer baselines are for training and "
+               "`elastic-ssm eval` (docs/baselines.md)")
+    raise ConfigError(f"{checkpoint} holds a model of arch {arch!r}; `elastic-ssm {verb}` runs ESSH models only (the "
+                      f"fused decoder): {instead}")
+
+
 def _is_local(host: str) -> bool:
     if host == "localhost":
         return True
@@ -43,9 +55,10 @@ def _is_local(host: str) -> bool:
         return False
 
 
-def _check_bind(host: str, port: int) -> None:
+def _check_bind(host: str, port: int) -> int:
     """ConfigError unless this process can listen on ``host:port`` (a name that does not resolve, an address
-    this machine does not have, a port in use or reserved); the test socket is closed again at once."""
+    this machine does not have, a port in use or reserved); the test socket is closed again at once. Returns the
+    port it bound: for ``port`` 0, the free port the system picked."""
     import socket
 
     try:
@@ -61,6 +74,7 @@ def _check_bind(host: str, port: int) -> None:
         except OSError as e:
             raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror}); choose another "
                               "--port (0: any free one) or an address of this machine") from None
+        return s.getsockname()[1]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -81,8 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     model = model_view(args.checkpoint)       # the weights load in the engine process (serve/remote.py)
-    if model.arch != "essh":
-        raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; serving runs the fused ESSH decoder")
+    require_essh(args.checkpoint, model.arch, "serve")
     model.tokenizer = resolve_tokenizer(model, args.tokenizer)   # the saved one; bytes for a model saved without
     table = [t.name for t in model.tier_table()]
     tiers = checked_tiers(model, args.tiers) or table
@@ -119,9 +132,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             app.state.engine.start()
         except RuntimeError as e:
             raise ConfigError(f"{args.checkpoint}: {e}") from None
+        # --port 0: pick the free port now, after the model loaded, so the line below can name it
+        port = _check_bind(args.host, args.port) if args.port == 0 else args.port
         log.info("serving %s tiers %s (default %s), %d slots each, on http://%s:%d (%s)", name, ",".join(tiers),
-                 default, args.max_batch, args.host, args.port, http_stack())
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=5,
+                 default, args.max_batch, args.host, port, http_stack())
+        uvicorn.run(app, host=args.host, port=port, log_level="warning", timeout_keep_alive=5,
                     limit_concurrency=args.max_connections)
     finally:
         app.state.engine.shutdown()
@@ -152,9 +167,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not batches or min(batches) < 1:
         raise ConfigError(f"--batches must be integers >= 1, got {args.batches!r}")
     model = load_pretrained(args.checkpoint, device=device, dtype=dtype)
-    if model.arch != "essh":
-        raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; calibration times the fused ESSH "
-                          "decoder")
+    require_essh(args.checkpoint, model.arch, "calibrate")
     tiers = checked_tiers(model, args.tiers)          # the tier-list parser of every verb: "T1, T4" is T1, T4
     announce_device("calibrate", device, dtype)
     profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters)

@@ -148,6 +148,10 @@ def tier_choice(model_or_dir: Any, max_ms_per_token: float | None = None, max_st
     quality = quality if quality is not None else _read(path, QUALITY_FILE)
     table = tier_table(cfg)
     if max_ms_per_token is not None and profile is None:
+        if cfg.arch != "essh":        # calibrate times the fused ESSH decoder only: no profile can exist
+            raise ValueError(f"a latency budget needs a profile that `elastic-ssm calibrate` measures for ESSH models "
+                             f"only, and this is a model of arch {cfg.arch!r}; choose by --max-params or "
+                             f"--max-state-bytes instead; the smallest tier is {table[0].name}")
         raise ValueError(f"a latency budget needs a measured profile: run `elastic-ssm calibrate {path or 'DIR'}` "
                          f"(no {PROFILE_FILE} found); the smallest tier is {table[0].name}")
     misses: dict[str, list[str]] = {}

@@ -459,7 +459,15 @@ def test_calibrate_command_writes_the_profile_select_tier_reads(tiny, tmp_path, 
     essm = es.ESSSM(es.ESSSMConfig.preset("tiny"))
     essm.save_pretrained(tmp_path / "essm")
     assert main(["calibrate", str(tmp_path / "essm")]) == 2
-    assert "'es_ssm' model; calibration times the fused ESSH decoder" in capsys.readouterr().err
+    err = capsys.readouterr().err       # one line that says what ES-SSM offers instead
+    assert "arch 'es_ssm'; `elastic-ssm calibrate` runs ESSH models only" in err and "elastic-ssm generate" in err
+    assert len(err.strip().splitlines()) == 1
+    # no profile can exist for ES-SSM: --tier auto's latency budget points at the budgets that work, not calibrate
+    assert main(["generate", str(tmp_path / "essm"), "--tier", "auto", "--max-ms-per-token", "5", "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-params or --max-state-bytes" in err and "run `elastic-ssm calibrate" not in err
+    assert main(["generate", str(tmp_path / "essm"), "--tier", "auto", "--max-params", "1000000000", "--prompt", "x",
+                 "--max-new-tokens", "1"]) == 0
     # only T1 and T10 were profiled: a latency budget considers those
     assert es.select_tier(tmp_path, max_ms_per_token=1e6).name == "T10"
 

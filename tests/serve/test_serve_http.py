@@ -204,6 +204,32 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
     assert len(runs) == served                              # an explicit default outside --tiers: refused, not added
 
 
+def test_serve_port_0_names_the_port_it_listens_on(model_dir, monkeypatch, caplog):
+    """``--port 0`` (any free port): the start line names the port uvicorn gets, not 0."""
+    import uvicorn
+
+    from elastic_ssm.cli import main
+
+    runs = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: runs.append(kw))
+    with caplog.at_level("INFO", logger="elastic_ssm.serve"):
+        assert main(["serve", str(model_dir), "--port", "0", "--device", "cpu", "--max-batch", "1"]) == 0
+    port = runs[-1]["port"]
+    assert port > 0 and f"on http://127.0.0.1:{port} " in caplog.text
+
+
+def test_serve_refuses_other_architectures_with_what_they_offer(tmp_path, capsys):
+    from elastic_ssm.cli import main
+    from elastic_ssm.config import TransformerConfig
+    from elastic_ssm.models import build_model
+
+    build_model(TransformerConfig.preset("tiny")).save_pretrained(tmp_path / "tf")
+    assert main(["serve", str(tmp_path / "tf"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "arch 'transformer'; `elastic-ssm serve` runs ESSH models only" in err and "elastic-ssm eval" in err
+    assert len(err.splitlines()) == 1
+
+
 def test_a_running_server_keeps_its_start_up_objects_out_of_full_collections(model_dir):
     """``gc.freeze`` at start (a full collection over the model and modules paused a server ~130 ms); undone at stop."""
     import gc
