@@ -206,7 +206,7 @@ def cmd_niah(args: argparse.Namespace) -> int:
     from .bench.report import format_table
     from .data import load_corpus
     from .data.tokenizer_files import resolve_tokenizer
-    from .eval.needle import NeedleConfig, build_trials, evaluate_needle
+    from .eval.needle import NeedleConfig, build_trials, check_fits, evaluate_needle
     from .models import load_pretrained
 
     cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition, seed=args.seed,
@@ -219,6 +219,7 @@ def cmd_niah(args: argparse.Namespace) -> int:
     tiers = checked_tiers(model, args.tiers)
     try:
         trials = build_trials(filler, tok, cfg)
+        check_fits(model, trials, cfg)
     except ValueError as e:
         raise ConfigError(str(e).replace("context_len=", f"{spelled(args, 'context_len')} ")) from None
     announce_device("niah", device, next(model.parameters()).dtype)

@@ -76,7 +76,8 @@ class HeldOutOptions(ModelDirOptions, TokenizerOptions, DeviceOptions):
 
     data: str = flag("stdlib", "source (see `elastic-ssm train --help`, data.source)")
     split: str = flag("validation", "split of the source to evaluate")
-    seq_len: int = flag(512, "tokens per evaluation sequence", minimum=1)
+    seq_len: int | None = flag(None, "tokens per evaluation sequence (default: 512, or the model's longest sequence "
+                                     "when that is shorter: an ES-SSM's filter length seq_len)", minimum=1)
     batch_size: int = flag(8, "sequences per batch", minimum=1)
     n_batches: int = flag(16, "number of batches (fixed windows)", aliases=("--batches",), minimum=1)
     bytes_per_token: float = flag(0.0, "divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)")

@@ -47,9 +47,22 @@ class RunData:
         return make
 
 
+def check_model_length(run: Any) -> None:
+    """Refuse a ``train.seq_len`` longer than the model accepts (ES-SSM: its filter length ``model.seq_len``),
+    before any data is read or anything is written."""
+    limit, t = run.model.max_seq_len(), run.train.seq_len
+    if limit is not None and t > limit:
+        field = type(run.model).length_field
+        raise ConfigError(f"--train.seq_len {t} exceeds --model.{field} {limit}, the longest sequence this "
+                          f"{run.arch} model accepts; give --train.seq_len {limit} or less, or --model.{field} {t} "
+                          "or more")
+
+
 def build_data(run: Any) -> RunData:
+    """The training and validation data of ``run`` (every source checked, and the model's length limit)."""
     from .data import evaluation_batches, load_corpus, load_tokenizer
 
+    check_model_length(run)
     d, t = run.data, run.train
     if getattr(run.model, "task", "lm") != "lm":
         raise ConfigError("the CLI's data pipeline packs token streams for language modelling; train an ES-SSM "
@@ -157,11 +170,13 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
         refuse_unusable_run(out)
         resume_auto_continues = has_checkpoint(out)   # else a fresh start: a run.yaml there is not compared
     at_start = _position(out) if resume else None
-    from .train.preflight import read_run_record
+    from .train.preflight import check_same_arch, read_run_record
 
     saved = read_run_record(out) if resume is True or (resume == "auto" and resume_auto_continues) else None
     if saved is not None:
         from .config import model_config_from_dict
+
+        check_same_arch(out, saved, run.arch)
 
         try:
             before = model_config_from_dict(saved["model"]).to_dict()

@@ -27,6 +27,7 @@ class ESSSMConfig(ModelConfig):
 
     arch: ClassVar[str] = "es_ssm"
     elastic_recipes: ClassVar[tuple[str, ...]] = ("budget_dropout",)
+    length_field: ClassVar[str] = "seq_len"      # the filter length L bounds every input
 
     vocab_size: int = opt(260, "input vocabulary (bytes 0-255 plus pad/bos/eos/sep specials)")
     d_model: int = opt(256, "residual width d")

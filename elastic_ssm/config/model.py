@@ -9,7 +9,8 @@ adding an architecture touches one config module (plus its model folder):
 - ``tier_parameters(tier)`` the exact parameter count by component (ESSH Eq. 25, Table 4);
 - ``tier_state(tier, ...)`` persistent decode state entries (C.5, Table 53); ``tier_flops`` (C.5, Table 5);
 - ``standalone_config(tier)`` the config of the tier's export, ``specialist_config`` a from-scratch one;
-- ``default_recipe()`` / ``elastic_recipes`` the training recipes that fit the architecture.
+- ``default_recipe()`` / ``elastic_recipes`` the training recipes that fit the architecture;
+- ``max_seq_len()`` / ``length_field`` the longest input it accepts (ES-SSM: its filter length; others: None).
 
 ``FractionTierConfig`` holds what ESSH and the Transformer++ baselines share: tiers ``T1..Tn`` over
 ``tier_xi``, any capacity fraction in (0, 1] through the map of Eq. 7 (``capacity_tier``).
@@ -83,11 +84,17 @@ class ModelConfig(ConfigBase):
     arch: ClassVar[str] = ""
     #: recipes that need this architecture ('capacity_mixed' and 'refine' are ESSH's, 'budget_dropout' ES-SSM's)
     elastic_recipes: ClassVar[tuple[str, ...]] = ()
+    #: the field that bounds the input length ('' when any length runs; ES-SSM: ``seq_len``, its filter length L)
+    length_field: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         if cls.__dict__.get("arch"):
             _REGISTRY[cls.arch] = cls
+
+    def max_seq_len(self) -> int | None:
+        """The longest sequence the model accepts (its ``length_field``); None when there is no limit."""
+        return getattr(self, self.length_field) if self.length_field else None
 
     # ---- tiers -------------------------------------------------------------------------------------
     def tier_table(self) -> list[Tier]:

@@ -19,7 +19,10 @@ from ..cli_args import announce_device, checked_capacities, resolve_device, spel
 from ..config import ConfigError
 from ..utils.files import atomic_write_text
 
-__all__ = ["cmd_eval", "cmd_importance", "parse_lengths", "training_length"]
+__all__ = ["DEFAULT_SEQ_LEN", "cmd_eval", "cmd_importance", "parse_lengths", "training_length"]
+
+#: ``--seq-len`` of ``eval`` and ``importance`` when not given (a shorter model's own limit, see ``_default_seq_len``)
+DEFAULT_SEQ_LEN = 512
 
 
 def training_length(checkpoint: str | Path) -> tuple[int, Path] | None:
@@ -73,6 +76,26 @@ def _tokens_and_bpt(args: argparse.Namespace, model):
     return tokens, bpt
 
 
+def _default_seq_len(args: argparse.Namespace, model) -> None:
+    """Fill in ``--seq-len`` when it was not given: 512 tokens, or the model's longest sequence when that is
+    shorter (an ES-SSM accepts at most its filter length), said in a status line."""
+    if args.seq_len is not None:
+        return
+    limit = model.config.max_seq_len()
+    args.seq_len = DEFAULT_SEQ_LEN if limit is None else min(DEFAULT_SEQ_LEN, limit)
+    if args.seq_len < DEFAULT_SEQ_LEN:
+        status(f"--seq-len {args.seq_len}: the longest sequence this {model.arch} model accepts (the default is "
+               f"{DEFAULT_SEQ_LEN} for longer models)")
+
+
+def _check_length(model, longest: int, which: str) -> None:
+    """Refuse sequences of ``longest`` tokens that the model does not accept (an ES-SSM: its filter length)."""
+    limit = model.config.max_seq_len()
+    if limit is not None and longest > limit:
+        raise ConfigError(f"{which}: {longest} tokens exceed this ES-SSM model's filter length {limit}, the longest "
+                          "sequence it accepts")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..data import evaluation_batches
     from ..models import load_pretrained
@@ -82,17 +105,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
     tiers = checked_capacities(model, args.tiers)
+    _default_seq_len(args, model)
     lengths = [args.seq_len]
     if args.lengths:
         found = (args.train_len, None) if args.train_len else training_length(args.checkpoint)
         lengths = parse_lengths(args.lengths, found and found[0])
         if found and found[1] is not None and any(x.strip().lower().endswith("x") for x in args.lengths.split(",")):
             status(f"training length {found[0]} (from {found[1]})")
-    limit = getattr(model.config, "seq_len", None) if model.arch == "es_ssm" else None
-    if limit is not None and max(lengths) > limit:
-        which = "--lengths" if args.lengths else spelled(args, "seq_len")
-        raise ConfigError(f"{which}: {max(lengths)} tokens exceed this ES-SSM model's filter length {limit}, "
-                          "the longest sequence it accepts")
+    _check_length(model, max(lengths), "--lengths" if args.lengths else spelled(args, "seq_len"))
     tokens, bpt = _tokens_and_bpt(args, model)
     longest = list(evaluation_batches(tokens, max(lengths), args.batch_size, args.n_batches))
     windows, asked = sum(int(x.shape[0]) for x, _ in longest), args.batch_size * args.n_batches
@@ -117,9 +137,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_importance(args: argparse.Namespace) -> int:
     from ..models import load_pretrained
+    from .importance import has_spectral_channels
 
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
+    if not has_spectral_channels(model):
+        raise ConfigError(f"{args.checkpoint} holds a {model.arch!r} model: it has no spectral channels; importance "
+                          "applies to ESSH and ES-SSM models")
     tier = None if args.tier == "full" else checked_capacities(model, args.tier, spelled(args, "tier"))
     if tier is not None and len(tier) != 1:
         raise ConfigError(f"{spelled(args, 'tier')} {args.tier}: give one tier ('full', a name such as T4, or a "
@@ -132,6 +156,8 @@ def cmd_importance(args: argparse.Namespace) -> int:
         status(f"the measured tier has {K} channels: the first-N share counts all {K} (the default --first is "
                f"{args.first})")
         args.first = K
+    _default_seq_len(args, model)
+    _check_length(model, args.seq_len, spelled(args, "seq_len"))
     out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{spelled(args, 'out')} {out} is a file; give a folder")

@@ -29,8 +29,8 @@ import torch
 from ..config import TierLike
 from .perplexity import loss_sums
 
-__all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "ordering", "first_share",
-           "format_importance", "plot_importance"]
+__all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "has_spectral_channels", "ordering",
+           "first_share", "format_importance", "plot_importance"]
 
 
 @dataclass
@@ -94,10 +94,12 @@ def _channel_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, 
             out.append((f"{name}.out_proj.weight", mod, mod.P))
         elif isinstance(mod, SpectralSublayer):
             out.append((f"{name}.proj.weight", mod, mod.d_model))
-    if not out:
-        raise ValueError(f"channel importance needs spectral channels (ESSH or ES-SSM); this "
-                         f"{getattr(model, 'arch', type(model).__name__)!r} model has no spectral layer")
     return out
+
+
+def has_spectral_channels(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has a spectral layer (ESSH or ES-SSM), whose channels ``channel_importance`` measures."""
+    return bool(_channel_layers(model))
 
 
 class _EnergyMeter:
@@ -164,13 +166,16 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
     from torch.func import functional_call
     from tqdm import tqdm
 
+    layers = _channel_layers(model)
+    if not layers:
+        raise ValueError(f"channel importance needs spectral channels (ESSH or ES-SSM); this "
+                         f"{getattr(model, 'arch', type(model).__name__)!r} model has no spectral layer")
     if first < 1:
         raise ValueError(f"first must be >= 1, got {first}")
     t = model.resolve_tier(tier)
     K = t.K
     if first > K:
         raise ValueError(f"first={first} exceeds the {K} channels of tier {t.name}; give first <= {K}")
-    layers = _channel_layers(model)
     was_training = model.training
     model.eval()
     try:

@@ -34,7 +34,8 @@ import numpy as np
 from ..config import TierLike
 from .scoring import continuation_scores
 
-__all__ = ["NeedleConfig", "NeedleTrial", "build_trials", "score_trials", "evaluate_needle", "summarize_needle"]
+__all__ = ["NeedleConfig", "NeedleTrial", "build_trials", "check_fits", "score_trials", "evaluate_needle",
+           "summarize_needle"]
 
 
 @dataclass
@@ -119,6 +120,18 @@ def build_trials(filler: Any, tokenizer: Any, cfg: NeedleConfig) -> list[NeedleT
     return trials
 
 
+def check_fits(model: Any, trials: Sequence[NeedleTrial], cfg: NeedleConfig) -> None:
+    """Refuse trials longer than the model accepts (an ES-SSM: its filter length ``seq_len``), naming the largest
+    ``context_len`` that fits: a forward holds the prompt and the answer but its last token."""
+    limit = model.config.max_seq_len()
+    longest = max(len(t.prompt) + max(len(t.expected), len(t.competitor)) - 1 for t in trials)
+    if limit is not None and longest > limit:
+        answer, fits = longest - cfg.context_len + 1, cfg.context_len - (longest - limit)
+        raise ValueError(f"context_len={cfg.context_len} makes forwards of {longest} tokens (the context and all but "
+                         f"the last of the {answer}-token answer), more than the {limit} this {model.arch} model "
+                         f"accepts; give context_len={fits} or less")
+
+
 def score_trials(model: Any, trials: Sequence[NeedleTrial], tier: TierLike = None, batch_size: int = 8,
                  precision: str = "fp32") -> list[NeedleTrial]:
     """Fill each trial's ``result`` (``full_key``, ``first_token``, ``margin_win``) at ``tier``."""
@@ -177,6 +190,7 @@ def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any
     if tokenizer.vocab_size > vocab:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary has {vocab}")
     trials = build_trials(filler, tokenizer, cfg) if trials is None else trials
+    check_fits(model, trials, cfg)
     tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
     rows = []
     for t in tiers:

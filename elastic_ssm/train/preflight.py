@@ -32,7 +32,7 @@ from .rundir import (
 )
 
 __all__ = ["preflight", "start_run", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD",
-           "read_run_record"]
+           "read_run_record", "check_same_arch"]
 
 RUN_RECORD = "run.yaml"
 #: data settings a resumed run may change (validation only; the training stream must stay the same)
@@ -88,11 +88,23 @@ def read_run_record(out: str | Path) -> dict[str, Any] | None:
     return saved
 
 
+def check_same_arch(out: Path, saved: dict[str, Any], arch: str) -> None:
+    """Refuse to resume run record ``saved`` as another architecture ``arch``. Such a run shares no setting with
+    the saved one, so it is named by its arch, not by field differences (which would read as a record written
+    by an older version). A record without ``model.arch`` is an ESSH run (the default)."""
+    was = saved["model"].get("arch", "essh")
+    if was != arch:
+        raise ConfigError(f"--resume: {out} holds a {was!r} run; --model.arch {arch} cannot resume it: use the same "
+                          "arch, or another --train.out_dir")
+
+
 def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]) -> None:
     saved_path = out / RUN_RECORD
     saved = read_run_record(out)
     if saved is None:
         return
+    if isinstance(record.get("model"), dict):
+        check_same_arch(out, saved, record["model"].get("arch", "essh"))
     if isinstance(saved.get("train"), dict):     # an earlier version wrote flat names (lr, eval_every, ...)
         saved["train"] = TrainConfig.upgrade_record(saved["train"])
     changed = []

@@ -51,3 +51,41 @@ def test_a_file_too_small_for_its_validation_split_is_named_as_such(saved, capsy
     assert cli_main(["eval", str(saved / "m"), "--data", str(saved / "tiny.txt")]) == 2
     err = capsys.readouterr().err
     assert "holds 3 bytes, too few to give its validation split any text" in err
+
+
+@pytest.mark.parametrize("arch", ["transformer", "matformer"])
+def test_importance_of_a_model_without_spectral_channels_is_refused_before_any_work(saved, capsys, arch):
+    """A Transformer++ or MatFormer has no channels to knock out: one line naming the arch, no warning about
+    --first (which the user never gave), and no --out folder."""
+    from elastic_ssm.config import model_config_from_dict
+    from elastic_ssm.models import build_model
+
+    build_model(model_config_from_dict({"arch": arch, "preset": "tiny"}), seed=0).save_pretrained(saved / arch)
+    out = saved / f"imp-{arch}"
+    assert cli_main(["importance", str(saved / arch), "--data", str(saved / "code.txt"), "--seq-len", "32",
+                     "--n-batches", "1", "--out", str(out)]) == 2
+    said = capsys.readouterr()
+    assert said.err.count("\n") == 1 and "--first" not in said.err and not said.out, said
+    assert f"holds a '{arch}' model: it has no spectral channels; importance applies to ESSH and ES-SSM" in said.err
+    assert not out.exists()
+
+
+def test_eval_and_importance_default_to_the_longest_sequence_a_small_es_ssm_accepts(saved, capsys):
+    """Without --seq-len an ES-SSM of filter length 128 is scored on 128-token windows (the default 512 exceeds
+    it), said in a status line and in --help; a --seq-len the user gives beyond it is refused naming the flag."""
+    es.ESSSM(es.ESSSMConfig.preset("tiny", seq_len=128)).save_pretrained(saved / "es")
+    csv = saved / "es.csv"
+    assert cli_main(["eval", str(saved / "es"), "--data", str(saved / "code.txt"), "--batch-size", "1",
+                     "--n-batches", "1", "--tiers", "K8", "--no-write-quality", "--csv", str(csv)]) == 0
+    assert "--seq-len 128: the longest sequence this es_ssm model accepts" in capsys.readouterr().out
+    assert ",128," in csv.read_text().splitlines()[1]
+    out = saved / "imp-es"
+    assert cli_main(["importance", str(saved / "es"), "--data", str(saved / "code.txt"), "--batch-size", "1",
+                     "--n-batches", "1", "--out", str(out)]) == 0
+    assert (out / "channel_importance.json").is_file()
+    capsys.readouterr()
+    assert cli_main(["eval", str(saved / "es"), "--data", str(saved / "code.txt"), "--seq-len", "200"]) == 2
+    assert "--seq-len: 200 tokens exceed this ES-SSM model's filter length 128" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["eval", "--help"])
+    assert "or the model's longest sequence" in " ".join(capsys.readouterr().out.split())

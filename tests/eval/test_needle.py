@@ -169,3 +169,22 @@ def test_every_tier_through_the_cli(tmp_path):
         got = list(csv.DictReader(f))
     assert [r["tier"] for r in got] == ["T1", "T10"] and "d0.5" in got[0]
     assert main(["niah", str(tmp_path / "m"), "--context", "20", "--pairs", "1"]) == 2     # named error
+
+
+def test_an_es_ssm_context_beyond_its_filters_is_refused_naming_the_largest_that_fits(tmp_path, capsys):
+    """A trial's forward holds the context and all but the last answer token: on an ES-SSM of filter length 128
+    the largest context is 128 - 5 (six-digit keys, bytes). A longer one, the default 2048 included, is one line
+    naming --context-len and that value, before any scoring; the value itself runs."""
+    model = es.ESSSM(es.ESSSMConfig.preset("tiny", seq_len=128)).eval()
+    filler = load_corpus("stdlib", TOK, split="validation", max_bytes=50_000)
+    with pytest.raises(ValueError, match=r"context_len=128 makes forwards of 133 tokens.*give context_len=123 or"):
+        evaluate_needle(model, filler, TOK, ["K8"], NeedleConfig(context_len=128, n_pairs=1, depths=(0.5,)))
+    rows = evaluate_needle(model, filler, TOK, ["K8"], NeedleConfig(context_len=123, n_pairs=1, depths=(0.5,)))
+    assert rows[0]["trials"] == 1 and rows[0]["context_len"] == 123
+    model.save_pretrained(tmp_path / "es")
+    for given in ([], ["--context-len", "128"]):
+        assert main(["niah", str(tmp_path / "es"), "--pairs", "1", *given]) == 2
+        said = capsys.readouterr()
+        assert said.err.count("\n") == 1 and not said.out, said
+        assert "--context-len 123 or less" in said.err and "accepts" in said.err, said.err
+    assert main(["niah", str(tmp_path / "es"), "--context-len", "123", "--pairs", "1", "--depths", "0.5"]) == 0

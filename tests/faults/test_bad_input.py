@@ -46,6 +46,13 @@ def files(tmp_path_factory):
         w[name] = root / f"{name}.yaml"
     torch.manual_seed(0)
     es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(w["model"])
+    from elastic_ssm.config import model_config_from_dict
+    from elastic_ssm.models import build_model
+
+    for arch in ("transformer", "matformer", "es_ssm"):     # a small ES-SSM accepts at most seq_len=128 tokens
+        spec = {"arch": arch, "preset": "tiny", **({"seq_len": 128} if arch == "es_ssm" else {})}
+        w[arch] = root / arch
+        build_model(model_config_from_dict(spec), seed=0).save_pretrained(w[arch])
     w["cfg_list"] = root / "cfg_list"
     w["cfg_list"].mkdir()
     (w["cfg_list"] / "config.json").write_text("[1, 2]")
@@ -97,6 +104,8 @@ CASES = {  # name: (argv, words the message must contain)
     "out_dir under a file": ([*TRAIN[:-1], "{file}/run"], ["a_file"]),
     "resume and overwrite": ([*TRAIN, "--resume", "--overwrite"], ["--resume", "--overwrite"]),
     "vocab too small": ([*TRAIN, "--model.vocab_size", "100"], ["vocab_size"]),
+    "es_ssm seq_len above its filters": ([*TRAIN, "--model.arch", "es_ssm", "--train.seq_len", "256"],
+                                         ["--train.seq_len 256", "--model.seq_len 128"]),
     "export check-len 0": (["export", "{model}", "--out", "{root}/ex", "--check-len", "0"], ["--check-len"]),
     "export unknown tier": (["export", "{model}", "--out", "{root}/ex", "--tier", "T99"], ["T99"]),
     "eval batch-size 0": ([*EVAL, "--batch-size", "0"], ["--batch-size", ">= 1"]),
@@ -117,6 +126,10 @@ CASES = {  # name: (argv, words the message must contain)
     "importance first 0": (["importance", "{model}", "--first", "0"], ["--first", ">= 1"]),
     "importance unknown tier": (["importance", "{model}", "--tier", "T99", "--out", "{root}/imp"], ["T99"]),
     "importance out is a file": (["importance", "{model}", "--out", "{file}"], ["--out", "is a file"]),
+    "importance of a transformer": (["importance", "{transformer}", "--seq-len", "16", "--out", "{root}/imp-tf"],
+                                    ["'transformer' model", "no spectral channels", "ESSH and ES-SSM"]),
+    "importance of a matformer": (["importance", "{matformer}", "--seq-len", "16"],
+                                  ["'matformer' model", "no spectral channels"]),
     "eval missing model": (["eval", "{root}/nomodel"], ["nomodel", "does not exist", "save_pretrained"]),
     "eval model is a file": (["eval", "{file}"], ["a_file"]),
     "generate empty prompt": (["generate", "{model}", "--prompt", ""], ["--prompt", "empty"]),
@@ -169,6 +182,8 @@ CASES = {  # name: (argv, words the message must contain)
     "generate budget nan": (["generate", "{model}", "--prompt", "a", "--tier", "auto", "--max-ms-per-token", "nan"],
                             ["--max-ms-per-token", "finite"]),
     "niah depth above 1": (["niah", "{model}", "--depths", "0.5,1.5"], ["--depths", "[0, 1]"]),
+    "niah context beyond es_ssm filters": (["niah", "{es_ssm}", "--data", "{corpus}", "--context", "128", "--pairs",
+                                            "1"], ["--context 128", "133 tokens", "--context 123 or less"]),
     "niah context too short": (["niah", "{model}", "--data", "{corpus}", "--context", "8", "--pairs", "1"],
                                ["--context 8", "no room"]),
     "serve timeout 0": (["serve", "{model}", "--timeout", "0"], ["--timeout", "> 0"]),

@@ -86,6 +86,30 @@ def test_resume_of_a_run_written_by_an_older_version_names_that(done, tmp_path, 
     assert _snapshot(run) == before
 
 
+def test_resume_with_another_arch_names_the_arch(done, tmp_path, capsys):
+    """Resuming an ESSH run as a Transformer++ is refused by its arch (every field differs, which must not read
+    as a record written by an older version); nothing in the run is touched."""
+    cfg, run = _copy(done, tmp_path)
+    before = _snapshot(run)
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume", "--model.arch",
+                 "transformer", "--model.preset", "tiny"]) == 2
+    err = _one_line_error(capsys, "holds a 'essh' run", "--model.arch transformer", "another --train.out_dir")
+    assert "older" not in err
+    assert _snapshot(run) == before
+
+
+def test_es_ssm_sequences_longer_than_its_filters_are_refused_before_anything_is_written(done, tmp_path, capsys):
+    """An ES-SSM accepts at most its filter length (model.seq_len) tokens: a longer train.seq_len is one line naming
+    both flags and values, before any data is read; no run directory, run.yaml or lock is left behind."""
+    cfg, _ = done
+    out = tmp_path / "x1" / "run"
+    assert main(["train", "--config", str(cfg), "--model.arch", "es_ssm", "--model.preset", "tiny",
+                 "--train.seq_len", "256", "--train.out_dir", str(out)]) == 2
+    _one_line_error(capsys, "--train.seq_len 256", "--model.seq_len 128", "--train.seq_len 128 or less",
+                    "--model.seq_len 256 or more")
+    assert not (tmp_path / "x1").exists()
+
+
 def _flat_train(train):
     """A train record as the version before the train sections wrote it (flat names, refine nested)."""
     from elastic_ssm.config import TrainConfig
