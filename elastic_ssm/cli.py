@@ -198,7 +198,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
                                    num_fewshot=args.num_fewshot, include_path=args.include_path,
                                    precision=args.precision)
     print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
-    write_csv(args.csv, rows)
+    write_csv(args.csv, rows, args.overwrite)
     return 0
 
 
@@ -231,7 +231,7 @@ def cmd_niah(args: argparse.Namespace) -> int:
                               *[f"d{d}" for d in depth_cols]],
                        title=f"NIAH, {cfg.n_pairs} key pairs x {len(cfg.depths)} depths, context {cfg.context_len}, "
                              f"{cfg.condition} condition"))
-    write_csv(args.csv, flat)
+    write_csv(args.csv, flat, args.overwrite)
     return 0
 
 

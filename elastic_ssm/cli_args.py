@@ -351,14 +351,36 @@ def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
     return out
 
 
-def write_csv(path: str | None, rows: list[dict]) -> None:
-    """``rows`` (dicts with the same keys) as a CSV file at ``path``; nothing when ``path`` is None."""
+def check_csv_target(path: str, overwrite: bool, flag: str = "--csv") -> None:
+    """Refuse a CSV output ``path`` that would replace something saved (``ConfigError``, one line): a folder; an
+    existing file not named ``*.csv`` (a model's ``config.json``, weights, tokenizer or notes), even with
+    ``overwrite``; an existing ``*.csv`` without ``overwrite``. The verbs call it before any work (``check_args``)
+    and ``write_csv`` again before it writes, so the two always agree."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; give a file path")
+    if not os.path.lexists(p):
+        return
+    if p.suffix.lower() != ".csv":
+        raise ConfigError(f"{flag} {path} already exists and is not a .csv file (say a model's config.json); it is "
+                          "never replaced, even with --overwrite: choose another path")
+    if not overwrite:
+        raise ConfigError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another path")
+
+
+def write_csv(path: str | None, rows: list[dict], overwrite: bool = False, flag: str = "--csv") -> None:
+    """``rows`` (dicts with the same keys) as a CSV file at ``path``, written atomically; nothing when ``path`` is
+    None. An existing file is replaced only as ``check_csv_target`` allows (``overwrite``; ``flag`` names the
+    option in its message)."""
     if not path:
         return
     import io
 
     from .utils.files import atomic_write_text
 
+    check_csv_target(path, overwrite, flag)
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=list(rows[0]))
     w.writeheader()

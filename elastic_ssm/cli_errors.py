@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .cli_args import check_output_path, is_rank_zero, spelled
+from .cli_args import check_csv_target, check_output_path, is_rank_zero, spelled
 from .config import ConfigError
 
 __all__ = ["Parser", "check_args", "one_line", "run_reporting_errors"]
@@ -45,7 +45,8 @@ def check_args(args: argparse.Namespace) -> None:
     """Reject bad options with a message naming the flag as the user wrote it, before the command runs.
 
     From the command's options dataclass (``cli_options.py``): an empty string, a non-finite number, a value
-    below ``minimum`` or not above ``above``, and an ``output`` path that cannot be written."""
+    below ``minimum`` or not above ``above``, an ``output`` path that cannot be written, and a ``--csv`` file that
+    would replace something saved (``check_csv_target``)."""
     cls = getattr(args, "options_cls", None)
     for f in dataclasses.fields(cls) if cls is not None else ():
         meta, value = f.metadata, getattr(args, f.name, None)
@@ -68,6 +69,8 @@ def check_args(args: argparse.Namespace) -> None:
     csv = getattr(args, "csv", None)             # write_csv creates no folder
     if csv and not Path(csv).resolve().parent.is_dir():
         raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")
+    if csv:                                      # an existing file: refused now, not after the evaluation
+        check_csv_target(csv, getattr(args, "overwrite", False))
     bpt = getattr(args, "bytes_per_token", None)
     if bpt is not None and not (math.isfinite(bpt) and bpt >= 0):
         raise ConfigError(f"--bytes-per-token must be a finite number >= 0 (0: automatic), got {bpt}")

@@ -62,7 +62,10 @@ class TiersOptions:
 
 @dataclass(kw_only=True)
 class CsvOptions:
-    csv: str | None = flag(None, "also write the rows as CSV to this file", output="file")
+    csv: str | None = flag(None, "also write the rows as CSV to this file (an existing one is refused without "
+                                 "--overwrite)", output="file")
+    overwrite: bool = flag(False, "replace an existing --csv file; refused otherwise (a file not named *.csv, such "
+                                  "as a model's config.json, never is)")
 
 
 @dataclass(kw_only=True)

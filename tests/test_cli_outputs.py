@@ -1,5 +1,6 @@
-"""What the writing verbs do with outputs that already exist (export, tokenizer train, prepare), generate's
---prompt that is not UTF-8, and the one tier-list parser (spaces around names) of export / generate / eval."""
+"""What the writing verbs do with outputs that already exist (export, tokenizer train, prepare, the --csv of eval /
+niah / lm-eval), generate's --prompt that is not UTF-8, and the one tier-list parser (spaces around names) of
+export / generate / eval."""
 
 import json
 
@@ -7,7 +8,8 @@ import pytest
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
-from elastic_ssm.cli_args import checked_capacities, checked_tiers, tier_names
+from elastic_ssm.cli_args import checked_capacities, checked_tiers, tier_names, write_csv
+from elastic_ssm.config import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +154,75 @@ def test_prepare_refuses_an_existing_token_file_or_sidecar(corpus, tmp_path, cap
     assert main(["prepare", str(other), str(out), "--overwrite"]) == 0
     assert out.stat().st_size == 2 * len(other.read_bytes()) + 2    # uint16 bytes + one SEP
     assert json.loads((tmp_path / "t.bin.json").read_text())["source"] == str(other)
+
+
+# ---- 2b. --csv never replaces a saved file: an existing CSV needs --overwrite, a model's file never goes -------------
+def eval_csv(model_dir, csv, *flags):
+    return main(["eval", str(model_dir), "--seq-len", "16", "--batch-size", "1", "--n-batches", "1",
+                 "--no-write-quality", "--csv", str(csv), *flags])
+
+
+def test_eval_csv_refuses_an_existing_file_and_overwrite_replaces_it(model_dir, tmp_path, capsys):
+    csv = tmp_path / "mine.csv"
+    csv.write_bytes(b"my own table\r\n")
+    assert eval_csv(model_dir, csv) == 2
+    line = one_error_line(capsys)
+    assert f"--csv {csv} already exists" in line and "--overwrite" in line
+    assert csv.read_bytes() == b"my own table\r\n"
+    assert eval_csv(model_dir, csv, "--overwrite") == 0
+    assert csv.read_text().startswith("tier,")
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_csv_never_replaces_a_file_of_the_model_even_with_overwrite(model_dir, name, capsys):
+    target = model_dir / name
+    before = target.read_bytes()
+    assert eval_csv(model_dir, target, "--overwrite") == 2
+    line = one_error_line(capsys)
+    assert f"--csv {target} already exists and is not a .csv file" in line and "even with --overwrite" in line
+    assert target.read_bytes() == before
+    assert es.models.load_pretrained(model_dir).config.n_channels > 0       # the model still loads
+
+
+def test_csv_refuses_a_folder_even_with_overwrite(model_dir, tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("kept")
+    assert eval_csv(model_dir, tmp_path, "--overwrite") == 2
+    assert f"--csv {tmp_path} is a folder" in one_error_line(capsys)
+    assert (tmp_path / "keep.txt").read_text() == "kept"
+
+
+@pytest.mark.parametrize("verb", [["eval"], ["niah"], ["lm-eval", "--tasks", "piqa"]])
+def test_csv_refusal_comes_before_the_model_is_loaded(verb, model_dir, tmp_path, capsys, monkeypatch):
+    import elastic_ssm.models
+
+    def loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the --csv check")
+
+    monkeypatch.setattr(elastic_ssm.models, "load_pretrained", loading)
+    monkeypatch.setattr("elastic_ssm.eval.lm_harness.evaluate_tiers_on_tasks", loading)
+    csv = tmp_path / "mine.csv"
+    csv.write_text("mine")
+    assert main([verb[0], str(model_dir), *verb[1:], "--csv", str(csv)]) == 2
+    assert f"--csv {csv} already exists" in one_error_line(capsys)
+    assert csv.read_text() == "mine"
+
+
+def test_write_csv_applies_the_same_rule_as_the_early_check(tmp_path):
+    """A file that appears while a verb runs is refused at the write too (one rule, ``check_csv_target``)."""
+    target = tmp_path / "t.csv"
+    write_csv(str(target), [{"a": 1}])
+    with pytest.raises(ConfigError, match="already exists; pass --overwrite"):
+        write_csv(str(target), [{"a": 2}])
+    assert target.read_bytes() == b"a\r\n1\r\n"
+    write_csv(str(target), [{"a": 2}], overwrite=True)
+    assert target.read_bytes() == b"a\r\n2\r\n"
+    notes = tmp_path / "notes.md"
+    notes.write_text("mine")
+    with pytest.raises(ConfigError, match="not a .csv file"):
+        write_csv(str(notes), [{"a": 1}], overwrite=True)
+    with pytest.raises(ConfigError, match="is a folder"):
+        write_csv(str(tmp_path), [{"a": 1}], overwrite=True)
+    assert notes.read_text() == "mine"
 
 
 # ---- 3. generate: a --prompt that is not UTF-8 -------------------------------------------------------------------

@@ -127,7 +127,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if len(lengths) > 1:
         print()
         print(format_length_sweep(rows))
-    write_csv(args.csv, [r.row() for r in rows])
+    write_csv(args.csv, [r.row() for r in rows], args.overwrite)
     named = {t.name for t in model.tier_table()}
     recorded = [r for r in rows if r.tier in named and r.seq_len == lengths[0]]   # select_tier picks named tiers
     if recorded:
@@ -190,7 +190,8 @@ def _importance_into(args: argparse.Namespace, model, tier, out: Path, device) -
     res = channel_importance(model, batches, tier and tier[0], bytes_per_token=bpt, first=args.first,
                              precision=args.precision, progress=True)
     print(format_importance(res))
-    write_csv(str(out / "channel_importance.csv"), res.rows())
+    write_csv(str(out / "channel_importance.csv"), res.rows(), overwrite=True,   # its own output in --out
+              flag=spelled(args, "out"))
     clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v   # JSON has no NaN
     record = {"checkpoint": str(args.checkpoint), "data": args.data, "split": args.split, "seq_len": args.seq_len,
               "batches": len(batches), **{k: clean(v) for k, v in res.summary().items()},

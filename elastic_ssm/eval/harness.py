@@ -14,7 +14,8 @@ every lm-eval flag works and results are written in lm-eval's own format. On top
   ``tier=T4`` runs one tier, no ``tier`` the model as saved;
 * a CSV summary (one row per tier, task and metric: ``tier, K, n_ff, params, task, metric, value,
   stderr``) goes to ``--csv PATH`` (our flag, removed before lm-eval parses the rest) or, by default, to
-  ``<output_path>/tiers.csv``; the same table is printed at the end.
+  ``<output_path>/tiers.csv``; the same table is printed at the end. An existing CSV is refused before anything
+  runs unless ``--overwrite`` (our flag too) is given; a file not named ``*.csv`` is never replaced.
 
 The tokenizer is the one saved with the model (``tokenizer=`` in ``--model_args`` must equal it).
 
@@ -185,6 +186,8 @@ def _main(argv: list[str]) -> int:
             pass
         return 0
     argv, csv_path = _pop_flag(argv, "--csv")
+    overwrite = "--overwrite" in argv                       # our flag too (lm-eval has none)
+    argv = [a for a in argv if a != "--overwrite"]
     if _flag(argv, "--model")[0] < 0:
         argv = ["--model", "elastic-ssm", *argv]
     if _flag(argv, "--device")[0] < 0:
@@ -196,9 +199,14 @@ def _main(argv: list[str]) -> int:
     args = _parse_model_args(model_args or "") if ours else {}      # another --model: lm-eval as it is
     _, out_dir = _flag(argv, "--output_path")
     rows: list[dict[str, Any]] = []
+    from ..cli_args import check_csv_target, write_csv
     from .lm_harness import result_rows
 
     tiers, rewrite = _tiers(args)
+    csv_flag = "--csv" if csv_path else "the summary of --output_path"
+    csv_path = csv_path or (str(Path(out_dir) / "tiers.csv") if out_dir and tiers != [None] else None)
+    if csv_path:
+        check_csv_target(csv_path, overwrite, csv_flag)     # before lm-eval loads the model, not after every task
     indexes: dict[str, Any] = {}
     for tier in tiers:
         run = list(argv)
@@ -212,20 +220,13 @@ def _main(argv: list[str]) -> int:
         res = _run_lm_eval(["run", *run], indexes)
         if res is not None and tier is not None:
             rows += result_rows(res, tier)
-    csv_path = csv_path or (str(Path(out_dir) / "tiers.csv") if out_dir and rows else None)
     if rows:
         from ..bench.report import format_table
 
         print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
     if csv_path and rows:
-        import csv
-
         Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(csv_path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        print(f"wrote {csv_path}")
+        write_csv(csv_path, rows, overwrite, csv_flag)
     return 0
 
 

@@ -56,13 +56,15 @@ def cmd_recover(args: argparse.Namespace) -> int:
     rows = rec.rows()
     status(_table(rows))
     Path(t.out_dir).mkdir(parents=True, exist_ok=True)
-    write_csv(str(Path(t.out_dir) / "recovery.csv"), rows)
+    write_csv(str(Path(t.out_dir) / "recovery.csv"), rows, args.overwrite, flag="--train.out_dir")
     return 0
 
 
 def _check_before_work(args: argparse.Namespace, parent: Any, t: Any, tiers: list[str] | None) -> None:
     """Settings the recovery would reject only after the truncated model's evaluation (minutes at scale): the
-    length, post-hoc masks, and run directories that are files or hold another run (without --overwrite)."""
+    length, post-hoc masks, run directories that are files or hold another run, and an earlier ``recovery.csv``
+    (the last two without --overwrite)."""
+    from ..cli_args import check_csv_target
     from ..config import ConfigError
     from .posthoc import posthoc_train_config
     from .rundir import run_artifacts
@@ -85,6 +87,7 @@ def _check_before_work(args: argparse.Namespace, parent: Any, t: Any, tiers: lis
         if found:
             raise ConfigError(f"{d} already holds another run ({', '.join(found[:3])}); pass --overwrite (moves it "
                               "aside) or choose another --train.out_dir")
+    check_csv_target(str(out / "recovery.csv"), args.overwrite, "--train.out_dir")   # also beside label_only tiers
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

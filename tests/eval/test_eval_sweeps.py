@@ -59,7 +59,7 @@ def test_length_sweep_at_multiples_of_the_run_training_length(run, capsys):
     assert [(r["tier"], int(r["seq_len"])) for r in rows] == [(t, n) for n in (16, 32, 64) for t in ("T1", "T10")]
     assert all(int(r["tokens"]) == 2 * 64 for r in rows)      # the same tokens scored at every length
     assert main(["eval", str(run / "run" / "final"), "--data", str(run / "c.txt"), *EVAL, "--tiers", "T2",
-                 "--lengths", "2x,20", "--train-len", "12", "--csv", str(out)]) == 0
+                 "--lengths", "2x,20", "--train-len", "12", "--csv", str(out), "--overwrite"]) == 0   # replaces len.csv
     assert [int(r["seq_len"]) for r in _rows(out)] == [24, 20]
 
 

@@ -217,6 +217,37 @@ def test_console_script_reads_lm_evals_short_flags():
     assert _set_flag(["--tasks", "t"], "--device", "cpu") == ["--tasks", "t", "--device", "cpu"]
 
 
+def test_console_script_refuses_an_existing_csv_before_running(tiny, tmp_path, monkeypatch, capsys):
+    """``elastic-ssm-lm-eval``: an existing ``--csv`` or ``<output_path>/tiers.csv`` is refused before lm-eval runs;
+    ``--overwrite`` (ours) replaces a CSV, never a model's file."""
+    from elastic_ssm.eval import harness, lm_harness
+
+    ran = []
+    monkeypatch.setattr(harness, "_run_lm_eval", lambda argv, indexes: ran.append(argv) or {})
+    monkeypatch.setattr(lm_harness, "result_rows", lambda res, tier: [{"tier": tier.name, "value": 0.5}])
+    monkeypatch.delenv("ELASTIC_SSM_DEBUG", raising=False)
+    tiny.save_pretrained(tmp_path / "model")
+    base = ["--model_args", f"pretrained={tmp_path / 'model'},tier=T1", "--tasks", "t", "--device", "cpu"]
+    mine, out = tmp_path / "mine.csv", tmp_path / "res"
+    mine.write_text("mine")
+    out.mkdir()
+    (out / "tiers.csv").write_text("earlier run")
+    config = (tmp_path / "model" / "config.json").read_bytes()
+    for flags, named in [(["--csv", str(mine)], f"--csv {mine} already exists"),
+                         (["--output_path", str(out)], f"{out / 'tiers.csv'} already exists"),
+                         (["--csv", str(tmp_path / "model" / "config.json"), "--overwrite"], "not a .csv file")]:
+        capsys.readouterr()
+        assert harness.main([*base, *flags]) == 2, flags
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and named in err[0], err
+    assert ran == []                                       # refused before lm-eval ran a task
+    assert mine.read_text() == "mine" and (out / "tiers.csv").read_text() == "earlier run"
+    assert (tmp_path / "model" / "config.json").read_bytes() == config
+    assert harness.main([*base, "--csv", str(mine), "--overwrite"]) == 0
+    assert "--overwrite" not in ran[0]                     # ours: not passed on to lm-eval
+    assert mine.read_text().splitlines() == ["tier,value", "T1,0.5"]
+
+
 def test_console_script_reports_bad_input_in_one_line(tiny, tmp_path, monkeypatch, capsys):
     """``elastic-ssm-lm-eval`` reports a user's mistake as ``elastic-ssm lm-eval`` does: one line, exit 2."""
     from elastic_ssm.eval import harness

@@ -28,6 +28,11 @@ def files(tmp_path_factory):
     w["tok"].write_text("{not json")
     w["file"].write_text("x")
     w["prep"].mkdir()
+    w["old_csv"] = root / "old.csv"
+    w["old_csv"].write_text("a table of mine\n")
+    w["old_rec"] = root / "old_rec"
+    w["old_rec"].mkdir()
+    (w["old_rec"] / "recovery.csv").write_text("an earlier recovery\n")
     (w["prep"] / "README.md").write_text("notes about this data\n" * 50)
     assert main(["prepare", str(text), str(w["prep"] / "validation.bin")]) == 0
     for name, body in {"good": TINY, "train5": "train: 5\n", "model_str": "model: tiny\n",
@@ -175,6 +180,13 @@ CASES = {  # name: (argv, words the message must contain)
     "eval lengths empty": ([*EVAL, "--lengths", ""], ["--lengths", "empty"]),
     "eval csv is a folder": ([*EVAL, "--csv", "{prep}"], ["--csv", "folder"]),
     "eval csv below a file": ([*EVAL, "--csv", "{file}/x.csv"], ["--csv", "a_file is a file"]),
+    "eval csv exists": ([*EVAL, "--csv", "{old_csv}"], ["--csv {old_csv} already exists", "--overwrite"]),
+    "eval csv is the model's config": ([*EVAL, "--csv", "{model}/config.json", "--overwrite"],
+                                       ["config.json", "not a .csv file", "even with --overwrite"]),
+    "eval csv is a folder, overwrite": ([*EVAL, "--csv", "{prep}", "--overwrite"], ["--csv", "folder"]),
+    "niah csv exists": (["niah", "{model}", "--csv", "{old_csv}"], ["--csv {old_csv} already exists", "--overwrite"]),
+    "lm-eval csv exists": (["lm-eval", "{model}", "--tasks", "piqa", "--csv", "{old_csv}"],
+                           ["--csv {old_csv} already exists", "--overwrite"]),
     "export out empty": (["export", "{model}", "--out", ""], ["--out", "empty"]),
     "export out below a file": (["export", "{model}", "--out", "{file}/x"], ["--out", "a_file is a file"]),
     "importance first above K": (["importance", "{model}", "--first", "99", "--out", "{root}/imp"],
@@ -209,6 +221,8 @@ CASES = {  # name: (argv, words the message must contain)
                                "--train.out_dir", "{root}/rec"], ["--masks", "(0, 1]"]),
     "recover out_dir is a file": (["recover", "{model}", "--steps", "1", "--train.out_dir", "{file}"],
                                   ["a_file", "is a file"]),
+    "recover earlier recovery.csv": (["recover", "{model}", "--steps", "1", "--train.out_dir", "{old_rec}"],
+                                     ["recovery.csv already exists", "--overwrite"]),
     "quickstart out is a file": (["quickstart", "--out", "{file}"], ["--out", "is a file"]),
     # bench: suites, selections and outputs (checked before anything is measured)
     "bench suite is a folder": (["bench", "--bench.suite", "{prep}/"], ["prep", "is a folder"]),
