@@ -46,7 +46,7 @@ from .cli_options import (
     TokenizerTrainOptions,
     TrainOptions,
 )
-from .config import ConfigError, ESSHConfig, ESSSMConfig
+from .config import ConfigError, ESSHConfig, ESSSMConfig, tier_word
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -192,7 +192,8 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--include-path {args.include_path} is not a folder; give the folder of your task YAML "
                           "files")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=tier_names(args.tiers),
+    names = tier_names(args.tiers)
+    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=names and [tier_word(n) for n in names],
                                    tokenizer=args.tokenizer, device=resolve_device(args.device),
                                    batch_size=args.batch_size, max_length=args.max_length, limit=limit,
                                    num_fewshot=args.num_fewshot, include_path=args.include_path,
@@ -250,15 +251,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         what = "every tier" if names is None else "several tiers"
         raise ConfigError(f"{spelled(args, 'tier')} {args.tier!r} names {what}; generate samples from one tier: give "
                           "one ('full', T1..T10, 'auto'; ES-SSM: 8 or K8)")
-    args.tier = names[0]
-    if args.tier.isdigit():  # an ES-SSM budget K
-        args.tier = int(args.tier)
+    args.tier = tier_word(names[0])        # an ES-SSM budget 8 is an int
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     tier = auto_tier(args.checkpoint, args) if args.tier == "auto" else args.tier
     model = load_pretrained(args.checkpoint, tier=None if tier == "full" else tier, device=device, dtype=dtype)
     if not hasattr(model, "generate"):
-        raise ConfigError(f"{args.checkpoint} holds an {model.arch!r} model; cached generation is an ESSH feature")
+        raise ConfigError(f"{args.checkpoint} holds a {model.arch!r} model, which has no cached generation; generate "
+                          "runs ESSH and ES-SSM models")
     tok = resolve_tokenizer(model, args.tokenizer)
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long, device=device)
     if ids.numel() == 0:

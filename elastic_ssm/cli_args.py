@@ -24,7 +24,7 @@ import types
 import typing
 from typing import Any
 
-from .config import ConfigError
+from .config import ConfigError, tier_word
 
 
 def flag(default: Any = dataclasses.MISSING, help: str = "", *, aliases: tuple[str, ...] = (),
@@ -315,10 +315,10 @@ def tier_names(spec: str) -> list[str] | None:
 
 
 def checked_tiers(model, spec: str) -> list[str] | None:
-    """``_tier_names`` with every name resolved against the model first (an unknown tier is named before any
-    work starts)."""
+    """``tier_names`` with every name resolved against the model first (an unknown tier is named before any
+    work starts); an ES-SSM budget ``8`` is its tier ``K8`` (``tier_word``)."""
     names = tier_names(spec)
-    return None if names is None else [model.resolve_tier(n).name for n in names]
+    return None if names is None else [model.resolve_tier(tier_word(n)).name for n in names]
 
 
 def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
@@ -330,10 +330,9 @@ def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
     if names is None:
         return None
     out = []
-    for raw in names:
-        name = raw.strip()
+    for name in names:
         try:
-            out.append(model.resolve_tier(int(name) if name.isdigit() and model.arch != "essh" else name))
+            out.append(model.resolve_tier(tier_word(name)))
             continue
         except ValueError as e:
             named_error = e

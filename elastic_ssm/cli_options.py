@@ -57,7 +57,7 @@ class TokenizerOptions:
 
 @dataclass(kw_only=True)
 class TiersOptions:
-    tiers: str = flag("all", "'all' or comma-separated tier names (T1,T4,T10; ES-SSM K8)")
+    tiers: str = flag("all", "'all' or comma-separated tier names (T1,T4,T10; ES-SSM K8 or a budget 8)")
 
 
 @dataclass(kw_only=True)
@@ -124,7 +124,8 @@ class TrainOptions:
 
 @dataclass(kw_only=True)
 class ExportOptions(ModelDirOptions, TiersOptions, DeviceOptions):
-    tiers: str = flag("all", "'all' or comma-separated tier names to export (T1,T4 or K8)", aliases=("--tier",))
+    tiers: str = flag("all", "'all' or comma-separated tier names to export (T1,T4; ES-SSM K8 or a budget 8)",
+                      aliases=("--tier",))
     out: str = flag(help="output folder; one sub-folder per tier", output="folder")
     check_len: int = flag(128, "tokens per sequence of the export check", minimum=1)
     overwrite: bool = flag(False, "replace tier folders under --out that already hold files (refused otherwise, "

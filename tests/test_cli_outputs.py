@@ -1,6 +1,6 @@
 """What the writing verbs do with outputs that already exist (export, tokenizer train, prepare, the --csv of eval /
-niah / lm-eval), generate's --prompt that is not UTF-8, and the one tier-list parser (spaces around names) of
-export / generate / eval."""
+niah / lm-eval), generate's --prompt that is not UTF-8, the one tier-list parser (spaces around names) of
+export / generate / eval, and the one tier word (an ES-SSM budget ``8``) of every verb."""
 
 import json
 
@@ -311,3 +311,43 @@ def test_verbs_call_an_export_by_its_source_tier(model_dir, tmp_path, capsys):
     assert "standalone export of tier T4" in one_error_line(capsys)
     served = model_view(t4)                      # what serve lists (ids NAME@T4) and resolves --tier with
     assert [t.name for t in served.tier_table()] == ["T4"] and checked_tiers(served, "T4") == ["T4"]
+
+
+# ---- 5. one tier word: an all-digit word is an ES-SSM budget in every verb ---------------------------------------
+def test_tier_word_makes_digits_a_budget_and_keeps_every_other_word():
+    from elastic_ssm.config import tier_word
+
+    assert tier_word("8") == 8 and tier_word(" 12 ") == 12
+    assert [tier_word(w) for w in ("K8", "T4", " T4", "0.5", "-1", "all", "²")] == ["K8", "T4", "T4", "0.5", "-1",
+                                                                                   "all", "²"]
+
+
+@pytest.fixture(scope="module")
+def es_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("es") / "m"
+    es.ESSSM(es.ESSSMConfig.preset("tiny")).save_pretrained(path)   # K-bar 8, budgets (2, 4, 8)
+    return path
+
+
+def test_es_ssm_budgets_are_accepted_by_every_verb(es_dir, tmp_path, capsys):
+    """``8`` is ``K8`` wherever a tier is named: the shared list parser (export, niah, serve, calibrate, recover),
+    eval's capacities, generate, --train.eval.tiers and --model.tier_config (a specialist and its matching)."""
+    from elastic_ssm.config import model_config_from_dict
+    from elastic_ssm.elastic.matching import parameter_report
+    from elastic_ssm.train.metrics import eval_tier_list
+
+    model = es.models.load_pretrained(es_dir)
+    assert checked_tiers(model, "8, K4,2") == ["K8", "K4", "K2"]
+    assert [t.name for t in checked_capacities(model, "4,K8, 3")] == ["K4", "K8", "K3"]
+    assert [t.name for t in eval_tier_list(model, ("4", "K8"))] == ["K4", "K8"]
+    assert export(es_dir, tmp_path / "ex", "--tiers", "8,K2") == 0
+    assert tier_of(tmp_path / "ex" / "K8") == "K8" and tier_of(tmp_path / "ex" / "K2") == "K2"
+    capsys.readouterr()
+    assert main(["generate", str(es_dir), "--tier", "4", "--prompt", "ab", "--max-new-tokens", "2",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("ab")
+    source = {"arch": "es_ssm", "preset": "tiny", "tier_config": "4"}
+    assert model_config_from_dict(source) == model_config_from_dict({**source, "tier_config": "K4"})
+    assert model_config_from_dict(source).n_channels == 4
+    reference = parameter_report(model_config_from_dict(source), source)["reference"]
+    assert reference["model"] == "K4 of es_ssm tiny" and reference["holds"]

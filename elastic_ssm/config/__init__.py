@@ -17,7 +17,7 @@ from .base import ConfigBase, ConfigError, FlatNameWarning, opt
 from .baselines import MATFORMER_GRANULARITIES, TRANSFORMER_PRESETS, MatFormerConfig, TransformerConfig
 from .es_ssm import ESSSM_BUDGETS, ESSSM_PRESETS, ESSSMConfig
 from .essh import ESSH_PRESETS, ESSH_TIER_XI, ESSHConfig
-from .model import FractionTierConfig, ModelConfig, Tier, TierLike, model_configs
+from .model import FractionTierConfig, ModelConfig, Tier, TierLike, model_configs, tier_word
 from .recipe import (
     REFINE_CAPACITIES,
     TRAIN_CAPACITIES,
@@ -34,7 +34,7 @@ from .train import PARALLEL, PRECISIONS, RECIPES, TRAIN_PRESETS, TrainConfig, re
 
 __all__ = [
     "ConfigBase", "ConfigError", "FlatNameWarning", "opt",
-    "ModelConfig", "FractionTierConfig", "Tier", "TierLike", "model_configs",
+    "ModelConfig", "FractionTierConfig", "Tier", "TierLike", "model_configs", "tier_word",
     "ESSHConfig", "ESSH_PRESETS", "ESSH_TIER_XI", "ESSSMConfig", "ESSSM_PRESETS", "ESSSM_BUDGETS",
     "TransformerConfig", "MatFormerConfig", "TRANSFORMER_PRESETS", "MATFORMER_GRANULARITIES",
     "TrainConfig", "RefineConfig", "OptimConfig", "MixingConfig", "OrderingConfig", "BudgetDropoutConfig",

@@ -95,7 +95,8 @@ class ESSSMConfig(ModelConfig):
         return self.budget_tier(K) if K is not None and 1 <= K <= self.n_channels else None
 
     def tier_hint(self) -> str:
-        return (f"give a budget K in [1, {self.n_channels}] (8 or 'K8'; trained budgets: "
+        K = self.n_channels           # the example is a valid budget of this model (the largest)
+        return (f"give a budget K in [1, {K}] ({K} or 'K{K}'; trained budgets: "
                 f"{[t.name for t in self.tier_table()]}) or the full model (None in Python, 'full' on the command "
                 "line)")
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from .base import ConfigBase, ConfigError
 
-__all__ = ["Tier", "TierLike", "ModelConfig", "FractionTierConfig", "model_configs", "scaled_power"]
+__all__ = ["Tier", "TierLike", "ModelConfig", "FractionTierConfig", "model_configs", "scaled_power", "tier_word"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,15 @@ class Tier:
 #: What a ``tier=`` argument accepts: None (the full tier), a ``Tier`` of the config, a name ("T4"; ES-SSM
 #: "K8"), an ES-SSM budget (int K) or an ESSH / Transformer++ capacity fraction (float in (0, 1]).
 TierLike = str | int | float | Tier | None
+
+
+def tier_word(word: str) -> str | int:
+    """A tier as written on the command line (an entry of ``--tiers``, ``--tier``, lm-eval's ``tier=``,
+    ``model.tier_config``) as ``resolve_tier`` takes it: an all-digit word is an int (an ES-SSM budget, ``8``;
+    an ESSH model refuses it, naming its tiers), any other word is itself, stripped of spaces (``"K8"``)."""
+    word = word.strip()
+    return int(word) if word.isascii() and word.isdigit() else word
+
 
 _REGISTRY: dict[str, type[ModelConfig]] = {}
 

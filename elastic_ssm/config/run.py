@@ -21,7 +21,7 @@ from typing import Any
 
 from .base import ConfigBase, ConfigError, opt, read_yaml_file, section
 from .essh import ESSHConfig
-from .model import ModelConfig, TierLike, model_configs
+from .model import ModelConfig, TierLike, model_configs, tier_word
 from .train import TrainConfig
 
 __all__ = ["DataConfig", "ModelChoice", "RunConfig", "model_config_from_dict", "specialist_config",
@@ -61,14 +61,15 @@ class ModelChoice(ConfigBase):
     preset: str = opt("", "named shape of the arch: tiny, small, 370m, 1.5b (ESSH also '<name>-mixer': no "
                           "attention blocks, Tables 21-23; ES-SSM: tiny, small, byte-base)")
     tier_config: str = opt("", "train an independent specialist: the standalone shape of this tier of the "
-                               "described model ('T4'; ES-SSM 'K8'), from scratch (Table 43)")
+                               "described model ('T4'; ES-SSM 'K8' or a budget 8), from scratch (Table 43)")
 
 
 def specialist_config(cfg: ModelConfig, tier: TierLike) -> ModelConfig:
     """The config of an independent model of ``tier``'s shape of ``cfg``, to train from scratch (Table 43):
-    the standalone export's config (an ES-SSM specialist trains its one budget only)."""
+    the standalone export's config (an ES-SSM specialist trains its one budget only). ``tier`` as a string is a
+    command-line word (``model.tier_config``): ``"8"`` is the ES-SSM budget 8 (``tier_word``)."""
     try:
-        t = cfg.resolve_tier(tier)
+        t = cfg.resolve_tier(tier_word(tier) if isinstance(tier, str) else tier)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model.tier_config: {e}") from None
     return cfg.specialist_config(t)

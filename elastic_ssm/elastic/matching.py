@@ -37,12 +37,12 @@ RULES = {"transformer": (0.02, "Table 8: same depth, width, vocabulary; paramete
 
 def _reference(source: dict[str, Any]) -> tuple[str, int] | None:
     """(description, parameter count) of what a run is matched to, from its ``model`` section."""
-    from ..config import ConfigError, ESSHConfig, model_config_from_dict
+    from ..config import ConfigError, ESSHConfig, model_config_from_dict, tier_word
 
     arch, preset, tier = source.get("arch", "essh"), source.get("preset"), source.get("tier_config")
     if tier:
         parent = model_config_from_dict({k: v for k, v in source.items() if k != "tier_config"})
-        t = tiers_mod.resolve_tier(parent, tier)
+        t = tiers_mod.resolve_tier(parent, tier_word(tier))
         return f"{t.name} of {arch} {preset or '(fields)'}", t.params
     if arch == "essh" and preset and preset.endswith("-mixer"):     # Tables 21-23: reported, not matched
         return f"essh {preset[:-6]} (hybrid)", tiers_mod.num_parameters(ESSHConfig.preset(preset[:-6]))

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError
+from ..config import ConfigError, tier_word
 
 __all__ = ["main"]
 
@@ -102,7 +102,7 @@ def _tiers(args: dict[str, str]) -> tuple[list[Any], bool]:
         return tier_table(config), True
     names = spec.split("+") if several else [None if spec in ("", "full", "none") else spec]
     try:
-        return [resolve_tier(config, name) for name in names], several
+        return [resolve_tier(config, name and tier_word(name)) for name in names], several
     except ValueError as e:
         raise ConfigError(f"--model_args tier={spec}: {e}") from None
 
@@ -200,8 +200,9 @@ def _main(argv: list[str]) -> int:
     _, out_dir = _flag(argv, "--output_path")
     rows: list[dict[str, Any]] = []
     from ..cli_args import check_csv_target, write_csv
-    from .lm_harness import result_rows
+    from .lm_harness import check_model_args, result_rows
 
+    check_model_args(args)                          # before the model loads: an unknown key is one line
     tiers, rewrite = _tiers(args)
     csv_flag = "--csv" if csv_path else "the summary of --output_path"
     csv_path = csv_path or (str(Path(out_dir) / "tiers.csv") if out_dir and tiers != [None] else None)

@@ -17,12 +17,13 @@ run as one causal forward at ``tier`` (right-padded batches, longest first: padd
 token cannot change its logits); the log-probability of the continuation is the sum over its tokens, and
 ``is_greedy`` is true when every continuation token is the argmax. Rolling log-likelihood (perplexity
 tasks) uses the harness's own disjoint rolling windows of ``max_length`` tokens. ``generate_until`` runs
-the model's cached generation (ESSH only), greedy unless the task asks for sampling, and cuts the text at
-the first stop string.
+the model's cached generation (ESSH and ES-SSM; the Transformer++ baselines have none), greedy unless the task
+asks for sampling, and cuts the text at the first stop string.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,11 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("the lm-eval adapter needs lm-evaluation-harness: pip install 'elastic-ssm[eval]' "
                       "(or pip install 'lm-eval>=0.4.9')") from e
 
+from ..config import tier_word
 from ..data.tokenizer_files import resolve_tokenizer
 from .scoring import continuation_scores
 
-__all__ = ["ElasticLM", "evaluate_tiers_on_tasks", "result_rows"]
+__all__ = ["ElasticLM", "check_model_args", "evaluate_tiers_on_tasks", "result_rows"]
 
 
 def _as_int(value: Any, name: str) -> int:
@@ -54,6 +56,21 @@ def _as_int(value: Any, name: str) -> int:
     return out
 
 
+def check_model_args(args: Iterable[str], added: dict[str, Any] | None = None) -> None:
+    """A one-line ``ValueError`` for ``--model_args`` keys ``args`` that ``ElasticLM`` does not take (naming the
+    keys it does), or that lm-eval also sets from its own flags (``added``: ``batch_size``, ``device``,
+    ``max_batch_size`` when given); lm-eval passes both to ``ElasticLM.__init__``, which would be a ``TypeError``."""
+    accepted = [name for name in inspect.signature(ElasticLM.__init__).parameters if name != "self"]
+    unknown = [key for key in args if key not in accepted]
+    if unknown:
+        raise ValueError(f"--model_args: unknown key(s) {', '.join(unknown)}; the elastic-ssm model takes "
+                         f"{', '.join(accepted)} (e.g. pretrained=DIR,tier=T4)")
+    twice = [key for key in args if (added or {}).get(key) is not None]
+    if twice:
+        raise ValueError(f"--model_args {twice[0]}: lm-eval sets it from its own --{twice[0]} flag too; give it "
+                         "there only")
+
+
 @register_model("elastic-ssm", "elastic_ssm")
 class ElasticLM(TemplateLM):
     """One tier of an elastic model behind lm-eval's ``LM`` interface (see module docstring).
@@ -61,8 +78,8 @@ class ElasticLM(TemplateLM):
     Args:
         pretrained: a model (``ESSH`` / ``ESSSM`` / a standalone export) or a directory written by
             ``save_pretrained``.
-        tier: tier name (``"T3"``), or ``"full"`` / None (default "full": the whole model, also for a
-            standalone export).
+        tier: tier name (``"T3"``; ES-SSM ``"K8"`` or a budget, ``8`` or ``"8"``), or ``"full"`` / None
+            (default "full": the whole model, also for a standalone export).
         tokenizer: None (default): the tokenizer saved with the model (bytes for a model without one); else
             ``"bytes"``, a ``tokenizer.json`` or a tokenizer folder, which must equal the saved one.
         device: where a loaded model goes (default: the model's device, else ``"cpu"``).
@@ -77,6 +94,20 @@ class ElasticLM(TemplateLM):
     """
 
     backend = "causal"
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ElasticLM:
+        """lm-eval's ``--model_args`` string; an unknown key is named with the accepted ones (``check_model_args``)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        check_model_args(simple_parse_args_string(arg_string), additional_config)
+        return super().create_from_arg_string(arg_string, additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> ElasticLM:
+        """lm-eval's ``--model_args`` as a dict; unknown keys refused as in ``create_from_arg_string``."""
+        check_model_args(arg_dict, additional_config)
+        return super().create_from_arg_obj(arg_dict, additional_config)
 
     def __init__(self, pretrained: Any, tier: str | None = "full", tokenizer: Any = None,
                  device: str | None = None, batch_size: int | str = 8, max_length: int | str = 2048,
@@ -94,6 +125,8 @@ class ElasticLM(TemplateLM):
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
         self.model = model.eval()
+        if isinstance(tier, str):
+            tier = tier_word(tier)                           # "8" (lm-eval's quoted tier='8'): the ES-SSM budget 8
         self.tier = None if tier in (None, "", "none", "full") else tier
         if self.tier is not None:
             model.resolve_tier(self.tier)                    # unknown names fail here, naming the choices
@@ -205,7 +238,7 @@ class ElasticLM(TemplateLM):
         left-padded batch (``ESSH.generate``: every row equals its unpadded single-sequence result)."""
         if not hasattr(self.model, "generate"):
             raise NotImplementedError(f"generate_until needs cached generation, which {type(self.model).__name__} "
-                                      "does not have (ESSH does); use loglikelihood tasks for this model")
+                                      "does not have (ESSH and ES-SSM do); use loglikelihood tasks for this model")
         groups: dict[str, list[int]] = {}
         for i, req in enumerate(requests):
             groups.setdefault(repr(sorted((req.args[1] or {}).items())), []).append(i)
@@ -244,16 +277,16 @@ class ElasticLM(TemplateLM):
         return out
 
 
-def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | Sequence[str] | None = "all",
+def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | Sequence[str | int] | None = "all",
                             tokenizer: Any = None, device: str | None = None, batch_size: int = 8,
                             max_length: int = 2048, limit: int | float | None = None,
                             num_fewshot: int | None = None, include_path: str | None = None,
                             precision: str = "fp32", bootstrap_iters: int = 1000, seed: int = 1234,
                             ) -> list[dict[str, Any]]:
     """Run lm-eval ``tasks`` at every tier in ``tiers`` ("all" or None = the model's tier table, or a list of
-    names) of one shared model, loaded once. Returns one row per (tier, task, metric): ``{"tier", "K",
-    "n_ff", "params", "task", "metric", "value", "stderr"}``. ``include_path`` adds a folder of task YAML
-    files (local tasks); ``limit`` caps the documents per task (a smoke run, not a paper number)."""
+    names and ES-SSM budgets) of one shared model, loaded once. Returns one row per (tier, task, metric):
+    ``{"tier", "K", "n_ff", "params", "task", "metric", "value", "stderr"}``. ``include_path`` adds a folder of
+    task YAML files (local tasks); ``limit`` caps the documents per task (a smoke run, not a paper number)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 

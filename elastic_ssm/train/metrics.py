@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import ConfigError
+from ..config import ConfigError, tier_word
 from .dist import DistContext, all_reduce
 
 __all__ = ["MetricsLogger", "validation_records", "eval_tier_list", "bytes_per_token", "read_log"]
@@ -150,11 +150,12 @@ def bytes_per_token(cfg: Any, model: nn.Module) -> float:
 
 
 def eval_tier_list(model: nn.Module, names: Iterable[str] = ()) -> list[Any]:
-    """The tiers to validate: ``names`` resolved against the model, or every deployment tier."""
+    """The tiers to validate: ``names`` resolved against the model (tier words: ES-SSM ``"8"`` is K8), or every
+    deployment tier."""
     names = list(names)
     if not names:
         return list(model.tier_table())
-    return [model.resolve_tier(n) for n in names]
+    return [model.resolve_tier(tier_word(n) if isinstance(n, str) else n) for n in names]
 
 
 @torch.no_grad()

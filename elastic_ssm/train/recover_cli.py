@@ -23,7 +23,7 @@ __all__ = ["cmd_recover"]
 def cmd_recover(args: argparse.Namespace) -> int:
     from itertools import islice
 
-    from ..cli_args import collect_overrides, resolve_device, status, write_csv
+    from ..cli_args import checked_tiers, collect_overrides, resolve_device, status, write_csv
     from ..cli_options import DEFAULT_RUN
     from ..config import ConfigError, RunConfig
     from ..models import load_pretrained
@@ -41,7 +41,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         train_cfg = train_cfg.replace(refine=train_cfg.refine.replace(steps=args.steps))
     run = dataclasses.replace(run, model=parent.config, train=train_cfg)
     t = run.train
-    tiers = None if args.tiers == "all" else [parent.resolve_tier(n).name for n in args.tiers.split(",")]
+    tiers = checked_tiers(parent, args.tiers)          # the tier-list parser of every verb
     _check_before_work(args, parent, t, tiers)
     data = build_data(run)
     calibration = None

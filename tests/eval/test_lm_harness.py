@@ -122,6 +122,11 @@ def test_bad_arguments_are_named(tiny):
     clf = es.ESSSM(es.ESSSMConfig.preset("tiny", task="classify", num_classes=3))
     with pytest.raises(ValueError, match="classifier"):
         ElasticLM(clf)
+    from elastic_ssm.models import build_model
+
+    baseline = ElasticLM(build_model(es.config.MatFormerConfig.preset("tiny"), seed=0))
+    with pytest.raises(NotImplementedError, match=r"MatFormer does not have \(ESSH and ES-SSM do\)"):
+        baseline.generate_until([_req("generate_until", "a", {"until": []})])
 
 
 def _local_task(tmp_path):
@@ -262,7 +267,11 @@ def test_console_script_reports_bad_input_in_one_line(tiny, tmp_path, monkeypatc
              (f"pretrained={model}", "no_such_task", "no_such_task"),
              (f"pretrained={tmp_path / 'missing'}", "tiny_choice", "missing does not exist"),
              ("pretrained", "tiny_choice", "is not key=value"),
-             ("tier=all", "tiny_choice", "needs pretrained=DIR")]
+             ("tier=all", "tiny_choice", "needs pretrained=DIR"),
+             (f"pretrained={model},bogus=1", "tiny_choice", "unknown key(s) bogus; the elastic-ssm model takes "
+                                                            "pretrained, tier,"),
+             (f"pretrained={model},batch_size=2", "tiny_choice", "from its own --batch_size flag"),
+             (f"pretrained={model},tier=4", "tiny_choice", "tier=4: unknown tier 4 for ESSHConfig")]
     for model_args, task, named in cases:
         capsys.readouterr()
         code = harness.main(["--model_args", model_args, "--tasks", task, "--include_path", tasks, "--device", "cpu"])
@@ -272,6 +281,38 @@ def test_console_script_reports_bad_input_in_one_line(tiny, tmp_path, monkeypatc
         assert "Traceback" not in err[0]
     with pytest.raises(ValueError, match="T11"):       # --debug: the exception itself, with its traceback
         harness.main(["--model_args", f"pretrained={model},tier=T11", "--tasks", "tiny_choice", "--debug"])
+
+
+def test_es_ssm_budgets_and_generation_through_every_lm_eval_entry(tmp_path, monkeypatch, capsys):
+    """An ES-SSM budget ``4`` is its tier K4 in ``lm-eval --tiers``, in ``tier=`` of ``elastic-ssm-lm-eval`` and of
+    lm-eval's own registry path; ``generate_until`` runs ES-SSM's cached generation (the model's own greedy tokens)."""
+    from elastic_ssm.eval import harness
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    _local_task(tmp_path / "tasks")
+    torch.manual_seed(0)
+    model = es.ESSSM(es.ESSSMConfig.preset("tiny")).eval()
+    model.save_pretrained(tmp_path / "model")
+    path, tasks = str(tmp_path / "model"), str(tmp_path / "tasks")
+    out = tmp_path / "rows.csv"
+    assert main(["lm-eval", path, "--tasks", "tiny_choice", "--tiers", "4,K8", "--include-path", tasks,
+                 "--limit", "2", "--csv", str(out)]) == 0
+    with open(out) as f:
+        assert sorted({r["tier"] for r in csv.DictReader(f)}) == ["K4", "K8"]
+    assert harness.main(["--model_args", f"pretrained={path},tier=4", "--tasks", "tiny_choice", "--include_path",
+                         tasks, "--limit", "2", "--csv", str(out)]) == 0
+    with open(out) as f:
+        assert {r["tier"] for r in csv.DictReader(f)} == {"K4"}
+    assert ElasticLM.create_from_arg_string(f"pretrained={path},tier=4").tier == 4        # lm-eval makes it an int
+    assert ElasticLM(model, tier="4").tier == 4                                           # quoted: a word
+    with pytest.raises(ValueError, match="unknown key.s. colour"):
+        ElasticLM.create_from_arg_obj({"pretrained": path, "colour": "red"}, {"batch_size": 2})
+    prompt = "for i in "
+    ids = torch.tensor([list(prompt.encode())])
+    want = model.generate(ids, max_new_tokens=6, tier=4, temperature=0, eos=258)[0, ids.shape[1]:].tolist()
+    got, = ElasticLM(model, tier=4).generate_until([_req("generate_until", prompt, {"until": [], "max_gen_toks": 6})])
+    assert got == bytes(t for t in want if t < 256).decode("utf-8", errors="replace")
 
 
 def test_result_rows_keep_scores_and_drop_bookkeeping():

@@ -58,6 +58,10 @@ def files(tmp_path_factory):
         spec = {"arch": arch, "preset": "tiny", **({"seq_len": 128} if arch == "es_ssm" else {})}
         w[arch] = root / arch
         build_model(model_config_from_dict(spec), seed=0).save_pretrained(w[arch])
+    es_ssm = es.ESSSM(es.ESSSMConfig.preset("tiny"))       # K-bar 8, budgets (2, 4, 8)
+    w["es"], w["es_k4"] = root / "es", root / "es_k4"
+    es_ssm.save_pretrained(w["es"])
+    es.export_tier(es_ssm, 4).save_pretrained(w["es_k4"])   # K-bar 4
     w["cfg_list"] = root / "cfg_list"
     w["cfg_list"].mkdir()
     (w["cfg_list"] / "config.json").write_text("[1, 2]")
@@ -113,6 +117,19 @@ CASES = {  # name: (argv, words the message must contain)
                                          ["--train.seq_len 256", "--model.seq_len 128"]),
     "export check-len 0": (["export", "{model}", "--out", "{root}/ex", "--check-len", "0"], ["--check-len"]),
     "export unknown tier": (["export", "{model}", "--out", "{root}/ex", "--tier", "T99"], ["T99"]),
+    # tier words: an all-digit word is an ES-SSM budget in every verb (ESSH refuses it, naming its tiers)
+    "export budget on ESSH": (["export", "{model}", "--out", "{root}/ex", "--tiers", "4"],
+                              ["unknown tier 4 for ESSHConfig", "'T10'"]),
+    "export budget above K-bar": (["export", "{es}", "--out", "{root}/ex", "--tiers", "K4,9"],
+                                  ["unknown tier 9 for ESSSMConfig", "[1, 8]", "(8 or 'K8'"]),
+    "generate budget above an export's K-bar": (["generate", "{es_k4}", "--prompt", "a", "--tier", "8"],
+                                                ["unknown tier 8", "[1, 4] (4 or 'K4';"]),
+    "serve budget on ESSH": (["serve", "{model}", "--tiers", "T1,4"], ["unknown tier 4 for ESSHConfig"]),
+    "specialist budget above K-bar": (["train", "--model.arch", "es_ssm", "--model.preset", "tiny",
+                                       "--model.tier_config", "9", "--train.out_dir", "{root}/spec"],
+                                      ["model.tier_config", "unknown tier 9", "[1, 8]"]),
+    "generate on a Transformer++": (["generate", "{transformer}", "--prompt", "a"],
+                                    ["a 'transformer' model", "ESSH and ES-SSM"]),
     "eval batch-size 0": ([*EVAL, "--batch-size", "0"], ["--batch-size", ">= 1"]),
     "eval seq-len 0": ([*EVAL, "--seq-len", "0"], ["--seq-len", ">= 1"]),
     "eval batches 0": ([*EVAL, "--batches", "0"], ["--batches"]),
