@@ -301,7 +301,7 @@ def test_es_ssm_budgets_and_generation_through_every_lm_eval_entry(tmp_path, mon
     with open(out) as f:
         assert sorted({r["tier"] for r in csv.DictReader(f)}) == ["K4", "K8"]
     assert harness.main(["--model_args", f"pretrained={path},tier=4", "--tasks", "tiny_choice", "--include_path",
-                         tasks, "--limit", "2", "--csv", str(out)]) == 0
+                         tasks, "--limit", "2", "--csv", str(out), "--overwrite"]) == 0
     with open(out) as f:
         assert {r["tier"] for r in csv.DictReader(f)} == {"K4"}
     assert ElasticLM.create_from_arg_string(f"pretrained={path},tier=4").tier == 4        # lm-eval makes it an int
