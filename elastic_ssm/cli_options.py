@@ -151,6 +151,8 @@ class ImportanceOptions(HeldOutOptions, PrecisionOptions):
     first: int = flag(8, "channels counted in the first-N share (Table 31: 8)", minimum=1)
     out: str | None = flag(None, "folder for channel_importance.csv/.json/.png (default: MODEL_DIR/importance)",
                            output="folder")
+    overwrite: bool = flag(False, "replace the channel_importance.* files an earlier run left in --out (refused "
+                                  "otherwise)")
 
 
 @dataclass(kw_only=True)

@@ -135,10 +135,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+#: what ``importance`` writes into its ``--out`` folder
+IMPORTANCE_FILES = ("channel_importance.csv", "channel_importance.json", "channel_importance.png")
+
+
+def _importance_folder(args: argparse.Namespace) -> Path:
+    """``--out`` (default ``MODEL_DIR/importance``), refused before any work when it is a file or holds an earlier
+    run's results (unless ``--overwrite``)."""
+    out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{spelled(args, 'out')} {out} is a file; give a folder")
+    earlier = [name for name in IMPORTANCE_FILES if (out / name).exists()]
+    if earlier and not args.overwrite:
+        raise ConfigError(f"{out} already holds {', '.join(earlier)} of an earlier run; pass --overwrite to replace "
+                          f"them, or give another {spelled(args, 'out')}")
+    return out
+
+
 def cmd_importance(args: argparse.Namespace) -> int:
     from ..models import load_pretrained
     from .importance import has_spectral_channels
 
+    out = _importance_folder(args)
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
     if not has_spectral_channels(model):
@@ -158,9 +176,6 @@ def cmd_importance(args: argparse.Namespace) -> int:
         args.first = K
     _default_seq_len(args, model)
     _check_length(model, args.seq_len, spelled(args, "seq_len"))
-    out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{spelled(args, 'out')} {out} is a file; give a folder")
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)     # before the work, so an unwritable place fails at once
     try:
@@ -190,7 +205,7 @@ def _importance_into(args: argparse.Namespace, model, tier, out: Path, device) -
     res = channel_importance(model, batches, tier and tier[0], bytes_per_token=bpt, first=args.first,
                              precision=args.precision, progress=True)
     print(format_importance(res))
-    write_csv(str(out / "channel_importance.csv"), res.rows(), overwrite=True,   # its own output in --out
+    write_csv(str(out / "channel_importance.csv"), res.rows(), overwrite=True,   # --overwrite was checked first
               flag=spelled(args, "out"))
     clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v   # JSON has no NaN
     record = {"checkpoint": str(args.checkpoint), "data": args.data, "split": args.split, "seq_len": args.seq_len,

@@ -159,6 +159,14 @@ def test_importance_command_writes_table_csv_json_and_plot(tmp_path, capsys, mon
     assert len((folder / "channel_importance.csv").read_text().splitlines()) == 1 + 8
     assert (folder / "channel_importance.png").stat().st_size > 1000
     assert (model_dir / "model.safetensors").read_bytes() == weights
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert main(argv) == 2                                       # an earlier run's results: refused, kept
+    assert "already holds channel_importance.csv, channel_importance.json, channel_importance.png" in \
+        capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert main([*argv, "--first", "4", "--overwrite"]) == 0     # replaced on request
+    assert json.loads((folder / "channel_importance.json").read_text())["first"] == 4
+    capsys.readouterr()
     monkeypatch.setitem(sys.modules, "matplotlib", None)         # as if matplotlib were not installed
     assert main([*argv, "--tier", "T4", "--out", str(tmp_path / "t4")]) == 0
     out = capsys.readouterr().out
