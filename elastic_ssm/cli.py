@@ -23,6 +23,7 @@ from .cli_args import (
     checked_tiers,
     collect_overrides,
     is_rank_zero,
+    listed_tier,
     resolve_device,
     resolve_dtype,
     spelled,
@@ -193,7 +194,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
                           "files")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     names = tier_names(args.tiers)
-    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=names and [tier_word(n) for n in names],
+    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=names and [listed_tier(n) for n in names],
                                    tokenizer=args.tokenizer, device=resolve_device(args.device),
                                    batch_size=args.batch_size, max_length=args.max_length, limit=limit,
                                    num_fewshot=args.num_fewshot, include_path=args.include_path,

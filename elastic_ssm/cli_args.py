@@ -314,11 +314,17 @@ def tier_names(spec: str) -> list[str] | None:
     return None if spec == "all" else [name.strip() for name in spec.split(",")]
 
 
+def listed_tier(name: str):
+    """One entry of a tier list as ``resolve_tier`` takes it: ``full`` is the full model (None), as in generate's
+    ``--tier``; anything else goes through ``tier_word`` (an ES-SSM budget ``8`` is an int)."""
+    return None if name.strip().lower() == "full" else tier_word(name)
+
+
 def checked_tiers(model, spec: str) -> list[str] | None:
     """``tier_names`` with every name resolved against the model first (an unknown tier is named before any
-    work starts); an ES-SSM budget ``8`` is its tier ``K8`` (``tier_word``)."""
+    work starts); ``full`` is the full tier, an ES-SSM budget ``8`` its tier ``K8`` (``listed_tier``)."""
     names = tier_names(spec)
-    return None if names is None else [model.resolve_tier(tier_word(n)).name for n in names]
+    return None if names is None else [model.resolve_tier(listed_tier(n)).name for n in names]
 
 
 def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
@@ -332,7 +338,7 @@ def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
     out = []
     for name in names:
         try:
-            out.append(model.resolve_tier(tier_word(name)))
+            out.append(model.resolve_tier(listed_tier(name)))
             continue
         except ValueError as e:
             named_error = e

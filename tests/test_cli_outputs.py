@@ -281,6 +281,16 @@ def _saved_parent(model, tmp_path):
     return tmp_path / "full"
 
 
+def test_full_names_the_full_tier_in_every_tier_list(model_dir, tmp_path, capsys):
+    """``full`` (what generate's --tier and the tier errors offer) works in export's and eval's --tiers too."""
+    assert checked_tiers(es.ESSH.from_pretrained(model_dir), "T1, Full") == ["T1", "T10"]
+    assert export(model_dir, tmp_path / "ex", "--tiers", "full") == 0 and tier_of(tmp_path / "ex" / "T10") == "T10"
+    capsys.readouterr()
+    assert main(["eval", str(model_dir), "--tiers", "full", "--n-batches", "1", "--batch-size", "1", "--seq-len", "16",
+                 "--no-write-quality"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:3]] == ["T10"]
+
+
 def test_an_export_written_before_tier_names_still_loads_by_either_name(tmp_path):
     """A config.json without ``tier_names`` (exports of earlier versions) calls its tier T1; the source tier's name
     loads it whole too."""
