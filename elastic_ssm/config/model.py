@@ -53,10 +53,13 @@ class Tier:
 TierLike = str | int | float | Tier | None
 
 
-def tier_word(word: str) -> str | int:
+def tier_word(word: TierLike) -> TierLike:
     """A tier as written on the command line (an entry of ``--tiers``, ``--tier``, lm-eval's ``tier=``,
     ``model.tier_config``) as ``resolve_tier`` takes it: an all-digit word is an int (an ES-SSM budget, ``8``;
-    an ESSH model refuses it, naming its tiers), any other word is itself, stripped of spaces (``"K8"``)."""
+    an ESSH model refuses it, naming its tiers), any other word is itself, stripped of spaces (``"K8"``). Anything
+    that is not a string (a ``Tier``, an int, a fraction, None) is returned as it is."""
+    if not isinstance(word, str):
+        return word
     word = word.strip()
     return int(word) if word.isascii() and word.isdigit() else word
 

@@ -69,7 +69,7 @@ def specialist_config(cfg: ModelConfig, tier: TierLike) -> ModelConfig:
     the standalone export's config (an ES-SSM specialist trains its one budget only). ``tier`` as a string is a
     command-line word (``model.tier_config``): ``"8"`` is the ES-SSM budget 8 (``tier_word``)."""
     try:
-        t = cfg.resolve_tier(tier_word(tier) if isinstance(tier, str) else tier)
+        t = cfg.resolve_tier(tier_word(tier))
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model.tier_config: {e}") from None
     return cfg.specialist_config(t)

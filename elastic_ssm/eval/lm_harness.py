@@ -125,8 +125,7 @@ class ElasticLM(TemplateLM):
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
         self.model = model.eval()
-        if isinstance(tier, str):
-            tier = tier_word(tier)                           # "8" (lm-eval's quoted tier='8'): the ES-SSM budget 8
+        tier = tier_word(tier)                               # "8" (lm-eval's quoted tier='8'): the ES-SSM budget 8
         self.tier = None if tier in (None, "", "none", "full") else tier
         if self.tier is not None:
             model.resolve_tier(self.tier)                    # unknown names fail here, naming the choices

@@ -155,7 +155,7 @@ def eval_tier_list(model: nn.Module, names: Iterable[str] = ()) -> list[Any]:
     names = list(names)
     if not names:
         return list(model.tier_table())
-    return [model.resolve_tier(tier_word(n) if isinstance(n, str) else n) for n in names]
+    return [model.resolve_tier(tier_word(n)) for n in names]
 
 
 @torch.no_grad()
