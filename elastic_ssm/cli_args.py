@@ -356,6 +356,16 @@ def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
     return out
 
 
+def refuse_existing(args: argparse.Namespace, *paths) -> None:
+    """A one-line ``ConfigError`` when one of ``paths`` (the command's output ``args.out`` and its companions) exists
+    and ``--overwrite`` was not given: what a user saved is never replaced silently."""
+    found = [p for p in paths if p.exists()]
+    if found and not args.overwrite:
+        also = f" (and {', '.join(str(p) for p in found[1:])})" if len(found) > 1 else ""
+        raise ConfigError(f"{spelled(args, 'out')} {found[0]} already exists{also}; pass --overwrite to replace "
+                          f"{'them' if also else 'it'}, or choose another output path")
+
+
 def check_csv_target(path: str, overwrite: bool, flag: str = "--csv") -> None:
     """Refuse a CSV output ``path`` that would replace something saved (``ConfigError``, one line): a folder; an
     existing file not named ``*.csv`` (a model's ``config.json``, weights, tokenizer or notes), even with

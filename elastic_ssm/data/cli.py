@@ -6,18 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def refuse_existing(args: argparse.Namespace, *paths: Path) -> None:
-    """A one-line ``ConfigError`` when one of ``paths`` (the command's output ``args.out`` and its companions) exists
-    and ``--overwrite`` was not given: what a user saved is never replaced silently."""
-    from ..cli_args import spelled
-    from ..config import ConfigError
-
-    found = [p for p in paths if p.exists()]
-    if found and not args.overwrite:
-        also = f" (and {', '.join(str(p) for p in found[1:])})" if len(found) > 1 else ""
-        raise ConfigError(f"{spelled(args, 'out')} {found[0]} already exists{also}; pass --overwrite to replace "
-                          f"{'them' if also else 'it'}, or choose another output path")
+from ..cli_args import refuse_existing
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ import json
 import math
 from pathlib import Path
 
-from ..cli_args import announce_device, checked_capacities, resolve_device, spelled, status, write_csv
+from ..cli_args import announce_device, checked_capacities, refuse_existing, resolve_device, spelled, status, write_csv
 from ..config import ConfigError
 from ..utils.files import atomic_write_text
 
@@ -145,10 +145,7 @@ def _importance_folder(args: argparse.Namespace) -> Path:
     out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{spelled(args, 'out')} {out} is a file; give a folder")
-    earlier = [name for name in IMPORTANCE_FILES if (out / name).exists()]
-    if earlier and not args.overwrite:
-        raise ConfigError(f"{out} already holds {', '.join(earlier)} of an earlier run; pass --overwrite to replace "
-                          f"them, or give another {spelled(args, 'out')}")
+    refuse_existing(args, *(out / name for name in IMPORTANCE_FILES))
     return out
 
 

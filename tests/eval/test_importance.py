@@ -161,8 +161,9 @@ def test_importance_command_writes_table_csv_json_and_plot(tmp_path, capsys, mon
     assert (model_dir / "model.safetensors").read_bytes() == weights
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert main(argv) == 2                                       # an earlier run's results: refused, kept
-    assert "already holds channel_importance.csv, channel_importance.json, channel_importance.png" in \
-        capsys.readouterr().err
+    err = capsys.readouterr().err                                # names each earlier file and --overwrite
+    assert all(str(folder / name) in err for name in ("channel_importance.csv", "channel_importance.json",
+                                                      "channel_importance.png")) and "pass --overwrite" in err
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert main([*argv, "--first", "4", "--overwrite"]) == 0     # replaced on request
     assert json.loads((folder / "channel_importance.json").read_text())["first"] == 4
