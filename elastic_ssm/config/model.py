@@ -98,11 +98,21 @@ class ModelConfig(ConfigBase):
     elastic_recipes: ClassVar[tuple[str, ...]] = ()
     #: the field that bounds the input length ('' when any length runs; ES-SSM: ``seq_len``, its filter length L)
     length_field: ClassVar[str] = ""
+    #: fields added after a release, each with the value that reproduces what the older version did; a saved
+    #: record (``run.yaml``, a checkpoint) without one meant that value (``upgrade_record``)
+    added_fields: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         if cls.__dict__.get("arch"):
             _REGISTRY[cls.arch] = cls
+
+    @classmethod
+    def upgrade_record(cls, d: dict[str, Any]) -> dict[str, Any]:
+        """A ``model`` record (``to_dict()``) written by an earlier version, with every ``added_fields`` entry it
+        lacks set to the value that older version behaved as (for the resume comparison of an old ``run.yaml``),
+        so a run started before a field existed resumes when the field keeps that value."""
+        return {**cls.added_fields, **d} if isinstance(d, dict) else d
 
     def max_seq_len(self) -> int | None:
         """The longest sequence the model accepts (its ``length_field``); None when there is no limit."""
@@ -188,6 +198,8 @@ class FractionTierConfig(ModelConfig):
 
     tier_xi: tuple[float, ...]
     tier_names: tuple[str, ...]
+    #: runs saved before ``tier_names`` existed named every tier ``T<index>``: empty names
+    added_fields: ClassVar[dict[str, Any]] = {"tier_names": []}
     d_ff: int
     ffn_exponent: float
     ffn_align: int

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig, model_configs
 from .rundir import (
     LOCK_NAME,
     RunLock,
@@ -104,7 +104,10 @@ def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]
     if saved is None:
         return
     if isinstance(record.get("model"), dict):
-        check_same_arch(out, saved, record["model"].get("arch", "essh"))
+        arch = record["model"].get("arch", "essh")
+        check_same_arch(out, saved, arch)
+        if arch in model_configs():                # settings added since the run began, at their old behaviour
+            saved["model"] = model_configs()[arch].upgrade_record(saved["model"])
     if isinstance(saved.get("train"), dict):     # an earlier version wrote flat names (lr, eval_every, ...)
         saved["train"] = TrainConfig.upgrade_record(saved["train"])
     changed = []

@@ -482,3 +482,18 @@ def test_a_damaged_run_directory_is_named_on_resume(done, tmp_path, capsys, dama
         assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume"]) == 2
     _one_line_error(capsys, *needles)
     assert _snapshot(run) == before
+
+
+def test_resume_of_a_run_saved_before_tier_names_continues(done, tmp_path, capsys):
+    """``model.tier_names`` came after runs were already being saved; a run.yaml without it meant T1..Tn, which
+    is what the field's empty value means now, so such a run resumes (it was refused as 'older elastic_ssm')."""
+    import yaml
+
+    cfg, run = _copy(done, tmp_path)
+    saved = yaml.safe_load((run / "run.yaml").read_text())
+    assert saved["model"].pop("tier_names") == []
+    (run / "run.yaml").write_text(yaml.safe_dump(saved))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume"]) == 0
+    assert "older" not in capsys.readouterr().err
