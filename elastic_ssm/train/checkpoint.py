@@ -327,6 +327,13 @@ def unwrap_config(model) -> dict | None:
     return cfg.to_dict() if hasattr(cfg, "to_dict") else None
 
 
+def upgrade_model_record(model, saved: Any) -> Any:
+    """A checkpoint's ``model_config`` with the settings added since it was written at the values that version
+    behaved as (``ModelConfig.upgrade_record``); unchanged for a model without such a config."""
+    cfg = getattr(getattr(model, "module", model), "config", None)
+    return type(cfg).upgrade_record(saved) if hasattr(cfg, "upgrade_record") else saved
+
+
 def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                     ctx: DistContext) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Restore ``model`` and ``optimizer`` from the newest usable checkpoint of ``stage_dir``.
@@ -356,7 +363,7 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
             warnings.warn(f"could not load checkpoint {cand} ({type(e).__name__}: {e}); trying an older one",
                           stacklevel=2)
             continue
-        saved = trainer.get("model_config") if isinstance(trainer, dict) else None
+        saved = upgrade_model_record(model, trainer.get("model_config") if isinstance(trainer, dict) else None)
         if expected is not None and saved is not None and saved != expected:
             changed = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
             raise ValueError(f"cannot resume from {cand}: it was written by a model with a different config "

@@ -11,10 +11,12 @@ import warnings
 
 import harness
 import pytest
+import torch
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
 from elastic_ssm.models.base import CheckpointError
+from elastic_ssm.train.checkpoint import file_sha256
 
 
 @pytest.fixture(scope="module")
@@ -485,14 +487,23 @@ def test_a_damaged_run_directory_is_named_on_resume(done, tmp_path, capsys, dama
 
 
 def test_resume_of_a_run_saved_before_tier_names_continues(done, tmp_path, capsys):
-    """``model.tier_names`` came after runs were already being saved; a run.yaml without it meant T1..Tn, which
-    is what the field's empty value means now, so such a run resumes (it was refused as 'older elastic_ssm')."""
+    """``model.tier_names`` came after runs were already being saved; a run.yaml or checkpoint without it meant
+    T1..Tn, which is what the field's empty value means now, so such a run resumes (it was refused, first as
+    'older elastic_ssm', then as 'a model with a different config')."""
     import yaml
 
     cfg, run = _copy(done, tmp_path)
     saved = yaml.safe_load((run / "run.yaml").read_text())
     assert saved["model"].pop("tier_names") == []
     (run / "run.yaml").write_text(yaml.safe_dump(saved))
+    for ckpt in (run / "pretrain").glob("step_*"):       # and its checkpoints' model_config (with their checksums)
+        trainer = torch.load(ckpt / "trainer.pt", weights_only=False)
+        assert trainer["model_config"].pop("tier_names") == []
+        torch.save(trainer, ckpt / "trainer.pt")
+        meta = json.loads((ckpt / "COMPLETE.json").read_text())
+        meta["sha256"]["trainer.pt"] = file_sha256(ckpt / "trainer.pt")
+        meta["files"]["trainer.pt"] = (ckpt / "trainer.pt").stat().st_size
+        (ckpt / "COMPLETE.json").write_text(json.dumps(meta))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert main(["train", "--config", str(cfg), "--train.out_dir", str(run), "--resume"]) == 0
