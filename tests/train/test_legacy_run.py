@@ -1,0 +1,45 @@
+"""A run saved by an older elastic_ssm resumes with this one (``tests/fixtures/legacy_run``).
+
+The fixture was written by commit ff49162, before configs had ``tier_names``: ``elastic-ssm train --config
+run.yaml --train.out_dir run --stop-after 1`` (the tiny ESSH preset at d_model 16, d_ff 32, head_dim 8; a byte
+corpus of 9.9 kB), stopped after step 1 of 2. ``expected.json`` holds what that commit logged at step 2 when the
+same run was not interrupted. Settings added since (``ModelConfig.added_fields``) must keep such a run resumable:
+the seventeenth session's device calls found that they did not (claim 3's MQAR checkpoints were refused twice).
+"""
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from elastic_ssm.cli import main
+from elastic_ssm.models import load_pretrained
+
+LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_run"
+
+
+def _metrics(run: Path, step: int) -> tuple[dict, dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train = [r for r in rows if r["kind"] == "train" and r["step"] == step]
+    evals = {r["tier"]: r["loss"] for r in rows if r["kind"] == "eval" and r["step"] == step}
+    assert len(train) == 1, rows
+    return train[0], evals
+
+
+def test_a_run_saved_before_tier_names_resumes_and_continues_as_it_would_have(tmp_path, monkeypatch):
+    work = tmp_path / "legacy_run"
+    shutil.copytree(LEGACY, work)
+    assert "tier_names" not in (work / "run" / "run.yaml").read_text()
+    monkeypatch.chdir(work)                       # run.yaml names its corpus relative to the run's folder
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", "run.yaml", "--train.out_dir", "run", "--resume"]) == 0
+    want = json.loads((work / "expected.json").read_text())["uninterrupted_step_2"]
+    train, evals = _metrics(work / "run", 2)
+    assert train["loss"] == pytest.approx(want["loss"], rel=1e-6)
+    assert train["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+    assert evals == pytest.approx(want["eval_loss"], rel=1e-6)
+    final = load_pretrained(work / "run" / "final")
+    assert [t.name for t in final.config.tier_table()] == [f"T{i}" for i in range(1, 11)]
