@@ -151,6 +151,16 @@ def _position(out: Any) -> tuple[str, int] | None:
     return None
 
 
+def _kept_added_fields(run: Any, saved_model: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The model settings a resumed run keeps from its record: each ``added_fields`` entry that the record,
+    written before the field existed, lacks and that the command line does not set explicitly. A specialist
+    started before ``tier_names`` (``--model.tier_config T4``, then named T1) keeps its T1 name instead of being
+    refused as another model; its weights and its log's tier names are those of the old run."""
+    return {k: before[k] for k in type(run.model).added_fields
+            if k not in saved_model and k in before and k not in run.explicit_model_fields
+            and before[k] != getattr(run.model, k)}
+
+
 def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, stop_after: int | None = None):
     """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
     from pathlib import Path
@@ -183,10 +193,11 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
         except ConfigError as e:
             raise ConfigError(f"{out / 'run.yaml'}: its model section is invalid ({e}); restore it from a copy, or "
                               "start a new --train.out_dir") from None
-        # a run started before the tokenizer set eos / pad keeps its saved ids (they do not touch the weights);
-        # every other setting is compared by train()'s start-up checks
+        # a run started before the tokenizer set eos / pad keeps its saved ids (they do not touch the weights), one
+        # started before a setting existed its old value; every other setting is compared by train()'s start-up checks
         ids = {k: before[k] for k in ("eos_token_id", "pad_token_id")
                if k in before and k not in run.explicit_model_fields and before[k] != getattr(run.model, k)}
+        ids.update(_kept_added_fields(run, saved["model"], before))
         run = dataclasses.replace(run, model=run.model.replace(**ids)) if ids else run
     data = build_data(run)
     main = os.environ.get("RANK", "0") == "0"  # under torchrun, status lines come from rank 0 only

@@ -43,3 +43,26 @@ def test_a_run_saved_before_tier_names_resumes_and_continues_as_it_would_have(tm
     assert evals == pytest.approx(want["eval_loss"], rel=1e-6)
     final = load_pretrained(work / "run" / "final")
     assert [t.name for t in final.config.tier_table()] == [f"T{i}" for i in range(1, 11)]
+
+
+SPECIALIST = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_specialist"
+
+
+def test_a_specialist_saved_before_tier_names_resumes_under_its_old_name(tmp_path, monkeypatch):
+    """``tests/fixtures/legacy_specialist`` was written by commit ff49162: ``elastic-ssm train --config run.yaml
+    --train.out_dir run --stop-after 1``, a specialist of the tiny ESSH's T4 (``model.tier_config: T4``; d_model 16,
+    d_ff 32, head_dim 8) stopped after step 1 of 2; ``expected.json`` is what the uninterrupted run logged at step 2.
+    Today a specialist of T4 is named T4 (``tier_names``); the old run named its one tier T1, and its resume was
+    refused (``model.tier_names: [] -> ['T4']``). It keeps its old name and continues as it would have."""
+    work = tmp_path / "legacy_specialist"
+    shutil.copytree(SPECIALIST, work)
+    monkeypatch.chdir(work)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", "run.yaml", "--train.out_dir", "run", "--resume"]) == 0
+    want = json.loads((work / "expected.json").read_text())["uninterrupted_step_2"]
+    train, evals = _metrics(work / "run", 2)
+    assert train["loss"] == pytest.approx(want["loss"], rel=1e-6)
+    assert train["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+    assert evals == pytest.approx(want["eval_loss"], rel=1e-6)
+    assert [t.name for t in load_pretrained(work / "run" / "final").tier_table()] == ["T1"]
