@@ -305,6 +305,31 @@ def test_an_export_written_before_tier_names_still_loads_by_either_name(tmp_path
         assert [t.name for t in loaded.tier_table()] == ["T1"] and loaded.source["tier"] == "T4"
 
 
+def test_an_export_written_before_tier_names_answers_to_both_names_in_every_verb(tmp_path, capsys):
+    """``tests/fixtures/legacy_export/T4`` was written by commit ff49162 (``elastic-ssm export final --tiers T4 --out
+    exports`` of the tiny ESSH at d_model 16, d_ff 32, head_dim 8, trained 2 steps on a byte corpus). Its one tier
+    is T1 and the source tier's name T4 reaches it too: ``eval --tiers T4`` and serve's ``--tiers T4`` refused it
+    (only loading by ``tier="T4"`` matched the source's name)."""
+    import shutil
+    from pathlib import Path
+
+    from elastic_ssm.serve.remote import model_view
+
+    t4 = tmp_path / "T4"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "legacy_export" / "T4", t4)
+    assert "tier_names" not in (t4 / "config.json").read_text()
+    for name in ("T4", "T1"):
+        assert main(["eval", str(t4), "--tiers", name, "--n-batches", "1", "--batch-size", "1", "--seq-len", "16"]) == 0
+        assert list(json.loads((t4 / "tier_quality.json").read_text())["tiers"]) == ["T1"]
+        assert main(["generate", str(t4), "--tier", name, "--prompt", "de", "--max-new-tokens", "2"]) == 0
+    served = model_view(t4)
+    assert checked_tiers(served, "T4") == checked_tiers(served, "T1") == ["T1"]
+    assert es.ESSH.from_pretrained(t4).resolve_tier("T4") == es.ESSH.from_pretrained(t4, tier="T4").resolve_tier()
+    capsys.readouterr()
+    assert main(["eval", str(t4), "--tiers", "T6", "--n-batches", "1"]) == 2
+    assert "unknown tier 'T6'" in one_error_line(capsys)
+
+
 def test_verbs_call_an_export_by_its_source_tier(model_dir, tmp_path, capsys):
     """export --tiers T4 writes a directory that eval, generate and serve's tier list call T4."""
     from elastic_ssm.serve.remote import model_view

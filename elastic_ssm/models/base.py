@@ -182,7 +182,7 @@ class ElasticModel(nn.Module):
 
     # ---- tiers -----------------------------------------------------------------------------------
     def resolve_tier(self, tier: TierLike = None) -> tiers_mod.Tier:
-        return tiers_mod.resolve_tier(self.config, tier)
+        return tiers_mod.resolve_tier(self.config, _old_export_alias(self.config, self.source, tier))
 
     def tier_table(self) -> list[tiers_mod.Tier]:
         return tiers_mod.tier_table(self.config)
@@ -355,6 +355,15 @@ class ElasticModel(nn.Module):
 
     def load_tier_state(self, state: dict[str, torch.Tensor]) -> None:
         _load_strict(self, state, "state dict")
+
+
+def _old_export_alias(config: Any, source: dict[str, Any], tier: TierLike) -> TierLike:
+    """``tier``, or None (the whole model) when it names the source tier of a standalone export written before
+    configs kept ``tier_names``: such an export (``exports/T4``) calls its one tier T1 and answers to both names,
+    in every verb that resolves a tier on the loaded model (``eval --tiers T4``, ``serve --tiers T4``)."""
+    exported = source.get("tier") if source.get("parent_config") else None
+    one = len(tiers_mod.tier_table(config)) == 1 and not getattr(config, "tier_names", None)
+    return None if one and exported and isinstance(tier, str) and tier.strip() == exported else tier
 
 
 def _tier_of_directory(config: Any, tier: TierLike, source: dict[str, Any], path: Path) -> tiers_mod.Tier | None:

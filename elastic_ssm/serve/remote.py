@@ -157,6 +157,7 @@ def model_view(path: str) -> Any:
     with torch.device("meta"):
         model = cls(config)
     model.name_or_path = str(path)
+    model.source = dict(meta.get("source") or {})      # an older export answers to its source tier's name
     model.tokenizer_record = meta.get("tokenizer")
     model.tokenizer = _saved_tokenizer(Path(path), model.tokenizer_record)
     return model
