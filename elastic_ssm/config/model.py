@@ -99,7 +99,8 @@ class ModelConfig(ConfigBase):
     #: the field that bounds the input length ('' when any length runs; ES-SSM: ``seq_len``, its filter length L)
     length_field: ClassVar[str] = ""
     #: fields added after a release, each with the value that reproduces what the older version did; a saved
-    #: record (``run.yaml``, a checkpoint) without one meant that value (``upgrade_record``)
+    #: record (``run.yaml``, a checkpoint) without one meant that value (``upgrade_record``); a resumed run keeps
+    #: it unless the command line sets the field (``pipeline._kept_added_fields``)
     added_fields: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kw: Any) -> None:
