@@ -28,9 +28,12 @@ def _metrics(run: Path, step: int) -> tuple[dict, dict]:
     return train[0], evals
 
 
-def test_a_run_saved_before_tier_names_resumes_and_continues_as_it_would_have(tmp_path, monkeypatch):
-    work = tmp_path / "legacy_run"
-    shutil.copytree(LEGACY, work)
+def _resume_as_uninterrupted(fixture: Path, tmp_path: Path, monkeypatch):
+    """Copy ``fixture`` (an old run stopped after step 1 of 2), resume it with this version's ``elastic-ssm
+    train --resume``, check that step 2 logs what the old commit's uninterrupted run logged (``expected.json``),
+    and return the run's final model."""
+    work = tmp_path / fixture.name
+    shutil.copytree(fixture, work)
     assert "tier_names" not in (work / "run" / "run.yaml").read_text()
     monkeypatch.chdir(work)                       # run.yaml names its corpus relative to the run's folder
     with warnings.catch_warnings():
@@ -41,7 +44,11 @@ def test_a_run_saved_before_tier_names_resumes_and_continues_as_it_would_have(tm
     assert train["loss"] == pytest.approx(want["loss"], rel=1e-6)
     assert train["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
     assert evals == pytest.approx(want["eval_loss"], rel=1e-6)
-    final = load_pretrained(work / "run" / "final")
+    return load_pretrained(work / "run" / "final")
+
+
+def test_a_run_saved_before_tier_names_resumes_and_continues_as_it_would_have(tmp_path, monkeypatch):
+    final = _resume_as_uninterrupted(LEGACY, tmp_path, monkeypatch)
     assert [t.name for t in final.config.tier_table()] == [f"T{i}" for i in range(1, 11)]
 
 
@@ -54,15 +61,5 @@ def test_a_specialist_saved_before_tier_names_resumes_under_its_old_name(tmp_pat
     d_ff 32, head_dim 8) stopped after step 1 of 2; ``expected.json`` is what the uninterrupted run logged at step 2.
     Today a specialist of T4 is named T4 (``tier_names``); the old run named its one tier T1, and its resume was
     refused (``model.tier_names: [] -> ['T4']``). It keeps its old name and continues as it would have."""
-    work = tmp_path / "legacy_specialist"
-    shutil.copytree(SPECIALIST, work)
-    monkeypatch.chdir(work)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main(["train", "--config", "run.yaml", "--train.out_dir", "run", "--resume"]) == 0
-    want = json.loads((work / "expected.json").read_text())["uninterrupted_step_2"]
-    train, evals = _metrics(work / "run", 2)
-    assert train["loss"] == pytest.approx(want["loss"], rel=1e-6)
-    assert train["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
-    assert evals == pytest.approx(want["eval_loss"], rel=1e-6)
-    assert [t.name for t in load_pretrained(work / "run" / "final").tier_table()] == ["T1"]
+    final = _resume_as_uninterrupted(SPECIALIST, tmp_path, monkeypatch)
+    assert [t.name for t in final.tier_table()] == ["T1"]
