@@ -102,6 +102,8 @@ class ModelConfig(ConfigBase):
     #: record (``run.yaml``, a checkpoint) without one meant that value (``upgrade_record``); a resumed run keeps
     #: it unless the command line sets the field (``pipeline._kept_added_fields``)
     added_fields: ClassVar[dict[str, Any]] = {}
+    #: fields a resume may change: they change no weight and no loss (a tier's name)
+    RESUME_FREE: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -201,6 +203,7 @@ class FractionTierConfig(ModelConfig):
     tier_names: tuple[str, ...]
     #: runs saved before ``tier_names`` existed named every tier ``T<index>``: empty names
     added_fields: ClassVar[dict[str, Any]] = {"tier_names": []}
+    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"tier_names"})
     d_ff: int
     ffn_exponent: float
     ffn_align: int

@@ -321,17 +321,27 @@ def verify_checkpoint(path: Path) -> None:
             raise CheckpointError(f"{path / name}: sha256 checksum mismatch with {COMPLETE} (same-size corruption)")
 
 
+def _config_of(model) -> Any:
+    """The model's config object (through DDP's ``module``), or None for a model without one."""
+    return getattr(getattr(model, "module", model), "config", None)
+
+
 def unwrap_config(model) -> dict | None:
     """The model's config as a dict (through DDP's ``module``), or None for a model without one."""
-    cfg = getattr(getattr(model, "module", model), "config", None)
+    cfg = _config_of(model)
     return cfg.to_dict() if hasattr(cfg, "to_dict") else None
 
 
-def upgrade_model_record(model, saved: Any) -> Any:
-    """A checkpoint's ``model_config`` with the settings added since it was written at the values that version
-    behaved as (``ModelConfig.upgrade_record``); unchanged for a model without such a config."""
-    cfg = getattr(getattr(model, "module", model), "config", None)
-    return type(cfg).upgrade_record(saved) if hasattr(cfg, "upgrade_record") else saved
+def changed_model_fields(model, saved: Any) -> list[str]:
+    """The fields of a checkpoint's ``model_config`` ``saved`` that differ from ``model``'s config, after the
+    settings added since it was written take the values that version behaved as (``ModelConfig.upgrade_record``)
+    and leaving out those a resume may change (``ModelConfig.RESUME_FREE``: names, no weight or loss)."""
+    cfg, expected = _config_of(model), unwrap_config(model)
+    if expected is None or not isinstance(saved, dict):
+        return []
+    saved = type(cfg).upgrade_record(saved) if hasattr(cfg, "upgrade_record") else saved
+    free = getattr(cfg, "RESUME_FREE", frozenset())
+    return sorted(k for k in set(saved) | set(expected) if k not in free and saved.get(k) != expected.get(k))
 
 
 def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -352,7 +362,6 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
     candidates = broadcast_object([str(p) for p in candidates], ctx)
     sharded = is_sharded(model)
     device = "cpu" if sharded else next(model.parameters()).device
-    expected = unwrap_config(model)
     failures = []
     for cand in map(Path, candidates):
         try:
@@ -363,9 +372,8 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
             warnings.warn(f"could not load checkpoint {cand} ({type(e).__name__}: {e}); trying an older one",
                           stacklevel=2)
             continue
-        saved = upgrade_model_record(model, trainer.get("model_config") if isinstance(trainer, dict) else None)
-        if expected is not None and saved is not None and saved != expected:
-            changed = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
+        changed = changed_model_fields(model, trainer.get("model_config") if isinstance(trainer, dict) else None)
+        if changed:
             raise ValueError(f"cannot resume from {cand}: it was written by a model with a different config "
                              f"(fields {changed}); resume with the same model or use a new out_dir")
         try:

@@ -103,17 +103,19 @@ def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]
     saved = read_run_record(out)
     if saved is None:
         return
+    model_free: frozenset[str] = frozenset()
     if isinstance(record.get("model"), dict):
         arch = record["model"].get("arch", "essh")
         check_same_arch(out, saved, arch)
         if arch in model_configs():                # settings added since the run began, at their old behaviour
             saved["model"] = model_configs()[arch].upgrade_record(saved["model"])
+            model_free = model_configs()[arch].RESUME_FREE
     if isinstance(saved.get("train"), dict):     # an earlier version wrote flat names (lr, eval_every, ...)
         saved["train"] = TrainConfig.upgrade_record(saved["train"])
     changed = []
     for section in ("model", "train", "data"):
         if section in record and isinstance(saved.get(section), dict):
-            skip = {"train": free, "data": DATA_RESUME_FREE}.get(section, frozenset())
+            skip = {"train": free, "data": DATA_RESUME_FREE, "model": model_free}[section]
             changed += config_changes(saved[section], record[section], skip, f"{section}.")
     newer = [c.split(":")[0] for c in changed if _NEWER in c]
     if newer:

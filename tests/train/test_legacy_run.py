@@ -63,3 +63,26 @@ def test_a_specialist_saved_before_tier_names_resumes_under_its_old_name(tmp_pat
     refused (``model.tier_names: [] -> ['T4']``). It keeps its old name and continues as it would have."""
     final = _resume_as_uninterrupted(SPECIALIST, tmp_path, monkeypatch)
     assert [t.name for t in final.tier_table()] == ["T1"]
+
+
+def test_the_python_api_resumes_an_old_specialist_under_its_new_name(tmp_path, monkeypatch):
+    """``train(model, ..., resume=True)`` with a specialist built today (named T4) continues the same fixture:
+    a tier's name changes no weight and no loss (``ModelConfig.RESUME_FREE``), so neither the run.yaml nor the
+    checkpoint's model_config comparison refuses it (both refused it as 'tier_names' differing), and step 2 is
+    the uninterrupted run's."""
+    from elastic_ssm.config import RunConfig
+    from elastic_ssm.pipeline import build_data, fit_model_to_tokenizer, train_run
+
+    work = tmp_path / SPECIALIST.name
+    shutil.copytree(SPECIALIST, work)
+    monkeypatch.chdir(work)
+    run = RunConfig.from_yaml("run.yaml")
+    run = fit_model_to_tokenizer(run.replace(train=run.train.replace(out_dir="run")))   # eos / pad of bytes
+    assert list(run.model.tier_names) == ["T4"]            # today's name; the saved run has none
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = train_run(run, build_data(run), resume=True, progress=False)
+    want = json.loads((work / "expected.json").read_text())["uninterrupted_step_2"]
+    train, evals = _metrics(work / "run", 2)
+    assert train["loss"] == pytest.approx(want["loss"], rel=1e-6)
+    assert [t.name for t in model.tier_table()] == ["T4"]
