@@ -143,12 +143,16 @@ def slice_state_dict(
 
 
 def load_sliced_safetensors(
-    path: str | Path, rules: Iterable[SliceRule], device: str | torch.device = "cpu"
+    path: str | Path, rules: Iterable[SliceRule], device: str | torch.device = "cpu",
+    full: Iterable[SliceRule] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Read a safetensors file, materialising only the retained prefix of each elastic tensor."""
+    """Read a safetensors file, materialising only the retained prefix of each elastic tensor.
+
+    ``full`` (the rules of the full tier) gives the saved size along each cut dim: a tensor of another size is a
+    ``ValueError``, since its prefix would load as if it fitted (a file that does not belong to its config)."""
     from safetensors import safe_open
 
-    rules = list(rules)
+    rules, full = list(rules), list(full or ())
     out: dict[str, torch.Tensor] = {}
     with safe_open(str(path), framework="pt", device=str(device)) as f:
         for name in f.keys():
@@ -157,7 +161,12 @@ def load_sliced_safetensors(
                 out[name] = f.get_tensor(name)
                 continue
             sl = f.get_slice(name)
-            size = sl.get_shape()[rule.dim]
+            shape = tuple(sl.get_shape())
+            size = shape[rule.dim] if rule.dim < len(shape) else 0
+            whole = _rule_for(name, full)
+            if whole is not None and size != whole.length:
+                raise ValueError(f"{path}: tensor {name} has shape {shape}, the config expects {whole.length} "
+                                 f"entries along dim {rule.dim}")
             if not 1 <= rule.length <= size:
                 raise ValueError(f"{path}: tensor {name} has {size} entries along dim {rule.dim}, cannot keep "
                                  f"{rule.length}")

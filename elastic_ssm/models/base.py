@@ -325,19 +325,22 @@ class ElasticModel(nn.Module):
             check = pool.submit(verify_sha256, wfile, meta["weights_sha256"], meta.get("weights_sha256_pieces"))
             pool.shutdown(wait=False)
         rules: list[SliceRule] = []
+        full: list[SliceRule] = []
         source = dict(meta.get("source") or {})
         t = _tier_of_directory(config, tier, source, path) if tier is not None else None
         if t is not None:
-            rules = cls.slice_rules(config, t)
+            rules, full = cls.slice_rules(config, t), cls.slice_rules(config, tiers_mod.resolve_tier(config, None))
             source = {"parent": str(path), "tier": t.name, "parent_config": config.to_dict()}
             config = cls.tier_config(config, t)
         with torch.device("meta"):
             model = cls(config)
         try:
-            state = load_sliced_safetensors(wfile, rules, device=device)
+            state = load_sliced_safetensors(wfile, rules, device=device, full=full)
         except Exception as e:  # safetensors raises several types on corruption
             if check is not None:
                 check.result()  # the checksum names the corruption first
+            if isinstance(e, ValueError):   # a tensor of another size than the config's (read, not corrupted)
+                raise CheckpointError(f"{e}; the weights do not match {CONFIG_NAME}: save the model again") from e
             raise CheckpointError(f"{wfile} could not be read ({e}); the file is corrupted or truncated") from e
         if check is not None:
             check.result()

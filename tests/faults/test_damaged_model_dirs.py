@@ -1,0 +1,65 @@
+"""Saved model directories damaged or edited the way users do: every load is refused with an error naming the
+file and the problem (``CheckpointError`` in Python, one line and exit code 2 on the command line), never a
+model that runs on wrong weights or tokens, and nothing saved is changed."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import elastic_ssm as es
+from elastic_ssm.cli import main
+from elastic_ssm.models import CheckpointError
+
+CHECKSUM_KEYS = ("weights_bytes", "weights_sha256", "weights_sha256_pieces")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny ESSH (byte tokenizer) saved by ``save_pretrained``."""
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    model.tokenizer = es.data.load_tokenizer("bytes")
+    return model.save_pretrained(tmp_path_factory.mktemp("saved") / "model")
+
+
+def _copy(saved, tmp_path, name="model"):
+    return shutil.copytree(saved, tmp_path / name)
+
+
+def _edit_config(d, edit):
+    meta = json.loads((d / "config.json").read_text())
+    edit(meta)
+    (d / "config.json").write_text(json.dumps(meta))
+
+
+def _resave_weights(d, edit):
+    """Rewrite ``model.safetensors`` with ``edit`` applied to its tensors, as a user re-saving the weights would:
+    the size and checksums in config.json then describe the old file, so they are dropped too."""
+    state = load_file(d / "model.safetensors")
+    edit(state)
+    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    _edit_config(d, lambda meta: [meta.pop(k, None) for k in CHECKSUM_KEYS])
+
+
+def _one_line(capsys, *words):
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    for word in words:
+        assert word in err[0], (word, err[0])
+
+
+@pytest.mark.parametrize("tier", [None, "T1", "T4"])
+def test_a_tensor_of_another_shape_is_refused_at_every_tier(saved, tmp_path, capsys, tier):
+    """A tier reads only a prefix of each elastic tensor: a saved tensor one row too long must still be refused,
+    not cut to the tier's rows and run."""
+    d = _copy(saved, tmp_path)
+    name = "blocks.0.ffn.w_in.weight"
+    _resave_weights(d, lambda s: s.update({name: torch.zeros(s[name].shape[0] + 1, s[name].shape[1])}))
+    with pytest.raises(CheckpointError, match=f"model.safetensors: tensor {name} has shape"):
+        es.models.load_pretrained(d, tier=tier)
+    if tier is not None:
+        assert main(["generate", str(d), "--tier", tier, "--prompt", "a", "--max-new-tokens", "1"]) == 2
+        _one_line(capsys, str(d / "model.safetensors"), name, "(385, 64)", "384")
