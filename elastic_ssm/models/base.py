@@ -45,6 +45,10 @@ WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 #: keys that let ``transformers`` read a model directory (``elastic_ssm.hf`` registers the type)
 HF_KEYS = {"essh": {"model_type": "essh", "architectures": ["ESSHForCausalLM"]}}
+#: the JSON types of the other keys of ``config.json`` that loading reads (each optional)
+RECORD_TYPES: dict[str, type] = {"format_version": int, "source": dict, "tokenizer": dict, "weights_bytes": int,
+                                 "weights_sha256": str, "weights_sha256_pieces": dict}
+_JSON_NAMES = {int: "an integer", dict: "an object", str: "a string"}
 
 
 class CheckpointError(RuntimeError):
@@ -76,7 +80,28 @@ def read_model_meta(path: str | Path) -> dict[str, Any]:
     if not isinstance(meta.get("arch"), str) or not meta["arch"]:
         raise CheckpointError(f"{cfile} names no model arch ('arch': essh, es_ssm, transformer or matformer); "
                               "the file is corrupted: save the model again")
+    _check_record_fields(cfile, meta)
     return meta
+
+
+def _check_record_fields(cfile: Path, meta: dict[str, Any]) -> None:
+    """A ``CheckpointError`` naming ``cfile`` when a key that loading reads holds another JSON type than
+    ``save_pretrained`` writes (``RECORD_TYPES``), the weights' piece digests are malformed, or the record is of a
+    newer format than this library reads."""
+    for key, kind in RECORD_TYPES.items():
+        value = meta.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise CheckpointError(f"{cfile}: '{key}' holds {type(value).__name__} {str(value)[:40]!r} where "
+                                  f"save_pretrained writes {_JSON_NAMES[kind]}; the file is corrupted or was "
+                                  "edited by hand: save the model again")
+    pieces = meta.get("weights_sha256_pieces")
+    if pieces is not None and not (isinstance(pieces.get("piece_bytes"), int) and pieces["piece_bytes"] > 0
+                                   and isinstance(pieces.get("digests"), list)):
+        raise CheckpointError(f"{cfile}: 'weights_sha256_pieces' needs a positive 'piece_bytes' and a 'digests' "
+                              "list; the file is corrupted or was edited by hand: save the model again")
+    if meta.get("format_version", FORMAT_VERSION) > FORMAT_VERSION:
+        raise CheckpointError(f"{cfile} is of format version {meta['format_version']}, newer than the "
+                              f"{FORMAT_VERSION} this elastic_ssm reads: upgrade elastic_ssm to load it")
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 26) -> str:

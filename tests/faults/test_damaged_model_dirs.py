@@ -63,3 +63,28 @@ def test_a_tensor_of_another_shape_is_refused_at_every_tier(saved, tmp_path, cap
     if tier is not None:
         assert main(["generate", str(d), "--tier", tier, "--prompt", "a", "--max-new-tokens", "1"]) == 2
         _one_line(capsys, str(d / "model.safetensors"), name, "(385, 64)", "384")
+
+
+RECORD_EDITS = {  # name: (edit of config.json, words of the error)
+    "source a list": (lambda m: m.update(source=[1]), ["'source' holds list", "an object"]),
+    "tokenizer record a string": (lambda m: m.update(tokenizer="bytes"), ["'tokenizer' holds str", "an object"]),
+    "weights_bytes a string": (lambda m: m.update(weights_bytes="12"), ["'weights_bytes' holds str", "an integer"]),
+    "checksum a number": (lambda m: m.update(weights_sha256=5), ["'weights_sha256' holds int", "a string"]),
+    "piece digests without a size": (lambda m: m["weights_sha256_pieces"].pop("piece_bytes"),
+                                     ["'weights_sha256_pieces'", "piece_bytes"]),
+    "a newer format": (lambda m: m.update(format_version=99), ["format version 99", "upgrade elastic_ssm"]),
+}
+
+
+@pytest.mark.parametrize("case", list(RECORD_EDITS))
+def test_config_json_keys_of_the_wrong_type_name_the_key(saved, tmp_path, capsys, case):
+    """The keys beside the model config that loading reads (source, tokenizer record, weights' size and digests,
+    format version): another JSON type was a KeyError / TypeError / AttributeError reported as a bug, or went
+    unnoticed."""
+    edit, words = RECORD_EDITS[case]
+    d = _copy(saved, tmp_path)
+    _edit_config(d, edit)
+    with pytest.raises(CheckpointError, match=words[0]):
+        es.models.load_pretrained(d)
+    assert main(["generate", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 2
+    _one_line(capsys, str(d / "config.json"), *words)
