@@ -27,6 +27,7 @@ from .tokenizers import META_FILE, SPECIAL_TOKENS, BPETokenizer, ByteTokenizer, 
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_ROLES = ("bos", "eos", "pad", "sep")
 BYTES_FINGERPRINT = hashlib.sha256(b"elastic_ssm.ByteTokenizer:bytes0-255+pad,bos,eos,sep").hexdigest()
 
 __all__ = ["fingerprint", "tokenizer_record", "save_tokenizer_files", "load_saved_tokenizer", "resolve_tokenizer",
@@ -124,6 +125,12 @@ def load_saved_tokenizer(directory: str | Path, record: dict[str, Any] | None = 
     if record is not None and record.get("fingerprint") not in (None, fingerprint(tok)):
         raise ValueError(f"the tokenizer files in {directory} do not match the tokenizer recorded in its "
                          "config.json (fingerprint differs): they were replaced after the model was saved")
+    changed = [f"{role} {record[f'{role}_token_id']} -> {getattr(tok, f'{role}_id')}" for role in SPECIAL_ROLES
+               if record is not None and record.get(f"{role}_token_id") not in (None, getattr(tok, f"{role}_id"))]
+    if changed:       # the fingerprint covers tokenizer.json; the special tokens are named in tokenizer_config.json
+        raise ValueError(f"the special tokens of the tokenizer in {directory} ({', '.join(changed)}) differ from "
+                         f"those recorded in its config.json: {TOKENIZER_CONFIG_FILE} was edited or replaced after "
+                         "the model was saved; restore it")
     return tok
 
 

@@ -126,7 +126,14 @@ class BPETokenizer:
         names = {}
         hf_config = path.with_name("tokenizer_config.json")
         if hf_config.is_file():
-            cfg = json.loads(hf_config.read_text())
+            try:
+                cfg = json.loads(hf_config.read_text())
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ValueError(f"{hf_config} is not valid JSON ({e}); restore it from where the tokenizer was "
+                                 "saved, or delete it to use the usual special-token names") from None
+            if not isinstance(cfg, dict):
+                raise ValueError(f"{hf_config} holds a JSON {type(cfg).__name__}, not an object of special tokens; "
+                                 "restore it from where the tokenizer was saved")
             for role in _CANDIDATES:
                 value = cfg.get(f"{role}_token")
                 value = value.get("content") if isinstance(value, dict) else value

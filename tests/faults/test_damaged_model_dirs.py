@@ -88,3 +88,37 @@ def test_config_json_keys_of_the_wrong_type_name_the_key(saved, tmp_path, capsys
         es.models.load_pretrained(d)
     assert main(["generate", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 2
     _one_line(capsys, str(d / "config.json"), *words)
+
+
+@pytest.fixture(scope="module")
+def bpe_saved(tmp_path_factory):
+    """A tiny ESSH saved with a small BPE tokenizer (its special tokens named in tokenizer_config.json)."""
+    import dataclasses
+
+    from elastic_ssm.data.corpora import iter_documents
+
+    root = tmp_path_factory.mktemp("bpe")
+    docs = [d for _, d in zip(range(6), iter_documents("stdlib"))]
+    tok = es.data.train_bpe(docs, 300, root / "tok" / "tokenizer.json")
+    torch.manual_seed(0)
+    model = es.ESSH(dataclasses.replace(es.ESSHConfig.preset("tiny"), vocab_size=tok.vocab_size))
+    model.tokenizer = tok
+    return model.save_pretrained(root / "model")
+
+
+@pytest.mark.parametrize("case", ["not json", "eos renamed"])
+def test_a_damaged_tokenizer_config_is_named(bpe_saved, tmp_path, capsys, case):
+    """tokenizer_config.json names the special tokens; the fingerprint covers tokenizer.json only. Corrupt, it was
+    a bare JSONDecodeError naming no file; edited (eos named as pad), the model loaded with another eos id."""
+    d = _copy(bpe_saved, tmp_path)
+    cfg = d / "tokenizer_config.json"
+    if case == "not json":
+        cfg.write_text("{not json")
+        words = [str(cfg), "not valid JSON"]
+    else:
+        cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "eos_token": "<pad>"}))
+        words = ["eos 2 -> 0", "tokenizer_config.json was edited"]
+    with pytest.raises(ValueError, match=words[1]):
+        es.models.load_pretrained(d)
+    assert main(["generate", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 2
+    _one_line(capsys, *words)
