@@ -437,6 +437,9 @@ def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], origin: Any) 
             raise CheckpointError(
                 f"{origin}: tensor {k} has shape {tuple(state[k].shape)}, the config expects {tuple(v.shape)}"
             )
+        if v.is_floating_point() != state[k].is_floating_point():   # torch would fail inside its copy, naming no file
+            raise CheckpointError(f"{origin}: tensor {k} is {state[k].dtype}, the model holds {v.dtype} there; the "
+                                  "file was edited or is not this model's: save the model again")
     model.load_state_dict(state, strict=True, assign=True)
 
 

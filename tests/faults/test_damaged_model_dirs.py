@@ -122,3 +122,14 @@ def test_a_damaged_tokenizer_config_is_named(bpe_saved, tmp_path, capsys, case):
         es.models.load_pretrained(d)
     assert main(["generate", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 2
     _one_line(capsys, *words)
+
+
+def test_an_integer_tensor_where_weights_belong_names_the_file(saved, tmp_path, capsys):
+    """torch's own copy error named neither the file nor what to do (several lines in Python)."""
+    d = _copy(saved, tmp_path)
+    name = "blocks.0.ffn.w_in.weight"
+    _resave_weights(d, lambda s: s.update({name: s[name].to(torch.int32)}))
+    with pytest.raises(CheckpointError, match=f"model.safetensors: tensor {name} is torch.int32"):
+        es.models.load_pretrained(d)
+    assert main(["eval", str(d), "--seq-len", "8", "--n-batches", "1", "--batch-size", "1"]) == 2
+    _one_line(capsys, str(d / "model.safetensors"), name, "torch.int32")
