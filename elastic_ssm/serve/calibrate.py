@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -119,6 +120,12 @@ def _not_comparable(old, new: dict, keys: tuple[str, ...]) -> str | None:
     return "; ".join(diffs) or None
 
 
+def _saved_tier_names(old: Any) -> list[str]:
+    """The tier names of a saved record, or none when it is not a mapping of tiers (a list, a number)."""
+    tiers = old.get("tiers") if isinstance(old, dict) else None
+    return [str(t) for t in tiers] if isinstance(tiers, dict) else []
+
+
 def _aside(target: Path) -> Path:
     dest = free_stamped_path(target.parent, f"{target.stem}.replaced-", ".json")
     os.replace(target, dest)
@@ -142,7 +149,7 @@ def _merge_write(path: str | Path, name: str, table: dict, keys: tuple[str, ...]
             table = {**table, "tiers": tiers}
         else:
             dest = _aside(target)
-            (notice or _stderr)(f"{target}: the saved record ({_tier_names(list((old or {}).get('tiers') or {}))})"
+            (notice or _stderr)(f"{target}: the saved record ({_tier_names(_saved_tier_names(old))})"
                                 f" is not comparable with this one ({why}); kept it as {dest.name}, and "
                                 f"{name} now holds {_tier_names(list(table['tiers']))} only")
     return _write(path, name, table)

@@ -72,11 +72,14 @@ def test_an_incomparable_profile_is_kept_beside_the_new_one(tmp_path, change, wh
     assert why in notes[0] and aside.name in notes[0] and "now holds T4 only" in notes[0]
 
 
-def test_an_unreadable_saved_record_is_kept_not_overwritten(tmp_path, capsys):
-    (tmp_path / "tier_quality.json").write_text("{not json")
+@pytest.mark.parametrize("body", ["{not json", "[1]", "5", '{"tiers": [1, 2]}'])
+def test_an_unreadable_saved_record_is_kept_not_overwritten(tmp_path, capsys, body):
+    """Not JSON, or JSON of another shape (a list: an AttributeError after the file was moved aside)."""
+    (tmp_path / "tier_quality.json").write_text(body)
     write_quality(tmp_path, _quality({"T1": (10, 2.0)}))          # default notice: one line on stderr
     [aside] = _asides(tmp_path, "tier_quality")
-    assert aside.read_text() == "{not json"
+    assert aside.read_text() == body
+    assert set(json.loads((tmp_path / "tier_quality.json").read_text())["tiers"]) == {"T1"}
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a readable record" in err[0]
 
