@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import sys
 from collections import defaultdict
 
 from .protocol import ApiError, error_body
@@ -104,6 +105,9 @@ def parse_json(raw: bytes):
         raise ApiError(400, f"the request body is not valid JSON ({e.msg} at position {e.pos})") from None
     except RecursionError:
         raise ApiError(400, "the request body nests JSON too deeply") from None
+    except ValueError:          # JSONDecodeError above; this: an integer longer than Python converts
+        raise ApiError(400, f"the request body holds an integer of over {sys.get_int_max_str_digits()} digits; "
+                            "no field takes one, send a shorter number") from None
 
 
 async def watch_disconnect(receive, req) -> None:
