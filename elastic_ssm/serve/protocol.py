@@ -328,6 +328,11 @@ class ChatTemplate:
         except Exception as e:   # a template error (e.g. raise_exception on a role order) is the request's fault
             text = " ".join(str(e).split()) or type(e).__name__
             raise ApiError(400, f"the chat template refused these messages: {text}", "messages") from None
+        try:                     # the tokenizer encodes it as UTF-8 (parse_prompt checks a completion's prompt)
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, "messages hold text that is not valid UTF-8 (an unpaired surrogate)",
+                           "messages") from None
         out = {k: v for k, v in body.items() if k not in ("messages", "max_completion_tokens")}
         if body.get("max_completion_tokens") is not None:
             out["max_tokens"] = body["max_completion_tokens"]
