@@ -255,13 +255,18 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         started = time.monotonic()
 
         def finish(status: int) -> None:
+            """Count and log the request; one that did not run to its end (the client left, even mid-stream
+            before the engine saw it go, or stopped reading) is cancelled and counts as 499, not ``status``."""
             watcher.cancel()
             if req.finish_reason is None:
                 req.cancel()
+            reason = req.finish_reason or "cancelled"
+            if reason == "cancelled":
+                status = 499
             metrics.request(tier, status, len(req.prompt))
             ttft = (req.first_token_at - started) * 1e3 if req.first_token_at else float("nan")
             log.info("%s %s %s prompt=%d completion=%d finish=%s ttft_ms=%.1f total_ms=%.1f status=%d stream=%s",
-                     client, req.id, model_id, len(req.prompt), req.completion_tokens, req.finish_reason,
+                     client, req.id, model_id, len(req.prompt), req.completion_tokens, reason,
                      ttft, (time.monotonic() - started) * 1e3, status, params.stream)
 
         async def events():
@@ -305,7 +310,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                         yield f"data: {json.dumps(render_chunk(req, model_id, '', None, usage=True))}\n\n"
                     yield "data: [DONE]\n\n"
                 finally:
-                    finish(status if req.finish_reason != "cancelled" else 499)
+                    finish(status)
 
             return StreamingResponse(sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -318,7 +323,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                     status = 500
                     return _json(500, error_body(500, value))
         finally:
-            finish(status if req.finish_reason != "cancelled" else 499)
+            finish(status)
         return render_whole(req, model_id, "".join(parts))
 
     @app.post("/v1/completions")

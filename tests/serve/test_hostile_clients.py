@@ -2,6 +2,7 @@
 JSON reader itself, text the chat path must refuse, and clients that leave in the middle of a request. Each gets a
 4xx in OpenAI's error shape (or, when it has gone, nothing) and the server keeps answering."""
 
+import asyncio
 import json
 import shutil
 
@@ -47,3 +48,45 @@ def test_a_chat_message_with_an_unpaired_surrogate_is_a_400(tiny_dir, tmp_path):
             assert r.json()["error"]["message"] == "messages hold text that is not valid UTF-8 (an unpaired surrogate)"
         ok = c.post("/v1/chat/completions", json={"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
         assert ok.status_code == 200, ok.text
+
+
+def _drive(app, body: bytes, more_body: bool = False, leave_after_text: bool = False) -> list[dict]:
+    """Run one ``POST /v1/completions`` through the ASGI ``app`` as uvicorn does (spec 2.3), for a client that
+    sends ``body`` (``more_body``: and then leaves before the rest) or, ``leave_after_text``, leaves once the
+    first text of the answer has been sent. Returns the messages the app sent."""
+    sent: list[dict] = []
+    text_sent = asyncio.Event()
+    calls = 0
+
+    async def receive():
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return {"type": "http.request", "body": body, "more_body": more_body}
+        if leave_after_text:
+            await text_sent.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+        if message["type"] == "http.response.body" and b'"text": "' in message.get("body", b""):
+            text_sent.set()
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "root_path": "", "query_string": b"", "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body) + 10).encode())]}
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_a_stream_whose_client_leaves_counts_as_499_not_200(tiny_dir):
+    """Starlette ends a stream whose client disconnects before the engine reports the request cancelled: it was
+    counted and logged as a 200 with ``finish=None``."""
+    with _client(tiny_dir) as c:
+        body = json.dumps({"prompt": "hi", "max_tokens": 2000, "temperature": 0, "stream": True}).encode()
+        sent = _drive(c.app, body, leave_after_text=True)
+        assert sent[0]["status"] == 200 and not any(b"[DONE]" in m.get("body", b"") for m in sent)
+        metrics = c.get("/metrics").text
+        assert 'elastic_ssm_requests_total{tier="T10",status="499"} 1' in metrics
+        assert 'status="200"' not in metrics
