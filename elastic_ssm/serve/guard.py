@@ -6,7 +6,8 @@
   ``hmac.compare_digest`` (constant time); otherwise 401 with ``WWW-Authenticate: Bearer``;
 * at most ``max_connections`` requests in flight per client address (429 beyond);
 * a ``Content-Length`` above ``max_body`` is refused before the body is read (413); ``read_body`` enforces
-  the same cap on bodies without a length and a time limit on slow uploads (408).
+  the same cap on bodies without a length and a time limit on slow uploads (408), and ends quietly with a 499
+  (no one reads it) when the client disconnects during its upload.
 
 ``watch_disconnect(receive, req)`` waits for the client's ``http.disconnect`` after the body was read and
 cancels the engine request, so a client that leaves frees its slot at the next engine step.
@@ -78,7 +79,10 @@ class Guard:
 
 
 async def read_body(request, limit: int, timeout: float) -> bytes:
-    """The whole request body, at most ``limit`` bytes and within ``timeout`` seconds."""
+    """The whole request body, at most ``limit`` bytes and within ``timeout`` seconds; ``ApiError`` 499 (no one
+    reads it) for a client that disconnects before sending all of it."""
+    from starlette.requests import ClientDisconnect  # the serve extra's; this module imports without it
+
     chunks, size = [], 0
 
     async def _read() -> None:
@@ -93,6 +97,8 @@ async def read_body(request, limit: int, timeout: float) -> bytes:
         await asyncio.wait_for(_read(), timeout)
     except asyncio.TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
+    except ClientDisconnect:
+        raise ApiError(499, "the client disconnected before sending the whole request body") from None
     return b"".join(chunks)
 
 

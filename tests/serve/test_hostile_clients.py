@@ -90,3 +90,13 @@ def test_a_stream_whose_client_leaves_counts_as_499_not_200(tiny_dir):
         metrics = c.get("/metrics").text
         assert 'elastic_ssm_requests_total{tier="T10",status="499"} 1' in metrics
         assert 'status="200"' not in metrics
+
+
+def test_a_client_that_leaves_during_its_upload_ends_quietly(tiny_dir):
+    """A body cut off by a disconnect: Starlette's ``ClientDisconnect`` escaped the handler, and uvicorn logged
+    "Exception in ASGI application" with a traceback for each such client. Now a 499 no one reads, counted."""
+    with _client(tiny_dir) as c:
+        sent = _drive(c.app, b'{"prompt": "hi", "max_to', more_body=True)
+        assert sent[0]["status"] == 499
+        assert 'elastic_ssm_rejected_total{reason="http_499"} 1' in c.get("/metrics").text
+        assert c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
