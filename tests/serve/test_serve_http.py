@@ -204,6 +204,24 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
     assert len(runs) == served                              # an explicit default outside --tiers: refused, not added
 
 
+def test_serve_tier_full_is_the_whole_model_as_in_tiers_full(model_dir, monkeypatch):
+    """``--tier full`` names the whole model, as ``--tiers full`` and generate's ``--tier full`` do; it was refused
+    with "unknown tier 'full' ... or the full model (None in Python, 'full' on the command line)"."""
+    import uvicorn
+
+    from elastic_ssm.cli import main
+    from elastic_ssm.serve import app as app_module
+
+    settings = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    create_app = app_module.create_app
+    monkeypatch.setattr(app_module, "create_app",
+                        lambda model, s, **kw: settings.append(s) or create_app(model, s, **kw))
+    assert main(["serve", str(model_dir), "--tiers", "T1,T10", "--tier", "full", "--port", "0", "--device", "cpu",
+                 "--max-batch", "1"]) == 0
+    assert (settings[-1].tiers, settings[-1].default_tier) == (["T1", "T10"], "T10")
+
+
 def test_serve_port_0_names_the_port_it_listens_on(model_dir, monkeypatch, caplog):
     """``--port 0`` (any free port): the start line names the port uvicorn gets, not 0."""
     import uvicorn
