@@ -107,8 +107,9 @@ def parse_json(raw: bytes):
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ApiError(400, "the request body is not UTF-8 encoded JSON") from None
-    except json.JSONDecodeError as e:
-        raise ApiError(400, f"the request body is not valid JSON ({e.msg} at position {e.pos})") from None
+    except json.JSONDecodeError as e:   # some messages end in "at" already ("Unterminated string starting at")
+        where = "" if e.msg.endswith(" at") else " at"
+        raise ApiError(400, f"the request body is not valid JSON ({e.msg}{where} position {e.pos})") from None
     except RecursionError:
         raise ApiError(400, "the request body nests JSON too deeply") from None
     except ValueError:          # JSONDecodeError above; this: an integer longer than Python converts

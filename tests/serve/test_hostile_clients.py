@@ -100,3 +100,13 @@ def test_a_client_that_leaves_during_its_upload_ends_quietly(tiny_dir):
         assert sent[0]["status"] == 499
         assert 'elastic_ssm_rejected_total{reason="http_499"} 1' in c.get("/metrics").text
         assert c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_a_json_error_reads_as_one_phrase(tiny_dir):
+    """``json``'s messages that end in "at" ("Unterminated string starting at") read "starting at at position"."""
+    with _client(tiny_dir) as c:
+        for body, words in ((b'{"prompt": "abc', "Unterminated string starting at position 11"),
+                            (b'{"prompt": "a\x01"}', "Invalid control character at position 13"),
+                            (b"{", "Expecting property name enclosed in double quotes at position 1")):
+            r = c.post("/v1/completions", content=body)
+            assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
