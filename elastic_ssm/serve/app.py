@@ -126,6 +126,7 @@ class ServerSettings:
     max_prompt_tokens: int = 8192
     max_tokens_limit: int = 4096
     max_connections_per_client: int = 32
+    max_requests: int | None = None          # in flight from all clients (``--max-connections``); None: no cap
     body_timeout_s: float = 30.0
     stall_timeout_s: float = 30.0
 
@@ -196,7 +197,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     app = FastAPI(title="elastic-ssm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = remote
     app.add_middleware(Guard, api_key=settings.api_key, max_connections=settings.max_connections_per_client,
-                       max_body=settings.max_body_bytes, metrics=metrics)
+                       max_body=settings.max_body_bytes, metrics=metrics, max_requests=settings.max_requests)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):

@@ -87,6 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..data.tokenizer_files import resolve_tokenizer
     from ..models import load_pretrained
     from .app import ServerSettings, create_app
+    from .guard import uvicorn_connection_limit
     from .remote import model_view
 
     if args.name is not None and ("@" in args.name or not args.name.strip()):
@@ -124,6 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,
                               max_connections_per_client=args.max_connections_per_client,
+                              max_requests=args.max_connections,
                               body_timeout_s=args.timeout, stall_timeout_s=args.timeout)
     app = create_app(model, settings, load=functools.partial(load_pretrained, args.checkpoint, device=device,
                                                              dtype=dtype))
@@ -137,7 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.info("serving %s tiers %s (default %s), %d slots each, on http://%s:%d (%s)", name, ",".join(tiers),
                  default, args.max_batch, args.host, port, http_stack())
         uvicorn.run(app, host=args.host, port=port, log_level="warning", timeout_keep_alive=5,
-                    limit_concurrency=args.max_connections)
+                    limit_concurrency=uvicorn_connection_limit(args.max_connections))
     finally:
         app.state.engine.shutdown()
     return 0

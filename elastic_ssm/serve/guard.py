@@ -4,7 +4,8 @@
 
 * with an API key, every path but ``/health`` needs ``Authorization: Bearer <key>``, compared with
   ``hmac.compare_digest`` (constant time); otherwise 401 with ``WWW-Authenticate: Bearer``;
-* at most ``max_connections`` requests in flight per client address (429 beyond);
+* at most ``max_connections`` requests in flight per client address (429 beyond), and at most
+  ``max_requests`` from all clients together (503 with ``Retry-After`` beyond, in the API's error shape);
 * a ``Content-Length`` above ``max_body`` is refused before the body is read (413); ``read_body`` enforces
   the same cap on bodies without a length and a time limit on slow uploads (408), and ends quietly with a 499
   (no one reads it) when the client disconnects during its upload.
@@ -23,7 +24,7 @@ from collections import defaultdict
 
 from .protocol import ApiError, error_body
 
-__all__ = ["Guard", "read_body", "parse_json", "watch_disconnect"]
+__all__ = ["Guard", "read_body", "parse_json", "watch_disconnect", "uvicorn_connection_limit"]
 
 
 async def _send_error(send, status: int, message: str, headers: dict | None = None) -> None:
@@ -37,10 +38,13 @@ async def _send_error(send, status: int, message: str, headers: dict | None = No
 class Guard:
     """ASGI middleware: key, connection cap, body cap (see the module docstring)."""
 
-    def __init__(self, app, api_key: str | None, max_connections: int, max_body: int, metrics=None) -> None:
+    def __init__(self, app, api_key: str | None, max_connections: int, max_body: int, metrics=None,
+                 max_requests: int | None = None) -> None:
         self.app, self.max_connections, self.max_body, self.metrics = app, max_connections, max_body, metrics
+        self.max_requests = max_requests
         self._key = f"Bearer {api_key}".encode() if api_key else None
         self._open: dict[str, int] = defaultdict(int)
+        self._in_flight = 0
 
     def _reject(self, reason: str) -> None:
         if self.metrics is not None:
@@ -69,13 +73,29 @@ class Guard:
             await _send_error(send, 429, f"more than {self.max_connections} concurrent requests from {client}; "
                                          "wait for one to finish", {"Retry-After": "1"})
             return
+        if self.max_requests is not None and self._in_flight >= self.max_requests:
+            self._reject("server_full")
+            await _send_error(send, 503, f"the server has {self.max_requests} requests in flight (--max-connections)"
+                                         "; retry shortly", {"Retry-After": "1"})
+            return
         self._open[client] += 1
+        self._in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
+            self._in_flight -= 1
             self._open[client] -= 1
             if not self._open[client]:
                 del self._open[client]
+
+
+def uvicorn_connection_limit(max_requests: int) -> int:
+    """uvicorn's ``limit_concurrency`` for ``max_requests`` requests in flight: uvicorn answers a plain-text 503
+    once its open connections, the asking one included, or its running requests reach the limit, so a limit of
+    ``max_requests`` itself served at most ``max_requests - 1`` (three concurrent requests under
+    ``--max-connections 3`` were all refused). Twice the cap lets every request in flight through to ``Guard``,
+    which refuses the next one in the API's error shape, and still bounds idle keep-alive connections."""
+    return 2 * max_requests + 1
 
 
 async def read_body(request, limit: int, timeout: float) -> bytes:

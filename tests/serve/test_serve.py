@@ -550,3 +550,37 @@ def test_serve_names_the_http_stack_it_runs_on(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda n: None if n in ("uvloop", "httptools") else real(n))
     stack = http_stack()
     assert "asyncio" in stack and "pip install uvloop" in stack and "h11" in stack and "pip install httptools" in stack
+
+
+def test_guard_caps_requests_from_all_clients_in_the_api_error_shape():
+    """``--max-connections N`` admits N requests in flight from all addresses and refuses the next with a JSON
+    503 and Retry-After (uvicorn's own cap, given N, refused in plain text and let only N - 1 through)."""
+    from elastic_ssm.serve.guard import Guard, uvicorn_connection_limit
+
+    gate, sent = asyncio.Event(), []
+
+    async def app(scope, receive, send):
+        await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def run():
+        guard = Guard(app, api_key=None, max_connections=8, max_body=100, max_requests=3)
+
+        async def send(msg):
+            sent.append(msg)
+
+        scopes = [{"type": "http", "path": "/v1/models", "headers": [], "client": (f"10.0.0.{i}", 1)}
+                  for i in range(4)]
+        tasks = [asyncio.create_task(guard(s, None, send)) for s in scopes]
+        await asyncio.sleep(0.05)
+        [start] = [m for m in sent if m.get("type") == "http.response.start"]
+        assert start["status"] == 503 and (b"retry-after", b"1") in start["headers"]
+        body = json.loads([m for m in sent if m.get("type") == "http.response.body"][0]["body"])
+        assert "3 requests in flight" in body["error"]["message"] and "--max-connections" in body["error"]["message"]
+        gate.set()
+        await asyncio.gather(*tasks, guard(scopes[0], None, send))      # the cap frees as requests end
+        assert sorted(m["status"] for m in sent if "status" in m) == [200, 200, 200, 200, 503]
+        assert guard._in_flight == 0
+
+    asyncio.run(run())
+    assert uvicorn_connection_limit(3) > 3
