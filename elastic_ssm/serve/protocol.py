@@ -7,8 +7,9 @@
 agree with ``model``), ``prompt`` (a string, a list of one string, or a list of token ids), ``max_tokens``
 (default 16, as OpenAI's), ``temperature`` (default 1; 0 = greedy), ``top_p``, ``top_k`` (extension,
 0 or -1 = off), ``stop`` (a string or up to 4), ``seed``, ``stream``, ``stream_options.include_usage``,
-``n`` (1 only), ``user`` (ignored). Fields the server cannot honour (``logprobs``, ``echo``, ``best_of``,
-``suffix``, ``logit_bias``, penalties other than 0) are a 400, never silently dropped.
+``n`` (1 only), ``user`` (ignored). Fields the server cannot honour (``logprobs``, ``top_logprobs``, ``echo``,
+``best_of``, ``suffix``, ``logit_bias``, ``tools``, a ``response_format`` other than text, penalties other than
+0) are a 400, never silently dropped.
 
 Chat: Chat completions through the tokenizer's chat template, when the model directory has one.
 
@@ -136,7 +137,17 @@ def parse_prompt(prompt: Any, tokenizer, vocab: int, max_prompt: int) -> list[in
     return ids
 
 
-_UNSUPPORTED = ("logprobs", "echo", "best_of", "suffix", "logit_bias", "tools", "functions")
+#: fields the server cannot honour, each with the values that ask nothing of it (compared type and value:
+#: ``logprobs: 0`` asks for the sampled tokens' log-probabilities, ``false`` for none)
+_UNSUPPORTED: dict[str, tuple] = {"logprobs": (None, False), "echo": (None, False), "best_of": (None, 1),
+                                  "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
+                                  "functions": (None, []), "top_logprobs": (None, 0),
+                                  "response_format": (None, {"type": "text"})}
+
+
+def _asks_nothing(value: Any, allowed: tuple) -> bool:
+    """Whether ``value`` is one of ``allowed`` in type as well as value (``0`` is not ``False``)."""
+    return any(value is a if a is None else (type(value) is type(a) and value == a) for a in allowed)
 
 
 def parse_completion(body: Any, name: str, tiers: list[str], default_tier: str, tokenizer, vocab: int,
@@ -145,8 +156,8 @@ def parse_completion(body: Any, name: str, tiers: list[str], default_tier: str, 
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     tier = resolve_model_field(body, name, tiers, default_tier)
-    for key in _UNSUPPORTED:
-        if body.get(key) not in (None, False, 0, 1 if key == "best_of" else None):
+    for key, allowed in _UNSUPPORTED.items():
+        if not _asks_nothing(body.get(key), allowed):
             raise ApiError(400, f"{key} is not supported by this server; leave it out", key)
     for key in ("presence_penalty", "frequency_penalty"):
         if body.get(key) not in (None, 0, 0.0):

@@ -73,6 +73,10 @@ BAD = [
     ({"seed": "x"}, 400, "seed"),
     ({"n": 2}, 400, "n must be 1"),
     ({"logprobs": 3}, 400, "logprobs is not supported"),
+    ({"logprobs": 0}, 400, "logprobs is not supported"),          # 0: the sampled tokens' log-probabilities
+    ({"top_logprobs": 2}, 400, "top_logprobs is not supported"),
+    ({"response_format": {"type": "json_object"}}, 400, "response_format is not supported"),
+    ({"echo": 1}, 400, "echo is not supported"),
     ({"stop": ["a"] * 5}, 400, "stop must be"),
     ({"stream": "yes"}, 400, "stream must be"),
     ({"prompt": ""}, 400, "prompt is empty"),
@@ -99,11 +103,14 @@ def test_bad_requests_get_400_and_the_server_keeps_answering(model_dir):
         chat = c.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
         assert chat.status_code == 400 and "no chat template" in chat.json()["error"]["message"]
         assert _complete(c, headers={}, prompt=[104, 105], temperature=0).status_code == 200
+        asks_nothing = {"logprobs": False, "echo": False, "best_of": 1, "top_logprobs": 0,
+                        "response_format": {"type": "text"}, "logit_bias": {}}
+        assert _complete(c, headers={}, prompt=[104, 105], temperature=0, **asks_nothing).status_code == 200
         c.app.state.engine.submit = lambda req: (_ for _ in ()).throw(Busy("tier T10 is at capacity"))
         full = _complete(c, headers={})
         assert full.status_code == 503 and full.headers["retry-after"] == "1"
         metrics = c.get("/metrics").text
-        assert 'elastic_ssm_requests_total{tier="T10",status="200"} 1' in metrics
+        assert 'elastic_ssm_requests_total{tier="T10",status="200"} 2' in metrics
         assert 'elastic_ssm_requests_total{tier="T10",status="503"} 1' in metrics
         assert 'elastic_ssm_slots{tier="T1"} 2' in metrics
         assert 'elastic_ssm_rejected_total{reason="http_400"}' in metrics
