@@ -287,7 +287,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                         parts.append(nxt[1])
                     ev = ("text", "".join(parts))
                 yield ev
-                if ev[0] in ("done", "error"):
+                if ev[0] in ("done", "error", "unavailable"):
                     return
 
         if params.stream:
@@ -304,8 +304,9 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                             text_event = _text_event(render_chunk, req, model_id)
                         elif kind == "done":
                             chunk = render_chunk(req, model_id, "", value)
-                        else:
-                            status, chunk = 500, error_body(500, value)
+                        else:                      # an error, or the engine gone ("unavailable": retry)
+                            status = 503 if kind == "unavailable" else 500
+                            chunk = error_body(status, value)
                         yield f"data: {json.dumps(chunk)}\n\n"
                     if params.include_usage and status == 200:
                         yield f"data: {json.dumps(render_chunk(req, model_id, '', None, usage=True))}\n\n"
@@ -320,9 +321,9 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             async for kind, value in events():
                 if kind == "text":
                     parts.append(value)
-                elif kind == "error":
-                    status = 500
-                    return _json(500, error_body(500, value))
+                elif kind in ("error", "unavailable"):       # "unavailable": the engine is gone, retry
+                    status = 503 if kind == "unavailable" else 500
+                    return _json(status, error_body(status, value), {"Retry-After": "1"} if status == 503 else None)
         finally:
             finish(status)
         return render_whole(req, model_id, "".join(parts))

@@ -11,8 +11,10 @@ finishes on ``max_tokens`` (reason ``length``), on a stop string or the model's 
 cancellation (the client left or stopped reading).
 
 Events reach the HTTP side through ``Request.emit``: ``("text", str)``, ``("done", finish_reason)``,
-``("error", message)``. The engine collects the events of a whole step and hands them to the event loop in
-one thread-safe call per loop (``deliver``), not one per token, so 128 streams cost one wake-up a step.
+``("error", message)``, and ``("unavailable", message)`` when the request could not run and may be retried (the
+engine process ended, or was full when it arrived: ``serve/remote.py``; a 503). The engine collects the events
+of a whole step and hands them to the event loop in one thread-safe call per loop (``deliver``), not one per
+token, so 128 streams cost one wake-up a step.
 An error while serving one request ends that request only; the engine keeps serving the others.
 
 Coalescing admission (``prefill_wait_ms``, a dynamic batcher's maximum queue delay, as Triton's

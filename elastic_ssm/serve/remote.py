@@ -77,7 +77,7 @@ class _Sink:
         out = []
         for req, (kind, value) in items:        # queue = the engine-side Request itself
             out.append((req.rid, kind, value, req.completion_tokens, req.first_token_at))
-            if kind in ("done", "error"):
+            if kind in ("done", "error", "unavailable"):
                 self.live.pop(req.rid, None)
         counts, self.tokens.by_tier = dict(self.tokens.by_tier), defaultdict(int)
         self.conn.send(("ev", self.engine.counters(), counts, out))
@@ -119,9 +119,9 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
                 live[req.rid] = req
                 try:
                     engine.submit(req)
-                except Busy as e:
+                except Busy as e:                 # full since the HTTP side counted: retry, as there
                     req.finish_reason = "error"
-                    req.emit("error", str(e))
+                    req.emit("unavailable", str(e))
             elif msg[0] == "cancel":
                 req = live.get(msg[1])
                 if req is not None:
@@ -344,7 +344,7 @@ class RemoteEngine:
         for req in self.live.values():
             req.finish_reason = "error"
             req.emitted += 1
-            req.queue.put_nowait(("error", "the server is shutting down" if stopped_by is not None
+            req.queue.put_nowait(("unavailable", "the server is shutting down" if stopped_by is not None
                                   else "the server's engine stopped"))
         self.live.clear()
         self.in_flight = {t: 0 for t in self.tiers}

@@ -109,9 +109,20 @@ def test_bad_requests_get_400_and_the_server_keeps_answering(model_dir):
         c.app.state.engine.submit = lambda req: (_ for _ in ()).throw(Busy("tier T10 is at capacity"))
         full = _complete(c, headers={})
         assert full.status_code == 503 and full.headers["retry-after"] == "1"
+
+        def engine_gone(req):         # the engine process ended with the request in flight (remote._engine_died)
+            req.finish_reason = "error"
+            req.queue.put_nowait(("unavailable", "the server is shutting down"))
+
+        c.app.state.engine.submit = engine_gone
+        gone = _complete(c, headers={})
+        assert gone.status_code == 503 and gone.headers["retry-after"] == "1", gone.text
+        assert gone.json()["error"]["message"] == "the server is shutting down"
+        streamed = _complete(c, headers={}, stream=True)
+        assert '"code": 503' in streamed.text and "data: [DONE]" in streamed.text
         metrics = c.get("/metrics").text
         assert 'elastic_ssm_requests_total{tier="T10",status="200"} 2' in metrics
-        assert 'elastic_ssm_requests_total{tier="T10",status="503"} 1' in metrics
+        assert 'elastic_ssm_requests_total{tier="T10",status="503"} 3' in metrics
         assert 'elastic_ssm_slots{tier="T1"} 2' in metrics
         assert 'elastic_ssm_rejected_total{reason="http_400"}' in metrics
         counters = {}                                           # the engine loop's counters, one line each

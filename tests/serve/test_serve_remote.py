@@ -72,7 +72,7 @@ def test_remote_engine_serves_cancels_and_bounds_its_queue(model_dir):
         eng.submit(stuck)
         await stuck.queue.get()
         eng._proc.kill()                                    # the engine process dies: the request ends with an error
-        assert (await _run(stuck))[1][-1] == "error" and not eng.alive()
+        assert (await _run(stuck))[1][-1] == "unavailable" and not eng.alive()     # a 503: retry elsewhere
         with pytest.raises(Busy, match="stopped"):
             eng.submit(make("T1", 1))
 
@@ -159,7 +159,7 @@ def test_a_signal_to_the_process_group_stops_the_engine_quietly(model_dir, caplo
         assert eng.alive() and req.finish_reason is None     # still serving
         os.kill(eng._proc.pid, signal.SIGTERM)
         kinds = (await _run(req))[1]
-        assert kinds[-1] == "error" and not eng.alive()
+        assert kinds[-1] == "unavailable" and not eng.alive()      # a 503 to the client: retry elsewhere
         eng._proc.join(10)
         assert eng._proc.exitcode == 0                       # ended on its own terms, not killed by the signal
 
