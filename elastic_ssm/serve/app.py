@@ -338,6 +338,12 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         body = parse_json(await read_body(http, settings.max_body_bytes, settings.body_timeout_s))
         if chat is None:
             raise ApiError(400, "this model's tokenizer has no chat template; use /v1/completions with a prompt")
-        return await run_completion(http, chat.as_completion(body), chat.chunk_body, chat.completion_body)
+        try:
+            return await run_completion(http, chat.as_completion(body), chat.chunk_body, chat.completion_body)
+        except ApiError as e:      # the prompt is the template's rendering of the client's messages: name those
+            if e.param != "prompt":
+                raise
+            raise ApiError(e.status, f"messages, as the chat template renders them: {e.message}", "messages",
+                           e.headers) from None
 
     return app

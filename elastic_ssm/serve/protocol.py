@@ -93,7 +93,10 @@ def resolve_model_field(body: dict, name: str, tiers: list[str], default_tier: s
     if model is not None:
         if not isinstance(model, str):
             raise ApiError(400, f"model must be a string such as {name!r} or '{name}@{tiers[0]}'", "model")
-        base, _, tier = model.partition("@")
+        base, at, tier = model.partition("@")
+        if at and not tier.strip():
+            raise ApiError(400, f"model {model!r} names no tier after '@'; give '{name}' for the default tier or "
+                                f"one of {', '.join(f'{name}@{t}' for t in tiers)}", "model")
         if base != name:
             raise ApiError(404, f"unknown model {model!r}; this server serves {name!r} "
                                 f"(tiers: {', '.join(f'{name}@{t}' for t in tiers)})", "model")

@@ -62,6 +62,7 @@ def test_key_limits_and_still_serving(model_dir):
 BAD = [
     ({"model": "tiny@T7"}, 400, "not served here"),
     ({"model": "other"}, 404, "unknown model"),
+    ({"model": "tiny@"}, 400, "names no tier after '@'"),
     ({"tier": "T99"}, 400, "not served here"),
     ({"model": "tiny@T1", "tier": "T10"}, 400, "disagree"),
     ({"max_tokens": -1}, 400, "max_tokens must be an integer"),
@@ -182,6 +183,10 @@ def test_chat_completions_through_the_saved_chat_template(model_dir, tmp_path):
             out["choices"][0]["message"]["content"] and lines[-1]["choices"][0]["finish_reason"] == "length"
         bad = c.post("/v1/chat/completions", json={"model": "tiny", "messages": "hi"})
         assert bad.status_code == 400 and "messages must be" in bad.json()["error"]["message"]
+        long = c.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "x" * 100}]})
+        error = long.json()["error"]          # the client sent messages, not a prompt: the error names them
+        assert long.status_code == 400 and error["param"] == "messages", long.text
+        assert error["message"].startswith("messages, as the chat template renders them: prompt has 118 tokens")
 
 
 def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monkeypatch, caplog):
