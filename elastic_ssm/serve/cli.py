@@ -108,6 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if default not in tiers:                     # --tier auto picked a tier outside --tiers: it is served too
         status(f"--tier auto picked {default}, which --tiers does not list; serving it too", file=sys.stderr)
     tiers = sorted(set(tiers) | {default}, key=table.index)
+    check_state_fits(model.config, [(t, args.max_batch) for t in tiers], device, f"--max-batch {args.max_batch}")
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     name = args.name or Path(args.checkpoint).resolve().name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -155,6 +156,36 @@ def http_stack() -> str:
     return f"event loop {loop}, HTTP {http}"
 
 
+def _device_memory(device) -> int | None:
+    """Bytes of memory on ``device`` (a GPU's total, the host's physical memory), or None when unknown."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_state_fits(config, pools: list[tuple[str, int]], device, flag: str) -> None:
+    """``ConfigError`` naming ``flag`` when the decode state of ``pools`` (a tier and its batch each; Table 53's
+    bytes, ``state_bytes``) alone exceeds ``device``'s memory: a batch no machine holds is named before any
+    allocation, not left to the allocator's own error. A batch that passes may still not fit beside the weights."""
+    from ..elastic.tiers import state_bytes
+
+    need = sum(state_bytes(config, tier, batch)["total"] for tier, batch in pools)
+    have = _device_memory(device)
+    if have is not None and need > have:
+        batch = pools[0][1]
+        what = (f"{batch} sequences at {pools[0][0]}" if len(pools) == 1 else
+                f"{batch} sequences in each of {len(pools)} tiers" if all(b == batch for _, b in pools) else
+                ", ".join(f"{b} sequences at {t}" for t, b in pools))
+        raise ConfigError(f"{flag}: the decode state of {what} needs {need / 2**30:,.1f} GiB, more than this "
+                          f"device's {have / 2**30:,.1f} GiB; give a smaller batch")
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
 
     from ..models import load_pretrained
@@ -171,6 +202,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     model = load_pretrained(args.checkpoint, device=device, dtype=dtype)
     require_essh(args.checkpoint, model.arch, "calibrate")
     tiers = checked_tiers(model, args.tiers)          # the tier-list parser of every verb: "T1, T4" is T1, T4
+    for t in tiers or [x.name for x in model.tier_table()]:    # one tier and batch at a time
+        check_state_fits(model.config, [(t, max(batches))], device, f"--batches {args.batches}")
     announce_device("calibrate", device, dtype)
     profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters)
     print(f"wrote {write_profile(args.checkpoint, profile, notice=lambda line: status(line, file=sys.stderr))}")

@@ -395,3 +395,17 @@ def test_chat_content_may_be_a_list_of_text_parts_as_openai_clients_send(model_d
         for bad in (7, [], [{"type": "text"}], None):
             r = chat(bad)
             assert r.status_code == 400 and r.json()["error"]["param"] == "messages", (bad, r.text)
+
+
+@pytest.mark.parametrize("argv", [["calibrate", "--batches", "1,100000000000"], ["serve", "--max-batch", "10**11"]])
+def test_a_batch_no_machine_holds_is_named_by_its_flag_before_any_allocation(model_dir, capsys, argv):
+    """The decode state of 10^11 sequences (Table 53's bytes) exceeds any device's memory: one line naming the
+    flag, exit 2 (it was the allocator's error, or 'cannot fit int into an index-sized integer')."""
+    from elastic_ssm.cli import main
+
+    verb, flag, value = argv
+    value = str(10**11) if value == "10**11" else value
+    port = ["--port", "0"] if verb == "serve" else []           # any free port: the check comes after the bind's
+    assert main([verb, str(model_dir), flag, value, "--device", "cpu", *port]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{flag} {value}: the decode state of" in err and "GiB" in err, err
