@@ -161,8 +161,8 @@ def _device_memory(device) -> int | None:
     import torch
 
     device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[1]
+    if device.type == "cuda":        # the properties, not mem_get_info: that would make a CUDA context in this process
+        return torch.cuda.get_device_properties(device).total_memory
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
