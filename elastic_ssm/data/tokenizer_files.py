@@ -113,14 +113,29 @@ def save_tokenizer_files(tok: Tokenizer, directory: str | Path) -> list[str]:
     return written
 
 
+def _name_missing_file(directory: Path, record: dict[str, Any] | None, has_meta: bool, has_file: bool) -> None:
+    """``FileNotFoundError`` naming the one tokenizer file a model directory lacks, when ``config.json``'s
+    ``record`` says which it needs: a byte model reads ``elastic_tokenizer.json`` (its ``tokenizer.json`` is
+    for transformers), a BPE model ``tokenizer.json``. Without this the other file loaded, or the error named
+    both, and the message blamed a replaced tokenizer."""
+    kind = (record or {}).get("type")
+    missing = META_FILE if kind == "bytes" and not has_meta else TOKENIZER_FILE if kind == "bpe" and not has_file \
+        else None
+    if missing is not None:
+        raise FileNotFoundError(f"{directory / missing} is missing: this model's {kind} tokenizer is read from it; "
+                                "restore it from where the model was saved")
+
+
 def load_saved_tokenizer(directory: str | Path, record: dict[str, Any] | None = None) -> Tokenizer | None:
     """The tokenizer saved in a model directory (None when there is none).
 
     With ``record`` (from ``config.json``), a tokenizer whose fingerprint differs from the recorded one is
     a ``ValueError``: the tokenizer files were replaced after the model was saved."""
     directory = Path(directory)
-    if not (directory / META_FILE).is_file() and not (directory / TOKENIZER_FILE).is_file():
+    has_meta, has_file = (directory / META_FILE).is_file(), (directory / TOKENIZER_FILE).is_file()
+    if not has_meta and not has_file:
         return None
+    _name_missing_file(directory, record, has_meta, has_file)
     tok = load_tokenizer(directory)
     if record is not None and record.get("fingerprint") not in (None, fingerprint(tok)):
         raise ValueError(f"the tokenizer files in {directory} do not match the tokenizer recorded in its "

@@ -133,3 +133,15 @@ def test_an_integer_tensor_where_weights_belong_names_the_file(saved, tmp_path, 
         es.models.load_pretrained(d)
     assert main(["eval", str(d), "--seq-len", "8", "--n-batches", "1", "--batch-size", "1"]) == 2
     _one_line(capsys, str(d / "model.safetensors"), name, "torch.int32")
+
+
+@pytest.mark.parametrize("which", ["bytes", "bpe"])
+def test_the_missing_tokenizer_file_is_the_one_named(saved, bpe_saved, tmp_path, capsys, which):
+    """A byte model reads elastic_tokenizer.json, a BPE model tokenizer.json. Without its file, a byte model
+    loaded the transformers tokenizer.json and was refused as 'replaced'; a BPE model's error said the folder
+    holds neither file though elastic_tokenizer.json was there. Now each names the file that is missing."""
+    d = _copy(saved if which == "bytes" else bpe_saved, tmp_path)
+    missing = "elastic_tokenizer.json" if which == "bytes" else "tokenizer.json"
+    (d / missing).unlink()
+    assert main(["generate", str(d), "--prompt", "x", "--max-new-tokens", "2"]) == 2
+    _one_line(capsys, f"{d / missing} is missing", f"{which} tokenizer", "restore it")
