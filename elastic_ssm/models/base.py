@@ -67,6 +67,9 @@ def read_model_meta(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is a file; give the model directory (written by save_pretrained) that "
                               f"holds {CONFIG_NAME} and {WEIGHTS_NAME}")
     if not cfile.is_file():
+        inside = _model_inside(path) if path.is_dir() else None
+        if inside is not None:
+            raise CheckpointError(f"{path} has no {CONFIG_NAME}: {inside}")
         what = "does not exist" if not path.exists() else f"has no {CONFIG_NAME}"
         raise CheckpointError(f"{path} {what}; expected a model directory ({CONFIG_NAME} + {WEIGHTS_NAME}) written "
                               "by save_pretrained (a training run keeps its final model in <out_dir>/final)")
@@ -102,6 +105,19 @@ def _check_record_fields(cfile: Path, meta: dict[str, Any]) -> None:
     if meta.get("format_version", FORMAT_VERSION) > FORMAT_VERSION:
         raise CheckpointError(f"{cfile} is of format version {meta['format_version']}, newer than the "
                               f"{FORMAT_VERSION} this elastic_ssm reads: upgrade elastic_ssm to load it")
+
+
+def _model_inside(path: Path) -> str | None:
+    """Where the model is when ``path`` is a training run or one of its checkpoints (a run's ``final/``, a
+    checkpoint's ``model/``, an unfinished run's newest checkpoint's), said as the end of an error; else None."""
+    if (path / "final" / CONFIG_NAME).is_file():
+        return f"it is a training run; its model is {path / 'final'}"
+    if (path / "model" / CONFIG_NAME).is_file():
+        return f"it is a training checkpoint; its model is {path / 'model'}"
+    saved = sorted(path.glob(f"*/step_*/model/{CONFIG_NAME}"), key=lambda f: f.stat().st_mtime)
+    if saved:
+        return f"it is an unfinished training run; its newest checkpoint's model is {saved[-1].parent}"
+    return None
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 26) -> str:

@@ -145,3 +145,20 @@ def test_the_missing_tokenizer_file_is_the_one_named(saved, bpe_saved, tmp_path,
     (d / missing).unlink()
     assert main(["generate", str(d), "--prompt", "x", "--max-new-tokens", "2"]) == 2
     _one_line(capsys, f"{d / missing} is missing", f"{which} tokenizer", "restore it")
+
+
+def test_a_run_or_checkpoint_given_as_the_model_names_the_model_inside(saved, tmp_path, capsys):
+    """A training run, one of its checkpoints, or an unfinished run given where the model directory belongs: the
+    error names the model directory inside it (it gave the generic '<out_dir>/final' hint)."""
+    run = tmp_path / "run"
+    shutil.copytree(saved, run / "pretrain" / "step_0000002" / "model")
+    cases = [(run, "an unfinished training run; its newest checkpoint's model is "
+              f"{run / 'pretrain' / 'step_0000002' / 'model'}"),
+             (run / "pretrain" / "step_0000002", f"a training checkpoint; its model is "
+              f"{run / 'pretrain' / 'step_0000002' / 'model'}")]
+    for given, words in cases:
+        assert main(["generate", str(given), "--prompt", "x", "--max-new-tokens", "2"]) == 2
+        _one_line(capsys, f"{given} has no config.json: it is {words}")
+    shutil.copytree(saved, run / "final")
+    assert main(["eval", str(run), "--device", "cpu"]) == 2
+    _one_line(capsys, f"{run} has no config.json: it is a training run; its model is {run / 'final'}")
