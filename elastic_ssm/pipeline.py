@@ -189,7 +189,7 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
         check_same_arch(out, saved, run.arch)
 
         try:
-            before = model_config_from_dict(saved["model"]).to_dict()
+            before = model_config_from_dict(type(run.model).upgrade_record(saved["model"])).to_dict()
         except ConfigError as e:
             raise ConfigError(f"{out / 'run.yaml'}: its model section is invalid ({e}); restore it from a copy, or "
                               "start a new --train.out_dir") from None

@@ -401,11 +401,17 @@ class ElasticModel(nn.Module):
         _load_strict(self, state, "state dict")
 
 
+def _exported_tier(source: dict[str, Any]) -> str | None:
+    """The source tier's name when ``source`` (``config.json``'s record) is that of a standalone export."""
+    return source.get("tier") if source.get("parent_config") else None
+
+
 def _old_export_alias(config: Any, source: dict[str, Any], tier: TierLike) -> TierLike:
     """``tier``, or None (the whole model) when it names the source tier of a standalone export written before
     configs kept ``tier_names``: such an export (``exports/T4``) calls its one tier T1 and answers to both names,
-    in every verb that resolves a tier on the loaded model (``eval --tiers T4``, ``serve --tiers T4``)."""
-    exported = source.get("tier") if source.get("parent_config") else None
+    when it is loaded (``_tier_of_directory``) and in every verb that resolves a tier on the loaded model
+    (``eval --tiers T4``, ``serve --tiers T4``)."""
+    exported = _exported_tier(source)
     one = len(tiers_mod.tier_table(config)) == 1 and not getattr(config, "tier_names", None)
     return None if one and exported and isinstance(tier, str) and tier.strip() == exported else tier
 
@@ -415,12 +421,12 @@ def _tier_of_directory(config: Any, tier: TierLike, source: dict[str, Any], path
     standalone export and ``tier`` names its full model (``exports/T4`` loaded with ``tier="T4"``; an export
     written before configs kept ``tier_names`` calls its one tier T1 and is matched by its source's name). Any
     other unknown name is the config's ``ValueError``, which for an export also says what the directory holds."""
-    exported = source.get("tier") if source.get("parent_config") else None
+    exported = _exported_tier(source)
+    if _old_export_alias(config, source, tier) is None:     # an older export's source name: its whole model
+        return None
     try:
         t = tiers_mod.resolve_tier(config, tier)
     except ValueError as e:
-        if exported is not None and isinstance(tier, str) and tier.strip() == exported:
-            return None
         if exported is not None:
             raise ValueError(f"{e}; {path} is a standalone export of tier {exported}: load it whole (no tier, or "
                              f"tier={exported!r})") from None

@@ -93,7 +93,7 @@ def uvicorn_connection_limit(max_requests: int) -> int:
     """uvicorn's ``limit_concurrency`` for ``max_requests`` requests in flight: uvicorn answers a plain-text 503
     once its open connections, the asking one included, or its running requests reach the limit, so a limit of
     ``max_requests`` itself served at most ``max_requests - 1`` (three concurrent requests under
-    ``--max-connections 3`` were all refused). Twice the cap lets every request in flight through to ``Guard``,
+    ``--max-connections 3`` were all refused). Twice the cap plus one lets every request in flight through to ``Guard``,
     which refuses the next one in the API's error shape, and still bounds idle keep-alive connections."""
     return 2 * max_requests + 1
 
