@@ -9,9 +9,9 @@ Training / prefill: when the window covers the sequence, causal SDPA (flash on G
 sequences on CUDA use ``flex_attention`` with a block-sparse sliding-window mask (:func:`swa_block_mask`:
 key tiles wholly inside the band skip the mask, tiles crossing its edges apply it, all others are never
 read), compiled once per power-of-two length bucket (:func:`flex_length`), for at most ``FLEX_MAX_SHAPES``
-shapes a process; exact, forward and backward. Elsewhere (CPU, padded batches, or
-``SWA_KERNEL = "masked"``) SDPA with a boolean band mask, in query blocks of one window against the
-2-window key band for T > 2 window, so memory stays O(T * window). Decoding uses a ring buffer of
+shapes a process; exact, forward and backward. Elsewhere (CPU, padded batches, heads narrower than
+``FLEX_MIN_HEAD_DIM``, or ``SWA_KERNEL = "masked"``) SDPA with a boolean band mask, in query blocks of one
+window against the 2-window key band for T > 2 window, so memory stays O(T * window). Decoding uses a ring buffer of
 ``window`` key/value slots per sequence (``models/cache.py``); rotary phases come from absolute positions
 computed on the fly in float64 (no buffers, so meta-device construction and loading stay exact).
 """
@@ -100,6 +100,11 @@ def _compiled_flex():
 #: O(T * window) memory, slower). Lengths are bucketed (:func:`flex_length`), so one batch size and dtype
 #: cover prompts up to 2**(log2(window) + FLEX_MAX_SHAPES).
 FLEX_MAX_SHAPES = 7
+
+#: The narrowest head flex_attention's kernels take (torch's inductor lowering refuses query/key/value
+#: embeddings below 16: "NYI: embedding dimension ... must be at least 16"); narrower heads, as in small
+#: test-scale models, take the masked SDPA path.
+FLEX_MIN_HEAD_DIM = 16
 _flex_shapes: set = set()
 
 
@@ -189,8 +194,8 @@ class SlidingWindowAttention(nn.Module):
         if T <= W and valid is None:
             # The window covers every earlier token: plain causal attention (flash kernel on GPU).
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif valid is None and x.is_cuda and SWA_KERNEL == "auto" and (torch.compiler.is_compiling()
-                                                                       or flex_admits(q)):
+        elif (valid is None and x.is_cuda and SWA_KERNEL == "auto" and self.head_dim >= FLEX_MIN_HEAD_DIM
+              and (torch.compiler.is_compiling() or flex_admits(q))):
             o = swa_flex(q, k, v, W)
         elif T <= 2 * W:
             mask = window_mask(idx, idx, W, valid)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections import OrderedDict
 from typing import Any
 
@@ -59,6 +60,18 @@ log = logging.getLogger("elastic_ssm.serve")
 #: ~126 ms eager (the host dispatch saved), one of 128 x 128 ~1 s against ~0.27 s. From those two points the graph
 #: stops paying at about 2,000 tokens; larger prefills run eagerly.
 GRAPH_TOKENS = 2048
+
+
+def _raised_in_fla(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) was raised inside fla's package: only then does
+    the torch scan (``ELASTIC_SSM_SCAN_BACKEND=torch``) go around it."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if any("/fla/" in frame.filename.replace("\\", "/") for frame in traceback.extract_tb(error.__traceback__)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def row_cache(cache: ESSHCache, i: int) -> ESSHCache:
@@ -227,9 +240,9 @@ class SlotPool(SlotRows):
                 self.model.hidden_states(ids, tier=self.tier, cache=reset_row_(self.cache, row))
             except RuntimeError as e:   # a kernel that fails on this stack: say where, and the way around fla
                 first = (str(e).strip().splitlines() or [""])[0]
+                around = (f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if _raised_in_fla(e) else "")
                 raise RuntimeError(f"tier {self.tier.name}: the warm-up prefill of {T} tokens failed "
-                                   f"({type(e).__name__}: {first}); if fla is installed, "
-                                   f"{ENV_VAR}=torch runs the scan in PyTorch instead") from e
+                                   f"({type(e).__name__}: {first}){around}") from e
         reset_row_(self.cache, row)
         log.info("tier %s: prefill warmed up for prompts of %s tokens in %.1f s (on a fresh machine fla autotunes "
                  "here, once; Triton keeps the result on disk)", self.tier.name, "/".join(map(str, lengths)),

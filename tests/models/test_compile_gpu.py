@@ -85,3 +85,27 @@ def test_prompts_of_many_lengths_compile_few_flex_kernels(monkeypatch):
         assert _rel(got, want) < 1e-4, T
     assert len(attention._flex_shapes) == 3                           # buckets 128, 256, 512
     assert counters["stats"]["unique_graphs"] - before <= 3
+
+
+def test_heads_narrower_than_flex_takes_run_the_masked_path(monkeypatch):
+    """flex_attention's inductor lowering refuses heads narrower than 16 ("NYI: embedding dimension ... must be
+    at least 16"; an 8-wide test-scale export failed ``elastic-ssm calibrate`` on an H200 in its warm-up prefill,
+    eighteenth session). Such a model past its window on CUDA runs the masked SDPA path: the logits equal the
+    CPU's, a slot pool warms up, and no flex shape is compiled for it."""
+    from pathlib import Path
+
+    from elastic_ssm.models import load_pretrained
+    from elastic_ssm.serve.slots import SlotPool
+
+    monkeypatch.setattr(attention, "_flex_shapes", set())
+    path = Path(__file__).parents[1] / "fixtures" / "legacy_export" / "T4"
+    cpu = load_pretrained(path)
+    gpu = load_pretrained(path, device="cuda", dtype=torch.float32)
+    assert gpu.config.head_dim < attention.FLEX_MIN_HEAD_DIM < 2 * gpu.config.window
+    ids = torch.randint(0, 256, (2, 6 * gpu.config.window + 3))
+    with torch.no_grad():
+        ref = cpu(ids)
+        out = gpu(ids.cuda()).cpu()
+    assert _rel(out, ref) < 1e-4
+    SlotPool(gpu, gpu.tier_table()[0].name, 2)     # warm-up prefills of 16 and 64 tokens on CUDA
+    assert not attention._flex_shapes
