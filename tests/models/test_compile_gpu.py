@@ -87,7 +87,7 @@ def test_prompts_of_many_lengths_compile_few_flex_kernels(monkeypatch):
     assert counters["stats"]["unique_graphs"] - before <= 3
 
 
-def test_heads_narrower_than_flex_takes_run_the_masked_path(monkeypatch):
+def test_heads_narrower_than_flex_allows_run_the_masked_path(monkeypatch):
     """flex_attention's inductor lowering refuses heads narrower than 16 ("NYI: embedding dimension ... must be
     at least 16"; an 8-wide test-scale export failed ``elastic-ssm calibrate`` on an H200 in its warm-up prefill,
     eighteenth session). Such a model past its window on CUDA runs the masked SDPA path: the logits equal the
