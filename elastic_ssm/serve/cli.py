@@ -108,7 +108,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if default not in tiers:                     # --tier auto picked a tier outside --tiers: it is served too
         status(f"--tier auto picked {default}, which --tiers does not list; serving it too", file=sys.stderr)
     tiers = sorted(set(tiers) | {default}, key=table.index)
-    check_state_fits(model.config, [(t, args.max_batch) for t in tiers], device, f"--max-batch {args.max_batch}")
+    check_state_fits(model.config, [(t, args.max_batch) for t in tiers], device, f"--max-batch {args.max_batch}",
+                     weight_bytes(model, dtype))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     name = args.name or Path(args.checkpoint).resolve().name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -169,21 +170,28 @@ def _device_memory(device) -> int | None:
         return None
 
 
-def check_state_fits(config, pools: list[tuple[str, int]], device, flag: str) -> None:
+def weight_bytes(model, dtype=None) -> int:
+    """Bytes of ``model``'s parameters, at ``dtype`` when given (a meta-device view's weights as they will load)."""
+    return sum(p.numel() * (dtype.itemsize if dtype is not None else p.element_size()) for p in model.parameters())
+
+
+def check_state_fits(config, pools: list[tuple[str, int]], device, flag: str, weights: int = 0) -> None:
     """``ConfigError`` naming ``flag`` when the decode state of ``pools`` (a tier and its batch each; Table 53's
-    bytes, ``state_bytes``) alone exceeds ``device``'s memory: a batch no machine holds is named before any
-    allocation, not left to the allocator's own error. A batch that passes may still not fit beside the weights."""
+    bytes, ``state_bytes``) and the model's ``weights`` bytes together exceed ``device``'s memory: a batch that
+    cannot fit is named before any allocation, not left to the allocator's own error. Activations, kernels'
+    workspaces and CUDA graphs come on top, so a batch that passes may still not fit."""
     from ..elastic.tiers import state_bytes
 
-    need = sum(state_bytes(config, tier, batch)["total"] for tier, batch in pools)
+    state = sum(state_bytes(config, tier, batch)["total"] for tier, batch in pools)
     have = _device_memory(device)
-    if have is not None and need > have:
+    if have is not None and state + weights > have:
         batch = pools[0][1]
         what = (f"{batch} sequences at {pools[0][0]}" if len(pools) == 1 else
                 f"{batch} sequences in each of {len(pools)} tiers" if all(b == batch for _, b in pools) else
                 ", ".join(f"{b} sequences at {t}" for t, b in pools))
-        raise ConfigError(f"{flag}: the decode state of {what} needs {need / 2**30:,.1f} GiB, more than this "
-                          f"device's {have / 2**30:,.1f} GiB; give a smaller batch")
+        beside = f" beside the weights' {weights / 2**30:,.1f} GiB" if weights and state <= have else ""
+        raise ConfigError(f"{flag}: the decode state of {what} needs {state / 2**30:,.1f} GiB{beside}, more than "
+                          f"this device's {have / 2**30:,.1f} GiB; give a smaller batch")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -203,7 +211,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     require_essh(args.checkpoint, model.arch, "calibrate")
     tiers = checked_tiers(model, args.tiers)          # the tier-list parser of every verb: "T1, T4" is T1, T4
     for t in tiers or [x.name for x in model.tier_table()]:    # one tier and batch at a time
-        check_state_fits(model.config, [(t, max(batches))], device, f"--batches {args.batches}")
+        check_state_fits(model.config, [(t, max(batches))], device, f"--batches {args.batches}", weight_bytes(model))
     announce_device("calibrate", device, dtype)
     profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters)
     print(f"wrote {write_profile(args.checkpoint, profile, notice=lambda line: status(line, file=sys.stderr))}")

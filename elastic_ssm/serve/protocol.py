@@ -165,8 +165,9 @@ def parse_completion(body: Any, name: str, tiers: list[str], default_tier: str, 
     for key in ("presence_penalty", "frequency_penalty"):
         if body.get(key) not in (None, 0, 0.0):
             raise ApiError(400, f"{key} is not supported by this server; leave it out or set it to 0", key)
-    if body.get("n") not in (None, 1):
-        raise ApiError(400, f"n must be 1 (one completion per request), got {body.get('n')!r}", "n")
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):      # 1.0 and true are not the integer 1
+        raise ApiError(400, f"n must be 1 (one completion per request), got {n!r}", "n")
     if "prompt" not in body:
         raise ApiError(400, "prompt is required", "prompt")
     prompt = parse_prompt(body["prompt"], tokenizer, vocab, max_prompt)

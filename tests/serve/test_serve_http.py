@@ -73,6 +73,8 @@ BAD = [
     ({"top_k": -5}, 400, "top_k"),
     ({"seed": "x"}, 400, "seed"),
     ({"n": 2}, 400, "n must be 1"),
+    ({"n": 1.0}, 400, "n must be 1"),
+    ({"n": True}, 400, "n must be 1"),
     ({"logprobs": 3}, 400, "logprobs is not supported"),
     ({"logprobs": 0}, 400, "logprobs is not supported"),          # 0: the sampled tokens' log-probabilities
     ({"top_logprobs": 2}, 400, "top_logprobs is not supported"),
@@ -409,3 +411,25 @@ def test_a_batch_no_machine_holds_is_named_by_its_flag_before_any_allocation(mod
     assert main([verb, str(model_dir), flag, value, "--device", "cpu", *port]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{flag} {value}: the decode state of" in err and "GiB" in err, err
+
+
+def test_a_batch_that_fits_alone_but_not_beside_the_weights_is_named(monkeypatch):
+    """The check counts the weights too: a decode state of 60% of the device's memory beside weights of 60%
+    is refused, naming both; the same state beside small weights passes."""
+    from elastic_ssm.config.base import ConfigError
+    from elastic_ssm.elastic.tiers import state_bytes
+    from elastic_ssm.serve import cli as serve_cli
+
+    config = es.ESSHConfig.preset("tiny")
+    state = state_bytes(config, "T4", 1000)["total"]
+    have = int(state / 0.6)
+    monkeypatch.setattr(serve_cli, "_device_memory", lambda device: have)
+    serve_cli.check_state_fits(config, [("T4", 1000)], "cpu", "--max-batch 1000", weights=int(0.3 * have))
+    with pytest.raises(ConfigError) as e:
+        serve_cli.check_state_fits(config, [("T4", 1000)], "cpu", "--max-batch 1000", weights=int(0.6 * have))
+    msg = str(e.value)
+    assert msg.startswith("--max-batch 1000: the decode state of 1000 sequences at T4") and "beside the weights'" in msg
+    with torch.device("meta"):
+        model = es.ESSH(config)
+    n = sum(p.numel() for p in model.parameters())
+    assert serve_cli.weight_bytes(model, torch.bfloat16) == 2 * n and serve_cli.weight_bytes(model) == 4 * n
