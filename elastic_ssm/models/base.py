@@ -390,6 +390,7 @@ class ElasticModel(nn.Module):
         if dtype is not None:
             state = {k: v.to(dtype) if v.is_floating_point() and not re.fullmatch(cls.keep_fp32, k) else v
                      for k, v in state.items()}
+        _check_loaded_values(state, cls.keep_fp32, wfile)
         _load_strict(model, state, wfile)
         model.source = source
         model.name_or_path = str(path)
@@ -443,6 +444,28 @@ def _saved_tokenizer(path: Path, record: dict[str, Any] | None) -> Any:
     except ImportError as e:
         warnings.warn(f"{path}: the saved tokenizer was not loaded ({e})", stacklevel=3)
         return None
+
+
+def _check_loaded_values(state: dict[str, torch.Tensor], keep_fp32: str, origin: Any) -> None:
+    """``CheckpointError`` for weights no saved model holds: a floating tensor of another dtype than the rest
+    (apart from the ``keep_fp32`` tensors, float32 beside a lower-precision model; a float16 tensor among float32
+    ones would fail at the first forward, naming no file), or NaN / infinite values (a run that diverged, or bytes
+    changed in a directory without checksums)."""
+    floats = {k: v for k, v in state.items() if v.is_floating_point()}
+    main = {k: v.dtype for k, v in floats.items() if not re.fullmatch(keep_fp32, k)}
+    common = max(set(main.values()), key=list(main.values()).count, default=None)
+    odd = next((k for k, d in main.items() if d != common), None) or next(
+        (k for k, v in floats.items() if k not in main and v.dtype not in (common, torch.float32)), None)
+    if odd is not None:
+        raise CheckpointError(f"{origin}: tensor {odd} is {floats[odd].dtype} while the model's other weights are "
+                              f"{common}; the file was edited or mixes two models: save the model again, or load "
+                              "with dtype= (--dtype) to convert every tensor")
+    bad = next((k for k, v in floats.items()      # a float32 sum is NaN/inf whenever a value is (and is cheap);
+                if not bool(v.sum(dtype=torch.float32).isfinite())      # isfinite() rules out an overflowing sum
+                and not bool(torch.isfinite(v).all())), None)
+    if bad is not None:
+        raise CheckpointError(f"{origin}: tensor {bad} holds NaN or infinite values; the training run diverged or "
+                              "the file is damaged: load an earlier checkpoint")
 
 
 def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], origin: Any) -> None:

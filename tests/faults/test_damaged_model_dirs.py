@@ -162,3 +162,39 @@ def test_a_run_or_checkpoint_given_as_the_model_names_the_model_inside(saved, tm
     shutil.copytree(saved, run / "final")
     assert main(["eval", str(run), "--device", "cpu"]) == 2
     _one_line(capsys, f"{run} has no config.json: it is a training run; its model is {run / 'final'}")
+
+
+def test_a_tensor_of_another_float_dtype_names_the_tensor(saved, tmp_path):
+    """One float16 tensor among float32 ones loaded as saved, and the first forward failed in a matmul naming no
+    file. Converting on load (dtype=, the command line's --dtype) makes them one dtype, and a bfloat16 model's
+    float32 tensors (``keep_fp32``, as ``from_pretrained(dtype=torch.bfloat16)`` leaves them and
+    ``save_pretrained`` writes them) are no fault."""
+    d = _copy(saved, tmp_path)
+    name = "blocks.1.ffn.w_out.weight"
+    _resave_weights(d, lambda s: s.update({name: s[name].half()}))
+    with pytest.raises(CheckpointError, match=f"model.safetensors: tensor {name} is torch.float16 while the model's "
+                                              "other weights are torch.float32"):
+        es.models.load_pretrained(d)
+    assert main(["generate", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 0   # --dtype auto converts
+    converted = es.models.load_pretrained(d, dtype=torch.float32)
+    assert {p.dtype for p in converted.parameters()} == {torch.float32}
+    half = es.models.load_pretrained(saved, dtype=torch.bfloat16)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16, torch.float32}
+    again = es.models.load_pretrained(half.save_pretrained(tmp_path / "bf16"))
+    assert {k: v.dtype for k, v in again.state_dict().items()} == {k: v.dtype for k, v in half.state_dict().items()}
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_with_nan_or_inf_name_the_tensor(saved, tmp_path, capsys, value):
+    """A diverged run saved with valid checksums (or bytes changed in a directory without them) loaded and generated
+    garbage; it is refused naming the tensor, at every tier that reads it."""
+    model = es.models.load_pretrained(saved)
+    name = "blocks.0.ffn.w_in.weight"
+    with torch.no_grad():
+        model.get_parameter(name)[0, 0] = value
+    d = model.save_pretrained(tmp_path / "diverged")
+    for tier in (None, "T1"):
+        with pytest.raises(CheckpointError, match=f"tensor {name} holds NaN or infinite values"):
+            es.models.load_pretrained(d, tier=tier)
+    assert main(["generate", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 2
+    _one_line(capsys, str(d / "model.safetensors"), name, "earlier checkpoint")
