@@ -271,8 +271,8 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
     max_connections_per_client: int = flag(32, "concurrent requests per address", minimum=1)
     max_connections: int = flag(1024, "concurrent requests from all clients (503 beyond); open connections are "
                                       "capped at twice this", minimum=1)
-    timeout: float = flag(30.0, "seconds a client may take to send its body or to read pending output before its "
-                                "request is dropped and its slot freed", above=0)
+    timeout: float = flag(30.0, "seconds a client may take to send its headers, its body, or to read pending "
+                                "output before its request is dropped (408) and its slot freed", above=0)
 
 
 @dataclass(kw_only=True)

@@ -84,10 +84,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError:
         raise ConfigError("serving needs the serve extra: pip install 'elastic-ssm[serve]'") from None
 
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
     from ..data.tokenizer_files import resolve_tokenizer
     from ..models import load_pretrained
     from .app import ServerSettings, create_app
     from .guard import uvicorn_connection_limit
+    from .header_deadline import with_header_deadline
     from .remote import model_view
 
     if args.name is not None and ("@" in args.name or not args.name.strip()):
@@ -141,7 +144,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.info("serving %s tiers %s (default %s), %d slots each, on http://%s:%d (%s)", name, ",".join(tiers),
                  default, args.max_batch, args.host, port, http_stack())
         uvicorn.run(app, host=args.host, port=port, log_level="warning", timeout_keep_alive=5,
-                    limit_concurrency=uvicorn_connection_limit(args.max_connections))
+                    limit_concurrency=uvicorn_connection_limit(args.max_connections),
+                    http=with_header_deadline(AutoHTTPProtocol, args.timeout))
     finally:
         app.state.engine.shutdown()
     return 0

@@ -209,6 +209,8 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
     assert "without an API key" in caplog.text
     app, kw = runs[-1]
     assert (kw["host"], kw["port"]) == ("0.0.0.0", 1234)
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    assert issubclass(kw["http"], AutoHTTPProtocol) and kw["http"].__name__.startswith("HeaderDeadline")
     assert (settings[-1].slots, settings[-1].max_prefill) == (2, 2)           # --max-prefill 0: --max-batch
     with TestClient(app) as c:
         assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["tiny", "tiny@T1", "tiny@T4"]
