@@ -56,8 +56,7 @@ def server(request):
 
 
 def _connect(address):
-    conn = socket.create_connection(address, timeout=5 * DEADLINE)
-    return conn
+    return socket.create_connection(address, timeout=5 * DEADLINE)
 
 
 def _read_all(conn) -> bytes:
@@ -74,7 +73,8 @@ def _response(conn) -> bytes:
     while b"\r\n\r\n" not in data:
         data += conn.recv(65536)
     head, _, body = data.partition(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
     while len(body) < length:
         body += conn.recv(65536)
     return head + b"\r\n\r\n" + body
