@@ -417,6 +417,17 @@ def _old_export_alias(config: Any, source: dict[str, Any], tier: TierLike) -> Ti
     return None if one and exported and isinstance(tier, str) and tier.strip() == exported else tier
 
 
+def export_tier_aliases(model: Any) -> dict[str, str]:
+    """``{source tier name: its one tier's name}`` for a standalone export written before configs kept
+    ``tier_names`` (it calls its one tier T1 and answers to both names, ``_old_export_alias``), else ``{}``:
+    the names a server accepts for such an export beside its own (``serve/protocol.resolve_model_field``)."""
+    source = dict(getattr(model, "source", None) or {})
+    exported = _exported_tier(source)
+    if exported and _old_export_alias(model.config, source, exported) is None:
+        return {exported: tiers_mod.tier_table(model.config)[0].name}
+    return {}
+
+
 def _tier_of_directory(config: Any, tier: TierLike, source: dict[str, Any], path: Path) -> tiers_mod.Tier | None:
     """``tier`` of the saved ``config``; None (the whole model, its ``source`` kept) when the directory is a
     standalone export and ``tier`` names its full model (``exports/T4`` loaded with ``tier="T4"``; an export

@@ -39,6 +39,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from ..data.tokenizer_files import resolve_tokenizer
+from ..models.base import export_tier_aliases
 from .engine import COUNTERS, PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_completion
@@ -166,6 +167,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     thread of this process. ``pool_factory``: internal, the bench's CPU proxy (``Engine``'s)."""
     metrics = Metrics()
     tok = resolve_tokenizer(model)                   # the saved one; bytes for a model saved without one
+    aliases = export_tier_aliases(model)             # an older export answers to its source tier's name too
     eos = model.config.eos_token_id if model.config.eos_token_id >= 0 else None
     chat = ChatTemplate.from_model(model, tok)
     state: dict = {}
@@ -239,7 +241,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
 
     async def run_completion(http: HttpRequest, body, render_chunk, render_whole):
         params = parse_completion(body, settings.name, settings.tiers, settings.default_tier, tok,
-                                  model.config.vocab_size, settings.max_prompt_tokens, settings.max_tokens_limit)
+                                  model.config.vocab_size, settings.max_prompt_tokens, settings.max_tokens_limit,
+                                  aliases)
         eng = state["engine"]
         tier = eng.pick_auto(settings.default_tier) if params.tier == "auto" else params.tier
         req = Request(tier=tier, prompt=params.prompt, max_tokens=params.max_tokens,

@@ -86,8 +86,10 @@ def _integer(body: dict, key: str, default: int | None, lo: int, hi: int) -> int
     return v
 
 
-def resolve_model_field(body: dict, name: str, tiers: list[str], default_tier: str) -> str:
-    """The tier a request names through ``model`` and/or ``tier``."""
+def resolve_model_field(body: dict, name: str, tiers: list[str], default_tier: str,
+                        aliases: dict[str, str] | None = None) -> str:
+    """The tier a request names through ``model`` and/or ``tier``; ``aliases`` maps other names to served tiers
+    (an older export's source tier name, ``models.base.export_tier_aliases``)."""
     model, extra = body.get("model"), body.get("tier")
     picked = None
     if model is not None:
@@ -111,9 +113,9 @@ def resolve_model_field(body: dict, name: str, tiers: list[str], default_tier: s
         return default_tier
     if picked.lower() == "auto":
         return "auto"
-    for t in tiers:
+    for t in [*tiers, *(aliases or {})]:
         if t.upper() == picked.upper():
-            return t
+            return (aliases or {}).get(t, t)
     raise ApiError(400, f"tier {picked!r} is not served here; served tiers: {', '.join(tiers)} (or 'auto')", "tier")
 
 
@@ -154,11 +156,12 @@ def _asks_nothing(value: Any, allowed: tuple) -> bool:
 
 
 def parse_completion(body: Any, name: str, tiers: list[str], default_tier: str, tokenizer, vocab: int,
-                     max_prompt: int, max_tokens_limit: int) -> CompletionParams:
+                     max_prompt: int, max_tokens_limit: int, aliases: dict[str, str] | None = None
+                     ) -> CompletionParams:
     """Validate a completions body (see the module docstring); ``ApiError`` on the first problem."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    tier = resolve_model_field(body, name, tiers, default_tier)
+    tier = resolve_model_field(body, name, tiers, default_tier, aliases)
     for key, allowed in _UNSUPPORTED.items():
         if not _asks_nothing(body.get(key), allowed):
             raise ApiError(400, f"{key} is not supported by this server; leave it out", key)

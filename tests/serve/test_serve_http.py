@@ -435,3 +435,23 @@ def test_a_batch_that_fits_alone_but_not_beside_the_weights_is_named(monkeypatch
         model = es.ESSH(config)
     n = sum(p.numel() for p in model.parameters())
     assert serve_cli.weight_bytes(model, torch.bfloat16) == 2 * n and serve_cli.weight_bytes(model) == 4 * n
+
+
+def test_an_export_written_before_tier_names_is_served_under_both_names():
+    """``tests/fixtures/legacy_export/T4`` (an export of T4 written before ``tier_names``; its one tier is T1):
+    eval, generate and ``serve --tiers`` took T4 as its name, a request's ``model: "T4@T4"`` was refused."""
+    from pathlib import Path
+
+    from elastic_ssm.models.base import export_tier_aliases
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_export" / "T4"
+    model = es.ESSH.from_pretrained(path)
+    assert export_tier_aliases(model) == {"T4": "T1"}
+    assert export_tier_aliases(es.ESSH(es.ESSHConfig.preset("tiny"))) == {}
+    settings = ServerSettings(name="T4", tiers=["T1"], default_tier="T1", slots=1)
+    with TestClient(create_app(model, settings)) as c:
+        for fields in ({"model": "T4@T4"}, {"model": "T4@t4"}, {"model": "T4@T1"}, {"tier": "T4"}, {"model": "T4"}):
+            r = c.post("/v1/completions", json={"prompt": "de", "max_tokens": 2, **fields})
+            assert r.status_code == 200 and r.json()["model"] == "T4@T1", (fields, r.text)
+        r = c.post("/v1/completions", json={"prompt": "de", "max_tokens": 2, "model": "T4@T6"})
+        assert r.status_code == 400 and "not served here" in r.json()["error"]["message"]
