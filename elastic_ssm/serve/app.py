@@ -198,6 +198,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
 
     app = FastAPI(title="elastic-ssm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = remote
+    app.state.metrics = metrics
     app.add_middleware(Guard, api_key=settings.api_key, max_connections=settings.max_connections_per_client,
                        max_body=settings.max_body_bytes, metrics=metrics, max_requests=settings.max_requests)
 

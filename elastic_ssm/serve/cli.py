@@ -145,7 +145,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                  default, args.max_batch, args.host, port, http_stack())
         uvicorn.run(app, host=args.host, port=port, log_level="warning", timeout_keep_alive=5,
                     limit_concurrency=uvicorn_connection_limit(args.max_connections),
-                    http=with_header_deadline(AutoHTTPProtocol, args.timeout))
+                    http=with_header_deadline(AutoHTTPProtocol, args.timeout,
+                                              functools.partial(app.state.metrics.reject, "http_408")))
     finally:
         app.state.engine.shutdown()
     return 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 
 from .protocol import error_body
 
@@ -34,13 +35,17 @@ def timeout_response(seconds: float) -> bytes:
     return head.encode() + body
 
 
-def with_header_deadline(base: type, seconds: float) -> type:
-    """``base`` (a uvicorn HTTP protocol class) with a deadline of ``seconds`` on every request's headers."""
+def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], None] | None = None) -> type:
+    """``base`` (a uvicorn HTTP protocol class) with a deadline of ``seconds`` on every request's headers;
+    ``on_timeout`` is called for each connection closed by it (``serve`` counts them in ``/metrics`` as
+    ``elastic_ssm_rejected_total{reason="http_408"}``)."""
     if not seconds > 0:
         raise ValueError(f"the header deadline must be positive, got {seconds!r}")
     answer = timeout_response(seconds)
 
     class HeaderDeadline(base):
+        deadline_s = seconds
+        count_timeout = staticmethod(on_timeout or (lambda: None))
         _deadline = None
         _waiting_for = None   # the cycle current when the deadline was armed: a new one means headers arrived
 
@@ -62,6 +67,7 @@ def with_header_deadline(base: type, seconds: float) -> type:
                      "{}:{}".format(*self.client) if self.client else "?", seconds)
             self.transport.write(answer)
             self.transport.close()
+            self.count_timeout()
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)

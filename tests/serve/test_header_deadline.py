@@ -39,12 +39,17 @@ async def _app(scope, receive, send):
     await send({"type": "http.response.body", "body": body})
 
 
+TIMEOUTS: list[float] = []     # when each connection the deadline closed was closed (``on_timeout``)
+
+
 @pytest.fixture(params=_bases(), ids=lambda b: b.__name__)
 def server(request):
+    TIMEOUTS.clear()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(_app, log_level="warning", timeout_keep_alive=30, lifespan="off",
-                            http=with_header_deadline(request.param, DEADLINE))
+                            http=with_header_deadline(request.param, DEADLINE,
+                                                      lambda: TIMEOUTS.append(time.monotonic())))
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -98,6 +103,7 @@ def test_trickled_headers_get_a_408_and_the_connection_closes(server):
     data = _read_all(conn)
     _is_408(data)
     assert DEADLINE <= time.monotonic() - start < DEADLINE + 2.0
+    assert len(TIMEOUTS) == 1
 
 
 def test_a_connection_that_sends_nothing_is_closed(server):
@@ -115,8 +121,10 @@ def test_whole_requests_slow_answers_and_kept_alive_connections_are_untouched(se
         time.sleep(DEADLINE / 2)
         conn.sendall(REQUEST % b"again")
         assert _response(conn).endswith(b"\r\n\r\n/again")
+    assert not TIMEOUTS
     conn.sendall(b"GET /late HTTP/1.1\r\n")                  # the next request's headers never end
     _is_408(_read_all(conn))
+    assert len(TIMEOUTS) == 1
 
 
 def test_the_408_is_one_well_formed_response():

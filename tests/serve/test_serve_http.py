@@ -211,9 +211,12 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
     assert (kw["host"], kw["port"]) == ("0.0.0.0", 1234)
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
     assert issubclass(kw["http"], AutoHTTPProtocol) and kw["http"].__name__.startswith("HeaderDeadline")
+    assert kw["http"].deadline_s == 30.0                                      # --timeout's default
+    kw["http"].count_timeout()                                                # a connection closed by it
     assert (settings[-1].slots, settings[-1].max_prefill) == (2, 2)           # --max-prefill 0: --max-batch
     with TestClient(app) as c:
         assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["tiny", "tiny@T1", "tiny@T4"]
+        assert 'elastic_ssm_rejected_total{reason="http_408"} 1' in c.get("/metrics").text
     caplog.clear()
     monkeypatch.setenv("ELASTIC_SSM_API_KEY", "s3cret")
     t3 = es.tier_table(es.ESSHConfig.preset("tiny"))[2].params
