@@ -27,6 +27,7 @@ import hashlib
 import json
 import re
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -464,7 +465,7 @@ def _check_loaded_values(state: dict[str, torch.Tensor], keep_fp32: str, origin:
     changed in a directory without checksums)."""
     floats = {k: v for k, v in state.items() if v.is_floating_point()}
     main = {k: v.dtype for k, v in floats.items() if not re.fullmatch(keep_fp32, k)}
-    common = max(set(main.values()), key=list(main.values()).count, default=None)
+    common = Counter(main.values()).most_common(1)[0][0] if main else None      # the dtype most tensors hold
     odd = next((k for k, d in main.items() if d != common), None) or next(
         (k for k, v in floats.items() if k not in main and v.dtype not in (common, torch.float32)), None)
     if odd is not None:

@@ -215,8 +215,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     model = load_pretrained(args.checkpoint, device=device, dtype=dtype)
     require_essh(args.checkpoint, model.arch, "calibrate")
     tiers = checked_tiers(model, args.tiers)          # the tier-list parser of every verb: "T1, T4" is T1, T4
+    weights = weight_bytes(model)
     for t in tiers or [x.name for x in model.tier_table()]:    # one tier and batch at a time
-        check_state_fits(model.config, [(t, max(batches))], device, f"--batches {args.batches}", weight_bytes(model))
+        check_state_fits(model.config, [(t, max(batches))], device, f"--batches {args.batches}", weights)
     announce_device("calibrate", device, dtype)
     profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters)
     print(f"wrote {write_profile(args.checkpoint, profile, notice=lambda line: status(line, file=sys.stderr))}")
