@@ -21,7 +21,8 @@ under one state folder, ``root`` (default ``runs/replication``, one sub-folder p
                        With ``concurrent`` the command starts and the suite goes on at once (a thread supervises
                        it), so two small runs share the GPU; the next ``replication_report`` or
                        ``replication_state`` entry first waits for every such step (``wait_concurrent``).
-``replication_state``  ``action: restore`` unpacks the state carried from the last call (``carry`` folder) into
+``replication_state``  ``action: wait`` waits for the concurrent steps started so far (a later step needs their
+                       outputs); ``action: restore`` unpacks the state carried from the last call (``carry`` folder) into
                        ``root`` unless the machine still holds that generation or a newer one, then adds the
                        committed records (``records``, below) of runs the state lacks; ``action: pack``
                        writes ``root`` as ``replication-state.tgz.partNN`` (at most ``part_mib`` each) plus
@@ -246,7 +247,8 @@ def _execute(opts: ReplicationStepOptions, ctx, row: dict, cmd: list[str], env: 
 class ReplicationStateOptions(ConfigBase):
     """Restore the carried state at the start of a call, or pack it for the next call at its end."""
 
-    action: str = opt("pack", "'restore' (first entry of a suite) or 'pack' (last entry)")
+    action: str = opt("pack", "'restore' (first entry of a suite), 'wait' (for the concurrent steps started so far, "
+                              "before steps that need their outputs) or 'pack' (last entry)")
     root: str = opt("runs/replication", "the state folder")
     carry: str = opt("runs/carry", "restore: the carried folder holding replication-state.json and its parts")
     records: str = opt("docs/results/records", "restore: committed run records added where the state lacks them "
@@ -258,8 +260,9 @@ class ReplicationStateOptions(ConfigBase):
     publish: tuple[str, ...] = opt((), "pack: files under root copied beside the state (e.g. results/claim1.json)")
 
     def validate(self) -> None:
-        if self.action not in ("restore", "pack"):
-            raise ConfigError(f"ReplicationStateOptions.action must be 'restore' or 'pack', got {self.action!r}")
+        if self.action not in ("restore", "pack", "wait"):
+            raise ConfigError(f"ReplicationStateOptions.action must be 'restore', 'wait' or 'pack', got "
+                              f"{self.action!r}")
         if not 0 < self.part_mib <= 16 or self.max_mib <= 0:
             raise ConfigError("ReplicationStateOptions: part_mib must be in (0, 16] and max_mib > 0")
 
@@ -413,7 +416,9 @@ def restore_state(carry: str | Path, root: str | Path) -> str:
 
 
 def run_state(opts: ReplicationStateOptions, ctx) -> list[dict]:
-    wait_concurrent(ctx.log)
+    waited = wait_concurrent(ctx.log)
+    if opts.action == "wait":
+        return [{"action": "wait", "waited_for": waited}]
     if opts.action == "restore":
         what = restore_state(opts.carry, opts.root)
         seeded = seed_records(opts.records, opts.root) if opts.records else []
