@@ -235,14 +235,14 @@ class SlidingWindowAttention(nn.Module):
         return RingState(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
                          torch.full((batch, self.window), -1, dtype=torch.long, device=device), positions)
 
-    def step(self, x: torch.Tensor, ring: RingState, tier=None) -> torch.Tensor:
-        """Reference single-token step: x [B,D] at positions ``ring.positions`` [B]; writes the ring, then
-        attends its allowed slots (the token itself included) -> [B,D]."""
+    def step(self, x: torch.Tensor, state: RingState, tier=None) -> torch.Tensor:
+        """Reference single-token step: x [B,D] at positions ``state.positions`` [B]; writes the ring, then
+        attends its allowed slots (the token itself included) -> [B,D]. Every tier shares the attention."""
         B, D = x.shape
-        positions = ring.positions
+        positions = state.positions
         q, k, v = self._qkv(x[:, None], positions[:, None])       # [B,H,1,hd]
-        ring.write(k, v, positions[:, None], None)
-        o = ring_attend(q, ring.keys, ring.values, ring.slot_pos, positions).to(x.dtype)  # [B,H,1,hd]
+        state.write(k, v, positions[:, None], None)
+        o = ring_attend(q, state.keys, state.values, state.slot_pos, positions).to(x.dtype)  # [B,H,1,hd]
         return linear(self.out, o.reshape(B, D))
 
     @torch.no_grad()

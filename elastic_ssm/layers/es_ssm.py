@@ -34,7 +34,7 @@ from torch import nn
 from ..config import ESSSMConfig
 from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
 from ..ops.fft_conv import fft_causal_conv
-from .es_ssm_decode import DecodePlan, SpectralDecodeMixin
+from .es_ssm_decode import SpectralDecodeMixin, SpectralDecodeState
 
 __all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "hankel_filter_tensor",
            "on_meta_device"]
@@ -195,18 +195,18 @@ class ESSSMBlock(nn.Module):
         self.mixer.reset_parameters()
 
     def forward(self, r: torch.Tensor, K: int | None = None, valid: torch.Tensor | None = None,
-                plan: DecodePlan | None = None, state: torch.Tensor | None = None) -> torch.Tensor:
+                state: SpectralDecodeState | None = None) -> torch.Tensor:
         """[B, T, D] -> [B, T, D]. ``valid`` [B, T] (1 = token) zeroes the sublayer input at padded
-        positions, so they never enter a convolution; with ``plan``/``state`` the prefill also fills the
-        decode state (``SpectralDecodeMixin.prefill``)."""
+        positions, so they never enter a convolution; with ``state`` (this block's slice of a decode cache)
+        the prefill also fills it (``SpectralDecodeMixin.prefill``)."""
         u = self.ln1(r)  # [B, T, D]
         if valid is not None:
             u = u * valid.unsqueeze(-1).to(u.dtype)
-        h = self.mixer(u, K) if plan is None else self.mixer.prefill(u, plan, state)
+        h = self.mixer(u, K) if state is None else self.mixer.prefill(u, state)
         r = r + self.drop_path(h)
         return r + self.drop_path(self.ffn(self.ln2(r)))
 
-    def step(self, r: torch.Tensor, plan: DecodePlan, state: torch.Tensor, t: int) -> torch.Tensor:
-        """One token at time ``t``: r [B, D] -> [B, D]; the mixer state advances in place."""
-        r = r + self.mixer.step(self.ln1(r), plan, state, t)
-        return r + self.ffn(self.ln2(r))
+    def step(self, x: torch.Tensor, state: SpectralDecodeState, tier=None) -> torch.Tensor:
+        """One token at time ``state.t``: x [B, D] -> [B, D]; the mixer state advances in place."""
+        x = x + self.mixer.step(self.ln1(x), state, tier)
+        return x + self.ffn(self.ln2(x))

@@ -34,7 +34,8 @@ import torch
 from ..elastic.slicing import linear, prefix
 from ..spectral import DampedModes, fit_damped_modes
 
-__all__ = ["DECODE_MODES", "ModalFit", "DecodePlan", "check_decode", "modal_fit", "SpectralDecodeMixin"]
+__all__ = ["DECODE_MODES", "ModalFit", "DecodePlan", "SpectralDecodeState", "check_decode", "modal_fit",
+           "SpectralDecodeMixin"]
 
 #: The decode modes of ``ESSSM.allocate_cache``.
 DECODE_MODES = ("exact", "modal")
@@ -107,12 +108,31 @@ class DecodePlan:
     errors: torch.Tensor | None = None
 
 
-class SpectralDecodeMixin:
-    """``decode_plan`` / ``init_state`` / ``prefill`` / ``step`` of ``SpectralSublayer`` (Eq. 4 per token)."""
+@dataclass
+class SpectralDecodeState:
+    """One sublayer's slice of an ES-SSM decode cache: ``buffer`` (exact: the ring of the last L-1 inputs
+    [B, L-1, D]; modal: the mode states [B, K, M, 2, D]), the constants ``plan`` of its budget, and ``t``, the
+    next time index (the padded prompt length plus the steps taken; every row shares it)."""
 
-    def decode_plan(self, K: int, decode: str = "exact", n_modes: int = 8,
+    buffer: torch.Tensor
+    plan: DecodePlan
+    t: int = 0
+
+
+def _budget(tier, full: int) -> int:
+    """K of ``tier``: an int budget, an object with ``K`` (a ``Tier``), or None (all ``full`` channels)."""
+    return full if tier is None else int(getattr(tier, "K", tier))
+
+
+class SpectralDecodeMixin:
+    """``decode_plan`` / ``init_state`` / ``prefill`` / ``step`` of ``SpectralSublayer`` (Eq. 4 per token),
+    with the layer decode protocol of ESSH's mixers: ``init_state(batch, tier)``, ``step(x, state, tier)``."""
+
+    def decode_plan(self, tier=None, decode: str = "exact", n_modes: int = 8,
                     dtype: torch.dtype = torch.float32) -> DecodePlan:
-        """The precomputed constants of budget K in ``dtype`` (the state dtype) on the filters' device."""
+        """The precomputed constants of budget ``tier`` (an int K, a ``Tier`` or None: every channel) in
+        ``dtype`` (the state dtype) on the filters' device."""
+        K = _budget(tier, self.n_channels)
         decode, n_modes = check_decode(decode, n_modes, self.seq_len)
         self._check_budget(K)
         phi = prefix(self.filters, K)  # [K, L]
@@ -129,13 +149,22 @@ class SpectralDecodeMixin:
                    "filters": fit.filters.to(device=dev, dtype=self.filters.dtype)}
         return DecodePlan("modal", K, tensors, fit.errors)
 
-    def init_state(self, batch: int, plan: DecodePlan, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Zero state: exact [B, L-1, D] ring buffer; modal [B, K, M, 2, D] mode states."""
+    def init_state(self, batch: int, tier=None, *, state_dtype: torch.dtype = torch.float32, decode: str = "exact",
+                   n_modes: int = 8, plan: DecodePlan | None = None, **_: object) -> SpectralDecodeState:
+        """Zero state at time 0: exact [B, L-1, D] ring buffer; modal [B, K, M, 2, D] mode states; ``plan``
+        (else ``decode_plan(tier, decode, n_modes, state_dtype)``) must be of the same budget. Other cache
+        arguments (``kv_dtype``, ``device``) concern other layers and are ignored."""
+        if plan is None:
+            plan = self.decode_plan(tier, decode, n_modes, state_dtype)
+        elif plan.K != _budget(tier, plan.K):
+            raise ValueError(f"a plan of budget K={plan.K} given for tier {tier!r}; build it with decode_plan(tier)")
         dev = self.filters.device
         if plan.mode == "exact":
-            return torch.zeros(batch, self.seq_len - 1, self.d_model, dtype=dtype, device=dev)
-        M = plan.tensors["a"].shape[1]
-        return torch.zeros(batch, plan.K, M, 2, self.d_model, dtype=dtype, device=dev)
+            buf = torch.zeros(batch, self.seq_len - 1, self.d_model, dtype=state_dtype, device=dev)
+        else:
+            M = plan.tensors["a"].shape[1]
+            buf = torch.zeros(batch, plan.K, M, 2, self.d_model, dtype=state_dtype, device=dev)
+        return SpectralDecodeState(buf, plan)
 
     def _check_budget(self, K: int) -> None:
         if not 1 <= K <= self.n_channels:
@@ -143,53 +172,60 @@ class SpectralDecodeMixin:
                 f"budget K={K} is outside [1, {self.n_channels}]; pass a K this layer holds (1..K-bar)"
             )
 
-    def prefill(self, u: torch.Tensor, plan: DecodePlan, state: torch.Tensor) -> torch.Tensor:
-        """Forward over a whole prompt and fill ``state`` for the next token (time T).
+    def prefill(self, u: torch.Tensor, state: SpectralDecodeState) -> torch.Tensor:
+        """Forward over a whole prompt and fill ``state`` for the next token (``state.t`` becomes T).
 
         ``u`` [B, T, D] is the (masked) sublayer input of times 0..T-1 (T <= L). exact: the same FFT
         forward as training, and the last min(T, S) inputs go to slots ``t mod S``. modal: the forward
         with the fitted filters, and ``h_i(T-1) = sum_t z_i^(T-1-t) u(t)`` (phases in float64).
         """
+        plan, buf, T = state.plan, state.buffer, u.shape[1]
         K = plan.K
+        state.t = T
         if plan.mode == "exact":
             y = self(u, K)  # [B, T, D]
-            S, T = state.shape[1], u.shape[1]
+            S = buf.shape[1]
             if S:
                 n = min(T, S)
                 slots = torch.arange(T - n, T, device=u.device) % S
-                state[:, slots] = u[:, T - n:].detach().to(state.dtype)
+                buf[:, slots] = u[:, T - n:].detach().to(buf.dtype)
             return y
         y = self(u, K, phi=plan.tensors["filters"])  # [B, T, D]
-        T = u.shape[1]
         n = torch.arange(T - 1, -1, -1, device=u.device, dtype=torch.float64)  # lags T-1-t, [T]
         rho, theta = plan.tensors["rho"], plan.tensors["theta"]  # [K, M] float64
         mag = rho.unsqueeze(-1) ** n  # [K, M, T]
         phase = theta.unsqueeze(-1) * n  # [K, M, T], float64 phase
         uu = u.detach().to(torch.float64)  # the state is not differentiated through
-        state[:, :, :, 0] = torch.einsum("kmt,btd->bkmd", mag * torch.cos(phase), uu).to(state.dtype)
-        state[:, :, :, 1] = torch.einsum("kmt,btd->bkmd", mag * torch.sin(phase), uu).to(state.dtype)
+        buf[:, :, :, 0] = torch.einsum("kmt,btd->bkmd", mag * torch.cos(phase), uu).to(buf.dtype)
+        buf[:, :, :, 1] = torch.einsum("kmt,btd->bkmd", mag * torch.sin(phase), uu).to(buf.dtype)
         return y
 
-    def step(self, u: torch.Tensor, plan: DecodePlan, state: torch.Tensor, t: int) -> torch.Tensor:
-        """One token at time ``t``: u [B, D] -> S_K(u)(t) [B, D]; ``state`` advances in place (Eq. 4)."""
+    def step(self, x: torch.Tensor, state: SpectralDecodeState, tier=None) -> torch.Tensor:
+        """One token at time ``state.t``: x [B, D] -> S_K(x)(t) [B, D]; ``state`` advances in place (Eq. 4).
+        ``tier`` (optional) must be the budget the state was built for."""
+        plan, buf, t = state.plan, state.buffer, state.t
         K, D = plan.K, self.d_model
-        B = u.shape[0]
-        g = self.gates(u.unsqueeze(1), K)[:, 0]  # [B, K]
-        us = u.to(state.dtype)
+        if tier is not None and _budget(tier, K) != K:
+            raise ValueError(f"this decode state holds budget K={K}, the step asks for {tier!r}; allocate a cache "
+                             "at that tier")
+        B = x.shape[0]
+        g = self.gates(x.unsqueeze(1), K)[:, 0]  # [B, K]
+        us = x.to(buf.dtype)
         p = plan.tensors
         if plan.mode == "exact":
-            x = p["phi0"].unsqueeze(-1) * us.unsqueeze(1)  # [B, K, D], lag 0
-            S = state.shape[1]
+            z = p["phi0"].unsqueeze(-1) * us.unsqueeze(1)  # [B, K, D], lag 0
+            S = buf.shape[1]
             if S:
                 o = (-t) % S
-                x = x + torch.matmul(p["window"][:, o:o + S], state)  # [K, S] @ [B, S, D] -> [B, K, D]
-                state[:, t % S] = us
+                z = z + torch.matmul(p["window"][:, o:o + S], buf)  # [K, S] @ [B, S, D] -> [B, K, D]
+                buf[:, t % S] = us
         else:
-            re, im = state[:, :, :, 0], state[:, :, :, 1]  # [B, K, M, D]
+            re, im = buf[:, :, :, 0], buf[:, :, :, 1]  # [B, K, M, D]
             new_re = p["a"] * re - p["b"] * im + us[:, None, None, :]
             new_im = p["b"] * re + p["a"] * im
             re.copy_(new_re)
             im.copy_(new_im)
-            x = (p["kc"] * new_re - p["ks"] * new_im).sum(2)  # [B, K, D], Re(sum_i c_i h_i)
-        xg = (x * g.unsqueeze(-1).to(x.dtype)).reshape(B, K * D)  # [B, K*D], gate first
-        return linear(self.proj, xg, cols=K * D).to(u.dtype)  # [B, D]
+            z = (p["kc"] * new_re - p["ks"] * new_im).sum(2)  # [B, K, D], Re(sum_i c_i h_i)
+        state.t = t + 1
+        zg = (z * g.unsqueeze(-1).to(z.dtype)).reshape(B, K * D)  # [B, K*D], gate first
+        return linear(self.proj, zg, cols=K * D).to(x.dtype)  # [B, D]

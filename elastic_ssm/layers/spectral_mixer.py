@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
+from ..ops.spectral_scan import spectral_scan_step
 from ..ops.spectral_scan.decode_triton import ModalConstants
 from ..ops.spectral_scan.inputs import ModalTables
 from .decode_plan import SpectralPlan, in_by_out_copy
@@ -158,13 +159,11 @@ class SpectralMixer(nn.Module):
         K = channels(tier, self.K)
         return torch.zeros(batch, K, self.M, 2, self.P, dtype=state_dtype, device=device or self.theta.device)
 
-    def step(self, u: torch.Tensor, state: torch.Tensor, tier=None) -> torch.Tensor:
-        """Reference single-token step (float64-capable): u [B,D], state [B,K,M,2,P] updated in place ->
+    def step(self, x: torch.Tensor, state: torch.Tensor, tier=None) -> torch.Tensor:
+        """Reference single-token step (float64-capable): x [B,D], state [B,K,M,2,P] updated in place ->
         y [B,D]. Eq. 23 blend, C.2 gates and the Eq. 5 / Eq. 24 step of ``ops.spectral_scan_step``."""
-        from ..ops import spectral_scan_step
-
         K = channels(tier, self.K)
-        v, write, read, clock = self._controls(u, K, None)
+        v, write, read, clock = self._controls(x, K, None)
         z, _ = spectral_scan_step(v, write, read, clock, self._modal(K), state)
         return self._readout(z, K)
 

@@ -167,9 +167,7 @@ class ESSSM(GenerationMixin, ElasticModel):
             if cache is None:
                 x = block(x, K, valid)  # [B, T, d]
             else:
-                x = block(x, K, valid, cache.plans[i], cache.states[i])
-        if cache is not None:
-            cache.position = ids.shape[1]
+                x = block(x, K, valid, cache.layers[i])   # each block's state now at time T
         x = self.norm(x)
         if self.config.task == "lm":
             return self.logits_from_hidden(x)  # [B, T, V]
@@ -208,11 +206,9 @@ class ESSSM(GenerationMixin, ElasticModel):
         V = self.config.vocab_size
         if not torch.compiler.is_compiling() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
             raise ValueError(f"token ids must lie in [0, {V}); got [{int(tokens.min())}, {int(tokens.max())}]")
-        t = cache.position
         x = self.embed(tokens)  # [B, d]
         for i, block in enumerate(self.blocks):
-            x = block.step(x, cache.plans[i], cache.states[i], t)  # [B, d]
-        cache.position = t + 1
+            x = block.step(x, cache.layers[i], cache.tier)  # [B, d]; each block's state advances by one
         return self.logits_from_hidden(self.norm(x))  # [B, V]
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 32, tier: TierLike = None, *args: Any,

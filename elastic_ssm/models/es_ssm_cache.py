@@ -26,7 +26,7 @@ import torch
 
 from ..config import TierLike
 from ..elastic.tiers import Tier
-from ..layers.es_ssm_decode import DecodePlan, check_decode
+from ..layers.es_ssm_decode import DecodePlan, SpectralDecodeState, check_decode
 
 __all__ = ["ESSSMCache", "cache_options"]
 
@@ -52,9 +52,27 @@ class ESSSMCache:
     tier: Tier
     decode: str
     n_modes: int
-    position: int = 0                                                  # next time index (padded length)
-    states: dict[int, torch.Tensor] = field(default_factory=dict)     # block -> [B,L-1,D] | [B,K,M,2,D]
-    plans: dict[int, DecodePlan] = field(default_factory=dict)        # block -> constants of its decoder
+    layers: dict[int, SpectralDecodeState] = field(default_factory=dict)   # block -> its sublayer's state
+
+    @property
+    def states(self) -> dict[int, torch.Tensor]:
+        """block -> its buffer: exact [B, L-1, D] ring | modal [B, K, M, 2, D] mode states."""
+        return {i: s.buffer for i, s in self.layers.items()}
+
+    @property
+    def plans(self) -> dict[int, DecodePlan]:
+        """block -> the constants of its decoder."""
+        return {i: s.plan for i, s in self.layers.items()}
+
+    @property
+    def position(self) -> int:
+        """The next time index (the padded prompt length plus the steps taken), shared by every block."""
+        return next(iter(self.layers.values())).t if self.layers else 0
+
+    @position.setter
+    def position(self, t: int) -> None:
+        for s in self.layers.values():
+            s.t = t
 
     @classmethod
     def allocate(cls, model, batch: int, tier: TierLike = None, *, decode: str | None = None,
@@ -82,9 +100,7 @@ class ESSSMCache:
             raise ValueError(f"state_dtype must be a floating dtype, got {state_dtype}")
         cache = cls(batch=batch, tier=t, decode=decode, n_modes=n_modes)
         for i, block in enumerate(model.blocks):
-            plan = block.mixer.decode_plan(t.K, decode, n_modes, dtype=state_dtype)
-            cache.plans[i] = plan
-            cache.states[i] = block.mixer.init_state(batch, plan, dtype=state_dtype)
+            cache.layers[i] = block.mixer.init_state(batch, t, state_dtype=state_dtype, decode=decode, n_modes=n_modes)
         return cache
 
     @property
@@ -104,8 +120,8 @@ class ESSSMCache:
 
     def reset(self) -> None:
         """Empty the cache in place (zero states, time 0) for a new batch of prompts."""
-        for s in self.states.values():
-            s.zero_()
+        for s in self.layers.values():
+            s.buffer.zero_()
         self.position = 0
 
     def check_prefill(self, K: int) -> None:

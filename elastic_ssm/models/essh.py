@@ -66,7 +66,7 @@ class ESSHBlock(nn.Module):
         x = x + self.mixer.mix(self.norm1(x), tier, positions, valid, state, backend)
         return x + self.ffn(self.norm2(x), tier.n_ff)
 
-    def step(self, x, tier: Tier, state):
+    def step(self, x, state, tier: Tier):
         """One token: x [B,D] -> [B,D]; the mixer's ``step`` advances ``state`` (its cache slice)."""
         x = x + self.mixer.step(self.norm1(x), state, tier)
         return x + self.ffn(self.norm2(x), tier.n_ff)
@@ -177,7 +177,7 @@ class ESSH(GenerationMixin, ElasticModel):
         t = cache.tier
         x = self.embed(tokens)
         for block, state in zip(self.blocks, cache.layers):
-            x = block.step(x, t, state)
+            x = block.step(x, state, t)
         cache.positions += 1
         return self.logits_from_hidden(self.norm_f(x))
 

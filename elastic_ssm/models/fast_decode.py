@@ -177,7 +177,7 @@ class FastDecoder:
         return None if n is None else next((s for s in self.spans if s >= n), None)
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor, span: int | None = None) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, *, span: int | None = None) -> torch.Tensor:
         """tokens [B'] (B' <= batch: the first B' cache rows) -> logits [B', V]; advances the whole cache by
         one token. With a captured graph the result is (a view of) a static buffer overwritten by the next
         call. ``span``: every row read has position < span (module docstring); None: no promise."""
