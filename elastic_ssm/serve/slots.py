@@ -14,7 +14,7 @@ Continuous batching (``serve/engine.py``) needs three things the decode engine d
   so a burst of arrivals costs one prefill, not one each;
 * graphed prefill (on CUDA by default): a prefill forward replayed from a CUDA graph per (rows bucket, prompt
   length bucket) into a scratch cache whose rows are then copied into the free slots. An eager forward of the
-  1.5b model costs ~75-90 ms of host dispatch besides its per-token time (docs/benchmarks.md, ninth session),
+  1.5b model costs ~75-90 ms of host dispatch besides its per-token time (docs/benchmarks.md, "Serve"),
   whatever its batch: the graph replays it with one launch. A shape is captured the ``graph_after``-th time it
   is met (default 2: a one-off shape never pays the capture's three forwards, two warm-ups and the capture; a log
   line each); the graphs are kept least recently used first out and share one memory pool (so they cost about
@@ -56,7 +56,7 @@ log = logging.getLogger("elastic_ssm.serve")
 
 #: the most padded prompt tokens (rows x length bucket) a prefill graph takes by default. Inside a capture the torch
 #: scan runs its sync-free pairwise plan, which costs more per token than the eager forward's factorised one: on an
-#: H200 (1.5b T10, docs/benchmarks.md, eleventh session) a graphed prefill of 1 x 128 tokens took ~16 ms against
+#: H200 (1.5b T10, docs/benchmarks.md, "Serve") a graphed prefill of 1 x 128 tokens took ~16 ms against
 #: ~126 ms eager (the host dispatch saved), one of 128 x 128 ~1 s against ~0.27 s. From those two points the graph
 #: stops paying at about 2,000 tokens; larger prefills run eagerly.
 GRAPH_TOKENS = 2048

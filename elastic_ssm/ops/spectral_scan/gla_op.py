@@ -31,8 +31,8 @@ def chunk_length(T: int) -> int:
     fla's own autograd function takes the next power of two of T clamped to [16, 64], i.e. also 32 for
     T = 17..32; with fla-core 0.6.0 on an H200 (triton 3.6, float32 q/k/v, head dim 16 of the 370m / 1.5b
     presets) ``chunk_gla_fwd_kernel_o`` at chunk 32 stops with "CUDA error: misaligned address" while chunk 16
-    and 64 run (docs/benchmarks.md, eleventh session). A chunk longer than the sequence is masked in the
-    kernels, so T = 17..63 runs one partial chunk of 64."""
+    and 64 run (an H200 run of 2026-12-01; its GPU test: docs/benchmarks.md, "GPU tests, last run"). A chunk
+    longer than the sequence is masked in the kernels, so T = 17..63 runs one partial chunk of 64."""
     return 16 if T <= 16 else 64
 
 
