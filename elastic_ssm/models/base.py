@@ -40,12 +40,14 @@ from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_di
 from ..utils.devices import checked_device
 from ..utils.files import atomic_write_bytes
 from .legacy import legacy_names, refuse_legacy, upgrade_state_dict
+from .remote_code import AUTO_MAP, write_remote_code
 
 FORMAT_VERSION = 1
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
-#: keys that let ``transformers`` read a model directory (``elastic_ssm.hf`` registers the type)
-HF_KEYS = {"essh": {"model_type": "essh", "architectures": ["ESSHForCausalLM"]}}
+#: keys that let ``transformers`` read a model directory: ``import elastic_ssm.hf`` registers the type, and
+#: ``auto_map`` names the remote-code modules ``save_pretrained`` writes beside it (``remote_code.py``)
+HF_KEYS = {"essh": {"model_type": "essh", "architectures": ["ESSHForCausalLM"], "auto_map": AUTO_MAP}}
 #: the JSON types of the other keys of ``config.json`` that loading reads (each optional)
 RECORD_TYPES: dict[str, type] = {"format_version": int, "source": dict, "tokenizer": dict, "weights_bytes": int,
                                  "weights_sha256": str, "weights_sha256_pieces": dict}
@@ -309,6 +311,8 @@ class ElasticModel(nn.Module):
             from ..elastic.model_card import model_card
 
             atomic_write_bytes(path / "README.md", model_card(self).encode())
+        if self.arch in HF_KEYS:           # transformers' trust_remote_code=True loads it without our import
+            write_remote_code(path)
         # Size and checksum tie config.json to its weights: a directory overwritten only halfway and same-size
         # bit rot are both detected on load.
         from .checksums import pieces_record

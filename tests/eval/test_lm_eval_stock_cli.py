@@ -1,0 +1,64 @@
+"""lm-eval's own CLI (issue 41): ``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True,tier=T4``
+runs on a saved directory in a process that never imports elastic_ssm itself (transformers' remote-code loader
+does), offline, on a local task; every logged log-likelihood equals our model's own at that tier."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("lm_eval", reason="the eval extra (lm-eval) is installed by the dev extra; CI runs these")
+
+import elastic_ssm as es  # noqa: E402
+from elastic_ssm import data  # noqa: E402
+from elastic_ssm.models.essh import randomize_selective  # noqa: E402
+
+DOCS = [{"question": f"{a} + {b} =", "choices": [str(a + b), str(a + b + 1), "cat"], "label": 0}
+        for a, b in [(1, 2), (3, 4), (2, 2)]]
+
+
+def _task(folder):
+    folder.mkdir(parents=True)
+    (folder / "stock_choice.jsonl").write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    (folder / "stock_choice.yaml").write_text(
+        "task: stock_choice\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {folder / 'stock_choice.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
+        "doc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: '{{label}}'\n"
+        "metric_list:\n  - metric: acc\n")
+
+
+def _ours(model, tier, context: str, continuation: str) -> float:
+    ids = list(context.encode()) + list(continuation.encode())
+    with torch.no_grad():
+        logp = F.log_softmax(model(torch.tensor([ids[:-1]]), tier=tier).float(), -1)[0]
+    n = len(continuation.encode())
+    return logp[-n:].gather(-1, torch.tensor(ids[-n:])[:, None]).sum().item()
+
+
+@pytest.mark.slow
+def test_lm_eval_cli_scores_a_tier_of_a_saved_directory(tmp_path):
+    torch.manual_seed(0)
+    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny"))).eval()
+    model.tokenizer = data.load_tokenizer("bytes")
+    model.save_pretrained(tmp_path / "model")
+    _task(tmp_path / "tasks")
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    args = ["--model", "hf", "--model_args", f"pretrained={tmp_path / 'model'},trust_remote_code=True,tier=T4",
+            "--tasks", "stock_choice", "--include_path", str(tmp_path / "tasks"), "--device", "cpu",
+            "--batch_size", "2", "--output_path", str(tmp_path / "out"), "--log_samples"]
+    r = subprocess.run([sys.executable, "-m", "lm_eval", *args], capture_output=True, text=True, timeout=600,
+                       env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    samples = [json.loads(line) for f in (tmp_path / "out").rglob("samples_stock_choice_*.jsonl")
+               for line in f.read_text().splitlines()]
+    assert len(samples) == len(DOCS)
+    for s in samples:
+        for i, choice in enumerate(s["doc"]["choices"]):
+            got = float(s["resps"][i][0][0])
+            assert got == pytest.approx(_ours(model, "T4", s["doc"]["question"], " " + choice), abs=1e-4)
+            # the tier reached the model: the full model scores this pair otherwise
+            assert abs(got - _ours(model, None, s["doc"]["question"], " " + choice)) > 1e-4

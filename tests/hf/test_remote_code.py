@@ -1,0 +1,81 @@
+"""transformers without our import (issue 41): a saved ESSH directory carries ``auto_map`` and its remote-code
+modules, so ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` loads it in a fresh process
+that never imported ``elastic_ssm``, and greedy ``generate`` there equals our own, at the full model and at a
+sliced tier. Each check runs in a subprocess (the test process has imported elastic_ssm)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import elastic_ssm as es
+from elastic_ssm import data
+from elastic_ssm.models.essh import randomize_selective
+from elastic_ssm.models.remote_code import AUTO_MAP, REMOTE_CODE
+
+pytest.importorskip("transformers", reason="the hf extra is installed by the dev extra; CI runs these")
+
+PROMPT = list(b"def foo(x):")
+
+CHILD = r"""
+import json, sys
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+path, tier = sys.argv[1], (sys.argv[2] or None)
+kw = {"tier": tier} if tier else {}
+cfg = AutoConfig.from_pretrained(path, trust_remote_code=True, **kw)
+model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, **kw)
+tok = AutoTokenizer.from_pretrained(path)
+ids = torch.tensor([tok("def foo(x):", add_special_tokens=False)["input_ids"]])
+out = model.generate(ids, max_new_tokens=12, do_sample=False)
+print(json.dumps({"config": type(cfg).__name__, "model": type(model).__name__, "tokens": out[0].tolist(),
+                  "params": sum(p.numel() for p in model.parameters())}))
+"""
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    torch.manual_seed(0)
+    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny"))).eval()
+    model.tokenizer = data.load_tokenizer("bytes")
+    path = tmp_path_factory.mktemp("remote") / "model"
+    model.save_pretrained(path)
+    return model, path
+
+
+def _child(path, tier=""):
+    probe = "import sys; assert not [m for m in sys.modules if m.startswith('elastic_ssm')]\n"
+    r = subprocess.run([sys.executable, "-c", probe + CHILD, str(path), tier], capture_output=True, text=True,
+                       timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_the_directory_names_its_remote_code(saved):
+    _, path = saved
+    meta = json.loads((path / "config.json").read_text())
+    assert meta["auto_map"] == AUTO_MAP
+    for name, text in REMOTE_CODE.items():
+        assert (path / name).read_text() == text
+
+
+@pytest.mark.parametrize("tier", ["", "T4"])
+def test_trust_remote_code_loads_and_generates_our_tokens(saved, tier):
+    model, path = saved
+    got = _child(path, tier)
+    assert got["config"] == "ESSHHFConfig" and got["model"] == "ESSHForCausalLM"
+    assert got["params"] == model.num_parameters(tier or None)
+    want = model.generate(torch.tensor([PROMPT]), max_new_tokens=12, tier=tier or None)
+    assert got["tokens"] == want[0].tolist()
+
+
+def test_an_export_loads_the_same_way(saved, tmp_path):
+    model, _ = saved
+    small = es.export_tier(model, "T2")
+    small.tokenizer = model.tokenizer
+    small.save_pretrained(tmp_path / "t2")
+    got = _child(tmp_path / "t2")
+    want = model.generate(torch.tensor([PROMPT]), max_new_tokens=12, tier="T2")
+    assert got["tokens"] == want[0].tolist()
