@@ -173,6 +173,11 @@ class TrainableModel(Protocol):
     def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path: ...
 
 
+def empty_input_message(shape) -> str:
+    """The one refusal of an empty ``input_ids`` (B = 0 or T = 0), the same for every architecture."""
+    return f"input_ids {tuple(shape)} is empty; pass at least one sequence of at least one token"
+
+
 def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = None,
                        left_padding: bool = False) -> None:
     """``input_ids`` an integer tensor [B, T] with B >= 1 and ids in [0, vocab_size); ``attention_mask`` (when
@@ -184,8 +189,8 @@ def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = No
     if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
                          f"{tuple(input_ids.shape)}")
-    if input_ids.shape[0] == 0:
-        raise ValueError(f"input_ids {tuple(input_ids.shape)} is a batch of 0 rows; pass at least one sequence")
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(empty_input_message(input_ids.shape))
     B, T = input_ids.shape
     if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
                                        or tuple(attention_mask.shape) != (B, T)):

@@ -29,7 +29,7 @@ from ..config import ESSSMConfig, TierLike
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule
 from ..layers.es_ssm import ESSSMBlock, on_meta_device
-from .base import ElasticModel
+from .base import ElasticModel, empty_input_message
 from .es_ssm_cache import ESSSMCache, cache_options
 from .generation import GenerationMixin, check_attention_mask
 
@@ -106,7 +106,7 @@ class ESSSM(GenerationMixin, ElasticModel):
             )
         B, T = input_ids.shape
         if B == 0 or T == 0:
-            raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}); pass at least one token")
+            raise ValueError(empty_input_message(input_ids.shape))
         L = self.config.seq_len
         if T > L:
             raise ValueError(

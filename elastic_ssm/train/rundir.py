@@ -11,9 +11,10 @@
   refused (choices: ``--resume``, ``--overwrite``, another ``--train.out_dir``); ``overwrite`` moves the old
   run aside into a sibling ``<name>.replaced-<UTC time>`` folder (nothing is deleted). A fresh run into a
   directory holding files it would overwrite (a ``run.yaml`` that is not a run record, a ``parameters.json``,
-  a file named like one of its folders) is refused the same way. An earlier attempt cut before its first
-  checkpoint (its own ``run.yaml`` record and ``metrics.jsonl``) is kept beside the new run as
-  ``run.prev-<time>.yaml`` / ``metrics.prev-<time>.jsonl``. ``--resume`` into a directory with no usable
+  a file named like one of its folders) or a saved model (an export, a model folder: loading the folder would
+  keep giving the old model while the new one sits in ``final/``) is refused the same way. An earlier
+  attempt cut before its first checkpoint (its own ``run.yaml`` record and ``metrics.jsonl``) is kept beside
+  the new run as ``run.prev-<time>.yaml`` / ``metrics.prev-<time>.jsonl``. ``--resume`` into a directory with no usable
   checkpoint is refused, naming the file that failed its check when there is one.
 * ``clean_stale_files``: temporary files of interrupted atomic writes and unmarked checkpoint directories
   older than a complete one (a prune cut short) are removed, each with a warning. A checkpoint directory
@@ -202,9 +203,13 @@ def _is_run_record(path: Path) -> bool:
             and _RECORD_TRAIN_KEYS <= set(rec["train"]))
 
 
+#: how ``_would_overwrite`` names a saved model's files (an export, a model folder: not a run)
+MODEL_FILES = "a saved model (config.json / model.safetensors)"
+
+
 def _would_overwrite(out: Path) -> list[str]:
     """Entries of ``out`` (holding no checkpoint or final model) that a new run would overwrite or trip on."""
-    clash = []
+    clash = [MODEL_FILES] if any((out / n).exists() for n in ("config.json", "model.safetensors")) else []
     run_yaml = out / "run.yaml"
     if run_yaml.exists() and not (run_yaml.is_file() and _is_run_record(run_yaml)):
         clash.append("run.yaml (not a run record written by train)")
@@ -255,6 +260,11 @@ def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None
         return None
     if not overwrite:
         refuse_unusable_run(out)   # e.g. --resume auto: nothing to continue, yet not an empty folder either
+        if MODEL_FILES in clash:
+            raise ConfigError(f"{out} holds a saved model (config.json / model.safetensors): a run trained there "
+                              f"writes its model to {out / 'final'}, and eval, generate and from_pretrained on {out} "
+                              "would still load the old one; choose another --train.out_dir, or pass --overwrite "
+                              "(moves the folder's contents aside, nothing is deleted)")
         if clash:
             raise ConfigError(f"{out} holds files a new run would overwrite ({', '.join(clash)}); move them away, "
                               "pass --overwrite (moves the folder's contents aside, nothing is deleted), or choose "

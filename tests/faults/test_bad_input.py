@@ -288,7 +288,7 @@ def test_debug_shows_the_traceback(files, monkeypatch):
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda: dict(input_ids=torch.zeros(0, 8, dtype=torch.long)), "0 rows"),
+    (lambda: dict(input_ids=torch.zeros(0, 8, dtype=torch.long)), "is empty"),
     (lambda: dict(input_ids=torch.zeros(2, 8, dtype=torch.long), attention_mask=torch.ones(1, 8)), r"\[B, T\]"),
     (lambda: dict(input_ids=torch.zeros(2, 8, dtype=torch.long), attention_mask=torch.ones(2, 7)), r"\[B, T\]"),
     (lambda: dict(input_ids=torch.zeros(2, 8, dtype=torch.long), attention_mask=torch.ones(8)), "never broadcast"),

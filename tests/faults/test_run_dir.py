@@ -61,9 +61,33 @@ def test_reused_dir_is_refused_and_overwrite_moves_the_old_run_aside(done, tmp_p
     assert "moved the previous run" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("what", ["export", "final"])
+def test_training_into_a_saved_model_is_refused_and_overwrite_moves_it_aside(done, tmp_path, capsys, what):
+    """Issue 40 item 8: an export, a model folder or another run's final/ given as --train.out_dir was accepted,
+    and eval / generate / from_pretrained on that folder then kept loading the old model."""
+    cfg, run = _copy(done, tmp_path)
+    model = es.ESSH.from_pretrained(run / "final")
+    target = tmp_path / "model"
+    if what == "export":
+        es.export_tier(model, "T2").save_pretrained(target)
+    else:
+        shutil.copytree(run / "final", target)
+    before = _snapshot(target)
+    assert main(["train", "--config", str(cfg), "--train.out_dir", str(target)]) == 2
+    _one_line_error(capsys, "saved model", "--overwrite", "--train.out_dir", str(target / "final"))
+    assert _snapshot(target) == before
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", str(cfg), "--train.out_dir", str(target), "--overwrite"]) == 0
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("model.replaced-")]
+    assert len(aside) == 1 and _snapshot(aside[0]) == before          # nothing the user saved is lost
+    assert not (target / "config.json").exists() and (target / "final" / "config.json").is_file()
+
+
 @pytest.mark.parametrize("change", [["--train.mixing.kl_coef", "0.3"], ["--train.mixing.alpha_ff", "0.25"],
                                     ["--train.mixing.capacities", "0.5", "1.0"], ["--model.d_ff", "128"],
-                                    ["--data.max_train_bytes", "1000"], ["--train.seed", "1"]])
+                                    ["--data.max_train_bytes", "1000"], ["--train.seed", "1"],
+                                    ["--train.micro_batch_size", "1"]])   # docs/data.md, "Resume": the CLI refuses it
 def test_resume_refuses_objective_changes_and_leaves_the_run_untouched(done, tmp_path, capsys, change):
     cfg, run = _copy(done, tmp_path)
     before = _snapshot(run)

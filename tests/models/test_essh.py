@@ -217,3 +217,18 @@ def test_env_backend_fla_leaves_cpu_calls_on_torch(monkeypatch):
     assert resolve_backend("auto", torch.zeros(1)) == "torch"
     with pytest.raises(ValueError, match="CUDA tensors only"):
         resolve_backend("fla", torch.zeros(1))
+
+
+@pytest.mark.parametrize("shape", [(2, 0), (0, 5)])
+@pytest.mark.parametrize("arch", ["essh", "es_ssm", "transformer"])
+def test_an_empty_input_gets_the_same_refusal_from_every_architecture(arch, shape):
+    """Issue 40 item 14: ESSH accepted T = 0 (and returned [B, 0, V]) where ES-SSM refused it."""
+    from elastic_ssm.config import TransformerConfig
+    from elastic_ssm.models.baselines.transformer import TransformerPP
+
+    model = {"essh": lambda: es.ESSH(es.ESSHConfig.preset("tiny")),
+             "es_ssm": lambda: es.ESSSM(es.ESSSMConfig.preset("tiny")),
+             "transformer": lambda: TransformerPP(TransformerConfig.preset("tiny"))}[arch]()
+    with pytest.raises(ValueError, match=rf"^input_ids \({shape[0]}, {shape[1]}\) is empty; pass at least one "
+                                         "sequence of at least one token$"):
+        model(torch.zeros(shape, dtype=torch.long))
