@@ -176,7 +176,8 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         out["tokens_per_step"] = out["tokens"] / max(sum(out["steps"].values()), 1)
         out["warmup_steps"] = [r["step"] for r in warmup]
         out["warmup_s"] = round(sum(out["tokens_per_step"] / max(r["tokens_per_s"], 1e-9) for r in warmup), 1)
-    calls = [c for c in read_jsonl(run_dir / "calls.jsonl") if c.get("step", "").endswith(("-train", "-recover"))]
+    calls = [c for c in read_jsonl(run_dir / "calls.jsonl")      # training calls: every step but the evaluation
+             if c.get("step") and not c["step"].endswith("-eval")]
     start = max((i for i, c in enumerate(calls) if c.get("fresh")), default=0)
     attempt = calls[start:]
     if attempt:
