@@ -49,6 +49,8 @@ __all__ = ["ROLES", "arm_of", "collect_claim", "paired_gaps", "plot_claim", "rea
 ROLES: dict[str, tuple[str, str]] = {
     "essh": ("ESSH capacity-mixed + shared refinement", "elastic"),
     "dense": ("dense control, truncated (full tier = T10 specialist)", "truncated"),
+    "essh-long": ("ESSH capacity-mixed + SR, 2,600 steps", "elastic"),
+    "dense-long": ("dense control, 2,600 steps, truncated", "truncated"),
     "dense-rec": ("dense control, truncated + recovered (paper: lr peak/20, 7.3% tokens)", "recovered"),
     "dense-rec33": ("dense control, truncated + recovered (#16: lr peak/33, 4.6% tokens)", "recovered"),
     "spec-t1": ("specialist T1 from scratch", "specialist"),
