@@ -277,10 +277,11 @@ def summary() -> str:
     tpp = _tokens_per_parameter("essh-s0")
     return table(["claim", "verdict", "numbers (bits per byte unless said)", "seeds", "tokens per parameter"], [
         ["1 train once vs each size", "partial",
-         f"shared tiers near the specialists at T1 ({cell(gaps['T1 shared - specialist'], sgn)}) and T4 "
-         f"({cell(gaps['T4 shared - specialist'], sgn)}); T10 shared - dense {cell(t10, sgn)}: sign not resolved; "
-         "far better than the recovered dense control at T1 (paper protocol "
-         f"{cell(gaps['T1 recovered (paper) - shared'], sgn)})",
+         f"shared tier - specialist: T1 {cell(gaps['T1 shared - specialist'], sgn)}, T4 "
+         f"{cell(gaps['T4 shared - specialist'], sgn)}, the paper's sign (Table 11); T10 shared - dense "
+         f"{cell(t10, sgn)}: sign not resolved (paper: the specialist better); recovered dense - shared at T1, "
+         f"paper's protocol {cell(gaps['T1 recovered (paper) - shared'], sgn)}, #16's "
+         f"{cell(gaps['T1 recovered (#16) - shared'], sgn)}: the paper's sign (Table 33), larger",
          f"essh n={e['T10']['n']}, dense n={d['T10']['n']}, spec-t1 n={st['spec-t1']['T1']['n']}, "
          f"spec-t4 n={st['spec-t4']['T1']['n']}", f"{tpp:.2f} (paper ~20)"],
         ["2 budget dropout", "partial",
