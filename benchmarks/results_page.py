@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from elastic_ssm.eval.replication import CLAIM1_GAPS, arm_of, collect_claim, read_jsonl, run_summary, seed_of
+from elastic_ssm.eval.replication import CLAIM1_GAPS, arm_of, base_of, collect_claim, read_jsonl, run_summary, seed_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"
@@ -99,7 +99,7 @@ def claim1() -> str:
                     cell(spec.get(t)) + (" (the dense control)" if t == "T10" and spec.get(t) else ""),
                     cell(g("dense")), cell(g("dense-rec33")), cell(g("dense-rec")),
                     f"{params[('matformer', t)] / 1e6:.1f}" if ("matformer", t) in params else "",
-                    cell(g("matformer")), cell(seeds.get("transformer", {}).get("T1")) if t == "T10" else ""])
+                    cell(g("matformer")), cell(seeds.get("transformer-lr0.002", {}).get("T1")) if t == "T10" else ""])
     return table(["tier", "ESSH params (M)", "ESSH capacity-mixed + SR", "specialist from scratch",
                   "dense control, truncated", "+ recovered, #16 protocol (lr 6e-5, 60 steps)",
                   "+ recovered, paper protocol (lr 1e-4, 95 steps)", "MatFormer params (M)", "MatFormer",
@@ -161,7 +161,7 @@ def _gap_cells() -> dict[str, dict]:
     out = {k: {**g, "mean": g["mean"]} for k, g in res["summary"]["gaps"].items()}
     st = res["summary"]["seeds"]
     essh = list(st["essh"]["T10"]["seeds"].values())
-    mat, tr = st["matformer"]["T10"]["mean"], st["transformer"]["T1"]["mean"]
+    mat, tr = st["matformer"]["T10"]["mean"], st["transformer-lr0.002"]["T1"]["mean"]
     out["MatFormer full - ESSH T10"] = _mean([mat - e for e in essh])
     out["Transformer++ - ESSH T10"] = _mean([tr - e for e in essh])
     out["MatFormer full - Transformer++"] = _mean([mat - tr])
@@ -209,7 +209,7 @@ def claim3() -> str:
         r = {x["tier"]: x for x in res["rows"] if x["run"] == run}
         p = "/".join(f"{r[t]['params'] / 1e6:.2f}" for t in ("T1", "T4", "T10")).replace("/", " / ")
         out.append([run, p, f"{r['T10']['step']:,}", *[acc(r[t]["accuracy"]) for t in ("T1", "T4", "T10")],
-                    PAPER_MQAR[arm_of(run)]])
+                    PAPER_MQAR[base_of(run)]])
     return table(["run", "parameters T1 / T4 / T10 (M)", "validated at step", "T1", "T4", "T10",
                   "paper, Table 21: T1 / T4 / T10"], out)
 
@@ -246,7 +246,7 @@ def claim5() -> str:
                 f"{sum(cost[n]['tokens'] for n in names) / 1e6:.1f}",
                 " / ".join(f"{cost[n]['tokens_per_s']:,.0f}" for n in names), models]
 
-    by = lambda a: next(n for n in runs if arm_of(n) == a)   # noqa: E731
+    by = lambda a: next(n for n in runs if base_of(n) == a)   # noqa: E731
     return table(["way to get the models", "runs", "wall s", "steady s", "tokens (M)", "steady tok/s", "models"], [
         row("one shared run (ESSH capacity-mixed + SR)", [by("essh")], "ten tiers and every capacity between"),
         row("a specialist per size", s["specialists"], "three"),

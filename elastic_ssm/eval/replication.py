@@ -41,10 +41,10 @@ from typing import Any
 
 import yaml
 
-__all__ = ["ROLES", "arm_of", "collect_claim", "paired_gaps", "plot_claim", "read_jsonl", "run_summary",
+__all__ = ["ROLES", "arm_of", "base_of", "collect_claim", "paired_gaps", "plot_claim", "read_jsonl", "run_summary",
            "seed_of", "seed_stats"]
 
-#: arm -> (label, role); a run folder is ``<arm>``, ``<arm>-s<seed>`` or ``<arm>-lr<lr>`` (``arm_of``), as the suites in
+#: arm -> (label, role); a run folder is ``<arm>[-lr<lr>][-s<seed>]`` (``base_of``), as the suites in
 #: configs/bench/replication-*.yaml name them
 ROLES: dict[str, tuple[str, str]] = {
     "essh": ("ESSH capacity-mixed + shared refinement", "elastic"),
@@ -70,8 +70,15 @@ TITLES = {0: "calibration: tokens/s and start-up of each setting", 1: "train onc
 
 
 def arm_of(name: str) -> str:
-    """The arm of run folder ``name``: ``essh-s1`` -> ``essh``, ``transformer-lr0.002`` -> ``transformer``."""
-    return re.sub(r"-(s\d+|lr[0-9.e-]+)$", "", name)
+    """The arm of run folder ``name``, whose seeds ``seed_stats`` pools: ``essh-s1`` -> ``essh``,
+    ``transformer-lr0.002`` -> itself (another learning rate is another arm)."""
+    return re.sub(r"-s\d+$", "", name)
+
+
+def base_of(name: str) -> str:
+    """The ``ROLES`` key of run folder ``name``: its arm without ``-lr<lr>`` (``mqar-mixer-lr0.0006-s1`` ->
+    ``mqar-mixer``)."""
+    return re.sub(r"-lr[0-9.]+(e-?\d+)?$", "", arm_of(name))
 
 
 def seed_of(name: str) -> int | None:
@@ -82,7 +89,7 @@ def seed_of(name: str) -> int | None:
 
 def _role(name: str) -> str:
     """The role of run folder ``name``'s arm in ``ROLES`` ('' for a folder no claim names)."""
-    return ROLES.get(arm_of(name), ("", ""))[1]
+    return ROLES.get(base_of(name), ("", ""))[1]
 
 
 def _csv(path: Path) -> list[dict[str, Any]]:
@@ -209,7 +216,7 @@ def _trained_shapes(summary: dict[str, Any]) -> set[tuple[int, int]]:
 
 
 def _rows(claim: int, name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
-    label, role = ROLES.get(arm_of(name), (name, "elastic"))
+    label, role = ROLES.get(base_of(name), (name, "elastic"))
     base = {"run": name, "arm": arm_of(name), "seed": seed_of(name), "label": label, "role": role}
     if role == "recall":
         return [{**base, "tier": r["tier"], "K": r.get("K"), "n_ff": r.get("n_ff"),

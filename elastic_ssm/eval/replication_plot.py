@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .replication import ROLES, _role, arm_of, seed_stats
+from .replication import ROLES, _role, base_of, seed_stats
 
 __all__ = ["plot_claim"]
 
@@ -54,14 +54,14 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
     elif claim == 2:
         for run in dict.fromkeys(r["run"] for r in rows):
             pts = sorted((r["K"], r["bpb"]) for r in rows if r["run"] == run and r["bpb"] is not None)
-            ax.plot([k for k, _ in pts], [b for _, b in pts], "o-", label=ROLES.get(arm_of(run), (run,))[0],
+            ax.plot([k for k, _ in pts], [b for _, b in pts], "o-", label=ROLES.get(base_of(run), (run,))[0],
                     markersize=3)
         ax.set_xlabel("budget K (spectral channels kept)")
         ax.set_ylabel("held-out bits per byte")
     elif claim == 3:
         for run in dict.fromkeys(r["run"] for r in rows):
             pts = [(r["tier"], r["accuracy"]) for r in rows if r["run"] == run]
-            ax.plot([t for t, _ in pts], [a for _, a in pts], "o-", label=ROLES.get(arm_of(run), (run,))[0])
+            ax.plot([t for t, _ in pts], [a for _, a in pts], "o-", label=ROLES.get(base_of(run), (run,))[0])
         ax.set_xlabel("tier")
         ax.set_ylabel("MQAR accuracy")
         ax.set_ylim(0, 1.05)

@@ -4,7 +4,7 @@ keeps its sign at every seed."""
 
 import pytest
 
-from elastic_ssm.eval.replication import arm_of, collect_claim, paired_gaps, seed_of, seed_stats
+from elastic_ssm.eval.replication import arm_of, base_of, collect_claim, paired_gaps, seed_of, seed_stats
 
 
 def _eval(root, run, rows):
@@ -15,7 +15,9 @@ def _eval(root, run, rows):
 
 def test_names():
     assert [arm_of(n) for n in ("essh-s1", "dense-rec33-s0", "transformer-lr0.002", "matformer")] == [
-        "essh", "dense-rec33", "transformer", "matformer"]
+        "essh", "dense-rec33", "transformer-lr0.002", "matformer"]       # another learning rate is another arm
+    assert [base_of(n) for n in ("transformer-lr0.002", "mqar-mixer-lr0.0006-s1", "mqar-mixer-lr6e-4-s0")] == [
+        "transformer", "mqar-mixer", "mqar-mixer"]
     assert [seed_of(n) for n in ("essh-s12", "transformer-lr0.002")] == [12, None]
 
 

@@ -16,7 +16,8 @@ CLAIMS = {"lm": ["essh", "dense", "spec-t1", "spec-t4", "matformer", "transforme
 
 
 SUITES = ("replication-calibrate", "replication-claim1", "replication-claim2", "replication-claim3",
-          "replication-claim4", "replication-claim5", "replication-seeds", "replication-queue", "replication-long")
+          "replication-claim4", "replication-claim5", "replication-seeds", "replication-queue", "replication-long",
+          "replication-mqar-seeds")
 
 
 def _run(name):
@@ -84,8 +85,10 @@ def test_run_names_say_their_seed_and_learning_rate(suite):
         m = re.search(r"-s(\d+)(-retrain)?$", run)
         if m:
             assert int(m.group(1)) == seed, (suite, run, seed)
-        if "-lr" in run:
-            assert float(run.split("-lr")[1]) == float(flag("--train.optim.lr") or _run("transformer").train.optim.lr)
+        lr = re.search(r"-lr([0-9.]+(e-?\d+)?)", run)
+        if lr:
+            want = flag("--train.optim.lr") or _run(Path(config).stem).train.optim.lr
+            assert float(lr.group(1)) == float(want), (suite, run, want)
         if "recover" in args:
             assert re.search(rf"/dense-s{seed}(-retrain)?/final$", args[args.index("recover") + 1]), (suite, run)
 
