@@ -10,6 +10,9 @@ commit of every call). A run without its results is listed under ``missing``, ne
   specialists (one tier each; the dense control's full tier is the T10 specialist: same shape, recipe, tokens
   and seed), the dense control truncated and truncated + recovered, MatFormer's tiers (claim 5) and the dense
   Transformer++ of MatFormer's backbone (one point: the architecture's gap without the nesting, Table 10);
+  run folders ``<arm>-s<seed>`` are seeds of one arm: ``summary.seeds`` has each arm's mean, min, max and n per
+  tier (``seed_stats``) and ``summary.gaps`` the same-seed gaps of ``CLAIM1_GAPS`` (``paired_gaps``), each with
+  ``sign_resolved`` (every seed's gap has the same sign);
 * claim 2 (ES-SSM Sec. 4.2): bpb at every evaluated budget K with and without budget dropout;
 * claim 3 (ESSH Tables 21-23): MQAR accuracy per tier of the last validation (and its step), hybrid and
   mixer-only; a run is ``missing`` until it has validated at its last step, and ``summary.progress`` says how
@@ -31,19 +34,25 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["ROLES", "collect_claim", "plot_claim", "read_jsonl", "run_summary"]
+__all__ = ["ROLES", "arm_of", "base_of", "collect_claim", "paired_gaps", "plot_claim", "read_jsonl", "run_summary",
+           "seed_of", "seed_stats"]
 
-#: run folder -> (label, role); the suites in configs/bench/replication-*.yaml use these names.
+#: arm -> (label, role); a run folder is ``<arm>[-lr<lr>][-s<seed>]`` (``base_of``), as the suites in
+#: configs/bench/replication-*.yaml name them
 ROLES: dict[str, tuple[str, str]] = {
     "essh": ("ESSH capacity-mixed + shared refinement", "elastic"),
     "dense": ("dense control, truncated (full tier = T10 specialist)", "truncated"),
-    "dense-rec": ("dense control, truncated + recovered", "recovered"),
+    "essh-long": ("ESSH capacity-mixed + SR, 2,600 steps", "elastic"),
+    "dense-long": ("dense control, 2,600 steps, truncated", "truncated"),
+    "dense-rec": ("dense control, truncated + recovered (paper: lr peak/20, 7.3% tokens)", "recovered"),
+    "dense-rec33": ("dense control, truncated + recovered (#16: lr peak/33, 4.6% tokens)", "recovered"),
     "spec-t1": ("specialist T1 from scratch", "specialist"),
     "spec-t4": ("specialist T4 from scratch", "specialist"),
     "matformer": ("MatFormer (FFN-only nesting)", "matformer"),
@@ -60,9 +69,27 @@ TITLES = {0: "calibration: tokens/s and start-up of each setting", 1: "train onc
           4: "capacities between the trained tiers", 5: "cost of one shared run vs the specialists"}
 
 
+def arm_of(name: str) -> str:
+    """The arm of run folder ``name``, whose seeds ``seed_stats`` pools: ``essh-s1`` -> ``essh``,
+    ``transformer-lr0.002`` -> itself (another learning rate is another arm)."""
+    return re.sub(r"-s\d+$", "", name)
+
+
+def base_of(name: str) -> str:
+    """The ``ROLES`` key of run folder ``name``: its arm without ``-lr<lr>`` (``mqar-mixer-lr0.0006-s1`` ->
+    ``mqar-mixer``)."""
+    return re.sub(r"-lr[0-9.]+(e-?\d+)?$", "", arm_of(name))
+
+
+def seed_of(name: str) -> int | None:
+    """The seed in run folder ``name`` (``essh-s2`` -> 2; None without ``-s<seed>``)."""
+    m = re.search(r"-s(\d+)$", name)
+    return int(m.group(1)) if m else None
+
+
 def _role(name: str) -> str:
-    """The role of run folder ``name`` in ``ROLES`` ('' for a folder no claim names)."""
-    return ROLES.get(name, ("", ""))[1]
+    """The role of run folder ``name``'s arm in ``ROLES`` ('' for a folder no claim names)."""
+    return ROLES.get(base_of(name), ("", ""))[1]
 
 
 def _csv(path: Path) -> list[dict[str, Any]]:
@@ -158,7 +185,8 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         out["tokens_per_step"] = out["tokens"] / max(sum(out["steps"].values()), 1)
         out["warmup_steps"] = [r["step"] for r in warmup]
         out["warmup_s"] = round(sum(out["tokens_per_step"] / max(r["tokens_per_s"], 1e-9) for r in warmup), 1)
-    calls = [c for c in read_jsonl(run_dir / "calls.jsonl") if c.get("step", "").endswith(("-train", "-recover"))]
+    calls = [c for c in read_jsonl(run_dir / "calls.jsonl")      # training calls: every step but the evaluation
+             if c.get("step") and not c["step"].endswith("-eval")]
     start = max((i for i, c in enumerate(calls) if c.get("fresh")), default=0)
     attempt = calls[start:]
     if attempt:
@@ -188,8 +216,8 @@ def _trained_shapes(summary: dict[str, Any]) -> set[tuple[int, int]]:
 
 
 def _rows(claim: int, name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
-    label, role = ROLES.get(name, (name, "elastic"))
-    base = {"run": name, "label": label, "role": role}
+    label, role = ROLES.get(base_of(name), (name, "elastic"))
+    base = {"run": name, "arm": arm_of(name), "seed": seed_of(name), "label": label, "role": role}
     if role == "recall":
         return [{**base, "tier": r["tier"], "K": r.get("K"), "n_ff": r.get("n_ff"),
                  "params": s.get("parameters", {}).get("tiers", {}).get(r["tier"]), "accuracy": r.get("accuracy"),
@@ -206,6 +234,50 @@ def _rows(claim: int, name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def seed_stats(rows: list[dict[str, Any]], key: str = "bpb") -> dict[str, dict[str, dict[str, Any]]]:
+    """``{arm: {tier: {n, mean, min, max, seeds}}}`` of ``key`` over the seeds of each arm's runs (``<arm>-s<seed>``;
+    a folder without a seed counts as one run); ``seeds`` maps each run to its value."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if r.get(key) is not None:
+            out.setdefault(r["arm"], {}).setdefault(str(r["tier"]), {"seeds": {}})["seeds"][r["run"]] = r[key]
+    for tiers in out.values():
+        for cell in tiers.values():
+            v = list(cell["seeds"].values())
+            cell.update(n=len(v), mean=sum(v) / len(v), min=min(v), max=max(v))
+    return out
+
+
+def paired_gaps(rows: list[dict[str, Any]], arm: str, other: str, tier: str, other_tier: str | None = None,
+                key: str = "bpb") -> dict[int, float]:
+    """``{seed: arm - other}`` of ``key`` at ``tier`` (``other_tier`` for ``other``), for the seeds both arms ran."""
+    val = {(r["arm"], r["seed"], str(r["tier"])): r[key] for r in rows if r.get(key) is not None}
+    return {s: val[(arm, s, tier)] - val[(other, s, other_tier or tier)] for (a, s, t) in sorted(val, key=str)
+            if a == arm and t == tier and s is not None and (other, s, other_tier or tier) in val}
+
+
+#: claim 1's paired gaps (same seed): name -> (arm, tier, other arm, other's tier); a specialist's only tier is T1
+CLAIM1_GAPS = {"T1 shared - specialist": ("essh", "T1", "spec-t1", "T1"),
+               "T4 shared - specialist": ("essh", "T4", "spec-t4", "T1"),
+               "T10 shared - dense": ("essh", "T10", "dense", "T10"),
+               "T1 recovered (#16) - shared": ("dense-rec33", "T1", "essh", "T1"),
+               "T1 recovered (paper) - shared": ("dense-rec", "T1", "essh", "T1"),
+               "T4 recovered (#16) - shared": ("dense-rec33", "T4", "essh", "T4"),
+               "T4 recovered (paper) - shared": ("dense-rec", "T4", "essh", "T4"),
+               "T10 recovered (#16) - dense": ("dense-rec33", "T10", "dense", "T10"),
+               "T10 recovered (paper) - dense": ("dense-rec", "T10", "dense", "T10")}
+
+
+def _claim1_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    gaps = {}
+    for name, (a, t, b, bt) in CLAIM1_GAPS.items():
+        g = paired_gaps(rows, a, b, t, bt)
+        gaps[name] = {"seeds": g, "n": len(g), "mean": sum(g.values()) / len(g) if g else None,
+                      "min": min(g.values(), default=None), "max": max(g.values(), default=None),
+                      "sign_resolved": bool(g) and len(g) > 1 and (min(g.values()) > 0 or max(g.values()) < 0)}
+    return {"seeds": seed_stats(rows), "gaps": gaps}
+
+
 def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
     if claim == 0:                  # start-up = wall - steady; the steps of this setting that fit CALL_TRAIN_S
         out = {}
@@ -218,6 +290,8 @@ def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, A
                       "tokens_per_step": s["tokens_per_step"],
                       "steps_that_fit": int(max(CALL_TRAIN_S - startup, 0) * s["tokens_per_s"] / s["tokens_per_step"])}
         return {"call_train_s": CALL_TRAIN_S, "settings": out}
+    if claim == 1:
+        return _claim1_summary(rows)
     if claim == 4:
         pts = sorted((r["params"], r["bpb"], r["tier"]) for r in rows if r["bpb"] is not None)
         rises = [(b2 - b1, t1, t2) for (_, b1, t1), (_, b2, t2) in zip(pts, pts[1:])]
@@ -304,105 +378,7 @@ def collect_claim(claim: int, root: str | Path, runs: tuple[str, ...] | list[str
 
 
 def plot_claim(res: dict[str, Any], path: str | Path) -> str:
-    """Draw the claim's plot into ``path`` (PNG); returns '' or why it was skipped (no matplotlib, no rows)."""
-    try:
-        import matplotlib
+    """Draw the claim's plot into ``path`` (PNG); returns '' or why it was skipped (``replication_plot``)."""
+    from .replication_plot import plot_claim as plot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'elastic-ssm[plot]')"
-    rows, claim = res["rows"], res["claim"]
-    if not rows and claim not in (0, 5):
-        return "no results yet"
-    if claim == 5:
-        fig, (ax, quality) = plt.subplots(1, 2, figsize=(12, 4.5))
-        _plot_quality_at_sizes(quality, res["summary"].get("at_sizes", []))
-    else:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-    if claim in (1, 4):
-        styles = {"elastic": "o-", "truncated": "x--", "recovered": "s-.", "specialist": "*", "matformer": "^:",
-                  "baseline": "D"}
-        for run in dict.fromkeys(r["run"] for r in rows):
-            pts = sorted(((r["params"], r["bpb"], r) for r in rows if r["run"] == run and r["bpb"] is not None),
-                         key=lambda p: p[:2])
-            if not pts:
-                continue
-            style = styles.get(pts[0][2]["role"], "o-")
-            ax.plot([p / 1e6 for p, _, _ in pts], [b for _, b, _ in pts], style, label=pts[0][2]["label"],
-                    markersize={"*": 10, "D": 7}.get(style, 5))
-            if claim == 4:
-                new = [(p, b) for p, b, r in pts if r.get("trained_shape") is False]
-                ax.scatter([p / 1e6 for p, _ in new], [b for _, b in new], s=80, facecolors="none", edgecolors="red",
-                           label="shape never sampled in training")
-        ax.set_xscale("log")
-        ax.set_xlabel("parameters of the standalone model (M)")
-        ax.set_ylabel("held-out bits per byte")
-    elif claim == 2:
-        for run in dict.fromkeys(r["run"] for r in rows):
-            pts = sorted((r["K"], r["bpb"]) for r in rows if r["run"] == run and r["bpb"] is not None)
-            ax.plot([k for k, _ in pts], [b for _, b in pts], "o-", label=ROLES.get(run, (run,))[0], markersize=3)
-        ax.set_xlabel("budget K (spectral channels kept)")
-        ax.set_ylabel("held-out bits per byte")
-    elif claim == 3:
-        for run in dict.fromkeys(r["run"] for r in rows):
-            pts = [(r["tier"], r["accuracy"]) for r in rows if r["run"] == run]
-            ax.plot([t for t, _ in pts], [a for _, a in pts], "o-", label=ROLES.get(run, (run,))[0])
-        ax.set_xlabel("tier")
-        ax.set_ylabel("MQAR accuracy")
-        ax.set_ylim(0, 1.05)
-    elif claim == 5:
-        _plot_cost(ax, res["summary"])
-    else:
-        names = [n for n, s in res["runs"].items() if s.get("tokens_per_s")]
-        ax.bar(names, [res["runs"][n]["tokens_per_s"] for n in names])
-        ax.set_ylabel("steady tokens/s (warm-up steps left out)")
-    ax.set_title(f"#16 claim {claim}: {res['title']}" if claim else res["title"], fontsize=10)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return ""
-
-
-def _plot_cost(ax: Any, summary: dict[str, Any]) -> None:
-    """Claim 5, left: wall seconds of training per way of getting the models, the specialists stacked."""
-    cost = summary.get("runs", {})
-    wall = lambda n: cost.get(n, {}).get("wall_s") or 0.0   # noqa: E731
-    by_role = lambda role: [n for n in cost if _role(n) == role and wall(n)]   # noqa: E731
-    bars = [("one shared run\n(every tier)", by_role("elastic")),
-            ("a specialist\nper size", summary.get("specialists") or []),
-            ("dense control\n+ recovery", by_role("truncated") + by_role("recovered")),
-            ("MatFormer\n(every tier)", by_role("matformer")),
-            ("Transformer++\n(one size)", by_role("baseline"))]
-    bars = [(label, [n for n in names if wall(n)]) for label, names in bars if any(wall(n) for n in names)]
-    colour = {n: f"C{i}" for i, n in enumerate(cost)}          # a run keeps its colour in every bar
-    for i, (_, names) in enumerate(bars):
-        left = 0.0
-        for n in names:
-            ax.barh(i, wall(n), left=left, color=colour[n], edgecolor="white")
-            ax.text(left + wall(n) / 2, i, f"{n}\n{wall(n):.0f} s", ha="center", va="center", fontsize=7)
-            left += wall(n)
-    ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("wall seconds of the training calls (one H200)")
-
-
-def _plot_quality_at_sizes(ax: Any, sizes: list[dict[str, Any]]) -> None:
-    """Claim 5, right: bits per byte at each specialist's size, one group per size."""
-    series = [("shared_bpb", "shared run's tier"), ("specialist_bpb", "specialist"),
-              ("recovered_bpb", "dense truncated + recovered"), ("matformer_bpb", "MatFormer tier")]
-    width = 0.8 / len(series)
-    for j, (key, label) in enumerate(series):
-        xs = [i + (j - (len(series) - 1) / 2) * width for i, r in enumerate(sizes) if r.get(key) is not None]
-        ys = [r[key] for r in sizes if r.get(key) is not None]
-        if ys:
-            ax.bar(xs, ys, width, label=label)
-    ax.set_xticks(range(len(sizes)), [f"{r['tier']} ({r['params'] / 1e6:.1f}M)" for r in sizes])
-    ax.set_ylabel("held-out bits per byte")
-    ax.set_title("quality at the specialists' sizes", fontsize=10)
-    if sizes:
-        ax.legend(fontsize=7)
-    ax.grid(alpha=0.3, axis="y")
+    return plot(res, path)

@@ -136,19 +136,20 @@ def test_claim3_suite_runs_both_arms_together_across_calls(tmp_path, monkeypatch
     out1, states = call(1, tmp_path / "state1", tmp_path / "none", ["--stop-after", "3"])
     assert states["mqar-hybrid-train"] == states["mqar-mixer-train"] == "incomplete"
     meta = json.loads((out1 / "replication-state.json").read_text())
-    assert sorted(meta["checkpoints"]) == ["mqar-hybrid/pretrain/step_0000003", "mqar-mixer/pretrain/step_0000003"]
+    assert sorted(meta["checkpoints"]) == ["mqar-hybrid-s0/pretrain/step_0000003",
+                                           "mqar-mixer-s0/pretrain/step_0000003"]
     first = json.loads((out1 / "claim3.json").read_text())
-    assert first["missing"] == ["mqar-hybrid", "mqar-mixer"]            # validated at step 3 of 6: not done
-    assert first["summary"]["progress"]["mqar-mixer"] == {"validated_at": 3, "of_steps": 6}
+    assert first["missing"] == ["mqar-hybrid-s0", "mqar-mixer-s0"]            # validated at step 3 of 6: not done
+    assert first["summary"]["progress"]["mqar-mixer-s0"] == {"validated_at": 3, "of_steps": 6}
 
     root2 = tmp_path / "state2"
     out2, states = call(2, root2, out1)
     assert states["restore"].startswith("restored generation 1")
     assert states["mqar-hybrid-train"] == states["mqar-mixer-train"] == "ran"
-    for arm in ("mqar-hybrid", "mqar-mixer"):
+    for arm in ("mqar-hybrid-s0", "mqar-mixer-s0"):                      # run folders <arm>-s<seed>
         calls = [json.loads(x) for x in (root2 / arm / "calls.jsonl").read_text().splitlines()]
         assert [c["fresh"] for c in calls] == [True, False]            # the second call resumed
     res = json.loads((out2 / "claim3.json").read_text())
     assert res["missing"] == [] and {r["step"] for r in res["rows"]} == {6}
-    assert {(r["run"], r["tier"]) for r in res["rows"]} == {(a, t) for a in ("mqar-hybrid", "mqar-mixer")
+    assert {(r["run"], r["tier"]) for r in res["rows"]} == {(a, t) for a in ("mqar-hybrid-s0", "mqar-mixer-s0")
                                                             for t in ("T1", "T4", "T10")}

@@ -1,6 +1,7 @@
 """configs/replication/ (issue 16): every run file loads; the arms of a claim share tokens, schedule and seed
 and differ only in model and recipe; the baselines are parameter-matched (Tables 8/9/43); the suites agree."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,11 @@ from elastic_ssm.elastic.matching import parameter_report
 ROOT = Path(__file__).resolve().parents[2]
 CLAIMS = {"lm": ["essh", "dense", "spec-t1", "spec-t4", "matformer", "transformer"], "es_ssm": ["essm-bd", "essm-full"],
           "mqar": ["mqar-hybrid", "mqar-mixer"]}
+
+
+SUITES = ("replication-calibrate", "replication-claim1", "replication-claim2", "replication-claim3",
+          "replication-claim4", "replication-claim5", "replication-seeds", "replication-queue", "replication-long",
+          "replication-mqar-seeds")
 
 
 def _run(name):
@@ -55,8 +61,7 @@ def test_suites_share_their_entries():
         for e in load_suite(other).entries:
             if e.kind == "replication_step":
                 assert e.options == one[e.name].options, (other, e.name)
-    for name in ("replication-calibrate", "replication-claim1", "replication-claim2", "replication-claim3",
-                 "replication-claim4", "replication-claim5"):
+    for name in SUITES:
         entries = load_suite(name).entries
         assert entries[0].options.action == "restore" and entries[-1].options.action == "pack"
         steps = [e for e in entries if e.kind == "replication_step"]
@@ -64,3 +69,35 @@ def test_suites_share_their_entries():
             for arg in e.options.args:
                 if arg.startswith("configs/"):
                     assert (ROOT / arg).is_file(), (name, arg)
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_run_names_say_their_seed_and_learning_rate(suite):
+    """docs/results/records/<run>: a run named ``<arm>-s<seed>`` trains with that seed (``--train.seed``, else its
+    run file's seed), ``<arm>-lr<lr>`` with that learning rate; a recovery recovers the dense control of its seed."""
+    for e in load_suite(suite).entries:
+        if e.kind != "replication_step" or e.name.endswith("-eval"):
+            continue
+        args, run = list(e.options.args), e.options.run
+        flag = lambda f, args=args: args[args.index(f) + 1] if f in args else None      # noqa: E731
+        config = next(a for a in args if a.startswith("configs/replication/"))
+        seed = int(flag("--train.seed") or _run(Path(config).stem).train.seed)
+        m = re.search(r"-s(\d+)(-retrain)?$", run)
+        if m:
+            assert int(m.group(1)) == seed, (suite, run, seed)
+        lr = re.search(r"-lr([0-9.]+(e-?\d+)?)", run)
+        if lr:
+            want = flag("--train.optim.lr") or _run(Path(config).stem).train.optim.lr
+            assert float(lr.group(1)) == float(want), (suite, run, want)
+        if "recover" in args:
+            assert re.search(rf"/dense-s{seed}(-retrain)?/final$", args[args.index("recover") + 1]), (suite, run)
+
+
+def test_claim1_report_names_every_seed_the_suites_train():
+    report = lambda s: next(e for e in load_suite(s).entries if e.kind == "replication_report").options.runs  # noqa
+    runs = set(report("replication-claim1"))
+    trained = {e.options.run for s in ("replication-seeds", "replication-queue") for e in load_suite(s).entries
+               if e.kind == "replication_step" and re.match(r"(essh|dense|dense-rec|dense-rec33|spec-t1|spec-t4)-s\d+$",
+                                                             e.options.run)}
+    assert trained and trained <= runs, trained - runs
+    assert set(report("replication-claim5")) <= runs | {"dense-rec33-s0"}
