@@ -22,9 +22,9 @@ under one state folder, ``root`` (default ``runs/replication``, one sub-folder p
                        it), so two small runs share the GPU; the next ``replication_report`` or
                        ``replication_state`` entry first waits for every such step (``wait_concurrent``).
 ``replication_state``  ``action: wait`` waits for the concurrent steps started so far (a later step needs their
-                       outputs); ``action: restore`` unpacks the state carried from the last call (``carry`` folder) into
-                       ``root`` unless the machine still holds that generation or a newer one, then adds the
-                       committed records (``records``, below) of runs the state lacks; ``action: pack``
+                       outputs); ``action: restore`` unpacks the state carried from the last call (``carry``
+                       folder) into ``root`` unless the machine still holds that generation or a newer one, then
+                       adds the committed records (``records``, below) of runs the state lacks; ``action: pack``
                        writes ``root`` as ``replication-state.tgz.partNN`` (at most ``part_mib`` each) plus
                        ``replication-state.json`` into ``dest`` (``$OUT``), leaving out model weights and
                        checkpoints except the newest checkpoint of an unfinished run when the whole state
