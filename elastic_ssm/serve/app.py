@@ -41,15 +41,7 @@ from ..models.base import export_tier_aliases
 from .engine import PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import (
-    ApiError,
-    ChatTemplate,
-    chunk_body,
-    completion_body,
-    error_body,
-    parse_prompt,
-    resolve_model_field,
-)
+from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_prompt, resolve_model_field
 from .remote import RemoteEngine
 from .schema import ChatCompletionResponse, CompletionResponse, ErrorResponse, ModelList, error_message, request_models
 from .slots import GRAPH_TOKENS

@@ -1,13 +1,12 @@
 """The OpenAI API's bodies as this server reads and writes them: pydantic models that FastAPI validates and documents.
 
-Requests: ``CompletionRequest`` and ``ChatCompletionRequest`` (their common fields in ``Sampling``). Types, ranges
-and enums sit on the fields, strictly (``n: 1.0``, ``n: true`` and ``"5"`` are no integer); a server's own limits
-(``max_tokens``, ``top_k``) come from ``request_models(max_tokens, vocab)``, so ``/openapi.json`` states them. Keys
-the server does not know are ignored, as OpenAI clients send vendor fields; the fields it cannot honour are declared
-``refused``: only a value that asks nothing of them passes (``logprobs: false``, not ``0``). ``null`` is a field's
-default. ``error_message`` renders pydantic's error as the one line of OpenAI's error shape, naming the field
-(``app.py``'s one handler). Responses: ``CompletionResponse``, ``ChatCompletionResponse``, ``ModelList`` and
-``ErrorResponse`` (streamed chunks are written as dicts, ``protocol.chunk_body``: the per-token path).
+Requests (``CompletionRequest``, ``ChatCompletionRequest``; shared fields in ``Sampling``): types, ranges and enums
+sit on the fields, strictly (``n: 1.0`` and ``n: true`` are no integer 1); one server's limits come from
+``request_models(max_tokens, vocab)``, so ``/openapi.json`` states them. ``null`` is a field's default. Unknown
+keys are ignored (OpenAI clients send vendor fields); a field the server cannot honour is ``refused`` unless its
+value asks nothing (``logprobs: false``, not ``0``). ``error_message`` renders pydantic's error as the one line of
+OpenAI's error shape, naming the field (``app.py``'s one handler). Responses: ``CompletionResponse``,
+``ChatCompletionResponse``, ``ModelList``, ``ErrorResponse``; streamed chunks stay dicts (``protocol.chunk_body``).
 """
 
 from __future__ import annotations
@@ -15,16 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    create_model,
-    field_validator,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 __all__ = ["CompletionRequest", "ChatCompletionRequest", "request_models", "error_message", "CompletionResponse",
@@ -88,7 +78,7 @@ class Sampling(BaseModel):
 
     @field_validator("stream_options")
     @classmethod
-    def _needs_stream(cls, options: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+    def _needs_stream(cls, options: StreamOptions | None, info) -> StreamOptions | None:
         if options is not None and options.model_fields_set and not info.data.get("stream"):   # {}: as vLLM
             raise PydanticCustomError("rule", "is only allowed with stream: true")
         return options
@@ -196,46 +186,39 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class _Answer(BaseModel):
+    id: str
+    created: int
+    model: str = Field(description="NAME@TIER: the tier that answered (also in tier)")
+    tier: str
+    usage: Usage
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     logprobs: None = None
-    finish_reason: Literal["length", "stop"] | None
+    finish_reason: str | None = Field(description="length (max_tokens), stop (a stop string or eos)")
 
 
-class CompletionResponse(BaseModel):
-    id: str
+class CompletionResponse(_Answer):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str = Field(description="NAME@TIER: the tier that answered")
-    tier: str
     choices: list[CompletionChoice]
-    usage: Usage
-
-
-class ChatMessageOut(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
 
 
 class ChatChoice(BaseModel):
     index: int = 0
-    message: ChatMessageOut
-    finish_reason: Literal["length", "stop"] | None
+    message: dict[Literal["role", "content"], str] = Field(description="{role: 'assistant', content}")
+    finish_reason: str | None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Answer):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    tier: str
     choices: list[ChatChoice]
-    usage: Usage
 
 
 class ModelCard(BaseModel):
-    id: str
+    id: str = Field(description="NAME (the default tier) or NAME@TIER")
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "elastic-ssm"
@@ -248,10 +231,10 @@ class ModelList(BaseModel):
 
 
 class ErrorInfo(BaseModel):
-    message: str
+    message: str = Field(description="one line")
     type: str
-    param: str | None = None
-    code: int
+    param: str | None = Field(None, description="the request field at fault")
+    code: int = Field(description="the HTTP status")
 
 
 class ErrorResponse(BaseModel):
