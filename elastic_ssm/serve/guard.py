@@ -86,24 +86,19 @@ class Guard:
             return
         self._open[client] += 1
         self._in_flight += 1
-        started = False
-
-        async def send_seen(message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
         try:
-            await self.app(scope, receive, send_seen)
+            await self.app(scope, receive, send)
         except Exception as e:          # a bug, not the client's fault: one line, a counter, OpenAI's 500
             where = traceback.extract_tb(e.__traceback__)[-1]
             log.error("%s %s failed: %s (%s:%d)", scope.get("method"), scope.get("path"),
                       " ".join(f"{type(e).__name__}: {e}".split()), where.filename, where.lineno)
             if self.metrics is not None:
                 self.metrics.server_errors.inc()
-            if not started:
+            try:
                 await _send_error(send, 500, f"the server failed on this request ({type(e).__name__}); it keeps "
                                              "serving: retry, or report it with the server's log")
+            except Exception:           # the answer had started (a stream): it ends here
+                pass
         finally:
             self._in_flight -= 1
             self._open[client] -= 1

@@ -86,9 +86,16 @@ def test_an_exception_in_the_server_is_one_log_line_a_counter_and_openais_500(ti
         text = record.getMessage()
         assert "POST /v1/completions failed: RuntimeError: a bug over two lines" in text and "\n" not in text
         assert record.exc_info is None                                            # no traceback
+        c.app.state.engine.submit = lambda req: req.queue.put_nowait(("text",))     # a malformed event
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="elastic_ssm.serve"):
+            r = c.post("/v1/completions", json={"prompt": "hi", "stream": True})   # fails once it has started
+        assert r.status_code == 200 and "[DONE]" not in r.text
+        (record,) = [x for x in caplog.records if x.levelno >= logging.ERROR]
+        assert "IndexError" in record.getMessage() and record.exc_info is None
         c.app.state.engine.submit = submit
         assert c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
-        assert "elastic_ssm_server_errors_total 1.0" in c.get("/metrics").text
+        assert "elastic_ssm_server_errors_total 2.0" in c.get("/metrics").text
 
 
 def test_two_apps_in_one_process_keep_their_own_metrics(tiny_dir):
