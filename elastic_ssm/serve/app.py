@@ -1,22 +1,16 @@
 """The HTTP application: OpenAI-compatible completions over the engine, with health, model list and metrics.
 
 ``create_app(model, settings)`` returns a FastAPI app (the ``serve`` extra) whose lifespan starts and stops an
-``Engine`` (``serve/engine.py``) over the served tiers of the one loaded model. Routes:
-
-* ``GET /health``: ``{"status": "ok", "tiers": {tier: {slots, busy, waiting}}}`` (no key needed);
-* ``GET /v1/models``: one id per served tier (``name@T4``) and ``name`` (the default tier);
-* ``POST /v1/completions``: the body is a ``schema.CompletionRequest``; streamed as server-sent events
-  (``data: {chunk}`` lines, an optional usage chunk, ``data: [DONE]``) or answered whole;
-* ``POST /v1/chat/completions``: through the tokenizer's chat template (``serve/protocol.py``), else a 400;
-* ``GET /metrics``: Prometheus text (``serve/metrics.py``);
-* ``GET /openapi.json``: the API as FastAPI derives it from the routes and ``serve/schema.py`` (no ``/docs`` page:
-  docs/serving.md says why).
+``Engine`` (``serve/engine.py``) over the served tiers of the one loaded model. Routes (``/openapi.json`` describes
+them; no ``/docs`` page, docs/serving.md says why): ``GET /health`` (no key needed), ``GET /v1/models``, ``POST
+/v1/completions`` and ``POST /v1/chat/completions`` (answered whole or as server-sent events ending ``data: [DONE]``;
+chat through the tokenizer's chat template, else a 400) and ``GET /metrics`` (``serve/metrics.py``).
 
 A POST body is read within ``--max-body-bytes`` and ``--timeout`` and parsed by ``guard.parse_json`` before FastAPI
-validates it against the route's model; one handler turns every validation error into a 400 naming the field.
-Every refusal is OpenAI's error shape with a one-line message: 400 bad field, 404 unknown model name, 408
-slow upload, 413 body too large, 429 too many connections from one client, 503 + ``Retry-After`` when the
-tier's slots and queue are full; an unexpected exception is a 500 (``guard.Guard``). A request names a tier,
+validates it against the route's model (``serve/schema.py``); one handler turns every validation error into a 400
+naming the field. Every refusal is OpenAI's error shape with a one-line message: 400 bad field, 404 unknown model
+name, 408 slow upload, 413 body too large, 429 too many connections from one client, 503 + ``Retry-After`` when
+the tier's slots and queue are full; an unexpected exception is a 500 (``guard.Guard``). A request names a tier,
 never a file: nothing in a request can load a model or read a path. One log line per finished request (logger
 ``elastic_ssm.serve``).
 """
