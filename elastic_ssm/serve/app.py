@@ -170,7 +170,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
         """Every field's refusal: a 400 in OpenAI's shape naming the field (``schema.error_message``)."""
-        message, param = error_message(exc.errors()[0], bodies[request.url.path])
+        message, param = error_message(exc.errors()[0], bodies[request.scope["route"].path])
         return await _api_error(request, ApiError(400, message, param))
 
     @app.exception_handler(StarletteHTTPException)
