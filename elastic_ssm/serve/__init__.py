@@ -6,11 +6,12 @@
   (``elastic-ssm eval``);
 * the server (``elastic-ssm serve``, the ``serve`` extra): ``slots.py`` (one slot pool per tier: a fused
   decoder at a fixed batch whose rows are sequences, prefilled one row at a time), ``tokens.py`` (per-row
-  sampling, detokenization, stop strings), ``engine.py`` (continuous batching thread), ``protocol.py``
-  (the OpenAI completions and chat fields), ``guard.py`` (key, limits), ``app.py`` (FastAPI routes,
-  metrics), ``cli.py``. docs/serving.md describes the whole.
+  sampling, detokenization, stop strings), ``engine.py`` (continuous batching thread), ``schema.py``
+  (the request and response bodies, pydantic), ``protocol.py`` (the rules a schema cannot say, chat template),
+  ``guard.py`` (key, limits), ``metrics.py`` (prometheus_client), ``app.py`` (FastAPI routes), ``cli.py``.
+  docs/serving.md describes the whole.
 
-FastAPI and uvicorn are imported only by ``app.py`` and ``cli.py``'s ``serve``; the rest needs torch only.
+FastAPI, uvicorn, prometheus_client and ``schema.py`` are imported only through ``app.py`` and ``cli.py``'s ``serve``.
 """
 
 from __future__ import annotations

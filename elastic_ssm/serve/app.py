@@ -1,110 +1,52 @@
 """The HTTP application: OpenAI-compatible completions over the engine, with health, model list and metrics.
 
 ``create_app(model, settings)`` returns a FastAPI app (the ``serve`` extra) whose lifespan starts and stops an
-``Engine`` (``serve/engine.py``) over the served tiers of the one loaded model. Routes:
+``Engine`` (``serve/engine.py``) over the served tiers of the one loaded model. Routes (``/openapi.json`` describes
+them; no ``/docs`` page, docs/serving.md says why): ``GET /health`` (no key needed), ``GET /v1/models``, ``POST
+/v1/completions`` and ``POST /v1/chat/completions`` (answered whole or as server-sent events ending ``data: [DONE]``;
+chat through the tokenizer's chat template, else a 400) and ``GET /metrics`` (``serve/metrics.py``).
 
-* ``GET /health``: ``{"status": "ok", "tiers": {tier: {slots, busy, waiting}}}`` (no key needed);
-* ``GET /v1/models``: one id per served tier (``name@T4``) and ``name`` (the default tier);
-* ``POST /v1/completions``: ``serve/protocol.py`` reads the body; streamed as server-sent events
-  (``data: {chunk}`` lines, an optional usage chunk, ``data: [DONE]``) or answered whole;
-* ``POST /v1/chat/completions``: through the tokenizer's chat template (``serve/protocol.py``), else a 400;
-* ``GET /metrics``: Prometheus text (``Metrics`` below).
-
-Every refusal is OpenAI's error shape with a one-line message: 400 bad field, 404 unknown model name, 408
-slow upload, 413 body too large, 429 too many connections from one client, 503 + ``Retry-After`` when the
-tier's slots and queue are full. A request names a tier, never a file: nothing in a request can load a
-model or read a path. One log line per finished request (logger ``elastic_ssm.serve``).
-
-Metrics: Prometheus text metrics of the server and the one log line per request.
-
-``Metrics`` counts requests by tier and HTTP status, prompt and generated tokens by tier, and reads the
-engine's slot use and queue length per tier when rendered (``GET /metrics``, text format 0.0.4). The
-counters are plain integers updated under a lock (the engine thread adds generated tokens).
+A POST body is read within ``--max-body-bytes`` and ``--timeout`` and parsed by ``guard.parse_json`` before FastAPI
+validates it against the route's model (``serve/schema.py``); one handler turns every validation error into a 400
+naming the field. Every refusal is OpenAI's error shape with a one-line message: 400 bad field, 404 unknown model
+name, 408 slow upload, 413 body too large, 429 too many connections from one client, 503 + ``Retry-After`` when
+the tier's slots and queue are full; an unexpected exception is a 500 (``guard.Guard``). A request names a tier,
+never a file: nothing in a request can load a model or read a path. One log line per finished request (logger
+``elastic_ssm.serve``).
 """
-
-from __future__ import annotations
 
 import asyncio
 import gc
 import json
 import logging
-import threading
 import time
-from collections import defaultdict
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..data.tokenizer_files import resolve_tokenizer
 from ..models.base import export_tier_aliases
-from .engine import COUNTERS, PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
+from .engine import PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
-from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_completion
+from .metrics import CONTENT_TYPE, Metrics
+from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_prompt, resolve_model_field
 from .remote import RemoteEngine
+from .schema import ChatCompletionResponse, CompletionResponse, ErrorResponse, ModelList, error_message, request_models
 from .slots import GRAPH_TOKENS
 
 __all__ = ["ServerSettings", "create_app", "Metrics"]
 
 log = logging.getLogger("elastic_ssm.serve")
-
-
-
-
-class Metrics:
-    """Counters of one server process (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: dict[tuple[str, int], int] = defaultdict(int)
-        self.prompt_tokens: dict[str, int] = defaultdict(int)
-        self.generated_tokens: dict[str, int] = defaultdict(int)
-        self.rejected: dict[str, int] = defaultdict(int)
-        self.started = time.time()
-
-    def add_tokens(self, tier: str, n: int) -> None:
-        with self._lock:
-            self.generated_tokens[tier] += n
-
-    def request(self, tier: str, status: int, prompt_tokens: int = 0) -> None:
-        with self._lock:
-            self.requests[(tier, status)] += 1
-            self.prompt_tokens[tier] += prompt_tokens
-
-    def reject(self, reason: str) -> None:
-        with self._lock:
-            self.rejected[reason] += 1
-
-    def render(self, engine) -> str:
-        """The Prometheus text exposition of every counter and the engine's current slot use."""
-        out = ["# HELP elastic_ssm_requests_total Completion requests by tier and HTTP status.",
-               "# TYPE elastic_ssm_requests_total counter"]
-        with self._lock:
-            out += [f'elastic_ssm_requests_total{{tier="{t}",status="{s}"}} {n}'
-                    for (t, s), n in sorted(self.requests.items())]
-            out += ["# HELP elastic_ssm_rejected_total Requests refused before reaching a tier, by reason.",
-                    "# TYPE elastic_ssm_rejected_total counter"]
-            out += [f'elastic_ssm_rejected_total{{reason="{r}"}} {n}' for r, n in sorted(self.rejected.items())]
-            for name, table, hlp in (("prompt_tokens_total", self.prompt_tokens, "Prompt tokens prefilled"),
-                                     ("generated_tokens_total", self.generated_tokens, "Tokens generated")):
-                out += [f"# HELP elastic_ssm_{name} {hlp}, by tier.", f"# TYPE elastic_ssm_{name} counter"]
-                out += [f'elastic_ssm_{name}{{tier="{t}"}} {n}' for t, n in sorted(table.items())]
-        snap = engine.snapshot()
-        for key, hlp in (("slots", "Slots of the tier's pool (its decode batch bucket)"),
-                         ("busy", "Slots holding a running request"),
-                         ("waiting", "Requests queued for a free slot")):
-            out += [f"# HELP elastic_ssm_{key} {hlp}.", f"# TYPE elastic_ssm_{key} gauge"]
-            out += [f'elastic_ssm_{key}{{tier="{t}"}} {v[key]}' for t, v in snap.items()]
-        counters = engine.counters()
-        for key, hlp in COUNTERS.items():
-            out += [f"# HELP elastic_ssm_{key}_total {hlp}.", f"# TYPE elastic_ssm_{key}_total counter",
-                    f"elastic_ssm_{key}_total {counters[key]}"]
-        out += ["# HELP elastic_ssm_uptime_seconds Seconds since the server started.",
-                "# TYPE elastic_ssm_uptime_seconds gauge",
-                f"elastic_ssm_uptime_seconds {time.time() - self.started:.1f}"]
-        return "\n".join(out) + "\n"
+#: the refusals a route documents in /openapi.json, all in OpenAI's error shape (never FastAPI's 422)
+_ERRORS = {"4XX": {"model": ErrorResponse, "description": "refused: 400 a bad field, 401 no key, 404 another model, "
+                   "408 too slow, 413 too large, 429 too many requests from one client"},
+           "5XX": {"model": ErrorResponse, "description": "500 a failure in the server, 503 busy (Retry-After)"}}
 
 
 @dataclass
@@ -165,12 +107,15 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     built here and kept in ``app.state.engine`` (its ``start`` may be called before the server runs, to report
     a failed load early; the lifespan starts it otherwise and always stops it). Without ``load`` the engine is a
     thread of this process. ``pool_factory``: internal, the bench's CPU proxy (``Engine``'s)."""
-    metrics = Metrics()
+    state: dict = {}
+    metrics = Metrics(lambda: state.get("engine"))
     tok = resolve_tokenizer(model)                   # the saved one; bytes for a model saved without one
     aliases = export_tier_aliases(model)             # an older export answers to its source tier's name too
     eos = model.config.eos_token_id if model.config.eos_token_id >= 0 else None
     chat = ChatTemplate.from_model(model, tok)
-    state: dict = {}
+    vocab = model.config.vocab_size
+    Completion, Chat = request_models(settings.max_tokens_limit, vocab)
+    bodies = {"/v1/completions": Completion, "/v1/chat/completions": Chat}
 
     remote = None
     if load is not None:
@@ -196,7 +141,22 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             gc.unfreeze()
             eng.shutdown()
 
-    app = FastAPI(title="elastic-ssm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    class BoundedRoute(APIRoute):
+        """A route whose body ``guard`` reads (within ``--max-body-bytes`` and ``--timeout``) and parses first, with
+        its one-line 400, 408, 413 and 499, into Starlette's caches where FastAPI reads it to validate."""
+
+        def get_route_handler(self):
+            handler = super().get_route_handler()
+
+            async def read_first(request):
+                raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+                request._body, request._json = raw, parse_json(raw)
+                return await handler(request)
+            return handler if self.body_field is None else read_first
+
+    app = FastAPI(title="elastic-ssm", summary="OpenAI-compatible completions at every tier of one elastic model",
+                  lifespan=lifespan, docs_url=None, redoc_url=None, strict_content_type=False)
+    app.router.route_class = BoundedRoute
     app.state.engine = remote
     app.state.metrics = metrics
     app.add_middleware(Guard, api_key=settings.api_key, max_connections=settings.max_connections_per_client,
@@ -207,14 +167,18 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         metrics.reject(f"http_{exc.status}")
         return _json(exc.status, error_body(exc.status, exc.message, exc.param), exc.headers)
 
-    from starlette.exceptions import HTTPException as StarletteHTTPException
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        """Every field's refusal: a 400 in OpenAI's shape naming the field (``schema.error_message``)."""
+        message, param = error_message(exc.errors()[0], bodies[request.scope["route"].path])
+        return await _api_error(request, ApiError(400, message, param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):
         """Starlette's own refusals (an unknown path, a method the path does not take) in OpenAI's error shape."""
         if exc.status_code == 404:
             message = f"no such endpoint: {request.url.path}; see GET /v1/models, POST /v1/completions, " \
-                      "POST /v1/chat/completions, GET /health, GET /metrics"
+                      "POST /v1/chat/completions, GET /health, GET /metrics, GET /openapi.json"
         elif exc.status_code == 405:
             allowed = (exc.headers or {}).get("allow") or (exc.headers or {}).get("Allow")
             message = f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}" if allowed else "")
@@ -229,26 +193,25 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             return _json(503, {"status": "engine stopped", "model": settings.name})
         return {"status": "ok", "model": settings.name, "tiers": eng.snapshot()}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
     async def models():
         ids = [settings.name] + [f"{settings.name}@{t}" for t in settings.tiers]
         now = int(time.time())
-        return {"object": "list", "data": [{"id": i, "object": "model", "created": now, "owned_by": "elastic-ssm",
-                                            "tier": i.partition("@")[2] or settings.default_tier} for i in ids]}
+        return ModelList(data=[{"id": i, "created": now, "tier": i.partition("@")[2] or settings.default_tier}
+                               for i in ids])
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
     async def prometheus():
-        return PlainTextResponse(metrics.render(state["engine"]), media_type="text/plain; version=0.0.4")
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    async def run_completion(http: HttpRequest, body, render_chunk, render_whole):
-        params = parse_completion(body, settings.name, settings.tiers, settings.default_tier, tok,
-                                  model.config.vocab_size, settings.max_prompt_tokens, settings.max_tokens_limit,
-                                  aliases)
+    def tier_of(body) -> str:
+        return resolve_model_field(body.model, body.tier, settings.name, settings.tiers, settings.default_tier, aliases)
+
+    async def run_completion(http: HttpRequest, body, prompt: list[int], tier: str, render_chunk, render_whole):
         eng = state["engine"]
-        tier = eng.pick_auto(settings.default_tier) if params.tier == "auto" else params.tier
-        req = Request(tier=tier, prompt=params.prompt, max_tokens=params.max_tokens,
-                      temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
-                      stop=params.stop, loop=asyncio.get_running_loop(), queue=asyncio.Queue())
+        tier = eng.pick_auto(settings.default_tier) if tier == "auto" else tier
+        req = Request(tier=tier, prompt=prompt, **body.engine_fields(), loop=asyncio.get_running_loop(),
+                      queue=asyncio.Queue())
         try:
             eng.submit(req)
         except Busy as e:
@@ -272,7 +235,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             ttft = (req.first_token_at - started) * 1e3 if req.first_token_at else float("nan")
             log.info("%s %s %s prompt=%d completion=%d finish=%s ttft_ms=%.1f total_ms=%.1f status=%d stream=%s",
                      client, req.id, model_id, len(req.prompt), req.completion_tokens, reason,
-                     ttft, (time.monotonic() - started) * 1e3, status, params.stream)
+                     ttft, (time.monotonic() - started) * 1e3, status, body.stream)
 
         async def events():
             """The request's events; text already waiting is joined into one piece (one chunk to send)."""
@@ -294,7 +257,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                 if ev[0] in ("done", "error", "unavailable"):
                     return
 
-        if params.stream:
+        if body.stream:
             async def sse():
                 status = 200
                 text_event = None
@@ -312,7 +275,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                             status = 503 if kind == "unavailable" else 500
                             chunk = error_body(status, value)
                         yield f"data: {json.dumps(chunk)}\n\n"
-                    if params.include_usage and status == 200:
+                    if body.stream_options and body.stream_options.include_usage and status == 200:
                         yield f"data: {json.dumps(render_chunk(req, model_id, '', None, usage=True))}\n\n"
                     yield "data: [DONE]\n\n"
                 finally:
@@ -332,22 +295,24 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             finish(status)
         return render_whole(req, model_id, "".join(parts))
 
-    @app.post("/v1/completions")
-    async def completions(http: HttpRequest):
-        body = parse_json(await read_body(http, settings.max_body_bytes, settings.body_timeout_s))
-        return await run_completion(http, body, chunk_body, completion_body)
+    sse = {"description": "the completion; with stream: true, server-sent events of its chunks, then data: [DONE]",
+           "content": {"text/event-stream": {}}}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(http: HttpRequest):
-        body = parse_json(await read_body(http, settings.max_body_bytes, settings.body_timeout_s))
+    @app.post("/v1/completions", response_model=CompletionResponse, responses={**_ERRORS, 200: sse})
+    async def completions(body: Completion, http: HttpRequest):
+        prompt = parse_prompt(body.prompt, tok, vocab, settings.max_prompt_tokens)
+        return await run_completion(http, body, prompt, tier_of(body), chunk_body, completion_body)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={**_ERRORS, 200: sse})
+    async def chat_completions(body: Chat, http: HttpRequest):
         if chat is None:
             raise ApiError(400, "this model's tokenizer has no chat template; use /v1/completions with a prompt")
+        tier = tier_of(body)
         try:
-            return await run_completion(http, chat.as_completion(body), chat.chunk_body, chat.completion_body)
+            prompt = parse_prompt(chat.prompt(body.messages), tok, vocab, settings.max_prompt_tokens)
         except ApiError as e:      # the prompt is the template's rendering of the client's messages: name those
-            if e.param != "prompt":
-                raise
-            raise ApiError(e.status, f"messages, as the chat template renders them: {e.message}", "messages",
-                           e.headers) from None
+            raise ApiError(e.status, f"messages, as the chat template renders them: {e.message}", "messages") \
+                if e.param == "prompt" else e from None
+        return await run_completion(http, body, prompt, tier, chat.chunk_body, chat.completion_body)
 
     return app

@@ -80,6 +80,7 @@ def _check_bind(host: str, port: int) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn
     except ImportError:
         raise ConfigError("serving needs the serve extra: pip install 'elastic-ssm[serve]'") from None

@@ -8,7 +8,9 @@
   ``max_requests`` from all clients together (503 with ``Retry-After`` beyond, in the API's error shape);
 * a ``Content-Length`` above ``max_body`` is refused before the body is read (413); ``read_body`` enforces
   the same cap on bodies without a length and a time limit on slow uploads (408), and ends quietly with a 499
-  (no one reads it) when the client disconnects during its upload.
+  (no one reads it) when the client disconnects during its upload;
+* an exception that escapes the app (a bug) ends its request with OpenAI's 500 shape (or ends its stream), one log
+  line and ``elastic_ssm_server_errors_total``, never a traceback per request.
 
 ``watch_disconnect(receive, req)`` waits for the client's ``http.disconnect`` after the body was read and
 cancels the engine request, so a client that leaves frees its slot at the next engine step.
@@ -19,12 +21,16 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import sys
+import traceback
 from collections import defaultdict
 
 from .protocol import ApiError, error_body
 
 __all__ = ["Guard", "read_body", "parse_json", "watch_disconnect", "uvicorn_connection_limit"]
+
+log = logging.getLogger("elastic_ssm.serve")
 
 
 async def _send_error(send, status: int, message: str, headers: dict | None = None) -> None:
@@ -36,7 +42,7 @@ async def _send_error(send, status: int, message: str, headers: dict | None = No
 
 
 class Guard:
-    """ASGI middleware: key, connection cap, body cap (see the module docstring)."""
+    """ASGI middleware: key, connection caps, body cap, the last word on a failure (see the module docstring)."""
 
     def __init__(self, app, api_key: str | None, max_connections: int, max_body: int, metrics=None,
                  max_requests: int | None = None) -> None:
@@ -82,6 +88,17 @@ class Guard:
         self._in_flight += 1
         try:
             await self.app(scope, receive, send)
+        except Exception as e:          # a bug, not the client's fault: one line, a counter, OpenAI's 500
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            log.error("%s %s failed: %s (%s:%d)", scope.get("method"), scope.get("path"),
+                      " ".join(f"{type(e).__name__}: {e}".split()), where.filename, where.lineno)
+            if self.metrics is not None:
+                self.metrics.server_errors.inc()
+            try:
+                await _send_error(send, 500, f"the server failed on this request ({type(e).__name__}); it keeps "
+                                             "serving: retry, or report it with the server's log")
+            except Exception:           # the answer had started (a stream): it ends here
+                pass
         finally:
             self._in_flight -= 1
             self._open[client] -= 1

@@ -88,7 +88,7 @@ def test_a_stream_whose_client_leaves_counts_as_499_not_200(tiny_dir):
         sent = _drive(c.app, body, leave_after_text=True)
         assert sent[0]["status"] == 200 and not any(b"[DONE]" in m.get("body", b"") for m in sent)
         metrics = c.get("/metrics").text
-        assert 'elastic_ssm_requests_total{tier="T10",status="499"} 1' in metrics
+        assert 'elastic_ssm_requests_total{status="499",tier="T10"} 1' in metrics
         assert 'status="200"' not in metrics
 
 

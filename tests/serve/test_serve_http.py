@@ -124,8 +124,8 @@ def test_bad_requests_get_400_and_the_server_keeps_answering(model_dir):
         streamed = _complete(c, headers={}, stream=True)
         assert '"code": 503' in streamed.text and "data: [DONE]" in streamed.text
         metrics = c.get("/metrics").text
-        assert 'elastic_ssm_requests_total{tier="T10",status="200"} 2' in metrics
-        assert 'elastic_ssm_requests_total{tier="T10",status="503"} 3' in metrics
+        assert 'elastic_ssm_requests_total{status="200",tier="T10"} 2' in metrics
+        assert 'elastic_ssm_requests_total{status="503",tier="T10"} 3' in metrics
         assert 'elastic_ssm_slots{tier="T1"} 2' in metrics
         assert 'elastic_ssm_rejected_total{reason="http_400"}' in metrics
         counters = {}                                           # the engine loop's counters, one line each
@@ -335,6 +335,7 @@ def test_chat_template_special_tokens_are_their_ids_as_in_apply_chat_template(mo
     bytes: the prompt ids equal transformers' ``apply_chat_template``'s."""
     from elastic_ssm.data.tokenizer_files import resolve_tokenizer
     from elastic_ssm.serve.protocol import ChatTemplate
+    from elastic_ssm.serve.schema import ChatMessage
 
     template = ("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}<sep>{% endfor %}"
                 "{% if add_generation_prompt %}<assistant>{% endif %}")
@@ -342,7 +343,7 @@ def test_chat_template_special_tokens_are_their_ids_as_in_apply_chat_template(mo
     model = es.ESSH.from_pretrained(path)
     chat = ChatTemplate.from_model(model, resolve_tokenizer(model))
     messages = [{"role": "user", "content": "hi"}]
-    ids = chat.as_completion({"model": "tiny", "messages": messages})["prompt"]
+    ids = chat.prompt([ChatMessage.model_validate(m) for m in messages])
     assert ids == [257, *b"<user>hi", 259, *b"<assistant>"]          # <bos> = 257, <sep> = 259 (byte tokenizer)
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(path)

@@ -1,0 +1,73 @@
+"""The server's Prometheus metrics (``GET /metrics``), kept by ``prometheus_client``.
+
+``Metrics(engine)`` holds a ``CollectorRegistry`` of its own, not the process-wide one, so several apps in one
+process (the tests) do not collide. Counters: requests by tier and HTTP status, refusals by reason (``http_400``,
+``unauthorized``, ``http_408`` ...), prompt and generated tokens by tier, requests that failed inside the server (a
+500). When scraped it reads the engine (``engine()``: the running one, or None) for the slots, busy slots and
+waiting requests per tier, the engine loop's counters (``engine.COUNTERS``) and the uptime. prometheus_client's
+counters are thread-safe (the engine thread adds generated tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .engine import COUNTERS
+
+__all__ = ["Metrics", "CONTENT_TYPE"]
+
+#: the text exposition format ``generate_latest`` writes
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_POOL = {"slots": "Slots of the tier's pool (its decode batch bucket)", "busy": "Slots holding a running request",
+         "waiting": "Requests queued for a free slot"}
+
+
+class Metrics:
+    """Counters of one server process (see the module docstring)."""
+
+    def __init__(self, engine: Callable[[], object | None] = lambda: None) -> None:
+        self.registry, self.engine, self.started = CollectorRegistry(), engine, time.time()
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"elastic_ssm_{name}", doc, labels, registry=self.registry)
+
+        self.requests = counter("requests", "Completion requests by tier and HTTP status.", ("tier", "status"))
+        self.rejected = counter("rejected", "Requests refused before reaching a tier, by reason.", ("reason",))
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens prefilled, by tier.", ("tier",))
+        self.generated_tokens = counter("generated_tokens", "Tokens generated, by tier.", ("tier",))
+        self.server_errors = counter("server_errors", "Requests ended by an unexpected exception (HTTP 500).")
+        self.registry.register(self)
+
+    def add_tokens(self, tier: str, n: int) -> None:
+        self.generated_tokens.labels(tier).inc(n)
+
+    def request(self, tier: str, status: int, prompt_tokens: int = 0) -> None:
+        self.requests.labels(tier, str(status)).inc()
+        self.prompt_tokens.labels(tier).inc(prompt_tokens)
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+
+    def collect(self):
+        """The engine's gauges and counters at scrape time (the registry calls this: ``Metrics`` is a collector)."""
+        engine = self.engine()
+        if engine is not None:
+            snap, counters = engine.snapshot(), engine.counters()
+            for key, doc in _POOL.items():
+                family = GaugeMetricFamily(f"elastic_ssm_{key}", f"{doc}.", labels=["tier"])
+                for tier, v in snap.items():
+                    family.add_metric([tier], v[key])
+                yield family
+            for key, doc in COUNTERS.items():
+                yield CounterMetricFamily(f"elastic_ssm_{key}", f"{doc}.", value=counters[key])
+        yield GaugeMetricFamily("elastic_ssm_uptime_seconds", "Seconds since the server started.",
+                                value=time.time() - self.started)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

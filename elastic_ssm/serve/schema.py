@@ -1,0 +1,243 @@
+"""The OpenAI API's bodies as this server reads and writes them: pydantic models that FastAPI validates and documents.
+
+Requests (``CompletionRequest``, ``ChatCompletionRequest``; shared fields in ``Sampling``): types, ranges and enums
+sit on the fields, strictly (``n: 1.0`` and ``n: true`` are no integer 1); one server's limits come from
+``request_models(max_tokens, vocab)``, so ``/openapi.json`` states them. ``null`` is a field's default. Unknown
+keys are ignored (OpenAI clients send vendor fields); a field the server cannot honour is ``refused`` unless its
+value asks nothing (``logprobs: false``, not ``0``). ``error_message`` renders pydantic's error as the one line of
+OpenAI's error shape, naming the field (``app.py``'s one handler). Responses: ``CompletionResponse``,
+``ChatCompletionResponse``, ``ModelList``, ``ErrorResponse``; streamed chunks stay dicts (``protocol.chunk_body``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+__all__ = ["CompletionRequest", "ChatCompletionRequest", "request_models", "error_message", "CompletionResponse",
+           "ChatCompletionResponse", "ModelList", "ErrorResponse"]
+
+_STRICT = ConfigDict(strict=True, extra="ignore")
+_STOP = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+def refused(*asks_nothing: Any) -> Any:
+    """A field this server cannot honour: ``null`` or one of ``asks_nothing`` (equal in type and value) passes."""
+    def check(value: Any) -> Any:
+        if value is not None and not any(type(value) is type(a) and value == a for a in asks_nothing):
+            raise PydanticCustomError("rule", "is not supported by this server; leave it out")
+        return value
+    shown = " or ".join(repr(a).replace("False", "false") for a in asks_nothing)
+    return Annotated[Any, AfterValidator(check), Field(None, description=f"not supported: leave it out (or {shown})")]
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool | None = Field(None, description="a last chunk with empty choices and the usage counts")
+
+
+class Sampling(BaseModel):
+    """What completions and chat completions share."""
+
+    model_config = _STRICT
+    model: str | None = Field(None, description="NAME (the default tier), NAME@T4 (a tier), NAME@auto")
+    tier: str | None = Field(None, description="extension: a served tier or 'auto'; must agree with model")
+    max_tokens: int = Field(16, ge=0)
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False, description="0: greedy")
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int = Field(0, ge=-1, description="extension: 0 or -1 = off")
+    seed: int | None = Field(None, ge=-(2 ** 63), le=2 ** 63 - 1, description="a seeded request's text does not "
+                             "depend on the requests sharing its batch")
+    stop: _STOP | Annotated[list[_STOP], Field(max_length=4)] = Field(
+        [], description="a string or a list of at most 4 non-empty strings of at most 64 characters")
+    stream: bool = Field(False, description="server-sent events, ending with data: [DONE]")
+    stream_options: StreamOptions | None = Field(None, description="only with stream: true")
+    n: int = Field(1, ge=1, le=1, description="one completion per request")
+    user: str | None = Field(None, description="ignored")
+    logprobs: refused(False)
+    top_logprobs: refused(0)
+    echo: refused(False)
+    best_of: refused(1)
+    suffix: refused("")
+    logit_bias: refused({})
+    tools: refused([])
+    functions: refused([])
+    response_format: refused({"type": "text"})
+    presence_penalty: refused(0, 0.0)
+    frequency_penalty: refused(0, 0.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or k in fields and fields[k].is_required()} \
+            if isinstance(data, dict) else data
+
+    @field_validator("stream_options")
+    @classmethod
+    def _needs_stream(cls, options: StreamOptions | None, info) -> StreamOptions | None:
+        if options is not None and options.model_fields_set and not info.data.get("stream"):   # {}: as vLLM
+            raise PydanticCustomError("rule", "is only allowed with stream: true")
+        return options
+
+    def engine_fields(self) -> dict:
+        """The engine ``Request``'s sampling fields (``max_completion_tokens``: chat's name for ``max_tokens``)."""
+        limit = getattr(self, "max_completion_tokens", None)
+        return {"max_tokens": self.max_tokens if limit is None else limit, "temperature": self.temperature,
+                "top_p": self.top_p, "top_k": max(self.top_k, 0), "seed": self.seed,
+                "stop": [self.stop] if isinstance(self.stop, str) else self.stop}
+
+
+class CompletionRequest(Sampling):
+    """``POST /v1/completions``."""
+
+    prompt: str | Annotated[list[int], Field(min_length=1)] | Annotated[list[str], Field(min_length=1, max_length=1)] \
+        = Field(description="a string, a list of one string, or a list of token ids (batched prompts: send one "
+                            "request each)")
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str = Field(description="'text'; this model reads text only")
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")     # a template may read more keys (name, tool_calls)
+    role: str
+    content: str | Annotated[list[ContentPart], Field(min_length=1)] = Field(
+        description="a string or a list of {type: 'text', text} parts")
+
+
+class ChatCompletionRequest(Sampling):
+    """``POST /v1/chat/completions``: the messages go through the model's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+def request_models(max_tokens: int, vocab: int) -> tuple[type[CompletionRequest], type[ChatCompletionRequest]]:
+    """The request models of a server taking at most ``max_tokens`` new tokens and a vocabulary of ``vocab``."""
+    tokens = (int, Field(min(16, max_tokens), ge=0, le=max_tokens, description="new tokens at most"))
+    top_k = (int, Field(0, ge=-1, le=vocab, description="extension: 0 or -1 = off"))
+    return (create_model("CompletionRequest", __base__=CompletionRequest, max_tokens=tokens, top_k=top_k),
+            create_model("ChatCompletionRequest", __base__=ChatCompletionRequest, max_tokens=tokens, top_k=top_k,
+                         max_completion_tokens=(int | None, Field(None, ge=0, le=max_tokens))))
+
+
+def _forms(prop: dict, defs: dict) -> list[dict]:
+    """The forms a JSON-schema property allows besides null, references resolved."""
+    forms = [defs.get(f.get("$ref", "").rpartition("/")[2], f) for f in prop.get("anyOf", [prop])]
+    return [f for f in forms if f.get("type") != "null"]
+
+
+def _expected(prop: dict, defs: dict) -> str:
+    """What a property asks for, in words (its description when it allows several forms)."""
+    forms = _forms(prop, defs)
+    if len(forms) != 1:
+        return prop.get("description", "one of the documented forms")
+    form, kind = forms[0], forms[0].get("type")
+    if kind == "array":
+        return f"a list of at most {form['maxItems']} items" if "maxItems" in form else \
+            "a non-empty list" if form.get("minItems") else "a list"
+    if kind not in ("integer", "number"):
+        return {"boolean": "true or false", "string": "a string"}.get(kind, "an object")
+    lo, hi = form.get("minimum", form.get("exclusiveMinimum")), form.get("maximum")
+    show = (lambda v: str(v)) if kind == "integer" else (lambda v: f"{v:g}")
+    if lo is not None and lo == hi:
+        return show(lo)
+    span = f" in {'(' if 'exclusiveMinimum' in form else '['}{show(lo)}, {show(hi)}]" if None not in (lo, hi) else ""
+    return ("an integer" if kind == "integer" else "a number") + span
+
+
+@functools.cache
+def _schema(model: type[BaseModel]) -> dict:
+    return model.model_json_schema()
+
+
+def error_message(error: dict, model: type[BaseModel]) -> tuple[str, str | None]:
+    """(one-line message, top-level field) for a pydantic error (FastAPI's, its ``loc`` from "body") of ``model``."""
+    loc = error["loc"][1:]
+    if not loc:
+        return "the request body must be a JSON object" + (
+            " (send it with Content-Type: application/json)" if isinstance(error.get("input"), bytes) else ""), None
+    schema = _schema(model)
+    defs, prop, path = schema.get("$defs", {}), schema["properties"].get(loc[0], {}), str(loc[0])
+    for step in loc[1:]:               # down to the property the error is about, or to a field of several forms
+        forms = _forms(prop, defs)
+        if len(forms) != 1:
+            break
+        prop = forms[0].get("items", {}) if isinstance(step, int) else forms[0].get("properties", {}).get(step, {})
+        path += f"[{step}]" if isinstance(step, int) else f".{step}"
+    if error["type"] == "missing":
+        return f"{path} is required", str(loc[0])
+    if error["type"] == "rule":        # ours: refused(), _needs_stream
+        return f"{path} {error['msg']}", str(loc[0])
+    got = repr(error.get("input"))
+    got = got if len(got) <= 40 else got[:37] + "..."
+    return f"{path} must be {_expected(prop, defs)}, got {got}", str(loc[0])
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class _Answer(BaseModel):
+    id: str
+    created: int
+    model: str = Field(description="NAME@TIER: the tier that answered (also in tier)")
+    tier: str
+    usage: Usage
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None = Field(description="length (max_tokens), stop (a stop string or eos)")
+
+
+class CompletionResponse(_Answer):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: dict[Literal["role", "content"], str] = Field(description="{role: 'assistant', content}")
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(_Answer):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+
+
+class ModelCard(BaseModel):
+    id: str = Field(description="NAME (the default tier) or NAME@TIER")
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "elastic-ssm"
+    tier: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str = Field(description="one line")
+    type: str
+    param: str | None = Field(None, description="the request field at fault")
+    code: int = Field(description="the HTTP status")
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape: every refusal of this server."""
+
+    error: ErrorInfo
