@@ -43,6 +43,8 @@ __all__ = ["TrainConfig", "RECIPES", "PARALLEL", "PRECISIONS", "TRAIN_PRESETS", 
 RECIPES = ("auto", "capacity_mixed", "budget_dropout", "nested_ffn", "posthoc", "dense")
 PARALLEL = ("ddp", "fsdp")
 PRECISIONS = ("auto", "fp32", "bf16")
+#: the loggers ``log`` may name beside metrics.jsonl (``train/log_sinks.py``)
+LOG_SINKS = ("csv", "tensorboard", "wandb")
 
 #: The papers' training settings per ESSH model size (Table 7, Table 55, D.4, D.8, E.3). Steps are the
 #: pretraining tokens over the tokens per step (370M: 7.4B / 262,144; 1.5B: 100B / 524,288). The 1.5B
@@ -96,8 +98,8 @@ class TrainConfig(ConfigBase):
     #: settings a resumed run may change: logging, evaluation, checkpoint cadence, placement and compilation
     #: (every other setting changes the objective, the data order or the schedule, so ``resume`` refuses it);
     #: ``grad_accum`` may change only with the world size, keeping ``grad_accum x ranks`` (checked on resume)
-    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"grad_accum", "out_dir", "log_every", "eval", "checkpoint",
-        "compile", "compile_scope", "device", "parallel", "loss_chunk", "dist_timeout_s"})
+    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"grad_accum", "out_dir", "log_every", "log", "eval",
+        "checkpoint", "compile", "compile_scope", "device", "parallel", "loss_chunk", "dist_timeout_s"})
 
     recipe: str = opt("auto", "'capacity_mixed' (ESSH, Alg. 1), 'budget_dropout' (ES-SSM, Sec. 4.2), "
                       "'nested_ffn' (MatFormer, N.1), 'posthoc' (recovery of a dense parent, E.7: `elastic-ssm "
@@ -123,6 +125,9 @@ class TrainConfig(ConfigBase):
     out_dir: str = opt("runs/train", "run directory: checkpoints, metrics.jsonl, final model")
     seed: int = opt(0, "seed of model init, capacity sampling and budget sampling")
     log_every: int = opt(10, "write a metrics.jsonl training record every this many steps")
+    log: tuple[str, ...] = opt((), "loggers beside metrics.jsonl (the record of truth): any of 'csv' "
+                               "(metrics.csv), 'tensorboard', 'wandb' (extra 'log'; WANDB_MODE=offline works); "
+                               "train/log_sinks.py")
     compile: bool = opt(False, "torch.compile the model (scope: compile_scope; one compile per sampled capacity, "
                         "absorbed by the first steps)")
     compile_scope: str = opt("blocks", "with compile: 'blocks' (each block, one graph per block kind and "
@@ -162,6 +167,9 @@ class TrainConfig(ConfigBase):
               "use compile_scope='blocks'")
         check(self.dist_timeout_s > 0, c, "dist_timeout_s", f"must be > 0 seconds, got {self.dist_timeout_s}")
         check(bool(self.out_dir), c, "out_dir", "must be a directory path")
+        bad = [x for x in self.log if x not in LOG_SINKS]
+        check(not bad and len(set(self.log)) == len(self.log), c, "log",
+              f"takes each of {LOG_SINKS} at most once, got {list(self.log)}")
 
     @property
     def warmup_steps(self) -> int:

@@ -116,7 +116,7 @@ class _Trainer:
         self.data = data(ctx.rank, ctx.world_size) if factory else data
         self.stream = DataStream(self.data)
         self.out = Path(cfg.out_dir)
-        self.log = MetricsLogger(self.out, ctx, progress)
+        self.log = MetricsLogger(self.out, ctx, progress, cfg.log, cfg.to_dict())
         self.val_data, self._val = val_data, None
         self.bpb = bytes_per_token(cfg, model)
         self.sharded = cfg.parallel == "fsdp" and ctx.distributed
@@ -356,7 +356,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
                     if not finished:
                         break
             finally:  # an error message then starts on a line of its own
-                trainer.log.close_bar()
+                trainer.log.close()
                 trainer.watch.close()
             # the final save runs under the same handlers: a SIGTERM / Ctrl-C now lets it finish (a half-written
             # final/ and a silent exit would leave a finished run looking unfinished)

@@ -55,7 +55,9 @@ def read_log(path: str | Path) -> str:
 class MetricsLogger:
     """JSONL records and a tqdm bar on rank 0; silent elsewhere. ``history`` keeps every train record."""
 
-    def __init__(self, out_dir: str | Path, ctx: DistContext, progress: bool = True) -> None:
+    def __init__(self, out_dir: str | Path, ctx: DistContext, progress: bool = True, sinks: tuple[str, ...] = (),
+                 run: dict[str, Any] | None = None) -> None:
+        """``sinks``: ``train.log``'s loggers beside the JSONL (``log_sinks.py``), given ``run`` as their config."""
         self.ctx = ctx
         self.path = Path(out_dir) / "metrics.jsonl"
         self.progress = progress and ctx.is_main
@@ -63,8 +65,13 @@ class MetricsLogger:
         self.evals: list[dict[str, Any]] = []
         self._bar = None
         self._counts: dict[str, int] = {}
+        self.sinks: list = []
         if ctx.is_main:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if sinks:
+                from .log_sinks import make_sinks
+
+                self.sinks = make_sinks(sinks, self.path.parent, run or {})
 
     def start_stage(self, stage: str, total: int, initial: int) -> None:
         self.close_bar()
@@ -85,10 +92,14 @@ class MetricsLogger:
                 from ..utils.files import with_path
 
                 raise with_path(e, self.path) from e
+            for sink in self.sinks:
+                sink.write(record)
 
     def drop_after(self, stage: str, step: int) -> int:
         """Drop the records of ``stage`` after ``step`` (written after the checkpoint a run resumes from, so
         they are written again) and any torn last line; returns how many lines were dropped."""
+        for sink in self.sinks:
+            sink.drop_after(stage, step)
         if not self.path.is_file():
             return 0
         kept, dropped = [], 0
@@ -140,6 +151,13 @@ class MetricsLogger:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+    def close(self) -> None:
+        """The bar and every sink (TensorBoard's file, the W&B run)."""
+        self.close_bar()
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
 def bytes_per_token(cfg: Any, model: nn.Module) -> float:

@@ -1,0 +1,125 @@
+"""Loggers beside ``metrics.jsonl``: ``train.log`` names them (``csv``, ``tensorboard``, ``wandb``).
+
+``metrics.jsonl`` stays the record of truth (the replication reports, resume and the CLI read it); each sink
+gets the same records as they are written, on rank 0 only, and keeps their scalar fields:
+
+* ``csv`` -> ``<out_dir>/metrics.csv``, long format, one row per scalar: ``kind,stage,step,tier,metric,value``
+  (a record's fields differ between stages and recipes, so no fixed columns; ``pandas.pivot`` makes it wide).
+  A resumed stage drops the rows written after its checkpoint, as ``metrics.jsonl`` does.
+* ``tensorboard`` -> ``<out_dir>/tensorboard/`` through ``torch.utils.tensorboard`` (extra ``log``): tags
+  ``<stage>/<metric>`` for training, ``<stage>/eval/<tier>/<metric>`` for validation, at the record's step.
+* ``wandb`` -> a W&B run (extra ``log``) in ``<out_dir>/wandb/``, named after the run directory, with the run
+  file as its config; project from ``WANDB_PROJECT`` (default ``elastic_ssm``); ``WANDB_MODE=offline`` works
+  without an account or network. Keys as TensorBoard's, with ``<stage>/step`` beside them.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+from ..config.train import LOG_SINKS as SINKS
+
+__all__ = ["SINKS", "make_sinks", "scalars"]
+_SKIP = {"kind", "stage", "step", "tier"}
+CSV_FIELDS = ("kind", "stage", "step", "tier", "metric", "value")
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The finite numeric fields of a record, without its keys (kind, stage, step, tier)."""
+    return {k: float(v) for k, v in record.items() if k not in _SKIP and isinstance(v, (int, float))
+            and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def _tag(record: dict[str, Any], metric: str) -> str:
+    stage = record.get("stage", "train")
+    return f"{stage}/eval/{record['tier']}/{metric}" if record.get("kind") == "eval" else f"{stage}/{metric}"
+
+
+class CsvSink:
+    def __init__(self, out_dir: Path, run: dict[str, Any]) -> None:
+        self.path = out_dir / "metrics.csv"
+        if not self.path.is_file():
+            with self.path.open("w", newline="") as f:
+                csv.writer(f).writerow(CSV_FIELDS)
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a", newline="") as f:
+            w = csv.writer(f)
+            for metric, value in scalars(record).items():
+                w.writerow([record.get("kind", ""), record.get("stage", ""), record.get("step", ""),
+                            record.get("tier", ""), metric, repr(value)])
+
+    def drop_after(self, stage: str, step: int) -> None:
+        from ..utils.files import atomic_write_bytes
+
+        with self.path.open(newline="") as f:
+            rows = list(csv.reader(f))
+        kept = [rows[0]] + [r for r in rows[1:] if len(r) == len(CSV_FIELDS)
+                            and not (r[1] == stage and r[2].isdigit() and int(r[2]) > step)]
+        if len(kept) != len(rows):
+            text = "".join(",".join(r) + "\n" for r in kept)
+            atomic_write_bytes(self.path, text.encode())
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardSink:
+    def __init__(self, out_dir: Path, run: dict[str, Any]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        for metric, value in scalars(record).items():
+            self.writer.add_scalar(_tag(record, metric), value, int(record.get("step", 0)))
+
+    def drop_after(self, stage: str, step: int) -> None:
+        pass                   # TensorBoard shows the latest value of a tag and step
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    def __init__(self, out_dir: Path, run: dict[str, Any]) -> None:
+        import os
+
+        import wandb
+
+        (out_dir / "wandb").mkdir(parents=True, exist_ok=True)
+        self.wandb = wandb
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "elastic_ssm"), name=out_dir.name,
+                              dir=str(out_dir), config=run, resume="allow")
+
+    def write(self, record: dict[str, Any]) -> None:
+        values = {_tag(record, m): v for m, v in scalars(record).items()}
+        values[f"{record.get('stage', 'train')}/step"] = int(record.get("step", 0))
+        self.run.log(values)
+
+    def drop_after(self, stage: str, step: int) -> None:
+        pass                   # W&B keeps its history; metrics.jsonl is the record of truth
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+_CLASSES = {"csv": CsvSink, "tensorboard": TensorBoardSink, "wandb": WandbSink}
+assert set(_CLASSES) == set(SINKS)
+_EXTRA = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def make_sinks(names, out_dir: str | Path, run: dict[str, Any]) -> list:
+    """The sinks ``names`` (``train.log``) writing into ``out_dir``; a missing optional package is a one-line
+    ``ImportError`` naming the extra."""
+    sinks = []
+    for name in names:
+        try:
+            sinks.append(_CLASSES[name](Path(out_dir), run))
+        except ModuleNotFoundError as e:
+            raise ImportError(f"train.log {name!r} needs the {_EXTRA.get(name, name)} package ({e.name} is not "
+                              "installed): pip install 'elastic-ssm[log]'") from None
+    return sinks
