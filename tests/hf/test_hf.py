@@ -8,21 +8,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, pipeli
 
 import elastic_ssm as es
 import elastic_ssm.hf  # registers model_type "essh" with the Auto classes
-from elastic_ssm import data
-from elastic_ssm.models.essh import randomize_selective
 
 PROMPT = torch.tensor([list(b"def foo(x):")])
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """A tiny ESSH (gates moved off their identity start) with the byte tokenizer, saved."""
-    torch.manual_seed(0)
-    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny"))).eval()
-    model.tokenizer = data.load_tokenizer("bytes")
-    path = tmp_path_factory.mktemp("hf") / "model"
-    model.save_pretrained(path)
-    return model, path
 
 
 def test_auto_classes_load_our_directory(saved):

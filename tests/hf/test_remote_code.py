@@ -11,8 +11,6 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm import data
-from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.remote_code import AUTO_MAP, REMOTE_CODE
 
 pytest.importorskip("transformers", reason="the hf extra is installed by the dev extra; CI runs these")
@@ -33,16 +31,6 @@ out = model.generate(ids, max_new_tokens=12, do_sample=False)
 print(json.dumps({"config": type(cfg).__name__, "model": type(model).__name__, "tokens": out[0].tolist(),
                   "params": sum(p.numel() for p in model.parameters())}))
 """
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    torch.manual_seed(0)
-    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny"))).eval()
-    model.tokenizer = data.load_tokenizer("bytes")
-    path = tmp_path_factory.mktemp("remote") / "model"
-    model.save_pretrained(path)
-    return model, path
 
 
 def _child(path, tier=""):
