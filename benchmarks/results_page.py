@@ -306,7 +306,23 @@ def summary() -> str:
     ])
 
 
-RENDER = {"summary": summary, "claim1": claim1, "claim1-seeds": claim1_seeds, "claim1-gaps": claim1_gaps,
+def essm_modal() -> str:
+    """ES-SSM decoding, modal against exact (record ``essm-modal``: the es-ssm suite's report rows)."""
+    import csv
+
+    with (RECORDS / "essm-modal" / "eval.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = []
+    for r in rows:
+        exact = r["decode"] == "exact"
+        fit = ("-", "-") if exact else (f"{float(r['fit_max']):.3g}", f"{float(r['fit_mean']):.3g}")
+        out.append([r["K"], r["decode"], r["m"], *fit, f"{float(r['bpb']):.5f}", f"{float(r['delta_bpb']):+.1e}",
+                    f"{int(r['state_bytes']):,}"])
+    return table(["K", "decode", "m", "fit error max", "fit error mean", "bpb", "Δ bpb vs exact", "state bytes/seq"],
+                 out)
+
+
+RENDER = {"essm-modal": essm_modal, "summary": summary, "claim1": claim1, "claim1-seeds": claim1_seeds, "claim1-gaps": claim1_gaps,
           "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3, "claim3-steps": claim3_steps,
           "claim4": claim4, "claim5": claim5, "claim5-sizes": claim5_sizes}
 
