@@ -39,6 +39,7 @@ from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
 from ..utils.devices import checked_device
 from ..utils.files import atomic_write_bytes
+from .generation import check_attention_mask
 from .legacy import legacy_names, refuse_legacy, upgrade_state_dict
 
 FORMAT_VERSION = 1
@@ -196,8 +197,6 @@ def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = No
         raise ValueError(f"token ids must lie in [0, vocab_size={vocab_size}); "
                          f"got range [{int(input_ids.min())}, {int(input_ids.max())}]")
     if attention_mask is not None:
-        from .generation import check_attention_mask
-
         check_attention_mask(attention_mask, left_padding=left_padding)
 
 

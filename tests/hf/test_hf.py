@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, pipeli
 import elastic_ssm as es
 import elastic_ssm.hf  # registers model_type "essh" with the Auto classes
 from elastic_ssm import data
-from elastic_ssm.models.essh import randomize_selective
+from elastic_ssm.models.testing import randomize_selective
 
 PROMPT = torch.tensor([list(b"def foo(x):")])
 
