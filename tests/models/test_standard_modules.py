@@ -136,7 +136,7 @@ def test_a_directory_of_the_old_layout_is_refused_in_one_line(cls, name):
         assert "\n" not in str(e.value) and str(path / "model.safetensors") in str(e.value)
     saved = json.loads((path / "config.json").read_text())
     fresh = cls(model_config_from_dict({"arch": saved["arch"], **saved["config"]}))
-    with pytest.raises(ValueError, match=r"the state dict holds blocks\.0\..* before the projections became nn.Linear") as e:
+    with pytest.raises(ValueError, match=r"the state dict holds blocks\.0\..* before the projections became") as e:
         fresh.load_state_dict(load_file(str(path / "model.safetensors")))
     assert "\n" not in str(e.value)
 
