@@ -10,7 +10,9 @@ points at ``p.name`` when that is a module, else at ``p``.
 
 Hot paths: ``forward`` and ``step`` of the layers, models, ops and elastic modules, and every function of the
 package they call (followed through ``self.method``, module functions and names imported from the package),
-hold no import statement.
+hold no import statement, but of an optional extra (``OPTIONAL_EXTRAS``) or of a module that imports one at its
+top (the Triton kernel modules): ``import elastic_ssm`` never loads those, so they load where their path first
+runs.
 """
 
 import ast
