@@ -322,8 +322,9 @@ def essm_modal() -> str:
                  out)
 
 
-RENDER = {"essm-modal": essm_modal, "summary": summary, "claim1": claim1, "claim1-seeds": claim1_seeds, "claim1-gaps": claim1_gaps,
-          "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3, "claim3-steps": claim3_steps,
+RENDER = {"essm-modal": essm_modal, "summary": summary, "claim1": claim1, "claim1-seeds": claim1_seeds,
+          "claim1-gaps": claim1_gaps, "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3,
+          "claim3-steps": claim3_steps,
           "claim4": claim4, "claim5": claim5, "claim5-sizes": claim5_sizes}
 
 

@@ -107,7 +107,8 @@ def _cpu_ms_per_token(model, x: torch.Tensor, fast: bool, n: int) -> float:
 def run_generate_paths(opts: GeneratePathsOptions, ctx) -> list[dict]:
     """A row per (preset, path): ``{"preset", "path", "ms_per_token"}``."""
     from ..config import ESSHConfig
-    from ..models.essh import ESSH, randomize_selective
+    from ..models.essh import ESSH
+    from ..models.testing import randomize_selective
 
     threads = torch.get_num_threads()
     torch.set_num_threads(opts.threads)

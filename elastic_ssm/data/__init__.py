@@ -11,16 +11,7 @@ Typical use::
 See docs/data.md for sources, ``elastic-ssm prepare``, BPE training and resume semantics.
 """
 
-from .corpora import (
-    VAL_FRACTION,
-    folder_files,
-    iter_documents,
-    split_by_path,
-    stdlib_corpus,
-    stdlib_files,
-    stdlib_root,
-    stdlib_split_files,
-)
+from .corpora import folder_files, iter_documents, stdlib_corpus
 from .packing import (
     PackedBatches,
     TokenArray,
@@ -30,6 +21,7 @@ from .packing import (
     num_windows,
     pack_documents,
 )
+from .splits import VAL_FRACTION, split_by_path, stdlib_files, stdlib_root, stdlib_split_files
 from .synthetic import IGNORE, masked_accuracy, mqar, palindrome, synthetic_batches
 from .tokenfile import TokenFile, load_corpus, prepare, sidecar_path, token_dtype
 from .tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer, train_bpe

@@ -11,13 +11,13 @@ the installed packages (hundreds of MB on a machine with torch, jax and transfor
 Every ``.py`` file (``__pycache__`` and hidden folders skipped) is named ``<label>/<relative path>``
 (``stdlib/json/decoder.py``, ``site-packages/torch/nn/modules/linear.py``, ``root0/...`` for given roots),
 the names are sorted, files with the same bytes as an earlier name are dropped (site-packages often hold
-vendored copies) and the rest are split BY FILE with the stdlib splitter (``corpora.split_by_path``: a
+vendored copies) and the rest are split BY FILE with the stdlib splitter (``splits.split_by_path``: a
 stable hash of the name, 2% to validation, at least 8 files). The split therefore never puts two copies
 of one file on both sides.
 
 ``manifest(spec)`` reads every file once to hash it; the result is cached on disk (``cache.cache_dir()``,
 ``pysrc-manifest-<key>.json``, the key covering every candidate's name, size and modification time), so a
-second process only lists and stats the files. ``load_corpus`` keeps the byte tokens of each split in a
+second process only lists and stats the files. ``tokenfile.load_corpus`` keeps the byte tokens of each split in a
 prepared token file under the same cache (``tokens/pysrc-<key>/<split>.bin``), so a resumed run or an
 evaluation maps 600 MB of tokens instead of re-reading 300 MB of files.
 """
@@ -31,9 +31,10 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from .corpora import STDLIB_MIN_VAL_FILES, VAL_FRACTION, split_by_path, stdlib_files, stdlib_root
+from ..utils.files import atomic_write_text
+from .splits import STDLIB_MIN_VAL_FILES, VAL_FRACTION, split_by_path, stdlib_files, stdlib_root
 
-__all__ = ["PREFIX", "is_pysrc", "pysrc_roots", "PySrcManifest", "manifest", "iter_pysrc", "pysrc_tokens"]
+__all__ = ["PREFIX", "is_pysrc", "pysrc_roots", "PySrcManifest", "manifest", "iter_pysrc", "describe_split_files"]
 
 PREFIX = "pysrc"
 MANIFEST_VERSION = 1
@@ -117,8 +118,7 @@ class PySrcManifest:
 
 def manifest(spec: str, cache: bool = True) -> PySrcManifest:
     """List, stat, hash (once, then cached), deduplicate and split the files of ``spec``."""
-    from ..spectral.cache import cache_dir
-    from ..utils.files import atomic_write_text
+    from ..spectral.cache import cache_dir  # here, not at import: the spectral package imports scipy
 
     cands = _candidates(spec)
     stats = [(name, p.stat()) for name, p in cands]
@@ -161,23 +161,6 @@ def iter_pysrc(spec: str, split: str | None = None):
         data = Path(m.files[name]).read_bytes()
         if data:
             yield data
-
-
-def pysrc_tokens(spec: str, tokenizer, split: str):
-    """The tokens of one split as a memory-mapped ``TokenFile`` from the cache (prepared on first use)."""
-    from ..spectral.cache import cache_dir
-    from .tokenfile import TokenFile, prepare
-
-    m = manifest(spec)
-    tag = hashlib.sha256(f"{m.key}\0{tokenizer.spec}\0{getattr(tokenizer, 'sha256', '')}".encode()).hexdigest()
-    path = cache_dir() / "tokens" / f"pysrc-{tag[:24]}" / f"{split}.bin"
-    try:
-        tf = TokenFile(path)
-        if tf.meta.get("pysrc", {}).get("manifest") == m.key:
-            return tf
-    except (FileNotFoundError, ValueError):
-        pass
-    return prepare(spec, path, tokenizer, split=split, show_progress=False, extra_meta={"pysrc": m.stats(split)})
 
 
 def describe_split_files(train_meta: dict, val_meta: dict) -> str:

@@ -18,8 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from ..utils.files import atomic_write_text, atomic_writer
-from .corpora import VAL_FRACTION, cap_bytes, iter_documents, stdlib_root
+from .corpora import cap_bytes, iter_documents
 from .packing import TokenArray, iter_token_chunks, pack_documents
+from .pysrc import is_pysrc, manifest
+from .splits import VAL_FRACTION, stdlib_root
 from .tokenizers import load_tokenizer
 
 FORMAT = "elastic_ssm.tokens"
@@ -46,8 +48,6 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
     exactly there). ``extra_meta`` is added to the sidecar (a ``pysrc`` source records its file and byte
     counts there by default). Returns the opened ``TokenFile``.
     """
-    from .pysrc import is_pysrc, manifest
-
     out_path = Path(out_path)
     if out_path.suffix != ".bin":     # load_corpus knows a token file by its name: anything else is read as text
         raise ValueError(f"{out_path}: a token file's name must end in .bin (e.g. {out_path.with_suffix('.bin')}), "
@@ -201,12 +201,10 @@ def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_b
     * a folder holding ``<split>.bin`` (e.g. ``prepare``'s ``train.bin`` / ``validation.bin``): that file; a
       folder holding other ``*.bin`` files but not this split's is an error (never read as text);
     * ``"pysrc..."`` with a split and no ``max_bytes``: that split's prepared token file in the cache
-      (``pysrc.pysrc_tokens``; prepared on first use);
+      (``pysrc_tokens``; prepared on first use);
     * anything else (``"stdlib"`` by default): tokenized in memory into a ``TokenArray``; ``max_bytes``
       caps the raw text read. Large corpora belong in a prepared file instead.
     """
-    from .pysrc import is_pysrc, pysrc_tokens
-
     tok = load_tokenizer(tokenizer)
     if is_pysrc(source) and split is not None and not max_bytes:
         return pysrc_tokens(str(source), tok, split)       # prepared once into the cache, then memory-mapped
@@ -242,3 +240,19 @@ def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_b
                          "file or folder") from None
     arr.meta.update(source=str(source), split=split, tokenizer=tok.spec)
     return arr
+
+
+def pysrc_tokens(spec: str, tokenizer, split: str):
+    """The tokens of one split as a memory-mapped ``TokenFile`` from the cache (prepared on first use)."""
+    from ..spectral.cache import cache_dir  # here, not at import: the spectral package imports scipy
+
+    m = manifest(spec)
+    tag = hashlib.sha256(f"{m.key}\0{tokenizer.spec}\0{getattr(tokenizer, 'sha256', '')}".encode()).hexdigest()
+    path = cache_dir() / "tokens" / f"pysrc-{tag[:24]}" / f"{split}.bin"
+    try:
+        tf = TokenFile(path)
+        if tf.meta.get("pysrc", {}).get("manifest") == m.key:
+            return tf
+    except (FileNotFoundError, ValueError):
+        pass
+    return prepare(spec, path, tokenizer, split=split, show_progress=False, extra_meta={"pysrc": m.stats(split)})

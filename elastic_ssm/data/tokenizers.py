@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..utils.files import atomic_write_text
+from .corpora import cap_bytes, iter_documents
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<sep>")
 META_FILE = "elastic_tokenizer.json"
@@ -222,8 +223,6 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least "
                          f"{256 + len(SPECIAL_TOKENS)} (256 bytes + {len(SPECIAL_TOKENS)} specials)")
-    from .corpora import cap_bytes, iter_documents
-
     if isinstance(files_or_iterator, (str, Path)):
         docs = iter_documents(files_or_iterator)
     elif isinstance(files_or_iterator, (list, tuple)) and all(
@@ -253,8 +252,6 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
         raise ValueError(f"the tokenizer's training text is empty ({what} holds no text); give a non-empty source")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    from ..utils.files import atomic_write_text
-
     atomic_write_text(out_path, tok.to_str())
     return BPETokenizer(tok, out_path.resolve())
 

@@ -25,6 +25,7 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from ..elastic.slicing import empty_linear, linear, linear_weight
 from ..ops.rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -66,8 +67,6 @@ def swa_block_mask(T: int, window: int, device, block_size: int = 128):
     ``(i - j) bs +- (bs - 1)``; tiles inside the band are "full" (no mask_mod call), tiles that cross an
     edge "partial", the rest are skipped.
     """
-    from torch.nn.attention.flex_attention import BlockMask
-
     nb = -(-T // block_size)
     rel = (torch.arange(nb, device=device)[:, None] - torch.arange(nb, device=device)[None, :]) * block_size
     lo, hi = rel - (block_size - 1), rel + (block_size - 1)  # [nb, nb] extremes of q - k in the tile
@@ -89,8 +88,6 @@ def _cached_block_mask(T: int, window: int, device: torch.device, block_size: in
 
 @functools.cache
 def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -145,8 +142,6 @@ def swa_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, blo
     graph the sequence runs at ``flex_length(T)`` (zero padding at the end, dropped from the output), so
     prompts of many lengths compile few kernels.
     """
-    from torch.nn.attention.flex_attention import flex_attention
-
     T = q.shape[-2]
     if torch.compiler.is_compiling():
         return flex_attention(q, k, v, block_mask=swa_block_mask(T, window, q.device, block_size))

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
-from ..ops.spectral_scan import spectral_scan_step
+from ..ops.spectral_scan import scan, spectral_scan_step
 from ..ops.spectral_scan.decode_triton import ModalConstants
 from ..ops.spectral_scan.inputs import ModalTables
 from .decode_plan import SpectralPlan, in_by_out_copy
@@ -128,8 +128,6 @@ class SpectralMixer(nn.Module):
                 initial_state: torch.Tensor | None = None, output_final_state: bool = False,
                 backend: str = "auto"):
         """u [B,T,D] -> y [B,T,D] (and the final state [B,K,M,2,P] when ``output_final_state``)."""
-        from ..ops.spectral_scan import scan
-
         K = self.K if K is None else K
         v, write, read, clock = self._controls(u, K, valid)
         # gates in (0, 2), clock = softplus >= 0 and rho = exp(-softplus) in [0, 1] by construction: no range check

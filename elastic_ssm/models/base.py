@@ -13,8 +13,9 @@ and, when the model carries one (``model.tokenizer``), its tokenizer (``data/tok
 (``elastic_ssm.hf``).
 
 ``from_pretrained(path, tier="T4")`` builds the tier's standalone config and reads only the retained
-prefixes of the elastic tensors (``elastic/slicing.py``) with strict key matching. Files written before
-the projections became ``nn.Linear`` modules are converted on load (``models/legacy.py``).
+prefixes of the elastic tensors (``elastic/slicing.py``) with strict key matching. Files and state dicts
+written before the projections became ``nn.Linear`` modules (commit 5572818) are refused in one line that says
+how to convert them (``_older_layout``).
 Subclasses implement ``tier_config`` and ``slice_rules`` (classmethods on a config, so loading a tier
 never instantiates the full model) and build their modules without non-persistent buffers, so that a
 model created on the meta device is completed by ``load_state_dict(assign=True)``.
@@ -39,7 +40,7 @@ from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
 from ..utils.devices import checked_device
 from ..utils.files import atomic_write_bytes
-from .legacy import legacy_names, refuse_legacy, upgrade_state_dict
+from .generation import check_attention_mask
 from .remote_code import AUTO_MAP, write_remote_code
 
 FORMAT_VERSION = 1
@@ -203,8 +204,6 @@ def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = No
         raise ValueError(f"token ids must lie in [0, vocab_size={vocab_size}); "
                          f"got range [{int(input_ids.min())}, {int(input_ids.max())}]")
     if attention_mask is not None:
-        from .generation import check_attention_mask
-
         check_attention_mask(attention_mask, left_padding=left_padding)
 
 
@@ -227,7 +226,7 @@ class ElasticModel(nn.Module):
         #: the tokenizer entry of the loaded config.json (kept when the tokenizer itself cannot be loaded)
         self.tokenizer_record: dict[str, Any] | None = None
         self.name_or_path = ""
-        self.register_load_state_dict_pre_hook(refuse_legacy)   # old layouts convert through from_pretrained
+        self.register_load_state_dict_pre_hook(_refuse_older_layout)
 
     # ---- tiers -----------------------------------------------------------------------------------
     def resolve_tier(self, tier: TierLike = None) -> tiers_mod.Tier:
@@ -395,8 +394,6 @@ class ElasticModel(nn.Module):
             raise CheckpointError(f"{wfile} could not be read ({e}); the file is corrupted or truncated") from e
         if check is not None:
             check.result()
-        if legacy_names(state, cls.arch):   # written before nn.Linear: convert, then cut the tier's prefixes
-            state = slice_state_dict(upgrade_state_dict(state, cls.arch), rules, clone=True)
         if dtype is not None:
             state = {k: v.to(dtype) if v.is_floating_point() and not re.fullmatch(cls.keep_fp32, k) else v
                      for k, v in state.items()}
@@ -489,8 +486,30 @@ def _check_loaded_values(state: dict[str, torch.Tensor], keep_fp32: str, origin:
                               "the file is damaged: load an earlier checkpoint")
 
 
+def _older_layout(expected: Any, given: Any, origin: Any) -> str | None:
+    """The one-line refusal of tensors saved before the projections became ``nn.Linear`` modules (commit 5572818:
+    ``mixer.in_proj`` where the model holds ``mixer.in_proj.weight``), or None when ``given`` is not such a set."""
+    old = next((k for k in given if f"{k}.weight" in expected and k not in expected), None)
+    return None if old is None else (
+        f"{origin} holds {old} where this version has {old}.weight: it was written before the projections became "
+        "nn.Linear modules (commit 5572818), a layout this version does not read; load it once with elastic_ssm at a "
+        "commit from 5572818 to 8e29349 (they convert it on load) and save_pretrained it again")
+
+
+def _refuse_older_layout(module: nn.Module, state: dict[str, torch.Tensor], prefix: str, *_: Any) -> None:
+    """``load_state_dict`` pre-hook of the elastic models: a state dict of the older layout (a training checkpoint
+    written before commit 5572818) is refused in one line, not with torch's list of missing and unexpected keys."""
+    given = [k[len(prefix):] for k in state if k.startswith(prefix)]
+    message = _older_layout(set(module.state_dict()), given, "the state dict")
+    if message:
+        raise ValueError(message)
+
+
 def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], origin: Any) -> None:
     expected = model.state_dict()
+    older = _older_layout(set(expected), state, origin)
+    if older:
+        raise CheckpointError(older)
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:

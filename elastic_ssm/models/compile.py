@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..ops import resolve_backend
+
 __all__ = ["compile_model", "compile_trunk", "compiled_trunk", "scan_backend", "trunk_for"]
 
 _KEY = "_compiled_trunk"  # the model's __dict__ entry (not a submodule, not a parameter: a deep copy keeps it)
@@ -75,8 +77,6 @@ def scan_backend(model: Any, backend: str, device: torch.device) -> str:
     """The scan backend name of ``model``'s spectral layers on ``device``, resolved eagerly from ``backend``
     ("auto" | "torch" | "fla" | "naive", ``ops/dispatch.py``) for the scan's compute dtype (at least float32);
     ``backend`` unchanged when the model has no spectral layer."""
-    from ..ops import resolve_backend
-
     mixer = next((b.mixer for b in getattr(model, "blocks", []) if getattr(b, "kind", None) == "S"), None)
     if mixer is None:
         return backend

@@ -9,7 +9,7 @@ norms are shared by every tier (Sec. 4.2).
 
 Architecture only: compiling the trunk and resolving the scan backend live in ``compile.py``, the training
 knob of FFN gradient scaling (D.4) in ``train/losses.py`` (``ffn_grad_scaled``), test helpers in
-``testing.py`` (``randomize_selective``, still importable from here).
+``testing.py`` (``randomize_selective``).
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ from .base import ElasticModel, check_token_inputs
 from .cache import ESSHCache
 from .compile import compile_trunk, scan_backend, trunk_for
 from .generation import GenerationMixin
-from .testing import randomize_selective
 
-__all__ = ["ESSH", "ESSHBlock", "randomize_selective"]
+__all__ = ["ESSH", "ESSHBlock"]
 
 #: Channel-indexed tensors of the spectral mixers, cut to the first K_T channels: rows (dim 0) ...
 _MIXER_TENSORS = r"blocks\.\d+\.mixer\.(gate_bias|rho_raw|theta|kc|ks|a|beta)"

@@ -36,7 +36,6 @@ import torch
 from torch import nn
 
 from ..config import ConfigBase, ConfigError, TrainConfig, resolve_precision
-from .budget_dropout import make_recipe, resolve_recipe_name
 from .checkpoint import (
     DataStream,
     find_checkpoint,
@@ -63,6 +62,7 @@ from .losses import IGNORE_INDEX, LossModule
 from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, take_batches, validation_records
 from .optim import WarmupCosine, build_adamw, set_lr
 from .preflight import StopSignals, TrainingInterrupted, config_changes, start_run
+from .recipes import make_recipe, resolve_recipe_name
 
 __all__ = ["train", "refine", "TrainResult"]
 

@@ -16,14 +16,13 @@ The paper's protocol for the dense-control parent, step by step:
    and label cross-entropy, both with coefficient one), with a 1% warm-up to the constant learning rate
    1e-4 (``posthoc_train_config``). The full-capacity mask is trained too (it is the "100% mask").
 
-``elastify(parent, data, cfg)`` runs all three and returns ``train()``'s result. The frozen parent rides on
+``recover.elastify(parent, data, cfg)`` runs all three and returns ``train()``'s result. The frozen parent rides on
 the student as ``model.__dict__["frozen_teacher"]`` (not a submodule: it is not trained, checkpointed or
 wrapped by DDP), where ``LossModule`` finds it.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -35,7 +34,7 @@ from .capacity_mixed import MicroPlan, Recipe, slot_rng
 from .ffn_order import enable_tracking, order_ffn_units
 
 __all__ = ["PosthocRecovery", "calibrate", "channel_energy", "permute_channels", "posthoc_train_config",
-           "elastify", "mask_summary", "CHANNEL_TENSORS"]
+           "mask_summary", "CHANNEL_TENSORS"]
 
 #: ``(parameter name, channel dim)`` of the spectral mixer's channel-indexed tensors, permuted together by
 #: ``permute_channels``: ``in_proj.weight`` [K (P + 3M), D] rows (P + 3M per channel, channel-major),
@@ -60,7 +59,7 @@ class PosthocRecovery(Recipe):
     def from_config(cls, model: nn.Module, cfg: Any) -> PosthocRecovery:
         if model.__dict__.get("frozen_teacher") is None:
             raise ValueError("TrainConfig.recipe='posthoc' recovers a dense-trained parent under its frozen copy: "
-                             "run `elastic-ssm recover PARENT --protocol posthoc` or elastic_ssm.train.posthoc."
+                             "run `elastic-ssm recover PARENT --protocol posthoc` or elastic_ssm.train.recover."
                              "elastify, not `train` from scratch")
         return cls(model.config, cfg.mixing.capacities, cfg.seed)
 
@@ -156,31 +155,6 @@ def calibrate(model: nn.Module, batches: list[Any], channel_order: str = "origin
     for f in ffns:
         f.act_sq = None
     return {"ffn": ffn_perms, "channels": ch_perms, "tokens": tokens}
-
-
-def elastify(parent: nn.Module, data: Any, cfg: Any, calibration: list[Any], val_data: Any = None,
-             masks: tuple[float, ...] | None = None, channel_order: str = "original", **train_kw: Any):
-    """Post-hoc elastification of the dense-trained ESSH ``parent`` (E.7): calibrate and reorder a copy,
-    then recover it under the frozen ``parent`` with ``train()`` (``posthoc_train_config(cfg, masks)``).
-
-    ``calibration``: batches of ``(input_ids, labels)`` for the ranking; ``data`` / ``val_data`` as for
-    ``train``. Returns ``train()``'s ``TrainResult`` (its ``model`` is the elastified student; every tier of
-    the two-rate map exports from it); ``result.calibration`` holds the permutations."""
-    from .loop import train
-
-    if not hasattr(parent, "ffn_layers") or not hasattr(parent, "blocks"):
-        raise TypeError(f"elastify needs an ESSH parent, got {type(parent).__name__}")
-    student = copy.deepcopy(parent)
-    student.source = {"posthoc_parent": getattr(parent, "name_or_path", "") or "in memory"}
-    ranking = calibrate(student, calibration, channel_order)
-    teacher = copy.deepcopy(parent).eval().requires_grad_(False)
-    student.__dict__["frozen_teacher"] = teacher
-    try:
-        result = train(student, data, posthoc_train_config(cfg, masks), val_data=val_data, **train_kw)
-    finally:
-        student.__dict__.pop("frozen_teacher", None)
-    result.calibration = ranking
-    return result
 
 
 def mask_summary(cfg: Any, masks: tuple[float, ...]) -> list[dict[str, Any]]:

@@ -13,8 +13,9 @@ the paper's protocols, evaluates again and returns both tables:
   trained at its fixed shape with label cross-entropy only (no distillation, no full-model term),
   ``cfg.refine.steps`` steps at ``cfg.refine.lr`` (the paper: twice the refinement steps), one run per tier
   under ``<out_dir>/<tier>``.
-* ``"posthoc"`` — post-hoc elastification (E.7, ``posthoc.py``): calibration ranking, nested masks,
-  recovery under the frozen parent with forward KL + CE at constant lr 1e-4 for ``cfg.refine.steps`` steps.
+* ``"posthoc"`` — post-hoc elastification (E.7, ``elastify`` below, its parts in ``posthoc.py``): calibration
+  ranking, nested masks, recovery under the frozen parent with forward KL + CE at constant lr 1e-4 for
+  ``cfg.refine.steps`` steps.
 
 ``elastic-ssm recover PARENT --protocol ...`` (``recover_cli.py``) runs this on a saved model. The quickstart's
 dense control runs the same refinement stage inside its own dense run (``train(..., stages=("pretrain",
@@ -23,6 +24,7 @@ dense control runs the same refinement stage inside its own dense run (``train(.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +32,12 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["PROTOCOLS", "Recovery", "truncate_and_recover"]
+from ..elastic.export import export_tier
+from ..eval.perplexity import evaluate_tiers
+from .loop import train
+from .posthoc import calibrate, posthoc_train_config
+
+__all__ = ["PROTOCOLS", "Recovery", "truncate_and_recover", "elastify"]
 
 PROTOCOLS = ("refine", "label_only", "posthoc")
 
@@ -67,10 +74,6 @@ def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: lis
     training batches for the ranking; ``masks`` (posthoc): mask fractions (default ``cfg.mixing.capacities``).
     ``train_kw`` goes to ``train``.
     """
-    from ..elastic.export import export_tier
-    from ..eval.perplexity import evaluate_tiers
-    from .loop import train
-
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     if cfg.refine.steps < 1:
@@ -83,8 +86,6 @@ def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: lis
         recovered = evaluate_tiers(res.model, val_batches, names, bytes_per_token=bytes_per_token)
         return Recovery(protocol, truncated, recovered, res.model, results=[res])
     if protocol == "posthoc":
-        from .posthoc import elastify
-
         if not calibration:
             raise ValueError("protocol 'posthoc' needs calibration batches (E.7: a 2M-token calibration subset)")
         res = elastify(model, data, cfg.replace(steps=cfg.refine.steps), calibration, val_data=val_batches,
@@ -102,3 +103,25 @@ def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: lis
         exports[t.name], results = res.model, [*results, res]
     return Recovery(protocol, truncated, recovered, model, exports, results)
 
+
+def elastify(parent: nn.Module, data: Any, cfg: Any, calibration: list[Any], val_data: Any = None,
+             masks: tuple[float, ...] | None = None, channel_order: str = "original", **train_kw: Any):
+    """Post-hoc elastification of the dense-trained ESSH ``parent`` (E.7): calibrate and reorder a copy,
+    then recover it under the frozen ``parent`` with ``train()`` (``posthoc.posthoc_train_config(cfg, masks)``).
+
+    ``calibration``: batches of ``(input_ids, labels)`` for the ranking; ``data`` / ``val_data`` as for
+    ``train``. Returns ``train()``'s ``TrainResult`` (its ``model`` is the elastified student; every tier of
+    the two-rate map exports from it); ``result.calibration`` holds the permutations."""
+    if not hasattr(parent, "ffn_layers") or not hasattr(parent, "blocks"):
+        raise TypeError(f"elastify needs an ESSH parent, got {type(parent).__name__}")
+    student = copy.deepcopy(parent)
+    student.source = {"posthoc_parent": getattr(parent, "name_or_path", "") or "in memory"}
+    ranking = calibrate(student, calibration, channel_order)
+    teacher = copy.deepcopy(parent).eval().requires_grad_(False)
+    student.__dict__["frozen_teacher"] = teacher
+    try:
+        result = train(student, data, posthoc_train_config(cfg, masks), val_data=val_data, **train_kw)
+    finally:
+        student.__dict__.pop("frozen_teacher", None)
+    result.calibration = ranking
+    return result

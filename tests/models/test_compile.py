@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import elastic_ssm as es
 from elastic_ssm.layers import attention
 from elastic_ssm.layers.attention import SlidingWindowAttention, flex_length, swa_block_mask, swa_flex, window_mask
-from elastic_ssm.models.essh import randomize_selective
+from elastic_ssm.models.testing import randomize_selective
 from elastic_ssm.ops import ModalTables
 
 NAMES = ("v", "write", "read", "clock", "rho", "theta", "kc", "ks", "a", "initial_state")
@@ -87,7 +87,7 @@ _INDUCTOR_SCALAR_CHECK = """
 import torch
 import torch._inductor.config as inductor_config
 import elastic_ssm as es
-from elastic_ssm.models.essh import randomize_selective
+from elastic_ssm.models.testing import randomize_selective
 
 torch.manual_seed(0)
 model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny")), zero_lag=True)
@@ -185,8 +185,6 @@ def test_padded_flex_backward_equals_the_band_mask(monkeypatch):
     """The zero padding up to ``flex_length`` changes no gradient: padded queries' outputs are dropped, so their
     (zero) output gradients give the real keys nothing (float64). flex has no CPU backward, so the band attention
     at the padded length is the masked SDPA here (on GPU: tests/models/test_compile_gpu.py)."""
-    import torch.nn.attention.flex_attention as fa
-
     W, T, bs = 16, 37, 16
 
     def band_attention(q, k, v, block_mask):
@@ -194,7 +192,7 @@ def test_padded_flex_backward_equals_the_band_mask(monkeypatch):
         i = torch.arange(q.shape[-2])
         return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(i, i, W))
 
-    monkeypatch.setattr(fa, "flex_attention", band_attention)
+    monkeypatch.setattr(attention, "flex_attention", band_attention)
     idx = torch.arange(T)
     leaves = [torch.randn(2, 3, T, 8, dtype=torch.float64, requires_grad=True) for _ in range(3)]
     dy = torch.randn(2, 3, T, 8, dtype=torch.float64)

@@ -12,10 +12,9 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm.config import ConfigError, load_any_config
+from elastic_ssm.config import ConfigError, load_any_config, resolve_precision
 from elastic_ssm.train import CapacityMixed, RefineConfig, TrainConfig, make_recipe, train
 from elastic_ssm.train.capacity_mixed import reserved_slots
-from elastic_ssm.train.config import resolve_precision
 from elastic_ssm.train.dist import DistContext
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

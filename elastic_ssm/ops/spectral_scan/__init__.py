@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..dispatch import resolve_backend
+from .chunk_fla import fla_spectral_scan
 from .chunk_torch import chunk_spectral_scan
 from .edges import host_sync_allowed, poison_out_of_range, validate_scan_values
 from .inputs import ModalTables, validate_scan_inputs
@@ -71,8 +72,6 @@ def scan(
         K, P, M = v.shape[2], v.shape[3], write.shape[-1]
         return torch.zeros_like(v), v.new_zeros((0, K, M, 2, P), dtype=state_dtype) if output_final_state else None
     if name == "fla":
-        from .chunk_fla import fla_spectral_scan
-
         return fla_spectral_scan(v, write, read, clock, modal, initial_state, output_final_state)
     if name == "naive":
         return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)

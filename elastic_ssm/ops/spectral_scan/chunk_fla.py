@@ -28,7 +28,9 @@ import torch
 
 from .chunk_torch import _rotation
 from .edges import capped_log_decay, host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
+from .gla_op import gla_chunk
 from .inputs import ModalTables
+from .naive import naive_spectral_scan
 
 
 def _absolute_phase(theta: torch.Tensor, T: int) -> torch.Tensor:
@@ -118,11 +120,7 @@ def fla_spectral_scan(
     (whose ``A @ V`` per chunk would otherwise spread ``0 * NaN`` to earlier positions of its chunk) and the
     outputs are NaN exactly where the spec's are (one host sync: a sum over the inputs decides).
     """
-    from .gla_op import gla_chunk
-
     if v.shape[1] == 0:
-        from .naive import naive_spectral_scan
-
         return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)
     z_bad = state_bad = None
     if host_sync_allowed(v):

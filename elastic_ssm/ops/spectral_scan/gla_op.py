@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..dispatch import persist_autotuning
+
 _RCP_LN2 = 1.0 / math.log(2.0)
 
 
@@ -50,8 +52,6 @@ def local_cumsum_log2(g: Tensor, C: int) -> Tensor:
 
 
 def _kernels():
-    from ..dispatch import persist_autotuning
-
     persist_autotuning()
     from fla.ops.gla import chunk as fla_chunk  # optional dependency (CUDA + triton)
 
