@@ -8,7 +8,7 @@ import pytest
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
-from elastic_ssm.cli_args import checked_capacities, checked_tiers, tier_names, write_csv
+from elastic_ssm.cli_util import checked_capacities, checked_tiers, tier_names, write_csv
 from elastic_ssm.config import ConfigError
 
 

@@ -6,7 +6,7 @@ request (``--bench.benchmarks es_ssm_decode``) the ES-SSM decode step per budget
 generate, train, serve, prints every row as it completes, and returns (and writes as JSON) ``{"env",
 "config", "memory", "decode", "prefill", "generate", "train", "serve", "ratios"}``; with ``docs`` set it
 appends the tables to ``docs/benchmarks.md``. A failing or out-of-memory benchmark is recorded in its row
-(``error``) and the run goes on. ``main(argv)`` is the command-line entry (flags derived from ``BenchConfig``).
+(``error``) and the run goes on. ``elastic-ssm bench`` derives its ``--bench.*`` flags from ``BenchConfig``.
 Protocols: ``decode.py``, ``prefill.py``, ``generate.py`` (the user's ``model.generate`` path), ``train.py``,
 ``serve.py`` (concurrent streams against a real ``elastic-ssm serve`` process; only when named),
 ``memory.py``, ``es_ssm_decode.py``; peers and matching: ``peers.py``; timing helpers: ``timing.py``.
@@ -246,7 +246,7 @@ def _check_before_running(cfg: BenchConfig, given: dict) -> None:
     """What would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a
     device this machine lacks, and output paths that cannot be written (a folder where the JSON or markdown
     file goes, a file where the suite's folder goes, an empty ``--bench.out_dir``)."""
-    from ..cli_args import check_output_path
+    from ..cli_util import check_output_path
     from ..utils.devices import checked_device
 
     for key in ("set", "only"):
@@ -301,12 +301,9 @@ def bench_command(given: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """``elastic-ssm bench --bench.preset 1.5b --bench.batches 1 16 ...`` or ``--bench.suite NAME`` (flags from
-    ``BenchConfig``)."""
-    from ..cli_args import add_dataclass_flags, collect_overrides
-    from ..cli_errors import Parser
+    """``elastic-ssm bench --bench.preset 1.5b --bench.batches 1 16 ...`` or ``--bench.suite NAME``: the same
+    command line as ``elastic-ssm bench`` (flags derived from ``BenchConfig``); returns the results."""
+    from ..cli import parse
+    from ..cli_util import overrides
 
-    parser = Parser(prog="elastic-ssm bench", description=__doc__.splitlines()[0])
-    add_dataclass_flags(parser, BenchConfig, "bench")
-    ns = parser.parse_args(argv)
-    return bench_command(collect_overrides(ns, "bench"))
+    return bench_command(overrides(parse("bench", list(argv or [])), "bench"))

@@ -15,7 +15,7 @@ import json
 import math
 from pathlib import Path
 
-from ..cli_args import announce_device, checked_capacities, refuse_existing, resolve_device, spelled, status, write_csv
+from ..cli_util import announce_device, checked_capacities, refuse_existing, resolve_device, spelled, status, write_csv
 from ..config import ConfigError
 from ..utils.files import atomic_write_text
 
@@ -184,10 +184,10 @@ def cmd_importance(args: argparse.Namespace) -> int:
 
 
 def _default(name: str):
-    """The default of an ``importance`` option (``cli_options.ImportanceOptions``)."""
+    """The default of an ``importance`` option (``cli_schema.ImportanceOptions``)."""
     import dataclasses
 
-    from ..cli_options import ImportanceOptions
+    from ..cli_schema import ImportanceOptions
 
     return next(f.default for f in dataclasses.fields(ImportanceOptions) if f.name == name)
 

@@ -1,6 +1,6 @@
 """``elastic-ssm serve`` and ``elastic-ssm calibrate``, and the ``--tier auto`` choice of ``generate``.
 
-Their flags are ``ServeOptions`` / ``CalibrateOptions`` / ``TierBudgetOptions`` of ``cli_options.py``; the
+Their flags are ``ServeOptions`` / ``CalibrateOptions`` / ``TierBudgetOptions`` of ``cli_schema.py``; the
 bodies live here so the main CLI only lists them. ``serve`` loads one checkpoint once and serves the tiers
 named by ``--tiers`` (every tier a prefix view of the same weights), on 127.0.0.1 unless ``--host`` says
 otherwise; ``--api-key`` (or ``ELASTIC_SSM_API_KEY``) guards every endpoint but ``/health``.
@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli_args import announce_device, checked_tiers, listed_tier, resolve_device, resolve_dtype, status
+from ..cli_util import announce_device, checked_tiers, listed_tier, resolve_device, resolve_dtype, status
 from ..config import ConfigError
 
 __all__ = ["auto_tier", "cmd_calibrate", "cmd_serve", "record_quality"]
