@@ -166,7 +166,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     if not tasks:
         raise ConfigError("--tasks is empty: name at least one lm-eval task (e.g. piqa,hellaswag)")
     if args.include_path is not None and not Path(args.include_path).is_dir():
-        raise ConfigError(f"--include-path {args.include_path} is not a folder; give the folder of your task YAML "
+        raise ConfigError(f"--include_path {args.include_path} is not a folder; give the folder of your task YAML "
                           "files")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     names = tier_names(args.tiers)

@@ -1,6 +1,6 @@
 """The options of every ``elastic-ssm`` verb, as keyword-only dataclasses; tyro derives the flags from them.
 
-A field ``n_pairs`` is ``--n_pairs`` (tyro also reads ``--n-pairs``), a ``Positional`` field an argument without
+A field ``n_pairs`` is ``--n_pairs`` (tyro also reads ``--n_pairs``), a ``Positional`` field an argument without
 ``--``; a ``Literal`` lists the choices, the metadata's ``help`` is the flag's help. Shared groups (``DeviceOptions``,
 ``DtypeOptions``, ``PrecisionOptions``, ``TokenizerOptions``, ``TiersOptions``, ``HeldOutOptions``,
 ``TierBudgetOptions``, ``SamplingOptions``, ``CsvOptions``) give one spelling per concept. What a type cannot say sits

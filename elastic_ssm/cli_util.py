@@ -33,7 +33,7 @@ def check_output_path(flag: str, path: str, kind: str) -> None:
 
 
 def spelled(args: argparse.Namespace, name: str) -> str:
-    """The flag of option ``name`` as the user wrote it (``--seq-len``, an older alias such as ``--pairs``), else
+    """The flag of option ``name`` as the user wrote it (``--seq_len``, an older alias such as ``--pairs``), else
     its own spelling (``--seq_len``); a positional argument by its ``--help`` name (``SOURCE``, ``MODEL_DIR``)."""
     typed = getattr(args, "_spelled", {})
     return typed.get(name) or "--" + name

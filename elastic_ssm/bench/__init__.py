@@ -82,16 +82,16 @@ class BenchConfig(ConfigBase):
     serve_new_tokens: int = opt(256, "serve: tokens generated per request")
     serve_rounds: int = opt(2, "serve: requests each stream sends one after another")
     serve_client_procs: int = opt(8, "serve: load-generator processes")
-    serve_max_prefill: tuple[int, ...] = opt((16,), "serve: the server's --max-prefill (prompts of one length "
+    serve_max_prefill: tuple[int, ...] = opt((16,), "serve: the server's --max_prefill (prompts of one length "
                                              "prefilled together); one row per value")
-    serve_prefill_wait_ms: tuple[float, ...] = opt((50.0,), "serve: the server's --prefill-wait-ms (longest a "
+    serve_prefill_wait_ms: tuple[float, ...] = opt((50.0,), "serve: the server's --prefill_wait_ms (longest a "
                                                    "waiting request is held for more arrivals to share its prefill "
                                                    "forward); one row per value")
-    serve_prefill_graphs: tuple[bool, ...] = opt((True,), "serve: the server's --prefill-graphs (prefill forwards "
+    serve_prefill_graphs: tuple[bool, ...] = opt((True,), "serve: the server's --prefill_graphs (prefill forwards "
                                                  "replayed from CUDA graphs) or not; one row per value")
-    serve_prefill_graph_tokens: tuple[int, ...] = opt((2048,), "serve: the server's --prefill-graph-tokens (the "
+    serve_prefill_graph_tokens: tuple[int, ...] = opt((2048,), "serve: the server's --prefill_graph_tokens (the "
                                                       "largest graphed prefill); one row per value")
-    serve_attended_spans: tuple[bool, ...] = opt((True,), "serve: the server's --attended-spans (decode steps read "
+    serve_attended_spans: tuple[bool, ...] = opt((True,), "serve: the server's --attended_spans (decode steps read "
                                                  "the filled prefix of the window rings) or not; one row per value")
     train_batch: int = opt(8, "training micro-batch (Table 50: 8 at 370M, 4 at 1.5B)")
     train_seq_len: int = opt(2048, "training context")

@@ -59,7 +59,7 @@ class IdTokenizer:
 
 class StubPool(SlotRows):
     """A ``SlotPool`` stand-in whose decode step and prefills cost fixed wall time: the bench's CPU proxy of
-    the GPU (``--stub-step-ms``), to measure what the HTTP and engine layers alone can push.
+    the GPU (``--stub_step_ms``), to measure what the HTTP and engine layers alone can push.
 
     It keeps ``SlotPool``'s interface and timing shape: ``step_async`` first waits for the previous step to
     end (the GPU's synchronisation, a sleep that releases the GIL as a CUDA wait does), then starts the next
