@@ -1,4 +1,4 @@
-"""Command line: ``elastic-ssm train|recover|export|eval|importance|generate|serve|bench|quickstart|info|...``.
+"""Command line: elastic-ssm train|recover|export|eval|importance|generate|serve|bench|quickstart|info|...
 
 The other verbs: ``lm-eval``, ``niah``, ``calibrate``, ``prepare``, ``tokenizer train``.
 
@@ -347,9 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     rest = argv[1:]
     if command == "tokenizer" and rest[:1] == ["train"]:
         rest = rest[1:]
-    elif command == "tokenizer" and rest not in ([], ["--help"]):
-        report(reporter, f"error: tokenizer {rest[0]}: unknown action; give `tokenizer train` (see elastic-ssm "
-                         "tokenizer --help)")
+    elif command == "tokenizer" and rest != ["--help"]:
+        what = f"tokenizer {rest[0]}: unknown action" if rest else "tokenizer: no action given"
+        report(reporter, f"error: {what}; give `tokenizer train` (see elastic-ssm tokenizer --help)")
         raise SystemExit(2)
     if command not in COMMANDS:
         what = f"unknown command {command!r}" if command else "no command given"

@@ -92,6 +92,37 @@ def test_options_and_the_help_of_model_commands_import_no_torch():
     assert out.strip() == "False"
 
 
+def test_import_elastic_ssm_loads_no_cli_and_no_parser_library():
+    code = ("import elastic_ssm, sys; print([m for m in sys.modules if m.startswith(('tyro', 'jsonargparse', "
+            "'elastic_ssm.cli', 'fastapi', 'uvicorn', 'elastic_ssm.serve'))])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_helper_processes_get_their_options_through_the_derived_flags():
+    """A parent writes a child's options dataclass as flags (``to_argv``); the child's ``derive`` reads back the
+    same options: no hand-written flag list on either side."""
+    from elastic_ssm.bench.ddp_check import DdpCheckOptions
+    from elastic_ssm.bench.process import ChildOptions
+    from elastic_ssm.bench.serve_proxy import ProxyOptions
+    from elastic_ssm.bench.serve_server import BenchServerOptions
+    from elastic_ssm.cli import derive, to_argv
+
+    for opts in (ChildOptions(mode="import-fla", spawned_at=1.25), ChildOptions(model="/m", cprofile="p.txt"),
+                 BenchServerOptions(tiers="T1,T10", port=9, prefill_graphs=False, stub_step_ms=2.0),
+                 DdpCheckOptions(seq_len=32, precision="bf16"), ProxyOptions(server=("max_prefill=8",))):
+        assert derive(type(opts), to_argv(opts), "child") == opts
+
+
+def test_every_verb_help_shows_defaults(capsys):
+    for cmd in COMMANDS:
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--help"])
+        assert e.value.code == 0
+        text = capsys.readouterr().out
+        assert f"elastic-ssm {cmd}" in text and (COMMANDS[cmd][1] is None and cmd != "bench" or "(default: " in text)
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
