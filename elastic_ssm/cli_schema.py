@@ -193,7 +193,7 @@ class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions
     depths: str = flag("0.1,0.3,0.5,0.7,0.9", "comma-separated relative needle depths in [0, 1]")
     condition: Literal["counterfactual", "planted"] = flag(
         "counterfactual", "which key of a pair is inserted and expected (the paper's tables: "
-                                            "counterfactual)")
+                          "counterfactual)")
     seed: int = flag(0, "keys, filler windows and bootstrap")
     batch_size: int = flag(8, "sequences per forward pass", minimum=1)
 
@@ -229,8 +229,8 @@ class RecoverOptions(TiersOptions, DeviceOptions):
         help="model directory of the trained (e.g. dense) ESSH", metavar="PARENT")
     protocol: Literal["refine", "label_only", "posthoc"] = flag(
         "refine", "refine: shared refinement of the truncated model (Tables 33/43); label_only: "
-                                   "each tier at its fixed shape with CE only (Table 43); posthoc: E.7 ranking + "
-                                   "masked recovery")
+                  "each tier at its fixed shape with CE only (Table 43); posthoc: E.7 ranking + "
+                  "masked recovery")
     config: str | None = flag(None, "run YAML for data and training settings (default: the quickstart's)")
     steps: int = flag(0, "recovery steps (0: train.refine.steps of the run file)", minimum=0)
     tiers: str = flag("all", "'all' or comma-separated tiers to evaluate (label_only: train)")
@@ -240,7 +240,7 @@ class RecoverOptions(TiersOptions, DeviceOptions):
                                     minimum=1)
     channel_order: Literal["original", "energy"] = flag(
         "original", "posthoc: keep the spectral channels' order (E.7) or rank them by "
-                                          "output energy")
+                    "output energy")
     overwrite: bool = flag(False, "move another run in train.out_dir aside")
 
 
