@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli_util import announce_device, checked_tiers, listed_tier, resolve_device, resolve_dtype, status
+from ..cli_util import announce_device, checked_tiers, listed_tier, resolve_device, resolve_dtype, spelled, status
 from ..config import ConfigError
 
 __all__ = ["auto_tier", "cmd_calibrate", "cmd_serve", "record_quality"]
@@ -111,7 +111,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if default not in tiers:                     # --tier auto picked a tier outside --tiers: it is served too
         status(f"--tier auto picked {default}, which --tiers does not list; serving it too", file=sys.stderr)
     tiers = sorted(set(tiers) | {default}, key=table.index)
-    check_state_fits(model.config, [(t, args.max_batch) for t in tiers], device, f"--max_batch {args.max_batch}",
+    check_state_fits(model.config, [(t, args.max_batch) for t in tiers], device,
+                     f"{spelled(args, 'max_batch')} {args.max_batch}",
                      weight_bytes(model, dtype))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     name = args.name or Path(args.checkpoint).resolve().name
