@@ -81,8 +81,9 @@ COMMANDS: dict[str, tuple[str, type | None, str]] = {
 _MODEL_CLASSES = ("ModelChoice", "ESSHConfig", "ESSSMConfig", "TransformerConfig", "MatFormerConfig")
 
 
-def _section(cls: type, value: Any, help_: str) -> tuple[str, type, Any]:
-    return (cls.__name__, cls, dataclasses.field(default_factory=lambda: value, metadata={"help": help_}))
+def _section(name: str, cls: type, value: Any, help_: str) -> tuple[str, type, Any]:
+    """A field ``name`` of a derived options class holding the config section ``value`` (its flags' defaults)."""
+    return (name, cls, dataclasses.field(default_factory=lambda: value, metadata={"help": help_}))
 
 
 def model_flags(run: Any) -> tuple[type, Any]:
@@ -119,12 +120,10 @@ def run_options(base: type, argv: list[str], model: bool) -> type:
     if config is not None and not config.strip():
         raise ConfigError("--config is an empty string; give a run file, or leave it out for the default run")
     run = RunConfig.from_yaml(config or DEFAULT_RUN)
-    sections = [_section(type(run.train), run.train, "training: recipe, batch, optimizer and recipe sections"),
-                _section(type(run.data), run.data, "where tokens come from")]
+    fields = [_section("train", type(run.train), run.train, "training: recipe, batch, optimizer and recipe sections"),
+              _section("data", type(run.data), run.data, "where tokens come from")]
     if model:
-        cls, value = model_flags(run)
-        sections.insert(0, _section(cls, value, "the model"))
-    fields = [(name, tp, f) for (_, tp, f), name in zip(sections, ("model", "train", "data")[1 - model:])]
+        fields.insert(0, _section("model", *model_flags(run), "the model"))
     cls = dataclasses.make_dataclass(base.__name__, fields, bases=(base,), kw_only=True)
     cls.__doc__ = f"{base.__doc__} Defaults: {config or DEFAULT_RUN.name + ' (no --config)'}."
     return cls
@@ -134,8 +133,8 @@ def bench_options() -> type:
     """``bench``: the ``BenchConfig`` fields as ``--bench.<field>``."""
     from .bench import BenchConfig
 
-    return dataclasses.make_dataclass("BenchOptions", [("bench", BenchConfig, dataclasses.field(
-        default_factory=BenchConfig, metadata={"help": "what bench measures and how"}))], kw_only=True)
+    return dataclasses.make_dataclass("BenchOptions", [_section("bench", BenchConfig, BenchConfig(),
+                                                                "what bench measures and how")], kw_only=True)
 
 
 def options_class(command: str, argv: list[str]) -> type | None:
