@@ -34,7 +34,7 @@ def parse_error(event: Any) -> None:
 
     def name(argument: Any) -> str:
         lowered = argument.lowered
-        return str(lowered.metavar) if not lowered.name_or_flags else lowered.name_or_flags[-1]
+        return str(lowered.metavar) if argument.is_positional() else lowered.name_or_flags[-1]
 
     if isinstance(event, ev.UnrecognizedArgs):
         text = f"unrecognized arguments: {' '.join(event.tokens)}"
@@ -45,8 +45,9 @@ def parse_error(event: Any) -> None:
     elif isinstance(event, ev.BadValue):
         text = f"{name(event.argument)}: " + ("expected more values" if event.offending_value is None else
                                               f"unexpected value {event.offending_value!r}")
-    elif isinstance(event, ev.InstantiationFailure):
-        text = event.message if event.argument is None else f"{name(event.argument)}: {event.message}"
+    elif isinstance(event, ev.InstantiationFailure):        # an optional's message lists each member's failure
+        message = event.message.partition("Got errors:")[0].strip().rstrip(".")
+        text = message if event.argument is None else f"{name(event.argument)}: {message}"
     else:
         text = type(event).__name__
     raise CommandLineError(f"{' '.join(text.split())} (see {event.prog} --help)")
@@ -96,7 +97,7 @@ def report(args: argparse.Namespace, text: str, every_rank: bool = False) -> Non
     if every_rank and world > 1:
         print(f"elastic-ssm {args.command} (rank {os.environ.get('RANK', '?')}): {text}", file=sys.stderr)
     elif is_rank_zero():
-        print(f"elastic-ssm {args.command}: {text}", file=sys.stderr)
+        print(f"{f'elastic-ssm {args.command}'.strip()}: {text}", file=sys.stderr)
 
 
 def debug_requested(flag: bool, args: argparse.Namespace) -> bool | None:
