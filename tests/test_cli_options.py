@@ -110,7 +110,7 @@ def test_helper_processes_get_their_options_through_the_derived_flags():
 
     for opts in (ChildOptions(mode="import-fla", spawned_at=1.25), ChildOptions(model="/m", cprofile="p.txt"),
                  BenchServerOptions(tiers="T1,T10", port=9, prefill_graphs=False, stub_step_ms=2.0),
-                 DdpCheckOptions(seq_len=32, precision="bf16"), ProxyOptions(server=("max_prefill=8",))):
+                 DdpCheckOptions(seq_len=32, precision="bf16"), ProxyOptions(server=BenchServerOptions(max_prefill=8))):
         assert derive(type(opts), to_argv(opts), "child") == opts
 
 

@@ -8,18 +8,23 @@ what the HTTP and engine layers of the server can push for that many streams on 
 bench's row it prints ``steps_s`` (decode steps per second the engine ran: 1000 / step_ms is the ceiling) and
 ``server_cpu`` (CPU cores the server process used). The load generator runs on the same machine: on a
 small machine read ``steps_s`` and ``server_cpu`` as much as ``tok_s``. Flags: the fields of ``ProxyOptions``
-(tyro, ``cli.derive``); ``--server KEY=VALUE`` sets another option of the server process (``BenchServerOptions``).
+(tyro, ``cli.derive``); ``--server.<field>`` sets another option of the server process (``BenchServerOptions``,
+e.g. ``--server.max_prefill 8``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import yaml
-
-from ..config import ConfigError, opt
+from ..config import opt
 from .serve import bench_serve
+from .serve_server import BenchServerOptions
+
+#: the server options the proxy sets itself: the tiny preset's T10 on the CPU, ``--slots``, a free port, seed 0
+_SET_HERE = ("preset", "tiers", "slots", "port", "device", "dtype", "seed", "stub_step_ms", "stub_prefill_ms",
+             "stub_prefill_us_per_token")
 
 
 @dataclass(kw_only=True)
@@ -35,26 +40,20 @@ class ProxyOptions:
     new_tokens: int = opt(256, "tokens generated per request")
     rounds: int = opt(2, "requests per stream, one after another")
     procs: int = opt(2, "load-generator processes")
-    server: tuple[str, ...] = opt((), "more options of the server process as KEY=VALUE (VALUE read as YAML), "
-                                      "fields of bench.serve_server.BenchServerOptions, e.g. max_prefill=8")
+    server: BenchServerOptions = field(default_factory=BenchServerOptions, metadata={
+        "help": "the server process's other options (its preset, tiers, slots, port, device, dtype, seed and stub "
+                "costs are the proxy's)"})
 
 
 def main(argv: list[str] | None = None) -> None:
     from ..cli import derive
 
     a = derive(ProxyOptions, argv, "python -m elastic_ssm.bench.serve_proxy", __doc__.splitlines()[0])
-    server = {"stub_step_ms": a.step_ms, "stub_prefill_ms": a.prefill_ms,
-              "stub_prefill_us_per_token": a.prefill_us_per_token}
-    for item in a.server:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise SystemExit(f"python -m elastic_ssm.bench.serve_proxy: error: --server {item}: give KEY=VALUE")
-        server[key.strip()] = yaml.safe_load(value)
-    try:
-        row = bench_serve("tiny", ["T10"], ["T10"], a.streams, a.slots, a.prompt, a.new_tokens, a.rounds, a.procs,
-                          "cpu", "float32", server=server)
-    except (TypeError, ConfigError) as e:
-        raise SystemExit(f"python -m elastic_ssm.bench.serve_proxy: error: {e}") from None
+    server = {f.name: getattr(a.server, f.name) for f in dataclasses.fields(a.server) if f.name not in _SET_HERE}
+    server.update(stub_step_ms=a.step_ms, stub_prefill_ms=a.prefill_ms,
+                  stub_prefill_us_per_token=a.prefill_us_per_token)
+    row = bench_serve("tiny", ["T10"], ["T10"], a.streams, a.slots, a.prompt, a.new_tokens, a.rounds, a.procs,
+                      "cpu", "float32", server=server)
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}))
 
 
