@@ -175,7 +175,8 @@ def _flag_table(cls: type, prefix: str = "") -> tuple[dict[str, Any], dict[str, 
 def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
     """``argv`` as tyro reads it, the flag each option was typed with, and the dotted paths given. Older spellings
     become the flag; a repeatable list flag given again adds its values; ``--resume`` alone is ``--resume yes``; an
-    older and a current spelling of one setting with different values are refused."""
+    older and a current spelling of one setting with different values are refused. A boolean config field is
+    ``--train.compile`` / ``--train.no_compile`` (``--no-train.compile``, argparse's spelling, is read too)."""
     paths, aliases = _flag_table(cls)
     segments: list[list[str]] = [[]]
     for token in argv:
@@ -187,6 +188,8 @@ def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set
     for token, *vals in segments[1:]:
         name, eq, inline = token[2:].partition("=")
         key = name.replace("-", "_")
+        if key.startswith("no_") and "." in key and key[3:] in paths:    # argparse's --no-train.compile
+            key = "{0}.no_{2}".format(*key[3:].rpartition("."))
         head, _, last = key.rpartition(".")
         negated = key not in paths and last.startswith("no_") and (head + "." if head else "") + last[3:] in paths
         canonical = (head + "." if head else "") + last[3:] if negated else aliases.get(key, key)

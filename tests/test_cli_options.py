@@ -77,6 +77,16 @@ def test_an_abbreviated_flag_is_an_error_not_another_setting(capsys):
         assert "unrecognized arguments: " + argv[-2] in capsys.readouterr().err
 
 
+def test_boolean_flags_of_options_and_sections_in_every_spelling():
+    assert parse("train", ["--train.compile"]).train.compile is True
+    for flag in ("--train.no_compile", "--train.no-compile", "--no-train.compile"):
+        args = parse("train", ["--train.compile", flag])
+        assert args.train.compile is False and "train.compile" in args._given, flag
+    for flag in ("--no_prefill_graphs", "--no-prefill-graphs", "--no-prefill_graphs"):
+        assert parse("serve", ["m", flag]).prefill_graphs is False, flag
+    assert parse("serve", ["m"]).prefill_graphs is True
+
+
 def test_recover_protocols_are_the_trainers():
     from elastic_ssm.train.recover import PROTOCOLS
 
