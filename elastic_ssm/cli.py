@@ -1,37 +1,30 @@
-"""Command line: ``elastic-ssm train|recover|export|eval|importance|generate|serve|bench|quickstart|info|...``.
+"""Command line: elastic-ssm train|recover|export|eval|importance|generate|serve|bench|quickstart|info|...
 
-The other verbs: ``lm-eval``, ``niah``, ``calibrate``, ``prepare``, ``tokenizer``.
+The other verbs: ``lm-eval``, ``niah``, ``calibrate``, ``prepare``, ``tokenizer train``.
 
-Run flags are derived from the config dataclasses (``--model.<field>``, ``--train.<field>``,
-``--data.<field>``; see ``cli_args.py``) on top of a YAML run file (``--config``). Every command prints
-``--help``. A user's mistake (a bad flag or value, a missing or unreadable file, a malformed YAML or
-tokenizer, a full or read-only disk, diverged training) ends in one line naming the problem and the fix and
-exit code 2 (``--debug`` or ``ELASTIC_SSM_DEBUG=1`` shows the traceback); a training run stopped by SIGTERM
-or SIGINT exits 128 + the signal number after writing a checkpoint.
+tyro derives every verb's flags from dataclasses, one spelling each: a verb's options (``cli_schema.py``) are
+``--field_name`` (tyro reads ``--field-name`` too), the run settings of ``train`` and ``recover`` are the config
+sections' own fields as dotted paths (``--model.<field>``, ``--train.optim.lr``, ``--data.<field>``) on top of a
+YAML run file (``--config``), and ``bench`` takes ``BenchConfig`` as ``--bench.<field>``. ``--help`` of a verb shows
+its real defaults (a run file's values for the run settings) and every field's help. A user's mistake (a bad flag
+or value, a missing or unreadable file, a malformed YAML or tokenizer, a full or read-only disk, diverged
+training) ends in one line naming the problem and the fix and exit code 2 (``cli_errors.py``; ``--debug`` or
+``ELASTIC_SSM_DEBUG=1`` shows the traceback); a training run stopped by SIGTERM or SIGINT exits 128 + the signal
+number after writing a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import codecs
+import dataclasses
+import math
 import sys
+import typing
 from pathlib import Path
+from typing import Any
 
-from .cli_args import (
-    add_dataclass_flags,
-    announce_device,
-    checked_tiers,
-    collect_overrides,
-    is_rank_zero,
-    listed_tier,
-    resolve_device,
-    resolve_dtype,
-    spelled,
-    tier_names,
-    write_csv,
-)
-from .cli_errors import Parser, debug_requested, run_reporting_errors
-from .cli_options import (
+from .cli_errors import CommandLineError, debug_requested, parse_error, report, run_reporting_errors
+from .cli_schema import (
     DEFAULT_RUN,
     CalibrateOptions,
     EvalOptions,
@@ -47,358 +40,290 @@ from .cli_options import (
     TokenizerTrainOptions,
     TrainOptions,
 )
-from .config import ConfigError, ESSHConfig, ESSSMConfig, tier_word
+from .cli_util import check_csv_target, check_output_path, spelled
+from .config import ConfigError
 
+__all__ = ["COMMANDS", "check_options", "main", "parse", "to_argv"]
 
-def cmd_info(args: argparse.Namespace) -> int:
-    import platform
-
-    import torch
-
-    from . import __version__
-    from .ops.dispatch import available_backends
-
-    print(f"elastic_ssm {__version__}  python {platform.python_version()}  torch {torch.__version__}")
-    for mod in ("triton", "fla", "safetensors", "tokenizers", "transformers", "lm_eval"):
-        try:
-            m = __import__(mod)
-            print(f"  {mod:<13}{getattr(m, '__version__', 'installed')}")
-        except Exception:
-            print(f"  {mod:<13}not installed")
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    print(f"device: {dev}   threads: {torch.get_num_threads()}")
-    print(f"scan backends available: {', '.join(available_backends())}")
-    return 0
-
-
-def load_run_config(args: argparse.Namespace):
-    from .config import RunConfig
-
-    base = RunConfig.from_yaml(DEFAULT_RUN if args.config is None else args.config)
-    model = collect_overrides(args, "model")
-    choice = {k: model.pop(k) for k in ("arch", "preset", "tier_config") if k in model}
-    base = base.with_model_choice(**choice) if choice else base
-    return base.with_overrides(model, collect_overrides(args, "train"), collect_overrides(args, "data"))
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    import signal
-
-    from .pipeline import run_training
-    from .train.preflight import TrainingInterrupted
-
-    if args.resume and args.overwrite:
-        raise ConfigError("--resume continues the run in --train.out_dir and --overwrite replaces it; give one")
-    run = load_run_config(args)
-    try:
-        run_training(run, resume={None: False, "yes": True}.get(args.resume, args.resume), overwrite=args.overwrite,
-                     stop_after=args.stop_after or None)
-    except TrainingInterrupted as e:
-        if is_rank_zero():        # every rank stops; one line says so
-            print(f"elastic-ssm train: {e}", file=sys.stderr)
-        return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from .elastic.export import check_export, export_tier
-    from .models import load_pretrained
-    from .train.rundir import RunLock
-
-    device = resolve_device(args.device)
-    model = load_pretrained(args.checkpoint, device=device)
-    names = checked_tiers(model, args.tiers) or [t.name for t in model.tier_table()]
-    out = Path(args.out)
-    failed = 0
-    with RunLock(out, owner="export", flag="--out"):   # one writer: two exports never interleave a tier's files
-        occupied = _occupied_tier_folders(out, names, args.overwrite)   # refused before any tier is exported
-        announce_device("export check", device, next(model.parameters()).dtype)
-        tolerance = 0.0 if device == "cpu" else 1e-4   # bitwise on CPU; GPU kernels may pick other reductions
-        for name in names:
-            small = export_tier(model, name)
-            res = check_export(model, name, standalone=small, seq_len=args.check_len, tolerance=tolerance)
-            print(res)
-            if not res.ok:
-                failed += 1
-                print(f"  {name}: export check failed; not written" + (" (the folder keeps its old files)"
-                                                                       if name in occupied else ""))
-                continue
-            if name in occupied:
-                _replace_folder(out / name, small.save_pretrained)
-            else:
-                small.save_pretrained(out / name)
-    print(f"wrote {len(names) - failed} standalone model(s) under {out}")
-    return 1 if failed else 0
-
-
-def _occupied_tier_folders(out: Path, names: list[str], overwrite: bool) -> set[str]:
-    """The tiers whose folder under ``out`` already holds files (leftover temporary files of an interrupted write
-    aside). Without ``overwrite`` any such folder is a one-line ``ConfigError`` naming it: a saved model is never
-    replaced silently, not even by the same export (exports are not byte-reproducible: the weights file's header
-    order varies, so "the same model" cannot be told by its bytes)."""
-    from .utils.files import is_temp_name
-
-    occupied = set()
-    for name in names:
-        folder = out / name
-        if folder.exists() and not folder.is_dir():
-            raise ConfigError(f"--out {out}: {folder} is a file where tier {name}'s folder belongs; move it away or "
-                              "choose another --out")
-        held = sorted(p.name for p in folder.iterdir() if not is_temp_name(p.name)) if folder.is_dir() else []
-        if held:
-            occupied.add(name)
-            if not overwrite:
-                raise ConfigError(f"--out {out}: {folder} already holds files ({', '.join(held[:3])}"
-                                  f"{', ...' if len(held) > 3 else ''}); pass --overwrite to replace them, or "
-                                  "choose another --out")
-    return occupied
-
-
-def _replace_folder(folder: Path, write) -> None:
-    """``write(path)`` into a staging folder beside ``folder``, then swap it in: the old files stay whole until the
-    new ones are complete, and none of them is left beside the new model."""
-    import os
-    import shutil
-    import tempfile
-
-    from .utils.files import process_umask
-
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
-    os.chmod(staging, 0o777 & ~process_umask())    # mkdtemp's 0700 would hide the model from other users
-    old = staging.with_name(staging.name.replace(".tmp", ".old.tmp"))
-    try:
-        write(staging)
-        os.replace(folder, old)
-        try:
-            os.replace(staging, folder)
-        except BaseException:
-            os.replace(old, folder)           # put the old model back rather than leave no folder
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def cmd_lm_eval(args: argparse.Namespace) -> int:
-    try:
-        from .eval.lm_harness import evaluate_tiers_on_tasks
-    except ImportError as e:
-        raise ConfigError(str(e)) from e
-    from .bench.report import format_table
-
-    tasks = [t for t in args.tasks.split(",") if t]
-    if not tasks:
-        raise ConfigError("--tasks is empty: name at least one lm-eval task (e.g. piqa,hellaswag)")
-    if args.include_path is not None and not Path(args.include_path).is_dir():
-        raise ConfigError(f"--include-path {args.include_path} is not a folder; give the folder of your task YAML "
-                          "files")
-    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    names = tier_names(args.tiers)
-    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=names and [listed_tier(n) for n in names],
-                                   tokenizer=args.tokenizer, device=resolve_device(args.device),
-                                   batch_size=args.batch_size, max_length=args.max_length, limit=limit,
-                                   num_fewshot=args.num_fewshot, include_path=args.include_path,
-                                   precision=args.precision)
-    print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
-    write_csv(args.csv, rows, args.overwrite)
-    return 0
-
-
-def cmd_niah(args: argparse.Namespace) -> int:
-    from .bench.report import format_table
-    from .data import load_corpus
-    from .data.tokenizer_files import resolve_tokenizer
-    from .eval.needle import NeedleConfig, build_trials, check_fits, evaluate_needle
-    from .models import load_pretrained
-
-    cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition, seed=args.seed,
-                       depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
-    cfg.check()
-    device = resolve_device(args.device)
-    model = load_pretrained(args.checkpoint, device=device)
-    tok = resolve_tokenizer(model, args.tokenizer)
-    filler = load_corpus(args.data, tok, split=args.split)
-    tiers = checked_tiers(model, args.tiers)
-    try:
-        trials = build_trials(filler, tok, cfg)
-        check_fits(model, trials, cfg)
-    except ValueError as e:
-        raise ConfigError(str(e).replace("context_len=", f"{spelled(args, 'context_len')} ")) from None
-    announce_device("niah", device, next(model.parameters()).dtype)
-    rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision, trials=trials)
-    depth_cols = list(rows[0]["by_depth"])
-    flat = [{**{k: v for k, v in r.items() if k != "by_depth"}, **{f"d{d}": v for d, v in r["by_depth"].items()}}
-            for r in rows]
-    print(format_table(flat, ["tier", "params", "margin_win", "first_token", "full_key", "half_width",
-                              *[f"d{d}" for d in depth_cols]],
-                       title=f"NIAH, {cfg.n_pairs} key pairs x {len(cfg.depths)} depths, context {cfg.context_len}, "
-                             f"{cfg.condition} condition"))
-    write_csv(args.csv, flat, args.overwrite)
-    return 0
-
-
-def cmd_generate(args: argparse.Namespace) -> int:
-    import torch
-
-    from .data.tokenizer_files import resolve_tokenizer
-    from .models import load_pretrained
-    from .models.generation import check_sampling
-    from .serve.cli import auto_tier
-
-    check_sampling(args.temperature, args.top_k, args.top_p)   # before anything is printed or loaded
-    check_utf8_prompt(args)
-    names = tier_names(args.tier)          # the tier-list parser of every verb: " T4" is T4
-    if names is None or len(names) != 1:
-        what = "every tier" if names is None else "several tiers"
-        raise ConfigError(f"{spelled(args, 'tier')} {args.tier!r} names {what}; generate samples from one tier: give "
-                          "one ('full', T1..T10, 'auto'; ES-SSM: 8 or K8)")
-    args.tier = tier_word(names[0])        # an ES-SSM budget 8 is an int
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    tier = auto_tier(args.checkpoint, args) if args.tier == "auto" else args.tier
-    model = load_pretrained(args.checkpoint, tier=None if tier == "full" else tier, device=device, dtype=dtype)
-    if not hasattr(model, "generate"):
-        raise ConfigError(f"{args.checkpoint} holds a {model.arch!r} model, which has no cached generation; generate "
-                          "runs ESSH and ES-SSM models")
-    tok = resolve_tokenizer(model, args.tokenizer)
-    ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long, device=device)
-    if ids.numel() == 0:
-        raise ConfigError(f"{spelled(args, 'prompt')} is empty: give at least one character")
-    announce_device("generate", device, dtype)
-    g = torch.Generator(device=device).manual_seed(args.seed)
-    sys.stdout.write(args.prompt)
-
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def stream(t: torch.Tensor) -> None:
-        i = int(t[0])
-        if tok.vocab_size <= 260:          # bytes: decode incrementally so multi-byte characters survive
-            sys.stdout.write(utf8.decode(bytes([i])) if i < 256 else "")
-        else:
-            sys.stdout.write(tok.decode([i]))
-        sys.stdout.flush()
-
-    model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   streamer=stream, generator=g, do_sample=args.temperature > 0)
-    sys.stdout.write("\n")
-    return 0
-
-
-def check_utf8_prompt(args: argparse.Namespace) -> None:
-    """``--prompt`` must be text: bytes that are not UTF-8 reach Python as lone surrogates (PEP 383), which no
-    tokenizer can encode; a one-line ``ConfigError`` names the first such byte and the fix."""
-    try:
-        args.prompt.encode("utf-8")
-    except UnicodeEncodeError as e:
-        code = ord(args.prompt[e.start])
-        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
-        raise ConfigError(f"{spelled(args, 'prompt')} is not valid UTF-8 text ({what} at character "
-                          f"{e.start}); give UTF-8 text, e.g. convert a file from its encoding with --prompt "
-                          '"$(iconv -f latin1 -t utf-8 FILE)" (generate has no prompt-file option)') from None
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import main as bench_main
-
-    bench_main(args.bench_args)
-    return 0
-
-
-def cmd_quickstart(args: argparse.Namespace) -> int:
-    import signal
-
-    from .quickstart import quickstart
-    from .train.preflight import TrainingInterrupted
-
-    try:
-        quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config,
-                   overwrite=args.overwrite)
-    except TrainingInterrupted as e:     # a stopped run, checkpointed: like `train`, not a bug
-        if is_rank_zero():
-            print(f"elastic-ssm quickstart: {e}", file=sys.stderr)
-        return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
-    return 0
-
-
-#: sub-command -> (one-line help, options dataclass of cli_options.py or None, "module:function" run with args);
-#: the functions are imported when the command runs, so parsing and --help load no model code
+#: verb -> (one-line help, options dataclass or None, "module:function" run with the parsed options); the functions
+#: are imported when the verb runs, so parsing and --help load no model code. train / recover add the run sections
+#: and bench its BenchConfig (``options_class``).
 COMMANDS: dict[str, tuple[str, type | None, str]] = {
-    "info": ("versions, scan backends and device", None, "elastic_ssm.cli:cmd_info"),
+    "info": ("versions, scan backends and device", None, "elastic_ssm.cli_commands:cmd_info"),
     "train": ("train a model from a YAML run file plus --section.field overrides", TrainOptions,
-              "elastic_ssm.cli:cmd_train"),
+              "elastic_ssm.cli_commands:cmd_train"),
     "export": ("write standalone tier models and check each against the shared model", ExportOptions,
-               "elastic_ssm.cli:cmd_export"),
+               "elastic_ssm.cli_commands:cmd_export"),
     "eval": ("per-tier loss / perplexity / bits-per-byte on a dataset", EvalOptions, "elastic_ssm.eval.cli:cmd_eval"),
     "importance": ("knock-out and output energy per spectral channel (ESSH Table 31)", ImportanceOptions,
                    "elastic_ssm.eval.cli:cmd_importance"),
-    "generate": ("sample from any tier, streaming to stdout", GenerateOptions, "elastic_ssm.cli:cmd_generate"),
+    "generate": ("sample from any tier, streaming to stdout", GenerateOptions,
+                 "elastic_ssm.cli_commands:cmd_generate"),
     "lm-eval": ("lm-evaluation-harness tasks at every tier (needs the eval extra)", LmEvalOptions,
-                "elastic_ssm.cli:cmd_lm_eval"),
+                "elastic_ssm.cli_commands:cmd_lm_eval"),
     "niah": ("needle-in-a-haystack key retrieval at every tier (ESSH Tables 17-18)", NiahOptions,
-             "elastic_ssm.cli:cmd_niah"),
+             "elastic_ssm.cli_commands:cmd_niah"),
     "prepare": ("tokenize a corpus into a memory-mapped token file (*.bin + .json)", PrepareOptions,
                 "elastic_ssm.data.cli:cmd_prepare"),
+    "tokenizer": ("tokenizer tools: `tokenizer train` trains a byte-level BPE tokenizer locally",
+                  TokenizerTrainOptions, "elastic_ssm.data.cli:cmd_tokenizer"),
     "recover": ("truncate a saved ESSH and recover it (dense control, label-only, post-hoc elastification); "
                 "tables before/after", RecoverOptions, "elastic_ssm.train.recover_cli:cmd_recover"),
     "serve": ("OpenAI-compatible HTTP server of every tier of one checkpoint (needs the serve extra)", ServeOptions,
               "elastic_ssm.serve.cli:cmd_serve"),
     "calibrate": ("measure ms/token of every tier on this device (served decode path) into the model directory's "
                   "tier_profile.json", CalibrateOptions, "elastic_ssm.serve.cli:cmd_calibrate"),
+    "bench": ("GPU benchmarks (decode, prefill, training, memory) with peers, or a suite of configs/bench/", None,
+              "elastic_ssm.cli_commands:cmd_bench"),
     "quickstart": ("the main job: train a small ESSH on CPU, export, check and evaluate all ten tiers, write "
-                   "report.md / tiers.csv / plot", QuickstartOptions, "elastic_ssm.cli:cmd_quickstart"),
+                   "report.md / tiers.csv / plot", QuickstartOptions, "elastic_ssm.cli_commands:cmd_quickstart"),
 }
+_MODEL_CLASSES = ("ModelChoice", "ESSHConfig", "ESSSMConfig", "TransformerConfig", "MatFormerConfig")
 
 
-def add_run_flags(s: argparse.ArgumentParser, model: bool = True) -> None:
-    """``--model.*`` (with ``model``), ``--train.*`` and ``--data.*``, derived from the config dataclasses; ``--help``
-    shows the values of the run file a run without ``--config`` loads (``DEFAULT_RUN``)."""
-    from .config import DataConfig, MatFormerConfig, ModelChoice, RunConfig, TrainConfig, TransformerConfig
+def _section(name: str, cls: type, value: Any, help_: str) -> tuple[str, type, Any]:
+    """A field ``name`` of a derived options class holding the config section ``value`` (its flags' defaults)."""
+    return (name, cls, dataclasses.field(default_factory=lambda: value, metadata={"help": help_}))
 
-    run = RunConfig.from_yaml(DEFAULT_RUN)
-    source = f"{DEFAULT_RUN.name} when no --config is given"
+
+def model_flags(run: Any) -> tuple[type, Any]:
+    """The ``--model.*`` flags: one per field of the model choice and of every model config (the first class
+    that has a field gives its type and help); defaults are the run's values, ``None`` for a field its arch lacks."""
+    from . import config
+
+    choice = {k: v for k, v in run.model_source.items() if k in ("arch", "preset", "tier_config")}
+    values = {**{name: getattr(run.model, name) for name in run.model.field_names()},
+              **config.ModelChoice(**choice).to_dict()}
+    fields, seen = [], set()
+    for cls in (getattr(config, name) for name in _MODEL_CLASSES):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in seen or not f.init:
+                continue
+            seen.add(f.name)
+            tp, help_ = hints[f.name], f.metadata.get("help", "")
+            if f.name not in values:
+                tp, help_ = tp | None, help_ + " (default: from the preset of the chosen arch)"
+            fields.append((f.name, tp, dataclasses.field(default=values.get(f.name), metadata={"help": help_})))
+    cls = dataclasses.make_dataclass("ModelFlags", fields, kw_only=True)
+    cls.__doc__ = ("the model section: arch, preset, tier_config and the fields of every architecture's config (a "
+                   "field another arch has is refused)")
+    return cls, cls()
+
+
+def run_options(base: type, argv: list[str], model: bool) -> type:
+    """``base`` (``TrainOptions`` / ``RecoverOptions``) plus the run sections, their defaults the values of the run
+    file ``--config`` names (else ``DEFAULT_RUN``): what a run without more flags really uses."""
+    from .config import RunConfig
+
+    config = _value_of(argv, "--config")
+    if config is not None and not config.strip():
+        raise ConfigError("--config is an empty string; give a run file, or leave it out for the default run")
+    run = RunConfig.from_yaml(config or DEFAULT_RUN)
+    fields = [_section("train", type(run.train), run.train, "training: recipe, batch, optimizer and recipe sections"),
+              _section("data", type(run.data), run.data, "where tokens come from")]
     if model:
-        choice = ModelChoice(**{k: v for k, v in run.model_source.items() if k in ("arch", "preset", "tier_config")})
-        seen = add_dataclass_flags(s, ModelChoice, "model", defaults=choice, source=source)
-        for cls in (ESSHConfig, ESSSMConfig, TransformerConfig, MatFormerConfig):
-            seen |= add_dataclass_flags(s, cls, "model", skip=seen, defaults=run.model, source=source)
-    add_dataclass_flags(s, TrainConfig, "train", defaults=run.train, source=source)
-    add_dataclass_flags(s, DataConfig, "data", defaults=run.data, source=source)
+        fields.insert(0, _section("model", *model_flags(run), "the model"))
+    cls = dataclasses.make_dataclass(base.__name__, fields, bases=(base,), kw_only=True)
+    cls.__doc__ = f"{base.__doc__} Defaults: {config or DEFAULT_RUN.name + ' (no --config)'}."
+    return cls
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The ``elastic-ssm`` parser. ``command``: the sub-command about to run (``main``); the run-setting flags,
-    whose config classes import torch until the config package is torch-free, then go on that one only, so
-    ``--version`` and ``--help`` stay quick."""
-    from . import __version__
+def bench_options() -> type:
+    """``bench``: the ``BenchConfig`` fields as ``--bench.<field>``."""
+    from .bench import BenchConfig
 
-    p = Parser(prog="elastic-ssm", description=__doc__.splitlines()[0])
-    p.add_argument("--debug", action="store_true", help="show full tracebacks")
-    p.add_argument("--version", action="version", version=f"elastic-ssm {__version__}",
-                   help="print the package version and exit")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p.commands = {}                   # name -> its parser, for errors that point at the command's own --help
-    for name, (help_, options_cls, fn) in COMMANDS.items():
-        s = p.commands[name] = sub.add_parser(name, help=help_, description=help_)
-        if options_cls is not None:
-            add_dataclass_flags(s, options_cls)
-        if name in ("train", "recover") and command in (None, name):
-            add_run_flags(s, model=name == "train")
-        s.set_defaults(fn=fn, options_cls=options_cls)
-        if name == "prepare":
-            s = sub.add_parser("tokenizer", help="tokenizer tools")
-            tsub = s.add_subparsers(dest="tok_command", required=True, metavar="ACTION")
-            t = p.commands["tokenizer"] = tsub.add_parser("train", help="train a byte-level BPE tokenizer locally")
-            add_dataclass_flags(t, TokenizerTrainOptions)
-            t.set_defaults(fn="elastic_ssm.data.cli:cmd_tokenizer", options_cls=TokenizerTrainOptions)
-
-    s = sub.add_parser("bench", help="GPU benchmarks (decode, prefill, training, memory) with peers",
-                       add_help=False)
-    s.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments of the benchmark harness (--help)")
-    s.set_defaults(fn="elastic_ssm.cli:cmd_bench", options_cls=None)
-    return p
+    return dataclasses.make_dataclass("BenchOptions", [_section("bench", BenchConfig, BenchConfig(),
+                                                                "what bench measures and how")], kw_only=True)
 
 
-def _command(spec: str):
+def options_class(command: str, argv: list[str]) -> type | None:
+    cls = COMMANDS[command][1]
+    if command in ("train", "recover"):
+        return run_options(cls, argv, model=command == "train")
+    return bench_options() if command == "bench" else cls
+
+
+def _value_of(argv: list[str], flag: str) -> str | None:
+    for i, token in enumerate(argv):
+        if token == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if token.startswith(flag + "="):
+            return token.partition("=")[2]
+    return None
+
+
+def _flag_table(cls: type, prefix: str = "") -> tuple[dict[str, Any], dict[str, str]]:
+    """The dotted paths of ``cls``'s flags -> their field, and older spellings -> path (an option's ``aliases``,
+    a config section's ``FLAT_NAMES``)."""
+    hints = typing.get_type_hints(cls)
+    paths, aliases = {}, {}
+    for old, new in getattr(cls, "FLAT_NAMES", {}).items():
+        aliases[prefix + old] = prefix + new
+    for f in dataclasses.fields(cls):
+        tp = hints.get(f.name)
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            sub_paths, sub_aliases = _flag_table(tp, f"{prefix}{f.name}.")
+            paths.update(sub_paths)
+            aliases.update(sub_aliases)
+            continue
+        paths[prefix + f.name] = f
+        aliases.update({a.lstrip("-").replace("-", "_"): prefix + f.name for a in f.metadata.get("aliases") or ()})
+    return paths, aliases
+
+
+def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
+    """``argv`` as tyro reads it, the flag each option was typed with, and the dotted paths given. Older spellings
+    become the flag; a repeatable list flag given again adds its values; ``--resume`` alone is ``--resume yes``; an
+    older and a current spelling of one setting with different values are refused. A boolean config field is
+    ``--train.compile`` / ``--train.no_compile`` (``--no-train.compile``, argparse's spelling, is read too)."""
+    paths, aliases = _flag_table(cls)
+    segments: list[list[str]] = [[]]
+    for token in argv:
+        if token.startswith("--") and token not in ("--help", "--"):
+            segments.append([token])
+        else:
+            segments[-1].append(token)
+    out, typed, seen, merged = [segments[0]], {}, {}, {}
+    for token, *vals in segments[1:]:
+        name, eq, inline = token[2:].partition("=")
+        key = name.replace("-", "_")
+        if key.startswith("no_") and "." in key and key[3:] in paths:    # argparse's --no-train.compile
+            key = "{0}.no_{2}".format(*key[3:].rpartition("."))
+        head, _, last = key.rpartition(".")
+        negated = key not in paths and last.startswith("no_") and (head + "." if head else "") + last[3:] in paths
+        canonical = (head + "." if head else "") + last[3:] if negated else aliases.get(key, key)
+        if canonical not in paths:
+            out.append([token, *vals])       # tyro names what it does not know
+            continue
+        field = paths[canonical]
+        if canonical == "resume" and not eq and not vals:
+            vals = ["yes"]
+        given = [inline] if eq else vals
+        if canonical in seen and seen[canonical][0] != name and seen[canonical][1] != given:
+            old, old_vals = seen[canonical]
+            raise ConfigError(f"--{old} {' '.join(old_vals)} and {token} {' '.join(given)} name the same setting; "
+                              f"give only --{canonical}")
+        seen[canonical], typed[canonical] = (name, given), "--" + name
+        if field.metadata.get("repeatable") and canonical in merged:
+            merged[canonical] += given
+            out.append(vals if eq else [])
+            continue
+        flag = "--" + ((head + "." if head else "") + "no_" + last[3:] if negated else canonical)
+        out.append([flag, *given] if not eq else [flag, inline, *vals])
+        merged[canonical] = out[-1]
+    return [t for seg in out for t in seg], typed, set(seen)
+
+
+def parse(command: str, argv: list[str]) -> argparse.Namespace:
+    """The options of ``command`` from its ``argv`` (the tokens after the verb), by tyro: a namespace of the
+    options dataclass's fields (sections as their configs) plus ``command``, ``fn``, ``options_cls``, ``_spelled``
+    (option -> the flag as typed) and ``_given`` (the dotted paths given). A command line tyro rejects is a
+    ``CommandLineError`` (one line); ``--help`` prints and exits 0."""
+    import tyro
+    from tyro._errors import on_parse_error
+
+    help_, _, fn = COMMANDS[command]
+    cls = options_class(command, argv)
+    prog = "elastic-ssm tokenizer train" if command == "tokenizer" else f"elastic-ssm {command}"
+    if cls is None:
+        if argv and argv != ["--help"]:
+            raise CommandLineError(f"unrecognized arguments: {' '.join(argv)} (see {prog} --help)")
+        if argv:
+            print(f"usage: {prog}\n\n{help_}")
+            raise SystemExit(0)
+        return argparse.Namespace(command=command, fn=fn, options_cls=None, _spelled={}, _given=set())
+    tokens, typed, given = _prepare(cls, argv)
+    with on_parse_error(parse_error):
+        opts = tyro.cli(cls, args=tokens, prog=prog, description=help_, use_underscores=True)
+    ns = argparse.Namespace(**{f.name: getattr(opts, f.name) for f in dataclasses.fields(cls)})
+    positional = {f.name: f.metadata["metavar"] for f in dataclasses.fields(cls) if f.metadata.get("metavar")}
+    ns.command, ns.fn, ns.options_cls, ns._spelled, ns._given = command, fn, cls, {**positional, **typed}, given
+    return ns
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """What the options' types cannot say, checked before the verb runs, naming the flag as the user typed it:
+    an empty string, a non-finite number, a value below ``minimum``, not above ``above`` or above ``maximum``, an
+    ``output`` path that cannot be written, a ``--csv`` file that would replace something saved, ``--depths``."""
+    cls = args.options_cls
+    for f in dataclasses.fields(cls) if cls is not None else ():
+        meta, value = f.metadata, getattr(args, f.name, None)
+        if dataclasses.is_dataclass(value):
+            continue                                   # a config section validates itself
+        items = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in items):
+            raise ConfigError(f"{spelled(args, f.name)} is an empty string; give a value (see --help)")
+        numbers = [v for v in items if isinstance(v, int | float) and not isinstance(v, bool)]
+        if any(not math.isfinite(v) for v in numbers):
+            raise ConfigError(f"{spelled(args, f.name)} must be a finite number, got {value}")
+        for key, bad, words in (("minimum", lambda v, b: v < b, ">="), ("above", lambda v, b: v <= b, ">"),
+                                ("maximum", lambda v, b: v > b, "<=")):
+            bound = meta.get(key)
+            if bound is not None and any(bad(v, bound) for v in numbers):
+                raise ConfigError(f"{spelled(args, f.name)} must be {words} {bound}, got {value}")
+        if meta.get("output") and isinstance(value, str):
+            check_output_path(spelled(args, f.name), value, meta["output"])
+    csv = getattr(args, "csv", None)             # write_csv creates no folder
+    if csv and not Path(csv).resolve().parent.is_dir():
+        raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")
+    if csv:                                      # an existing file: refused now, not after the evaluation
+        check_csv_target(csv, getattr(args, "overwrite", False))
+    bpt = getattr(args, "bytes_per_token", None)
+    if bpt is not None and not (math.isfinite(bpt) and bpt >= 0):
+        raise ConfigError(f"{spelled(args, 'bytes_per_token')} must be a finite number >= 0 (0: automatic), got "
+                          f"{bpt}")
+    depths = getattr(args, "depths", None)
+    if isinstance(depths, str):
+        try:
+            values = [float(d) for d in depths.split(",")]
+        except ValueError:
+            values = []
+        if not values or not all(0 <= d <= 1 for d in values):   # also NaN
+            raise ConfigError(f"--depths must be comma-separated numbers in [0, 1], got {depths!r}")
+
+
+def to_argv(options: Any, prefix: str = "") -> list[str]:
+    """The flags that give ``options`` (a dataclass instance) to its derived command line: how a parent process
+    passes options to a child that parses them with ``derive`` (booleans as ``--x`` / ``--no_x``, tuples as several
+    values, ``None`` left out)."""
+    out: list[str] = []
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if dataclasses.is_dataclass(value):
+            out += to_argv(value, f"{prefix}{f.name}.")
+        elif isinstance(value, bool):
+            out.append(f"--{prefix}{f.name}" if value else f"--{prefix}no_{f.name}")
+        elif isinstance(value, tuple):
+            out += [f"--{prefix}{f.name}", *map(str, value)]
+        elif value is not None:
+            out += [f"--{prefix}{f.name}", str(value)]
+    return out
+
+
+def derive(cls: type, argv: list[str] | None, prog: str, description: str = "") -> Any:
+    """``cls`` (an options dataclass) from ``argv`` by tyro, with the errors of ``elastic-ssm``: one line and exit
+    code 2. The entry of the helper processes (``python -m elastic_ssm.bench.serve``, ``...bench.ddp_check``)."""
+    import tyro
+    from tyro._errors import on_parse_error
+
+    try:
+        with on_parse_error(parse_error):
+            return tyro.cli(cls, args=argv, prog=prog, description=description, use_underscores=True)
+    except CommandLineError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _overview() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {help_}" for name, (help_, _, _) in COMMANDS.items()]
+    return ("usage: elastic-ssm [--debug] [--version] COMMAND [OPTIONS]\n\n" + __doc__.splitlines()[0] +
+            "\n\ncommands (elastic-ssm COMMAND --help lists its flags):\n" + "\n".join(lines) +
+            "\n\n  --debug    show full tracebacks\n  --version  print the package version and exit")
+
+
+def _fn(spec: str):
     """``"module:function"`` -> the function."""
     import importlib
 
@@ -408,29 +333,53 @@ def _command(spec: str):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    parser = build_parser("" if command is None else argv[command])
-    if command is not None and argv[command] == "bench":
-        # everything after "bench" belongs to the harness's own parser (its flags start with "-", which an
-        # argparse REMAINDER positional does not take when they come first)
-        args = parser.parse_args(argv[:command + 1])
-        args.bench_args = argv[command + 1:]
-    else:
-        args, extra = parser.parse_known_args(argv)
-        if extra:         # argparse would say it for the whole program; name the command whose --help lists its flags
-            parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
-    debug = debug_requested(args.debug, args)
+    debug_flag = False
+    while argv and argv[0] == "--debug":
+        debug_flag, argv = True, argv[1:]
+    if argv[:1] == ["--version"]:
+        from . import __version__
+
+        print(f"elastic-ssm {__version__}")
+        raise SystemExit(0)
+    command = argv[0] if argv else ""
+    reporter = argparse.Namespace(command=command or "")
+    if command in ("-h", "--help"):
+        print(_overview())
+        return 0
+    rest = argv[1:]
+    if command == "tokenizer" and rest[:1] == ["train"]:
+        rest = rest[1:]
+    elif command == "tokenizer" and rest != ["--help"]:
+        what = f"tokenizer {rest[0]}: unknown action" if rest else "tokenizer: no action given"
+        report(reporter, f"error: {what}; give `tokenizer train` (see elastic-ssm tokenizer --help)")
+        raise SystemExit(2)
+    if command not in COMMANDS:
+        what = f"unknown command {command!r}" if command else "no command given"
+        report(argparse.Namespace(command=""), f"error: {what}; give one of {', '.join(COMMANDS)} (see "
+                                               "elastic-ssm --help)")
+        raise SystemExit(2)
+    debug = debug_requested(debug_flag, reporter)
     if debug is None:
         return 2
+
+    def run() -> int:
+        try:
+            args = parse(command, rest)
+        except CommandLineError as e:
+            report(reporter, f"error: {e}")
+            raise SystemExit(2) from None
+        check_options(args)
+        return _fn(args.fn)(args)
+
     if debug:
-        return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
+        return run_reporting_errors(run, reporter, debug)
     import warnings
 
     original = warnings.formatwarning    # a warning is one line too (no source line); --debug shows the usual form
     warnings.formatwarning = lambda message, category, *rest, **kw: (
-        f"elastic-ssm {args.command}: {category.__name__}: {' '.join(str(message).split())}\n")
+        f"elastic-ssm {command}: {category.__name__}: {' '.join(str(message).split())}\n")
     try:
-        return run_reporting_errors(lambda: _command(args.fn)(args), args, debug)
+        return run_reporting_errors(run, reporter, debug)
     finally:
         warnings.formatwarning = original
 

@@ -218,10 +218,10 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
     if main and not (out / "final").is_dir() and after is not None and after == at_start and after[1] >= stop_after:
         where = "past" if after[1] > stop_after else "at"
         print(f"[train] the run is already {where} step {stop_after} (at {after[0]} step {after[1]}); nothing was "
-              f"trained (--stop-after {stop_after}); continue with --resume and a larger --stop-after, or without "
-              "--stop-after to finish it")
+              f"trained (--stop_after {stop_after}); continue with --resume and a larger --stop_after, or without "
+              "--stop_after to finish it")
     elif main and not (out / "final").is_dir():
-        print(f"[train] stopped at step {stop_after} of the current stage (--stop-after); checkpoint in {out}; "
+        print(f"[train] stopped at step {stop_after} of the current stage (--stop_after); checkpoint in {out}; "
               "continue with --resume")
     elif main:
         print(f"[train] done; final model in {out / 'final'} (load with elastic_ssm.models.load_pretrained)")

@@ -59,10 +59,10 @@ def test_quickstart_names_where_the_tier_curve_is_not_monotone():
 
 def test_export_eval_generate_on_the_trained_model(quick, tmp_path, capsys):
     final = str(quick / "out" / "elastic" / "final")
-    assert main(["export", final, "--tier", "T2,T5", "--out", str(tmp_path / "ex"), "--check-len", "16"]) == 0
+    assert main(["export", final, "--tier", "T2,T5", "--out", str(tmp_path / "ex"), "--check_len", "16"]) == 0
     assert "T5: OK" in capsys.readouterr().out
     csv_path = tmp_path / "e.csv"
-    assert main(["eval", final, "--tiers", "T1,T10", "--seq-len", "32", "--batch-size", "2", "--batches", "2",
+    assert main(["eval", final, "--tiers", "T1,T10", "--seq_len", "32", "--batch_size", "2", "--batches", "2",
                  "--csv", str(csv_path)]) == 0
     rows = list(csv.DictReader(open(csv_path)))
     assert [r["tier"] for r in rows] == ["T1", "T10"] and all(float(r["bpb"]) > 0 for r in rows)
@@ -70,11 +70,11 @@ def test_export_eval_generate_on_the_trained_model(quick, tmp_path, capsys):
     assert quality["metric"] == "bpb" and quality["data"] == "stdlib" and not quality["higher_is_better"]
     assert {t: q["value"] for t, q in quality["tiers"].items()} == {r["tier"]: float(r["bpb"]) for r in rows}
     capsys.readouterr()
-    assert main(["generate", final, "--tier", "T3", "--prompt", "def ", "--max-new-tokens", "5"]) == 0
+    assert main(["generate", final, "--tier", "T3", "--prompt", "def ", "--max_new_tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("def ")
     t3 = tier_table(ESSHConfig.preset("tiny"))[2].params
-    assert main(["generate", final, "--tier", "auto", "--max-params", str(t3), "--prompt", "x",
-                 "--max-new-tokens", "2"]) == 0
+    assert main(["generate", final, "--tier", "auto", "--max_params", str(t3), "--prompt", "x",
+                 "--max_new_tokens", "2"]) == 0
     assert "--tier auto: T3" in capsys.readouterr().err
 
 
@@ -100,7 +100,7 @@ def test_prepare_and_tokenizer(tmp_path):
     text.write_text("hello elastic world\n" * 200)
     assert main(["prepare", str(text), str(tmp_path / "t.bin")]) == 0
     assert (tmp_path / "t.bin").stat().st_size == 2 * len(text.read_bytes()) + 2
-    assert main(["tokenizer", "train", str(text), "--vocab-size", "300", "--out", str(tmp_path / "tok.json")]) == 0
+    assert main(["tokenizer", "train", str(text), "--vocab_size", "300", "--out", str(tmp_path / "tok.json")]) == 0
     assert (tmp_path / "tok.json").is_file()
 
 

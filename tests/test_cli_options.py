@@ -1,5 +1,5 @@
-"""The command line derived from dataclasses: every flag has help, older spellings stay as hidden aliases that
-parse like the flag and are named as typed in errors, ``--help`` shows the defaults a run really uses,
+"""The command line derived from dataclasses by tyro: every flag has help, older spellings stay as hidden aliases
+that parse like the flag and are named as typed in errors, ``--help`` shows the defaults a run really uses,
 ``--version``, ``configs/tiny.yaml`` trains, and under torchrun only rank 0 prints status and input errors."""
 
 import dataclasses
@@ -14,8 +14,8 @@ import torch
 import yaml
 
 import elastic_ssm as es
-from elastic_ssm import cli_options
-from elastic_ssm.cli import COMMANDS, build_parser, main
+from elastic_ssm import cli_schema
+from elastic_ssm.cli import COMMANDS, main, parse
 
 ROOT = Path(__file__).resolve().parents[1]
 WITH_OPTIONS = {name: cls for name, (_, cls, _) in COMMANDS.items() if cls is not None}
@@ -25,47 +25,38 @@ def _argv(cmd: str, cls: type) -> list[str]:
     """The smallest command line of ``cmd``: its positionals and required flags, each a placeholder."""
     out = [cmd]
     for f in dataclasses.fields(cls):
-        if f.metadata.get("positional"):
+        if f.metadata.get("metavar"):
             out.append(f"pos_{f.name}")
     for f in dataclasses.fields(cls):
-        if f.default is dataclasses.MISSING and not f.metadata.get("positional"):
-            out += ["--" + f.name.replace("_", "-"), "x"]
+        if f.default is dataclasses.MISSING and not f.metadata.get("metavar"):
+            out += ["--" + f.name, "x"]
     return out
 
 
 def test_every_option_has_help_and_every_command_parses_its_defaults():
-    parser = build_parser()
     for cmd, cls in WITH_OPTIONS.items():
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
-        args = parser.parse_args(_argv(cmd, cls))
-        opts = cli_options_from(args, cls)
+        opts = parse(cmd, _argv(cmd, cls)[1:])
         for f in dataclasses.fields(cls):   # an absent flag is the field's default
             if f.default is not dataclasses.MISSING:
                 assert getattr(opts, f.name) == f.default, (cmd, f.name)
 
 
-def cli_options_from(args, cls):
-    from elastic_ssm.cli_args import options
-
-    return options(args, cls)
-
-
 def test_aliases_parse_like_the_flag_and_stay_out_of_help(capsys):
-    parser = build_parser()
     seen = 0
     for cmd, cls in WITH_OPTIONS.items():
         for f in dataclasses.fields(cls):
             for alias in f.metadata.get("aliases") or ():
                 seen += 1
                 value = "7" if f.type in ("int", int) else "T2"
-                new = parser.parse_args([*_argv(cmd, cls), "--" + f.name.replace("_", "-"), value])
-                old = parser.parse_args([*_argv(cmd, cls), alias, value])
+                new = parse(cmd, [*_argv(cmd, cls)[1:], "--" + f.name, value])
+                old = parse(cmd, [*_argv(cmd, cls)[1:], alias, value])
                 assert getattr(old, f.name) == getattr(new, f.name) == type(f.default)(value)
                 with pytest.raises(SystemExit):
-                    parser.parse_args([cmd, "--help"])
+                    main([cmd, "--help"])
                 shown = capsys.readouterr().out
-                assert "--" + f.name.replace("_", "-") in shown and not re.search(rf"{alias}\b(?!-)", shown)
+                assert "--" + f.name in shown and not re.search(rf"{alias}\b(?![-_])", shown)
     assert seen >= 5     # export --tier, niah --pairs / --context, eval and importance --batches
 
 
@@ -74,30 +65,72 @@ def test_an_error_names_the_flag_as_typed(capsys):
     assert "--pairs must be >= 1" in capsys.readouterr().err
     assert main(["niah", "m", "--n-pairs", "0"]) == 2
     assert "--n-pairs must be >= 1" in capsys.readouterr().err
+    assert main(["niah", "m", "--n_pairs", "0"]) == 2
+    assert "--n_pairs must be >= 1" in capsys.readouterr().err
 
 
 def test_an_abbreviated_flag_is_an_error_not_another_setting(capsys):
-    parser = build_parser("train")
-    assert parser.parse_args(["train", "--train.steps", "5"]).__dict__["train.steps"] == 5
-    for argv in (["train", "--train.st", "5"], ["serve", "m", "--max-batc", "4"], ["eval", "m", "--tier", "T1"]):
+    assert parse("train", ["--train.steps", "5"]).train.steps == 5
+    for argv in (["train", "--train.st", "5"], ["serve", "m", "--max_batc", "4"], ["eval", "m", "--tier", "T1"]):
         with pytest.raises(SystemExit):
-            parser.parse_args(argv)
+            main(argv)
         assert "unrecognized arguments: " + argv[-2] in capsys.readouterr().err
+
+
+def test_boolean_flags_of_options_and_sections_in_every_spelling():
+    assert parse("train", ["--train.compile"]).train.compile is True
+    for flag in ("--train.no_compile", "--train.no-compile", "--no-train.compile"):
+        args = parse("train", ["--train.compile", flag])
+        assert args.train.compile is False and "train.compile" in args._given, flag
+    for flag in ("--no_prefill_graphs", "--no-prefill-graphs", "--no-prefill_graphs"):
+        assert parse("serve", ["m", flag]).prefill_graphs is False, flag
+    assert parse("serve", ["m"]).prefill_graphs is True
 
 
 def test_recover_protocols_are_the_trainers():
     from elastic_ssm.train.recover import PROTOCOLS
 
-    assert cli_options.RECOVER_PROTOCOLS == PROTOCOLS
+    assert cli_schema.RECOVER_PROTOCOLS == PROTOCOLS
 
 
 def test_options_and_the_help_of_model_commands_import_no_torch():
     """Parsing loads no model code: the commands' functions are imported when they run."""
-    code = ("import sys, contextlib, io, elastic_ssm.cli_options\nfrom elastic_ssm.cli import main\n"
+    code = ("import sys, contextlib, io, elastic_ssm.cli_schema\nfrom elastic_ssm.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
             "    main(['eval', '--help'])\nprint('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_import_elastic_ssm_loads_no_cli_and_no_parser_library():
+    code = ("import elastic_ssm, sys; print([m for m in sys.modules if m.startswith(('tyro', 'jsonargparse', "
+            "'elastic_ssm.cli', 'fastapi', 'uvicorn', 'elastic_ssm.serve'))])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_helper_processes_get_their_options_through_the_derived_flags():
+    """A parent writes a child's options dataclass as flags (``to_argv``); the child's ``derive`` reads back the
+    same options: no hand-written flag list on either side."""
+    from elastic_ssm.bench.ddp_check import DdpCheckOptions
+    from elastic_ssm.bench.process import ChildOptions
+    from elastic_ssm.bench.serve_proxy import ProxyOptions
+    from elastic_ssm.bench.serve_server import BenchServerOptions
+    from elastic_ssm.cli import derive, to_argv
+
+    for opts in (ChildOptions(mode="import-fla", spawned_at=1.25), ChildOptions(model="/m", cprofile="p.txt"),
+                 BenchServerOptions(tiers="T1,T10", port=9, prefill_graphs=False, stub_step_ms=2.0),
+                 DdpCheckOptions(seq_len=32, precision="bf16"), ProxyOptions(server=BenchServerOptions(max_prefill=8))):
+        assert derive(type(opts), to_argv(opts), "child") == opts
+
+
+def test_every_verb_help_shows_defaults(capsys):
+    for cmd in COMMANDS:
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--help"])
+        assert e.value.code == 0
+        text = capsys.readouterr().out
+        assert f"elastic-ssm {cmd}" in text and (COMMANDS[cmd][1] is None and cmd != "bench" or "(default: " in text)
 
 
 def test_version(capsys):
@@ -107,8 +140,9 @@ def test_version(capsys):
 
 
 def _help_of(text: str, flag: str) -> str:
-    """The help paragraph of ``flag`` in an argparse --help text, whitespace collapsed."""
-    block = re.search(rf"^  {re.escape(flag)} .*?(?=^  -)", text, re.S | re.M).group(0)
+    """The help paragraph of ``flag`` in a tyro --help text (box borders dropped), whitespace collapsed."""
+    text = "\n".join(line.strip("│").rstrip() for line in text.splitlines())     # a flag at column 1, help below
+    block = re.search(rf"^ {{1,2}}{re.escape(flag)}[ ,].*?(?=^ {{1,2}}-)", text, re.S | re.M).group(0)
     return " ".join(block.split())
 
 
@@ -116,13 +150,13 @@ def test_train_help_shows_the_values_a_bare_run_uses(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = capsys.readouterr().out
-    run = yaml.safe_load(cli_options.DEFAULT_RUN.read_text())
+    run = yaml.safe_load(cli_schema.DEFAULT_RUN.read_text())
     assert f"(default: {run['train']['steps']})" in _help_of(text, "--train.steps")
     assert f"(default: {run['train']['seq_len']})" in _help_of(text, "--train.seq_len")
-    assert f"(default: '{run['model']['preset']}')" in _help_of(text, "--model.preset")
+    assert f"(default: {run['model']['preset']})" in _help_of(text, "--model.preset")
     d_model = es.ESSHConfig.preset(run["model"]["preset"]).d_model
     assert f"(default: {d_model})" in _help_of(text, "--model.d_model")
-    assert cli_options.DEFAULT_RUN.name in text
+    assert cli_schema.DEFAULT_RUN.name in text
 
 
 def test_the_tiny_run_file_trains(tmp_path):
@@ -147,14 +181,14 @@ def saved(tmp_path_factory):
 def test_status_and_input_errors_come_from_rank_zero(saved, rank, monkeypatch, capsys):
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("WORLD_SIZE", "2")
-    argv = ["generate", str(saved), "--tier", "T2", "--prompt", "a", "--max-new-tokens", "2", "--device", "cpu"]
+    argv = ["generate", str(saved), "--tier", "T2", "--prompt", "a", "--max_new_tokens", "2", "--device", "cpu"]
     assert main(argv) == 0
     announced = "generate: cpu (CPU)" in capsys.readouterr().err
     assert announced == (rank == "0")
-    assert main(["niah", str(saved), "--context-len", "0"]) == 2           # the same mistake on every rank
+    assert main(["niah", str(saved), "--context_len", "0"]) == 2           # the same mistake on every rank
     err = capsys.readouterr().err
-    assert ("--context-len must be >= 1" in err) == (rank == "0") and err.count("\n") <= 1
-    with pytest.raises(SystemExit) as e:                                     # argparse's own error
+    assert ("--context_len must be >= 1" in err) == (rank == "0") and err.count("\n") <= 1
+    with pytest.raises(SystemExit) as e:                                     # tyro's own error
         main(["eval", str(saved), "--no-such-flag"])
     assert e.value.code == 2 and ("--no-such-flag" in capsys.readouterr().err) == (rank == "0")
     assert main(["eval", str(saved / "config.json")]) == 2    # an error of this rank's own: each rank, numbered

@@ -8,7 +8,7 @@ import pytest
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
-from elastic_ssm.cli_args import checked_capacities, checked_tiers, tier_names, write_csv
+from elastic_ssm.cli_util import checked_capacities, checked_tiers, tier_names, write_csv
 from elastic_ssm.config import ConfigError
 
 
@@ -27,7 +27,7 @@ def one_error_line(capsys) -> str:
 
 
 def export(model_dir, out, *flags):
-    return main(["export", str(model_dir), "--out", str(out), "--check-len", "8", *flags])
+    return main(["export", str(model_dir), "--out", str(out), "--check_len", "8", *flags])
 
 
 def tier_of(folder) -> str:
@@ -127,7 +127,7 @@ def corpus(tmp_path):
 def test_tokenizer_train_refuses_an_existing_out(corpus, tmp_path, capsys):
     out = tmp_path / "tokenizer.json"
     out.write_text("a model's tokenizer")
-    args = ["tokenizer", "train", str(corpus), "--vocab-size", "300", "--out", str(out)]
+    args = ["tokenizer", "train", str(corpus), "--vocab_size", "300", "--out", str(out)]
     assert main(args) == 2
     line = one_error_line(capsys)
     assert f"--out {out} already exists" in line and "--overwrite" in line
@@ -158,8 +158,8 @@ def test_prepare_refuses_an_existing_token_file_or_sidecar(corpus, tmp_path, cap
 
 # ---- 2b. --csv never replaces a saved file: an existing CSV needs --overwrite, a model's file never goes -------------
 def eval_csv(model_dir, csv, *flags):
-    return main(["eval", str(model_dir), "--seq-len", "16", "--batch-size", "1", "--n-batches", "1",
-                 "--no-write-quality", "--csv", str(csv), *flags])
+    return main(["eval", str(model_dir), "--seq_len", "16", "--batch_size", "1", "--n_batches", "1",
+                 "--no_write_quality", "--csv", str(csv), *flags])
 
 
 def test_eval_csv_refuses_an_existing_file_and_overwrite_replaces_it(model_dir, tmp_path, capsys):
@@ -228,7 +228,7 @@ def test_write_csv_applies_the_same_rule_as_the_early_check(tmp_path):
 # ---- 3. generate: a --prompt that is not UTF-8 -------------------------------------------------------------------
 def test_generate_names_a_prompt_that_is_not_utf8(model_dir, capsys):
     prompt = b"def \xff\xfe x".decode("utf-8", "surrogateescape")     # what Python makes of such argv bytes
-    assert main(["generate", str(model_dir), "--prompt", prompt, "--max-new-tokens", "2"]) == 2
+    assert main(["generate", str(model_dir), "--prompt", prompt, "--max_new_tokens", "2"]) == 2
     line = one_error_line(capsys)
     assert "--prompt is not valid UTF-8 text" in line and "0xff" in line and "iconv" in line
     assert "surrogates" not in line
@@ -249,7 +249,7 @@ def test_tier_lists_with_spaces_in_every_verb(model_dir, tmp_path, capsys):
     assert export(model_dir, out, "--tiers", "T1, T4") == 0
     assert tier_of(out / "T1") == "T1" and tier_of(out / "T4") == "T4"
     capsys.readouterr()
-    assert main(["generate", str(model_dir), "--tier", " T4", "--prompt", "def", "--max-new-tokens", "2",
+    assert main(["generate", str(model_dir), "--tier", " T4", "--prompt", "def", "--max_new_tokens", "2",
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("def")
     assert main(["generate", str(model_dir), "--tier", "T1, T4", "--prompt", "def"]) == 2
@@ -286,8 +286,8 @@ def test_full_names_the_full_tier_in_every_tier_list(model_dir, tmp_path, capsys
     assert checked_tiers(es.ESSH.from_pretrained(model_dir), "T1, Full") == ["T1", "T10"]
     assert export(model_dir, tmp_path / "ex", "--tiers", "full") == 0 and tier_of(tmp_path / "ex" / "T10") == "T10"
     capsys.readouterr()
-    assert main(["eval", str(model_dir), "--tiers", "full", "--n-batches", "1", "--batch-size", "1", "--seq-len", "16",
-                 "--no-write-quality"]) == 0
+    assert main(["eval", str(model_dir), "--tiers", "full", "--n_batches", "1", "--batch_size", "1", "--seq_len", "16",
+                 "--no_write_quality"]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:3]] == ["T10"]
 
 
@@ -319,14 +319,14 @@ def test_an_export_written_before_tier_names_answers_to_both_names_in_every_verb
     shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "legacy_export" / "T4", t4)
     assert "tier_names" not in (t4 / "config.json").read_text()
     for name in ("T4", "T1"):
-        assert main(["eval", str(t4), "--tiers", name, "--n-batches", "1", "--batch-size", "1", "--seq-len", "16"]) == 0
+        assert main(["eval", str(t4), "--tiers", name, "--n_batches", "1", "--batch_size", "1", "--seq_len", "16"]) == 0
         assert list(json.loads((t4 / "tier_quality.json").read_text())["tiers"]) == ["T1"]
-        assert main(["generate", str(t4), "--tier", name, "--prompt", "de", "--max-new-tokens", "2"]) == 0
+        assert main(["generate", str(t4), "--tier", name, "--prompt", "de", "--max_new_tokens", "2"]) == 0
     served = model_view(t4)
     assert checked_tiers(served, "T4") == checked_tiers(served, "T1") == ["T1"]
     assert es.ESSH.from_pretrained(t4).resolve_tier("T4") == es.ESSH.from_pretrained(t4, tier="T4").resolve_tier()
     capsys.readouterr()
-    assert main(["eval", str(t4), "--tiers", "T6", "--n-batches", "1"]) == 2
+    assert main(["eval", str(t4), "--tiers", "T6", "--n_batches", "1"]) == 2
     assert "unknown tier 'T6'" in one_error_line(capsys)
 
 
@@ -337,9 +337,9 @@ def test_verbs_call_an_export_by_its_source_tier(model_dir, tmp_path, capsys):
     assert export(model_dir, tmp_path / "ex", "--tiers", "T4") == 0
     t4 = tmp_path / "ex" / "T4"
     capsys.readouterr()
-    assert main(["eval", str(t4), "--tiers", "T4", "--n-batches", "1", "--batch-size", "1", "--seq-len", "16"]) == 0
+    assert main(["eval", str(t4), "--tiers", "T4", "--n_batches", "1", "--batch_size", "1", "--seq_len", "16"]) == 0
     assert list(json.loads((t4 / "tier_quality.json").read_text())["tiers"]) == ["T4"]
-    assert main(["generate", str(t4), "--tier", "T4", "--prompt", "de", "--max-new-tokens", "2",
+    assert main(["generate", str(t4), "--tier", "T4", "--prompt", "de", "--max_new_tokens", "2",
                  "--temperature", "0"]) == 0
     capsys.readouterr()
     assert main(["generate", str(t4), "--tier", "T1", "--prompt", "de"]) == 2
@@ -378,7 +378,7 @@ def test_es_ssm_budgets_are_accepted_by_every_verb(es_dir, tmp_path, capsys):
     assert export(es_dir, tmp_path / "ex", "--tiers", "8,K2") == 0
     assert tier_of(tmp_path / "ex" / "K8") == "K8" and tier_of(tmp_path / "ex" / "K2") == "K2"
     capsys.readouterr()
-    assert main(["generate", str(es_dir), "--tier", "4", "--prompt", "ab", "--max-new-tokens", "2",
+    assert main(["generate", str(es_dir), "--tier", "4", "--prompt", "ab", "--max_new_tokens", "2",
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("ab")
     source = {"arch": "es_ssm", "preset": "tiny", "tier_config": "4"}

@@ -6,7 +6,7 @@ request (``--bench.benchmarks es_ssm_decode``) the ES-SSM decode step per budget
 generate, train, serve, prints every row as it completes, and returns (and writes as JSON) ``{"env",
 "config", "memory", "decode", "prefill", "generate", "train", "serve", "ratios"}``; with ``docs`` set it
 appends the tables to ``docs/benchmarks.md``. A failing or out-of-memory benchmark is recorded in its row
-(``error``) and the run goes on. ``main(argv)`` is the command-line entry (flags derived from ``BenchConfig``).
+(``error``) and the run goes on. ``elastic-ssm bench`` derives its ``--bench.*`` flags from ``BenchConfig``.
 Protocols: ``decode.py``, ``prefill.py``, ``generate.py`` (the user's ``model.generate`` path), ``train.py``,
 ``serve.py`` (concurrent streams against a real ``elastic-ssm serve`` process; only when named),
 ``memory.py``, ``es_ssm_decode.py``; peers and matching: ``peers.py``; timing helpers: ``timing.py``.
@@ -82,16 +82,16 @@ class BenchConfig(ConfigBase):
     serve_new_tokens: int = opt(256, "serve: tokens generated per request")
     serve_rounds: int = opt(2, "serve: requests each stream sends one after another")
     serve_client_procs: int = opt(8, "serve: load-generator processes")
-    serve_max_prefill: tuple[int, ...] = opt((16,), "serve: the server's --max-prefill (prompts of one length "
+    serve_max_prefill: tuple[int, ...] = opt((16,), "serve: the server's --max_prefill (prompts of one length "
                                              "prefilled together); one row per value")
-    serve_prefill_wait_ms: tuple[float, ...] = opt((50.0,), "serve: the server's --prefill-wait-ms (longest a "
+    serve_prefill_wait_ms: tuple[float, ...] = opt((50.0,), "serve: the server's --prefill_wait_ms (longest a "
                                                    "waiting request is held for more arrivals to share its prefill "
                                                    "forward); one row per value")
-    serve_prefill_graphs: tuple[bool, ...] = opt((True,), "serve: the server's --prefill-graphs (prefill forwards "
+    serve_prefill_graphs: tuple[bool, ...] = opt((True,), "serve: the server's --prefill_graphs (prefill forwards "
                                                  "replayed from CUDA graphs) or not; one row per value")
-    serve_prefill_graph_tokens: tuple[int, ...] = opt((2048,), "serve: the server's --prefill-graph-tokens (the "
+    serve_prefill_graph_tokens: tuple[int, ...] = opt((2048,), "serve: the server's --prefill_graph_tokens (the "
                                                       "largest graphed prefill); one row per value")
-    serve_attended_spans: tuple[bool, ...] = opt((True,), "serve: the server's --attended-spans (decode steps read "
+    serve_attended_spans: tuple[bool, ...] = opt((True,), "serve: the server's --attended_spans (decode steps read "
                                                  "the filled prefix of the window rings) or not; one row per value")
     train_batch: int = opt(8, "training micro-batch (Table 50: 8 at 370M, 4 at 1.5B)")
     train_seq_len: int = opt(2048, "training context")
@@ -246,7 +246,7 @@ def _check_before_running(cfg: BenchConfig, given: dict) -> None:
     """What would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a
     device this machine lacks, and output paths that cannot be written (a folder where the JSON or markdown
     file goes, a file where the suite's folder goes, an empty ``--bench.out_dir``)."""
-    from ..cli_args import check_output_path
+    from ..cli_util import check_output_path
     from ..utils.devices import checked_device
 
     for key in ("set", "only"):
@@ -301,12 +301,9 @@ def bench_command(given: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """``elastic-ssm bench --bench.preset 1.5b --bench.batches 1 16 ...`` or ``--bench.suite NAME`` (flags from
-    ``BenchConfig``)."""
-    from ..cli_args import add_dataclass_flags, collect_overrides
-    from ..cli_errors import Parser
+    """``elastic-ssm bench --bench.preset 1.5b --bench.batches 1 16 ...`` or ``--bench.suite NAME``: the same
+    command line as ``elastic-ssm bench`` (flags derived from ``BenchConfig``); returns the results."""
+    from ..cli import parse
+    from ..cli_util import overrides
 
-    parser = Parser(prog="elastic-ssm bench", description=__doc__.splitlines()[0])
-    add_dataclass_flags(parser, BenchConfig, "bench")
-    ns = parser.parse_args(argv)
-    return bench_command(collect_overrides(ns, "bench"))
+    return bench_command(overrides(parse("bench", list(argv or [])), "bench"))

@@ -1,6 +1,6 @@
 """DDP equivalence check: an ESSH trained with DDP on N ranks vs one process with the same global batch.
 
-Run on 2 GPUs (each rank trains ``--grad-accum`` micro-batches per step; the reference runs on one GPU
+Run on 2 GPUs (each rank trains ``--grad_accum`` micro-batches per step; the reference runs on one GPU
 with ``grad_accum x N`` micro-batches of the same windows, so both see identical global batches and the
 same capacity plan, ESSH Algorithm 1)::
 
@@ -12,38 +12,49 @@ Rank 0 prints both loss curves and their maximum absolute difference, and writes
 ``$OUT/ddp_check.json`` (or ``--out``) with the curves, timings and the environment. The two curves
 agree to float32 reduction-order noise (CPU gloo: ~1e-6 over a few steps; GPU: larger, since cuBLAS and
 NCCL reduce in different orders, and the difference grows slowly with the number of steps). This is an
-equivalence report, not a timing: it prints the difference, it does not judge it.
+equivalence report, not a timing: it prints the difference, it does not judge it. Its flags are the fields of
+``DdpCheckOptions``, derived by tyro as every ``elastic-ssm`` verb's are (``cli.derive``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from .. import data as es_data
-from ..config import ESSHConfig
+from ..config import ESSHConfig, opt
 from ..train import TrainConfig, train
 
 
-def _args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m elastic_ssm.bench.ddp_check", description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--preset", default="small", help="ESSH preset (byte vocabulary): tiny or small")
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--grad-accum", type=int, default=2, help="micro-batches per step on each DDP rank")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--nproc", type=int, default=2, help="processes to spawn when not under torchrun")
-    p.add_argument("--out", default=os.environ.get("OUT", ""), help="directory for ddp_check.json")
-    return p.parse_args(argv)
+@dataclass(kw_only=True)
+class DdpCheckOptions:
+    """What the DDP equivalence check trains."""
+
+    steps: int = opt(50, "optimizer steps of both runs")
+    preset: str = opt("small", "ESSH preset (byte vocabulary): tiny or small")
+    seq_len: int = opt(256, "tokens per sequence")
+    micro_batch: int = opt(4, "sequences per micro-batch on each rank")
+    grad_accum: int = opt(2, "micro-batches per step on each DDP rank")
+    precision: Literal["fp32", "bf16"] = opt("fp32", "fp32, or bf16 autocast")
+    device: str = opt("auto", "auto | cpu | cuda")
+    nproc: int = opt(2, "processes to spawn when not under torchrun")
+    out: str = opt("", "directory for ddp_check.json (default: $OUT, if set)")
+
+
+def _args(argv=None) -> DdpCheckOptions:
+    from ..cli import derive
+
+    a = derive(DdpCheckOptions, argv, "python -m elastic_ssm.bench.ddp_check", __doc__.split("\n")[0])
+    a.out = a.out or os.environ.get("OUT", "")
+    return a
 
 
 def _tokens(max_bytes: int = 4_000_000):
@@ -51,7 +62,7 @@ def _tokens(max_bytes: int = 4_000_000):
     return es_data.load_corpus("stdlib", "bytes", split="train", max_bytes=max_bytes)
 
 
-def _config(a: argparse.Namespace, out_dir: str, grad_accum: int, world: int) -> TrainConfig:
+def _config(a: DdpCheckOptions, out_dir: str, grad_accum: int, world: int) -> TrainConfig:
     """Full capacity for the first 4 steps (same global token count in both runs), then mixing."""
     warm = a.micro_batch * a.seq_len * grad_accum * world * 4
     return TrainConfig(steps=a.steps, micro_batch_size=a.micro_batch, grad_accum=grad_accum,
@@ -61,7 +72,7 @@ def _config(a: argparse.Namespace, out_dir: str, grad_accum: int, world: int) ->
                        precision=a.precision, device=a.device, out_dir=out_dir, seed=0)
 
 
-def _run(a: argparse.Namespace) -> None:
+def _run(a: DdpCheckOptions) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     tokens = _tokens()

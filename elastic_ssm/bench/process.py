@@ -3,7 +3,8 @@ machine makes its first token of 1.5b within 10 s).
 
 The parent saves a random-weight model of ``preset`` once (``model_dir``, default a folder under the system
 temp dir, reused by later entries and runs), then starts ``runs`` child processes one after another per scan
-backend, each ``python -m elastic_ssm.bench.process first-token DIR ...``: import, ``from_pretrained`` at the
+backend, each ``python -m elastic_ssm.bench.process --mode first-token --model DIR ...`` (the flags of
+``ChildOptions``, written by ``cli.to_argv`` and parsed back by ``cli.derive``): import, ``from_pretrained`` at the
 tier, the pooled fused decoder, the first prefill of a ``prompt``-token prompt and its argmax, then one more
 ``generate(prompt, 1)``; wall seconds per phase, measured from the moment the parent started the child (so
 ``import_s`` includes the interpreter's start-up). Later children find Triton's kernel and autotuning caches
@@ -14,19 +15,19 @@ on disk, as a user's second process does (``warm``). Optional: ``import_fla`` ch
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from ..config import ConfigBase, ConfigError, opt
 
-__all__ = ["FirstTokenOptions", "run_first_token", "saved_model"]
+__all__ = ["ChildOptions", "FirstTokenOptions", "run_first_token", "saved_model"]
 
 
 @dataclass(kw_only=True)
@@ -75,9 +76,25 @@ def saved_model(preset: str, model_dir: str = "", device: str = "cuda") -> Path:
     return d
 
 
-def _child(args: list[str], ctx, env: dict[str, str], timeout: float, log_name: str) -> dict:
+@dataclass(kw_only=True)
+class ChildOptions:
+    """One child process: what it measures and what it loads."""
+
+    mode: Literal["first-token", "import-fla"] = opt("first-token", "first-token: load, prefill, first token; "
+                                                                    "import-fla: only import fla")
+    model: str = opt("", "model folder (first-token)")
+    tier: str = opt("T10", "tier to load")
+    prompt: int = opt(2048, "prompt tokens")
+    device: str = opt("cuda", "where the model runs")
+    cprofile: str = opt("", "write a cProfile of the prefill here")
+    spawned_at: float | None = opt(None, "time.time() when the parent started us")
+
+
+def _child(opts: ChildOptions, ctx, env: dict[str, str], timeout: float, log_name: str) -> dict:
     """One ``python -m elastic_ssm.bench.process ...`` child; its ``RESULT {json}`` line, or the error."""
-    cmd = [sys.executable, "-m", "elastic_ssm.bench.process", *args, "--spawned-at", repr(time.time())]
+    from ..cli import to_argv
+
+    cmd = [sys.executable, "-m", "elastic_ssm.bench.process", *to_argv(replace(opts, spawned_at=time.time()))]
     try:
         p = subprocess.run(cmd, env=ctx.child_env(env), capture_output=True, text=True,
                            timeout=max(1.0, min(timeout, ctx.time_left())))
@@ -99,10 +116,10 @@ def run_first_token(opts: FirstTokenOptions, ctx) -> list[dict]:
     d = saved_model(opts.preset, opts.model_dir, opts.device)
     rows: list[dict] = []
     for i in range(opts.import_fla):
-        rows.append({"probe": "import fla", "run": i + 1, **_child(["import-fla"], ctx, {}, opts.timeout_s,
-                                                                   "children.log")})
+        rows.append({"probe": "import fla", "run": i + 1, **_child(ChildOptions(mode="import-fla"), ctx, {},
+                                                                   opts.timeout_s, "children.log")})
         ctx.log(f"  {rows[-1]}")
-    base = ["first-token", str(d), "--tier", opts.tier, "--prompt", str(opts.prompt), "--device", opts.device]
+    base = ChildOptions(model=str(d), tier=opts.tier, prompt=opts.prompt, device=opts.device)
     n = 0
     for i in range(opts.runs):
         for backend in opts.scan_backends:
@@ -116,12 +133,12 @@ def run_first_token(opts: FirstTokenOptions, ctx) -> list[dict]:
             ctx.log(f"  {rows[-1]}")
     if opts.cprofile:
         env = {"TRITON_PRINT_AUTOTUNING": "1"}
-        res = _child([*base, "--cprofile", str(ctx.path("profile.txt"))], ctx, env, opts.timeout_s, "children.log")
+        res = _child(replace(base, cprofile=str(ctx.path("profile.txt"))), ctx, env, opts.timeout_s, "children.log")
         rows.append({"probe": "first token, cProfile", "backend": "auto", "warm": n > 0, **res})
     if opts.cli_tokens:
         prompt = ("def main(argv):\n    return argv\n" * (opts.prompt // 30 + 1))[:opts.prompt]
         cmd = [sys.executable, "-m", "elastic_ssm.cli", "generate", str(d), "--tier", opts.tier, "--prompt", prompt,
-               "--max-new-tokens", str(opts.cli_tokens), "--temperature", "0"]
+               "--max_new_tokens", str(opts.cli_tokens), "--temperature", "0"]
         t = time.perf_counter()
         try:
             p = subprocess.run(cmd, env=ctx.child_env(), capture_output=True, text=True,
@@ -136,7 +153,7 @@ def run_first_token(opts: FirstTokenOptions, ctx) -> list[dict]:
 
 
 # ---- the child processes ---------------------------------------------------------------------------------
-def _first_token_child(a: argparse.Namespace) -> dict:
+def _first_token_child(a: ChildOptions) -> dict:
     import torch
 
     import elastic_ssm as es
@@ -173,7 +190,7 @@ def _first_token_child(a: argparse.Namespace) -> dict:
             "prefill_s": t_pre - t_dec, "first_token_s": t_pre - a.spawned_at, "next_generate_s": time.time() - t_pre}
 
 
-def _import_fla_child(a: argparse.Namespace) -> dict:
+def _import_fla_child(a: ChildOptions) -> dict:
     import importlib.util
 
     t1 = time.time()
@@ -188,15 +205,9 @@ def _import_fla_child(a: argparse.Namespace) -> dict:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m elastic_ssm.bench.process", description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("first-token", "import-fla"))
-    p.add_argument("model", nargs="?", help="model folder (first-token)")
-    p.add_argument("--tier", default="T10")
-    p.add_argument("--prompt", type=int, default=2048)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--cprofile", default="", help="write a cProfile of the prefill here")
-    p.add_argument("--spawned-at", type=float, default=None, help="time.time() when the parent started us")
-    a = p.parse_args(argv)
+    from ..cli import derive
+
+    a = derive(ChildOptions, argv, "python -m elastic_ssm.bench.process", __doc__.splitlines()[0])
     if a.spawned_at is None:
         a.spawned_at = time.time()
     res = _first_token_child(a) if a.mode == "first-token" else _import_fla_child(a)

@@ -116,7 +116,7 @@ class ReplicationStepOptions(ConfigBase):
     """One command of a replication run, resumable across device calls (see the module docstring)."""
 
     args: tuple[str, ...] = opt((), "the command; {root}, {run} and 'python' are filled in")
-    extra_args: tuple[str, ...] = opt((), "appended to args (e.g. --bench.set essh-train.extra_args=[--stop-after,20])")
+    extra_args: tuple[str, ...] = opt((), "appended to args (e.g. --bench.set essh-train.extra_args=[--stop_after,20])")
     run: str = opt("", "the run's folder under root (its log, calls.jsonl and {run})")
     root: str = opt("runs/replication", "the state folder every run of the suites lives in")
     outputs: tuple[str, ...] = opt((), "paths this step produces; the step is skipped when all exist")

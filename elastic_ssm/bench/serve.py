@@ -1,6 +1,6 @@
 """``elastic-ssm bench`` ``serve`` entry: N concurrent streams against a real ``elastic-ssm serve`` process.
 
-The server runs in its own process (``python -m elastic_ssm.bench.serve``: the served app of
+The server runs in its own process (``python -m elastic_ssm.bench.serve_server``, ``serve_server.py``: the app of
 ``serve/app.py`` over a random-weight ESSH at the bench preset, every tier of ``serve_tiers`` with
 ``serve_slots`` slots, no weights on disk; its engine in a process of its own, as ``elastic-ssm serve``).
 Its tokenizer is ``IdTokenizer``: one character per token id, so every streamed character is one token.
@@ -17,15 +17,13 @@ forwards (``prefills``), prefill graph captures (``captures``), seconds admittin
 server's processes used (``server_cpu``; ``http_cpu`` of them the HTTP process alone, which saturates at 1; and per
 generated token ``server_us_per_token``).
 
-CPU proxy (``python -m elastic_ssm.bench.serve_proxy``): ``--stub-step-ms`` gives the server ``StubPool``s,
+CPU proxy (``python -m elastic_ssm.bench.serve_proxy``): ``stub_step_ms`` gives the server ``StubPool``s,
 whose decode step and prefills cost fixed wall time, so what the HTTP and engine layers alone can push is
 measured without a GPU.
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
 import itertools
 import json
 import math
@@ -37,8 +35,8 @@ import sys
 import tempfile
 import time
 
-from ..serve.engine import COUNTERS, PREFILL_WAIT_MS
-from ..serve.slots import GRAPH_TOKENS, SlotRows
+from ..serve.engine import COUNTERS
+from ..serve.slots import SlotRows
 from .timing import percentile
 
 __all__ = ["IdTokenizer", "serve_suite", "bench_serve", "wait_healthy", "free_port"]
@@ -61,7 +59,7 @@ class IdTokenizer:
 
 class StubPool(SlotRows):
     """A ``SlotPool`` stand-in whose decode step and prefills cost fixed wall time: the bench's CPU proxy of
-    the GPU (``--stub-step-ms``), to measure what the HTTP and engine layers alone can push.
+    the GPU (``--stub_step_ms``), to measure what the HTTP and engine layers alone can push.
 
     It keeps ``SlotPool``'s interface and timing shape: ``step_async`` first waits for the previous step to
     end (the GPU's synchronisation, a sleep that releases the GIL as a CUDA wait does), then starts the next
@@ -260,17 +258,19 @@ def _tree_cpu(pid: int) -> tuple[float, float]:
 
 def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slots: int, prompt: int,
                 new_tokens: int, rounds: int, procs: int, device: str, dtype: str, seed: int = 0,
-                server_args: tuple[str, ...] = ()) -> dict:
+                server: dict | None = None) -> dict:
     """Start the server process, drive ``streams`` streams over the tiers of ``mix``, return the row
-    (``server_args``: more flags of the server process, e.g. the CPU proxy's ``--stub-step-ms``)."""
+    (``server``: more ``BenchServerOptions`` of the server process, e.g. the CPU proxy's ``stub_step_ms``)."""
+    from ..cli import to_argv
     from ..config import ESSHConfig
     from ..serve.cli import http_stack  # the server process: this interpreter, this environment
+    from .serve_server import BenchServerOptions
 
     vocab = ESSHConfig.preset(preset).vocab_size
     port = free_port()
-    cmd = [sys.executable, "-m", "elastic_ssm.bench.serve", "--preset", preset, "--tiers", ",".join(tiers),
-           "--slots", str(slots), "--port", str(port), "--device", device, "--dtype", dtype, "--seed", str(seed),
-           *server_args]
+    opts = BenchServerOptions(preset=preset, tiers=",".join(tiers), slots=slots, port=port, device=device,
+                              dtype=dtype, seed=seed, **(server or {}))
+    cmd = [sys.executable, "-m", "elastic_ssm.bench.serve_server", *to_argv(opts)]
     log = tempfile.TemporaryFile(mode="w+")       # a file, not a pipe: a full pipe would stall the server
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=os.environ.copy())
     base = f"http://127.0.0.1:{port}"
@@ -328,89 +328,9 @@ def serve_suite(r, out: list) -> None:
                 "max_prefill": prefill, "prefill_wait_ms": wait, "prefill_graphs": graphs,
                 "prefill_graph_tokens": graph_tokens, "attended_spans": spans,
                 "prompt": cfg.serve_prompt, "new_tokens": cfg.serve_new_tokens}
-        args = ("--max-prefill", str(prefill), "--prefill-wait-ms", str(wait),
-                "--prefill-graphs" if graphs else "--no-prefill-graphs", "--prefill-graph-tokens", str(graph_tokens),
-                "--attended-spans" if spans else "--no-attended-spans")
-        r.run(out, base, lambda mix=mix, streams=streams, args=args: bench_serve(
+        server = {"max_prefill": prefill, "prefill_wait_ms": wait, "prefill_graphs": graphs,
+                  "prefill_graph_tokens": graph_tokens, "attended_spans": spans}
+        r.run(out, base, lambda mix=mix, streams=streams, server=server: bench_serve(
             cfg.preset, tiers, mix.split(","), streams, cfg.serve_slots, cfg.serve_prompt, cfg.serve_new_tokens,
             cfg.serve_rounds, cfg.serve_client_procs, str(r.dev), str(r.dtype).replace("torch.", ""), cfg.seed,
-            server_args=args))
-
-
-def _bench_model(preset: str, device: str, dtype: str, seed: int, stub: bool):
-    """The bench server's model: random weights at ``preset`` with ``IdTokenizer`` (for the CPU proxy on CPU in
-    float32 with a 1024-id vocabulary: above 260 ids, so the text is IdTokenizer's, one character per token).
-    ``device="meta"``: the HTTP process's view of it."""
-    import torch
-
-    from ..config import ESSHConfig
-    from .peers import build_essh
-
-    torch.manual_seed(seed)
-    cfg = ESSHConfig.preset(preset, vocab_size=1024) if stub else ESSHConfig.preset(preset)
-    if stub and device != "meta":
-        torch.set_num_threads(1)
-        device, dtype = "cpu", "float32"
-    model = build_essh(cfg, torch.device(device), getattr(torch, dtype))
-    model.tokenizer = IdTokenizer(model.config.vocab_size)
-    return model
-
-
-def _serve_main(argv: list[str] | None = None) -> None:
-    """The server process of the benchmark (random weights, ``IdTokenizer``)."""
-    import uvicorn
-
-    from ..serve.app import ServerSettings, create_app
-
-    p = argparse.ArgumentParser(prog="python -m elastic_ssm.bench.serve")
-    p.add_argument("--preset", required=True)
-    p.add_argument("--tiers", required=True)
-    p.add_argument("--slots", type=int, required=True)
-    p.add_argument("--max-prefill", type=int, default=16, help="most prompts prefilled together in one forward")
-    p.add_argument("--prefill-wait-ms", type=float, default=PREFILL_WAIT_MS,
-                   help="longest a waiting request is held for more arrivals to share its prefill forward")
-    p.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=True,
-                   help="replay prefill forwards from CUDA graphs (serve --prefill-graphs)")
-    p.add_argument("--prefill-graph-tokens", type=int, default=GRAPH_TOKENS,
-                   help="the largest graphed prefill, padded prompt tokens (serve --prefill-graph-tokens)")
-    p.add_argument("--attended-spans", action=argparse.BooleanOptionalAction, default=True,
-                   help="decode steps read the filled prefix of the window rings only (serve --attended-spans)")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--engine", default="process", choices=("process", "thread"),
-                   help="the engine in its own process (as elastic-ssm serve) or a thread of the HTTP process")
-    p.add_argument("--stub-step-ms", type=float, default=None,
-                   help="CPU proxy: StubPool with a decode step of this many ms instead of the model's pools")
-    p.add_argument("--stub-prefill-ms", type=float, default=0.0, help="CPU proxy: fixed ms per prefill forward")
-    p.add_argument("--stub-prefill-us-per-token", type=float, default=0.0, help="CPU proxy: us per prefilled token")
-    p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval (experiments)")
-    p.add_argument("--loop", default="auto", help="uvicorn's event loop (experiments)")
-    p.add_argument("--http", default="auto", help="uvicorn's HTTP protocol (experiments)")
-    a = p.parse_args(argv)
-    if a.switch_interval is not None:
-        sys.setswitchinterval(a.switch_interval)
-    stub = a.stub_step_ms is not None
-    pool_factory = None
-    if stub:
-        pool_factory = functools.partial(StubPool, step_ms=a.stub_step_ms, prefill_ms=a.stub_prefill_ms,
-                                         prefill_us_per_token=a.stub_prefill_us_per_token)
-    load = functools.partial(_bench_model, a.preset, a.device, a.dtype, a.seed, stub)
-    tiers = a.tiers.split(",")
-    settings = ServerSettings(name="bench", tiers=tiers, default_tier=tiers[-1], slots=a.slots,
-                              max_prefill=a.max_prefill, prefill_wait_ms=a.prefill_wait_ms,
-                              prefill_graphs=a.prefill_graphs, prefill_graph_tokens=a.prefill_graph_tokens,
-                              attended_spans=a.attended_spans,
-                              max_queue=4 * a.slots,
-                              max_connections_per_client=1 << 16, max_prompt_tokens=1 << 16, max_tokens_limit=1 << 16)
-    if a.engine == "process":
-        app = create_app(_bench_model(a.preset, "meta", a.dtype, a.seed, stub), settings, pool_factory, load=load)
-    else:
-        app = create_app(load(), settings, pool_factory)
-    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", limit_concurrency=1 << 16, loop=a.loop,
-                http=a.http)
-
-
-if __name__ == "__main__":
-    _serve_main()
+            server=server))

@@ -1,40 +1,59 @@
 """CPU proxy of the serve benchmark: the real server process and load generator, the GPU replaced by a fixed cost.
 
-``python -m elastic_ssm.bench.serve_proxy --step-ms 3.7 --streams 128`` (also the ``proxy`` entry of
+``python -m elastic_ssm.bench.serve_proxy --step_ms 3.7 --streams 128`` (also the ``proxy`` entry of
 the ``serve`` suite) runs ``elastic_ssm.bench.serve.bench_serve``
-against a server whose pools are ``StubPool`` (a decode step of ``--step-ms`` wall time that releases the GIL
-as a CUDA wait does; prefills of ``--prefill-ms`` + ``--prefill-us-per-token`` per token), so the numbers are
+against a server whose pools are ``StubPool`` (a decode step of ``--step_ms`` wall time that releases the GIL
+as a CUDA wait does; prefills of ``--prefill_ms`` + ``--prefill_us_per_token`` per token), so the numbers are
 what the HTTP and engine layers of the server can push for that many streams on this machine. Beside the
-bench's row it prints ``steps_s`` (decode steps per second the engine ran: 1000 / step-ms is the ceiling) and
+bench's row it prints ``steps_s`` (decode steps per second the engine ran: 1000 / step_ms is the ceiling) and
 ``server_cpu`` (CPU cores the server process used). The load generator runs on the same machine: on a
-small machine read ``steps_s`` and ``server_cpu`` as much as ``tok_s``.
+small machine read ``steps_s`` and ``server_cpu`` as much as ``tok_s``. Flags: the fields of ``ProxyOptions``
+(tyro, ``cli.derive``); ``--server.<field>`` sets another option of the server process (``BenchServerOptions``,
+e.g. ``--server.max_prefill 8``).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
+from dataclasses import dataclass, field
 
+from ..config import opt
 from .serve import bench_serve
+from .serve_server import BenchServerOptions
+
+#: the server options the proxy sets itself: the tiny preset's T10 on the CPU, ``--slots``, a free port, seed 0
+_SET_HERE = ("preset", "tiers", "slots", "port", "device", "dtype", "seed", "stub_step_ms", "stub_prefill_ms",
+             "stub_prefill_us_per_token")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--step-ms", type=float, default=3.7, help="wall time of one decode step of the stub pool")
-    p.add_argument("--prefill-ms", type=float, default=0.0, help="fixed wall time of one prefill forward")
-    p.add_argument("--prefill-us-per-token", type=float, default=0.0, help="prefill wall time per prompt token")
-    p.add_argument("--streams", type=int, default=128, help="concurrent client streams")
-    p.add_argument("--slots", type=int, default=128, help="slots of the served tier")
-    p.add_argument("--prompt", type=int, default=128, help="prompt tokens per request")
-    p.add_argument("--new-tokens", type=int, default=256, help="tokens generated per request")
-    p.add_argument("--rounds", type=int, default=2, help="requests per stream, one after another")
-    p.add_argument("--procs", type=int, default=2, help="load-generator processes")
-    p.add_argument("--server-arg", action="append", default=[], help="another flag of the server process")
-    a = p.parse_args()
-    stub = ["--stub-step-ms", str(a.step_ms), "--stub-prefill-ms", str(a.prefill_ms),
-            "--stub-prefill-us-per-token", str(a.prefill_us_per_token), *a.server_arg]
+@dataclass(kw_only=True)
+class ProxyOptions:
+    """The stub's costs and the load."""
+
+    step_ms: float = opt(3.7, "wall time of one decode step of the stub pool")
+    prefill_ms: float = opt(0.0, "fixed wall time of one prefill forward")
+    prefill_us_per_token: float = opt(0.0, "prefill wall time per prompt token")
+    streams: int = opt(128, "concurrent client streams")
+    slots: int = opt(128, "slots of the served tier")
+    prompt: int = opt(128, "prompt tokens per request")
+    new_tokens: int = opt(256, "tokens generated per request")
+    rounds: int = opt(2, "requests per stream, one after another")
+    procs: int = opt(2, "load-generator processes")
+    server: BenchServerOptions = field(default_factory=BenchServerOptions, metadata={
+        "help": "the server process's other options (its preset, tiers, slots, port, device, dtype, seed and stub "
+                "costs are the proxy's)"})
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ..cli import derive
+
+    a = derive(ProxyOptions, argv, "python -m elastic_ssm.bench.serve_proxy", __doc__.splitlines()[0])
+    server = {f.name: getattr(a.server, f.name) for f in dataclasses.fields(a.server) if f.name not in _SET_HERE}
+    server.update(stub_step_ms=a.step_ms, stub_prefill_ms=a.prefill_ms,
+                  stub_prefill_us_per_token=a.prefill_us_per_token)
     row = bench_serve("tiny", ["T10"], ["T10"], a.streams, a.slots, a.prompt, a.new_tokens, a.rounds, a.procs,
-                      "cpu", "float32", server_args=tuple(stub))
+                      "cpu", "float32", server=server)
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}))
 
 

@@ -1,7 +1,7 @@
 """``ConfigBase``: keyword-only dataclass trees with field docs, validation, coercion and a YAML round trip.
 
 Every field carries a one-line ``help`` in its metadata (``opt``); the CLI derives its flags from these
-dataclasses (``cli_args.add_dataclass_flags``), never from a hand-kept flag list. ``from_dict`` rejects
+dataclasses (tyro, in ``cli.py``), never from a hand-kept flag list. ``from_dict`` rejects
 unknown keys and ``validate`` names the offending field, so a typo in a YAML file is an error, not a
 silent default. Values from YAML/JSON are coerced to the annotated types (``_coerce``): tuples, nested
 sections (a mapping becomes the section's config), optionals, and numbers that YAML 1.1 reads as strings.

@@ -9,7 +9,7 @@ Example (``configs/quickstart.yaml``)::
 ``RunConfig`` is a ``ConfigBase`` whose ``model`` is any registered ``ModelConfig`` (the ``arch`` key picks
 the class, ``model_configs()``), ``train`` a ``TrainConfig`` and ``data`` a ``DataConfig``. The CLI loads a
 file, then applies ``--model.<field>``, ``--train.<section>.<field>``, ``--data.<field>`` overrides derived
-from the dataclasses (``cli_args.py``). Everything here is torch-free.
+from the dataclasses (tyro, ``cli.py``). Everything here is torch-free.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """``elastic-ssm prepare`` and ``elastic-ssm tokenizer train``: the data verbs (registered by ``cli.py``; their flags
-are ``PrepareOptions`` / ``TokenizerTrainOptions`` of ``cli_options.py``)."""
+are ``PrepareOptions`` / ``TokenizerTrainOptions`` of ``cli_schema.py``)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..cli_args import refuse_existing
+from ..cli_util import refuse_existing
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:

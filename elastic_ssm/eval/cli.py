@@ -3,7 +3,7 @@
 ``eval`` scores every requested tier on fixed held-out windows; ``--tiers`` mixes named tiers with capacity
 fractions training never sampled (``0.3,T4,0.62``: the two-rate map of Eq. 7 with exact parameter counts),
 and ``--lengths`` repeats the evaluation at several sequence lengths (``1x,2x,4x,8x`` of the training
-length, read from the run's ``run.yaml`` or ``--train-len``, or absolute token counts). ``importance``
+length, read from the run's ``run.yaml`` or ``--train_len``, or absolute token counts). ``importance``
 measures the knock-out and output-energy profile of the spectral channels (ESSH App. L.3, Table 31) and
 writes a CSV, a JSON and, with matplotlib, a plot.
 """
@@ -15,13 +15,13 @@ import json
 import math
 from pathlib import Path
 
-from ..cli_args import announce_device, checked_capacities, refuse_existing, resolve_device, spelled, status, write_csv
+from ..cli_util import announce_device, checked_capacities, refuse_existing, resolve_device, spelled, status, write_csv
 from ..config import ConfigError
 from ..utils.files import atomic_write_text
 
 __all__ = ["DEFAULT_SEQ_LEN", "cmd_eval", "cmd_importance", "parse_lengths", "training_length"]
 
-#: ``--seq-len`` of ``eval`` and ``importance`` when not given (a shorter model's own limit, see ``_default_seq_len``)
+#: ``--seq_len`` of ``eval`` and ``importance`` when not given (a shorter model's own limit, see ``_default_seq_len``)
 DEFAULT_SEQ_LEN = 512
 
 
@@ -53,7 +53,7 @@ def parse_lengths(spec: str, train_len: int | None) -> list[int]:
         parsed.append((raw, value, item.endswith("x")))
     if train_len is None and any(multiple for _, _, multiple in parsed):
         raise ConfigError(f"--lengths {spec}: no run.yaml found above the model directory to read the training "
-                          "length from; give --train-len N or absolute lengths")
+                          "length from; give --train_len N or absolute lengths")
     out = [int(round(value * train_len)) if multiple else int(value) for _, value, multiple in parsed]
     if min(out) < 1:
         raise ConfigError(f"--lengths {spec}: every length must be at least one token, got {out}")
@@ -72,19 +72,19 @@ def _tokens_and_bpt(args: argparse.Namespace, model):
     if not bpt:   # the byte tokenizer: 1; a subword tokenizer: measured on the evaluated text
         bpt = 1.0 if tok.vocab_size <= 260 else measured_bytes_per_token(tok, tokens)
         if tok.vocab_size > 260:
-            status(f"bytes per token measured on the evaluation data: {bpt:.4f} (--bytes-per-token overrides)")
+            status(f"bytes per token measured on the evaluation data: {bpt:.4f} (--bytes_per_token overrides)")
     return tokens, bpt
 
 
 def _default_seq_len(args: argparse.Namespace, model) -> None:
-    """Fill in ``--seq-len`` when it was not given: 512 tokens, or the model's longest sequence when that is
+    """Fill in ``--seq_len`` when it was not given: 512 tokens, or the model's longest sequence when that is
     shorter (an ES-SSM accepts at most its filter length), said in a status line."""
     if args.seq_len is not None:
         return
     limit = model.config.max_seq_len()
     args.seq_len = DEFAULT_SEQ_LEN if limit is None else min(DEFAULT_SEQ_LEN, limit)
     if args.seq_len < DEFAULT_SEQ_LEN:
-        status(f"--seq-len {args.seq_len}: the longest sequence this {model.arch} model accepts (the default is "
+        status(f"--seq_len {args.seq_len}: the longest sequence this {model.arch} model accepts (the default is "
                f"{DEFAULT_SEQ_LEN} for longer models)")
 
 
@@ -118,7 +118,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     windows, asked = sum(int(x.shape[0]) for x, _ in longest), args.batch_size * args.n_batches
     if windows < asked:           # a small evaluation set: say so rather than score fewer tokens silently
         status(f"the {args.split} data of {args.data} holds {windows} window(s) of {max(lengths) + 1} tokens, fewer "
-               f"than the {asked} asked (--batch-size {args.batch_size} x --n-batches {args.n_batches}): scoring "
+               f"than the {asked} asked (--batch_size {args.batch_size} x --n_batches {args.n_batches}): scoring "
                f"{windows * max(lengths):,} tokens")
     batch_sets = [split_windows(longest, n) for n in lengths]    # the same scored tokens at every length
     announce_device("eval", device, next(model.parameters()).dtype)
@@ -184,10 +184,10 @@ def cmd_importance(args: argparse.Namespace) -> int:
 
 
 def _default(name: str):
-    """The default of an ``importance`` option (``cli_options.ImportanceOptions``)."""
+    """The default of an ``importance`` option (``cli_schema.ImportanceOptions``)."""
     import dataclasses
 
-    from ..cli_options import ImportanceOptions
+    from ..cli_schema import ImportanceOptions
 
     return next(f.default for f in dataclasses.fields(ImportanceOptions) if f.name == name)
 

@@ -199,7 +199,7 @@ def _main(argv: list[str]) -> int:
     args = _parse_model_args(model_args or "") if ours else {}      # another --model: lm-eval as it is
     _, out_dir = _flag(argv, "--output_path")
     rows: list[dict[str, Any]] = []
-    from ..cli_args import check_csv_target, write_csv
+    from ..cli_util import check_csv_target, write_csv
     from .lm_harness import check_model_args, result_rows
 
     check_model_args(args)                          # before the model loads: an unknown key is one line

@@ -293,7 +293,7 @@ def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | 
     unknown = [t for t in tasks if t not in manager.all_tasks and not Path(t).is_file()]
     if unknown:
         raise ValueError(f"unknown lm-eval task(s) {unknown}: not a registered task, group or tag name nor a task "
-                         "YAML file (`lm-eval ls tasks` lists them; local tasks need --include-path)")
+                         "YAML file (`lm-eval ls tasks` lists them; local tasks need --include_path)")
     first = ElasticLM(pretrained, tier=None, tokenizer=tokenizer, device=device, batch_size=batch_size,
                       max_length=max_length, precision=precision)
     model = first.model

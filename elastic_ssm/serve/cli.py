@@ -1,9 +1,9 @@
 """``elastic-ssm serve`` and ``elastic-ssm calibrate``, and the ``--tier auto`` choice of ``generate``.
 
-Their flags are ``ServeOptions`` / ``CalibrateOptions`` / ``TierBudgetOptions`` of ``cli_options.py``; the
+Their flags are ``ServeOptions`` / ``CalibrateOptions`` / ``TierBudgetOptions`` of ``cli_schema.py``; the
 bodies live here so the main CLI only lists them. ``serve`` loads one checkpoint once and serves the tiers
 named by ``--tiers`` (every tier a prefix view of the same weights), on 127.0.0.1 unless ``--host`` says
-otherwise; ``--api-key`` (or ``ELASTIC_SSM_API_KEY``) guards every endpoint but ``/health``.
+otherwise; ``--api_key`` (or ``ELASTIC_SSM_API_KEY``) guards every endpoint but ``/health``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli_args import announce_device, checked_tiers, listed_tier, resolve_device, resolve_dtype, status
+from ..cli_util import announce_device, checked_tiers, listed_tier, resolve_device, resolve_dtype, spelled, status
 from ..config import ConfigError
 
 __all__ = ["auto_tier", "cmd_calibrate", "cmd_serve", "record_quality"]
@@ -112,7 +112,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if default not in tiers:                     # --tier auto picked a tier outside --tiers: it is served too
         status(f"--tier auto picked {default}, which --tiers does not list; serving it too", file=sys.stderr)
     tiers = sorted(set(tiers) | {default}, key=table.index)
-    check_state_fits(model.config, [(t, args.max_batch) for t in tiers], device, f"--max-batch {args.max_batch}",
+    check_state_fits(model.config, [(t, args.max_batch) for t in tiers], device,
+                     f"{spelled(args, 'max_batch')} {args.max_batch}",
                      weight_bytes(model, dtype))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     name = args.name or Path(args.checkpoint).resolve().name
@@ -120,7 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("elastic_ssm.serve")
     if not _is_local(args.host) and key is None:
         log.warning("listening on %s without an API key: anyone who can reach this address can use the model; "
-                    "set --api-key or %s", args.host, API_KEY_ENV)
+                    "set --api_key or %s", args.host, API_KEY_ENV)
     announce_device("serve", device, dtype)
     settings = ServerSettings(name=name, tiers=tiers, default_tier=default, slots=args.max_batch,
                               max_prefill=min(args.max_prefill or args.max_batch, args.max_batch),
@@ -242,7 +243,7 @@ def record_quality(args: argparse.Namespace, rows, model=None, window: int | Non
     try:
         path = write_quality(args.checkpoint, table, notice=lambda line: status(line, file=sys.stderr))
     except OSError as e:
-        print(f"could not write tier_quality.json into {args.checkpoint} ({e}); --no-write-quality skips it",
+        print(f"could not write tier_quality.json into {args.checkpoint} ({e}); --no_write_quality skips it",
               file=sys.stderr)
         return
     print(f"wrote {path}")

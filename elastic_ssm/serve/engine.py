@@ -63,19 +63,19 @@ def deliver() -> None:
             loop.call_soon_threadsafe(_put_all, items)
 
 
-#: default of ``--max-prefill-tokens``: prompt tokens (padding included) in one prefill forward
+#: default of ``--max_prefill_tokens``: prompt tokens (padding included) in one prefill forward
 PREFILL_TOKENS = 32768
 
 #: ``Engine.counters()``: name -> what it counts, as ``/metrics`` reports them (``elastic_ssm_<name>_total``)
 COUNTERS = {
     "decode_steps": "Decode steps run by the engine",
     "prefill_forwards": "Prefill forwards run (prompts admitted together: one)",
-    "prefill_graph_captures": "Prefill CUDA graphs captured (--prefill-graphs)",
+    "prefill_graph_captures": "Prefill CUDA graphs captured (--prefill_graphs)",
     "idle_seconds": "Seconds the engine loop waited with nothing to run",
     "prefill_seconds": "Seconds the engine loop spent admitting requests (host wall clock)",
 }
 
-#: default of ``--prefill-wait-ms`` (docs/serving.md, "Coalescing admission", has the measurements behind it)
+#: default of ``--prefill_wait_ms`` (docs/serving.md, "Coalescing admission", has the measurements behind it)
 PREFILL_WAIT_MS = 50.0
 
 

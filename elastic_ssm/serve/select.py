@@ -150,8 +150,8 @@ def tier_choice(model_or_dir: Any, max_ms_per_token: float | None = None, max_st
     if max_ms_per_token is not None and profile is None:
         if cfg.arch != "essh":        # calibrate times the fused ESSH decoder only: no profile can exist
             raise ValueError(f"a latency budget needs a profile that `elastic-ssm calibrate` measures for ESSH models "
-                             f"only, and this is a model of arch {cfg.arch!r}; choose by --max-params or "
-                             f"--max-state-bytes instead; the smallest tier is {table[0].name}")
+                             f"only, and this is a model of arch {cfg.arch!r}; choose by --max_params or "
+                             f"--max_state_bytes instead; the smallest tier is {table[0].name}")
         raise ValueError(f"a latency budget needs a measured profile: run `elastic-ssm calibrate {path or 'DIR'}` "
                          f"(no {PROFILE_FILE} found); the smallest tier is {table[0].name}")
     misses: dict[str, list[str]] = {}

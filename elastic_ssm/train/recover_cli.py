@@ -7,7 +7,7 @@ each tier at its fixed shape) or ``posthoc`` (E.7: calibration ranking, nested m
 the frozen parent, constant lr 1e-4). Data and training settings come from a run YAML plus ``--train.*`` /
 ``--data.*`` flags; the recovery length is ``train.refine.steps`` (``--steps``). Prints the per-tier table
 before and after and writes ``recovery.csv`` into ``train.out_dir`` (``train/recover.py``). The flags are
-``RecoverOptions`` of ``cli_options.py`` plus the config sections' (``cli.add_run_flags``).
+``RecoverOptions`` of ``cli_schema.py`` plus the config sections' (``cli.run_options``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ __all__ = ["cmd_recover"]
 def cmd_recover(args: argparse.Namespace) -> int:
     from itertools import islice
 
-    from ..cli_args import checked_tiers, collect_overrides, resolve_device, status, write_csv
-    from ..cli_options import DEFAULT_RUN
+    from ..cli_schema import DEFAULT_RUN
+    from ..cli_util import checked_tiers, overrides, resolve_device, status, write_csv
     from ..config import ConfigError, RunConfig
     from ..models import load_pretrained
     from ..pipeline import build_data
@@ -35,7 +35,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     if not hasattr(parent, "ffn_layers") or parent.arch != "essh":
         raise ConfigError(f"{args.parent} holds a {parent.arch!r} model; recover truncates an ESSH")
     base = RunConfig.from_yaml(DEFAULT_RUN if args.config is None else args.config)
-    run = base.with_overrides({}, collect_overrides(args, "train"), collect_overrides(args, "data"))
+    run = base.with_overrides({}, overrides(args, "train"), overrides(args, "data"))
     train_cfg = run.train.replace(device=device)
     if args.steps:
         train_cfg = train_cfg.replace(refine=train_cfg.refine.replace(steps=args.steps))
@@ -64,7 +64,7 @@ def _check_before_work(args: argparse.Namespace, parent: Any, t: Any, tiers: lis
     """Settings the recovery would reject only after the truncated model's evaluation (minutes at scale): the
     length, post-hoc masks, run directories that are files or hold another run, and an earlier ``recovery.csv``
     (the last two without --overwrite)."""
-    from ..cli_args import check_csv_target
+    from ..cli_util import check_csv_target
     from ..config import ConfigError
     from .posthoc import posthoc_train_config
     from .rundir import run_artifacts

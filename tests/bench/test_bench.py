@@ -486,13 +486,10 @@ def test_server_cpu_splits_the_http_process_from_its_engine_child():
 def test_only_repeatable_list_flags_add_up():
     """``--bench.set`` / ``--bench.only`` given twice keep both lists; another list flag given twice keeps the last,
     as argparse does (``--bench.serve_streams 1 --bench.serve_streams 128`` is 128)."""
-    import argparse
+    from elastic_ssm.cli import parse
+    from elastic_ssm.cli_util import overrides
 
-    from elastic_ssm.cli_args import add_dataclass_flags, collect_overrides
-
-    parser = argparse.ArgumentParser()
-    add_dataclass_flags(parser, BenchConfig, "bench")
-    ns = parser.parse_args(["--bench.set", "a=1", "b=2", "--bench.set", "c=3", "--bench.only", "x",
-                            "--bench.only", "y", "--bench.serve_streams", "1", "--bench.serve_streams", "128"])
-    got = collect_overrides(ns, "bench")
+    ns = parse("bench", ["--bench.set", "a=1", "b=2", "--bench.set", "c=3", "--bench.only", "x",
+                         "--bench.only", "y", "--bench.serve_streams", "1", "--bench.serve_streams", "128"])
+    got = overrides(ns, "bench")
     assert got["set"] == ("a=1", "b=2", "c=3") and got["only"] == ("x", "y") and got["serve_streams"] == (128,)

@@ -11,10 +11,10 @@ from elastic_ssm.bench.serve import bench_serve
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the server's CPU")
 def test_proxy_row_counts_every_token_and_splits_the_servers_time():
-    stub = ("--stub-step-ms", "2", "--stub-prefill-ms", "20", "--max-prefill", "8")
+    stub = {"stub_step_ms": 2, "stub_prefill_ms": 20, "max_prefill": 8}
     streams, new_tokens, rounds = 8, 16, 2
     row = bench_serve("tiny", ["T10"], ["T10"], streams, 8, 12, new_tokens, rounds, 2, "cpu", "float32",
-                      server_args=stub)
+                      server=stub)
     assert row["tokens"] == streams * new_tokens * rounds and row["tok_s"] > 0
     assert row["steps_s"] * row["wall_s"] >= new_tokens * rounds - 1          # every round decodes 16 steps
     assert 1 <= row["prefills"] <= streams * rounds and row["captures"] == 0   # no CUDA graphs on the CPU

@@ -20,15 +20,15 @@ def saved(tmp_path_factory):
 
 
 def test_eval_says_when_the_data_holds_fewer_windows_than_asked(saved, capsys):
-    assert cli_main(["eval", str(saved / "m"), "--data", str(saved / "code.txt"), "--seq-len", "64",
-                     "--batch-size", "8", "--n-batches", "4", "--tiers", "T1", "--no-write-quality"]) == 0
+    assert cli_main(["eval", str(saved / "m"), "--data", str(saved / "code.txt"), "--seq_len", "64",
+                     "--batch_size", "8", "--n_batches", "4", "--tiers", "T1", "--no_write_quality"]) == 0
     said = capsys.readouterr().out
-    assert "fewer than the 32 asked (--batch-size 8 x --n-batches 4)" in said
+    assert "fewer than the 32 asked (--batch_size 8 x --n_batches 4)" in said
 
 
 def test_importance_counts_every_channel_of_a_small_tier_by_default(saved, capsys):
-    args = ["importance", str(saved / "t1"), "--data", str(saved / "code.txt"), "--seq-len", "32",
-            "--batch-size", "2", "--n-batches", "1", "--out", str(saved / "imp")]
+    args = ["importance", str(saved / "t1"), "--data", str(saved / "code.txt"), "--seq_len", "32",
+            "--batch_size", "2", "--n_batches", "1", "--out", str(saved / "imp")]
     assert cli_main(args) == 0                                 # default --first 8 > the export's channels
     out = capsys.readouterr()
     assert "the first-N share counts all" in out.out and (saved / "imp" / "channel_importance.json").is_file()
@@ -62,8 +62,8 @@ def test_importance_of_a_model_without_spectral_channels_is_refused_before_any_w
 
     build_model(model_config_from_dict({"arch": arch, "preset": "tiny"}), seed=0).save_pretrained(saved / arch)
     out = saved / f"imp-{arch}"
-    assert cli_main(["importance", str(saved / arch), "--data", str(saved / "code.txt"), "--seq-len", "32",
-                     "--n-batches", "1", "--out", str(out)]) == 2
+    assert cli_main(["importance", str(saved / arch), "--data", str(saved / "code.txt"), "--seq_len", "32",
+                     "--n_batches", "1", "--out", str(out)]) == 2
     said = capsys.readouterr()
     assert said.err.count("\n") == 1 and "--first" not in said.err and not said.out, said
     assert f"holds a '{arch}' model: it has no spectral channels; importance applies to ESSH and ES-SSM" in said.err
@@ -71,21 +71,21 @@ def test_importance_of_a_model_without_spectral_channels_is_refused_before_any_w
 
 
 def test_eval_and_importance_default_to_the_longest_sequence_a_small_es_ssm_accepts(saved, capsys):
-    """Without --seq-len an ES-SSM of filter length 128 is scored on 128-token windows (the default 512 exceeds
-    it), said in a status line and in --help; a --seq-len the user gives beyond it is refused naming the flag."""
+    """Without --seq_len an ES-SSM of filter length 128 is scored on 128-token windows (the default 512 exceeds
+    it), said in a status line and in --help; a --seq_len the user gives beyond it is refused naming the flag."""
     es.ESSSM(es.ESSSMConfig.preset("tiny", seq_len=128)).save_pretrained(saved / "es")
     csv = saved / "es.csv"
-    assert cli_main(["eval", str(saved / "es"), "--data", str(saved / "code.txt"), "--batch-size", "1",
-                     "--n-batches", "1", "--tiers", "K8", "--no-write-quality", "--csv", str(csv)]) == 0
-    assert "--seq-len 128: the longest sequence this es_ssm model accepts" in capsys.readouterr().out
+    assert cli_main(["eval", str(saved / "es"), "--data", str(saved / "code.txt"), "--batch_size", "1",
+                     "--n_batches", "1", "--tiers", "K8", "--no_write_quality", "--csv", str(csv)]) == 0
+    assert "--seq_len 128: the longest sequence this es_ssm model accepts" in capsys.readouterr().out
     assert ",128," in csv.read_text().splitlines()[1]
     out = saved / "imp-es"
-    assert cli_main(["importance", str(saved / "es"), "--data", str(saved / "code.txt"), "--batch-size", "1",
-                     "--n-batches", "1", "--out", str(out)]) == 0
+    assert cli_main(["importance", str(saved / "es"), "--data", str(saved / "code.txt"), "--batch_size", "1",
+                     "--n_batches", "1", "--out", str(out)]) == 0
     assert (out / "channel_importance.json").is_file()
     capsys.readouterr()
-    assert cli_main(["eval", str(saved / "es"), "--data", str(saved / "code.txt"), "--seq-len", "200"]) == 2
-    assert "--seq-len: 200 tokens exceed this ES-SSM model's filter length 128" in capsys.readouterr().err
+    assert cli_main(["eval", str(saved / "es"), "--data", str(saved / "code.txt"), "--seq_len", "200"]) == 2
+    assert "--seq_len: 200 tokens exceed this ES-SSM model's filter length 128" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["eval", "--help"])
     assert "or the model's longest sequence" in " ".join(capsys.readouterr().out.split())

@@ -14,7 +14,7 @@ from elastic_ssm.elastic.tiers import capacity_tier
 from elastic_ssm.eval.cli import parse_lengths
 from elastic_ssm.eval.perplexity import split_windows
 
-EVAL = ["--batch-size", "2", "--batches", "1", "--no-write-quality"]
+EVAL = ["--batch_size", "2", "--batches", "1", "--no_write_quality"]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def _rows(path):
 
 def test_capacity_fractions_mix_with_named_tiers_with_exact_counts(run, capsys):
     out = run / "cap.csv"
-    assert main(["eval", str(run / "run" / "final"), "--data", str(run / "c.txt"), "--seq-len", "16", *EVAL,
+    assert main(["eval", str(run / "run" / "final"), "--data", str(run / "c.txt"), "--seq_len", "16", *EVAL,
                  "--tiers", "0.3,T4,0.62", "--csv", str(out)]) == 0
     rows = _rows(out)
     cfg = es.ESSHConfig.preset("tiny")
@@ -59,7 +59,7 @@ def test_length_sweep_at_multiples_of_the_run_training_length(run, capsys):
     assert [(r["tier"], int(r["seq_len"])) for r in rows] == [(t, n) for n in (16, 32, 64) for t in ("T1", "T10")]
     assert all(int(r["tokens"]) == 2 * 64 for r in rows)      # the same tokens scored at every length
     assert main(["eval", str(run / "run" / "final"), "--data", str(run / "c.txt"), *EVAL, "--tiers", "T2",
-                 "--lengths", "2x,20", "--train-len", "12", "--csv", str(out), "--overwrite"]) == 0   # replaces len.csv
+                 "--lengths", "2x,20", "--train_len", "12", "--csv", str(out), "--overwrite"]) == 0   # replaces len.csv
     assert [int(r["seq_len"]) for r in _rows(out)] == [24, 20]
 
 
@@ -79,7 +79,7 @@ def test_split_windows_keeps_every_label_token_in_order():
 def test_parse_lengths():
     assert parse_lengths("1x,2x,8X", 256) == [256, 512, 2048]
     assert parse_lengths("1000,1.5x", 100) == [1000, 150]
-    with pytest.raises(es.config.ConfigError, match="--train-len"):
+    with pytest.raises(es.config.ConfigError, match="--train_len"):
         parse_lengths("2x", None)
     for bad in ("0x", "-5", "abc", "nanx"):
         with pytest.raises(es.config.ConfigError, match="--lengths"):

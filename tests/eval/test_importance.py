@@ -147,7 +147,7 @@ def test_importance_command_writes_table_csv_json_and_plot(tmp_path, capsys, mon
     weights = (model_dir / "model.safetensors").read_bytes()
     corpus = tmp_path / "c.txt"
     corpus.write_text(inspect.getsource(json))
-    argv = ["importance", str(model_dir), "--data", str(corpus), "--seq-len", "24", "--batch-size", "2",
+    argv = ["importance", str(model_dir), "--data", str(corpus), "--seq_len", "24", "--batch_size", "2",
             "--batches", "1", "--first", "3"]
     assert main(argv) == 0
     out = capsys.readouterr().out

@@ -161,7 +161,7 @@ def test_local_task_per_tier_through_the_api_and_the_cli(tiny, tmp_path, monkeyp
         assert value == pytest.approx(right / len(docs))
     out = tmp_path / "lm_eval.csv"
     assert main(["lm-eval", str(tmp_path / "model"), "--tasks", "tiny_choice", "--tiers", "T10",
-                 "--include-path", str(tmp_path / "tasks"), "--csv", str(out)]) == 0
+                 "--include_path", str(tmp_path / "tasks"), "--csv", str(out)]) == 0
     with open(out) as f:
         got = {r["metric"]: float(r["value"]) for r in csv.DictReader(f)}
     assert got["acc"] == pytest.approx(acc["T10"])
@@ -296,7 +296,7 @@ def test_es_ssm_budgets_and_generation_through_every_lm_eval_entry(tmp_path, mon
     model.save_pretrained(tmp_path / "model")
     path, tasks = str(tmp_path / "model"), str(tmp_path / "tasks")
     out = tmp_path / "rows.csv"
-    assert main(["lm-eval", path, "--tasks", "tiny_choice", "--tiers", "4,K8", "--include-path", tasks,
+    assert main(["lm-eval", path, "--tasks", "tiny_choice", "--tiers", "4,K8", "--include_path", tasks,
                  "--limit", "2", "--csv", str(out)]) == 0
     with open(out) as f:
         assert sorted({r["tier"] for r in csv.DictReader(f)}) == ["K4", "K8"]

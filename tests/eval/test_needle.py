@@ -182,9 +182,9 @@ def test_an_es_ssm_context_beyond_its_filters_is_refused_naming_the_largest_that
     rows = evaluate_needle(model, filler, TOK, ["K8"], NeedleConfig(context_len=123, n_pairs=1, depths=(0.5,)))
     assert rows[0]["trials"] == 1 and rows[0]["context_len"] == 123
     model.save_pretrained(tmp_path / "es")
-    for given in ([], ["--context-len", "128"]):
+    for given in ([], ["--context_len", "128"]):
         assert main(["niah", str(tmp_path / "es"), "--pairs", "1", *given]) == 2
         said = capsys.readouterr()
         assert said.err.count("\n") == 1 and not said.out, said
-        assert "--context-len 123 or less" in said.err and "accepts" in said.err, said.err
-    assert main(["niah", str(tmp_path / "es"), "--context-len", "123", "--pairs", "1", "--depths", "0.5"]) == 0
+        assert "--context_len 123 or less" in said.err and "accepts" in said.err, said.err
+    assert main(["niah", str(tmp_path / "es"), "--context_len", "123", "--pairs", "1", "--depths", "0.5"]) == 0

@@ -51,7 +51,7 @@ def write_run(root: Path, steps: int = 7) -> Path:
 
 def trained_run(root: Path, steps: int, *extra: str) -> tuple[Path, Path]:
     """A run file under ``root`` trained in process into ``root/run`` (``extra``: more CLI flags, e.g.
-    ``--stop-after 3``), warnings silenced; returns ``(run file, run directory)``."""
+    ``--stop_after 3``), warnings silenced; returns ``(run file, run directory)``."""
     import warnings
 
     from elastic_ssm.cli import main

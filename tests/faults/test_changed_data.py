@@ -42,7 +42,7 @@ def test_cli_resume_on_an_edited_corpus_is_one_line_and_keeps_the_checkpoint(tmp
     config = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
     run = ["train", "--config", str(config), "--data.source", str(corpus), "--train.steps", "20",
            "--train.refine.steps", "0", "--train.out_dir", str(tmp_path / "r")]
-    assert cli_main(run + ["--stop-after", "5"]) == 0
+    assert cli_main(run + ["--stop_after", "5"]) == 0
     corpus.write_text(corpus.read_text()[::-1])
     capsys.readouterr()
     assert cli_main(run + ["--resume"]) == 2

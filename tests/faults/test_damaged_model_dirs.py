@@ -61,7 +61,7 @@ def test_a_tensor_of_another_shape_is_refused_at_every_tier(saved, tmp_path, cap
     with pytest.raises(CheckpointError, match=f"model.safetensors: tensor {name} has shape"):
         es.models.load_pretrained(d, tier=tier)
     if tier is not None:
-        assert main(["generate", str(d), "--tier", tier, "--prompt", "a", "--max-new-tokens", "1"]) == 2
+        assert main(["generate", str(d), "--tier", tier, "--prompt", "a", "--max_new_tokens", "1"]) == 2
         _one_line(capsys, str(d / "model.safetensors"), name, "(385, 64)", "384")
 
 
@@ -86,7 +86,7 @@ def test_config_json_keys_of_the_wrong_type_name_the_key(saved, tmp_path, capsys
     _edit_config(d, edit)
     with pytest.raises(CheckpointError, match=words[0]):
         es.models.load_pretrained(d)
-    assert main(["generate", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 2
+    assert main(["generate", str(d), "--prompt", "a", "--max_new_tokens", "1"]) == 2
     _one_line(capsys, str(d / "config.json"), *words)
 
 
@@ -120,7 +120,7 @@ def test_a_damaged_tokenizer_config_is_named(bpe_saved, tmp_path, capsys, case):
         words = ["eos 2 -> 0", "tokenizer_config.json was edited"]
     with pytest.raises(ValueError, match=words[1]):
         es.models.load_pretrained(d)
-    assert main(["generate", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 2
+    assert main(["generate", str(d), "--prompt", "a", "--max_new_tokens", "1"]) == 2
     _one_line(capsys, *words)
 
 
@@ -131,7 +131,7 @@ def test_an_integer_tensor_where_weights_belong_names_the_file(saved, tmp_path, 
     _resave_weights(d, lambda s: s.update({name: s[name].to(torch.int32)}))
     with pytest.raises(CheckpointError, match=f"model.safetensors: tensor {name} is torch.int32"):
         es.models.load_pretrained(d)
-    assert main(["eval", str(d), "--seq-len", "8", "--n-batches", "1", "--batch-size", "1"]) == 2
+    assert main(["eval", str(d), "--seq_len", "8", "--n_batches", "1", "--batch_size", "1"]) == 2
     _one_line(capsys, str(d / "model.safetensors"), name, "torch.int32")
 
 
@@ -143,7 +143,7 @@ def test_the_missing_tokenizer_file_is_the_one_named(saved, bpe_saved, tmp_path,
     d = _copy(saved if which == "bytes" else bpe_saved, tmp_path)
     missing = "elastic_tokenizer.json" if which == "bytes" else "tokenizer.json"
     (d / missing).unlink()
-    assert main(["generate", str(d), "--prompt", "x", "--max-new-tokens", "2"]) == 2
+    assert main(["generate", str(d), "--prompt", "x", "--max_new_tokens", "2"]) == 2
     _one_line(capsys, f"{d / missing} is missing", f"{which} tokenizer", "restore it")
 
 
@@ -157,7 +157,7 @@ def test_a_run_or_checkpoint_given_as_the_model_names_the_model_inside(saved, tm
              (run / "pretrain" / "step_0000002", f"a training checkpoint; its model is "
               f"{run / 'pretrain' / 'step_0000002' / 'model'}")]
     for given, words in cases:
-        assert main(["generate", str(given), "--prompt", "x", "--max-new-tokens", "2"]) == 2
+        assert main(["generate", str(given), "--prompt", "x", "--max_new_tokens", "2"]) == 2
         _one_line(capsys, f"{given} has no config.json: it is {words}")
     shutil.copytree(saved, run / "final")
     assert main(["eval", str(run), "--device", "cpu"]) == 2
@@ -175,7 +175,7 @@ def test_a_tensor_of_another_float_dtype_names_the_tensor(saved, tmp_path):
     with pytest.raises(CheckpointError, match=f"model.safetensors: tensor {name} is torch.float16 while the model's "
                                               "other weights are torch.float32"):
         es.models.load_pretrained(d)
-    assert main(["generate", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 0   # --dtype auto converts
+    assert main(["generate", str(d), "--prompt", "a", "--max_new_tokens", "1"]) == 0   # --dtype auto converts
     converted = es.models.load_pretrained(d, dtype=torch.float32)
     assert {p.dtype for p in converted.parameters()} == {torch.float32}
     half = es.models.load_pretrained(saved, dtype=torch.bfloat16)
@@ -196,5 +196,5 @@ def test_weights_with_nan_or_inf_name_the_tensor(saved, tmp_path, capsys, value)
     for tier in (None, "T1"):
         with pytest.raises(CheckpointError, match=f"tensor {name} holds NaN or infinite values"):
             es.models.load_pretrained(d, tier=tier)
-    assert main(["generate", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 2
+    assert main(["generate", str(d), "--prompt", "a", "--max_new_tokens", "1"]) == 2
     _one_line(capsys, str(d / "model.safetensors"), name, "earlier checkpoint")

@@ -115,7 +115,7 @@ def test_sigterm_during_quickstart_is_a_stop_not_a_bug(tmp_path):
     cfg = harness.write_run(tmp_path, steps=6)
     out = tmp_path / "qs"
     argv = [harness.sys.executable, str(harness.HERE / "harness.py"), "--fault", "sigterm-step:2", "quickstart",
-            "--config", str(cfg), "--out", str(out), "--no-control"]
+            "--config", str(cfg), "--out", str(out), "--no_control"]
     p = harness.subprocess.run(argv, capture_output=True, text=True, env=harness._env(), cwd=str(tmp_path),
                                timeout=180)
     err = [line for line in p.stderr.splitlines() if line.strip() and "/s]" not in line and "step/s" not in line]

@@ -233,7 +233,7 @@ def test_flipped_bytes_in_weights_and_checkpoints_are_detected(done, tmp_path, c
     weights.write_bytes(bytes(blob))
     with pytest.raises(CheckpointError, match="sha256"):
         es.models.load_pretrained(run / "final")
-    assert main(["eval", str(run / "final"), "--seq-len", "16", "--batch-size", "1", "--batches", "1",
+    assert main(["eval", str(run / "final"), "--seq_len", "16", "--batch_size", "1", "--batches", "1",
                  "--data", str(cfg.parent / "corpus.txt")]) == 2
     _one_line_error(capsys, str(weights), "checksum")
     for step in ("step_0000002", "step_0000001"):  # newest first: a warning and the older one; then an error
@@ -477,7 +477,7 @@ def test_concurrent_exports_into_one_folder_are_refused(done, tmp_path, capsys):
 
     _, run = done
     out = tmp_path / "exports"
-    argv = ["export", str(run / "final"), "--out", str(out), "--tiers", "T1", "--check-len", "8", "--device", "cpu"]
+    argv = ["export", str(run / "final"), "--out", str(out), "--tiers", "T1", "--check_len", "8", "--device", "cpu"]
     with RunLock(out, owner="export", flag="--out"):
         assert main(argv) == 2
         _one_line_error(capsys, str(out), "in use by another export", f"pid {os.getpid()}", "another --out")

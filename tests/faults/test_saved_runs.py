@@ -1,5 +1,5 @@
 """Nothing a user saved is lost: a damaged checkpoint is moved aside (never deleted) on --resume, a folder
-with files a run would overwrite is refused, quickstart refuses its existing outputs, and a --stop-after
+with files a run would overwrite is refused, quickstart refuses its existing outputs, and a --stop_after
 behind the run says that nothing was trained."""
 
 import shutil
@@ -15,7 +15,7 @@ from elastic_ssm.config import ConfigError
 @pytest.fixture(scope="module")
 def cut(tmp_path_factory):
     """An unfinished run (6 steps, stopped after step 3; checkpoints step 2 and 3 kept) and its run file."""
-    cfg, run = harness.trained_run(tmp_path_factory.mktemp("cut"), 6, "--stop-after", "3")
+    cfg, run = harness.trained_run(tmp_path_factory.mktemp("cut"), 6, "--stop_after", "3")
     assert sorted(p.name for p in (run / "pretrain").glob("step_*")) == ["step_0000002", "step_0000003"]
     return cfg, run
 
@@ -62,7 +62,7 @@ def test_a_damaged_checkpoint_is_moved_aside_and_the_run_resumes_from_the_previo
     cfg, run = _copy(cut, tmp_path)
     damage(run / "pretrain" / "step_0000003" / name)
     kept = _snapshot(run / "pretrain" / "step_0000003")
-    assert _train(cfg, run, "--resume", "--stop-after", "4") == 0
+    assert _train(cfg, run, "--resume", "--stop_after", "4") == 0
     out = capsys.readouterr().out
     moved = list((run / "damaged" / "pretrain").glob("step_0000003.damaged-*"))
     assert len(moved) == 1 and _snapshot(moved[0]) == kept          # every byte of it, COMPLETE.json included
@@ -131,7 +131,7 @@ def test_a_prune_cut_short_leaves_no_marked_half_checkpoint(cut, tmp_path, monke
         return original(path, *a, **kw)
 
     monkeypatch.setattr(ckpt.shutil, "rmtree", rmtree)
-    assert _train(cfg, run, "--resume", "--stop-after", "4") == 0
+    assert _train(cfg, run, "--resume", "--stop_after", "4") == 0
     assert ("step_0000002", False) in seen and not any(marked for _, marked in seen)
 
 
@@ -143,10 +143,10 @@ def test_train_refuses_a_folder_with_files_it_would_overwrite(cut, tmp_path, cap
     (out / "parameters.json").write_text("{}")
     before = _snapshot(out)
     for extra in ((), ("--resume", "auto")):
-        assert _train(cfg, out, "--stop-after", "1", *extra) == 2
+        assert _train(cfg, out, "--stop_after", "1", *extra) == 2
         _one_line_error(capsys, "run.yaml", "parameters.json", "--overwrite", "--train.out_dir")
         assert _snapshot(out) == before
-    assert _train(cfg, out, "--stop-after", "1", "--overwrite") == 0
+    assert _train(cfg, out, "--stop_after", "1", "--overwrite") == 0
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("u.replaced-")]
     assert len(aside) == 1 and _snapshot(aside[0]) == before
 
@@ -159,7 +159,7 @@ def test_resume_auto_after_an_attempt_cut_before_its_first_checkpoint_keeps_its_
     for name in ("run.yaml", "metrics.jsonl"):
         shutil.copy(run / name, out / name)
     before = _snapshot(out)
-    assert _train(cfg, out, "--resume", "auto", "--stop-after", "1") == 0
+    assert _train(cfg, out, "--resume", "auto", "--stop_after", "1") == 0
     assert "no checkpoint yet, starting" in capsys.readouterr().out
     prev_rec, prev_log = list(out.glob("run.prev-*.yaml")), list(out.glob("metrics.prev-*.jsonl"))
     assert len(prev_rec) == len(prev_log) == 1
@@ -169,14 +169,14 @@ def test_resume_auto_after_an_attempt_cut_before_its_first_checkpoint_keeps_its_
 def test_stop_after_behind_the_run_says_nothing_was_trained(cut, tmp_path, capsys):
     cfg, run = _copy(cut, tmp_path)
     before = sorted(p.name for p in (run / "pretrain").glob("step_*"))
-    assert _train(cfg, run, "--resume", "--stop-after", "2") == 0
+    assert _train(cfg, run, "--resume", "--stop_after", "2") == 0
     out = capsys.readouterr().out
     assert "already past step 2 (at pretrain step 3)" in out and "nothing was trained" in out, out
     assert "stopped at step 2" not in out
     assert sorted(p.name for p in (run / "pretrain").glob("step_*")) == before
-    assert _train(cfg, run, "--resume", "--stop-after", "3") == 0
+    assert _train(cfg, run, "--resume", "--stop_after", "3") == 0
     assert "already at step 3 (at pretrain step 3)" in capsys.readouterr().out
-    assert _train(cfg, run, "--resume", "--stop-after", "4") == 0
+    assert _train(cfg, run, "--resume", "--stop_after", "4") == 0
     assert "stopped at step 4" in capsys.readouterr().out
 
 
@@ -191,7 +191,7 @@ def test_quickstart_refuses_its_existing_outputs(tmp_path, capsys, name):
         target.mkdir()
         (target / "notes.txt").write_text("mine\n")
     before = _snapshot(out)
-    assert main(["quickstart", "--out", str(out), "--no-control"]) == 2
+    assert main(["quickstart", "--out", str(out), "--no_control"]) == 2
     _one_line_error(capsys, name, "--overwrite", "--out")
     assert _snapshot(out) == before
 
@@ -223,11 +223,11 @@ def test_a_start_refused_after_the_folder_was_made_leaves_no_folder_or_lock(cut,
     monkeypatch.setattr(preflight, "check_free_disk", full_disk)
     cfg, _ = cut
     fresh = tmp_path / "new" / "run"
-    assert _train(cfg, fresh, "--stop-after", "1") == 2 and not fresh.parent.exists()
+    assert _train(cfg, fresh, "--stop_after", "1") == 2 and not fresh.parent.exists()
     kept = tmp_path / "kept"
     kept.mkdir()
     (kept / "notes.txt").write_text("mine")
-    assert _train(cfg, kept, "--stop-after", "1") == 2
+    assert _train(cfg, kept, "--stop_after", "1") == 2
     assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
     capsys.readouterr()
 

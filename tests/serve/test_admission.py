@@ -153,7 +153,7 @@ def test_the_defaults_of_the_flag_the_settings_and_the_bench_agree():
     import dataclasses
 
     from elastic_ssm.bench import BenchConfig
-    from elastic_ssm.cli_options import ServeOptions
+    from elastic_ssm.cli_schema import ServeOptions
     from elastic_ssm.serve.app import ServerSettings
     from elastic_ssm.serve.engine import PREFILL_WAIT_MS
 

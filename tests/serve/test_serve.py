@@ -453,7 +453,7 @@ def test_calibrate_command_writes_the_profile_select_tier_reads(tiny, tmp_path, 
     from elastic_ssm.cli import main
 
     tiny.save_pretrained(tmp_path)
-    assert main(["generate", str(tmp_path), "--tier", "auto", "--max-ms-per-token", "5", "--prompt", "x"]) == 2
+    assert main(["generate", str(tmp_path), "--tier", "auto", "--max_ms_per_token", "5", "--prompt", "x"]) == 2
     err = capsys.readouterr().err
     assert "needs a measured profile: run `elastic-ssm calibrate" in err and len(err.strip().splitlines()) == 1
     assert main(["calibrate", str(tmp_path), "--batches", "1,2", "--tiers", "T1,T10", "--warmup", "1",
@@ -469,11 +469,11 @@ def test_calibrate_command_writes_the_profile_select_tier_reads(tiny, tmp_path, 
     assert "arch 'es_ssm'; `elastic-ssm calibrate` runs ESSH models only" in err and "elastic-ssm generate" in err
     assert len(err.strip().splitlines()) == 1
     # no profile can exist for ES-SSM: --tier auto's latency budget points at the budgets that work, not calibrate
-    assert main(["generate", str(tmp_path / "essm"), "--tier", "auto", "--max-ms-per-token", "5", "--prompt", "x"]) == 2
+    assert main(["generate", str(tmp_path / "essm"), "--tier", "auto", "--max_ms_per_token", "5", "--prompt", "x"]) == 2
     err = capsys.readouterr().err
-    assert "--max-params or --max-state-bytes" in err and "run `elastic-ssm calibrate" not in err
-    assert main(["generate", str(tmp_path / "essm"), "--tier", "auto", "--max-params", "1000000000", "--prompt", "x",
-                 "--max-new-tokens", "1"]) == 0
+    assert "--max_params or --max_state_bytes" in err and "run `elastic-ssm calibrate" not in err
+    assert main(["generate", str(tmp_path / "essm"), "--tier", "auto", "--max_params", "1000000000", "--prompt", "x",
+                 "--max_new_tokens", "1"]) == 0
     # only T1 and T10 were profiled: a latency budget considers those
     assert es.select_tier(tmp_path, max_ms_per_token=1e6).name == "T10"
 
@@ -559,7 +559,7 @@ def test_serve_names_the_http_stack_it_runs_on(monkeypatch):
 
 
 def test_guard_caps_requests_from_all_clients_in_the_api_error_shape():
-    """``--max-connections N`` admits N requests in flight from all addresses and refuses the next with a JSON
+    """``--max_connections N`` admits N requests in flight from all addresses and refuses the next with a JSON
     503 and Retry-After (uvicorn's own cap, given N, refused in plain text and let only N - 1 through)."""
     from elastic_ssm.serve.guard import Guard, uvicorn_connection_limit
 

@@ -1,28 +1,25 @@
-"""The options of every ``elastic-ssm`` sub-command, as keyword-only dataclasses (torch-free).
+"""The options of every ``elastic-ssm`` verb, as keyword-only dataclasses; tyro derives the flags from them.
 
-``cli.py`` turns each class into argparse flags with ``cli_args.add_dataclass_flags`` (no prefix): a field
-``n_pairs`` is ``--n-pairs``, a ``positional`` field an argument without ``--``. Shared groups
-(``DeviceOptions``, ``DtypeOptions``, ``PrecisionOptions``, ``TokenizerOptions``, ``TiersOptions``,
-``HeldOutOptions``, ``TierBudgetOptions``, ``SamplingOptions``, ``CsvOptions``) give one spelling per concept:
-``--tiers`` for one or more tiers and ``--tier`` for exactly one, ``--device``, ``--dtype`` (weights),
-``--precision`` (autocast of float32 weights), ``--tokenizer``, ``--out``. Older spellings stay as hidden
-aliases (``export --tier``, ``niah --pairs`` / ``--context``, ``eval --batches``; docs/cli.md has the table).
-The run settings of ``train`` and ``recover`` are not here: they are the config sections' ``--model.*``,
-``--train.*``, ``--data.*`` flags (``cli_args``).
+A field ``n_pairs`` is ``--n_pairs`` (tyro also reads ``--n_pairs``), a ``Positional`` field an argument without
+``--``; a ``Literal`` lists the choices, the metadata's ``help`` is the flag's help. Shared groups (``DeviceOptions``,
+``DtypeOptions``, ``PrecisionOptions``, ``TokenizerOptions``, ``TiersOptions``, ``HeldOutOptions``,
+``TierBudgetOptions``, ``SamplingOptions``, ``CsvOptions``) give one spelling per concept. What a type cannot say sits
+in the metadata and ``cli.check_options`` checks it before a verb runs: ``minimum`` / ``above`` / ``maximum``,
+``output`` (a path the verb writes) and ``aliases`` (older spellings, accepted and hidden from ``--help``). The run
+settings of ``train`` and ``recover`` are the config sections' own ``--model.*``, ``--train.*``, ``--data.*`` flags
+(``cli.run_options``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from .cli_args import DEVICE_HELP, flag
+from tyro.conf import Positional, arg
 
-__all__ = ["DEFAULT_RUN", "CalibrateOptions", "CsvOptions", "DeviceOptions", "DtypeOptions", "EvalOptions",
-           "ExportOptions", "GenerateOptions", "HeldOutOptions", "ImportanceOptions", "LmEvalOptions", "NiahOptions",
-           "PrecisionOptions", "PrepareOptions", "QuickstartOptions", "RECOVER_PROTOCOLS", "RecoverOptions",
-           "SamplingOptions", "ServeOptions", "TierBudgetOptions", "TiersOptions", "TokenizerOptions",
-           "TokenizerTrainOptions", "TrainOptions"]
+from .cli_util import DEVICE_HELP
 
 #: the run file of ``train`` / ``recover`` without ``--config`` (and of ``quickstart``)
 DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
@@ -30,7 +27,19 @@ MODEL_DIR = "model directory (save_pretrained / a run's final/)"
 TOKENIZER_HELP = ("default: the tokenizer saved with the model (bytes when it has none); 'bytes', a tokenizer.json "
                   "or folder names one for a model saved without one; one that differs from the saved one is refused")
 RECOVER_PROTOCOLS = ("refine", "label_only", "posthoc")     # train/recover.py's PROTOCOLS (a test keeps them equal)
-_WEIGHTS = ("auto", "float32", "bfloat16")
+ModelDir = Annotated[str, Positional, arg(metavar="MODEL_DIR")]
+
+
+def flag(default: Any = dataclasses.MISSING, help: str = "", *, aliases: tuple[str, ...] = (),
+         minimum: float | None = None, above: float | None = None, maximum: float | None = None,
+         output: str | None = None, metavar: str | None = None) -> Any:
+    """A verb option: its default (none: required), a one-line ``help`` and the checks a type cannot state
+    (``cli.check_options``); ``metavar`` names a positional argument in messages."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use a tuple for a default of several values")
+    meta = {"help": help, "aliases": aliases, "minimum": minimum, "above": above, "maximum": maximum,
+            "output": output, "metavar": metavar}
+    return dataclasses.field(default=default, metadata=meta)
 
 
 # ---- shared groups ---------------------------------------------------------------------------------------------
@@ -41,13 +50,13 @@ class DeviceOptions:
 
 @dataclass(kw_only=True)
 class DtypeOptions:
-    dtype: str = flag("auto", "weights: auto = bfloat16 on CUDA (the fused decoder's format), float32 on CPU",
-                      choices=_WEIGHTS)
+    dtype: Literal["auto", "float32", "bfloat16"] = flag(
+        "auto", "weights: auto = bfloat16 on CUDA (the fused decoder's format), float32 on CPU")
 
 
 @dataclass(kw_only=True)
 class PrecisionOptions:
-    precision: str = flag("fp32", "fp32, or bf16 = autocast of the float32 weights", choices=("fp32", "bf16"))
+    precision: Literal["fp32", "bf16"] = flag("fp32", "fp32, or bf16 = autocast of the float32 weights")
 
 
 @dataclass(kw_only=True)
@@ -70,7 +79,7 @@ class CsvOptions:
 
 @dataclass(kw_only=True)
 class ModelDirOptions:
-    checkpoint: str = flag(help=MODEL_DIR, positional=True, metavar="MODEL_DIR")
+    checkpoint: ModelDir = flag(help=MODEL_DIR, metavar="MODEL_DIR")
 
 
 @dataclass(kw_only=True)
@@ -113,9 +122,9 @@ class TrainOptions:
 
     config: str | None = flag(None, f"run YAML (model/train/data sections); default: {DEFAULT_RUN.name}, the "
                                       "quickstart's run file (the defaults --help shows below)")
-    resume: str | None = flag(None, "continue from the latest checkpoint in train.out_dir; '--resume auto' starts "
-                                    "fresh when there is none yet (for jobs requeued with the same command)",
-                              nargs="?", const="yes", choices=("yes", "auto"))
+    resume: Literal["yes", "auto"] | None = flag(
+        None, "continue from the latest checkpoint in train.out_dir ('--resume' alone is '--resume yes'); "
+              "'--resume auto' starts fresh when there is none yet (for jobs requeued with the same command)")
     overwrite: bool = flag(False, "start fresh in a train.out_dir that holds another run or other files (they are "
                            "moved aside, never deleted)")
     stop_after: int = flag(0, "end this call at step N of the current stage with a checkpoint there and no final "
@@ -135,14 +144,14 @@ class ExportOptions(ModelDirOptions, TiersOptions, DeviceOptions):
 @dataclass(kw_only=True)
 class EvalOptions(HeldOutOptions, CsvOptions):
     tiers: str = flag("all", "'all' or comma-separated tier names and capacity fractions in (0, 1] (T1,0.45,T10)")
-    lengths: str | None = flag(None, "evaluate at several sequence lengths instead of --seq-len: multiples of the "
+    lengths: str | None = flag(None, "evaluate at several sequence lengths instead of --seq_len: multiples of the "
                                      "training length (1x,2x,4x,8x) and/or token counts (1024,4096)")
     train_len: int | None = flag(None, "training sequence length for --lengths Nx (default: train.seq_len of the "
                                        "run.yaml above the model directory)", minimum=1)
     write_quality: bool = flag(True, "record the per-tier quality in the model directory's tier_quality.json "
                                      "(select_tier)")
-    quality_metric: str = flag("bpb", "the quality tier_quality.json records",
-                               choices=("bpb", "loss", "perplexity", "accuracy"))
+    quality_metric: Literal["bpb", "loss", "perplexity", "accuracy"] = flag(
+        "bpb", "the quality tier_quality.json records")
 
 
 @dataclass(kw_only=True)
@@ -182,17 +191,19 @@ class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions
     context_len: int = flag(2048, "tokens per trial before the answer", aliases=("--context",), minimum=1)
     n_pairs: int = flag(256, "key pairs (each runs at every depth)", aliases=("--pairs",), minimum=1)
     depths: str = flag("0.1,0.3,0.5,0.7,0.9", "comma-separated relative needle depths in [0, 1]")
-    condition: str = flag("counterfactual", "which key of a pair is inserted and expected (the paper's tables: "
-                                            "counterfactual)", choices=("counterfactual", "planted"))
+    condition: Literal["counterfactual", "planted"] = flag(
+        "counterfactual", "which key of a pair is inserted and expected (the paper's tables: "
+                          "counterfactual)")
     seed: int = flag(0, "keys, filler windows and bootstrap")
     batch_size: int = flag(8, "sequences per forward pass", minimum=1)
 
 
 @dataclass(kw_only=True)
 class PrepareOptions:
-    source: str = flag(help="'stdlib', a file or folder (txt/jsonl/parquet), or hf:<name>[:cfg][:split]",
-                       positional=True)
-    out: str = flag(help="output token file, e.g. data/train.bin", positional=True, output="file")
+    source: Annotated[str, Positional, arg(metavar="SOURCE")] = flag(
+        help="'stdlib', a file or folder (txt/jsonl/parquet), or hf:<name>[:cfg][:split]", metavar="SOURCE")
+    out: Annotated[str, Positional, arg(metavar="OUT")] = flag(
+        help="output token file, e.g. data/train.bin", metavar="OUT", output="file")
     tokenizer: str = flag("bytes", "'bytes' or a tokenizer.json")
     split: str | None = flag(None, "train / validation split of the source (default: all)")
     text_field: str = flag("text", "JSONL/Parquet/HF text field")
@@ -202,7 +213,8 @@ class PrepareOptions:
 
 @dataclass(kw_only=True)
 class TokenizerTrainOptions:
-    source: str = flag(help="corpus source (as for prepare)", positional=True)
+    source: Annotated[str, Positional, arg(metavar="SOURCE")] = flag(
+        help="corpus source (as for prepare)", metavar="SOURCE")
     vocab_size: int = flag(8192, "vocabulary size", minimum=1)
     out: str = flag(help="output tokenizer.json", output="file")
     max_bytes: int = flag(0, "cap on training text (0: all)", minimum=0)
@@ -213,10 +225,12 @@ class TokenizerTrainOptions:
 class RecoverOptions(TiersOptions, DeviceOptions):
     """``recover``: the protocol and its knobs (data and training settings: --config, --train.*, --data.*)."""
 
-    parent: str = flag(help="model directory of the trained (e.g. dense) ESSH", positional=True, metavar="PARENT")
-    protocol: str = flag("refine", "refine: shared refinement of the truncated model (Tables 33/43); label_only: "
-                                   "each tier at its fixed shape with CE only (Table 43); posthoc: E.7 ranking + "
-                                   "masked recovery", choices=RECOVER_PROTOCOLS)
+    parent: Annotated[str, Positional, arg(metavar="PARENT")] = flag(
+        help="model directory of the trained (e.g. dense) ESSH", metavar="PARENT")
+    protocol: Literal["refine", "label_only", "posthoc"] = flag(
+        "refine", "refine: shared refinement of the truncated model (Tables 33/43); label_only: "
+                  "each tier at its fixed shape with CE only (Table 43); posthoc: E.7 ranking + "
+                  "masked recovery")
     config: str | None = flag(None, "run YAML for data and training settings (default: the quickstart's)")
     steps: int = flag(0, "recovery steps (0: train.refine.steps of the run file)", minimum=0)
     tiers: str = flag("all", "'all' or comma-separated tiers to evaluate (label_only: train)")
@@ -224,8 +238,9 @@ class RecoverOptions(TiersOptions, DeviceOptions):
                                                  "(default train.mixing.capacities)")
     calibration_batches: int = flag(16, "posthoc: training micro-batches for the ranking (E.7: 2M tokens)",
                                     minimum=1)
-    channel_order: str = flag("original", "posthoc: keep the spectral channels' order (E.7) or rank them by "
-                                          "output energy", choices=("original", "energy"))
+    channel_order: Literal["original", "energy"] = flag(
+        "original", "posthoc: keep the spectral channels' order (E.7) or rank them by "
+                    "output energy")
     overwrite: bool = flag(False, "move another run in train.out_dir aside")
 
 
@@ -233,7 +248,7 @@ class RecoverOptions(TiersOptions, DeviceOptions):
 class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOptions, DeviceOptions):
     """``serve``: one checkpoint, every tier a prefix view of the same weights (``serve/app.py``)."""
 
-    checkpoint: str = flag(help="model directory (with its tokenizer)", positional=True, metavar="MODEL_DIR")
+    checkpoint: ModelDir = flag(help="model directory (with its tokenizer)", metavar="MODEL_DIR")
     tiers: str = flag("all", "'all' or comma-separated tiers to serve (T1,T4,T10)")
     tier: str | None = flag(None, "default tier (model id without '@'): one of --tiers or 'auto' (es.select_tier "
                                   "under the budget flags; served too if --tiers lacks it); default: the largest")
@@ -243,7 +258,7 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
     api_key: str | None = flag(None, "require 'Authorization: Bearer KEY' (or set ELASTIC_SSM_API_KEY)")
     max_batch: int = flag(16, "slots per tier: the decode batch of its pool", minimum=1)
     max_prefill: int = flag(0, "most waiting prompts prefilled together in one forward (similar lengths, "
-                               "left-padded; 0: --max-batch, a burst that fills the pool in one forward; set it "
+                               "left-padded; 0: --max_batch, a burst that fills the pool in one forward; set it "
                                "lower to bound the scratch cache used when the free slots are scattered)",
                             minimum=0)
     max_prefill_tokens: int = flag(32768, "most prompt tokens (padding included) in one prefill forward: bounds its "
@@ -251,19 +266,19 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
                                           "goes alone)", minimum=1)
     prefill_wait_ms: float = flag(50.0, "longest a waiting request is held (ms) for more arrivals to share its "
                                         "prefill forward; it goes at once when the waiting requests fill "
-                                        "min(--max-prefill, free slots); running streams keep decoding meanwhile "
+                                        "min(--max_prefill, free slots); running streams keep decoding meanwhile "
                                         "(0: prefill whatever waits at once)", minimum=0)
-    prefill_graphs: bool = flag(True, "on CUDA, replay prefill forwards of up to --prefill-graph-tokens "
+    prefill_graphs: bool = flag(True, "on CUDA, replay prefill forwards of up to --prefill_graph_tokens "
                                       "padded prompt tokens from CUDA graphs, one per (prompts, length) bucket "
                                       "captured at its second use (no per-forward host dispatch; larger forwards "
-                                      "run eagerly, which is faster for them); --no-prefill-graphs prefills eagerly")
+                                      "run eagerly, which is faster for them); --no_prefill_graphs prefills eagerly")
     prefill_graph_tokens: int = flag(2048, "the largest graphed prefill forward, in padded prompt tokens (rows "
                                            "x length bucket; larger ones run eagerly): the torch scan's "
                                            "captured plan is slower per token than its eager one "
                                            "(docs/serving.md)", minimum=1)
     attended_spans: bool = flag(True, "while every running sequence is shorter than a power of two below the "
                                       "attention window, a decode step reads only that prefix of the window "
-                                      "caches (one CUDA graph per span); --no-attended-spans reads all of it")
+                                      "caches (one CUDA graph per span); --no_attended_spans reads all of it")
     max_queue: int = flag(64, "requests waiting per tier before 503", minimum=0)
     max_prompt_tokens: int = flag(8192, "longest prompt accepted", minimum=1)
     max_tokens_limit: int = flag(4096, "largest max_tokens accepted", minimum=1)
