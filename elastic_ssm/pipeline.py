@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .config import ConfigError
+from .utils.threads import cpu_threads_for
 
 
 @dataclass
@@ -199,8 +200,11 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
                if k in before and k not in run.explicit_model_fields and before[k] != getattr(run.model, k)}
         ids.update(_kept_added_fields(run, saved["model"], before))
         run = dataclasses.replace(run, model=run.model.replace(**ids)) if ids else run
-    data = build_data(run)
     main = os.environ.get("RANK", "0") == "0"  # under torchrun, status lines come from rank 0 only
+    threads = cpu_threads_for(run.train.device)     # before any work: the data is tokenized with them too
+    if threads and main:
+        print(f"[train] {threads}")
+    data = build_data(run)
     from .elastic.matching import format_report, parameter_report
 
     params = parameter_report(run.model, run.model_source)      # Tables 8 / 9 / 54, reported with the run

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .eval.perplexity import TierEval, evaluate_tiers, format_evals
+from .utils.threads import cpu_threads_for
 
 EMBEDDED = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 
@@ -116,6 +117,9 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     _claim_outputs(out, control, overwrite)
     out.mkdir(parents=True, exist_ok=True)          # after the checks: a refused run leaves no folder behind
     run = fit_model_to_tokenizer(run)
+    threads = cpu_threads_for(run.train.device)     # before any work: the corpus is tokenized with them too
+    if threads:
+        print(f"[quickstart] {threads}")
     t0 = time.time()
     data = build_data(run)
     print(f"[quickstart] corpus: {data.describe()}")
