@@ -148,8 +148,9 @@ class EvalOptions(HeldOutOptions, CsvOptions):
                                      "training length (1x,2x,4x,8x) and/or token counts (1024,4096)")
     train_len: int | None = flag(None, "training sequence length for --lengths Nx (default: train.seq_len of the "
                                        "run.yaml above the model directory)", minimum=1)
-    write_quality: bool = flag(True, "record the per-tier quality in the model directory's tier_quality.json "
-                                     "(select_tier)")
+    write_quality: bool = flag(False, "also record the per-tier quality in the model directory's "
+                                      "tier_quality.json, which select_tier and serve --tier auto read (off: eval "
+                                      "writes only where --csv says)")
     quality_metric: Literal["bpb", "loss", "perplexity", "accuracy"] = flag(
         "bpb", "the quality tier_quality.json records")
 

@@ -63,7 +63,7 @@ def test_export_eval_generate_on_the_trained_model(quick, tmp_path, capsys):
     assert "T5: OK" in capsys.readouterr().out
     csv_path = tmp_path / "e.csv"
     assert main(["eval", final, "--tiers", "T1,T10", "--seq_len", "32", "--batch_size", "2", "--batches", "2",
-                 "--csv", str(csv_path)]) == 0
+                 "--csv", str(csv_path), "--write_quality"]) == 0
     rows = list(csv.DictReader(open(csv_path)))
     assert [r["tier"] for r in rows] == ["T1", "T10"] and all(float(r["bpb"]) > 0 for r in rows)
     quality = json.loads((quick / "out" / "elastic" / "final" / "tier_quality.json").read_text())

@@ -319,7 +319,8 @@ def test_an_export_written_before_tier_names_answers_to_both_names_in_every_verb
     shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "legacy_export" / "T4", t4)
     assert "tier_names" not in (t4 / "config.json").read_text()
     for name in ("T4", "T1"):
-        assert main(["eval", str(t4), "--tiers", name, "--n_batches", "1", "--batch_size", "1", "--seq_len", "16"]) == 0
+        assert main(["eval", str(t4), "--tiers", name, "--n_batches", "1", "--batch_size", "1", "--seq_len", "16",
+                     "--write_quality"]) == 0
         assert list(json.loads((t4 / "tier_quality.json").read_text())["tiers"]) == ["T1"]
         assert main(["generate", str(t4), "--tier", name, "--prompt", "de", "--max_new_tokens", "2"]) == 0
     served = model_view(t4)
@@ -337,7 +338,8 @@ def test_verbs_call_an_export_by_its_source_tier(model_dir, tmp_path, capsys):
     assert export(model_dir, tmp_path / "ex", "--tiers", "T4") == 0
     t4 = tmp_path / "ex" / "T4"
     capsys.readouterr()
-    assert main(["eval", str(t4), "--tiers", "T4", "--n_batches", "1", "--batch_size", "1", "--seq_len", "16"]) == 0
+    assert main(["eval", str(t4), "--tiers", "T4", "--n_batches", "1", "--batch_size", "1", "--seq_len", "16",
+                 "--write_quality"]) == 0
     assert list(json.loads((t4 / "tier_quality.json").read_text())["tiers"]) == ["T4"]
     assert main(["generate", str(t4), "--tier", "T4", "--prompt", "de", "--max_new_tokens", "2",
                  "--temperature", "0"]) == 0
@@ -386,3 +388,28 @@ def test_es_ssm_budgets_are_accepted_by_every_verb(es_dir, tmp_path, capsys):
     assert model_config_from_dict(source).n_channels == 4
     reference = parameter_report(model_config_from_dict(source), source)["reference"]
     assert reference["model"] == "K4 of es_ssm tiny" and reference["holds"]
+
+
+def test_eval_writes_into_the_model_directory_only_when_asked(model_dir, tmp_path, capsys, monkeypatch):
+    """Issue 41 item 6: eval wrote tier_quality.json into the directory it was only asked to read, and on a read-only
+    directory warned and exited 0. Now: nothing is written there unless --write_quality; asked and not writable is
+    one error line (the results were printed before it)."""
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
+    csv_path = tmp_path / "e.csv"
+    args = ["eval", str(model_dir), "--tiers", "T1", "--n_batches", "1", "--batch_size", "1", "--seq_len", "16"]
+    assert main([*args, "--csv", str(csv_path)]) == 0
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()} == before and csv_path.is_file()
+    capsys.readouterr()
+
+    import elastic_ssm.serve.calibrate as calibrate
+
+    def read_only(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(calibrate, "write_quality", read_only)
+    assert main([*args, "--write_quality"]) == 2
+    out, err = capsys.readouterr()
+    assert "T1" in out                                   # the results came first
+    lines = [line for line in err.splitlines() if "error" in line]      # the device status line is not an error
+    assert len(lines) == 1 and "--write_quality" in lines[0] and "Permission denied" in lines[0], lines
+    assert "Traceback" not in err

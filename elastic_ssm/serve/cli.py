@@ -242,8 +242,8 @@ def record_quality(args: argparse.Namespace, rows, model=None, window: int | Non
     table = quality_table(rows, args.data, args.split, args.quality_metric, **settings)
     try:
         path = write_quality(args.checkpoint, table, notice=lambda line: status(line, file=sys.stderr))
-    except OSError as e:
-        print(f"could not write tier_quality.json into {args.checkpoint} ({e}); --no_write_quality skips it",
-              file=sys.stderr)
-        return
+    except OSError as e:   # asked for and not written: an error (the results above are printed, and in --csv)
+        raise ConfigError(f"--write_quality: could not write tier_quality.json into {args.checkpoint} "
+                          f"({e.strerror or e}); the results are printed above; evaluate a copy of the directory, "
+                          "or run without --write_quality") from None
     print(f"wrote {path}")
