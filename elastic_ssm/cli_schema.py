@@ -285,6 +285,8 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
     max_tokens_limit: int = flag(4096, "largest max_tokens accepted", minimum=1)
     max_body_bytes: int = flag(1 << 20, "largest request body accepted", minimum=1)
     max_connections_per_client: int = flag(32, "concurrent requests per address", minimum=1)
+    chat_template: str | None = flag(None, "chat template for /v1/chat/completions: 'chatml', 'plain' or a Jinja "
+                                           "file (default: the model directory's own; without one chat is a 400)")
     max_connections: int = flag(1024, "concurrent requests from all clients (503 beyond); open connections are "
                                       "capped at twice this", minimum=1)
     timeout: float = flag(30.0, "seconds a client may take to send its headers, its body, or to read pending "

@@ -72,6 +72,7 @@ class ServerSettings:
     max_requests: int | None = None          # in flight from all clients (``--max-connections``); None: no cap
     body_timeout_s: float = 30.0
     stall_timeout_s: float = 30.0
+    chat_template: str | None = None         # Jinja source from --chat_template; None: the directory's own
 
     def engine_options(self) -> dict:
         """The ``Engine`` keyword arguments among these settings (admission, prefill and decode choices)."""
@@ -112,7 +113,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     tok = resolve_tokenizer(model)                   # the saved one; bytes for a model saved without one
     aliases = export_tier_aliases(model)             # an older export answers to its source tier's name too
     eos = model.config.eos_token_id if model.config.eos_token_id >= 0 else None
-    chat = ChatTemplate.from_model(model, tok)
+    chat = ChatTemplate.from_model(model, tok, settings.chat_template)
     vocab = model.config.vocab_size
     Completion, Chat = request_models(settings.max_tokens_limit, vocab)
     bodies = {"/v1/completions": Completion, "/v1/chat/completions": Chat}
@@ -306,7 +307,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={**_ERRORS, 200: sse})
     async def chat_completions(body: Chat, http: HttpRequest):
         if chat is None:
-            raise ApiError(400, "this model's tokenizer has no chat template; use /v1/completions with a prompt")
+            raise ApiError(400, "this model has no chat template: start the server with --chat_template chatml (or "
+                                "plain, or a Jinja file), or send a prompt to /v1/completions")
         tier = tier_of(body)
         try:
             prompt = parse_prompt(chat.prompt(body.messages), tok, vocab, settings.max_prompt_tokens)

@@ -84,6 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError:
         raise ConfigError("serving needs the serve extra: pip install 'elastic-ssm[serve]'") from None
+    chat_template = checked_chat_template(args.chat_template)      # before the model loads: a typo costs nothing
 
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -133,7 +134,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,
                               max_connections_per_client=args.max_connections_per_client,
                               max_requests=args.max_connections,
-                              body_timeout_s=args.timeout, stall_timeout_s=args.timeout)
+                              body_timeout_s=args.timeout, stall_timeout_s=args.timeout,
+                              chat_template=chat_template)
     app = create_app(model, settings, load=functools.partial(load_pretrained, args.checkpoint, device=device,
                                                              dtype=dtype))
     try:
@@ -224,6 +226,24 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters)
     print(f"wrote {write_profile(args.checkpoint, profile, notice=lambda line: status(line, file=sys.stderr))}")
     return 0
+
+
+def checked_chat_template(spec: str | None) -> str | None:
+    """``--chat_template``'s Jinja source, compiled once here so a broken template stops the start in one line."""
+    if spec is None:
+        return None
+    from jinja2 import TemplateError
+
+    from .chat_templates import chat_template_source
+    from .protocol import ChatTemplate
+
+    source = chat_template_source(spec)
+    try:
+        ChatTemplate(source, {})
+    except TemplateError as e:
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise ConfigError(f"--chat_template {spec}: not a valid Jinja template{where}: {e.message}") from None
+    return source
 
 
 def record_quality(args: argparse.Namespace, rows, model=None, window: int | None = None) -> None:

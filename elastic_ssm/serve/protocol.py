@@ -5,8 +5,9 @@ FastAPI validates a request against ``schema.py``; ``resolve_model_field`` then 
 ``parse_prompt`` encodes the prompt within the vocabulary and ``--max-prompt-tokens``; each raises ``ApiError``
 (status and a one-line message, answered in OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``).
 
-Chat: a model directory's ``tokenizer_config.json`` may carry a Jinja ``chat_template`` (Hugging Face's field);
-``ChatTemplate.from_model`` reads it (None without one: ``/v1/chat/completions`` answers 400) and renders and
+Chat: a model directory's ``tokenizer_config.json`` may carry a Jinja ``chat_template`` (Hugging Face's field), and
+``serve --chat_template NAME|FILE`` gives one (``chat_templates.py``); ``ChatTemplate.from_model`` reads it (None
+without one: ``/v1/chat/completions`` answers 400 naming the flag) and renders and
 encodes messages as transformers' ``apply_chat_template`` does (docs/serving.md, "Chat"); the request then runs as a
 completion of those ids, answered in OpenAI's chat shapes (``chat.completion``; ``chat.completion.chunk``).
 """
@@ -179,16 +180,20 @@ class ChatTemplate:
             self._split = re.compile("(" + "|".join(re.escape(t) for t in alternatives) + ")")
 
     @classmethod
-    def from_model(cls, model, tokenizer: Any = None) -> ChatTemplate | None:
+    def from_model(cls, model, tokenizer: Any = None, source: str | None = None) -> ChatTemplate | None:
+        """The model directory's template, or ``source`` (``serve --chat_template``) in its place; the special
+        tokens come from the directory's ``tokenizer_config.json`` either way. None: no template at all."""
         path = getattr(model, "name_or_path", None)
         cfg = Path(path) / "tokenizer_config.json" if path else None
-        if cfg is None or not cfg.is_file():
-            return None
-        try:
-            meta = json.loads(cfg.read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
-        source = meta.get("chat_template")
+        meta = {}
+        if cfg is not None and cfg.is_file():
+            try:
+                meta = json.loads(cfg.read_text())
+            except (OSError, json.JSONDecodeError):
+                meta = {}
+        meta = meta if isinstance(meta, dict) else {}
+        if source is None:
+            source = meta.get("chat_template")
         if not isinstance(source, str) or not source.strip():
             return None
         specials = {}
@@ -196,7 +201,7 @@ class ChatTemplate:
             v = v.get("content") if isinstance(v, dict) else v
             if k.endswith("_token") and isinstance(v, str):
                 specials[k] = v
-        return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer))
+        return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer) if path else {})
 
     def encode(self, prompt: str) -> list[int] | str:
         """The rendered prompt's token ids (special-token strings as their ids), or the text without a tokenizer."""

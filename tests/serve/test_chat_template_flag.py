@@ -1,0 +1,89 @@
+"""Chat out of the box (issue 41 item 3): ``serve --chat_template chatml|plain|FILE`` gives a model without a saved
+template one (or replaces its own), rendered as any template is; without one the 400 names the flag; a bad name,
+file or template stops the start in one line."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+import elastic_ssm as es  # noqa: E402
+from elastic_ssm import data  # noqa: E402
+from elastic_ssm.cli import main  # noqa: E402
+from elastic_ssm.config import ConfigError  # noqa: E402
+from elastic_ssm.serve.app import ServerSettings, create_app  # noqa: E402
+from elastic_ssm.serve.chat_templates import BUILTIN, chat_template_source  # noqa: E402
+from elastic_ssm.serve.cli import checked_chat_template  # noqa: E402
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def f"}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    model.tokenizer = data.load_tokenizer("bytes")
+    path = tmp_path_factory.mktemp("m") / "tiny"
+    model.save_pretrained(path)
+    return path
+
+
+def _client(path, template=None):
+    settings = ServerSettings(name="tiny", tiers=["T10"], default_tier="T10", slots=2, chat_template=template)
+    return TestClient(create_app(es.ESSH.from_pretrained(path), settings))
+
+
+def test_without_a_template_the_400_names_the_flag(model_dir):
+    with _client(model_dir) as c:
+        r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES})
+        assert r.status_code == 400 and "--chat_template" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("name, rendered", [
+    ("chatml", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\ndef f<|im_end|>\n<|im_start|>assistant\n"),
+    ("plain", "System: Be brief.\nUser: def f\nAssistant:")])
+def test_a_named_template_renders_the_messages_into_the_prompt_the_model_completes(model_dir, name, rendered):
+    with _client(model_dir, checked_chat_template(name)) as c:
+        chat = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 6,
+                                                    "temperature": 0})
+        plain = c.post("/v1/completions", json={"model": "tiny", "prompt": rendered, "max_tokens": 6,
+                                                "temperature": 0})
+    assert chat.status_code == 200 and plain.status_code == 200, (chat.text, plain.text)
+    assert chat.json()["usage"]["prompt_tokens"] == len(rendered.encode())        # the byte tokenizer: one per byte
+    assert chat.json()["choices"][0]["message"]["content"] == plain.json()["choices"][0]["text"]
+
+
+def test_a_file_replaces_the_directorys_own_template(model_dir, tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}>")
+    cfg = tmp_path / "tokenizer_config.json"
+    cfg.write_text(json.dumps({"chat_template": "{{ 'never used' }}"}))
+    assert chat_template_source(str(template)) == template.read_text()
+    assert chat_template_source(str(cfg)) == "{{ 'never used' }}"        # a tokenizer_config.json works too
+    with _client(model_dir, checked_chat_template(str(template))) as c:
+        r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 1})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len("[system] Be brief.\n[user] def f\n>")
+
+
+@pytest.mark.parametrize("write, needle", [
+    (None, "neither a file nor one of chatml, plain"),
+    ("", "is empty"),
+    ("{% for m in messages %}", "not a valid Jinja template"),
+    (b"\xff\xfe", "UTF-8"),
+])
+def test_a_bad_template_stops_the_start_in_one_line(model_dir, tmp_path, capsys, write, needle):
+    spec = tmp_path / "t.jinja"
+    if write is not None:
+        spec.write_bytes(write if isinstance(write, bytes) else write.encode())
+    with pytest.raises(ConfigError, match=needle):
+        checked_chat_template(str(spec))
+    assert main(["serve", str(model_dir), "--chat_template", str(spec), "--device", "cpu", "--port", "0"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "--chat_template" in err[0] and needle in err[0], err
+
+
+def test_the_names_are_the_documented_ones():
+    assert set(BUILTIN) == {"chatml", "plain"}
