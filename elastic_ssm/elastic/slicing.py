@@ -15,7 +15,7 @@ shared model evaluated at a tier and the export run the same kernels on the same
 outputs on CPU, ESSH Q.2; tested).
 
 ``prefix`` cuts tensors in the forward pass, ``linear`` applies a (prefix of a) ``nn.Linear`` — the whole
-module when nothing is cut, so a swapped module (``quantize_dynamic``, a PEFT LoRA wrapper) runs at full
+module when nothing is cut, so a swapped module (an eager quantized Linear, a PEFT LoRA wrapper) runs at full
 width, and a clear error when asked for a prefix of one; ``slice_state_dict`` serves ``export_tier`` and
 ``load_sliced_safetensors`` ``from_pretrained(..., tier=...)`` (reading only the retained prefixes).
 """

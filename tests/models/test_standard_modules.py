@@ -1,5 +1,6 @@
 """Standard modules, standard tools (issue #13 part 4): projections are ``nn.Linear`` and the embedding an
-``nn.Embedding``, so ``quantize_dynamic``, torchao and PEFT LoRA work on an exported tier; files written in
+``nn.Embedding``, so torchao (int8 dynamic, int8 weight-only) and PEFT LoRA work on an exported tier (and torchao on
+the shared model at every tier); files written in
 the layout before ``nn.Linear`` (``tests/fixtures/legacy_layout``, written by commit 3d59bf4) are refused in one
 line."""
 
@@ -16,6 +17,7 @@ from torch import nn
 import elastic_ssm as es
 from elastic_ssm.config import model_config_from_dict
 from elastic_ssm.models.base import CheckpointError
+from elastic_ssm.models.testing import randomize_selective
 
 LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_layout"
 PROJECTIONS = ("in_proj", "out_proj", "qkv", "out", "w_in", "w_out")
@@ -37,30 +39,73 @@ def test_every_projection_is_an_nn_linear_and_counts_stay_exact(export):
     assert sum(p.numel() for p in small.parameters()) == model.num_parameters("T4")
 
 
-def test_quantize_dynamic_changes_the_logits_a_little_and_decodes(export):
+def _int8_dynamic(model):
+    """torchao's int8 dynamic quantization (int8 weights, activations quantized per call): the successor of the
+    deprecated ``torch.ao.quantization.quantize_dynamic``; the modules stay ``nn.Linear``."""
+    pytest.importorskip("torchao", reason="torchao is in the dev extra")
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    q = copy.deepcopy(model)
+    quantize_(q, Int8DynamicActivationInt8WeightConfig())
+    return q
+
+
+def test_int8_dynamic_changes_the_logits_a_little_and_decodes(export):
     model, small, ids = export
-    q = torch.ao.quantization.quantize_dynamic(copy.deepcopy(small), {nn.Linear}, dtype=torch.qint8)
-    assert type(q.blocks[0].mixer.in_proj) is not nn.Linear
+    q = _int8_dynamic(small)
+    w = q.blocks[0].mixer.in_proj.weight
+    assert type(q.blocks[0].mixer.in_proj) is nn.Linear and type(w) is not torch.Tensor and type(w.data) is not \
+        torch.Tensor                                           # int8 weights inside the standard module
     with torch.no_grad():
         ref, out = small(ids), q(ids)
     rel = ((out - ref).norm() / ref.norm()).item()
-    assert 0 < rel < 0.05, rel                                 # int8 weights: a small, measurable change
+    assert 0 < rel < 0.05, rel                                 # int8: a small, measurable change
     gen = q.generate(ids[:, :6], max_new_tokens=4)            # the reference step runs the quantized modules
     assert gen.shape == (2, 10) and torch.equal(gen[:, :6], ids[:, :6])
     with pytest.raises(ValueError, match="fast=True: the fused decoder reads nn.Linear weights"):
         q.generate(ids[:, :6], max_new_tokens=2, fast=True)
-    shared = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+
+
+def test_the_shared_model_quantized_by_torchao_still_slices_its_tiers():
+    """torchao keeps nn.Linear and slices its int8 weights by rows and columns: the shared model runs at every
+    tier, near the float model at that tier."""
+    torch.manual_seed(0)
+    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny"))).eval()
+    ids = torch.randint(0, 260, (2, 16))
+    shared = _int8_dynamic(model)
     with torch.no_grad():
-        shared(ids)                                            # full width: the quantized modules compute
+        for tier in ("T2", "T6", "T10"):
+            ref, out = model(ids, tier=tier), shared(ids, tier=tier)
+            assert 0 < ((out - ref).norm() / ref.norm()).item() < 0.05, tier
+
+
+class _Wrapped(nn.Module):
+    """A projection swapped for a module that is not ``nn.Linear`` (what eager-mode quantization tools do)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.inner = linear
+        self.in_features, self.out_features = linear.in_features, linear.out_features   # as quantized modules keep
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_a_projection_that_is_not_nn_linear_runs_only_at_full_width(export):
+    model, _, ids = export
+    shared = copy.deepcopy(model)
+    shared.blocks[0].mixer.in_proj = _Wrapped(shared.blocks[0].mixer.in_proj)
+    with torch.no_grad():
+        torch.testing.assert_close(shared(ids), model(ids))    # full width: the module computes
         with pytest.raises(ValueError, match="runs only at the full width of the model; export the tier first"):
             shared(ids, tier="T2")
 
 
-def test_quantize_dynamic_on_an_es_ssm_export():
+def test_int8_dynamic_on_an_es_ssm_export():
     torch.manual_seed(0)
     small = es.export_tier(es.ESSSM(es.ESSSMConfig.preset("tiny")).eval(), 4).eval()
     ids = torch.randint(0, 260, (2, 16))
-    q = torch.ao.quantization.quantize_dynamic(copy.deepcopy(small), {nn.Linear}, dtype=torch.qint8)
+    q = _int8_dynamic(small)
     with torch.no_grad():
         ref, out = small(ids), q(ids)
     assert 0 < ((out - ref).norm() / ref.norm()).item() < 0.05
