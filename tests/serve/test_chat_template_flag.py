@@ -5,13 +5,11 @@ file or template stops the start in one line."""
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 import elastic_ssm as es  # noqa: E402
-from elastic_ssm import data  # noqa: E402
 from elastic_ssm.cli import main  # noqa: E402
 from elastic_ssm.config import ConfigError  # noqa: E402
 from elastic_ssm.serve.app import ServerSettings, create_app  # noqa: E402
@@ -22,13 +20,8 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    model = es.ESSH(es.ESSHConfig.preset("tiny"))
-    model.tokenizer = data.load_tokenizer("bytes")
-    path = tmp_path_factory.mktemp("m") / "tiny"
-    model.save_pretrained(path)
-    return path
+def model_dir(tiny_dir):
+    return tiny_dir                        # tests/serve/conftest.py: a saved tiny model with the byte tokenizer
 
 
 def _client(path, template=None):
