@@ -43,7 +43,7 @@ from .cli_schema import (
 from .cli_util import check_csv_target, check_output_path, spelled
 from .config import ConfigError
 
-__all__ = ["COMMANDS", "check_options", "main", "parse", "to_argv"]
+__all__ = ["COMMANDS", "check_options", "main", "parse"]
 
 #: verb -> (one-line help, options dataclass or None, "module:function" run with the parsed options); the functions
 #: are imported when the verb runs, so parsing and --help load no model code. train / recover add the run sections
@@ -281,38 +281,6 @@ def check_options(args: argparse.Namespace) -> None:
             values = []
         if not values or not all(0 <= d <= 1 for d in values):   # also NaN
             raise ConfigError(f"--depths must be comma-separated numbers in [0, 1], got {depths!r}")
-
-
-def to_argv(options: Any, prefix: str = "") -> list[str]:
-    """The flags that give ``options`` (a dataclass instance) to its derived command line: how a parent process
-    passes options to a child that parses them with ``derive`` (booleans as ``--x`` / ``--no_x``, tuples as several
-    values, ``None`` left out)."""
-    out: list[str] = []
-    for f in dataclasses.fields(options):
-        value = getattr(options, f.name)
-        if dataclasses.is_dataclass(value):
-            out += to_argv(value, f"{prefix}{f.name}.")
-        elif isinstance(value, bool):
-            out.append(f"--{prefix}{f.name}" if value else f"--{prefix}no_{f.name}")
-        elif isinstance(value, tuple):
-            out += [f"--{prefix}{f.name}", *map(str, value)]
-        elif value is not None:
-            out += [f"--{prefix}{f.name}", str(value)]
-    return out
-
-
-def derive(cls: type, argv: list[str] | None, prog: str, description: str = "") -> Any:
-    """``cls`` (an options dataclass) from ``argv`` by tyro, with the errors of ``elastic-ssm``: one line and exit
-    code 2. The entry of the helper processes (``python -m elastic_ssm.bench.serve``, ``...bench.ddp_check``)."""
-    import tyro
-    from tyro._errors import on_parse_error
-
-    try:
-        with on_parse_error(parse_error):
-            return tyro.cli(cls, args=argv, prog=prog, description=description, use_underscores=True)
-    except CommandLineError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def _overview() -> str:

@@ -280,6 +280,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_main(argv: list[str] | None = None) -> dict:
+    """``elastic-ssm bench --bench.preset 1.5b --bench.batches 1 16 ...`` or ``--bench.suite NAME`` in process: the
+    same command line as ``elastic-ssm bench`` (flags derived from ``BenchConfig``); returns the results."""
+    from .bench import bench_command
+    from .cli import parse
+
+    return bench_command(overrides(parse("bench", list(argv or [])), "bench"))
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     import signal
 

@@ -147,11 +147,6 @@ def test_the_cycle_finder_counts_every_import(tmp_path):
     assert cycle_path(graph, found[0]) == ["pkg.a", "pkg.b", "pkg.c", "pkg.sub.d", "pkg.e", "pkg.a"]
 
 
-#: The edge's one cycle, left to the rework of ``serve/`` and ``bench/`` (issue 38): ``serve/calibrate.py`` takes
-#: ``bench.report.environment``, while ``bench/__init__.py`` -> ``bench/serve.py`` -> ``serve/cli.py`` -> ``calibrate``.
-EDGE_CYCLE = ["elastic_ssm.bench", "elastic_ssm.bench.serve", "elastic_ssm.serve.calibrate", "elastic_ssm.serve.cli"]
-
-
 @pytest.fixture(scope="module")
 def graph():
     g = import_graph(ROOT / "elastic_ssm")
@@ -159,13 +154,6 @@ def graph():
     return g
 
 
-def test_no_import_cycle_but_the_edges_known_one(graph):
-    found = [c for c in cycles(graph) if c != EDGE_CYCLE]
-    assert not found, "import cycles inside elastic_ssm (every import counts):\n" + _describe(graph, found)
-
-
-@pytest.mark.xfail(strict=True, reason="issue 38: serve/calibrate.py imports bench.report (EDGE_CYCLE); drop this "
-                                       "mark and EDGE_CYCLE when that is mended")
 def test_elastic_ssm_has_no_import_cycle(graph):
     found = cycles(graph)
     assert not found, "import cycles inside elastic_ssm (every import counts):\n" + _describe(graph, found)

@@ -29,7 +29,7 @@ import torch
 
 from ..config import ConfigBase, ConfigError, ESSHConfig, opt
 
-__all__ = ["BenchConfig", "run_bench", "bench_command", "main"]
+__all__ = ["BenchConfig", "run_bench", "bench_command"]
 
 _BENCHES = ("memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode")
 _DEFAULT_BENCHES = _BENCHES[:5]   # serve (server + client processes) and es_ssm_decode: asked for by name
@@ -298,12 +298,3 @@ def bench_command(given: dict) -> dict:
                           f"{first['name']} ({first['state']}); the others' results and the tables are in "
                           f"{cfg.out_dir}")
     return res
-
-
-def main(argv: list[str] | None = None) -> dict:
-    """``elastic-ssm bench --bench.preset 1.5b --bench.batches 1 16 ...`` or ``--bench.suite NAME``: the same
-    command line as ``elastic-ssm bench`` (flags derived from ``BenchConfig``); returns the results."""
-    from ..cli import parse
-    from ..cli_util import overrides
-
-    return bench_command(overrides(parse("bench", list(argv or [])), "bench"))

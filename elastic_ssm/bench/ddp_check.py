@@ -50,7 +50,7 @@ class DdpCheckOptions:
 
 
 def _args(argv=None) -> DdpCheckOptions:
-    from ..cli import derive
+    from ..cli_derive import derive
 
     a = derive(DdpCheckOptions, argv, "python -m elastic_ssm.bench.ddp_check", __doc__.split("\n")[0])
     a.out = a.out or os.environ.get("OUT", "")

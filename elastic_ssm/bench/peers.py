@@ -28,10 +28,11 @@ from ..elastic.tiers import resolve_tier
 from ..layers.ffn import SwiGLU
 from ..layers.norm import RMSNorm
 from ..models.baselines import TransformerConfig, TransformerPP
+from ..utils.environment import library_versions
 from .timing import GraphedStep
 
 __all__ = ["MATCH_TOLERANCE", "PeerUnavailable", "require_fla", "match_ffn_width", "transformer_matched",
-           "peer_forward", "build_essh", "build_transformer", "cast_matrices", "fla_status", "FlaFFNModel",
+           "peer_forward", "build_essh", "build_transformer", "cast_matrices", "FlaFFNModel",
            "fla_matched", "build_fla", "FlaDecoder"]
 
 MATCH_TOLERANCE = 0.005
@@ -103,27 +104,13 @@ def peer_forward(model: nn.Module, peer: str, compile: bool, mode: str = "defaul
     return model, False
 
 
-def fla_status() -> dict[str, str | None]:
-    """Installed versions of the optional peer libraries (None when absent)."""
-    out: dict[str, str | None] = {}
-    for mod in ("fla", "mamba_ssm", "triton"):
-        if importlib.util.find_spec(mod) is None:
-            out[mod] = None
-            continue
-        try:
-            out[mod] = getattr(importlib.import_module(mod), "__version__", "unknown")
-        except Exception as e:  # an installed but broken package is reported, not fatal
-            out[mod] = f"import failed: {type(e).__name__}: {e}"
-    return out
-
-
 class PeerUnavailable(RuntimeError):
     """A peer's optional library is missing: reported in the results, not treated as a failure."""
 
 
 def require_fla(kind: str) -> None:
     """Raise ``PeerUnavailable`` unless fla (and, for Mamba-2, its mamba_ssm fast path) imports."""
-    libs = fla_status()
+    libs = library_versions()
     if libs["fla"] is None or str(libs["fla"]).startswith("import failed"):
         raise PeerUnavailable(f"flash-linear-attention not usable ({libs['fla']}): "
                               "pip install flash-linear-attention")

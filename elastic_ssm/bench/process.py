@@ -92,7 +92,7 @@ class ChildOptions:
 
 def _child(opts: ChildOptions, ctx, env: dict[str, str], timeout: float, log_name: str) -> dict:
     """One ``python -m elastic_ssm.bench.process ...`` child; its ``RESULT {json}`` line, or the error."""
-    from ..cli import to_argv
+    from ..cli_derive import to_argv
 
     cmd = [sys.executable, "-m", "elastic_ssm.bench.process", *to_argv(replace(opts, spawned_at=time.time()))]
     try:
@@ -205,7 +205,7 @@ def _import_fla_child(a: ChildOptions) -> dict:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    from ..cli import derive
+    from ..cli_derive import derive
 
     a = derive(ChildOptions, argv, "python -m elastic_ssm.bench.process", __doc__.splitlines()[0])
     if a.spawned_at is None:

@@ -104,7 +104,7 @@ def _cut_after(run_dir: Path, step: str) -> float:
 def _environment() -> dict:
     import torch
 
-    from .report import environment
+    from ..utils.environment import environment
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = environment(dev)
@@ -461,7 +461,8 @@ class ReplicationReportOptions(ConfigBase):
 
 
 def run_report(opts: ReplicationReportOptions, ctx) -> list[dict]:
-    from ..eval.replication import collect_claim, plot_claim
+    from ..eval.replication import collect_claim
+    from ..eval.replication_plot import plot_claim
 
     wait_concurrent(ctx.log)
     res = collect_claim(opts.claim, opts.root, opts.runs)

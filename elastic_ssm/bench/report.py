@@ -9,67 +9,16 @@ raw numbers, never edited by hand.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
-import os
-import platform
-import subprocess
-import sys
 from pathlib import Path
 
-import torch
-
-from .peers import fla_status
+from ..utils.environment import environment
 
 __all__ = ["SECTIONS", "environment", "format_table", "ratios", "tables", "write_json", "markdown_section",
            "append_markdown", "rows_table", "suite_tables", "suite_markdown"]
 
 #: the result sections of one ``run_bench`` (in run order)
 SECTIONS = ("memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode")
-
-
-def _git_commit() -> str:
-    """``ELASTIC_SSM_COMMIT`` if set, else the checkout's short HEAD with ``-dirty`` when tracked files differ
-    from it (a copied working tree, e.g. on a lent GPU machine, can carry a stale ``.git``)."""
-    if os.environ.get("ELASTIC_SSM_COMMIT"):
-        return os.environ["ELASTIC_SSM_COMMIT"]
-    try:
-        root = str(Path(__file__).resolve().parents[2])
-        out = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        head = out.stdout.strip()
-        if not head:
-            return "unknown"
-        dirty = subprocess.run(["git", "-C", root, "diff-index", "--quiet", "HEAD", "--"], capture_output=True,
-                               timeout=30).returncode != 0
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def _scan_backend(device: torch.device) -> str:
-    """The spectral-scan backend ``"auto"`` resolves to for this device (``ELASTIC_SSM_SCAN_BACKEND`` applied):
-    the fla and torch scans differ in speed and in first-use autotuning, so a benchmark row names it."""
-    from ..ops.dispatch import resolve_backend
-
-    try:
-        return resolve_backend("auto", torch.empty(0, device=device))
-    except (ValueError, ImportError) as e:
-        return f"unusable ({e})"
-
-
-def environment(device: torch.device, command: str | None = None) -> dict:
-    libs = fla_status()
-    env = {
-        "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                   else platform.processor() or "cpu"),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "triton": libs["triton"], "fla": libs["fla"],
-        "mamba_ssm": libs["mamba_ssm"], "scan_backend": _scan_backend(device), "python": platform.python_version(),
-        "commit": _git_commit(),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": command if command is not None else " ".join(sys.argv),
-    }
-    return env
 
 
 def _cell(v, width: int = 0) -> str:

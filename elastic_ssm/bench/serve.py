@@ -36,86 +36,9 @@ import tempfile
 import time
 
 from ..serve.engine import COUNTERS
-from ..serve.slots import SlotRows
 from .timing import percentile
 
-__all__ = ["IdTokenizer", "serve_suite", "bench_serve", "wait_healthy", "free_port"]
-
-
-class IdTokenizer:
-    """A stand-in tokenizer for random-weight models: token i <-> the character U+0100 + i (no specials)."""
-
-    pad_id = bos_id = eos_id = sep_id = None
-
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) - 0x100 for c in text if 0 <= ord(c) - 0x100 < self.vocab_size]
-
-    def decode(self, ids) -> str:
-        return "".join(chr(0x100 + int(i)) for i in ids)
-
-
-class StubPool(SlotRows):
-    """A ``SlotPool`` stand-in whose decode step and prefills cost fixed wall time: the bench's CPU proxy of
-    the GPU (``--stub_step_ms``), to measure what the HTTP and engine layers alone can push.
-
-    It keeps ``SlotPool``'s interface and timing shape: ``step_async`` first waits for the previous step to
-    end (the GPU's synchronisation, a sleep that releases the GIL as a CUDA wait does), then starts the next
-    one (ready ``step_ms`` later) and returns the tokens at once, so the engine's per-row work overlaps the
-    step as on the GPU. A prefill of ``n`` prompts of ``T`` tokens occupies the "device" for
-    ``prefill_ms + prefill_us_per_token * n * T / 1000`` ms. Greedy text is row ``r``'s last token + 1 (mod the
-    vocabulary), so every step gives every stream one token and one character. ``prefill_graphs``, ``spans``
-    and ``max_graph_tokens`` are accepted and ignored: a graphed prefill is a smaller ``prefill_ms``, a shorter
-    span a smaller ``step_ms``.
-    """
-
-    def __init__(self, model, tier, slots: int, step_ms: float, prefill_ms: float = 0.0,
-                 prefill_us_per_token: float = 0.0, max_prefill: int = 16, prefill_graphs: bool | None = None,
-                 spans: bool = True, max_graph_tokens: int = 0) -> None:
-        import torch
-
-        super().__init__(slots)
-        self.tier, self.device = model.resolve_tier(tier), torch.device("cpu")
-        self.V = model.config.vocab_size
-        self.logits = torch.zeros(slots, self.V)                                      # [slots, V]
-        self.max_prefill = min(slots, max_prefill)
-        self.step_s, self.prefill = step_ms / 1e3, (prefill_ms / 1e3, prefill_us_per_token / 1e6)
-        self.graphed, self._ready = False, 0.0
-
-    def _occupy(self, seconds: float) -> None:
-        """The device runs for ``seconds`` more after the work already queued (host does not wait)."""
-        self._ready = max(time.monotonic(), self._ready) + seconds
-
-    def _wait(self) -> None:
-        left = self._ready - time.monotonic()
-        if left > 0:
-            time.sleep(left)
-
-    def _next(self, rows: list[int], last: list[int]) -> None:
-        self.logits[rows] = 0.0
-        self.logits[rows, [(t + 1) % self.V for t in last]] = 1.0
-
-    def admit_many(self, owners: list, prompts: list[list[int]]) -> list[int]:
-        rows = self.free_rows(len(prompts))
-        if len(rows) < len(prompts):
-            raise ValueError("no free slot")
-        self._occupy(self.prefill[0] + self.prefill[1] * len(prompts) * max(len(p) for p in prompts))  # padded
-        self._next(rows, [p[-1] for p in prompts])
-        for i, owner in zip(rows, owners):
-            self.owner[i] = owner
-        return rows
-
-    def admit(self, owner, prompt: list[int]) -> int:
-        return self.admit_many([owner], [prompt])[0]
-
-    def step_async(self, tokens) -> list[int]:
-        values = tokens.tolist()
-        self._wait()
-        self._occupy(self.step_s)
-        self._next(list(range(self.slots)), values)
-        return values
+__all__ = ["serve_suite", "bench_serve", "wait_healthy", "free_port"]
 
 
 async def _read_head(reader) -> tuple[int, dict[str, str]]:
@@ -261,7 +184,7 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
                 server: dict | None = None) -> dict:
     """Start the server process, drive ``streams`` streams over the tiers of ``mix``, return the row
     (``server``: more ``BenchServerOptions`` of the server process, e.g. the CPU proxy's ``stub_step_ms``)."""
-    from ..cli import to_argv
+    from ..cli_derive import to_argv
     from ..config import ESSHConfig
     from ..serve.cli import http_stack  # the server process: this interpreter, this environment
     from .serve_server import BenchServerOptions

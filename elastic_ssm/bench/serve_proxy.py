@@ -46,7 +46,7 @@ class ProxyOptions:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..cli import derive
+    from ..cli_derive import derive
 
     a = derive(ProxyOptions, argv, "python -m elastic_ssm.bench.serve_proxy", __doc__.splitlines()[0])
     server = {f.name: getattr(a.server, f.name) for f in dataclasses.fields(a.server) if f.name not in _SET_HERE}

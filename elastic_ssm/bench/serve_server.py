@@ -15,7 +15,7 @@ from typing import Literal
 from ..config import opt
 from ..serve.engine import PREFILL_WAIT_MS
 from ..serve.slots import GRAPH_TOKENS
-from .serve import IdTokenizer, StubPool
+from .serve_stub import IdTokenizer, StubPool
 
 __all__ = ["BenchServerOptions", "main"]
 
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     """The server process of the benchmark (random weights, ``IdTokenizer``)."""
     import uvicorn
 
-    from ..cli import derive
+    from ..cli_derive import derive
     from ..serve.app import ServerSettings, create_app
 
     a = derive(BenchServerOptions, argv, "python -m elastic_ssm.bench.serve_server", __doc__.splitlines()[0])

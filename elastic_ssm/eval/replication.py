@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["ROLES", "arm_of", "base_of", "collect_claim", "paired_gaps", "plot_claim", "read_jsonl", "run_summary",
+__all__ = ["ROLES", "arm_of", "base_of", "collect_claim", "paired_gaps", "read_jsonl", "run_summary",
            "seed_of", "seed_stats"]
 
 #: arm -> (label, role); a run folder is ``<arm>[-lr<lr>][-s<seed>]`` (``base_of``), as the suites in
@@ -376,9 +376,3 @@ def collect_claim(claim: int, root: str | Path, runs: tuple[str, ...] | list[str
             "runs": {n: {k: v for k, v in s.items() if k not in ("eval", "last_validation")}
                      for n, s in summaries.items()}}
 
-
-def plot_claim(res: dict[str, Any], path: str | Path) -> str:
-    """Draw the claim's plot into ``path`` (PNG); returns '' or why it was skipped (``replication_plot``)."""
-    from .replication_plot import plot_claim as plot
-
-    return plot(res, path)

@@ -64,7 +64,7 @@ def _step_ms(pool: SlotPool, warmup: int, iters: int) -> float:
 def calibrate(model, batches: list[int], tiers: list[str] | None = None, warmup: int = 5, iters: int = 20,
               progress=print) -> dict:
     """The profile table (the ``tier_profile.json`` format; see the module docstring)."""
-    from ..bench.report import environment
+    from ..utils.environment import environment
 
     device = model.embed.weight.device
     names = tiers or [t.name for t in model.tier_table()]

@@ -154,7 +154,7 @@ class Engine:
     ``prefill_graphs``: False prefills eagerly; True (default) replays prefill forwards from CUDA graphs on CUDA
     (``SlotPool``, ``serve/slots.py``; the CPU always prefills eagerly), each of at most ``prefill_graph_tokens``
     padded prompt tokens (larger ones run eagerly). ``pool_factory``: internal (the bench's
-    CPU proxy, ``bench/serve.py``'s ``StubPool``): builds each tier's pool as ``pool_factory(model, tier, slots,
+    CPU proxy, ``bench/serve_stub.py``'s ``StubPool``): builds each tier's pool as ``pool_factory(model, tier, slots,
     max_prefill=..., prefill_graphs=..., spans=...)``; ``SlotPool`` everywhere else. ``attended_spans``: decode
     steps read only the filled prefix of the window rings while every running sequence is short (``SlotPool``).
     ``clock``: the monotonic clock, in seconds, that admission reads (tests inject a fake one).

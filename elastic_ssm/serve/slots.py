@@ -126,7 +126,7 @@ def prefill_groups(lengths: list[int], max_prefill: int, max_tokens: int | None 
 
 class SlotRows:
     """Which request holds which of ``slots`` rows (``owner[i]``; None: free). The bookkeeping of ``SlotPool``
-    and of the bench's CPU stand-in (``bench/serve.py``'s ``StubPool``)."""
+    and of the bench's CPU stand-in (``bench/serve_stub.py``'s ``StubPool``)."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots

@@ -12,9 +12,10 @@ import torch
 from triton_interpreter import run_interpreted
 
 import elastic_ssm as es
-from elastic_ssm.bench import BenchConfig, main, run_bench
+from elastic_ssm.bench import BenchConfig, run_bench
 from elastic_ssm.bench.memory import essh_memory_rows
 from elastic_ssm.bench.peers import cast_matrices, match_ffn_width, transformer_matched
+from elastic_ssm.cli_commands import bench_main as main
 from elastic_ssm.models.baselines import TransformerConfig, TransformerPP
 from elastic_ssm.models.fast_decode import FastDecoder
 from elastic_ssm.models.testing import randomize_selective
@@ -435,7 +436,7 @@ def test_unknown_suite_and_selection_errors_name_the_choices(capsys):
 
 
 def test_environment_names_the_scan_backend_the_run_used(monkeypatch):
-    from elastic_ssm.bench.report import environment
+    from elastic_ssm.utils.environment import environment
 
     monkeypatch.delenv("ELASTIC_SSM_SCAN_BACKEND", raising=False)
     assert environment(torch.device("cpu"))["scan_backend"] == "torch"      # auto on CPU

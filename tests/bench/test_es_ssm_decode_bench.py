@@ -5,7 +5,8 @@ byte-base shapes. Run the GPU part with ``python -m pytest -m gpu tests/bench/te
 import pytest
 import torch
 
-from elastic_ssm.bench import BenchConfig, main, run_bench
+from elastic_ssm.bench import BenchConfig, run_bench
+from elastic_ssm.cli_commands import bench_main as main
 from elastic_ssm.config import ConfigError, ESSSMConfig
 from elastic_ssm.elastic.tiers import state_bytes
 

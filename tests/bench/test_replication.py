@@ -378,7 +378,7 @@ def test_claim5_sets_each_specialist_beside_the_shared_tier_of_its_size(tmp_path
     assert summary["runs"]["transformer"]["bpb_full"] == pytest.approx(1.5) and "transformer" not in summary[
         "specialists"]
     if _has_matplotlib():
-        from elastic_ssm.eval.replication import plot_claim
+        from elastic_ssm.eval.replication_plot import plot_claim
         assert plot_claim(collect_claim(5, root, names), tmp_path / "claim5.png") == ""
         assert plot_claim(collect_claim(1, root, names), tmp_path / "claim1.png") == ""
         assert (tmp_path / "claim5.png").stat().st_size > 0

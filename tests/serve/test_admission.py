@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from elastic_ssm.bench.serve import StubPool
+from elastic_ssm.bench.serve_stub import StubPool
 from elastic_ssm.serve.engine import COUNTERS, Engine, Request
 from elastic_ssm.serve.remote import RemoteEngine
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm.bench.serve import IdTokenizer, StubPool
+from elastic_ssm.bench.serve_stub import IdTokenizer, StubPool
 from elastic_ssm.data.tokenizer_files import resolve_tokenizer
 from elastic_ssm.models import load_pretrained
 from elastic_ssm.serve.engine import Busy, Engine, Request

@@ -1,0 +1,49 @@
+"""How a parent process hands an options dataclass to a helper process, and how the helper reads it back.
+
+``to_argv`` writes the flags of a dataclass instance; ``derive`` parses them with tyro (the same mechanism as
+``elastic-ssm``'s verbs, with its one-line errors). The bench suites' helper processes (the serve bench's server,
+its CPU proxy, ddp_check, the first-token child) use the pair, so no flag is written by hand. Kept apart from
+``cli.py`` so that the bench package, which ``elastic-ssm bench`` reads its options from, does not import the CLI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+from .cli_errors import CommandLineError, parse_error
+
+__all__ = ["derive", "to_argv"]
+
+
+def to_argv(options: Any, prefix: str = "") -> list[str]:
+    """The flags that give ``options`` (a dataclass instance) to its derived command line: how a parent process
+    passes options to a child that parses them with ``derive`` (booleans as ``--x`` / ``--no_x``, tuples as several
+    values, ``None`` left out)."""
+    out: list[str] = []
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if dataclasses.is_dataclass(value):
+            out += to_argv(value, f"{prefix}{f.name}.")
+        elif isinstance(value, bool):
+            out.append(f"--{prefix}{f.name}" if value else f"--{prefix}no_{f.name}")
+        elif isinstance(value, tuple):
+            out += [f"--{prefix}{f.name}", *map(str, value)]
+        elif value is not None:
+            out += [f"--{prefix}{f.name}", str(value)]
+    return out
+
+
+def derive(cls: type, argv: list[str] | None, prog: str, description: str = "") -> Any:
+    """``cls`` (an options dataclass) from ``argv`` by tyro, with the errors of ``elastic-ssm``: one line and exit
+    code 2. The entry of the helper processes (``python -m elastic_ssm.bench.serve``, ``...bench.ddp_check``)."""
+    import tyro
+    from tyro._errors import on_parse_error
+
+    try:
+        with on_parse_error(parse_error):
+            return tyro.cli(cls, args=argv, prog=prog, description=description, use_underscores=True)
+    except CommandLineError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
