@@ -39,7 +39,7 @@ from typing import Any
 
 from ..config import ConfigBase, ConfigError
 from ..config.base import load_yaml, read_yaml_file
-from ..models.base import CheckpointError
+from ..models.model_dir import CheckpointError
 from .kinds import KINDS, kind_options, kind_runner
 from .targets import Target, evaluate_targets, parse_targets
 

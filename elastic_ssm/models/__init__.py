@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import TierLike
-from .base import CheckpointError, ElasticModel, read_model_meta
+from .base import ElasticModel
 from .compile import compile_model
+from .model_dir import CheckpointError, read_model_meta
 
 __all__ = ["CheckpointError", "ElasticModel", "load_pretrained", "model_class", "build_model", "compile_model",
            "read_model_meta", "saved_model_class"]

@@ -24,10 +24,8 @@ model created on the meta device is completed by ``load_state_dict(assign=True)`
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
-import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -41,114 +39,22 @@ from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_di
 from ..utils.devices import checked_device
 from ..utils.files import atomic_write_bytes
 from .generation import check_attention_mask
+from .model_dir import (
+    CONFIG_NAME,
+    FORMAT_VERSION,
+    WEIGHTS_NAME,
+    CheckpointError,
+    _old_export_alias,
+    _saved_tokenizer,
+    _tier_of_directory,
+    read_model_meta,
+    verify_sha256,
+)
 from .remote_code import AUTO_MAP, write_remote_code
 
-FORMAT_VERSION = 1
-WEIGHTS_NAME = "model.safetensors"
-CONFIG_NAME = "config.json"
 #: keys that let ``transformers`` read a model directory: ``import elastic_ssm.hf`` registers the type, and
 #: ``auto_map`` names the remote-code modules ``save_pretrained`` writes beside it (``remote_code.py``)
 HF_KEYS = {"essh": {"model_type": "essh", "architectures": ["ESSHForCausalLM"], "auto_map": AUTO_MAP}}
-#: the JSON types of the other keys of ``config.json`` that loading reads (each optional)
-RECORD_TYPES: dict[str, type] = {"format_version": int, "source": dict, "tokenizer": dict, "weights_bytes": int,
-                                 "weights_sha256": str, "weights_sha256_pieces": dict}
-_JSON_NAMES = {int: "an integer", dict: "an object", str: "a string"}
-
-
-class CheckpointError(RuntimeError):
-    """A saved model directory is missing, corrupted or does not match its config."""
-
-
-def read_model_meta(path: str | Path) -> dict[str, Any]:
-    """The ``config.json`` record of a model directory written by ``save_pretrained``, checked for shape: a
-    mapping with ``format: elastic_ssm``, a string ``arch`` and a ``config`` mapping. A missing or empty path, a
-    file where the folder belongs, an unreadable or malformed ``config.json`` is a ``CheckpointError`` naming it."""
-    if not str(path).strip():
-        raise CheckpointError("the model directory is an empty string; give a directory written by save_pretrained")
-    path = Path(path)
-    cfile = path / CONFIG_NAME
-    if path.is_file():
-        raise CheckpointError(f"{path} is a file; give the model directory (written by save_pretrained) that "
-                              f"holds {CONFIG_NAME} and {WEIGHTS_NAME}")
-    if not cfile.is_file():
-        inside = _model_inside(path) if path.is_dir() else None
-        if inside is not None:
-            raise CheckpointError(f"{path} has no {CONFIG_NAME}: {inside}")
-        what = "does not exist" if not path.exists() else f"has no {CONFIG_NAME}"
-        raise CheckpointError(f"{path} {what}; expected a model directory ({CONFIG_NAME} + {WEIGHTS_NAME}) written "
-                              "by save_pretrained (a training run keeps its final model in <out_dir>/final)")
-    try:
-        meta = json.loads(cfile.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{cfile} is not valid JSON ({e}); the file is corrupted: save the model again") from e
-    if not isinstance(meta, dict) or meta.get("format") != "elastic_ssm" or not isinstance(meta.get("config"), dict):
-        raise CheckpointError(f"{cfile} is not an elastic_ssm model record (a JSON object with format "
-                              "'elastic_ssm' and a config mapping); give a directory written by save_pretrained")
-    if not isinstance(meta.get("arch"), str) or not meta["arch"]:
-        raise CheckpointError(f"{cfile} names no model arch ('arch': essh, es_ssm, transformer or matformer); "
-                              "the file is corrupted: save the model again")
-    _check_record_fields(cfile, meta)
-    return meta
-
-
-def _check_record_fields(cfile: Path, meta: dict[str, Any]) -> None:
-    """A ``CheckpointError`` naming ``cfile`` when a key that loading reads holds another JSON type than
-    ``save_pretrained`` writes (``RECORD_TYPES``), the weights' piece digests are malformed, or the record is of a
-    newer format than this library reads."""
-    for key, kind in RECORD_TYPES.items():
-        value = meta.get(key)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            raise CheckpointError(f"{cfile}: '{key}' holds {type(value).__name__} {str(value)[:40]!r} where "
-                                  f"save_pretrained writes {_JSON_NAMES[kind]}; the file is corrupted or was "
-                                  "edited by hand: save the model again")
-    pieces = meta.get("weights_sha256_pieces")
-    if pieces is not None and not (isinstance(pieces.get("piece_bytes"), int) and pieces["piece_bytes"] > 0
-                                   and isinstance(pieces.get("digests"), list)):
-        raise CheckpointError(f"{cfile}: 'weights_sha256_pieces' needs a positive 'piece_bytes' and a 'digests' "
-                              "list; the file is corrupted or was edited by hand: save the model again")
-    if meta.get("format_version", FORMAT_VERSION) > FORMAT_VERSION:
-        raise CheckpointError(f"{cfile} is of format version {meta['format_version']}, newer than the "
-                              f"{FORMAT_VERSION} this elastic_ssm reads: upgrade elastic_ssm to load it")
-
-
-def _model_inside(path: Path) -> str | None:
-    """Where the model is when ``path`` is a training run or one of its checkpoints (a run's ``final/``, a
-    checkpoint's ``model/``, an unfinished run's newest checkpoint's), said as the end of an error; else None."""
-    if (path / "final" / CONFIG_NAME).is_file():
-        return f"it is a training run; its model is {path / 'final'}"
-    if (path / "model" / CONFIG_NAME).is_file():
-        return f"it is a training checkpoint; its model is {path / 'model'}"
-    saved = sorted(path.glob(f"*/step_*/model/{CONFIG_NAME}"), key=lambda f: f.stat().st_mtime)
-    if saved:
-        return f"it is an unfinished training run; its newest checkpoint's model is {saved[-1].parent}"
-    return None
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 26) -> str:
-    """The sha256 hex digest of a file, read in ``chunk``-byte pieces (constant memory)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def verify_sha256(path: str | Path, expected: str | None, pieces: dict | None = None) -> None:
-    """Raise ``CheckpointError`` naming ``path`` when its bytes differ from what was written: by the piece
-    digests when given (parallel, ``models/checksums.py``), else by the whole-file sha256 ``expected``
-    (None: unchecked)."""
-    if pieces:
-        from .checksums import mismatched_piece
-
-        bad = mismatched_piece(path, pieces)
-        if bad is not None:
-            raise CheckpointError(f"{path}: sha256 checksum mismatch in bytes {bad[0]}..{bad[1]} (the bytes changed "
-                                  "after they were written: disk or copy corruption); restore the file from a good "
-                                  "copy or save the model again")
-        return
-    if expected and file_sha256(path) != expected:
-        raise CheckpointError(f"{path}: sha256 checksum mismatch (the bytes changed after they were written: disk "
-                              "or copy corruption); restore the file from a good copy or save the model again")
 
 
 @runtime_checkable
@@ -407,61 +313,6 @@ class ElasticModel(nn.Module):
 
     def load_tier_state(self, state: dict[str, torch.Tensor]) -> None:
         _load_strict(self, state, "state dict")
-
-
-def _exported_tier(source: dict[str, Any]) -> str | None:
-    """The source tier's name when ``source`` (``config.json``'s record) is that of a standalone export."""
-    return source.get("tier") if source.get("parent_config") else None
-
-
-def _old_export_alias(config: Any, source: dict[str, Any], tier: TierLike) -> TierLike:
-    """``tier``, or None (the whole model) when it names the source tier of a standalone export written before
-    configs kept ``tier_names``: such an export (``exports/T4``) calls its one tier T1 and answers to both names,
-    when it is loaded (``_tier_of_directory``) and in every verb that resolves a tier on the loaded model
-    (``eval --tiers T4``, ``serve --tiers T4``)."""
-    exported = _exported_tier(source)
-    one = len(tiers_mod.tier_table(config)) == 1 and not getattr(config, "tier_names", None)
-    return None if one and exported and isinstance(tier, str) and tier.strip() == exported else tier
-
-
-def export_tier_aliases(model: Any) -> dict[str, str]:
-    """``{source tier name: its one tier's name}`` for a standalone export written before configs kept
-    ``tier_names`` (it calls its one tier T1 and answers to both names, ``_old_export_alias``), else ``{}``:
-    the names a server accepts for such an export beside its own (``serve/protocol.resolve_model_field``)."""
-    source = dict(getattr(model, "source", None) or {})
-    exported = _exported_tier(source)
-    if exported and _old_export_alias(model.config, source, exported) is None:
-        return {exported: tiers_mod.tier_table(model.config)[0].name}
-    return {}
-
-
-def _tier_of_directory(config: Any, tier: TierLike, source: dict[str, Any], path: Path) -> tiers_mod.Tier | None:
-    """``tier`` of the saved ``config``; None (the whole model, its ``source`` kept) when the directory is a
-    standalone export and ``tier`` names its full model (``exports/T4`` loaded with ``tier="T4"``; an export
-    written before configs kept ``tier_names`` calls its one tier T1 and is matched by its source's name). Any
-    other unknown name is the config's ``ValueError``, which for an export also says what the directory holds."""
-    exported = _exported_tier(source)
-    if _old_export_alias(config, source, tier) is None:     # an older export's source name: its whole model
-        return None
-    try:
-        t = tiers_mod.resolve_tier(config, tier)
-    except ValueError as e:
-        if exported is not None:
-            raise ValueError(f"{e}; {path} is a standalone export of tier {exported}: load it whole (no tier, or "
-                             f"tier={exported!r})") from None
-        raise
-    return None if exported is not None and t == tiers_mod.tier_table(config)[-1] else t
-
-
-def _saved_tokenizer(path: Path, record: dict[str, Any] | None) -> Any:
-    """The tokenizer saved in ``path``; None (with a warning) when it needs a package that is missing."""
-    from ..data.tokenizer_files import load_saved_tokenizer
-
-    try:
-        return load_saved_tokenizer(path, record)
-    except ImportError as e:
-        warnings.warn(f"{path}: the saved tokenizer was not loaded ({e})", stacklevel=3)
-        return None
 
 
 def _check_loaded_values(state: dict[str, torch.Tensor], keep_fp32: str, origin: Any) -> None:

@@ -31,7 +31,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..data.tokenizer_files import resolve_tokenizer
-from ..models.base import export_tier_aliases
+from ..models.model_dir import export_tier_aliases
 from .engine import PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .metrics import CONTENT_TYPE, Metrics

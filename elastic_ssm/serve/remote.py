@@ -150,7 +150,7 @@ def model_view(path: str) -> Any:
     import torch
 
     from ..models import saved_model_class
-    from ..models.base import _saved_tokenizer
+    from ..models.model_dir import _saved_tokenizer
 
     cls = saved_model_class(path)
     config, meta = cls.read_config(path)

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..models.base import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, file_sha256
+from ..models.model_dir import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, file_sha256
 from ..utils.files import atomic_write_bytes, free_stamped_path, fsync_dir
 from .dist import DistContext, barrier, broadcast_object, is_sharded
 

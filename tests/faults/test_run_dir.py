@@ -15,7 +15,7 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
-from elastic_ssm.models.base import CheckpointError
+from elastic_ssm.models.model_dir import CheckpointError
 from elastic_ssm.train.checkpoint import file_sha256
 
 

@@ -312,7 +312,7 @@ def test_weight_piece_digests_find_a_flipped_byte(tmp_path):
     import json
 
     from elastic_ssm.models import checksums
-    from elastic_ssm.models.base import CheckpointError
+    from elastic_ssm.models.model_dir import CheckpointError
 
     model = es.ESSH(es.ESSHConfig.preset("tiny"))
     model.save_pretrained(tmp_path)

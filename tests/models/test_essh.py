@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm.models.base import CheckpointError
+from elastic_ssm.models.model_dir import CheckpointError
 from elastic_ssm.models.testing import randomize_selective
 
 

@@ -16,7 +16,7 @@ from torch import nn
 
 import elastic_ssm as es
 from elastic_ssm.config import model_config_from_dict
-from elastic_ssm.models.base import CheckpointError
+from elastic_ssm.models.model_dir import CheckpointError
 from elastic_ssm.models.testing import randomize_selective
 
 LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_layout"

@@ -446,7 +446,7 @@ def test_an_export_written_before_tier_names_is_served_under_both_names():
     eval, generate and ``serve --tiers`` took T4 as its name, a request's ``model: "T4@T4"`` was refused."""
     from pathlib import Path
 
-    from elastic_ssm.models.base import export_tier_aliases
+    from elastic_ssm.models.model_dir import export_tier_aliases
 
     path = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_export" / "T4"
     model = es.ESSH.from_pretrained(path)
