@@ -19,10 +19,14 @@ h11's):
 * both refusals are a raw response in the API's error shape with ``connection: close``, and the connection
   closes; after a 431 the server first shuts its side, reads and drops what the client still sends for up to
   ``LINGER_S`` seconds (so its pending upload does not turn the close into a reset that destroys the answer);
-* ``write_timeout``: when the client does not take the server's output (the transport's write buffer stays
-  above its high-water mark, uvicorn's ``pause_writing``) for that many seconds, the connection is aborted: the
-  response ends (uvicorn reports the disconnect to the app), and the request's places under the connection caps
-  are given back;
+* ``write_timeout``: when the client takes (almost) none of the server's output for that many seconds, the
+  connection is aborted: the response ends (uvicorn reports the disconnect to the app), and the request's places
+  under the connection caps are given back. On Linux "takes" is the kernel's count of bytes the client
+  acknowledged (``TCP_INFO``): at least 4 KiB, or all that is pending, per ``write_timeout``, checked while a
+  request runs or output is pending (a zero window's probes, or a client taking a few bytes at a time, do not
+  count), so the socket buffers (megabytes on a fast link, with the kernel's autotuning) no longer hide a client
+  that stopped reading. Elsewhere: the transport's write buffer staying above its high-water mark (uvicorn's
+  ``pause_writing``) for that long;
 * an answer that starts while its request's body is still arriving (413, 408, 401, 415...) closes the
   connection after it (``connection: close``): kept alive, the parser would wait for the rest of the declared
   body and swallow the client's next request as part of it.
@@ -34,6 +38,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import struct
+import time
 from collections.abc import Callable
 
 from .protocol import error_body
@@ -46,6 +53,27 @@ MAX_HEADER_BYTES = 64 * 1024     #: the default bound on one request's request l
 LINGER_S = 2.0                   #: how long a refused connection drops what the client still sends before closing
 _STEP = 8192                     #: body bytes fed to the parser at once (bounds the count of a pipelined head)
 _CLOSE = (b"connection", b"close")
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+_PROGRESS_BYTES = 4096          #: what the peer must acknowledge of pending output, per write timeout, to progress
+_ACKED_AT = 120                  #: offset of ``tcpi_bytes_acked`` (a u64) in Linux's ``struct tcp_info`` (4.1+)
+
+
+def _unacked(sock) -> tuple[int, int] | None:
+    """(bytes the peer acknowledged, bytes in the send queue not yet acknowledged) of a TCP socket, from Linux's
+    ``TCP_INFO`` and ``SIOCOUTQ``; None where they are not available."""
+    if _TCP_INFO is None or sock is None:
+        return None
+    try:
+        import fcntl
+        import termios
+
+        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _ACKED_AT + 8)
+        queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, ValueError, AttributeError, ImportError):
+        return None
+    if len(info) < _ACKED_AT + 8:
+        return None
+    return struct.unpack_from("Q", info, _ACKED_AT)[0], queued
 _PHRASES = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
@@ -96,6 +124,9 @@ def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], No
         _waiting_for = None   # the cycle current when the deadline was armed: a new one means headers arrived
         _stall = None         # the write-stall timer, while the transport's write buffer is above its high-water mark
         _linger = None        # set once the connection is refused: the timer of its final close
+        _watch = None         # the write-progress timer (TCP_INFO), while a request runs or output is pending
+        _acked = -1           # the peer's acknowledged bytes at the last progress
+        _progress_at = 0.0    # when the peer last acknowledged a byte (or nothing was pending)
         _in_head = True       # httptools: a request's head is arriving (from its first byte to its headers' end)
         _head_bytes = 0       # httptools: its bytes so far (a pipelined head: from the 8 KiB piece it began in)
 
@@ -176,6 +207,7 @@ def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], No
                 return
             if self._deadline is not None and self.cycle is not self._waiting_for:
                 self._disarm()          # a request's headers are complete: its cycle runs untimed here
+                self._watch_writes()
             self._close_after_early_answer()
 
         def _feed_bounded(self, data: bytes) -> None:
@@ -219,9 +251,37 @@ def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], No
             if not self.transport.is_closing() and not started:
                 self._arm()
 
+        def _watch_writes(self) -> None:
+            """Start the write-progress check of the module docstring (Linux; elsewhere ``pause_writing``'s)."""
+            if write_timeout is None or self._watch is not None or self._stall is not None:
+                return
+            self._acked, self._progress_at = -1, time.monotonic()
+            self._check_writes()
+
+        def _check_writes(self) -> None:
+            self._watch = None
+            if self.transport.is_closing() and self._linger is None and not self.transport.get_write_buffer_size():
+                return
+            state = _unacked(self.transport.get_extra_info("socket"))
+            if state is None:                            # no TCP_INFO here: pause_writing's timer instead
+                self._watch = False
+                return
+            acked, queued = state
+            pending = queued + self.transport.get_write_buffer_size()
+            now = time.monotonic()
+            if not pending or acked - self._acked >= min(pending, _PROGRESS_BYTES) or self._acked < 0:
+                self._acked, self._progress_at = acked, now
+            elif now - self._progress_at >= write_timeout:
+                self._write_stalled()
+                return
+            if pending or (self.cycle is not None and not self.cycle.response_complete):
+                self._watch = self.loop.call_later(min(1.0, write_timeout / 4), self._check_writes)
+
         def pause_writing(self) -> None:
             super().pause_writing()
-            if write_timeout is not None and self._stall is None:
+            if self._watch is None:                      # the progress check is not running: start it
+                self._watch_writes()
+            if write_timeout is not None and self._stall is None and self._watch is False:
                 self._stall = self.loop.call_later(write_timeout, self._write_stalled)
 
         def resume_writing(self) -> None:
@@ -232,15 +292,15 @@ def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], No
 
         def _write_stalled(self) -> None:
             self._stall = None       # a closing transport waits for its buffer to drain: it is aborted too
-            log.info("dropped a connection from %s that took none of its pending output for %g s", self._who(),
+            log.info("dropped a connection from %s that took (almost) none of its pending output for %g s", self._who(),
                      write_timeout)
             self.count_refusal("stalled_reader")
             self.transport.abort()
 
         def connection_lost(self, exc) -> None:
             self._disarm()
-            for timer in (self._stall, self._linger):
-                if timer is not None:
+            for timer in (self._stall, self._linger, self._watch):
+                if timer:
                     timer.cancel()
             super().connection_lost(exc)
 

@@ -151,3 +151,41 @@ def test_a_foreign_host_gets_421_and_a_body_that_is_not_json_415(port):
         status, _, body = _ask(port, "POST", "/v1/completions", {"prompt": "hi"}, headers={"content-type": kind})
         assert status == 415 and json.loads(body)["error"]["code"] == 415, (kind, body)
     assert _complete(port, headers={"content-type": None}) == 200      # no Content-Type: read as JSON
+
+
+def _stalled(port, source):
+    """A streaming request for 100,000 tokens whose client never reads (a 4 KiB receive buffer)."""
+    conn = _connect(port, source, rcvbuf=4096)
+    body = json.dumps({"prompt": "hi", "max_tokens": 100000, "stream": True}).encode()
+    conn.sendall(_raw("POST", "/v1/completions", body, port=port))
+    return conn
+
+
+def _until(what, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if what():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_clients_that_stop_reading_are_dropped_and_give_their_places_back(port):
+    """Two stalled streams from 127.0.0.1 fill its cap (a forged X-Forwarded-For does not escape it; /health
+    answers), a third from 127.0.0.2 fills the server's (/health answers); after --timeout without taking any
+    output the three are dropped and both caps take requests again."""
+    held = [_stalled(port, "127.0.0.1"), _stalled(port, "127.0.0.1")]
+    assert _until(lambda: _complete(port) == 429, 10)
+    assert _complete(port, headers={"x-forwarded-for": "10.9.9.9"}) == 429     # no proxy is trusted
+    assert _ask(port, "GET", "/health")[0] == 200                               # at the per-client cap
+    held.append(_stalled(port, "127.0.0.2"))
+    assert _until(lambda: _complete(port, "127.0.0.3") == 503, 10)
+    assert _ask(port, "GET", "/health", source="127.0.0.3")[0] == 200           # at the server's cap
+    start = time.monotonic()
+    assert _until(lambda: _complete(port, "127.0.0.3") == 200 and _complete(port) == 200, 60)
+    assert time.monotonic() - start < 60
+    for conn in held:                     # each was closed: what the buffers held, then the end, at once
+        conn.settimeout(10)
+        start = time.monotonic()
+        assert len(_read_all(conn)) < 20 << 20 and time.monotonic() - start < 10
+        conn.close()
