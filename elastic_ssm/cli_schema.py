@@ -291,7 +291,13 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
                                       "capped at twice this", minimum=1)
     timeout: float = flag(30.0, "seconds a client may take to send its headers, its body, or to read pending "
                                 "output before its request is dropped (408) and its slot freed", above=0)
-
+    max_header_bytes: int = flag(65536, "largest request line and headers of one request, in bytes (431 and the "
+                                        "connection closed beyond)", minimum=1024)
+    allowed_hosts: str | None = flag(None, "comma-separated Host names accepted without --api_key besides "
+                                           "localhost, the loopback addresses and --host ('*': any; others: 421)")
+    forwarded_allow_ips: str | None = flag(None, "comma-separated addresses of trusted reverse proxies whose "
+                                                 "X-Forwarded-For/-Proto name the client ('*': any; default: "
+                                                 "none, the headers are ignored)")
 
 @dataclass(kw_only=True)
 class CalibrateOptions(ModelDirOptions, TiersOptions, DtypeOptions, DeviceOptions):

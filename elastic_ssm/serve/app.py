@@ -9,7 +9,8 @@ chat through the tokenizer's chat template, else a 400) and ``GET /metrics`` (``
 A POST body is read within ``--max-body-bytes`` and ``--timeout`` and parsed by ``guard.parse_json`` before FastAPI
 validates it against the route's model (``serve/schema.py``); one handler turns every validation error into a 400
 naming the field. Every refusal is OpenAI's error shape with a one-line message: 400 bad field, 404 unknown model
-name, 408 slow upload, 413 body too large, 429 too many connections from one client, 503 + ``Retry-After`` when
+name, 408 slow upload, 413 body too large, 415 a body that is not JSON, 421 a foreign ``Host``
+without a key, 429 too many connections from one client, 503 + ``Retry-After`` when
 the tier's slots and queue are full; an unexpected exception is a 500 (``guard.Guard``). A request names a tier,
 never a file: nothing in a request can load a model or read a path. One log line per finished request (logger
 ``elastic_ssm.serve``).
@@ -45,7 +46,8 @@ __all__ = ["ServerSettings", "create_app", "Metrics"]
 log = logging.getLogger("elastic_ssm.serve")
 #: the refusals a route documents in /openapi.json, all in OpenAI's error shape (never FastAPI's 422)
 _ERRORS = {"4XX": {"model": ErrorResponse, "description": "refused: 400 a bad field, 401 no key, 404 another model, "
-                   "408 too slow, 413 too large, 429 too many requests from one client"},
+                   "408 too slow, 413 too large, 415 not JSON, 421 another host, 429 too many "
+                   "requests from one client"},
            "5XX": {"model": ErrorResponse, "description": "500 a failure in the server, 503 busy (Retry-After)"}}
 
 
@@ -73,6 +75,9 @@ class ServerSettings:
     body_timeout_s: float = 30.0
     stall_timeout_s: float = 30.0
     chat_template: str | None = None         # Jinja source from --chat_template; None: the directory's own
+    #: ``Host`` names admitted beyond localhost and the loopback addresses when there is no API key (421 for any
+    #: other; ``guard.Guard``): ``serve`` adds its ``--host``; ``*`` admits any; None: no check
+    allowed_hosts: tuple[str, ...] | None = ()
 
     def engine_options(self) -> dict:
         """The ``Engine`` keyword arguments among these settings (admission, prefill and decode choices)."""
@@ -83,6 +88,14 @@ class ServerSettings:
 
 def _json(status: int, body: dict, headers: dict | None = None):
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether a ``Content-Type`` names JSON (``application/json``, any ``application/...+json``; parameters
+    such as ``charset`` aside): anything else is a 415, so that no web page's form or ``text/plain`` post (which a
+    browser sends to another site without asking it first) is read as a request."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 _MARK = "\x00text\x00"
@@ -150,6 +163,10 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             handler = super().get_route_handler()
 
             async def read_first(request):
+                kind = request.headers.get("content-type")
+                if kind is not None and not _is_json(kind):
+                    raise ApiError(415, f"the request body must be JSON (Content-Type: application/json), not "
+                                        f"{kind[:60]!r}; a body without a Content-Type is read as JSON")
                 raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
                 request._body, request._json = raw, parse_json(raw)
                 return await handler(request)
@@ -161,7 +178,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     app.state.engine = remote
     app.state.metrics = metrics
     app.add_middleware(Guard, api_key=settings.api_key, max_connections=settings.max_connections_per_client,
-                       max_body=settings.max_body_bytes, metrics=metrics, max_requests=settings.max_requests)
+                       max_body=settings.max_body_bytes, metrics=metrics, max_requests=settings.max_requests,
+                       allowed_hosts=settings.allowed_hosts)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):

@@ -135,7 +135,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               max_connections_per_client=args.max_connections_per_client,
                               max_requests=args.max_connections,
                               body_timeout_s=args.timeout, stall_timeout_s=args.timeout,
-                              chat_template=chat_template)
+                              chat_template=chat_template,
+                              allowed_hosts=(args.host, *filter(None, (args.allowed_hosts or "").split(","))))
     app = create_app(model, settings, load=functools.partial(load_pretrained, args.checkpoint, device=device,
                                                              dtype=dtype))
     try:
@@ -149,8 +150,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                  default, args.max_batch, args.host, port, http_stack())
         uvicorn.run(app, host=args.host, port=port, log_level="warning", timeout_keep_alive=5,
                     limit_concurrency=uvicorn_connection_limit(args.max_connections),
+                    proxy_headers=bool(args.forwarded_allow_ips), forwarded_allow_ips=args.forwarded_allow_ips or None,
                     http=with_header_deadline(AutoHTTPProtocol, args.timeout,
-                                              functools.partial(app.state.metrics.reject, "http_408")))
+                                              functools.partial(app.state.metrics.reject, "http_408"),
+                                              max_header_bytes=args.max_header_bytes, write_timeout=args.timeout,
+                                              on_refuse=app.state.metrics.reject))
     finally:
         app.state.engine.shutdown()
     return 0

@@ -2,10 +2,15 @@
 
 ``Guard`` is a plain ASGI middleware (it also sees streamed responses end to end):
 
+* without an API key, a ``Host`` header that names neither a loopback name or address (``localhost``,
+  127.0.0.0/8, ``::1``) nor one of ``allowed_hosts`` (the bound host is one; a wildcard bind, ``0.0.0.0`` or ``::``,
+  admits any IP address; ``*`` any host) gets a 421: a web page whose name an attacker points at 127.0.0.1 (DNS
+  rebinding) cannot use a keyless local server (a request without ``Host``, HTTP/1.0, passes);
 * with an API key, every path but ``/health`` needs ``Authorization: Bearer <key>``, compared with
   ``hmac.compare_digest`` (constant time); otherwise 401 with ``WWW-Authenticate: Bearer``;
 * at most ``max_connections`` requests in flight per client address (429 beyond), and at most
   ``max_requests`` from all clients together (503 with ``Retry-After`` beyond, in the API's error shape);
+  ``/health`` counts against neither (a monitor's probe is answered when the server is full);
 * a ``Content-Length`` above ``max_body`` is refused before the body is read (413); ``read_body`` enforces
   the same cap on bodies without a length and a time limit on slow uploads (408), and ends quietly with a 499
   (no one reads it) when the client disconnects during its upload;
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 import sys
@@ -28,7 +34,7 @@ from collections import defaultdict
 
 from .protocol import ApiError, error_body
 
-__all__ = ["Guard", "read_body", "parse_json", "watch_disconnect", "uvicorn_connection_limit"]
+__all__ = ["Guard", "host_allowed", "read_body", "parse_json", "watch_disconnect", "uvicorn_connection_limit"]
 
 log = logging.getLogger("elastic_ssm.serve")
 
@@ -41,13 +47,41 @@ async def _send_error(send, status: int, message: str, headers: dict | None = No
     await send({"type": "http.response.body", "body": body})
 
 
+def _ip(name: str):
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
+    """Whether a request's ``Host`` header ``value`` names this server (see ``Guard``); ``allowed``: lower-case
+    names or addresses beyond the loopback ones (``0.0.0.0`` / ``::``: any IP address; ``*``: any host)."""
+    if value is None or "*" in allowed:
+        return True
+    host = value.decode("latin-1").strip().lower()
+    if host.startswith("["):                        # [::1]:8000
+        name = host[1:host.find("]")] if "]" in host else host
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.rstrip(".")
+    ip = _ip(name)
+    if name == "localhost" or name in allowed or (ip is not None and ip.is_loopback):
+        return True
+    return ip is not None and bool(allowed & {"0.0.0.0", "::"})
+
+
 class Guard:
-    """ASGI middleware: key, connection caps, body cap, the last word on a failure (see the module docstring)."""
+    """ASGI middleware: host, key, connection caps, body cap, the last word on a failure (module docstring).
+
+    ``allowed_hosts``: the ``Host`` names admitted beyond the loopback ones (None: no ``Host`` check; an API key
+    turns it off too)."""
 
     def __init__(self, app, api_key: str | None, max_connections: int, max_body: int, metrics=None,
-                 max_requests: int | None = None) -> None:
+                 max_requests: int | None = None, allowed_hosts=()) -> None:
         self.app, self.max_connections, self.max_body, self.metrics = app, max_connections, max_body, metrics
         self.max_requests = max_requests
+        self._hosts = None if api_key or allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
         self._key = f"Bearer {api_key}".encode() if api_key else None
         self._open: dict[str, int] = defaultdict(int)
         self._in_flight = 0
@@ -61,6 +95,11 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
+        if self._hosts is not None and not host_allowed(headers.get(b"host"), self._hosts):
+            self._reject("misdirected_host")
+            await _send_error(send, 421, "this server answers requests for its own address only: without an API "
+                                         "key, a Host other than localhost or a loopback address needs --allowed_hosts")
+            return
         if self._key is not None and scope.get("path") != "/health":
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self._key):
@@ -72,6 +111,9 @@ class Guard:
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             self._reject("body_too_large")
             await _send_error(send, 413, f"request body over {self.max_body} bytes")
+            return
+        if scope.get("path") == "/health":       # outside the caps, as outside the key
+            await self._run(scope, receive, send)
             return
         client = (scope.get("client") or ("unknown", 0))[0]
         if self._open[client] >= self.max_connections:
@@ -87,6 +129,15 @@ class Guard:
         self._open[client] += 1
         self._in_flight += 1
         try:
+            await self._run(scope, receive, send)
+        finally:
+            self._in_flight -= 1
+            self._open[client] -= 1
+            if not self._open[client]:
+                del self._open[client]
+
+    async def _run(self, scope, receive, send) -> None:
+        try:
             await self.app(scope, receive, send)
         except Exception as e:          # a bug, not the client's fault: one line, a counter, OpenAI's 500
             where = traceback.extract_tb(e.__traceback__)[-1]
@@ -99,11 +150,6 @@ class Guard:
                                              "serving: retry, or report it with the server's log")
             except Exception:           # the answer had started (a stream): it ends here
                 pass
-        finally:
-            self._in_flight -= 1
-            self._open[client] -= 1
-            if not self._open[client]:
-                del self._open[client]
 
 
 def uvicorn_connection_limit(max_requests: int) -> int:

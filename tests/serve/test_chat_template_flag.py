@@ -25,7 +25,8 @@ def model_dir(tiny_dir):
 
 
 def _client(path, template=None):
-    settings = ServerSettings(name="tiny", tiers=["T10"], default_tier="T10", slots=2, chat_template=template)
+    settings = ServerSettings(name="tiny", tiers=["T10"], default_tier="T10", slots=2, chat_template=template,
+                              allowed_hosts=("testserver",))          # TestClient's Host
     return TestClient(create_app(es.ESSH.from_pretrained(path), settings))
 
 

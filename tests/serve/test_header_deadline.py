@@ -28,10 +28,26 @@ def _bases():
     return bases + [HttpToolsProtocol]
 
 
+STREAMS_ENDED: list[float] = []   # when each ``/stream`` learned that its client was gone
+
+
+async def _stream(receive, send):
+    """64 KiB chunks until the client is gone (uvicorn's ``receive`` then says ``http.disconnect``)."""
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    gone = asyncio.ensure_future(receive())
+    while not gone.done():
+        await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+        await asyncio.sleep(0)
+    STREAMS_ENDED.append(time.monotonic())
+
+
 async def _app(scope, receive, send):
-    """``/slow`` answers after twice the deadline; every path answers its own name."""
+    """``/slow`` answers after twice the deadline, ``/stream`` streams until its client leaves; every other path
+    answers its own name (a POST without reading its body)."""
     if scope["type"] != "http":
         return
+    if scope["path"] == "/stream":
+        return await _stream(receive, send)
     if scope["path"] == "/slow":
         await asyncio.sleep(2 * DEADLINE)
     body = scope["path"].encode()
@@ -47,9 +63,11 @@ def server(request):
     TIMEOUTS.clear()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    STREAMS_ENDED.clear()
     config = uvicorn.Config(_app, log_level="warning", timeout_keep_alive=30, lifespan="off",
                             http=with_header_deadline(request.param, DEADLINE,
-                                                      lambda: TIMEOUTS.append(time.monotonic())))
+                                                      lambda: TIMEOUTS.append(time.monotonic()),
+                                                      write_timeout=DEADLINE))
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -134,3 +152,72 @@ def test_the_408_is_one_well_formed_response():
     assert json.loads(body)["error"]["code"] == 408
     with pytest.raises(ValueError, match="positive"):
         with_header_deadline(H11Protocol, 0)
+
+
+def _head(size: int, path: bytes = b"/") -> bytes:
+    """A GET whose request line and headers are ``size`` bytes in all."""
+    start, end = b"GET %s HTTP/1.1\r\nhost: x\r\nx-big: " % path, b"\r\n\r\n"
+    return start + b"a" * (size - len(start) - len(end)) + end
+
+
+def test_a_header_block_over_the_bound_gets_a_431_and_the_connection_closes(server):
+    """The bound holds for the whole head, as it arrives, with either parser: one 1 MB header (sent while another
+    connection is answered), many small ones, a long path, after a first request kept alive."""
+    conn = _connect(server)
+    sender = threading.Thread(target=lambda: _send_quietly(conn, _head(1 << 20)), daemon=True)
+    sender.start()
+    other = _connect(server)
+    other.sendall(REQUEST % b"meanwhile")
+    assert _response(other).endswith(b"/meanwhile")
+    data = _read_all(conn)                         # the 431, then the end of the connection
+    assert data.startswith(b"HTTP/1.1 431 ") and b"connection: close" in data, data[:200]
+    assert json.loads(data.partition(b"\r\n\r\n")[2])["error"]["code"] == 431
+    sender.join(5)
+    many = b"GET / HTTP/1.1\r\nhost: x\r\n" + b"x-h: 0123456789abcdef\r\n" * 4000 + b"\r\n"
+    long_path = b"POST /" + b"p" * 70000 + b" HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n"
+    for head in (many, long_path, _head(65537)):
+        conn = _connect(server)
+        _send_quietly(conn, head)
+        assert _read_all(conn).startswith(b"HTTP/1.1 431 "), head[:40]
+    conn = _connect(server)                        # at the bound: answered, and the next one on it too
+    conn.sendall(_head(65536, b"/first"))
+    assert _response(conn).endswith(b"/first")
+    _send_quietly(conn, _head(200000))
+    assert _read_all(conn).startswith(b"HTTP/1.1 431 ")
+
+
+def _send_quietly(conn, data: bytes) -> None:
+    try:
+        conn.sendall(data)
+    except OSError:
+        pass
+
+
+def test_an_answer_before_the_whole_body_closes_the_connection(server):
+    """Kept alive, the parser would read the client's next request as the rest of the declared body."""
+    conn = _connect(server)
+    conn.sendall(b"POST /early HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000\r\n\r\n")
+    head = _response(conn)
+    assert head.endswith(b"/early") and b"connection: close" in head.lower()
+    _send_quietly(conn, REQUEST % b"next")
+    try:
+        assert conn.recv(65536) == b""            # closed: the next request is not swallowed
+    except ConnectionResetError:
+        pass
+    conn = _connect(server)                        # a body sent whole with its head: kept alive as before
+    conn.sendall(b"POST /whole HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello")
+    assert b"connection: close" not in _response(conn).lower()
+    conn.sendall(REQUEST % b"again")
+    assert _response(conn).endswith(b"/again")
+
+
+def test_a_client_that_stops_reading_is_dropped(server):
+    conn = socket.socket()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    conn.connect(server)
+    conn.sendall(REQUEST % b"stream")              # and never reads
+    start = time.monotonic()
+    while not STREAMS_ENDED and time.monotonic() - start < 10:
+        time.sleep(0.05)
+    assert STREAMS_ENDED and STREAMS_ENDED[0] - start < DEADLINE + 5
+    conn.close()

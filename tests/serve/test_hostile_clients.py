@@ -17,7 +17,8 @@ from elastic_ssm.serve.app import ServerSettings, create_app  # noqa: E402
 
 def _client(path, **kw):
     model = es.ESSH.from_pretrained(path)
-    settings = ServerSettings(name="tiny", tiers=["T1", "T10"], default_tier="T10", slots=2, **kw)
+    settings = ServerSettings(name="tiny", tiers=["T1", "T10"], default_tier="T10", slots=2,
+                              allowed_hosts=("testserver",), **kw)
     return TestClient(create_app(model, settings))
 
 

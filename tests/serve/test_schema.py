@@ -17,7 +17,8 @@ from elastic_ssm.serve.app import ServerSettings, create_app  # noqa: E402
 
 def _client(path, **kw):
     model = es.ESSH.from_pretrained(path)
-    settings = ServerSettings(name="tiny", tiers=["T1", "T10"], default_tier="T10", slots=2, max_tokens_limit=32, **kw)
+    settings = ServerSettings(name="tiny", tiers=["T1", "T10"], default_tier="T10", slots=2, max_tokens_limit=32,
+                              allowed_hosts=("testserver",), **kw)
     return TestClient(create_app(model, settings))
 
 
@@ -65,8 +66,13 @@ def test_each_bad_field_is_a_400_that_names_it(tiny_dir):
             assert error["type"] == "invalid_request_error" and len(error["message"]) < 200
             field = words.split()[0].split(".")[0]
             assert error["param"] == (None if field == "the" else field)
-        plain = c.post("/v1/completions", content=b'{"prompt": "hi"}', headers={"Content-Type": "text/plain"})
-        assert plain.status_code == 400 and "Content-Type: application/json" in plain.json()["error"]["message"]
+        for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""):
+            plain = c.post("/v1/completions", content=b'{"prompt": "hi"}', headers={"Content-Type": kind})
+            assert plain.status_code == 415, (kind, plain.text)      # what a web page may post to another site
+            assert "Content-Type: application/json" in plain.json()["error"]["message"]
+        for kind in ("application/json; charset=utf-8", "APPLICATION/JSON", "application/vnd.x+json"):
+            r = c.post("/v1/completions", content=b'{"prompt": "hi", "max_tokens": 1}', headers={"Content-Type": kind})
+            assert r.status_code == 200, (kind, r.text)
         ok = c.post("/v1/completions", content=b'{"prompt": "hi", "max_tokens": 2, "temperature": null, "n": 1}')
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2     # null: the default
 
@@ -126,3 +132,28 @@ def test_a_chat_body_is_validated_as_a_chat_request(tiny_dir, tmp_path):
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
                                                  "max_completion_tokens": 3, "max_tokens": 1})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3    # chat's name wins
+
+
+def test_without_a_key_only_local_hosts_are_answered(tiny_dir):
+    """DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 reaches a keyless local server
+    with ``Host: evil.example``: a 421 on every path. Loopback names and addresses, and ``allowed_hosts``, pass; a
+    key turns the check off (the key is the protection then)."""
+    model = es.ESSH.from_pretrained(tiny_dir)
+
+    def app(**kw):
+        return create_app(model, ServerSettings(name="tiny", tiers=["T1"], default_tier="T1", slots=1, **kw))
+
+    with TestClient(app(allowed_hosts=("my.lan",))) as c:
+        for host in ("evil.example", "evil.example:8000", "localhost.evil.example", "10.0.0.1", "[::2]:80"):
+            for r in (c.get("/health", headers={"Host": host}), c.get("/v1/models", headers={"Host": host}),
+                      c.post("/v1/completions", json={"prompt": "hi"}, headers={"Host": host})):
+                assert r.status_code == 421 and r.json()["error"]["code"] == 421, (host, r.text)
+        for host in ("localhost", "LOCALHOST:8000", "127.0.0.1:9", "127.3.4.5", "[::1]:8000", "my.lan", "my.lan:80"):
+            assert c.get("/v1/models", headers={"Host": host}).status_code == 200, host
+        assert 'elastic_ssm_rejected_total{reason="misdirected_host"} 15.0' in c.get(
+            "/metrics", headers={"Host": "localhost"}).text
+    with TestClient(app(allowed_hosts=("0.0.0.0",))) as c:          # a wildcard bind: any address, no other name
+        assert c.get("/v1/models", headers={"Host": "192.168.1.5:8000"}).status_code == 200
+        assert c.get("/v1/models", headers={"Host": "evil.example"}).status_code == 421
+    with TestClient(app(api_key="k")) as c:
+        assert c.get("/v1/models", headers={"Host": "evil.example", "Authorization": "Bearer k"}).status_code == 200

@@ -29,7 +29,8 @@ def model_dir(tmp_path_factory):
 def _client(path, **kw):
     model = es.ESSH.from_pretrained(path)
     settings = ServerSettings(name="tiny", tiers=["T1", "T10"], default_tier="T10", slots=2,
-                              **{"max_body_bytes": 4000, "max_prompt_tokens": 64, "max_tokens_limit": 32, **kw})
+                              **{"max_body_bytes": 4000, "max_prompt_tokens": 64, "max_tokens_limit": 32,
+                                 "allowed_hosts": ("testserver",), **kw})
     return TestClient(create_app(model, settings))
 
 
@@ -212,9 +213,11 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
     assert issubclass(kw["http"], AutoHTTPProtocol) and kw["http"].__name__.startswith("HeaderDeadline")
     assert kw["http"].deadline_s == 30.0                                      # --timeout's default
+    assert (kw["http"].max_header_bytes, kw["http"].write_timeout_s) == (65536, 30.0)
+    assert kw["proxy_headers"] is False and settings[-1].allowed_hosts == ("0.0.0.0",)   # no proxy trusted
     kw["http"].count_timeout()                                                # a connection closed by it
     assert (settings[-1].slots, settings[-1].max_prefill) == (2, 2)           # --max-prefill 0: --max-batch
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://localhost") as c:       # no key: the Host must be a local name
         assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["tiny", "tiny@T1", "tiny@T4"]
         assert 'elastic_ssm_rejected_total{reason="http_408"} 1' in c.get("/metrics").text
     caplog.clear()
@@ -222,8 +225,12 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
     t3 = es.tier_table(es.ESSHConfig.preset("tiny"))[2].params
     with caplog.at_level("WARNING", logger="elastic_ssm.serve"):
         assert main(["serve", str(model_dir), "--tiers", "T1", "--tier", "auto", "--max-params", str(t3),
-                     "--device", "cpu", "--max-batch", "1", "--max-prefill", "4"]) == 0
+                     "--device", "cpu", "--max_batch", "1", "--max_prefill", "4", "--max_header_bytes", "4096",
+                     "--forwarded_allow_ips", "10.0.0.1", "--allowed_hosts", "a.lan,b.lan"]) == 0
     assert settings[-1].max_prefill == 1                                       # at most --max-batch
+    assert (runs[-1][1]["proxy_headers"], runs[-1][1]["forwarded_allow_ips"]) == (True, "10.0.0.1")
+    assert runs[-1][1]["http"].max_header_bytes == 4096
+    assert settings[-1].allowed_hosts == ("127.0.0.1", "a.lan", "b.lan")
     assert "without an API key" not in caplog.text and runs[-1][1]["host"] == "127.0.0.1"
     with TestClient(runs[-1][0]) as c:
         assert c.get("/v1/models").status_code == 401
@@ -452,7 +459,7 @@ def test_an_export_written_before_tier_names_is_served_under_both_names():
     model = es.ESSH.from_pretrained(path)
     assert export_tier_aliases(model) == {"T4": "T1"}
     assert export_tier_aliases(es.ESSH(es.ESSHConfig.preset("tiny"))) == {}
-    settings = ServerSettings(name="T4", tiers=["T1"], default_tier="T1", slots=1)
+    settings = ServerSettings(name="T4", tiers=["T1"], default_tier="T1", slots=1, allowed_hosts=("testserver",))
     with TestClient(create_app(model, settings)) as c:
         for fields in ({"model": "T4@T4"}, {"model": "T4@t4"}, {"model": "T4@T1"}, {"tier": "T4"}, {"model": "T4"}):
             r = c.post("/v1/completions", json={"prompt": "de", "max_tokens": 2, **fields})
