@@ -169,7 +169,7 @@ def test_calibrate_and_generate_across_runs(tiny, tmp_path, capsys):
 def test_eval_updates_the_quality_record_and_keeps_an_incomparable_one(tiny, tmp_path, capsys):
     d = tmp_path / "m"
     tiny.save_pretrained(d)
-    small = ["--seq-len", "32", "--batch-size", "2", "--batches", "2"]
+    small = ["--seq_len", "32", "--batch_size", "2", "--batches", "2", "--write_quality"]
     assert main(["eval", str(d), "--tiers", "all", *small]) == 0
     full = json.loads((d / "tier_quality.json").read_text())
     assert len(full["tiers"]) == 10 and full["metric"] == "bpb" and full["window"] == 32
@@ -177,7 +177,7 @@ def test_eval_updates_the_quality_record_and_keeps_an_incomparable_one(tiny, tmp
     assert main(["eval", str(d), "--tiers", "T1,T4,0.45", *small]) == 0       # comparable: merged
     assert json.loads((d / "tier_quality.json").read_text())["tiers"] == full["tiers"]   # same numbers again
     capsys.readouterr()
-    assert main(["eval", str(d), "--tiers", "T1,0.45", "--quality-metric", "loss", *small]) == 0
+    assert main(["eval", str(d), "--tiers", "T1,0.45", "--quality_metric", "loss", *small]) == 0
     err = [x for x in capsys.readouterr().err.splitlines() if "not comparable" in x]
     [aside] = _asides(d, "tier_quality")
     assert len(err) == 1 and "metric 'bpb' -> 'loss'" in err[0] and aside.name in err[0]
@@ -185,7 +185,7 @@ def test_eval_updates_the_quality_record_and_keeps_an_incomparable_one(tiny, tmp
     now = json.loads((d / "tier_quality.json").read_text())
     assert now["metric"] == "loss" and set(now["tiers"]) == {"T1"}
     # --lengths scores tokens cut from the longest windows: not the same windows as --seq-len 32
-    assert main(["eval", str(d), "--tiers", "T1", "--lengths", "32,64", "--quality-metric", "loss",
-                 "--batch-size", "2", "--batches", "2"]) == 0
+    assert main(["eval", str(d), "--tiers", "T1", "--lengths", "32,64", "--quality_metric", "loss",
+                 "--batch_size", "2", "--batches", "2", "--write_quality"]) == 0
     assert "window 32 -> 64" in capsys.readouterr().err
     assert len(_asides(d, "tier_quality")) == 2
