@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import types
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -25,6 +23,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
+from annotated_types import Interval
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 __all__ = ["ConfigBase", "ConfigError", "FlatNameWarning", "opt", "section", "flat_names", "read_yaml_mapping",
            "read_yaml_file", "load_yaml"]
@@ -64,42 +64,71 @@ def section(cls: type, help: str) -> Any:
     return field(default_factory=cls, metadata={"help": help})
 
 
-def _coerce(tp: Any, value: Any, name: str) -> Any:
-    """Coerce a YAML/JSON value to the annotated field type (tuples, nested configs, optionals, unions)."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        if any(isinstance(a, type) and isinstance(value, a) for a in args):
-            return value
-        return _coerce(args[0], value, name)
-    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-        return tp.from_dict(value)
-    if dataclasses.is_dataclass(tp) and not isinstance(value, tp):
-        raise ConfigError(f"{name}: expected a mapping of {tp.__name__} fields, got {value!r}")
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name}: expected a list, got {value!r}")
-        (item,) = typing.get_args(tp)[:1] or (Any,)
-        return tuple(_coerce(item, v, name) for v in value)
-    if tp in (int, float) and isinstance(value, bool):  # YAML `steps: true` is not the number 1
-        raise ConfigError(f"{name}: expected {tp.__name__}, got the boolean {value!r}")
-    if tp is float and isinstance(value, int):
-        value = float(value)
-    if tp is float and isinstance(value, str):
-        # YAML 1.1 (PyYAML) reads 3e-4 without a dot as a string; accept any number float() parses
-        try:
-            value = float(value)
-        except ValueError:
-            raise ConfigError(f"{name}: expected float, got {value!r}") from None
-    if tp is float and isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{name}: expected a finite number, got {value!r}")
-    if tp is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if tp in (int, float, str, bool) and not isinstance(value, tp):
-        raise ConfigError(f"{name}: expected {tp.__name__}, got {value!r}")
-    return value
+_CONFIG = ConfigDict(allow_inf_nan=False)   # lax mode: "3e-4" -> 3e-4, [a, b] -> (a, b), 2.0 -> 2
+_ADAPTERS: dict[type, dict[str, TypeAdapter[Any]]] = {}
+_WORDS = {"greater_than": "must be > {gt:g}", "greater_than_equal": "must be >= {ge:g}", "less_than": "must be < {lt:g}",
+          "less_than_equal": "must be <= {le:g}", "finite_number": "expected a finite number",
+          "literal_error": "must be one of {expected}", "too_short": "must have at least {min_length} item(s)",
+          "too_long": "must have at most {max_length} item(s)"}
+_KINDS = {"float": "float", "int": "int", "string": "str", "bool": "bool", "tuple": "a list", "list": "a list",
+          "frozenset": "a list", "dict": "a mapping"}
+
+
+def _adapters(cls: type) -> dict[str, TypeAdapter[Any]]:
+    """One pydantic ``TypeAdapter`` per field of ``cls`` (built once): the annotated type with its ``Annotated``
+    constraints (``Gt(0)``, ``Interval(ge=0, lt=1)``, ``Literal[...]``). Nested sections are left to their class."""
+    if cls not in _ADAPTERS:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        _ADAPTERS[cls] = {f.name: TypeAdapter(hints[f.name], config=_CONFIG) for f in dataclasses.fields(cls)
+                          if not _section_type(hints[f.name])}
+    return _ADAPTERS[cls]
+
+
+def _section_type(tp: Any) -> type | None:
+    return tp if isinstance(tp, type) and issubclass(tp, ConfigBase) else None
+
+
+def _interval(tp: Any) -> str:
+    """``'[0, 1)'`` for the first ``annotated_types.Interval`` in annotation ``tp`` (items included), else ``''``."""
+    for m in getattr(tp, "__metadata__", ()):
+        if isinstance(m, Interval):
+            lo, hi = ("(", m.gt) if m.gt is not None else ("[", m.ge), (")", m.lt) if m.lt is not None else ("]", m.le)
+            return f"{lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+    return next(filter(None, map(_interval, typing.get_args(tp))), "")
+
+
+def _one_line(name: str, tp: Any, err: ValidationError) -> ConfigError:
+    """The first error of pydantic's ``err`` as one ``ConfigError`` line naming ``name`` (and the item)."""
+    e = err.errors(include_url=False)[0]
+    where = name + "".join(f"[{x}]" for x in e["loc"] if isinstance(x, int))
+    kind = e["type"]
+    if kind.startswith(("greater", "less")) and _interval(tp):
+        what = f"must lie in {_interval(tp)}"
+    elif kind in _WORDS:
+        what = _WORDS[kind].format(**e.get("ctx", {}))
+    else:
+        what = f"expected {_KINDS.get(kind.split('_')[0], kind)}"
+    return ConfigError(f"{where}: {what}, got {e['input']!r}")
+
+
+def _validate_field(cls: type, name: str, tp: Any, value: Any) -> Any:
+    """``value`` validated as field ``name`` of ``cls`` (pydantic, lax mode); a mapping for a nested section
+    becomes that section's config."""
+    path = f"{cls.__name__}.{name}"
+    sec = _section_type(tp)
+    if sec is not None:
+        if isinstance(value, dict):
+            return sec.from_dict(value)
+        if not isinstance(value, sec):
+            raise ConfigError(f"{path}: expected a mapping of {sec.__name__} fields, got {value!r}")
+        return value
+    if isinstance(value, bool) and typing.get_origin(tp) is not typing.Literal and \
+            (tp in (int, float) or typing.get_args(tp)[:1] in ((int,), (float,))):
+        raise ConfigError(f"{path}: expected a number, got the boolean {value!r}")  # YAML `steps: true` is not 1
+    try:
+        return _adapters(cls)[name].validate_python(value)
+    except ValidationError as e:
+        raise _one_line(path, tp, e) from None
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -170,13 +199,14 @@ class ConfigBase:
     FLAT_NAMES: ClassVar[dict[str, str]] = {}
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
+        hints = typing.get_type_hints(type(self), include_extras=True)
         for f in dataclasses.fields(self):
-            setattr(self, f.name, _coerce(hints[f.name], getattr(self, f.name), f"{type(self).__name__}.{f.name}"))
+            setattr(self, f.name, _validate_field(type(self), f.name, hints[f.name], getattr(self, f.name)))
         self.validate()
 
     def validate(self) -> None:  # overridden by subclasses
-        """Raise ``ConfigError`` naming the bad field."""
+        """Cross-field rules a schema cannot say (types and ranges are declared on the fields); raise
+        ``ConfigError`` naming the bad field."""
 
     def __getattr__(self, name: str) -> Any:       # only reached when normal lookup fails
         path = type(self).FLAT_NAMES.get(name)
