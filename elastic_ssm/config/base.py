@@ -20,14 +20,29 @@ import typing
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import yaml
-from annotated_types import Interval
+from annotated_types import Ge, Gt, Interval, Len
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-__all__ = ["ConfigBase", "ConfigError", "FlatNameWarning", "opt", "section", "flat_names", "read_yaml_mapping",
-           "read_yaml_file", "load_yaml"]
+__all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
+           "NonEmpty", "ConfigBase", "ConfigError", "FlatNameWarning", "opt", "section", "flat_names",
+           "read_yaml_mapping", "read_yaml_file", "load_yaml"]
+
+
+# ranges the config fields declare (``Annotated``), read by pydantic: a bad value is one line naming the field
+Pos = Annotated[float, Gt(0)]
+PosInt = Annotated[int, Gt(0)]
+NonNegF = Annotated[float, Ge(0)]
+NonNeg = Annotated[int, Ge(0)]
+AtLeast1 = Annotated[int, Ge(1)]
+Frac01 = Annotated[float, Interval(ge=0, lt=1)]       # [0, 1)
+Unit = Annotated[float, Interval(ge=0, le=1)]         # [0, 1]
+Share = Annotated[float, Interval(gt=0, le=1)]        # (0, 1]
+Fracs = Annotated[tuple[Share, ...], Len(1)]          # a non-empty list of capacity fractions in (0, 1]
+Betas = Annotated[tuple[Frac01, ...], Len(2, 2)]      # AdamW (beta1, beta2), each in [0, 1)
+NonEmpty = Annotated[str, Len(1)]
 
 
 class ConfigError(ValueError):
@@ -66,10 +81,11 @@ def section(cls: type, help: str) -> Any:
 
 _CONFIG = ConfigDict(allow_inf_nan=False)   # lax mode: "3e-4" -> 3e-4, [a, b] -> (a, b), 2.0 -> 2
 _ADAPTERS: dict[type, dict[str, TypeAdapter[Any]]] = {}
-_WORDS = {"greater_than": "must be > {gt:g}", "greater_than_equal": "must be >= {ge:g}", "less_than": "must be < {lt:g}",
-          "less_than_equal": "must be <= {le:g}", "finite_number": "expected a finite number",
-          "literal_error": "must be one of {expected}", "too_short": "must have at least {min_length} item(s)",
-          "too_long": "must have at most {max_length} item(s)"}
+_WORDS = {"greater_than": "must be > {gt:g}", "greater_than_equal": "must be >= {ge:g}",
+          "less_than": "must be < {lt:g}", "less_than_equal": "must be <= {le:g}",
+          "finite_number": "expected a finite number", "literal_error": "must be one of {expected}",
+          "too_short": "must have at least {min_length} item(s)", "too_long": "must have at most {max_length} item(s)",
+          "string_too_short": "must not be empty", "string_pattern_mismatch": "must match {pattern}"}
 _KINDS = {"float": "float", "int": "int", "string": "str", "bool": "bool", "tuple": "a list", "list": "a list",
           "frozenset": "a list", "dict": "a mapping"}
 

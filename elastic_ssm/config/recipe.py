@@ -9,11 +9,9 @@ and the CLI takes ``--train.optim.lr 1e-3``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Literal
 
-from annotated_types import Ge, Gt, Interval, Len
-
-from .base import ConfigBase, opt
+from .base import AtLeast1, Betas, ConfigBase, Frac01, Fracs, NonNeg, NonNegF, Pos, Share, Unit, opt
 from .essh import ESSH_TIER_XI
 
 __all__ = ["OptimConfig", "MixingConfig", "OrderingConfig", "BudgetDropoutConfig", "EvalConfig",
@@ -26,16 +24,6 @@ REFINE_CAPACITIES = tuple(n / 32 for n in (2, 4, 8, 16, 24))
 #: T1-T9 of the deployment tiers, {2,4,7,10,13,17,20,24,28}/32 (D.1): the 1.5B refinement capacities (D.8).
 T1_T9 = ESSH_TIER_XI[:-1]
 
-# the ranges of the fields, read by pydantic (``ConfigBase``): a bad value is one line naming the field
-Pos = Annotated[float, Gt(0)]
-NonNegF = Annotated[float, Ge(0)]
-NonNeg = Annotated[int, Ge(0)]
-AtLeast1 = Annotated[int, Ge(1)]
-Frac01 = Annotated[float, Interval(ge=0, lt=1)]       # [0, 1)
-Unit = Annotated[float, Interval(ge=0, le=1)]         # [0, 1]
-Share = Annotated[float, Interval(gt=0, le=1)]        # (0, 1]
-Fracs = Annotated[tuple[Share, ...], Len(1)]          # a non-empty list of capacity fractions in (0, 1]
-Betas = Annotated[tuple[Frac01, ...], Len(2, 2)]      # AdamW (beta1, beta2), each in [0, 1)
 CapacityMode = Literal["per_step", "cycle"]
 
 
