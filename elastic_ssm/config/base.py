@@ -27,7 +27,7 @@ from annotated_types import Ge, Gt, Interval, Len
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 __all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
-           "NonEmpty", "ConfigBase", "ConfigError", "FlatNameWarning", "opt", "section", "flat_names",
+           "NonEmpty", "TokenId", "ConfigBase", "ConfigError", "FlatNameWarning", "opt", "section", "flat_names",
            "read_yaml_mapping", "read_yaml_file", "load_yaml"]
 
 
@@ -43,6 +43,7 @@ Share = Annotated[float, Interval(gt=0, le=1)]        # (0, 1]
 Fracs = Annotated[tuple[Share, ...], Len(1)]          # a non-empty list of capacity fractions in (0, 1]
 Betas = Annotated[tuple[Frac01, ...], Len(2, 2)]      # AdamW (beta1, beta2), each in [0, 1)
 NonEmpty = Annotated[str, Len(1)]
+TokenId = Annotated[int, Ge(-1)]                       # -1: none
 
 
 class ConfigError(ValueError):
@@ -346,14 +347,6 @@ def flat_names(cls: type[ConfigBase]) -> type[ConfigBase]:
 
     cls.__init__ = __init__  # type: ignore[method-assign]
     return cls
-
-
-def positive(cfg: ConfigBase, *names: str) -> None:
-    """ConfigError unless every field in ``names`` is > 0."""
-    for n in names:
-        v = getattr(cfg, n)
-        if not v > 0:
-            raise ConfigError(f"{type(cfg).__name__}.{n} must be > 0, got {v!r}")
 
 
 def check(cond: bool, cls: str, name: str, msg: str) -> None:
