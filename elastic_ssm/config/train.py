@@ -5,11 +5,9 @@ Sections (``config/recipe.py``): ``optim`` (AdamW + schedule), ``mixing`` (capac
 ``refine`` (shared refinement, D.8). A run file writes ``train: {steps: 300, optim: {lr: 3e-3}}``; the CLI
 takes ``--train.optim.lr 3e-3``.
 
-Renamed settings: the flat names of earlier versions (``lr``, ``n_warm_tokens``, ``order_every``,
-``bd_warmup_steps``, ``eval_every``, ``checkpoint_every``, ... see ``FLAT_NAMES``) still load from YAML files,
-``TrainConfig(lr=...)``, ``replace``, attribute reads and an old run's ``run.yaml`` / checkpoint, each with
-one ``FlatNameWarning`` line naming the new spelling (``nest_flat(..., warn=False)`` maps an old record
-silently for the resume comparison).
+The flat names of earlier versions (``lr``, ``eval_every``, ...) are unknown keys in a config (the error names
+the new path); only a saved record of an old run (``run.yaml``, a checkpoint) is mapped to the sections, silently,
+by ``upgrade_record`` (``RECORD_RENAMES``), so such a run still resumes.
 
 ``TrainConfig.preset("370m" | "1.5b")`` holds the paper's whole training setting of a model size (Table 7,
 Table 55, D.8): batch in tokens, peak lr, token warm-up, cadences and the shared-refinement stage; a run
@@ -27,7 +25,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import StringConstraints
 
-from .base import AtLeast1, ConfigBase, ConfigError, NonEmpty, NonNeg, Pos, flat_names, opt, section
+from .base import AtLeast1, ConfigBase, ConfigError, NonEmpty, NonNeg, Pos, opt, section
 from .recipe import (
     REFINE_CAPACITIES,
     T1_T9,
@@ -68,8 +66,8 @@ TRAIN_PRESETS: dict[str, dict] = {
 
 _SECTIONS = {"optim": ("lr", "warmup_frac", "min_lr_frac", "betas", "eps", "weight_decay", "clip"),
              "mixing": ("n_warm_tokens", "full_share", "capacities", "kl_coef", "alpha_ff")}
-#: old flat name -> section path
-_FLAT = {**{n: f"{s}.{n}" for s, names in _SECTIONS.items() for n in names},
+#: the flat names of the train records of earlier versions -> their section paths (``upgrade_record``)
+RECORD_RENAMES = {**{n: f"{s}.{n}" for s, names in _SECTIONS.items() for n in names},
          "order_every": "ordering.every", "order_until": "ordering.until", "stat_decay": "ordering.stat_decay",
          "bd_warmup_steps": "budget_dropout.warmup_steps", "bd_warmup_epochs": "budget_dropout.warmup_epochs",
          "bd_warmup_frac": "budget_dropout.warmup_frac", "n_full": "budget_dropout.n_full",
@@ -94,12 +92,10 @@ def _micro_batches(tokens: int, B: int, T: int, world: int, name: str) -> int:
     return tokens // per
 
 
-@flat_names
 @dataclass(kw_only=True)
 class TrainConfig(ConfigBase):
     """One training run: recipe, batch shape, precision and placement; the recipe knobs in sections."""
 
-    FLAT_NAMES: ClassVar[dict[str, str]] = _FLAT
     #: settings a resumed run may change: logging, evaluation, checkpoint cadence, placement and compilation
     #: (every other setting changes the objective, the data order or the schedule, so ``resume`` refuses it);
     #: ``grad_accum`` may change only with the world size, keeping ``grad_accum x ranks`` (checked on resume)
@@ -181,9 +177,20 @@ class TrainConfig(ConfigBase):
 
     @classmethod
     def upgrade_record(cls, d: dict[str, Any]) -> dict[str, Any]:
-        """A ``train`` record (``to_dict()``) written by an earlier version, with its flat names in their
-        sections, silently (for the resume comparison of an old ``run.yaml`` or checkpoint)."""
-        return cls.nest_flat(d, warn=False) if isinstance(d, dict) else d
+        """A ``train`` record (``to_dict()``) written by an earlier version, with its flat names
+        (``RECORD_RENAMES``) moved into their sections (for the resume of an old ``run.yaml`` or checkpoint)."""
+        if not isinstance(d, dict):
+            return d
+        out = {k: v for k, v in d.items() if k not in RECORD_RENAMES}
+        for old in RECORD_RENAMES.keys() & d.keys():
+            sec, sub = RECORD_RENAMES[old].split(".")
+            out[sec] = {**(out.get(sec) or {}), sub: d[old]}
+        return out
+
+    @classmethod
+    def suggest(cls, key: str) -> str:
+        """The section path of an old flat name (``lr`` -> ``optim.lr``), else the closest path."""
+        return f"; did you mean {RECORD_RENAMES[key]}?" if key in RECORD_RENAMES else super().suggest(key)
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> TrainConfig:
@@ -192,7 +199,6 @@ class TrainConfig(ConfigBase):
         if name not in TRAIN_PRESETS:
             raise ConfigError(f"unknown training preset {name!r}; choose one of {sorted(TRAIN_PRESETS)}")
         base = dict(TRAIN_PRESETS[name])
-        overrides = cls.nest_flat(overrides)
         for sec in _SECTION_NAMES & set(overrides):
             given = overrides.pop(sec)
             if isinstance(given, ConfigBase):
