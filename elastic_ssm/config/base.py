@@ -291,9 +291,3 @@ class ConfigBase:
     @classmethod
     def field_help(cls) -> dict[str, str]:
         return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
-
-
-def check(cond: bool, cls: str, name: str, msg: str) -> None:
-    """ConfigError ``<cls>.<name> <msg>`` unless ``cond``."""
-    if not cond:
-        raise ConfigError(f"{cls}.{name} {msg}")
