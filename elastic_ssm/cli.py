@@ -154,12 +154,10 @@ def _value_of(argv: list[str], flag: str) -> str | None:
 
 
 def _flag_table(cls: type, prefix: str = "") -> tuple[dict[str, Any], dict[str, str]]:
-    """The dotted paths of ``cls``'s flags -> their field, and older spellings -> path (an option's ``aliases``,
-    a config section's ``FLAT_NAMES``)."""
+    """The dotted paths of ``cls``'s flags -> their field, and older spellings -> path (an option's
+    ``aliases``)."""
     hints = typing.get_type_hints(cls)
     paths, aliases = {}, {}
-    for old, new in getattr(cls, "FLAT_NAMES", {}).items():
-        aliases[prefix + old] = prefix + new
     for f in dataclasses.fields(cls):
         tp = hints.get(f.name)
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
@@ -194,6 +192,10 @@ def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set
         negated = key not in paths and last.startswith("no_") and (head + "." if head else "") + last[3:] in paths
         canonical = (head + "." if head else "") + last[3:] if negated else aliases.get(key, key)
         if canonical not in paths:
+            near = [p for p in paths if p.startswith(head + ".") and p.endswith("." + last)] if head else []
+            if near:                         # an old flat name (--train.lr): name the section paths
+                raise CommandLineError(f"unrecognized arguments: {token}; did you mean "
+                                       f"{' or '.join('--' + p for p in near)}?")
             out.append([token, *vals])       # tyro names what it does not know
             continue
         field = paths[canonical]

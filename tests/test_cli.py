@@ -120,7 +120,7 @@ def test_train_help_lists_derived_flags(capsys):
         main(["train", "--help"])
     out = capsys.readouterr().out
     assert "--train.mixing.full_share" in out and "--model.n_modes" in out and "--data.source" in out
-    assert "--train.refine.steps" in out and "--train.full_share" not in out   # old flat names: accepted, not listed
+    assert "--train.refine.steps" in out and "--train.full_share" not in out   # old flat names: not flags
 
 
 def test_python_resume_refuses_a_different_model(tmp_path):

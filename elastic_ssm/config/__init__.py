@@ -1,6 +1,6 @@
 """elastic_ssm.config: every configuration of the library as one torch-free tree of keyword-only dataclasses.
 
-- ``base.py``: ``ConfigBase`` (help per field, validation, coercion, YAML round trip, renamed flat names),
+- ``base.py``: ``ConfigBase`` (help per field, validation by pydantic, YAML round trip),
   ``ConfigError``, ``opt``;
 - ``model.py``: ``ModelConfig`` (what an architecture declares: tier table, exact counts, standalone and
   specialist configs, its recipes), ``Tier``, ``TierLike``, the registry ``model_configs()``;
@@ -13,7 +13,7 @@
 Importing this package never imports torch (tested), so a run file can be read and checked anywhere.
 """
 
-from .base import ConfigBase, ConfigError, FlatNameWarning, opt
+from .base import ConfigBase, ConfigError, opt
 from .baselines import MATFORMER_GRANULARITIES, TRANSFORMER_PRESETS, MatFormerConfig, TransformerConfig
 from .es_ssm import ESSSM_BUDGETS, ESSSM_PRESETS, ESSSMConfig
 from .essh import ESSH_PRESETS, ESSH_TIER_XI, ESSHConfig
@@ -33,7 +33,7 @@ from .run import DataConfig, ModelChoice, RunConfig, load_any_config, model_conf
 from .train import PARALLEL, PRECISIONS, RECIPES, TRAIN_PRESETS, TrainConfig, resolve_precision
 
 __all__ = [
-    "ConfigBase", "ConfigError", "FlatNameWarning", "opt",
+    "ConfigBase", "ConfigError", "opt",
     "ModelConfig", "FractionTierConfig", "Tier", "TierLike", "model_configs", "tier_word",
     "ESSHConfig", "ESSH_PRESETS", "ESSH_TIER_XI", "ESSSMConfig", "ESSSM_PRESETS", "ESSSM_BUDGETS",
     "TransformerConfig", "MatFormerConfig", "TRANSFORMER_PRESETS", "MATFORMER_GRANULARITIES",

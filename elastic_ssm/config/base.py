@@ -1,4 +1,4 @@
-"""``ConfigBase``: keyword-only dataclass trees with field docs, validation, coercion and a YAML round trip.
+"""``ConfigBase``: keyword-only dataclass trees with field docs, validation by pydantic and a YAML round trip.
 
 Every field carries a one-line ``help`` in its metadata (``opt``); the CLI derives its flags from these
 dataclasses (tyro, in ``cli.py``), never from a hand-kept flag list. ``from_dict`` rejects
@@ -6,48 +6,47 @@ unknown keys and ``validate`` names the offending field, so a typo in a YAML fil
 silent default. Values from YAML/JSON are coerced to the annotated types (``_coerce``): tuples, nested
 sections (a mapping becomes the section's config), optionals, and numbers that YAML 1.1 reads as strings.
 
-Renamed settings: a config may declare ``FLAT_NAMES`` (an old top-level name -> its ``section.field``
-path, e.g. ``TrainConfig``'s ``lr`` -> ``optim.lr``). ``nest_flat`` moves such keys into their sections;
-``from_dict``, ``replace``, keyword construction (with ``@flat_names``) and attribute reads accept the old
-names and emit one ``FlatNameWarning`` line naming the new spelling. Nothing here imports torch.
+Types, ranges and choices are declared on the fields (``Annotated[int, Ge(1)]``, ``Literal[...]``) and checked by
+pydantic (one ``TypeAdapter`` per field, lax mode); its errors become one ``ConfigError`` line naming the field.
+``validate`` keeps only the rules across fields. An unknown key names the closest path (``lr`` -> ``optim.lr``).
+Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
-import types
+import difflib
 import typing
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any
 
 import yaml
+from annotated_types import Ge, Gt, Interval, Len
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-__all__ = ["ConfigBase", "ConfigError", "FlatNameWarning", "opt", "section", "flat_names", "read_yaml_mapping",
+__all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
+           "NonEmpty", "TokenId", "ConfigBase", "ConfigError", "opt", "section", "read_yaml_mapping",
            "read_yaml_file", "load_yaml"]
+
+
+# ranges the config fields declare (``Annotated``), read by pydantic: a bad value is one line naming the field
+Pos = Annotated[float, Gt(0)]
+PosInt = Annotated[int, Gt(0)]
+NonNegF = Annotated[float, Ge(0)]
+NonNeg = Annotated[int, Ge(0)]
+AtLeast1 = Annotated[int, Ge(1)]
+Frac01 = Annotated[float, Interval(ge=0, lt=1)]       # [0, 1)
+Unit = Annotated[float, Interval(ge=0, le=1)]         # [0, 1]
+Share = Annotated[float, Interval(gt=0, le=1)]        # (0, 1]
+Fracs = Annotated[tuple[Share, ...], Len(1)]          # a non-empty list of capacity fractions in (0, 1]
+Betas = Annotated[tuple[Frac01, ...], Len(2, 2)]      # AdamW (beta1, beta2), each in [0, 1)
+NonEmpty = Annotated[str, Len(1)]
+TokenId = Annotated[int, Ge(-1)]                       # -1: none
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and what to do."""
-
-
-class FlatNameWarning(FutureWarning):
-    """A setting was given by its old flat name (``lr``) instead of its section path (``optim.lr``)."""
-
-
-_WARNED: dict[Any, Any] = {}
-
-
-def _warn_flat(cls_name: str, renames: dict[str, str]) -> None:
-    """One line on stderr (through ``warnings``, so it can be filtered), once per message and process."""
-    text = ", ".join(f"{old} -> {new}" for old, new in renames.items())
-    msg = f"{cls_name}: old flat setting name(s) {text}; they still load, write the section names in new files"
-    # no source line to show: the warning prints as one line
-    warnings.warn_explicit(msg, FlatNameWarning, "elastic_ssm.config", 0, module="elastic_ssm.config",
-                           registry=_WARNED)
 
 
 def opt(default: Any, help: str, repeatable: bool = False, **kw: Any) -> Any:
@@ -64,42 +63,72 @@ def section(cls: type, help: str) -> Any:
     return field(default_factory=cls, metadata={"help": help})
 
 
-def _coerce(tp: Any, value: Any, name: str) -> Any:
-    """Coerce a YAML/JSON value to the annotated field type (tuples, nested configs, optionals, unions)."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        if any(isinstance(a, type) and isinstance(value, a) for a in args):
-            return value
-        return _coerce(args[0], value, name)
-    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-        return tp.from_dict(value)
-    if dataclasses.is_dataclass(tp) and not isinstance(value, tp):
-        raise ConfigError(f"{name}: expected a mapping of {tp.__name__} fields, got {value!r}")
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name}: expected a list, got {value!r}")
-        (item,) = typing.get_args(tp)[:1] or (Any,)
-        return tuple(_coerce(item, v, name) for v in value)
-    if tp in (int, float) and isinstance(value, bool):  # YAML `steps: true` is not the number 1
-        raise ConfigError(f"{name}: expected {tp.__name__}, got the boolean {value!r}")
-    if tp is float and isinstance(value, int):
-        value = float(value)
-    if tp is float and isinstance(value, str):
-        # YAML 1.1 (PyYAML) reads 3e-4 without a dot as a string; accept any number float() parses
-        try:
-            value = float(value)
-        except ValueError:
-            raise ConfigError(f"{name}: expected float, got {value!r}") from None
-    if tp is float and isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{name}: expected a finite number, got {value!r}")
-    if tp is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if tp in (int, float, str, bool) and not isinstance(value, tp):
-        raise ConfigError(f"{name}: expected {tp.__name__}, got {value!r}")
-    return value
+_CONFIG = ConfigDict(allow_inf_nan=False)   # lax mode: "3e-4" -> 3e-4, [a, b] -> (a, b), 2.0 -> 2
+_ADAPTERS: dict[type, dict[str, TypeAdapter[Any]]] = {}
+_WORDS = {"greater_than": "must be > {gt:g}", "greater_than_equal": "must be >= {ge:g}",
+          "less_than": "must be < {lt:g}", "less_than_equal": "must be <= {le:g}",
+          "finite_number": "expected a finite number", "literal_error": "must be one of {expected}",
+          "too_short": "must have at least {min_length} item(s)", "too_long": "must have at most {max_length} item(s)",
+          "string_too_short": "must not be empty", "string_pattern_mismatch": "must match {pattern}"}
+_KINDS = {"float": "float", "int": "int", "string": "str", "bool": "bool", "tuple": "a list", "list": "a list",
+          "frozenset": "a list", "dict": "a mapping"}
+
+
+def _adapters(cls: type) -> dict[str, TypeAdapter[Any]]:
+    """One pydantic ``TypeAdapter`` per field of ``cls`` (built once): the annotated type with its ``Annotated``
+    constraints (``Gt(0)``, ``Interval(ge=0, lt=1)``, ``Literal[...]``). Nested sections are left to their class."""
+    if cls not in _ADAPTERS:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        _ADAPTERS[cls] = {f.name: TypeAdapter(hints[f.name], config=_CONFIG) for f in dataclasses.fields(cls)
+                          if not _section_type(hints[f.name])}
+    return _ADAPTERS[cls]
+
+
+def _section_type(tp: Any) -> type | None:
+    return tp if isinstance(tp, type) and issubclass(tp, ConfigBase) else None
+
+
+def _interval(tp: Any) -> str:
+    """``'[0, 1)'`` for the first ``annotated_types.Interval`` in annotation ``tp`` (items included), else ``''``."""
+    for m in getattr(tp, "__metadata__", ()):
+        if isinstance(m, Interval):
+            lo, hi = ("(", m.gt) if m.gt is not None else ("[", m.ge), (")", m.lt) if m.lt is not None else ("]", m.le)
+            return f"{lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+    return next(filter(None, map(_interval, typing.get_args(tp))), "")
+
+
+def _one_line(name: str, tp: Any, err: ValidationError) -> ConfigError:
+    """The first error of pydantic's ``err`` as one ``ConfigError`` line naming ``name`` (and the item)."""
+    e = err.errors(include_url=False)[0]
+    where = name + "".join(f"[{x}]" for x in e["loc"] if isinstance(x, int))
+    kind = e["type"]
+    if kind.startswith(("greater", "less")) and _interval(tp):
+        what = f"must lie in {_interval(tp)}"
+    elif kind in _WORDS:
+        what = _WORDS[kind].format(**e.get("ctx", {}))
+    else:
+        what = f"expected {_KINDS.get(kind.split('_')[0], kind)}"
+    return ConfigError(f"{where}: {what}, got {e['input']!r}")
+
+
+def _validate_field(cls: type, name: str, tp: Any, value: Any) -> Any:
+    """``value`` validated as field ``name`` of ``cls`` (pydantic, lax mode); a mapping for a nested section
+    becomes that section's config."""
+    path = f"{cls.__name__}.{name}"
+    sec = _section_type(tp)
+    if sec is not None:
+        if isinstance(value, dict):
+            return sec.from_dict(value)
+        if not isinstance(value, sec):
+            raise ConfigError(f"{path}: expected a mapping of {sec.__name__} fields, got {value!r}")
+        return value
+    if isinstance(value, bool) and typing.get_origin(tp) is not typing.Literal and \
+            (tp in (int, float) or typing.get_args(tp)[:1] in ((int,), (float,))):
+        raise ConfigError(f"{path}: expected a number, got the boolean {value!r}")  # YAML `steps: true` is not 1
+    try:
+        return _adapters(cls)[name].validate_python(value)
+    except ValidationError as e:
+        raise _one_line(path, tp, e) from None
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -164,55 +193,17 @@ def read_yaml_mapping(path_or_text: str | Path, what: str) -> dict[str, Any]:
 
 @dataclass(kw_only=True)
 class ConfigBase:
-    """Shared behaviour: validation hook, dict/YAML round trip, ``replace``, renamed flat settings."""
-
-    #: old flat setting names -> their ``section.field`` paths (see the module docstring)
-    FLAT_NAMES: ClassVar[dict[str, str]] = {}
+    """Shared behaviour: field validation (pydantic), cross-field ``validate``, dict/YAML round trip, ``replace``."""
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
+        hints = typing.get_type_hints(type(self), include_extras=True)
         for f in dataclasses.fields(self):
-            setattr(self, f.name, _coerce(hints[f.name], getattr(self, f.name), f"{type(self).__name__}.{f.name}"))
+            setattr(self, f.name, _validate_field(type(self), f.name, hints[f.name], getattr(self, f.name)))
         self.validate()
 
     def validate(self) -> None:  # overridden by subclasses
-        """Raise ``ConfigError`` naming the bad field."""
-
-    def __getattr__(self, name: str) -> Any:       # only reached when normal lookup fails
-        path = type(self).FLAT_NAMES.get(name)
-        if path is None or name.startswith("__"):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        _warn_flat(type(self).__name__, {name: path})
-        sec, sub = path.split(".")
-        return getattr(getattr(self, sec), sub)
-
-    @classmethod
-    def nest_flat(cls, d: dict[str, Any], warn: bool = True) -> dict[str, Any]:
-        """``d`` with the old flat names of ``FLAT_NAMES`` moved into their sections (a section given as a
-        mapping or a config gets the field; a flat name and its section both setting a field differently is
-        a ConfigError unless the section is a config object, as in ``replace``). ``warn``: one
-        ``FlatNameWarning`` naming the new spellings."""
-        flat = [k for k in d if k in cls.FLAT_NAMES]
-        if not flat:
-            return d
-        out = {k: v for k, v in d.items() if k not in cls.FLAT_NAMES}
-        for old in flat:
-            sec, sub = cls.FLAT_NAMES[old].split(".")
-            cur = out.get(sec)
-            if isinstance(cur, ConfigBase):
-                out[sec] = cur.replace(**{sub: d[old]})
-                continue
-            if cur is None:
-                cur = {}
-            if not isinstance(cur, dict):
-                raise ConfigError(f"{cls.__name__}.{sec}: expected a mapping of fields, got {cur!r}")
-            if sub in cur and cur[sub] != d[old]:
-                raise ConfigError(f"{cls.__name__}: {old}={d[old]!r} and {sec}.{sub}={cur[sub]!r} name the same "
-                                  f"setting; give only {sec}.{sub}")
-            out[sec] = {**cur, sub: d[old]}
-        if warn:
-            _warn_flat(cls.__name__, {k: cls.FLAT_NAMES[k] for k in flat})
-        return out
+        """Cross-field rules a schema cannot say (types and ranges are declared on the fields); raise
+        ``ConfigError`` naming the bad field."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -230,19 +221,38 @@ class ConfigBase:
         return {f.name for f in dataclasses.fields(cls)}
 
     @classmethod
+    def paths(cls, prefix: str = "") -> list[str]:
+        """The dotted paths of every setting (``optim.lr``), sections' fields included."""
+        out = []
+        for f in dataclasses.fields(cls):
+            sec = _section_type(typing.get_type_hints(cls).get(f.name))
+            out += sec.paths(f"{prefix}{f.name}.") if sec else [prefix + f.name]
+        return out
+
+    @classmethod
+    def suggest(cls, key: str) -> str:
+        """``'; did you mean optim.lr?'`` (else ``';'``) for an unknown ``key``: a section's field of that name,
+        or the closest path."""
+        paths = cls.paths()
+        near = [p for p in paths if p.rpartition(".")[2] == key] or \
+            difflib.get_close_matches(key, paths, n=1, cutoff=0.6)
+        return f"; did you mean {' or '.join(near)}?" if near else ";"
+
+    @classmethod
     def check_names(cls, d: dict[str, Any], beside: str = "") -> None:
-        """ConfigError naming the keys of ``d`` that are neither fields nor old flat names."""
+        """ConfigError naming the keys of ``d`` that are not fields (and the closest path of the first)."""
         names = cls.field_names()
-        unknown = sorted(set(d) - names - set(cls.FLAT_NAMES))
+        unknown = sorted(set(d) - names)
         if unknown:
-            raise ConfigError(f"{cls.__name__}: unknown field(s) {unknown}{beside}; valid fields are {sorted(names)}")
+            raise ConfigError(f"{cls.__name__}: unknown field(s) {unknown}{beside}{cls.suggest(unknown[0])} "
+                              f"the fields are {sorted(names)}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ConfigBase:
         if not isinstance(d, dict):
             raise ConfigError(f"{cls.__name__}: expected a mapping of field names to values, got {d!r}")
         cls.check_names(d)
-        return cls(**cls.nest_flat(d))
+        return cls(**d)
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         text = yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -256,13 +266,8 @@ class ConfigBase:
         return cls.from_dict(read_yaml_mapping(path_or_text, cls.__name__))
 
     def replace(self, **changes: Any) -> ConfigBase:
-        """``dataclasses.replace``; an old flat name changes that field of its section (other fields kept)."""
-        renamed = {k: changes.pop(k) for k in list(changes) if k in type(self).FLAT_NAMES}
-        out = dataclasses.replace(self, **changes) if changes else self
-        if renamed:
-            _warn_flat(type(self).__name__, {k: type(self).FLAT_NAMES[k] for k in renamed})
-            out = out.updated({type(self).FLAT_NAMES[k]: v for k, v in renamed.items()})
-        return out
+        """``dataclasses.replace`` (validated like construction)."""
+        return dataclasses.replace(self, **changes)
 
     def updated(self, changes: dict[str, Any], where: str = "") -> ConfigBase:
         """A copy with ``changes`` applied, keys being field names or dotted paths into nested sections
@@ -271,8 +276,6 @@ class ConfigBase:
         nested: dict[str, dict[str, Any]] = {}
         for key, value in changes.items():
             head, _, rest = key.partition(".")
-            if head in type(self).FLAT_NAMES and not rest:
-                head, _, rest = type(self).FLAT_NAMES[head].partition(".")
             if head not in self.field_names():
                 raise ConfigError(f"{where}{key}: {type(self).__name__} has no field {head!r}")
             if rest:
@@ -288,29 +291,3 @@ class ConfigBase:
     @classmethod
     def field_help(cls) -> dict[str, str]:
         return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
-
-
-def flat_names(cls: type[ConfigBase]) -> type[ConfigBase]:
-    """Class decorator (above ``@dataclass``): keyword construction also accepts ``cls.FLAT_NAMES``."""
-    init = cls.__init__
-
-    @functools.wraps(init)
-    def __init__(self: ConfigBase, **kw: Any) -> None:
-        init(self, **type(self).nest_flat(kw))
-
-    cls.__init__ = __init__  # type: ignore[method-assign]
-    return cls
-
-
-def positive(cfg: ConfigBase, *names: str) -> None:
-    """ConfigError unless every field in ``names`` is > 0."""
-    for n in names:
-        v = getattr(cfg, n)
-        if not v > 0:
-            raise ConfigError(f"{type(cfg).__name__}.{n} must be > 0, got {v!r}")
-
-
-def check(cond: bool, cls: str, name: str, msg: str) -> None:
-    """ConfigError ``<cls>.<name> <msg>`` unless ``cond``."""
-    if not cond:
-        raise ConfigError(f"{cls}.{name} {msg}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar
 
-from .base import ConfigError, opt
+from .base import ConfigError, Fracs, NonNegF, Pos, PosInt, TokenId, opt
 from .essh import ESSH_TIER_XI
 from .model import FractionTierConfig, Tier
 
@@ -51,40 +51,32 @@ class TransformerConfig(FractionTierConfig):
 
     arch: ClassVar[str] = "transformer"
 
-    vocab_size: int = opt(50304, "vocabulary size V (tied embedding)")
-    d_model: int = opt(896, "residual width d")
-    n_layers: int = opt(22, "number of attention + SwiGLU blocks")
-    d_ff: int = opt(4224, "SwiGLU width (Table 9: 4224 at 370M; Table 54: 4672 at 1.5B)")
-    head_dim: int = opt(64, "attention head dimension (heads = d / head_dim)")
-    rope_base: float = opt(10000.0, "RoPE base frequency")
-    norm_eps: float = opt(1e-6, "RMSNorm epsilon")
+    vocab_size: PosInt = opt(50304, "vocabulary size V (tied embedding)")
+    d_model: PosInt = opt(896, "residual width d")
+    n_layers: PosInt = opt(22, "number of attention + SwiGLU blocks")
+    d_ff: PosInt = opt(4224, "SwiGLU width (Table 9: 4224 at 370M; Table 54: 4672 at 1.5B)")
+    head_dim: PosInt = opt(64, "attention head dimension (heads = d / head_dim)")
+    rope_base: Pos = opt(10000.0, "RoPE base frequency")
+    norm_eps: Pos = opt(1e-6, "RMSNorm epsilon")
     tie_embeddings: bool = opt(True, "tie the LM head to the token embedding")
-    init_std: float = opt(0.02, "std of the normal initialisation")
-    tier_xi: tuple[float, ...] = opt((1.0,), "budget fractions of the nested-FFN tiers ((1.0,): a plain "
+    init_std: NonNegF = opt(0.02, "std of the normal initialisation")
+    tier_xi: Fracs = opt((1.0,), "budget fractions of the nested-FFN tiers ((1.0,): a plain "
                                      "Transformer++ with one tier; MatFormer: the ten ESSH fractions)")
     tier_names: tuple[str, ...] = opt((), "names of the tier_xi tiers; empty: T1..Tn (a standalone export keeps its "
                                       "source tier's name, e.g. [T4])")
-    ffn_exponent: float = opt(1.0, "nested FFN width n_ff = align floor(d_ff xi^e / align) (Table 39: e = 1)")
-    ffn_align: int = opt(64, "FFN width alignment of the nested tiers (Table 39: 64)")
-    eos_token_id: int = opt(-1, "end-of-sequence token id (-1: none)")
+    ffn_exponent: Pos = opt(1.0, "nested FFN width n_ff = align floor(d_ff xi^e / align) (Table 39: e = 1)")
+    ffn_align: PosInt = opt(64, "FFN width alignment of the nested tiers (Table 39: 64)")
+    eos_token_id: TokenId = opt(-1, "end-of-sequence token id (-1: none)")
 
     def validate(self) -> None:
+        """The rules across fields (each field's type and range is declared on it)."""
         c = type(self).__name__
-        for n in ("vocab_size", "d_model", "n_layers", "d_ff", "head_dim", "ffn_align", "norm_eps", "rope_base"):
-            if getattr(self, n) <= 0:
-                raise ConfigError(f"{c}.{n} must be > 0, got {getattr(self, n)}")
-        if self.init_std < 0:
-            raise ConfigError(f"{c}.init_std must be >= 0, got {self.init_std}")
         if self.d_model % self.head_dim or self.head_dim % 2:
             raise ConfigError(f"{c}: d_model={self.d_model} must be a multiple of an even head_dim={self.head_dim}")
-        if not self.tier_xi or any(not 0 < x <= 1 for x in self.tier_xi):
-            raise ConfigError(f"{c}.tier_xi must be fractions in (0, 1], got {self.tier_xi}")
         if list(self.tier_xi) != sorted(set(self.tier_xi)) or self.tier_xi[-1] != 1.0:
             raise ConfigError(f"{c}.tier_xi must be strictly increasing and end with 1.0 (the full tier)")
         self.check_tier_names()
-        if not self.ffn_exponent > 0:
-            raise ConfigError(f"{c}.ffn_exponent must be > 0, got {self.ffn_exponent}")
-        if not -1 <= self.eos_token_id < self.vocab_size:
+        if not self.eos_token_id < self.vocab_size:
             raise ConfigError(f"{c}.eos_token_id={self.eos_token_id} must be -1 or a token id < vocab_size")
 
     @property
@@ -150,15 +142,15 @@ class MatFormerConfig(TransformerConfig):
 
     arch: ClassVar[str] = "matformer"
 
-    tier_xi: tuple[float, ...] = opt(ESSH_TIER_XI, "deployment fractions of the exported tiers (Table 39: the "
+    tier_xi: Fracs = opt(ESSH_TIER_XI, "deployment fractions of the exported tiers (Table 39: the "
                                      "ten ESSH fractions; T1 lies below the smallest trained granularity)")
-    granularities: tuple[float, ...] = opt(MATFORMER_GRANULARITIES, "FFN width fractions trained, one drawn "
+    granularities: Fracs = opt(MATFORMER_GRANULARITIES, "FFN width fractions trained, one drawn "
                                            "uniformly per micro-batch (N.1: 1/8, 1/4, 1/2, full)")
 
     def validate(self) -> None:
         super().validate()
         g = self.granularities
-        if not g or any(not 0 < x <= 1 for x in g) or list(g) != sorted(set(g)) or g[-1] != 1.0:
+        if list(g) != sorted(set(g)) or g[-1] != 1.0:
             raise ConfigError(f"MatFormerConfig.granularities must be increasing fractions in (0, 1] ending with "
                               f"1.0 (full width), got {g}")
 

@@ -10,15 +10,19 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
-from .base import ConfigError, opt, positive
+from annotated_types import Len
+
+from .base import ConfigError, Frac01, NonNeg, NonNegF, Pos, PosInt, TokenId, opt
 from .model import ModelConfig, Tier
 
 __all__ = ["ESSSMConfig", "ESSSM_PRESETS", "ESSSM_BUDGETS"]
 
 #: Default ES-SSM runtime-budget set (ES-SSM paper, Sec. 4.2).
 ESSSM_BUDGETS = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
+
+Budgets = Annotated[tuple[PosInt, ...], Len(1)]
 
 
 @dataclass(kw_only=True)
@@ -29,47 +33,40 @@ class ESSSMConfig(ModelConfig):
     elastic_recipes: ClassVar[tuple[str, ...]] = ("budget_dropout",)
     length_field: ClassVar[str] = "seq_len"      # the filter length L bounds every input
 
-    vocab_size: int = opt(260, "input vocabulary (bytes 0-255 plus pad/bos/eos/sep specials)")
-    d_model: int = opt(256, "residual width d")
-    n_layers: int = opt(4, "number of ES-SSM blocks")
-    n_channels: int = opt(32, "full spectral budget K-bar (Hankel channels)")
-    seq_len: int = opt(1024, "filter length L: the longest sequence the model accepts")
-    budgets: tuple[int, ...] = opt(ESSSM_BUDGETS, "runtime-budget set (channel counts) for training/export")
+    vocab_size: PosInt = opt(260, "input vocabulary (bytes 0-255 plus pad/bos/eos/sep specials)")
+    d_model: PosInt = opt(256, "residual width d")
+    n_layers: PosInt = opt(4, "number of ES-SSM blocks")
+    n_channels: PosInt = opt(32, "full spectral budget K-bar (Hankel channels)")
+    seq_len: PosInt = opt(1024, "filter length L: the longest sequence the model accepts")
+    budgets: Budgets = opt(ESSSM_BUDGETS, "runtime-budget set (channel counts) for training/export")
     gate_hidden_ratio: float = opt(0.5, "gate-MLP hidden width d_g as a fraction of d (paper: 1/2)")
     gate_bias_init: float = opt(-2.0, "initial gate-logit bias b_g2 (paper: -2, sigmoid ~ 0.12)")
-    ffn_mult: int = opt(4, "GELU FFN widening factor")
-    drop_path: float = opt(0.0, "stochastic-depth rate on both residual branches")
-    dropout: float = opt(0.0, "dropout inside the FFN")
-    norm_eps: float = opt(1e-5, "LayerNorm epsilon")
-    task: str = opt("lm", "'lm' (next-token) or 'classify' (mean-pooled sequence classification)")
-    num_classes: int = opt(0, "classes for task='classify'")
+    ffn_mult: PosInt = opt(4, "GELU FFN widening factor")
+    drop_path: Frac01 = opt(0.0, "stochastic-depth rate on both residual branches")
+    dropout: Frac01 = opt(0.0, "dropout inside the FFN")
+    norm_eps: Pos = opt(1e-5, "LayerNorm epsilon")
+    task: Literal["lm", "classify"] = opt("lm", "'lm' (next-token) or 'classify' (mean-pooled sequence classification)")
+    num_classes: NonNeg = opt(0, "classes for task='classify'")
     tie_embeddings: bool = opt(True, "tie the LM head to the input embedding")
-    init_std: float = opt(0.02, "std of normal initialisation for projections and embeddings")
-    eos_token_id: int = opt(-1, "end-of-sequence token id that stops generation (-1: none)")
+    init_std: NonNegF = opt(0.02, "std of normal initialisation for projections and embeddings")
+    eos_token_id: TokenId = opt(-1, "end-of-sequence token id that stops generation (-1: none)")
 
     def validate(self) -> None:
-        positive(self, "vocab_size", "d_model", "n_layers", "n_channels", "seq_len", "ffn_mult", "norm_eps")
-        if self.init_std < 0:
-            raise ConfigError(f"ESSSMConfig.init_std must be >= 0, got {self.init_std}")
-        if not -1 <= self.eos_token_id < self.vocab_size:
+        """The rules across fields (each field's type and range is declared on it)."""
+        if not self.eos_token_id < self.vocab_size:
             raise ConfigError(f"ESSSMConfig.eos_token_id={self.eos_token_id} must be -1 or a token id < vocab_size")
-        if self.task not in ("lm", "classify"):
-            raise ConfigError(f"ESSSMConfig.task must be 'lm' or 'classify', got {self.task!r}")
         if self.task == "classify" and self.num_classes < 2:
             raise ConfigError("ESSSMConfig.num_classes must be >= 2 when task='classify'")
-        if not self.budgets or any(not 1 <= k <= self.n_channels for k in self.budgets):
+        if any(k > self.n_channels for k in self.budgets):
             raise ConfigError(
-                f"ESSSMConfig.budgets must be channel counts in [1, n_channels={self.n_channels}],"
-                f" got {self.budgets}"
-            )
+                f"ESSSMConfig.budgets must be channel counts in [1, n_channels={self.n_channels}], got {self.budgets}")
         if tuple(sorted(set(self.budgets))) != self.budgets:
             raise ConfigError(f"ESSSMConfig.budgets must be strictly increasing, got {self.budgets}")
         if self.budgets[-1] != self.n_channels:
             raise ConfigError("ESSSMConfig.budgets must end with the full budget n_channels")
-        if not 0.0 <= self.drop_path < 1.0 or not 0.0 <= self.dropout < 1.0:
-            raise ConfigError("ESSSMConfig.drop_path and dropout must lie in [0, 1)")
         if self.d_model * self.gate_hidden_ratio < 1:
             raise ConfigError("ESSSMConfig.gate_hidden_ratio * d_model must be >= 1")
+
 
     @property
     def gate_hidden(self) -> int:

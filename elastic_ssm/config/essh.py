@@ -16,15 +16,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from .base import ConfigError, opt, positive
+from annotated_types import Interval
+
+from .base import ConfigError, Fracs, NonNeg, NonNegF, Pos, PosInt, TokenId, opt
 from .model import FractionTierConfig, Tier, scaled_power
 
 __all__ = ["ESSHConfig", "ESSH_PRESETS", "ESSH_TIER_XI"]
 
 #: Budget fractions xi_T of the ten ESSH deployment tiers (Appendix D.1, Table 6).
 ESSH_TIER_XI = tuple(n / 32 for n in (2, 4, 7, 10, 13, 17, 20, 24, 28, 32))
+
+Open01 = Annotated[float, Interval(gt=0, lt=1)]   # (0, 1)
 
 
 @dataclass(kw_only=True)
@@ -34,70 +38,55 @@ class ESSHConfig(FractionTierConfig):
     arch: ClassVar[str] = "essh"
     elastic_recipes: ClassVar[tuple[str, ...]] = ("capacity_mixed", "refine")
 
-    vocab_size: int = opt(50304, "vocabulary size V (tied embedding)")
-    d_model: int = opt(896, "residual width d")
-    n_layers: int = opt(22, "number of blocks (spectral + SWA)")
-    d_ff: int = opt(4608, "full SwiGLU width d_ff")
-    n_channels: int = opt(32, "full spectral-channel count K-bar")
-    n_modes: int = opt(8, "damped-rotation modes m per channel")
-    channel_width: int = opt(0, "value width P per channel; 0 means d / n_channels (standalone exports set it)")
-    swa_layers: tuple[int, ...] = opt((12, 17, 21), "zero-based indices of sliding-window-attention blocks")
-    window: int = opt(2048, "sliding-window length w (tokens attended, including the current one)")
-    head_dim: int = opt(64, "attention head dimension (heads = d / head_dim)")
-    rope_base: float = opt(10000.0, "RoPE base frequency (paper silent; 10000 as in Su et al.)")
-    filter_length: int = opt(2048, "Hankel length L of the filters the modal tables are fitted to (C.1)")
-    tier_xi: tuple[float, ...] = opt(ESSH_TIER_XI, "budget fractions xi_T of the deployment tiers (D.1)")
+    vocab_size: PosInt = opt(50304, "vocabulary size V (tied embedding)")
+    d_model: PosInt = opt(896, "residual width d")
+    n_layers: PosInt = opt(22, "number of blocks (spectral + SWA)")
+    d_ff: PosInt = opt(4608, "full SwiGLU width d_ff")
+    n_channels: PosInt = opt(32, "full spectral-channel count K-bar")
+    n_modes: PosInt = opt(8, "damped-rotation modes m per channel")
+    channel_width: NonNeg = opt(0, "value width P per channel; 0 means d / n_channels (standalone exports set it)")
+    swa_layers: tuple[NonNeg, ...] = opt((12, 17, 21), "zero-based indices of sliding-window-attention blocks")
+    window: PosInt = opt(2048, "sliding-window length w (tokens attended, including the current one)")
+    head_dim: PosInt = opt(64, "attention head dimension (heads = d / head_dim)")
+    rope_base: Pos = opt(10000.0, "RoPE base frequency (paper silent; 10000 as in Su et al.)")
+    filter_length: PosInt = opt(2048, "Hankel length L of the filters the modal tables are fitted to (C.1)")
+    tier_xi: Fracs = opt(ESSH_TIER_XI, "budget fractions xi_T of the deployment tiers (D.1)")
     tier_names: tuple[str, ...] = opt((), "names of the tier_xi tiers; empty: T1..Tn (a standalone export keeps its "
                                       "source tier's name, e.g. [T4])")
-    channel_exponent: float = opt(0.5, "two-rate map: K_T = max(1, round(K xi^e)) (Eq. 7)")
-    ffn_exponent: float = opt(0.8, "two-rate map: n_ff = align * max(1, floor(d_ff xi^e / align)) (Eq. 7)")
-    ffn_align: int = opt(64, "FFN width alignment of the two-rate map (Eq. 7: 64)")
+    channel_exponent: Pos = opt(0.5, "two-rate map: K_T = max(1, round(K xi^e)) (Eq. 7)")
+    ffn_exponent: Pos = opt(0.8, "two-rate map: n_ff = align * max(1, floor(d_ff xi^e / align)) (Eq. 7)")
+    ffn_align: PosInt = opt(64, "FFN width alignment of the two-rate map (Eq. 7: 64)")
     tie_embeddings: bool = opt(True, "tie the LM head to the token embedding")
-    norm_eps: float = opt(1e-6, "RMSNorm epsilon")
-    blend_eps: float = opt(1e-6, "epsilon_norm of the channel-local value blend (Eq. 23)")
+    norm_eps: Pos = opt(1e-6, "RMSNorm epsilon")
+    blend_eps: Pos = opt(1e-6, "epsilon_norm of the channel-local value blend (Eq. 23)")
     clock_bias_init: float = opt(-3.0, "clock bias initialisation (C.2: softplus(-3) ~ 0.0486)")
     zero_lag_init: float = opt(0.5, "zero-lag coefficient a initialisation (C.3)")
-    pole_clip: float = opt(1.0 - 1e-4, "matrix-pencil pole-magnitude clip (DESIGN: 1 - 1e-4)")
-    init_std: float = opt(0.02, "std of normal initialisation for projections and embeddings")
-    pad_token_id: int = opt(-1, "padding token id for batched generation (-1: none)")
-    eos_token_id: int = opt(-1, "end-of-sequence token id (-1: none)")
+    pole_clip: Open01 = opt(1.0 - 1e-4, "matrix-pencil pole-magnitude clip (DESIGN: 1 - 1e-4)")
+    init_std: NonNegF = opt(0.02, "std of normal initialisation for projections and embeddings")
+    pad_token_id: TokenId = opt(-1, "padding token id for batched generation (-1: none)")
+    eos_token_id: TokenId = opt(-1, "end-of-sequence token id (-1: none)")
 
     def validate(self) -> None:
-        positive(self, "vocab_size", "d_model", "n_layers", "d_ff", "n_channels", "n_modes",
-                  "window", "head_dim", "filter_length", "ffn_align", "norm_eps", "blend_eps", "rope_base",
-                  "channel_exponent", "ffn_exponent")
-        if self.init_std < 0:
-            raise ConfigError(f"ESSHConfig.init_std must be >= 0, got {self.init_std}")
-        if self.channel_width < 0:
-            raise ConfigError(f"ESSHConfig.channel_width must be >= 0, got {self.channel_width}")
+        """The rules across fields (each field's type and range is declared on it)."""
         if self.channel_width == 0 and self.d_model % self.n_channels:
-            raise ConfigError(
-                f"ESSHConfig.d_model={self.d_model} must be divisible by n_channels={self.n_channels}"
-                " (value width P = d / K-bar)"
-            )
+            raise ConfigError(f"ESSHConfig.d_model={self.d_model} must be divisible by n_channels={self.n_channels}"
+                              " (value width P = d / K-bar)")
         if self.d_model % self.head_dim:
-            raise ConfigError(
-                f"ESSHConfig.d_model={self.d_model} must be divisible by head_dim={self.head_dim}"
-            )
+            raise ConfigError(f"ESSHConfig.d_model={self.d_model} must be divisible by head_dim={self.head_dim}")
         if self.head_dim % 2:
             raise ConfigError(f"ESSHConfig.head_dim={self.head_dim} must be even (RoPE)")
-        bad = [i for i in self.swa_layers if not 0 <= i < self.n_layers]
+        bad = [i for i in self.swa_layers if not i < self.n_layers]
         if bad or len(set(self.swa_layers)) != len(self.swa_layers):
             raise ConfigError(
-                f"ESSHConfig.swa_layers={self.swa_layers}: indices must be distinct and in [0, {self.n_layers})"
-            )
-        if not self.tier_xi or any(not 0 < x <= 1 for x in self.tier_xi):
-            raise ConfigError(f"ESSHConfig.tier_xi must be fractions in (0, 1], got {self.tier_xi}")
+                f"ESSHConfig.swa_layers={self.swa_layers}: indices must be distinct and in [0, {self.n_layers})")
         if list(self.tier_xi) != sorted(self.tier_xi) or self.tier_xi[-1] != 1.0:
             raise ConfigError("ESSHConfig.tier_xi must be increasing and end with 1.0 (the full tier)")
         self.check_tier_names()
         if self.n_modes > self.filter_length // 4:
             raise ConfigError("ESSHConfig.n_modes must be <= filter_length / 4 (matrix-pencil rank)")
-        if not 0 < self.pole_clip < 1:
-            raise ConfigError("ESSHConfig.pole_clip must lie in (0, 1)")
         for name in ("pad_token_id", "eos_token_id"):
             v = getattr(self, name)
-            if not -1 <= v < self.vocab_size:
+            if not v < self.vocab_size:
                 raise ConfigError(f"ESSHConfig.{name}={v} must be -1 or a token id < vocab_size")
 
     @property

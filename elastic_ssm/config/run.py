@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import ConfigBase, ConfigError, opt, read_yaml_file, section
+from .base import ConfigBase, ConfigError, NonNeg, opt, read_yaml_file, section
 from .essh import ESSHConfig
 from .model import ModelConfig, TierLike, model_configs, tier_word
 from .train import TrainConfig
@@ -42,14 +42,12 @@ class DataConfig(ConfigBase):
                                   "tokenizer_config.json, e.g. a downloaded GPT-2 or Llama tokenizer); the "
                                   "model's vocab_size is taken from it and it is saved with every checkpoint")
     text_field: str = opt("text", "JSONL/Parquet/HF field holding the document text")
-    max_train_bytes: int = opt(0, "cap on the in-memory training text in bytes (0 = no cap)")
+    max_train_bytes: NonNeg = opt(0, "cap on the in-memory training text in bytes (0 = no cap)")
 
     def validate(self) -> None:
         for name in ("source", "tokenizer", "text_field"):
             if not getattr(self, name).strip():
                 raise ConfigError(f"DataConfig.{name} is empty; give a value (see --help, data.{name})")
-        if self.max_train_bytes < 0:
-            raise ConfigError(f"DataConfig.max_train_bytes must be >= 0 (0 = no cap), got {self.max_train_bytes}")
 
 
 @dataclass(kw_only=True)

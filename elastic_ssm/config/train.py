@@ -5,11 +5,9 @@ Sections (``config/recipe.py``): ``optim`` (AdamW + schedule), ``mixing`` (capac
 ``refine`` (shared refinement, D.8). A run file writes ``train: {steps: 300, optim: {lr: 3e-3}}``; the CLI
 takes ``--train.optim.lr 3e-3``.
 
-Renamed settings: the flat names of earlier versions (``lr``, ``n_warm_tokens``, ``order_every``,
-``bd_warmup_steps``, ``eval_every``, ``checkpoint_every``, ... see ``FLAT_NAMES``) still load from YAML files,
-``TrainConfig(lr=...)``, ``replace``, attribute reads and an old run's ``run.yaml`` / checkpoint, each with
-one ``FlatNameWarning`` line naming the new spelling (``nest_flat(..., warn=False)`` maps an old record
-silently for the resume comparison).
+The flat names of earlier versions (``lr``, ``eval_every``, ...) are unknown keys in a config (the error names
+the new path); only a saved record of an old run (``run.yaml``, a checkpoint) is mapped to the sections, silently,
+by ``upgrade_record`` (``RECORD_RENAMES``), so such a run still resumes.
 
 ``TrainConfig.preset("370m" | "1.5b")`` holds the paper's whole training setting of a model size (Table 7,
 Table 55, D.8): batch in tokens, peak lr, token warm-up, cadences and the shared-refinement stage; a run
@@ -23,9 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from .base import ConfigBase, ConfigError, check, flat_names, opt, section
+from pydantic import StringConstraints
+
+from .base import AtLeast1, ConfigBase, ConfigError, NonEmpty, NonNeg, Pos, opt, section
 from .recipe import (
     REFINE_CAPACITIES,
     T1_T9,
@@ -40,11 +40,14 @@ from .recipe import (
 
 __all__ = ["TrainConfig", "RECIPES", "PARALLEL", "PRECISIONS", "TRAIN_PRESETS", "resolve_precision"]
 
-RECIPES = ("auto", "capacity_mixed", "budget_dropout", "nested_ffn", "posthoc", "dense")
-PARALLEL = ("ddp", "fsdp")
-PRECISIONS = ("auto", "fp32", "bf16")
+Recipe = Literal["auto", "capacity_mixed", "budget_dropout", "nested_ffn", "posthoc", "dense"]
+Parallel = Literal["ddp", "fsdp"]
+Precision = Literal["auto", "fp32", "bf16"]
 #: the loggers ``log`` may name beside metrics.jsonl (``train/log_sinks.py``)
-LOG_SINKS = ("csv", "tensorboard", "wandb")
+LogSink = Literal["csv", "tensorboard", "wandb"]
+CompileScope = Literal["blocks", "model"]
+Device = Annotated[str, StringConstraints(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")]   # 'cuda:<i>' too
+RECIPES, PARALLEL, PRECISIONS, LOG_SINKS = (get_args(t) for t in (Recipe, Parallel, Precision, LogSink))
 
 #: The papers' training settings per ESSH model size (Table 7, Table 55, D.4, D.8, E.3). Steps are the
 #: pretraining tokens over the tokens per step (370M: 7.4B / 262,144; 1.5B: 100B / 524,288). The 1.5B
@@ -63,8 +66,8 @@ TRAIN_PRESETS: dict[str, dict] = {
 
 _SECTIONS = {"optim": ("lr", "warmup_frac", "min_lr_frac", "betas", "eps", "weight_decay", "clip"),
              "mixing": ("n_warm_tokens", "full_share", "capacities", "kl_coef", "alpha_ff")}
-#: old flat name -> section path
-_FLAT = {**{n: f"{s}.{n}" for s, names in _SECTIONS.items() for n in names},
+#: the flat names of the train records of earlier versions -> their section paths (``upgrade_record``)
+RECORD_RENAMES = {**{n: f"{s}.{n}" for s, names in _SECTIONS.items() for n in names},
          "order_every": "ordering.every", "order_until": "ordering.until", "stat_decay": "ordering.stat_decay",
          "bd_warmup_steps": "budget_dropout.warmup_steps", "bd_warmup_epochs": "budget_dropout.warmup_epochs",
          "bd_warmup_frac": "budget_dropout.warmup_frac", "n_full": "budget_dropout.n_full",
@@ -89,29 +92,27 @@ def _micro_batches(tokens: int, B: int, T: int, world: int, name: str) -> int:
     return tokens // per
 
 
-@flat_names
 @dataclass(kw_only=True)
 class TrainConfig(ConfigBase):
     """One training run: recipe, batch shape, precision and placement; the recipe knobs in sections."""
 
-    FLAT_NAMES: ClassVar[dict[str, str]] = _FLAT
     #: settings a resumed run may change: logging, evaluation, checkpoint cadence, placement and compilation
     #: (every other setting changes the objective, the data order or the schedule, so ``resume`` refuses it);
     #: ``grad_accum`` may change only with the world size, keeping ``grad_accum x ranks`` (checked on resume)
     RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"grad_accum", "out_dir", "log_every", "log", "eval",
         "checkpoint", "compile", "compile_scope", "device", "parallel", "loss_chunk", "dist_timeout_s"})
 
-    recipe: str = opt("auto", "'capacity_mixed' (ESSH, Alg. 1), 'budget_dropout' (ES-SSM, Sec. 4.2), "
+    recipe: Recipe = opt("auto", "'capacity_mixed' (ESSH, Alg. 1), 'budget_dropout' (ES-SSM, Sec. 4.2), "
                       "'nested_ffn' (MatFormer, N.1), 'posthoc' (recovery of a dense parent, E.7: `elastic-ssm "
                       "recover`), 'dense' (full capacity only) or 'auto' (by model type)")
-    steps: int = opt(1000, "optimizer steps of the pretraining stage (CPU default; paper 370M: 28,229)")
-    micro_batch_size: int = opt(8, "sequences per micro-batch on each rank (B); the data must deliver it")
-    grad_accum: int = opt(1, "micro-batches per optimizer step on each rank (M; global M = M x world); "
+    steps: AtLeast1 = opt(1000, "optimizer steps of the pretraining stage (CPU default; paper 370M: 28,229)")
+    micro_batch_size: AtLeast1 = opt(8, "sequences per micro-batch on each rank (B); the data must deliver it")
+    grad_accum: AtLeast1 = opt(1, "micro-batches per optimizer step on each rank (M; global M = M x world); "
                           "with tokens_per_step > 0 it is derived and must stay 1")
-    tokens_per_step: int = opt(0, "global batch in tokens per optimizer step (Table 7: 262,144 at 370M, 524,288 "
+    tokens_per_step: NonNeg = opt(0, "global batch in tokens per optimizer step (Table 7: 262,144 at 370M, 524,288 "
                                "at 1.5B); > 0 derives M = tokens_per_step / (micro_batch_size x seq_len x ranks); "
                                "0: M = grad_accum")
-    seq_len: int = opt(512, "tokens per sequence (L; paper: 2048); the data must deliver it")
+    seq_len: AtLeast1 = opt(512, "tokens per sequence (L; paper: 2048); the data must deliver it")
     optim: OptimConfig = section(OptimConfig, "AdamW and the warm-up + cosine schedule (Table 7)")
     mixing: MixingConfig = section(MixingConfig, "capacity-mixed training (ESSH Alg. 1, D.4)")
     ordering: OrderingConfig = section(OrderingConfig, "FFN importance ordering (ESSH D.3)")
@@ -119,57 +120,43 @@ class TrainConfig(ConfigBase):
     refine: RefineConfig = section(RefineConfig, "shared-refinement stage after pretraining (D.8)")
     eval: EvalConfig = section(EvalConfig, "validation during training (E.4)")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "checkpoint cadence and retention")
-    loss_chunk: int = opt(0, "chunked loss (D.6): positions per chunk, 0 = full-logit loss (paper: 4096)")
-    precision: str = opt("auto", "'auto' (bf16 on CUDA, fp32 on CPU), 'fp32' or 'bf16' (autocast with fp32 "
+    loss_chunk: NonNeg = opt(0, "chunked loss (D.6): positions per chunk, 0 = full-logit loss (paper: 4096)")
+    precision: Precision = opt("auto", "'auto' (bf16 on CUDA, fp32 on CPU), 'fp32' or 'bf16' (autocast with fp32 "
                          "master weights, E.5)")
-    out_dir: str = opt("runs/train", "run directory: checkpoints, metrics.jsonl, final model")
-    seed: int = opt(0, "seed of model init, capacity sampling and budget sampling")
-    log_every: int = opt(10, "write a metrics.jsonl training record every this many steps")
-    log: tuple[str, ...] = opt((), "loggers beside metrics.jsonl (the record of truth): any of 'csv' "
+    out_dir: NonEmpty = opt("runs/train", "run directory: checkpoints, metrics.jsonl, final model")
+    seed: NonNeg = opt(0, "seed of model init, capacity sampling and budget sampling")
+    log_every: AtLeast1 = opt(10, "write a metrics.jsonl training record every this many steps")
+    log: tuple[LogSink, ...] = opt((), "loggers beside metrics.jsonl (the record of truth): any of 'csv' "
                                "(metrics.csv), 'tensorboard', 'wandb' (extra 'log'; WANDB_MODE=offline works); "
                                "train/log_sinks.py")
     compile: bool = opt(False, "torch.compile the model (scope: compile_scope; one compile per sampled capacity, "
                         "absorbed by the first steps)")
-    compile_scope: str = opt("blocks", "with compile: 'blocks' (each block, one graph per block kind and "
+    compile_scope: CompileScope = opt("blocks", "with compile: 'blocks' (each block, one graph per block kind and "
                              "capacity: short compiles for capacity-mixed training, works with FSDP) or 'model' "
                              "(elastic_ssm.compile_model: embedding, blocks, norm and logits in one graph per "
                              "capacity: fewer kernels, longer compiles; not with parallel='fsdp')")
-    device: str = opt("auto", "'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu' or 'cuda'")
-    parallel: str = opt("ddp", "'ddp' or 'fsdp' (FSDP2 fully_shard per block, for models that need sharding); "
+    device: Device = opt("auto", "'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu' or 'cuda'")
+    parallel: Parallel = opt("ddp", "'ddp' or 'fsdp' (FSDP2 fully_shard per block, for models that need sharding); "
                         "used under torchrun with more than one rank")
-    dist_timeout_s: float = opt(600.0, "under torchrun: seconds a collective may wait for the other ranks before "
+    dist_timeout_s: Pos = opt(600.0, "under torchrun: seconds a collective may wait for the other ranks before "
                                 "the run stops with an error naming the rank and the step (a stuck or diverged "
                                 "rank; raise it when one rank alone does long work such as a big checkpoint)")
 
     def validate(self) -> None:
-        c = "TrainConfig"
-        check(self.recipe in RECIPES, c, "recipe", f"must be one of {RECIPES}, got {self.recipe!r}")
-        for name in ("steps", "micro_batch_size", "grad_accum", "seq_len", "log_every"):
-            check(getattr(self, name) >= 1, c, name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("loss_chunk", "tokens_per_step", "seed"):
-            check(getattr(self, name) >= 0, c, name, f"must be >= 0, got {getattr(self, name)}")
-        check(self.precision in PRECISIONS, c, "precision", f"must be one of {PRECISIONS}, got {self.precision!r}")
-        check(self.tokens_per_step == 0 or self.grad_accum == 1, c, "grad_accum",
-              f"is derived from tokens_per_step={self.tokens_per_step:,} (the global batch in tokens); give one of "
-              "them (set tokens_per_step 0 to use grad_accum)")
+        """The rules across fields (each field's type and range is declared on it)."""
+        if self.tokens_per_step and self.grad_accum != 1:
+            raise ConfigError(f"TrainConfig.grad_accum: is derived from tokens_per_step={self.tokens_per_step:,} (the "
+                              "global batch in tokens); give one of them (set tokens_per_step 0 to use grad_accum)")
         if self.tokens_per_step:
             _micro_batches(self.tokens_per_step, self.micro_batch_size, self.seq_len, 1, "tokens_per_step")
         if self.refine.tokens_per_step:
             _micro_batches(self.refine.tokens_per_step, self.micro_batch_size, self.seq_len, 1,
                            "refine.tokens_per_step")
-        check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), c, "device",
-              f"must be 'auto', 'cpu', 'cuda' or 'cuda:<i>', got {self.device!r}")
-        check(self.parallel in PARALLEL, c, "parallel", f"must be one of {PARALLEL}, got {self.parallel!r}")
-        check(self.compile_scope in ("blocks", "model"), c, "compile_scope",
-              f"must be 'blocks' or 'model', got {self.compile_scope!r}")
-        check(not (self.compile and self.compile_scope == "model" and self.parallel == "fsdp"), c,
-              "compile_scope", "'model' does not combine with parallel='fsdp' (FSDP2 shards per block); "
-              "use compile_scope='blocks'")
-        check(self.dist_timeout_s > 0, c, "dist_timeout_s", f"must be > 0 seconds, got {self.dist_timeout_s}")
-        check(bool(self.out_dir), c, "out_dir", "must be a directory path")
-        bad = [x for x in self.log if x not in LOG_SINKS]
-        check(not bad and len(set(self.log)) == len(self.log), c, "log",
-              f"takes each of {LOG_SINKS} at most once, got {list(self.log)}")
+        if self.compile and self.compile_scope == "model" and self.parallel == "fsdp":
+            raise ConfigError("TrainConfig.compile_scope: 'model' does not combine with parallel='fsdp' (FSDP2 "
+                              "shards per block); use compile_scope='blocks'")
+        if len(set(self.log)) != len(self.log):
+            raise ConfigError(f"TrainConfig.log: takes each of {LOG_SINKS} at most once, got {list(self.log)}")
 
     @property
     def warmup_steps(self) -> int:
@@ -190,9 +177,20 @@ class TrainConfig(ConfigBase):
 
     @classmethod
     def upgrade_record(cls, d: dict[str, Any]) -> dict[str, Any]:
-        """A ``train`` record (``to_dict()``) written by an earlier version, with its flat names in their
-        sections, silently (for the resume comparison of an old ``run.yaml`` or checkpoint)."""
-        return cls.nest_flat(d, warn=False) if isinstance(d, dict) else d
+        """A ``train`` record (``to_dict()``) written by an earlier version, with its flat names
+        (``RECORD_RENAMES``) moved into their sections (for the resume of an old ``run.yaml`` or checkpoint)."""
+        if not isinstance(d, dict):
+            return d
+        out = {k: v for k, v in d.items() if k not in RECORD_RENAMES}
+        for old in RECORD_RENAMES.keys() & d.keys():
+            sec, sub = RECORD_RENAMES[old].split(".")
+            out[sec] = {**(out.get(sec) or {}), sub: d[old]}
+        return out
+
+    @classmethod
+    def suggest(cls, key: str) -> str:
+        """The section path of an old flat name (``lr`` -> ``optim.lr``), else the closest path."""
+        return f"; did you mean {RECORD_RENAMES[key]}?" if key in RECORD_RENAMES else super().suggest(key)
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> TrainConfig:
@@ -201,7 +199,6 @@ class TrainConfig(ConfigBase):
         if name not in TRAIN_PRESETS:
             raise ConfigError(f"unknown training preset {name!r}; choose one of {sorted(TRAIN_PRESETS)}")
         base = dict(TRAIN_PRESETS[name])
-        overrides = cls.nest_flat(overrides)
         for sec in _SECTION_NAMES & set(overrides):
             given = overrides.pop(sec)
             if isinstance(given, ConfigBase):

@@ -122,34 +122,30 @@ def test_run_config_is_a_typed_config_base():
 
 # ---- renamed train settings ------------------------------------------------------------------------------
 def _flat(train: dict) -> dict:
-    from elastic_ssm.config import TrainConfig
+    from elastic_ssm.config.train import RECORD_RENAMES
 
     out = {k: v for k, v in train.items() if not isinstance(v, dict) or k == "refine"}
-    for old, path in TrainConfig.FLAT_NAMES.items():
+    for old, path in RECORD_RENAMES.items():
         sec, sub = path.split(".")
         out[old] = train[sec][sub]
     return out
 
 
-def test_old_flat_train_names_still_load_with_one_warning_line(tmp_path):
-    from elastic_ssm.config import FlatNameWarning, TrainConfig
+def test_an_old_flat_train_name_is_an_unknown_key_naming_the_new_path(tmp_path):
+    from elastic_ssm.config import TrainConfig
 
-    want = TrainConfig(steps=7, optim={"lr": 3e-3}, mixing={"n_warm_tokens": 5, "kl_coef": 0.25},
-                       ordering={"every": 3}, budget_dropout={"warmup_steps": 2}, eval={"every": 0},
-                       checkpoint={"keep_last": 1})
-    assert want.optim.lr == 3e-3 and want.optim.clip == 1.0 and want.mixing.full_share == 0.75
-    flat = dict(steps=7, lr=3e-3, n_warm_tokens=5, kl_coef=0.25, order_every=3, bd_warmup_steps=2, eval_every=0,
-                keep_last=1)
     path = tmp_path / "t.yaml"
-    path.write_text("".join(f"{k}: {v}\n" for k, v in flat.items()))
-    with pytest.warns(FlatNameWarning) as got:
-        loaded = [TrainConfig.from_yaml(path), TrainConfig(**flat), TrainConfig().replace(**flat)]
-    assert all(c == want for c in loaded)
-    assert all("\n" not in str(w.message) and "lr -> optim.lr" in str(w.message) for w in got)
-    with pytest.warns(FlatNameWarning, match="order_every -> ordering.every"):
-        assert want.order_every == 3                              # old attribute reads
-    with pytest.raises(ConfigError, match="give only optim.lr"):
-        TrainConfig.from_dict({"lr": 1e-3, "optim": {"lr": 2e-3}})
+    for old, new in [("lr", "optim.lr"), ("order_every", "ordering.every"), ("eval_every", "eval.every"),
+                     ("bd_warmup_steps", "budget_dropout.warmup_steps"), ("keep_last", "checkpoint.keep_last")]:
+        path.write_text(f"steps: 7\n{old}: 3\n")
+        for load, arg in ((TrainConfig.from_yaml, path), (TrainConfig.from_dict, {"preset": "370m", old: 3})):
+            with pytest.raises(ConfigError, match=f"unknown field.*'{old}'.*did you mean {new}[?]") as e:
+                load(arg)
+            assert "\n" not in str(e.value)
+        with pytest.raises(TypeError):
+            TrainConfig(**{old: 3})
+        with pytest.raises(AttributeError):
+            getattr(TrainConfig(), old)
     with pytest.raises(ConfigError, match="unknown field"):
         TrainConfig.from_dict({"lr_peak": 1e-3})
     with pytest.raises(AttributeError):

@@ -168,9 +168,10 @@ CASES = {  # name: (argv, words the message must contain)
     # config files: nested sections, duplicate keys, empty files, names that are not strings
     "section given as a scalar": (["train", "--config", "{optim_scalar}"], ["TrainConfig.optim", "mapping"]),
     "unknown key in a section": (["train", "--config", "{optim_unknown}"], ["OptimConfig", "colour"]),
-    "flat name and section differ": (["train", "--config", "{flat_and_section}"], ["lr", "optim.lr", "same setting"]),
-    "flat flag and section flag differ": ([*TRAIN, "--train.lr", "1e-3", "--train.optim.lr", "2e-3"],
-                                          ["--train.lr", "--train.optim.lr", "same setting"]),
+    "old flat name beside its section": (["train", "--config", "{flat_and_section}"],
+                                         ["unknown field", "'lr'", "did you mean optim.lr?"]),
+    "old flat flag beside its section flag": ([*TRAIN, "--train.lr", "1e-3", "--train.optim.lr", "2e-3"],
+                                              ["unrecognized", "--train.lr", "did you mean --train.optim.lr"]),
     "yaml key twice": (["train", "--config", "{dup_key}"], ["'model'", "twice", "lines 1 and 2"]),
     "yaml empty": (["train", "--config", "{blank}"], ["blank.yaml", "is empty"]),
     "config path empty": (["train", "--config", ""], ["--config", "empty string"]),

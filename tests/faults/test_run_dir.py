@@ -138,10 +138,10 @@ def test_es_ssm_sequences_longer_than_its_filters_are_refused_before_anything_is
 
 def _flat_train(train):
     """A train record as the version before the train sections wrote it (flat names, refine nested)."""
-    from elastic_ssm.config import TrainConfig
+    from elastic_ssm.config.train import RECORD_RENAMES
 
     flat = {k: v for k, v in train.items() if not isinstance(v, dict) or k == "refine"}
-    for old, path in TrainConfig.FLAT_NAMES.items():
+    for old, path in RECORD_RENAMES.items():
         sec, sub = path.split(".")
         flat[old] = train[sec][sub]
     return flat
