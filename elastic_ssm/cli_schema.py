@@ -129,6 +129,8 @@ class TrainOptions:
                            "moved aside, never deleted)")
     stop_after: int = flag(0, "end this call at step N of the current stage with a checkpoint there and no final "
                               "model (continue with --resume; 0: run to the end)", minimum=0)
+    verify_data: bool = flag(False, "re-hash every prepared token file (*.bin) whole against its sidecar's sha256 "
+                                    "before training (by default a sampled fingerprint is checked)")
 
 
 @dataclass(kw_only=True)

@@ -70,3 +70,28 @@ def test_prepare_removes_temporaries_of_an_interrupted_prepare(tmp_path, capsys)
     assert not any(p.exists() for p in left) and other.exists()
     notices = [line for line in err.splitlines() if line.startswith("[prepare] removed")]
     assert len(notices) == 2 and all("interrupted prepare of train.bin" in n for n in notices), err
+
+
+def test_a_token_file_corrupted_in_place_is_refused_before_training(tmp_path, capsys):
+    import harness
+
+    cfg = harness.write_run(tmp_path, steps=2)
+    out = tmp_path / "data" / "train.bin"
+    assert main(["prepare", str(tmp_path / "corpus.txt"), str(out)]) == 0
+    size = out.stat().st_size
+    with open(out, "r+b") as f:                          # flip bytes in the middle; the size stays
+        f.seek(size // 2)
+        b = f.read(8)
+        f.seek(size // 2)
+        f.write(bytes(x ^ 0x5A for x in b))
+    assert out.stat().st_size == size
+    cfg.write_text(cfg.read_text().replace(str(tmp_path / "corpus.txt"), str(out)))
+    capsys.readouterr()
+    for extra, words in (([], ("sampled fingerprint",)), (["--verify_data"], ("sha256 mismatch",))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rc = main(["train", "--config", str(cfg), "--train.out_dir", str(tmp_path / "run"), *extra])
+        err = _err_lines(capsys.readouterr().err)
+        assert rc == 2 and len(err) == 1, err
+        assert str(out) in err[0] and "re-run elastic-ssm prepare" in err[0] and all(w in err[0] for w in words), err
+        assert not (tmp_path / "run" / "pretrain").exists()
