@@ -288,7 +288,8 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 
     try:
         quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config,
-                   overwrite=args.overwrite)
+                   overwrite=args.overwrite,
+                   resume={None: False, "yes": True}.get(args.resume, args.resume))
     except TrainingInterrupted as e:     # a stopped run, checkpointed: like `train`, not a bug
         if is_rank_zero():
             print(f"elastic-ssm quickstart: {e}", file=sys.stderr)

@@ -307,3 +307,7 @@ class QuickstartOptions:
     config: str | None = flag(None, "run YAML (default: the embedded quickstart config)")
     control: bool = flag(True, "also train the dense control (full capacity only) and truncate it to T1")
     overwrite: bool = flag(False, "move the outputs of an earlier quickstart in --out (runs, exports, report) aside")
+    resume: Literal["yes", "auto"] | None = flag(
+        None, "continue a stopped quickstart in --out ('--resume' alone is '--resume yes'): finished runs are loaded, "
+              "an interrupted one continues from its checkpoint (same --steps / --config); exports and report are "
+              "redone; '--resume auto' starts fresh when --out holds no quickstart run")
