@@ -104,15 +104,19 @@ def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
 
 def _train_or_load(run: Any, data: Any, resume: bool, overwrite: bool, stages=None):
     """Train ``run`` (continuing its run directory with ``resume``), or with ``resume`` load the final model of a
-    run that finished."""
+    run that finished (its settings compared with the run's record first, as a resume compares them)."""
     from .pipeline import train_run
 
     final = Path(run.train.out_dir) / "final"
     if resume and (final / "config.json").is_file():
         from .models import load_pretrained
+        from .train.preflight import _check_resume_record
+        from .train.rundir import RunLock
 
-        print(f"[quickstart] --resume: {final} is finished; loading it")
-        return load_pretrained(final)
+        with RunLock(run.train.out_dir, owner="quickstart run", flag="--out"):
+            _check_resume_record(Path(run.train.out_dir), run.to_dict(), run.train.RESUME_FREE)
+            print(f"[quickstart] --resume: {final} is finished; loading it")
+            return load_pretrained(final)
     return train_run(run, data, resume="auto" if resume else False, overwrite=overwrite, stages=stages)
 
 

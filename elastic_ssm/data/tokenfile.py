@@ -267,6 +267,7 @@ def pysrc_tokens(spec: str, tokenizer, split: str):
     try:
         tf = TokenFile(path)
         if tf.meta.get("pysrc", {}).get("manifest") == m.key:
+            tf.check_fingerprint()      # a cache file changed in place is prepared again
             return tf
     except (FileNotFoundError, ValueError):
         pass

@@ -67,6 +67,9 @@ def test_quickstart_stopped_by_sigterm_resumes_bit_exact(setup, capsys):
     said = capsys.readouterr().out
     assert said.count("is finished; loading it") == 2 and "step 1" not in said, said
     _same_outputs(root / "whole", out)
+    assert _quiet(["quickstart", "--out", str(out), "--config", str(cfg), "--resume", "--steps", "5"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "train.steps" in err[0], err          # a finished run is not loaded under other settings
 
 
 def test_quickstart_resume_without_a_run_is_one_line(tmp_path, capsys):
