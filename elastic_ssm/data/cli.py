@@ -3,7 +3,8 @@ are ``PrepareOptions`` / ``TokenizerTrainOptions`` of ``cli_schema.py``).
 
 ``prepare`` holds a one-writer lock on its output (``.<OUT name>.lock`` beside OUT, the ``RunLock`` that ``train``
 and ``export`` hold on their folders) from before its checks until the sidecar is written: a second ``prepare``
-into the same OUT is refused in one line naming the holder. Under the lock, temporary files of OUT and its
+into the same OUT is refused in one line naming the holder; the lock file it created is removed when it ends, and a
+refused ``prepare`` leaves no folder it created behind. Under the lock, temporary files of OUT and its
 sidecar (``.<name>.*.tmp``) are an interrupted writer's (a live one would hold the lock): they are removed,
 each with one line.
 """
@@ -39,10 +40,26 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".bin":      # another name is refused by prepare, before any work, whether it exists or not
         return _prepare(args, prepare)
-    with RunLock(out.parent, owner=f"prepare writing {out.name}", flag="OUT", name=f".{out.name}.lock"):
+    made = [d for d in (out.parent, *out.parent.parents) if not d.exists()]   # the folders the lock creates
+    lock = RunLock(out.parent, owner=f"prepare writing {out.name}", flag="OUT", name=f".{out.name}.lock")
+    had_lock = lock.path.exists()
+    lock.acquire()
+    ok = False
+    try:
         clean_stale_temps(out)
         refuse_existing(args, out, sidecar_path(out))      # the tokens and their .json sidecar are one output
-        return _prepare(args, prepare)
+        rc = _prepare(args, prepare)
+        ok = True
+        return rc
+    finally:      # its own lock file goes (removed while still held); a refused prepare leaves no folder either
+        if not had_lock:
+            lock.path.unlink(missing_ok=True)
+        lock.release()
+        for folder in [] if ok else made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
 
 def _prepare(args: argparse.Namespace, prepare) -> int:

@@ -53,6 +53,8 @@ def test_second_prepare_into_one_output_is_refused_naming_the_holder(tmp_path, c
         holder.wait()
     assert main(["prepare", str(src), str(out)]) == 0      # the holder is gone: its lock went with it
     assert out.is_file() and not stale.exists()
+    assert main(["prepare", str(src), str(tmp_path / "new" / "sub" / "x.bin"), "--tokenizer", "missing.json"]) == 2
+    assert not (tmp_path / "new").exists()                  # a refused prepare leaves no folder and no lock file
 
 
 def test_prepare_removes_temporaries_of_an_interrupted_prepare(tmp_path, capsys):
