@@ -72,6 +72,25 @@ def test_quickstart_stopped_by_sigterm_resumes_bit_exact(setup, capsys):
     assert len(err) == 1 and "train.steps" in err[0], err          # a finished run is not loaded under other settings
 
 
+def test_quickstart_stopped_in_every_stage_resumes_bit_exact(setup):
+    """SIGTERM at step 2 of every stage it reaches (elastic pretrain and refine, dense pretrain and refine): each
+    ``--resume`` goes one stage further, and the end equals the uninterrupted run."""
+    root, cfg = setup
+    out, stops = root / "every", []
+    for attempt in range(8):
+        p = subprocess.run([sys.executable, str(harness.HERE / "harness.py"), "--fault", "sigterm-step:2",
+                            "quickstart", "--out", str(out), "--config", str(cfg), *(["--resume"] if attempt else [])],
+                           capture_output=True, text=True, env=harness._env(), timeout=300)
+        if p.returncode == 0:
+            break
+        assert p.returncode == 143, p.stderr
+        stops.append(p.stderr.split("checkpoint ")[-1].split(";")[0])
+    assert p.returncode == 0 and len(stops) == 4, stops
+    assert [s.split("/")[-3:-1] for s in stops] == [["elastic", "pretrain"], ["elastic", "refine"],
+                                                   ["dense", "pretrain"], ["dense", "refine"]], stops
+    _same_outputs(root / "whole", out)
+
+
 def test_quickstart_resume_without_a_run_is_one_line(tmp_path, capsys):
     assert _quiet(["quickstart", "--out", str(tmp_path / "none"), "--resume"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
