@@ -68,7 +68,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run = load_run_config(args)
     try:
         run_training(run, resume={None: False, "yes": True}.get(args.resume, args.resume), overwrite=args.overwrite,
-                     stop_after=args.stop_after or None)
+                     stop_after=args.stop_after or None, verify_data=args.verify_data)
     except TrainingInterrupted as e:
         if is_rank_zero():        # every rank stops; one line says so
             print(f"elastic-ssm train: {e}", file=sys.stderr)
@@ -297,7 +297,8 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 
     try:
         quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config,
-                   overwrite=args.overwrite)
+                   overwrite=args.overwrite,
+                   resume={None: False, "yes": True}.get(args.resume, args.resume))
     except TrainingInterrupted as e:     # a stopped run, checkpointed: like `train`, not a bug
         if is_rank_zero():
             print(f"elastic-ssm quickstart: {e}", file=sys.stderr)

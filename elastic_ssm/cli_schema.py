@@ -129,6 +129,8 @@ class TrainOptions:
                            "moved aside, never deleted)")
     stop_after: int = flag(0, "end this call at step N of the current stage with a checkpoint there and no final "
                               "model (continue with --resume; 0: run to the end)", minimum=0)
+    verify_data: bool = flag(False, "re-hash every prepared token file (*.bin) whole against its sidecar's sha256 "
+                                    "before training (by default a sampled fingerprint is checked)")
 
 
 @dataclass(kw_only=True)
@@ -313,3 +315,7 @@ class QuickstartOptions:
     config: str | None = flag(None, "run YAML (default: the embedded quickstart config)")
     control: bool = flag(True, "also train the dense control (full capacity only) and truncate it to T1")
     overwrite: bool = flag(False, "move the outputs of an earlier quickstart in --out (runs, exports, report) aside")
+    resume: Literal["yes", "auto"] | None = flag(
+        None, "continue a stopped quickstart in --out ('--resume' alone is '--resume yes'): finished runs are loaded, "
+              "an interrupted one continues from its checkpoint (same --steps / --config); exports and report are "
+              "redone; '--resume auto' starts fresh when --out holds no quickstart run")

@@ -59,8 +59,9 @@ def check_model_length(run: Any) -> None:
                           "or more")
 
 
-def build_data(run: Any) -> RunData:
-    """The training and validation data of ``run`` (every source checked, and the model's length limit)."""
+def build_data(run: Any, verify: bool = False) -> RunData:
+    """The training and validation data of ``run`` (every source checked, and the model's length limit);
+    ``verify``: re-hash every prepared token file whole (``load_corpus``), not only its sampled fingerprint."""
     from .data import evaluation_batches, load_corpus, load_tokenizer
 
     check_model_length(run)
@@ -82,9 +83,9 @@ def build_data(run: Any) -> RunData:
         raise ConfigError(f"tokenizer {d.tokenizer!r} has {tok.vocab_size} ids but model.vocab_size is "
                           f"{run.model.vocab_size}; set --model.vocab_size >= {tok.vocab_size}")
     cap = d.max_train_bytes or None
-    train_tokens = load_corpus(d.source, tok, split="train", max_bytes=cap, text_field=d.text_field)
+    train_tokens = load_corpus(d.source, tok, split="train", max_bytes=cap, text_field=d.text_field, verify=verify)
     val_src = d.val_source or d.source
-    val_tokens = load_corpus(val_src, tok, split="validation", text_field=d.text_field)
+    val_tokens = load_corpus(val_src, tok, split="validation", text_field=d.text_field, verify=verify)
     val = list(evaluation_batches(val_tokens, t.seq_len, t.micro_batch_size, t.eval.batches))
     if not val:
         raise ConfigError(f"validation source {val_src!r} is shorter than one sequence of {t.seq_len} tokens")
@@ -162,7 +163,8 @@ def _kept_added_fields(run: Any, saved_model: dict[str, Any], before: dict[str, 
             and before[k] != getattr(run.model, k)}
 
 
-def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, stop_after: int | None = None):
+def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, stop_after: int | None = None,
+                 verify_data: bool = False):
     """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
     from pathlib import Path
 
@@ -204,7 +206,7 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
     threads = cpu_threads_for(run.train.device)     # before any work: the data is tokenized with them too
     if threads and main:
         print(f"[train] {threads}")
-    data = build_data(run)
+    data = build_data(run, verify=verify_data)
     from .elastic.matching import format_report, parameter_report
 
     params = parameter_report(run.model, run.model_source)      # Tables 8 / 9 / 54, reported with the run

@@ -10,6 +10,11 @@
    ESSH run, so both families have equal training exposure; both the raw and the recovered truncation are
    reported (Table 33 reports the raw T1 beside the recovered compact models).
 5. Write ``report.md``, ``tiers.csv`` and ``quality_size.png``; print the table.
+
+``resume`` (``True``; ``"auto"``: start fresh when ``out_dir`` holds no quickstart run) continues a quickstart
+stopped by a signal (its message says "continue with --resume"): a run whose ``final/`` is saved is loaded, not
+trained again; an interrupted one continues from its latest checkpoint, bit-exact as ``train --resume`` (one that
+had no checkpoint yet starts over); exports, evaluations and the report are redone.
 """
 
 from __future__ import annotations
@@ -97,24 +102,49 @@ def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
     return dest
 
 
+def _train_or_load(run: Any, data: Any, resume: bool, overwrite: bool, stages=None):
+    """Train ``run`` (continuing its run directory with ``resume``), or with ``resume`` load the final model of a
+    run that finished (its settings compared with the run's record first, as a resume compares them)."""
+    from .pipeline import train_run
+
+    final = Path(run.train.out_dir) / "final"
+    if resume and (final / "config.json").is_file():
+        from .models import load_pretrained
+        from .train.preflight import _check_resume_record
+        from .train.rundir import RunLock
+
+        with RunLock(run.train.out_dir, owner="quickstart run", flag="--out"):
+            _check_resume_record(Path(run.train.out_dir), run.to_dict(), run.train.RESUME_FREE)
+            print(f"[quickstart] --resume: {final} is finished; loading it")
+            return load_pretrained(final)
+    return train_run(run, data, resume="auto" if resume else False, overwrite=overwrite, stages=stages)
+
+
 def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control: bool = True,
-               config: str | Path | None = None, overwrite: bool = False) -> dict[str, Any]:
-    from .config import RunConfig
+               config: str | Path | None = None, overwrite: bool = False,
+               resume: bool | str = False) -> dict[str, Any]:
+    from .config import ConfigError, RunConfig
     from .elastic.export import check_export, export_tier
     from .elastic.model_card import model_card
-    from .pipeline import build_data, fit_model_to_tokenizer, train_run
+    from .pipeline import build_data, fit_model_to_tokenizer
     from .utils.files import atomic_write_bytes
 
     out = Path(out_dir)
+    if resume and overwrite:
+        raise ConfigError("--resume continues the quickstart in --out and --overwrite moves it aside; give one")
+    if resume == "auto" and not (out / "elastic").is_dir():     # nothing to continue: a fresh start
+        resume = False
+    if resume and not (out / "elastic").is_dir():
+        raise ConfigError(f"--resume: {out} holds no quickstart run to continue (no {out / 'elastic'}); drop "
+                          "--resume to start one, or give its --out")
     run = RunConfig.from_yaml(EMBEDDED if config is None else config)
     if run.arch != "essh":
-        from .config import ConfigError
-
         raise ConfigError("quickstart trains an ESSH (model.arch: essh); use `elastic-ssm train` for ES-SSM runs")
     if steps:
         run = run.with_overrides({}, {"steps": steps}, {})
     run = run.with_overrides({}, {"out_dir": str(out / "elastic")}, {})
-    _claim_outputs(out, control, overwrite)
+    if not resume:
+        _claim_outputs(out, control, overwrite)
     out.mkdir(parents=True, exist_ok=True)          # after the checks: a refused run leaves no folder behind
     run = fit_model_to_tokenizer(run)
     threads = cpu_threads_for(run.train.device)     # before any work: the corpus is tokenized with them too
@@ -123,7 +153,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     t0 = time.time()
     data = build_data(run)
     print(f"[quickstart] corpus: {data.describe()}")
-    model = train_run(run, data, overwrite=overwrite)
+    model = _train_or_load(run, data, resume, overwrite)
     t_train = time.time() - t0
 
     print("[quickstart] exporting and checking every tier against the shared model")
@@ -144,7 +174,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
 
     control_rows = raw_rows = None
     if control:
-        control_rows, raw_rows = _dense_control(run, data, out, overwrite)
+        control_rows, raw_rows = _dense_control(run, data, out, overwrite, resume)
 
     table = format_evals(rows)
     print("\n" + table)
@@ -179,12 +209,12 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     return summary
 
 
-def _dense_control(run: Any, data: Any, out: Path, overwrite: bool) -> tuple[list[TierEval], list[TierEval] | None]:
+def _dense_control(run: Any, data: Any, out: Path, overwrite: bool,
+                   resume: bool = False) -> tuple[list[TierEval], list[TierEval] | None]:
     """The dense control: full-capacity pretraining (same steps and data), then, when the run has a refinement
     stage, the same refinement as recovery. Returns (recovered rows, raw-truncation rows), or (raw rows, None)
     without refinement. The raw rows come from the pretraining stage's final checkpoint."""
     from .models import load_pretrained
-    from .pipeline import train_run
     from .train import find_checkpoint
 
     recover = run.train.refine.steps > 0
@@ -193,7 +223,7 @@ def _dense_control(run: Any, data: Any, out: Path, overwrite: bool) -> tuple[lis
              if recover else ")"))
     dense_run = run.with_overrides({}, {"recipe": "dense", "out_dir": str(out / "dense")}, {})
     stages = ("pretrain", "refine") if recover else None
-    dense = train_run(dense_run, data, overwrite=overwrite, stages=stages)  # same data config: reuse the corpus
+    dense = _train_or_load(dense_run, data, resume, overwrite, stages)  # same data config: reuse the corpus
     rows = evaluate_tiers(dense, data.val_batches)
     if not recover:
         return rows, None

@@ -1,12 +1,13 @@
-"""Prepared token files: a flat binary token stream plus a JSON sidecar, opened with ``np.memmap``.
-
-``prepare`` (the engine of ``elastic-ssm prepare``) streams documents through a tokenizer and writes
-``<out>.bin`` (uint16 tokens when V <= 65535, else uint32; native little-endian) and ``<out>.bin.json``
-(format version, dtype, token count, tokenizer spec, vocabulary size, source, split, document count and
-the sha256 of the token bytes). It holds at most one chunk of tokens in memory, writes to a temporary
-file and renames it into place, so a multi-GB corpus never sits in RAM and an interrupted run never
-leaves a half-written file under the final name. ``TokenFile`` maps the file read-only and checks it
-against the sidecar; ``load_corpus`` picks between a prepared file and in-memory tokenization.
+"""Prepared token files: a flat binary token stream plus a JSON sidecar, opened with ``np.memmap``. ``prepare`` (the
+engine of ``elastic-ssm prepare``) streams documents through a tokenizer and writes ``<out>.bin`` (uint16 tokens
+when V <= 65535, else uint32; native little-endian) and ``<out>.bin.json`` (format version, dtype, token count,
+tokenizer spec, vocabulary size, source, split, document count and the sha256 of the token bytes, and the sampled
+``tokens_fingerprint`` that a resume compares). It holds at most one chunk of tokens in memory, writes to a
+temporary file and renames it into place, so a multi-GB corpus never sits in RAM and an interrupted run never
+leaves a half-written file under the final name. ``TokenFile`` maps the file read-only and checks it against the
+sidecar (size on open; the sampled fingerprint in ``load_corpus``, so a file corrupted without a change of size is
+refused before training; the whole sha256 with ``verify``); ``load_corpus`` picks between a prepared file and
+in-memory tokenization.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from ..utils.files import atomic_write_text, atomic_writer
 from .corpora import cap_bytes, iter_documents
-from .packing import TokenArray, iter_token_chunks, pack_documents
+from .packing import TokenArray, iter_token_chunks, pack_documents, tokens_fingerprint
 from .pysrc import is_pysrc, manifest
 from .splits import VAL_FRACTION, stdlib_root
 from .tokenizers import load_tokenizer
@@ -103,6 +104,7 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
             "tokenizer": tok.spec, "tokenizer_sha256": getattr(tok, "sha256", None),
             "vocab_size": tok.vocab_size, "sep_id": tok.sep_id, "source": str(source), "split": split,
             "text_field": text_field, "num_documents": n_docs, "sha256": digest.hexdigest(),
+            "fingerprint": tokens_fingerprint(np.memmap(out_path, dtype=dtype, mode="r", shape=(count,))),
         }
         if is_pysrc(source) and extra_meta is None:
             extra_meta = {"pysrc": manifest(str(source)).stats(split)}
@@ -176,6 +178,15 @@ class TokenFile:
             raise ValueError(f"{self.path}: sha256 mismatch with {self.sidecar}; the file is corrupt or "
                              "was replaced; re-run elastic-ssm prepare")
 
+    def check_fingerprint(self) -> None:
+        """Compare the sampled ``tokens_fingerprint`` (about 2 MB read, the check a resume makes) with the one
+        ``prepare`` recorded (sidecars written before it have none: not checked; ``verify`` checks them)."""
+        want = self.meta.get("fingerprint")
+        if want and tokens_fingerprint(self.tokens) != want:
+            raise ValueError(f"{self.path}: its tokens differ from those prepare wrote (sampled fingerprint "
+                             f"mismatch with {self.sidecar.name}): the file was corrupted or edited after prepare; "
+                             "re-run elastic-ssm prepare (--overwrite)")
+
     def check_tokenizer(self, tokenizer) -> None:
         """Raise if ``tokenizer`` is not the one the file was prepared with (vocab size / digest)."""
         if tokenizer.vocab_size != self.vocab_size:
@@ -193,7 +204,7 @@ class TokenFile:
 
 
 def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_bytes: int | None = None,
-                text_field: str = "text") -> TokenArray | TokenFile:
+                text_field: str = "text", verify: bool = False) -> TokenArray | TokenFile:
     """Tokens of ``source`` ready for ``PackedBatches``.
 
     * a prepared ``*.bin`` file (or its ``.bin.json``): the memory-mapped ``TokenFile`` (``split`` is
@@ -204,6 +215,9 @@ def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_b
       (``pysrc_tokens``; prepared on first use);
     * anything else (``"stdlib"`` by default): tokenized in memory into a ``TokenArray``; ``max_bytes``
       caps the raw text read. Large corpora belong in a prepared file instead.
+
+    A prepared file is checked against its sidecar: its size, its tokenizer, and its sampled fingerprint
+    (``TokenFile.check_fingerprint``), or with ``verify`` the sha256 of all its tokens (``TokenFile.verify``).
     """
     tok = load_tokenizer(tokenizer)
     if is_pysrc(source) and split is not None and not max_bytes:
@@ -223,6 +237,7 @@ def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_b
     if target is not None:
         tf = TokenFile(target)
         tf.check_tokenizer(tok)
+        tf.verify() if verify else tf.check_fingerprint()
         return tf
 
     try:
@@ -252,6 +267,7 @@ def pysrc_tokens(spec: str, tokenizer, split: str):
     try:
         tf = TokenFile(path)
         if tf.meta.get("pysrc", {}).get("manifest") == m.key:
+            tf.check_fingerprint()      # a cache file changed in place is prepared again
             return tf
     except (FileNotFoundError, ValueError):
         pass

@@ -66,9 +66,11 @@ def _alive(pid: int) -> bool:
 class RunLock:
     """Exclusive advisory lock on ``<out_dir>/.lock`` for the lifetime of one run (``with`` or release)."""
 
-    def __init__(self, out_dir: str | Path, owner: str = "run", flag: str = "--train.out_dir") -> None:
-        """``owner`` (what holds the lock) and ``flag`` (where the user picks another folder) word the refusal."""
-        self.path = Path(out_dir) / LOCK_NAME
+    def __init__(self, out_dir: str | Path, owner: str = "run", flag: str = "--train.out_dir",
+                 name: str = LOCK_NAME) -> None:
+        """``owner`` (what holds the lock) and ``flag`` (where the user picks another folder) word the refusal;
+        ``name`` is the lock file's (``prepare`` locks one output file: ``.<out name>.lock`` beside it)."""
+        self.path = Path(out_dir) / name
         self.owner, self.flag = owner, flag
         self._fd: int | None = None
 

@@ -1,0 +1,99 @@
+"""``prepare`` edges (issue 40 items 9-11): one writer per output, stale temporaries of dead writers cleaned, and a
+token file corrupted without a change of size refused before training."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+from harness import REPO
+
+from elastic_ssm.cli import main
+
+HOLD = """
+import sys, time
+from elastic_ssm.train.rundir import RunLock
+RunLock(sys.argv[1], owner="prepare writing train.bin", flag="OUT", name=".train.bin.lock").acquire()
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def _err_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.strip() and "/s]" not in line and "tok/" not in line]
+
+
+def _corpus(root):
+    src = root / "corpus.txt"
+    src.write_text("".join(f"line {i} of the corpus\n" for i in range(2000)))
+    return src
+
+
+def test_second_prepare_into_one_output_is_refused_naming_the_holder(tmp_path, capsys):
+    src, out = _corpus(tmp_path), tmp_path / "data" / "train.bin"
+    out.parent.mkdir()
+    stale = out.parent / ".train.bin.live.tmp"          # the live writer's temporary file: never touched
+    stale.write_bytes(b"x")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out.parent)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        rc = main(["prepare", str(src), str(out)])
+        err = _err_lines(capsys.readouterr().err)
+        assert rc == 2 and len(err) == 1, err
+        assert f"pid {holder.pid}" in err[0] and "prepare writing train.bin" in err[0], err
+        assert not out.exists() and stale.exists()
+        rc = main(["prepare", str(src), str(out.parent / "validation.bin")])   # another output of the folder: free
+        assert rc == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["prepare", str(src), str(out)]) == 0      # the holder is gone: its lock went with it
+    assert out.is_file() and not stale.exists()
+    assert main(["prepare", str(src), str(tmp_path / "new" / "sub" / "x.bin"), "--tokenizer", "missing.json"]) == 2
+    assert not (tmp_path / "new").exists()                  # a refused prepare leaves no folder and no lock file
+
+
+def test_prepare_removes_temporaries_of_an_interrupted_prepare(tmp_path, capsys):
+    src, out = _corpus(tmp_path), tmp_path / "train.bin"
+    left = [tmp_path / ".train.bin.k3j2_x.tmp", tmp_path / ".train.bin.json.q9w8.tmp"]
+    other = tmp_path / ".validation.bin.a1.tmp"             # another output's: not this prepare's to remove
+    for p in [*left, other]:
+        p.write_bytes(b"\0" * 100)
+    old = time.time() - 3600
+    os.utime(left[0], (old, old))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["prepare", str(src), str(out)]) == 0
+    err = capsys.readouterr().err
+    assert not any(p.exists() for p in left) and other.exists()
+    notices = [line for line in err.splitlines() if line.startswith("[prepare] removed")]
+    assert len(notices) == 2 and all("interrupted prepare of train.bin" in n for n in notices), err
+
+
+def test_a_token_file_corrupted_in_place_is_refused_before_training(tmp_path, capsys):
+    import harness
+
+    cfg = harness.write_run(tmp_path, steps=2)
+    out = tmp_path / "data" / "train.bin"
+    assert main(["prepare", str(tmp_path / "corpus.txt"), str(out)]) == 0
+    size = out.stat().st_size
+    with open(out, "r+b") as f:                          # flip bytes in the middle; the size stays
+        f.seek(size // 2)
+        b = f.read(8)
+        f.seek(size // 2)
+        f.write(bytes(x ^ 0x5A for x in b))
+    assert out.stat().st_size == size
+    cfg.write_text(cfg.read_text().replace(str(tmp_path / "corpus.txt"), str(out)))
+    capsys.readouterr()
+    for extra, words in (([], ("sampled fingerprint",)), (["--verify_data"], ("sha256 mismatch",))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rc = main(["train", "--config", str(cfg), "--train.out_dir", str(tmp_path / "run"), *extra])
+        err = _err_lines(capsys.readouterr().err)
+        assert rc == 2 and len(err) == 1, err
+        assert str(out) in err[0] and "re-run elastic-ssm prepare" in err[0] and all(w in err[0] for w in words), err
+        assert not (tmp_path / "run" / "pretrain").exists()
