@@ -17,7 +17,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if out.suffix == ".bin":      # another name is refused by prepare, before any work, whether it exists or not
         refuse_existing(args, out, sidecar_path(out))      # the tokens and their .json sidecar are one output
     tf = prepare(args.source, args.out, args.tokenizer, split=args.split, text_field=args.text_field,
-                 max_tokens=args.max_tokens or None)
+                 max_tokens=args.max_tokens or None, show_progress=not args.quiet)
     print(f"wrote {len(tf):,} tokens to {args.out}")
     return 0
 
