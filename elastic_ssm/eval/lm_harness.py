@@ -310,7 +310,7 @@ def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | 
     names = [t.name for t in model.tier_table()] if tiers in ("all", None) else list(tiers)
     resolved = [model.resolve_tier(name) for name in names]    # every tier checked before the first task runs
     rows = []
-    for t in progress_bar(resolved, desc="lm-eval", unit="tier", enabled=progress):
+    for t in progress_bar(resolved, desc="lm-eval tiers", unit="tier", enabled=progress):
         lm = ElasticLM(model, tier=t.name, tokenizer=first.tok, batch_size=batch_size, max_length=max_length,
                        precision=precision)
         lm.show_progress = progress
