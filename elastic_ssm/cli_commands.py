@@ -24,6 +24,7 @@ from .cli_util import (
     write_csv,
 )
 from .config import ConfigError, tier_word
+from .utils.progress import progress
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -90,7 +91,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         occupied = _occupied_tier_folders(out, names, args.overwrite)   # refused before any tier is exported
         announce_device("export check", device, next(model.parameters()).dtype)
         tolerance = 0.0 if device == "cpu" else 1e-4   # bitwise on CPU; GPU kernels may pick other reductions
-        for name in names:
+        for name in progress(names, desc="export + check", unit="tier", enabled=not args.quiet):
             small = export_tier(model, name)
             res = check_export(model, name, standalone=small, seq_len=args.check_len, tolerance=tolerance)
             print(res)
@@ -174,7 +175,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
                                    tokenizer=args.tokenizer, device=resolve_device(args.device),
                                    batch_size=args.batch_size, max_length=args.max_length, limit=limit,
                                    num_fewshot=args.num_fewshot, include_path=args.include_path,
-                                   precision=args.precision)
+                                   precision=args.precision, progress=not args.quiet)
     print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
     write_csv(args.csv, rows, args.overwrite)
     return 0
@@ -201,7 +202,8 @@ def cmd_niah(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ConfigError(str(e).replace("context_len=", f"{spelled(args, 'context_len')} ")) from None
     announce_device("niah", device, next(model.parameters()).dtype)
-    rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision, trials=trials)
+    rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision, trials=trials,
+                           progress=not args.quiet)
     depth_cols = list(rows[0]["by_depth"])
     flat = [{**{k: v for k, v in r.items() if k != "by_depth"}, **{f"d{d}": v for d, v in r["by_depth"].items()}}
             for r in rows]

@@ -70,6 +70,12 @@ class TiersOptions:
 
 
 @dataclass(kw_only=True)
+class QuietOptions:
+    quiet: bool = flag(False, "no progress bars on stderr (they show only when stderr is a terminal; the results "
+                              "on stdout are the same either way)")
+
+
+@dataclass(kw_only=True)
 class CsvOptions:
     csv: str | None = flag(None, "also write the rows as CSV to this file (an existing one is refused without "
                                  "--overwrite)", output="file")
@@ -83,7 +89,7 @@ class ModelDirOptions:
 
 
 @dataclass(kw_only=True)
-class HeldOutOptions(ModelDirOptions, TokenizerOptions, DeviceOptions):
+class HeldOutOptions(ModelDirOptions, TokenizerOptions, DeviceOptions, QuietOptions):
     """A model directory scored on fixed held-out windows of a text source (``eval``, ``importance``)."""
 
     data: str = flag("stdlib", "source (see `elastic-ssm train --help`, data.source)")
@@ -134,7 +140,7 @@ class TrainOptions:
 
 
 @dataclass(kw_only=True)
-class ExportOptions(ModelDirOptions, TiersOptions, DeviceOptions):
+class ExportOptions(ModelDirOptions, TiersOptions, DeviceOptions, QuietOptions):
     tiers: str = flag("all", "'all' or comma-separated tier names to export (T1,T4; ES-SSM K8 or a budget 8)",
                       aliases=("--tier",))
     out: str = flag(help="output folder; one sub-folder per tier", output="folder")
@@ -175,7 +181,8 @@ class GenerateOptions(ModelDirOptions, TokenizerOptions, DeviceOptions, DtypeOpt
 
 
 @dataclass(kw_only=True)
-class LmEvalOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions, PrecisionOptions, CsvOptions):
+class LmEvalOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions, PrecisionOptions, CsvOptions,
+                    QuietOptions):
     tasks: str = flag(help="comma-separated lm-eval task names (piqa,hellaswag,...)")
     batch_size: int = flag(8, "sequences per forward pass", minimum=1)
     max_length: int = flag(2048, "longest scored input in tokens", minimum=1)
@@ -186,7 +193,8 @@ class LmEvalOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptio
 
 
 @dataclass(kw_only=True)
-class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions, PrecisionOptions, CsvOptions):
+class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions, PrecisionOptions, CsvOptions,
+                  QuietOptions):
     """``niah``: the fields of ``eval.needle.NeedleConfig`` the command line sets, under their own names."""
 
     data: str = flag("stdlib", "filler text source (as for eval)")
@@ -202,7 +210,7 @@ class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions
 
 
 @dataclass(kw_only=True)
-class PrepareOptions:
+class PrepareOptions(QuietOptions):
     source: Annotated[str, Positional, arg(metavar="SOURCE")] = flag(
         help="'stdlib', a file or folder (txt/jsonl/parquet), or hf:<name>[:cfg][:split]", metavar="SOURCE")
     out: Annotated[str, Positional, arg(metavar="OUT")] = flag(
@@ -302,7 +310,7 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
                                                  "none, the headers are ignored)")
 
 @dataclass(kw_only=True)
-class CalibrateOptions(ModelDirOptions, TiersOptions, DtypeOptions, DeviceOptions):
+class CalibrateOptions(ModelDirOptions, TiersOptions, DtypeOptions, DeviceOptions, QuietOptions):
     batches: str = flag("1,16,128", "comma-separated decode batch sizes to time")
     warmup: int = flag(5, "untimed steps per entry", minimum=0)
     iters: int = flag(20, "timed steps per entry", minimum=1)

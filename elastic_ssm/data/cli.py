@@ -64,7 +64,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace, prepare) -> int:
     tf = prepare(args.source, args.out, args.tokenizer, split=args.split, text_field=args.text_field,
-                 max_tokens=args.max_tokens or None)
+                 max_tokens=args.max_tokens or None, show_progress=not args.quiet)
     print(f"wrote {len(tf):,} tokens to {args.out}")
     return 0
 

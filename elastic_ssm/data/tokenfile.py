@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..utils.files import atomic_write_text, atomic_writer
+from ..utils.progress import progress
 from .corpora import cap_bytes, iter_documents
 from .packing import TokenArray, iter_token_chunks, pack_documents, tokens_fingerprint
 from .pysrc import is_pysrc, manifest
@@ -41,13 +42,14 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None = None, *,
-            text_field: str = "text", max_tokens: int | None = None, show_progress: bool = True,
+            text_field: str = "text", max_tokens: int | None = None, show_progress: bool = False,
             extra_meta: dict | None = None) -> TokenFile:
     """Tokenize every document of ``source`` (see ``iter_documents``) into the token file ``out_path``.
 
     Each document is followed by the tokenizer's SEP id. ``max_tokens`` stops early (the stream is cut
     exactly there). ``extra_meta`` is added to the sidecar (a ``pysrc`` source records its file and byte
-    counts there by default). Returns the opened ``TokenFile``.
+    counts there by default). ``show_progress``: a tokens-written bar on stderr (``utils.progress``). Returns the
+    opened ``TokenFile``.
     """
     out_path = Path(out_path)
     if out_path.suffix != ".bin":     # load_corpus knows a token file by its name: anything else is read as text
@@ -57,11 +59,8 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
     out_path.parent.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tok.vocab_size)
     digest, count, n_docs, pending, n_pending = hashlib.sha256(), 0, 0, [], 0
-    bar = None
-    if show_progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(desc=f"prepare {out_path.name}", unit="tok", unit_scale=True, total=max_tokens)
+    bar = progress(desc=f"prepare {out_path.name}", unit="tok", unit_scale=True, total=max_tokens,
+                   enabled=show_progress)
 
     def counted(docs):
         nonlocal n_docs

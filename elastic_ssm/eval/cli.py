@@ -122,7 +122,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                f"{windows * max(lengths):,} tokens")
     batch_sets = [split_windows(longest, n) for n in lengths]    # the same scored tokens at every length
     announce_device("eval", device, next(model.parameters()).dtype)
-    rows = [r for batches in batch_sets for r in evaluate_tiers(model, batches, tiers, bytes_per_token=bpt)]
+    rows = [r for batches in batch_sets for r in evaluate_tiers(model, batches, tiers, bytes_per_token=bpt,
+                                                                       progress=not args.quiet)]
     print(format_evals(rows))
     if len(lengths) > 1:
         print()
@@ -200,7 +201,7 @@ def _importance_into(args: argparse.Namespace, model, tier, out: Path, device) -
     batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.n_batches))
     announce_device("importance", device, next(model.parameters()).dtype)
     res = channel_importance(model, batches, tier and tier[0], bytes_per_token=bpt, first=args.first,
-                             precision=args.precision, progress=True)
+                             precision=args.precision, progress=not args.quiet)
     print(format_importance(res))
     write_csv(str(out / "channel_importance.csv"), res.rows(), overwrite=True,   # --overwrite was checked first
               flag=spelled(args, "out"))

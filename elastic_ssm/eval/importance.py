@@ -161,10 +161,9 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
     ``batches``: ``(input_ids [B, T], labels [B, T])`` as for ``evaluate_tiers``. ``progress`` shows a bar over the
     knocked-out channels on stderr. Costs K + 1 evaluations of the batches.
     """
-    import sys
-
     from torch.func import functional_call
-    from tqdm import tqdm
+
+    from ..utils.progress import progress as progress_bar
 
     layers = _channel_layers(model)
     if not layers:
@@ -188,7 +187,7 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
         base_loss = base[0].item() / count
         weights = {name: (model.get_parameter(name), per) for name, _, per in layers}   # [D, K per] each
         channels = []
-        for k in tqdm(range(K), desc="knock-out", unit="channel", disable=not progress, file=sys.stderr):
+        for k in progress_bar(range(K), desc="knock-out", unit="channel", enabled=progress):
             knocked = {name: w.index_fill(1, torch.arange(k * per, (k + 1) * per, device=w.device), 0)
                        for name, (w, per) in weights.items()}
             fwd = lambda x, _p=knocked, **kw: functional_call(model, _p, (x,), {"tier": t, **kw})

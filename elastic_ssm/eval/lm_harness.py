@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -41,6 +40,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from ..config import tier_word
 from ..data.tokenizer_files import resolve_tokenizer
+from ..utils.progress import progress
 from .scoring import continuation_scores
 
 __all__ = ["ElasticLM", "check_model_args", "evaluate_tiers_on_tasks", "result_rows"]
@@ -75,6 +75,9 @@ def check_model_args(args: Iterable[str], added: dict[str, Any] | None = None) -
 class ElasticLM(TemplateLM):
     """One tier of an elastic model behind lm-eval's ``LM`` interface (see module docstring).
 
+    ``show_progress`` (a class default, True: lm-eval's own command line decides with ``disable_tqdm``) gates the
+    scoring bar; ``evaluate_tiers_on_tasks`` sets it from its ``progress`` argument.
+
     Args:
         pretrained: a model (``ESSH`` / ``ESSSM`` / a standalone export) or a directory written by
             ``save_pretrained``.
@@ -94,6 +97,7 @@ class ElasticLM(TemplateLM):
     """
 
     backend = "causal"
+    show_progress = True
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ElasticLM:
@@ -184,7 +188,8 @@ class ElasticLM(TemplateLM):
         order = sorted(range(len(prepared)), key=lambda i: -sum(map(len, prepared[i])))   # longest first
         if order and not self.batch_size:
             self.batch_size = self._auto_batch_size(sum(map(len, prepared[order[0]])))
-        bar = tqdm(total=len(order), desc="scoring", unit="req", disable=disable_tqdm or len(order) < 2)
+        bar = progress(total=len(order), desc="scoring", unit="req",
+                       enabled=self.show_progress and not disable_tqdm and len(order) >= 2)
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
             bar.update(len(idx))
@@ -218,7 +223,8 @@ class ElasticLM(TemplateLM):
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """Log-likelihood of whole documents over disjoint rolling windows of ``max_length`` tokens."""
         out = []
-        for req in tqdm(requests, desc="rolling log-likelihood", unit="doc", disable=disable_tqdm):
+        for req in progress(requests, desc="rolling log-likelihood", unit="doc",
+                            enabled=self.show_progress and not disable_tqdm):
             (text,) = req.args
             windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
                 self.tok_encode(text), self.prefix_token_id, self.max_length, context_len=1)]
@@ -244,7 +250,8 @@ class ElasticLM(TemplateLM):
         out: list[str] = [""] * len(requests)
         if not self.batch_size:
             self.batch_size = self._auto_batch_size(self.max_length)
-        bar = tqdm(total=len(requests), desc="generating", unit="req", disable=disable_tqdm)
+        bar = progress(total=len(requests), desc="generating", unit="req",
+                       enabled=self.show_progress and not disable_tqdm)
         for members in groups.values():
             kw = dict(requests[members[0]].args[1] or {})
             until = kw.pop("until", None) or []
@@ -281,13 +288,16 @@ def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | 
                             max_length: int = 2048, limit: int | float | None = None,
                             num_fewshot: int | None = None, include_path: str | None = None,
                             precision: str = "fp32", bootstrap_iters: int = 1000, seed: int = 1234,
-                            ) -> list[dict[str, Any]]:
+                            progress: bool = False) -> list[dict[str, Any]]:
     """Run lm-eval ``tasks`` at every tier in ``tiers`` ("all" or None = the model's tier table, or a list of
     names and ES-SSM budgets) of one shared model, loaded once. Returns one row per (tier, task, metric):
     ``{"tier", "K", "n_ff", "params", "task", "metric", "value", "stderr"}``. ``include_path`` adds a folder of
-    task YAML files (local tasks); ``limit`` caps the documents per task (a smoke run, not a paper number)."""
+    task YAML files (local tasks); ``limit`` caps the documents per task (a smoke run, not a paper number).
+    ``progress`` shows a bar over the tiers and one over each tier's scoring requests on stderr (off by default)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
+
+    from ..utils.progress import progress as progress_bar
 
     manager = TaskManager(include_path=include_path)   # task names are checked before the model loads
     unknown = [t for t in tasks if t not in manager.all_tasks and not Path(t).is_file()]
@@ -300,9 +310,10 @@ def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | 
     names = [t.name for t in model.tier_table()] if tiers in ("all", None) else list(tiers)
     resolved = [model.resolve_tier(name) for name in names]    # every tier checked before the first task runs
     rows = []
-    for t in resolved:
+    for t in progress_bar(resolved, desc="lm-eval tiers", unit="tier", enabled=progress):
         lm = ElasticLM(model, tier=t.name, tokenizer=first.tok, batch_size=batch_size, max_length=max_length,
                        precision=precision)
+        lm.show_progress = progress
         res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
                                       task_manager=manager, bootstrap_iters=bootstrap_iters, log_samples=False,
                                       random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,

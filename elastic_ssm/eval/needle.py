@@ -133,8 +133,9 @@ def check_fits(model: Any, trials: Sequence[NeedleTrial], cfg: NeedleConfig) -> 
 
 
 def score_trials(model: Any, trials: Sequence[NeedleTrial], tier: TierLike = None, batch_size: int = 8,
-                 precision: str = "fp32") -> list[NeedleTrial]:
-    """Fill each trial's ``result`` (``full_key``, ``first_token``, ``margin_win``) at ``tier``."""
+                 precision: str = "fp32", bar: Any = None) -> list[NeedleTrial]:
+    """Fill each trial's ``result`` (``full_key``, ``first_token``, ``margin_win``) at ``tier``; ``bar`` (a progress
+    bar) advances by the trials of each batch."""
     was_training = model.training
     model.eval()
     try:
@@ -145,6 +146,8 @@ def score_trials(model: Any, trials: Sequence[NeedleTrial], tier: TierLike = Non
             comp = continuation_scores(model, tier, prompts, [t.competitor for t in chunk], precision)
             for t, (e_score, hits), (c_score, _) in zip(chunk, exp, comp):
                 t.result = {"full_key": all(hits), "first_token": hits[0], "margin_win": e_score > c_score}
+            if bar is not None:
+                bar.update(len(chunk))
     finally:
         model.train(was_training)
     return list(trials)
@@ -180,11 +183,14 @@ def summarize_needle(trials: Sequence[NeedleTrial], cfg: NeedleConfig) -> dict[s
 
 def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any] | None = None,
                     cfg: NeedleConfig | None = None, precision: str = "fp32",
-                    trials: list[NeedleTrial] | None = None) -> list[dict[str, Any]]:
+                    trials: list[NeedleTrial] | None = None, progress: bool = False) -> list[dict[str, Any]]:
     """NIAH rows for every tier in ``tiers`` (default: the model's tier table), the same trials for each:
     ``{"tier", "K", "n_ff", "params", "context_len", "condition", "trials", "margin_win", "first_token",
     "full_key", "half_width", "by_depth"}``. ``trials``: those of ``build_trials(filler, tokenizer, cfg)``
-    when the caller built them already (the CLI does, to report a bad setting before its status line)."""
+    when the caller built them already (the CLI does, to report a bad setting before its status line). ``progress``
+    shows a bar over tiers x trials on stderr (off by default)."""
+    from ..utils.progress import progress as progress_bar
+
     cfg = cfg or NeedleConfig()
     vocab = model.config.vocab_size
     if tokenizer.vocab_size > vocab:
@@ -193,9 +199,12 @@ def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any
     check_fits(model, trials, cfg)
     tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
     rows = []
+    bar = progress_bar(desc="niah", total=len(tiers) * len(trials), enabled=progress, unit="trial")
     for t in tiers:
-        scored = score_trials(model, trials, t, cfg.batch_size, precision)
+        bar.set_postfix_str(t.name)
+        scored = score_trials(model, trials, t, cfg.batch_size, precision, bar=bar)
         rows.append({"tier": t.name, "K": t.K, "n_ff": t.n_ff, "params": t.params,
                      "context_len": cfg.context_len, "condition": cfg.condition,
                      **summarize_needle(scored, cfg)})
+    bar.close()
     return rows

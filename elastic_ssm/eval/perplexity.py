@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..utils.progress import progress as progress_bar
+
 
 @dataclass
 class TierEval:
@@ -47,12 +49,13 @@ class TierEval:
 @torch.no_grad()
 def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tiers: Iterable[Any] | None = None,
                    bytes_per_token: float = 1.0, precision: str = "fp32",
-                   reduce: Callable[[torch.Tensor], Any] | None = None) -> list[TierEval]:
+                   reduce: Callable[[torch.Tensor], Any] | None = None, progress: bool = False) -> list[TierEval]:
     """Mean CE of ``model(x, tier=t)`` on ``batches`` for every tier (default: the whole tier table).
 
     ``batches``: ``(input_ids [B,T], labels [B,T] or [B], optional attention_mask [B,T])``, labels -100
     ignored. ``precision="bf16"`` evaluates under bf16 autocast. ``reduce`` (e.g. a distributed all-reduce
-    sum) is applied to the per-tier sums ``[loss, count, correct]`` before averaging.
+    sum) is applied to the per-tier sums ``[loss, count, correct]`` before averaging. ``progress`` shows a bar over
+    tiers x batches on stderr (``utils.progress``; off by default).
     """
     tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
     lengths = {int(b[0].shape[1]) for b in batches}
@@ -60,9 +63,12 @@ def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier
     was_training = model.training
     model.eval()
     out = []
+    bar = progress_bar(desc="eval" + (f" L={seq_len}" if seq_len else ""), total=len(tiers) * len(batches),
+                       enabled=progress, unit="batch")
     try:
         for t in tiers:
-            tot = loss_sums(lambda x, _t=t, **kw: model(x, tier=_t, **kw), batches, model, precision)
+            bar.set_postfix_str(t.name)
+            tot = loss_sums(lambda x, _t=t, **kw: model(x, tier=_t, **kw), batches, model, precision, bar=bar)
             if reduce is not None:
                 reduce(tot)
             count = int(tot[1].item())
@@ -72,15 +78,17 @@ def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier
             out.append(TierEval(t.name, t.K, t.n_ff, t.params, (tot[0] / count).item(), count, bytes_per_token, acc,
                                 xi=t.xi, seq_len=seq_len))
     finally:
+        bar.close()
         model.train(was_training)
     return out
 
 
 @torch.no_grad()
 def loss_sums(forward: Callable[..., torch.Tensor], batches: Sequence[tuple[torch.Tensor, ...]], model: Any,
-              precision: str = "fp32") -> torch.Tensor:
+              precision: str = "fp32", bar: Any = None) -> torch.Tensor:
     """``[summed CE in nats, scored positions, argmax hits]`` (float64 [3]) of ``forward(x, **kw) -> logits``
-    over ``batches`` (as for ``evaluate_tiers``), on the device of ``model``'s parameters."""
+    over ``batches`` (as for ``evaluate_tiers``), on the device of ``model``'s parameters; ``bar`` (a progress bar)
+    advances once per batch."""
     device = next(model.parameters()).device
     tot = torch.zeros(3, dtype=torch.float64, device=device)      # loss sum, count, correct
     for batch in batches:
@@ -93,6 +101,8 @@ def loss_sums(forward: Callable[..., torch.Tensor], batches: Sequence[tuple[torc
         valid = y != -100
         tot[1] += valid.sum()
         tot[2] += ((logits.argmax(-1) == y) & valid).sum()
+        if bar is not None:
+            bar.update()
     return tot
 
 

@@ -62,9 +62,11 @@ def _step_ms(pool: SlotPool, warmup: int, iters: int) -> float:
 
 
 def calibrate(model, batches: list[int], tiers: list[str] | None = None, warmup: int = 5, iters: int = 20,
-              progress=print) -> dict:
-    """The profile table (the ``tier_profile.json`` format; see the module docstring)."""
+              progress=print, show_progress: bool = False) -> dict:
+    """The profile table (the ``tier_profile.json`` format; see the module docstring). ``progress`` receives one
+    line per timed entry; ``show_progress`` adds a bar over tiers x batches on stderr (``utils.progress``)."""
     from ..utils.environment import environment
+    from ..utils.progress import progress as progress_bar
 
     device = model.embed.weight.device
     names = tiers or [t.name for t in model.tier_table()]
@@ -72,6 +74,7 @@ def calibrate(model, batches: list[int], tiers: list[str] | None = None, warmup:
     out = {"device": env["device"], "torch": env["torch"], "triton": env["triton"], "cuda": env["cuda"],
            "dtype": str(model.embed.weight.dtype).replace("torch.", ""), "commit": env["commit"],
            "date": env["date"], "warmup": warmup, "iters": iters, "tiers": {}}
+    bar = progress_bar(desc="calibrate", total=len(names) * len(batches), enabled=show_progress, unit="entry")
     for name in names:
         t = model.resolve_tier(name)
         row = {"ms_per_token": {}, "state_bytes": state_bytes(model.config, t)["total"], "params": t.params}
@@ -79,9 +82,11 @@ def calibrate(model, batches: list[int], tiers: list[str] | None = None, warmup:
             pool = SlotPool(model, t, b, spans=False)     # the whole ring every step: the long-context cost
             row["ms_per_token"][str(b)] = round(_step_ms(pool, warmup, iters), 5)
             del pool
+            bar.update()
             progress(f"  {name} batch {b}: {row['ms_per_token'][str(b)]:.3f} ms/token")
         row["date"] = out["date"]
         out["tiers"][name] = row
+    bar.close()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out

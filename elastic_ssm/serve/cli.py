@@ -227,7 +227,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for t in tiers or [x.name for x in model.tier_table()]:    # one tier and batch at a time
         check_state_fits(model.config, [(t, max(batches))], device, f"--batches {args.batches}", weights)
     announce_device("calibrate", device, dtype)
-    profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters)
+    profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters, show_progress=not args.quiet)
     print(f"wrote {write_profile(args.checkpoint, profile, notice=lambda line: status(line, file=sys.stderr))}")
     return 0
 

@@ -324,3 +324,20 @@ def test_result_rows_keep_scores_and_drop_bookkeeping():
                                 "acc_norm,none": 0.61, "acc_norm_stderr,none": "N/A"}}}
     rows = result_rows(res, tier)
     assert [(r["metric"], r["value"], r["stderr"]) for r in rows] == [("acc", 0.6, 0.01), ("acc_norm", 0.61, None)]
+
+
+def test_lm_eval_bars_go_to_stderr_and_quiet_removes_them(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("ELASTIC_SSM_PROGRESS", "always")       # stands in for a terminal
+    _local_task(tmp_path / "tasks")
+    tiny.save_pretrained(tmp_path / "model")
+    argv = ["lm-eval", str(tmp_path / "model"), "--tasks", "tiny_choice", "--tiers", "T1,T10", "--include_path",
+            str(tmp_path / "tasks")]
+    assert main(argv) == 0
+    loud = capsys.readouterr()
+    assert main([*argv, "--quiet"]) == 0
+    quiet = capsys.readouterr()
+    assert "lm-eval tiers" in loud.err and "scoring" in loud.err
+    assert "lm-eval tiers" not in quiet.err and "scoring" not in quiet.err
+    assert loud.out and loud.out == quiet.out

@@ -1,0 +1,82 @@
+"""Progress bars of the long verbs (issue 41 item 5): on stderr when forced on (``ELASTIC_SSM_PROGRESS=always``
+stands in for a terminal), gone with ``--quiet``, and the results on stdout byte-identical either way; the library
+functions are silent unless asked."""
+
+import re
+
+import pytest
+
+import elastic_ssm as es
+from elastic_ssm.cli import main
+from elastic_ssm.utils.progress import progress
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "m"
+    es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    monkeypatch.setenv("ELASTIC_SSM_PROGRESS", "always")
+
+
+def run_twice(capsys, argv, bar: str, mask=lambda s: s):
+    """Run ``argv`` with bars and with --quiet; the bar's text shows only in the first stderr, stdout is equal."""
+    assert main(argv) == 0
+    loud = capsys.readouterr()
+    assert main([*argv, "--quiet"]) == 0
+    quiet = capsys.readouterr()
+    assert bar in loud.err, loud.err
+    assert bar not in quiet.err and "\r" not in quiet.err, quiet.err
+    assert loud.out and mask(loud.out) == mask(quiet.out)
+    return loud
+
+
+def test_eval_bar(model_dir, capsys, forced):
+    run_twice(capsys, ["eval", str(model_dir), "--seq_len", "16", "--batch_size", "1", "--n_batches", "2",
+                       "--tiers", "T1,T4"], "eval L=16")
+
+
+def test_export_bar(model_dir, tmp_path, capsys, forced):
+    run_twice(capsys, ["export", str(model_dir), "--out", str(tmp_path / "x"), "--check_len", "8", "--tiers",
+                       "T1,T4", "--overwrite"], "export + check")
+
+
+def test_niah_bar(model_dir, capsys, forced):
+    run_twice(capsys, ["niah", str(model_dir), "--context_len", "160", "--n_pairs", "2", "--depths", "0.5",
+                       "--tiers", "T1,T4"], "trial")
+
+
+def test_importance_bar(model_dir, tmp_path, capsys, forced):
+    run_twice(capsys, ["importance", str(model_dir), "--seq_len", "16", "--batch_size", "1", "--n_batches", "1",
+                       "--out", str(tmp_path / "imp"), "--overwrite"], "knock-out")
+
+
+def test_prepare_bar(tmp_path, capsys, forced):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text to tokenize\n" * 50)
+    run_twice(capsys, ["prepare", str(corpus), str(tmp_path / "t.bin"), "--overwrite"], "prepare t.bin")
+
+
+def test_calibrate_bar(tmp_path, capsys, forced):
+    d = tmp_path / "m"
+    es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(d)
+    run_twice(capsys, ["calibrate", str(d), "--tiers", "T1", "--batches", "1", "--warmup", "0", "--iters", "1"],
+              "entry", mask=lambda s: re.sub(r"[\d.]+ ms/token", "ms/token", s))
+
+
+def test_bars_stay_off_without_a_terminal(model_dir, capsys, monkeypatch):
+    monkeypatch.delenv("ELASTIC_SSM_PROGRESS", raising=False)
+    assert main(["eval", str(model_dir), "--seq_len", "16", "--batch_size", "1", "--n_batches", "1",
+                 "--tiers", "T1"]) == 0
+    assert "eval L=16" not in capsys.readouterr().err      # stderr is captured, not a terminal
+
+
+def test_library_is_silent_unless_asked(capsys, forced):
+    list(progress(range(3), desc="hidden"))
+    list(progress(range(3), desc="shown", enabled=True))
+    err = capsys.readouterr().err
+    assert "hidden" not in err and "shown" in err
