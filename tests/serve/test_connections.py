@@ -4,47 +4,27 @@ their places under both connection caps given back), a forged ``X-Forwarded-For`
 foreign ``Host`` (421) and a body that is not JSON (415)."""
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from elastic_ssm.bench.serve import free_port, wait_healthy  # noqa: E402
+from served import serve_process  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 2          # --timeout: headers, body, and a client that takes no output
 PER_CLIENT, ALL = 2, 3
 
 
 @pytest.fixture(scope="module")
 def port(tiny_dir):
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "elastic_ssm.cli", "serve", str(tiny_dir), "--tiers", "T1",
-                             "--port", str(port), "--device", "cpu", "--max-batch", "4", "--timeout", str(TIMEOUT),
-                             "--max-connections-per-client", str(PER_CLIENT), "--max-connections", str(ALL),
-                             "--max-tokens-limit", "200000"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if not wait_healthy(f"http://127.0.0.1:{port}", proc, 60):
-        pytest.fail(f"the server did not start:\n{proc.communicate()[0]}")
-    try:
+    with serve_process(tiny_dir, "--tiers", "T1", "--max_batch", "4", "--timeout", str(TIMEOUT),
+                       "--max_connections_per_client", str(PER_CLIENT), "--max_connections", str(ALL),
+                       "--max_tokens_limit", "200000") as port:
         yield port
-    finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        print(out)
 
 
 def _connect(port, source="127.0.0.1", rcvbuf=None):

@@ -5,12 +5,8 @@ text equals ``model.generate`` at the same tier; bad requests get 400 and the se
 client that leaves in the middle of a stream frees its slot at once.
 """
 
-import os
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,35 +15,18 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-import elastic_ssm as es  # noqa: E402
-from elastic_ssm.bench.serve import free_port, wait_healthy  # noqa: E402
+from served import serve_process  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+import elastic_ssm as es  # noqa: E402
+
 PROMPTS = ["def main():", "The capital of", "ab"]
 N = 24
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dir):
-    path = tiny_dir
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "elastic_ssm.cli", "serve", str(path), "--tiers", "T1,T10",
-                             "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--max-batch", "4"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    if not wait_healthy(base, proc, 60):
-        pytest.fail(f"the server did not start:\n{proc.communicate()[0]}")
-    try:
-        yield base, path
-    finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        print(out)
+    with serve_process(tiny_dir, "--tiers", "T1,T10", "--host", "127.0.0.1", "--max_batch", "4") as port:
+        yield f"http://127.0.0.1:{port}", tiny_dir
 
 
 def _expected(path, prompt: str, tier: str) -> str:
