@@ -3,8 +3,8 @@
 Every field carries a one-line ``help`` in its metadata (``opt``); the CLI derives its flags from these
 dataclasses (tyro, in ``cli.py``), never from a hand-kept flag list. ``from_dict`` rejects
 unknown keys and ``validate`` names the offending field, so a typo in a YAML file is an error, not a
-silent default. Values from YAML/JSON are coerced to the annotated types (``_coerce``): tuples, nested
-sections (a mapping becomes the section's config), optionals, and numbers that YAML 1.1 reads as strings.
+silent default. Values from YAML/JSON become the annotated types through pydantic's lax validation: tuples,
+nested sections (a mapping becomes the section's config), optionals, and numbers that YAML 1.1 reads as strings.
 
 Types, ranges and choices are declared on the fields (``Annotated[int, Ge(1)]``, ``Literal[...]``) and checked by
 pydantic (one ``TypeAdapter`` per field, lax mode); its errors become one ``ConfigError`` line naming the field.
