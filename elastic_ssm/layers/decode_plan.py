@@ -11,6 +11,14 @@ one decode step on the residual stream ``x`` [B, D]:
 * ``batched(x, norm, eps, state, opts)`` (any batch): residual stream in the embedding dtype, cuBLAS
   products, the same recurrent / window kernels; returns the new ``x``.
 
+Rows at different tiers in one step (``FastDecoder(mixed=True)``, the serving engine's one slot pool): the plans
+are those of the widest tier, and ``DecodeOptions`` carries two per-row factors that give each row its own tier's
+result. ``channel_scale [B, K P]`` multiplies the spectral readout ``K^{-1/2} z`` of the widest tier's K: a row at
+a tier of K_T channels gets ``sqrt(K / K_T)`` on its first K_T P entries (so its readout is ``K_T^{-1/2} z``, Sec.
+4.1) and 0 beyond; ``unit_mask [B, n_ff]`` zeroes the SwiGLU activations past the row's n_ff. Channels and FFN
+units are independent of each other (a channel's modes read only its own rows of ``in_proj``, Eq. 5, 23), so
+every row equals its own tier's step; a row's channels past K_T keep evolving, unread.
+
 The math of every plan is its layer's ``step`` (the reference it is tested against); the kernels live in
 ``ops/`` (``ops.gemv``, ``ops.norm_swiglu``, ``ops.spectral_scan.decode_triton``, ``ops.swa_decode``).
 """
@@ -33,13 +41,21 @@ __all__ = ["DecodeOptions", "SpectralPlan", "AttentionPlan", "FFNPlan", "in_by_o
 @dataclass(frozen=True)
 class DecodeOptions:
     """Kernel choices of one decoder: ``backend`` 'triton' | 'torch', programmatic dependent launch,
-    the torch window step's ``attention`` ('sdpa' | 'math'), and the window ring's attended ``span`` (its first
-    slots only, ``ops.swa_decode``; None: the whole ring)."""
+    the torch window step's ``attention`` ('sdpa' | 'math'), the window ring's attended ``span`` (its first
+    slots only, ``ops.swa_decode``; None: the whole ring), and for rows at different tiers the per-row
+    ``channel_scale [B, K P]`` and ``unit_mask [B, n_ff]`` (module docstring; None: every row at the plan's tier)."""
 
     backend: str
     pdl: bool
     attention: str
     span: int | None = None
+    channel_scale: torch.Tensor | None = None
+    unit_mask: torch.Tensor | None = None
+
+
+def _per_row(a: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
+    """``a * factor`` (rows' own tiers, module docstring), in place; ``a`` itself when every row is at the plan's."""
+    return a if factor is None else a.mul_(factor[:a.shape[0]].to(a.dtype))
 
 
 def residual_mm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -82,11 +98,14 @@ class SpectralPlan:
     def fused(self, x, norm, eps, state, o: DecodeOptions) -> None:
         h = norm_gemv(x, self.w_in, norm, eps, backend=o.backend, pdl=o.pdl)          # [B, K(P+3M)]
         z = spectral_decode_step(h, state, self.consts, x.dtype, o.backend, pdl=o.pdl)  # [B, K P] scaled
-        add_product(z, self.w_out_rows, self.w_out_split, x, o)
+        add_product(_per_row(z, o.channel_scale), self.w_out_rows, self.w_out_split, x, o)
 
     def batched(self, x, norm, eps, state, o: DecodeOptions) -> torch.Tensor:
         h = F.linear(rms_norm(x, norm, eps, o.backend), self.w_in)
-        return residual_mm(x, spectral_decode_step(h, state, self.consts, self.w_out.dtype, o.backend), self.w_out)
+        # rows at their own tiers: the sqrt(K / K_T) factor is applied in float32, then cast for the product
+        dt = self.w_out.dtype if o.channel_scale is None else torch.promote_types(self.w_out.dtype, torch.float32)
+        z = spectral_decode_step(h, state, self.consts, dt, o.backend)                    # [B, K P] scaled
+        return residual_mm(x, _per_row(z, o.channel_scale), self.w_out)
 
 
 @dataclass
@@ -131,8 +150,8 @@ class FFNPlan:
 
     def fused(self, x, norm, eps, state, o: DecodeOptions) -> None:
         a = norm_swiglu_gemv(x, self.w_in, norm, eps, backend=o.backend, pdl=o.pdl)
-        add_product(a, self.w_out_rows, self.w_out_split, x, o)
+        add_product(_per_row(a, o.unit_mask), self.w_out_rows, self.w_out_split, x, o)
 
     def batched(self, x, norm, eps, state, o: DecodeOptions) -> torch.Tensor:
         a = swiglu(F.linear(rms_norm(x, norm, eps, o.backend), self.w_in), o.backend)
-        return residual_mm(x, a, self.w_out)
+        return residual_mm(x, _per_row(a, o.unit_mask), self.w_out)

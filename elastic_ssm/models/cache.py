@@ -110,6 +110,18 @@ class ESSHCache:
         self.layers, self.positions, self.batch = edited.layers, edited.positions, edited.batch
         return self
 
+    def at_tier(self, tier: Tier) -> ESSHCache:
+        """A cache of views at the narrower ``tier`` (its first ``tier.K`` channels of every mode state, the same
+        rings and positions; writes land in this cache): how a row of a mixed-tier decoder (``FastDecoder(mixed=
+        True)``) is prefilled at its own tier. ``tier`` must keep at most this cache's channels."""
+        if tier == self.tier:
+            return self
+        if tier.K > self.tier.K:
+            raise ValueError(f"a cache of {self.tier.name} (K={self.tier.K}) holds no state for {tier.name} "
+                             f"(K={tier.K}); allocate it at the widest tier served")
+        layers = [s[:, :tier.K] if isinstance(s, torch.Tensor) else s for s in self.layers]
+        return ESSHCache(batch=self.batch, tier=tier, window=self.window, layers=layers, positions=self.positions)
+
     def narrow(self, rows: int, start: int = 0) -> ESSHCache:
         """A cache of views of sequences ``start .. start + rows - 1`` (writes land in this cache)."""
         if not (1 <= rows and 0 <= start and start + rows <= self.batch):

@@ -33,10 +33,19 @@ tokens (position < n), so the window attention may read the ring's first slots o
 "span"). The span is rounded up to a power of two (at least ``min_span``; W or more: the whole ring), and
 ``capture(spans=True)`` captures one graph per such bucket (sharing one memory pool), so a caller that knows its
 rows' lengths on the host (the serving pools) replays the graph that reads only what its rows hold.
+
+Rows at different tiers (``mixed=True``; the serving engine's one slot pool for every served tier): the decoder is
+built at the widest tier it will serve, and ``set_row_tier(row, tier)`` makes a row compute its own tier's step,
+any tier nested in the decoder's: its readout keeps only its first K_T channels (scaled by K_T^{-1/2}) and its FFN
+only its first n_ff units (``layers/decode_plan.py``, two per-row factors in static buffers, so one captured graph
+serves every mix of tiers). The step costs about the widest tier's: the products stream the widest prefix once.
+The cache must then hold the widest tier's channels; a row's prefill at its own tier writes into the first K_T of
+them (``ESSHCache.at_tier``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -91,7 +100,7 @@ class FastDecoder:
                  state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
                  backend: str = "auto", attention: str = "auto", gemv: str = "auto",
                  out_layout: str = "auto", pdl: bool | str = "auto", cuda_graph: bool = False,
-                 share_plans: FastDecoder | None = None, min_span: int = 128) -> None:
+                 share_plans: FastDecoder | None = None, min_span: int = 128, mixed: bool = False) -> None:
         cfg = model.config
         self.model, self.config = model.eval(), cfg
         self.tier = model.resolve_tier(tier)
@@ -104,6 +113,11 @@ class FastDecoder:
         if attention == "auto":
             attention = "sdpa" if self.device.type == "cuda" else "math"
         self.options = DecodeOptions(self.backend, pdl_on, attention)
+        self.row_tiers = [self.tier] * batch            # every row's own tier (``set_row_tier``; mixed only)
+        if mixed:
+            width, dt = self.tier.K * cfg.value_width, torch.promote_types(self.dtype, torch.float32)
+            self.options = replace(self.options, channel_scale=torch.ones(batch, width, dtype=dt, device=self.device),
+                                   unit_mask=torch.ones(batch, self.tier.n_ff, dtype=dt, device=self.device))
         if cache is None:  # ESSHCache.allocate resolves the default dtypes (bf16 KV on CUDA only)
             cache = model.allocate_cache(batch, self.tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
         if cache.batch != batch or cache.tier != self.tier:
@@ -146,6 +160,35 @@ class FastDecoder:
     @property
     def pdl(self) -> bool:
         return self.options.pdl
+
+    @property
+    def mixed(self) -> bool:
+        """Whether rows may run at different tiers (``set_row_tier``)."""
+        return self.options.channel_scale is not None
+
+    @torch.no_grad()
+    def set_row_tier(self, row: int, tier: Any) -> None:
+        """Make cache row ``row`` decode at ``tier`` from the next step on (a decoder built with ``mixed=True``;
+        ``tier`` nested in the decoder's: at most its channels and FFN units). Writes the row's two factors in
+        place, so a captured graph stays valid."""
+        t = self.model.resolve_tier(tier)
+        if not self.mixed:
+            if t != self.tier:
+                raise ValueError(f"this decoder runs every row at {self.tier.name}; build it with mixed=True to "
+                                 f"decode rows at other tiers (asked for {t.name})")
+            return
+        if not 0 <= row < self.batch:
+            raise ValueError(f"row {row} is outside the decoder's {self.batch} rows")
+        if t.K > self.tier.K or t.n_ff > self.tier.n_ff:
+            raise ValueError(f"tier {t.name} (K={t.K}, n_ff={t.n_ff}) is wider than the decoder's {self.tier.name} "
+                             f"(K={self.tier.K}, n_ff={self.tier.n_ff}); build the decoder at the widest tier served")
+        keep = t.K * self.config.value_width
+        scale, units = self.options.channel_scale[row], self.options.unit_mask[row]
+        scale[:keep] = math.sqrt(self.tier.K / t.K)       # K^{-1/2} z of the widest K -> K_T^{-1/2} z (Sec. 4.1)
+        scale[keep:] = 0.0
+        units[:t.n_ff] = 1.0
+        units[t.n_ff:] = 0.0
+        self.row_tiers[row] = t
 
     # ---- one step ---------------------------------------------------------------------------------------
     def _step_impl(self, span: int | None = None) -> torch.Tensor:
