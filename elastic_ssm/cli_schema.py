@@ -267,7 +267,7 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
     host: str = flag("127.0.0.1", "address to bind (default: local only)")
     port: int = flag(8000, "TCP port (0: any free port, named in the start line)", minimum=0, maximum=65535)
     api_key: str | None = flag(None, "require 'Authorization: Bearer KEY' (or set ELASTIC_SSM_API_KEY)")
-    max_batch: int = flag(16, "slots per tier: the decode batch of its pool", minimum=1)
+    max_batch: int = flag(16, "slots of the one pool every served tier shares: its decode batch", minimum=1)
     max_prefill: int = flag(0, "most waiting prompts prefilled together in one forward (similar lengths, "
                                "left-padded; 0: --max_batch, a burst that fills the pool in one forward; set it "
                                "lower to bound the scratch cache used when the free slots are scattered)",
@@ -290,7 +290,7 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
     attended_spans: bool = flag(True, "while every running sequence is shorter than a power of two below the "
                                       "attention window, a decode step reads only that prefix of the window "
                                       "caches (one CUDA graph per span); --no_attended_spans reads all of it")
-    max_queue: int = flag(64, "requests waiting per tier before 503", minimum=0)
+    max_queue: int = flag(64, "requests waiting (all tiers together) before 503", minimum=0)
     max_prompt_tokens: int = flag(8192, "longest prompt accepted", minimum=1)
     max_tokens_limit: int = flag(4096, "largest max_tokens accepted", minimum=1)
     max_body_bytes: int = flag(1 << 20, "largest request body accepted", minimum=1)

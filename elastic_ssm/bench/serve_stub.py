@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from ..serve.slots import SlotRows
+from ..serve.slots import SlotRows, served_tiers
 
 __all__ = ["IdTokenizer", "StubPool"]
 
@@ -41,13 +41,15 @@ class StubPool(SlotRows):
     span a smaller ``step_ms``.
     """
 
-    def __init__(self, model, tier, slots: int, step_ms: float, prefill_ms: float = 0.0,
+    def __init__(self, model, tiers, slots: int, step_ms: float, prefill_ms: float = 0.0,
                  prefill_us_per_token: float = 0.0, max_prefill: int = 16, prefill_graphs: bool | None = None,
                  spans: bool = True, max_graph_tokens: int = 0) -> None:
         import torch
 
         super().__init__(slots)
-        self.tier, self.device = model.resolve_tier(tier), torch.device("cpu")
+        self.tiers, self.device = served_tiers(model, tiers), torch.device("cpu")
+        self.tier, self._resolve = self.tiers[-1], model.resolve_tier
+        self.row_tier = [self.tier] * slots
         self.V = model.config.vocab_size
         self.logits = torch.zeros(slots, self.V)                                      # [slots, V]
         self.max_prefill = min(slots, max_prefill)
@@ -67,7 +69,7 @@ class StubPool(SlotRows):
         self.logits[rows] = 0.0
         self.logits[rows, [(t + 1) % self.V for t in last]] = 1.0
 
-    def admit_many(self, owners: list, prompts: list[list[int]]) -> list[int]:
+    def admit_many(self, owners: list, prompts: list[list[int]], tier=None) -> list[int]:
         rows = self.free_rows(len(prompts))
         if len(rows) < len(prompts):
             raise ValueError("no free slot")
@@ -75,10 +77,11 @@ class StubPool(SlotRows):
         self._next(rows, [p[-1] for p in prompts])
         for i, owner in zip(rows, owners):
             self.owner[i] = owner
+            self.row_tier[i] = self.tier if tier is None else self._resolve(tier)
         return rows
 
-    def admit(self, owner, prompt: list[int]) -> int:
-        return self.admit_many([owner], [prompt])[0]
+    def admit(self, owner, prompt: list[int], tier=None) -> int:
+        return self.admit_many([owner], [prompt], tier)[0]
 
     def step_async(self, tokens) -> list[int]:
         values = tokens.tolist()

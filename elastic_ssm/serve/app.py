@@ -11,7 +11,7 @@ validates it against the route's model (``serve/schema.py``); one handler turns 
 naming the field. Every refusal is OpenAI's error shape with a one-line message: 400 bad field, 404 unknown model
 name, 408 slow upload, 413 body too large, 415 a body that is not JSON, 421 a foreign ``Host``
 without a key, 429 too many connections from one client, 503 + ``Retry-After`` when
-the tier's slots and queue are full; an unexpected exception is a 500 (``guard.Guard``). A request names a tier,
+every slot is busy and the queue is full; an unexpected exception is a 500 (``guard.Guard``). A request names a tier,
 never a file: nothing in a request can load a model or read a path. One log line per finished request (logger
 ``elastic_ssm.serve``).
 """

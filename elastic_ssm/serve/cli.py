@@ -113,7 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if default not in tiers:                     # --tier auto picked a tier outside --tiers: it is served too
         status(f"--tier auto picked {default}, which --tiers does not list; serving it too", file=sys.stderr)
     tiers = sorted(set(tiers) | {default}, key=table.index)
-    check_state_fits(model.config, [(t, args.max_batch) for t in tiers], device,
+    check_state_fits(model.config, [(tiers[-1], args.max_batch)], device,     # one pool, at the widest tier
                      f"{spelled(args, 'max_batch')} {args.max_batch}",
                      weight_bytes(model, dtype))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
@@ -146,8 +146,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"{args.checkpoint}: {e}") from None
         # --port 0: pick the free port now, after the model loaded, so the line below can name it
         port = _check_bind(args.host, args.port) if args.port == 0 else args.port
-        log.info("serving %s tiers %s (default %s), %d slots each, on http://%s:%d (%s)", name, ",".join(tiers),
-                 default, args.max_batch, args.host, port, http_stack())
+        log.info("serving %s tiers %s (default %s), %d slots shared by every tier, on http://%s:%d (%s)", name,
+                 ",".join(tiers), default, args.max_batch, args.host, port, http_stack())
         uvicorn.run(app, host=args.host, port=port, log_level="warning", timeout_keep_alive=5,
                     limit_concurrency=uvicorn_connection_limit(args.max_connections),
                     proxy_headers=bool(args.forwarded_allow_ips), forwarded_allow_ips=args.forwarded_allow_ips or None,

@@ -1,12 +1,14 @@
-"""The serving engine: continuous batching over one slot pool per served tier, in one background thread.
+"""The serving engine: continuous batching of every served tier in one slot pool, in one background thread.
 
-``Engine(model, tiers, slots)`` builds a ``SlotPool`` per tier (``serve/slots.py``; the weights are the one
-loaded model's prefix views, only caches and graphs are per tier). ``submit(request)`` queues a
-``Request`` for its tier (bounded: ``max_queue`` waiting per tier, then ``Busy``). The engine thread
-loops: for each tier it drops cancelled or stalled requests (freeing their slots at once), prefills
-waiting requests into free slots (coalescing a burst of arrivals, below), samples one token for every busy
-row (``serve/tokens.py``, per-row parameters), launches the pool's decode step on those tokens (its fixed
-batch bucket) and, while the GPU runs it, hands each request its text (``serve/tokens.py``). A request
+``Engine(model, tiers, slots)`` builds one ``SlotPool`` of ``slots`` rows for all served tiers
+(``serve/slots.py``): the tiers are nested prefixes of the one loaded model, so a single decode step runs rows of
+different tiers together, each computing only its own tier's channels and FFN units, at about the cost of the
+widest tier's step (``FastDecoder(mixed=True)``). ``submit(request)`` queues a ``Request`` at its tier (bounded:
+``max_queue`` waiting, then ``Busy``). The engine thread loops: it drops cancelled or stalled requests (freeing
+their slots at once), prefills waiting requests into free slots (one forward per tier and group of similar
+lengths, coalescing a burst of arrivals, below), samples one token for every busy row (``serve/tokens.py``, per-row
+parameters), launches the pool's decode step on those tokens (its fixed batch bucket; one step per token position
+whatever the mix of tiers) and, while the GPU runs it, hands each request its text (``serve/tokens.py``). A request
 finishes on ``max_tokens`` (reason ``length``), on a stop string or the model's eos token (``stop``), or by
 cancellation (the client left or stopped reading).
 
@@ -21,7 +23,7 @@ Coalescing admission (``prefill_wait_ms``, a dynamic batcher's maximum queue del
 ``max_queue_delay_microseconds``; the preferred batch is what can be admitted now): a prefill forward has a fixed
 cost besides its per-token cost (the 1.5b at T10, 128-token prompts, H200: ~74 ms + ~11.7 us a token), so a burst
 of 128 arrivals costs far less in one forward than in the many small ones that admitting "whatever is queued
-when the loop comes round" gives. A tier's waiting requests are prefilled when they fill
+when the loop comes round" gives. Waiting requests are prefilled when they fill
 ``min(max_prefill, free slots)``, or when the oldest of them has waited ``prefill_wait_ms`` since it reached the
 engine; until then the running rows keep decoding (the queue is checked between steps) and, with no row running,
 the engine sleeps on its condition variable until a new arrival or that deadline. 0 admits at once.
@@ -29,39 +31,21 @@ the engine sleeps on its condition variable until a new arrival or that deadline
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any
+from collections import Counter, deque
 
 import torch
 
+from .request import Busy, Request, deliver
 from .slots import GRAPH_TOKENS, SlotPool, prefill_groups
 from .tokens import RowNoise, TextStream, sample_rows
 
 __all__ = ["Engine", "Request", "Busy", "PREFILL_WAIT_MS", "PREFILL_TOKENS", "COUNTERS", "check_prefill_wait"]
 
 log = logging.getLogger("elastic_ssm.serve")
-_ids = itertools.count(1)
-_OUTBOX: dict[Any, list] = {}     # event loop -> [(queue, event)], filled and flushed by the engine thread only
-
-
-def _put_all(items: list) -> None:
-    for queue, event in items:
-        queue.put_nowait(event)
-
-
-def deliver() -> None:
-    """Hand every queued event to its event loop: one ``call_soon_threadsafe`` per loop."""
-    while _OUTBOX:
-        loop, items = _OUTBOX.popitem()
-        if not loop.is_closed():
-            loop.call_soon_threadsafe(_put_all, items)
-
 
 #: default of ``--max_prefill_tokens``: prompt tokens (padding included) in one prefill forward
 PREFILL_TOKENS = 32768
@@ -86,78 +70,24 @@ def check_prefill_wait(ms) -> None:
                          f"got {ms!r}")
 
 
-class Busy(RuntimeError):
-    """Every slot of the tier is busy and its queue is full (the HTTP layer answers 503)."""
-
-
-@dataclass
-class Request:
-    """One completion: token ids of the prompt, sampling parameters, and the way back to its client."""
-
-    tier: str
-    prompt: list[int]
-    max_tokens: int
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    loop: Any = None                 # the asyncio loop of the handler (None: events are only recorded)
-    queue: Any = None                # asyncio.Queue the handler reads
-    id: str = field(default_factory=lambda: f"cmpl-{next(_ids)}")
-    created: float = field(default_factory=time.time)
-    completion_tokens: int = 0
-    tokens: list[int] = field(default_factory=list)             # the generated token ids
-    finish_reason: str | None = None
-    first_token_at: float | None = None
-    cancelled: bool = False
-    role_sent: bool = False          # a streamed chat answer has named its role
-    consumed_at: float = field(default_factory=time.monotonic)   # the handler last took an event
-    emitted: int = 0                 # events emitted (engine thread only)
-    taken: int = 0                   # events taken (handler side only)
-    rid: int = 0                     # the request's number between the processes of ``RemoteEngine``
-    queued_at: float = 0.0           # when ``Engine.submit`` queued it (the engine's clock)
-    on_cancel: Any = None            # called once by ``cancel`` (``RemoteEngine`` tells its engine process)
-
-    @property
-    def pending(self) -> int:
-        """Events emitted and not yet taken by the handler."""
-        return self.emitted - self.taken
-
-    def emit(self, *event: Any) -> None:
-        """Queue ``event`` for the handler (delivered by the engine at the end of its step)."""
-        self.emitted += 1
-        if self.loop is not None:
-            _OUTBOX.setdefault(self.loop, []).append((self.queue, event))
-
-    def took(self) -> None:
-        """The handler took one event (called on its side; used to detect a client that stopped reading)."""
-        self.taken += 1
-        self.consumed_at = time.monotonic()
-
-    def cancel(self) -> None:
-        if not self.cancelled and self.on_cancel is not None:
-            self.on_cancel(self)
-        self.cancelled = True
-
-
 class Engine:
-    """Continuous batching over one ``SlotPool`` per tier (see the module docstring).
+    """Continuous batching of every served tier in one ``SlotPool`` (see the module docstring).
 
-    ``slots``: rows per tier pool (the decoder's batch bucket). ``max_queue``: waiting requests per tier
-    before ``Busy``. ``stall_timeout``: seconds a request may hold undelivered output before it is
-    cancelled and its slot freed. ``eos``: token id that ends a request (None: none). ``max_prefill``: the most
-    waiting prompts prefilled together in one forward (``SlotPool.admit_many``, similar lengths left-padded; a
-    burst of arrivals is admitted in fewer, larger forwards when it is larger); ``max_prefill_tokens``: the most
-    prompt tokens, padding included, in one of them (a longer prompt goes alone). ``prefill_wait_ms``: the longest a
+    ``slots``: rows of the pool (the decoder's batch bucket), shared by every tier. ``max_queue``: waiting requests
+    before ``Busy``. ``stall_timeout``: seconds a request may hold undelivered output before it is cancelled and its
+    slot freed. ``eos``: token id that ends a request (None: none). ``max_prefill``: the most waiting prompts
+    prefilled together in one forward (``SlotPool.admit_many``, one tier, similar lengths left-padded; a burst of
+    arrivals is admitted in fewer, larger forwards when it is larger); ``max_prefill_tokens``: the most prompt
+    tokens, padding included, in one of them (a longer prompt goes alone). ``prefill_wait_ms``: the longest a
     waiting request is held for more arrivals to share its prefill forward (module docstring; 0: admit at once).
     ``prefill_graphs``: False prefills eagerly; True (default) replays prefill forwards from CUDA graphs on CUDA
     (``SlotPool``, ``serve/slots.py``; the CPU always prefills eagerly), each of at most ``prefill_graph_tokens``
-    padded prompt tokens (larger ones run eagerly). ``pool_factory``: internal (the bench's
-    CPU proxy, ``bench/serve_stub.py``'s ``StubPool``): builds each tier's pool as ``pool_factory(model, tier, slots,
-    max_prefill=..., prefill_graphs=..., spans=...)``; ``SlotPool`` everywhere else. ``attended_spans``: decode
-    steps read only the filled prefix of the window rings while every running sequence is short (``SlotPool``).
-    ``clock``: the monotonic clock, in seconds, that admission reads (tests inject a fake one).
+    padded prompt tokens (larger ones run eagerly). ``pool_factory``: internal (the bench's CPU proxy,
+    ``bench/serve_stub.py``'s ``StubPool``): builds the pool as ``pool_factory(model, tiers, slots,
+    max_prefill=..., prefill_graphs=..., spans=..., max_graph_tokens=...)``; ``SlotPool`` everywhere else.
+    ``attended_spans``: decode steps read only the filled prefix of the window rings while every running sequence
+    is short (``SlotPool``). ``clock``: the monotonic clock, in seconds, that admission reads (tests inject a fake
+    one).
     """
 
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
@@ -174,21 +104,20 @@ class Engine:
         self.prefill_wait, self._clock = prefill_wait_ms / 1e3, clock
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
         self.eos, self.max_queue, self.stall_timeout = eos, max_queue, stall_timeout
-        self.pools: dict[str, SlotPool] = {}
-        for name in tiers:
-            self.pools[name] = pool_factory(model, name, slots, max_prefill=max_prefill,
-                                            prefill_graphs=None if prefill_graphs else False,
-                                            spans=attended_spans, max_graph_tokens=prefill_graph_tokens)
-        V = model.config.vocab_size
-        self._noise = {name: RowNoise(slots, V, p.device) for name, p in self.pools.items()}
-        self._params = {name: (torch.zeros(slots, device=p.device), torch.zeros(slots, dtype=torch.long,
-                        device=p.device), torch.ones(slots, device=p.device)) for name, p in self.pools.items()}
-        self._texts: dict[str, list[TextStream | None]] = {n: [None] * slots for n in self.pools}
-        self.waiting: dict[str, deque[Request]] = {n: deque() for n in self.pools}
+        self.tiers = [model.resolve_tier(t).name for t in tiers]
+        self.pool = pool_factory(model, self.tiers, slots, max_prefill=max_prefill,
+                                 prefill_graphs=None if prefill_graphs else False, spans=attended_spans,
+                                 max_graph_tokens=prefill_graph_tokens)
+        dev, V = self.pool.device, model.config.vocab_size
+        self._noise = RowNoise(slots, V, dev)
+        self._params = (torch.zeros(slots, device=dev), torch.zeros(slots, dtype=torch.long, device=dev),
+                        torch.ones(slots, device=dev))
+        self._texts: list[TextStream | None] = [None] * slots
+        self.waiting: deque[Request] = deque()
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="elastic-ssm-engine", daemon=True)
-        self.steps = 0                  # decode steps run
+        self.steps = 0                  # decode steps run (one per token position, whatever the mix of tiers)
         self.prefills = 0               # prefill forwards run (a batched one counts once)
         self.idle_s = 0.0               # seconds the loop waited with nothing to run
         self.prefill_s = 0.0            # seconds the loop spent admitting (prefill forwards, host wall clock)
@@ -208,41 +137,38 @@ class Engine:
         return self._thread.is_alive()
 
     def submit(self, req: Request) -> None:
-        """Queue ``req`` for its tier; ``Busy`` when the tier's queue is full."""
+        """Queue ``req`` at its tier; ``Busy`` when every slot is busy and the queue is full."""
         if self._thread.ident is not None and not self._thread.is_alive():
             raise Busy("the server's engine has stopped; restart the server")
+        if req.tier not in self.tiers:
+            raise ValueError(f"tier {req.tier} is not served here (served: {', '.join(self.tiers)})")
         with self._cond:
-            q = self.waiting[req.tier]
-            if len(q) >= self.max_queue + self.pools[req.tier].free_slots():
-                raise Busy(f"tier {req.tier} is at capacity ({self.pools[req.tier].slots} slots busy, "
-                           f"{len(q)} requests waiting); retry shortly")
+            if len(self.waiting) >= self.max_queue + self.pool.free_slots():
+                raise Busy(f"the server is at capacity ({self.pool.slots} slots busy, {len(self.waiting)} requests "
+                           "waiting); retry shortly")
             req.queued_at = self._clock()
-            q.append(req)
+            self.waiting.append(req)
             self._cond.notify_all()
 
-    def load(self, tier: str) -> float:
-        """Busy slots plus waiting requests, per slot (> 1: requests wait)."""
-        p = self.pools[tier]
-        return (p.busy() + len(self.waiting[tier])) / p.slots
+    def load(self, tier: str | None = None) -> float:
+        """Busy slots plus waiting requests, per slot (> 1: requests wait); the same for every tier (one pool)."""
+        return (self.pool.busy() + len(self.waiting)) / self.pool.slots
 
     def pick_auto(self, default: str) -> str:
-        """``"tier": "auto"`` under load: the largest served tier up to ``default`` with a slot free for one more
-        request, else the least loaded of them."""
-        order = {t.name: t.index for t in self.model.tier_table()}
-        cands = sorted((t for t in self.pools if order[t] <= order[default]), key=lambda t: -order[t])
-        for t in cands:
-            if self.pools[t].free_slots() > len(self.waiting[t]):
-                return t
-        return min(cands, key=self.load)
+        """``"tier": "auto"``: the default tier. Every tier runs in the one pool at about the widest tier's step,
+        so a smaller tier frees no capacity for the others (``docs/serving.md``, "Tiers")."""
+        return default
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        return {n: {"slots": p.slots, "busy": p.busy(), "waiting": len(self.waiting[n])}
-                for n, p in self.pools.items()}
+        """Per tier: the pool's slots (shared by every tier), the rows busy at that tier, its waiting requests."""
+        busy = Counter(self.pool.row_tier[r].name for r in self.pool.active_rows())
+        waiting = Counter(r.tier for r in self.waiting)
+        return {n: {"slots": self.pool.slots, "busy": busy[n], "waiting": waiting[n]} for n in self.tiers}
 
     @property
     def captures(self) -> int:
-        """Prefill graphs captured so far by the pools (``SlotPool.captures``)."""
-        return sum(getattr(p, "captures", 0) for p in self.pools.values())
+        """Prefill graphs captured so far by the pool (``SlotPool.captures``)."""
+        return getattr(self.pool, "captures", 0)
 
     def counters(self) -> dict[str, float]:
         """What ``/metrics`` reports of the loop so far: decode steps, prefill forwards, prefill graph captures,
@@ -254,11 +180,11 @@ class Engine:
                 "prefill_seconds": round(self.prefill_s, 6)}
 
     # ---- the loop ----------------------------------------------------------------------------------------
-    def _admit_in(self, name: str, now: float) -> float | None:
-        """Seconds until tier ``name`` should prefill its waiting requests (0: now; None: none wait, or no slot is
-        free): at once when they fill ``min(max_prefill, free slots)`` or coalescing is off, else when the oldest
-        has waited ``prefill_wait``."""
-        q, pool = self.waiting[name], self.pools[name]
+    def _admit_in(self, now: float) -> float | None:
+        """Seconds until the waiting requests should be prefilled (0: now; None: none wait, or no slot is free): at
+        once when they fill ``min(max_prefill, free slots)`` or coalescing is off, else when the oldest has waited
+        ``prefill_wait``."""
+        q, pool = self.waiting, self.pool
         if not q:
             return None
         free = pool.free_slots()
@@ -269,12 +195,10 @@ class Engine:
         return max(0.0, q[0].queued_at + self.prefill_wait - now)
 
     def _idle_for(self) -> float | None:
-        """Seconds the loop may sleep (0: a pool has running rows or an admission is due; None: until notified)."""
-        if any(p.busy() for p in self.pools.values()):
+        """Seconds the loop may sleep (0: the pool has running rows or an admission is due; None: until notified)."""
+        if self.pool.busy():
             return 0.0
-        now = self._clock()
-        due = [d for d in (self._admit_in(n, now) for n in self.pools) if d is not None]
-        return min(due, default=None)
+        return self._admit_in(self._clock())
 
     def _run(self) -> None:
         while True:
@@ -285,91 +209,91 @@ class Engine:
                 self.idle_s += time.monotonic() - start
                 if self._stop:
                     return
-            for name in self.pools:
+            try:
+                self._tick()
+            except Exception as e:   # a failure of the step itself: end the running requests, keep serving
+                log.exception("engine step failed")
                 try:
-                    self._tick(name)
-                except Exception as e:   # a failure of the step itself: end this pool's requests, keep serving
-                    log.exception("engine step failed at tier %s", name)
-                    try:
-                        self._fail_all(name, f"internal error while decoding: {type(e).__name__}")
-                    except Exception:
-                        log.exception("could not end the requests of tier %s; freeing its slots", name)
-                        self.pools[name].owner = [None] * self.pools[name].slots
-                deliver()
+                    self._fail_all(f"internal error while decoding: {type(e).__name__}")
+                except Exception:
+                    log.exception("could not end the running requests; freeing their slots")
+                    self.pool.owner = [None] * self.pool.slots
+            deliver()
 
-    def _finish(self, name: str, row: int, reason: str) -> None:
-        pool = self.pools[name]
-        req = pool.owner[row]
-        text = self._texts[name][row]
+    def _finish(self, row: int, reason: str) -> None:
+        req, text = self.pool.owner[row], self._texts[row]
         if reason != "cancelled" and text is not None:
             tail = text.finish()
             if tail:
                 req.emit("text", tail)
         req.finish_reason = reason
         req.emit("done", reason)
-        pool.release(row)
-        self._texts[name][row] = None
-        self._noise[name].seed_row(row, None)
+        self.pool.release(row)
+        self._texts[row] = None
+        self._noise.seed_row(row, None)
 
-    def _fail_all(self, name: str, message: str) -> None:
-        pool = self.pools[name]
-        for row in pool.active_rows():
-            pool.owner[row].finish_reason = "error"
-            pool.owner[row].emit("error", message)
-            pool.release(row)
-            self._texts[name][row] = None
+    def _fail_all(self, message: str) -> None:
+        for row in self.pool.active_rows():
+            self.pool.owner[row].finish_reason = "error"
+            self.pool.owner[row].emit("error", message)
+            self.pool.release(row)
+            self._texts[row] = None
 
-    def _admit(self, name: str) -> None:
-        """Prefill waiting requests into free rows, in groups of similar length (``prefill_groups``; one batched,
-        left-padded forward each, ``SlotPool.admit_many``); a group whose prefill fails is prefilled one by one,
-        so only a failing request ends."""
-        pool, q = self.pools[name], self.waiting[name]
-        take: list[Request] = []
+    def _admit(self) -> None:
+        """Prefill waiting requests into free rows, oldest first: per tier, in groups of similar length
+        (``prefill_groups``; one batched, left-padded forward each, ``SlotPool.admit_many``); a group whose prefill
+        fails is prefilled one by one, so only a failing request ends."""
+        pool, q = self.pool, self.waiting
+        take: dict[str, list[Request]] = {}
         with self._cond:
-            while q and len(take) < pool.free_slots():
+            n = 0
+            while q and n < pool.free_slots():
                 req = q.popleft()
                 if req.cancelled:
                     req.finish_reason = "cancelled"
                     req.emit("done", "cancelled")
                 else:
-                    take.append(req)
-        for group in prefill_groups([len(r.prompt) for r in take], pool.max_prefill, self.max_prefill_tokens):
-            chunk = [take[i] for i in group]
-            try:
-                rows = pool.admit_many(chunk, [r.prompt for r in chunk]) if len(chunk) > 1 else None
-                self.prefills += rows is not None
-            except Exception as e:
-                log.warning("batched prefill of %d prompts failed (%s); prefilling them one by one", len(chunk), e)
-                rows = None
-            if rows is None:
-                rows = [self._admit_one(pool, req) for req in chunk]
-                self.prefills += len(chunk)
-            for req, row in zip(chunk, rows):
-                if row is not None:
-                    self._start(name, req, row)
+                    take.setdefault(req.tier, []).append(req)
+                    n += 1
+        for tier, reqs in take.items():
+            for group in prefill_groups([len(r.prompt) for r in reqs], pool.max_prefill, self.max_prefill_tokens):
+                self._admit_group(tier, [reqs[i] for i in group])
 
-    @staticmethod
-    def _admit_one(pool: SlotPool, req: Request) -> int | None:
+    def _admit_group(self, tier: str, chunk: list[Request]) -> None:
+        try:
+            rows = self.pool.admit_many(chunk, [r.prompt for r in chunk], tier) if len(chunk) > 1 else None
+            self.prefills += rows is not None
+        except Exception as e:
+            log.warning("batched prefill of %d prompts failed (%s); prefilling them one by one", len(chunk), e)
+            rows = None
+        if rows is None:
+            rows = [self._admit_one(req) for req in chunk]
+            self.prefills += len(chunk)
+        for req, row in zip(chunk, rows):
+            if row is not None:
+                self._start(req, row)
+
+    def _admit_one(self, req: Request) -> int | None:
         """Prefill one request; a failure ends that request (an ``error`` event) and returns None."""
         try:
-            return pool.admit(req, req.prompt)
+            return self.pool.admit(req, req.prompt, req.tier)
         except Exception as e:
             log.warning("prefill of %s failed: %s", req.id, e)
             req.finish_reason = "error"
             req.emit("error", f"the prompt could not be processed: {e}")
             return None
 
-    def _start(self, name: str, req: Request, row: int) -> None:
-        temp, top_k, top_p = self._params[name]
+    def _start(self, req: Request, row: int) -> None:
+        temp, top_k, top_p = self._params
         req.consumed_at = time.monotonic()     # time in the queue is not time the client failed to read
         temp[row], top_k[row], top_p[row] = float(req.temperature), int(req.top_k), float(req.top_p)
-        self._noise[name].seed_row(row, req.seed)
-        self._texts[name][row] = TextStream(self.tokenizer, req.stop)
+        self._noise.seed_row(row, req.seed)
+        self._texts[row] = TextStream(self.tokenizer, req.stop)
         if req.max_tokens == 0:
-            self._finish(name, row, "length")
+            self._finish(row, "length")
 
-    def _tick(self, name: str) -> None:
-        pool = self.pools[name]
+    def _tick(self) -> None:
+        pool = self.pool
         now = time.monotonic()
         for row in pool.active_rows():
             req = pool.owner[row]
@@ -377,19 +301,19 @@ class Engine:
                 if not req.cancelled:
                     log.warning("%s: client stopped reading for %.0f s; cancelled", req.id, self.stall_timeout)
                     req.cancel()
-                self._finish(name, row, "cancelled")
-        if self._admit_in(name, self._clock()) == 0:
+                self._finish(row, "cancelled")
+        if self._admit_in(self._clock()) == 0:
             start = time.monotonic()
-            self._admit(name)
+            self._admit()
             self.prefill_s += time.monotonic() - start
         rows = pool.active_rows()
         if not rows:
             return
-        temp, top_k, top_p = self._params[name]
+        temp, top_k, top_p = self._params
         reqs = [pool.owner[r] for r in rows]
         sampling = any(r.temperature > 0 for r in reqs)
         filters = any(r.temperature > 0 and (r.top_k > 0 or r.top_p < 1) for r in reqs)
-        noise = self._noise[name].draw() if sampling else None
+        noise = self._noise.draw() if sampling else None
         tokens = sample_rows(pool.logits, temp, top_k, top_p, noise, filters)          # [slots]
         # the tokens go to the host while the GPU already runs the next step on them: the per-row work below
         # (text, stop strings, events) overlaps the step instead of adding to every inter-token gap. A row
@@ -403,16 +327,17 @@ class Engine:
             if req.first_token_at is None:
                 req.first_token_at = t
             if self.eos is not None and tok == self.eos:
-                self._finish(name, row, "stop")
+                self._finish(row, "stop")
                 continue
-            stream = self._texts[name][row]
+            stream = self._texts[row]
             piece = stream.push(tok)
             if piece:
                 req.emit("text", piece)
             if stream.stopped:
-                self._finish(name, row, "stop")
+                self._finish(row, "stop")
             elif req.completion_tokens >= req.max_tokens:
-                self._finish(name, row, "length")
+                self._finish(row, "length")
         if self.metrics is not None:
-            self.metrics.add_tokens(name, len(rows))
+            for tier, n in Counter(r.tier for r in reqs).items():
+                self.metrics.add_tokens(tier, n)
         self.steps += 1

@@ -25,10 +25,10 @@ engine process stopped ...") instead of an error and a traceback; an engine proc
 (a crash, killed) is an error, with its exit code.
 
 The HTTP side keeps the request objects (``engine.Request``) the handlers read, and does what needs them:
-the bound on waiting requests (``Busy`` when a tier's requests in flight reach its slots plus ``max_queue``,
-as ``Engine.submit``), ``pick_auto``, the slot counts of ``/health`` and ``/metrics``, and the stalled-reader
-timeout (a stream whose client has not taken pending output for ``stall_timeout`` seconds is cancelled). If
-the engine process dies, every request in flight ends with an error and ``/health`` answers 503.
+the bound on waiting requests (``Busy`` when the requests in flight, all tiers together, reach the slots plus
+``max_queue``, as ``Engine.submit``), ``pick_auto``, the slot counts of ``/health`` and ``/metrics``, and the
+stalled-reader timeout (a stream whose client has not taken pending output for ``stall_timeout`` seconds is
+cancelled). If the engine process dies, every request in flight ends with an error and ``/health`` answers 503.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ class _Sink:
             if kind in ("done", "error", "unavailable"):
                 self.live.pop(req.rid, None)
         counts, self.tokens.by_tier = dict(self.tokens.by_tier), defaultdict(int)
-        self.conn.send(("ev", self.engine.counters(), counts, out))
+        busy = {t: v["busy"] for t, v in self.engine.snapshot().items()}
+        self.conn.send(("ev", self.engine.counters(), counts, busy, out))
 
 
 class _Stop(BaseException):
@@ -194,6 +195,7 @@ class RemoteEngine:
                                  name="elastic-ssm-engine")
         self.live: dict[int, Request] = {}
         self.in_flight: dict[str, int] = {t: 0 for t in self.tiers}
+        self._busy: dict[str, int] = {}   # rows busy per tier, as of the engine's last message
         self._counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)   # the engine's, as of its last message
         self._next_rid = 0
         self._dead = False
@@ -256,10 +258,10 @@ class RemoteEngine:
         """Send ``req`` to the engine; ``Busy`` when its tier's slots and queue are full (``Engine.submit``)."""
         if not self.alive():
             raise Busy("the server's engine has stopped; restart the server")
-        if self.in_flight[req.tier] >= self.slots + self.max_queue:
-            busy, waiting = self._counts(req.tier)
-            raise Busy(f"tier {req.tier} is at capacity ({busy} slots busy, {waiting} requests waiting); "
-                       "retry shortly")
+        n = sum(self.in_flight.values())
+        if n >= self.slots + self.max_queue:
+            raise Busy(f"the server is at capacity ({min(n, self.slots)} slots busy, {max(0, n - self.slots)} "
+                       "requests waiting); retry shortly")
         self._next_rid += 1
         req.rid, req.on_cancel = self._next_rid, self._cancel
         self.live[req.rid] = req
@@ -270,24 +272,22 @@ class RemoteEngine:
         if req.rid in self.live and self.alive():
             self._cmd.send(("cancel", req.rid))
 
-    def _counts(self, tier: str) -> tuple[int, int]:
-        n = self.in_flight[tier]
-        return min(n, self.slots), max(0, n - self.slots)
-
-    def load(self, tier: str) -> float:
-        return self.in_flight[tier] / self.slots
+    def load(self, tier: str | None = None) -> float:
+        """As ``Engine.load``: requests in flight per slot, the same for every tier (one pool)."""
+        return sum(self.in_flight.values()) / self.slots
 
     def pick_auto(self, default: str) -> str:
-        """As ``Engine.pick_auto``, from the requests in flight."""
-        order = {t.name: t.index for t in self.model.tier_table()}
-        cands = sorted((t for t in self.tiers if order[t] <= order[default]), key=lambda t: -order[t])
-        for t in cands:
-            if self.in_flight[t] < self.slots:
-                return t
-        return min(cands, key=self.load)
+        """As ``Engine.pick_auto``: the default tier."""
+        return default
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        return {t: dict(zip(("slots", "busy", "waiting"), (self.slots, *self._counts(t)))) for t in self.tiers}
+        """As ``Engine.snapshot``: the rows busy at each tier as of the engine's last message (at most the requests
+        of that tier in flight), the rest of its requests in flight waiting."""
+        out = {}
+        for t in self.tiers:
+            busy = min(self._busy.get(t, 0), self.in_flight[t])
+            out[t] = {"slots": self.slots, "busy": busy, "waiting": self.in_flight[t] - busy}
+        return out
 
     # ---- events ------------------------------------------------------------------------------------------
     def _on_events(self) -> None:
@@ -306,8 +306,9 @@ class RemoteEngine:
         """``Engine.counters()`` of the engine process, as of its last message."""
         return dict(self._counters)
 
-    def _dispatch(self, counters: dict[str, float], tokens: dict[str, int], items: list) -> None:
-        self._counters = counters
+    def _dispatch(self, counters: dict[str, float], tokens: dict[str, int], busy: dict[str, int],
+                  items: list) -> None:
+        self._counters, self._busy = counters, busy
         if self.metrics is not None:
             for tier, n in tokens.items():
                 self.metrics.add_tokens(tier, n)
@@ -348,6 +349,7 @@ class RemoteEngine:
                                   else "the server's engine stopped"))
         self.live.clear()
         self.in_flight = {t: 0 for t in self.tiers}
+        self._busy = {}
 
     async def _watch_stalls(self) -> None:
         """Cancel streams whose client has not taken pending output for ``stall_timeout`` seconds."""

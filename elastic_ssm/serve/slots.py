@@ -1,26 +1,25 @@
-"""A tier's slot pool: one fused decoder at a fixed batch bucket whose cache rows are sequences (slots).
+"""The slot pool: one fused decoder at a fixed batch bucket whose cache rows are sequences (slots), at any
+served tier per row.
 
-Continuous batching (``serve/engine.py``) needs three things the decode engine does not do by itself:
+Continuous batching (``serve/engine.py``) runs every request in one ``SlotPool``:
 
-* ``row_cache(cache, i)``: an ``ESSHCache`` of views of row ``i`` only (mode states ``[1, K, M, 2, P]``,
-  the window rings ``[1, H, W, hd]`` and their slot positions, ``positions[i:i+1]``), so a new request is
-  prefilled by the model's own chunked forward into its slot while every other row keeps its state;
-* ``reset_row_(cache, i)``: empty that one sequence in place (zero states and ring, no slot filled,
-  position 0) before its prefill;
-* ``SlotPool``: a ``FastDecoder`` of ``slots`` rows at one tier (captured in a CUDA graph once, on CUDA),
-  the pending logits of every row ``[slots, V]`` (float32), and which request holds which row;
-  ``admit_many`` prefills several prompts in one batched, left-padded forward (straight into consecutive
-  free rows when there are enough, else into a scratch cache whose rows are then copied into the free slots),
-  so a burst of arrivals costs one prefill, not one each;
-* graphed prefill (on CUDA by default): a prefill forward replayed from a CUDA graph per (rows bucket, prompt
-  length bucket) into a scratch cache whose rows are then copied into the free slots. An eager forward of the
-  1.5b model costs ~75-90 ms of host dispatch besides its per-token time (docs/benchmarks.md, "Serve"),
-  whatever its batch: the graph replays it with one launch. A shape is captured the ``graph_after``-th time it
-  is met (default 2: a one-off shape never pays the capture's three forwards, two warm-ups and the capture; a log
-  line each); the graphs are kept least recently used first out and share one memory pool (so they cost about
-  one forward's activations together, plus their static inputs and logits); a shape whose padded tokens exceed
-  ``max_graph_tokens`` (default ``GRAPH_TOKENS``: larger ones are faster eager), a shape met fewer times, or a
-  capture that fails runs eagerly;
+* one ``FastDecoder`` of ``slots`` rows at the widest served tier (captured in a CUDA graph once, on CUDA), the
+  pending logits of every row ``[slots, V]`` (float32), and which request holds which row at which tier. Our tiers
+  are nested prefixes of one set of weights, so rows of different tiers share one decode step
+  (``FastDecoder(mixed=True)``: each row keeps only its tier's channels and FFN units, ``layers/decode_plan.py``);
+  the step costs about the widest tier's, whatever the mix. A pool of one tier decodes exactly as before;
+* ``admit`` / ``admit_many(owners, prompts, tier)`` prefill prompts of one tier in one batched, left-padded
+  forward at that tier (straight into consecutive free rows when there are enough and the tier is the pool's,
+  else into a scratch cache of that tier whose rows are then copied into the free slots' first K_T channels:
+  ``ESSHCache.at_tier``), so a burst of arrivals costs one prefill, not one each;
+* graphed prefill (on CUDA by default): a prefill forward replayed from a CUDA graph per (tier, rows bucket, prompt
+  length bucket) into the scratch cache. An eager forward of the 1.5b model costs ~75-90 ms of host dispatch
+  besides its per-token time (docs/benchmarks.md, "Serve"), whatever its batch: the graph replays it with one
+  launch. A shape is captured the ``graph_after``-th time it is met (default 2: a one-off shape never pays the
+  capture's three forwards, two warm-ups and the capture; a log line each); the graphs are kept least recently
+  used first out and share one memory pool (so they cost about one forward's activations together, plus their
+  static inputs and logits); a shape whose padded tokens exceed ``max_graph_tokens`` (default ``GRAPH_TOKENS``:
+  larger ones are faster eager), a shape met fewer times, or a capture that fails runs eagerly;
 * attended spans: the pool knows every row's length on the host (its prompt's tokens plus one per step), so each
   decode step passes the longest running row's length as the decoder's ``span`` (``FastDecoder.step``): while
   every running sequence is shorter than a power of two below the window, the window attention reads only that
@@ -38,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from collections import OrderedDict
 from typing import Any
 
@@ -49,8 +47,9 @@ from ..models.decode_engine import batch_bucket
 from ..models.fast_decode import FastDecoder
 from ..models.prefill_graph import PrefillGraph, length_bucket
 from ..ops.dispatch import ENV_VAR
+from .rows import SlotRows, left_pad, prefill_groups, raised_in_fla, reset_row_, row_cache
 
-__all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups"]
+__all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups", "served_tiers"]
 
 log = logging.getLogger("elastic_ssm.serve")
 
@@ -62,125 +61,37 @@ log = logging.getLogger("elastic_ssm.serve")
 GRAPH_TOKENS = 2048
 
 
-def _raised_in_fla(error: BaseException) -> bool:
-    """Whether ``error`` (or an error it was raised from) was raised inside fla's package: only then does
-    the torch scan (``ELASTIC_SSM_SCAN_BACKEND=torch``) go around it."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if any("/fla/" in frame.filename.replace("\\", "/") for frame in traceback.extract_tb(error.__traceback__)):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def row_cache(cache: ESSHCache, i: int) -> ESSHCache:
-    """A batch-1 cache of views of row ``i`` of ``cache`` (writes land in ``cache``)."""
-    if not 0 <= i < cache.batch:
-        raise IndexError(f"row {i} is outside a cache of {cache.batch} rows")
-    return cache.narrow(1, start=i)
-
-
-def reset_row_(cache: ESSHCache, i: int) -> ESSHCache:
-    """Empty sequence ``i`` of ``cache`` in place; returns its row view, ready for a prefill."""
-    return row_cache(cache, i).reset_()
-
-
-def left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``ids [n, T]`` of prompts left-padded (id 0) to the longest, ``T``, and the mask of real tokens ``[n, T]``
-    (None when every prompt has ``T`` tokens: the unmasked forward)."""
-    T = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), T, dtype=torch.long)
-    mask = torch.zeros(len(prompts), T, dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, T - len(p):] = True
-    same = all(len(p) == T for p in prompts)
-    return ids.to(device), (None if same else mask.to(device))
-
-
-def prefill_groups(lengths: list[int], max_prefill: int, max_tokens: int | None = None, pad_ratio: float = 1.25,
-                   pad_tokens: int = 2048) -> list[list[int]]:
-    """Indices of prompts (of ``lengths``) grouped for batched prefill, at most ``max_prefill`` a group and at
-    most ``max_tokens`` padded tokens (``size x longest``; None: no bound; a longer prompt is a group alone).
-
-    Sorted by length, a prompt joins the current group while the group stays within ``max_prefill`` and its
-    left padding stays small: the padded tokens (``size x longest``) at most ``pad_ratio`` x the real ones, or
-    at most ``pad_tokens`` more than them (a padded token costs its per-token time; another forward costs a fixed
-    time worth thousands of tokens, docs/serving.md). Prompts of one length always share a group up to
-    ``max_prefill`` and ``max_tokens``."""
-    groups: list[list[int]] = []
-    real = 0
-    for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
-        L = lengths[i]
-        padded, total = ((len(groups[-1]) + 1) * L, real + L) if groups else (0, 0)
-        if groups and len(groups[-1]) < max_prefill and (max_tokens is None or padded <= max_tokens):
-            if padded <= pad_ratio * total or padded - total <= pad_tokens:
-                groups[-1].append(i)
-                real = total
-                continue
-        groups.append([i])
-        real = L
-    return groups
-
-
-class SlotRows:
-    """Which request holds which of ``slots`` rows (``owner[i]``; None: free). The bookkeeping of ``SlotPool``
-    and of the bench's CPU stand-in (``bench/serve_stub.py``'s ``StubPool``)."""
-
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
-        self.owner: list[Any] = [None] * slots
-
-    def free_slots(self) -> int:
-        return sum(o is None for o in self.owner)
-
-    def busy(self) -> int:
-        return self.slots - self.free_slots()
-
-    def active_rows(self) -> list[int]:
-        return [i for i, o in enumerate(self.owner) if o is not None]
-
-    def free_rows(self, n: int) -> list[int]:
-        """The first ``n`` free rows (fewer when fewer are free)."""
-        return [i for i, o in enumerate(self.owner) if o is None][:n]
-
-    def free_run(self, n: int) -> int | None:
-        """First row of ``n`` consecutive free rows, or None when the free rows are more scattered."""
-        run = 0
-        for i, o in enumerate(self.owner):
-            run = run + 1 if o is None else 0
-            if run == n:
-                return i - n + 1
-        return None
-
-    def release(self, i: int) -> None:
-        """Free row ``i`` at once (finished, cancelled or failed); it is reset when next admitted."""
-        self.owner[i] = None
+def served_tiers(model, tiers: Any) -> list:
+    """``tiers`` (one tier, or a list of them) as the model's ``Tier`` objects, narrowest first, without repeats."""
+    listed = list(tiers) if isinstance(tiers, (list, tuple)) else [tiers]
+    if not listed:
+        raise ValueError("a slot pool serves at least one tier")
+    return sorted({model.resolve_tier(t) for t in listed}, key=lambda t: t.index)
 
 
 class SlotPool(SlotRows):
-    """``slots`` sequences of ``model`` decoded together at ``tier`` (see the module docstring).
+    """``slots`` sequences of ``model`` decoded together, each at one of ``tiers`` (see the module docstring).
 
-    ``state_dtype`` / ``kv_dtype``: the cache's (defaults of ``ESSHCache.allocate``: fp32 states, a bf16 window
-    ring on CUDA). ``max_prefill``: the most prompts prefilled together by ``admit_many`` (its scratch
-    cache, allocated when graphed prefill is on or the free rows are scattered, holds that many rows).
-    ``prefill_graphs``: graphed prefill (module docstring); None = on CUDA. True on the CPU runs the graphs'
-    static-buffer function without capturing it (how the CPU tests check that path). ``max_graphs``: prefill
-    graphs kept; ``max_graph_tokens``: the most padded prompt tokens (rows bucket x length bucket) of a graph;
-    ``graph_after``: the time a shape is met at which its graph is captured (1: at once).
-    ``spans``: attended spans (module docstring; False: every step reads the whole ring); ``min_span``: the
-    smallest span (a power of two).
+    ``tiers``: the tiers rows may run at (one tier or a list; the decoder is built at the widest, with per-row
+    tiers when there are several). ``state_dtype`` / ``kv_dtype``: the cache's (defaults of
+    ``ESSHCache.allocate``: fp32 states, a bf16 window ring on CUDA). ``max_prefill``: the most prompts prefilled
+    together by ``admit_many`` (its scratch cache of a tier, allocated when graphed prefill is on or the free rows
+    are scattered or the tier is not the widest, holds that many rows). ``prefill_graphs``: graphed prefill (module
+    docstring); None = on CUDA. True on the CPU runs the graphs' static-buffer function without capturing it (how
+    the CPU tests check that path). ``max_graphs``: prefill graphs kept; ``max_graph_tokens``: the most padded
+    prompt tokens (rows bucket x length bucket) of a graph; ``graph_after``: the time a shape is met at which its
+    graph is captured (1: at once). ``spans``: attended spans (module docstring; False: every step reads the whole
+    ring); ``min_span``: the smallest span (a power of two).
     """
 
     #: prompt-length buckets of the graphed prefill: multiples of 32 up to 512 tokens, then at most 1/8 padding
     LENGTH_STEP = 32
 
-    def __init__(self, model, tier: Any, slots: int, state_dtype: torch.dtype | None = None,
+    def __init__(self, model, tiers: Any, slots: int, state_dtype: torch.dtype | None = None,
                  kv_dtype: torch.dtype | None = None, max_prefill: int = 16, prefill_graphs: bool | None = None,
                  max_graphs: int = 32, max_graph_tokens: int = GRAPH_TOKENS, graph_after: int = 2, spans: bool = True,
                  min_span: int = 128) -> None:
-        if not isinstance(slots, int) or slots < 1:
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
         if prefill_graphs not in (None, True, False):
             raise ValueError(f"prefill_graphs must be True, False or None (on CUDA), got {prefill_graphs!r}")
@@ -190,142 +101,172 @@ class SlotPool(SlotRows):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         super().__init__(slots)
         self.model = model
-        self.tier = model.resolve_tier(tier)
-        self.fd = FastDecoder(model, self.tier, slots, state_dtype=state_dtype, kv_dtype=kv_dtype, min_span=min_span)
+        self.tiers = served_tiers(model, tiers)
+        self.tier = self.tiers[-1]                   # the widest: the decoder's and the cache's
+        mixed = len(self.tiers) > 1
+        self.fd = FastDecoder(model, self.tier, slots, state_dtype=state_dtype, kv_dtype=kv_dtype, min_span=min_span,
+                              mixed=mixed)
         self.device = self.fd.device
         self.spans = bool(spans)
         self.row_pos = [0] * slots                   # tokens each row's sequence holds (host bookkeeping)
+        self.row_tier = [self.tier] * slots          # the tier each row decodes at
         self.graphed = False
+        names = "/".join(t.name for t in self.tiers)
         if self.device.type == "cuda":
             start = time.perf_counter()
             self.fd.capture(preserve_cache=False, spans=self.spans)
             self.graphed = True
             spans = "/".join(map(str, self.fd.spans if self.spans else [])) or "none"
-            log.info("tier %s: decode step of %d rows captured in %.1f s (attended spans: %s, and the whole ring)",
-                     self.tier.name, slots, time.perf_counter() - start, spans)
+            log.info("tiers %s: decode step of %d rows captured in %.1f s (attended spans: %s, and the whole ring)",
+                     names, slots, time.perf_counter() - start, spans)
         self.cache = self.fd.cache.reset_()
         V = model.config.vocab_size
         self.logits = torch.zeros(slots, V, dtype=torch.float32, device=self.device)   # [slots, V]
         self.tokens = torch.zeros(slots, dtype=torch.long, device=self.device)         # last token per row
         self.max_prefill = min(slots, max_prefill)
         self._dtypes = (state_dtype, kv_dtype)
-        self._scratch: ESSHCache | None = None       # admit_many's prefill cache, once free rows were scattered
+        self._scratch: dict[Any, ESSHCache] = {}      # admit_many's prefill cache per tier, allocated on first need
         self._host_tokens: torch.Tensor | None = None  # step_async's pinned copy of the sampled tokens (CUDA)
         self._copied: torch.cuda.Event | None = None
         self.prefill_graphs = self.device.type == "cuda" if prefill_graphs is None else prefill_graphs
         self.max_graphs, self.max_graph_tokens, self.graph_after = max_graphs, max_graph_tokens, graph_after
-        self._graphs: OrderedDict[tuple[int, int, bool], PrefillGraph] = OrderedDict()
-        self._met: dict[tuple[int, int, bool], int] = {}   # times each shape without a graph was met
+        self._graphs: OrderedDict[tuple, PrefillGraph] = OrderedDict()
+        self._met: dict[tuple, int] = {}               # times each shape without a graph was met
         self._graph_pool = None                        # one CUDA memory pool for the prefill graphs
         self.captures = 0                              # prefill graphs captured so far
         if self.device.type == "cuda":
             self.warm_up()
 
+    def tier_of(self, tier: Any = None):
+        """A served tier (None: the widest) as a ``Tier``; a one-line ``ValueError`` for one this pool does not
+        serve."""
+        t = self.tier if tier is None else self.model.resolve_tier(tier)
+        if t not in self.tiers:
+            raise ValueError(f"this pool serves {'/'.join(x.name for x in self.tiers)}, not {t.name}")
+        return t
+
     @torch.no_grad()
     def warm_up(self, lengths: tuple[int, ...] = (16, 64)) -> None:
-        """One prefill per length of ``lengths`` into the first free row, then that row reset (done at
-        construction on CUDA; busy rows are untouched).
+        """One prefill per served tier and length of ``lengths`` into the first free row, then that row reset
+        (done at construction on CUDA; busy rows are untouched).
 
         On a fresh machine the first prefill of each shape compiles kernels, and fla autotunes each (head
         count, chunk length) once: the chunk length is 16 or 64 by prompt length (``gla_op.chunk_length``)
-        and the batch size is no key (``gla_op.local_cumsum_log2``), so these two prefills cover every prompt
-        of this tier. Here that happens while the server starts, not inside its first requests."""
+        and the batch size is no key (``gla_op.local_cumsum_log2``), so these prefills cover every prompt of
+        every served tier. Here that happens while the server starts, not inside its first requests."""
         if not self.free_slots():
             raise RuntimeError("warm_up needs a free slot; call it before admitting requests")
         row = self.owner.index(None)
         start = time.perf_counter()
-        for T in lengths:
-            ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                  # [1, T]
-            try:
-                self.model.hidden_states(ids, tier=self.tier, cache=reset_row_(self.cache, row))
-            except RuntimeError as e:   # a kernel that fails on this stack: say where, and the way around fla
-                first = (str(e).strip().splitlines() or [""])[0]
-                around = (f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if _raised_in_fla(e) else "")
-                raise RuntimeError(f"tier {self.tier.name}: the warm-up prefill of {T} tokens failed "
-                                   f"({type(e).__name__}: {first}){around}") from e
+        for tier in self.tiers:
+            for T in lengths:
+                ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                  # [1, T]
+                try:
+                    self._prefill_row(ids, tier, row)
+                except RuntimeError as e:   # a kernel that fails on this stack: say where, and the way around fla
+                    first = (str(e).strip().splitlines() or [""])[0]
+                    around = (f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if raised_in_fla(e) else "")
+                    raise RuntimeError(f"tier {tier.name}: the warm-up prefill of {T} tokens failed "
+                                       f"({type(e).__name__}: {first}){around}") from e
         reset_row_(self.cache, row)
-        log.info("tier %s: prefill warmed up for prompts of %s tokens in %.1f s (on a fresh machine fla autotunes "
-                 "here, once; Triton keeps the result on disk)", self.tier.name, "/".join(map(str, lengths)),
-                 time.perf_counter() - start)
+        log.info("tiers %s: prefill warmed up for prompts of %s tokens in %.1f s (on a fresh machine fla autotunes "
+                 "here, once; Triton keeps the result on disk)", "/".join(t.name for t in self.tiers),
+                 "/".join(map(str, lengths)), time.perf_counter() - start)
+
+    def _prefill_row(self, ids: torch.Tensor, tier, row: int) -> torch.Tensor:
+        """Row ``row`` emptied, then ``ids [1, T]`` prefilled into it at ``tier``; the hidden states [1, T, D]."""
+        reset_row_(self.cache, row)
+        view = self.cache.at_tier(tier).narrow(1, start=row)
+        return self.model.hidden_states(ids, tier=tier, cache=view)
 
     # ---- slots -------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def admit(self, owner: Any, prompt: list[int]) -> int:
-        """Prefill ``prompt`` into a free row for ``owner``; its next-token logits wait in ``self.logits``."""
+    def admit(self, owner: Any, prompt: list[int], tier: Any = None) -> int:
+        """Prefill ``prompt`` at ``tier`` (None: the widest served) into a free row for ``owner``; its next-token
+        logits wait in ``self.logits``."""
+        t = self.tier_of(tier)
         if not self.free_slots():
             raise ValueError(f"admit: all {self.slots} slots are busy")
         i = self.owner.index(None)
-        graph = self._graph_for([prompt])
+        graph = self._graph_for([prompt], t)
         if graph is not None:
-            self._copy_rows(self._graph_prefill(graph, [prompt]), [i])
+            self._copy_rows(self._graph_prefill(graph, [prompt]), [i], t)
         else:
             ids = torch.tensor([prompt], dtype=torch.long, device=self.device)          # [1, T]
-            view = reset_row_(self.cache, i)
-            h = self.model.hidden_states(ids, tier=self.tier, cache=view)                # [1, T, D]
+            h = self._prefill_row(ids, t, i)                                             # [1, T, D]
             self.logits[i] = self.model.logits_from_hidden(h[:, -1])[0].float()
-        self.owner[i] = owner
-        self.row_pos[i] = len(prompt)
+        self._own([i], [owner], [prompt], t)
         return i
 
     @torch.no_grad()
-    def admit_many(self, owners: list, prompts: list[list[int]]) -> list[int]:
-        """Prefill prompts into free rows together (one batched forward); returns the rows, in order.
+    def admit_many(self, owners: list, prompts: list[list[int]], tier: Any = None) -> list[int]:
+        """Prefill prompts at ``tier`` into free rows together (one batched forward); returns the rows, in order.
 
         Prompts of different lengths are left-padded to the longest and masked (``attention_mask``: padding never
         enters a state and is never attended to; every row equals its own prefill up to rounding). When ``n``
         consecutive rows are free (a burst into an idle pool, or after a wave ends) the forward writes straight
-        into them (``cache.narrow``); otherwise into a scratch cache of ``max_prefill`` rows (allocated on first
-        need) whose rows are then copied into the first free slots."""
+        into them (``cache.narrow``, at the tier's channels); otherwise into a scratch cache of ``max_prefill`` rows
+        (allocated on first need) whose rows are then copied into the first free slots."""
+        t = self.tier_of(tier)
         n = len(prompts)
         if n == 1:
-            return [self.admit(owners[0], prompts[0])]
+            return [self.admit(owners[0], prompts[0], t)]
         if not 1 < n <= min(self.max_prefill, self.free_slots()) or not all(prompts):
             raise ValueError(f"admit_many takes 2..{self.max_prefill} non-empty prompts, at most the "
                              f"{self.free_slots()} free slots")
-        graph = self._graph_for(prompts)
+        graph = self._graph_for(prompts, t)
         if graph is not None:
             rows = self.free_rows(n)
-            self._copy_rows(self._graph_prefill(graph, prompts), rows)
-            self._own(rows, owners, prompts)
+            self._copy_rows(self._graph_prefill(graph, prompts), rows, t)
+            self._own(rows, owners, prompts, t)
             return rows
         ids, mask = left_pad(prompts, self.device)                                       # [n, T], [n, T] | None
         start = self.free_run(n)
         if start is not None:
             rows = list(range(start, start + n))
-            view = self.cache.narrow(n, start=start).reset_()
-            h = self.model.hidden_states(ids, tier=self.tier, attention_mask=mask, cache=view)  # [n, T, D]
+            self.cache.narrow(n, start=start).reset_()
+            view = self.cache.at_tier(t).narrow(n, start=start)
+            h = self.model.hidden_states(ids, tier=t, attention_mask=mask, cache=view)  # [n, T, D]
             self.logits[start:start + n] = self.model.logits_from_hidden(h[:, -1]).float()
         else:
-            view = self.scratch().narrow(n).reset_()
-            h = self.model.hidden_states(ids, tier=self.tier, attention_mask=mask, cache=view)  # [n, T, D]
+            view = self.scratch(t).narrow(n).reset_()
+            h = self.model.hidden_states(ids, tier=t, attention_mask=mask, cache=view)  # [n, T, D]
             rows = self.free_rows(n)
-            self._copy_rows(self.model.logits_from_hidden(h[:, -1]), rows)
-        self._own(rows, owners, prompts)
+            self._copy_rows(self.model.logits_from_hidden(h[:, -1]), rows, t)
+        self._own(rows, owners, prompts, t)
         return rows
 
-    def _own(self, rows: list[int], owners: list, prompts: list[list[int]]) -> None:
+    def _own(self, rows: list[int], owners: list, prompts: list[list[int]], tier) -> None:
         for i, owner, prompt in zip(rows, owners, prompts):
             self.owner[i] = owner
             self.row_pos[i] = len(prompt)
+            if self.row_tier[i] != tier:
+                self.fd.set_row_tier(i, tier)
+                self.row_tier[i] = tier
 
     # ---- prefill through the scratch cache ----------------------------------------------------------------
-    def scratch(self) -> ESSHCache:
-        """The prefill cache of ``max_prefill`` rows (allocated on first need)."""
-        if self._scratch is None:
-            self._scratch = self.model.allocate_cache(self.max_prefill, self.tier, state_dtype=self._dtypes[0],
-                                                      kv_dtype=self._dtypes[1])
-        return self._scratch
+    def scratch(self, tier: Any = None) -> ESSHCache:
+        """The prefill cache of ``max_prefill`` rows at ``tier`` (None: the widest; allocated on first need)."""
+        t = self.tier_of(tier)
+        if t not in self._scratch:
+            self._scratch[t] = self.model.allocate_cache(self.max_prefill, t, state_dtype=self._dtypes[0],
+                                                         kv_dtype=self._dtypes[1])
+        return self._scratch[t]
 
-    def _copy_rows(self, logits: torch.Tensor, rows: list[int]) -> None:
-        """Rows ``0 .. n-1`` of the scratch cache, and their next-token ``logits [n, V]``, into pool ``rows``."""
+    def _copy_rows(self, logits: torch.Tensor, rows: list[int], tier) -> None:
+        """Rows ``0 .. n-1`` of ``tier``'s scratch cache, and their next-token ``logits [n, V]``, into pool ``rows``
+        (their channels past the tier's zeroed)."""
         idx = torch.tensor(rows, device=self.device)
-        for dst, s in zip(self.cache.tensors(), self._scratch.narrow(len(rows)).tensors()):
+        if tier != self.tier:
+            for s in self.cache.states.values():
+                s[:, tier.K:].index_fill_(0, idx, 0.0)
+        for dst, s in zip(self.cache.at_tier(tier).tensors(), self._scratch[tier].narrow(len(rows)).tensors()):
             dst.index_copy_(0, idx, s)
         self.logits.index_copy_(0, idx, logits.float())
 
-    def _graph_for(self, prompts: list[list[int]]) -> PrefillGraph | None:
-        """The prefill graph for these prompts (captured the ``graph_after``-th time their shape is met), or None:
-        eager prefill."""
+    def _graph_for(self, prompts: list[list[int]], tier) -> PrefillGraph | None:
+        """The prefill graph at ``tier`` for these prompts (captured the ``graph_after``-th time their shape is
+        met), or None: eager prefill."""
         if not self.prefill_graphs:
             return None
         T = max(len(p) for p in prompts)
@@ -333,7 +274,7 @@ class SlotPool(SlotRows):
         length = length_bucket(T, min_step=self.LENGTH_STEP)
         if rows * length > self.max_graph_tokens:
             return None
-        key = (rows, length, length != T or any(len(p) != T for p in prompts))
+        key = (tier.name, rows, length, length != T or any(len(p) != T for p in prompts))
         graph = self._graphs.get(key)
         if graph is not None:
             self._graphs.move_to_end(key)
@@ -347,11 +288,11 @@ class SlotPool(SlotRows):
         try:
             if cuda and self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
-            graph = PrefillGraph(self.model, self.scratch().narrow(rows), length, key[2], graph=cuda,
+            graph = PrefillGraph(self.model, self.scratch(tier).narrow(rows), length, key[3], graph=cuda,
                                  pool=self._graph_pool)
         except Exception as e:       # e.g. a kernel that cannot be captured on this stack: prefill eagerly from now on
             log.warning("tier %s: capturing a prefill graph failed (%s: %s); prefilling without graphs",
-                        self.tier.name, type(e).__name__, e)
+                        tier.name, type(e).__name__, e)
             self.prefill_graphs = False
             return None
         self.captures += cuda
@@ -359,8 +300,8 @@ class SlotPool(SlotRows):
         while len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
         if cuda:
-            log.info("tier %s: prefill graph for %d rows x %d tokens%s captured in %.1f s", self.tier.name, rows,
-                     length, " (padded)" if key[2] else "", time.perf_counter() - start)
+            log.info("tier %s: prefill graph for %d rows x %d tokens%s captured in %.1f s", tier.name, rows,
+                     length, " (padded)" if key[3] else "", time.perf_counter() - start)
         return graph
 
     def _graph_prefill(self, graph: PrefillGraph, prompts: list[list[int]]) -> torch.Tensor:

@@ -31,9 +31,10 @@ def _engine(tiny, wait_ms: float, slots: int = 8, max_prefill: int = 8, clock=No
     """An engine over one stub pool whose ``groups`` list records the size of every prefill forward."""
     eng = Engine(tiny, ["T4"], slots=slots, tokenizer=tiny.tokenizer, pool_factory=STUB, max_prefill=max_prefill,
                  prefill_wait_ms=wait_ms, clock=clock or time.monotonic)
-    pool = eng.pools["T4"]
+    pool = eng.pool
     eng.groups, admit_many = [], pool.admit_many          # StubPool.admit goes through admit_many too
-    pool.admit_many = lambda owners, prompts: eng.groups.append(len(prompts)) or admit_many(owners, prompts)
+    pool.admit_many = lambda owners, prompts, tier=None: eng.groups.append(len(prompts)) or admit_many(owners, prompts,
+                                                                                                        tier)
     return eng
 
 
@@ -49,7 +50,7 @@ def test_a_burst_over_a_few_ms_is_admitted_in_one_forward_when_it_fills_the_free
         clock.t = 100.0 + 0.002 * k
         for r in reqs[i:j]:
             eng.submit(r)
-        eng._tick("T4")
+        eng._tick()
         assert eng.groups == ([] if j < 8 else [8])
     assert all(r.completion_tokens == 1 for r in reqs)        # admitted and given their first token in that tick
     assert eng._idle_for() == 0                              # rows run: the loop never sleeps
@@ -67,11 +68,11 @@ def test_a_lone_request_waits_at_most_the_wait_and_the_idle_loop_sleeps_until_th
     for t, left in ((0.0, 0.05), (0.01, 0.04), (0.0499, 0.0001)):
         clock.t = 100.0 + t
         assert eng._idle_for() == pytest.approx(left)        # what the loop sleeps on its condition variable
-        eng._tick("T4")
+        eng._tick()
         assert eng.groups == [] and lone.completion_tokens == 0
     clock.t = 100.05
     assert eng._idle_for() == 0
-    eng._tick("T4")
+    eng._tick()
     assert eng.groups == [1] and lone.completion_tokens == 1
 
 
@@ -82,7 +83,7 @@ def test_running_rows_keep_decoding_while_admission_waits(tiny):
     for r in running:
         eng.submit(r)
     clock.t = 100.05
-    eng._tick("T4")                                          # the two waited 50 ms: admitted together
+    eng._tick()                                          # the two waited 50 ms: admitted together
     assert eng.groups == [2]
     late = _req()
     clock.t = 101.0
@@ -90,11 +91,11 @@ def test_running_rows_keep_decoding_while_admission_waits(tiny):
     steps = eng.steps
     for k in range(5):                                       # 0..40 ms after the late arrival: decode, no prefill
         clock.t = 101.0 + 0.01 * k
-        eng._tick("T4")
+        eng._tick()
     assert eng.steps == steps + 5 and [r.completion_tokens for r in running] == [6, 6]
     assert eng.groups == [2] and late.completion_tokens == 0
     clock.t = 101.05
-    eng._tick("T4")
+    eng._tick()
     assert eng.groups == [2, 1] and late.completion_tokens == 1 and running[0].completion_tokens == 7
 
 
@@ -103,11 +104,11 @@ def test_the_preferred_batch_is_what_fits_max_prefill_and_the_free_slots(tiny):
     eng = _engine(tiny, wait_ms=50, slots=8, max_prefill=3, clock=clock)
     for _ in range(3):
         eng.submit(_req(max_tokens=100))
-    eng._tick("T4")                                          # 3 = max_prefill waiting: at once
+    eng._tick()                                          # 3 = max_prefill waiting: at once
     assert eng.groups == [3]
     for _ in range(5):                                       # 5 free slots, 5 waiting: at once (3 + 2)
         eng.submit(_req())
-    eng._tick("T4")
+    eng._tick()
     assert eng.groups == [3, 3, 2]
 
 
@@ -116,11 +117,11 @@ def test_zero_wait_admits_whatever_waits_at_once(tiny):
     eng = _engine(tiny, wait_ms=0, clock=clock)
     first = _req(max_tokens=100)
     eng.submit(first)
-    eng._tick("T4")
+    eng._tick()
     assert eng.groups == [1] and first.completion_tokens == 1
     for _ in range(2):
         eng.submit(_req())
-    eng._tick("T4")                                          # same clock: nothing waits for more
+    eng._tick()                                          # same clock: nothing waits for more
     assert eng.groups == [1, 2]
 
 
@@ -169,7 +170,7 @@ def test_the_defaults_of_the_flag_the_settings_and_the_bench_agree():
 
 
 def test_prefill_graph_tokens_reach_the_pools_and_bad_values_are_refused(tiny):
-    assert Engine(tiny, ["T4"], slots=2, prefill_graph_tokens=512).pools["T4"].max_graph_tokens == 512
+    assert Engine(tiny, ["T4"], slots=2, prefill_graph_tokens=512).pool.max_graph_tokens == 512
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="prefill_graph_tokens must be an int >= 1"):
             Engine(tiny, ["T4"], slots=2, prefill_graph_tokens=bad)

@@ -189,7 +189,7 @@ def test_a_burst_of_equal_length_prompts_is_prefilled_together(tiny, busy, rows)
     before = [t[list(busy)].clone() for t in pool.cache.tensors()]
     assert pool.admit_many([0, 1, 2], prompts) == rows
     assert all(torch.equal(b, t[list(busy)]) for b, t in zip(before, pool.cache.tensors()))   # busy rows untouched
-    assert (pool._scratch is None) == (rows == list(range(rows[0], rows[0] + 3)))
+    assert (not pool._scratch) == (rows == list(range(rows[0], rows[0] + 3)))
     more = max(2, pool.free_slots() + 1)                                        # more prompts than free slots
     with pytest.raises(ValueError, match=f"at most the {pool.free_slots()} free slots"):
         pool.admit_many(list(range(3, 3 + more)), [[1, 2]] * more)
@@ -222,12 +222,12 @@ def test_graphed_prefill_path_equals_generate(tiny):
         rows.append(pool.admit(5, prompts[1]))                               # one prompt: a graph of one row
         assert len(set(rows)) == 6 and not set(rows) & set(busy)
         assert all(torch.equal(b, t[list(busy)]) for b, t in zip(before, pool.cache.tensors()))
-        assert sorted(pool._graphs) == [(1, 32, True), (2, 32, False), (4, 32, True)]
+        assert sorted(pool._graphs) == [("T4", 1, 32, True), ("T4", 2, 32, False), ("T4", 4, 32, True)]
         assert _greedy_rows(pool, rows, n) == [ref[tuple(p)] for p in prompts + equal + [prompts[1]]], busy
     for r in rows:
         pool.release(r)
-    graph = pool._graphs[(4, 32, True)]
-    assert pool.admit_many(["a", "b", "c"], prompts) and pool._graphs[(4, 32, True)] is graph   # reused
+    graph = pool._graphs[("T4", 4, 32, True)]
+    assert pool.admit_many(["a", "b", "c"], prompts) and pool._graphs[("T4", 4, 32, True)] is graph   # reused
 
 
 def test_a_prefill_shape_gets_its_graph_the_second_time_it_is_met(tiny):
@@ -239,7 +239,7 @@ def test_a_prefill_shape_gets_its_graph_the_second_time_it_is_met(tiny):
     rows = [pool.admit(0, prompts[0])]
     assert not pool._graphs
     rows.append(pool.admit(1, prompts[1]))
-    assert list(pool._graphs) == [(1, 32, True)]
+    assert list(pool._graphs) == [("T4", 1, 32, True)]
     assert _greedy_rows(pool, rows, 8) == ref
 
 
@@ -266,13 +266,13 @@ def test_graphed_prefill_bounds_its_graphs_and_goes_eager_above_the_token_limit(
                     graph_after=1)
     long = list(range(1, 71))                                            # bucket 96 > 64 tokens: eager
     rows = [pool.admit(k, list(range(1, T + 1))) for k, T in enumerate((5, 40))] + [pool.admit(2, long)]
-    assert list(pool._graphs) == [(1, 32, True), (1, 64, True)]
+    assert list(pool._graphs) == [("T4", 1, 32, True), ("T4", 1, 64, True)]
     ref = tiny.generate(torch.tensor([long]), 8, tier="T4")[0, len(long):].tolist()
     assert _greedy_rows(pool, rows, 8)[2] == ref
     for r in rows:
         pool.release(r)
     pool.admit_many(["a", "b"], [[7] * 20, [9] * 20])                   # 2 rows x 32: evicts (1, 32)
-    assert list(pool._graphs) == [(1, 64, True), (2, 32, True)]
+    assert list(pool._graphs) == [("T4", 1, 64, True), ("T4", 2, 32, True)]
     with pytest.raises(ValueError, match="prefill_graphs"):
         SlotPool(tiny, "T4", 2, prefill_graphs="yes")
     for bad in ({"graph_after": 0}, {"max_graphs": 1.5}, {"max_graph_tokens": True}, {"min_span": 0}):
@@ -384,7 +384,7 @@ def test_a_stalled_client_is_cancelled_and_its_slot_freed(tiny):
         while stalled.finish_reason is None and time.time() < deadline:
             time.sleep(0.05)
         assert stalled.finish_reason == "cancelled" and stalled.completion_tokens < 100000
-        assert eng.pools["T1"].busy() == 0
+        assert eng.pool.busy() == 0
     finally:
         eng.shutdown()
     # a reading client is never dropped, and time spent waiting for a slot does not count as not reading
@@ -408,16 +408,20 @@ def test_a_stalled_client_is_cancelled_and_its_slot_freed(tiny):
         eng.shutdown()
 
 
-def test_auto_tier_moves_down_when_the_default_tier_is_full(tiny):
-    eng = Engine(tiny, ["T1", "T4", "T10"], slots=1, tokenizer=tiny.tokenizer)   # not started: requests wait
-    assert eng.pick_auto("T10") == "T10"
-    eng.submit(Request(tier="T10", prompt=[1], max_tokens=1))
-    assert eng.pick_auto("T10") == "T4"
-    assert eng.pick_auto("T4") == "T4"                 # never above the default tier
-    eng.submit(Request(tier="T4", prompt=[1], max_tokens=1))
-    eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))
-    eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))
-    assert eng.pick_auto("T10") in ("T4", "T10")       # all full: the least loaded (T1 has two waiting)
+def test_every_tier_shares_one_pool_and_auto_keeps_the_default_tier(tiny):
+    """One pool of ``slots`` rows for all tiers: the queue bound counts every tier's requests together, and "auto"
+    stays at the default tier (a smaller tier frees no capacity in a shared decode step)."""
+    eng = Engine(tiny, ["T1", "T4", "T10"], slots=1, max_queue=2, tokenizer=tiny.tokenizer)   # not started: wait
+    assert eng.pool.tiers == [tiny.resolve_tier(t) for t in ("T1", "T4", "T10")] and eng.pool.fd.mixed
+    assert eng.pick_auto("T10") == "T10" and eng.pick_auto("T4") == "T4"
+    for tier in ("T10", "T4", "T1"):                    # 1 free slot + max_queue 2: three may wait
+        eng.submit(Request(tier=tier, prompt=[1], max_tokens=1))
+    with pytest.raises(Busy, match="at capacity"):
+        eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))
+    assert eng.snapshot() == {t: {"slots": 1, "busy": 0, "waiting": 1} for t in ("T1", "T4", "T10")}
+    assert eng.pick_auto("T10") == "T10" and eng.load("T1") == eng.load("T10") == 3.0
+    with pytest.raises(ValueError, match="not served here"):
+        eng.submit(Request(tier="T2", prompt=[1], max_tokens=1))
 
 
 def test_guard_caps_connections_per_client():
@@ -480,16 +484,16 @@ def test_calibrate_command_writes_the_profile_select_tier_reads(tiny, tmp_path, 
 
 def test_a_failing_request_or_step_ends_alone_and_the_engine_keeps_serving(tiny):
     eng = Engine(tiny, ["T1"], slots=2, tokenizer=tiny.tokenizer).start()
-    pool = eng.pools["T1"]
+    pool = eng.pool
     admit, step = pool.admit, pool.step
 
-    def bad_admit(owner, prompt):
+    def bad_admit(owner, prompt, tier=None):
         if prompt == [9]:
             raise ValueError("boom")
-        return admit(owner, prompt)
+        return admit(owner, prompt, tier)
 
     pool.admit = bad_admit
-    pool.admit_many = lambda owners, prompts: (_ for _ in ()).throw(RuntimeError("batched prefill failed"))
+    pool.admit_many = lambda owners, prompts, tier=None: (_ for _ in ()).throw(RuntimeError("batched prefill failed"))
 
     def wait(*reqs):
         deadline = time.time() + 20
@@ -521,10 +525,10 @@ def test_engine_prefills_a_burst_in_groups_of_max_prefill_and_matches_generate(t
     n = 6
     ref = [tiny.generate(torch.tensor([p]), n, tier="T4")[0, len(p):].tolist() for p in prompts]
     eng = Engine(tiny, ["T4"], slots=8, tokenizer=tiny.tokenizer, max_prefill=3)
-    pool = eng.pools["T4"]
+    pool = eng.pool
     assert pool.max_prefill == 3
     groups, admit_many = [], pool.admit_many
-    pool.admit_many = lambda owners, ps: groups.append(len(ps)) or admit_many(owners, ps)
+    pool.admit_many = lambda owners, ps, tier=None: groups.append(len(ps)) or admit_many(owners, ps, tier)
     reqs = [Request(tier="T4", prompt=p, max_tokens=n, temperature=0.0) for p in prompts]
     for r in reqs:                      # all queued before the loop starts: one admission round takes them all
         eng.submit(r)

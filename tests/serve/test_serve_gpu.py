@@ -128,7 +128,8 @@ def test_prompts_of_different_lengths_prefilled_together_on_cuda(busy, graphs, s
         pool.owner[r] = "busy"
     rows = pool.admit_many(list(range(len(prompts))), prompts)
     assert not set(rows) & set(busy)
-    assert list(pool._graphs) == ([(8, 64, True)] if graphs is None else []) and pool.captures == len(pool._graphs)
+    assert list(pool._graphs) == ([("T10", 8, 64, True)] if graphs is None else [])
+    assert pool.captures == len(pool._graphs)
     n, logits = 12, {r: [] for r in rows}
     zeros, k0, p1 = torch.zeros(16, device="cuda"), torch.zeros(16, dtype=torch.long, device="cuda"), \
         torch.ones(16, device="cuda")
@@ -157,7 +158,7 @@ def test_engine_on_cuda_serves_two_graphed_tiers_and_seeded_requests_repeat():
     model.tokenizer = data.load_tokenizer("bytes")
     eng = Engine(model, ["T1", "T10"], slots=16, tokenizer=model.tokenizer).start()
     try:
-        assert all(p.graphed for p in eng.pools.values())
+        assert eng.pool.graphed
 
         def batch():
             reqs = [Request(tier=t, prompt=list(b"seeded prompt %d" % i), max_tokens=24, temperature=0.9,
