@@ -77,7 +77,7 @@ class BenchConfig(ConfigBase):
     serve_mixes: tuple[str, ...] = opt(("T10", "T1,T4,T10"), "serve: tier mixes (comma-separated tiers; the "
                                        "streams cycle through a mix)")
     serve_streams: tuple[int, ...] = opt((128,), "serve: concurrent client streams")
-    serve_slots: int = opt(128, "serve: slots per tier (the pool's decode batch)")
+    serve_slots: int = opt(128, "serve: slots of the one pool every tier shares (its decode batch)")
     serve_prompt: int = opt(128, "serve: prompt tokens per request")
     serve_new_tokens: int = opt(256, "serve: tokens generated per request")
     serve_rounds: int = opt(2, "serve: requests each stream sends one after another")
