@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from ..utils.first_run import tuning_notice
+
 _GENERATE_ARGS = ("input_ids", "max_new_tokens", "tier", "attention_mask", "do_sample", "temperature", "top_k",
                   "top_p", "eos_token_id", "pad_token_id", "eos", "streamer", "generator", "fast", "state_dtype",
                   "kv_dtype", "sync_every")
@@ -174,8 +176,9 @@ class GenerationMixin:
         self.eval()
         try:
             B = input_ids.shape[0]
-            session = self._decode_session(B, tier, fast, state_dtype, kv_dtype)
-            logits = session.prefill(input_ids, attention_mask)
+            with tuning_notice(input_ids.device):        # a fresh machine's first decoder and prefill say so
+                session = self._decode_session(B, tier, fast, state_dtype, kv_dtype)
+                logits = session.prefill(input_ids, attention_mask)
             return torch.cat([input_ids, self._decode_loop(logits, session.step, max_new_tokens, temp, top_k,
                                                            top_p, eos, pad, streamer, generator, sync_every)],
                              dim=1)

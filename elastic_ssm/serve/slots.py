@@ -47,6 +47,7 @@ from ..models.decode_engine import batch_bucket
 from ..models.fast_decode import FastDecoder
 from ..models.prefill_graph import PrefillGraph, length_bucket
 from ..ops.dispatch import ENV_VAR
+from ..utils.first_run import tuning_notice
 from .rows import SlotRows, left_pad, prefill_groups, raised_in_fla, reset_row_, row_cache
 
 __all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups", "served_tiers"]
@@ -158,6 +159,14 @@ class SlotPool(SlotRows):
             raise RuntimeError("warm_up needs a free slot; call it before admitting requests")
         row = self.owner.index(None)
         start = time.perf_counter()
+        with tuning_notice(self.device):
+            self._warm_rows(row, lengths)
+        reset_row_(self.cache, row)
+        log.info("tiers %s: prefill warmed up for prompts of %s tokens in %.1f s (on a fresh machine fla autotunes "
+                 "here, once; Triton keeps the result on disk)", "/".join(t.name for t in self.tiers),
+                 "/".join(map(str, lengths)), time.perf_counter() - start)
+
+    def _warm_rows(self, row: int, lengths: tuple[int, ...]) -> None:
         for tier in self.tiers:
             for T in lengths:
                 ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                  # [1, T]
@@ -168,10 +177,6 @@ class SlotPool(SlotRows):
                     around = (f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if raised_in_fla(e) else "")
                     raise RuntimeError(f"tier {tier.name}: the warm-up prefill of {T} tokens failed "
                                        f"({type(e).__name__}: {first}){around}") from e
-        reset_row_(self.cache, row)
-        log.info("tiers %s: prefill warmed up for prompts of %s tokens in %.1f s (on a fresh machine fla autotunes "
-                 "here, once; Triton keeps the result on disk)", "/".join(t.name for t in self.tiers),
-                 "/".join(map(str, lengths)), time.perf_counter() - start)
 
     def _prefill_row(self, ids: torch.Tensor, tier, row: int) -> torch.Tensor:
         """Row ``row`` emptied, then ``ids [1, T]`` prefilled into it at ``tier``; the hidden states [1, T, D]."""

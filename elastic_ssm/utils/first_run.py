@@ -1,0 +1,71 @@
+"""Say what a fresh machine's first prefill is doing: Triton compiles and fla autotunes the scan's kernels, once.
+
+On a machine whose Triton cache holds no autotuning results (``*.autotune.json``, kept there because
+``ops.dispatch.persist_autotuning`` sets ``TRITON_CACHE_AUTOTUNING=1``), the first CUDA prefill compiles and tunes
+the kernels for this GPU: a minute or more, which a user would otherwise meet as silence. ``tuning_notice(device)``
+wraps that first prefill: on such a machine it logs one line first ("tuning kernels for this GPU (first run only,
+cached in DIR)"), then one line every ``every`` seconds while it lasts (the progress: seconds so far), and one line
+when it ends. Logger ``elastic_ssm`` at WARNING, so the line reaches stderr in the CLI and in a plain script alike.
+A warm cache, a CPU device or a second call in the process logs nothing. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["tuning_notice", "triton_cache_dir", "kernels_tuned"]
+
+log = logging.getLogger("elastic_ssm")
+_ANNOUNCED: list[bool] = []     # once per process
+
+
+def triton_cache_dir() -> Path:
+    """Where Triton keeps compiled kernels and autotuning results (``TRITON_CACHE_DIR``, else its default)."""
+    env = os.environ.get("TRITON_CACHE_DIR", "").strip()
+    return Path(env) if env else Path.home() / ".triton" / "cache"
+
+
+def kernels_tuned(cache: Path | None = None) -> bool:
+    """Whether the Triton cache already holds autotuning results (``<cache>/<key>/*.autotune.json``)."""
+    cache = triton_cache_dir() if cache is None else cache
+    try:
+        return any(True for _ in cache.glob("*/*.autotune.json"))
+    except OSError:
+        return False
+
+
+@contextmanager
+def tuning_notice(device: Any, every: float = 10.0, cache: Path | None = None):
+    """Around the first CUDA prefill of a process: the lines of the module docstring on a cold machine, else
+    nothing. ``device``: a ``torch.device`` (or anything with ``.type``)."""
+    cache = triton_cache_dir() if cache is None else cache
+    if getattr(device, "type", device) != "cuda" or _ANNOUNCED or kernels_tuned(cache):
+        yield
+        return
+    _ANNOUNCED.append(True)
+    log.warning("tuning kernels for this GPU (first run only, cached in %s): about a minute", cache)
+    start, done = time.monotonic(), threading.Event()
+
+    def tick() -> None:
+        while not done.wait(every):
+            log.warning("still tuning kernels: %.0f s", time.monotonic() - start)
+
+    ticker = threading.Thread(target=tick, name="elastic-ssm-tuning-notice", daemon=True)
+    ticker.start()
+    try:
+        yield
+    except BaseException:
+        done.set()
+        ticker.join()
+        log.warning("kernel tuning stopped after %.0f s by an error", time.monotonic() - start)
+        raise
+    done.set()
+    ticker.join()
+    log.warning("kernels tuned in %.0f s; later runs on this machine read them from %s",
+                time.monotonic() - start, cache)

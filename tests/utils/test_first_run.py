@@ -1,0 +1,55 @@
+"""The fresh-machine notice around the first CUDA prefill (``utils/first_run.py``): one line before, a line per
+``every`` seconds while it lasts, one after; nothing on a warm cache, on the CPU, or a second time."""
+
+import logging
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from elastic_ssm.utils import first_run
+
+CUDA = SimpleNamespace(type="cuda")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process(monkeypatch):
+    monkeypatch.setattr(first_run, "_ANNOUNCED", [])
+
+
+def test_a_cold_cache_says_what_happens_with_progress(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="elastic_ssm"):
+        with first_run.tuning_notice(CUDA, every=0.05, cache=tmp_path):
+            time.sleep(0.18)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == f"tuning kernels for this GPU (first run only, cached in {tmp_path}): about a minute"
+    assert any(x.startswith("still tuning kernels: ") for x in lines[1:-1])
+    assert lines[-1].startswith("kernels tuned in ") and str(tmp_path) in lines[-1]
+    with caplog.at_level(logging.WARNING, logger="elastic_ssm"):
+        caplog.clear()
+        with first_run.tuning_notice(CUDA, cache=tmp_path):     # once per process
+            pass
+    assert not caplog.records
+
+
+def test_warm_cache_cpu_and_the_default_dir_are_silent(tmp_path, caplog, monkeypatch):
+    (tmp_path / "abc").mkdir()
+    (tmp_path / "abc" / "kernel.autotune.json").write_text("{}")
+    assert first_run.kernels_tuned(tmp_path) and not first_run.kernels_tuned(tmp_path / "missing")
+    with caplog.at_level(logging.WARNING, logger="elastic_ssm"):
+        with first_run.tuning_notice(CUDA, cache=tmp_path):
+            pass
+        with first_run.tuning_notice(SimpleNamespace(type="cpu"), cache=tmp_path / "missing"):
+            pass
+    assert not caplog.records
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    assert first_run.triton_cache_dir() == tmp_path
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    assert first_run.triton_cache_dir().parts[-2:] == (".triton", "cache")
+
+
+def test_an_error_inside_still_ends_the_notice(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="elastic_ssm"), pytest.raises(RuntimeError, match="boom"):
+        with first_run.tuning_notice(CUDA, every=10, cache=tmp_path):
+            raise RuntimeError("boom")
+    assert caplog.records[-1].getMessage().startswith("kernel tuning stopped after ")
