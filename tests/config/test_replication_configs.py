@@ -17,7 +17,7 @@ CLAIMS = {"lm": ["essh", "dense", "spec-t1", "spec-t4", "matformer", "transforme
 
 SUITES = ("replication-calibrate", "replication-claim1", "replication-claim2", "replication-claim3",
           "replication-claim4", "replication-claim5", "replication-seeds", "replication-queue", "replication-long",
-          "replication-mqar-seeds")
+          "replication-mqar-seeds", "replication-evals")
 
 
 def _run(name):
