@@ -7,18 +7,50 @@ model; :func:`trunk_for` picks it for calls without a cache (prefill for generat
 the CUDA graph of ``prefill_graph.py``). :func:`scan_backend` resolves the spectral scan's backend eagerly, so
 the compiled trunk receives a constant. The fla scan kernels are custom ops (``ops/spectral_scan/gla_op.py``),
 opaque to the compiler; the CPU scan takes its sync-free pairwise plan under compile.
+
+Compilation is cached on disk: torch's FX-graph and AOTAutograd caches (on by default) live in
+``TORCHINDUCTOR_CACHE_DIR``, which :func:`compile_trunk` points at ``~/.cache/elastic_ssm/inductor`` unless the user
+set it (torch's own default, ``/tmp/torchinductor_<user>``, is lost when ``/tmp`` is cleaned), so a second process
+with the same model, shapes and versions reuses the first one's kernels; Triton keeps its kernels in
+``~/.triton/cache``. The first call of a compiled trunk in a process logs one line saying so and where the cache is.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..ops import resolve_backend
 
-__all__ = ["compile_model", "compile_trunk", "compiled_trunk", "scan_backend", "trunk_for"]
+__all__ = ["compile_model", "compile_trunk", "compiled_trunk", "scan_backend", "trunk_for", "compile_cache_dir"]
+
+log = logging.getLogger("elastic_ssm")
+
+
+def compile_cache_dir() -> Path:
+    """Where torch keeps compiled graphs (``TORCHINDUCTOR_CACHE_DIR``; set to ``~/.cache/elastic_ssm/inductor`` by
+    :func:`compile_trunk` when the user left it unset)."""
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").strip()
+    return Path(env) if env else Path.home() / ".cache" / "elastic_ssm" / "inductor"
+
+
+def _announcing(fn: Callable) -> Callable:
+    """``fn`` that logs, at its first call in this process, that it compiles and where the cache is."""
+    said: list[bool] = []
+
+    def call(*args: Any, **kw: Any) -> Any:
+        if not said:
+            said.append(True)
+            log.warning("compiling the model (once per input shape, tier and padding mode; "
+                        "cached in %s, so a later process reuses it)", compile_cache_dir())
+        return fn(*args, **kw)
+
+    return call
 
 _KEY = "_compiled_trunk"  # the model's __dict__ entry (not a submodule, not a parameter: a deep copy keeps it)
 
@@ -52,12 +84,13 @@ def compile_trunk(model: Any, **kw: Any) -> Any:
     from ..ops.dispatch import prepare_compile
 
     prepare_compile()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
     limit = 64
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
     kw.setdefault("dynamic", False)
-    model.__dict__[_KEY] = torch.compile(type(model)._trunk, **kw)
+    model.__dict__[_KEY] = _announcing(torch.compile(type(model)._trunk, **kw))
     return model
 
 

@@ -257,3 +257,25 @@ def test_swa_flex_block_mask_built_inside_a_compiled_graph():
     with torch.no_grad():
         out = fn(q, k, v)
     assert (out - ref).abs().max() < 1e-5
+
+
+def test_first_compiled_call_says_so_and_the_cache_dir_persists(monkeypatch, caplog, tmp_path):
+    """``compile_model`` points torch's compile caches at a lasting folder (unless the user chose one) and the
+    first compiled call of the process logs where it is; later calls log nothing."""
+    from elastic_ssm.models.compile import compile_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr("pathlib.Path.home", lambda: tmp_path)
+    model, ids = _tiny(T=12)
+    es.compile_model(model, backend="aot_eager")
+    assert compile_cache_dir() == tmp_path / ".cache" / "elastic_ssm" / "inductor"
+    import os
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(compile_cache_dir())
+    with caplog.at_level("WARNING", logger="elastic_ssm"), torch.no_grad():
+        model(ids)
+        model(ids)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compiling the model")]
+    assert len(said) == 1 and str(compile_cache_dir()) in said[0]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    es.compile_model(model, backend="aot_eager")
+    assert compile_cache_dir() == tmp_path / "mine"                 # the user's choice is kept
