@@ -2,7 +2,7 @@
 
 Every table of the page between ``<!-- table: NAME -->`` and ``<!-- /table -->`` is rendered by ``RENDER[NAME]`` from
 ``docs/results/records/<run>/`` (eval.csv, metrics.jsonl, parameters.json, run.yaml, calls.jsonl) through
-``elastic_ssm.eval.replication`` (``collect_claim``, ``seed_stats``, ``paired_gaps``: the same numbers the suites'
+``benchmarks.replication.claims`` (``collect_claim``, ``seed_stats``, ``paired_gaps``: the same numbers the suites'
 reports write), with the runs each claim's suite names (``configs/bench/replication-claimN.yaml``, its report
 entry). ``--check`` (the default) exits 1 when a region differs from its rendering, when a renderer has no region on
 the page, or when a claim section (``### Claim ...``, ``### Seeds ...``) holds a table line outside a region (a
@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from elastic_ssm.eval.replication import CLAIM1_GAPS, arm_of, base_of, collect_claim, read_jsonl, run_summary, seed_of
+from benchmarks.replication.claims import CLAIM1_GAPS, arm_of, base_of, collect_claim, read_jsonl, run_summary, seed_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"

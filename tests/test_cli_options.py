@@ -112,9 +112,9 @@ def test_import_elastic_ssm_loads_no_cli_and_no_parser_library():
 def test_helper_processes_get_their_options_through_the_derived_flags():
     """A parent writes a child's options dataclass as flags (``to_argv``); the child's ``derive`` reads back the
     same options: no hand-written flag list on either side."""
-    from elastic_ssm.bench.ddp_check import DdpCheckOptions
+    from benchmarks.ddp_check import DdpCheckOptions
+    from benchmarks.serve_proxy import ProxyOptions
     from elastic_ssm.bench.process import ChildOptions
-    from elastic_ssm.bench.serve_proxy import ProxyOptions
     from elastic_ssm.bench.serve_server import BenchServerOptions
     from elastic_ssm.cli_derive import derive, to_argv
 

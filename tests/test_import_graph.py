@@ -272,12 +272,45 @@ def test_no_import_on_a_hot_path():
 
 
 def test_the_tests_mirror_the_package_folders():
-    """Issue #17: a test file lives in the folder of the package it tests (``tests/ops/`` for ``elastic_ssm/ops``);
-    cross-cutting suites (``faults``) and data (``fixtures``) are the only other folders, CLI and layout tests sit
-    at the top."""
+    """Issue #17: a test file lives in the folder of the package it tests (``tests/ops/`` for ``elastic_ssm/ops``,
+    ``tests/benchmarks/`` for the top-level ``benchmarks/``); cross-cutting suites (``faults``) and data
+    (``fixtures``) are the only other folders, CLI and layout tests sit at the top."""
     tests = Path(__file__).resolve().parent
     packages = {p.name for p in (ROOT / "elastic_ssm").iterdir() if (p / "__init__.py").is_file()}
     folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
-    assert folders - packages <= {"faults", "fixtures"}, sorted(folders - packages - {"faults", "fixtures"})
+    extra = {"faults", "fixtures", "benchmarks"}      # benchmarks: the research harness beside the package
+    assert folders - packages <= extra, sorted(folders - packages - extra)
     top = sorted(p.name for p in tests.glob("test_*.py"))
     assert "test_cli.py" in top and all(n.startswith("test_cli") or n == "test_import_graph.py" for n in top), top
+
+
+def test_the_package_has_no_import_of_the_harness():
+    """Issue #38: ``benchmarks/`` (the research harness beside the package, not installed) uses the library, never
+    the reverse: no import statement of ``elastic_ssm`` names it (suites load its kinds by name, ``bench/kinds.py``)."""
+    found = []
+    for p in sorted((ROOT / "elastic_ssm").rglob("*.py")):
+        m = _module_name(p, ROOT)
+        package = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        for dep in _imported(ast.parse(p.read_text()), package, set()):
+            if dep.partition(".")[0] == "benchmarks":
+                found.append(f"{m}: {dep}")
+    assert not found, found
+
+
+def test_importing_every_module_of_the_package_loads_no_harness():
+    """``import elastic_ssm`` and then every module under it, from the repository root (where ``benchmarks`` is
+    importable): ``benchmarks`` is never loaded. A module whose optional extra is missing is left out."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, pkgutil, sys, elastic_ssm\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'benchmarks']\n"
+            "for info in pkgutil.walk_packages(elastic_ssm.__path__, 'elastic_ssm.'):\n"
+            "    try:\n"
+            "        importlib.import_module(info.name)\n"
+            "    except ImportError as e:\n"
+            "        if (e.name or '').split('.')[0] not in ('triton', 'fla'):\n"
+            "            raise\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'benchmarks'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]

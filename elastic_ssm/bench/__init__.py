@@ -12,9 +12,10 @@ Protocols: ``decode.py``, ``prefill.py``, ``generate.py`` (the user's ``model.ge
 ``memory.py``, ``es_ssm_decode.py``; peers and matching: ``peers.py``; timing helpers: ``timing.py``.
 
 Suites (``--bench.suite NAME``, ``suite.py``): a YAML file under ``configs/bench/`` lists typed entries
-(``kinds.py``: ``bench`` entries are ``BenchConfig``s; pytest selections, fresh processes, torchrun
-training matrices, profiles, sweeps) with targets as data (``targets.py``), run within a time budget;
-``bench_command`` is the sub-command behind ``elastic-ssm bench``.
+(``kinds.py``: ``bench`` entries are ``BenchConfig``s; pytest selections, commands, fresh processes; the research
+harness's kinds, from ``benchmarks/`` at the repository root: torchrun training matrices, profiles, sweeps, the
+replication runner) with targets as data (``targets.py``), run within a time budget; ``bench_command`` is the
+sub-command behind ``elastic-ssm bench``.
 """
 
 from __future__ import annotations

@@ -10,22 +10,17 @@ steps timed one by one (CUDA events on the GPU); the median is reported in ms pe
 batch. Weights bf16 on CUDA (float32 on CPU), filters and decode states float32. Eager only: the exact
 decoder reads its ring at a host-side offset that changes every step, which a CUDA graph would freeze.
 
-Suite kind ``es_ssm_report`` (``EsSsmReportOptions``, CPU, float32): for a trained ES-SSM byte LM directory
-(e.g. the final model of ``elastic-ssm train --config configs/es-ssm-decode-cpu.yaml``), the filter-fit error and
-the bits-per-byte change of the modal decoder against exact decoding on held-out windows of the embedded stdlib
-corpus, through prefill + ``ESSSM.step`` (``eval/decode_bpb.py``), at each budget and m (docs/results.md).
+The suite kind ``es_ssm_report`` (modal vs exact decoding of a trained model) is in ``benchmarks/es_ssm_report.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ..config import ConfigBase, ConfigError, ESSSMConfig, opt
+from ..config import ConfigError, ESSSMConfig
 from .decode import bench_decode
 
-__all__ = ["EsSsmDecoder", "build_es_ssm", "es_ssm_decode_suite", "EsSsmReportOptions", "run_es_ssm_report"]
+__all__ = ["EsSsmDecoder", "build_es_ssm", "es_ssm_decode_suite"]
 
 
 def build_es_ssm(cfg: ESSSMConfig, device: torch.device, dtype: torch.dtype):
@@ -84,42 +79,3 @@ def es_ssm_decode_suite(r, out: list) -> None:
                 fn = lambda make=make, B=B: bench_decode(make, B, False, cfg.warmup, cfg.iters,
                                                          mcfg.vocab_size, dev, cfg.sessions)
                 r.run(out, base, fn)
-
-
-@dataclass(kw_only=True)
-class EsSsmReportOptions(ConfigBase):
-    """Modal vs exact ES-SSM decoding of a trained model: bits per byte and filter-fit error per budget and m."""
-
-    model: str = opt("", "trained ES-SSM model directory (save_pretrained), e.g. runs/es-ssm-decode-cpu/final")
-    windows: int = opt(32, "held-out windows of L tokens")
-    budgets: tuple[int, ...] = opt((), "budgets K (empty: the model's budgets)")
-    modes: tuple[int, ...] = opt((4, 8, 16), "m of the modal decoder")
-    prefill: int = opt(1, "tokens prefilled before stepping")
-    threads: int = opt(2, "torch CPU threads")
-
-    def validate(self) -> None:
-        if min(self.windows, self.prefill, self.threads, *self.modes, *self.budgets) < 1:
-            raise ConfigError("EsSsmReportOptions: windows, prefill, threads, modes and budgets must be >= 1")
-
-
-def run_es_ssm_report(opts: EsSsmReportOptions, ctx) -> list[dict]:
-    """``eval.decode_bpb.modal_report`` rows; the markdown table also goes to ``report.md`` in the entry folder."""
-    from ..data import evaluation_batches, load_corpus
-    from ..eval.decode_bpb import format_modal_report, modal_report
-    from ..models import load_pretrained
-
-    if not opts.model:
-        raise ConfigError("es_ssm_report: name the trained model, e.g. --bench.set model=runs/es-ssm-decode-cpu/final")
-    torch.set_num_threads(opts.threads)
-    model = load_pretrained(opts.model).eval()
-    if getattr(type(model.config), "arch", None) != "es_ssm":
-        raise ConfigError(f"es_ssm_report: {opts.model} is a {type(model).__name__} model, not an ES-SSM one; name an "
-                          "ES-SSM run's final model (e.g. runs/es-ssm-decode-cpu/final)")
-    L = model.config.seq_len
-    held = load_corpus("stdlib", "bytes", split="validation")
-    batch = next(iter(evaluation_batches(held, L, opts.windows, 1)))[0]  # [N, L], spread over the split
-    rows = modal_report(model, batch, list(opts.budgets or model.config.budgets), list(opts.modes),
-                        prefill=opts.prefill)
-    ctx.write_text("report.md", f"model `{opts.model}`; {batch.shape[0]} held-out stdlib windows of {L} bytes\n\n"
-                   + format_modal_report(rows) + "\n")
-    return rows

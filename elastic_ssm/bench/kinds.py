@@ -1,27 +1,37 @@
 """Entry kinds of a bench suite: each is an options dataclass (the entry's keys in the suite YAML) and a
 function ``run(options, ctx) -> rows``; this file is the registry and holds the three generic kinds.
 
-===============  =====================================  =====================================================
-kind             options                                what one entry does
-===============  =====================================  =====================================================
-bench            ``BenchConfig``                        ``run_bench`` (memory/decode/prefill/generate/train/
-                                                        serve/es_ssm_decode), rows per section
-tests            ``PytestOptions``                      a pytest selection in a child process (the ``gpu``
-                                                        tests are where correctness is checked)
-command          ``CommandOptions``                     any command (e.g. ``torchrun -m ...``): rc, time
-session_prefill  ``prefill.SessionPrefillOptions``      generate's prefill (eager or graphed compiled)
-generate_paths   ``generate.GeneratePathsOptions``      generate per token: reference vs fused step (CPU)
-first_token      ``process.FirstTokenOptions``          fresh processes' first token by phase
-train_matrix     ``multigpu.TrainMatrixOptions``        ``elastic-ssm train`` per recipe x parallel x ...
-train_scaling    ``multigpu.TrainScalingOptions``       1 GPU vs N GPUs, same global batch, loss curves
-profile          ``profiling.ProfileOptions``           time and top kernels of one workload
-gemv_sweep       ``gemv_sweep.GemvSweepOptions``        fused decode products per tile vs cuBLAS
-scan_timing      ``scan_timing.ScanTimingOptions``      the spectral scan per path and shape
-checksum_cost    ``checksum.ChecksumOptions``           sha256 cost of saving and loading a preset
-es_ssm_report    ``es_ssm_decode.EsSsmReportOptions``   modal vs exact ES-SSM decoding, bits per byte
-replication_*    ``replication.ReplicationStepOptions``  issue 16's runs across device calls: a resumable
-                 ``...StateOptions``, ``...ReportOptions``  step, carrying the state, a claim's JSON and plot
-===============  =====================================  =====================================================
+==================  ==========================================  ==============================================
+kind                options                                     what one entry does
+==================  ==========================================  ==============================================
+bench               ``BenchConfig``                             ``run_bench`` (memory/decode/prefill/generate/
+                                                                train/serve/es_ssm_decode), rows per section
+tests               ``PytestOptions``                           a pytest selection in a child process (the
+                                                                ``gpu`` tests are where correctness is checked)
+command             ``CommandOptions``                          any command (e.g. ``torchrun -m ...``): rc, time
+session_prefill     ``prefill.SessionPrefillOptions``           generate's prefill (eager or graphed compiled)
+generate_paths      ``generate.GeneratePathsOptions``           generate per token: reference vs fused step
+first_token         ``process.FirstTokenOptions``               fresh processes' first token by phase
+==================  ==========================================  ==============================================
+
+The research harness (``benchmarks/`` at the repository root, not installed; ``HARNESS``):
+
+==================  ==========================================  ==============================================
+train_matrix        ``multigpu.TrainMatrixOptions``             ``elastic-ssm train`` per recipe x parallel x ...
+train_scaling       ``multigpu.TrainScalingOptions``            1 GPU vs N GPUs, same global batch, loss curves
+profile             ``profiling.ProfileOptions``                time and top kernels of one workload
+gemv_sweep          ``gemv_sweep.GemvSweepOptions``             fused decode products per tile vs cuBLAS
+scan_timing         ``scan_timing.ScanTimingOptions``           the spectral scan per path and shape
+checksum_cost       ``checksum.ChecksumOptions``                sha256 cost of saving and loading a preset
+es_ssm_report       ``es_ssm_report.EsSsmReportOptions``        modal vs exact ES-SSM decoding, bits per byte
+replication_step    ``steps.ReplicationStepOptions``            issue 16's runs across device calls: a
+replication_state   ``state.ReplicationStateOptions``           resumable step, carrying the state, a claim's
+replication_report  ``report.ReplicationReportOptions``         JSON and plot
+==================  ==========================================  ==============================================
+
+A harness kind is imported from ``benchmarks.<module>``; when that is not importable (``elastic-ssm`` run from
+outside the repository root), from the current folder or the checkout ``elastic_ssm`` comes from if either holds
+``benchmarks/__init__.py``, else loading the suite is a one-line ``ConfigError`` saying to run it from a clone's root.
 
 ``ctx`` (``suite.EntryContext``) gives the entry its folder (``ctx.out_dir``), a log, the time left in
 the suite's budget (``ctx.time_left()``) and the entry's ``env`` (set around in-process kinds, passed to
@@ -36,12 +46,18 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..config import ConfigBase, ConfigError, opt
 
-__all__ = ["KINDS", "kind_options", "kind_runner", "PytestOptions", "CommandOptions"]
+__all__ = ["KINDS", "HARNESS", "harness_roots", "kind_options", "kind_runner", "PytestOptions", "CommandOptions"]
 
-#: kind -> (module under elastic_ssm.bench, options class, run function)
+#: the research harness: a top-level package of the repository beside ``elastic_ssm/``, not installed
+HARNESS = "benchmarks"
+#: the folder this ``elastic_ssm`` is imported from: the clone's root for a checkout or an editable install
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+#: kind -> (module, options class, run function); ``benchmarks.*`` kinds live in the repository's harness
 KINDS: dict[str, tuple[str, str, str]] = {
     "bench": ("elastic_ssm.bench", "BenchConfig", "elastic_ssm.bench.kinds:run_bench_entry"),
     "tests": ("elastic_ssm.bench.kinds", "PytestOptions", "elastic_ssm.bench.kinds:run_tests"),
@@ -51,36 +67,66 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "generate_paths": ("elastic_ssm.bench.generate", "GeneratePathsOptions",
                        "elastic_ssm.bench.generate:run_generate_paths"),
     "first_token": ("elastic_ssm.bench.process", "FirstTokenOptions", "elastic_ssm.bench.process:run_first_token"),
-    "train_matrix": ("elastic_ssm.bench.multigpu", "TrainMatrixOptions", "elastic_ssm.bench.multigpu:run_matrix"),
-    "train_scaling": ("elastic_ssm.bench.multigpu", "TrainScalingOptions",
-                      "elastic_ssm.bench.multigpu:run_scaling"),
-    "profile": ("elastic_ssm.bench.profiling", "ProfileOptions", "elastic_ssm.bench.profiling:run_profile"),
-    "gemv_sweep": ("elastic_ssm.bench.gemv_sweep", "GemvSweepOptions", "elastic_ssm.bench.gemv_sweep:run_sweep"),
-    "scan_timing": ("elastic_ssm.bench.scan_timing", "ScanTimingOptions",
-                    "elastic_ssm.bench.scan_timing:run_scan_timing"),
-    "checksum_cost": ("elastic_ssm.bench.checksum", "ChecksumOptions", "elastic_ssm.bench.checksum:run_checksum"),
-    "es_ssm_report": ("elastic_ssm.bench.es_ssm_decode", "EsSsmReportOptions",
-                      "elastic_ssm.bench.es_ssm_decode:run_es_ssm_report"),
-    "replication_step": ("elastic_ssm.bench.replication", "ReplicationStepOptions",
-                         "elastic_ssm.bench.replication:run_step"),
-    "replication_state": ("elastic_ssm.bench.replication", "ReplicationStateOptions",
-                          "elastic_ssm.bench.replication:run_state"),
-    "replication_report": ("elastic_ssm.bench.replication", "ReplicationReportOptions",
-                           "elastic_ssm.bench.replication:run_report"),
+    "train_matrix": ("benchmarks.multigpu", "TrainMatrixOptions", "benchmarks.multigpu:run_matrix"),
+    "train_scaling": ("benchmarks.multigpu", "TrainScalingOptions", "benchmarks.multigpu:run_scaling"),
+    "profile": ("benchmarks.profiling", "ProfileOptions", "benchmarks.profiling:run_profile"),
+    "gemv_sweep": ("benchmarks.gemv_sweep", "GemvSweepOptions", "benchmarks.gemv_sweep:run_sweep"),
+    "scan_timing": ("benchmarks.scan_timing", "ScanTimingOptions", "benchmarks.scan_timing:run_scan_timing"),
+    "checksum_cost": ("benchmarks.checksum", "ChecksumOptions", "benchmarks.checksum:run_checksum"),
+    "es_ssm_report": ("benchmarks.es_ssm_report", "EsSsmReportOptions", "benchmarks.es_ssm_report:run_es_ssm_report"),
+    "replication_step": ("benchmarks.replication.steps", "ReplicationStepOptions",
+                         "benchmarks.replication.steps:run_step"),
+    "replication_state": ("benchmarks.replication.state", "ReplicationStateOptions",
+                          "benchmarks.replication.state:run_state"),
+    "replication_report": ("benchmarks.replication.report", "ReplicationReportOptions",
+                           "benchmarks.replication.report:run_report"),
 }
 
 
+def harness_roots() -> list[Path]:
+    """Folders that may hold the harness (``benchmarks/__init__.py``): the current folder, then the checkout this
+    ``elastic_ssm`` is imported from (an editable install run from elsewhere)."""
+    dirs = [Path.cwd(), CHECKOUT]
+    return [d for d in dict.fromkeys(dirs) if (d / HARNESS / "__init__.py").is_file()]
+
+
+def _import(kind: str, module: str):
+    """``module`` of ``kind``; a harness module is looked up in ``harness_roots()`` when it is not importable
+    (the installed ``elastic-ssm`` run outside the repository root), else a one-line ``ConfigError``."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if module.partition(".")[0] != HARNESS or not (e.name or "").partition(".")[0] == HARNESS:
+            raise
+    for root in harness_roots():
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        if getattr(sys.modules.get(HARNESS), "__file__", 1) is None:    # a namespace package: some folder named
+            for name in [m for m in sys.modules if m.partition(".")[0] == HARNESS]:   # benchmarks/ on sys.path
+                del sys.modules[name]
+        importlib.invalidate_caches()
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if not (e.name or "").partition(".")[0] == HARNESS:
+                raise
+    raise ConfigError(f"entry kind {kind!r} belongs to the research harness in the repository's {HARNESS}/ folder "
+                      f"(not installed with elastic_ssm): run it from the root of a clone ({module} not found)")
+
+
 def kind_options(kind: str) -> type[ConfigBase]:
-    """The options dataclass of ``kind`` (one-line ``ConfigError`` for an unknown kind)."""
+    """The options dataclass of ``kind`` (one-line ``ConfigError`` for an unknown kind or a harness kind whose
+    ``benchmarks/`` folder cannot be found)."""
     if kind not in KINDS:
         raise ConfigError(f"unknown entry kind {kind!r}; choose from {sorted(KINDS)}")
     module, cls, _ = KINDS[kind]
-    return getattr(importlib.import_module(module), cls)
+    return getattr(_import(kind, module), cls)
 
 
 def kind_runner(kind: str):
+    """The run function of ``kind``."""
     module, fn = KINDS[kind][2].split(":")
-    return getattr(importlib.import_module(module), fn)
+    return getattr(_import(kind, module), fn)
 
 
 # ---- bench ---------------------------------------------------------------------------------------------
@@ -144,7 +190,7 @@ def run_tests(opts: PytestOptions, ctx) -> list[dict]:
 # ---- command -------------------------------------------------------------------------------------------
 @dataclass(kw_only=True)
 class CommandOptions(ConfigBase):
-    """Any command as an entry (e.g. ``torchrun --nproc_per_node 2 -m elastic_ssm.bench.ddp_check``)."""
+    """Any command as an entry (e.g. ``torchrun --nproc_per_node 2 -m benchmarks.ddp_check``)."""
 
     args: tuple[str, ...] = opt((), "the command and its arguments; 'python' runs this interpreter, '{out}' is "
                                     "replaced by the entry's folder")
@@ -152,7 +198,7 @@ class CommandOptions(ConfigBase):
 
     def validate(self) -> None:
         if not self.args:
-            raise ConfigError("CommandOptions.args: give the command, e.g. [python, -m, elastic_ssm.bench.ddp_check]")
+            raise ConfigError("CommandOptions.args: give the command, e.g. [python, -m, benchmarks.ddp_check]")
 
 
 def run_command(opts: CommandOptions, ctx) -> list[dict]:

@@ -17,7 +17,7 @@ forwards (``prefills``), prefill graph captures (``captures``), seconds admittin
 server's processes used (``server_cpu``; ``http_cpu`` of them the HTTP process alone, which saturates at 1; and per
 generated token ``server_us_per_token``).
 
-CPU proxy (``python -m elastic_ssm.bench.serve_proxy``): ``stub_step_ms`` gives the server ``StubPool``s,
+CPU proxy (``python -m benchmarks.serve_proxy``): ``stub_step_ms`` gives the server ``StubPool``s,
 whose decode step and prefills cost fixed wall time, so what the HTTP and engine layers alone can push is
 measured without a GPU.
 """

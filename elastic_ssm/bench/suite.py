@@ -44,7 +44,7 @@ from .kinds import KINDS, kind_options, kind_runner
 from .targets import Target, evaluate_targets, parse_targets
 
 __all__ = ["Entry", "Suite", "EntryContext", "suite_dirs", "find_suite", "list_suites", "load_suite",
-           "apply_overrides", "select", "run_suite"]
+           "apply_overrides", "select", "run_suite", "RunLog"]
 
 _SUITE_KEYS = {"description", "budget_s", "gpus", "entries"}
 _ENTRY_KEYS = {"name", "kind", "target", "targets", "env", "optional", "required"}
@@ -204,6 +204,25 @@ def select(suite: Suite, only: tuple[str, ...]) -> list[Entry]:
     return [e for e in suite.entries if any(fnmatch.fnmatchcase(e.name, p) for p in only)]
 
 
+class RunLog:
+    """Timestamped, flushed log lines of a suite run, appended to ``path`` (if given; emptied at the start)
+    as each is written, so a run cut short by its time limit still leaves its log."""
+
+    def __init__(self, path=None) -> None:
+        self.t0 = time.monotonic()
+        self.path = Path(path) if path else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+
+    def __call__(self, s: str) -> None:
+        s = f"[{time.monotonic() - self.t0:6.1f}s] {s}"
+        print(s, flush=True)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(s + "\n")
+
+
 @dataclass
 class EntryContext:
     """What an entry's run function gets besides its options."""
@@ -271,7 +290,6 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
     import torch
 
     from . import report
-    from .profiling import RunLog
 
     if suite.gpus and torch.cuda.device_count() < suite.gpus:
         raise ConfigError(f"bench suite {suite.name} needs {suite.gpus} CUDA GPU(s), this machine has "

@@ -210,7 +210,7 @@ def test_bench_cli_and_validation(tmp_path):
 
 
 def test_run_log_keeps_every_line(tmp_path, capsys):
-    from elastic_ssm.bench.profiling import RunLog
+    from elastic_ssm.bench.suite import RunLog
 
     log = RunLog(tmp_path / "sub" / "run.log")
     log("first")

@@ -10,21 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from elastic_ssm.bench.replication import (
-    ReplicationReportOptions,
-    ReplicationStateOptions,
-    ReplicationStepOptions,
-    pack_records,
-    pack_state,
-    restore_state,
-    run_report,
-    run_state,
-    run_step,
-    wait_concurrent,
-)
+from benchmarks.replication.claims import collect_claim, run_summary
+from benchmarks.replication.report import ReplicationReportOptions, run_report
+from benchmarks.replication.state import ReplicationStateOptions, pack_records, pack_state, restore_state, run_state
+from benchmarks.replication.steps import ReplicationStepOptions, run_step, wait_concurrent
 from elastic_ssm.bench.suite import EntryContext
 from elastic_ssm.config import ConfigError
-from elastic_ssm.eval.replication import collect_claim, run_summary
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -378,7 +369,7 @@ def test_claim5_sets_each_specialist_beside_the_shared_tier_of_its_size(tmp_path
     assert summary["runs"]["transformer"]["bpb_full"] == pytest.approx(1.5) and "transformer" not in summary[
         "specialists"]
     if _has_matplotlib():
-        from elastic_ssm.eval.replication_plot import plot_claim
+        from benchmarks.replication.plot import plot_claim
         assert plot_claim(collect_claim(5, root, names), tmp_path / "claim5.png") == ""
         assert plot_claim(collect_claim(1, root, names), tmp_path / "claim1.png") == ""
         assert (tmp_path / "claim5.png").stat().st_size > 0

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigBase, ConfigError, opt
+from elastic_ssm.config import ConfigBase, ConfigError, opt
 
 __all__ = ["ChecksumOptions", "run_checksum", "measure"]
 
@@ -66,10 +66,10 @@ def measure(preset: str, root: Path, repeats: int) -> dict[str, float]:
     """``{"weights GB", "hash", "plain #i", "hashed #i", "save_model_dir", "load verify=... #i"}`` (seconds)."""
     from safetensors.torch import save
 
-    from ..config import ESSHConfig
-    from ..models.essh import ESSH
-    from ..train.checkpoint import save_model_dir
-    from ..utils.files import atomic_write_bytes
+    from elastic_ssm.config import ESSHConfig
+    from elastic_ssm.models.essh import ESSH
+    from elastic_ssm.train.checkpoint import save_model_dir
+    from elastic_ssm.utils.files import atomic_write_bytes
 
     root.mkdir(parents=True, exist_ok=True)
     with torch.device("meta"):

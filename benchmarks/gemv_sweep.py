@@ -6,9 +6,9 @@ graph of ``reps`` calls, each on a different copy of the weights (more bytes tha
 (``timing.time_graph_us``), next to the cuBLAS product (``F.linear`` of a bf16 vector) it replaces; a row per
 shape gives microseconds, effective weight bandwidth and the best configuration. A configuration whose output
 differs from the torch path by more than 1e-4 (relative) is left out of the timing and counted in ``wrong``
-(the kernels' correctness is checked by ``tests/models/test_fast_decode_gpu.py``). ``pdl`` sweeps the products as
-``FastDecoder`` launches them with programmatic dependent launch (``ops/pdl.py``): row kernels whose one tile
-spans D, output products from transposed copies, per (outputs per program, warps).
+(the kernels' correctness is checked by ``tests/models/test_fast_decode_gpu.py``). ``pdl`` sweeps the products
+as ``FastDecoder`` launches them with programmatic dependent launch (``elastic_ssm/ops/pdl.py``): row kernels whose
+one tile spans D, output products from transposed copies, per (outputs per program, warps).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..config import ConfigBase, ConfigError, opt
-from .timing import rel_err, time_graph_us
+from elastic_ssm.bench.timing import rel_err, time_graph_us
+from elastic_ssm.config import ConfigBase, ConfigError, opt
 
 __all__ = ["GemvSweepOptions", "run_sweep", "SHAPES"]
 
@@ -68,7 +68,7 @@ def _best(cands: list[tuple[dict, object]], run, ref, reps: int, check=None) -> 
 
 
 def _sweep(kind: str, N: int, D: int, reps: int) -> dict:
-    from ..ops import gemv
+    from elastic_ssm.ops import gemv
 
     dev = torch.device("cuda")
     ws = [torch.randn(N, D, device=dev).bfloat16() * 0.05 for _ in range(reps)]
@@ -104,7 +104,7 @@ def _sweep(kind: str, N: int, D: int, reps: int) -> dict:
 
 
 def _sweep_pdl(kind: str, N: int, D: int, reps: int) -> dict:
-    from ..ops import gemv
+    from elastic_ssm.ops import gemv
 
     dev = torch.device("cuda")
     ws = [torch.randn(N, D, device=dev).bfloat16() * 0.05 for _ in range(reps)]

@@ -4,7 +4,7 @@ keeps its sign at every seed."""
 
 import pytest
 
-from elastic_ssm.eval.replication import arm_of, base_of, collect_claim, paired_gaps, seed_of, seed_stats
+from benchmarks.replication.claims import arm_of, base_of, collect_claim, paired_gaps, seed_of, seed_stats
 
 
 def _eval(root, run, rows):

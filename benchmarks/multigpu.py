@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigBase, ConfigError, opt
+from elastic_ssm.config import ConfigBase, ConfigError, opt
 
 __all__ = ["TrainMatrixOptions", "TrainScalingOptions", "run_matrix", "run_scaling", "train_run"]
 
@@ -121,7 +121,7 @@ def train_run(ctx, name: str, run: dict, nproc: int, flags: list[str], env: dict
 
 def run_matrix(opts: TrainMatrixOptions, ctx) -> list[dict]:
     """Rows ``{"name", "recipe", "parallel", "scan", "precision", "rc", "steps", "tok_s", "split_steps", ...}``."""
-    from ..ops.dispatch import fla_available
+    from elastic_ssm.ops.dispatch import fla_available
 
     rows = []
     for recipe in opts.recipes:
@@ -150,7 +150,7 @@ def run_scaling(opts: TrainScalingOptions, ctx) -> list[dict]:
     batch)."""
     flags = ["--train.steps", str(opts.steps), *opts.flags]
     if opts.vocab_of_preset:
-        from ..config import model_configs
+        from elastic_ssm.config import model_configs
 
         model = opts.run.get("model") or {}
         mcfg = model_configs()[model.get("arch", "essh")].preset(model.get("preset", "370m"))

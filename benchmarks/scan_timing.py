@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ConfigBase, ConfigError, opt
-from .timing import summarize, time_fn
+from elastic_ssm.bench.timing import summarize, time_fn
+from elastic_ssm.config import ConfigBase, ConfigError, opt
 
 __all__ = ["ScanTimingOptions", "run_scan_timing", "scan_inputs"]
 
@@ -68,8 +68,8 @@ def _call(fn, x, **kw):
 
 
 def _fn(path: str):
-    from ..ops import ModalTables, spectral_scan
-    from ..ops.spectral_scan.chunk_fla import fla_spectral_scan
+    from elastic_ssm.ops import ModalTables, spectral_scan
+    from elastic_ssm.ops.spectral_scan.chunk_fla import fla_spectral_scan
 
     if path == "fla bf16/bf16":
         return (lambda v, w, r, c, *tables, **kw: fla_spectral_scan(v, w, r, c, ModalTables(*tables), **kw),
@@ -79,7 +79,7 @@ def _fn(path: str):
 
 def run_scan_timing(opts: ScanTimingOptions, ctx) -> list[dict]:
     """Rows ``{"label", "path", "B", "T", "K", "M", "P", "fwd_ms", "fwd_bwd_ms"}`` and ``{"label", "ms"}``."""
-    from ..ops import ModalTables, spectral_scan_step
+    from elastic_ssm.ops import ModalTables, spectral_scan_step
 
     if not torch.cuda.is_available():
         raise RuntimeError("the scan timing runs the fla and CUDA paths: it needs a CUDA device")
@@ -116,10 +116,10 @@ def run_scan_timing(opts: ScanTimingOptions, ctx) -> list[dict]:
         try:
             from fla.ops.gla import chunk_gla
 
-            from ..ops.spectral_scan.chunk_fla import gla_inputs
+            from elastic_ssm.ops.spectral_scan.chunk_fla import gla_inputs
 
             x = scan_inputs(opts.batch, opts.length, opts.channels, opts.modes, opts.widths[0])
-            from ..ops import ModalTables
+            from elastic_ssm.ops import ModalTables
 
             q, k, v, g, h0 = gla_inputs(*(x[n] for n in _NAMES[:4]), ModalTables(*(x[n] for n in _NAMES[4:9])),
                                         initial_state=x["initial_state"])

@@ -1,4 +1,4 @@
-"""The plots of the replication claims (``replication.collect_claim``'s JSON -> PNG): claim 1 and 4 bits per byte
+"""The plots of the replication claims (``claims.collect_claim``'s JSON -> PNG): claim 1 and 4 bits per byte
 against parameters per arm (claim 1: the mean over seeds, bars from the lowest to the highest seed), claim 2 bpb per
 budget, claim 3 MQAR accuracy per tier, claim 5 wall seconds and quality at the specialists' sizes, and the
 calibration's tokens/s."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .replication import ROLES, _role, base_of, seed_stats
+from .claims import ROLES, _role, base_of, seed_stats
 
 __all__ = ["plot_claim"]
 

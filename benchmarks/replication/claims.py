@@ -1,6 +1,6 @@
 """The claims of issue 16 from the replication runs: one JSON of per-tier numbers per claim and its plot.
 
-``collect_claim(claim, root, runs)`` reads each run folder under ``root`` (``bench/replication.py`` keeps them
+``collect_claim(claim, root, runs)`` reads each run folder under ``root`` (``steps.py`` keeps them
 there across device calls): ``eval.csv`` (``elastic-ssm eval --csv``: bits per byte per tier and capacity
 fraction), ``metrics.jsonl`` (tokens, tokens/s, and the validation records: MQAR accuracy per tier),
 ``parameters.json`` (the Tables 8/9 matching), ``run.yaml`` and ``calls.jsonl`` (wall seconds, device and
@@ -152,8 +152,8 @@ def split_warmup(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
 def _count_parameters(model: dict[str, Any]) -> dict[str, Any]:
     """The full and per-tier parameter counts of a run's resolved ``model`` section (``parameter_report``); empty
     when the section does not describe a model this version can build."""
-    from ..config import ConfigError, model_config_from_dict
-    from ..elastic.matching import parameter_report
+    from elastic_ssm.config import ConfigError, model_config_from_dict
+    from elastic_ssm.elastic.matching import parameter_report
 
     try:
         rep = parameter_report(model_config_from_dict(dict(model)))
@@ -203,7 +203,7 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def _trained_shapes(summary: dict[str, Any]) -> set[tuple[int, int]]:
-    from ..config import model_config_from_dict
+    from elastic_ssm.config import model_config_from_dict
 
     model = {k: v for k, v in summary.get("model", {}).items()}
     if not model:

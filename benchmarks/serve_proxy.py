@@ -1,6 +1,6 @@
 """CPU proxy of the serve benchmark: the real server process and load generator, the GPU replaced by a fixed cost.
 
-``python -m elastic_ssm.bench.serve_proxy --step_ms 3.7 --streams 128`` (also the ``proxy`` entry of
+``python -m benchmarks.serve_proxy --step_ms 3.7 --streams 128`` (also the ``proxy`` entry of
 the ``serve`` suite) runs ``elastic_ssm.bench.serve.bench_serve``
 against a server whose pools are ``StubPool`` (a decode step of ``--step_ms`` wall time that releases the GIL
 as a CUDA wait does; prefills of ``--prefill_ms`` + ``--prefill_us_per_token`` per token), so the numbers are
@@ -18,9 +18,9 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from ..config import opt
-from .serve import bench_serve
-from .serve_server import BenchServerOptions
+from elastic_ssm.bench.serve import bench_serve
+from elastic_ssm.bench.serve_server import BenchServerOptions
+from elastic_ssm.config import opt
 
 #: the server options the proxy sets itself: the tiny preset's T10 on the CPU, ``--slots``, a free port, seed 0
 _SET_HERE = ("preset", "tiers", "slots", "port", "device", "dtype", "seed", "stub_step_ms", "stub_prefill_ms",
@@ -46,9 +46,9 @@ class ProxyOptions:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..cli_derive import derive
+    from elastic_ssm.cli_derive import derive
 
-    a = derive(ProxyOptions, argv, "python -m elastic_ssm.bench.serve_proxy", __doc__.splitlines()[0])
+    a = derive(ProxyOptions, argv, "python -m benchmarks.serve_proxy", __doc__.splitlines()[0])
     server = {f.name: getattr(a.server, f.name) for f in dataclasses.fields(a.server) if f.name not in _SET_HERE}
     server.update(stub_step_ms=a.step_ms, stub_prefill_ms=a.prefill_ms,
                   stub_prefill_us_per_token=a.prefill_us_per_token)

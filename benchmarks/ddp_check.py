@@ -4,8 +4,8 @@ Run on 2 GPUs (each rank trains ``--grad_accum`` micro-batches per step; the ref
 with ``grad_accum x N`` micro-batches of the same windows, so both see identical global batches and the
 same capacity plan, ESSH Algorithm 1)::
 
-    torchrun --nproc_per_node 2 -m elastic_ssm.bench.ddp_check --steps 50
-    python -m elastic_ssm.bench.ddp_check --steps 10 --device cpu     # spawns 2 gloo processes itself
+    torchrun --nproc_per_node 2 -m benchmarks.ddp_check --steps 50
+    python -m benchmarks.ddp_check --steps 10 --device cpu     # spawns 2 gloo processes itself
 
 (the ``ddp-check`` entry of the ``train-2gpu`` bench suite runs the first).
 Rank 0 prints both loss curves and their maximum absolute difference, and writes
@@ -29,9 +29,9 @@ from typing import Literal
 
 import torch
 
-from .. import data as es_data
-from ..config import ESSHConfig, opt
-from ..train import TrainConfig, train
+from elastic_ssm import data as es_data
+from elastic_ssm.config import ESSHConfig, opt
+from elastic_ssm.train import TrainConfig, train
 
 
 @dataclass(kw_only=True)
@@ -50,9 +50,9 @@ class DdpCheckOptions:
 
 
 def _args(argv=None) -> DdpCheckOptions:
-    from ..cli_derive import derive
+    from elastic_ssm.cli_derive import derive
 
-    a = derive(DdpCheckOptions, argv, "python -m elastic_ssm.bench.ddp_check", __doc__.split("\n")[0])
+    a = derive(DdpCheckOptions, argv, "python -m benchmarks.ddp_check", __doc__.split("\n")[0])
     a.out = a.out or os.environ.get("OUT", "")
     return a
 

@@ -1,22 +1,17 @@
-"""Where the time goes: the top device-time kernels of one call (torch.profiler), suite kind ``profile``
-(one workload, prefill / train / decode at a preset, timed and profiled), and the run log of a suite.
-
-``RunLog`` prints timestamped lines and appends them to a file as they come, so a run cut short by its time
-limit still leaves its log (``run_suite`` writes ``<out_dir>/<suite>.log``).
-"""
+"""Where the time goes: the top device-time kernels of one call (torch.profiler) and suite kind ``profile``
+(one workload, prefill / train / decode at a preset, timed and profiled)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from ..config import ConfigBase, ConfigError, opt
+from elastic_ssm.config import ConfigBase, ConfigError, opt
 
-__all__ = ["top_kernels", "RunLog", "ProfileOptions", "run_profile"]
+__all__ = ["top_kernels", "ProfileOptions", "run_profile"]
 
 
 def top_kernels(fn: Callable[[], object], n: int = 15, log: Callable[[str], None] = print) -> list[dict]:
@@ -38,25 +33,6 @@ def top_kernels(fn: Callable[[], object], n: int = 15, log: Callable[[str], None
         log(f"  {e.self_device_time_total / 1e3:9.3f} ms {e.count:6d}x  {e.key[:90]}")
         out.append({"name": e.key, "ms": e.self_device_time_total / 1e3, "count": e.count})
     return out
-
-
-class RunLog:
-    """Timestamped, flushed log lines of a suite run, appended to ``path`` (if given; emptied at the start)
-    as each is written, so a run cut short by its time limit still leaves its log."""
-
-    def __init__(self, path=None) -> None:
-        self.t0 = time.monotonic()
-        self.path = Path(path) if path else None
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("")
-
-    def __call__(self, s: str) -> None:
-        s = f"[{time.monotonic() - self.t0:6.1f}s] {s}"
-        print(s, flush=True)
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(s + "\n")
 
 
 @dataclass(kw_only=True)
@@ -88,13 +64,13 @@ class ProfileOptions(ConfigBase):
 
 def _workload(opts: ProfileOptions, dev: torch.device):
     """(fn, tokens per call) of the workload."""
-    from ..config import ESSHConfig
-    from ..models import compile_model
-    from .peers import build_essh
+    from elastic_ssm.bench.peers import build_essh
+    from elastic_ssm.config import ESSHConfig
+    from elastic_ssm.models import compile_model
 
     cfg = ESSHConfig.preset(opts.preset)
     if opts.workload == "decode":
-        from .decode import EsshDecoder
+        from elastic_ssm.bench.decode import EsshDecoder
 
         d = EsshDecoder(build_essh(cfg, dev, torch.bfloat16), opts.tier, opts.batch, opts.length,
                         graph=dev.type == "cuda", out_layout=opts.out_layout,
@@ -128,7 +104,7 @@ def _workload(opts: ProfileOptions, dev: torch.device):
 def run_profile(opts: ProfileOptions, ctx) -> list[dict]:
     """One row: ``ms`` (median), ``ktok_s``, ``peak_gb``, and with ``top`` the profiled call's kernel kinds,
     launches and device ms; the kernel list goes to the log and ``kernels.json``."""
-    from .timing import summarize, time_fn
+    from elastic_ssm.bench.timing import summarize, time_fn
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     row: dict = {"workload": opts.workload, "preset": opts.preset, "tier": opts.tier, "length": opts.length,
