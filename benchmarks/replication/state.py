@@ -25,8 +25,10 @@ __all__ = ["ReplicationStateOptions", "run_state", "pack_state", "restore_state"
 
 STATE_NAME = "replication-state"
 RECORDS_NAME = "replication-records.tgz"
-#: the files of a run that its claim's report reads (claims.py), besides ``logs/*.log``
-RECORD_FILES = ("eval.csv", "metrics.jsonl", "parameters.json", "run.yaml", "calls.jsonl")
+#: the files of a run that its claim's report reads (claims.py; channel_importance.*: replication-evals), besides
+#: ``logs/*.log``
+RECORD_FILES = ("eval.csv", "metrics.jsonl", "parameters.json", "run.yaml", "calls.jsonl", "channel_importance.csv",
+                "channel_importance.json")
 _HEAVY_DIRS = {"final", "exports"}
 
 
