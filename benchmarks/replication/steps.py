@@ -120,10 +120,12 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
             or (opts.once and _recorded_ran(run_dir, ctx.name))):
         ctx.log(f"  {ctx.name}: done earlier, skipped")
         return [{**row, "state": "skipped"}]
-    missing = [p for p in opts.requires if not Path(_fill(p, root, opts.run)).exists()]
+    missing = [_fill(p, root, opts.run) for p in opts.requires if not Path(_fill(p, root, opts.run)).exists()]
+    if missing and _wait_for_producers(missing, ctx.log):        # a concurrent step still making its inputs
+        missing = [p for p in missing if not Path(p).exists()]
     if missing:
-        ctx.log(f"  {ctx.name}: waiting for {_fill(missing[0], root, opts.run)}")
-        return [{**row, "state": "waiting", "missing": _fill(missing[0], root, opts.run)}]
+        ctx.log(f"  {ctx.name}: waiting for {missing[0]}")
+        return [{**row, "state": "waiting", "missing": missing[0]}]
     left = ctx.time_left() - opts.reserve_s
     fresh = not _has_checkpoint(run_dir)
     cut = _cut_after(run_dir, ctx.name) if fresh else 0.0      # its checkpoint did not travel: it starts over
@@ -151,12 +153,28 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
     thread = threading.Thread(target=supervised, name=ctx.name, daemon=True)
     thread.start()
     _CONCURRENT.append(thread)
+    _PRODUCES[thread] = {_fill(p, root, opts.run) for p in opts.outputs}
     ctx.log(f"  {ctx.name}: started alongside the next entries (the next report or pack entry waits for it)")
     return [started]
 
 
-#: concurrent steps started by this process and not yet waited for (``wait_concurrent``)
+#: concurrent steps started by this process and not yet waited for (``wait_concurrent``), and their outputs
 _CONCURRENT: list[threading.Thread] = []
+_PRODUCES: dict[threading.Thread, set[str]] = {}
+
+
+def _wait_for_producers(paths: list[str], log=None) -> bool:
+    """Wait for the concurrent steps still running whose outputs include one of ``paths`` (a step that needs a
+    concurrent step's result waits for that step only, not for the others); True when it waited for any."""
+    waited = False
+    for thread in [t for t in _CONCURRENT if _PRODUCES.get(t, set()) & set(paths)]:
+        if log and thread.is_alive():
+            log(f"  waiting for {thread.name}, which makes {sorted(_PRODUCES[thread] & set(paths))[0]}")
+        thread.join()
+        _CONCURRENT.remove(thread)
+        _PRODUCES.pop(thread, None)
+        waited = True
+    return waited
 
 
 def wait_concurrent(log=None) -> int:
@@ -165,6 +183,7 @@ def wait_concurrent(log=None) -> int:
     n = 0
     while _CONCURRENT:
         thread = _CONCURRENT.pop(0)
+        _PRODUCES.pop(thread, None)
         if log and thread.is_alive():
             log(f"  waiting for {thread.name}")
         thread.join()

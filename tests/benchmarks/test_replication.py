@@ -337,6 +337,31 @@ def test_concurrent_steps_run_together_and_pack_waits_for_them(tmp_path):
     assert wait_concurrent() == 1 and row["state"].startswith("error: FileNotFoundError")   # in the row, not lost
 
 
+def test_a_step_needing_a_concurrent_steps_output_waits_for_that_step_only(tmp_path):
+    """An evaluation whose input a concurrent training step is still making waits for that step (not "waiting"
+    for a later call, as on 2026-12-02 when --bench.only put spec-t4-s1-eval before the pair ended); a concurrent
+    step making other outputs keeps running."""
+    state = tmp_path / "state"
+    make = ("import pathlib, sys, time; time.sleep(float(sys.argv[2])); "
+            "pathlib.Path(sys.argv[1]).mkdir(parents=True)")
+    fast = ReplicationStepOptions(args=("python", "-c", make, "{run}/final", "1.5"), run="a", root=str(state),
+                                  outputs=("{run}/final",), concurrent=True)
+    slow = ReplicationStepOptions(args=("python", "-c", make, "{run}/final", "8"), run="b", root=str(state),
+                                  outputs=("{run}/final",), concurrent=True)
+    assert run_step(fast, _ctx(tmp_path, "a-train"))[0]["state"] == "started"
+    b = run_step(slow, _ctx(tmp_path, "b-train"))[0]
+    evaluate = ReplicationStepOptions(args=("python", "-c", "print('eval')"), run="a", root=str(state),
+                                      requires=("{run}/final",))
+    t = time.monotonic()
+    row = run_step(evaluate, _ctx(tmp_path, "a-eval"))[0]
+    assert row["state"] == "ran" and (state / "a" / "final").is_dir() and time.monotonic() - t < 6
+    assert b["state"] == "started"                                # the other pair member is still running
+    assert wait_concurrent() == 1 and b["state"] == "ran"
+    lone = ReplicationStepOptions(args=("python", "-c", "print('eval')"), run="c", root=str(state),
+                                  requires=("{run}/final",))
+    assert run_step(lone, _ctx(tmp_path, "c-eval"))[0]["state"] == "waiting"   # nothing makes it: a later call
+
+
 def test_claim5_sets_each_specialist_beside_the_shared_tier_of_its_size(tmp_path):
     """Claim 5 matches a specialist to the shared run's tier by parameter count (the dense control's full model is
     the T10 specialist), sums the specialists' training seconds and divides by the shared run's."""
