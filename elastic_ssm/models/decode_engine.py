@@ -14,8 +14,10 @@ when the model's parameters change (an in-place update bumps a tensor's version;
 ``.to()`` replaces the tensors), so a pooled decoder never runs on stale modal constants or weight copies.
 
 ``FusedSession`` is what ``generate`` drives: the decoder of the batch bucket, and the prompt's prefill
-into its cache, from a ``PrefillGraph`` of the prompt's length bucket when the model is compiled on CUDA
-(``models/prefill_graph.py``; at most ``max_prefills`` = 4 graphs, sharing one memory pool). Above
+into its cache, from a ``PrefillGraph`` of the prompt's length bucket on CUDA when the model is compiled or the
+padded prompt is at most ``GRAPH_TOKENS`` tokens (the eager trunk replayed without per-kernel host dispatch; captured
+at the first prompt of its bucket: two warm-up forwards and the capture) (``models/prefill_graph.py``; at most
+``max_prefills`` = 4 graphs, sharing one memory pool). Above
 ``SPAN_MIN_BATCH`` rows (where the window step is SDPA over the whole ring, ``ops.swa_decode``) the session also
 passes the rows' length to each step as its attended span (``FastDecoder.step``): the prompt's padded length plus
 the steps so far bounds every row, so while the sequences are short the step reads only that prefix of the rings;
@@ -35,7 +37,7 @@ from ..elastic.slicing import has_float_weight
 from ..ops.swa_decode import MAX_TRITON_BATCH
 from .compile import compiled_trunk
 from .fast_decode import FastDecoder
-from .prefill_graph import PrefillGraph, length_bucket
+from .prefill_graph import GRAPH_TOKENS, PrefillGraph, length_bucket
 
 __all__ = ["DecoderPool", "FusedSession", "decoder_pool", "batch_bucket", "use_fast_decoding", "SPAN_MIN_BATCH"]
 
@@ -157,8 +159,8 @@ class DecoderPool:
 
 
 class FusedSession:
-    """``generate``'s fused path: the pooled decoder of the batch bucket; prefill into its cache, eagerly or
-    (compiled model on CUDA) from a prefill graph of the prompt's length bucket."""
+    """``generate``'s fused path: the pooled decoder of the batch bucket; prefill into its cache, from a prefill
+    graph of the prompt's length bucket on CUDA (``uses_prefill_graph``), else eagerly."""
 
     def __init__(self, model, batch: int, tier: Any, state_dtype, kv_dtype) -> None:
         self.model, self.pool = model, decoder_pool(model)
@@ -171,8 +173,16 @@ class FusedSession:
         self.length += 1
         return self.fd.step(tokens, span=self.length if self.spans else None)
 
-    def uses_prefill_graph(self) -> bool:
-        return self.fd.device.type == "cuda" and compiled_trunk(self.model) is not None
+    def uses_prefill_graph(self, length: int | None = None) -> bool:
+        """Whether a prompt of ``length`` tokens is prefilled from a CUDA graph: on CUDA, always for a compiled
+        model; for an eager one while its padded tokens (batch bucket x length bucket) are at most
+        ``GRAPH_TOKENS``, where the graph saves the host's kernel-by-kernel dispatch that sets the pace of a short
+        eager prefill (the server's rule, ``serve/slots.py``); longer prompts prefill eagerly."""
+        if self.fd.device.type != "cuda":
+            return False
+        if compiled_trunk(self.model) is not None:
+            return True
+        return length is not None and self.fd.batch * length_bucket(length) <= GRAPH_TOKENS
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 graph: bool = True) -> torch.Tensor:
@@ -180,7 +190,7 @@ class FusedSession:
         ``graph=False`` runs the prefill-graph function without capturing it (how the CPU tests check it)."""
         B, T = input_ids.shape
         self.length = T
-        if self.uses_prefill_graph() or not graph:
+        if self.uses_prefill_graph(T) or not graph:
             L = length_bucket(T)
             padded = attention_mask is not None or L != T
             return self.pool.prefill_graph(self.fd, L, padded, graph=graph)(input_ids, attention_mask)

@@ -26,7 +26,14 @@ import torch
 from .cache import ESSHCache
 from .compile import compiled_trunk, scan_backend, trunk_for
 
-__all__ = ["PrefillGraph", "length_bucket"]
+__all__ = ["PrefillGraph", "length_bucket", "GRAPH_TOKENS"]
+
+#: the most padded prompt tokens (rows x length bucket) a prefill graph takes by default. Inside a capture the torch
+#: scan runs its sync-free pairwise plan, which costs more per token than the eager forward's factorised one: on an
+#: H200 (1.5b T10, docs/benchmarks.md, "Serve") a graphed prefill of 1 x 128 tokens took ~16 ms against
+#: ~126 ms eager (the host dispatch saved), one of 128 x 128 ~1 s against ~0.27 s. From those two points the graph
+#: stops paying at about 2,000 tokens; larger prefills run eagerly.
+GRAPH_TOKENS = 2048
 
 
 def length_bucket(T: int, min_step: int = 256) -> int:

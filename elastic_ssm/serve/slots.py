@@ -45,7 +45,7 @@ import torch
 from ..models.cache import ESSHCache
 from ..models.decode_engine import batch_bucket
 from ..models.fast_decode import FastDecoder
-from ..models.prefill_graph import PrefillGraph, length_bucket
+from ..models.prefill_graph import GRAPH_TOKENS, PrefillGraph, length_bucket
 from ..ops.dispatch import ENV_VAR
 from ..utils.first_run import tuning_notice
 from .rows import SlotRows, left_pad, prefill_groups, raised_in_fla, reset_row_, row_cache
@@ -53,13 +53,6 @@ from .rows import SlotRows, left_pad, prefill_groups, raised_in_fla, reset_row_,
 __all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups", "served_tiers"]
 
 log = logging.getLogger("elastic_ssm.serve")
-
-#: the most padded prompt tokens (rows x length bucket) a prefill graph takes by default. Inside a capture the torch
-#: scan runs its sync-free pairwise plan, which costs more per token than the eager forward's factorised one: on an
-#: H200 (1.5b T10, docs/benchmarks.md, "Serve") a graphed prefill of 1 x 128 tokens took ~16 ms against
-#: ~126 ms eager (the host dispatch saved), one of 128 x 128 ~1 s against ~0.27 s. From those two points the graph
-#: stops paying at about 2,000 tokens; larger prefills run eagerly.
-GRAPH_TOKENS = 2048
 
 
 def served_tiers(model, tiers: Any) -> list:

@@ -337,3 +337,25 @@ def test_models_report_device_and_dtype():
     assert model.to(F64).dtype == F64
     es_ssm = es.ESSSM(es.ESSSMConfig.preset("tiny"))
     assert es_ssm.device.type == "cpu" and es_ssm.dtype == torch.float32
+
+
+def test_generate_prefills_from_a_graph_on_cuda_up_to_graph_tokens(model, monkeypatch):
+    """On CUDA an eager model's prompt is prefilled from a CUDA graph while its padded tokens (batch bucket x length
+    bucket) are at most ``GRAPH_TOKENS`` (2,048: 1 x 2048, 8 x 256), eagerly above; a compiled model always; the CPU
+    never (the rule of ``FusedSession.uses_prefill_graph``; the graph itself runs in the GPU tests)."""
+    from types import SimpleNamespace
+
+    from elastic_ssm.models import compile as compile_mod
+    from elastic_ssm.models.decode_engine import FusedSession
+    from elastic_ssm.models.prefill_graph import GRAPH_TOKENS
+
+    session = FusedSession(model, 1, "T2", None, None)
+    assert GRAPH_TOKENS == 2048 and not session.uses_prefill_graph(16)            # CPU: eager
+    session.fd = SimpleNamespace(device=torch.device("cuda"), batch=1)
+    assert session.uses_prefill_graph(2048) and session.uses_prefill_graph(5)
+    assert not session.uses_prefill_graph(2049) and not session.uses_prefill_graph(None)
+    session.fd = SimpleNamespace(device=torch.device("cuda"), batch=8)
+    assert session.uses_prefill_graph(256) and not session.uses_prefill_graph(300)
+    monkeypatch.setattr(compile_mod, "compiled_trunk", lambda m: object())
+    monkeypatch.setattr("elastic_ssm.models.decode_engine.compiled_trunk", lambda m: object())
+    assert session.uses_prefill_graph(131072)                                     # compiled: every length

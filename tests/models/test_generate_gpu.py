@@ -115,3 +115,22 @@ def test_bad_input_leaves_nothing_broken(fp32):
     ids = torch.randint(0, 256, (2, 10), device=DEV)
     assert torch.equal(fp32.generate(ids, 6, tier="T2"), fp32.generate(ids, 6, tier="T2", fast=False,
                                                                        kv_dtype=torch.bfloat16))
+
+
+def test_eager_model_prefills_from_a_graph_up_to_graph_tokens(fp32):
+    """Not compiled: a padded prompt of at most ``GRAPH_TOKENS`` tokens (2 x 512 here) is prefilled from a CUDA graph
+    of the eager trunk and equals the reference; a longer one (2 x 2048) prefills eagerly, also equal."""
+    pool = decoder_pool(fp32)
+    pool.clear()
+    ids = torch.randint(0, 256, (2, 300), device=DEV)
+    mask = torch.ones_like(ids)
+    mask[1, :100] = 0
+    got = fp32.generate(ids, 12, tier="T10", attention_mask=mask)
+    assert torch.equal(got, fp32.generate(ids, 12, tier="T10", attention_mask=mask, fast=False,
+                                          kv_dtype=torch.bfloat16))
+    prefills = list(pool._prefills.values())
+    assert len(prefills) == 1 and prefills[0].graphed and not prefills[0].compiled
+    long = torch.randint(0, 256, (2, 2000), device=DEV)
+    assert torch.equal(fp32.generate(long, 6, tier="T10"),
+                       fp32.generate(long, 6, tier="T10", fast=False, kv_dtype=torch.bfloat16))
+    assert len(pool._prefills) == 1                                     # 2 x 2048 > GRAPH_TOKENS: eager
