@@ -26,12 +26,9 @@ hash pass per checkpoint, overlapped with the write) and never during training s
 any iterable of micro-batches resumable: through its ``state_dict``/``load_state_dict`` when it has them
 (``PackedBatches``), else by skipping the batches already consumed.
 
-Under FSDP2 (``TrainConfig.parallel='fsdp'``) writing and reading are collective: the full, unsharded
-model and optimizer states are gathered to rank 0 (``get_model_state_dict`` /
-``get_optimizer_state_dict`` with ``full_state_dict=True, cpu_offload=True``) and written in the same
-files and formats as above (ordinary tensors; optimizer state keyed by parameter index), so a
-checkpoint of a sharded run loads into an unsharded one and back. On load every rank reads the full
-files and ``set_model_state_dict`` / ``set_optimizer_state_dict`` keep its own shards.
+Under FSDP2 (``TrainConfig.parallel='fsdp'``) the full model and optimizer states are gathered to rank 0
+(``get_*_state_dict(full_state_dict=True, cpu_offload=True)``) into the same files as above, so a sharded run's
+checkpoint loads unsharded and back; on load every rank reads the full files and ``set_*_state_dict`` keeps its shards.
 """
 
 from __future__ import annotations
