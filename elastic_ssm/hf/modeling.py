@@ -42,6 +42,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from ..config import ESSHConfig
 from ..models import model_class
 from ..models.remote_code import FAMILIES
+from ..utils.devices import auto_device
 from .cache import ESSHHFCache
 
 __all__ = ["ESSHForCausalLM", "ESSHHFConfig", "ElasticForCausalLM", "ElasticHFConfig"]
@@ -146,7 +147,7 @@ def _device(device_map: Any) -> str:
             raise ValueError(f"ESSHForCausalLM loads onto one device; got device_map={device_map!r}")
         device_map = devices.pop()
     if device_map == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return auto_device()[0]         # never mps (no float64)
     if isinstance(device_map, int) or str(device_map).isdigit():
         return f"cuda:{int(device_map)}"
     return str(device_map)
