@@ -323,8 +323,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
         record: the whole run settings (``RunConfig.to_dict()``): compared on resume, written to ``run.yaml``.
         distributed: None reads the torchrun environment; False forces one process.
         stages: None runs pretraining (+ refinement when configured); ``("refine",)`` only refinement.
-        progress: True: a step bar on stderr when it is a terminal (``utils/progress.py``) and the validation
-            lines on stdout; ``"lines"`` (the CLI's ``--quiet``): the validation lines only; False: neither.
+        progress: True: a step bar on a terminal and the validation lines; ``"lines"`` (``--quiet``): the lines.
         stop_after: end this call after that many steps of the current stage (a checkpoint is written
             there; no final model is saved); a later ``resume=True`` call continues the same schedule.
         tokenizer: the tokenizer of the data (a spec for ``load_tokenizer`` or a tokenizer); it becomes
