@@ -93,6 +93,15 @@ def test_our_import_loads_them_without_remote_code(dirs, arch, tier):
     assert hf.generate(PROMPT, max_new_tokens=NEW, do_sample=False)[0].tolist() == ours(model, tier or None)
 
 
+@pytest.mark.parametrize("arch,tier", [("es_ssm", "K4"), ("matformer", "T4")])
+def test_an_export_loads_the_same_way(dirs, arch, tier, tmp_path, remote_generate):
+    model, _ = dirs[arch]
+    small = es.export_tier(model, tier)
+    small.save_pretrained(tmp_path / "x")
+    got = remote_generate(tmp_path / "x")
+    assert got["params"] == model.num_parameters(tier) and got["tokens"] == ours(model, tier)
+
+
 def test_a_left_padded_batch_and_beams_run(dirs):
     """Left padding equals each row alone; beam search reorders the cache (two beams, no error, right length)."""
     from transformers import AutoModelForCausalLM
