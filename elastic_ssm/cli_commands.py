@@ -69,7 +69,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     run = load_run_config(args)
     try:
         run_training(run, resume={None: False, "yes": True}.get(args.resume, args.resume), overwrite=args.overwrite,
-                     stop_after=args.stop_after or None, verify_data=args.verify_data)
+                     stop_after=args.stop_after or None, verify_data=args.verify_data,
+                     progress="lines" if args.quiet else True)
     except TrainingInterrupted as e:
         if is_rank_zero():        # every rank stops; one line says so
             print(f"elastic-ssm train: {e}", file=sys.stderr)
@@ -299,8 +300,8 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 
     try:
         quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config,
-                   overwrite=args.overwrite,
-                   resume={None: False, "yes": True}.get(args.resume, args.resume))
+                   overwrite=args.overwrite, resume={None: False, "yes": True}.get(args.resume, args.resume),
+                   progress="lines" if args.quiet else True)
     except TrainingInterrupted as e:     # a stopped run, checkpointed: like `train`, not a bug
         if is_rank_zero():
             print(f"elastic-ssm quickstart: {e}", file=sys.stderr)

@@ -123,7 +123,7 @@ class SamplingOptions:
 
 # ---- commands --------------------------------------------------------------------------------------------------
 @dataclass(kw_only=True)
-class TrainOptions:
+class TrainOptions(QuietOptions):
     """``train``: the run file and how the run directory is treated (settings: --model.* --train.* --data.*)."""
 
     config: str | None = flag(None, f"run YAML (model/train/data sections); default: {DEFAULT_RUN.name}, the "
@@ -223,7 +223,7 @@ class PrepareOptions(QuietOptions):
 
 
 @dataclass(kw_only=True)
-class TokenizerTrainOptions:
+class TokenizerTrainOptions(QuietOptions):
     source: Annotated[str, Positional, arg(metavar="SOURCE")] = flag(
         help="corpus source (as for prepare)", metavar="SOURCE")
     vocab_size: int = flag(8192, "vocabulary size", minimum=1)
@@ -233,7 +233,7 @@ class TokenizerTrainOptions:
 
 
 @dataclass(kw_only=True)
-class RecoverOptions(TiersOptions, DeviceOptions):
+class RecoverOptions(TiersOptions, DeviceOptions, QuietOptions):
     """``recover``: the protocol and its knobs (data and training settings: --config, --train.*, --data.*)."""
 
     parent: Annotated[str, Positional, arg(metavar="PARENT")] = flag(
@@ -317,7 +317,7 @@ class CalibrateOptions(ModelDirOptions, TiersOptions, DtypeOptions, DeviceOption
 
 
 @dataclass(kw_only=True)
-class QuickstartOptions:
+class QuickstartOptions(QuietOptions):
     out: str = flag("runs/quickstart", "output folder", output="folder")
     steps: int = flag(0, "override the training steps (0: config default)", minimum=0)
     config: str | None = flag(None, "run YAML (default: the embedded quickstart config)")

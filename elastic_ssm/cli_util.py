@@ -65,17 +65,19 @@ def is_rank_zero() -> bool:
 
 
 # ---- the device of the evaluating / generating verbs ----------------------------------------------------
-DEVICE_HELP = "auto (cuda when a GPU is present, else cpu), cpu, cuda or cuda:N"
+DEVICE_HELP = "auto (cuda when a GPU is present, else cpu; never mps, which has no float64), cpu, cuda or cuda:N"
 
 
 def resolve_device(spec: str) -> str:
-    """``--device`` -> a torch device string; a one-line ConfigError for a device this machine lacks."""
-    import torch
-
-    from .utils.devices import checked_device
+    """``--device`` -> a torch device string; a one-line ConfigError for a device this machine lacks. ``auto`` on a
+    machine with MPS and no CUDA says on stderr why it runs on the CPU."""
+    from .utils.devices import auto_device, checked_device
 
     if spec == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        device, note = auto_device()
+        if note and is_rank_zero():
+            print(note, file=sys.stderr)
+        return device
     try:
         checked_device(spec, "--device")
     except ValueError as e:

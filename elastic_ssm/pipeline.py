@@ -122,7 +122,8 @@ def fit_model_to_tokenizer(run: Any) -> Any:
     return dataclasses.replace(run, model=run.model.replace(**changes)) if changes else run   # still implicit
 
 
-def train_run(run: Any, data: RunData, resume: bool | str = False, progress: bool = True, overwrite: bool = False,
+def train_run(run: Any, data: RunData, resume: bool | str = False, progress: bool | str = True,
+              overwrite: bool = False,
               stages: tuple[str, ...] | None = None, stop_after: int | None = None):
     """Train ``run.model`` on ``data`` with ``run.train``; returns the trained model. ``run.yaml`` in the run
     directory records the whole run (written by ``train`` once its start-up checks pass; compared on resume).
@@ -164,8 +165,9 @@ def _kept_added_fields(run: Any, saved_model: dict[str, Any], before: dict[str, 
 
 
 def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, stop_after: int | None = None,
-                 verify_data: bool = False):
-    """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
+                 verify_data: bool = False, progress: bool | str = True):
+    """``elastic-ssm train``: build data (every source checked before anything is written), then train;
+    ``progress``: as for ``train`` (``"lines"``, the CLI's ``--quiet``: no step bar, the validation lines)."""
     from pathlib import Path
 
     from .utils.devices import checked_device
@@ -213,7 +215,7 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
     if main:
         print(f"[train] {data.describe()}")
         print(f"[train] parameters: {format_report(params)}")
-    model = train_run(run, data, resume=resume, overwrite=overwrite, stop_after=stop_after)
+    model = train_run(run, data, resume=resume, overwrite=overwrite, stop_after=stop_after, progress=progress)
     if main and (out / "final").is_dir():
         import json
 

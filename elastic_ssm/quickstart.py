@@ -102,7 +102,7 @@ def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
     return dest
 
 
-def _train_or_load(run: Any, data: Any, resume: bool, overwrite: bool, stages=None):
+def _train_or_load(run: Any, data: Any, resume: bool, overwrite: bool, stages=None, progress: bool | str = True):
     """Train ``run`` (continuing its run directory with ``resume``), or with ``resume`` load the final model of a
     run that finished (its settings compared with the run's record first, as a resume compares them)."""
     from .pipeline import train_run
@@ -117,12 +117,13 @@ def _train_or_load(run: Any, data: Any, resume: bool, overwrite: bool, stages=No
             _check_resume_record(Path(run.train.out_dir), run.to_dict(), run.train.RESUME_FREE)
             print(f"[quickstart] --resume: {final} is finished; loading it")
             return load_pretrained(final)
-    return train_run(run, data, resume="auto" if resume else False, overwrite=overwrite, stages=stages)
+    return train_run(run, data, resume="auto" if resume else False, overwrite=overwrite, stages=stages,
+                     progress=progress)
 
 
 def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control: bool = True,
                config: str | Path | None = None, overwrite: bool = False,
-               resume: bool | str = False) -> dict[str, Any]:
+               resume: bool | str = False, progress: bool | str = True) -> dict[str, Any]:
     from .config import ConfigError, RunConfig
     from .elastic.export import check_export, export_tier
     from .elastic.model_card import model_card
@@ -153,7 +154,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     t0 = time.time()
     data = build_data(run)
     print(f"[quickstart] corpus: {data.describe()}")
-    model = _train_or_load(run, data, resume, overwrite)
+    model = _train_or_load(run, data, resume, overwrite, progress=progress)
     t_train = time.time() - t0
 
     print("[quickstart] exporting and checking every tier against the shared model")
@@ -174,7 +175,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
 
     control_rows = raw_rows = None
     if control:
-        control_rows, raw_rows = _dense_control(run, data, out, overwrite, resume)
+        control_rows, raw_rows = _dense_control(run, data, out, overwrite, resume, progress)
 
     table = format_evals(rows)
     print("\n" + table)
@@ -209,8 +210,8 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     return summary
 
 
-def _dense_control(run: Any, data: Any, out: Path, overwrite: bool,
-                   resume: bool = False) -> tuple[list[TierEval], list[TierEval] | None]:
+def _dense_control(run: Any, data: Any, out: Path, overwrite: bool, resume: bool = False,
+                   progress: bool | str = True) -> tuple[list[TierEval], list[TierEval] | None]:
     """The dense control: full-capacity pretraining (same steps and data), then, when the run has a refinement
     stage, the same refinement as recovery. Returns (recovered rows, raw-truncation rows), or (raw rows, None)
     without refinement. The raw rows come from the pretraining stage's final checkpoint."""
@@ -223,7 +224,7 @@ def _dense_control(run: Any, data: Any, out: Path, overwrite: bool,
              if recover else ")"))
     dense_run = run.with_overrides({}, {"recipe": "dense", "out_dir": str(out / "dense")}, {})
     stages = ("pretrain", "refine") if recover else None
-    dense = _train_or_load(dense_run, data, resume, overwrite, stages)  # same data config: reuse the corpus
+    dense = _train_or_load(dense_run, data, resume, overwrite, stages, progress)  # same data config: reuse the corpus
     rows = evaluate_tiers(dense, data.val_batches)
     if not recover:
         return rows, None

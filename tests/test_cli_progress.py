@@ -80,3 +80,75 @@ def test_library_is_silent_unless_asked(capsys, forced):
     list(progress(range(3), desc="shown", enabled=True))
     err = capsys.readouterr().err
     assert "hidden" not in err and "shown" in err
+
+
+TINY_RUN = """
+model: {arch: essh, preset: tiny}
+train: {recipe: capacity_mixed, steps: 2, micro_batch_size: 2, grad_accum: 1, seq_len: 16,
+        mixing: {n_warm_tokens: 16}, eval: {every: 0, batches: 1}, checkpoint: {every: 0}, log_every: 1,
+        refine: {steps: 1, tokens_per_step: 32}}
+data: {source: stdlib, tokenizer: bytes, max_train_bytes: 20000}
+"""
+STEP_BAR = re.compile(r"\d+/\d+ \[")        # tqdm's "n/total [elapsed" of the training bar
+
+
+@pytest.fixture
+def run_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(TINY_RUN)
+    return path
+
+
+def test_train_bar_and_quiet(run_file, tmp_path, capsys, forced):
+    base = ["train", "--config", str(run_file), "--train.steps", "2"]
+    assert main([*base, "--train.out_dir", str(tmp_path / "a")]) == 0
+    loud = capsys.readouterr()
+    assert STEP_BAR.search(loud.err) and "pretrain" in loud.err, loud.err
+    assert main([*base, "--train.out_dir", str(tmp_path / "b"), "--quiet"]) == 0
+    quiet = capsys.readouterr()
+    assert not STEP_BAR.search(quiet.err) and "\r" not in quiet.err, quiet.err
+    assert quiet.out.count("\n") == loud.out.count("\n") and "val loss" in quiet.out     # the status lines stay
+
+
+def test_train_bar_stays_off_without_a_terminal(run_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("ELASTIC_SSM_PROGRESS", raising=False)
+    assert main(["train", "--config", str(run_file), "--train.out_dir", str(tmp_path / "a")]) == 0
+    assert not STEP_BAR.search(capsys.readouterr().err)
+
+
+def test_recover_bar_and_quiet(model_dir, run_file, tmp_path, capsys, forced):
+    base = ["recover", str(model_dir), "--config", str(run_file), "--steps", "1", "--tiers", "T1"]
+    assert main([*base, "--train.out_dir", str(tmp_path / "a")]) == 0
+    assert STEP_BAR.search(capsys.readouterr().err)
+    assert main([*base, "--train.out_dir", str(tmp_path / "b"), "--quiet"]) == 0
+    assert not STEP_BAR.search(capsys.readouterr().err)
+
+
+def test_quickstart_passes_quiet_to_its_training(monkeypatch, tmp_path):
+    import elastic_ssm.quickstart as qs
+
+    seen = []
+    monkeypatch.setattr(qs, "quickstart", lambda **kw: seen.append(kw["progress"]) or {})
+    for extra, want in (([], True), (["--quiet"], "lines")):
+        assert main(["quickstart", "--out", str(tmp_path / "q"), *extra]) == 0
+        assert seen.pop() == want
+
+
+@pytest.mark.parametrize("extra,env,want", [([], "always", True), (["--quiet"], "always", False), ([], None, False)])
+def test_tokenizer_train_bar_follows_quiet_and_the_terminal(tmp_path, monkeypatch, extra, env, want):
+    """The Rust trainer draws its own bar: it gets ``show_progress`` from the same decision (``progress.shown``);
+    without ELASTIC_SSM_PROGRESS the captured stderr is no terminal, so the bar is off."""
+    import elastic_ssm as es
+
+    if env:
+        monkeypatch.setenv("ELASTIC_SSM_PROGRESS", env)
+    else:
+        monkeypatch.delenv("ELASTIC_SSM_PROGRESS", raising=False)
+    seen = []
+    real = es.data.train_bpe
+    monkeypatch.setattr(es.data, "train_bpe", lambda *a, **kw: seen.append(kw["show_progress"]) or real(*a, **kw))
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello elastic world\n" * 100)
+    assert main(["tokenizer", "train", str(corpus), "--vocab_size", "280", "--out", str(tmp_path / "t.json"),
+                 *extra]) == 0
+    assert seen == [want]

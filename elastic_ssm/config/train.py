@@ -135,7 +135,8 @@ class TrainConfig(ConfigBase):
                              "capacity: short compiles for capacity-mixed training, works with FSDP) or 'model' "
                              "(elastic_ssm.compile_model: embedding, blocks, norm and logits in one graph per "
                              "capacity: fewer kernels, longer compiles; not with parallel='fsdp')")
-    device: Device = opt("auto", "'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu' or 'cuda'")
+    device: Device = opt("auto", "'auto' (cuda:LOCAL_RANK if available, else cpu; never mps: no float64), "
+                                 "'cpu' or 'cuda'")
     parallel: Parallel = opt("ddp", "'ddp' or 'fsdp' (FSDP2 fully_shard per block, for models that need sharding); "
                         "used under torchrun with more than one rank")
     dist_timeout_s: Pos = opt(600.0, "under torchrun: seconds a collective may wait for the other ranks before "

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..cli_util import refuse_existing
 from ..utils.files import is_temp_name
+from ..utils.progress import shown
 
 
 def clean_stale_temps(out: Path) -> list[Path]:
@@ -73,6 +74,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
     from . import train_bpe
 
     refuse_existing(args, Path(args.out))
-    tok = train_bpe(args.source, args.vocab_size, args.out, max_bytes=args.max_bytes or None, show_progress=True)
+    tok = train_bpe(args.source, args.vocab_size, args.out, max_bytes=args.max_bytes or None,
+                    show_progress=shown(not args.quiet))
     print(f"trained a {tok.vocab_size}-entry BPE tokenizer -> {args.out}")
     return 0

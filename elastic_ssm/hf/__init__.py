@@ -1,7 +1,8 @@
 """elastic_ssm.hf: our model directories as Hugging Face ``transformers`` models (extra ``hf``, transformers >= 5).
 
-``import elastic_ssm.hf`` registers model_type ``essh`` with ``AutoConfig`` and ``AutoModelForCausalLM``,
-after which our directories (a training run's ``final/``, checkpoints' ``model/``, exports) load directly:
+``import elastic_ssm.hf`` registers model_type ``essh`` (and the other families below) with ``AutoConfig`` and
+``AutoModelForCausalLM``, after which our directories (a training run's ``final/``, checkpoints' ``model/``,
+exports) load directly:
 
     import elastic_ssm.hf
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
@@ -10,9 +11,9 @@ after which our directories (a training run's ``final/``, checkpoints' ``model/`
     out = model.generate(**tok(["def f(", "class A"], return_tensors="pt", padding=True), max_new_tokens=32)
     pipeline("text-generation", model="runs/x/final")("def main():", max_new_tokens=20)
 
-``modeling.py`` (``ESSHHFConfig``, ``ESSHForCausalLM``) and ``cache.py`` (``ESSHHFCache``: our
-``ESSHCache`` behind the ``transformers.Cache`` interface). ES-SSM models (no cached
-decoding) are not registered.
+``modeling.py`` (``ESSHHFConfig``, ``ESSHForCausalLM`` and their bases), ``cache.py`` (``ESSHHFCache``: our
+``ESSHCache`` behind the ``transformers.Cache`` interface) and ``families.py`` (ES-SSM language models, Transformer++
+and MatFormer, registered the same way: model_types ``es_ssm``, ``transformer_pp``, ``matformer``).
 """
 
 from __future__ import annotations
@@ -28,9 +29,22 @@ if int(transformers.__version__.split(".")[0]) < 5:  # pragma: no cover - depend
                       "pip install -U 'transformers>=5'")
 
 from .cache import ESSHHFCache
+from .families import (
+    ESSSMForCausalLM,
+    ESSSMHFConfig,
+    MatFormerForCausalLM,
+    MatFormerHFConfig,
+    StepCache,
+    TransformerPPForCausalLM,
+    TransformerPPHFConfig,
+)
 from .modeling import ESSHForCausalLM, ESSHHFConfig
 
-AutoConfig.register(ESSHHFConfig.model_type, ESSHHFConfig, exist_ok=True)
-AutoModelForCausalLM.register(ESSHHFConfig, ESSHForCausalLM, exist_ok=True)
+for _config, _model in ((ESSHHFConfig, ESSHForCausalLM), (ESSSMHFConfig, ESSSMForCausalLM),
+                        (TransformerPPHFConfig, TransformerPPForCausalLM), (MatFormerHFConfig, MatFormerForCausalLM)):
+    AutoConfig.register(_config.model_type, _config, exist_ok=True)
+    AutoModelForCausalLM.register(_config, _model, exist_ok=True)
 
-__all__ = ["ESSHForCausalLM", "ESSHHFCache", "ESSHHFConfig"]
+__all__ = ["ESSHForCausalLM", "ESSHHFCache", "ESSHHFConfig", "ESSSMForCausalLM", "ESSSMHFConfig",
+           "MatFormerForCausalLM", "MatFormerHFConfig", "StepCache", "TransformerPPForCausalLM",
+           "TransformerPPHFConfig"]

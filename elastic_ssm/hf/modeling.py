@@ -1,5 +1,9 @@
 """``ESSHHFConfig`` and ``ESSHForCausalLM``: an ESSH (one tier of it) as a ``transformers`` causal LM.
 
+Their bases ``ElasticHFConfig`` and ``ElasticForCausalLM`` hold what every architecture shares; ``families.py``
+derives the ES-SSM, Transformer++ and MatFormer classes from them. What follows describes ESSH; the others make
+the same calls on their own caches.
+
 ``ESSHHFConfig`` (model_type ``essh``) reads our own ``config.json`` as it is: our ``save_pretrained``
 writes ``model_type``, ``architectures``, ``vocab_size`` and the special-token ids beside our keys
 (``config``: the ``ESSHConfig`` fields, ``tiers``: the tier table, ``tokenizer``: the tokenizer record;
@@ -32,13 +36,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..config import ESSHConfig
-from ..models.essh import ESSH
+from ..models import model_class
+from ..models.remote_code import FAMILIES
+from ..utils.devices import auto_device
 from .cache import ESSHHFCache
 
-__all__ = ["ESSHForCausalLM", "ESSHHFConfig"]
+__all__ = ["ESSHForCausalLM", "ESSHHFConfig", "ElasticForCausalLM", "ElasticHFConfig"]
 
 #: the name transformers uses for the cache in forward() and outputs (``cache`` since 5.x, before that
 #: ``past_key_values``)
@@ -52,11 +59,12 @@ CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ el
 GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "top_p": 1.0}
 
 
-class ESSHHFConfig(PretrainedConfig):
-    """The ``ESSHConfig`` of a model directory, its tier table and tokenizer ids, for ``transformers``.
+class ElasticHFConfig(PretrainedConfig):
+    """The model config of a directory (any architecture of ``FAMILIES``), its tier table and tokenizer ids, for
+    ``transformers``. Each family subclasses it with its ``model_type`` and ``arch`` (``families.py``).
 
     Attributes beyond ``PretrainedConfig``:
-        config: the ``ESSHConfig`` fields (a dict, as in ``config.json``); ``essh_config()`` builds it.
+        config: the model config's fields (a dict, as in ``config.json``); ``model_config()`` builds it.
         tiers: the tier table (list of dicts: name, K, n_ff, xi, params), as in ``config.json``.
         tier: the tier to load (``"T4"``, ``"K8"``; None or ``"full"``: the model as saved).
     """
@@ -77,8 +85,8 @@ class ESSHHFConfig(PretrainedConfig):
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.config is None:
-            self.config = ESSHConfig.preset("tiny").to_dict()
-        cfg = self.essh_config()
+            self.config = model_class(self.arch).config_class.preset("tiny").to_dict()
+        cfg = self.model_config()
         self.vocab_size = cfg.vocab_size
         self.hidden_size = cfg.d_model
         self.num_hidden_layers = cfg.n_layers
@@ -97,18 +105,29 @@ class ESSHHFConfig(PretrainedConfig):
                 setattr(self, name, None)
         super().__post_init__(**kwargs)
 
-    def essh_config(self) -> ESSHConfig:
-        """The ``ESSHConfig`` this config describes (the saved model's, before any ``tier`` cut)."""
-        return ESSHConfig.from_dict(dict(self.config))
+    def model_config(self) -> Any:
+        """The model config this config describes (the saved model's, before any ``tier`` cut)."""
+        return model_class(self.arch).config_class.from_dict(dict(self.config))
 
     @classmethod
-    def from_model(cls, model: Any, tier: str | None = None) -> ESSHHFConfig:
-        """The config of a loaded ``ESSH`` (its own, possibly standalone, config and its tokenizer ids)."""
+    def from_model(cls, model: Any, tier: str | None = None) -> ElasticHFConfig:
+        """The config of a loaded model (its own, possibly standalone, config and its tokenizer ids)."""
         meta = model._config_json()
         keep = {k: meta[k] for k in ("config", "tiers", "arch", "vocab_size", "bos_token_id", "eos_token_id",
                                      "pad_token_id", "format", "format_version", "source", "tokenizer")
                 if k in meta}
-        return cls(**keep, tier=tier, architectures=["ESSHForCausalLM"])
+        return cls(**keep, tier=tier, architectures=[FAMILIES[model.arch].model_class])
+
+
+class ESSHHFConfig(ElasticHFConfig):
+    """An ESSH directory's config (model_type ``essh``)."""
+
+    model_type = "essh"
+    arch: str = "essh"
+
+    def essh_config(self) -> ESSHConfig:
+        """The ``ESSHConfig`` this config describes (``model_config()``)."""
+        return self.model_config()
 
 
 def check_tier_name(tier: Any) -> None:
@@ -128,7 +147,7 @@ def _device(device_map: Any) -> str:
             raise ValueError(f"ESSHForCausalLM loads onto one device; got device_map={device_map!r}")
         device_map = devices.pop()
     if device_map == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return auto_device()[0]         # never mps (no float64)
     if isinstance(device_map, int) or str(device_map).isdigit():
         return f"cuda:{int(device_map)}"
     return str(device_map)
@@ -140,20 +159,23 @@ def _dtype(dtype: Any) -> torch.dtype | None:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
-class ESSHForCausalLM(PreTrainedModel, GenerationMixin):
-    """One ESSH (a shared model at a tier, or a standalone export) behind ``transformers``' causal-LM API."""
+class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
+    """One of our models (a shared model at a tier, or a standalone export) behind ``transformers``' causal-LM API;
+    each family subclasses it with its ``config_class`` and ``allocate_cache`` (``ESSHForCausalLM`` below, the
+    others in ``families.py``)."""
 
-    config_class = ESSHHFConfig
+    config_class = ElasticHFConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
-    _no_split_modules = ["ESSHBlock"]
     _is_stateful = True
     _supports_cache_class = True
+    #: the ``transformers.Cache`` subclass ``allocate_cache`` returns (``forward`` refuses any other)
+    cache_class: type = Cache
 
-    def __init__(self, config: ESSHHFConfig, model: ESSH | None = None) -> None:
+    def __init__(self, config: ElasticHFConfig, model: Any = None) -> None:
         super().__init__(config)
         if model is None:
-            model = ESSH(config.essh_config())
+            model = model_class(config.arch)(config.model_config())
         self.model = model
         self.post_init()
         if self.can_generate():
@@ -184,22 +206,22 @@ class ESSHForCausalLM(PreTrainedModel, GenerationMixin):
     # ---- loading and saving ---------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *model_args: Any, tier: str | None = None,
-                        config: ESSHHFConfig | None = None, device_map: Any = None, dtype: Any = None,
-                        torch_dtype: Any = None, **kwargs: Any) -> ESSHForCausalLM:
+                        config: ElasticHFConfig | None = None, device_map: Any = None, dtype: Any = None,
+                        torch_dtype: Any = None, **kwargs: Any) -> ElasticForCausalLM:
         """Load one of our model directories; ``tier`` (or ``config.tier``) reads only that tier's prefixes.
 
         Accepts the usual ``transformers`` keywords: ``device_map`` (one device: ``"cpu"``, ``"cuda"``,
         ``"auto"``), ``dtype`` / ``torch_dtype``; hub keywords are ignored (loading is local only)."""
         path = Path(pretrained_model_name_or_path)
         if not (path / "config.json").is_file():
-            raise OSError(f"{path} is not a local elastic_ssm model directory (no config.json); ESSH models load "
+            raise OSError(f"{path} is not a local elastic_ssm model directory (no config.json); our models load "
                           "from a directory written by save_pretrained (a training run's final/, an export)")
         tier = tier if tier is not None else getattr(config, "tier", None)
         check_tier_name(tier)
         tier = None if tier in ("full", "none") else tier
-        model = ESSH.from_pretrained(path, tier=tier, device=_device(device_map),
-                                     dtype=_dtype(dtype if dtype is not None else torch_dtype))
-        out = cls(ESSHHFConfig.from_model(model, tier=tier), model=model)
+        model = model_class(cls.config_class.arch).from_pretrained(
+            path, tier=tier, device=_device(device_map), dtype=_dtype(dtype if dtype is not None else torch_dtype))
+        out = cls(cls.config_class.from_model(model, tier=tier), model=model)
         out.config.name_or_path = str(path)
         out.name_or_path = str(path)
         return out.eval()
@@ -220,8 +242,18 @@ class ESSHForCausalLM(PreTrainedModel, GenerationMixin):
         return self.model.tokenizer
 
     # ---- forward ----------------------------------------------------------------------------------
-    def allocate_cache(self, batch_size: int) -> ESSHHFCache:
-        return ESSHHFCache(self.model, batch_size)
+    def allocate_cache(self, batch_size: int, prompt_length: int = 0) -> Any:
+        """The family's ``transformers.Cache`` around our cache (``.inner``), for ``batch_size`` sequences."""
+        raise NotImplementedError(f"{type(self).__name__} defines no cache; use a family class (ESSHForCausalLM, "
+                                  "elastic_ssm.hf.families)")
+
+    def _inner_for_prefill(self, cache: Any, input_ids: torch.Tensor) -> Any:
+        """Our cache inside ``cache``, ready for the prefill of ``input_ids`` [B, T]."""
+        return cache.inner
+
+    def _step(self, tokens: torch.Tensor, cache: Any) -> torch.Tensor:
+        """One decode step: tokens [B] -> logits [B, V]."""
+        return self.model.step(tokens, cache.inner)
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 labels: torch.LongTensor | None = None, use_cache: bool | None = None,
@@ -229,20 +261,22 @@ class ESSHForCausalLM(PreTrainedModel, GenerationMixin):
                 **kwargs: Any) -> CausalLMOutputWithPast:
         """Logits [B, T, V] (and ``loss`` with ``labels``, ``cache`` with ``use_cache``); see the module docstring."""
         if inputs_embeds is not None or input_ids is None:
-            raise ValueError("ESSHForCausalLM takes input_ids (inputs_embeds is not supported)")
+            raise ValueError(f"{type(self).__name__} takes input_ids (inputs_embeds is not supported)")
         cache = kwargs.pop("cache", None) or kwargs.pop("past_key_values", None)
-        if cache is not None and not isinstance(cache, ESSHHFCache):
-            raise TypeError(f"ESSHForCausalLM needs an ESSHHFCache (or none), got {type(cache).__name__}")
+        if cache is not None and not isinstance(cache, self.cache_class):
+            raise TypeError(f"{type(self).__name__} needs the cache its generate allocates (or none), got "
+                            f"{type(cache).__name__}")
         use_cache = bool(use_cache) or cache is not None      # generate passes use_cache=True; scoring needs none
         if cache is not None and cache.prefilled:
-            logits = torch.stack([self.model.step(tok, cache.inner) for tok in input_ids.unbind(1)], dim=1)
+            logits = torch.stack([self._step(tok, cache) for tok in input_ids.unbind(1)], dim=1)
         else:
             mask = attention_mask
             if mask is not None and bool(mask.bool().all()):
                 mask = None                # no padding: the same call as ESSH.generate without a mask
             if use_cache and cache is None:
-                cache = self.allocate_cache(input_ids.shape[0])
-            logits = self.model(input_ids, attention_mask=mask, cache=cache.inner if use_cache else None)
+                cache = self.allocate_cache(*input_ids.shape)
+            inner = self._inner_for_prefill(cache, input_ids) if use_cache else None
+            logits = self.model(input_ids, attention_mask=mask, cache=inner)
             if use_cache:
                 cache.prefilled = True
         loss = None
@@ -262,3 +296,14 @@ class ESSHForCausalLM(PreTrainedModel, GenerationMixin):
         if cache is not None:
             inputs[CACHE_KEY] = cache
         return inputs
+
+
+class ESSHForCausalLM(ElasticForCausalLM):
+    """An ESSH behind ``transformers``: decodes with an ``ESSHHFCache`` (mode states and window rings)."""
+
+    config_class = ESSHHFConfig
+    cache_class = ESSHHFCache
+    _no_split_modules = ["ESSHBlock"]
+
+    def allocate_cache(self, batch_size: int, prompt_length: int = 0) -> ESSHHFCache:
+        return ESSHHFCache(self.model, batch_size)

@@ -50,11 +50,7 @@ from .model_dir import (
     read_model_meta,
     verify_sha256,
 )
-from .remote_code import AUTO_MAP, write_remote_code
-
-#: keys that let ``transformers`` read a model directory: ``import elastic_ssm.hf`` registers the type, and
-#: ``auto_map`` names the remote-code modules ``save_pretrained`` writes beside it (``remote_code.py``)
-HF_KEYS = {"essh": {"model_type": "essh", "architectures": ["ESSHForCausalLM"], "auto_map": AUTO_MAP}}
+from .remote_code import hf_keys, write_remote_code
 
 
 @runtime_checkable
@@ -195,7 +191,7 @@ class ElasticModel(nn.Module):
             own = getattr(self.config, key, None)
             value = own if own is not None and (own >= 0 or key == "eos_token_id") else tok.get(key)
             specials[key] = value if value is not None and value >= 0 else None
-        out.update(HF_KEYS.get(self.arch, {}), vocab_size=self.config.vocab_size, **specials)
+        out.update(hf_keys(self), vocab_size=self.config.vocab_size, **specials)
         return out
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
@@ -221,8 +217,8 @@ class ElasticModel(nn.Module):
             from ..elastic.model_card import model_card
 
             atomic_write_bytes(path / "README.md", model_card(self).encode())
-        if self.arch in HF_KEYS:           # transformers' trust_remote_code=True loads it without our import
-            write_remote_code(path)
+        if hf_keys(self):                  # transformers' trust_remote_code=True loads it without our import
+            write_remote_code(path, self.arch)
         # Size and checksum tie config.json to its weights: a directory overwritten only halfway and same-size
         # bit rot are both detected on load.
         from .checksums import pieces_record

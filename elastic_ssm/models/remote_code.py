@@ -1,44 +1,89 @@
-"""The remote-code files of a saved ESSH directory: ``transformers`` loads it with ``trust_remote_code=True`` alone.
+"""The remote-code files of a saved model directory: ``transformers`` loads it with ``trust_remote_code=True`` alone.
 
-``save_pretrained`` writes ``config.json`` with an ``auto_map`` (``AUTO_MAP``) and, beside it, the two small
-modules it names. transformers' remote-code loader imports them from the directory; each takes its class from
-the installed ``elastic_ssm`` package (``elastic_ssm.hf.modeling``), so
+``save_pretrained`` writes ``config.json`` with ``model_type``, ``architectures`` and an ``auto_map``
+(``hf_keys``) and, beside it, the two small modules the ``auto_map`` names. transformers' remote-code loader
+imports them from the directory; each takes its class from the installed ``elastic_ssm`` package
+(``elastic_ssm.hf``), so
 
     AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)     # no `import elastic_ssm.hf` first
 
 works in a fresh process wherever ``elastic-ssm[hf]`` is installed (transformers names the missing package
-otherwise). Why not a self-contained copy of the model code: it would be the whole library (layers, ops, the
-tier slicing), frozen at save time and drifting from the package that trained the weights; the hub models
-that load this way (Zamba, Mamba-Codestral) ship thin modules too. ``import elastic_ssm.hf`` keeps working
-without remote code (it registers model_type ``essh``).
+otherwise). Every language model has its entry in ``FAMILIES``: ESSH, ES-SSM (``task='lm'``; a classifier has no
+next token and gets no entry), Transformer++ and MatFormer. Why not a self-contained copy of the model code: it
+would be the whole library (layers, ops, the tier slicing), frozen at save time and drifting from the package that
+trained the weights; the hub models that load this way (Zamba, Mamba-Codestral) ship thin modules too.
+``import elastic_ssm.hf`` keeps working without remote code (it registers every ``model_type`` of ``FAMILIES``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from ..utils.files import atomic_write_bytes
 
-__all__ = ["AUTO_MAP", "REMOTE_CODE", "write_remote_code"]
+__all__ = ["AUTO_MAP", "FAMILIES", "REMOTE_CODE", "Family", "auto_map", "hf_keys", "remote_code",
+           "write_remote_code"]
 
-#: ``config.json``'s ``auto_map``: the Auto class -> ``module.Class`` in the directory
-AUTO_MAP = {"AutoConfig": "configuration_essh.ESSHHFConfig",
-            "AutoModelForCausalLM": "modeling_essh.ESSHForCausalLM"}
 
-_HEAD = '''"""Remote code of an elastic_ssm ESSH directory, written by save_pretrained. transformers imports this file
+class Family(NamedTuple):
+    """How one architecture appears to transformers: its ``model_type``, the two classes and where they live."""
+
+    model_type: str
+    config_class: str
+    model_class: str
+    module: str          # the module of elastic_ssm that defines both classes
+
+
+#: arch (``ElasticModel.arch``) -> its transformers family
+FAMILIES: dict[str, Family] = {
+    "essh": Family("essh", "ESSHHFConfig", "ESSHForCausalLM", "elastic_ssm.hf.modeling"),
+    "es_ssm": Family("es_ssm", "ESSSMHFConfig", "ESSSMForCausalLM", "elastic_ssm.hf.families"),
+    "transformer": Family("transformer_pp", "TransformerPPHFConfig", "TransformerPPForCausalLM",
+                          "elastic_ssm.hf.families"),
+    "matformer": Family("matformer", "MatFormerHFConfig", "MatFormerForCausalLM", "elastic_ssm.hf.families"),
+}
+
+_HEAD = '''"""Remote code of an elastic_ssm model directory, written by save_pretrained. transformers imports this file
 for from_pretrained(dir, trust_remote_code=True); the class comes from the installed elastic_ssm package
 (pip install "elastic-ssm[hf]"), so the directory holds no second copy of the model code."""
 
 '''
-#: file name -> text of the modules ``AUTO_MAP`` names
-REMOTE_CODE = {
-    "configuration_essh.py": _HEAD + 'from elastic_ssm.hf.modeling import ESSHHFConfig\n\n__all__ = ["ESSHHFConfig"]\n',
-    "modeling_essh.py": _HEAD + 'from elastic_ssm.hf.modeling import ESSHForCausalLM, ESSHHFConfig\n\n'
-                                '__all__ = ["ESSHForCausalLM", "ESSHHFConfig"]\n',
-}
 
 
-def write_remote_code(path: str | Path) -> None:
-    """Write the ``REMOTE_CODE`` modules into the model directory ``path`` (each atomically)."""
-    for name, text in REMOTE_CODE.items():
+def auto_map(arch: str) -> dict[str, str]:
+    """``config.json``'s ``auto_map`` of ``arch``: the Auto class -> ``module.Class`` in the directory."""
+    f = FAMILIES[arch]
+    return {"AutoConfig": f"configuration_{f.model_type}.{f.config_class}",
+            "AutoModelForCausalLM": f"modeling_{f.model_type}.{f.model_class}"}
+
+
+def remote_code(arch: str) -> dict[str, str]:
+    """File name -> text of the two modules ``auto_map(arch)`` names."""
+    f = FAMILIES[arch]
+    return {
+        f"configuration_{f.model_type}.py": f'{_HEAD}from {f.module} import {f.config_class}\n\n'
+                                            f'__all__ = ["{f.config_class}"]\n',
+        f"modeling_{f.model_type}.py": f'{_HEAD}from {f.module} import {f.model_class}, {f.config_class}\n\n'
+                                       f'__all__ = ["{f.model_class}", "{f.config_class}"]\n',
+    }
+
+
+#: the ESSH entries (the first family; kept as names for the code and tests that read them)
+AUTO_MAP = auto_map("essh")
+REMOTE_CODE = remote_code("essh")
+
+
+def hf_keys(model: Any) -> dict[str, Any]:
+    """The ``config.json`` keys that let transformers read ``model``'s directory (none for a model without a
+    family, such as an ES-SSM classifier)."""
+    if model.arch not in FAMILIES or getattr(model.config, "task", "lm") != "lm":
+        return {}
+    f = FAMILIES[model.arch]
+    return {"model_type": f.model_type, "architectures": [f.model_class], "auto_map": auto_map(model.arch)}
+
+
+def write_remote_code(path: str | Path, arch: str) -> None:
+    """Write the ``remote_code(arch)`` modules into the model directory ``path`` (each atomically)."""
+    for name, text in remote_code(arch).items():
         atomic_write_bytes(Path(path) / name, text.encode())

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import ConfigError
-from ..utils.devices import checked_device
+from ..utils.devices import auto_device, checked_device
 from ..utils.env import env_int
 
 __all__ = ["DistContext", "init_distributed", "all_reduce", "barrier", "wrap_ddp", "wrap_fsdp", "no_sync",
@@ -75,7 +75,7 @@ class DistContext:
 
 def _pick_device(device: str, local_rank: int) -> torch.device:
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = auto_device()[0]       # the CLI printed why not mps (utils/threads.cpu_threads_for)
     if device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("TrainConfig.device='cuda' but CUDA is not available; use 'cpu' or 'auto'")

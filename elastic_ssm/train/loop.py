@@ -110,7 +110,7 @@ class _Trainer:
     """State shared by the stages of one ``train()`` call."""
 
     def __init__(self, model: nn.Module, data: Any, cfg: TrainConfig, ctx: DistContext, val_data: Any,
-                 progress: bool, stop: StopSignals) -> None:
+                 progress: bool | str, stop: StopSignals) -> None:
         self.model, self.cfg, self.ctx, self.stop = model, cfg, ctx, stop
         factory = callable(data) and not hasattr(data, "__iter__")
         self.data = data(ctx.rank, ctx.world_size) if factory else data
@@ -304,7 +304,7 @@ def _compile_blocks(model: nn.Module, n_capacities: int) -> None:
 
 
 def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
-          resume: bool | str = False, progress: bool = True, distributed: bool | None = None,
+          resume: bool | str = False, progress: bool | str = True, distributed: bool | None = None,
           stages: tuple[str, ...] | None = None, stop_after: int | None = None, overwrite: bool = False,
           record: dict[str, Any] | None = None, tokenizer: Any = None) -> TrainResult:
     """Train an ESSH or ES-SSM model; returns the history and the final model directory.
@@ -323,6 +323,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
         record: the whole run settings (``RunConfig.to_dict()``): compared on resume, written to ``run.yaml``.
         distributed: None reads the torchrun environment; False forces one process.
         stages: None runs pretraining (+ refinement when configured); ``("refine",)`` only refinement.
+        progress: True: a step bar on a terminal and the validation lines; ``"lines"`` (``--quiet``): the lines.
         stop_after: end this call after that many steps of the current stage (a checkpoint is written
             there; no final model is saved); a later ``resume=True`` call continues the same schedule.
         tokenizer: the tokenizer of the data (a spec for ``load_tokenizer`` or a tokenizer); it becomes

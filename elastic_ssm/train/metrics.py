@@ -55,12 +55,15 @@ def read_log(path: str | Path) -> str:
 class MetricsLogger:
     """JSONL records and a tqdm bar on rank 0; silent elsewhere. ``history`` keeps every train record."""
 
-    def __init__(self, out_dir: str | Path, ctx: DistContext, progress: bool = True, sinks: tuple[str, ...] = (),
-                 run: dict[str, Any] | None = None) -> None:
-        """``sinks``: ``train.log``'s loggers beside the JSONL (``log_sinks.py``), given ``run`` as their config."""
+    def __init__(self, out_dir: str | Path, ctx: DistContext, progress: bool | str = True,
+                 sinks: tuple[str, ...] = (), run: dict[str, Any] | None = None) -> None:
+        """``progress``: True = a step bar (on a terminal) and validation lines, ``"lines"`` = the lines only
+        (``--quiet``), False = silent. ``sinks``: ``train.log``'s loggers beside the JSONL (``log_sinks.py``), given
+        ``run`` as their config."""
         self.ctx = ctx
         self.path = Path(out_dir) / "metrics.jsonl"
-        self.progress = progress and ctx.is_main
+        self.progress = progress is True and ctx.is_main
+        self.lines = progress in (True, "lines") and ctx.is_main
         self.history: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
         self._bar = None
@@ -77,9 +80,9 @@ class MetricsLogger:
         self.close_bar()
         self._counts = {}
         if self.progress:
-            from tqdm.auto import tqdm
+            from ..utils.progress import progress
 
-            self._bar = tqdm(total=total, initial=initial, desc=stage, unit="step", dynamic_ncols=True)
+            self._bar = progress(total=total, initial=initial, desc=stage, unit="step", enabled=True)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.ctx.is_main:
@@ -142,10 +145,14 @@ class MetricsLogger:
         self.evals.extend(records)
         for r in records:
             self.write(r)
-        if self._bar is not None and records:
+        if self.lines and records:
             loss = " ".join(f"{r['tier']}={r['loss']:.3f}" for r in records)
             acc = " ".join(f"{r['tier']}={r['accuracy']:.3f}" for r in records)
-            self._bar.write(f"[{records[0]['stage']} step {records[0]['step']}] val loss {loss}; accuracy {acc}")
+            line = f"[{records[0]['stage']} step {records[0]['step']}] val loss {loss}; accuracy {acc}"
+            if self._bar is not None:
+                self._bar.write(line)          # above the bar
+            else:
+                print(line, flush=True)
 
     def close_bar(self) -> None:
         if self._bar is not None:

@@ -52,7 +52,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
     rec = truncate_and_recover(parent, data.batches(t.seq_len, t.micro_batch_size, t.seed), t, data.val_batches,
                                protocol=args.protocol, tiers=tiers, bytes_per_token=data.bytes_per_token,
                                calibration=calibration, masks=tuple(args.masks) if args.masks else None,
-                               channel_order=args.channel_order, overwrite=args.overwrite)
+                               channel_order=args.channel_order, overwrite=args.overwrite,
+                               progress="lines" if args.quiet else True)
     rows = rec.rows()
     status(_table(rows))
     Path(t.out_dir).mkdir(parents=True, exist_ok=True)

@@ -5,15 +5,33 @@ line naming the setting and the fix: an unparsable name, a kind other than cpu /
 not run: MPS has no float64, which the spectral layers compute their phases in, so ``auto`` never picks it), CUDA
 on a machine without it, or a GPU index this machine does not have (torch would otherwise fail later, deep inside
 ``torch.cuda.set_device`` or the first allocation, with a message that does not name the setting).
+
+``auto_device`` is the one resolution of ``auto`` (``--device auto``, ``train.device: auto``, ``device_map="auto"``):
+cuda when it is available, else cpu, and on a machine with MPS but no CUDA a one-line note that says why not mps,
+which the CLI prints as the run's first line.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["checked_device", "DEVICE_CHOICES"]
+__all__ = ["auto_device", "checked_device", "DEVICE_CHOICES", "MPS_NO_FLOAT64"]
 
 DEVICE_CHOICES = "cpu, cuda or cuda:N"
+#: why mps is never used: what would not run there
+MPS_NO_FLOAT64 = ("Apple's MPS backend has no float64, which the spectral layers need (the damped-rotation phases, "
+                  "ESSH Eq. 5, and the Hankel filters are float64)")
+
+
+def auto_device() -> tuple[str, str | None]:
+    """What ``auto`` means on this machine: ``("cuda", None)`` when CUDA is available, else ``("cpu", note)`` where
+    ``note`` is one line saying why not mps when this machine has MPS (None when it has not)."""
+    if torch.cuda.is_available():
+        return "cuda", None
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "cpu", f"device auto: cpu, not mps ({MPS_NO_FLOAT64})"
+    return "cpu", None
 
 
 def checked_device(spec: str | torch.device, what: str = "device") -> torch.device:
@@ -23,8 +41,7 @@ def checked_device(spec: str | torch.device, what: str = "device") -> torch.devi
     except (RuntimeError, TypeError, ValueError):
         raise ValueError(f"{what} {str(spec)!r} is not a device; use {DEVICE_CHOICES}") from None
     if dev.type == "mps":
-        raise ValueError(f"{what} {str(spec)!r}: Apple's MPS backend has no float64, which the spectral layers need "
-                         "(the damped-rotation phases, ESSH Eq. 5, and the Hankel filters are float64); use cpu")
+        raise ValueError(f"{what} {str(spec)!r}: {MPS_NO_FLOAT64}; use cpu")
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"{what} {str(spec)!r}: only cpu and cuda are supported; use {DEVICE_CHOICES}")
     if dev.type == "cuda":

@@ -50,9 +50,14 @@ def apply_default_threads() -> str:
 
 
 def cpu_threads_for(device: str) -> str | None:
-    """``apply_default_threads()`` when ``device`` (a run's ``train.device``) trains on the CPU, else None."""
-    import torch
+    """``apply_default_threads()`` when ``device`` (a run's ``train.device``) trains on the CPU, else None; for
+    ``auto`` on a machine with MPS and no CUDA the line also says why not mps (``devices.auto_device``)."""
+    from .devices import auto_device
 
-    if device == "cpu" or device == "auto" and not torch.cuda.is_available():
+    if device == "cpu":
         return apply_default_threads()
+    if device == "auto":
+        picked, note = auto_device()
+        if picked == "cpu":
+            return apply_default_threads() + (f"; {note}" if note else "")
     return None

@@ -1,6 +1,7 @@
 """lm-eval's own CLI (issue 41): ``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True,tier=T4``
 runs on a saved directory in a process that never imports elastic_ssm itself (transformers' remote-code loader
-does), offline, on a local task; every logged log-likelihood equals our model's own at that tier."""
+does), offline, on a local task; every logged log-likelihood equals our model's own at that tier. ESSH, ES-SSM
+(``tier=K4``: its first 4 spectral channels) and MatFormer (``tier=T4``: its nested FFN prefix) directories alike."""
 
 import json
 import os
@@ -15,6 +16,8 @@ pytest.importorskip("lm_eval", reason="the eval extra (lm-eval) is installed by 
 
 import elastic_ssm as es  # noqa: E402
 from elastic_ssm import data  # noqa: E402
+from elastic_ssm.config import MatFormerConfig  # noqa: E402
+from elastic_ssm.models.baselines import MatFormer  # noqa: E402
 from elastic_ssm.models.testing import randomize_selective  # noqa: E402
 
 DOCS = [{"question": f"{a} + {b} =", "choices": [str(a + b), str(a + b + 1), "cat"], "label": 0}
@@ -39,15 +42,33 @@ def _ours(model, tier, context: str, continuation: str) -> float:
     return logp[-n:].gather(-1, torch.tensor(ids[-n:])[:, None]).sum().item()
 
 
+def _essh():
+    return randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny")))
+
+
+def _spread(model):
+    with torch.no_grad():                     # weights wide enough that the tiers score differently
+        for p in model.parameters():
+            p.normal_(std=0.5)
+    return model
+
+
+MODELS = {"essh": (_essh, "T4"),
+          "es_ssm": (lambda: _spread(es.ESSSM(es.ESSSMConfig.preset("tiny", vocab_size=260))), "K4"),
+          "matformer": (lambda: _spread(MatFormer(MatFormerConfig.preset("tiny", vocab_size=260))), "T4")}
+
+
 @pytest.mark.slow
-def test_lm_eval_cli_scores_a_tier_of_a_saved_directory(tmp_path):
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_lm_eval_cli_scores_a_tier_of_a_saved_directory(tmp_path, arch):
     torch.manual_seed(0)
-    model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny"))).eval()
+    build, tier = MODELS[arch]
+    model = build().eval()
     model.tokenizer = data.load_tokenizer("bytes")
     model.save_pretrained(tmp_path / "model")
     _task(tmp_path / "tasks")
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    args = ["--model", "hf", "--model_args", f"pretrained={tmp_path / 'model'},trust_remote_code=True,tier=T4",
+    args = ["--model", "hf", "--model_args", f"pretrained={tmp_path / 'model'},trust_remote_code=True,tier={tier}",
             "--tasks", "stock_choice", "--include_path", str(tmp_path / "tasks"), "--device", "cpu",
             "--batch_size", "2", "--output_path", str(tmp_path / "out"), "--log_samples"]
     r = subprocess.run([sys.executable, "-m", "lm_eval", *args], capture_output=True, text=True, timeout=600,
@@ -59,6 +80,6 @@ def test_lm_eval_cli_scores_a_tier_of_a_saved_directory(tmp_path):
     for s in samples:
         for i, choice in enumerate(s["doc"]["choices"]):
             got = float(s["resps"][i][0][0])
-            assert got == pytest.approx(_ours(model, "T4", s["doc"]["question"], " " + choice), abs=1e-4)
+            assert got == pytest.approx(_ours(model, tier, s["doc"]["question"], " " + choice), abs=1e-4)
             # the tier reached the model: the full model scores this pair otherwise
             assert abs(got - _ours(model, None, s["doc"]["question"], " " + choice)) > 1e-4

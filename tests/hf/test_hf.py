@@ -138,3 +138,32 @@ def test_an_empty_tier_is_an_error_not_the_full_model(saved, tier):
     with pytest.raises(ValueError, match="is empty"):
         elastic_ssm.hf.ESSHHFConfig(tier=tier)
     assert AutoModelForCausalLM.from_pretrained(path, tier="full").config.tier is None
+
+
+def test_apply_chat_template_renders_a_serve_builtin_for_our_tokenizer(saved):
+    """A base model has no template of its own; transformers' apply_chat_template takes one of serve's built-in
+    templates (the same text `serve --chat_template chatml` renders) and the ids are our byte tokens."""
+    from elastic_ssm.serve.chat_templates import BUILTIN
+
+    _, path = saved
+    tok = AutoTokenizer.from_pretrained(path)
+    chat = [{"role": "user", "content": "hi"}]
+    text = tok.apply_chat_template(chat, chat_template=BUILTIN["chatml"], tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.apply_chat_template(chat, chat_template=BUILTIN["chatml"], add_generation_prompt=True)["input_ids"]
+    assert bytes(ids) == text.encode()
+
+
+def test_a_template_in_the_directory_is_used_without_the_argument(saved, tmp_path):
+    import json
+    import shutil
+
+    from elastic_ssm.serve.chat_templates import BUILTIN
+
+    _, path = saved
+    shutil.copytree(path, tmp_path / "m")
+    cfg = tmp_path / "m" / "tokenizer_config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "chat_template": BUILTIN["plain"]}))
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert text == "User: hi\nAssistant:"

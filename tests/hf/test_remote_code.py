@@ -4,8 +4,6 @@ that never imported ``elastic_ssm``, and greedy ``generate`` there equals our ow
 sliced tier. Each check runs in a subprocess (the test process has imported elastic_ssm)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,29 +15,6 @@ pytest.importorskip("transformers", reason="the hf extra is installed by the dev
 
 PROMPT = list(b"def foo(x):")
 
-CHILD = r"""
-import json, sys
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-path, tier = sys.argv[1], (sys.argv[2] or None)
-kw = {"tier": tier} if tier else {}
-cfg = AutoConfig.from_pretrained(path, trust_remote_code=True, **kw)
-model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, **kw)
-tok = AutoTokenizer.from_pretrained(path)
-ids = torch.tensor([tok("def foo(x):", add_special_tokens=False)["input_ids"]])
-out = model.generate(ids, max_new_tokens=12, do_sample=False)
-print(json.dumps({"config": type(cfg).__name__, "model": type(model).__name__, "tokens": out[0].tolist(),
-                  "params": sum(p.numel() for p in model.parameters())}))
-"""
-
-
-def _child(path, tier=""):
-    probe = "import sys; assert not [m for m in sys.modules if m.startswith('elastic_ssm')]\n"
-    r = subprocess.run([sys.executable, "-c", probe + CHILD, str(path), tier], capture_output=True, text=True,
-                       timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
 
 def test_the_directory_names_its_remote_code(saved):
     _, path = saved
@@ -50,20 +25,20 @@ def test_the_directory_names_its_remote_code(saved):
 
 
 @pytest.mark.parametrize("tier", ["", "T4"])
-def test_trust_remote_code_loads_and_generates_our_tokens(saved, tier):
+def test_trust_remote_code_loads_and_generates_our_tokens(saved, tier, remote_generate):
     model, path = saved
-    got = _child(path, tier)
+    got = remote_generate(path, tier)
     assert got["config"] == "ESSHHFConfig" and got["model"] == "ESSHForCausalLM"
     assert got["params"] == model.num_parameters(tier or None)
     want = model.generate(torch.tensor([PROMPT]), max_new_tokens=12, tier=tier or None)
     assert got["tokens"] == want[0].tolist()
 
 
-def test_an_export_loads_the_same_way(saved, tmp_path):
+def test_an_export_loads_the_same_way(saved, tmp_path, remote_generate):
     model, _ = saved
     small = es.export_tier(model, "T2")
     small.tokenizer = model.tokenizer
     small.save_pretrained(tmp_path / "t2")
-    got = _child(tmp_path / "t2")
+    got = remote_generate(tmp_path / "t2")
     want = model.generate(torch.tensor([PROMPT]), max_new_tokens=12, tier="T2")
     assert got["tokens"] == want[0].tolist()
