@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.replication.claims import CLAIM1_GAPS, arm_of, base_of, collect_claim, read_jsonl, run_summary, seed_of
+from benchmarks.results_evals import RENDER_EVALS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"
@@ -325,7 +326,8 @@ def essm_modal() -> str:
 RENDER = {"essm-modal": essm_modal, "summary": summary, "claim1": claim1, "claim1-seeds": claim1_seeds,
           "claim1-gaps": claim1_gaps, "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3,
           "claim3-steps": claim3_steps,
-          "claim4": claim4, "claim5": claim5, "claim5-sizes": claim5_sizes}
+          "claim4": claim4, "claim5": claim5, "claim5-sizes": claim5_sizes,
+          **{name: functools.partial(fn, RECORDS) for name, fn in RENDER_EVALS.items()}}
 
 
 def render(text: str) -> tuple[str, list[str]]:

@@ -61,3 +61,31 @@ def test_seed_cells_give_mean_range_and_n():
     c = {"n": 3, "mean": 1.069, "min": 1.062, "max": 1.079}
     assert results_page.cell(c) == "1.069 (1.062 to 1.079, n=3)"
     assert results_page.cell({"n": 1, "mean": 1.2, "min": 1.2, "max": 1.2}) == "1.200 (n=1)"
+
+
+def test_evaluation_tables_render_their_records_and_say_what_is_missing(tmp_path):
+    """queue item 7's tables (``benchmarks/results_evals.py``): the Table 31 statistics of each importance run, every
+    named tier's bits per byte at 1024 / 2048 / 4096 (fractions left out), NIAH per tier; a run without records
+    renders as "not run yet"."""
+    import json
+
+    from benchmarks.results_evals import importance, length, niah
+
+    assert importance(tmp_path).count("not run yet") == 2 and "not run yet" in length(tmp_path) + niah(tmp_path)
+    (tmp_path / "importance-essh").mkdir()
+    (tmp_path / "importance-essh" / "channel_importance.json").write_text(json.dumps(
+        {"K": 32, "first": 8, "batches": 8, "seq_len": 1024, "ordering_energy": 0.7123, "ordering_knockout": 0.81,
+         "share_energy": 0.5, "share_knockout": 0.6349}))
+    row = next(r for r in importance(tmp_path).splitlines() if r.startswith("| ESSH"))
+    assert "| 0.71 | 0.81 | 0.50 | 0.63 | 0.66 / 0.82 / 0.46 / 0.64 | K = 32, first 8, 8 x 1024 tokens |" in row
+    for run, bpb in (("essh-s0", 1.5), ("length-essh-2048", 1.6), ("length-essh-4096", 1.75)):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "eval.csv").write_text(f"tier,bpb\nT1,{bpb + 0.5}\nxi=0.14,9\nT10,{bpb}\n")
+    table = length(tmp_path)
+    assert "| ESSH capacity-mixed + SR | T10 | 1.500 | 1.600 | 1.750 | +0.250 |" in table
+    assert "| T1 | 2.000 |" in table and "xi=" not in table
+    assert "dense control (nothing nested) |  |  |  |  | not run yet" in table
+    (tmp_path / "niah-essh").mkdir()
+    (tmp_path / "niah-essh" / "eval.csv").write_text(
+        "tier,full_key,first_token,half_width,d0.1,d0.5\nT4,0.5,0.75,0.1,0.25,1.0\n")
+    assert "| T4 | 0.500 | 0.750 | 0.100 | 0.25 / 1.00 |" in niah(tmp_path) and "depths 0.1 / 0.5" in niah(tmp_path)
