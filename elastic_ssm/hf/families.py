@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..config import TransformerConfig
 from ..models.baselines.transformer import KVCache
 from .cache import _NoRollbackCache
 from .modeling import CACHE_KEY, ElasticForCausalLM, ElasticHFConfig
@@ -38,7 +39,7 @@ class StepCache(_NoRollbackCache):
     def ensure(self, batch: int, length: int) -> Any:
         """Allocate ``inner`` for ``batch`` sequences of a ``length``-token prompt unless it already fits."""
         if self.inner is None or self.batch_size != batch:
-            if isinstance(self.model.config, _KV_CONFIGS):
+            if isinstance(self.model.config, TransformerConfig):   # MatFormerConfig subclasses it
                 self.inner = self.model.allocate_cache(batch, max(self.max_length, length))
             else:
                 self.inner = self.model.allocate_cache(batch)
@@ -147,11 +148,3 @@ class MatFormerForCausalLM(TransformerPPForCausalLM):
 
     config_class = MatFormerHFConfig
 
-
-def _kv_configs() -> tuple[type, ...]:
-    from ..config import TransformerConfig
-
-    return (TransformerConfig,)          # MatFormerConfig subclasses it
-
-
-_KV_CONFIGS = _kv_configs()
