@@ -1,20 +1,15 @@
 """The main job (``elastic-ssm quickstart``): train once on CPU, export many, check and report.
 
-1. Train a small ESSH on the embedded corpus (the Python standard library's own source, bytes) with
-   the capacity-mixed recipe (ESSH Algorithm 1), then its brief shared refinement (D.8).
+1. Train a small ESSH on the embedded corpus (stdlib source, bytes) with the capacity-mixed recipe (ESSH
+   Algorithm 1), then its shared refinement (D.8).
 2. Export all ten tiers as standalone models; check each against the shared model (bitwise, CPU fp32).
 3. Evaluate bits-per-byte of every export on held-out files.
-4. The dense control as the paper runs it (Tables 33 and 43; App. E "Dense control ... trained only at full
-   capacity, then truncated and recovered"): full capacity only for the same pretraining steps and data,
-   truncated to every tier (raw), then recovered with the same refinement stage, steps and tokens as the
-   ESSH run, so both families have equal training exposure; both the raw and the recovered truncation are
-   reported (Table 33 reports the raw T1 beside the recovered compact models).
+4. The dense control (Tables 33 and 43; App. E): full capacity only for the same steps and data, truncated
+   to every tier (raw), then recovered with the same refinement stage; both raw and recovered are reported.
 5. Write ``report.md``, ``tiers.csv`` and ``quality_size.png``; print the table.
 
-``resume`` (``True``; ``"auto"``: start fresh when ``out_dir`` holds no quickstart run) continues a quickstart
-stopped by a signal (its message says "continue with --resume"): a run whose ``final/`` is saved is loaded, not
-trained again; an interrupted one continues from its latest checkpoint, bit-exact as ``train --resume`` (one that
-had no checkpoint yet starts over); exports, evaluations and the report are redone.
+``resume`` (``"auto"``: start fresh when ``out_dir`` holds no quickstart run) continues a stopped quickstart:
+a finished run's ``final/`` is loaded, an interrupted one resumes bit-exact; exports and report are redone.
 """
 
 from __future__ import annotations

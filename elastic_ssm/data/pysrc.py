@@ -1,7 +1,6 @@
 """``pysrc``: every Python source file under some roots, as one corpus (no download).
 
-The largest text a machine without network holds is usually the Python it runs: the standard library and
-the installed packages (hundreds of MB on a machine with torch, jax and transformers). ``data.source`` takes
+``data.source`` takes
 
 * ``"pysrc"``: the running interpreter's standard library (as ``stdlib``, its ``site-packages`` excluded)
   and its site-packages folders (``site.getsitepackages()`` plus sysconfig's purelib/platlib; never
@@ -9,17 +8,13 @@ the installed packages (hundreds of MB on a machine with torch, jax and transfor
 * ``"pysrc:<root>[,<root>...]"``: the ``.py`` files under these folders.
 
 Every ``.py`` file (``__pycache__`` and hidden folders skipped) is named ``<label>/<relative path>``
-(``stdlib/json/decoder.py``, ``site-packages/torch/nn/modules/linear.py``, ``root0/...`` for given roots),
-the names are sorted, files with the same bytes as an earlier name are dropped (site-packages often hold
-vendored copies) and the rest are split BY FILE with the stdlib splitter (``splits.split_by_path``: a
-stable hash of the name, 2% to validation, at least 8 files). The split therefore never puts two copies
-of one file on both sides.
+(``stdlib/json/decoder.py``, ``site-packages/torch/...``, ``root0/...`` for given roots); names are sorted,
+files with the same bytes as an earlier name are dropped, and the rest are split BY FILE
+(``splits.split_by_path``: 2% to validation, at least 8 files), so no file has copies on both sides.
 
-``manifest(spec)`` reads every file once to hash it; the result is cached on disk (``cache.cache_dir()``,
-``pysrc-manifest-<key>.json``, the key covering every candidate's name, size and modification time), so a
-second process only lists and stats the files. ``tokenfile.load_corpus`` keeps the byte tokens of each split in a
-prepared token file under the same cache (``tokens/pysrc-<key>/<split>.bin``), so a resumed run or an
-evaluation maps 600 MB of tokens instead of re-reading 300 MB of files.
+``manifest(spec)`` hashes every file once; the result is cached (``cache.cache_dir()``,
+``pysrc-manifest-<key>.json``, the key covering every candidate's name, size and mtime), and
+``tokenfile.load_corpus`` keeps each split's tokens in ``tokens/pysrc-<key>/<split>.bin`` under the same cache.
 """
 
 from __future__ import annotations

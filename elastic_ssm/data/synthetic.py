@@ -1,20 +1,14 @@
 """Synthetic recall tasks of the ESSH paper's Appendix I: MQAR and palindrome completion.
 
-Every generator returns ``(input_ids [N, L], labels [N, L])`` int64 tensors for next-token training:
-``labels[:, t]`` is the target for the prediction made at position ``t`` and equals ``IGNORE`` (-100,
-the ``ignore_index`` of ``torch.nn.functional.cross_entropy``) on positions that are not scored. Both are
-seeded (``numpy.random.default_rng(seed)``) and cheap enough to make fresh batches every step;
-``synthetic_batches`` yields an endless, reproducible stream in which batch ``s`` depends only on
-``(seed, s)``, so resuming at step ``s`` needs no saved state.
+Every generator returns ``(input_ids [N, L], labels [N, L])`` int64 tensors: ``labels[:, t]`` is the target of
+position ``t``, ``IGNORE`` (-100) where not scored. Generation is seeded (``numpy.random.default_rng(seed)``);
+``synthetic_batches`` yields an endless stream in which batch ``s`` depends only on ``(seed, s)`` (no resume state).
 
-Multi-query associative recall (MQAR; Arora et al., 2024, as used in ESSH Tables 21-22): the sequence
-opens with ``num_pairs`` key-value bigrams ``k1 v1 k2 v2 ...`` (distinct keys from the lower half of the
-vocabulary, values from the upper half), followed by a region of filler tokens (id 0) in which
-``num_queries`` of the keys reappear, each immediately followed by its value. Only those values are
-scored: the model must recall, at each query key, the value it was paired with in the context.
-
-Palindrome completion (ESSH Table 23): ``n = L // 2`` random symbols, a separator, then the same symbols
-in reverse order; every reversed symbol is scored. Token ids: 0 pad, 1 separator, symbols from 2.
+MQAR (Arora et al., 2024; ESSH Tables 21-22): ``num_pairs`` key-value bigrams ``k1 v1 k2 v2 ...`` (keys from
+the lower half of the vocabulary, distinct; values from the upper half), then filler (id 0) in which
+``num_queries`` keys reappear, each followed by its value; only those values are scored.
+Palindrome (ESSH Table 23): ``n = L // 2`` random symbols, a separator, the symbols reversed (scored).
+Token ids: 0 pad, 1 separator, symbols from 2.
 """
 
 from __future__ import annotations

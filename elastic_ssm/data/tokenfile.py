@@ -1,13 +1,11 @@
-"""Prepared token files: a flat binary token stream plus a JSON sidecar, opened with ``np.memmap``. ``prepare`` (the
-engine of ``elastic-ssm prepare``) streams documents through a tokenizer and writes ``<out>.bin`` (uint16 tokens
-when V <= 65535, else uint32; native little-endian) and ``<out>.bin.json`` (format version, dtype, token count,
-tokenizer spec, vocabulary size, source, split, document count and the sha256 of the token bytes, and the sampled
-``tokens_fingerprint`` that a resume compares). It holds at most one chunk of tokens in memory, writes to a
-temporary file and renames it into place, so a multi-GB corpus never sits in RAM and an interrupted run never
-leaves a half-written file under the final name. ``TokenFile`` maps the file read-only and checks it against the
-sidecar (size on open; the sampled fingerprint in ``load_corpus``, so a file corrupted without a change of size is
-refused before training; the whole sha256 with ``verify``); ``load_corpus`` picks between a prepared file and
-in-memory tokenization.
+"""Prepared token files: a flat binary token stream plus a JSON sidecar, opened with ``np.memmap``.
+
+``prepare`` (``elastic-ssm prepare``) streams documents through a tokenizer into ``<out>.bin`` (uint16 when
+V <= 65535, else uint32; little-endian) and ``<out>.bin.json`` (format version, dtype, token count, tokenizer
+spec, V, source, split, document count, sha256 of the token bytes, ``tokens_fingerprint``), one chunk in
+memory at a time, through a temporary file renamed into place. ``TokenFile`` maps the file read-only and
+checks it against the sidecar (size on open; the fingerprint in ``load_corpus``; the whole sha256 with
+``verify``); ``load_corpus`` picks between a prepared file and in-memory tokenization.
 """
 
 from __future__ import annotations

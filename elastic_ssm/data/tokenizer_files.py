@@ -1,18 +1,11 @@
 """The tokenizer that travels inside a model directory, its fingerprint, and the ``--tokenizer`` check.
 
-Every model directory written by ``save_pretrained`` (a training run's ``final/``, its checkpoints, every
-export) holds the tokenizer the model was trained with when one is attached (``model.tokenizer``):
-
-* ``tokenizer.json``: the ``tokenizers`` file (for the byte tokenizer an equivalent byte-level file whose
-  ids equal the byte values, so ``AutoTokenizer.from_pretrained(dir)`` also works for byte models);
-* ``tokenizer_config.json``: the special tokens (bos / eos / pad / sep) for Hugging Face ``AutoTokenizer``,
-  and left padding (what batched generation needs);
-* ``elastic_tokenizer.json``: our own spec (``{"type": "bytes"}`` or ``"bpe"``), read by ``load_tokenizer``.
-
-``config.json`` records ``tokenizer_record(tok)``: type, vocabulary size, special ids and a fingerprint
-(SHA-256 of the serialized tokenizer; a constant for bytes). ``resolve_tokenizer(model, spec)`` is what
-``eval``, ``generate``, ``niah``, ``lm-eval`` and the Python loaders call: no ``spec`` gives the saved
-tokenizer, and a ``spec`` whose vocabulary or fingerprint differs from the saved one is an error.
+A model directory (``save_pretrained``) holds the model's tokenizer when one is attached (``model.tokenizer``):
+``tokenizer.json`` (the ``tokenizers`` file; for bytes an equivalent byte-level file, so ``AutoTokenizer`` works),
+``tokenizer_config.json`` (special tokens, left padding) and ``elastic_tokenizer.json`` (our spec, read by
+``load_tokenizer``). ``config.json`` records ``tokenizer_record(tok)``: type, V, special ids and a fingerprint
+(SHA-256 of the serialized tokenizer; a constant for bytes). ``resolve_tokenizer(model, spec)`` gives the saved
+tokenizer for no ``spec``, and refuses a ``spec`` whose vocabulary or fingerprint differs from it.
 """
 
 from __future__ import annotations

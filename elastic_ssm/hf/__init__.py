@@ -11,9 +11,8 @@ exports) load directly:
     out = model.generate(**tok(["def f(", "class A"], return_tensors="pt", padding=True), max_new_tokens=32)
     pipeline("text-generation", model="runs/x/final")("def main():", max_new_tokens=20)
 
-``modeling.py`` (``ESSHHFConfig``, ``ESSHForCausalLM`` and their bases), ``cache.py`` (``ESSHHFCache``: our
-``ESSHCache`` behind the ``transformers.Cache`` interface) and ``families.py`` (ES-SSM language models, Transformer++
-and MatFormer, registered the same way: model_types ``es_ssm``, ``transformer_pp``, ``matformer``).
+Modules: ``modeling.py`` (ESSH and the bases), ``cache.py`` (``ESSHHFCache``), ``families.py`` (model_types
+``es_ssm``, ``transformer_pp``, ``matformer``).
 """
 
 from __future__ import annotations

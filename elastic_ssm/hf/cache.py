@@ -2,12 +2,9 @@
 
 An ESSH decodes with fixed-size state: every spectral layer keeps its mode states ``[B, K_T, M, 2, P]``
 and every sliding-window-attention layer a ring of ``window`` key/value slots ``[B, H, W, hd]``
-(``models/cache.py``; sizes follow the tier, ESSH Sec. 4.3). ``transformers`` drives generation through a
-``Cache`` object it passes back into ``forward``; this class wraps one ``ESSHCache`` (``.inner``) and
-answers the questions ``generate`` asks (sequence length, batch size, beam reordering, whether it can be
-cropped). It has no per-layer ``CacheLayer`` objects: the states are read and written only by our layers,
-through ``.inner``. A recurrent state cannot be rolled back, so ``crop`` refuses (assisted decoding
-needs it) and ``is_croppable`` is False.
+(``models/cache.py``; sizes follow the tier, ESSH Sec. 4.3). This class wraps one ``ESSHCache`` (``.inner``,
+read and written only by our layers) and answers what ``generate`` asks (length, batch size, beam edits). A
+recurrent state cannot be rolled back: ``crop`` refuses and ``is_croppable`` is False.
 """
 
 from __future__ import annotations
@@ -23,7 +20,60 @@ from ..models.cache import ESSHCache
 __all__ = ["ESSHHFCache"]
 
 
-class ESSHHFCache(Cache):
+class _NoRollbackCache(Cache):
+    """What our ``transformers`` caches share: ``n_layers`` layers, beam edits through ``_apply(fn)`` on every
+    per-sequence tensor, and no rollback (``crop`` refuses: assisted decoding is not supported)."""
+
+    is_compileable = False
+    n_layers: int
+    prefilled: bool
+
+    def __len__(self) -> int:
+        return self.n_layers
+
+    def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
+        return self.prefilled
+
+    @property
+    def is_initialized(self) -> bool:
+        return True
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False] * self.n_layers
+
+    def _apply(self, fn) -> None:
+        raise NotImplementedError
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._apply(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._apply(lambda t: t[indices.to(t.device)])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._apply(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise NotImplementedError(f"this cache cannot be rolled back by {tokens_to_remove} tokens (assisted "
+                                      "decoding is not supported)")
+
+    def activate_past_recording(self) -> None:
+        raise NotImplementedError("this cache cannot record past states (assisted decoding is not supported)")
+
+    def offload(self, layer_idx: int, only_non_sliding: bool = True) -> None:
+        return None
+
+    def prefetch(self, layer_idx: int, only_non_sliding: bool = True) -> None:
+        return None
+
+
+class ESSHHFCache(_NoRollbackCache):
     """Decoding state of one ESSH at one tier for ``transformers`` generation.
 
     Args:
@@ -33,18 +83,12 @@ class ESSHHFCache(Cache):
         state_dtype / kv_dtype: as ``ESSHCache.allocate`` (defaults: fp32 states; bf16 ring on CUDA).
     """
 
-    is_compileable = False
-
     def __init__(self, model: Any, batch_size: int, tier: TierLike = None, state_dtype: torch.dtype | None = None,
                  kv_dtype: torch.dtype | None = None) -> None:
         super().__init__(layers=[])
         self.inner = ESSHCache.allocate(model, batch_size, tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
         self.n_layers = model.config.n_layers
         self.prefilled = False
-
-    # ---- what generate asks ---------------------------------------------------------------------
-    def __len__(self) -> int:
-        return self.n_layers
 
     def __repr__(self) -> str:
         n = self.inner.nbytes()
@@ -58,20 +102,9 @@ class ESSHHFCache(Cache):
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return -1                                         # fixed-size state: no length limit
 
-    def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
-        return self.prefilled
-
     @property
     def batch_size(self) -> int:
         return self.inner.batch
-
-    @property
-    def is_initialized(self) -> bool:
-        return True
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
 
     @property
     def is_sliding(self) -> list[bool]:
@@ -81,10 +114,6 @@ class ESSHHFCache(Cache):
     def is_linear(self) -> list[bool]:
         return [kind == "S" for kind in self._layout()]
 
-    @property
-    def is_dummy(self) -> list[bool]:
-        return [False] * self.n_layers
-
     def _layout(self) -> list[str]:
         return ["S" if i in self.inner.states else "A" for i in range(self.n_layers)]
 
@@ -92,33 +121,9 @@ class ESSHHFCache(Cache):
         """Bytes held: ``recurrent``, ``kv`` and ``total`` (equals ``elastic.tiers.state_bytes`` x batch)."""
         return self.inner.nbytes()
 
-    # ---- batch edits (beam search, contrastive search) -------------------------------------------
     def _apply(self, fn) -> None:
         self.inner.apply_(fn)
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._apply(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._apply(lambda t: t[indices.to(t.device)])
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._apply(lambda t: t.repeat_interleave(repeats, dim=0))
 
     def reset(self) -> None:
         self.inner.reset_()
         self.prefilled = False
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove:
-            raise NotImplementedError("an ESSH cache holds recurrent states, which cannot be rolled back by "
-                                      f"{tokens_to_remove} tokens (assisted decoding is not supported)")
-
-    def activate_past_recording(self) -> None:
-        raise NotImplementedError("an ESSH cache cannot record past states (assisted decoding is not supported)")
-
-    def offload(self, layer_idx: int, only_non_sliding: bool = True) -> None:
-        return None
-
-    def prefetch(self, layer_idx: int, only_non_sliding: bool = True) -> None:
-        return None

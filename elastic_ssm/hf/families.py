@@ -1,16 +1,11 @@
 """ES-SSM, Transformer++ and MatFormer directories as ``transformers`` causal LMs (``ESSHForCausalLM``'s siblings).
 
 Each family is ``ElasticHFConfig`` / ``ElasticForCausalLM`` (``modeling.py``) with its ``model_type`` and ``arch``
-(``models/remote_code.py``: ``FAMILIES``), so the three load like an ESSH directory: through ``import
-elastic_ssm.hf`` (which registers them) or with ``trust_remote_code=True`` alone, and ``tier=`` reads only that
-tier's prefixes (ES-SSM: the first K spectral channels, ``tier="K4"``; the baselines: the first ``n_ff`` FFN units,
-``tier="T4"``). HF ``generate`` makes the calls of our own decoding: one prefill ``forward(..., cache=)`` of the
-prompt, then one ``step`` per token, on our own caches behind ``StepCache``:
-
-* ES-SSM: ``ESSSMCache`` (exact decoding: the ring of the last L-1 inputs per block, ``models/es_ssm_cache.py``),
-  the cache of ``ESSSM.generate``;
-* Transformer++ / MatFormer: the static ``KVCache`` [N, B, H, L_max, hd] (``models/baselines/transformer.py``),
-  sized by ``generate`` to its ``max_length``; a longer run is refused in one line.
+(``models/remote_code.py``: ``FAMILIES``) and loads like an ESSH directory; ``tier=`` reads only that tier's
+prefixes (ES-SSM: ``tier="K4"``; the baselines: ``tier="T4"``). ``generate`` prefills with ``forward(..., cache=)``
+then runs one ``step`` per token on our caches behind ``StepCache``: ES-SSM's ``ESSSMCache`` (the ring of the last
+L-1 inputs per block) or the baselines' static ``KVCache`` [N, B, H, L_max, hd], sized to ``generate``'s
+``max_length`` (a longer run is refused in one line).
 """
 
 from __future__ import annotations
@@ -18,23 +13,22 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache
 
+from ..config import TransformerConfig
 from ..models.baselines.transformer import KVCache
+from .cache import _NoRollbackCache
 from .modeling import CACHE_KEY, ElasticForCausalLM, ElasticHFConfig
 
 __all__ = ["ESSSMForCausalLM", "ESSSMHFConfig", "MatFormerForCausalLM", "MatFormerHFConfig", "StepCache",
            "TransformerPPForCausalLM", "TransformerPPHFConfig"]
 
 
-class StepCache(Cache):
+class StepCache(_NoRollbackCache):
     """Decoding state of an ES-SSM (``ESSSMCache``) or a baseline (``KVCache``) for ``transformers`` generation.
 
     ``inner`` is allocated at the prefill (``ensure``), for the batch and prompt that arrive, at least
     ``max_length`` positions long for a KV cache. Beam search's batch edits apply to every per-sequence tensor.
     Neither state can be rolled back, so ``crop`` refuses (assisted decoding needs it)."""
-
-    is_compileable = False
 
     def __init__(self, model: Any, n_layers: int, max_length: int = 0) -> None:
         super().__init__(layers=[])
@@ -45,14 +39,11 @@ class StepCache(Cache):
     def ensure(self, batch: int, length: int) -> Any:
         """Allocate ``inner`` for ``batch`` sequences of a ``length``-token prompt unless it already fits."""
         if self.inner is None or self.batch_size != batch:
-            if isinstance(self.model.config, _KV_CONFIGS):
+            if isinstance(self.model.config, TransformerConfig):   # MatFormerConfig subclasses it
                 self.inner = self.model.allocate_cache(batch, max(self.max_length, length))
             else:
                 self.inner = self.model.allocate_cache(batch)
         return self.inner
-
-    def __len__(self) -> int:
-        return self.n_layers
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Positions written (the padded prompt plus the steps taken)."""
@@ -63,9 +54,6 @@ class StepCache(Cache):
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return self.inner.max_len if isinstance(self.inner, KVCache) else -1
 
-    def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
-        return self.prefilled
-
     @property
     def batch_size(self) -> int:
         if self.inner is None:
@@ -73,22 +61,9 @@ class StepCache(Cache):
         return int(self.inner.positions.shape[0]) if isinstance(self.inner, KVCache) else self.inner.batch
 
     @property
-    def is_initialized(self) -> bool:
-        return True
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
-
-    @property
     def is_sliding(self) -> list[bool]:
         return [False] * self.n_layers
 
-    @property
-    def is_dummy(self) -> list[bool]:
-        return [False] * self.n_layers
-
-    # ---- batch edits (beam search) -------------------------------------------------------------------
     @torch.no_grad()
     def _apply(self, fn) -> None:
         """Replace every per-sequence tensor by ``fn(tensor)`` along its batch dimension."""
@@ -102,31 +77,8 @@ class StepCache(Cache):
                 s.buffer = fn(s.buffer)
             c.batch = int(next(iter(c.layers.values())).buffer.shape[0])
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._apply(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._apply(lambda t: t[indices.to(t.device)])
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._apply(lambda t: t.repeat_interleave(repeats, dim=0))
-
     def reset(self) -> None:
         self.inner, self.prefilled = None, False
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove:
-            raise NotImplementedError(f"this cache cannot be rolled back by {tokens_to_remove} tokens (assisted "
-                                      "decoding is not supported)")
-
-    def activate_past_recording(self) -> None:
-        raise NotImplementedError("this cache cannot record past states (assisted decoding is not supported)")
-
-    def offload(self, layer_idx: int, only_non_sliding: bool = True) -> None:
-        return None
-
-    def prefetch(self, layer_idx: int, only_non_sliding: bool = True) -> None:
-        return None
 
 
 class _StepFamily(ElasticForCausalLM):
@@ -196,11 +148,3 @@ class MatFormerForCausalLM(TransformerPPForCausalLM):
 
     config_class = MatFormerHFConfig
 
-
-def _kv_configs() -> tuple[type, ...]:
-    from ..config import TransformerConfig
-
-    return (TransformerConfig,)          # MatFormerConfig subclasses it
-
-
-_KV_CONFIGS = _kv_configs()

@@ -1,31 +1,16 @@
 """``ESSHHFConfig`` and ``ESSHForCausalLM``: an ESSH (one tier of it) as a ``transformers`` causal LM.
 
-Their bases ``ElasticHFConfig`` and ``ElasticForCausalLM`` hold what every architecture shares; ``families.py``
-derives the ES-SSM, Transformer++ and MatFormer classes from them. What follows describes ESSH; the others make
-the same calls on their own caches.
+Their bases ``ElasticHFConfig`` / ``ElasticForCausalLM`` hold what every architecture shares (``families.py``
+derives the others). ``ESSHHFConfig`` (model_type ``essh``) reads our ``config.json`` as it is (``models/base.py``
+writes ``model_type``, ``architectures``, ``vocab_size`` and the special-token ids beside ``config``, ``tiers``,
+``tokenizer``); its ``tier`` selects what ``from_pretrained(dir, tier="T4")`` loads (lm-eval and ``pipeline``
+pass keyword arguments through the config).
 
-``ESSHHFConfig`` (model_type ``essh``) reads our own ``config.json`` as it is: our ``save_pretrained``
-writes ``model_type``, ``architectures``, ``vocab_size`` and the special-token ids beside our keys
-(``config``: the ``ESSHConfig`` fields, ``tiers``: the tier table, ``tokenizer``: the tokenizer record;
-``models/base.py``), so ``AutoConfig.from_pretrained(dir)`` needs no conversion step. Its ``tier`` selects
-what ``from_pretrained(dir, tier="T4")`` loads (lm-eval and ``pipeline`` pass keyword arguments through
-the config, so the tier lives there).
-
-The wrapper holds our ``ESSH`` as ``.model`` and adds nothing to its math. ``forward`` takes
-``input_ids`` [B, T], an optional ``attention_mask`` (left padding, as ``generate`` and ``pipeline``
-build it), ``labels`` (next-token cross-entropy, ``-100`` ignored) and a ``cache``:
-
-* no cache, ``use_cache`` on (``generate``'s first call): an ``ESSHHFCache`` sized to the batch and tier
-  is allocated and prefilled with the chunked scan (``ESSH.forward(..., cache=)``);
-* a prefilled cache: each new token is one recurrent ``ESSH.step``.
-
-These are the calls our own ``ESSH.generate`` makes, in the same order on the same tensors, so HF
-``generate`` (greedy, sampling, left-padded batches) produces our tokens. ``from_pretrained(dir, tier=...)``
-loads with ``ESSH.from_pretrained`` (only the tier's prefixes are read); ``save_pretrained`` writes our
-format (weights, tokenizer, ``config.json``). Speed: the prefill is the fast path (the chunked scan;
-fla's kernels on GPU); each decoded token is one eager ``ESSH.step`` (the reference layer steps, as
-``ESSH.generate`` runs them), called from HF's Python loop. The fused CUDA-graph decoder
-(``models/fast_decode.py``) is not used on this path (docs/huggingface.md).
+``forward`` takes ``input_ids`` [B, T], an optional left-padding ``attention_mask``, ``labels`` (next-token
+cross-entropy, ``-100`` ignored) and a ``cache``: with none and ``use_cache`` on, a cache sized to the batch and
+tier is allocated and prefilled (``ESSH.forward(..., cache=)``); with a prefilled one, each new token is one
+``ESSH.step``. These are ``ESSH.generate``'s calls in its order, so HF ``generate`` produces our tokens
+(docs/huggingface.md: speed, and the fused decoder this path does not use).
 """
 
 from __future__ import annotations
@@ -47,15 +32,12 @@ from .cache import ESSHHFCache
 
 __all__ = ["ESSHForCausalLM", "ESSHHFConfig", "ElasticForCausalLM", "ElasticHFConfig"]
 
-#: the name transformers uses for the cache in forward() and outputs (``cache`` since 5.x, before that
-#: ``past_key_values``)
+#: the cache's name in transformers' forward() and outputs (``cache`` since 5.x, before: ``past_key_values``)
 CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
-#: the generation config every ``ESSHForCausalLM`` starts with: ``ESSH.generate``'s defaults (greedy unless
-#: ``do_sample=True``; with sampling, temperature 1 and no top-p cut unless given). No top-k cut unless given
-#: either: ``top_k`` stays unset here (a 0 beside ``do_sample=False`` makes transformers warn on every greedy
-#: call) and ``_prepare_generation_config`` turns transformers' global default of 50 into 0 ("no top-k").
+#: ``ESSH.generate``'s defaults (greedy; sampling at temperature 1, no top-p cut). ``top_k`` stays unset (a 0
+#: beside ``do_sample=False`` makes transformers warn); ``_prepare_generation_config`` makes an unasked one 0.
 GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "top_p": 1.0}
 
 
@@ -179,12 +161,8 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
         self.model = model
         self.post_init()
         if self.can_generate():
-            # our ESSH.generate's defaults: greedy unless asked, no top-k / top-p cut unless asked (transformers'
-            # own defaults are top_k=50, and the text-generation pipeline samples at temperature 0.7 unless the
-            # model's generation_config says otherwise)
             self.generation_config.update(**GENERATION_DEFAULTS)
-            if config.eos_token_id is not None:
-                # finished rows repeat eos, as ESSH.generate does (transformers' default would write pad_token_id)
+            if config.eos_token_id is not None:   # finished rows repeat eos, as ESSH.generate does
                 self.generation_config.pad_token_id = config.eos_token_id
 
     def _prepare_generation_config(self, generation_config: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -203,7 +181,6 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False                       # forward allocates an ESSHHFCache itself (no KV DynamicCache)
 
-    # ---- loading and saving ---------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *model_args: Any, tier: str | None = None,
                         config: ElasticHFConfig | None = None, device_map: Any = None, dtype: Any = None,
@@ -241,7 +218,6 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
         """Our tokenizer saved with the model (``elastic_ssm.data``), or None."""
         return self.model.tokenizer
 
-    # ---- forward ----------------------------------------------------------------------------------
     def allocate_cache(self, batch_size: int, prompt_length: int = 0) -> Any:
         """The family's ``transformers.Cache`` around our cache (``.inner``), for ``batch_size`` sequences."""
         raise NotImplementedError(f"{type(self).__name__} defines no cache; use a family class (ESSHForCausalLM, "

@@ -1,26 +1,19 @@
 """Recipes: the per-step micro-batch plan. ESSH capacity-mixed pretraining and shared refinement.
 
-A recipe decides, for optimizer step ``step``, what every micro-batch computes (a ``MicroPlan``: the
-tier, the FFN gradient scale, the distillation term). Plans are drawn for the *global* micro-batch
-slots ``g = 0 .. M x world - 1`` of the step from a NumPy generator seeded with ``(seed, step)``, and
-rank ``k`` runs slots ``g = r x world + k`` for its local micro-batches ``r = 0 .. M - 1``; with
-``PackedBatches`` sharding (rank k takes rows ``kB:(k+1)B`` of each global batch) this is exactly the
-slot order of one process with ``grad_accum x world`` micro-batches, so a DDP run and a single-process
-run with the same global batch compute the same step, and a resumed run redraws the same plan.
+A recipe gives every micro-batch of step ``step`` a ``MicroPlan`` (tier, FFN gradient scale, distillation
+term). Plans are drawn for the global slots ``g = 0 .. M x world - 1`` from a NumPy generator seeded with
+``(seed, step)``; rank ``k`` runs slots ``g = r x world + k`` for its micro-batches ``r = 0 .. M - 1``, which
+with ``PackedBatches`` sharding is the slot order of one process with ``grad_accum x world`` micro-batches
+(a DDP run equals a single-process run with the same global batch; a resume redraws the same plan).
 
-``CapacityMixed`` is ESSH Algorithm 1 (D.4, D.5): while fewer than ``n_warm_tokens`` tokens have been
-seen, every slot is full capacity; afterwards the first ``n_F`` slots are reserved for full capacity
-(Alg. 1's set F) and every other slot draws uniformly from the training capacities (full included).
-``n_F = floor(f x M_global) + Bernoulli(frac(f x M_global))`` (``reserved_slots``), so the reserved share is
-exactly f in expectation for every number of slots, and the full share is ``f + (1 - f) / n_capacities``
-(D.4: 0.75 + 0.25 / 10 = 0.775) also for one micro-batch per step; when ``f x M_global`` is an integer
-(the paper's 16 slots) ``n_F`` is that integer every step. The draw is one more number of the step's
-generator, so every rank computes the same plan and the same number of forward passes per slot.
-A reduced slot evaluates ``CE(p_T) + kl_coef KL(sg[p_full] || p_T)`` with ``ffn_grad_scale = alpha_ff``
-(Eq. 8, D.4); a capacity whose (K_T, n_ff,T) equals the full shapes counts as full (no KL, no scale).
-After each step it applies the FFN importance ordering (D.3, ``ffn_order``).
+``CapacityMixed`` is ESSH Algorithm 1 (D.4, D.5): full capacity everywhere until ``n_warm_tokens`` tokens,
+then the first ``n_F = floor(f x M_global) + Bernoulli(frac(f x M_global))`` slots (``reserved_slots``;
+Alg. 1's set F) are full and every other slot draws uniformly from the capacities (full included), so the
+full share is ``f + (1 - f) / n_capacities`` in expectation (D.4: 0.775) for any slot count. A reduced slot
+evaluates ``CE(p_T) + kl_coef KL(sg[p_full] || p_T)`` with ``ffn_grad_scale = alpha_ff`` (Eq. 8, D.4); a
+capacity with the full shapes counts as full. After each step: FFN importance ordering (D.3, ``ffn_order``).
 
-``SharedRefinement`` is D.8: every slot runs the full model with gradient and one reduced capacity,
+``SharedRefinement`` is D.8: every slot runs the full model and one reduced capacity,
 ``CE(p_full) + CE(p_T) + tv_coef TV(sg[p_full], p_T)``; ``per_step`` draws one capacity per step for
 all slots (370M), ``cycle`` shuffles the capacities each step and cycles through them (1.5B).
 """

@@ -1,4 +1,4 @@
-"""Atomic, resumable training checkpoints (CONTRIBUTING rule 10).
+"""Atomic, resumable training checkpoints (CONTRIBUTING rule 10; docs/training.md, "Checkpoints and resume").
 
 Layout of one stage directory (``<out_dir>/<stage>/``)::
 
@@ -11,24 +11,13 @@ Layout of one stage directory (``<out_dir>/<stage>/``)::
         COMPLETE.json       written last: the step, the size and the sha256 of every file above
     latest                  text file naming the newest complete directory (written atomically, last)
 
-A checkpoint is first written into ``.step_XXXXXXX.tmp/`` (every file through a temporary file, ``fsync``
-and ``os.replace``), then the directory is renamed into place and ``latest`` is updated, and finally all but
-the newest ``keep_last`` directories are deleted (each loses its ``COMPLETE.json`` first, so a prune cut
-short leaves an unmarked directory, never a marked, half-deleted one). A directory without a valid
-``COMPLETE.json`` (a crash mid-write, a truncated or edited file) is skipped with a warning and the previous
-one is used; ``checkpoint_fault`` names what is wrong with it. A checkpoint that has its ``COMPLETE.json``
-is never deleted for failing a check: ``move_damaged`` moves it into ``<out_dir>/damaged/<stage>/``
-(``train/rundir.py`` does so on start-up; a save of the same step does so for a same-size-corrupted one it
-would replace). On load every file's sha256 is compared with ``COMPLETE.json`` (same-size bit rot is a
-warning naming the file, and the previous checkpoint is used); when checkpoints exist but none loads,
-loading is an error, never a silent fresh start. The checksums are computed while the bytes are written (one
-hash pass per checkpoint, overlapped with the write) and never during training steps. ``DataStream`` makes
-any iterable of micro-batches resumable: through its ``state_dict``/``load_state_dict`` when it has them
-(``PackedBatches``), else by skipping the batches already consumed.
-
-Under FSDP2 (``TrainConfig.parallel='fsdp'``) the full model and optimizer states are gathered to rank 0
-(``get_*_state_dict(full_state_dict=True, cpu_offload=True)``) into the same files as above, so a sharded run's
-checkpoint loads unsharded and back; on load every rank reads the full files and ``set_*_state_dict`` keeps its shards.
+A checkpoint is written into ``.step_XXXXXXX.tmp/`` (each file atomically), renamed into place, then ``latest``
+is updated and all but the newest ``keep_last`` are pruned (``COMPLETE.json`` deleted first). A directory without
+a valid ``COMPLETE.json`` is skipped with a warning (``checkpoint_fault`` says why); a marked one that fails a
+check is moved aside by ``move_damaged``, never deleted. On load every sha256 is compared; when checkpoints
+exist but none loads, loading is an error, never a silent fresh start. ``DataStream`` makes any iterable of
+micro-batches resumable (its ``state_dict`` when it has one, else by skipping consumed batches). Under FSDP2 the
+full states are gathered to rank 0 into the same files, and on load each rank keeps its shards.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """Process-group set-up for one code path on CPU, one GPU and ``torchrun`` (DDP or FSDP2).
 
-``init_distributed`` reads the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR``, ``MASTER_PORT``); with ``WORLD_SIZE > 1`` it initialises the default process group
-(NCCL on CUDA, gloo on CPU) unless one exists already. Without those variables it returns a
-single-process context and every collective below is the identity, so the training loop never
-branches on the world size.
+``init_distributed`` reads the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``); with ``WORLD_SIZE > 1`` it initialises the default process group (NCCL on CUDA, gloo on CPU)
+unless one exists. Without them it returns a single-process context and every collective below is the identity.
 
-``TrainConfig.parallel='ddp'``: the loop wraps its ``LossModule`` in ``DistributedDataParallel``
-(``wrap_ddp``): gradients of the M micro-batches are accumulated locally under ``no_sync`` and
-all-reduced once with the last backward (ESSH Algorithm 1 line 20).
-
-``TrainConfig.parallel='fsdp'``: ``wrap_fsdp`` applies FSDP2 ``fully_shard`` to every block and then to
-the model itself (the root, which owns embeddings and the final norm; ``hidden_states`` is registered
-as an FSDP forward method for the chunked loss). Parameters, gradients and AdamW moments become
-``DTensor`` shards along dim 0; during a forward the parameters are unsharded plain tensors, so tier
-prefixes (``slicing.prefix``) and the activation statistics of the FFN layers work unchanged.
-``no_sync`` turns off the reduce-scatter of all but the last micro-batch. Code that touches parameters
-outside forward (FFN ordering, checkpoints) goes through ``full_tensor`` / ``shard_like``.
-
-Both wrappers *average* gradients over ranks, so the loop scales each micro-batch loss by the world
-size to obtain the sum of Algorithm 1.
+``parallel='ddp'``: ``wrap_ddp`` wraps the ``LossModule``; gradients of the M micro-batches accumulate under
+``no_sync`` and are all-reduced with the last backward (ESSH Algorithm 1 line 20). ``parallel='fsdp'``:
+``wrap_fsdp`` applies FSDP2 ``fully_shard`` to every block, then the root (``hidden_states`` registered as an
+FSDP forward method for the chunked loss); parameters, gradients and AdamW moments become ``DTensor`` shards
+along dim 0, unsharded plain tensors during a forward (so tier prefixes and FFN statistics work unchanged).
+Code touching parameters outside forward uses ``full_tensor`` / ``shard_like``. Both wrappers *average*
+gradients, so the loop scales each micro-batch loss by the world size to get Algorithm 1's sum.
 """
 from __future__ import annotations
 

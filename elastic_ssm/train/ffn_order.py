@@ -1,23 +1,16 @@
 """FFN importance ordering (ESSH Appendix D.3; Algorithm 1 lines 22-26).
 
-Every ``order_every`` steps while ``step < order_until x steps`` (and ``step > 0``), for every SwiGLU
-layer l:
+Every ``order_every`` steps while ``0 < step < order_until x steps``, for every SwiGLU layer l:
 
     I_{l,h} = AllReduceMean( abar_{l,h}^2 * ||W_down[:, h]||^2 )      (line 24; ``SwiGLU.importance``)
     pi_l    = argsort_desc(I_l)                                         (line 25, stable)
     PermuteFFN(Theta_l, Omega_l, abar_l^2; pi_l)                        (line 26)
 
 PermuteFFN reorders the gate/up row pairs (``w_in.weight`` [2F, D]), the down columns (``w_out.weight``
-[D, F]) and the running statistics ``act_sq`` [F] (``SwiGLU.permute_units``; ``SwiGLU.unit_tensors`` names
-each weight's unit dim) *and* every per-element optimizer state tensor of those weights with the parameter's shape
-(AdamW ``exp_avg``, ``exp_avg_sq``), so each unit keeps its moments. A full-width SwiGLU is invariant under a
-common permutation of its units, so the full model's function is unchanged (up to the summation order of the
-down projection).
-
-Under FSDP2 (``TrainConfig.parallel='fsdp'``) the weights and their moments are ``DTensor`` shards of
-dim 0: the importance uses the gathered down weight, and every permuted tensor is gathered
-(``full_tensor``), permuted and cut back into this rank's shard (``shard_like``). ``act_sq`` is a plain
-per-rank tensor over all F units (forward runs on unsharded weights), exactly as without sharding.
+[D, F]), ``act_sq`` [F] (``SwiGLU.permute_units``) *and* every optimizer state tensor of those weights with
+the parameter's shape (AdamW ``exp_avg``, ``exp_avg_sq``); the full model's function is unchanged.
+Under FSDP2 each permuted tensor is gathered (``full_tensor``), permuted and cut back to this rank's shard
+(``shard_like``); ``act_sq`` is a plain per-rank tensor over all F units.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """Ranks in lock step: the same collectives in the same order on every rank, and no silent hang.
 
-**Same structure by construction.** FSDP2 (``TrainConfig.parallel='fsdp'``) all-gathers a block's parameters
-in every forward of that block and reduce-scatters its gradients in backward, so every rank must run the
-same number of forwards and backwards in the same order: NCCL matches collectives by their position in
-each rank's sequence, and a rank with one forward more pairs its all-gathers with its peers' reduce-scatters
-(a hang, or silently mixed-up parameters when the sizes happen to agree). In capacity-mixed training (ESSH
-Algorithm 1) a reduced micro-batch runs a no-grad full-capacity teacher pass (line 12) before its student
-pass, while a full one does not, and the capacities of the ranks' r-th micro-batches are drawn
-independently. ``teacher_padding`` names the micro-batches of this rank that must run an *idle* teacher
-pass (``LossModule.idle_teacher``: the same forward, output discarded, FFN statistics untouched) because
-another rank's r-th micro-batch runs a real one. The padding changes no result: the idle pass has no
-gradient and leaves every statistic alone, so a padded run equals the single-process run. DDP needs no
-padding (its only collective is the gradient all-reduce of the last backward).
+FSDP2 (``TrainConfig.parallel='fsdp'``) all-gathers a block's parameters in every forward and reduce-scatters in
+backward, and NCCL matches collectives by position, so every rank must run the same forwards and backwards. In
+capacity-mixed training (ESSH Algorithm 1) a reduced micro-batch runs a no-grad full-capacity teacher pass
+(line 12) and a full one does not; ``teacher_padding`` names this rank's micro-batches that must run an *idle*
+teacher pass (``LossModule.idle_teacher``: output discarded, statistics untouched, so results are unchanged)
+because another rank's r-th micro-batch runs a real one. DDP needs no padding.
 
-**No silent hang.** The process group is created with ``TrainConfig.dist_timeout_s`` (``dist.py``); a
-collective that waits longer fails. ``collective_error`` turns such a failure into one line naming the rank,
-the stage and the step (``CollectiveError``). On NCCL the watchdog tears the process down at the timeout
-(``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` unless set), so ``StepWatch`` prints that line from a thread just
-before it.
+A collective that waits longer than ``TrainConfig.dist_timeout_s`` fails; ``collective_error`` turns that into
+one line naming the rank, stage and step (``CollectiveError``), and on NCCL ``StepWatch`` prints it from a thread
+just before the watchdog (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` unless set) tears the process down.
 """
 
 from __future__ import annotations

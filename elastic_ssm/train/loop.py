@@ -10,18 +10,11 @@ One optimizer step of every recipe (``capacity_mixed.py``, ``budget_dropout.py``
 5. the recipe's hook (FFN importance ordering for capacity-mixed training)          (lines 22-26)
 6. log, validate every ``eval.every`` steps, checkpoint every ``checkpoint.every`` steps.
 
-Stages: ``pretrain`` (the configured recipe) and, for ESSH with ``refine.steps > 0``, ``refine``
-(shared refinement, D.8, with a fresh AdamW over the refinement groups and its own schedule). Each stage
-checkpoints into ``<out_dir>/<stage>/`` and always writes a final checkpoint, so ``resume=True`` skips
-finished stages and continues an interrupted one bit for bit (on CPU): parameters, optimizer moments,
-FFN statistics, data position, RNG states and step/token counters are all restored.
-
-Rank 0 runs ``preflight.py`` before the first step; SIGTERM/SIGINT end a run after the current step with
-a checkpoint (``TrainingInterrupted``).
-
-``TrainConfig.parallel='fsdp'`` shards the model with FSDP2 (``dist.wrap_fsdp``) instead of wrapping the
-loss module in DDP; the step above is unchanged. Checkpoints hold full tensors (``checkpoint.py``) and
-the returned model is an unsharded copy on rank 0.
+Stages: ``pretrain`` and, for ESSH with ``refine.steps > 0``, ``refine`` (D.8, a fresh AdamW and schedule),
+each checkpointing into ``<out_dir>/<stage>/`` with a final checkpoint; ``resume=True`` skips finished stages
+and continues an interrupted one bit for bit on CPU. Rank 0 runs ``preflight.py`` first; SIGTERM/SIGINT end a
+run after the current step with a checkpoint (``TrainingInterrupted``). Under ``parallel='fsdp'`` the model is
+sharded (``dist.wrap_fsdp``), checkpoints hold full tensors and the returned model is an unsharded copy on rank 0.
 """
 
 from __future__ import annotations

@@ -8,18 +8,13 @@
     {"kind": "eval", "stage": "pretrain", "step": 500, "tier": "T4", "loss": 3.4, "bpt": 4.9, "bpb": 4.9,
      "accuracy": 0.31, "tokens": 65536}
 
-A resumed stage first drops the records written after its checkpoint (``drop_after``), so every step is
-logged once. ``capacities`` lists the capacity (ESSH fraction xi, ES-SSM budget K) of each global
-micro-batch slot of the record's step; ``capacity_counts`` counts the capacities of every micro-batch of
-the steps since the previous written record (the loop also writes the record of every checkpoint step), so
-summing ``capacity_counts`` over a stage's records gives its realised capacity mix exactly (ESSH D.4:
-full share 0.775 in expectation). ``loss`` is the step objective per valid token (sum over micro-batches /
-N_tok, Algorithm 1), ``ce`` the label cross-entropy of the sampled capacities, ``aux`` the KL (pretraining)
-or TV (refinement) term, ``ce_full`` the full model's CE during refinement. Validation reports the mean next-token
-loss of every requested tier, bits per token ``bpt = loss / ln 2`` and bits per byte
-``bpb = bpt / bytes_per_token`` (the byte tokenizer has one byte per token, ES-SSM Sec. 5), and the
-accuracy of the argmax on scored positions (next-token accuracy; on a synthetic recall task, the recall
-accuracy of ESSH Tables 21-23); for classification it reports loss and accuracy.
+A resumed stage drops the records written after its checkpoint (``drop_after``). ``capacities``: each global
+slot's capacity (ESSH xi, ES-SSM K); ``capacity_counts``: every micro-batch's capacity since the previous
+record (checkpoint steps are always written, so a stage's sum is its exact mix; ESSH D.4). ``loss`` is the
+step objective per valid token (Algorithm 1), ``ce`` the label CE, ``aux`` the KL (pretraining) or TV
+(refinement) term, ``ce_full`` the full model's CE in refinement. Validation reports each tier's mean loss,
+``bpt = loss / ln 2``, ``bpb = bpt / bytes_per_token`` (ES-SSM Sec. 5) and argmax accuracy on scored positions
+(recall accuracy on synthetic tasks, ESSH Tables 21-23); for classification, loss and accuracy.
 """
 
 from __future__ import annotations

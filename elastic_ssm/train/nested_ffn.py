@@ -1,16 +1,11 @@
 """MatFormer's nested-FFN recipe as the ESSH paper trains its MatFormer baseline (Appendix N.1, Table 9).
 
-Every micro-batch slot of a step draws one granularity uniformly from ``MatFormerConfig.granularities``
-(N.1: 1/8, 1/4, 1/2 and full width) and trains the model at that FFN width with plain label
-cross-entropy: no distillation (Table 9, "Pretrain KL 0"), no FFN gradient scaling and no FFN reordering.
-Drawing the four widths uniformly per slot is the paper's "one quarter of micro-batches for full width, the
-other three widths uniformly in the remaining micro-batches" in expectation, and it is exact in expectation
-for any number of micro-batches per step (also ``grad_accum = 1``). The draw is a pure function of
-``(seed, step, slot)`` like every recipe's (``capacity_mixed.slot_rng``), so a resumed or DDP run redraws
-the same plan; ``metrics.jsonl`` records each slot's width fraction under ``capacities``.
-
-A width fraction ``xi`` maps to ``n_ff = align floor(d_ff xi / align)`` (``elastic.tiers.capacity_tier``;
-Table 39's map), the same map the deployment tiers use, so a trained granularity is exported exactly.
+Every micro-batch slot draws one granularity uniformly from ``MatFormerConfig.granularities`` (N.1: 1/8,
+1/4, 1/2 and full width) and trains at that FFN width with plain label cross-entropy: no distillation
+(Table 9, "Pretrain KL 0"), no FFN gradient scaling, no reordering. The draw is a pure function of
+``(seed, step, slot)`` (``capacity_mixed.slot_rng``); ``metrics.jsonl`` records each slot's width fraction
+under ``capacities``. A fraction ``xi`` maps to ``n_ff = align floor(d_ff xi / align)``
+(``elastic.tiers.capacity_tier``; Table 39), the map the deployment tiers use.
 """
 
 from __future__ import annotations

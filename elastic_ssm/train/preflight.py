@@ -1,14 +1,11 @@
 """Checks before the first training step, the comparison of a resumed run, and graceful preemption.
 
 ``preflight`` runs on rank 0 before any step and before anything in ``out_dir`` is written (its verdict is
-broadcast, so every rank fails together): the one-writer lock and ownership of the run directory
-(``rundir.py``), the evaluation tier names, free disk space for one checkpoint, and on ``resume`` the
-comparison of every setting that changes the objective with the settings the run was started with. Only
-when all of it passes is ``run.yaml`` (the whole run record) written.
-
-``StopSignals`` turns SIGTERM (what clusters send before they kill a job) and the first SIGINT (Ctrl-C)
-into a request that the loop honours after the current step: it writes a checkpoint and raises
-``TrainingInterrupted`` naming it. A second SIGINT stops at once.
+broadcast, so every rank fails together): the run directory's lock and ownership (``rundir.py``), the
+evaluation tier names, free disk for one checkpoint and, on ``resume``, every setting that changes the
+objective. Only then is ``run.yaml`` (the whole run record) written. ``StopSignals`` turns SIGTERM and the
+first SIGINT into a request honoured after the current step (a checkpoint, then ``TrainingInterrupted``); a
+second SIGINT stops at once.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Recipe selection: the recipe object of a ``TrainConfig`` for a model, one place for every recipe.
 
 ``resolve_recipe_name`` turns ``TrainConfig.recipe`` into a concrete recipe ('auto': the model config's
-``default_recipe()``: capacity-mixed for ESSH, budget dropout for ES-SSM, nested FFN widths for MatFormer,
-dense for a model with a single tier such as a specialist) and refuses a recipe that needs another
-architecture (``ModelConfig.elastic_recipes``). ``make_recipe`` builds the recipe of one stage from its module:
-``capacity_mixed.py`` (capacity mixing, shared refinement), ``budget_dropout.py``, ``nested_ffn.py``,
-``posthoc.py`` (post-hoc recovery) or the plain dense ``Recipe``.
+``default_recipe()``) and refuses one that needs another architecture (``ModelConfig.elastic_recipes``).
+``make_recipe`` builds one stage's recipe: ``capacity_mixed.py``, ``budget_dropout.py``, ``nested_ffn.py``,
+``posthoc.py`` or the plain dense ``Recipe``.
 """
 
 from __future__ import annotations

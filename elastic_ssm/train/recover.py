@@ -1,25 +1,16 @@
 """Truncate a trained ESSH and recover it: the paper's controls for models not trained with capacity mixing.
 
-``truncate_and_recover(model, data, cfg, val_batches, protocol=...)`` evaluates the model at every tier as it
-is (raw truncation: the prefix of channels and FFN units kept by the two-rate map), recovers it with one of
-the paper's protocols, evaluates again and returns both tables:
+``truncate_and_recover(model, data, cfg, val_batches, protocol=...)`` evaluates every tier as is (raw
+truncation: the two-rate map's prefixes), recovers the model with one protocol, evaluates again and returns both:
 
-* ``"refine"`` — the dense control of Tables 33, 37 and 43 ("ESSH trained only at full capacity, then
-  truncated and recovered for 2060 steps as in Table 43", Table 8): shared refinement (D.8,
-  ``cfg.refine``: full CE + reduced CE + TV distillation over the refinement capacities) of the dense model,
-  the same stage capacity-mixed ESSH gets, so the gap shown is the paper's gap (``train(..., stages=
-  ("refine",))``; ``cfg.refine.steps`` must be > 0).
-* ``"label_only"`` — "Dense control, label-only recovery" (Table 43): each requested tier is exported and
-  trained at its fixed shape with label cross-entropy only (no distillation, no full-model term),
-  ``cfg.refine.steps`` steps at ``cfg.refine.lr`` (the paper: twice the refinement steps), one run per tier
-  under ``<out_dir>/<tier>``.
-* ``"posthoc"`` — post-hoc elastification (E.7, ``elastify`` below, its parts in ``posthoc.py``): calibration
-  ranking, nested masks, recovery under the frozen parent with forward KL + CE at constant lr 1e-4 for
-  ``cfg.refine.steps`` steps.
+* ``"refine"``: the dense control of Tables 33, 37 and 43 (Table 8): shared refinement (D.8, ``cfg.refine``)
+  of the dense model, the stage capacity-mixed ESSH gets (``cfg.refine.steps`` must be > 0).
+* ``"label_only"``: "Dense control, label-only recovery" (Table 43): each tier exported and trained at its
+  fixed shape with label CE only, ``cfg.refine.steps`` steps at ``cfg.refine.lr``, under ``<out_dir>/<tier>``.
+* ``"posthoc"``: post-hoc elastification (E.7, ``elastify``, parts in ``posthoc.py``): calibration ranking,
+  nested masks, recovery under the frozen parent with forward KL + CE at constant lr 1e-4.
 
-``elastic-ssm recover PARENT --protocol ...`` (``recover_cli.py``) runs this on a saved model. The quickstart's
-dense control runs the same refinement stage inside its own dense run (``train(..., stages=("pretrain",
-"refine"))``, so the refinement continues that run's data stream and checkpoints) rather than calling this.
+``elastic-ssm recover PARENT --protocol ...`` (``recover_cli.py``) runs this on a saved model.
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """A run directory belongs to one run: a one-writer lock, ownership checks and start-up clean-up.
 
-``train()`` calls these on rank 0 before the first step (``docs/training.md``, "Work is never lost"):
+``train()`` calls these on rank 0 before the first step (docs/training.md, "Work is never lost", says what each
+refuses, moves aside or removes):
 
-* ``RunLock``: an advisory ``flock`` on ``<out_dir>/.lock`` (held by the open file, so a second open in
-  the same process conflicts too). The file holds the holder's host, pid and start time, so a second run
-  into the directory is refused with a message naming the holder. The kernel drops the lock when its
-  process dies (SIGKILL included), so a lock file left behind is stale by construction; where the file
-  system cannot lock, the holder's pid is checked instead (same host).
-* ``claim_run_dir``: a fresh run into a directory that holds another run's checkpoints or ``final/`` is
-  refused (choices: ``--resume``, ``--overwrite``, another ``--train.out_dir``); ``overwrite`` moves the old
-  run aside into a sibling ``<name>.replaced-<UTC time>`` folder (nothing is deleted). A fresh run into a
-  directory holding files it would overwrite (a ``run.yaml`` that is not a run record, a ``parameters.json``,
-  a file named like one of its folders) or a saved model (an export, a model folder: loading the folder would
-  keep giving the old model while the new one sits in ``final/``) is refused the same way. An earlier
-  attempt cut before its first checkpoint (its own ``run.yaml`` record and ``metrics.jsonl``) is kept beside
-  the new run as ``run.prev-<time>.yaml`` / ``metrics.prev-<time>.jsonl``. ``--resume`` into a directory with no usable
-  checkpoint is refused, naming the file that failed its check when there is one.
-* ``clean_stale_files``: temporary files of interrupted atomic writes and unmarked checkpoint directories
-  older than a complete one (a prune cut short) are removed, each with a warning. A checkpoint directory
-  that fails its check but has its ``COMPLETE.json`` (truncated or edited after the save), or an unmarked
-  one that is not older than a complete one, is never deleted: it is moved into
-  ``<out_dir>/damaged/<stage>/`` with one line naming the file, the new place and the checkpoint used instead.
+* ``RunLock``: an advisory ``flock`` on ``<out_dir>/.lock`` holding the holder's host, pid and start time
+  (the kernel drops it when the process dies; without file locks the pid's liveness decides, same host).
+* ``claim_run_dir``: refuses a fresh run into another run's directory, a saved model or files it would
+  overwrite; ``overwrite`` moves them into ``<name>.replaced-<UTC time>`` (nothing is deleted).
+* ``clean_stale_files``: removes temporaries of interrupted writes and half-pruned checkpoints; moves
+  checkpoints that fail their check into ``<out_dir>/damaged/<stage>/``.
 * ``check_free_disk``: enough free space for one more checkpoint (model + AdamW moments, plus margin).
 """
 

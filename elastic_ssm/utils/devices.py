@@ -1,14 +1,10 @@
 """One check of a device a user names (``--device``, ``TrainConfig.device``, ``from_pretrained(device=)``).
 
 ``checked_device`` turns ``cpu``, ``cuda`` or ``cuda:N`` into a ``torch.device`` or raises one ``ValueError``
-line naming the setting and the fix: an unparsable name, a kind other than cpu / cuda (``mps`` names what would
-not run: MPS has no float64, which the spectral layers compute their phases in, so ``auto`` never picks it), CUDA
-on a machine without it, or a GPU index this machine does not have (torch would otherwise fail later, deep inside
-``torch.cuda.set_device`` or the first allocation, with a message that does not name the setting).
-
-``auto_device`` is the one resolution of ``auto`` (``--device auto``, ``train.device: auto``, ``device_map="auto"``):
-cuda when it is available, else cpu, and on a machine with MPS but no CUDA a one-line note that says why not mps,
-which the CLI prints as the run's first line.
+line naming the setting and the fix: an unparsable name, a kind other than cpu / cuda (``mps``: no float64,
+which the spectral layers need), CUDA on a machine without it, or a GPU index this machine does not have.
+``auto_device`` resolves ``auto`` (``--device auto``, ``train.device: auto``, ``device_map="auto"``): cuda
+when available, else cpu, with a one-line note on a machine with MPS but no CUDA.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Atomic file writes: one implementation for every file elastic_ssm writes (models, checkpoints, token files,
 tokenizer files, run records, metrics, the spectral cache, serving profiles).
 
-A file is first written to a temporary file in the target's own directory (``.<name>.<random>.tmp``, so the
-rename never crosses a file system), flushed and ``fsync``ed, given the mode a plain ``open(path, "w")`` would
-give it (0666 less the process umask: 0644 under the usual umask 022; ``mkstemp`` alone makes 0600, which
-other users or a serving container cannot read), then moved over the target with ``os.replace``. A reader
-therefore sees the old file or the complete new one, never a torn write; after a crash only a temporary file
-is left, which :func:`is_temp_name` recognises (``train/rundir.py`` removes them at start-up). On any error
-the temporary file is removed and the error propagates.
+A file is written to ``.<name>.<random>.tmp`` in the target's own directory, flushed and ``fsync``ed, given
+the mode a plain ``open(path, "w")`` would give it (0666 less the umask; ``mkstemp`` alone makes 0600), then
+moved over the target with ``os.replace``: a reader sees the old file or the complete new one. After a crash
+only a temporary file is left, which :func:`is_temp_name` recognises (``train/rundir.py`` removes them). On any
+error the temporary file is removed and the error propagates.
 """
 
 from __future__ import annotations

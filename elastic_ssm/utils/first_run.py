@@ -1,12 +1,10 @@
 """Say what a fresh machine's first prefill is doing: Triton compiles and fla autotunes the scan's kernels, once.
 
-On a machine whose Triton cache holds no autotuning results (``*.autotune.json``, kept there because
-``ops.dispatch.persist_autotuning`` sets ``TRITON_CACHE_AUTOTUNING=1``), the first CUDA prefill compiles and tunes
-the kernels for this GPU: a minute or more, which a user would otherwise meet as silence. ``tuning_notice(device)``
-wraps that first prefill: on such a machine it logs one line first ("tuning kernels for this GPU (first run only,
-cached in DIR)"), then one line every ``every`` seconds while it lasts (the progress: seconds so far), and one line
-when it ends. Logger ``elastic_ssm`` at WARNING, so the line reaches stderr in the CLI and in a plain script alike.
-A warm cache, a CPU device or a second call in the process logs nothing. Nothing here imports torch.
+``tuning_notice(device)`` wraps the first CUDA prefill on a machine whose Triton cache holds no autotuning results
+(``*.autotune.json``; ``ops.dispatch.persist_autotuning`` sets ``TRITON_CACHE_AUTOTUNING=1``): it logs one line
+first ("tuning kernels for this GPU (first run only, cached in DIR)"), one every ``every`` seconds while it lasts,
+and one when it ends (logger ``elastic_ssm``, WARNING). A warm cache, a CPU device or a second call logs nothing.
+Nothing here imports torch.
 """
 
 from __future__ import annotations

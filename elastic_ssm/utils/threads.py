@@ -1,10 +1,9 @@
 """The CPU threads torch runs with, chosen from the cores this process may actually use.
 
-torch's default is the machine's core count, which on a shared or containerised machine can be far more than the
-process gets: a job limited to 2 cores (a CPU affinity mask, or a cgroup quota such as Docker's ``--cpus``) then
-runs 2 busy threads per core and waits on its own spinning workers (the quickstart's steps ran 10-20x slower on a
-shared 2-core machine). ``OMP_NUM_THREADS`` (or ``torch.set_num_threads`` before the CLI runs) always wins;
-otherwise the CLI sets ``min(affinity cores, cgroup quota)`` and says so on the run's first line.
+torch defaults to the machine's core count, which can far exceed what a shared or containerised process gets
+(a CPU affinity mask, a cgroup quota such as Docker's ``--cpus``). ``OMP_NUM_THREADS`` (or
+``torch.set_num_threads`` before the CLI runs) always wins; otherwise the CLI sets ``min(affinity cores,
+cgroup quota)`` and says so on the run's first line.
 """
 
 from __future__ import annotations
