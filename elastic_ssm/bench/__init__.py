@@ -1,22 +1,12 @@
 """``elastic-ssm bench``: decode latency, prefill throughput, persistent memory and training throughput of
 ESSH tiers against parameter-matched peers, on random weights at the preset shapes (ESSH paper P, R); on
-request (``--bench.benchmarks es_ssm_decode``) the ES-SSM decode step per budget and decoder.
+request the ES-SSM decode step per budget and decoder. Protocols: docs/performance.md.
 
 ``run_bench(BenchConfig(...))`` runs the selected benchmarks in the order memory, decode, prefill,
 generate, train, serve, prints every row as it completes, and returns (and writes as JSON) ``{"env",
 "config", "memory", "decode", "prefill", "generate", "train", "serve", "ratios"}``; with ``docs`` set it
 appends the tables to ``docs/benchmarks.md``. A failing or out-of-memory benchmark is recorded in its row
-(``error``) and the run goes on. ``elastic-ssm bench`` derives its ``--bench.*`` flags from ``BenchConfig``.
-Protocols: ``decode.py``, ``prefill.py``, ``generate.py`` (the user's ``model.generate`` path), ``train.py``,
-``serve.py`` (concurrent streams against a real ``elastic-ssm serve`` process; only when named),
-``memory.py``, ``es_ssm_decode.py``; peers and matching: ``peers.py``; timing helpers: ``timing.py``.
-
-Suites (``--bench.suite NAME``, ``suite.py``): a YAML file under ``configs/bench/`` lists typed entries
-(``kinds.py``: ``bench`` entries are ``BenchConfig``s; pytest selections, commands, fresh processes; the research
-harness's kinds, from ``benchmarks/`` at the repository root: torchrun training matrices, profiles, sweeps, the
-replication runner) with targets as data (``targets.py``), run within a time budget; ``bench_command`` is the
-sub-command behind ``elastic-ssm bench``.
-"""
+(``error``) and the run goes on. ``bench_command`` runs ``elastic-ssm bench``: a suite (``suite.py``) or one run."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Bench suites: YAML files under ``configs/bench/`` that list typed entries, run by ``elastic-ssm bench
---bench.suite NAME`` (or a path) within a time budget, with targets as data.
+--bench.suite NAME`` (or a path) within a time budget, with targets as data (docs/performance.md, "Suites").
 
 A suite file::
 
@@ -12,16 +12,12 @@ A suite file::
         preset: 370m                           # every other key is an option of the kind (BenchConfig here)
         benchmarks: [generate]
         target: {ms_per_token: {max: 0.60}}    # targets.py
+        env: {ELASTIC_SSM_SCAN_BACKEND: fla}   # set for this entry (and its child processes)
       - {name: scan-check, kind: tests, optional: true, args: [-m, gpu, tests/ops/test_spectral_scan_gpu.py]}
 
-``env`` (a mapping) sets environment variables for one entry (its child processes, or around an
-in-process entry); ``optional: true`` entries run only when ``--bench.only`` names them; when a ``required:
-true`` entry fails, the entries after it are skipped (a replication suite's restore: training on without the
-carried state would pack a new state over it). ``load_suite``
-validates everything (unknown keys, options, targets) with one-line errors before anything runs;
-``run_suite`` runs the entries in order, each into ``OUT_DIR/<entry>/``, and returns the results (also
-``OUT_DIR/<suite>.json`` and the markdown section ``OUT_DIR/<suite>.md``, appended to ``docs`` if given).
-"""
+``optional: true`` entries run only when ``--bench.only`` names them; when a ``required: true`` entry fails, the
+entries after it are skipped. ``load_suite`` validates everything with one-line errors before anything runs;
+``run_suite`` runs the entries in order, each into ``OUT_DIR/<entry>/``."""
 
 from __future__ import annotations
 

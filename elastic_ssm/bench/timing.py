@@ -1,12 +1,5 @@
 """Timing helpers of every benchmark: warm-up then timed calls (CUDA events on the GPU, ``perf_counter`` on
-the CPU), medians and percentiles, wall-clock calls, CUDA-graph replays, relative errors, OOM as a result.
-
-Every bench module times through these (no private copies): ``time_fn`` (per-call ms after ``warmup``
-untimed calls), ``summarize`` (median, min, p90 - p10 spread), ``wall_ms`` (one synchronised call),
-``time_graph_us`` (a CUDA graph of ``reps`` calls, replayed, median per call), ``percentile``, ``rel_err``
-(relative error of two tensors, for sweeps that must not time a wrong configuration), ``oom_as_result`` and
-``GraphedStep`` (a whole decode step as one CUDA graph). Correctness checks live in the ``gpu`` tests.
-"""
+the CPU), medians and percentiles, wall-clock calls, CUDA-graph replays, relative errors, OOM as a result."""
 
 from __future__ import annotations
 
