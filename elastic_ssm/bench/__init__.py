@@ -116,32 +116,27 @@ class BenchConfig(ConfigBase):
     def validate(self) -> None:
         if self.time_budget_s < 0:
             raise ConfigError(f"BenchConfig.time_budget_s must be >= 0 (0: no limit), got {self.time_budget_s}")
-        bad = set(self.benchmarks) - set(_BENCHES)
-        if bad:
-            raise ConfigError(f"BenchConfig.benchmarks: unknown {sorted(bad)}; choose from {_BENCHES}")
-        bad = set(self.peers) - set(_PEERS)
-        if bad:
-            raise ConfigError(f"BenchConfig.peers: unknown {sorted(bad)}; choose from {_PEERS}")
+        for name, known in (("benchmarks", _BENCHES), ("peers", _PEERS)):
+            bad = set(getattr(self, name)) - set(known)
+            if bad:
+                raise ConfigError(f"BenchConfig.{name}: unknown {sorted(bad)}; choose from {known}")
         bad = set(self.es_ssm_decoders) - {"exact", "modal"}
         if bad or min(self.es_ssm_batches, default=1) < 1 or self.es_ssm_modes < 1:
             raise ConfigError("BenchConfig: es_ssm_decoders must be exact / modal, es_ssm_batches and es_ssm_modes"
                               f" >= 1; got {self.es_ssm_decoders}, {self.es_ssm_batches}, {self.es_ssm_modes}")
-        if self.decode_out_layout not in ("auto", "split", "rows"):
-            raise ConfigError("BenchConfig.decode_out_layout must be auto, split or rows, got "
-                              f"{self.decode_out_layout!r}")
-        if self.decode_pdl not in ("auto", "on", "off"):
-            raise ConfigError(f"BenchConfig.decode_pdl must be auto, on or off, got {self.decode_pdl!r}")
-        if self.dtype not in ("auto", "bfloat16", "float32"):
-            raise ConfigError(f"BenchConfig.dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
+        for name, (*first, last) in (("decode_out_layout", ("auto", "split", "rows")),
+                                     ("decode_pdl", ("auto", "on", "off")), ("dtype", ("auto", "bfloat16", "float32"))):
+            if getattr(self, name) not in (*first, last):
+                raise ConfigError(f"BenchConfig.{name} must be {', '.join(first)} or {last}, got "
+                                  f"{getattr(self, name)!r}")
         modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
         if self.compile_mode not in modes:
             raise ConfigError(f"BenchConfig.compile_mode must be one of {modes}, got {self.compile_mode!r}")
         if not all(math.isfinite(w) and w >= 0 for w in self.serve_prefill_wait_ms):
             raise ConfigError("BenchConfig.serve_prefill_wait_ms: milliseconds, finite and >= 0, got "
                               f"{self.serve_prefill_wait_ms}")
-        if min(self.serve_streams, default=1) < 1 or min(self.serve_max_prefill, default=1) < 1 or min(
-                self.serve_slots, self.serve_prompt, self.serve_new_tokens,
-                                                          self.serve_rounds, self.serve_client_procs) < 1:
+        if min(*self.serve_streams, *self.serve_max_prefill, self.serve_slots, self.serve_prompt,
+               self.serve_new_tokens, self.serve_rounds, self.serve_client_procs) < 1:
             raise ConfigError("BenchConfig: serve_streams, serve_max_prefill, serve_slots, serve_prompt, "
                               "serve_new_tokens, serve_rounds and serve_client_procs must be >= 1")
         if self.generate_new_tokens < 2 or self.generate_prompt < 1 or self.generate_iters < 1:

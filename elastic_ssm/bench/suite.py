@@ -274,15 +274,13 @@ def _environ(env: dict[str, str]):
 
 def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | None = None,
               out_dir: str | Path = "bench_out", docs: str = "", log: Callable[[str], None] | None = None) -> dict:
-    """Run the selected entries of ``suite`` in order within ``budget_s`` (None: the suite's ``budget_s``;
-    0: no limit): an entry that would start after the budget is skipped and listed as skipped, an entry that
-    raises is recorded with its error and the run goes on, unless it is ``required``: then the entries after it
-    are skipped and listed as skipped. Returns ``{"env", "suite", "budget_s", "entries":
-    [{"name", "kind", "state", "seconds", "rows", "targets"}], "targets", "skipped", "stopped_by"}`` (the
-    failed required entry and its state, or None), written to
-    ``out_dir/<suite>.json`` after every entry; the tables go to ``out_dir/<suite>.md`` and, with ``docs``,
-    are appended to that file (docs/benchmarks.md). ``log`` receives every line (default: printed and kept in
-    ``out_dir/<suite>.log``)."""
+    """Run the selected entries of ``suite`` in order within ``budget_s`` (None: the suite's; 0: no limit).
+
+    An entry that would start after the budget is skipped, one that raises is recorded with its error and the run
+    goes on, unless it is ``required``: then the entries after it are skipped. Returns ``{"env", "suite",
+    "budget_s", "entries": [{"name", "kind", "state", "seconds", "rows", "targets"}], "targets", "skipped",
+    "stopped_by"}``, written to ``out_dir/<suite>.json`` after every entry; the tables go to ``out_dir/<suite>.md``
+    (appended to ``docs`` if given). ``log`` receives every line (default: printed and kept in ``<suite>.log``)."""
     import torch
 
     from . import report

@@ -106,11 +106,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor, norm: str = "fro") -> float:
 
 @contextlib.contextmanager
 def oom_as_result(row: dict, device: torch.device, peak: bool = False) -> Iterator[None]:
-    """One benchmark entry: on CUDA the allocator cache is emptied (and with ``peak`` the peak-memory
-    counter reset) before the body; after it ``row["peak_gb"]`` holds the peak allocated decimal GB
-    (``peak``). Out-of-memory in the body becomes ``row["error"] = "OOM"`` instead of an exception; the
-    cache is emptied again afterwards either way. Objects the body keeps in the caller's locals are freed
-    when the caller returns (the next entry empties the cache again)."""
+    """One benchmark entry: on CUDA the allocator cache is emptied before and after the body (and with ``peak`` the
+    peak counter reset, then ``row["peak_gb"]`` set in decimal GB); out-of-memory becomes ``row["error"] = "OOM"``."""
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()

@@ -50,10 +50,8 @@ def prefix(t: torch.Tensor, n: int, dim: int = 0) -> torch.Tensor:
 
 
 def empty_linear(d_in: int, d_out: int) -> nn.Linear:
-    """An ``nn.Linear(d_in, d_out, bias=False)`` (weight [d_out, d_in]) on the current default device whose
-    values are left to the owning layer's ``reset_parameters``: built on the meta device, so no random draw
-    is spent (a seed gives the same model as the layouts before ``nn.Linear``) and meta construction stays
-    free."""
+    """An ``nn.Linear(d_in, d_out, bias=False)`` (weight [d_out, d_in]) on the current default device, built on the
+    meta device (no random draw spent) and left to the owning layer's ``reset_parameters``."""
     return nn.Linear(d_in, d_out, bias=False, device="meta").to_empty(device=torch.empty(0).device)
 
 
@@ -81,15 +79,9 @@ def linear_weight(module: nn.Module, rows: int | None = None, cols: int | None =
 
 
 def linear(module: nn.Module, x: torch.Tensor, rows: int | None = None, cols: int | None = None) -> torch.Tensor:
-    """``x [..., cols] -> [..., rows]`` through the first ``rows`` outputs and ``cols`` inputs of ``module``
-    (an ``nn.Linear``; its bias, if any, is cut with the rows; None = all of that side), ``x`` cast to the
-    weight's dtype.
-
-    An ``nn.Linear`` is evaluated as its own forward, ``F.linear`` on (prefix views of) its weight and bias
-    (through the module call when it has forward hooks, uncut). A module put in its place
-    (``quantize_dynamic``'s ``Linear``, a PEFT LoRA layer) is called as a module, at full width only: it has
-    no float weight to cut (``linear_weight`` refuses it).
-    """
+    """``x [..., cols] -> [..., rows]`` through the first ``rows`` outputs and ``cols`` inputs of ``module`` (None =
+    all; the bias is cut with the rows), ``x`` cast to the weight's dtype. A module put in an ``nn.Linear``'s place
+    (quantized, LoRA) is called as a module, at full width only (``linear_weight`` refuses a prefix of it)."""
     full = (rows is None or rows == module.out_features) and (cols is None or cols == module.in_features)
     if type(module) is nn.Linear:
         w, b = module.weight, module.bias
