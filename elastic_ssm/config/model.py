@@ -88,9 +88,7 @@ class ModelConfig(ConfigBase):
     elastic_recipes: ClassVar[tuple[str, ...]] = ()
     #: the field that bounds the input length ('' when any length runs; ES-SSM: ``seq_len``, its filter length L)
     length_field: ClassVar[str] = ""
-    #: fields added after a release, each with the value that reproduces what the older version did; a saved
-    #: record (``run.yaml``, a checkpoint) without one meant that value (``upgrade_record``); a resumed run keeps
-    #: it unless the command line sets the field (``pipeline._kept_added_fields``)
+    #: fields added after a release -> the value that reproduces the older version (``upgrade_record``)
     added_fields: ClassVar[dict[str, Any]] = {}
     #: fields a resume may change: they change no weight and no loss (a tier's name)
     RESUME_FREE: ClassVar[frozenset[str]] = frozenset()
@@ -102,9 +100,8 @@ class ModelConfig(ConfigBase):
 
     @classmethod
     def upgrade_record(cls, d: dict[str, Any]) -> dict[str, Any]:
-        """A ``model`` record (``to_dict()``) written by an earlier version, with every ``added_fields`` entry it
-        lacks set to the value that older version behaved as (for the resume comparison of an old ``run.yaml``),
-        so a run started before a field existed resumes when the field keeps that value."""
+        """A ``model`` record (``to_dict()``) of an earlier version (an old ``run.yaml`` or checkpoint) with every
+        ``added_fields`` entry it lacks set to the value that version behaved as, so a run resumes."""
         return {**cls.added_fields, **d} if isinstance(d, dict) else d
 
     def max_seq_len(self) -> int | None:
