@@ -88,7 +88,8 @@ class ModelConfig(ConfigBase):
     elastic_recipes: ClassVar[tuple[str, ...]] = ()
     #: the field that bounds the input length ('' when any length runs; ES-SSM: ``seq_len``, its filter length L)
     length_field: ClassVar[str] = ""
-    #: fields added after a release -> the value that reproduces the older version (``upgrade_record``)
+    #: fields added after a release -> the value that reproduces the older version (``upgrade_record``); a resumed
+    #: run keeps it unless the command line sets the field (``pipeline._kept_added_fields``)
     added_fields: ClassVar[dict[str, Any]] = {}
     #: fields a resume may change: they change no weight and no loss (a tier's name)
     RESUME_FREE: ClassVar[frozenset[str]] = frozenset()
