@@ -1,22 +1,12 @@
 """``elastic-ssm bench``: decode latency, prefill throughput, persistent memory and training throughput of
 ESSH tiers against parameter-matched peers, on random weights at the preset shapes (ESSH paper P, R); on
-request (``--bench.benchmarks es_ssm_decode``) the ES-SSM decode step per budget and decoder.
+request the ES-SSM decode step per budget and decoder. Protocols: docs/performance.md.
 
 ``run_bench(BenchConfig(...))`` runs the selected benchmarks in the order memory, decode, prefill,
 generate, train, serve, prints every row as it completes, and returns (and writes as JSON) ``{"env",
 "config", "memory", "decode", "prefill", "generate", "train", "serve", "ratios"}``; with ``docs`` set it
 appends the tables to ``docs/benchmarks.md``. A failing or out-of-memory benchmark is recorded in its row
-(``error``) and the run goes on. ``elastic-ssm bench`` derives its ``--bench.*`` flags from ``BenchConfig``.
-Protocols: ``decode.py``, ``prefill.py``, ``generate.py`` (the user's ``model.generate`` path), ``train.py``,
-``serve.py`` (concurrent streams against a real ``elastic-ssm serve`` process; only when named),
-``memory.py``, ``es_ssm_decode.py``; peers and matching: ``peers.py``; timing helpers: ``timing.py``.
-
-Suites (``--bench.suite NAME``, ``suite.py``): a YAML file under ``configs/bench/`` lists typed entries
-(``kinds.py``: ``bench`` entries are ``BenchConfig``s; pytest selections, commands, fresh processes; the research
-harness's kinds, from ``benchmarks/`` at the repository root: torchrun training matrices, profiles, sweeps, the
-replication runner) with targets as data (``targets.py``), run within a time budget; ``bench_command`` is the
-sub-command behind ``elastic-ssm bench``.
-"""
+(``error``) and the run goes on. ``bench_command`` runs ``elastic-ssm bench``: a suite (``suite.py``) or one run."""
 
 from __future__ import annotations
 
@@ -126,32 +116,27 @@ class BenchConfig(ConfigBase):
     def validate(self) -> None:
         if self.time_budget_s < 0:
             raise ConfigError(f"BenchConfig.time_budget_s must be >= 0 (0: no limit), got {self.time_budget_s}")
-        bad = set(self.benchmarks) - set(_BENCHES)
-        if bad:
-            raise ConfigError(f"BenchConfig.benchmarks: unknown {sorted(bad)}; choose from {_BENCHES}")
-        bad = set(self.peers) - set(_PEERS)
-        if bad:
-            raise ConfigError(f"BenchConfig.peers: unknown {sorted(bad)}; choose from {_PEERS}")
+        for name, known in (("benchmarks", _BENCHES), ("peers", _PEERS)):
+            bad = set(getattr(self, name)) - set(known)
+            if bad:
+                raise ConfigError(f"BenchConfig.{name}: unknown {sorted(bad)}; choose from {known}")
         bad = set(self.es_ssm_decoders) - {"exact", "modal"}
         if bad or min(self.es_ssm_batches, default=1) < 1 or self.es_ssm_modes < 1:
             raise ConfigError("BenchConfig: es_ssm_decoders must be exact / modal, es_ssm_batches and es_ssm_modes"
                               f" >= 1; got {self.es_ssm_decoders}, {self.es_ssm_batches}, {self.es_ssm_modes}")
-        if self.decode_out_layout not in ("auto", "split", "rows"):
-            raise ConfigError("BenchConfig.decode_out_layout must be auto, split or rows, got "
-                              f"{self.decode_out_layout!r}")
-        if self.decode_pdl not in ("auto", "on", "off"):
-            raise ConfigError(f"BenchConfig.decode_pdl must be auto, on or off, got {self.decode_pdl!r}")
-        if self.dtype not in ("auto", "bfloat16", "float32"):
-            raise ConfigError(f"BenchConfig.dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
+        for name, (*first, last) in (("decode_out_layout", ("auto", "split", "rows")),
+                                     ("decode_pdl", ("auto", "on", "off")), ("dtype", ("auto", "bfloat16", "float32"))):
+            if getattr(self, name) not in (*first, last):
+                raise ConfigError(f"BenchConfig.{name} must be {', '.join(first)} or {last}, got "
+                                  f"{getattr(self, name)!r}")
         modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
         if self.compile_mode not in modes:
             raise ConfigError(f"BenchConfig.compile_mode must be one of {modes}, got {self.compile_mode!r}")
         if not all(math.isfinite(w) and w >= 0 for w in self.serve_prefill_wait_ms):
             raise ConfigError("BenchConfig.serve_prefill_wait_ms: milliseconds, finite and >= 0, got "
                               f"{self.serve_prefill_wait_ms}")
-        if min(self.serve_streams, default=1) < 1 or min(self.serve_max_prefill, default=1) < 1 or min(
-                self.serve_slots, self.serve_prompt, self.serve_new_tokens,
-                                                          self.serve_rounds, self.serve_client_procs) < 1:
+        if min(*self.serve_streams, *self.serve_max_prefill, self.serve_slots, self.serve_prompt,
+               self.serve_new_tokens, self.serve_rounds, self.serve_client_procs) < 1:
             raise ConfigError("BenchConfig: serve_streams, serve_max_prefill, serve_slots, serve_prompt, "
                               "serve_new_tokens, serve_rounds and serve_client_procs must be >= 1")
         if self.generate_new_tokens < 2 or self.generate_prompt < 1 or self.generate_iters < 1:

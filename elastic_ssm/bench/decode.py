@@ -1,15 +1,9 @@
 """Decode-latency benchmark: one synchronous step of the whole batch, after a context already in the cache.
 
-Protocol (ESSH paper E.5 / Appendix R): state and cache sized for ``context`` tokens (2K), weights and
-KV bf16, recurrent state fp32; ``warmup`` untimed steps, then ``iters`` steps each timed by a pair of
-CUDA events (``time.perf_counter`` on CPU); the reported value is the median in ms per step. ``graph``
-replays one CUDA graph of the whole step; ``eager`` runs the same step function op by op.
-
-The context is placed in the caches directly (shape benchmark with random weights, as the paper):
-recurrent states and ring slots hold random values, ``slot_pos`` holds the positions of the last
-``window`` context tokens and every row's next position is ``context``. Step cost does not depend on
-the cached values, only on their sizes; prefilling 2K tokens for batch 512 would dominate the run.
-"""
+Protocol (ESSH paper E.5 / Appendix R; docs/performance.md): caches sized for ``context`` tokens, weights and
+KV bf16, recurrent state fp32; ``warmup`` untimed steps, then ``iters`` steps timed by CUDA events; the median
+ms per step. ``graph`` replays one CUDA graph of the step. The context is placed in the caches directly
+(random values; step cost depends on their sizes only)."""
 
 from __future__ import annotations
 

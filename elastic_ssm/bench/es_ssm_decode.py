@@ -1,17 +1,10 @@
-"""ES-SSM decode benchmark: ms per token of ``ESSSM.step`` per budget K, decoder and batch (``elastic-ssm bench
---bench.benchmarks es_ssm_decode``).
+"""ES-SSM decode benchmark: ms per token of ``ESSSM.step`` per budget K, decoder and batch (``--bench.benchmarks
+es_ssm_decode``).
 
-Protocol (as ``decode.py``): random weights at the ``es_ssm_preset`` shapes; the cache is allocated at
-budget K with the chosen decoder (``exact``: ring buffers of the last L-1 inputs per block, ES-SSM Eq. 4
-as one length-L dot product per retained channel and feature; ``modal``: ``es_ssm_modes`` damped-rotation
-states per retained channel), its states filled with random values and its time index set to
-``context`` (step cost does not depend on the cached values). ``warmup`` untimed steps, then ``iters``
-steps timed one by one (CUDA events on the GPU); the median is reported in ms per step of the whole
-batch. Weights bf16 on CUDA (float32 on CPU), filters and decode states float32. Eager only: the exact
-decoder reads its ring at a host-side offset that changes every step, which a CUDA graph would freeze.
-
-The suite kind ``es_ssm_report`` (modal vs exact decoding of a trained model) is in ``benchmarks/es_ssm_report.py``.
-"""
+As ``decode.py``: random weights at the ``es_ssm_preset`` shapes, the cache at budget K with the chosen decoder
+(``exact`` ring buffers of the last L-1 inputs, Eq. 4; ``modal``: ``es_ssm_modes`` modes per channel) filled
+with random values at time ``context``; median ms per step. Eager only: the exact decoder reads its ring at a
+host-side offset that a CUDA graph would freeze."""
 
 from __future__ import annotations
 

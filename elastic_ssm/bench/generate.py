@@ -1,23 +1,12 @@
 """The user's generation path, timed: ``model.generate`` wall clock, prefill apart, the decoder step beside it.
 
-For each tier of ``generate_tiers`` and batch of ``generate_batches`` (random weights at the preset
-shapes, ``generate_prompt`` prompt tokens, greedy, no eos so every call makes all its tokens):
+Per tier and batch (random weights, greedy, no eos): ``first_call_s`` (the first ``generate``: decoder build,
+graph capture, compilation), ``prefill_ms`` (``max_new_tokens=1``), ``total_ms``, ``ms_per_token`` = (total -
+prefill) / (new tokens - 1), ``step_ms`` (the pooled ``FastDecoder``'s own step, CUDA events) and ``ratio`` =
+ms_per_token / step_ms; medians over ``generate_iters`` calls after one warm-up call.
 
-* ``first_call_s``: the first ``generate`` of the entry (decoder build and CUDA-graph capture; with
-  ``compile``, compilation and the prefill graph's capture too), wall clock;
-* ``prefill_ms``: ``generate(prompt, max_new_tokens=1)``, wall clock: prefill plus one sampled token;
-* ``total_ms``: ``generate(prompt, generate_new_tokens)``, wall clock over the whole call;
-* ``ms_per_token`` = (total - prefill) / (new tokens - 1): what a user's decode loop costs per token;
-* ``step_ms``: the pooled fused decoder's own step (``FastDecoder``, CUDA-graph replay, CUDA events) in the
-  same process, and ``ratio`` = ms_per_token / step_ms (1.0: generate adds nothing to the step).
-
-Medians over ``generate_iters`` calls after one warm-up call; CUDA is synchronised around each call.
-
-Suite kind ``generate_paths`` (``GeneratePathsOptions``, CPU): ``generate``'s cost per token on the reference
-step (``fast=False``) against the fused decoder's torch path (``fast=True``), random ``randomize_selective``
-weights, one thread, process CPU time (steadier than wall time on a shared machine), median over ``repeats``:
-(time of a call making ``new_tokens + 1`` tokens - time of a call making 1) / ``new_tokens``.
-"""
+Suite kind ``generate_paths`` (CPU): cost per token of the reference step (``fast=False``) against the fused
+torch path (``fast=True``), one thread, process CPU time, median over ``repeats``."""
 
 from __future__ import annotations
 

@@ -1,42 +1,11 @@
 """Entry kinds of a bench suite: each is an options dataclass (the entry's keys in the suite YAML) and a
-function ``run(options, ctx) -> rows``; this file is the registry and holds the three generic kinds.
+function ``run(options, ctx) -> rows``; this file is the registry (``KINDS``; the table of kinds is in
+docs/performance.md, "Suites") and holds the three generic kinds: ``bench``, ``tests`` and ``command``.
 
-==================  ==========================================  ==============================================
-kind                options                                     what one entry does
-==================  ==========================================  ==============================================
-bench               ``BenchConfig``                             ``run_bench`` (memory/decode/prefill/generate/
-                                                                train/serve/es_ssm_decode), rows per section
-tests               ``PytestOptions``                           a pytest selection in a child process (the
-                                                                ``gpu`` tests are where correctness is checked)
-command             ``CommandOptions``                          any command (e.g. ``torchrun -m ...``): rc, time
-session_prefill     ``prefill.SessionPrefillOptions``           generate's prefill (eager or graphed compiled)
-generate_paths      ``generate.GeneratePathsOptions``           generate per token: reference vs fused step
-first_token         ``process.FirstTokenOptions``               fresh processes' first token by phase
-==================  ==========================================  ==============================================
-
-The research harness (``benchmarks/`` at the repository root, not installed; ``HARNESS``):
-
-==================  ==========================================  ==============================================
-train_matrix        ``multigpu.TrainMatrixOptions``             ``elastic-ssm train`` per recipe x parallel x ...
-train_scaling       ``multigpu.TrainScalingOptions``            1 GPU vs N GPUs, same global batch, loss curves
-profile             ``profiling.ProfileOptions``                time and top kernels of one workload
-gemv_sweep          ``gemv_sweep.GemvSweepOptions``             fused decode products per tile vs cuBLAS
-scan_timing         ``scan_timing.ScanTimingOptions``           the spectral scan per path and shape
-checksum_cost       ``checksum.ChecksumOptions``                sha256 cost of saving and loading a preset
-es_ssm_report       ``es_ssm_report.EsSsmReportOptions``        modal vs exact ES-SSM decoding, bits per byte
-replication_step    ``steps.ReplicationStepOptions``            issue 16's runs across device calls: a
-replication_state   ``state.ReplicationStateOptions``           resumable step, carrying the state, a claim's
-replication_report  ``report.ReplicationReportOptions``         JSON and plot
-==================  ==========================================  ==============================================
-
-A harness kind is imported from ``benchmarks.<module>``; when that is not importable (``elastic-ssm`` run from
-outside the repository root), from the current folder or the checkout ``elastic_ssm`` comes from if either holds
-``benchmarks/__init__.py``, else loading the suite is a one-line ``ConfigError`` saying to run it from a clone's root.
-
-``ctx`` (``suite.EntryContext``) gives the entry its folder (``ctx.out_dir``), a log, the time left in
-the suite's budget (``ctx.time_left()``) and the entry's ``env`` (set around in-process kinds, passed to
-child processes by ``ctx.child_env()``).
-"""
+A kind of the research harness (``HARNESS``: ``benchmarks/`` at the repository root, not installed) is imported
+from ``benchmarks.<module>``; when that is not importable, from the current folder or the checkout ``elastic_ssm``
+comes from if either holds ``benchmarks/__init__.py``, else loading the suite is a one-line ``ConfigError``.
+``ctx`` (``suite.EntryContext``) gives the entry its folder, a log, the time left and its ``env``."""
 
 from __future__ import annotations
 

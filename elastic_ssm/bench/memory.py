@@ -1,12 +1,8 @@
 """Persistent decoding memory per sequence: measured cache tensors against the config's formula.
 
-ESSH (C.5, Table 53): ``recurrent = 2 (N - |A|) K_T m P`` fp32 entries and ``kv = |A| 2 w d`` bf16
-entries (``elastic.tiers.state_bytes``). The measured value is the byte size of the tensors an
-``ESSHCache`` of the tier actually allocates (states and K/V rings; the int64 slot-position and
-next-position bookkeeping, ``8 (|A| w + 1)`` bytes per sequence, is reported separately). Both must agree
-exactly. Transformer++ keeps ``2 N context d`` KV entries; fla peers report the tensors of their cache.
-Allocation goes to the ``meta`` device by default, so even 1.5B-scale caches cost nothing to count.
-"""
+ESSH (C.5, Table 53): the bytes an ``ESSHCache`` of the tier allocates must equal ``elastic.tiers.state_bytes``
+exactly (slot-position bookkeeping reported apart); Transformer++ keeps ``2 N context d`` KV entries.
+Allocation goes to the ``meta`` device by default, so 1.5B-scale caches cost nothing to count."""
 
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
 """Models of the systems comparison, built at the preset shapes with random weights (ESSH paper P.4).
 
-Parameter matching (Table 54 rule): a peer keeps the ESSH model's depth, residual width, vocabulary and
-embedding tying; only its FFN width changes, in multiples of ``align`` (64 at the paper's shapes; the
-config's ``ffn_align`` elsewhere), chosen to minimise |params(peer) - params(ESSH tier)|. Every peer
-is linear in its FFN width, so the best width is one of the two multiples around the exact solution.
-The gap is reported with the model; ``MATCH_TOLERANCE`` (0.5%) is the paper's largest gap (0.34%) plus
-one alignment step at the 370M shape.
-
-Peers: ``transformer`` (our Transformer++, ``models/baselines``), and when flash-linear-attention is
-installed ``gated_deltanet`` and ``mamba2``: fla's mixer layers alternating with our SwiGLU blocks
-("Mamba-2 + FFN", E.6). fla's Mamba-2 layer has its fast path only with ``mamba_ssm``; without it the
-peer is reported as unavailable rather than timed on a slow fallback.
-"""
+Parameter matching (Table 54 rule): a peer keeps the ESSH model's depth, width, vocabulary and embedding tying;
+only its FFN width changes, in multiples of ``align``, to minimise |params(peer) - params(ESSH tier)|.
+``MATCH_TOLERANCE`` (0.5%) is the paper's largest gap (0.34%) plus one alignment step at 370M. Peers:
+``transformer`` (our Transformer++) and, with flash-linear-attention, ``gated_deltanet`` and ``mamba2`` (fla's
+mixers alternating with our SwiGLU blocks, E.6); Mamba-2 without ``mamba_ssm`` is reported unavailable."""
 
 from __future__ import annotations
 
@@ -120,12 +113,8 @@ def require_fla(kind: str) -> None:
 
 
 def fla_training_refused(kind: str) -> str | None:
-    """fla's own refusal to train ``kind`` on this device, as a sentence, else None.
-
-    fla 0.6 raises in the Gated DeltaNet backward on Hopper with Triton in [3.4.0, 3.7.1): Triton miscompiles
-    the gated ``chunk_bwd_dqkwg`` kernel there (wrong gradients, fla issue #640) unless the tilelang backend
-    is installed. torch 2.8-2.11 pin Triton 3.4-3.6, so a Hopper with those cannot time the peer's training.
-    Forward-only benchmarks (decode, prefill) are unaffected."""
+    """fla's own refusal to train ``kind`` on this device, as a sentence, else None (the Gated DeltaNet backward on
+    Hopper with Triton in [3.4.0, 3.7.1) without tilelang, fla issue #640; docs/performance.md)."""
     if kind != "gated_deltanet" or importlib.util.find_spec("tilelang") is not None:
         return None
     try:

@@ -1,17 +1,9 @@
 """Prefill throughput: one batch-1 forward pass returning the full logits (ESSH paper P.2, Table 58).
 
-For each prompt length T the model runs ``model(ids [1, T])`` under ``torch.inference_mode`` (no cache
-writes for any model, the same policy for every peer), ``warmup`` untimed calls then ``iters`` timed
-calls (CUDA events); throughput is ``T / median time`` in ktok/s. With ``BenchConfig.compile`` the ESSH model is
-``torch.compile``d once (``compile_model``) and the warm-up calls absorb the compile time. Peak allocated
-memory (weights, activations and the ``[T, V]`` logits) is reported in decimal GB. Out-of-memory is a
-result, not a crash.
-
-Suite kind ``session_prefill`` (``SessionPrefillOptions``): the prefill ``generate`` itself runs
-(``FusedSession.prefill`` into the pooled decoder's cache: eager, or with ``compile`` the CUDA graph of the
-compiled trunk per length bucket), per scan backend and prompt length: the first call's wall seconds (graph
-capture, compilation, fla autotuning) and the median of ``repeats`` warm calls (CUDA events).
-"""
+Per prompt length T: ``model(ids [1, T])`` under ``torch.inference_mode``, ``warmup`` untimed then ``iters``
+timed calls; ``T / median time`` in ktok/s and peak allocated decimal GB; out-of-memory is a result.
+Suite kind ``session_prefill``: ``generate``'s own prefill (``FusedSession.prefill``, eager or the compiled
+trunk's CUDA graph) per scan backend and length: the first call's wall seconds and the median of ``repeats``."""
 
 from __future__ import annotations
 

@@ -1,17 +1,13 @@
-"""A fresh process's first token, by phase (suite kind ``first_token``; issue 18: the second process on a
-machine makes its first token of 1.5b within 10 s).
+"""A fresh process's first token, by phase (suite kind ``first_token``; issue 18).
 
 The parent saves a random-weight model of ``preset`` once (``model_dir``, default a folder under the system
-temp dir, reused by later entries and runs), then starts ``runs`` child processes one after another per scan
-backend, each ``python -m elastic_ssm.bench.process --mode first-token --model DIR ...`` (the flags of
-``ChildOptions``, written by ``cli.to_argv`` and parsed back by ``cli.derive``): import, ``from_pretrained`` at the
-tier, the pooled fused decoder, the first prefill of a ``prompt``-token prompt and its argmax, then one more
-``generate(prompt, 1)``; wall seconds per phase, measured from the moment the parent started the child (so
-``import_s`` includes the interpreter's start-up). Later children find Triton's kernel and autotuning caches
-on disk, as a user's second process does (``warm``). Optional: ``import_fla`` children that only import fla
-(the cost that dominated the first eager prefill), a cProfile of one child's prefill (``cprofile``, written to
-``profile.txt`` with Triton's autotuning lines), and ``elastic-ssm generate`` end to end (``cli_tokens``).
-"""
+temp dir), then starts ``runs`` children one after another per scan backend, each ``python -m
+elastic_ssm.bench.process`` with the flags of ``ChildOptions`` (``cli_derive.to_argv`` / ``derive``): import,
+``from_pretrained`` at the tier, the pooled fused decoder, the first prefill of a ``prompt``-token prompt and its
+argmax, then one more ``generate(prompt, 1)``; wall seconds per phase from the moment the parent started the
+child (``import_s`` includes interpreter start-up). Later children find Triton's caches on disk (``warm``).
+Optional: ``import_fla`` children that only import fla, a cProfile of one prefill (``cprofile``, to
+``profile.txt``), and ``elastic-ssm generate`` end to end (``cli_tokens``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Benchmark output: environment record, plain-text tables, ratios versus peers, JSON, docs append.
-
-``environment()`` records what the numbers depend on (device, torch / triton / fla versions, CUDA,
-commit, date, command). ``format_table`` prints rows as aligned columns; ``ratios`` divides ESSH
-decode latency by each peer's at the same batch and mode (< 1: ESSH faster) and prefill throughput
-ESSH / peer (> 1: ESSH faster). ``append_markdown`` adds one section per run to ``docs/benchmarks.md``:
-raw numbers, never edited by hand.
-"""
+"""Benchmark output: environment record, plain-text tables, ratios versus peers (decode ms ESSH / peer, prefill
+ktok/s ESSH / peer), JSON, and sections appended to ``docs/benchmarks.md``."""
 
 from __future__ import annotations
 

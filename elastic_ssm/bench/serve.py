@@ -1,26 +1,14 @@
 """``elastic-ssm bench`` ``serve`` entry: N concurrent streams against a real ``elastic-ssm serve`` process.
 
-The server runs in its own process (``python -m elastic_ssm.bench.serve_server``, ``serve_server.py``: the app of
-``serve/app.py`` over a random-weight ESSH at the bench preset, every tier of ``serve_tiers`` with
-``serve_slots`` slots, no weights on disk; its engine in a process of its own, as ``elastic-ssm serve``).
-Its tokenizer is ``IdTokenizer``: one character per token id, so every streamed character is one token.
-Load comes from ``serve_client_procs`` client processes, each running its share of the streams over raw
-HTTP/1.1 keep-alive connections (asyncio streams: ``httpx`` cost more per event than the server does, and on
-a small machine the load generator was what got measured): every stream sends ``serve_rounds`` requests
-one after another (a prompt of ``serve_prompt`` random ids, greedy, ``serve_new_tokens`` tokens, streamed),
-the streams' tiers cycling through the mix. A warm-up pass (every stream twice, 8 tokens) runs first and is
-reported as ``warmup_s``. Reported per (mix, streams): aggregate generated tokens/s over the run's wall
-clock, p50/p99 time to first token, p50/p99 inter-token latency (the gaps between reads that carried text:
-events read together are one arrival), the engine's decode steps per second (``steps_s``), its prefill
-forwards (``prefills``), prefill graph captures (``captures``), seconds admitting (``prefill_s``) and idle
-(``idle_s``) during the timed pass (``Engine.counters``; the rest of ``wall_s`` is decoding), and the CPU cores the
-server's processes used (``server_cpu``; ``http_cpu`` of them the HTTP process alone, which saturates at 1; and per
-generated token ``server_us_per_token``).
-
-CPU proxy (``python -m benchmarks.serve_proxy``): ``stub_step_ms`` gives the server ``StubPool``s,
-whose decode step and prefills cost fixed wall time, so what the HTTP and engine layers alone can push is
-measured without a GPU.
-"""
+The server (``serve_server.py``) serves a random-weight ESSH at the bench preset with ``IdTokenizer`` (one
+character per token), its engine in a process of its own. ``serve_client_procs`` client processes run their share
+of the streams over raw HTTP/1.1 keep-alive connections (asyncio streams: cheaper per event than ``httpx``): every
+stream sends ``serve_rounds`` greedy streamed requests one after another, the tiers cycling through the mix,
+after a warm-up pass (``warmup_s``). Per (mix, streams): generated tokens/s, p50/p99 time to first token and
+inter-token latency (gaps between reads that carried text), the engine's counters over the timed pass
+(``Engine.counters``) and the CPU cores the server's processes used (``server_cpu``, ``http_cpu``,
+``server_us_per_token``). With ``stub_step_ms`` (``python -m benchmarks.serve_proxy``) the pools are
+``StubPool``s of fixed cost: the HTTP and engine layers measured without a GPU."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The server process of the ``serve`` benchmark (``bench/serve.py``): the app of ``serve/app.py`` over a
-random-weight ESSH at a preset with ``IdTokenizer``, no weights on disk; with ``stub_step_ms`` its pools are
-``StubPool``s of a fixed cost (the CPU proxy). ``bench_serve`` starts it as ``python -m
-elastic_ssm.bench.serve_server`` with the flags of a ``BenchServerOptions`` (``cli.to_argv``), which tyro parses
-back here (``cli.derive``): one mechanism, no hand-kept flag list.
-"""
+"""The server process of the ``serve`` benchmark: the app of ``serve/app.py`` over a random-weight ESSH with
+``IdTokenizer``, no weights on disk; with ``stub_step_ms`` its pools are ``StubPool``s (the CPU proxy). Started as
+``python -m elastic_ssm.bench.serve_server`` with the flags of a ``BenchServerOptions`` (``cli_derive``)."""
 
 from __future__ import annotations
 

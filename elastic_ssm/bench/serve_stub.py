@@ -1,7 +1,5 @@
-"""The serve bench's stand-ins: ``IdTokenizer`` (one character per token id) and ``StubPool`` (a slot pool whose
-decode step and prefills cost fixed wall time, for the CPU proxy). The bench server (``serve_server.py``) builds
-them; ``serve.py`` only talks to that server over HTTP.
-"""
+"""The serve bench's stand-ins: ``IdTokenizer`` (one character per token id) and ``StubPool`` (a slot pool of
+fixed wall-time cost, for the CPU proxy), built by the bench server (``serve_server.py``)."""
 
 from __future__ import annotations
 
@@ -28,18 +26,12 @@ class IdTokenizer:
 
 
 class StubPool(SlotRows):
-    """A ``SlotPool`` stand-in whose decode step and prefills cost fixed wall time: the bench's CPU proxy of
-    the GPU (``--stub_step_ms``), to measure what the HTTP and engine layers alone can push.
+    """A ``SlotPool`` stand-in whose decode step and prefills cost fixed wall time: the CPU proxy of the GPU.
 
-    It keeps ``SlotPool``'s interface and timing shape: ``step_async`` first waits for the previous step to
-    end (the GPU's synchronisation, a sleep that releases the GIL as a CUDA wait does), then starts the next
-    one (ready ``step_ms`` later) and returns the tokens at once, so the engine's per-row work overlaps the
-    step as on the GPU. A prefill of ``n`` prompts of ``T`` tokens occupies the "device" for
-    ``prefill_ms + prefill_us_per_token * n * T / 1000`` ms. Greedy text is row ``r``'s last token + 1 (mod the
-    vocabulary), so every step gives every stream one token and one character. ``prefill_graphs``, ``spans``
-    and ``max_graph_tokens`` are accepted and ignored: a graphed prefill is a smaller ``prefill_ms``, a shorter
-    span a smaller ``step_ms``.
-    """
+    ``step_async`` waits for the previous step (a sleep, releasing the GIL as a CUDA wait does), starts the next
+    (ready ``step_ms`` later) and returns the tokens at once. A prefill of ``n`` prompts of ``T`` tokens occupies
+    the "device" for ``prefill_ms + prefill_us_per_token * n * T / 1000`` ms. Greedy text is row ``r``'s last token
+    + 1 (mod V). ``prefill_graphs``, ``spans`` and ``max_graph_tokens`` are accepted and ignored."""
 
     def __init__(self, model, tiers, slots: int, step_ms: float, prefill_ms: float = 0.0,
                  prefill_us_per_token: float = 0.0, max_prefill: int = 16, prefill_graphs: bool | None = None,

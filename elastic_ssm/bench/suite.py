@@ -1,5 +1,5 @@
 """Bench suites: YAML files under ``configs/bench/`` that list typed entries, run by ``elastic-ssm bench
---bench.suite NAME`` (or a path) within a time budget, with targets as data.
+--bench.suite NAME`` (or a path) within a time budget, with targets as data (docs/performance.md, "Suites").
 
 A suite file::
 
@@ -12,16 +12,12 @@ A suite file::
         preset: 370m                           # every other key is an option of the kind (BenchConfig here)
         benchmarks: [generate]
         target: {ms_per_token: {max: 0.60}}    # targets.py
+        env: {ELASTIC_SSM_SCAN_BACKEND: fla}   # set for this entry (and its child processes)
       - {name: scan-check, kind: tests, optional: true, args: [-m, gpu, tests/ops/test_spectral_scan_gpu.py]}
 
-``env`` (a mapping) sets environment variables for one entry (its child processes, or around an
-in-process entry); ``optional: true`` entries run only when ``--bench.only`` names them; when a ``required:
-true`` entry fails, the entries after it are skipped (a replication suite's restore: training on without the
-carried state would pack a new state over it). ``load_suite``
-validates everything (unknown keys, options, targets) with one-line errors before anything runs;
-``run_suite`` runs the entries in order, each into ``OUT_DIR/<entry>/``, and returns the results (also
-``OUT_DIR/<suite>.json`` and the markdown section ``OUT_DIR/<suite>.md``, appended to ``docs`` if given).
-"""
+``optional: true`` entries run only when ``--bench.only`` names them; when a ``required: true`` entry fails, the
+entries after it are skipped. ``load_suite`` validates everything with one-line errors before anything runs;
+``run_suite`` runs the entries in order, each into ``OUT_DIR/<entry>/``."""
 
 from __future__ import annotations
 
@@ -278,15 +274,13 @@ def _environ(env: dict[str, str]):
 
 def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | None = None,
               out_dir: str | Path = "bench_out", docs: str = "", log: Callable[[str], None] | None = None) -> dict:
-    """Run the selected entries of ``suite`` in order within ``budget_s`` (None: the suite's ``budget_s``;
-    0: no limit): an entry that would start after the budget is skipped and listed as skipped, an entry that
-    raises is recorded with its error and the run goes on, unless it is ``required``: then the entries after it
-    are skipped and listed as skipped. Returns ``{"env", "suite", "budget_s", "entries":
-    [{"name", "kind", "state", "seconds", "rows", "targets"}], "targets", "skipped", "stopped_by"}`` (the
-    failed required entry and its state, or None), written to
-    ``out_dir/<suite>.json`` after every entry; the tables go to ``out_dir/<suite>.md`` and, with ``docs``,
-    are appended to that file (docs/benchmarks.md). ``log`` receives every line (default: printed and kept in
-    ``out_dir/<suite>.log``)."""
+    """Run the selected entries of ``suite`` in order within ``budget_s`` (None: the suite's; 0: no limit).
+
+    An entry that would start after the budget is skipped, one that raises is recorded with its error and the run
+    goes on, unless it is ``required``: then the entries after it are skipped. Returns ``{"env", "suite",
+    "budget_s", "entries": [{"name", "kind", "state", "seconds", "rows", "targets"}], "targets", "skipped",
+    "stopped_by"}``, written to ``out_dir/<suite>.json`` after every entry; the tables go to ``out_dir/<suite>.md``
+    (appended to ``docs`` if given). ``log`` receives every line (default: printed and kept in ``<suite>.log``)."""
     import torch
 
     from . import report

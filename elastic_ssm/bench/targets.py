@@ -1,19 +1,14 @@
 """Targets of a bench suite as data: bounds on a metric of the rows an entry produces, PASS / FAIL / n/a.
 
-In a suite YAML an entry states its targets as ``target: {METRIC: {max: X}}`` (one mapping) or
-``targets: [...]`` (a list of such mappings); a mapping may narrow the rows it applies to with
+An entry states ``target: {METRIC: {max: X}}`` or ``targets: [...]``; a mapping may narrow its rows with
 ``where: {column: value, ...}`` and name itself with ``name:``::
 
     targets:
       - {where: {tier: T10, batch: 1}, ms_per_token: {max: 0.60}}
-      - {where: {length: 131072}, ktok_s: {min: 150}, name: "compiled prefill 128K >= 150 ktok/s"}
       - {rc: {equals: 0}}
 
-Each row that matches ``where`` and has the metric is one result: PASS when every bound holds (``max``:
-value <= max, ``min``: value >= min, ``equals``: value == equals), else FAIL. A target no row answers (the
-entry was skipped, failed, or produced no such row) is one ``n/a`` result saying why. Rows are never
-timed or checked here: the values come from the benchmark, the bounds from the suite.
-"""
+Each matching row with the metric is one result: PASS when every bound (``max``, ``min``, ``equals``) holds,
+else FAIL. A target no row answers is one ``n/a`` result saying why."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """Timing helpers of every benchmark: warm-up then timed calls (CUDA events on the GPU, ``perf_counter`` on
-the CPU), medians and percentiles, wall-clock calls, CUDA-graph replays, relative errors, OOM as a result.
-
-Every bench module times through these (no private copies): ``time_fn`` (per-call ms after ``warmup``
-untimed calls), ``summarize`` (median, min, p90 - p10 spread), ``wall_ms`` (one synchronised call),
-``time_graph_us`` (a CUDA graph of ``reps`` calls, replayed, median per call), ``percentile``, ``rel_err``
-(relative error of two tensors, for sweeps that must not time a wrong configuration), ``oom_as_result`` and
-``GraphedStep`` (a whole decode step as one CUDA graph). Correctness checks live in the ``gpu`` tests.
-"""
+the CPU), medians and percentiles, wall-clock calls, CUDA-graph replays, relative errors, OOM as a result."""
 
 from __future__ import annotations
 
@@ -113,11 +106,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor, norm: str = "fro") -> float:
 
 @contextlib.contextmanager
 def oom_as_result(row: dict, device: torch.device, peak: bool = False) -> Iterator[None]:
-    """One benchmark entry: on CUDA the allocator cache is emptied (and with ``peak`` the peak-memory
-    counter reset) before the body; after it ``row["peak_gb"]`` holds the peak allocated decimal GB
-    (``peak``). Out-of-memory in the body becomes ``row["error"] = "OOM"`` instead of an exception; the
-    cache is emptied again afterwards either way. Objects the body keeps in the caller's locals are freed
-    when the caller returns (the next entry empties the cache again)."""
+    """One benchmark entry: on CUDA the allocator cache is emptied before and after the body (and with ``peak`` the
+    peak counter reset, then ``row["peak_gb"]`` set in decimal GB); out-of-memory becomes ``row["error"] = "OOM"``."""
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()

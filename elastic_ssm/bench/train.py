@@ -1,16 +1,9 @@
 """Training throughput at full capacity and model FLOP utilisation (ESSH paper P.1, Table 50).
 
-One optimizer step = forward + backward of a ``[batch, seq_len]`` micro-batch of random tokens with
-next-token cross-entropy over the full logits, then a fused AdamW update. On CUDA the model keeps fp32
-master weights and runs under bf16 autocast (E.5). ``warmup`` steps are untimed; ``steps`` steps are
-timed with CUDA events; tokens/s = ``batch * seq_len / median step time``. With ``BenchConfig.compile`` the ESSH
-model and the loss are ``torch.compile``d once; the warm-up steps absorb the compile time.
-
-MFU = ``3 F tok/s / peak`` with ``F`` the forward FLOPs per token from the config
-(``elastic.tiers.flops_per_token`` at context ``seq_len``; x3 for forward + backward) and ``peak`` the
-dense bf16 rate of the device: ``PEAK_TFLOPS['h200'] = 989`` (the datasheet's 989.4 TFLOP/s dense BF16
-of H100/H200 SXM). Elementwise work is not counted, so MFU is a lower bound of the matrix-unit share.
-"""
+One optimizer step = forward + backward of a ``[batch, seq_len]`` micro-batch of random tokens, then a fused
+AdamW update; on CUDA fp32 master weights under bf16 autocast (E.5). tokens/s = ``batch * seq_len / median step
+time``; MFU = ``3 F tok/s / peak`` with ``F`` = ``elastic.tiers.flops_per_token`` at ``seq_len`` and ``peak``
+the dense bf16 rate (``PEAK_TFLOPS``); elementwise work is not counted, so MFU is a lower bound."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """``ConfigBase``: keyword-only dataclass trees with field docs, validation by pydantic and a YAML round trip.
 
-Every field carries a one-line ``help`` in its metadata (``opt``); the CLI derives its flags from these
-dataclasses (tyro, in ``cli.py``), never from a hand-kept flag list. ``from_dict`` rejects
-unknown keys and ``validate`` names the offending field, so a typo in a YAML file is an error, not a
-silent default. Values from YAML/JSON become the annotated types through pydantic's lax validation: tuples,
-nested sections (a mapping becomes the section's config), optionals, and numbers that YAML 1.1 reads as strings.
-
-Types, ranges and choices are declared on the fields (``Annotated[int, Ge(1)]``, ``Literal[...]``) and checked by
-pydantic (one ``TypeAdapter`` per field, lax mode); its errors become one ``ConfigError`` line naming the field.
-``validate`` keeps only the rules across fields. An unknown key names the closest path (``lr`` -> ``optim.lr``).
-Nothing here imports torch.
-"""
+Every field carries a one-line ``help`` (``opt``), from which the CLI derives its flags. Types, ranges and choices
+are declared on the fields (``Annotated[int, Ge(1)]``, ``Literal[...]``) and checked by pydantic (one
+``TypeAdapter`` per field, lax mode: YAML strings such as "3e-4" become numbers, lists tuples, mappings
+sections); an error is one ``ConfigError`` line naming the field, an unknown key names the closest path (``lr``
+-> ``optim.lr``). ``validate`` keeps only the rules across fields. Nothing here imports torch."""
 
 from __future__ import annotations
 

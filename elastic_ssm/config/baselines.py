@@ -1,20 +1,10 @@
 """``TransformerConfig`` / ``MatFormerConfig``: the ESSH paper's baselines (Appendix E.6, Tables 8, 9, 54).
 
-``TransformerConfig`` is Transformer++ (RoPE, RMSNorm, SwiGLU, full causal attention, tied embedding).
-Its SwiGLU is ESSH's unit-ordered layer (``w_in.weight`` rows / ``w_out.weight`` columns per unit), so it has
-*nested FFN tiers*: tier ``T_i`` keeps the first
-
-    n_ff(xi) = align * max(1, floor(d_ff * xi ** ffn_exponent / align))      (xi < 1; the full tier keeps d_ff)
-
-units of every FFN. A plain Transformer++ has one tier (``tier_xi = (1.0,)``). ``MatFormerConfig`` is the
-same backbone with the ten ESSH deployment fractions as tiers and the four trained granularities of N.1
-(1/8, 1/4, 1/2, full; Table 9: no distillation). With ``ffn_exponent = 1`` and ``align = 64`` the 370m
-preset reproduces the MatFormer parameter counts of Table 39 exactly (T1 130.9M ... T10 365.6M).
-
-Presets (Table 9 / Table 54 shapes; CPU presets matched to the ESSH presets of the same name, Table 8 rule
-"parameter count within 2%"): ``tiny``, ``small``, ``40m`` (issue 16's replication), ``370m`` (365.6M, Table 9),
-``1.5b`` (1536.3M, Table 54).
-"""
+Transformer++ (RoPE, RMSNorm, SwiGLU, full causal attention, tied embedding) with ESSH's unit-ordered SwiGLU, so
+it has nested FFN tiers: ``n_ff(xi) = align * max(1, floor(d_ff * xi ** ffn_exponent / align))`` (the full tier
+keeps d_ff); one tier by default. ``MatFormerConfig``: the ten ESSH fractions as tiers and the four trained
+granularities of N.1 (Table 9: no distillation); at 370m it reproduces Table 39's counts (T1 130.9M ... T10
+365.6M). Presets match the ESSH preset of the same name within 2% (Table 8)."""
 
 from __future__ import annotations
 
@@ -32,11 +22,10 @@ __all__ = ["TransformerConfig", "MatFormerConfig", "TRANSFORMER_PRESETS", "MATFO
 MATFORMER_GRANULARITIES = (0.125, 0.25, 0.5, 1.0)
 
 TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
-    # CPU presets: ESSH "tiny" / "small" depth, width and vocabulary, d_ff matched to their full counts
-    # (tiny 172,224 vs ESSH 173,264: -0.60%; small 1,821,120 vs 1,824,240: -0.17%).
+    # CPU presets: ESSH "tiny" / "small" shapes, d_ff matched to their full counts.
     "tiny": dict(vocab_size=260, d_model=64, n_layers=3, d_ff=184, head_dim=16, ffn_align=8),
     "small": dict(vocab_size=260, d_model=192, n_layers=4, d_ff=512, head_dim=32, ffn_align=32),
-    # ESSH "40m" (the replication of issue 16): same depth, width, vocabulary; 41,103,872 vs 41,054,976 (+0.12%).
+    # ESSH "40m" (issue 16's replication): same depth, width, vocabulary.
     "40m": dict(vocab_size=260, d_model=512, n_layers=10, d_ff=1984, head_dim=64, ffn_align=64),
     # Table 9: Transformer++ / MatFormer of the 370M comparison, 365.6M (ESSH 370.9M, -1.42%).
     "370m": dict(vocab_size=50304, d_model=896, n_layers=22, d_ff=4224, head_dim=64, ffn_align=64),

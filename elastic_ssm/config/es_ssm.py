@@ -1,9 +1,5 @@
-"""``ESSSMConfig``: ES-SSM (LTI spectral sublayer, ES-SSM paper Sec. 4) and its budgets' exact counts.
-
-A byte-level LM or sequence classifier. One tier per runtime budget ``K`` in ``budgets`` (Sec. 4); the FFN
-is not elastic, so ``n_ff = d * ffn_mult`` and ``xi = K / K-bar``. Presets: "byte-base", "1.3b" (shape
-inferred from the paper's parameter count, see ``ESSSM_PRESETS``), "tiny" (tests), "small" (CPU).
-"""
+"""``ESSSMConfig``: ES-SSM (LTI spectral sublayer, ES-SSM paper Sec. 4) and its budgets' exact counts: one tier
+per runtime budget ``K`` in ``budgets``; the FFN is not elastic (``n_ff = d * ffn_mult``, ``xi = K / K-bar``)."""
 
 from __future__ import annotations
 
@@ -66,7 +62,6 @@ class ESSSMConfig(ModelConfig):
             raise ConfigError("ESSSMConfig.budgets must end with the full budget n_channels")
         if self.d_model * self.gate_hidden_ratio < 1:
             raise ConfigError("ESSSMConfig.gate_hidden_ratio * d_model must be >= 1")
-
 
     @property
     def gate_hidden(self) -> int:
@@ -172,12 +167,8 @@ class ESSSMConfig(ModelConfig):
         return cls(**{**ESSSM_PRESETS[name], **overrides})
 
 
-#: ES-SSM presets. "tiny" (tests) and "small" (CPU) are ours. The paper-like byte LMs (ES-SSM Sec. 4-5:
-#: K-bar = 32, budgets {2,...,32}, 2048-byte context) train with DropPath on both residual branches (Sec. 4.1);
-#: its rate is not in the paper's text, 0.1 is our choice. "1.3b" is the paper's ~1.3B-parameter SlimPajama
-#: byte LM (App. A); the paper's text gives no width or depth, so d = 1152 and 24 blocks are INFERRED: they
-#: make the exact counter (``tier_table``) give 1.291B parameters at K = 32 (tied head, ffn_mult 4).
-#: The ~330M byte replication and the ~50M LRA models (Sec. 5.2) have no stated shapes and no preset.
+#: ES-SSM presets: "tiny" (tests), "small" (CPU), and byte LMs of Sec. 4-5 with DropPath 0.1 (our choice; the
+#: paper gives no rate). "1.3b" (App. A) has no stated shape: d = 1152 and 24 blocks are INFERRED from its count.
 ESSSM_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=32, n_layers=2, n_channels=8, seq_len=128, budgets=(2, 4, 8)),
     "small": dict(d_model=128, n_layers=4, n_channels=24, seq_len=512, budgets=(2, 3, 4, 5, 6, 8, 12, 16, 24)),

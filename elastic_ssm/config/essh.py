@@ -1,15 +1,8 @@
 """``ESSHConfig``: the ESSH hybrid (ESSH paper Sec. 4, Table 7) and its tiers and exact counts.
 
-Spectral mixers + sliding-window attention + SwiGLU. A tier ``T`` keeps spectral channels ``1..K_T`` and FFN
-units ``1..n_ff,T`` given by the two-rate capacity map (Sec. 4.2, Eq. 7; Appendix D.1, Table 6)::
-
-    K_T   = max(1, round(K-bar * xi_T ** 0.5))
-    n_ff  = align * max(1, floor(d_ff * xi_T ** 0.8 / align))       (align = 64 in the paper)
-
-Parameter counts follow Eq. 25 of Appendix C.5 with the counting rules that reproduce Table 4 exactly;
-persistent state follows C.5 and Table 53. Presets: Table 7 ("370m", "1.5b") and the CPU presets "tiny"
-(tests) and "small" (the laptop quickstart); ``<name>-mixer`` drops the attention blocks (Tables 21-23).
-"""
+Spectral mixers + sliding-window attention + SwiGLU; tiers by the two-rate map of Eq. 7 (``elastic/tiers.py``),
+parameters by Eq. 25 (Table 4), state by C.5 (Table 53). Presets: Table 7 ("370m", "1.5b"), "40m" (issue 16's
+byte-level replication), "tiny" (tests), "small" (quickstart); ``<name>-mixer`` drops attention (Tables 21-23)."""
 
 from __future__ import annotations
 
@@ -187,9 +180,7 @@ ESSH_PRESETS: dict[str, dict[str, Any]] = {
     "370m": dict(vocab_size=50304, d_model=896, n_layers=22, d_ff=4608, swa_layers=(12, 17, 21)),
     # Table 7, 1.5B column.
     "1.5b": dict(vocab_size=128256, d_model=2048, n_layers=28, d_ff=5632, swa_layers=(15, 22, 27)),
-    # Byte-level small-scale replication (issue 16, configs/replication/): d = 512, 10 blocks (attention at 4 and
-    # 9, window = the 1024-byte training length), K-bar = 32 channels of P = 16; 41,054,976 parameters at T10,
-    # 7,029,312 at T1.
+    # Byte-level replication (issue 16, configs/replication/): window = the 1024-byte training length.
     "40m": dict(vocab_size=260, d_model=512, n_layers=10, d_ff=2048, n_channels=32, n_modes=8, swa_layers=(4, 9),
                 window=1024, head_dim=64, filter_length=1024),
     # CPU presets (byte vocabulary 256 + 4 specials): "tiny" for tests, "small" for the quickstart.

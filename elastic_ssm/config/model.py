@@ -1,21 +1,11 @@
 """What every model config declares: its tiers, their exact counts, and the registry of architectures.
 
-``ModelConfig`` is the base of the model configs (``ESSHConfig``, ``ESSSMConfig``, ``TransformerConfig``,
-``MatFormerConfig``). A subclass with its own ``arch`` registers itself (``model_configs()``), and states
-its architecture's arithmetic as methods, so ``elastic/tiers.py`` needs no switch over config types and
-adding an architecture touches one config module (plus its model folder):
-
-- ``tier_table()`` the deployment tiers; ``parse_tier(spec)`` the tier names / budgets it accepts;
-- ``tier_parameters(tier)`` the exact parameter count by component (ESSH Eq. 25, Table 4);
-- ``tier_state(tier, ...)`` persistent decode state entries (C.5, Table 53); ``tier_flops`` (C.5, Table 5);
-- ``standalone_config(tier)`` the config of the tier's export, ``specialist_config`` a from-scratch one;
-- ``default_recipe()`` / ``elastic_recipes`` the training recipes that fit the architecture;
-- ``max_seq_len()`` / ``length_field`` the longest input it accepts (ES-SSM: its filter length; others: None).
-
-``FractionTierConfig`` holds what ESSH and the Transformer++ baselines share: tiers ``T1..Tn`` over
-``tier_xi``, any capacity fraction in (0, 1] through the map of Eq. 7 (``capacity_tier``).
-``Tier`` and ``TierLike`` live here because configs compute them; ``elastic.tiers`` re-exports them.
-"""
+``ModelConfig`` is the base of the model configs; a subclass with its own ``arch`` registers itself
+(``model_configs()``) and states its arithmetic as methods (``tier_table``, ``parse_tier``, ``tier_parameters``
+Eq. 25 / Table 4, ``tier_state`` C.5 / Table 53, ``tier_flops``, ``standalone_config``, ``specialist_config``,
+``default_recipe``, ``max_seq_len``), so adding an architecture touches one config module (plus its model folder).
+``FractionTierConfig``: what ESSH and the Transformer++ baselines share (tiers ``T1..Tn`` over ``tier_xi``, any
+capacity fraction in (0, 1] through Eq. 7)."""
 
 from __future__ import annotations
 
@@ -98,9 +88,8 @@ class ModelConfig(ConfigBase):
     elastic_recipes: ClassVar[tuple[str, ...]] = ()
     #: the field that bounds the input length ('' when any length runs; ES-SSM: ``seq_len``, its filter length L)
     length_field: ClassVar[str] = ""
-    #: fields added after a release, each with the value that reproduces what the older version did; a saved
-    #: record (``run.yaml``, a checkpoint) without one meant that value (``upgrade_record``); a resumed run keeps
-    #: it unless the command line sets the field (``pipeline._kept_added_fields``)
+    #: fields added after a release -> the value that reproduces the older version (``upgrade_record``); a resumed
+    #: run keeps it unless the command line sets the field (``pipeline._kept_added_fields``)
     added_fields: ClassVar[dict[str, Any]] = {}
     #: fields a resume may change: they change no weight and no loss (a tier's name)
     RESUME_FREE: ClassVar[frozenset[str]] = frozenset()
@@ -112,9 +101,8 @@ class ModelConfig(ConfigBase):
 
     @classmethod
     def upgrade_record(cls, d: dict[str, Any]) -> dict[str, Any]:
-        """A ``model`` record (``to_dict()``) written by an earlier version, with every ``added_fields`` entry it
-        lacks set to the value that older version behaved as (for the resume comparison of an old ``run.yaml``),
-        so a run started before a field existed resumes when the field keeps that value."""
+        """A ``model`` record (``to_dict()``) of an earlier version (an old ``run.yaml`` or checkpoint) with every
+        ``added_fields`` entry it lacks set to the value that version behaved as, so a run resumes."""
         return {**cls.added_fields, **d} if isinstance(d, dict) else d
 
     def max_seq_len(self) -> int | None:

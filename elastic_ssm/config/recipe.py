@@ -1,10 +1,6 @@
 """The sections of ``TrainConfig``: optimizer, capacity mixing, FFN ordering, budget dropout, evaluation,
-checkpoints and shared refinement (ESSH Table 7 / Table 55, Appendices D.3-D.8; ES-SSM Sec. 4.2).
-
-Defaults are the papers' constants except where the help text states a CPU default (``n_warm_tokens``).
-Each section is a ``ConfigBase``, so a run file writes ``train: {optim: {lr: 1e-3}, mixing: {kl_coef: 0.5}}``
-and the CLI takes ``--train.optim.lr 1e-3``.
-"""
+checkpoints and shared refinement (ESSH Table 7 / Table 55, Appendices D.3-D.8; ES-SSM Sec. 4.2). Defaults
+are the papers' constants except where the help text states a CPU default (``n_warm_tokens``)."""
 
 from __future__ import annotations
 
@@ -40,7 +36,6 @@ class OptimConfig(ConfigBase):
     clip: NonNegF = opt(1.0, "global gradient-norm clip (Table 7: 1.0; 0 disables)")
 
 
-
 @dataclass(kw_only=True)
 class MixingConfig(ConfigBase):
     """Capacity-mixed training (ESSH Algorithm 1, D.4, Eq. 8); ``capacities`` also serve the post-hoc masks."""
@@ -54,7 +49,6 @@ class MixingConfig(ConfigBase):
     alpha_ff: Share = opt(0.5, "FFN weight-gradient scale on reduced micro-batches (D.4)")
 
 
-
 @dataclass(kw_only=True)
 class OrderingConfig(ConfigBase):
     """FFN importance ordering during capacity-mixed training (ESSH D.3)."""
@@ -62,7 +56,6 @@ class OrderingConfig(ConfigBase):
     every: NonNeg = opt(500, "FFN importance ordering period in steps (D.3; 0 disables)")
     until: Unit = opt(0.8, "ordering happens only while step < until x steps (D.3: 0.8)")
     stat_decay: Frac01 = opt(0.99, "decay of the running mean of squared FFN activations (paper silent)")
-
 
 
 @dataclass(kw_only=True)
@@ -78,7 +71,6 @@ class BudgetDropoutConfig(ConfigBase):
     n_full: NonNeg = opt(8, "a full-budget anchor on every n_full-th step after warm-up")
 
 
-
 @dataclass(kw_only=True)
 class EvalConfig(ConfigBase):
     """Validation during training (E.4); a resumed run may change it."""
@@ -90,14 +82,12 @@ class EvalConfig(ConfigBase):
                                  "vocabulary, otherwise only bits-per-token are reported")
 
 
-
 @dataclass(kw_only=True)
 class CheckpointConfig(ConfigBase):
     """Checkpoint cadence and retention; a resumed run may change it."""
 
     every: NonNeg = opt(250, "checkpoint every this many steps (Table 7: 250; 0: only at the end)")
     keep_last: AtLeast1 = opt(3, "checkpoints kept per stage (older ones are deleted)")
-
 
 
 @dataclass(kw_only=True)

@@ -6,11 +6,8 @@ Example (``configs/quickstart.yaml``)::
     train: {steps: 300, micro_batch_size: 8, seq_len: 256, optim: {lr: 3e-3}}
     data:  {source: stdlib, tokenizer: bytes}
 
-``RunConfig`` is a ``ConfigBase`` whose ``model`` is any registered ``ModelConfig`` (the ``arch`` key picks
-the class, ``model_configs()``), ``train`` a ``TrainConfig`` and ``data`` a ``DataConfig``. The CLI loads a
-file, then applies ``--model.<field>``, ``--train.<section>.<field>``, ``--data.<field>`` overrides derived
-from the dataclasses (tyro, ``cli.py``). Everything here is torch-free.
-"""
+The ``arch`` key picks the model class (``model_configs()``); the CLI applies ``--model.<field>``,
+``--train.<section>.<field>`` and ``--data.<field>`` overrides. Torch-free."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """Budget dropout: the training-budget schedule of ES-SSM (paper Sec. 4.2, Eq. 5; Algorithm 2).
 
-At global optimisation step ``step`` (0-based) the training budget K_train is
-
-1. warm-up: ``step < warmup_steps``                      -> K-bar (all channels, the full budget);
-2. anchor:  after warm-up, ``step % n_full == 0``         -> K-bar (DESIGN: the text ends mid-Alg. 2;
-   anchors fall on global steps divisible by ``n_full``; ``n_full = 0`` disables them);
-3. otherwise Eq. 5: ``xi ~ U[0, 1)``, ``target = K_min (K-bar / K_min)^xi`` and
-   ``K_train = argmin_{k in budgets} |k - target|`` (a tie, probability zero, goes to the smaller k).
-
-``sample(step)`` is a pure function of ``(seed, step)``: xi comes from a NumPy generator seeded with
-``(seed, step)``, so resuming a run at step s reproduces the schedule exactly with no sampler state to
-save (``state_dict`` holds only the settings, for checking that a resumed run uses the same ones).
-
-Warm-up in epochs (the paper's E_warmup): the caller converts, ``warmup_steps = E_warmup *
-steps_per_epoch`` (see ``warmup_steps_from_epochs``), since only the training loop knows the epoch size.
-"""
+At global step ``step`` (0-based) K_train is K-bar during warm-up (``step < warmup_steps``) and on anchors
+(after warm-up, ``step % n_full == 0``; DESIGN: the text ends mid-Alg. 2); otherwise Eq. 5: ``xi ~ U[0, 1)``,
+``target = K_min (K-bar / K_min)^xi``, ``K_train = argmin_{k in budgets} |k - target|`` (a tie goes to the
+smaller k). ``sample(step)`` is a pure function of ``(seed, step)``, so a resumed run reproduces the schedule
+with no sampler state to save. Warm-up in epochs: ``warmup_steps_from_epochs`` (docs/es_ssm.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Standalone tier export and the export check (ESSH Appendix D.2, D.8, Q.2; ES-SSM Appendix B.6).
-
-``export_tier(model, tier)`` builds a model of the same class from the tier's standalone config and
-loads only the retained tensors (strict key matching). ``check_export`` compares the standalone model
-with the shared model evaluated at that tier on the same inputs: parameter count against the config
-formula, and logits (bitwise in float32 on CPU, where both use the same kernels on the same bytes).
-"""
+"""Standalone tier export and the export check (ESSH Appendix D.2, D.8, Q.2; ES-SSM Appendix B.6): parameter
+count against the config formula, and logits against the shared model at the tier (bitwise on CPU float32)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """Parameter matching of the baselines, reported with every run (ESSH Appendix E.6, Tables 8, 9, 39, 54).
 
-The paper's rules (Table 8): Transformer++ keeps ESSH's depth, width and vocabulary and matches the total
-within 2% through the FFN width (Table 9: 365.6M against ESSH's 370.9M at 370M; Table 54: 1536.3M against
-1531.1M at 1.5B, within 0.34%); MatFormer is that Transformer++ with nested FFN widths (Table 39 gives its
-count at each ESSH deployment fraction); an independent specialist has *exactly* the export shape of an
-ESSH tier (Table 43), so its count equals the tier's; a mixer-only ESSH (Tables 21-23) drops the attention
-blocks and is not matched (its counts are reported). All counts include the tied embedding once (Table 4).
-
-``parameter_report(cfg, source)`` computes the run's counts from its config and, from the ``model`` section
-as written (``arch``, ``preset``, ``tier_config``), the reference it is matched to: the ESSH model of the
-same preset (or, for a specialist, the tier of the described model) and the gap. ``elastic-ssm train``
-prints ``format_report`` before the first step and writes the report to ``<out_dir>/parameters.json``.
-"""
+Rules (Table 8): Transformer++ keeps ESSH's depth, width and vocabulary and matches the total within 2% through
+the FFN width; MatFormer is that backbone with nested FFN widths (Table 39); a specialist has exactly the export
+shape of an ESSH tier (Table 43); a mixer-only ESSH (Tables 21-23) is reported, not matched. ``elastic-ssm
+train`` prints ``format_report`` before the first step and writes ``<out_dir>/parameters.json``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The model card (``README.md``) written into every exported tier directory.
-
-``save_pretrained`` of a standalone export (a model whose ``source`` names its ``tier``: ``export_tier``,
-``elastic-ssm export``, the quickstart's exports, ``from_pretrained(dir, tier=...)``) calls ``model_card``.
-The card states what a person deploying the directory needs: the tier and its parent's sizes, the exact
-parameter count (ESSH Table 4 / ES-SSM counting, from the config), the decoding state in bytes (fp32
-recurrent states, bf16 window ring: ESSH Table 53), the tokenizer, quality when the caller knows it, and
-how to load the directory with this library and with Hugging Face ``transformers``.
-"""
+"""The model card (``README.md``) written by ``save_pretrained`` into every exported tier directory: the tier and
+its parent's sizes, exact parameter count, decoding state in bytes (ESSH Table 53), tokenizer, quality when
+known, and how to load the directory with this library and with Hugging Face ``transformers``."""
 
 from __future__ import annotations
 

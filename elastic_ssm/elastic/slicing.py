@@ -1,24 +1,16 @@
 """The one place where tier prefixes are cut (DESIGN rule 3).
 
-Every elastic tensor of both models keeps a *prefix* at a tier. Projections are ``nn.Linear`` modules
-with the usual ``[out, in]`` weight, so the elastic side decides the dim that is cut:
+Every elastic tensor keeps a *prefix* at a tier; projections are ``nn.Linear`` (``[out, in]`` weights):
 
-* dim 0 (rows, the output side): ESSH's mixer ``in_proj.weight`` ``[K (P + 3M), D]`` (channel-major:
-  values, write, read, clock rows of channel k together), the SwiGLU ``w_in.weight`` ``[2F, D]`` (rows
-  gate_h, up_h), the modal tables ``[K, M]``, ES-SSM's gate rows ``[K, d_g]`` and filters ``[K, L]``;
-* dim 1 (columns, the input side): ESSH's mixer ``out_proj.weight`` ``[D, K P]``, the SwiGLU
-  ``w_out.weight`` ``[D, F]`` and ES-SSM's ``proj.weight`` ``[D, K D]`` (M_k = columns kD..(k+1)D).
+* dim 0 (rows): ESSH's mixer ``in_proj.weight`` ``[K (P + 3M), D]`` (channel-major: values, write, read, clock
+  rows of channel k together), the SwiGLU ``w_in.weight`` ``[2F, D]`` (rows gate_h, up_h), the modal tables
+  ``[K, M]``, ES-SSM's gate rows ``[K, d_g]`` and filters ``[K, L]``;
+* dim 1 (columns): ESSH's mixer ``out_proj.weight`` ``[D, K P]``, the SwiGLU ``w_out.weight`` ``[D, F]`` and
+  ES-SSM's ``proj.weight`` ``[D, K D]`` (M_k = columns kD..(k+1)D).
 
-A dim-0 prefix is a contiguous view with the same base pointer; a dim-1 prefix is a strided view (row
-stride of the full width) that BLAS reads in place, and a standalone export stores it contiguous. The
-shared model evaluated at a tier and the export run the same kernels on the same values (bitwise-equal
-outputs on CPU, ESSH Q.2; tested).
-
-``prefix`` cuts tensors in the forward pass, ``linear`` applies a (prefix of a) ``nn.Linear`` — the whole
-module when nothing is cut, so a swapped module (an eager quantized Linear, a PEFT LoRA wrapper) runs at full
-width, and a clear error when asked for a prefix of one; ``slice_state_dict`` serves ``export_tier`` and
-``load_sliced_safetensors`` ``from_pretrained(..., tier=...)`` (reading only the retained prefixes).
-"""
+A dim-0 prefix is a contiguous view; a dim-1 prefix a strided view BLAS reads in place (an export stores it
+contiguous), so the shared model at a tier and its export give bitwise-equal outputs on CPU (ESSH Q.2; tested).
+``linear`` runs a swapped module (quantized Linear, LoRA wrapper) at full width only."""
 
 from __future__ import annotations
 
@@ -58,10 +50,8 @@ def prefix(t: torch.Tensor, n: int, dim: int = 0) -> torch.Tensor:
 
 
 def empty_linear(d_in: int, d_out: int) -> nn.Linear:
-    """An ``nn.Linear(d_in, d_out, bias=False)`` (weight [d_out, d_in]) on the current default device whose
-    values are left to the owning layer's ``reset_parameters``: built on the meta device, so no random draw
-    is spent (a seed gives the same model as the layouts before ``nn.Linear``) and meta construction stays
-    free."""
+    """An ``nn.Linear(d_in, d_out, bias=False)`` (weight [d_out, d_in]) on the current default device, built on the
+    meta device (no random draw spent) and left to the owning layer's ``reset_parameters``."""
     return nn.Linear(d_in, d_out, bias=False, device="meta").to_empty(device=torch.empty(0).device)
 
 
@@ -89,15 +79,9 @@ def linear_weight(module: nn.Module, rows: int | None = None, cols: int | None =
 
 
 def linear(module: nn.Module, x: torch.Tensor, rows: int | None = None, cols: int | None = None) -> torch.Tensor:
-    """``x [..., cols] -> [..., rows]`` through the first ``rows`` outputs and ``cols`` inputs of ``module``
-    (an ``nn.Linear``; its bias, if any, is cut with the rows; None = all of that side), ``x`` cast to the
-    weight's dtype.
-
-    An ``nn.Linear`` is evaluated as its own forward, ``F.linear`` on (prefix views of) its weight and bias
-    (through the module call when it has forward hooks, uncut). A module put in its place
-    (``quantize_dynamic``'s ``Linear``, a PEFT LoRA layer) is called as a module, at full width only: it has
-    no float weight to cut (``linear_weight`` refuses it).
-    """
+    """``x [..., cols] -> [..., rows]`` through the first ``rows`` outputs and ``cols`` inputs of ``module`` (None =
+    all; the bias is cut with the rows), ``x`` cast to the weight's dtype. A module put in an ``nn.Linear``'s place
+    (quantized, LoRA) is called as a module, at full width only (``linear_weight`` refuses a prefix of it)."""
     full = (rows is None or rows == module.out_features) and (cols is None or cols == module.in_features)
     if type(module) is nn.Linear:
         w, b = module.weight, module.bias

@@ -1,29 +1,17 @@
 """Capacity tiers: tier tables, tier resolution and exact per-tier costs, computed from a model config.
 
-Each architecture states its own arithmetic on its config (``elastic_ssm.config.ModelConfig``): this module
-is the functional front of those methods, with argument checks and readable output, and holds no switch
-over config types. The rules, by architecture:
+The functional front of each architecture's own arithmetic (``elastic_ssm.config.ModelConfig`` methods), with
+argument checks and readable output; no switch over config types. docs/tiers.md states every rule in prose.
 
-ESSH (``ESSHConfig``): a tier ``T`` keeps spectral channels ``1..K_T`` and FFN units ``1..n_ff,T`` given by
-the two-rate capacity map (ESSH paper Sec. 4.2, Eq. 7; Appendix D.1, Table 6)::
+ESSH: tier ``T`` keeps spectral channels ``1..K_T`` and FFN units ``1..n_ff,T`` by the two-rate map (Sec. 4.2,
+Eq. 7; Appendix D.1, Table 6)::
 
     K_T   = max(1, round(K-bar * xi_T ** 0.5))
     n_ff  = align * max(1, floor(d_ff * xi_T ** 0.8 / align))       (align = 64 in the paper)
 
-Parameter counts follow Eq. 25 of Appendix C.5 with the counting rules that reproduce Table 4 exactly
-(tied embedding once, two RMSNorm vectors per block and one final norm, bias-free value/output, attention
-and SwiGLU projections; write/read/clock rows carry one bias per mode). Persistent state follows C.5 and
-Table 53 (``2 (N - |A|) K_T m P`` recurrent entries; a ``window x d`` K and V cache per SWA layer).
-
-ES-SSM (``ESSSMConfig``): one tier per runtime budget ``K`` in ``cfg.budgets`` (ES-SSM paper Sec. 4);
-the FFN is not elastic, so ``n_ff = d * ffn_mult`` and ``xi = K / K-bar``.
-
-Transformer++ / MatFormer (``TransformerConfig``): nested FFN tiers only, ``K = 0``; ``n_ff`` by the
-one-rate map ``align max(1, floor(d_ff xi^e / align))`` (``e = 1``: Table 39), the full tier keeping
-``d_ff``; counts by the same rules as ESSH (Table 4), KV state of full attention at ``context``.
-
-All counts are computed from the config alone; ``docs/tiers.md`` states every rule in prose.
-"""
+parameters by Eq. 25 (C.5) with the counting rules that reproduce Table 4, state by C.5 and Table 53.
+ES-SSM: one tier per runtime budget ``K`` in ``cfg.budgets`` (Sec. 4), ``n_ff = d * ffn_mult``, ``xi = K / K-bar``.
+Transformer++ / MatFormer: nested FFN tiers only (``K = 0``, one-rate map with ``e = 1``, Table 39)."""
 
 from __future__ import annotations
 
@@ -33,20 +21,8 @@ from typing import Any
 
 from ..config.model import FractionTierConfig, ModelConfig, Tier, TierLike
 
-__all__ = [
-    "Tier",
-    "TierLike",
-    "tier_table",
-    "resolve_tier",
-    "capacity_tier",
-    "channels_for",
-    "ffn_width_for",
-    "num_parameters",
-    "parameter_breakdown",
-    "state_bytes",
-    "flops_per_token",
-    "format_tier_table",
-]
+__all__ = ["Tier", "TierLike", "tier_table", "resolve_tier", "capacity_tier", "channels_for", "ffn_width_for",
+           "num_parameters", "parameter_breakdown", "state_bytes", "flops_per_token", "format_tier_table"]
 
 
 def _model_config(cfg: Any, what: str) -> ModelConfig:
@@ -97,13 +73,10 @@ def tier_table(cfg: ModelConfig) -> list[Tier]:
 def resolve_tier(cfg: ModelConfig, tier: TierLike = None) -> Tier:
     """Turn a user-facing tier spec into a ``Tier`` of ``cfg``.
 
-    ESSH accepts ``None`` (full tier), a ``Tier``, a name ``"T<i>"`` (case-insensitive) or a float
-    capacity fraction ``xi`` (``capacity_tier``).
-    ES-SSM accepts ``None``, a ``Tier``, an int ``K`` in ``[1, K-bar]`` or ``"K<k>"``; a ``K`` outside
-    ``cfg.budgets`` is allowed and gets ``index`` 0. A ``Tier`` must equal the tier of the same name
-    computed from ``cfg`` (a tier of another config is refused). Anything else raises ``ValueError``
-    that lists the valid names.
-    """
+    ESSH accepts ``None`` (full tier), a ``Tier``, a name ``"T<i>"`` (case-insensitive) or a float capacity
+    fraction ``xi`` (``capacity_tier``). ES-SSM accepts ``None``, a ``Tier``, an int ``K`` in ``[1, K-bar]`` or
+    ``"K<k>"`` (a ``K`` outside ``cfg.budgets`` gets ``index`` 0). A ``Tier`` of another config is refused;
+    anything else raises ``ValueError`` listing the valid names."""
     return _model_config(cfg, "resolve_tier").resolve_tier(tier)
 
 
@@ -125,17 +98,13 @@ def state_bytes(
     cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_dtype_bytes: int = 4, kv_dtype_bytes: int = 2,
     decode: str = "exact", n_modes: int = 8, context: int = 2048,
 ) -> dict[str, int]:
-    """Persistent per-batch decoding state in bytes: ``recurrent``, ``kv`` and ``total``.
+    """Persistent per-batch decoding state in bytes: ``recurrent``, ``kv`` and ``total`` (docs/tiers.md).
 
-    ESSH: ``recurrent = 2 (N - |A|) K_T m P`` entries (C.5) in ``state_dtype_bytes`` (fp32 in Table 53);
-    ``kv = |A| * 2 * window * d`` entries (K and V of every SWA layer, a full window ring buffer) in
-    ``kv_dtype_bytes`` (bf16 in Table 53). ES-SSM (``decode``, ``n_modes`` apply to it only): the LTI
-    spectral sublayer has no finite recurrent realisation, so exact causal decoding (``decode='exact'``)
-    keeps the last ``L - 1`` normalised inputs of every block (``recurrent = N (L - 1) d`` entries,
-    whatever K); the modal decoder (``decode='modal'``, m = ``n_modes`` damped-rotation modes per retained
-    channel) keeps ``recurrent = 2 N K m d`` entries. ``kv = 0``. Equal to ``ESSSMCache.nbytes()``.
-    Transformer++ / MatFormer: ``kv = N * 2 * context * d`` entries (full attention), ``recurrent = 0``.
-    """
+    Entries per sequence by the config's ``tier_state``: ESSH ``2 (N - |A|) K_T m P`` recurrent entries (C.5) in
+    ``state_dtype_bytes`` (fp32 in Table 53) and a full ``window x d`` K and V ring per SWA layer in
+    ``kv_dtype_bytes`` (bf16 in Table 53); ES-SSM (``decode``, ``n_modes`` apply to it only) the exact decoder's
+    last ``L - 1`` inputs per block (``decode='exact'``) or ``2 N K m d`` modal entries (``decode='modal'``), equal to
+    ``ESSSMCache.nbytes()``; Transformer++ / MatFormer ``N * 2 * context * d`` KV entries."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     rec, kv = cfg.tier_state(resolve_tier(cfg, tier), decode=decode, n_modes=n_modes, context=context)
@@ -147,19 +116,9 @@ def state_bytes(
 def flops_per_token(cfg: ModelConfig, tier: TierLike = None, context: int = 2048) -> dict[str, int]:
     """Per-token FLOPs (one multiply-accumulate = 2 FLOPs, C.5) of ``tier`` by component, plus ``total``.
 
-    ESSH, summed over blocks:
-      ``projection`` 2 (2 d K_T P + 3 d K_T m) per spectral block (value in/out + selective rows, C.5);
-      ``ffn`` 2 * 3 d n_ff per block (SwiGLU, every block);
-      ``attention`` 2 (4 d^2 + 2 d min(context, window)) per SWA block (projections + scores/values);
-      ``scan`` 2 K_T (7 m P + 3 P) per spectral block: the recurrent step of Eq. 9 (decayed rotation
-      4mP, write mP, read-out 2mP), the zero-lag correction (Eq. 24, P) and the value blend (Eq. 23, 2P);
-      ``head`` 2 d V. Elementwise gate nonlinearities and norms are not counted.
-    ES-SSM, summed over blocks, ``context`` = sequence length T:
-      ``projection`` 2 (K d^2 + d d_g + d_g K) (M_k and the gate MLP); ``ffn`` 2 * 2 d n_ff;
-      ``scan`` the FFT convolution at length 2T amortised per token, ``5 d (K + 1) log2(2T) + 6 K d``
-      (one forward real FFT of the input, K pointwise products, K inverse real FFTs), rounded;
-      ``attention`` 0; ``head`` 2 d V (LM) or 2 d C / T (classification: one pooled head per sequence).
-    """
+    Keys ``projection``, ``ffn``, ``attention``, ``scan``, ``head``; the formulas are the config's ``tier_flops``
+    (ESSH: Eq. 9, 23, 24 per spectral block; ES-SSM: the FFT convolution at ``context`` = T). Elementwise gate
+    nonlinearities and norms are not counted."""
     if context < 1:
         raise ValueError(f"context must be >= 1, got {context}")
     return cfg.tier_flops(resolve_tier(cfg, tier), context)

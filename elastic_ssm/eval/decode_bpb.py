@@ -1,13 +1,9 @@
-"""Bits per byte measured through cached decoding: the exact ring buffer against the modal decoder.
+"""Bits per byte measured through cached decoding: the exact ring buffer against the modal decoder (ES-SSM).
 
-``decode_bpb(model, windows, tier, decode, n_modes)`` scores held-out windows [N, T] token by token the
-way generation produces them: the first ``prefill`` tokens are prefilled into an ``ESSSMCache``, every
-later token is fed with ``ESSSM.step`` (teacher forcing), and the next-token cross-entropy of positions
-``prefill-1 .. T-2`` is averaged (bits per token; per byte for the byte tokenizer, ``bytes_per_token``
-otherwise). ``modal_report`` runs it for the exact decoder and for the modal decoder at each budget and
-m, with the filter-fit errors of the retained channels (ESSH App. B.7 epsilon_k^(m)): the numbers of
-``docs/results.md`` (ES-SSM paper Eq. 4 realised with ESSH Eq. 4-5 modes).
-"""
+``decode_bpb`` prefills the first ``prefill`` tokens of held-out windows [N, T] into an ``ESSSMCache``, feeds
+every later token with ``ESSSM.step`` (teacher forcing) and averages the next-token cross-entropy;
+``modal_report`` runs it for the exact decoder and the modal decoder at each budget and m, with the filter-fit
+errors of the retained channels (ESSH App. B.7 epsilon_k^(m)): the numbers of ``docs/results.md``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,15 @@
 """Channel importance profile of a spectral model (ESSH paper Appendix L.3, Table 31, Figure 10).
 
-For every spectral channel ``k`` of a tier (default: the full model) two measurements on the same fixed
-held-out batches:
+For every spectral channel ``k`` of a tier, on the same fixed held-out batches:
 
-* **knock-out**: the validation perplexity (and bits per byte) increase after zeroing channel ``k`` in
-  every spectral layer at once. The channel's contribution is removed through the model's real forward
-  by replacing its output columns (ESSH ``out_proj.weight[:, kP:(k+1)P]`` [D, P] of [D, K P]; ES-SSM
-  ``proj.weight[:, kD:(k+1)D]`` = M_k [D, D] of [D, K D]) with zeros in a ``torch.func.functional_call``:
-  the model's own parameters are never written.
-* **output energy**: the mean squared activation of channel ``k``'s contribution to the mixer output,
-  averaged over positions, output coordinates and spectral layers (unperturbed forward). ESSH: the
-  contribution is ``K^{-1/2} W_k^out z_k`` (Sec. 4.1), ES-SSM: ``g_k M_k (Phi_k * u)`` (Eq. 3/4).
+* **knock-out**: the validation perplexity (and bits per byte) increase after zeroing channel ``k`` in every
+  spectral layer, through a ``torch.func.functional_call`` with its output columns zeroed (ESSH
+  ``out_proj.weight[:, kP:(k+1)P]`` [D, P]; ES-SSM ``proj.weight[:, kD:(k+1)D]`` = M_k [D, D]);
+* **output energy**: the mean squared activation of channel ``k``'s contribution to the mixer output (ESSH
+  ``K^{-1/2} W_k^out z_k``, Sec. 4.1; ES-SSM ``g_k M_k (Phi_k * u)``, Eq. 3/4), averaged over layers.
 
-Summaries, as in Table 31: the ordering ``-Spearman(k, importance_k)`` (larger = importance falls faster
-with the channel index; NaN for a constant profile) and the share of the first ``first`` (8) channels,
-``sum_{k<=8} imp_k / sum_k imp_k``. A knock-out that *lowers* the perplexity counts as 0 in its share.
-"""
+Summaries (Table 31): ``-Spearman(k, importance_k)`` and the share of the first ``first`` (8) channels; a
+knock-out that lowers the perplexity counts as 0 in its share."""
 
 from __future__ import annotations
 

@@ -1,25 +1,11 @@
-"""lm-evaluation-harness adapter: any tier of an elastic model as an lm-eval ``LM``.
+"""lm-evaluation-harness adapter: any tier of an elastic model as an lm-eval ``LM`` (ESSH Appendix E.4; Tables
+1(a), 13, 15). Usage: docs/evaluation.md; needs the ``eval`` extra (lm-eval >= 0.4.9).
 
-The ESSH paper reports zero-shot accuracy of every tier on LAMBADA, HellaSwag, PIQA, ARC-e/c, WinoGrande
-and OpenBookQA with lm-evaluation-harness (Appendix E.4; Tables 1(a), 13 and 15). ``ElasticLM`` serves
-one tier of a shared model (or a standalone export) to the harness; ``evaluate_tiers_on_tasks`` loads the
-model once and runs the same tasks for every requested tier (same prompts, same evaluator: E.4).
-
-    from elastic_ssm.eval.lm_harness import ElasticLM, evaluate_tiers_on_tasks
-    rows = evaluate_tiers_on_tasks("runs/x/final", ["piqa", "hellaswag"], tiers="all")
-
-or ``lm_eval.simple_evaluate(model=ElasticLM("runs/x/final", tier="T3"), tasks=["piqa"])``. The command
-line is ``elastic-ssm lm-eval CHECKPOINT --tasks piqa,hellaswag --tiers all``. Needs the ``eval`` extra
-(``pip install 'elastic-ssm[eval]'``, lm-eval >= 0.4.9); the harness downloads its datasets itself.
-
-Scoring (``_loglikelihood_tokens``): context + continuation, left-truncated to ``max_length + 1`` tokens,
-run as one causal forward at ``tier`` (right-padded batches, longest first: padding after a row's last
-token cannot change its logits); the log-probability of the continuation is the sum over its tokens, and
-``is_greedy`` is true when every continuation token is the argmax. Rolling log-likelihood (perplexity
-tasks) uses the harness's own disjoint rolling windows of ``max_length`` tokens. ``generate_until`` runs
-the model's cached generation (ESSH and ES-SSM; the Transformer++ baselines have none), greedy unless the task
-asks for sampling, and cuts the text at the first stop string.
-"""
+``ElasticLM`` serves one tier of a shared model (or a standalone export); ``evaluate_tiers_on_tasks`` loads the
+model once and runs the same tasks for every requested tier. Scoring: context + continuation, left-truncated to
+``max_length + 1`` tokens, one right-padded causal forward at ``tier`` (``scoring.py``); ``is_greedy`` when every
+continuation token is the argmax. Rolling log-likelihood uses the harness's disjoint windows of ``max_length``
+tokens; ``generate_until`` runs the model's cached generation and cuts the text at the first stop string."""
 
 from __future__ import annotations
 
@@ -75,26 +61,20 @@ def check_model_args(args: Iterable[str], added: dict[str, Any] | None = None) -
 class ElasticLM(TemplateLM):
     """One tier of an elastic model behind lm-eval's ``LM`` interface (see module docstring).
 
-    ``show_progress`` (a class default, True: lm-eval's own command line decides with ``disable_tqdm``) gates the
-    scoring bar; ``evaluate_tiers_on_tasks`` sets it from its ``progress`` argument.
+    ``show_progress`` (class default True) gates the scoring bar; ``evaluate_tiers_on_tasks`` sets it.
 
     Args:
-        pretrained: a model (``ESSH`` / ``ESSSM`` / a standalone export) or a directory written by
-            ``save_pretrained``.
-        tier: tier name (``"T3"``; ES-SSM ``"K8"`` or a budget, ``8`` or ``"8"``), or ``"full"`` / None
-            (default "full": the whole model, also for a standalone export).
+        pretrained: a model (``ESSH`` / ``ESSSM`` / a standalone export) or a ``save_pretrained`` directory.
+        tier: tier name (``"T3"``; ES-SSM ``"K8"`` or a budget, ``8`` or ``"8"``), or ``"full"`` / None (default).
         tokenizer: None (default): the tokenizer saved with the model (bytes for a model without one); else
             ``"bytes"``, a ``tokenizer.json`` or a tokenizer folder, which must equal the saved one.
         device: where a loaded model goes (default: the model's device, else ``"cpu"``).
-        batch_size: sequences per forward pass (an int), or ``"auto"`` (below).
+        batch_size: sequences per forward pass, or ``"auto"``: on CUDA the largest power of two up to
+            ``max_batch_size`` whose forward at the longest request fits in memory; on CPU ``min(8, max_batch_size)``.
         max_length: longest scored input in tokens; longer inputs keep their last ``max_length`` tokens.
         max_gen_toks: default generation length for ``generate_until``.
-        precision: ``"fp32"`` or ``"bf16"`` (autocast, CUDA).
-        batch_size: also ``"auto"`` (lm-eval's ``--batch_size auto``): on CUDA the largest power of two up
-            to ``max_batch_size`` whose forward at the longest request's length fits in memory, found on
-            the first batch; on CPU ``min(8, max_batch_size)``.
-        max_batch_size: the ceiling of ``batch_size="auto"`` (default 64).
-    """
+        precision: ``"fp32"`` or ``"bf16"`` (autocast).
+        max_batch_size: the ceiling of ``batch_size="auto"`` (default 64)."""
 
     backend = "causal"
     show_progress = True

@@ -1,27 +1,15 @@
-"""Needle-in-a-haystack (NIAH) key retrieval by tier (ESSH paper Appendix E.4 "Needle retrieval", H.1-H.2,
-Tables 1(b), 17 and 18).
+"""Needle-in-a-haystack (NIAH) key retrieval by tier (ESSH paper Appendix E.4, H.1-H.2, Tables 1(b), 17, 18).
 
 A trial plants a sentence holding a six-digit key into filler text at a relative depth, then asks for the
 key at the end of a ``context_len``-token sequence::
 
     [filler ... NEEDLE(key) ... filler] QUERY -> key digits
 
-Each of ``n_pairs`` key pairs (a planted key and a counterfactual alternative, distinct random six-digit
-numbers) is run at every depth (default 0.1, 0.3, 0.5, 0.7, 0.9; 256 pairs x 5 depths = 1280 trials).
-The paper's tables use the counterfactual condition (``condition="counterfactual"``): the alternative key
-is the one inserted and the expected answer, the planted key is the competitor. Per trial, from one
-teacher-forced forward over the sequence followed by the expected key (and one with the competitor):
-
-* ``full_key``: every key token is the argmax given the correct preceding key tokens (primary metric);
-* ``first_token``: the first key token is the argmax;
-* ``margin_win``: the expected key's summed log-probability is higher than the competitor's.
-
-The 95% interval of full-key accuracy resamples the key pairs with replacement, keeping each pair's
-depths together (item-cluster bootstrap, 2000 replicates); ``half_width`` is half its width.
-The filler is text from an evaluation corpus (the validation split of ``stdlib`` by default), a fixed
-window per pair; the needle and query sentences are this module's templates (the paper does not print
-its own), so scores are comparable between tiers and models evaluated here, not to the paper's digits.
-"""
+Each of ``n_pairs`` key pairs (planted key, counterfactual alternative) runs at every depth; with
+``condition="counterfactual"`` (the paper's) the alternative is inserted and expected. Metrics per trial (one
+teacher-forced forward with the expected key, one with the competitor): ``full_key`` (every key token is the
+argmax), ``first_token`` and ``margin_win`` (the expected key's log-probability beats the competitor's).
+``half_width``: half the 95% item-cluster bootstrap interval of full-key accuracy. More in docs/evaluation.md."""
 
 from __future__ import annotations
 

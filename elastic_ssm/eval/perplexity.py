@@ -1,12 +1,8 @@
 """Per-tier held-out loss, perplexity and bits-per-byte of one shared model (or of exports).
 
-``evaluate_tiers`` runs the shared model at every requested tier on the same fixed batches
-(ESSH E.4: same inputs, same evaluator for every tier) and returns one ``TierEval`` per tier.
-Bits per byte = loss_nats / ln 2 / bytes_per_token (1 for the byte tokenizer). A tier may be a named
-tier or any capacity fraction ``xi`` in (0, 1] (``Tier.index`` 0: the two-rate map of Eq. 7 at a budget
-training never sampled); the row reports ``xi`` and the exact parameter count of that capacity's export.
-``loss_sums`` is the scoring loop itself, shared with the channel knock-out (``importance.py``).
-"""
+``evaluate_tiers`` runs the shared model at every requested tier (a named tier or any capacity fraction ``xi``,
+Eq. 7) on the same fixed batches (ESSH E.4). Bits per byte = loss_nats / ln 2 / bytes_per_token. ``loss_sums`` is
+the scoring loop, shared with the channel knock-out (``importance.py``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Teacher-forced scoring of continuations: the shared core of the lm-eval adapter (``lm_harness.py``) and
-the needle probe (``needle.py``).
-
-For each row, ``context + continuation[:-1]`` runs through one right-padded causal forward at ``tier``
-(padding after a row's last token cannot change its logits); the row's result is the summed
-log-probability of ``continuation`` and, per continuation token, whether it is the argmax given the
-correct preceding tokens.
-"""
+"""Teacher-forced scoring of continuations, shared by the lm-eval adapter and the needle probe: each row's
+``context + continuation[:-1]`` runs through one right-padded causal forward at ``tier``."""
 
 from __future__ import annotations
 
