@@ -1,19 +1,12 @@
 """Sliding-window causal self-attention with RoPE (ESSH Sec. 4, Appendix E.2).
 
-Query i attends keys j with 0 <= i - j < window (the current token included) and, in a padded batch, only
-non-padding keys (a padding query attends itself so its softmax stays finite). q, k, v, o carry no biases (4
-d^2 parameters, Table 4): ``qkv`` (``nn.Linear``, weight [3D, D]) and ``out`` ([D, D]). Attention is shared by
-every tier.
-
-Training / prefill: when the window covers the sequence, causal SDPA (flash on GPU). Longer unpadded
-sequences on CUDA use ``flex_attention`` with a block-sparse sliding-window mask (:func:`swa_block_mask`:
-key tiles wholly inside the band skip the mask, tiles crossing its edges apply it, all others are never
-read), compiled once per power-of-two length bucket (:func:`flex_length`), for at most ``FLEX_MAX_SHAPES``
-shapes a process; exact, forward and backward. Elsewhere (CPU, padded batches, heads narrower than
-``FLEX_MIN_HEAD_DIM``, or ``SWA_KERNEL = "masked"``) SDPA with a boolean band mask, in query blocks of one
-window against the 2-window key band for T > 2 window, so memory stays O(T * window). Decoding uses a ring buffer of
-``window`` key/value slots per sequence (``models/cache.py``); rotary phases come from absolute positions
-computed on the fly in float64 (no buffers, so meta-device construction and loading stay exact).
+Query i attends keys j with 0 <= i - j < window (itself included) and, in a padded batch, only non-padding keys
+(a padding query attends itself). No biases (4 d^2 parameters, Table 4): ``qkv`` (weight [3D, D]) and ``out``
+([D, D]); shared by every tier. Training / prefill: causal SDPA when the window covers the sequence; longer
+unpadded CUDA sequences use ``flex_attention`` with a block-sparse band (:func:`swa_block_mask`, lengths bucketed
+by :func:`flex_length`); elsewhere SDPA with a boolean band mask in query blocks of one window (O(T * window)
+memory). Decoding: a ring of ``window`` key/value slots per sequence; RoPE phases from absolute positions in
+float64. Paths and limits: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -91,26 +84,18 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-#: How many shapes the eager-mode flex call may compile in one process. torch.compile compiles ``flex_attention``
-#: once per input shape and, past its recompile limit (8), runs it unfused, with the whole [T, T] score matrix
-#: in memory (out of memory at long prompts): shapes past this count take the masked SDPA path instead (exact,
-#: O(T * window) memory, slower). Lengths are bucketed (:func:`flex_length`), so one batch size and dtype
-#: cover prompts up to 2**(log2(window) + FLEX_MAX_SHAPES).
+#: How many shapes the eager-mode flex call may compile in one process (below torch.compile's recompile limit);
+#: later shapes take the masked SDPA path (docs/performance.md).
 FLEX_MAX_SHAPES = 7
 
-#: The narrowest head flex_attention's kernels take (torch's inductor lowering refuses query/key/value
-#: embeddings below 16: "NYI: embedding dimension ... must be at least 16"); narrower heads, as in small
-#: test-scale models, take the masked SDPA path.
+#: The narrowest head flex_attention's kernels take; narrower heads take the masked SDPA path.
 FLEX_MIN_HEAD_DIM = 16
 _flex_shapes: set = set()
 
 
 def flex_length(T: int, block_size: int = 128) -> int:
-    """The length flex_attention runs a T-token sequence at: the next power of two (at least one tile).
-
-    Prompts of every length between two powers of two share one compiled kernel; the padding (keys and queries
-    after the last token) is never attended by a real query (the band is causal) and its outputs are dropped, so
-    the result is exact. At most twice the attention work, on the sliding-window blocks only."""
+    """The length flex_attention runs a T-token sequence at: the next power of two (at least one tile); the
+    padding after the last token is never attended (causal band) and is dropped, so the result is exact."""
     n = max(T, block_size)
     return 1 << (n - 1).bit_length()
 
@@ -139,8 +124,7 @@ def swa_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, blo
 
     ``compiled``: run flex_attention through ``torch.compile`` (its fast kernels; inside an already
     compiled graph it is traced in place). False runs the eager reference (tests on CPU). Outside a compiled
-    graph the sequence runs at ``flex_length(T)`` (zero padding at the end, dropped from the output), so
-    prompts of many lengths compile few kernels.
+    graph the sequence runs at ``flex_length(T)``.
     """
     T = q.shape[-2]
     if torch.compiler.is_compiling():

@@ -1,26 +1,12 @@
 """Decode plans: what each layer hands the fused decoder for one tier (ESSH Appendix O.3, Algorithm 4).
 
-A layer's ``decode_plan(tier, ...)`` returns one of these: the prefix *views* of its ``nn.Linear`` weights
-for the tier (cut by ``elastic.slicing``; ``[out, in]``, so an output product's view is a column prefix
-read with the full row stride; no copies unless an in-by-out copy for the split kernel is asked for) and the
-fixed constants its fused kernel needs, precomputed once when the tier is loaded. Each plan runs its own part of
-one decode step on the residual stream ``x`` [B, D]:
-
-* ``fused(x, norm, eps, state, opts)`` (batch <= ``ops.gemv.MAX_FUSED_BATCH``): float32 residual stream,
-  the block's pre-norm folded into the input product, the output product added into ``x`` in place;
-* ``batched(x, norm, eps, state, opts)`` (any batch): residual stream in the embedding dtype, cuBLAS
-  products, the same recurrent / window kernels; returns the new ``x``.
-
-Rows at different tiers in one step (``FastDecoder(mixed=True)``, the serving engine's one slot pool): the plans
-are those of the widest tier, and ``DecodeOptions`` carries two per-row factors that give each row its own tier's
-result. ``channel_scale [B, K P]`` multiplies the spectral readout ``K^{-1/2} z`` of the widest tier's K: a row at
-a tier of K_T channels gets ``sqrt(K / K_T)`` on its first K_T P entries (so its readout is ``K_T^{-1/2} z``, Sec.
-4.1) and 0 beyond; ``unit_mask [B, n_ff]`` zeroes the SwiGLU activations past the row's n_ff. Channels and FFN
-units are independent of each other (a channel's modes read only its own rows of ``in_proj``, Eq. 5, 23), so
-every row equals its own tier's step; a row's channels past K_T keep evolving, unread.
-
-The math of every plan is its layer's ``step`` (the reference it is tested against); the kernels live in
-``ops/`` (``ops.gemv``, ``ops.norm_swiglu``, ``ops.spectral_scan.decode_triton``, ``ops.swa_decode``).
+A layer's ``decode_plan(tier, ...)`` returns one of these: prefix *views* of its ``nn.Linear`` weights
+(``elastic.slicing``; an in-by-out copy only for the split kernel) and the fixed constants of its fused kernel,
+precomputed when the tier is loaded. Each plan runs its part of one step on the residual stream ``x`` [B, D]:
+``fused(x, norm, eps, state, opts)`` (batch <= ``ops.gemv.MAX_FUSED_BATCH``: float32 stream, pre-norm folded
+into the input product, output added into ``x`` in place) or ``batched(...)`` (any batch: embedding dtype,
+cuBLAS products; returns the new ``x``). Rows at different tiers: ``DecodeOptions.channel_scale`` /
+``unit_mask`` (docs/performance.md, "Rows at different tiers"). The math of every plan is its layer's ``step``.
 """
 
 from __future__ import annotations
@@ -43,7 +29,7 @@ class DecodeOptions:
     """Kernel choices of one decoder: ``backend`` 'triton' | 'torch', programmatic dependent launch,
     the torch window step's ``attention`` ('sdpa' | 'math'), the window ring's attended ``span`` (its first
     slots only, ``ops.swa_decode``; None: the whole ring), and for rows at different tiers the per-row
-    ``channel_scale [B, K P]`` and ``unit_mask [B, n_ff]`` (module docstring; None: every row at the plan's tier)."""
+    ``channel_scale [B, K P]`` and ``unit_mask [B, n_ff]`` (docs/performance.md; None: every row at the plan's tier)."""
 
     backend: str
     pdl: bool
@@ -54,7 +40,7 @@ class DecodeOptions:
 
 
 def _per_row(a: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
-    """``a * factor`` (rows' own tiers, module docstring), in place; ``a`` itself when every row is at the plan's."""
+    """``a * factor`` (rows' own tiers), in place; ``a`` itself when every row is at the plan's."""
     return a if factor is None else a.mul_(factor[:a.shape[0]].to(a.dtype))
 
 

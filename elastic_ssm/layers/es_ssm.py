@@ -6,18 +6,10 @@
     g_k(t) = sigmoid(s_k(t)) / sqrt(K)
     S_K(u)(t) = sum_{k=1}^{K} g_k(t) M_k (Phi_k * u)(t)
 
-with fixed Hankel filters ``Phi_k`` (the persistent buffer ``filters`` [K-bar, L], float32, built from
-``spectral.hankel_filters`` in float64) and learned ``M_k``. Every channel-indexed tensor keeps a prefix
-of its channels (``gate_out.weight`` [K, d_g], ``gate_out.bias`` [K] and ``filters`` [K, L] along dim 0,
-``proj.weight`` [d, K d] along dim 1; ``elastic/slicing.py``), and nothing is computed for channels
-k > K (Appendix B.6 prefix consistency, B.7 zero gradient for removed channels).
-
-``proj`` is one ``nn.Linear(K d, d)``: ``M_k`` is the column block ``proj.weight[:, k d : (k + 1) d]``.
-Since g_k(t) is a scalar, ``g_k M_k X_k = M_k (g_k X_k)``: the convolved features are gated first and the
-K projections plus the channel sum run as one matrix product (gate-before-projection).
-
-Cached decoding (one token per call: exact ring buffer or modal states) is ``SpectralDecodeMixin`` in
-``es_ssm_decode.py``; ``ESSSMBlock.step`` composes it with the FFN.
+with fixed Hankel filters ``Phi_k`` (buffer ``filters`` [K-bar, L], float32 from float64) and learned ``M_k``,
+the column block ``proj.weight[:, k d : (k + 1) d]`` of one ``nn.Linear(K d, d)``, applied after the gate
+(gate-before-projection). A budget keeps a prefix of every channel-indexed tensor (``elastic/slicing.py``;
+Appendix B.6, B.7). Cached decoding: ``SpectralDecodeMixin`` in ``es_ssm_decode.py``.
 
 ``ESSSMBlock``: ``r_mid = r + DropPath(S_K(LN1(r)))``, ``r_out = r_mid + DropPath(FFN(LN2(r_mid)))``
 with a GELU FFN d -> ffn_mult*d -> d (biases, dropout after the activation and after the output).
@@ -46,10 +38,7 @@ def on_meta_device() -> bool:
 
 
 def hankel_filter_tensor(seq_len: int, n_channels: int) -> torch.Tensor:
-    """The first ``n_channels`` Hankel eigenfilters of length ``seq_len`` as float32, [K, L] (App. B.3).
-
-    Computed in float64 (and cached on disk) by ``spectral.hankel_filters``; rounded to float32 once.
-    """
+    """The first ``n_channels`` Hankel eigenfilters of length ``seq_len`` (float64, App. B.3) as float32 [K, L]."""
     from ..spectral import hankel_filters
 
     _, phi = hankel_filters(seq_len, n_channels)  # numpy float64 [K, L]
@@ -90,16 +79,9 @@ class GeluFFN(nn.Module):
 
 
 class SpectralSublayer(SpectralDecodeMixin, nn.Module):
-    """The ES-SSM spectral sublayer S_K of Eq. 4 (input and output width d).
-
-    Args:
-        d_model: width d.
-        n_channels: full budget K-bar.
-        seq_len: filter length L (the longest sequence accepted).
-        gate_hidden: gate-MLP hidden width d_g (paper: d / 2).
-        gate_bias_init: initial b_g2 (paper: -2, sigmoid(-2) ~ 0.12).
-        init_std: std of the normal initialisation of W_g1, W_g2 and M_k.
-    """
+    """The ES-SSM spectral sublayer S_K of Eq. 4 of width ``d_model``, full budget ``n_channels`` (K-bar),
+    filter length ``seq_len`` (the longest sequence), gate-MLP width ``gate_hidden`` (paper: d / 2), initial
+    b_g2 ``gate_bias_init`` (paper: -2) and ``init_std`` for W_g1, W_g2 and M_k."""
 
     def __init__(
         self, d_model: int, n_channels: int, seq_len: int, gate_hidden: int,
@@ -135,11 +117,7 @@ class SpectralSublayer(SpectralDecodeMixin, nn.Module):
         return torch.sigmoid(s) * (1.0 / math.sqrt(K))
 
     def channel_outputs(self, u: torch.Tensor, K: int | None = None) -> torch.Tensor:
-        """The retained-channel contributions z_k(t) = g_k(t) M_k (Phi_k * u)(t), [B, T, K, D].
-
-        A diagnostic (Figure 1's z_k): it materialises every channel's projection, which ``forward``
-        avoids. ``forward(u, K) == channel_outputs(u, K).sum(2)`` up to summation order.
-        """
+        """Figure 1's z_k(t) = g_k(t) M_k (Phi_k * u)(t), [B, T, K, D] (a diagnostic); they sum to ``forward``."""
         K = self.n_channels if K is None else K
         g = self.gates(u, K)  # [B, T, K]
         x = fft_causal_conv(u, prefix(self.filters, K))  # [B, T, K, D]
@@ -147,10 +125,7 @@ class SpectralSublayer(SpectralDecodeMixin, nn.Module):
         return torch.einsum("btki,kio->btko", (x * g.unsqueeze(-1)).to(m.dtype), m)
 
     def forward(self, u: torch.Tensor, K: int | None = None, phi: torch.Tensor | None = None) -> torch.Tensor:
-        """S_K(u) of Eq. 4: u [B, T, D] -> [B, T, D]; nothing is computed for channels k > K.
-
-        ``phi`` [K, L] replaces the first K Hankel filters (the modal decoder's fitted filters).
-        """
+        """S_K(u) of Eq. 4: u [B, T, D] -> [B, T, D]; ``phi`` [K, L] replaces the first K filters (modal decoding)."""
         K = self.n_channels if K is None else K
         self._check_budget(K)
         B, T, D = u.shape

@@ -1,26 +1,12 @@
 """Cached decoding of the ES-SSM spectral sublayer (ES-SSM paper Eq. 4): exact ring buffer and modal state.
 
 The sublayer is linear time-invariant in its input ``u`` [B, T, D]: channel k sees the causal convolution
-``x_k(t) = sum_{tau=0}^{L-1} phi_k(tau) u(t - tau)`` (Eq. 3/4, ``u(s) = 0`` for s < 0), which is then
-gated and projected exactly as in ``SpectralSublayer.forward``. Two ways to produce ``x_k(t)`` one token
-at a time:
-
-``decode="exact"`` (default): a ring buffer of the last ``S = L - 1`` inputs [B, S, D]. One new token
-costs ``x_k(t) = phi_k(0) u(t) + sum_{s<S} phi_k(lag_s) buf[s]`` -- one dot product of length L per
-retained channel and feature, no FFT. Slot ``s`` holds the input of the time ``t' = s (mod S)`` with lag
-``t - t'`` in 1..S, so the filter read in slot order is ``phi[1 + (t - 1 - s) mod S]``: a contiguous slice
-``window[:, o : o + S]`` (``o = -t mod S``) of the doubled, reversed tail ``window[k, j] = phi_k(1 + (S - 1
-- j) mod S)`` [K, 2S - 1]; no gather. Slots never written hold zeros (inputs before the sequence).
-
-``decode="modal"`` (opt-in, m modes): each retained filter is replaced by its matrix-pencil fit (ESSH
-App. C.1.1, ``spectral.fit_damped_modes``) ``phi_k(tau) ~ sum_i Re(c_i z_i^tau)``,
-``z_i = rho_i e^{i theta_i}``, ``c_i = kc_i + i ks_i`` (ESSH Eq. 4). Then ``x_k(t) = sum_i Re(c_i h_i(t))``
-with the damped rotation ``h_i(t) = z_i h_i(t-1) + u(t)`` (ESSH Eq. 5 with unit gates): a state
-[B, K, M, 2, D] (real and imaginary parts) of constant size. The modal decoder computes exactly the model
-whose filters are the fitted ones (``ModalFit.filters``); its prefill convolves with those filters.
-
-Left padding: the caller zeroes the sublayer input at padded positions; since only lags enter, a row is
-then its unpadded run (every row shares one time index, the padded length).
+``x_k(t) = sum_{tau=0}^{L-1} phi_k(tau) u(t - tau)`` (Eq. 3/4), gated and projected as in ``forward``.
+``decode="exact"`` (default): a ring buffer of the last ``S = L - 1`` inputs [B, S, D], read against a slice
+of the doubled, reversed filter tail ``window`` [K, 2S - 1]. ``decode="modal"`` (opt-in, m modes): each filter
+replaced by its matrix-pencil fit (ESSH Eq. 4, App. C.1.1), a state [B, K, M, 2, D] of constant size (ESSH
+Eq. 5 with unit gates); it computes exactly the model whose filters are the fitted ones. Left padding: the
+caller zeroes the sublayer input at padded positions. docs/es_ssm.md, "Cached decoding".
 """
 
 from __future__ import annotations
@@ -77,12 +63,8 @@ def _fit_row(row: np.ndarray, n_modes: int) -> DampedModes:
 
 
 def modal_fit(filters: torch.Tensor, n_modes: int) -> ModalFit:
-    """Matrix-pencil fits (``spectral.fit_damped_modes``) of the rows of ``filters`` [K, L], m = ``n_modes``.
-
-    The model's own filter buffer is fitted (a saved model carries its filters). Each row is cached
-    in-process by its bytes and m, so the blocks of one model (identical filters) and caches of several
-    budgets (shared prefixes) fit every channel once.
-    """
+    """Matrix-pencil fits (``spectral.fit_damped_modes``) of the rows of ``filters`` [K, L], m = ``n_modes``;
+    each row cached in-process by its bytes and m."""
     phi = filters.detach().to("cpu", torch.float64).contiguous()  # [K, L]
     fits = [_fit_row(row, n_modes) for row in phi.numpy()]
     t = lambda name: torch.from_numpy(np.stack([getattr(f, name) for f in fits]))  # [K, M]
@@ -173,12 +155,8 @@ class SpectralDecodeMixin:
             )
 
     def prefill(self, u: torch.Tensor, state: SpectralDecodeState) -> torch.Tensor:
-        """Forward over a whole prompt and fill ``state`` for the next token (``state.t`` becomes T).
-
-        ``u`` [B, T, D] is the (masked) sublayer input of times 0..T-1 (T <= L). exact: the same FFT
-        forward as training, and the last min(T, S) inputs go to slots ``t mod S``. modal: the forward
-        with the fitted filters, and ``h_i(T-1) = sum_t z_i^(T-1-t) u(t)`` (phases in float64).
-        """
+        """Forward over a whole prompt ``u`` [B, T, D] (masked, T <= L) -> [B, T, D]; fills ``state`` for the next
+        token (``state.t`` becomes T). modal: ``h_i(T-1) = sum_t z_i^(T-1-t) u(t)`` (phases in float64)."""
         plan, buf, T = state.plan, state.buffer, u.shape[1]
         K = plan.K
         state.t = T

@@ -1,15 +1,10 @@
 """Elastic SwiGLU feed-forward layer (Shazeer, 2020) with prefix width and FFN gradient scaling.
 
-Both products are ``nn.Linear`` modules without bias, unit-ordered so a tier keeps a prefix (ESSH D.2):
-``w_in.weight`` [2F, D] holds the gate and up rows of unit h at rows 2h and 2h + 1 (a row prefix of 2 n_ff),
-``w_out.weight`` [D, F] the down-projection column of unit h as column h (a column prefix).
-``forward(x, n_ff)`` evaluates only the first ``n_ff`` units. While ``grad_scale`` is set (a float a, by the
-trainer for the forward of a reduced-capacity micro-batch: ``train.losses.ffn_grad_scaled``; None otherwise)
-it applies W_hat = a W + (1 - a) sg(W) to the retained weights (ESSH D.4: forward unchanged, parameter
-gradients scaled by a = alpha_ff). The knob is the trainer's; the layer only knows the reparameterisation.
-
-For the importance ordering (ESSH D.3) the layer can keep a running mean of squared unit activations
-``act_sq`` [F] on full-width calls when ``track_activations`` is set (training state, not a parameter).
+Unit-ordered ``nn.Linear`` products without bias, so a tier keeps a prefix (ESSH D.2): ``w_in.weight`` [2F, D]
+(gate and up rows of unit h at rows 2h, 2h + 1) and ``w_out.weight`` [D, F] (unit h = column h);
+``forward(x, n_ff)`` evaluates the first ``n_ff`` units. While ``grad_scale`` is a float a (set by
+``train.losses.ffn_grad_scaled``) the retained weights are W_hat = a W + (1 - a) sg(W) (ESSH D.4). With
+``track_activations``, full-width calls keep a running mean of squared unit activations ``act_sq`` [F] (D.3).
 """
 
 from __future__ import annotations
@@ -36,11 +31,7 @@ class _ScaleGrad(torch.autograd.Function):
 
 
 def scale_grad(w: torch.Tensor, alpha: float) -> torch.Tensor:
-    """W_hat = alpha W + (1 - alpha) sg(W) (ESSH D.4): bit-exact identity forward, gradient scaled by alpha.
-
-    Implemented as a custom autograd function, so the forward reads W itself (no weight-sized temporaries)
-    for every alpha, and the parameter gradient from this branch is exactly alpha times the unscaled one.
-    """
+    """W_hat = alpha W + (1 - alpha) sg(W) (ESSH D.4): bit-exact identity forward, gradient scaled by alpha."""
     return _ScaleGrad.apply(w, alpha)
 
 

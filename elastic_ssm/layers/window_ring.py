@@ -29,10 +29,9 @@ class RingState:
               valid: torch.Tensor | None) -> None:
         """Store keys/values [B, H, T, hd] of the last ``window`` valid tokens at slots ``pos % window``.
 
-        An unpadded T = 1 (a decode step) writes its slot directly. T > 1 is a prefill of an empty ring with a
-        left-padded (or unpadded) batch: the row's n valid tokens are its last n, so slot s holds position
-        ``p_s = s + W floor((n - 1 - s) / W)`` (empty when s >= n). The ring is gathered, not scattered, so
-        the write is a fixed-shape, host-sync-free op (CUDA-graph and compile friendly).
+        T = 1 unpadded (a decode step) writes its slot; T > 1 prefills an empty ring (left-padded or unpadded):
+        slot s holds position ``s + W floor((n - 1 - s) / W)`` of a row's n valid tokens (empty when s >= n),
+        gathered, not scattered: fixed-shape and host-sync-free.
         """
         B, _, T, _ = k.shape
         W = self.window

@@ -1,15 +1,10 @@
 """Inference cache of an ESSH model at one tier: one state per layer, each the layer's own ``init_state``.
 
-A spectral layer's state is its mode states ``[B, K_T, M, 2, P]`` (float32 by default: ESSH Sec. 4.3,
-2 K_T m P entries per layer); a sliding-window-attention layer's state is a ``RingState``
-(``layers/window_ring.py``), a ring buffer of ``window`` key and value slots ``[B, H, W, hd]`` (bfloat16
-by default, Table 53) with the absolute position held by every slot (``-1`` = empty). ``positions`` [B]
-is the next position of every sequence (left padding does not count), shared by every ring. Sizes follow
-the tier; ``nbytes`` equals ``elastic.tiers.state_bytes`` of the config (slot bookkeeping excluded).
-
-Every tensor stays at a fixed address for the cache's lifetime (``reset_`` and the writes are in place),
-so a decode step over the cache can be captured in a CUDA graph; ``narrow(rows)`` gives a cache of views of
-the first rows, for a prompt batch smaller than a captured batch bucket.
+Spectral layers: mode states ``[B, K_T, M, 2, P]`` (float32 by default, ESSH Sec. 4.3); window-attention
+layers: a ``RingState`` (``layers/window_ring.py``, ``[B, H, W, hd]``, bfloat16 by default, Table 53).
+``positions`` [B] is every sequence's next position, shared by every ring; ``nbytes`` equals
+``elastic.tiers.state_bytes``. Every tensor stays at a fixed address (``reset_`` and writes are in place), so a
+step can be captured in a CUDA graph; ``narrow(rows)`` gives a cache of views of the first rows.
 """
 
 from __future__ import annotations

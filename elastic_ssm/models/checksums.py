@@ -1,10 +1,8 @@
 """Weight checksums that verify in parallel: sha256 of fixed-size pieces of ``model.safetensors``.
 
-``config.json`` carries ``weights_sha256`` (the whole file's sha256, for any outside tool) and
-``weights_sha256_pieces`` (``{"piece_bytes": 64 MiB, "digests": [...]}``). Verifying the pieces spreads the
-hashing over threads (hashlib releases the GIL on large buffers), so checking a 3 GB bf16 1.5b checkpoint
-costs a fraction of a second on a many-core host instead of seconds; a mismatch names the file and the byte
-range. Directories written before the pieces existed are verified with the whole-file digest.
+``config.json`` carries ``weights_sha256`` (the whole file's sha256) and ``weights_sha256_pieces``
+(``{"piece_bytes": 64 MiB, "digests": [...]}``), hashed over threads; a mismatch names the file and the byte
+range. Directories without pieces are verified with the whole-file digest.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Compiling the ESSH trunk and resolving its scan backend: the machinery around the architecture of ``essh.py``.
 
-``ESSH.forward`` / ``hidden_states`` run the input checks, tier resolution and positions eagerly and then the
-trunk (embedding, blocks, final norm, logits: ``ESSH._trunk``). :func:`compile_trunk` (what
-``elastic_ssm.compile_model`` and ``ESSH.compile_forward`` call) stores a ``torch.compile``d trunk on the
-model; :func:`trunk_for` picks it for calls without a cache (prefill for generation runs eagerly, or from
-the CUDA graph of ``prefill_graph.py``). :func:`scan_backend` resolves the spectral scan's backend eagerly, so
-the compiled trunk receives a constant. The fla scan kernels are custom ops (``ops/spectral_scan/gla_op.py``),
-opaque to the compiler; the CPU scan takes its sync-free pairwise plan under compile.
-
-Compilation is cached on disk: torch's FX-graph and AOTAutograd caches (on by default) live in
-``TORCHINDUCTOR_CACHE_DIR``, which :func:`compile_trunk` points at ``~/.cache/elastic_ssm/inductor`` unless the user
-set it (torch's own default, ``/tmp/torchinductor_<user>``, is lost when ``/tmp`` is cleaned), so a second process
-with the same model, shapes and versions reuses the first one's kernels; Triton keeps its kernels in
-``~/.triton/cache``. The first call of a compiled trunk in a process logs one line saying so and where the cache is.
+:func:`compile_trunk` (behind ``elastic_ssm.compile_model`` and ``ESSH.compile_forward``) stores a
+``torch.compile``d trunk (``ESSH._trunk``: embedding, blocks, final norm, logits) on the model; :func:`trunk_for`
+picks it for calls without a cache; :func:`scan_backend` resolves the scan backend eagerly. Compiled graphs are
+cached under ``TORCHINDUCTOR_CACHE_DIR``, set to ``~/.cache/elastic_ssm/inductor`` unless the user set it
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -72,9 +64,8 @@ def compile_model(model: Any, **kw: Any) -> Any:
 def compile_trunk(model: Any, **kw: Any) -> Any:
     """Store ``torch.compile(type(model)._trunk, **kw)`` on ``model`` (``disable=True``: drop it); returns ``model``.
 
-    The unbound method is compiled and called with the model as argument, so a deep copy of the model keeps
-    working on its own weights (a compiled bound method would be shared by reference and run the original).
-    Raises the dynamo recompile limit to 64 graphs per code object (shapes x tiers x padding modes).
+    The unbound method is compiled, so a deep copy keeps its own weights. Raises the dynamo recompile limit to
+    64 graphs per code object (shapes x tiers x padding modes).
     """
     if kw.pop("disable", False):
         model.__dict__.pop(_KEY, None)

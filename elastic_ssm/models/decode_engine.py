@@ -1,27 +1,11 @@
 """The decoders ``generate`` uses: fused, CUDA-graphed, captured once per (tier, batch bucket) and reused.
 
-``DecoderPool`` lives on a model (``decoder_pool(model)``). ``get(tier, batch)`` returns a ``FastDecoder``
-for the batch bucket ``2^ceil(log2 batch)`` (1, 2, 4, 8, 16, ...), built and (on CUDA) captured in a CUDA
-graph on first use; a later call with the same tier, bucket and cache dtypes replays the same graph. The
-caller resets the decoder's cache and prefills the first ``batch`` rows through ``cache.narrow(batch)``;
-the bucket's other rows decode padding, harmlessly.
-
-Memory: each pooled decoder holds its cache (``state_bytes`` of the tier at the bucket size) and its
-graph's private memory pool; decoders of one tier share their decode plans, so the in-by-out weight
-copies of the 'split' layout (``FastDecoder``) exist once per tier. At most ``max_decoders`` (default 4)
-are kept, least recently used first out; ``model.clear_decoders()`` frees them all. Decoders are rebuilt
-when the model's parameters change (an in-place update bumps a tensor's version; ``load_state_dict`` or
-``.to()`` replaces the tensors), so a pooled decoder never runs on stale modal constants or weight copies.
-
-``FusedSession`` is what ``generate`` drives: the decoder of the batch bucket, and the prompt's prefill
-into its cache, from a ``PrefillGraph`` of the prompt's length bucket on CUDA when the model is compiled or the
-padded prompt is at most ``GRAPH_TOKENS`` tokens (the eager trunk replayed without per-kernel host dispatch; captured
-at the first prompt of its bucket: two warm-up forwards and the capture) (``models/prefill_graph.py``; at most
-``max_prefills`` = 4 graphs, sharing one memory pool). Above
-``SPAN_MIN_BATCH`` rows (where the window step is SDPA over the whole ring, ``ops.swa_decode``) the session also
-passes the rows' length to each step as its attended span (``FastDecoder.step``): the prompt's padded length plus
-the steps so far bounds every row, so while the sequences are short the step reads only that prefix of the rings;
-those decoders capture one graph per span.
+``DecoderPool`` (``decoder_pool(model)``) returns a ``FastDecoder`` for the batch bucket ``2^ceil(log2 batch)``,
+built and (on CUDA) captured on first use; the caller prefills the first ``batch`` rows (``cache.narrow``). At
+most ``max_decoders`` (4), least recently used out; ``model.clear_decoders()`` frees them; rebuilt when the
+parameters change. ``FusedSession`` is what ``generate`` drives: the pooled decoder, the prompt's prefill (from a
+``PrefillGraph`` of its length bucket where ``uses_prefill_graph``), and above ``SPAN_MIN_BATCH`` rows attended
+spans. Memory and rules: docs/performance.md, "``generate`` is fast by default".
 """
 
 from __future__ import annotations
@@ -53,13 +37,9 @@ def batch_bucket(batch: int) -> int:
 
 
 def use_fast_decoding(model, fast: bool | None) -> bool:
-    """``fast=None`` or True: the fused decoder (CUDA-graphed on CUDA; its torch path on the CPU, as fast as
-    the reference step or faster there, docs/benchmarks.md); False: the reference step.
-
-    The fused decoder reads the float weights of the model's ``nn.Linear`` modules; a model in which some were
-    replaced (``torch.ao.quantization.quantize_dynamic``, PEFT LoRA layers) or hold a quantized weight
-    (torchao ``quantize_``) decodes with the reference step, which calls the modules themselves: ``fast=None``
-    picks it, ``fast=True`` is refused."""
+    """``fast=None`` or True: the fused decoder (CUDA-graphed on CUDA, its torch path on the CPU); False: the
+    reference step. A model with replaced or quantized ``nn.Linear`` weights (quantization, LoRA) takes the
+    reference step under ``fast=None``; ``fast=True`` is then a ValueError (docs/architecture.md)."""
     if fast not in (True, False, None):
         raise ValueError(f"fast must be True, False or None (automatic), got {fast!r}")
     if fast is False:
@@ -176,8 +156,7 @@ class FusedSession:
     def uses_prefill_graph(self, length: int | None = None) -> bool:
         """Whether a prompt of ``length`` tokens is prefilled from a CUDA graph: on CUDA, always for a compiled
         model; for an eager one while its padded tokens (batch bucket x length bucket) are at most
-        ``GRAPH_TOKENS``, where the graph saves the host's kernel-by-kernel dispatch that sets the pace of a short
-        eager prefill (the server's rule, ``serve/slots.py``); longer prompts prefill eagerly."""
+        ``GRAPH_TOKENS`` (the server's rule, ``serve/slots.py``)."""
         if self.fd.device.type != "cuda":
             return False
         if compiled_trunk(self.model) is not None:

@@ -1,20 +1,11 @@
 """ES-SSM model: byte-level LM or sequence classifier over ES-SSM blocks (ES-SSM paper Sec. 4, Alg. 1).
 
 ``ESSSM(cfg)`` stacks ``cfg.n_layers`` pre-norm ``ESSSMBlock``s between a token embedding and a final
-LayerNorm, followed by the LM head (tied: the embedding matrix itself, no extra parameter; untied:
-``lm_head`` [V, d] without bias) or, for ``task='classify'``, a mean pool over valid positions and a
-linear ``head`` [C, d] + [C].
-
-``forward(input_ids, tier=K)`` evaluates the shared model at runtime budget K (every spectral sublayer keeps
-channels 1..K, Eq. 4). ``export_tier(model, K)`` and ``from_pretrained(path, tier=K)`` build the standalone
-budget-K model (Algorithm 1) from the first K rows of ``gate_out.weight``, ``gate_out.bias`` and ``filters``
-and the first K d columns of ``proj.weight`` of every block (``slice_rules``); on CPU in float32 it is bitwise
-equal to the shared model at K (Appendix B.6).
-
-The Hankel ``filters`` are a persistent buffer: a saved model carries the exact filters it was trained
-with, so it computes the same function on a machine whose LAPACK resolves the unresolved high-index
-eigenvectors differently (Appendix B.2 note). A freshly built model computes them with
-``spectral.hankel_filters(cfg.seq_len, cfg.n_channels)``.
+LayerNorm, then the LM head (tied: the embedding matrix; untied: ``lm_head`` [V, d]) or, for
+``task='classify'``, a mean pool over valid positions and ``head`` [C, d] + [C]. ``forward(input_ids, tier=K)``
+evaluates the shared model at budget K (Eq. 4); ``export_tier`` / ``from_pretrained(path, tier=K)`` build the
+standalone budget-K model (Algorithm 1, ``slice_rules``), bitwise equal on CPU in float32 (Appendix B.6). The
+Hankel ``filters`` are a persistent buffer, so a saved model carries the filters it was trained with.
 """
 
 from __future__ import annotations
@@ -64,7 +55,6 @@ class ESSSM(GenerationMixin, ElasticModel):
         if not on_meta_device():
             self.init_weights()
 
-    # ---- initialisation ------------------------------------------------------------------------------
     def init_weights(self) -> None:
         """Normal(0, init_std) for embeddings and projections, zero biases, b_g2 = gate_bias_init,
         LayerNorms (1, 0); the Hankel filters are not touched. A no-op on the meta device."""
@@ -82,14 +72,12 @@ class ESSSM(GenerationMixin, ElasticModel):
                 if lin.bias is not None:
                     nn.init.zeros_(lin.bias)
 
-    # ---- tiers ---------------------------------------------------------------------------------------
     @classmethod
     def slice_rules(cls, config: ESSSMConfig, tier: TierLike) -> list[SliceRule]:
         """Keep the first K channels of every channel-indexed tensor of every block (Sec. 4.1, App. B.6)."""
         K = tiers_mod.resolve_tier(config, tier).K
         return [SliceRule(CHANNEL_TENSORS, K), SliceRule(CHANNEL_COLUMNS, K * config.d_model, dim=1)]
 
-    # ---- forward -------------------------------------------------------------------------------------
     def _check_ids(self, input_ids: Any) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(
@@ -128,21 +116,13 @@ class ESSSM(GenerationMixin, ElasticModel):
         self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
         cache: ESSSMCache | None = None,
     ) -> torch.Tensor:
-        """Logits of the model evaluated at ``tier`` (None = full budget; an int K, "K8" or a Tier).
+        """input_ids [B, T] (T <= cfg.seq_len) at ``tier`` (None = full budget; an int K, "K8" or a Tier) ->
+        [B, T, V] next-token logits (``task='lm'``) or [B, C] class logits (``task='classify'``).
 
-        Args:
-            input_ids: token ids, [B, T] with T <= cfg.seq_len.
-            tier: runtime budget; every spectral sublayer keeps channels 1..K.
-            attention_mask: [B, T], 1 for valid tokens, 0 for padding. Padded positions are zeroed at the
-                input of every spectral sublayer, so they never enter a convolution: with left padding
-                each row equals its unpadded run; with right padding valid positions never see the pads
-                (causal). For ``task='classify'`` it also selects the positions of the mean pool.
-            cache: an empty ``ESSSMCache`` of the same budget (``allocate_cache``): the prompt is
-                prefilled (exact: the FFT forward; modal: the forward with the fitted filters) and the
-                cache holds the state for ``step``. The mask must then use left padding.
-
-        Returns:
-            [B, T, V] next-token logits (``task='lm'``) or [B, C] class logits (``task='classify'``).
+        ``attention_mask`` [B, T] (1 = token): padded positions never enter a convolution (with left padding a
+        row equals its unpadded run); for 'classify' it also selects the mean pool's positions. ``cache``: an
+        empty ``ESSSMCache`` of the same budget (``allocate_cache``), prefilled for ``step``; the mask must then
+        use left padding.
         """
         K = self.resolve_tier(tier).K
         ids = self._check_ids(input_ids)
@@ -183,23 +163,14 @@ class ESSSM(GenerationMixin, ElasticModel):
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, d]
         return F.linear(h, weight)
 
-    # ---- cached decoding (GenerationMixin contract) --------------------------------------------------
     def allocate_cache(self, batch: int, tier: TierLike = None, **kw: Any) -> ESSSMCache:
-        """Empty decode cache for ``batch`` sequences at budget ``tier``.
-
-        Keywords: ``decode`` ('exact' ring buffer, default | 'modal' m-mode states), ``n_modes`` (m,
-        default 8), ``state_dtype`` (default float32; float64 for a float64 model), ``kv_dtype`` (unused).
-        See ``models/es_ssm_cache.py``.
-        """
+        """Empty decode cache for ``batch`` sequences at budget ``tier``; keywords ``decode`` ('exact' ring buffer,
+        default | 'modal'), ``n_modes`` (default 8), ``state_dtype`` (float32; float64 for a float64 model)."""
         return ESSSMCache.allocate(self, batch, tier, **kw)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, cache: ESSSMCache) -> torch.Tensor:
-        """Decode one token per sequence: tokens [B] -> logits [B, V]; the cache advances by one.
-
-        Each block runs the sublayer's per-token form of Eq. 4 (``SpectralDecodeMixin.step``) and the FFN.
-        Beyond L tokens the exact decoder keeps the last L inputs (the filters have support L).
-        """
+        """Decode one token per sequence: tokens [B] -> logits [B, V] (Eq. 4 per token); the cache advances by one."""
         if tokens.dim() != 1 or tokens.shape[0] != cache.batch:
             raise ValueError(f"step takes one token per sequence, tokens [B={cache.batch}], got"
                              f" {tuple(tokens.shape)}")

@@ -1,17 +1,10 @@
 """Inference cache of an ES-SSM model at one budget K: per-block ring buffers or modal states.
 
-``decode="exact"`` (default) keeps, for every block, the last ``L - 1`` sublayer inputs [B, L-1, D]
-(ES-SSM Eq. 4 needs the last L inputs; the current one arrives with the step): ``N (L - 1) d`` entries
-per sequence whatever K. ``decode="modal"`` keeps m damped-rotation states per retained channel
-[B, K, M, 2, D] (ESSH Eq. 4-5 realisation of each filter): ``2 N K m d`` entries per sequence. Both
-equal ``elastic.tiers.state_bytes(cfg, K, decode=..., n_modes=...)``; the per-block decode plans
-(filter windows, modal coefficients) are constants of the model, not state, and are not counted.
-
-Every row of a left-padded batch shares one time index ``position`` (the padded length plus the steps
-taken): padded inputs are zero in the buffers, so each row equals its unpadded run (the filters see only
-lags). ``ESSSM.generate(..., decode="modal", n_modes=m)`` passes its options to ``allocate_cache``
-through a context variable (``cache_options``), because ``GenerationMixin.generate`` allocates the cache
-with the tier only.
+``decode="exact"`` (default): the last ``L - 1`` sublayer inputs [B, L-1, D] per block; ``decode="modal"``: m
+damped-rotation states per retained channel [B, K, M, 2, D]. Both sizes equal ``elastic.tiers.state_bytes(cfg,
+K, decode=..., n_modes=...)`` (decode plans are constants, not counted). Rows of a left-padded batch share one
+time index ``position``. ``ESSSM.generate(..., decode=, n_modes=)`` reaches ``allocate_cache`` through the
+context variable of ``cache_options``.
 """
 
 from __future__ import annotations

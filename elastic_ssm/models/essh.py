@@ -1,15 +1,10 @@
 """ESSH: the elastic selective spectral hybrid language model (ESSH paper Sec. 4, Appendix E.2).
 
-Blocks follow ``config.layout`` ('S' spectral mixer, 'A' sliding-window attention); every block is
-pre-norm: x += Mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). A final RMSNorm and the tied embedding
-give the logits. ``forward(input_ids, tier=...)`` evaluates the shared model at a tier: spectral mixers
-keep their first K_T channels and FFNs their first n_ff,T units (prefix views from
-``elastic/slicing.py``); nothing of discarded channels or units is computed. Attention, embeddings and
-norms are shared by every tier (Sec. 4.2).
-
-Architecture only: compiling the trunk and resolving the scan backend live in ``compile.py``, the training
-knob of FFN gradient scaling (D.4) in ``train/losses.py`` (``ffn_grad_scaled``), test helpers in
-``testing.py`` (``randomize_selective``).
+Blocks follow ``config.layout`` ('S' spectral mixer, 'A' sliding-window attention), pre-norm:
+x += Mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x)); a final RMSNorm and the tied embedding give the logits.
+``forward(input_ids, tier=...)`` keeps the first K_T channels and n_ff,T units (prefix views from
+``elastic/slicing.py``); attention, embeddings and norms are shared by every tier (Sec. 4.2). Compilation:
+``compile.py``; FFN gradient scaling (D.4): ``train/losses.py``; test helpers: ``testing.py``.
 """
 
 from __future__ import annotations

@@ -1,46 +1,13 @@
 """Fused whole-model decoding of an ESSH tier: static buffers, one step function, optional CUDA graph.
 
-``FastDecoder(model, tier, batch)`` evaluates exactly what ``ESSH.step`` evaluates (ESSH paper
-Algorithm 4, Appendix O.3) with fewer, fatter kernels and no host synchronisation. Up to
-``ops.gemv.MAX_FUSED_BATCH`` rows (``gemv="auto"``) the residual stream is a float32 buffer and a block is
-
-* spectral: one product of the retained ``in_proj`` prefix (values, write, read and clock rows of all K_T
-  channels, ``[K_T (P + 3m), d]``) with the pre-norm folded in (``ops.gemv.norm_gemv``) -> one fused
-  recurrent kernel (``ops/spectral_scan/decode_triton.py``: blend Eq. 23, gates C.2, clock, state update
-  Eq. 5 of all retained modes, readout, zero-lag correction Eq. 24, K^{-1/2}) -> ``out_proj`` product
-  added into the residual stream (``ops.gemv.gemv_accumulate``, split over its input rows);
-* sliding-window attention: QKV product with the pre-norm folded in -> one split-window kernel pair
-  (``ops.swa_decode``: RoPE from the device positions, ring write, online softmax, combine) -> output
-  product added into the residual stream;
-* FFN: one product of the ``[2 n_ff, d]`` prefix with the pre-norm folded in and silu(gate)*up in its
-  epilogue (``ops.gemv.norm_swiglu_gemv``) -> down product added into the residual stream;
-
-then the final norm folded into the tied head. Larger batches are matrix products: the residual stream
-stays in the embedding dtype and cuBLAS does the products (``gemv="cublas"``), with the same recurrent and
-window kernels.
-
-Each of those pieces is a plan the layer hands over (``SpectralMixer`` / ``SlidingWindowAttention`` /
-``SwiGLU.decode_plan``, ``layers/decode_plan.py``): weights are prefix *views* of the model's parameters (no
-copies except the 'split' layout's, below; the tier is cut by ``elastic.slicing``), and fixed modal constants
-(rho, cos/sin theta, kc, ks, a kc, biases, beta) are computed by the spectral layer in float64 and cast to the
-state dtype when the decoder is built ("cached at tier load", O.3). Caches are an ``ESSHCache`` whose tensors
-stay at fixed addresses, so one whole decode step can be captured in a CUDA graph (``capture()``);
-``step(tokens)`` then copies the tokens in, replays, and returns the static logits buffer (clone it to keep it
-past the next step). Recurrent state in ``state_dtype`` (float32 default), logits in the embedding dtype.
-
-Attended spans: ``step(tokens, span=n)`` promises that every row whose logits are read has fewer than ``n``
-tokens (position < n), so the window attention may read the ring's first slots only (``ops.swa_decode``,
-"span"). The span is rounded up to a power of two (at least ``min_span``; W or more: the whole ring), and
-``capture(spans=True)`` captures one graph per such bucket (sharing one memory pool), so a caller that knows its
-rows' lengths on the host (the serving pools) replays the graph that reads only what its rows hold.
-
-Rows at different tiers (``mixed=True``; the serving engine's one slot pool for every served tier): the decoder is
-built at the widest tier it will serve, and ``set_row_tier(row, tier)`` makes a row compute its own tier's step,
-any tier nested in the decoder's: its readout keeps only its first K_T channels (scaled by K_T^{-1/2}) and its FFN
-only its first n_ff units (``layers/decode_plan.py``, two per-row factors in static buffers, so one captured graph
-serves every mix of tiers). The step costs about the widest tier's: the products stream the widest prefix once.
-The cache must then hold the widest tier's channels; a row's prefill at its own tier writes into the first K_T of
-them (``ESSHCache.at_tier``).
+``FastDecoder(model, tier, batch)`` evaluates exactly what ``ESSH.step`` evaluates (ESSH paper Algorithm 4,
+Appendix O.3) with fewer, fatter kernels and no host synchronisation: each layer's ``decode_plan``
+(``layers/decode_plan.py``) runs its part of a step on the residual stream, a float32 buffer up to
+``ops.gemv.MAX_FUSED_BATCH`` rows (fused norm+gemv kernels), else in the embedding dtype with cuBLAS products.
+Weights are prefix views of the model; the cache is an ``ESSHCache`` at fixed addresses, so one step can be
+captured in a CUDA graph (``capture()``); ``step`` then returns a static logits buffer (clone it to keep it).
+Attended spans (``step(tokens, span=n)``) and rows at different tiers (``mixed=True``, ``set_row_tier``):
+docs/performance.md, which describes the kernels of a step.
 """
 
 from __future__ import annotations
@@ -76,24 +43,14 @@ class FastDecoder:
 
     ``cache``: an ``ESSHCache`` of this tier and batch (e.g. after a prefill); allocated if None.
     ``backend``: 'auto' | 'triton' | 'torch' for the fused kernels. ``attention``: 'auto' (SDPA on CUDA,
-    the explicit masked-softmax of ``SlidingWindowAttention.step`` elsewhere) | 'sdpa' | 'math' (the torch
-    path of the window step). ``gemv``: 'auto' (fused products up to batch 8) | 'fused' | 'cublas'.
-    ``out_layout`` of the fused path's spectral out- and FFN down-products: 'rows' streams the modules'
-    out-by-in weights in place (a column prefix at a lower tier, read with the full row stride) with the row
-    kernel, each output owned by one program (deterministic summation, and with PDL the whole weight slab
-    of a program is read before it waits); 'split' keeps an input-by-output contiguous copy of those
-    weights for the tier (extra memory: their size, 0.86 GB for 1.5b T10 in bf16) and splits it over its
-    rows with float32 atomics; 'auto' (default) = 'split' for the Triton kernels without PDL, else 'rows'
-    (the faster of the two on an H200 in each case, docs/benchmarks.md; on the torch backend both are one
-    matrix product, so no copy is made).
-    ``pdl``: launch the Triton kernels with programmatic dependent launch (``ops/pdl.py``): each kernel
-    starts streaming its weights while the previous one finishes. 'auto' (default) = on for CUDA devices
-    of compute capability >= 9.0 with the Triton backend; True / False force it.
-    ``share_plans``: another decoder of the same model whose plans (and weight copies) this one reuses when
-    its tier, state dtype and layout agree (``models/decode_engine.py`` pools decoders per batch bucket).
-
-    The decoder is a runner: every layer's weights and constants come from the layer's own
-    ``decode_plan(tier, ...)`` (``layers/decode_plan.py``), and each plan runs its part of the step.
+    else 'math', the masked softmax of ``SlidingWindowAttention.step``) | 'sdpa' | 'math'.
+    ``gemv``: 'auto' (fused products up to batch 8) | 'fused' | 'cublas'.
+    ``out_layout`` of the fused path's output products: 'rows' (the weights in place, deterministic) |
+    'split' (an input-by-output copy of the tier's weights, float32 atomics) | 'auto' ('split' for the
+    Triton kernels without PDL, else 'rows'). ``pdl``: programmatic dependent launch (``ops/pdl.py``);
+    'auto' = on for compute capability >= 9.0 with the Triton backend. ``share_plans``: a decoder of the
+    same model whose plans this one reuses when tier, state dtype and layout agree. ``min_span``: the
+    smallest attended span (ring slots). ``mixed``: rows may run at tiers nested in ``tier``.
     """
 
     def __init__(self, model, tier: Any = None, batch: int = 1, cache: ESSHCache | None = None,
@@ -190,12 +147,8 @@ class FastDecoder:
         units[t.n_ff:] = 0.0
         self.row_tiers[row] = t
 
-    # ---- one step ---------------------------------------------------------------------------------------
     def _step_impl(self, span: int | None = None) -> torch.Tensor:
-        """One step of the whole model: every block's mixer plan, then its FFN plan, on the residual stream.
-        Up to batch 8 (``fused_gemv``) the stream is the float32 buffer ``self._x`` and each plan adds into it
-        in place; larger batches keep it in the embedding dtype with cuBLAS products. ``span``: the window
-        attention's attended span (a bucket of ``self.spans``; None: the whole ring)."""
+        """One step of the whole model -> logits [B, V]. ``span``: a bucket of ``self.spans`` (None: whole ring)."""
         o = self.options if span is None else replace(self.options, span=span)
         eps, layers = self.eps, zip(self.mixers, self.ffns, self.norms, self.cache.layers)
         if self.fused_gemv:
@@ -223,7 +176,7 @@ class FastDecoder:
     def step(self, tokens: torch.Tensor, *, span: int | None = None) -> torch.Tensor:
         """tokens [B'] (B' <= batch: the first B' cache rows) -> logits [B', V]; advances the whole cache by
         one token. With a captured graph the result is (a view of) a static buffer overwritten by the next
-        call. ``span``: every row read has position < span (module docstring); None: no promise."""
+        call. ``span``: every row read has position < span (docs/performance.md); None: no promise."""
         if tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 1 \
                 or not 1 <= tokens.shape[0] <= self.batch:
             raise ValueError(f"tokens must be integer ids of shape (B,) with 1 <= B <= {self.batch}, got "
@@ -237,7 +190,6 @@ class FastDecoder:
             return logits[:rows]
         return self._step_impl(span)[:rows]
 
-    # ---- CUDA graph --------------------------------------------------------------------------------------
     def _snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(t, t.clone()) for t in self.cache.tensors()]
 

@@ -1,19 +1,11 @@
 """Cached autoregressive generation: one prefill, then one decode step per token (ESSH Algorithm 4).
 
-``generate`` accepts a left-padded batch (``attention_mask`` [B, T], 1 = real token). Padded positions
-never enter a recurrent state (their write gate is zeroed) and are masked as attention keys, so every
-row equals the unpadded single-sequence result.
-
-Arguments follow Hugging Face's names and defaults: greedy unless ``do_sample`` (``do_sample=None``, the
-default, samples exactly when a ``temperature`` > 0, ``top_k`` or ``top_p`` is given; ``temperature=0``
-is greedy), ``eos_token_id`` stops a row, which then emits ``pad_token_id`` (default: the eos id).
-
-The decode step comes from the model's ``_decode_session`` (``models/decode_engine.py``): the fused
-decoder, on CUDA replayed from a CUDA graph captured once per (tier, batch bucket) and reused by later
-calls; ``fast=False`` uses the model's reference ``step``. The loop never synchronises with the host per token:
-sampling runs on the device (the exponential race for sampling, no ``multinomial``), eos is tracked in
-a device mask and checked every ``sync_every`` tokens, and generated ids collect in a device buffer.
-A ``streamer(tokens [B])`` gets each step's device tensor; reading its values synchronises.
+``generate`` takes a left-padded batch (``attention_mask`` [B, T], 1 = token); every row equals its unpadded
+result. Hugging Face's argument names: greedy unless ``do_sample`` (``None``: sample exactly when a
+``temperature`` > 0, ``top_k`` or ``top_p`` is given; ``temperature=0`` is greedy); ``eos_token_id`` stops a
+row, which then emits ``pad_token_id`` (default: the eos id). The step comes from ``_decode_session``
+(``models/decode_engine.py``; ``fast=False``: the reference ``step``); the loop never syncs with the host per
+token (eos checked every ``sync_every`` tokens). A ``streamer(tokens [B])`` gets each step's device tensor.
 """
 
 from __future__ import annotations
@@ -45,12 +37,8 @@ def check_sampling(temperature: float | None, top_k: int | None, top_p: float | 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits [B, V] -> token ids [B], on the device, without a host synchronisation.
-
-    ``temperature == 0`` is the argmax. Otherwise the logits are divided by the temperature, filtered to
-    the ``top_k`` largest and to the smallest set of mass >= ``top_p``, and a token is drawn by the
-    exponential race ``argmax_i p_i / E_i`` (E_i ~ Exp(1) i.i.d.), which picks i with probability p_i.
-    """
+    """logits [B, V] -> token ids [B] on the device, no host sync: argmax at ``temperature == 0``, else
+    temperature, ``top_k``, ``top_p``, then the exponential race ``argmax_i p_i / E_i`` (E_i ~ Exp(1))."""
     check_sampling(temperature, top_k, top_p)
     return _sample(logits, temperature, top_k, top_p, generator)
 
@@ -146,11 +134,9 @@ class GenerationMixin:
                  sync_every: int = 16, eos: int | None = None, **unknown: Any) -> torch.Tensor:
         """Return ``input_ids`` followed by up to ``max_new_tokens`` generated tokens, [B, T + new].
 
-        Greedy by default (see the module docstring for ``do_sample``); generation stops early once every
-        row has emitted ``eos_token_id`` (default: the config's, if set; ``eos`` is an alias). ``fast``:
-        None / True = the fused decoder (``models/decode_engine.py``; replayed from a CUDA graph on CUDA),
-        False = the reference step. Caches default to fp32 states and a bf16 KV ring on CUDA, the parameter
-        dtype on CPU.
+        Greedy by default (module docstring); stops once every row has emitted ``eos_token_id`` (default: the
+        config's; ``eos`` is an alias). ``fast``: None / True = the fused decoder, False = the reference step.
+        Caches default to fp32 states and a bf16 KV ring on CUDA, the parameter dtype on CPU.
         """
         if unknown:
             raise TypeError(f"generate() got unsupported argument(s) {sorted(unknown)}; supported: "

@@ -1,22 +1,11 @@
 """Prompt prefill replayed from a CUDA graph, per (decoder, length bucket): launch-free compiled prefill.
 
-A 2K-token prefill of the 1.5b model is a few hundred kernels; launched one by one from Python the host,
-not the GPU, sets the pace. ``PrefillGraph`` captures one whole prefill of the model's (compiled, when
-``compile_model`` was called) trunk into a decoder's cache: embedding, every block writing its layer state
-(mode states; window rings by the sync-free gathered write of ``layers/window_ring.py``), final norm and
-the logits of the last position only. A call copies the prompt into static buffers and replays.
-
-Prompts are left-padded to the graph's length (``length_bucket``: steps of at least 256 tokens, and above
-2048 tokens at most 1/8 of padding, so a handful of graphs cover every length; the server's slot pools take
-finer steps for short prompts, ``min_step=32``), the padding masked exactly as
-in a padded batch (padded tokens never enter a state and are masked as attention keys), so every row equals
-its unpadded prefill up to rounding. A prompt whose length is a bucket and that has no mask runs the
-unpadded graph (the causal flash path). Rows of the decoder's batch bucket beyond the prompt's batch
-repeat its first row and are never read.
-
-The graph writes into a cache of the batch it serves: a ``FastDecoder``'s own cache (``generate``) or a
-scratch cache (the server's slot pools, ``serve/slots.py``, whose rows are then copied into the pool's free
-slots, since a graph's addresses are fixed and the free slots are not).
+``PrefillGraph`` captures one whole prefill of the model's (compiled, if ``compile_model`` was called) trunk into
+a cache: embedding, every block writing its layer state, final norm and the last position's logits; a call copies
+the prompt into static buffers and replays. Prompts are left-padded to ``length_bucket`` (steps of 256 tokens,
+at most 1/8 padding above 2048; ``min_step`` finer for the server), the padding masked as in a padded batch;
+extra rows of the batch bucket repeat the first row. The cache is a ``FastDecoder``'s (``generate``) or a scratch
+cache (``serve/slots.py``). docs/performance.md, "Graphed compiled prefill".
 """
 
 from __future__ import annotations

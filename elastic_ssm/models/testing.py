@@ -1,9 +1,7 @@
 """Helpers for tests and shape benchmarks of ESSH models (not part of the architecture in ``essh.py``).
 
-A freshly initialised ESSH starts near the identity (gates at one, value blend beta at 0, tiny SwiGLU down
-projections), where many code paths contribute almost nothing; :func:`randomize_selective` moves it away
-from that start so that every path (gates, clocks, the Eq. 23 blend, the Eq. 24 zero-lag correction, the
-FFNs) changes the outputs and a broken path shows in a comparison. Also importable from ``models.essh``.
+:func:`randomize_selective` moves a fresh ESSH (near the identity) away from its start so that every path
+(gates, clocks, Eq. 23 blend, Eq. 24 correction, FFNs) changes the outputs. Also importable from ``models.essh``.
 """
 
 from __future__ import annotations

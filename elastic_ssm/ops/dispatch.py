@@ -1,13 +1,10 @@
 """Backend selection for the spectral scan: ``"torch"`` (vectorised PyTorch, any device), ``"fla"``
 (fla-core's Triton GLA kernels, CUDA only) or ``"naive"`` (the tokenwise specification); and for our own
-decode kernels (``resolve_decode_backend``: ``"triton"`` or ``"torch"``, used by ``ops/gemv``,
-``ops/norm_swiglu``, ``ops/swa_decode`` and the fused spectral step).
+decode kernels (``resolve_decode_backend``: ``"triton"`` or ``"torch"``).
 
-Precedence: an explicit ``backend=`` argument, then the environment variable ``ELASTIC_SSM_SCAN_BACKEND``,
-then ``"auto"``, which picks ``"fla"`` for CUDA tensors of a dtype fla supports when ``fla`` imports, else
-``"torch"``. fla and triton are optional extras: nothing here imports them at module import time.
-Resolution is traceable by ``torch.compile`` once ``prepare_compile()`` has run eagerly (``compile_model``
-and compiled training do that): the fla check is memoised in a plain global and nothing is logged while compiling.
+Precedence: ``backend=``, then ``ELASTIC_SSM_SCAN_BACKEND``, then ``"auto"`` (``"fla"`` for CUDA tensors of a
+dtype fla supports when ``fla`` imports, else ``"torch"``). fla and triton are optional and never imported at
+module import. Traceable by ``torch.compile`` once ``prepare_compile()`` has run eagerly.
 """
 
 from __future__ import annotations

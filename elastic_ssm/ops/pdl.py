@@ -1,24 +1,12 @@
 """Programmatic dependent launch (PDL) for the decode kernels (CUDA, Hopper and newer).
 
-A batch-1 decode step is a chain of ~150 short kernels, each of which mostly streams weights. Without
-PDL a kernel's programs start only after the previous kernel has finished, so every kernel pays its
-launch and its first DRAM round trip (a few microseconds) on the critical path. With PDL
-(``launch_pdl=True``; PTX ``griddepcontrol``) a kernel may start as soon as every program of the
-previous kernel has signalled ``gdc_launch_dependents``; it then reads what does not depend on the
-previous kernel (its weights) and calls ``gdc_wait`` — which returns once the previous kernel has
-completed and its writes are visible — before it reads activations or writes anything.
-
-Rules every PDL kernel of this package follows (so the chain stays correct transitively):
-
-* before ``gdc_wait`` it only *reads* memory that no kernel of the step writes (weights, constant tables);
-* every kernel launched with PDL calls ``gdc_wait`` (unconditionally, once per program) before its first
-  activation read and before any store;
-* ``gdc_launch_dependents`` is signalled at the program's start: all of the kernel's programs are then
-  resident or done, so the early-starting successor only competes for free SM slots.
-
-Kernels take a ``PDL: tl.constexpr`` flag; with ``PDL=False`` (CPU interpreter, older GPUs, or
-``ELASTIC_SSM_PDL=0``) the GDC instructions are not emitted and the launch is an ordinary one; launches
-pass ``**launch_options(pdl)``.
+With PDL (``launch_pdl=True``; PTX ``griddepcontrol``) a kernel starts once every program of the previous one
+has signalled ``gdc_launch_dependents`` and reads its weights before ``gdc_wait``. Rules every PDL kernel here
+follows: before ``gdc_wait`` it only reads memory no kernel of the step writes (weights, constant tables);
+every PDL kernel calls ``gdc_wait`` once per program before its first activation read and any store;
+``gdc_launch_dependents`` is signalled at the program's start. Kernels take a ``PDL: tl.constexpr`` flag
+(``PDL=False``: CPU interpreter, older GPUs, ``ELASTIC_SSM_PDL=0``); launches pass ``**launch_options(pdl)``.
+docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Disk cache for the fixed spectral buffers (Hankel eigenfilters and their modal fits).
 
-The buffers depend only on integers and a clip level, are computed in float64 on CPU, and are
-reused by every model of a given length, so they are stored once as ``.npz`` files:
-
-* directory: ``$ELASTIC_SSM_CACHE`` if set, otherwise ``~/.cache/elastic_ssm`` (read at call time,
-  so a test or a job can redirect it with the environment variable);
-* writes are atomic: the arrays go to a temporary file in the same directory, which is then moved
-  over the final name with ``os.replace`` -- a reader never sees a half-written file;
-* every failure is soft: an unreadable, corrupt or mismatching file reads as a miss, and an
-  unwritable directory makes :func:`save_arrays` return ``False`` so the caller simply keeps the
-  freshly computed arrays. The cache is an accelerator, never a requirement.
-
-File names carry a format tag (``FORMAT``) so that a change of the stored layout never reads an
-old file.
+``.npz`` files in ``$ELASTIC_SSM_CACHE`` (read at call time), else ``~/.cache/elastic_ssm``; names carry the
+layout tag ``FORMAT``. Writes are atomic; every failure is soft (a bad file reads as a miss, an unwritable
+directory makes :func:`save_arrays` return ``False``): the cache is an accelerator, never a requirement.
 """
 
 from __future__ import annotations
@@ -48,16 +38,8 @@ def cache_path(stem: str) -> Path:
 
 
 def load_arrays(stem: str, expected: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray] | None:
-    """Read the entry ``stem`` if it holds exactly the arrays and shapes in ``expected``.
-
-    Args:
-        stem: entry name, e.g. ``"hankel_L2048_K32"``.
-        expected: array name -> required shape; ``()`` for a scalar.
-
-    Returns:
-        A dict of float64/int arrays, or ``None`` on any miss (absent, unreadable, corrupt, or a
-        shape that does not match -- the caller then recomputes).
-    """
+    """The arrays of entry ``stem`` (e.g. ``"hankel_L2048_K32"``) if it holds exactly ``expected`` (name ->
+    shape, ``()`` for a scalar); ``None`` on any miss (absent, unreadable, corrupt, or another shape)."""
     path = cache_path(stem)
     if not path.is_file():
         return None
@@ -77,12 +59,9 @@ def load_arrays(stem: str, expected: dict[str, tuple[int, ...]]) -> dict[str, np
 
 def save_arrays(stem: str, arrays: dict[str, np.ndarray]) -> bool:
     """Write ``arrays`` to the entry ``stem`` atomically (``utils.files.atomic_writer``: temporary file, fsync,
-    ``os.replace``; mode 0666 less the umask, so several users can share the cache).
+    ``os.replace``; mode 0666 less the umask, so several users can share the cache). Returns ``True`` when
+    written, ``False`` (no error) when the directory is not usable."""
 
-    Returns:
-        ``True`` when the entry was written, ``False`` when the directory is not usable (no error
-        is raised: the caller already holds the arrays and continues without the cache).
-    """
     path = cache_path(stem)
     try:
         with atomic_writer(path) as fh:

@@ -5,24 +5,10 @@ With mu(lambda) = (1 - lambda) [1, lambda, ..., lambda^(L-1)]^T (ES-SSM Eq. 10),
 
     Z = int_0^1 mu(rho) mu(rho)^T d rho,   Z_ij = 2 / ((i+j)^3 - (i+j))   (1-based i, j)
 
-(ES-SSM Eq. 11; ESSH Eq. 10 writes it as 2 / ((s+t-1)(s+t)(s+t+1))). Z is a strictly totally
-positive Hankel matrix, so its eigenvalues are simple and positive and the k-th eigenvector has
-exactly k-1 sign changes (ESSH App. B.2) -- in exact arithmetic.
-
-Conventions (DESIGN "Where the papers are silent"):
-
-* eigenpairs are computed in float64 only, eigenvalues sorted decreasing, eigenvectors unit norm
-  with the sign fixed by ``phi_k(0) > 0``;
-* channel k is *resolved* when ``eps * sigma_1 / gap_k <= 1e-2`` (eps = float64 machine epsilon,
-  gap_k = distance of sigma_k to its nearest neighbour): the float64 eigenvector error is
-  ~eps * sigma_1 / gap_k, so beyond this point the vectors are numerically arbitrary. The resolved
-  set is the prefix of channels up to the first unresolved one; it holds 24 channels at L=2048.
-
-Solvers: a dense LAPACK ``eigh`` (top-n subset) for L <= 4096; above that, a block subspace
-iteration with an O(L log L) FFT Hankel product followed by Rayleigh-Ritz. Z is numerically of
-rank ~30 (its eigenvalues fall below eps * sigma_1 after ~28 channels at L=2048), so a subspace of
-n + 24 vectors captures its whole numerical range and matches the dense solver on the resolved
-channels. Results are memoised in-process and on disk (see :mod:`elastic_ssm.spectral.cache`).
+(ES-SSM Eq. 11; ESSH Eq. 10). Eigenpairs in float64, decreasing, unit norm, ``phi_k(0) > 0``; channel k is
+*resolved* when ``eps * sigma_1 / gap_k <= 1e-2`` (24 channels at L=2048). Solvers (dense ``eigh`` up to
+L = 4096, FFT subspace iteration above) and conventions: docs/spectral.md. Memoised in-process and on disk
+(:mod:`elastic_ssm.spectral.cache`).
 """
 
 from __future__ import annotations
@@ -54,12 +40,12 @@ class UnresolvedChannelWarning(UserWarning):
 
 def _as_int(value: object, name: str, hint: str) -> int:
     """``value`` as a Python int (numpy ints accepted); ValueError naming ``hint`` otherwise."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got {value!r}; {hint}")
     try:
-        return operator.index(value)
+        if not isinstance(value, bool):
+            return operator.index(value)
     except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}; {hint}") from None
+        pass
+    raise ValueError(f"{name} must be an integer, got {value!r}; {hint}")
 
 
 def check_length(L: object) -> int:
@@ -85,14 +71,7 @@ def _hankel_sequence(L: int) -> np.ndarray:
 
 
 def hankel_matrix(L: int) -> np.ndarray:
-    """The Hankel matrix Z of ES-SSM Eq. 11 (closed form, ESSH Eq. 10).
-
-    Args:
-        L: filter length, >= 2.
-
-    Returns:
-        float64 [L, L] with ``Z[i-1, j-1] = 2 / ((i+j)^3 - (i+j))`` for 1-based i, j.
-    """
+    """Z of ES-SSM Eq. 11 (ESSH Eq. 10) for filter length L >= 2: float64 [L, L], ``2 / ((i+j)^3 - (i+j))``."""
     L = check_length(L)
     idx = np.arange(L)
     return _hankel_sequence(L)[idx[:, None] + idx[None, :]]  # [L, L]
@@ -107,17 +86,9 @@ def _hankel_matmul(h: np.ndarray, X: np.ndarray) -> np.ndarray:
 
 
 def _top_eigenpairs(L: int, n: int, method: str = "auto") -> tuple[np.ndarray, np.ndarray]:
-    """The n largest eigenpairs of Z in float64, decreasing, sign fixed by ``phi_k(0) > 0``.
-
-    Args:
-        L: filter length.
-        n: number of eigenpairs, 1 <= n <= L.
-        method: ``"dense"`` (LAPACK eigh subset), ``"subspace"`` (FFT block subspace iteration +
-            Rayleigh-Ritz) or ``"auto"`` (dense for L <= DENSE_MAX_L or when n is a large share of L).
-
-    Returns:
-        sigma float64 [n], phi float64 [n, L] (rows are unit eigenvectors).
-    """
+    """The n (1 <= n <= L) largest eigenpairs of Z: sigma float64 [n] decreasing, phi float64 [n, L] (unit rows,
+    ``phi_k(0) > 0``). ``method``: 'dense' (LAPACK eigh subset) | 'subspace' (FFT block subspace iteration +
+    Rayleigh-Ritz) | 'auto' (dense for L <= DENSE_MAX_L or when n is a large share of L)."""
     if method == "auto":
         method = "dense" if L <= DENSE_MAX_L or 4 * (n + _OVERSAMPLE) > L else "subspace"
     if method == "dense":
@@ -139,12 +110,8 @@ def _top_eigenpairs(L: int, n: int, method: str = "auto") -> tuple[np.ndarray, n
 
 
 def _resolved_count(spectrum: np.ndarray, L: int) -> tuple[int, bool]:
-    """Resolved prefix length from the top eigenvalues ``spectrum`` [n] (decreasing).
-
-    Returns:
-        (count, determined): ``determined`` is False when every channel that can be judged from
-        ``spectrum`` is resolved and more eigenvalues exist (the count is then a lower bound).
-    """
+    """(count, determined): the resolved prefix length from the top eigenvalues ``spectrum`` [n] (decreasing);
+    ``determined`` is False when all judged channels are resolved and more exist (count is a lower bound)."""
     n = spectrum.shape[0]
     below = spectrum[:-1] - spectrum[1:]  # gap_k to sigma_{k+1}, k = 1..n-1
     above = np.concatenate([[np.inf], below[:-1]])  # gap_k to sigma_{k-1}
@@ -174,16 +141,10 @@ def _filters(L: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def resolved_channels(L: int) -> int:
-    """How many leading Hankel eigenvectors float64 resolves at length ``L``.
+    """How many leading Hankel eigenvectors float64 resolves at filter length ``L`` >= 2: int in [1, L].
 
     Channel k is resolved when ``eps * sigma_1 / gap_k <= 1e-2``; the count is the length of the
     resolved prefix (24 at L=2048). Cached with the eigenpairs.
-
-    Args:
-        L: filter length, >= 2.
-
-    Returns:
-        int in [1, L].
     """
     L = check_length(L)
     K = 1
@@ -215,18 +176,12 @@ def _warn_unresolved(caller: str, L: int, K: int, resolved: int) -> None:
 def hankel_filters(L: int, K: int) -> tuple[np.ndarray, np.ndarray]:
     """The K leading Hankel spectral channels (ES-SSM Eq. 11-12, ESSH Sec. 3).
 
-    Eigenpairs of Z in float64, eigenvalues decreasing, eigenvectors unit norm with
-    ``phi_k(0) > 0``. Warns with :class:`UnresolvedChannelWarning` (never fails) when K exceeds
-    :func:`resolved_channels` (L). Cached in-process and on disk, keyed by (L, K).
-
-    Args:
-        L: filter length, >= 2.
-        K: number of channels, 1 <= K <= L.
-
-    Returns:
-        sigma: float64 [K], decreasing eigenvalues.
-        phi: float64 [K, L], row k-1 is the k-th eigenvector (filter samples phi_k(0..L-1)).
+    L: filter length >= 2; K: channels, 1 <= K <= L. Returns sigma float64 [K] (decreasing eigenvalues of Z)
+    and phi float64 [K, L] (row k-1 the k-th unit eigenvector, ``phi_k(0) > 0``). Warns with
+    :class:`UnresolvedChannelWarning` (never fails) when K exceeds :func:`resolved_channels` (L).
+    Cached in-process and on disk, keyed by (L, K).
     """
+
     L = check_length(L)
     K = check_channels(L, K)
     sigma, phi, spectrum = _filters(L, K)

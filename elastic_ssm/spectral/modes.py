@@ -4,22 +4,9 @@ Each channel filter is approximated by m damped rotation modes (ESSH Eq. 4)
 
     phi_k(t) ~ sum_i rho_i^t (kc_i cos(theta_i t) - ks_i sin(theta_i t)),   t = 0..L-1,
 
-which is the impulse response of the 2-D recurrence H(t) = rho R(theta) H(t-1) + e1 x(t) read out
-with kappa = (kc, -ks) (ESSH Eq. 5 with unit gates and no clock).
-
-The fit is the matrix-pencil method (Hua & Sarkar 1990) as in ESSH App. C.1.1:
-
-1. Hankel data matrix Y [L-P, P+1], Y[r, c] = phi(r + c), pencil parameter P = L // 4 (512 at 2048);
-2. rank-m truncated SVD Y ~ U_m S_m V_m^T; with W = V_m^T [m, P+1], the m poles are the
-   eigenvalues of W[:, 1:] pinv(W[:, :-1]) (the shift-invariance of the signal row space);
-3. one pole per mode -- a conjugate pair occupies two modes; magnitudes above ``clip``
-   (default 1 - 1e-4) are scaled down to ``clip``; theta = arg(pole) in (-pi, pi];
-4. complex residues c by least squares on the Vandermonde system phi(t) ~ sum_i c_i z_i^t, and
-   (kc, ks) = (Re c, Im c), so that Re(c z^t) = rho^t (kc cos(theta t) - ks sin(theta t)) and the
-   mode sum of Eq. 4 equals the (real) Vandermonde fit.
-
-Measured at L=2048 with m=8 (docs/spectral.md has all 24): relative errors 1.43e-6 (k=1),
-2.22e-4 (k=4), 0.0356 (k=8), 0.751 (k=16), 0.808 (k=24) -- ESSH Table 28.
+the impulse response of H(t) = rho R(theta) H(t-1) + e1 x(t) read out with kappa = (kc, -ks) (ESSH Eq. 5
+with unit gates and no clock). The fit is the matrix-pencil method (Hua & Sarkar 1990; ESSH App. C.1.1;
+steps in docs/spectral.md, with the measured errors of ESSH Table 28).
 """
 
 from __future__ import annotations
@@ -40,14 +27,9 @@ DEFAULT_CLIP = 1.0 - 1e-4
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class DampedModes:
-    """m damped rotation modes of one channel (ESSH Eq. 4). All fields are float64 numpy [m].
-
-    Attributes:
-        rho: pole magnitudes (decays), in [0, clip].
-        theta: rotation frequencies arg(pole), in (-pi, pi].
-        kc: cosine readout coefficients, Re of the complex residue.
-        ks: sine readout coefficients, Im of the complex residue (the readout vector is (kc, -ks)).
-    """
+    """m damped rotation modes of one channel (ESSH Eq. 4), float64 [m] fields: ``rho`` pole magnitudes in
+    [0, clip], ``theta`` = arg(pole) in (-pi, pi], ``kc`` / ``ks`` real / imaginary part of the complex residue
+    (the readout vector is (kc, -ks))."""
 
     rho: np.ndarray
     theta: np.ndarray
@@ -136,15 +118,10 @@ def _check_clip(clip: object) -> float:
 
 
 def fit_damped_modes(phi_k: np.ndarray, m: int, clip: float = DEFAULT_CLIP) -> DampedModes:
-    """Matrix-pencil fit of one filter with m damped rotation modes (ESSH Eq. 4, App. C.1.1).
+    """Matrix-pencil fit of one filter phi_k float64 [L] (L >= 4) with m damped rotation modes -> DampedModes.
 
-    Args:
-        phi_k: float64 [L], the filter samples phi_k(0..L-1) (L >= 4).
-        m: number of modes (= poles; a conjugate pair uses two), 1 <= m <= L/4.
-        clip: pole magnitudes above this are scaled down to it (stable decays), in (0, 1].
-
-    Returns:
-        :class:`DampedModes` with numpy [m] fields rho, theta, kc, ks.
+    ``m``: modes (= poles; a conjugate pair uses two), 1 <= m <= L/4. ``clip``: pole magnitudes above it are
+    scaled down to it (stable decays), in (0, 1]. ESSH Eq. 4, App. C.1.1.
     """
     y = _as_signal(phi_k)  # [L]
     L = y.shape[0]
@@ -187,20 +164,12 @@ def _tables(L: int, K: int, m: int, clip: float) -> dict[str, np.ndarray]:
 def modal_tables(L: int, K: int, m: int, clip: float = DEFAULT_CLIP) -> dict[str, np.ndarray]:
     """Modal fits of the first K Hankel filters: ESSH App. C.1.1 initialisation tables.
 
-    Warns with ``UnresolvedChannelWarning`` when K exceeds :func:`resolved_channels` (L) (the
-    paper fits K=32 at L=2048, of which 24 are resolved; the rest are initialisations only).
-    Cached in-process and on disk, keyed by (L, K, m, clip).
-
-    Args:
-        L: filter length, >= 4.
-        K: number of channels, 1 <= K <= L.
-        m: modes per channel, 1 <= m <= L/4.
-        clip: bound on pole magnitudes, in (0, 1].
-
-    Returns:
-        dict with float64 [K, m] arrays ``"rho"``, ``"theta"``, ``"kc"``, ``"ks"``; row k-1 is
-        ``fit_damped_modes(hankel_filters(L, K)[1][k-1], m, clip)``.
+    L >= 4; 1 <= K <= L channels; 1 <= m <= L/4 modes; clip in (0, 1]. Returns float64 [K, m] arrays
+    ``"rho"``, ``"theta"``, ``"kc"``, ``"ks"``; row k-1 is ``fit_damped_modes(hankel_filters(L, K)[1][k-1], m,
+    clip)``. Warns with ``UnresolvedChannelWarning`` when K exceeds :func:`resolved_channels` (L) (the paper
+    fits K=32 at L=2048, 24 resolved). Cached in-process and on disk, keyed by (L, K, m, clip).
     """
+
     L = check_length(L)
     K = check_channels(L, K)
     m = _check_modes(L, m)

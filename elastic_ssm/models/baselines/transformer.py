@@ -1,23 +1,12 @@
 """Transformer++ and MatFormer baselines (ESSH paper E.6, Tables 8, 9, 39, 54): RMSNorm, RoPE, SwiGLU, full
 causal attention, tied embedding; trainable through ``train()`` like ESSH (``tier=``, nested-FFN tiers).
 
-Every block is pre-norm: x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). Attention has no biases
-(q, k, v, o: 4 d^2): ``qkv`` and ``out`` are ``nn.Linear`` modules (weights [3D, D], q, k, v rows, and
-[D, D]) like ESSH's attention, so ``quantize_dynamic`` and PEFT find them on an export (every projection
-runs through ``slicing.linear``); heads of ``head_dim``. Training and prefill use PyTorch SDPA with
-``is_causal`` (flash attention on CUDA). Decoding uses a *static* KV cache ``[N, B, H, L_max, hd]`` written at the
-device-side position of each row and read through a length-``L_max`` mask, so a whole decode step has
-fixed shapes, no host synchronisation, and can be captured in one CUDA graph.
-
-Parameter count (the counting rules of ESSH Table 4 / Table 54): ``V d`` (tied, once)
-``+ N (4 d^2 + 3 d n_ff + 2 d) + d``. The systems comparison (Table 54) fixes depth, width and
-vocabulary to the ESSH model's and matches ``d_ff`` (``bench/peers.py``).
-
-The SwiGLU is the elastic layer of ESSH (``w_in.weight`` [2F, D], rows gate_h, up_h; ``w_out.weight``
-[D, F], column h = unit h), so a tier ``(K = 0, n_ff)`` of the config's nested-FFN map keeps the first
-2 n_ff rows of ``w_in.weight`` and the first n_ff columns of ``w_out.weight``: ``forward(ids,
-tier="T4")`` evaluates it, ``export_tier`` / ``from_pretrained(dir, tier=...)`` cut it (``elastic/slicing.py``)
-exactly as for ESSH. ``MatFormer`` is this model under ``MatFormerConfig`` (ten tiers, nested training).
+Pre-norm blocks: x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). Attention has no biases: ``qkv`` [3D, D] and
+``out`` [D, D] are ``nn.Linear`` (so quantization and PEFT find them); SDPA with ``is_causal`` for training and
+prefill; decoding uses a static KV cache ``[N, B, H, L_max, hd]`` written at device-side positions (one CUDA
+graph per step). Parameters (ESSH Table 4 / 54 rules): ``V d + N (4 d^2 + 3 d n_ff + 2 d) + d``. The SwiGLU is
+ESSH's elastic layer, so a tier ``(K = 0, n_ff)`` keeps its unit prefix (``elastic/slicing.py``); ``MatFormer``
+is this model under ``MatFormerConfig`` (ten tiers, nested training).
 """
 
 from __future__ import annotations

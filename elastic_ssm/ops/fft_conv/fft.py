@@ -1,22 +1,10 @@
 """FFT causal convolution with the Hankel filters (ES-SSM paper Sec. 4.1, Eq. 4).
 
-``fft_causal_conv(u, phi)`` computes the same ``y_k(t) = sum_{tau<=t} phi_k(tau) u(t - tau)`` as
-``naive_causal_conv`` for all K filters at once: one real FFT of the input (B*D rows), one real FFT of
-the filters (K rows), a broadcast product and one batched inverse real FFT (B*K*D rows), all of length
-``n = next_fast_len(2T)`` so the circular convolution has no wrap-around for t < T.
-
-Layout: "convolve once, then gate, then project". The input is transformed once and shared by all K
-channels; projecting first (``Phi_k * (M_k u)``) would need K*D forward transforms instead of D. The
-gate is a scalar per (t, k), so ``g_k M_k X_k = M_k (g_k X_k)``: the layer scales the convolved
-features by the gate *before* the projection and does all K projections plus the channel sum as one
-``[K*D, D]`` matrix product (gate-before-projection ordering, see ``layers/es_ssm.py``).
-
-Precision: the transform always runs in float32 (float64 when ``u`` or ``phi`` is float64), with
-autocast disabled inside, so bf16/fp16 autocast never reaches the FFT; the result is returned in that
-compute dtype (float32 for bf16/fp16/fp32 inputs). The output is a [B, T, K, D] *view* whose memory is
-laid out [B, K, D, T] (time fastest, as the inverse FFT writes it); ``.permute(0, 2, 3, 1)`` recovers
-that contiguous layout for free. The first T steps are copied out of the length-n inverse transform so a
-caller that saves the result for backward holds B*K*D*T values, not B*K*D*n (n ~ 2T).
+``fft_causal_conv(u, phi)`` computes ``naive_causal_conv``'s ``y_k(t) = sum_{tau<=t} phi_k(tau) u(t - tau)`` for
+all K filters at once: real FFTs of the input (B*D rows) and filters (K rows) of length ``next_fast_len(2T)``
+(no wrap-around), a broadcast product and one inverse (B*K*D rows); the input is transformed once for all K
+channels ("convolve, then gate, then project", ``layers/es_ssm.py``). The transform runs in float32 (float64 for
+float64 inputs) with autocast off; only the first T steps are kept, so backward saves B*K*D*T values.
 """
 
 from __future__ import annotations
@@ -55,19 +43,9 @@ def conv_dtype(*dtypes: torch.dtype) -> torch.dtype:
 
 
 def fft_causal_conv(u: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
-    """Causal convolution of every feature with every filter by one batched real FFT.
-
-    Args:
-        u: input sequence, [B, T, D] (any floating dtype; bf16/fp16 are upcast).
-        phi: filters, [K, L] with L >= T; only ``phi[:, :T]`` is used.
-
-    Returns:
-        y, [B, T, K, D] in float32 (float64 if an input is float64); a view with memory layout
-        [B, K, D, T]. Equal to ``naive_causal_conv(u, phi)`` up to FFT rounding.
-
-    Raises:
-        ValueError: wrong ranks or dtypes, or T > L (the filters are too short for the sequence).
-    """
+    """Causal convolution of every feature of u [B, T, D] with every filter phi [K, L] (L >= T) by one batched
+    real FFT -> y [B, T, K, D] in float32 (float64 if an input is), a view with memory layout [B, K, D, T];
+    ``naive_causal_conv(u, phi)`` up to rounding. ValueError for wrong ranks or dtypes, or T > L."""
     check_conv_inputs(u, phi)
     B, T, D = u.shape
     dtype = conv_dtype(u.dtype, phi.dtype)

@@ -38,16 +38,8 @@ def check_conv_inputs(u: torch.Tensor, phi: torch.Tensor) -> None:
 
 
 def naive_causal_conv(u: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
-    """Direct causal convolution (the spec).
-
-    Args:
-        u: input sequence, [B, T, D].
-        phi: filters, [K, L] with L >= T; only ``phi[:, :T]`` is used.
-
-    Returns:
-        y with ``y[b, t, k, d] = sum_{tau <= t} phi[k, tau] * u[b, t - tau, d]``, [B, T, K, D], in the
-        promoted dtype of ``u`` and ``phi``.
-    """
+    """Direct causal convolution (the spec) of u [B, T, D] with phi [K, L] (L >= T): y [B, T, K, D] with
+    ``y[b, t, k, d] = sum_{tau <= t} phi[k, tau] * u[b, t - tau, d]``, in the promoted dtype of u and phi."""
     check_conv_inputs(u, phi)
     dtype = torch.promote_types(u.dtype, phi.dtype)
     u, phi = u.to(dtype), phi.to(dtype)

@@ -1,20 +1,15 @@
 """Fused small-batch weight products of a decode step (ESSH paper Appendix O.3: decoding streams weights).
 
-At batch 1 a decode step is a chain of matrix-vector products whose cost is reading the weights; what
-cuBLAS adds around them (a separate RMSNorm kernel before each projection, a SwiGLU kernel after the FFN
-input product, a residual copy and a split-K reduction kernel after each output product) costs as much
-as the products themselves at the 370M shape. These three ops fold that work into the product kernels::
+Each op folds the work cuBLAS would run around a product (RMSNorm, SwiGLU, residual add) into the product::
 
     norm_gemv(x, w, g)          y = W (g * x / rms(x))           W [N, D] rows   (pre-norm + projection)
     norm_swiglu_gemv(x, w, g)   a = silu(W_g u) * (W_u u)        W [2F, D] rows (gate_f, up_f), u normed
     gemv_accumulate(a, w, x)    x += scale * a W                 W [N, D] in x out (down / out projection)
 
-``x`` (the residual stream) is float32 ``[B, D]``; products accumulate in float32 from weights of any
-float dtype; outputs are float32 unless ``out_dtype`` says otherwise (float64 operands keep float64 on
-the torch path, for tests against a float64 model). ``backend="torch"`` evaluates the
-same math with PyTorch ops (the CPU path and the tests' reference); ``"triton"`` runs
-``triton_kernels.py`` (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``) for ``B <= MAX_FUSED_BATCH``.
-Larger batches are matrix-matrix products: callers keep cuBLAS for them.
+``x`` (the residual stream) is float32 ``[B, D]``; products accumulate in float32 from weights of any float
+dtype; outputs are float32 unless ``out_dtype`` says otherwise (float64 operands keep float64 on the torch
+path). ``backend="torch"`` is the same math in PyTorch (the reference); ``"triton"`` runs ``triton_kernels.py``
+(CUDA, or ``TRITON_INTERPRET=1``) for ``B <= MAX_FUSED_BATCH``; larger batches are left to cuBLAS.
 """
 
 from __future__ import annotations
@@ -70,12 +65,9 @@ def _use_triton(backend: str, x: torch.Tensor, *ts: torch.Tensor) -> bool:
 
 def _rows(x, w, g, y, eps, swiglu: bool, residual: bool, n_out: int, block_n: int | None,
           block_k: int | None, num_warps: int | None, pdl: bool = False) -> None:
-    """Launch ``rows_gemv_kernel``. Default tile: 4 outputs x min(D, 1024 / batch block) columns, 4 warps —
-    the fastest of the configurations swept on an H200 for every 370m / 1.5b projection at batch 1
-    (``scripts/gpu_gemv_sweep.py``; Triton's autotuner, which times with the weights hot in L2, picked
-    slower tiles for the streaming case). With ``pdl`` at batch 1 one tile spans all of D (so the program
-    reads its whole weight slab before ``gdc_wait``, ``ops/pdl.py``), with as many outputs per program as
-    keep the slab at 8192 elements (64 per thread at 4 warps)."""
+    """Launch ``rows_gemv_kernel``. Default tile: 4 outputs x min(D, 1024 / batch block) columns, 4 warps (the
+    fastest swept on an H200). With ``pdl`` at batch 1 one tile spans all of D (the whole weight slab is read
+    before ``gdc_wait``), with as many outputs per program as keep the slab at 8192 elements."""
     from .triton_kernels import rows_gemv_kernel
 
     B, D = x.shape
@@ -98,10 +90,8 @@ def norm_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None
               num_warps: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``y [B, N] = rmsnorm(x; norm_weight) @ w.T`` (no norm when ``norm_weight`` is None).
 
-    ``pdl``: launch the Triton kernel with programmatic dependent launch (``ops/pdl.py``; Hopper and
-    newer, see ``ops.pdl.resolve_pdl``); ignored on the torch path. The same for the other two ops.
-
-    With ``residual=True`` the product is added into ``out`` (e.g. the float32 residual stream) in place;
+    ``pdl``: programmatic dependent launch (``ops/pdl.py``), ignored on the torch path (also for the other two
+    ops). With ``residual=True`` the product is added into ``out`` (e.g. the float32 residual stream) in place;
     ``out`` must then be a different tensor than ``x``. x [B, D] any float dtype; w [N, D].
     """
     _check(x, w, "norm_gemv")

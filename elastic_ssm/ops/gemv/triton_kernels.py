@@ -1,22 +1,14 @@
 """Triton kernels of the fused small-batch products (see ``ops/gemv/__init__.py`` for the math).
 
-Two shapes of weight streaming, both reading every weight element exactly once per call:
+* ``rows_gemv_kernel``: ``y[b, n] = sum_d W[n, d] u[b, d]``, W row-major ``[N, D]``; one program owns ``BLOCK_N``
+  outputs and walks D in ``BLOCK_K`` tiles, with the input's RMSNorm from the same pass, a SwiGLU variant on
+  interleaved (gate, up) rows and a residual variant that adds into its output rows.
+* ``cols_gemv_kernel``: ``x[b, d] += scale * sum_n a[b, n] W[n, d]``, W ``[N, D]`` input x output (the split
+  layout's copies); ``BLOCK_D`` output columns, N split into ``SPLIT`` ranges, float32 atomics into the
+  residual stream (results agree to float32 rounding, not bitwise, between runs).
 
-* ``rows_gemv_kernel``: ``y[b, n] = sum_d W[n, d] u[b, d]`` with W row-major ``[N, D]`` (a ``F.linear``
-  weight). One program owns ``BLOCK_N`` outputs and walks D in ``BLOCK_K`` tiles; the RMSNorm of the input
-  row (``layers/norm.py``) comes from the same pass (sum of squares of the tiles it reads anyway), the
-  SwiGLU variant reads the interleaved (gate, up) row pairs of ``SwiGLU.w_in.weight`` as one contiguous tile and
-  writes ``silu(g) * u``, and the residual variant adds ``y`` into the output rows it owns.
-* ``cols_gemv_kernel``: ``x[b, d] += scale * sum_n a[b, n] W[n, d]`` with W ``[N, D]`` laid out input x
-  output (the split layout's copies of ``SwiGLU.w_out.weight``, ``SpectralMixer.out_proj.weight``).
-  Programs tile ``BLOCK_D`` output columns (128-byte coalesced rows) and split N into ``SPLIT`` ranges so
-  small matrices still fill every SM; partial sums are added into the float32 residual stream with atomics
-  (summation order is not fixed: results agree to float32 rounding, not bitwise, between runs).
-
-The reduction length (D, resp. the rows per split) is a compile-time constant: one compilation per model
-width / split, and fixed trip counts. Batch rows ``b < B <= BLOCK_B`` are handled inside a program
-(weights are read once for the whole batch). This module imports triton: import it only on the Triton
-path (``TRITON_INTERPRET=1`` must be set before).
+Reduction lengths are compile-time constants; batch rows ``b < B <= BLOCK_B`` share one read of the weights.
+This module imports triton: import it only on the Triton path (``TRITON_INTERPRET=1`` must be set before).
 """
 
 from __future__ import annotations

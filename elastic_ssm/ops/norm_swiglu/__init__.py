@@ -1,19 +1,12 @@
-"""RMSNorm and SwiGLU of decode rows as single fused kernels (the elementwise pieces of a decode step).
-
-A decode step at small batch is a chain of weight products (``ops/gemv``) with two elementwise ops between
-them. Op by op, PyTorch runs each as three or more kernels (square-mean, rsqrt-scale, weight multiply;
-silu, multiply, the strided split); here each is one kernel over rows ``[B, D]``::
+"""RMSNorm and SwiGLU of decode rows as single fused kernels (the elementwise pieces of a decode step)::
 
     rms_norm(x, weight, eps)   y = weight * x / sqrt(mean_j x_j^2 + eps)          x [B, D] -> [B, D]
     swiglu(h)                  y_j = silu(h_{2j}) * h_{2j+1}                      h [B, 2n] -> [B, n]
 
-``rms_norm`` is ``layers.norm.RMSNorm`` (ESSH: pre-norm of every block and the final norm, eps
-``ESSHConfig.norm_eps``) in float32 arithmetic with the output in ``x.dtype``. ``swiglu`` is the SwiGLU of
-``layers.ffn`` (ESSH Sec. 4: SwiGLU FFNs) on the interleaved (gate, up) pairs of ``SwiGLU.w_in``'s output.
-``backend`` ("auto" | "torch" | "triton", :func:`elastic_ssm.ops.dispatch.resolve_decode_backend`):
-"triton" runs ``triton_kernels.py`` (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``); "torch" is the
-same math in PyTorch (the CPU path and the kernels' reference), also used for float64 and non-2-D inputs.
-Tested against each other in ``tests/bench/test_bench.py`` (interpreter) and ``tests/models/test_fast_decode_gpu.py``.
+``rms_norm`` is ``layers.norm.RMSNorm`` in float32 arithmetic, output in ``x.dtype``; ``swiglu`` is the SwiGLU of
+``layers.ffn`` on the interleaved (gate, up) pairs of ``SwiGLU.w_in``'s output. ``backend`` ("auto" | "torch" |
+"triton", :func:`elastic_ssm.ops.dispatch.resolve_decode_backend`): "triton" runs ``triton_kernels.py`` (CUDA,
+or ``TRITON_INTERPRET=1``); "torch" is the same math (the reference), also for float64 and non-2-D inputs.
 """
 
 from __future__ import annotations

@@ -2,21 +2,10 @@
 
 ``spectral_scan`` validates its inputs and dispatches to the vectorised PyTorch chunked scan (``"torch"``,
 Algorithm 2), fla-core's GLA kernels (``"fla"``, CUDA) or the tokenwise specification (``"naive"``);
-``spectral_scan_step`` is the single-token decode step. The math is in README.md beside this file.
-``spectral_scan`` and ``naive_spectral_scan`` take the five modal tables as positional tensors (the public
-signature of DESIGN.md); inside the package they travel as one ``ModalTables`` (``inputs.py``): ``scan``
-is ``spectral_scan`` with that argument, and the chunked paths and the step take it too.
-
-Value ranges (``edges.validate_scan_values``): ``clock >= 0`` and ``0 <= rho <= 1`` (a negative clock or
-``rho > 1`` is growth, which the chunked paths cannot factorise), finite ``theta, kc, ks, a``. By default
-(``check_values=True``) they are checked on every device with one host sync, except inside
-``torch.compile`` and CUDA-graph capture, where out-of-range ``clock`` / ``rho`` entries become NaN instead
-(sync-free; in-range values are unchanged), so a bad value never gives a plausible wrong number. The layer
-(``SpectralMixer``) passes ``check_values=False``: its gates are in range by construction. NaN/Inf in ``v``,
-the gates, the clock or the initial state are not errors: both chunked paths follow the spec (outputs
-before the bad position stay finite and equal to the spec's; ``edges.py``). Accurate clock range: any
-``clock >= 0``; per-position log-decays ``clock - log rho`` above ~105 (fp32) / ~746 (fp64) are exact
-resets, as in the spec.
+``spectral_scan_step`` is the single-token decode step. The public ``spectral_scan`` / ``naive_spectral_scan``
+take the five modal tables as positional tensors; inside the package they travel as one ``ModalTables``
+(``scan`` is ``spectral_scan`` with that argument). Value ranges (``clock >= 0``, ``0 <= rho <= 1``, finite
+``theta, kc, ks, a``) and NaN/Inf inputs: README.md, "Edge values". The math is in README.md beside this file.
 """
 
 from __future__ import annotations

@@ -7,17 +7,9 @@ Per channel k (a GLA head) and mode i (two key dimensions ``2i, 2i+1``), with po
     g_i(t) = log rho_i - Delta_i(t)                        on both key dimensions of mode i
     o(t)   = q(t)^T S(t),  S(t) = diag(exp g(t)) S(t-1) + k(t) v(t)^T,  scale 1
 
-The GLA state is the natural state rotated back by the absolute phase, ``S_i(t) = R(-theta_i t) H_i(t)``:
-the frames coincide at t = 0 (``S(0) = H(0)``) and the final state is ``H(T) = R(theta T) S(T)``. Phases
-``theta t mod 2 pi`` are formed in float64 before cos/sin (t reaches 1e5+). The zero-lag correction (Eq. 24)
-is added outside the kernel.
-
-fla conventions used (read from fla-org/flash-linear-attention ``fla/ops/gla/chunk.py`` and ``naive.py`` at
-the post-0.5.2 main branch, 2026-08, which the installed fla-core 0.6.0 follows): inputs ``[B, T, H, D]``
-(time-major, no ``head_first``), ``g`` is the natural-log forget gate per key dimension (cumulated inside),
-``scale`` defaults to ``D ** -0.5`` (we pass 1.0), states are ``[B, H, Dk, Dv]`` and ``initial_state`` must
-be float32. The mapping itself (:func:`gla_inputs`, :func:`gla_outputs`) is pure torch and is tested on CPU
-in float64 against :func:`naive_spectral_scan` with a tokenwise GLA recurrence.
+The GLA state is ``S_i(t) = R(-theta_i t) H_i(t)`` (``S(0) = H(0)``, ``H(T) = R(theta T) S(T)``); phases
+``theta t mod 2 pi`` in float64; the zero-lag correction (Eq. 24) is added outside the kernel. fla's conventions:
+README.md. The mapping (:func:`gla_inputs`, :func:`gla_outputs`) is pure torch, tested on CPU in float64.
 """
 
 from __future__ import annotations
@@ -108,17 +100,9 @@ def fla_spectral_scan(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The scan through fla's chunked GLA kernels (CUDA); ``z`` in ``v.dtype``, the state in float32.
 
-    ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for bf16 inputs: rounding the
-    rotated ``q, k`` to bf16 makes the theta gradient, a long cancelling sum over ``t``, lose ~2 digits;
-    None uses ``v.dtype``). fla provides gradients for q, k, v, g and the initial state; the mapping is
-    torch ops, so autograd carries them on to every input including theta, rho (through log rho) and the
-    initial state. The kernels are called through the custom ops of ``gla_op.py``, which ``torch.compile``
-    treats as opaque.
-
-    Edge values (``edges.py``): the forget gate is capped, so ``rho = 0`` and infinite clocks are exact
-    resets; outside compiled regions and CUDA-graph capture a NaN/Inf input is zeroed before the kernel
-    (whose ``A @ V`` per chunk would otherwise spread ``0 * NaN`` to earlier positions of its chunk) and the
-    outputs are NaN exactly where the spec's are (one host sync: a sum over the inputs decides).
+    ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for bf16 inputs, which keeps the
+    theta gradient accurate; None uses ``v.dtype``), through the custom ops of ``gla_op.py``; autograd reaches
+    every input. Edge values follow ``edges.py`` (README.md).
     """
     if v.shape[1] == 0:
         return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)

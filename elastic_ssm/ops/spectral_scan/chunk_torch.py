@@ -1,30 +1,11 @@
 """Chunked parallel ESSH scan in vectorised PyTorch (ESSH paper Algorithm 2, Appendix O.1): the CPU path.
 
-The sequence is cut into chunks of ``C`` positions (default 64). Only the ``2 M P`` boundary state per channel
-(Eq. 28) is carried from chunk to chunk; everything inside a chunk is evaluated for all chunks at once.
-Inside a chunk the positions form diagonal blocks of ``c`` positions (``c = C``, or 16 when the decays are
-steep):
-
-* the causal interaction ``G[t, s]`` of Eq. 27 inside a diagonal block is either *factorised* through centred
-  endpoint factors ``exp(-(l(t) - l*)) exp(l(s) - l*)`` (Eq. 34) when the block's log-decay span fits the
-  dtype (the admission rule of Appendix O.2, decided per mode), or built *pairwise* from ``l(t) - l(s) >= 0``
-  for the (channel, mode) pairs that do not fit;
-* everything older than the block arrives through mode states in a rotated frame, read out by
-  ``q(t) = r(t) R(theta tau_t)^T kappa exp(-(l(t) - l_ref))``; the rotation-absorbing identity
-  ``R(theta (t - s)) = R(theta t) R(theta s)^T`` uses chunk-local phases ``tau <= C`` (small angles);
-* the scans over blocks and over chunks (Algorithm 2, lines 20-22) have scalar decays per mode and are
-  evaluated as lower-triangular matmuls (``_decay_scan``), without a Python loop over chunks.
-
-Apart from the admitted centred factors, every ``exp`` is of a non-positive number (a decay between ordered
-positions), so clocks of 50 per position and ``rho`` down to 1e-6 only underflow to exact zeros.
-Cumulative log-decays are summed and phases formed in float64 before the cast to the compute dtype.
-
-Edge values follow the float64 specification (``naive.py``) through ``edges.py``: a per-position log-decay
-``Delta - log rho`` is capped at ``reset_exponent`` (where ``exp(-x)`` is exactly 0 in the compute dtype),
-so ``rho = 0`` or an infinite clock is the spec's state reset, never ``inf - inf``; and a NaN/Inf input at
-position t (``isolate_nonfinite``) is masked out of the chunked products and restored as NaN only where
-the recurrence carries it (from t on, in its channel), so outputs before t stay finite.
-Gradients come from autograd (the pairwise block has a hand-written backward). See README.md.
+Chunks of ``C`` positions (default 64) carry only the ``2 M P`` boundary state per channel (Eq. 28); inside a
+chunk, diagonal blocks of ``c`` positions (``C``, or 16 for steep decays) are *factorised* through centred
+endpoint factors (Eq. 34, admitted per mode by Appendix O.2) or built *pairwise* (hand-written backward);
+older positions arrive through mode states in a rotated frame; the scans over blocks and chunks are
+lower-triangular matmuls (``_decay_scan``). Edge values (resets, NaN/Inf isolation) follow ``naive.py``
+through ``edges.py``. The math, with the admission rule and edge cases: README.md.
 """
 
 from __future__ import annotations
@@ -51,11 +32,7 @@ def _geometry(T: int, chunk_size: int) -> tuple[int, int, int]:
 
 
 def _safe_exponent(dtype) -> float:
-    """``E_safe`` of Appendix O.2 (eps = 2e-3): the largest log-decay span a factorised block may have.
-
-    Centred factors then lie in ``exp(+-E_safe / 2)``, so every factor and every product of two (also the
-    masked entries ``s > t``) is finite.
-    """
+    """``E_safe`` of Appendix O.2 (eps = 2e-3): the largest log-decay span a factorised block may have."""
     fi, eps = torch.finfo(dtype), 2e-3
     return min(math.log(fi.max * eps), -math.log(fi.tiny / eps))
 
@@ -70,9 +47,8 @@ def _plan(L: torch.Tensor, diagonal: str, limit: float) -> tuple[int, torch.Tens
 
     ``L`` is the within-chunk cumulative log-decay ``[B, K, N, C, M]`` (float64). Kinds: "factorized" (every
     mode, mask None), "pairwise" (no mode, mask None) or "mixed" (per-mode mask). Choosing the first needs
-    the data (one host sync); under ``torch.compile`` and inside a CUDA-graph capture (the serving pools' graphed
-    prefill, ``models/prefill_graph.py``) "auto" takes the pairwise plan, which is exact for every decay and keeps
-    the graph whole (the same results up to rounding).
+    the data (one host sync), so under ``torch.compile`` and inside a CUDA-graph capture "auto" takes the
+    pairwise plan (exact for every decay).
     """
     if diagonal not in ("auto", "factorized", "pairwise"):
         raise ValueError(f"diagonal must be 'auto', 'factorized' or 'pairwise', got {diagonal!r}")
@@ -197,10 +173,7 @@ def chunk_spectral_scan(
 
     ``diagonal`` ("auto" | "factorized" | "pairwise") chooses how diagonal blocks are evaluated; "auto"
     factorises every mode whose decay span admits it. Inputs are assumed validated (see
-    :func:`elastic_ssm.ops.spectral_scan`); the compute dtype is ``v.dtype``, also under autocast: the scan
-    runs with autocast off, since autocast would run its matmuls (the diagonal blocks, the decay scans, the
-    frame rotations) in bf16 while the pairwise blocks stay in ``v.dtype`` (a dtype mismatch in mixed plans,
-    and errors of 1e-1 instead of 1e-5 against the specification).
+    :func:`elastic_ssm.ops.spectral_scan`); the compute dtype is ``v.dtype``, also under autocast (README.md).
     """
     B, T, K, P = v.shape
     rho, theta, kc, ks, a = modal

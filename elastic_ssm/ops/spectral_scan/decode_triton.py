@@ -1,8 +1,7 @@
 """Fused single-token step of one ESSH spectral layer, plus the small fused ops of a decode step.
 
-ESSH paper Appendix O.3, Algorithm 4 lines 6-14, for every retained channel k and batch row b, from
-the raw output ``h`` of the concatenated input projection (per channel: P value rows, then M write,
-M read and M clock pre-activations, the layout of ``SpectralMixer.in_proj.weight``)::
+ESSH paper Appendix O.3, Algorithm 4 lines 6-14, for every retained channel k and batch row b, from the raw
+output ``h`` of the concatenated input projection (layout of ``SpectralMixer.in_proj.weight``)::
 
     v      = (1 - beta_k) v0 + beta_k v0 / sqrt(|v0|^2 / P + eps)                   (Eq. 23)
     eta^w  = 2 sigmoid(s^w + b^w),   eta^r = 2 sigmoid(s^r + b^r)                   (C.2)
@@ -11,13 +10,9 @@ M read and M clock pre-activations, the layout of ``SpectralMixer.in_proj.weight
     z      = sum_i eta^r_i H_i^T kappa_i - (sum_i a_i eta^r_i eta^w_i kc_i) v       (Eq. 24)
     out    = K^{-1/2} z                                                             (Sec. 4.1 readout scale)
 
-Fixed modal constants are precomputed once per (layer, tier) in ``ModalConstants`` (rho, cos/sin theta,
-kc, ks, a kc, biases, beta): the layer computes them (``SpectralMixer.decode_plan``), ``pack`` lays them
-out. The output projection is left to cuBLAS. ``backend="triton"`` runs one
-Triton program per (b, k) holding all M modes of the channel in registers; ``"torch"`` is the same math
-in vectorised PyTorch (the CPU path and the reference of the Triton kernel). Triton is imported lazily
-(``TRITON_INTERPRET=1`` runs the kernels on CPU tensors). The two elementwise pieces of a decode step,
-``rms_norm`` and ``swiglu``, are their own op: ``ops/norm_swiglu``.
+``ModalConstants`` holds the fixed constants of one (layer, tier), computed by ``SpectralMixer.decode_plan``.
+``backend="triton"``: one program per (b, k) with the M modes in registers; ``"torch"``: the same math (the
+reference). Triton is imported lazily (``TRITON_INTERPRET=1`` runs the kernels on CPU tensors).
 """
 
 from __future__ import annotations

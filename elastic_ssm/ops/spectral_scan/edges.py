@@ -1,24 +1,9 @@
 """Edge values of the ESSH scan (Eq. 5, 24), shared by the chunked paths (``chunk_torch.py``, ``chunk_fla.py``).
 
-The chunked paths must be causal and finite wherever the float64 tokenwise specification (``naive.py``) is:
-
-* **Exact resets.** A per-position log-decay ``Delta(t) - log rho`` is capped at :func:`reset_exponent` of the
-  compute dtype, where ``exp(-x)`` is exactly 0 (:func:`capped_log_decay`): ``rho = 0`` or an infinite clock
-  is the spec's state reset, computed without ``inf - inf`` (the chunked paths subtract cumulative
-  log-decays) and with finite gradients (``log rho`` is never evaluated at 0, so no ``0 * inf``).
-* **Non-finite inputs.** A chunked kernel multiplies whole chunks at once (``A @ V`` with masked ``A``), so a
-  NaN/Inf at position t would turn ``0 * NaN`` into NaN at every earlier position of its chunk.
-  :func:`isolate_nonfinite` zeroes the bad entries before the kernel and says where the spec's outputs are
-  non-finite (from t on, in its channel and value column; a bad read gate only at its own position);
-  :func:`restore_nonfinite` writes NaN exactly there afterwards.
-* **Value ranges.** ``clock >= 0`` and ``0 <= rho <= 1`` (a negative clock or ``rho > 1`` is growth, which
-  the chunked paths cannot factorise) and finite ``theta, kc, ks, a``: :func:`validate_scan_values` raises
-  (one host sync) where a sync is allowed; inside a compiled region :func:`poison_out_of_range` turns
-  out-of-range values into NaN (sync-free), so a wrong input shows as NaN outputs, never as a plausible
-  number.
-
-Host syncs are allowed (:func:`host_sync_allowed`) outside ``torch.compile`` and outside CUDA-graph capture;
-the compiled path skips the isolation and assumes finite inputs (a NaN input then makes its whole chunk NaN).
+The chunked paths must be causal and finite wherever the float64 specification (``naive.py``) is: exact resets
+(:func:`capped_log_decay` caps ``Delta - log rho`` at :func:`reset_exponent`), non-finite inputs isolated
+(:func:`isolate_nonfinite` / :func:`restore_nonfinite`), and value ranges checked (:func:`validate_scan_values`
+where a host sync is allowed, :func:`poison_out_of_range` inside compiled regions). README.md, "Edge values".
 """
 
 from __future__ import annotations
@@ -31,18 +16,15 @@ from .inputs import ModalTables
 
 
 def reset_exponent(dtype: torch.dtype) -> float:
-    """A log-decay from which ``exp(-x)`` is exactly 0 in ``dtype`` (about 105.3 in fp32, 746.5 in fp64):
-    larger per-position log-decays (a huge or infinite clock, ``rho = 0``) are capped there without changing
-    any result, which keeps cumulative sums finite and float32 differences accurate."""
+    """A log-decay from which ``exp(-x)`` is exactly 0 in ``dtype`` (about 105.3 in fp32, 746.5 in fp64), where
+    larger per-position log-decays are capped without changing any result."""
     return -math.log(torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps) + 2.0
 
 
 def capped_log_decay(clock: torch.Tensor, rho: torch.Tensor, dtype: torch.dtype, cap: float) -> torch.Tensor:
     """``min(Delta - log rho, cap)`` in ``dtype``: ``clock [B, T, K, M]``, ``rho [K, M]`` -> ``[B, T, K, M]``.
 
-    ``rho = 0`` gives the cap with a zero gradient to ``rho`` (the log-space scan cannot carry ``d/d rho`` at
-    0; a ``rho = exp(-softplus(x))`` that underflowed to 0 receives exactly the spec's zero gradient in ``x``);
-    an infinite clock gives the cap with a zero gradient to the clock, as in the spec.
+    ``rho = 0`` or an infinite clock gives the cap with a zero gradient, as in the spec.
     """
     rho = rho.to(dtype)
     zero = rho == 0  # NaN or negative rho stay NaN (loud), only an exact 0 is the reset
@@ -91,9 +73,8 @@ def isolate_nonfinite(v, write, read, clock, initial_state):
     clock (that mode, every column) and of the initial state (its mode and column) from its position on; a
     non-finite ``read`` touches only its own output; a ``+inf`` clock is a reset (left to the cap of
     :func:`reset_exponent`). Returns the cleaned ``v, write, read, clock, initial_state``, ``z_bad [B, T, K, P]``
-    and ``state_bad [B, K, M, 1, P]`` (both None when all is finite). One host sync: the sum of the inputs
-    decides (0.13 ms against 104 ms for the torch scan at B=4, T=512, K=16, M=8, P=16 on one core); only a
-    non-finite sum (a bad value, an infinite clock, an overflow) builds the masks.
+    and ``state_bad [B, K, M, 1, P]`` (both None when all is finite). One host sync (the sum of the inputs
+    decides; only a non-finite sum builds the masks).
     """
     total = v.sum() + write.sum() + read.sum() + clock.sum()  # finite sums: the usual case, one cheap pass
     if initial_state is not None:

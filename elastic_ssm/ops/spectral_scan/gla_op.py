@@ -1,17 +1,10 @@
 """fla-core's chunked GLA kernels as two torch custom ops, so ``torch.compile`` traces around them.
 
 ``gla_chunk`` computes ``o(t) = scale q(t)^T S(t)``, ``S(t) = diag(exp g(t)) S(t-1) + k(t) v(t)^T`` (inputs
-``[B, T, H, Dk|Dv]``, ``g`` float32 natural-log decays, ``h0`` float32 ``[B, H, Dk, Dv]`` or None) with
-fla's ``chunk_gla_fwd`` and differentiates through ``chunk_gla_bwd`` (module ``fla.ops.gla.chunk``). It
-follows fla's own autograd function (``ChunkGLAFunction``) for float32 gates (but chunk length 16 or 64,
-never fla's 32: ``chunk_length``), the forward keeps the within-chunk cumulative gate (computed in torch,
-``local_cumsum_log2``: fla's cumsum kernels autotune per batch size) and the intra-chunk score block ``A`` for
-the backward, and the backward recomputes the chunk states.
-
-Why not call ``fla.ops.gla.chunk_gla``: it is wrapped in ``torch.compiler.disable``, so every spectral layer
-would split a compiled graph in two. As custom ops (``elastic_ssm::gla_chunk_fwd`` / ``_bwd``) with fake
-(meta) implementations, the kernels stay opaque to dynamo and inductor while the gate and projection math
-around them is fused. fla is imported when an op first runs, never at import time.
+``[B, T, H, Dk|Dv]``, ``g`` float32 natural-log decays, ``h0`` float32 ``[B, H, Dk, Dv]`` or None) with fla's
+``chunk_gla_fwd`` / ``chunk_gla_bwd`` registered as ``elastic_ssm::gla_chunk_fwd`` / ``_bwd`` (fla's own
+``chunk_gla`` is wrapped in ``torch.compiler.disable``). fla is imported when an op first runs, never at import
+time. Chunk length, head buckets and the torch cumulative gate: README.md, section on the fla path.
 """
 
 import contextlib
@@ -28,23 +21,14 @@ _RCP_LN2 = 1.0 / math.log(2.0)
 
 
 def chunk_length(T: int) -> int:
-    """The chunk length for a length-T sequence: 16 up to 16 positions, else 64.
-
-    fla's own autograd function takes the next power of two of T clamped to [16, 64], i.e. also 32 for
-    T = 17..32; with fla-core 0.6.0 on an H200 (triton 3.6, float32 q/k/v, head dim 16 of the 370m / 1.5b
-    presets) ``chunk_gla_fwd_kernel_o`` at chunk 32 stops with "CUDA error: misaligned address" while chunk 16
-    and 64 run (an H200 run of 2026-12-01; its GPU test: docs/benchmarks.md, "GPU tests, last run"). A chunk
-    longer than the sequence is masked in the kernels, so T = 17..63 runs one partial chunk of 64."""
+    """The chunk length for a length-T sequence: 16 up to 16 positions, else 64 (never 32, which fla-core 0.6.0's
+    ``chunk_gla_fwd_kernel_o`` fails with "misaligned address" on an H200 at the presets' widths)."""
     return 16 if T <= 16 else 64
 
 
 def local_cumsum_log2(g: Tensor, C: int) -> Tensor:
     """Cumulative sum of ``g [B, T, H, D]`` within chunks of ``C`` positions, in base-2 units, float32: what fla's
-    ``chunk_local_cumsum(g, C, scale=1/ln 2)`` computes (cumulate in fp32, then scale).
-
-    Computed here in torch because fla's cumsum kernels autotune per batch size B and head count H (their
-    autotuning keys), and the rest of the GLA kernels do not key on B: a served pool that prefills bursts of
-    1..max_prefill prompts would otherwise autotune once per burst size."""
+    ``chunk_local_cumsum(g, C, scale=1/ln 2)`` computes, in torch so that B is no autotuning key."""
     B, T, H, D = g.shape
     n = -(-T // C)
     gp = F.pad(g.float(), (0, 0, 0, 0, 0, n * C - T))
@@ -135,13 +119,8 @@ gla_chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def head_bucket(H: int) -> int:
-    """The head count fla's kernels see for ``H`` heads: the next power of two (``H`` itself when it is one).
-
-    fla autotunes its kernels per shape, and ``H`` (the scan's channel count K) is part of their autotuning
-    keys: capacity-mixed training (Alg. 1) meets a new K with almost every sampled capacity (the tiers of every
-    ESSH preset have K = 8, 11, 15, ..., 32), and each new K costs tens of seconds of autotuning on a fresh
-    machine (46 s per new capacity measured on an H200). Padding to a power of two leaves at most
-    ``log2(K-bar) + 1`` shapes (8, 16, 32) for less than twice the scan's work at a sub-full capacity."""
+    """The head count fla's kernels see for ``H`` heads: the next power of two (``H`` itself when it is one), so
+    capacity-mixed training autotunes at most ``log2(K-bar) + 1`` head counts (README.md, "Head count")."""
     b = 1
     while b < H:                      # comparisons, not int.bit_length: H may be a symbolic size under torch.compile
         b *= 2
@@ -152,11 +131,8 @@ def gla_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float = 1.0, in
               output_final_state: bool = False) -> tuple[Tensor, Tensor | None]:
     """Chunked GLA through fla (differentiable): ``o [B, T, H, Dv]`` and ``S(T) [B, H, Dk, Dv]`` float32 or None.
 
-    The kernels run on ``head_bucket(H)`` heads (zero heads appended, their outputs dropped): heads never mix,
-    so the result is the unpadded one.
-
-    ``g`` and ``initial_state`` must be float32 (fla's requirement for states; float32 gates keep the
-    cumulative decays exact to fp32).
+    The kernels run on ``head_bucket(H)`` heads (zero heads appended, their outputs dropped). ``g`` and
+    ``initial_state`` must be float32 (ValueError otherwise).
     """
     if g.dtype != torch.float32 or (initial_state is not None and initial_state.dtype != torch.float32):
         raise ValueError(f"gla_chunk: g and initial_state must be float32, got {g.dtype} and "

@@ -1,9 +1,6 @@
 """The inputs of the ESSH scan: ``ModalTables`` (the five fixed per-mode tables) and their shape checks.
 
-Inside the package the modal tables of a spectral layer travel as one ``ModalTables`` argument (the chunked
-paths, the decode step, the fused decoder's constants); only the public ``spectral_scan`` and
-``naive_spectral_scan`` take them as five positional tensors (the signature of DESIGN.md). Per channel k
-and mode i (ESSH paper Eq. 5, 9 and 24; Appendix C.3)::
+Per channel k and mode i (ESSH paper Eq. 5, 9 and 24; Appendix C.3)::
 
     H_i(t) = rho_i e^{-Delta_i(t)} R(theta_i) H_i(t-1) + eta^w_i(t) e1 v(t)^T
     z(t)   = sum_i eta^r_i(t) H_i(t)^T (kc_i, -ks_i) - sum_i a_i eta^r_i(t) eta^w_i(t) kc_i v(t)

@@ -8,21 +8,11 @@ For each batch row b (next position ``p = positions[b]``) and head h, from the r
     allowed_j = slot_pos_j >= 0  and  0 <= p - slot_pos_j < W
     o[b, h] = softmax_j(q . K_j / sqrt(hd) over allowed j) V                 -> o [B, D]
 
-This is exactly ``SlidingWindowAttention.step`` (ring write included) without the output projection, so
-the caller can fold that into its own product. ``backend="torch"`` evaluates it with PyTorch ops (the CPU
-path and the reference); ``"triton"`` runs two kernels (``triton_kernels.py``): a split-window pass with
-RoPE, the ring write and an online softmax per chunk of ``chunk`` slots, and a combine pass — instead of
-the ~20 small kernels of the op-by-op step. ``slot_pos`` is written by every call (idempotent), so with
-several attention layers per step no separate bookkeeping kernel is needed.
-
-``span``: attend over ring slots ``0 .. span - 1`` only. Until a sequence has W tokens its ring is not wrapped
-and its tokens sit in slots ``0 .. p`` (Alg. 4's write at ``p mod W``, and the prefill's gathered write,
-``layers/window_ring.py``), so when every row whose output is read has ``p < span`` the slots from ``span`` on
-are empty for those rows and the step may skip them: the attention then reads ``span / W`` of the ring instead
-of all of it (at batch 128 of the 1.5b the ring is 6.4 GB, the larger part of a step's memory traffic). The
-write still goes to slot ``p mod W`` of the whole ring. A row with ``p >= span`` attends over the prefix only:
-wrong, so a caller passes a span only when it knows every row it reads is shorter (the serving pools track
-each row's position on the host, ``serve/slots.py``). None: the whole ring.
+Exactly ``SlidingWindowAttention.step`` without the output projection. ``backend="torch"``: PyTorch ops (the
+reference); ``"triton"``: a split-window kernel (RoPE, ring write, online softmax per chunk of ``chunk`` slots)
+and a combine kernel (``triton_kernels.py``). ``span``: attend over slots ``0 .. span - 1`` only, correct only
+when every row read has ``p < span`` (an unwrapped ring holds its tokens in slots ``0 .. p``); the write still
+goes to slot ``p mod W``. None: the whole ring. docs/performance.md, "Attended spans".
 """
 
 from __future__ import annotations
