@@ -201,9 +201,10 @@ def _would_overwrite(out: Path) -> list[str]:
     """Entries of ``out`` (holding no checkpoint or final model) that a new run would overwrite or trip on."""
     clash = [MODEL_FILES] if any((out / n).exists() for n in ("config.json", "model.safetensors")) else []
     run_yaml = out / "run.yaml"
-    if run_yaml.exists() and not (run_yaml.is_file() and _is_run_record(run_yaml)):
+    earlier = run_yaml.is_file() and _is_run_record(run_yaml)     # an earlier attempt of train: kept, not a clash
+    if run_yaml.exists() and not earlier:
         clash.append("run.yaml (not a run record written by train)")
-    if (out / "parameters.json").exists():
+    if (out / "parameters.json").exists() and not (earlier and (out / "parameters.json").is_file()):
         clash.append("parameters.json")
     if (out / "metrics.jsonl").exists() and not (out / "metrics.jsonl").is_file():
         clash.append("metrics.jsonl (not a file)")
@@ -213,13 +214,15 @@ def _would_overwrite(out: Path) -> list[str]:
 
 
 def _keep_earlier_attempt(out: Path) -> None:
-    """An attempt cut before its first checkpoint: keep its log and record beside the new run's."""
+    """An attempt cut before its first checkpoint (or a finished one whose checkpoints are gone, as a replication
+    run restored from its records): keep its log, record and parameter report beside the new run's."""
     old_log, old_rec = out / "metrics.jsonl", out / "run.yaml"
     dated = old_log if old_log.is_file() else old_rec
     if not dated.is_file():
         return
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(dated.stat().st_mtime))
-    for path, dest in ((old_log, f"metrics.prev-{stamp}.jsonl"), (old_rec, f"run.prev-{stamp}.yaml")):
+    for path, dest in ((old_log, f"metrics.prev-{stamp}.jsonl"), (old_rec, f"run.prev-{stamp}.yaml"),
+                       (out / "parameters.json", f"parameters.prev-{stamp}.json")):
         if path.is_file() and not (out / dest).exists():
             os.replace(path, out / dest)
 

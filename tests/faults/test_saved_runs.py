@@ -158,12 +158,16 @@ def test_resume_auto_after_an_attempt_cut_before_its_first_checkpoint_keeps_its_
     out.mkdir()
     for name in ("run.yaml", "metrics.jsonl"):
         shutil.copy(run / name, out / name)
+    (out / "parameters.json").write_text('{"params": 1}\n')    # its parameter report too (a replication run restored
+                                                                # from its records, 2026-12-02)
     before = _snapshot(out)
     assert _train(cfg, out, "--resume", "auto", "--stop_after", "1") == 0
     assert "no checkpoint yet, starting" in capsys.readouterr().out
     prev_rec, prev_log = list(out.glob("run.prev-*.yaml")), list(out.glob("metrics.prev-*.jsonl"))
-    assert len(prev_rec) == len(prev_log) == 1
+    prev_par = list(out.glob("parameters.prev-*.json"))
+    assert len(prev_rec) == len(prev_log) == len(prev_par) == 1
     assert prev_rec[0].read_bytes() == before["run.yaml"] and prev_log[0].read_bytes() == before["metrics.jsonl"]
+    assert prev_par[0].read_bytes() == before["parameters.json"]
 
 
 def test_stop_after_behind_the_run_says_nothing_was_trained(cut, tmp_path, capsys):
