@@ -76,6 +76,7 @@ class DecoderPool:
         self.min_span = 128                   # smallest attended span of the decoders (FastDecoder)
         self._signature: tuple | None = None
         self.captures = 0                     # graphs captured so far (tests check reuse with it)
+        self.eager_graphs = True              # graphs of an eager model's prefill (off after a capture fails)
 
     def get(self, tier: Any, batch: int, state_dtype: torch.dtype | None = None,
             kv_dtype: torch.dtype | None = None) -> FastDecoder:
@@ -161,7 +162,8 @@ class FusedSession:
             return False
         if compiled_trunk(self.model) is not None:
             return True
-        return length is not None and self.fd.batch * length_bucket(length) <= GRAPH_TOKENS
+        return (self.pool.eager_graphs and length is not None
+                and self.fd.batch * length_bucket(length) <= GRAPH_TOKENS)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 graph: bool = True) -> torch.Tensor:
@@ -172,7 +174,14 @@ class FusedSession:
         if self.uses_prefill_graph(T) or not graph:
             L = length_bucket(T)
             padded = attention_mask is not None or L != T
-            return self.pool.prefill_graph(self.fd, L, padded, graph=graph)(input_ids, attention_mask)
+            try:
+                return self.pool.prefill_graph(self.fd, L, padded, graph=graph)(input_ids, attention_mask)
+            except Exception as e:   # a kernel that cannot be captured on this stack: an eager model goes on eagerly
+                if compiled_trunk(self.model) is not None or not graph:
+                    raise
+                self.pool.eager_graphs = False
+                warnings.warn(f"capturing a prefill graph failed ({type(e).__name__}: {e}); prefilling eagerly from "
+                              "now on", stacklevel=3)
         cache = self.fd.cache.reset_().narrow(B)
         h = self.model.hidden_states(input_ids, tier=self.fd.tier, attention_mask=attention_mask, cache=cache)
         return self.model.logits_from_hidden(h[:, -1])

@@ -359,3 +359,21 @@ def test_generate_prefills_from_a_graph_on_cuda_up_to_graph_tokens(model, monkey
     monkeypatch.setattr(compile_mod, "compiled_trunk", lambda m: object())
     monkeypatch.setattr("elastic_ssm.models.decode_engine.compiled_trunk", lambda m: object())
     assert session.uses_prefill_graph(131072)                                     # compiled: every length
+
+
+def test_a_failing_prefill_capture_of_an_eager_model_falls_back_to_eager(model, monkeypatch):
+    """A capture that fails (a kernel this stack cannot capture) warns once and the prompt is prefilled eagerly, as
+    every later one; the result equals the reference prefill."""
+    from elastic_ssm.models.decode_engine import FusedSession
+
+    session = FusedSession(model, 1, "T2", None, None)
+    monkeypatch.setattr(FusedSession, "uses_prefill_graph", lambda self, length=None: self.pool.eager_graphs)
+    monkeypatch.setattr(session.pool, "prefill_graph", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
+    ids = torch.randint(0, 256, (1, 12))
+    with pytest.warns(UserWarning, match="capturing a prefill graph failed .RuntimeError: no.; prefilling eagerly"):
+        got = session.prefill(ids, None)
+    assert not session.pool.eager_graphs and not session.uses_prefill_graph(12)
+    ref = model.allocate_cache(1, "T2")
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(ids, tier="T2", cache=ref)[:, -1], rtol=1e-9, atol=1e-9)
+    session.pool.eager_graphs = True
