@@ -227,6 +227,8 @@ def _rows(claim: int, name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
             for r in s.get("eval", [])]
     if claim in (1, 5) and role == "elastic":                 # fractions belong to claim 4's plot
         rows = [r for r in rows if not str(r["tier"]).startswith("xi=")]
+    if role == "specialist":      # its one tier: "T1" in records before tier_names, its source's name (T4) after
+        rows = [{**r, "tier": "T1"} for r in rows if not str(r["tier"]).startswith("xi=")]
     if claim == 4:
         shapes = _trained_shapes(s)
         for r in rows:
