@@ -119,12 +119,9 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     Completion, Chat = request_models(settings.max_tokens_limit, vocab)
     bodies = {"/v1/completions": Completion, "/v1/chat/completions": Chat}
 
-    remote = None
-    if load is not None:
-        remote = RemoteEngine(load, model, settings.tiers, settings.slots, settings.max_queue,
-                              settings.stall_timeout_s, eos=eos, metrics=metrics, pool_factory=pool_factory,
-                              tokenizer=tok,
-                              **settings.engine_options())
+    remote = None if load is None else RemoteEngine(
+        load, model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s, eos=eos,
+        metrics=metrics, pool_factory=pool_factory, tokenizer=tok, **settings.engine_options())
 
     @asynccontextmanager
     async def lifespan(app):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import ipaddress
 import logging
 import os
 import sys
@@ -43,15 +42,6 @@ def require_essh(checkpoint: str, arch: str, verb: str) -> None:
                "`elastic-ssm eval` (docs/baselines.md)")
     raise ConfigError(f"{checkpoint} holds a model of arch {arch!r}; `elastic-ssm {verb}` runs ESSH models only (the "
                       f"fused decoder): {instead}")
-
-
-def _is_local(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _check_bind(host: str, port: int) -> int:
@@ -89,7 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..data.tokenizer_files import resolve_tokenizer
     from ..models import load_pretrained
     from .app import ServerSettings, create_app
-    from .guard import uvicorn_connection_limit
+    from .guard import is_loopback, uvicorn_connection_limit
     from .header_deadline import with_header_deadline
     from .remote import model_view
 
@@ -118,23 +108,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     name = args.name or Path(args.checkpoint).resolve().name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("elastic_ssm.serve")
-    if not _is_local(args.host) and key is None:
+    if not is_loopback(args.host) and key is None:
         log.warning("listening on %s without an API key: anyone who can reach this address can use the model; "
                     "set --api_key or %s", args.host, API_KEY_ENV)
     announce_device("serve", device, dtype)
-    settings = ServerSettings(name=name, tiers=tiers, default_tier=default, slots=args.max_batch,
+    same = ("max_prefill_tokens", "prefill_wait_ms", "prefill_graphs", "prefill_graph_tokens", "attended_spans",
+            "max_queue", "max_body_bytes", "max_prompt_tokens", "max_tokens_limit", "max_connections_per_client")
+    settings = ServerSettings(name=name, tiers=tiers, default_tier=default, slots=args.max_batch, api_key=key,
                               max_prefill=min(args.max_prefill or args.max_batch, args.max_batch),
-                              max_prefill_tokens=args.max_prefill_tokens,
-                              prefill_wait_ms=args.prefill_wait_ms, prefill_graphs=args.prefill_graphs,
-                              prefill_graph_tokens=args.prefill_graph_tokens,
-                              attended_spans=args.attended_spans, api_key=key,
-                              max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                              max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,
-                              max_connections_per_client=args.max_connections_per_client,
-                              max_requests=args.max_connections,
-                              body_timeout_s=args.timeout, stall_timeout_s=args.timeout,
-                              chat_template=chat_template,
-                              allowed_hosts=(args.host, *filter(None, (args.allowed_hosts or "").split(","))))
+                              max_requests=args.max_connections, body_timeout_s=args.timeout,
+                              stall_timeout_s=args.timeout, chat_template=chat_template,
+                              allowed_hosts=(args.host, *filter(None, (args.allowed_hosts or "").split(","))),
+                              **{k: getattr(args, k) for k in same})
     app = create_app(model, settings, load=functools.partial(load_pretrained, args.checkpoint, device=device,
                                                              dtype=dtype))
     try:

@@ -29,7 +29,8 @@ from collections import defaultdict
 
 from .protocol import ApiError, error_body
 
-__all__ = ["Guard", "host_allowed", "read_body", "parse_json", "watch_disconnect", "uvicorn_connection_limit"]
+__all__ = ["Guard", "host_allowed", "is_loopback", "read_body", "parse_json", "watch_disconnect",
+           "uvicorn_connection_limit"]
 
 log = logging.getLogger("elastic_ssm.serve")
 
@@ -49,6 +50,12 @@ def _ip(name: str):
         return None
 
 
+def is_loopback(name: str) -> bool:
+    """Whether the host ``name`` is ``localhost`` or a loopback address."""
+    ip = _ip(name)
+    return name == "localhost" or (ip is not None and ip.is_loopback)
+
+
 def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
     """Whether a request's ``Host`` header ``value`` names this server; ``allowed``: lower-case names or addresses
     beyond the loopback ones (``0.0.0.0`` / ``::``: any IP address; ``*``: any host)."""
@@ -60,10 +67,7 @@ def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
     else:
         name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
     name = name.rstrip(".")
-    ip = _ip(name)
-    if name == "localhost" or name in allowed or (ip is not None and ip.is_loopback):
-        return True
-    return ip is not None and bool(allowed & {"0.0.0.0", "::"})
+    return is_loopback(name) or name in allowed or (_ip(name) is not None and bool(allowed & {"0.0.0.0", "::"}))
 
 
 class Guard:

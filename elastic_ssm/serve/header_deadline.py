@@ -1,23 +1,18 @@
 """Connection-level limits below uvicorn: a deadline and a size bound on each request's headers, a deadline on
 output the client does not take, and no keep-alive after an answer sent before its request's body arrived.
 
-uvicorn times nothing between a connection's opening (or its last response) and the end of the next request's
-headers, and with httptools does not bound them; ASGI middleware (``guard.Guard``) runs only once they are in.
 ``with_header_deadline(base, seconds, ...)`` subclasses uvicorn's HTTP protocol class ``base`` (httptools' or
-h11's):
+h11's), below the ASGI middleware (``guard.Guard`` runs only once the headers are in):
 
-* a header deadline, armed when a connection opens or a response ends and disarmed when a request's headers are
-  complete: past it, a 408;
-* at most ``max_header_bytes`` of request line and headers, counted as they arrive: past it, a 431, after which
-  the server shuts its side and drops what the client still sends for up to ``LINGER_S`` s (so the close is no
-  reset that destroys the answer); both refusals are raw responses in the API's error shape that close;
-* ``write_timeout``: a client that takes (almost) none of the output for that long is aborted. On Linux "takes"
-  is the kernel's count of acknowledged bytes (``TCP_INFO``): at least 4 KiB, or all that is pending, per
-  ``write_timeout``; elsewhere the write buffer staying above its high-water mark (``pause_writing``);
-* an answer that starts while its request's body is still arriving closes the connection after it (kept alive,
-  the parser would read the client's next request as the rest of the body).
+* a deadline on each request's headers, from a connection's opening or its last response's end: a 408;
+* at most ``max_header_bytes`` of request line and headers, counted as they arrive: a 431, after which the server
+  shuts its side and drops what the client still sends for up to ``LINGER_S`` s (so the close is no reset that
+  destroys the answer); both refusals are raw responses in the API's error shape, and the connection closes;
+* ``write_timeout``: a client that takes (almost) none of its output for that long is aborted (Linux: under 4 KiB
+  acknowledged, ``TCP_INFO``; elsewhere ``pause_writing``);
+* an answer sent while its request's body is still arriving closes the connection after it.
 
-The body has its own time limit (``guard.read_body``); a request being answered is never timed here.
+docs/serving.md ("Security defaults") says why; a request being answered is never timed here.
 """
 
 from __future__ import annotations

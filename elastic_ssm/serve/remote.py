@@ -41,21 +41,16 @@ log = logging.getLogger("elastic_ssm.serve")
 _FIELDS = ("tier", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop")
 
 
-class _Tokens:
-    """The child's stand-in for ``Metrics``: generated tokens per tier since the last message."""
+class _Sink:
+    """Takes the place of an asyncio loop in ``engine.deliver`` (one message per call, to the HTTP process) and of
+    ``Metrics`` in the engine (generated tokens per tier since the last message)."""
 
-    def __init__(self) -> None:
+    def __init__(self, conn, live: dict) -> None:
+        self.conn, self.live, self.engine = conn, live, None
         self.by_tier: dict[str, int] = defaultdict(int)
 
     def add_tokens(self, tier: str, n: int) -> None:
         self.by_tier[tier] += n
-
-
-class _Sink:
-    """Takes the place of an asyncio loop in ``engine.deliver``: one message per call, to the HTTP process."""
-
-    def __init__(self, conn, engine: Engine, tokens: _Tokens, live: dict) -> None:
-        self.conn, self.engine, self.tokens, self.live = conn, engine, tokens, live
 
     def is_closed(self) -> bool:
         return False
@@ -66,7 +61,7 @@ class _Sink:
             out.append((req.rid, kind, value, req.completion_tokens, req.first_token_at))
             if kind in ("done", "error", "unavailable"):
                 self.live.pop(req.rid, None)
-        counts, self.tokens.by_tier = dict(self.tokens.by_tier), defaultdict(int)
+        counts, self.by_tier = dict(self.by_tier), defaultdict(int)
         busy = {t: v["busy"] for t, v in self.engine.snapshot().items()}
         self.conn.send(("ev", self.engine.counters(), counts, busy, out))
 
@@ -85,16 +80,14 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
     engine = None
+    live: dict[int, Request] = {}
+    sink = _Sink(events, live)
     try:
         try:
-            model = load()
-            tokens = _Tokens()
-            engine = Engine(model, stall_timeout=math.inf, metrics=tokens, **kw)   # kw: the HTTP side's tokenizer
+            engine = sink.engine = Engine(load(), stall_timeout=math.inf, metrics=sink, **kw)
         except Exception as e:
             events.send(("failed", f"{type(e).__name__}: {e}"))
             return
-        live: dict[int, Request] = {}
-        sink = _Sink(events, engine, tokens, live)
         gc.freeze()     # out of the collector's sight: a full collection stalled every stream
         engine.start()
         events.send(("ready",))

@@ -139,18 +139,13 @@ class SlotPool(SlotRows):
             for T in lengths:
                 ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                  # [1, T]
                 try:
-                    self._prefill_row(ids, tier, row)
+                    reset_row_(self.cache, row)
+                    self.model.hidden_states(ids, tier=tier, cache=self.cache.at_tier(tier).narrow(1, start=row))
                 except RuntimeError as e:   # a kernel that fails on this stack: say where, and the way around fla
                     first = (str(e).strip().splitlines() or [""])[0]
                     around = (f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if raised_in_fla(e) else "")
                     raise RuntimeError(f"tier {tier.name}: the warm-up prefill of {T} tokens failed "
                                        f"({type(e).__name__}: {first}){around}") from e
-
-    def _prefill_row(self, ids: torch.Tensor, tier, row: int) -> torch.Tensor:
-        """Row ``row`` emptied, then ``ids [1, T]`` prefilled into it at ``tier``; the hidden states [1, T, D]."""
-        reset_row_(self.cache, row)
-        view = self.cache.at_tier(tier).narrow(1, start=row)
-        return self.model.hidden_states(ids, tier=tier, cache=view)
 
     # ---- slots -------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -160,16 +155,7 @@ class SlotPool(SlotRows):
         t = self.tier_of(tier)
         if not self.free_slots():
             raise ValueError(f"admit: all {self.slots} slots are busy")
-        i = self.owner.index(None)
-        graph = self._graph_for([prompt], t)
-        if graph is not None:
-            self._copy_rows(self._graph_prefill(graph, [prompt]), [i], t)
-        else:
-            ids = torch.tensor([prompt], dtype=torch.long, device=self.device)          # [1, T]
-            h = self._prefill_row(ids, t, i)                                             # [1, T, D]
-            self.logits[i] = self.model.logits_from_hidden(h[:, -1])[0].float()
-        self._own([i], [owner], [prompt], t)
-        return i
+        return self._prefill([owner], [prompt], t)[0]
 
     @torch.no_grad()
     def admit_many(self, owners: list, prompts: list[list[int]], tier: Any = None) -> list[int]:
@@ -183,6 +169,11 @@ class SlotPool(SlotRows):
         if not 1 < n <= min(self.max_prefill, self.free_slots()) or not all(prompts):
             raise ValueError(f"admit_many takes 2..{self.max_prefill} non-empty prompts, at most the "
                              f"{self.free_slots()} free slots")
+        return self._prefill(owners, prompts, t)
+
+    def _prefill(self, owners: list, prompts: list[list[int]], t) -> list[int]:
+        """``prompts`` prefilled at tier ``t`` into free rows for ``owners``: graphed, in place or via scratch."""
+        n = len(prompts)
         graph = self._graph_for(prompts, t)
         if graph is not None:
             rows = self.free_rows(n)
