@@ -102,8 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         status(f"--tier auto picked {default}, which --tiers does not list; serving it too", file=sys.stderr)
     tiers = sorted(set(tiers) | {default}, key=table.index)
     check_state_fits(model.config, [(tiers[-1], args.max_batch)], device,     # one pool, at the widest tier
-                     f"{spelled(args, 'max_batch')} {args.max_batch}",
-                     weight_bytes(model, dtype))
+                     f"{spelled(args, 'max_batch')} {args.max_batch}", weight_bytes(model, dtype))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     name = args.name or Path(args.checkpoint).resolve().name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

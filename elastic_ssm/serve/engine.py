@@ -153,21 +153,17 @@ class Engine:
     # ---- the loop ----------------------------------------------------------------------------------------
     def _admit_in(self, now: float) -> float | None:
         """Seconds until the waiting requests should be prefilled (0: now; None: none wait, or no slot is free)."""
-        q, pool = self.waiting, self.pool
-        if not q:
+        q = self.waiting
+        free = self.pool.free_slots() if q else 0
+        if not free:
             return None
-        free = pool.free_slots()
-        if free == 0:
-            return None
-        if self.prefill_wait <= 0 or len(q) >= min(pool.max_prefill, free):
+        if self.prefill_wait <= 0 or len(q) >= min(self.pool.max_prefill, free):
             return 0.0
         return max(0.0, q[0].queued_at + self.prefill_wait - now)
 
     def _idle_for(self) -> float | None:
         """Seconds the loop may sleep (0: the pool has running rows or an admission is due; None: until notified)."""
-        if self.pool.busy():
-            return 0.0
-        return self._admit_in(self._clock())
+        return 0.0 if self.pool.busy() else self._admit_in(self._clock())
 
     def _run(self) -> None:
         while True:
