@@ -1,19 +1,12 @@
 """The HTTP application: OpenAI-compatible completions over the engine, with health, model list and metrics.
 
-``create_app(model, settings)`` returns a FastAPI app (the ``serve`` extra) whose lifespan starts and stops an
-``Engine`` (``serve/engine.py``) over the served tiers of the one loaded model. Routes (``/openapi.json`` describes
-them; no ``/docs`` page, docs/serving.md says why): ``GET /health`` (no key needed), ``GET /v1/models``, ``POST
-/v1/completions`` and ``POST /v1/chat/completions`` (answered whole or as server-sent events ending ``data: [DONE]``;
-chat through the tokenizer's chat template, else a 400) and ``GET /metrics`` (``serve/metrics.py``).
-
-A POST body is read within ``--max-body-bytes`` and ``--timeout`` and parsed by ``guard.parse_json`` before FastAPI
-validates it against the route's model (``serve/schema.py``); one handler turns every validation error into a 400
-naming the field. Every refusal is OpenAI's error shape with a one-line message: 400 bad field, 404 unknown model
-name, 408 slow upload, 413 body too large, 415 a body that is not JSON, 421 a foreign ``Host``
-without a key, 429 too many connections from one client, 503 + ``Retry-After`` when
-every slot is busy and the queue is full; an unexpected exception is a 500 (``guard.Guard``). A request names a tier,
-never a file: nothing in a request can load a model or read a path. One log line per finished request (logger
-``elastic_ssm.serve``).
+``create_app(model, settings)`` returns a FastAPI app whose lifespan starts and stops the engine. Routes
+(``/openapi.json``; no ``/docs`` page): ``GET /health`` (no key needed), ``GET /v1/models``, ``POST
+/v1/completions`` and ``POST /v1/chat/completions`` (whole, or server-sent events ending ``data: [DONE]``) and
+``GET /metrics``. A POST body is read by ``guard.read_body`` / ``guard.parse_json``, then validated against
+``serve/schema.py``'s model. Every refusal is OpenAI's error shape with a one-line message (400, 404, 408, 413,
+415, 421, 429, 503 + ``Retry-After``; 500 from ``guard.Guard``). A request names a tier, never a file. One log
+line per finished request (logger ``elastic_ssm.serve``).
 """
 
 import asyncio
@@ -62,9 +55,9 @@ class ServerSettings:
     max_prefill: int = 16
     max_prefill_tokens: int = PREFILL_TOKENS
     prefill_wait_ms: float = PREFILL_WAIT_MS
-    prefill_graphs: bool = True          # graphed prefill on CUDA (serve/slots.py); False: eager everywhere
+    prefill_graphs: bool = True          # graphed prefill on CUDA; False: eager everywhere
     prefill_graph_tokens: int = GRAPH_TOKENS   # the largest graphed prefill, padded prompt tokens
-    attended_spans: bool = True          # decode steps read the window rings' filled prefix only (serve/slots.py)
+    attended_spans: bool = True          # decode steps read the window rings' filled prefix only
     api_key: str | None = None
     max_queue: int = 64
     max_body_bytes: int = 1 << 20
@@ -75,8 +68,7 @@ class ServerSettings:
     body_timeout_s: float = 30.0
     stall_timeout_s: float = 30.0
     chat_template: str | None = None         # Jinja source from --chat_template; None: the directory's own
-    #: ``Host`` names admitted beyond localhost and the loopback addresses when there is no API key (421 for any
-    #: other; ``guard.Guard``): ``serve`` adds its ``--host``; ``*`` admits any; None: no check
+    #: ``Host`` names admitted beyond the loopback ones without an API key (``guard.Guard``); None: no check
     allowed_hosts: tuple[str, ...] | None = ()
 
     def engine_options(self) -> dict:
@@ -91,9 +83,8 @@ def _json(status: int, body: dict, headers: dict | None = None):
 
 
 def _is_json(content_type: str) -> bool:
-    """Whether a ``Content-Type`` names JSON (``application/json``, any ``application/...+json``; parameters
-    such as ``charset`` aside): anything else is a 415, so that no web page's form or ``text/plain`` post (which a
-    browser sends to another site without asking it first) is read as a request."""
+    """Whether a ``Content-Type`` names JSON (``application/json`` or ``application/...+json``): anything else is
+    a 415, so no web page's form or ``text/plain`` post is read as a request."""
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
@@ -102,10 +93,8 @@ _MARK = "\x00text\x00"
 
 
 def _text_event(render_chunk, req, model_id: str):
-    """``text -> "data: <chunk JSON>\\n\\n"`` for the streamed text chunks of one request after its first: the
-    chunk is rendered once around a marker and only the text is encoded per event, the same bytes as
-    ``json.dumps`` of the whole chunk (the HTTP process writes one such event per token and stream: its hottest
-    line). Built after the first text chunk, whose rendering may differ (the chat chunk's role)."""
+    """``text -> "data: <chunk JSON>\\n\\n"`` for one request's text chunks after its first (whose rendering may
+    differ): the chunk is rendered once around a marker, the same bytes as ``json.dumps`` of the whole chunk."""
     head, sep, tail = json.dumps(render_chunk(req, model_id, _MARK, None)).partition(json.dumps(_MARK))
     if not sep:               # a body that does not carry the text as one JSON string: render every chunk whole
         return lambda text: f"data: {json.dumps(render_chunk(req, model_id, text, None))}\n\n"
@@ -114,13 +103,12 @@ def _text_event(render_chunk, req, model_id: str):
 
 
 def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
-    """The FastAPI app serving ``model`` (see the module docstring).
+    """The FastAPI app serving ``model`` (module docstring).
 
-    ``load``: a picklable callable that builds the model: the engine then runs in its own process
-    (``RemoteEngine``, ``serve/remote.py``; ``model`` need only be its meta-device view, ``remote.model_view``),
-    built here and kept in ``app.state.engine`` (its ``start`` may be called before the server runs, to report
-    a failed load early; the lifespan starts it otherwise and always stops it). Without ``load`` the engine is a
-    thread of this process. ``pool_factory``: internal, the bench's CPU proxy (``Engine``'s)."""
+    ``load``: a picklable callable that builds the model: the engine then runs in its own process (a
+    ``RemoteEngine`` in ``app.state.engine``, whose ``start`` may be called early to report a failed load;
+    ``model`` may be ``remote.model_view``). Without ``load`` the engine is a thread of this process.
+    ``pool_factory``: internal, ``Engine``'s."""
     state: dict = {}
     metrics = Metrics(lambda: state.get("engine"))
     tok = resolve_tokenizer(model)                   # the saved one; bytes for a model saved without one
@@ -131,12 +119,9 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     Completion, Chat = request_models(settings.max_tokens_limit, vocab)
     bodies = {"/v1/completions": Completion, "/v1/chat/completions": Chat}
 
-    remote = None
-    if load is not None:
-        remote = RemoteEngine(load, model, settings.tiers, settings.slots, settings.max_queue,
-                              settings.stall_timeout_s, eos=eos, metrics=metrics, pool_factory=pool_factory,
-                              tokenizer=tok,
-                              **settings.engine_options())
+    remote = None if load is None else RemoteEngine(
+        load, model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s, eos=eos,
+        metrics=metrics, pool_factory=pool_factory, tokenizer=tok, **settings.engine_options())
 
     @asynccontextmanager
     async def lifespan(app):
@@ -148,16 +133,15 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s,
                          eos=eos, tokenizer=tok, metrics=metrics, **settings.engine_options(), **extra).start()
         state["engine"] = app.state.engine = eng
-        gc.freeze()          # the objects of start-up out of the collector's sight: a full collection paused the
-        try:                 # process ~130 ms and with it a wave of arrivals (serve/remote.py: the same in the engine)
+        gc.freeze()          # start-up's objects out of the collector's sight (a full collection paused arrivals)
+        try:
             yield
         finally:
             gc.unfreeze()
             eng.shutdown()
 
     class BoundedRoute(APIRoute):
-        """A route whose body ``guard`` reads (within ``--max-body-bytes`` and ``--timeout``) and parses first, with
-        its one-line 400, 408, 413 and 499, into Starlette's caches where FastAPI reads it to validate."""
+        """A route whose body ``guard`` reads and parses first, into Starlette's caches where FastAPI reads it."""
 
         def get_route_handler(self):
             handler = super().get_route_handler()
@@ -242,8 +226,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         started = time.monotonic()
 
         def finish(status: int) -> None:
-            """Count and log the request; one that did not run to its end (the client left, even mid-stream
-            before the engine saw it go, or stopped reading) is cancelled and counts as 499, not ``status``."""
+            """Count and log the request; one that did not run to its end is cancelled and counts as 499."""
             watcher.cancel()
             if req.finish_reason is None:
                 req.cancel()

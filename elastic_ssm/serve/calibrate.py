@@ -1,31 +1,23 @@
 """Measuring the tiers for ``select_tier``: ``tier_profile.json`` (speed) and ``tier_quality.json`` (quality).
 
-``calibrate(model, batches)`` times the served decode path of every tier: a ``SlotPool`` of each batch size
-(``serve/slots.py``: the fused decoder, CUDA-graphed on CUDA), ``warmup`` untimed steps, then ``iters``
-steps timed with CUDA events (wall clock on the CPU); one step gives every stream of the batch one token,
-so the step time is the ms/token each stream sees. Every step reads the whole window ring (no attended span,
-``serve/slots.py``): the cost of long sequences, the bound a budget must hold to. It also records the exact
-per-sequence state bytes and parameter count of each tier from the config, the device and the library versions.
-``write_profile`` / ``write_quality`` write the files into the model directory atomically;
-``quality_table(rows, ...)`` turns ``elastic-ssm eval``'s rows into the quality file's table.
-
-A later measurement of some tiers updates those tiers and keeps the others (the profile: per tier and batch)
-when the saved record is comparable with it: the same ``PROFILE_KEYS`` (device, dtype, versions) or
-``QUALITY_KEYS`` (metric, data, split, windows, tokenizer, bytes per token, device type, dtype), and the same
-parameter count for every tier both hold (the same model). A saved record that is not comparable (or not
-readable) is never mixed in nor dropped: it is renamed ``<name>.replaced-<UTC time>.json`` beside the new
-one, and ``notice`` gets one line saying so and why.
+``calibrate(model, batches)`` times the served decode step of every tier in a ``SlotPool`` of each batch (CUDA
+events, wall clock on the CPU; ``warmup`` untimed steps, then ``iters``), reading the whole window ring (the
+long-context bound), and records each tier's exact state bytes and parameters, the device and versions.
+``quality_table(rows, ...)`` turns ``elastic-ssm eval``'s rows into the quality table. ``write_profile`` /
+``write_quality`` write atomically, merged per tier (and batch) into a saved record with the same
+``PROFILE_KEYS`` / ``QUALITY_KEYS`` and parameter counts; any other saved record is renamed
+``<name>.replaced-<UTC time>.json`` and ``notice`` gets one line saying why (docs/serving.md).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -92,16 +84,6 @@ def calibrate(model, batches: list[int], tiers: list[str] | None = None, warmup:
     return out
 
 
-def _write(path: str | Path, name: str, table: dict) -> Path:
-    target = Path(path) / name
-    atomic_write_bytes(target, (json.dumps(table, indent=1) + "\n").encode())
-    return target
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr)
-
-
 def _tier_names(names) -> str:
     names = sorted(names, key=lambda n: (len(n), n))      # T2 before T10
     if len(names) > 4:
@@ -125,18 +107,6 @@ def _not_comparable(old, new: dict, keys: tuple[str, ...]) -> str | None:
     return "; ".join(diffs) or None
 
 
-def _saved_tier_names(old: Any) -> list[str]:
-    """The tier names of a saved record, or none when it is not a mapping of tiers (a list, a number)."""
-    tiers = old.get("tiers") if isinstance(old, dict) else None
-    return [str(t) for t in tiers] if isinstance(tiers, dict) else []
-
-
-def _aside(target: Path) -> Path:
-    dest = free_stamped_path(target.parent, f"{target.stem}.replaced-", ".json")
-    os.replace(target, dest)
-    return dest
-
-
 def _merge_write(path: str | Path, name: str, table: dict, keys: tuple[str, ...], merge_rows: Callable,
                  notice: Callable[[str], None] | None) -> Path:
     """Write ``table`` as ``path/name``, merged into the saved record when comparable, else beside it."""
@@ -153,11 +123,15 @@ def _merge_write(path: str | Path, name: str, table: dict, keys: tuple[str, ...]
                 tiers[tier] = merge_rows(tiers.get(tier), row)
             table = {**table, "tiers": tiers}
         else:
-            dest = _aside(target)
-            (notice or _stderr)(f"{target}: the saved record ({_tier_names(_saved_tier_names(old))})"
-                                f" is not comparable with this one ({why}); kept it as {dest.name}, and "
-                                f"{name} now holds {_tier_names(list(table['tiers']))} only")
-    return _write(path, name, table)
+            dest = free_stamped_path(target.parent, f"{target.stem}.replaced-", ".json")
+            os.replace(target, dest)
+            saved = old.get("tiers") if isinstance(old, dict) else None
+            saved = [str(t) for t in saved] if isinstance(saved, dict) else []
+            (notice or functools.partial(print, file=sys.stderr))(
+                f"{target}: the saved record ({_tier_names(saved)}) is not comparable with this one ({why}); kept it "
+                f"as {dest.name}, and {name} now holds {_tier_names(list(table['tiers']))} only")
+    atomic_write_bytes(target, (json.dumps(table, indent=1) + "\n").encode())
+    return target
 
 
 def _merge_profile_row(old, new: dict) -> dict:
@@ -167,9 +141,7 @@ def _merge_profile_row(old, new: dict) -> dict:
 
 
 def write_profile(path: str | Path, profile: dict, notice: Callable[[str], None] | None = None) -> Path:
-    """Write ``tier_profile.json`` into the model directory ``path``: merged into the saved profile when it was
-    measured on the same device, dtype and versions (a tier's and batch's new time replaces the old one,
-    the others stay), else the saved one is kept beside it and ``notice`` (default: stderr) says so."""
+    """Write ``tier_profile.json`` into the model directory ``path`` (module docstring; ``notice``: stderr)."""
     return _merge_write(path, PROFILE_FILE, profile, PROFILE_KEYS, _merge_profile_row, notice)
 
 
@@ -196,7 +168,5 @@ def quality_table(rows, data: str, split: str, metric: str = "bpb", **settings) 
 
 
 def write_quality(path: str | Path, table: dict, notice: Callable[[str], None] | None = None) -> Path:
-    """Write ``tier_quality.json`` into the model directory ``path``: merged into the saved record when every
-    ``QUALITY_KEYS`` setting agrees (a tier's new value replaces the old one, the others stay), else the
-    saved one is kept beside it and ``notice`` (default: stderr) says so."""
+    """Write ``tier_quality.json`` into the model directory ``path`` (module docstring; ``notice``: stderr)."""
     return _merge_write(path, QUALITY_FILE, table, QUALITY_KEYS, lambda old, new: new, notice)

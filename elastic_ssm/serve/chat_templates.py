@@ -1,14 +1,10 @@
 """Chat templates that ``serve --chat_template`` can name, and how a name or a file becomes a template's source.
 
-A model directory's own template (``tokenizer_config.json``'s ``chat_template``, Hugging Face's field) is used when
-there is one; ``--chat_template`` replaces it or gives one to a model that has none (a base model trained on raw
-text, as every model this library trains). The names are plain Jinja templates, rendered like any other
-(``protocol.ChatTemplate``: transformers' sandbox and helpers):
+``--chat_template`` replaces a model directory's own template (``tokenizer_config.json``'s ``chat_template``) or
+gives one to a model without. The names are plain Jinja templates (``protocol.ChatTemplate`` renders them):
 
-* ``chatml``: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, then ``<|im_start|>assistant\\n`` (the
-  format many instruction-tuned models use; its markers are plain text to a byte model);
-* ``plain``: ``User: ...`` / ``Assistant: ...`` lines, then ``Assistant:`` (for a base model: the closest thing to
-  text it has seen).
+* ``chatml``: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, then ``<|im_start|>assistant\\n``;
+* ``plain``: ``User: ...`` / ``Assistant: ...`` lines, then ``Assistant:`` (for a base model).
 """
 
 from __future__ import annotations

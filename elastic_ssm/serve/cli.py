@@ -1,16 +1,14 @@
 """``elastic-ssm serve`` and ``elastic-ssm calibrate``, and the ``--tier auto`` choice of ``generate``.
 
-Their flags are ``ServeOptions`` / ``CalibrateOptions`` / ``TierBudgetOptions`` of ``cli_schema.py``; the
-bodies live here so the main CLI only lists them. ``serve`` loads one checkpoint once and serves the tiers
-named by ``--tiers`` (every tier a prefix view of the same weights), on 127.0.0.1 unless ``--host`` says
-otherwise; ``--api_key`` (or ``ELASTIC_SSM_API_KEY``) guards every endpoint but ``/health``.
+Their flags are ``ServeOptions`` / ``CalibrateOptions`` / ``TierBudgetOptions`` of ``cli_schema.py``. ``serve``
+loads one checkpoint once and serves the ``--tiers`` of it on 127.0.0.1 unless ``--host`` says otherwise;
+``--api_key`` (or ``ELASTIC_SSM_API_KEY``) guards every endpoint but ``/health``.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import ipaddress
 import logging
 import os
 import sys
@@ -35,8 +33,8 @@ def auto_tier(checkpoint: str, args: argparse.Namespace, progress=status) -> str
 
 
 def require_essh(checkpoint: str, arch: str, verb: str) -> None:
-    """``ConfigError`` unless ``arch`` is ESSH: ``serve`` and ``calibrate`` run the fused ESSH decoder (the slot
-    pool and its CUDA graphs); the line says what the other architectures offer instead."""
+    """``ConfigError`` unless ``arch`` is ESSH (``serve`` and ``calibrate`` run the fused ESSH decoder), saying
+    what the other architectures offer instead."""
     if arch == "essh":
         return
     instead = (f"decode it with `elastic-ssm generate {checkpoint} --tier K<k>` (ESSSM.generate in Python)"
@@ -46,19 +44,9 @@ def require_essh(checkpoint: str, arch: str, verb: str) -> None:
                       f"fused decoder): {instead}")
 
 
-def _is_local(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _check_bind(host: str, port: int) -> int:
-    """ConfigError unless this process can listen on ``host:port`` (a name that does not resolve, an address
-    this machine does not have, a port in use or reserved); the test socket is closed again at once. Returns the
-    port it bound: for ``port`` 0, the free port the system picked."""
+    """``ConfigError`` unless this process can listen on ``host:port`` (the test socket is closed at once).
+    Returns the port it bound: for ``port`` 0, the free port the system picked."""
     import socket
 
     try:
@@ -91,7 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..data.tokenizer_files import resolve_tokenizer
     from ..models import load_pretrained
     from .app import ServerSettings, create_app
-    from .guard import uvicorn_connection_limit
+    from .guard import is_loopback, uvicorn_connection_limit
     from .header_deadline import with_header_deadline
     from .remote import model_view
 
@@ -114,29 +102,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         status(f"--tier auto picked {default}, which --tiers does not list; serving it too", file=sys.stderr)
     tiers = sorted(set(tiers) | {default}, key=table.index)
     check_state_fits(model.config, [(tiers[-1], args.max_batch)], device,     # one pool, at the widest tier
-                     f"{spelled(args, 'max_batch')} {args.max_batch}",
-                     weight_bytes(model, dtype))
+                     f"{spelled(args, 'max_batch')} {args.max_batch}", weight_bytes(model, dtype))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     name = args.name or Path(args.checkpoint).resolve().name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("elastic_ssm.serve")
-    if not _is_local(args.host) and key is None:
+    if not is_loopback(args.host) and key is None:
         log.warning("listening on %s without an API key: anyone who can reach this address can use the model; "
                     "set --api_key or %s", args.host, API_KEY_ENV)
     announce_device("serve", device, dtype)
-    settings = ServerSettings(name=name, tiers=tiers, default_tier=default, slots=args.max_batch,
+    same = ("max_prefill_tokens", "prefill_wait_ms", "prefill_graphs", "prefill_graph_tokens", "attended_spans",
+            "max_queue", "max_body_bytes", "max_prompt_tokens", "max_tokens_limit", "max_connections_per_client")
+    settings = ServerSettings(name=name, tiers=tiers, default_tier=default, slots=args.max_batch, api_key=key,
                               max_prefill=min(args.max_prefill or args.max_batch, args.max_batch),
-                              max_prefill_tokens=args.max_prefill_tokens,
-                              prefill_wait_ms=args.prefill_wait_ms, prefill_graphs=args.prefill_graphs,
-                              prefill_graph_tokens=args.prefill_graph_tokens,
-                              attended_spans=args.attended_spans, api_key=key,
-                              max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                              max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit,
-                              max_connections_per_client=args.max_connections_per_client,
-                              max_requests=args.max_connections,
-                              body_timeout_s=args.timeout, stall_timeout_s=args.timeout,
-                              chat_template=chat_template,
-                              allowed_hosts=(args.host, *filter(None, (args.allowed_hosts or "").split(","))))
+                              max_requests=args.max_connections, body_timeout_s=args.timeout,
+                              stall_timeout_s=args.timeout, chat_template=chat_template,
+                              allowed_hosts=(args.host, *filter(None, (args.allowed_hosts or "").split(","))),
+                              **{k: getattr(args, k) for k in same})
     app = create_app(model, settings, load=functools.partial(load_pretrained, args.checkpoint, device=device,
                                                              dtype=dtype))
     try:
@@ -161,8 +143,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def http_stack() -> str:
-    """Which event loop and HTTP parser uvicorn's ``auto`` picks here: uvloop and httptools when installed (the
-    ``serve`` extra), else asyncio and h11, which cost the HTTP process ~20% more CPU per streamed token."""
+    """Which event loop and HTTP parser uvicorn's ``auto`` picks here (uvloop and httptools when installed)."""
     import importlib.util
 
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio (pip install uvloop: faster)"
@@ -190,9 +171,8 @@ def weight_bytes(model, dtype=None) -> int:
 
 def check_state_fits(config, pools: list[tuple[str, int]], device, flag: str, weights: int = 0) -> None:
     """``ConfigError`` naming ``flag`` when the decode state of ``pools`` (a tier and its batch each; Table 53's
-    bytes, ``state_bytes``) and the model's ``weights`` bytes together exceed ``device``'s memory: a batch that
-    cannot fit is named before any allocation, not left to the allocator's own error. Activations, kernels'
-    workspaces and CUDA graphs come on top, so a batch that passes may still not fit."""
+    bytes, ``state_bytes``) and ``weights`` bytes exceed ``device``'s memory, before any allocation (activations
+    and CUDA graphs come on top)."""
     from ..elastic.tiers import state_bytes
 
     state = sum(state_bytes(config, tier, batch)["total"] for tier, batch in pools)
@@ -208,7 +188,6 @@ def check_state_fits(config, pools: list[tuple[str, int]], device, flag: str, we
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-
     from ..models import load_pretrained
     from .calibrate import calibrate, write_profile
 
@@ -251,9 +230,8 @@ def checked_chat_template(spec: str | None) -> str | None:
 
 
 def record_quality(args: argparse.Namespace, rows, model=None, window: int | None = None) -> None:
-    """``elastic-ssm eval``: write the per-tier quality into the model directory's tier_quality.json, with the
-    settings that make it comparable with a later eval's (``calibrate.QUALITY_KEYS``). ``window``: the length
-    of the windows the scored tokens were cut from (the longest of ``--lengths``)."""
+    """``elastic-ssm eval --write_quality``: the per-tier quality into the model directory's tier_quality.json,
+    with its ``calibrate.QUALITY_KEYS`` settings; ``window``: the longest of ``--lengths``."""
     from .calibrate import quality_table, write_quality
 
     if not args.write_quality:

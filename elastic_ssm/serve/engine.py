@@ -1,32 +1,15 @@
 """The serving engine: continuous batching of every served tier in one slot pool, in one background thread.
 
-``Engine(model, tiers, slots)`` builds one ``SlotPool`` of ``slots`` rows for all served tiers
-(``serve/slots.py``): the tiers are nested prefixes of the one loaded model, so a single decode step runs rows of
-different tiers together, each computing only its own tier's channels and FFN units, at about the cost of the
-widest tier's step (``FastDecoder(mixed=True)``). ``submit(request)`` queues a ``Request`` at its tier (bounded:
-``max_queue`` waiting, then ``Busy``). The engine thread loops: it drops cancelled or stalled requests (freeing
-their slots at once), prefills waiting requests into free slots (one forward per tier and group of similar
-lengths, coalescing a burst of arrivals, below), samples one token for every busy row (``serve/tokens.py``, per-row
-parameters), launches the pool's decode step on those tokens (its fixed batch bucket; one step per token position
-whatever the mix of tiers) and, while the GPU runs it, hands each request its text (``serve/tokens.py``). A request
-finishes on ``max_tokens`` (reason ``length``), on a stop string or the model's eos token (``stop``), or by
-cancellation (the client left or stopped reading).
+``Engine(model, tiers, slots)`` builds one ``SlotPool`` (``serve/slots.py``) for all served tiers.
+``submit(request)`` queues a ``Request`` (``max_queue`` waiting, then ``Busy``). Each loop the engine thread drops
+cancelled or stalled requests, admits waiting ones (one prefill forward per tier and group of similar lengths),
+samples one token per busy row (``serve/tokens.py``), launches the decode step and, while the device runs it,
+hands each request its text. A request finishes on ``max_tokens`` (``length``), a stop string or eos (``stop``),
+or cancellation. Events (``Request.emit``: ``text``, ``done``, ``error``, ``unavailable``: retry, a 503) of a
+whole step reach each event loop in one call (``deliver``). A failing request ends alone; the engine keeps serving.
 
-Events reach the HTTP side through ``Request.emit``: ``("text", str)``, ``("done", finish_reason)``,
-``("error", message)``, and ``("unavailable", message)`` when the request could not run and may be retried (the
-engine process ended, or was full when it arrived: ``serve/remote.py``; a 503). The engine collects the events
-of a whole step and hands them to the event loop in one thread-safe call per loop (``deliver``), not one per
-token, so 128 streams cost one wake-up a step.
-An error while serving one request ends that request only; the engine keeps serving the others.
-
-Coalescing admission (``prefill_wait_ms``, a dynamic batcher's maximum queue delay, as Triton's
-``max_queue_delay_microseconds``; the preferred batch is what can be admitted now): a prefill forward has a fixed
-cost besides its per-token cost (the 1.5b at T10, 128-token prompts, H200: ~74 ms + ~11.7 us a token), so a burst
-of 128 arrivals costs far less in one forward than in the many small ones that admitting "whatever is queued
-when the loop comes round" gives. Waiting requests are prefilled when they fill
-``min(max_prefill, free slots)``, or when the oldest of them has waited ``prefill_wait_ms`` since it reached the
-engine; until then the running rows keep decoding (the queue is checked between steps) and, with no row running,
-the engine sleeps on its condition variable until a new arrival or that deadline. 0 admits at once.
+Coalescing admission: waiting requests are prefilled when they fill ``min(max_prefill, free slots)``, or when the
+oldest has waited ``prefill_wait_ms`` (0: at once); meanwhile running rows keep decoding (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -59,7 +42,7 @@ COUNTERS = {
     "prefill_seconds": "Seconds the engine loop spent admitting requests (host wall clock)",
 }
 
-#: default of ``--prefill_wait_ms`` (docs/serving.md, "Coalescing admission", has the measurements behind it)
+#: default of ``--prefill_wait_ms`` (docs/serving.md, "Coalescing admission")
 PREFILL_WAIT_MS = 50.0
 
 
@@ -71,24 +54,16 @@ def check_prefill_wait(ms) -> None:
 
 
 class Engine:
-    """Continuous batching of every served tier in one ``SlotPool`` (see the module docstring).
+    """Continuous batching of every served tier in one ``SlotPool`` (module docstring).
 
-    ``slots``: rows of the pool (the decoder's batch bucket), shared by every tier. ``max_queue``: waiting requests
-    before ``Busy``. ``stall_timeout``: seconds a request may hold undelivered output before it is cancelled and its
-    slot freed. ``eos``: token id that ends a request (None: none). ``max_prefill``: the most waiting prompts
-    prefilled together in one forward (``SlotPool.admit_many``, one tier, similar lengths left-padded; a burst of
-    arrivals is admitted in fewer, larger forwards when it is larger); ``max_prefill_tokens``: the most prompt
-    tokens, padding included, in one of them (a longer prompt goes alone). ``prefill_wait_ms``: the longest a
-    waiting request is held for more arrivals to share its prefill forward (module docstring; 0: admit at once).
-    ``prefill_graphs``: False prefills eagerly; True (default) replays prefill forwards from CUDA graphs on CUDA
-    (``SlotPool``, ``serve/slots.py``; the CPU always prefills eagerly), each of at most ``prefill_graph_tokens``
-    padded prompt tokens (larger ones run eagerly). ``pool_factory``: internal (the bench's CPU proxy,
-    ``bench/serve_stub.py``'s ``StubPool``): builds the pool as ``pool_factory(model, tiers, slots,
-    max_prefill=..., prefill_graphs=..., spans=..., max_graph_tokens=...)``; ``SlotPool`` everywhere else.
-    ``attended_spans``: decode steps read only the filled prefix of the window rings while every running sequence
-    is short (``SlotPool``). ``clock``: the monotonic clock, in seconds, that admission reads (tests inject a fake
-    one).
-    """
+    ``slots``: rows of the pool, shared by every tier. ``max_queue``: waiting requests before ``Busy``.
+    ``stall_timeout``: seconds a request may hold undelivered output before it is cancelled. ``eos``: token id
+    that ends a request (None: none). ``max_prefill`` / ``max_prefill_tokens``: the most prompts / padded prompt
+    tokens in one prefill forward (a longer prompt goes alone). ``prefill_wait_ms``: the longest a waiting request
+    is held for more arrivals (0: at once). ``prefill_graphs``: CUDA-graphed prefill on CUDA, each of at most
+    ``prefill_graph_tokens`` padded tokens. ``attended_spans``: ``SlotPool``'s ``spans``. ``pool_factory``:
+    internal (the bench's CPU ``StubPool``), called as ``SlotPool`` is. ``clock``: the monotonic clock in seconds
+    that admission reads (tests inject one)."""
 
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
                  eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool,
@@ -155,8 +130,7 @@ class Engine:
         return (self.pool.busy() + len(self.waiting)) / self.pool.slots
 
     def pick_auto(self, default: str) -> str:
-        """``"tier": "auto"``: the default tier. Every tier runs in the one pool at about the widest tier's step,
-        so a smaller tier frees no capacity for the others (``docs/serving.md``, "Tiers")."""
+        """``"tier": "auto"``: the default tier (in one pool a smaller tier frees no capacity)."""
         return default
 
     def snapshot(self) -> dict[str, dict[str, int]]:
@@ -171,34 +145,25 @@ class Engine:
         return getattr(self.pool, "captures", 0)
 
     def counters(self) -> dict[str, float]:
-        """What ``/metrics`` reports of the loop so far: decode steps, prefill forwards, prefill graph captures,
-        seconds idle and seconds admitting. Admission time is host wall clock: a synchronous prefill (the torch
-        scan reads its plan on the host) counts whole, the device time left of an asynchronous one goes to the
-        next decode step. Wall time minus both is decoding (and the per-row work between steps)."""
+        """The loop's ``COUNTERS`` so far, as ``/metrics`` reports them (admission time is host wall clock)."""
         return {"decode_steps": self.steps, "prefill_forwards": self.prefills,
                 "prefill_graph_captures": self.captures, "idle_seconds": round(self.idle_s, 6),
                 "prefill_seconds": round(self.prefill_s, 6)}
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def _admit_in(self, now: float) -> float | None:
-        """Seconds until the waiting requests should be prefilled (0: now; None: none wait, or no slot is free): at
-        once when they fill ``min(max_prefill, free slots)`` or coalescing is off, else when the oldest has waited
-        ``prefill_wait``."""
-        q, pool = self.waiting, self.pool
-        if not q:
+        """Seconds until the waiting requests should be prefilled (0: now; None: none wait, or no slot is free)."""
+        q = self.waiting
+        free = self.pool.free_slots() if q else 0
+        if not free:
             return None
-        free = pool.free_slots()
-        if free == 0:
-            return None
-        if self.prefill_wait <= 0 or len(q) >= min(pool.max_prefill, free):
+        if self.prefill_wait <= 0 or len(q) >= min(self.pool.max_prefill, free):
             return 0.0
         return max(0.0, q[0].queued_at + self.prefill_wait - now)
 
     def _idle_for(self) -> float | None:
         """Seconds the loop may sleep (0: the pool has running rows or an admission is due; None: until notified)."""
-        if self.pool.busy():
-            return 0.0
-        return self._admit_in(self._clock())
+        return 0.0 if self.pool.busy() else self._admit_in(self._clock())
 
     def _run(self) -> None:
         while True:
@@ -240,9 +205,8 @@ class Engine:
             self._texts[row] = None
 
     def _admit(self) -> None:
-        """Prefill waiting requests into free rows, oldest first: per tier, in groups of similar length
-        (``prefill_groups``; one batched, left-padded forward each, ``SlotPool.admit_many``); a group whose prefill
-        fails is prefilled one by one, so only a failing request ends."""
+        """Prefill waiting requests into free rows, oldest first, per tier in groups of similar length; a group
+        whose prefill fails is prefilled one by one, so only a failing request ends."""
         pool, q = self.pool, self.waiting
         take: dict[str, list[Request]] = {}
         with self._cond:
@@ -315,10 +279,7 @@ class Engine:
         filters = any(r.temperature > 0 and (r.top_k > 0 or r.top_p < 1) for r in reqs)
         noise = self._noise.draw() if sampling else None
         tokens = sample_rows(pool.logits, temp, top_k, top_p, noise, filters)          # [slots]
-        # the tokens go to the host while the GPU already runs the next step on them: the per-row work below
-        # (text, stop strings, events) overlaps the step instead of adding to every inter-token gap. A row
-        # that finishes here has been stepped once more; its slot is reset when next admitted.
-        values = pool.step_async(tokens)
+        values = pool.step_async(tokens)      # the per-row work below overlaps the step on the device
         t = time.monotonic()
         for row, req in zip(rows, reqs):
             tok = values[row]

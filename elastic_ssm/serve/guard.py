@@ -2,23 +2,18 @@
 
 ``Guard`` is a plain ASGI middleware (it also sees streamed responses end to end):
 
-* without an API key, a ``Host`` header that names neither a loopback name or address (``localhost``,
-  127.0.0.0/8, ``::1``) nor one of ``allowed_hosts`` (the bound host is one; a wildcard bind, ``0.0.0.0`` or ``::``,
-  admits any IP address; ``*`` any host) gets a 421: a web page whose name an attacker points at 127.0.0.1 (DNS
-  rebinding) cannot use a keyless local server (a request without ``Host``, HTTP/1.0, passes);
-* with an API key, every path but ``/health`` needs ``Authorization: Bearer <key>``, compared with
-  ``hmac.compare_digest`` (constant time); otherwise 401 with ``WWW-Authenticate: Bearer``;
-* at most ``max_connections`` requests in flight per client address (429 beyond), and at most
-  ``max_requests`` from all clients together (503 with ``Retry-After`` beyond, in the API's error shape);
-  ``/health`` counts against neither (a monitor's probe is answered when the server is full);
-* a ``Content-Length`` above ``max_body`` is refused before the body is read (413); ``read_body`` enforces
-  the same cap on bodies without a length and a time limit on slow uploads (408), and ends quietly with a 499
-  (no one reads it) when the client disconnects during its upload;
-* an exception that escapes the app (a bug) ends its request with OpenAI's 500 shape (or ends its stream), one log
-  line and ``elastic_ssm_server_errors_total``, never a traceback per request.
+* without an API key, a ``Host`` other than a loopback name or address or one of ``allowed_hosts`` gets a 421
+  (DNS rebinding; a request without ``Host`` passes);
+* with an API key, every path but ``/health`` needs ``Authorization: Bearer <key>`` (``hmac.compare_digest``);
+  otherwise 401 with ``WWW-Authenticate: Bearer``;
+* at most ``max_connections`` requests in flight per client address (429), ``max_requests`` from all clients
+  together (503 with ``Retry-After``); ``/health`` counts against neither;
+* a ``Content-Length`` above ``max_body`` is a 413 before the body is read; ``read_body`` bounds bodies without
+  one, times slow uploads (408) and ends with a 499 when the client disconnects during its upload;
+* an exception that escapes the app ends its request with OpenAI's 500 shape (or ends its stream), one log line
+  and ``elastic_ssm_server_errors_total``.
 
-``watch_disconnect(receive, req)`` waits for the client's ``http.disconnect`` after the body was read and
-cancels the engine request, so a client that leaves frees its slot at the next engine step.
+``watch_disconnect(receive, req)`` cancels the engine request when the client disconnects after its body.
 """
 
 from __future__ import annotations
@@ -34,7 +29,8 @@ from collections import defaultdict
 
 from .protocol import ApiError, error_body
 
-__all__ = ["Guard", "host_allowed", "read_body", "parse_json", "watch_disconnect", "uvicorn_connection_limit"]
+__all__ = ["Guard", "host_allowed", "is_loopback", "read_body", "parse_json", "watch_disconnect",
+           "uvicorn_connection_limit"]
 
 log = logging.getLogger("elastic_ssm.serve")
 
@@ -54,9 +50,15 @@ def _ip(name: str):
         return None
 
 
+def is_loopback(name: str) -> bool:
+    """Whether the host ``name`` is ``localhost`` or a loopback address."""
+    ip = _ip(name)
+    return name == "localhost" or (ip is not None and ip.is_loopback)
+
+
 def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
-    """Whether a request's ``Host`` header ``value`` names this server (see ``Guard``); ``allowed``: lower-case
-    names or addresses beyond the loopback ones (``0.0.0.0`` / ``::``: any IP address; ``*``: any host)."""
+    """Whether a request's ``Host`` header ``value`` names this server; ``allowed``: lower-case names or addresses
+    beyond the loopback ones (``0.0.0.0`` / ``::``: any IP address; ``*``: any host)."""
     if value is None or "*" in allowed:
         return True
     host = value.decode("latin-1").strip().lower()
@@ -65,17 +67,12 @@ def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
     else:
         name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
     name = name.rstrip(".")
-    ip = _ip(name)
-    if name == "localhost" or name in allowed or (ip is not None and ip.is_loopback):
-        return True
-    return ip is not None and bool(allowed & {"0.0.0.0", "::"})
+    return is_loopback(name) or name in allowed or (_ip(name) is not None and bool(allowed & {"0.0.0.0", "::"}))
 
 
 class Guard:
-    """ASGI middleware: host, key, connection caps, body cap, the last word on a failure (module docstring).
-
-    ``allowed_hosts``: the ``Host`` names admitted beyond the loopback ones (None: no ``Host`` check; an API key
-    turns it off too)."""
+    """ASGI middleware of the module docstring. ``allowed_hosts``: the ``Host`` names admitted beyond the loopback
+    ones (None: no ``Host`` check; an API key turns it off too)."""
 
     def __init__(self, app, api_key: str | None, max_connections: int, max_body: int, metrics=None,
                  max_requests: int | None = None, allowed_hosts=()) -> None:
@@ -153,11 +150,8 @@ class Guard:
 
 
 def uvicorn_connection_limit(max_requests: int) -> int:
-    """uvicorn's ``limit_concurrency`` for ``max_requests`` requests in flight: uvicorn answers a plain-text 503
-    once its open connections, the asking one included, or its running requests reach the limit, so a limit of
-    ``max_requests`` itself served at most ``max_requests - 1`` (three concurrent requests under
-    ``--max-connections 3`` were all refused). Twice the cap plus one lets every request in flight through to ``Guard``,
-    which refuses the next one in the API's error shape, and still bounds idle keep-alive connections."""
+    """uvicorn's ``limit_concurrency`` for ``max_requests`` in flight: twice the cap plus one lets every request
+    through to ``Guard`` (which refuses in the API's error shape) and still bounds idle keep-alive connections."""
     return 2 * max_requests + 1
 
 

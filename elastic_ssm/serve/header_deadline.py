@@ -1,37 +1,18 @@
 """Connection-level limits below uvicorn: a deadline and a size bound on each request's headers, a deadline on
 output the client does not take, and no keep-alive after an answer sent before its request's body arrived.
 
-uvicorn times nothing between a connection's opening (or the end of its last response) and the end of the
-next request's headers: ``timeout_keep_alive`` is armed only after a response and is reset by every byte
-received. A client that opens connections and trickles header bytes, or sends none, holds each one open for
-ever, and enough of them fill ``limit_concurrency`` (``guard.uvicorn_connection_limit``), after which every
-real request is refused. Nor does it bound the header block with httptools (h11 answers a plain 400 past 16 KiB).
-ASGI middleware (``guard.Guard``) cannot help: it runs only once the headers are in.
-
 ``with_header_deadline(base, seconds, ...)`` subclasses uvicorn's HTTP protocol class ``base`` (httptools' or
-h11's):
+h11's), below the ASGI middleware (``guard.Guard`` runs only once the headers are in):
 
-* the header deadline is armed when a connection opens and again when a response ends, and disarmed when a
-  request's headers are complete (uvicorn then starts that request's cycle, ``self.cycle``); a client past it
-  gets a 408;
-* the request line and headers of one request may take at most ``max_header_bytes`` bytes (any method, path or
-  header), counted as they arrive, before the parser has them whole; past it the client gets a 431;
-* both refusals are a raw response in the API's error shape with ``connection: close``, and the connection
-  closes; after a 431 the server first shuts its side, reads and drops what the client still sends for up to
-  ``LINGER_S`` seconds (so its pending upload does not turn the close into a reset that destroys the answer);
-* ``write_timeout``: when the client takes (almost) none of the server's output for that many seconds, the
-  connection is aborted: the response ends (uvicorn reports the disconnect to the app), and the request's places
-  under the connection caps are given back. On Linux "takes" is the kernel's count of bytes the client
-  acknowledged (``TCP_INFO``): at least 4 KiB, or all that is pending, per ``write_timeout``, checked while a
-  request runs or output is pending (a zero window's probes, or a client taking a few bytes at a time, do not
-  count), so the socket buffers (megabytes on a fast link, with the kernel's autotuning) no longer hide a client
-  that stopped reading. Elsewhere: the transport's write buffer staying above its high-water mark (uvicorn's
-  ``pause_writing``) for that long;
-* an answer that starts while its request's body is still arriving (413, 408, 401, 415...) closes the
-  connection after it (``connection: close``): kept alive, the parser would wait for the rest of the declared
-  body and swallow the client's next request as part of it.
+* a deadline on each request's headers, from a connection's opening or its last response's end: a 408;
+* at most ``max_header_bytes`` of request line and headers, counted as they arrive: a 431, after which the server
+  shuts its side and drops what the client still sends for up to ``LINGER_S`` s (so the close is no reset that
+  destroys the answer); both refusals are raw responses in the API's error shape, and the connection closes;
+* ``write_timeout``: a client that takes (almost) none of its output for that long is aborted (Linux: under 4 KiB
+  acknowledged, ``TCP_INFO``; elsewhere ``pause_writing``);
+* an answer sent while its request's body is still arriving closes the connection after it.
 
-The body has its own time limit (``guard.read_body``, 408 too); a request being answered is never timed here.
+docs/serving.md ("Security defaults") says why; a request being answered is never timed here.
 """
 
 from __future__ import annotations
@@ -94,12 +75,10 @@ def timeout_response(seconds: float) -> bytes:
 def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], None] | None = None, *,
                          max_header_bytes: int | None = MAX_HEADER_BYTES, write_timeout: float | None = None,
                          on_refuse: Callable[[str], None] | None = None) -> type:
-    """``base`` (a uvicorn HTTP protocol class) with the limits of the module docstring: a deadline of ``seconds``
-    on every request's headers, at most ``max_header_bytes`` bytes of request line and headers (None: no bound)
-    and, with ``write_timeout``, a deadline on output the client does not take. ``on_timeout`` is called for each
-    connection closed by the header deadline (``serve`` counts them in ``/metrics`` as
-    ``elastic_ssm_rejected_total{reason="http_408"}``), ``on_refuse(reason)`` for the others (``"http_431"``,
-    ``"stalled_reader"``)."""
+    """``base`` (a uvicorn HTTP protocol class) with the limits of the module docstring: ``seconds`` for every
+    request's headers, ``max_header_bytes`` of them (None: no bound), ``write_timeout`` (None: none).
+    ``on_timeout()`` is called for each header-deadline close, ``on_refuse(reason)`` for the others
+    (``"http_431"``, ``"stalled_reader"``). ``ValueError`` for a bad limit."""
     if not seconds > 0:
         raise ValueError(f"the header deadline must be positive, got {seconds!r}")
     if max_header_bytes is not None and not (isinstance(max_header_bytes, int) and max_header_bytes >= 1024):
@@ -150,7 +129,7 @@ def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], No
 
         def _refuse(self, response: bytes, linger: bool) -> None:
             """Send ``response`` and close; ``linger``: first shut this side and drop what the client still sends
-            for up to ``LINGER_S`` s (a client still uploading its head then reads the answer, not a reset)."""
+            for up to ``LINGER_S`` s."""
             self._disarm()
             if self.cycle is not None and not self.cycle.response_complete:   # a pipelined request is being
                 self.transport.abort()                                        # answered: no room for ours

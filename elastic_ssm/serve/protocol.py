@@ -1,15 +1,13 @@
 """The OpenAI API as this server reads and writes it: the rules the schema cannot say, and the response bodies.
 
-FastAPI validates a request against ``schema.py``; ``resolve_model_field`` then reads the tier that ``model``
-(``name`` = the default tier, ``name@T4`` a tier, ``name@auto`` chosen under load) and the extra ``tier`` name,
-``parse_prompt`` encodes the prompt within the vocabulary and ``--max-prompt-tokens``; each raises ``ApiError``
-(status and a one-line message, answered in OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``).
+After ``schema.py``'s validation, ``resolve_model_field`` reads the tier that ``model`` (``name``: the default
+tier, ``name@T4``, ``name@auto``) and the extra ``tier`` name, and ``parse_prompt`` encodes the prompt within the
+vocabulary and ``--max-prompt-tokens``; each raises ``ApiError`` (a status and a one-line message, answered in
+OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``).
 
-Chat: a model directory's ``tokenizer_config.json`` may carry a Jinja ``chat_template`` (Hugging Face's field), and
-``serve --chat_template NAME|FILE`` gives one (``chat_templates.py``); ``ChatTemplate.from_model`` reads it (None
-without one: ``/v1/chat/completions`` answers 400 naming the flag) and renders and
-encodes messages as transformers' ``apply_chat_template`` does (docs/serving.md, "Chat"); the request then runs as a
-completion of those ids, answered in OpenAI's chat shapes (``chat.completion``; ``chat.completion.chunk``).
+Chat: ``ChatTemplate.from_model`` reads the model directory's Jinja ``chat_template`` (``tokenizer_config.json``)
+or ``serve --chat_template``'s (None without one) and renders and encodes messages as transformers'
+``apply_chat_template`` does (docs/serving.md, "Chat"); answers take OpenAI's chat shapes.
 """
 
 from __future__ import annotations
@@ -87,28 +85,27 @@ def parse_prompt(prompt: str | list, tokenizer, vocab: int, max_prompt: int) -> 
     return ids
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def _body(req, model_id: str, kind: str, choice: dict | None, usage: bool) -> dict:
+    """A response body of object ``kind`` with ``choice`` (None: no choices) and, with ``usage``, the counts."""
+    body = {"id": req.id.replace("cmpl", "chatcmpl") if kind.startswith("chat") else req.id, "object": kind,
+            "created": int(req.created or time.time()), "model": model_id, "tier": req.tier,
+            "choices": [] if choice is None else [{"index": 0, **choice}]}
+    if usage:
+        n, m = len(req.prompt), req.completion_tokens
+        body["usage"] = {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
+    return body
 
 
 def completion_body(req, model_id: str, text: str) -> dict:
     """The non-streamed response of a finished request."""
-    return {"id": req.id, "object": "text_completion", "created": int(req.created), "model": model_id,
-            "tier": req.tier, "choices": [{"index": 0, "text": text, "logprobs": None,
-                                           "finish_reason": req.finish_reason}],
-            "usage": _usage(len(req.prompt), req.completion_tokens)}
+    choice = {"text": text, "logprobs": None, "finish_reason": req.finish_reason}
+    return _body(req, model_id, "text_completion", choice, True)
 
 
 def chunk_body(req, model_id: str, text: str, finish_reason: str | None, usage: bool = False) -> dict:
     """One streamed chunk (``usage``: the last, empty-choices chunk carrying the counts)."""
-    body = {"id": req.id, "object": "text_completion", "created": int(req.created or time.time()),
-            "model": model_id, "tier": req.tier}
-    if usage:
-        body["choices"], body["usage"] = [], _usage(len(req.prompt), req.completion_tokens)
-    else:
-        body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
-    return body
+    choice = None if usage else {"text": text, "logprobs": None, "finish_reason": finish_reason}
+    return _body(req, model_id, "text_completion", choice, usage)
 
 
 def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = None) -> dict[str, int]:
@@ -132,8 +129,8 @@ def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = Non
 
 
 def text_content(content, index: int) -> str:
-    """A validated chat message's ``content`` (``schema.ChatMessage``) as text: a string, or OpenAI's content parts
-    whose ``text`` parts are joined; any other part (an image, audio) is a 400 naming it (the model reads text)."""
+    """A validated chat message's ``content`` as text: a string, or its ``text`` parts joined; any other part (an
+    image, audio) is a 400 naming it."""
     if isinstance(content, str):
         return content
     other = next((part.type for part in content if part.type != "text"), None)
@@ -146,12 +143,9 @@ def text_content(content, index: int) -> str:
 
 
 class ChatTemplate:
-    """A compiled chat template and the OpenAI chat response shapes.
-
-    ``specials``: the template's special-token variables (``bos_token`` -> ``"<bos>"``); ``tokenizer`` and
-    ``special_ids`` (special-token text -> id, from the saved ``tokenizer.json``): with them the rendered prompt
-    is encoded as ``apply_chat_template`` encodes it (each special-token string one id, the text between them
-    through the tokenizer); without them the rendered text is the prompt."""
+    """A compiled chat template and the OpenAI chat response shapes. ``specials``: the template's special-token
+    variables (``bos_token`` -> ``"<bos>"``); with a ``tokenizer``, the rendered prompt is encoded as
+    ``apply_chat_template`` does (each string of ``special_ids``, text -> id, one id); without, it stays text."""
 
     def __init__(self, source: str, specials: dict[str, str], tokenizer: Any = None,
                  special_ids: dict[str, int] | None = None) -> None:
@@ -232,21 +226,14 @@ class ChatTemplate:
 
     @staticmethod
     def completion_body(req, model_id: str, text: str) -> dict:
-        return {"id": req.id.replace("cmpl", "chatcmpl"), "object": "chat.completion", "created": int(req.created),
-                "model": model_id, "tier": req.tier,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": req.finish_reason}],
-                "usage": _usage(len(req.prompt), req.completion_tokens)}
+        choice = {"message": {"role": "assistant", "content": text}, "finish_reason": req.finish_reason}
+        return _body(req, model_id, "chat.completion", choice, True)
 
     @staticmethod
     def chunk_body(req, model_id: str, text: str, finish_reason: str | None, usage: bool = False) -> dict:
-        body = {"id": req.id.replace("cmpl", "chatcmpl"), "object": "chat.completion.chunk",
-                "created": int(req.created), "model": model_id, "tier": req.tier}
         if usage:
-            body["choices"], body["usage"] = [], _usage(len(req.prompt), req.completion_tokens)
-        else:
-            delta = {"content": text} if text else {}
-            if text and not req.role_sent:                   # the first text chunk names the role
-                delta["role"], req.role_sent = "assistant", True
-            body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
-        return body
+            return _body(req, model_id, "chat.completion.chunk", None, True)
+        delta = {"content": text} if text else {}
+        if text and not req.role_sent:                   # the first text chunk names the role
+            delta["role"], req.role_sent = "assistant", True
+        return _body(req, model_id, "chat.completion.chunk", {"delta": delta, "finish_reason": finish_reason}, False)

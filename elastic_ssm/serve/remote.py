@@ -1,34 +1,21 @@
 """The engine in its own process: the HTTP process only parses requests and writes server-sent events.
 
-One Python process has one interpreter lock. With the engine as a thread beside the event loop, the loop's
-work for 128 streams (a socket write and a chunk per token) and the engine's per-step work (sampling,
-launching the step, text per row) take turns on it, and every decode step waits for the HTTP side: on an
-H200 the 3.7 ms step of 1.5b at batch 128 became a 5.6 ms gap between tokens. ``RemoteEngine`` runs the same
-``Engine`` (``serve/engine.py``) in a child process (``spawn``), so the decode loop never waits for HTTP work;
-when the HTTP side falls behind, the text waiting for a stream is joined into one chunk (``app.py``), so it
-writes fewer, larger events rather than slowing the model.
+``RemoteEngine`` runs ``Engine`` (``serve/engine.py``) in a ``spawn`` child, so the decode loop never waits for
+the HTTP side's share of the interpreter lock (docs/serving.md, "Two processes").
 
 Messages (``multiprocessing`` pipes, one each way, pickled):
 
 * HTTP -> engine: ``("submit", rid, fields)`` (an ``engine.Request``'s fields), ``("cancel", rid)``,
   ``("stop",)``;
-* engine -> HTTP: ``("ready",)`` or ``("failed", message)`` once, then per engine step
-  ``("ev", counters, {tier: tokens}, [(rid, kind, value, completion_tokens, first_token_at), ...])``
-  (``counters``: ``Engine.counters()``, decode steps, prefill forwards, ... so far): every event
-  of that step in one message (``_Sink`` stands in for an event loop in ``engine.deliver``); ``("stopped",
-  "SIGTERM")`` when a SIGTERM stopped it.
+* engine -> HTTP: ``("ready",)`` or ``("failed", message)`` once, then per engine step ``("ev", counters,
+  {tier: tokens}, {tier: busy rows}, [(rid, kind, value, completion_tokens, first_token_at), ...])`` (``_Sink``
+  stands in for an event loop in ``engine.deliver``); ``("stopped", "SIGTERM")`` when a SIGTERM stopped it.
 
-Shutdown: the engine process ignores SIGINT (a Ctrl-C reaches every process of the terminal's group; the HTTP
-process handles it and stops the engine with ``("stop",)``), and a SIGTERM (``kill``, a process manager, often
-sent to the whole group) stops it quietly, saying so first. Either way the server logs one info line ("the
-engine process stopped ...") instead of an error and a traceback; an engine process that ends on its own
-(a crash, killed) is an error, with its exit code.
-
-The HTTP side keeps the request objects (``engine.Request``) the handlers read, and does what needs them:
-the bound on waiting requests (``Busy`` when the requests in flight, all tiers together, reach the slots plus
-``max_queue``, as ``Engine.submit``), ``pick_auto``, the slot counts of ``/health`` and ``/metrics``, and the
-stalled-reader timeout (a stream whose client has not taken pending output for ``stall_timeout`` seconds is
-cancelled). If the engine process dies, every request in flight ends with an error and ``/health`` answers 503.
+Shutdown: the engine process ignores SIGINT (the HTTP process stops it with ``("stop",)``); SIGTERM stops it
+quietly, saying so first; either is one info line. An engine process that ends on its own is an error with its
+exit code. The HTTP side keeps the ``Request`` objects and does what needs them: the bound on requests in flight
+(``Busy``, as ``Engine.submit``), ``pick_auto``, the counts of ``/health`` and ``/metrics`` and the stalled-reader
+timeout. If the engine process dies, every request in flight ends with an error and ``/health`` answers 503.
 """
 
 from __future__ import annotations
@@ -54,21 +41,16 @@ log = logging.getLogger("elastic_ssm.serve")
 _FIELDS = ("tier", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop")
 
 
-class _Tokens:
-    """The child's stand-in for ``Metrics``: generated tokens per tier since the last message."""
+class _Sink:
+    """Takes the place of an asyncio loop in ``engine.deliver`` (one message per call, to the HTTP process) and of
+    ``Metrics`` in the engine (generated tokens per tier since the last message)."""
 
-    def __init__(self) -> None:
+    def __init__(self, conn, live: dict) -> None:
+        self.conn, self.live, self.engine = conn, live, None
         self.by_tier: dict[str, int] = defaultdict(int)
 
     def add_tokens(self, tier: str, n: int) -> None:
         self.by_tier[tier] += n
-
-
-class _Sink:
-    """Takes the place of an asyncio loop in ``engine.deliver``: one message per call, to the HTTP process."""
-
-    def __init__(self, conn, engine: Engine, tokens: _Tokens, live: dict) -> None:
-        self.conn, self.engine, self.tokens, self.live = conn, engine, tokens, live
 
     def is_closed(self) -> bool:
         return False
@@ -79,7 +61,7 @@ class _Sink:
             out.append((req.rid, kind, value, req.completion_tokens, req.first_token_at))
             if kind in ("done", "error", "unavailable"):
                 self.live.pop(req.rid, None)
-        counts, self.tokens.by_tier = dict(self.tokens.by_tier), defaultdict(int)
+        counts, self.by_tier = dict(self.by_tier), defaultdict(int)
         busy = {t: v["busy"] for t, v in self.engine.snapshot().items()}
         self.conn.send(("ev", self.engine.counters(), counts, busy, out))
 
@@ -94,23 +76,20 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
-    """The engine process: load the model, run ``Engine``, follow the HTTP process's commands; SIGINT ignored,
-    SIGTERM a quiet stop (see the module docstring)."""
+    """The engine process: load the model, run ``Engine``, follow the HTTP process's commands."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
     engine = None
+    live: dict[int, Request] = {}
+    sink = _Sink(events, live)
     try:
         try:
-            model = load()
-            tokens = _Tokens()
-            engine = Engine(model, stall_timeout=math.inf, metrics=tokens, **kw)   # kw: the HTTP side's tokenizer
+            engine = sink.engine = Engine(load(), stall_timeout=math.inf, metrics=sink, **kw)
         except Exception as e:
             events.send(("failed", f"{type(e).__name__}: {e}"))
             return
-        live: dict[int, Request] = {}
-        sink = _Sink(events, engine, tokens, live)
-        gc.freeze()  # the model, pools and modules out of the collector's sight: a full collection of them took
-        engine.start()  # ~120 ms, a stall of every stream when it fell between two decode steps
+        gc.freeze()     # out of the collector's sight: a full collection stalled every stream
+        engine.start()
         events.send(("ready",))
         while True:
             msg = commands.recv()
@@ -165,15 +144,12 @@ def model_view(path: str) -> Any:
 
 
 class RemoteEngine:
-    """``Engine``'s interface to the HTTP app, its decode loop in a child process (see the module docstring).
+    """``Engine``'s interface to the HTTP app, its decode loop in a child process (module docstring).
 
-    ``load``: a picklable callable that builds the model in the child (e.g. ``functools.partial(load_pretrained,
-    path, device=..., dtype=...)``); ``model``: the HTTP side's view of it (its config, tier table and tokenizer;
-    a meta-device model will do). ``tokenizer``: the one both processes use (default ``resolve_tokenizer(model)``:
-    the view's, bytes when it has none), sent to the engine process. The other arguments, and
-    ``engine_options`` (``max_prefill``, ``prefill_wait_ms``, ...), are ``Engine``'s (``pool_factory`` must be
-    picklable).
-    """
+    ``load``: a picklable callable that builds the model in the child (``functools.partial(load_pretrained, ...)``);
+    ``model``: the HTTP side's view of it (a meta-device model will do). ``tokenizer``: the one both processes use
+    (default ``resolve_tokenizer(model)``). The other arguments and ``engine_options`` are ``Engine``'s
+    (``pool_factory`` must be picklable)."""
 
     def __init__(self, load: Callable[[], Any], model, tiers: list[str], slots: int = 8, max_queue: int = 64,
                  stall_timeout: float = 30.0, eos: int | None = None, metrics=None, pool_factory=None,
@@ -272,17 +248,12 @@ class RemoteEngine:
         if req.rid in self.live and self.alive():
             self._cmd.send(("cancel", req.rid))
 
-    def load(self, tier: str | None = None) -> float:
-        """As ``Engine.load``: requests in flight per slot, the same for every tier (one pool)."""
-        return sum(self.in_flight.values()) / self.slots
-
     def pick_auto(self, default: str) -> str:
         """As ``Engine.pick_auto``: the default tier."""
         return default
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        """As ``Engine.snapshot``: the rows busy at each tier as of the engine's last message (at most the requests
-        of that tier in flight), the rest of its requests in flight waiting."""
+        """As ``Engine.snapshot``, as of the engine's last message."""
         out = {}
         for t in self.tiers:
             busy = min(self._busy.get(t, 0), self.in_flight[t])
@@ -328,8 +299,7 @@ class RemoteEngine:
             req.queue.put_nowait((kind, value))
 
     def _engine_died(self, stopped_by: str | None = None) -> None:
-        """The engine process ended: a stop it was sent (``stopped_by``: the signal) is one info line, any other
-        end an error with its exit code; the requests in flight end with an error either way."""
+        """The engine process ended (``stopped_by``: the signal that stopped it); the requests in flight end."""
         if self._dead:
             return
         self._dead = True

@@ -1,12 +1,10 @@
 """Row bookkeeping of a slot pool (``serve/slots.py``): row views of a cache, left padding, prefill grouping.
 
-* ``row_cache(cache, i)``: an ``ESSHCache`` of views of row ``i`` only (mode states ``[1, K, M, 2, P]``, the
-  window rings ``[1, H, W, hd]`` and their slot positions, ``positions[i:i+1]``), so a new request is prefilled
-  by the model's own chunked forward into its slot while every other row keeps its state;
-* ``reset_row_(cache, i)``: empty that one sequence in place (zero states and ring, no slot filled, position 0)
-  before its prefill;
+* ``row_cache(cache, i)``: an ``ESSHCache`` of views of row ``i`` (states ``[1, K, M, 2, P]``, rings
+  ``[1, H, W, hd]``, positions), so one row is prefilled while the others keep their state;
+* ``reset_row_(cache, i)``: empty that one sequence in place;
 * ``left_pad`` / ``prefill_groups``: prompts of similar lengths share one left-padded prefill forward;
-* ``SlotRows``: which request (and at which tier) holds which row.
+* ``SlotRows``: which request holds which row.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ __all__ = ["SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups", 
 
 
 def raised_in_fla(error: BaseException) -> bool:
-    """Whether ``error`` (or an error it was raised from) was raised inside fla's package: only then does
-    the torch scan (``ELASTIC_SSM_SCAN_BACKEND=torch``) go around it."""
+    """Whether ``error`` (or one it was raised from) was raised inside fla (the torch scan goes around it)."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -60,14 +57,10 @@ def left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tens
 
 def prefill_groups(lengths: list[int], max_prefill: int, max_tokens: int | None = None, pad_ratio: float = 1.25,
                    pad_tokens: int = 2048) -> list[list[int]]:
-    """Indices of prompts (of ``lengths``) grouped for batched prefill, at most ``max_prefill`` a group and at
-    most ``max_tokens`` padded tokens (``size x longest``; None: no bound; a longer prompt is a group alone).
-
-    Sorted by length, a prompt joins the current group while the group stays within ``max_prefill`` and its
-    left padding stays small: the padded tokens (``size x longest``) at most ``pad_ratio`` x the real ones, or
-    at most ``pad_tokens`` more than them (a padded token costs its per-token time; another forward costs a fixed
-    time worth thousands of tokens, docs/serving.md). Prompts of one length always share a group up to
-    ``max_prefill`` and ``max_tokens``."""
+    """Indices of prompts (of ``lengths``) grouped for batched prefill: sorted by length, a prompt joins the
+    current group while it stays within ``max_prefill`` prompts and ``max_tokens`` padded tokens (``size x
+    longest``; None: no bound) and its padded tokens are at most ``pad_ratio`` x the real ones or at most
+    ``pad_tokens`` more (docs/serving.md)."""
     groups: list[list[int]] = []
     real = 0
     for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
@@ -84,8 +77,7 @@ def prefill_groups(lengths: list[int], max_prefill: int, max_tokens: int | None 
 
 
 class SlotRows:
-    """Which request holds which of ``slots`` rows (``owner[i]``; None: free). The bookkeeping of ``SlotPool``
-    and of the bench's CPU stand-in (``bench/serve_stub.py``'s ``StubPool``)."""
+    """Which request holds which of ``slots`` rows (``owner[i]``; None: free): ``SlotPool``'s and ``StubPool``'s."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots

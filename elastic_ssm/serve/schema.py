@@ -1,12 +1,10 @@
 """The OpenAI API's bodies as this server reads and writes them: pydantic models that FastAPI validates and documents.
 
-Requests (``CompletionRequest``, ``ChatCompletionRequest``; shared fields in ``Sampling``): types, ranges and enums
-sit on the fields, strictly (``n: 1.0`` and ``n: true`` are no integer 1); one server's limits come from
-``request_models(max_tokens, vocab)``, so ``/openapi.json`` states them. ``null`` is a field's default. Unknown
-keys are ignored (OpenAI clients send vendor fields); a field the server cannot honour is ``refused`` unless its
-value asks nothing (``logprobs: false``, not ``0``). ``error_message`` renders pydantic's error as the one line of
-OpenAI's error shape, naming the field (``app.py``'s one handler). Responses: ``CompletionResponse``,
-``ChatCompletionResponse``, ``ModelList``, ``ErrorResponse``; streamed chunks stay dicts (``protocol.chunk_body``).
+Requests (``CompletionRequest``, ``ChatCompletionRequest``; shared fields in ``Sampling``) are strict (``n: 1.0``
+is no integer 1); one server's limits come from ``request_models(max_tokens, vocab)``. ``null`` is a field's
+default; unknown keys are ignored; a field the server cannot honour is ``refused`` unless its value asks nothing
+(``logprobs: false``). ``error_message`` renders pydantic's error as one line naming the field. Responses:
+``CompletionResponse``, ``ChatCompletionResponse``, ``ModelList``, ``ErrorResponse``; streamed chunks stay dicts.
 """
 
 from __future__ import annotations

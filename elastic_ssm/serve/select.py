@@ -9,16 +9,12 @@ A model directory may hold two measurement files beside ``config.json``:
   ``value`` measured.
 
 ``select_tier(model_or_dir, max_ms_per_token=None, max_state_bytes=None, max_params=None, batch=1)`` returns
-the ``Tier`` of best quality among those within every given budget: parameters of the standalone export
-and persistent state for ``batch`` sequences (fp32 recurrent state, bf16 window ring: ``elastic.tiers``)
-come exactly from the config; latency from the profile at the smallest profiled batch >= ``batch``. Without
-``tier_quality.json`` the best is the largest tier that fits (the tier order makes it the best by
-construction); quality decides only when ``tier_quality.json`` scores every tier that fits. Under a latency
-budget only the tiers the profile times (at a batch >= ``batch``) are considered: a tier never timed is not
-assumed to fit, so the answer is the best of the measured tiers. ``tier_choice`` (same arguments) says so:
-its ``TierChoice`` holds the tier, the tiers considered, the tiers left out for want of a timing and how the
-choice was made, and ``line()`` is the sentence ``--tier auto`` prints. No tier fitting, or a latency budget
-without a profile, is a ``ValueError`` naming the closest tier and what it would need.
+the best ``Tier`` within every given budget: parameters and state bytes for ``batch`` sequences exactly from the
+config (``elastic.tiers``), latency from the profile at the smallest profiled batch >= ``batch`` (a tier never
+timed there is not assumed to fit). Quality decides when ``tier_quality.json`` scores every fitting tier, else
+the largest fitting tier wins. ``tier_choice`` (same arguments) returns a ``TierChoice`` whose ``line()`` is the
+sentence ``--tier auto`` prints. No fitting tier, or a latency budget without a profile: a ``ValueError`` naming
+the closest tier and what it misses (docs/serving.md, "Choosing a tier for a budget").
 """
 
 from __future__ import annotations
@@ -126,9 +122,8 @@ class TierChoice:
 def select_tier(model_or_dir: Any, max_ms_per_token: float | None = None, max_state_bytes: int | None = None,
                 max_params: int | None = None, batch: int = 1, *, profile: dict | None = None,
                 quality: dict | None = None) -> Tier:
-    """The best-quality tier within every given budget (see the module docstring). ``profile`` / ``quality``:
-    tables in the files' format, used instead of the directory's files. ``tier_choice`` also says which
-    tiers were considered."""
+    """The best-quality tier within every given budget (module docstring). ``profile`` / ``quality``: tables in
+    the files' format, used instead of the directory's files."""
     return tier_choice(model_or_dir, max_ms_per_token, max_state_bytes, max_params, batch, profile=profile,
                        quality=quality).tier
 

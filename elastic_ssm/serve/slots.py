@@ -1,36 +1,21 @@
-"""The slot pool: one fused decoder at a fixed batch bucket whose cache rows are sequences (slots), at any
-served tier per row.
+"""The slot pool: one fused decoder at a fixed batch whose cache rows are sequences (slots), each at any served tier.
 
-Continuous batching (``serve/engine.py``) runs every request in one ``SlotPool``:
+* ``FastDecoder`` of ``slots`` rows at the widest served tier (CUDA-graphed on CUDA), pending logits
+  ``[slots, V]`` (float32), and which request holds which row at which tier. Tiers are nested prefixes, so rows of
+  different tiers share one step (``FastDecoder(mixed=True)``, ``layers/decode_plan.py``) at about the widest
+  tier's cost;
+* ``admit`` / ``admit_many(owners, prompts, tier)``: prompts of one tier prefilled in one left-padded forward,
+  straight into consecutive free rows, else into a scratch cache of that tier copied into the free slots' first
+  K_T channels (``ESSHCache.at_tier``);
+* graphed prefill (CUDA by default): one CUDA graph per (tier, rows bucket, length bucket), captured the
+  ``graph_after``-th time its shape is met, kept LRU in one memory pool; shapes over ``max_graph_tokens`` padded
+  tokens, or a failed capture, run eagerly (docs/serving.md);
+* attended spans: each decode step passes the longest running row's length as the decoder's ``span``, so the
+  window attention reads only that prefix of each ring (``ops.swa_decode``).
 
-* one ``FastDecoder`` of ``slots`` rows at the widest served tier (captured in a CUDA graph once, on CUDA), the
-  pending logits of every row ``[slots, V]`` (float32), and which request holds which row at which tier. Our tiers
-  are nested prefixes of one set of weights, so rows of different tiers share one decode step
-  (``FastDecoder(mixed=True)``: each row keeps only its tier's channels and FFN units, ``layers/decode_plan.py``);
-  the step costs about the widest tier's, whatever the mix. A pool of one tier decodes exactly as before;
-* ``admit`` / ``admit_many(owners, prompts, tier)`` prefill prompts of one tier in one batched, left-padded
-  forward at that tier (straight into consecutive free rows when there are enough and the tier is the pool's,
-  else into a scratch cache of that tier whose rows are then copied into the free slots' first K_T channels:
-  ``ESSHCache.at_tier``), so a burst of arrivals costs one prefill, not one each;
-* graphed prefill (on CUDA by default): a prefill forward replayed from a CUDA graph per (tier, rows bucket, prompt
-  length bucket) into the scratch cache. An eager forward of the 1.5b model costs ~75-90 ms of host dispatch
-  besides its per-token time (docs/benchmarks.md, "Serve"), whatever its batch: the graph replays it with one
-  launch. A shape is captured the ``graph_after``-th time it is met (default 2: a one-off shape never pays the
-  capture's three forwards, two warm-ups and the capture; a log line each); the graphs are kept least recently
-  used first out and share one memory pool (so they cost about one forward's activations together, plus their
-  static inputs and logits); a shape whose padded tokens exceed ``max_graph_tokens`` (default ``GRAPH_TOKENS``:
-  larger ones are faster eager), a shape met fewer times, or a capture that fails runs eagerly;
-* attended spans: the pool knows every row's length on the host (its prompt's tokens plus one per step), so each
-  decode step passes the longest running row's length as the decoder's ``span`` (``FastDecoder.step``): while
-  every running sequence is shorter than a power of two below the window, the window attention reads only that
-  prefix of each ring (``ops.swa_decode``), e.g. 256 or 512 of the 1.5b's 2048 slots for 128-token prompts, not
-  the whole 6.4 GB of rings at 128 rows. On CUDA the decoder captures one graph per span at construction.
-
-A sequence's state is constant in size (recurrent state + window ring), so a slot is a fixed row of
-fixed buffers; adding or removing a request never reallocates or recaptures. Rows without a request
-decode whatever token they were last given, harmlessly: no row reads another row's state, and a row is
-reset before it is reused. The pool has its own decoder (not ``decoder_pool(model)``'s), so a
-``model.generate`` call in the same process can never reset the cache of a running batch.
+A slot is a fixed row of fixed buffers (constant-size state); adding or removing a request never reallocates or
+recaptures. A free row decodes harmlessly and is reset before reuse. The pool owns its decoder (not
+``decoder_pool(model)``'s), so ``model.generate`` in the same process never resets a running batch.
 """
 
 from __future__ import annotations
@@ -64,19 +49,13 @@ def served_tiers(model, tiers: Any) -> list:
 
 
 class SlotPool(SlotRows):
-    """``slots`` sequences of ``model`` decoded together, each at one of ``tiers`` (see the module docstring).
-
-    ``tiers``: the tiers rows may run at (one tier or a list; the decoder is built at the widest, with per-row
-    tiers when there are several). ``state_dtype`` / ``kv_dtype``: the cache's (defaults of
-    ``ESSHCache.allocate``: fp32 states, a bf16 window ring on CUDA). ``max_prefill``: the most prompts prefilled
-    together by ``admit_many`` (its scratch cache of a tier, allocated when graphed prefill is on or the free rows
-    are scattered or the tier is not the widest, holds that many rows). ``prefill_graphs``: graphed prefill (module
-    docstring); None = on CUDA. True on the CPU runs the graphs' static-buffer function without capturing it (how
-    the CPU tests check that path). ``max_graphs``: prefill graphs kept; ``max_graph_tokens``: the most padded
-    prompt tokens (rows bucket x length bucket) of a graph; ``graph_after``: the time a shape is met at which its
-    graph is captured (1: at once). ``spans``: attended spans (module docstring; False: every step reads the whole
-    ring); ``min_span``: the smallest span (a power of two).
-    """
+    """``slots`` sequences of ``model`` decoded together, each at one of ``tiers`` (one tier or a list; the
+    decoder is built at the widest). ``state_dtype`` / ``kv_dtype``: the cache's (``ESSHCache.allocate``'s
+    defaults). ``max_prefill``: the most prompts ``admit_many`` prefills together (rows of its scratch cache).
+    ``prefill_graphs``: None = on CUDA; True on the CPU runs the graphs' static-buffer function uncaptured (the CPU
+    tests). ``max_graphs``: graphs kept; ``max_graph_tokens``: the most padded tokens of a graph; ``graph_after``:
+    the meeting of a shape that captures it (1: at once). ``spans``: attended spans (False: the whole ring every
+    step); ``min_span``: the smallest span (a power of two)."""
 
     #: prompt-length buckets of the graphed prefill: multiples of 32 up to 512 tokens, then at most 1/8 padding
     LENGTH_STEP = 32
@@ -97,22 +76,20 @@ class SlotPool(SlotRows):
         self.model = model
         self.tiers = served_tiers(model, tiers)
         self.tier = self.tiers[-1]                   # the widest: the decoder's and the cache's
-        mixed = len(self.tiers) > 1
         self.fd = FastDecoder(model, self.tier, slots, state_dtype=state_dtype, kv_dtype=kv_dtype, min_span=min_span,
-                              mixed=mixed)
+                              mixed=len(self.tiers) > 1)
         self.device = self.fd.device
         self.spans = bool(spans)
         self.row_pos = [0] * slots                   # tokens each row's sequence holds (host bookkeeping)
         self.row_tier = [self.tier] * slots          # the tier each row decodes at
         self.graphed = False
-        names = "/".join(t.name for t in self.tiers)
         if self.device.type == "cuda":
             start = time.perf_counter()
             self.fd.capture(preserve_cache=False, spans=self.spans)
             self.graphed = True
             spans = "/".join(map(str, self.fd.spans if self.spans else [])) or "none"
             log.info("tiers %s: decode step of %d rows captured in %.1f s (attended spans: %s, and the whole ring)",
-                     names, slots, time.perf_counter() - start, spans)
+                     self._names(), slots, time.perf_counter() - start, spans)
         self.cache = self.fd.cache.reset_()
         V = model.config.vocab_size
         self.logits = torch.zeros(slots, V, dtype=torch.float32, device=self.device)   # [slots, V]
@@ -131,23 +108,21 @@ class SlotPool(SlotRows):
         if self.device.type == "cuda":
             self.warm_up()
 
+    def _names(self) -> str:
+        return "/".join(t.name for t in self.tiers)
+
     def tier_of(self, tier: Any = None):
-        """A served tier (None: the widest) as a ``Tier``; a one-line ``ValueError`` for one this pool does not
-        serve."""
+        """A served tier (None: the widest) as a ``Tier``; ``ValueError`` for one this pool does not serve."""
         t = self.tier if tier is None else self.model.resolve_tier(tier)
         if t not in self.tiers:
-            raise ValueError(f"this pool serves {'/'.join(x.name for x in self.tiers)}, not {t.name}")
+            raise ValueError(f"this pool serves {self._names()}, not {t.name}")
         return t
 
     @torch.no_grad()
     def warm_up(self, lengths: tuple[int, ...] = (16, 64)) -> None:
         """One prefill per served tier and length of ``lengths`` into the first free row, then that row reset
-        (done at construction on CUDA; busy rows are untouched).
-
-        On a fresh machine the first prefill of each shape compiles kernels, and fla autotunes each (head
-        count, chunk length) once: the chunk length is 16 or 64 by prompt length (``gla_op.chunk_length``)
-        and the batch size is no key (``gla_op.local_cumsum_log2``), so these prefills cover every prompt of
-        every served tier. Here that happens while the server starts, not inside its first requests."""
+        (at construction on CUDA): kernels compile and fla autotunes (chunk length 16 or 64, batch no key) while
+        the server starts, not inside its first requests. ``RuntimeError`` without a free row."""
         if not self.free_slots():
             raise RuntimeError("warm_up needs a free slot; call it before admitting requests")
         row = self.owner.index(None)
@@ -156,26 +131,21 @@ class SlotPool(SlotRows):
             self._warm_rows(row, lengths)
         reset_row_(self.cache, row)
         log.info("tiers %s: prefill warmed up for prompts of %s tokens in %.1f s (on a fresh machine fla autotunes "
-                 "here, once; Triton keeps the result on disk)", "/".join(t.name for t in self.tiers),
-                 "/".join(map(str, lengths)), time.perf_counter() - start)
+                 "here, once; Triton keeps the result on disk)", self._names(), "/".join(map(str, lengths)),
+                 time.perf_counter() - start)
 
     def _warm_rows(self, row: int, lengths: tuple[int, ...]) -> None:
         for tier in self.tiers:
             for T in lengths:
                 ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                  # [1, T]
                 try:
-                    self._prefill_row(ids, tier, row)
+                    reset_row_(self.cache, row)
+                    self.model.hidden_states(ids, tier=tier, cache=self.cache.at_tier(tier).narrow(1, start=row))
                 except RuntimeError as e:   # a kernel that fails on this stack: say where, and the way around fla
                     first = (str(e).strip().splitlines() or [""])[0]
                     around = (f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if raised_in_fla(e) else "")
                     raise RuntimeError(f"tier {tier.name}: the warm-up prefill of {T} tokens failed "
                                        f"({type(e).__name__}: {first}){around}") from e
-
-    def _prefill_row(self, ids: torch.Tensor, tier, row: int) -> torch.Tensor:
-        """Row ``row`` emptied, then ``ids [1, T]`` prefilled into it at ``tier``; the hidden states [1, T, D]."""
-        reset_row_(self.cache, row)
-        view = self.cache.at_tier(tier).narrow(1, start=row)
-        return self.model.hidden_states(ids, tier=tier, cache=view)
 
     # ---- slots -------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -185,26 +155,13 @@ class SlotPool(SlotRows):
         t = self.tier_of(tier)
         if not self.free_slots():
             raise ValueError(f"admit: all {self.slots} slots are busy")
-        i = self.owner.index(None)
-        graph = self._graph_for([prompt], t)
-        if graph is not None:
-            self._copy_rows(self._graph_prefill(graph, [prompt]), [i], t)
-        else:
-            ids = torch.tensor([prompt], dtype=torch.long, device=self.device)          # [1, T]
-            h = self._prefill_row(ids, t, i)                                             # [1, T, D]
-            self.logits[i] = self.model.logits_from_hidden(h[:, -1])[0].float()
-        self._own([i], [owner], [prompt], t)
-        return i
+        return self._prefill([owner], [prompt], t)[0]
 
     @torch.no_grad()
     def admit_many(self, owners: list, prompts: list[list[int]], tier: Any = None) -> list[int]:
-        """Prefill prompts at ``tier`` into free rows together (one batched forward); returns the rows, in order.
-
-        Prompts of different lengths are left-padded to the longest and masked (``attention_mask``: padding never
-        enters a state and is never attended to; every row equals its own prefill up to rounding). When ``n``
-        consecutive rows are free (a burst into an idle pool, or after a wave ends) the forward writes straight
-        into them (``cache.narrow``, at the tier's channels); otherwise into a scratch cache of ``max_prefill`` rows
-        (allocated on first need) whose rows are then copied into the first free slots."""
+        """Prefill prompts at ``tier`` into free rows in one forward, left-padded and masked (every row equals its
+        own prefill up to rounding); returns the rows, in order. ``n`` consecutive free rows are written in place,
+        else the scratch cache's rows are copied into the first free slots."""
         t = self.tier_of(tier)
         n = len(prompts)
         if n == 1:
@@ -212,6 +169,11 @@ class SlotPool(SlotRows):
         if not 1 < n <= min(self.max_prefill, self.free_slots()) or not all(prompts):
             raise ValueError(f"admit_many takes 2..{self.max_prefill} non-empty prompts, at most the "
                              f"{self.free_slots()} free slots")
+        return self._prefill(owners, prompts, t)
+
+    def _prefill(self, owners: list, prompts: list[list[int]], t) -> list[int]:
+        """``prompts`` prefilled at tier ``t`` into free rows for ``owners``: graphed, in place or via scratch."""
+        n = len(prompts)
         graph = self._graph_for(prompts, t)
         if graph is not None:
             rows = self.free_rows(n)
@@ -263,8 +225,7 @@ class SlotPool(SlotRows):
         self.logits.index_copy_(0, idx, logits.float())
 
     def _graph_for(self, prompts: list[list[int]], tier) -> PrefillGraph | None:
-        """The prefill graph at ``tier`` for these prompts (captured the ``graph_after``-th time their shape is
-        met), or None: eager prefill."""
+        """The prefill graph at ``tier`` for these prompts, or None: eager prefill."""
         if not self.prefill_graphs:
             return None
         T = max(len(p) for p in prompts)
@@ -288,7 +249,7 @@ class SlotPool(SlotRows):
                 self._graph_pool = torch.cuda.graph_pool_handle()
             graph = PrefillGraph(self.model, self.scratch(tier).narrow(rows), length, key[3], graph=cuda,
                                  pool=self._graph_pool)
-        except Exception as e:       # e.g. a kernel that cannot be captured on this stack: prefill eagerly from now on
+        except Exception as e:       # e.g. a kernel that cannot be captured: prefill eagerly from now on
             log.warning("tier %s: capturing a prefill graph failed (%s: %s); prefilling without graphs",
                         tier.name, type(e).__name__, e)
             self.prefill_graphs = False
@@ -309,9 +270,8 @@ class SlotPool(SlotRows):
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (tokens [slots]); the next logits of every row land in ``self.logits``. The
-        step attends over the span that holds the longest running row (module docstring); a free row's output
-        is not read, whatever its stale length."""
+        """Feed one token per row (tokens [slots]); the next logits [slots, V] land in ``self.logits``. The
+        step attends over the span of the longest running row."""
         self.tokens.copy_(tokens)
         active = self.active_rows()
         span = max(self.row_pos[r] for r in active) + 1 if self.spans and active else None
@@ -322,24 +282,17 @@ class SlotPool(SlotRows):
 
     @torch.no_grad()
     def step_async(self, tokens: torch.Tensor) -> list[int]:
-        """Launch :meth:`step` on ``tokens [slots]`` and return them as host ints once they are on the host,
-        without waiting for the step: the copy is queued before the step (on CUDA into pinned memory, with an
-        event), so the caller works on this token while the GPU computes the next logits."""
+        """Launch :meth:`step` on ``tokens [slots]`` and return them as host ints without waiting for the step
+        (on CUDA a pinned copy queued before it), so the caller works while the GPU computes the next logits."""
         if self.device.type != "cuda":
             values = tokens.tolist()
             self.step(tokens)
             return values
         if self._host_tokens is None:
             self._host_tokens = torch.empty(self.slots, dtype=torch.long, pin_memory=True)
-            # blocking: the wait sleeps instead of spinning a core for the whole step (the driver's default
-            # spins while it has fewer contexts than cores), leaving the host's cores to the HTTP process and
-            # the clients; a wake-up costs microseconds against a step of milliseconds
-            self._copied = torch.cuda.Event(blocking=True)
+            self._copied = torch.cuda.Event(blocking=True)      # the wait sleeps, not spins a core for the step
         self._host_tokens.copy_(tokens, non_blocking=True)
         self._copied.record()
         self.step(tokens)
         self._copied.synchronize()
         return self._host_tokens.tolist()
-
-    def state_bytes(self) -> int:
-        return self.cache.nbytes()["total"]

@@ -1,19 +1,14 @@
 """Tokens in and out of a slot pool: per-row sampling on the device, and tokens to text with stop strings.
 
-**Sampling.** Every row of a slot pool belongs to another request, each with its own ``temperature``, ``top_k`` and
-``top_p``; ``sample_rows`` draws one token per row from logits [B, V] with those as per-row tensors
-[B]. The rule is ``models.generation.sample_next``'s, row by row: temperature 0 is the argmax; otherwise
-the logits are divided by the temperature, kept to the ``top_k`` largest (0 = all) and to the smallest set
-of mass >= ``top_p`` (1 = all), and the token is drawn by the exponential race ``argmax_i p_i / E_i``
-with ``E`` [B, V] given by the caller (``RowNoise``: a row whose request set a ``seed`` draws its noise
-from its own generator, so its text does not depend on which other requests share the batch).
+**Sampling.** ``sample_rows`` draws one token per row from logits [B, V] with per-row ``temperature``, ``top_k``
+and ``top_p`` [B], by ``models.generation.sample_next``'s rule: temperature 0 is the argmax; else top-k (0 = all),
+top-p (1 = all) and the exponential race ``argmax_i p_i / E_i`` with ``E`` [B, V] from ``RowNoise`` (a seeded
+row draws from its own generator, so its text does not depend on the rest of the batch).
 
-**Text.** ``TextStream.push(token)`` returns the text that may be sent now. Byte models decode through an
-incremental UTF-8 decoder (a character split across tokens waits for its last byte; invalid bytes become
-U+FFFD, specials 256+ are dropped). Subword models decode a short window of recent tokens and send the new
-suffix once it no longer ends in an incomplete character. With ``stop`` strings the generated text is
-searched for each; the earliest match ends the request and is not sent, and the last
-``max(len(stop)) - 1`` characters are held back until they cannot begin a stop string.
+**Text.** ``TextStream.push(token)`` returns the text that may be sent now: byte models through an incremental
+UTF-8 decoder (invalid bytes become U+FFFD, specials 256+ are dropped), subword models by a window of recent
+tokens. The earliest ``stop`` string ends the request unsent; the last ``max(len(stop)) - 1`` characters are held
+back until they cannot begin one.
 """
 
 from __future__ import annotations
