@@ -23,8 +23,8 @@ __all__ = ["Metrics", "CONTENT_TYPE"]
 #: the text exposition format ``generate_latest`` writes
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_POOL = {"slots": "Slots of the tier's pool (its decode batch bucket)", "busy": "Slots holding a running request",
-         "waiting": "Requests queued for a free slot"}
+_POOL = {"slots": "Slots of the one pool every tier shares (its decode batch bucket)",
+         "busy": "Slots holding a running request at the tier", "waiting": "Requests of the tier queued for a free slot"}
 
 
 class Metrics:
