@@ -24,7 +24,8 @@ __all__ = ["Metrics", "CONTENT_TYPE"]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _POOL = {"slots": "Slots of the one pool every tier shares (its decode batch bucket)",
-         "busy": "Slots holding a running request at the tier", "waiting": "Requests of the tier queued for a free slot"}
+         "busy": "Slots holding a running request at the tier",
+         "waiting": "Requests of the tier queued for a free slot"}
 
 
 class Metrics:
