@@ -159,6 +159,28 @@ def test_elastic_ssm_has_no_import_cycle(graph):
     assert not found, "import cycles inside elastic_ssm (every import counts):\n" + _describe(graph, found)
 
 
+#: the core (DESIGN.md "Layout") and the edge; a core module's imports (anywhere in it) reach no edge module
+CORE_PACKAGES = ("config", "spectral", "ops", "layers", "models", "elastic", "train", "data", "eval", "hf", "utils")
+EDGE = ("elastic_ssm.cli", "elastic_ssm.serve", "elastic_ssm.bench", "elastic_ssm.quickstart")
+
+
+def test_the_core_imports_nothing_of_the_edge(graph):
+    """The verbs of every area live at the edge (``cli_*.py``, ``serve/cli.py``): no module of a core package
+    imports the CLI, the server or the bench, directly or through another core module."""
+    core = {m for m in graph if m.split(".")[1:2] and m.split(".")[1] in CORE_PACKAGES}
+    bad = []
+    for m in sorted(core):
+        seen, todo = set(), [m]
+        while todo:
+            for dep in graph.get(todo.pop(), ()):
+                if dep.startswith(EDGE):
+                    bad.append(f"{m} -> ... -> {dep}")
+                elif dep in core and dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+    assert not bad, "core modules reaching the edge:\n" + "\n".join(bad[:20])
+
+
 HOT_PACKAGES = ("layers", "models", "ops", "elastic")
 
 

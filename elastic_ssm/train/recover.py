@@ -10,7 +10,7 @@ truncation: the two-rate map's prefixes), recovers the model with one protocol, 
 * ``"posthoc"``: post-hoc elastification (E.7, ``elastify``, parts in ``posthoc.py``): calibration ranking,
   nested masks, recovery under the frozen parent with forward KL + CE at constant lr 1e-4.
 
-``elastic-ssm recover PARENT --protocol ...`` (``recover_cli.py``) runs this on a saved model.
+``elastic-ssm recover PARENT --protocol ...`` (``cli_recover.py``) runs this on a saved model.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
+from elastic_ssm.cli_eval import parse_lengths
 from elastic_ssm.elastic.tiers import capacity_tier
-from elastic_ssm.eval.cli import parse_lengths
 from elastic_ssm.eval.perplexity import split_windows
 
 EVAL = ["--batch_size", "2", "--batches", "1", "--no_write_quality"]

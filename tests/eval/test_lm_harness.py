@@ -181,10 +181,10 @@ def test_console_script_runs_lm_evals_own_cli_per_tier(tiny, tmp_path, monkeypat
     --log_samples), one lm-eval results JSON per tier and our CSV summary, offline."""
     from pathlib import Path
 
-    from elastic_ssm.eval import harness
+    from elastic_ssm import cli_lm_eval as harness
 
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-    assert '\nelastic-ssm-lm-eval = "elastic_ssm.eval.harness:main"\n' in pyproject      # the console script
+    assert '\nelastic-ssm-lm-eval = "elastic_ssm.cli_lm_eval:main"\n' in pyproject      # the console script
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     docs = _local_task(tmp_path / "tasks")
@@ -211,7 +211,7 @@ def test_console_script_runs_lm_evals_own_cli_per_tier(tiny, tmp_path, monkeypat
 
 
 def test_console_script_reads_lm_evals_short_flags():
-    from elastic_ssm.eval.harness import _flag, _pop_flag, _set_flag
+    from elastic_ssm.cli_lm_eval import _flag, _pop_flag, _set_flag
 
     argv = ["-M", "elastic-ssm", "-a", "pretrained=m,tier=all", "-o=res", "--csv", "s.csv", "--tasks", "t"]
     assert [_flag(argv, f)[1] for f in ("--model", "--model_args", "--output_path")] == \
@@ -225,7 +225,8 @@ def test_console_script_reads_lm_evals_short_flags():
 def test_console_script_refuses_an_existing_csv_before_running(tiny, tmp_path, monkeypatch, capsys):
     """``elastic-ssm-lm-eval``: an existing ``--csv`` or ``<output_path>/tiers.csv`` is refused before lm-eval runs;
     ``--overwrite`` (ours) replaces a CSV, never a model's file."""
-    from elastic_ssm.eval import harness, lm_harness
+    from elastic_ssm import cli_lm_eval as harness
+    from elastic_ssm.eval import lm_harness
 
     ran = []
     monkeypatch.setattr(harness, "_run_lm_eval", lambda argv, indexes: ran.append(argv) or {})
@@ -255,7 +256,7 @@ def test_console_script_refuses_an_existing_csv_before_running(tiny, tmp_path, m
 
 def test_console_script_reports_bad_input_in_one_line(tiny, tmp_path, monkeypatch, capsys):
     """``elastic-ssm-lm-eval`` reports a user's mistake as ``elastic-ssm lm-eval`` does: one line, exit 2."""
-    from elastic_ssm.eval import harness
+    from elastic_ssm import cli_lm_eval as harness
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
@@ -286,7 +287,7 @@ def test_console_script_reports_bad_input_in_one_line(tiny, tmp_path, monkeypatc
 def test_es_ssm_budgets_and_generation_through_every_lm_eval_entry(tmp_path, monkeypatch, capsys):
     """An ES-SSM budget ``4`` is its tier K4 in ``lm-eval --tiers``, in ``tier=`` of ``elastic-ssm-lm-eval`` and of
     lm-eval's own registry path; ``generate_until`` runs ES-SSM's cached generation (the model's own greedy tokens)."""
-    from elastic_ssm.eval import harness
+    from elastic_ssm import cli_lm_eval as harness
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

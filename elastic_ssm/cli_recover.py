@@ -23,12 +23,12 @@ __all__ = ["cmd_recover"]
 def cmd_recover(args: argparse.Namespace) -> int:
     from itertools import islice
 
-    from ..cli_schema import DEFAULT_RUN
-    from ..cli_util import checked_tiers, overrides, resolve_device, status, write_csv
-    from ..config import ConfigError, RunConfig
-    from ..models import load_pretrained
-    from ..pipeline import build_data
-    from .recover import truncate_and_recover
+    from .cli_schema import DEFAULT_RUN
+    from .cli_util import checked_tiers, overrides, resolve_device, status, write_csv
+    from .config import ConfigError, RunConfig
+    from .models import load_pretrained
+    from .pipeline import build_data
+    from .train.recover import truncate_and_recover
 
     device = resolve_device(args.device)
     parent = load_pretrained(args.parent, device=device)
@@ -65,10 +65,10 @@ def _check_before_work(args: argparse.Namespace, parent: Any, t: Any, tiers: lis
     """Settings the recovery would reject only after the truncated model's evaluation (minutes at scale): the
     length, post-hoc masks, run directories that are files or hold another run, and an earlier ``recovery.csv``
     (the last two without --overwrite)."""
-    from ..cli_util import check_csv_target
-    from ..config import ConfigError
-    from .posthoc import posthoc_train_config
-    from .rundir import run_artifacts
+    from .cli_util import check_csv_target
+    from .config import ConfigError
+    from .train.posthoc import posthoc_train_config
+    from .train.rundir import run_artifacts
 
     if t.refine.steps < 1:
         raise ConfigError("recovery length is train.refine.steps (or --steps); set it >= 1 (the paper: 2060 steps "

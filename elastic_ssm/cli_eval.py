@@ -15,9 +15,9 @@ import json
 import math
 from pathlib import Path
 
-from ..cli_util import announce_device, checked_capacities, refuse_existing, resolve_device, spelled, status, write_csv
-from ..config import ConfigError
-from ..utils.files import atomic_write_text
+from .cli_util import announce_device, checked_capacities, refuse_existing, resolve_device, spelled, status, write_csv
+from .config import ConfigError
+from .utils.files import atomic_write_text
 
 __all__ = ["DEFAULT_SEQ_LEN", "cmd_eval", "cmd_importance", "parse_lengths", "training_length"]
 
@@ -28,7 +28,7 @@ DEFAULT_SEQ_LEN = 512
 def training_length(checkpoint: str | Path) -> tuple[int, Path] | None:
     """``(train.seq_len, run.yaml)`` of the run a model directory belongs to: the ``run.yaml`` beside a
     run's ``final/`` or above a checkpoint's ``<stage>/<step>/model/``; None when there is none."""
-    from ..config import RunConfig
+    from .config import RunConfig
 
     here = Path(checkpoint).resolve()
     for parent in list(here.parents)[:3]:
@@ -62,9 +62,9 @@ def parse_lengths(spec: str, train_len: int | None) -> list[int]:
 
 def _tokens_and_bpt(args: argparse.Namespace, model):
     """The held-out token stream of ``--data`` / ``--split`` and the bits-per-byte divisor."""
-    from ..data import load_corpus
-    from ..data.tokenizer_files import resolve_tokenizer
-    from ..data.tokenizers import measured_bytes_per_token
+    from .data import load_corpus
+    from .data.tokenizer_files import resolve_tokenizer
+    from .data.tokenizers import measured_bytes_per_token
 
     tok = resolve_tokenizer(model, args.tokenizer)
     tokens = load_corpus(args.data, tok, split=args.split)
@@ -97,10 +97,10 @@ def _check_length(model, longest: int, which: str) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..data import evaluation_batches
-    from ..models import load_pretrained
-    from ..serve.cli import record_quality
-    from .perplexity import evaluate_tiers, format_evals, format_length_sweep, split_windows
+    from .data import evaluation_batches
+    from .eval.perplexity import evaluate_tiers, format_evals, format_length_sweep, split_windows
+    from .models import load_pretrained
+    from .serve.cli import record_quality
 
     device = resolve_device(args.device)
     model = load_pretrained(args.checkpoint, device=device)
@@ -151,8 +151,8 @@ def _importance_folder(args: argparse.Namespace) -> Path:
 
 
 def cmd_importance(args: argparse.Namespace) -> int:
-    from ..models import load_pretrained
-    from .importance import has_spectral_channels
+    from .eval.importance import has_spectral_channels
+    from .models import load_pretrained
 
     out = _importance_folder(args)
     device = resolve_device(args.device)
@@ -188,14 +188,14 @@ def _default(name: str):
     """The default of an ``importance`` option (``cli_schema.ImportanceOptions``)."""
     import dataclasses
 
-    from ..cli_schema import ImportanceOptions
+    from .cli_schema import ImportanceOptions
 
     return next(f.default for f in dataclasses.fields(ImportanceOptions) if f.name == name)
 
 
 def _importance_into(args: argparse.Namespace, model, tier, out: Path, device) -> int:
-    from ..data import evaluation_batches
-    from .importance import channel_importance, format_importance, plot_importance
+    from .data import evaluation_batches
+    from .eval.importance import channel_importance, format_importance, plot_importance
 
     tokens, bpt = _tokens_and_bpt(args, model)
     batches = list(evaluation_batches(tokens, args.seq_len, args.batch_size, args.n_batches))

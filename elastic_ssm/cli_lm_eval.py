@@ -3,7 +3,7 @@
     elastic-ssm-lm-eval --model elastic-ssm --model_args pretrained=runs/x/final,tier=all \\
         --tasks piqa,hellaswag --batch_size auto --output_path results/ --log_samples
 
-(also ``python -m elastic_ssm.eval.harness ...``). This registers our ``ElasticLM`` under the names
+(also ``python -m elastic_ssm.cli_lm_eval ...``). This registers our ``ElasticLM`` under the names
 ``elastic-ssm`` / ``elastic_ssm`` (``eval/lm_harness.py``) and then runs lm-eval's own ``cli_evaluate``, so
 every lm-eval flag works and results are written in lm-eval's own format. On top of that:
 
@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, tier_word
+from .config import ConfigError, tier_word
 
 __all__ = ["main"]
 
@@ -91,8 +91,8 @@ def _tiers(args: dict[str, str]) -> tuple[list[Any], bool]:
         if several:
             raise ConfigError(f"tier={spec} in --model_args needs pretrained=DIR there too")
         return [None], False
-    from ..elastic.tiers import resolve_tier, tier_table
-    from ..models import CheckpointError, saved_model_class
+    from .elastic.tiers import resolve_tier, tier_table
+    from .models import CheckpointError, saved_model_class
 
     try:
         config, _ = saved_model_class(args["pretrained"]).read_config(args["pretrained"])
@@ -116,7 +116,7 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
     import lm_eval
     from lm_eval.__main__ import cli_evaluate
 
-    from . import lm_harness  # noqa: F401  (registers "elastic-ssm" with lm-eval's model registry)
+    from .eval import lm_harness  # noqa: F401  (registers "elastic-ssm" with lm-eval's model registry)
 
     try:
         from lm_eval.tasks._index import TaskIndex
@@ -164,7 +164,7 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status (2: a user's
     mistake, reported in one line as ``elastic-ssm lm-eval`` reports it; see the module docstring)."""
-    from ..cli_errors import debug_requested, run_reporting_errors
+    from .cli_errors import debug_requested, run_reporting_errors
 
     argv = list(sys.argv[1:] if argv is None else argv)
     reporter = argparse.Namespace(command="lm-eval")
@@ -199,8 +199,8 @@ def _main(argv: list[str]) -> int:
     args = _parse_model_args(model_args or "") if ours else {}      # another --model: lm-eval as it is
     _, out_dir = _flag(argv, "--output_path")
     rows: list[dict[str, Any]] = []
-    from ..cli_util import check_csv_target, write_csv
-    from .lm_harness import check_model_args, result_rows
+    from .cli_util import check_csv_target, write_csv
+    from .eval.lm_harness import check_model_args, result_rows
 
     check_model_args(args)                          # before the model loads: an unknown key is one line
     tiers, rewrite = _tiers(args)
@@ -222,7 +222,7 @@ def _main(argv: list[str]) -> int:
         if res is not None and tier is not None:
             rows += result_rows(res, tier)
     if rows:
-        from ..bench.report import format_table
+        from .bench.report import format_table
 
         print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
     if csv_path and rows:

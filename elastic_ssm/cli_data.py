@@ -15,9 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..cli_util import refuse_existing
-from ..utils.files import is_temp_name
-from ..utils.progress import shown
+from .cli_util import refuse_existing
+from .utils.files import is_temp_name
+from .utils.progress import shown
 
 
 def clean_stale_temps(out: Path) -> list[Path]:
@@ -34,9 +34,9 @@ def clean_stale_temps(out: Path) -> list[Path]:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from ..train.rundir import RunLock
-    from . import prepare
-    from .tokenfile import sidecar_path
+    from .data import prepare
+    from .data.tokenfile import sidecar_path
+    from .train.rundir import RunLock
 
     out = Path(args.out)
     if out.suffix != ".bin":      # another name is refused by prepare, before any work, whether it exists or not
@@ -71,7 +71,7 @@ def _prepare(args: argparse.Namespace, prepare) -> int:
 
 
 def cmd_tokenizer(args: argparse.Namespace) -> int:
-    from . import train_bpe
+    from .data import train_bpe
 
     refuse_existing(args, Path(args.out))
     tok = train_bpe(args.source, args.vocab_size, args.out, max_bytes=args.max_bytes or None,
