@@ -114,9 +114,8 @@ def test_a_left_padded_batch_and_beams_run(dirs):
         ids = torch.tensor([[0, 0] + rows[0], rows[1]])
         mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
         batch = hf.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
-        if arch == "es_ssm":        # the baselines' KV step counts padded slots as positions (noted in the docs)
-            alone = hf.generate(torch.tensor([rows[0]]), max_new_tokens=4, do_sample=False)
-            assert batch[0, -4:].tolist() == alone[0, -4:].tolist()
+        alone = hf.generate(torch.tensor([rows[0]]), max_new_tokens=4, do_sample=False)
+        assert batch[0, -4:].tolist() == alone[0, -4:].tolist(), arch
         beams = hf.generate(PROMPT, max_new_tokens=6, num_beams=2, do_sample=False)
         assert beams.shape == (1, PROMPT.shape[1] + 6)
 

@@ -129,6 +129,25 @@ def test_transformer_left_padding_matches_unpadded_rows():
     torch.testing.assert_close(out[:, 3:], ref, rtol=1e-5, atol=1e-5)
 
 
+def test_transformer_decode_of_a_left_padded_batch_equals_each_row_alone():
+    """The static KV step after a left-padded prefill: padding slots are never attended and RoPE counts a row's real
+    tokens, so every row's logits equal that row decoded alone."""
+    torch.manual_seed(0)
+    model = build_model(model_config_from_dict({"arch": "transformer", "preset": "tiny"})).to(torch.float64).eval()
+    rows = [torch.randint(0, 256, (n,)) for n in (4, 9)]
+    ids = torch.stack([torch.cat([torch.zeros(5, dtype=torch.long), rows[0]]), rows[1]])
+    mask = torch.stack([torch.cat([torch.zeros(5), torch.ones(4)]), torch.ones(9)]).long()
+    nxt = torch.randint(0, 256, (6, 2))
+    with torch.no_grad():
+        cache = model.allocate_cache(2, 16)
+        got = [model(ids, attention_mask=mask, cache=cache)[:, -1]] + [model.step(nxt[t], cache) for t in range(6)]
+        for r, row in enumerate(rows):
+            alone = model.allocate_cache(1, 16)
+            want = [model(row[None], cache=alone)[:, -1]] + [model.step(nxt[t, r:r + 1], alone) for t in range(6)]
+            for t, (g, w) in enumerate(zip(got, want)):
+                torch.testing.assert_close(g[r], w[0], rtol=1e-9, atol=1e-9, msg=f"row {r}, step {t}")
+
+
 def test_nested_ffn_draws_each_granularity_uniformly_for_any_batch_layout():
     cfg = model_config_from_dict({"arch": "matformer", "preset": "tiny"})
     recipe = NestedFFN.from_config(cfg, TrainConfig())

@@ -34,12 +34,16 @@ _FFN_OUT = r"blocks\.\d+\.ffn\.w_out\.weight"    # [D, F]: n_ff columns
 
 @dataclass
 class KVCache:
-    """Static cache: keys/values [N, B, H, L_max, hd]; ``positions`` [B] next position (device)."""
+    """Static cache: keys/values [N, B, H, L_max, hd]; ``positions`` [B] the next slot (device); ``valid``
+    [B, L_max] the slots holding a real token (left padding is not attended) and ``seen`` [B] a row's real tokens so
+    far, the RoPE position of its next token (None in a cache built without them: every slot real)."""
 
     keys: torch.Tensor
     values: torch.Tensor
     positions: torch.Tensor
     max_len: int
+    valid: torch.Tensor | None = None
+    seen: torch.Tensor | None = None
 
     def nbytes(self) -> dict[str, int]:
         kv = self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
@@ -133,6 +137,10 @@ class TransformerPP(ElasticModel):
             x = x + blk.ffn(blk.norm2(x), n_ff)
         if cache is not None:
             cache.positions.fill_(T)
+            if cache.valid is not None:
+                cache.valid.zero_()
+                cache.valid[:, :T] = True if attention_mask is None else attention_mask.bool()
+                cache.seen.copy_(cache.valid.sum(1))
         return self.norm_f(x)
 
     def forward(self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
@@ -147,20 +155,26 @@ class TransformerPP(ElasticModel):
         dtype = dtype or self.embed.weight.dtype
         shape = (c.n_layers, batch, c.n_heads, max_len, c.head_dim)
         zeros = lambda: torch.zeros(shape, dtype=dtype, device=device)
-        return KVCache(zeros(), zeros(),
-                       torch.zeros(batch, dtype=torch.long, device=device), max_len)
+        return KVCache(zeros(), zeros(), torch.zeros(batch, dtype=torch.long, device=device), max_len,
+                       torch.zeros(batch, max_len, dtype=torch.bool, device=device),
+                       torch.zeros(batch, dtype=torch.long, device=device))
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """tokens [B] -> logits [B,V]. Writes K/V at ``cache.positions`` and attends slots <= position.
+        """tokens [B] -> logits [B,V]. Writes K/V at slot ``cache.positions`` and attends the real slots up to it
+        (a left-padded prompt's padding is never attended), RoPE at the row's real position ``cache.seen``.
         Shapes are static and nothing synchronises with the host (CUDA-graph capturable)."""
         B = tokens.shape[0]
         pos = cache.positions
         rows = torch.arange(B, device=tokens.device)
-        allowed = torch.arange(cache.max_len, device=tokens.device)[None] <= pos[:, None]   # [B, L]
+        if cache.valid is None:                                           # every slot up to pos is a real token
+            allowed, rope = torch.arange(cache.max_len, device=tokens.device)[None] <= pos[:, None], pos   # [B, L]
+        else:
+            cache.valid[rows, pos] = True
+            allowed, rope = cache.valid, cache.seen
         x = self.embed(tokens)[:, None]                                   # [B,1,D]
         for i, blk in enumerate(self.blocks):
-            q, k, v = self._qkv(blk, x, pos[:, None])                     # [B,H,1,hd]
+            q, k, v = self._qkv(blk, x, rope[:, None])                    # [B,H,1,hd]
             kc, vc = cache.keys[i], cache.values[i]                       # [B,H,L,hd]
             kc[rows, :, pos] = k[:, :, 0].to(kc.dtype)
             vc[rows, :, pos] = v[:, :, 0].to(vc.dtype)
@@ -168,6 +182,8 @@ class TransformerPP(ElasticModel):
             x = x + linear(blk.out, o.to(x.dtype).transpose(1, 2).reshape(B, 1, -1))
             x = x + blk.ffn(blk.norm2(x))
         pos.add_(1)
+        if cache.seen is not None:
+            cache.seen.add_(1)
         return self._head(x)[:, 0]
 
 
