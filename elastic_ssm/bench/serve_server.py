@@ -23,7 +23,7 @@ class BenchServerOptions:
 
     preset: str = opt("tiny", "ESSH preset of the random-weight model")
     tiers: str = opt("T10", "comma-separated tiers to serve (the last is the default tier)")
-    slots: int = opt(16, "slots per tier")
+    slots: int = opt(16, "slots of the one pool every tier shares")
     port: int = opt(8000, "TCP port on 127.0.0.1")
     device: str = opt("cuda", "where the model runs")
     dtype: str = opt("bfloat16", "weights' dtype")
