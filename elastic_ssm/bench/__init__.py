@@ -10,21 +10,25 @@ appends the tables to ``docs/benchmarks.md``. A failing or out-of-memory benchma
 
 from __future__ import annotations
 
-import math
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
+from annotated_types import Ge
 
 from ..config import ConfigBase, ConfigError, ESSHConfig, opt
+from ..config.base import AtLeast1, NonNegF
 
 __all__ = ["BenchConfig", "run_bench", "bench_command"]
 
 _BENCHES = ("memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode")
+Bench = Literal["memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode"]
 _DEFAULT_BENCHES = _BENCHES[:5]   # serve (server + client processes) and es_ssm_decode: asked for by name
 _PEERS = ("transformer", "gated_deltanet", "mamba2")
+Peer = Literal["transformer", "gated_deltanet", "mamba2"]
 
 
 @dataclass(kw_only=True)
@@ -43,39 +47,39 @@ class BenchConfig(ConfigBase):
     out_dir: str = opt("bench_out", "suite: folder of <suite>.json, <suite>.md and each entry's files (logs, "
                        "child outputs, plots); pass $OUT on the device machine")
     preset: str = opt("370m", "ESSH preset whose shapes are benchmarked with random weights")
-    benchmarks: tuple[str, ...] = opt(_DEFAULT_BENCHES, "benchmarks to run: memory, decode, prefill, generate, "
+    benchmarks: tuple[Bench, ...] = opt(_DEFAULT_BENCHES, "benchmarks to run: memory, decode, prefill, generate, "
                                       "train; serve (streams against a server process), es_ssm_decode (ES-SSM "
                                       "step per budget, es_ssm_* fields) on request")
     tiers: tuple[str, ...] = opt(("T1", "T4", "T7", "T10"), "ESSH tiers to decode ('all': every tier)")
-    peers: tuple[str, ...] = opt(_PEERS, "peers: transformer (ours), gated_deltanet / mamba2 (fla + FFN)")
-    batches: tuple[int, ...] = opt((1, 16, 128, 512), "decode batch sizes (CUDA-graph mode)")
-    eager_batches: tuple[int, ...] = opt((1,), "batch sizes also timed in eager mode")
+    peers: tuple[Peer, ...] = opt(_PEERS, "peers: transformer (ours), gated_deltanet / mamba2 (fla + FFN)")
+    batches: tuple[AtLeast1, ...] = opt((1, 16, 128, 512), "decode batch sizes (CUDA-graph mode)")
+    eager_batches: tuple[AtLeast1, ...] = opt((1,), "batch sizes also timed in eager mode")
     graph: bool = opt(True, "time decode with whole-step CUDA graphs (CUDA only)")
     reference: bool = opt(True, "also time the unfused reference ESSH.step (eager, batch 1, full tier)")
     context: int = opt(2048, "tokens already in the decode cache")
     warmup: int = opt(50, "untimed decode steps per session")
-    iters: int = opt(200, "timed decode steps per session")
+    iters: AtLeast1 = opt(200, "timed decode steps per session")
     sessions: int = opt(1, "decode timing sessions per entry (paper: 3)")
     prefill_lengths: tuple[int, ...] = opt((2048, 8192, 32768, 131072), "batch-1 prefill prompt lengths")
     prefill_tiers: tuple[str, ...] = opt(("T10",), "ESSH tiers to prefill")
     prefill_warmup: int = opt(3, "untimed prefill calls")
-    prefill_iters: int = opt(5, "timed prefill calls")
+    prefill_iters: AtLeast1 = opt(5, "timed prefill calls")
     generate_tiers: tuple[str, ...] = opt(("T10",), "ESSH tiers timed through model.generate")
-    generate_batches: tuple[int, ...] = opt((1,), "model.generate batch sizes")
-    generate_prompt: int = opt(2048, "model.generate prompt tokens")
-    generate_new_tokens: int = opt(128, "model.generate new tokens per call")
-    generate_iters: int = opt(3, "timed model.generate calls per entry (median)")
+    generate_batches: tuple[AtLeast1, ...] = opt((1,), "model.generate batch sizes")
+    generate_prompt: AtLeast1 = opt(2048, "model.generate prompt tokens")
+    generate_new_tokens: Annotated[int, Ge(2)] = opt(128, "model.generate new tokens per call")
+    generate_iters: AtLeast1 = opt(3, "timed model.generate calls per entry (median)")
     serve_mixes: tuple[str, ...] = opt(("T10", "T1,T4,T10"), "serve: tier mixes (comma-separated tiers; the "
                                        "streams cycle through a mix)")
-    serve_streams: tuple[int, ...] = opt((128,), "serve: concurrent client streams")
-    serve_slots: int = opt(128, "serve: slots of the one pool every tier shares (its decode batch)")
-    serve_prompt: int = opt(128, "serve: prompt tokens per request")
-    serve_new_tokens: int = opt(256, "serve: tokens generated per request")
-    serve_rounds: int = opt(2, "serve: requests each stream sends one after another")
-    serve_client_procs: int = opt(8, "serve: load-generator processes")
-    serve_max_prefill: tuple[int, ...] = opt((16,), "serve: the server's --max_prefill (prompts of one length "
+    serve_streams: tuple[AtLeast1, ...] = opt((128,), "serve: concurrent client streams")
+    serve_slots: AtLeast1 = opt(128, "serve: slots of the one pool every tier shares (its decode batch)")
+    serve_prompt: AtLeast1 = opt(128, "serve: prompt tokens per request")
+    serve_new_tokens: AtLeast1 = opt(256, "serve: tokens generated per request")
+    serve_rounds: AtLeast1 = opt(2, "serve: requests each stream sends one after another")
+    serve_client_procs: AtLeast1 = opt(8, "serve: load-generator processes")
+    serve_max_prefill: tuple[AtLeast1, ...] = opt((16,), "serve: the server's --max_prefill (prompts of one length "
                                              "prefilled together); one row per value")
-    serve_prefill_wait_ms: tuple[float, ...] = opt((50.0,), "serve: the server's --prefill_wait_ms (longest a "
+    serve_prefill_wait_ms: tuple[NonNegF, ...] = opt((50.0,), "serve: the server's --prefill_wait_ms (longest a "
                                                    "waiting request is held for more arrivals to share its prefill "
                                                    "forward); one row per value")
     serve_prefill_graphs: tuple[bool, ...] = opt((True,), "serve: the server's --prefill_graphs (prefill forwards "
@@ -91,16 +95,20 @@ class BenchConfig(ConfigBase):
     train_peers: bool = opt(True, "also time the training step of the peers")
     compile: bool = opt(False, "torch.compile the ESSH model for prefill and train (elastic_ssm.compile_model; "
                         "compiled once per shape, the warm-up calls absorb the compile time; also the train loss)")
-    compile_mode: str = opt("default", "torch.compile mode with compile: default, reduce-overhead (CUDA "
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = opt(
+        "default", "torch.compile mode with compile: default, reduce-overhead (CUDA "
                             "graphs), max-autotune, max-autotune-no-cudagraphs")
-    dtype: str = opt("auto", "weights / KV dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float32")
+    dtype: Literal["auto", "bfloat16", "float32"] = opt("auto", "weights / KV dtype: auto (bfloat16 on CUDA, "
+                                                        "float32 on CPU), bfloat16, float32")
     device: str = opt("auto", "auto (cuda if available), cuda, cpu")
-    decode_backend: str = opt("auto", "fused decode kernels: auto, triton, torch")
-    decode_out_layout: str = opt("auto", "FastDecoder out_layout of the batch <= 8 products: auto (split for "
-                                 "Triton without PDL, else rows), split, rows")
-    decode_pdl: str = opt("auto", "FastDecoder programmatic dependent launch: auto (Hopper+), on, off")
+    decode_backend: Literal["auto", "triton", "torch"] = opt("auto", "fused decode kernels: auto, triton, torch")
+    decode_out_layout: Literal["auto", "split", "rows"] = opt("auto", "FastDecoder out_layout of the batch <= 8 "
+                                                              "products: auto (split for Triton without PDL, else "
+                                                              "rows), split, rows")
+    decode_pdl: Literal["auto", "on", "off"] = opt("auto", "FastDecoder programmatic dependent launch: auto "
+                                                   "(Hopper+), on, off")
     peak_tflops: float = opt(989.0, "dense bf16 peak for MFU (H200 SXM datasheet: 989 TFLOP/s)")
-    time_budget_s: float = opt(0.0, "skip the remaining entries after this many seconds (0: no limit; a suite: "
+    time_budget_s: NonNegF = opt(0.0, "skip the remaining entries after this many seconds (0: no limit; a suite: "
                                "its own budget_s unless this flag is given)")
     out: str = opt("bench_results.json", "JSON output path ('' to skip; a suite writes <out_dir>/<suite>.json and "
                    "also this file when the flag is given)")
@@ -109,43 +117,10 @@ class BenchConfig(ConfigBase):
     seed: int = opt(0, "random seed of weights and tokens")
     es_ssm_preset: str = opt("byte-base", "es_ssm_decode: ES-SSM preset whose shapes are decoded (random weights)")
     es_ssm_budgets: tuple[int, ...] = opt((2, 8, 32), "es_ssm_decode: budgets K")
-    es_ssm_batches: tuple[int, ...] = opt((1, 64), "es_ssm_decode: batch sizes (eager)")
-    es_ssm_decoders: tuple[str, ...] = opt(("exact", "modal"), "es_ssm_decode: decoders, exact and/or modal")
-    es_ssm_modes: int = opt(8, "es_ssm_decode: modes m per channel of the modal decoder")
-
-    def validate(self) -> None:
-        if self.time_budget_s < 0:
-            raise ConfigError(f"BenchConfig.time_budget_s must be >= 0 (0: no limit), got {self.time_budget_s}")
-        for name, known in (("benchmarks", _BENCHES), ("peers", _PEERS)):
-            bad = set(getattr(self, name)) - set(known)
-            if bad:
-                raise ConfigError(f"BenchConfig.{name}: unknown {sorted(bad)}; choose from {known}")
-        bad = set(self.es_ssm_decoders) - {"exact", "modal"}
-        if bad or min(self.es_ssm_batches, default=1) < 1 or self.es_ssm_modes < 1:
-            raise ConfigError("BenchConfig: es_ssm_decoders must be exact / modal, es_ssm_batches and es_ssm_modes"
-                              f" >= 1; got {self.es_ssm_decoders}, {self.es_ssm_batches}, {self.es_ssm_modes}")
-        for name, (*first, last) in (("decode_out_layout", ("auto", "split", "rows")),
-                                     ("decode_pdl", ("auto", "on", "off")), ("dtype", ("auto", "bfloat16", "float32"))):
-            if getattr(self, name) not in (*first, last):
-                raise ConfigError(f"BenchConfig.{name} must be {', '.join(first)} or {last}, got "
-                                  f"{getattr(self, name)!r}")
-        modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-        if self.compile_mode not in modes:
-            raise ConfigError(f"BenchConfig.compile_mode must be one of {modes}, got {self.compile_mode!r}")
-        if not all(math.isfinite(w) and w >= 0 for w in self.serve_prefill_wait_ms):
-            raise ConfigError("BenchConfig.serve_prefill_wait_ms: milliseconds, finite and >= 0, got "
-                              f"{self.serve_prefill_wait_ms}")
-        if min(*self.serve_streams, *self.serve_max_prefill, self.serve_slots, self.serve_prompt,
-               self.serve_new_tokens, self.serve_rounds, self.serve_client_procs) < 1:
-            raise ConfigError("BenchConfig: serve_streams, serve_max_prefill, serve_slots, serve_prompt, "
-                              "serve_new_tokens, serve_rounds and serve_client_procs must be >= 1")
-        if self.generate_new_tokens < 2 or self.generate_prompt < 1 or self.generate_iters < 1:
-            raise ConfigError("BenchConfig: generate_new_tokens must be >= 2, generate_prompt and "
-                              "generate_iters >= 1")
-        if min(self.batches + self.eager_batches + self.generate_batches, default=1) < 1 or self.iters < 1 \
-                or self.prefill_iters < 1:
-            raise ConfigError("BenchConfig: batches and iteration counts must be >= 1")
-
+    es_ssm_batches: tuple[AtLeast1, ...] = opt((1, 64), "es_ssm_decode: batch sizes (eager)")
+    es_ssm_decoders: tuple[Literal["exact", "modal"], ...] = opt(("exact", "modal"), "es_ssm_decode: decoders, "
+                                                                 "exact and/or modal")
+    es_ssm_modes: AtLeast1 = opt(8, "es_ssm_decode: modes m per channel of the modal decoder")
 
 class _Runner:
     def __init__(self, cfg: BenchConfig, log: Callable[[str], None]) -> None:
