@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ConfigBase, ConfigError, opt
+from ..config import ConfigBase, opt
+from ..config.base import AtLeast1
 from .timing import oom_as_result, summarize, time_fn, wall_ms
 
 __all__ = ["bench_generate", "generate_suite", "GeneratePathsOptions", "run_generate_paths"]
@@ -73,14 +74,11 @@ class GeneratePathsOptions(ConfigBase):
     """Reference step vs fused torch path of ``generate`` on the CPU."""
 
     presets: tuple[str, ...] = opt(("tiny", "small"), "ESSH presets (random weights)")
-    prompt: int = opt(64, "prompt tokens")
-    new_tokens: int = opt(32, "tokens whose cost is averaged")
-    repeats: int = opt(7, "measurements per path (median)")
-    threads: int = opt(1, "torch CPU threads")
+    prompt: AtLeast1 = opt(64, "prompt tokens")
+    new_tokens: AtLeast1 = opt(32, "tokens whose cost is averaged")
+    repeats: AtLeast1 = opt(7, "measurements per path (median)")
+    threads: AtLeast1 = opt(1, "torch CPU threads")
 
-    def validate(self) -> None:
-        if min(self.prompt, self.new_tokens, self.repeats, self.threads) < 1:
-            raise ConfigError("GeneratePathsOptions: prompt, new_tokens, repeats and threads must be >= 1")
 
 
 def _cpu_ms_per_token(model, x: torch.Tensor, fast: bool, n: int) -> float:

@@ -10,11 +10,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
+from annotated_types import Len
 
-from ..config import ConfigBase, ConfigError, opt
+from ..config import ConfigBase, opt
+from ..config.base import AtLeast1
 from .timing import oom_as_result, summarize, time_fn, wall_ms
+
+#: ELASTIC_SSM_SCAN_BACKEND values a bench entry may set
+ScanBackend = Literal["auto", "fla", "torch"]
 
 __all__ = ["bench_prefill", "SessionPrefillOptions", "run_session_prefill"]
 
@@ -79,19 +85,13 @@ class SessionPrefillOptions(ConfigBase):
 
     preset: str = opt("1.5b", "ESSH preset (random weights)")
     tier: str = opt("T10", "tier of the pooled decoder")
-    lengths: tuple[int, ...] = opt((2048, 131072), "prompt lengths (batch 1)")
+    lengths: Annotated[tuple[AtLeast1, ...], Len(1)] = opt((2048, 131072), "prompt lengths (batch 1)")
     compile: bool = opt(False, "compile_model first: on CUDA the prefill replays the graph of the compiled trunk")
-    scan_backends: tuple[str, ...] = opt(("auto",), "ELASTIC_SSM_SCAN_BACKEND of each pass: auto (as the "
+    scan_backends: tuple[ScanBackend, ...] = opt(("auto",), "ELASTIC_SSM_SCAN_BACKEND of each pass: auto (as the "
                                                     "environment says), fla, torch")
-    repeats: int = opt(5, "timed prefills per length after the first (median)")
+    repeats: AtLeast1 = opt(5, "timed prefills per length after the first (median)")
     device: str = opt("auto", "auto (cuda if available), cuda, cpu")
 
-    def validate(self) -> None:
-        if not self.lengths or min(self.lengths) < 1 or self.repeats < 1:
-            raise ConfigError("SessionPrefillOptions: lengths and repeats must be >= 1")
-        bad = set(self.scan_backends) - {"auto", "fla", "torch"}
-        if bad:
-            raise ConfigError(f"SessionPrefillOptions.scan_backends: unknown {sorted(bad)}; use auto, fla, torch")
 
 
 def run_session_prefill(opts: SessionPrefillOptions, ctx) -> list[dict]:

@@ -19,9 +19,13 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from ..config import ConfigBase, ConfigError, opt
+from annotated_types import Len
+
+from ..config import ConfigBase, opt
+from ..config.base import AtLeast1, NonNeg
+from .prefill import ScanBackend
 
 __all__ = ["ChildOptions", "FirstTokenOptions", "run_first_token", "saved_model"]
 
@@ -34,24 +38,19 @@ class FirstTokenOptions(ConfigBase):
     tier: str = opt("T10", "tier the children load")
     model_dir: str = opt("", "model folder to load (saved there first if it has no config.json); '' = "
                              "<temp dir>/elastic_ssm_bench/<preset>")
-    prompt: int = opt(2048, "prompt tokens of the first prefill")
-    runs: int = opt(3, "children per scan backend, one after another")
-    scan_backends: tuple[str, ...] = opt(("auto",), "ELASTIC_SSM_SCAN_BACKEND of the children: auto (as the "
-                                                    "environment says), fla, torch; runs cycle through them")
-    import_fla: int = opt(0, "children that only import fla first (startup and fla import seconds)")
+    prompt: AtLeast1 = opt(2048, "prompt tokens of the first prefill")
+    runs: NonNeg = opt(3, "children per scan backend, one after another")
+    scan_backends: Annotated[tuple[ScanBackend, ...], Len(1)] = opt(
+        ("auto",), "ELASTIC_SSM_SCAN_BACKEND of the children: auto (as the environment says), fla, torch; runs cycle "
+        "through them")
+    import_fla: NonNeg = opt(0, "children that only import fla first (startup and fla import seconds)")
     cprofile: bool = opt(False, "one more child with its prefill under cProfile (profile.txt; Triton prints "
                                 "its autotuning)")
-    cli_tokens: int = opt(0, "then `elastic-ssm generate` end to end: prompt of `prompt` characters, this many "
+    cli_tokens: NonNeg = opt(0, "then `elastic-ssm generate` end to end: prompt of `prompt` characters, this many "
                              "greedy tokens (0: not run)")
     device: str = opt("cuda", "device of the children")
     timeout_s: float = opt(600.0, "limit of one child")
 
-    def validate(self) -> None:
-        if self.prompt < 1 or self.runs < 0 or self.import_fla < 0 or self.cli_tokens < 0:
-            raise ConfigError("FirstTokenOptions: prompt must be >= 1; runs, import_fla, cli_tokens >= 0")
-        bad = set(self.scan_backends) - {"auto", "fla", "torch"}
-        if bad or not self.scan_backends:
-            raise ConfigError(f"FirstTokenOptions.scan_backends: use auto, fla, torch; got {self.scan_backends}")
 
 
 def saved_model(preset: str, model_dir: str = "", device: str = "cuda") -> Path:

@@ -494,3 +494,26 @@ def test_only_repeatable_list_flags_add_up():
                          "--bench.only", "y", "--bench.serve_streams", "1", "--bench.serve_streams", "128"])
     got = overrides(ns, "bench")
     assert got["set"] == ("a=1", "b=2", "c=3") and got["only"] == ("x", "y") and got["serve_streams"] == (128,)
+
+
+@pytest.mark.parametrize("cls,fields,message", [
+    ("BenchConfig", {"compile_mode": "fast"}, "BenchConfig.compile_mode: must be one of 'default'"),
+    ("BenchConfig", {"serve_streams": [0]}, "BenchConfig.serve_streams[0]: must be >= 1, got 0"),
+    ("BenchConfig", {"serve_prefill_wait_ms": [float("inf")]}, "serve_prefill_wait_ms[0]: expected a finite number"),
+    ("BenchConfig", {"generate_new_tokens": 1}, "BenchConfig.generate_new_tokens: must be >= 2, got 1"),
+    ("SessionPrefillOptions", {"scan_backends": ["x"]}, "scan_backends[0]: must be one of 'auto', 'fla' or 'torch'"),
+    ("SessionPrefillOptions", {"lengths": []}, "SessionPrefillOptions.lengths: must have at least 1 item(s)"),
+    ("FirstTokenOptions", {"runs": -1}, "FirstTokenOptions.runs: must be >= 0, got -1"),
+    ("GeneratePathsOptions", {"threads": 0}, "GeneratePathsOptions.threads: must be >= 1, got 0"),
+])
+def test_bench_options_are_checked_by_their_declared_types(cls, fields, message):
+    """Choices and ranges are declared on the fields (Literal, AtLeast1, ...): pydantic names the field in one line."""
+    from elastic_ssm.bench.generate import GeneratePathsOptions
+    from elastic_ssm.bench.prefill import SessionPrefillOptions
+    from elastic_ssm.bench.process import FirstTokenOptions
+
+    options = {"BenchConfig": BenchConfig, "SessionPrefillOptions": SessionPrefillOptions,
+               "FirstTokenOptions": FirstTokenOptions, "GeneratePathsOptions": GeneratePathsOptions}[cls]
+    with pytest.raises(es.ConfigError) as err:
+        options.from_dict(fields)
+    assert message in str(err.value) and "\n" not in str(err.value)
