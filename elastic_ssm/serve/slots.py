@@ -81,7 +81,6 @@ class SlotPool(SlotRows):
         self.device = self.fd.device
         self.spans = bool(spans)
         self.row_pos = [0] * slots                   # tokens each row's sequence holds (host bookkeeping)
-        self.row_tier = [self.tier] * slots          # the tier each row decodes at
         self.graphed = False
         if self.device.type == "cuda":
             start = time.perf_counter()
@@ -107,6 +106,11 @@ class SlotPool(SlotRows):
         self.captures = 0                              # prefill graphs captured so far
         if self.device.type == "cuda":
             self.warm_up()
+
+    @property
+    def row_tier(self) -> list:
+        """The tier each row decodes at (the decoder's own record, ``FastDecoder.row_tiers``)."""
+        return self.fd.row_tiers
 
     def _names(self) -> str:
         return "/".join(t.name for t in self.tiers)
@@ -202,7 +206,6 @@ class SlotPool(SlotRows):
             self.row_pos[i] = len(prompt)
             if self.row_tier[i] != tier:
                 self.fd.set_row_tier(i, tier)
-                self.row_tier[i] = tier
 
     # ---- prefill through the scratch cache ----------------------------------------------------------------
     def scratch(self, tier: Any = None) -> ESSHCache:
