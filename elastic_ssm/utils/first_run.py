@@ -20,7 +20,7 @@ from typing import Any
 __all__ = ["tuning_notice", "triton_cache_dir", "kernels_tuned"]
 
 log = logging.getLogger("elastic_ssm")
-_ANNOUNCED: list[bool] = []     # once per process
+_CHECKED: list[bool] = []       # the first CUDA prefill of the process was looked at (the cache is read once)
 
 
 def triton_cache_dir() -> Path:
@@ -43,10 +43,13 @@ def tuning_notice(device: Any, every: float = 10.0, cache: Path | None = None):
     """Around the first CUDA prefill of a process: the lines of the module docstring on a cold machine, else
     nothing. ``device``: a ``torch.device`` (or anything with ``.type``)."""
     cache = triton_cache_dir() if cache is None else cache
-    if getattr(device, "type", device) != "cuda" or _ANNOUNCED or kernels_tuned(cache):
+    if getattr(device, "type", device) != "cuda" or _CHECKED:
         yield
         return
-    _ANNOUNCED.append(True)
+    _CHECKED.append(True)
+    if kernels_tuned(cache):
+        yield
+        return
     log.warning("tuning kernels for this GPU (first run only, cached in %s): about a minute", cache)
     start, done = time.monotonic(), threading.Event()
 
@@ -56,14 +59,15 @@ def tuning_notice(device: Any, every: float = 10.0, cache: Path | None = None):
 
     ticker = threading.Thread(target=tick, name="elastic-ssm-tuning-notice", daemon=True)
     ticker.start()
+    finished = False
     try:
         yield
-    except BaseException:
+        finished = True
+    finally:
         done.set()
         ticker.join()
-        log.warning("kernel tuning stopped after %.0f s by an error", time.monotonic() - start)
-        raise
-    done.set()
-    ticker.join()
-    log.warning("kernels tuned in %.0f s; later runs on this machine read them from %s",
-                time.monotonic() - start, cache)
+        if finished:
+            log.warning("kernels tuned in %.0f s; later runs on this machine read them from %s",
+                        time.monotonic() - start, cache)
+        else:
+            log.warning("kernel tuning stopped after %.0f s by an error", time.monotonic() - start)

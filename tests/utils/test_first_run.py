@@ -14,7 +14,7 @@ CUDA = SimpleNamespace(type="cuda")
 
 @pytest.fixture(autouse=True)
 def _fresh_process(monkeypatch):
-    monkeypatch.setattr(first_run, "_ANNOUNCED", [])
+    monkeypatch.setattr(first_run, "_CHECKED", [])
 
 
 def test_a_cold_cache_says_what_happens_with_progress(tmp_path, caplog):
@@ -41,6 +41,8 @@ def test_warm_cache_cpu_and_the_default_dir_are_silent(tmp_path, caplog, monkeyp
             pass
         with first_run.tuning_notice(SimpleNamespace(type="cpu"), cache=tmp_path / "missing"):
             pass
+        with first_run.tuning_notice(CUDA, cache=tmp_path / "missing"):   # the cache is read once per process:
+            pass                                                           # later generate calls glob nothing
     assert not caplog.records
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     assert first_run.triton_cache_dir() == tmp_path
