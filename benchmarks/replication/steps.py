@@ -152,27 +152,25 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
 
     thread = threading.Thread(target=supervised, name=ctx.name, daemon=True)
     thread.start()
-    _CONCURRENT.append(thread)
-    _PRODUCES[thread] = {_fill(p, root, opts.run) for p in opts.outputs}
+    _CONCURRENT[thread] = {_fill(p, root, opts.run) for p in opts.outputs}
     ctx.log(f"  {ctx.name}: started alongside the next entries (the next report or pack entry waits for it)")
     return [started]
 
 
-#: concurrent steps started by this process and not yet waited for (``wait_concurrent``), and their outputs
-_CONCURRENT: list[threading.Thread] = []
-_PRODUCES: dict[threading.Thread, set[str]] = {}
+#: concurrent steps started by this process and not yet waited for (``wait_concurrent``) -> the paths they make,
+#: in the order they started
+_CONCURRENT: dict[threading.Thread, set[str]] = {}
 
 
 def _wait_for_producers(paths: list[str], log=None) -> bool:
     """Wait for the concurrent steps still running whose outputs include one of ``paths`` (a step that needs a
     concurrent step's result waits for that step only, not for the others); True when it waited for any."""
     waited = False
-    for thread in [t for t in _CONCURRENT if _PRODUCES.get(t, set()) & set(paths)]:
+    for thread, makes in [(t, m & set(paths)) for t, m in _CONCURRENT.items() if m & set(paths)]:
         if log and thread.is_alive():
-            log(f"  waiting for {thread.name}, which makes {sorted(_PRODUCES[thread] & set(paths))[0]}")
+            log(f"  waiting for {thread.name}, which makes {sorted(makes)[0]}")
         thread.join()
-        _CONCURRENT.remove(thread)
-        _PRODUCES.pop(thread, None)
+        del _CONCURRENT[thread]
         waited = True
     return waited
 
@@ -182,8 +180,8 @@ def wait_concurrent(log=None) -> int:
     returns before the suite's budget. The report and pack entries call it first. Returns how many it waited for."""
     n = 0
     while _CONCURRENT:
-        thread = _CONCURRENT.pop(0)
-        _PRODUCES.pop(thread, None)
+        thread = next(iter(_CONCURRENT))
+        del _CONCURRENT[thread]
         if log and thread.is_alive():
             log(f"  waiting for {thread.name}")
         thread.join()
