@@ -16,9 +16,11 @@ A run without records renders as "not run yet", so the page says what is missing
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
+
+from benchmarks.replication.claims import markdown_table as _table
+from benchmarks.replication.claims import read_csv as _rows
 
 __all__ = ["RENDER_EVALS", "PAPER_IMPORTANCE"]
 
@@ -26,18 +28,6 @@ __all__ = ["RENDER_EVALS", "PAPER_IMPORTANCE"]
 PAPER_IMPORTANCE = {"essh": (0.66, 0.82, 0.46, 0.64), "dense": (0.29, 0.29, 0.46, 0.36)}
 _MODEL = {"essh": "ESSH capacity-mixed + SR", "dense": "dense control (nothing nested)"}
 _MISSING = "not run yet (queue item 7)"
-
-
-def _rows(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
 def importance(records: Path) -> str:
@@ -59,7 +49,7 @@ def length(records: Path) -> str:
     lengths = {1024: "{model}-s0", 2048: "length-{model}-2048", 4096: "length-{model}-4096"}
     rows = []
     for model in PAPER_IMPORTANCE:
-        by_len = {L: {r["tier"]: float(r["bpb"]) for r in _rows(records / run.format(model=model) / "eval.csv")
+        by_len = {L: {r["tier"]: r["bpb"] for r in _rows(records / run.format(model=model) / "eval.csv")
                       if r["tier"][:1] == "T" and r["tier"][1:].isdigit()}       # the named tiers, not fractions
                   for L, run in lengths.items()}
         tiers = sorted({t for v in by_len.values() for t in v}, key=lambda t: int(t[1:]))

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.replication.claims import CLAIM1_GAPS, arm_of, base_of, collect_claim, read_jsonl, run_summary, seed_of
+from benchmarks.replication.claims import markdown_table as table
 from benchmarks.results_evals import RENDER_EVALS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,11 +76,6 @@ def cell(c: dict | None, fmt=f3) -> str:
     if c["n"] == 1:
         return f"{fmt(c['mean'])} (n=1)"
     return f"{fmt(c['mean'])} ({fmt(c['min'])} to {fmt(c['max'])}, n={c['n']})"
-
-
-def table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
 def _mean(v: list[float]) -> dict:

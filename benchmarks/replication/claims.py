@@ -41,8 +41,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["ROLES", "arm_of", "base_of", "collect_claim", "paired_gaps", "read_jsonl", "run_summary",
-           "seed_of", "seed_stats"]
+__all__ = ["ROLES", "arm_of", "base_of", "collect_claim", "paired_gaps", "read_jsonl", "read_csv", "markdown_table",
+           "run_summary", "seed_of", "seed_stats"]
 
 #: arm -> (label, role); a run folder is ``<arm>[-lr<lr>][-s<seed>]`` (``base_of``), as the suites in
 #: configs/bench/replication-*.yaml name them
@@ -92,7 +92,8 @@ def _role(name: str) -> str:
     return ROLES.get(base_of(name), ("", ""))[1]
 
 
-def _csv(path: Path) -> list[dict[str, Any]]:
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """The rows of a CSV record (none when it is absent), numbers as numbers ("tier" stays text)."""
     if not path.is_file():
         return []
     with open(path, newline="") as f:
@@ -105,6 +106,12 @@ def _csv(path: Path) -> list[dict[str, Any]]:
         except ValueError:
             out.append(dict(r))
     return out
+
+
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table of ``head`` and ``rows`` (cells already formatted), ending with a newline."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -198,7 +205,7 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
     if evals:
         last = max((r.get("stage") == "refine", r.get("step", 0)) for r in evals)
         out["last_validation"] = [r for r in evals if (r.get("stage") == "refine", r.get("step", 0)) == last]
-    out["eval"] = _csv(run_dir / "eval.csv")
+    out["eval"] = read_csv(run_dir / "eval.csv")
     return out
 
 
