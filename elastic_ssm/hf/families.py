@@ -72,8 +72,7 @@ class StepCache(_NoRollbackCache):
             c.keys = fn(c.keys.movedim(1, 0)).movedim(0, 1).contiguous()
             c.values = fn(c.values.movedim(1, 0)).movedim(0, 1).contiguous()
             c.positions = fn(c.positions)
-            if c.valid is not None:
-                c.valid, c.seen = fn(c.valid), fn(c.seen)
+            c.valid, c.seen = fn(c.valid), fn(c.seen)
         else:
             for s in c.layers.values():
                 s.buffer = fn(s.buffer)

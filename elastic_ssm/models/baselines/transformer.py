@@ -36,14 +36,14 @@ _FFN_OUT = r"blocks\.\d+\.ffn\.w_out\.weight"    # [D, F]: n_ff columns
 class KVCache:
     """Static cache: keys/values [N, B, H, L_max, hd]; ``positions`` [B] the next slot (device); ``valid``
     [B, L_max] the slots holding a real token (left padding is not attended) and ``seen`` [B] a row's real tokens so
-    far, the RoPE position of its next token (None in a cache built without them: every slot real)."""
+    far, the RoPE position of its next token."""
 
     keys: torch.Tensor
     values: torch.Tensor
     positions: torch.Tensor
     max_len: int
-    valid: torch.Tensor | None = None
-    seen: torch.Tensor | None = None
+    valid: torch.Tensor
+    seen: torch.Tensor
 
     def nbytes(self) -> dict[str, int]:
         kv = self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
@@ -137,10 +137,9 @@ class TransformerPP(ElasticModel):
             x = x + blk.ffn(blk.norm2(x), n_ff)
         if cache is not None:
             cache.positions.fill_(T)
-            if cache.valid is not None:
-                cache.valid.zero_()
-                cache.valid[:, :T] = True if attention_mask is None else attention_mask.bool()
-                cache.seen.copy_(cache.valid.sum(1))
+            cache.valid.zero_()
+            cache.valid[:, :T] = True if attention_mask is None else attention_mask.bool()
+            cache.seen.copy_(cache.valid.sum(1))
         return self.norm_f(x)
 
     def forward(self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
@@ -167,11 +166,8 @@ class TransformerPP(ElasticModel):
         B = tokens.shape[0]
         pos = cache.positions
         rows = torch.arange(B, device=tokens.device)
-        if cache.valid is None:                                           # every slot up to pos is a real token
-            allowed, rope = torch.arange(cache.max_len, device=tokens.device)[None] <= pos[:, None], pos   # [B, L]
-        else:
-            cache.valid[rows, pos] = True
-            allowed, rope = cache.valid, cache.seen
+        cache.valid[rows, pos] = True
+        allowed, rope = cache.valid, cache.seen                           # [B, L], [B]
         x = self.embed(tokens)[:, None]                                   # [B,1,D]
         for i, blk in enumerate(self.blocks):
             q, k, v = self._qkv(blk, x, rope[:, None])                    # [B,H,1,hd]
@@ -182,8 +178,7 @@ class TransformerPP(ElasticModel):
             x = x + linear(blk.out, o.to(x.dtype).transpose(1, 2).reshape(B, 1, -1))
             x = x + blk.ffn(blk.norm2(x))
         pos.add_(1)
-        if cache.seen is not None:
-            cache.seen.add_(1)
+        cache.seen.add_(1)
         return self._head(x)[:, 0]
 
 
