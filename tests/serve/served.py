@@ -5,6 +5,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,17 @@ def serve_process(model_dir, *flags: str):
             proc.kill()
             out, _ = proc.communicate()
         print(out)
+
+
+def run_to_completion(engine, requests, timeout: float) -> None:
+    """Queue every request before the engine's loop starts (so one admission round sees them all), start it, wait
+    until each request has a finish reason or ``timeout`` seconds passed, and shut the engine down."""
+    for r in requests:
+        engine.submit(r)
+    engine.start()
+    try:
+        deadline = time.time() + timeout
+        while any(r.finish_reason is None for r in requests) and time.time() < deadline:
+            time.sleep(0.02)
+    finally:
+        engine.shutdown()

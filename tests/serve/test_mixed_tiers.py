@@ -3,9 +3,8 @@ step, and every request's greedy text equals ``model.generate(..., tier=its tier
 leaving, left-padded batched prefills, and slots reused at another tier. The engine counts one decode step per
 token position, not one per tier."""
 
-import time
-
 import torch
+from served import run_to_completion
 
 from elastic_ssm.serve.engine import Engine, Request
 from elastic_ssm.serve.slots import SlotPool
@@ -82,15 +81,7 @@ def test_engine_serves_three_tiers_in_one_step_per_token_position(tiny):
     n, reqs = 6, _requests(6)
     eng = Engine(tiny, list(TIERS), slots=8, tokenizer=tiny.tokenizer, prefill_wait_ms=0)
     live = [Request(tier=t, prompt=p, max_tokens=n, temperature=0) for p, t in reqs]
-    for r in live:
-        eng.submit(r)
-    eng.start()
-    try:
-        deadline = time.time() + 60
-        while any(r.finish_reason is None for r in live) and time.time() < deadline:
-            time.sleep(0.02)
-    finally:
-        eng.shutdown()
+    run_to_completion(eng, live, timeout=60)
     assert [r.finish_reason for r in live] == ["length"] * len(live)
     assert [r.tokens for r in live] == [_alone(tiny, p, t, n) for p, t in reqs]
     assert eng.counters()["decode_steps"] == n          # six rows at three tiers: one step per position

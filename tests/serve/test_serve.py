@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from served import run_to_completion
 
 import elastic_ssm as es
 from elastic_ssm import data
@@ -530,15 +531,7 @@ def test_engine_prefills_a_burst_in_groups_of_max_prefill_and_matches_generate(t
     groups, admit_many = [], pool.admit_many
     pool.admit_many = lambda owners, ps, tier=None: groups.append(len(ps)) or admit_many(owners, ps, tier)
     reqs = [Request(tier="T4", prompt=p, max_tokens=n, temperature=0.0) for p in prompts]
-    for r in reqs:                      # all queued before the loop starts: one admission round takes them all
-        eng.submit(r)
-    eng.start()
-    try:
-        deadline = time.time() + 30
-        while any(r.finish_reason is None for r in reqs) and time.time() < deadline:
-            time.sleep(0.02)
-    finally:
-        eng.shutdown()
+    run_to_completion(eng, reqs, timeout=30)     # all queued before the loop starts: one admission round
     assert groups == [3, 3]             # and the seventh alone (SlotPool.admit)
     assert [r.tokens for r in reqs] == ref and {r.finish_reason for r in reqs} == {"length"}
     with pytest.raises(ValueError, match="max_prefill"):
