@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
-from elastic_ssm.config import ConfigBase, ConfigError, opt
+from elastic_ssm.config import ConfigBase, opt
+from elastic_ssm.config.base import AtLeast1, NonNeg
 
 __all__ = ["top_kernels", "ProfileOptions", "run_profile"]
 
@@ -39,27 +41,20 @@ def top_kernels(fn: Callable[[], object], n: int = 15, log: Callable[[str], None
 class ProfileOptions(ConfigBase):
     """One workload timed (CUDA events, median) and profiled (top kernels by device time), random weights."""
 
-    workload: str = opt("prefill", "prefill (batch 1, `length` tokens), train (one fused-AdamW step, bf16 "
-                                   "autocast), decode (graph FastDecoder step after a `length` context)")
+    workload: Literal["prefill", "train", "decode"] = opt(
+        "prefill", "prefill (batch 1, `length` tokens), train (one fused-AdamW step, bf16 autocast), decode (graph "
+                   "FastDecoder step after a `length` context)")
     preset: str = opt("1.5b", "ESSH preset")
     tier: str = opt("T10", "tier (prefill, decode)")
-    length: int = opt(2048, "prompt length (prefill), context (decode), sequence length (train)")
-    batch: int = opt(1, "batch (train: micro-batch, decode: sequences)")
+    length: AtLeast1 = opt(2048, "prompt length (prefill), context (decode), sequence length (train)")
+    batch: AtLeast1 = opt(1, "batch (train: micro-batch, decode: sequences)")
     compile: bool = opt(False, "compile_model first (prefill, train; the loss too)")
     compile_mode: str = opt("default", "torch.compile mode with compile (reduce-overhead: CUDA graphs)")
-    out_layout: str = opt("auto", "decode: FastDecoder out_layout (auto, split, rows)")
-    pdl: str = opt("auto", "decode: programmatic dependent launch (auto, on, off)")
-    warmup: int = opt(2, "untimed calls (absorb compilation and autotuning)")
-    iters: int = opt(5, "timed calls (median)")
-    top: int = opt(15, "kernels listed from one profiled call (0: timing only)")
-
-    def validate(self) -> None:
-        if self.workload not in ("prefill", "train", "decode"):
-            raise ConfigError(f"ProfileOptions.workload must be prefill, train or decode, got {self.workload!r}")
-        if self.out_layout not in ("auto", "split", "rows") or self.pdl not in ("auto", "on", "off"):
-            raise ConfigError("ProfileOptions: out_layout is auto/split/rows and pdl auto/on/off")
-        if min(self.length, self.batch, self.iters) < 1 or self.warmup < 0 or self.top < 0:
-            raise ConfigError("ProfileOptions: length, batch and iters must be >= 1, warmup and top >= 0")
+    out_layout: Literal["auto", "split", "rows"] = opt("auto", "decode: FastDecoder out_layout (auto, split, rows)")
+    pdl: Literal["auto", "on", "off"] = opt("auto", "decode: programmatic dependent launch (auto, on, off)")
+    warmup: NonNeg = opt(2, "untimed calls (absorb compilation and autotuning)")
+    iters: AtLeast1 = opt(5, "timed calls (median)")
+    top: NonNeg = opt(15, "kernels listed from one profiled call (0: timing only)")
 
 
 def _workload(opts: ProfileOptions, dev: torch.device):

@@ -15,6 +15,9 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
+
+from annotated_types import Gt, Interval
 
 from elastic_ssm.config import ConfigBase, ConfigError, opt
 
@@ -36,24 +39,21 @@ _HEAVY_DIRS = {"final", "exports"}
 class ReplicationStateOptions(ConfigBase):
     """Restore the carried state at the start of a call, or pack it for the next call at its end."""
 
-    action: str = opt("pack", "'restore' (first entry of a suite), 'wait' (for the concurrent steps started so far, "
-                              "before steps that need their outputs) or 'pack' (last entry)")
+    action: Literal["restore", "wait", "pack"] = opt(
+        "pack", "'restore' (first entry of a suite), 'wait' (for the concurrent steps started so far, before steps "
+                "that need their outputs) or 'pack' (last entry)")
     root: str = opt("runs/replication", "the state folder")
     carry: str = opt("runs/carry", "restore: the carried folder holding replication-state.json and its parts")
     records: str = opt("docs/results/records", "restore: committed run records added where the state lacks them "
                                                "('' : none)")
     dest: str = opt("$OUT", "pack: where the state goes (environment variables expanded; when that is unset, "
                             "<root>/../carry-out)")
-    max_mib: float = opt(44.0, "pack: the state's size limit (a checkpoint is included only below it)")
-    part_mib: float = opt(15.0, "pack: the largest part file (a device call returns files of at most 16 MiB)")
+    max_mib: Annotated[float, Gt(0)] = opt(44.0, "pack: the state's size limit (a checkpoint is included only "
+                                                 "below it)")
+    part_mib: Annotated[float, Interval(gt=0, le=16)] = opt(15.0, "pack: the largest part file (a device call "
+                                                                  "returns files of at most 16 MiB)")
     publish: tuple[str, ...] = opt((), "pack: files under root copied beside the state (e.g. results/claim1.json)")
 
-    def validate(self) -> None:
-        if self.action not in ("restore", "pack", "wait"):
-            raise ConfigError(f"ReplicationStateOptions.action must be 'restore', 'wait' or 'pack', got "
-                              f"{self.action!r}")
-        if not 0 < self.part_mib <= 16 or self.max_mib <= 0:
-            raise ConfigError("ReplicationStateOptions: part_mib must be in (0, 16] and max_mib > 0")
 
 
 def _light_files(root: Path) -> list[Path]:
