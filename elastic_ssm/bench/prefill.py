@@ -95,7 +95,8 @@ class SessionPrefillOptions(ConfigBase):
 
 
 def run_session_prefill(opts: SessionPrefillOptions, ctx) -> list[dict]:
-    """Rows ``{"backend", "compiled", "length", "first_call_s", "ms", "ktok_s"}``."""
+    """Rows ``{"backend", "compiled", "length", "first_call_s", "ms", "ktok_s", "generate_1_ms"}``
+    (``generate_1_ms``: the median wall of ``model.generate(prompt, 1)``, the user's call around this prefill)."""
     from ..config import ESSHConfig
     from ..models import compile_model
     from ..models.decode_engine import FusedSession
@@ -123,6 +124,8 @@ def run_session_prefill(opts: SessionPrefillOptions, ctx) -> list[dict]:
                     row["first_call_s"] = wall_ms(call, dev) / 1e3
                     row["ms"] = summarize(time_fn(call, 0, opts.repeats, dev))["ms"]
                     row["ktok_s"] = T / row["ms"]
+                    gen = lambda x=ids: model.generate(x, 1, tier=opts.tier)
+                    row["generate_1_ms"] = summarize(time_fn(gen, 0, opts.repeats, dev))["ms"]
                 ctx.log(f"  prefill {opts.preset} {opts.tier} {backend} compiled={opts.compile} T={T}: {row}")
                 rows.append(row)
                 model.clear_decoders()

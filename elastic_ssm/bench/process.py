@@ -48,6 +48,8 @@ class FirstTokenOptions(ConfigBase):
                                 "its autotuning)")
     cli_tokens: NonNeg = opt(0, "then `elastic-ssm generate` end to end: prompt of `prompt` characters, this many "
                              "greedy tokens (0: not run)")
+    compile: bool = opt(False, "the children call compile_model before the first prefill (the compiled trunk's "
+                               "graph; later children find the compile caches on disk)")
     device: str = opt("cuda", "device of the children")
     timeout_s: float = opt(600.0, "limit of one child")
 
@@ -82,6 +84,7 @@ class ChildOptions:
     prompt: int = opt(2048, "prompt tokens")
     device: str = opt("cuda", "where the model runs")
     cprofile: str = opt("", "write a cProfile of the prefill here")
+    compile: bool = opt(False, "compile_model after loading")
     spawned_at: float | None = opt(None, "time.time() when the parent started us")
 
 
@@ -114,7 +117,7 @@ def run_first_token(opts: FirstTokenOptions, ctx) -> list[dict]:
         rows.append({"probe": "import fla", "run": i + 1, **_child(ChildOptions(mode="import-fla"), ctx, {},
                                                                    opts.timeout_s, "children.log")})
         ctx.log(f"  {rows[-1]}")
-    base = ChildOptions(model=str(d), tier=opts.tier, prompt=opts.prompt, device=opts.device)
+    base = ChildOptions(model=str(d), tier=opts.tier, prompt=opts.prompt, device=opts.device, compile=opts.compile)
     n = 0
     for i in range(opts.runs):
         for backend in opts.scan_backends:
@@ -123,7 +126,8 @@ def run_first_token(opts: FirstTokenOptions, ctx) -> list[dict]:
                 continue
             env = {} if backend == "auto" else {"ELASTIC_SSM_SCAN_BACKEND": backend}
             res = _child(base, ctx, env, opts.timeout_s, "children.log")
-            rows.append({"probe": "first token", "run": i + 1, "backend": backend, "warm": n > 0, **res})
+            rows.append({"probe": "first token", "run": i + 1, "backend": backend, "warm": n > 0,
+                         "compiled": opts.compile, **res})
             n += 1
             ctx.log(f"  {rows[-1]}")
     if opts.cprofile:
@@ -157,6 +161,8 @@ def _first_token_child(a: ChildOptions) -> dict:
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     t_imp = time.time()
     m = es.ESSH.from_pretrained(a.model, tier=a.tier, device=a.device, dtype=torch.bfloat16)
+    if a.compile:
+        es.compile_model(m)
     sync()
     t_load = time.time()
     ids = torch.randint(0, m.config.vocab_size, (1, a.prompt), device=a.device)
