@@ -44,8 +44,8 @@ class FirstTokenOptions(ConfigBase):
         ("auto",), "ELASTIC_SSM_SCAN_BACKEND of the children: auto (as the environment says), fla, torch; runs cycle "
         "through them")
     import_fla: NonNeg = opt(0, "children that only import fla first (startup and fla import seconds)")
-    cprofile: bool = opt(False, "one more child with its prefill under cProfile (profile.txt; Triton prints "
-                                "its autotuning)")
+    cprofile: bool = opt(False, "one more child with its load, decoder build and first prefill under cProfile "
+                                "(profile.txt; Triton prints its autotuning)")
     cli_tokens: NonNeg = opt(0, "then `elastic-ssm generate` end to end: prompt of `prompt` characters, this many "
                              "greedy tokens (0: not run)")
     compile: bool = opt(False, "the children call compile_model before the first prefill (the compiled trunk's "
@@ -160,6 +160,12 @@ def _first_token_child(a: ChildOptions) -> dict:
 
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     t_imp = time.time()
+    prof = None
+    if a.cprofile:                               # load, decoder build and first prefill under cProfile
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     m = es.ESSH.from_pretrained(a.model, tier=a.tier, device=a.device, dtype=torch.bfloat16)
     if a.compile:
         es.compile_model(m)
@@ -170,21 +176,18 @@ def _first_token_child(a: ChildOptions) -> dict:
     sync()
     t_dec = time.time()
     with torch.inference_mode():
-        if a.cprofile:
-            import cProfile
-            import io
-            import pstats
-
-            prof = cProfile.Profile()
-            prof.runcall(lambda: (s.prefill(ids, None).argmax(-1), sync()))
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("cumtime").print_stats(30)
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
-            Path(a.cprofile).write_text(buf.getvalue())
-        else:
-            s.prefill(ids, None).argmax(-1)
+        s.prefill(ids, None).argmax(-1)
     sync()
     t_pre = time.time()
+    if prof is not None:
+        import io
+        import pstats
+
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumtime").print_stats(60)
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+        Path(a.cprofile).write_text(buf.getvalue())
     m.generate(ids, 1)
     sync()
     return {"import_s": t_imp - a.spawned_at, "load_s": t_load - t_imp, "decoder_s": t_dec - t_load,

@@ -51,8 +51,12 @@ def prefix(t: torch.Tensor, n: int, dim: int = 0) -> torch.Tensor:
 
 def empty_linear(d_in: int, d_out: int) -> nn.Linear:
     """An ``nn.Linear(d_in, d_out, bias=False)`` (weight [d_out, d_in]) on the current default device, built on the
-    meta device (no random draw spent) and left to the owning layer's ``reset_parameters``."""
-    return nn.Linear(d_in, d_out, bias=False, device="meta").to_empty(device=torch.empty(0).device)
+    meta device (no random draw spent) and left to the owning layer's ``reset_parameters``. The weight is a plain
+    ``torch.empty`` rather than ``to_empty``: on the meta device (``from_pretrained``) the latter's ``empty_like``
+    imports torch's symbolic-shapes machinery, ~0.3 s of a fresh process's load."""
+    linear = nn.Linear(d_in, d_out, bias=False, device="meta")
+    linear.weight = nn.Parameter(torch.empty(d_out, d_in))
+    return linear
 
 
 def is_plain_linear(module: nn.Module) -> bool:

@@ -116,6 +116,8 @@ class ElasticModel(nn.Module):
     config_class: ClassVar[type[ConfigBase]]
     #: state-dict names (regex) kept in float32 when loading with a lower ``dtype`` (modal tables, filters)
     keep_fp32: ClassVar[str] = r"$^"
+    #: its prefill scans with fla's kernels on CUDA: ``from_pretrained(device="cuda")`` starts importing fla early
+    scans_with_fla: ClassVar[bool] = False
 
     def __init__(self, config: ConfigBase) -> None:
         super().__init__()
@@ -284,6 +286,10 @@ class ElasticModel(nn.Module):
             rules, full = cls.slice_rules(config, t), cls.slice_rules(config, tiers_mod.resolve_tier(config, None))
             source = {"parent": str(path), "tier": t.name, "parent_config": config.to_dict()}
             config = cls.tier_config(config, t)
+        if cls.scans_with_fla and torch.device(device).type == "cuda":
+            from ..ops.dispatch import import_fla_in_background
+
+            import_fla_in_background()          # overlaps the load and the decoder build (first prefill)
         with torch.device("meta"):
             model = cls(config)
         try:

@@ -10,6 +10,7 @@ spans. Memory and rules: docs/performance.md, "``generate`` is fast by default".
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from collections import OrderedDict
@@ -64,6 +65,19 @@ def _describe(module: torch.nn.Module) -> str:
     return kind if not isinstance(w, torch.Tensor) else f"{kind} with a {type(w.data).__qualname__} weight"
 
 
+def _normal_tensors(fn):
+    """Run ``fn`` with inference mode off and gradients off: what a pooled decoder or prefill graph allocates is an
+    ordinary tensor, so a ``generate`` under ``torch.inference_mode`` and a later one outside it share the pool (an
+    inference tensor refuses the in-place writes of the second). ``inference_mode(False)`` alone turns gradient
+    recording back on, hence the ``no_grad``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with torch.inference_mode(False), torch.no_grad():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
 class DecoderPool:
     """Least-recently-used pool of ``FastDecoder``s of one model, keyed by (tier, bucket, cache dtypes)."""
 
@@ -78,9 +92,11 @@ class DecoderPool:
         self.captures = 0                     # graphs captured so far (tests check reuse with it)
         self.eager_graphs = True              # graphs of an eager model's prefill (off after a capture fails)
 
+    @_normal_tensors
     def get(self, tier: Any, batch: int, state_dtype: torch.dtype | None = None,
             kv_dtype: torch.dtype | None = None) -> FastDecoder:
-        """The decoder serving ``batch`` rows at ``tier`` (built and captured on first use)."""
+        """The decoder serving ``batch`` rows at ``tier`` (built and captured on first use, outside inference
+        mode: its buffers are updated in place by later calls, which may run outside ``torch.inference_mode``)."""
         model = self._model()
         t = model.resolve_tier(tier)
         sig = _weights_signature(model)
@@ -111,8 +127,10 @@ class DecoderPool:
                 del self._prefills[k]
         return fd
 
+    @_normal_tensors
     def prefill_graph(self, fd: FastDecoder, length: int, padded: bool, graph: bool = True) -> PrefillGraph:
-        """The prefill graph of decoder ``fd`` for prompts of ``length`` tokens (captured on first use)."""
+        """The prefill graph of decoder ``fd`` for prompts of ``length`` tokens (captured on first use, outside
+        inference mode as ``get``)."""
         key = (id(fd), length, padded)
         pg = self._prefills.get(key)
         if pg is not None and pg.cache is fd.cache:

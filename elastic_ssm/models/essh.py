@@ -72,6 +72,7 @@ class ESSH(GenerationMixin, ElasticModel):
     arch = "essh"
     config_class = ESSHConfig
     keep_fp32 = r"blocks\.\d+\.mixer\.(gate_bias|rho_raw|theta|kc|ks|a|beta)"
+    scans_with_fla = True
 
     def __init__(self, config: ESSHConfig) -> None:
         super().__init__(config)

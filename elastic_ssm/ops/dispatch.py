@@ -10,8 +10,10 @@ module import. Traceable by ``torch.compile`` once ``prepare_compile()`` has run
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
+import threading
 
 import torch
 
@@ -33,16 +35,33 @@ def persist_autotuning() -> None:
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 
+_FLA_LOCK = threading.Lock()   # one import of fla at a time: a caller waits for the background one to end
+
+
 def fla_available() -> bool:
     """True when ``fla.ops.gla`` (fla-core, with triton) can be imported (checked once per process)."""
     if not _FLA_OK:
-        persist_autotuning()
-        try:
-            importlib.import_module("fla.ops.gla")
-            _FLA_OK.append(True)
-        except Exception:  # ImportError, or triton failing to initialise without a driver
-            _FLA_OK.append(False)
+        with _FLA_LOCK:
+            if not _FLA_OK:
+                persist_autotuning()
+                try:
+                    importlib.import_module("fla.ops.gla")
+                    _FLA_OK.append(True)
+                except Exception:  # ImportError, or triton failing to initialise without a driver
+                    _FLA_OK.append(False)
     return _FLA_OK[0]
+
+
+def import_fla_in_background() -> None:
+    """Start importing fla (and triton) on a daemon thread when a CUDA model that will scan with it is being
+    loaded: the ~1-2 s import overlaps the weights' load and the decoder's build instead of delaying the first
+    prefill, whose ``fla_available()`` then waits only for what is left of it. Nothing happens when the
+    environment chooses another backend, when the check already ran, or when fla is not installed."""
+    if _FLA_OK or _FLA_LOCK.locked() or os.environ.get(ENV_VAR, "").strip().lower() not in ("", "auto", "fla"):
+        return
+    if importlib.util.find_spec("fla") is None:
+        return
+    threading.Thread(target=fla_available, name="elastic-ssm-import-fla", daemon=True).start()
 
 
 def prepare_compile() -> None:

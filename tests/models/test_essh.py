@@ -165,6 +165,22 @@ def test_generate_streams_and_samples(tiny):
     assert torch.equal(greedy, cur)
 
 
+def test_generate_under_inference_mode_then_outside(tiny):
+    """The pooled decoder built by a generate under torch.inference_mode serves a later generate outside it (its
+    buffers are ordinary tensors, written in place by both), and the other way round."""
+    from elastic_ssm.models.decode_engine import decoder_pool
+
+    decoder_pool(tiny).clear()
+    x = torch.randint(0, tiny.config.vocab_size, (2, 7))
+    with torch.inference_mode():
+        first = tiny.generate(x, 5, tier="T3", temperature=0)
+    outside = tiny.generate(x, 5, tier="T3", temperature=0)
+    with torch.inference_mode():
+        inside = tiny.generate(x, 5, tier="T3", temperature=0)
+    assert torch.equal(first, outside) and torch.equal(first, inside)
+    assert not outside.requires_grad and torch.is_grad_enabled()
+
+
 def test_bad_input(tiny):
     with pytest.raises(ValueError, match="vocab_size"):
         tiny(torch.tensor([[0, 999]]))

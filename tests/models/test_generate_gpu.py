@@ -134,3 +134,17 @@ def test_eager_model_prefills_from_a_graph_up_to_graph_tokens(fp32):
     assert torch.equal(fp32.generate(long, 6, tier="T10"),
                        fp32.generate(long, 6, tier="T10", fast=False, kv_dtype=torch.bfloat16))
     assert len(pool._prefills) == 1                                     # 2 x 2048 > GRAPH_TOKENS: eager
+
+
+def test_generate_under_inference_mode_then_outside_keeps_its_graphs(fp32):
+    """A pool built under ``torch.inference_mode`` (decoder, prefill graph) serves a later ``generate`` outside it:
+    same tokens, the prefill still replayed from its graph (no fallback to eager)."""
+    pool = decoder_pool(fp32)
+    pool.clear()
+    ids = torch.randint(0, 256, (1, 200), device=DEV)
+    with torch.inference_mode():
+        first = fp32.generate(ids, 8, tier="T10")
+    again = fp32.generate(ids, 8, tier="T10")
+    assert torch.equal(first, again)
+    assert pool.eager_graphs and len(pool._prefills) == 1 and next(iter(pool._prefills.values())).graphed
+    assert not again.is_inference()

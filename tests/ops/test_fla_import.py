@@ -1,0 +1,61 @@
+"""``ops.dispatch``: fla is imported once per process, and ``import_fla_in_background`` (started by
+``from_pretrained(device="cuda")`` for ESSH) overlaps that import with loading; a later ``fla_available()`` waits
+for it. A stand-in ``fla`` package on ``sys.path`` counts its imports and takes a while to import."""
+
+import sys
+import threading
+
+import pytest
+
+from elastic_ssm.ops import dispatch
+
+
+@pytest.fixture
+def fake_fla(tmp_path, monkeypatch):
+    pkg = tmp_path / "fla"
+    (pkg / "ops").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops" / "__init__.py").write_text("")
+    (pkg / "ops" / "gla.py").write_text("import time\nimport builtins\ntime.sleep(0.3)\n"
+                                        "builtins._fake_fla_imports = getattr(builtins, '_fake_fla_imports', 0) + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(dispatch, "_FLA_OK", [])
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    import builtins
+    monkeypatch.setattr(builtins, "_fake_fla_imports", 0, raising=False)
+    yield builtins
+    for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
+        del sys.modules[name]
+
+
+def _import_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "elastic-ssm-import-fla"]
+
+
+def test_background_import_runs_once_and_the_check_waits_for_it(fake_fla):
+    dispatch.import_fla_in_background()
+    threads = _import_threads()
+    assert len(threads) == 1
+    dispatch.import_fla_in_background()             # a second call while it runs starts nothing
+    assert len(_import_threads()) <= 1
+    assert dispatch.fla_available() is True         # waits for the thread's import, does not import again
+    assert fake_fla._fake_fla_imports == 1
+    threads[0].join(5)
+    dispatch.import_fla_in_background()             # already checked: nothing
+    assert not _import_threads() and fake_fla._fake_fla_imports == 1
+
+
+def test_no_background_import_when_the_environment_picks_torch(fake_fla, monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    dispatch.import_fla_in_background()
+    assert not _import_threads() and dispatch._FLA_OK == []
+
+
+def test_no_background_import_without_fla(monkeypatch):
+    monkeypatch.setattr(dispatch, "_FLA_OK", [])
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    monkeypatch.setattr(dispatch.importlib.util, "find_spec", lambda name: None)
+    dispatch.import_fla_in_background()
+    assert not _import_threads() and dispatch._FLA_OK == []
