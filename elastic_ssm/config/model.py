@@ -1,11 +1,7 @@
-"""What every model config declares: its tiers, their exact counts, and the registry of architectures.
-
-``ModelConfig`` is the base of the model configs; a subclass with its own ``arch`` registers itself
-(``model_configs()``) and states its arithmetic as methods (``tier_table``, ``parse_tier``, ``tier_parameters``
-Eq. 25 / Table 4, ``tier_state`` C.5 / Table 53, ``tier_flops``, ``standalone_config``, ``specialist_config``,
-``default_recipe``, ``max_seq_len``), so adding an architecture touches one config module (plus its model folder).
-``FractionTierConfig``: what ESSH and the Transformer++ baselines share (tiers ``T1..Tn`` over ``tier_xi``, any
-capacity fraction in (0, 1] through Eq. 7)."""
+"""``ModelConfig``: what an architecture declares (tier table, ``parse_tier``, exact counts: ``tier_parameters``
+Eq. 25 / Table 4, ``tier_state`` C.5 / Table 53, ``tier_flops``; standalone and specialist configs, recipes); a
+subclass with an ``arch`` registers itself (``model_configs()``). ``FractionTierConfig``: tiers ``T1..Tn`` over
+``tier_xi`` and any capacity fraction in (0, 1] through Eq. 7 (ESSH and the Transformer++ baselines)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""A whole run in one YAML file: ``model`` (ESSH, ES-SSM or a baseline), ``train`` and ``data`` sections.
-
-Example (``configs/quickstart.yaml``)::
-
-    model: {arch: essh, preset: small}
-    train: {steps: 300, micro_batch_size: 8, seq_len: 256, optim: {lr: 3e-3}}
-    data:  {source: stdlib, tokenizer: bytes}
-
-The ``arch`` key picks the model class (``model_configs()``); the CLI applies ``--model.<field>``,
-``--train.<section>.<field>`` and ``--data.<field>`` overrides. Torch-free."""
+"""A whole run in one YAML file: ``model`` (``arch`` picks the class of ``model_configs()``), ``train`` and ``data``
+sections (``configs/quickstart.yaml``); the CLI applies ``--model.<field>``, ``--train.<section>.<field>`` and
+``--data.<field>`` overrides. Torch-free."""
 
 from __future__ import annotations
 
@@ -16,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import ConfigBase, ConfigError, NonNeg, opt, read_yaml_file, section
+from .base import ConfigBase, ConfigError, NonBlank, NonNeg, opt, read_yaml_file, section
 from .essh import ESSHConfig
 from .model import ModelConfig, TierLike, model_configs, tier_word
 from .train import TrainConfig
@@ -31,20 +24,15 @@ _CHOICE_KEYS = frozenset({"arch", "preset", "tier_config"})
 class DataConfig(ConfigBase):
     """Where tokens come from (``elastic_ssm.data``)."""
 
-    source: str = opt("stdlib", "'stdlib' (embedded default), a text/JSONL/Parquet file or folder, a prepared "
+    source: NonBlank = opt("stdlib", "'stdlib' (embedded default), a text/JSONL/Parquet file or folder, a prepared "
                                 "*.bin token file, 'hf:<name>[:<config>][:<split>]', or a synthetic recall task "
                                 "'synthetic:mqar[:num_pairs=16,...]' / 'synthetic:palindrome' (ESSH Appendix I)")
     val_source: str = opt("", "validation source ('' = the validation split of `source`)")
-    tokenizer: str = opt("bytes", "'bytes', a tokenizer.json, or a tokenizer folder (tokenizer.json + "
+    tokenizer: NonBlank = opt("bytes", "'bytes', a tokenizer.json, or a tokenizer folder (tokenizer.json + "
                                   "tokenizer_config.json, e.g. a downloaded GPT-2 or Llama tokenizer); the "
                                   "model's vocab_size is taken from it and it is saved with every checkpoint")
-    text_field: str = opt("text", "JSONL/Parquet/HF field holding the document text")
+    text_field: NonBlank = opt("text", "JSONL/Parquet/HF field holding the document text")
     max_train_bytes: NonNeg = opt(0, "cap on the in-memory training text in bytes (0 = no cap)")
-
-    def validate(self) -> None:
-        for name in ("source", "tokenizer", "text_field"):
-            if not getattr(self, name).strip():
-                raise ConfigError(f"DataConfig.{name} is empty; give a value (see --help, data.{name})")
 
 
 @dataclass(kw_only=True)

@@ -1,21 +1,9 @@
-"""Document sources: the embedded stdlib corpus, text / JSONL / Parquet files and folders, and HF datasets.
-
-``iter_documents(source, split=None)`` streams documents (``bytes`` or ``str``) one at a time, so no
-source is ever held in memory as a whole. ``source`` is one of
-
-* ``"stdlib"``: the Python standard library's own ``.py`` files (no download; see ``stdlib_files``);
-* ``"pysrc"`` / ``"pysrc:<root>[,<root>...]"``: every ``.py`` file of the stdlib and site-packages, or of
-  the given folders, deduplicated by content (``pysrc.py``);
-* a text file (``.txt``, ``.md``, ``.py``, ... optionally ``.gz``): one document per file;
-* a ``.jsonl`` / ``.jsonl.gz`` file: one document per line, taken from the ``text_field`` key;
-* a ``.parquet`` file: one document per row of the ``text_field`` column, read batch by batch;
-* a folder: all of the above found recursively, in sorted relative-path order (hidden entries skipped);
-* ``"hf:<name>[:<config>][:<split>]"``: a Hugging Face dataset, streamed (needs ``datasets``).
-
-Splits (``"train"`` / ``"validation"``) are deterministic: folders (and the stdlib) are split BY FILE on
-a stable hash of the relative path (``split_by_path``), JSONL/Parquet files by a hash of the row index,
-and a single text file by its last ``val_fraction`` of bytes (cut at a line break).
-"""
+"""Document sources (docs/data.md): ``iter_documents(source, split=None)`` streams documents (``bytes`` or ``str``)
+one at a time from ``"stdlib"`` (the standard library's ``.py`` files), ``"pysrc[:<roots>]"`` (``pysrc.py``), a
+text file (one document; ``.gz`` too), ``.jsonl`` (a line's ``text_field``), ``.parquet`` (a row's ``text_field``),
+a folder (all of these, sorted, hidden entries skipped) or ``"hf:<name>[:<config>][:<split>]"`` (streamed).
+Splits are deterministic: folders and the stdlib by file (``split_by_path``), JSONL / Parquet by a hash of the
+row index, a single text file by its last ``val_fraction`` of bytes (cut at a line break)."""
 
 from __future__ import annotations
 

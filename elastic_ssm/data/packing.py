@@ -1,17 +1,10 @@
-"""Packing token streams into fixed-length training windows, with resumable shuffled batching.
+"""Token streams packed into training windows, with resumable shuffled batching.
 
-Documents are tokenized and concatenated into one flat stream with the tokenizer's SEP id after every
-document: ``d0 SEP d1 SEP d2 SEP``. The stream of N tokens is read as windows of L + 1 tokens,
-window ``i`` = ``stream[i*stride : i*stride + L + 1]``; the model input is ``w[:-1]`` and the next-token
-labels are ``w[1:]``, both ``[L]``. Training uses ``stride = L`` (every token after the first is a target
-exactly once per epoch); ``evaluation_batches`` defaults to ``stride = L + 1``, the non-overlapping
-``L + 1``-token windows of the ESSH paper's evaluation protocol (Appendix E).
-
-``PackedBatches`` shuffles window indices with a permutation fixed by ``(seed, epoch)``, shards every
-global batch of ``B * world_size`` windows into disjoint per-rank blocks, and records its position as
-``(epoch, windows consumed)`` so ``load_state_dict`` resumes at exactly the next batch, even with a
-different ``world_size`` as long as the global batch divides the consumed count.
-"""
+The stream is ``d0 SEP d1 SEP ...``; window ``i`` = ``stream[i*stride : i*stride + L + 1]``, input ``w[:-1]`` and
+labels ``w[1:]`` ([L] each). Training uses ``stride = L``; ``evaluation_batches`` the non-overlapping ``L + 1``
+windows of the ESSH evaluation (Appendix E). ``PackedBatches`` permutes windows by ``(seed, epoch)``, shards each
+global batch of ``B * world_size`` windows into per-rank blocks and resumes at the next batch (``state_dict``),
+also on another ``world_size`` when the global batch divides the consumed count."""
 
 from __future__ import annotations
 

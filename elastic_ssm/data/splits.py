@@ -1,10 +1,5 @@
-"""Train / validation splits by file, and the standard library's file list they split.
-
-``split_by_path`` puts a file into validation when a stable hash (sha256) of its relative path is below the
-validation fraction, so a file's side never depends on which other files exist (beyond a minimum count). The
-stdlib corpus (``stdlib_split_files``), folders (``corpora.iter_documents``) and ``pysrc`` manifests all split
-this way.
-"""
+"""Train / validation splits by file (a file is in validation when the sha256 of its relative path is below the
+fraction, whatever other files exist), and the standard library's file list they split."""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
-"""Synthetic recall tasks of the ESSH paper's Appendix I: MQAR and palindrome completion.
+"""Synthetic recall tasks of the ESSH paper's Appendix I, as ``(input_ids [N, L], labels [N, L])`` int64 (labels
+``IGNORE`` = -100 where not scored), seeded; ``synthetic_batches``' batch ``s`` depends only on ``(seed, s)``.
 
-Every generator returns ``(input_ids [N, L], labels [N, L])`` int64 tensors: ``labels[:, t]`` is the target of
-position ``t``, ``IGNORE`` (-100) where not scored. Generation is seeded (``numpy.random.default_rng(seed)``);
-``synthetic_batches`` yields an endless stream in which batch ``s`` depends only on ``(seed, s)`` (no resume state).
-
-MQAR (Arora et al., 2024; ESSH Tables 21-22): ``num_pairs`` key-value bigrams ``k1 v1 k2 v2 ...`` (keys from
-the lower half of the vocabulary, distinct; values from the upper half), then filler (id 0) in which
-``num_queries`` keys reappear, each followed by its value; only those values are scored.
-Palindrome (ESSH Table 23): ``n = L // 2`` random symbols, a separator, the symbols reversed (scored).
-Token ids: 0 pad, 1 separator, symbols from 2.
-"""
+MQAR (Arora et al., 2024; Tables 21-22): ``num_pairs`` bigrams ``k1 v1 k2 v2 ...`` (distinct keys from the lower half
+of the vocabulary, values from the upper half), then filler (id 0) in which ``num_queries`` keys reappear, each
+followed by its (scored) value. Palindrome (Table 23): ``L // 2`` symbols (ids from 2), a separator (1), the symbols
+reversed (scored)."""
 
 from __future__ import annotations
 

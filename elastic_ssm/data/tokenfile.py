@@ -1,12 +1,7 @@
-"""Prepared token files: a flat binary token stream plus a JSON sidecar, opened with ``np.memmap``.
-
-``prepare`` (``elastic-ssm prepare``) streams documents through a tokenizer into ``<out>.bin`` (uint16 when
-V <= 65535, else uint32; little-endian) and ``<out>.bin.json`` (format version, dtype, token count, tokenizer
-spec, V, source, split, document count, sha256 of the token bytes, ``tokens_fingerprint``), one chunk in
-memory at a time, through a temporary file renamed into place. ``TokenFile`` maps the file read-only and
-checks it against the sidecar (size on open; the fingerprint in ``load_corpus``; the whole sha256 with
-``verify``); ``load_corpus`` picks between a prepared file and in-memory tokenization.
-"""
+"""Prepared token files: ``<out>.bin`` (uint16 when V <= 65535, else uint32) and a JSON sidecar ``<out>.bin.json``
+(dtype, count, tokenizer, source, split, sha256, sampled ``fingerprint``), written by ``prepare`` one chunk at a
+time; ``TokenFile`` maps one read-only and checks it against its sidecar; ``load_corpus`` picks a prepared file or
+in-memory tokenization."""
 
 from __future__ import annotations
 

@@ -1,35 +1,28 @@
-"""The tokenizer that travels inside a model directory, its fingerprint, and the ``--tokenizer`` check.
-
-A model directory (``save_pretrained``) holds the model's tokenizer when one is attached (``model.tokenizer``):
-``tokenizer.json`` (the ``tokenizers`` file; for bytes an equivalent byte-level file, so ``AutoTokenizer`` works),
-``tokenizer_config.json`` (special tokens, left padding) and ``elastic_tokenizer.json`` (our spec, read by
-``load_tokenizer``). ``config.json`` records ``tokenizer_record(tok)``: type, V, special ids and a fingerprint
-(SHA-256 of the serialized tokenizer; a constant for bytes). ``resolve_tokenizer(model, spec)`` gives the saved
-tokenizer for no ``spec``, and refuses a ``spec`` whose vocabulary or fingerprint differs from it.
-"""
+"""The tokenizer inside a model directory (files: ``tokenizers.save_tokenizer_files``): ``config.json`` records
+``tokenizer_record(tok)`` (type, V, special ids, fingerprint); ``load_saved_tokenizer`` checks the files against it;
+``resolve_tokenizer(model, spec)`` gives the saved tokenizer, and refuses a ``spec`` that differs from it."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import warnings
 from pathlib import Path
 from typing import Any
 
-from .tokenizers import META_FILE, SPECIAL_TOKENS, BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer
+from .tokenizers import (
+    META_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    ByteTokenizer,
+    Tokenizer,
+    fingerprint,
+    load_tokenizer,
+    save_tokenizer_files,
+)
 
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_ROLES = ("bos", "eos", "pad", "sep")
-BYTES_FINGERPRINT = hashlib.sha256(b"elastic_ssm.ByteTokenizer:bytes0-255+pad,bos,eos,sep").hexdigest()
 
 __all__ = ["fingerprint", "tokenizer_record", "save_tokenizer_files", "load_saved_tokenizer", "resolve_tokenizer",
-           "check_same_tokenizer", "byte_level_tokenizer"]
-
-
-def fingerprint(tok: Tokenizer) -> str:
-    """SHA-256 of the serialized tokenizer (BPE) or a constant (bytes): equal fingerprints encode alike."""
-    return BYTES_FINGERPRINT if isinstance(tok, ByteTokenizer) else tok.sha256
+           "check_same_tokenizer"]
 
 
 def tokenizer_record(tok: Tokenizer) -> dict[str, Any]:
@@ -37,73 +30,6 @@ def tokenizer_record(tok: Tokenizer) -> dict[str, Any]:
     return {"type": "bytes" if isinstance(tok, ByteTokenizer) else "bpe", "vocab_size": int(tok.vocab_size),
             "fingerprint": fingerprint(tok), "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
             "pad_token_id": tok.pad_id, "sep_token_id": tok.sep_id}
-
-
-def _byte_chars() -> list[str]:
-    """The printable stand-in character of every byte used by byte-level BPE files (byte b -> chars[b]):
-    printable Latin-1 bytes stand for themselves, the others take code points 256, 257, ... in order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = [], 0
-    for b in range(256):
-        if b in keep:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
-
-
-def byte_level_tokenizer():
-    """A ``tokenizers.Tokenizer`` equal to ``ByteTokenizer``: id = byte value, specials at 256..259."""
-    from .tokenizers import _import_tokenizers
-
-    tk = _import_tokenizers()
-    vocab = {c: b for b, c in enumerate(_byte_chars())}
-    tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = tk.decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
-    return tok
-
-
-def _token_name(tok: Tokenizer, token_id: int) -> str:
-    if isinstance(tok, ByteTokenizer):
-        return SPECIAL_TOKENS[token_id - ByteTokenizer.PAD]
-    return tok._tok.id_to_token(token_id)
-
-
-def save_tokenizer_files(tok: Tokenizer, directory: str | Path) -> list[str]:
-    """Write the tokenizer files into ``directory`` (each atomically, mode 0644 under umask 022).
-
-    Returns the names written. The byte tokenizer's ``tokenizer.json`` needs the ``tokenizers`` package;
-    without it only ``elastic_tokenizer.json`` is written (enough for this library's own loaders)."""
-    from ..utils.files import atomic_write_bytes
-
-    directory = Path(directory)
-    written = []
-    text = None
-    if isinstance(tok, BPETokenizer):
-        text = tok._tok.to_str(pretty=True)
-    else:
-        try:
-            text = byte_level_tokenizer().to_str(pretty=True)
-        except ImportError:
-            text = None
-    if text is not None:
-        atomic_write_bytes(directory / TOKENIZER_FILE, text.encode("utf-8"))
-        written.append(TOKENIZER_FILE)
-        hf = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, "add_eos_token": False,
-              "clean_up_tokenization_spaces": False, "padding_side": "left",
-              **{f"{role}_token": _token_name(tok, getattr(tok, f"{role}_id")) for role in ("bos", "eos", "pad")},
-              "sep_token": _token_name(tok, tok.sep_id)}
-        atomic_write_bytes(directory / TOKENIZER_CONFIG_FILE, (json.dumps(hf, indent=2) + "\n").encode())
-        written.append(TOKENIZER_CONFIG_FILE)
-    meta = {"type": "bytes", "vocab_size": tok.vocab_size} if isinstance(tok, ByteTokenizer) else \
-        {"type": "bpe", "file": TOKENIZER_FILE, "vocab_size": tok.vocab_size}
-    meta.update(specials={r: getattr(tok, f"{r}_id") for r in ("pad", "bos", "eos", "sep")}, sha256=fingerprint(tok))
-    atomic_write_bytes(directory / META_FILE, (json.dumps(meta, indent=2) + "\n").encode())
-    written.append(META_FILE)
-    return written
 
 
 def _name_missing_file(directory: Path, record: dict[str, Any] | None, has_meta: bool, has_file: bool) -> None:

@@ -1,15 +1,9 @@
-"""Channel importance profile of a spectral model (ESSH paper Appendix L.3, Table 31, Figure 10).
-
-For every spectral channel ``k`` of a tier, on the same fixed held-out batches:
-
-* **knock-out**: the validation perplexity (and bits per byte) increase after zeroing channel ``k`` in every
-  spectral layer, through a ``torch.func.functional_call`` with its output columns zeroed (ESSH
-  ``out_proj.weight[:, kP:(k+1)P]`` [D, P]; ES-SSM ``proj.weight[:, kD:(k+1)D]`` = M_k [D, D]);
-* **output energy**: the mean squared activation of channel ``k``'s contribution to the mixer output (ESSH
-  ``K^{-1/2} W_k^out z_k``, Sec. 4.1; ES-SSM ``g_k M_k (Phi_k * u)``, Eq. 3/4), averaged over layers.
-
-Summaries (Table 31): ``-Spearman(k, importance_k)`` and the share of the first ``first`` (8) channels; a
-knock-out that lowers the perplexity counts as 0 in its share."""
+"""Channel importance profile of a spectral model (ESSH Appendix L.3, Table 31, Figure 10), per channel ``k`` of a
+tier on the same held-out batches: the **knock-out** perplexity increase after zeroing channel ``k`` in every
+spectral layer (ESSH ``out_proj.weight[:, kP:(k+1)P]`` [D, P]; ES-SSM ``proj.weight[:, kD:(k+1)D]`` = M_k [D, D],
+through ``torch.func.functional_call``) and its **output energy**, the mean squared contribution to the mixer
+output (ESSH ``K^{-1/2} W_k^out z_k``, Sec. 4.1; ES-SSM ``g_k M_k (Phi_k * u)``, Eq. 3/4). Summaries (Table 31):
+``-Spearman(k, importance_k)`` and the share of the first ``first`` channels (a negative knock-out counts 0)."""
 
 from __future__ import annotations
 

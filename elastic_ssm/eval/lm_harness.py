@@ -1,11 +1,7 @@
-"""lm-evaluation-harness adapter: any tier of an elastic model as an lm-eval ``LM`` (ESSH Appendix E.4; Tables
-1(a), 13, 15). Usage: docs/evaluation.md; needs the ``eval`` extra (lm-eval >= 0.4.9).
-
-``ElasticLM`` serves one tier of a shared model (or a standalone export); ``evaluate_tiers_on_tasks`` loads the
-model once and runs the same tasks for every requested tier. Scoring: context + continuation, left-truncated to
-``max_length + 1`` tokens, one right-padded causal forward at ``tier`` (``scoring.py``); ``is_greedy`` when every
-continuation token is the argmax. Rolling log-likelihood uses the harness's disjoint windows of ``max_length``
-tokens; ``generate_until`` runs the model's cached generation and cuts the text at the first stop string."""
+"""lm-evaluation-harness adapter (ESSH Appendix E.4; Tables 1(a), 13, 15; docs/evaluation.md; extra ``eval``):
+``ElasticLM`` is one tier of a model as an lm-eval ``LM`` (context + continuation left-truncated to
+``max_length + 1`` tokens, one right-padded forward, ``scoring.py``; rolling windows of ``max_length``; cached
+generation cut at the first stop string); ``evaluate_tiers_on_tasks`` loads the model once and runs every tier."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""ES-SSM, Transformer++ and MatFormer directories as ``transformers`` causal LMs (``ESSHForCausalLM``'s siblings).
-
-Each family is ``ElasticHFConfig`` / ``ElasticForCausalLM`` (``modeling.py``) with its ``model_type`` and ``arch``
-(``models/remote_code.py``: ``FAMILIES``) and loads like an ESSH directory; ``tier=`` reads only that tier's
-prefixes (ES-SSM: ``tier="K4"``; the baselines: ``tier="T4"``). ``generate`` prefills with ``forward(..., cache=)``
-then runs one ``step`` per token on our caches behind ``StepCache``: ES-SSM's ``ESSSMCache`` (the ring of the last
-L-1 inputs per block) or the baselines' static ``KVCache`` [N, B, H, L_max, hd], sized to ``generate``'s
-``max_length`` (a longer run is refused in one line).
-"""
+"""ES-SSM, Transformer++ and MatFormer directories as ``transformers`` causal LMs (``ESSHForCausalLM``'s siblings),
+decoding through ``StepCache``: ES-SSM's ``ESSSMCache`` (the last L-1 inputs per block) or the baselines' static
+``KVCache`` [N, B, H, L_max, hd], sized to ``generate``'s ``max_length`` (a longer run is refused in one line)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""``ESSHHFConfig`` and ``ESSHForCausalLM``: an ESSH (one tier of it) as a ``transformers`` causal LM.
-
-Their bases ``ElasticHFConfig`` / ``ElasticForCausalLM`` hold what every architecture shares (``families.py``
-derives the others). ``ESSHHFConfig`` (model_type ``essh``) reads our ``config.json`` as it is (``models/base.py``
-writes ``model_type``, ``architectures``, ``vocab_size`` and the special-token ids beside ``config``, ``tiers``,
-``tokenizer``); its ``tier`` selects what ``from_pretrained(dir, tier="T4")`` loads (lm-eval and ``pipeline``
-pass keyword arguments through the config).
-
-``forward`` takes ``input_ids`` [B, T], an optional left-padding ``attention_mask``, ``labels`` (next-token
-cross-entropy, ``-100`` ignored) and a ``cache``: with none and ``use_cache`` on, a cache sized to the batch and
-tier is allocated and prefilled (``ESSH.forward(..., cache=)``); with a prefilled one, each new token is one
-``ESSH.step``. These are ``ESSH.generate``'s calls in its order, so HF ``generate`` produces our tokens
-(docs/huggingface.md: speed, and the fused decoder this path does not use).
-"""
+"""``ElasticHFConfig`` / ``ElasticForCausalLM``, what every family shares (``families.py`` derives the others), and
+ESSH's (model_type ``essh``). The config reads our ``config.json`` as it is; its ``tier`` selects what
+``from_pretrained(dir, tier="T4")`` loads. ``forward`` takes ``input_ids`` [B, T], a left-padding ``attention_mask``,
+``labels`` and a ``cache``: with none and ``use_cache``, a cache is allocated and prefilled; with a prefilled one,
+each token is one ``step`` (``ESSH.generate``'s calls in its order, so HF ``generate`` gives our tokens)."""
 
 from __future__ import annotations
 
@@ -24,7 +15,6 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..config import ESSHConfig
 from ..models import model_class
 from ..models.remote_code import FAMILIES
 from ..utils.devices import auto_device
@@ -106,10 +96,6 @@ class ESSHHFConfig(ElasticHFConfig):
 
     model_type = "essh"
     arch: str = "essh"
-
-    def essh_config(self) -> ESSHConfig:
-        """The ``ESSHConfig`` this config describes (``model_config()``)."""
-        return self.model_config()
 
 
 def check_tier_name(tier: Any) -> None:

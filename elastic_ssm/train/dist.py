@@ -1,17 +1,9 @@
-"""Process-group set-up for one code path on CPU, one GPU and ``torchrun`` (DDP or FSDP2).
-
-``init_distributed`` reads the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``); with ``WORLD_SIZE > 1`` it initialises the default process group (NCCL on CUDA, gloo on CPU)
-unless one exists. Without them it returns a single-process context and every collective below is the identity.
-
-``parallel='ddp'``: ``wrap_ddp`` wraps the ``LossModule``; gradients of the M micro-batches accumulate under
-``no_sync`` and are all-reduced with the last backward (ESSH Algorithm 1 line 20). ``parallel='fsdp'``:
-``wrap_fsdp`` applies FSDP2 ``fully_shard`` to every block, then the root (``hidden_states`` registered as an
-FSDP forward method for the chunked loss); parameters, gradients and AdamW moments become ``DTensor`` shards
-along dim 0, unsharded plain tensors during a forward (so tier prefixes and FFN statistics work unchanged).
-Code touching parameters outside forward uses ``full_tensor`` / ``shard_like``. Both wrappers *average*
-gradients, so the loop scales each micro-batch loss by the world size to get Algorithm 1's sum.
-"""
+"""Process groups for one code path on CPU, one GPU and ``torchrun``: ``init_distributed`` (the torchrun
+environment; NCCL on CUDA, gloo on CPU; without it a single-process context whose collectives are the identity),
+``wrap_ddp`` (gradients accumulate under ``no_sync``, all-reduced with the last backward: Alg. 1 line 20) and
+``wrap_fsdp`` (FSDP2 ``fully_shard`` per block: parameters, gradients and AdamW moments become ``DTensor`` shards,
+plain tensors inside a forward; outside it ``full_tensor`` / ``shard_like``). Both *average* gradients, so the loop
+scales each micro-batch loss by the world size to get Algorithm 1's sum."""
 from __future__ import annotations
 
 import contextlib

@@ -1,16 +1,9 @@
 """Ranks in lock step: the same collectives in the same order on every rank, and no silent hang.
 
-FSDP2 (``TrainConfig.parallel='fsdp'``) all-gathers a block's parameters in every forward and reduce-scatters in
-backward, and NCCL matches collectives by position, so every rank must run the same forwards and backwards. In
-capacity-mixed training (ESSH Algorithm 1) a reduced micro-batch runs a no-grad full-capacity teacher pass
-(line 12) and a full one does not; ``teacher_padding`` names this rank's micro-batches that must run an *idle*
-teacher pass (``LossModule.idle_teacher``: output discarded, statistics untouched, so results are unchanged)
-because another rank's r-th micro-batch runs a real one. DDP needs no padding.
-
-A collective that waits longer than ``TrainConfig.dist_timeout_s`` fails; ``collective_error`` turns that into
-one line naming the rank, stage and step (``CollectiveError``), and on NCCL ``StepWatch`` prints it from a thread
-just before the watchdog (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` unless set) tears the process down.
-"""
+Under FSDP2 every rank must run the same forwards (NCCL matches collectives by position); a reduced micro-batch of
+capacity mixing runs a teacher pass (Alg. 1 line 12) and a full one does not, so ``teacher_padding`` names the
+micro-batches that run an idle teacher pass (``LossModule.idle_teacher``; results unchanged). A collective that
+waits past ``dist_timeout_s`` becomes one line naming rank, stage and step (``collective_error``, ``StepWatch``)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""Loggers beside ``metrics.jsonl``: ``train.log`` names them (``csv``, ``tensorboard``, ``wandb``).
-
-``metrics.jsonl`` stays the record of truth (the replication reports, resume and the CLI read it); each sink
-gets the same records as they are written, on rank 0 only, and keeps their scalar fields:
-
-* ``csv`` -> ``<out_dir>/metrics.csv``, long format, one row per scalar: ``kind,stage,step,tier,metric,value``
-  (a record's fields differ between stages and recipes, so no fixed columns; ``pandas.pivot`` makes it wide).
-  A resumed stage drops the rows written after its checkpoint, as ``metrics.jsonl`` does.
-* ``tensorboard`` -> ``<out_dir>/tensorboard/`` through ``torch.utils.tensorboard`` (extra ``log``): tags
-  ``<stage>/<metric>`` for training, ``<stage>/eval/<tier>/<metric>`` for validation, at the record's step.
-* ``wandb`` -> a W&B run (extra ``log``) in ``<out_dir>/wandb/``, named after the run directory, with the run
-  file as its config; project from ``WANDB_PROJECT`` (default ``elastic_ssm``); ``WANDB_MODE=offline`` works
-  without an account or network. Keys as TensorBoard's, with ``<stage>/step`` beside them.
-"""
+"""Loggers beside ``metrics.jsonl`` that ``train.log`` names, each given the same records on rank 0 (their scalars):
+``csv`` -> ``<out_dir>/metrics.csv`` in long format (``kind,stage,step,tier,metric,value``; a resumed stage drops
+the rows after its checkpoint); ``tensorboard`` -> ``<out_dir>/tensorboard/`` (tags ``<stage>/<metric>``,
+``<stage>/eval/<tier>/<metric>``); ``wandb`` -> a W&B run in ``<out_dir>/wandb/`` named after the run directory
+(project ``WANDB_PROJECT``, default ``elastic_ssm``; ``WANDB_MODE=offline`` works). Extra ``log`` for the last two."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``train()``: one code path for CPU, one GPU and ``torchrun`` DDP or FSDP2 (ESSH Algorithm 1; ES-SSM Alg. 2).
 
-One optimizer step of every recipe (``capacity_mixed.py``, ``budget_dropout.py``):
+One optimizer step of every recipe:
 
 1. draw this rank's M micro-batches; N_tok = AllReduceSum(sum_r N_r) valid tokens     (Alg. 1 line 2)
 2. the recipe's plan gives each micro-batch its tier, FFN gradient scale and distillation term
@@ -10,11 +10,8 @@ One optimizer step of every recipe (``capacity_mixed.py``, ``budget_dropout.py``
 5. the recipe's hook (FFN importance ordering for capacity-mixed training)          (lines 22-26)
 6. log, validate every ``eval.every`` steps, checkpoint every ``checkpoint.every`` steps.
 
-Stages: ``pretrain`` and, for ESSH with ``refine.steps > 0``, ``refine`` (D.8, a fresh AdamW and schedule),
-each checkpointing into ``<out_dir>/<stage>/`` with a final checkpoint; ``resume=True`` skips finished stages
-and continues an interrupted one bit for bit on CPU. Rank 0 runs ``preflight.py`` first; SIGTERM/SIGINT end a
-run after the current step with a checkpoint (``TrainingInterrupted``). Under ``parallel='fsdp'`` the model is
-sharded (``dist.wrap_fsdp``), checkpoints hold full tensors and the returned model is an unsharded copy on rank 0.
+Stages: ``pretrain`` and, for ESSH with ``refine.steps > 0``, ``refine`` (D.8: a fresh AdamW and schedule), each
+into ``<out_dir>/<stage>/``; a resume continues an interrupted stage bit for bit on CPU.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
-"""Training objectives as token *sums*, and the ``LossModule`` that DDP wraps.
-
-Every objective here returns sums over valid tokens (labels != -100); the loop divides by the global
-valid-token count N_tok, which realises the N_r / N_tok weighting of Algorithm 1 (line 19, ESSH D.7).
+"""Training objectives as token *sums*, and the ``LossModule`` that DDP wraps; the loop divides by the global
+valid-token count N_tok (the N_r / N_tok weighting of Algorithm 1 line 19, D.7).
 
 * Full micro-batch:       CE(p_full, y)                                        (Alg. 1 line 10)
 * Reduced micro-batch:    CE(p_T, y) + kl_coef KL(sg[p_full] || p_T)            (Eq. 8 / Eq. 26)
 * Shared refinement:      CE(p_full, y) + CE(p_T, y) + tv_coef TV(sg[p_full], p_T)  (D.8)
   with TV(p, q) = 1/2 sum_v |p(v) - q(v)|.
 
-Log-softmax and every reduction run in fp32 (also under bf16 autocast, D.6). The chunked path (D.6)
-splits the flattened positions into chunks of ``chunk`` tokens, computes the logits of one chunk at a
-time from the final hidden states and recomputes them in backward (``torch.utils.checkpoint``), so the
-full [B, T, V] logits never exist; sums over chunks equal the full-logit sums.
+Reductions run in fp32 (D.6). The chunked path (D.6) computes the logits of ``chunk`` positions at a time from the
+final hidden states and recomputes them in backward, so the full [B, T, V] logits never exist.
 """
 
 from __future__ import annotations

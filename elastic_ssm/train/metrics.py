@@ -1,6 +1,4 @@
-"""Training metrics: a JSONL log, a tqdm progress bar and per-tier validation.
-
-``metrics.jsonl`` (rank 0, one JSON object per line) holds two kinds of records::
+"""Training metrics: ``metrics.jsonl`` (rank 0, the record of truth), a tqdm bar and per-tier validation records::
 
     {"kind": "train", "stage": "pretrain", "step": 10, "loss": 3.1, "ce": 3.0, "aux": 0.2, "lr": 1e-3,
      "tokens": 40960, "tokens_per_s": 5120.0, "capacities": [1.0, 1.0, 0.25, 1.0], "grad_norm": 0.8,
@@ -8,13 +6,10 @@
     {"kind": "eval", "stage": "pretrain", "step": 500, "tier": "T4", "loss": 3.4, "bpt": 4.9, "bpb": 4.9,
      "accuracy": 0.31, "tokens": 65536}
 
-A resumed stage drops the records written after its checkpoint (``drop_after``). ``capacities``: each global
-slot's capacity (ESSH xi, ES-SSM K); ``capacity_counts``: every micro-batch's capacity since the previous
-record (checkpoint steps are always written, so a stage's sum is its exact mix; ESSH D.4). ``loss`` is the
-step objective per valid token (Algorithm 1), ``ce`` the label CE, ``aux`` the KL (pretraining) or TV
-(refinement) term, ``ce_full`` the full model's CE in refinement. Validation reports each tier's mean loss,
-``bpt = loss / ln 2``, ``bpb = bpt / bytes_per_token`` (ES-SSM Sec. 5) and argmax accuracy on scored positions
-(recall accuracy on synthetic tasks, ESSH Tables 21-23); for classification, loss and accuracy.
+``capacities``: each global slot's capacity (ESSH xi, ES-SSM K); ``capacity_counts``: every micro-batch's capacity
+since the previous record (checkpoint steps are always written, so a stage's sum is its exact mix, D.4). ``loss`` is
+the step objective per valid token, ``ce`` the label CE, ``aux`` the KL or TV term, ``ce_full`` the full model's CE
+in refinement; ``bpt = loss / ln 2``, ``bpb = bpt / bytes_per_token`` (ES-SSM Sec. 5).
 """
 
 from __future__ import annotations

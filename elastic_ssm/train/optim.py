@@ -1,14 +1,9 @@
 """AdamW parameter groups and the learning-rate schedule (ESSH Table 7, Appendices E.2 and D.8).
 
-Pretraining groups (E.2): *no* weight decay on the raw decay parameters, frequencies and modal
-readout coefficients (``rho_raw``, ``theta``, ``kc``, ``ks``), embeddings, normalisation weights,
-biases (``gate_bias`` and every ``*.bias``) and the channel-local blend coefficients ``beta``; weight
-decay 0.1 on the two-dimensional zero-lag table ``a`` and on every other tensor with >= 2 dims.
-Shared-refinement groups (D.8): weight decay on *every* tensor with >= 2 dims (embeddings and modal
-tables included), none on vectors.
-
-Schedule: linear warm-up over ``warmup`` steps to the peak, then cosine decay to ``min_frac x peak``
-at the last step (Table 7: 1% warm-up, cosine to 10%; D.8: 5% warm-up, cosine toward zero).
+Pretraining (E.2): no weight decay on ``rho_raw``, ``theta``, ``kc``, ``ks``, embeddings, normalisation weights,
+biases (``gate_bias``, ``*.bias``) and the blend coefficients ``beta``; decay on the zero-lag table ``a`` and every
+other tensor with >= 2 dims. Shared refinement (D.8): decay on every tensor with >= 2 dims, none on vectors.
+Schedule: linear warm-up to the peak, then cosine to ``min_frac x peak`` (Table 7: 1%, 10%; D.8: 5%, zero).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Checks before the first training step, the comparison of a resumed run, and graceful preemption.
-
-``preflight`` runs on rank 0 before any step and before anything in ``out_dir`` is written (its verdict is
-broadcast, so every rank fails together): the run directory's lock and ownership (``rundir.py``), the
-evaluation tier names, free disk for one checkpoint and, on ``resume``, every setting that changes the
-objective. Only then is ``run.yaml`` (the whole run record) written. ``StopSignals`` turns SIGTERM and the
-first SIGINT into a request honoured after the current step (a checkpoint, then ``TrainingInterrupted``); a
-second SIGINT stops at once.
-"""
+"""Checks before the first training step (rank 0, verdict broadcast, before anything in ``out_dir`` is written: the
+run directory, the evaluation tiers, free disk and, on resume, every setting that changes the objective), then
+``run.yaml``; ``StopSignals``: SIGTERM and a first SIGINT stop after the current step with a checkpoint."""
 
 from __future__ import annotations
 

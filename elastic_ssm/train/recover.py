@@ -1,17 +1,7 @@
-"""Truncate a trained ESSH and recover it: the paper's controls for models not trained with capacity mixing.
-
-``truncate_and_recover(model, data, cfg, val_batches, protocol=...)`` evaluates every tier as is (raw
-truncation: the two-rate map's prefixes), recovers the model with one protocol, evaluates again and returns both:
-
-* ``"refine"``: the dense control of Tables 33, 37 and 43 (Table 8): shared refinement (D.8, ``cfg.refine``)
-  of the dense model, the stage capacity-mixed ESSH gets (``cfg.refine.steps`` must be > 0).
-* ``"label_only"``: "Dense control, label-only recovery" (Table 43): each tier exported and trained at its
-  fixed shape with label CE only, ``cfg.refine.steps`` steps at ``cfg.refine.lr``, under ``<out_dir>/<tier>``.
-* ``"posthoc"``: post-hoc elastification (E.7, ``elastify``, parts in ``posthoc.py``): calibration ranking,
-  nested masks, recovery under the frozen parent with forward KL + CE at constant lr 1e-4.
-
-``elastic-ssm recover PARENT --protocol ...`` (``cli_recover.py``) runs this on a saved model.
-"""
+"""Truncate a trained ESSH and recover it (the paper's controls for models not trained with capacity mixing):
+``truncate_and_recover`` evaluates every tier as cut, recovers by one protocol and evaluates again:
+``"refine"`` (the dense control of Tables 33, 37, 43: shared refinement, D.8), ``"label_only"`` (Table 43: each tier
+exported and trained at its shape with label CE) or ``"posthoc"`` (E.7, ``elastify``). CLI: ``elastic-ssm recover``."""
 
 from __future__ import annotations
 
