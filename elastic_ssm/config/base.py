@@ -94,7 +94,7 @@ def _one_line(name: str, tp: Any, err: ValidationError) -> ConfigError:
     where = name + "".join(f"[{x}]" for x in e["loc"] if isinstance(x, int))
     kind = e["type"]
     if kind == "string_pattern_mismatch" and e["ctx"]["pattern"] == r"\S":
-        what = "must not be blank"
+        what = "must not be empty or blank"
     elif kind.startswith(("greater", "less")) and _interval(tp):
         what = f"must lie in {_interval(tp)}"
     elif kind in _WORDS:

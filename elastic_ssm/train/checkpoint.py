@@ -122,8 +122,8 @@ def checkpoint_dirs(stage_dir: Path) -> list[Path]:
 
 
 def checkpoint_fault(path: Path) -> str | None:
-    """What makes checkpoint directory ``path`` unusable, in words naming the file (``None``: its
-    ``COMPLETE.json`` lists every file at its recorded size). Sizes only; ``verify_checkpoint`` hashes."""
+    """What makes checkpoint directory ``path`` unusable, naming the file; None when its ``COMPLETE.json`` lists
+    every file at its recorded size (sizes only: ``verify_checkpoint`` hashes)."""
     marker = path / COMPLETE
     if not marker.is_file():
         return f"it has no {COMPLETE} (its save or its deletion was cut short)"
@@ -185,10 +185,7 @@ def _full_options(**kw: Any):
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model state on CPU: gathered from FSDP2 shards (collective; empty off rank 0), else
-    ``model.state_dict()`` moved to CPU."""
-    if not is_sharded(model):
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    """The whole state of an FSDP2-sharded model on CPU (a collective; empty off rank 0)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(model, options=_full_options(cpu_offload=True))

@@ -113,7 +113,7 @@ class _Trainer:
         self.watch = StepWatch(ctx, cfg.dist_timeout_s)
         self.precision = resolve_precision(cfg.precision, ctx.device)
         if cfg.parallel == "fsdp":
-            wrap_fsdp(model, ctx, self.precision == "bf16")
+            wrap_fsdp(model, ctx)
             self.loss_mod = LossModule(model)
             self.sync_mod: nn.Module = model
         else:
