@@ -64,13 +64,16 @@ def iter_token_chunks(docs: Iterable[str | bytes], tokenizer,
             yield out
 
 
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 65535 else np.dtype(np.uint32)
+
+
 def pack_documents(docs: Iterable[str | bytes], tokenizer) -> TokenArray:
     """Tokenize and concatenate ``docs`` in memory (for small corpora; use ``prepare`` for large ones)."""
     chunks = list(iter_token_chunks(docs, tokenizer))
     if not chunks:
         raise ValueError("no non-empty documents to pack")
-    dtype = np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32
-    return TokenArray(np.concatenate(chunks).astype(dtype), tokenizer.vocab_size)
+    return TokenArray(np.concatenate(chunks).astype(token_dtype(tokenizer.vocab_size)), tokenizer.vocab_size)
 
 
 def _as_array(tokens):
@@ -115,17 +118,10 @@ def gather_windows(tokens, starts: np.ndarray, seq_len: int) -> tuple[torch.Tens
 
 
 class PackedBatches:
-    """Shuffled, sharded, resumable batches ``(input_ids [B, L], labels [B, L])`` (int64 CPU tensors).
-
-    Args:
-        tokens: ``TokenArray``, ``TokenFile``, numpy array or tensor ``[N]``.
-        seq_len: L. batch_size: B per rank. seed: fixes every epoch's permutation with ``epoch``.
-        shuffle: permute windows each epoch (else sequential order).
-        drop_last: drop the incomplete last global batch; otherwise it is completed with windows from
-            the start of the same epoch's order, so every rank always gets B rows.
-        rank, world_size: data-parallel shard; rank ``r`` takes rows ``r*B:(r+1)*B`` of each global batch.
-        num_epochs: stop after this many epochs (``None``: iterate forever).
-    """
+    """Shuffled, sharded, resumable batches ``(input_ids [B, L], labels [B, L])`` (int64 CPU tensors) of
+    ``tokens`` [N] (``TokenArray``, ``TokenFile``, array or tensor). ``seed`` and the epoch fix the permutation
+    (``shuffle``); without ``drop_last`` the last global batch is completed from the start of the epoch's order;
+    rank ``r`` takes rows ``r*B:(r+1)*B`` of each global batch; ``num_epochs`` None iterates forever."""
 
     def __init__(self, tokens, seq_len: int, batch_size: int, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = True, rank: int = 0, world_size: int = 1, num_epochs: int | None = None):
@@ -156,17 +152,11 @@ class PackedBatches:
     def __len__(self) -> int:
         return self.num_batches
 
-    @property
-    def step_in_epoch(self) -> int:
-        return self.consumed // self.global_batch
-
     def order(self, epoch: int) -> np.ndarray:
         """Window indices of ``epoch`` in visiting order ``[num_windows]`` (same on every rank)."""
         if epoch != self._perm_epoch:
-            if self.shuffle:
-                self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
-            else:
-                self._perm = np.arange(self.num_windows)
+            n = self.num_windows
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
             self._perm_epoch = epoch
         return self._perm
 
@@ -174,7 +164,7 @@ class PackedBatches:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.step_in_epoch >= self.num_batches:
+        if self.consumed // self.global_batch >= self.num_batches:
             self.epoch, self.consumed = self.epoch + 1, 0
         if self.num_epochs is not None and self.epoch >= self.num_epochs:
             raise StopIteration
