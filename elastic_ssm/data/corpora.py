@@ -27,10 +27,8 @@ MAX_TEXT_DOC_BYTES = 16 << 20
 
 def stdlib_corpus(split: str | None = "train", max_bytes: int | None = None,
                   include_tests: bool = True) -> list[bytes]:
-    """The embedded default corpus: raw bytes of each stdlib file of ``split``, in sorted path order.
-
-    ``max_bytes`` truncates the corpus (the last document is cut so the total is exactly ``max_bytes``).
-    """
+    """The embedded default corpus: raw bytes of each stdlib file of ``split`` in path order, cut at
+    ``max_bytes``."""
     root = stdlib_root()
     files = ((root / rel).read_bytes() for rel in stdlib_split_files(split, include_tests))  # read lazily
     return [d for d in cap_bytes(files, max_bytes) if d]
@@ -197,10 +195,8 @@ def folder_files(folder: str | Path) -> list[str]:
 
 def iter_documents(source: str | Path, split: str | None = None, *, text_field: str = "text",
                    val_fraction: float = VAL_FRACTION) -> Iterator[bytes | str]:
-    """Stream the documents of ``source`` (see the module docstring), restricted to ``split`` if given.
-
-    Yields ``bytes`` (text files, the stdlib) or ``str`` (JSONL, Parquet, datasets); never empty ones.
-    """
+    """The non-empty documents of ``source`` (module docstring) in ``split``: ``bytes`` from text files and the
+    stdlib, ``str`` from JSONL, Parquet and datasets."""
     check_split(split)
     if not str(source).strip():       # Path("") is the working directory: never read it by accident
         raise ValueError("the data source is an empty string; use 'stdlib', a file, a folder, or "

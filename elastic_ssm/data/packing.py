@@ -85,10 +85,8 @@ def _as_array(tokens):
 
 
 def tokens_fingerprint(tokens, samples: int = 64, width: int = 4096) -> str:
-    """A cheap fingerprint of a token stream: its length and the SHA-256 of ``samples`` evenly spaced runs of
-    ``width`` tokens (all of it when shorter; about 2 MB read for any corpus). A resumed run compares it with its
-    checkpoint's, so edited, reordered or replaced data files are caught before training continues on other
-    tokens; an edit that falls between the sampled runs and keeps the length is not."""
+    """The length and SHA-256 of ``samples`` evenly spaced runs of ``width`` tokens (about 2 MB read): a resume
+    compares it with its checkpoint's, catching replaced or edited data (not an edit between the runs)."""
     import hashlib
 
     arr = _as_array(tokens)
@@ -205,13 +203,9 @@ class PackedBatches:
 def evaluation_batches(tokens, seq_len: int, batch_size: int, max_batches: int | None = None,
                        stride: int | None = None, rank: int = 0,
                        world_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Fixed validation batches ``(input_ids [b, L], labels [b, L])``, b <= B (only the last is short).
-
-    Windows are non-overlapping (``stride = L + 1`` by default) and never shuffled. With ``max_batches``
-    the ``max_batches * B * world_size`` windows are spread evenly over the whole stream (always the same
-    ones), so a capped evaluation still samples every part of the corpus. Rank ``r`` gets every
-    ``world_size``-th window.
-    """
+    """Fixed validation batches ``(input_ids [b, L], labels [b, L])`` (only the last has b < B) of non-overlapping
+    windows (``stride = L + 1``), never shuffled; ``max_batches`` spreads its windows evenly over the whole
+    stream; rank ``r`` gets every ``world_size``-th window."""
     stride = seq_len + 1 if stride is None else stride
     n = num_windows(len(_as_array(tokens)), seq_len, stride)
     if n == 0:

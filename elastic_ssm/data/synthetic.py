@@ -31,12 +31,8 @@ def _shift(seq: np.ndarray, scored: np.ndarray) -> tuple[torch.Tensor, torch.Ten
 
 def mqar(num_examples: int, seq_len: int, num_pairs: int, vocab_size: int = 8192,
          num_queries: int | None = None, seed=0) -> tuple[torch.Tensor, torch.Tensor]:
-    """MQAR examples ``(input_ids [N, L], labels [N, L])``; ``num_queries`` defaults to ``num_pairs``.
-
-    Keys come from ``[1, vocab_size // 2)``, values from ``[vocab_size // 2, vocab_size)``. Query keys are
-    a random subset (without repetition) of the context keys placed at random, non-overlapping bigram slots
-    after the context; ``labels`` holds each queried value at the position of its query key.
-    """
+    """MQAR examples ``(input_ids [N, L], labels [N, L])`` (module docstring); the queried keys (``num_queries``,
+    default ``num_pairs``) are a random subset of the context keys at random bigram slots after the context."""
     q = num_pairs if num_queries is None else num_queries
     half = vocab_size // 2
     ctx, slots = 2 * num_pairs, (seq_len + 1 - 2 * num_pairs) // 2
@@ -65,11 +61,8 @@ def mqar(num_examples: int, seq_len: int, num_pairs: int, vocab_size: int = 8192
 
 def palindrome(num_examples: int, seq_len: int, vocab_size: int = 16,
                seed=0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Palindrome completion ``(input_ids [N, L], labels [N, L])``: ``x SEP reverse(x)``, ``len(x) = L // 2``.
-
-    Symbols are drawn uniformly from ``[2, vocab_size)``; for odd L one PAD token ends the sequence.
-    Exactly ``L // 2`` positions per row are scored (those that predict the reversed half).
-    """
+    """Palindrome completion ``(input_ids [N, L], labels [N, L])``: ``x SEP reverse(x)``, ``len(x) = L // 2``
+    symbols from ``[2, vocab_size)`` (odd L: one PAD at the end); the reversed half is scored."""
     if vocab_size < 3:
         raise ValueError(f"vocab_size={vocab_size} must be >= 3 (pad, separator and at least one symbol)")
     half = seq_len // 2
@@ -90,11 +83,8 @@ TASKS = {"mqar": mqar, "palindrome": palindrome}
 
 def synthetic_batches(task: str, batch_size: int, seq_len: int, seed: int = 0, start_step: int = 0,
                       shard: int = 0, **kwargs) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless batches of ``task`` (``"mqar"`` or ``"palindrome"``); batch ``s`` uses seed ``(seed, s)``
-    (``(seed, s, shard)`` for ``shard > 0``: one independent stream per data-parallel rank).
-
-    ``kwargs`` go to the generator (e.g. ``num_pairs=`` and ``vocab_size=`` for MQAR).
-    """
+    """Endless batches of ``task``; batch ``s`` uses seed ``(seed, s)`` (``(seed, s, shard)`` for ``shard > 0``:
+    one stream per rank); ``kwargs`` go to the generator (``num_pairs=``, ``vocab_size=``)."""
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}: choose from {sorted(TASKS)}")
     step = start_step
@@ -105,14 +95,9 @@ def synthetic_batches(task: str, batch_size: int, seq_len: int, seed: int = 0, s
 
 
 class SyntheticSource:
-    """A synthetic task as a run's data source: ``"synthetic:<task>[:key=value,...]"``, e.g.
-    ``"synthetic:mqar:num_pairs=16"`` or ``"synthetic:palindrome"``. ``vocab_size`` defaults to the model's.
-
-    ``batches(...)`` is the ``data(rank, world_size)`` factory of ``train()``: rank ``r`` draws its own
-    stream (``synthetic_batches(shard=r)``), and resuming (the loop skips the consumed batches) continues
-    it exactly. ``validation(...)`` is a fixed held-out set drawn from a
-    seed no training batch uses.
-    """
+    """A run's data source ``"synthetic:<task>[:key=value,...]"`` (``synthetic:mqar:num_pairs=16``; ``vocab_size``
+    defaults to the model's): ``batches`` is ``train()``'s ``data(rank, world_size)`` factory (a stream per rank),
+    ``validation`` a fixed held-out set from a seed no training batch uses."""
 
     def __init__(self, spec: str, vocab_size: int) -> None:
         parts = spec.split(":", 2)

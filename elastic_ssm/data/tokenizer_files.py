@@ -33,10 +33,8 @@ def tokenizer_record(tok: Tokenizer) -> dict[str, Any]:
 
 
 def _name_missing_file(directory: Path, record: dict[str, Any] | None, has_meta: bool, has_file: bool) -> None:
-    """``FileNotFoundError`` naming the one tokenizer file a model directory lacks, when ``config.json``'s
-    ``record`` says which it needs: a byte model reads ``elastic_tokenizer.json`` (its ``tokenizer.json`` is
-    for transformers), a BPE model ``tokenizer.json``. Without this the other file loaded, or the error named
-    both, and the message blamed a replaced tokenizer."""
+    """``FileNotFoundError`` naming the tokenizer file the ``record`` of ``config.json`` needs when it is missing:
+    ``elastic_tokenizer.json`` for bytes, ``tokenizer.json`` for BPE."""
     kind = (record or {}).get("type")
     missing = META_FILE if kind == "bytes" and not has_meta else TOKENIZER_FILE if kind == "bpe" and not has_file \
         else None
@@ -46,10 +44,8 @@ def _name_missing_file(directory: Path, record: dict[str, Any] | None, has_meta:
 
 
 def load_saved_tokenizer(directory: str | Path, record: dict[str, Any] | None = None) -> Tokenizer | None:
-    """The tokenizer saved in a model directory (None when there is none).
-
-    With ``record`` (from ``config.json``), a tokenizer whose fingerprint differs from the recorded one is
-    a ``ValueError``: the tokenizer files were replaced after the model was saved."""
+    """The tokenizer saved in a model directory (None when there is none); one whose fingerprint or special ids
+    differ from ``record`` (``config.json``'s) is a ``ValueError``: its files were replaced."""
     directory = Path(directory)
     has_meta, has_file = (directory / META_FILE).is_file(), (directory / TOKENIZER_FILE).is_file()
     if not has_meta and not has_file:
@@ -94,10 +90,8 @@ def _why_not_loaded(record: dict[str, Any], where: str, directory: Any) -> str:
 
 
 def resolve_tokenizer(model: Any, spec: Any = None) -> Tokenizer:
-    """The tokenizer to use with ``model``: the saved one by default; ``spec`` must match it when given.
-
-    A model without a saved tokenizer (written before tokenizers travelled, or built in Python without
-    one) uses ``spec``, else bytes; a tokenizer with more ids than the model's vocabulary is refused."""
+    """The tokenizer of ``model``: the saved one (``spec``, when given, must equal it); without one ``spec``, else
+    bytes. A tokenizer with more ids than the model's vocabulary is refused."""
     saved = getattr(model, "tokenizer", None)
     record = getattr(model, "tokenizer_record", None)
     where = f"the model {getattr(model, 'name_or_path', None) or '(in memory)'}"

@@ -81,12 +81,8 @@ class ByteTokenizer:
 
 
 class BPETokenizer:
-    """A ``tokenizers.Tokenizer`` (from a ``tokenizer.json``) behind the ``ByteTokenizer`` interface.
-
-    Special ids are looked up by name (``<pad>``, ``<bos>``, ``<eos>``, ``<sep>`` and the usual GPT-2 /
-    Llama / SentencePiece spellings). A file without any separator-like token gets ``<sep>`` appended
-    as an added special token, so ``vocab_size`` is then one larger than the file's own vocabulary.
-    """
+    """A ``tokenizers.Tokenizer`` behind the ``ByteTokenizer`` interface; special ids are found by name
+    (``_CANDIDATES``); a file without a separator-like token gets ``<sep>`` added (``vocab_size`` one larger)."""
 
     def __init__(self, tokenizer, path: str | Path | None = None, special_names: dict[str, str] | None = None):
         self._tok = tokenizer
@@ -103,9 +99,8 @@ class BPETokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> BPETokenizer:
-        """Load a ``tokenizer.json`` (Hugging Face ``tokenizers`` format); the special tokens named by a
-        ``tokenizer_config.json`` beside it (``bos_token``, ``eos_token``, ``pad_token``, ``sep_token``, as
-        in a downloaded Hugging Face tokenizer folder) take precedence over the usual spellings."""
+        """Load a ``tokenizer.json``; the specials that a ``tokenizer_config.json`` beside it names (``bos_token``,
+        ...: a Hugging Face tokenizer folder) take precedence over the usual spellings."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}; train one with "
@@ -222,11 +217,8 @@ def save_tokenizer_files(tok: Tokenizer, directory: str | Path) -> list[str]:
 
 
 def measured_bytes_per_token(tokenizer, tokens, max_tokens: int = 1 << 20) -> float:
-    """UTF-8 bytes of the decoded text per token over the first ``max_tokens`` of a token stream.
-
-    The divisor of bits per byte for a subword tokenizer (ES-SSM Sec. 5 reports bits per byte): special
-    tokens (document separators) count as tokens and contribute no bytes. ``tokens``: anything sliceable
-    to a 1-D integer array (``TokenArray``, ``TokenFile``, numpy, a list)."""
+    """UTF-8 bytes of the decoded text per token over the first ``max_tokens`` of ``tokens`` (anything sliceable to
+    1-D ids): the bits-per-byte divisor of a subword tokenizer (ES-SSM Sec. 5); specials count, with no bytes."""
     n = min(len(tokens), int(max_tokens))
     if n <= 0:
         raise ValueError("measured_bytes_per_token: no tokens to measure on")
@@ -236,13 +228,8 @@ def measured_bytes_per_token(tokenizer, tokens, max_tokens: int = 1 << 20) -> fl
 
 def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_frequency: int = 2,
               max_bytes: int | None = None, show_progress: bool = False) -> BPETokenizer:
-    """Train a byte-level BPE tokenizer locally and save it as ``out_path`` (a ``tokenizer.json``).
-
-    ``files_or_iterator``: a source spec understood by ``iter_documents`` ("stdlib", a file, a folder,
-    "hf:..."), a list of such specs, or any iterable of ``str``/``bytes`` documents. ``max_bytes`` caps
-    the training text. The vocabulary starts from the 256 byte symbols (so any text is encodable) and the
-    specials ``<pad> <bos> <eos> <sep>`` take ids 0..3.
-    """
+    """Train a byte-level BPE tokenizer on ``files_or_iterator`` (an ``iter_documents`` spec, a list of them, or
+    documents) and save it as ``out_path``; specials ``<pad> <bos> <eos> <sep>`` are ids 0..3, then the 256 bytes."""
     tk = _import_tokenizers()
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least "

@@ -70,9 +70,8 @@ def first_share(values: Sequence[float], first: int = 8) -> float:
 
 
 def _channel_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, int]]:
-    """``(parameter name, spectral layer, columns per channel)`` of the output projection weight of every
-    spectral layer: ESSH ``out_proj.weight`` [D, K P] (P columns per channel), ES-SSM ``proj.weight``
-    [D, K D] (D columns, M_k)."""
+    """``(output weight name, spectral layer, columns per channel)`` of every spectral layer: ESSH
+    ``out_proj.weight`` [D, K P], ES-SSM ``proj.weight`` [D, K D] (M_k)."""
     from ..layers.es_ssm import SpectralSublayer
     from ..layers.spectral_mixer import SpectralMixer
 
@@ -91,11 +90,8 @@ def has_spectral_channels(model: torch.nn.Module) -> bool:
 
 
 class _EnergyMeter:
-    """Accumulates each channel's output energy [K] over the spectral layers of one forward pass.
-
-    ESSH: wraps the mixer's readout on the instance (``z [.., K, P]`` -> ``SpectralMixer.channel_energy``,
-    through Gram matrices, never materialising the [.., K, D] contributions); ES-SSM: a forward hook
-    that asks the sublayer for its ``channel_outputs`` [B, T, K, D]."""
+    """Each channel's output energy [K] over the spectral layers of the forwards inside it: ESSH wraps the mixer's
+    readout (``SpectralMixer.channel_energy`` of ``z [.., K, P]``), ES-SSM hooks ``channel_outputs`` [B, T, K, D]."""
 
     def __init__(self, layers: list[tuple[str, torch.nn.Module, int]], K: int) -> None:
         self.layers, self.K = layers, K
@@ -144,11 +140,8 @@ class _EnergyMeter:
 def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier: TierLike = None,
                        bytes_per_token: float = 1.0, first: int = 8, precision: str = "fp32",
                        progress: bool = False) -> ImportanceResult:
-    """Knock-out and energy profile of every channel of ``tier`` (module docstring; Table 31).
-
-    ``batches``: ``(input_ids [B, T], labels [B, T])`` as for ``evaluate_tiers``. ``progress`` shows a bar over the
-    knocked-out channels on stderr. Costs K + 1 evaluations of the batches.
-    """
+    """Knock-out and energy profile of every channel of ``tier`` on ``batches`` (as for ``evaluate_tiers``;
+    module docstring, Table 31): K + 1 evaluations."""
     from torch.func import functional_call
 
     from ..utils.progress import progress as progress_bar

@@ -167,11 +167,8 @@ def summarize_needle(trials: Sequence[NeedleTrial], cfg: NeedleConfig) -> dict[s
 def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any] | None = None,
                     cfg: NeedleConfig | None = None, precision: str = "fp32",
                     trials: list[NeedleTrial] | None = None, progress: bool = False) -> list[dict[str, Any]]:
-    """NIAH rows for every tier in ``tiers`` (default: the model's tier table), the same trials for each:
-    ``{"tier", "K", "n_ff", "params", "context_len", "condition", "trials", "margin_win", "first_token",
-    "full_key", "half_width", "by_depth"}``. ``trials``: those of ``build_trials(filler, tokenizer, cfg)``
-    when the caller built them already (the CLI does, to report a bad setting before its status line). ``progress``
-    shows a bar over tiers x trials on stderr (off by default)."""
+    """NIAH rows (tier, K, n_ff, params, context_len, condition and ``summarize_needle``'s numbers) for every tier
+    of ``tiers`` (default: the tier table) on the same trials; ``trials``: ``build_trials``' when already built."""
     from ..utils.progress import progress as progress_bar
 
     cfg = cfg or NeedleConfig()

@@ -73,13 +73,10 @@ def _pick_device(device: str, local_rank: int) -> torch.device:
 
 
 def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_s: float = 600.0) -> DistContext:
-    """Context of this process; initialises the process group from the torchrun environment.
-
-    ``enabled=False`` forces one process even under torchrun (``benchmarks/ddp_check.py``'s reference run).
-    ``timeout_s``: how long a collective may wait for the other ranks (``lockstep.py``). On NCCL, unless the
-    environment says otherwise: ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (a timed-out collective ends the process) and,
-    without a flight recorder, ``TORCH_NCCL_DUMP_ON_TIMEOUT=0`` (no 60 s wait for an empty dump, docs/benchmarks.md).
-    """
+    """Context of this process, initialising the process group from the torchrun environment (``enabled=False``:
+    one process even under torchrun). ``timeout_s``: how long a collective may wait for the other ranks. On NCCL
+    (unless set): ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` and, without a flight recorder,
+    ``TORCH_NCCL_DUMP_ON_TIMEOUT=0`` (no 60 s wait for an empty dump, docs/benchmarks.md)."""
     if enabled is False:
         return DistContext(device=_pick_device(device, 0))
     if dist.is_available() and dist.is_initialized():

@@ -98,11 +98,8 @@ def permute_optimizer_state(optimizer: torch.optim.Optimizer, param: torch.Tenso
 def order_ffn_units(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     ctx: DistContext | None = None,
                     scores: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Apply PermuteFFN to every FFN layer of ``model`` (the unwrapped ESSH); returns the permutations.
-
-    ``scores`` overrides the computed importances (tests). Layers without statistics yet (no
-    full-width training call so far, on any rank) are left in place and get the identity permutation.
-    """
+    """PermuteFFN on every FFN layer of ``model`` (``scores`` overrides the importances); returns the permutations.
+    Without statistics on some rank yet, every layer stays in place (identity permutations)."""
     layers = model.ffn_layers()
     perms: list[torch.Tensor] = []
     missing = torch.tensor([float(any(f.act_sq is None for f in layers))], device=layers[0].w_out.weight.device)

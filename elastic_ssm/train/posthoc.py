@@ -76,9 +76,8 @@ def posthoc_train_config(cfg: Any, masks: tuple[float, ...] | None = None) -> An
 
 @torch.no_grad()
 def channel_energy(mixer: nn.Module, u: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean output energy of every spectral channel, ``E_k = mean_t ||W_k^out z_k(t)||^2`` [K] (float64),
-    for the mixer input ``u`` [B, T, D] (the normalised residual stream the mixer sees); ``W_k^out`` is
-    channel k's block of ``out_proj.weight`` [D, K P], columns k P .. (k + 1) P."""
+    """``E_k = mean_t ||W_k^out z_k(t)||^2`` [K] (float64) for the mixer input ``u`` [B, T, D]; ``W_k^out`` are the
+    columns k P .. (k + 1) P of ``out_proj.weight`` [D, K P]."""
     from ..ops.spectral_scan import scan
 
     K = mixer.K
@@ -89,10 +88,8 @@ def channel_energy(mixer: nn.Module, u: torch.Tensor, valid: torch.Tensor | None
 
 @torch.no_grad()
 def permute_channels(mixer: nn.Module, perm: torch.Tensor) -> None:
-    """Reorder the channels of a ``SpectralMixer`` (new channel i = old channel perm[i]); the full-capacity
-    output is unchanged (channel-local computation, order-free sum of Sec. 4.1). Each tensor of
-    ``CHANNEL_TENSORS`` moves whole per-channel blocks along its channel dim (``in_proj.weight``: the
-    P + 3M rows of a channel; ``out_proj.weight``: its P columns)."""
+    """Reorder the channels of a ``SpectralMixer`` (new channel i = old channel perm[i]), moving the per-channel
+    blocks of every ``CHANNEL_TENSORS`` entry; the full output is unchanged (order-free sum of Sec. 4.1)."""
     for name, dim in CHANNEL_TENSORS:
         p = mixer.get_parameter(name)
         per = p.shape[dim] // mixer.K                  # entries per channel along dim
@@ -101,10 +98,8 @@ def permute_channels(mixer: nn.Module, perm: torch.Tensor) -> None:
 
 @torch.no_grad()
 def calibrate(model: nn.Module, batches: list[Any], channel_order: str = "original") -> dict[str, Any]:
-    """Calibration ranking (step 1 above) of ``model`` in place on ``batches`` of ``(input_ids, labels)``.
-
-    Returns ``{"ffn": [perm per layer], "channels": [perm per spectral layer] (identity for "original"),
-    "tokens": calibration tokens}``. The model's full-capacity function is unchanged."""
+    """Calibration ranking (step 1) of ``model`` in place on ``(input_ids, labels)`` batches; returns
+    ``{"ffn": [perm per layer], "channels": [perm per spectral layer], "tokens": n}``."""
     if channel_order not in ("original", "energy"):
         raise ValueError(f"channel_order must be 'original' (E.7) or 'energy', got {channel_order!r}")
     if not batches:

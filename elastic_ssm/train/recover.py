@@ -48,13 +48,8 @@ def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: lis
                          tiers: list[Any] | None = None, bytes_per_token: float = 1.0,
                          calibration: list[Any] | None = None, masks: tuple[float, ...] | None = None,
                          channel_order: str = "original", **train_kw: Any) -> Recovery:
-    """Evaluate ``model`` at ``tiers`` (default: all), recover it by ``protocol``, evaluate again.
-
-    ``data``: training micro-batches for recovery (as for ``train``); ``cfg``: the ``TrainConfig`` of the run
-    (``out_dir`` receives the recovery run; ``refine.steps`` its length). ``calibration`` (posthoc, required):
-    training batches for the ranking; ``masks`` (posthoc): mask fractions (default ``cfg.mixing.capacities``).
-    ``train_kw`` goes to ``train``.
-    """
+    """Evaluate ``model`` at ``tiers`` (default: all), recover it by ``protocol`` on ``data`` (``cfg.out_dir``,
+    ``cfg.refine.steps`` long; posthoc: ``calibration`` batches and ``masks``), evaluate again."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     if cfg.refine.steps < 1:
@@ -87,12 +82,9 @@ def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: lis
 
 def elastify(parent: nn.Module, data: Any, cfg: Any, calibration: list[Any], val_data: Any = None,
              masks: tuple[float, ...] | None = None, channel_order: str = "original", **train_kw: Any):
-    """Post-hoc elastification of the dense-trained ESSH ``parent`` (E.7): calibrate and reorder a copy,
-    then recover it under the frozen ``parent`` with ``train()`` (``posthoc.posthoc_train_config(cfg, masks)``).
-
-    ``calibration``: batches of ``(input_ids, labels)`` for the ranking; ``data`` / ``val_data`` as for
-    ``train``. Returns ``train()``'s ``TrainResult`` (its ``model`` is the elastified student; every tier of
-    the two-rate map exports from it); ``result.calibration`` holds the permutations."""
+    """Post-hoc elastification of the dense-trained ESSH ``parent`` (E.7): calibrate a copy on ``calibration``,
+    then recover it under the frozen ``parent`` with ``train()`` (``posthoc_train_config``); returns the
+    ``TrainResult`` (its ``model`` the elastified student, ``calibration`` the permutations)."""
     if not hasattr(parent, "ffn_layers") or not hasattr(parent, "blocks"):
         raise TypeError(f"elastify needs an ESSH parent, got {type(parent).__name__}")
     student = copy.deepcopy(parent)
