@@ -48,9 +48,8 @@ class ModelChoice(ConfigBase):
 
 
 def specialist_config(cfg: ModelConfig, tier: TierLike) -> ModelConfig:
-    """The config of an independent model of ``tier``'s shape of ``cfg``, to train from scratch (Table 43):
-    the standalone export's config (an ES-SSM specialist trains its one budget only). ``tier`` as a string is a
-    command-line word (``model.tier_config``): ``"8"`` is the ES-SSM budget 8 (``tier_word``)."""
+    """The config of an independent model of ``tier``'s shape of ``cfg``, to train from scratch (Table 43);
+    ``tier`` as a string is a command-line word (``tier_word``)."""
     try:
         t = cfg.resolve_tier(tier_word(tier))
     except (TypeError, ValueError) as e:
@@ -59,10 +58,8 @@ def specialist_config(cfg: ModelConfig, tier: TierLike) -> ModelConfig:
 
 
 def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
-    """Build a model config from ``{"arch": ..., "preset": optional name, "tier_config": optional tier,
-    ...fields}``. ``arch`` is one of ``model_configs()`` (default "essh"). ``tier_config`` (e.g. "T4") gives
-    the standalone configuration of that tier of the described model: an independent specialist trained
-    from scratch at exactly the tier's shape (Table 43), whose parameter count equals the tier's."""
+    """A model config from ``{"arch": ... (default "essh"), "preset": optional, "tier_config": optional, ...fields}``;
+    ``tier_config`` (e.g. "T4") gives that tier's specialist (``specialist_config``)."""
     if not isinstance(d, dict):
         raise ConfigError(f"model: expected a mapping such as {{arch: essh, preset: tiny}}, got {d!r}")
     d = dict(d)
@@ -127,10 +124,8 @@ class RunConfig(ConfigBase):
                    data=DataConfig.from_dict(d.get("data") or {}))
 
     def with_model_choice(self, **choice: str) -> RunConfig:
-        """A copy whose model section takes ``arch`` / ``preset`` / ``tier_config`` from ``choice`` (the CLI's
-        ``--model.arch`` ...). When the arch changes, the section's own fields are dropped and the file's
-        ``train.recipe`` becomes 'auto' (a recipe is arch-specific; ``--train.recipe`` still overrides it); so
-        it does with a ``tier_config`` (a specialist trains densely)."""
+        """A copy whose model section takes ``arch`` / ``preset`` / ``tier_config`` from ``choice`` (``--model.arch``
+        ...); another arch drops the section's own fields, and it or a ``tier_config`` sets ``train.recipe`` 'auto'."""
         ModelChoice(**choice)                          # type checks with the field names in the message
         source = dict(self.model_source or {"arch": self.arch})
         train = self.train

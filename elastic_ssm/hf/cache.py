@@ -69,14 +69,8 @@ class _NoRollbackCache(Cache):
 
 
 class ESSHHFCache(_NoRollbackCache):
-    """Decoding state of one ESSH at one tier for ``transformers`` generation.
-
-    Args:
-        model: the ``ESSH`` the cache belongs to (a standalone export or the shared model).
-        batch_size: sequences decoded together (B).
-        tier: tier of the shared model (None: the model as loaded).
-        state_dtype / kv_dtype: as ``ESSHCache.allocate`` (defaults: fp32 states; bf16 ring on CUDA).
-    """
+    """Decoding state of ``batch_size`` sequences of one ESSH at ``tier`` (None: the model as loaded) for
+    ``transformers`` generation; ``state_dtype`` / ``kv_dtype`` as ``ESSHCache.allocate``."""
 
     def __init__(self, model: Any, batch_size: int, tier: TierLike = None, state_dtype: torch.dtype | None = None,
                  kv_dtype: torch.dtype | None = None) -> None:

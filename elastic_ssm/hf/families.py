@@ -18,11 +18,8 @@ __all__ = ["ESSSMForCausalLM", "ESSSMHFConfig", "MatFormerForCausalLM", "MatForm
 
 
 class StepCache(_NoRollbackCache):
-    """Decoding state of an ES-SSM (``ESSSMCache``) or a baseline (``KVCache``) for ``transformers`` generation.
-
-    ``inner`` is allocated at the prefill (``ensure``), for the batch and prompt that arrive, at least
-    ``max_length`` positions long for a KV cache. Beam search's batch edits apply to every per-sequence tensor.
-    Neither state can be rolled back, so ``crop`` refuses (assisted decoding needs it)."""
+    """Decoding state of an ES-SSM (``ESSSMCache``) or a baseline (``KVCache``, at least ``max_length`` positions)
+    for ``transformers`` generation, allocated at the prefill (``ensure``)."""
 
     def __init__(self, model: Any, n_layers: int, max_length: int = 0) -> None:
         super().__init__(layers=[])

@@ -32,14 +32,9 @@ GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "
 
 
 class ElasticHFConfig(PretrainedConfig):
-    """The model config of a directory (any architecture of ``FAMILIES``), its tier table and tokenizer ids, for
-    ``transformers``. Each family subclasses it with its ``model_type`` and ``arch`` (``families.py``).
-
-    Attributes beyond ``PretrainedConfig``:
-        config: the model config's fields (a dict, as in ``config.json``); ``model_config()`` builds it.
-        tiers: the tier table (list of dicts: name, K, n_ff, xi, params), as in ``config.json``.
-        tier: the tier to load (``"T4"``, ``"K8"``; None or ``"full"``: the model as saved).
-    """
+    """A directory's config for ``transformers`` (each family subclasses it with its ``model_type`` and ``arch``):
+    ``config`` (the model config's fields, as in ``config.json``; ``model_config()`` builds it), ``tiers`` (the tier
+    table) and ``tier`` (the one to load; None or ``"full"``: the model as saved)."""
 
     model_type = "essh"
     config: dict | None = None
@@ -128,9 +123,8 @@ def _dtype(dtype: Any) -> torch.dtype | None:
 
 
 class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
-    """One of our models (a shared model at a tier, or a standalone export) behind ``transformers``' causal-LM API;
-    each family subclasses it with its ``config_class`` and ``allocate_cache`` (``ESSHForCausalLM`` below, the
-    others in ``families.py``)."""
+    """One of our models (at a tier, or a standalone export) behind ``transformers``' causal-LM API; each family
+    subclasses it with its ``config_class`` and ``allocate_cache``."""
 
     config_class = ElasticHFConfig
     base_model_prefix = "model"
@@ -171,10 +165,8 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *model_args: Any, tier: str | None = None,
                         config: ElasticHFConfig | None = None, device_map: Any = None, dtype: Any = None,
                         torch_dtype: Any = None, **kwargs: Any) -> ElasticForCausalLM:
-        """Load one of our model directories; ``tier`` (or ``config.tier``) reads only that tier's prefixes.
-
-        Accepts the usual ``transformers`` keywords: ``device_map`` (one device: ``"cpu"``, ``"cuda"``,
-        ``"auto"``), ``dtype`` / ``torch_dtype``; hub keywords are ignored (loading is local only)."""
+        """Load one of our model directories; ``tier`` (or ``config.tier``) reads only that tier's prefixes;
+        ``device_map`` (one device), ``dtype`` / ``torch_dtype`` as in ``transformers``, hub keywords ignored."""
         path = Path(pretrained_model_name_or_path)
         if not (path / "config.json").is_file():
             raise OSError(f"{path} is not a local elastic_ssm model directory (no config.json); our models load "
