@@ -52,15 +52,8 @@ def _open_binary(path: Path):
 
 
 def _kind(path: Path) -> str | None:
-    suffixes = [s.lower() for s in path.suffixes[-2:]]
-    if suffixes and suffixes[-1] == ".gz":
-        suffixes = suffixes[:-1]
-    last = suffixes[-1] if suffixes else ""
-    if last == ".jsonl":
-        return "jsonl"
-    if last == ".parquet":
-        return "parquet"
-    return "text" if last in TEXT_SUFFIXES else None
+    last = Path(path.name.lower().removesuffix(".gz")).suffix
+    return {".jsonl": "jsonl", ".parquet": "parquet"}.get(last, "text" if last in TEXT_SUFFIXES else None)
 
 
 def _iter_text(path: Path, split: str | None, val_fraction: float) -> Iterator[bytes]:

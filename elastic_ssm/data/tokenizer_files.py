@@ -64,15 +64,12 @@ def load_saved_tokenizer(directory: str | Path, record: dict[str, Any] | None = 
     return tok
 
 
-def _describe(tok: Tokenizer) -> str:
-    return f"{tok.spec} (vocabulary {tok.vocab_size}, fingerprint {fingerprint(tok)[:12]})"
-
-
 def check_same_tokenizer(given: Tokenizer, saved: Tokenizer | dict[str, Any], where: str) -> None:
     """A ``ValueError`` (one line) when ``given`` differs from the model's saved tokenizer (or its record)."""
     rec = tokenizer_record(saved) if not isinstance(saved, dict) else saved
     if given.vocab_size != rec.get("vocab_size") or fingerprint(given) != rec.get("fingerprint"):
-        raise ValueError(f"--tokenizer {_describe(given)} is not the tokenizer saved with {where} "
+        raise ValueError(f"--tokenizer {given.spec} (vocabulary {given.vocab_size}, fingerprint "
+                         f"{fingerprint(given)[:12]}) is not the tokenizer saved with {where} "
                          f"(vocabulary {rec.get('vocab_size')}, fingerprint {str(rec.get('fingerprint'))[:12]}); "
                          "leave --tokenizer out to use the saved one")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from .dist import (
 )
 from .lockstep import StepWatch, check_same_count, collective_error, teacher_padding
 from .losses import IGNORE_INDEX, LossModule
-from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, take_batches, validation_records
+from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, validation_records
 from .optim import WarmupCosine, build_adamw, set_lr
 from .preflight import StopSignals, TrainingInterrupted, config_changes, start_run
 from .recipes import make_recipe, resolve_recipe_name
@@ -135,7 +136,7 @@ class _Trainer:
         if self.val_data is None:
             return
         if self._val is None:
-            self._val = take_batches(self.val_data, self.cfg.eval.batches)
+            self._val = list(islice(iter(self.val_data), self.cfg.eval.batches))   # a one-shot iterator: read once
             if self.sharded:
                 check_same_count(len(self._val), self.ctx, "validation batches")
         tiers = eval_tier_list(self.model, self.cfg.eval.tiers)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +194,3 @@ def validation_records(model: nn.Module, batches: list[Any], tiers: list[Any], c
         out.append(rec)
     return out
 
-
-def take_batches(val_data: Any, n: int) -> list[Any]:
-    """The first ``n`` validation batches, materialised once (a one-shot iterator is read only once)."""
-    return list(islice(iter(val_data), n))
