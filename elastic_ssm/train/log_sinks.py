@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.train import LOG_SINKS as SINKS
+from ..utils.files import atomic_write_bytes
 
 __all__ = ["SINKS", "make_sinks", "scalars"]
 _SKIP = {"kind", "stage", "step", "tier"}
@@ -22,6 +23,15 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The finite numeric fields of a record, without its keys (kind, stage, step, tier)."""
     return {k: float(v) for k, v in record.items() if k not in _SKIP and isinstance(v, (int, float))
             and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def keep_lines(path: Path, text: str, keep) -> int:
+    """Rewrite ``path`` (atomically) with the lines of its ``text`` that ``keep``; returns how many were dropped."""
+    lines = text.splitlines()
+    kept = [line for line in lines if keep(line)]
+    if len(kept) != len(lines):
+        atomic_write_bytes(path, "".join(f"{x}\n" for x in kept).encode())
+    return len(lines) - len(kept)
 
 
 def _tag(record: dict[str, Any], metric: str) -> str:
@@ -44,15 +54,11 @@ class CsvSink:
                             record.get("tier", ""), metric, repr(value)])
 
     def drop_after(self, stage: str, step: int) -> None:
-        from ..utils.files import atomic_write_bytes
-
-        with self.path.open(newline="") as f:
-            rows = list(csv.reader(f))
-        kept = [rows[0]] + [r for r in rows[1:] if len(r) == len(CSV_FIELDS)
-                            and not (r[1] == stage and r[2].isdigit() and int(r[2]) > step)]
-        if len(kept) != len(rows):
-            text = "".join(",".join(r) + "\n" for r in kept)
-            atomic_write_bytes(self.path, text.encode())
+        def keep(line: str) -> bool:
+            r = line.split(",")
+            return r == list(CSV_FIELDS) or len(r) == len(CSV_FIELDS) and not (
+                r[1] == stage and r[2].isdigit() and int(r[2]) > step)
+        keep_lines(self.path, self.path.read_text(), keep)
 
     def close(self) -> None:
         pass

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..config import ConfigError, tier_word
 from .dist import DistContext, all_reduce
+from .log_sinks import keep_lines
 
 __all__ = ["MetricsLogger", "validation_records", "eval_tier_list", "bytes_per_token", "read_log"]
 
@@ -94,22 +95,14 @@ class MetricsLogger:
             sink.drop_after(stage, step)
         if not self.path.is_file():
             return 0
-        kept, dropped = [], 0
-        for line in read_log(self.path).splitlines():
+
+        def keep(line: str) -> bool:
             try:
                 rec = json.loads(line)
             except ValueError:
-                dropped += 1
-                continue
-            if rec.get("stage") == stage and int(rec.get("step", 0)) > step:
-                dropped += 1
-                continue
-            kept.append(line)
-        if dropped:
-            from ..utils.files import atomic_write_bytes
-
-            atomic_write_bytes(self.path, "".join(f"{x}\n" for x in kept).encode())
-        return dropped
+                return False
+            return not (rec.get("stage") == stage and int(rec.get("step", 0)) > step)
+        return keep_lines(self.path, read_log(self.path), keep)
 
     def train_step(self, record: dict[str, Any], log: bool) -> None:
         self.history.append(record)
