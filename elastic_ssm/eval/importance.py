@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..config import TierLike
-from .perplexity import loss_sums
+from .perplexity import loss_sums, perplexity
 
 __all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "has_spectral_channels", "ordering",
            "first_share", "format_importance", "plot_importance"]
@@ -173,21 +173,17 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
                        for name, (w, per) in weights.items()}
             fwd = lambda x, _p=knocked, **kw: functional_call(model, _p, (x,), {"tier": t, **kw})
             loss = loss_sums(fwd, batches, model, precision)[0].item() / count
-            channels.append(ChannelImportance(k + 1, loss, _ppl(loss) - _ppl(base_loss),
+            channels.append(ChannelImportance(k + 1, loss, perplexity(loss) - perplexity(base_loss),
                                               (loss - base_loss) / math.log(2) / bytes_per_token, 0.0))
     finally:
         model.train(was_training)
     for c, e in zip(channels, meter.energy()):
         c.energy = e
     knock, energy = [c.delta_ppl for c in channels], [c.energy for c in channels]
-    return ImportanceResult(t.name, K, t.params, base_loss, _ppl(base_loss),
+    return ImportanceResult(t.name, K, t.params, base_loss, perplexity(base_loss),
                             base_loss / math.log(2) / bytes_per_token, count, first,
                             ordering(knock), ordering(energy), first_share(knock, first), first_share(energy, first),
                             channels)
-
-
-def _ppl(loss: float) -> float:
-    return math.exp(min(loss, 700.0))
 
 
 def format_importance(res: ImportanceResult) -> str:

@@ -17,6 +17,11 @@ import torch.nn.functional as F
 from ..utils.progress import progress as progress_bar
 
 
+def perplexity(loss: float) -> float:
+    """``exp(loss)``, capped at ``exp(700)`` (no float overflow)."""
+    return math.exp(min(loss, 700.0))
+
+
 @dataclass
 class TierEval:
     tier: str
@@ -32,7 +37,7 @@ class TierEval:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(min(self.loss, 700.0))
+        return perplexity(self.loss)
 
     @property
     def bpb(self) -> float:
