@@ -24,8 +24,10 @@ import torch
 from torch import nn
 
 from ..config import ConfigError, tier_word
+from ..utils.files import with_path
+from ..utils.progress import progress
 from .dist import DistContext, all_reduce
-from .log_sinks import keep_lines
+from .log_sinks import keep_lines, make_sinks
 
 __all__ = ["MetricsLogger", "validation_records", "eval_tier_list", "bytes_per_token", "read_log"]
 
@@ -61,17 +63,12 @@ class MetricsLogger:
         self.sinks: list = []
         if ctx.is_main:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if sinks:
-                from .log_sinks import make_sinks
-
-                self.sinks = make_sinks(sinks, self.path.parent, run or {})
+            self.sinks = make_sinks(sinks, self.path.parent, run or {})
 
     def start_stage(self, stage: str, total: int, initial: int) -> None:
         self.close_bar()
         self._counts = {}
         if self.progress:
-            from ..utils.progress import progress
-
             self._bar = progress(total=total, initial=initial, desc=stage, unit="step", enabled=True)
 
     def write(self, record: dict[str, Any]) -> None:
@@ -82,8 +79,6 @@ class MetricsLogger:
             except OSError as e:      # e.g. a full disk: name the log (a torn last line is dropped on resume)
                 if e.filename is not None:
                     raise
-                from ..utils.files import with_path
-
                 raise with_path(e, self.path) from e
             for sink in self.sinks:
                 sink.write(record)

@@ -37,8 +37,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:     # alive, owned by another user
+        pass
     return True
 
 
@@ -108,8 +108,7 @@ class RunLock:
 
 
 def run_artifacts(out: Path) -> list[str]:
-    """Checkpoints, final models and set-aside damaged checkpoints of a previous run in ``out`` (relative
-    names, for messages)."""
+    """What a previous run left in ``out`` (checkpoints, final model, damaged checkpoints), for messages."""
     found = [f"{s}/{p.name}" for s in STAGES for p in sorted((out / s).glob("step_*")) if p.is_dir()]
     if (out / "final").is_dir():
         found.append("final/")
@@ -188,8 +187,8 @@ def _would_overwrite(out: Path) -> list[str]:
 
 
 def _keep_earlier_attempt(out: Path) -> None:
-    """An attempt cut before its first checkpoint (or a finished one whose checkpoints are gone, as a replication
-    run restored from its records): keep its log, record and parameter report beside the new run's."""
+    """An earlier attempt without checkpoints: its log, record and parameter report stay, dated, beside the new
+    run's."""
     old_log, old_rec = out / "metrics.jsonl", out / "run.yaml"
     dated = old_log if old_log.is_file() else old_rec
     if not dated.is_file():
@@ -245,8 +244,8 @@ def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None
 
 
 def _own_temp(folder: Path, out: Path, name: str) -> bool:
-    """A temporary file of an interrupted write by ``train``: any in its own folders; at the top of ``out``
-    (a folder the user may share) only those of the files it writes there."""
+    """A temporary file of an interrupted write by ``train``: any in its own folders, only those of ``OWN_FILES``
+    at the top of ``out`` (a folder the user may share)."""
     if not is_temp_name(name):
         return False
     return folder != out or any(name.startswith(f".{own}.") for own in OWN_FILES)
