@@ -199,15 +199,9 @@ class ConfigBase:
         ``ConfigError`` naming the bad field."""
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, ConfigBase):
-                v = v.to_dict()
-            elif isinstance(v, tuple):
-                v = list(v)
-            out[f.name] = v
-        return out
+        """Plain YAML-ready values: sections as dicts, tuples as lists."""
+        plain = lambda v: v.to_dict() if isinstance(v, ConfigBase) else list(v) if isinstance(v, tuple) else v  # noqa: E731
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def field_names(cls) -> set[str]:
