@@ -68,7 +68,6 @@ def measure(preset: str, root: Path, repeats: int) -> dict[str, float]:
 
     from elastic_ssm.config import ESSHConfig
     from elastic_ssm.models.essh import ESSH
-    from elastic_ssm.train.checkpoint import save_model_dir
     from elastic_ssm.utils.files import atomic_write_bytes
 
     root.mkdir(parents=True, exist_ok=True)
@@ -88,7 +87,7 @@ def measure(preset: str, root: Path, repeats: int) -> dict[str, float]:
     blob = b""
     gc.collect()
     model_dir = root / "model"
-    res["save_model_dir"] = _timed(partial(save_model_dir, model, state, model_dir))
+    res["save_model_dir"] = _timed(partial(model.save_pretrained, model_dir, state_dict=state))
     state = {}
     gc.collect()
     for i in range(repeats):

@@ -1,17 +1,5 @@
-"""elastic_ssm.config: every configuration of the library as one torch-free tree of keyword-only dataclasses.
-
-- ``base.py``: ``ConfigBase`` (help per field, validation by pydantic, YAML round trip),
-  ``ConfigError``, ``opt``;
-- ``model.py``: ``ModelConfig`` (what an architecture declares: tier table, exact counts, standalone and
-  specialist configs, its recipes), ``Tier``, ``TierLike``, the registry ``model_configs()``;
-- ``essh.py`` (``ESSHConfig``), ``es_ssm.py`` (``ESSSMConfig``), ``baselines.py`` (``TransformerConfig``,
-  ``MatFormerConfig``): the architectures and their presets;
-- ``recipe.py``: the sections of ``TrainConfig`` (optim, mixing, ordering, budget_dropout, eval, checkpoint,
-  refine); ``train.py``: ``TrainConfig`` and its presets;
-- ``run.py``: ``RunConfig`` (model + train + data), ``DataConfig``, ``ModelChoice``, ``load_any_config``.
-
-Importing this package never imports torch (tested), so a run file can be read and checked anywhere.
-"""
+"""elastic_ssm.config: every configuration of the library as one tree of keyword-only dataclasses (map:
+docs/architecture.md). Importing it never imports torch (tested), so a run file can be read and checked anywhere."""
 
 from .base import ConfigBase, ConfigError, opt
 from .baselines import MATFORMER_GRANULARITIES, TRANSFORMER_PRESETS, MatFormerConfig, TransformerConfig

@@ -1,10 +1,6 @@
-"""``ConfigBase``: keyword-only dataclass trees with field docs, validation by pydantic and a YAML round trip.
-
-Every field carries a one-line ``help`` (``opt``), from which the CLI derives its flags. Types, ranges and choices
-are declared on the fields (``Annotated[int, Ge(1)]``, ``Literal[...]``) and checked by pydantic (one
-``TypeAdapter`` per field, lax mode: YAML strings such as "3e-4" become numbers, lists tuples, mappings
-sections); an error is one ``ConfigError`` line naming the field, an unknown key names the closest path (``lr``
--> ``optim.lr``). ``validate`` keeps only the rules across fields. Nothing here imports torch."""
+"""``ConfigBase``: keyword-only dataclasses with a ``help`` per field (``opt``), fields checked by pydantic from their
+annotations (lax mode; an error is one ``ConfigError`` line naming the field), a YAML round trip and dotted updates.
+``validate`` keeps only the rules across fields. Nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -17,10 +13,10 @@ from typing import Annotated, Any
 
 import yaml
 from annotated_types import Ge, Gt, Interval, Len
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, StringConstraints, TypeAdapter, ValidationError
 
 __all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
-           "NonEmpty", "TokenId", "ConfigBase", "ConfigError", "opt", "section", "read_yaml_mapping",
+           "NonEmpty", "NonBlank", "TokenId", "ConfigBase", "ConfigError", "opt", "section", "read_yaml_mapping",
            "read_yaml_file", "load_yaml"]
 
 
@@ -36,6 +32,7 @@ Share = Annotated[float, Interval(gt=0, le=1)]        # (0, 1]
 Fracs = Annotated[tuple[Share, ...], Len(1)]          # a non-empty list of capacity fractions in (0, 1]
 Betas = Annotated[tuple[Frac01, ...], Len(2, 2)]      # AdamW (beta1, beta2), each in [0, 1)
 NonEmpty = Annotated[str, Len(1)]
+NonBlank = Annotated[str, StringConstraints(pattern=r"\S")]   # not empty, not only spaces
 TokenId = Annotated[int, Ge(-1)]                       # -1: none
 
 
@@ -96,7 +93,9 @@ def _one_line(name: str, tp: Any, err: ValidationError) -> ConfigError:
     e = err.errors(include_url=False)[0]
     where = name + "".join(f"[{x}]" for x in e["loc"] if isinstance(x, int))
     kind = e["type"]
-    if kind.startswith(("greater", "less")) and _interval(tp):
+    if kind == "string_pattern_mismatch" and e["ctx"]["pattern"] == r"\S":
+        what = "must not be empty or blank"
+    elif kind.startswith(("greater", "less")) and _interval(tp):
         what = f"must lie in {_interval(tp)}"
     elif kind in _WORDS:
         what = _WORDS[kind].format(**e.get("ctx", {}))
@@ -200,15 +199,9 @@ class ConfigBase:
         ``ConfigError`` naming the bad field."""
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, ConfigBase):
-                v = v.to_dict()
-            elif isinstance(v, tuple):
-                v = list(v)
-            out[f.name] = v
-        return out
+        """Plain YAML-ready values: sections as dicts, tuples as lists."""
+        plain = lambda v: v.to_dict() if isinstance(v, ConfigBase) else list(v) if isinstance(v, tuple) else v  # noqa: E731
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def field_names(cls) -> set[str]:

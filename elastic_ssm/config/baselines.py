@@ -1,10 +1,7 @@
 """``TransformerConfig`` / ``MatFormerConfig``: the ESSH paper's baselines (Appendix E.6, Tables 8, 9, 54).
-
-Transformer++ (RoPE, RMSNorm, SwiGLU, full causal attention, tied embedding) with ESSH's unit-ordered SwiGLU, so
-it has nested FFN tiers: ``n_ff(xi) = align * max(1, floor(d_ff * xi ** ffn_exponent / align))`` (the full tier
-keeps d_ff); one tier by default. ``MatFormerConfig``: the ten ESSH fractions as tiers and the four trained
-granularities of N.1 (Table 9: no distillation); at 370m it reproduces Table 39's counts (T1 130.9M ... T10
-365.6M). Presets match the ESSH preset of the same name within 2% (Table 8)."""
+Transformer++ with ESSH's unit-ordered SwiGLU, so nested FFN tiers ``n_ff(xi) = align * max(1, floor(d_ff *
+xi ** ffn_exponent / align))`` (one tier by default); MatFormer: the ten ESSH fractions as tiers, four trained
+granularities (N.1; at 370m Table 39's counts, T1 130.9M ... T10 365.6M). Presets match ESSH's within 2% (Table 8)."""
 
 from __future__ import annotations
 

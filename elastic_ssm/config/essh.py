@@ -102,11 +102,8 @@ class ESSHConfig(FractionTierConfig):
 
     # ---- tiers and exact costs (Eq. 7, Eq. 25, C.5) --------------------------------------------------------
     def channels_for(self, xi: float | Fraction) -> int:
-        """Retained spectral channels ``K_T = max(1, round(K-bar xi^{1/2}))`` (Eq. 7).
-
-        ``round`` is Python's (half to even), applied to the exact value; DESIGN.md notes that no training
-        or deployment budget lands on a .5 tie. The exponent is ``channel_exponent``.
-        """
+        """Retained spectral channels ``K_T = max(1, round(K-bar xi^e))`` (Eq. 7, ``e = channel_exponent``), rounded
+        half to even from the exact value (no budget lands on a .5 tie: DESIGN.md)."""
         v = scaled_power(self.n_channels, xi, self.channel_exponent)
         return max(1, int(v.to_integral_value(rounding=ROUND_HALF_EVEN)))
 

@@ -1,11 +1,7 @@
-"""What every model config declares: its tiers, their exact counts, and the registry of architectures.
-
-``ModelConfig`` is the base of the model configs; a subclass with its own ``arch`` registers itself
-(``model_configs()``) and states its arithmetic as methods (``tier_table``, ``parse_tier``, ``tier_parameters``
-Eq. 25 / Table 4, ``tier_state`` C.5 / Table 53, ``tier_flops``, ``standalone_config``, ``specialist_config``,
-``default_recipe``, ``max_seq_len``), so adding an architecture touches one config module (plus its model folder).
-``FractionTierConfig``: what ESSH and the Transformer++ baselines share (tiers ``T1..Tn`` over ``tier_xi``, any
-capacity fraction in (0, 1] through Eq. 7)."""
+"""``ModelConfig``: what an architecture declares (tier table, ``parse_tier``, exact counts: ``tier_parameters``
+Eq. 25 / Table 4, ``tier_state`` C.5 / Table 53, ``tier_flops``; standalone and specialist configs, recipes); a
+subclass with an ``arch`` registers itself (``model_configs()``). ``FractionTierConfig``: tiers ``T1..Tn`` over
+``tier_xi`` and any capacity fraction in (0, 1] through Eq. 7 (ESSH and the Transformer++ baselines)."""
 
 from __future__ import annotations
 
@@ -22,13 +18,9 @@ __all__ = ["Tier", "TierLike", "ModelConfig", "FractionTierConfig", "model_confi
 
 @dataclass(frozen=True)
 class Tier:
-    """One deployment tier.
-
-    ``name`` is ``"T1".."Tn"`` for ESSH and ``"K<k>"`` for ES-SSM; ``index`` is the 1-based position in
-    ``tier_table(cfg)`` (0 for a capacity fraction or an ES-SSM budget outside ``cfg.budgets``); ``xi`` the
-    budget variable of Eq. 7 (ES-SSM: ``K / K-bar``); ``K`` retained spectral channels; ``n_ff`` retained
-    FFN width; ``params`` the exact parameter count of the standalone export.
-    """
+    """One deployment tier: ``name`` ``"T<n>"`` (ES-SSM ``"K<k>"``), ``index`` its 1-based place in the tier table
+    (0 for a capacity fraction or an untrained budget), ``xi`` the budget variable of Eq. 7 (ES-SSM ``K / K-bar``),
+    retained ``K`` channels and ``n_ff`` FFN units, ``params`` of the standalone export (exact)."""
 
     name: str
     index: int
@@ -44,10 +36,9 @@ TierLike = str | int | float | Tier | None
 
 
 def tier_word(word: TierLike) -> TierLike:
-    """A tier as written on the command line (an entry of ``--tiers``, ``--tier``, lm-eval's ``tier=``,
-    ``model.tier_config``) as ``resolve_tier`` takes it: an all-digit word is an int (an ES-SSM budget, ``8``;
-    an ESSH model refuses it, naming its tiers), any other word is itself, stripped of spaces (``"K8"``). Anything
-    that is not a string (a ``Tier``, an int, a fraction, None) is returned as it is."""
+    """A tier as written on the command line (``--tiers``, ``--tier``, lm-eval's ``tier=``, ``model.tier_config``)
+    as ``resolve_tier`` takes it: an all-digit word is an int (an ES-SSM budget), another word is itself stripped;
+    a non-string is returned as it is."""
     if not isinstance(word, str):
         return word
     word = word.strip()
@@ -128,9 +119,8 @@ class ModelConfig(ConfigBase):
         return self.resolve_tier(tier.name)
 
     def resolve_tier(self, tier: TierLike = None) -> Tier:
-        """A user-facing tier spec as a ``Tier`` of this config: None is the full tier; a ``Tier`` must equal
-        this config's tier of that name (a tier of another config is refused); anything else goes through
-        ``parse_tier``. A ``ValueError`` lists the valid names."""
+        """A tier spec as a ``Tier`` of this config: None is the full tier, a ``Tier`` must be this config's own,
+        anything else goes through ``parse_tier``; a ``ValueError`` lists the valid names."""
         if tier is None:
             return self.tier_table()[-1]
         if isinstance(tier, Tier):
@@ -181,11 +171,8 @@ class ModelConfig(ConfigBase):
 
 
 class FractionTierConfig(ModelConfig):
-    """Tiers ``T1..Tn`` over ``tier_xi`` (a field of the subclass), any capacity fraction through Eq. 7.
-
-    ``tier_names`` (a field of the subclass) renames them: a standalone export of ``T4`` has one tier, its full
-    model, and keeps the name ``T4`` (``standalone_config``), so ``serve``, ``eval --tiers`` and the tier
-    tables call it what its source called it. Empty (every config that is not an export) means ``T1..Tn``."""
+    """Tiers ``T1..Tn`` over ``tier_xi``, any capacity fraction through Eq. 7. ``tier_names`` (empty: ``T1..Tn``)
+    renames them: a standalone export of ``T4`` has one tier and keeps the name ``T4`` (``standalone_config``)."""
 
     tier_xi: tuple[float, ...]
     tier_names: tuple[str, ...]
@@ -201,11 +188,8 @@ class FractionTierConfig(ModelConfig):
         raise NotImplementedError
 
     def ffn_width_for(self, xi: float | Fraction) -> int:
-        """Retained FFN width ``n_ff = align max(1, floor(d_ff xi^e / align))`` (Eq. 7, Figure 5).
-
-        The floor is taken of a 50-digit decimal evaluation, so values that are exact multiples of
-        ``align`` in exact arithmetic (e.g. ``xi = 1``) are never pushed down by binary rounding.
-        """
+        """Retained FFN width ``n_ff = align max(1, floor(d_ff xi^e / align))`` (Eq. 7, Figure 5), the floor of a
+        50-digit decimal value (an exact multiple of ``align`` is never pushed down by binary rounding)."""
         v = scaled_power(self.d_ff, xi, self.ffn_exponent) / Decimal(self.ffn_align)
         return self.ffn_align * max(1, int(v.to_integral_value(rounding=ROUND_FLOOR)))
 

@@ -1,13 +1,6 @@
-"""A whole run in one YAML file: ``model`` (ESSH, ES-SSM or a baseline), ``train`` and ``data`` sections.
-
-Example (``configs/quickstart.yaml``)::
-
-    model: {arch: essh, preset: small}
-    train: {steps: 300, micro_batch_size: 8, seq_len: 256, optim: {lr: 3e-3}}
-    data:  {source: stdlib, tokenizer: bytes}
-
-The ``arch`` key picks the model class (``model_configs()``); the CLI applies ``--model.<field>``,
-``--train.<section>.<field>`` and ``--data.<field>`` overrides. Torch-free."""
+"""A whole run in one YAML file: ``model`` (``arch`` picks the class of ``model_configs()``), ``train`` and ``data``
+sections (``configs/quickstart.yaml``); the CLI applies ``--model.<field>``, ``--train.<section>.<field>`` and
+``--data.<field>`` overrides. Torch-free."""
 
 from __future__ import annotations
 
@@ -16,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import ConfigBase, ConfigError, NonNeg, opt, read_yaml_file, section
+from .base import ConfigBase, ConfigError, NonBlank, NonNeg, opt, read_yaml_file, section
 from .essh import ESSHConfig
 from .model import ModelConfig, TierLike, model_configs, tier_word
 from .train import TrainConfig
@@ -31,20 +24,15 @@ _CHOICE_KEYS = frozenset({"arch", "preset", "tier_config"})
 class DataConfig(ConfigBase):
     """Where tokens come from (``elastic_ssm.data``)."""
 
-    source: str = opt("stdlib", "'stdlib' (embedded default), a text/JSONL/Parquet file or folder, a prepared "
+    source: NonBlank = opt("stdlib", "'stdlib' (embedded default), a text/JSONL/Parquet file or folder, a prepared "
                                 "*.bin token file, 'hf:<name>[:<config>][:<split>]', or a synthetic recall task "
                                 "'synthetic:mqar[:num_pairs=16,...]' / 'synthetic:palindrome' (ESSH Appendix I)")
     val_source: str = opt("", "validation source ('' = the validation split of `source`)")
-    tokenizer: str = opt("bytes", "'bytes', a tokenizer.json, or a tokenizer folder (tokenizer.json + "
+    tokenizer: NonBlank = opt("bytes", "'bytes', a tokenizer.json, or a tokenizer folder (tokenizer.json + "
                                   "tokenizer_config.json, e.g. a downloaded GPT-2 or Llama tokenizer); the "
                                   "model's vocab_size is taken from it and it is saved with every checkpoint")
-    text_field: str = opt("text", "JSONL/Parquet/HF field holding the document text")
+    text_field: NonBlank = opt("text", "JSONL/Parquet/HF field holding the document text")
     max_train_bytes: NonNeg = opt(0, "cap on the in-memory training text in bytes (0 = no cap)")
-
-    def validate(self) -> None:
-        for name in ("source", "tokenizer", "text_field"):
-            if not getattr(self, name).strip():
-                raise ConfigError(f"DataConfig.{name} is empty; give a value (see --help, data.{name})")
 
 
 @dataclass(kw_only=True)
@@ -60,9 +48,8 @@ class ModelChoice(ConfigBase):
 
 
 def specialist_config(cfg: ModelConfig, tier: TierLike) -> ModelConfig:
-    """The config of an independent model of ``tier``'s shape of ``cfg``, to train from scratch (Table 43):
-    the standalone export's config (an ES-SSM specialist trains its one budget only). ``tier`` as a string is a
-    command-line word (``model.tier_config``): ``"8"`` is the ES-SSM budget 8 (``tier_word``)."""
+    """The config of an independent model of ``tier``'s shape of ``cfg``, to train from scratch (Table 43);
+    ``tier`` as a string is a command-line word (``tier_word``)."""
     try:
         t = cfg.resolve_tier(tier_word(tier))
     except (TypeError, ValueError) as e:
@@ -71,10 +58,8 @@ def specialist_config(cfg: ModelConfig, tier: TierLike) -> ModelConfig:
 
 
 def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
-    """Build a model config from ``{"arch": ..., "preset": optional name, "tier_config": optional tier,
-    ...fields}``. ``arch`` is one of ``model_configs()`` (default "essh"). ``tier_config`` (e.g. "T4") gives
-    the standalone configuration of that tier of the described model: an independent specialist trained
-    from scratch at exactly the tier's shape (Table 43), whose parameter count equals the tier's."""
+    """A model config from ``{"arch": ... (default "essh"), "preset": optional, "tier_config": optional, ...fields}``;
+    ``tier_config`` (e.g. "T4") gives that tier's specialist (``specialist_config``)."""
     if not isinstance(d, dict):
         raise ConfigError(f"model: expected a mapping such as {{arch: essh, preset: tiny}}, got {d!r}")
     d = dict(d)
@@ -139,10 +124,8 @@ class RunConfig(ConfigBase):
                    data=DataConfig.from_dict(d.get("data") or {}))
 
     def with_model_choice(self, **choice: str) -> RunConfig:
-        """A copy whose model section takes ``arch`` / ``preset`` / ``tier_config`` from ``choice`` (the CLI's
-        ``--model.arch`` ...). When the arch changes, the section's own fields are dropped and the file's
-        ``train.recipe`` becomes 'auto' (a recipe is arch-specific; ``--train.recipe`` still overrides it); so
-        it does with a ``tier_config`` (a specialist trains densely)."""
+        """A copy whose model section takes ``arch`` / ``preset`` / ``tier_config`` from ``choice`` (``--model.arch``
+        ...); another arch drops the section's own fields, and it or a ``tier_config`` sets ``train.recipe`` 'auto'."""
         ModelChoice(**choice)                          # type checks with the field names in the message
         source = dict(self.model_source or {"arch": self.arch})
         train = self.train

@@ -1,21 +1,8 @@
-"""``TrainConfig``: one training run (batch shape, precision, placement) with its recipe knobs in sections.
-
-Sections (``config/recipe.py``): ``optim`` (AdamW + schedule), ``mixing`` (capacity-mixed training, Alg. 1),
-``ordering`` (FFN importance ordering, D.3), ``budget_dropout`` (ES-SSM Alg. 2), ``eval``, ``checkpoint`` and
-``refine`` (shared refinement, D.8). A run file writes ``train: {steps: 300, optim: {lr: 3e-3}}``; the CLI
-takes ``--train.optim.lr 3e-3``.
-
-The flat names of earlier versions (``lr``, ``eval_every``, ...) are unknown keys in a config (the error names
-the new path); only a saved record of an old run (``run.yaml``, a checkpoint) is mapped to the sections, silently,
-by ``upgrade_record`` (``RECORD_RENAMES``), so such a run still resumes.
-
-``TrainConfig.preset("370m" | "1.5b")`` holds the paper's whole training setting of a model size (Table 7,
-Table 55, D.8): batch in tokens, peak lr, token warm-up, cadences and the shared-refinement stage; a run
-file says ``train: {preset: 1.5b, ...}`` and its other keys override the preset's, section by section. The
-global batch is stated in tokens (``tokens_per_step``) and ``micro_batches(world_size)`` derives the
-micro-batches per rank from the number of ranks (E.2: "distributed training preserves the stated global
-token batch").
-"""
+"""``TrainConfig``: one training run (batch shape, precision, placement) with its recipe knobs in sections
+(``recipe.py``): a run file writes ``train: {steps: 300, optim: {lr: 3e-3}}``, the CLI ``--train.optim.lr 3e-3``.
+The flat names of earlier versions (``lr``) are unknown keys; only a saved record of an old run is mapped to the
+sections (``upgrade_record``), so it still resumes. ``preset("370m" | "1.5b")``: the papers' setting (Table 7,
+Table 55, D.8); the global batch is in tokens and ``micro_batches(world_size)`` splits it over the ranks (E.2)."""
 
 from __future__ import annotations
 

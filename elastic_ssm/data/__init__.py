@@ -1,15 +1,6 @@
-"""elastic_ssm.data: corpora, tokenizers, packed batches, prepared token files and synthetic tasks.
-
-Typical use::
-
-    from elastic_ssm import data
-    tok = data.load_tokenizer("bytes")                       # or a tokenizer.json path
-    train = data.load_corpus("stdlib", tok, split="train")   # or a prepared *.bin file
-    batches = data.PackedBatches(train, seq_len=512, batch_size=8, seed=0)
-    input_ids, labels = next(batches)                        # [B, L] int64 each
-
-See docs/data.md for sources, ``elastic-ssm prepare``, BPE training and resume semantics.
-"""
+"""elastic_ssm.data: corpora, tokenizers, packed batches, prepared token files and synthetic tasks
+(docs/data.md): ``PackedBatches(load_corpus("stdlib", load_tokenizer("bytes")), seq_len=512, batch_size=8)``
+yields ``(input_ids, labels)``, [B, L] int64 each."""
 
 from .corpora import folder_files, iter_documents, stdlib_corpus
 from .packing import (

@@ -1,21 +1,9 @@
-"""Document sources: the embedded stdlib corpus, text / JSONL / Parquet files and folders, and HF datasets.
-
-``iter_documents(source, split=None)`` streams documents (``bytes`` or ``str``) one at a time, so no
-source is ever held in memory as a whole. ``source`` is one of
-
-* ``"stdlib"``: the Python standard library's own ``.py`` files (no download; see ``stdlib_files``);
-* ``"pysrc"`` / ``"pysrc:<root>[,<root>...]"``: every ``.py`` file of the stdlib and site-packages, or of
-  the given folders, deduplicated by content (``pysrc.py``);
-* a text file (``.txt``, ``.md``, ``.py``, ... optionally ``.gz``): one document per file;
-* a ``.jsonl`` / ``.jsonl.gz`` file: one document per line, taken from the ``text_field`` key;
-* a ``.parquet`` file: one document per row of the ``text_field`` column, read batch by batch;
-* a folder: all of the above found recursively, in sorted relative-path order (hidden entries skipped);
-* ``"hf:<name>[:<config>][:<split>]"``: a Hugging Face dataset, streamed (needs ``datasets``).
-
-Splits (``"train"`` / ``"validation"``) are deterministic: folders (and the stdlib) are split BY FILE on
-a stable hash of the relative path (``split_by_path``), JSONL/Parquet files by a hash of the row index,
-and a single text file by its last ``val_fraction`` of bytes (cut at a line break).
-"""
+"""Document sources (docs/data.md): ``iter_documents(source, split=None)`` streams documents (``bytes`` or ``str``)
+one at a time from ``"stdlib"`` (the standard library's ``.py`` files), ``"pysrc[:<roots>]"`` (``pysrc.py``), a
+text file (one document; ``.gz`` too), ``.jsonl`` (a line's ``text_field``), ``.parquet`` (a row's ``text_field``),
+a folder (all of these, sorted, hidden entries skipped) or ``"hf:<name>[:<config>][:<split>]"`` (streamed).
+Splits are deterministic: folders and the stdlib by file (``split_by_path``), JSONL / Parquet by a hash of the
+row index, a single text file by its last ``val_fraction`` of bytes (cut at a line break)."""
 
 from __future__ import annotations
 
@@ -39,10 +27,8 @@ MAX_TEXT_DOC_BYTES = 16 << 20
 
 def stdlib_corpus(split: str | None = "train", max_bytes: int | None = None,
                   include_tests: bool = True) -> list[bytes]:
-    """The embedded default corpus: raw bytes of each stdlib file of ``split``, in sorted path order.
-
-    ``max_bytes`` truncates the corpus (the last document is cut so the total is exactly ``max_bytes``).
-    """
+    """The embedded default corpus: raw bytes of each stdlib file of ``split`` in path order, cut at
+    ``max_bytes``."""
     root = stdlib_root()
     files = ((root / rel).read_bytes() for rel in stdlib_split_files(split, include_tests))  # read lazily
     return [d for d in cap_bytes(files, max_bytes) if d]
@@ -66,15 +52,8 @@ def _open_binary(path: Path):
 
 
 def _kind(path: Path) -> str | None:
-    suffixes = [s.lower() for s in path.suffixes[-2:]]
-    if suffixes and suffixes[-1] == ".gz":
-        suffixes = suffixes[:-1]
-    last = suffixes[-1] if suffixes else ""
-    if last == ".jsonl":
-        return "jsonl"
-    if last == ".parquet":
-        return "parquet"
-    return "text" if last in TEXT_SUFFIXES else None
+    last = Path(path.name.lower().removesuffix(".gz")).suffix
+    return {".jsonl": "jsonl", ".parquet": "parquet"}.get(last, "text" if last in TEXT_SUFFIXES else None)
 
 
 def _iter_text(path: Path, split: str | None, val_fraction: float) -> Iterator[bytes]:
@@ -209,10 +188,8 @@ def folder_files(folder: str | Path) -> list[str]:
 
 def iter_documents(source: str | Path, split: str | None = None, *, text_field: str = "text",
                    val_fraction: float = VAL_FRACTION) -> Iterator[bytes | str]:
-    """Stream the documents of ``source`` (see the module docstring), restricted to ``split`` if given.
-
-    Yields ``bytes`` (text files, the stdlib) or ``str`` (JSONL, Parquet, datasets); never empty ones.
-    """
+    """The non-empty documents of ``source`` (module docstring) in ``split``: ``bytes`` from text files and the
+    stdlib, ``str`` from JSONL, Parquet and datasets."""
     check_split(split)
     if not str(source).strip():       # Path("") is the working directory: never read it by accident
         raise ValueError("the data source is an empty string; use 'stdlib', a file, a folder, or "

@@ -1,17 +1,10 @@
-"""Packing token streams into fixed-length training windows, with resumable shuffled batching.
+"""Token streams packed into training windows, with resumable shuffled batching.
 
-Documents are tokenized and concatenated into one flat stream with the tokenizer's SEP id after every
-document: ``d0 SEP d1 SEP d2 SEP``. The stream of N tokens is read as windows of L + 1 tokens,
-window ``i`` = ``stream[i*stride : i*stride + L + 1]``; the model input is ``w[:-1]`` and the next-token
-labels are ``w[1:]``, both ``[L]``. Training uses ``stride = L`` (every token after the first is a target
-exactly once per epoch); ``evaluation_batches`` defaults to ``stride = L + 1``, the non-overlapping
-``L + 1``-token windows of the ESSH paper's evaluation protocol (Appendix E).
-
-``PackedBatches`` shuffles window indices with a permutation fixed by ``(seed, epoch)``, shards every
-global batch of ``B * world_size`` windows into disjoint per-rank blocks, and records its position as
-``(epoch, windows consumed)`` so ``load_state_dict`` resumes at exactly the next batch, even with a
-different ``world_size`` as long as the global batch divides the consumed count.
-"""
+The stream is ``d0 SEP d1 SEP ...``; window ``i`` = ``stream[i*stride : i*stride + L + 1]``, input ``w[:-1]`` and
+labels ``w[1:]`` ([L] each). Training uses ``stride = L``; ``evaluation_batches`` the non-overlapping ``L + 1``
+windows of the ESSH evaluation (Appendix E). ``PackedBatches`` permutes windows by ``(seed, epoch)``, shards each
+global batch of ``B * world_size`` windows into per-rank blocks and resumes at the next batch (``state_dict``),
+also on another ``world_size`` when the global batch divides the consumed count."""
 
 from __future__ import annotations
 
@@ -71,13 +64,16 @@ def iter_token_chunks(docs: Iterable[str | bytes], tokenizer,
             yield out
 
 
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 65535 else np.dtype(np.uint32)
+
+
 def pack_documents(docs: Iterable[str | bytes], tokenizer) -> TokenArray:
     """Tokenize and concatenate ``docs`` in memory (for small corpora; use ``prepare`` for large ones)."""
     chunks = list(iter_token_chunks(docs, tokenizer))
     if not chunks:
         raise ValueError("no non-empty documents to pack")
-    dtype = np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32
-    return TokenArray(np.concatenate(chunks).astype(dtype), tokenizer.vocab_size)
+    return TokenArray(np.concatenate(chunks).astype(token_dtype(tokenizer.vocab_size)), tokenizer.vocab_size)
 
 
 def _as_array(tokens):
@@ -89,10 +85,8 @@ def _as_array(tokens):
 
 
 def tokens_fingerprint(tokens, samples: int = 64, width: int = 4096) -> str:
-    """A cheap fingerprint of a token stream: its length and the SHA-256 of ``samples`` evenly spaced runs of
-    ``width`` tokens (all of it when shorter; about 2 MB read for any corpus). A resumed run compares it with its
-    checkpoint's, so edited, reordered or replaced data files are caught before training continues on other
-    tokens; an edit that falls between the sampled runs and keeps the length is not."""
+    """The length and SHA-256 of ``samples`` evenly spaced runs of ``width`` tokens (about 2 MB read): a resume
+    compares it with its checkpoint's, catching replaced or edited data (not an edit between the runs)."""
     import hashlib
 
     arr = _as_array(tokens)
@@ -122,17 +116,10 @@ def gather_windows(tokens, starts: np.ndarray, seq_len: int) -> tuple[torch.Tens
 
 
 class PackedBatches:
-    """Shuffled, sharded, resumable batches ``(input_ids [B, L], labels [B, L])`` (int64 CPU tensors).
-
-    Args:
-        tokens: ``TokenArray``, ``TokenFile``, numpy array or tensor ``[N]``.
-        seq_len: L. batch_size: B per rank. seed: fixes every epoch's permutation with ``epoch``.
-        shuffle: permute windows each epoch (else sequential order).
-        drop_last: drop the incomplete last global batch; otherwise it is completed with windows from
-            the start of the same epoch's order, so every rank always gets B rows.
-        rank, world_size: data-parallel shard; rank ``r`` takes rows ``r*B:(r+1)*B`` of each global batch.
-        num_epochs: stop after this many epochs (``None``: iterate forever).
-    """
+    """Shuffled, sharded, resumable batches ``(input_ids [B, L], labels [B, L])`` (int64 CPU tensors) of
+    ``tokens`` [N] (``TokenArray``, ``TokenFile``, array or tensor). ``seed`` and the epoch fix the permutation
+    (``shuffle``); without ``drop_last`` the last global batch is completed from the start of the epoch's order;
+    rank ``r`` takes rows ``r*B:(r+1)*B`` of each global batch; ``num_epochs`` None iterates forever."""
 
     def __init__(self, tokens, seq_len: int, batch_size: int, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = True, rank: int = 0, world_size: int = 1, num_epochs: int | None = None):
@@ -163,17 +150,11 @@ class PackedBatches:
     def __len__(self) -> int:
         return self.num_batches
 
-    @property
-    def step_in_epoch(self) -> int:
-        return self.consumed // self.global_batch
-
     def order(self, epoch: int) -> np.ndarray:
         """Window indices of ``epoch`` in visiting order ``[num_windows]`` (same on every rank)."""
         if epoch != self._perm_epoch:
-            if self.shuffle:
-                self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
-            else:
-                self._perm = np.arange(self.num_windows)
+            n = self.num_windows
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
             self._perm_epoch = epoch
         return self._perm
 
@@ -181,7 +162,7 @@ class PackedBatches:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.step_in_epoch >= self.num_batches:
+        if self.consumed // self.global_batch >= self.num_batches:
             self.epoch, self.consumed = self.epoch + 1, 0
         if self.num_epochs is not None and self.epoch >= self.num_epochs:
             raise StopIteration
@@ -222,13 +203,9 @@ class PackedBatches:
 def evaluation_batches(tokens, seq_len: int, batch_size: int, max_batches: int | None = None,
                        stride: int | None = None, rank: int = 0,
                        world_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Fixed validation batches ``(input_ids [b, L], labels [b, L])``, b <= B (only the last is short).
-
-    Windows are non-overlapping (``stride = L + 1`` by default) and never shuffled. With ``max_batches``
-    the ``max_batches * B * world_size`` windows are spread evenly over the whole stream (always the same
-    ones), so a capped evaluation still samples every part of the corpus. Rank ``r`` gets every
-    ``world_size``-th window.
-    """
+    """Fixed validation batches ``(input_ids [b, L], labels [b, L])`` (only the last has b < B) of non-overlapping
+    windows (``stride = L + 1``), never shuffled; ``max_batches`` spreads its windows evenly over the whole
+    stream; rank ``r`` gets every ``world_size``-th window."""
     stride = seq_len + 1 if stride is None else stride
     n = num_windows(len(_as_array(tokens)), seq_len, stride)
     if n == 0:

@@ -1,21 +1,9 @@
-"""``pysrc``: every Python source file under some roots, as one corpus (no download).
-
-``data.source`` takes
-
-* ``"pysrc"``: the running interpreter's standard library (as ``stdlib``, its ``site-packages`` excluded)
-  and its site-packages folders (``site.getsitepackages()`` plus sysconfig's purelib/platlib; never
-  ``PYTHONPATH`` or the user site, so wheels unpacked for one job do not change the corpus);
-* ``"pysrc:<root>[,<root>...]"``: the ``.py`` files under these folders.
-
-Every ``.py`` file (``__pycache__`` and hidden folders skipped) is named ``<label>/<relative path>``
-(``stdlib/json/decoder.py``, ``site-packages/torch/...``, ``root0/...`` for given roots); names are sorted,
-files with the same bytes as an earlier name are dropped, and the rest are split BY FILE
-(``splits.split_by_path``: 2% to validation, at least 8 files), so no file has copies on both sides.
-
-``manifest(spec)`` hashes every file once; the result is cached (``cache.cache_dir()``,
-``pysrc-manifest-<key>.json``, the key covering every candidate's name, size and mtime), and
-``tokenfile.load_corpus`` keeps each split's tokens in ``tokens/pysrc-<key>/<split>.bin`` under the same cache.
-"""
+"""``pysrc``: every Python source file under some roots as one corpus (no download). ``"pysrc"``: the stdlib (as
+``stdlib``) and the site-packages folders (never ``PYTHONPATH`` or the user site); ``"pysrc:<root>[,<root>...]"``:
+the ``.py`` files under these folders. Files are named ``<label>/<relative path>`` (``stdlib/json/decoder.py``,
+``root0/...``), sorted, deduplicated by content and split by file (``split_by_path``: 2%, at least 8 files).
+``manifest(spec)`` hashes each file once (cached in ``cache_dir()``); ``tokenfile.load_corpus`` caches each split's
+tokens under ``tokens/pysrc-<key>/``."""
 
 from __future__ import annotations
 

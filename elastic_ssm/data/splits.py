@@ -1,10 +1,5 @@
-"""Train / validation splits by file, and the standard library's file list they split.
-
-``split_by_path`` puts a file into validation when a stable hash (sha256) of its relative path is below the
-validation fraction, so a file's side never depends on which other files exist (beyond a minimum count). The
-stdlib corpus (``stdlib_split_files``), folders (``corpora.iter_documents``) and ``pysrc`` manifests all split
-this way.
-"""
+"""Train / validation splits by file (a file is in validation when the sha256 of its relative path is below the
+fraction, whatever other files exist), and the standard library's file list they split."""
 
 from __future__ import annotations
 
@@ -32,12 +27,8 @@ def check_split(split: str | None) -> None:
 
 def split_by_path(rel_paths: Sequence[str], val_fraction: float = VAL_FRACTION,
                   min_val: int = 1) -> tuple[list[str], list[str]]:
-    """Deterministic file-level split: ``(train, validation)``, each in the order of ``rel_paths``.
-
-    A path is in validation when the hash of its POSIX relative path is below ``val_fraction``; if that
-    picks fewer than ``min_val`` files, the ``min_val`` lowest-hash files are used instead. Membership of
-    a file never depends on which other files exist (beyond the ``min_val`` top-up).
-    """
+    """``(train, validation)`` in the order of ``rel_paths``: a path is in validation when the hash of its POSIX
+    relative path is below ``val_fraction``, topped up to ``min_val`` files by the lowest hashes."""
     if len(rel_paths) < 2:
         raise ValueError(f"cannot split {len(rel_paths)} file(s) into train and validation; pass a "
                          "separate validation source or more files")
@@ -53,14 +44,9 @@ def stdlib_root() -> Path:
 
 
 def stdlib_files(include_tests: bool = True) -> list[str]:
-    """Sorted POSIX relative paths of the standard library's own ``.py`` files.
-
-    Excludes ``site-packages``/``dist-packages`` (installed third-party code), ``__pycache__`` and the
-    machine-generated ``_sysconfigdata*`` / ``config-*`` build files. ``include_tests`` keeps the
-    stdlib's ``test``/``tests``/``idle_test`` folders (about 60% of the bytes). The list differs between
-    Python versions and distributions (some strip the test suite), so the corpus is identical across runs
-    on one machine, not across machines.
-    """
+    """Sorted POSIX relative paths of the standard library's own ``.py`` files (not site-packages, ``__pycache__``
+    or the generated ``_sysconfigdata*`` / ``config-*`` files; ``include_tests``: its test folders, about 60% of the
+    bytes). The list differs between Python builds, so the corpus is the same across runs of one machine only."""
     return list(_stdlib_files(include_tests))
 
 

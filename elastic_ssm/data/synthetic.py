@@ -1,15 +1,10 @@
-"""Synthetic recall tasks of the ESSH paper's Appendix I: MQAR and palindrome completion.
+"""Synthetic recall tasks of the ESSH paper's Appendix I, as ``(input_ids [N, L], labels [N, L])`` int64 (labels
+``IGNORE`` = -100 where not scored), seeded; ``synthetic_batches``' batch ``s`` depends only on ``(seed, s)``.
 
-Every generator returns ``(input_ids [N, L], labels [N, L])`` int64 tensors: ``labels[:, t]`` is the target of
-position ``t``, ``IGNORE`` (-100) where not scored. Generation is seeded (``numpy.random.default_rng(seed)``);
-``synthetic_batches`` yields an endless stream in which batch ``s`` depends only on ``(seed, s)`` (no resume state).
-
-MQAR (Arora et al., 2024; ESSH Tables 21-22): ``num_pairs`` key-value bigrams ``k1 v1 k2 v2 ...`` (keys from
-the lower half of the vocabulary, distinct; values from the upper half), then filler (id 0) in which
-``num_queries`` keys reappear, each followed by its value; only those values are scored.
-Palindrome (ESSH Table 23): ``n = L // 2`` random symbols, a separator, the symbols reversed (scored).
-Token ids: 0 pad, 1 separator, symbols from 2.
-"""
+MQAR (Arora et al., 2024; Tables 21-22): ``num_pairs`` bigrams ``k1 v1 k2 v2 ...`` (distinct keys from the lower half
+of the vocabulary, values from the upper half), then filler (id 0) in which ``num_queries`` keys reappear, each
+followed by its (scored) value. Palindrome (Table 23): ``L // 2`` symbols (ids from 2), a separator (1), the symbols
+reversed (scored)."""
 
 from __future__ import annotations
 
@@ -36,12 +31,8 @@ def _shift(seq: np.ndarray, scored: np.ndarray) -> tuple[torch.Tensor, torch.Ten
 
 def mqar(num_examples: int, seq_len: int, num_pairs: int, vocab_size: int = 8192,
          num_queries: int | None = None, seed=0) -> tuple[torch.Tensor, torch.Tensor]:
-    """MQAR examples ``(input_ids [N, L], labels [N, L])``; ``num_queries`` defaults to ``num_pairs``.
-
-    Keys come from ``[1, vocab_size // 2)``, values from ``[vocab_size // 2, vocab_size)``. Query keys are
-    a random subset (without repetition) of the context keys placed at random, non-overlapping bigram slots
-    after the context; ``labels`` holds each queried value at the position of its query key.
-    """
+    """MQAR examples ``(input_ids [N, L], labels [N, L])`` (module docstring); the queried keys (``num_queries``,
+    default ``num_pairs``) are a random subset of the context keys at random bigram slots after the context."""
     q = num_pairs if num_queries is None else num_queries
     half = vocab_size // 2
     ctx, slots = 2 * num_pairs, (seq_len + 1 - 2 * num_pairs) // 2
@@ -70,11 +61,8 @@ def mqar(num_examples: int, seq_len: int, num_pairs: int, vocab_size: int = 8192
 
 def palindrome(num_examples: int, seq_len: int, vocab_size: int = 16,
                seed=0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Palindrome completion ``(input_ids [N, L], labels [N, L])``: ``x SEP reverse(x)``, ``len(x) = L // 2``.
-
-    Symbols are drawn uniformly from ``[2, vocab_size)``; for odd L one PAD token ends the sequence.
-    Exactly ``L // 2`` positions per row are scored (those that predict the reversed half).
-    """
+    """Palindrome completion ``(input_ids [N, L], labels [N, L])``: ``x SEP reverse(x)``, ``len(x) = L // 2``
+    symbols from ``[2, vocab_size)`` (odd L: one PAD at the end); the reversed half is scored."""
     if vocab_size < 3:
         raise ValueError(f"vocab_size={vocab_size} must be >= 3 (pad, separator and at least one symbol)")
     half = seq_len // 2
@@ -95,11 +83,8 @@ TASKS = {"mqar": mqar, "palindrome": palindrome}
 
 def synthetic_batches(task: str, batch_size: int, seq_len: int, seed: int = 0, start_step: int = 0,
                       shard: int = 0, **kwargs) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless batches of ``task`` (``"mqar"`` or ``"palindrome"``); batch ``s`` uses seed ``(seed, s)``
-    (``(seed, s, shard)`` for ``shard > 0``: one independent stream per data-parallel rank).
-
-    ``kwargs`` go to the generator (e.g. ``num_pairs=`` and ``vocab_size=`` for MQAR).
-    """
+    """Endless batches of ``task``; batch ``s`` uses seed ``(seed, s)`` (``(seed, s, shard)`` for ``shard > 0``:
+    one stream per rank); ``kwargs`` go to the generator (``num_pairs=``, ``vocab_size=``)."""
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}: choose from {sorted(TASKS)}")
     step = start_step
@@ -110,14 +95,9 @@ def synthetic_batches(task: str, batch_size: int, seq_len: int, seed: int = 0, s
 
 
 class SyntheticSource:
-    """A synthetic task as a run's data source: ``"synthetic:<task>[:key=value,...]"``, e.g.
-    ``"synthetic:mqar:num_pairs=16"`` or ``"synthetic:palindrome"``. ``vocab_size`` defaults to the model's.
-
-    ``batches(...)`` is the ``data(rank, world_size)`` factory of ``train()``: rank ``r`` draws its own
-    stream (``synthetic_batches(shard=r)``), and resuming (the loop skips the consumed batches) continues
-    it exactly. ``validation(...)`` is a fixed held-out set drawn from a
-    seed no training batch uses.
-    """
+    """A run's data source ``"synthetic:<task>[:key=value,...]"`` (``synthetic:mqar:num_pairs=16``; ``vocab_size``
+    defaults to the model's): ``batches`` is ``train()``'s ``data(rank, world_size)`` factory (a stream per rank),
+    ``validation`` a fixed held-out set from a seed no training batch uses."""
 
     def __init__(self, spec: str, vocab_size: int) -> None:
         parts = spec.split(":", 2)

@@ -1,12 +1,7 @@
-"""Prepared token files: a flat binary token stream plus a JSON sidecar, opened with ``np.memmap``.
-
-``prepare`` (``elastic-ssm prepare``) streams documents through a tokenizer into ``<out>.bin`` (uint16 when
-V <= 65535, else uint32; little-endian) and ``<out>.bin.json`` (format version, dtype, token count, tokenizer
-spec, V, source, split, document count, sha256 of the token bytes, ``tokens_fingerprint``), one chunk in
-memory at a time, through a temporary file renamed into place. ``TokenFile`` maps the file read-only and
-checks it against the sidecar (size on open; the fingerprint in ``load_corpus``; the whole sha256 with
-``verify``); ``load_corpus`` picks between a prepared file and in-memory tokenization.
-"""
+"""Prepared token files: ``<out>.bin`` (uint16 when V <= 65535, else uint32) and a JSON sidecar ``<out>.bin.json``
+(dtype, count, tokenizer, source, split, sha256, sampled ``fingerprint``), written by ``prepare`` one chunk at a
+time; ``TokenFile`` maps one read-only and checks it against its sidecar; ``load_corpus`` picks a prepared file or
+in-memory tokenization."""
 
 from __future__ import annotations
 
@@ -19,14 +14,13 @@ import numpy as np
 from ..utils.files import atomic_write_text, atomic_writer
 from ..utils.progress import progress
 from .corpora import cap_bytes, iter_documents
-from .packing import TokenArray, iter_token_chunks, pack_documents, tokens_fingerprint
+from .packing import TokenArray, iter_token_chunks, pack_documents, token_dtype, tokens_fingerprint
 from .pysrc import is_pysrc, manifest
 from .splits import VAL_FRACTION, stdlib_root
 from .tokenizers import load_tokenizer
 
 FORMAT = "elastic_ssm.tokens"
 VERSION = 1
-WRITE_CHUNK_TOKENS = 1 << 22
 
 
 def sidecar_path(path: str | Path) -> Path:
@@ -35,20 +29,12 @@ def sidecar_path(path: str | Path) -> Path:
     return path if path.name.endswith(".bin.json") else path.with_name(path.name + ".json")
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= 65535 else np.dtype(np.uint32)
-
-
 def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None = None, *,
             text_field: str = "text", max_tokens: int | None = None, show_progress: bool = False,
             extra_meta: dict | None = None) -> TokenFile:
-    """Tokenize every document of ``source`` (see ``iter_documents``) into the token file ``out_path``.
-
-    Each document is followed by the tokenizer's SEP id. ``max_tokens`` stops early (the stream is cut
-    exactly there). ``extra_meta`` is added to the sidecar (a ``pysrc`` source records its file and byte
-    counts there by default). ``show_progress``: a tokens-written bar on stderr (``utils.progress``). Returns the
-    opened ``TokenFile``.
-    """
+    """Tokenize every document of ``source`` (``iter_documents``), each followed by SEP, into the token file
+    ``out_path``; ``max_tokens`` cuts the stream exactly there; ``extra_meta`` goes into the sidecar (a ``pysrc``
+    source's file and byte counts by default). Returns the opened ``TokenFile``."""
     out_path = Path(out_path)
     if out_path.suffix != ".bin":     # load_corpus knows a token file by its name: anything else is read as text
         raise ValueError(f"{out_path}: a token file's name must end in .bin (e.g. {out_path.with_suffix('.bin')}), "
@@ -56,7 +42,7 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
     tok = load_tokenizer(tokenizer)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tok.vocab_size)
-    digest, count, n_docs, pending, n_pending = hashlib.sha256(), 0, 0, [], 0
+    digest, count, n_docs = hashlib.sha256(), 0, 0
     bar = progress(desc=f"prepare {out_path.name}", unit="tok", unit_scale=True, total=max_tokens,
                    enabled=show_progress)
 
@@ -66,13 +52,6 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
             n_docs += 1
             yield d
 
-    def flush(f):
-        nonlocal pending, n_pending
-        data = np.concatenate(pending).astype(dtype).tobytes()
-        f.write(data)
-        digest.update(data)
-        pending, n_pending = [], 0
-
     try:
         with atomic_writer(out_path) as f:   # replaces out_path only when the block completes
             docs = counted(iter_documents(source, split, text_field=text_field))
@@ -81,17 +60,13 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
                     chunk = chunk[: max_tokens - count]
                 if len(chunk) and int(chunk.max()) >= tok.vocab_size:
                     raise ValueError(f"token id {int(chunk.max())} >= vocab_size {tok.vocab_size}")
-                pending.append(chunk)
-                n_pending += len(chunk)
+                data = chunk.astype(dtype).tobytes()
+                f.write(data)
+                digest.update(data)
                 count += len(chunk)
-                if bar is not None:
-                    bar.update(len(chunk))
-                if n_pending >= WRITE_CHUNK_TOKENS:
-                    flush(f)
+                bar.update(len(chunk))
                 if max_tokens is not None and count >= max_tokens:
                     break
-            if pending:
-                flush(f)
             if count == 0:
                 raise ValueError(f"source {source!r} (split={split}) produced no tokens")
             sidecar = sidecar_path(out_path)
@@ -113,17 +88,13 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
             meta["stdlib_root"] = str(stdlib_root())
         atomic_write_text(sidecar, json.dumps(meta, indent=2) + "\n")
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     return TokenFile(out_path)
 
 
 class TokenFile:
-    """A prepared token file, memory-mapped read-only: ``tokens`` is a ``np.memmap`` ``[N]``.
-
-    Raises ``FileNotFoundError`` for a missing file or sidecar and ``ValueError`` when the file size
-    does not match the sidecar's token count (an interrupted copy, a different file).
-    """
+    """A prepared token file, memory-mapped read-only (``tokens``: ``np.memmap`` [N]); a missing file or sidecar and
+    a size that differs from the sidecar's count are refused in one line."""
 
     def __init__(self, path: str | Path):
         path = Path(path)
@@ -202,20 +173,11 @@ class TokenFile:
 
 def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_bytes: int | None = None,
                 text_field: str = "text", verify: bool = False) -> TokenArray | TokenFile:
-    """Tokens of ``source`` ready for ``PackedBatches``.
-
-    * a prepared ``*.bin`` file (or its ``.bin.json``): the memory-mapped ``TokenFile`` (``split`` is
-      ignored: prepare one file per split);
-    * a folder holding ``<split>.bin`` (e.g. ``prepare``'s ``train.bin`` / ``validation.bin``): that file; a
-      folder holding other ``*.bin`` files but not this split's is an error (never read as text);
-    * ``"pysrc..."`` with a split and no ``max_bytes``: that split's prepared token file in the cache
-      (``pysrc_tokens``; prepared on first use);
-    * anything else (``"stdlib"`` by default): tokenized in memory into a ``TokenArray``; ``max_bytes``
-      caps the raw text read. Large corpora belong in a prepared file instead.
-
-    A prepared file is checked against its sidecar: its size, its tokenizer, and its sampled fingerprint
-    (``TokenFile.check_fingerprint``), or with ``verify`` the sha256 of all its tokens (``TokenFile.verify``).
-    """
+    """Tokens of ``source`` for ``PackedBatches``: a prepared ``*.bin`` (``split`` ignored) or a folder's
+    ``<split>.bin`` as a ``TokenFile`` (a folder of other ``*.bin`` files is refused, never read as text), checked
+    for size, tokenizer and fingerprint (``verify``: the sha256 of all tokens); ``"pysrc..."`` with a split: that
+    split's token file in the cache (prepared on first use); anything else tokenized in memory into a
+    ``TokenArray`` (``max_bytes`` caps the text read)."""
     tok = load_tokenizer(tokenizer)
     if is_pysrc(source) and split is not None and not max_bytes:
         return pysrc_tokens(str(source), tok, split)       # prepared once into the cache, then memory-mapped

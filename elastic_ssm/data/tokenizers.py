@@ -1,18 +1,7 @@
-"""Tokenizers: raw bytes (the default, no dependency) and byte-level BPE through the `tokenizers` library.
-
-Both classes share one small interface used by packing, ``prepare`` and the training loop:
-
-* ``encode(text | bytes) -> list[int]`` and ``encode_np(doc) -> np.ndarray`` (``[n]`` int64), no specials;
-* ``encode_batch_np(docs) -> list[np.ndarray]`` (parallel in Rust for BPE);
-* ``decode(ids) -> str`` (invalid UTF-8 replaced, special tokens dropped);
-* ``vocab_size`` (V) and the special ids ``pad_id``, ``bos_id``, ``eos_id``, ``sep_id`` (document separator);
-* ``spec`` (the string ``load_tokenizer`` accepts) and ``save(dir)``.
-
-``ByteTokenizer``: ids 0..255 are the bytes themselves, then PAD=256, BOS=257, EOS=258, SEP=259; V = 260.
-``BPETokenizer`` wraps a ``tokenizers.Tokenizer`` loaded from a ``tokenizer.json`` (yours, or one made by
-``train_bpe`` / ``elastic-ssm tokenizer train``). ``tokenizers`` is imported lazily so the byte path never
-needs it.
-"""
+"""Tokenizers behind one interface (``encode`` / ``encode_np`` / ``encode_batch_np`` without specials, ``decode``
+dropping specials, ``vocab_size``, ``pad_id`` / ``bos_id`` / ``eos_id`` / ``sep_id``, ``spec``, ``save(dir)``):
+``ByteTokenizer`` (ids 0..255 are the bytes, then PAD=256, BOS=257, EOS=258, SEP=259; V = 260; no dependency) and
+``BPETokenizer`` (a ``tokenizers.Tokenizer`` from a ``tokenizer.json``, yours or one ``train_bpe`` made)."""
 
 from __future__ import annotations
 
@@ -28,6 +17,9 @@ from .corpora import cap_bytes, iter_documents
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<sep>")
 META_FILE = "elastic_tokenizer.json"
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+BYTES_FINGERPRINT = hashlib.sha256(b"elastic_ssm.ByteTokenizer:bytes0-255+pad,bos,eos,sep").hexdigest()
 _INSTALL_HINT = 'BPE tokenizers need the `tokenizers` package: pip install "elastic-ssm[data]"'
 
 # Names under which common tokenizer.json files carry their specials (first match wins).
@@ -80,27 +72,17 @@ class ByteTokenizer:
         arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.int64).reshape(-1)
         return arr[(arr >= 0) & (arr < 256)].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
-    def save(self, directory: str | Path) -> Path:
-        """Write ``elastic_tokenizer.json`` into ``directory``; ``load_tokenizer(directory)`` reads it."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        meta = {"type": "bytes", "vocab_size": self.vocab_size,
-                "specials": dict(zip(SPECIAL_TOKENS, (self.PAD, self.BOS, self.EOS, self.SEP)))}
-        path = directory / META_FILE
-        atomic_write_text(path, json.dumps(meta, indent=2) + "\n")
-        return path
+    def save(self, directory: str | Path) -> list[str]:
+        """``save_tokenizer_files``: ``load_tokenizer(directory)`` reads it back."""
+        return save_tokenizer_files(self, directory)
 
     def __repr__(self) -> str:
         return "ByteTokenizer(vocab_size=260)"
 
 
 class BPETokenizer:
-    """A ``tokenizers.Tokenizer`` (from a ``tokenizer.json``) behind the ``ByteTokenizer`` interface.
-
-    Special ids are looked up by name (``<pad>``, ``<bos>``, ``<eos>``, ``<sep>`` and the usual GPT-2 /
-    Llama / SentencePiece spellings). A file without any separator-like token gets ``<sep>`` appended
-    as an added special token, so ``vocab_size`` is then one larger than the file's own vocabulary.
-    """
+    """A ``tokenizers.Tokenizer`` behind the ``ByteTokenizer`` interface; special ids are found by name
+    (``_CANDIDATES``); a file without a separator-like token gets ``<sep>`` added (``vocab_size`` one larger)."""
 
     def __init__(self, tokenizer, path: str | Path | None = None, special_names: dict[str, str] | None = None):
         self._tok = tokenizer
@@ -117,9 +99,8 @@ class BPETokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> BPETokenizer:
-        """Load a ``tokenizer.json`` (Hugging Face ``tokenizers`` format); the special tokens named by a
-        ``tokenizer_config.json`` beside it (``bos_token``, ``eos_token``, ``pad_token``, ``sep_token``, as
-        in a downloaded Hugging Face tokenizer folder) take precedence over the usual spellings."""
+        """Load a ``tokenizer.json``; the specials that a ``tokenizer_config.json`` beside it names (``bos_token``,
+        ...: a Hugging Face tokenizer folder) take precedence over the usual spellings."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}; train one with "
@@ -180,15 +161,7 @@ class BPETokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
-    def save(self, directory: str | Path) -> Path:
-        """Write ``tokenizer.json`` and ``elastic_tokenizer.json`` into ``directory``."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self._tok.save(str(directory / "tokenizer.json"))
-        meta = {"type": "bpe", "file": "tokenizer.json", "vocab_size": self.vocab_size,
-                "specials": {r: i for r, i in self._ids.items()}, "sha256": self.sha256}
-        atomic_write_text(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
-        return directory / "tokenizer.json"
+    save = ByteTokenizer.save
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size}, path={self.spec!r})"
@@ -197,12 +170,55 @@ class BPETokenizer:
 Tokenizer = ByteTokenizer | BPETokenizer
 
 
-def measured_bytes_per_token(tokenizer, tokens, max_tokens: int = 1 << 20) -> float:
-    """UTF-8 bytes of the decoded text per token over the first ``max_tokens`` of a token stream.
+def fingerprint(tok: Tokenizer) -> str:
+    """SHA-256 of the serialized tokenizer (BPE) or a constant (bytes): equal fingerprints encode alike."""
+    return BYTES_FINGERPRINT if isinstance(tok, ByteTokenizer) else tok.sha256
 
-    The divisor of bits per byte for a subword tokenizer (ES-SSM Sec. 5 reports bits per byte): special
-    tokens (document separators) count as tokens and contribute no bytes. ``tokens``: anything sliceable
-    to a 1-D integer array (``TokenArray``, ``TokenFile``, numpy, a list)."""
+
+def byte_level_tokenizer():
+    """A ``tokenizers.Tokenizer`` equal to ``ByteTokenizer``: id = byte value, specials at 256..259. Byte b is the
+    printable stand-in character of byte-level BPE files: printable Latin-1 bytes stand for themselves, the others
+    take code points 256, 257, ... in order."""
+    tk = _import_tokenizers()
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)}
+    extra = iter(range(256, 512))
+    vocab = {chr(b) if b in keep else chr(next(extra)): b for b in range(256)}
+    tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return tok
+
+
+def save_tokenizer_files(tok: Tokenizer, directory: str | Path) -> list[str]:
+    """Write ``tokenizer.json`` (for bytes an equivalent byte-level file, so ``AutoTokenizer`` works; skipped
+    without the ``tokenizers`` package), ``tokenizer_config.json`` (special tokens, left padding) and
+    ``elastic_tokenizer.json`` (read by ``load_tokenizer``) into ``directory``, each atomically; returns the names."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written, is_bytes = [], isinstance(tok, ByteTokenizer)
+    try:
+        inner = byte_level_tokenizer() if is_bytes else tok._tok
+    except ImportError:
+        inner = None
+    if inner is not None:
+        atomic_write_text(directory / TOKENIZER_FILE, inner.to_str(pretty=True))
+        name = (lambda i: SPECIAL_TOKENS[i - ByteTokenizer.PAD]) if is_bytes else tok._tok.id_to_token
+        hf = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, "add_eos_token": False,
+              "clean_up_tokenization_spaces": False, "padding_side": "left",
+              **{f"{role}_token": name(getattr(tok, f"{role}_id")) for role in ("bos", "eos", "pad", "sep")}}
+        atomic_write_text(directory / TOKENIZER_CONFIG_FILE, json.dumps(hf, indent=2) + "\n")
+        written += [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE]
+    meta = {"type": "bytes"} if is_bytes else {"type": "bpe", "file": TOKENIZER_FILE}
+    meta.update(vocab_size=tok.vocab_size, specials={r: getattr(tok, f"{r}_id") for r in ("pad", "bos", "eos", "sep")},
+                sha256=fingerprint(tok))
+    atomic_write_text(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
+    return [*written, META_FILE]
+
+
+def measured_bytes_per_token(tokenizer, tokens, max_tokens: int = 1 << 20) -> float:
+    """UTF-8 bytes of the decoded text per token over the first ``max_tokens`` of ``tokens`` (anything sliceable to
+    1-D ids): the bits-per-byte divisor of a subword tokenizer (ES-SSM Sec. 5); specials count, with no bytes."""
     n = min(len(tokens), int(max_tokens))
     if n <= 0:
         raise ValueError("measured_bytes_per_token: no tokens to measure on")
@@ -212,13 +228,8 @@ def measured_bytes_per_token(tokenizer, tokens, max_tokens: int = 1 << 20) -> fl
 
 def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_frequency: int = 2,
               max_bytes: int | None = None, show_progress: bool = False) -> BPETokenizer:
-    """Train a byte-level BPE tokenizer locally and save it as ``out_path`` (a ``tokenizer.json``).
-
-    ``files_or_iterator``: a source spec understood by ``iter_documents`` ("stdlib", a file, a folder,
-    "hf:..."), a list of such specs, or any iterable of ``str``/``bytes`` documents. ``max_bytes`` caps
-    the training text. The vocabulary starts from the 256 byte symbols (so any text is encodable) and the
-    specials ``<pad> <bos> <eos> <sep>`` take ids 0..3.
-    """
+    """Train a byte-level BPE tokenizer on ``files_or_iterator`` (an ``iter_documents`` spec, a list of them, or
+    documents) and save it as ``out_path``; specials ``<pad> <bos> <eos> <sep>`` are ids 0..3, then the 256 bytes."""
     tk = _import_tokenizers()
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least "

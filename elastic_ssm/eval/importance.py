@@ -1,15 +1,9 @@
-"""Channel importance profile of a spectral model (ESSH paper Appendix L.3, Table 31, Figure 10).
-
-For every spectral channel ``k`` of a tier, on the same fixed held-out batches:
-
-* **knock-out**: the validation perplexity (and bits per byte) increase after zeroing channel ``k`` in every
-  spectral layer, through a ``torch.func.functional_call`` with its output columns zeroed (ESSH
-  ``out_proj.weight[:, kP:(k+1)P]`` [D, P]; ES-SSM ``proj.weight[:, kD:(k+1)D]`` = M_k [D, D]);
-* **output energy**: the mean squared activation of channel ``k``'s contribution to the mixer output (ESSH
-  ``K^{-1/2} W_k^out z_k``, Sec. 4.1; ES-SSM ``g_k M_k (Phi_k * u)``, Eq. 3/4), averaged over layers.
-
-Summaries (Table 31): ``-Spearman(k, importance_k)`` and the share of the first ``first`` (8) channels; a
-knock-out that lowers the perplexity counts as 0 in its share."""
+"""Channel importance profile of a spectral model (ESSH Appendix L.3, Table 31, Figure 10), per channel ``k`` of a
+tier on the same held-out batches: the **knock-out** perplexity increase after zeroing channel ``k`` in every
+spectral layer (ESSH ``out_proj.weight[:, kP:(k+1)P]`` [D, P]; ES-SSM ``proj.weight[:, kD:(k+1)D]`` = M_k [D, D],
+through ``torch.func.functional_call``) and its **output energy**, the mean squared contribution to the mixer
+output (ESSH ``K^{-1/2} W_k^out z_k``, Sec. 4.1; ES-SSM ``g_k M_k (Phi_k * u)``, Eq. 3/4). Summaries (Table 31):
+``-Spearman(k, importance_k)`` and the share of the first ``first`` channels (a negative knock-out counts 0)."""
 
 from __future__ import annotations
 
@@ -21,7 +15,7 @@ from typing import Any
 import torch
 
 from ..config import TierLike
-from .perplexity import loss_sums
+from .perplexity import loss_sums, perplexity
 
 __all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "has_spectral_channels", "ordering",
            "first_share", "format_importance", "plot_importance"]
@@ -76,9 +70,8 @@ def first_share(values: Sequence[float], first: int = 8) -> float:
 
 
 def _channel_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, int]]:
-    """``(parameter name, spectral layer, columns per channel)`` of the output projection weight of every
-    spectral layer: ESSH ``out_proj.weight`` [D, K P] (P columns per channel), ES-SSM ``proj.weight``
-    [D, K D] (D columns, M_k)."""
+    """``(output weight name, spectral layer, columns per channel)`` of every spectral layer: ESSH
+    ``out_proj.weight`` [D, K P], ES-SSM ``proj.weight`` [D, K D] (M_k)."""
     from ..layers.es_ssm import SpectralSublayer
     from ..layers.spectral_mixer import SpectralMixer
 
@@ -97,11 +90,8 @@ def has_spectral_channels(model: torch.nn.Module) -> bool:
 
 
 class _EnergyMeter:
-    """Accumulates each channel's output energy [K] over the spectral layers of one forward pass.
-
-    ESSH: wraps the mixer's readout on the instance (``z [.., K, P]`` -> ``SpectralMixer.channel_energy``,
-    through Gram matrices, never materialising the [.., K, D] contributions); ES-SSM: a forward hook
-    that asks the sublayer for its ``channel_outputs`` [B, T, K, D]."""
+    """Each channel's output energy [K] over the spectral layers of the forwards inside it: ESSH wraps the mixer's
+    readout (``SpectralMixer.channel_energy`` of ``z [.., K, P]``), ES-SSM hooks ``channel_outputs`` [B, T, K, D]."""
 
     def __init__(self, layers: list[tuple[str, torch.nn.Module, int]], K: int) -> None:
         self.layers, self.K = layers, K
@@ -150,11 +140,8 @@ class _EnergyMeter:
 def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier: TierLike = None,
                        bytes_per_token: float = 1.0, first: int = 8, precision: str = "fp32",
                        progress: bool = False) -> ImportanceResult:
-    """Knock-out and energy profile of every channel of ``tier`` (module docstring; Table 31).
-
-    ``batches``: ``(input_ids [B, T], labels [B, T])`` as for ``evaluate_tiers``. ``progress`` shows a bar over the
-    knocked-out channels on stderr. Costs K + 1 evaluations of the batches.
-    """
+    """Knock-out and energy profile of every channel of ``tier`` on ``batches`` (as for ``evaluate_tiers``;
+    module docstring, Table 31): K + 1 evaluations."""
     from torch.func import functional_call
 
     from ..utils.progress import progress as progress_bar
@@ -186,21 +173,17 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
                        for name, (w, per) in weights.items()}
             fwd = lambda x, _p=knocked, **kw: functional_call(model, _p, (x,), {"tier": t, **kw})
             loss = loss_sums(fwd, batches, model, precision)[0].item() / count
-            channels.append(ChannelImportance(k + 1, loss, _ppl(loss) - _ppl(base_loss),
+            channels.append(ChannelImportance(k + 1, loss, perplexity(loss) - perplexity(base_loss),
                                               (loss - base_loss) / math.log(2) / bytes_per_token, 0.0))
     finally:
         model.train(was_training)
     for c, e in zip(channels, meter.energy()):
         c.energy = e
     knock, energy = [c.delta_ppl for c in channels], [c.energy for c in channels]
-    return ImportanceResult(t.name, K, t.params, base_loss, _ppl(base_loss),
+    return ImportanceResult(t.name, K, t.params, base_loss, perplexity(base_loss),
                             base_loss / math.log(2) / bytes_per_token, count, first,
                             ordering(knock), ordering(energy), first_share(knock, first), first_share(energy, first),
                             channels)
-
-
-def _ppl(loss: float) -> float:
-    return math.exp(min(loss, 700.0))
 
 
 def format_importance(res: ImportanceResult) -> str:

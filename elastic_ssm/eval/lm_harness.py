@@ -1,11 +1,7 @@
-"""lm-evaluation-harness adapter: any tier of an elastic model as an lm-eval ``LM`` (ESSH Appendix E.4; Tables
-1(a), 13, 15). Usage: docs/evaluation.md; needs the ``eval`` extra (lm-eval >= 0.4.9).
-
-``ElasticLM`` serves one tier of a shared model (or a standalone export); ``evaluate_tiers_on_tasks`` loads the
-model once and runs the same tasks for every requested tier. Scoring: context + continuation, left-truncated to
-``max_length + 1`` tokens, one right-padded causal forward at ``tier`` (``scoring.py``); ``is_greedy`` when every
-continuation token is the argmax. Rolling log-likelihood uses the harness's disjoint windows of ``max_length``
-tokens; ``generate_until`` runs the model's cached generation and cuts the text at the first stop string."""
+"""lm-evaluation-harness adapter (ESSH Appendix E.4; Tables 1(a), 13, 15; docs/evaluation.md; extra ``eval``):
+``ElasticLM`` is one tier of a model as an lm-eval ``LM`` (context + continuation left-truncated to
+``max_length + 1`` tokens, one right-padded forward, ``scoring.py``; rolling windows of ``max_length``; cached
+generation cut at the first stop string); ``evaluate_tiers_on_tasks`` loads the model once and runs every tier."""
 
 from __future__ import annotations
 
@@ -43,9 +39,8 @@ def _as_int(value: Any, name: str) -> int:
 
 
 def check_model_args(args: Iterable[str], added: dict[str, Any] | None = None) -> None:
-    """A one-line ``ValueError`` for ``--model_args`` keys ``args`` that ``ElasticLM`` does not take (naming the
-    keys it does), or that lm-eval also sets from its own flags (``added``: ``batch_size``, ``device``,
-    ``max_batch_size`` when given); lm-eval passes both to ``ElasticLM.__init__``, which would be a ``TypeError``."""
+    """A one-line ``ValueError`` for ``--model_args`` keys that ``ElasticLM`` does not take (naming those it does),
+    or that lm-eval also sets from its own flags (``added``), which would be a ``TypeError`` in ``__init__``."""
     accepted = [name for name in inspect.signature(ElasticLM.__init__).parameters if name != "self"]
     unknown = [key for key in args if key not in accepted]
     if unknown:
@@ -269,11 +264,9 @@ def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | 
                             num_fewshot: int | None = None, include_path: str | None = None,
                             precision: str = "fp32", bootstrap_iters: int = 1000, seed: int = 1234,
                             progress: bool = False) -> list[dict[str, Any]]:
-    """Run lm-eval ``tasks`` at every tier in ``tiers`` ("all" or None = the model's tier table, or a list of
-    names and ES-SSM budgets) of one shared model, loaded once. Returns one row per (tier, task, metric):
-    ``{"tier", "K", "n_ff", "params", "task", "metric", "value", "stderr"}``. ``include_path`` adds a folder of
-    task YAML files (local tasks); ``limit`` caps the documents per task (a smoke run, not a paper number).
-    ``progress`` shows a bar over the tiers and one over each tier's scoring requests on stderr (off by default)."""
+    """lm-eval ``tasks`` at every tier of ``tiers`` ("all" / None: the tier table) of one model, loaded once: one
+    ``result_rows`` row per tier, task and metric. ``include_path``: a folder of local task YAML files; ``limit``
+    caps the documents per task (a smoke run)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 

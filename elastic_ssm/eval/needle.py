@@ -1,15 +1,10 @@
-"""Needle-in-a-haystack (NIAH) key retrieval by tier (ESSH paper Appendix E.4, H.1-H.2, Tables 1(b), 17, 18).
+"""Needle-in-a-haystack key retrieval by tier (ESSH Appendix E.4, H.1-H.2, Tables 1(b), 17, 18; docs/evaluation.md).
 
-A trial plants a sentence holding a six-digit key into filler text at a relative depth, then asks for the
-key at the end of a ``context_len``-token sequence::
-
-    [filler ... NEEDLE(key) ... filler] QUERY -> key digits
-
-Each of ``n_pairs`` key pairs (planted key, counterfactual alternative) runs at every depth; with
-``condition="counterfactual"`` (the paper's) the alternative is inserted and expected. Metrics per trial (one
-teacher-forced forward with the expected key, one with the competitor): ``full_key`` (every key token is the
-argmax), ``first_token`` and ``margin_win`` (the expected key's log-probability beats the competitor's).
-``half_width``: half the 95% item-cluster bootstrap interval of full-key accuracy. More in docs/evaluation.md."""
+A trial plants a sentence with a six-digit key into filler at a relative depth and asks for the key at the end of
+a ``context_len``-token sequence: ``[filler ... NEEDLE(key) ... filler] QUERY -> key digits``. Each key pair
+(planted, counterfactual) runs at every depth; ``condition="counterfactual"`` (the paper's) inserts and expects the
+alternative. Per trial: ``full_key`` (every key token is the argmax), ``first_token``, ``margin_win`` (the expected
+key beats the competitor); ``half_width``: half the 95% pair-cluster bootstrap interval of full-key accuracy."""
 
 from __future__ import annotations
 
@@ -172,11 +167,8 @@ def summarize_needle(trials: Sequence[NeedleTrial], cfg: NeedleConfig) -> dict[s
 def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any] | None = None,
                     cfg: NeedleConfig | None = None, precision: str = "fp32",
                     trials: list[NeedleTrial] | None = None, progress: bool = False) -> list[dict[str, Any]]:
-    """NIAH rows for every tier in ``tiers`` (default: the model's tier table), the same trials for each:
-    ``{"tier", "K", "n_ff", "params", "context_len", "condition", "trials", "margin_win", "first_token",
-    "full_key", "half_width", "by_depth"}``. ``trials``: those of ``build_trials(filler, tokenizer, cfg)``
-    when the caller built them already (the CLI does, to report a bad setting before its status line). ``progress``
-    shows a bar over tiers x trials on stderr (off by default)."""
+    """NIAH rows (tier, K, n_ff, params, context_len, condition and ``summarize_needle``'s numbers) for every tier
+    of ``tiers`` (default: the tier table) on the same trials; ``trials``: ``build_trials``' when already built."""
     from ..utils.progress import progress as progress_bar
 
     cfg = cfg or NeedleConfig()

@@ -17,6 +17,11 @@ import torch.nn.functional as F
 from ..utils.progress import progress as progress_bar
 
 
+def perplexity(loss: float) -> float:
+    """``exp(loss)``, capped at ``exp(700)`` (no float overflow)."""
+    return math.exp(min(loss, 700.0))
+
+
 @dataclass
 class TierEval:
     tier: str
@@ -32,7 +37,7 @@ class TierEval:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(min(self.loss, 700.0))
+        return perplexity(self.loss)
 
     @property
     def bpb(self) -> float:
@@ -46,13 +51,9 @@ class TierEval:
 def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tiers: Iterable[Any] | None = None,
                    bytes_per_token: float = 1.0, precision: str = "fp32",
                    reduce: Callable[[torch.Tensor], Any] | None = None, progress: bool = False) -> list[TierEval]:
-    """Mean CE of ``model(x, tier=t)`` on ``batches`` for every tier (default: the whole tier table).
-
-    ``batches``: ``(input_ids [B,T], labels [B,T] or [B], optional attention_mask [B,T])``, labels -100
-    ignored. ``precision="bf16"`` evaluates under bf16 autocast. ``reduce`` (e.g. a distributed all-reduce
-    sum) is applied to the per-tier sums ``[loss, count, correct]`` before averaging. ``progress`` shows a bar over
-    tiers x batches on stderr (``utils.progress``; off by default).
-    """
+    """Mean CE of ``model(x, tier=t)`` on ``batches`` (``(input_ids [B,T], labels [B,T] or [B], optional
+    attention_mask [B,T])``, labels -100 ignored) for every tier (default: the tier table); ``reduce`` (a
+    distributed all-reduce) is applied to the per-tier sums ``[loss, count, correct]`` before averaging."""
     tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
     lengths = {int(b[0].shape[1]) for b in batches}
     seq_len = lengths.pop() if len(lengths) == 1 else None
@@ -103,11 +104,8 @@ def loss_sums(forward: Callable[..., torch.Tensor], batches: Sequence[tuple[torc
 
 
 def split_windows(batches: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> list[tuple[torch.Tensor, ...]]:
-    """Cut every ``(input_ids [b, L], labels [b, L])`` batch into ``L // length`` consecutive windows of
-    ``length`` tokens each, ``[b * (L // length), length]`` (a tail shorter than ``length`` is dropped).
-
-    The length sweep scores the same label tokens at every length (only the context each token sees
-    changes) by cutting the windows of the longest length."""
+    """Every ``(input_ids [b, L], labels [b, L])`` batch cut into consecutive windows ``[b * (L // length),
+    length]``: the length sweep scores the same labels at every length, with less context."""
     out = []
     for x, y in batches:
         n = x.shape[1] // length

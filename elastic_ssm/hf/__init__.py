@@ -1,19 +1,7 @@
-"""elastic_ssm.hf: our model directories as Hugging Face ``transformers`` models (extra ``hf``, transformers >= 5).
-
-``import elastic_ssm.hf`` registers model_type ``essh`` (and the other families below) with ``AutoConfig`` and
-``AutoModelForCausalLM``, after which our directories (a training run's ``final/``, checkpoints' ``model/``,
-exports) load directly:
-
-    import elastic_ssm.hf
-    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
-    model = AutoModelForCausalLM.from_pretrained("runs/x/final", tier="T4")   # only T4's prefixes are read
-    tok = AutoTokenizer.from_pretrained("runs/x/final")
-    out = model.generate(**tok(["def f(", "class A"], return_tensors="pt", padding=True), max_new_tokens=32)
-    pipeline("text-generation", model="runs/x/final")("def main():", max_new_tokens=20)
-
-Modules: ``modeling.py`` (ESSH and the bases), ``cache.py`` (``ESSHHFCache``), ``families.py`` (model_types
-``es_ssm``, ``transformer_pp``, ``matformer``).
-"""
+"""elastic_ssm.hf: our model directories as ``transformers`` models (extra ``hf``, transformers >= 5;
+docs/huggingface.md). Importing it registers model_types ``essh``, ``es_ssm``, ``transformer_pp`` and ``matformer``
+with ``AutoConfig`` / ``AutoModelForCausalLM``, so ``AutoModelForCausalLM.from_pretrained("runs/x/final",
+tier="T4")`` reads only T4's prefixes, and ``AutoTokenizer``, ``generate`` and ``pipeline`` work on it."""
 
 from __future__ import annotations
 

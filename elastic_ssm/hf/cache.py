@@ -1,11 +1,6 @@
-"""``ESSHHFCache``: our ``ESSHCache`` (recurrent mode states + window rings) behind ``transformers.Cache``.
-
-An ESSH decodes with fixed-size state: every spectral layer keeps its mode states ``[B, K_T, M, 2, P]``
-and every sliding-window-attention layer a ring of ``window`` key/value slots ``[B, H, W, hd]``
-(``models/cache.py``; sizes follow the tier, ESSH Sec. 4.3). This class wraps one ``ESSHCache`` (``.inner``,
-read and written only by our layers) and answers what ``generate`` asks (length, batch size, beam edits). A
-recurrent state cannot be rolled back: ``crop`` refuses and ``is_croppable`` is False.
-"""
+"""``ESSHHFCache``: our ``ESSHCache`` (mode states ``[B, K_T, M, 2, P]`` per spectral layer, a ring of ``window``
+key/value slots ``[B, H, W, hd]`` per SWA layer) behind ``transformers.Cache``: length, batch size and beam edits;
+a recurrent state cannot be rolled back (``crop`` refuses)."""
 
 from __future__ import annotations
 
@@ -74,14 +69,8 @@ class _NoRollbackCache(Cache):
 
 
 class ESSHHFCache(_NoRollbackCache):
-    """Decoding state of one ESSH at one tier for ``transformers`` generation.
-
-    Args:
-        model: the ``ESSH`` the cache belongs to (a standalone export or the shared model).
-        batch_size: sequences decoded together (B).
-        tier: tier of the shared model (None: the model as loaded).
-        state_dtype / kv_dtype: as ``ESSHCache.allocate`` (defaults: fp32 states; bf16 ring on CUDA).
-    """
+    """Decoding state of ``batch_size`` sequences of one ESSH at ``tier`` (None: the model as loaded) for
+    ``transformers`` generation; ``state_dtype`` / ``kv_dtype`` as ``ESSHCache.allocate``."""
 
     def __init__(self, model: Any, batch_size: int, tier: TierLike = None, state_dtype: torch.dtype | None = None,
                  kv_dtype: torch.dtype | None = None) -> None:

@@ -1,12 +1,6 @@
-"""ES-SSM, Transformer++ and MatFormer directories as ``transformers`` causal LMs (``ESSHForCausalLM``'s siblings).
-
-Each family is ``ElasticHFConfig`` / ``ElasticForCausalLM`` (``modeling.py``) with its ``model_type`` and ``arch``
-(``models/remote_code.py``: ``FAMILIES``) and loads like an ESSH directory; ``tier=`` reads only that tier's
-prefixes (ES-SSM: ``tier="K4"``; the baselines: ``tier="T4"``). ``generate`` prefills with ``forward(..., cache=)``
-then runs one ``step`` per token on our caches behind ``StepCache``: ES-SSM's ``ESSSMCache`` (the ring of the last
-L-1 inputs per block) or the baselines' static ``KVCache`` [N, B, H, L_max, hd], sized to ``generate``'s
-``max_length`` (a longer run is refused in one line).
-"""
+"""ES-SSM, Transformer++ and MatFormer directories as ``transformers`` causal LMs (``ESSHForCausalLM``'s siblings),
+decoding through ``StepCache``: ES-SSM's ``ESSSMCache`` (the last L-1 inputs per block) or the baselines' static
+``KVCache`` [N, B, H, L_max, hd], sized to ``generate``'s ``max_length`` (a longer run is refused in one line)."""
 
 from __future__ import annotations
 
@@ -24,11 +18,8 @@ __all__ = ["ESSSMForCausalLM", "ESSSMHFConfig", "MatFormerForCausalLM", "MatForm
 
 
 class StepCache(_NoRollbackCache):
-    """Decoding state of an ES-SSM (``ESSSMCache``) or a baseline (``KVCache``) for ``transformers`` generation.
-
-    ``inner`` is allocated at the prefill (``ensure``), for the batch and prompt that arrive, at least
-    ``max_length`` positions long for a KV cache. Beam search's batch edits apply to every per-sequence tensor.
-    Neither state can be rolled back, so ``crop`` refuses (assisted decoding needs it)."""
+    """Decoding state of an ES-SSM (``ESSSMCache``) or a baseline (``KVCache``, at least ``max_length`` positions)
+    for ``transformers`` generation, allocated at the prefill (``ensure``)."""
 
     def __init__(self, model: Any, n_layers: int, max_length: int = 0) -> None:
         super().__init__(layers=[])

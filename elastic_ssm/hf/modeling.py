@@ -1,17 +1,8 @@
-"""``ESSHHFConfig`` and ``ESSHForCausalLM``: an ESSH (one tier of it) as a ``transformers`` causal LM.
-
-Their bases ``ElasticHFConfig`` / ``ElasticForCausalLM`` hold what every architecture shares (``families.py``
-derives the others). ``ESSHHFConfig`` (model_type ``essh``) reads our ``config.json`` as it is (``models/base.py``
-writes ``model_type``, ``architectures``, ``vocab_size`` and the special-token ids beside ``config``, ``tiers``,
-``tokenizer``); its ``tier`` selects what ``from_pretrained(dir, tier="T4")`` loads (lm-eval and ``pipeline``
-pass keyword arguments through the config).
-
-``forward`` takes ``input_ids`` [B, T], an optional left-padding ``attention_mask``, ``labels`` (next-token
-cross-entropy, ``-100`` ignored) and a ``cache``: with none and ``use_cache`` on, a cache sized to the batch and
-tier is allocated and prefilled (``ESSH.forward(..., cache=)``); with a prefilled one, each new token is one
-``ESSH.step``. These are ``ESSH.generate``'s calls in its order, so HF ``generate`` produces our tokens
-(docs/huggingface.md: speed, and the fused decoder this path does not use).
-"""
+"""``ElasticHFConfig`` / ``ElasticForCausalLM``, what every family shares (``families.py`` derives the others), and
+ESSH's (model_type ``essh``). The config reads our ``config.json`` as it is; its ``tier`` selects what
+``from_pretrained(dir, tier="T4")`` loads. ``forward`` takes ``input_ids`` [B, T], a left-padding ``attention_mask``,
+``labels`` and a ``cache``: with none and ``use_cache``, a cache is allocated and prefilled; with a prefilled one,
+each token is one ``step`` (``ESSH.generate``'s calls in its order, so HF ``generate`` gives our tokens)."""
 
 from __future__ import annotations
 
@@ -24,7 +15,6 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..config import ESSHConfig
 from ..models import model_class
 from ..models.remote_code import FAMILIES
 from ..utils.devices import auto_device
@@ -42,14 +32,9 @@ GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "
 
 
 class ElasticHFConfig(PretrainedConfig):
-    """The model config of a directory (any architecture of ``FAMILIES``), its tier table and tokenizer ids, for
-    ``transformers``. Each family subclasses it with its ``model_type`` and ``arch`` (``families.py``).
-
-    Attributes beyond ``PretrainedConfig``:
-        config: the model config's fields (a dict, as in ``config.json``); ``model_config()`` builds it.
-        tiers: the tier table (list of dicts: name, K, n_ff, xi, params), as in ``config.json``.
-        tier: the tier to load (``"T4"``, ``"K8"``; None or ``"full"``: the model as saved).
-    """
+    """A directory's config for ``transformers`` (each family subclasses it with its ``model_type`` and ``arch``):
+    ``config`` (the model config's fields, as in ``config.json``; ``model_config()`` builds it), ``tiers`` (the tier
+    table) and ``tier`` (the one to load; None or ``"full"``: the model as saved)."""
 
     model_type = "essh"
     config: dict | None = None
@@ -107,10 +92,6 @@ class ESSHHFConfig(ElasticHFConfig):
     model_type = "essh"
     arch: str = "essh"
 
-    def essh_config(self) -> ESSHConfig:
-        """The ``ESSHConfig`` this config describes (``model_config()``)."""
-        return self.model_config()
-
 
 def check_tier_name(tier: Any) -> None:
     """A ``ValueError`` for an empty ``tier`` (``tier=""`` would otherwise quietly load the full model)."""
@@ -142,9 +123,8 @@ def _dtype(dtype: Any) -> torch.dtype | None:
 
 
 class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
-    """One of our models (a shared model at a tier, or a standalone export) behind ``transformers``' causal-LM API;
-    each family subclasses it with its ``config_class`` and ``allocate_cache`` (``ESSHForCausalLM`` below, the
-    others in ``families.py``)."""
+    """One of our models (at a tier, or a standalone export) behind ``transformers``' causal-LM API; each family
+    subclasses it with its ``config_class`` and ``allocate_cache``."""
 
     config_class = ElasticHFConfig
     base_model_prefix = "model"
@@ -185,10 +165,8 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *model_args: Any, tier: str | None = None,
                         config: ElasticHFConfig | None = None, device_map: Any = None, dtype: Any = None,
                         torch_dtype: Any = None, **kwargs: Any) -> ElasticForCausalLM:
-        """Load one of our model directories; ``tier`` (or ``config.tier``) reads only that tier's prefixes.
-
-        Accepts the usual ``transformers`` keywords: ``device_map`` (one device: ``"cpu"``, ``"cuda"``,
-        ``"auto"``), ``dtype`` / ``torch_dtype``; hub keywords are ignored (loading is local only)."""
+        """Load one of our model directories; ``tier`` (or ``config.tier``) reads only that tier's prefixes;
+        ``device_map`` (one device), ``dtype`` / ``torch_dtype`` as in ``transformers``, hub keywords ignored."""
         path = Path(pretrained_model_name_or_path)
         if not (path / "config.json").is_file():
             raise OSError(f"{path} is not a local elastic_ssm model directory (no config.json); our models load "

@@ -1,15 +1,6 @@
-"""elastic_ssm.train: recipes, the training loop, checkpoints and DDP (ESSH Alg. 1, D.3-D.8; ES-SSM Sec. 4.2).
-
-Typical use (see docs/training.md)::
-
-    import elastic_ssm as es
-    from elastic_ssm.train import TrainConfig, train
-    cfg = TrainConfig(steps=200, micro_batch_size=8, grad_accum=4, seq_len=256, out_dir="runs/tiny")
-    result = train(es.ESSHConfig.preset("tiny"), batches, cfg, val_data=val_batches)
-    model = es.ESSH.from_pretrained(result.model_path, tier="T4")
-
-The same script runs on CPU, on one GPU and under ``torchrun --nproc_per_node N`` (DDP).
-"""
+"""elastic_ssm.train: recipes, the training loop, checkpoints and DDP / FSDP2 (ESSH Alg. 1, D.3-D.8; ES-SSM
+Sec. 4.2). ``train(model_or_cfg, batches, TrainConfig(...))`` runs on CPU, one GPU and under ``torchrun``
+(docs/training.md)."""
 
 from ..config import REFINE_CAPACITIES, TRAIN_CAPACITIES, RefineConfig, TrainConfig
 from ..eval.perplexity import evaluate_tiers  # the one per-tier evaluation (kept importable from here)

@@ -1,17 +1,8 @@
-"""ES-SSM budget-dropout recipe (ES-SSM paper Sec. 4.2, Eq. 5, Algorithm 2).
-
-Each optimizer step trains the network at one budget K_train, shared by all of the step's
-micro-batches on every rank, drawn by ``elastic.budget.BudgetSampler``: the full budget K-bar during
-warm-up and on the anchor steps ``step % n_full == 0`` after it, otherwise the log-uniform snapped draw
-of Eq. 5. The objective is the plain task loss of the model at K_train,
-``L_train = L_task(F_theta(u; K_train), y)`` (next-token CE for ``task='lm'``, class CE for
-``task='classify'`` with labels [B]); there is no distillation and no gradient scaling.
-
-The warm-up (Algorithm 2's first phase, ``TrainConfig.budget_dropout``) is on by default: ``warmup_epochs``
-epochs (E_warmup) converted with the number of optimizer steps per epoch (``len(data) // M``) when set, else
-``warmup_steps`` steps when set, else ``round(warmup_frac x steps)`` (default 0.1; the paper's E_warmup value
-is not in its text). ``recipes.make_recipe`` builds this recipe for ``TrainConfig.recipe='budget_dropout'``.
-"""
+"""ES-SSM budget dropout (ES-SSM Sec. 4.2, Eq. 5, Algorithm 2): every step trains at one budget K_train for all its
+micro-batches on every rank (``elastic.budget.BudgetSampler``: the full budget during warm-up and on the anchor steps
+``step % n_full == 0``, else the log-uniform snapped draw of Eq. 5), with the plain task loss
+``L_task(F_theta(u; K_train), y)``. Warm-up: ``warmup_epochs`` x steps per epoch, else ``warmup_steps``, else
+``round(warmup_frac x steps)`` (the paper's E_warmup value is not in its text)."""
 
 from __future__ import annotations
 

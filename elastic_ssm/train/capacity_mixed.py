@@ -1,21 +1,12 @@
-"""Recipes: the per-step micro-batch plan. ESSH capacity-mixed pretraining and shared refinement.
+"""Recipes: the per-step micro-batch plan (``MicroPlan``). ESSH capacity-mixed pretraining and shared refinement.
 
-A recipe gives every micro-batch of step ``step`` a ``MicroPlan`` (tier, FFN gradient scale, distillation
-term). Plans are drawn for the global slots ``g = 0 .. M x world - 1`` from a NumPy generator seeded with
-``(seed, step)``; rank ``k`` runs slots ``g = r x world + k`` for its micro-batches ``r = 0 .. M - 1``, which
-with ``PackedBatches`` sharding is the slot order of one process with ``grad_accum x world`` micro-batches
-(a DDP run equals a single-process run with the same global batch; a resume redraws the same plan).
-
-``CapacityMixed`` is ESSH Algorithm 1 (D.4, D.5): full capacity everywhere until ``n_warm_tokens`` tokens,
-then the first ``n_F = floor(f x M_global) + Bernoulli(frac(f x M_global))`` slots (``reserved_slots``;
-Alg. 1's set F) are full and every other slot draws uniformly from the capacities (full included), so the
-full share is ``f + (1 - f) / n_capacities`` in expectation (D.4: 0.775) for any slot count. A reduced slot
-evaluates ``CE(p_T) + kl_coef KL(sg[p_full] || p_T)`` with ``ffn_grad_scale = alpha_ff`` (Eq. 8, D.4); a
-capacity with the full shapes counts as full. After each step: FFN importance ordering (D.3, ``ffn_order``).
-
-``SharedRefinement`` is D.8: every slot runs the full model and one reduced capacity,
-``CE(p_full) + CE(p_T) + tv_coef TV(sg[p_full], p_T)``; ``per_step`` draws one capacity per step for
-all slots (370M), ``cycle`` shuffles the capacities each step and cycles through them (1.5B).
+Plans are drawn for the global slots ``g = 0 .. M x world - 1`` from a generator seeded with ``(seed, step)``;
+rank ``k`` runs slots ``g = r x world + k``, so a DDP run equals one process with the same global batch.
+``CapacityMixed`` (Algorithm 1, D.4, D.5): full capacity until ``n_warm_tokens``, then the first
+``n_F = floor(f x M_global) + Bernoulli(frac(f x M_global))`` slots are full and the others draw uniformly from the
+capacities (full share ``f + (1 - f) / n_capacities`` in expectation); a reduced slot trains
+``CE(p_T) + kl_coef KL(sg[p_full] || p_T)`` with ``ffn_grad_scale = alpha_ff`` (Eq. 8). ``SharedRefinement`` (D.8):
+``CE(p_full) + CE(p_T) + tv_coef TV(sg[p_full], p_T)``, one capacity per step (``per_step``) or cycled (``cycle``).
 """
 
 from __future__ import annotations

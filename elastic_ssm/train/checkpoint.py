@@ -1,6 +1,4 @@
-"""Atomic, resumable training checkpoints (CONTRIBUTING rule 10; docs/training.md, "Checkpoints and resume").
-
-Layout of one stage directory (``<out_dir>/<stage>/``)::
+"""Atomic, resumable training checkpoints (docs/training.md, "Checkpoints and resume"). One stage directory::
 
     step_0000250/
         model/model.safetensors, model/config.json     (ElasticModel.save_pretrained)
@@ -11,13 +9,9 @@ Layout of one stage directory (``<out_dir>/<stage>/``)::
         COMPLETE.json       written last: the step, the size and the sha256 of every file above
     latest                  text file naming the newest complete directory (written atomically, last)
 
-A checkpoint is written into ``.step_XXXXXXX.tmp/`` (each file atomically), renamed into place, then ``latest``
-is updated and all but the newest ``keep_last`` are pruned (``COMPLETE.json`` deleted first). A directory without
-a valid ``COMPLETE.json`` is skipped with a warning (``checkpoint_fault`` says why); a marked one that fails a
-check is moved aside by ``move_damaged``, never deleted. On load every sha256 is compared; when checkpoints
-exist but none loads, loading is an error, never a silent fresh start. ``DataStream`` makes any iterable of
-micro-batches resumable (its ``state_dict`` when it has one, else by skipping consumed batches). Under FSDP2 the
-full states are gathered to rank 0 into the same files, and on load each rank keeps its shards.
+A checkpoint is written into ``.step_XXXXXXX.tmp/`` and renamed into place; a directory without a valid
+``COMPLETE.json`` is skipped, one that fails a check is moved aside (``move_damaged``), never deleted; when
+checkpoints exist but none loads, loading is an error. Under FSDP2 the full states are gathered to rank 0.
 """
 
 from __future__ import annotations
@@ -41,16 +35,16 @@ from ..utils.files import atomic_write_bytes, free_stamped_path, fsync_dir
 from .dist import DistContext, barrier, broadcast_object, is_sharded
 
 __all__ = ["DataStream", "save_checkpoint", "load_checkpoint", "find_checkpoint", "valid_checkpoints",
-           "rng_state", "set_rng_state", "full_model_state", "save_model_dir", "verify_checkpoint", "COMPLETE",
-           "LATEST", "checkpoint_fault", "is_checkpoint_name", "move_damaged", "DAMAGED_DIR"]
+           "checkpoint_dirs", "rng_state", "set_rng_state", "full_model_state", "verify_checkpoint", "COMPLETE",
+           "LATEST", "checkpoint_fault", "move_damaged", "file_sha256"]
 
 COMPLETE, LATEST = "COMPLETE.json", "latest"
-DAMAGED_DIR = "damaged"   # <out_dir>/damaged/<stage>/<step_XXXXXXX>.damaged-<UTC time>: checkpoints that failed a check
-_STEP_NAME = re.compile(r"step_(\d+)")
+_STEP_NAME = re.compile(r"step_(\d+)")    # a user's copy such as step_0000040.bak is not a checkpoint
 
 
 class DataStream:
-    """An endless-or-finite iterator over ``data`` that counts consumed micro-batches and resumes."""
+    """An iterator over ``data`` that counts consumed micro-batches and resumes (by the data's own
+    ``state_dict`` when it has one, else by skipping the consumed batches)."""
 
     def __init__(self, data: Any) -> None:
         self.data, self.consumed, self._it = data, 0, None
@@ -116,25 +110,20 @@ def _save_torch(obj: Any, path: Path) -> str:
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def is_checkpoint_name(name: str) -> bool:
-    """Whether ``name`` is a checkpoint directory's name (``step_`` and digits only; a user's copy such as
-    ``step_0000040.bak`` is not one and is left alone)."""
-    return _STEP_NAME.fullmatch(name) is not None
-
-
-def _step_of(path: Path) -> int:
+def step_of(path: Path) -> int:
     return int(path.name.split("_")[1])
 
 
-def _checkpoint_dirs(stage_dir: Path) -> list[Path]:
+def checkpoint_dirs(stage_dir: Path) -> list[Path]:
     """The checkpoint directories of a stage (valid or not), newest first."""
-    found = [p for p in stage_dir.glob("step_*") if is_checkpoint_name(p.name) and p.is_dir() and not p.is_symlink()]
-    return sorted(found, key=_step_of, reverse=True)
+    found = [p for p in Path(stage_dir).glob("step_*")
+             if _STEP_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+    return sorted(found, key=step_of, reverse=True)
 
 
 def checkpoint_fault(path: Path) -> str | None:
-    """What makes checkpoint directory ``path`` unusable, in words naming the file (``None``: its
-    ``COMPLETE.json`` lists every file at its recorded size). Sizes only; ``verify_checkpoint`` hashes."""
+    """What makes checkpoint directory ``path`` unusable, naming the file; None when its ``COMPLETE.json`` lists
+    every file at its recorded size (sizes only: ``verify_checkpoint`` hashes)."""
     marker = path / COMPLETE
     if not marker.is_file():
         return f"it has no {COMPLETE} (its save or its deletion was cut short)"
@@ -152,14 +141,10 @@ def checkpoint_fault(path: Path) -> str | None:
     return None
 
 
-def _is_complete(path: Path) -> bool:
-    return checkpoint_fault(path) is None
-
-
 def move_damaged(path: Path) -> Path:
     """Move checkpoint directory ``path`` (``<out_dir>/<stage>/step_X``) to
     ``<out_dir>/damaged/<stage>/step_X.damaged-<UTC time>`` (nothing is deleted); returns the new path."""
-    folder = path.parent.parent / DAMAGED_DIR / path.parent.name
+    folder = path.parent.parent / "damaged" / path.parent.name
     folder.mkdir(parents=True, exist_ok=True)
     dest = free_stamped_path(folder, f"{path.name}.damaged-")
     os.replace(path, dest)
@@ -169,12 +154,9 @@ def move_damaged(path: Path) -> Path:
 
 def valid_checkpoints(stage_dir: str | Path) -> list[Path]:
     """Complete checkpoint directories, newest first; incomplete ones trigger a warning."""
-    stage_dir = Path(stage_dir)
-    if not stage_dir.is_dir():
-        return []
     out = []
-    for p in _checkpoint_dirs(stage_dir):
-        if _is_complete(p):
+    for p in checkpoint_dirs(stage_dir):
+        if checkpoint_fault(p) is None:
             out.append(p)
         else:
             warnings.warn(f"skipping checkpoint {p}: no valid {COMPLETE} (incomplete or corrupted write)",
@@ -188,7 +170,7 @@ def find_checkpoint(stage_dir: str | Path) -> Path | None:
     pointer = stage_dir / LATEST
     if pointer.is_file():
         cand = stage_dir / pointer.read_text().strip()
-        if _is_complete(cand):
+        if checkpoint_fault(cand) is None:
             return cand
         warnings.warn(f"{pointer} names {cand.name}, which is incomplete or missing; using the newest "
                       "complete checkpoint instead", stacklevel=2)
@@ -203,10 +185,7 @@ def _full_options(**kw: Any):
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model state on CPU: gathered from FSDP2 shards (collective; empty off rank 0), else
-    ``model.state_dict()`` moved to CPU."""
-    if not is_sharded(model):
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    """The whole state of an FSDP2-sharded model on CPU (a collective; empty off rank 0)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(model, options=_full_options(cpu_offload=True))
@@ -240,11 +219,6 @@ def _load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, state: dic
     set_optimizer_state_dict(model, optimizer, osd, options=_full_options())
 
 
-def save_model_dir(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> Path:
-    """``model.save_pretrained(path)`` with the tensors of ``state`` (e.g. gathered from FSDP2 shards)."""
-    return model.save_pretrained(path, state_dict=state)
-
-
 def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     trainer_state: dict[str, Any], rank_state: dict[str, Any], ctx: DistContext,
                     keep_last: int = 3, config_yaml: str = "") -> Path:
@@ -252,8 +226,8 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
     under DDP and FSDP."""
     stage_dir = Path(stage_dir)
     sharded = is_sharded(model)
-    if sharded:
-        model_state, opt_state = full_model_state(model), _full_optimizer_state(model, optimizer)
+    model_state, opt_state = (full_model_state(model), _full_optimizer_state(model, optimizer)) if sharded \
+        else (None, optimizer.state_dict())
     name = f"step_{step:07d}"
     final, tmp = stage_dir / name, stage_dir / f".{name}.tmp"
     if ctx.is_main:
@@ -264,11 +238,8 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
     _save_torch(rank_state, tmp / f"rank{ctx.rank}.pt")
     barrier(ctx)
     if ctx.is_main:
-        if sharded:
-            save_model_dir(model, model_state, tmp / "model")
-        else:
-            model.save_pretrained(tmp / "model")
-        sums = {"optimizer.pt": _save_torch(opt_state if sharded else optimizer.state_dict(), tmp / "optimizer.pt"),
+        model.save_pretrained(tmp / "model", state_dict=model_state)
+        sums = {"optimizer.pt": _save_torch(opt_state, tmp / "optimizer.pt"),
                 "trainer.pt": _save_torch(trainer_state, tmp / "trainer.pt")}
         if config_yaml:
             sums["train_config.yaml"] = atomic_write_bytes(tmp / "train_config.yaml", config_yaml.encode())
@@ -307,37 +278,26 @@ def verify_checkpoint(path: Path) -> None:
             raise CheckpointError(f"{path / name}: sha256 checksum mismatch with {COMPLETE} (same-size corruption)")
 
 
-def _config_of(model) -> Any:
-    """The model's config object (through DDP's ``module``), or None for a model without one."""
-    return getattr(getattr(model, "module", model), "config", None)
-
-
-def unwrap_config(model) -> dict | None:
-    """The model's config as a dict (through DDP's ``module``), or None for a model without one."""
-    cfg = _config_of(model)
-    return cfg.to_dict() if hasattr(cfg, "to_dict") else None
-
-
-def changed_model_fields(model, saved: Any) -> list[str]:
-    """The fields of a checkpoint's ``model_config`` ``saved`` that differ from ``model``'s config, after the
-    settings added since it was written take the values that version behaved as (``ModelConfig.upgrade_record``)
-    and leaving out those a resume may change (``ModelConfig.RESUME_FREE``: names, no weight or loss)."""
-    cfg, expected = _config_of(model), unwrap_config(model)
-    if expected is None or not isinstance(saved, dict):
+def changed_model_fields(model: nn.Module, saved: Any) -> list[str]:
+    """The fields of a checkpoint's ``model_config`` ``saved`` that differ from ``model``'s config, after
+    ``ModelConfig.upgrade_record`` and leaving out ``ModelConfig.RESUME_FREE`` (names: no weight or loss)."""
+    cfg = getattr(model, "config", None)
+    if not hasattr(cfg, "upgrade_record") or not isinstance(saved, dict):
         return []
-    saved = type(cfg).upgrade_record(saved) if hasattr(cfg, "upgrade_record") else saved
-    free = getattr(cfg, "RESUME_FREE", frozenset())
-    return sorted(k for k in set(saved) | set(expected) if k not in free and saved.get(k) != expected.get(k))
+    saved, expected = type(cfg).upgrade_record(saved), cfg.to_dict()
+    return sorted(k for k in set(saved) | set(expected) if k not in cfg.RESUME_FREE and saved.get(k) != expected.get(k))
+
+
+class _OtherModel(ValueError):
+    """A checkpoint of a model with another config: a refusal, not a damaged file to skip."""
 
 
 def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                     ctx: DistContext) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Restore ``model`` and ``optimizer`` from the newest usable checkpoint of ``stage_dir``.
 
-    Returns ``(trainer_state, rank_state)`` or ``None`` when there is no checkpoint. A checkpoint that
-    fails to load is skipped with a warning and the next older one is tried. RNG states are *not*
-    applied here (the loop applies them last, right before the first resumed step).
-    """
+    Returns ``(trainer_state, rank_state)`` or ``None`` when there is no checkpoint; one that fails to load is
+    skipped with a warning. RNG states are applied by the loop, right before the first resumed step."""
     from safetensors.torch import load_file
 
     candidates: list[Path] = []
@@ -353,22 +313,15 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
         try:
             verify_checkpoint(cand)
             trainer = _load(cand / "trainer.pt")
-        except Exception as e:  # unreadable: fall back to the previous checkpoint
-            failures.append(f"{cand.name}: {e}")
-            warnings.warn(f"could not load checkpoint {cand} ({type(e).__name__}: {e}); trying an older one",
-                          stacklevel=2)
-            continue
-        changed = changed_model_fields(model, trainer.get("model_config") if isinstance(trainer, dict) else None)
-        if changed:
-            raise ValueError(f"cannot resume from {cand}: it was written by a model with a different config "
-                             f"(fields {changed}); resume with the same model or use a new out_dir")
-        try:
+            changed = changed_model_fields(model, trainer.get("model_config") if isinstance(trainer, dict) else None)
+            if changed:
+                raise _OtherModel(f"cannot resume from {cand}: it was written by a model with a different config "
+                                  f"(fields {changed}); resume with the same model or use a new out_dir")
             state = load_file(str(cand / "model" / "model.safetensors"), device=str(device))
             opt_state = _load(cand / "optimizer.pt")
             rank_file = cand / f"rank{ctx.rank}.pt"
             if not rank_file.is_file():
-                warnings.warn(f"{cand} has no {rank_file.name} (world size changed); using rank0.pt",
-                              stacklevel=2)
+                warnings.warn(f"{cand} has no {rank_file.name} (world size changed); using rank0.pt", stacklevel=2)
                 rank_file = cand / "rank0.pt"
             rank_state = _load(rank_file)
             if sharded:
@@ -376,12 +329,13 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
             else:
                 model.load_state_dict(state, strict=True)
                 optimizer.load_state_dict(opt_state)
+            return trainer, rank_state
+        except _OtherModel:
+            raise
         except Exception as e:  # a corrupted file of any kind: fall back to the previous checkpoint
             failures.append(f"{cand.name}: {e}")
             warnings.warn(f"could not load checkpoint {cand} ({type(e).__name__}: {e}); trying an older one",
                           stacklevel=2)
-            continue
-        return trainer, rank_state
     if failures:  # checkpoints exist but none loads: never restart silently from step 0 over them
         raise CheckpointError(f"no checkpoint of {stage_dir} could be loaded ({'; '.join(failures)}); move the "
                               "directory aside to start fresh, or restore the files from a copy")

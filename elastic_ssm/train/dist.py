@@ -1,17 +1,9 @@
-"""Process-group set-up for one code path on CPU, one GPU and ``torchrun`` (DDP or FSDP2).
-
-``init_distributed`` reads the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``); with ``WORLD_SIZE > 1`` it initialises the default process group (NCCL on CUDA, gloo on CPU)
-unless one exists. Without them it returns a single-process context and every collective below is the identity.
-
-``parallel='ddp'``: ``wrap_ddp`` wraps the ``LossModule``; gradients of the M micro-batches accumulate under
-``no_sync`` and are all-reduced with the last backward (ESSH Algorithm 1 line 20). ``parallel='fsdp'``:
-``wrap_fsdp`` applies FSDP2 ``fully_shard`` to every block, then the root (``hidden_states`` registered as an
-FSDP forward method for the chunked loss); parameters, gradients and AdamW moments become ``DTensor`` shards
-along dim 0, unsharded plain tensors during a forward (so tier prefixes and FFN statistics work unchanged).
-Code touching parameters outside forward uses ``full_tensor`` / ``shard_like``. Both wrappers *average*
-gradients, so the loop scales each micro-batch loss by the world size to get Algorithm 1's sum.
-"""
+"""Process groups for one code path on CPU, one GPU and ``torchrun``: ``init_distributed`` (the torchrun
+environment; NCCL on CUDA, gloo on CPU; without it a single-process context whose collectives are the identity),
+``wrap_ddp`` (gradients accumulate under ``no_sync``, all-reduced with the last backward: Alg. 1 line 20) and
+``wrap_fsdp`` (FSDP2 ``fully_shard`` per block: parameters, gradients and AdamW moments become ``DTensor`` shards,
+plain tensors inside a forward; outside it ``full_tensor`` / ``shard_like``). Both *average* gradients, so the loop
+scales each micro-batch loss by the world size to get Algorithm 1's sum."""
 from __future__ import annotations
 
 import contextlib
@@ -81,16 +73,10 @@ def _pick_device(device: str, local_rank: int) -> torch.device:
 
 
 def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_s: float = 600.0) -> DistContext:
-    """Context of this process; initialises the process group from the torchrun environment.
-
-    ``enabled=False`` forces a single-process context even under torchrun (used by
-    ``scripts/ddp_check.py`` to run the single-GPU reference inside a torchrun job). ``timeout_s``: how long
-    a collective of the new group may wait for the other ranks before it fails (``lockstep.py``); on NCCL,
-    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (the watchdog ends the process on a timed-out collective instead of
-    leaving it hanging) unless the environment sets it, and, when no flight recorder is on
-    (``TORCH_NCCL_TRACE_BUFFER_SIZE`` unset or 0), ``TORCH_NCCL_DUMP_ON_TIMEOUT=0``: otherwise the watchdog waits
-    60 s for a debug dump that has nothing in it before it ends the process (seen on 2 x H200, docs/benchmarks.md).
-    """
+    """Context of this process, initialising the process group from the torchrun environment (``enabled=False``:
+    one process even under torchrun). ``timeout_s``: how long a collective may wait for the other ranks. On NCCL
+    (unless set): ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` and, without a flight recorder,
+    ``TORCH_NCCL_DUMP_ON_TIMEOUT=0`` (no 60 s wait for an empty dump, docs/benchmarks.md)."""
     if enabled is False:
         return DistContext(device=_pick_device(device, 0))
     if dist.is_available() and dist.is_initialized():
@@ -128,10 +114,7 @@ def all_reduce(t: torch.Tensor, ctx: DistContext, op: str = "sum") -> torch.Tens
 
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
-        if ctx.backend == "nccl":
-            dist.barrier(device_ids=[ctx.device.index])
-        else:
-            dist.barrier()
+        dist.barrier(**({"device_ids": [ctx.device.index]} if ctx.backend == "nccl" else {}))
 
 
 def broadcast_object(obj, ctx: DistContext, src: int = 0):
@@ -144,11 +127,8 @@ def broadcast_object(obj, ctx: DistContext, src: int = 0):
 
 
 def wrap_ddp(module: nn.Module, ctx: DistContext) -> nn.Module:
-    """``DistributedDataParallel`` around ``module`` on more than one rank, else ``module`` itself.
-
-    Buffers are not broadcast on every forward (the models' buffers are fixed filters); parameters are
-    broadcast from rank 0 once, at construction.
-    """
+    """``DistributedDataParallel`` around ``module`` on more than one rank, else ``module`` itself; buffers (fixed
+    filters) are not broadcast on every forward."""
     if not ctx.distributed:
         return module
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -159,14 +139,9 @@ def wrap_ddp(module: nn.Module, ctx: DistContext) -> nn.Module:
     return DDP(module, device_ids=ids, **{key: False})
 
 
-def wrap_fsdp(model: nn.Module, ctx: DistContext, mixed_precision: bool = False) -> nn.Module:
-    """FSDP2 ``fully_shard`` on every block of ``model`` and then on ``model`` (the root); in place.
-
-    One process: ``model`` unchanged. Parameters are gathered in fp32 and gradients reduced in fp32;
-    ``mixed_precision`` (bf16) is applied by the training loop's autocast, which keeps the modal tables
-    and the scan in fp32. Call it before the
-    optimizer is built (the parameters are replaced by ``DTensor`` shards).
-    """
+def wrap_fsdp(model: nn.Module, ctx: DistContext) -> nn.Module:
+    """FSDP2 ``fully_shard`` on every block of ``model`` and then on the root, in place, before the optimizer is
+    built; one process: ``model`` unchanged."""
     if not ctx.distributed:
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
@@ -175,8 +150,8 @@ def wrap_fsdp(model: nn.Module, ctx: DistContext, mixed_precision: bool = False)
     if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
         raise ValueError(f"TrainConfig.parallel='fsdp' shards a model block by block, but "
                          f"{type(model).__name__} has no non-empty 'blocks' ModuleList; use parallel='ddp'")
-    # Parameters stay fp32 in forward: the loop's bf16 autocast runs the matmuls in bf16, while the modal
-    # tables (rho ~ 1 - 1e-4, theta) must not be rounded to bf16 (E.5: fp32 master weights and scan).
+    # parameters and gradients stay fp32: bf16 comes from the loop's autocast, and the modal tables (rho ~ 1 - 1e-4,
+    # theta) must not be rounded to bf16 (E.5: fp32 master weights and scan)
     policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
     for block in blocks:
         fully_shard(block, mp_policy=policy)
@@ -214,22 +189,20 @@ def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _fsdp_no_sync(module: nn.Module):
-    module.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        module.set_requires_gradient_sync(True)
-
-
 def no_sync(module: nn.Module, skip_sync: bool):
     """Skip the gradient reduction of this backward when ``skip_sync``: ``module.no_sync()`` for DDP,
-    ``set_requires_gradient_sync(False)`` for an FSDP2 module; otherwise a null context."""
-    if skip_sync and hasattr(module, "set_requires_gradient_sync"):
-        return _fsdp_no_sync(module)
-    if skip_sync and hasattr(module, "no_sync"):
-        return module.no_sync()
-    return contextlib.nullcontext()
+    ``set_requires_gradient_sync(False)`` for an FSDP2 module."""
+    if not skip_sync:
+        yield
+    elif hasattr(module, "set_requires_gradient_sync"):
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+    else:
+        with module.no_sync() if hasattr(module, "no_sync") else contextlib.nullcontext():
+            yield
 
 
 def unwrap(module: nn.Module) -> nn.Module:

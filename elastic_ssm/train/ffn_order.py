@@ -1,16 +1,13 @@
-"""FFN importance ordering (ESSH Appendix D.3; Algorithm 1 lines 22-26).
-
-Every ``order_every`` steps while ``0 < step < order_until x steps``, for every SwiGLU layer l:
+"""FFN importance ordering (ESSH Appendix D.3; Algorithm 1 lines 22-26). Every ``order_every`` steps while
+``0 < step < order_until x steps``, for every SwiGLU layer l:
 
     I_{l,h} = AllReduceMean( abar_{l,h}^2 * ||W_down[:, h]||^2 )      (line 24; ``SwiGLU.importance``)
     pi_l    = argsort_desc(I_l)                                         (line 25, stable)
     PermuteFFN(Theta_l, Omega_l, abar_l^2; pi_l)                        (line 26)
 
-PermuteFFN reorders the gate/up row pairs (``w_in.weight`` [2F, D]), the down columns (``w_out.weight``
-[D, F]), ``act_sq`` [F] (``SwiGLU.permute_units``) *and* every optimizer state tensor of those weights with
-the parameter's shape (AdamW ``exp_avg``, ``exp_avg_sq``); the full model's function is unchanged.
-Under FSDP2 each permuted tensor is gathered (``full_tensor``), permuted and cut back to this rank's shard
-(``shard_like``); ``act_sq`` is a plain per-rank tensor over all F units.
+PermuteFFN reorders ``w_in.weight`` [2F, D] row pairs, ``w_out.weight`` [D, F] columns, ``act_sq`` [F] and the AdamW
+moments of those weights; the full model's function is unchanged. Under FSDP2 each tensor is gathered, permuted
+and cut back to this rank's shard.
 """
 
 from __future__ import annotations
@@ -101,11 +98,8 @@ def permute_optimizer_state(optimizer: torch.optim.Optimizer, param: torch.Tenso
 def order_ffn_units(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     ctx: DistContext | None = None,
                     scores: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Apply PermuteFFN to every FFN layer of ``model`` (the unwrapped ESSH); returns the permutations.
-
-    ``scores`` overrides the computed importances (tests). Layers without statistics yet (no
-    full-width training call so far, on any rank) are left in place and get the identity permutation.
-    """
+    """PermuteFFN on every FFN layer of ``model`` (``scores`` overrides the importances); returns the permutations.
+    Without statistics on some rank yet, every layer stays in place (identity permutations)."""
     layers = model.ffn_layers()
     perms: list[torch.Tensor] = []
     missing = torch.tensor([float(any(f.act_sq is None for f in layers))], device=layers[0].w_out.weight.device)

@@ -1,16 +1,9 @@
 """Ranks in lock step: the same collectives in the same order on every rank, and no silent hang.
 
-FSDP2 (``TrainConfig.parallel='fsdp'``) all-gathers a block's parameters in every forward and reduce-scatters in
-backward, and NCCL matches collectives by position, so every rank must run the same forwards and backwards. In
-capacity-mixed training (ESSH Algorithm 1) a reduced micro-batch runs a no-grad full-capacity teacher pass
-(line 12) and a full one does not; ``teacher_padding`` names this rank's micro-batches that must run an *idle*
-teacher pass (``LossModule.idle_teacher``: output discarded, statistics untouched, so results are unchanged)
-because another rank's r-th micro-batch runs a real one. DDP needs no padding.
-
-A collective that waits longer than ``TrainConfig.dist_timeout_s`` fails; ``collective_error`` turns that into
-one line naming the rank, stage and step (``CollectiveError``), and on NCCL ``StepWatch`` prints it from a thread
-just before the watchdog (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` unless set) tears the process down.
-"""
+Under FSDP2 every rank must run the same forwards (NCCL matches collectives by position); a reduced micro-batch of
+capacity mixing runs a teacher pass (Alg. 1 line 12) and a full one does not, so ``teacher_padding`` names the
+micro-batches that run an idle teacher pass (``LossModule.idle_teacher``; results unchanged). A collective that
+waits past ``dist_timeout_s`` becomes one line naming rank, stage and step (``collective_error``, ``StepWatch``)."""
 
 from __future__ import annotations
 
@@ -33,32 +26,24 @@ class CollectiveError(RuntimeError):
     """A collective did not complete on this rank (timeout, a peer that died or ran other collectives)."""
 
 
-def _idle_teacher_slot(plan: Any) -> bool:
-    """Whether a micro-batch plan runs the no-grad teacher pass of ``LossModule`` (KL distillation)."""
-    return plan.distill is not None and not plan.full_ce
-
-
 def teacher_padding(gplan: Sequence[Any], n_local: int, world: int, rank: int) -> list[bool]:
     """For local micro-batches ``r = 0 .. n_local - 1`` (global slot ``r x world + rank``): whether this rank
     must run an idle teacher pass because it has none and another rank's r-th micro-batch has one."""
     out = []
     for r in range(n_local):
-        row = [_idle_teacher_slot(gplan[r * world + k]) for k in range(world)]
+        slots = [gplan[r * world + k] for k in range(world)]
+        row = [p.distill is not None and not p.full_ce for p in slots]      # runs the no-grad KL teacher pass
         out.append(any(row) and not row[rank])
     return out
-
-
-def _is_collective_failure(e: BaseException) -> bool:
-    if isinstance(e, torch.distributed.DistError):
-        return True
-    return isinstance(e, RuntimeError) and any(m in str(e).lower() for m in _MARKERS)
 
 
 def collective_error(e: BaseException, ctx: DistContext, where: tuple[str, int] | None,
                      timeout_s: float) -> BaseException:
     """``e`` itself, or for a failed collective of a distributed run a one-line ``CollectiveError`` naming the
     rank and the step (the original error is chained)."""
-    if not ctx.distributed or isinstance(e, CollectiveError) or not _is_collective_failure(e):
+    failed = isinstance(e, torch.distributed.DistError) or isinstance(e, RuntimeError) and any(
+        m in str(e).lower() for m in _MARKERS)
+    if not ctx.distributed or isinstance(e, CollectiveError) or not failed:
         return e
     step = f"{where[0]} step {where[1]}" if where else "start-up (before the first step)"
     first = " ".join(str(e).split())[:300]

@@ -1,17 +1,8 @@
-"""Loggers beside ``metrics.jsonl``: ``train.log`` names them (``csv``, ``tensorboard``, ``wandb``).
-
-``metrics.jsonl`` stays the record of truth (the replication reports, resume and the CLI read it); each sink
-gets the same records as they are written, on rank 0 only, and keeps their scalar fields:
-
-* ``csv`` -> ``<out_dir>/metrics.csv``, long format, one row per scalar: ``kind,stage,step,tier,metric,value``
-  (a record's fields differ between stages and recipes, so no fixed columns; ``pandas.pivot`` makes it wide).
-  A resumed stage drops the rows written after its checkpoint, as ``metrics.jsonl`` does.
-* ``tensorboard`` -> ``<out_dir>/tensorboard/`` through ``torch.utils.tensorboard`` (extra ``log``): tags
-  ``<stage>/<metric>`` for training, ``<stage>/eval/<tier>/<metric>`` for validation, at the record's step.
-* ``wandb`` -> a W&B run (extra ``log``) in ``<out_dir>/wandb/``, named after the run directory, with the run
-  file as its config; project from ``WANDB_PROJECT`` (default ``elastic_ssm``); ``WANDB_MODE=offline`` works
-  without an account or network. Keys as TensorBoard's, with ``<stage>/step`` beside them.
-"""
+"""Loggers beside ``metrics.jsonl`` that ``train.log`` names, each given the same records on rank 0 (their scalars):
+``csv`` -> ``<out_dir>/metrics.csv`` in long format (``kind,stage,step,tier,metric,value``; a resumed stage drops
+the rows after its checkpoint); ``tensorboard`` -> ``<out_dir>/tensorboard/`` (tags ``<stage>/<metric>``,
+``<stage>/eval/<tier>/<metric>``); ``wandb`` -> a W&B run in ``<out_dir>/wandb/`` named after the run directory
+(project ``WANDB_PROJECT``, default ``elastic_ssm``; ``WANDB_MODE=offline`` works). Extra ``log`` for the last two."""
 
 from __future__ import annotations
 
@@ -21,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.train import LOG_SINKS as SINKS
+from ..utils.files import atomic_write_bytes
 
 __all__ = ["SINKS", "make_sinks", "scalars"]
 _SKIP = {"kind", "stage", "step", "tier"}
@@ -31,6 +23,15 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The finite numeric fields of a record, without its keys (kind, stage, step, tier)."""
     return {k: float(v) for k, v in record.items() if k not in _SKIP and isinstance(v, (int, float))
             and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def keep_lines(path: Path, text: str, keep) -> int:
+    """Rewrite ``path`` (atomically) with the lines of its ``text`` that ``keep``; returns how many were dropped."""
+    lines = text.splitlines()
+    kept = [line for line in lines if keep(line)]
+    if len(kept) != len(lines):
+        atomic_write_bytes(path, "".join(f"{x}\n" for x in kept).encode())
+    return len(lines) - len(kept)
 
 
 def _tag(record: dict[str, Any], metric: str) -> str:
@@ -53,15 +54,11 @@ class CsvSink:
                             record.get("tier", ""), metric, repr(value)])
 
     def drop_after(self, stage: str, step: int) -> None:
-        from ..utils.files import atomic_write_bytes
-
-        with self.path.open(newline="") as f:
-            rows = list(csv.reader(f))
-        kept = [rows[0]] + [r for r in rows[1:] if len(r) == len(CSV_FIELDS)
-                            and not (r[1] == stage and r[2].isdigit() and int(r[2]) > step)]
-        if len(kept) != len(rows):
-            text = "".join(",".join(r) + "\n" for r in kept)
-            atomic_write_bytes(self.path, text.encode())
+        def keep(line: str) -> bool:
+            r = line.split(",")
+            return r == list(CSV_FIELDS) or len(r) == len(CSV_FIELDS) and not (
+                r[1] == stage and r[2].isdigit() and int(r[2]) > step)
+        keep_lines(self.path, self.path.read_text(), keep)
 
     def close(self) -> None:
         pass

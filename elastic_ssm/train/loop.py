@@ -1,6 +1,6 @@
 """``train()``: one code path for CPU, one GPU and ``torchrun`` DDP or FSDP2 (ESSH Algorithm 1; ES-SSM Alg. 2).
 
-One optimizer step of every recipe (``capacity_mixed.py``, ``budget_dropout.py``):
+One optimizer step of every recipe:
 
 1. draw this rank's M micro-batches; N_tok = AllReduceSum(sum_r N_r) valid tokens     (Alg. 1 line 2)
 2. the recipe's plan gives each micro-batch its tier, FFN gradient scale and distillation term
@@ -10,11 +10,8 @@ One optimizer step of every recipe (``capacity_mixed.py``, ``budget_dropout.py``
 5. the recipe's hook (FFN importance ordering for capacity-mixed training)          (lines 22-26)
 6. log, validate every ``eval.every`` steps, checkpoint every ``checkpoint.every`` steps.
 
-Stages: ``pretrain`` and, for ESSH with ``refine.steps > 0``, ``refine`` (D.8, a fresh AdamW and schedule),
-each checkpointing into ``<out_dir>/<stage>/`` with a final checkpoint; ``resume=True`` skips finished stages
-and continues an interrupted one bit for bit on CPU. Rank 0 runs ``preflight.py`` first; SIGTERM/SIGINT end a
-run after the current step with a checkpoint (``TrainingInterrupted``). Under ``parallel='fsdp'`` the model is
-sharded (``dist.wrap_fsdp``), checkpoints hold full tensors and the returned model is an unsharded copy on rank 0.
+Stages: ``pretrain`` and, for ESSH with ``refine.steps > 0``, ``refine`` (D.8: a fresh AdamW and schedule), each
+into ``<out_dir>/<stage>/``; a resume continues an interrupted stage bit for bit on CPU.
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +50,7 @@ from .dist import (
 )
 from .lockstep import StepWatch, check_same_count, collective_error, teacher_padding
 from .losses import IGNORE_INDEX, LossModule
-from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, take_batches, validation_records
+from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, validation_records
 from .optim import WarmupCosine, build_adamw, set_lr
 from .preflight import StopSignals, TrainingInterrupted, config_changes, start_run
 from .recipes import make_recipe, resolve_recipe_name
@@ -116,7 +114,7 @@ class _Trainer:
         self.watch = StepWatch(ctx, cfg.dist_timeout_s)
         self.precision = resolve_precision(cfg.precision, ctx.device)
         if cfg.parallel == "fsdp":
-            wrap_fsdp(model, ctx, self.precision == "bf16")
+            wrap_fsdp(model, ctx)
             self.loss_mod = LossModule(model)
             self.sync_mod: nn.Module = model
         else:
@@ -138,7 +136,7 @@ class _Trainer:
         if self.val_data is None:
             return
         if self._val is None:
-            self._val = take_batches(self.val_data, self.cfg.eval.batches)
+            self._val = list(islice(iter(self.val_data), self.cfg.eval.batches))   # a one-shot iterator: read once
             if self.sharded:
                 check_same_count(len(self._val), self.ctx, "validation batches")
         tiers = eval_tier_list(self.model, self.cfg.eval.tiers)

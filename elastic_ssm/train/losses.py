@@ -1,23 +1,20 @@
-"""Training objectives as token *sums*, and the ``LossModule`` that DDP wraps.
-
-Every objective here returns sums over valid tokens (labels != -100); the loop divides by the global
-valid-token count N_tok, which realises the N_r / N_tok weighting of Algorithm 1 (line 19, ESSH D.7).
+"""Training objectives as token *sums*, and the ``LossModule`` that DDP wraps; the loop divides by the global
+valid-token count N_tok (the N_r / N_tok weighting of Algorithm 1 line 19, D.7).
 
 * Full micro-batch:       CE(p_full, y)                                        (Alg. 1 line 10)
 * Reduced micro-batch:    CE(p_T, y) + kl_coef KL(sg[p_full] || p_T)            (Eq. 8 / Eq. 26)
 * Shared refinement:      CE(p_full, y) + CE(p_T, y) + tv_coef TV(sg[p_full], p_T)  (D.8)
   with TV(p, q) = 1/2 sum_v |p(v) - q(v)|.
 
-Log-softmax and every reduction run in fp32 (also under bf16 autocast, D.6). The chunked path (D.6)
-splits the flattened positions into chunks of ``chunk`` tokens, computes the logits of one chunk at a
-time from the final hidden states and recomputes them in backward (``torch.utils.checkpoint``), so the
-full [B, T, V] logits never exist; sums over chunks equal the full-logit sums.
+Reductions run in fp32 (D.6). The chunked path (D.6) computes the logits of ``chunk`` positions at a time from the
+final hidden states and recomputes them in backward, so the full [B, T, V] logits never exist.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -34,12 +31,9 @@ IGNORE_INDEX = -100
 
 def loss_sums(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None = None,
               coef: float = 0.0, kind: str = "kl") -> torch.Tensor:
-    """``[objective, ce, aux]`` summed over valid positions (fp32).
-
-    ``logits`` [..., V] (any float dtype), ``labels`` [...] with -100 ignored, ``teacher`` [..., V]
-    (stop-gradient target logits or None). ``aux`` is KL(p_teacher || p) for ``kind='kl'`` or
-    TV(p_teacher, p) for ``kind='tv'``; ``objective = ce + coef * aux``.
-    """
+    """``[objective, ce, aux]`` summed over valid positions (fp32): ``logits`` [..., V], ``labels`` [...] (-100
+    ignored), ``teacher`` [..., V] (stop-gradient logits or None); ``aux`` is KL(p_teacher || p) (``kind='kl'``) or
+    TV(p_teacher, p) (``'tv'``); ``objective = ce + coef * aux``."""
     V = logits.shape[-1]
     logp = logits.reshape(-1, V).float().log_softmax(-1)                   # [N, V]
     y = labels.reshape(-1)
@@ -62,12 +56,8 @@ def loss_sums(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor 
 def chunked_loss_sums(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
                       labels: torch.Tensor, teacher_hidden: torch.Tensor | None = None, coef: float = 0.0,
                       kind: str = "kl", chunk: int = 4096) -> torch.Tensor:
-    """``loss_sums`` from final hidden states ``hidden`` [B, T, D], ``chunk`` positions at a time (D.6).
-
-    ``head`` maps [n, D] -> [n, V] (the tied output projection). Teacher logits come from
-    ``teacher_hidden`` through the same head without gradient. Each chunk runs under activation
-    checkpointing, so only one chunk's logits are alive at a time in forward and backward.
-    """
+    """``loss_sums`` from final hidden states ``hidden`` [B, T, D], ``chunk`` positions at a time under activation
+    checkpointing (D.6); ``head`` maps [n, D] -> [n, V], also for ``teacher_hidden`` (without gradient)."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     D = hidden.shape[-1]
@@ -92,10 +82,9 @@ def chunked_loss_sums(head: Callable[[torch.Tensor], torch.Tensor], hidden: torc
 
 @contextmanager
 def ffn_grad_scaled(model: nn.Module, scale: float | None) -> Iterator[None]:
-    """Inside the block, forwards of ``model``'s FFN layers (``model.ffn_layers()``) scale the gradients of their
-    retained weights by ``scale`` (ESSH D.4, W_hat = a W + (1 - a) sg(W): the forward is unchanged). For the
-    student pass of a reduced-capacity micro-batch (Alg. 1 lines 16-18); None or 1 changes nothing. The
-    scaling is recorded in the autograd graph at forward time, so the backward may run after the block."""
+    """Inside the block, forwards of ``model``'s FFN layers scale the gradients of their retained weights by
+    ``scale`` (ESSH D.4, W_hat = a W + (1 - a) sg(W); Alg. 1 lines 16-18); recorded in the graph at forward time,
+    so the backward may run after the block. None changes nothing."""
     layers = model.ffn_layers() if scale is not None and hasattr(model, "ffn_layers") else []
     before = [f.grad_scale for f in layers]
     for f in layers:
@@ -108,20 +97,17 @@ def ffn_grad_scaled(model: nn.Module, scale: float | None) -> Iterator[None]:
 
 
 class LossModule(nn.Module):
-    """Wraps an elastic model so that one ``forward`` returns a micro-batch's loss sums (DDP wraps this).
+    """An elastic model whose ``forward(input_ids, labels, tier, ...)`` returns a micro-batch's fp32 sums
+    ``[objective, ce, aux, ce_full]`` (DDP wraps this):
 
-    ``forward(input_ids, labels, tier, ...)`` returns ``[objective, ce, aux, ce_full]`` (fp32 sums):
+    * ``distill=None``: plain CE at ``tier``;
+    * ``distill=('kl', c)``: teacher = the model at full capacity under ``no_grad`` (Alg. 1 line 12), student at
+      ``tier`` with ``ffn_grad_scale`` (lines 16-18); with ``model.__dict__["frozen_teacher"]`` that separate
+      frozen model is the teacher (post-hoc recovery, E.7);
+    * ``distill=('tv', c), full_ce=True``: shared refinement; the full pass keeps its gradient and its detached
+      prediction is the teacher (D.8).
 
-    * ``distill=None, full_ce=False``: plain CE of the model at ``tier`` (full or budget dropout);
-    * ``distill=('kl', c)``: the teacher = the same model at full capacity on the same tokens under
-      ``no_grad`` (Alg. 1 line 12), student at ``tier`` with ``ffn_grad_scale`` (line 16-18);
-    * ``distill=('tv', c), full_ce=True``: shared refinement; the full pass keeps its gradient (its CE
-      is added) and its detached prediction is the teacher (D.8);
-    * ``distill=('kl', c)`` on a model carrying ``__dict__["frozen_teacher"]``: that separate frozen model is
-      the teacher (post-hoc recovery, E.7, ``posthoc.py``).
-
-    ``chunk`` > 0 selects the chunked loss (needs ``hidden_states`` / ``logits_from_hidden``).
-    """
+    ``chunk`` > 0 selects the chunked loss (needs ``hidden_states`` / ``logits_from_hidden``)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -139,10 +125,8 @@ class LossModule(nn.Module):
     @torch.no_grad()
     def idle_teacher(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                      chunk: int = 0) -> None:
-        """The teacher pass of a distillation micro-batch (full capacity, no gradient), output discarded and
-        FFN activation statistics untouched: under FSDP2 a rank without a teacher in its r-th micro-batch runs
-        it when another rank's r-th micro-batch has one, so all ranks all-gather the same parameters in the
-        same order (``lockstep.py``)."""
+        """A teacher pass (full capacity, no gradient) whose output is discarded and FFN statistics untouched:
+        the padding of ``lockstep.teacher_padding`` under FSDP2."""
         layers = self.model.ffn_layers() if hasattr(self.model, "ffn_layers") else []
         tracking = [f.track_activations for f in layers]
         for f in layers:
@@ -162,7 +146,6 @@ class LossModule(nn.Module):
             raise ValueError(f"loss_chunk > 0 needs a model with hidden_states/logits_from_hidden; "
                              f"{type(self.model).__name__} has none: set loss_chunk=0")
         teacher = None
-        ce_full = None
         frozen = self.model.__dict__.get("frozen_teacher")   # post-hoc recovery's parent (train/posthoc.py)
         if full_ce:
             teacher = self._out(input_ids, None, attention_mask, None, hidden)
@@ -177,15 +160,9 @@ class LossModule(nn.Module):
                 teacher = self._out(input_ids, None, attention_mask, None, hidden)
         out = self._out(input_ids, tier, attention_mask, ffn_grad_scale, hidden)
         kind, coef = distill if distill is not None else ("kl", 0.0)
-        if hidden:
-            head = self.model.logits_from_hidden
-            sums = chunked_loss_sums(head, out, labels, teacher, coef, kind, chunk)
-            if full_ce:
-                ce_full = chunked_loss_sums(head, teacher, labels, chunk=chunk)[1]
-        else:
-            sums = loss_sums(out, labels, teacher, coef, kind)
-            if full_ce:
-                ce_full = loss_sums(teacher, labels)[1]
-        if ce_full is None:
+        sums_of = partial(chunked_loss_sums, self.model.logits_from_hidden, chunk=chunk) if hidden else loss_sums
+        sums = sums_of(out, labels, teacher, coef, kind)
+        if not full_ce:
             return torch.cat([sums, sums.new_zeros(1)])
+        ce_full = sums_of(teacher, labels)[1]
         return torch.stack([sums[0] + ce_full, sums[1], sums[2], ce_full])

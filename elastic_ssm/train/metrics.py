@@ -1,6 +1,4 @@
-"""Training metrics: a JSONL log, a tqdm progress bar and per-tier validation.
-
-``metrics.jsonl`` (rank 0, one JSON object per line) holds two kinds of records::
+"""Training metrics: ``metrics.jsonl`` (rank 0, the record of truth), a tqdm bar and per-tier validation records::
 
     {"kind": "train", "stage": "pretrain", "step": 10, "loss": 3.1, "ce": 3.0, "aux": 0.2, "lr": 1e-3,
      "tokens": 40960, "tokens_per_s": 5120.0, "capacities": [1.0, 1.0, 0.25, 1.0], "grad_norm": 0.8,
@@ -8,13 +6,10 @@
     {"kind": "eval", "stage": "pretrain", "step": 500, "tier": "T4", "loss": 3.4, "bpt": 4.9, "bpb": 4.9,
      "accuracy": 0.31, "tokens": 65536}
 
-A resumed stage drops the records written after its checkpoint (``drop_after``). ``capacities``: each global
-slot's capacity (ESSH xi, ES-SSM K); ``capacity_counts``: every micro-batch's capacity since the previous
-record (checkpoint steps are always written, so a stage's sum is its exact mix; ESSH D.4). ``loss`` is the
-step objective per valid token (Algorithm 1), ``ce`` the label CE, ``aux`` the KL (pretraining) or TV
-(refinement) term, ``ce_full`` the full model's CE in refinement. Validation reports each tier's mean loss,
-``bpt = loss / ln 2``, ``bpb = bpt / bytes_per_token`` (ES-SSM Sec. 5) and argmax accuracy on scored positions
-(recall accuracy on synthetic tasks, ESSH Tables 21-23); for classification, loss and accuracy.
+``capacities``: each global slot's capacity (ESSH xi, ES-SSM K); ``capacity_counts``: every micro-batch's capacity
+since the previous record (checkpoint steps are always written, so a stage's sum is its exact mix, D.4). ``loss`` is
+the step objective per valid token, ``ce`` the label CE, ``aux`` the KL or TV term, ``ce_full`` the full model's CE
+in refinement; ``bpt = loss / ln 2``, ``bpb = bpt / bytes_per_token`` (ES-SSM Sec. 5).
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +24,10 @@ import torch
 from torch import nn
 
 from ..config import ConfigError, tier_word
+from ..utils.files import with_path
+from ..utils.progress import progress
 from .dist import DistContext, all_reduce
+from .log_sinks import keep_lines, make_sinks
 
 __all__ = ["MetricsLogger", "validation_records", "eval_tier_list", "bytes_per_token", "read_log"]
 
@@ -66,17 +63,12 @@ class MetricsLogger:
         self.sinks: list = []
         if ctx.is_main:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if sinks:
-                from .log_sinks import make_sinks
-
-                self.sinks = make_sinks(sinks, self.path.parent, run or {})
+            self.sinks = make_sinks(sinks, self.path.parent, run or {})
 
     def start_stage(self, stage: str, total: int, initial: int) -> None:
         self.close_bar()
         self._counts = {}
         if self.progress:
-            from ..utils.progress import progress
-
             self._bar = progress(total=total, initial=initial, desc=stage, unit="step", enabled=True)
 
     def write(self, record: dict[str, Any]) -> None:
@@ -87,8 +79,6 @@ class MetricsLogger:
             except OSError as e:      # e.g. a full disk: name the log (a torn last line is dropped on resume)
                 if e.filename is not None:
                     raise
-                from ..utils.files import with_path
-
                 raise with_path(e, self.path) from e
             for sink in self.sinks:
                 sink.write(record)
@@ -100,22 +90,14 @@ class MetricsLogger:
             sink.drop_after(stage, step)
         if not self.path.is_file():
             return 0
-        kept, dropped = [], 0
-        for line in read_log(self.path).splitlines():
+
+        def keep(line: str) -> bool:
             try:
                 rec = json.loads(line)
             except ValueError:
-                dropped += 1
-                continue
-            if rec.get("stage") == stage and int(rec.get("step", 0)) > step:
-                dropped += 1
-                continue
-            kept.append(line)
-        if dropped:
-            from ..utils.files import atomic_write_bytes
-
-            atomic_write_bytes(self.path, "".join(f"{x}\n" for x in kept).encode())
-        return dropped
+                return False
+            return not (rec.get("stage") == stage and int(rec.get("step", 0)) > step)
+        return keep_lines(self.path, read_log(self.path), keep)
 
     def train_step(self, record: dict[str, Any], log: bool) -> None:
         self.history.append(record)
@@ -200,7 +182,3 @@ def validation_records(model: nn.Module, batches: list[Any], tiers: list[Any], c
         out.append(rec)
     return out
 
-
-def take_batches(val_data: Any, n: int) -> list[Any]:
-    """The first ``n`` validation batches, materialised once (a one-shot iterator is read only once)."""
-    return list(islice(iter(val_data), n))

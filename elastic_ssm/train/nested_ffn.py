@@ -1,12 +1,6 @@
-"""MatFormer's nested-FFN recipe as the ESSH paper trains its MatFormer baseline (Appendix N.1, Table 9).
-
-Every micro-batch slot draws one granularity uniformly from ``MatFormerConfig.granularities`` (N.1: 1/8,
-1/4, 1/2 and full width) and trains at that FFN width with plain label cross-entropy: no distillation
-(Table 9, "Pretrain KL 0"), no FFN gradient scaling, no reordering. The draw is a pure function of
-``(seed, step, slot)`` (``capacity_mixed.slot_rng``); ``metrics.jsonl`` records each slot's width fraction
-under ``capacities``. A fraction ``xi`` maps to ``n_ff = align floor(d_ff xi / align)``
-(``elastic.tiers.capacity_tier``; Table 39), the map the deployment tiers use.
-"""
+"""MatFormer's nested-FFN recipe as the ESSH paper trains its baseline (N.1, Table 9): every slot draws one
+granularity uniformly and trains at that FFN width (``n_ff = align floor(d_ff xi / align)``, Table 39) with plain
+CE: no distillation, no gradient scaling, no reordering."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """AdamW parameter groups and the learning-rate schedule (ESSH Table 7, Appendices E.2 and D.8).
 
-Pretraining groups (E.2): *no* weight decay on the raw decay parameters, frequencies and modal
-readout coefficients (``rho_raw``, ``theta``, ``kc``, ``ks``), embeddings, normalisation weights,
-biases (``gate_bias`` and every ``*.bias``) and the channel-local blend coefficients ``beta``; weight
-decay 0.1 on the two-dimensional zero-lag table ``a`` and on every other tensor with >= 2 dims.
-Shared-refinement groups (D.8): weight decay on *every* tensor with >= 2 dims (embeddings and modal
-tables included), none on vectors.
-
-Schedule: linear warm-up over ``warmup`` steps to the peak, then cosine decay to ``min_frac x peak``
-at the last step (Table 7: 1% warm-up, cosine to 10%; D.8: 5% warm-up, cosine toward zero).
+Pretraining (E.2): no weight decay on ``rho_raw``, ``theta``, ``kc``, ``ks``, embeddings, normalisation weights,
+biases (``gate_bias``, ``*.bias``) and the blend coefficients ``beta``; decay on the zero-lag table ``a`` and every
+other tensor with >= 2 dims. Shared refinement (D.8): decay on every tensor with >= 2 dims, none on vectors.
+Schedule: linear warm-up to the peak, then cosine to ``min_frac x peak`` (Table 7: 1%, 10%; D.8: 5%, zero).
 """
 
 from __future__ import annotations
@@ -43,11 +38,8 @@ def _decays(module: nn.Module, leaf: str, p: torch.Tensor, policy: str) -> bool:
 
 
 def param_groups(model: nn.Module, weight_decay: float, policy: str = "pretrain") -> list[dict[str, Any]]:
-    """Two AdamW groups ``[{decay}, {no decay}]`` with a ``names`` list each (for inspection and tests).
-
-    ``policy`` is ``"pretrain"`` (E.2) or ``"refine"`` (D.8). Tied parameters appear once; parameters
-    with ``requires_grad=False`` are left out. Empty groups are dropped.
-    """
+    """The AdamW groups ``[{decay}, {no decay}]`` (each with its ``names``; empty ones dropped) of ``policy``
+    ``"pretrain"`` (E.2) or ``"refine"`` (D.8); tied parameters once, frozen ones left out."""
     if policy not in ("pretrain", "refine"):
         raise ValueError(f"policy must be 'pretrain' or 'refine', got {policy!r}")
     seen: set[int] = set()
@@ -69,11 +61,8 @@ def param_groups(model: nn.Module, weight_decay: float, policy: str = "pretrain"
 
 def build_adamw(model: nn.Module, lr: float, betas: tuple[float, ...], weight_decay: float,
                 eps: float = 1e-8, policy: str = "pretrain") -> torch.optim.AdamW:
-    """AdamW over ``param_groups(model, weight_decay, policy)`` (fp32 master weights: the model's own).
-
-    Uses the fused CUDA kernel when every parameter lives on a GPU, the foreach path otherwise; both
-    are deterministic on CPU, which the bit-exact resume relies on.
-    """
+    """AdamW over ``param_groups`` (fp32 master weights: the model's own): fused when every parameter is on a GPU,
+    else foreach (deterministic on CPU, as the bit-exact resume needs)."""
     groups = param_groups(model, weight_decay, policy)
     on_cuda = all(p.is_cuda for g in groups for p in g["params"])
     kw: dict[str, Any] = {"fused": True} if on_cuda else {"foreach": True}
@@ -82,14 +71,9 @@ def build_adamw(model: nn.Module, lr: float, betas: tuple[float, ...], weight_de
 
 @dataclass(frozen=True)
 class WarmupCosine:
-    """lr(step) for 0-based optimizer steps ``0 .. total - 1``.
-
-    * ``step < warmup``: ``peak * (step + 1) / warmup`` (linear; the first step is not wasted at lr 0);
-    * afterwards: ``floor + (peak - floor) * (1 + cos(pi * s)) / 2`` with
-      ``s = (step - warmup) / (total - warmup)`` and ``floor = min_frac * peak``: the first step after
-      warm-up uses the peak and the curve would reach the floor one step after the last (so with a
-      floor of zero, as in shared refinement, no step is wasted at lr 0).
-    """
+    """lr(step) for 0-based steps: ``peak * (step + 1) / warmup`` while ``step < warmup``, then
+    ``floor + (peak - floor) * (1 + cos(pi * s)) / 2`` with ``s = (step - warmup) / (total - warmup)`` and
+    ``floor = min_frac * peak`` (the floor falls one step after the last: no step is wasted at lr 0)."""
 
     peak: float
     total: int

@@ -1,24 +1,14 @@
-"""Post-hoc elastification of a dense-trained ESSH (ESSH Appendix E.7, N.6; after Nemotron Elastic).
+"""Post-hoc elastification of a dense-trained ESSH (ESSH Appendix E.7, N.6; after Nemotron Elastic):
 
-The paper's protocol for the dense-control parent, step by step:
-
-1. **Calibration ranking** on a held-aside subset (2M tokens in the paper): every FFN unit h of layer l
-   gets the importance ``I_{l,h} = abar_{l,h}^2 ||W_down[:, h]||^2`` (the same score as D.3, here a plain
-   mean of the squared activations over the calibration tokens), and the units are put in decreasing order
-   (``ffn_order.order_ffn_units``), so a prefix mask keeps the most important ones. Spectral channels
-   *retain their original ordering* (E.7); ``channel_order="energy"`` instead ranks channels by their mean
-   output energy ``E_k = mean_t ||W_k^out z_k(t)||^2`` on the calibration data (Nemotron-style activation
-   ranking) and permutes them. Both permutations leave the full model's function unchanged.
-2. **Nested masks**: the tiers of the two-rate map (Eq. 7) at the mask fractions (``TrainConfig.mixing.capacities``;
-   the paper's dense-control run uses five masks: full, ~75%, ~50% and two compact targets).
-3. **Recovery** (recipe ``posthoc``): a *frozen* copy of the parent supervises the masked model; each
-   micro-batch draws one mask uniformly and trains ``CE(p_mask, y) + KL(p_parent || p_mask)`` (forward KL
-   and label cross-entropy, both with coefficient one), with a 1% warm-up to the constant learning rate
-   1e-4 (``posthoc_train_config``). The full-capacity mask is trained too (it is the "100% mask").
-
-``recover.elastify(parent, data, cfg)`` runs all three and returns ``train()``'s result. The frozen parent rides on
-the student as ``model.__dict__["frozen_teacher"]`` (not a submodule: it is not trained, checkpointed or
-wrapped by DDP), where ``LossModule`` finds it.
+1. **Calibration ranking** (``calibrate``) on a held-aside subset: FFN units by
+   ``I_{l,h} = abar_{l,h}^2 ||W_down[:, h]||^2`` (a plain mean over the calibration tokens), in decreasing order;
+   spectral channels keep their order (E.7), or with ``channel_order="energy"`` are ranked by their output energy
+   ``E_k = mean_t ||W_k^out z_k(t)||^2``. Both permutations leave the full model unchanged.
+2. **Nested masks**: the tiers of Eq. 7 at the mask fractions (``TrainConfig.mixing.capacities``).
+3. **Recovery** (recipe ``posthoc``): each micro-batch draws one mask and trains ``CE(p_mask, y) +
+   KL(p_parent || p_mask)`` under a frozen copy of the parent, 1% warm-up to a constant lr 1e-4
+   (``posthoc_train_config``). The parent rides on the student as ``model.__dict__["frozen_teacher"]`` (not a
+   submodule: not trained, checkpointed or wrapped), where ``LossModule`` finds it.
 """
 
 from __future__ import annotations
@@ -34,7 +24,7 @@ from .capacity_mixed import MicroPlan, Recipe, slot_rng
 from .ffn_order import enable_tracking, order_ffn_units
 
 __all__ = ["PosthocRecovery", "calibrate", "channel_energy", "permute_channels", "posthoc_train_config",
-           "mask_summary", "CHANNEL_TENSORS"]
+           "CHANNEL_TENSORS"]
 
 #: ``(parameter name, channel dim)`` of the spectral mixer's channel-indexed tensors, permuted together by
 #: ``permute_channels``: ``in_proj.weight`` [K (P + 3M), D] rows (P + 3M per channel, channel-major),
@@ -86,9 +76,8 @@ def posthoc_train_config(cfg: Any, masks: tuple[float, ...] | None = None) -> An
 
 @torch.no_grad()
 def channel_energy(mixer: nn.Module, u: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean output energy of every spectral channel, ``E_k = mean_t ||W_k^out z_k(t)||^2`` [K] (float64),
-    for the mixer input ``u`` [B, T, D] (the normalised residual stream the mixer sees); ``W_k^out`` is
-    channel k's block of ``out_proj.weight`` [D, K P], columns k P .. (k + 1) P."""
+    """``E_k = mean_t ||W_k^out z_k(t)||^2`` [K] (float64) for the mixer input ``u`` [B, T, D]; ``W_k^out`` are the
+    columns k P .. (k + 1) P of ``out_proj.weight`` [D, K P]."""
     from ..ops.spectral_scan import scan
 
     K = mixer.K
@@ -99,10 +88,8 @@ def channel_energy(mixer: nn.Module, u: torch.Tensor, valid: torch.Tensor | None
 
 @torch.no_grad()
 def permute_channels(mixer: nn.Module, perm: torch.Tensor) -> None:
-    """Reorder the channels of a ``SpectralMixer`` (new channel i = old channel perm[i]); the full-capacity
-    output is unchanged (channel-local computation, order-free sum of Sec. 4.1). Each tensor of
-    ``CHANNEL_TENSORS`` moves whole per-channel blocks along its channel dim (``in_proj.weight``: the
-    P + 3M rows of a channel; ``out_proj.weight``: its P columns)."""
+    """Reorder the channels of a ``SpectralMixer`` (new channel i = old channel perm[i]), moving the per-channel
+    blocks of every ``CHANNEL_TENSORS`` entry; the full output is unchanged (order-free sum of Sec. 4.1)."""
     for name, dim in CHANNEL_TENSORS:
         p = mixer.get_parameter(name)
         per = p.shape[dim] // mixer.K                  # entries per channel along dim
@@ -111,10 +98,8 @@ def permute_channels(mixer: nn.Module, perm: torch.Tensor) -> None:
 
 @torch.no_grad()
 def calibrate(model: nn.Module, batches: list[Any], channel_order: str = "original") -> dict[str, Any]:
-    """Calibration ranking (step 1 above) of ``model`` in place on ``batches`` of ``(input_ids, labels)``.
-
-    Returns ``{"ffn": [perm per layer], "channels": [perm per spectral layer] (identity for "original"),
-    "tokens": calibration tokens}``. The model's full-capacity function is unchanged."""
+    """Calibration ranking (step 1) of ``model`` in place on ``(input_ids, labels)`` batches; returns
+    ``{"ffn": [perm per layer], "channels": [perm per spectral layer], "tokens": n}``."""
     if channel_order not in ("original", "energy"):
         raise ValueError(f"channel_order must be 'original' (E.7) or 'energy', got {channel_order!r}")
     if not batches:
@@ -156,12 +141,3 @@ def calibrate(model: nn.Module, batches: list[Any], channel_order: str = "origin
         f.act_sq = None
     return {"ffn": ffn_perms, "channels": ch_perms, "tokens": tokens}
 
-
-def mask_summary(cfg: Any, masks: tuple[float, ...]) -> list[dict[str, Any]]:
-    """Per mask: its fraction, retained (K, n_ff) and exact parameter count (E.7 reports actual counts)."""
-    rows = []
-    for x in masks:
-        t = capacity_tier(cfg, x)
-        rows.append({"mask": x, "K": t.K, "n_ff": t.n_ff, "params": t.params,
-                     "share": round(t.params / capacity_tier(cfg, 1.0).params, 4)})
-    return rows

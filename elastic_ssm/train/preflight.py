@@ -1,12 +1,6 @@
-"""Checks before the first training step, the comparison of a resumed run, and graceful preemption.
-
-``preflight`` runs on rank 0 before any step and before anything in ``out_dir`` is written (its verdict is
-broadcast, so every rank fails together): the run directory's lock and ownership (``rundir.py``), the
-evaluation tier names, free disk for one checkpoint and, on ``resume``, every setting that changes the
-objective. Only then is ``run.yaml`` (the whole run record) written. ``StopSignals`` turns SIGTERM and the
-first SIGINT into a request honoured after the current step (a checkpoint, then ``TrainingInterrupted``); a
-second SIGINT stops at once.
-"""
+"""Checks before the first training step (rank 0, verdict broadcast, before anything in ``out_dir`` is written: the
+run directory, the evaluation tiers, free disk and, on resume, every setting that changes the objective), then
+``run.yaml``; ``StopSignals``: SIGTERM and a first SIGINT stop after the current step with a checkpoint."""
 
 from __future__ import annotations
 
@@ -67,9 +61,8 @@ def config_changes(saved: dict[str, Any], now: dict[str, Any], free: frozenset[s
 
 
 def read_run_record(out: str | Path) -> dict[str, Any] | None:
-    """The ``run.yaml`` of run directory ``out`` (None when there is none). A record that is not UTF-8, not YAML,
-    empty, or not a mapping with ``model``, ``train`` and ``data`` mappings is a ``ConfigError`` naming the file:
-    a resume is compared against it, so a damaged record must not pass as an empty one."""
+    """The ``run.yaml`` of ``out`` (None when there is none); a damaged one (not YAML, not a mapping of ``model``,
+    ``train`` and ``data`` mappings) is a ``ConfigError``: a resume is compared against it."""
     from ..config.base import read_yaml_file
 
     path = Path(out) / RUN_RECORD
@@ -86,9 +79,8 @@ def read_run_record(out: str | Path) -> dict[str, Any] | None:
 
 
 def check_same_arch(out: Path, saved: dict[str, Any], arch: str) -> None:
-    """Refuse to resume run record ``saved`` as another architecture ``arch``. Such a run shares no setting with
-    the saved one, so it is named by its arch, not by field differences (which would read as a record written
-    by an older version). A record without ``model.arch`` is an ESSH run (the default)."""
+    """Refuse to resume run record ``saved`` as another architecture ``arch`` (named by its arch, not by field
+    differences); a record without ``model.arch`` is an ESSH run."""
     was = saved["model"].get("arch", "essh")
     if was != arch:
         raise ConfigError(f"--resume: {out} holds a {was!r} run; --model.arch {arch} cannot resume it: use the same "
@@ -128,9 +120,8 @@ def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]
 
 def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
               record: dict[str, Any] | None) -> tuple[RunLock, bool]:
-    """Rank-0 checks before the first step; returns the held ``RunLock`` (release it when the run ends) and
-    whether the run resumes (``resume="auto"``: when ``out_dir`` holds a complete checkpoint, e.g. a job that
-    a cluster requeues with the same command after a preemption)."""
+    """Rank-0 checks before the first step; returns the held ``RunLock`` and whether the run resumes
+    (``resume="auto"``: when ``out_dir`` holds a complete checkpoint, as for a requeued job)."""
     from .metrics import eval_tier_list, read_log
 
     out = Path(cfg.out_dir)
@@ -204,10 +195,8 @@ def start_run(model: Any, cfg: Any, ctx: Any, resume: bool | str, overwrite: boo
 
 
 class StopSignals:
-    """While active (``with``), SIGTERM and the first SIGINT set ``requested`` instead of killing the process.
-
-    Only the main thread can install handlers; elsewhere this is a no-op and signals behave as usual.
-    """
+    """While active (``with``), SIGTERM and the first SIGINT set ``requested`` instead of killing the process
+    (main thread only; elsewhere a no-op)."""
 
     def __init__(self, announce: bool = True) -> None:
         self.requested: str | None = None

@@ -1,10 +1,5 @@
-"""Recipe selection: the recipe object of a ``TrainConfig`` for a model, one place for every recipe.
-
-``resolve_recipe_name`` turns ``TrainConfig.recipe`` into a concrete recipe ('auto': the model config's
-``default_recipe()``) and refuses one that needs another architecture (``ModelConfig.elastic_recipes``).
-``make_recipe`` builds one stage's recipe: ``capacity_mixed.py``, ``budget_dropout.py``, ``nested_ffn.py``,
-``posthoc.py`` or the plain dense ``Recipe``.
-"""
+"""Recipe selection: ``resolve_recipe_name`` ('auto' is the model config's ``default_recipe()``; a recipe of another
+architecture is refused) and ``make_recipe``, the one place that builds every recipe of a stage."""
 
 from __future__ import annotations
 

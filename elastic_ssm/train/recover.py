@@ -1,17 +1,7 @@
-"""Truncate a trained ESSH and recover it: the paper's controls for models not trained with capacity mixing.
-
-``truncate_and_recover(model, data, cfg, val_batches, protocol=...)`` evaluates every tier as is (raw
-truncation: the two-rate map's prefixes), recovers the model with one protocol, evaluates again and returns both:
-
-* ``"refine"``: the dense control of Tables 33, 37 and 43 (Table 8): shared refinement (D.8, ``cfg.refine``)
-  of the dense model, the stage capacity-mixed ESSH gets (``cfg.refine.steps`` must be > 0).
-* ``"label_only"``: "Dense control, label-only recovery" (Table 43): each tier exported and trained at its
-  fixed shape with label CE only, ``cfg.refine.steps`` steps at ``cfg.refine.lr``, under ``<out_dir>/<tier>``.
-* ``"posthoc"``: post-hoc elastification (E.7, ``elastify``, parts in ``posthoc.py``): calibration ranking,
-  nested masks, recovery under the frozen parent with forward KL + CE at constant lr 1e-4.
-
-``elastic-ssm recover PARENT --protocol ...`` (``cli_recover.py``) runs this on a saved model.
-"""
+"""Truncate a trained ESSH and recover it (the paper's controls for models not trained with capacity mixing):
+``truncate_and_recover`` evaluates every tier as cut, recovers by one protocol and evaluates again:
+``"refine"`` (the dense control of Tables 33, 37, 43: shared refinement, D.8), ``"label_only"`` (Table 43: each tier
+exported and trained at its shape with label CE) or ``"posthoc"`` (E.7, ``elastify``). CLI: ``elastic-ssm recover``."""
 
 from __future__ import annotations
 
@@ -58,13 +48,8 @@ def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: lis
                          tiers: list[Any] | None = None, bytes_per_token: float = 1.0,
                          calibration: list[Any] | None = None, masks: tuple[float, ...] | None = None,
                          channel_order: str = "original", **train_kw: Any) -> Recovery:
-    """Evaluate ``model`` at ``tiers`` (default: all), recover it by ``protocol``, evaluate again.
-
-    ``data``: training micro-batches for recovery (as for ``train``); ``cfg``: the ``TrainConfig`` of the run
-    (``out_dir`` receives the recovery run; ``refine.steps`` its length). ``calibration`` (posthoc, required):
-    training batches for the ranking; ``masks`` (posthoc): mask fractions (default ``cfg.mixing.capacities``).
-    ``train_kw`` goes to ``train``.
-    """
+    """Evaluate ``model`` at ``tiers`` (default: all), recover it by ``protocol`` on ``data`` (``cfg.out_dir``,
+    ``cfg.refine.steps`` long; posthoc: ``calibration`` batches and ``masks``), evaluate again."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     if cfg.refine.steps < 1:
@@ -97,12 +82,9 @@ def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: lis
 
 def elastify(parent: nn.Module, data: Any, cfg: Any, calibration: list[Any], val_data: Any = None,
              masks: tuple[float, ...] | None = None, channel_order: str = "original", **train_kw: Any):
-    """Post-hoc elastification of the dense-trained ESSH ``parent`` (E.7): calibrate and reorder a copy,
-    then recover it under the frozen ``parent`` with ``train()`` (``posthoc.posthoc_train_config(cfg, masks)``).
-
-    ``calibration``: batches of ``(input_ids, labels)`` for the ranking; ``data`` / ``val_data`` as for
-    ``train``. Returns ``train()``'s ``TrainResult`` (its ``model`` is the elastified student; every tier of
-    the two-rate map exports from it); ``result.calibration`` holds the permutations."""
+    """Post-hoc elastification of the dense-trained ESSH ``parent`` (E.7): calibrate a copy on ``calibration``,
+    then recover it under the frozen ``parent`` with ``train()`` (``posthoc_train_config``); returns the
+    ``TrainResult`` (its ``model`` the elastified student, ``calibration`` the permutations)."""
     if not hasattr(parent, "ffn_layers") or not hasattr(parent, "blocks"):
         raise TypeError(f"elastify needs an ESSH parent, got {type(parent).__name__}")
     student = copy.deepcopy(parent)

@@ -1,16 +1,6 @@
-"""A run directory belongs to one run: a one-writer lock, ownership checks and start-up clean-up.
-
-``train()`` calls these on rank 0 before the first step (docs/training.md, "Work is never lost", says what each
-refuses, moves aside or removes):
-
-* ``RunLock``: an advisory ``flock`` on ``<out_dir>/.lock`` holding the holder's host, pid and start time
-  (the kernel drops it when the process dies; without file locks the pid's liveness decides, same host).
-* ``claim_run_dir``: refuses a fresh run into another run's directory, a saved model or files it would
-  overwrite; ``overwrite`` moves them into ``<name>.replaced-<UTC time>`` (nothing is deleted).
-* ``clean_stale_files``: removes temporaries of interrupted writes and half-pruned checkpoints; moves
-  checkpoints that fail their check into ``<out_dir>/damaged/<stage>/``.
-* ``check_free_disk``: enough free space for one more checkpoint (model + AdamW moments, plus margin).
-"""
+"""A run directory belongs to one run: the one-writer lock (``RunLock``), ownership (``claim_run_dir``), start-up
+clean-up (``clean_stale_files``) and free disk (``check_free_disk``); docs/training.md, "Work is never lost", says
+what each refuses, moves aside or removes. ``train()`` calls them on rank 0 before the first step."""
 
 from __future__ import annotations
 
@@ -24,10 +14,11 @@ import warnings
 from pathlib import Path
 
 from ..config import ConfigError
-from ..utils.files import free_stamped_path, is_temp_name
+from ..utils.files import atomic_write_bytes, free_stamped_path, is_temp_name
+from .checkpoint import COMPLETE, LATEST, checkpoint_dirs, checkpoint_fault, move_damaged, step_of
 
 __all__ = ["RunLock", "RunDirBusy", "claim_run_dir", "clean_stale_files", "check_free_disk", "run_artifacts",
-           "has_checkpoint", "unusable_checkpoints", "refuse_unusable_run", "LOCK_NAME"]
+           "has_checkpoint", "refuse_unusable_run", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
 STAGES = ("pretrain", "refine")
@@ -46,8 +37,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:     # alive, owned by another user
+        pass
     return True
 
 
@@ -117,8 +108,7 @@ class RunLock:
 
 
 def run_artifacts(out: Path) -> list[str]:
-    """Checkpoints, final models and set-aside damaged checkpoints of a previous run in ``out`` (relative
-    names, for messages)."""
+    """What a previous run left in ``out`` (checkpoints, final model, damaged checkpoints), for messages."""
     found = [f"{s}/{p.name}" for s in STAGES for p in sorted((out / s).glob("step_*")) if p.is_dir()]
     if (out / "final").is_dir():
         found.append("final/")
@@ -138,24 +128,7 @@ def _move_aside(out: Path) -> Path:
 
 def has_checkpoint(out: str | Path) -> bool:
     """Whether ``out`` holds a complete checkpoint of a stage (what ``--resume`` needs)."""
-    from .checkpoint import _is_complete
-
-    out = Path(out)
-    return any(_is_complete(out / name) for name in run_artifacts(out) if name.split("/")[0] in STAGES)
-
-
-def unusable_checkpoints(out: str | Path) -> list[tuple[str, str]]:
-    """``(stage/step_X, what is wrong)`` for every checkpoint directory of ``out`` that fails its check,
-    newest first per stage (empty when all are complete)."""
-    from .checkpoint import _checkpoint_dirs, checkpoint_fault
-
-    out, bad = Path(out), []
-    for s in STAGES:
-        for p in _checkpoint_dirs(out / s):
-            fault = checkpoint_fault(p)
-            if fault is not None:
-                bad.append((f"{s}/{p.name}", fault))
-    return bad
+    return any(checkpoint_fault(p) is None for s in STAGES for p in checkpoint_dirs(Path(out) / s))
 
 
 def _unusable_only(out: Path) -> str | None:
@@ -163,7 +136,7 @@ def _unusable_only(out: Path) -> str | None:
     newest one (for the refusal), else None."""
     if has_checkpoint(out) or (out / "final").is_dir():
         return None
-    bad = unusable_checkpoints(out)
+    bad = [(f"{s}/{p.name}", checkpoint_fault(p)) for s in STAGES for p in checkpoint_dirs(out / s)]
     if not bad:
         return None
     more = f" (and {len(bad) - 1} more checkpoint(s) failed too)" if len(bad) > 1 else ""
@@ -214,8 +187,8 @@ def _would_overwrite(out: Path) -> list[str]:
 
 
 def _keep_earlier_attempt(out: Path) -> None:
-    """An attempt cut before its first checkpoint (or a finished one whose checkpoints are gone, as a replication
-    run restored from its records): keep its log, record and parameter report beside the new run's."""
+    """An earlier attempt without checkpoints: its log, record and parameter report stay, dated, beside the new
+    run's."""
     old_log, old_rec = out / "metrics.jsonl", out / "run.yaml"
     dated = old_log if old_log.is_file() else old_rec
     if not dated.is_file():
@@ -271,8 +244,8 @@ def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None
 
 
 def _own_temp(folder: Path, out: Path, name: str) -> bool:
-    """A temporary file of an interrupted write by ``train``: any in its own folders; at the top of ``out``
-    (a folder the user may share) only those of the files it writes there."""
+    """A temporary file of an interrupted write by ``train``: any in its own folders, only those of ``OWN_FILES``
+    at the top of ``out`` (a folder the user may share)."""
     if not is_temp_name(name):
         return False
     return folder != out or any(name.startswith(f".{own}.") for own in OWN_FILES)
@@ -281,9 +254,7 @@ def _own_temp(folder: Path, out: Path, name: str) -> bool:
 def clean_stale_files(out: str | Path) -> list[Path]:
     """Remove temporary files of interrupted writes and unmarked checkpoint directories older than a
     complete one (a prune cut short); move every other checkpoint directory that fails its check into
-    ``<out>/damaged/<stage>/`` (never deleted: see the module docstring). Returns the paths removed or moved."""
-    from .checkpoint import COMPLETE, LATEST, _checkpoint_dirs, _step_of, checkpoint_fault, move_damaged
-
+    ``<out>/damaged/<stage>/`` (never deleted). Returns the paths removed or moved."""
     out, removed = Path(out), []
     folders = [out, out / "final", *[out / s for s in STAGES]]
     for folder in folders:
@@ -295,14 +266,14 @@ def clean_stale_files(out: str | Path) -> list[Path]:
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
                 removed.append(p)
     for s in STAGES:
-        dirs = _checkpoint_dirs(out / s)
+        dirs = checkpoint_dirs(out / s)
         faults = {p: checkpoint_fault(p) for p in dirs}
         good = [p for p in dirs if faults[p] is None]
         for p in dirs:
             if faults[p] is None:
                 continue
             removed.append(p)
-            if not (p / COMPLETE).exists() and good and _step_of(p) < _step_of(good[0]):
+            if not (p / COMPLETE).exists() and good and step_of(p) < step_of(good[0]):
                 warnings.warn(f"removing {p} (an old checkpoint whose deletion was cut short)", stacklevel=2)
                 shutil.rmtree(p, ignore_errors=True)
                 continue
@@ -313,8 +284,6 @@ def clean_stale_files(out: str | Path) -> list[Path]:
                   f"was deleted; {then}", flush=True)
         pointer = out / s / LATEST
         if dirs and pointer.is_file() and not (out / s / pointer.read_text().strip()).is_dir():
-            from ..utils.files import atomic_write_bytes
-
             if good:
                 atomic_write_bytes(pointer, good[0].name.encode())
             else:

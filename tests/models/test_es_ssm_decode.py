@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from benchmarks.es_ssm_report import decode_bpb
 from elastic_ssm.config import ESSSMConfig
 from elastic_ssm.elastic.tiers import state_bytes
-from elastic_ssm.eval.decode_bpb import decode_bpb
 from elastic_ssm.models.es_ssm import ESSSM
 from elastic_ssm.spectral import fit_damped_modes
 
