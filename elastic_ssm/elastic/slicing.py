@@ -24,8 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["SliceRule", "prefix", "empty_linear", "linear", "linear_weight", "is_plain_linear", "has_float_weight",
-           "slice_state_dict", "sliced_shape",
-           "load_sliced_safetensors"]
+           "slice_state_dict", "load_sliced_safetensors"]
 
 
 @dataclass(frozen=True)
@@ -105,15 +104,6 @@ def _rule_for(name: str, rules: Iterable[SliceRule]) -> SliceRule | None:
     if len(hits) > 1:
         raise ValueError(f"tensor {name!r} matches several slice rules: {hits}")
     return hits[0] if hits else None
-
-
-def sliced_shape(name: str, shape: tuple[int, ...], rules: Iterable[SliceRule]) -> tuple[int, ...]:
-    rule = _rule_for(name, rules)
-    if rule is None:
-        return tuple(shape)
-    if not 1 <= rule.length <= shape[rule.dim]:
-        raise ValueError(f"{name}: cannot keep {rule.length} of {shape[rule.dim]} entries along dim {rule.dim}")
-    return tuple(rule.length if i == rule.dim else n for i, n in enumerate(shape))
 
 
 def slice_state_dict(

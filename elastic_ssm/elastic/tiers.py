@@ -22,7 +22,7 @@ from typing import Any
 from ..config.model import FractionTierConfig, ModelConfig, Tier, TierLike
 
 __all__ = ["Tier", "TierLike", "tier_table", "resolve_tier", "capacity_tier", "channels_for", "ffn_width_for",
-           "num_parameters", "parameter_breakdown", "state_bytes", "flops_per_token", "format_tier_table"]
+           "num_parameters", "parameter_breakdown", "state_bytes", "flops_per_token", "format_tier_table", "tier_width"]
 
 
 def _model_config(cfg: Any, what: str) -> ModelConfig:
@@ -122,6 +122,11 @@ def flops_per_token(cfg: ModelConfig, tier: TierLike = None, context: int = 2048
     if context < 1:
         raise ValueError(f"context must be >= 1, got {context}")
     return cfg.tier_flops(resolve_tier(cfg, tier), context)
+
+
+def tier_width(tier: Any, full: int, field: str = "K") -> int:
+    """``field`` (``K`` or ``n_ff``) of ``tier``: a ``Tier``'s own, an int as given, or ``full`` for None."""
+    return full if tier is None else int(getattr(tier, field, tier))
 
 
 # ---- readable output ----------------------------------------------------------------------------------

@@ -135,6 +135,15 @@ def swa_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, blo
     return (_compiled_flex() if compiled else flex_attention)(q, k, v, block_mask=mask)[..., :T, :]
 
 
+def rope_qkv(qkv: nn.Module, x: torch.Tensor, positions: torch.Tensor, n_heads: int, head_dim: int, base: float):
+    """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] through ``qkv`` (weight [3D, D]) with RoPE on q and k."""
+    B, T, _ = x.shape
+    q, k, v = linear(qkv, x).view(B, T, 3, n_heads, head_dim).permute(2, 0, 3, 1, 4)
+    cos, sin = rope_cos_sin(positions, head_dim, base, q.dtype)
+    cos, sin = cos[:, None], sin[:, None]                      # [B,1,T,hd/2]
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
 class SlidingWindowAttention(nn.Module):
     def __init__(self, d_model: int, head_dim: int, window: int, rope_base: float = 10000.0,
                  init_std: float = 0.02, out_std: float | None = None) -> None:
@@ -153,12 +162,7 @@ class SlidingWindowAttention(nn.Module):
         nn.init.normal_(self.out.weight, std=self.out_std)
 
     def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] with RoPE on q and k."""
-        B, T, _ = x.shape
-        q, k, v = linear(self.qkv, x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_base, q.dtype)
-        cos, sin = cos[:, None], sin[:, None]                      # [B,1,T,hd/2]
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return rope_qkv(self.qkv, x, positions, self.n_heads, self.head_dim, self.rope_base)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None = None,
                 ring: RingState | None = None) -> torch.Tensor:

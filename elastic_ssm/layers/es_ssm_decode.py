@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..elastic.slicing import linear, prefix
+from ..elastic.tiers import tier_width
 from ..spectral import DampedModes, fit_damped_modes
 
 __all__ = ["DECODE_MODES", "ModalFit", "DecodePlan", "SpectralDecodeState", "check_decode", "modal_fit",
@@ -101,11 +102,6 @@ class SpectralDecodeState:
     t: int = 0
 
 
-def _budget(tier, full: int) -> int:
-    """K of ``tier``: an int budget, an object with ``K`` (a ``Tier``), or None (all ``full`` channels)."""
-    return full if tier is None else int(getattr(tier, "K", tier))
-
-
 class SpectralDecodeMixin:
     """``decode_plan`` / ``init_state`` / ``prefill`` / ``step`` of ``SpectralSublayer`` (Eq. 4 per token),
     with the layer decode protocol of ESSH's mixers: ``init_state(batch, tier)``, ``step(x, state, tier)``."""
@@ -114,7 +110,7 @@ class SpectralDecodeMixin:
                     dtype: torch.dtype = torch.float32) -> DecodePlan:
         """The precomputed constants of budget ``tier`` (an int K, a ``Tier`` or None: every channel) in
         ``dtype`` (the state dtype) on the filters' device."""
-        K = _budget(tier, self.n_channels)
+        K = tier_width(tier, self.n_channels)
         decode, n_modes = check_decode(decode, n_modes, self.seq_len)
         self._check_budget(K)
         phi = prefix(self.filters, K)  # [K, L]
@@ -138,7 +134,7 @@ class SpectralDecodeMixin:
         arguments (``kv_dtype``, ``device``) concern other layers and are ignored."""
         if plan is None:
             plan = self.decode_plan(tier, decode, n_modes, state_dtype)
-        elif plan.K != _budget(tier, plan.K):
+        elif plan.K != tier_width(tier, plan.K):
             raise ValueError(f"a plan of budget K={plan.K} given for tier {tier!r}; build it with decode_plan(tier)")
         dev = self.filters.device
         if plan.mode == "exact":
@@ -183,7 +179,7 @@ class SpectralDecodeMixin:
         ``tier`` (optional) must be the budget the state was built for."""
         plan, buf, t = state.plan, state.buffer, state.t
         K, D = plan.K, self.d_model
-        if tier is not None and _budget(tier, K) != K:
+        if tier is not None and tier_width(tier, K) != K:
             raise ValueError(f"this decode state holds budget K={K}, the step asks for {tier!r}; allocate a cache "
                              "at that tier")
         B = x.shape[0]

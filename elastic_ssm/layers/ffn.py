@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..elastic.slicing import empty_linear, linear, linear_weight
+from ..elastic.tiers import tier_width
 from .decode_plan import FFNPlan, in_by_out_copy
 
 
@@ -80,7 +81,7 @@ class SwiGLU(nn.Module):
         """The fused step's weights at ``tier`` (its ``n_ff``, an int, or None = all units;
         ``layers/decode_plan.py``): prefix views of ``w_in.weight`` [2 n_ff, D] (rows) and ``w_out.weight``
         [D, n_ff] (columns), and with ``split_copy`` an in-by-out copy [n_ff, D] of the latter."""
-        n = self.d_ff if tier is None else int(getattr(tier, "n_ff", tier))
+        n = tier_width(tier, self.d_ff, "n_ff")
         w_out = linear_weight(self.w_out, cols=n)
         return FFNPlan(linear_weight(self.w_in, rows=2 * n), w_out, in_by_out_copy(w_out, split_copy))
 

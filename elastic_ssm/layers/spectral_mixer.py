@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
+from ..elastic.tiers import tier_width
 from ..ops.spectral_scan import scan, spectral_scan_step
 from ..ops.spectral_scan.decode_triton import ModalConstants
 from ..ops.spectral_scan.inputs import ModalTables
@@ -141,7 +142,7 @@ class SpectralMixer(nn.Module):
         """The block's call (same for every mixer): u [B,T,D] at ``tier`` -> y [B,T,D]; with ``state`` (this
         layer's slice of a decode cache, from ``init_state``) the final mode state is written into it.
         ``positions`` is unused (the recurrence carries its own phase)."""
-        K = channels(tier, self.K)
+        K = tier_width(tier, self.K)
         if state is None:
             return self(u, K, valid, backend=backend)
         y, final = self(u, K, valid, output_final_state=True, backend=backend)
@@ -154,13 +155,13 @@ class SpectralMixer(nn.Module):
         """This layer's slice of a decode cache: zeroed mode states [B, K_T, M, 2, P] in ``state_dtype``
         (2 K_T m P entries per sequence, ESSH C.5). Other cache arguments (``kv_dtype``, ``positions``)
         concern other layers and are ignored."""
-        K = channels(tier, self.K)
+        K = tier_width(tier, self.K)
         return torch.zeros(batch, K, self.M, 2, self.P, dtype=state_dtype, device=device or self.theta.device)
 
     def step(self, x: torch.Tensor, state: torch.Tensor, tier=None) -> torch.Tensor:
         """Reference single-token step (float64-capable): x [B,D], state [B,K,M,2,P] updated in place ->
         y [B,D]. Eq. 23 blend, C.2 gates and the Eq. 5 / Eq. 24 step of ``ops.spectral_scan_step``."""
-        K = channels(tier, self.K)
+        K = tier_width(tier, self.K)
         v, write, read, clock = self._controls(x, K, None)
         z, _ = spectral_scan_step(v, write, read, clock, self._modal(K), state)
         return self._readout(z, K)
@@ -172,15 +173,9 @@ class SpectralMixer(nn.Module):
         ``in_proj.weight`` [K(P+3M), D] (rows) and ``out_proj.weight`` [D, K P] (columns), the modal constants
         of C.3 / Eq. 24 computed in float64 and cast to ``state_dtype``, and with ``split_copy`` an in-by-out
         copy [K P, D] of the output weight for the split kernel."""
-        K, P, M, d = channels(tier, self.K), self.P, self.M, torch.float64
+        K, P, M, d = tier_width(tier, self.K), self.P, self.M, torch.float64
         w_in = linear_weight(self.in_proj, rows=K * (P + 3 * M))
         w_out = linear_weight(self.out_proj, cols=K * P)
         consts = ModalConstants.pack(prefix(self.gate_bias, K).to(d), self._modal(K, d),
                                      prefix(self.beta, K).to(d), P, self.blend_eps, state_dtype)
         return SpectralPlan(w_in, w_out, consts, in_by_out_copy(w_out, split_copy))
-
-def channels(tier, full: int) -> int:
-    """K of ``tier``: a ``Tier`` (its ``K``), an int, or None (all ``full`` channels)."""
-    if tier is None:
-        return full
-    return int(getattr(tier, "K", tier))

@@ -28,14 +28,16 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigBase, ConfigError, TierLike
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
+from ..layers.norm import RMSNorm
 from ..utils.devices import checked_device
 from ..utils.files import atomic_write_bytes
 from .generation import check_attention_mask
@@ -51,29 +53,6 @@ from .model_dir import (
     verify_sha256,
 )
 from .remote_code import hf_keys, write_remote_code
-
-
-@runtime_checkable
-class TrainableModel(Protocol):
-    """What ``elastic_ssm.train`` calls on a model (every ``ElasticModel`` provides it); the config carries the
-    architecture's tiers, counts and recipes (``elastic_ssm.config.ModelConfig``).
-
-    Optional, found with ``hasattr`` by the trainer: ``ffn_layers()`` (the unit-ordered SwiGLU layers, block
-    order: FFN ordering, ``ffn_grad_scale``, activation statistics; ESSH and the Transformer++ baselines) and
-    ``hidden_states`` / ``logits_from_hidden`` (the chunked loss, ``loss_chunk > 0``)."""
-
-    arch: ClassVar[str]
-    config: Any
-
-    def __call__(self, input_ids: torch.Tensor, tier: TierLike = None, **kw: Any) -> torch.Tensor:
-        """Logits ``[B, T, V]`` of the shared model at ``tier`` (``attention_mask``, ``ffn_grad_scale``)."""
-        ...
-
-    def resolve_tier(self, tier: TierLike = None) -> tiers_mod.Tier: ...
-
-    def tier_table(self) -> list[tiers_mod.Tier]: ...
-
-    def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path: ...
 
 
 def empty_input_message(shape) -> str:
@@ -110,7 +89,9 @@ def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = No
 
 
 class ElasticModel(nn.Module):
-    """Common behaviour of ``ESSSM`` and ``ESSH``; ``config`` is the model's (possibly standalone) config."""
+    """What every architecture shares (tiers, counts, save / load) and what ``elastic_ssm.train`` calls;
+    ``config`` is the model's (possibly standalone) config. Optional, found with ``hasattr`` by the trainer:
+    ``ffn_layers()`` (the unit-ordered SwiGLU layers) and ``hidden_states`` (the chunked loss)."""
 
     arch: ClassVar[str] = ""
     config_class: ClassVar[type[ConfigBase]]
@@ -152,6 +133,20 @@ class ElasticModel(nn.Module):
     def slice_rules(cls, config: ConfigBase, tier: tiers_mod.Tier) -> list[SliceRule]:
         """Prefix rules (rows or columns) that cut the shared state dict down to ``tier``."""
         raise NotImplementedError
+
+    def _build_head(self, config: Any) -> None:
+        """The final RMSNorm and the untied LM head [V, D] after the blocks, then embedding and head drawn from
+        N(0, init_std) (ESSH and the Transformer++ baselines; nothing is drawn on the meta device)."""
+        self.norm_f = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if self.embed.weight.device.type != "meta":
+            nn.init.normal_(self.embed.weight, std=config.init_std)
+            if self.lm_head is not None:
+                nn.init.normal_(self.lm_head.weight, std=config.init_std)
+
+    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head on final-normed hidden states: [..., D] -> [..., V] (tied: the embedding matrix)."""
+        return F.linear(h, self.embed.weight if self.lm_head is None else self.lm_head.weight)
 
     def is_meta(self) -> bool:
         return any(p.device.type == "meta" for p in self.parameters())

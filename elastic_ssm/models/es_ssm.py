@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ESSSMConfig, TierLike
@@ -132,16 +131,13 @@ class ESSSM(GenerationMixin, ElasticModel):
                 f" got {tuple(attention_mask.shape)}"
             )
         if attention_mask is not None and not torch.compiler.is_compiling():
-            check_attention_mask(attention_mask, left_padding=False)    # values; left padding for a cache below
+            check_attention_mask(attention_mask, left_padding=cache is not None)   # a cache prefill: left padding
         valid = None if attention_mask is None else attention_mask.to(torch.bool)  # [B, T]
         if cache is not None:
             cache.check_prefill(K)
             if cache.batch != ids.shape[0]:
                 raise ValueError(f"this cache holds batch={cache.batch} sequences, input_ids has"
                                  f" {ids.shape[0]}; allocate_cache({ids.shape[0]}, ...)")
-            if valid is not None and bool((valid[:, 1:].long() < valid[:, :-1].long()).any()):
-                raise ValueError("attention_mask must use LEFT padding (zeros before the real tokens of each"
-                                 " row) when prefilling a cache")
         x = self.embed(ids)  # [B, T, d]
         for i, block in enumerate(self.blocks):
             if cache is None:
@@ -157,11 +153,6 @@ class ESSSM(GenerationMixin, ElasticModel):
             m = attention_mask.to(x.dtype).unsqueeze(-1)  # [B, T, 1]
             pooled = (x * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)  # [B, d]
         return self.head(pooled)  # [B, C]
-
-    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
-        """LM head on final-normed hidden states: [..., d] -> [..., V] (tied: the embedding matrix)."""
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, d]
-        return F.linear(h, weight)
 
     def allocate_cache(self, batch: int, tier: TierLike = None, **kw: Any) -> ESSSMCache:
         """Empty decode cache for ``batch`` sequences at budget ``tier``; keywords ``decode`` ('exact' ring buffer,

@@ -222,7 +222,3 @@ class FastDecoder:
     @property
     def graphed(self) -> bool:
         return self._graph is not None
-
-    def state_nbytes(self) -> dict[str, int]:
-        """Persistent bytes held for the batch (recurrent states + KV ring; bookkeeping excluded)."""
-        return self.cache.nbytes()

@@ -75,10 +75,6 @@ def check_attention_mask(mask: torch.Tensor, left_padding: bool = True) -> None:
         raise ValueError("every row needs at least one real token (attention_mask row of zeros)")
 
 
-def check_left_padding(mask: torch.Tensor) -> None:
-    check_attention_mask(mask, left_padding=True)
-
-
 def _check_inputs(model, input_ids: torch.Tensor, attention_mask, max_new_tokens, eos, pad) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError("input_ids must be a tensor [B, T] (or [T]) of token ids")
@@ -95,7 +91,7 @@ def _check_inputs(model, input_ids: torch.Tensor, attention_mask, max_new_tokens
         if attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got "
                              f"{tuple(attention_mask.shape)}")
-        check_left_padding(attention_mask)
+        check_attention_mask(attention_mask)
 
 
 class ReferenceSession:

@@ -86,13 +86,6 @@ def spectral_step_torch(h: torch.Tensor, state: torch.Tensor, c: ModalConstants,
     return (z * c.scale).to(out_dtype or h.dtype).reshape(B, K * P)
 
 
-def _kernel():
-    """``spectral_step_kernel``, imported on first use (``decode_triton_kernels.py`` imports triton)."""
-    from .decode_triton_kernels import spectral_step_kernel
-
-    return spectral_step_kernel
-
-
 def _pow2(n: int, lo: int = 1) -> int:
     return max(lo, 1 << (int(n) - 1).bit_length())
 
@@ -103,10 +96,11 @@ def _spectral_step_triton(h, state, c: ModalConstants, out_dtype, pdl: bool = Fa
     B = h.shape[0]
     h = h if h.stride(-1) == 1 else h.contiguous()
     out = torch.empty(B, c.K * c.P, dtype=out_dtype or h.dtype, device=h.device)
-    kern = _kernel()
-    kern[(B * c.K,)](h, state, out, c.table, c.beta, c.K, c.P, c.M, h.stride(0), out.stride(0), c.eps,
-                     c.scale, BLOCK_P=_pow2(c.P, 16), BLOCK_M=_pow2(c.M, 2), PDL=pdl,
-                     num_warps=2 if c.P <= 32 else 4, **launch_options(pdl))
+    from .decode_triton_kernels import spectral_step_kernel  # imports triton: on this path only
+
+    spectral_step_kernel[(B * c.K,)](h, state, out, c.table, c.beta, c.K, c.P, c.M, h.stride(0), out.stride(0),
+                                     c.eps, c.scale, BLOCK_P=_pow2(c.P, 16), BLOCK_M=_pow2(c.M, 2), PDL=pdl,
+                                     num_warps=2 if c.P <= 32 else 4, **launch_options(pdl))
     return out
 
 
