@@ -1,10 +1,10 @@
 """Budget dropout: the training-budget schedule of ES-SSM (paper Sec. 4.2, Eq. 5; Algorithm 2).
 
-At global step ``step`` (0-based) K_train is K-bar during warm-up (``step < warmup_steps``) and on anchors
-(after warm-up, ``step % n_full == 0``; DESIGN: the text ends mid-Alg. 2); otherwise Eq. 5: ``xi ~ U[0, 1)``,
-``target = K_min (K-bar / K_min)^xi``, ``K_train = argmin_{k in budgets} |k - target|`` (a tie goes to the
-smaller k). ``sample(step)`` is a pure function of ``(seed, step)``, so a resumed run reproduces the schedule
-with no sampler state to save. Warm-up in epochs: ``warmup_steps_from_epochs`` (docs/es_ssm.md)."""
+K_train is K-bar during warm-up and on anchors (after warm-up, ``step % n_full == 0``; DESIGN: the text ends
+mid-Alg. 2); otherwise Eq. 5: ``xi ~ U[0, 1)``, ``target = K_min (K-bar / K_min)^xi``, ``K_train = argmin_{k in
+budgets} |k - target|`` (a tie goes to the smaller k). ``sample(step)`` is a pure function of ``(seed, step)``, so a
+resumed run reproduces the schedule with no sampler state to save.
+"""
 
 from __future__ import annotations
 

@@ -1,17 +1,14 @@
-"""Capacity tiers: tier tables, tier resolution and exact per-tier costs, computed from a model config.
+"""Capacity tiers: tier tables, resolution and exact per-tier costs, the functional front of each config's own
+methods (``ModelConfig``; no switch over config types). docs/tiers.md states every rule.
 
-The functional front of each architecture's own arithmetic (``elastic_ssm.config.ModelConfig`` methods), with
-argument checks and readable output; no switch over config types. docs/tiers.md states every rule in prose.
-
-ESSH: tier ``T`` keeps spectral channels ``1..K_T`` and FFN units ``1..n_ff,T`` by the two-rate map (Sec. 4.2,
-Eq. 7; Appendix D.1, Table 6)::
+ESSH: tier T keeps channels 1..K_T and FFN units 1..n_ff,T by the two-rate map (Sec. 4.2, Eq. 7; Table 6)::
 
     K_T   = max(1, round(K-bar * xi_T ** 0.5))
     n_ff  = align * max(1, floor(d_ff * xi_T ** 0.8 / align))       (align = 64 in the paper)
 
-parameters by Eq. 25 (C.5) with the counting rules that reproduce Table 4, state by C.5 and Table 53.
-ES-SSM: one tier per runtime budget ``K`` in ``cfg.budgets`` (Sec. 4), ``n_ff = d * ffn_mult``, ``xi = K / K-bar``.
-Transformer++ / MatFormer: nested FFN tiers only (``K = 0``, one-rate map with ``e = 1``, Table 39)."""
+parameters by Eq. 25 (C.5, Table 4), state by C.5 and Table 53. ES-SSM: one tier per budget ``K`` in
+``cfg.budgets``. Transformer++ / MatFormer: nested FFN tiers only (``K = 0``, Table 39).
+"""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """Sliding-window causal self-attention with RoPE (ESSH Sec. 4, Appendix E.2).
 
-Query i attends keys j with 0 <= i - j < window (itself included) and, in a padded batch, only non-padding keys
-(a padding query attends itself). No biases (4 d^2 parameters, Table 4): ``qkv`` (weight [3D, D]) and ``out``
-([D, D]); shared by every tier. Training / prefill: causal SDPA when the window covers the sequence; longer
-unpadded CUDA sequences use ``flex_attention`` with a block-sparse band (:func:`swa_block_mask`, lengths bucketed
-by :func:`flex_length`); elsewhere SDPA with a boolean band mask in query blocks of one window (O(T * window)
-memory). Decoding: a ring of ``window`` key/value slots per sequence; RoPE phases from absolute positions in
-float64. Paths and limits: docs/performance.md.
+Query i attends keys j with 0 <= i - j < window and, in a padded batch, only real keys (a padding query attends
+itself). ``qkv`` [3D, D] and ``out`` [D, D], no biases (Table 4), shared by every tier. Causal SDPA, a
+flex_attention band or masked SDPA by length and device (docs/performance.md); decoding: a ring of ``window``
+key/value slots per sequence.
 """
 
 from __future__ import annotations

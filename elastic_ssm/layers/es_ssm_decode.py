@@ -1,12 +1,8 @@
 """Cached decoding of the ES-SSM spectral sublayer (ES-SSM paper Eq. 4): exact ring buffer and modal state.
 
-The sublayer is linear time-invariant in its input ``u`` [B, T, D]: channel k sees the causal convolution
-``x_k(t) = sum_{tau=0}^{L-1} phi_k(tau) u(t - tau)`` (Eq. 3/4), gated and projected as in ``forward``.
-``decode="exact"`` (default): a ring buffer of the last ``S = L - 1`` inputs [B, S, D], read against a slice
-of the doubled, reversed filter tail ``window`` [K, 2S - 1]. ``decode="modal"`` (opt-in, m modes): each filter
-replaced by its matrix-pencil fit (ESSH Eq. 4, App. C.1.1), a state [B, K, M, 2, D] of constant size (ESSH
-Eq. 5 with unit gates); it computes exactly the model whose filters are the fitted ones. Left padding: the
-caller zeroes the sublayer input at padded positions. docs/es_ssm.md, "Cached decoding".
+``decode="exact"``: the last S = L - 1 inputs [B, S, D], read against the doubled, reversed filter tail
+``window`` [K, 2S - 1]. ``decode="modal"``: each filter replaced by its m-mode matrix-pencil fit (ESSH Eq. 4,
+App. C.1.1), a state [B, K, M, 2, D] (ESSH Eq. 5 with unit gates). docs/es_ssm.md, "Cached decoding".
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Elastic SwiGLU feed-forward layer (Shazeer, 2020) with prefix width and FFN gradient scaling.
-
-Unit-ordered ``nn.Linear`` products without bias, so a tier keeps a prefix (ESSH D.2): ``w_in.weight`` [2F, D]
-(gate and up rows of unit h at rows 2h, 2h + 1) and ``w_out.weight`` [D, F] (unit h = column h);
-``forward(x, n_ff)`` evaluates the first ``n_ff`` units. While ``grad_scale`` is a float a (set by
-``train.losses.ffn_grad_scaled``) the retained weights are W_hat = a W + (1 - a) sg(W) (ESSH D.4). With
-``track_activations``, full-width calls keep a running mean of squared unit activations ``act_sq`` [F] (D.3).
+"""Elastic SwiGLU feed-forward layer (Shazeer, 2020): a tier keeps a unit prefix (ESSH D.2) of ``w_in.weight``
+[2F, D] (rows gate_h, up_h) and ``w_out.weight`` [D, F] (column h = unit h); FFN gradient scaling (D.4) and
+the running activation statistics ``act_sq`` [F] of the FFN ordering (D.3).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Selective spectral mixer of ESSH (Sec. 4.1, Appendix C.1-C.4).
 
-Input u [B,T,D] is the block's RMS-normalised residual stream. One concatenated, channel-major input
-projection ``in_proj`` (an ``nn.Linear``, weight [K (P + 3M), D]: rows k (P + 3M) .. (k + 1)(P + 3M) are
-channel k's value v_k^0 (P rows) and the write, read and clock pre-activations of its M modes) gives every
-control, so a tier keeps a row prefix and the fused decoder reads one matrix; ``out_proj`` (weight [D, K P])
-keeps a column prefix (``elastic/slicing.py``). Per channel (all channel-local, so truncation leaves retained
-channels unchanged, C.4):
+u [B,T,D] is the block's RMS-normed residual stream. ``in_proj`` (weight [K (P + 3M), D], channel-major: channel
+k's P value rows v_k^0, then the write, read and clock rows of its M modes) gives every control; ``out_proj``
+(weight [D, K P]) reads out; a tier keeps a row / column prefix. Per channel (channel-local, C.4):
 
     v_k   = (1 - beta_k) v_k^0 + beta_k v_k^0 / sqrt(|v_k^0|^2 / P + eps)            (Eq. 23)
     eta^w = 2 sigmoid(w^w u + b^w),  eta^r = 2 sigmoid(w^r u + b^r),  Delta = softplus(w^D u + b^D)  (C.2)
@@ -13,9 +10,8 @@ channels unchanged, C.4):
     z_k   = selective scan of Eq. 5 with zero-lag correction a (Eq. 24)            (ops.spectral_scan)
     y     = K^{-1/2} sum_{k<=K} W_k^out z_k                                         (Sec. 4.1)
 
-Initialisation: value rows and ``out_proj`` normal; gate/clock weights 0 with biases (0, 0, -3);
-modal tables from the matrix-pencil fit of the first K-bar Hankel filters (C.1); a = 1/2; beta = 0.
-Padding (``valid`` False) zeroes the write gate, so padded positions never enter a mode state.
+Init: gate/clock weights 0, biases (0, 0, -3); modal tables from the matrix-pencil fit of the first K-bar Hankel
+filters (C.1); a = 1/2; beta = 0. Padding (``valid`` False) zeroes the write gate.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Decode state of one sliding-window-attention layer: a ring of ``window`` key/value slots (ESSH Table 53).
-
-Slot ``p mod W`` holds the key and value of absolute position p (``slot_pos`` records p; -1 = empty), so
-the ring always holds the last W tokens of a sequence; ``positions`` [B] is the next position of each
-sequence, shared with the other layers of the cache (``models/cache.py``).
+"""Decode state of one sliding-window-attention layer (ESSH Table 53): a ring of ``window`` key/value slots;
+slot ``p mod W`` holds position p (``slot_pos``; -1 = empty), ``positions`` [B] is shared by the cache's layers.
 """
 
 from __future__ import annotations

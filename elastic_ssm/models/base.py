@@ -1,24 +1,11 @@
-"""Base class of the elastic models: tier resolution, exact counts, safetensors save/load.
+"""Base class of the elastic models: tier resolution, exact counts, safetensors save / load.
 
-A model directory holds ``model.safetensors`` (all parameters and persistent buffers, so the Hankel
-filters / modal tables a model was trained with travel with it), ``config.json``::
-
-    {"format": "elastic_ssm", "format_version": 1, "arch": "essh", "config": {...},
-     "tiers": [{"name": "T1", "K": 8, "n_ff": 448, ...}, ...], "source": {...},
-     "tokenizer": {"type": "bpe", "vocab_size": 512, "fingerprint": "...", "eos_token_id": 2, ...},
-     "model_type": "essh", "architectures": ["ESSHForCausalLM"], "eos_token_id": 2, ...}
-
-and, when the model carries one (``model.tokenizer``), its tokenizer (``data/tokenizer_files.py``). The
-``model_type`` / ``architectures`` / special-id keys let ``transformers`` read the directory
-(``elastic_ssm.hf``).
-
-``from_pretrained(path, tier="T4")`` builds the tier's standalone config and reads only the retained
-prefixes of the elastic tensors (``elastic/slicing.py``) with strict key matching. Files and state dicts
-written before the projections became ``nn.Linear`` modules (commit 5572818) are refused in one line that says
-how to convert them (``_older_layout``).
-Subclasses implement ``tier_config`` and ``slice_rules`` (classmethods on a config, so loading a tier
-never instantiates the full model) and build their modules without non-persistent buffers, so that a
-model created on the meta device is completed by ``load_state_dict(assign=True)``.
+A model directory holds ``model.safetensors`` (parameters and persistent buffers: the filters and modal tables a
+model was trained with travel with it), ``config.json`` (format, arch, config, tier table, tokenizer record, the
+keys transformers reads, the weights' size and sha256) and the tokenizer files (docs/architecture.md, "A model
+directory"). ``from_pretrained(path, tier=)`` reads only the tier's prefixes (``elastic/slicing.py``). Subclasses
+define ``slice_rules`` and build no non-persistent buffers, so a model made on the meta device is completed by
+``load_state_dict(assign=True)``.
 """
 
 from __future__ import annotations

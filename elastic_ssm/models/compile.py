@@ -1,10 +1,5 @@
-"""Compiling the ESSH trunk and resolving its scan backend: the machinery around the architecture of ``essh.py``.
-
-:func:`compile_trunk` (behind ``elastic_ssm.compile_model`` and ``ESSH.compile_forward``) stores a
-``torch.compile``d trunk (``ESSH._trunk``: embedding, blocks, final norm, logits) on the model; :func:`trunk_for`
-picks it for calls without a cache; :func:`scan_backend` resolves the scan backend eagerly. Compiled graphs are
-cached under ``TORCHINDUCTOR_CACHE_DIR``, set to ``~/.cache/elastic_ssm/inductor`` unless the user set it
-(docs/performance.md).
+"""Compiling the ESSH trunk (``ESSH._trunk``: embedding, blocks, final norm, logits) and resolving its scan backend
+eagerly. Graphs are cached under ``TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/elastic_ssm/inductor``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The decoders ``generate`` uses: fused, CUDA-graphed, captured once per (tier, batch bucket) and reused.
-
-``DecoderPool`` (``decoder_pool(model)``) returns a ``FastDecoder`` for the batch bucket ``2^ceil(log2 batch)``,
-built and (on CUDA) captured on first use; the caller prefills the first ``batch`` rows (``cache.narrow``). At
-most ``max_decoders`` (4), least recently used out; ``model.clear_decoders()`` frees them; rebuilt when the
-parameters change. ``FusedSession`` is what ``generate`` drives: the pooled decoder, the prompt's prefill (from a
-``PrefillGraph`` of its length bucket where ``uses_prefill_graph``), and above ``SPAN_MIN_BATCH`` rows attended
-spans. Memory and rules: docs/performance.md, "``generate`` is fast by default".
+"""The decoders ``generate`` uses: ``FastDecoder``s pooled per (tier, batch bucket), captured once on CUDA, and
+``FusedSession`` (the pooled decoder, the prompt's prefill, attended spans above ``SPAN_MIN_BATCH`` rows).
+docs/performance.md, "``generate`` is fast by default".
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """ES-SSM model: byte-level LM or sequence classifier over ES-SSM blocks (ES-SSM paper Sec. 4, Alg. 1).
 
-``ESSSM(cfg)`` stacks ``cfg.n_layers`` pre-norm ``ESSSMBlock``s between a token embedding and a final
-LayerNorm, then the LM head (tied: the embedding matrix; untied: ``lm_head`` [V, d]) or, for
-``task='classify'``, a mean pool over valid positions and ``head`` [C, d] + [C]. ``forward(input_ids, tier=K)``
-evaluates the shared model at budget K (Eq. 4); ``export_tier`` / ``from_pretrained(path, tier=K)`` build the
-standalone budget-K model (Algorithm 1, ``slice_rules``), bitwise equal on CPU in float32 (Appendix B.6). The
-Hankel ``filters`` are a persistent buffer, so a saved model carries the filters it was trained with.
+Embedding, ``n_layers`` pre-norm ``ESSSMBlock``s, a final LayerNorm, then the LM head (tied, or ``lm_head``
+[V, d]) or, for ``task='classify'``, a mean pool over valid positions and ``head`` [C, d]. ``tier=K`` evaluates
+budget K (Eq. 4); the standalone export (``slice_rules``) is bitwise equal on CPU in float32 (Appendix B.6).
 """
 
 from __future__ import annotations

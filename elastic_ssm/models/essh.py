@@ -1,10 +1,8 @@
 """ESSH: the elastic selective spectral hybrid language model (ESSH paper Sec. 4, Appendix E.2).
 
-Blocks follow ``config.layout`` ('S' spectral mixer, 'A' sliding-window attention), pre-norm:
-x += Mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x)); a final RMSNorm and the tied embedding give the logits.
-``forward(input_ids, tier=...)`` keeps the first K_T channels and n_ff,T units (prefix views from
-``elastic/slicing.py``); attention, embeddings and norms are shared by every tier (Sec. 4.2). Compilation:
-``compile.py``; FFN gradient scaling (D.4): ``train/losses.py``; test helpers: ``testing.py``.
+Pre-norm blocks by ``config.layout`` ('S' spectral mixer, 'A' sliding-window attention): x += Mixer(RMSNorm(x));
+x += SwiGLU(RMSNorm(x)); a final RMSNorm and the tied embedding give the logits. A tier keeps the first K_T
+channels and n_ff,T units (``elastic/slicing.py``); attention, embeddings and norms are shared (Sec. 4.2).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Fused whole-model decoding of an ESSH tier: static buffers, one step function, optional CUDA graph.
+"""Fused whole-model decoding of an ESSH tier (ESSH Algorithm 4, Appendix O.3): static buffers, CUDA graph.
 
-``FastDecoder(model, tier, batch)`` evaluates exactly what ``ESSH.step`` evaluates (ESSH paper Algorithm 4,
-Appendix O.3) with fewer, fatter kernels and no host synchronisation: each layer's ``decode_plan``
-(``layers/decode_plan.py``) runs its part of a step on the residual stream, a float32 buffer up to
-``ops.gemv.MAX_FUSED_BATCH`` rows (fused norm+gemv kernels), else in the embedding dtype with cuBLAS products.
-Weights are prefix views of the model; the cache is an ``ESSHCache`` at fixed addresses, so one step can be
-captured in a CUDA graph (``capture()``); ``step`` then returns a static logits buffer (clone it to keep it).
-Attended spans (``step(tokens, span=n)``) and rows at different tiers (``mixed=True``, ``set_row_tier``):
-docs/performance.md, which describes the kernels of a step.
+``FastDecoder(model, tier, batch)`` evaluates what ``ESSH.step`` evaluates through each layer's ``decode_plan``
+(``layers/decode_plan.py``) on the residual stream [B, D]; its cache is an ``ESSHCache`` at fixed addresses, so
+one step can be captured (``capture()``). Kernels, attended spans, mixed tiers: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Backend selection for the spectral scan: ``"torch"`` (vectorised PyTorch, any device), ``"fla"``
-(fla-core's Triton GLA kernels, CUDA only) or ``"naive"`` (the tokenwise specification); and for our own
-decode kernels (``resolve_decode_backend``: ``"triton"`` or ``"torch"``).
-
-Precedence: ``backend=``, then ``ELASTIC_SSM_SCAN_BACKEND``, then ``"auto"`` (``"fla"`` for CUDA tensors of a
-dtype fla supports when ``fla`` imports, else ``"torch"``). fla and triton are optional and never imported at
-module import. Traceable by ``torch.compile`` once ``prepare_compile()`` has run eagerly.
+"""Backend selection: the spectral scan's ``"torch"`` (any device), ``"fla"`` (fla-core's Triton GLA kernels, CUDA)
+or ``"naive"`` (the spec), and the decode kernels' ``"triton"`` or ``"torch"``. fla and triton are optional and
+never imported at module import.
 """
 
 from __future__ import annotations

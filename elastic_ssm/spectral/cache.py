@@ -1,8 +1,5 @@
-"""Disk cache for the fixed spectral buffers (Hankel eigenfilters and their modal fits).
-
-``.npz`` files in ``$ELASTIC_SSM_CACHE`` (read at call time), else ``~/.cache/elastic_ssm``; names carry the
-layout tag ``FORMAT``. Writes are atomic; every failure is soft (a bad file reads as a miss, an unwritable
-directory makes :func:`save_arrays` return ``False``): the cache is an accelerator, never a requirement.
+"""Disk cache of the fixed spectral buffers: ``.npz`` files in ``$ELASTIC_SSM_CACHE`` (else ``~/.cache/elastic_ssm``),
+written atomically; every failure is soft (a bad file is a miss): the cache is an accelerator, never a requirement.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""Hankel spectral channels: the matrix Z, its top eigenpairs in float64, and the resolved count.
-
-Specification: ES-SSM paper App. B.3 (Eqs. 10-12) and ESSH paper App. B.2-B.3 (Eq. 10).
-With mu(lambda) = (1 - lambda) [1, lambda, ..., lambda^(L-1)]^T (ES-SSM Eq. 10),
+"""Hankel spectral channels (ES-SSM App. B.3, Eqs. 10-12; ESSH App. B.2-B.3, Eq. 10): with
+mu(lambda) = (1 - lambda) [1, lambda, ..., lambda^(L-1)]^T,
 
     Z = int_0^1 mu(rho) mu(rho)^T d rho,   Z_ij = 2 / ((i+j)^3 - (i+j))   (1-based i, j)
 
-(ES-SSM Eq. 11; ESSH Eq. 10). Eigenpairs in float64, decreasing, unit norm, ``phi_k(0) > 0``; channel k is
-*resolved* when ``eps * sigma_1 / gap_k <= 1e-2`` (24 channels at L=2048). Solvers (dense ``eigh`` up to
-L = 4096, FFT subspace iteration above) and conventions: docs/spectral.md. Memoised in-process and on disk
-(:mod:`elastic_ssm.spectral.cache`).
+Eigenpairs in float64, decreasing, unit norm, ``phi_k(0) > 0``; channel k is *resolved* when
+``eps * sigma_1 / gap_k <= 1e-2`` (24 at L=2048). Solvers and conventions: docs/spectral.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Damped-rotation modal fits of the Hankel filters (ESSH Eq. 4, App. C.1.1, App. B.7).
-
-Each channel filter is approximated by m damped rotation modes (ESSH Eq. 4)
+"""Damped-rotation modal fits of the Hankel filters by the matrix-pencil method (ESSH Eq. 4, App. C.1.1, B.7):
 
     phi_k(t) ~ sum_i rho_i^t (kc_i cos(theta_i t) - ks_i sin(theta_i t)),   t = 0..L-1,
 
-the impulse response of H(t) = rho R(theta) H(t-1) + e1 x(t) read out with kappa = (kc, -ks) (ESSH Eq. 5
-with unit gates and no clock). The fit is the matrix-pencil method (Hua & Sarkar 1990; ESSH App. C.1.1;
-steps in docs/spectral.md, with the measured errors of ESSH Table 28).
+the impulse response of ESSH Eq. 5 with unit gates and no clock (readout kappa = (kc, -ks)); docs/spectral.md.
 """
 
 from __future__ import annotations

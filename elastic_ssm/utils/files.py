@@ -1,11 +1,6 @@
-"""Atomic file writes: one implementation for every file elastic_ssm writes (models, checkpoints, token files,
-tokenizer files, run records, metrics, the spectral cache, serving profiles).
-
-A file is written to ``.<name>.<random>.tmp`` in the target's own directory, flushed and ``fsync``ed, given
-the mode a plain ``open(path, "w")`` would give it (0666 less the umask; ``mkstemp`` alone makes 0600), then
-moved over the target with ``os.replace``: a reader sees the old file or the complete new one. After a crash
-only a temporary file is left, which :func:`is_temp_name` recognises (``train/rundir.py`` removes them). On any
-error the temporary file is removed and the error propagates.
+"""Atomic file writes, one implementation for every file elastic_ssm writes: ``.<name>.<random>.tmp`` in the target's
+directory, flushed, ``fsync``ed, mode 0666 less the umask, then ``os.replace``d over the target (a reader sees the
+old file or the complete new one; after a crash only a temporary file is left, see :func:`is_temp_name`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Transformer++ and MatFormer baselines (ESSH paper E.6, Tables 8, 9, 39, 54): RMSNorm, RoPE, SwiGLU, full
-causal attention, tied embedding; trainable through ``train()`` like ESSH (``tier=``, nested-FFN tiers).
+causal attention, tied embedding; trained through ``train()`` like ESSH.
 
-Pre-norm blocks: x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). Attention has no biases: ``qkv`` [3D, D] and
-``out`` [D, D] are ``nn.Linear`` (so quantization and PEFT find them); SDPA with ``is_causal`` for training and
-prefill; decoding uses a static KV cache ``[N, B, H, L_max, hd]`` written at device-side positions (one CUDA
-graph per step). Parameters (ESSH Table 4 / 54 rules): ``V d + N (4 d^2 + 3 d n_ff + 2 d) + d``. The SwiGLU is
-ESSH's elastic layer, so a tier ``(K = 0, n_ff)`` keeps its unit prefix (``elastic/slicing.py``); ``MatFormer``
-is this model under ``MatFormerConfig`` (ten tiers, nested training).
+Attention has no biases (``qkv`` [3D, D], ``out`` [D, D]); decoding uses a static KV cache [N, B, H, L_max, hd].
+Parameters (Table 4 / 54 rules): ``V d + N (4 d^2 + 3 d n_ff + 2 d) + d``. The SwiGLU is ESSH's elastic layer, so
+a tier ``(K = 0, n_ff)`` keeps its unit prefix; ``MatFormer`` is this model under ``MatFormerConfig``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The ESSH selective spectral scan (ESSH paper Sec. 4.1/4.3, Eq. 5 and 24, Appendix O): a stateless op.
 
-``spectral_scan`` validates its inputs and dispatches to the vectorised PyTorch chunked scan (``"torch"``,
-Algorithm 2), fla-core's GLA kernels (``"fla"``, CUDA) or the tokenwise specification (``"naive"``);
-``spectral_scan_step`` is the single-token decode step. The public ``spectral_scan`` / ``naive_spectral_scan``
-take the five modal tables as positional tensors; inside the package they travel as one ``ModalTables``
-(``scan`` is ``spectral_scan`` with that argument). Value ranges (``clock >= 0``, ``0 <= rho <= 1``, finite
-``theta, kc, ks, a``) and NaN/Inf inputs: README.md, "Edge values". The math is in README.md beside this file.
+``spectral_scan`` checks its inputs and dispatches to the chunked PyTorch scan (``"torch"``, Algorithm 2),
+fla's GLA kernels (``"fla"``) or the spec (``"naive"``); inside the package the five modal tables travel as one
+``ModalTables`` (``scan``). Math and edge values: README.md beside this file.
 """
 
 from __future__ import annotations

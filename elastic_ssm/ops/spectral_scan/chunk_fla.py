@@ -1,15 +1,14 @@
 """GPU path of the ESSH scan through fla-core's ``chunk_gla`` (the GLA identity of DESIGN.md / README.md).
 
-Per channel k (a GLA head) and mode i (two key dimensions ``2i, 2i+1``), with positions ``t = 1..T``::
+Per channel k (a GLA head) and mode i (key dimensions ``2i, 2i+1``), positions ``t = 1..T``::
 
     q_i(t) = eta^r_i(t) R(-theta_i t) kappa_i              kappa_i = (kc_i, -ks_i)
     k_i(s) = eta^w_i(s) (cos theta_i s, -sin theta_i s)    = eta^w_i(s) R(-theta_i s) e1
     g_i(t) = log rho_i - Delta_i(t)                        on both key dimensions of mode i
     o(t)   = q(t)^T S(t),  S(t) = diag(exp g(t)) S(t-1) + k(t) v(t)^T,  scale 1
 
-The GLA state is ``S_i(t) = R(-theta_i t) H_i(t)`` (``S(0) = H(0)``, ``H(T) = R(theta T) S(T)``); phases
-``theta t mod 2 pi`` in float64; the zero-lag correction (Eq. 24) is added outside the kernel. fla's conventions:
-README.md. The mapping (:func:`gla_inputs`, :func:`gla_outputs`) is pure torch, tested on CPU in float64.
+The GLA state is ``S_i(t) = R(-theta_i t) H_i(t)``; phases ``theta t mod 2 pi`` in float64; the zero-lag
+correction (Eq. 24) is added outside the kernel. The mapping is pure torch, tested on CPU in float64.
 """
 
 from __future__ import annotations

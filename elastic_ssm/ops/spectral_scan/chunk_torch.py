@@ -1,11 +1,8 @@
 """Chunked parallel ESSH scan in vectorised PyTorch (ESSH paper Algorithm 2, Appendix O.1): the CPU path.
 
-Chunks of ``C`` positions (default 64) carry only the ``2 M P`` boundary state per channel (Eq. 28); inside a
-chunk, diagonal blocks of ``c`` positions (``C``, or 16 for steep decays) are *factorised* through centred
-endpoint factors (Eq. 34, admitted per mode by Appendix O.2) or built *pairwise* (hand-written backward);
-older positions arrive through mode states in a rotated frame; the scans over blocks and chunks are
-lower-triangular matmuls (``_decay_scan``). Edge values (resets, NaN/Inf isolation) follow ``naive.py``
-through ``edges.py``. The math, with the admission rule and edge cases: README.md.
+Chunks of C positions carry only the 2 M P boundary state per channel (Eq. 28); diagonal blocks are factorised
+through centred endpoint factors (Eq. 34, admitted per mode by Appendix O.2) or built pairwise; the scans over
+blocks and chunks are lower-triangular matmuls (``_decay_scan``). The math: README.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Fused single-token step of one ESSH spectral layer, plus the small fused ops of a decode step.
-
-ESSH paper Appendix O.3, Algorithm 4 lines 6-14, for every retained channel k and batch row b, from the raw
-output ``h`` of the concatenated input projection (layout of ``SpectralMixer.in_proj.weight``)::
+"""Fused single-token step of one ESSH spectral layer (ESSH Appendix O.3, Algorithm 4 lines 6-14), for every
+retained channel k and row b, from the raw output ``h`` of the concatenated input projection::
 
     v      = (1 - beta_k) v0 + beta_k v0 / sqrt(|v0|^2 / P + eps)                   (Eq. 23)
     eta^w  = 2 sigmoid(s^w + b^w),   eta^r = 2 sigmoid(s^r + b^r)                   (C.2)
@@ -10,9 +8,7 @@ output ``h`` of the concatenated input projection (layout of ``SpectralMixer.in_
     z      = sum_i eta^r_i H_i^T kappa_i - (sum_i a_i eta^r_i eta^w_i kc_i) v       (Eq. 24)
     out    = K^{-1/2} z                                                             (Sec. 4.1 readout scale)
 
-``ModalConstants`` holds the fixed constants of one (layer, tier), computed by ``SpectralMixer.decode_plan``.
-``backend="triton"``: one program per (b, k) with the M modes in registers; ``"torch"``: the same math (the
-reference). Triton is imported lazily (``TRITON_INTERPRET=1`` runs the kernels on CPU tensors).
+``backend="triton"``: one program per (b, k), the M modes in registers; ``"torch"``: the reference.
 """
 
 from __future__ import annotations

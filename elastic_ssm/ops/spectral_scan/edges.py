@@ -1,9 +1,6 @@
-"""Edge values of the ESSH scan (Eq. 5, 24), shared by the chunked paths (``chunk_torch.py``, ``chunk_fla.py``).
-
-The chunked paths must be causal and finite wherever the float64 specification (``naive.py``) is: exact resets
-(:func:`capped_log_decay` caps ``Delta - log rho`` at :func:`reset_exponent`), non-finite inputs isolated
-(:func:`isolate_nonfinite` / :func:`restore_nonfinite`), and value ranges checked (:func:`validate_scan_values`
-where a host sync is allowed, :func:`poison_out_of_range` inside compiled regions). README.md, "Edge values".
+"""Edge values of the ESSH scan (Eq. 5, 24) shared by the chunked paths: exact resets (a capped log-decay),
+non-finite inputs isolated where the float64 spec (``naive.py``) puts them, value ranges checked (README.md,
+"Edge values").
 """
 
 from __future__ import annotations

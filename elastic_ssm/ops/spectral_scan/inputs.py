@@ -1,10 +1,4 @@
-"""The inputs of the ESSH scan: ``ModalTables`` (the five fixed per-mode tables) and their shape checks.
-
-Per channel k and mode i (ESSH paper Eq. 5, 9 and 24; Appendix C.3)::
-
-    H_i(t) = rho_i e^{-Delta_i(t)} R(theta_i) H_i(t-1) + eta^w_i(t) e1 v(t)^T
-    z(t)   = sum_i eta^r_i(t) H_i(t)^T (kc_i, -ks_i) - sum_i a_i eta^r_i(t) eta^w_i(t) kc_i v(t)
-"""
+"""The inputs of the ESSH scan (Eq. 5, 9, 24; C.3): ``ModalTables`` (the five per-mode tables) and their checks."""
 
 from __future__ import annotations
 

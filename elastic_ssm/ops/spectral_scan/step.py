@@ -1,10 +1,5 @@
-"""Single-token decode step of the ESSH scan (Algorithm 4, lines 10-14 of the ESSH paper; Appendix O.3).
-
-One token for every channel and mode at once, in plain torch (any device). The state is updated in place
-so a decode cache can hold it across steps without reallocating. Same math as the scan (Eq. 5 and 24)::
-
-    H_i <- rho_i exp(-Delta_i) R(theta_i) H_i + eta^w_i e1 v^T
-    z    = sum_i eta^r_i (H_i^T kappa_i - a_i eta^w_i kc_i v)
+"""Single-token decode step of the ESSH scan (Algorithm 4, lines 10-14; Appendix O.3): Eq. 5 and 24 of
+``naive.py`` for one token of every channel and mode in plain torch, the state updated in place.
 """
 
 from __future__ import annotations
