@@ -163,10 +163,8 @@ class SlidingWindowAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None = None,
                 ring: RingState | None = None) -> torch.Tensor:
-        """x [B,T,D]; positions [B,T] absolute token positions; valid [B,T] bool (None: all valid).
-
-        With ``ring`` (this layer's decode state, empty) the last ``window`` keys/values are written into it.
-        """
+        """x [B,T,D]; positions [B,T] absolute token positions; valid [B,T] bool (None: all valid); an empty
+        ``ring`` (this layer's decode state) receives the last ``window`` keys and values."""
         B, T, D = x.shape
         q, k, v = self._qkv(x, positions)
         idx = torch.arange(T, device=x.device)
@@ -204,9 +202,8 @@ class SlidingWindowAttention(nn.Module):
     def init_state(self, batch: int, tier=None, *, kv_dtype: torch.dtype | None = None,
                    device: torch.device | str | None = None, positions: torch.Tensor | None = None,
                    **_: object) -> RingState:
-        """This layer's slice of a decode cache: an empty ring of ``window`` key and value slots
-        [B, H, W, hd] in ``kv_dtype`` (2 W d entries per sequence, Table 53). ``positions`` [B] is the
-        cache's shared next-position counter (a new zero counter if None)."""
+        """This layer's slice of a decode cache: an empty ring of ``window`` key and value slots [B, H, W, hd]
+        in ``kv_dtype`` (2 W d entries per sequence, Table 53) on the cache's ``positions`` [B] counter."""
         device = device or self.out.weight.device
         dtype = kv_dtype or self.out.weight.dtype
         shape = (batch, self.n_heads, self.window, self.head_dim)

@@ -73,13 +73,10 @@ def modal_fit(filters: torch.Tensor, n_modes: int) -> ModalFit:
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """Constants of one sublayer's decoder at budget K (not per-sequence state; not in ``nbytes``).
-
-    exact: ``phi0`` [K] (lag-0 taps) and ``window`` [K, 2S-1] (the reversed filter tail, doubled).
-    modal: ``a = rho cos theta``, ``b = rho sin theta``, ``kc``, ``ks`` [K, M, 1]; ``filters`` [K, L] the
-    fitted filters (prefill, in the filters' dtype); ``rho``, ``theta`` [K, M] float64 (prefill phases);
-    ``errors`` [K] the fit errors. The rest is in the state dtype.
-    """
+    """Constants of one sublayer's decoder at budget K (not in ``nbytes``), in the state dtype unless said.
+    exact: ``phi0`` [K] (lag-0 taps), ``window`` [K, 2S-1] (the reversed filter tail, doubled). modal: ``a = rho
+    cos theta``, ``b = rho sin theta``, ``kc``, ``ks`` [K, M, 1]; ``filters`` [K, L] the fitted filters (filters'
+    dtype); ``rho``, ``theta`` [K, M] float64 (prefill phases); ``errors`` [K] the fit errors."""
 
     mode: str
     K: int
@@ -126,8 +123,7 @@ class SpectralDecodeMixin:
     def init_state(self, batch: int, tier=None, *, state_dtype: torch.dtype = torch.float32, decode: str = "exact",
                    n_modes: int = 8, plan: DecodePlan | None = None, **_: object) -> SpectralDecodeState:
         """Zero state at time 0: exact [B, L-1, D] ring buffer; modal [B, K, M, 2, D] mode states; ``plan``
-        (else ``decode_plan(tier, decode, n_modes, state_dtype)``) must be of the same budget. Other cache
-        arguments (``kv_dtype``, ``device``) concern other layers and are ignored."""
+        (default ``decode_plan(tier, decode, n_modes, state_dtype)``) of the same budget."""
         if plan is None:
             plan = self.decode_plan(tier, decode, n_modes, state_dtype)
         elif plan.K != tier_width(tier, plan.K):

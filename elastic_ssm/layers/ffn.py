@@ -74,9 +74,8 @@ class SwiGLU(nn.Module):
 
     @torch.no_grad()
     def decode_plan(self, tier=None, split_copy: bool = False) -> FFNPlan:
-        """The fused step's weights at ``tier`` (its ``n_ff``, an int, or None = all units;
-        ``layers/decode_plan.py``): prefix views of ``w_in.weight`` [2 n_ff, D] (rows) and ``w_out.weight``
-        [D, n_ff] (columns), and with ``split_copy`` an in-by-out copy [n_ff, D] of the latter."""
+        """The fused step's plan at ``tier`` (its ``n_ff``, an int, or None): prefix views of ``w_in.weight``
+        [2 n_ff, D] and ``w_out.weight`` [D, n_ff], with ``split_copy`` an in-by-out copy [n_ff, D] of the latter."""
         n = tier_width(tier, self.d_ff, "n_ff")
         w_out = linear_weight(self.w_out, cols=n)
         return FFNPlan(linear_weight(self.w_in, rows=2 * n), w_out, in_by_out_copy(w_out, split_copy))

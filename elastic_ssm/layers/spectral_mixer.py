@@ -78,12 +78,9 @@ class SpectralMixer(nn.Module):
 
     # ---- shared pieces ---------------------------------------------------------------------------
     def _controls(self, u: torch.Tensor, K: int, valid: torch.Tensor | None):
-        """u [..., D] -> v [..., K, P], write/read/clock [..., K, M] in the scan dtype (at least fp32).
-
-        The projection stays in its dtype; each consumer upcasts as it reads (the bias add, the norm's
-        reduction, the blend product), so no separate fp32 copy of the projection is made, and the blend of
-        Eq. 23 is one product ``v0 ((1 - beta) + beta / rms(v0))`` with the factor on [..., K, 1].
-        """
+        """u [..., D] -> v [..., K, P], write/read/clock [..., K, M] in the scan dtype (at least fp32); the
+        projection stays in its dtype (each consumer upcasts as it reads) and Eq. 23 is one product
+        ``v0 ((1 - beta) + beta / rms(v0))``."""
         P, M = self.P, self.M
         h = linear(self.in_proj, u, rows=K * (P + 3 * M)).unflatten(-1, (K, P + 3 * M))   # [..., K, P+3M]
         dtype = torch.promote_types(self.theta.dtype, torch.float32)   # the scan never runs below fp32
@@ -135,9 +132,8 @@ class SpectralMixer(nn.Module):
 
     def mix(self, u: torch.Tensor, tier, positions: torch.Tensor | None = None, valid: torch.Tensor | None = None,
             state: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
-        """The block's call (same for every mixer): u [B,T,D] at ``tier`` -> y [B,T,D]; with ``state`` (this
-        layer's slice of a decode cache, from ``init_state``) the final mode state is written into it.
-        ``positions`` is unused (the recurrence carries its own phase)."""
+        """The block's call (same for every mixer): u [B,T,D] at ``tier`` -> y [B,T,D]; the final mode state is
+        written into ``state`` (this layer's cache slice) when given; ``positions`` is unused."""
         K = tier_width(tier, self.K)
         if state is None:
             return self(u, K, valid, backend=backend)
@@ -149,8 +145,7 @@ class SpectralMixer(nn.Module):
     def init_state(self, batch: int, tier=None, *, state_dtype: torch.dtype = torch.float32,
                    device: torch.device | str | None = None, **_: object) -> torch.Tensor:
         """This layer's slice of a decode cache: zeroed mode states [B, K_T, M, 2, P] in ``state_dtype``
-        (2 K_T m P entries per sequence, ESSH C.5). Other cache arguments (``kv_dtype``, ``positions``)
-        concern other layers and are ignored."""
+        (2 K_T m P entries per sequence, ESSH C.5); other layers' arguments are ignored."""
         K = tier_width(tier, self.K)
         return torch.zeros(batch, K, self.M, 2, self.P, dtype=state_dtype, device=device or self.theta.device)
 
@@ -165,10 +160,9 @@ class SpectralMixer(nn.Module):
     @torch.no_grad()
     def decode_plan(self, tier=None, state_dtype: torch.dtype = torch.float32,
                     split_copy: bool = False) -> SpectralPlan:
-        """Weights and constants of the fused step at ``tier`` (``layers/decode_plan.py``): prefix views of
-        ``in_proj.weight`` [K(P+3M), D] (rows) and ``out_proj.weight`` [D, K P] (columns), the modal constants
-        of C.3 / Eq. 24 computed in float64 and cast to ``state_dtype``, and with ``split_copy`` an in-by-out
-        copy [K P, D] of the output weight for the split kernel."""
+        """The fused step's plan at ``tier``: prefix views of ``in_proj.weight`` [K(P+3M), D] and ``out_proj.weight``
+        [D, K P], the modal constants of C.3 / Eq. 24 (float64, cast to ``state_dtype``) and with ``split_copy``
+        an in-by-out copy [K P, D] of the output weight."""
         K, P, M, d = tier_width(tier, self.K), self.P, self.M, torch.float64
         w_in = linear_weight(self.in_proj, rows=K * (P + 3 * M))
         w_out = linear_weight(self.out_proj, cols=K * P)

@@ -179,12 +179,9 @@ class ElasticModel(nn.Module):
         return out
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-        """Write ``model.safetensors``, the tokenizer files, a model card ``README.md`` (standalone exports)
-        and ``config.json`` (each atomically) into ``path``.
-
-        ``state_dict`` replaces the model's own tensors (e.g. full tensors gathered from FSDP shards).
-        ``config.json`` comes last: it names the weights' size, so a directory interrupted halfway is
-        detected on load."""
+        """Write ``model.safetensors``, the tokenizer files, a model card (standalone exports) and, last (it names
+        the weights' size and digests, so a directory interrupted halfway is detected), ``config.json`` into
+        ``path``, each atomically. ``state_dict`` replaces the model's tensors (e.g. gathered from FSDP shards)."""
         from safetensors.torch import save
 
         path = Path(path)
@@ -232,13 +229,9 @@ class ElasticModel(nn.Module):
         cls, path: str | Path, tier: TierLike = None, device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None, verify: bool = True,
     ) -> ElasticModel:
-        """Load a saved model; with ``tier`` only that tier's tensor prefixes are loaded.
-
-        ``verify`` checks ``model.safetensors`` against the sha256 digests in ``config.json``, overlapped with
-        loading: the 64 MiB piece digests on several threads (``models/checksums.py``), or for older
-        directories the whole-file digest on one (~1.3 GB/s per core); a mismatch raises ``CheckpointError``
-        naming the file. ``verify=False`` skips it.
-        """
+        """Load a saved model; with ``tier`` only that tier's tensor prefixes are loaded. ``verify`` checks the
+        weights against ``config.json``'s sha256 digests while loading (``models/checksums.py``); a mismatch is a
+        ``CheckpointError`` naming the file."""
         path = Path(path)
         checked_device(device, "from_pretrained(device=)")
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -301,9 +294,7 @@ class ElasticModel(nn.Module):
 
 def _check_loaded_values(state: dict[str, torch.Tensor], keep_fp32: str, origin: Any) -> None:
     """``CheckpointError`` for weights no saved model holds: a floating tensor of another dtype than the rest
-    (apart from the ``keep_fp32`` tensors, float32 beside a lower-precision model; a float16 tensor among float32
-    ones would fail at the first forward, naming no file), or NaN / infinite values (a run that diverged, or bytes
-    changed in a directory without checksums)."""
+    (``keep_fp32`` tensors may be float32 beside a lower precision), or NaN / infinite values."""
     floats = {k: v for k, v in state.items() if v.is_floating_point()}
     main = {k: v.dtype for k, v in floats.items() if not re.fullmatch(keep_fp32, k)}
     common = Counter(main.values()).most_common(1)[0][0] if main else None      # the dtype most tensors hold

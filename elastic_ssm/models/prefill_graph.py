@@ -29,12 +29,9 @@ def length_bucket(T: int, min_step: int = 256) -> int:
 
 
 class PrefillGraph:
-    """Prefill of ``cache.batch`` prompts of ``length`` tokens at ``cache.tier`` into ``cache``.
-
-    ``padded``: the graph takes a left-padding mask (any prompt up to ``length``); else prompts of exactly
-    ``length`` tokens. ``graph=False`` runs the same static-buffer function eagerly (CPU tests).
-    ``pool``: a CUDA graph memory pool shared by the prefill graphs of one model (they never overlap).
-    """
+    """Prefill of ``cache.batch`` prompts of ``length`` tokens (``padded``: up to ``length``, left-padded) at
+    ``cache.tier`` into ``cache``. ``graph=False`` runs the static-buffer function eagerly (CPU tests); ``pool``:
+    the CUDA graph memory pool of one model's prefill graphs (they never overlap)."""
 
     def __init__(self, model, cache: ESSHCache, length: int, padded: bool, graph: bool = True, pool=None) -> None:
         self.model, self.cache, self.length, self.padded = model, cache, length, padded

@@ -37,9 +37,8 @@ def host_sync_allowed(x: torch.Tensor) -> bool:
 
 
 def validate_scan_values(clock: torch.Tensor, modal: ModalTables) -> None:
-    """Raise ValueError unless ``clock >= 0`` (NaN allowed: it propagates as in the spec), ``0 <= rho <= 1``
-    and ``theta, kc, ks, a`` are finite. One host sync (all flags in one transfer); call it where
-    :func:`host_sync_allowed`."""
+    """ValueError unless ``clock >= 0`` (NaN propagates as in the spec), ``0 <= rho <= 1`` and ``theta, kc, ks,
+    a`` are finite; one host sync (call it where :func:`host_sync_allowed`)."""
     rho = modal.rho
     tables = (("theta", modal.theta), ("kc", modal.kc), ("ks", modal.ks), ("a", modal.a))
     flags = torch.stack([(clock < 0).any(), ~((rho >= 0) & (rho <= 1)).all()]
@@ -63,16 +62,10 @@ def poison_out_of_range(clock: torch.Tensor, modal: ModalTables) -> tuple[torch.
 
 
 def isolate_nonfinite(v, write, read, clock, initial_state):
-    """Zero the non-finite entries of the inputs and say where the specification's outputs are non-finite.
-
-    ``v [B, T, K, P]``; ``write, read, clock [B, T, K, M]``; ``initial_state [B, K, M, 2, P]`` or None. The
-    recurrence carries a NaN/Inf of ``v`` (its value column, every mode), of ``write`` or a NaN/``-inf``
-    clock (that mode, every column) and of the initial state (its mode and column) from its position on; a
-    non-finite ``read`` touches only its own output; a ``+inf`` clock is a reset (left to the cap of
-    :func:`reset_exponent`). Returns the cleaned ``v, write, read, clock, initial_state``, ``z_bad [B, T, K, P]``
-    and ``state_bad [B, K, M, 1, P]`` (both None when all is finite). One host sync (the sum of the inputs
-    decides; only a non-finite sum builds the masks).
-    """
+    """Zero the non-finite entries of ``v [B, T, K, P]``, ``write, read, clock [B, T, K, M]`` and
+    ``initial_state [B, K, M, 2, P]`` (or None), and say where the spec's outputs are non-finite (README.md,
+    "Edge values"; a ``+inf`` clock is a reset, left to the cap). Returns the cleaned inputs, ``z_bad [B, T, K,
+    P]`` and ``state_bad [B, K, M, 1, P]`` (None when all is finite). One host sync (the inputs' sum)."""
     total = v.sum() + write.sum() + read.sum() + clock.sum()  # finite sums: the usual case, one cheap pass
     if initial_state is not None:
         total = total + initial_state.sum()
