@@ -55,9 +55,8 @@ def load_arrays(stem: str, expected: dict[str, tuple[int, ...]]) -> dict[str, np
 
 
 def save_arrays(stem: str, arrays: dict[str, np.ndarray]) -> bool:
-    """Write ``arrays`` to the entry ``stem`` atomically (``utils.files.atomic_writer``: temporary file, fsync,
-    ``os.replace``; mode 0666 less the umask, so several users can share the cache). Returns ``True`` when
-    written, ``False`` (no error) when the directory is not usable."""
+    """Write ``arrays`` to the entry ``stem`` atomically (mode 0666 less the umask: users can share the cache);
+    ``False`` (no error) when the directory is not usable."""
 
     path = cache_path(stem)
     try:

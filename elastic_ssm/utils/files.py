@@ -18,9 +18,8 @@ __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "fsync_di
 
 
 def free_stamped_path(folder: Path, head: str, tail: str = "") -> Path:
-    """``folder/<head><UTC time><tail>``, or with ``-1``, ``-2`` ... before ``tail`` when that name is taken: the
-    one naming rule of what is set aside instead of deleted (a replaced run, a damaged checkpoint, an earlier
-    quickstart's outputs, an incomparable measurement record). Nothing is created."""
+    """``folder/<head><UTC time><tail>`` (``-1``, ``-2`` ... before ``tail`` when taken): the one name of what is
+    set aside instead of deleted (a replaced run, a damaged checkpoint, ...). Nothing is created."""
     import time
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -78,9 +77,8 @@ def with_path(e: OSError, path: str | Path) -> OSError:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> str:
-    """Write ``data`` to ``path`` atomically (:func:`atomic_writer`); returns the sha256 hex digest of ``data``,
-    hashed in a thread while the bytes are written (hashlib releases the GIL), so the checksum costs about
-    max(hash, write) rather than their sum (measured for the 1.5b model's weights in docs/training.md)."""
+    """Write ``data`` to ``path`` atomically (:func:`atomic_writer`); returns its sha256 hex digest, hashed on a
+    thread while the bytes are written (hashlib releases the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:

@@ -84,12 +84,9 @@ def norm_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None
               out: torch.Tensor | None = None, residual: bool = False, out_dtype: torch.dtype | None = None,
               backend: str = "auto", block_n: int | None = None, block_k: int | None = None,
               num_warps: int | None = None, pdl: bool = False) -> torch.Tensor:
-    """``y [B, N] = rmsnorm(x; norm_weight) @ w.T`` (no norm when ``norm_weight`` is None).
-
-    ``pdl``: programmatic dependent launch (``ops/pdl.py``), ignored on the torch path (also for the other two
-    ops). With ``residual=True`` the product is added into ``out`` (e.g. the float32 residual stream) in place;
-    ``out`` must then be a different tensor than ``x``. x [B, D] any float dtype; w [N, D].
-    """
+    """``y [B, N] = rmsnorm(x; norm_weight) @ w.T`` (no norm when ``norm_weight`` is None); x [B, D], w [N, D].
+    ``residual=True`` adds the product into ``out`` (not ``x``) in place. ``pdl`` (``ops/pdl.py``; all three ops)
+    is ignored on the torch path."""
     _check(x, w, "norm_gemv")
     B, N = x.shape[0], w.shape[0]
     if residual and (out is None or out.data_ptr() == x.data_ptr()):

@@ -39,11 +39,8 @@ def gla_inputs(
     initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame
     dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """GLA operands ``q, k [B, T, K, 2M]``, ``v [B, T, K, P]``, ``g [B, T, K, 2M]``, ``h0 [B, K, 2M, P]``.
-
-    ``q, k, v`` are cast to ``dtype`` (default ``v.dtype``); ``g`` and ``h0`` stay in at least float32, as fla
-    wants them. Key dimension ``2i + j`` is coordinate ``j`` of mode ``i``.
-    """
+    """GLA operands ``q, k [B, T, K, 2M]``, ``v [B, T, K, P]`` (in ``dtype``, default ``v.dtype``), ``g [B, T, K,
+    2M]`` and ``h0 [B, K, 2M, P]`` (at least float32); key dimension ``2i + j`` is coordinate ``j`` of mode ``i``."""
     B, T, K, P = v.shape
     rho, theta, kc, ks, _ = modal
     M = rho.shape[-1]
@@ -97,12 +94,9 @@ def fla_spectral_scan(
     output_final_state: bool = False,
     compute_dtype: torch.dtype | None = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The scan through fla's chunked GLA kernels (CUDA); ``z`` in ``v.dtype``, the state in float32.
-
-    ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for bf16 inputs, which keeps the
-    theta gradient accurate; None uses ``v.dtype``), through the custom ops of ``gla_op.py``; autograd reaches
-    every input. Edge values follow ``edges.py`` (README.md).
-    """
+    """The scan through fla's chunked GLA kernels (CUDA; differentiable): ``z`` in ``v.dtype``, the state in
+    float32. ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for bf16 inputs: an accurate
+    theta gradient; None: ``v.dtype``)."""
     if v.shape[1] == 0:
         return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)
     z_bad = state_bad = None

@@ -103,13 +103,8 @@ def _spectral_step_triton(h, state, c: ModalConstants, out_dtype, pdl: bool = Fa
 def spectral_decode_step(h: torch.Tensor, state: torch.Tensor, consts: ModalConstants,
                          out_dtype: torch.dtype | None = None, backend: str = "auto",
                          pdl: bool = False) -> torch.Tensor:
-    """One recurrent step of a whole spectral layer (see module docstring).
-
-    ``pdl``: launch the Triton kernel with programmatic dependent launch (``ops/pdl.py``).
-
-    h [B, K (P + 3M)] raw ``in_proj`` output (any float dtype); state [B, K, M, 2, P] updated in place;
-    returns ``K^{-1/2} z`` [B, K P] in ``out_dtype`` (default ``h.dtype``), ready for ``out_proj``.
-    """
+    """One recurrent step of a whole spectral layer: h [B, K (P + 3M)] raw ``in_proj`` output, state [B, K, M, 2,
+    P] updated in place -> ``K^{-1/2} z`` [B, K P] in ``out_dtype`` (default ``h.dtype``); ``pdl``: ``ops/pdl.py``."""
     K, M, P = consts.K, consts.M, consts.P
     if h.dim() != 2 or h.shape[1] != K * (P + 3 * M):
         raise ValueError(f"h must be [B, K(P+3M)] = [B, {K * (P + 3 * M)}], got {tuple(h.shape)}")

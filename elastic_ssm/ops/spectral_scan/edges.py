@@ -19,10 +19,8 @@ def reset_exponent(dtype: torch.dtype) -> float:
 
 
 def capped_log_decay(clock: torch.Tensor, rho: torch.Tensor, dtype: torch.dtype, cap: float) -> torch.Tensor:
-    """``min(Delta - log rho, cap)`` in ``dtype``: ``clock [B, T, K, M]``, ``rho [K, M]`` -> ``[B, T, K, M]``.
-
-    ``rho = 0`` or an infinite clock gives the cap with a zero gradient, as in the spec.
-    """
+    """``min(Delta - log rho, cap)`` in ``dtype``: ``clock [B, T, K, M]``, ``rho [K, M]`` -> ``[B, T, K, M]``;
+    ``rho = 0`` or an infinite clock gives the cap with a zero gradient, as in the spec."""
     rho = rho.to(dtype)
     zero = rho == 0  # NaN or negative rho stay NaN (loud), only an exact 0 is the reset
     log_rho = torch.where(zero, -math.inf, torch.log(torch.where(zero, 1.0, rho)))  # the inner where: no 1/0

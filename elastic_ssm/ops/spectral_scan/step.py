@@ -43,10 +43,8 @@ def spectral_scan_step(
     modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
     state: torch.Tensor,  # [B, K, M, 2, P] natural frame H(t-1); overwritten with H(t)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advance the recurrence of Eq. 5 by one token; returns ``(z_t [B, K, P], state)``.
-
-    Computes in ``state.dtype`` (keep decode states in float32 for bf16 models); ``z_t`` has ``v_t.dtype``.
-    """
+    """Advance the recurrence of Eq. 5 by one token in ``state.dtype`` (float32 for bf16 models); returns
+    ``(z_t [B, K, P], state)``, ``z_t`` in ``v_t.dtype``."""
     modal = ModalTables(*modal)
     _check_step(v_t, write_t, read_t, clock_t, modal._asdict(), state)
     rho, theta, kc, ks, a = modal

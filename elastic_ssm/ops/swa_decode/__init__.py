@@ -55,13 +55,9 @@ def _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention: str
 
 def ring_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_pos: torch.Tensor,
                 positions: torch.Tensor, attention: str = "math", window: int | None = None) -> torch.Tensor:
-    """Softmax attention of one query per row over the ring buffer's allowed slots (module docstring).
-
-    q [B, H, 1, hd] (rotated), keys / values [B, H, S, hd] with the current token already written,
-    slot_pos [B, S], positions [B] -> o [B, H, 1, hd] in ``values.dtype``. ``attention='math'`` computes the
-    scores in at least float32; ``'sdpa'`` hands the masked product to SDPA. ``window``: W (default S, the
-    whole ring; less than W when the slots are a prefix of the ring, ``span``).
-    """
+    """Softmax attention of one query per row over the ring's allowed slots: q [B, H, 1, hd] (rotated), keys /
+    values [B, H, S, hd] (the current token written), slot_pos [B, S], positions [B] -> o [B, H, 1, hd] in
+    ``values.dtype``. ``attention``: 'math' (scores in at least float32) | 'sdpa'. ``window``: W (default S)."""
     W, hd = window or keys.shape[2], keys.shape[3]
     diff = positions[:, None] - slot_pos
     allowed = (slot_pos >= 0) & (diff >= 0) & (diff < W)                  # [B, W]
@@ -101,13 +97,10 @@ def swa_decode_step(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     positions: torch.Tensor, inv_freq: torch.Tensor, backend: str = "auto",
                     attention: str = "math", out_dtype: torch.dtype | None = None,
                     chunk: int | None = None, pdl: bool = False, span: int | None = None) -> torch.Tensor:
-    """Attention output ``o [B, H hd]`` of one token per row (see module docstring); updates ``keys``,
-    ``values`` [B, H, W, hd] and ``slot_pos`` [B, W] in place. ``positions`` [B] int64 are the tokens'
-    positions (not advanced here); ``inv_freq`` from :func:`rope_inv_freq` (float64, on the device).
-    ``attention`` ('math' | 'sdpa') picks the torch path's kernel; ``chunk`` the Triton window split;
-    ``pdl`` launches the Triton kernels with programmatic dependent launch (``ops/pdl.py``); ``span`` attends
-    over the ring's first ``span`` slots only, exact when every row read has position < span (an unwrapped ring
-    holds its tokens in slots 0 .. p; the write still goes to slot p mod W)."""
+    """Attention output ``o [B, H hd]`` of one token per row; updates ``keys``, ``values`` [B, H, W, hd] and
+    ``slot_pos`` [B, W] in place at ``positions`` [B] (not advanced here); ``inv_freq``: :func:`rope_inv_freq`.
+    ``attention`` ('math' | 'sdpa'): the torch path's kernel; ``chunk``: the Triton window split; ``span``: attend
+    the ring's first ``span`` slots only, exact when every row read has position < span."""
     _check(qkv, keys, values, slot_pos, positions)
     W = keys.shape[2]
     if span is not None and (isinstance(span, bool) or not isinstance(span, int) or span < 1):
