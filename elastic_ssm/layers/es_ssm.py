@@ -167,9 +167,8 @@ class ESSSMBlock(nn.Module):
 
     def forward(self, r: torch.Tensor, K: int | None = None, valid: torch.Tensor | None = None,
                 state: SpectralDecodeState | None = None) -> torch.Tensor:
-        """[B, T, D] -> [B, T, D]. ``valid`` [B, T] (1 = token) zeroes the sublayer input at padded
-        positions, so they never enter a convolution; with ``state`` (this block's slice of a decode cache)
-        the prefill also fills it (``SpectralDecodeMixin.prefill``)."""
+        """[B, T, D] -> [B, T, D]; ``valid`` [B, T] zeroes the sublayer input at padding (it never enters a
+        convolution); a ``state`` (this block's cache slice) is filled by the prefill."""
         u = self.ln1(r)  # [B, T, D]
         if valid is not None:
             u = u * valid.unsqueeze(-1).to(u.dtype)

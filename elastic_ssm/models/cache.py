@@ -104,9 +104,8 @@ class ESSHCache:
         return self
 
     def at_tier(self, tier: Tier) -> ESSHCache:
-        """A cache of views at the narrower ``tier`` (its first ``tier.K`` channels of every mode state, the same
-        rings and positions; writes land in this cache): how a row of a mixed-tier decoder (``FastDecoder(mixed=
-        True)``) is prefilled at its own tier. ``tier`` must keep at most this cache's channels."""
+        """A cache of views at the narrower ``tier`` (the first ``tier.K`` channels of every mode state, the same
+        rings and positions): how a row of a mixed-tier ``FastDecoder`` is prefilled at its own tier."""
         if tier == self.tier:
             return self
         if tier.K > self.tier.K:

@@ -113,13 +113,9 @@ class ESSSM(GenerationMixin, ElasticModel):
         cache: ESSSMCache | None = None,
     ) -> torch.Tensor:
         """input_ids [B, T] (T <= cfg.seq_len) at ``tier`` (None = full budget; an int K, "K8" or a Tier) ->
-        [B, T, V] next-token logits (``task='lm'``) or [B, C] class logits (``task='classify'``).
-
-        ``attention_mask`` [B, T] (1 = token): padded positions never enter a convolution (with left padding a
-        row equals its unpadded run); for 'classify' it also selects the mean pool's positions. ``cache``: an
-        empty ``ESSSMCache`` of the same budget (``allocate_cache``), prefilled for ``step``; the mask must then
-        use left padding.
-        """
+        [B, T, V] next-token logits (``task='lm'``) or [B, C] class logits (``task='classify'``). Padded
+        positions (``attention_mask`` [B, T], 0) never enter a convolution nor the mean pool; an empty ``cache``
+        of the same budget is prefilled for ``step`` (the mask then uses left padding)."""
         K = self.resolve_tier(tier).K
         ids = self._check_ids(input_ids)
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(ids.shape):
