@@ -1,9 +1,6 @@
 """elastic_ssm: train-once, export-many elastic spectral state space models (ES-SSM and ESSH).
 
-Public API (see docs/ and DESIGN): ``es.spectral``, ``es.ops``, ``es.ESSSMConfig``, ``es.ESSHConfig``,
-``es.ESSSM``, ``es.ESSH``, ``es.tier_table``, ``es.export_tier``, ``es.check_export``, ``es.select_tier``.
-Heavy modules are imported lazily so ``import elastic_ssm`` stays fast and works on a CPU-only machine
-without triton or fla.
+Heavy modules are imported lazily, so ``import elastic_ssm`` is fast and works without CUDA, triton or fla.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Budget dropout: the training-budget schedule of ES-SSM (paper Sec. 4.2, Eq. 5; Algorithm 2).
 
-At global step ``step`` (0-based) K_train is K-bar during warm-up (``step < warmup_steps``) and on anchors
-(after warm-up, ``step % n_full == 0``; DESIGN: the text ends mid-Alg. 2); otherwise Eq. 5: ``xi ~ U[0, 1)``,
-``target = K_min (K-bar / K_min)^xi``, ``K_train = argmin_{k in budgets} |k - target|`` (a tie goes to the
-smaller k). ``sample(step)`` is a pure function of ``(seed, step)``, so a resumed run reproduces the schedule
-with no sampler state to save. Warm-up in epochs: ``warmup_steps_from_epochs`` (docs/es_ssm.md)."""
+K_train is K-bar during warm-up and on anchors (after warm-up, ``step % n_full == 0``; DESIGN: the text ends
+mid-Alg. 2); otherwise Eq. 5: ``xi ~ U[0, 1)``, ``target = K_min (K-bar / K_min)^xi``, ``K_train = argmin_{k in
+budgets} |k - target|`` (a tie goes to the smaller k). ``sample(step)`` is a pure function of ``(seed, step)``, so a
+resumed run reproduces the schedule with no sampler state to save.
+"""
 
 from __future__ import annotations
 
@@ -25,16 +25,8 @@ def warmup_steps_from_epochs(epochs: float, steps_per_epoch: int) -> int:
 
 
 class BudgetSampler:
-    """Log-uniform snapped budget sampler with warm-up and full-budget anchors (Eq. 5).
-
-    Args:
-        budgets: runtime-budget set (channel counts); sorted and de-duplicated here. All must be <= full.
-        full: the full budget K-bar (used for warm-up and anchors; the upper end of the log range).
-        warmup_steps: steps trained at the full budget before budget dropout starts.
-        n_full: a full-budget anchor on every post-warm-up step with ``step % n_full == 0`` (paper: 8);
-            0 disables anchors.
-        seed: seed of the per-step generator.
-    """
+    """Log-uniform snapped budget sampler (Eq. 5) over the channel counts ``budgets`` (all <= ``full``, K-bar),
+    at ``full`` for ``warmup_steps`` steps and on every later ``step % n_full == 0`` (paper: 8; 0: no anchors)."""
 
     def __init__(
         self, budgets: Sequence[int], full: int, warmup_steps: int = 0, n_full: int = 8, seed: int = 0,
@@ -97,11 +89,8 @@ class BudgetSampler:
 
     # ---- reporting -----------------------------------------------------------------------------------
     def snap_probabilities(self) -> dict[int, float]:
-        """Exact P(K_train = k) of an Eq. 5 draw (no warm-up, no anchor), from the snap intervals.
-
-        With midpoints m_i = (b_i + b_{i+1}) / 2, budget b_i wins for targets in (m_{i-1}, m_i]; the
-        target is log-uniform on [K_min, K-bar], so P(target <= x) = log(x / K_min) / log(K-bar / K_min).
-        """
+        """Exact P(K_train = k) of an Eq. 5 draw (no warm-up, no anchor): budget b_i wins for targets between the
+        midpoints around it, and P(target <= x) = log(x / K_min) / log(K-bar / K_min)."""
         if self.full == self.k_min:
             return {b: float(b == self.full) for b in self.budgets}
         span = math.log(self.full / self.k_min)

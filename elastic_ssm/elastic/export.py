@@ -60,11 +60,8 @@ def check_export(
     model: Any, tier: TierLike, input_ids: torch.Tensor | None = None, standalone: Any = None,
     tolerance: float = 0.0, seq_len: int = 64, batch: int = 2, seed: int = 0,
 ) -> ExportCheck:
-    """Compare ``standalone`` (default: a fresh ``export_tier``) with ``model(x, tier=tier)``.
-
-    ``input_ids`` [B, T] defaults to seeded random tokens. ``tolerance`` = 0 demands bitwise equality
-    (the CPU float32 guarantee); pass a small tolerance for GPU kernels with different reductions.
-    """
+    """Compare ``standalone`` (default: a fresh ``export_tier``) with ``model(input_ids, tier=tier)`` (default
+    ids [B, T]: seeded random tokens); ``tolerance`` 0 demands bitwise equality (the CPU float32 guarantee)."""
     t = model.resolve_tier(tier)
     if standalone is None:
         standalone = export_tier(model, t)

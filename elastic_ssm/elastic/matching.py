@@ -47,13 +47,9 @@ def _reference(source: dict[str, Any]) -> tuple[str, int] | None:
 
 
 def parameter_report(cfg: Any, source: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The parameter counts of a run's model ``cfg`` (full and every tier) and its matching.
-
-    ``source`` is the run's ``model`` section as written (``RunConfig.model_source``). Returns a dict with
-    ``arch``, ``params`` (full model), ``tiers`` ({name: params}), and when known ``reference`` (what the
-    model is matched to, its ``params`` and the relative ``gap``, the ``rule`` and whether it ``holds``) and
-    ``paper`` (the count the paper reports for this preset, in millions, and its table).
-    """
+    """The parameter counts of a run's model ``cfg`` (``params``, ``tiers``) and, when known, its ``reference``
+    (the model matched to: ``params``, relative ``gap``, ``rule``, whether it ``holds``) and the ``paper``'s count
+    (millions, table); ``source`` is the run's ``model`` section as written (``RunConfig.model_source``)."""
     source = dict(source or {})
     arch = source.get("arch") or getattr(type(cfg), "arch", "essh")
     out: dict[str, Any] = {"kind": "parameters", "arch": arch, "params": tiers_mod.num_parameters(cfg),

@@ -1,16 +1,7 @@
-"""The one place where tier prefixes are cut (DESIGN rule 3).
-
-Every elastic tensor keeps a *prefix* at a tier; projections are ``nn.Linear`` (``[out, in]`` weights):
-
-* dim 0 (rows): ESSH's mixer ``in_proj.weight`` ``[K (P + 3M), D]`` (channel-major: values, write, read, clock
-  rows of channel k together), the SwiGLU ``w_in.weight`` ``[2F, D]`` (rows gate_h, up_h), the modal tables
-  ``[K, M]``, ES-SSM's gate rows ``[K, d_g]`` and filters ``[K, L]``;
-* dim 1 (columns): ESSH's mixer ``out_proj.weight`` ``[D, K P]``, the SwiGLU ``w_out.weight`` ``[D, F]`` and
-  ES-SSM's ``proj.weight`` ``[D, K D]`` (M_k = columns kD..(k+1)D).
-
-A dim-0 prefix is a contiguous view; a dim-1 prefix a strided view BLAS reads in place (an export stores it
-contiguous), so the shared model at a tier and its export give bitwise-equal outputs on CPU (ESSH Q.2; tested).
-``linear`` runs a swapped module (quantized Linear, LoRA wrapper) at full width only."""
+"""The one place where tier prefixes are cut (DESIGN rule 3); the prefix of every elastic tensor: docs/architecture.md,
+"Prefix layout". A dim-0 prefix is a contiguous view, a dim-1 prefix a strided view BLAS reads in place (an export
+stores it contiguous), so the shared model at a tier and its export give bitwise-equal CPU outputs (ESSH Q.2).
+"""
 
 from __future__ import annotations
 
@@ -24,8 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["SliceRule", "prefix", "empty_linear", "linear", "linear_weight", "is_plain_linear", "has_float_weight",
-           "slice_state_dict", "sliced_shape",
-           "load_sliced_safetensors"]
+           "slice_state_dict", "load_sliced_safetensors"]
 
 
 @dataclass(frozen=True)
@@ -105,15 +95,6 @@ def _rule_for(name: str, rules: Iterable[SliceRule]) -> SliceRule | None:
     if len(hits) > 1:
         raise ValueError(f"tensor {name!r} matches several slice rules: {hits}")
     return hits[0] if hits else None
-
-
-def sliced_shape(name: str, shape: tuple[int, ...], rules: Iterable[SliceRule]) -> tuple[int, ...]:
-    rule = _rule_for(name, rules)
-    if rule is None:
-        return tuple(shape)
-    if not 1 <= rule.length <= shape[rule.dim]:
-        raise ValueError(f"{name}: cannot keep {rule.length} of {shape[rule.dim]} entries along dim {rule.dim}")
-    return tuple(rule.length if i == rule.dim else n for i, n in enumerate(shape))
 
 
 def slice_state_dict(

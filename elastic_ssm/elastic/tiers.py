@@ -1,17 +1,14 @@
-"""Capacity tiers: tier tables, tier resolution and exact per-tier costs, computed from a model config.
+"""Capacity tiers: tier tables, resolution and exact per-tier costs, the functional front of each config's own
+methods (``ModelConfig``; no switch over config types). docs/tiers.md states every rule.
 
-The functional front of each architecture's own arithmetic (``elastic_ssm.config.ModelConfig`` methods), with
-argument checks and readable output; no switch over config types. docs/tiers.md states every rule in prose.
-
-ESSH: tier ``T`` keeps spectral channels ``1..K_T`` and FFN units ``1..n_ff,T`` by the two-rate map (Sec. 4.2,
-Eq. 7; Appendix D.1, Table 6)::
+ESSH: tier T keeps channels 1..K_T and FFN units 1..n_ff,T by the two-rate map (Sec. 4.2, Eq. 7; Table 6)::
 
     K_T   = max(1, round(K-bar * xi_T ** 0.5))
     n_ff  = align * max(1, floor(d_ff * xi_T ** 0.8 / align))       (align = 64 in the paper)
 
-parameters by Eq. 25 (C.5) with the counting rules that reproduce Table 4, state by C.5 and Table 53.
-ES-SSM: one tier per runtime budget ``K`` in ``cfg.budgets`` (Sec. 4), ``n_ff = d * ffn_mult``, ``xi = K / K-bar``.
-Transformer++ / MatFormer: nested FFN tiers only (``K = 0``, one-rate map with ``e = 1``, Table 39)."""
+parameters by Eq. 25 (C.5, Table 4), state by C.5 and Table 53. ES-SSM: one tier per budget ``K`` in
+``cfg.budgets``. Transformer++ / MatFormer: nested FFN tiers only (``K = 0``, Table 39).
+"""
 
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ from typing import Any
 from ..config.model import FractionTierConfig, ModelConfig, Tier, TierLike
 
 __all__ = ["Tier", "TierLike", "tier_table", "resolve_tier", "capacity_tier", "channels_for", "ffn_width_for",
-           "num_parameters", "parameter_breakdown", "state_bytes", "flops_per_token", "format_tier_table"]
+           "num_parameters", "parameter_breakdown", "state_bytes", "flops_per_token", "format_tier_table", "tier_width"]
 
 
 def _model_config(cfg: Any, what: str) -> ModelConfig:
@@ -39,11 +36,8 @@ def _fraction_config(cfg: Any, what: str) -> FractionTierConfig:
 
 
 def channels_for(cfg: Any, xi: float | Fraction) -> int:
-    """Retained spectral channels ``K_T = max(1, round(K-bar xi^{1/2}))`` (Eq. 7; ``ESSHConfig.channels_for``).
-
-    ``round`` is Python's (half to even), applied to the exact value; DESIGN.md notes that no training
-    or deployment budget lands on a .5 tie. The exponent is ``cfg.channel_exponent``.
-    """
+    """Retained spectral channels ``K_T = max(1, round(K-bar xi^{1/2}))`` (Eq. 7; exponent
+    ``cfg.channel_exponent``), Python's ``round`` of the exact value (no budget lands on a .5 tie: DESIGN.md)."""
     if not callable(getattr(cfg, "channels_for", None)):
         raise TypeError(f"channels_for is the ESSH channel map (Eq. 7); got {type(cfg).__name__}")
     return cfg.channels_for(xi)
@@ -62,30 +56,20 @@ def capacity_tier(cfg: Any, xi: float) -> Tier:
 
 
 def tier_table(cfg: ModelConfig) -> list[Tier]:
-    """All deployment tiers of ``cfg``, smallest first.
-
-    ESSH: one tier per ``cfg.tier_xi`` entry through Eq. 7 (Table 6 with the default ten budgets).
-    ES-SSM: one tier per runtime budget in ``cfg.budgets``.
-    """
+    """All deployment tiers of ``cfg``, smallest first (ESSH: one per ``cfg.tier_xi`` through Eq. 7, Table 6)."""
     return _model_config(cfg, "tier_table").tier_table()
 
 
 def resolve_tier(cfg: ModelConfig, tier: TierLike = None) -> Tier:
-    """Turn a user-facing tier spec into a ``Tier`` of ``cfg``.
-
-    ESSH accepts ``None`` (full tier), a ``Tier``, a name ``"T<i>"`` (case-insensitive) or a float capacity
-    fraction ``xi`` (``capacity_tier``). ES-SSM accepts ``None``, a ``Tier``, an int ``K`` in ``[1, K-bar]`` or
-    ``"K<k>"`` (a ``K`` outside ``cfg.budgets`` gets ``index`` 0). A ``Tier`` of another config is refused;
-    anything else raises ``ValueError`` listing the valid names."""
+    """A user-facing tier spec as a ``Tier`` of ``cfg``: None (full), a ``Tier`` of ``cfg``, for ESSH a name
+    ``"T<i>"`` or a float capacity fraction, for ES-SSM an int ``K`` or ``"K<k>"``; else a ``ValueError`` listing
+    the valid names."""
     return _model_config(cfg, "resolve_tier").resolve_tier(tier)
 
 
 def parameter_breakdown(cfg: ModelConfig, tier: TierLike = None) -> dict[str, int]:
-    """Parameter count of ``tier``'s standalone export by component, plus ``"total"``.
-
-    ESSH keys: embedding, head (untied only), norms, attention, spectral, ffn (Eq. 25: the fixed term is
-    embedding + head + norms + attention). ES-SSM keys: embedding, head, norms, gate, spectral, ffn.
-    """
+    """Parameter count of ``tier``'s standalone export by component (ESSH Eq. 25: embedding, head, norms,
+    attention, spectral, ffn; ES-SSM: gate instead of attention), plus ``"total"``."""
     return cfg.tier_parameters(resolve_tier(cfg, tier))
 
 
@@ -98,13 +82,10 @@ def state_bytes(
     cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_dtype_bytes: int = 4, kv_dtype_bytes: int = 2,
     decode: str = "exact", n_modes: int = 8, context: int = 2048,
 ) -> dict[str, int]:
-    """Persistent per-batch decoding state in bytes: ``recurrent``, ``kv`` and ``total`` (docs/tiers.md).
-
-    Entries per sequence by the config's ``tier_state``: ESSH ``2 (N - |A|) K_T m P`` recurrent entries (C.5) in
-    ``state_dtype_bytes`` (fp32 in Table 53) and a full ``window x d`` K and V ring per SWA layer in
-    ``kv_dtype_bytes`` (bf16 in Table 53); ES-SSM (``decode``, ``n_modes`` apply to it only) the exact decoder's
-    last ``L - 1`` inputs per block (``decode='exact'``) or ``2 N K m d`` modal entries (``decode='modal'``), equal to
-    ``ESSSMCache.nbytes()``; Transformer++ / MatFormer ``N * 2 * context * d`` KV entries."""
+    """Persistent per-batch decoding state in bytes: ``recurrent``, ``kv`` and ``total`` (docs/tiers.md). ESSH:
+    ``2 (N - |A|) K_T m P`` recurrent entries (C.5) and a ``window x d`` K and V ring per SWA layer (Table 53);
+    ES-SSM (``decode``, ``n_modes``): the last ``L - 1`` inputs per block or ``2 N K m d`` modal entries;
+    Transformer++ / MatFormer: ``N * 2 * context * d`` KV entries."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     rec, kv = cfg.tier_state(resolve_tier(cfg, tier), decode=decode, n_modes=n_modes, context=context)
@@ -114,14 +95,16 @@ def state_bytes(
 
 
 def flops_per_token(cfg: ModelConfig, tier: TierLike = None, context: int = 2048) -> dict[str, int]:
-    """Per-token FLOPs (one multiply-accumulate = 2 FLOPs, C.5) of ``tier`` by component, plus ``total``.
-
-    Keys ``projection``, ``ffn``, ``attention``, ``scan``, ``head``; the formulas are the config's ``tier_flops``
-    (ESSH: Eq. 9, 23, 24 per spectral block; ES-SSM: the FFT convolution at ``context`` = T). Elementwise gate
-    nonlinearities and norms are not counted."""
+    """Per-token FLOPs (a multiply-accumulate = 2, C.5) of ``tier``: ``projection``, ``ffn``, ``attention``, ``scan``,
+    ``head`` and ``total`` (ESSH: Eq. 9, 23, 24 per spectral block; ES-SSM: the FFT convolution at ``context``)."""
     if context < 1:
         raise ValueError(f"context must be >= 1, got {context}")
     return cfg.tier_flops(resolve_tier(cfg, tier), context)
+
+
+def tier_width(tier: Any, full: int, field: str = "K") -> int:
+    """``field`` (``K`` or ``n_ff``) of ``tier``: a ``Tier``'s own, an int as given, or ``full`` for None."""
+    return full if tier is None else int(getattr(tier, field, tier))
 
 
 # ---- readable output ----------------------------------------------------------------------------------
@@ -134,12 +117,9 @@ def _human(n: float) -> str:
 
 def format_tier_table(rows: Iterable[Tier], cfg: ModelConfig | None = None, batch: int = 1,
                       n_modes: tuple[int, ...] = (4, 8, 16)) -> str:
-    """A plain-text table of tiers: name, xi, K, n_ff, params (exact and rounded) and fraction r.
-
-    With ``cfg`` (the config the rows come from) it adds the persistent state of ``state_bytes`` at
-    ``batch`` in decimal MB (``ModelConfig.state_columns``): ESSH recurrent fp32, KV bf16 and total; ES-SSM
-    the fp32 decode state of the exact ring buffer and of the modal decoder at each m in ``n_modes``.
-    """
+    """A plain-text table of tiers: name, xi, K, n_ff, params (exact and rounded) and fraction r; with ``cfg``
+    also the decode state of ``state_bytes`` at ``batch`` in MB (``ModelConfig.state_columns``; ES-SSM: exact and
+    modal at each m in ``n_modes``)."""
     rows = list(rows)
     if not rows:
         raise ValueError("format_tier_table needs at least one Tier")

@@ -1,12 +1,9 @@
 """Sliding-window causal self-attention with RoPE (ESSH Sec. 4, Appendix E.2).
 
-Query i attends keys j with 0 <= i - j < window (itself included) and, in a padded batch, only non-padding keys
-(a padding query attends itself). No biases (4 d^2 parameters, Table 4): ``qkv`` (weight [3D, D]) and ``out``
-([D, D]); shared by every tier. Training / prefill: causal SDPA when the window covers the sequence; longer
-unpadded CUDA sequences use ``flex_attention`` with a block-sparse band (:func:`swa_block_mask`, lengths bucketed
-by :func:`flex_length`); elsewhere SDPA with a boolean band mask in query blocks of one window (O(T * window)
-memory). Decoding: a ring of ``window`` key/value slots per sequence; RoPE phases from absolute positions in
-float64. Paths and limits: docs/performance.md.
+Query i attends keys j with 0 <= i - j < window and, in a padded batch, only real keys (a padding query attends
+itself). ``qkv`` [3D, D] and ``out`` [D, D], no biases (Table 4), shared by every tier. Causal SDPA, a
+flex_attention band or masked SDPA by length and device (docs/performance.md); decoding: a ring of ``window``
+key/value slots per sequence.
 """
 
 from __future__ import annotations
@@ -135,6 +132,15 @@ def swa_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, blo
     return (_compiled_flex() if compiled else flex_attention)(q, k, v, block_mask=mask)[..., :T, :]
 
 
+def rope_qkv(qkv: nn.Module, x: torch.Tensor, positions: torch.Tensor, n_heads: int, head_dim: int, base: float):
+    """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] through ``qkv`` (weight [3D, D]) with RoPE on q and k."""
+    B, T, _ = x.shape
+    q, k, v = linear(qkv, x).view(B, T, 3, n_heads, head_dim).permute(2, 0, 3, 1, 4)
+    cos, sin = rope_cos_sin(positions, head_dim, base, q.dtype)
+    cos, sin = cos[:, None], sin[:, None]                      # [B,1,T,hd/2]
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
 class SlidingWindowAttention(nn.Module):
     def __init__(self, d_model: int, head_dim: int, window: int, rope_base: float = 10000.0,
                  init_std: float = 0.02, out_std: float | None = None) -> None:
@@ -153,19 +159,12 @@ class SlidingWindowAttention(nn.Module):
         nn.init.normal_(self.out.weight, std=self.out_std)
 
     def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] with RoPE on q and k."""
-        B, T, _ = x.shape
-        q, k, v = linear(self.qkv, x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_base, q.dtype)
-        cos, sin = cos[:, None], sin[:, None]                      # [B,1,T,hd/2]
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return rope_qkv(self.qkv, x, positions, self.n_heads, self.head_dim, self.rope_base)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None = None,
                 ring: RingState | None = None) -> torch.Tensor:
-        """x [B,T,D]; positions [B,T] absolute token positions; valid [B,T] bool (None: all valid).
-
-        With ``ring`` (this layer's decode state, empty) the last ``window`` keys/values are written into it.
-        """
+        """x [B,T,D]; positions [B,T] absolute token positions; valid [B,T] bool (None: all valid); an empty
+        ``ring`` (this layer's decode state) receives the last ``window`` keys and values."""
         B, T, D = x.shape
         q, k, v = self._qkv(x, positions)
         idx = torch.arange(T, device=x.device)
@@ -203,9 +202,8 @@ class SlidingWindowAttention(nn.Module):
     def init_state(self, batch: int, tier=None, *, kv_dtype: torch.dtype | None = None,
                    device: torch.device | str | None = None, positions: torch.Tensor | None = None,
                    **_: object) -> RingState:
-        """This layer's slice of a decode cache: an empty ring of ``window`` key and value slots
-        [B, H, W, hd] in ``kv_dtype`` (2 W d entries per sequence, Table 53). ``positions`` [B] is the
-        cache's shared next-position counter (a new zero counter if None)."""
+        """This layer's slice of a decode cache: an empty ring of ``window`` key and value slots [B, H, W, hd]
+        in ``kv_dtype`` (2 W d entries per sequence, Table 53) on the cache's ``positions`` [B] counter."""
         device = device or self.out.weight.device
         dtype = kv_dtype or self.out.weight.dtype
         shape = (batch, self.n_heads, self.window, self.head_dim)

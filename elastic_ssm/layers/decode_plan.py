@@ -1,12 +1,8 @@
 """Decode plans: what each layer hands the fused decoder for one tier (ESSH Appendix O.3, Algorithm 4).
 
-A layer's ``decode_plan(tier, ...)`` returns one of these: prefix *views* of its ``nn.Linear`` weights
-(``elastic.slicing``; an in-by-out copy only for the split kernel) and the fixed constants of its fused kernel,
-precomputed when the tier is loaded. Each plan runs its part of one step on the residual stream ``x`` [B, D]:
-``fused(x, norm, eps, state, opts)`` (batch <= ``ops.gemv.MAX_FUSED_BATCH``: float32 stream, pre-norm folded
-into the input product, output added into ``x`` in place) or ``batched(...)`` (any batch: embedding dtype,
-cuBLAS products; returns the new ``x``). Rows at different tiers: ``DecodeOptions.channel_scale`` /
-``unit_mask`` (docs/performance.md, "Rows at different tiers"). The math of every plan is its layer's ``step``.
+A plan holds prefix views of its layer's weights and its kernel's constants; ``fused(x, norm, eps, state, opts)``
+(batch <= ``ops.gemv.MAX_FUSED_BATCH``: float32 stream x [B, D] updated in place) or ``batched(...)`` (cuBLAS;
+returns the new x) runs its part of a step. The math of every plan is its layer's ``step``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """ES-SSM spectral sublayer and pre-norm residual block (ES-SSM paper Sec. 4.1, Eq. 4; Figure 1).
 
-``SpectralSublayer`` evaluates, at runtime budget K <= K-bar (Eq. 4)::
+At runtime budget K <= K-bar (Eq. 4)::
 
     s(t)   = W_g2 GELU(W_g1 u(t) + b_g1) + b_g2                      gate logits, first K rows only
     g_k(t) = sigmoid(s_k(t)) / sqrt(K)
     S_K(u)(t) = sum_{k=1}^{K} g_k(t) M_k (Phi_k * u)(t)
 
-with fixed Hankel filters ``Phi_k`` (buffer ``filters`` [K-bar, L], float32 from float64) and learned ``M_k``,
-the column block ``proj.weight[:, k d : (k + 1) d]`` of one ``nn.Linear(K d, d)``, applied after the gate
-(gate-before-projection). A budget keeps a prefix of every channel-indexed tensor (``elastic/slicing.py``;
-Appendix B.6, B.7). Cached decoding: ``SpectralDecodeMixin`` in ``es_ssm_decode.py``.
-
-``ESSSMBlock``: ``r_mid = r + DropPath(S_K(LN1(r)))``, ``r_out = r_mid + DropPath(FFN(LN2(r_mid)))``
-with a GELU FFN d -> ffn_mult*d -> d (biases, dropout after the activation and after the output).
+``Phi_k``: fixed Hankel filters (buffer ``filters`` [K-bar, L]); ``M_k``: columns k d .. (k + 1) d of
+``proj.weight``, applied after the gate. ``ESSSMBlock``: ``r += DropPath(S_K(LN1(r)))``, then
+``r += DropPath(FFN(LN2(r)))`` with a GELU FFN d -> ffn_mult d -> d.
 """
 
 from __future__ import annotations
@@ -171,9 +167,8 @@ class ESSSMBlock(nn.Module):
 
     def forward(self, r: torch.Tensor, K: int | None = None, valid: torch.Tensor | None = None,
                 state: SpectralDecodeState | None = None) -> torch.Tensor:
-        """[B, T, D] -> [B, T, D]. ``valid`` [B, T] (1 = token) zeroes the sublayer input at padded
-        positions, so they never enter a convolution; with ``state`` (this block's slice of a decode cache)
-        the prefill also fills it (``SpectralDecodeMixin.prefill``)."""
+        """[B, T, D] -> [B, T, D]; ``valid`` [B, T] zeroes the sublayer input at padding (it never enters a
+        convolution); a ``state`` (this block's cache slice) is filled by the prefill."""
         u = self.ln1(r)  # [B, T, D]
         if valid is not None:
             u = u * valid.unsqueeze(-1).to(u.dtype)

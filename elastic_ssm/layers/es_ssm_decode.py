@@ -1,12 +1,8 @@
 """Cached decoding of the ES-SSM spectral sublayer (ES-SSM paper Eq. 4): exact ring buffer and modal state.
 
-The sublayer is linear time-invariant in its input ``u`` [B, T, D]: channel k sees the causal convolution
-``x_k(t) = sum_{tau=0}^{L-1} phi_k(tau) u(t - tau)`` (Eq. 3/4), gated and projected as in ``forward``.
-``decode="exact"`` (default): a ring buffer of the last ``S = L - 1`` inputs [B, S, D], read against a slice
-of the doubled, reversed filter tail ``window`` [K, 2S - 1]. ``decode="modal"`` (opt-in, m modes): each filter
-replaced by its matrix-pencil fit (ESSH Eq. 4, App. C.1.1), a state [B, K, M, 2, D] of constant size (ESSH
-Eq. 5 with unit gates); it computes exactly the model whose filters are the fitted ones. Left padding: the
-caller zeroes the sublayer input at padded positions. docs/es_ssm.md, "Cached decoding".
+``decode="exact"``: the last S = L - 1 inputs [B, S, D], read against the doubled, reversed filter tail
+``window`` [K, 2S - 1]. ``decode="modal"``: each filter replaced by its m-mode matrix-pencil fit (ESSH Eq. 4,
+App. C.1.1), a state [B, K, M, 2, D] (ESSH Eq. 5 with unit gates). docs/es_ssm.md, "Cached decoding".
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ import numpy as np
 import torch
 
 from ..elastic.slicing import linear, prefix
+from ..elastic.tiers import tier_width
 from ..spectral import DampedModes, fit_damped_modes
 
 __all__ = ["DECODE_MODES", "ModalFit", "DecodePlan", "SpectralDecodeState", "check_decode", "modal_fit",
@@ -76,13 +73,10 @@ def modal_fit(filters: torch.Tensor, n_modes: int) -> ModalFit:
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """Constants of one sublayer's decoder at budget K (not per-sequence state; not in ``nbytes``).
-
-    exact: ``phi0`` [K] (lag-0 taps) and ``window`` [K, 2S-1] (the reversed filter tail, doubled).
-    modal: ``a = rho cos theta``, ``b = rho sin theta``, ``kc``, ``ks`` [K, M, 1]; ``filters`` [K, L] the
-    fitted filters (prefill, in the filters' dtype); ``rho``, ``theta`` [K, M] float64 (prefill phases);
-    ``errors`` [K] the fit errors. The rest is in the state dtype.
-    """
+    """Constants of one sublayer's decoder at budget K (not in ``nbytes``), in the state dtype unless said.
+    exact: ``phi0`` [K] (lag-0 taps), ``window`` [K, 2S-1] (the reversed filter tail, doubled). modal: ``a = rho
+    cos theta``, ``b = rho sin theta``, ``kc``, ``ks`` [K, M, 1]; ``filters`` [K, L] the fitted filters (filters'
+    dtype); ``rho``, ``theta`` [K, M] float64 (prefill phases); ``errors`` [K] the fit errors."""
 
     mode: str
     K: int
@@ -101,11 +95,6 @@ class SpectralDecodeState:
     t: int = 0
 
 
-def _budget(tier, full: int) -> int:
-    """K of ``tier``: an int budget, an object with ``K`` (a ``Tier``), or None (all ``full`` channels)."""
-    return full if tier is None else int(getattr(tier, "K", tier))
-
-
 class SpectralDecodeMixin:
     """``decode_plan`` / ``init_state`` / ``prefill`` / ``step`` of ``SpectralSublayer`` (Eq. 4 per token),
     with the layer decode protocol of ESSH's mixers: ``init_state(batch, tier)``, ``step(x, state, tier)``."""
@@ -114,7 +103,7 @@ class SpectralDecodeMixin:
                     dtype: torch.dtype = torch.float32) -> DecodePlan:
         """The precomputed constants of budget ``tier`` (an int K, a ``Tier`` or None: every channel) in
         ``dtype`` (the state dtype) on the filters' device."""
-        K = _budget(tier, self.n_channels)
+        K = tier_width(tier, self.n_channels)
         decode, n_modes = check_decode(decode, n_modes, self.seq_len)
         self._check_budget(K)
         phi = prefix(self.filters, K)  # [K, L]
@@ -134,11 +123,10 @@ class SpectralDecodeMixin:
     def init_state(self, batch: int, tier=None, *, state_dtype: torch.dtype = torch.float32, decode: str = "exact",
                    n_modes: int = 8, plan: DecodePlan | None = None, **_: object) -> SpectralDecodeState:
         """Zero state at time 0: exact [B, L-1, D] ring buffer; modal [B, K, M, 2, D] mode states; ``plan``
-        (else ``decode_plan(tier, decode, n_modes, state_dtype)``) must be of the same budget. Other cache
-        arguments (``kv_dtype``, ``device``) concern other layers and are ignored."""
+        (default ``decode_plan(tier, decode, n_modes, state_dtype)``) of the same budget."""
         if plan is None:
             plan = self.decode_plan(tier, decode, n_modes, state_dtype)
-        elif plan.K != _budget(tier, plan.K):
+        elif plan.K != tier_width(tier, plan.K):
             raise ValueError(f"a plan of budget K={plan.K} given for tier {tier!r}; build it with decode_plan(tier)")
         dev = self.filters.device
         if plan.mode == "exact":
@@ -183,7 +171,7 @@ class SpectralDecodeMixin:
         ``tier`` (optional) must be the budget the state was built for."""
         plan, buf, t = state.plan, state.buffer, state.t
         K, D = plan.K, self.d_model
-        if tier is not None and _budget(tier, K) != K:
+        if tier is not None and tier_width(tier, K) != K:
             raise ValueError(f"this decode state holds budget K={K}, the step asks for {tier!r}; allocate a cache "
                              "at that tier")
         B = x.shape[0]

@@ -1,10 +1,6 @@
-"""Elastic SwiGLU feed-forward layer (Shazeer, 2020) with prefix width and FFN gradient scaling.
-
-Unit-ordered ``nn.Linear`` products without bias, so a tier keeps a prefix (ESSH D.2): ``w_in.weight`` [2F, D]
-(gate and up rows of unit h at rows 2h, 2h + 1) and ``w_out.weight`` [D, F] (unit h = column h);
-``forward(x, n_ff)`` evaluates the first ``n_ff`` units. While ``grad_scale`` is a float a (set by
-``train.losses.ffn_grad_scaled``) the retained weights are W_hat = a W + (1 - a) sg(W) (ESSH D.4). With
-``track_activations``, full-width calls keep a running mean of squared unit activations ``act_sq`` [F] (D.3).
+"""Elastic SwiGLU feed-forward layer (Shazeer, 2020): a tier keeps a unit prefix (ESSH D.2) of ``w_in.weight``
+[2F, D] (rows gate_h, up_h) and ``w_out.weight`` [D, F] (column h = unit h); FFN gradient scaling (D.4) and
+the running activation statistics ``act_sq`` [F] of the FFN ordering (D.3).
 """
 
 from __future__ import annotations
@@ -14,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..elastic.slicing import empty_linear, linear, linear_weight
+from ..elastic.tiers import tier_width
 from .decode_plan import FFNPlan, in_by_out_copy
 
 
@@ -77,10 +74,9 @@ class SwiGLU(nn.Module):
 
     @torch.no_grad()
     def decode_plan(self, tier=None, split_copy: bool = False) -> FFNPlan:
-        """The fused step's weights at ``tier`` (its ``n_ff``, an int, or None = all units;
-        ``layers/decode_plan.py``): prefix views of ``w_in.weight`` [2 n_ff, D] (rows) and ``w_out.weight``
-        [D, n_ff] (columns), and with ``split_copy`` an in-by-out copy [n_ff, D] of the latter."""
-        n = self.d_ff if tier is None else int(getattr(tier, "n_ff", tier))
+        """The fused step's plan at ``tier`` (its ``n_ff``, an int, or None): prefix views of ``w_in.weight``
+        [2 n_ff, D] and ``w_out.weight`` [D, n_ff], with ``split_copy`` an in-by-out copy [n_ff, D] of the latter."""
+        n = tier_width(tier, self.d_ff, "n_ff")
         w_out = linear_weight(self.w_out, cols=n)
         return FFNPlan(linear_weight(self.w_in, rows=2 * n), w_out, in_by_out_copy(w_out, split_copy))
 

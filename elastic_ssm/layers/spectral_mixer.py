@@ -1,11 +1,8 @@
 """Selective spectral mixer of ESSH (Sec. 4.1, Appendix C.1-C.4).
 
-Input u [B,T,D] is the block's RMS-normalised residual stream. One concatenated, channel-major input
-projection ``in_proj`` (an ``nn.Linear``, weight [K (P + 3M), D]: rows k (P + 3M) .. (k + 1)(P + 3M) are
-channel k's value v_k^0 (P rows) and the write, read and clock pre-activations of its M modes) gives every
-control, so a tier keeps a row prefix and the fused decoder reads one matrix; ``out_proj`` (weight [D, K P])
-keeps a column prefix (``elastic/slicing.py``). Per channel (all channel-local, so truncation leaves retained
-channels unchanged, C.4):
+u [B,T,D] is the block's RMS-normed residual stream. ``in_proj`` (weight [K (P + 3M), D], channel-major: channel
+k's P value rows v_k^0, then the write, read and clock rows of its M modes) gives every control; ``out_proj``
+(weight [D, K P]) reads out; a tier keeps a row / column prefix. Per channel (channel-local, C.4):
 
     v_k   = (1 - beta_k) v_k^0 + beta_k v_k^0 / sqrt(|v_k^0|^2 / P + eps)            (Eq. 23)
     eta^w = 2 sigmoid(w^w u + b^w),  eta^r = 2 sigmoid(w^r u + b^r),  Delta = softplus(w^D u + b^D)  (C.2)
@@ -13,9 +10,8 @@ channels unchanged, C.4):
     z_k   = selective scan of Eq. 5 with zero-lag correction a (Eq. 24)            (ops.spectral_scan)
     y     = K^{-1/2} sum_{k<=K} W_k^out z_k                                         (Sec. 4.1)
 
-Initialisation: value rows and ``out_proj`` normal; gate/clock weights 0 with biases (0, 0, -3);
-modal tables from the matrix-pencil fit of the first K-bar Hankel filters (C.1); a = 1/2; beta = 0.
-Padding (``valid`` False) zeroes the write gate, so padded positions never enter a mode state.
+Init: gate/clock weights 0, biases (0, 0, -3); modal tables from the matrix-pencil fit of the first K-bar Hankel
+filters (C.1); a = 1/2; beta = 0. Padding (``valid`` False) zeroes the write gate.
 """
 
 from __future__ import annotations
@@ -27,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
+from ..elastic.tiers import tier_width
 from ..ops.spectral_scan import scan, spectral_scan_step
 from ..ops.spectral_scan.decode_triton import ModalConstants
 from ..ops.spectral_scan.inputs import ModalTables
@@ -81,12 +78,9 @@ class SpectralMixer(nn.Module):
 
     # ---- shared pieces ---------------------------------------------------------------------------
     def _controls(self, u: torch.Tensor, K: int, valid: torch.Tensor | None):
-        """u [..., D] -> v [..., K, P], write/read/clock [..., K, M] in the scan dtype (at least fp32).
-
-        The projection stays in its dtype; each consumer upcasts as it reads (the bias add, the norm's
-        reduction, the blend product), so no separate fp32 copy of the projection is made, and the blend of
-        Eq. 23 is one product ``v0 ((1 - beta) + beta / rms(v0))`` with the factor on [..., K, 1].
-        """
+        """u [..., D] -> v [..., K, P], write/read/clock [..., K, M] in the scan dtype (at least fp32); the
+        projection stays in its dtype (each consumer upcasts as it reads) and Eq. 23 is one product
+        ``v0 ((1 - beta) + beta / rms(v0))``."""
         P, M = self.P, self.M
         h = linear(self.in_proj, u, rows=K * (P + 3 * M)).unflatten(-1, (K, P + 3 * M))   # [..., K, P+3M]
         dtype = torch.promote_types(self.theta.dtype, torch.float32)   # the scan never runs below fp32
@@ -138,10 +132,9 @@ class SpectralMixer(nn.Module):
 
     def mix(self, u: torch.Tensor, tier, positions: torch.Tensor | None = None, valid: torch.Tensor | None = None,
             state: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
-        """The block's call (same for every mixer): u [B,T,D] at ``tier`` -> y [B,T,D]; with ``state`` (this
-        layer's slice of a decode cache, from ``init_state``) the final mode state is written into it.
-        ``positions`` is unused (the recurrence carries its own phase)."""
-        K = channels(tier, self.K)
+        """The block's call (same for every mixer): u [B,T,D] at ``tier`` -> y [B,T,D]; the final mode state is
+        written into ``state`` (this layer's cache slice) when given; ``positions`` is unused."""
+        K = tier_width(tier, self.K)
         if state is None:
             return self(u, K, valid, backend=backend)
         y, final = self(u, K, valid, output_final_state=True, backend=backend)
@@ -152,15 +145,14 @@ class SpectralMixer(nn.Module):
     def init_state(self, batch: int, tier=None, *, state_dtype: torch.dtype = torch.float32,
                    device: torch.device | str | None = None, **_: object) -> torch.Tensor:
         """This layer's slice of a decode cache: zeroed mode states [B, K_T, M, 2, P] in ``state_dtype``
-        (2 K_T m P entries per sequence, ESSH C.5). Other cache arguments (``kv_dtype``, ``positions``)
-        concern other layers and are ignored."""
-        K = channels(tier, self.K)
+        (2 K_T m P entries per sequence, ESSH C.5); other layers' arguments are ignored."""
+        K = tier_width(tier, self.K)
         return torch.zeros(batch, K, self.M, 2, self.P, dtype=state_dtype, device=device or self.theta.device)
 
     def step(self, x: torch.Tensor, state: torch.Tensor, tier=None) -> torch.Tensor:
         """Reference single-token step (float64-capable): x [B,D], state [B,K,M,2,P] updated in place ->
         y [B,D]. Eq. 23 blend, C.2 gates and the Eq. 5 / Eq. 24 step of ``ops.spectral_scan_step``."""
-        K = channels(tier, self.K)
+        K = tier_width(tier, self.K)
         v, write, read, clock = self._controls(x, K, None)
         z, _ = spectral_scan_step(v, write, read, clock, self._modal(K), state)
         return self._readout(z, K)
@@ -168,19 +160,12 @@ class SpectralMixer(nn.Module):
     @torch.no_grad()
     def decode_plan(self, tier=None, state_dtype: torch.dtype = torch.float32,
                     split_copy: bool = False) -> SpectralPlan:
-        """Weights and constants of the fused step at ``tier`` (``layers/decode_plan.py``): prefix views of
-        ``in_proj.weight`` [K(P+3M), D] (rows) and ``out_proj.weight`` [D, K P] (columns), the modal constants
-        of C.3 / Eq. 24 computed in float64 and cast to ``state_dtype``, and with ``split_copy`` an in-by-out
-        copy [K P, D] of the output weight for the split kernel."""
-        K, P, M, d = channels(tier, self.K), self.P, self.M, torch.float64
+        """The fused step's plan at ``tier``: prefix views of ``in_proj.weight`` [K(P+3M), D] and ``out_proj.weight``
+        [D, K P], the modal constants of C.3 / Eq. 24 (float64, cast to ``state_dtype``) and with ``split_copy``
+        an in-by-out copy [K P, D] of the output weight."""
+        K, P, M, d = tier_width(tier, self.K), self.P, self.M, torch.float64
         w_in = linear_weight(self.in_proj, rows=K * (P + 3 * M))
         w_out = linear_weight(self.out_proj, cols=K * P)
         consts = ModalConstants.pack(prefix(self.gate_bias, K).to(d), self._modal(K, d),
                                      prefix(self.beta, K).to(d), P, self.blend_eps, state_dtype)
         return SpectralPlan(w_in, w_out, consts, in_by_out_copy(w_out, split_copy))
-
-def channels(tier, full: int) -> int:
-    """K of ``tier``: a ``Tier`` (its ``K``), an int, or None (all ``full`` channels)."""
-    if tier is None:
-        return full
-    return int(getattr(tier, "K", tier))

@@ -1,8 +1,5 @@
-"""Decode state of one sliding-window-attention layer: a ring of ``window`` key/value slots (ESSH Table 53).
-
-Slot ``p mod W`` holds the key and value of absolute position p (``slot_pos`` records p; -1 = empty), so
-the ring always holds the last W tokens of a sequence; ``positions`` [B] is the next position of each
-sequence, shared with the other layers of the cache (``models/cache.py``).
+"""Decode state of one sliding-window-attention layer (ESSH Table 53): a ring of ``window`` key/value slots;
+slot ``p mod W`` holds position p (``slot_pos``; -1 = empty), ``positions`` [B] is shared by the cache's layers.
 """
 
 from __future__ import annotations
@@ -27,12 +24,9 @@ class RingState:
 
     def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
               valid: torch.Tensor | None) -> None:
-        """Store keys/values [B, H, T, hd] of the last ``window`` valid tokens at slots ``pos % window``.
-
-        T = 1 unpadded (a decode step) writes its slot; T > 1 prefills an empty ring (left-padded or unpadded):
-        slot s holds position ``s + W floor((n - 1 - s) / W)`` of a row's n valid tokens (empty when s >= n),
-        gathered, not scattered: fixed-shape and host-sync-free.
-        """
+        """Store keys/values [B, H, T, hd] of the last ``window`` valid tokens at slots ``pos % window``: T = 1
+        (a decode step) writes its slot; T > 1 fills an empty ring, slot s gathering position ``s + W floor((n - 1
+        - s) / W)`` of a row's n valid tokens (empty when s >= n): fixed-shape and host-sync-free."""
         B, _, T, _ = k.shape
         W = self.window
         if T == 1 and valid is None:

@@ -1,24 +1,11 @@
-"""Base class of the elastic models: tier resolution, exact counts, safetensors save/load.
+"""Base class of the elastic models: tier resolution, exact counts, safetensors save / load.
 
-A model directory holds ``model.safetensors`` (all parameters and persistent buffers, so the Hankel
-filters / modal tables a model was trained with travel with it), ``config.json``::
-
-    {"format": "elastic_ssm", "format_version": 1, "arch": "essh", "config": {...},
-     "tiers": [{"name": "T1", "K": 8, "n_ff": 448, ...}, ...], "source": {...},
-     "tokenizer": {"type": "bpe", "vocab_size": 512, "fingerprint": "...", "eos_token_id": 2, ...},
-     "model_type": "essh", "architectures": ["ESSHForCausalLM"], "eos_token_id": 2, ...}
-
-and, when the model carries one (``model.tokenizer``), its tokenizer (``data/tokenizer_files.py``). The
-``model_type`` / ``architectures`` / special-id keys let ``transformers`` read the directory
-(``elastic_ssm.hf``).
-
-``from_pretrained(path, tier="T4")`` builds the tier's standalone config and reads only the retained
-prefixes of the elastic tensors (``elastic/slicing.py``) with strict key matching. Files and state dicts
-written before the projections became ``nn.Linear`` modules (commit 5572818) are refused in one line that says
-how to convert them (``_older_layout``).
-Subclasses implement ``tier_config`` and ``slice_rules`` (classmethods on a config, so loading a tier
-never instantiates the full model) and build their modules without non-persistent buffers, so that a
-model created on the meta device is completed by ``load_state_dict(assign=True)``.
+A model directory holds ``model.safetensors`` (parameters and persistent buffers: the filters and modal tables a
+model was trained with travel with it), ``config.json`` (format, arch, config, tier table, tokenizer record, the
+keys transformers reads, the weights' size and sha256) and the tokenizer files (docs/architecture.md, "A model
+directory"). ``from_pretrained(path, tier=)`` reads only the tier's prefixes (``elastic/slicing.py``). Subclasses
+define ``slice_rules`` and build no non-persistent buffers, so a model made on the meta device is completed by
+``load_state_dict(assign=True)``.
 """
 
 from __future__ import annotations
@@ -28,14 +15,16 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigBase, ConfigError, TierLike
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
+from ..layers.norm import RMSNorm
 from ..utils.devices import checked_device
 from ..utils.files import atomic_write_bytes
 from .generation import check_attention_mask
@@ -51,29 +40,6 @@ from .model_dir import (
     verify_sha256,
 )
 from .remote_code import hf_keys, write_remote_code
-
-
-@runtime_checkable
-class TrainableModel(Protocol):
-    """What ``elastic_ssm.train`` calls on a model (every ``ElasticModel`` provides it); the config carries the
-    architecture's tiers, counts and recipes (``elastic_ssm.config.ModelConfig``).
-
-    Optional, found with ``hasattr`` by the trainer: ``ffn_layers()`` (the unit-ordered SwiGLU layers, block
-    order: FFN ordering, ``ffn_grad_scale``, activation statistics; ESSH and the Transformer++ baselines) and
-    ``hidden_states`` / ``logits_from_hidden`` (the chunked loss, ``loss_chunk > 0``)."""
-
-    arch: ClassVar[str]
-    config: Any
-
-    def __call__(self, input_ids: torch.Tensor, tier: TierLike = None, **kw: Any) -> torch.Tensor:
-        """Logits ``[B, T, V]`` of the shared model at ``tier`` (``attention_mask``, ``ffn_grad_scale``)."""
-        ...
-
-    def resolve_tier(self, tier: TierLike = None) -> tiers_mod.Tier: ...
-
-    def tier_table(self) -> list[tiers_mod.Tier]: ...
-
-    def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path: ...
 
 
 def empty_input_message(shape) -> str:
@@ -110,7 +76,9 @@ def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = No
 
 
 class ElasticModel(nn.Module):
-    """Common behaviour of ``ESSSM`` and ``ESSH``; ``config`` is the model's (possibly standalone) config."""
+    """What every architecture shares (tiers, counts, save / load) and what ``elastic_ssm.train`` calls;
+    ``config`` is the model's (possibly standalone) config. Optional, found with ``hasattr`` by the trainer:
+    ``ffn_layers()`` (the unit-ordered SwiGLU layers) and ``hidden_states`` (the chunked loss)."""
 
     arch: ClassVar[str] = ""
     config_class: ClassVar[type[ConfigBase]]
@@ -152,6 +120,20 @@ class ElasticModel(nn.Module):
     def slice_rules(cls, config: ConfigBase, tier: tiers_mod.Tier) -> list[SliceRule]:
         """Prefix rules (rows or columns) that cut the shared state dict down to ``tier``."""
         raise NotImplementedError
+
+    def _build_head(self, config: Any) -> None:
+        """The final RMSNorm and the untied LM head [V, D] after the blocks, then embedding and head drawn from
+        N(0, init_std) (ESSH and the Transformer++ baselines; nothing is drawn on the meta device)."""
+        self.norm_f = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if self.embed.weight.device.type != "meta":
+            nn.init.normal_(self.embed.weight, std=config.init_std)
+            if self.lm_head is not None:
+                nn.init.normal_(self.lm_head.weight, std=config.init_std)
+
+    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head on final-normed hidden states: [..., D] -> [..., V] (tied: the embedding matrix)."""
+        return F.linear(h, self.embed.weight if self.lm_head is None else self.lm_head.weight)
 
     def is_meta(self) -> bool:
         return any(p.device.type == "meta" for p in self.parameters())
@@ -197,12 +179,9 @@ class ElasticModel(nn.Module):
         return out
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-        """Write ``model.safetensors``, the tokenizer files, a model card ``README.md`` (standalone exports)
-        and ``config.json`` (each atomically) into ``path``.
-
-        ``state_dict`` replaces the model's own tensors (e.g. full tensors gathered from FSDP shards).
-        ``config.json`` comes last: it names the weights' size, so a directory interrupted halfway is
-        detected on load."""
+        """Write ``model.safetensors``, the tokenizer files, a model card (standalone exports) and, last (it names
+        the weights' size and digests, so a directory interrupted halfway is detected), ``config.json`` into
+        ``path``, each atomically. ``state_dict`` replaces the model's tensors (e.g. gathered from FSDP shards)."""
         from safetensors.torch import save
 
         path = Path(path)
@@ -250,13 +229,9 @@ class ElasticModel(nn.Module):
         cls, path: str | Path, tier: TierLike = None, device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None, verify: bool = True,
     ) -> ElasticModel:
-        """Load a saved model; with ``tier`` only that tier's tensor prefixes are loaded.
-
-        ``verify`` checks ``model.safetensors`` against the sha256 digests in ``config.json``, overlapped with
-        loading: the 64 MiB piece digests on several threads (``models/checksums.py``), or for older
-        directories the whole-file digest on one (~1.3 GB/s per core); a mismatch raises ``CheckpointError``
-        naming the file. ``verify=False`` skips it.
-        """
+        """Load a saved model; with ``tier`` only that tier's tensor prefixes are loaded. ``verify`` checks the
+        weights against ``config.json``'s sha256 digests while loading (``models/checksums.py``); a mismatch is a
+        ``CheckpointError`` naming the file."""
         path = Path(path)
         checked_device(device, "from_pretrained(device=)")
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -319,9 +294,7 @@ class ElasticModel(nn.Module):
 
 def _check_loaded_values(state: dict[str, torch.Tensor], keep_fp32: str, origin: Any) -> None:
     """``CheckpointError`` for weights no saved model holds: a floating tensor of another dtype than the rest
-    (apart from the ``keep_fp32`` tensors, float32 beside a lower-precision model; a float16 tensor among float32
-    ones would fail at the first forward, naming no file), or NaN / infinite values (a run that diverged, or bytes
-    changed in a directory without checksums)."""
+    (``keep_fp32`` tensors may be float32 beside a lower precision), or NaN / infinite values."""
     floats = {k: v for k, v in state.items() if v.is_floating_point()}
     main = {k: v.dtype for k, v in floats.items() if not re.fullmatch(keep_fp32, k)}
     common = Counter(main.values()).most_common(1)[0][0] if main else None      # the dtype most tensors hold

@@ -1,10 +1,8 @@
 """Inference cache of an ESSH model at one tier: one state per layer, each the layer's own ``init_state``.
 
-Spectral layers: mode states ``[B, K_T, M, 2, P]`` (float32 by default, ESSH Sec. 4.3); window-attention
-layers: a ``RingState`` (``layers/window_ring.py``, ``[B, H, W, hd]``, bfloat16 by default, Table 53).
-``positions`` [B] is every sequence's next position, shared by every ring; ``nbytes`` equals
-``elastic.tiers.state_bytes``. Every tensor stays at a fixed address (``reset_`` and writes are in place), so a
-step can be captured in a CUDA graph; ``narrow(rows)`` gives a cache of views of the first rows.
+Spectral layers: mode states [B, K_T, M, 2, P] (float32 by default, ESSH Sec. 4.3); attention layers: a
+``RingState`` [B, H, W, hd] (bfloat16 on CUDA, Table 53); ``positions`` [B] is shared by every ring. Every tensor
+stays at a fixed address (in-place writes), so a step can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -106,9 +104,8 @@ class ESSHCache:
         return self
 
     def at_tier(self, tier: Tier) -> ESSHCache:
-        """A cache of views at the narrower ``tier`` (its first ``tier.K`` channels of every mode state, the same
-        rings and positions; writes land in this cache): how a row of a mixed-tier decoder (``FastDecoder(mixed=
-        True)``) is prefilled at its own tier. ``tier`` must keep at most this cache's channels."""
+        """A cache of views at the narrower ``tier`` (the first ``tier.K`` channels of every mode state, the same
+        rings and positions): how a row of a mixed-tier ``FastDecoder`` is prefilled at its own tier."""
         if tier == self.tier:
             return self
         if tier.K > self.tier.K:

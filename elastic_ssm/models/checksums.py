@@ -1,8 +1,5 @@
-"""Weight checksums that verify in parallel: sha256 of fixed-size pieces of ``model.safetensors``.
-
-``config.json`` carries ``weights_sha256`` (the whole file's sha256) and ``weights_sha256_pieces``
-(``{"piece_bytes": 64 MiB, "digests": [...]}``), hashed over threads; a mismatch names the file and the byte
-range. Directories without pieces are verified with the whole-file digest.
+"""Weight checksums that verify in parallel: sha256 of 64 MiB pieces of ``model.safetensors`` (``config.json``'s
+``weights_sha256_pieces``); a mismatch names the byte range.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Compiling the ESSH trunk and resolving its scan backend: the machinery around the architecture of ``essh.py``.
-
-:func:`compile_trunk` (behind ``elastic_ssm.compile_model`` and ``ESSH.compile_forward``) stores a
-``torch.compile``d trunk (``ESSH._trunk``: embedding, blocks, final norm, logits) on the model; :func:`trunk_for`
-picks it for calls without a cache; :func:`scan_backend` resolves the scan backend eagerly. Compiled graphs are
-cached under ``TORCHINDUCTOR_CACHE_DIR``, set to ``~/.cache/elastic_ssm/inductor`` unless the user set it
-(docs/performance.md).
+"""Compiling the ESSH trunk (``ESSH._trunk``: embedding, blocks, final norm, logits) and resolving its scan backend
+eagerly. Graphs are cached under ``TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/elastic_ssm/inductor``).
 """
 
 from __future__ import annotations
@@ -25,8 +20,7 @@ log = logging.getLogger("elastic_ssm")
 
 
 def compile_cache_dir() -> Path:
-    """Where torch keeps compiled graphs (``TORCHINDUCTOR_CACHE_DIR``; set to ``~/.cache/elastic_ssm/inductor`` by
-    :func:`compile_trunk` when the user left it unset)."""
+    """Where torch keeps compiled graphs (``TORCHINDUCTOR_CACHE_DIR``, else ``~/.cache/elastic_ssm/inductor``)."""
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").strip()
     return Path(env) if env else Path.home() / ".cache" / "elastic_ssm" / "inductor"
 
@@ -48,11 +42,8 @@ _KEY = "_compiled_trunk"  # the model's __dict__ entry (not a submodule, not a p
 
 
 def compile_model(model: Any, **kw: Any) -> Any:
-    """``torch.compile`` a model in place and return it: an ESSH's whole trunk, forward and backward (one graph
-    per input shape, tier and padding mode; :func:`compile_trunk`), other models block by block.
-
-    ``kw`` goes to ``torch.compile`` (default ``dynamic=False``: shapes are specialised).
-    """
+    """``torch.compile`` a model in place and return it: an ESSH's whole trunk (:func:`compile_trunk`), other
+    models block by block; ``kw`` goes to ``torch.compile`` (default ``dynamic=False``)."""
     if hasattr(model, "compile_forward"):
         return model.compile_forward(**kw)
     kw.setdefault("dynamic", False)
@@ -62,11 +53,8 @@ def compile_model(model: Any, **kw: Any) -> Any:
 
 
 def compile_trunk(model: Any, **kw: Any) -> Any:
-    """Store ``torch.compile(type(model)._trunk, **kw)`` on ``model`` (``disable=True``: drop it); returns ``model``.
-
-    The unbound method is compiled, so a deep copy keeps its own weights. Raises the dynamo recompile limit to
-    64 graphs per code object (shapes x tiers x padding modes).
-    """
+    """Store ``torch.compile(type(model)._trunk, **kw)`` (the unbound method: a deep copy keeps its own weights)
+    on ``model`` (``disable=True``: drop it); one graph per input shape, tier and padding mode, at most 64."""
     if kw.pop("disable", False):
         model.__dict__.pop(_KEY, None)
         return model
@@ -98,9 +86,8 @@ def trunk_for(model: Any, cache: Any = None) -> Callable:
 
 
 def scan_backend(model: Any, backend: str, device: torch.device) -> str:
-    """The scan backend name of ``model``'s spectral layers on ``device``, resolved eagerly from ``backend``
-    ("auto" | "torch" | "fla" | "naive", ``ops/dispatch.py``) for the scan's compute dtype (at least float32);
-    ``backend`` unchanged when the model has no spectral layer."""
+    """``backend`` resolved eagerly (``ops/dispatch.py``) for the scan of ``model``'s spectral layers on ``device``
+    (unchanged when the model has none)."""
     mixer = next((b.mixer for b in getattr(model, "blocks", []) if getattr(b, "kind", None) == "S"), None)
     if mixer is None:
         return backend

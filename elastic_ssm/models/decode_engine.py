@@ -1,11 +1,6 @@
-"""The decoders ``generate`` uses: fused, CUDA-graphed, captured once per (tier, batch bucket) and reused.
-
-``DecoderPool`` (``decoder_pool(model)``) returns a ``FastDecoder`` for the batch bucket ``2^ceil(log2 batch)``,
-built and (on CUDA) captured on first use; the caller prefills the first ``batch`` rows (``cache.narrow``). At
-most ``max_decoders`` (4), least recently used out; ``model.clear_decoders()`` frees them; rebuilt when the
-parameters change. ``FusedSession`` is what ``generate`` drives: the pooled decoder, the prompt's prefill (from a
-``PrefillGraph`` of its length bucket where ``uses_prefill_graph``), and above ``SPAN_MIN_BATCH`` rows attended
-spans. Memory and rules: docs/performance.md, "``generate`` is fast by default".
+"""The decoders ``generate`` uses: ``FastDecoder``s pooled per (tier, batch bucket), captured once on CUDA, and
+``FusedSession`` (the pooled decoder, the prompt's prefill, attended spans above ``SPAN_MIN_BATCH`` rows).
+docs/performance.md, "``generate`` is fast by default".
 """
 
 from __future__ import annotations
@@ -66,10 +61,8 @@ def _describe(module: torch.nn.Module) -> str:
 
 
 def _normal_tensors(fn):
-    """Run ``fn`` with inference mode off and gradients off: what a pooled decoder or prefill graph allocates is an
-    ordinary tensor, so a ``generate`` under ``torch.inference_mode`` and a later one outside it share the pool (an
-    inference tensor refuses the in-place writes of the second). ``inference_mode(False)`` alone turns gradient
-    recording back on, hence the ``no_grad``."""
+    """Run ``fn`` outside inference mode and without gradients: a pooled decoder's tensors are then ordinary ones,
+    which a later ``generate`` outside ``torch.inference_mode`` may still write in place."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -95,8 +88,7 @@ class DecoderPool:
     @_normal_tensors
     def get(self, tier: Any, batch: int, state_dtype: torch.dtype | None = None,
             kv_dtype: torch.dtype | None = None) -> FastDecoder:
-        """The decoder serving ``batch`` rows at ``tier`` (built and captured on first use, outside inference
-        mode: its buffers are updated in place by later calls, which may run outside ``torch.inference_mode``)."""
+        """The decoder serving ``batch`` rows at ``tier`` (built and captured on first use)."""
         model = self._model()
         t = model.resolve_tier(tier)
         sig = _weights_signature(model)
@@ -129,8 +121,7 @@ class DecoderPool:
 
     @_normal_tensors
     def prefill_graph(self, fd: FastDecoder, length: int, padded: bool, graph: bool = True) -> PrefillGraph:
-        """The prefill graph of decoder ``fd`` for prompts of ``length`` tokens (captured on first use, outside
-        inference mode as ``get``)."""
+        """The prefill graph of decoder ``fd`` for prompts of ``length`` tokens (captured on first use)."""
         key = (id(fd), length, padded)
         pg = self._prefills.get(key)
         if pg is not None and pg.cache is fd.cache:

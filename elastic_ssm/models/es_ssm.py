@@ -1,11 +1,8 @@
 """ES-SSM model: byte-level LM or sequence classifier over ES-SSM blocks (ES-SSM paper Sec. 4, Alg. 1).
 
-``ESSSM(cfg)`` stacks ``cfg.n_layers`` pre-norm ``ESSSMBlock``s between a token embedding and a final
-LayerNorm, then the LM head (tied: the embedding matrix; untied: ``lm_head`` [V, d]) or, for
-``task='classify'``, a mean pool over valid positions and ``head`` [C, d] + [C]. ``forward(input_ids, tier=K)``
-evaluates the shared model at budget K (Eq. 4); ``export_tier`` / ``from_pretrained(path, tier=K)`` build the
-standalone budget-K model (Algorithm 1, ``slice_rules``), bitwise equal on CPU in float32 (Appendix B.6). The
-Hankel ``filters`` are a persistent buffer, so a saved model carries the filters it was trained with.
+Embedding, ``n_layers`` pre-norm ``ESSSMBlock``s, a final LayerNorm, then the LM head (tied, or ``lm_head``
+[V, d]) or, for ``task='classify'``, a mean pool over valid positions and ``head`` [C, d]. ``tier=K`` evaluates
+budget K (Eq. 4); the standalone export (``slice_rules``) is bitwise equal on CPU in float32 (Appendix B.6).
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ESSSMConfig, TierLike
@@ -117,13 +113,9 @@ class ESSSM(GenerationMixin, ElasticModel):
         cache: ESSSMCache | None = None,
     ) -> torch.Tensor:
         """input_ids [B, T] (T <= cfg.seq_len) at ``tier`` (None = full budget; an int K, "K8" or a Tier) ->
-        [B, T, V] next-token logits (``task='lm'``) or [B, C] class logits (``task='classify'``).
-
-        ``attention_mask`` [B, T] (1 = token): padded positions never enter a convolution (with left padding a
-        row equals its unpadded run); for 'classify' it also selects the mean pool's positions. ``cache``: an
-        empty ``ESSSMCache`` of the same budget (``allocate_cache``), prefilled for ``step``; the mask must then
-        use left padding.
-        """
+        [B, T, V] next-token logits (``task='lm'``) or [B, C] class logits (``task='classify'``). Padded
+        positions (``attention_mask`` [B, T], 0) never enter a convolution nor the mean pool; an empty ``cache``
+        of the same budget is prefilled for ``step`` (the mask then uses left padding)."""
         K = self.resolve_tier(tier).K
         ids = self._check_ids(input_ids)
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(ids.shape):
@@ -132,16 +124,13 @@ class ESSSM(GenerationMixin, ElasticModel):
                 f" got {tuple(attention_mask.shape)}"
             )
         if attention_mask is not None and not torch.compiler.is_compiling():
-            check_attention_mask(attention_mask, left_padding=False)    # values; left padding for a cache below
+            check_attention_mask(attention_mask, left_padding=cache is not None)   # a cache prefill: left padding
         valid = None if attention_mask is None else attention_mask.to(torch.bool)  # [B, T]
         if cache is not None:
             cache.check_prefill(K)
             if cache.batch != ids.shape[0]:
                 raise ValueError(f"this cache holds batch={cache.batch} sequences, input_ids has"
                                  f" {ids.shape[0]}; allocate_cache({ids.shape[0]}, ...)")
-            if valid is not None and bool((valid[:, 1:].long() < valid[:, :-1].long()).any()):
-                raise ValueError("attention_mask must use LEFT padding (zeros before the real tokens of each"
-                                 " row) when prefilling a cache")
         x = self.embed(ids)  # [B, T, d]
         for i, block in enumerate(self.blocks):
             if cache is None:
@@ -157,11 +146,6 @@ class ESSSM(GenerationMixin, ElasticModel):
             m = attention_mask.to(x.dtype).unsqueeze(-1)  # [B, T, 1]
             pooled = (x * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)  # [B, d]
         return self.head(pooled)  # [B, C]
-
-    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
-        """LM head on final-normed hidden states: [..., d] -> [..., V] (tied: the embedding matrix)."""
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, d]
-        return F.linear(h, weight)
 
     def allocate_cache(self, batch: int, tier: TierLike = None, **kw: Any) -> ESSSMCache:
         """Empty decode cache for ``batch`` sequences at budget ``tier``; keywords ``decode`` ('exact' ring buffer,

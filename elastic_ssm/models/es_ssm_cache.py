@@ -1,10 +1,6 @@
-"""Inference cache of an ES-SSM model at one budget K: per-block ring buffers or modal states.
-
-``decode="exact"`` (default): the last ``L - 1`` sublayer inputs [B, L-1, D] per block; ``decode="modal"``: m
-damped-rotation states per retained channel [B, K, M, 2, D]. Both sizes equal ``elastic.tiers.state_bytes(cfg,
-K, decode=..., n_modes=...)`` (decode plans are constants, not counted). Rows of a left-padded batch share one
-time index ``position``. ``ESSSM.generate(..., decode=, n_modes=)`` reaches ``allocate_cache`` through the
-context variable of ``cache_options``.
+"""Inference cache of an ES-SSM model at one budget K: per block the last L-1 inputs [B, L-1, D]
+(``decode="exact"``) or modal states [B, K, M, 2, D] (``"modal"``), sized as ``elastic.tiers.state_bytes``.
+``ESSSM.generate(decode=, n_modes=)`` reaches ``allocate_cache`` through ``cache_options``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """ESSH: the elastic selective spectral hybrid language model (ESSH paper Sec. 4, Appendix E.2).
 
-Blocks follow ``config.layout`` ('S' spectral mixer, 'A' sliding-window attention), pre-norm:
-x += Mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x)); a final RMSNorm and the tied embedding give the logits.
-``forward(input_ids, tier=...)`` keeps the first K_T channels and n_ff,T units (prefix views from
-``elastic/slicing.py``); attention, embeddings and norms are shared by every tier (Sec. 4.2). Compilation:
-``compile.py``; FFN gradient scaling (D.4): ``train/losses.py``; test helpers: ``testing.py``.
+Pre-norm blocks by ``config.layout`` ('S' spectral mixer, 'A' sliding-window attention): x += Mixer(RMSNorm(x));
+x += SwiGLU(RMSNorm(x)); a final RMSNorm and the tied embedding give the logits. A tier keeps the first K_T
+channels and n_ff,T units (``elastic/slicing.py``); attention, embeddings and norms are shared (Sec. 4.2).
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ESSHConfig
@@ -83,12 +80,7 @@ class ESSH(GenerationMixin, ElasticModel):
         if self.embed.weight.device.type != "meta":
             nn.init.normal_(self.embed.weight)   # nn.Embedding's own init, at the same point of the RNG stream
         self.blocks = nn.ModuleList(ESSHBlock(config, kind) for kind in config.layout)
-        self.norm_f = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
-        if self.embed.weight.device.type != "meta":
-            nn.init.normal_(self.embed.weight, std=config.init_std)
-            if self.lm_head is not None:
-                nn.init.normal_(self.lm_head.weight, std=config.init_std)
+        self._build_head(config)
 
     # ---- tiers ------------------------------------------------------------------------------------
     @classmethod
@@ -101,9 +93,6 @@ class ESSH(GenerationMixin, ElasticModel):
         return [b.ffn for b in self.blocks]
 
     # ---- forward ----------------------------------------------------------------------------------
-    def _check_ids(self, input_ids: torch.Tensor) -> None:
-        check_token_inputs(input_ids, self.config.vocab_size)
-
     def _prepare(self, input_ids: torch.Tensor, tier: Any, attention_mask: torch.Tensor | None,
                  cache: ESSHCache | None):
         """Eager checks before the (possibly compiled) trunk: tier, padding mask and positions [B, T]."""
@@ -144,10 +133,6 @@ class ESSH(GenerationMixin, ElasticModel):
         """Final-normed hidden states [B,T,D]. ``attention_mask`` [B,T] marks real tokens (left padding)."""
         return self._run(input_ids, tier, attention_mask, cache, backend, logits=False)
 
-    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
-        w = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, w)
-
     def forward(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
                 cache: ESSHCache | None = None, backend: str = "auto") -> torch.Tensor:
         """Logits [B,T,V] of the shared model at ``tier`` (None: full capacity)."""
@@ -160,15 +145,12 @@ class ESSH(GenerationMixin, ElasticModel):
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, cache: ESSHCache) -> torch.Tensor:
-        """Decode one token per sequence: tokens [B] -> logits [B,V]; the cache advances by one.
-
-        The reference step: it checks its input (integer ids of shape [cache.batch] inside the vocabulary,
-        which reads the ids on the host); the fused decoder of ``generate`` runs without such reads."""
+        """Decode one token per sequence (the reference step): tokens [B] -> logits [B,V]; the cache advances."""
         if not isinstance(tokens, torch.Tensor) or tokens.dtype not in (torch.int64, torch.int32) \
                 or tuple(tokens.shape) != (cache.batch,):
             got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
             raise ValueError(f"step takes one integer token id per sequence, tokens [{cache.batch}]; got {got}")
-        self._check_ids(tokens[None])
+        check_token_inputs(tokens[None], self.config.vocab_size)   # read on the host; the fused decoder does not
         t = cache.tier
         x = self.embed(tokens)
         for block, state in zip(self.blocks, cache.layers):

@@ -1,13 +1,8 @@
-"""Fused whole-model decoding of an ESSH tier: static buffers, one step function, optional CUDA graph.
+"""Fused whole-model decoding of an ESSH tier (ESSH Algorithm 4, Appendix O.3): static buffers, CUDA graph.
 
-``FastDecoder(model, tier, batch)`` evaluates exactly what ``ESSH.step`` evaluates (ESSH paper Algorithm 4,
-Appendix O.3) with fewer, fatter kernels and no host synchronisation: each layer's ``decode_plan``
-(``layers/decode_plan.py``) runs its part of a step on the residual stream, a float32 buffer up to
-``ops.gemv.MAX_FUSED_BATCH`` rows (fused norm+gemv kernels), else in the embedding dtype with cuBLAS products.
-Weights are prefix views of the model; the cache is an ``ESSHCache`` at fixed addresses, so one step can be
-captured in a CUDA graph (``capture()``); ``step`` then returns a static logits buffer (clone it to keep it).
-Attended spans (``step(tokens, span=n)``) and rows at different tiers (``mixed=True``, ``set_row_tier``):
-docs/performance.md, which describes the kernels of a step.
+``FastDecoder(model, tier, batch)`` evaluates what ``ESSH.step`` evaluates through each layer's ``decode_plan``
+(``layers/decode_plan.py``) on the residual stream [B, D]; its cache is an ``ESSHCache`` at fixed addresses, so
+one step can be captured (``capture()``). Kernels, attended spans, mixed tiers: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -41,16 +36,12 @@ def span_buckets(window: int, min_span: int) -> list[int]:
 class FastDecoder:
     """Static-buffer, host-sync-free decoder of ``model`` at ``tier`` for ``batch`` sequences.
 
-    ``cache``: an ``ESSHCache`` of this tier and batch (e.g. after a prefill); allocated if None.
-    ``backend``: 'auto' | 'triton' | 'torch' for the fused kernels. ``attention``: 'auto' (SDPA on CUDA,
-    else 'math', the masked softmax of ``SlidingWindowAttention.step``) | 'sdpa' | 'math'.
-    ``gemv``: 'auto' (fused products up to batch 8) | 'fused' | 'cublas'.
-    ``out_layout`` of the fused path's output products: 'rows' (the weights in place, deterministic) |
-    'split' (an input-by-output copy of the tier's weights, float32 atomics) | 'auto' ('split' for the
-    Triton kernels without PDL, else 'rows'). ``pdl``: programmatic dependent launch (``ops/pdl.py``);
-    'auto' = on for compute capability >= 9.0 with the Triton backend. ``share_plans``: a decoder of the
-    same model whose plans this one reuses when tier, state dtype and layout agree. ``min_span``: the
-    smallest attended span (ring slots). ``mixed``: rows may run at tiers nested in ``tier``.
+    ``cache``: an ``ESSHCache`` of this tier and batch (allocated if None). ``backend``: 'auto' | 'triton' |
+    'torch'. ``attention``: 'auto' (SDPA on CUDA, else 'math') | 'sdpa' | 'math'. ``gemv``: 'auto' (fused up to
+    ``MAX_FUSED_BATCH``) | 'fused' | 'cublas'. ``out_layout``: 'rows' (weights in place, deterministic) | 'split'
+    (an in-by-out copy, float32 atomics) | 'auto' ('split' for Triton without PDL). ``pdl``: ``ops/pdl.py``.
+    ``share_plans``: a decoder whose plans this one reuses when tier, state dtype and layout agree.
+    ``min_span``: the smallest attended span (ring slots). ``mixed``: rows may run at tiers nested in ``tier``.
     """
 
     def __init__(self, model, tier: Any = None, batch: int = 1, cache: ESSHCache | None = None,
@@ -125,9 +116,8 @@ class FastDecoder:
 
     @torch.no_grad()
     def set_row_tier(self, row: int, tier: Any) -> None:
-        """Make cache row ``row`` decode at ``tier`` from the next step on (a decoder built with ``mixed=True``;
-        ``tier`` nested in the decoder's: at most its channels and FFN units). Writes the row's two factors in
-        place, so a captured graph stays valid."""
+        """Make cache row ``row`` decode at ``tier`` (nested in the decoder's; ``mixed=True``) from the next step
+        on; the row's two factors are written in place, so a captured graph stays valid."""
         t = self.model.resolve_tier(tier)
         if not self.mixed:
             if t != self.tier:
@@ -174,9 +164,9 @@ class FastDecoder:
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, *, span: int | None = None) -> torch.Tensor:
-        """tokens [B'] (B' <= batch: the first B' cache rows) -> logits [B', V]; advances the whole cache by
-        one token. With a captured graph the result is (a view of) a static buffer overwritten by the next
-        call. ``span``: every row read has position < span (docs/performance.md); None: no promise."""
+        """tokens [B'] (the first B' <= batch cache rows) -> logits [B', V]; the whole cache advances by one.
+        With a captured graph the result is a view of a static buffer that the next call overwrites. ``span``:
+        every row read has position < span (docs/performance.md); None: no promise."""
         if tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 1 \
                 or not 1 <= tokens.shape[0] <= self.batch:
             raise ValueError(f"tokens must be integer ids of shape (B,) with 1 <= B <= {self.batch}, got "
@@ -195,10 +185,9 @@ class FastDecoder:
 
     @torch.no_grad()
     def capture(self, warmup: int = 2, preserve_cache: bool = True, spans: bool = False) -> None:
-        """Capture one whole decode step in a CUDA graph (after ``warmup`` eager steps on a side stream,
-        which compile Triton kernels and create cuBLAS handles). With ``preserve_cache`` the cache is
-        restored afterwards, so the next ``step`` continues exactly where the cache stood. ``spans``: also one
-        graph per attended span of ``self.spans`` (one memory pool for all), for ``step(tokens, span=...)``."""
+        """Capture one decode step in a CUDA graph after ``warmup`` eager steps on a side stream (Triton
+        compiles, cuBLAS handles). ``preserve_cache``: the cache is restored afterwards. ``spans``: also one graph
+        per attended span of ``self.spans`` (one memory pool), for ``step(tokens, span=...)``."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA-graph capture needs the model on a CUDA device")
         saved = self._snapshot() if preserve_cache else []
@@ -222,7 +211,3 @@ class FastDecoder:
     @property
     def graphed(self) -> bool:
         return self._graph is not None
-
-    def state_nbytes(self) -> dict[str, int]:
-        """Persistent bytes held for the batch (recurrent states + KV ring; bookkeeping excluded)."""
-        return self.cache.nbytes()

@@ -1,11 +1,7 @@
 """Cached autoregressive generation: one prefill, then one decode step per token (ESSH Algorithm 4).
 
-``generate`` takes a left-padded batch (``attention_mask`` [B, T], 1 = token); every row equals its unpadded
-result. Hugging Face's argument names: greedy unless ``do_sample`` (``None``: sample exactly when a
-``temperature`` > 0, ``top_k`` or ``top_p`` is given; ``temperature=0`` is greedy); ``eos_token_id`` stops a
-row, which then emits ``pad_token_id`` (default: the eos id). The step comes from ``_decode_session``
-(``models/decode_engine.py``; ``fast=False``: the reference ``step``); the loop never syncs with the host per
-token (eos checked every ``sync_every`` tokens). A ``streamer(tokens [B])`` gets each step's device tensor.
+Hugging Face's argument names; a left-padded batch (``attention_mask`` [B, T], 1 = token) gives every row its
+unpadded result; the loop never syncs with the host per token.
 """
 
 from __future__ import annotations
@@ -75,10 +71,6 @@ def check_attention_mask(mask: torch.Tensor, left_padding: bool = True) -> None:
         raise ValueError("every row needs at least one real token (attention_mask row of zeros)")
 
 
-def check_left_padding(mask: torch.Tensor) -> None:
-    check_attention_mask(mask, left_padding=True)
-
-
 def _check_inputs(model, input_ids: torch.Tensor, attention_mask, max_new_tokens, eos, pad) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError("input_ids must be a tensor [B, T] (or [T]) of token ids")
@@ -95,7 +87,7 @@ def _check_inputs(model, input_ids: torch.Tensor, attention_mask, max_new_tokens
         if attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got "
                              f"{tuple(attention_mask.shape)}")
-        check_left_padding(attention_mask)
+        check_attention_mask(attention_mask)
 
 
 class ReferenceSession:
@@ -134,9 +126,11 @@ class GenerationMixin:
                  sync_every: int = 16, eos: int | None = None, **unknown: Any) -> torch.Tensor:
         """Return ``input_ids`` followed by up to ``max_new_tokens`` generated tokens, [B, T + new].
 
-        Greedy by default (module docstring); stops once every row has emitted ``eos_token_id`` (default: the
-        config's; ``eos`` is an alias). ``fast``: None / True = the fused decoder, False = the reference step.
-        Caches default to fp32 states and a bf16 KV ring on CUDA, the parameter dtype on CPU.
+        Greedy unless ``do_sample`` (None: sample exactly when a ``temperature`` > 0, ``top_k`` or ``top_p`` is
+        given). A row stops at ``eos_token_id`` (default: the config's; ``eos`` is an alias) and then emits
+        ``pad_token_id`` (default: the eos id); generation ends once every row has, checked every ``sync_every``
+        tokens. ``streamer(tokens [B])`` gets each step's device tensor. ``fast``: None / True = the fused
+        decoder, False = the reference step. Caches: fp32 states, a bf16 KV ring on CUDA (CPU: parameter dtype).
         """
         if unknown:
             raise TypeError(f"generate() got unsupported argument(s) {sorted(unknown)}; supported: "

@@ -1,6 +1,5 @@
-"""A saved model directory's record: ``config.json`` read and checked for shape, the weights' checksums, the tier a
-directory answers to (an export written before ``tier_names`` answers to its source tier's name too), and its
-saved tokenizer. ``models/base.py`` writes and loads the directory (the format is described there).
+"""A saved model directory's record: ``config.json`` checked for shape, the weights' checksums, the tier a
+directory answers to and its saved tokenizer (``models/base.py`` writes and loads the directory).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Prompt prefill replayed from a CUDA graph, per (decoder, length bucket): launch-free compiled prefill.
-
-``PrefillGraph`` captures one whole prefill of the model's (compiled, if ``compile_model`` was called) trunk into
-a cache: embedding, every block writing its layer state, final norm and the last position's logits; a call copies
-the prompt into static buffers and replays. Prompts are left-padded to ``length_bucket`` (steps of 256 tokens,
-at most 1/8 padding above 2048; ``min_step`` finer for the server), the padding masked as in a padded batch;
-extra rows of the batch bucket repeat the first row. The cache is a ``FastDecoder``'s (``generate``) or a scratch
-cache (``serve/slots.py``). docs/performance.md, "Graphed compiled prefill".
+"""Prompt prefill replayed from a CUDA graph per (decoder, length bucket): the trunk (compiled when
+``compile_model`` was called) into a cache, the last position's logits. Prompts are left-padded to
+``length_bucket``; extra rows of the batch bucket repeat the first. docs/performance.md, "Graphed compiled prefill".
 """
 
 from __future__ import annotations
@@ -17,11 +12,8 @@ from .compile import compiled_trunk, scan_backend, trunk_for
 
 __all__ = ["PrefillGraph", "length_bucket", "GRAPH_TOKENS"]
 
-#: the most padded prompt tokens (rows x length bucket) a prefill graph takes by default. Inside a capture the torch
-#: scan runs its sync-free pairwise plan, which costs more per token than the eager forward's factorised one: on an
-#: H200 (1.5b T10, docs/benchmarks.md, "Serve") a graphed prefill of 1 x 128 tokens took ~16 ms against
-#: ~126 ms eager (the host dispatch saved), one of 128 x 128 ~1 s against ~0.27 s. From those two points the graph
-#: stops paying at about 2,000 tokens; larger prefills run eagerly.
+#: the most padded prompt tokens (rows x length bucket) a prefill graph of an eager trunk takes; larger prefills run
+#: eagerly (the measurement: docs/performance.md, "Graphed compiled prefill")
 GRAPH_TOKENS = 2048
 
 
@@ -37,12 +29,9 @@ def length_bucket(T: int, min_step: int = 256) -> int:
 
 
 class PrefillGraph:
-    """Prefill of ``cache.batch`` prompts of ``length`` tokens at ``cache.tier`` into ``cache``.
-
-    ``padded``: the graph takes a left-padding mask (any prompt up to ``length``); else prompts of exactly
-    ``length`` tokens. ``graph=False`` runs the same static-buffer function eagerly (CPU tests).
-    ``pool``: a CUDA graph memory pool shared by the prefill graphs of one model (they never overlap).
-    """
+    """Prefill of ``cache.batch`` prompts of ``length`` tokens (``padded``: up to ``length``, left-padded) at
+    ``cache.tier`` into ``cache``. ``graph=False`` runs the static-buffer function eagerly (CPU tests); ``pool``:
+    the CUDA graph memory pool of one model's prefill graphs (they never overlap)."""
 
     def __init__(self, model, cache: ESSHCache, length: int, padded: bool, graph: bool = True, pool=None) -> None:
         self.model, self.cache, self.length, self.padded = model, cache, length, padded

@@ -1,18 +1,8 @@
-"""The remote-code files of a saved model directory: ``transformers`` loads it with ``trust_remote_code=True`` alone.
+"""The remote-code files of a saved model directory: transformers loads it with ``trust_remote_code=True`` alone.
 
-``save_pretrained`` writes ``config.json`` with ``model_type``, ``architectures`` and an ``auto_map``
-(``hf_keys``) and, beside it, the two small modules the ``auto_map`` names. transformers' remote-code loader
-imports them from the directory; each takes its class from the installed ``elastic_ssm`` package
-(``elastic_ssm.hf``), so
-
-    AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)     # no `import elastic_ssm.hf` first
-
-works in a fresh process wherever ``elastic-ssm[hf]`` is installed (transformers names the missing package
-otherwise). Every language model has its entry in ``FAMILIES``: ESSH, ES-SSM (``task='lm'``; a classifier has no
-next token and gets no entry), Transformer++ and MatFormer. Why not a self-contained copy of the model code: it
-would be the whole library (layers, ops, the tier slicing), frozen at save time and drifting from the package that
-trained the weights; the hub models that load this way (Zamba, Mamba-Codestral) ship thin modules too.
-``import elastic_ssm.hf`` keeps working without remote code (it registers every ``model_type`` of ``FAMILIES``).
+``config.json``'s ``auto_map`` (``hf_keys``) names two thin modules written beside it; each imports its class
+from the installed ``elastic_ssm.hf`` (no frozen copy of the model code), so a fresh process needs no ``import
+elastic_ssm.hf``. Every language model has its entry in ``FAMILIES`` (an ES-SSM classifier has none).
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Helpers for tests and shape benchmarks of ESSH models (not part of the architecture in ``essh.py``).
-
-:func:`randomize_selective` moves a fresh ESSH (near the identity) away from its start so that every path
-(gates, clocks, Eq. 23 blend, Eq. 24 correction, FFNs) changes the outputs. Also importable from ``models.essh``.
-"""
+"""Helpers for tests and shape benchmarks of ESSH models (not part of the architecture in ``essh.py``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Stateless tensor ops of elastic_ssm; fast paths are chosen by :func:`resolve_backend` (``dispatch.py``).
-
-Importing this package never imports triton or fla: those optional extras load only on their code paths.
-"""
+"""Stateless tensor ops of elastic_ssm; fast paths are chosen in ``dispatch.py`` (triton and fla load lazily)."""
 
 from .dispatch import available_backends, resolve_backend
 from .fft_conv import fft_causal_conv, naive_causal_conv

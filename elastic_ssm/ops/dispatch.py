@@ -1,10 +1,6 @@
-"""Backend selection for the spectral scan: ``"torch"`` (vectorised PyTorch, any device), ``"fla"``
-(fla-core's Triton GLA kernels, CUDA only) or ``"naive"`` (the tokenwise specification); and for our own
-decode kernels (``resolve_decode_backend``: ``"triton"`` or ``"torch"``).
-
-Precedence: ``backend=``, then ``ELASTIC_SSM_SCAN_BACKEND``, then ``"auto"`` (``"fla"`` for CUDA tensors of a
-dtype fla supports when ``fla`` imports, else ``"torch"``). fla and triton are optional and never imported at
-module import. Traceable by ``torch.compile`` once ``prepare_compile()`` has run eagerly.
+"""Backend selection: the spectral scan's ``"torch"`` (any device), ``"fla"`` (fla-core's Triton GLA kernels, CUDA)
+or ``"naive"`` (the spec), and the decode kernels' ``"triton"`` or ``"torch"``. fla and triton are optional and
+never imported at module import.
 """
 
 from __future__ import annotations
@@ -28,10 +24,8 @@ _FLA_OK: list[bool] = []  # memo of fla_available(): a plain global, so compiled
 
 
 def persist_autotuning() -> None:
-    """Let Triton keep autotuning results in its on-disk cache (``TRITON_CACHE_AUTOTUNING=1``) unless the
-    user set the variable: fla's kernels autotune on their first call for every new shape (minutes on a
-    fresh machine), and a later process on the same machine then reads the tuned configs instead. Must run
-    before fla is imported (its autotuners read the setting when they are created)."""
+    """``TRITON_CACHE_AUTOTUNING=1`` unless the user set it, so fla's autotuning results (minutes per new shape on a
+    fresh machine) stay in Triton's disk cache for later processes. Runs before fla is imported."""
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 
@@ -53,10 +47,9 @@ def fla_available() -> bool:
 
 
 def import_fla_in_background() -> None:
-    """Start importing fla (and triton) on a daemon thread when a CUDA model that will scan with it is being
-    loaded: the ~1-2 s import overlaps the weights' load and the decoder's build instead of delaying the first
-    prefill, whose ``fla_available()`` then waits only for what is left of it. Nothing happens when the
-    environment chooses another backend, when the check already ran, or when fla is not installed."""
+    """Import fla on a daemon thread while a CUDA model that scans with it loads, so the import overlaps the load
+    (the first prefill's ``fla_available()`` waits for the rest); nothing when another backend is chosen, the check
+    already ran or fla is not installed."""
     if _FLA_OK or _FLA_LOCK.locked() or os.environ.get(ENV_VAR, "").strip().lower() not in ("", "auto", "fla"):
         return
     if importlib.util.find_spec("fla") is None:
@@ -80,13 +73,10 @@ def available_backends() -> list[str]:
 
 
 def resolve_backend(backend: str = "auto", tensor: torch.Tensor | None = None) -> str:
-    """Resolve ``backend`` for inputs like ``tensor``: returns ``"torch"``, ``"fla"`` or ``"naive"``.
-
-    ``ELASTIC_SSM_SCAN_BACKEND`` replaces ``"auto"``; when it says ``"fla"`` for non-CUDA tensors, those
-    calls use ``"torch"`` (so CPU evaluation works in a GPU job). Raises ValueError for an unknown name or
-    an explicit ``backend="fla"`` with non-CUDA tensors, ImportError for ``"fla"``
-    without fla-core installed. The choice is logged once per (backend, device type) on ``elastic_ssm``.
-    """
+    """Resolve ``backend`` for inputs like ``tensor``: ``"torch"``, ``"fla"`` or ``"naive"``. ``"auto"`` is
+    ``ELASTIC_SSM_SCAN_BACKEND`` (its ``"fla"`` means ``"torch"`` for non-CUDA tensors), else ``"fla"`` for CUDA
+    tensors of a dtype fla takes when fla imports, else ``"torch"``. ValueError for an unknown name or ``"fla"``
+    off CUDA, ImportError for ``"fla"`` without fla-core; logged once per (backend, device type)."""
     choice = backend
     if not isinstance(choice, str):
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -1,12 +1,9 @@
-"""Programmatic dependent launch (PDL) for the decode kernels (CUDA, Hopper and newer).
+"""Programmatic dependent launch (PDL) of the decode kernels (CUDA, Hopper and newer; PTX ``griddepcontrol``).
 
-With PDL (``launch_pdl=True``; PTX ``griddepcontrol``) a kernel starts once every program of the previous one
-has signalled ``gdc_launch_dependents`` and reads its weights before ``gdc_wait``. Rules every PDL kernel here
-follows: before ``gdc_wait`` it only reads memory no kernel of the step writes (weights, constant tables);
-every PDL kernel calls ``gdc_wait`` once per program before its first activation read and any store;
-``gdc_launch_dependents`` is signalled at the program's start. Kernels take a ``PDL: tl.constexpr`` flag
-(``PDL=False``: CPU interpreter, older GPUs, ``ELASTIC_SSM_PDL=0``); launches pass ``**launch_options(pdl)``.
-docs/performance.md.
+Rules every PDL kernel follows: ``gdc_launch_dependents`` at the program's start; before ``gdc_wait`` only reads
+of memory no kernel of the step writes (weights, constant tables); ``gdc_wait`` once per program before its first
+activation read and any store. Kernels take a ``PDL: tl.constexpr`` flag (False: CPU interpreter, older GPUs,
+``ELASTIC_SSM_PDL=0``); launches pass ``**launch_options(pdl)``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""Triton side of programmatic dependent launch (rules and host side: ``ops/pdl.py``).
-
-This module imports triton: import it only from modules of Triton kernels.
-"""
+"""Triton side of programmatic dependent launch (rules and host side: ``ops/pdl.py``); imports triton."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Rotary position embedding (RoPE), halves convention, with phases formed in float64 (positions reach 1e5+).
-
-``rope_inv_freq(hd, base)`` is the frequency table ``base ** (-2 i / hd)``, ``cos_sin(positions, inv)`` the
-cos/sin tables ``[..., hd/2]`` of integer positions, and ``apply_rope`` rotates ``(x[:hd/2], x[hd/2:])``.
-Shared by the attention layer (training / prefill / step) and the one-token window step of the decoder.
+"""Rotary position embedding (RoPE), halves convention, phases in float64 (positions reach 1e5+); shared by the
+attention layer and the one-token window step of the decoder.
 """
 
 from __future__ import annotations

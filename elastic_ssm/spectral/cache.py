@@ -1,8 +1,5 @@
-"""Disk cache for the fixed spectral buffers (Hankel eigenfilters and their modal fits).
-
-``.npz`` files in ``$ELASTIC_SSM_CACHE`` (read at call time), else ``~/.cache/elastic_ssm``; names carry the
-layout tag ``FORMAT``. Writes are atomic; every failure is soft (a bad file reads as a miss, an unwritable
-directory makes :func:`save_arrays` return ``False``): the cache is an accelerator, never a requirement.
+"""Disk cache of the fixed spectral buffers: ``.npz`` files in ``$ELASTIC_SSM_CACHE`` (else ``~/.cache/elastic_ssm``),
+written atomically; every failure is soft (a bad file is a miss): the cache is an accelerator, never a requirement.
 """
 
 from __future__ import annotations
@@ -58,9 +55,8 @@ def load_arrays(stem: str, expected: dict[str, tuple[int, ...]]) -> dict[str, np
 
 
 def save_arrays(stem: str, arrays: dict[str, np.ndarray]) -> bool:
-    """Write ``arrays`` to the entry ``stem`` atomically (``utils.files.atomic_writer``: temporary file, fsync,
-    ``os.replace``; mode 0666 less the umask, so several users can share the cache). Returns ``True`` when
-    written, ``False`` (no error) when the directory is not usable."""
+    """Write ``arrays`` to the entry ``stem`` atomically (mode 0666 less the umask: users can share the cache);
+    ``False`` (no error) when the directory is not usable."""
 
     path = cache_path(stem)
     try:

@@ -1,14 +1,10 @@
-"""Hankel spectral channels: the matrix Z, its top eigenpairs in float64, and the resolved count.
-
-Specification: ES-SSM paper App. B.3 (Eqs. 10-12) and ESSH paper App. B.2-B.3 (Eq. 10).
-With mu(lambda) = (1 - lambda) [1, lambda, ..., lambda^(L-1)]^T (ES-SSM Eq. 10),
+"""Hankel spectral channels (ES-SSM App. B.3, Eqs. 10-12; ESSH App. B.2-B.3, Eq. 10): with
+mu(lambda) = (1 - lambda) [1, lambda, ..., lambda^(L-1)]^T,
 
     Z = int_0^1 mu(rho) mu(rho)^T d rho,   Z_ij = 2 / ((i+j)^3 - (i+j))   (1-based i, j)
 
-(ES-SSM Eq. 11; ESSH Eq. 10). Eigenpairs in float64, decreasing, unit norm, ``phi_k(0) > 0``; channel k is
-*resolved* when ``eps * sigma_1 / gap_k <= 1e-2`` (24 channels at L=2048). Solvers (dense ``eigh`` up to
-L = 4096, FFT subspace iteration above) and conventions: docs/spectral.md. Memoised in-process and on disk
-(:mod:`elastic_ssm.spectral.cache`).
+Eigenpairs in float64, decreasing, unit norm, ``phi_k(0) > 0``; channel k is *resolved* when
+``eps * sigma_1 / gap_k <= 1e-2`` (24 at L=2048). Solvers and conventions: docs/spectral.md.
 """
 
 from __future__ import annotations
@@ -141,11 +137,8 @@ def _filters(L: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def resolved_channels(L: int) -> int:
-    """How many leading Hankel eigenvectors float64 resolves at filter length ``L`` >= 2: int in [1, L].
-
-    Channel k is resolved when ``eps * sigma_1 / gap_k <= 1e-2``; the count is the length of the
-    resolved prefix (24 at L=2048). Cached with the eigenpairs.
-    """
+    """How many leading Hankel eigenvectors float64 resolves at filter length ``L`` >= 2 (the prefix with
+    ``eps * sigma_1 / gap_k <= 1e-2``; 24 at L=2048): int in [1, L]."""
     L = check_length(L)
     K = 1
     while True:
@@ -174,13 +167,9 @@ def _warn_unresolved(caller: str, L: int, K: int, resolved: int) -> None:
 
 
 def hankel_filters(L: int, K: int) -> tuple[np.ndarray, np.ndarray]:
-    """The K leading Hankel spectral channels (ES-SSM Eq. 11-12, ESSH Sec. 3).
-
-    L: filter length >= 2; K: channels, 1 <= K <= L. Returns sigma float64 [K] (decreasing eigenvalues of Z)
-    and phi float64 [K, L] (row k-1 the k-th unit eigenvector, ``phi_k(0) > 0``). Warns with
-    :class:`UnresolvedChannelWarning` (never fails) when K exceeds :func:`resolved_channels` (L).
-    Cached in-process and on disk, keyed by (L, K).
-    """
+    """The K (1 <= K <= L) leading Hankel spectral channels of length L >= 2 (ES-SSM Eq. 11-12, ESSH Sec. 3):
+    sigma float64 [K] (decreasing eigenvalues of Z), phi float64 [K, L] (unit rows, ``phi_k(0) > 0``). Warns
+    (:class:`UnresolvedChannelWarning`) when K exceeds :func:`resolved_channels` (L)."""
 
     L = check_length(L)
     K = check_channels(L, K)

@@ -1,12 +1,8 @@
-"""Damped-rotation modal fits of the Hankel filters (ESSH Eq. 4, App. C.1.1, App. B.7).
-
-Each channel filter is approximated by m damped rotation modes (ESSH Eq. 4)
+"""Damped-rotation modal fits of the Hankel filters by the matrix-pencil method (ESSH Eq. 4, App. C.1.1, B.7):
 
     phi_k(t) ~ sum_i rho_i^t (kc_i cos(theta_i t) - ks_i sin(theta_i t)),   t = 0..L-1,
 
-the impulse response of H(t) = rho R(theta) H(t-1) + e1 x(t) read out with kappa = (kc, -ks) (ESSH Eq. 5
-with unit gates and no clock). The fit is the matrix-pencil method (Hua & Sarkar 1990; ESSH App. C.1.1;
-steps in docs/spectral.md, with the measured errors of ESSH Table 28).
+the impulse response of ESSH Eq. 5 with unit gates and no clock (readout kappa = (kc, -ks)); docs/spectral.md.
 """
 
 from __future__ import annotations
@@ -118,11 +114,8 @@ def _check_clip(clip: object) -> float:
 
 
 def fit_damped_modes(phi_k: np.ndarray, m: int, clip: float = DEFAULT_CLIP) -> DampedModes:
-    """Matrix-pencil fit of one filter phi_k float64 [L] (L >= 4) with m damped rotation modes -> DampedModes.
-
-    ``m``: modes (= poles; a conjugate pair uses two), 1 <= m <= L/4. ``clip``: pole magnitudes above it are
-    scaled down to it (stable decays), in (0, 1]. ESSH Eq. 4, App. C.1.1.
-    """
+    """Matrix-pencil fit (ESSH Eq. 4, App. C.1.1) of one filter phi_k float64 [L] (L >= 4) with m modes (poles;
+    a conjugate pair uses two), 1 <= m <= L/4; pole magnitudes above ``clip`` in (0, 1] are scaled down to it."""
     y = _as_signal(phi_k)  # [L]
     L = y.shape[0]
     m = _check_modes(L, m)
@@ -162,13 +155,9 @@ def _tables(L: int, K: int, m: int, clip: float) -> dict[str, np.ndarray]:
 
 
 def modal_tables(L: int, K: int, m: int, clip: float = DEFAULT_CLIP) -> dict[str, np.ndarray]:
-    """Modal fits of the first K Hankel filters: ESSH App. C.1.1 initialisation tables.
-
-    L >= 4; 1 <= K <= L channels; 1 <= m <= L/4 modes; clip in (0, 1]. Returns float64 [K, m] arrays
-    ``"rho"``, ``"theta"``, ``"kc"``, ``"ks"``; row k-1 is ``fit_damped_modes(hankel_filters(L, K)[1][k-1], m,
-    clip)``. Warns with ``UnresolvedChannelWarning`` when K exceeds :func:`resolved_channels` (L) (the paper
-    fits K=32 at L=2048, 24 resolved). Cached in-process and on disk, keyed by (L, K, m, clip).
-    """
+    """ESSH App. C.1.1 initialisation tables: float64 [K, m] arrays ``"rho"``, ``"theta"``, ``"kc"``, ``"ks"``,
+    row k-1 the ``fit_damped_modes`` of Hankel filter k (L >= 4, 1 <= K <= L, 1 <= m <= L/4, clip in (0, 1]);
+    warns as ``hankel_filters`` does (the paper fits K=32 at L=2048, 24 resolved)."""
 
     L = check_length(L)
     K = check_channels(L, K)

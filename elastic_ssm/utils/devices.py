@@ -1,10 +1,5 @@
-"""One check of a device a user names (``--device``, ``TrainConfig.device``, ``from_pretrained(device=)``).
-
-``checked_device`` turns ``cpu``, ``cuda`` or ``cuda:N`` into a ``torch.device`` or raises one ``ValueError``
-line naming the setting and the fix: an unparsable name, a kind other than cpu / cuda (``mps``: no float64,
-which the spectral layers need), CUDA on a machine without it, or a GPU index this machine does not have.
-``auto_device`` resolves ``auto`` (``--device auto``, ``train.device: auto``, ``device_map="auto"``): cuda
-when available, else cpu, with a one-line note on a machine with MPS but no CUDA.
+"""One check of a device a user names (``--device``, ``from_pretrained(device=)``): ``checked_device`` (cpu, cuda,
+cuda:N present here; mps refused, it has no float64) and ``auto_device`` (cuda when available, else cpu).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Environment variables the library reads, parsed with a one-line error naming the variable.
-
-``env_int("WORLD_SIZE", 1)`` is the variable as an integer (its default when unset or empty); a value that is
-not an integer is a ``ConfigError`` saying which variable and what it holds. ``env_flag("ELASTIC_SSM_DEBUG")``
-is a yes/no switch: ``1``, ``true``, ``yes``, ``on`` are on; unset, empty, ``0``, ``false``, ``no``, ``off`` are
-off (any case); anything else is a ``ConfigError``.
+"""Environment variables the library reads, parsed with a one-line ``ConfigError`` naming the variable:
+``env_int`` (an integer) and ``env_flag`` (1 / true / yes / on, or unset / empty / 0 / false / no / off).
 """
 
 from __future__ import annotations

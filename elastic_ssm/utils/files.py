@@ -1,11 +1,6 @@
-"""Atomic file writes: one implementation for every file elastic_ssm writes (models, checkpoints, token files,
-tokenizer files, run records, metrics, the spectral cache, serving profiles).
-
-A file is written to ``.<name>.<random>.tmp`` in the target's own directory, flushed and ``fsync``ed, given
-the mode a plain ``open(path, "w")`` would give it (0666 less the umask; ``mkstemp`` alone makes 0600), then
-moved over the target with ``os.replace``: a reader sees the old file or the complete new one. After a crash
-only a temporary file is left, which :func:`is_temp_name` recognises (``train/rundir.py`` removes them). On any
-error the temporary file is removed and the error propagates.
+"""Atomic file writes, one implementation for every file elastic_ssm writes: ``.<name>.<random>.tmp`` in the target's
+directory, flushed, ``fsync``ed, mode 0666 less the umask, then ``os.replace``d over the target (a reader sees the
+old file or the complete new one; after a crash only a temporary file is left, see :func:`is_temp_name`).
 """
 
 from __future__ import annotations
@@ -23,9 +18,8 @@ __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "fsync_di
 
 
 def free_stamped_path(folder: Path, head: str, tail: str = "") -> Path:
-    """``folder/<head><UTC time><tail>``, or with ``-1``, ``-2`` ... before ``tail`` when that name is taken: the
-    one naming rule of what is set aside instead of deleted (a replaced run, a damaged checkpoint, an earlier
-    quickstart's outputs, an incomparable measurement record). Nothing is created."""
+    """``folder/<head><UTC time><tail>`` (``-1``, ``-2`` ... before ``tail`` when taken): the one name of what is
+    set aside instead of deleted (a replaced run, a damaged checkpoint, ...). Nothing is created."""
     import time
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -83,9 +77,8 @@ def with_path(e: OSError, path: str | Path) -> OSError:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> str:
-    """Write ``data`` to ``path`` atomically (:func:`atomic_writer`); returns the sha256 hex digest of ``data``,
-    hashed in a thread while the bytes are written (hashlib releases the GIL), so the checksum costs about
-    max(hash, write) rather than their sum (measured for the 1.5b model's weights in docs/training.md)."""
+    """Write ``data`` to ``path`` atomically (:func:`atomic_writer`); returns its sha256 hex digest, hashed on a
+    thread while the bytes are written (hashlib releases the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:

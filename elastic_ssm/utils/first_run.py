@@ -1,10 +1,6 @@
-"""Say what a fresh machine's first prefill is doing: Triton compiles and fla autotunes the scan's kernels, once.
-
-``tuning_notice(device)`` wraps the first CUDA prefill on a machine whose Triton cache holds no autotuning results
-(``*.autotune.json``; ``ops.dispatch.persist_autotuning`` sets ``TRITON_CACHE_AUTOTUNING=1``): it logs one line
-first ("tuning kernels for this GPU (first run only, cached in DIR)"), one every ``every`` seconds while it lasts,
-and one when it ends (logger ``elastic_ssm``, WARNING). A warm cache, a CPU device or a second call logs nothing.
-Nothing here imports torch.
+"""Say what a fresh machine's first CUDA prefill is doing (Triton compiles and fla autotunes the scan's kernels,
+once): ``tuning_notice`` logs a line at the start, every ``every`` seconds and at the end when the Triton cache
+holds no autotuning results. Nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The one progress bar of the library and the CLI (DESIGN rule 9: long work shows progress).
-
-``progress(iterable, desc, total, enabled)`` wraps an iterable in a tqdm bar on stderr, so results printed on
-stdout stay clean when piped. ``enabled=False`` (the library default) shows nothing; ``enabled=True`` (the CLI
-without ``--quiet``) shows the bar when stderr is a terminal (tqdm's ``disable=None``). The environment variable
-``ELASTIC_SSM_PROGRESS=always`` forces enabled bars on whatever stderr is (tests, logs that want them).
+"""The one progress bar of the library and the CLI (DESIGN rule 9): tqdm on stderr, silent unless ``enabled``, shown
+on a terminal (``ELASTIC_SSM_PROGRESS=always`` forces it).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The CPU threads torch runs with, chosen from the cores this process may actually use.
-
-torch defaults to the machine's core count, which can far exceed what a shared or containerised process gets
-(a CPU affinity mask, a cgroup quota such as Docker's ``--cpus``). ``OMP_NUM_THREADS`` (or
-``torch.set_num_threads`` before the CLI runs) always wins; otherwise the CLI sets ``min(affinity cores,
-cgroup quota)`` and says so on the run's first line.
+"""The CPU threads torch runs with: the cores this process may use (affinity mask, cgroup quota) unless
+``OMP_NUM_THREADS`` is set.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Transformer++ and MatFormer baselines (ESSH paper E.6, Tables 8, 9, 39, 54): RMSNorm, RoPE, SwiGLU, full
-causal attention, tied embedding; trainable through ``train()`` like ESSH (``tier=``, nested-FFN tiers).
+causal attention, tied embedding; trained through ``train()`` like ESSH.
 
-Pre-norm blocks: x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). Attention has no biases: ``qkv`` [3D, D] and
-``out`` [D, D] are ``nn.Linear`` (so quantization and PEFT find them); SDPA with ``is_causal`` for training and
-prefill; decoding uses a static KV cache ``[N, B, H, L_max, hd]`` written at device-side positions (one CUDA
-graph per step). Parameters (ESSH Table 4 / 54 rules): ``V d + N (4 d^2 + 3 d n_ff + 2 d) + d``. The SwiGLU is
-ESSH's elastic layer, so a tier ``(K = 0, n_ff)`` keeps its unit prefix (``elastic/slicing.py``); ``MatFormer``
-is this model under ``MatFormerConfig`` (ten tiers, nested training).
+Attention has no biases (``qkv`` [3D, D], ``out`` [D, D]); decoding uses a static KV cache [N, B, H, L_max, hd].
+Parameters (Table 4 / 54 rules): ``V d + N (4 d^2 + 3 d n_ff + 2 d) + d``. The SwiGLU is ESSH's elastic layer, so
+a tier ``(K = 0, n_ff)`` keeps its unit prefix; ``MatFormer`` is this model under ``MatFormerConfig``.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from torch import nn
 from ...config import MatFormerConfig, TierLike, TransformerConfig
 from ...elastic.slicing import SliceRule, empty_linear, linear
 from ...elastic.tiers import Tier
-from ...layers.attention import apply_rope, rope_cos_sin
+from ...layers.attention import rope_qkv
 from ...layers.ffn import SwiGLU
 from ...layers.norm import RMSNorm
 from ..base import ElasticModel, check_token_inputs
@@ -76,13 +73,7 @@ class TransformerPP(ElasticModel):
         self.embed = nn.Embedding(config.vocab_size, config.d_model,
                                   _weight=torch.empty(config.vocab_size, config.d_model))
         self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
-        self.norm_f = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = (None if config.tie_embeddings
-                        else nn.Linear(config.d_model, config.vocab_size, bias=False))
-        if self.embed.weight.device.type != "meta":
-            nn.init.normal_(self.embed.weight, std=config.init_std)
-            if self.lm_head is not None:
-                nn.init.normal_(self.lm_head.weight, std=config.init_std)
+        self._build_head(config)
 
     # ---- tiers (nested FFN width only) ------------------------------------------------------------------
     @classmethod
@@ -93,20 +84,13 @@ class TransformerPP(ElasticModel):
         return [b.ffn for b in self.blocks]
 
     # ---- forward ----------------------------------------------------------------------------------------
-    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.embed.weight if self.lm_head is None else self.lm_head.weight)
-
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         return self.logits_from_hidden(self.norm_f(h))
 
     def _qkv(self, blk: _Block, x: torch.Tensor, positions: torch.Tensor):
-        """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] with RoPE on q and k."""
-        B, T, _ = x.shape
+        """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] of the block's pre-normed x, RoPE on q and k."""
         c = self.config
-        q, k, v = linear(blk.qkv, blk.norm1(x)).view(B, T, 3, c.n_heads, c.head_dim).permute(2, 0, 3, 1, 4)
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_base, q.dtype)
-        cos, sin = cos[:, None], sin[:, None]
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return rope_qkv(blk.qkv, blk.norm1(x), positions, c.n_heads, c.head_dim, c.rope_base)
 
     def hidden_states(self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
                       cache: KVCache | None = None) -> torch.Tensor:

@@ -1,10 +1,6 @@
-"""FFT causal convolution with the Hankel filters (ES-SSM paper Sec. 4.1, Eq. 4).
-
-``fft_causal_conv(u, phi)`` computes ``naive_causal_conv``'s ``y_k(t) = sum_{tau<=t} phi_k(tau) u(t - tau)`` for
-all K filters at once: real FFTs of the input (B*D rows) and filters (K rows) of length ``next_fast_len(2T)``
-(no wrap-around), a broadcast product and one inverse (B*K*D rows); the input is transformed once for all K
-channels ("convolve, then gate, then project", ``layers/es_ssm.py``). The transform runs in float32 (float64 for
-float64 inputs) with autocast off; only the first T steps are kept, so backward saves B*K*D*T values.
+"""FFT causal convolution with the Hankel filters (ES-SSM paper Sec. 4.1, Eq. 4): real FFTs of length
+``next_fast_len(2T)`` (no wrap-around), the input transformed once for all K channels, float32 (float64 for
+float64 inputs) with autocast off.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""Fused small-batch weight products of a decode step (ESSH paper Appendix O.3: decoding streams weights).
-
-Each op folds the work cuBLAS would run around a product (RMSNorm, SwiGLU, residual add) into the product::
+"""Fused small-batch weight products of a decode step (ESSH paper Appendix O.3: decoding streams weights)::
 
     norm_gemv(x, w, g)          y = W (g * x / rms(x))           W [N, D] rows   (pre-norm + projection)
     norm_swiglu_gemv(x, w, g)   a = silu(W_g u) * (W_u u)        W [2F, D] rows (gate_f, up_f), u normed
     gemv_accumulate(a, w, x)    x += scale * a W                 W [N, D] in x out (down / out projection)
 
-``x`` (the residual stream) is float32 ``[B, D]``; products accumulate in float32 from weights of any float
-dtype; outputs are float32 unless ``out_dtype`` says otherwise (float64 operands keep float64 on the torch
-path). ``backend="torch"`` is the same math in PyTorch (the reference); ``"triton"`` runs ``triton_kernels.py``
-(CUDA, or ``TRITON_INTERPRET=1``) for ``B <= MAX_FUSED_BATCH``; larger batches are left to cuBLAS.
+x [B, D]; products accumulate in float32 (float64 operands keep float64 on the torch path). ``backend="torch"``
+is the reference; ``"triton"`` runs ``triton_kernels.py`` for ``B <= MAX_FUSED_BATCH``.
 """
 
 from __future__ import annotations
@@ -88,12 +84,9 @@ def norm_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None
               out: torch.Tensor | None = None, residual: bool = False, out_dtype: torch.dtype | None = None,
               backend: str = "auto", block_n: int | None = None, block_k: int | None = None,
               num_warps: int | None = None, pdl: bool = False) -> torch.Tensor:
-    """``y [B, N] = rmsnorm(x; norm_weight) @ w.T`` (no norm when ``norm_weight`` is None).
-
-    ``pdl``: programmatic dependent launch (``ops/pdl.py``), ignored on the torch path (also for the other two
-    ops). With ``residual=True`` the product is added into ``out`` (e.g. the float32 residual stream) in place;
-    ``out`` must then be a different tensor than ``x``. x [B, D] any float dtype; w [N, D].
-    """
+    """``y [B, N] = rmsnorm(x; norm_weight) @ w.T`` (no norm when ``norm_weight`` is None); x [B, D], w [N, D].
+    ``residual=True`` adds the product into ``out`` (not ``x``) in place. ``pdl`` (``ops/pdl.py``; all three ops)
+    is ignored on the torch path."""
     _check(x, w, "norm_gemv")
     B, N = x.shape[0], w.shape[0]
     if residual and (out is None or out.data_ptr() == x.data_ptr()):

@@ -1,12 +1,9 @@
-"""RMSNorm and SwiGLU of decode rows as single fused kernels (the elementwise pieces of a decode step)::
+"""RMSNorm and SwiGLU of decode rows, one fused kernel each::
 
     rms_norm(x, weight, eps)   y = weight * x / sqrt(mean_j x_j^2 + eps)          x [B, D] -> [B, D]
     swiglu(h)                  y_j = silu(h_{2j}) * h_{2j+1}                      h [B, 2n] -> [B, n]
 
-``rms_norm`` is ``layers.norm.RMSNorm`` in float32 arithmetic, output in ``x.dtype``; ``swiglu`` is the SwiGLU of
-``layers.ffn`` on the interleaved (gate, up) pairs of ``SwiGLU.w_in``'s output. ``backend`` ("auto" | "torch" |
-"triton", :func:`elastic_ssm.ops.dispatch.resolve_decode_backend`): "triton" runs ``triton_kernels.py`` (CUDA,
-or ``TRITON_INTERPRET=1``); "torch" is the same math (the reference), also for float64 and non-2-D inputs.
+``backend="triton"`` runs ``triton_kernels.py``; ``"torch"`` is the reference (also for float64, non-2-D inputs).
 """
 
 from __future__ import annotations

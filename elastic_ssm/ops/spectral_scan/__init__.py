@@ -1,11 +1,8 @@
 """The ESSH selective spectral scan (ESSH paper Sec. 4.1/4.3, Eq. 5 and 24, Appendix O): a stateless op.
 
-``spectral_scan`` validates its inputs and dispatches to the vectorised PyTorch chunked scan (``"torch"``,
-Algorithm 2), fla-core's GLA kernels (``"fla"``, CUDA) or the tokenwise specification (``"naive"``);
-``spectral_scan_step`` is the single-token decode step. The public ``spectral_scan`` / ``naive_spectral_scan``
-take the five modal tables as positional tensors; inside the package they travel as one ``ModalTables``
-(``scan`` is ``spectral_scan`` with that argument). Value ranges (``clock >= 0``, ``0 <= rho <= 1``, finite
-``theta, kc, ks, a``) and NaN/Inf inputs: README.md, "Edge values". The math is in README.md beside this file.
+``spectral_scan`` checks its inputs and dispatches to the chunked PyTorch scan (``"torch"``, Algorithm 2),
+fla's GLA kernels (``"fla"``) or the spec (``"naive"``); inside the package the five modal tables travel as one
+``ModalTables`` (``scan``). Math and edge values: README.md beside this file.
 """
 
 from __future__ import annotations
@@ -87,15 +84,11 @@ def spectral_scan(
     chunk_size: int = 64,
     check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """ESSH scan (Eq. 5) with the zero-lag correction (Eq. 24): returns ``z [B, T, K, P]`` and ``H(T)``.
-
-    ``H(T) [B, K, M, 2, P]`` is in the natural frame of Eq. 5 and is None unless ``output_final_state``.
-    ``backend``: "auto" | "torch" | "fla" | "naive" (see :func:`elastic_ssm.ops.resolve_backend`);
-    ``chunk_size`` is the chunk length of the torch path. ``z`` has ``v.dtype``; the torch path computes
-    bf16/fp16 inputs in float32 and returns their state in float32, as the fla path does.
-    ``check_values`` (False: the caller guarantees the ranges) raises ValueError for a
-    negative clock, ``rho`` outside ``[0, 1]`` or non-finite modal tables (one host sync); inside
-    ``torch.compile`` / CUDA-graph capture it marks out-of-range clock and rho entries NaN instead.
+    """ESSH scan (Eq. 5) with the zero-lag correction (Eq. 24): returns ``z [B, T, K, P]`` (``v.dtype``) and
+    ``H(T) [B, K, M, 2, P]`` in the natural frame (float32 for bf16/fp16 inputs; None unless
+    ``output_final_state``). ``backend``: "auto" | "torch" | "fla" | "naive" (:func:`resolve_backend`);
+    ``chunk_size``: the torch path's chunk length. ``check_values``: a ValueError for a negative clock, ``rho``
+    outside [0, 1] or non-finite tables (one host sync; inside compiled regions those entries become NaN).
     """
     return scan(v, write, read, clock, ModalTables(rho, theta, kc, ks, a), initial_state=initial_state,
                 output_final_state=output_final_state, backend=backend, chunk_size=chunk_size,

@@ -1,15 +1,14 @@
 """GPU path of the ESSH scan through fla-core's ``chunk_gla`` (the GLA identity of DESIGN.md / README.md).
 
-Per channel k (a GLA head) and mode i (two key dimensions ``2i, 2i+1``), with positions ``t = 1..T``::
+Per channel k (a GLA head) and mode i (key dimensions ``2i, 2i+1``), positions ``t = 1..T``::
 
     q_i(t) = eta^r_i(t) R(-theta_i t) kappa_i              kappa_i = (kc_i, -ks_i)
     k_i(s) = eta^w_i(s) (cos theta_i s, -sin theta_i s)    = eta^w_i(s) R(-theta_i s) e1
     g_i(t) = log rho_i - Delta_i(t)                        on both key dimensions of mode i
     o(t)   = q(t)^T S(t),  S(t) = diag(exp g(t)) S(t-1) + k(t) v(t)^T,  scale 1
 
-The GLA state is ``S_i(t) = R(-theta_i t) H_i(t)`` (``S(0) = H(0)``, ``H(T) = R(theta T) S(T)``); phases
-``theta t mod 2 pi`` in float64; the zero-lag correction (Eq. 24) is added outside the kernel. fla's conventions:
-README.md. The mapping (:func:`gla_inputs`, :func:`gla_outputs`) is pure torch, tested on CPU in float64.
+The GLA state is ``S_i(t) = R(-theta_i t) H_i(t)``; phases ``theta t mod 2 pi`` in float64; the zero-lag
+correction (Eq. 24) is added outside the kernel. The mapping is pure torch, tested on CPU in float64.
 """
 
 from __future__ import annotations
@@ -40,11 +39,8 @@ def gla_inputs(
     initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame
     dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """GLA operands ``q, k [B, T, K, 2M]``, ``v [B, T, K, P]``, ``g [B, T, K, 2M]``, ``h0 [B, K, 2M, P]``.
-
-    ``q, k, v`` are cast to ``dtype`` (default ``v.dtype``); ``g`` and ``h0`` stay in at least float32, as fla
-    wants them. Key dimension ``2i + j`` is coordinate ``j`` of mode ``i``.
-    """
+    """GLA operands ``q, k [B, T, K, 2M]``, ``v [B, T, K, P]`` (in ``dtype``, default ``v.dtype``), ``g [B, T, K,
+    2M]`` and ``h0 [B, K, 2M, P]`` (at least float32); key dimension ``2i + j`` is coordinate ``j`` of mode ``i``."""
     B, T, K, P = v.shape
     rho, theta, kc, ks, _ = modal
     M = rho.shape[-1]
@@ -98,12 +94,9 @@ def fla_spectral_scan(
     output_final_state: bool = False,
     compute_dtype: torch.dtype | None = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The scan through fla's chunked GLA kernels (CUDA); ``z`` in ``v.dtype``, the state in float32.
-
-    ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for bf16 inputs, which keeps the
-    theta gradient accurate; None uses ``v.dtype``), through the custom ops of ``gla_op.py``; autograd reaches
-    every input. Edge values follow ``edges.py`` (README.md).
-    """
+    """The scan through fla's chunked GLA kernels (CUDA; differentiable): ``z`` in ``v.dtype``, the state in
+    float32. ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for bf16 inputs: an accurate
+    theta gradient; None: ``v.dtype``)."""
     if v.shape[1] == 0:
         return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)
     z_bad = state_bad = None

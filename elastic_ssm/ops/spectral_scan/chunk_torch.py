@@ -1,11 +1,8 @@
 """Chunked parallel ESSH scan in vectorised PyTorch (ESSH paper Algorithm 2, Appendix O.1): the CPU path.
 
-Chunks of ``C`` positions (default 64) carry only the ``2 M P`` boundary state per channel (Eq. 28); inside a
-chunk, diagonal blocks of ``c`` positions (``C``, or 16 for steep decays) are *factorised* through centred
-endpoint factors (Eq. 34, admitted per mode by Appendix O.2) or built *pairwise* (hand-written backward);
-older positions arrive through mode states in a rotated frame; the scans over blocks and chunks are
-lower-triangular matmuls (``_decay_scan``). Edge values (resets, NaN/Inf isolation) follow ``naive.py``
-through ``edges.py``. The math, with the admission rule and edge cases: README.md.
+Chunks of C positions carry only the 2 M P boundary state per channel (Eq. 28); diagonal blocks are factorised
+through centred endpoint factors (Eq. 34, admitted per mode by Appendix O.2) or built pairwise; the scans over
+blocks and chunks are lower-triangular matmuls (``_decay_scan``). The math: README.md.
 """
 
 from __future__ import annotations
@@ -43,13 +40,9 @@ def _capturing(x: torch.Tensor) -> bool:
 
 
 def _plan(L: torch.Tensor, diagonal: str, limit: float) -> tuple[int, torch.Tensor | None, str]:
-    """Diagonal-block length ``c``, the ``[K, M]`` mask of factorised modes and the plan's kind.
-
-    ``L`` is the within-chunk cumulative log-decay ``[B, K, N, C, M]`` (float64). Kinds: "factorized" (every
-    mode, mask None), "pairwise" (no mode, mask None) or "mixed" (per-mode mask). Choosing the first needs
-    the data (one host sync), so under ``torch.compile`` and inside a CUDA-graph capture "auto" takes the
-    pairwise plan (exact for every decay).
-    """
+    """Diagonal-block length ``c``, the ``[K, M]`` mask of factorised modes (None unless "mixed") and the kind
+    ("factorized" | "pairwise" | "mixed") for the within-chunk log-decay ``L [B, K, N, C, M]`` (float64). Where no
+    host sync may run (compiling, capturing) "auto" takes the pairwise plan, exact for every decay."""
     if diagonal not in ("auto", "factorized", "pairwise"):
         raise ValueError(f"diagonal must be 'auto', 'factorized' or 'pairwise', got {diagonal!r}")
     C = L.shape[-2]
@@ -168,13 +161,9 @@ def chunk_spectral_scan(
     chunk_size: int = 64,
     diagonal: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked scan (Algorithm 2); the contract of :func:`naive_spectral_scan` with the modal tables as one
-    ``ModalTables``. Returns ``z [B, T, K, P]`` and ``H(T) [B, K, M, 2, P]`` or None.
-
-    ``diagonal`` ("auto" | "factorized" | "pairwise") chooses how diagonal blocks are evaluated; "auto"
-    factorises every mode whose decay span admits it. Inputs are assumed validated (see
-    :func:`elastic_ssm.ops.spectral_scan`); the compute dtype is ``v.dtype``, also under autocast (README.md).
-    """
+    """Chunked scan (Algorithm 2) of validated inputs, the contract of :func:`naive_spectral_scan`: ``z [B, T, K,
+    P]`` and ``H(T) [B, K, M, 2, P]`` or None, computed in ``v.dtype`` also under autocast. ``diagonal`` ("auto" |
+    "factorized" | "pairwise"): "auto" factorises every mode whose decay span admits it."""
     B, T, K, P = v.shape
     rho, theta, kc, ks, a = modal
     M = rho.shape[-1]

@@ -1,7 +1,5 @@
-"""Fused single-token step of one ESSH spectral layer, plus the small fused ops of a decode step.
-
-ESSH paper Appendix O.3, Algorithm 4 lines 6-14, for every retained channel k and batch row b, from the raw
-output ``h`` of the concatenated input projection (layout of ``SpectralMixer.in_proj.weight``)::
+"""Fused single-token step of one ESSH spectral layer (ESSH Appendix O.3, Algorithm 4 lines 6-14), for every
+retained channel k and row b, from the raw output ``h`` of the concatenated input projection::
 
     v      = (1 - beta_k) v0 + beta_k v0 / sqrt(|v0|^2 / P + eps)                   (Eq. 23)
     eta^w  = 2 sigmoid(s^w + b^w),   eta^r = 2 sigmoid(s^r + b^r)                   (C.2)
@@ -10,9 +8,7 @@ output ``h`` of the concatenated input projection (layout of ``SpectralMixer.in_
     z      = sum_i eta^r_i H_i^T kappa_i - (sum_i a_i eta^r_i eta^w_i kc_i) v       (Eq. 24)
     out    = K^{-1/2} z                                                             (Sec. 4.1 readout scale)
 
-``ModalConstants`` holds the fixed constants of one (layer, tier), computed by ``SpectralMixer.decode_plan``.
-``backend="triton"``: one program per (b, k) with the M modes in registers; ``"torch"``: the same math (the
-reference). Triton is imported lazily (``TRITON_INTERPRET=1`` runs the kernels on CPU tensors).
+``backend="triton"``: one program per (b, k), the M modes in registers; ``"torch"``: the reference.
 """
 
 from __future__ import annotations
@@ -86,13 +82,6 @@ def spectral_step_torch(h: torch.Tensor, state: torch.Tensor, c: ModalConstants,
     return (z * c.scale).to(out_dtype or h.dtype).reshape(B, K * P)
 
 
-def _kernel():
-    """``spectral_step_kernel``, imported on first use (``decode_triton_kernels.py`` imports triton)."""
-    from .decode_triton_kernels import spectral_step_kernel
-
-    return spectral_step_kernel
-
-
 def _pow2(n: int, lo: int = 1) -> int:
     return max(lo, 1 << (int(n) - 1).bit_length())
 
@@ -103,23 +92,19 @@ def _spectral_step_triton(h, state, c: ModalConstants, out_dtype, pdl: bool = Fa
     B = h.shape[0]
     h = h if h.stride(-1) == 1 else h.contiguous()
     out = torch.empty(B, c.K * c.P, dtype=out_dtype or h.dtype, device=h.device)
-    kern = _kernel()
-    kern[(B * c.K,)](h, state, out, c.table, c.beta, c.K, c.P, c.M, h.stride(0), out.stride(0), c.eps,
-                     c.scale, BLOCK_P=_pow2(c.P, 16), BLOCK_M=_pow2(c.M, 2), PDL=pdl,
-                     num_warps=2 if c.P <= 32 else 4, **launch_options(pdl))
+    from .decode_triton_kernels import spectral_step_kernel  # imports triton: on this path only
+
+    spectral_step_kernel[(B * c.K,)](h, state, out, c.table, c.beta, c.K, c.P, c.M, h.stride(0), out.stride(0),
+                                     c.eps, c.scale, BLOCK_P=_pow2(c.P, 16), BLOCK_M=_pow2(c.M, 2), PDL=pdl,
+                                     num_warps=2 if c.P <= 32 else 4, **launch_options(pdl))
     return out
 
 
 def spectral_decode_step(h: torch.Tensor, state: torch.Tensor, consts: ModalConstants,
                          out_dtype: torch.dtype | None = None, backend: str = "auto",
                          pdl: bool = False) -> torch.Tensor:
-    """One recurrent step of a whole spectral layer (see module docstring).
-
-    ``pdl``: launch the Triton kernel with programmatic dependent launch (``ops/pdl.py``).
-
-    h [B, K (P + 3M)] raw ``in_proj`` output (any float dtype); state [B, K, M, 2, P] updated in place;
-    returns ``K^{-1/2} z`` [B, K P] in ``out_dtype`` (default ``h.dtype``), ready for ``out_proj``.
-    """
+    """One recurrent step of a whole spectral layer: h [B, K (P + 3M)] raw ``in_proj`` output, state [B, K, M, 2,
+    P] updated in place -> ``K^{-1/2} z`` [B, K P] in ``out_dtype`` (default ``h.dtype``); ``pdl``: ``ops/pdl.py``."""
     K, M, P = consts.K, consts.M, consts.P
     if h.dim() != 2 or h.shape[1] != K * (P + 3 * M):
         raise ValueError(f"h must be [B, K(P+3M)] = [B, {K * (P + 3 * M)}], got {tuple(h.shape)}")

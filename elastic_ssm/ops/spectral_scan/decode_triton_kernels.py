@@ -1,10 +1,4 @@
-"""Triton kernels of the fused decode step (math and reference: ``ops/spectral_scan/decode_triton.py``).
-
-``spectral_step_kernel``, grid ``(B * K,)``: program (b, k) holds the M modes of channel k in registers
-and runs Eq. 23, C.2, Eq. 5 and Eq. 24 for one token (the kernels of the other elementwise pieces of a
-decode step are in ``ops/norm_swiglu``). This module imports triton: import it only on the Triton path
-(``TRITON_INTERPRET=1`` must be set before).
-"""
+"""Triton kernel of the fused decode step (math and reference: ``decode_triton.py``); imports triton."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Edge values of the ESSH scan (Eq. 5, 24), shared by the chunked paths (``chunk_torch.py``, ``chunk_fla.py``).
-
-The chunked paths must be causal and finite wherever the float64 specification (``naive.py``) is: exact resets
-(:func:`capped_log_decay` caps ``Delta - log rho`` at :func:`reset_exponent`), non-finite inputs isolated
-(:func:`isolate_nonfinite` / :func:`restore_nonfinite`), and value ranges checked (:func:`validate_scan_values`
-where a host sync is allowed, :func:`poison_out_of_range` inside compiled regions). README.md, "Edge values".
+"""Edge values of the ESSH scan (Eq. 5, 24) shared by the chunked paths: exact resets (a capped log-decay),
+non-finite inputs isolated where the float64 spec (``naive.py``) puts them, value ranges checked (README.md,
+"Edge values").
 """
 
 from __future__ import annotations
@@ -22,10 +19,8 @@ def reset_exponent(dtype: torch.dtype) -> float:
 
 
 def capped_log_decay(clock: torch.Tensor, rho: torch.Tensor, dtype: torch.dtype, cap: float) -> torch.Tensor:
-    """``min(Delta - log rho, cap)`` in ``dtype``: ``clock [B, T, K, M]``, ``rho [K, M]`` -> ``[B, T, K, M]``.
-
-    ``rho = 0`` or an infinite clock gives the cap with a zero gradient, as in the spec.
-    """
+    """``min(Delta - log rho, cap)`` in ``dtype``: ``clock [B, T, K, M]``, ``rho [K, M]`` -> ``[B, T, K, M]``;
+    ``rho = 0`` or an infinite clock gives the cap with a zero gradient, as in the spec."""
     rho = rho.to(dtype)
     zero = rho == 0  # NaN or negative rho stay NaN (loud), only an exact 0 is the reset
     log_rho = torch.where(zero, -math.inf, torch.log(torch.where(zero, 1.0, rho)))  # the inner where: no 1/0
@@ -40,9 +35,8 @@ def host_sync_allowed(x: torch.Tensor) -> bool:
 
 
 def validate_scan_values(clock: torch.Tensor, modal: ModalTables) -> None:
-    """Raise ValueError unless ``clock >= 0`` (NaN allowed: it propagates as in the spec), ``0 <= rho <= 1``
-    and ``theta, kc, ks, a`` are finite. One host sync (all flags in one transfer); call it where
-    :func:`host_sync_allowed`."""
+    """ValueError unless ``clock >= 0`` (NaN propagates as in the spec), ``0 <= rho <= 1`` and ``theta, kc, ks,
+    a`` are finite; one host sync (call it where :func:`host_sync_allowed`)."""
     rho = modal.rho
     tables = (("theta", modal.theta), ("kc", modal.kc), ("ks", modal.ks), ("a", modal.a))
     flags = torch.stack([(clock < 0).any(), ~((rho >= 0) & (rho <= 1)).all()]
@@ -66,16 +60,10 @@ def poison_out_of_range(clock: torch.Tensor, modal: ModalTables) -> tuple[torch.
 
 
 def isolate_nonfinite(v, write, read, clock, initial_state):
-    """Zero the non-finite entries of the inputs and say where the specification's outputs are non-finite.
-
-    ``v [B, T, K, P]``; ``write, read, clock [B, T, K, M]``; ``initial_state [B, K, M, 2, P]`` or None. The
-    recurrence carries a NaN/Inf of ``v`` (its value column, every mode), of ``write`` or a NaN/``-inf``
-    clock (that mode, every column) and of the initial state (its mode and column) from its position on; a
-    non-finite ``read`` touches only its own output; a ``+inf`` clock is a reset (left to the cap of
-    :func:`reset_exponent`). Returns the cleaned ``v, write, read, clock, initial_state``, ``z_bad [B, T, K, P]``
-    and ``state_bad [B, K, M, 1, P]`` (both None when all is finite). One host sync (the sum of the inputs
-    decides; only a non-finite sum builds the masks).
-    """
+    """Zero the non-finite entries of ``v [B, T, K, P]``, ``write, read, clock [B, T, K, M]`` and
+    ``initial_state [B, K, M, 2, P]`` (or None), and say where the spec's outputs are non-finite (README.md,
+    "Edge values"; a ``+inf`` clock is a reset, left to the cap). Returns the cleaned inputs, ``z_bad [B, T, K,
+    P]`` and ``state_bad [B, K, M, 1, P]`` (None when all is finite). One host sync (the inputs' sum)."""
     total = v.sum() + write.sum() + read.sum() + clock.sum()  # finite sums: the usual case, one cheap pass
     if initial_state is not None:
         total = total + initial_state.sum()

@@ -1,10 +1,5 @@
-"""fla-core's chunked GLA kernels as two torch custom ops, so ``torch.compile`` traces around them.
-
-``gla_chunk`` computes ``o(t) = scale q(t)^T S(t)``, ``S(t) = diag(exp g(t)) S(t-1) + k(t) v(t)^T`` (inputs
-``[B, T, H, Dk|Dv]``, ``g`` float32 natural-log decays, ``h0`` float32 ``[B, H, Dk, Dv]`` or None) with fla's
-``chunk_gla_fwd`` / ``chunk_gla_bwd`` registered as ``elastic_ssm::gla_chunk_fwd`` / ``_bwd`` (fla's own
-``chunk_gla`` is wrapped in ``torch.compiler.disable``). fla is imported when an op first runs, never at import
-time. Chunk length, head buckets and the torch cumulative gate: README.md, section on the fla path.
+"""fla-core's chunked GLA kernels as two torch custom ops (``elastic_ssm::gla_chunk_fwd`` / ``_bwd``), so
+``torch.compile`` traces around them; fla is imported when an op first runs. README.md, section on the fla path.
 """
 
 import contextlib
@@ -129,11 +124,10 @@ def head_bucket(H: int) -> int:
 
 def gla_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float = 1.0, initial_state: Tensor | None = None,
               output_final_state: bool = False) -> tuple[Tensor, Tensor | None]:
-    """Chunked GLA through fla (differentiable): ``o [B, T, H, Dv]`` and ``S(T) [B, H, Dk, Dv]`` float32 or None.
-
-    The kernels run on ``head_bucket(H)`` heads (zero heads appended, their outputs dropped). ``g`` and
-    ``initial_state`` must be float32 (ValueError otherwise).
-    """
+    """Chunked GLA through fla (differentiable): ``o(t) = scale q(t)^T S(t)``, ``S(t) = diag(exp g(t)) S(t-1) +
+    k(t) v(t)^T`` for q, k, g [B, T, H, Dk] (``g``: float32 natural-log decays), v [B, T, H, Dv] and ``S(0) =
+    initial_state`` (float32 [B, H, Dk, Dv] or None) -> ``o [B, T, H, Dv]`` and ``S(T)`` float32 or None. The
+    kernels run on ``head_bucket(H)`` heads (zero heads appended, their outputs dropped)."""
     if g.dtype != torch.float32 or (initial_state is not None and initial_state.dtype != torch.float32):
         raise ValueError(f"gla_chunk: g and initial_state must be float32, got {g.dtype} and "
                          f"{None if initial_state is None else initial_state.dtype}")

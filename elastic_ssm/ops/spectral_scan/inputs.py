@@ -1,10 +1,4 @@
-"""The inputs of the ESSH scan: ``ModalTables`` (the five fixed per-mode tables) and their shape checks.
-
-Per channel k and mode i (ESSH paper Eq. 5, 9 and 24; Appendix C.3)::
-
-    H_i(t) = rho_i e^{-Delta_i(t)} R(theta_i) H_i(t-1) + eta^w_i(t) e1 v(t)^T
-    z(t)   = sum_i eta^r_i(t) H_i(t)^T (kc_i, -ks_i) - sum_i a_i eta^r_i(t) eta^w_i(t) kc_i v(t)
-"""
+"""The inputs of the ESSH scan (Eq. 5, 9, 24; C.3): ``ModalTables`` (the five per-mode tables) and their checks."""
 
 from __future__ import annotations
 
@@ -14,11 +8,8 @@ import torch
 
 
 class ModalTables(NamedTuple):
-    """The fixed modal tables of one spectral layer (at one tier), each ``[K, M]``.
-
-    A NamedTuple, so ``naive_spectral_scan(v, write, read, clock, *tables)`` unpacks it into the public
-    signature and ``torch.compile`` traces it as a plain tuple.
-    """
+    """The fixed modal tables of one spectral layer at one tier, each ``[K, M]``; a NamedTuple, so ``*tables``
+    fills the public signature and ``torch.compile`` traces it as a plain tuple."""
 
     rho: torch.Tensor  # [K, M] intrinsic decay in [0, 1] (rho = exp(-softplus(rho_raw)), C.3)
     theta: torch.Tensor  # [K, M] rotation frequency (Eq. 9)
@@ -36,11 +27,8 @@ def _shape(x) -> str:
 
 
 def validate_scan_inputs(v, write, read, clock, modal: ModalTables, initial_state=None) -> None:
-    """Check ranks, shapes, dtypes and devices of the scan inputs; raises ValueError naming the argument.
-
-    ``v [B, T, K, P]``; ``write, read, clock [B, T, K, M]``; every table of ``modal`` ``[K, M]``;
-    ``initial_state [B, K, M, 2, P]`` or None.
-    """
+    """A ValueError naming the argument unless ``v [B, T, K, P]``, ``write, read, clock [B, T, K, M]``, every
+    table ``[K, M]`` and ``initial_state [B, K, M, 2, P]`` (or None) are floating tensors on one device."""
     if not isinstance(v, torch.Tensor) or v.dim() != 4:
         raise ValueError(f"spectral_scan: v must be a [B, T, K, P] tensor, got {_shape(v)}")
     B, T, K, P = v.shape

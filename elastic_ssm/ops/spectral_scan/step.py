@@ -1,10 +1,5 @@
-"""Single-token decode step of the ESSH scan (Algorithm 4, lines 10-14 of the ESSH paper; Appendix O.3).
-
-One token for every channel and mode at once, in plain torch (any device). The state is updated in place
-so a decode cache can hold it across steps without reallocating. Same math as the scan (Eq. 5 and 24)::
-
-    H_i <- rho_i exp(-Delta_i) R(theta_i) H_i + eta^w_i e1 v^T
-    z    = sum_i eta^r_i (H_i^T kappa_i - a_i eta^w_i kc_i v)
+"""Single-token decode step of the ESSH scan (Algorithm 4, lines 10-14; Appendix O.3): Eq. 5 and 24 of
+``naive.py`` for one token of every channel and mode in plain torch, the state updated in place.
 """
 
 from __future__ import annotations
@@ -48,10 +43,8 @@ def spectral_scan_step(
     modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
     state: torch.Tensor,  # [B, K, M, 2, P] natural frame H(t-1); overwritten with H(t)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advance the recurrence of Eq. 5 by one token; returns ``(z_t [B, K, P], state)``.
-
-    Computes in ``state.dtype`` (keep decode states in float32 for bf16 models); ``z_t`` has ``v_t.dtype``.
-    """
+    """Advance the recurrence of Eq. 5 by one token in ``state.dtype`` (float32 for bf16 models); returns
+    ``(z_t [B, K, P], state)``, ``z_t`` in ``v_t.dtype``."""
     modal = ModalTables(*modal)
     _check_step(v_t, write_t, read_t, clock_t, modal._asdict(), state)
     rho, theta, kc, ks, a = modal

@@ -1,18 +1,13 @@
-"""One decode step of sliding-window attention on a ring buffer (ESSH Sec. 4 / Appendix E.2; Alg. 4).
-
-For each batch row b (next position ``p = positions[b]``) and head h, from the raw projection
-``qkv [B, 3 D]`` (q, k, v of all heads, the layout of ``SlidingWindowAttention.qkv``)::
+"""One decode step of sliding-window attention on a ring buffer (ESSH Sec. 4 / Appendix E.2; Alg. 4), for each row
+b (next position ``p = positions[b]``) and head h, from the raw projection ``qkv [B, 3 D]``::
 
     q, k  <- RoPE(q, p), RoPE(k, p)           halves convention of layers/attention.py, phases in float64
     K[b, h, p mod W], V[b, h, p mod W] <- k, v;   slot_pos[b, p mod W] <- p
     allowed_j = slot_pos_j >= 0  and  0 <= p - slot_pos_j < W
     o[b, h] = softmax_j(q . K_j / sqrt(hd) over allowed j) V                 -> o [B, D]
 
-Exactly ``SlidingWindowAttention.step`` without the output projection. ``backend="torch"``: PyTorch ops (the
-reference); ``"triton"``: a split-window kernel (RoPE, ring write, online softmax per chunk of ``chunk`` slots)
-and a combine kernel (``triton_kernels.py``). ``span``: attend over slots ``0 .. span - 1`` only, correct only
-when every row read has ``p < span`` (an unwrapped ring holds its tokens in slots ``0 .. p``); the write still
-goes to slot ``p mod W``. None: the whole ring. docs/performance.md, "Attended spans".
+``SlidingWindowAttention.step`` without the output projection. ``backend="torch"``: the reference;
+``"triton"``: a split-window kernel and a combine kernel. ``span``: docs/performance.md, "Attended spans".
 """
 
 from __future__ import annotations
@@ -60,13 +55,9 @@ def _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention: str
 
 def ring_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_pos: torch.Tensor,
                 positions: torch.Tensor, attention: str = "math", window: int | None = None) -> torch.Tensor:
-    """Softmax attention of one query per row over the ring buffer's allowed slots (module docstring).
-
-    q [B, H, 1, hd] (rotated), keys / values [B, H, S, hd] with the current token already written,
-    slot_pos [B, S], positions [B] -> o [B, H, 1, hd] in ``values.dtype``. ``attention='math'`` computes the
-    scores in at least float32; ``'sdpa'`` hands the masked product to SDPA. ``window``: W (default S, the
-    whole ring; less than W when the slots are a prefix of the ring, ``span``).
-    """
+    """Softmax attention of one query per row over the ring's allowed slots: q [B, H, 1, hd] (rotated), keys /
+    values [B, H, S, hd] (the current token written), slot_pos [B, S], positions [B] -> o [B, H, 1, hd] in
+    ``values.dtype``. ``attention``: 'math' (scores in at least float32) | 'sdpa'. ``window``: W (default S)."""
     W, hd = window or keys.shape[2], keys.shape[3]
     diff = positions[:, None] - slot_pos
     allowed = (slot_pos >= 0) & (diff >= 0) & (diff < W)                  # [B, W]
@@ -106,12 +97,10 @@ def swa_decode_step(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     positions: torch.Tensor, inv_freq: torch.Tensor, backend: str = "auto",
                     attention: str = "math", out_dtype: torch.dtype | None = None,
                     chunk: int | None = None, pdl: bool = False, span: int | None = None) -> torch.Tensor:
-    """Attention output ``o [B, H hd]`` of one token per row (see module docstring); updates ``keys``,
-    ``values`` [B, H, W, hd] and ``slot_pos`` [B, W] in place. ``positions`` [B] int64 are the tokens'
-    positions (not advanced here); ``inv_freq`` from :func:`rope_inv_freq` (float64, on the device).
-    ``attention`` ('math' | 'sdpa') picks the torch path's kernel; ``chunk`` the Triton window split;
-    ``pdl`` launches the Triton kernels with programmatic dependent launch (``ops/pdl.py``); ``span`` attends
-    over the ring's first ``span`` slots only (module docstring: every row read must have position < span)."""
+    """Attention output ``o [B, H hd]`` of one token per row; updates ``keys``, ``values`` [B, H, W, hd] and
+    ``slot_pos`` [B, W] in place at ``positions`` [B] (not advanced here); ``inv_freq``: :func:`rope_inv_freq`.
+    ``attention`` ('math' | 'sdpa'): the torch path's kernel; ``chunk``: the Triton window split; ``span``: attend
+    the ring's first ``span`` slots only, exact when every row read has position < span."""
     _check(qkv, keys, values, slot_pos, positions)
     W = keys.shape[2]
     if span is not None and (isinstance(span, bool) or not isinstance(span, int) or span < 1):
