@@ -169,9 +169,10 @@ def _tree_cpu(pid: int) -> tuple[float, float]:
 
 def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slots: int, prompt: int,
                 new_tokens: int, rounds: int, procs: int, device: str, dtype: str, seed: int = 0,
-                server: dict | None = None) -> dict:
+                server: dict | None = None, server_class: type | None = None) -> dict:
     """Start the server process, drive ``streams`` streams over the tiers of ``mix``, return the row
-    (``server``: more ``BenchServerOptions`` of the server process, e.g. the CPU proxy's ``stub_step_ms``)."""
+    (``server``: more options of the server process; ``server_class``: a ``BenchServerOptions`` subclass whose
+    module is the server's, default ``BenchServerOptions``)."""
     from ..cli_derive import to_argv
     from ..config import ESSHConfig
     from ..serve.cli import http_stack  # the server process: this interpreter, this environment
@@ -179,9 +180,10 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
 
     vocab = ESSHConfig.preset(preset).vocab_size
     port = free_port()
-    opts = BenchServerOptions(preset=preset, tiers=",".join(tiers), slots=slots, port=port, device=device,
-                              dtype=dtype, seed=seed, **(server or {}))
-    cmd = [sys.executable, "-m", "elastic_ssm.bench.serve_server", *to_argv(opts)]
+    server_class = server_class or BenchServerOptions
+    opts = server_class(preset=preset, tiers=",".join(tiers), slots=slots, port=port, device=device,
+                        dtype=dtype, seed=seed, **(server or {}))
+    cmd = [sys.executable, "-m", server_class.__module__, *to_argv(opts)]
     log = tempfile.TemporaryFile(mode="w+")       # a file, not a pipe: a full pipe would stall the server
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=os.environ.copy())
     base = f"http://127.0.0.1:{port}"
