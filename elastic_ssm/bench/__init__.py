@@ -1,12 +1,6 @@
-"""``elastic-ssm bench``: decode latency, prefill throughput, persistent memory and training throughput of
-ESSH tiers against parameter-matched peers, on random weights at the preset shapes (ESSH paper P, R); on
-request the ES-SSM decode step per budget and decoder. Protocols: docs/performance.md.
-
-``run_bench(BenchConfig(...))`` runs the selected benchmarks in the order memory, decode, prefill,
-generate, train, serve, prints every row as it completes, and returns (and writes as JSON) ``{"env",
-"config", "memory", "decode", "prefill", "generate", "train", "serve", "ratios"}``; with ``docs`` set it
-appends the tables to ``docs/benchmarks.md``. A failing or out-of-memory benchmark is recorded in its row
-(``error``) and the run goes on. ``bench_command`` runs ``elastic-ssm bench``: a suite (``suite.py``) or one run."""
+"""``elastic-ssm bench``: ``BenchConfig``, ``run_bench`` (memory, decode, prefill, generate, train, serve and
+es_ssm_decode of ESSH tiers against parameter-matched peers, random weights at the preset shapes; docs/performance.md)
+and ``bench_command`` (a suite of ``suite.py``, or one run)."""
 
 from __future__ import annotations
 
@@ -165,7 +159,8 @@ class _Runner:
 
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_tables: bool = True) -> dict:
-    """Run the benchmarks of ``cfg``; returns the results dict (see module docstring). ``log`` receives
+    """Run the benchmarks of ``cfg``; returns (and writes as JSON to ``cfg.out``) ``{"env",
+    "config", <section>: rows, "ratios"}``; a failing entry is its row's ``error``. ``log`` receives
     one line per completed entry (default: print, flushed); ``print_tables`` logs the tables at the end."""
     from . import report
     from .decode import decode_suite

@@ -1,14 +1,6 @@
-"""``elastic-ssm bench`` ``serve`` entry: N concurrent streams against a real ``elastic-ssm serve`` process.
-
-The server (``serve_server.py``) serves a random-weight ESSH at the bench preset with ``IdTokenizer`` (one
-character per token), its engine in a process of its own. ``serve_client_procs`` client processes run their share
-of the streams over raw HTTP/1.1 keep-alive connections (asyncio streams: cheaper per event than ``httpx``): every
-stream sends ``serve_rounds`` greedy streamed requests one after another, the tiers cycling through the mix,
-after a warm-up pass (``warmup_s``). Per (mix, streams): generated tokens/s, p50/p99 time to first token and
-inter-token latency (gaps between reads that carried text), the engine's counters over the timed pass
-(``Engine.counters``) and the CPU cores the server's processes used (``server_cpu``, ``http_cpu``,
-``server_us_per_token``). With ``stub_step_ms`` (``python -m benchmarks.serve_proxy``) the pools are
-``StubPool``s of fixed cost: the HTTP and engine layers measured without a GPU."""
+"""The ``serve`` bench: concurrent streams against a real server process (``serve_server.py``) from load-generator
+processes over raw HTTP/1.1 keep-alive; tokens/s, p50/p99 time to first token and inter-token latency, the engine's
+counters and the server's CPU (docs/serving.md, "Benchmark")."""
 
 from __future__ import annotations
 
