@@ -8,7 +8,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import torch
 from annotated_types import Ge
@@ -18,10 +18,9 @@ from ..config.base import AtLeast1, NonNegF
 
 __all__ = ["BenchConfig", "run_bench", "bench_command"]
 
-_BENCHES = ("memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode")
-Bench = Literal["memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode"]
+Bench = Literal["memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode"]   # in run order
+_BENCHES = get_args(Bench)
 _DEFAULT_BENCHES = _BENCHES[:5]   # serve (server + client processes) and es_ssm_decode: asked for by name
-_PEERS = ("transformer", "gated_deltanet", "mamba2")
 Peer = Literal["transformer", "gated_deltanet", "mamba2"]
 
 
@@ -45,7 +44,7 @@ class BenchConfig(ConfigBase):
                                       "train; serve (streams against a server process), es_ssm_decode (ES-SSM "
                                       "step per budget, es_ssm_* fields) on request")
     tiers: tuple[str, ...] = opt(("T1", "T4", "T7", "T10"), "ESSH tiers to decode ('all': every tier)")
-    peers: tuple[Peer, ...] = opt(_PEERS, "peers: transformer (ours), gated_deltanet / mamba2 (fla + FFN)")
+    peers: tuple[Peer, ...] = opt(get_args(Peer), "peers: transformer (ours), gated_deltanet / mamba2 (fla + FFN)")
     batches: tuple[AtLeast1, ...] = opt((1, 16, 128, 512), "decode batch sizes (CUDA-graph mode)")
     eager_batches: tuple[AtLeast1, ...] = opt((1,), "batch sizes also timed in eager mode")
     graph: bool = opt(True, "time decode with whole-step CUDA graphs (CUDA only)")

@@ -19,7 +19,7 @@ from typing import Any
 from ..config import ConfigBase, ConfigError
 from ..config.base import load_yaml, read_yaml_file
 from ..models.model_dir import CheckpointError
-from .kinds import KINDS, kind_options, kind_runner
+from .kinds import CHECKOUT, KINDS, kind_options, kind_runner
 from .targets import Target, evaluate_targets, parse_targets
 
 __all__ = ["Entry", "Suite", "EntryContext", "suite_dirs", "find_suite", "list_suites", "load_suite",
@@ -55,7 +55,7 @@ class Suite:
 
 def suite_dirs() -> list[Path]:
     """Where suite names are looked up: ``./configs/bench`` then the checkout's ``configs/bench``."""
-    dirs = [Path.cwd() / "configs" / "bench", Path(__file__).resolve().parents[2] / "configs" / "bench"]
+    dirs = [Path.cwd() / "configs" / "bench", CHECKOUT / "configs" / "bench"]
     return list(dict.fromkeys(d.resolve() for d in dirs if d.is_dir()))
 
 
@@ -218,9 +218,8 @@ class EntryContext:
     def child_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment of a child process: ours, the entry's ``env``, ``extra``, and ``PYTHONPATH`` led by
         the folder this ``elastic_ssm`` is imported from (so ``python -m elastic_ssm...`` finds it)."""
-        root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, **self.env, **(extra or {})}
-        env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH", "")) if x)
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(CHECKOUT), env.get("PYTHONPATH", "")) if x)
         return env
 
     def path(self, name: str) -> Path:
