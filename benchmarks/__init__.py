@@ -5,5 +5,5 @@ Suite kinds (``elastic_ssm/bench/kinds.py`` loads them by name for ``elastic-ssm
 claims' reports and plots), ``multigpu.py`` (torchrun training matrices), ``profiling.py``, ``gemv_sweep.py``,
 ``scan_timing.py``, ``checksum.py`` and ``es_ssm_report.py``. Commands: ``python -m benchmarks.results_page``
 (docs/results.md against the committed records), ``python -m benchmarks.ddp_check`` (DDP against one device) and
-``python -m benchmarks.serve_proxy`` (the serve bench against a stub engine on the CPU).
+``python -m benchmarks.serve_proxy`` (the serve bench against a stub engine on the CPU; ``serve_stub.py`` its server).
 """

@@ -1,17 +1,8 @@
 """Command line: elastic-ssm train|recover|export|eval|importance|generate|serve|bench|quickstart|info|...
 
-The other verbs: ``lm-eval``, ``niah``, ``calibrate``, ``prepare``, ``tokenizer train``.
-
-tyro derives every verb's flags from dataclasses, one spelling each: a verb's options (``cli_schema.py``) are
-``--field_name`` (tyro reads ``--field-name`` too), the run settings of ``train`` and ``recover`` are the config
-sections' own fields as dotted paths (``--model.<field>``, ``--train.optim.lr``, ``--data.<field>``) on top of a
-YAML run file (``--config``), and ``bench`` takes ``BenchConfig`` as ``--bench.<field>``. ``--help`` of a verb shows
-its real defaults (a run file's values for the run settings) and every field's help. A user's mistake (a bad flag
-or value, a missing or unreadable file, a malformed YAML or tokenizer, a full or read-only disk, diverged
-training) ends in one line naming the problem and the fix and exit code 2 (``cli_errors.py``; ``--debug`` or
-``ELASTIC_SSM_DEBUG=1`` shows the traceback); a training run stopped by SIGTERM or SIGINT exits 128 + the signal
-number after writing a checkpoint.
-"""
+tyro derives every verb's flags from its options dataclass (``cli_schema.py``; ``train`` / ``recover`` add the run
+sections on top of a YAML run file, ``bench`` takes ``BenchConfig``); a user's mistake is one line and exit code 2
+(``cli_errors.py``; docs/cli.md)."""
 
 from __future__ import annotations
 

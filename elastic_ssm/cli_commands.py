@@ -1,7 +1,5 @@
-"""The bodies of ``elastic-ssm`` verbs that belong to no single area: ``info``, ``train``, ``export``, ``lm-eval``,
-``niah``, ``generate``, ``bench`` and ``quickstart`` (the others: ``cli_data.py``, ``cli_eval.py``, ``serve/cli.py``,
-``cli_recover.py``). Each takes the parsed options (``cli.parse``) and returns the exit code; model code is
-imported inside them, so parsing and ``--help`` stay light."""
+"""The bodies of the ``elastic-ssm`` verbs of no single area; model code is imported inside them, so parsing and
+``--help`` stay light."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""``elastic-ssm prepare`` and ``elastic-ssm tokenizer train``: the data verbs (registered by ``cli.py``; their flags
-are ``PrepareOptions`` / ``TokenizerTrainOptions`` of ``cli_schema.py``).
-
-``prepare`` holds a one-writer lock on its output (``.<OUT name>.lock`` beside OUT, the ``RunLock`` that ``train``
-and ``export`` hold on their folders) from before its checks until the sidecar is written: a second ``prepare``
-into the same OUT is refused in one line naming the holder; the lock file it created is removed when it ends, and a
-refused ``prepare`` leaves no folder it created behind. Under the lock, temporary files of OUT and its
-sidecar (``.<name>.*.tmp``) are an interrupted writer's (a live one would hold the lock): they are removed,
-each with one line.
-"""
+"""``elastic-ssm prepare`` (under a one-writer lock on its output; docs/data.md) and ``elastic-ssm tokenizer train``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""How a parent process hands an options dataclass to a helper process, and how the helper reads it back.
-
-``to_argv`` writes the flags of a dataclass instance; ``derive`` parses them with tyro (the same mechanism as
-``elastic-ssm``'s verbs, with its one-line errors). The bench suites' helper processes (the serve bench's server,
-its CPU proxy, ddp_check, the first-token child) use the pair, so no flag is written by hand. Kept apart from
-``cli.py`` so that the bench package, which ``elastic-ssm bench`` reads its options from, does not import the CLI.
-"""
+"""``to_argv`` / ``derive``: a parent hands an options dataclass to a helper process as flags, which it parses by
+tyro; apart from ``cli.py`` so that the bench package never imports the CLI."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""``elastic-ssm eval`` and ``elastic-ssm importance``: the held-out evaluators (registered by ``cli.py``).
-
-``eval`` scores every requested tier on fixed held-out windows; ``--tiers`` mixes named tiers with capacity
-fractions training never sampled (``0.3,T4,0.62``: the two-rate map of Eq. 7 with exact parameter counts),
-and ``--lengths`` repeats the evaluation at several sequence lengths (``1x,2x,4x,8x`` of the training
-length, read from the run's ``run.yaml`` or ``--train_len``, or absolute token counts). ``importance``
-measures the knock-out and output-energy profile of the spectral channels (ESSH App. L.3, Table 31) and
-writes a CSV, a JSON and, with matplotlib, a plot.
-"""
+"""``elastic-ssm eval`` (named tiers and capacity fractions, ``--lengths`` sweeps) and ``elastic-ssm importance``
+(ESSH App. L.3, Table 31); docs/evaluation.md."""
 
 from __future__ import annotations
 

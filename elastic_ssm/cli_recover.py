@@ -1,14 +1,6 @@
-"""``elastic-ssm recover PARENT``: truncate a saved ESSH and recover it by one of the paper's protocols.
-
-    elastic-ssm recover runs/dense/final --protocol refine --steps 200 --train.out_dir runs/dense-recovered
-
-``--protocol refine`` (the dense control of Tables 33/43), ``label_only`` (Table 43's label-only recovery of
-each tier at its fixed shape) or ``posthoc`` (E.7: calibration ranking, nested masks, forward KL + CE under
-the frozen parent, constant lr 1e-4). Data and training settings come from a run YAML plus ``--train.*`` /
-``--data.*`` flags; the recovery length is ``train.refine.steps`` (``--steps``). Prints the per-tier table
-before and after and writes ``recovery.csv`` into ``train.out_dir`` (``train/recover.py``). The flags are
-``RecoverOptions`` of ``cli_schema.py`` plus the config sections' (``cli.run_options``).
-"""
+"""``elastic-ssm recover PARENT``: truncate a saved ESSH and recover it by ``--protocol refine`` (Tables 33/43),
+``label_only`` (Table 43) or ``posthoc`` (E.7); per-tier tables before and after, ``recovery.csv``
+(``train/recover.py``)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""The options of every ``elastic-ssm`` verb, as keyword-only dataclasses; tyro derives the flags from them.
-
-A field ``n_pairs`` is ``--n_pairs`` (tyro also reads ``--n_pairs``), a ``Positional`` field an argument without
-``--``; a ``Literal`` lists the choices, the metadata's ``help`` is the flag's help. Shared groups (``DeviceOptions``,
-``DtypeOptions``, ``PrecisionOptions``, ``TokenizerOptions``, ``TiersOptions``, ``HeldOutOptions``,
-``TierBudgetOptions``, ``SamplingOptions``, ``CsvOptions``) give one spelling per concept. What a type cannot say sits
-in the metadata and ``cli.check_options`` checks it before a verb runs: ``minimum`` / ``above`` / ``maximum``,
-``output`` (a path the verb writes) and ``aliases`` (older spellings, accepted and hidden from ``--help``). The run
-settings of ``train`` and ``recover`` are the config sections' own ``--model.*``, ``--train.*``, ``--data.*`` flags
-(``cli.run_options``).
-"""
+"""The options of every ``elastic-ssm`` verb, as keyword-only dataclasses built from shared groups; tyro derives
+the flags. What a type cannot say sits in ``flag``'s metadata (``minimum``, ``above``, ``maximum``, ``output``, older
+spellings as ``aliases``) and ``cli.check_options`` checks it before a verb runs."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""The main job (``elastic-ssm quickstart``): train once on CPU, export many, check and report.
-
-1. Train a small ESSH on the embedded corpus (stdlib source, bytes) with the capacity-mixed recipe (ESSH
-   Algorithm 1), then its shared refinement (D.8).
-2. Export all ten tiers as standalone models; check each against the shared model (bitwise, CPU fp32).
-3. Evaluate bits-per-byte of every export on held-out files.
-4. The dense control (Tables 33 and 43; App. E): full capacity only for the same steps and data, truncated
-   to every tier (raw), then recovered with the same refinement stage; both raw and recovered are reported.
-5. Write ``report.md``, ``tiers.csv`` and ``quality_size.png``; print the table.
-
-``resume`` (``"auto"``: start fresh when ``out_dir`` holds no quickstart run) continues a stopped quickstart:
-a finished run's ``final/`` is loaded, an interrupted one resumes bit-exact; exports and report are redone.
-"""
+"""The main job (``elastic-ssm quickstart``): train a small ESSH once on CPU (capacity-mixed, then its shared
+refinement), export and check all ten tiers, evaluate them beside the dense control truncated and recovered (Tables
+33, 43), write ``report.md``, ``tiers.csv`` and ``quality_size.png``; ``resume`` continues a stopped quickstart."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""``elastic-ssm bench``: decode latency, prefill throughput, persistent memory and training throughput of
-ESSH tiers against parameter-matched peers, on random weights at the preset shapes (ESSH paper P, R); on
-request the ES-SSM decode step per budget and decoder. Protocols: docs/performance.md.
-
-``run_bench(BenchConfig(...))`` runs the selected benchmarks in the order memory, decode, prefill,
-generate, train, serve, prints every row as it completes, and returns (and writes as JSON) ``{"env",
-"config", "memory", "decode", "prefill", "generate", "train", "serve", "ratios"}``; with ``docs`` set it
-appends the tables to ``docs/benchmarks.md``. A failing or out-of-memory benchmark is recorded in its row
-(``error``) and the run goes on. ``bench_command`` runs ``elastic-ssm bench``: a suite (``suite.py``) or one run."""
+"""``elastic-ssm bench``: ``BenchConfig``, ``run_bench`` (memory, decode, prefill, generate, train, serve and
+es_ssm_decode of ESSH tiers against parameter-matched peers, random weights at the preset shapes; docs/performance.md)
+and ``bench_command`` (a suite of ``suite.py``, or one run)."""
 
 from __future__ import annotations
 
@@ -14,7 +8,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import torch
 from annotated_types import Ge
@@ -24,10 +18,9 @@ from ..config.base import AtLeast1, NonNegF
 
 __all__ = ["BenchConfig", "run_bench", "bench_command"]
 
-_BENCHES = ("memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode")
-Bench = Literal["memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode"]
+Bench = Literal["memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode"]   # in run order
+_BENCHES = get_args(Bench)
 _DEFAULT_BENCHES = _BENCHES[:5]   # serve (server + client processes) and es_ssm_decode: asked for by name
-_PEERS = ("transformer", "gated_deltanet", "mamba2")
 Peer = Literal["transformer", "gated_deltanet", "mamba2"]
 
 
@@ -51,7 +44,7 @@ class BenchConfig(ConfigBase):
                                       "train; serve (streams against a server process), es_ssm_decode (ES-SSM "
                                       "step per budget, es_ssm_* fields) on request")
     tiers: tuple[str, ...] = opt(("T1", "T4", "T7", "T10"), "ESSH tiers to decode ('all': every tier)")
-    peers: tuple[Peer, ...] = opt(_PEERS, "peers: transformer (ours), gated_deltanet / mamba2 (fla + FFN)")
+    peers: tuple[Peer, ...] = opt(get_args(Peer), "peers: transformer (ours), gated_deltanet / mamba2 (fla + FFN)")
     batches: tuple[AtLeast1, ...] = opt((1, 16, 128, 512), "decode batch sizes (CUDA-graph mode)")
     eager_batches: tuple[AtLeast1, ...] = opt((1,), "batch sizes also timed in eager mode")
     graph: bool = opt(True, "time decode with whole-step CUDA graphs (CUDA only)")
@@ -165,7 +158,8 @@ class _Runner:
 
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_tables: bool = True) -> dict:
-    """Run the benchmarks of ``cfg``; returns the results dict (see module docstring). ``log`` receives
+    """Run the benchmarks of ``cfg``; returns (and writes as JSON to ``cfg.out``) ``{"env",
+    "config", <section>: rows, "ratios"}``; a failing entry is its row's ``error``. ``log`` receives
     one line per completed entry (default: print, flushed); ``print_tables`` logs the tables at the end."""
     from . import report
     from .decode import decode_suite

@@ -1,9 +1,5 @@
-"""Decode-latency benchmark: one synchronous step of the whole batch, after a context already in the cache.
-
-Protocol (ESSH paper E.5 / Appendix R; docs/performance.md): caches sized for ``context`` tokens, weights and
-KV bf16, recurrent state fp32; ``warmup`` untimed steps, then ``iters`` steps timed by CUDA events; the median
-ms per step. ``graph`` replays one CUDA graph of the step. The context is placed in the caches directly
-(random values; step cost depends on their sizes only)."""
+"""Decode latency: one synchronous step of the whole batch after ``context`` tokens placed in the caches (random
+values), median ms by CUDA events, eager or one CUDA graph of the step (ESSH E.5, Appendix R; docs/performance.md)."""
 
 from __future__ import annotations
 

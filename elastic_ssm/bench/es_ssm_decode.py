@@ -1,10 +1,5 @@
-"""ES-SSM decode benchmark: ms per token of ``ESSSM.step`` per budget K, decoder and batch (``--bench.benchmarks
-es_ssm_decode``).
-
-As ``decode.py``: random weights at the ``es_ssm_preset`` shapes, the cache at budget K with the chosen decoder
-(``exact`` ring buffers of the last L-1 inputs, Eq. 4; ``modal``: ``es_ssm_modes`` modes per channel) filled
-with random values at time ``context``; median ms per step. Eager only: the exact decoder reads its ring at a
-host-side offset that a CUDA graph would freeze."""
+"""ES-SSM decode: ms per ``ESSSM.step`` per budget K, decoder (``exact`` ring buffers, Eq. 4, or ``modal``) and
+batch; eager only (the exact decoder reads its ring at a host-side offset that a CUDA graph would freeze)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The user's generation path, timed: ``model.generate`` wall clock, prefill apart, the decoder step beside it.
-
-Per tier and batch (random weights, greedy, no eos): ``first_call_s`` (the first ``generate``: decoder build,
-graph capture, compilation), ``prefill_ms`` (``max_new_tokens=1``), ``total_ms``, ``ms_per_token`` = (total -
-prefill) / (new tokens - 1), ``step_ms`` (the pooled ``FastDecoder``'s own step, CUDA events) and ``ratio`` =
-ms_per_token / step_ms; medians over ``generate_iters`` calls after one warm-up call.
-
-Suite kind ``generate_paths`` (CPU): cost per token of the reference step (``fast=False``) against the fused
-torch path (``fast=True``), one thread, process CPU time, median over ``repeats``."""
+"""The user's generation path: ``model.generate`` timed per tier and batch (first call, prefill, ms/token, the
+decoder's own step); the ``generate_paths`` kind: the reference step against the fused torch path on the CPU."""
 
 from __future__ import annotations
 
@@ -25,7 +18,9 @@ __all__ = ["bench_generate", "generate_suite", "GeneratePathsOptions", "run_gene
 
 def bench_generate(model, tier: str, batch: int, prompt_len: int, new_tokens: int, iters: int,
                    device: torch.device) -> dict:
-    """One entry (see module docstring); returns the row's measured fields."""
+    """One entry: ``first_call_s`` (decoder build, graph capture, compilation), ``prefill_ms`` (``max_new_tokens=1``),
+    ``total_ms``, ``ms_per_token`` = (total - prefill) / (new tokens - 1), ``step_ms`` (the pooled decoder's step)
+    and their ``ratio``; medians over ``iters`` calls after one warm-up call."""
     from ..models.decode_engine import decoder_pool
 
     if new_tokens < 2:

@@ -1,11 +1,8 @@
-"""Entry kinds of a bench suite: each is an options dataclass (the entry's keys in the suite YAML) and a
-function ``run(options, ctx) -> rows``; this file is the registry (``KINDS``; the table of kinds is in
-docs/performance.md, "Suites") and holds the three generic kinds: ``bench``, ``tests`` and ``command``.
+"""Entry kinds of a bench suite: ``KINDS`` maps each to its options dataclass and ``run(options, ctx) -> rows``.
 
-A kind of the research harness (``HARNESS``: ``benchmarks/`` at the repository root, not installed) is imported
-from ``benchmarks.<module>``; when that is not importable, from the current folder or the checkout ``elastic_ssm``
-comes from if either holds ``benchmarks/__init__.py``, else loading the suite is a one-line ``ConfigError``.
-``ctx`` (``suite.EntryContext``) gives the entry its folder, a log, the time left and its ``env``."""
+The generic kinds ``bench``, ``tests`` and ``command`` live here; a kind of the research harness (``benchmarks/`` at
+the repository root, not installed) is imported by name, from the current folder or the checkout when it is not
+importable, else loading the suite is a one-line ``ConfigError``."""
 
 from __future__ import annotations
 

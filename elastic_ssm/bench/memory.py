@@ -1,8 +1,5 @@
-"""Persistent decoding memory per sequence: measured cache tensors against the config's formula.
-
-ESSH (C.5, Table 53): the bytes an ``ESSHCache`` of the tier allocates must equal ``elastic.tiers.state_bytes``
-exactly (slot-position bookkeeping reported apart); Transformer++ keeps ``2 N context d`` KV entries.
-Allocation goes to the ``meta`` device by default, so 1.5B-scale caches cost nothing to count."""
+"""Persistent decoding memory per sequence: the cache tensors a tier allocates (on ``meta``) against
+``elastic.tiers.state_bytes`` (ESSH C.5, Table 53); Transformer++ keeps ``2 N context d`` KV entries."""
 
 from __future__ import annotations
 

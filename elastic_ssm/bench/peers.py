@@ -1,10 +1,5 @@
-"""Models of the systems comparison, built at the preset shapes with random weights (ESSH paper P.4).
-
-Parameter matching (Table 54 rule): a peer keeps the ESSH model's depth, width, vocabulary and embedding tying;
-only its FFN width changes, in multiples of ``align``, to minimise |params(peer) - params(ESSH tier)|.
-``MATCH_TOLERANCE`` (0.5%) is the paper's largest gap (0.34%) plus one alignment step at 370M. Peers:
-``transformer`` (our Transformer++) and, with flash-linear-attention, ``gated_deltanet`` and ``mamba2`` (fla's
-mixers alternating with our SwiGLU blocks, E.6); Mamba-2 without ``mamba_ssm`` is reported unavailable."""
+"""The peers of the systems comparison at the preset shapes, random weights (ESSH P.4): our Transformer++ and,
+with fla, Gated DeltaNet and Mamba-2 between SwiGLU blocks (E.6), their FFN width matched by Table 54's rule."""
 
 from __future__ import annotations
 
@@ -28,7 +23,7 @@ __all__ = ["MATCH_TOLERANCE", "PeerUnavailable", "require_fla", "match_ffn_width
            "peer_forward", "build_essh", "build_transformer", "cast_matrices", "FlaFFNModel",
            "fla_matched", "build_fla", "FlaDecoder"]
 
-MATCH_TOLERANCE = 0.005
+MATCH_TOLERANCE = 0.005    # the paper's largest gap (0.34%) plus one alignment step at 370M
 #: Weight matrices that run in the low-precision dtype; modal tables, gate biases, blend and norm
 #: vectors stay float32 (ESSH deployment: bf16 weights, fp32 recurrence).
 _MATRIX = re.compile(r"(embed\.weight|lm_head\.weight|.*\.(in_proj|out_proj|qkv|out|w_in|w_out)(\.weight)?)$")

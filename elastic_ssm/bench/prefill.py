@@ -1,9 +1,5 @@
-"""Prefill throughput: one batch-1 forward pass returning the full logits (ESSH paper P.2, Table 58).
-
-Per prompt length T: ``model(ids [1, T])`` under ``torch.inference_mode``, ``warmup`` untimed then ``iters``
-timed calls; ``T / median time`` in ktok/s and peak allocated decimal GB; out-of-memory is a result.
-Suite kind ``session_prefill``: ``generate``'s own prefill (``FusedSession.prefill``, eager or the compiled
-trunk's CUDA graph) per scan backend and length: the first call's wall seconds and the median of ``repeats``."""
+"""Prefill throughput: batch-1 full-logit forwards per prompt length (ESSH P.2, Table 58), ktok/s and peak GB;
+the ``session_prefill`` kind: ``generate``'s own prefill (eager or graphed) per scan backend and length."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""A fresh process's first token, by phase (suite kind ``first_token``; issue 18).
-
-The parent saves a random-weight model of ``preset`` once (``model_dir``, default a folder under the system
-temp dir), then starts ``runs`` children one after another per scan backend, each ``python -m
-elastic_ssm.bench.process`` with the flags of ``ChildOptions`` (``cli_derive.to_argv`` / ``derive``): import,
-``from_pretrained`` at the tier, the pooled fused decoder, the first prefill of a ``prompt``-token prompt and its
-argmax, then one more ``generate(prompt, 1)``; wall seconds per phase from the moment the parent started the
-child (``import_s`` includes interpreter start-up). Later children find Triton's caches on disk (``warm``).
-Optional: ``import_fla`` children that only import fla, a cProfile of one prefill (``cprofile``, to
-``profile.txt``), and ``elastic-ssm generate`` end to end (``cli_tokens``)."""
+"""A fresh process's first token by phase (kind ``first_token``): children ``python -m elastic_ssm.bench.process``
+(flags of ``ChildOptions``) time import, load, decoder and first prefill from the moment the parent started them."""
 
 from __future__ import annotations
 

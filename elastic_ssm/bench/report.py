@@ -11,9 +11,6 @@ from ..utils.environment import environment
 __all__ = ["SECTIONS", "environment", "format_table", "ratios", "tables", "write_json", "markdown_section",
            "append_markdown", "rows_table", "suite_tables", "suite_markdown"]
 
-#: the result sections of one ``run_bench`` (in run order)
-SECTIONS = ("memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode")
-
 
 def _cell(v, width: int = 0) -> str:
     if v is None:
@@ -85,12 +82,16 @@ _MEM_COLS = ["model", "preset", "tier", "recurrent", "kv", "total", "formula_tot
 _RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value", "ratio"]
 
 
+#: the result sections of one ``run_bench`` (in run order) and their columns
+_SECTION_COLS = {"memory": _MEM_COLS, "decode": _DECODE_COLS, "prefill": _PREFILL_COLS, "generate": _GENERATE_COLS,
+                 "train": _TRAIN_COLS, "serve": _SERVE_COLS, "es_ssm_decode": _ES_SSM_COLS}
+SECTIONS = tuple(_SECTION_COLS)
+
+
 def tables(results: dict) -> str:
     """All sections of ``results`` as text tables."""
     parts = []
-    for key, cols in (("memory", _MEM_COLS), ("decode", _DECODE_COLS), ("prefill", _PREFILL_COLS),
-                      ("generate", _GENERATE_COLS), ("train", _TRAIN_COLS), ("serve", _SERVE_COLS),
-                      ("es_ssm_decode", _ES_SSM_COLS)):
+    for key, cols in _SECTION_COLS.items():
         if results.get(key):
             parts.append(format_table(results[key], cols, title=f"## {key}"))
     rat = ratios(results)
@@ -126,10 +127,6 @@ def append_markdown(path: str | Path, results: dict, section: str | None = None)
 
 
 # ---- suites ----------------------------------------------------------------------------------------------
-_SECTION_COLS = dict(zip(SECTIONS, (_MEM_COLS, _DECODE_COLS, _PREFILL_COLS, _GENERATE_COLS, _TRAIN_COLS,
-                                    _SERVE_COLS, _ES_SSM_COLS)), ratios=_RATIO_COLS)
-
-
 def rows_table(rows: list[dict], title: str) -> str:
     """Rows of any entry kind as a table: the columns of their bench section, else every scalar column in the
     order first seen; a ``target`` column (PASS / FAIL) when a target judged a row."""
@@ -137,7 +134,7 @@ def rows_table(rows: list[dict], title: str) -> str:
     if len(sections) > 1:
         return "\n\n".join(rows_table([r for r in rows if r.get("section") == s], f"{title} / {s}")
                             for s in sections)
-    cols = list(_SECTION_COLS.get(sections[0] or "", []))
+    cols = list({**_SECTION_COLS, "ratios": _RATIO_COLS}.get(sections[0] or "", []))
     if not cols:
         cols = [k for k in dict.fromkeys(k for r in rows for k in r)
                 if k not in ("section", "target") and all(not isinstance(r.get(k), (list, dict)) for r in rows)]

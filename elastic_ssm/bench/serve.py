@@ -1,14 +1,6 @@
-"""``elastic-ssm bench`` ``serve`` entry: N concurrent streams against a real ``elastic-ssm serve`` process.
-
-The server (``serve_server.py``) serves a random-weight ESSH at the bench preset with ``IdTokenizer`` (one
-character per token), its engine in a process of its own. ``serve_client_procs`` client processes run their share
-of the streams over raw HTTP/1.1 keep-alive connections (asyncio streams: cheaper per event than ``httpx``): every
-stream sends ``serve_rounds`` greedy streamed requests one after another, the tiers cycling through the mix,
-after a warm-up pass (``warmup_s``). Per (mix, streams): generated tokens/s, p50/p99 time to first token and
-inter-token latency (gaps between reads that carried text), the engine's counters over the timed pass
-(``Engine.counters``) and the CPU cores the server's processes used (``server_cpu``, ``http_cpu``,
-``server_us_per_token``). With ``stub_step_ms`` (``python -m benchmarks.serve_proxy``) the pools are
-``StubPool``s of fixed cost: the HTTP and engine layers measured without a GPU."""
+"""The ``serve`` bench: concurrent streams against a real server process (``serve_server.py``) from load-generator
+processes over raw HTTP/1.1 keep-alive; tokens/s, p50/p99 time to first token and inter-token latency, the engine's
+counters and the server's CPU (docs/serving.md, "Benchmark")."""
 
 from __future__ import annotations
 
@@ -169,9 +161,10 @@ def _tree_cpu(pid: int) -> tuple[float, float]:
 
 def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slots: int, prompt: int,
                 new_tokens: int, rounds: int, procs: int, device: str, dtype: str, seed: int = 0,
-                server: dict | None = None) -> dict:
+                server: dict | None = None, server_class: type | None = None) -> dict:
     """Start the server process, drive ``streams`` streams over the tiers of ``mix``, return the row
-    (``server``: more ``BenchServerOptions`` of the server process, e.g. the CPU proxy's ``stub_step_ms``)."""
+    (``server``: more options of the server process; ``server_class``: a ``BenchServerOptions`` subclass whose
+    module is the server's, default ``BenchServerOptions``)."""
     from ..cli_derive import to_argv
     from ..config import ESSHConfig
     from ..serve.cli import http_stack  # the server process: this interpreter, this environment
@@ -179,9 +172,10 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
 
     vocab = ESSHConfig.preset(preset).vocab_size
     port = free_port()
-    opts = BenchServerOptions(preset=preset, tiers=",".join(tiers), slots=slots, port=port, device=device,
-                              dtype=dtype, seed=seed, **(server or {}))
-    cmd = [sys.executable, "-m", "elastic_ssm.bench.serve_server", *to_argv(opts)]
+    server_class = server_class or BenchServerOptions
+    opts = server_class(preset=preset, tiers=",".join(tiers), slots=slots, port=port, device=device,
+                        dtype=dtype, seed=seed, **(server or {}))
+    cmd = [sys.executable, "-m", server_class.__module__, *to_argv(opts)]
     log = tempfile.TemporaryFile(mode="w+")       # a file, not a pipe: a full pipe would stall the server
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=os.environ.copy())
     base = f"http://127.0.0.1:{port}"

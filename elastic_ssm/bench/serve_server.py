@@ -1,6 +1,5 @@
-"""The server process of the ``serve`` benchmark: the app of ``serve/app.py`` over a random-weight ESSH with
-``IdTokenizer``, no weights on disk; with ``stub_step_ms`` its pools are ``StubPool``s (the CPU proxy). Started as
-``python -m elastic_ssm.bench.serve_server`` with the flags of a ``BenchServerOptions`` (``cli_derive``)."""
+"""The ``serve`` benchmark's server process: ``serve/app.py`` over a random-weight ESSH with ``IdTokenizer``.
+Started as ``python -m elastic_ssm.bench.serve_server`` with the flags of a ``BenchServerOptions`` (``cli_derive``)."""
 
 from __future__ import annotations
 
@@ -12,9 +11,23 @@ from typing import Literal
 from ..config import opt
 from ..serve.engine import PREFILL_WAIT_MS
 from ..serve.slots import GRAPH_TOKENS
-from .serve_stub import IdTokenizer, StubPool
 
-__all__ = ["BenchServerOptions", "main"]
+__all__ = ["BenchServerOptions", "IdTokenizer", "run_server", "main"]
+
+
+class IdTokenizer:
+    """A stand-in tokenizer for random-weight models: token i <-> the character U+0100 + i (no specials)."""
+
+    pad_id = bos_id = eos_id = sep_id = None
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) - 0x100 for c in text if 0 <= ord(c) - 0x100 < self.vocab_size]
+
+    def decode(self, ids) -> str:
+        return "".join(chr(0x100 + int(i)) for i in ids)
 
 
 @dataclass(kw_only=True)
@@ -38,18 +51,13 @@ class BenchServerOptions:
                                      "--attended_spans)")
     engine: Literal["process", "thread"] = opt("process", "the engine in its own process (as elastic-ssm serve) "
                                                           "or a thread of the HTTP process")
-    stub_step_ms: float | None = opt(None, "CPU proxy: StubPool with a decode step of this many ms instead of the "
-                                           "model's pools")
-    stub_prefill_ms: float = opt(0.0, "CPU proxy: fixed ms per prefill forward")
-    stub_prefill_us_per_token: float = opt(0.0, "CPU proxy: us per prefilled token")
     switch_interval: float | None = opt(None, "sys.setswitchinterval (experiments)")
     loop: str = opt("auto", "uvicorn's event loop (experiments)")
     http: str = opt("auto", "uvicorn's HTTP protocol (experiments)")
 
 
-def _bench_model(preset: str, device: str, dtype: str, seed: int, stub: bool):
-    """The bench server's model: random weights at ``preset`` with ``IdTokenizer`` (for the CPU proxy on CPU in
-    float32 with a 1024-id vocabulary: above 260 ids, so the text is IdTokenizer's, one character per token).
+def _bench_model(preset: str, device: str, dtype: str, seed: int, vocab_size: int | None):
+    """Random weights at ``preset`` (``vocab_size``: in place of the preset's) with ``IdTokenizer``;
     ``device="meta"``: the HTTP process's view of it."""
     import torch
 
@@ -57,32 +65,21 @@ def _bench_model(preset: str, device: str, dtype: str, seed: int, stub: bool):
     from .peers import build_essh
 
     torch.manual_seed(seed)
-    cfg = ESSHConfig.preset(preset, vocab_size=1024) if stub else ESSHConfig.preset(preset)
-    if stub and device != "meta":
-        torch.set_num_threads(1)
-        device, dtype = "cpu", "float32"
+    cfg = ESSHConfig.preset(preset, **({} if vocab_size is None else {"vocab_size": vocab_size}))
     model = build_essh(cfg, torch.device(device), getattr(torch, dtype))
     model.tokenizer = IdTokenizer(model.config.vocab_size)
     return model
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The server process of the benchmark (random weights, ``IdTokenizer``)."""
+def run_server(a: BenchServerOptions, pool_factory=None, vocab_size: int | None = None) -> None:
+    """Serve ``a``'s random-weight model on 127.0.0.1 until stopped (``pool_factory``: ``Engine``'s)."""
     import uvicorn
 
-    from ..cli_derive import derive
     from ..serve.app import ServerSettings, create_app
-
-    a = derive(BenchServerOptions, argv, "python -m elastic_ssm.bench.serve_server", __doc__.splitlines()[0])
 
     if a.switch_interval is not None:
         sys.setswitchinterval(a.switch_interval)
-    stub = a.stub_step_ms is not None
-    pool_factory = None
-    if stub:
-        pool_factory = functools.partial(StubPool, step_ms=a.stub_step_ms, prefill_ms=a.stub_prefill_ms,
-                                         prefill_us_per_token=a.stub_prefill_us_per_token)
-    load = functools.partial(_bench_model, a.preset, a.device, a.dtype, a.seed, stub)
+    load = functools.partial(_bench_model, a.preset, a.device, a.dtype, a.seed, vocab_size)
     tiers = a.tiers.split(",")
     settings = ServerSettings(name="bench", tiers=tiers, default_tier=tiers[-1], slots=a.slots,
                               max_prefill=a.max_prefill, prefill_wait_ms=a.prefill_wait_ms,
@@ -91,11 +88,18 @@ def main(argv: list[str] | None = None) -> None:
                               max_queue=4 * a.slots,
                               max_connections_per_client=1 << 16, max_prompt_tokens=1 << 16, max_tokens_limit=1 << 16)
     if a.engine == "process":
-        app = create_app(_bench_model(a.preset, "meta", a.dtype, a.seed, stub), settings, pool_factory, load=load)
+        meta = _bench_model(a.preset, "meta", a.dtype, a.seed, vocab_size)
+        app = create_app(meta, settings, pool_factory, load=load)
     else:
         app = create_app(load(), settings, pool_factory)
     uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", limit_concurrency=1 << 16, loop=a.loop,
                 http=a.http)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ..cli_derive import derive
+
+    run_server(derive(BenchServerOptions, argv, "python -m elastic_ssm.bench.serve_server", __doc__.splitlines()[0]))
 
 
 if __name__ == "__main__":

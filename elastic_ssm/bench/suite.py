@@ -1,23 +1,6 @@
-"""Bench suites: YAML files under ``configs/bench/`` that list typed entries, run by ``elastic-ssm bench
---bench.suite NAME`` (or a path) within a time budget, with targets as data (docs/performance.md, "Suites").
-
-A suite file::
-
-    description: the user's generation path on one H200
-    budget_s: 540          # entries that would start later are skipped (--bench.time_budget_s overrides)
-    gpus: 1                # CUDA devices the suite needs (0: runs anywhere)
-    entries:
-      - name: generate-370m                    # unique; --bench.only picks entries by name (globs)
-        kind: bench                            # kinds.KINDS: bench, tests, command, first_token, ...
-        preset: 370m                           # every other key is an option of the kind (BenchConfig here)
-        benchmarks: [generate]
-        target: {ms_per_token: {max: 0.60}}    # targets.py
-        env: {ELASTIC_SSM_SCAN_BACKEND: fla}   # set for this entry (and its child processes)
-      - {name: scan-check, kind: tests, optional: true, args: [-m, gpu, tests/ops/test_spectral_scan_gpu.py]}
-
-``optional: true`` entries run only when ``--bench.only`` names them; when a ``required: true`` entry fails, the
-entries after it are skipped. ``load_suite`` validates everything with one-line errors before anything runs;
-``run_suite`` runs the entries in order, each into ``OUT_DIR/<entry>/``."""
+"""Bench suites: YAML files under ``configs/bench/`` of typed entries (``kinds.py``), with targets as data
+(``targets.py``) and a time budget (docs/performance.md, "Suites"). ``load_suite`` validates a suite with one-line
+errors before anything runs; ``run_suite`` runs its entries in order, each into ``OUT_DIR/<entry>/``."""
 
 from __future__ import annotations
 
@@ -36,7 +19,7 @@ from typing import Any
 from ..config import ConfigBase, ConfigError
 from ..config.base import load_yaml, read_yaml_file
 from ..models.model_dir import CheckpointError
-from .kinds import KINDS, kind_options, kind_runner
+from .kinds import CHECKOUT, KINDS, kind_options, kind_runner
 from .targets import Target, evaluate_targets, parse_targets
 
 __all__ = ["Entry", "Suite", "EntryContext", "suite_dirs", "find_suite", "list_suites", "load_suite",
@@ -72,7 +55,7 @@ class Suite:
 
 def suite_dirs() -> list[Path]:
     """Where suite names are looked up: ``./configs/bench`` then the checkout's ``configs/bench``."""
-    dirs = [Path.cwd() / "configs" / "bench", Path(__file__).resolve().parents[2] / "configs" / "bench"]
+    dirs = [Path.cwd() / "configs" / "bench", CHECKOUT / "configs" / "bench"]
     return list(dict.fromkeys(d.resolve() for d in dirs if d.is_dir()))
 
 
@@ -131,7 +114,7 @@ def _entry(raw: Any, i: int, where: str) -> Entry:
 
 
 def load_suite(name_or_path: str | Path) -> Suite:
-    """Parse and validate a suite (see the module docstring); nothing runs."""
+    """Parse and validate a suite; nothing runs."""
     path = find_suite(str(name_or_path))
     where = f"bench suite {path}"
     data = read_yaml_file(path, "bench suite")       # syntax errors with line and column, keys given twice
@@ -235,9 +218,8 @@ class EntryContext:
     def child_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment of a child process: ours, the entry's ``env``, ``extra``, and ``PYTHONPATH`` led by
         the folder this ``elastic_ssm`` is imported from (so ``python -m elastic_ssm...`` finds it)."""
-        root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, **self.env, **(extra or {})}
-        env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH", "")) if x)
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(CHECKOUT), env.get("PYTHONPATH", "")) if x)
         return env
 
     def path(self, name: str) -> Path:

@@ -1,14 +1,5 @@
-"""Targets of a bench suite as data: bounds on a metric of the rows an entry produces, PASS / FAIL / n/a.
-
-An entry states ``target: {METRIC: {max: X}}`` or ``targets: [...]``; a mapping may narrow its rows with
-``where: {column: value, ...}`` and name itself with ``name:``::
-
-    targets:
-      - {where: {tier: T10, batch: 1}, ms_per_token: {max: 0.60}}
-      - {rc: {equals: 0}}
-
-Each matching row with the metric is one result: PASS when every bound (``max``, ``min``, ``equals``) holds,
-else FAIL. A target no row answers is one ``n/a`` result saying why."""
+"""Targets of a bench suite as data: ``{METRIC: {max|min|equals: X}}`` on an entry's rows, narrowed by
+``where: {column: value}`` and named by ``name``; PASS / FAIL per row, or one ``n/a`` saying why no row answered."""
 
 from __future__ import annotations
 

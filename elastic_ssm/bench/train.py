@@ -1,9 +1,5 @@
-"""Training throughput at full capacity and model FLOP utilisation (ESSH paper P.1, Table 50).
-
-One optimizer step = forward + backward of a ``[batch, seq_len]`` micro-batch of random tokens, then a fused
-AdamW update; on CUDA fp32 master weights under bf16 autocast (E.5). tokens/s = ``batch * seq_len / median step
-time``; MFU = ``3 F tok/s / peak`` with ``F`` = ``elastic.tiers.flops_per_token`` at ``seq_len`` and ``peak``
-the dense bf16 rate (``PEAK_TFLOPS``); elementwise work is not counted, so MFU is a lower bound."""
+"""Training throughput at full capacity and MFU (ESSH P.1, Table 50): ``3 F tok/s / peak``, ``F`` =
+``elastic.tiers.flops_per_token`` at ``seq_len``; elementwise work is not counted, so MFU is a lower bound."""
 
 from __future__ import annotations
 

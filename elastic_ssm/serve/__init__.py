@@ -1,13 +1,7 @@
-"""Serving every tier of one checkpoint, and choosing a tier for a budget (DESIGN: serving sits on top).
+"""Serving every tier of one checkpoint (docs/serving.md), and ``select_tier``: the tier for a budget.
 
-* ``select_tier`` (``select.py``; ``es.select_tier``): the best tier within latency / state / parameter budgets;
-* ``calibrate.py``: writes ``tier_profile.json`` and ``tier_quality.json``;
-* the server (``elastic-ssm serve``, the ``serve`` extra; docs/serving.md): ``slots.py`` (the slot pool),
-  ``tokens.py`` (sampling, text), ``engine.py`` / ``remote.py`` (continuous batching), ``schema.py`` /
-  ``protocol.py`` (the OpenAI bodies), ``guard.py`` / ``header_deadline.py`` (limits), ``metrics.py``, ``app.py``.
-
-FastAPI, uvicorn, prometheus_client and ``schema.py`` are imported only through ``app.py`` and ``cli.py``'s ``serve``.
-"""
+FastAPI, uvicorn, prometheus_client and ``schema.py`` are imported only through ``app.py`` and ``cli.py``'s
+``serve``."""
 
 from __future__ import annotations
 

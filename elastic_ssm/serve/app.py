@@ -1,13 +1,5 @@
-"""The HTTP application: OpenAI-compatible completions over the engine, with health, model list and metrics.
-
-``create_app(model, settings)`` returns a FastAPI app whose lifespan starts and stops the engine. Routes
-(``/openapi.json``; no ``/docs`` page): ``GET /health`` (no key needed), ``GET /v1/models``, ``POST
-/v1/completions`` and ``POST /v1/chat/completions`` (whole, or server-sent events ending ``data: [DONE]``) and
-``GET /metrics``. A POST body is read by ``guard.read_body`` / ``guard.parse_json``, then validated against
-``serve/schema.py``'s model. Every refusal is OpenAI's error shape with a one-line message (400, 404, 408, 413,
-415, 421, 429, 503 + ``Retry-After``; 500 from ``guard.Guard``). A request names a tier, never a file. One log
-line per finished request (logger ``elastic_ssm.serve``).
-"""
+"""The HTTP application (``create_app``): OpenAI-compatible completions and chat completions over the engine,
+health, model list and metrics; every refusal is OpenAI's error shape with a one-line message (docs/serving.md)."""
 
 import asyncio
 import gc
@@ -103,7 +95,7 @@ def _text_event(render_chunk, req, model_id: str):
 
 
 def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
-    """The FastAPI app serving ``model`` (module docstring).
+    """The FastAPI app serving ``model``; its lifespan starts and stops the engine.
 
     ``load``: a picklable callable that builds the model: the engine then runs in its own process (a
     ``RemoteEngine`` in ``app.state.engine``, whose ``start`` may be called early to report a failed load;

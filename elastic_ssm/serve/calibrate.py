@@ -1,13 +1,6 @@
-"""Measuring the tiers for ``select_tier``: ``tier_profile.json`` (speed) and ``tier_quality.json`` (quality).
-
-``calibrate(model, batches)`` times the served decode step of every tier in a ``SlotPool`` of each batch (CUDA
-events, wall clock on the CPU; ``warmup`` untimed steps, then ``iters``), reading the whole window ring (the
-long-context bound), and records each tier's exact state bytes and parameters, the device and versions.
-``quality_table(rows, ...)`` turns ``elastic-ssm eval``'s rows into the quality table. ``write_profile`` /
-``write_quality`` write atomically, merged per tier (and batch) into a saved record with the same
-``PROFILE_KEYS`` / ``QUALITY_KEYS`` and parameter counts; any other saved record is renamed
-``<name>.replaced-<UTC time>.json`` and ``notice`` gets one line saying why (docs/serving.md).
-"""
+"""The records ``select_tier`` reads: ``tier_profile.json`` (the served decode step's ms/token per tier and batch)
+and ``tier_quality.json`` (from ``elastic-ssm eval``), written atomically and merged per tier into a comparable saved
+record; another is renamed aside (docs/serving.md, "Choosing a tier for a budget")."""
 
 from __future__ import annotations
 
@@ -28,7 +21,7 @@ from .slots import SlotPool
 
 __all__ = ["calibrate", "write_profile", "write_quality", "quality_table", "PROFILE_KEYS", "QUALITY_KEYS"]
 
-# the settings that make two records' numbers comparable (a merge needs them equal; see the module docstring)
+# the settings that make two records' numbers comparable (a merge needs them equal)
 PROFILE_KEYS = ("device", "dtype", "torch", "triton", "cuda")
 QUALITY_KEYS = ("metric", "data", "split", "seq_len", "window", "batch_size", "n_batches", "tokenizer",
                 "bytes_per_token", "device", "dtype")
@@ -55,8 +48,9 @@ def _step_ms(pool: SlotPool, warmup: int, iters: int) -> float:
 
 def calibrate(model, batches: list[int], tiers: list[str] | None = None, warmup: int = 5, iters: int = 20,
               progress=print, show_progress: bool = False) -> dict:
-    """The profile table (the ``tier_profile.json`` format; see the module docstring). ``progress`` receives one
-    line per timed entry; ``show_progress`` adds a bar over tiers x batches on stderr (``utils.progress``)."""
+    """The profile table (the ``tier_profile.json`` format): ms per served decode step of every tier in a
+    ``SlotPool`` of each batch, reading the whole window ring (the long-context bound), after ``warmup`` steps.
+    ``progress`` receives one line per timed entry; ``show_progress`` adds a bar on stderr (``utils.progress``)."""
     from ..utils.environment import environment
     from ..utils.progress import progress as progress_bar
 
@@ -141,7 +135,7 @@ def _merge_profile_row(old, new: dict) -> dict:
 
 
 def write_profile(path: str | Path, profile: dict, notice: Callable[[str], None] | None = None) -> Path:
-    """Write ``tier_profile.json`` into the model directory ``path`` (module docstring; ``notice``: stderr)."""
+    """Write ``tier_profile.json`` into the model directory ``path`` (``notice``: stderr)."""
     return _merge_write(path, PROFILE_FILE, profile, PROFILE_KEYS, _merge_profile_row, notice)
 
 
@@ -168,5 +162,5 @@ def quality_table(rows, data: str, split: str, metric: str = "bpb", **settings) 
 
 
 def write_quality(path: str | Path, table: dict, notice: Callable[[str], None] | None = None) -> Path:
-    """Write ``tier_quality.json`` into the model directory ``path`` (module docstring; ``notice``: stderr)."""
+    """Write ``tier_quality.json`` into the model directory ``path`` (``notice``: stderr)."""
     return _merge_write(path, QUALITY_FILE, table, QUALITY_KEYS, lambda old, new: new, notice)

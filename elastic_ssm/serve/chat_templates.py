@@ -1,11 +1,5 @@
-"""Chat templates that ``serve --chat_template`` can name, and how a name or a file becomes a template's source.
-
-``--chat_template`` replaces a model directory's own template (``tokenizer_config.json``'s ``chat_template``) or
-gives one to a model without. The names are plain Jinja templates (``protocol.ChatTemplate`` renders them):
-
-* ``chatml``: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, then ``<|im_start|>assistant\\n``;
-* ``plain``: ``User: ...`` / ``Assistant: ...`` lines, then ``Assistant:`` (for a base model).
-"""
+"""The chat templates ``serve --chat_template`` can name (``chatml``, ``plain``), and how a name or a file
+becomes a template's source (docs/serving.md, "Chat")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""``elastic-ssm serve`` and ``elastic-ssm calibrate``, and the ``--tier auto`` choice of ``generate``.
-
-Their flags are ``ServeOptions`` / ``CalibrateOptions`` / ``TierBudgetOptions`` of ``cli_schema.py``. ``serve``
-loads one checkpoint once and serves the ``--tiers`` of it on 127.0.0.1 unless ``--host`` says otherwise;
-``--api_key`` (or ``ELASTIC_SSM_API_KEY``) guards every endpoint but ``/health``.
-"""
+"""``elastic-ssm serve`` and ``elastic-ssm calibrate``, and the ``--tier auto`` choice of ``generate``."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""The serving engine: continuous batching of every served tier in one slot pool, in one background thread.
-
-``Engine(model, tiers, slots)`` builds one ``SlotPool`` (``serve/slots.py``) for all served tiers.
-``submit(request)`` queues a ``Request`` (``max_queue`` waiting, then ``Busy``). Each loop the engine thread drops
-cancelled or stalled requests, admits waiting ones (one prefill forward per tier and group of similar lengths),
-samples one token per busy row (``serve/tokens.py``), launches the decode step and, while the device runs it,
-hands each request its text. A request finishes on ``max_tokens`` (``length``), a stop string or eos (``stop``),
-or cancellation. Events (``Request.emit``: ``text``, ``done``, ``error``, ``unavailable``: retry, a 503) of a
-whole step reach each event loop in one call (``deliver``). A failing request ends alone; the engine keeps serving.
-
-Coalescing admission: waiting requests are prefilled when they fill ``min(max_prefill, free slots)``, or when the
-oldest has waited ``prefill_wait_ms`` (0: at once); meanwhile running rows keep decoding (docs/serving.md).
-"""
+"""The serving engine: continuous batching of every served tier in one ``SlotPool``, in a background thread, with
+coalescing admission (docs/serving.md, "Continuous batching"). A failing request ends alone; the engine keeps
+serving."""
 
 from __future__ import annotations
 
@@ -54,7 +44,7 @@ def check_prefill_wait(ms) -> None:
 
 
 class Engine:
-    """Continuous batching of every served tier in one ``SlotPool`` (module docstring).
+    """Continuous batching of every served tier in one ``SlotPool``.
 
     ``slots``: rows of the pool, shared by every tier. ``max_queue``: waiting requests before ``Busy``.
     ``stall_timeout``: seconds a request may hold undelivered output before it is cancelled. ``eos``: token id

@@ -1,20 +1,6 @@
-"""Security in front of the API: bearer-key check, per-client connection cap, body-size cap, disconnect watch.
-
-``Guard`` is a plain ASGI middleware (it also sees streamed responses end to end):
-
-* without an API key, a ``Host`` other than a loopback name or address or one of ``allowed_hosts`` gets a 421
-  (DNS rebinding; a request without ``Host`` passes);
-* with an API key, every path but ``/health`` needs ``Authorization: Bearer <key>`` (``hmac.compare_digest``);
-  otherwise 401 with ``WWW-Authenticate: Bearer``;
-* at most ``max_connections`` requests in flight per client address (429), ``max_requests`` from all clients
-  together (503 with ``Retry-After``); ``/health`` counts against neither;
-* a ``Content-Length`` above ``max_body`` is a 413 before the body is read; ``read_body`` bounds bodies without
-  one, times slow uploads (408) and ends with a 499 when the client disconnects during its upload;
-* an exception that escapes the app ends its request with OpenAI's 500 shape (or ends its stream), one log line
-  and ``elastic_ssm_server_errors_total``.
-
-``watch_disconnect(receive, req)`` cancels the engine request when the client disconnects after its body.
-"""
+"""Security in front of the API (``Guard``, an ASGI middleware): Host check, bearer key, per-client and total
+request caps, body size, and OpenAI's 500 for an exception that escapes the app (docs/serving.md, "Security
+defaults"); ``read_body`` and ``watch_disconnect`` for the routes."""
 
 from __future__ import annotations
 
@@ -71,8 +57,9 @@ def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
 
 
 class Guard:
-    """ASGI middleware of the module docstring. ``allowed_hosts``: the ``Host`` names admitted beyond the loopback
-    ones (None: no ``Host`` check; an API key turns it off too)."""
+    """Without ``api_key`` a foreign ``Host`` is a 421; with it every path but ``/health`` needs the bearer key
+    (401); 413 over ``max_body``, 429 over ``max_connections`` per client address, 503 over ``max_requests`` in all.
+    ``allowed_hosts``: the ``Host`` names admitted beyond the loopback ones (None: no ``Host`` check)."""
 
     def __init__(self, app, api_key: str | None, max_connections: int, max_body: int, metrics=None,
                  max_requests: int | None = None, allowed_hosts=()) -> None:

@@ -1,19 +1,12 @@
-"""Connection-level limits below uvicorn: a deadline and a size bound on each request's headers, a deadline on
-output the client does not take, and no keep-alive after an answer sent before its request's body arrived.
-
-``with_header_deadline(base, seconds, ...)`` subclasses uvicorn's HTTP protocol class ``base`` (httptools' or
-h11's), below the ASGI middleware (``guard.Guard`` runs only once the headers are in):
+"""Connection limits below uvicorn (``with_header_deadline``, a subclass of its HTTP protocol class):
 
 * a deadline on each request's headers, from a connection's opening or its last response's end: a 408;
-* at most ``max_header_bytes`` of request line and headers, counted as they arrive: a 431, after which the server
-  shuts its side and drops what the client still sends for up to ``LINGER_S`` s (so the close is no reset that
-  destroys the answer); both refusals are raw responses in the API's error shape, and the connection closes;
-* ``write_timeout``: a client that takes (almost) none of its output for that long is aborted (Linux: under 4 KiB
-  acknowledged, ``TCP_INFO``; elsewhere ``pause_writing``);
+* at most ``max_header_bytes`` of request line and headers, counted as they arrive: a 431, then the server shuts its
+  side and drops what the client still sends for up to ``LINGER_S`` s (so the close is no reset);
+* ``write_timeout``: a client that takes (almost) none of its output for that long is aborted;
 * an answer sent while its request's body is still arriving closes the connection after it.
 
-docs/serving.md ("Security defaults") says why; a request being answered is never timed here.
-"""
+docs/serving.md ("Security defaults") says why; a request being answered is never timed here."""
 
 from __future__ import annotations
 

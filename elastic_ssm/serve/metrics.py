@@ -1,12 +1,4 @@
-"""The server's Prometheus metrics (``GET /metrics``), kept by ``prometheus_client``.
-
-``Metrics(engine)`` holds a ``CollectorRegistry`` of its own, not the process-wide one, so several apps in one
-process (the tests) do not collide. Counters: requests by tier and HTTP status, refusals by reason (``http_400``,
-``unauthorized``, ``http_408`` ...), prompt and generated tokens by tier, requests that failed inside the server (a
-500). When scraped it reads the engine (``engine()``: the running one, or None) for the slots, busy slots and
-waiting requests per tier, the engine loop's counters (``engine.COUNTERS``) and the uptime. prometheus_client's
-counters are thread-safe (the engine thread adds generated tokens).
-"""
+"""The server's Prometheus metrics (``GET /metrics``): ``prometheus_client`` counters in a registry per app."""
 
 from __future__ import annotations
 
@@ -29,7 +21,7 @@ _POOL = {"slots": "Slots of the one pool every tier shares (its decode batch buc
 
 
 class Metrics:
-    """Counters of one server process (see the module docstring)."""
+    """Counters of one server process; when scraped it reads the slots and the loop's counters of ``engine()``."""
 
     def __init__(self, engine: Callable[[], object | None] = lambda: None) -> None:
         self.registry, self.engine, self.started = CollectorRegistry(), engine, time.time()

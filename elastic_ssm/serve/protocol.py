@@ -1,14 +1,5 @@
-"""The OpenAI API as this server reads and writes it: the rules the schema cannot say, and the response bodies.
-
-After ``schema.py``'s validation, ``resolve_model_field`` reads the tier that ``model`` (``name``: the default
-tier, ``name@T4``, ``name@auto``) and the extra ``tier`` name, and ``parse_prompt`` encodes the prompt within the
-vocabulary and ``--max-prompt-tokens``; each raises ``ApiError`` (a status and a one-line message, answered in
-OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``).
-
-Chat: ``ChatTemplate.from_model`` reads the model directory's Jinja ``chat_template`` (``tokenizer_config.json``)
-or ``serve --chat_template``'s (None without one) and renders and encodes messages as transformers'
-``apply_chat_template`` does (docs/serving.md, "Chat"); answers take OpenAI's chat shapes.
-"""
+"""The OpenAI API rules that ``schema.py`` cannot say (tier names, prompt limits), its response bodies, and the
+chat template; a refusal is an ``ApiError`` answered in OpenAI's error shape (docs/serving.md, "The API", "Chat")."""
 
 from __future__ import annotations
 

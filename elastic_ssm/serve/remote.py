@@ -1,22 +1,8 @@
-"""The engine in its own process: the HTTP process only parses requests and writes server-sent events.
-
-``RemoteEngine`` runs ``Engine`` (``serve/engine.py``) in a ``spawn`` child, so the decode loop never waits for
-the HTTP side's share of the interpreter lock (docs/serving.md, "Two processes").
-
-Messages (``multiprocessing`` pipes, one each way, pickled):
-
-* HTTP -> engine: ``("submit", rid, fields)`` (an ``engine.Request``'s fields), ``("cancel", rid)``,
-  ``("stop",)``;
-* engine -> HTTP: ``("ready",)`` or ``("failed", message)`` once, then per engine step ``("ev", counters,
-  {tier: tokens}, {tier: busy rows}, [(rid, kind, value, completion_tokens, first_token_at), ...])`` (``_Sink``
-  stands in for an event loop in ``engine.deliver``); ``("stopped", "SIGTERM")`` when a SIGTERM stopped it.
-
-Shutdown: the engine process ignores SIGINT (the HTTP process stops it with ``("stop",)``); SIGTERM stops it
-quietly, saying so first; either is one info line. An engine process that ends on its own is an error with its
-exit code. The HTTP side keeps the ``Request`` objects and does what needs them: the bound on requests in flight
-(``Busy``, as ``Engine.submit``), ``pick_auto``, the counts of ``/health`` and ``/metrics`` and the stalled-reader
-timeout. If the engine process dies, every request in flight ends with an error and ``/health`` answers 503.
-"""
+"""The engine in its own process (``RemoteEngine``): the HTTP process only parses requests and streams events
+(docs/serving.md, "Two processes"). One pipe each way: HTTP -> engine ``("submit", rid, fields)``, ``("cancel",
+rid)``, ``("stop",)``; engine -> HTTP ``("ready",)`` or ``("failed", message)``, then per step ``("ev", counters,
+{tier: tokens}, {tier: busy}, [(rid, kind, value, completion_tokens, first_token_at), ...])``, and ``("stopped",
+"SIGTERM")``."""
 
 from __future__ import annotations
 
@@ -144,7 +130,7 @@ def model_view(path: str) -> Any:
 
 
 class RemoteEngine:
-    """``Engine``'s interface to the HTTP app, its decode loop in a child process (module docstring).
+    """``Engine``'s interface to the HTTP app, its decode loop in a child process.
 
     ``load``: a picklable callable that builds the model in the child (``functools.partial(load_pretrained, ...)``);
     ``model``: the HTTP side's view of it (a meta-device model will do). ``tokenizer``: the one both processes use

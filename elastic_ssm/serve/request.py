@@ -1,10 +1,4 @@
-"""A served request and the way its events reach the HTTP side (``serve/engine.py`` runs it).
-
-``Request`` holds one completion's prompt ids, tier and sampling parameters; ``Request.emit`` queues an event
-(``("text", str)``, ``("done", finish_reason)``, ``("error", message)``, ``("unavailable", message)``) for its
-handler's event loop, and ``deliver()`` hands every queued event to its loop in one thread-safe call per loop, so
-128 streams cost one wake-up a step. ``Busy``: the engine's slots and queue are full (a 503).
-"""
+"""A served request, and ``deliver``: its events reach their event loop in one thread-safe call per loop."""
 
 from __future__ import annotations
 

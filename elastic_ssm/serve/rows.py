@@ -1,11 +1,4 @@
-"""Row bookkeeping of a slot pool (``serve/slots.py``): row views of a cache, left padding, prefill grouping.
-
-* ``row_cache(cache, i)``: an ``ESSHCache`` of views of row ``i`` (states ``[1, K, M, 2, P]``, rings
-  ``[1, H, W, hd]``, positions), so one row is prefilled while the others keep their state;
-* ``reset_row_(cache, i)``: empty that one sequence in place;
-* ``left_pad`` / ``prefill_groups``: prompts of similar lengths share one left-padded prefill forward;
-* ``SlotRows``: which request holds which row.
-"""
+"""Row bookkeeping of a slot pool: row views of a cache, left padding, prefill grouping, ``SlotRows``."""
 
 from __future__ import annotations
 

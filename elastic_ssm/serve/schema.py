@@ -1,11 +1,8 @@
-"""The OpenAI API's bodies as this server reads and writes them: pydantic models that FastAPI validates and documents.
+"""The OpenAI request and response bodies as pydantic models that FastAPI validates and documents.
 
-Requests (``CompletionRequest``, ``ChatCompletionRequest``; shared fields in ``Sampling``) are strict (``n: 1.0``
-is no integer 1); one server's limits come from ``request_models(max_tokens, vocab)``. ``null`` is a field's
-default; unknown keys are ignored; a field the server cannot honour is ``refused`` unless its value asks nothing
-(``logprobs: false``). ``error_message`` renders pydantic's error as one line naming the field. Responses:
-``CompletionResponse``, ``ChatCompletionResponse``, ``ModelList``, ``ErrorResponse``; streamed chunks stay dicts.
-"""
+Requests are strict (``n: 1.0`` is no integer 1), ``null`` is a field's default, unknown keys are ignored and a field
+the server cannot honour is ``refused`` unless its value asks nothing; ``error_message`` renders a validation error
+as one line naming the field."""
 
 from __future__ import annotations
 

@@ -1,21 +1,5 @@
-"""Tier choice under a budget: ``select_tier`` over exact counts, a measured profile and measured quality.
-
-A model directory may hold two measurement files beside ``config.json``:
-
-* ``tier_profile.json`` (``elastic-ssm calibrate``, ``serve/calibrate.py``): the device and versions it was
-  measured on, and per tier ``ms_per_token`` by decode batch (the served path's decode step: every stream
-  of a batch gets one token per step), ``state_bytes`` (per sequence) and ``params``;
-* ``tier_quality.json`` (``elastic-ssm eval``): ``data``, ``metric``, ``higher_is_better`` and per tier the
-  ``value`` measured.
-
-``select_tier(model_or_dir, max_ms_per_token=None, max_state_bytes=None, max_params=None, batch=1)`` returns
-the best ``Tier`` within every given budget: parameters and state bytes for ``batch`` sequences exactly from the
-config (``elastic.tiers``), latency from the profile at the smallest profiled batch >= ``batch`` (a tier never
-timed there is not assumed to fit). Quality decides when ``tier_quality.json`` scores every fitting tier, else
-the largest fitting tier wins. ``tier_choice`` (same arguments) returns a ``TierChoice`` whose ``line()`` is the
-sentence ``--tier auto`` prints. No fitting tier, or a latency budget without a profile: a ``ValueError`` naming
-the closest tier and what it misses (docs/serving.md, "Choosing a tier for a budget").
-"""
+"""``select_tier``: the best tier within latency, state and parameter budgets, from exact counts and the model
+directory's ``tier_profile.json`` and ``tier_quality.json`` (docs/serving.md, "Choosing a tier for a budget")."""
 
 from __future__ import annotations
 
@@ -91,7 +75,7 @@ def _span(names: list[str], order: list[str]) -> str:
 
 @dataclass
 class TierChoice:
-    """What ``tier_choice`` picked and from what (see the module docstring)."""
+    """What ``tier_choice`` picked and from what."""
 
     tier: Tier
     considered: list[str]                  # the tiers within every budget, smallest first
@@ -122,8 +106,11 @@ class TierChoice:
 def select_tier(model_or_dir: Any, max_ms_per_token: float | None = None, max_state_bytes: int | None = None,
                 max_params: int | None = None, batch: int = 1, *, profile: dict | None = None,
                 quality: dict | None = None) -> Tier:
-    """The best-quality tier within every given budget (module docstring). ``profile`` / ``quality``: tables in
-    the files' format, used instead of the directory's files."""
+    """The best tier within every given budget: parameters and state bytes of ``batch`` sequences exactly from the
+    config, latency from ``tier_profile.json`` at the smallest profiled batch >= ``batch`` (a tier never timed
+    there does not fit); ``tier_quality.json`` decides when it scores every fitting tier, else the largest wins.
+    ``ValueError`` naming the closest tier when none fits. ``profile`` / ``quality``: tables in the files' format,
+    used instead of the directory's files."""
     return tier_choice(model_or_dir, max_ms_per_token, max_state_bytes, max_params, batch, profile=profile,
                        quality=quality).tier
 

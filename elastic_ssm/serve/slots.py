@@ -1,22 +1,7 @@
-"""The slot pool: one fused decoder at a fixed batch whose cache rows are sequences (slots), each at any served tier.
-
-* ``FastDecoder`` of ``slots`` rows at the widest served tier (CUDA-graphed on CUDA), pending logits
-  ``[slots, V]`` (float32), and which request holds which row at which tier. Tiers are nested prefixes, so rows of
-  different tiers share one step (``FastDecoder(mixed=True)``, ``layers/decode_plan.py``) at about the widest
-  tier's cost;
-* ``admit`` / ``admit_many(owners, prompts, tier)``: prompts of one tier prefilled in one left-padded forward,
-  straight into consecutive free rows, else into a scratch cache of that tier copied into the free slots' first
-  K_T channels (``ESSHCache.at_tier``);
-* graphed prefill (CUDA by default): one CUDA graph per (tier, rows bucket, length bucket), captured the
-  ``graph_after``-th time its shape is met, kept LRU in one memory pool; shapes over ``max_graph_tokens`` padded
-  tokens, or a failed capture, run eagerly (docs/serving.md);
-* attended spans: each decode step passes the longest running row's length as the decoder's ``span``, so the
-  window attention reads only that prefix of each ring (``ops.swa_decode``).
-
-A slot is a fixed row of fixed buffers (constant-size state); adding or removing a request never reallocates or
-recaptures. A free row decodes harmlessly and is reset before reuse. The pool owns its decoder (not
-``decoder_pool(model)``'s), so ``model.generate`` in the same process never resets a running batch.
-"""
+"""The slot pool: one ``FastDecoder`` of ``slots`` rows at the widest served tier, each row a sequence at any
+served tier (nested prefixes share one step: ``mixed=True``), with batched, CUDA-graphed prefill and attended spans
+(docs/serving.md, "Continuous batching"). A slot is a fixed row of fixed buffers: admitting or releasing a request
+never reallocates or recaptures."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Tokens in and out of a slot pool: per-row sampling on the device, and tokens to text with stop strings.
-
-**Sampling.** ``sample_rows`` draws one token per row from logits [B, V] with per-row ``temperature``, ``top_k``
-and ``top_p`` [B], by ``models.generation.sample_next``'s rule: temperature 0 is the argmax; else top-k (0 = all),
-top-p (1 = all) and the exponential race ``argmax_i p_i / E_i`` with ``E`` [B, V] from ``RowNoise`` (a seeded
-row draws from its own generator, so its text does not depend on the rest of the batch).
-
-**Text.** ``TextStream.push(token)`` returns the text that may be sent now: byte models through an incremental
-UTF-8 decoder (invalid bytes become U+FFFD, specials 256+ are dropped), subword models by a window of recent
-tokens. The earliest ``stop`` string ends the request unsent; the last ``max(len(stop)) - 1`` characters are held
-back until they cannot begin one.
-"""
+"""Tokens in and out of a slot pool: per-row sampling on the device, and tokens to text with stop strings."""
 
 from __future__ import annotations
 
@@ -71,7 +60,9 @@ class RowNoise:
 
 
 class TextStream:
-    """The text of one request's generated tokens (see the module docstring)."""
+    """The text of one request's generated tokens: byte models through an incremental UTF-8 decoder (specials
+    256+ dropped), subword models by a window of recent tokens. The earliest ``stop`` string ends it unsent; the
+    last ``max(len(stop)) - 1`` characters are held back until they cannot begin one."""
 
     def __init__(self, tokenizer, stop: list[str]) -> None:
         self.tok, self.stop = tokenizer, [s for s in stop if s]

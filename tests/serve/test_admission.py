@@ -3,7 +3,8 @@ request waits at most W, running rows keep decoding meanwhile, W=0 admits at onc
 
 The engine reads admission time through an injected fake clock and the tests drive ``Engine._tick`` by hand (no
 engine thread), so every assertion is on counts and group sizes at chosen clock values, never on wall time. The
-pool is the bench's ``StubPool`` with free decode steps and prefills (its greedy text: last token + 1).
+pool is the serve proxy's ``StubPool`` (``benchmarks/serve_stub.py``) with free decode steps and prefills (its
+greedy text: last token + 1).
 """
 
 import functools
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from elastic_ssm.bench.serve_stub import StubPool
+from benchmarks.serve_stub import StubPool
 from elastic_ssm.serve.engine import COUNTERS, Engine, Request
 from elastic_ssm.serve.remote import RemoteEngine
 

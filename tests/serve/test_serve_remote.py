@@ -1,4 +1,4 @@
-"""The engine in its own process (``serve/remote.py``) and the bench's CPU proxy pool (``StubPool``).
+"""The engine in its own process (``serve/remote.py``) and the serve proxy's pool (``benchmarks/serve_stub.StubPool``).
 
 ``RemoteEngine`` is driven as the HTTP app drives it (submit, events on the asyncio loop, cancel): greedy text
 equals ``model.generate``, a full tier answers ``Busy``, a cancelled request frees its slot, a failed load is
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm.bench.serve_stub import IdTokenizer, StubPool
+from benchmarks.serve_stub import StubPool
+from elastic_ssm.bench.serve_server import IdTokenizer
 from elastic_ssm.data.tokenizer_files import resolve_tokenizer
 from elastic_ssm.models import load_pretrained
 from elastic_ssm.serve.engine import Busy, Engine, Request

@@ -1,28 +1,18 @@
-"""The serve bench's stand-ins: ``IdTokenizer`` (one character per token id) and ``StubPool`` (a slot pool of
-fixed wall-time cost, for the CPU proxy), built by the bench server (``serve_server.py``)."""
+"""The serve proxy's server: the bench server (``elastic_ssm.bench.serve_server``) whose pools are ``StubPool``s of
+fixed wall-time cost, on the CPU. Started by ``bench_serve(..., server_class=StubServerOptions)`` as
+``python -m benchmarks.serve_stub`` with the flags of a ``StubServerOptions``."""
 
 from __future__ import annotations
 
+import functools
 import time
+from dataclasses import dataclass
 
-from ..serve.slots import SlotRows, served_tiers
+from elastic_ssm.bench.serve_server import BenchServerOptions, run_server
+from elastic_ssm.config import opt
+from elastic_ssm.serve.slots import SlotRows, served_tiers
 
-__all__ = ["IdTokenizer", "StubPool"]
-
-
-class IdTokenizer:
-    """A stand-in tokenizer for random-weight models: token i <-> the character U+0100 + i (no specials)."""
-
-    pad_id = bos_id = eos_id = sep_id = None
-
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) - 0x100 for c in text if 0 <= ord(c) - 0x100 < self.vocab_size]
-
-    def decode(self, ids) -> str:
-        return "".join(chr(0x100 + int(i)) for i in ids)
+__all__ = ["StubPool", "StubServerOptions", "main"]
 
 
 class StubPool(SlotRows):
@@ -81,3 +71,34 @@ class StubPool(SlotRows):
         self._occupy(self.step_s)
         self._next(list(range(self.slots)), values)
         return values
+
+
+def _one_thread_pool(*args, **kw) -> StubPool:
+    """A ``StubPool`` in a process of one torch thread (the engine's: the CPU is the load generator's too)."""
+    import torch
+
+    torch.set_num_threads(1)
+    return StubPool(*args, **kw)
+
+
+@dataclass(kw_only=True)
+class StubServerOptions(BenchServerOptions):
+    """The bench server with ``StubPool``s: their costs."""
+
+    stub_step_ms: float = opt(3.7, "wall time of one decode step of the stub pool")
+    stub_prefill_ms: float = opt(0.0, "fixed ms per prefill forward")
+    stub_prefill_us_per_token: float = opt(0.0, "us per prefilled token")
+
+
+def main(argv: list[str] | None = None) -> None:
+    from elastic_ssm.cli_derive import derive
+
+    a = derive(StubServerOptions, argv, "python -m benchmarks.serve_stub", __doc__.splitlines()[0])
+    a.device, a.dtype = "cpu", "float32"
+    pools = functools.partial(_one_thread_pool, step_ms=a.stub_step_ms, prefill_ms=a.stub_prefill_ms,
+                              prefill_us_per_token=a.stub_prefill_us_per_token)
+    run_server(a, pools, vocab_size=1024)     # above 260 ids: the text is IdTokenizer's, one character per token
+
+
+if __name__ == "__main__":
+    main()
