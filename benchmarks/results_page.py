@@ -261,6 +261,11 @@ def claim5_sizes() -> str:
                    f3(r["recovered_bpb"]), f3(r["matformer_bpb"])] for r in claim(5)["summary"]["at_sizes"]])
 
 
+def _repeat_t10() -> float:
+    bpb = {(r["run"], r["tier"]): r["bpb"] for r in claim(1)["rows"]}
+    return bpb[("dense-s0-retrain", "T10")] - bpb[("dense-s0", "T10")]
+
+
 def summary() -> str:
     """The page's summary: each claim's verdict with its numbers, seeds and tokens per parameter."""
     c1, gaps = claim(1)["summary"], claim(1)["summary"]["gaps"]
@@ -276,7 +281,8 @@ def summary() -> str:
         ["1 train once vs each size", "partial",
          f"shared tier - specialist: T1 {cell(gaps['T1 shared - specialist'], sgn)}, T4 "
          f"{cell(gaps['T4 shared - specialist'], sgn)}, the paper's sign (Table 11); T10 shared - dense "
-         f"{cell(t10, sgn)}: sign not resolved (paper: the specialist better); recovered dense - shared at T1, "
+         f"{cell(t10, sgn)}: sign not resolved (paper: the specialist better; a same-seed repeat of dense-s0 "
+         f"moved its T10 by {sgn(_repeat_t10())}, more than the gaps' spread); recovered dense - shared at T1, "
          f"paper's protocol {cell(gaps['T1 recovered (paper) - shared'], sgn)}, #16's "
          f"{cell(gaps['T1 recovered (#16) - shared'], sgn)}: the paper's sign (Table 33), larger",
          f"essh n={e['T10']['n']}, dense n={d['T10']['n']}, spec-t1 n={st['spec-t1']['T1']['n']}, "
@@ -319,8 +325,26 @@ def essm_modal() -> str:
                  out)
 
 
+def claim1_repeat() -> str:
+    """``dense-s0`` and its same-seed repeat ``dense-s0-retrain``: the first training losses and bpb per tier."""
+    bpb = {(r["run"], r["tier"]): r["bpb"] for r in claim(1)["rows"]}
+    runs, tiers, out = ("dense-s0", "dense-s0-retrain"), ("T1", "T4", "T10"), []
+    for run in runs:
+        train = {r["step"]: r for r in read_jsonl(RECORDS / run / "metrics.jsonl") if r.get("kind") == "train"}
+        commits = sorted({e.split("commit ")[-1] for e in run_summary(RECORDS / run).get("environment", [])})
+        out.append([run, ", ".join(commits), *(f3(train[k]["loss"]) if k in train else "" for k in (10, 20, 30)),
+                    f"{max(r['grad_norm'] for k, r in train.items() if k <= 50):.2f}",
+                    *(f3(bpb.get((run, t))) for t in tiers)])
+    out.append(["repeat - first", "", "", "", "", "",
+                *(sgn(bpb[(runs[1], t)] - bpb[(runs[0], t)]) if (runs[0], t) in bpb and (runs[1], t) in bpb else ""
+                  for t in tiers)])
+    return table(["run (seed 0)", "commit", "loss step 10", "loss step 20", "loss step 30",
+                  "max grad norm, steps <= 50", "T1 bpb (truncated)", "T4 bpb (truncated)", "T10 bpb"], out)
+
+
 RENDER = {"essm-modal": essm_modal, "summary": summary, "claim1": claim1, "claim1-seeds": claim1_seeds,
-          "claim1-gaps": claim1_gaps, "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3,
+          "claim1-gaps": claim1_gaps,
+          "claim1-repeat": claim1_repeat, "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3,
           "claim3-steps": claim3_steps,
           "claim4": claim4, "claim5": claim5, "claim5-sizes": claim5_sizes,
           **{name: functools.partial(fn, RECORDS) for name, fn in RENDER_EVALS.items()}}

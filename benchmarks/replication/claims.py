@@ -53,6 +53,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "dense-long": ("dense control, 2,600 steps, truncated", "truncated"),
     "dense-rec": ("dense control, truncated + recovered (paper: lr peak/20, 7.3% tokens)", "recovered"),
     "dense-rec33": ("dense control, truncated + recovered (#16: lr peak/33, 4.6% tokens)", "recovered"),
+    "dense-s0-retrain": ("dense control, seed 0 trained again (a same-seed repeat)", "repeat"),
     "spec-t1": ("specialist T1 from scratch", "specialist"),
     "spec-t4": ("specialist T4 from scratch", "specialist"),
     "matformer": ("MatFormer (FFN-only nesting)", "matformer"),
@@ -176,6 +177,8 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         rec = yaml.safe_load((run_dir / "run.yaml").read_text()) or {}
         out["model"], out["recipe"] = rec.get("model", {}), rec.get("train", {}).get("recipe")
         out["train"] = rec.get("train", {})
+        if rec.get("recover"):          # a recovery: the run whose weights it started from
+            out["source"] = rec["recover"].get("source")
     if (run_dir / "parameters.json").is_file():
         out["parameters"] = json.loads((run_dir / "parameters.json").read_text())
     elif out.get("model"):          # a run cut between calls has no parameters.json yet: count from its run.yaml
@@ -224,7 +227,8 @@ def _trained_shapes(summary: dict[str, Any]) -> set[tuple[int, int]]:
 
 def _rows(claim: int, name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
     label, role = ROLES.get(base_of(name), (name, "elastic"))
-    base = {"run": name, "arm": arm_of(name), "seed": seed_of(name), "label": label, "role": role}
+    base = {"run": name, "arm": arm_of(name), "seed": seed_of(name), "label": label, "role": role,
+            "source": s.get("source")}
     if role == "recall":
         return [{**base, "tier": r["tier"], "K": r.get("K"), "n_ff": r.get("n_ff"),
                  "params": s.get("parameters", {}).get("tiers", {}).get(r["tier"]), "accuracy": r.get("accuracy"),
@@ -259,10 +263,21 @@ def seed_stats(rows: list[dict[str, Any]], key: str = "bpb") -> dict[str, dict[s
 
 def paired_gaps(rows: list[dict[str, Any]], arm: str, other: str, tier: str, other_tier: str | None = None,
                 key: str = "bpb") -> dict[int, float]:
-    """``{seed: arm - other}`` of ``key`` at ``tier`` (``other_tier`` for ``other``), for the seeds both arms ran."""
+    """``{seed: arm - other}`` of ``key`` at ``tier`` (``other_tier`` for ``other``), for the seeds both arms ran.
+    A recovered run (``source`` set) is paired with the very run it started from when that run is of ``other``'s
+    arm family (``dense-s0-retrain`` for ``dense-rec-s0``), else with ``other``'s run of its seed."""
+    ot = other_tier or tier
     val = {(r["arm"], r["seed"], str(r["tier"])): r[key] for r in rows if r.get(key) is not None}
-    return {s: val[(arm, s, tier)] - val[(other, s, other_tier or tier)] for (a, s, t) in sorted(val, key=str)
-            if a == arm and t == tier and s is not None and (other, s, other_tier or tier) in val}
+    by_run = {(r["run"], str(r["tier"])): r[key] for r in rows if r.get(key) is not None}
+    out = {}
+    for r in sorted((r for r in rows if r["arm"] == arm and str(r["tier"]) == tier and r["seed"] is not None
+                     and r.get(key) is not None), key=lambda r: r["seed"]):
+        src = r.get("source")
+        if src and src.startswith(other + "-") and (src, ot) in by_run:
+            out[r["seed"]] = r[key] - by_run[(src, ot)]
+        elif (other, r["seed"], ot) in val:
+            out[r["seed"]] = r[key] - val[(other, r["seed"], ot)]
+    return out
 
 
 #: claim 1's paired gaps (same seed): name -> (arm, tier, other arm, other's tier); a specialist's only tier is T1

@@ -39,3 +39,19 @@ def test_seed_stats_and_gaps(tmp_path):
     assert t1["n"] == 1 and t1["seeds"] == pytest.approx({1: 0.11}) and t1["sign_resolved"] is False   # one seed
     assert paired_gaps(res["rows"], "dense", "essh", "T1") == pytest.approx({0: 3.7, 1: 3.69, 2: 3.68})
     assert seed_stats(res["rows"])["spec-t1"]["T1"]["n"] == 1
+
+
+def test_a_recovery_is_paired_with_the_run_it_started_from(tmp_path):
+    """``dense-rec-s0`` recovered from ``dense-s0-retrain`` (its run.yaml's ``recover.source``): its gap to the dense
+    control is taken against that run, not against ``dense-s0``; a recovery without a source pairs by seed."""
+    _eval(tmp_path, "dense-s0", [("T10", 1, 41, 1.119)])
+    _eval(tmp_path, "dense-s0-retrain", [("T10", 1, 41, 1.058)])
+    _eval(tmp_path, "dense-s1", [("T10", 1, 41, 1.050)])
+    _eval(tmp_path, "dense-rec-s0", [("T10", 1, 41, 1.074)])
+    _eval(tmp_path, "dense-rec-s1", [("T10", 1, 41, 1.062)])
+    (tmp_path / "dense-rec-s0" / "run.yaml").write_text("recover:\n  source: dense-s0-retrain\n")
+    res = collect_claim(1, tmp_path, ["dense-s0", "dense-s1", "dense-s0-retrain", "dense-rec-s0", "dense-rec-s1"])
+    gap = res["summary"]["gaps"]["T10 recovered (paper) - dense"]
+    assert gap["seeds"] == pytest.approx({0: 1.074 - 1.058, 1: 1.062 - 1.050})
+    assert res["summary"]["seeds"]["dense"]["T10"]["n"] == 2      # the repeat is its own arm, not a third seed
+    assert {r["role"] for r in res["rows"] if r["run"] == "dense-s0-retrain"} == {"repeat"}
