@@ -57,9 +57,10 @@ class StubPool(SlotRows):
             raise ValueError("no free slot")
         self._occupy(self.prefill[0] + self.prefill[1] * len(prompts) * max(len(p) for p in prompts))  # padded
         self._next(rows, [p[-1] for p in prompts])
-        for i, owner in zip(rows, owners):
+        tiers = list(tier) if isinstance(tier, (list, tuple)) else [tier] * len(prompts)   # SlotPool's: one per prompt
+        for i, owner, t in zip(rows, owners, tiers):
             self.owner[i] = owner
-            self.row_tier[i] = self.tier if tier is None else self._resolve(tier)
+            self.row_tier[i] = self.tier if t is None else self._resolve(t)
         return rows
 
     def admit(self, owner, prompt: list[int], tier=None) -> int:

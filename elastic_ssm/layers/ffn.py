@@ -54,8 +54,9 @@ class SwiGLU(nn.Module):
             nn.init.normal_(self.w_in.weight, std=self.init_std)
             self.w_out.weight.copy_(self.w_out.weight.new_empty(self.d_ff, self.d_model).normal_(std=self.out_std).t())
 
-    def forward(self, x: torch.Tensor, n_ff: int | None = None) -> torch.Tensor:
-        """x [..., D] -> [..., D] through the first ``n_ff`` units (None: all)."""
+    def forward(self, x: torch.Tensor, n_ff: int | None = None, unit_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., D] -> [..., D] through the first ``n_ff`` units (None: all). ``unit_mask`` [B, n_ff] (0/1, x
+        [B, ..., D]): each row keeps its own tier's units (``elastic/row_tiers.py``)."""
         n = self.d_ff if n_ff is None else n_ff
         grad_scale = self.grad_scale
         scaled = grad_scale is not None and grad_scale != 1.0
@@ -65,6 +66,8 @@ class SwiGLU(nn.Module):
             h = linear(self.w_in, x, rows=2 * n)
         gate, up = h.unflatten(-1, (n, 2)).unbind(-1)               # [..., F'] each (strided views)
         act = F.silu(gate) * up                                     # [..., F']; backward stacks dh in one pass
+        if unit_mask is not None:
+            act = act * unit_mask.view(act.shape[0], *([1] * (act.dim() - 2)), -1).to(act.dtype)
         if self.track_activations and self.training and n == self.d_ff:
             self._update_stats(act)
         if scaled:

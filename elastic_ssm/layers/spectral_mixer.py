@@ -102,9 +102,13 @@ class SpectralMixer(nn.Module):
         rho = torch.exp(-F.softplus(prefix(self.rho_raw, K).to(dt)))
         return ModalTables(rho, *(prefix(t, K).to(dt) for t in (self.theta, self.kc, self.ks, self.a)))
 
-    def _readout(self, z: torch.Tensor, K: int) -> torch.Tensor:
-        """z [..., K, P] -> y [..., D] = K^{-1/2} W^out z (first K*P columns of W^out)."""
-        return linear(self.out_proj, z.flatten(-2), cols=K * self.P) * (1.0 / math.sqrt(K))
+    def _readout(self, z: torch.Tensor, K: int, channel_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """z [..., K, P] -> y [..., D] = K^{-1/2} W^out z (first K*P columns of W^out). ``channel_scale`` [B, K P]:
+        rows at narrower tiers (``elastic/row_tiers.py``), z [B, T, K, P] scaled per row before the readout."""
+        zf = z.flatten(-2)
+        if channel_scale is not None:
+            zf = zf * channel_scale[:, None, :].to(zf.dtype)
+        return linear(self.out_proj, zf, cols=K * self.P) * (1.0 / math.sqrt(K))
 
     def channel_energy(self, z: torch.Tensor, K: int) -> torch.Tensor:
         """Mean output energy of each channel, ``E_k = mean_t ||W_k^out z_k(t)||^2`` [K] (float64), for the scan
@@ -120,24 +124,25 @@ class SpectralMixer(nn.Module):
     # ---- training / prefill -------------------------------------------------------------------------
     def forward(self, u: torch.Tensor, K: int | None = None, valid: torch.Tensor | None = None,
                 initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-                backend: str = "auto"):
-        """u [B,T,D] -> y [B,T,D] (and the final state [B,K,M,2,P] when ``output_final_state``)."""
+                backend: str = "auto", channel_scale: torch.Tensor | None = None):
+        """u [B,T,D] -> y [B,T,D] (and the final state [B,K,M,2,P] when ``output_final_state``); ``channel_scale``
+        [B, K P]: each row's tier (``_readout``)."""
         K = self.K if K is None else K
         v, write, read, clock = self._controls(u, K, valid)
         # gates in (0, 2), clock = softplus >= 0 and rho = exp(-softplus) in [0, 1] by construction: no range check
         z, state = scan(v, write, read, clock, self._modal(K), initial_state=initial_state,
                         output_final_state=output_final_state, backend=backend, check_values=False)
-        y = self._readout(z, K)
+        y = self._readout(z, K, channel_scale)
         return (y, state) if output_final_state else y
 
     def mix(self, u: torch.Tensor, tier, positions: torch.Tensor | None = None, valid: torch.Tensor | None = None,
             state: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
         """The block's call (same for every mixer): u [B,T,D] at ``tier`` -> y [B,T,D]; the final mode state is
         written into ``state`` (this layer's cache slice) when given; ``positions`` is unused."""
-        K = tier_width(tier, self.K)
+        K, scale = tier_width(tier, self.K), getattr(tier, "channel_scale", None)      # RowTiers: per-row tiers
         if state is None:
-            return self(u, K, valid, backend=backend)
-        y, final = self(u, K, valid, output_final_state=True, backend=backend)
+            return self(u, K, valid, backend=backend, channel_scale=scale)
+        y, final = self(u, K, valid, output_final_state=True, backend=backend, channel_scale=scale)
         state.copy_(final)
         return y
 

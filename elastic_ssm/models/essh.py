@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..config import ESSHConfig
+from ..elastic.row_tiers import RowTiers
 from ..elastic.slicing import SliceRule
 from ..elastic.tiers import Tier
 from ..layers.attention import SlidingWindowAttention
@@ -55,7 +56,7 @@ class ESSHBlock(nn.Module):
     def forward(self, x, tier: Tier, positions, valid, state=None, backend="auto"):
         """x [B,T,D] -> [B,T,D]; ``state`` (this layer's slice of a decode cache) is filled by the mixer."""
         x = x + self.mixer.mix(self.norm1(x), tier, positions, valid, state, backend)
-        return x + self.ffn(self.norm2(x), tier.n_ff)
+        return x + self.ffn(self.norm2(x), tier.n_ff, getattr(tier, "unit_mask", None))
 
     def step(self, x, state, tier: Tier):
         """One token: x [B,D] -> [B,D]; the mixer's ``step`` advances ``state`` (its cache slice)."""
@@ -98,8 +99,13 @@ class ESSH(GenerationMixin, ElasticModel):
         """Eager checks before the (possibly compiled) trunk: tier, padding mask and positions [B, T]."""
         # a cache prefill continues from the end of every row: its padding must come first
         check_token_inputs(input_ids, self.config.vocab_size, attention_mask, left_padding=cache is not None)
-        t = self.resolve_tier(tier)
         B, T = input_ids.shape
+        if isinstance(tier, (list, tuple)):          # one tier per row, computed at the widest (or the cache's)
+            if len(tier) != B:
+                raise ValueError(f"tier=[...] names one tier per row: {len(tier)} tiers for {B} rows")
+            t = self.row_tiers(tier, None if cache is None else cache.tier)
+        else:
+            t = tier if isinstance(tier, RowTiers) else self.resolve_tier(tier)
         valid = None if attention_mask is None else attention_mask.bool()
         if valid is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
@@ -128,9 +134,19 @@ class ESSH(GenerationMixin, ElasticModel):
             cache.positions += input_ids.shape[1] if valid is None else valid.long().sum(1)
         return out
 
+    def row_tiers(self, tiers: list | tuple, widest: Any = None) -> RowTiers:
+        """``tiers`` (one per row) as a ``RowTiers`` at ``widest`` (None: the widest of them): what ``forward`` and
+        ``hidden_states`` take as ``tier=[...]``, each row equal to its own tier's forward up to rounding."""
+        rows = [self.resolve_tier(t) for t in tiers]
+        w = max(rows, key=lambda t: t.index) if widest is None else self.resolve_tier(widest)
+        emb = self.embed.weight
+        dtype = torch.promote_types(emb.dtype, torch.float32)
+        return RowTiers.build(w, rows, self.config.value_width, emb.device, dtype)
+
     def hidden_states(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,
                       cache: ESSHCache | None = None, backend: str = "auto") -> torch.Tensor:
-        """Final-normed hidden states [B,T,D]. ``attention_mask`` [B,T] marks real tokens (left padding)."""
+        """Final-normed hidden states [B,T,D]. ``attention_mask`` [B,T] marks real tokens (left padding); ``tier``
+        may name one tier per row (``row_tiers``)."""
         return self._run(input_ids, tier, attention_mask, cache, backend, logits=False)
 
     def forward(self, input_ids: torch.Tensor, tier: Any = None, attention_mask: torch.Tensor | None = None,

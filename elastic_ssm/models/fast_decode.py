@@ -7,13 +7,13 @@ one step can be captured (``capture()``). Kernels, attended spans, mixed tiers: 
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from ..elastic.row_tiers import write_row_factors
 from ..layers.decode_plan import DecodeOptions
 from ..ops.dispatch import resolve_decode_backend
 from ..ops.gemv import MAX_FUSED_BATCH, norm_gemv
@@ -126,15 +126,9 @@ class FastDecoder:
             return
         if not 0 <= row < self.batch:
             raise ValueError(f"row {row} is outside the decoder's {self.batch} rows")
-        if t.K > self.tier.K or t.n_ff > self.tier.n_ff:
-            raise ValueError(f"tier {t.name} (K={t.K}, n_ff={t.n_ff}) is wider than the decoder's {self.tier.name} "
-                             f"(K={self.tier.K}, n_ff={self.tier.n_ff}); build the decoder at the widest tier served")
-        keep = t.K * self.config.value_width
-        scale, units = self.options.channel_scale[row], self.options.unit_mask[row]
-        scale[:keep] = math.sqrt(self.tier.K / t.K)       # K^{-1/2} z of the widest K -> K_T^{-1/2} z (Sec. 4.1)
-        scale[keep:] = 0.0
-        units[:t.n_ff] = 1.0
-        units[t.n_ff:] = 0.0
+        # K^{-1/2} z of the widest K -> K_T^{-1/2} z (Sec. 4.1); ValueError for a tier wider than the decoder's
+        write_row_factors(self.options.channel_scale[row], self.options.unit_mask[row], self.tier, t,
+                          self.config.value_width, "the decoder's ", "build the decoder at the widest tier served")
         self.row_tiers[row] = t
 
     def _step_impl(self, span: int | None = None) -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..elastic.row_tiers import RowTiers
 from .cache import ESSHCache
 from .compile import compiled_trunk, scan_backend, trunk_for
 
@@ -33,9 +34,13 @@ class PrefillGraph:
     ``cache.tier`` into ``cache``. ``graph=False`` runs the static-buffer function eagerly (CPU tests); ``pool``:
     the CUDA graph memory pool of one model's prefill graphs (they never overlap)."""
 
-    def __init__(self, model, cache: ESSHCache, length: int, padded: bool, graph: bool = True, pool=None) -> None:
+    def __init__(self, model, cache: ESSHCache, length: int, padded: bool, graph: bool = True, pool=None,
+                 row_tiers: bool = False) -> None:
         self.model, self.cache, self.length, self.padded = model, cache, length, padded
         B, dev = cache.batch, cache.positions.device
+        # row_tiers: each call names one tier per row (nested in cache.tier), written into static factors
+        dt, vw = torch.promote_types(model.embed.weight.dtype, torch.float32), model.config.value_width
+        self.rows = RowTiers.build(cache.tier, [cache.tier] * B, vw, dev, dt) if row_tiers else None
         self.ids = torch.zeros(B, length, dtype=torch.long, device=dev)
         self.mask = torch.ones(B, length, dtype=torch.bool, device=dev) if padded else None
         self._positions = torch.arange(length, device=dev).expand(B, length)
@@ -57,7 +62,8 @@ class PrefillGraph:
         else:
             valid, positions = None, self._positions
             n = torch.full_like(cache.positions, self.length)
-        h = self._trunk(m, self.ids, cache.tier, positions, valid, cache, self._backend, False)
+        tier = cache.tier if self.rows is None else self.rows
+        h = self._trunk(m, self.ids, tier, positions, valid, cache, self._backend, False)
         cache.positions.copy_(n)
         return m.logits_from_hidden(h[:, -1])
 
@@ -79,9 +85,15 @@ class PrefillGraph:
         return self._graph is not None
 
     @torch.no_grad()
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids [B, T] (B <= batch, T <= length; left padding per ``attention_mask``) -> logits [B, V]."""
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 tiers: list | None = None) -> torch.Tensor:
+        """input_ids [B, T] (B <= batch, T <= length; left padding per ``attention_mask``) -> logits [B, V];
+        ``tiers``: one ``Tier`` per row (a graph built with ``row_tiers=True``; None: every row at cache.tier)."""
         B, T = input_ids.shape
+        if tiers is not None and self.rows is None:
+            raise ValueError("this prefill graph runs every row at its cache's tier; build it with row_tiers=True")
+        if self.rows is not None:
+            self.rows.assign(tiers or [self.cache.tier] * B, self.model.config.value_width)
         L = self.length
         if B > self.cache.batch or T > L or (not self.padded and (T != L or attention_mask is not None)):
             raise ValueError(f"this prefill graph takes up to {self.cache.batch} prompts of "

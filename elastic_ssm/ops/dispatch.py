@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
 import threading
 
 import torch
@@ -32,14 +33,40 @@ def persist_autotuning() -> None:
 _FLA_LOCK = threading.Lock()   # one import of fla at a time: a caller waits for the background one to end
 
 
+def import_leaf(package: str, leaf: str):
+    """Import module ``leaf`` of ``package`` before ``package/__init__.py`` runs (fla's ``fla/ops/__init__.py``
+    imports every op family, ~240 modules and 2-4 s; the scan needs ``fla.ops.gla.chunk``'s ~40). ``package`` is
+    created from its spec with its ``__init__`` deferred: the first attribute it lacks (``from fla.ops import
+    chunk_kda``) runs that ``__init__`` in place (PEP 562 ``__getattr__``), so other users of the package see it
+    whole. A plain import when ``package`` is already imported."""
+    if package in sys.modules:
+        return importlib.import_module(leaf)
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.loader is None or not spec.submodule_search_locations:
+        return importlib.import_module(leaf)
+    holder = importlib.util.module_from_spec(spec)
+
+    def complete(attr: str):
+        del holder.__dict__["__getattr__"]
+        spec.loader.exec_module(holder)                   # the deferred __init__, into the same module object
+        return holder.__dict__[attr] if attr in holder.__dict__ else getattr(holder, attr)
+
+    holder.__getattr__ = complete
+    sys.modules[package] = holder
+    parent, _, name = package.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], name, holder)
+    return importlib.import_module(leaf)
+
+
 def fla_available() -> bool:
-    """True when ``fla.ops.gla`` (fla-core, with triton) can be imported (checked once per process)."""
+    """True when fla-core's GLA kernels (``fla.ops.gla.chunk``, with triton) import (checked once per process)."""
     if not _FLA_OK:
         with _FLA_LOCK:
             if not _FLA_OK:
                 persist_autotuning()
                 try:
-                    importlib.import_module("fla.ops.gla")
+                    import_leaf("fla.ops", "fla.ops.gla.chunk")
                     _FLA_OK.append(True)
                 except Exception:  # ImportError, or triton failing to initialise without a driver
                     _FLA_OK.append(False)

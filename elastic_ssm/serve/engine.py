@@ -195,10 +195,11 @@ class Engine:
             self._texts[row] = None
 
     def _admit(self) -> None:
-        """Prefill waiting requests into free rows, oldest first, per tier in groups of similar length; a group
-        whose prefill fails is prefilled one by one, so only a failing request ends."""
+        """Prefill waiting requests into free rows, oldest first, in groups of similar length whatever their tiers
+        (the pool prefills a mix of tiers in one forward); a group whose prefill fails is prefilled one by one, so
+        only a failing request ends."""
         pool, q = self.pool, self.waiting
-        take: dict[str, list[Request]] = {}
+        take: list[Request] = []
         with self._cond:
             n = 0
             while q and n < pool.free_slots():
@@ -207,15 +208,15 @@ class Engine:
                     req.finish_reason = "cancelled"
                     req.emit("done", "cancelled")
                 else:
-                    take.setdefault(req.tier, []).append(req)
+                    take.append(req)
                     n += 1
-        for tier, reqs in take.items():
-            for group in prefill_groups([len(r.prompt) for r in reqs], pool.max_prefill, self.max_prefill_tokens):
-                self._admit_group(tier, [reqs[i] for i in group])
+        for group in prefill_groups([len(r.prompt) for r in take], pool.max_prefill, self.max_prefill_tokens):
+            self._admit_group([take[i] for i in group])
 
-    def _admit_group(self, tier: str, chunk: list[Request]) -> None:
+    def _admit_group(self, chunk: list[Request]) -> None:
         try:
-            rows = self.pool.admit_many(chunk, [r.prompt for r in chunk], tier) if len(chunk) > 1 else None
+            rows = (self.pool.admit_many(chunk, [r.prompt for r in chunk], [r.tier for r in chunk])
+                    if len(chunk) > 1 else None)
             self.prefills += rows is not None
         except Exception as e:
             log.warning("batched prefill of %d prompts failed (%s); prefilling them one by one", len(chunk), e)

@@ -109,9 +109,9 @@ class SlotPool(SlotRows):
 
     @torch.no_grad()
     def warm_up(self, lengths: tuple[int, ...] = (16, 64)) -> None:
-        """One prefill per served tier and length of ``lengths`` into the first free row, then that row reset
-        (at construction on CUDA): kernels compile and fla autotunes (chunk length 16 or 64, batch no key) while
-        the server starts, not inside its first requests. ``RuntimeError`` without a free row."""
+        """One prefill per length of ``lengths`` (at the widest tier, as every prefill) into the first free row,
+        then that row reset (at construction on CUDA): kernels compile and fla autotunes (chunk length 16 or 64,
+        batch no key) while the server starts, not inside its first requests. ``RuntimeError`` without a free row."""
         if not self.free_slots():
             raise RuntimeError("warm_up needs a free slot; call it before admitting requests")
         row = self.owner.index(None)
@@ -124,17 +124,17 @@ class SlotPool(SlotRows):
                  time.perf_counter() - start)
 
     def _warm_rows(self, row: int, lengths: tuple[int, ...]) -> None:
-        for tier in self.tiers:
-            for T in lengths:
-                ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                  # [1, T]
-                try:
-                    reset_row_(self.cache, row)
-                    self.model.hidden_states(ids, tier=tier, cache=self.cache.at_tier(tier).narrow(1, start=row))
-                except RuntimeError as e:   # a kernel that fails on this stack: say where, and the way around fla
-                    first = (str(e).strip().splitlines() or [""])[0]
-                    around = (f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if raised_in_fla(e) else "")
-                    raise RuntimeError(f"tier {tier.name}: the warm-up prefill of {T} tokens failed "
-                                       f"({type(e).__name__}: {first}){around}") from e
+        tier = [self.tiers[0]] if self.fd.mixed else self.tier     # what _prefill runs: the widest (row factors)
+        for T in lengths:
+            ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                      # [1, T]
+            try:
+                reset_row_(self.cache, row)
+                self.model.hidden_states(ids, tier=tier, cache=self.cache.narrow(1, start=row))
+            except RuntimeError as e:   # a kernel that fails on this stack: say where, and the way around fla
+                first = (str(e).strip().splitlines() or [""])[0]
+                around = (f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if raised_in_fla(e) else "")
+                raise RuntimeError(f"tier{'s' * self.fd.mixed} {self._names()}: the warm-up prefill of {T} tokens "
+                                   f"failed ({type(e).__name__}: {first}){around}") from e
 
     # ---- slots -------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -144,51 +144,62 @@ class SlotPool(SlotRows):
         t = self.tier_of(tier)
         if not self.free_slots():
             raise ValueError(f"admit: all {self.slots} slots are busy")
-        return self._prefill([owner], [prompt], t)[0]
+        return self._prefill([owner], [prompt], [t])[0]
 
     @torch.no_grad()
     def admit_many(self, owners: list, prompts: list[list[int]], tier: Any = None) -> list[int]:
-        """Prefill prompts at ``tier`` into free rows in one forward, left-padded and masked (every row equals its
-        own prefill up to rounding); returns the rows, in order. ``n`` consecutive free rows are written in place,
-        else the scratch cache's rows are copied into the first free slots."""
-        t = self.tier_of(tier)
+        """Prefill prompts at ``tier`` (one tier, or a list of one per prompt) into free rows in one forward,
+        left-padded and masked (every row equals its own prefill up to rounding); returns the rows, in order. ``n``
+        consecutive free rows are written in place, else the scratch cache's rows are copied into the first free
+        slots."""
         n = len(prompts)
+        tiers = [self.tier_of(x) for x in tier] if isinstance(tier, (list, tuple)) else [self.tier_of(tier)] * n
+        if len(tiers) != n:
+            raise ValueError(f"admit_many: {len(tiers)} tiers for {n} prompts (one tier, or one per prompt)")
         if n == 1:
-            return [self.admit(owners[0], prompts[0], t)]
+            return [self.admit(owners[0], prompts[0], tiers[0])]
         if not 1 < n <= min(self.max_prefill, self.free_slots()) or not all(prompts):
             raise ValueError(f"admit_many takes 2..{self.max_prefill} non-empty prompts, at most the "
                              f"{self.free_slots()} free slots")
-        return self._prefill(owners, prompts, t)
+        return self._prefill(owners, prompts, tiers)
 
-    def _prefill(self, owners: list, prompts: list[list[int]], t) -> list[int]:
-        """``prompts`` prefilled at tier ``t`` into free rows for ``owners``: graphed, in place or via scratch."""
-        n = len(prompts)
-        graph = self._graph_for(prompts, t)
+    def _prefill(self, owners: list, prompts: list[list[int]], tiers: list) -> list[int]:
+        """``prompts`` prefilled into free rows for ``owners``, row i at ``tiers[i]``: graphed, in place or via
+        scratch. A pool of several tiers runs every prefill at its widest tier with per-row factors
+        (``elastic/row_tiers.py``): any mix of tiers is one forward, at one set of kernel shapes and graphs."""
+        n, t = len(prompts), self.tier
+        per_row = tiers if self.fd.mixed else None
+        graph = self._graph_for(prompts, t, per_row is not None)
         if graph is not None:
             rows = self.free_rows(n)
-            self._copy_rows(self._graph_prefill(graph, prompts), rows, t)
-            self._own(rows, owners, prompts, t)
-            return rows
-        ids, mask = left_pad(prompts, self.device)                                       # [n, T], [n, T] | None
-        start = self.free_run(n)
-        if start is not None:
-            rows = list(range(start, start + n))
-            self.cache.narrow(n, start=start).reset_()
-            view = self.cache.at_tier(t).narrow(n, start=start)
-            h = self.model.hidden_states(ids, tier=t, attention_mask=mask, cache=view)  # [n, T, D]
-            self.logits[start:start + n] = self.model.logits_from_hidden(h[:, -1]).float()
+            ids, mask = left_pad(prompts, self.device)                                   # [n, T], [n, T] | None
+            self._copy_rows(graph(ids, mask, per_row), rows, t)
         else:
-            view = self.scratch(t).narrow(n).reset_()
-            h = self.model.hidden_states(ids, tier=t, attention_mask=mask, cache=view)  # [n, T, D]
-            rows = self.free_rows(n)
-            self._copy_rows(self.model.logits_from_hidden(h[:, -1]), rows, t)
-        self._own(rows, owners, prompts, t)
+            ids, mask = left_pad(prompts, self.device)                                   # [n, T], [n, T] | None
+            tier = t if per_row is None else self.model.row_tiers(per_row, t)
+            start = self.free_run(n)
+            if start is not None:
+                rows = list(range(start, start + n))
+                view = self.cache.narrow(n, start=start).reset_()
+                h = self.model.hidden_states(ids, tier=tier, attention_mask=mask, cache=view)   # [n, T, D]
+                self.logits[start:start + n] = self.model.logits_from_hidden(h[:, -1]).float()
+            else:
+                view = self.scratch(t).narrow(n).reset_()
+                h = self.model.hidden_states(ids, tier=tier, attention_mask=mask, cache=view)   # [n, T, D]
+                rows = self.free_rows(n)
+                self._copy_rows(self.model.logits_from_hidden(h[:, -1]), rows, t)
+        self._own(rows, owners, prompts, tiers)
         return rows
 
-    def _own(self, rows: list[int], owners: list, prompts: list[list[int]], tier) -> None:
-        for i, owner, prompt in zip(rows, owners, prompts):
+    def _own(self, rows: list[int], owners: list, prompts: list[list[int]], tiers: list) -> None:
+        """Rows ``rows`` now hold ``owners``' sequences, row i at ``tiers[i]``: its mode states past K_T zeroed
+        (computed at the widest tier, never read) and the decoder's row factors set."""
+        for i, owner, prompt, tier in zip(rows, owners, prompts, tiers):
             self.owner[i] = owner
             self.row_pos[i] = len(prompt)
+            if tier.K < self.tier.K:
+                for s in self.cache.states.values():
+                    s[i, tier.K:].zero_()
             if self.row_tier[i] != tier:
                 self.fd.set_row_tier(i, tier)
 
@@ -202,18 +213,15 @@ class SlotPool(SlotRows):
         return self._scratch[t]
 
     def _copy_rows(self, logits: torch.Tensor, rows: list[int], tier) -> None:
-        """Rows ``0 .. n-1`` of ``tier``'s scratch cache, and their next-token ``logits [n, V]``, into pool ``rows``
-        (their channels past the tier's zeroed)."""
+        """Rows ``0 .. n-1`` of ``tier``'s scratch cache, and their next-token ``logits [n, V]``, into pool ``rows``."""
         idx = torch.tensor(rows, device=self.device)
-        if tier != self.tier:
-            for s in self.cache.states.values():
-                s[:, tier.K:].index_fill_(0, idx, 0.0)
-        for dst, s in zip(self.cache.at_tier(tier).tensors(), self._scratch[tier].narrow(len(rows)).tensors()):
+        for dst, s in zip(self.cache.tensors(), self._scratch[tier].narrow(len(rows)).tensors()):
             dst.index_copy_(0, idx, s)
         self.logits.index_copy_(0, idx, logits.float())
 
-    def _graph_for(self, prompts: list[list[int]], tier) -> PrefillGraph | None:
-        """The prefill graph at ``tier`` for these prompts, or None: eager prefill."""
+    def _graph_for(self, prompts: list[list[int]], tier, per_row: bool = False) -> PrefillGraph | None:
+        """The prefill graph at ``tier`` for these prompts (``per_row``: taking one tier per row), or None: eager
+        prefill."""
         if not self.prefill_graphs:
             return None
         T = max(len(p) for p in prompts)
@@ -221,7 +229,7 @@ class SlotPool(SlotRows):
         length = length_bucket(T, min_step=self.LENGTH_STEP)
         if rows * length > self.max_graph_tokens:
             return None
-        key = (tier.name, rows, length, length != T or any(len(p) != T for p in prompts))
+        key = (tier.name, rows, length, length != T or any(len(p) != T for p in prompts))   # per_row: one per pool
         graph = self._graphs.get(key)
         if graph is not None:
             self._graphs.move_to_end(key)
@@ -236,7 +244,7 @@ class SlotPool(SlotRows):
             if cuda and self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
             graph = PrefillGraph(self.model, self.scratch(tier).narrow(rows), length, key[3], graph=cuda,
-                                 pool=self._graph_pool)
+                                 pool=self._graph_pool, row_tiers=per_row)
         except Exception as e:       # e.g. a kernel that cannot be captured: prefill eagerly from now on
             log.warning("tier %s: capturing a prefill graph failed (%s: %s); prefilling without graphs",
                         tier.name, type(e).__name__, e)
@@ -250,11 +258,6 @@ class SlotPool(SlotRows):
             log.info("tier %s: prefill graph for %d rows x %d tokens%s captured in %.1f s", tier.name, rows,
                      length, " (padded)" if key[3] else "", time.perf_counter() - start)
         return graph
-
-    def _graph_prefill(self, graph: PrefillGraph, prompts: list[list[int]]) -> torch.Tensor:
-        """Replay ``graph`` on ``prompts`` into the scratch cache's first rows; their next-token logits [n, V]."""
-        ids, mask = left_pad(prompts, self.device)                                       # [n, T], [n, T] | None
-        return graph(ids, mask)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

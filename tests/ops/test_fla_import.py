@@ -13,11 +13,16 @@ from elastic_ssm.ops import dispatch
 @pytest.fixture
 def fake_fla(tmp_path, monkeypatch):
     pkg = tmp_path / "fla"
-    (pkg / "ops").mkdir(parents=True)
+    (pkg / "ops" / "gla").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "ops" / "__init__.py").write_text("")
-    (pkg / "ops" / "gla.py").write_text("import time\nimport builtins\ntime.sleep(0.3)\n"
-                                        "builtins._fake_fla_imports = getattr(builtins, '_fake_fla_imports', 0) + 1\n")
+    (pkg / "ops" / "__init__.py").write_text(          # like fla's: imports every op family (here: counts itself)
+        "import builtins\nbuiltins._fake_ops_inits = getattr(builtins, '_fake_ops_inits', 0) + 1\n"
+        "from .gla import chunk_gla\nevery_op = 'all'\n")
+    (pkg / "ops" / "gla" / "__init__.py").write_text("from .chunk import chunk_gla\n")
+    (pkg / "ops" / "gla" / "chunk.py").write_text(
+        "import time\nimport builtins\ntime.sleep(0.3)\n"
+        "builtins._fake_fla_imports = getattr(builtins, '_fake_fla_imports', 0) + 1\n"
+        "def chunk_gla():\n    return 'gla'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -25,6 +30,7 @@ def fake_fla(tmp_path, monkeypatch):
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     import builtins
     monkeypatch.setattr(builtins, "_fake_fla_imports", 0, raising=False)
+    monkeypatch.setattr(builtins, "_fake_ops_inits", 0, raising=False)
     yield builtins
     for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
         del sys.modules[name]
@@ -59,3 +65,18 @@ def test_no_background_import_without_fla(monkeypatch):
     monkeypatch.setattr(dispatch.importlib.util, "find_spec", lambda name: None)
     dispatch.import_fla_in_background()
     assert not _import_threads() and dispatch._FLA_OK == []
+
+
+def test_the_check_imports_only_the_gla_kernels_and_the_package_completes_on_demand(fake_fla):
+    """``fla.ops.gla.chunk`` loads without ``fla/ops/__init__.py`` (fla's imports every op family); a later
+    ``from fla.ops import <another op>`` runs that ``__init__`` once, in the same module, reusing the loaded kernels."""
+    assert dispatch.fla_available() is True
+    assert (fake_fla._fake_fla_imports, fake_fla._fake_ops_inits) == (1, 0)
+    from fla.ops.gla import chunk  # what the scan imports (ops/spectral_scan/gla_op.py)
+
+    assert chunk.chunk_gla() == "gla" and fake_fla._fake_ops_inits == 0
+    import fla.ops
+    from fla.ops import every_op  # another user of fla: the whole package
+
+    assert every_op == "all" and fake_fla._fake_ops_inits == 1 and fake_fla._fake_fla_imports == 1
+    assert fla.ops.chunk_gla is chunk.chunk_gla and sys.modules["fla.ops"] is fla.ops

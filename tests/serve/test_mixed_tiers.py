@@ -3,6 +3,7 @@ step, and every request's greedy text equals ``model.generate(..., tier=its tier
 leaving, left-padded batched prefills, and slots reused at another tier. The engine counts one decode step per
 token position, not one per tier."""
 
+import pytest
 import torch
 from served import run_to_completion
 
@@ -54,8 +55,8 @@ def test_pool_rows_of_three_tiers_join_and_leave_and_each_equals_generate_alone(
 
 @torch.no_grad()
 def test_a_slot_reused_at_a_narrower_tier_through_the_scratch_cache(tiny):
-    """Scattered free rows: the prefill goes through the tier's scratch cache and is copied into the slot's first K_T
-    channels (the rest zeroed); the text equals generate alone."""
+    """Scattered free rows: the prefill runs at the widest tier (row factors) through its scratch cache and is
+    copied into the slots, their channels past K_T zeroed; the text equals generate alone."""
     pool = SlotPool(tiny, ["T1", "T10"], 3)
     for _ in range(3):
         pool.admit("busy", list(b"long prompt at T10"), "T10")
@@ -65,7 +66,7 @@ def test_a_slot_reused_at_a_narrower_tier_through_the_scratch_cache(tiny):
     pool.release(2)                                      # rows 0 and 2: not consecutive
     prompts = [list(b"abc"), list(b"defgh")]
     rows = pool.admit_many(["a", "b"], prompts, "T1")
-    assert rows == [0, 2] and set(pool._scratch) == {tiny.resolve_tier("T1")}
+    assert rows == [0, 2] and set(pool._scratch) == {tiny.resolve_tier("T10")}
     for s in pool.cache.states.values():
         assert not s[rows, tiny.resolve_tier("T1").K:].any()
     got = {r: [] for r in rows}
@@ -85,4 +86,27 @@ def test_engine_serves_three_tiers_in_one_step_per_token_position(tiny):
     assert [r.finish_reason for r in live] == ["length"] * len(live)
     assert [r.tokens for r in live] == [_alone(tiny, p, t, n) for p, t in reqs]
     assert eng.counters()["decode_steps"] == n          # six rows at three tiers: one step per position
-    assert eng.counters()["prefill_forwards"] == 3      # one forward per tier (two prompts each, left-padded)
+    assert eng.counters()["prefill_forwards"] == 1      # six prompts at three tiers: one left-padded forward
+
+
+@torch.no_grad()
+def test_one_prefill_of_prompts_at_three_tiers_equals_each_generate_alone(tiny):
+    """``admit_many`` with one tier per prompt: one left-padded forward at the widest tier (row factors), in place and
+    through the scratch cache, the graphs' static-buffer path too; every row's text equals generate alone."""
+    reqs = _requests(6)
+    for graphs in (False, True):
+        pool = SlotPool(tiny, list(TIERS), 8, max_prefill=6, prefill_graphs=graphs, graph_after=1)
+        pool.admit("busy", list(b"keeps row 0 busy"), "T4")          # the six go to rows 1-6 (in place)
+        rows = pool.admit_many(list(range(6)), [p for p, _ in reqs], [t for _, t in reqs])
+        assert rows == list(range(1, 7)) and [pool.row_tier[r].name for r in rows] == [t for _, t in reqs]
+        # graphs: the busy row's and one for the six prompts at three tiers (one graph serves every mix)
+        assert sorted(k[1] for k in pool._graphs) == ([1, 6] if graphs else [])
+        got = {r: [] for r in rows}
+        for _ in range(6):
+            tokens = pool.logits.argmax(-1)
+            for r in rows:
+                got[r].append(int(tokens[r]))
+            pool.step(tokens)
+        assert [got[r] for r in rows] == [_alone(tiny, p, t, 6) for p, t in reqs]
+    with pytest.raises(ValueError, match="2 tiers for 3 prompts"):
+        pool.admit_many([0, 1, 2], [[1], [2], [3]], ["T1", "T4"])
