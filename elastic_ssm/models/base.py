@@ -27,6 +27,7 @@ from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_di
 from ..layers.norm import RMSNorm
 from ..utils.devices import checked_device
 from ..utils.files import atomic_write_bytes
+from .checksums import PendingCheck
 from .generation import check_attention_mask
 from .model_dir import (
     CONFIG_NAME,
@@ -86,6 +87,8 @@ class ElasticModel(nn.Module):
     keep_fp32: ClassVar[str] = r"$^"
     #: its prefill scans with fla's kernels on CUDA: ``from_pretrained(device="cuda")`` starts importing fla early
     scans_with_fla: ClassVar[bool] = False
+    #: the weights' checksum still running after ``from_pretrained(defer_verify=True)`` (a Future), else None
+    _weights_check: Any = None
 
     def __init__(self, config: ConfigBase) -> None:
         super().__init__()
@@ -132,8 +135,20 @@ class ElasticModel(nn.Module):
                 nn.init.normal_(self.lm_head.weight, std=config.init_std)
 
     def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
-        """LM head on final-normed hidden states: [..., D] -> [..., V] (tied: the embedding matrix)."""
+        """LM head on final-normed hidden states: [..., D] -> [..., V] (tied: the embedding matrix); the first
+        call after a deferred load waits for the weights' checksum (``verified``)."""
+        if not torch.compiler.is_compiling() and self._weights_check is not None:   # no guard in compiled code
+            self.verified()
         return F.linear(h, self.embed.weight if self.lm_head is None else self.lm_head.weight)
+
+    def verified(self) -> ElasticModel:
+        """Wait for the checksum of the weights that ``from_pretrained(defer_verify=True)`` left running; a
+        mismatch is its ``CheckpointError``, raised again on every later call (the weights stay refused)."""
+        check = self._weights_check
+        if check is not None:
+            check.result()
+            self._weights_check = None
+        return self
 
     def is_meta(self) -> bool:
         return any(p.device.type == "meta" for p in self.parameters())
@@ -184,6 +199,8 @@ class ElasticModel(nn.Module):
         ``path``, each atomically. ``state_dict`` replaces the model's tensors (e.g. gathered from FSDP shards)."""
         from safetensors.torch import save
 
+        self.verified()                 # weights that failed their checksum are never written out
+
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = self.state_dict() if state_dict is None else state_dict
@@ -227,11 +244,13 @@ class ElasticModel(nn.Module):
     @classmethod
     def from_pretrained(
         cls, path: str | Path, tier: TierLike = None, device: str | torch.device = "cpu",
-        dtype: torch.dtype | None = None, verify: bool = True,
+        dtype: torch.dtype | None = None, verify: bool = True, defer_verify: bool | None = None,
     ) -> ElasticModel:
         """Load a saved model; with ``tier`` only that tier's tensor prefixes are loaded. ``verify`` checks the
-        weights against ``config.json``'s sha256 digests while loading (``models/checksums.py``); a mismatch is a
-        ``CheckpointError`` naming the file."""
+        weights against ``config.json``'s sha256 digests on threads beside the load (``models/checksums.py``); a
+        mismatch is a ``CheckpointError`` naming the file. ``defer_verify`` (None: on CUDA) returns before the check
+        ends: it goes on beside the first forward, and every output waits for it (``verified``), so corrupted
+        weights never give a result."""
         path = Path(path)
         checked_device(device, "from_pretrained(device=)")
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -275,13 +294,21 @@ class ElasticModel(nn.Module):
             if isinstance(e, ValueError):   # a tensor of another size than the config's (read, not corrupted)
                 raise CheckpointError(f"{e}; the weights do not match {CONFIG_NAME}: save the model again") from e
             raise CheckpointError(f"{wfile} could not be read ({e}); the file is corrupted or truncated") from e
-        if check is not None:
+        if defer_verify is None:
+            defer_verify = torch.device(device).type == "cuda"
+        if check is not None and not defer_verify:
             check.result()
         if dtype is not None:
             state = {k: v.to(dtype) if v.is_floating_point() and not re.fullmatch(cls.keep_fp32, k) else v
                      for k, v in state.items()}
-        _check_loaded_values(state, cls.keep_fp32, wfile)
+        try:
+            _check_loaded_values(state, cls.keep_fp32, wfile)
+        except CheckpointError:
+            if check is not None:
+                check.result()          # the checksum names a corruption first
+            raise
         _load_strict(model, state, wfile)
+        model._weights_check = PendingCheck(check) if defer_verify and check is not None else None
         model.source = source
         model.name_or_path = str(path)
         model.tokenizer_record = meta.get("tokenizer")

@@ -8,10 +8,11 @@ import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 PIECE_BYTES = 1 << 26
 
-__all__ = ["PIECE_BYTES", "piece_digests", "file_piece_digests", "pieces_record", "mismatched_piece"]
+__all__ = ["PIECE_BYTES", "piece_digests", "file_piece_digests", "pieces_record", "mismatched_piece", "PendingCheck"]
 
 
 def _workers() -> int:
@@ -54,3 +55,21 @@ def mismatched_piece(path: str | Path, record: dict) -> tuple[int, int] | None:
         if a != b:
             return (i * piece, min((i + 1) * piece, os.path.getsize(path)))
     return None
+
+
+class PendingCheck:
+    """A weights checksum running on a thread (``from_pretrained(defer_verify=True)``): a deep copy of the model
+    shares it, and pickling waits for it and stores nothing of it."""
+
+    def __init__(self, future: Any) -> None:
+        self.future = future
+
+    def result(self) -> None:
+        self.future.result()
+
+    def __deepcopy__(self, memo: dict) -> PendingCheck:
+        return self
+
+    def __reduce__(self):
+        self.future.result()
+        return (type(None), ())

@@ -377,3 +377,36 @@ def test_a_failing_prefill_capture_of_an_eager_model_falls_back_to_eager(model, 
     with torch.no_grad():
         torch.testing.assert_close(got, model(ids, tier="T2", cache=ref)[:, -1], rtol=1e-9, atol=1e-9)
     session.pool.eager_graphs = True
+
+
+def test_a_deferred_check_refuses_every_output_of_corrupted_weights(tmp_path):
+    """``from_pretrained(defer_verify=True)`` (the default on CUDA) returns while the checksum runs; the first output
+    (forward, generate, the fused decoder's step, save_pretrained) waits for it, and a mismatch is the same
+    ``CheckpointError``, raised again on every later call. Good weights load, verify and answer as a blocking load."""
+    import copy
+    import pickle
+
+    from elastic_ssm.models.fast_decode import FastDecoder
+    from elastic_ssm.models.model_dir import CheckpointError
+
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    model.save_pretrained(tmp_path / "good")
+    ids = torch.tensor([[1, 2, 3]])
+    good = es.ESSH.from_pretrained(tmp_path / "good", defer_verify=True)
+    twin = copy.deepcopy(good)                               # copies share the pending check
+    assert torch.equal(good(ids), es.ESSH.from_pretrained(tmp_path / "good")(ids))
+    assert good._weights_check is None and pickle.loads(pickle.dumps(twin._weights_check)) is None
+    model.save_pretrained(tmp_path / "bad")
+    blob = bytearray((tmp_path / "bad" / "model.safetensors").read_bytes())
+    blob[-5] ^= 1                                            # a bit of a weight: the values stay finite
+    (tmp_path / "bad" / "model.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="sha256 checksum mismatch"):
+        es.ESSH.from_pretrained(tmp_path / "bad")            # blocking (the CPU default)
+    bad = es.ESSH.from_pretrained(tmp_path / "bad", defer_verify=True)
+    calls = [lambda: bad(ids), lambda: bad.generate(ids, 2),
+             lambda: FastDecoder(bad, "T1", 1, backend="torch").step(torch.tensor([1])),
+             lambda: bad.save_pretrained(tmp_path / "copy")]
+    for call in calls:
+        with pytest.raises(CheckpointError, match="model.safetensors: sha256 checksum mismatch"):
+            call()
+    assert not (tmp_path / "copy" / "model.safetensors").exists()
