@@ -193,6 +193,19 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     return results
 
 
+def run_bench_entry(cfg: BenchConfig, ctx) -> list[dict]:
+    """Suite kind ``bench``: ``run_bench`` with the suite's remaining budget; rows of every section, each with its
+    ``section``."""
+    from . import report
+
+    left = ctx.time_left()
+    cfg = cfg.replace(out="", docs="", suite="", time_budget_s=left if left != float("inf") else 0.0)
+    res = run_bench(cfg, log=ctx.log, print_tables=False)
+    ctx.save_json("results.json", res)
+    rows = [{"section": name, **row} for name in report.SECTIONS for row in res.get(name, [])]
+    return rows + [{"section": "ratios", **row} for row in res.get("ratios", [])]
+
+
 #: BenchConfig fields that steer a suite run itself; the other flags given override entry options
 _SUITE_FIELDS = ("suite", "only", "set", "out_dir", "out", "docs", "time_budget_s")
 

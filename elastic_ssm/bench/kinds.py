@@ -1,8 +1,8 @@
 """Entry kinds of a bench suite: ``KINDS`` maps each to its options dataclass and ``run(options, ctx) -> rows``.
 
-The generic kinds ``bench``, ``tests`` and ``command`` live here; a kind of the research harness (``benchmarks/`` at
-the repository root, not installed) is imported by name, from the current folder or the checkout when it is not
-importable, else loading the suite is a one-line ``ConfigError``."""
+The generic kinds ``tests`` and ``command`` live here (``bench`` in ``__init__``); a kind of the research harness
+(``benchmarks/`` at the repository root, not installed) is imported by name, from the current folder or the checkout
+when it is not importable, else loading the suite is a one-line ``ConfigError``."""
 
 from __future__ import annotations
 
@@ -25,27 +25,22 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 #: kind -> (module, options class, run function); ``benchmarks.*`` kinds live in the repository's harness
 KINDS: dict[str, tuple[str, str, str]] = {
-    "bench": ("elastic_ssm.bench", "BenchConfig", "elastic_ssm.bench.kinds:run_bench_entry"),
-    "tests": ("elastic_ssm.bench.kinds", "PytestOptions", "elastic_ssm.bench.kinds:run_tests"),
-    "command": ("elastic_ssm.bench.kinds", "CommandOptions", "elastic_ssm.bench.kinds:run_command"),
-    "session_prefill": ("elastic_ssm.bench.prefill", "SessionPrefillOptions",
-                        "elastic_ssm.bench.prefill:run_session_prefill"),
-    "generate_paths": ("elastic_ssm.bench.generate", "GeneratePathsOptions",
-                       "elastic_ssm.bench.generate:run_generate_paths"),
-    "first_token": ("elastic_ssm.bench.process", "FirstTokenOptions", "elastic_ssm.bench.process:run_first_token"),
-    "train_matrix": ("benchmarks.multigpu", "TrainMatrixOptions", "benchmarks.multigpu:run_matrix"),
-    "train_scaling": ("benchmarks.multigpu", "TrainScalingOptions", "benchmarks.multigpu:run_scaling"),
-    "profile": ("benchmarks.profiling", "ProfileOptions", "benchmarks.profiling:run_profile"),
-    "gemv_sweep": ("benchmarks.gemv_sweep", "GemvSweepOptions", "benchmarks.gemv_sweep:run_sweep"),
-    "scan_timing": ("benchmarks.scan_timing", "ScanTimingOptions", "benchmarks.scan_timing:run_scan_timing"),
-    "checksum_cost": ("benchmarks.checksum", "ChecksumOptions", "benchmarks.checksum:run_checksum"),
-    "es_ssm_report": ("benchmarks.es_ssm_report", "EsSsmReportOptions", "benchmarks.es_ssm_report:run_es_ssm_report"),
-    "replication_step": ("benchmarks.replication.steps", "ReplicationStepOptions",
-                         "benchmarks.replication.steps:run_step"),
-    "replication_state": ("benchmarks.replication.state", "ReplicationStateOptions",
-                          "benchmarks.replication.state:run_state"),
-    "replication_report": ("benchmarks.replication.report", "ReplicationReportOptions",
-                           "benchmarks.replication.report:run_report"),
+    "bench": ("elastic_ssm.bench", "BenchConfig", "run_bench_entry"),
+    "tests": ("elastic_ssm.bench.kinds", "PytestOptions", "run_tests"),
+    "command": ("elastic_ssm.bench.kinds", "CommandOptions", "run_command"),
+    "session_prefill": ("benchmarks.generate_paths", "SessionPrefillOptions", "run_session_prefill"),
+    "generate_paths": ("benchmarks.generate_paths", "GeneratePathsOptions", "run_generate_paths"),
+    "first_token": ("benchmarks.first_token", "FirstTokenOptions", "run_first_token"),
+    "train_matrix": ("benchmarks.multigpu", "TrainMatrixOptions", "run_matrix"),
+    "train_scaling": ("benchmarks.multigpu", "TrainScalingOptions", "run_scaling"),
+    "profile": ("benchmarks.profiling", "ProfileOptions", "run_profile"),
+    "gemv_sweep": ("benchmarks.gemv_sweep", "GemvSweepOptions", "run_sweep"),
+    "scan_timing": ("benchmarks.scan_timing", "ScanTimingOptions", "run_scan_timing"),
+    "checksum_cost": ("benchmarks.checksum", "ChecksumOptions", "run_checksum"),
+    "es_ssm_report": ("benchmarks.es_ssm_report", "EsSsmReportOptions", "run_es_ssm_report"),
+    "replication_step": ("benchmarks.replication.steps", "ReplicationStepOptions", "run_step"),
+    "replication_state": ("benchmarks.replication.state", "ReplicationStateOptions", "run_state"),
+    "replication_report": ("benchmarks.replication.report", "ReplicationReportOptions", "run_report"),
 }
 
 
@@ -91,21 +86,8 @@ def kind_options(kind: str) -> type[ConfigBase]:
 
 def kind_runner(kind: str):
     """The run function of ``kind``."""
-    module, fn = KINDS[kind][2].split(":")
+    module, _, fn = KINDS[kind]
     return getattr(_import(kind, module), fn)
-
-
-# ---- bench ---------------------------------------------------------------------------------------------
-def run_bench_entry(cfg, ctx) -> list[dict]:
-    """``run_bench`` with the suite's remaining budget; rows of every section, each with its ``section``."""
-    from . import report, run_bench
-
-    left = ctx.time_left()
-    cfg = cfg.replace(out="", docs="", suite="", time_budget_s=left if left != float("inf") else 0.0)
-    res = run_bench(cfg, log=ctx.log, print_tables=False)
-    ctx.save_json("results.json", res)
-    rows = [{"section": name, **row} for name in report.SECTIONS for row in res.get(name, [])]
-    return rows + [{"section": "ratios", **row} for row in res.get("ratios", [])]
 
 
 # ---- tests ---------------------------------------------------------------------------------------------

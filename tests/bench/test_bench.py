@@ -508,9 +508,8 @@ def test_only_repeatable_list_flags_add_up():
 ])
 def test_bench_options_are_checked_by_their_declared_types(cls, fields, message):
     """Choices and ranges are declared on the fields (Literal, AtLeast1, ...): pydantic names the field in one line."""
-    from elastic_ssm.bench.generate import GeneratePathsOptions
-    from elastic_ssm.bench.prefill import SessionPrefillOptions
-    from elastic_ssm.bench.process import FirstTokenOptions
+    from benchmarks.first_token import FirstTokenOptions
+    from benchmarks.generate_paths import GeneratePathsOptions, SessionPrefillOptions
 
     options = {"BenchConfig": BenchConfig, "SessionPrefillOptions": SessionPrefillOptions,
                "FirstTokenOptions": FirstTokenOptions, "GeneratePathsOptions": GeneratePathsOptions}[cls]
