@@ -6,5 +6,5 @@ claims' reports and plots), ``multigpu.py`` (torchrun training matrices), ``prof
 ``scan_timing.py``, ``checksum.py``, ``es_ssm_report.py``, ``first_token.py`` and ``generate_paths.py``. Commands:
 ``python -m benchmarks.results_page`` (docs/results.md against the committed records), ``python -m
 benchmarks.ddp_check`` (DDP against one device) and ``python -m benchmarks.serve_proxy`` (the serve bench against a
-stub engine on the CPU; ``serve_stub.py`` its server).
+stub engine on the CPU; ``serve_stub.py`` its server). ``fla_peers.py``: the fla peers of ``elastic-ssm bench``.
 """

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from ..models.fast_decode import FastDecoder
-from .peers import FlaDecoder, build_essh, build_fla, build_transformer, fla_matched, require_fla, transformer_matched
+from .peers import build_essh, build_transformer, fla_peers, transformer_matched
 from .timing import GraphedStep, oom_as_result, summarize, time_fn
 
 __all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model"]
@@ -117,10 +117,11 @@ def peer_model(r, peer: str):
         pm = build_transformer(tcfg, r.dev, r.dtype)
         margin = cfg.warmup + cfg.iters + 8
         return pm, (lambda b, g: TransformerDecoder(pm, b, cfg.context, g, margin=margin)), info
-    require_fla(peer)
-    info = fla_matched(peer, r.mcfg)
-    pm = build_fla(peer, r.mcfg, info["d_ff"], r.dev, r.dtype)
-    return pm, (lambda b, g: FlaDecoder(pm, b, g)), info
+    fla = fla_peers()
+    fla.require_fla(peer)
+    info = fla.fla_matched(peer, r.mcfg)
+    pm = fla.build_fla(peer, r.mcfg, info["d_ff"], r.dev, r.dtype)
+    return pm, (lambda b, g: fla.FlaDecoder(pm, b, g)), info
 
 
 def decode_suite(r, out: list) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..config import ConfigBase, ConfigError, opt
 
-__all__ = ["KINDS", "HARNESS", "harness_roots", "kind_options", "kind_runner", "PytestOptions", "CommandOptions"]
+__all__ = ["KINDS", "HARNESS", "harness_roots", "harness_module", "kind_options", "kind_runner", "PytestOptions",
+           "CommandOptions"]
 
 #: the research harness: a top-level package of the repository beside ``elastic_ssm/``, not installed
 HARNESS = "benchmarks"
@@ -51,9 +52,9 @@ def harness_roots() -> list[Path]:
     return [d for d in dict.fromkeys(dirs) if (d / HARNESS / "__init__.py").is_file()]
 
 
-def _import(kind: str, module: str):
-    """``module`` of ``kind``; a harness module is looked up in ``harness_roots()`` when it is not importable
-    (the installed ``elastic-ssm`` run outside the repository root), else a one-line ``ConfigError``."""
+def harness_module(what: str, module: str):
+    """``module``; a harness module is looked up in ``harness_roots()`` when it is not importable (the installed
+    ``elastic-ssm`` run outside the repository root), else a one-line ``ConfigError`` naming ``what`` needs it."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -71,7 +72,7 @@ def _import(kind: str, module: str):
         except ModuleNotFoundError as e:
             if not (e.name or "").partition(".")[0] == HARNESS:
                 raise
-    raise ConfigError(f"entry kind {kind!r} belongs to the research harness in the repository's {HARNESS}/ folder "
+    raise ConfigError(f"{what} belongs to the research harness in the repository's {HARNESS}/ folder "
                       f"(not installed with elastic_ssm): run it from the root of a clone ({module} not found)")
 
 
@@ -81,13 +82,13 @@ def kind_options(kind: str) -> type[ConfigBase]:
     if kind not in KINDS:
         raise ConfigError(f"unknown entry kind {kind!r}; choose from {sorted(KINDS)}")
     module, cls, _ = KINDS[kind]
-    return getattr(_import(kind, module), cls)
+    return getattr(harness_module(f"entry kind {kind!r}", module), cls)
 
 
 def kind_runner(kind: str):
     """The run function of ``kind``."""
     module, _, fn = KINDS[kind]
-    return getattr(_import(kind, module), fn)
+    return getattr(harness_module(f"entry kind {kind!r}", module), fn)
 
 
 # ---- tests ---------------------------------------------------------------------------------------------
