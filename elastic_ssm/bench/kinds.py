@@ -1,13 +1,12 @@
 """Entry kinds of a bench suite: ``KINDS`` maps each to its options dataclass and ``run(options, ctx) -> rows``.
 
-The generic kinds ``tests`` and ``command`` live here (``bench`` in ``__init__``); a kind of the research harness
+The generic kind ``command`` lives here (``bench`` in ``__init__``); a kind of the research harness
 (``benchmarks/`` at the repository root, not installed) is imported by name, from the current folder or the checkout
 when it is not importable, else loading the suite is a one-line ``ConfigError``."""
 
 from __future__ import annotations
 
 import importlib
-import re
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from ..config import ConfigBase, ConfigError, opt
 
-__all__ = ["KINDS", "HARNESS", "harness_roots", "harness_module", "kind_options", "kind_runner", "PytestOptions",
+__all__ = ["KINDS", "HARNESS", "harness_roots", "harness_module", "kind_options", "kind_runner", "run_child",
            "CommandOptions"]
 
 #: the research harness: a top-level package of the repository beside ``elastic_ssm/``, not installed
@@ -27,7 +26,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 #: kind -> (module, options class, run function); ``benchmarks.*`` kinds live in the repository's harness
 KINDS: dict[str, tuple[str, str, str]] = {
     "bench": ("elastic_ssm.bench", "BenchConfig", "run_bench_entry"),
-    "tests": ("elastic_ssm.bench.kinds", "PytestOptions", "run_tests"),
+    "tests": ("benchmarks.tests_kind", "PytestOptions", "run_tests"),
     "command": ("elastic_ssm.bench.kinds", "CommandOptions", "run_command"),
     "session_prefill": ("benchmarks.generate_paths", "SessionPrefillOptions", "run_session_prefill"),
     "generate_paths": ("benchmarks.generate_paths", "GeneratePathsOptions", "run_generate_paths"),
@@ -91,24 +90,7 @@ def kind_runner(kind: str):
     return getattr(harness_module(f"entry kind {kind!r}", module), fn)
 
 
-# ---- tests ---------------------------------------------------------------------------------------------
-@dataclass(kw_only=True)
-class PytestOptions(ConfigBase):
-    """A pytest selection run before the timings (the checks live in the tests, never in the bench)."""
-
-    args: tuple[str, ...] = opt((), "pytest arguments, e.g. [-m, gpu, tests/models/test_generate_gpu.py, -k, graph]")
-    timeout_s: float = opt(0.0, "stop the run after this many seconds (0: the suite's remaining budget)")
-
-    def validate(self) -> None:
-        if not self.args:
-            raise ConfigError("PytestOptions.args: name the tests to run, e.g. "
-                              "[-m, gpu, tests/models/test_generate_gpu.py]")
-
-
-_COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")
-
-
-def _subprocess(cmd: list[str], ctx, timeout: float, log_name: str) -> dict:
+def run_child(cmd: list[str], ctx, timeout: float, log_name: str) -> dict:
     """Run ``cmd`` (cwd: the current folder, env: ``ctx.child_env()``); output to ``ctx.out_dir/log_name``."""
     limit = min(timeout or float("inf"), ctx.time_left())
     t = time.monotonic()
@@ -122,18 +104,6 @@ def _subprocess(cmd: list[str], ctx, timeout: float, log_name: str) -> dict:
     ctx.write_text(log_name, " ".join(cmd) + "\n" + text)
     lines = text.strip().splitlines()
     return {"rc": rc, "wall_s": round(time.monotonic() - t, 2), "last_line": lines[-1][-300:] if lines else ""}
-
-
-def run_tests(opts: PytestOptions, ctx) -> list[dict]:
-    """``python -m pytest ARGS -p no:cacheprovider`` in a child process: one row of counts and rc."""
-    row = _subprocess([sys.executable, "-m", "pytest", *opts.args, "-p", "no:cacheprovider"], ctx, opts.timeout_s,
-                      "pytest.log")
-    text = ctx.read_text("pytest.log")
-    tail = text.strip().splitlines()[-25:]
-    ctx.log("\n".join(tail))
-    summary = next((ln for ln in reversed(tail) if _COUNTS.search(ln)), "")
-    counts = {k.rstrip("s") if k.startswith("error") else k: int(n) for n, k in _COUNTS.findall(summary)}
-    return [{**{k: counts.get(k, 0) for k in ("passed", "failed", "error", "skipped", "xfailed")}, **row}]
 
 
 # ---- command -------------------------------------------------------------------------------------------
@@ -153,6 +123,6 @@ class CommandOptions(ConfigBase):
 def run_command(opts: CommandOptions, ctx) -> list[dict]:
     """Run the command; one row: rc, wall seconds, last output line (the whole output in ``command.log``)."""
     cmd = [sys.executable if a == "python" else a.replace("{out}", str(ctx.out_dir)) for a in opts.args]
-    row = _subprocess(cmd, ctx, opts.timeout_s, "command.log")
+    row = run_child(cmd, ctx, opts.timeout_s, "command.log")
     ctx.log(f"  rc={row['rc']} {row['wall_s']} s: {row['last_line']}")
     return [row]

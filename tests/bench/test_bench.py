@@ -382,7 +382,7 @@ def test_overrides_and_entry_selection(tmp_path):
 
 
 def test_pytest_entry_counts_the_outcomes(tmp_path):
-    from elastic_ssm.bench.kinds import PytestOptions, run_tests
+    from benchmarks.tests_kind import PytestOptions, run_tests
     from elastic_ssm.bench.suite import EntryContext
 
     (tmp_path / "test_x.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    assert 0\n")
