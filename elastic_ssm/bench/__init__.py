@@ -89,8 +89,7 @@ class BenchConfig(ConfigBase):
     compile: bool = opt(False, "torch.compile the ESSH model for prefill and train (elastic_ssm.compile_model; "
                         "compiled once per shape, the warm-up calls absorb the compile time; also the train loss)")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = opt(
-        "default", "torch.compile mode with compile: default, reduce-overhead (CUDA "
-                            "graphs), max-autotune, max-autotune-no-cudagraphs")
+        "default", "torch.compile mode with compile (reduce-overhead: CUDA graphs)")
     dtype: Literal["auto", "bfloat16", "float32"] = opt("auto", "weights / KV dtype: auto (bfloat16 on CUDA, "
                                                         "float32 on CPU), bfloat16, float32")
     device: str = opt("auto", "auto (cuda if available), cuda, cpu")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..utils.environment import environment
+from ..utils.files import atomic_write_text
 
 __all__ = ["SECTIONS", "environment", "format_table", "ratios", "tables", "write_json", "markdown_section",
            "append_markdown", "rows_table", "suite_tables", "suite_markdown"]
@@ -59,12 +60,8 @@ def ratios(results: dict) -> list[dict]:
 
 
 def write_json(path: str | Path, results: dict) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(results, indent=1, default=str))
-    tmp.replace(path)
-    return path
+    atomic_write_text(path, json.dumps(results, indent=1, default=str))
+    return Path(path)
 
 
 _DECODE_COLS = ["model", "preset", "tier", "params", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq",

@@ -136,21 +136,14 @@ def _server_stats(base: str, pid: int) -> tuple[dict[str, float], tuple[float, f
     return {c: values.get(f"elastic_ssm_{c}_total", math.nan) for c in COUNTERS}, _tree_cpu(pid)
 
 
-def _own_cpu(pid: int) -> float:
-    """CPU seconds of process ``pid`` alone, from /proc (NaN elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        return float("nan")
-
-
 def _tree_cpu(pid: int) -> tuple[float, float]:
     """CPU seconds of (process ``pid`` alone — the HTTP process —, it and its descendants — the engine process —),
     from /proc (NaN elsewhere)."""
-    own = total = _own_cpu(pid)
+    own = float("nan")
     try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        own = total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 total += sum(_tree_cpu(int(c))[1] for c in f.read().split())

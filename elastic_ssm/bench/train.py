@@ -55,8 +55,7 @@ def train_suite(r, out: list) -> None:
     from .peers import PeerUnavailable, build_essh, build_transformer, fla_peers, peer_forward, transformer_matched
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
-    kw = dict(batch=cfg.train_batch, seq_len=cfg.train_seq_len, warmup=cfg.train_warmup,
-              steps=cfg.train_steps,
+    kw = dict(batch=cfg.train_batch, seq_len=cfg.train_seq_len, warmup=cfg.train_warmup, steps=cfg.train_steps,
               peak_tflops=cfg.peak_tflops)
     base = {"bench": "train", "model": "essh", "preset": cfg.preset, "tier": r.full,
             "params": r.table[r.full].params}
