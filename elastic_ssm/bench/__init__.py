@@ -114,6 +114,7 @@ class BenchConfig(ConfigBase):
                                                                  "exact and/or modal")
     es_ssm_modes: AtLeast1 = opt(8, "es_ssm_decode: modes m per channel of the modal decoder")
 
+
 class _Runner:
     def __init__(self, cfg: BenchConfig, log: Callable[[str], None]) -> None:
         self.cfg, self.log, self.t0 = cfg, log, time.monotonic()
@@ -132,6 +133,17 @@ class _Runner:
         if unknown:
             raise ConfigError(f"BenchConfig.tiers: unknown {unknown}; {cfg.preset} has {list(self.table)}")
         self.tiers = names
+
+    def essh(self, dtype: torch.dtype | None | str = "bench", compile: bool = True):
+        """A random-weight ESSH of the preset, matrices in the bench dtype (or ``dtype``; None: float32), through
+        ``compile_model`` when ``BenchConfig.compile`` (and ``compile``) is set."""
+        from ..models import compile_model
+        from .peers import build_essh
+
+        model = build_essh(self.mcfg, self.dev, self.dtype if dtype == "bench" else dtype)
+        if compile and self.cfg.compile:
+            compile_model(model, mode=self.cfg.compile_mode)
+        return model
 
     def run(self, section: list, base: dict, fn: Callable[[], dict]) -> None:
         """Append ``base | fn()`` to ``section``; errors and the time budget become the row's ``error``."""

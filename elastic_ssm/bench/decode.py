@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from ..models.fast_decode import FastDecoder
-from .peers import build_essh, build_transformer, fla_peers, transformer_matched
+from .peers import build_transformer, fla_peers, transformer_matched
 from .timing import GraphedStep, oom_as_result, summarize, time_fn
 
 __all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model"]
@@ -127,7 +127,7 @@ def peer_model(r, peer: str):
 def decode_suite(r, out: list) -> None:
     """ESSH tiers x batches x modes, the unfused reference at batch 1, then every peer (full size)."""
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
-    model = build_essh(r.mcfg, dev, r.dtype) if (r.tiers or cfg.reference) else None
+    model = r.essh(compile=False) if (r.tiers or cfg.reference) else None
     for name in r.tiers:
         t = r.table[name]
         for B in cfg.batches:

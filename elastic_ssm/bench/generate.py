@@ -41,14 +41,8 @@ def bench_generate(model, tier: str, batch: int, prompt_len: int, new_tokens: in
 
 def generate_suite(r, out: list) -> None:
     """Every (tier, batch) of the config through ``model.generate`` (compiled when ``compile`` is set)."""
-    from .peers import build_essh
-
     cfg, dev = r.cfg, r.dev
-    model = build_essh(r.mcfg, dev, r.dtype)
-    if cfg.compile:
-        from ..models import compile_model
-
-        compile_model(model, mode=cfg.compile_mode)
+    model = r.essh()
     for name in cfg.generate_tiers:
         for batch in cfg.generate_batches:
             base = {"bench": "generate", "model": "essh", "preset": cfg.preset, "tier": name,

@@ -28,14 +28,10 @@ def bench_prefill(forward: Callable[[torch.Tensor], torch.Tensor], length: int, 
 def prefill_suite(r, out: list) -> None:
     """ESSH at ``prefill_tiers`` and every peer at every prompt length."""
     from .decode import peer_model
-    from .peers import build_essh, peer_forward
+    from .peers import peer_forward
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
-    model = build_essh(r.mcfg, dev, r.dtype) if cfg.prefill_tiers else None
-    if model is not None and cfg.compile:
-        from ..models import compile_model
-
-        compile_model(model, mode=cfg.compile_mode)
+    model = r.essh() if cfg.prefill_tiers else None
     for name in cfg.prefill_tiers:
         for T in cfg.prefill_lengths:
             base = {"bench": "prefill", "model": "essh", "preset": cfg.preset, "tier": name,

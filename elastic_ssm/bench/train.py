@@ -52,7 +52,7 @@ def bench_train(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.
 def train_suite(r, out: list) -> None:
     """ESSH at full capacity (fp32 master weights, bf16 autocast) and, with ``train_peers``, the peers."""
     from ..elastic.tiers import flops_per_token
-    from .peers import PeerUnavailable, build_essh, build_transformer, fla_peers, peer_forward, transformer_matched
+    from .peers import PeerUnavailable, build_transformer, fla_peers, peer_forward, transformer_matched
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
     kw = dict(batch=cfg.train_batch, seq_len=cfg.train_seq_len, warmup=cfg.train_warmup, steps=cfg.train_steps,
@@ -61,11 +61,7 @@ def train_suite(r, out: list) -> None:
             "params": r.table[r.full].params}
 
     def essh() -> dict:
-        model = build_essh(r.mcfg, dev, None)
-        if cfg.compile:
-            from ..models import compile_model
-
-            compile_model(model, mode=cfg.compile_mode)
+        model = r.essh(dtype=None)
         fpt = flops_per_token(r.mcfg, None, context=cfg.train_seq_len)["total"]
         return bench_train(model, model, V, fpt, dev, compile_loss=cfg.compile, **kw)
 
