@@ -106,7 +106,6 @@ def run_child(cmd: list[str], ctx, timeout: float, log_name: str) -> dict:
     return {"rc": rc, "wall_s": round(time.monotonic() - t, 2), "last_line": lines[-1][-300:] if lines else ""}
 
 
-# ---- command -------------------------------------------------------------------------------------------
 @dataclass(kw_only=True)
 class CommandOptions(ConfigBase):
     """Any command as an entry (e.g. ``torchrun --nproc_per_node 2 -m benchmarks.ddp_check``)."""

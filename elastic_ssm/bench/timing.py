@@ -13,10 +13,9 @@ import torch
 __all__ = ["sync", "time_fn", "summarize", "wall_ms", "percentile", "oom_as_result", "GraphedStep"]
 
 
-def sync(device: torch.device | str | None = None) -> None:
+def sync(device: torch.device) -> None:
     """Wait for the device's queued work (no-op off CUDA)."""
-    device = torch.device(device) if device is not None else None
-    if device is None and torch.cuda.is_available() or device is not None and device.type == "cuda":
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
