@@ -128,17 +128,14 @@ def decode_suite(r, out: list) -> None:
     """ESSH tiers x batches x modes, the unfused reference at batch 1, then every peer (full size)."""
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
     model = r.essh(compile=False) if (r.tiers or cfg.reference) else None
+    kernels = dict(backend=cfg.decode_backend, out_layout=cfg.decode_out_layout, pdl=_PDL[cfg.decode_pdl])
     for name in r.tiers:
-        t = r.table[name]
         for B in cfg.batches:
             for g in _modes(cfg, dev, B):
                 base = {"bench": "decode", "model": "essh", "preset": cfg.preset, "tier": name,
-                        "params": t.params, "full": name == r.full, "batch": B,
+                        "params": r.table[name].params, "full": name == r.full, "batch": B,
                         "mode": "graph" if g else "eager"}
-                make = lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg,
-                                                            backend=cfg.decode_backend,
-                                                            out_layout=cfg.decode_out_layout,
-                                                            pdl=_PDL[cfg.decode_pdl])
+                make = lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg, **kernels)
                 fn = lambda make=make, B=B, g=g: bench_decode(make, B, g, cfg.warmup, cfg.iters, V, dev,
                                                               cfg.sessions)
                 r.run(out, base, fn)
