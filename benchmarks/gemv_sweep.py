@@ -3,7 +3,7 @@
 
 For every weight product of one decode step of the ``presets``, each kernel configuration is timed as a CUDA
 graph of ``reps`` calls, each on a different copy of the weights (more bytes than the L2 holds), replayed
-(``timing.time_graph_us``), next to the cuBLAS product (``F.linear`` of a bf16 vector) it replaces; a row per
+(``time_graph_us``), next to the cuBLAS product (``F.linear`` of a bf16 vector) it replaces; a row per
 shape gives microseconds, effective weight bandwidth and the best configuration. A configuration whose output
 differs from the torch path by more than 1e-4 (relative) is left out of the timing and counted in ``wrong``
 (the kernels' correctness is checked by ``tests/models/test_fast_decode_gpu.py``). ``pdl`` sweeps the products
@@ -13,12 +13,13 @@ one tile spans D, output products from transposed copies, per (outputs per progr
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from elastic_ssm.bench.timing import rel_err, time_graph_us
 from elastic_ssm.config import ConfigBase, ConfigError, opt
 
 __all__ = ["GemvSweepOptions", "run_sweep", "SHAPES"]
@@ -34,6 +35,42 @@ SHAPES = {
 ROWS_CFGS = [(4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 512, 8), (4, 1024, 4), (2, 1024, 4), (16, 1024, 8)]
 COLS_CFGS = [(64, 64, None), (32, 64, None), (64, 128, None), (32, 128, None), (64, 64, "2x"), (16, 64, "2x")]
 PDL_CFGS = [(1, 4), (2, 4), (4, 4), (8, 4), (2, 8), (4, 8), (8, 8)]   # (outputs per program, warps)
+
+
+def time_graph_us(fn: Callable[[int], object], reps: int, replays: int = 20) -> float:
+    """Microseconds per call of ``fn(i)`` for i in range(reps), captured in one CUDA graph (warmed on a side
+    stream first) and replayed ``replays`` times; the median replay / ``reps``. Calls on different inputs
+    ``i`` (e.g. weight copies larger than the L2 together) time cold reads."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(reps):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / reps)
+    return statistics.median(ts)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor, norm: str = "fro") -> float:
+    """Relative error of ``a`` against the reference ``b``: ``||a - b|| / ||b||`` (``norm="fro"``) or
+    ``max|a - b| / max|b|`` (``norm="max"``), computed in float32."""
+    a, b = a.float(), b.float()
+    if norm == "max":
+        return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 @dataclass(kw_only=True)

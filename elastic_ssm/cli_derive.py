@@ -32,8 +32,8 @@ def to_argv(options: Any, prefix: str = "") -> list[str]:
 
 def derive(cls: type, argv: list[str] | None, prog: str, description: str = "") -> Any:
     """``cls`` (an options dataclass) from ``argv`` by tyro, with the errors of ``elastic-ssm``: one line and exit
-    code 2. The entry of the helper processes (``python -m elastic_ssm.bench.serve_server``, ``...bench.process``;
-    the harness's ``python -m benchmarks.ddp_check``, ``...serve_proxy``)."""
+    code 2. The entry of the helper processes (``python -m elastic_ssm.bench.serve_server``;
+    the harness's ``python -m benchmarks.ddp_check``, ``...serve_proxy``, ``...first_token``)."""
     import tyro
     from tyro._errors import on_parse_error
 

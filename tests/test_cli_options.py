@@ -113,9 +113,9 @@ def test_helper_processes_get_their_options_through_the_derived_flags():
     """A parent writes a child's options dataclass as flags (``to_argv``); the child's ``derive`` reads back the
     same options: no hand-written flag list on either side."""
     from benchmarks.ddp_check import DdpCheckOptions
+    from benchmarks.first_token import ChildOptions
     from benchmarks.serve_proxy import ProxyOptions
     from benchmarks.serve_stub import StubServerOptions
-    from elastic_ssm.bench.process import ChildOptions
     from elastic_ssm.bench.serve_server import BenchServerOptions
     from elastic_ssm.cli_derive import derive, to_argv
 

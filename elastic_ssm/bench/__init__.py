@@ -89,8 +89,7 @@ class BenchConfig(ConfigBase):
     compile: bool = opt(False, "torch.compile the ESSH model for prefill and train (elastic_ssm.compile_model; "
                         "compiled once per shape, the warm-up calls absorb the compile time; also the train loss)")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = opt(
-        "default", "torch.compile mode with compile: default, reduce-overhead (CUDA "
-                            "graphs), max-autotune, max-autotune-no-cudagraphs")
+        "default", "torch.compile mode with compile (reduce-overhead: CUDA graphs)")
     dtype: Literal["auto", "bfloat16", "float32"] = opt("auto", "weights / KV dtype: auto (bfloat16 on CUDA, "
                                                         "float32 on CPU), bfloat16, float32")
     device: str = opt("auto", "auto (cuda if available), cuda, cpu")
@@ -115,6 +114,7 @@ class BenchConfig(ConfigBase):
                                                                  "exact and/or modal")
     es_ssm_modes: AtLeast1 = opt(8, "es_ssm_decode: modes m per channel of the modal decoder")
 
+
 class _Runner:
     def __init__(self, cfg: BenchConfig, log: Callable[[str], None]) -> None:
         self.cfg, self.log, self.t0 = cfg, log, time.monotonic()
@@ -133,6 +133,17 @@ class _Runner:
         if unknown:
             raise ConfigError(f"BenchConfig.tiers: unknown {unknown}; {cfg.preset} has {list(self.table)}")
         self.tiers = names
+
+    def essh(self, dtype: torch.dtype | None | str = "bench", compile: bool = True):
+        """A random-weight ESSH of the preset, matrices in the bench dtype (or ``dtype``; None: float32), through
+        ``compile_model`` when ``BenchConfig.compile`` (and ``compile``) is set."""
+        from ..models import compile_model
+        from .peers import build_essh
+
+        model = build_essh(self.mcfg, self.dev, self.dtype if dtype == "bench" else dtype)
+        if compile and self.cfg.compile:
+            compile_model(model, mode=self.cfg.compile_mode)
+        return model
 
     def run(self, section: list, base: dict, fn: Callable[[], dict]) -> None:
         """Append ``base | fn()`` to ``section``; errors and the time budget become the row's ``error``."""
@@ -191,6 +202,19 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
         report.append_markdown(cfg.docs, results)
         log(f"appended to {cfg.docs}")
     return results
+
+
+def run_bench_entry(cfg: BenchConfig, ctx) -> list[dict]:
+    """Suite kind ``bench``: ``run_bench`` with the suite's remaining budget; rows of every section, each with its
+    ``section``."""
+    from . import report
+
+    left = ctx.time_left()
+    cfg = cfg.replace(out="", docs="", suite="", time_budget_s=left if left != float("inf") else 0.0)
+    res = run_bench(cfg, log=ctx.log, print_tables=False)
+    ctx.save_json("results.json", res)
+    rows = [{"section": name, **row} for name in report.SECTIONS for row in res.get(name, [])]
+    return rows + [{"section": "ratios", **row} for row in res.get("ratios", [])]
 
 
 #: BenchConfig fields that steer a suite run itself; the other flags given override entry options

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from ..models.fast_decode import FastDecoder
-from .peers import FlaDecoder, build_essh, build_fla, build_transformer, fla_matched, require_fla, transformer_matched
+from .peers import build_transformer, fla_peers, transformer_matched
 from .timing import GraphedStep, oom_as_result, summarize, time_fn
 
 __all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model"]
@@ -117,27 +117,25 @@ def peer_model(r, peer: str):
         pm = build_transformer(tcfg, r.dev, r.dtype)
         margin = cfg.warmup + cfg.iters + 8
         return pm, (lambda b, g: TransformerDecoder(pm, b, cfg.context, g, margin=margin)), info
-    require_fla(peer)
-    info = fla_matched(peer, r.mcfg)
-    pm = build_fla(peer, r.mcfg, info["d_ff"], r.dev, r.dtype)
-    return pm, (lambda b, g: FlaDecoder(pm, b, g)), info
+    fla = fla_peers()
+    fla.require_fla(peer)
+    info = fla.fla_matched(peer, r.mcfg)
+    pm = fla.build_fla(peer, r.mcfg, info["d_ff"], r.dev, r.dtype)
+    return pm, (lambda b, g: fla.FlaDecoder(pm, b, g)), info
 
 
 def decode_suite(r, out: list) -> None:
     """ESSH tiers x batches x modes, the unfused reference at batch 1, then every peer (full size)."""
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
-    model = build_essh(r.mcfg, dev, r.dtype) if (r.tiers or cfg.reference) else None
+    model = r.essh(compile=False) if (r.tiers or cfg.reference) else None
+    kernels = dict(backend=cfg.decode_backend, out_layout=cfg.decode_out_layout, pdl=_PDL[cfg.decode_pdl])
     for name in r.tiers:
-        t = r.table[name]
         for B in cfg.batches:
             for g in _modes(cfg, dev, B):
                 base = {"bench": "decode", "model": "essh", "preset": cfg.preset, "tier": name,
-                        "params": t.params, "full": name == r.full, "batch": B,
+                        "params": r.table[name].params, "full": name == r.full, "batch": B,
                         "mode": "graph" if g else "eager"}
-                make = lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg,
-                                                            backend=cfg.decode_backend,
-                                                            out_layout=cfg.decode_out_layout,
-                                                            pdl=_PDL[cfg.decode_pdl])
+                make = lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg, **kernels)
                 fn = lambda make=make, B=B, g=g: bench_decode(make, B, g, cfg.warmup, cfg.iters, V, dev,
                                                               cfg.sessions)
                 r.run(out, base, fn)

@@ -1,19 +1,13 @@
 """The user's generation path: ``model.generate`` timed per tier and batch (first call, prefill, ms/token, the
-decoder's own step); the ``generate_paths`` kind: the reference step against the fused torch path on the CPU."""
+decoder's own step)."""
 
 from __future__ import annotations
 
-import statistics
-import time
-from dataclasses import dataclass
-
 import torch
 
-from ..config import ConfigBase, opt
-from ..config.base import AtLeast1
 from .timing import oom_as_result, summarize, time_fn, wall_ms
 
-__all__ = ["bench_generate", "generate_suite", "GeneratePathsOptions", "run_generate_paths"]
+__all__ = ["bench_generate", "generate_suite"]
 
 
 def bench_generate(model, tier: str, batch: int, prompt_len: int, new_tokens: int, iters: int,
@@ -47,14 +41,8 @@ def bench_generate(model, tier: str, batch: int, prompt_len: int, new_tokens: in
 
 def generate_suite(r, out: list) -> None:
     """Every (tier, batch) of the config through ``model.generate`` (compiled when ``compile`` is set)."""
-    from .peers import build_essh
-
     cfg, dev = r.cfg, r.dev
-    model = build_essh(r.mcfg, dev, r.dtype)
-    if cfg.compile:
-        from ..models import compile_model
-
-        compile_model(model, mode=cfg.compile_mode)
+    model = r.essh()
     for name in cfg.generate_tiers:
         for batch in cfg.generate_batches:
             base = {"bench": "generate", "model": "essh", "preset": cfg.preset, "tier": name,
@@ -62,49 +50,3 @@ def generate_suite(r, out: list) -> None:
             r.run(out, base, lambda name=name, batch=batch: bench_generate(
                 model, name, batch, cfg.generate_prompt, cfg.generate_new_tokens, cfg.generate_iters, dev))
     model.clear_decoders()
-
-
-@dataclass(kw_only=True)
-class GeneratePathsOptions(ConfigBase):
-    """Reference step vs fused torch path of ``generate`` on the CPU."""
-
-    presets: tuple[str, ...] = opt(("tiny", "small"), "ESSH presets (random weights)")
-    prompt: AtLeast1 = opt(64, "prompt tokens")
-    new_tokens: AtLeast1 = opt(32, "tokens whose cost is averaged")
-    repeats: AtLeast1 = opt(7, "measurements per path (median)")
-    threads: AtLeast1 = opt(1, "torch CPU threads")
-
-
-
-def _cpu_ms_per_token(model, x: torch.Tensor, fast: bool, n: int) -> float:
-    model.generate(x, 2, fast=fast)
-    t = time.process_time()
-    model.generate(x, n + 1, fast=fast)
-    whole = time.process_time() - t
-    t = time.process_time()
-    model.generate(x, 1, fast=fast)
-    return (whole - (time.process_time() - t)) / n * 1e3
-
-
-def run_generate_paths(opts: GeneratePathsOptions, ctx) -> list[dict]:
-    """A row per (preset, path): ``{"preset", "path", "ms_per_token"}``."""
-    from ..config import ESSHConfig
-    from ..models.essh import ESSH
-    from ..models.testing import randomize_selective
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(opts.threads)
-    torch.manual_seed(0)
-    rows = []
-    try:
-        for preset in opts.presets:
-            model = randomize_selective(ESSH(ESSHConfig.preset(preset)).eval(), ffn_out_std=0.1)
-            x = torch.randint(0, model.config.vocab_size, (1, opts.prompt))
-            times: dict[str, list[float]] = {"reference": [], "fused-torch": []}
-            for _ in range(opts.repeats):
-                times["reference"].append(_cpu_ms_per_token(model, x, False, opts.new_tokens))
-                times["fused-torch"].append(_cpu_ms_per_token(model, x, True, opts.new_tokens))
-            rows += [{"preset": preset, "path": k, "ms_per_token": statistics.median(v)} for k, v in times.items()]
-    finally:
-        torch.set_num_threads(threads)
-    return rows

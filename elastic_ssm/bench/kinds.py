@@ -1,13 +1,12 @@
 """Entry kinds of a bench suite: ``KINDS`` maps each to its options dataclass and ``run(options, ctx) -> rows``.
 
-The generic kinds ``bench``, ``tests`` and ``command`` live here; a kind of the research harness (``benchmarks/`` at
-the repository root, not installed) is imported by name, from the current folder or the checkout when it is not
-importable, else loading the suite is a one-line ``ConfigError``."""
+The generic kind ``command`` lives here (``bench`` in ``__init__``); a kind of the research harness
+(``benchmarks/`` at the repository root, not installed) is imported by name, from the current folder or the checkout
+when it is not importable, else loading the suite is a one-line ``ConfigError``."""
 
 from __future__ import annotations
 
 import importlib
-import re
 import subprocess
 import sys
 import time
@@ -16,7 +15,8 @@ from pathlib import Path
 
 from ..config import ConfigBase, ConfigError, opt
 
-__all__ = ["KINDS", "HARNESS", "harness_roots", "kind_options", "kind_runner", "PytestOptions", "CommandOptions"]
+__all__ = ["KINDS", "HARNESS", "harness_roots", "harness_module", "kind_options", "kind_runner", "run_child",
+           "CommandOptions"]
 
 #: the research harness: a top-level package of the repository beside ``elastic_ssm/``, not installed
 HARNESS = "benchmarks"
@@ -25,27 +25,22 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 #: kind -> (module, options class, run function); ``benchmarks.*`` kinds live in the repository's harness
 KINDS: dict[str, tuple[str, str, str]] = {
-    "bench": ("elastic_ssm.bench", "BenchConfig", "elastic_ssm.bench.kinds:run_bench_entry"),
-    "tests": ("elastic_ssm.bench.kinds", "PytestOptions", "elastic_ssm.bench.kinds:run_tests"),
-    "command": ("elastic_ssm.bench.kinds", "CommandOptions", "elastic_ssm.bench.kinds:run_command"),
-    "session_prefill": ("elastic_ssm.bench.prefill", "SessionPrefillOptions",
-                        "elastic_ssm.bench.prefill:run_session_prefill"),
-    "generate_paths": ("elastic_ssm.bench.generate", "GeneratePathsOptions",
-                       "elastic_ssm.bench.generate:run_generate_paths"),
-    "first_token": ("elastic_ssm.bench.process", "FirstTokenOptions", "elastic_ssm.bench.process:run_first_token"),
-    "train_matrix": ("benchmarks.multigpu", "TrainMatrixOptions", "benchmarks.multigpu:run_matrix"),
-    "train_scaling": ("benchmarks.multigpu", "TrainScalingOptions", "benchmarks.multigpu:run_scaling"),
-    "profile": ("benchmarks.profiling", "ProfileOptions", "benchmarks.profiling:run_profile"),
-    "gemv_sweep": ("benchmarks.gemv_sweep", "GemvSweepOptions", "benchmarks.gemv_sweep:run_sweep"),
-    "scan_timing": ("benchmarks.scan_timing", "ScanTimingOptions", "benchmarks.scan_timing:run_scan_timing"),
-    "checksum_cost": ("benchmarks.checksum", "ChecksumOptions", "benchmarks.checksum:run_checksum"),
-    "es_ssm_report": ("benchmarks.es_ssm_report", "EsSsmReportOptions", "benchmarks.es_ssm_report:run_es_ssm_report"),
-    "replication_step": ("benchmarks.replication.steps", "ReplicationStepOptions",
-                         "benchmarks.replication.steps:run_step"),
-    "replication_state": ("benchmarks.replication.state", "ReplicationStateOptions",
-                          "benchmarks.replication.state:run_state"),
-    "replication_report": ("benchmarks.replication.report", "ReplicationReportOptions",
-                           "benchmarks.replication.report:run_report"),
+    "bench": ("elastic_ssm.bench", "BenchConfig", "run_bench_entry"),
+    "tests": ("benchmarks.tests_kind", "PytestOptions", "run_tests"),
+    "command": ("elastic_ssm.bench.kinds", "CommandOptions", "run_command"),
+    "session_prefill": ("benchmarks.generate_paths", "SessionPrefillOptions", "run_session_prefill"),
+    "generate_paths": ("benchmarks.generate_paths", "GeneratePathsOptions", "run_generate_paths"),
+    "first_token": ("benchmarks.first_token", "FirstTokenOptions", "run_first_token"),
+    "train_matrix": ("benchmarks.multigpu", "TrainMatrixOptions", "run_matrix"),
+    "train_scaling": ("benchmarks.multigpu", "TrainScalingOptions", "run_scaling"),
+    "profile": ("benchmarks.profiling", "ProfileOptions", "run_profile"),
+    "gemv_sweep": ("benchmarks.gemv_sweep", "GemvSweepOptions", "run_sweep"),
+    "scan_timing": ("benchmarks.scan_timing", "ScanTimingOptions", "run_scan_timing"),
+    "checksum_cost": ("benchmarks.checksum", "ChecksumOptions", "run_checksum"),
+    "es_ssm_report": ("benchmarks.es_ssm_report", "EsSsmReportOptions", "run_es_ssm_report"),
+    "replication_step": ("benchmarks.replication.steps", "ReplicationStepOptions", "run_step"),
+    "replication_state": ("benchmarks.replication.state", "ReplicationStateOptions", "run_state"),
+    "replication_report": ("benchmarks.replication.report", "ReplicationReportOptions", "run_report"),
 }
 
 
@@ -56,9 +51,9 @@ def harness_roots() -> list[Path]:
     return [d for d in dict.fromkeys(dirs) if (d / HARNESS / "__init__.py").is_file()]
 
 
-def _import(kind: str, module: str):
-    """``module`` of ``kind``; a harness module is looked up in ``harness_roots()`` when it is not importable
-    (the installed ``elastic-ssm`` run outside the repository root), else a one-line ``ConfigError``."""
+def harness_module(what: str, module: str):
+    """``module``; a harness module is looked up in ``harness_roots()`` when it is not importable (the installed
+    ``elastic-ssm`` run outside the repository root), else a one-line ``ConfigError`` naming ``what`` needs it."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -76,7 +71,7 @@ def _import(kind: str, module: str):
         except ModuleNotFoundError as e:
             if not (e.name or "").partition(".")[0] == HARNESS:
                 raise
-    raise ConfigError(f"entry kind {kind!r} belongs to the research harness in the repository's {HARNESS}/ folder "
+    raise ConfigError(f"{what} belongs to the research harness in the repository's {HARNESS}/ folder "
                       f"(not installed with elastic_ssm): run it from the root of a clone ({module} not found)")
 
 
@@ -86,46 +81,16 @@ def kind_options(kind: str) -> type[ConfigBase]:
     if kind not in KINDS:
         raise ConfigError(f"unknown entry kind {kind!r}; choose from {sorted(KINDS)}")
     module, cls, _ = KINDS[kind]
-    return getattr(_import(kind, module), cls)
+    return getattr(harness_module(f"entry kind {kind!r}", module), cls)
 
 
 def kind_runner(kind: str):
     """The run function of ``kind``."""
-    module, fn = KINDS[kind][2].split(":")
-    return getattr(_import(kind, module), fn)
+    module, _, fn = KINDS[kind]
+    return getattr(harness_module(f"entry kind {kind!r}", module), fn)
 
 
-# ---- bench ---------------------------------------------------------------------------------------------
-def run_bench_entry(cfg, ctx) -> list[dict]:
-    """``run_bench`` with the suite's remaining budget; rows of every section, each with its ``section``."""
-    from . import report, run_bench
-
-    left = ctx.time_left()
-    cfg = cfg.replace(out="", docs="", suite="", time_budget_s=left if left != float("inf") else 0.0)
-    res = run_bench(cfg, log=ctx.log, print_tables=False)
-    ctx.save_json("results.json", res)
-    rows = [{"section": name, **row} for name in report.SECTIONS for row in res.get(name, [])]
-    return rows + [{"section": "ratios", **row} for row in res.get("ratios", [])]
-
-
-# ---- tests ---------------------------------------------------------------------------------------------
-@dataclass(kw_only=True)
-class PytestOptions(ConfigBase):
-    """A pytest selection run before the timings (the checks live in the tests, never in the bench)."""
-
-    args: tuple[str, ...] = opt((), "pytest arguments, e.g. [-m, gpu, tests/models/test_generate_gpu.py, -k, graph]")
-    timeout_s: float = opt(0.0, "stop the run after this many seconds (0: the suite's remaining budget)")
-
-    def validate(self) -> None:
-        if not self.args:
-            raise ConfigError("PytestOptions.args: name the tests to run, e.g. "
-                              "[-m, gpu, tests/models/test_generate_gpu.py]")
-
-
-_COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")
-
-
-def _subprocess(cmd: list[str], ctx, timeout: float, log_name: str) -> dict:
+def run_child(cmd: list[str], ctx, timeout: float, log_name: str) -> dict:
     """Run ``cmd`` (cwd: the current folder, env: ``ctx.child_env()``); output to ``ctx.out_dir/log_name``."""
     limit = min(timeout or float("inf"), ctx.time_left())
     t = time.monotonic()
@@ -141,19 +106,6 @@ def _subprocess(cmd: list[str], ctx, timeout: float, log_name: str) -> dict:
     return {"rc": rc, "wall_s": round(time.monotonic() - t, 2), "last_line": lines[-1][-300:] if lines else ""}
 
 
-def run_tests(opts: PytestOptions, ctx) -> list[dict]:
-    """``python -m pytest ARGS -p no:cacheprovider`` in a child process: one row of counts and rc."""
-    row = _subprocess([sys.executable, "-m", "pytest", *opts.args, "-p", "no:cacheprovider"], ctx, opts.timeout_s,
-                      "pytest.log")
-    text = ctx.read_text("pytest.log")
-    tail = text.strip().splitlines()[-25:]
-    ctx.log("\n".join(tail))
-    summary = next((ln for ln in reversed(tail) if _COUNTS.search(ln)), "")
-    counts = {k.rstrip("s") if k.startswith("error") else k: int(n) for n, k in _COUNTS.findall(summary)}
-    return [{**{k: counts.get(k, 0) for k in ("passed", "failed", "error", "skipped", "xfailed")}, **row}]
-
-
-# ---- command -------------------------------------------------------------------------------------------
 @dataclass(kw_only=True)
 class CommandOptions(ConfigBase):
     """Any command as an entry (e.g. ``torchrun --nproc_per_node 2 -m benchmarks.ddp_check``)."""
@@ -170,6 +122,6 @@ class CommandOptions(ConfigBase):
 def run_command(opts: CommandOptions, ctx) -> list[dict]:
     """Run the command; one row: rc, wall seconds, last output line (the whole output in ``command.log``)."""
     cmd = [sys.executable if a == "python" else a.replace("{out}", str(ctx.out_dir)) for a in opts.args]
-    row = _subprocess(cmd, ctx, opts.timeout_s, "command.log")
+    row = run_child(cmd, ctx, opts.timeout_s, "command.log")
     ctx.log(f"  rc={row['rc']} {row['wall_s']} s: {row['last_line']}")
     return [row]

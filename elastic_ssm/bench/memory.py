@@ -9,7 +9,7 @@ from ..config import ESSHConfig
 from ..elastic.tiers import state_bytes, tier_table
 from ..models.baselines import TransformerConfig
 
-__all__ = ["essh_memory_rows", "transformer_memory_row", "format_mb"]
+__all__ = ["essh_memory_rows", "transformer_memory_row", "memory_suite"]
 
 
 def essh_memory_rows(cfg: ESSHConfig, tiers=None, batch: int = 1, device: str | torch.device = "meta",
@@ -45,11 +45,6 @@ def transformer_memory_row(tcfg: TransformerConfig, context: int, name: str = "t
     kv = tcfg.kv_bytes(context, 1, kv_dtype_bytes)
     return {"bench": "memory", "model": name, "tier": "-", "batch": 1, "recurrent": 0, "kv": kv, "total": kv,
             "formula_total": kv, "bookkeeping": 8, "match": True}
-
-
-def format_mb(n: int) -> str:
-    """Decimal megabytes, as the paper's tables."""
-    return f"{n / 1e6:.2f}"
 
 
 def memory_suite(r, out: list) -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..utils.environment import environment
+from ..utils.files import atomic_write_text
 
 __all__ = ["SECTIONS", "environment", "format_table", "ratios", "tables", "write_json", "markdown_section",
            "append_markdown", "rows_table", "suite_tables", "suite_markdown"]
@@ -37,34 +38,21 @@ def format_table(rows: list[dict], columns: list[str], title: str | None = None)
 def ratios(results: dict) -> list[dict]:
     """Decode ms ratios ESSH/peer (same preset, tier = full, batch, mode) and prefill ktok/s ratios."""
     out = []
-    dec = [r for r in results.get("decode", []) if "ms" in r]
-    ess = {(r["preset"], r["batch"], r["mode"]): r for r in dec if r["model"] == "essh" and r.get("full")}
-    for r in dec:
-        if r["model"] == "essh":
-            continue
-        e = ess.get((r["preset"], r["batch"], r["mode"]))
-        if e is not None:
-            out.append({"bench": "decode", "preset": r["preset"], "peer": r["model"], "batch": r["batch"],
-                        "mode": r["mode"], "essh": e["ms"], "peer_value": r["ms"],
-                        "ratio": e["ms"] / r["ms"]})
-    pre = [r for r in results.get("prefill", []) if "ktok_s" in r]
-    esp = {(r["preset"], r["length"]): r for r in pre if r["model"] == "essh" and r.get("full")}
-    for r in pre:
-        e = esp.get((r["preset"], r["length"]))
-        if r["model"] != "essh" and e is not None:
-            out.append({"bench": "prefill", "preset": r["preset"], "peer": r["model"], "batch": 1,
-                        "mode": f"T={r['length']}", "essh": e["ktok_s"], "peer_value": r["ktok_s"],
-                        "ratio": e["ktok_s"] / r["ktok_s"]})
+    for bench, keys, metric in (("decode", ("batch", "mode"), "ms"), ("prefill", ("length",), "ktok_s")):
+        rows = [r for r in results.get(bench, []) if metric in r]
+        essh = {(r["preset"], *map(r.get, keys)): r for r in rows if r["model"] == "essh" and r.get("full")}
+        for r in rows:
+            e = essh.get((r["preset"], *map(r.get, keys)))
+            if r["model"] != "essh" and e is not None:
+                batch, mode = (r["batch"], r["mode"]) if bench == "decode" else (1, f"T={r['length']}")
+                out.append({"bench": bench, "preset": r["preset"], "peer": r["model"], "batch": batch, "mode": mode,
+                            "essh": e[metric], "peer_value": r[metric], "ratio": e[metric] / r[metric]})
     return out
 
 
 def write_json(path: str | Path, results: dict) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(results, indent=1, default=str))
-    tmp.replace(path)
-    return path
+    atomic_write_text(path, json.dumps(results, indent=1, default=str))
+    return Path(path)
 
 
 _DECODE_COLS = ["model", "preset", "tier", "params", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq",
@@ -101,16 +89,14 @@ def tables(results: dict) -> str:
     return "\n\n".join(parts)
 
 
-def markdown_section(results: dict) -> str:
-    """One run as a markdown section: environment line, then all tables in a code block."""
+def markdown_section(results: dict, what: str = "", body: str | None = None) -> str:
+    """One run (``what``: e.g. "suite `h200` on ") as a markdown section: its date and device, versions, commit and
+    command, then ``body`` (default: all its tables) in a code block."""
     env = results.get("env", {})
-    return f"\n## {env.get('date', '?')}: {env.get('device', '?')}\n\n" + _env_line(env) + tables(results) + "\n```\n"
-
-
-def _env_line(env: dict) -> str:
-    """Versions, commit and command of a run, then the opening of the code block its tables go in."""
-    return (f"torch {env.get('torch')}, CUDA {env.get('cuda')}, triton {env.get('triton')}, fla {env.get('fla')}, "
-            f"commit `{env.get('commit')}`; command: `{env.get('command')}`\n\n```\n")
+    return (f"\n## {env.get('date', '?')}: {what}{env.get('device', '?')}\n\n"
+            f"torch {env.get('torch')}, CUDA {env.get('cuda')}, triton {env.get('triton')}, fla {env.get('fla')}, "
+            f"commit `{env.get('commit')}`; command: `{env.get('command')}`\n\n```\n"
+            + (tables(results) if body is None else body) + "\n```\n")
 
 
 def append_markdown(path: str | Path, results: dict, section: str | None = None) -> Path:
@@ -160,7 +146,5 @@ def suite_tables(results: dict) -> str:
 
 
 def suite_markdown(results: dict) -> str:
-    """One suite run as a markdown section: suite, environment line, then the tables in a code block."""
-    env = results.get("env", {})
-    head = f"\n## {env.get('date', '?')}: suite `{results.get('suite')}` on {env.get('device', '?')}\n\n"
-    return head + _env_line(env) + suite_tables(results) + "\n```\n"
+    """One suite run as a markdown section (``markdown_section``) of its tables."""
+    return markdown_section(results, f"suite `{results.get('suite')}` on ", suite_tables(results))

@@ -136,21 +136,14 @@ def _server_stats(base: str, pid: int) -> tuple[dict[str, float], tuple[float, f
     return {c: values.get(f"elastic_ssm_{c}_total", math.nan) for c in COUNTERS}, _tree_cpu(pid)
 
 
-def _own_cpu(pid: int) -> float:
-    """CPU seconds of process ``pid`` alone, from /proc (NaN elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        return float("nan")
-
-
 def _tree_cpu(pid: int) -> tuple[float, float]:
     """CPU seconds of (process ``pid`` alone — the HTTP process —, it and its descendants — the engine process —),
     from /proc (NaN elsewhere)."""
-    own = total = _own_cpu(pid)
+    own = float("nan")
     try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        own = total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 total += sum(_tree_cpu(int(c))[1] for c in f.read().split())
@@ -223,18 +216,15 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
 
 
 def serve_suite(r, out: list) -> None:
-    """Every (mix, streams) of the config against one server process per entry."""
+    """Every (mix, streams, server setting) of the config against one server process per entry."""
     cfg = r.cfg
     tiers = sorted({t for m in cfg.serve_mixes for t in m.split(",")}, key=lambda t: r.table[t].index)
-    for mix, streams, prefill, wait, graphs, graph_tokens, spans in itertools.product(
-            cfg.serve_mixes, cfg.serve_streams, cfg.serve_max_prefill, cfg.serve_prefill_wait_ms,
-            cfg.serve_prefill_graphs, cfg.serve_prefill_graph_tokens, cfg.serve_attended_spans):
+    knobs = ("max_prefill", "prefill_wait_ms", "prefill_graphs", "prefill_graph_tokens", "attended_spans")
+    for mix, streams, *values in itertools.product(cfg.serve_mixes, cfg.serve_streams,
+                                                   *(getattr(cfg, f"serve_{k}") for k in knobs)):
+        server = dict(zip(knobs, values))        # the server process's options (BenchServerOptions) of this row
         base = {"bench": "serve", "preset": cfg.preset, "mix": mix, "streams": streams, "slots": cfg.serve_slots,
-                "max_prefill": prefill, "prefill_wait_ms": wait, "prefill_graphs": graphs,
-                "prefill_graph_tokens": graph_tokens, "attended_spans": spans,
-                "prompt": cfg.serve_prompt, "new_tokens": cfg.serve_new_tokens}
-        server = {"max_prefill": prefill, "prefill_wait_ms": wait, "prefill_graphs": graphs,
-                  "prefill_graph_tokens": graph_tokens, "attended_spans": spans}
+                **server, "prompt": cfg.serve_prompt, "new_tokens": cfg.serve_new_tokens}
         r.run(out, base, lambda mix=mix, streams=streams, server=server: bench_serve(
             cfg.preset, tiers, mix.split(","), streams, cfg.serve_slots, cfg.serve_prompt, cfg.serve_new_tokens,
             cfg.serve_rounds, cfg.serve_client_procs, str(r.dev), str(r.dtype).replace("torch.", ""), cfg.seed,

@@ -4,7 +4,6 @@ errors before anything runs; ``run_suite`` runs its entries in order, each into 
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
 import os
@@ -15,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from ..config import ConfigBase, ConfigError
 from ..config.base import load_yaml, read_yaml_file
@@ -239,21 +239,6 @@ class EntryContext:
         return self.write_text(name, json.dumps(data, indent=1, default=str))
 
 
-@contextlib.contextmanager
-def _environ(env: dict[str, str]):
-    """``env`` set in ``os.environ`` for an in-process entry, the previous values restored afterwards."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | None = None,
               out_dir: str | Path = "bench_out", docs: str = "", log: Callable[[str], None] | None = None) -> dict:
     """Run the selected entries of ``suite`` in order within ``budget_s`` (None: the suite's; 0: no limit).
@@ -286,20 +271,17 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
     failed = ""                                     # the required entry that failed: the rest are skipped
     for e in entries:
         rec: dict = {"name": e.name, "kind": e.kind, "options": e.options.to_dict(), "env": e.env, "rows": []}
-        if failed:
-            rec["state"] = f"skipped: required entry {failed} failed"
+        late = deadline is not None and time.monotonic() >= deadline
+        if failed or late:
+            rec["state"] = f"skipped: required entry {failed} failed" if failed else "skipped: time budget"
             res["skipped"].append(e.name)
             log(f"== {e.name}: {rec['state']}")
-        elif deadline is not None and time.monotonic() >= deadline:
-            rec["state"] = "skipped: time budget"
-            res["skipped"].append(e.name)
-            log(f"== {e.name}: skipped (time budget)")
         else:
             log(f"== {e.name} ({e.kind}) [{time.monotonic() - t0:.0f} s]")
             ctx = EntryContext(name=e.name, out_dir=out / e.name, log=log, deadline=deadline, env=e.env)
             t = time.monotonic()
             try:
-                with _environ(e.env):
+                with mock.patch.dict(os.environ, e.env):     # the entry's env, restored afterwards
                     rec["rows"] = list(kind_runner(e.kind)(e.options, ctx))
                 rec["state"] = "ran"
             except Exception as err:  # one failing entry must not lose the others

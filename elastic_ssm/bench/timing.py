@@ -1,5 +1,5 @@
 """Timing helpers of every benchmark: warm-up then timed calls (CUDA events on the GPU, ``perf_counter`` on
-the CPU), medians and percentiles, wall-clock calls, CUDA-graph replays, relative errors, OOM as a result."""
+the CPU), medians and percentiles, wall-clock calls, CUDA-graph replays, OOM as a result."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["sync", "time_fn", "summarize", "wall_ms", "time_graph_us", "percentile", "rel_err", "oom_as_result",
-           "GraphedStep"]
+__all__ = ["sync", "time_fn", "summarize", "wall_ms", "percentile", "oom_as_result", "GraphedStep"]
 
 
-def sync(device: torch.device | str | None = None) -> None:
+def sync(device: torch.device) -> None:
     """Wait for the device's queued work (no-op off CUDA)."""
-    device = torch.device(device) if device is not None else None
-    if device is None and torch.cuda.is_available() or device is not None and device.type == "cuda":
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
@@ -60,48 +58,12 @@ def wall_ms(fn: Callable[[], object], device: torch.device) -> float:
     return (time.perf_counter() - t) * 1e3
 
 
-def time_graph_us(fn: Callable[[int], object], reps: int, replays: int = 20) -> float:
-    """Microseconds per call of ``fn(i)`` for i in range(reps), captured in one CUDA graph (warmed on a side
-    stream first) and replayed ``replays`` times; the median replay / ``reps``. Calls on different inputs
-    ``i`` (e.g. weight copies larger than the L2 together) time cold reads."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(reps):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(ts)
-
-
 def percentile(xs: list[float], q: float) -> float | None:
     """The ``q``-th percentile (0-100) of ``xs`` by nearest rank; None for an empty list."""
     if not xs:
         return None
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor, norm: str = "fro") -> float:
-    """Relative error of ``a`` against the reference ``b``: ``||a - b|| / ||b||`` (``norm="fro"``) or
-    ``max|a - b| / max|b|`` (``norm="max"``), computed in float32."""
-    a, b = a.float(), b.float()
-    if norm == "max":
-        return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 @contextlib.contextmanager

@@ -10,9 +10,7 @@ import torch.nn.functional as F
 
 from .timing import oom_as_result, summarize, time_fn
 
-__all__ = ["PEAK_TFLOPS", "bench_train"]
-
-PEAK_TFLOPS = {"h200": 989.0, "h100": 989.0, "a100": 312.0, "b200": 2250.0}
+__all__ = ["bench_train", "train_suite"]
 
 
 def _loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -54,31 +52,16 @@ def bench_train(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.
 def train_suite(r, out: list) -> None:
     """ESSH at full capacity (fp32 master weights, bf16 autocast) and, with ``train_peers``, the peers."""
     from ..elastic.tiers import flops_per_token
-    from .peers import (
-        PeerUnavailable,
-        build_essh,
-        build_fla,
-        build_transformer,
-        fla_matched,
-        fla_training_refused,
-        peer_forward,
-        require_fla,
-        transformer_matched,
-    )
+    from .peers import PeerUnavailable, build_transformer, fla_peers, peer_forward, transformer_matched
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
-    kw = dict(batch=cfg.train_batch, seq_len=cfg.train_seq_len, warmup=cfg.train_warmup,
-              steps=cfg.train_steps,
+    kw = dict(batch=cfg.train_batch, seq_len=cfg.train_seq_len, warmup=cfg.train_warmup, steps=cfg.train_steps,
               peak_tflops=cfg.peak_tflops)
     base = {"bench": "train", "model": "essh", "preset": cfg.preset, "tier": r.full,
             "params": r.table[r.full].params}
 
     def essh() -> dict:
-        model = build_essh(r.mcfg, dev, None)
-        if cfg.compile:
-            from ..models import compile_model
-
-            compile_model(model, mode=cfg.compile_mode)
+        model = r.essh(dtype=None)
         fpt = flops_per_token(r.mcfg, None, context=cfg.train_seq_len)["total"]
         return bench_train(model, model, V, fpt, dev, compile_loss=cfg.compile, **kw)
 
@@ -92,12 +75,13 @@ def train_suite(r, out: list) -> None:
                 model = build_transformer(tcfg, dev, None)
                 fpt = tcfg.flops_per_token(cfg.train_seq_len)["total"]
             else:
-                require_fla(peer)
-                refused = fla_training_refused(peer)
+                fla = fla_peers()
+                fla.require_fla(peer)
+                refused = fla.fla_training_refused(peer)
                 if refused:
                     raise PeerUnavailable(refused)
-                info = fla_matched(peer, r.mcfg)
-                model = build_fla(peer, r.mcfg, info["d_ff"], dev, torch.float32)
+                info = fla.fla_matched(peer, r.mcfg)
+                model = fla.build_fla(peer, r.mcfg, info["d_ff"], dev, torch.float32)
                 fpt = 2 * info["params"]   # dense-layer estimate: 2 FLOPs per parameter and token
             fwd, compiled = peer_forward(model, peer, cfg.compile, cfg.compile_mode)
             return {"params": info["params"], "compiled": compiled,

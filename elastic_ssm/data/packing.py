@@ -17,10 +17,10 @@ CHUNK_DOCS = 256
 
 
 class TokenArray:
-    """An in-memory token stream: ``tokens`` is a 1-D numpy integer array ``[N]``."""
+    """A token stream: ``tokens`` is a 1-D numpy integer array ``[N]`` (in memory; ``TokenFile``: memory-mapped)."""
 
     def __init__(self, tokens, vocab_size: int | None = None, meta: dict | None = None):
-        arr = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
+        arr = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asanyarray(tokens)   # a memmap stays one
         if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
             raise ValueError(f"tokens must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
         self.tokens = arr

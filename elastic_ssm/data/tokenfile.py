@@ -92,7 +92,7 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
     return TokenFile(out_path)
 
 
-class TokenFile:
+class TokenFile(TokenArray):
     """A prepared token file, memory-mapped read-only (``tokens``: ``np.memmap`` [N]); a missing file or sidecar and
     a size that differs from the sidecar's count are refused in one line."""
 
@@ -125,17 +125,8 @@ class TokenFile:
                                  "re-run elastic-ssm prepare")
             raise ValueError(f"{path}: size mismatch: expected {self.count} tokens, found "
                              f"{path.stat().st_size / self.dtype.itemsize:g}; re-run elastic-ssm prepare")
-        self.tokens = np.memmap(path, dtype=self.dtype, mode="r", shape=(self.count,))
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.meta["vocab_size"])
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, idx):
-        return self.tokens[idx]
+        super().__init__(np.memmap(path, dtype=self.dtype, mode="r", shape=(self.count,)),
+                         int(self.meta["vocab_size"]), self.meta)
 
     def verify(self, chunk: int = 1 << 24) -> None:
         """Recompute the sha256 of the tokens (reads the whole file) and compare with the sidecar."""

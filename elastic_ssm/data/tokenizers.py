@@ -47,13 +47,9 @@ class ByteTokenizer:
     """Byte-level tokenizer: token id = byte value (0..255); specials PAD/BOS/EOS/SEP = 256..259."""
 
     PAD, BOS, EOS, SEP = 256, 257, 258, 259
+    pad_id, bos_id, eos_id, sep_id = PAD, BOS, EOS, SEP
     vocab_size = 260
     spec = "bytes"
-
-    pad_id = property(lambda self: self.PAD)
-    bos_id = property(lambda self: self.BOS)
-    eos_id = property(lambda self: self.EOS)
-    sep_id = property(lambda self: self.SEP)
 
     def encode_np(self, doc: str | bytes) -> np.ndarray:
         """Bytes of ``doc`` (UTF-8 for ``str``) as an int64 array ``[n]``."""

@@ -66,7 +66,7 @@ def _scan_backend(device: torch.device) -> str:
 
 def environment(device: torch.device, command: str | None = None) -> dict:
     libs = library_versions()
-    env = {
+    return {
         "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
                    else platform.processor() or "cpu"),
         "torch": torch.__version__, "cuda": torch.version.cuda, "triton": libs["triton"], "fla": libs["fla"],
@@ -75,4 +75,3 @@ def environment(device: torch.device, command: str | None = None) -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command if command is not None else " ".join(sys.argv),
     }
-    return env

@@ -382,7 +382,7 @@ def test_overrides_and_entry_selection(tmp_path):
 
 
 def test_pytest_entry_counts_the_outcomes(tmp_path):
-    from elastic_ssm.bench.kinds import PytestOptions, run_tests
+    from benchmarks.tests_kind import PytestOptions, run_tests
     from elastic_ssm.bench.suite import EntryContext
 
     (tmp_path / "test_x.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    assert 0\n")
@@ -469,13 +469,13 @@ def test_server_cpu_splits_the_http_process_from_its_engine_child():
     total, not in the parent's own seconds."""
     import subprocess
 
-    from elastic_ssm.bench.serve import _own_cpu, _tree_cpu
+    from elastic_ssm.bench.serve import _tree_cpu
 
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
     child = subprocess.Popen([sys.executable, "-c", burn])
     try:
         deadline = time.monotonic() + 20
-        while _own_cpu(child.pid) < 0.3 and time.monotonic() < deadline:
+        while _tree_cpu(child.pid)[0] < 0.3 and time.monotonic() < deadline:
             time.sleep(0.05)
         own, total = _tree_cpu(os.getpid())
         assert own >= 0 and total - own >= 0.28, (own, total)
@@ -508,9 +508,8 @@ def test_only_repeatable_list_flags_add_up():
 ])
 def test_bench_options_are_checked_by_their_declared_types(cls, fields, message):
     """Choices and ranges are declared on the fields (Literal, AtLeast1, ...): pydantic names the field in one line."""
-    from elastic_ssm.bench.generate import GeneratePathsOptions
-    from elastic_ssm.bench.prefill import SessionPrefillOptions
-    from elastic_ssm.bench.process import FirstTokenOptions
+    from benchmarks.first_token import FirstTokenOptions
+    from benchmarks.generate_paths import GeneratePathsOptions, SessionPrefillOptions
 
     options = {"BenchConfig": BenchConfig, "SessionPrefillOptions": SessionPrefillOptions,
                "FirstTokenOptions": FirstTokenOptions, "GeneratePathsOptions": GeneratePathsOptions}[cls]

@@ -34,7 +34,7 @@ def test_every_harness_kind_names_a_benchmarks_module():
     harness = {k for k, (module, _, run) in kinds.KINDS.items() if module.startswith("benchmarks.")}
     assert {"gemv_sweep", "profile", "train_matrix", "es_ssm_report", "replication_step"} <= harness
     for k in harness:
-        assert kinds.KINDS[k][2].startswith(kinds.KINDS[k][0] + ":")
+        assert kinds.kind_runner(k).__module__ == kinds.KINDS[k][0]
     assert not any(m.startswith("benchmarks") for k, (m, _, _) in kinds.KINDS.items() if k not in harness)
 
 
@@ -64,3 +64,13 @@ def test_a_harness_kind_loads_from_the_repository_root(no_harness, monkeypatch):
 def test_an_editable_install_finds_the_harness_of_its_checkout(no_harness, monkeypatch):
     monkeypatch.setattr(kinds, "CHECKOUT", ROOT)       # run from elsewhere; elastic_ssm imported from the clone
     assert load_suite(no_harness / "suite.yaml").entries[0].options.__class__.__name__ == "GemvSweepOptions"
+
+
+def test_the_fla_peers_outside_a_clone_are_an_unavailable_peer(no_harness):
+    """``benchmarks/fla_peers.py`` is the harness's: outside a clone a gated_deltanet / mamba2 row says where it lives
+    (a ``PeerUnavailable``, reported in the row, not a failure)."""
+    from elastic_ssm.bench.peers import PeerUnavailable, fla_peers
+
+    with pytest.raises(PeerUnavailable, match="fla peer module belongs to the research harness") as e:
+        fla_peers()
+    assert "root of a clone" in str(e.value) and "\n" not in str(e.value)

@@ -1,4 +1,4 @@
-"""A fresh process's first token by phase (kind ``first_token``): children ``python -m elastic_ssm.bench.process``
+"""A fresh process's first token by phase (kind ``first_token``): children ``python -m benchmarks.first_token``
 (flags of ``ChildOptions``) time import, load, decoder and first prefill from the moment the parent started them."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Annotated, Literal
 
 from annotated_types import Len
 
-from ..config import ConfigBase, opt
-from ..config.base import AtLeast1, NonNeg
-from .prefill import ScanBackend
+from benchmarks.generate_paths import ScanBackend
+from elastic_ssm.config import ConfigBase, opt
+from elastic_ssm.config.base import AtLeast1, NonNeg
 
 __all__ = ["ChildOptions", "FirstTokenOptions", "run_first_token", "saved_model"]
 
@@ -53,8 +53,8 @@ def saved_model(preset: str, model_dir: str = "", device: str = "cuda") -> Path:
     if not (d / "config.json").is_file():
         import torch
 
-        from ..config import ESSHConfig
-        from .peers import build_essh
+        from elastic_ssm.bench.peers import build_essh
+        from elastic_ssm.config import ESSHConfig
 
         dev = torch.device(device if device != "cuda" or torch.cuda.is_available() else "cpu")
         model = build_essh(ESSHConfig.preset(preset), dev, torch.bfloat16)
@@ -81,10 +81,10 @@ class ChildOptions:
 
 
 def _child(opts: ChildOptions, ctx, env: dict[str, str], timeout: float, log_name: str) -> dict:
-    """One ``python -m elastic_ssm.bench.process ...`` child; its ``RESULT {json}`` line, or the error."""
-    from ..cli_derive import to_argv
+    """One ``python -m benchmarks.first_token ...`` child; its ``RESULT {json}`` line, or the error."""
+    from elastic_ssm.cli_derive import to_argv
 
-    cmd = [sys.executable, "-m", "elastic_ssm.bench.process", *to_argv(replace(opts, spawned_at=time.time()))]
+    cmd = [sys.executable, "-m", "benchmarks.first_token", *to_argv(replace(opts, spawned_at=time.time()))]
     try:
         p = subprocess.run(cmd, env=ctx.child_env(env), capture_output=True, text=True,
                            timeout=max(1.0, min(timeout, ctx.time_left())))
@@ -201,9 +201,9 @@ def _import_fla_child(a: ChildOptions) -> dict:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    from ..cli_derive import derive
+    from elastic_ssm.cli_derive import derive
 
-    a = derive(ChildOptions, argv, "python -m elastic_ssm.bench.process", __doc__.splitlines()[0])
+    a = derive(ChildOptions, argv, "python -m benchmarks.first_token", __doc__.splitlines()[0])
     if a.spawned_at is None:
         a.spawned_at = time.time()
     res = _first_token_child(a) if a.mode == "first-token" else _import_fla_child(a)

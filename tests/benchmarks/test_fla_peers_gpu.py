@@ -1,13 +1,14 @@
-"""GPU tests of the benchmark peers built from flash-linear-attention (``bench.peers``): Gated DeltaNet + FFN.
+"""GPU tests of the benchmark peers built from flash-linear-attention (``benchmarks/fla_peers.py``): Gated DeltaNet
++ FFN.
 
 They need a CUDA device and fla installed (its kernels are Triton-only). Run with
-``python -m pytest -m gpu tests/bench/test_peers_gpu.py``.
+``python -m pytest -m gpu tests/benchmarks/test_fla_peers_gpu.py``.
 """
 
 import pytest
 import torch
 
-from elastic_ssm.bench.peers import FlaDecoder, build_fla, fla_matched, fla_training_refused
+from benchmarks.fla_peers import FlaDecoder, build_fla, fla_matched, fla_training_refused
 from elastic_ssm.bench.train import bench_train
 from elastic_ssm.config import ESSHConfig
 
