@@ -42,9 +42,7 @@ class BudgetSampler:
         if int(full) < bs[-1]:
             raise ValueError(f"full budget {full} is smaller than the largest budget {bs[-1]}; pass K-bar")
         if warmup_steps < 0 or n_full < 0 or seed < 0:
-            raise ValueError(
-                f"warmup_steps, n_full and seed must be >= 0, got {warmup_steps}, {n_full}, {seed}"
-            )
+            raise ValueError(f"warmup_steps, n_full and seed must be >= 0, got {warmup_steps}, {n_full}, {seed}")
         self.budgets = tuple(bs)
         self.full = int(full)
         self.warmup_steps = int(warmup_steps)

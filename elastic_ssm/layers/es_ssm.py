@@ -24,8 +24,7 @@ from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
 from ..ops.fft_conv import fft_causal_conv
 from .es_ssm_decode import SpectralDecodeMixin, SpectralDecodeState
 
-__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "hankel_filter_tensor",
-           "on_meta_device"]
+__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "hankel_filter_tensor", "on_meta_device"]
 
 
 def on_meta_device() -> bool:
@@ -143,9 +142,7 @@ class ESSSMBlock(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.ln1 = nn.LayerNorm(d, eps=cfg.norm_eps)
-        self.mixer = SpectralSublayer(
-            d, cfg.n_channels, cfg.seq_len, cfg.gate_hidden, cfg.gate_bias_init, cfg.init_std
-        )
+        self.mixer = SpectralSublayer(d, cfg.n_channels, cfg.seq_len, cfg.gate_hidden, cfg.gate_bias_init, cfg.init_std)
         self.ln2 = nn.LayerNorm(d, eps=cfg.norm_eps)
         self.ffn = GeluFFN(d, cfg.ffn_mult * d, cfg.dropout)
         self.drop_path = DropPath(cfg.drop_path)

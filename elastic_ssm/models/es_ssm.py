@@ -76,18 +76,14 @@ class ESSSM(GenerationMixin, ElasticModel):
 
     def _check_ids(self, input_ids: Any) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(
-                f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}"
-            )
+            raise TypeError(f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}")
         if input_ids.dim() != 2:
             raise ValueError(
                 f"input_ids must have shape [B, T], got {tuple(input_ids.shape)};"
                 " for a single sequence pass input_ids[None]"
             )
         if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise ValueError(
-                f"input_ids must be an integer tensor of token ids (torch.long), got {input_ids.dtype}"
-            )
+            raise ValueError(f"input_ids must be an integer tensor of token ids (torch.long), got {input_ids.dtype}")
         B, T = input_ids.shape
         if B == 0 or T == 0:
             raise ValueError(empty_input_message(input_ids.shape))

@@ -19,8 +19,7 @@ from ..layers.es_ssm_decode import DecodePlan, SpectralDecodeState, check_decode
 
 __all__ = ["ESSSMCache", "cache_options"]
 
-_OPTIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("es_ssm_cache_options",
-                                                                                  default=None)
+_OPTIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("es_ssm_cache_options", default=None)
 
 
 @contextlib.contextmanager

@@ -12,8 +12,7 @@ from typing import Any, NamedTuple
 
 from ..utils.files import atomic_write_bytes
 
-__all__ = ["AUTO_MAP", "FAMILIES", "REMOTE_CODE", "Family", "auto_map", "hf_keys", "remote_code",
-           "write_remote_code"]
+__all__ = ["AUTO_MAP", "FAMILIES", "REMOTE_CODE", "Family", "auto_map", "hf_keys", "remote_code", "write_remote_code"]
 
 
 class Family(NamedTuple):

@@ -125,6 +125,11 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def pow2(n: int, lo: int = 1) -> int:
+    """The smallest power of two >= ``n`` and >= ``lo`` (a Triton block size)."""
+    return max(lo, 1 << (int(n) - 1).bit_length())
+
+
 def resolve_decode_backend(backend: str, device: torch.device | str) -> str:
     """Backend of the decode kernels: "auto" -> "triton" on CUDA with triton installed (or under
     ``TRITON_INTERPRET=1``), else "torch"; "triton" without triton raises with the fix."""

@@ -77,9 +77,7 @@ def _as_signal(phi_k: object) -> np.ndarray:
     """A finite, nonzero 1-D float64 signal of length >= 2, or a ValueError saying what to pass."""
     arr = np.asarray(phi_k, dtype=np.float64)
     if arr.ndim != 1:
-        raise ValueError(
-            f"phi_k must be 1-D (one filter [L]), got shape {arr.shape}; pass one row, e.g. phi[k - 1]"
-        )
+        raise ValueError(f"phi_k must be 1-D (one filter [L]), got shape {arr.shape}; pass one row, e.g. phi[k - 1]")
     if arr.shape[0] < 2:
         raise ValueError(f"phi_k must have length L >= 2, got {arr.shape[0]}; pass a whole filter [L]")
     if not np.all(np.isfinite(arr)):
