@@ -51,8 +51,7 @@ class ExportCheck:
     def __str__(self) -> str:
         status = "OK" if self.ok else "FAILED"
         eq = "bitwise equal" if self.bitwise_equal else f"max |diff| {self.max_abs_diff:.3g}"
-        return (f"{self.tier}: {status} params {self.params_actual:,} (config {self.params_expected:,}), "
-                f"logits {eq}")
+        return f"{self.tier}: {status} params {self.params_actual:,} (config {self.params_expected:,}), logits {eq}"
 
 
 @torch.no_grad()

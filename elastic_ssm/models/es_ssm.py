@@ -152,8 +152,7 @@ class ESSSM(GenerationMixin, ElasticModel):
     def step(self, tokens: torch.Tensor, cache: ESSSMCache) -> torch.Tensor:
         """Decode one token per sequence: tokens [B] -> logits [B, V] (Eq. 4 per token); the cache advances by one."""
         if tokens.dim() != 1 or tokens.shape[0] != cache.batch:
-            raise ValueError(f"step takes one token per sequence, tokens [B={cache.batch}], got"
-                             f" {tuple(tokens.shape)}")
+            raise ValueError(f"step takes one token per sequence, tokens [B={cache.batch}], got {tuple(tokens.shape)}")
         V = self.config.vocab_size
         if not torch.compiler.is_compiling() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
             raise ValueError(f"token ids must lie in [0, {V}); got [{int(tokens.min())}, {int(tokens.max())}]")

@@ -88,8 +88,7 @@ def resolve_backend(backend: str = "auto", tensor: torch.Tensor | None = None) -
     choice = choice.lower()
     if choice not in BACKENDS:
         source = f"environment variable {ENV_VAR}" if backend.lower() == "auto" else "backend argument"
-        raise ValueError(f"unknown spectral-scan backend {choice!r} from the {source}; "
-                         f"expected one of {BACKENDS}")
+        raise ValueError(f"unknown spectral-scan backend {choice!r} from the {source}; expected one of {BACKENDS}")
     if choice == "auto":
         fla_ok = device == "cuda" and tensor.dtype in _FLA_DTYPES and fla_available()
         choice = "fla" if fla_ok else "torch"

@@ -30,8 +30,7 @@ MAX_TRITON_BATCH = 8
 
 def _check(qkv, keys, values, slot_pos, positions) -> None:
     if keys.dim() != 4 or values.shape != keys.shape:
-        raise ValueError(f"keys/values must both be [B, H, W, hd], got {tuple(keys.shape)} and "
-                         f"{tuple(values.shape)}")
+        raise ValueError(f"keys/values must both be [B, H, W, hd], got {tuple(keys.shape)} and {tuple(values.shape)}")
     B, H, W, hd = keys.shape
     if qkv.shape != (B, 3 * H * hd) or slot_pos.shape != (B, W) or positions.shape != (B,):
         raise ValueError(f"need qkv [B, 3 H hd] = [{B}, {3 * H * hd}], slot_pos [{B}, {W}], positions [{B}]; "
