@@ -154,9 +154,8 @@ class ESSSMBlock(nn.Module):
         """LayerNorms to (1, 0); FFN weights Normal(0, init_std), biases 0; the sublayer as its own."""
         if self.ln1.weight.device.type == "meta":
             return
-        for ln in (self.ln1, self.ln2):
-            nn.init.ones_(ln.weight)
-            nn.init.zeros_(ln.bias)
+        self.ln1.reset_parameters()
+        self.ln2.reset_parameters()
         for lin in (self.ffn.fc1, self.ffn.fc2):
             nn.init.normal_(lin.weight, std=self.init_std)
             nn.init.zeros_(lin.bias)

@@ -60,8 +60,7 @@ class ESSSM(GenerationMixin, ElasticModel):
         nn.init.normal_(self.embed.weight, std=std)
         for block in self.blocks:
             block.reset_parameters()
-        nn.init.ones_(self.norm.weight)
-        nn.init.zeros_(self.norm.bias)
+        self.norm.reset_parameters()
         for lin in (self.lm_head, self.head):
             if lin is not None:
                 nn.init.normal_(lin.weight, std=std)

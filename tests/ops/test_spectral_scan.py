@@ -425,7 +425,7 @@ def test_bad_step_inputs():
     args = [x[n][:, 0] for n in ("v", "write", "read", "clock")]
     with pytest.raises(ValueError, match="state must be"):
         spectral_scan_step(*args, tables(x), x["initial_state"][:, :2])
-    with pytest.raises(ValueError, match="clock_t must be"):
+    with pytest.raises(ValueError, match="read_t and clock_t must share one shape"):
         spectral_scan_step(*args[:3], args[3][..., :2], tables(x), x["initial_state"].clone())
     with pytest.raises(ValueError, match="rho must be"):
         spectral_scan_step(*args, tables(x)._replace(rho=x["rho"][:2]), x["initial_state"].clone())

@@ -32,7 +32,8 @@ def _use_triton(x: torch.Tensor, backend: str) -> bool:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto") -> torch.Tensor:
-    """RMSNorm of rows ``x [B, D]`` with ``weight [D]`` (float32 arithmetic, output in ``x.dtype``)."""
+    """RMSNorm of rows ``x [B, D]`` (the torch path: any ``[..., D]``) with ``weight [D]`` (float32 arithmetic for
+    half inputs, output in ``x.dtype``)."""
     if not _use_triton(x, backend):
         return _rms_norm_torch(x, weight, eps)
     from .triton_kernels import rms_norm_kernel
