@@ -28,14 +28,11 @@ class BudgetSampler:
     """Log-uniform snapped budget sampler (Eq. 5) over the channel counts ``budgets`` (all <= ``full``, K-bar),
     at ``full`` for ``warmup_steps`` steps and on every later ``step % n_full == 0`` (paper: 8; 0: no anchors)."""
 
-    def __init__(
-        self, budgets: Sequence[int], full: int, warmup_steps: int = 0, n_full: int = 8, seed: int = 0,
-    ) -> None:
+    def __init__(self, budgets: Sequence[int], full: int, warmup_steps: int = 0, n_full: int = 8,
+                 seed: int = 0) -> None:
         self._configure(budgets, full, warmup_steps, n_full, seed)
 
-    def _configure(
-        self, budgets: Sequence[int], full: int, warmup_steps: int, n_full: int, seed: int
-    ) -> None:
+    def _configure(self, budgets: Sequence[int], full: int, warmup_steps: int, n_full: int, seed: int) -> None:
         bs = sorted({int(b) for b in budgets})
         if not bs or bs[0] < 1:
             raise ValueError(f"budgets must be a non-empty set of channel counts >= 1, got {list(budgets)}")

@@ -55,10 +55,8 @@ class ExportCheck:
 
 
 @torch.no_grad()
-def check_export(
-    model: Any, tier: TierLike, input_ids: torch.Tensor | None = None, standalone: Any = None,
-    tolerance: float = 0.0, seq_len: int = 64, batch: int = 2, seed: int = 0,
-) -> ExportCheck:
+def check_export(model: Any, tier: TierLike, input_ids: torch.Tensor | None = None, standalone: Any = None,
+                 tolerance: float = 0.0, seq_len: int = 64, batch: int = 2, seed: int = 0) -> ExportCheck:
     """Compare ``standalone`` (default: a fresh ``export_tier``) with ``model(input_ids, tier=tier)`` (default
     ids [B, T]: seeded random tokens); ``tolerance`` 0 demands bitwise equality (the CPU float32 guarantee)."""
     t = model.resolve_tier(tier)
@@ -83,7 +81,5 @@ def check_export(
     out = out.logits if hasattr(out, "logits") else out
     diff = (ref.float() - out.float()).abs().max().item()
     n_actual = sum(p.numel() for p in standalone.parameters())
-    return ExportCheck(
-        tier=t.name, params_expected=model.num_parameters(t), params_actual=n_actual,
-        max_abs_diff=diff, bitwise_equal=bool(torch.equal(ref, out)), tolerance=tolerance,
-    )
+    return ExportCheck(tier=t.name, params_expected=model.num_parameters(t), params_actual=n_actual,
+                       max_abs_diff=diff, bitwise_equal=bool(torch.equal(ref, out)), tolerance=tolerance)

@@ -78,10 +78,8 @@ class SpectralSublayer(SpectralDecodeMixin, nn.Module):
     filter length ``seq_len`` (the longest sequence), gate-MLP width ``gate_hidden`` (paper: d / 2), initial
     b_g2 ``gate_bias_init`` (paper: -2) and ``init_std`` for W_g1, W_g2 and M_k."""
 
-    def __init__(
-        self, d_model: int, n_channels: int, seq_len: int, gate_hidden: int,
-        gate_bias_init: float = -2.0, init_std: float = 0.02,
-    ) -> None:
+    def __init__(self, d_model: int, n_channels: int, seq_len: int, gate_hidden: int, gate_bias_init: float = -2.0,
+                 init_std: float = 0.02) -> None:
         super().__init__()
         self.d_model, self.n_channels, self.seq_len = d_model, n_channels, seq_len
         self.gate_bias_init, self.init_std = gate_bias_init, init_std

@@ -18,18 +18,14 @@ BACKENDS = ("auto", "torch", "fla", "naive")
 _FLA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _logger = logging.getLogger("elastic_ssm")
 _announced: set[tuple[str, str]] = set()
-
-
 _FLA_OK: list[bool] = []  # memo of fla_available(): a plain global, so compiled code reads it as a constant
+_FLA_LOCK = threading.Lock()   # one import of fla at a time: a caller waits for the background one to end
 
 
 def persist_autotuning() -> None:
     """``TRITON_CACHE_AUTOTUNING=1`` unless the user set it, so fla's autotuning results (minutes per new shape on a
     fresh machine) stay in Triton's disk cache for later processes. Runs before fla is imported."""
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
-
-
-_FLA_LOCK = threading.Lock()   # one import of fla at a time: a caller waits for the background one to end
 
 
 def fla_available() -> bool:

@@ -17,16 +17,8 @@ from .inputs import ModalTables, validate_scan_inputs
 from .naive import naive_spectral_scan
 from .step import spectral_scan_step
 
-__all__ = [
-    "ModalTables",
-    "chunk_spectral_scan",
-    "naive_spectral_scan",
-    "scan",
-    "spectral_scan",
-    "spectral_scan_step",
-    "validate_scan_inputs",
-    "validate_scan_values",
-]
+__all__ = ["ModalTables", "chunk_spectral_scan", "naive_spectral_scan", "scan", "spectral_scan", "spectral_scan_step",
+           "validate_scan_inputs", "validate_scan_values"]
 
 _HALF = (torch.bfloat16, torch.float16)
 

@@ -9,16 +9,12 @@ import torch
 from .inputs import ModalTables, validate_scan_inputs
 
 
-def spectral_scan_step(
-    v_t: torch.Tensor,  # [B, K, P] channel values of the new token
-    write_t: torch.Tensor,  # [B, K, M] write gates
-    read_t: torch.Tensor,  # [B, K, M] read gates
-    clock_t: torch.Tensor,  # [B, K, M] clock increments
-    modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
-    state: torch.Tensor,  # [B, K, M, 2, P] natural frame H(t-1); overwritten with H(t)
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advance the recurrence of Eq. 5 by one token in ``state.dtype`` (float32 for bf16 models); returns
-    ``(z_t [B, K, P], state)``, ``z_t`` in ``v_t.dtype``."""
+def spectral_scan_step(v_t: torch.Tensor, write_t: torch.Tensor, read_t: torch.Tensor, clock_t: torch.Tensor,
+                       modal: ModalTables, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advance the recurrence of Eq. 5 by one token: channel values ``v_t [B, K, P]``, write / read gates and clock
+    increments ``write_t, read_t, clock_t [B, K, M]``, ``modal`` (rho, theta, kc, ks, a: each [K, M]) and the
+    natural-frame ``state`` H(t-1) ``[B, K, M, 2, P]``, overwritten with H(t) in ``state.dtype`` (float32 for bf16
+    models). Returns ``(z_t [B, K, P], state)``, ``z_t`` in ``v_t.dtype``."""
     modal = ModalTables(*modal)
     validate_scan_inputs(v_t, write_t, read_t, clock_t, modal, state, step=True)
     rho, theta, kc, ks, a = modal
