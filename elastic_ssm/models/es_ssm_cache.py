@@ -91,11 +91,6 @@ class ESSSMCache:
             cache.layers[i] = block.mixer.init_state(batch, t, state_dtype=state_dtype, decode=decode, n_modes=n_modes)
         return cache
 
-    @property
-    def K(self) -> int:
-        """The budget the cache was built for."""
-        return self.tier.K
-
     def nbytes(self) -> dict[str, int]:
         """Per-cache state in bytes: ``recurrent`` (ring buffers or mode states), ``kv`` (0), ``total``."""
         rec = sum(s.numel() * s.element_size() for s in self.states.values())
