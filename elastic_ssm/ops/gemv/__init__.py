@@ -10,6 +10,8 @@ is the reference; ``"triton"`` runs ``triton_kernels.py`` for ``B <= MAX_FUSED_B
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -39,10 +41,7 @@ def _check(x: torch.Tensor, w: torch.Tensor, what: str) -> None:
 
 def _wide(*ts: torch.Tensor) -> torch.dtype:
     """The arithmetic dtype of the torch path: float32, or float64 when an operand is float64."""
-    dt = torch.float32
-    for t in ts:
-        dt = torch.promote_types(dt, t.dtype)
-    return dt
+    return functools.reduce(torch.promote_types, (t.dtype for t in ts), torch.float32)
 
 
 def _normed(x: torch.Tensor, g: torch.Tensor | None, eps: float, dt: torch.dtype) -> torch.Tensor:
