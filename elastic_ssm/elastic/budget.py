@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -24,32 +25,28 @@ def warmup_steps_from_epochs(epochs: float, steps_per_epoch: int) -> int:
     return math.ceil(epochs * steps_per_epoch)
 
 
+@dataclass(eq=False)
 class BudgetSampler:
     """Log-uniform snapped budget sampler (Eq. 5) over the channel counts ``budgets`` (all <= ``full``, K-bar),
     at ``full`` for ``warmup_steps`` steps and on every later ``step % n_full == 0`` (paper: 8; 0: no anchors)."""
 
-    def __init__(
-        self, budgets: Sequence[int], full: int, warmup_steps: int = 0, n_full: int = 8, seed: int = 0,
-    ) -> None:
-        self._configure(budgets, full, warmup_steps, n_full, seed)
+    budgets: Sequence[int]
+    full: int
+    warmup_steps: int = 0
+    n_full: int = 8
+    seed: int = 0
 
-    def _configure(
-        self, budgets: Sequence[int], full: int, warmup_steps: int, n_full: int, seed: int
-    ) -> None:
-        bs = sorted({int(b) for b in budgets})
+    def __post_init__(self) -> None:
+        bs = sorted({int(b) for b in self.budgets})
         if not bs or bs[0] < 1:
-            raise ValueError(f"budgets must be a non-empty set of channel counts >= 1, got {list(budgets)}")
-        if int(full) < bs[-1]:
-            raise ValueError(f"full budget {full} is smaller than the largest budget {bs[-1]}; pass K-bar")
-        if warmup_steps < 0 or n_full < 0 or seed < 0:
-            raise ValueError(
-                f"warmup_steps, n_full and seed must be >= 0, got {warmup_steps}, {n_full}, {seed}"
-            )
-        self.budgets = tuple(bs)
-        self.full = int(full)
-        self.warmup_steps = int(warmup_steps)
-        self.n_full = int(n_full)
-        self.seed = int(seed)
+            raise ValueError(f"budgets must be a non-empty set of channel counts >= 1, got {list(self.budgets)}")
+        if int(self.full) < bs[-1]:
+            raise ValueError(f"full budget {self.full} is smaller than the largest budget {bs[-1]}; pass K-bar")
+        if self.warmup_steps < 0 or self.n_full < 0 or self.seed < 0:
+            raise ValueError(f"warmup_steps, n_full and seed must be >= 0, got {self.warmup_steps}, {self.n_full}, "
+                             f"{self.seed}")
+        self.budgets, self.full = tuple(bs), int(self.full)
+        self.warmup_steps, self.n_full, self.seed = int(self.warmup_steps), int(self.n_full), int(self.seed)
         self._arr = np.asarray(self.budgets, dtype=np.float64)
 
     @classmethod
@@ -118,16 +115,11 @@ class BudgetSampler:
     # ---- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The settings (the schedule itself is a pure function of them and the step)."""
-        return {"budgets": list(self.budgets), "full": self.full, "warmup_steps": self.warmup_steps,
-                "n_full": self.n_full, "seed": self.seed}
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"budgets": list(self.budgets)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the settings of ``state_dict()``; unknown or missing keys raise ``KeyError``."""
-        keys = ("budgets", "full", "warmup_steps", "n_full", "seed")
+        keys = [f.name for f in fields(self)]
         if set(state) != set(keys):
             raise KeyError(f"BudgetSampler state needs exactly the keys {sorted(keys)}, got {sorted(state)}")
-        self._configure(**{k: state[k] for k in keys})
-
-    def __repr__(self) -> str:
-        return (f"BudgetSampler(budgets={self.budgets}, full={self.full}, warmup_steps={self.warmup_steps},"
-                f" n_full={self.n_full}, seed={self.seed})")
+        self.__dict__.update(vars(BudgetSampler(**state)))   # checked before anything changes

@@ -51,15 +51,12 @@ class ExportCheck:
     def __str__(self) -> str:
         status = "OK" if self.ok else "FAILED"
         eq = "bitwise equal" if self.bitwise_equal else f"max |diff| {self.max_abs_diff:.3g}"
-        return (f"{self.tier}: {status} params {self.params_actual:,} (config {self.params_expected:,}), "
-                f"logits {eq}")
+        return f"{self.tier}: {status} params {self.params_actual:,} (config {self.params_expected:,}), logits {eq}"
 
 
 @torch.no_grad()
-def check_export(
-    model: Any, tier: TierLike, input_ids: torch.Tensor | None = None, standalone: Any = None,
-    tolerance: float = 0.0, seq_len: int = 64, batch: int = 2, seed: int = 0,
-) -> ExportCheck:
+def check_export(model: Any, tier: TierLike, input_ids: torch.Tensor | None = None, standalone: Any = None,
+                 tolerance: float = 0.0, seq_len: int = 64, batch: int = 2, seed: int = 0) -> ExportCheck:
     """Compare ``standalone`` (default: a fresh ``export_tier``) with ``model(input_ids, tier=tier)`` (default
     ids [B, T]: seeded random tokens); ``tolerance`` 0 demands bitwise equality (the CPU float32 guarantee)."""
     t = model.resolve_tier(tier)
@@ -84,7 +81,5 @@ def check_export(
     out = out.logits if hasattr(out, "logits") else out
     diff = (ref.float() - out.float()).abs().max().item()
     n_actual = sum(p.numel() for p in standalone.parameters())
-    return ExportCheck(
-        tier=t.name, params_expected=model.num_parameters(t), params_actual=n_actual,
-        max_abs_diff=diff, bitwise_equal=bool(torch.equal(ref, out)), tolerance=tolerance,
-    )
+    return ExportCheck(tier=t.name, params_expected=model.num_parameters(t), params_actual=n_actual,
+                       max_abs_diff=diff, bitwise_equal=bool(torch.equal(ref, out)), tolerance=tolerance)

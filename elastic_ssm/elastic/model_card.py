@@ -58,10 +58,7 @@ def model_card(model: Any, quality: dict[str, float] | None = None) -> str:
     detail = {"essh": f"recurrent {_size(state['recurrent'])} fp32, window ring {_size(state['kv'])} bf16",
               "es_ssm": "the last L-1 normalised inputs per block, fp32"}.get(
         model.arch, "bf16 K and V of every layer at 2048 tokens of context (full attention)")
-    lines += [
-        f"| decoding state per sequence | {_size(state['total'])} ({detail}) |",
-        f"| tokenizer | {tok_line} |",
-    ]
+    lines += [f"| decoding state per sequence | {_size(state['total'])} ({detail}) |", f"| tokenizer | {tok_line} |"]
     if quality:
         lines += [f"| {k} | {v:.4f} |" for k, v in quality.items()]
     else:

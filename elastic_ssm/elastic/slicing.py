@@ -97,9 +97,8 @@ def _rule_for(name: str, rules: Iterable[SliceRule]) -> SliceRule | None:
     return hits[0] if hits else None
 
 
-def slice_state_dict(
-    state: Mapping[str, torch.Tensor], rules: Iterable[SliceRule], clone: bool = True
-) -> dict[str, torch.Tensor]:
+def slice_state_dict(state: Mapping[str, torch.Tensor], rules: Iterable[SliceRule],
+                     clone: bool = True) -> dict[str, torch.Tensor]:
     """Apply ``rules`` to a state dict; unmatched tensors are shared tensors kept whole. With ``clone`` every
     tensor is an independent contiguous copy (a dim-1 prefix then drops the full row stride)."""
     rules = list(rules)
@@ -111,10 +110,8 @@ def slice_state_dict(
     return out
 
 
-def load_sliced_safetensors(
-    path: str | Path, rules: Iterable[SliceRule], device: str | torch.device = "cpu",
-    full: Iterable[SliceRule] | None = None,
-) -> dict[str, torch.Tensor]:
+def load_sliced_safetensors(path: str | Path, rules: Iterable[SliceRule], device: str | torch.device = "cpu",
+                            full: Iterable[SliceRule] | None = None) -> dict[str, torch.Tensor]:
     """Read a safetensors file, materialising only the retained prefix of each elastic tensor.
 
     ``full`` (the rules of the full tier) gives the saved size along each cut dim: a tensor of another size is a

@@ -78,10 +78,9 @@ def num_parameters(cfg: ModelConfig, tier: TierLike = None) -> int:
     return resolve_tier(cfg, tier).params
 
 
-def state_bytes(
-    cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_dtype_bytes: int = 4, kv_dtype_bytes: int = 2,
-    decode: str = "exact", n_modes: int = 8, context: int = 2048,
-) -> dict[str, int]:
+def state_bytes(cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_dtype_bytes: int = 4,
+                kv_dtype_bytes: int = 2, decode: str = "exact", n_modes: int = 8,
+                context: int = 2048) -> dict[str, int]:
     """Persistent per-batch decoding state in bytes: ``recurrent``, ``kv`` and ``total`` (docs/tiers.md). ESSH:
     ``2 (N - |A|) K_T m P`` recurrent entries (C.5) and a ``window x d`` K and V ring per SWA layer (Table 53);
     ES-SSM (``decode``, ``n_modes``): the last ``L - 1`` inputs per block or ``2 N K m d`` modal entries;

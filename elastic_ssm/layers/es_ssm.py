@@ -24,8 +24,7 @@ from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
 from ..ops.fft_conv import fft_causal_conv
 from .es_ssm_decode import SpectralDecodeMixin, SpectralDecodeState
 
-__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "hankel_filter_tensor",
-           "on_meta_device"]
+__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "hankel_filter_tensor", "on_meta_device"]
 
 
 def on_meta_device() -> bool:
@@ -79,10 +78,8 @@ class SpectralSublayer(SpectralDecodeMixin, nn.Module):
     filter length ``seq_len`` (the longest sequence), gate-MLP width ``gate_hidden`` (paper: d / 2), initial
     b_g2 ``gate_bias_init`` (paper: -2) and ``init_std`` for W_g1, W_g2 and M_k."""
 
-    def __init__(
-        self, d_model: int, n_channels: int, seq_len: int, gate_hidden: int,
-        gate_bias_init: float = -2.0, init_std: float = 0.02,
-    ) -> None:
+    def __init__(self, d_model: int, n_channels: int, seq_len: int, gate_hidden: int, gate_bias_init: float = -2.0,
+                 init_std: float = 0.02) -> None:
         super().__init__()
         self.d_model, self.n_channels, self.seq_len = d_model, n_channels, seq_len
         self.gate_bias_init, self.init_std = gate_bias_init, init_std
@@ -143,9 +140,7 @@ class ESSSMBlock(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.ln1 = nn.LayerNorm(d, eps=cfg.norm_eps)
-        self.mixer = SpectralSublayer(
-            d, cfg.n_channels, cfg.seq_len, cfg.gate_hidden, cfg.gate_bias_init, cfg.init_std
-        )
+        self.mixer = SpectralSublayer(d, cfg.n_channels, cfg.seq_len, cfg.gate_hidden, cfg.gate_bias_init, cfg.init_std)
         self.ln2 = nn.LayerNorm(d, eps=cfg.norm_eps)
         self.ffn = GeluFFN(d, cfg.ffn_mult * d, cfg.dropout)
         self.drop_path = DropPath(cfg.drop_path)
@@ -157,9 +152,8 @@ class ESSSMBlock(nn.Module):
         """LayerNorms to (1, 0); FFN weights Normal(0, init_std), biases 0; the sublayer as its own."""
         if self.ln1.weight.device.type == "meta":
             return
-        for ln in (self.ln1, self.ln2):
-            nn.init.ones_(ln.weight)
-            nn.init.zeros_(ln.bias)
+        self.ln1.reset_parameters()
+        self.ln2.reset_parameters()
         for lin in (self.ffn.fc1, self.ffn.fc2):
             nn.init.normal_(lin.weight, std=self.init_std)
             nn.init.zeros_(lin.bias)

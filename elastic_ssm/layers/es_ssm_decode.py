@@ -138,9 +138,7 @@ class SpectralDecodeMixin:
 
     def _check_budget(self, K: int) -> None:
         if not 1 <= K <= self.n_channels:
-            raise ValueError(
-                f"budget K={K} is outside [1, {self.n_channels}]; pass a K this layer holds (1..K-bar)"
-            )
+            raise ValueError(f"budget K={K} is outside [1, {self.n_channels}]; pass a K this layer holds (1..K-bar)")
 
     def prefill(self, u: torch.Tensor, state: SpectralDecodeState) -> torch.Tensor:
         """Forward over a whole prompt ``u`` [B, T, D] (masked, T <= L) -> [B, T, D]; fills ``state`` for the next

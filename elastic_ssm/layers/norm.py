@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from ..ops.norm_swiglu import rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -21,8 +22,4 @@ class RMSNorm(nn.Module):
             nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., D]
-        dtype = x.dtype
-        if dtype in (torch.float16, torch.bfloat16):
-            x = x.float()
-        y = F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
-        return y.to(dtype)
+        return rms_norm(x, self.weight, self.eps, backend="torch")

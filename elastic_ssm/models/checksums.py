@@ -33,8 +33,7 @@ def file_piece_digests(path: str | Path, piece: int = PIECE_BYTES) -> list[str]:
     fd = os.open(path, os.O_RDONLY)
     try:
         with ThreadPoolExecutor(_workers()) as pool:
-            return list(pool.map(lambda s: hashlib.sha256(os.pread(fd, piece, s)).hexdigest(),
-                                 range(0, size, piece)))
+            return list(pool.map(lambda s: hashlib.sha256(os.pread(fd, piece, s)).hexdigest(), range(0, size, piece)))
     finally:
         os.close(fd)
 

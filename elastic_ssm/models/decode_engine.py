@@ -110,8 +110,7 @@ class DecoderPool:
                 fd.capture(preserve_cache=False, spans=bucket > SPAN_MIN_BATCH)
                 self.captures += 1
             except RuntimeError as e:   # e.g. a kernel that cannot be captured on this stack: stay eager
-                warnings.warn(f"CUDA-graph capture of the decoder failed ({e}); decoding without a graph",
-                              stacklevel=3)
+                warnings.warn(f"CUDA-graph capture of the decoder failed ({e}); decoding without a graph", stacklevel=3)
         self._decoders[key] = fd
         while len(self._decoders) > self.max_decoders:
             old = self._decoders.popitem(last=False)[1]
@@ -171,8 +170,7 @@ class FusedSession:
             return False
         if compiled_trunk(self.model) is not None:
             return True
-        return (self.pool.eager_graphs and length is not None
-                and self.fd.batch * length_bucket(length) <= GRAPH_TOKENS)
+        return self.pool.eager_graphs and length is not None and self.fd.batch * length_bucket(length) <= GRAPH_TOKENS
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 graph: bool = True) -> torch.Tensor:

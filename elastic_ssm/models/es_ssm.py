@@ -60,8 +60,7 @@ class ESSSM(GenerationMixin, ElasticModel):
         nn.init.normal_(self.embed.weight, std=std)
         for block in self.blocks:
             block.reset_parameters()
-        nn.init.ones_(self.norm.weight)
-        nn.init.zeros_(self.norm.bias)
+        self.norm.reset_parameters()
         for lin in (self.lm_head, self.head):
             if lin is not None:
                 nn.init.normal_(lin.weight, std=std)
@@ -76,42 +75,30 @@ class ESSSM(GenerationMixin, ElasticModel):
 
     def _check_ids(self, input_ids: Any) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(
-                f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}"
-            )
+            raise TypeError(f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}")
         if input_ids.dim() != 2:
-            raise ValueError(
-                f"input_ids must have shape [B, T], got {tuple(input_ids.shape)};"
-                " for a single sequence pass input_ids[None]"
-            )
+            raise ValueError(f"input_ids must have shape [B, T], got {tuple(input_ids.shape)}; for a single sequence "
+                             "pass input_ids[None]")
         if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise ValueError(
-                f"input_ids must be an integer tensor of token ids (torch.long), got {input_ids.dtype}"
-            )
+            raise ValueError(f"input_ids must be an integer tensor of token ids (torch.long), got {input_ids.dtype}")
         B, T = input_ids.shape
         if B == 0 or T == 0:
             raise ValueError(empty_input_message(input_ids.shape))
         L = self.config.seq_len
         if T > L:
-            raise ValueError(
-                f"sequence length T={T} exceeds the filter length L={L} this model was built for;"
-                f" build with seq_len >= T or truncate the input to {L} tokens"
-            )
+            raise ValueError(f"sequence length T={T} exceeds the filter length L={L} this model was built for; build "
+                             f"with seq_len >= T or truncate the input to {L} tokens")
         if not torch.compiler.is_compiling():
             lo, hi = int(input_ids.min()), int(input_ids.max())
             V = self.config.vocab_size
             if lo < 0 or hi >= V:
                 bad = hi if hi >= V else lo
-                raise ValueError(
-                    f"token id {bad} is outside the vocabulary [0, {V}); check the tokenizer"
-                    f" or build the model with vocab_size > {max(hi, V - 1)}"
-                )
+                raise ValueError(f"token id {bad} is outside the vocabulary [0, {V}); check the tokenizer or build the "
+                                 f"model with vocab_size > {max(hi, V - 1)}")
         return input_ids
 
-    def forward(
-        self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
-        cache: ESSSMCache | None = None,
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
+                cache: ESSSMCache | None = None) -> torch.Tensor:
         """input_ids [B, T] (T <= cfg.seq_len) at ``tier`` (None = full budget; an int K, "K8" or a Tier) ->
         [B, T, V] next-token logits (``task='lm'``) or [B, C] class logits (``task='classify'``). Padded
         positions (``attention_mask`` [B, T], 0) never enter a convolution nor the mean pool; an empty ``cache``
@@ -119,10 +106,8 @@ class ESSSM(GenerationMixin, ElasticModel):
         K = self.resolve_tier(tier).K
         ids = self._check_ids(input_ids)
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(ids.shape):
-            raise ValueError(
-                f"attention_mask must have the shape of input_ids {tuple(ids.shape)},"
-                f" got {tuple(attention_mask.shape)}"
-            )
+            raise ValueError(f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, got "
+                             f"{tuple(attention_mask.shape)}")
         if attention_mask is not None and not torch.compiler.is_compiling():
             check_attention_mask(attention_mask, left_padding=cache is not None)   # a cache prefill: left padding
         valid = None if attention_mask is None else attention_mask.to(torch.bool)  # [B, T]
@@ -133,10 +118,7 @@ class ESSSM(GenerationMixin, ElasticModel):
                                  f" {ids.shape[0]}; allocate_cache({ids.shape[0]}, ...)")
         x = self.embed(ids)  # [B, T, d]
         for i, block in enumerate(self.blocks):
-            if cache is None:
-                x = block(x, K, valid)  # [B, T, d]
-            else:
-                x = block(x, K, valid, cache.layers[i])   # each block's state now at time T
+            x = block(x, K, valid, None if cache is None else cache.layers[i])  # [B, T, d]; a state now at time T
         x = self.norm(x)
         if self.config.task == "lm":
             return self.logits_from_hidden(x)  # [B, T, V]
@@ -156,8 +138,7 @@ class ESSSM(GenerationMixin, ElasticModel):
     def step(self, tokens: torch.Tensor, cache: ESSSMCache) -> torch.Tensor:
         """Decode one token per sequence: tokens [B] -> logits [B, V] (Eq. 4 per token); the cache advances by one."""
         if tokens.dim() != 1 or tokens.shape[0] != cache.batch:
-            raise ValueError(f"step takes one token per sequence, tokens [B={cache.batch}], got"
-                             f" {tuple(tokens.shape)}")
+            raise ValueError(f"step takes one token per sequence, tokens [B={cache.batch}], got {tuple(tokens.shape)}")
         V = self.config.vocab_size
         if not torch.compiler.is_compiling() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
             raise ValueError(f"token ids must lie in [0, {V}); got [{int(tokens.min())}, {int(tokens.max())}]")

@@ -19,8 +19,7 @@ from ..layers.es_ssm_decode import DecodePlan, SpectralDecodeState, check_decode
 
 __all__ = ["ESSSMCache", "cache_options"]
 
-_OPTIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("es_ssm_cache_options",
-                                                                                  default=None)
+_OPTIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("es_ssm_cache_options", default=None)
 
 
 @contextlib.contextmanager
@@ -91,11 +90,6 @@ class ESSSMCache:
         for i, block in enumerate(model.blocks):
             cache.layers[i] = block.mixer.init_state(batch, t, state_dtype=state_dtype, decode=decode, n_modes=n_modes)
         return cache
-
-    @property
-    def K(self) -> int:
-        """The budget the cache was built for."""
-        return self.tier.K
 
     def nbytes(self) -> dict[str, int]:
         """Per-cache state in bytes: ``recurrent`` (ring buffers or mode states), ``kv`` (0), ``total``."""

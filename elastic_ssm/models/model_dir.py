@@ -18,19 +18,11 @@ __all__ = ["FORMAT_VERSION", "WEIGHTS_NAME", "CONFIG_NAME", "CheckpointError", "
 
 
 FORMAT_VERSION = 1
-
-
 WEIGHTS_NAME = "model.safetensors"
-
-
 CONFIG_NAME = "config.json"
-
-
 #: the JSON types of the other keys of ``config.json`` that loading reads (each optional)
 RECORD_TYPES: dict[str, type] = {"format_version": int, "source": dict, "tokenizer": dict, "weights_bytes": int,
                                  "weights_sha256": str, "weights_sha256_pieces": dict}
-
-
 _JSON_NAMES = {int: "an integer", dict: "an object", str: "a string"}
 
 
@@ -146,9 +138,8 @@ def _old_export_alias(config: Any, source: dict[str, Any], tier: TierLike) -> Ti
 
 
 def export_tier_aliases(model: Any) -> dict[str, str]:
-    """``{source tier name: its one tier's name}`` for a standalone export written before configs kept
-    ``tier_names`` (it calls its one tier T1 and answers to both names, ``_old_export_alias``), else ``{}``:
-    the names a server accepts for such an export beside its own (``serve/protocol.resolve_model_field``)."""
+    """``{source tier name: its one tier's name}`` for an older export (``_old_export_alias``), else ``{}``: the
+    names a server accepts for such an export beside its own (``serve/protocol.resolve_model_field``)."""
     source = dict(getattr(model, "source", None) or {})
     exported = _exported_tier(source)
     if exported and _old_export_alias(model.config, source, exported) is None:
@@ -158,9 +149,9 @@ def export_tier_aliases(model: Any) -> dict[str, str]:
 
 def _tier_of_directory(config: Any, tier: TierLike, source: dict[str, Any], path: Path) -> tiers_mod.Tier | None:
     """``tier`` of the saved ``config``; None (the whole model, its ``source`` kept) when the directory is a
-    standalone export and ``tier`` names its full model (``exports/T4`` loaded with ``tier="T4"``; an export
-    written before configs kept ``tier_names`` calls its one tier T1 and is matched by its source's name). Any
-    other unknown name is the config's ``ValueError``, which for an export also says what the directory holds."""
+    standalone export and ``tier`` names its full model (``exports/T4`` loaded with ``tier="T4"``, also an older
+    export: ``_old_export_alias``). Any other unknown name is the config's ``ValueError``, which for an export
+    also says what the directory holds."""
     exported = _exported_tier(source)
     if _old_export_alias(config, source, tier) is None:     # an older export's source name: its whole model
         return None

@@ -12,8 +12,7 @@ from typing import Any, NamedTuple
 
 from ..utils.files import atomic_write_bytes
 
-__all__ = ["AUTO_MAP", "FAMILIES", "REMOTE_CODE", "Family", "auto_map", "hf_keys", "remote_code",
-           "write_remote_code"]
+__all__ = ["FAMILIES", "Family", "auto_map", "hf_keys", "remote_code", "write_remote_code"]
 
 
 class Family(NamedTuple):
@@ -57,11 +56,6 @@ def remote_code(arch: str) -> dict[str, str]:
         f"modeling_{f.model_type}.py": f'{_HEAD}from {f.module} import {f.model_class}, {f.config_class}\n\n'
                                        f'__all__ = ["{f.model_class}", "{f.config_class}"]\n',
     }
-
-
-#: the ESSH entries (the first family; kept as names for the code and tests that read them)
-AUTO_MAP = auto_map("essh")
-REMOTE_CODE = remote_code("essh")
 
 
 def hf_keys(model: Any) -> dict[str, Any]:

@@ -19,18 +19,14 @@ BACKENDS = ("auto", "torch", "fla", "naive")
 _FLA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _logger = logging.getLogger("elastic_ssm")
 _announced: set[tuple[str, str]] = set()
-
-
 _FLA_OK: list[bool] = []  # memo of fla_available(): a plain global, so compiled code reads it as a constant
+_FLA_LOCK = threading.Lock()   # one import of fla at a time: a caller waits for the background one to end
 
 
 def persist_autotuning() -> None:
     """``TRITON_CACHE_AUTOTUNING=1`` unless the user set it, so fla's autotuning results (minutes per new shape on a
     fresh machine) stay in Triton's disk cache for later processes. Runs before fla is imported."""
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
-
-
-_FLA_LOCK = threading.Lock()   # one import of fla at a time: a caller waits for the background one to end
 
 
 def import_leaf(package: str, leaf: str):
@@ -115,8 +111,7 @@ def resolve_backend(backend: str = "auto", tensor: torch.Tensor | None = None) -
     choice = choice.lower()
     if choice not in BACKENDS:
         source = f"environment variable {ENV_VAR}" if backend.lower() == "auto" else "backend argument"
-        raise ValueError(f"unknown spectral-scan backend {choice!r} from the {source}; "
-                         f"expected one of {BACKENDS}")
+        raise ValueError(f"unknown spectral-scan backend {choice!r} from the {source}; expected one of {BACKENDS}")
     if choice == "auto":
         fla_ok = device == "cuda" and tensor.dtype in _FLA_DTYPES and fla_available()
         choice = "fla" if fla_ok else "torch"
@@ -150,6 +145,11 @@ def triton_available() -> bool:
 def triton_interpreting() -> bool:
     """True under ``TRITON_INTERPRET=1`` (Triton kernels run on CPU tensors, as in the CPU test suite)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def pow2(n: int, lo: int = 1) -> int:
+    """The smallest power of two >= ``n`` and >= ``lo`` (a Triton block size)."""
+    return max(lo, 1 << (int(n) - 1).bit_length())
 
 
 def resolve_decode_backend(backend: str, device: torch.device | str) -> str:

@@ -12,6 +12,8 @@ import os
 
 import torch
 
+from .dispatch import triton_interpreting
+
 __all__ = ["pdl_supported", "resolve_pdl", "launch_options"]
 
 
@@ -19,9 +21,7 @@ def pdl_supported(device: torch.device | str) -> bool:
     """True on a CUDA device of compute capability >= 9.0, outside the Triton interpreter, unless the
     environment sets ``ELASTIC_SSM_PDL=0``."""
     device = torch.device(device)
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return False
-    if os.environ.get("ELASTIC_SSM_PDL", "1") == "0":
+    if device.type != "cuda" or triton_interpreting() or os.environ.get("ELASTIC_SSM_PDL", "1") == "0":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 

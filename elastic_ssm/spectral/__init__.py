@@ -5,13 +5,5 @@ Hankel eigenfilters (ES-SSM Eq. 11-12) and their damped-rotation modal fits (ESS
 from .hankel import UnresolvedChannelWarning, hankel_filters, hankel_matrix, resolved_channels
 from .modes import DEFAULT_CLIP, DampedModes, fit_damped_modes, modal_tables
 
-__all__ = [
-    "DEFAULT_CLIP",
-    "DampedModes",
-    "UnresolvedChannelWarning",
-    "fit_damped_modes",
-    "hankel_filters",
-    "hankel_matrix",
-    "modal_tables",
-    "resolved_channels",
-]
+__all__ = ["DEFAULT_CLIP", "DampedModes", "UnresolvedChannelWarning", "fit_damped_modes", "hankel_filters",
+           "hankel_matrix", "modal_tables", "resolved_channels"]

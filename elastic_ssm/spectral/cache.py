@@ -48,8 +48,7 @@ def load_arrays(stem: str, expected: dict[str, tuple[int, ...]]) -> dict[str, np
         return None
     for name, shape in expected.items():
         if out[name].shape != tuple(shape):
-            _log.debug("ignoring cache file %s: %s has shape %s, expected %s",
-                       path, name, out[name].shape, shape)
+            _log.debug("ignoring cache file %s: %s has shape %s, expected %s", path, name, out[name].shape, shape)
             return None
     return out
 

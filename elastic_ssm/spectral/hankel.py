@@ -157,13 +157,10 @@ def _resolved_at(L: int, spectrum: np.ndarray) -> int:
 def _warn_unresolved(caller: str, L: int, K: int, resolved: int) -> None:
     """Warn (never fail) when K exceeds the resolved channel count at length L."""
     if K > resolved:
-        warnings.warn(
-            f"{caller}(L={L}, K={K}): float64 resolves only the first {resolved} Hankel eigenvectors "
-            f"at L={L} (eps*sigma_1/gap_k <= {RESOLVE_TOL:g}); channels {resolved + 1}..{K} are "
-            f"numerically arbitrary. Pass K <= {resolved} where the exact filters matter.",
-            UnresolvedChannelWarning,
-            stacklevel=3,
-        )
+        warnings.warn(f"{caller}(L={L}, K={K}): float64 resolves only the first {resolved} Hankel eigenvectors at "
+                      f"L={L} (eps*sigma_1/gap_k <= {RESOLVE_TOL:g}); channels {resolved + 1}..{K} are numerically "
+                      f"arbitrary. Pass K <= {resolved} where the exact filters matter.", UnresolvedChannelWarning,
+                      stacklevel=3)
 
 
 def hankel_filters(L: int, K: int) -> tuple[np.ndarray, np.ndarray]:

@@ -37,10 +37,8 @@ class DampedModes:
         fields = {name: np.asarray(getattr(self, name), dtype=np.float64) for name in names}
         shapes = {arr.shape for arr in fields.values()}
         if len(shapes) != 1 or len(next(iter(shapes))) != 1:
-            raise ValueError(
-                f"DampedModes fields must be 1-D arrays of one length m, got shapes "
-                f"{ {k: v.shape for k, v in fields.items()} }; pass rho, theta, kc, ks as [m] arrays"
-            )
+            raise ValueError(f"DampedModes fields must be 1-D arrays of one length m, got shapes "
+                             f"{ {k: v.shape for k, v in fields.items()} }; pass rho, theta, kc, ks as [m] arrays")
         for name, arr in fields.items():
             object.__setattr__(self, name, arr)
 
@@ -77,9 +75,7 @@ def _as_signal(phi_k: object) -> np.ndarray:
     """A finite, nonzero 1-D float64 signal of length >= 2, or a ValueError saying what to pass."""
     arr = np.asarray(phi_k, dtype=np.float64)
     if arr.ndim != 1:
-        raise ValueError(
-            f"phi_k must be 1-D (one filter [L]), got shape {arr.shape}; pass one row, e.g. phi[k - 1]"
-        )
+        raise ValueError(f"phi_k must be 1-D (one filter [L]), got shape {arr.shape}; pass one row, e.g. phi[k - 1]")
     if arr.shape[0] < 2:
         raise ValueError(f"phi_k must have length L >= 2, got {arr.shape[0]}; pass a whole filter [L]")
     if not np.all(np.isfinite(arr)):
@@ -95,10 +91,8 @@ def _check_modes(L: int, m: object) -> int:
         raise ValueError(f"m must be an integer number of modes, got {m!r}; pass 1 <= m <= L/4")
     m = int(m)
     if not 1 <= m <= L // 4:
-        raise ValueError(
-            f"m must satisfy 1 <= m <= L/4 = {L // 4} (the pencil parameter) for L={L}, got m={m}; "
-            f"pass fewer modes or a longer filter"
-        )
+        raise ValueError(f"m must satisfy 1 <= m <= L/4 = {L // 4} (the pencil parameter) for L={L}, got m={m}; "
+                         "pass fewer modes or a longer filter")
     return m
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm.models.remote_code import AUTO_MAP, REMOTE_CODE
+from elastic_ssm.models.remote_code import auto_map, remote_code
 
 pytest.importorskip("transformers", reason="the hf extra is installed by the dev extra; CI runs these")
 
@@ -19,8 +19,8 @@ PROMPT = list(b"def foo(x):")
 def test_the_directory_names_its_remote_code(saved):
     _, path = saved
     meta = json.loads((path / "config.json").read_text())
-    assert meta["auto_map"] == AUTO_MAP
-    for name, text in REMOTE_CODE.items():
+    assert meta["auto_map"] == auto_map("essh")
+    for name, text in remote_code("essh").items():
         assert (path / name).read_text() == text
 
 

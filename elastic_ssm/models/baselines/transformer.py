@@ -84,9 +84,6 @@ class TransformerPP(ElasticModel):
         return [b.ffn for b in self.blocks]
 
     # ---- forward ----------------------------------------------------------------------------------------
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.logits_from_hidden(self.norm_f(h))
-
     def _qkv(self, blk: _Block, x: torch.Tensor, positions: torch.Tensor):
         """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] of the block's pre-normed x, RoPE on q and k."""
         c = self.config
@@ -163,7 +160,7 @@ class TransformerPP(ElasticModel):
             x = x + blk.ffn(blk.norm2(x))
         pos.add_(1)
         cache.seen.add_(1)
-        return self._head(x)[:, 0]
+        return self.logits_from_hidden(self.norm_f(x))[:, 0]
 
 
 class MatFormer(TransformerPP):

@@ -11,7 +11,7 @@ import torch
 
 from .naive import check_conv_inputs
 
-__all__ = ["fft_causal_conv", "next_fast_len", "conv_dtype"]
+__all__ = ["fft_causal_conv", "next_fast_len"]
 
 
 @functools.lru_cache(maxsize=512)
@@ -33,18 +33,13 @@ def next_fast_len(n: int) -> int:
     return best
 
 
-def conv_dtype(*dtypes: torch.dtype) -> torch.dtype:
-    """The FFT compute dtype: float64 if any input is float64, float32 otherwise."""
-    return torch.float64 if torch.float64 in dtypes else torch.float32
-
-
 def fft_causal_conv(u: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
     """Causal convolution of every feature of u [B, T, D] with every filter phi [K, L] (L >= T) by one batched
     real FFT -> y [B, T, K, D] in float32 (float64 if an input is), a view with memory layout [B, K, D, T];
     ``naive_causal_conv(u, phi)`` up to rounding. ValueError for wrong ranks or dtypes, or T > L."""
     check_conv_inputs(u, phi)
     B, T, D = u.shape
-    dtype = conv_dtype(u.dtype, phi.dtype)
+    dtype = torch.float64 if torch.float64 in (u.dtype, phi.dtype) else torch.float32
     n = next_fast_len(2 * T)
     with torch.autocast(device_type=u.device.type, enabled=False):
         x = u.to(dtype).transpose(1, 2)  # [B, D, T]

@@ -31,10 +31,8 @@ def check_conv_inputs(u: torch.Tensor, phi: torch.Tensor) -> None:
     if T < 1 or phi.shape[0] < 1:
         raise ValueError(f"empty convolution: T={T}, K={phi.shape[0]}; pass at least one step and one filter")
     if T > L:
-        raise ValueError(
-            f"sequence length T={T} exceeds the filter length L={L} this model was built for;"
-            f" build with seq_len >= T (or split the input into windows of at most {L} steps)"
-        )
+        raise ValueError(f"sequence length T={T} exceeds the filter length L={L} this model was built for; build "
+                         f"with seq_len >= T (or split the input into windows of at most {L} steps)")
 
 
 def naive_causal_conv(u: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:

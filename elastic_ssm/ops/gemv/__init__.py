@@ -10,10 +10,12 @@ is the reference; ``"triton"`` runs ``triton_kernels.py`` for ``B <= MAX_FUSED_B
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
-from ..dispatch import resolve_decode_backend
+from ..dispatch import pow2, resolve_decode_backend
 from ..pdl import launch_options
 
 __all__ = ["MAX_FUSED_BATCH", "norm_gemv", "norm_swiglu_gemv", "gemv_accumulate"]
@@ -23,10 +25,6 @@ MAX_FUSED_BATCH = 8
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _sm_count(device: torch.device) -> int:
@@ -43,10 +41,7 @@ def _check(x: torch.Tensor, w: torch.Tensor, what: str) -> None:
 
 def _wide(*ts: torch.Tensor) -> torch.dtype:
     """The arithmetic dtype of the torch path: float32, or float64 when an operand is float64."""
-    dt = torch.float32
-    for t in ts:
-        dt = torch.promote_types(dt, t.dtype)
-    return dt
+    return functools.reduce(torch.promote_types, (t.dtype for t in ts), torch.float32)
 
 
 def _normed(x: torch.Tensor, g: torch.Tensor | None, eps: float, dt: torch.dtype) -> torch.Tensor:
@@ -67,13 +62,13 @@ def _rows(x, w, g, y, eps, swiglu: bool, residual: bool, n_out: int, block_n: in
     from .triton_kernels import rows_gemv_kernel
 
     B, D = x.shape
-    bb = _pow2(B)
+    bb = pow2(B)
     per_unit = 2 if swiglu else 1                       # weight rows per output
     if pdl and bb == 1 and block_k is None:
-        bk = _pow2(D)
+        bk = pow2(D)
         bn = block_n or max(1, min(4, 8192 // (bk * per_unit)))
     else:
-        bn, bk = block_n or 4, block_k or max(32, min(_pow2(D), 1024 // bb))
+        bn, bk = block_n or 4, block_k or max(32, min(pow2(D), 1024 // bb))
     rows_gemv_kernel[(_cdiv(n_out, bn),)](x, g if g is not None else x, w, y, B, n_out, D, x.stride(0),
                                           w.stride(0), y.stride(0), eps, HAS_NORM=g is not None, SWIGLU=swiglu,
                                           RESIDUAL=residual, BLOCK_B=bb, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
@@ -147,7 +142,7 @@ def gemv_accumulate(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, scale: fl
     from .triton_kernels import cols_gemv_kernel
 
     a = a if a.stride(1) == 1 else a.contiguous()
-    bb = _pow2(B)
+    bb = pow2(B)
     bd = block_d or 64
     bn = block_n or max(8, 64 // bb)
     n_col = _cdiv(D, bd)

@@ -69,8 +69,7 @@ def rows_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, B, N, D: tl.constexpr, stride_x
         for k0 in range(0, D, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
             mk = kk < D
-            w = tl.load(w_ptr + offs_r[:, None] * stride_wn + kk[None, :], mask=mr[:, None] & mk[None, :],
-                        other=0.0)
+            w = tl.load(w_ptr + offs_r[:, None] * stride_wn + kk[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
             acc, ss = _rows_tile(acc, ss, x_ptr, g_ptr, offs_b, mb, stride_xb, kk, mk, w, HAS_NORM, BLOCK_B)
     if HAS_NORM:
         acc = acc * (1.0 / tl.sqrt(ss / D + eps))[:, None]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..dispatch import resolve_decode_backend
+from ..dispatch import pow2, resolve_decode_backend
 
 __all__ = ["rms_norm", "swiglu"]
 
@@ -27,16 +27,13 @@ def _swiglu_torch(h: torch.Tensor) -> torch.Tensor:
     return F.silu(g[..., 0]) * g[..., 1]
 
 
-def _pow2(n: int, lo: int = 1) -> int:
-    return max(lo, 1 << (int(n) - 1).bit_length())
-
-
 def _use_triton(x: torch.Tensor, backend: str) -> bool:
     return resolve_decode_backend(backend, x.device) == "triton" and x.dtype != torch.float64 and x.dim() == 2
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto") -> torch.Tensor:
-    """RMSNorm of rows ``x [B, D]`` with ``weight [D]`` (float32 arithmetic, output in ``x.dtype``)."""
+    """RMSNorm of rows ``x [B, D]`` (the torch path: any ``[..., D]``) with ``weight [D]`` (float32 arithmetic for
+    half inputs, output in ``x.dtype``)."""
     if not _use_triton(x, backend):
         return _rms_norm_torch(x, weight, eps)
     from .triton_kernels import rms_norm_kernel
@@ -44,7 +41,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "
     x = x if x.stride(-1) == 1 else x.contiguous()
     y = torch.empty_like(x)
     B, D = x.shape
-    rms_norm_kernel[(B,)](x, weight, y, D, x.stride(0), y.stride(0), eps, BLOCK_D=_pow2(D, 16),
+    rms_norm_kernel[(B,)](x, weight, y, D, x.stride(0), y.stride(0), eps, BLOCK_D=pow2(D, 16),
                           num_warps=4 if D <= 2048 else 8)
     return y
 

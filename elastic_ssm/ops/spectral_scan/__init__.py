@@ -17,34 +17,17 @@ from .inputs import ModalTables, validate_scan_inputs
 from .naive import naive_spectral_scan
 from .step import spectral_scan_step
 
-__all__ = [
-    "ModalTables",
-    "chunk_spectral_scan",
-    "naive_spectral_scan",
-    "scan",
-    "spectral_scan",
-    "spectral_scan_step",
-    "validate_scan_inputs",
-    "validate_scan_values",
-]
+__all__ = ["ModalTables", "chunk_spectral_scan", "naive_spectral_scan", "scan", "spectral_scan", "spectral_scan_step",
+           "validate_scan_inputs", "validate_scan_values"]
 
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def scan(
-    v: torch.Tensor,  # [B, T, K, P] channel values
-    write: torch.Tensor,  # [B, T, K, M] write gates eta^w in (0, 2)
-    read: torch.Tensor,  # [B, T, K, M] read gates eta^r in (0, 2)
-    clock: torch.Tensor,  # [B, T, K, M] clock increments Delta >= 0
-    modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
-    *,
-    initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame H(0)
-    output_final_state: bool = False,
-    backend: str = "auto",
-    chunk_size: int = 64,
-    check_values: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`spectral_scan` with the modal tables as one ``ModalTables`` (the package's own call)."""
+def scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, clock: torch.Tensor, modal: ModalTables, *,
+         initial_state: torch.Tensor | None = None, output_final_state: bool = False, backend: str = "auto",
+         chunk_size: int = 64, check_values: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`spectral_scan` (same shapes, same arguments) with the modal tables as one ``ModalTables``
+    (rho, theta, kc, ks, a: each [K, M]): the package's own call."""
     modal = ModalTables(*modal)
     validate_scan_inputs(v, write, read, clock, modal, initial_state)
     if check_values:

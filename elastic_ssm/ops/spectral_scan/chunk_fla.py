@@ -30,16 +30,11 @@ def _absolute_phase(theta: torch.Tensor, T: int) -> torch.Tensor:
     return torch.remainder(theta.double()[None] * t[:, None, None], 2 * math.pi)
 
 
-def gla_inputs(
-    v: torch.Tensor,  # [B, T, K, P]
-    write: torch.Tensor,  # [B, T, K, M]
-    read: torch.Tensor,  # [B, T, K, M]
-    clock: torch.Tensor,  # [B, T, K, M]
-    modal: ModalTables,  # rho, theta, kc, ks (a is used by gla_outputs): each [K, M]
-    initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame
-    dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """GLA operands ``q, k [B, T, K, 2M]``, ``v [B, T, K, P]`` (in ``dtype``, default ``v.dtype``), ``g [B, T, K,
+def gla_inputs(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, clock: torch.Tensor, modal: ModalTables,
+               initial_state: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The scan's inputs (shapes of ``spectral_scan``; ``modal.a`` is used by gla_outputs) as GLA operands
+    ``q, k [B, T, K, 2M]``, ``v [B, T, K, P]`` (in ``dtype``, default ``v.dtype``), ``g [B, T, K,
     2M]`` and ``h0 [B, K, 2M, P]`` (at least float32); key dimension ``2i + j`` is coordinate ``j`` of mode ``i``."""
     B, T, K, P = v.shape
     rho, theta, kc, ks, _ = modal
@@ -61,15 +56,11 @@ def gla_inputs(
     return q, k, v.to(dtype), g, h0
 
 
-def gla_outputs(
-    o: torch.Tensor,  # [B, T, K, P] GLA output q^T S
-    final_state: torch.Tensor | None,  # [B, K, 2M, P] GLA state S(T)
-    v: torch.Tensor,  # [B, T, K, P]
-    write: torch.Tensor,  # [B, T, K, M]
-    read: torch.Tensor,  # [B, T, K, M]
-    modal: ModalTables,  # theta, kc, a are used: each [K, M]
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``z = o - sum_i a_i r_i w_i kc_i v`` (Eq. 24) in ``v.dtype`` and ``H(T) = R(theta T) S(T)`` or None."""
+def gla_outputs(o: torch.Tensor, final_state: torch.Tensor | None, v: torch.Tensor, write: torch.Tensor,
+                read: torch.Tensor, modal: ModalTables) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """From the GLA output ``o = q^T S`` [B, T, K, P], its state ``S(T)`` [B, K, 2M, P] (or None) and the scan's
+    ``v, write, read, modal`` (theta, kc, a used): ``z = o - sum_i a_i r_i w_i kc_i v`` (Eq. 24) in ``v.dtype``
+    and ``H(T) = R(theta T) S(T)`` or None."""
     B, T, K, P = v.shape
     theta, kc, a = modal.theta, modal.kc, modal.a
     M = theta.shape[-1]
@@ -84,25 +75,17 @@ def gla_outputs(
     return z, torch.matmul(rot.to(sdt), S.to(sdt))  # [B, K, M, 2, P] natural frame
 
 
-def fla_spectral_scan(
-    v: torch.Tensor,  # [B, T, K, P]
-    write: torch.Tensor,  # [B, T, K, M]
-    read: torch.Tensor,  # [B, T, K, M]
-    clock: torch.Tensor,  # [B, T, K, M]
-    modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
-    initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P]
-    output_final_state: bool = False,
-    compute_dtype: torch.dtype | None = torch.float32,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The scan through fla's chunked GLA kernels (CUDA; differentiable): ``z`` in ``v.dtype``, the state in
-    float32. ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for bf16 inputs: an accurate
-    theta gradient; None: ``v.dtype``)."""
+def fla_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, clock: torch.Tensor,
+                      modal: ModalTables, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                      compute_dtype: torch.dtype | None = torch.float32) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The scan (shapes of ``spectral_scan``) through fla's chunked GLA kernels (CUDA; differentiable): ``z`` in
+    ``v.dtype``, the state in float32. ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for
+    bf16 inputs: an accurate theta gradient; None: ``v.dtype``)."""
     if v.shape[1] == 0:
         return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)
     z_bad = state_bad = None
     if host_sync_allowed(v):
-        v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock,
-                                                                                   initial_state)
+        v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock, initial_state)
     q, k, vv, g, h0 = gla_inputs(v, write, read, clock, modal, initial_state, compute_dtype)
     g = g.float()
     h0 = None if h0 is None else h0.float().contiguous()

@@ -34,11 +34,6 @@ def _safe_exponent(dtype) -> float:
     return min(math.log(fi.max * eps), -math.log(fi.tiny / eps))
 
 
-def _capturing(x: torch.Tensor) -> bool:
-    """True inside a CUDA-graph capture on ``x``'s device (no host sync may run there)."""
-    return x.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
 def _plan(L: torch.Tensor, diagonal: str, limit: float) -> tuple[int, torch.Tensor | None, str]:
     """Diagonal-block length ``c``, the ``[K, M]`` mask of factorised modes (None unless "mixed") and the kind
     ("factorized" | "pairwise" | "mixed") for the within-chunk log-decay ``L [B, K, N, C, M]`` (float64). Where no
@@ -47,7 +42,7 @@ def _plan(L: torch.Tensor, diagonal: str, limit: float) -> tuple[int, torch.Tens
         raise ValueError(f"diagonal must be 'auto', 'factorized' or 'pairwise', got {diagonal!r}")
     C = L.shape[-2]
     sub = SUB_BLOCK if C % SUB_BLOCK == 0 else C
-    if torch.compiler.is_compiling() or _capturing(L):
+    if not host_sync_allowed(L):
         return (C, None, "factorized") if diagonal == "factorized" else (sub, None, "pairwise")
     if diagonal != "pairwise" and float(L[..., -1, :].detach().max()) <= limit:
         return C, None, "factorized"  # the usual training case: one factorised block per chunk
@@ -150,20 +145,13 @@ def _autocast_off(fn):
 
 
 @_autocast_off
-def chunk_spectral_scan(
-    v: torch.Tensor,  # [B, T, K, P]
-    write: torch.Tensor,  # [B, T, K, M]
-    read: torch.Tensor,  # [B, T, K, M]
-    clock: torch.Tensor,  # [B, T, K, M]
-    modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
-    initial_state: torch.Tensor | None = None,  # [B, K, M, 2, P] natural frame
-    output_final_state: bool = False,
-    chunk_size: int = 64,
-    diagonal: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked scan (Algorithm 2) of validated inputs, the contract of :func:`naive_spectral_scan`: ``z [B, T, K,
-    P]`` and ``H(T) [B, K, M, 2, P]`` or None, computed in ``v.dtype`` also under autocast. ``diagonal`` ("auto" |
-    "factorized" | "pairwise"): "auto" factorises every mode whose decay span admits it."""
+def chunk_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, clock: torch.Tensor,
+                        modal: ModalTables, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                        chunk_size: int = 64, diagonal: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked scan (Algorithm 2) of validated inputs (shapes of ``spectral_scan``), the contract of
+    :func:`naive_spectral_scan`: ``z [B, T, K, P]`` and ``H(T) [B, K, M, 2, P]`` or None, computed in ``v.dtype``
+    also under autocast. ``diagonal`` ("auto" | "factorized" | "pairwise"): "auto" factorises every mode whose
+    decay span admits it."""
     B, T, K, P = v.shape
     rho, theta, kc, ks, a = modal
     M = rho.shape[-1]
@@ -174,8 +162,7 @@ def chunk_spectral_scan(
     C, N, pad = _geometry(T, chunk_size)
     z_bad = state_bad = None
     if host_sync_allowed(v):  # NaN/Inf inputs stay where the spec puts them (edges.py)
-        v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock,
-                                                                                   initial_state)
+        v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock, initial_state)
 
     def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, K, X] -> [B, K, N, C, X], zero padded in time
         x = F.pad(x, (0, 0, 0, 0, 0, pad)) if pad else x

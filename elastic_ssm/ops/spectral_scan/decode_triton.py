@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dispatch import resolve_decode_backend
+from ..dispatch import pow2, resolve_decode_backend
 from ..pdl import launch_options
 from .inputs import ModalTables
 
@@ -82,10 +82,6 @@ def spectral_step_torch(h: torch.Tensor, state: torch.Tensor, c: ModalConstants,
     return (z * c.scale).to(out_dtype or h.dtype).reshape(B, K * P)
 
 
-def _pow2(n: int, lo: int = 1) -> int:
-    return max(lo, 1 << (int(n) - 1).bit_length())
-
-
 def _spectral_step_triton(h, state, c: ModalConstants, out_dtype, pdl: bool = False):
     if state.dtype != torch.float32 or not state.is_contiguous():
         raise ValueError("the Triton decode step needs a contiguous float32 state [B, K, M, 2, P]")
@@ -95,7 +91,7 @@ def _spectral_step_triton(h, state, c: ModalConstants, out_dtype, pdl: bool = Fa
     from .decode_triton_kernels import spectral_step_kernel  # imports triton: on this path only
 
     spectral_step_kernel[(B * c.K,)](h, state, out, c.table, c.beta, c.K, c.P, c.M, h.stride(0), out.stride(0),
-                                     c.eps, c.scale, BLOCK_P=_pow2(c.P, 16), BLOCK_M=_pow2(c.M, 2), PDL=pdl,
+                                     c.eps, c.scale, BLOCK_P=pow2(c.P, 16), BLOCK_M=pow2(c.M, 2), PDL=pdl,
                                      num_warps=2 if c.P <= 32 else 4, **launch_options(pdl))
     return out
 

@@ -28,8 +28,7 @@ def spectral_step_kernel(h_ptr, state_ptr, out_ptr, tab_ptr, beta_ptr, K, P, M, 
     pre = row + P + om
     sw = tl.load(pre, mask=mm, other=0.0).to(tl.float32) + tl.load(tab, mask=mm, other=0.0)
     sr = tl.load(pre + M, mask=mm, other=0.0).to(tl.float32) + tl.load(tab + M, mask=mm, other=0.0)
-    sc = tl.load(pre + 2 * M, mask=mm, other=0.0).to(tl.float32) + tl.load(tab + 2 * M, mask=mm,
-                                                                            other=0.0)
+    sc = tl.load(pre + 2 * M, mask=mm, other=0.0).to(tl.float32) + tl.load(tab + 2 * M, mask=mm, other=0.0)
     w = 2 * tl.sigmoid(sw)
     r = 2 * tl.sigmoid(sr)
     decay = tl.load(tab + 3 * M, mask=mm, other=0.0) * tl.sigmoid(-sc)

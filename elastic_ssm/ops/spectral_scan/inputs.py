@@ -26,35 +26,40 @@ def _shape(x) -> str:
     return str(list(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
 
 
-def validate_scan_inputs(v, write, read, clock, modal: ModalTables, initial_state=None) -> None:
+def validate_scan_inputs(v, write, read, clock, modal: ModalTables, initial_state=None, step: bool = False) -> None:
     """A ValueError naming the argument unless ``v [B, T, K, P]``, ``write, read, clock [B, T, K, M]``, every
-    table ``[K, M]`` and ``initial_state [B, K, M, 2, P]`` (or None) are floating tensors on one device."""
-    if not isinstance(v, torch.Tensor) or v.dim() != 4:
-        raise ValueError(f"spectral_scan: v must be a [B, T, K, P] tensor, got {_shape(v)}")
-    B, T, K, P = v.shape
-    if not isinstance(write, torch.Tensor) or write.dim() != 4 or tuple(write.shape[:3]) != (B, T, K):
-        raise ValueError(f"spectral_scan: write must be [B, T, K, M] = [{B}, {T}, {K}, M] to match v, "
+    table ``[K, M]`` and ``initial_state [B, K, M, 2, P]`` (or None) are floating tensors on one device. ``step``:
+    the one-token inputs of ``spectral_scan_step`` (``v_t [B, K, P]``, ``write_t, read_t, clock_t [B, K, M]``, a
+    required ``state [B, K, M, 2, P]``)."""
+    op, bt = ("spectral_scan_step", "B") if step else ("spectral_scan", "B, T")
+    nv, nw, nr, nc = (n + "_t" * step for n in ("v", "write", "read", "clock"))
+    ns = "state" if step else "initial_state"
+    if not isinstance(v, torch.Tensor) or v.dim() != 4 - step:
+        raise ValueError(f"{op}: {nv} must be a [{bt}, K, P] tensor, got {_shape(v)}")
+    *lead, P = v.shape  # lead: [B, T, K] or [B, K]
+    B, K = lead[0], lead[-1]
+    if not isinstance(write, torch.Tensor) or write.dim() != v.dim() or list(write.shape[:-1]) != lead:
+        raise ValueError(f"{op}: {nw} must be [{bt}, K, M] = [{', '.join(map(str, lead))}, M] to match {nv}, "
                          f"got {_shape(write)}")
     M = write.shape[-1]
-    gates = {"read": read, "clock": clock}
+    for x in (read, clock):
+        if not isinstance(x, torch.Tensor) or list(x.shape) != [*lead, M]:
+            raise ValueError(f"{op}: {nw}, {nr} and {nc} must share one shape [{bt}, K, M] with {bt}, K of {nv}; "
+                             f"got {nw} {_shape(write)}, {nr} {_shape(read)}, {nc} {_shape(clock)}")
     params = modal._asdict()
-    for x in gates.values():
-        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, T, K, M):
-            raise ValueError(f"spectral_scan: write, read and clock must share one shape [B, T, K, M] with B, T, K "
-                             f"of v; got write {_shape(write)}, read {_shape(read)}, clock {_shape(clock)}")
     for name, x in params.items():
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != (K, M):
-            raise ValueError(f"spectral_scan: {name} must be [K, M] = [{K}, {M}] (channels of v, modes of "
-                             f"write), got {_shape(x)}")
-    tensors = {"v": v, "write": write, **gates, **params}
-    if initial_state is not None:
+            raise ValueError(f"{op}: {name} must be [K, M] = [{K}, {M}] (channels of {nv}, modes of {nw}), "
+                             f"got {_shape(x)}")
+    tensors = {nv: v, nw: write, nr: read, nc: clock, **params}
+    if initial_state is not None or step:
         if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != (B, K, M, 2, P):
-            raise ValueError(f"spectral_scan: initial_state must be [B, K, M, 2, P] = "
-                             f"[{B}, {K}, {M}, 2, {P}], got {_shape(initial_state)}")
-        tensors["initial_state"] = initial_state
+            raise ValueError(f"{op}: {ns} must be [B, K, M, 2, P] = [{B}, {K}, {M}, 2, {P}], "
+                             f"got {_shape(initial_state)}")
+        tensors[ns] = initial_state
     bad = [n for n, x in tensors.items() if not x.is_floating_point()]
     if bad:
-        raise ValueError(f"spectral_scan: {', '.join(bad)} must be floating point tensors")
+        raise ValueError(f"{op}: {', '.join(bad)} must be floating point tensors")
     devices = {n: str(x.device) for n, x in tensors.items()}
     if len(set(devices.values())) > 1:
-        raise ValueError(f"spectral_scan: all inputs must be on one device, got {devices}")
+        raise ValueError(f"{op}: all inputs must be on one device, got {devices}")

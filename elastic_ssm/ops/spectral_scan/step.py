@@ -6,47 +6,17 @@ from __future__ import annotations
 
 import torch
 
-from .inputs import ModalTables
+from .inputs import ModalTables, validate_scan_inputs
 
 
-def _check_step(v_t, write_t, read_t, clock_t, params, state) -> None:
-    """Shape/device checks of :func:`spectral_scan_step`; raises ValueError naming the argument."""
-    if v_t.dim() != 3:
-        raise ValueError(f"spectral_scan_step: v_t must be [B, K, P], got shape {tuple(v_t.shape)}")
-    B, K, P = v_t.shape
-    if write_t.dim() != 3 or tuple(write_t.shape[:2]) != (B, K):
-        raise ValueError(f"spectral_scan_step: write_t must be [B, K, M] = [{B}, {K}, M], "
-                         f"got {tuple(write_t.shape)}")
-    M = write_t.shape[-1]
-    for name, x in (("read_t", read_t), ("clock_t", clock_t)):
-        if tuple(x.shape) != (B, K, M):
-            raise ValueError(f"spectral_scan_step: {name} must be [B, K, M] = [{B}, {K}, {M}], "
-                             f"got {tuple(x.shape)}")
-    for name, x in params.items():
-        if tuple(x.shape) != (K, M):
-            raise ValueError(f"spectral_scan_step: {name} must be [K, M] = [{K}, {M}], got {tuple(x.shape)}")
-    if not isinstance(state, torch.Tensor) or tuple(state.shape) != (B, K, M, 2, P):
-        got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
-        raise ValueError(f"spectral_scan_step: state must be [B, K, M, 2, P] = [{B}, {K}, {M}, 2, {P}], "
-                         f"got {got}")
-    tensors = {"v_t": v_t, "write_t": write_t, "read_t": read_t, "clock_t": clock_t, **params, "state": state}
-    devices = {n: x.device for n, x in tensors.items()}
-    if len(set(devices.values())) > 1:
-        raise ValueError(f"spectral_scan_step: all tensors must be on one device, got {devices}")
-
-
-def spectral_scan_step(
-    v_t: torch.Tensor,  # [B, K, P] channel values of the new token
-    write_t: torch.Tensor,  # [B, K, M] write gates
-    read_t: torch.Tensor,  # [B, K, M] read gates
-    clock_t: torch.Tensor,  # [B, K, M] clock increments
-    modal: ModalTables,  # rho, theta, kc, ks, a: each [K, M]
-    state: torch.Tensor,  # [B, K, M, 2, P] natural frame H(t-1); overwritten with H(t)
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advance the recurrence of Eq. 5 by one token in ``state.dtype`` (float32 for bf16 models); returns
-    ``(z_t [B, K, P], state)``, ``z_t`` in ``v_t.dtype``."""
+def spectral_scan_step(v_t: torch.Tensor, write_t: torch.Tensor, read_t: torch.Tensor, clock_t: torch.Tensor,
+                       modal: ModalTables, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advance the recurrence of Eq. 5 by one token: channel values ``v_t [B, K, P]``, write / read gates and clock
+    increments ``write_t, read_t, clock_t [B, K, M]``, ``modal`` (rho, theta, kc, ks, a: each [K, M]) and the
+    natural-frame ``state`` H(t-1) ``[B, K, M, 2, P]``, overwritten with H(t) in ``state.dtype`` (float32 for bf16
+    models). Returns ``(z_t [B, K, P], state)``, ``z_t`` in ``v_t.dtype``."""
     modal = ModalTables(*modal)
-    _check_step(v_t, write_t, read_t, clock_t, modal._asdict(), state)
+    validate_scan_inputs(v_t, write_t, read_t, clock_t, modal, state, step=True)
     rho, theta, kc, ks, a = modal
     dt = state.dtype
     vt, w, r = v_t.to(dt), write_t.to(dt), read_t.to(dt)

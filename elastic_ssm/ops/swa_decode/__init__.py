@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..dispatch import resolve_decode_backend
+from ..dispatch import pow2, resolve_decode_backend
 from ..pdl import launch_options
 from ..rope import apply_rope, cos_sin, rope_inv_freq
 
@@ -30,8 +30,7 @@ MAX_TRITON_BATCH = 8
 
 def _check(qkv, keys, values, slot_pos, positions) -> None:
     if keys.dim() != 4 or values.shape != keys.shape:
-        raise ValueError(f"keys/values must both be [B, H, W, hd], got {tuple(keys.shape)} and "
-                         f"{tuple(values.shape)}")
+        raise ValueError(f"keys/values must both be [B, H, W, hd], got {tuple(keys.shape)} and {tuple(values.shape)}")
     B, H, W, hd = keys.shape
     if qkv.shape != (B, 3 * H * hd) or slot_pos.shape != (B, W) or positions.shape != (B,):
         raise ValueError(f"need qkv [B, 3 H hd] = [{B}, {3 * H * hd}], slot_pos [{B}, {W}], positions [{B}]; "
@@ -76,7 +75,7 @@ def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, ch
     B, H, W, hd = keys.shape
     if keys.stride(3) != 1 or values.stride() != keys.stride() or slot_pos.stride(1) != 1:
         raise ValueError("the Triton window step needs contiguous keys/values [B, H, W, hd] and slot_pos")
-    chunk = chunk or min(256, 1 << max(0, W - 1).bit_length())
+    chunk = chunk or min(256, pow2(W))
     S = -(-span // chunk)                       # the chunks that hold slots 0 .. span - 1
     qkv = qkv if qkv.stride(1) == 1 else qkv.contiguous()
     m = torch.empty(B * H * S, dtype=torch.float32, device=qkv.device)
@@ -89,7 +88,7 @@ def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, ch
                                    BLOCK_W=min(64, chunk), PDL=pdl, num_warps=4, **opts)
     out = torch.empty(B, H * hd, dtype=out_dtype, device=qkv.device)
     swa_combine_kernel[(B * H,)](m, lsum, acc, out, H, out.stride(0), HD=hd, S=S,
-                                 BLOCK_S=1 << max(0, S - 1).bit_length(), PDL=pdl, num_warps=4, **opts)
+                                 BLOCK_S=pow2(S), PDL=pdl, num_warps=4, **opts)
     return out
 
 
@@ -110,6 +109,5 @@ def swa_decode_step(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                   and qkv.shape[0] <= MAX_TRITON_BATCH
                   and keys.shape[3] & (keys.shape[3] - 1) == 0)          # power-of-two head dim
     if use_triton:
-        return _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype or qkv.dtype, chunk,
-                            pdl, span)
+        return _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype or qkv.dtype, chunk, pdl, span)
     return _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention, span).to(out_dtype or qkv.dtype)
