@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import StringConstraints
 
-from .base import AtLeast1, ConfigBase, ConfigError, NonEmpty, NonNeg, Pos, opt, section
+from .base import AtLeast1, ConfigBase, ConfigError, Distinct, NonEmpty, NonNeg, Pos, opt, section
 from .recipe import (
     REFINE_CAPACITIES,
     T1_T9,
@@ -113,9 +113,9 @@ class TrainConfig(ConfigBase):
     out_dir: NonEmpty = opt("runs/train", "run directory: checkpoints, metrics.jsonl, final model")
     seed: NonNeg = opt(0, "seed of model init, capacity sampling and budget sampling")
     log_every: AtLeast1 = opt(10, "write a metrics.jsonl training record every this many steps")
-    log: tuple[LogSink, ...] = opt((), "loggers beside metrics.jsonl (the record of truth): any of 'csv' "
-                               "(metrics.csv), 'tensorboard', 'wandb' (extra 'log'; WANDB_MODE=offline works); "
-                               "train/log_sinks.py")
+    log: Annotated[tuple[LogSink, ...], Distinct] = opt((), "loggers beside metrics.jsonl (the record of truth): "
+                                                        "any of 'csv' (metrics.csv), 'tensorboard', 'wandb' (extra "
+                                                        "'log'; WANDB_MODE=offline works); train/log_sinks.py")
     compile: bool = opt(False, "torch.compile the model (scope: compile_scope; one compile per sampled capacity, "
                         "absorbed by the first steps)")
     compile_scope: CompileScope = opt("blocks", "with compile: 'blocks' (each block, one graph per block kind and "
@@ -143,8 +143,6 @@ class TrainConfig(ConfigBase):
         if self.compile and self.compile_scope == "model" and self.parallel == "fsdp":
             raise ConfigError("TrainConfig.compile_scope: 'model' does not combine with parallel='fsdp' (FSDP2 "
                               "shards per block); use compile_scope='blocks'")
-        if len(set(self.log)) != len(self.log):
-            raise ConfigError(f"TrainConfig.log: takes each of {LOG_SINKS} at most once, got {list(self.log)}")
 
     @property
     def warmup_steps(self) -> int:
