@@ -17,7 +17,7 @@ from pydantic import AfterValidator, ConfigDict, StringConstraints, TypeAdapter,
 
 __all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
            "NonEmpty", "NonBlank", "TokenId", "Rising", "Distinct", "Ladder", "ConfigBase", "ConfigError", "opt",
-           "section", "read_yaml_mapping", "read_yaml_file", "load_yaml"]
+           "section", "read_yaml_mapping", "read_yaml_file", "load_yaml", "config_changes", "NOT_SAVED"]
 
 
 def _rule(ok: Any, what: str) -> AfterValidator:
@@ -136,6 +136,28 @@ def _validate_field(cls: type, name: str, tp: Any, value: Any) -> Any:
         return _adapters(cls)[name].validate_python(value)
     except ValidationError as e:
         raise _one_line(path, tp, e) from None
+
+
+#: what ``config_changes`` says of a setting the saved dict lacks (added since the run was written)
+NOT_SAVED = "not in the saved run"
+
+
+def config_changes(saved: dict[str, Any], now: dict[str, Any], free: frozenset[str] = frozenset(),
+                   prefix: str = "") -> list[str]:
+    """Dotted names of the fields that differ between two config dicts (nested sections compared field by
+    field), except the top-level ``free`` ones (a free name is a field or a whole section, e.g. ``eval``)."""
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        if k in free:
+            continue
+        a, b = saved.get(k), now.get(k)
+        if k not in saved:      # a setting this version added: the run was written by an older elastic_ssm
+            out.append(f"{prefix}{k}: {NOT_SAVED} (now {b!r})")
+        elif isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, frozenset(), f"{prefix}{k}.")
+        elif (list(a) if isinstance(a, tuple) else a) != (list(b) if isinstance(b, tuple) else b):
+            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return out
 
 
 class _StrictLoader(yaml.SafeLoader):

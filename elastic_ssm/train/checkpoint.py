@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config.base import config_changes
 from ..models.model_dir import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, file_sha256
 from ..utils.files import atomic_write_bytes, free_stamped_path, fsync_dir
 from .dist import DistContext, barrier, broadcast_object, is_sharded
@@ -279,13 +280,12 @@ def verify_checkpoint(path: Path) -> None:
 
 
 def changed_model_fields(model: nn.Module, saved: Any) -> list[str]:
-    """The fields of a checkpoint's ``model_config`` ``saved`` that differ from ``model``'s config, after
-    ``ModelConfig.upgrade_record`` and leaving out ``ModelConfig.RESUME_FREE`` (names: no weight or loss)."""
+    """``config_changes`` from a checkpoint's ``model_config`` ``saved`` (``ModelConfig.upgrade_record``) to
+    ``model``'s config, leaving out ``ModelConfig.RESUME_FREE`` (names: no weight or loss)."""
     cfg = getattr(model, "config", None)
     if not hasattr(cfg, "upgrade_record") or not isinstance(saved, dict):
         return []
-    saved, expected = type(cfg).upgrade_record(saved), cfg.to_dict()
-    return sorted(k for k in set(saved) | set(expected) if k not in cfg.RESUME_FREE and saved.get(k) != expected.get(k))
+    return config_changes(type(cfg).upgrade_record(saved), cfg.to_dict(), cfg.RESUME_FREE)
 
 
 class _OtherModel(ValueError):
@@ -316,7 +316,7 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
             changed = changed_model_fields(model, trainer.get("model_config") if isinstance(trainer, dict) else None)
             if changed:
                 raise _OtherModel(f"cannot resume from {cand}: it was written by a model with a different config "
-                                  f"(fields {changed}); resume with the same model or use a new out_dir")
+                                  f"({'; '.join(changed)}); resume with the same model or use a new out_dir")
             state = load_file(str(cand / "model" / "model.safetensors"), device=str(device))
             opt_state = _load(cand / "optimizer.pt")
             rank_file = cand / f"rank{ctx.rank}.pt"
