@@ -50,7 +50,8 @@ class DataStream:
     def __init__(self, data: Any) -> None:
         self.data, self.consumed, self._it = data, 0, None
 
-    def next(self) -> Any:
+    def next_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The next micro-batch as ``(input_ids, labels, attention_mask or None)`` on ``device``."""
         if self._it is None:
             self._it = iter(self.data)
         try:
@@ -59,11 +60,6 @@ class DataStream:
             raise RuntimeError(f"the training data ran out after {self.consumed} micro-batches; pass an "
                                "endless iterator (PackedBatches, num_epochs=None) or fewer steps") from None
         self.consumed += 1
-        return batch
-
-    def next_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The next micro-batch as ``(input_ids, labels, attention_mask or None)`` on ``device``."""
-        batch = self.next()
         if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
             raise TypeError("each training micro-batch must be (input_ids, labels) or (input_ids, labels, "
                             f"attention_mask); got {type(batch).__name__}")
@@ -76,13 +72,12 @@ class DataStream:
         return {"consumed": self.consumed, "data": inner}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("data") is not None and hasattr(self.data, "load_state_dict"):
+        restored = state.get("data") is not None and hasattr(self.data, "load_state_dict")
+        if restored:
             self.data.load_state_dict(state["data"])
-            self._it = iter(self.data)
-        else:
-            self._it = iter(self.data)
-            for _ in range(state["consumed"]):
-                next(self._it)
+        self._it = iter(self.data)
+        for _ in range(0 if restored else state["consumed"]):
+            next(self._it)
         self.consumed = state["consumed"]
 
 
