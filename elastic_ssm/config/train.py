@@ -71,14 +71,6 @@ def resolve_precision(precision: str, device: object) -> str:
     return "bf16" if str(device).startswith("cuda") else "fp32"
 
 
-def _micro_batches(tokens: int, B: int, T: int, world: int, name: str) -> int:
-    per = B * T * world
-    if tokens % per:
-        raise ConfigError(f"TrainConfig.{name}={tokens:,} is not a multiple of micro_batch_size x seq_len x ranks = "
-                          f"{B} x {T} x {world} = {per:,}; change {name}, micro_batch_size or the number of ranks")
-    return tokens // per
-
-
 @dataclass(kw_only=True)
 class TrainConfig(ConfigBase):
     """One training run: recipe, batch shape, precision and placement; the recipe knobs in sections."""
@@ -135,11 +127,8 @@ class TrainConfig(ConfigBase):
         if self.tokens_per_step and self.grad_accum != 1:
             raise ConfigError(f"TrainConfig.grad_accum: is derived from tokens_per_step={self.tokens_per_step:,} (the "
                               "global batch in tokens); give one of them (set tokens_per_step 0 to use grad_accum)")
-        if self.tokens_per_step:
-            _micro_batches(self.tokens_per_step, self.micro_batch_size, self.seq_len, 1, "tokens_per_step")
-        if self.refine.tokens_per_step:
-            _micro_batches(self.refine.tokens_per_step, self.micro_batch_size, self.seq_len, 1,
-                           "refine.tokens_per_step")
+        for stage in ("pretrain", "refine"):
+            self.micro_batches(1, stage)       # a batch in tokens splits into whole micro-batches
         if self.compile and self.compile_scope == "model" and self.parallel == "fsdp":
             raise ConfigError("TrainConfig.compile_scope: 'model' does not combine with parallel='fsdp' (FSDP2 "
                               "shards per block); use compile_scope='blocks'")
@@ -153,13 +142,17 @@ class TrainConfig(ConfigBase):
         """Micro-batches per rank and optimizer step (M) of ``stage`` ('pretrain' or 'refine') on ``world_size``
         ranks: ``tokens_per_step / (micro_batch_size x seq_len x world_size)`` when the batch is stated in
         tokens, else ``grad_accum``; a token batch the ranks cannot split evenly is a ConfigError."""
-        if stage == "refine" and self.refine.tokens_per_step:
-            return _micro_batches(self.refine.tokens_per_step, self.micro_batch_size, self.seq_len, world_size,
-                                  "refine.tokens_per_step")
-        if self.tokens_per_step:
-            return _micro_batches(self.tokens_per_step, self.micro_batch_size, self.seq_len, world_size,
-                                  "tokens_per_step")
-        return self.grad_accum
+        own = stage == "refine" and self.refine.tokens_per_step      # refinement's own batch, else pretraining's
+        name, tokens = ("refine.tokens_per_step", own) if own else ("tokens_per_step", self.tokens_per_step)
+        if not tokens:
+            return self.grad_accum
+        B, T = self.micro_batch_size, self.seq_len
+        per = B * T * world_size
+        if tokens % per:
+            raise ConfigError(f"TrainConfig.{name}={tokens:,} is not a multiple of micro_batch_size x seq_len x "
+                              f"ranks = {B} x {T} x {world_size} = {per:,}; change {name}, micro_batch_size or the "
+                              "number of ranks")
+        return tokens // per
 
     @classmethod
     def upgrade_record(cls, d: dict[str, Any]) -> dict[str, Any]:
