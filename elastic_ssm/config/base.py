@@ -16,8 +16,8 @@ from annotated_types import Ge, Gt, Interval, Len
 from pydantic import AfterValidator, ConfigDict, StringConstraints, TypeAdapter, ValidationError
 
 __all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
-           "NonEmpty", "NonBlank", "TokenId", "Rising", "Distinct", "Ladder", "ConfigBase", "ConfigError", "opt",
-           "section", "read_yaml_mapping", "read_yaml_file", "load_yaml", "config_changes", "NOT_SAVED"]
+           "NonEmpty", "NonBlank", "TokenId", "HeadDim", "Rising", "Distinct", "Ladder", "ConfigBase", "ConfigError",
+           "opt", "section", "read_yaml_mapping", "read_yaml_file", "load_yaml", "config_changes", "NOT_SAVED"]
 
 
 def _rule(ok: Any, what: str) -> AfterValidator:
@@ -43,6 +43,7 @@ Betas = Annotated[tuple[Frac01, ...], Len(2, 2)]      # AdamW (beta1, beta2), ea
 NonEmpty = Annotated[str, Len(1)]
 NonBlank = Annotated[str, StringConstraints(pattern=r"\S")]   # not empty, not only spaces
 TokenId = Annotated[int, Ge(-1)]                       # -1: none
+HeadDim = Annotated[PosInt, _rule(lambda v: v % 2 == 0, "must be even (RoPE)")]   # attention head width
 Rising = _rule(lambda v: list(v) == sorted(set(v)), "must be strictly increasing")
 Distinct = _rule(lambda v: len(set(v)) == len(v), "must not repeat an entry")
 #: tier fractions: strictly increasing in (0, 1], ending with the full tier

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar
 
-from .base import ConfigError, Ladder, NonNegF, Pos, PosInt, TokenId, opt
+from .base import ConfigError, HeadDim, Ladder, NonNegF, Pos, PosInt, TokenId, opt
 from .essh import ESSH_TIER_XI
 from .model import FractionTierConfig, Tier
 
@@ -41,7 +41,7 @@ class TransformerConfig(FractionTierConfig):
     d_model: PosInt = opt(896, "residual width d")
     n_layers: PosInt = opt(22, "number of attention + SwiGLU blocks")
     d_ff: PosInt = opt(4224, "SwiGLU width (Table 9: 4224 at 370M; Table 54: 4672 at 1.5B)")
-    head_dim: PosInt = opt(64, "attention head dimension (heads = d / head_dim)")
+    head_dim: HeadDim = opt(64, "attention head dimension (heads = d / head_dim)")
     rope_base: Pos = opt(10000.0, "RoPE base frequency")
     norm_eps: Pos = opt(1e-6, "RMSNorm epsilon")
     tie_embeddings: bool = opt(True, "tie the LM head to the token embedding")
@@ -57,8 +57,8 @@ class TransformerConfig(FractionTierConfig):
     def validate(self) -> None:
         """The rules across fields (each field's type and range is declared on it)."""
         super().validate()
-        if self.d_model % self.head_dim or self.head_dim % 2:
-            raise ConfigError(f"{type(self).__name__}: d_model={self.d_model} must be a multiple of an even "
+        if self.d_model % self.head_dim:
+            raise ConfigError(f"{type(self).__name__}.d_model={self.d_model} must be divisible by "
                               f"head_dim={self.head_dim}")
 
     @property

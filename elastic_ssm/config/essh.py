@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar
 
 from annotated_types import Interval
 
-from .base import ConfigError, Distinct, Ladder, NonNeg, NonNegF, Pos, PosInt, TokenId, opt
+from .base import ConfigError, Distinct, HeadDim, Ladder, NonNeg, NonNegF, Pos, PosInt, TokenId, opt
 from .model import FractionTierConfig, Tier, scaled_power
 
 __all__ = ["ESSHConfig", "ESSH_PRESETS", "ESSH_TIER_XI"]
@@ -41,7 +41,7 @@ class ESSHConfig(FractionTierConfig):
     swa_layers: Annotated[tuple[NonNeg, ...], Distinct] = opt((12, 17, 21), "zero-based indices of the "
                                                               "sliding-window-attention blocks")
     window: PosInt = opt(2048, "sliding-window length w (tokens attended, including the current one)")
-    head_dim: PosInt = opt(64, "attention head dimension (heads = d / head_dim)")
+    head_dim: HeadDim = opt(64, "attention head dimension (heads = d / head_dim)")
     rope_base: Pos = opt(10000.0, "RoPE base frequency (paper silent; 10000 as in Su et al.)")
     filter_length: PosInt = opt(2048, "Hankel length L of the filters the modal tables are fitted to (C.1)")
     tier_xi: Ladder = opt(ESSH_TIER_XI, "budget fractions xi_T of the deployment tiers (D.1)")
@@ -68,8 +68,6 @@ class ESSHConfig(FractionTierConfig):
                               " (value width P = d / K-bar)")
         if self.d_model % self.head_dim:
             raise ConfigError(f"ESSHConfig.d_model={self.d_model} must be divisible by head_dim={self.head_dim}")
-        if self.head_dim % 2:
-            raise ConfigError(f"ESSHConfig.head_dim={self.head_dim} must be even (RoPE)")
         if any(i >= self.n_layers for i in self.swa_layers):
             raise ConfigError(f"ESSHConfig.swa_layers={self.swa_layers}: indices must be in [0, {self.n_layers})")
         if self.n_modes > self.filter_length // 4:
