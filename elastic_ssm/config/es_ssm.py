@@ -52,11 +52,9 @@ class ESSSMConfig(ModelConfig):
         super().validate()
         if self.task == "classify" and self.num_classes < 2:
             raise ConfigError("ESSSMConfig.num_classes must be >= 2 when task='classify'")
-        if any(k > self.n_channels for k in self.budgets):
-            raise ConfigError(
-                f"ESSSMConfig.budgets must be channel counts in [1, n_channels={self.n_channels}], got {self.budgets}")
-        if self.budgets[-1] != self.n_channels:
-            raise ConfigError("ESSSMConfig.budgets must end with the full budget n_channels")
+        if self.budgets[-1] != self.n_channels:       # increasing (declared), so every K lies in [1, n_channels]
+            raise ConfigError(f"ESSSMConfig.budgets must be channel counts in [1, n_channels={self.n_channels}] "
+                              f"ending with the full budget n_channels, got {self.budgets}")
         if self.d_model * self.gate_hidden_ratio < 1:
             raise ConfigError("ESSSMConfig.gate_hidden_ratio * d_model must be >= 1")
 
