@@ -13,11 +13,20 @@ from typing import Annotated, Any
 
 import yaml
 from annotated_types import Ge, Gt, Interval, Len
-from pydantic import ConfigDict, StringConstraints, TypeAdapter, ValidationError
+from pydantic import AfterValidator, ConfigDict, StringConstraints, TypeAdapter, ValidationError
 
 __all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
-           "NonEmpty", "NonBlank", "TokenId", "ConfigBase", "ConfigError", "opt", "section", "read_yaml_mapping",
-           "read_yaml_file", "load_yaml"]
+           "NonEmpty", "NonBlank", "TokenId", "HeadDim", "Rising", "Distinct", "Ladder", "ConfigBase", "ConfigError",
+           "opt", "section", "read_yaml_mapping", "read_yaml_file", "load_yaml", "config_changes", "NOT_SAVED"]
+
+
+def _rule(ok: Any, what: str) -> AfterValidator:
+    """A rule on a whole (tuple) value, declared on the field: ``ok(value)`` or the error ``what``."""
+    def check(v: Any) -> Any:
+        if not ok(v):
+            raise ValueError(what)
+        return v
+    return AfterValidator(check)
 
 
 # ranges the config fields declare (``Annotated``), read by pydantic: a bad value is one line naming the field
@@ -34,6 +43,11 @@ Betas = Annotated[tuple[Frac01, ...], Len(2, 2)]      # AdamW (beta1, beta2), ea
 NonEmpty = Annotated[str, Len(1)]
 NonBlank = Annotated[str, StringConstraints(pattern=r"\S")]   # not empty, not only spaces
 TokenId = Annotated[int, Ge(-1)]                       # -1: none
+HeadDim = Annotated[PosInt, _rule(lambda v: v % 2 == 0, "must be even (RoPE)")]   # attention head width
+Rising = _rule(lambda v: list(v) == sorted(set(v)), "must be strictly increasing")
+Distinct = _rule(lambda v: len(set(v)) == len(v), "must not repeat an entry")
+#: tier fractions: strictly increasing in (0, 1], ending with the full tier
+Ladder = Annotated[Fracs, Rising, _rule(lambda v: v[-1] == 1.0, "must end with 1.0 (the full tier)")]
 
 
 class ConfigError(ValueError):
@@ -60,7 +74,8 @@ _WORDS = {"greater_than": "must be > {gt:g}", "greater_than_equal": "must be >= 
           "less_than": "must be < {lt:g}", "less_than_equal": "must be <= {le:g}",
           "finite_number": "expected a finite number", "literal_error": "must be one of {expected}",
           "too_short": "must have at least {min_length} item(s)", "too_long": "must have at most {max_length} item(s)",
-          "string_too_short": "must not be empty", "string_pattern_mismatch": "must match {pattern}"}
+          "string_too_short": "must not be empty", "string_pattern_mismatch": "must match {pattern}",
+          "value_error": "{error}"}
 _KINDS = {"float": "float", "int": "int", "string": "str", "bool": "bool", "tuple": "a list", "list": "a list",
           "frozenset": "a list", "dict": "a mapping"}
 
@@ -122,6 +137,28 @@ def _validate_field(cls: type, name: str, tp: Any, value: Any) -> Any:
         return _adapters(cls)[name].validate_python(value)
     except ValidationError as e:
         raise _one_line(path, tp, e) from None
+
+
+#: what ``config_changes`` says of a setting the saved dict lacks (added since the run was written)
+NOT_SAVED = "not in the saved run"
+
+
+def config_changes(saved: dict[str, Any], now: dict[str, Any], free: frozenset[str] = frozenset(),
+                   prefix: str = "") -> list[str]:
+    """Dotted names of the fields that differ between two config dicts (nested sections compared field by
+    field), except the top-level ``free`` ones (a free name is a field or a whole section, e.g. ``eval``)."""
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        if k in free:
+            continue
+        a, b = saved.get(k), now.get(k)
+        if k not in saved:      # a setting this version added: the run was written by an older elastic_ssm
+            out.append(f"{prefix}{k}: {NOT_SAVED} (now {b!r})")
+        elif isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, frozenset(), f"{prefix}{k}.")
+        elif (list(a) if isinstance(a, tuple) else a) != (list(b) if isinstance(b, tuple) else b):
+            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return out
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar
 
-from .base import ConfigError, Fracs, NonNegF, Pos, PosInt, TokenId, opt
+from .base import ConfigError, HeadDim, Ladder, NonNegF, Pos, PosInt, TokenId, opt
 from .essh import ESSH_TIER_XI
 from .model import FractionTierConfig, Tier
 
@@ -41,12 +41,12 @@ class TransformerConfig(FractionTierConfig):
     d_model: PosInt = opt(896, "residual width d")
     n_layers: PosInt = opt(22, "number of attention + SwiGLU blocks")
     d_ff: PosInt = opt(4224, "SwiGLU width (Table 9: 4224 at 370M; Table 54: 4672 at 1.5B)")
-    head_dim: PosInt = opt(64, "attention head dimension (heads = d / head_dim)")
+    head_dim: HeadDim = opt(64, "attention head dimension (heads = d / head_dim)")
     rope_base: Pos = opt(10000.0, "RoPE base frequency")
     norm_eps: Pos = opt(1e-6, "RMSNorm epsilon")
     tie_embeddings: bool = opt(True, "tie the LM head to the token embedding")
     init_std: NonNegF = opt(0.02, "std of the normal initialisation")
-    tier_xi: Fracs = opt((1.0,), "budget fractions of the nested-FFN tiers ((1.0,): a plain "
+    tier_xi: Ladder = opt((1.0,), "budget fractions of the nested-FFN tiers ((1.0,): a plain "
                                      "Transformer++ with one tier; MatFormer: the ten ESSH fractions)")
     tier_names: tuple[str, ...] = opt((), "names of the tier_xi tiers; empty: T1..Tn (a standalone export keeps its "
                                       "source tier's name, e.g. [T4])")
@@ -56,14 +56,10 @@ class TransformerConfig(FractionTierConfig):
 
     def validate(self) -> None:
         """The rules across fields (each field's type and range is declared on it)."""
-        c = type(self).__name__
-        if self.d_model % self.head_dim or self.head_dim % 2:
-            raise ConfigError(f"{c}: d_model={self.d_model} must be a multiple of an even head_dim={self.head_dim}")
-        if list(self.tier_xi) != sorted(set(self.tier_xi)) or self.tier_xi[-1] != 1.0:
-            raise ConfigError(f"{c}.tier_xi must be strictly increasing and end with 1.0 (the full tier)")
-        self.check_tier_names()
-        if not self.eos_token_id < self.vocab_size:
-            raise ConfigError(f"{c}.eos_token_id={self.eos_token_id} must be -1 or a token id < vocab_size")
+        super().validate()
+        if self.d_model % self.head_dim:
+            raise ConfigError(f"{type(self).__name__}.d_model={self.d_model} must be divisible by "
+                              f"head_dim={self.head_dim}")
 
     @property
     def n_heads(self) -> int:
@@ -128,17 +124,10 @@ class MatFormerConfig(TransformerConfig):
 
     arch: ClassVar[str] = "matformer"
 
-    tier_xi: Fracs = opt(ESSH_TIER_XI, "deployment fractions of the exported tiers (Table 39: the "
+    tier_xi: Ladder = opt(ESSH_TIER_XI, "deployment fractions of the exported tiers (Table 39: the "
                                      "ten ESSH fractions; T1 lies below the smallest trained granularity)")
-    granularities: Fracs = opt(MATFORMER_GRANULARITIES, "FFN width fractions trained, one drawn "
+    granularities: Ladder = opt(MATFORMER_GRANULARITIES, "FFN width fractions trained, one drawn "
                                            "uniformly per micro-batch (N.1: 1/8, 1/4, 1/2, full)")
-
-    def validate(self) -> None:
-        super().validate()
-        g = self.granularities
-        if list(g) != sorted(set(g)) or g[-1] != 1.0:
-            raise ConfigError(f"MatFormerConfig.granularities must be increasing fractions in (0, 1] ending with "
-                              f"1.0 (full width), got {g}")
 
     def default_recipe(self) -> str:
         return "nested_ffn" if len(self.granularities) > 1 else "dense"

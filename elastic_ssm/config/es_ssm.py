@@ -10,7 +10,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from annotated_types import Len
 
-from .base import ConfigError, Frac01, NonNeg, NonNegF, Pos, PosInt, TokenId, opt
+from .base import ConfigError, Frac01, NonNeg, NonNegF, Pos, PosInt, Rising, TokenId, opt
 from .model import ModelConfig, Tier
 
 __all__ = ["ESSSMConfig", "ESSSM_PRESETS", "ESSSM_BUDGETS"]
@@ -18,7 +18,7 @@ __all__ = ["ESSSMConfig", "ESSSM_PRESETS", "ESSSM_BUDGETS"]
 #: Default ES-SSM runtime-budget set (ES-SSM paper, Sec. 4.2).
 ESSSM_BUDGETS = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 
-Budgets = Annotated[tuple[PosInt, ...], Len(1)]
+Budgets = Annotated[tuple[PosInt, ...], Len(1), Rising]
 
 
 @dataclass(kw_only=True)
@@ -49,17 +49,12 @@ class ESSSMConfig(ModelConfig):
 
     def validate(self) -> None:
         """The rules across fields (each field's type and range is declared on it)."""
-        if not self.eos_token_id < self.vocab_size:
-            raise ConfigError(f"ESSSMConfig.eos_token_id={self.eos_token_id} must be -1 or a token id < vocab_size")
+        super().validate()
         if self.task == "classify" and self.num_classes < 2:
             raise ConfigError("ESSSMConfig.num_classes must be >= 2 when task='classify'")
-        if any(k > self.n_channels for k in self.budgets):
-            raise ConfigError(
-                f"ESSSMConfig.budgets must be channel counts in [1, n_channels={self.n_channels}], got {self.budgets}")
-        if tuple(sorted(set(self.budgets))) != self.budgets:
-            raise ConfigError(f"ESSSMConfig.budgets must be strictly increasing, got {self.budgets}")
-        if self.budgets[-1] != self.n_channels:
-            raise ConfigError("ESSSMConfig.budgets must end with the full budget n_channels")
+        if self.budgets[-1] != self.n_channels:       # increasing (declared), so every K lies in [1, n_channels]
+            raise ConfigError(f"ESSSMConfig.budgets must be channel counts in [1, n_channels={self.n_channels}] "
+                              f"ending with the full budget n_channels, got {self.budgets}")
         if self.d_model * self.gate_hidden_ratio < 1:
             raise ConfigError("ESSSMConfig.gate_hidden_ratio * d_model must be >= 1")
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar
 
 from annotated_types import Interval
 
-from .base import ConfigError, Fracs, NonNeg, NonNegF, Pos, PosInt, TokenId, opt
+from .base import ConfigError, Distinct, HeadDim, Ladder, NonNeg, NonNegF, Pos, PosInt, TokenId, opt
 from .model import FractionTierConfig, Tier, scaled_power
 
 __all__ = ["ESSHConfig", "ESSH_PRESETS", "ESSH_TIER_XI"]
@@ -38,12 +38,13 @@ class ESSHConfig(FractionTierConfig):
     n_channels: PosInt = opt(32, "full spectral-channel count K-bar")
     n_modes: PosInt = opt(8, "damped-rotation modes m per channel")
     channel_width: NonNeg = opt(0, "value width P per channel; 0 means d / n_channels (standalone exports set it)")
-    swa_layers: tuple[NonNeg, ...] = opt((12, 17, 21), "zero-based indices of sliding-window-attention blocks")
+    swa_layers: Annotated[tuple[NonNeg, ...], Distinct] = opt((12, 17, 21), "zero-based indices of the "
+                                                              "sliding-window-attention blocks")
     window: PosInt = opt(2048, "sliding-window length w (tokens attended, including the current one)")
-    head_dim: PosInt = opt(64, "attention head dimension (heads = d / head_dim)")
+    head_dim: HeadDim = opt(64, "attention head dimension (heads = d / head_dim)")
     rope_base: Pos = opt(10000.0, "RoPE base frequency (paper silent; 10000 as in Su et al.)")
     filter_length: PosInt = opt(2048, "Hankel length L of the filters the modal tables are fitted to (C.1)")
-    tier_xi: Fracs = opt(ESSH_TIER_XI, "budget fractions xi_T of the deployment tiers (D.1)")
+    tier_xi: Ladder = opt(ESSH_TIER_XI, "budget fractions xi_T of the deployment tiers (D.1)")
     tier_names: tuple[str, ...] = opt((), "names of the tier_xi tiers; empty: T1..Tn (a standalone export keeps its "
                                       "source tier's name, e.g. [T4])")
     channel_exponent: Pos = opt(0.5, "two-rate map: K_T = max(1, round(K xi^e)) (Eq. 7)")
@@ -61,26 +62,16 @@ class ESSHConfig(FractionTierConfig):
 
     def validate(self) -> None:
         """The rules across fields (each field's type and range is declared on it)."""
+        super().validate()
         if self.channel_width == 0 and self.d_model % self.n_channels:
             raise ConfigError(f"ESSHConfig.d_model={self.d_model} must be divisible by n_channels={self.n_channels}"
                               " (value width P = d / K-bar)")
         if self.d_model % self.head_dim:
             raise ConfigError(f"ESSHConfig.d_model={self.d_model} must be divisible by head_dim={self.head_dim}")
-        if self.head_dim % 2:
-            raise ConfigError(f"ESSHConfig.head_dim={self.head_dim} must be even (RoPE)")
-        bad = [i for i in self.swa_layers if not i < self.n_layers]
-        if bad or len(set(self.swa_layers)) != len(self.swa_layers):
-            raise ConfigError(
-                f"ESSHConfig.swa_layers={self.swa_layers}: indices must be distinct and in [0, {self.n_layers})")
-        if list(self.tier_xi) != sorted(self.tier_xi) or self.tier_xi[-1] != 1.0:
-            raise ConfigError("ESSHConfig.tier_xi must be increasing and end with 1.0 (the full tier)")
-        self.check_tier_names()
+        if any(i >= self.n_layers for i in self.swa_layers):
+            raise ConfigError(f"ESSHConfig.swa_layers={self.swa_layers}: indices must be in [0, {self.n_layers})")
         if self.n_modes > self.filter_length // 4:
             raise ConfigError("ESSHConfig.n_modes must be <= filter_length / 4 (matrix-pencil rank)")
-        for name in ("pad_token_id", "eos_token_id"):
-            v = getattr(self, name)
-            if not v < self.vocab_size:
-                raise ConfigError(f"ESSHConfig.{name}={v} must be -1 or a token id < vocab_size")
 
     @property
     def value_width(self) -> int:

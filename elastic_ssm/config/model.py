@@ -96,6 +96,13 @@ class ModelConfig(ConfigBase):
         ``added_fields`` entry it lacks set to the value that version behaved as, so a run resumes."""
         return {**cls.added_fields, **d} if isinstance(d, dict) else d
 
+    def validate(self) -> None:
+        """The rule every architecture shares: a ``*_token_id`` field is -1 or a token id < ``vocab_size``."""
+        for name in sorted(n for n in self.field_names() if n.endswith("_token_id")):
+            if not getattr(self, name) < self.vocab_size:
+                raise ConfigError(f"{type(self).__name__}.{name}={getattr(self, name)} must be -1 or a token id < "
+                                  "vocab_size")
+
     def max_seq_len(self) -> int | None:
         """The longest sequence the model accepts (its ``length_field``); None when there is no limit."""
         return getattr(self, self.length_field) if self.length_field else None
@@ -204,9 +211,10 @@ class FractionTierConfig(ModelConfig):
         """Name of the ``index``-th (1-based) tier: its ``tier_names`` entry, or ``T<index>``."""
         return self.tier_names[index - 1] if self.tier_names else f"T{index}"
 
-    def check_tier_names(self) -> None:
-        """``ConfigError`` unless ``tier_names`` is empty or names each ``tier_xi`` entry ``T<n>``, with ``n``
-        increasing (the names of the source's tiers, which are ordered by size too)."""
+    def validate(self) -> None:
+        """``tier_names`` is empty or names each ``tier_xi`` entry ``T<n>``, with ``n`` increasing (the names of
+        the source's tiers, which are ordered by size too)."""
+        super().validate()
         names = self.tier_names
         if not names:
             return

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import ConfigBase, ConfigError, NonBlank, NonNeg, opt, read_yaml_file, section
+from .base import ConfigBase, ConfigError, NonBlank, NonNeg, opt, read_yaml_file, read_yaml_mapping, section
 from .essh import ESSHConfig
 from .model import ModelConfig, TierLike, model_configs, tier_word
 from .train import TrainConfig
@@ -174,9 +174,7 @@ class RunConfig(ConfigBase):
 def load_any_config(path: str | Path) -> RunConfig | ModelConfig:
     """Load a YAML file of ``configs/``: a run file (``model:`` plus optional ``train:``/``data:``
     sections, loaded as a ``RunConfig``) or a bare model file (``arch:`` plus model fields)."""
-    data = read_yaml_file(path) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a YAML mapping")
+    data = read_yaml_mapping(Path(path), str(path))
     if "model" in data:
         return RunConfig.from_dict(data)
     return model_config_from_dict(data)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import StringConstraints
 
-from .base import AtLeast1, ConfigBase, ConfigError, NonEmpty, NonNeg, Pos, opt, section
+from .base import AtLeast1, ConfigBase, ConfigError, Distinct, NonEmpty, NonNeg, Pos, opt, section
 from .recipe import (
     REFINE_CAPACITIES,
     T1_T9,
@@ -71,14 +71,6 @@ def resolve_precision(precision: str, device: object) -> str:
     return "bf16" if str(device).startswith("cuda") else "fp32"
 
 
-def _micro_batches(tokens: int, B: int, T: int, world: int, name: str) -> int:
-    per = B * T * world
-    if tokens % per:
-        raise ConfigError(f"TrainConfig.{name}={tokens:,} is not a multiple of micro_batch_size x seq_len x ranks = "
-                          f"{B} x {T} x {world} = {per:,}; change {name}, micro_batch_size or the number of ranks")
-    return tokens // per
-
-
 @dataclass(kw_only=True)
 class TrainConfig(ConfigBase):
     """One training run: recipe, batch shape, precision and placement; the recipe knobs in sections."""
@@ -113,9 +105,9 @@ class TrainConfig(ConfigBase):
     out_dir: NonEmpty = opt("runs/train", "run directory: checkpoints, metrics.jsonl, final model")
     seed: NonNeg = opt(0, "seed of model init, capacity sampling and budget sampling")
     log_every: AtLeast1 = opt(10, "write a metrics.jsonl training record every this many steps")
-    log: tuple[LogSink, ...] = opt((), "loggers beside metrics.jsonl (the record of truth): any of 'csv' "
-                               "(metrics.csv), 'tensorboard', 'wandb' (extra 'log'; WANDB_MODE=offline works); "
-                               "train/log_sinks.py")
+    log: Annotated[tuple[LogSink, ...], Distinct] = opt((), "loggers beside metrics.jsonl (the record of truth): "
+                                                        "any of 'csv' (metrics.csv), 'tensorboard', 'wandb' (extra "
+                                                        "'log'; WANDB_MODE=offline works); train/log_sinks.py")
     compile: bool = opt(False, "torch.compile the model (scope: compile_scope; one compile per sampled capacity, "
                         "absorbed by the first steps)")
     compile_scope: CompileScope = opt("blocks", "with compile: 'blocks' (each block, one graph per block kind and "
@@ -135,16 +127,11 @@ class TrainConfig(ConfigBase):
         if self.tokens_per_step and self.grad_accum != 1:
             raise ConfigError(f"TrainConfig.grad_accum: is derived from tokens_per_step={self.tokens_per_step:,} (the "
                               "global batch in tokens); give one of them (set tokens_per_step 0 to use grad_accum)")
-        if self.tokens_per_step:
-            _micro_batches(self.tokens_per_step, self.micro_batch_size, self.seq_len, 1, "tokens_per_step")
-        if self.refine.tokens_per_step:
-            _micro_batches(self.refine.tokens_per_step, self.micro_batch_size, self.seq_len, 1,
-                           "refine.tokens_per_step")
+        for stage in ("pretrain", "refine"):
+            self.micro_batches(1, stage)       # a batch in tokens splits into whole micro-batches
         if self.compile and self.compile_scope == "model" and self.parallel == "fsdp":
             raise ConfigError("TrainConfig.compile_scope: 'model' does not combine with parallel='fsdp' (FSDP2 "
                               "shards per block); use compile_scope='blocks'")
-        if len(set(self.log)) != len(self.log):
-            raise ConfigError(f"TrainConfig.log: takes each of {LOG_SINKS} at most once, got {list(self.log)}")
 
     @property
     def warmup_steps(self) -> int:
@@ -155,13 +142,17 @@ class TrainConfig(ConfigBase):
         """Micro-batches per rank and optimizer step (M) of ``stage`` ('pretrain' or 'refine') on ``world_size``
         ranks: ``tokens_per_step / (micro_batch_size x seq_len x world_size)`` when the batch is stated in
         tokens, else ``grad_accum``; a token batch the ranks cannot split evenly is a ConfigError."""
-        if stage == "refine" and self.refine.tokens_per_step:
-            return _micro_batches(self.refine.tokens_per_step, self.micro_batch_size, self.seq_len, world_size,
-                                  "refine.tokens_per_step")
-        if self.tokens_per_step:
-            return _micro_batches(self.tokens_per_step, self.micro_batch_size, self.seq_len, world_size,
-                                  "tokens_per_step")
-        return self.grad_accum
+        own = stage == "refine" and self.refine.tokens_per_step      # refinement's own batch, else pretraining's
+        name, tokens = ("refine.tokens_per_step", own) if own else ("tokens_per_step", self.tokens_per_step)
+        if not tokens:
+            return self.grad_accum
+        B, T = self.micro_batch_size, self.seq_len
+        per = B * T * world_size
+        if tokens % per:
+            raise ConfigError(f"TrainConfig.{name}={tokens:,} is not a multiple of micro_batch_size x seq_len x "
+                              f"ranks = {B} x {T} x {world_size} = {per:,}; change {name}, micro_batch_size or the "
+                              "number of ranks")
+        return tokens // per
 
     @classmethod
     def upgrade_record(cls, d: dict[str, Any]) -> dict[str, Any]:

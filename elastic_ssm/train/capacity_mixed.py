@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import TierLike
+from ..config import TierLike, TrainConfig
 from ..elastic.tiers import Tier, capacity_tier, resolve_tier
 from .dist import DistContext
 from .ffn_order import enable_tracking, order_ffn_units, should_order
@@ -96,40 +96,30 @@ class CapacityMixed(Recipe):
 
     name = "capacity_mixed"
 
-    def __init__(self, model_cfg: Any, capacities: tuple[float, ...], full_share: float, n_warm_tokens: int,
-                 kl_coef: float, alpha_ff: float, seed: int, total_steps: int, order_every: int,
-                 order_until: float, stat_decay: float) -> None:
-        self.model_cfg = model_cfg
-        self.capacities = tuple(float(x) for x in capacities)
+    def __init__(self, model_cfg: Any, cfg: TrainConfig) -> None:
+        """``cfg.mixing`` and ``cfg.ordering`` settings of the ``TrainConfig`` ``cfg``."""
+        self.model_cfg, self.seed, self.total_steps = model_cfg, cfg.seed, cfg.steps
+        self.mix, self.order = cfg.mixing, cfg.ordering
+        self.capacities = tuple(float(x) for x in self.mix.capacities)
         self.tiers = [capacity_tier(model_cfg, x) for x in self.capacities]
-        self.full_share, self.n_warm_tokens = full_share, n_warm_tokens
-        self.kl_coef, self.alpha_ff, self.seed = kl_coef, alpha_ff, seed
-        self.total_steps, self.order_every, self.order_until = total_steps, order_every, order_until
-        self.stat_decay = stat_decay
-
-    @classmethod
-    def from_config(cls, model_cfg: Any, cfg: Any) -> CapacityMixed:
-        mix, order = cfg.mixing, cfg.ordering
-        return cls(model_cfg, mix.capacities, mix.full_share, mix.n_warm_tokens, mix.kl_coef, mix.alpha_ff,
-                   cfg.seed, cfg.steps, order.every, order.until, order.stat_decay)
 
     def setup(self, model: nn.Module) -> None:
-        enable_tracking(model, self.order_every > 0, self.stat_decay)
+        enable_tracking(model, self.order.every > 0, self.order.stat_decay)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "capacities": list(self.capacities), "full_share": self.full_share,
-                "n_warm_tokens": self.n_warm_tokens, "seed": self.seed, "order_every": self.order_every,
-                "order_until": self.order_until, "total_steps": self.total_steps}
+        return {"name": self.name, "capacities": list(self.capacities), "full_share": self.mix.full_share,
+                "n_warm_tokens": self.mix.n_warm_tokens, "seed": self.seed, "order_every": self.order.every,
+                "order_until": self.order.until, "total_steps": self.total_steps}
 
     def capacities_of(self, step: int, tokens_seen: int, n_global: int) -> list[float]:
         """Capacity fraction of every global slot of ``step`` (Alg. 1 lines 4-7): a pure function of
         ``(seed, step, tokens_seen, n_global)``, the same on every rank."""
-        if tokens_seen < self.n_warm_tokens:
+        if tokens_seen < self.mix.n_warm_tokens:
             return [1.0] * n_global
         rng = slot_rng(self.seed, step, _CAPACITY_STREAM)
         draws = rng.integers(0, len(self.capacities), size=n_global)
-        whole = float(self.full_share * n_global).is_integer()   # no remainder: no extra draw (same plans as before)
-        n_reserved = reserved_slots(self.full_share, n_global, 1.0 if whole else float(rng.random()))
+        whole = float(self.mix.full_share * n_global).is_integer()   # no remainder: no extra draw
+        n_reserved = reserved_slots(self.mix.full_share, n_global, 1.0 if whole else float(rng.random()))
         return [1.0 if g < n_reserved else self.capacities[int(draws[g])] for g in range(n_global)]
 
     def plan_for(self, xi: float) -> MicroPlan:
@@ -138,14 +128,14 @@ class CapacityMixed(Recipe):
         tier = self.tiers[self.capacities.index(xi)]
         if _is_full(self.model_cfg, tier):
             return MicroPlan(label=xi)
-        return MicroPlan(tier=tier, label=xi, ffn_grad_scale=self.alpha_ff, distill=("kl", self.kl_coef))
+        return MicroPlan(tier=tier, label=xi, ffn_grad_scale=self.mix.alpha_ff, distill=("kl", self.mix.kl_coef))
 
     def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
         return [self.plan_for(x) for x in self.capacities_of(step, tokens_seen, n_global)]
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                    ctx: DistContext) -> dict[str, Any]:
-        if not should_order(step, self.total_steps, self.order_every, self.order_until):
+        if not should_order(step, self.total_steps, self.order.every, self.order.until):
             return {}
         order_ffn_units(model, optimizer, ctx)
         return {"ffn_ordered": True}
@@ -157,19 +147,12 @@ class SharedRefinement(Recipe):
     name = "refine"
     policy = "refine"
 
-    def __init__(self, model_cfg: Any, capacities: tuple[float, ...], tv_coef: float, alpha_ff: float,
-                 seed: int, mode: str = "per_step") -> None:
-        if mode not in ("per_step", "cycle"):
-            raise ValueError(f"mode must be 'per_step' or 'cycle', got {mode!r}")
-        self.model_cfg = model_cfg
-        self.capacities = tuple(float(x) for x in capacities)
-        self.tiers = [capacity_tier(model_cfg, x) for x in self.capacities]
-        self.tv_coef, self.alpha_ff, self.seed, self.mode = tv_coef, alpha_ff, seed, mode
-
-    @classmethod
-    def from_config(cls, model_cfg: Any, cfg: Any) -> SharedRefinement:
+    def __init__(self, model_cfg: Any, cfg: TrainConfig) -> None:
+        """``cfg.refine`` settings of the ``TrainConfig`` ``cfg``."""
         r = cfg.refine
-        return cls(model_cfg, r.capacities, r.tv_coef, r.alpha_ff, cfg.seed, r.capacity_mode)
+        self.capacities = tuple(float(x) for x in r.capacities)
+        self.tiers = [capacity_tier(model_cfg, x) for x in self.capacities]
+        self.tv_coef, self.alpha_ff, self.seed, self.mode = r.tv_coef, r.alpha_ff, cfg.seed, r.capacity_mode
 
     def setup(self, model: nn.Module) -> None:
         enable_tracking(model, False)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config.base import config_changes
 from ..models.model_dir import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, file_sha256
 from ..utils.files import atomic_write_bytes, free_stamped_path, fsync_dir
 from .dist import DistContext, barrier, broadcast_object, is_sharded
@@ -49,7 +50,8 @@ class DataStream:
     def __init__(self, data: Any) -> None:
         self.data, self.consumed, self._it = data, 0, None
 
-    def next(self) -> Any:
+    def next_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The next micro-batch as ``(input_ids, labels, attention_mask or None)`` on ``device``."""
         if self._it is None:
             self._it = iter(self.data)
         try:
@@ -58,11 +60,6 @@ class DataStream:
             raise RuntimeError(f"the training data ran out after {self.consumed} micro-batches; pass an "
                                "endless iterator (PackedBatches, num_epochs=None) or fewer steps") from None
         self.consumed += 1
-        return batch
-
-    def next_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The next micro-batch as ``(input_ids, labels, attention_mask or None)`` on ``device``."""
-        batch = self.next()
         if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
             raise TypeError("each training micro-batch must be (input_ids, labels) or (input_ids, labels, "
                             f"attention_mask); got {type(batch).__name__}")
@@ -75,13 +72,12 @@ class DataStream:
         return {"consumed": self.consumed, "data": inner}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("data") is not None and hasattr(self.data, "load_state_dict"):
+        restored = state.get("data") is not None and hasattr(self.data, "load_state_dict")
+        if restored:
             self.data.load_state_dict(state["data"])
-            self._it = iter(self.data)
-        else:
-            self._it = iter(self.data)
-            for _ in range(state["consumed"]):
-                next(self._it)
+        self._it = iter(self.data)
+        for _ in range(0 if restored else state["consumed"]):
+            next(self._it)
         self.consumed = state["consumed"]
 
 
@@ -279,13 +275,12 @@ def verify_checkpoint(path: Path) -> None:
 
 
 def changed_model_fields(model: nn.Module, saved: Any) -> list[str]:
-    """The fields of a checkpoint's ``model_config`` ``saved`` that differ from ``model``'s config, after
-    ``ModelConfig.upgrade_record`` and leaving out ``ModelConfig.RESUME_FREE`` (names: no weight or loss)."""
+    """``config_changes`` from a checkpoint's ``model_config`` ``saved`` (``ModelConfig.upgrade_record``) to
+    ``model``'s config, leaving out ``ModelConfig.RESUME_FREE`` (names: no weight or loss)."""
     cfg = getattr(model, "config", None)
     if not hasattr(cfg, "upgrade_record") or not isinstance(saved, dict):
         return []
-    saved, expected = type(cfg).upgrade_record(saved), cfg.to_dict()
-    return sorted(k for k in set(saved) | set(expected) if k not in cfg.RESUME_FREE and saved.get(k) != expected.get(k))
+    return config_changes(type(cfg).upgrade_record(saved), cfg.to_dict(), cfg.RESUME_FREE)
 
 
 class _OtherModel(ValueError):
@@ -316,7 +311,7 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
             changed = changed_model_fields(model, trainer.get("model_config") if isinstance(trainer, dict) else None)
             if changed:
                 raise _OtherModel(f"cannot resume from {cand}: it was written by a model with a different config "
-                                  f"(fields {changed}); resume with the same model or use a new out_dir")
+                                  f"({'; '.join(changed)}); resume with the same model or use a new out_dir")
             state = load_file(str(cand / "model" / "model.safetensors"), device=str(device))
             opt_state = _load(cand / "optimizer.pt")
             rank_file = cand / f"rank{ctx.rank}.pt"

@@ -77,13 +77,11 @@ def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_
     one process even under torchrun). ``timeout_s``: how long a collective may wait for the other ranks. On NCCL
     (unless set): ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` and, without a flight recorder,
     ``TORCH_NCCL_DUMP_ON_TIMEOUT=0`` (no 60 s wait for an empty dump, docs/benchmarks.md)."""
-    if enabled is False:
-        return DistContext(device=_pick_device(device, 0))
-    if dist.is_available() and dist.is_initialized():
+    if enabled is not False and dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
         local = env_int("LOCAL_RANK", rank)
         return DistContext(rank, world, local, _pick_device(device, local), dist.get_backend(), False)
-    world = env_int("WORLD_SIZE", 1)
+    world = 1 if enabled is False else env_int("WORLD_SIZE", 1)
     if world <= 1:
         return DistContext(device=_pick_device(device, 0))
     if not os.environ.get("RANK", "").strip():

@@ -106,7 +106,6 @@ class WandbSink:
 
 _CLASSES = {"csv": CsvSink, "tensorboard": TensorBoardSink, "wandb": WandbSink}
 assert set(_CLASSES) == set(SINKS)
-_EXTRA = {"tensorboard": "tensorboard", "wandb": "wandb"}
 
 
 def make_sinks(names, out_dir: str | Path, run: dict[str, Any]) -> list:
@@ -117,6 +116,6 @@ def make_sinks(names, out_dir: str | Path, run: dict[str, Any]) -> list:
         try:
             sinks.append(_CLASSES[name](Path(out_dir), run))
         except ModuleNotFoundError as e:
-            raise ImportError(f"train.log {name!r} needs the {_EXTRA.get(name, name)} package ({e.name} is not "
+            raise ImportError(f"train.log {name!r} needs the {name} package ({e.name} is not "
                               "installed): pip install 'elastic-ssm[log]'") from None
     return sinks

@@ -13,7 +13,7 @@ final hidden states and recomputes them in backward, so the full [B, T, V] logit
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from typing import Any
 
@@ -81,19 +81,24 @@ def chunked_loss_sums(head: Callable[[torch.Tensor], torch.Tensor], hidden: torc
 
 
 @contextmanager
-def ffn_grad_scaled(model: nn.Module, scale: float | None) -> Iterator[None]:
-    """Inside the block, forwards of ``model``'s FFN layers scale the gradients of their retained weights by
-    ``scale`` (ESSH D.4, W_hat = a W + (1 - a) sg(W); Alg. 1 lines 16-18); recorded in the graph at forward time,
-    so the backward may run after the block. None changes nothing."""
-    layers = model.ffn_layers() if scale is not None and hasattr(model, "ffn_layers") else []
-    before = [f.grad_scale for f in layers]
+def _ffn_set(model: nn.Module, name: str, value: Any, on: bool = True) -> Iterator[None]:
+    """Inside the block (when ``on``), attribute ``name`` of every FFN layer of ``model`` is ``value``."""
+    layers = model.ffn_layers() if on and hasattr(model, "ffn_layers") else []
+    before = [getattr(f, name) for f in layers]
     for f in layers:
-        f.grad_scale = scale
+        setattr(f, name, value)
     try:
         yield
     finally:
         for f, old in zip(layers, before):
-            f.grad_scale = old
+            setattr(f, name, old)
+
+
+def ffn_grad_scaled(model: nn.Module, scale: float | None) -> AbstractContextManager[None]:
+    """Inside the block, forwards of ``model``'s FFN layers scale the gradients of their retained weights by
+    ``scale`` (ESSH D.4, W_hat = a W + (1 - a) sg(W); Alg. 1 lines 16-18); recorded in the graph at forward time,
+    so the backward may run after the block. None changes nothing."""
+    return _ffn_set(model, "grad_scale", scale, scale is not None)
 
 
 class LossModule(nn.Module):
@@ -127,15 +132,8 @@ class LossModule(nn.Module):
                      chunk: int = 0) -> None:
         """A teacher pass (full capacity, no gradient) whose output is discarded and FFN statistics untouched:
         the padding of ``lockstep.teacher_padding`` under FSDP2."""
-        layers = self.model.ffn_layers() if hasattr(self.model, "ffn_layers") else []
-        tracking = [f.track_activations for f in layers]
-        for f in layers:
-            f.track_activations = False
-        try:
+        with _ffn_set(self.model, "track_activations", False):
             self._out(input_ids, None, attention_mask, None, chunk > 0)
-        finally:
-            for f, on in zip(layers, tracking):
-                f.track_activations = on
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, tier: TierLike = None,
                 ffn_grad_scale: float | None = None, distill: tuple[str, float] | None = None,

@@ -20,21 +20,15 @@ class NestedFFN(Recipe):
 
     name = "nested_ffn"
 
-    def __init__(self, model_cfg: Any, granularities: tuple[float, ...], seed: int) -> None:
-        if not granularities:
-            raise ValueError("NestedFFN needs at least one granularity")
-        self.model_cfg = model_cfg
-        self.granularities = tuple(float(x) for x in granularities)
-        self.tiers = [capacity_tier(model_cfg, x) for x in self.granularities]
-        self.seed = seed
-
-    @classmethod
-    def from_config(cls, model_cfg: Any, cfg: Any) -> NestedFFN:
+    def __init__(self, model_cfg: Any, cfg: Any) -> None:
+        """The ``granularities`` of the MatFormer config ``model_cfg``, the seed of the ``TrainConfig`` ``cfg``."""
         grains = getattr(model_cfg, "granularities", None)
         if grains is None:
             raise ValueError(f"TrainConfig.recipe='nested_ffn' trains a MatFormer (model.arch matformer); the model "
                              f"config is {type(model_cfg).__name__}")
-        return cls(model_cfg, grains, cfg.seed)
+        self.model_cfg, self.seed = model_cfg, cfg.seed
+        self.granularities = tuple(float(x) for x in grains)
+        self.tiers = [capacity_tier(model_cfg, x) for x in self.granularities]
 
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "granularities": list(self.granularities), "seed": self.seed}

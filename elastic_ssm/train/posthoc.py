@@ -40,18 +40,15 @@ class PosthocRecovery(Recipe):
 
     name = "posthoc"
 
-    def __init__(self, model_cfg: Any, masks: tuple[float, ...], seed: int, kl_coef: float = 1.0) -> None:
-        self.masks = tuple(float(x) for x in masks)
-        self.tiers = [None if x == 1.0 else capacity_tier(model_cfg, x) for x in self.masks]
-        self.seed, self.kl_coef = seed, kl_coef
-
-    @classmethod
-    def from_config(cls, model: nn.Module, cfg: Any) -> PosthocRecovery:
+    def __init__(self, model: nn.Module, cfg: Any, kl_coef: float = 1.0) -> None:
+        """The masks ``cfg.mixing.capacities`` of the ``TrainConfig`` ``cfg`` for ``model`` (holding its parent)."""
         if model.__dict__.get("frozen_teacher") is None:
             raise ValueError("TrainConfig.recipe='posthoc' recovers a dense-trained parent under its frozen copy: "
                              "run `elastic-ssm recover PARENT --protocol posthoc` or elastic_ssm.train.recover."
                              "elastify, not `train` from scratch")
-        return cls(model.config, cfg.mixing.capacities, cfg.seed)
+        self.masks = tuple(float(x) for x in cfg.mixing.capacities)
+        self.tiers = [None if x == 1.0 else capacity_tier(model.config, x) for x in self.masks]
+        self.seed, self.kl_coef = cfg.seed, kl_coef
 
     def setup(self, model: nn.Module) -> None:
         enable_tracking(model, False)

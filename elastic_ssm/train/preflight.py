@@ -12,20 +12,22 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError, TrainConfig, model_configs
+from ..config.base import NOT_SAVED, config_changes
 from .rundir import (
     LOCK_NAME,
+    RUN_RECORD,
     RunLock,
     check_free_disk,
     claim_run_dir,
     clean_stale_files,
     has_checkpoint,
+    read_run_record,
     refuse_unusable_run,
 )
 
 __all__ = ["preflight", "start_run", "config_changes", "StopSignals", "TrainingInterrupted", "RUN_RECORD",
            "read_run_record", "check_same_arch"]
 
-RUN_RECORD = "run.yaml"
 #: data settings a resumed run may change (validation only; the training stream must stay the same)
 DATA_RESUME_FREE = frozenset({"val_source"})
 
@@ -37,45 +39,6 @@ class TrainingInterrupted(Exception):
         self.signame, self.stage, self.step, self.checkpoint = signame, stage, step, checkpoint
         where = f"checkpoint {checkpoint}" if checkpoint else "no new checkpoint (no step had finished)"
         super().__init__(f"stopped by {signame} after {stage} step {step}; {where}; continue with --resume")
-
-
-_NEWER = "not in the saved run"
-
-
-def config_changes(saved: dict[str, Any], now: dict[str, Any], free: frozenset[str] = frozenset(),
-                   prefix: str = "") -> list[str]:
-    """Dotted names of the fields that differ between two config dicts (nested sections compared field by
-    field), except the top-level ``free`` ones (a free name is a field or a whole section, e.g. ``eval``)."""
-    out = []
-    for k in sorted(set(saved) | set(now)):
-        if k in free:
-            continue
-        a, b = saved.get(k), now.get(k)
-        if k not in saved:      # a setting this version added: the run was written by an older elastic_ssm
-            out.append(f"{prefix}{k}: {_NEWER} (now {b!r})")
-        elif isinstance(a, dict) and isinstance(b, dict):
-            out += config_changes(a, b, frozenset(), f"{prefix}{k}.")
-        elif (list(a) if isinstance(a, tuple) else a) != (list(b) if isinstance(b, tuple) else b):
-            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
-    return out
-
-
-def read_run_record(out: str | Path) -> dict[str, Any] | None:
-    """The ``run.yaml`` of ``out`` (None when there is none); a damaged one (not YAML, not a mapping of ``model``,
-    ``train`` and ``data`` mappings) is a ``ConfigError``: a resume is compared against it."""
-    from ..config.base import read_yaml_file
-
-    path = Path(out) / RUN_RECORD
-    if not path.is_file():
-        return None
-    fix = "restore it from a copy, or start a new --train.out_dir"
-    try:
-        saved = read_yaml_file(path, "run record")
-    except ConfigError as e:
-        raise ConfigError(f"{e}; {fix}") from None
-    if not isinstance(saved, dict) or not all(isinstance(saved.get(k), dict) for k in ("model", "train", "data")):
-        raise ConfigError(f"{path} is not a run record (a mapping with model, train and data sections); {fix}")
-    return saved
 
 
 def check_same_arch(out: Path, saved: dict[str, Any], arch: str) -> None:
@@ -106,7 +69,7 @@ def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]
         if section in record and isinstance(saved.get(section), dict):
             skip = {"train": free, "data": DATA_RESUME_FREE, "model": model_free}[section]
             changed += config_changes(saved[section], record[section], skip, f"{section}.")
-    newer = [c.split(":")[0] for c in changed if _NEWER in c]
+    newer = [c.split(":")[0] for c in changed if NOT_SAVED in c]
     if newer:
         raise ConfigError(f"--resume: {out} was written by an older elastic_ssm ({saved_path} has no "
                           f"{', '.join(newer[:4])}{' ...' if len(newer) > 4 else ''}), and this version cannot "

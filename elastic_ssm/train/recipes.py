@@ -39,11 +39,11 @@ def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None, accum: 
     ``accum``: micro-batches per rank and step (for an epoch-based budget-dropout warm-up)."""
     mcfg = getattr(model, "config", None)
     if name == "capacity_mixed":
-        return CapacityMixed.from_config(mcfg, cfg)
+        return CapacityMixed(mcfg, cfg)
     if name == "refine":
         if "refine" not in getattr(mcfg, "elastic_recipes", ()):
             raise ValueError("shared refinement (TrainConfig.refine.steps > 0) is defined for ESSH only")
-        return SharedRefinement.from_config(mcfg, cfg)
+        return SharedRefinement(mcfg, cfg)
     if name == "budget_dropout":
         sampler = BudgetSampler(mcfg.budgets, mcfg.n_channels, warmup_steps=bd_warmup_steps(cfg, data, accum),
                                 n_full=cfg.budget_dropout.n_full, seed=cfg.seed)
@@ -51,7 +51,7 @@ def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None, accum: 
     if name == "dense":
         return Recipe()
     if name == "posthoc":
-        return PosthocRecovery.from_config(model, cfg)
+        return PosthocRecovery(model, cfg)
     if name == "nested_ffn":
-        return NestedFFN.from_config(mcfg, cfg)
+        return NestedFFN(mcfg, cfg)
     raise ValueError(f"unknown recipe {name!r}")

@@ -37,11 +37,8 @@ class Recovery:
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per tier: params, loss / bits per byte truncated and recovered (the quickstart's table)."""
-        out = []
-        for a, b in zip(self.truncated, self.recovered):
-            out.append({"tier": a.tier, "params": a.params, "loss_truncated": a.loss, "loss_recovered": b.loss,
-                        "bpb_truncated": a.bpb, "bpb_recovered": b.bpb})
-        return out
+        return [{"tier": a.tier, "params": a.params, "loss_truncated": a.loss, "loss_recovered": b.loss,
+                 "bpb_truncated": a.bpb, "bpb_recovered": b.bpb} for a, b in zip(self.truncated, self.recovered)]
 
 
 def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: list[Any], protocol: str = "refine",

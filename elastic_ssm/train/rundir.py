@@ -12,15 +12,18 @@ import socket
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 from ..config import ConfigError
+from ..config.base import read_yaml_file
 from ..utils.files import atomic_write_bytes, free_stamped_path, is_temp_name
 from .checkpoint import COMPLETE, LATEST, checkpoint_dirs, checkpoint_fault, move_damaged, step_of
 
 __all__ = ["RunLock", "RunDirBusy", "claim_run_dir", "clean_stale_files", "check_free_disk", "run_artifacts",
-           "has_checkpoint", "refuse_unusable_run", "LOCK_NAME"]
+           "has_checkpoint", "refuse_unusable_run", "read_run_record", "LOCK_NAME", "RUN_RECORD"]
 
 LOCK_NAME = ".lock"
+RUN_RECORD = "run.yaml"
 STAGES = ("pretrain", "refine")
 #: files ``train`` writes at the top of its directory through atomic writes (their temporaries are its own)
 OWN_FILES = ("run.yaml", "metrics.jsonl", "parameters.json")
@@ -154,16 +157,29 @@ def refuse_unusable_run(out: str | Path) -> None:
                           "over with --overwrite (moves it aside), or choose another --train.out_dir")
 
 
-def _is_run_record(path: Path) -> bool:
-    """Whether ``path`` is a ``run.yaml`` that ``train`` wrote (not a file of the user's with that name)."""
-    import yaml
-
+def read_run_record(out: str | Path) -> dict[str, Any] | None:
+    """The ``run.yaml`` of ``out`` (None when there is none); a damaged one (not YAML, not a mapping of ``model``,
+    ``train`` and ``data`` mappings) is a ``ConfigError``: a resume is compared against it."""
+    path = Path(out) / RUN_RECORD
+    if not path.is_file():
+        return None
+    fix = "restore it from a copy, or start a new --train.out_dir"
     try:
-        rec = yaml.safe_load(path.read_text())
-    except (OSError, ValueError, yaml.YAMLError):
+        saved = read_yaml_file(path, "run record")
+    except ConfigError as e:
+        raise ConfigError(f"{e}; {fix}") from None
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(k), dict) for k in ("model", "train", "data")):
+        raise ConfigError(f"{path} is not a run record (a mapping with model, train and data sections); {fix}")
+    return saved
+
+
+def _is_run_record(out: Path) -> bool:
+    """Whether ``out`` holds a ``run.yaml`` that ``train`` wrote (not a file of the user's with that name)."""
+    try:
+        rec = read_run_record(out)
+    except (ConfigError, OSError):
         return False
-    return (isinstance(rec, dict) and all(isinstance(rec.get(k), dict) for k in ("model", "train", "data"))
-            and _RECORD_TRAIN_KEYS <= set(rec["train"]))
+    return rec is not None and _RECORD_TRAIN_KEYS <= set(rec["train"])
 
 
 #: how ``_would_overwrite`` names a saved model's files (an export, a model folder: not a run)
@@ -174,7 +190,7 @@ def _would_overwrite(out: Path) -> list[str]:
     """Entries of ``out`` (holding no checkpoint or final model) that a new run would overwrite or trip on."""
     clash = [MODEL_FILES] if any((out / n).exists() for n in ("config.json", "model.safetensors")) else []
     run_yaml = out / "run.yaml"
-    earlier = run_yaml.is_file() and _is_run_record(run_yaml)     # an earlier attempt of train: kept, not a clash
+    earlier = _is_run_record(out)     # an earlier attempt of train: kept, not a clash
     if run_yaml.exists() and not earlier:
         clash.append("run.yaml (not a run record written by train)")
     if (out / "parameters.json").exists() and not (earlier and (out / "parameters.json").is_file()):

@@ -150,7 +150,7 @@ def test_transformer_decode_of_a_left_padded_batch_equals_each_row_alone():
 
 def test_nested_ffn_draws_each_granularity_uniformly_for_any_batch_layout():
     cfg = model_config_from_dict({"arch": "matformer", "preset": "tiny"})
-    recipe = NestedFFN.from_config(cfg, TrainConfig())
+    recipe = NestedFFN(cfg, TrainConfig())
     for M in (1, 3):
         labels = [p.label for s in range(400) for p in recipe.global_plan(s, 10**9, M)]
         for g in cfg.granularities:

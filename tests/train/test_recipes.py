@@ -44,7 +44,7 @@ def _cfg(tmp_path, **kw):
 # ---- capacity mixing (D.4) -----------------------------------------------------------------------------
 @pytest.mark.parametrize("M", [1, 2, 3, 16])
 def test_realised_full_share_matches_f_for_every_number_of_micro_batches(tmp_path, M):
-    rec = CapacityMixed.from_config(es.ESSHConfig.preset("tiny"), _cfg(tmp_path, seed=M))
+    rec = CapacityMixed(es.ESSHConfig.preset("tiny"), _cfg(tmp_path, seed=M))
     plans = [rec.capacities_of(s, 10**9, M) for s in range(400)]
     share = sum(x == 1.0 for p in plans for x in p) / (400 * M)
     assert abs(share - (0.75 + 0.25 / 10)) < 0.05          # D.4: 0.775 expected, also for M = 1 (was 1.0)
@@ -64,7 +64,7 @@ def test_reserved_slots_are_f_times_m_in_expectation():
 
 
 def test_every_rank_draws_the_same_plan(tmp_path):
-    rec = CapacityMixed.from_config(es.ESSHConfig.preset("tiny"), _cfg(tmp_path, seed=3, mixing=dict(full_share=0.6)))
+    rec = CapacityMixed(es.ESSHConfig.preset("tiny"), _cfg(tmp_path, seed=3, mixing=dict(full_share=0.6)))
     for step in range(20):
         whole = rec.global_plan(step, 10**9, 6)
         per_rank = [rec.local_plan(step, 10**9, 2, DistContext(rank=k, world_size=3)) for k in range(3)]

@@ -128,7 +128,7 @@ def test_param_groups_pretrain_and_refine(tiny_cfg):
 
 # ---- capacity sampling, gradient scaling, losses --------------------------------------------------
 def test_capacity_sampling_reserved_slots_and_reproducibility(tiny_cfg, tmp_path):
-    rec = CapacityMixed.from_config(tiny_cfg, _cfg(tmp_path, mixing=dict(n_warm_tokens=1000)))
+    rec = CapacityMixed(tiny_cfg, _cfg(tmp_path, mixing=dict(n_warm_tokens=1000)))
     assert rec.capacities_of(3, 999, 8) == [1.0] * 8
     caps = [rec.capacities_of(s, 1000, 8) for s in range(400)]
     assert all(c[:6] == [1.0] * 6 for c in caps) and caps[7] == rec.capacities_of(7, 5000, 8)
@@ -217,11 +217,11 @@ def test_chunked_loss_equals_full_logit_loss(tiny_cfg, mode):
 def test_capacity_mixed_step_matches_hand_reference(tiny_cfg, tmp_path):
     M = 4
     data = _micro_batches(M)
-    plan_of = lambda s: CapacityMixed.from_config(
+    plan_of = lambda s: CapacityMixed(
         tiny_cfg, _cfg(tmp_path, seed=s, grad_accum=M, mixing=dict(full_share=0.5))).capacities_of(0, 0, M)
     seed = next(s for s in range(100) if sum(x < 0.5 for x in plan_of(s)) == 2)
     cfg = _cfg(tmp_path, seed=seed, steps=1, grad_accum=M, mixing=dict(full_share=0.5), optim=dict(clip=0.05))
-    plan = CapacityMixed.from_config(tiny_cfg, cfg).capacities_of(0, 0, M)
+    plan = CapacityMixed(tiny_cfg, cfg).capacities_of(0, 0, M)
     model = _tiny(tiny_cfg)
     ref = copy.deepcopy(model)
     res = train(model, data, cfg, progress=False)
@@ -301,7 +301,7 @@ def test_ffn_ordering_preserves_function_and_moves_moments(tiny_cfg):
 
 # ---- recipes end to end ------------------------------------------------------------------------------
 def test_shared_refinement_stage(tiny_cfg, tmp_path):
-    rec = SharedRefinement(tiny_cfg, (0.25, 0.5), 5.0, 0.5, seed=0, mode="cycle")
+    rec = SharedRefinement(tiny_cfg, TrainConfig(refine=dict(capacities=(0.25, 0.5), capacity_mode="cycle")))
     labels = [p.label for p in rec.global_plan(0, 0, 4)]
     assert sorted(labels) == [0.25, 0.25, 0.5, 0.5] and labels[0] != labels[1]
     cfg = _cfg(tmp_path, steps=1, mixing=dict(full_share=0.5), refine=RefineConfig(steps=2))
