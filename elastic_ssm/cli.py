@@ -1,8 +1,6 @@
 """Command line: elastic-ssm train|recover|export|eval|importance|generate|serve|bench|quickstart|info|...
 
-tyro derives every verb's flags from its options dataclass (``cli_schema.py``; ``train`` / ``recover`` add the run
-sections on top of a YAML run file, ``bench`` takes ``BenchConfig``); a user's mistake is one line and exit code 2
-(``cli_errors.py``; docs/cli.md)."""
+tyro derives each verb's flags from its options dataclass (``cli_schema.py``); a mistake is one line, exit code 2."""
 
 from __future__ import annotations
 
@@ -36,9 +34,7 @@ from .config import ConfigError
 
 __all__ = ["COMMANDS", "check_options", "main", "parse"]
 
-#: verb -> (one-line help, options dataclass or None, "module:function" run with the parsed options); the functions
-#: are imported when the verb runs, so parsing and --help load no model code. train / recover add the run sections
-#: and bench its BenchConfig (``options_class``).
+#: verb -> (one-line help, options dataclass or None, "module:function" imported only when the verb runs)
 COMMANDS: dict[str, tuple[str, type | None, str]] = {
     "info": ("versions, scan backends and device", None, "elastic_ssm.cli_commands:cmd_info"),
     "train": ("train a model from a YAML run file plus --section.field overrides", TrainOptions,
@@ -73,13 +69,13 @@ _MODEL_CLASSES = ("ModelChoice", "ESSHConfig", "ESSSMConfig", "TransformerConfig
 
 
 def _section(name: str, cls: type, value: Any, help_: str) -> tuple[str, type, Any]:
-    """A field ``name`` of a derived options class holding the config section ``value`` (its flags' defaults)."""
+    """A field ``name`` of a derived options class: the config section ``value`` (its flags' defaults)."""
     return (name, cls, dataclasses.field(default_factory=lambda: value, metadata={"help": help_}))
 
 
 def model_flags(run: Any) -> tuple[type, Any]:
-    """The ``--model.*`` flags: one per field of the model choice and of every model config (the first class
-    that has a field gives its type and help); defaults are the run's values, ``None`` for a field its arch lacks."""
+    """The ``--model.*`` flags: a field of the model choice or of any model config (the first class with it gives
+    its type and help), defaulting to the run's value (``None`` where its arch lacks it)."""
     from . import config
 
     choice = {k: v for k, v in run.model_source.items() if k in ("arch", "preset", "tier_config")}
@@ -103,8 +99,7 @@ def model_flags(run: Any) -> tuple[type, Any]:
 
 
 def run_options(base: type, argv: list[str], model: bool) -> type:
-    """``base`` (``TrainOptions`` / ``RecoverOptions``) plus the run sections, their defaults the values of the run
-    file ``--config`` names (else ``DEFAULT_RUN``): what a run without more flags really uses."""
+    """``base`` plus the run sections, defaulting to the values of the run file ``--config`` names (``DEFAULT_RUN``)."""
     from .config import RunConfig
 
     config = _value_of(argv, "--config")
@@ -145,8 +140,7 @@ def _value_of(argv: list[str], flag: str) -> str | None:
 
 
 def _flag_table(cls: type, prefix: str = "") -> tuple[dict[str, Any], dict[str, str]]:
-    """The dotted paths of ``cls``'s flags -> their field, and older spellings -> path (an option's
-    ``aliases``)."""
+    """The dotted paths of ``cls``'s flags -> their field, and older spellings (``aliases``) -> path."""
     hints = typing.get_type_hints(cls)
     paths, aliases = {}, {}
     for f in dataclasses.fields(cls):
@@ -209,10 +203,9 @@ def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set
 
 
 def parse(command: str, argv: list[str]) -> argparse.Namespace:
-    """The options of ``command`` from its ``argv`` (the tokens after the verb), by tyro: a namespace of the
-    options dataclass's fields (sections as their configs) plus ``command``, ``fn``, ``options_cls``, ``_spelled``
-    (option -> the flag as typed) and ``_given`` (the dotted paths given). A command line tyro rejects is a
-    ``CommandLineError`` (one line); ``--help`` prints and exits 0."""
+    """The options of ``command`` from the tokens after the verb, by tyro: the options' fields plus ``command``,
+    ``fn``, ``options_cls``, ``_spelled`` (option -> flag as typed) and ``_given`` (dotted paths given); a rejected
+    command line is a ``CommandLineError``."""
     import tyro
     from tyro._errors import on_parse_error
 
@@ -236,9 +229,8 @@ def parse(command: str, argv: list[str]) -> argparse.Namespace:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """What the options' types cannot say, checked before the verb runs, naming the flag as the user typed it:
-    an empty string, a non-finite number, a value below ``minimum``, not above ``above`` or above ``maximum``, an
-    ``output`` path that cannot be written, a ``--csv`` file that would replace something saved, ``--depths``."""
+    """What the options' types cannot say (``flag``'s metadata, ``--csv``, ``--depths``), checked before the verb
+    runs, naming the flag as typed."""
     cls = args.options_cls
     for f in dataclasses.fields(cls) if cls is not None else ():
         meta, value = f.metadata, getattr(args, f.name, None)

@@ -28,8 +28,7 @@ def auto_tier(checkpoint: str, args: argparse.Namespace, progress=status) -> str
 
 
 def require_essh(checkpoint: str, arch: str, verb: str) -> None:
-    """``ConfigError`` unless ``arch`` is ESSH (``serve`` and ``calibrate`` run the fused ESSH decoder), saying
-    what the other architectures offer instead."""
+    """``ConfigError`` unless ``arch`` is ESSH (the fused decoder), saying what the others offer instead."""
     if arch == "essh":
         return
     instead = (f"decode it with `elastic-ssm generate {checkpoint} --tier K<k>` (ESSSM.generate in Python)"
@@ -40,8 +39,7 @@ def require_essh(checkpoint: str, arch: str, verb: str) -> None:
 
 
 def _check_bind(host: str, port: int) -> int:
-    """``ConfigError`` unless this process can listen on ``host:port`` (the test socket is closed at once).
-    Returns the port it bound: for ``port`` 0, the free port the system picked."""
+    """``ConfigError`` unless this process can listen on ``host:port``; the port bound (for 0, the one picked)."""
     import socket
 
     try:
@@ -165,9 +163,8 @@ def weight_bytes(model, dtype=None) -> int:
 
 
 def check_state_fits(config, pools: list[tuple[str, int]], device, flag: str, weights: int = 0) -> None:
-    """``ConfigError`` naming ``flag`` when the decode state of ``pools`` (a tier and its batch each; Table 53's
-    bytes, ``state_bytes``) and ``weights`` bytes exceed ``device``'s memory, before any allocation (activations
-    and CUDA graphs come on top)."""
+    """``ConfigError`` naming ``flag`` when the decode state of ``pools`` ((tier, batch) each; Table 53) and
+    ``weights`` bytes exceed ``device``'s memory, before any allocation."""
     from ..elastic.tiers import state_bytes
 
     state = sum(state_bytes(config, tier, batch)["total"] for tier, batch in pools)
@@ -225,8 +222,8 @@ def checked_chat_template(spec: str | None) -> str | None:
 
 
 def record_quality(args: argparse.Namespace, rows, model=None, window: int | None = None) -> None:
-    """``elastic-ssm eval --write_quality``: the per-tier quality into the model directory's tier_quality.json,
-    with its ``calibrate.QUALITY_KEYS`` settings; ``window``: the longest of ``--lengths``."""
+    """``eval --write_quality``: ``rows`` into the model directory's tier_quality.json (``window``: the longest of
+    ``--lengths``)."""
     from .calibrate import quality_table, write_quality
 
     if not args.write_quality:

@@ -1,6 +1,5 @@
-"""Security in front of the API (``Guard``, an ASGI middleware): Host check, bearer key, per-client and total
-request caps, body size, and OpenAI's 500 for an exception that escapes the app (docs/serving.md, "Security
-defaults"); ``read_body`` and ``watch_disconnect`` for the routes."""
+"""``Guard``, the ASGI middleware in front of the API (docs/serving.md, "Security defaults"), and the routes'
+``read_body``, ``parse_json`` and ``watch_disconnect``."""
 
 from __future__ import annotations
 
@@ -43,8 +42,8 @@ def is_loopback(name: str) -> bool:
 
 
 def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
-    """Whether a request's ``Host`` header ``value`` names this server; ``allowed``: lower-case names or addresses
-    beyond the loopback ones (``0.0.0.0`` / ``::``: any IP address; ``*``: any host)."""
+    """Whether a ``Host`` header ``value`` names this server: loopback, or in ``allowed`` (lower case; ``0.0.0.0`` /
+    ``::``: any IP address; ``*``: any host)."""
     if value is None or "*" in allowed:
         return True
     host = value.decode("latin-1").strip().lower()
@@ -57,9 +56,9 @@ def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
 
 
 class Guard:
-    """Without ``api_key`` a foreign ``Host`` is a 421; with it every path but ``/health`` needs the bearer key
-    (401); 413 over ``max_body``, 429 over ``max_connections`` per client address, 503 over ``max_requests`` in all.
-    ``allowed_hosts``: the ``Host`` names admitted beyond the loopback ones (None: no ``Host`` check)."""
+    """Without ``api_key`` a ``Host`` not loopback nor in ``allowed_hosts`` is a 421 (None: no check); with it every
+    path but ``/health`` needs the bearer key (401). 413 over ``max_body``, 429 over ``max_connections`` per client
+    address, 503 over ``max_requests`` in all; an exception escaping the app is OpenAI's 500."""
 
     def __init__(self, app, api_key: str | None, max_connections: int, max_body: int, metrics=None,
                  max_requests: int | None = None, allowed_hosts=()) -> None:
@@ -137,14 +136,13 @@ class Guard:
 
 
 def uvicorn_connection_limit(max_requests: int) -> int:
-    """uvicorn's ``limit_concurrency`` for ``max_requests`` in flight: twice the cap plus one lets every request
-    through to ``Guard`` (which refuses in the API's error shape) and still bounds idle keep-alive connections."""
+    """uvicorn's ``limit_concurrency``: room for every request to reach ``Guard`` (which refuses in the API's shape),
+    still bounding idle keep-alive connections."""
     return 2 * max_requests + 1
 
 
 async def read_body(request, limit: int, timeout: float) -> bytes:
-    """The whole request body, at most ``limit`` bytes and within ``timeout`` seconds; ``ApiError`` 499 (no one
-    reads it) for a client that disconnects before sending all of it."""
+    """The request body, at most ``limit`` bytes within ``timeout`` s (413, 408; 499 for a client gone meanwhile)."""
     from starlette.requests import ClientDisconnect  # the serve extra's; this module imports without it
 
     chunks, size = [], 0

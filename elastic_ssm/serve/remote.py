@@ -28,8 +28,7 @@ _FIELDS = ("tier", "prompt", "max_tokens", "temperature", "top_k", "top_p", "see
 
 
 class _Sink:
-    """Takes the place of an asyncio loop in ``engine.deliver`` (one message per call, to the HTTP process) and of
-    ``Metrics`` in the engine (generated tokens per tier since the last message)."""
+    """The engine's asyncio loop in ``deliver`` (one message per call to the HTTP process) and its ``Metrics``."""
 
     def __init__(self, conn, live: dict) -> None:
         self.conn, self.live, self.engine = conn, live, None
@@ -108,9 +107,8 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
 
 
 def model_view(path: str) -> Any:
-    """What the HTTP process needs of a saved model without its weights: a meta-device model of its config
-    (tier table, vocabulary, eos, ``arch``) with its tokenizer and ``name_or_path`` (the chat template).
-    ``CheckpointError`` as ``load_pretrained`` for a directory that holds no model."""
+    """A saved model without its weights, what the HTTP process needs: on the meta device, with its tokenizer and
+    ``name_or_path`` (``CheckpointError`` as ``load_pretrained``)."""
     from pathlib import Path
 
     import torch
@@ -130,12 +128,8 @@ def model_view(path: str) -> Any:
 
 
 class RemoteEngine:
-    """``Engine``'s interface to the HTTP app, its decode loop in a child process.
-
-    ``load``: a picklable callable that builds the model in the child (``functools.partial(load_pretrained, ...)``);
-    ``model``: the HTTP side's view of it (a meta-device model will do). ``tokenizer``: the one both processes use
-    (default ``resolve_tokenizer(model)``). The other arguments and ``engine_options`` are ``Engine``'s
-    (``pool_factory`` must be picklable)."""
+    """``Engine``'s interface to the HTTP app, its decode loop in a child process: ``load`` (picklable) builds the
+    model there, ``model`` is this side's view of it (``model_view``); the other arguments are ``Engine``'s."""
 
     def __init__(self, load: Callable[[], Any], model, tiers: list[str], slots: int = 8, max_queue: int = 64,
                  stall_timeout: float = 30.0, eos: int | None = None, metrics=None, pool_factory=None,
