@@ -260,28 +260,19 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
     port: int = flag(8000, "TCP port (0: any free port, named in the start line)", minimum=0, maximum=65535)
     api_key: str | None = flag(None, "require 'Authorization: Bearer KEY' (or set ELASTIC_SSM_API_KEY)")
     max_batch: int = flag(16, "slots of the one pool every served tier shares: its decode batch", minimum=1)
-    max_prefill: int = flag(0, "most waiting prompts prefilled together in one forward (similar lengths, "
-                               "left-padded; 0: --max_batch, a burst that fills the pool in one forward; set it "
-                               "lower to bound the scratch cache used when the free slots are scattered)",
-                            minimum=0)
-    max_prefill_tokens: int = flag(32768, "most prompt tokens (padding included) in one prefill forward: bounds its "
-                                          "memory and how long it holds up the running streams (a longer prompt "
-                                          "goes alone)", minimum=1)
-    prefill_wait_ms: float = flag(50.0, "longest a waiting request is held (ms) for more arrivals to share its "
-                                        "prefill forward; it goes at once when the waiting requests fill "
-                                        "min(--max_prefill, free slots); running streams keep decoding meanwhile "
-                                        "(0: prefill whatever waits at once)", minimum=0)
-    prefill_graphs: bool = flag(True, "on CUDA, replay prefill forwards of up to --prefill_graph_tokens "
-                                      "padded prompt tokens from CUDA graphs, one per (prompts, length) bucket "
-                                      "captured at its second use (no per-forward host dispatch; larger forwards "
-                                      "run eagerly, which is faster for them); --no_prefill_graphs prefills eagerly")
-    prefill_graph_tokens: int = flag(2048, "the largest graphed prefill forward, in padded prompt tokens (rows "
-                                           "x length bucket; larger ones run eagerly): the torch scan's "
-                                           "captured plan is slower per token than its eager one "
-                                           "(docs/serving.md)", minimum=1)
-    attended_spans: bool = flag(True, "while every running sequence is shorter than a power of two below the "
-                                      "attention window, a decode step reads only that prefix of the window "
-                                      "caches (one CUDA graph per span); --no_attended_spans reads all of it")
+    max_prefill: int = flag(0, "most waiting prompts (similar lengths, left-padded) prefilled in one forward (0: "
+                               "--max_batch; lower bounds the scratch cache of scattered free slots)", minimum=0)
+    max_prefill_tokens: int = flag(32768, "most prompt tokens (padding included) in one prefill forward, bounding its "
+                                          "memory and the stall of running streams (a longer prompt goes alone)",
+                                   minimum=1)
+    prefill_wait_ms: float = flag(50.0, "longest (ms) a waiting request is held for more arrivals to share its "
+                                        "prefill, unless min(--max_prefill, free slots) wait (0: at once)", minimum=0)
+    prefill_graphs: bool = flag(True, "on CUDA, replay prefills of up to --prefill_graph_tokens from CUDA graphs, "
+                                      "one per (prompts, length) bucket, captured at its second use")
+    prefill_graph_tokens: int = flag(2048, "the largest graphed prefill, in padded prompt tokens (larger ones run "
+                                           "eagerly, faster for them: docs/serving.md)", minimum=1)
+    attended_spans: bool = flag(True, "while every sequence is shorter than a power of two below the attention "
+                                      "window, decode steps read only that prefix of the window caches")
     max_queue: int = flag(64, "requests waiting (all tiers together) before 503", minimum=0)
     max_prompt_tokens: int = flag(8192, "longest prompt accepted", minimum=1)
     max_tokens_limit: int = flag(4096, "largest max_tokens accepted", minimum=1)
