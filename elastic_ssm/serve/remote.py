@@ -129,21 +129,18 @@ def model_view(path: str) -> Any:
 
 class RemoteEngine:
     """``Engine``'s interface to the HTTP app, its decode loop in a child process: ``load`` (picklable) builds the
-    model there, ``model`` is this side's view of it (``model_view``); the other arguments are ``Engine``'s."""
+    model there, ``model`` is this side's view of it (``model_view``); the others are ``Engine``'s (picklable)."""
 
     def __init__(self, load: Callable[[], Any], model, tiers: list[str], slots: int = 8, max_queue: int = 64,
-                 stall_timeout: float = 30.0, eos: int | None = None, metrics=None, pool_factory=None,
-                 start_timeout: float = 1800.0, tokenizer=None, **engine_options: Any) -> None:
+                 stall_timeout: float = 30.0, metrics=None, start_timeout: float = 1800.0, tokenizer=None,
+                 **engine_options: Any) -> None:
         inspect.signature(Engine).bind_partial(**engine_options)   # in this process: an unknown name or a bad
         if "prefill_wait_ms" in engine_options:                   # value fails before the child starts
             check_prefill_wait(engine_options["prefill_wait_ms"])
         self.model, self.tiers, self.slots, self.max_queue = model, list(tiers), slots, max_queue
         self.stall_timeout, self.metrics, self.start_timeout = stall_timeout, metrics, start_timeout
-        kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, "eos": eos,
-                              "tokenizer": tokenizer if tokenizer is not None else resolve_tokenizer(model),
-                              **engine_options}
-        if pool_factory is not None:
-            kw["pool_factory"] = pool_factory
+        kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, **engine_options,
+                              "tokenizer": tokenizer if tokenizer is not None else resolve_tokenizer(model)}
         ctx = mp.get_context("spawn")
         self._cmd_r, self._cmd = ctx.Pipe(duplex=False)
         self._ev, self._ev_w = ctx.Pipe(duplex=False)
