@@ -42,8 +42,7 @@ ALIASES = {"--model": ("--model", "-M"), "--model_args": ("--model_args", "-a"),
 
 
 def _flag(argv: list[str], name: str) -> tuple[int, str | None]:
-    """Index of ``--name`` (``--name V``, ``--name=V`` or lm-eval's short form) in ``argv`` and its value;
-    (-1, None) if absent."""
+    """Index of ``--name`` (``--name V``, ``--name=V``, a short form) in ``argv`` and its value; (-1, None): absent."""
     spellings = ALIASES.get(name, (name,))
     for i, a in enumerate(argv):
         if a in spellings:
@@ -108,11 +107,8 @@ def _tiers(args: dict[str, str]) -> tuple[list[Any], bool]:
 
 
 def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """lm-eval's ``cli_evaluate`` on ``argv``; returns the results dict it computed (None if it ran none).
-
-    ``indexes`` keeps lm-eval's task index (the scan of every task YAML, ~10 s) between the runs of one
-    invocation, keyed by the scanned folders, so that ``tier=all`` scans once; each run still builds its
-    own ``TaskManager`` with its own metadata."""
+    """lm-eval's ``cli_evaluate`` on ``argv``: the results dict it computed, or None. ``indexes`` keeps lm-eval's
+    task index (a ~10 s scan of every task YAML) between the runs of one invocation, so ``tier=all`` scans once."""
     import lm_eval
     from lm_eval.__main__ import cli_evaluate
 
@@ -162,8 +158,7 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status (2: a user's
-    mistake, reported in one line as ``elastic-ssm lm-eval`` reports it; see the module docstring)."""
+    """Console entry point (``argv``: ``sys.argv[1:]``); the exit status (2: a user's mistake, in one line)."""
     from .cli_errors import debug_requested, run_reporting_errors
 
     argv = list(sys.argv[1:] if argv is None else argv)

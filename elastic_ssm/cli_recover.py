@@ -54,9 +54,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def _check_before_work(args: argparse.Namespace, parent: Any, t: Any, tiers: list[str] | None) -> None:
-    """Settings the recovery would reject only after the truncated model's evaluation (minutes at scale): the
-    length, post-hoc masks, run directories that are files or hold another run, and an earlier ``recovery.csv``
-    (the last two without --overwrite)."""
+    """What the recovery would reject only after evaluating the truncated model (minutes at scale): its length,
+    post-hoc masks, run directories that are files or hold another run, an earlier ``recovery.csv``."""
     from .cli_util import check_csv_target
     from .config import ConfigError
     from .train.posthoc import posthoc_train_config

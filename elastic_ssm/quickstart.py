@@ -60,8 +60,8 @@ OUTPUTS = ("elastic", "dense", "exports", "report.md", "tiers.csv", "quality_siz
 
 
 def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
-    """Refuse (``ConfigError``, one line naming them) when any of ``OUTPUTS`` already exists in ``out``; with
-    ``overwrite`` move them into ``<out>/replaced-<UTC time>/`` instead (nothing is deleted) and return that."""
+    """``ConfigError`` naming the ``OUTPUTS`` already in ``out``; with ``overwrite`` they move (nothing is deleted)
+    into ``<out>/replaced-<UTC time>/``, returned."""
     import os
 
     from .config import ConfigError
@@ -88,8 +88,8 @@ def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
 
 
 def _train_or_load(run: Any, data: Any, resume: bool, overwrite: bool, stages=None, progress: bool | str = True):
-    """Train ``run`` (continuing its run directory with ``resume``), or with ``resume`` load the final model of a
-    run that finished (its settings compared with the run's record first, as a resume compares them)."""
+    """Train ``run`` (continuing it with ``resume``), or with ``resume`` load a finished run's final model (its
+    settings compared with the run's record first)."""
     from .pipeline import train_run
 
     final = Path(run.train.out_dir) / "final"
@@ -197,9 +197,8 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
 
 def _dense_control(run: Any, data: Any, out: Path, overwrite: bool, resume: bool = False,
                    progress: bool | str = True) -> tuple[list[TierEval], list[TierEval] | None]:
-    """The dense control: full-capacity pretraining (same steps and data), then, when the run has a refinement
-    stage, the same refinement as recovery. Returns (recovered rows, raw-truncation rows), or (raw rows, None)
-    without refinement. The raw rows come from the pretraining stage's final checkpoint."""
+    """The dense control: full-capacity pretraining (same steps and data), then the run's refinement, if any, as
+    recovery: (recovered rows, rows of the pretraining's last checkpoint), or (raw rows, None) without one."""
     from .models import load_pretrained
     from .train import find_checkpoint
 

@@ -140,15 +140,12 @@ class ChatTemplate:
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message: Any) -> None:     # as transformers defines it for chat templates
+        def raise_exception(message: Any) -> None:     # the globals transformers gives chat templates
             raise TemplateError(message)
-
-        def strftime_now(fmt: str) -> str:
-            return time.strftime(fmt)
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=[jinja2.ext.loopcontrols])
-        env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+        env.globals.update(raise_exception=raise_exception, strftime_now=time.strftime)
         self.template, self.specials = env.from_string(source), specials
         self.tokenizer = tokenizer
         self.special_ids = {k: int(v) for k, v in (special_ids or {}).items() if k}
@@ -166,12 +163,10 @@ class ChatTemplate:
         ``tokenizer_config.json``; None: no template."""
         path = getattr(model, "name_or_path", None)
         cfg = Path(path) / "tokenizer_config.json" if path else None
-        meta = {}
-        if cfg is not None and cfg.is_file():
-            try:
-                meta = json.loads(cfg.read_text())
-            except (OSError, json.JSONDecodeError):
-                meta = {}
+        try:
+            meta = json.loads(cfg.read_text()) if cfg is not None and cfg.is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            meta = {}
         meta = meta if isinstance(meta, dict) else {}
         if source is None:
             source = meta.get("chat_template")
