@@ -70,8 +70,7 @@ def one_line(e: BaseException) -> str:
 def _user_errors() -> tuple[type[BaseException], ...]:
     import yaml
 
-    return (ConfigError, ValueError, OSError, RuntimeError, yaml.YAMLError, ArithmeticError, ImportError,
-            MemoryError)
+    return (ConfigError, ValueError, OSError, RuntimeError, yaml.YAMLError, ArithmeticError, ImportError, MemoryError)
 
 
 def report(args: argparse.Namespace, text: str, every_rank: bool = False) -> None:

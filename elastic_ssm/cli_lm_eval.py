@@ -3,25 +3,18 @@
     elastic-ssm-lm-eval --model elastic-ssm --model_args pretrained=runs/x/final,tier=all \\
         --tasks piqa,hellaswag --batch_size auto --output_path results/ --log_samples
 
-(also ``python -m elastic_ssm.cli_lm_eval ...``). This registers our ``ElasticLM`` under the names
-``elastic-ssm`` / ``elastic_ssm`` (``eval/lm_harness.py``) and then runs lm-eval's own ``cli_evaluate``, so
-every lm-eval flag works and results are written in lm-eval's own format. On top of that:
+(also ``python -m elastic_ssm.cli_lm_eval``): lm-eval's own ``cli_evaluate`` with our ``ElasticLM`` registered as
+``elastic-ssm`` / ``elastic_ssm``, so every lm-eval flag works and results are in lm-eval's format. On top of that:
 
-* ``--model`` defaults to ``elastic-ssm``; ``--device`` defaults to ``cuda`` when a GPU is present, else
-  ``cpu`` (lm-eval's own default is ``cuda:0``);
-* ``tier=all`` in ``--model_args`` (or ``tier=T1+T4+T10``) runs lm-eval once per tier of the model's tier
-  table (ESSH Appendix E.4: same tasks, same prompts for every tier), each into ``<output_path>/<tier>/``;
-  ``tier=T4`` runs one tier, no ``tier`` the model as saved;
-* a CSV summary (one row per tier, task and metric: ``tier, K, n_ff, params, task, metric, value,
-  stderr``) goes to ``--csv PATH`` (our flag, removed before lm-eval parses the rest) or, by default, to
-  ``<output_path>/tiers.csv``; the same table is printed at the end. An existing CSV is refused before anything
-  runs unless ``--overwrite`` (our flag too) is given; a file not named ``*.csv`` is never replaced.
+* ``--model`` defaults to ``elastic-ssm``, ``--device`` to ``cuda`` when a GPU is present, else ``cpu``;
+* ``tier=all`` (or ``tier=T1+T4+T10``) in ``--model_args`` runs lm-eval once per tier (ESSH Appendix E.4), each
+  into ``<output_path>/<tier>/``; ``tier=T4`` runs one tier, no ``tier`` the model as saved;
+* a summary (``tier, K, n_ff, params, task, metric, value, stderr`` rows) is printed and written to ``--csv PATH``
+  or ``<output_path>/tiers.csv``; an existing CSV is refused up front unless ``--overwrite``, a file not named
+  ``*.csv`` always.
 
-The tokenizer is the one saved with the model (``tokenizer=`` in ``--model_args`` must equal it).
-
-Errors are reported as ``elastic-ssm lm-eval`` reports them (``cli_errors.run_reporting_errors``): a bad
-``--model_args`` (an unknown tier, a missing model directory), an unknown task and other user mistakes are
-one line on stderr and exit code 2; ``--debug`` (our flag) or ``ELASTIC_SSM_DEBUG=1`` shows the traceback.
+The tokenizer is the one saved with the model. A user's mistake (a bad ``--model_args``, an unknown task) is one line
+on stderr and exit code 2; ``--debug`` or ``ELASTIC_SSM_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations

@@ -239,8 +239,7 @@ class RecoverOptions(TiersOptions, DeviceOptions, QuietOptions):
     tiers: str = flag("all", "'all' or comma-separated tiers to evaluate (label_only: train)")
     masks: tuple[float, ...] | None = flag(None, "posthoc: mask capacity fractions, full first "
                                                  "(default train.mixing.capacities)")
-    calibration_batches: int = flag(16, "posthoc: training micro-batches for the ranking (E.7: 2M tokens)",
-                                    minimum=1)
+    calibration_batches: int = flag(16, "posthoc: training micro-batches for the ranking (E.7: 2M tokens)", minimum=1)
     channel_order: Literal["original", "energy"] = flag(
         "original", "posthoc: keep the spectral channels' order (E.7) or rank them by "
                     "output energy")

@@ -116,8 +116,7 @@ def fit_model_to_tokenizer(run: Any) -> Any:
     return dataclasses.replace(run, model=run.model.replace(**changes)) if changes else run   # still implicit
 
 
-def train_run(run: Any, data: RunData, resume: bool | str = False, progress: bool | str = True,
-              overwrite: bool = False,
+def train_run(run: Any, data: RunData, resume: bool | str = False, progress: bool | str = True, overwrite: bool = False,
               stages: tuple[str, ...] | None = None, stop_after: int | None = None):
     """The model trained on ``data`` with ``run.train``, the run recorded in its ``run.yaml``; ``stages``,
     ``stop_after``: ``train``'s (``("pretrain", "refine")`` gives a dense run its refinement stage)."""

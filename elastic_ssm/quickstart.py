@@ -15,8 +15,7 @@ from .utils.threads import cpu_threads_for
 EMBEDDED = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 
 
-def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path,
-          raw: list[TierEval] | None = None) -> bool:
+def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path, raw: list[TierEval] | None = None) -> bool:
     try:
         import matplotlib
 
@@ -172,12 +171,9 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     plotted = _plot(rows, control_rows, out / "quality_size.png", raw_rows)
     summary = {
         "monotone": _monotone(rows), "inversions": _inversions(rows), "held_out_tokens": rows[0].tokens,
-        "bpb_T1": rows[0].bpb, "bpb_T10": rows[-1].bpb,
-        "control_bpb_T1": control_rows[0].bpb if control_rows else None,
-        "control_bpb_T10": control_rows[-1].bpb if control_rows else None,
-        "control_raw_bpb_T1": raw_rows[0].bpb if raw_rows else None,
-        "control_recovered": bool(raw_rows),
-        "all_exports_bitwise": all(c.bitwise_equal for c in checks),
+        "bpb_T1": rows[0].bpb, "bpb_T10": rows[-1].bpb, "control_bpb_T1": control_rows and control_rows[0].bpb,
+        "control_bpb_T10": control_rows and control_rows[-1].bpb, "control_raw_bpb_T1": raw_rows and raw_rows[0].bpb,
+        "control_recovered": bool(raw_rows), "all_exports_bitwise": all(c.bitwise_equal for c in checks),
         "train_seconds": t_train, "total_seconds": time.time() - t0,
     }
     _write_report(out, run, table, control_rows, summary, plotted, checks, raw_rows)

@@ -16,8 +16,8 @@ __all__ = ["ESSHHFCache"]
 
 
 class _NoRollbackCache(Cache):
-    """What our ``transformers`` caches share: ``n_layers`` layers, beam edits through ``_apply(fn)`` on every
-    per-sequence tensor, and no rollback (``crop`` refuses: assisted decoding is not supported)."""
+    """Our ``transformers`` caches' common part: ``n_layers`` layers, beam edits by ``_apply(fn)`` on every
+    per-sequence tensor, no rollback (no assisted decoding)."""
 
     is_compileable = False
     n_layers: int

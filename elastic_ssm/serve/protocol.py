@@ -143,8 +143,7 @@ class ChatTemplate:
         def raise_exception(message: Any) -> None:     # the globals transformers gives chat templates
             raise TemplateError(message)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
         env.globals.update(raise_exception=raise_exception, strftime_now=time.strftime)
         self.template, self.specials = env.from_string(source), specials
         self.tokenizer = tokenizer

@@ -254,8 +254,7 @@ class RemoteEngine:
         """``Engine.counters()`` of the engine process, as of its last message."""
         return dict(self._counters)
 
-    def _dispatch(self, counters: dict[str, float], tokens: dict[str, int], busy: dict[str, int],
-                  items: list) -> None:
+    def _dispatch(self, counters: dict[str, float], tokens: dict[str, int], busy: dict[str, int], items: list) -> None:
         self._counters, self._busy = counters, busy
         if self.metrics is not None:
             for tier, n in tokens.items():
