@@ -255,8 +255,7 @@ def check_options(args: argparse.Namespace) -> None:
         check_csv_target(csv, getattr(args, "overwrite", False))
     bpt = getattr(args, "bytes_per_token", None)
     if bpt is not None and not (math.isfinite(bpt) and bpt >= 0):
-        raise ConfigError(f"{spelled(args, 'bytes_per_token')} must be a finite number >= 0 (0: automatic), got "
-                          f"{bpt}")
+        raise ConfigError(f"{spelled(args, 'bytes_per_token')} must be a finite number >= 0 (0: automatic), got {bpt}")
     depths = getattr(args, "depths", None)
     if isinstance(depths, str):
         try:

@@ -195,8 +195,7 @@ class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions
     n_pairs: int = flag(256, "key pairs (each runs at every depth)", aliases=("--pairs",), minimum=1)
     depths: str = flag("0.1,0.3,0.5,0.7,0.9", "comma-separated relative needle depths in [0, 1]")
     condition: Literal["counterfactual", "planted"] = flag(
-        "counterfactual", "which key of a pair is inserted and expected (the paper's tables: "
-                          "counterfactual)")
+        "counterfactual", "which key of a pair is inserted and expected (the paper's tables: counterfactual)")
     seed: int = flag(0, "keys, filler windows and bootstrap")
     batch_size: int = flag(8, "sequences per forward pass", minimum=1)
 
@@ -232,8 +231,7 @@ class RecoverOptions(TiersOptions, DeviceOptions, QuietOptions):
         help="model directory of the trained (e.g. dense) ESSH", metavar="PARENT")
     protocol: Literal["refine", "label_only", "posthoc"] = flag(
         "refine", "refine: shared refinement of the truncated model (Tables 33/43); label_only: "
-                  "each tier at its fixed shape with CE only (Table 43); posthoc: E.7 ranking + "
-                  "masked recovery")
+                  "each tier at its fixed shape with CE only (Table 43); posthoc: E.7 ranking + masked recovery")
     config: str | None = flag(None, "run YAML for data and training settings (default: the quickstart's)")
     steps: int = flag(0, "recovery steps (0: train.refine.steps of the run file)", minimum=0)
     tiers: str = flag("all", "'all' or comma-separated tiers to evaluate (label_only: train)")
@@ -241,8 +239,7 @@ class RecoverOptions(TiersOptions, DeviceOptions, QuietOptions):
                                                  "(default train.mixing.capacities)")
     calibration_batches: int = flag(16, "posthoc: training micro-batches for the ranking (E.7: 2M tokens)", minimum=1)
     channel_order: Literal["original", "energy"] = flag(
-        "original", "posthoc: keep the spectral channels' order (E.7) or rank them by "
-                    "output energy")
+        "original", "posthoc: keep the spectral channels' order (E.7) or rank them by output energy")
     overwrite: bool = flag(False, "move another run in train.out_dir aside")
 
 

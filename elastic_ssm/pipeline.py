@@ -52,9 +52,8 @@ def check_model_length(run: Any) -> None:
     limit, t = run.model.max_seq_len(), run.train.seq_len
     if limit is not None and t > limit:
         field = type(run.model).length_field
-        raise ConfigError(f"--train.seq_len {t} exceeds --model.{field} {limit}, the longest sequence this "
-                          f"{run.arch} model accepts; give --train.seq_len {limit} or less, or --model.{field} {t} "
-                          "or more")
+        raise ConfigError(f"--train.seq_len {t} exceeds --model.{field} {limit}, the longest sequence this {run.arch} "
+                          f"model accepts; give --train.seq_len {limit} or less, or --model.{field} {t} or more")
 
 
 def build_data(run: Any, verify: bool = False) -> RunData:
