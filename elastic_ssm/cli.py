@@ -228,8 +228,7 @@ def parse(command: str, argv: list[str]) -> argparse.Namespace:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """What the options' types cannot say (``flag``'s metadata, ``--csv``, ``--depths``), checked before the verb
-    runs, naming the flag as typed."""
+    """What the options' types cannot say (``flag`` metadata, ``--csv``, ``--depths``), before the verb runs."""
     cls = args.options_cls
     for f in dataclasses.fields(cls) if cls is not None else ():
         meta, value = f.metadata, getattr(args, f.name, None)

@@ -55,8 +55,7 @@ def load_run_config(args: argparse.Namespace):
 
 
 def _training(verb: str, args: argparse.Namespace, run) -> int:
-    """``run(resume, progress)``; a stopped run (checkpointed, ``TrainingInterrupted``) is one line on rank 0 and the
-    signal's exit code, not a bug."""
+    """``run(resume, progress)``; a stopped run (checkpointed) is one line and the signal's exit code."""
     import signal
 
     from .train.preflight import TrainingInterrupted

@@ -19,8 +19,7 @@ DEFAULT_SEQ_LEN = 512
 
 
 def training_length(checkpoint: str | Path) -> tuple[int, Path] | None:
-    """``(train.seq_len, run.yaml)`` of the run above a model directory (a run's ``final/``, a checkpoint's
-    ``<stage>/<step>/model/``), or None."""
+    """``(train.seq_len, run.yaml)`` of the run a model directory (or checkpoint) is in, or None."""
     from .config import RunConfig
 
     here = Path(checkpoint).resolve()

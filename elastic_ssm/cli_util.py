@@ -37,8 +37,7 @@ def spelled(args: argparse.Namespace, name: str) -> str:
 
 
 def overrides(args: argparse.Namespace, section: str) -> dict[str, Any]:
-    """The ``--<section>.<field>`` flags given, as field path (``optim.lr``) -> parsed value; the rest is the run
-    file's."""
+    """The ``--<section>.<field>`` flags given, as field path (``optim.lr``) -> parsed value."""
     out = {}
     for path in sorted(getattr(args, "_given", ())):
         head, _, rest = path.partition(".")
@@ -177,8 +176,7 @@ def check_csv_target(path: str, overwrite: bool, flag: str = "--csv") -> None:
 
 
 def write_csv(path: str | None, rows: list[dict], overwrite: bool = False, flag: str = "--csv") -> None:
-    """``rows`` (dicts of the same keys) written atomically as CSV to ``path`` (None: nothing), as
-    ``check_csv_target`` allows."""
+    """``rows`` (dicts of the same keys) as CSV at ``path``, atomically (None: nothing; ``check_csv_target``)."""
     if not path:
         return
     import io

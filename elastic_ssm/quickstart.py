@@ -87,8 +87,7 @@ def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
 
 
 def _train_or_load(run: Any, data: Any, resume: bool, overwrite: bool, stages=None, progress: bool | str = True):
-    """Train ``run`` (continuing it with ``resume``), or with ``resume`` load a finished run's final model (its
-    settings compared with the run's record first)."""
+    """Train ``run``; with ``resume``, continue it or load its final model (record compared first)."""
     from .pipeline import train_run
 
     final = Path(run.train.out_dir) / "final"

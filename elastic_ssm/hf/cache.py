@@ -16,8 +16,7 @@ __all__ = ["ESSHHFCache"]
 
 
 class _NoRollbackCache(Cache):
-    """Our ``transformers`` caches' common part: ``n_layers`` layers, beam edits by ``_apply(fn)`` on every
-    per-sequence tensor, no rollback (no assisted decoding)."""
+    """Our caches' common part: ``n_layers`` layers, beam edits by ``_apply(fn)``, no rollback."""
 
     is_compileable = False
     n_layers: int

@@ -120,8 +120,7 @@ def _dtype(dtype: Any) -> torch.dtype | None:
 
 
 class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
-    """One of our models (at a tier, or a standalone export) behind ``transformers``' causal-LM API; each family
-    subclasses it with its ``config_class`` and ``allocate_cache``."""
+    """One of our models behind ``transformers``' causal-LM API (a family subclass each)."""
 
     config_class = ElasticHFConfig
     base_model_prefix = "model"

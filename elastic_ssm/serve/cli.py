@@ -222,8 +222,7 @@ def checked_chat_template(spec: str | None) -> str | None:
 
 
 def record_quality(args: argparse.Namespace, rows, model=None, window: int | None = None) -> None:
-    """``eval --write_quality``: ``rows`` into the model directory's tier_quality.json (``window``: the longest of
-    ``--lengths``)."""
+    """``eval --write_quality``: ``rows`` into tier_quality.json (``window``: the longest length)."""
     from .calibrate import quality_table, write_quality
 
     if not args.write_quality:

@@ -136,8 +136,7 @@ class Guard:
 
 
 def uvicorn_connection_limit(max_requests: int) -> int:
-    """uvicorn's ``limit_concurrency``: room for every request to reach ``Guard`` (which refuses in the API's shape),
-    still bounding idle keep-alive connections."""
+    """uvicorn's ``limit_concurrency``: room for every request to reach ``Guard``; idle keep-alives bounded."""
     return 2 * max_requests + 1
 
 

@@ -158,8 +158,7 @@ class ChatTemplate:
 
     @classmethod
     def from_model(cls, model, tokenizer: Any = None, source: str | None = None) -> ChatTemplate | None:
-        """The directory's template or ``source`` (``--chat_template``), its special tokens from
-        ``tokenizer_config.json``; None: no template."""
+        """The directory's template or ``source``, specials from ``tokenizer_config.json``; None: none."""
         path = getattr(model, "name_or_path", None)
         cfg = Path(path) / "tokenizer_config.json" if path else None
         try:

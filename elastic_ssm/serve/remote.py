@@ -107,8 +107,7 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
 
 
 def model_view(path: str) -> Any:
-    """A saved model without its weights, what the HTTP process needs: on the meta device, with its tokenizer and
-    ``name_or_path`` (``CheckpointError`` as ``load_pretrained``)."""
+    """A saved model on the meta device with its tokenizer (``CheckpointError`` as ``load_pretrained``)."""
     from pathlib import Path
 
     import torch
