@@ -29,7 +29,7 @@ from .cli_schema import (
     TokenizerTrainOptions,
     TrainOptions,
 )
-from .cli_util import check_csv_target, check_output_path, spelled
+from .cli_util import check_csv_target, check_output_path, find_flag, spelled
 from .config import ConfigError
 
 __all__ = ["COMMANDS", "check_options", "main", "parse"]
@@ -101,7 +101,7 @@ def run_options(base: type, argv: list[str], model: bool) -> type:
     """``base`` plus the run sections, defaulting to the values of the run file ``--config`` names (``DEFAULT_RUN``)."""
     from .config import RunConfig
 
-    config = _value_of(argv, "--config")
+    config = find_flag(argv, ("--config",))[1]
     if config is not None and not config.strip():
         raise ConfigError("--config is an empty string; give a run file, or leave it out for the default run")
     run = RunConfig.from_yaml(config or DEFAULT_RUN)
@@ -127,15 +127,6 @@ def options_class(command: str, argv: list[str]) -> type | None:
     if command in ("train", "recover"):
         return run_options(cls, argv, model=command == "train")
     return bench_options() if command == "bench" else cls
-
-
-def _value_of(argv: list[str], flag: str) -> str | None:
-    for i, token in enumerate(argv):
-        if token == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if token.startswith(flag + "="):
-            return token.partition("=")[2]
-    return None
 
 
 def _flag_table(cls: type, prefix: str = "") -> tuple[dict[str, Any], dict[str, str]]:

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .cli_util import check_csv_target, find_flag, write_csv
 from .config import ConfigError, tier_word
 
 __all__ = ["main"]
@@ -35,14 +36,8 @@ ALIASES = {"--model": ("--model", "-M"), "--model_args": ("--model_args", "-a"),
 
 
 def _flag(argv: list[str], name: str) -> tuple[int, str | None]:
-    """Index of ``--name`` (``--name V``, ``--name=V``, a short form) in ``argv`` and its value; (-1, None): absent."""
-    spellings = ALIASES.get(name, (name,))
-    for i, a in enumerate(argv):
-        if a in spellings:
-            return i, argv[i + 1] if i + 1 < len(argv) else None
-        if any(a.startswith(sp + "=") for sp in spellings):
-            return i, a.split("=", 1)[1]
-    return -1, None
+    """``find_flag`` of ``--name`` and its short form."""
+    return find_flag(argv, ALIASES.get(name, (name,)))
 
 
 def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
@@ -187,7 +182,6 @@ def _main(argv: list[str]) -> int:
     args = _parse_model_args(model_args or "") if ours else {}      # another --model: lm-eval as it is
     _, out_dir = _flag(argv, "--output_path")
     rows: list[dict[str, Any]] = []
-    from .cli_util import check_csv_target, write_csv
     from .eval.lm_harness import check_model_args, result_rows
 
     check_model_args(args)                          # before the model loads: an unknown key is one line

@@ -15,9 +15,9 @@ __all__ = ["cmd_recover"]
 def cmd_recover(args: argparse.Namespace) -> int:
     from itertools import islice
 
-    from .cli_schema import DEFAULT_RUN
-    from .cli_util import checked_tiers, overrides, resolve_device, status, write_csv
-    from .config import ConfigError, RunConfig
+    from .cli_commands import load_run_config
+    from .cli_util import checked_tiers, resolve_device, status, write_csv
+    from .config import ConfigError
     from .models import load_pretrained
     from .pipeline import build_data
     from .train.recover import truncate_and_recover
@@ -26,8 +26,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     parent = load_pretrained(args.parent, device=device)
     if not hasattr(parent, "ffn_layers") or parent.arch != "essh":
         raise ConfigError(f"{args.parent} holds a {parent.arch!r} model; recover truncates an ESSH")
-    base = RunConfig.from_yaml(DEFAULT_RUN if args.config is None else args.config)
-    run = base.with_overrides({}, overrides(args, "train"), overrides(args, "data"))
+    run = load_run_config(args)                  # its model is replaced by the parent's below
     train_cfg = run.train.replace(device=device)
     if args.steps:
         train_cfg = train_cfg.replace(refine=train_cfg.refine.replace(steps=args.steps))
