@@ -18,7 +18,6 @@ DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 MODEL_DIR = "model directory (save_pretrained / a run's final/)"
 TOKENIZER_HELP = ("default: the tokenizer saved with the model (bytes when it has none); 'bytes', a tokenizer.json "
                   "or folder names one for a model saved without one; one that differs from the saved one is refused")
-RECOVER_PROTOCOLS = ("refine", "label_only", "posthoc")     # train/recover.py's PROTOCOLS (a test keeps them equal)
 ModelDir = Annotated[str, Positional, arg(metavar="MODEL_DIR")]
 
 
@@ -229,7 +228,7 @@ class RecoverOptions(TiersOptions, DeviceOptions, QuietOptions):
 
     parent: Annotated[str, Positional, arg(metavar="PARENT")] = flag(
         help="model directory of the trained (e.g. dense) ESSH", metavar="PARENT")
-    protocol: Literal["refine", "label_only", "posthoc"] = flag(
+    protocol: Literal["refine", "label_only", "posthoc"] = flag(   # = train/recover.PROTOCOLS (tested)
         "refine", "refine: shared refinement of the truncated model (Tables 33/43); label_only: "
                   "each tier at its fixed shape with CE only (Table 43); posthoc: E.7 ranking + masked recovery")
     config: str | None = flag(None, "run YAML for data and training settings (default: the quickstart's)")

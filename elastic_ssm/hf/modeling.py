@@ -132,9 +132,7 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: ElasticHFConfig, model: Any = None) -> None:
         super().__init__(config)
-        if model is None:
-            model = model_class(config.arch)(config.model_config())
-        self.model = model
+        self.model = model if model is not None else model_class(config.arch)(config.model_config())
         self.post_init()
         if self.can_generate():
             self.generation_config.update(**GENERATION_DEFAULTS)

@@ -86,11 +86,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model.tokenizer = resolve_tokenizer(model, args.tokenizer)   # the saved one; bytes for a model saved without
     table = [t.name for t in model.tier_table()]
     tiers = checked_tiers(model, args.tiers) or table
-    if args.tier not in (None, "auto") and model.resolve_tier(listed_tier(args.tier)).name not in tiers:
+    named = None if args.tier in (None, "auto") else model.resolve_tier(listed_tier(args.tier)).name  # full: T10
+    if named is not None and named not in tiers:
         raise ConfigError(f"--tier {args.tier} is not one of the served --tiers {','.join(tiers)}; add it to --tiers, "
                           "or pick one of them")
-    default = auto_tier(args.checkpoint, args) if args.tier == "auto" else (
-        tiers[-1] if args.tier is None else model.resolve_tier(listed_tier(args.tier)).name)   # 'full': the whole model
+    default = auto_tier(args.checkpoint, args) if args.tier == "auto" else named or tiers[-1]
     if default not in tiers:                     # --tier auto picked a tier outside --tiers: it is served too
         status(f"--tier auto picked {default}, which --tiers does not list; serving it too", file=sys.stderr)
     tiers = sorted(set(tiers) | {default}, key=table.index)

@@ -69,9 +69,11 @@ class Guard:
         self._open: dict[str, int] = defaultdict(int)
         self._in_flight = 0
 
-    def _reject(self, reason: str) -> None:
+    async def _refuse(self, send, reason: str, status: int, message: str, headers: dict | None = None) -> None:
+        """Answer ``status`` in the API's error shape, counted under ``reason``."""
         if self.metrics is not None:
             self.metrics.reject(reason)
+        await _send_error(send, status, message, headers)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -79,35 +81,31 @@ class Guard:
             return
         headers = dict(scope.get("headers") or [])
         if self._hosts is not None and not host_allowed(headers.get(b"host"), self._hosts):
-            self._reject("misdirected_host")
-            await _send_error(send, 421, "this server answers requests for its own address only: without an API "
-                                         "key, a Host other than localhost or a loopback address needs --allowed_hosts")
+            await self._refuse(send, "misdirected_host", 421, "this server answers requests for its own address "
+                               "only: without an API key, a Host other than localhost or a loopback address needs "
+                               "--allowed_hosts")
             return
         if self._key is not None and scope.get("path") != "/health":
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self._key):
-                self._reject("unauthorized")
-                await _send_error(send, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                  {"WWW-Authenticate": "Bearer"})
+                await self._refuse(send, "unauthorized", 401, "missing or wrong API key: send 'Authorization: "
+                                   "Bearer <key>'", {"WWW-Authenticate": "Bearer"})
                 return
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            self._reject("body_too_large")
-            await _send_error(send, 413, f"request body over {self.max_body} bytes")
+            await self._refuse(send, "body_too_large", 413, f"request body over {self.max_body} bytes")
             return
         if scope.get("path") == "/health":       # outside the caps, as outside the key
             await self._run(scope, receive, send)
             return
         client = (scope.get("client") or ("unknown", 0))[0]
         if self._open[client] >= self.max_connections:
-            self._reject("too_many_connections")
-            await _send_error(send, 429, f"more than {self.max_connections} concurrent requests from {client}; "
-                                         "wait for one to finish", {"Retry-After": "1"})
+            await self._refuse(send, "too_many_connections", 429, f"more than {self.max_connections} concurrent "
+                               f"requests from {client}; wait for one to finish", {"Retry-After": "1"})
             return
         if self.max_requests is not None and self._in_flight >= self.max_requests:
-            self._reject("server_full")
-            await _send_error(send, 503, f"the server has {self.max_requests} requests in flight (--max-connections)"
-                                         "; retry shortly", {"Retry-After": "1"})
+            await self._refuse(send, "server_full", 503, f"the server has {self.max_requests} requests in flight "
+                               "(--max-connections); retry shortly", {"Retry-After": "1"})
             return
         self._open[client] += 1
         self._in_flight += 1
