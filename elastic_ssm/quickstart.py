@@ -33,9 +33,8 @@ def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path, raw:
                 label="dense control, truncated and recovered" if raw else "dense control, truncated")
     for r in rows:
         ax.annotate(r.tier, (r.params / 1e6, r.bpb), textcoords="offset points", xytext=(3, 3), fontsize=7)
-    ax.set_xlabel("parameters of the standalone export (M)")
-    ax.set_ylabel("held-out bits per byte")
-    ax.set_title("Train once, export many: quality vs size")
+    ax.set(xlabel="parameters of the standalone export (M)", ylabel="held-out bits per byte",
+           title="Train once, export many: quality vs size")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -141,20 +140,17 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     t_train = time.time() - t0
 
     print("[quickstart] exporting and checking every tier against the shared model")
-    exports, checks = {}, []
+    checks, rows = [], []
     for t in model.tier_table():
         small = export_tier(model, t)
         res = check_export(model, t, standalone=small, input_ids=data.val_batches[0][0][:2])
         print(f"  {res}")
         checks.append(res)
         small.save_pretrained(out / "exports" / t.name)
-        exports[t.name] = small
-    rows = []
-    for t in model.tier_table():
-        ev = evaluate_tiers(exports[t.name], data.val_batches)[0]
+        ev = evaluate_tiers(small, data.val_batches)[0]
         rows.append(TierEval(t.name, t.K, t.n_ff, t.params, ev.loss, ev.tokens, ev.bytes_per_token))
         atomic_write_bytes(out / "exports" / t.name / "README.md", model_card(   # the card, now with quality
-            exports[t.name], {"held-out bits per byte (quickstart validation)": rows[-1].bpb}).encode())
+            small, {"held-out bits per byte (quickstart validation)": rows[-1].bpb}).encode())
 
     control_rows = raw_rows = None
     if control:
