@@ -12,23 +12,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from . import cli_schema as schema
 from .cli_errors import CommandLineError, debug_requested, parse_error, report, run_reporting_errors
-from .cli_schema import (
-    DEFAULT_RUN,
-    CalibrateOptions,
-    EvalOptions,
-    ExportOptions,
-    GenerateOptions,
-    ImportanceOptions,
-    LmEvalOptions,
-    NiahOptions,
-    PrepareOptions,
-    QuickstartOptions,
-    RecoverOptions,
-    ServeOptions,
-    TokenizerTrainOptions,
-    TrainOptions,
-)
+from .cli_schema import DEFAULT_RUN
 from .cli_util import check_csv_target, check_output_path, find_flag, spelled
 from .config import ConfigError
 
@@ -37,32 +23,34 @@ __all__ = ["COMMANDS", "check_options", "main", "parse"]
 #: verb -> (one-line help, options dataclass or None, "module:function" imported only when the verb runs)
 COMMANDS: dict[str, tuple[str, type | None, str]] = {
     "info": ("versions, scan backends and device", None, "elastic_ssm.cli_commands:cmd_info"),
-    "train": ("train a model from a YAML run file plus --section.field overrides", TrainOptions,
+    "train": ("train a model from a YAML run file plus --section.field overrides", schema.TrainOptions,
               "elastic_ssm.cli_commands:cmd_train"),
-    "export": ("write standalone tier models and check each against the shared model", ExportOptions,
+    "export": ("write standalone tier models and check each against the shared model", schema.ExportOptions,
                "elastic_ssm.cli_commands:cmd_export"),
-    "eval": ("per-tier loss / perplexity / bits-per-byte on a dataset", EvalOptions, "elastic_ssm.cli_eval:cmd_eval"),
-    "importance": ("knock-out and output energy per spectral channel (ESSH Table 31)", ImportanceOptions,
+    "eval": ("per-tier loss / perplexity / bits-per-byte on a dataset", schema.EvalOptions,
+             "elastic_ssm.cli_eval:cmd_eval"),
+    "importance": ("knock-out and output energy per spectral channel (ESSH Table 31)", schema.ImportanceOptions,
                    "elastic_ssm.cli_eval:cmd_importance"),
-    "generate": ("sample from any tier, streaming to stdout", GenerateOptions, "elastic_ssm.cli_commands:cmd_generate"),
-    "lm-eval": ("lm-evaluation-harness tasks at every tier (needs the eval extra)", LmEvalOptions,
+    "generate": ("sample from any tier, streaming to stdout", schema.GenerateOptions,
+                 "elastic_ssm.cli_commands:cmd_generate"),
+    "lm-eval": ("lm-evaluation-harness tasks at every tier (needs the eval extra)", schema.LmEvalOptions,
                 "elastic_ssm.cli_commands:cmd_lm_eval"),
-    "niah": ("needle-in-a-haystack key retrieval at every tier (ESSH Tables 17-18)", NiahOptions,
+    "niah": ("needle-in-a-haystack key retrieval at every tier (ESSH Tables 17-18)", schema.NiahOptions,
              "elastic_ssm.cli_commands:cmd_niah"),
-    "prepare": ("tokenize a corpus into a memory-mapped token file (*.bin + .json)", PrepareOptions,
+    "prepare": ("tokenize a corpus into a memory-mapped token file (*.bin + .json)", schema.PrepareOptions,
                 "elastic_ssm.cli_data:cmd_prepare"),
     "tokenizer": ("tokenizer tools: `tokenizer train` trains a byte-level BPE tokenizer locally",
-                  TokenizerTrainOptions, "elastic_ssm.cli_data:cmd_tokenizer"),
+                  schema.TokenizerTrainOptions, "elastic_ssm.cli_data:cmd_tokenizer"),
     "recover": ("truncate a saved ESSH and recover it (dense control, label-only, post-hoc elastification); "
-                "tables before/after", RecoverOptions, "elastic_ssm.cli_recover:cmd_recover"),
-    "serve": ("OpenAI-compatible HTTP server of every tier of one checkpoint (needs the serve extra)", ServeOptions,
-              "elastic_ssm.serve.cli:cmd_serve"),
+                "tables before/after", schema.RecoverOptions, "elastic_ssm.cli_recover:cmd_recover"),
+    "serve": ("OpenAI-compatible HTTP server of every tier of one checkpoint (needs the serve extra)",
+              schema.ServeOptions, "elastic_ssm.serve.cli:cmd_serve"),
     "calibrate": ("measure ms/token of every tier on this device (served decode path) into the model directory's "
-                  "tier_profile.json", CalibrateOptions, "elastic_ssm.serve.cli:cmd_calibrate"),
+                  "tier_profile.json", schema.CalibrateOptions, "elastic_ssm.serve.cli:cmd_calibrate"),
     "bench": ("GPU benchmarks (decode, prefill, training, memory) with peers, or a suite of configs/bench/", None,
               "elastic_ssm.cli_commands:cmd_bench"),
     "quickstart": ("the main job: train a small ESSH on CPU, export, check and evaluate all ten tiers, write "
-                   "report.md / tiers.csv / plot", QuickstartOptions, "elastic_ssm.cli_commands:cmd_quickstart"),
+                   "report.md / tiers.csv / plot", schema.QuickstartOptions, "elastic_ssm.cli_commands:cmd_quickstart"),
 }
 _MODEL_CLASSES = ("ModelChoice", "ESSHConfig", "ESSSMConfig", "TransformerConfig", "MatFormerConfig")
 

@@ -65,9 +65,8 @@ class ServerSettings:
 
     def engine_options(self) -> dict:
         """The ``Engine`` keyword arguments among these settings (admission, prefill and decode choices)."""
-        return {"max_prefill": self.max_prefill, "max_prefill_tokens": self.max_prefill_tokens,
-                "prefill_wait_ms": self.prefill_wait_ms, "prefill_graphs": self.prefill_graphs,
-                "prefill_graph_tokens": self.prefill_graph_tokens, "attended_spans": self.attended_spans}
+        return {k: getattr(self, k) for k in ("max_prefill", "max_prefill_tokens", "prefill_wait_ms", "prefill_graphs",
+                                               "prefill_graph_tokens", "attended_spans")}
 
 
 def _json(status: int, body: dict, headers: dict | None = None):
