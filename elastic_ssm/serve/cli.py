@@ -86,7 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model.tokenizer = resolve_tokenizer(model, args.tokenizer)   # the saved one; bytes for a model saved without
     table = [t.name for t in model.tier_table()]
     tiers = checked_tiers(model, args.tiers) or table
-    named = None if args.tier in (None, "auto") else model.resolve_tier(listed_tier(args.tier)).name  # full: T10
+    named = None if args.tier in (None, "auto") else model.resolve_tier(listed_tier(args.tier)).name  # full: largest
     if named is not None and named not in tiers:
         raise ConfigError(f"--tier {args.tier} is not one of the served --tiers {','.join(tiers)}; add it to --tiers, "
                           "or pick one of them")

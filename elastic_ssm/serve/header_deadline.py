@@ -69,7 +69,8 @@ def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], No
                          max_header_bytes: int | None = MAX_HEADER_BYTES, write_timeout: float | None = None,
                          on_refuse: Callable[[str], None] | None = None) -> type:
     """``base`` (a uvicorn HTTP protocol class) with the module docstring's limits (None: no bound / timeout);
-    ``on_timeout()`` counts each 408 close, ``on_refuse(reason)`` the others (``"http_431"``, ``"stalled_reader"``)."""
+    ``on_timeout()`` counts each 408 close, ``on_refuse(reason)`` the others (``"http_431"``, ``"stalled_reader"``);
+    ``ValueError`` for a bad limit."""
     if not seconds > 0:
         raise ValueError(f"the header deadline must be positive, got {seconds!r}")
     if max_header_bytes is not None and not (isinstance(max_header_bytes, int) and max_header_bytes >= 1024):
