@@ -12,16 +12,10 @@ from .config import ConfigError, ESSHConfig, ESSSMConfig
 
 __version__ = "0.1.0"
 
+#: name -> (module, attribute or None for the module itself), imported on first use
 _LAZY = {
-    "spectral": ("elastic_ssm.spectral", None),
-    "ops": ("elastic_ssm.ops", None),
-    "layers": ("elastic_ssm.layers", None),
-    "elastic": ("elastic_ssm.elastic", None),
-    "models": ("elastic_ssm.models", None),
-    "train": ("elastic_ssm.train", None),
-    "data": ("elastic_ssm.data", None),
-    "eval": ("elastic_ssm.eval", None),
-    "bench": ("elastic_ssm.bench", None),
+    **{sub: (f"elastic_ssm.{sub}", None) for sub in ("spectral", "ops", "layers", "elastic", "models", "train", "data",
+                                                     "eval", "bench", "serve")},
     "ESSSM": ("elastic_ssm.models.es_ssm", "ESSSM"),
     "ESSH": ("elastic_ssm.models.essh", "ESSH"),
     "compile_model": ("elastic_ssm.models", "compile_model"),
@@ -30,7 +24,6 @@ _LAZY = {
     "export_tier": ("elastic_ssm.elastic.export", "export_tier"),
     "check_export": ("elastic_ssm.elastic.export", "check_export"),
     "BudgetSampler": ("elastic_ssm.elastic.budget", "BudgetSampler"),
-    "serve": ("elastic_ssm.serve", None),
     "select_tier": ("elastic_ssm.serve.select", "select_tier"),
 }
 

@@ -1,8 +1,6 @@
 """Command line: elastic-ssm train|recover|export|eval|importance|generate|serve|bench|quickstart|info|...
 
-tyro derives every verb's flags from its options dataclass (``cli_schema.py``; ``train`` / ``recover`` add the run
-sections on top of a YAML run file, ``bench`` takes ``BenchConfig``); a user's mistake is one line and exit code 2
-(``cli_errors.py``; docs/cli.md)."""
+tyro derives each verb's flags from its options dataclass (``cli_schema.py``); a mistake is one line, exit code 2."""
 
 from __future__ import annotations
 
@@ -14,72 +12,57 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from . import cli_schema as schema
 from .cli_errors import CommandLineError, debug_requested, parse_error, report, run_reporting_errors
-from .cli_schema import (
-    DEFAULT_RUN,
-    CalibrateOptions,
-    EvalOptions,
-    ExportOptions,
-    GenerateOptions,
-    ImportanceOptions,
-    LmEvalOptions,
-    NiahOptions,
-    PrepareOptions,
-    QuickstartOptions,
-    RecoverOptions,
-    ServeOptions,
-    TokenizerTrainOptions,
-    TrainOptions,
-)
-from .cli_util import check_csv_target, check_output_path, spelled
+from .cli_schema import DEFAULT_RUN
+from .cli_util import check_csv_target, check_output_path, find_flag, spelled
 from .config import ConfigError
 
 __all__ = ["COMMANDS", "check_options", "main", "parse"]
 
-#: verb -> (one-line help, options dataclass or None, "module:function" run with the parsed options); the functions
-#: are imported when the verb runs, so parsing and --help load no model code. train / recover add the run sections
-#: and bench its BenchConfig (``options_class``).
+#: verb -> (one-line help, options dataclass or None, "module:function" imported only when the verb runs)
 COMMANDS: dict[str, tuple[str, type | None, str]] = {
     "info": ("versions, scan backends and device", None, "elastic_ssm.cli_commands:cmd_info"),
-    "train": ("train a model from a YAML run file plus --section.field overrides", TrainOptions,
+    "train": ("train a model from a YAML run file plus --section.field overrides", schema.TrainOptions,
               "elastic_ssm.cli_commands:cmd_train"),
-    "export": ("write standalone tier models and check each against the shared model", ExportOptions,
+    "export": ("write standalone tier models and check each against the shared model", schema.ExportOptions,
                "elastic_ssm.cli_commands:cmd_export"),
-    "eval": ("per-tier loss / perplexity / bits-per-byte on a dataset", EvalOptions, "elastic_ssm.cli_eval:cmd_eval"),
-    "importance": ("knock-out and output energy per spectral channel (ESSH Table 31)", ImportanceOptions,
+    "eval": ("per-tier loss / perplexity / bits-per-byte on a dataset", schema.EvalOptions,
+             "elastic_ssm.cli_eval:cmd_eval"),
+    "importance": ("knock-out and output energy per spectral channel (ESSH Table 31)", schema.ImportanceOptions,
                    "elastic_ssm.cli_eval:cmd_importance"),
-    "generate": ("sample from any tier, streaming to stdout", GenerateOptions,
+    "generate": ("sample from any tier, streaming to stdout", schema.GenerateOptions,
                  "elastic_ssm.cli_commands:cmd_generate"),
-    "lm-eval": ("lm-evaluation-harness tasks at every tier (needs the eval extra)", LmEvalOptions,
+    "lm-eval": ("lm-evaluation-harness tasks at every tier (needs the eval extra)", schema.LmEvalOptions,
                 "elastic_ssm.cli_commands:cmd_lm_eval"),
-    "niah": ("needle-in-a-haystack key retrieval at every tier (ESSH Tables 17-18)", NiahOptions,
+    "niah": ("needle-in-a-haystack key retrieval at every tier (ESSH Tables 17-18)", schema.NiahOptions,
              "elastic_ssm.cli_commands:cmd_niah"),
-    "prepare": ("tokenize a corpus into a memory-mapped token file (*.bin + .json)", PrepareOptions,
+    "prepare": ("tokenize a corpus into a memory-mapped token file (*.bin + .json)", schema.PrepareOptions,
                 "elastic_ssm.cli_data:cmd_prepare"),
     "tokenizer": ("tokenizer tools: `tokenizer train` trains a byte-level BPE tokenizer locally",
-                  TokenizerTrainOptions, "elastic_ssm.cli_data:cmd_tokenizer"),
+                  schema.TokenizerTrainOptions, "elastic_ssm.cli_data:cmd_tokenizer"),
     "recover": ("truncate a saved ESSH and recover it (dense control, label-only, post-hoc elastification); "
-                "tables before/after", RecoverOptions, "elastic_ssm.cli_recover:cmd_recover"),
-    "serve": ("OpenAI-compatible HTTP server of every tier of one checkpoint (needs the serve extra)", ServeOptions,
-              "elastic_ssm.serve.cli:cmd_serve"),
+                "tables before/after", schema.RecoverOptions, "elastic_ssm.cli_recover:cmd_recover"),
+    "serve": ("OpenAI-compatible HTTP server of every tier of one checkpoint (needs the serve extra)",
+              schema.ServeOptions, "elastic_ssm.serve.cli:cmd_serve"),
     "calibrate": ("measure ms/token of every tier on this device (served decode path) into the model directory's "
-                  "tier_profile.json", CalibrateOptions, "elastic_ssm.serve.cli:cmd_calibrate"),
+                  "tier_profile.json", schema.CalibrateOptions, "elastic_ssm.serve.cli:cmd_calibrate"),
     "bench": ("GPU benchmarks (decode, prefill, training, memory) with peers, or a suite of configs/bench/", None,
               "elastic_ssm.cli_commands:cmd_bench"),
     "quickstart": ("the main job: train a small ESSH on CPU, export, check and evaluate all ten tiers, write "
-                   "report.md / tiers.csv / plot", QuickstartOptions, "elastic_ssm.cli_commands:cmd_quickstart"),
+                   "report.md / tiers.csv / plot", schema.QuickstartOptions, "elastic_ssm.cli_commands:cmd_quickstart"),
 }
 _MODEL_CLASSES = ("ModelChoice", "ESSHConfig", "ESSSMConfig", "TransformerConfig", "MatFormerConfig")
 
 
 def _section(name: str, cls: type, value: Any, help_: str) -> tuple[str, type, Any]:
-    """A field ``name`` of a derived options class holding the config section ``value`` (its flags' defaults)."""
+    """A field ``name`` of a derived options class: the config section ``value`` (its flags' defaults)."""
     return (name, cls, dataclasses.field(default_factory=lambda: value, metadata={"help": help_}))
 
 
 def model_flags(run: Any) -> tuple[type, Any]:
-    """The ``--model.*`` flags: one per field of the model choice and of every model config (the first class
-    that has a field gives its type and help); defaults are the run's values, ``None`` for a field its arch lacks."""
+    """The ``--model.*`` flags: a field of the model choice or of any model config (the first class with it gives
+    its type and help), defaulting to the run's value (``None`` where its arch lacks it)."""
     from . import config
 
     choice = {k: v for k, v in run.model_source.items() if k in ("arch", "preset", "tier_config")}
@@ -103,11 +86,10 @@ def model_flags(run: Any) -> tuple[type, Any]:
 
 
 def run_options(base: type, argv: list[str], model: bool) -> type:
-    """``base`` (``TrainOptions`` / ``RecoverOptions``) plus the run sections, their defaults the values of the run
-    file ``--config`` names (else ``DEFAULT_RUN``): what a run without more flags really uses."""
+    """``base`` plus the run sections, defaulting to the values of the run file ``--config`` names (``DEFAULT_RUN``)."""
     from .config import RunConfig
 
-    config = _value_of(argv, "--config")
+    config = find_flag(argv, ("--config",))[1]
     if config is not None and not config.strip():
         raise ConfigError("--config is an empty string; give a run file, or leave it out for the default run")
     run = RunConfig.from_yaml(config or DEFAULT_RUN)
@@ -135,18 +117,8 @@ def options_class(command: str, argv: list[str]) -> type | None:
     return bench_options() if command == "bench" else cls
 
 
-def _value_of(argv: list[str], flag: str) -> str | None:
-    for i, token in enumerate(argv):
-        if token == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if token.startswith(flag + "="):
-            return token.partition("=")[2]
-    return None
-
-
 def _flag_table(cls: type, prefix: str = "") -> tuple[dict[str, Any], dict[str, str]]:
-    """The dotted paths of ``cls``'s flags -> their field, and older spellings -> path (an option's
-    ``aliases``)."""
+    """The dotted paths of ``cls``'s flags -> their field, and older spellings (``aliases``) -> path."""
     hints = typing.get_type_hints(cls)
     paths, aliases = {}, {}
     for f in dataclasses.fields(cls):
@@ -209,10 +181,9 @@ def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set
 
 
 def parse(command: str, argv: list[str]) -> argparse.Namespace:
-    """The options of ``command`` from its ``argv`` (the tokens after the verb), by tyro: a namespace of the
-    options dataclass's fields (sections as their configs) plus ``command``, ``fn``, ``options_cls``, ``_spelled``
-    (option -> the flag as typed) and ``_given`` (the dotted paths given). A command line tyro rejects is a
-    ``CommandLineError`` (one line); ``--help`` prints and exits 0."""
+    """The options of ``command`` from the tokens after the verb, by tyro: the options' fields plus ``command``,
+    ``fn``, ``options_cls``, ``_spelled`` (option -> flag as typed) and ``_given`` (dotted paths given); a rejected
+    command line is a ``CommandLineError``."""
     import tyro
     from tyro._errors import on_parse_error
 
@@ -236,9 +207,7 @@ def parse(command: str, argv: list[str]) -> argparse.Namespace:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """What the options' types cannot say, checked before the verb runs, naming the flag as the user typed it:
-    an empty string, a non-finite number, a value below ``minimum``, not above ``above`` or above ``maximum``, an
-    ``output`` path that cannot be written, a ``--csv`` file that would replace something saved, ``--depths``."""
+    """What the options' types cannot say (``flag`` metadata, ``--csv``, ``--depths``), before the verb runs."""
     cls = args.options_cls
     for f in dataclasses.fields(cls) if cls is not None else ():
         meta, value = f.metadata, getattr(args, f.name, None)
@@ -264,8 +233,7 @@ def check_options(args: argparse.Namespace) -> None:
         check_csv_target(csv, getattr(args, "overwrite", False))
     bpt = getattr(args, "bytes_per_token", None)
     if bpt is not None and not (math.isfinite(bpt) and bpt >= 0):
-        raise ConfigError(f"{spelled(args, 'bytes_per_token')} must be a finite number >= 0 (0: automatic), got "
-                          f"{bpt}")
+        raise ConfigError(f"{spelled(args, 'bytes_per_token')} must be a finite number >= 0 (0: automatic), got {bpt}")
     depths = getattr(args, "depths", None)
     if isinstance(depths, str):
         try:

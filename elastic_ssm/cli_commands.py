@@ -1,10 +1,8 @@
-"""The bodies of the ``elastic-ssm`` verbs of no single area; model code is imported inside them, so parsing and
-``--help`` stay light."""
+"""The ``elastic-ssm`` verbs of no single area; model code is imported inside them (``--help`` stays light)."""
 
 from __future__ import annotations
 
 import argparse
-import codecs
 import sys
 from pathlib import Path
 
@@ -56,24 +54,30 @@ def load_run_config(args: argparse.Namespace):
     return base.with_overrides(model, overrides(args, "train"), overrides(args, "data"))
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def _training(verb: str, args: argparse.Namespace, run) -> int:
+    """``run(resume, progress)``; a stopped run (checkpointed) is one line and the signal's exit code."""
     import signal
 
-    from .pipeline import run_training
     from .train.preflight import TrainingInterrupted
+
+    try:
+        run({None: False, "yes": True}.get(args.resume, args.resume), "lines" if args.quiet else True)
+    except TrainingInterrupted as e:
+        if is_rank_zero():
+            print(f"elastic-ssm {verb}: {e}", file=sys.stderr)
+        return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .pipeline import run_training
 
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in --train.out_dir and --overwrite replaces it; give one")
     run = load_run_config(args)
-    try:
-        run_training(run, resume={None: False, "yes": True}.get(args.resume, args.resume), overwrite=args.overwrite,
-                     stop_after=args.stop_after or None, verify_data=args.verify_data,
-                     progress="lines" if args.quiet else True)
-    except TrainingInterrupted as e:
-        if is_rank_zero():        # every rank stops; one line says so
-            print(f"elastic-ssm train: {e}", file=sys.stderr)
-        return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
-    return 0
+    return _training("train", args, lambda resume, progress: run_training(
+        run, resume=resume, overwrite=args.overwrite, stop_after=args.stop_after or None,
+        verify_data=args.verify_data, progress=progress))
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -108,10 +112,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _occupied_tier_folders(out: Path, names: list[str], overwrite: bool) -> set[str]:
-    """The tiers whose folder under ``out`` already holds files (leftover temporary files of an interrupted write
-    aside). Without ``overwrite`` any such folder is a one-line ``ConfigError`` naming it: a saved model is never
-    replaced silently, not even by the same export (exports are not byte-reproducible: the weights file's header
-    order varies, so "the same model" cannot be told by its bytes)."""
+    """The tiers whose folder under ``out`` holds files (temporary ones aside); without ``overwrite`` one is a
+    ``ConfigError``, even for the same export (its bytes vary: the weights header's order is not fixed)."""
     from .utils.files import is_temp_name
 
     occupied = set()
@@ -131,8 +133,7 @@ def _occupied_tier_folders(out: Path, names: list[str], overwrite: bool) -> set[
 
 
 def _replace_folder(folder: Path, write) -> None:
-    """``write(path)`` into a staging folder beside ``folder``, then swap it in: the old files stay whole until the
-    new ones are complete, and none of them is left beside the new model."""
+    """``write(path)`` into a staging folder beside ``folder``, then swapped in: the old files stay whole until then."""
     import os
     import shutil
     import tempfile
@@ -221,6 +222,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .models import load_pretrained
     from .models.generation import check_sampling
     from .serve.cli import auto_tier
+    from .serve.tokens import TextStream
 
     check_sampling(args.temperature, args.top_k, args.top_p)   # before anything is printed or loaded
     check_utf8_prompt(args)
@@ -244,26 +246,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     announce_device("generate", device, dtype)
     g = torch.Generator(device=device).manual_seed(args.seed)
     sys.stdout.write(args.prompt)
-
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    text = TextStream(tok, [])             # the server's decoding: multi-byte characters and subwords survive
 
     def stream(t: torch.Tensor) -> None:
-        i = int(t[0])
-        if tok.vocab_size <= 260:          # bytes: decode incrementally so multi-byte characters survive
-            sys.stdout.write(utf8.decode(bytes([i])) if i < 256 else "")
-        else:
-            sys.stdout.write(tok.decode([i]))
+        sys.stdout.write(text.push(int(t[0])))
         sys.stdout.flush()
 
     model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    streamer=stream, generator=g, do_sample=args.temperature > 0)
-    sys.stdout.write("\n")
+    sys.stdout.write(text.finish() + "\n")
     return 0
 
 
 def check_utf8_prompt(args: argparse.Namespace) -> None:
-    """``--prompt`` must be text: bytes that are not UTF-8 reach Python as lone surrogates (PEP 383), which no
-    tokenizer can encode; a one-line ``ConfigError`` names the first such byte and the fix."""
+    """``ConfigError`` naming the first byte of ``--prompt`` that is not UTF-8 (a lone surrogate, PEP 383)."""
     try:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -282,8 +278,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def bench_main(argv: list[str] | None = None) -> dict:
-    """``elastic-ssm bench --bench.preset 1.5b --bench.batches 1 16 ...`` or ``--bench.suite NAME`` in process: the
-    same command line as ``elastic-ssm bench`` (flags derived from ``BenchConfig``); returns the results."""
+    """``elastic-ssm bench``'s command line (``--bench.preset 1.5b ...``) in process; returns the results."""
     from .bench import bench_command
     from .cli import parse
 
@@ -291,17 +286,8 @@ def bench_main(argv: list[str] | None = None) -> dict:
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    import signal
-
     from .quickstart import quickstart
-    from .train.preflight import TrainingInterrupted
 
-    try:
-        quickstart(out_dir=args.out, steps=args.steps, control=args.control, config=args.config,
-                   overwrite=args.overwrite, resume={None: False, "yes": True}.get(args.resume, args.resume),
-                   progress="lines" if args.quiet else True)
-    except TrainingInterrupted as e:     # a stopped run, checkpointed: like `train`, not a bug
-        if is_rank_zero():
-            print(f"elastic-ssm quickstart: {e}", file=sys.stderr)
-        return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
-    return 0
+    return _training("quickstart", args, lambda resume, progress: quickstart(
+        out_dir=args.out, steps=args.steps, control=args.control, config=args.config, overwrite=args.overwrite,
+        resume=resume, progress=progress))

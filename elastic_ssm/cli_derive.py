@@ -13,9 +13,8 @@ __all__ = ["derive", "to_argv"]
 
 
 def to_argv(options: Any, prefix: str = "") -> list[str]:
-    """The flags that give ``options`` (a dataclass instance) to its derived command line: how a parent process
-    passes options to a child that parses them with ``derive`` (booleans as ``--x`` / ``--no_x``, tuples as several
-    values, ``None`` left out)."""
+    """The flags of ``options`` (a dataclass instance) for a child process that parses them with ``derive``
+    (booleans as ``--x`` / ``--no_x``, tuples as several values, ``None`` left out)."""
     out: list[str] = []
     for f in dataclasses.fields(options):
         value = getattr(options, f.name)
@@ -31,9 +30,8 @@ def to_argv(options: Any, prefix: str = "") -> list[str]:
 
 
 def derive(cls: type, argv: list[str] | None, prog: str, description: str = "") -> Any:
-    """``cls`` (an options dataclass) from ``argv`` by tyro, with the errors of ``elastic-ssm``: one line and exit
-    code 2. The entry of the helper processes (``python -m elastic_ssm.bench.serve_server``;
-    the harness's ``python -m benchmarks.ddp_check``, ``...serve_proxy``, ``...first_token``)."""
+    """``cls`` (an options dataclass) from ``argv`` by tyro, a mistake one line and exit code 2, as in
+    ``elastic-ssm``: the helper processes' entry (``elastic_ssm.bench.serve_server``, ``benchmarks.first_token``...)."""
     import tyro
     from tyro._errors import on_parse_error
 

@@ -1,13 +1,6 @@
-"""The one place a user's mistake becomes one line naming the problem and the fix, and exit code 2.
-
-``run_reporting_errors`` runs a verb: a user's mistake (``ConfigError`` and other ``ValueError``, ``OSError`` such as a
-read-only or full disk or a path that is a file, YAML syntax, a corrupt tokenizer, an offline ``hf:`` source,
-``FloatingPointError`` of a diverged run, out of memory) becomes one line on stderr and exit code 2; anything else is
-one line that says it is probably a bug (exit code 1). With ``--debug`` or ``ELASTIC_SSM_DEBUG=1`` the exception
-propagates with its traceback. ``parse_error`` turns tyro's report of a bad command line (unknown flag, unparsable
-value, a config section that does not validate) into the same one line. Under torchrun a mistake in the command line
-or run file is reported once (rank 0); other errors by each rank, with its number.
-"""
+"""A user's mistake as one line naming the problem and the fix, and exit code 2 (``run_reporting_errors``); anything
+else one line calling it a probable bug (exit code 1). ``--debug`` / ``ELASTIC_SSM_DEBUG=1``: the traceback instead.
+Under torchrun a command-line or run-file mistake is said once (rank 0), other errors by each rank."""
 
 from __future__ import annotations
 
@@ -54,14 +47,8 @@ def parse_error(event: Any) -> None:
 
 
 def one_line(e: BaseException) -> str:
-    """The exception as one line naming the problem and, where the exception knows it, the fix.
-
-    * ``OSError``: ``<file>: <reason>`` (plus a hint about the path, permissions and free space for the
-      errors that are not a plain missing file or denied permission);
-    * YAML errors: the line and column of the problem;
-    * ``MemoryError``: what to make smaller;
-    * anything else: its message, whitespace (including newlines of multi-line messages) collapsed.
-    """
+    """The exception as one line: an ``OSError`` as ``<file>: <reason>`` (with a hint beyond a missing file or a
+    denied permission), a YAML error with its line and column, ``MemoryError`` with what to make smaller."""
     import yaml
 
     if isinstance(e, OSError) and e.strerror and not isinstance(e, FileNotFoundError | PermissionError):
@@ -83,13 +70,11 @@ def one_line(e: BaseException) -> str:
 def _user_errors() -> tuple[type[BaseException], ...]:
     import yaml
 
-    return (ConfigError, ValueError, OSError, RuntimeError, yaml.YAMLError, ArithmeticError, ImportError,
-            MemoryError)
+    return (ConfigError, ValueError, OSError, RuntimeError, yaml.YAMLError, ArithmeticError, ImportError, MemoryError)
 
 
 def report(args: argparse.Namespace, text: str, every_rank: bool = False) -> None:
-    """The error line on stderr. Under torchrun, a mistake in the command line or run file (the same on every
-    rank) is said once, by rank 0; any other error by each rank that meets it, naming the rank."""
+    """The error line on stderr: by rank 0 only, or with ``every_rank`` by each rank (naming it) under torchrun."""
     try:                                            # the reporter must not fail on the variable it reports
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     except ValueError:
@@ -113,7 +98,7 @@ def debug_requested(flag: bool, args: argparse.Namespace) -> bool | None:
 
 
 def run_reporting_errors(fn: Callable[[], Any], args: argparse.Namespace, debug: bool) -> int:
-    """``fn()``; the exit code, with errors reported as described above."""
+    """``fn()``'s exit code, errors reported as the module docstring says."""
     try:
         return int(fn() or 0)
     except KeyboardInterrupt:

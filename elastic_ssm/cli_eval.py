@@ -19,8 +19,7 @@ DEFAULT_SEQ_LEN = 512
 
 
 def training_length(checkpoint: str | Path) -> tuple[int, Path] | None:
-    """``(train.seq_len, run.yaml)`` of the run a model directory belongs to: the ``run.yaml`` beside a
-    run's ``final/`` or above a checkpoint's ``<stage>/<step>/model/``; None when there is none."""
+    """``(train.seq_len, run.yaml)`` of the run a model directory (or checkpoint) is in, or None."""
     from .config import RunConfig
 
     here = Path(checkpoint).resolve()
@@ -70,8 +69,7 @@ def _tokens_and_bpt(args: argparse.Namespace, model):
 
 
 def _default_seq_len(args: argparse.Namespace, model) -> None:
-    """Fill in ``--seq_len`` when it was not given: 512 tokens, or the model's longest sequence when that is
-    shorter (an ES-SSM accepts at most its filter length), said in a status line."""
+    """``--seq_len`` when not given: 512, or the model's longest sequence when shorter (an ES-SSM's filter length)."""
     if args.seq_len is not None:
         return
     limit = model.config.max_seq_len()
@@ -134,8 +132,7 @@ IMPORTANCE_FILES = ("channel_importance.csv", "channel_importance.json", "channe
 
 
 def _importance_folder(args: argparse.Namespace) -> Path:
-    """``--out`` (default ``MODEL_DIR/importance``), refused before any work when it is a file or holds an earlier
-    run's results (unless ``--overwrite``)."""
+    """``--out`` (``MODEL_DIR/importance``), refused before any work when it is a file or holds earlier results."""
     out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{spelled(args, 'out')} {out} is a file; give a folder")
@@ -144,6 +141,7 @@ def _importance_folder(args: argparse.Namespace) -> Path:
 
 
 def cmd_importance(args: argparse.Namespace) -> int:
+    from .cli_schema import ImportanceOptions
     from .eval.importance import has_spectral_channels
     from .models import load_pretrained
 
@@ -159,7 +157,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
                           "fraction)")
     K = model.resolve_tier(tier and tier[0]).K
     if args.first > K:
-        if args.first != _default("first"):
+        if args.first != ImportanceOptions.first:       # the option's default
             raise ConfigError(f"{spelled(args, 'first')} {args.first} exceeds the {K} channels of the measured tier; "
                               f"give at most {K}")
         status(f"the measured tier has {K} channels: the first-N share counts all {K} (the default --first is "
@@ -175,15 +173,6 @@ def cmd_importance(args: argparse.Namespace) -> int:
         if created and not any(out.iterdir()):  # a failed run leaves no empty folder behind
             out.rmdir()
         raise
-
-
-def _default(name: str):
-    """The default of an ``importance`` option (``cli_schema.ImportanceOptions``)."""
-    import dataclasses
-
-    from .cli_schema import ImportanceOptions
-
-    return next(f.default for f in dataclasses.fields(ImportanceOptions) if f.name == name)
 
 
 def _importance_into(args: argparse.Namespace, model, tier, out: Path, device) -> int:

@@ -3,25 +3,18 @@
     elastic-ssm-lm-eval --model elastic-ssm --model_args pretrained=runs/x/final,tier=all \\
         --tasks piqa,hellaswag --batch_size auto --output_path results/ --log_samples
 
-(also ``python -m elastic_ssm.cli_lm_eval ...``). This registers our ``ElasticLM`` under the names
-``elastic-ssm`` / ``elastic_ssm`` (``eval/lm_harness.py``) and then runs lm-eval's own ``cli_evaluate``, so
-every lm-eval flag works and results are written in lm-eval's own format. On top of that:
+(also ``python -m elastic_ssm.cli_lm_eval``): lm-eval's own ``cli_evaluate`` with our ``ElasticLM`` registered as
+``elastic-ssm`` / ``elastic_ssm``, so every lm-eval flag works and results are in lm-eval's format. On top of that:
 
-* ``--model`` defaults to ``elastic-ssm``; ``--device`` defaults to ``cuda`` when a GPU is present, else
-  ``cpu`` (lm-eval's own default is ``cuda:0``);
-* ``tier=all`` in ``--model_args`` (or ``tier=T1+T4+T10``) runs lm-eval once per tier of the model's tier
-  table (ESSH Appendix E.4: same tasks, same prompts for every tier), each into ``<output_path>/<tier>/``;
-  ``tier=T4`` runs one tier, no ``tier`` the model as saved;
-* a CSV summary (one row per tier, task and metric: ``tier, K, n_ff, params, task, metric, value,
-  stderr``) goes to ``--csv PATH`` (our flag, removed before lm-eval parses the rest) or, by default, to
-  ``<output_path>/tiers.csv``; the same table is printed at the end. An existing CSV is refused before anything
-  runs unless ``--overwrite`` (our flag too) is given; a file not named ``*.csv`` is never replaced.
+* ``--model`` defaults to ``elastic-ssm``, ``--device`` to ``cuda`` when a GPU is present, else ``cpu``;
+* ``tier=all`` (or ``tier=T1+T4+T10``) in ``--model_args`` runs lm-eval once per tier (ESSH Appendix E.4), each
+  into ``<output_path>/<tier>/``; ``tier=T4`` runs one tier, no ``tier`` the model as saved;
+* a summary (``tier, K, n_ff, params, task, metric, value, stderr`` rows) is printed and written to ``--csv PATH``
+  or ``<output_path>/tiers.csv``; an existing CSV is refused up front unless ``--overwrite``, a file not named
+  ``*.csv`` always.
 
-The tokenizer is the one saved with the model (``tokenizer=`` in ``--model_args`` must equal it).
-
-Errors are reported as ``elastic-ssm lm-eval`` reports them (``cli_errors.run_reporting_errors``): a bad
-``--model_args`` (an unknown tier, a missing model directory), an unknown task and other user mistakes are
-one line on stderr and exit code 2; ``--debug`` (our flag) or ``ELASTIC_SSM_DEBUG=1`` shows the traceback.
+The tokenizer is the one saved with the model. A user's mistake (a bad ``--model_args``, an unknown task) is one line
+on stderr and exit code 2; ``--debug`` or ``ELASTIC_SSM_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -31,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .cli_util import check_csv_target, find_flag, write_csv
 from .config import ConfigError, tier_word
 
 __all__ = ["main"]
@@ -42,15 +36,8 @@ ALIASES = {"--model": ("--model", "-M"), "--model_args": ("--model_args", "-a"),
 
 
 def _flag(argv: list[str], name: str) -> tuple[int, str | None]:
-    """Index of ``--name`` (``--name V``, ``--name=V`` or lm-eval's short form) in ``argv`` and its value;
-    (-1, None) if absent."""
-    spellings = ALIASES.get(name, (name,))
-    for i, a in enumerate(argv):
-        if a in spellings:
-            return i, argv[i + 1] if i + 1 < len(argv) else None
-        if any(a.startswith(sp + "=") for sp in spellings):
-            return i, a.split("=", 1)[1]
-    return -1, None
+    """``find_flag`` of ``--name`` and its short form."""
+    return find_flag(argv, ALIASES.get(name, (name,)))
 
 
 def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
@@ -108,11 +95,8 @@ def _tiers(args: dict[str, str]) -> tuple[list[Any], bool]:
 
 
 def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """lm-eval's ``cli_evaluate`` on ``argv``; returns the results dict it computed (None if it ran none).
-
-    ``indexes`` keeps lm-eval's task index (the scan of every task YAML, ~10 s) between the runs of one
-    invocation, keyed by the scanned folders, so that ``tier=all`` scans once; each run still builds its
-    own ``TaskManager`` with its own metadata."""
+    """lm-eval's ``cli_evaluate`` on ``argv``: the results dict it computed, or None. ``indexes`` keeps lm-eval's
+    task index (a ~10 s scan of every task YAML) between the runs of one invocation, so ``tier=all`` scans once."""
     import lm_eval
     from lm_eval.__main__ import cli_evaluate
 
@@ -162,8 +146,7 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status (2: a user's
-    mistake, reported in one line as ``elastic-ssm lm-eval`` reports it; see the module docstring)."""
+    """Console entry point (``argv``: ``sys.argv[1:]``); the exit status (2: a user's mistake, in one line)."""
     from .cli_errors import debug_requested, run_reporting_errors
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -199,7 +182,6 @@ def _main(argv: list[str]) -> int:
     args = _parse_model_args(model_args or "") if ours else {}      # another --model: lm-eval as it is
     _, out_dir = _flag(argv, "--output_path")
     rows: list[dict[str, Any]] = []
-    from .cli_util import check_csv_target, write_csv
     from .eval.lm_harness import check_model_args, result_rows
 
     check_model_args(args)                          # before the model loads: an unknown key is one line

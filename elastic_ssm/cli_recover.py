@@ -15,9 +15,9 @@ __all__ = ["cmd_recover"]
 def cmd_recover(args: argparse.Namespace) -> int:
     from itertools import islice
 
-    from .cli_schema import DEFAULT_RUN
-    from .cli_util import checked_tiers, overrides, resolve_device, status, write_csv
-    from .config import ConfigError, RunConfig
+    from .cli_commands import load_run_config
+    from .cli_util import checked_tiers, resolve_device, status, write_csv
+    from .config import ConfigError
     from .models import load_pretrained
     from .pipeline import build_data
     from .train.recover import truncate_and_recover
@@ -26,8 +26,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     parent = load_pretrained(args.parent, device=device)
     if not hasattr(parent, "ffn_layers") or parent.arch != "essh":
         raise ConfigError(f"{args.parent} holds a {parent.arch!r} model; recover truncates an ESSH")
-    base = RunConfig.from_yaml(DEFAULT_RUN if args.config is None else args.config)
-    run = base.with_overrides({}, overrides(args, "train"), overrides(args, "data"))
+    run = load_run_config(args)                  # its model is replaced by the parent's below
     train_cfg = run.train.replace(device=device)
     if args.steps:
         train_cfg = train_cfg.replace(refine=train_cfg.refine.replace(steps=args.steps))
@@ -54,9 +53,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def _check_before_work(args: argparse.Namespace, parent: Any, t: Any, tiers: list[str] | None) -> None:
-    """Settings the recovery would reject only after the truncated model's evaluation (minutes at scale): the
-    length, post-hoc masks, run directories that are files or hold another run, and an earlier ``recovery.csv``
-    (the last two without --overwrite)."""
+    """What the recovery would reject only after evaluating the truncated model (minutes at scale): its length,
+    post-hoc masks, run directories that are files or hold another run, an earlier ``recovery.csv``."""
     from .cli_util import check_csv_target
     from .config import ConfigError
     from .train.posthoc import posthoc_train_config

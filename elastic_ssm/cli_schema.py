@@ -18,7 +18,6 @@ DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 MODEL_DIR = "model directory (save_pretrained / a run's final/)"
 TOKENIZER_HELP = ("default: the tokenizer saved with the model (bytes when it has none); 'bytes', a tokenizer.json "
                   "or folder names one for a model saved without one; one that differs from the saved one is refused")
-RECOVER_PROTOCOLS = ("refine", "label_only", "posthoc")     # train/recover.py's PROTOCOLS (a test keeps them equal)
 ModelDir = Annotated[str, Positional, arg(metavar="MODEL_DIR")]
 
 
@@ -195,8 +194,7 @@ class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions
     n_pairs: int = flag(256, "key pairs (each runs at every depth)", aliases=("--pairs",), minimum=1)
     depths: str = flag("0.1,0.3,0.5,0.7,0.9", "comma-separated relative needle depths in [0, 1]")
     condition: Literal["counterfactual", "planted"] = flag(
-        "counterfactual", "which key of a pair is inserted and expected (the paper's tables: "
-                          "counterfactual)")
+        "counterfactual", "which key of a pair is inserted and expected (the paper's tables: counterfactual)")
     seed: int = flag(0, "keys, filler windows and bootstrap")
     batch_size: int = flag(8, "sequences per forward pass", minimum=1)
 
@@ -230,20 +228,17 @@ class RecoverOptions(TiersOptions, DeviceOptions, QuietOptions):
 
     parent: Annotated[str, Positional, arg(metavar="PARENT")] = flag(
         help="model directory of the trained (e.g. dense) ESSH", metavar="PARENT")
-    protocol: Literal["refine", "label_only", "posthoc"] = flag(
+    protocol: Literal["refine", "label_only", "posthoc"] = flag(   # = train/recover.PROTOCOLS (tested)
         "refine", "refine: shared refinement of the truncated model (Tables 33/43); label_only: "
-                  "each tier at its fixed shape with CE only (Table 43); posthoc: E.7 ranking + "
-                  "masked recovery")
+                  "each tier at its fixed shape with CE only (Table 43); posthoc: E.7 ranking + masked recovery")
     config: str | None = flag(None, "run YAML for data and training settings (default: the quickstart's)")
     steps: int = flag(0, "recovery steps (0: train.refine.steps of the run file)", minimum=0)
     tiers: str = flag("all", "'all' or comma-separated tiers to evaluate (label_only: train)")
     masks: tuple[float, ...] | None = flag(None, "posthoc: mask capacity fractions, full first "
                                                  "(default train.mixing.capacities)")
-    calibration_batches: int = flag(16, "posthoc: training micro-batches for the ranking (E.7: 2M tokens)",
-                                    minimum=1)
+    calibration_batches: int = flag(16, "posthoc: training micro-batches for the ranking (E.7: 2M tokens)", minimum=1)
     channel_order: Literal["original", "energy"] = flag(
-        "original", "posthoc: keep the spectral channels' order (E.7) or rank them by "
-                    "output energy")
+        "original", "posthoc: keep the spectral channels' order (E.7) or rank them by output energy")
     overwrite: bool = flag(False, "move another run in train.out_dir aside")
 
 
@@ -260,28 +255,19 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
     port: int = flag(8000, "TCP port (0: any free port, named in the start line)", minimum=0, maximum=65535)
     api_key: str | None = flag(None, "require 'Authorization: Bearer KEY' (or set ELASTIC_SSM_API_KEY)")
     max_batch: int = flag(16, "slots of the one pool every served tier shares: its decode batch", minimum=1)
-    max_prefill: int = flag(0, "most waiting prompts prefilled together in one forward (similar lengths, "
-                               "left-padded; 0: --max_batch, a burst that fills the pool in one forward; set it "
-                               "lower to bound the scratch cache used when the free slots are scattered)",
-                            minimum=0)
-    max_prefill_tokens: int = flag(32768, "most prompt tokens (padding included) in one prefill forward: bounds its "
-                                          "memory and how long it holds up the running streams (a longer prompt "
-                                          "goes alone)", minimum=1)
-    prefill_wait_ms: float = flag(50.0, "longest a waiting request is held (ms) for more arrivals to share its "
-                                        "prefill forward; it goes at once when the waiting requests fill "
-                                        "min(--max_prefill, free slots); running streams keep decoding meanwhile "
-                                        "(0: prefill whatever waits at once)", minimum=0)
-    prefill_graphs: bool = flag(True, "on CUDA, replay prefill forwards of up to --prefill_graph_tokens "
-                                      "padded prompt tokens from CUDA graphs, one per (prompts, length) bucket "
-                                      "captured at its second use (no per-forward host dispatch; larger forwards "
-                                      "run eagerly, which is faster for them); --no_prefill_graphs prefills eagerly")
-    prefill_graph_tokens: int = flag(2048, "the largest graphed prefill forward, in padded prompt tokens (rows "
-                                           "x length bucket; larger ones run eagerly): the torch scan's "
-                                           "captured plan is slower per token than its eager one "
-                                           "(docs/serving.md)", minimum=1)
-    attended_spans: bool = flag(True, "while every running sequence is shorter than a power of two below the "
-                                      "attention window, a decode step reads only that prefix of the window "
-                                      "caches (one CUDA graph per span); --no_attended_spans reads all of it")
+    max_prefill: int = flag(0, "most waiting prompts (similar lengths, left-padded) prefilled in one forward (0: "
+                               "--max_batch; lower bounds the scratch cache of scattered free slots)", minimum=0)
+    max_prefill_tokens: int = flag(32768, "most prompt tokens (padding included) in one prefill forward, bounding its "
+                                          "memory and the stall of running streams (a longer prompt goes alone)",
+                                   minimum=1)
+    prefill_wait_ms: float = flag(50.0, "longest (ms) a waiting request is held for more arrivals to share its "
+                                        "prefill, unless min(--max_prefill, free slots) wait (0: at once)", minimum=0)
+    prefill_graphs: bool = flag(True, "on CUDA, replay prefills of up to --prefill_graph_tokens from CUDA graphs, "
+                                      "one per (prompts, length) bucket, captured at its second use")
+    prefill_graph_tokens: int = flag(2048, "the largest graphed prefill, in padded prompt tokens (larger ones run "
+                                           "eagerly, faster for them: docs/serving.md)", minimum=1)
+    attended_spans: bool = flag(True, "while every sequence is shorter than a power of two below the attention "
+                                      "window, decode steps read only that prefix of the window caches")
     max_queue: int = flag(64, "requests waiting (all tiers together) before 503", minimum=0)
     max_prompt_tokens: int = flag(8192, "longest prompt accepted", minimum=1)
     max_tokens_limit: int = flag(4096, "largest max_tokens accepted", minimum=1)

@@ -1,7 +1,5 @@
-"""What the verbs share once their options are parsed: rank-0 status lines, ``--device`` / ``--dtype`` resolution,
-tier lists (``--tiers T1,T4``), output-path checks and atomic CSV writing, and the flag of an option as the user
-typed it (``spelled``) and the run-section flags given (``overrides``). Torch is imported only by the functions
-that need it."""
+"""What the verbs share once their options are parsed: status lines, ``--device`` / ``--dtype``, tier lists, output
+checks and CSV writing, and flags as typed; torch is imported only by the functions that need it."""
 
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ from .config import ConfigError, tier_word
 
 
 def check_output_path(flag: str, path: str, kind: str) -> None:
-    """An output ``path`` (``kind`` "file" or "folder") the command can create (missing folders above it are
-    created): not the other kind of thing, and not below a file. Checked before the work that produces the
-    output, so no result is computed and then lost."""
+    """Refuse an output ``path`` (``kind`` "file" or "folder") that is the other kind or lies below a file, before
+    the work that produces it (missing folders above it are created later)."""
     from pathlib import Path
 
     p = Path(path)
@@ -33,16 +30,14 @@ def check_output_path(flag: str, path: str, kind: str) -> None:
 
 
 def spelled(args: argparse.Namespace, name: str) -> str:
-    """The flag of option ``name`` as the user wrote it (``--seq_len``, an older alias such as ``--pairs``), else
-    its own spelling (``--seq_len``); a positional argument by its ``--help`` name (``SOURCE``, ``MODEL_DIR``)."""
+    """The flag of option ``name`` as the user typed it (an alias such as ``--pairs``), else ``--name``; a positional
+    argument by its ``--help`` name (``MODEL_DIR``)."""
     typed = getattr(args, "_spelled", {})
     return typed.get(name) or "--" + name
 
 
 def overrides(args: argparse.Namespace, section: str) -> dict[str, Any]:
-    """The ``--<section>.<field>`` flags given on the command line, as field path -> parsed value (a nested
-    section's field as ``optim.lr``: ``ConfigBase.updated`` applies it); the flags not given are left to the run
-    file."""
+    """The ``--<section>.<field>`` flags given, as field path (``optim.lr``) -> parsed value."""
     out = {}
     for path in sorted(getattr(args, "_given", ())):
         head, _, rest = path.partition(".")
@@ -55,9 +50,18 @@ def overrides(args: argparse.Namespace, section: str) -> dict[str, Any]:
     return out
 
 
+def find_flag(argv: list[str], spellings: tuple[str, ...]) -> tuple[int, str | None]:
+    """Index in ``argv`` of the first of ``spellings`` (``--x V`` or ``--x=V``) and its value; (-1, None): absent."""
+    for i, a in enumerate(argv):
+        if a in spellings:
+            return i, argv[i + 1] if i + 1 < len(argv) else None
+        if any(a.startswith(sp + "=") for sp in spellings):
+            return i, a.split("=", 1)[1]
+    return -1, None
+
+
 def is_rank_zero() -> bool:
-    """Whether this process prints status lines: rank 0 of a torchrun / ``torch.distributed`` job (``RANK``,
-    or the initialised process group), or a single process."""
+    """Whether this process is rank 0 of a torchrun job (the process group, else ``RANK``) or a single process."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank() == 0
@@ -69,8 +73,8 @@ DEVICE_HELP = "auto (cuda when a GPU is present, else cpu; never mps, which has 
 
 
 def resolve_device(spec: str) -> str:
-    """``--device`` -> a torch device string; a one-line ConfigError for a device this machine lacks. ``auto`` on a
-    machine with MPS and no CUDA says on stderr why it runs on the CPU."""
+    """``--device`` -> a torch device string (``ConfigError`` for one this machine lacks; ``auto`` says on stderr why
+    a machine with MPS runs on the CPU)."""
     from .utils.devices import auto_device, checked_device
 
     if spec == "auto":
@@ -86,8 +90,7 @@ def resolve_device(spec: str) -> str:
 
 
 def resolve_dtype(name: str, device: str):
-    """``--dtype`` -> the weights' torch dtype: auto = bfloat16 on CUDA (the fused decoder's format), float32
-    elsewhere."""
+    """``--dtype`` -> the weights' torch dtype (``DtypeOptions``)."""
     import torch
 
     return {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32, "float32": torch.float32,
@@ -101,8 +104,7 @@ def status(*parts: Any, **kw: Any) -> None:
 
 
 def announce_device(verb: str, device: str, dtype) -> None:
-    """One line on stderr naming where and in which dtype a verb runs (stdout stays the verb's output); under
-    torchrun only rank 0 says it."""
+    """One line on stderr (rank 0 only): where and in which dtype ``verb`` runs."""
     import torch
 
     if not is_rank_zero():
@@ -113,30 +115,25 @@ def announce_device(verb: str, device: str, dtype) -> None:
 
 # ---- tier lists and CSV output of the evaluating verbs ---------------------------------------------------
 def tier_names(spec: str) -> list[str] | None:
-    """``--tiers``: None for 'all' (the model's whole tier table), else the comma-separated names, each stripped of
-    spaces (``"T1, T4"`` is ``["T1", "T4"]``). The one parser of every verb's tier list."""
+    """Every verb's ``--tiers`` parser: None for 'all', else the comma-separated names, stripped (``"T1, T4"``)."""
     spec = spec.strip()
     return None if spec == "all" else [name.strip() for name in spec.split(",")]
 
 
 def listed_tier(name: str):
-    """One entry of a tier list as ``resolve_tier`` takes it: ``full`` is the full model (None), as in generate's
-    ``--tier``; anything else goes through ``tier_word`` (an ES-SSM budget ``8`` is an int)."""
+    """A tier-list entry for ``resolve_tier``: ``full`` -> None, else ``tier_word`` (an ES-SSM budget ``8``: int)."""
     return None if name.strip().lower() == "full" else tier_word(name)
 
 
 def checked_tiers(model, spec: str) -> list[str] | None:
-    """``tier_names`` with every name resolved against the model first (an unknown tier is named before any
-    work starts); ``full`` is the full tier, an ES-SSM budget ``8`` its tier ``K8`` (``listed_tier``)."""
+    """``tier_names`` resolved against the model (``listed_tier``), so an unknown tier is named before any work."""
     names = tier_names(spec)
     return None if names is None else [model.resolve_tier(listed_tier(n)).name for n in names]
 
 
 def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
-    """``eval --tiers``: None for 'all', else one ``Tier`` per comma-separated entry, each a tier name (T4; K8 for
-    ES-SSM, or a budget 8) or, for ESSH, a capacity fraction in (0, 1] through the two-rate map (Eq. 7). A value that is
-    neither is a one-line ``ConfigError`` naming it, the valid range and ``flag`` (the option as the user spelled
-    it)."""
+    """``eval --tiers``: None for 'all', else a ``Tier`` per entry: a tier name or, for ESSH, a capacity fraction in
+    (0, 1] through the two-rate map (Eq. 7); anything else a ``ConfigError`` naming ``flag``."""
     names = tier_names(spec)
     if names is None:
         return None
@@ -162,8 +159,7 @@ def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
 
 
 def refuse_existing(args: argparse.Namespace, *paths) -> None:
-    """A one-line ``ConfigError`` when one of ``paths`` (the command's output ``args.out`` and its companions) exists
-    and ``--overwrite`` was not given: what a user saved is never replaced silently."""
+    """``ConfigError`` when one of ``paths`` (``args.out`` and its companions) exists without ``--overwrite``."""
     found = [p for p in paths if p.exists()]
     if found and not args.overwrite:
         also = f" (and {', '.join(str(p) for p in found[1:])})" if len(found) > 1 else ""
@@ -172,10 +168,9 @@ def refuse_existing(args: argparse.Namespace, *paths) -> None:
 
 
 def check_csv_target(path: str, overwrite: bool, flag: str = "--csv") -> None:
-    """Refuse a CSV output ``path`` that would replace something saved (``ConfigError``, one line): a folder; an
-    existing file not named ``*.csv`` (a model's ``config.json``, weights, tokenizer or notes), even with
-    ``overwrite``; an existing ``*.csv`` without ``overwrite``. The verbs call it before any work (``check_args``)
-    and ``write_csv`` again before it writes, so the two always agree."""
+    """``ConfigError`` for a CSV ``path`` that is a folder, an existing file not named ``*.csv`` (even with
+    ``overwrite``: say a model's ``config.json``), or an existing ``*.csv`` without ``overwrite``; checked before any
+    work and again by ``write_csv``."""
     from pathlib import Path
 
     p = Path(path)
@@ -191,9 +186,7 @@ def check_csv_target(path: str, overwrite: bool, flag: str = "--csv") -> None:
 
 
 def write_csv(path: str | None, rows: list[dict], overwrite: bool = False, flag: str = "--csv") -> None:
-    """``rows`` (dicts with the same keys) as a CSV file at ``path``, written atomically; nothing when ``path`` is
-    None. An existing file is replaced only as ``check_csv_target`` allows (``overwrite``; ``flag`` names the
-    option in its message)."""
+    """``rows`` (dicts of the same keys) as CSV at ``path``, atomically (None: nothing; ``check_csv_target``)."""
     if not path:
         return
     import io

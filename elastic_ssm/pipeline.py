@@ -15,8 +15,7 @@ from .utils.threads import cpu_threads_for
 
 @dataclass
 class RunData:
-    """Token streams of a run: ``train_tokens`` for packed training batches, fixed ``val_batches``; or a
-    ``synthetic`` task (``data.synthetic.SyntheticSource``) that generates both."""
+    """A run's ``train_tokens`` and fixed ``val_batches``, or a ``synthetic`` task that generates both."""
 
     train_tokens: Any
     val_batches: list[tuple[torch.Tensor, torch.Tensor]]
@@ -49,19 +48,16 @@ class RunData:
 
 
 def check_model_length(run: Any) -> None:
-    """Refuse a ``train.seq_len`` longer than the model accepts (ES-SSM: its filter length ``model.seq_len``),
-    before any data is read or anything is written."""
+    """Refuse a ``train.seq_len`` longer than the model accepts (ES-SSM: its filter length) before any work."""
     limit, t = run.model.max_seq_len(), run.train.seq_len
     if limit is not None and t > limit:
         field = type(run.model).length_field
-        raise ConfigError(f"--train.seq_len {t} exceeds --model.{field} {limit}, the longest sequence this "
-                          f"{run.arch} model accepts; give --train.seq_len {limit} or less, or --model.{field} {t} "
-                          "or more")
+        raise ConfigError(f"--train.seq_len {t} exceeds --model.{field} {limit}, the longest sequence this {run.arch} "
+                          f"model accepts; give --train.seq_len {limit} or less, or --model.{field} {t} or more")
 
 
 def build_data(run: Any, verify: bool = False) -> RunData:
-    """The training and validation data of ``run`` (every source checked, and the model's length limit);
-    ``verify``: re-hash every prepared token file whole (``load_corpus``), not only its sampled fingerprint."""
+    """``run``'s checked training and validation data; ``verify``: re-hash prepared token files whole."""
     from .data import evaluation_batches, load_corpus, load_tokenizer
 
     check_model_length(run)
@@ -97,11 +93,8 @@ def build_data(run: Any, verify: bool = False) -> RunData:
 
 
 def fit_model_to_tokenizer(run: Any) -> Any:
-    """``run`` with the model's ``vocab_size`` (and, for ESSH, eos / pad ids) taken from the data's tokenizer.
-
-    A ``vocab_size`` set explicitly (YAML ``model`` section or ``--model.vocab_size``) is kept when it
-    is at least the tokenizer's (padding, e.g. 50304 for GPT-2's 50257 ids); a smaller one is an error.
-    Synthetic tasks have no tokenizer and keep the configured vocabulary."""
+    """``run`` with the model's ``vocab_size`` (and ESSH's eos / pad ids) from the data's tokenizer; an explicit
+    ``vocab_size`` >= the tokenizer's is kept (padding: 50304 for GPT-2's 50257 ids); synthetic tasks keep theirs."""
     from .data import load_tokenizer
 
     if run.data.source.startswith("synthetic:") or getattr(run.model, "task", "lm") != "lm":
@@ -122,13 +115,10 @@ def fit_model_to_tokenizer(run: Any) -> Any:
     return dataclasses.replace(run, model=run.model.replace(**changes)) if changes else run   # still implicit
 
 
-def train_run(run: Any, data: RunData, resume: bool | str = False, progress: bool | str = True,
-              overwrite: bool = False,
+def train_run(run: Any, data: RunData, resume: bool | str = False, progress: bool | str = True, overwrite: bool = False,
               stages: tuple[str, ...] | None = None, stop_after: int | None = None):
-    """Train ``run.model`` on ``data`` with ``run.train``; returns the trained model. ``run.yaml`` in the run
-    directory records the whole run (written by ``train`` once its start-up checks pass; compared on resume).
-    ``stages``: as for ``train`` (e.g. ``("pretrain", "refine")`` gives a dense run its refinement stage);
-    ``stop_after``: as for ``train`` (end the call at that step of the current stage, with a checkpoint)."""
+    """The model trained on ``data`` with ``run.train``, the run recorded in its ``run.yaml``; ``stages``,
+    ``stop_after``: ``train``'s (``("pretrain", "refine")`` gives a dense run its refinement stage)."""
     from .train import train
 
     t = run.train
@@ -139,8 +129,7 @@ def train_run(run: Any, data: RunData, resume: bool | str = False, progress: boo
 
 
 def _position(out: Any) -> tuple[str, int] | None:
-    """``(stage, step)`` of the newest complete checkpoint of the run in ``out`` (the later stage first), or
-    None when it has none; read only (incomplete checkpoints are skipped quietly)."""
+    """``(stage, step)`` of the newest complete checkpoint in ``out`` (later stage first), or None; read only."""
     import warnings
 
     from .train.checkpoint import find_checkpoint
@@ -155,10 +144,8 @@ def _position(out: Any) -> tuple[str, int] | None:
 
 
 def _kept_added_fields(run: Any, saved_model: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    """The model settings a resumed run keeps from its record: each ``added_fields`` entry that the record,
-    written before the field existed, lacks and that the command line does not set explicitly. A specialist
-    started before ``tier_names`` (``--model.tier_config T4``, then named T1) keeps its T1 name instead of being
-    refused as another model; its weights and its log's tier names are those of the old run."""
+    """The ``added_fields`` a resumed run keeps from a record written before they existed (unless set explicitly):
+    a specialist started before ``tier_names`` (``--model.tier_config T4``, named T1) keeps its T1 name."""
     return {k: before[k] for k in type(run.model).added_fields
             if k not in saved_model and k in before and k not in run.explicit_model_fields
             and before[k] != getattr(run.model, k)}
@@ -166,8 +153,7 @@ def _kept_added_fields(run: Any, saved_model: dict[str, Any], before: dict[str, 
 
 def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, stop_after: int | None = None,
                  verify_data: bool = False, progress: bool | str = True):
-    """``elastic-ssm train``: build data (every source checked before anything is written), then train;
-    ``progress``: as for ``train`` (``"lines"``, the CLI's ``--quiet``: no step bar, the validation lines)."""
+    """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
     from pathlib import Path
 
     from .utils.devices import checked_device
@@ -216,21 +202,21 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
         print(f"[train] {data.describe()}")
         print(f"[train] parameters: {format_report(params)}")
     model = train_run(run, data, resume=resume, overwrite=overwrite, stop_after=stop_after, progress=progress)
-    if main and (out / "final").is_dir():
+    if not main:
+        return model
+    if (out / "final").is_dir():
         import json
 
         from .utils.files import atomic_write_bytes
 
         atomic_write_bytes(out / "parameters.json", json.dumps(params, indent=2).encode())
-    after = _position(out) if main and stop_after else None
-    if main and not (out / "final").is_dir() and after is not None and after == at_start and after[1] >= stop_after:
+        print(f"[train] done; final model in {out / 'final'} (load with elastic_ssm.models.load_pretrained)")
+    elif stop_after and (after := _position(out)) is not None and after == at_start and after[1] >= stop_after:
         where = "past" if after[1] > stop_after else "at"
         print(f"[train] the run is already {where} step {stop_after} (at {after[0]} step {after[1]}); nothing was "
               f"trained (--stop_after {stop_after}); continue with --resume and a larger --stop_after, or without "
               "--stop_after to finish it")
-    elif main and not (out / "final").is_dir():
+    else:
         print(f"[train] stopped at step {stop_after} of the current stage (--stop_after); checkpoint in {out}; "
               "continue with --resume")
-    elif main:
-        print(f"[train] done; final model in {out / 'final'} (load with elastic_ssm.models.load_pretrained)")
     return model

@@ -15,8 +15,7 @@ from .utils.threads import cpu_threads_for
 EMBEDDED = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 
 
-def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path,
-          raw: list[TierEval] | None = None) -> bool:
+def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path, raw: list[TierEval] | None = None) -> bool:
     try:
         import matplotlib
 
@@ -34,9 +33,8 @@ def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path,
                 label="dense control, truncated and recovered" if raw else "dense control, truncated")
     for r in rows:
         ax.annotate(r.tier, (r.params / 1e6, r.bpb), textcoords="offset points", xytext=(3, 3), fontsize=7)
-    ax.set_xlabel("parameters of the standalone export (M)")
-    ax.set_ylabel("held-out bits per byte")
-    ax.set_title("Train once, export many: quality vs size")
+    ax.set(xlabel="parameters of the standalone export (M)", ylabel="held-out bits per byte",
+           title="Train once, export many: quality vs size")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -60,8 +58,8 @@ OUTPUTS = ("elastic", "dense", "exports", "report.md", "tiers.csv", "quality_siz
 
 
 def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
-    """Refuse (``ConfigError``, one line naming them) when any of ``OUTPUTS`` already exists in ``out``; with
-    ``overwrite`` move them into ``<out>/replaced-<UTC time>/`` instead (nothing is deleted) and return that."""
+    """``ConfigError`` naming the ``OUTPUTS`` already in ``out``; with ``overwrite`` they move (nothing is deleted)
+    into ``<out>/replaced-<UTC time>/``, returned."""
     import os
 
     from .config import ConfigError
@@ -88,8 +86,7 @@ def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
 
 
 def _train_or_load(run: Any, data: Any, resume: bool, overwrite: bool, stages=None, progress: bool | str = True):
-    """Train ``run`` (continuing its run directory with ``resume``), or with ``resume`` load the final model of a
-    run that finished (its settings compared with the run's record first, as a resume compares them)."""
+    """Train ``run``; with ``resume``, continue it or load its final model (record compared first)."""
     from .pipeline import train_run
 
     final = Path(run.train.out_dir) / "final"
@@ -143,20 +140,17 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     t_train = time.time() - t0
 
     print("[quickstart] exporting and checking every tier against the shared model")
-    exports, checks = {}, []
+    checks, rows = [], []
     for t in model.tier_table():
         small = export_tier(model, t)
         res = check_export(model, t, standalone=small, input_ids=data.val_batches[0][0][:2])
         print(f"  {res}")
         checks.append(res)
         small.save_pretrained(out / "exports" / t.name)
-        exports[t.name] = small
-    rows = []
-    for t in model.tier_table():
-        ev = evaluate_tiers(exports[t.name], data.val_batches)[0]
+        ev = evaluate_tiers(small, data.val_batches)[0]
         rows.append(TierEval(t.name, t.K, t.n_ff, t.params, ev.loss, ev.tokens, ev.bytes_per_token))
         atomic_write_bytes(out / "exports" / t.name / "README.md", model_card(   # the card, now with quality
-            exports[t.name], {"held-out bits per byte (quickstart validation)": rows[-1].bpb}).encode())
+            small, {"held-out bits per byte (quickstart validation)": rows[-1].bpb}).encode())
 
     control_rows = raw_rows = None
     if control:
@@ -172,12 +166,9 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     plotted = _plot(rows, control_rows, out / "quality_size.png", raw_rows)
     summary = {
         "monotone": _monotone(rows), "inversions": _inversions(rows), "held_out_tokens": rows[0].tokens,
-        "bpb_T1": rows[0].bpb, "bpb_T10": rows[-1].bpb,
-        "control_bpb_T1": control_rows[0].bpb if control_rows else None,
-        "control_bpb_T10": control_rows[-1].bpb if control_rows else None,
-        "control_raw_bpb_T1": raw_rows[0].bpb if raw_rows else None,
-        "control_recovered": bool(raw_rows),
-        "all_exports_bitwise": all(c.bitwise_equal for c in checks),
+        "bpb_T1": rows[0].bpb, "bpb_T10": rows[-1].bpb, "control_bpb_T1": control_rows and control_rows[0].bpb,
+        "control_bpb_T10": control_rows and control_rows[-1].bpb, "control_raw_bpb_T1": raw_rows and raw_rows[0].bpb,
+        "control_recovered": bool(raw_rows), "all_exports_bitwise": all(c.bitwise_equal for c in checks),
         "train_seconds": t_train, "total_seconds": time.time() - t0,
     }
     _write_report(out, run, table, control_rows, summary, plotted, checks, raw_rows)
@@ -197,9 +188,8 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
 
 def _dense_control(run: Any, data: Any, out: Path, overwrite: bool, resume: bool = False,
                    progress: bool | str = True) -> tuple[list[TierEval], list[TierEval] | None]:
-    """The dense control: full-capacity pretraining (same steps and data), then, when the run has a refinement
-    stage, the same refinement as recovery. Returns (recovered rows, raw-truncation rows), or (raw rows, None)
-    without refinement. The raw rows come from the pretraining stage's final checkpoint."""
+    """The dense control: full-capacity pretraining (same steps and data), then the run's refinement, if any, as
+    recovery: (recovered rows, rows of the pretraining's last checkpoint), or (raw rows, None) without one."""
     from .models import load_pretrained
     from .train import find_checkpoint
 

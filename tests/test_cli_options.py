@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,8 @@ def test_boolean_flags_of_options_and_sections_in_every_spelling():
 def test_recover_protocols_are_the_trainers():
     from elastic_ssm.train.recover import PROTOCOLS
 
-    assert cli_schema.RECOVER_PROTOCOLS == PROTOCOLS
+    hints = typing.get_type_hints(cli_schema.RecoverOptions)
+    assert typing.get_args(hints["protocol"]) == PROTOCOLS
 
 
 def test_options_and_the_help_of_model_commands_import_no_torch():

@@ -1,7 +1,6 @@
-"""elastic_ssm.hf: our model directories as ``transformers`` models (extra ``hf``, transformers >= 5;
-docs/huggingface.md). Importing it registers model_types ``essh``, ``es_ssm``, ``transformer_pp`` and ``matformer``
-with ``AutoConfig`` / ``AutoModelForCausalLM``, so ``AutoModelForCausalLM.from_pretrained("runs/x/final",
-tier="T4")`` reads only T4's prefixes, and ``AutoTokenizer``, ``generate`` and ``pipeline`` work on it."""
+"""Our model directories as ``transformers`` >= 5 models (docs/huggingface.md): importing it registers model_types
+``essh``, ``es_ssm``, ``transformer_pp`` and ``matformer`` with ``AutoConfig`` / ``AutoModelForCausalLM``
+(``from_pretrained("runs/x/final", tier="T4")`` reads only T4's prefixes)."""
 
 from __future__ import annotations
 

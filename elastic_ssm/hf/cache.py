@@ -16,8 +16,7 @@ __all__ = ["ESSHHFCache"]
 
 
 class _NoRollbackCache(Cache):
-    """What our ``transformers`` caches share: ``n_layers`` layers, beam edits through ``_apply(fn)`` on every
-    per-sequence tensor, and no rollback (``crop`` refuses: assisted decoding is not supported)."""
+    """Our caches' common part: ``n_layers`` layers, beam edits by ``_apply(fn)``, no rollback."""
 
     is_compileable = False
     n_layers: int
@@ -97,14 +96,11 @@ class ESSHHFCache(_NoRollbackCache):
 
     @property
     def is_sliding(self) -> list[bool]:
-        return [kind == "A" for kind in self._layout()]
+        return [i not in self.inner.states for i in range(self.n_layers)]   # an SWA layer's key/value ring
 
     @property
     def is_linear(self) -> list[bool]:
-        return [kind == "S" for kind in self._layout()]
-
-    def _layout(self) -> list[str]:
-        return ["S" if i in self.inner.states else "A" for i in range(self.n_layers)]
+        return [i in self.inner.states for i in range(self.n_layers)]       # a spectral layer's mode state
 
     def nbytes(self) -> dict[str, int]:
         """Bytes held: ``recurrent``, ``kv`` and ``total`` (equals ``elastic.tiers.state_bytes`` x batch)."""

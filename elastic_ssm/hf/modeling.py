@@ -1,8 +1,7 @@
-"""``ElasticHFConfig`` / ``ElasticForCausalLM``, what every family shares (``families.py`` derives the others), and
-ESSH's (model_type ``essh``). The config reads our ``config.json`` as it is; its ``tier`` selects what
-``from_pretrained(dir, tier="T4")`` loads. ``forward`` takes ``input_ids`` [B, T], a left-padding ``attention_mask``,
-``labels`` and a ``cache``: with none and ``use_cache``, a cache is allocated and prefilled; with a prefilled one,
-each token is one ``step`` (``ESSH.generate``'s calls in its order, so HF ``generate`` gives our tokens)."""
+"""``ElasticHFConfig`` / ``ElasticForCausalLM`` (what every family shares; ``families.py``) and ESSH's. ``forward``
+takes ``input_ids`` [B, T], a left-padding ``attention_mask``, ``labels`` and a ``cache``: with none and
+``use_cache`` one is allocated and prefilled; with a prefilled one each token is one ``step`` (``ESSH.generate``'s
+calls in its order, so HF ``generate`` gives our tokens)."""
 
 from __future__ import annotations
 
@@ -32,9 +31,8 @@ GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "
 
 
 class ElasticHFConfig(PretrainedConfig):
-    """A directory's config for ``transformers`` (each family subclasses it with its ``model_type`` and ``arch``):
-    ``config`` (the model config's fields, as in ``config.json``; ``model_config()`` builds it), ``tiers`` (the tier
-    table) and ``tier`` (the one to load; None or ``"full"``: the model as saved)."""
+    """A directory's ``config.json`` for ``transformers`` (a family subclass per ``model_type``): ``config`` (the
+    model config's fields), ``tiers`` (the tier table), ``tier`` (the one to load; None or ``"full"``: as saved)."""
 
     model_type = "essh"
     config: dict | None = None
@@ -64,9 +62,7 @@ class ElasticHFConfig(PretrainedConfig):
             from ..elastic.tiers import tier_table
 
             self.tiers = [dataclasses.asdict(t) for t in tier_table(cfg)]
-        check_tier_name(self.tier)
-        if self.tier in ("full", "none"):
-            self.tier = None
+        self.tier = tier_name(self.tier)
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):     # our configs use -1 for "none"
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 setattr(self, name, None)
@@ -93,11 +89,12 @@ class ESSHHFConfig(ElasticHFConfig):
     arch: str = "essh"
 
 
-def check_tier_name(tier: Any) -> None:
-    """A ``ValueError`` for an empty ``tier`` (``tier=""`` would otherwise quietly load the full model)."""
+def tier_name(tier: Any) -> Any:
+    """``tier`` with ``"full"`` / ``"none"`` as None; ``ValueError`` for an empty one (it would load the full model)."""
     if isinstance(tier, str) and not tier.strip():
         raise ValueError(f"tier={tier!r} is empty: give a tier name such as 'T4' (config.tiers lists them), "
                          "'full', or leave tier out for the model as saved")
+    return None if tier in ("full", "none") else tier
 
 
 def _device(device_map: Any) -> str:
@@ -123,8 +120,7 @@ def _dtype(dtype: Any) -> torch.dtype | None:
 
 
 class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
-    """One of our models (at a tier, or a standalone export) behind ``transformers``' causal-LM API; each family
-    subclasses it with its ``config_class`` and ``allocate_cache``."""
+    """One of our models behind ``transformers``' causal-LM API (a family subclass each)."""
 
     config_class = ElasticHFConfig
     base_model_prefix = "model"
@@ -136,9 +132,7 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: ElasticHFConfig, model: Any = None) -> None:
         super().__init__(config)
-        if model is None:
-            model = model_class(config.arch)(config.model_config())
-        self.model = model
+        self.model = model if model is not None else model_class(config.arch)(config.model_config())
         self.post_init()
         if self.can_generate():
             self.generation_config.update(**GENERATION_DEFAULTS)
@@ -171,9 +165,7 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
         if not (path / "config.json").is_file():
             raise OSError(f"{path} is not a local elastic_ssm model directory (no config.json); our models load "
                           "from a directory written by save_pretrained (a training run's final/, an export)")
-        tier = tier if tier is not None else getattr(config, "tier", None)
-        check_tier_name(tier)
-        tier = None if tier in ("full", "none") else tier
+        tier = tier_name(tier if tier is not None else getattr(config, "tier", None))
         model = model_class(cls.config_class.arch).from_pretrained(
             path, tier=tier, device=_device(device_map), dtype=_dtype(dtype if dtype is not None else torch_dtype))
         out = cls(cls.config_class.from_model(model, tier=tier), model=model)

@@ -65,9 +65,8 @@ class ServerSettings:
 
     def engine_options(self) -> dict:
         """The ``Engine`` keyword arguments among these settings (admission, prefill and decode choices)."""
-        return {"max_prefill": self.max_prefill, "max_prefill_tokens": self.max_prefill_tokens,
-                "prefill_wait_ms": self.prefill_wait_ms, "prefill_graphs": self.prefill_graphs,
-                "prefill_graph_tokens": self.prefill_graph_tokens, "attended_spans": self.attended_spans}
+        return {k: getattr(self, k) for k in ("max_prefill", "max_prefill_tokens", "prefill_wait_ms", "prefill_graphs",
+                                               "prefill_graph_tokens", "attended_spans")}
 
 
 def _json(status: int, body: dict, headers: dict | None = None):
@@ -75,8 +74,7 @@ def _json(status: int, body: dict, headers: dict | None = None):
 
 
 def _is_json(content_type: str) -> bool:
-    """Whether a ``Content-Type`` names JSON (``application/json`` or ``application/...+json``): anything else is
-    a 415, so no web page's form or ``text/plain`` post is read as a request."""
+    """Whether a ``Content-Type`` is ``application/json`` or ``application/...+json`` (else 415: no web form post)."""
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
@@ -85,8 +83,8 @@ _MARK = "\x00text\x00"
 
 
 def _text_event(render_chunk, req, model_id: str):
-    """``text -> "data: <chunk JSON>\\n\\n"`` for one request's text chunks after its first (whose rendering may
-    differ): the chunk is rendered once around a marker, the same bytes as ``json.dumps`` of the whole chunk."""
+    """``text -> "data: <chunk JSON>\\n\\n"`` for a request's text chunks after its first, rendered once around a
+    marker (the bytes of ``json.dumps`` of the whole chunk)."""
     head, sep, tail = json.dumps(render_chunk(req, model_id, _MARK, None)).partition(json.dumps(_MARK))
     if not sep:               # a body that does not carry the text as one JSON string: render every chunk whole
         return lambda text: f"data: {json.dumps(render_chunk(req, model_id, text, None))}\n\n"
@@ -95,12 +93,9 @@ def _text_event(render_chunk, req, model_id: str):
 
 
 def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
-    """The FastAPI app serving ``model``; its lifespan starts and stops the engine.
-
-    ``load``: a picklable callable that builds the model: the engine then runs in its own process (a
-    ``RemoteEngine`` in ``app.state.engine``, whose ``start`` may be called early to report a failed load;
-    ``model`` may be ``remote.model_view``). Without ``load`` the engine is a thread of this process.
-    ``pool_factory``: internal, ``Engine``'s."""
+    """The FastAPI app serving ``model``; its lifespan starts and stops the engine. With ``load`` (a picklable model
+    builder) the engine runs in its own process (``app.state.engine``, a ``RemoteEngine`` whose ``start`` may be
+    called early; ``model`` may be ``remote.model_view``), else in a thread. ``pool_factory``: ``Engine``'s."""
     state: dict = {}
     metrics = Metrics(lambda: state.get("engine"))
     tok = resolve_tokenizer(model)                   # the saved one; bytes for a model saved without one
@@ -111,9 +106,10 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     Completion, Chat = request_models(settings.max_tokens_limit, vocab)
     bodies = {"/v1/completions": Completion, "/v1/chat/completions": Chat}
 
-    remote = None if load is None else RemoteEngine(
-        load, model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s, eos=eos,
-        metrics=metrics, pool_factory=pool_factory, tokenizer=tok, **settings.engine_options())
+    sizes = (settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s)
+    options = {"eos": eos, "tokenizer": tok, "metrics": metrics, **settings.engine_options(),
+               **({} if pool_factory is None else {"pool_factory": pool_factory})}
+    remote = None if load is None else RemoteEngine(load, model, *sizes, **options)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -121,9 +117,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             eng = remote.start()
             eng.attach(asyncio.get_running_loop())
         else:
-            extra = {} if pool_factory is None else {"pool_factory": pool_factory}
-            eng = Engine(model, settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s,
-                         eos=eos, tokenizer=tok, metrics=metrics, **settings.engine_options(), **extra).start()
+            eng = Engine(model, *sizes, **options).start()
         state["engine"] = app.state.engine = eng
         gc.freeze()          # start-up's objects out of the collector's sight (a full collection paused arrivals)
         try:
@@ -218,7 +212,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         started = time.monotonic()
 
         def finish(status: int) -> None:
-            """Count and log the request; one that did not run to its end is cancelled and counts as 499."""
+            """Count and log the request (one that did not run to its end is cancelled: 499)."""
             watcher.cancel()
             if req.finish_reason is None:
                 req.cancel()
@@ -232,7 +226,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                      ttft, (time.monotonic() - started) * 1e3, status, body.stream)
 
         async def events():
-            """The request's events; text already waiting is joined into one piece (one chunk to send)."""
+            """The request's events, text already waiting joined into one chunk."""
             held = None
             while True:
                 ev, held = held or await req.queue.get(), None

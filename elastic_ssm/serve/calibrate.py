@@ -1,6 +1,5 @@
-"""The records ``select_tier`` reads: ``tier_profile.json`` (the served decode step's ms/token per tier and batch)
-and ``tier_quality.json`` (from ``elastic-ssm eval``), written atomically and merged per tier into a comparable saved
-record; another is renamed aside (docs/serving.md, "Choosing a tier for a budget")."""
+"""The records ``select_tier`` reads, ``tier_profile.json`` (ms/token per tier and batch) and ``tier_quality.json``
+(``eval``), written atomically, merged into a comparable saved record or renamed aside (docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -48,9 +47,8 @@ def _step_ms(pool: SlotPool, warmup: int, iters: int) -> float:
 
 def calibrate(model, batches: list[int], tiers: list[str] | None = None, warmup: int = 5, iters: int = 20,
               progress=print, show_progress: bool = False) -> dict:
-    """The profile table (the ``tier_profile.json`` format): ms per served decode step of every tier in a
-    ``SlotPool`` of each batch, reading the whole window ring (the long-context bound), after ``warmup`` steps.
-    ``progress`` receives one line per timed entry; ``show_progress`` adds a bar on stderr (``utils.progress``)."""
+    """``tier_profile.json``'s table: ms per served decode step of each tier in a ``SlotPool`` of each batch, reading
+    the whole window ring (the long-context bound); ``progress``: a line per entry, ``show_progress``: a bar."""
     from ..utils.environment import environment
     from ..utils.progress import progress as progress_bar
 
@@ -140,10 +138,8 @@ def write_profile(path: str | Path, profile: dict, notice: Callable[[str], None]
 
 
 def quality_table(rows, data: str, split: str, metric: str = "bpb", **settings) -> dict:
-    """``tier_quality.json``'s table from ``evaluate_tiers`` rows (``TierEval``); lower is better for
-    ``bpb`` / ``loss`` / ``perplexity``, higher for ``accuracy``. ``settings``: the other ``QUALITY_KEYS``
-    (``window``, ``batch_size``, ``n_batches``, ``tokenizer``, ``device``, ``dtype``); ``seq_len`` and
-    ``bytes_per_token`` come from the rows."""
+    """``tier_quality.json``'s table from ``evaluate_tiers`` rows (higher is better for ``accuracy`` only);
+    ``settings``: the ``QUALITY_KEYS`` the rows do not give."""
     if metric not in ("bpb", "loss", "perplexity", "accuracy"):
         raise ValueError(f"metric must be bpb, loss, perplexity or accuracy, got {metric!r}")
     unknown = set(settings) - set(QUALITY_KEYS)

@@ -28,8 +28,7 @@ def auto_tier(checkpoint: str, args: argparse.Namespace, progress=status) -> str
 
 
 def require_essh(checkpoint: str, arch: str, verb: str) -> None:
-    """``ConfigError`` unless ``arch`` is ESSH (``serve`` and ``calibrate`` run the fused ESSH decoder), saying
-    what the other architectures offer instead."""
+    """``ConfigError`` unless ``arch`` is ESSH (the fused decoder), saying what the others offer instead."""
     if arch == "essh":
         return
     instead = (f"decode it with `elastic-ssm generate {checkpoint} --tier K<k>` (ESSSM.generate in Python)"
@@ -40,8 +39,7 @@ def require_essh(checkpoint: str, arch: str, verb: str) -> None:
 
 
 def _check_bind(host: str, port: int) -> int:
-    """``ConfigError`` unless this process can listen on ``host:port`` (the test socket is closed at once).
-    Returns the port it bound: for ``port`` 0, the free port the system picked."""
+    """``ConfigError`` unless this process can listen on ``host:port``; the port bound (for 0, the one picked)."""
     import socket
 
     try:
@@ -88,11 +86,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model.tokenizer = resolve_tokenizer(model, args.tokenizer)   # the saved one; bytes for a model saved without
     table = [t.name for t in model.tier_table()]
     tiers = checked_tiers(model, args.tiers) or table
-    if args.tier not in (None, "auto") and model.resolve_tier(listed_tier(args.tier)).name not in tiers:
+    named = None if args.tier in (None, "auto") else model.resolve_tier(listed_tier(args.tier)).name  # full: largest
+    if named is not None and named not in tiers:
         raise ConfigError(f"--tier {args.tier} is not one of the served --tiers {','.join(tiers)}; add it to --tiers, "
                           "or pick one of them")
-    default = auto_tier(args.checkpoint, args) if args.tier == "auto" else (
-        tiers[-1] if args.tier is None else model.resolve_tier(listed_tier(args.tier)).name)   # 'full': the whole model
+    default = auto_tier(args.checkpoint, args) if args.tier == "auto" else named or tiers[-1]
     if default not in tiers:                     # --tier auto picked a tier outside --tiers: it is served too
         status(f"--tier auto picked {default}, which --tiers does not list; serving it too", file=sys.stderr)
     tiers = sorted(set(tiers) | {default}, key=table.index)
@@ -165,9 +163,8 @@ def weight_bytes(model, dtype=None) -> int:
 
 
 def check_state_fits(config, pools: list[tuple[str, int]], device, flag: str, weights: int = 0) -> None:
-    """``ConfigError`` naming ``flag`` when the decode state of ``pools`` (a tier and its batch each; Table 53's
-    bytes, ``state_bytes``) and ``weights`` bytes exceed ``device``'s memory, before any allocation (activations
-    and CUDA graphs come on top)."""
+    """``ConfigError`` naming ``flag`` when the decode state of ``pools`` ((tier, batch) each; Table 53) and
+    ``weights`` bytes exceed ``device``'s memory, before any allocation."""
     from ..elastic.tiers import state_bytes
 
     state = sum(state_bytes(config, tier, batch)["total"] for tier, batch in pools)
@@ -225,8 +222,7 @@ def checked_chat_template(spec: str | None) -> str | None:
 
 
 def record_quality(args: argparse.Namespace, rows, model=None, window: int | None = None) -> None:
-    """``elastic-ssm eval --write_quality``: the per-tier quality into the model directory's tier_quality.json,
-    with its ``calibrate.QUALITY_KEYS`` settings; ``window``: the longest of ``--lengths``."""
+    """``eval --write_quality``: ``rows`` into tier_quality.json (``window``: the longest length)."""
     from .calibrate import quality_table, write_quality
 
     if not args.write_quality:

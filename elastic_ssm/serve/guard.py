@@ -1,6 +1,5 @@
-"""Security in front of the API (``Guard``, an ASGI middleware): Host check, bearer key, per-client and total
-request caps, body size, and OpenAI's 500 for an exception that escapes the app (docs/serving.md, "Security
-defaults"); ``read_body`` and ``watch_disconnect`` for the routes."""
+"""``Guard``, the ASGI middleware in front of the API (docs/serving.md, "Security defaults"), and the routes'
+``read_body``, ``parse_json`` and ``watch_disconnect``."""
 
 from __future__ import annotations
 
@@ -43,8 +42,8 @@ def is_loopback(name: str) -> bool:
 
 
 def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
-    """Whether a request's ``Host`` header ``value`` names this server; ``allowed``: lower-case names or addresses
-    beyond the loopback ones (``0.0.0.0`` / ``::``: any IP address; ``*``: any host)."""
+    """Whether a ``Host`` header ``value`` names this server: loopback, or in ``allowed`` (lower case; ``0.0.0.0`` /
+    ``::``: any IP address; ``*``: any host)."""
     if value is None or "*" in allowed:
         return True
     host = value.decode("latin-1").strip().lower()
@@ -57,9 +56,9 @@ def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
 
 
 class Guard:
-    """Without ``api_key`` a foreign ``Host`` is a 421; with it every path but ``/health`` needs the bearer key
-    (401); 413 over ``max_body``, 429 over ``max_connections`` per client address, 503 over ``max_requests`` in all.
-    ``allowed_hosts``: the ``Host`` names admitted beyond the loopback ones (None: no ``Host`` check)."""
+    """Without ``api_key`` a ``Host`` not loopback nor in ``allowed_hosts`` is a 421 (None: no check); with it every
+    path but ``/health`` needs the bearer key (401). 413 over ``max_body``, 429 over ``max_connections`` per client
+    address, 503 over ``max_requests`` in all; an exception escaping the app is OpenAI's 500."""
 
     def __init__(self, app, api_key: str | None, max_connections: int, max_body: int, metrics=None,
                  max_requests: int | None = None, allowed_hosts=()) -> None:
@@ -70,9 +69,11 @@ class Guard:
         self._open: dict[str, int] = defaultdict(int)
         self._in_flight = 0
 
-    def _reject(self, reason: str) -> None:
+    async def _refuse(self, send, reason: str, status: int, message: str, headers: dict | None = None) -> None:
+        """Answer ``status`` in the API's error shape, counted under ``reason``."""
         if self.metrics is not None:
             self.metrics.reject(reason)
+        await _send_error(send, status, message, headers)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -80,35 +81,31 @@ class Guard:
             return
         headers = dict(scope.get("headers") or [])
         if self._hosts is not None and not host_allowed(headers.get(b"host"), self._hosts):
-            self._reject("misdirected_host")
-            await _send_error(send, 421, "this server answers requests for its own address only: without an API "
-                                         "key, a Host other than localhost or a loopback address needs --allowed_hosts")
+            await self._refuse(send, "misdirected_host", 421, "this server answers requests for its own address "
+                               "only: without an API key, a Host other than localhost or a loopback address needs "
+                               "--allowed_hosts")
             return
         if self._key is not None and scope.get("path") != "/health":
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self._key):
-                self._reject("unauthorized")
-                await _send_error(send, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                  {"WWW-Authenticate": "Bearer"})
+                await self._refuse(send, "unauthorized", 401, "missing or wrong API key: send 'Authorization: "
+                                   "Bearer <key>'", {"WWW-Authenticate": "Bearer"})
                 return
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            self._reject("body_too_large")
-            await _send_error(send, 413, f"request body over {self.max_body} bytes")
+            await self._refuse(send, "body_too_large", 413, f"request body over {self.max_body} bytes")
             return
         if scope.get("path") == "/health":       # outside the caps, as outside the key
             await self._run(scope, receive, send)
             return
         client = (scope.get("client") or ("unknown", 0))[0]
         if self._open[client] >= self.max_connections:
-            self._reject("too_many_connections")
-            await _send_error(send, 429, f"more than {self.max_connections} concurrent requests from {client}; "
-                                         "wait for one to finish", {"Retry-After": "1"})
+            await self._refuse(send, "too_many_connections", 429, f"more than {self.max_connections} concurrent "
+                               f"requests from {client}; wait for one to finish", {"Retry-After": "1"})
             return
         if self.max_requests is not None and self._in_flight >= self.max_requests:
-            self._reject("server_full")
-            await _send_error(send, 503, f"the server has {self.max_requests} requests in flight (--max-connections)"
-                                         "; retry shortly", {"Retry-After": "1"})
+            await self._refuse(send, "server_full", 503, f"the server has {self.max_requests} requests in flight "
+                               "(--max-connections); retry shortly", {"Retry-After": "1"})
             return
         self._open[client] += 1
         self._in_flight += 1
@@ -137,14 +134,12 @@ class Guard:
 
 
 def uvicorn_connection_limit(max_requests: int) -> int:
-    """uvicorn's ``limit_concurrency`` for ``max_requests`` in flight: twice the cap plus one lets every request
-    through to ``Guard`` (which refuses in the API's error shape) and still bounds idle keep-alive connections."""
+    """uvicorn's ``limit_concurrency``: room for every request to reach ``Guard``; idle keep-alives bounded."""
     return 2 * max_requests + 1
 
 
 async def read_body(request, limit: int, timeout: float) -> bytes:
-    """The whole request body, at most ``limit`` bytes and within ``timeout`` seconds; ``ApiError`` 499 (no one
-    reads it) for a client that disconnects before sending all of it."""
+    """The request body, at most ``limit`` bytes within ``timeout`` s (413, 408; 499 for a client gone meanwhile)."""
     from starlette.requests import ClientDisconnect  # the serve extra's; this module imports without it
 
     chunks, size = [], 0

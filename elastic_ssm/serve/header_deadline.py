@@ -33,8 +33,8 @@ _ACKED_AT = 120                  #: offset of ``tcpi_bytes_acked`` (a u64) in Li
 
 
 def _unacked(sock) -> tuple[int, int] | None:
-    """(bytes the peer acknowledged, bytes in the send queue not yet acknowledged) of a TCP socket, from Linux's
-    ``TCP_INFO`` and ``SIOCOUTQ``; None where they are not available."""
+    """(bytes the peer acknowledged, bytes sent and not yet acknowledged) of a TCP socket (Linux's ``TCP_INFO``,
+    ``SIOCOUTQ``); None elsewhere."""
     if _TCP_INFO is None or sock is None:
         return None
     try:
@@ -68,10 +68,9 @@ def timeout_response(seconds: float) -> bytes:
 def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], None] | None = None, *,
                          max_header_bytes: int | None = MAX_HEADER_BYTES, write_timeout: float | None = None,
                          on_refuse: Callable[[str], None] | None = None) -> type:
-    """``base`` (a uvicorn HTTP protocol class) with the limits of the module docstring: ``seconds`` for every
-    request's headers, ``max_header_bytes`` of them (None: no bound), ``write_timeout`` (None: none).
-    ``on_timeout()`` is called for each header-deadline close, ``on_refuse(reason)`` for the others
-    (``"http_431"``, ``"stalled_reader"``). ``ValueError`` for a bad limit."""
+    """``base`` (a uvicorn HTTP protocol class) with the module docstring's limits (None: no bound / timeout);
+    ``on_timeout()`` counts each 408 close, ``on_refuse(reason)`` the others (``"http_431"``, ``"stalled_reader"``);
+    ``ValueError`` for a bad limit."""
     if not seconds > 0:
         raise ValueError(f"the header deadline must be positive, got {seconds!r}")
     if max_header_bytes is not None and not (isinstance(max_header_bytes, int) and max_header_bytes >= 1024):
@@ -121,8 +120,7 @@ def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], No
             return "{}:{}".format(*self.client) if self.client else "?"
 
         def _refuse(self, response: bytes, linger: bool) -> None:
-            """Send ``response`` and close; ``linger``: first shut this side and drop what the client still sends
-            for up to ``LINGER_S`` s."""
+            """Send ``response`` and close (``linger``: after ``LINGER_S`` s of dropping what the client sends)."""
             self._disarm()
             if self.cycle is not None and not self.cycle.response_complete:   # a pipelined request is being
                 self.transport.abort()                                        # answered: no room for ours

@@ -47,7 +47,7 @@ class Metrics:
         self.rejected.labels(reason).inc()
 
     def collect(self):
-        """The engine's gauges and counters at scrape time (the registry calls this: ``Metrics`` is a collector)."""
+        """The engine's gauges and counters at scrape time (``Metrics`` is a registry collector)."""
         engine = self.engine()
         if engine is not None:
             snap, counters = engine.snapshot(), engine.counters()

@@ -29,8 +29,7 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
 
 def resolve_model_field(model: str | None, extra: str | None, name: str, tiers: list[str], default_tier: str,
                         aliases: dict[str, str] | None = None) -> str:
-    """The tier a request names through ``model`` and/or ``tier``; ``aliases`` maps other names to served tiers
-    (an older export's source tier name, ``models.base.export_tier_aliases``)."""
+    """The tier a request names by ``model`` and/or ``tier``; ``aliases``: other names -> served tiers."""
     picked = None
     if model is not None:
         base, at, tier = model.partition("@")
@@ -100,9 +99,8 @@ def chunk_body(req, model_id: str, text: str, finish_reason: str | None, usage: 
 
 
 def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = None) -> dict[str, int]:
-    """Special-token text -> id, as the saved tokenizer knows them: the ``added_tokens`` marked ``special`` in
-    ``tokenizer.json``, and the ``tokenizer_config.json`` tokens (``specials``: ``bos_token`` -> ``"<bos>"``) of
-    the roles our tokenizer has ids for (``bos_id``, ``eos_id``, ``pad_id``, ``sep_id``)."""
+    """Special-token text -> id: ``tokenizer.json``'s special ``added_tokens``, and the ``specials``
+    (``bos_token`` -> ``"<bos>"``) of the roles ``tokenizer`` has ids for (``bos_id``, ``eos_id``, ...)."""
     out: dict[str, int] = {}
     try:
         added = json.loads((path / "tokenizer.json").read_text()).get("added_tokens") or []
@@ -120,8 +118,7 @@ def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = Non
 
 
 def text_content(content, index: int) -> str:
-    """A validated chat message's ``content`` as text: a string, or its ``text`` parts joined; any other part (an
-    image, audio) is a 400 naming it."""
+    """A chat message's ``content`` as text: a string, or its ``text`` parts joined (another part is a 400)."""
     if isinstance(content, str):
         return content
     other = next((part.type for part in content if part.type != "text"), None)
@@ -134,9 +131,8 @@ def text_content(content, index: int) -> str:
 
 
 class ChatTemplate:
-    """A compiled chat template and the OpenAI chat response shapes. ``specials``: the template's special-token
-    variables (``bos_token`` -> ``"<bos>"``); with a ``tokenizer``, the rendered prompt is encoded as
-    ``apply_chat_template`` does (each string of ``special_ids``, text -> id, one id); without, it stays text."""
+    """A compiled chat template and OpenAI's chat response shapes. ``specials``: its special-token variables; with a
+    ``tokenizer`` a rendered prompt is encoded as ``apply_chat_template`` does (each ``special_ids`` string one id)."""
 
     def __init__(self, source: str, specials: dict[str, str], tokenizer: Any = None,
                  special_ids: dict[str, int] | None = None) -> None:
@@ -144,15 +140,11 @@ class ChatTemplate:
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message: Any) -> None:     # as transformers defines it for chat templates
+        def raise_exception(message: Any) -> None:     # the globals transformers gives chat templates
             raise TemplateError(message)
 
-        def strftime_now(fmt: str) -> str:
-            return time.strftime(fmt)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
-        env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        env.globals.update(raise_exception=raise_exception, strftime_now=time.strftime)
         self.template, self.specials = env.from_string(source), specials
         self.tokenizer = tokenizer
         self.special_ids = {k: int(v) for k, v in (special_ids or {}).items() if k}
@@ -166,16 +158,13 @@ class ChatTemplate:
 
     @classmethod
     def from_model(cls, model, tokenizer: Any = None, source: str | None = None) -> ChatTemplate | None:
-        """The model directory's template, or ``source`` (``serve --chat_template``) in its place; the special
-        tokens come from the directory's ``tokenizer_config.json`` either way. None: no template at all."""
+        """The directory's template or ``source``, specials from ``tokenizer_config.json``; None: none."""
         path = getattr(model, "name_or_path", None)
         cfg = Path(path) / "tokenizer_config.json" if path else None
-        meta = {}
-        if cfg is not None and cfg.is_file():
-            try:
-                meta = json.loads(cfg.read_text())
-            except (OSError, json.JSONDecodeError):
-                meta = {}
+        try:
+            meta = json.loads(cfg.read_text()) if cfg is not None and cfg.is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            meta = {}
         meta = meta if isinstance(meta, dict) else {}
         if source is None:
             source = meta.get("chat_template")
@@ -189,7 +178,7 @@ class ChatTemplate:
         return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer) if path else {})
 
     def encode(self, prompt: str) -> list[int] | str:
-        """The rendered prompt's token ids (special-token strings as their ids), or the text without a tokenizer."""
+        """The rendered prompt's token ids (special tokens as their ids), or the text without a tokenizer."""
         if self.tokenizer is None:
             return prompt
         ids: list[int] = []

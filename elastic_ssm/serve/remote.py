@@ -28,8 +28,7 @@ _FIELDS = ("tier", "prompt", "max_tokens", "temperature", "top_k", "top_p", "see
 
 
 class _Sink:
-    """Takes the place of an asyncio loop in ``engine.deliver`` (one message per call, to the HTTP process) and of
-    ``Metrics`` in the engine (generated tokens per tier since the last message)."""
+    """The engine's asyncio loop in ``deliver`` (one message per call to the HTTP process) and its ``Metrics``."""
 
     def __init__(self, conn, live: dict) -> None:
         self.conn, self.live, self.engine = conn, live, None
@@ -108,9 +107,7 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
 
 
 def model_view(path: str) -> Any:
-    """What the HTTP process needs of a saved model without its weights: a meta-device model of its config
-    (tier table, vocabulary, eos, ``arch``) with its tokenizer and ``name_or_path`` (the chat template).
-    ``CheckpointError`` as ``load_pretrained`` for a directory that holds no model."""
+    """A saved model on the meta device with its tokenizer (``CheckpointError`` as ``load_pretrained``)."""
     from pathlib import Path
 
     import torch
@@ -130,26 +127,19 @@ def model_view(path: str) -> Any:
 
 
 class RemoteEngine:
-    """``Engine``'s interface to the HTTP app, its decode loop in a child process.
-
-    ``load``: a picklable callable that builds the model in the child (``functools.partial(load_pretrained, ...)``);
-    ``model``: the HTTP side's view of it (a meta-device model will do). ``tokenizer``: the one both processes use
-    (default ``resolve_tokenizer(model)``). The other arguments and ``engine_options`` are ``Engine``'s
-    (``pool_factory`` must be picklable)."""
+    """``Engine``'s interface to the HTTP app, its decode loop in a child process: ``load`` (picklable) builds the
+    model there, ``model`` is this side's view of it (``model_view``); the others are ``Engine``'s (picklable)."""
 
     def __init__(self, load: Callable[[], Any], model, tiers: list[str], slots: int = 8, max_queue: int = 64,
-                 stall_timeout: float = 30.0, eos: int | None = None, metrics=None, pool_factory=None,
-                 start_timeout: float = 1800.0, tokenizer=None, **engine_options: Any) -> None:
+                 stall_timeout: float = 30.0, metrics=None, start_timeout: float = 1800.0, tokenizer=None,
+                 **engine_options: Any) -> None:
         inspect.signature(Engine).bind_partial(**engine_options)   # in this process: an unknown name or a bad
         if "prefill_wait_ms" in engine_options:                   # value fails before the child starts
             check_prefill_wait(engine_options["prefill_wait_ms"])
         self.model, self.tiers, self.slots, self.max_queue = model, list(tiers), slots, max_queue
         self.stall_timeout, self.metrics, self.start_timeout = stall_timeout, metrics, start_timeout
-        kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, "eos": eos,
-                              "tokenizer": tokenizer if tokenizer is not None else resolve_tokenizer(model),
-                              **engine_options}
-        if pool_factory is not None:
-            kw["pool_factory"] = pool_factory
+        kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, **engine_options,
+                              "tokenizer": tokenizer if tokenizer is not None else resolve_tokenizer(model)}
         ctx = mp.get_context("spawn")
         self._cmd_r, self._cmd = ctx.Pipe(duplex=False)
         self._ev, self._ev_w = ctx.Pipe(duplex=False)
@@ -263,8 +253,7 @@ class RemoteEngine:
         """``Engine.counters()`` of the engine process, as of its last message."""
         return dict(self._counters)
 
-    def _dispatch(self, counters: dict[str, float], tokens: dict[str, int], busy: dict[str, int],
-                  items: list) -> None:
+    def _dispatch(self, counters: dict[str, float], tokens: dict[str, int], busy: dict[str, int], items: list) -> None:
         self._counters, self._busy = counters, busy
         if self.metrics is not None:
             for tier, n in tokens.items():

@@ -50,10 +50,9 @@ def left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tens
 
 def prefill_groups(lengths: list[int], max_prefill: int, max_tokens: int | None = None, pad_ratio: float = 1.25,
                    pad_tokens: int = 2048) -> list[list[int]]:
-    """Indices of prompts (of ``lengths``) grouped for batched prefill: sorted by length, a prompt joins the
-    current group while it stays within ``max_prefill`` prompts and ``max_tokens`` padded tokens (``size x
-    longest``; None: no bound) and its padded tokens are at most ``pad_ratio`` x the real ones or at most
-    ``pad_tokens`` more (docs/serving.md)."""
+    """Prompt indices grouped for batched prefill: by length, a prompt joins the current group while it stays within
+    ``max_prefill`` prompts and ``max_tokens`` padded tokens (None: no bound) and the padding is at most
+    ``pad_ratio`` x the real tokens or ``pad_tokens`` more (docs/serving.md)."""
     groups: list[list[int]] = []
     real = 0
     for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):

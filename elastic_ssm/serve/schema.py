@@ -1,8 +1,5 @@
-"""The OpenAI request and response bodies as pydantic models that FastAPI validates and documents.
-
-Requests are strict (``n: 1.0`` is no integer 1), ``null`` is a field's default, unknown keys are ignored and a field
-the server cannot honour is ``refused`` unless its value asks nothing; ``error_message`` renders a validation error
-as one line naming the field."""
+"""The OpenAI request and response bodies as pydantic models. Requests are strict (``n: 1.0`` is no integer), ``null``
+is the default, unknown keys are ignored, a field the server cannot honour is ``refused`` unless it asks nothing."""
 
 from __future__ import annotations
 

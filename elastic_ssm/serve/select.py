@@ -1,5 +1,4 @@
-"""``select_tier``: the best tier within latency, state and parameter budgets, from exact counts and the model
-directory's ``tier_profile.json`` and ``tier_quality.json`` (docs/serving.md, "Choosing a tier for a budget")."""
+"""``select_tier``: the best tier within latency, state and parameter budgets (docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -106,11 +105,10 @@ class TierChoice:
 def select_tier(model_or_dir: Any, max_ms_per_token: float | None = None, max_state_bytes: int | None = None,
                 max_params: int | None = None, batch: int = 1, *, profile: dict | None = None,
                 quality: dict | None = None) -> Tier:
-    """The best tier within every given budget: parameters and state bytes of ``batch`` sequences exactly from the
-    config, latency from ``tier_profile.json`` at the smallest profiled batch >= ``batch`` (a tier never timed
-    there does not fit); ``tier_quality.json`` decides when it scores every fitting tier, else the largest wins.
-    ``ValueError`` naming the closest tier when none fits. ``profile`` / ``quality``: tables in the files' format,
-    used instead of the directory's files."""
+    """The best tier within every budget: parameters and state bytes of ``batch`` sequences from the config, latency
+    from ``tier_profile.json`` at the smallest profiled batch >= ``batch`` (never timed there: no fit);
+    ``tier_quality.json`` decides when it scores every fitting tier, else the largest wins (``profile`` /
+    ``quality``: tables used instead of the files). ``ValueError`` naming the closest tier when none fits."""
     return tier_choice(model_or_dir, max_ms_per_token, max_state_bytes, max_params, batch, profile=profile,
                        quality=quality).tier
 

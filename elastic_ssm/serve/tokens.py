@@ -91,8 +91,7 @@ class TextStream:
         self.text += self._decode_new(token)
         if self.stop:
             hold = max(len(s) for s in self.stop) - 1
-            cut = min((i for i in (self.text.find(s, max(0, start - hold)) for s in self.stop) if i >= 0),
-                      default=-1)
+            cut = min((i for i in (self.text.find(s, max(0, start - hold)) for s in self.stop) if i >= 0), default=-1)
             if cut >= 0:
                 self.text, self.stopped = self.text[:cut], True
                 return self.flush()
