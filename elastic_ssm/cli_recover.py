@@ -40,11 +40,13 @@ def cmd_recover(args: argparse.Namespace) -> int:
         make = data.batches(t.seq_len, t.micro_batch_size, t.seed + 1)   # not the recovery's own order
         calibration = list(islice(iter(make(0, 1)), args.calibration_batches))
     status(f"[recover] {args.parent}: protocol {args.protocol}, {t.refine.steps} steps into {t.out_dir}")
+    # run.yaml of the recovery (as train writes its own): the settings it ran with and where its weights came from
+    record = {"recover": {"source": str(args.parent), "protocol": args.protocol}, **run.to_dict()}
     rec = truncate_and_recover(parent, data.batches(t.seq_len, t.micro_batch_size, t.seed), t, data.val_batches,
                                protocol=args.protocol, tiers=tiers, bytes_per_token=data.bytes_per_token,
                                calibration=calibration, masks=tuple(args.masks) if args.masks else None,
                                channel_order=args.channel_order, overwrite=args.overwrite,
-                               progress="lines" if args.quiet else True)
+                               progress="lines" if args.quiet else True, record=record)
     rows = rec.rows()
     status(_table(rows))
     Path(t.out_dir).mkdir(parents=True, exist_ok=True)

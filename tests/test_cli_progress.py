@@ -124,6 +124,20 @@ def test_recover_bar_and_quiet(model_dir, run_file, tmp_path, capsys, forced):
     assert not STEP_BAR.search(capsys.readouterr().err)
 
 
+def test_recover_writes_its_run_record(model_dir, run_file, tmp_path, capsys):
+    """``recover`` leaves a ``run.yaml`` as ``train`` does: the settings it ran with (its refine length, seed) and the
+    directory its weights came from, so its records need no hand-written record."""
+    import yaml
+
+    out = tmp_path / "rec"
+    assert main(["recover", str(model_dir), "--config", str(run_file), "--steps", "1", "--tiers", "T1",
+                 "--train.seed", "3", "--train.out_dir", str(out), "--quiet"]) == 0
+    rec = yaml.safe_load((out / "run.yaml").read_text())
+    assert rec["recover"] == {"source": str(model_dir), "protocol": "refine"}
+    assert rec["train"]["refine"]["steps"] == 1 and rec["train"]["seed"] == 3 and rec["model"]["arch"] == "essh"
+    assert rec["train"]["out_dir"] == str(out)
+
+
 def test_quickstart_passes_quiet_to_its_training(monkeypatch, tmp_path):
     import elastic_ssm.quickstart as qs
 

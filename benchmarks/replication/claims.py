@@ -177,8 +177,9 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         rec = yaml.safe_load((run_dir / "run.yaml").read_text()) or {}
         out["model"], out["recipe"] = rec.get("model", {}), rec.get("train", {}).get("recipe")
         out["train"] = rec.get("train", {})
-        if rec.get("recover"):          # a recovery: the run whose weights it started from
-            out["source"] = rec["recover"].get("source")
+        if rec.get("recover"):          # a recovery: the run folder whose weights it started from
+            src = Path(str(rec["recover"].get("source", "")))   # a run name, or recover's PARENT path (.../final)
+            out["source"] = src.parent.name if src.name == "final" else src.name
     if (run_dir / "parameters.json").is_file():
         out["parameters"] = json.loads((run_dir / "parameters.json").read_text())
     elif out.get("model"):          # a run cut between calls has no parameters.json yet: count from its run.yaml

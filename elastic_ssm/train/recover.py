@@ -66,11 +66,13 @@ def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: lis
         recovered = evaluate_tiers(res.model, val_batches, names, bytes_per_token=bytes_per_token)
         return Recovery(protocol, truncated, recovered, res.model, results=[res])
     exports, results, recovered = {}, [], []
+    record = train_kw.pop("record", None)
     for t in names:                  # label-only: each tier at its fixed shape, CE only (Table 43)
         small = export_tier(model, t)
         run = cfg.updated({"recipe": "dense", "steps": cfg.refine.steps, "optim.lr": cfg.refine.lr, "refine.steps": 0,
                            "out_dir": str(Path(cfg.out_dir) / t.name), "eval.tiers": ()})
-        res = train(small, data, run, val_data=val_batches, **train_kw)
+        rec = None if record is None else {**record, "model": small.config.to_dict(), "train": run.to_dict()}
+        res = train(small, data, run, val_data=val_batches, record=rec, **train_kw)
         ev = evaluate_tiers(res.model, val_batches, bytes_per_token=bytes_per_token)[0]
         recovered.append(dataclasses.replace(ev, tier=t.name, K=t.K, n_ff=t.n_ff, params=t.params))
         exports[t.name], results = res.model, [*results, res]

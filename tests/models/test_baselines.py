@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
@@ -219,12 +220,20 @@ def test_dense_control_truncated_then_recovered(dense_parent, tmp_path, protocol
 
     parent, toks, val, cfg = dense_parent
     run = cfg.replace(out_dir=str(tmp_path / protocol), refine=cfg.refine.replace(steps=15, lr=1e-3))
+    record = {"recover": {"source": "parent", "protocol": protocol}, "model": parent.config.to_dict(),
+              "train": run.to_dict(), "data": {}}
     rec = truncate_and_recover(copy.deepcopy(parent), es.data.PackedBatches(toks, 32, 4, seed=2), run, val,
-                               protocol=protocol, tiers=["T1"], progress=False)
+                               protocol=protocol, tiers=["T1"], progress=False, record=record)
     (row,) = rec.rows()
     assert row["tier"] == "T1" and row["loss_recovered"] < row["loss_truncated"] - 0.01, row
-    if protocol == "label_only":
+    if protocol == "label_only":   # each tier's run records its own shape and settings
         assert rec.exports["T1"].num_parameters() == parent.num_parameters("T1")
+        saved = yaml.safe_load((tmp_path / protocol / "T1" / "run.yaml").read_text())
+        assert saved["model"] == rec.exports["T1"].config.to_dict() and saved["train"]["recipe"] == "dense"
+    else:
+        saved = yaml.safe_load((tmp_path / protocol / "run.yaml").read_text())
+        assert saved["model"] == parent.config.to_dict()
+    assert saved["recover"] == record["recover"]
 
 
 def test_elastify_refuses_a_model_without_ffn_layers(tmp_path):
