@@ -403,7 +403,7 @@ def test_a_deferred_check_refuses_every_output_of_corrupted_weights(tmp_path):
     with pytest.raises(CheckpointError, match="sha256 checksum mismatch"):
         es.ESSH.from_pretrained(tmp_path / "bad")            # blocking (the CPU default)
     bad = es.ESSH.from_pretrained(tmp_path / "bad", defer_verify=True)
-    calls = [lambda: bad(ids), lambda: bad.generate(ids, 2),
+    calls = [lambda: bad(ids), lambda: bad.hidden_states(ids), lambda: bad.generate(ids, 2),
              lambda: FastDecoder(bad, "T1", 1, backend="torch").step(torch.tensor([1])),
              lambda: bad.save_pretrained(tmp_path / "copy")]
     for call in calls:
