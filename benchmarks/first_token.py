@@ -149,6 +149,7 @@ def _first_token_child(a: ChildOptions) -> dict:
 
     import elastic_ssm as es
     from elastic_ssm.models.decode_engine import FusedSession
+    from elastic_ssm.utils.first_run import tuning_notice
 
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     t_imp = time.time()
@@ -164,13 +165,14 @@ def _first_token_child(a: ChildOptions) -> dict:
     sync()
     t_load = time.time()
     ids = torch.randint(0, m.config.vocab_size, (1, a.prompt), device=a.device)
-    s = FusedSession(m, 1, None, None, None)      # a model loaded at a tier is standalone: its only tier
-    sync()
-    t_dec = time.time()
-    with torch.inference_mode():
-        s.prefill(ids, None).argmax(-1)
-    sync()
-    t_pre = time.time()
+    with tuning_notice(torch.device(a.device)):   # as generate: a fresh machine's first decoder and prefill say so
+        s = FusedSession(m, 1, None, None, None)  # a model loaded at a tier is standalone: its only tier
+        sync()
+        t_dec = time.time()
+        with torch.inference_mode():
+            s.prefill(ids, None).argmax(-1)       # logits: it waits for the deferred weights checksum
+        sync()
+        t_pre = time.time()
     if prof is not None:
         import io
         import pstats
