@@ -42,19 +42,18 @@ def write_row_factors(scale: torch.Tensor, units: torch.Tensor, widest: Tier, ti
 
 @dataclass(eq=False)
 class RowTiers:
-    """A batch whose row b runs at ``tiers[b]``, computed at ``widest`` (``K``, ``n_ff`` and ``name`` are its, so
-    layers size their work as at ``widest``). ``channel_scale`` [B, K P] and ``unit_mask`` [B, n_ff] are the
+    """A batch whose rows run at tiers nested in ``widest``, computed at ``widest`` (``K``, ``n_ff`` and ``name`` are
+    its, so layers size their work as at ``widest``). ``channel_scale`` [B, K P] and ``unit_mask`` [B, n_ff] are the
     factors of ``write_row_factors`` (float32, or the dtype given)."""
 
     widest: Tier
-    tiers: tuple[Tier, ...]
     channel_scale: torch.Tensor
     unit_mask: torch.Tensor
 
     @classmethod
     def build(cls, widest: Tier, tiers: Sequence[Tier], value_width: int, device: torch.device | str = "cpu",
               dtype: torch.dtype = torch.float32) -> RowTiers:
-        out = cls(widest, tuple(tiers), torch.empty(len(tiers), widest.K * value_width, dtype=dtype, device=device),
+        out = cls(widest, torch.empty(len(tiers), widest.K * value_width, dtype=dtype, device=device),
                   torch.empty(len(tiers), widest.n_ff, dtype=dtype, device=device))
         out.assign(tiers, value_width)
         return out
@@ -73,7 +72,6 @@ class RowTiers:
         full = list(tiers) + [tiers[0]] * (self.batch - len(tiers))
         self.channel_scale.copy_(torch.stack([rows[t][0] for t in full]))
         self.unit_mask.copy_(torch.stack([rows[t][1] for t in full]))
-        self.tiers = tuple(full)
 
     @property
     def batch(self) -> int:

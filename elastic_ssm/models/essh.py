@@ -130,8 +130,7 @@ class ESSH(GenerationMixin, ElasticModel):
         t, valid, positions = self._prepare(input_ids, tier, attention_mask, cache)
         backend = scan_backend(self, backend, input_ids.device)  # eager: the compiled trunk gets a constant
         out = trunk_for(self, cache)(self, input_ids, t, positions, valid, cache, backend, logits)
-        if self._weights_check is not None:     # hidden states too wait for a deferred load's checksum
-            self.verified()
+        self.verified()                         # hidden states too wait for a deferred load's checksum
         if cache is not None:
             cache.positions += input_ids.shape[1] if valid is None else valid.long().sum(1)
         return out

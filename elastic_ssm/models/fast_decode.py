@@ -165,8 +165,7 @@ class FastDecoder:
                 or not 1 <= tokens.shape[0] <= self.batch:
             raise ValueError(f"tokens must be integer ids of shape (B,) with 1 <= B <= {self.batch}, got "
                              f"{tokens.dtype} {tuple(tokens.shape)}")
-        if self.model._weights_check is not None:       # a deferred load's checksum: no output before it passes
-            self.model.verified()
+        self.model.verified()                           # a deferred load's checksum: no output before it passes
         rows = tokens.shape[0]
         self._tokens[:rows].copy_(tokens, non_blocking=True)
         span = self.span_for(span)

@@ -169,13 +169,12 @@ class SlotPool(SlotRows):
         (``elastic/row_tiers.py``): any mix of tiers is one forward, at one set of kernel shapes and graphs."""
         n, t = len(prompts), self.tier
         per_row = tiers if self.fd.mixed else None
-        graph = self._graph_for(prompts, t, per_row is not None)
+        ids, mask = left_pad(prompts, self.device)                                       # [n, T], [n, T] | None
+        graph = self._graph_for(prompts, t)
         if graph is not None:
             rows = self.free_rows(n)
-            ids, mask = left_pad(prompts, self.device)                                   # [n, T], [n, T] | None
             self._copy_rows(graph(ids, mask, per_row), rows, t)
         else:
-            ids, mask = left_pad(prompts, self.device)                                   # [n, T], [n, T] | None
             tier = t if per_row is None else self.model.row_tiers(per_row, t)
             start = self.free_run(n)
             if start is not None:
@@ -193,15 +192,19 @@ class SlotPool(SlotRows):
 
     def _own(self, rows: list[int], owners: list, prompts: list[list[int]], tiers: list) -> None:
         """Rows ``rows`` now hold ``owners``' sequences, row i at ``tiers[i]``: its mode states past K_T zeroed
-        (computed at the widest tier, never read) and the decoder's row factors set."""
+        (computed at the widest tier, never read; one fill per narrower tier) and the decoder's row factors set."""
+        narrower: dict[int, list[int]] = {}
         for i, owner, prompt, tier in zip(rows, owners, prompts, tiers):
             self.owner[i] = owner
             self.row_pos[i] = len(prompt)
             if tier.K < self.tier.K:
-                for s in self.cache.states.values():
-                    s[i, tier.K:].zero_()
+                narrower.setdefault(tier.K, []).append(i)
             if self.row_tier[i] != tier:
                 self.fd.set_row_tier(i, tier)
+        for K, idx in narrower.items():
+            idx_t = torch.tensor(idx, device=self.device)
+            for s in self.cache.states.values():
+                s[:, K:].index_fill_(0, idx_t, 0.0)
 
     # ---- prefill through the scratch cache ----------------------------------------------------------------
     def scratch(self, tier: Any = None) -> ESSHCache:
@@ -219,9 +222,9 @@ class SlotPool(SlotRows):
             dst.index_copy_(0, idx, s)
         self.logits.index_copy_(0, idx, logits.float())
 
-    def _graph_for(self, prompts: list[list[int]], tier, per_row: bool = False) -> PrefillGraph | None:
-        """The prefill graph at ``tier`` for these prompts (``per_row``: taking one tier per row), or None: eager
-        prefill."""
+    def _graph_for(self, prompts: list[list[int]], tier) -> PrefillGraph | None:
+        """The prefill graph at ``tier`` for these prompts (in a pool of several tiers: taking one tier per row), or
+        None: eager prefill."""
         if not self.prefill_graphs:
             return None
         T = max(len(p) for p in prompts)
@@ -229,7 +232,7 @@ class SlotPool(SlotRows):
         length = length_bucket(T, min_step=self.LENGTH_STEP)
         if rows * length > self.max_graph_tokens:
             return None
-        key = (tier.name, rows, length, length != T or any(len(p) != T for p in prompts))   # per_row: one per pool
+        key = (tier.name, rows, length, length != T or any(len(p) != T for p in prompts))
         graph = self._graphs.get(key)
         if graph is not None:
             self._graphs.move_to_end(key)
@@ -244,7 +247,7 @@ class SlotPool(SlotRows):
             if cuda and self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
             graph = PrefillGraph(self.model, self.scratch(tier).narrow(rows), length, key[3], graph=cuda,
-                                 pool=self._graph_pool, row_tiers=per_row)
+                                 pool=self._graph_pool, row_tiers=self.fd.mixed)
         except Exception as e:       # e.g. a kernel that cannot be captured: prefill eagerly from now on
             log.warning("tier %s: capturing a prefill graph failed (%s: %s); prefilling without graphs",
                         tier.name, type(e).__name__, e)

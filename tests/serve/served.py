@@ -49,3 +49,14 @@ def run_to_completion(engine, requests, timeout: float) -> None:
             time.sleep(0.02)
     finally:
         engine.shutdown()
+
+
+def greedy_rows(pool, rows, n):
+    """``n`` greedy tokens of each of ``rows`` of ``pool``, stepping the whole pool."""
+    out = {r: [] for r in rows}
+    for _ in range(n):
+        tokens = pool.logits.argmax(-1)
+        for r in rows:
+            out[r].append(int(tokens[r]))
+        pool.step(tokens)
+    return [out[r] for r in rows]

@@ -5,7 +5,7 @@ token position, not one per tier."""
 
 import pytest
 import torch
-from served import run_to_completion
+from served import greedy_rows, run_to_completion
 
 from elastic_ssm.serve.engine import Engine, Request
 from elastic_ssm.serve.slots import SlotPool
@@ -15,17 +15,6 @@ TIERS = ("T1", "T4", "T10")
 
 def _alone(model, prompt: list[int], tier: str, n: int) -> list[int]:
     return model.generate(torch.tensor([prompt]), n, tier=tier)[0, len(prompt):].tolist()
-
-
-def _greedy(pool, rows: list[int], n: int) -> list[list[int]]:
-    """``n`` greedy tokens of each of ``rows``, the whole pool stepping together."""
-    got = {r: [] for r in rows}
-    for _ in range(n):
-        tokens = pool.logits.argmax(-1)
-        for r in rows:
-            got[r].append(int(tokens[r]))
-        pool.step(tokens)
-    return [got[r] for r in rows]
 
 
 def _requests(k: int):
@@ -80,7 +69,7 @@ def test_a_slot_reused_at_a_narrower_tier_through_the_scratch_cache(tiny):
     assert rows == [0, 2] and set(pool._scratch) == {tiny.resolve_tier("T10")}
     for s in pool.cache.states.values():
         assert not s[rows, tiny.resolve_tier("T1").K:].any()
-    assert _greedy(pool, rows, 8) == [_alone(tiny, p, "T1", 8) for p in prompts]
+    assert greedy_rows(pool, rows, 8) == [_alone(tiny, p, "T1", 8) for p in prompts]
 
 
 def test_engine_serves_three_tiers_in_one_step_per_token_position(tiny):
@@ -106,6 +95,6 @@ def test_one_prefill_of_prompts_at_three_tiers_equals_each_generate_alone(tiny):
         assert rows == list(range(1, 7)) and [pool.row_tier[r].name for r in rows] == [t for _, t in reqs]
         # graphs: the busy row's and one for the six prompts at three tiers (one graph serves every mix)
         assert sorted(k[1] for k in pool._graphs) == ([1, 6] if graphs else [])
-        assert _greedy(pool, rows, 6) == [_alone(tiny, p, t, 6) for p, t in reqs]
+        assert greedy_rows(pool, rows, 6) == [_alone(tiny, p, t, 6) for p, t in reqs]
     with pytest.raises(ValueError, match="2 tiers for 3 prompts"):
         pool.admit_many([0, 1, 2], [[1], [2], [3]], ["T1", "T4"])

@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from served import run_to_completion
+from served import greedy_rows, run_to_completion
 
 import elastic_ssm as es
 from elastic_ssm import data
@@ -102,17 +102,6 @@ def test_prefill_groups_bound_size_and_padding():
     assert prefill_groups([5, 50, 6], 8, max_tokens=20) == [[0, 2], [1]]       # a longer prompt goes alone
 
 
-def _greedy_rows(pool, rows, n):
-    """``n`` greedy tokens of each of ``rows`` of ``pool``, stepping the whole pool."""
-    out = {r: [] for r in rows}
-    for _ in range(n):
-        tokens = pool.logits.argmax(-1)
-        for r in rows:
-            out[r].append(int(tokens[r]))
-        pool.step(tokens)
-    return [out[r] for r in rows]
-
-
 def test_prompts_of_different_lengths_prefilled_together_equal_generate(tiny):
     """``admit_many`` left-pads prompts of different lengths into one masked forward; every row then decodes
     as ``generate`` does for its prompt alone (greedy), including into scattered rows (the scratch cache)."""
@@ -125,7 +114,7 @@ def test_prompts_of_different_lengths_prefilled_together_equal_generate(tiny):
             pool.owner[r] = "other"
         rows = pool.admit_many(list(range(4)), prompts)
         assert len(set(rows)) == 4 and not set(rows) & set(busy)
-        assert _greedy_rows(pool, rows, n) == ref, busy
+        assert greedy_rows(pool, rows, n) == ref, busy
     with pytest.raises(ValueError, match="non-empty"):
         SlotPool(tiny, "T4", 4).admit_many(["a", "b"], [[1, 2], []])
 
@@ -224,7 +213,7 @@ def test_graphed_prefill_path_equals_generate(tiny):
         assert len(set(rows)) == 6 and not set(rows) & set(busy)
         assert all(torch.equal(b, t[list(busy)]) for b, t in zip(before, pool.cache.tensors()))
         assert sorted(pool._graphs) == [("T4", 1, 32, True), ("T4", 2, 32, False), ("T4", 4, 32, True)]
-        assert _greedy_rows(pool, rows, n) == [ref[tuple(p)] for p in prompts + equal + [prompts[1]]], busy
+        assert greedy_rows(pool, rows, n) == [ref[tuple(p)] for p in prompts + equal + [prompts[1]]], busy
     for r in rows:
         pool.release(r)
     graph = pool._graphs[("T4", 4, 32, True)]
@@ -241,7 +230,7 @@ def test_a_prefill_shape_gets_its_graph_the_second_time_it_is_met(tiny):
     assert not pool._graphs
     rows.append(pool.admit(1, prompts[1]))
     assert list(pool._graphs) == [("T4", 1, 32, True)]
-    assert _greedy_rows(pool, rows, 8) == ref
+    assert greedy_rows(pool, rows, 8) == ref
 
 
 def test_a_failed_prefill_capture_turns_the_graphs_off_and_prefills_eagerly(tiny, monkeypatch, caplog):
@@ -257,7 +246,7 @@ def test_a_failed_prefill_capture_turns_the_graphs_off_and_prefills_eagerly(tiny
     with caplog.at_level("WARNING", logger="elastic_ssm.serve"):
         row = pool.admit("a", prompt)
     assert not pool.prefill_graphs and "capturing a prefill graph failed (ValueError" in caplog.text
-    assert _greedy_rows(pool, [row], 6) == [ref]
+    assert greedy_rows(pool, [row], 6) == [ref]
 
 
 def test_graphed_prefill_bounds_its_graphs_and_goes_eager_above_the_token_limit(tiny):
@@ -269,7 +258,7 @@ def test_graphed_prefill_bounds_its_graphs_and_goes_eager_above_the_token_limit(
     rows = [pool.admit(k, list(range(1, T + 1))) for k, T in enumerate((5, 40))] + [pool.admit(2, long)]
     assert list(pool._graphs) == [("T4", 1, 32, True), ("T4", 1, 64, True)]
     ref = tiny.generate(torch.tensor([long]), 8, tier="T4")[0, len(long):].tolist()
-    assert _greedy_rows(pool, rows, 8)[2] == ref
+    assert greedy_rows(pool, rows, 8)[2] == ref
     for r in rows:
         pool.release(r)
     pool.admit_many(["a", "b"], [[7] * 20, [9] * 20])                   # 2 rows x 32: evicts (1, 32)
