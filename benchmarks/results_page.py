@@ -61,6 +61,11 @@ def claim(n: int) -> dict:
     return collect_claim(n, RECORDS, suite_runs(n))
 
 
+def claim1_bpb() -> dict[tuple[str, str], float]:
+    """Claim 1's bits per byte by (run, tier)."""
+    return {(r["run"], r["tier"]): r["bpb"] for r in claim(1)["rows"]}
+
+
 def f3(x: float | None) -> str:
     return "" if x is None else f"{x:.3f}"
 
@@ -117,7 +122,7 @@ def _tokens_per_parameter(run: str) -> float:
 
 def claim1_seeds() -> str:
     res = claim(1)
-    bpb = {(r["run"], r["tier"]): r["bpb"] for r in res["rows"]}
+    bpb = claim1_bpb()
     out = []
     for run in [n for n in suite_runs(1) if n not in res["missing"]]:
         s, arm = run_summary(RECORDS / run), arm_of(run)
@@ -261,14 +266,9 @@ def claim5_sizes() -> str:
                    f3(r["recovered_bpb"]), f3(r["matformer_bpb"])] for r in claim(5)["summary"]["at_sizes"]])
 
 
-def _repeat_t10() -> float:
-    bpb = {(r["run"], r["tier"]): r["bpb"] for r in claim(1)["rows"]}
-    return bpb[("dense-s0-retrain", "T10")] - bpb[("dense-s0", "T10")]
-
-
 def summary() -> str:
     """The page's summary: each claim's verdict with its numbers, seeds and tokens per parameter."""
-    c1, gaps = claim(1)["summary"], claim(1)["summary"]["gaps"]
+    c1, gaps, b1 = claim(1)["summary"], claim(1)["summary"]["gaps"], claim1_bpb()
     t10 = gaps["T10 shared - dense"]
     st = c1["seeds"]
     e, d = st["essh"], st["dense"]
@@ -282,7 +282,8 @@ def summary() -> str:
          f"shared tier - specialist: T1 {cell(gaps['T1 shared - specialist'], sgn)}, T4 "
          f"{cell(gaps['T4 shared - specialist'], sgn)}, the paper's sign (Table 11); T10 shared - dense "
          f"{cell(t10, sgn)}: sign not resolved (paper: the specialist better; a same-seed repeat of dense-s0 "
-         f"moved its T10 by {sgn(_repeat_t10())}, more than the gaps' spread); recovered dense - shared at T1, "
+         f"moved its T10 by {sgn(b1['dense-s0-retrain', 'T10'] - b1['dense-s0', 'T10'])}, more than the gaps' "
+         "spread); recovered dense - shared at T1, "
          f"paper's protocol {cell(gaps['T1 recovered (paper) - shared'], sgn)}, #16's "
          f"{cell(gaps['T1 recovered (#16) - shared'], sgn)}: the paper's sign (Table 33), larger",
          f"essh n={e['T10']['n']}, dense n={d['T10']['n']}, spec-t1 n={st['spec-t1']['T1']['n']}, "
@@ -327,7 +328,7 @@ def essm_modal() -> str:
 
 def claim1_repeat() -> str:
     """``dense-s0`` and its same-seed repeat ``dense-s0-retrain``: the first training losses and bpb per tier."""
-    bpb = {(r["run"], r["tier"]): r["bpb"] for r in claim(1)["rows"]}
+    bpb = claim1_bpb()
     runs, tiers, out = ("dense-s0", "dense-s0-retrain"), ("T1", "T4", "T10"), []
     for run in runs:
         train = {r["step"]: r for r in read_jsonl(RECORDS / run / "metrics.jsonl") if r.get("kind") == "train"}
