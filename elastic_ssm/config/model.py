@@ -5,6 +5,8 @@ subclass with an ``arch`` registers itself (``model_configs()``). ``FractionTier
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal, localcontext
@@ -61,8 +63,10 @@ def exact_decimal(x: float | int | Fraction) -> Decimal:
     return Decimal(repr(float(x))) if isinstance(x, float) else Decimal(int(x))
 
 
+@functools.lru_cache(maxsize=4096)
 def scaled_power(total: int, xi: float | Fraction, exponent: float) -> Decimal:
-    """``total * xi ** exponent`` to 50 significant digits (correctly rounded ``Decimal`` power)."""
+    """``total * xi ** exponent`` to 50 significant digits (correctly rounded ``Decimal`` power). Cached: every
+    ``resolve_tier`` builds the tier table through it, and a server resolves tiers per request and row."""
     xi_d = exact_decimal(xi)
     if not 0 < xi_d <= 1:
         raise ValueError(f"budget variable xi must lie in (0, 1], got {xi!r}")
@@ -227,7 +231,14 @@ class FractionTierConfig(ModelConfig):
                               "leave it empty for T1..Tn")
 
     def tier_table(self) -> list[Tier]:
-        return [self.fraction_tier(self.tier_name(i), i, xi) for i, xi in enumerate(self.tier_xi, 1)]
+        """``T1..Tn``, kept with the field values it was built from (``resolve_tier`` of every request and row
+        reads it; a changed field builds it again)."""
+        key = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+        kept = self.__dict__.get("_tier_table")
+        if kept is None or kept[0] != key:
+            kept = key, [self.fraction_tier(self.tier_name(i), i, xi) for i, xi in enumerate(self.tier_xi, 1)]
+            self.__dict__["_tier_table"] = kept
+        return list(kept[1])
 
     def own_tier(self, tier: Tier) -> Tier:
         return self.capacity_tier(tier.xi) if tier.index == 0 else self.resolve_tier(tier.name)
