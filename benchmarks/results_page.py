@@ -23,6 +23,7 @@ from pathlib import Path
 
 from benchmarks.replication.claims import CLAIM1_GAPS, arm_of, base_of, collect_claim, read_jsonl, run_summary, seed_of
 from benchmarks.replication.claims import markdown_table as table
+from benchmarks.results_claim1 import baselines_table, best_run, lr_runs, repeat_table
 from benchmarks.results_evals import RENDER_EVALS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +93,7 @@ def claim1() -> str:
     res = claim(1)
     seeds, rows = res["summary"]["seeds"], res["rows"]
     params = {(r["arm"], r["tier"]): r["params"] for r in rows}
+    best, mat = best_run(RECORDS, "transformer"), best_run(RECORDS, "matformer")
     spec = {"T1": seeds.get("spec-t1", {}).get("T1"), "T4": seeds.get("spec-t4", {}).get("T1"),
             "T10": seeds.get("dense", {}).get("T10")}
     out = []
@@ -101,11 +103,12 @@ def claim1() -> str:
                     cell(spec.get(t)) + (" (the dense control)" if t == "T10" and spec.get(t) else ""),
                     cell(g("dense")), cell(g("dense-rec33")), cell(g("dense-rec")),
                     f"{params[('matformer', t)] / 1e6:.1f}" if ("matformer", t) in params else "",
-                    cell(g("matformer")), cell(seeds.get("transformer-lr0.002", {}).get("T1")) if t == "T10" else ""])
+                    cell(g(mat)), cell(seeds.get(best, {}).get("T1")) if t == "T10" else ""])
     return table(["tier", "ESSH params (M)", "ESSH capacity-mixed + SR", "specialist from scratch",
                   "dense control, truncated", "+ recovered, #16 protocol (lr 6e-5, 60 steps)",
-                  "+ recovered, paper protocol (lr 1e-4, 95 steps)", "MatFormer params (M)", "MatFormer",
-                  "Transformer++ dense (41.1M, lr 2e-3)"], out)
+                  "+ recovered, paper protocol (lr 1e-4, 95 steps)", "MatFormer params (M)",
+                  f"MatFormer (lr {lr_runs(RECORDS, 'matformer')[mat][0]:g})",
+                  f"Transformer++ dense (41.1M, lr {lr_runs(RECORDS, 'transformer')[best][0]:g})"], out)
 
 
 def _stage_tokens(run: str) -> dict[str, int]:
@@ -163,7 +166,8 @@ def _gap_cells() -> dict[str, dict]:
     out = {k: {**g, "mean": g["mean"]} for k, g in res["summary"]["gaps"].items()}
     st = res["summary"]["seeds"]
     essh = list(st["essh"]["T10"]["seeds"].values())
-    mat, tr = st["matformer"]["T10"]["mean"], st["transformer-lr0.002"]["T1"]["mean"]
+    mat = st[best_run(RECORDS, "matformer")]["T10"]["mean"]
+    tr = st[best_run(RECORDS, "transformer")]["T1"]["mean"]
     out["MatFormer full - ESSH T10"] = _mean([mat - e for e in essh])
     out["Transformer++ - ESSH T10"] = _mean([tr - e for e in essh])
     out["MatFormer full - Transformer++"] = _mean([mat - tr])
@@ -281,9 +285,10 @@ def summary() -> str:
         ["1 train once vs each size", "partial",
          f"shared tier - specialist: T1 {cell(gaps['T1 shared - specialist'], sgn)}, T4 "
          f"{cell(gaps['T4 shared - specialist'], sgn)}, the paper's sign (Table 11); T10 shared - dense "
-         f"{cell(t10, sgn)}: sign not resolved (paper: the specialist better; a same-seed repeat of dense-s0 "
-         f"moved its T10 by {sgn(b1['dense-s0-retrain', 'T10'] - b1['dense-s0', 'T10'])}, more than the gaps' "
-         "spread); recovered dense - shared at T1, "
+         f"{cell(t10, sgn)}: sign not resolved (paper: the specialist better; same-seed repeats moved T10 by "
+         f"{sgn(b1['dense-s0-retrain', 'T10'] - b1['dense-s0', 'T10'])} (dense-s0) and "
+         f"{sgn(b1['essh-s0-retrain', 'T10'] - b1['essh-s0', 'T10'])} (essh-s0), as much as the gaps' spread: "
+         "run-to-run noise); recovered dense - shared at T1, "
          f"paper's protocol {cell(gaps['T1 recovered (paper) - shared'], sgn)}, #16's "
          f"{cell(gaps['T1 recovered (#16) - shared'], sgn)}: the paper's sign (Table 33), larger",
          f"essh n={e['T10']['n']}, dense n={d['T10']['n']}, spec-t1 n={st['spec-t1']['T1']['n']}, "
@@ -326,26 +331,11 @@ def essm_modal() -> str:
                  out)
 
 
-def claim1_repeat() -> str:
-    """``dense-s0`` and its same-seed repeat ``dense-s0-retrain``: the first training losses and bpb per tier."""
-    bpb = claim1_bpb()
-    runs, tiers, out = ("dense-s0", "dense-s0-retrain"), ("T1", "T4", "T10"), []
-    for run in runs:
-        train = {r["step"]: r for r in read_jsonl(RECORDS / run / "metrics.jsonl") if r.get("kind") == "train"}
-        commits = sorted({e.split("commit ")[-1] for e in run_summary(RECORDS / run).get("environment", [])})
-        out.append([run, ", ".join(commits), *(f3(train[k]["loss"]) if k in train else "" for k in (10, 20, 30)),
-                    f"{max(r['grad_norm'] for k, r in train.items() if k <= 50):.2f}",
-                    *(f3(bpb.get((run, t))) for t in tiers)])
-    out.append(["repeat - first", "", "", "", "", "",
-                *(sgn(bpb[(runs[1], t)] - bpb[(runs[0], t)]) if (runs[0], t) in bpb and (runs[1], t) in bpb else ""
-                  for t in tiers)])
-    return table(["run (seed 0)", "commit", "loss step 10", "loss step 20", "loss step 30",
-                  "max grad norm, steps <= 50", "T1 bpb (truncated)", "T4 bpb (truncated)", "T10 bpb"], out)
-
-
 RENDER = {"essm-modal": essm_modal, "summary": summary, "claim1": claim1, "claim1-seeds": claim1_seeds,
           "claim1-gaps": claim1_gaps,
-          "claim1-repeat": claim1_repeat, "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3,
+          "claim1-repeat": functools.partial(repeat_table, RECORDS),
+          "claim1-baselines": functools.partial(baselines_table, RECORDS),
+          "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3,
           "claim3-steps": claim3_steps,
           "claim4": claim4, "claim5": claim5, "claim5-sizes": claim5_sizes,
           **{name: functools.partial(fn, RECORDS) for name, fn in RENDER_EVALS.items()}}

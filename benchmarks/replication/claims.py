@@ -54,6 +54,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "dense-rec": ("dense control, truncated + recovered (paper: lr peak/20, 7.3% tokens)", "recovered"),
     "dense-rec33": ("dense control, truncated + recovered (#16: lr peak/33, 4.6% tokens)", "recovered"),
     "dense-s0-retrain": ("dense control, seed 0 trained again (a same-seed repeat)", "repeat"),
+    "essh-s0-retrain": ("ESSH, seed 0 trained again (a same-seed repeat)", "repeat"),
     "spec-t1": ("specialist T1 from scratch", "specialist"),
     "spec-t4": ("specialist T4 from scratch", "specialist"),
     "matformer": ("MatFormer (FFN-only nesting)", "matformer"),
@@ -228,6 +229,8 @@ def _trained_shapes(summary: dict[str, Any]) -> set[tuple[int, int]]:
 
 def _rows(claim: int, name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
     label, role = ROLES.get(base_of(name), (name, "elastic"))
+    if lr := re.search(r"-lr([0-9.]+(e-?\d+)?)", name):       # another learning rate of the arm: say which
+        label += f", lr {float(lr.group(1)):g}"
     base = {"run": name, "arm": arm_of(name), "seed": seed_of(name), "label": label, "role": role,
             "source": s.get("source")}
     if role == "recall":

@@ -89,3 +89,37 @@ def test_evaluation_tables_render_their_records_and_say_what_is_missing(tmp_path
     (tmp_path / "niah-essh" / "eval.csv").write_text(
         "tier,full_key,first_token,half_width,d0.1,d0.5\nT4,0.5,0.75,0.1,0.25,1.0\n")
     assert "| T4 | 0.500 | 0.750 | 0.100 | 0.25 / 1.00 |" in niah(tmp_path) and "depths 0.1 / 0.5" in niah(tmp_path)
+
+
+def _record(root: Path, run: str, lr: float, bpb: dict[str, float], losses=(2.0, 2.5, 2.2)) -> None:
+    d = root / run
+    d.mkdir(parents=True)
+    (d / "run.yaml").write_text(f"train:\n  seed: 0\n  optim:\n    lr: {lr}\n")
+    (d / "eval.csv").write_text("tier,bpb\n" + "".join(f"{t},{b}\n" for t, b in bpb.items()))
+    (d / "metrics.jsonl").write_text("".join(
+        f'{{"kind": "train", "step": {s}, "loss": {v}, "grad_norm": 1.5, "stage": "pretrain", "tokens": {s}, '
+        f'"tokens_per_s": 1e5}}\n'
+        for s, v in zip((10, 20, 30), losses)))
+
+
+def test_the_page_compares_each_baseline_at_its_best_learning_rate(tmp_path):
+    claim1 = importlib.import_module("benchmarks.results_claim1")
+    _record(tmp_path, "transformer-lr0.002", 0.002, {"T1": 1.371})
+    _record(tmp_path, "transformer-lr0.001", 0.001, {"T1": 1.124})
+    _record(tmp_path, "transformer-lr0.004", 0.004, {"T1": 1.5})
+    _record(tmp_path, "matformer", 0.002, {"T1": 3.6, "T2": 1.9, "T10": 1.777})    # the widest tier, not the first
+    assert claim1.lr_runs(tmp_path, "matformer") == {"matformer": (0.002, 1.777)}
+    assert claim1.best_run(tmp_path, "transformer") == "transformer-lr0.001"
+    rows = [ln for ln in claim1.baselines_table(tmp_path).splitlines() if "transformer-lr" in ln]
+    assert [ln.split(" | ")[1] for ln in rows] == ["transformer-lr0.001", "transformer-lr0.002", "transformer-lr0.004"]
+    assert [ln.rstrip(" |").endswith("yes") for ln in rows] == [True, False, False]
+
+
+def test_a_same_seed_repeat_is_set_against_its_first_run(tmp_path):
+    claim1 = importlib.import_module("benchmarks.results_claim1")
+    _record(tmp_path, "essh-s0", 0.002, {"T1": 1.36, "T4": 1.157, "T10": 1.079})
+    _record(tmp_path, "essh-s0-retrain", 0.002, {"T1": 1.409, "T4": 1.181, "T10": 1.1}, losses=(2.1, 2.6, 2.0))
+    out = claim1.repeat_table(tmp_path)          # dense-s0 and its repeat have no records here: no rows
+    assert "dense-s0" not in out
+    diff = next(ln for ln in out.splitlines() if ln.startswith("| essh-s0-retrain - essh-s0"))
+    assert diff.split(" | ")[-3:] == ["+0.049", "+0.024", "+0.021 |"]

@@ -1,0 +1,85 @@
+"""docs/results.md's claim-1 tables about run-to-run noise and the baseline's tuning, rendered by
+``benchmarks.results_page`` from ``docs/results/records/<run>/``:
+
+* ``claim1-repeat``: each same-seed repeat (``<run>-retrain``: the same config, seed and data order trained again)
+  beside its first run: the first logged losses, the largest early gradient norm and bits per byte at T1, T4, T10;
+* ``claim1-baselines``: the dense Transformer++ and MatFormer (claim 1's Table 10 baselines) at each learning rate
+  that ran (``<arm>-lr<lr>``); ``best_run`` names the one the page compares with ESSH (the lowest bits per byte: the
+  paper's baselines are tuned, and an untuned learning rate would flatter ESSH).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.replication.claims import markdown_table as table
+from benchmarks.replication.claims import read_csv, read_jsonl, run_summary
+
+__all__ = ["REPEATS", "baselines_table", "best_run", "lr_runs", "repeat_table"]
+
+#: (first run, its same-seed repeat)
+REPEATS = (("essh-s0", "essh-s0-retrain"), ("dense-s0", "dense-s0-retrain"))
+_TIERS = ("T1", "T4", "T10")
+
+
+def _bpb(records: Path, run: str) -> dict[str, float]:
+    return {r["tier"]: r["bpb"] for r in read_csv(records / run / "eval.csv")}
+
+
+def _commits(records: Path, run: str) -> str:
+    return ", ".join(sorted({e.split("commit ")[-1] for e in run_summary(records / run).get("environment", [])}))
+
+
+def repeat_table(records: Path) -> str:
+    """Every pair of ``REPEATS`` whose two runs have records; a pair's third row is repeat - first per tier."""
+    out = []
+    for first, again in REPEATS:
+        if not all((records / r / "eval.csv").is_file() for r in (first, again)):
+            continue
+        bpb = {r: _bpb(records, r) for r in (first, again)}
+        for run in (first, again):
+            train = {r["step"]: r for r in read_jsonl(records / run / "metrics.jsonl") if r.get("kind") == "train"}
+            out.append([run, _commits(records, run),
+                        *(f"{train[k]['loss']:.3f}" if k in train else "" for k in (10, 20, 30)),
+                        f"{max(r['grad_norm'] for k, r in train.items() if k <= 50):.2f}",
+                        *(f"{bpb[run][t]:.3f}" if t in bpb[run] else "" for t in _TIERS)])
+        out.append([f"{again} - {first}", "", "", "", "", "",
+                    *(f"{bpb[again][t] - bpb[first][t]:+.3f}" if t in bpb[first] and t in bpb[again] else ""
+                      for t in _TIERS)])
+    return table(["run (seed 0)", "commit", "loss step 10", "loss step 20", "loss step 30",
+                  "max grad norm, steps <= 50", "T1 bpb", "T4 bpb", "T10 bpb"], out)
+
+
+def _full_bpb(bpb: dict[str, float]) -> float:
+    """Bits per byte of the full model: the widest ``T<n>`` row of an eval.csv."""
+    return bpb[max((t for t in bpb if t[1:].isdigit()), key=lambda t: int(t[1:]))]
+
+
+def lr_runs(records: Path, arm: str) -> dict[str, tuple[float, float]]:
+    """``arm``'s runs at each learning rate (folders ``arm`` and ``arm-lr<lr>``) -> (peak lr, full-model bits per
+    byte), for the runs evaluated."""
+    out = {}
+    for d in sorted([records / arm, *records.glob(f"{arm}-lr*")]):
+        bpb = _bpb(records, d.name) if d.is_dir() else {}
+        if bpb:
+            out[d.name] = (run_summary(d)["train"]["optim"]["lr"], _full_bpb(bpb))
+    return out
+
+
+def best_run(records: Path, arm: str) -> str:
+    """``arm``'s run of the lowest full-model bits per byte over the learning rates that ran (the tuned one)."""
+    runs = lr_runs(records, arm)
+    return min(runs, key=lambda r: runs[r][1])
+
+
+def baselines_table(records: Path) -> str:
+    """Claim 1's baselines (Table 10) at every learning rate that ran; the lowest is the one the page compares."""
+    rows = []
+    for label, arm in (("Transformer++ dense", "transformer"), ("MatFormer, full width", "matformer")):
+        runs, best = lr_runs(records, arm), best_run(records, arm)
+        wall = lambda run: f"{w:.1f}" if (w := run_summary(records / run).get("wall_s")) else ""   # noqa: E731
+        rows += [[label, run, f"{lr:g}", f"{bpb:.3f}", wall(run),
+                  _commits(records, run), "yes" if run == best else ""]
+                 for run, (lr, bpb) in sorted(runs.items(), key=lambda kv: kv[1][0])]
+    return table(["baseline", "run", "peak lr", "bpb (full model)", "wall s (training calls)", "commit",
+                  "the page compares this one"], rows)
