@@ -30,6 +30,9 @@ _CLOSE = (b"connection", b"close")
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
 _PROGRESS_BYTES = 4096          #: what the peer must acknowledge of pending output, per write timeout, to progress
 _ACKED_AT = 120                  #: offset of ``tcpi_bytes_acked`` (a u64) in Linux's ``struct tcp_info`` (4.1+)
+#: how early a loop timer may fire by ``time.monotonic`` (uvloop's timers count whole milliseconds, asyncio's fire
+#: within the clock's resolution): the write check's deadline is met this much before it, not one check later
+_TIMER_SLACK_S = 0.01
 
 
 def _unacked(sock) -> tuple[int, int] | None:
@@ -241,7 +244,7 @@ def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], No
             now = time.monotonic()
             if not pending or acked - self._acked >= min(pending, _PROGRESS_BYTES) or self._acked < 0:
                 self._acked, self._progress_at = acked, now
-            elif now - self._progress_at >= write_timeout:
+            elif now - self._progress_at >= write_timeout - _TIMER_SLACK_S:
                 self._write_stalled()
                 return
             if pending or (self.cycle is not None and not self.cycle.response_complete):
