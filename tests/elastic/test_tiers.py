@@ -231,3 +231,20 @@ def test_format_tier_table(c15):
     assert "K8" in plain and "state MB" not in plain
     with pytest.raises(ValueError):
         format_tier_table([])
+
+
+def test_the_kept_tier_table_follows_a_changed_field():
+    """The table is built once per config and kept with the field values it came from: a config changed in place
+    (``d_ff``, ``tier_xi``) gets the table of its new values, and a caller's edit of the list does not stick."""
+    cfg = ESSHConfig.preset("tiny")
+    first = tier_table(cfg)
+    assert tier_table(cfg) == first and tier_table(cfg) is not first
+    first.clear()
+    assert len(tier_table(cfg)) == len(cfg.tier_xi)
+    cfg.d_ff *= 2
+    wider = tier_table(cfg)
+    assert wider == ESSHConfig.preset("tiny", d_ff=cfg.d_ff).tier_table()
+    assert wider[-1].n_ff == cfg.d_ff and wider[-1].params > ESSHConfig.preset("tiny").tier_table()[-1].params
+    cfg.tier_xi = cfg.tier_xi[1:]
+    assert [t.xi for t in tier_table(cfg)] == list(cfg.tier_xi)
+    assert resolve_tier(cfg, "T1").xi == cfg.tier_xi[0]
