@@ -14,6 +14,8 @@ import threading
 
 import torch
 
+from .tuned_configs import use_shipped_configs
+
 ENV_VAR = "ELASTIC_SSM_SCAN_BACKEND"
 BACKENDS = ("auto", "torch", "fla", "naive")
 _FLA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -25,8 +27,11 @@ _FLA_LOCK = threading.Lock()   # one import of fla at a time: a caller waits for
 
 def persist_autotuning() -> None:
     """``TRITON_CACHE_AUTOTUNING=1`` unless the user set it, so fla's autotuning results (minutes per new shape on a
-    fresh machine) stay in Triton's disk cache for later processes. Runs before fla is imported."""
+    fresh machine) stay in Triton's disk cache for later processes, and fla pointed at the package's tuned configs
+    for this GPU (``tuned_configs.use_shipped_configs``: a new machine skips the timing of known shapes). Runs
+    before fla is imported."""
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+    use_shipped_configs()
 
 
 def import_leaf(package: str, leaf: str):

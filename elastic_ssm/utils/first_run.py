@@ -46,7 +46,9 @@ def tuning_notice(device: Any, every: float = 10.0, cache: Path | None = None):
     if kernels_tuned(cache):
         yield
         return
-    log.warning("tuning kernels for this GPU (first run only, cached in %s): about a minute", cache)
+    shipped = os.environ.get("FLA_CONFIG_DIR", "").strip()     # fla configs for known shapes (ops/tuned_configs.py)
+    log.warning("tuning kernels for this GPU (first run only, cached in %s%s): about a minute", cache,
+                f"; tuned configs of known shapes from {shipped}, those only compile" if shipped else "")
     start, done = time.monotonic(), threading.Event()
 
     def tick() -> None:

@@ -17,7 +17,8 @@ def _fresh_process(monkeypatch):
     monkeypatch.setattr(first_run, "_CHECKED", [])
 
 
-def test_a_cold_cache_says_what_happens_with_progress(tmp_path, caplog):
+def test_a_cold_cache_says_what_happens_with_progress(tmp_path, caplog, monkeypatch):
+    monkeypatch.delenv("FLA_CONFIG_DIR", raising=False)
     with caplog.at_level(logging.WARNING, logger="elastic_ssm"):
         with first_run.tuning_notice(CUDA, every=0.05, cache=tmp_path):
             time.sleep(0.18)
@@ -55,3 +56,13 @@ def test_an_error_inside_still_ends_the_notice(tmp_path, caplog):
         with first_run.tuning_notice(CUDA, every=10, cache=tmp_path):
             raise RuntimeError("boom")
     assert caplog.records[-1].getMessage().startswith("kernel tuning stopped after ")
+
+
+def test_the_notice_names_the_shipped_configs_fla_reads(tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv("FLA_CONFIG_DIR", "/pkg/ops/fla_configs/NVIDIA_H200")
+    with caplog.at_level(logging.WARNING, logger="elastic_ssm"):
+        with first_run.tuning_notice(CUDA, every=10, cache=tmp_path):
+            pass
+    assert caplog.records[0].getMessage() == (
+        f"tuning kernels for this GPU (first run only, cached in {tmp_path}; tuned configs of known shapes from "
+        "/pkg/ops/fla_configs/NVIDIA_H200, those only compile): about a minute")
