@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .staged_read import read_to_device
+
 __all__ = ["SliceRule", "prefix", "empty_linear", "linear", "linear_weight", "is_plain_linear", "has_float_weight",
            "slice_state_dict", "load_sliced_safetensors"]
 
@@ -115,10 +117,15 @@ def load_sliced_safetensors(path: str | Path, rules: Iterable[SliceRule], device
     """Read a safetensors file, materialising only the retained prefix of each elastic tensor.
 
     ``full`` (the rules of the full tier) gives the saved size along each cut dim: a tensor of another size is a
-    ``ValueError``, since its prefix would load as if it fitted (a file that does not belong to its config)."""
+    ``ValueError``, since its prefix would load as if it fitted (a file that does not belong to its config). A whole
+    file onto CUDA is read in large staged reads (``staged_read.py``); the model's shape check names a mismatch."""
     from safetensors import safe_open
 
     rules, full = list(rules), list(full or ())
+    if torch.device(device).type == "cuda" and (not rules or rules == full):     # the whole file: staged reads
+        whole = read_to_device(path, device)
+        if whole is not None:
+            return whole
     out: dict[str, torch.Tensor] = {}
     with safe_open(str(path), framework="pt", device=str(device)) as f:
         for name in f.keys():
