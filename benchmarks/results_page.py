@@ -51,7 +51,7 @@ PAPER_MQAR = {"mqar-hybrid": "0.999 / 0.998 / 0.999", "mqar-mixer": "0.011 / 0.0
 @functools.cache
 def suite_runs(claim: int) -> tuple[str, ...]:
     """The runs the report entry of ``replication-claimN`` names."""
-    from elastic_ssm.bench.suite import load_suite
+    from benchmarks.suite import load_suite
 
     return tuple(next(e for e in load_suite(f"replication-claim{claim}").entries
                       if e.kind == "replication_report").options.runs)

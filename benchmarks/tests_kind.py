@@ -7,7 +7,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from elastic_ssm.bench.kinds import run_child
+from benchmarks.kinds import run_child
 from elastic_ssm.config import ConfigBase, ConfigError, opt
 
 __all__ = ["PytestOptions", "run_tests"]

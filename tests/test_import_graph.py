@@ -308,7 +308,7 @@ def test_the_tests_mirror_the_package_folders():
 
 def test_the_package_has_no_import_of_the_harness():
     """Issue #38: ``benchmarks/`` (the research harness beside the package, not installed) uses the library, never
-    the reverse: no import statement of ``elastic_ssm`` names it (suites load its kinds by name, ``bench/kinds.py``)."""
+    the reverse: no import statement of ``elastic_ssm`` names it (``bench/harness.py`` loads its suites by name)."""
     found = []
     for p in sorted((ROOT / "elastic_ssm").rglob("*.py")):
         m = _module_name(p, ROOT)

@@ -47,5 +47,5 @@ Modules: ``steps.py`` (``replication_step``: running a step within the device-ti
 ends), ``state.py`` (``replication_state``: packing, restoring and the committed records), ``report.py``
 (``replication_report``), ``claims.py`` (the per-tier numbers of a claim from its runs; also read by
 ``benchmarks/results_page.py``) and ``plot.py`` (a claim's plot). They live outside the installed package; the
-suites run them from the repository root (``elastic_ssm/bench/kinds.py`` imports them by name).
+suites run them from the repository root (``benchmarks/kinds.py`` imports them by name).
 """

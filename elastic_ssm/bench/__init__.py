@@ -1,6 +1,6 @@
 """``elastic-ssm bench``: ``BenchConfig``, ``run_bench`` (memory, decode, prefill, generate, train, serve and
 es_ssm_decode of ESSH tiers against parameter-matched peers, random weights at the preset shapes; docs/performance.md)
-and ``bench_command`` (a suite of ``suite.py``, or one run)."""
+and ``bench_command`` (one run, or a suite of the research harness: ``benchmarks/suite.py`` of a clone)."""
 
 from __future__ import annotations
 
@@ -217,10 +217,6 @@ def run_bench_entry(cfg: BenchConfig, ctx) -> list[dict]:
     return rows + [{"section": "ratios", **row} for row in res.get("ratios", [])]
 
 
-#: BenchConfig fields that steer a suite run itself; the other flags given override entry options
-_SUITE_FIELDS = ("suite", "only", "set", "out_dir", "out", "docs", "time_budget_s")
-
-
 def _check_before_running(cfg: BenchConfig, given: dict) -> None:
     """What would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a
     device this machine lacks, and output paths that cannot be written (a folder where the JSON or markdown
@@ -247,33 +243,18 @@ def _check_before_running(cfg: BenchConfig, given: dict) -> None:
 
 def bench_command(given: dict) -> dict:
     """``elastic-ssm bench`` with the ``BenchConfig`` fields the user gave (``given``): a suite when ``suite``
-    is set (the other given fields override entry options), else one ``run_bench``."""
-    from . import report
-    from .suite import apply_overrides, list_suites, load_suite, run_suite
+    is set (``benchmarks/suite.py`` of a clone, ``suite_command``; the other given fields override entry options),
+    else one ``run_bench``."""
+    from .harness import harness_module
 
     cfg = BenchConfig(**given)
     _check_before_running(cfg, given)
     if not cfg.suite:
         return run_bench(cfg)
-    if cfg.suite == "list":
-        for name, path in list_suites().items():
-            s = load_suite(path)
-            names = ", ".join(e.name + (" (optional)" if e.optional else "") for e in s.entries)
-            print(f"{name:<18} {s.description}\n{'':<18} entries: {names}")
-        return {}
-    suite = apply_overrides(load_suite(cfg.suite), cfg.set, {k: v for k, v in given.items() if k not in _SUITE_FIELDS})
-    res = run_suite(suite, only=cfg.only, budget_s=cfg.time_budget_s if "time_budget_s" in given else None,
-                    out_dir=cfg.out_dir, docs=cfg.docs)
-    if "out" in given and cfg.out:
-        report.write_json(cfg.out, res)
-    if res.get("stopped_by"):
-        stop = res["stopped_by"]
-        raise ConfigError(f"bench suite {suite.name} stopped: its required entry {stop['entry']} failed "
-                          f"({stop['state']}); the entries after it did not run (tables in {cfg.out_dir})")
-    failed = [e for e in res["entries"] if str(e.get("state", "")).startswith("error")]
-    if failed:                      # every entry ran and its results are written; the exit code says some failed
-        first = failed[0]
-        raise ConfigError(f"bench suite {suite.name}: {len(failed)} of {len(res['entries'])} entries failed, first "
-                          f"{first['name']} ({first['state']}); the others' results and the tables are in "
-                          f"{cfg.out_dir}")
-    return res
+    try:
+        suites = harness_module("--bench.suite", "benchmarks.suite")
+    except ConfigError:
+        raise ConfigError("--bench.suite: bench suites run from a clone of the repository (the research harness in "
+                          "its benchmarks/ folder and the suites in configs/bench/ are not installed with "
+                          "elastic_ssm); run elastic-ssm bench --bench.suite from the root of a clone") from None
+    return suites.suite_command(cfg, given)

@@ -91,8 +91,8 @@ class PeerUnavailable(RuntimeError):
 
 def fla_peers():
     """``benchmarks.fla_peers`` (the Gated DeltaNet and Mamba-2 peers), found as the harness's suite kinds are
-    (``kinds.harness_module``); outside a clone a ``PeerUnavailable`` saying where it lives."""
-    from .kinds import harness_module
+    (``harness.harness_module``); outside a clone a ``PeerUnavailable`` saying where it lives."""
+    from .harness import harness_module
 
     try:
         return harness_module("the fla peer module", "benchmarks.fla_peers")

@@ -9,8 +9,8 @@ from pathlib import Path
 from ..utils.environment import environment
 from ..utils.files import atomic_write_text
 
-__all__ = ["SECTIONS", "environment", "format_table", "ratios", "tables", "write_json", "markdown_section",
-           "append_markdown", "rows_table", "suite_tables", "suite_markdown"]
+__all__ = ["SECTIONS", "COLUMNS", "environment", "format_table", "ratios", "tables", "write_json",
+           "markdown_section", "append_markdown"]
 
 
 def _cell(v, width: int = 0) -> str:
@@ -74,6 +74,8 @@ _RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value",
 _SECTION_COLS = {"memory": _MEM_COLS, "decode": _DECODE_COLS, "prefill": _PREFILL_COLS, "generate": _GENERATE_COLS,
                  "train": _TRAIN_COLS, "serve": _SERVE_COLS, "es_ssm_decode": _ES_SSM_COLS}
 SECTIONS = tuple(_SECTION_COLS)
+#: the columns of each section and of the ratios (a suite's tables of ``bench`` rows, ``benchmarks/suite_report.py``)
+COLUMNS = {**_SECTION_COLS, "ratios": _RATIO_COLS}
 
 
 def tables(results: dict) -> str:
@@ -110,41 +112,3 @@ def append_markdown(path: str | Path, results: dict, section: str | None = None)
     with path.open("a") as f:
         f.write(markdown_section(results) if section is None else section)
     return path
-
-
-# ---- suites ----------------------------------------------------------------------------------------------
-def rows_table(rows: list[dict], title: str) -> str:
-    """Rows of any entry kind as a table: the columns of their bench section, else every scalar column in the
-    order first seen; a ``target`` column (PASS / FAIL) when a target judged a row."""
-    sections = list(dict.fromkeys(r.get("section") for r in rows))
-    if len(sections) > 1:
-        return "\n\n".join(rows_table([r for r in rows if r.get("section") == s], f"{title} / {s}")
-                            for s in sections)
-    cols = list({**_SECTION_COLS, "ratios": _RATIO_COLS}.get(sections[0] or "", []))
-    if not cols:
-        cols = [k for k in dict.fromkeys(k for r in rows for k in r)
-                if k not in ("section", "target") and all(not isinstance(r.get(k), (list, dict)) for r in rows)]
-    if any("target" in r for r in rows):
-        cols = [c for c in cols if c != "error"] + ["target"] + (["error"] if "error" in cols else [])
-    return format_table(rows, cols, title=title)
-
-
-def suite_tables(results: dict) -> str:
-    """Every entry's rows, the targets with PASS / FAIL / n/a, and the entries skipped or failed."""
-    parts = []
-    for e in results.get("entries", []):
-        if e.get("rows"):
-            parts.append(rows_table(e["rows"], f"## {e['name']} ({e['kind']})"))
-    if results.get("targets"):
-        parts.append(format_table(results["targets"], ["entry", "target", "row", "value", "status", "why"],
-                                  title="## targets"))
-    states = [{"entry": e["name"], "kind": e["kind"], "state": e["state"], "seconds": e.get("seconds")}
-              for e in results.get("entries", [])]
-    if states:
-        parts.append(format_table(states, ["entry", "kind", "state", "seconds"], title="## entries"))
-    return "\n\n".join(parts)
-
-
-def suite_markdown(results: dict) -> str:
-    """One suite run as a markdown section (``markdown_section``) of its tables."""
-    return markdown_section(results, f"suite `{results.get('suite')}` on ", suite_tables(results))

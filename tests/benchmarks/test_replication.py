@@ -14,7 +14,7 @@ from benchmarks.replication.claims import collect_claim, run_summary
 from benchmarks.replication.report import ReplicationReportOptions, run_report
 from benchmarks.replication.state import ReplicationStateOptions, pack_records, pack_state, restore_state, run_state
 from benchmarks.replication.steps import ReplicationStepOptions, run_step, wait_concurrent
-from elastic_ssm.bench.suite import EntryContext
+from benchmarks.suite import EntryContext
 from elastic_ssm.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

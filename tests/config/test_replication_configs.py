@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_ssm.bench.suite import load_suite
+from benchmarks.suite import load_suite
 from elastic_ssm.config import RunConfig
 from elastic_ssm.elastic.matching import parameter_report
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import ConfigError
+from elastic_ssm.config import ConfigError
 
 __all__ = ["Target", "parse_targets", "evaluate_targets"]
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from elastic_ssm.bench import kinds
-from elastic_ssm.bench.suite import load_suite
+from benchmarks import kinds
+from benchmarks.suite import load_suite
+from elastic_ssm.bench import harness
 from elastic_ssm.cli import main as cli_main
 from elastic_ssm.config import ConfigError
 
@@ -21,7 +22,7 @@ def no_harness(tmp_path, monkeypatch):
     """The installed ``elastic-ssm`` run outside a clone: the current folder is ``tmp_path``, no ``sys.path`` entry
     holds ``benchmarks/`` and none of its modules is loaded yet."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(kinds, "CHECKOUT", tmp_path)
+    monkeypatch.setattr(harness, "CHECKOUT", tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path
                                       if not (Path(p or ".").resolve() / "benchmarks" / "__init__.py").is_file()])
     for name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
@@ -62,7 +63,7 @@ def test_a_harness_kind_loads_from_the_repository_root(no_harness, monkeypatch):
 
 
 def test_an_editable_install_finds_the_harness_of_its_checkout(no_harness, monkeypatch):
-    monkeypatch.setattr(kinds, "CHECKOUT", ROOT)       # run from elsewhere; elastic_ssm imported from the clone
+    monkeypatch.setattr(harness, "CHECKOUT", ROOT)       # run from elsewhere; elastic_ssm imported from the clone
     assert load_suite(no_harness / "suite.yaml").entries[0].options.__class__.__name__ == "GemvSweepOptions"
 
 
@@ -74,3 +75,11 @@ def test_the_fla_peers_outside_a_clone_are_an_unavailable_peer(no_harness):
     with pytest.raises(PeerUnavailable, match="fla peer module belongs to the research harness") as e:
         fla_peers()
     assert "root of a clone" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_suites_outside_a_clone_are_a_one_line_error(no_harness, capsys):
+    """``--bench.suite`` loads ``benchmarks/suite.py`` of a clone; without one (``list`` too) it says so in one line."""
+    for name in ("list", str(no_harness / "suite.yaml")):
+        assert cli_main(["bench", "--bench.suite", name]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "bench suites run from a clone of the repository" in err and len(err.splitlines()) == 1, err

@@ -1,6 +1,8 @@
 """Bench suites: YAML files under ``configs/bench/`` of typed entries (``kinds.py``), with targets as data
 (``targets.py``) and a time budget (docs/performance.md, "Suites"). ``load_suite`` validates a suite with one-line
-errors before anything runs; ``run_suite`` runs its entries in order, each into ``OUT_DIR/<entry>/``."""
+errors before anything runs; ``run_suite`` runs its entries in order, each into ``OUT_DIR/<entry>/``;
+``suite_command`` is ``elastic-ssm bench --bench.suite`` (``elastic_ssm.bench.bench_command`` loads this module from
+a clone through ``elastic_ssm.bench.harness``)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,16 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from ..config import ConfigBase, ConfigError
-from ..config.base import load_yaml, read_yaml_file
-from ..models.model_dir import CheckpointError
-from .kinds import CHECKOUT, KINDS, kind_options, kind_runner
-from .targets import Target, evaluate_targets, parse_targets
+from benchmarks.kinds import KINDS, kind_options, kind_runner
+from benchmarks.suite_report import suite_markdown, suite_tables
+from benchmarks.targets import Target, evaluate_targets, parse_targets
+from elastic_ssm.bench import harness, report
+from elastic_ssm.config import ConfigBase, ConfigError
+from elastic_ssm.config.base import load_yaml, read_yaml_file
+from elastic_ssm.models.model_dir import CheckpointError
 
 __all__ = ["Entry", "Suite", "EntryContext", "suite_dirs", "find_suite", "list_suites", "load_suite",
-           "apply_overrides", "select", "run_suite", "RunLog"]
+           "apply_overrides", "select", "run_suite", "RunLog", "SUITE_FIELDS", "suite_command"]
 
 _SUITE_KEYS = {"description", "budget_s", "gpus", "entries"}
 _ENTRY_KEYS = {"name", "kind", "target", "targets", "env", "optional", "required"}
@@ -55,7 +59,7 @@ class Suite:
 
 def suite_dirs() -> list[Path]:
     """Where suite names are looked up: ``./configs/bench`` then the checkout's ``configs/bench``."""
-    dirs = [Path.cwd() / "configs" / "bench", CHECKOUT / "configs" / "bench"]
+    dirs = [Path.cwd() / "configs" / "bench", harness.CHECKOUT / "configs" / "bench"]
     return list(dict.fromkeys(d.resolve() for d in dirs if d.is_dir()))
 
 
@@ -219,7 +223,7 @@ class EntryContext:
         """The environment of a child process: ours, the entry's ``env``, ``extra``, and ``PYTHONPATH`` led by
         the folder this ``elastic_ssm`` is imported from (so ``python -m elastic_ssm...`` finds it)."""
         env = {**os.environ, **self.env, **(extra or {})}
-        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(CHECKOUT), env.get("PYTHONPATH", "")) if x)
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(harness.CHECKOUT), env.get("PYTHONPATH", "")) if x)
         return env
 
     def path(self, name: str) -> Path:
@@ -249,8 +253,6 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
     "stopped_by"}``, written to ``out_dir/<suite>.json`` after every entry; the tables go to ``out_dir/<suite>.md``
     (appended to ``docs`` if given). ``log`` receives every line (default: printed and kept in ``<suite>.log``)."""
     import torch
-
-    from . import report
 
     if suite.gpus and torch.cuda.device_count() < suite.gpus:
         raise ConfigError(f"bench suite {suite.name} needs {suite.gpus} CUDA GPU(s), this machine has "
@@ -299,11 +301,43 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
         res["entries"].append(rec)
         res["targets"] += rec["targets"]
         report.write_json(out / f"{suite.name}.json", res)
-    text = report.suite_tables(res)
+    text = suite_tables(res)
     log("\n" + text)
-    (out / f"{suite.name}.md").write_text(report.suite_markdown(res))
+    (out / f"{suite.name}.md").write_text(suite_markdown(res))
     log(f"wrote {out / (suite.name + '.json')} and {out / (suite.name + '.md')}")
     if docs:
-        report.append_markdown(docs, res, section=report.suite_markdown(res))
+        report.append_markdown(docs, res, section=suite_markdown(res))
         log(f"appended to {docs}")
+    return res
+
+
+#: BenchConfig fields that steer a suite run itself; the other flags given override entry options
+SUITE_FIELDS = ("suite", "only", "set", "out_dir", "out", "docs", "time_budget_s")
+
+
+def suite_command(cfg, given: dict) -> dict:
+    """``elastic-ssm bench --bench.suite`` with the ``BenchConfig`` ``cfg`` and the fields the user gave (``given``):
+    ``list`` prints the suites, else one suite runs (the given fields but ``SUITE_FIELDS`` override entry options);
+    a failed entry is a one-line ``ConfigError`` after every result is written."""
+    if cfg.suite == "list":
+        for name, path in list_suites().items():
+            s = load_suite(path)
+            names = ", ".join(e.name + (" (optional)" if e.optional else "") for e in s.entries)
+            print(f"{name:<18} {s.description}\n{'':<18} entries: {names}")
+        return {}
+    suite = apply_overrides(load_suite(cfg.suite), cfg.set, {k: v for k, v in given.items() if k not in SUITE_FIELDS})
+    res = run_suite(suite, only=cfg.only, budget_s=cfg.time_budget_s if "time_budget_s" in given else None,
+                    out_dir=cfg.out_dir, docs=cfg.docs)
+    if "out" in given and cfg.out:
+        report.write_json(cfg.out, res)
+    if res.get("stopped_by"):
+        stop = res["stopped_by"]
+        raise ConfigError(f"bench suite {suite.name} stopped: its required entry {stop['entry']} failed "
+                          f"({stop['state']}); the entries after it did not run (tables in {cfg.out_dir})")
+    failed = [e for e in res["entries"] if str(e.get("state", "")).startswith("error")]
+    if failed:                      # every entry ran and its results are written; the exit code says some failed
+        first = failed[0]
+        raise ConfigError(f"bench suite {suite.name}: {len(failed)} of {len(res['entries'])} entries failed, first "
+                          f"{first['name']} ({first['state']}); the others' results and the tables are in "
+                          f"{cfg.out_dir}")
     return res

@@ -1,33 +1,27 @@
-"""Entry kinds of a bench suite: ``KINDS`` maps each to its options dataclass and ``run(options, ctx) -> rows``.
+"""Entry kinds of a bench suite (``suite.py``): ``KINDS`` maps each to its options dataclass and
+``run(options, ctx) -> rows``.
 
-The generic kind ``command`` lives here (``bench`` in ``__init__``); a kind of the research harness
-(``benchmarks/`` at the repository root, not installed) is imported by name, from the current folder or the checkout
-when it is not importable, else loading the suite is a one-line ``ConfigError``."""
+The generic kind ``command`` lives here, ``bench`` in ``elastic_ssm.bench`` (``run_bench_entry``); the other kinds are
+modules of this harness, imported by name through ``elastic_ssm.bench.harness.harness_module`` (the current folder
+or the checkout when they are not importable, else loading the suite is a one-line ``ConfigError``)."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from ..config import ConfigBase, ConfigError, opt
+from elastic_ssm.bench.harness import harness_module
+from elastic_ssm.config import ConfigBase, ConfigError, opt
 
-__all__ = ["KINDS", "HARNESS", "harness_roots", "harness_module", "kind_options", "kind_runner", "run_child",
-           "CommandOptions"]
+__all__ = ["KINDS", "kind_options", "kind_runner", "run_child", "CommandOptions", "run_command"]
 
-#: the research harness: a top-level package of the repository beside ``elastic_ssm/``, not installed
-HARNESS = "benchmarks"
-#: the folder this ``elastic_ssm`` is imported from: the clone's root for a checkout or an editable install
-CHECKOUT = Path(__file__).resolve().parents[2]
-
-#: kind -> (module, options class, run function); ``benchmarks.*`` kinds live in the repository's harness
+#: kind -> (module, options class, run function); ``benchmarks.*`` kinds live in this harness
 KINDS: dict[str, tuple[str, str, str]] = {
     "bench": ("elastic_ssm.bench", "BenchConfig", "run_bench_entry"),
     "tests": ("benchmarks.tests_kind", "PytestOptions", "run_tests"),
-    "command": ("elastic_ssm.bench.kinds", "CommandOptions", "run_command"),
+    "command": ("benchmarks.kinds", "CommandOptions", "run_command"),
     "session_prefill": ("benchmarks.generate_paths", "SessionPrefillOptions", "run_session_prefill"),
     "generate_paths": ("benchmarks.generate_paths", "GeneratePathsOptions", "run_generate_paths"),
     "first_token": ("benchmarks.first_token", "FirstTokenOptions", "run_first_token"),
@@ -42,37 +36,6 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "replication_state": ("benchmarks.replication.state", "ReplicationStateOptions", "run_state"),
     "replication_report": ("benchmarks.replication.report", "ReplicationReportOptions", "run_report"),
 }
-
-
-def harness_roots() -> list[Path]:
-    """Folders that may hold the harness (``benchmarks/__init__.py``): the current folder, then the checkout this
-    ``elastic_ssm`` is imported from (an editable install run from elsewhere)."""
-    dirs = [Path.cwd(), CHECKOUT]
-    return [d for d in dict.fromkeys(dirs) if (d / HARNESS / "__init__.py").is_file()]
-
-
-def harness_module(what: str, module: str):
-    """``module``; a harness module is looked up in ``harness_roots()`` when it is not importable (the installed
-    ``elastic-ssm`` run outside the repository root), else a one-line ``ConfigError`` naming ``what`` needs it."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if module.partition(".")[0] != HARNESS or not (e.name or "").partition(".")[0] == HARNESS:
-            raise
-    for root in harness_roots():
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
-        if getattr(sys.modules.get(HARNESS), "__file__", 1) is None:    # a namespace package: some folder named
-            for name in [m for m in sys.modules if m.partition(".")[0] == HARNESS]:   # benchmarks/ on sys.path
-                del sys.modules[name]
-        importlib.invalidate_caches()
-        try:
-            return importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if not (e.name or "").partition(".")[0] == HARNESS:
-                raise
-    raise ConfigError(f"{what} belongs to the research harness in the repository's {HARNESS}/ folder "
-                      f"(not installed with elastic_ssm): run it from the root of a clone ({module} not found)")
 
 
 def kind_options(kind: str) -> type[ConfigBase]:
