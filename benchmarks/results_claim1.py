@@ -15,7 +15,7 @@ from pathlib import Path
 from benchmarks.replication.claims import markdown_table as table
 from benchmarks.replication.claims import read_csv, read_jsonl, run_summary
 
-__all__ = ["REPEATS", "baselines_table", "best_run", "lr_runs", "repeat_table"]
+__all__ = ["REPEATS", "baselines_table", "best_run", "commits_of", "lr_runs", "repeat_table"]
 
 #: (first run, its same-seed repeat)
 REPEATS = (("essh-s0", "essh-s0-retrain"), ("dense-s0", "dense-s0-retrain"))
@@ -26,8 +26,9 @@ def _bpb(records: Path, run: str) -> dict[str, float]:
     return {r["tier"]: r["bpb"] for r in read_csv(records / run / "eval.csv")}
 
 
-def _commits(records: Path, run: str) -> str:
-    return ", ".join(sorted({e.split("commit ")[-1] for e in run_summary(records / run).get("environment", [])}))
+def commits_of(summary: dict) -> str:
+    """The commits a run's calls ran at (its ``run_summary``'s environment lines), sorted."""
+    return ", ".join(sorted({e.split("commit ")[-1] for e in summary.get("environment", [])}))
 
 
 def repeat_table(records: Path) -> str:
@@ -39,7 +40,7 @@ def repeat_table(records: Path) -> str:
         bpb = {r: _bpb(records, r) for r in (first, again)}
         for run in (first, again):
             train = {r["step"]: r for r in read_jsonl(records / run / "metrics.jsonl") if r.get("kind") == "train"}
-            out.append([run, _commits(records, run),
+            out.append([run, commits_of(run_summary(records / run)),
                         *(f"{train[k]['loss']:.3f}" if k in train else "" for k in (10, 20, 30)),
                         f"{max(r['grad_norm'] for k, r in train.items() if k <= 50):.2f}",
                         *(f"{bpb[run][t]:.3f}" if t in bpb[run] else "" for t in _TIERS)])
@@ -68,7 +69,10 @@ def lr_runs(records: Path, arm: str) -> dict[str, tuple[float, float]]:
 
 def best_run(records: Path, arm: str) -> str:
     """``arm``'s run of the lowest full-model bits per byte over the learning rates that ran (the tuned one)."""
-    runs = lr_runs(records, arm)
+    return _lowest(lr_runs(records, arm))
+
+
+def _lowest(runs: dict[str, tuple[float, float]]) -> str:
     return min(runs, key=lambda r: runs[r][1])
 
 
@@ -76,10 +80,11 @@ def baselines_table(records: Path) -> str:
     """Claim 1's baselines (Table 10) at every learning rate that ran; the lowest is the one the page compares."""
     rows = []
     for label, arm in (("Transformer++ dense", "transformer"), ("MatFormer, full width", "matformer")):
-        runs, best = lr_runs(records, arm), best_run(records, arm)
-        wall = lambda run: f"{w:.1f}" if (w := run_summary(records / run).get("wall_s")) else ""   # noqa: E731
-        rows += [[label, run, f"{lr:g}", f"{bpb:.3f}", wall(run),
-                  _commits(records, run), "yes" if run == best else ""]
-                 for run, (lr, bpb) in sorted(runs.items(), key=lambda kv: kv[1][0])]
+        runs = lr_runs(records, arm)
+        best = _lowest(runs)
+        for run, (lr, bpb) in sorted(runs.items(), key=lambda kv: kv[1][0]):
+            s = run_summary(records / run)
+            rows.append([label, run, f"{lr:g}", f"{bpb:.3f}", f"{s['wall_s']:.1f}" if s.get("wall_s") else "",
+                         commits_of(s), "yes" if run == best else ""])
     return table(["baseline", "run", "peak lr", "bpb (full model)", "wall s (training calls)", "commit",
                   "the page compares this one"], rows)

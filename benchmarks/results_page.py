@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.replication.claims import CLAIM1_GAPS, arm_of, base_of, collect_claim, read_jsonl, run_summary, seed_of
 from benchmarks.replication.claims import markdown_table as table
-from benchmarks.results_claim1 import baselines_table, best_run, lr_runs, repeat_table
+from benchmarks.results_claim1 import baselines_table, best_run, commits_of, lr_runs, repeat_table
 from benchmarks.results_evals import RENDER_EVALS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,10 +138,9 @@ def claim1_seeds() -> str:
         own = {"spec-t1": "T1", "spec-t4": "T4"}.get(arm)          # a specialist's one tier is its own shape
         cols = [f3(bpb.get((run, "T1"))) if own == t else "" for t in ("T1", "T4", "T10")] if own else [
             f3(bpb.get((run, t))) for t in ("T1", "T4", "T10")]
-        commits = sorted({e.split("commit ")[-1] for e in s.get("environment", [])})
         out.append([run, str(s.get("train", {}).get("seed", "")), *cols, f"{pre / 1e6:.1f}" if pre else "",
                     refine, f"{pre / full:.2f}" if pre and full else "",
-                    f"{s['wall_s']:.1f}" if s.get("wall_s") else "", ", ".join(commits)])
+                    f"{s['wall_s']:.1f}" if s.get("wall_s") else "", commits_of(s)])
     return table(["run", "train.seed", "T1 bpb", "T4 bpb", "T10 bpb", "pretraining tokens (M)",
                   "refine tokens (M)", "tokens per parameter (full model)", "wall s (training calls)", "commit"], out)
 

@@ -53,7 +53,7 @@ def parse_header(path: str | Path) -> tuple[int, dict[str, tuple[torch.dtype, tu
             dtype, shape, (begin, end) = _DTYPES[e["dtype"]], tuple(int(d) for d in e["shape"]), e["data_offsets"]
         except (KeyError, TypeError, ValueError):
             return None
-        item = torch.empty((), dtype=dtype).element_size()
+        item = dtype.itemsize
         if not (isinstance(begin, int) and isinstance(end, int)) or end - begin != math.prod(shape) * item \
                 or begin % item or min(shape, default=1) < 0:
             return None
