@@ -5,6 +5,7 @@ never imported at module import.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -60,6 +61,34 @@ def import_leaf(package: str, leaf: str):
     return importlib.import_module(leaf)
 
 
+_PLAIN_AUTOTUNED = "fla.ops.common.chunk_h"   # the GLA chunk's state kernels, decorated with plain triton.autotune
+
+
+@contextlib.contextmanager
+def fla_configs_for_every_kernel():
+    """While fla's kernel modules import: fla's ``configure_fla_cache_autotune`` (``triton.autotune`` is fla's
+    ``fla_cache_autotune``), then Triton's own back. fla-core 0.6 looks its config files up only for kernels
+    decorated with ``fla_cache_autotune``; the chunk's ``chunk_fwd_kernel_h`` and ``chunk_bwd_kernel_dh``
+    (``fla/ops/common/chunk_h.py``) use plain ``triton.autotune`` and, without this, time all 48 candidates on a
+    new machine even when their config is shipped (~45 s of the 1.5b's cold first prefill on an H200). Nothing
+    when no config folder is set (``FLA_CONFIG_DIR``) or those kernels are already defined."""
+    if not os.environ.get("FLA_CONFIG_DIR") or _PLAIN_AUTOTUNED in sys.modules:
+        yield
+        return
+    try:
+        cache = import_leaf("fla.ops", "fla.ops.utils.cache")
+    except Exception:  # fla absent, or triton failing without a driver: the import that follows says so
+        cache = None
+    if cache is None or _PLAIN_AUTOTUNED in sys.modules or not hasattr(cache, "configure_fla_cache_autotune"):
+        yield
+        return
+    cache.configure_fla_cache_autotune()
+    try:
+        yield
+    finally:
+        cache.restore_autotune_backend()
+
+
 def fla_available() -> bool:
     """True when fla-core's GLA kernels (``fla.ops.gla.chunk``, with triton) import (checked once per process)."""
     if not _FLA_OK:
@@ -67,7 +96,8 @@ def fla_available() -> bool:
             if not _FLA_OK:
                 persist_autotuning()
                 try:
-                    import_leaf("fla.ops", "fla.ops.gla.chunk")
+                    with fla_configs_for_every_kernel():
+                        import_leaf("fla.ops", "fla.ops.gla.chunk")
                     _FLA_OK.append(True)
                 except Exception:  # ImportError, or triton failing to initialise without a driver
                     _FLA_OK.append(False)

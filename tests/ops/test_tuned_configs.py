@@ -101,3 +101,54 @@ def test_the_package_ships_the_h200_configs_as_package_data():
     assert tc.shipped_dir("NVIDIA H200") is not None
     text = (ROOT / "pyproject.toml").read_text()
     assert '"ops/fla_configs/*/*.json"' in text
+
+
+FAKE_FLA = {   # the shape of fla-core 0.6 that matters here: a costly fla/ops/__init__, the cache module's switch
+    "fla/__init__.py": "",
+    "fla/ops/__init__.py": "raise RuntimeError('the whole of fla.ops was imported')\n",
+    "fla/ops/utils/__init__.py": "",
+    "fla/ops/utils/cache.py": ("ON = [False]\n"
+                               "def configure_fla_cache_autotune():\n    ON[0] = True\n"
+                               "def restore_autotune_backend():\n    ON[0] = False\n"),
+    "fla/ops/common/__init__.py": "",
+    "fla/ops/common/chunk_h.py": "from fla.ops.utils import cache\nDEFINED_WITH_FLA_AUTOTUNE = cache.ON[0]\n",
+}
+
+
+@pytest.fixture
+def fake_fla(tmp_path, monkeypatch):
+    for rel, text in FAKE_FLA.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
+        monkeypatch.delitem(sys.modules, name)
+    yield
+    for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
+        del sys.modules[name]
+
+
+def test_the_plainly_autotuned_chunk_kernels_are_defined_under_flas_autotuner(fake_fla, monkeypatch):
+    from elastic_ssm.ops.dispatch import fla_configs_for_every_kernel, import_leaf
+
+    monkeypatch.setenv("FLA_CONFIG_DIR", "/configs")
+    with fla_configs_for_every_kernel():                             # fla.ops/__init__ stays deferred
+        chunk_h = import_leaf("fla.ops", "fla.ops.common.chunk_h")
+    cache = sys.modules["fla.ops.utils.cache"]
+    assert chunk_h.DEFINED_WITH_FLA_AUTOTUNE and not cache.ON[0]     # on while fla imported, Triton's back after
+    with fla_configs_for_every_kernel():                             # defined already: nothing to switch
+        assert not cache.ON[0]
+
+
+def test_no_config_folder_or_a_failed_import_leaves_triton_autotune_alone(fake_fla, monkeypatch):
+    from elastic_ssm.ops.dispatch import fla_configs_for_every_kernel, import_leaf
+
+    monkeypatch.setenv("FLA_CONFIG_DIR", "")
+    with fla_configs_for_every_kernel():
+        chunk_h = import_leaf("fla.ops", "fla.ops.common.chunk_h")
+    assert not chunk_h.DEFINED_WITH_FLA_AUTOTUNE
+    del sys.modules["fla.ops.common.chunk_h"]
+    monkeypatch.setenv("FLA_CONFIG_DIR", "/configs")
+    with pytest.raises(ImportError), fla_configs_for_every_kernel():
+        import fla.ops.common.absent  # noqa: F401
+    assert not sys.modules["fla.ops.utils.cache"].ON[0]               # restored when the import inside fails

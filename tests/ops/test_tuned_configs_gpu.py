@@ -1,6 +1,6 @@
 """On the GPU with fla: a fresh process that imports fla through elastic_ssm reads the configs shipped for this GPU
 (``ops/tuned_configs.py``): fla's mode is strict, its folder ours, and fla's own lookup returns each shipped entry
-(so ``entry_hash`` agrees with fla's ``AutotuneKey.key_hash``)."""
+(so ``entry_hash`` agrees with fla's ``AutotuneKey.key_hash``), the chunk's plainly autotuned state kernels too."""
 
 import json
 import os
@@ -25,7 +25,10 @@ for path in sorted(__import__("pathlib").Path(sys.argv[1]).glob("*.json")):
         key = c.AutotuneKey(tuple(e["autotune_key"]))
         entries.append([path.stem, h == c.AutotuneKey.key_hash(key.autotune_key),
                         c.load_cached_config(path.stem, key) == e["config"]])
-print(json.dumps({"mode": c.FLA_CACHE_MODE.value, "dir": str(c.get_fla_config_dir()), "entries": entries}))
+import fla.ops.common.chunk_h as ch
+tuners = [type(ch.chunk_fwd_kernel_h.fn).__name__, type(ch.chunk_bwd_kernel_dh.fn).__name__]
+print(json.dumps({"mode": c.FLA_CACHE_MODE.value, "dir": str(c.get_fla_config_dir()), "entries": entries,
+                  "tuners": tuners}))
 """
 
 
@@ -40,4 +43,5 @@ def test_fla_reads_the_configs_shipped_for_this_gpu():
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
     assert res["mode"] == "strict" and res["dir"] == str(d)
+    assert res["tuners"] == ["CachedAutotuner"] * 2, res["tuners"]    # triton.autotune kernels read them too
     assert res["entries"] and all(same_hash and found for _, same_hash, found in res["entries"]), res["entries"]
