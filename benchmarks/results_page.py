@@ -192,16 +192,29 @@ def claim1_paper() -> str:
 
 
 # ---- claims 2-5 --------------------------------------------------------------------------------------------------
+def claim2_gaps() -> dict[int, dict]:
+    """K -> the same-seed gap "without - with" budget dropout over the seeds both arms ran (``cell``'s dict)."""
+    val = {(r["arm"], r["seed"], r["K"]): r["bpb"] for r in claim(2)["rows"] if r["bpb"] is not None}
+    seeds = sorted({s for a, s, _ in val if a == "essm-bd"} & {s for a, s, _ in val if a == "essm-full"})
+    ks = sorted({k for _, _, k in val})
+    return {k: _mean([val["essm-full", s, k] - val["essm-bd", s, k] for s in seeds
+                      if ("essm-full", s, k) in val and ("essm-bd", s, k) in val]) for k in ks}
+
+
 def claim2() -> str:
     ks = [2, 3, 4, 5, 6, 8, 12, 16, 24, 32]
-    rows = claim(2)["rows"]
-    val = {(r["arm"], r["K"]): r for r in rows}
-    w = [val[("essm-bd", k)]["bpb"] for k in ks]
-    wo = [val[("essm-full", k)]["bpb"] for k in ks]
-    return table(["K", *map(str, ks)], [["parameters (M)", *[f"{val[('essm-bd', k)]['params'] / 1e6:.1f}" for k in ks]],
-                                        ["with budget dropout (essm-bd-s0)", *map(f3, w)],
-                                        ["without, K = 32 only (essm-full-s0)", *map(f3, wo)],
-                                        ["without - with", *[sgn(b - a) for a, b in zip(w, wo)]]])
+    rows, st, gaps = claim(2)["rows"], claim(2)["summary"]["seeds"], claim2_gaps()
+    size = {r["K"]: r["params"] for r in rows if r["arm"] == "essm-bd"}
+
+    def runs(arm: str) -> str:
+        return ", ".join(sorted({r["run"] for r in rows if r["arm"] == arm}))
+
+    return table(["K", *map(str, ks)], [["parameters (M)", *[f"{size[k] / 1e6:.1f}" for k in ks]],
+                                        [f"with budget dropout ({runs('essm-bd')})",
+                                         *[cell(st["essm-bd"].get(f"K{k}")) for k in ks]],
+                                        [f"without, K = 32 only ({runs('essm-full')})",
+                                         *[cell(st["essm-full"].get(f"K{k}")) for k in ks]],
+                                        ["without - with, same seed", *[cell(gaps.get(k), sgn) for k in ks]]])
 
 
 def acc(x: float) -> str:
@@ -275,7 +288,8 @@ def summary() -> str:
     t10 = gaps["T10 shared - dense"]
     st = c1["seeds"]
     e, d = st["essh"], st["dense"]
-    c2 = {(r["arm"], r["K"]): r["bpb"] for r in claim(2)["rows"]}
+    c2, g2 = claim(2)["summary"]["seeds"], claim2_gaps()
+    cost2 = {**g2[32], "mean": -g2[32]["mean"], "min": -g2[32]["max"], "max": -g2[32]["min"]}  # with - without
     c3 = {(r["arm"], r["tier"]): r["accuracy"] for r in claim(3)["rows"]}
     c4, c5 = claim(4)["summary"], claim(5)["summary"]
     c4b = {r["tier"]: r["bpb"] for r in claim(4)["rows"]}
@@ -293,9 +307,9 @@ def summary() -> str:
          f"essh n={e['T10']['n']}, dense n={d['T10']['n']}, spec-t1 n={st['spec-t1']['T1']['n']}, "
          f"spec-t4 n={st['spec-t4']['T1']['n']}", f"{tpp:.2f} (paper ~20)"],
         ["2 budget dropout", "partial",
-         f"every prefix usable with it (K = 4: {f3(c2[('essm-bd', 4)])}); without it K = 4 {f3(c2[('essm-full', 4)])}, "
-         f"degraded, not collapsed; full-budget cost {sgn(c2[('essm-bd', 32)] - c2[('essm-full', 32)])} at K = 32",
-         "1 (s0)", f"{_tokens_per_parameter('essm-bd-s0'):.2f}"],
+         f"every prefix usable with it (K = 4: {cell(c2['essm-bd']['K4'])}); without it K = 4 "
+         f"{cell(c2['essm-full']['K4'])}, degraded, not collapsed; full-budget cost {cell(cost2, sgn)} at K = 32",
+         f"{g2[32]['n']} (s0-s{g2[32]['n'] - 1})", f"{_tokens_per_parameter('essm-bd-s0'):.2f}"],
         ["3 recall needs the hybrid", "partial",
          f"hybrid T1/T4/T10 {' / '.join(acc(c3[('mqar-hybrid', t)]) for t in ('T1', 'T4', 'T10'))} (replicated); "
          f"mixer-only {' / '.join(acc(c3[('mqar-mixer', t)]) for t in ('T1', 'T4', 'T10'))} accuracy, "

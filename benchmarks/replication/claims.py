@@ -320,6 +320,8 @@ def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, A
         return {"call_train_s": CALL_TRAIN_S, "settings": out}
     if claim == 1:
         return _claim1_summary(rows)
+    if claim == 2:                  # each budget's mean, min, max over the seeds of each arm ("K4", ...)
+        return {"seeds": seed_stats(rows)}
     if claim == 4:
         pts = sorted((r["params"], r["bpb"], r["tier"]) for r in rows if r["bpb"] is not None)
         rises = [(b2 - b1, t1, t2) for (_, b1, t1), (_, b2, t2) in zip(pts, pts[1:])]

@@ -51,11 +51,14 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
         ax.set_xscale("log")
         ax.set_xlabel("parameters of the standalone model (M)")
         ax.set_ylabel("held-out bits per byte")
-    elif claim == 2:
-        for run in dict.fromkeys(r["run"] for r in rows):
-            pts = sorted((r["K"], r["bpb"]) for r in rows if r["run"] == run and r["bpb"] is not None)
-            ax.plot([k for k, _ in pts], [b for _, b in pts], "o-", label=ROLES.get(base_of(run), (run,))[0],
-                    markersize=3)
+    elif claim == 2:                 # each arm's mean over its seeds, bars from the lowest to the highest seed
+        for arm, tiers in (res["summary"].get("seeds") or seed_stats(rows)).items():
+            k_of = {str(r["tier"]): r["K"] for r in rows if r["arm"] == arm}
+            pts = sorted((k_of[t], c) for t, c in tiers.items())
+            ns = "-".join(map(str, sorted({c["n"] for _, c in pts})))
+            ax.errorbar([k for k, _ in pts], [c["mean"] for _, c in pts], fmt="o-", markersize=3, capsize=2,
+                        yerr=[[c["mean"] - c["min"] for _, c in pts], [c["max"] - c["mean"] for _, c in pts]],
+                        label=f"{ROLES.get(arm, (arm,))[0]} (n={ns} seeds, mean, min-max)")
         ax.set_xlabel("budget K (spectral channels kept)")
         ax.set_ylabel("held-out bits per byte")
     elif claim == 3:
