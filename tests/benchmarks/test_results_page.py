@@ -123,3 +123,15 @@ def test_a_same_seed_repeat_is_set_against_its_first_run(tmp_path):
     assert "dense-s0" not in out
     diff = next(ln for ln in out.splitlines() if ln.startswith("| essh-s0-retrain - essh-s0"))
     assert diff.split(" | ")[-3:] == ["+0.049", "+0.024", "+0.021 |"]
+
+
+def test_claim2_gaps_pair_each_seed_with_its_own_run(monkeypatch):
+    """claim 2's "without - with" gap is taken per seed, only over the seeds both arms ran."""
+    rows = [{"arm": arm, "seed": seed, "K": k, "bpb": bpb} for arm, seed, k, bpb in (
+        ("essm-bd", 0, 4, 1.80), ("essm-full", 0, 4, 2.00), ("essm-bd", 1, 4, 1.90), ("essm-full", 1, 4, 2.00),
+        ("essm-bd", 2, 4, 1.00), ("essm-bd", 0, 32, 1.78), ("essm-full", 0, 32, 1.66))]
+    monkeypatch.setattr(results_page, "claim", lambda n: {"rows": rows})
+    gaps = results_page.claim2_gaps()
+    assert gaps[4]["n"] == 2 and gaps[4]["mean"] == pytest.approx(0.15)     # seed 2 has no K = 32-only run
+    assert (gaps[4]["min"], gaps[4]["max"]) == (pytest.approx(0.1), pytest.approx(0.2))
+    assert gaps[32]["n"] == 1 and results_page.cell(gaps[32], results_page.sgn) == "-0.120 (n=1)"
