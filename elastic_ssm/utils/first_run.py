@@ -25,11 +25,18 @@ def triton_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".triton" / "cache"
 
 
+#: the scan's fla output kernel, compiled once per machine: its files in Triton's cache (``<key>/<name>.cubin``, its
+#: ``.json`` metadata...) say the first prefill ran here, also when every config came from the shipped files and
+#: Triton timed nothing (then no ``*.autotune.json`` is written)
+SCAN_KERNEL = "chunk_gla_fwd_kernel_o"
+
+
 def kernels_tuned(cache: Path | None = None) -> bool:
-    """Whether the Triton cache already holds autotuning results (``<cache>/<key>/*.autotune.json``)."""
+    """Whether the Triton cache already holds autotuning results (``<cache>/<key>/*.autotune.json``) or the scan's
+    compiled kernel (``<cache>/<key>/chunk_gla_fwd_kernel_o.*``)."""
     cache = triton_cache_dir() if cache is None else cache
     try:
-        return any(True for _ in cache.glob("*/*.autotune.json"))
+        return any(True for _ in cache.glob("*/*.autotune.json")) or any(True for _ in cache.glob(f"*/{SCAN_KERNEL}.*"))
     except OSError:
         return False
 
@@ -47,8 +54,9 @@ def tuning_notice(device: Any, every: float = 10.0, cache: Path | None = None):
         yield
         return
     shipped = os.environ.get("FLA_CONFIG_DIR", "").strip()     # fla configs for known shapes (ops/tuned_configs.py)
-    log.warning("tuning kernels for this GPU (first run only, cached in %s%s): about a minute", cache,
-                f"; tuned configs of known shapes from {shipped}, those only compile" if shipped else "")
+    how_long = (f"; tuned configs of known shapes from {shipped}): those compile in seconds, a new shape tunes for "
+                "about a minute" if shipped else "): about a minute")
+    log.warning("tuning kernels for this GPU (first run only, cached in %s%s", cache, how_long)
     start, done = time.monotonic(), threading.Event()
 
     def tick() -> None:

@@ -37,6 +37,12 @@ def test_warm_cache_cpu_and_the_default_dir_are_silent(tmp_path, caplog, monkeyp
     (tmp_path / "abc").mkdir()
     (tmp_path / "abc" / "kernel.autotune.json").write_text("{}")
     assert first_run.kernels_tuned(tmp_path) and not first_run.kernels_tuned(tmp_path / "missing")
+    compiled = tmp_path / "compiled"                 # shipped configs: Triton compiled the scan but timed nothing
+    (compiled / "def").mkdir(parents=True)
+    (compiled / "def" / "other_kernel.cubin").write_bytes(b"")
+    assert not first_run.kernels_tuned(compiled)     # another kernel's files say nothing of the scan
+    (compiled / "def" / "chunk_gla_fwd_kernel_o.cubin").write_bytes(b"")
+    assert first_run.kernels_tuned(compiled)
     with caplog.at_level(logging.WARNING, logger="elastic_ssm"):
         with first_run.tuning_notice(CUDA, cache=tmp_path):
             pass
@@ -65,4 +71,4 @@ def test_the_notice_names_the_shipped_configs_fla_reads(tmp_path, caplog, monkey
             pass
     assert caplog.records[0].getMessage() == (
         f"tuning kernels for this GPU (first run only, cached in {tmp_path}; tuned configs of known shapes from "
-        "/pkg/ops/fla_configs/NVIDIA_H200, those only compile): about a minute")
+        "/pkg/ops/fla_configs/NVIDIA_H200): those compile in seconds, a new shape tunes for about a minute")
