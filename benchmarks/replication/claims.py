@@ -231,6 +231,8 @@ def _rows(claim: int, name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
     label, role = ROLES.get(base_of(name), (name, "elastic"))
     if lr := re.search(r"-lr([0-9.]+(e-?\d+)?)", name):       # another learning rate of the arm: say which
         label += f", lr {float(lr.group(1)):g}"
+    elif role in ("matformer", "baseline") and (peak := (s.get("train") or {}).get("optim", {}).get("lr")):
+        label += f", lr {float(peak):g}"                         # a baseline's first run: its lr from run.yaml
     base = {"run": name, "arm": arm_of(name), "seed": seed_of(name), "label": label, "role": role,
             "source": s.get("source")}
     if role == "recall":

@@ -75,11 +75,14 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
         ax.bar(names, [res["runs"][n]["tokens_per_s"] for n in names])
         ax.set_ylabel("steady tokens/s (warm-up steps left out)")
     ax.set_title(f"#16 claim {claim}: {res['title']}" if claim else res["title"], fontsize=10)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    handles = ax.get_legend_handles_labels()[0]
+    if len(handles) > 6:             # claim 1's dozen arms: below the axes, where it hides no point
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
+    elif handles:
+        ax.legend(fontsize=7)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return ""
 
