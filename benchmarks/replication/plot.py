@@ -37,10 +37,8 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
             first = next(r for r in rows if r["arm"] == arm)
             size = {str(r["tier"]): r["params"] for r in rows if r["arm"] == arm}
             pts = sorted(((size[t], c, t) for t, c in tiers.items()), key=lambda x: x[0])
-            style, ns = styles.get(first["role"], "o-"), sorted({c["n"] for _, c, _ in pts})
-            label = first["label"] + (f" (n={'-'.join(map(str, ns))} seeds, mean, min-max)" if claim == 1 else "")
-            ax.errorbar([p / 1e6 for p, _, _ in pts], [c["mean"] for _, c, _ in pts], fmt=style, label=label,
-                        yerr=[[c["mean"] - c["min"] for _, c, _ in pts], [c["max"] - c["mean"] for _, c, _ in pts]],
+            style = styles.get(first["role"], "o-")
+            _seed_curve(ax, [(p / 1e6, c) for p, c, _ in pts], first["label"], seeds=claim == 1, fmt=style,
                         markersize={"*": 10, "D": 7}.get(style, 5), capsize=3)
             pts = [(p, c["mean"], next(r for r in rows if r["arm"] == arm and str(r["tier"]) == t))
                    for p, c, t in pts]
@@ -54,11 +52,8 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
     elif claim == 2:                 # each arm's mean over its seeds, bars from the lowest to the highest seed
         for arm, tiers in (res["summary"].get("seeds") or seed_stats(rows)).items():
             k_of = {str(r["tier"]): r["K"] for r in rows if r["arm"] == arm}
-            pts = sorted((k_of[t], c) for t, c in tiers.items())
-            ns = "-".join(map(str, sorted({c["n"] for _, c in pts})))
-            ax.errorbar([k for k, _ in pts], [c["mean"] for _, c in pts], fmt="o-", markersize=3, capsize=2,
-                        yerr=[[c["mean"] - c["min"] for _, c in pts], [c["max"] - c["mean"] for _, c in pts]],
-                        label=f"{ROLES.get(arm, (arm,))[0]} (n={ns} seeds, mean, min-max)")
+            pts = sorted(((k_of[t], c) for t, c in tiers.items()), key=lambda x: x[0])
+            _seed_curve(ax, pts, ROLES.get(arm, (arm,))[0], fmt="o-", markersize=3, capsize=2)
         ax.set_xlabel("budget K (spectral channels kept)")
         ax.set_ylabel("held-out bits per byte")
     elif claim == 3:
@@ -85,6 +80,15 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return ""
+
+
+def _seed_curve(ax: Any, pts: list[tuple[float, dict[str, Any]]], label: str, seeds: bool = True, **style: Any) -> None:
+    """One arm's curve over ``pts`` [(x, {mean, min, max, n})]: the means, bars from the lowest to the highest seed;
+    ``seeds``: the label says how many seeds and what the bars are."""
+    if seeds:
+        label += f" (n={'-'.join(map(str, sorted({c['n'] for _, c in pts})))} seeds, mean, min-max)"
+    ax.errorbar([x for x, _ in pts], [c["mean"] for _, c in pts], label=label,
+                yerr=[[c["mean"] - c["min"] for _, c in pts], [c["max"] - c["mean"] for _, c in pts]], **style)
 
 
 def _plot_cost(ax: Any, summary: dict[str, Any]) -> None:
