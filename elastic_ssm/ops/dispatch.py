@@ -89,15 +89,25 @@ def fla_configs_for_every_kernel():
         cache.restore_autotune_backend()
 
 
+def import_fla_chunk():
+    """``fla.ops.gla.chunk``, imported the package's one way: Triton's autotuning persisted and fla pointed at the
+    shipped configs first (``persist_autotuning``), fla's ``__init__`` deferred (``import_leaf``), every kernel under
+    fla's autotuner (``fla_configs_for_every_kernel``). Raises what the import raises."""
+    persist_autotuning()
+    chunk = sys.modules.get("fla.ops.gla.chunk")
+    if chunk is not None:
+        return chunk
+    with fla_configs_for_every_kernel():
+        return import_leaf("fla.ops", "fla.ops.gla.chunk")
+
+
 def fla_available() -> bool:
     """True when fla-core's GLA kernels (``fla.ops.gla.chunk``, with triton) import (checked once per process)."""
     if not _FLA_OK:
         with _FLA_LOCK:
             if not _FLA_OK:
-                persist_autotuning()
                 try:
-                    with fla_configs_for_every_kernel():
-                        import_leaf("fla.ops", "fla.ops.gla.chunk")
+                    import_fla_chunk()
                     _FLA_OK.append(True)
                 except Exception:  # ImportError, or triton failing to initialise without a driver
                     _FLA_OK.append(False)

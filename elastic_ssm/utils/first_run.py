@@ -54,9 +54,9 @@ def tuning_notice(device: Any, every: float = 10.0, cache: Path | None = None):
         yield
         return
     shipped = os.environ.get("FLA_CONFIG_DIR", "").strip()     # fla configs for known shapes (ops/tuned_configs.py)
-    how_long = (f"; tuned configs of known shapes from {shipped}): those compile in seconds, a new shape tunes for "
-                "about a minute" if shipped else "): about a minute")
-    log.warning("tuning kernels for this GPU (first run only, cached in %s%s", cache, how_long)
+    where = f"; tuned configs of known shapes from {shipped}" if shipped else ""
+    how_long = "those compile in seconds, a new shape tunes for about a minute" if shipped else "about a minute"
+    log.warning("tuning kernels for this GPU (first run only, cached in %s%s): %s", cache, where, how_long)
     start, done = time.monotonic(), threading.Event()
 
     def tick() -> None:

@@ -112,6 +112,8 @@ FAKE_FLA = {   # the shape of fla-core 0.6 that matters here: a costly fla/ops/_
                                "def restore_autotune_backend():\n    ON[0] = False\n"),
     "fla/ops/common/__init__.py": "",
     "fla/ops/common/chunk_h.py": "from fla.ops.utils import cache\nDEFINED_WITH_FLA_AUTOTUNE = cache.ON[0]\n",
+    "fla/ops/gla/__init__.py": "",
+    "fla/ops/gla/chunk.py": "from fla.ops.common.chunk_h import DEFINED_WITH_FLA_AUTOTUNE\n",
 }
 
 
@@ -152,3 +154,14 @@ def test_no_config_folder_or_a_failed_import_leaves_triton_autotune_alone(fake_f
     with pytest.raises(ImportError), fla_configs_for_every_kernel():
         import fla.ops.common.absent  # noqa: F401
     assert not sys.modules["fla.ops.utils.cache"].ON[0]               # restored when the import inside fails
+
+
+def test_the_scan_imports_fla_one_way(fake_fla, monkeypatch):
+    """``import_fla_chunk`` (``fla_available`` and the scan's ``_kernels``): fla.ops/__init__ deferred, the chunk's
+    kernels under fla's autotuner; a second call returns the module already imported."""
+    from elastic_ssm.ops.dispatch import import_fla_chunk
+
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "1")     # persist_autotuning's setdefault: undone after the test
+    monkeypatch.setenv("FLA_CONFIG_DIR", "/configs")
+    chunk = import_fla_chunk()
+    assert chunk.DEFINED_WITH_FLA_AUTOTUNE and import_fla_chunk() is chunk is sys.modules["fla.ops.gla.chunk"]

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..dispatch import fla_configs_for_every_kernel, persist_autotuning
+from ..dispatch import import_fla_chunk
 
 _RCP_LN2 = 1.0 / math.log(2.0)
 
@@ -31,10 +31,7 @@ def local_cumsum_log2(g: Tensor, C: int) -> Tensor:
 
 
 def _kernels():
-    persist_autotuning()
-    with fla_configs_for_every_kernel():
-        from fla.ops.gla import chunk as fla_chunk  # optional dependency (CUDA + triton)
-
+    fla_chunk = import_fla_chunk()  # optional dependency (CUDA + triton)
     return fla_chunk.chunk_gla_fwd, fla_chunk.chunk_gla_bwd
 
 
