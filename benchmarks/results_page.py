@@ -1,14 +1,14 @@
 """docs/results.md's claim tables, rendered from the committed run records: ``python -m benchmarks.results_page``.
 
-Every table of the page between ``<!-- table: NAME -->`` and ``<!-- /table -->`` is rendered by ``RENDER[NAME]`` from
-``docs/results/records/<run>/`` (eval.csv, metrics.jsonl, parameters.json, run.yaml, calls.jsonl) through
-``benchmarks.replication.claims`` (``collect_claim``, ``seed_stats``, ``paired_gaps``: the same numbers the suites'
-reports write), with the runs each claim's suite names (``configs/bench/replication-claimN.yaml``, its report
-entry). ``--check`` (the default) exits 1 when a region differs from its rendering, when a renderer has no region on
-the page, or when a claim section (``### Claim ...``, ``### Seeds ...``) holds a table line outside a region (a
-hand-typed number); ``--write`` rewrites the regions. The papers' numbers in the tables are constants below, each
-with its table. Rounding: bits per byte to 3 decimals, accuracy to 3 (4 at 0.995 and above), parameters in M to 1
-or 2 decimals.
+Every table of the page between ``<!-- table: NAME -->`` and ``<!-- /table -->`` is rendered by ``RENDER[NAME]``
+from ``docs/results/records/<run>/`` (eval.csv, metrics.jsonl, parameters.json, run.yaml, calls.jsonl) through
+``benchmarks.replication.claims`` (``collect_claim``) and ``.seeds`` (``seed_stats``, ``paired_gaps``: the same
+numbers the suites' reports write), with the runs each claim's suite names
+(``configs/bench/replication-claimN.yaml``, its report entry). ``--check`` (the default) exits 1 when a region
+differs from its rendering, when a renderer has no region on the page, or when a claim section (``### Claim ...``,
+``### Seeds ...``) holds a table line outside a region (a hand-typed number); ``--write`` rewrites the regions. The
+papers' numbers in the tables are constants below, each with its table. Rounding: bits per byte to 3 decimals,
+accuracy to 3 (4 at 0.995 and above), parameters in M to 1 or 2 decimals.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import re
 import sys
 from pathlib import Path
 
-from benchmarks.replication.claims import CLAIM1_GAPS, arm_of, base_of, collect_claim, read_jsonl, run_summary, seed_of
+from benchmarks.replication.claims import arm_of, base_of, collect_claim, read_jsonl, run_summary, seed_of
 from benchmarks.replication.claims import markdown_table as table
+from benchmarks.replication.seeds import CLAIM1_GAPS, paired_gaps
 from benchmarks.results_claim1 import baselines_table, best_run, commits_of, lr_runs, repeat_table
 from benchmarks.results_evals import RENDER_EVALS
 
@@ -192,27 +193,23 @@ def claim1_paper() -> str:
 
 
 # ---- claims 2-5 --------------------------------------------------------------------------------------------------
-def claim2_gaps() -> dict[int, dict]:
-    """K -> the same-seed gap "without - with" budget dropout over the seeds both arms ran (``cell``'s dict)."""
-    val = {(r["arm"], r["seed"], r["K"]): r["bpb"] for r in claim(2)["rows"] if r["bpb"] is not None}
-    seeds = sorted({s for a, s, _ in val if a == "essm-bd"} & {s for a, s, _ in val if a == "essm-full"})
-    ks = sorted({k for _, _, k in val})
-    return {k: _mean([val["essm-full", s, k] - val["essm-bd", s, k] for s in seeds
-                      if ("essm-full", s, k) in val and ("essm-bd", s, k) in val]) for k in ks}
+def claim2_gaps(arm: str = "essm-full", other: str = "essm-bd") -> dict[int, dict]:
+    """K -> the same-seed gap ``arm - other`` (default "without - with" budget dropout) over the seeds both arms ran:
+    ``cell``'s dict with ``seeds`` ({seed: gap}, ``paired_gaps``)."""
+    rows = claim(2)["rows"]
+    gaps = {k: paired_gaps(rows, arm, other, f"K{k}") for k in sorted({r["K"] for r in rows})}
+    return {k: {**_mean(list(g.values())), "seeds": g} for k, g in gaps.items()}
 
 
 def claim2() -> str:
     ks = [2, 3, 4, 5, 6, 8, 12, 16, 24, 32]
     rows, st, gaps = claim(2)["rows"], claim(2)["summary"]["seeds"], claim2_gaps()
     size = {r["K"]: r["params"] for r in rows if r["arm"] == "essm-bd"}
-
-    def runs(arm: str) -> str:
-        return ", ".join(sorted({r["run"] for r in rows if r["arm"] == arm}))
-
+    runs = {arm: ", ".join(sorted(st[arm]["K32"]["seeds"])) for arm in ("essm-bd", "essm-full")}   # each seed's run
     return table(["K", *map(str, ks)], [["parameters (M)", *[f"{size[k] / 1e6:.1f}" for k in ks]],
-                                        [f"with budget dropout ({runs('essm-bd')})",
+                                        [f"with budget dropout ({runs['essm-bd']})",
                                          *[cell(st["essm-bd"].get(f"K{k}")) for k in ks]],
-                                        [f"without, K = 32 only ({runs('essm-full')})",
+                                        [f"without, K = 32 only ({runs['essm-full']})",
                                          *[cell(st["essm-full"].get(f"K{k}")) for k in ks]],
                                         ["without - with, same seed", *[cell(gaps.get(k), sgn) for k in ks]]])
 
@@ -288,8 +285,7 @@ def summary() -> str:
     t10 = gaps["T10 shared - dense"]
     st = c1["seeds"]
     e, d = st["essh"], st["dense"]
-    c2, g2 = claim(2)["summary"]["seeds"], claim2_gaps()
-    cost2 = {**g2[32], "mean": -g2[32]["mean"], "min": -g2[32]["max"], "max": -g2[32]["min"]}  # with - without
+    c2, cost2 = claim(2)["summary"]["seeds"], claim2_gaps("essm-bd", "essm-full")[32]    # with - without at K = 32
     c3 = {(r["arm"], r["tier"]): r["accuracy"] for r in claim(3)["rows"]}
     c4, c5 = claim(4)["summary"], claim(5)["summary"]
     c4b = {r["tier"]: r["bpb"] for r in claim(4)["rows"]}
@@ -309,7 +305,7 @@ def summary() -> str:
         ["2 budget dropout", "partial",
          f"every prefix usable with it (K = 4: {cell(c2['essm-bd']['K4'])}); without it K = 4 "
          f"{cell(c2['essm-full']['K4'])}, degraded, not collapsed; full-budget cost {cell(cost2, sgn)} at K = 32",
-         f"{g2[32]['n']} (s0-s{g2[32]['n'] - 1})", f"{_tokens_per_parameter('essm-bd-s0'):.2f}"],
+         f"{cost2['n']} ({', '.join(f's{x}' for x in cost2['seeds'])})", f"{_tokens_per_parameter('essm-bd-s0'):.2f}"],
         ["3 recall needs the hybrid", "partial",
          f"hybrid T1/T4/T10 {' / '.join(acc(c3[('mqar-hybrid', t)]) for t in ('T1', 'T4', 'T10'))} (replicated); "
          f"mixer-only {' / '.join(acc(c3[('mqar-mixer', t)]) for t in ('T1', 'T4', 'T10'))} accuracy, "

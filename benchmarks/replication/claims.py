@@ -11,9 +11,10 @@ commit of every call). A run without its results is listed under ``missing``, ne
   and seed), the dense control truncated and truncated + recovered, MatFormer's tiers (claim 5) and the dense
   Transformer++ of MatFormer's backbone (one point: the architecture's gap without the nesting, Table 10);
   run folders ``<arm>-s<seed>`` are seeds of one arm: ``summary.seeds`` has each arm's mean, min, max and n per
-  tier (``seed_stats``) and ``summary.gaps`` the same-seed gaps of ``CLAIM1_GAPS`` (``paired_gaps``), each with
-  ``sign_resolved`` (every seed's gap has the same sign);
-* claim 2 (ES-SSM Sec. 4.2): bpb at every evaluated budget K with and without budget dropout;
+  tier (``seeds.seed_stats``) and ``summary.gaps`` the same-seed gaps of ``seeds.CLAIM1_GAPS`` (``paired_gaps``),
+  each with ``sign_resolved`` (every seed's gap has the same sign);
+* claim 2 (ES-SSM Sec. 4.2): bpb at every evaluated budget K with and without budget dropout, and ``summary.seeds``
+  as claim 1's;
 * claim 3 (ESSH Tables 21-23): MQAR accuracy per tier of the last validation (and its step), hybrid and
   mixer-only; a run is ``missing`` until it has validated at its last step, and ``summary.progress`` says how
   far each is (its runs span many calls);
@@ -41,8 +42,10 @@ from typing import Any
 
 import yaml
 
-__all__ = ["ROLES", "arm_of", "base_of", "collect_claim", "paired_gaps", "read_jsonl", "read_csv", "markdown_table",
-           "run_summary", "seed_of", "seed_stats"]
+from .seeds import claim1_summary, seed_stats
+
+__all__ = ["ROLES", "arm_of", "base_of", "collect_claim", "read_jsonl", "read_csv", "markdown_table", "run_summary",
+           "seed_of"]
 
 #: arm -> (label, role); a run folder is ``<arm>[-lr<lr>][-s<seed>]`` (``base_of``), as the suites in
 #: configs/bench/replication-*.yaml name them
@@ -253,61 +256,6 @@ def _rows(claim: int, name: str, s: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def seed_stats(rows: list[dict[str, Any]], key: str = "bpb") -> dict[str, dict[str, dict[str, Any]]]:
-    """``{arm: {tier: {n, mean, min, max, seeds}}}`` of ``key`` over the seeds of each arm's runs (``<arm>-s<seed>``;
-    a folder without a seed counts as one run); ``seeds`` maps each run to its value."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        if r.get(key) is not None:
-            out.setdefault(r["arm"], {}).setdefault(str(r["tier"]), {"seeds": {}})["seeds"][r["run"]] = r[key]
-    for tiers in out.values():
-        for cell in tiers.values():
-            v = list(cell["seeds"].values())
-            cell.update(n=len(v), mean=sum(v) / len(v), min=min(v), max=max(v))
-    return out
-
-
-def paired_gaps(rows: list[dict[str, Any]], arm: str, other: str, tier: str, other_tier: str | None = None,
-                key: str = "bpb") -> dict[int, float]:
-    """``{seed: arm - other}`` of ``key`` at ``tier`` (``other_tier`` for ``other``), for the seeds both arms ran.
-    A recovered run (``source`` set) is paired with the very run it started from when that run is of ``other``'s
-    arm family (``dense-s0-retrain`` for ``dense-rec-s0``), else with ``other``'s run of its seed."""
-    ot = other_tier or tier
-    val = {(r["arm"], r["seed"], str(r["tier"])): r[key] for r in rows if r.get(key) is not None}
-    by_run = {(r["run"], str(r["tier"])): r[key] for r in rows if r.get(key) is not None}
-    out = {}
-    for r in sorted((r for r in rows if r["arm"] == arm and str(r["tier"]) == tier and r["seed"] is not None
-                     and r.get(key) is not None), key=lambda r: r["seed"]):
-        src = r.get("source")
-        if src and src.startswith(other + "-") and (src, ot) in by_run:
-            out[r["seed"]] = r[key] - by_run[(src, ot)]
-        elif (other, r["seed"], ot) in val:
-            out[r["seed"]] = r[key] - val[(other, r["seed"], ot)]
-    return out
-
-
-#: claim 1's paired gaps (same seed): name -> (arm, tier, other arm, other's tier); a specialist's only tier is T1
-CLAIM1_GAPS = {"T1 shared - specialist": ("essh", "T1", "spec-t1", "T1"),
-               "T4 shared - specialist": ("essh", "T4", "spec-t4", "T1"),
-               "T10 shared - dense": ("essh", "T10", "dense", "T10"),
-               "T1 recovered (#16) - shared": ("dense-rec33", "T1", "essh", "T1"),
-               "T1 recovered (paper) - shared": ("dense-rec", "T1", "essh", "T1"),
-               "T4 recovered (#16) - shared": ("dense-rec33", "T4", "essh", "T4"),
-               "T4 recovered (paper) - shared": ("dense-rec", "T4", "essh", "T4"),
-               "T10 recovered (#16) - dense": ("dense-rec33", "T10", "dense", "T10"),
-               "T10 recovered (paper) - dense": ("dense-rec", "T10", "dense", "T10")}
-
-
-def _claim1_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    gaps = {}
-    for name, (a, t, b, bt) in CLAIM1_GAPS.items():
-        g = paired_gaps(rows, a, b, t, bt)
-        gaps[name] = {"seeds": g, "n": len(g), "mean": sum(g.values()) / len(g) if g else None,
-                      "min": min(g.values(), default=None), "max": max(g.values(), default=None),
-                      "sign_resolved": bool(g) and len(g) > 1 and (min(g.values()) > 0 or max(g.values()) < 0)}
-    return {"seeds": seed_stats(rows), "gaps": gaps}
-
-
 def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
     if claim == 0:                  # start-up = wall - steady; the steps of this setting that fit CALL_TRAIN_S
         out = {}
@@ -321,7 +269,7 @@ def _summary(claim: int, runs: dict[str, dict[str, Any]], rows: list[dict[str, A
                       "steps_that_fit": int(max(CALL_TRAIN_S - startup, 0) * s["tokens_per_s"] / s["tokens_per_step"])}
         return {"call_train_s": CALL_TRAIN_S, "settings": out}
     if claim == 1:
-        return _claim1_summary(rows)
+        return claim1_summary(rows)
     if claim == 2:                  # each budget's mean, min, max over the seeds of each arm ("K4", ...)
         return {"seeds": seed_stats(rows)}
     if claim == 4:

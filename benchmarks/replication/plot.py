@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .claims import ROLES, _role, base_of, seed_stats
+from .claims import ROLES, _role, base_of
+from .seeds import seed_stats
 
 __all__ = ["plot_claim"]
 

@@ -4,7 +4,8 @@ keeps its sign at every seed."""
 
 import pytest
 
-from benchmarks.replication.claims import arm_of, base_of, collect_claim, paired_gaps, seed_of, seed_stats
+from benchmarks.replication.claims import arm_of, base_of, collect_claim, seed_of
+from benchmarks.replication.seeds import paired_gaps, seed_stats
 
 
 def _eval(root, run, rows):

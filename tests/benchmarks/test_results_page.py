@@ -127,7 +127,8 @@ def test_a_same_seed_repeat_is_set_against_its_first_run(tmp_path):
 
 def test_claim2_gaps_pair_each_seed_with_its_own_run(monkeypatch):
     """claim 2's "without - with" gap is taken per seed, only over the seeds both arms ran."""
-    rows = [{"arm": arm, "seed": seed, "K": k, "bpb": bpb} for arm, seed, k, bpb in (
+    rows = [{"run": f"{arm}-s{seed}", "arm": arm, "seed": seed, "K": k, "tier": f"K{k}", "bpb": bpb}
+            for arm, seed, k, bpb in (
         ("essm-bd", 0, 4, 1.80), ("essm-full", 0, 4, 2.00), ("essm-bd", 1, 4, 1.90), ("essm-full", 1, 4, 2.00),
         ("essm-bd", 2, 4, 1.00), ("essm-bd", 0, 32, 1.78), ("essm-full", 0, 32, 1.66))]
     monkeypatch.setattr(results_page, "claim", lambda n: {"rows": rows})
