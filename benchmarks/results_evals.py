@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.replication.claims import markdown_table as _table
 from benchmarks.replication.claims import read_csv as _rows
 
-__all__ = ["RENDER_EVALS", "PAPER_IMPORTANCE"]
+__all__ = ["RENDER_EVALS", "PAPER_IMPORTANCE", "plot_importance_records"]
 
 #: ESSH Table 31 (370M, 3.7B tokens, seed 197): (ordering energy, ordering knock-out, share energy, share knock-out)
 PAPER_IMPORTANCE = {"essh": (0.66, 0.82, 0.46, 0.64), "dense": (0.29, 0.29, 0.46, 0.36)}
@@ -75,3 +75,54 @@ def niah(records: Path) -> str:
 
 
 RENDER_EVALS = {"evals-importance": importance, "evals-length": length, "evals-niah": niah}
+
+
+def plot_importance_records(records: Path, path: Path) -> str:
+    """Table 31's per-channel curves of both models in one PNG at ``path``: (a) each channel's share of the
+    knock-out increase (bpb), (b) the cumulative knock-out and energy shares against channel k, from
+    ``importance-<model>/channel_importance.json``. Returns '' when written, else why not (no records, no
+    matplotlib)."""
+    runs = {m: records / f"importance-{m}" / "channel_importance.json" for m in PAPER_IMPORTANCE}
+    runs = {m: json.loads(p.read_text()) for m, p in runs.items() if p.is_file()}
+    if not runs:
+        return "no importance records"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'elastic-ssm[plot]')"
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(runs)
+    for i, (model, r) in enumerate(runs.items()):
+        ks = [c["channel"] for c in r["channels"]]
+        knock = [max(c["delta_bpb"], 0.0) for c in r["channels"]]
+        energy = [c["energy"] for c in r["channels"]]
+        a.bar([k + (i - (len(runs) - 1) / 2) * width for k in ks], [x / sum(knock) for x in knock], width,
+              label=_MODEL[model])
+        for vals, style, what in ((knock, "o-", "knock-out"), (energy, "s--", "energy")):
+            cum = [sum(vals[:j + 1]) / sum(vals) for j in range(len(vals))]
+            b.plot(ks, cum, style, color=f"C{i}", markersize=3, label=f"{_MODEL[model]}, {what}")
+    first = next(iter(runs.values()))["first"]
+    b.axvline(first, color="gray", linestyle=":")
+    a.set(xlabel="channel k", ylabel="share of the knock-out increase (bpb)", title="(a) knock-out per channel")
+    b.set(xlabel="channel k", ylabel="cumulative share", title=f"(b) cumulative shares (first {first}: dotted)")
+    a.legend(fontsize=8)
+    b.legend(fontsize=7)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.suptitle("channel importance at full capacity, seed 0 (ESSH Table 31, Figure 10)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return ""
+
+
+if __name__ == "__main__":   # python -m benchmarks.results_evals: redraw docs/results/importance.png from the records
+    import sys
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "results"
+    why = plot_importance_records(root / "records", root / "importance.png")
+    print(why or f"wrote {root / 'importance.png'}")
+    sys.exit(1 if why else 0)

@@ -136,3 +136,15 @@ def test_claim2_gaps_pair_each_seed_with_its_own_run(monkeypatch):
     assert gaps[4]["n"] == 2 and gaps[4]["mean"] == pytest.approx(0.15)     # seed 2 has no K = 32-only run
     assert (gaps[4]["min"], gaps[4]["max"]) == (pytest.approx(0.1), pytest.approx(0.2))
     assert gaps[32]["n"] == 1 and results_page.cell(gaps[32], results_page.sgn) == "-0.120 (n=1)"
+
+
+def test_the_importance_plot_draws_both_models_from_the_records(tmp_path):
+    """``python -m benchmarks.results_evals`` redraws docs/results/importance.png from the committed
+    ``importance-<model>`` records; without records it says so and writes nothing."""
+    pytest.importorskip("matplotlib")
+    evals = importlib.import_module("benchmarks.results_evals")
+    out = tmp_path / "importance.png"
+    assert evals.plot_importance_records(ROOT / "docs" / "results" / "records", out) == ""
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    empty = tmp_path / "none.png"
+    assert evals.plot_importance_records(tmp_path, empty) == "no importance records" and not empty.exists()
