@@ -81,6 +81,9 @@ class ReplicationStepOptions(ConfigBase):
     reserve_s: float = opt(25.0, "stop this long before the suite's budget ends (the pack entry runs after it)")
     concurrent: bool = opt(False, "start the command and go on to the next entries at once; the next report or "
                                   "pack entry waits for it (two small runs sharing one GPU: claim 3's MQAR arms)")
+    spans_calls: bool = opt(False, "the run is meant to span back-to-back calls on one warm machine (its checkpoint "
+                                   "stays there, too large for the carry: replication-long), so a fresh start is "
+                                   "not held to the longest earlier cut attempt")
 
     def validate(self) -> None:
         if not self.args:
@@ -128,7 +131,7 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
         return [{**row, "state": "waiting", "missing": missing[0]}]
     left = ctx.time_left() - opts.reserve_s
     fresh = not _has_checkpoint(run_dir)
-    cut = _cut_after(run_dir, ctx.name) if fresh else 0.0      # its checkpoint did not travel: it starts over
+    cut = _cut_after(run_dir, ctx.name) if fresh and not opts.spans_calls else 0.0   # starts over: no checkpoint
     needs = max(opts.needs_s, cut + opts.grace_s if cut else 0.0, 1.0)
     if left < needs:
         why = f"; a fresh attempt was stopped after {cut:.0f} s" if needs > max(opts.needs_s, 1.0) else ""

@@ -79,6 +79,8 @@ def test_a_run_cut_before_starts_over_only_with_more_time_than_it_had(tmp_path):
     assert run_step(opts, ctx)[0]["state"] == "deferred"
     assert "a fresh attempt was stopped after 90 s" in logs[-1] and "needs 95 s" in logs[-1]
     assert run_step(opts, _ctx(tmp_path, budget=120))[0]["state"] == "ran"
+    spans = ReplicationStepOptions(**{**opts.to_dict(), "spans_calls": True})   # replication-long: each call is cut
+    assert run_step(spans, _ctx(tmp_path, budget=80))[0]["state"] == "ran"      # by design, the next one resumes
     (run / "pretrain" / "step_0000002").mkdir(parents=True)         # a checkpoint here: it resumes
     (run / "pretrain" / "step_0000002" / "COMPLETE.json").write_text("{}")
     assert run_step(opts, _ctx(tmp_path, budget=80))[0]["state"] == "ran"
