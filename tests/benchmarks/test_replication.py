@@ -400,3 +400,18 @@ def test_claim5_sets_each_specialist_beside_the_shared_tier_of_its_size(tmp_path
         assert plot_claim(collect_claim(5, root, names), tmp_path / "claim5.png") == ""
         assert plot_claim(collect_claim(1, root, names), tmp_path / "claim1.png") == ""
         assert (tmp_path / "claim5.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs" / "bench").glob("replication-*.yaml")), ids=lambda p: p.stem)
+def test_every_skip_path_is_a_file_the_suite_makes(path):
+    """A step's ``skip_when`` names what later steps produce; a name no step makes (``importance-essh/eval.csv`` of
+    2026-12-04, where importance writes ``channel_importance.json``) never matches, and the model trains again for
+    nothing. Besides the outputs of the suite's steps, only ``parameters.json``, which ``elastic-ssm train`` writes
+    when a run has finished (pipeline.py), may be named."""
+    from benchmarks.suite import load_suite
+
+    steps = [e.options for e in load_suite(path).entries if e.kind == "replication_step"]
+    made = {out.replace("{run}", f"{{root}}/{o.run}") for o in steps for out in o.outputs}
+    wrong = [(o.run, p) for o in steps for p in o.skip_when
+             if p.replace("{run}", f"{{root}}/{o.run}") not in made and p != "{run}/parameters.json"]
+    assert not wrong, wrong
