@@ -8,7 +8,7 @@ Rendered by ``benchmarks.results_page`` from ``docs/results/records/<run>/``:
 * ``evals-length``: bits per byte of every tier at the training length (1024: the seed-0 records ``essh-s0`` /
   ``dense-s0``, whose models the evaluation runs trained again with the same seed) and beyond it
   (``length-<model>-2048``, ``-4096``: ``eval.csv``), Table 19's sweep;
-* ``evals-niah``: needle-in-a-haystack full-key accuracy per tier and depth (``niah-essh``: ``eval.csv`` of
+* ``evals-niah``: needle-in-a-haystack full-key accuracy per tier and depth (``niah-essh`` / ``niah-dense``: ``eval.csv`` of
   ``elastic-ssm niah``), Tables 17-18.
 
 A run without records renders as "not run yet", so the page says what is missing instead of leaving a gap.
@@ -64,14 +64,18 @@ def length(records: Path) -> str:
 
 
 def niah(records: Path) -> str:
-    rows = _rows(records / "niah-essh" / "eval.csv")
-    if not rows:
-        return _table(["tier", "full key", "first token", "+/- (95%)", "depths 0.1 / 0.3 / 0.5 / 0.7 / 0.9"],
-                      [["", "", "", "", _MISSING]])
-    depths = [k for k in rows[0] if k.startswith("d")]
-    return _table(["tier", "full key", "first token", "+/- (95%)", "depths " + " / ".join(d[1:] for d in depths)],
-                  [[r["tier"], f"{float(r['full_key']):.3f}", f"{float(r['first_token']):.3f}",
-                    f"{float(r['half_width']):.3f}", " / ".join(f"{float(r[d]):.2f}" for d in depths)] for r in rows])
+    head = ["model", "tier", "full key", "first token", "+/- (95%)", "depths"]
+    out = []
+    for model in PAPER_IMPORTANCE:
+        rows = _rows(records / f"niah-{model}" / "eval.csv")
+        if not rows:
+            out.append([_MODEL[model], "", "", "", "", _MISSING])
+            continue
+        depths = [k for k in rows[0] if k.startswith("d")]
+        head[-1] = "depths " + " / ".join(d[1:] for d in depths)
+        out += [[_MODEL[model], r["tier"], f"{float(r['full_key']):.3f}", f"{float(r['first_token']):.3f}",
+                 f"{float(r['half_width']):.3f}", " / ".join(f"{float(r[d]):.2f}" for d in depths)] for r in rows]
+    return _table(head, out)
 
 
 RENDER_EVALS = {"evals-importance": importance, "evals-length": length, "evals-niah": niah}
