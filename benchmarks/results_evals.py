@@ -8,8 +8,8 @@ Rendered by ``benchmarks.results_page`` from ``docs/results/records/<run>/``:
 * ``evals-length``: bits per byte of every tier at the training length (1024: the seed-0 records ``essh-s0`` /
   ``dense-s0``, whose models the evaluation runs trained again with the same seed) and beyond it
   (``length-<model>-2048``, ``-4096``: ``eval.csv``), Table 19's sweep;
-* ``evals-niah``: needle-in-a-haystack full-key accuracy per tier and depth (``niah-essh`` / ``niah-dense``: ``eval.csv`` of
-  ``elastic-ssm niah``), Tables 17-18.
+* ``evals-niah``: needle-in-a-haystack full-key accuracy per tier and depth (``niah-essh`` / ``niah-dense``:
+  ``eval.csv`` of ``elastic-ssm niah``), Tables 17-18.
 
 A run without records renders as "not run yet", so the page says what is missing instead of leaving a gap.
 """
