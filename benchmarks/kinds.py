@@ -7,8 +7,11 @@ or the checkout when they are not importable, else loading the suite is a one-li
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -53,20 +56,38 @@ def kind_runner(kind: str):
     return getattr(harness_module(f"entry kind {kind!r}", module), fn)
 
 
-def run_child(cmd: list[str], ctx, timeout: float, log_name: str) -> dict:
-    """Run ``cmd`` (cwd: the current folder, env: ``ctx.child_env()``); output to ``ctx.out_dir/log_name``."""
+def run_child(cmd: list[str], ctx, timeout: float, log_name: str, echo: bool = False) -> dict:
+    """Run ``cmd`` (cwd: the current folder, env: ``ctx.child_env()``); its output goes line by line to
+    ``ctx.out_dir/log_name`` (and, with ``echo``, to ``ctx.log``) as it comes, so a call cut from outside keeps
+    what the command printed. Stopped (process group killed) at ``timeout`` or the suite's budget: rc 'timeout'."""
     limit = min(timeout or float("inf"), ctx.time_left())
     t = time.monotonic()
-    try:
-        p = subprocess.run(cmd, env=ctx.child_env(), capture_output=True, text=True,
-                           timeout=None if limit == float("inf") else max(1.0, limit))
-        rc, text = p.returncode, p.stdout + p.stderr
-    except subprocess.TimeoutExpired as e:
-        parts = [x.decode(errors="replace") if isinstance(x, bytes) else x for x in (e.stdout, e.stderr) if x]
-        rc, text = "timeout", "".join(parts)
-    ctx.write_text(log_name, " ".join(cmd) + "\n" + text)
-    lines = text.strip().splitlines()
-    return {"rc": rc, "wall_s": round(time.monotonic() - t, 2), "last_line": lines[-1][-300:] if lines else ""}
+    lines: list[str] = []
+    with open(ctx.path(log_name), "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        p = subprocess.Popen(cmd, env=ctx.child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, errors="replace", start_new_session=True)
+
+        def pump() -> None:
+            for line in p.stdout:
+                lines.append(line.rstrip("\n"))
+                log.write(line)
+                log.flush()
+                if echo:
+                    ctx.log(f"  | {lines[-1]}")
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = p.wait(timeout=None if limit == float("inf") else max(1.0, limit))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            rc = "timeout"
+        reader.join(timeout=5)
+    text = [x for x in lines if x.strip()]
+    return {"rc": rc, "wall_s": round(time.monotonic() - t, 2), "last_line": text[-1][-300:] if text else ""}
 
 
 @dataclass(kw_only=True)
@@ -85,6 +106,6 @@ class CommandOptions(ConfigBase):
 def run_command(opts: CommandOptions, ctx) -> list[dict]:
     """Run the command; one row: rc, wall seconds, last output line (the whole output in ``command.log``)."""
     cmd = [sys.executable if a == "python" else a.replace("{out}", str(ctx.out_dir)) for a in opts.args]
-    row = run_child(cmd, ctx, opts.timeout_s, "command.log")
+    row = run_child(cmd, ctx, opts.timeout_s, "command.log", echo=True)
     ctx.log(f"  rc={row['rc']} {row['wall_s']} s: {row['last_line']}")
     return [row]

@@ -83,7 +83,8 @@ class ReplicationStepOptions(ConfigBase):
                                   "pack entry waits for it (two small runs sharing one GPU: claim 3's MQAR arms)")
     spans_calls: bool = opt(False, "the run is meant to span back-to-back calls on one warm machine (its checkpoint "
                                    "stays there, too large for the carry: replication-long), so a fresh start is "
-                                   "not held to the longest earlier cut attempt")
+                                   "not held to the longest earlier cut attempt, and once resumed it starts with only "
+                                   "grace_s + 30 s left (whatever needs_s says): each call's steps are checkpointed")
 
     def validate(self) -> None:
         if not self.args:
@@ -91,6 +92,9 @@ class ReplicationStepOptions(ConfigBase):
                               "train, ...]")
         if min(self.grace_s, self.needs_s, self.timeout_s, self.reserve_s) < 0:
             raise ConfigError("ReplicationStepOptions: needs_s, timeout_s, grace_s and reserve_s must be >= 0")
+
+
+RESUME_MARGIN_S = 30.0   # a resumed run's start-up (load the checkpoint) and a few steps before its SIGTERM
 
 
 def _supervise(cmd: list[str], env: dict, log_path: Path, stop_at: float, grace_s: float) -> tuple[object, bool]:
@@ -133,6 +137,8 @@ def run_step(opts: ReplicationStepOptions, ctx) -> list[dict]:
     fresh = not _has_checkpoint(run_dir)
     cut = _cut_after(run_dir, ctx.name) if fresh and not opts.spans_calls else 0.0   # starts over: no checkpoint
     needs = max(opts.needs_s, cut + opts.grace_s if cut else 0.0, 1.0)
+    if opts.spans_calls and not fresh:          # it resumes and checkpoints on SIGTERM: any call makes progress,
+        needs = opts.grace_s + RESUME_MARGIN_S  # the last one only needs its remaining steps (2026-12-04: 181)
     if left < needs:
         why = f"; a fresh attempt was stopped after {cut:.0f} s" if needs > max(opts.needs_s, 1.0) else ""
         ctx.log(f"  {ctx.name}: deferred ({left:.0f} s left of the budget, needs {needs:.0f} s{why})")

@@ -84,6 +84,9 @@ def test_a_run_cut_before_starts_over_only_with_more_time_than_it_had(tmp_path):
     (run / "pretrain" / "step_0000002").mkdir(parents=True)         # a checkpoint here: it resumes
     (run / "pretrain" / "step_0000002" / "COMPLETE.json").write_text("{}")
     assert run_step(opts, _ctx(tmp_path, budget=80))[0]["state"] == "ran"
+    resumed = ReplicationStepOptions(**{**spans.to_dict(), "needs_s": 400})   # dense-long-s0 at step 2419 of 2600
+    assert run_step(resumed, _ctx(tmp_path, budget=60))[0]["state"] == "ran"    # was deferred with 330 s left
+    assert run_step(resumed, _ctx(tmp_path, budget=20))[0]["state"] == "deferred"   # < grace_s + 30 s
 
 
 def test_step_gets_sigterm_before_the_budget_ends(tmp_path):

@@ -203,3 +203,21 @@ entries:
     res = json.loads((out / "s.json").read_text())
     assert [e["name"] for e in res["entries"]] == ["a", "b"]
     assert [(t["entry"], t["status"]) for t in res["targets"]] == [("a", "PASS"), ("b", "PASS")] and rc == 0
+
+
+def test_a_command_streams_its_output_and_keeps_it_when_stopped(tmp_path):
+    """scan's theta-precision of 2026-12-04 was cut from outside after 200 s and left an empty log: the output
+    of a command entry is written (and logged) line by line as it comes, and a timeout kills it."""
+    import time
+
+    from benchmarks.kinds import CommandOptions, run_command
+    from benchmarks.suite import EntryContext
+
+    seen: list[str] = []
+    ctx = EntryContext(name="c", out_dir=tmp_path, log=seen.append, deadline=time.monotonic() + 60)
+    code = "import time; print('first result', flush=True); time.sleep(30)"
+    t = time.monotonic()
+    row = run_command(CommandOptions(args=("python", "-c", code), timeout_s=3), ctx)[0]
+    assert row["rc"] == "timeout" and time.monotonic() - t < 15
+    assert row["last_line"] == "first result" and "  | first result" in seen
+    assert "first result" in (tmp_path / "command.log").read_text()
