@@ -7,7 +7,7 @@ Rendered by ``benchmarks.results_page`` from ``docs/results/records/<run>/``:
   Table 31 reports it: the ordering ``-Spearman(k, importance_k)`` and the first-8 share, for energy and knock-out;
 * ``evals-length``: bits per byte of every tier at the training length (1024: the seed-0 records ``essh-s0`` /
   ``dense-s0``, whose models the evaluation runs trained again with the same seed) and beyond it
-  (``length-<model>-2048``, ``-4096``: ``eval.csv``), Table 19's sweep;
+  (``length-<model>``: ``eval.csv``, one row per tier and ``seq_len``), Table 19's sweep;
 * ``evals-niah``: needle-in-a-haystack full-key accuracy per tier and depth (``niah-essh`` / ``niah-dense``:
   ``eval.csv`` of ``elastic-ssm niah``), Tables 17-18.
 
@@ -46,12 +46,14 @@ def importance(records: Path) -> str:
 
 
 def length(records: Path) -> str:
-    lengths = {1024: "{model}-s0", 2048: "length-{model}-2048", 4096: "length-{model}-4096"}
+    lengths = (1024, 2048, 4096)
     rows = []
     for model in PAPER_IMPORTANCE:
-        by_len = {L: {r["tier"]: r["bpb"] for r in _rows(records / run.format(model=model) / "eval.csv")
-                      if r["tier"][:1] == "T" and r["tier"][1:].isdigit()}       # the named tiers, not fractions
-                  for L, run in lengths.items()}
+        by_len: dict[int, dict[str, float]] = {L: {} for L in lengths}
+        for run in (f"{model}-s0", f"length-{model}"):     # the training length, then the sweep's seq_len rows
+            for r in _rows(records / run / "eval.csv"):
+                if r["tier"][:1] == "T" and r["tier"][1:].isdigit() and int(r["seq_len"]) in by_len:
+                    by_len[int(r["seq_len"])][r["tier"]] = r["bpb"]               # named tiers, not fractions
         tiers = sorted({t for v in by_len.values() for t in v}, key=lambda t: int(t[1:]))
         if not any(by_len[L] for L in (2048, 4096)):
             rows.append([_MODEL[model], "", "", "", "", _MISSING])

@@ -78,9 +78,10 @@ def test_evaluation_tables_render_their_records_and_say_what_is_missing(tmp_path
          "share_energy": 0.5, "share_knockout": 0.6349}))
     row = next(r for r in importance(tmp_path).splitlines() if r.startswith("| ESSH"))
     assert "| 0.71 | 0.81 | 0.50 | 0.63 | 0.66 / 0.82 / 0.46 / 0.64 | K = 32, first 8, 8 x 1024 tokens |" in row
-    for run, bpb in (("essh-s0", 1.5), ("length-essh-2048", 1.6), ("length-essh-4096", 1.75)):
-        (tmp_path / run).mkdir()
-        (tmp_path / run / "eval.csv").write_text(f"tier,bpb\nT1,{bpb + 0.5}\nxi=0.14,9\nT10,{bpb}\n")
+    for run, lens in (("essh-s0", ((1024, 1.5),)), ("length-essh", ((2048, 1.6), (4096, 1.75)))):
+        (tmp_path / run).mkdir()                      # the sweep: one eval.csv, a row per tier and seq_len
+        (tmp_path / run / "eval.csv").write_text("tier,seq_len,bpb\n" + "".join(
+            f"T1,{n},{bpb + 0.5}\nxi=0.14,{n},9\nT10,{n},{bpb}\n" for n, bpb in lens))
     table = length(tmp_path)
     assert "| ESSH capacity-mixed + SR | T10 | 1.500 | 1.600 | 1.750 | +0.250 |" in table
     assert "| T1 | 2.000 |" in table and "xi=" not in table
