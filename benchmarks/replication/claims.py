@@ -98,19 +98,20 @@ def _role(name: str) -> str:
 
 
 def read_csv(path: Path) -> list[dict[str, Any]]:
-    """The rows of a CSV record (none when it is absent), numbers as numbers ("tier" stays text)."""
+    """The rows of a CSV record (none when it is absent), numbers as numbers (text stays text, "tier" always)."""
     if not path.is_file():
         return []
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    num = lambda v: None if v in ("", None) else (int(v) if v.lstrip("-").isdigit() else float(v))   # noqa: E731
-    out = []
-    for r in rows:
+    def num(v: str | None) -> Any:
+        if v in ("", None):
+            return None
         try:
-            out.append({k: (v if k == "tier" else num(v)) for k, v in r.items()})
+            return int(v) if v.lstrip("-").isdigit() else float(v)
         except ValueError:
-            out.append(dict(r))
-    return out
+            return v                              # a text column (e.g. a run's stage)
+
+    return [{k: (v if k == "tier" else num(v)) for k, v in r.items()} for r in rows]
 
 
 def markdown_table(head: list[str], rows: list[list[str]]) -> str:
@@ -215,6 +216,24 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         out["last_validation"] = [r for r in evals if (r.get("stage") == "refine", r.get("step", 0)) == last]
     out["eval"] = read_csv(run_dir / "eval.csv")
     return out
+
+
+def final_eval_csv(run_dir: Path) -> Path | None:
+    """``run_dir/eval.csv`` from the run's own last validation (``metrics.jsonl``: one row per tier, e.g. MQAR's
+    recall as ``accuracy``) for a run that reached its ``train.steps`` and has no ``eval.csv`` of its own (the
+    record layout holds one per run); None when there is nothing to write. An existing file is never touched."""
+    s = run_summary(run_dir)
+    target = run_dir / "eval.csv"
+    want = (s.get("train") or {}).get("steps")
+    last = s.get("last_validation") or [{}]
+    if target.exists() or not want or max((s.get("steps") or {0: 0}).values()) < want or last[0].get("step") != want:
+        return None                   # validated at its last step only: an earlier validation is not the result
+    rows = [{k: v for k, v in r.items() if k != "kind"} for r in s["last_validation"]]
+    with open(target, "x", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)
+    return target
 
 
 def _trained_shapes(summary: dict[str, Any]) -> set[tuple[int, int]]:

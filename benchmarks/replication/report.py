@@ -9,7 +9,7 @@ from pathlib import Path
 
 from elastic_ssm.config import ConfigBase, ConfigError, opt
 
-from .claims import collect_claim
+from .claims import collect_claim, final_eval_csv
 from .plot import plot_claim
 from .steps import wait_concurrent
 
@@ -33,6 +33,9 @@ class ReplicationReportOptions(ConfigBase):
 
 def run_report(opts: ReplicationReportOptions, ctx) -> list[dict]:
     wait_concurrent(ctx.log)
+    for run in opts.runs:             # a run evaluated only by its training's validation (MQAR): its eval.csv
+        if (written := final_eval_csv(Path(opts.root) / run)) is not None:
+            ctx.log(f"  wrote {written} from its last validation")
     res = collect_claim(opts.claim, opts.root, opts.runs)
     out = Path(opts.root) / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -418,3 +418,25 @@ def test_every_skip_path_is_a_file_the_suite_makes(path):
     wrong = [(o.run, p) for o in steps for p in o.skip_when
              if p.replace("{run}", f"{{root}}/{o.run}") not in made and p != "{run}/parameters.json"]
     assert not wrong, wrong
+
+
+def test_a_run_evaluated_by_its_validation_gets_its_eval_csv(tmp_path):
+    """MQAR's records had no eval.csv (their recall is the training's last validation); the report step writes
+    one from it for a run that reached its steps, and never for a cut run or over an existing file."""
+    from benchmarks.replication.claims import final_eval_csv, read_csv
+
+    run = tmp_path / "mqar-mixer-s1"
+    run.mkdir()
+    (run / "run.yaml").write_text("train:\n  seed: 1\n  steps: 2\n")
+    lines = [{"kind": "train", "stage": "pretrain", "step": s, "loss": 1.0, "tokens": 8 * s, "tokens_per_s": 10.0}
+             for s in (1, 2)]
+    lines += [{"kind": "eval", "tier": t, "accuracy": a, "stage": "pretrain", "step": step}
+              for step, (t, a) in ((1, ("T1", 0.1)), (2, ("T1", 0.25)), (2, ("T10", 0.75)))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines[:3]))
+    assert final_eval_csv(run) is None                              # cut at step 2 before its validation
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert final_eval_csv(run) == run / "eval.csv"
+    assert [(r["tier"], r["accuracy"], r["step"]) for r in read_csv(run / "eval.csv")] == [("T1", 0.25, 2),
+                                                                                             ("T10", 0.75, 2)]
+    before = (run / "eval.csv").read_text()
+    assert final_eval_csv(run) is None and (run / "eval.csv").read_text() == before
