@@ -25,6 +25,7 @@ __all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "has_s
 class ChannelImportance:
     channel: int            # 1-based channel index k
     knockout_loss: float    # mean CE in nats with channel k zeroed
+    loss_increase: float    # knockout_loss - base loss (nats)
     delta_ppl: float        # knock-out perplexity - base perplexity
     delta_bpb: float        # knock-out bits per byte - base bits per byte
     energy: float           # mean squared activation of the channel's contribution
@@ -173,7 +174,7 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
                        for name, (w, per) in weights.items()}
             fwd = lambda x, _p=knocked, **kw: functional_call(model, _p, (x,), {"tier": t, **kw})
             loss = loss_sums(fwd, batches, model, precision)[0].item() / count
-            channels.append(ChannelImportance(k + 1, loss, perplexity(loss) - perplexity(base_loss),
+            channels.append(ChannelImportance(k + 1, loss, loss - base_loss, perplexity(loss) - perplexity(base_loss),
                                               (loss - base_loss) / math.log(2) / bytes_per_token, 0.0))
     finally:
         model.train(was_training)

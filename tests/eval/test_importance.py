@@ -63,6 +63,7 @@ def test_knockout_is_the_zeroed_model_and_never_writes_the_weights(arch):
     for k in (0, res.K - 1):
         knocked = evaluate_tiers(_zeroed_copy(model, k), batches, [None])[0].loss
         assert res.channels[k].knockout_loss == pytest.approx(knocked, abs=1e-6)
+        assert res.channels[k].loss_increase == pytest.approx(knocked - base, abs=1e-6)   # the record's column
     # a channel whose output rows are zero contributes no energy and its knock-out changes nothing
     silent = channel_importance(_zeroed_copy(model, 1), batches)
     assert silent.channels[1].energy == 0.0 and silent.channels[1].delta_ppl == pytest.approx(0.0, abs=1e-9)
@@ -157,6 +158,7 @@ def test_importance_command_writes_table_csv_json_and_plot(tmp_path, capsys, mon
     assert [c["channel"] for c in rec["channels"]] == list(range(1, 9)) and rec["first"] == 3
     assert rec["share_energy"] == pytest.approx(first_share([c["energy"] for c in rec["channels"]], 3))
     assert len((folder / "channel_importance.csv").read_text().splitlines()) == 1 + 8
+    assert (folder / "channel_importance.csv").read_text().startswith("channel,knockout_loss,loss_increase,")
     assert (folder / "channel_importance.png").stat().st_size > 1000
     assert (model_dir / "model.safetensors").read_bytes() == weights
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
