@@ -33,6 +33,7 @@ Precision = Literal["auto", "fp32", "bf16"]
 #: the loggers ``log`` may name beside metrics.jsonl (``train/log_sinks.py``)
 LogSink = Literal["csv", "tensorboard", "wandb"]
 CompileScope = Literal["blocks", "model"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 Device = Annotated[str, StringConstraints(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")]   # 'cuda:<i>' too
 RECIPES, PARALLEL, PRECISIONS, LOG_SINKS = (get_args(t) for t in (Recipe, Parallel, Precision, LogSink))
 
@@ -79,7 +80,7 @@ class TrainConfig(ConfigBase):
     #: (every other setting changes the objective, the data order or the schedule, so ``resume`` refuses it);
     #: ``grad_accum`` may change only with the world size, keeping ``grad_accum x ranks`` (checked on resume)
     RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"grad_accum", "out_dir", "log_every", "log", "eval",
-        "checkpoint", "compile", "compile_scope", "device", "parallel", "loss_chunk", "dist_timeout_s"})
+        "checkpoint", "compile", "compile_scope", "compile_mode", "device", "parallel", "loss_chunk", "dist_timeout_s"})
 
     recipe: Recipe = opt("auto", "'capacity_mixed' (ESSH, Alg. 1), 'budget_dropout' (ES-SSM, Sec. 4.2), "
                       "'nested_ffn' (MatFormer, N.1), 'posthoc' (recovery of a dense parent, E.7: `elastic-ssm "
@@ -114,6 +115,9 @@ class TrainConfig(ConfigBase):
                              "capacity: short compiles for capacity-mixed training, works with FSDP) or 'model' "
                              "(elastic_ssm.compile_model: embedding, blocks, norm and logits in one graph per "
                              "capacity: fewer kernels, longer compiles; not with parallel='fsdp')")
+    compile_mode: CompileMode = opt("default", "with compile: torch.compile's mode; 'reduce-overhead' replays each "
+                                    "graph from CUDA graphs (for small models whose step is bound by kernel "
+                                    "launches, e.g. MQAR's; CUDA only)")
     device: Device = opt("auto", "'auto' (cuda:LOCAL_RANK if available, else cpu; never mps: no float64), "
                                  "'cpu' or 'cuda'")
     parallel: Parallel = opt("ddp", "'ddp' or 'fsdp' (FSDP2 fully_shard per block, for models that need sharding); "
@@ -129,6 +133,9 @@ class TrainConfig(ConfigBase):
                               "global batch in tokens); give one of them (set tokens_per_step 0 to use grad_accum)")
         for stage in ("pretrain", "refine"):
             self.micro_batches(1, stage)       # a batch in tokens splits into whole micro-batches
+        if self.compile_mode != "default" and not self.compile:
+            raise ConfigError(f"TrainConfig.compile_mode: {self.compile_mode!r} takes effect only with compile; "
+                              "add --train.compile (or leave compile_mode at 'default')")
         if self.compile and self.compile_scope == "model" and self.parallel == "fsdp":
             raise ConfigError("TrainConfig.compile_scope: 'model' does not combine with parallel='fsdp' (FSDP2 "
                               "shards per block); use compile_scope='blocks'")

@@ -280,7 +280,7 @@ class _Trainer:
         return bool(all_reduce(flag, self.ctx).item() > 0)
 
 
-def _compile_blocks(model: nn.Module, n_capacities: int) -> None:
+def _compile_blocks(model: nn.Module, n_capacities: int, mode: str = "default") -> None:
     import torch._dynamo
 
     from ..ops.dispatch import prepare_compile
@@ -291,7 +291,7 @@ def _compile_blocks(model: nn.Module, n_capacities: int) -> None:
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
     for block in getattr(model, "blocks", []):
-        block.compile()
+        block.compile(**({} if mode == "default" else {"mode": mode}))
 
 
 def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
@@ -336,9 +336,9 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
         if cfg.compile and cfg.compile_scope == "model":
             from ..models import compile_model
 
-            compile_model(model)
+            compile_model(model, **({} if cfg.compile_mode == "default" else {"mode": cfg.compile_mode}))
         elif cfg.compile:
-            _compile_blocks(model, len(cfg.mixing.capacities))
+            _compile_blocks(model, len(cfg.mixing.capacities), cfg.compile_mode)
         with StopSignals(announce=ctx.is_main) as stop:
             trainer = _Trainer(model, data, cfg, ctx, val_data, progress, stop)
             finished = True

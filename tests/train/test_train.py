@@ -424,6 +424,13 @@ def test_compile_scope_model_trains_like_eager(tiny_cfg, tmp_path, monkeypatch):
         TrainConfig(compile_scope="layers")
     with pytest.raises(ConfigError, match="fsdp"):
         TrainConfig(compile=True, compile_scope="model", parallel="fsdp")
+    with pytest.raises(ConfigError, match="compile_mode: 'reduce-overhead' takes effect only with compile"):
+        TrainConfig(compile_mode="reduce-overhead")
+    modes = []                          # compile_mode reaches torch.compile (MQAR's launch-bound step)
+    monkeypatch.setattr(models, "compile_model", lambda m, **kw: modes.append(kw) or m)
+    train(tiny_cfg, _micro_batches(1), _cfg(tmp_path / "m", compile=True, compile_scope="model",
+                                            compile_mode="reduce-overhead", **{**kw, "steps": 1}), progress=False)
+    assert modes == [{"mode": "reduce-overhead"}]
 
 
 def test_bf16_autocast_training_with_the_torch_scan(tiny_cfg, tmp_path, monkeypatch):
