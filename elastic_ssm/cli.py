@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import sys
 import typing
@@ -117,28 +118,25 @@ def options_class(command: str, argv: list[str]) -> type | None:
     return bench_options() if command == "bench" else cls
 
 
-def _flag_table(cls: type, prefix: str = "") -> tuple[dict[str, Any], dict[str, str]]:
-    """The dotted paths of ``cls``'s flags -> their field, and older spellings (``aliases``) -> path."""
+def _flag_table(cls: type, prefix: str = "") -> dict[str, Any]:
+    """The dotted paths of ``cls``'s flags -> their field."""
     hints = typing.get_type_hints(cls)
-    paths, aliases = {}, {}
+    paths = {}
     for f in dataclasses.fields(cls):
         tp = hints.get(f.name)
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-            sub_paths, sub_aliases = _flag_table(tp, f"{prefix}{f.name}.")
-            paths.update(sub_paths)
-            aliases.update(sub_aliases)
-            continue
-        paths[prefix + f.name] = f
-        aliases.update({a.lstrip("-").replace("-", "_"): prefix + f.name for a in f.metadata.get("aliases") or ()})
-    return paths, aliases
+            paths.update(_flag_table(tp, f"{prefix}{f.name}."))
+        else:
+            paths[prefix + f.name] = f
+    return paths
 
 
 def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
-    """``argv`` as tyro reads it, the flag each option was typed with, and the dotted paths given. Older spellings
-    become the flag; a repeatable list flag given again adds its values; ``--resume`` alone is ``--resume yes``; an
-    older and a current spelling of one setting with different values are refused. A boolean config field is
+    """``argv`` as tyro reads it, the flag each option was typed with, and the dotted paths given. A repeatable list
+    flag given again adds its values; ``--resume`` alone is ``--resume yes``; two spellings of one setting with
+    different values are refused. A boolean config field is
     ``--train.compile`` / ``--train.no_compile`` (``--no-train.compile``, argparse's spelling, is read too)."""
-    paths, aliases = _flag_table(cls)
+    paths = _flag_table(cls)
     segments: list[list[str]] = [[]]
     for token in argv:
         if token.startswith("--") and token not in ("--help", "--"):
@@ -153,10 +151,11 @@ def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set
             key = "{0}.no_{2}".format(*key[3:].rpartition("."))
         head, _, last = key.rpartition(".")
         negated = key not in paths and last.startswith("no_") and (head + "." if head else "") + last[3:] in paths
-        canonical = (head + "." if head else "") + last[3:] if negated else aliases.get(key, key)
+        canonical = (head + "." if head else "") + last[3:] if negated else key
         if canonical not in paths:
             near = [p for p in paths if p.startswith(head + ".") and p.endswith("." + last)] if head else []
-            if near:                         # an old flat name (--train.lr): name the section paths
+            near = near or difflib.get_close_matches(key, [p for p in paths if "." not in p], n=1, cutoff=0.75)
+            if near:                         # a flat name (--train.lr) or a near miss (--batches): name the flags
                 raise CommandLineError(f"unrecognized arguments: {token}; did you mean "
                                        f"{' or '.join('--' + p for p in near)}?")
             out.append([token, *vals])       # tyro names what it does not know

@@ -1,6 +1,6 @@
 """The options of every ``elastic-ssm`` verb, as keyword-only dataclasses built from shared groups; tyro derives
-the flags. What a type cannot say sits in ``flag``'s metadata (``minimum``, ``above``, ``maximum``, ``output``, older
-spellings as ``aliases``) and ``cli.check_options`` checks it before a verb runs."""
+the flags. What a type cannot say sits in ``flag``'s metadata (``minimum``, ``above``, ``maximum``, ``output``), and
+``cli.check_options`` checks it before a verb runs."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ TOKENIZER_HELP = ("default: the tokenizer saved with the model (bytes when it ha
 ModelDir = Annotated[str, Positional, arg(metavar="MODEL_DIR")]
 
 
-def flag(default: Any = dataclasses.MISSING, help: str = "", *, aliases: tuple[str, ...] = (),
-         minimum: float | None = None, above: float | None = None, maximum: float | None = None,
+def flag(default: Any = dataclasses.MISSING, help: str = "", *, minimum: float | None = None,
+         above: float | None = None, maximum: float | None = None,
          output: str | None = None, metavar: str | None = None) -> Any:
     """A verb option: its default (none: required), a one-line ``help`` and the checks a type cannot state
     (``cli.check_options``); ``metavar`` names a positional argument in messages."""
     if isinstance(default, (list, dict, set)):
         raise TypeError("use a tuple for a default of several values")
-    meta = {"help": help, "aliases": aliases, "minimum": minimum, "above": above, "maximum": maximum,
+    meta = {"help": help, "minimum": minimum, "above": above, "maximum": maximum,
             "output": output, "metavar": metavar}
     return dataclasses.field(default=default, metadata=meta)
 
@@ -88,7 +88,7 @@ class HeldOutOptions(ModelDirOptions, TokenizerOptions, DeviceOptions, QuietOpti
     seq_len: int | None = flag(None, "tokens per evaluation sequence (default: 512, or the model's longest sequence "
                                      "when that is shorter: an ES-SSM's filter length seq_len)", minimum=1)
     batch_size: int = flag(8, "sequences per batch", minimum=1)
-    n_batches: int = flag(16, "number of batches (fixed windows)", aliases=("--batches",), minimum=1)
+    n_batches: int = flag(16, "number of batches (fixed windows)", minimum=1)
     bytes_per_token: float = flag(0.0, "divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)")
 
 
@@ -132,8 +132,7 @@ class TrainOptions(QuietOptions):
 
 @dataclass(kw_only=True)
 class ExportOptions(ModelDirOptions, TiersOptions, DeviceOptions, QuietOptions):
-    tiers: str = flag("all", "'all' or comma-separated tier names to export (T1,T4; ES-SSM K8 or a budget 8)",
-                      aliases=("--tier",))
+    tiers: str = flag("all", "'all' or comma-separated tier names to export (T1,T4; ES-SSM K8 or a budget 8)")
     out: str = flag(help="output folder; one sub-folder per tier", output="folder")
     check_len: int = flag(128, "tokens per sequence of the export check", minimum=1)
     overwrite: bool = flag(False, "replace tier folders under --out that already hold files (refused otherwise, "
@@ -190,8 +189,8 @@ class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions
 
     data: str = flag("stdlib", "filler text source (as for eval)")
     split: str = flag("validation", "split of the filler source")
-    context_len: int = flag(2048, "tokens per trial before the answer", aliases=("--context",), minimum=1)
-    n_pairs: int = flag(256, "key pairs (each runs at every depth)", aliases=("--pairs",), minimum=1)
+    context_len: int = flag(2048, "tokens per trial before the answer", minimum=1)
+    n_pairs: int = flag(256, "key pairs (each runs at every depth)", minimum=1)
     depths: str = flag("0.1,0.3,0.5,0.7,0.9", "comma-separated relative needle depths in [0, 1]")
     condition: Literal["counterfactual", "planted"] = flag(
         "counterfactual", "which key of a pair is inserted and expected (the paper's tables: counterfactual)")

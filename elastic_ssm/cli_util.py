@@ -30,7 +30,7 @@ def check_output_path(flag: str, path: str, kind: str) -> None:
 
 
 def spelled(args: argparse.Namespace, name: str) -> str:
-    """The flag of option ``name`` as the user typed it (an alias such as ``--pairs``), else ``--name``; a positional
+    """The flag of option ``name`` as the user typed it (``--train.no_compile``), else ``--name``; a positional
     argument by its ``--help`` name (``MODEL_DIR``)."""
     typed = getattr(args, "_spelled", {})
     return typed.get(name) or "--" + name

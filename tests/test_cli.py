@@ -59,10 +59,10 @@ def test_quickstart_names_where_the_tier_curve_is_not_monotone():
 
 def test_export_eval_generate_on_the_trained_model(quick, tmp_path, capsys):
     final = str(quick / "out" / "elastic" / "final")
-    assert main(["export", final, "--tier", "T2,T5", "--out", str(tmp_path / "ex"), "--check_len", "16"]) == 0
+    assert main(["export", final, "--tiers", "T2,T5", "--out", str(tmp_path / "ex"), "--check_len", "16"]) == 0
     assert "T5: OK" in capsys.readouterr().out
     csv_path = tmp_path / "e.csv"
-    assert main(["eval", final, "--tiers", "T1,T10", "--seq_len", "32", "--batch_size", "2", "--batches", "2",
+    assert main(["eval", final, "--tiers", "T1,T10", "--seq_len", "32", "--batch_size", "2", "--n_batches", "2",
                  "--csv", str(csv_path), "--write_quality"]) == 0
     rows = list(csv.DictReader(open(csv_path)))
     assert [r["tier"] for r in rows] == ["T1", "T10"] and all(float(r["bpb"]) > 0 for r in rows)

@@ -14,7 +14,7 @@ from elastic_ssm.cli_eval import parse_lengths
 from elastic_ssm.elastic.tiers import capacity_tier
 from elastic_ssm.eval.perplexity import split_windows
 
-EVAL = ["--batch_size", "2", "--batches", "1", "--no_write_quality"]
+EVAL = ["--batch_size", "2", "--n_batches", "1", "--no_write_quality"]
 
 
 @pytest.fixture(scope="module")

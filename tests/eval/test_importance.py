@@ -149,7 +149,7 @@ def test_importance_command_writes_table_csv_json_and_plot(tmp_path, capsys, mon
     corpus = tmp_path / "c.txt"
     corpus.write_text(inspect.getsource(json))
     argv = ["importance", str(model_dir), "--data", str(corpus), "--seq_len", "24", "--batch_size", "2",
-            "--batches", "1", "--first", "3"]
+            "--n_batches", "1", "--first", "3"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "-Spearman(k, imp_k)" in out and "first-3 share" in out

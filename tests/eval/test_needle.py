@@ -163,12 +163,12 @@ def test_every_tier_through_the_cli(tmp_path):
     assert all(r["trials"] == 20 and 0 <= r["full_key"] <= r["first_token"] <= 1 for r in rows)
     model.save_pretrained(tmp_path / "m")
     out = tmp_path / "niah.csv"
-    assert main(["niah", str(tmp_path / "m"), "--tiers", "T1,T10", "--context", "160", "--pairs", "4",
+    assert main(["niah", str(tmp_path / "m"), "--tiers", "T1,T10", "--context_len", "160", "--n_pairs", "4",
                  "--csv", str(out)]) == 0
     with open(out) as f:
         got = list(csv.DictReader(f))
     assert [r["tier"] for r in got] == ["T1", "T10"] and "d0.5" in got[0]
-    assert main(["niah", str(tmp_path / "m"), "--context", "20", "--pairs", "1"]) == 2     # named error
+    assert main(["niah", str(tmp_path / "m"), "--context_len", "20", "--n_pairs", "1"]) == 2     # named error
 
 
 def test_an_es_ssm_context_beyond_its_filters_is_refused_naming_the_largest_that_fits(tmp_path, capsys):
@@ -183,8 +183,8 @@ def test_an_es_ssm_context_beyond_its_filters_is_refused_naming_the_largest_that
     assert rows[0]["trials"] == 1 and rows[0]["context_len"] == 123
     model.save_pretrained(tmp_path / "es")
     for given in ([], ["--context_len", "128"]):
-        assert main(["niah", str(tmp_path / "es"), "--pairs", "1", *given]) == 2
+        assert main(["niah", str(tmp_path / "es"), "--n_pairs", "1", *given]) == 2
         said = capsys.readouterr()
         assert said.err.count("\n") == 1 and not said.out, said
         assert "--context_len 123 or less" in said.err and "accepts" in said.err, said.err
-    assert main(["niah", str(tmp_path / "es"), "--context_len", "123", "--pairs", "1", "--depths", "0.5"]) == 0
+    assert main(["niah", str(tmp_path / "es"), "--context_len", "123", "--n_pairs", "1", "--depths", "0.5"]) == 0

@@ -79,7 +79,7 @@ def files(tmp_path_factory):
 
 
 TRAIN = ["train", "--config", "{good}", "--data.source", "{corpus}", "--train.out_dir", "{root}/out"]
-EVAL = ["eval", "{model}", "--data", "{corpus}", "--seq_len", "16", "--batch_size", "1", "--batches", "1"]
+EVAL = ["eval", "{model}", "--data", "{corpus}", "--seq_len", "16", "--batch_size", "1", "--n_batches", "1"]
 CASES = {  # name: (argv, words the message must contain)
     "yaml section not a mapping": (["train", "--config", "{train5}"], ["TrainConfig", "mapping"]),
     "model is a string": (["train", "--config", "{model_str}"], ["model", "mapping"]),
@@ -116,7 +116,7 @@ CASES = {  # name: (argv, words the message must contain)
     "es_ssm seq_len above its filters": ([*TRAIN, "--model.arch", "es_ssm", "--train.seq_len", "256"],
                                          ["--train.seq_len 256", "--model.seq_len 128"]),
     "export check-len 0": (["export", "{model}", "--out", "{root}/ex", "--check_len", "0"], ["--check_len"]),
-    "export unknown tier": (["export", "{model}", "--out", "{root}/ex", "--tier", "T99"], ["T99"]),
+    "export unknown tier": (["export", "{model}", "--out", "{root}/ex", "--tiers", "T99"], ["T99"]),
     # tier words: an all-digit word is an ES-SSM budget in every verb (ESSH refuses it, naming its tiers)
     "export budget on ESSH": (["export", "{model}", "--out", "{root}/ex", "--tiers", "4"],
                               ["unknown tier 4 for ESSHConfig", "'T10'"]),
@@ -132,7 +132,7 @@ CASES = {  # name: (argv, words the message must contain)
                                     ["a 'transformer' model", "ESSH and ES-SSM"]),
     "eval batch-size 0": ([*EVAL, "--batch_size", "0"], ["--batch_size", ">= 1"]),
     "eval seq-len 0": ([*EVAL, "--seq_len", "0"], ["--seq_len", ">= 1"]),
-    "eval batches 0": ([*EVAL, "--batches", "0"], ["--batches"]),
+    "eval batches 0": ([*EVAL, "--n_batches", "0"], ["--n_batches"]),
     "eval negative bytes-per-token": ([*EVAL, "--bytes_per_token", "-2"], ["--bytes_per_token"]),
     "eval infinite bytes-per-token": ([*EVAL, "--bytes_per_token", "inf"], ["--bytes_per_token"]),
     "eval empty token file": ([*EVAL[:3], "{empty}", *EVAL[4:]], ["empty.txt", "no text"]),
@@ -158,7 +158,7 @@ CASES = {  # name: (argv, words the message must contain)
     "generate unknown tier": (["generate", "{model}", "--prompt", "a", "--tier", "T99"], ["T99"]),
     "generate top-p above 1": (["generate", "{model}", "--prompt", "a", "--top_p", "1.5"], ["top_p", "(0, 1]"]),
     "generate negative top-k": (["generate", "{model}", "--prompt", "a", "--top_k", "-2"], ["top_k", ">= 0"]),
-    "niah context 0": (["niah", "{model}", "--context", "0"], ["--context"]),
+    "niah context 0": (["niah", "{model}", "--context_len", "0"], ["--context_len"]),
     "niah depths not numbers": (["niah", "{model}", "--depths", "0.1,abc"], ["--depths", "abc"]),
     "eval csv folder missing": ([*EVAL, "--csv", "{root}/no/such/dir/x.csv"], ["--csv", "does not exist"]),
     "export out is a file": (["export", "{model}", "--out", "{file}"], ["--out", "is a file"]),
@@ -212,10 +212,11 @@ CASES = {  # name: (argv, words the message must contain)
     "generate budget nan": (["generate", "{model}", "--prompt", "a", "--tier", "auto", "--max_ms_per_token", "nan"],
                             ["--max_ms_per_token", "finite"]),
     "niah depth above 1": (["niah", "{model}", "--depths", "0.5,1.5"], ["--depths", "[0, 1]"]),
-    "niah context beyond es_ssm filters": (["niah", "{es_ssm}", "--data", "{corpus}", "--context", "128", "--pairs",
-                                            "1"], ["--context 128", "133 tokens", "--context 123 or less"]),
-    "niah context too short": (["niah", "{model}", "--data", "{corpus}", "--context", "8", "--pairs", "1"],
-                               ["--context 8", "no room"]),
+    "niah context beyond es_ssm filters": (["niah", "{es_ssm}", "--data", "{corpus}", "--context_len", "128",
+                                            "--n_pairs", "1"],
+                                           ["--context_len 128", "133 tokens", "--context_len 123 or less"]),
+    "niah context too short": (["niah", "{model}", "--data", "{corpus}", "--context_len", "8", "--n_pairs", "1"],
+                               ["--context_len 8", "no room"]),
     "serve timeout 0": (["serve", "{model}", "--timeout", "0"], ["--timeout", "> 0"]),
     "serve port 70000": (["serve", "{model}", "--port", "70000"], ["--port", "65535"]),
     "serve port in use": (["serve", "{model}", "--port", "{port}"], ["--port {port}", "in use"]),

@@ -233,7 +233,7 @@ def test_flipped_bytes_in_weights_and_checkpoints_are_detected(done, tmp_path, c
     weights.write_bytes(bytes(blob))
     with pytest.raises(CheckpointError, match="sha256"):
         es.models.load_pretrained(run / "final")
-    assert main(["eval", str(run / "final"), "--seq_len", "16", "--batch_size", "1", "--batches", "1",
+    assert main(["eval", str(run / "final"), "--seq_len", "16", "--batch_size", "1", "--n_batches", "1",
                  "--data", str(cfg.parent / "corpus.txt")]) == 2
     _one_line_error(capsys, str(weights), "checksum")
     for step in ("step_0000002", "step_0000001"):  # newest first: a warning and the older one; then an error

@@ -74,7 +74,7 @@ def test_eval_and_generate_use_the_saved_tokenizer(bpe_run, capsys):
     final, tok_file = str(root / "run" / "final"), str(root / "tok" / "tokenizer.json")
     outs = []
     for extra in ([], ["--tokenizer", tok_file]):
-        assert main(["eval", final, "--tiers", "T1,T10", "--seq-len", "32", "--batch-size", "2", "--batches", "1",
+        assert main(["eval", final, "--tiers", "T1,T10", "--seq-len", "32", "--batch-size", "2", "--n_batches", "1",
                      *extra]) == 0
         assert main(["generate", final, "--tier", "T2", "--prompt", "def ", "--max-new-tokens", "6",
                      "--temperature", "0", *extra]) == 0
@@ -88,7 +88,7 @@ def test_a_different_tokenizer_is_a_one_line_error(bpe_run, capsys):
     for other in ("bytes", str(root / "other" / "tokenizer.json")):
         if other != "bytes":
             data.train_bpe([d for _, d in zip(range(6), iter_documents("stdlib"))], 290, other)
-        assert main(["eval", final, "--tokenizer", other, "--batches", "1", "--seq-len", "16"]) == 2
+        assert main(["eval", final, "--tokenizer", other, "--n_batches", "1", "--seq-len", "16"]) == 2
         err = capsys.readouterr().err.strip()
         assert "is not the tokenizer saved with the model" in err and len(err.splitlines()) == 1
         from elastic_ssm.eval.lm_harness import ElasticLM
@@ -99,7 +99,7 @@ def test_a_different_tokenizer_is_a_one_line_error(bpe_run, capsys):
 
 def test_exports_carry_tokenizer_and_model_card(bpe_run, tmp_path):
     root, tok = bpe_run
-    assert main(["export", str(root / "run" / "final"), "--tier", "T3", "--out", str(tmp_path / "ex"),
+    assert main(["export", str(root / "run" / "final"), "--tiers", "T3", "--out", str(tmp_path / "ex"),
                  "--check-len", "8"]) == 0
     d = tmp_path / "ex" / "T3"
     small = es.ESSH.from_pretrained(d)
