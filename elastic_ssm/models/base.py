@@ -331,9 +331,10 @@ def _check_loaded_values(state: dict[str, torch.Tensor], keep_fp32: str, origin:
         raise CheckpointError(f"{origin}: tensor {odd} is {floats[odd].dtype} while the model's other weights are "
                               f"{common}; the file was edited or mixes two models: save the model again, or load "
                               "with dtype= (--dtype) to convert every tensor")
-    bad = next((k for k, v in floats.items()      # a float32 sum is NaN/inf whenever a value is (and is cheap);
-                if not bool(v.sum(dtype=torch.float32).isfinite())      # isfinite() rules out an overflowing sum
-                and not bool(torch.isfinite(v).all())), None)
+    sums = [v.sum(dtype=torch.float32) for v in floats.values()]   # NaN/inf whenever a value is; one host read
+    finite = torch.stack(sums).isfinite().tolist() if sums else []   # for all (not one per tensor, on CUDA)
+    bad = next((k for k, ok in zip(floats, finite)                    # isfinite() rules out an overflowing sum
+                if not ok and not bool(torch.isfinite(floats[k]).all())), None)
     if bad is not None:
         raise CheckpointError(f"{origin}: tensor {bad} holds NaN or infinite values; the training run diverged or "
                               "the file is damaged: load an earlier checkpoint")

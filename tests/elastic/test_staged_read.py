@@ -24,10 +24,11 @@ def saved(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
-def test_every_tensor_equals_safetensors_own_load(saved, chunk):
+@pytest.mark.parametrize("chunk,readers", [(1, 4), (7, 1), (7, 3), (64, 8), (1 << 20, 4)])
+def test_every_tensor_equals_safetensors_own_load(saved, chunk, readers):
+    """Pieces split across tensors, read by several threads into reused buffers, land where they belong."""
     want = load_file(saved)
-    got = read_to_device(saved, "cpu", chunk=chunk)
+    got = read_to_device(saved, "cpu", chunk=chunk, readers=readers)
     assert set(got) == set(want)
     for k, v in want.items():
         assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
@@ -62,3 +63,17 @@ def test_garbage_and_a_huge_header_length_are_refused(tmp_path):
     assert read_to_device(bad, "cpu") is None
     bad.write_bytes(struct.pack("<Q", 8) + b"not json")
     assert read_to_device(bad, "cpu") is None
+
+
+def test_a_file_that_shrinks_after_its_header_was_read_is_left_to_safetensors(saved, monkeypatch):
+    """The readers meet the end of the file early (another process truncated it): None, every thread joined."""
+    import threading
+
+    import elastic_ssm.elastic.staged_read as staged
+
+    parsed = parse_header(saved)
+    monkeypatch.setattr(staged, "parse_header", lambda path: parsed)
+    saved.write_bytes(saved.read_bytes()[:parsed[0] + 40])
+    before = threading.active_count()
+    assert read_to_device(saved, "cpu", chunk=8, readers=3) is None
+    assert threading.active_count() == before
