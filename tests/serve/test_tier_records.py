@@ -169,7 +169,7 @@ def test_calibrate_and_generate_across_runs(tiny, tmp_path, capsys):
 def test_eval_updates_the_quality_record_and_keeps_an_incomparable_one(tiny, tmp_path, capsys):
     d = tmp_path / "m"
     tiny.save_pretrained(d)
-    small = ["--seq_len", "32", "--batch_size", "2", "--batches", "2", "--write_quality"]
+    small = ["--seq_len", "32", "--batch_size", "2", "--n_batches", "2", "--write_quality"]
     assert main(["eval", str(d), "--tiers", "all", *small]) == 0
     full = json.loads((d / "tier_quality.json").read_text())
     assert len(full["tiers"]) == 10 and full["metric"] == "bpb" and full["window"] == 32
@@ -186,6 +186,6 @@ def test_eval_updates_the_quality_record_and_keeps_an_incomparable_one(tiny, tmp
     assert now["metric"] == "loss" and set(now["tiers"]) == {"T1"}
     # --lengths scores tokens cut from the longest windows: not the same windows as --seq-len 32
     assert main(["eval", str(d), "--tiers", "T1", "--lengths", "32,64", "--quality_metric", "loss",
-                 "--batch_size", "2", "--batches", "2", "--write_quality"]) == 0
+                 "--batch_size", "2", "--n_batches", "2", "--write_quality"]) == 0
     assert "window 32 -> 64" in capsys.readouterr().err
     assert len(_asides(d, "tier_quality")) == 2
