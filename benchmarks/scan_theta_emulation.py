@@ -22,6 +22,7 @@ import fla_stand_in  # noqa: E402
 import test_spectral_scan_gpu as gpu_test  # noqa: E402
 from _pytest.monkeypatch import MonkeyPatch  # noqa: E402
 
+from benchmarks.scan_theta_precision import theta_errors  # noqa: E402
 from elastic_ssm.ops import chunk_spectral_scan, naive_spectral_scan  # noqa: E402
 from elastic_ssm.ops.spectral_scan.chunk_fla import fla_spectral_scan  # noqa: E402
 
@@ -81,18 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     patch = MonkeyPatch()
     fla_stand_in.install(patch)
     sys.modules["fla.ops.gla.chunk"].chunk_gla_bwd = rounded_bwd
-    theta = gpu_test.NAMES.index("theta")
     try:
         for T in args.lengths:
             x = gpu_test.make_inputs(T=T, strong=True, seed=T, device="cpu")
             ref = naive_spectral_scan if T <= 256 else chunk_spectral_scan
             _, _, g_ref = gpu_test.outputs_and_grads(ref, x, upcast=True)
             _, _, g = gpu_test.outputs_and_grads(fla_spectral_scan, x)
-            scale = g_ref[theta].abs().max().item()
-            fast = (g[theta].double() - g_ref[theta]).abs()[:, ::4].max().item() / scale
-            other = max(gpu_test.rel(a, b) for i, (a, b) in enumerate(zip(g, g_ref)) if i != theta)
-            print(f"mantissa {args.mantissa}, T = {T}: theta {gpu_test.rel(g[theta], g_ref[theta]):.3e} "
-                  f"(strong-clock modes {fast:.3e}); worst other gradient {other:.3e}", flush=True)
+            err, fast, other = theta_errors(g, g_ref, strong=True)
+            print(f"mantissa {args.mantissa}, T = {T}: theta {err:.3e} (strong-clock modes {fast:.3e}); worst "
+                  f"other gradient {other:.3e}", flush=True)
     finally:
         patch.undo()
     return 0

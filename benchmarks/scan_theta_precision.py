@@ -28,23 +28,30 @@ from test_spectral_scan_gpu import NAMES, make_inputs, outputs_and_grads, rel  #
 from elastic_ssm.ops import chunk_spectral_scan, naive_spectral_scan, spectral_scan  # noqa: E402
 
 
+def theta_errors(g: list, g_ref: list, strong: bool) -> tuple[float, float, float]:
+    """(the theta gradient's error by the GPU test's measure, that of the strong-clock modes alone (every 4th mode;
+    NaN without strong clocks), the worst other gradient's error) of ``g`` against the reference ``g_ref``."""
+    theta = NAMES.index("theta")
+    scale = g_ref[theta].abs().max().item()
+    fast = (g[theta].double() - g_ref[theta]).abs()[:, ::4].max().item() / scale if strong else float("nan")
+    other = max(rel(a, b) for i, (a, b) in enumerate(zip(g, g_ref)) if i != theta)
+    return rel(g[theta], g_ref[theta]), fast, other
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("scan_theta_precision: needs a CUDA device (the fla path)", file=sys.stderr)
         return 2
     print(f"TRITON_F32_DEFAULT={os.environ.get('TRITON_F32_DEFAULT', '(unset: tf32)')}", flush=True)
-    theta = NAMES.index("theta")
     # four shapes: fla autotunes each new one on first use (tens of seconds each on a fresh machine)
     for strong, T in ((True, 130), (True, 512), (True, 2048), (False, 2048)):
         x = make_inputs(T=T, strong=strong, seed=T)
         ref = naive_spectral_scan if T <= 256 else chunk_spectral_scan
         _, _, g_ref = outputs_and_grads(ref, x, upcast=True)
         _, _, g = outputs_and_grads(spectral_scan, x, backend="fla")
-        scale = g_ref[theta].abs().max().item()
-        fast = (g[theta].double() - g_ref[theta]).abs()[:, ::4].max().item() / scale if strong else float("nan")
-        other = max(rel(a, b) for i, (a, b) in enumerate(zip(g, g_ref)) if i != theta)
-        print(f"strong={strong} T={T}: theta {rel(g[theta], g_ref[theta]):.3e} (strong-clock modes {fast:.3e});"
-              f" worst other gradient {other:.3e}", flush=True)
+        err, fast, other = theta_errors(g, g_ref, strong)
+        print(f"strong={strong} T={T}: theta {err:.3e} (strong-clock modes {fast:.3e}); worst other gradient "
+              f"{other:.3e}", flush=True)
     x = {n: t.detach().requires_grad_() for n, t in make_inputs(B=8, T=2048, K=32, strong=True).items()}
     times = []
     for i in range(13):

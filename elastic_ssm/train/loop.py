@@ -280,7 +280,7 @@ class _Trainer:
         return bool(all_reduce(flag, self.ctx).item() > 0)
 
 
-def _compile_blocks(model: nn.Module, n_capacities: int, mode: str = "default") -> None:
+def _compile_blocks(model: nn.Module, n_capacities: int, **kw: Any) -> None:
     import torch._dynamo
 
     from ..ops.dispatch import prepare_compile
@@ -291,7 +291,7 @@ def _compile_blocks(model: nn.Module, n_capacities: int, mode: str = "default") 
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
     for block in getattr(model, "blocks", []):
-        block.compile(**({} if mode == "default" else {"mode": mode}))
+        block.compile(**kw)
 
 
 def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
@@ -333,12 +333,13 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             model.tokenizer = load_tokenizer(tokenizer)
         recipe = resolve_recipe_name(cfg.recipe, model)
         lock, resume = start_run(model, cfg, ctx, resume, overwrite, record)
+        mode = {} if cfg.compile_mode == "default" else {"mode": cfg.compile_mode}   # torch.compile's own default
         if cfg.compile and cfg.compile_scope == "model":
             from ..models import compile_model
 
-            compile_model(model, **({} if cfg.compile_mode == "default" else {"mode": cfg.compile_mode}))
+            compile_model(model, **mode)
         elif cfg.compile:
-            _compile_blocks(model, len(cfg.mixing.capacities), cfg.compile_mode)
+            _compile_blocks(model, len(cfg.mixing.capacities), **mode)
         with StopSignals(announce=ctx.is_main) as stop:
             trainer = _Trainer(model, data, cfg, ctx, val_data, progress, stop)
             finished = True
