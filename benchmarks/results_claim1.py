@@ -5,7 +5,10 @@
   beside its first run: the first logged losses, the largest early gradient norm and bits per byte at T1, T4, T10;
 * ``claim1-baselines``: the dense Transformer++ and MatFormer (claim 1's Table 10 baselines) at each learning rate
   that ran (``<arm>-lr<lr>``); ``best_run`` names the one the page compares with ESSH (the lowest bits per byte: the
-  paper's baselines are tuned, and an untuned learning rate would flatter ESSH).
+  paper's baselines are tuned, and an untuned learning rate would flatter ESSH);
+* ``claim1-long``: the 4x point (issue 37 item 2): seed 0's shared ESSH and dense control at 650 steps (``essh-s0``,
+  ``dense-s0``) beside the same seed at 2,600 steps (``essh-long-s0``, ``dense-long-s0``), every tier, and the
+  shared - truncated dense gap at each length; a run without records renders as "not run yet".
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from pathlib import Path
 from benchmarks.replication.claims import markdown_table as table
 from benchmarks.replication.claims import read_csv, read_jsonl, run_summary
 
-__all__ = ["REPEATS", "baselines_table", "best_run", "commits_of", "lr_runs", "repeat_table"]
+__all__ = ["LONG", "REPEATS", "baselines_table", "best_run", "commits_of", "long_table", "lr_runs",
+           "repeat_table"]
 
 #: (first run, its same-seed repeat)
 REPEATS = (("essh-s0", "essh-s0-retrain"), ("dense-s0", "dense-s0-retrain"))
@@ -88,3 +92,26 @@ def baselines_table(records: Path) -> str:
                          commits_of(s), "yes" if run == best else ""])
     return table(["baseline", "run", "peak lr", "bpb (full model)", "wall s (training calls)", "commit",
                   "the page compares this one"], rows)
+
+
+#: the 4x point's runs: (model, 650-step run, 2,600-step run)
+LONG = (("ESSH", "essh-s0", "essh-long-s0"), ("dense", "dense-s0", "dense-long-s0"))
+
+
+def long_table(records: Path) -> str:
+    """Bits per byte per tier at 650 and 2,600 steps (seed 0), and shared ESSH - truncated dense at each."""
+    bpb = {run: _bpb(records, run) for _, short, long in LONG for run in (short, long)}
+    head = ["tier"] + [f"{m} {n} steps" for m, *_ in LONG for n in ("650", "2,600")]
+    head += ["ESSH - dense, 650", "ESSH - dense, 2,600"]
+    rows = []
+    for i in range(1, 11):
+        t = f"T{i}"
+        cells = [bpb[run].get(t) for _, short, long in LONG for run in (short, long)]
+        gaps = [bpb[e].get(t) - bpb[d][t] if t in bpb[e] and t in bpb[d] else None
+                for e, d in ((LONG[0][1], LONG[1][1]), (LONG[0][2], LONG[1][2]))]
+        rows.append([t] + [f"{x:.3f}" if x is not None else "" for x in cells]
+                    + [f"{g:+.3f}" if g is not None else "" for g in gaps])
+    missing = [run for _, *runs in LONG for run in runs if not bpb[run]]
+    if missing:
+        rows.append(["not run yet: " + ", ".join(missing)] + [""] * (len(head) - 1))
+    return table(head, rows)

@@ -24,7 +24,7 @@ from pathlib import Path
 from benchmarks.replication.claims import arm_of, base_of, collect_claim, read_jsonl, run_summary, seed_of
 from benchmarks.replication.claims import markdown_table as table
 from benchmarks.replication.seeds import CLAIM1_GAPS, paired_gaps
-from benchmarks.results_claim1 import baselines_table, best_run, commits_of, lr_runs, repeat_table
+from benchmarks.results_claim1 import baselines_table, best_run, commits_of, long_table, lr_runs, repeat_table
 from benchmarks.results_evals import RENDER_EVALS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -344,6 +344,7 @@ RENDER = {"essm-modal": essm_modal, "summary": summary, "claim1": claim1, "claim
           "claim1-gaps": claim1_gaps,
           "claim1-repeat": functools.partial(repeat_table, RECORDS),
           "claim1-baselines": functools.partial(baselines_table, RECORDS),
+          "claim1-long": functools.partial(long_table, RECORDS),
           "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3,
           "claim3-steps": claim3_steps,
           "claim4": claim4, "claim5": claim5, "claim5-sizes": claim5_sizes,

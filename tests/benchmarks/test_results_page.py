@@ -126,6 +126,21 @@ def test_a_same_seed_repeat_is_set_against_its_first_run(tmp_path):
     assert diff.split(" | ")[-3:] == ["+0.049", "+0.024", "+0.021 |"]
 
 
+def test_the_4x_table_sets_each_length_gap_and_names_the_missing_run(tmp_path):
+    claim1 = importlib.import_module("benchmarks.results_claim1")
+    _record(tmp_path, "essh-s0", 0.002, {"T1": 1.36, "T10": 1.079})
+    _record(tmp_path, "dense-s0", 0.002, {"T1": 4.868, "T10": 1.119})
+    _record(tmp_path, "dense-long-s0", 0.002, {"T1": 8.182, "T10": 0.799})
+    lines = claim1.long_table(tmp_path).splitlines()
+    t1 = next(ln for ln in lines if ln.startswith("| T1 |"))
+    assert t1.split(" | ")[1:] == ["1.360", "", "4.868", "8.182", "-3.508", " |"]      # no 2,600-step ESSH: no gap
+    assert lines[-1].startswith("| not run yet: essh-long-s0 |")
+    _record(tmp_path, "essh-long-s0", 0.002, {"T1": 1.2, "T10": 0.81})
+    lines = claim1.long_table(tmp_path).splitlines()
+    assert next(ln for ln in lines if ln.startswith("| T10 |")).split(" | ")[-2:] == ["-0.040", "+0.011 |"]
+    assert not any("not run yet" in ln for ln in lines)
+
+
 def test_claim2_gaps_pair_each_seed_with_its_own_run(monkeypatch):
     """claim 2's "without - with" gap is taken per seed, only over the seeds both arms ran."""
     rows = [{"run": f"{arm}-s{seed}", "arm": arm, "seed": seed, "K": k, "tier": f"K{k}", "bpb": bpb}
