@@ -73,6 +73,7 @@ class GeluFFN(nn.Module):
 #: The decode modes of ``ESSSM.allocate_cache``.
 DECODE_MODES = ("exact", "modal")
 
+
 def check_decode(decode: object, n_modes: object, L: int) -> tuple[str, int]:
     """Validate a decode mode and mode count for filters of length L; one-line ``ValueError`` otherwise."""
     if decode not in DECODE_MODES:

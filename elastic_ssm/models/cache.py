@@ -38,6 +38,7 @@ def _nbytes(states: Any, kv: int = 0) -> dict[str, int]:
     rec = sum(s.numel() * s.element_size() for s in states)
     return {"recurrent": rec, "kv": kv, "total": rec + kv}
 
+
 @dataclass
 class ESSHCache:
     batch: int

@@ -62,4 +62,3 @@ def hf_keys(model: Any) -> dict[str, Any]:
         return {}
     f = FAMILIES[model.arch]
     return {"model_type": f.model_type, "architectures": [f.model_class], "auto_map": auto_map(model.arch)}
-
