@@ -149,7 +149,7 @@ def _first_token_child(a: ChildOptions) -> dict:
 
     import elastic_ssm as es
     from elastic_ssm.models.decode_engine import FusedSession
-    from elastic_ssm.utils.first_run import tuning_notice
+    from elastic_ssm.utils.progress import tuning_notice
 
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     t_imp = time.time()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from elastic_ssm.config import opt
 from elastic_ssm.ops.tuned_configs import SHIPPED, configs_from_autotuning, gpu_dir_name
-from elastic_ssm.utils.first_run import triton_cache_dir
+from elastic_ssm.utils.progress import triton_cache_dir
 
 __all__ = ["FlaConfigsOptions", "write_configs"]
 

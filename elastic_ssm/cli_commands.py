@@ -1,4 +1,6 @@
-"""The ``elastic-ssm`` verbs of no single area; model code is imported inside them (``--help`` stays light)."""
+"""The ``elastic-ssm`` verbs that train, export, generate and prepare data (info, train, recover, export, generate,
+prepare under a one-writer lock on its output (docs/data.md), tokenizer train, bench, quickstart); model code is
+imported inside them (``--help`` stays light)."""
 
 from __future__ import annotations
 
@@ -9,18 +11,20 @@ from pathlib import Path
 from .cli_schema import DEFAULT_RUN
 from .cli_util import (
     announce_device,
+    check_csv_target,
     checked_tiers,
     is_rank_zero,
-    listed_tier,
+    load_model,
     overrides,
-    resolve_device,
-    resolve_dtype,
+    refuse_existing,
     spelled,
+    status,
     tier_names,
     write_csv,
 )
 from .config import ConfigError, tier_word
-from .utils.progress import progress
+from .utils.files import is_temp_name
+from .utils.progress import progress, shown
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -80,13 +84,78 @@ def cmd_train(args: argparse.Namespace) -> int:
         verify_data=args.verify_data, progress=progress))
 
 
+def cmd_recover(args: argparse.Namespace) -> int:
+    """``recover PARENT``: truncate a saved ESSH and recover it by ``--protocol refine`` (Tables 33/43),
+    ``label_only`` (Table 43) or ``posthoc`` (E.7); per-tier tables before and after, ``recovery.csv``
+    (``train/recover.py``)."""
+    import dataclasses
+    from itertools import islice
+
+    from .bench.report import format_table
+    from .pipeline import build_data
+    from .train.recover import truncate_and_recover
+
+    parent, device = load_model(args, args.parent)
+    if not hasattr(parent, "ffn_layers") or parent.arch != "essh":
+        raise ConfigError(f"{args.parent} holds a {parent.arch!r} model; recover truncates an ESSH")
+    run = load_run_config(args)                  # its model is replaced by the parent's below
+    t = run.train.replace(device=device)
+    if args.steps:
+        t = t.replace(refine=t.refine.replace(steps=args.steps))
+    run = dataclasses.replace(run, model=parent.config, train=t)
+    tiers = checked_tiers(parent, args.tiers)          # the tier-list parser of every verb
+    _check_recovery(args, parent, t, tiers)
+    data = build_data(run)
+    calibration = None
+    if args.protocol == "posthoc":
+        make = data.batches(t.seq_len, t.micro_batch_size, t.seed + 1)   # not the recovery's own order
+        calibration = list(islice(iter(make(0, 1)), args.calibration_batches))
+    status(f"[recover] {args.parent}: protocol {args.protocol}, {t.refine.steps} steps into {t.out_dir}")
+    # run.yaml of the recovery (as train writes its own): the settings it ran with and where its weights came from
+    record = {"recover": {"source": str(args.parent), "protocol": args.protocol}, **run.to_dict()}
+    rec = truncate_and_recover(parent, data.batches(t.seq_len, t.micro_batch_size, t.seed), t, data.val_batches,
+                               protocol=args.protocol, tiers=tiers, bytes_per_token=data.bytes_per_token,
+                               calibration=calibration, masks=tuple(args.masks) if args.masks else None,
+                               channel_order=args.channel_order, overwrite=args.overwrite,
+                               progress="lines" if args.quiet else True, record=record)
+    rows = rec.rows()
+    status(format_table(rows, ["tier", "params", "bpb_truncated", "bpb_recovered"]))
+    Path(t.out_dir).mkdir(parents=True, exist_ok=True)
+    write_csv(str(Path(t.out_dir) / "recovery.csv"), rows, args.overwrite, flag="--train.out_dir")
+    return 0
+
+
+def _check_recovery(args: argparse.Namespace, parent, t, tiers: list[str] | None) -> None:
+    """What the recovery would reject only after evaluating the truncated model (minutes at scale): its length,
+    post-hoc masks, run directories that are files or hold another run, an earlier ``recovery.csv``."""
+    from .train.posthoc import posthoc_train_config
+    from .train.rundir import run_artifacts
+
+    if t.refine.steps < 1:
+        raise ConfigError("recovery length is train.refine.steps (or --steps); set it >= 1 (the paper: 2060 steps "
+                          "for refinement and post-hoc-matched runs, 4120 for label-only)")
+    if args.protocol == "posthoc":
+        try:
+            posthoc_train_config(t, tuple(args.masks) if args.masks else None)   # the masks as capacities
+        except ConfigError as e:
+            raise ConfigError(f"--masks {' '.join(map(str, args.masks or ()))}: {e}") from None
+    out = Path(t.out_dir)
+    names = tiers or [x.name for x in parent.tier_table()]
+    for d in [out / n for n in names] if args.protocol == "label_only" else [out]:
+        if d.exists() and not d.is_dir():
+            raise ConfigError(f"--train.out_dir: {d} is a file; choose a directory path")
+        found = [] if args.overwrite else run_artifacts(d)
+        if found:
+            raise ConfigError(f"{d} already holds another run ({', '.join(found[:3])}); pass --overwrite (moves it "
+                              "aside) or choose another --train.out_dir")
+    check_csv_target(str(out / "recovery.csv"), args.overwrite, "--train.out_dir")   # also beside label_only tiers
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from .elastic.export import check_export, export_tier
-    from .models import load_pretrained
     from .train.rundir import RunLock
 
-    device = resolve_device(args.device)
-    model = load_pretrained(args.checkpoint, device=device)
+    model, device = load_model(args)
     names = checked_tiers(model, args.tiers) or [t.name for t in model.tier_table()]
     out = Path(args.out)
     failed = 0
@@ -114,8 +183,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _occupied_tier_folders(out: Path, names: list[str], overwrite: bool) -> set[str]:
     """The tiers whose folder under ``out`` holds files (temporary ones aside); without ``overwrite`` one is a
     ``ConfigError``, even for the same export (its bytes vary: the weights header's order is not fixed)."""
-    from .utils.files import is_temp_name
-
     occupied = set()
     for name in names:
         folder = out / name
@@ -156,86 +223,31 @@ def _replace_folder(folder: Path, write) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def cmd_lm_eval(args: argparse.Namespace) -> int:
-    try:
-        from .eval.lm_harness import evaluate_tiers_on_tasks
-    except ImportError as e:
-        raise ConfigError(str(e)) from e
-    from .bench.report import format_table
-
-    tasks = [t for t in args.tasks.split(",") if t]
-    if not tasks:
-        raise ConfigError("--tasks is empty: name at least one lm-eval task (e.g. piqa,hellaswag)")
-    if args.include_path is not None and not Path(args.include_path).is_dir():
-        raise ConfigError(f"--include_path {args.include_path} is not a folder; give the folder of your task YAML "
-                          "files")
-    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    names = tier_names(args.tiers)
-    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=names and [listed_tier(n) for n in names],
-                                   tokenizer=args.tokenizer, device=resolve_device(args.device),
-                                   batch_size=args.batch_size, max_length=args.max_length, limit=limit,
-                                   num_fewshot=args.num_fewshot, include_path=args.include_path,
-                                   precision=args.precision, progress=not args.quiet)
-    print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
-    write_csv(args.csv, rows, args.overwrite)
-    return 0
-
-
-def cmd_niah(args: argparse.Namespace) -> int:
-    from .bench.report import format_table
-    from .data import load_corpus
-    from .data.tokenizer_files import resolve_tokenizer
-    from .eval.needle import NeedleConfig, build_trials, check_fits, evaluate_needle
-    from .models import load_pretrained
-
-    cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition, seed=args.seed,
-                       depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
-    cfg.check()
-    device = resolve_device(args.device)
-    model = load_pretrained(args.checkpoint, device=device)
-    tok = resolve_tokenizer(model, args.tokenizer)
-    filler = load_corpus(args.data, tok, split=args.split)
-    tiers = checked_tiers(model, args.tiers)
-    try:
-        trials = build_trials(filler, tok, cfg)
-        check_fits(model, trials, cfg)
-    except ValueError as e:
-        raise ConfigError(str(e).replace("context_len=", f"{spelled(args, 'context_len')} ")) from None
-    announce_device("niah", device, next(model.parameters()).dtype)
-    rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision, trials=trials,
-                           progress=not args.quiet)
-    depth_cols = list(rows[0]["by_depth"])
-    flat = [{**{k: v for k, v in r.items() if k != "by_depth"}, **{f"d{d}": v for d, v in r["by_depth"].items()}}
-            for r in rows]
-    print(format_table(flat, ["tier", "params", "margin_win", "first_token", "full_key", "half_width",
-                              *[f"d{d}" for d in depth_cols]],
-                       title=f"NIAH, {cfg.n_pairs} key pairs x {len(cfg.depths)} depths, context {cfg.context_len}, "
-                             f"{cfg.condition} condition"))
-    write_csv(args.csv, flat, args.overwrite)
-    return 0
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     from .data.tokenizer_files import resolve_tokenizer
-    from .models import load_pretrained
     from .models.generation import check_sampling
     from .serve.cli import auto_tier
     from .serve.tokens import TextStream
 
     check_sampling(args.temperature, args.top_k, args.top_p)   # before anything is printed or loaded
-    check_utf8_prompt(args)
+    try:                                   # the first byte that is not UTF-8 (a lone surrogate, PEP 383) is named
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(args.prompt[e.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        raise ConfigError(f"{spelled(args, 'prompt')} is not valid UTF-8 text ({what} at character "
+                          f"{e.start}); give UTF-8 text, e.g. convert a file from its encoding with --prompt "
+                          '"$(iconv -f latin1 -t utf-8 FILE)" (generate has no prompt-file option)') from None
     names = tier_names(args.tier)          # the tier-list parser of every verb: " T4" is T4
     if names is None or len(names) != 1:
         what = "every tier" if names is None else "several tiers"
         raise ConfigError(f"{spelled(args, 'tier')} {args.tier!r} names {what}; generate samples from one tier: give "
                           "one ('full', T1..T10, 'auto'; ES-SSM: 8 or K8)")
     args.tier = tier_word(names[0])        # an ES-SSM budget 8 is an int
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
     tier = auto_tier(args.checkpoint, args) if args.tier == "auto" else args.tier
-    model = load_pretrained(args.checkpoint, tier=None if tier == "full" else tier, device=device, dtype=dtype)
+    model, device = load_model(args, tier=None if tier == "full" else tier, dtype=args.dtype)
     if not hasattr(model, "generate"):
         raise ConfigError(f"{args.checkpoint} holds a {model.arch!r} model, which has no cached generation; generate "
                           "runs ESSH and ES-SSM models")
@@ -243,7 +255,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long, device=device)
     if ids.numel() == 0:
         raise ConfigError(f"{spelled(args, 'prompt')} is empty: give at least one character")
-    announce_device("generate", device, dtype)
+    announce_device("generate", device, next(model.parameters()).dtype)
     g = torch.Generator(device=device).manual_seed(args.seed)
     sys.stdout.write(args.prompt)
     text = TextStream(tok, [])             # the server's decoding: multi-byte characters and subwords survive
@@ -258,16 +270,55 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_utf8_prompt(args: argparse.Namespace) -> None:
-    """``ConfigError`` naming the first byte of ``--prompt`` that is not UTF-8 (a lone surrogate, PEP 383)."""
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from .data import prepare
+    from .data.tokenfile import sidecar_path
+    from .train.rundir import RunLock
+
+    out = Path(args.out)
+    if out.suffix != ".bin":      # another name is refused by prepare, before any work, whether it exists or not
+        return _prepare(args, prepare)
+    made = [d for d in (out.parent, *out.parent.parents) if not d.exists()]   # the folders the lock creates
+    lock = RunLock(out.parent, owner=f"prepare writing {out.name}", flag="OUT", name=f".{out.name}.lock")
+    had_lock = lock.path.exists()
+    lock.acquire()
+    ok = False
     try:
-        args.prompt.encode("utf-8")
-    except UnicodeEncodeError as e:
-        code = ord(args.prompt[e.start])
-        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
-        raise ConfigError(f"{spelled(args, 'prompt')} is not valid UTF-8 text ({what} at character "
-                          f"{e.start}); give UTF-8 text, e.g. convert a file from its encoding with --prompt "
-                          '"$(iconv -f latin1 -t utf-8 FILE)" (generate has no prompt-file option)') from None
+        for p in sorted(out.parent.iterdir()):    # the temporary files an interrupted prepare of OUT left
+            if p.is_file() and is_temp_name(p.name) and p.name.startswith(f".{out.name}."):
+                p.unlink(missing_ok=True)
+                print(f"[prepare] removed {p} (temporary file of an interrupted prepare of {out.name})",
+                      file=sys.stderr)
+        refuse_existing(args, out, sidecar_path(out))      # the tokens and their .json sidecar are one output
+        rc = _prepare(args, prepare)
+        ok = True
+        return rc
+    finally:      # its own lock file goes (removed while still held); a refused prepare leaves no folder either
+        if not had_lock:
+            lock.path.unlink(missing_ok=True)
+        lock.release()
+        for folder in [] if ok else made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+def _prepare(args: argparse.Namespace, prepare) -> int:
+    tf = prepare(args.source, args.out, args.tokenizer, split=args.split, text_field=args.text_field,
+                 max_tokens=args.max_tokens or None, show_progress=not args.quiet)
+    print(f"wrote {len(tf):,} tokens to {args.out}")
+    return 0
+
+
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from .data import train_bpe
+
+    refuse_existing(args, Path(args.out))
+    tok = train_bpe(args.source, args.vocab_size, args.out, max_bytes=args.max_bytes or None,
+                    show_progress=shown(not args.quiet))
+    print(f"trained a {tok.vocab_size}-entry BPE tokenizer -> {args.out}")
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

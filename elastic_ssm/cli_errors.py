@@ -4,7 +4,6 @@ Under torchrun a command-line or run-file mistake is said once (rank 0), other e
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from typing import Any
 from .cli_util import is_rank_zero
 from .config import ConfigError
 
-__all__ = ["CommandLineError", "debug_requested", "one_line", "parse_error", "report", "run_reporting_errors"]
+__all__ = ["CommandLineError", "one_line", "parse_error", "report", "run_reporting_errors"]
 
 
 class CommandLineError(ConfigError):
@@ -67,55 +66,58 @@ def one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    import yaml
-
-    return (ConfigError, ValueError, OSError, RuntimeError, yaml.YAMLError, ArithmeticError, ImportError, MemoryError)
-
-
-def report(args: argparse.Namespace, text: str, every_rank: bool = False) -> None:
-    """The error line on stderr: by rank 0 only, or with ``every_rank`` by each rank (naming it) under torchrun."""
+def report(command: str, text: str, every_rank: bool = False) -> None:
+    """The error line of ``elastic-ssm <command>`` on stderr: by rank 0 only, or with ``every_rank`` by each rank
+    (naming it) under torchrun."""
     try:                                            # the reporter must not fail on the variable it reports
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     except ValueError:
         world = 1
     if every_rank and world > 1:
-        print(f"elastic-ssm {args.command} (rank {os.environ.get('RANK', '?')}): {text}", file=sys.stderr)
+        print(f"elastic-ssm {command} (rank {os.environ.get('RANK', '?')}): {text}", file=sys.stderr)
     elif is_rank_zero():
-        print(f"{f'elastic-ssm {args.command}'.strip()}: {text}", file=sys.stderr)
+        print(f"{f'elastic-ssm {command}'.strip()}: {text}", file=sys.stderr)
 
 
-def debug_requested(flag: bool, args: argparse.Namespace) -> bool | None:
-    """``--debug`` or the ``ELASTIC_SSM_DEBUG`` switch (``utils.env.env_flag``); None, after one line on stderr,
-    when the variable holds something that is not a switch (the caller exits with 2)."""
-    from .utils.env import env_flag
+def run_reporting_errors(fn: Callable[[], Any], command: str, debug: bool) -> int:
+    """``fn()``'s exit code, errors reported as the module docstring says; ``debug``: ``--debug`` was given (the
+    ``ELASTIC_SSM_DEBUG`` switch, ``utils.environment.env_flag``, turns it on too; garbage there is one line, exit
+    code 2). Without it a warning is one line too (no source line)."""
+    import warnings
+
+    import yaml
+
+    from .utils.environment import env_flag
 
     try:
-        return flag or env_flag("ELASTIC_SSM_DEBUG")
+        debug = debug or env_flag("ELASTIC_SSM_DEBUG")
     except ConfigError as e:
-        report(args, f"error: {e}")
-        return None
-
-
-def run_reporting_errors(fn: Callable[[], Any], args: argparse.Namespace, debug: bool) -> int:
-    """``fn()``'s exit code, errors reported as the module docstring says."""
+        report(command, f"error: {e}")
+        return 2
+    original = warnings.formatwarning
+    if not debug:
+        warnings.formatwarning = lambda message, category, *rest, **kw: (
+            f"elastic-ssm {command}: {category.__name__}: {' '.join(str(message).split())}\n")
     try:
         return int(fn() or 0)
     except KeyboardInterrupt:
         if debug:
             raise
-        report(args, "interrupted")
+        report(command, "interrupted")
         return 130
-    except _user_errors() as e:
+    except (ConfigError, ValueError, OSError, RuntimeError, yaml.YAMLError, ArithmeticError, ImportError,
+            MemoryError) as e:
         if debug:
             raise
         kind = "training diverged" if isinstance(e, FloatingPointError) else "error"
         text = one_line(e).removeprefix("training diverged: ")
-        report(args, f"{kind}: {text} (--debug shows the traceback)", every_rank=not isinstance(e, ConfigError))
+        report(command, f"{kind}: {text} (--debug shows the traceback)", every_rank=not isinstance(e, ConfigError))
         return 2
     except Exception as e:  # not a known user mistake: still one line, but say it looks like a bug
         if debug:
             raise
-        report(args, f"unexpected {type(e).__name__}: {one_line(e)} (probably a bug: rerun with --debug and report "
-                "the traceback)", every_rank=True)
+        report(command, f"unexpected {type(e).__name__}: {one_line(e)} (probably a bug: rerun with --debug and "
+               "report the traceback)", every_rank=True)
         return 1
+    finally:
+        warnings.formatwarning = original

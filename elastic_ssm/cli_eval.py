@@ -1,5 +1,6 @@
-"""``elastic-ssm eval`` (named tiers and capacity fractions, ``--lengths`` sweeps) and ``elastic-ssm importance``
-(ESSH App. L.3, Table 31); docs/evaluation.md."""
+"""The evaluating verbs (docs/evaluation.md): ``elastic-ssm eval`` (named tiers and capacity fractions, ``--lengths``
+sweeps), ``importance`` (ESSH App. L.3, Table 31), ``lm-eval`` (lm-evaluation-harness tasks at every tier) and
+``niah`` (needle-in-a-haystack key retrieval, ESSH Tables 17-18)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,26 @@ import json
 import math
 from pathlib import Path
 
-from .cli_util import announce_device, checked_capacities, refuse_existing, resolve_device, spelled, status, write_csv
+from .cli_util import (
+    announce_device,
+    checked_capacities,
+    checked_tiers,
+    listed_tier,
+    load_model,
+    refuse_existing,
+    resolve_device,
+    spelled,
+    status,
+    tier_names,
+    write_csv,
+)
 from .config import ConfigError
 from .utils.files import atomic_write_text
 
-__all__ = ["DEFAULT_SEQ_LEN", "cmd_eval", "cmd_importance", "parse_lengths", "training_length"]
+__all__ = ["DEFAULT_SEQ_LEN", "cmd_eval", "cmd_importance", "cmd_lm_eval", "cmd_niah", "parse_lengths",
+           "training_length"]
 
-#: ``--seq_len`` of ``eval`` and ``importance`` when not given (a shorter model's own limit, see ``_default_seq_len``)
+#: ``--seq_len`` of ``eval`` and ``importance`` when not given (a shorter model's own limit, see ``_lengths``)
 DEFAULT_SEQ_LEN = 512
 
 
@@ -61,49 +75,41 @@ def _tokens_and_bpt(args: argparse.Namespace, model):
     tok = resolve_tokenizer(model, args.tokenizer)
     tokens = load_corpus(args.data, tok, split=args.split)
     bpt = args.bytes_per_token
-    if not bpt:   # the byte tokenizer: 1; a subword tokenizer: measured on the evaluated text
-        bpt = 1.0 if tok.vocab_size <= 260 else measured_bytes_per_token(tok, tokens)
-        if tok.vocab_size > 260:
-            status(f"bytes per token measured on the evaluation data: {bpt:.4f} (--bytes_per_token overrides)")
-    return tokens, bpt
+    if not bpt and tok.vocab_size > 260:   # a subword tokenizer: measured on the evaluated text (bytes: 1)
+        bpt = measured_bytes_per_token(tok, tokens)
+        status(f"bytes per token measured on the evaluation data: {bpt:.4f} (--bytes_per_token overrides)")
+    return tokens, bpt or 1.0
 
 
-def _default_seq_len(args: argparse.Namespace, model) -> None:
-    """``--seq_len`` when not given: 512, or the model's longest sequence when shorter (an ES-SSM's filter length)."""
-    if args.seq_len is not None:
-        return
+def _lengths(args: argparse.Namespace, model) -> list[int]:
+    """The sequence lengths scored: ``--lengths`` (eval), else ``--seq_len`` (when not given: 512, or the model's
+    longest sequence when shorter: an ES-SSM's filter length); lengths the model does not accept are refused."""
     limit = model.config.max_seq_len()
-    args.seq_len = DEFAULT_SEQ_LEN if limit is None else min(DEFAULT_SEQ_LEN, limit)
-    if args.seq_len < DEFAULT_SEQ_LEN:
-        status(f"--seq_len {args.seq_len}: the longest sequence this {model.arch} model accepts (the default is "
-               f"{DEFAULT_SEQ_LEN} for longer models)")
-
-
-def _check_length(model, longest: int, which: str) -> None:
-    """Refuse sequences of ``longest`` tokens that the model does not accept (an ES-SSM: its filter length)."""
-    limit = model.config.max_seq_len()
-    if limit is not None and longest > limit:
-        raise ConfigError(f"{which}: {longest} tokens exceed this ES-SSM model's filter length {limit}, the longest "
-                          "sequence it accepts")
+    if args.seq_len is None:
+        args.seq_len = DEFAULT_SEQ_LEN if limit is None else min(DEFAULT_SEQ_LEN, limit)
+        if args.seq_len < DEFAULT_SEQ_LEN:
+            status(f"--seq_len {args.seq_len}: the longest sequence this {model.arch} model accepts (the default is "
+                   f"{DEFAULT_SEQ_LEN} for longer models)")
+    lengths, spec = [args.seq_len], getattr(args, "lengths", None)
+    if spec:
+        found = (args.train_len, None) if args.train_len else training_length(args.checkpoint)
+        lengths = parse_lengths(spec, found and found[0])
+        if found and found[1] is not None and any(x.strip().lower().endswith("x") for x in spec.split(",")):
+            status(f"training length {found[0]} (from {found[1]})")
+    if limit is not None and max(lengths) > limit:
+        raise ConfigError(f"{'--lengths' if spec else spelled(args, 'seq_len')}: {max(lengths)} tokens exceed this "
+                          f"ES-SSM model's filter length {limit}, the longest sequence it accepts")
+    return lengths
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .data import evaluation_batches
     from .eval.perplexity import evaluate_tiers, format_evals, format_length_sweep, split_windows
-    from .models import load_pretrained
     from .serve.cli import record_quality
 
-    device = resolve_device(args.device)
-    model = load_pretrained(args.checkpoint, device=device)
+    model, device = load_model(args)
     tiers = checked_capacities(model, args.tiers)
-    _default_seq_len(args, model)
-    lengths = [args.seq_len]
-    if args.lengths:
-        found = (args.train_len, None) if args.train_len else training_length(args.checkpoint)
-        lengths = parse_lengths(args.lengths, found and found[0])
-        if found and found[1] is not None and any(x.strip().lower().endswith("x") for x in args.lengths.split(",")):
-            status(f"training length {found[0]} (from {found[1]})")
-    _check_length(model, max(lengths), "--lengths" if args.lengths else spelled(args, "seq_len"))
+    lengths = _lengths(args, model)
     tokens, bpt = _tokens_and_bpt(args, model)
     longest = list(evaluation_batches(tokens, max(lengths), args.batch_size, args.n_batches))
     windows, asked = sum(int(x.shape[0]) for x, _ in longest), args.batch_size * args.n_batches
@@ -131,23 +137,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 IMPORTANCE_FILES = ("channel_importance.csv", "channel_importance.json", "channel_importance.png")
 
 
-def _importance_folder(args: argparse.Namespace) -> Path:
-    """``--out`` (``MODEL_DIR/importance``), refused before any work when it is a file or holds earlier results."""
-    out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{spelled(args, 'out')} {out} is a file; give a folder")
-    refuse_existing(args, *(out / name for name in IMPORTANCE_FILES))
-    return out
-
-
 def cmd_importance(args: argparse.Namespace) -> int:
     from .cli_schema import ImportanceOptions
     from .eval.importance import has_spectral_channels
-    from .models import load_pretrained
 
-    out = _importance_folder(args)
-    device = resolve_device(args.device)
-    model = load_pretrained(args.checkpoint, device=device)
+    out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
+    if out.exists() and not out.is_dir():       # a file, or earlier results there: refused before any work
+        raise ConfigError(f"{spelled(args, 'out')} {out} is a file; give a folder")
+    refuse_existing(args, *(out / name for name in IMPORTANCE_FILES))
+    model, device = load_model(args)
     if not has_spectral_channels(model):
         raise ConfigError(f"{args.checkpoint} holds a {model.arch!r} model: it has no spectral channels; importance "
                           "applies to ESSH and ES-SSM models")
@@ -163,8 +161,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
         status(f"the measured tier has {K} channels: the first-N share counts all {K} (the default --first is "
                f"{args.first})")
         args.first = K
-    _default_seq_len(args, model)
-    _check_length(model, args.seq_len, spelled(args, "seq_len"))
+    _lengths(args, model)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)     # before the work, so an unwritable place fails at once
     try:
@@ -195,4 +192,61 @@ def _importance_into(args: argparse.Namespace, model, tier, out: Path, device) -
     print(f"wrote {out / 'channel_importance.json'}")
     skipped = plot_importance(res, out / "channel_importance.png")
     print(f"plot skipped: {skipped}" if skipped else f"wrote {out / 'channel_importance.png'}")
+    return 0
+
+
+def cmd_lm_eval(args: argparse.Namespace) -> int:
+    try:
+        from .eval.lm_harness import evaluate_tiers_on_tasks
+    except ImportError as e:
+        raise ConfigError(str(e)) from e
+    from .bench.report import format_table
+
+    tasks = [t for t in args.tasks.split(",") if t]
+    if not tasks:
+        raise ConfigError("--tasks is empty: name at least one lm-eval task (e.g. piqa,hellaswag)")
+    if args.include_path is not None and not Path(args.include_path).is_dir():
+        raise ConfigError(f"--include_path {args.include_path} is not a folder; give the folder of your task YAML "
+                          "files")
+    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
+    names = tier_names(args.tiers)
+    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=names and [listed_tier(n) for n in names],
+                                   tokenizer=args.tokenizer, device=resolve_device(args.device),
+                                   batch_size=args.batch_size, max_length=args.max_length, limit=limit,
+                                   num_fewshot=args.num_fewshot, include_path=args.include_path,
+                                   precision=args.precision, progress=not args.quiet)
+    print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
+    write_csv(args.csv, rows, args.overwrite)
+    return 0
+
+
+def cmd_niah(args: argparse.Namespace) -> int:
+    from .bench.report import format_table
+    from .data import load_corpus
+    from .data.tokenizer_files import resolve_tokenizer
+    from .eval.needle import NeedleConfig, build_trials, check_fits, evaluate_needle
+
+    cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition, seed=args.seed,
+                       depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
+    cfg.check()
+    model, device = load_model(args)
+    tok = resolve_tokenizer(model, args.tokenizer)
+    filler = load_corpus(args.data, tok, split=args.split)
+    tiers = checked_tiers(model, args.tiers)
+    try:
+        trials = build_trials(filler, tok, cfg)
+        check_fits(model, trials, cfg)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("context_len=", f"{spelled(args, 'context_len')} ")) from None
+    announce_device("niah", device, next(model.parameters()).dtype)
+    rows = evaluate_needle(model, filler, tok, tiers, cfg, precision=args.precision, trials=trials,
+                           progress=not args.quiet)
+    depth_cols = list(rows[0]["by_depth"])
+    flat = [{**{k: v for k, v in r.items() if k != "by_depth"}, **{f"d{d}": v for d, v in r["by_depth"].items()}}
+            for r in rows]
+    print(format_table(flat, ["tier", "params", "margin_win", "first_token", "full_key", "half_width",
+                              *[f"d{d}" for d in depth_cols]],
+                       title=f"NIAH, {cfg.n_pairs} key pairs x {len(cfg.depths)} depths, context {cfg.context_len}, "
+                             f"{cfg.condition} condition"))
+    write_csv(args.csv, flat, args.overwrite)
     return 0

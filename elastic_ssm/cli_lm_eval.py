@@ -19,7 +19,7 @@ on stderr and exit code 2; ``--debug`` or ``ELASTIC_SSM_DEBUG=1`` shows the trac
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,33 +104,29 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
 
     try:
         from lm_eval.tasks._index import TaskIndex
+        descriptor = TaskIndex.__dict__.get("build")
     except ImportError:                   # another lm-eval layout: no reuse, every run scans
-        TaskIndex = None
+        TaskIndex = descriptor = None
+    reuse = isinstance(descriptor, staticmethod) and indexes is not None
     captured: dict[str, Any] = {}
     original = lm_eval.simple_evaluate
-    original_build = getattr(TaskIndex, "build", None)          # a static method: a plain function here
-    descriptor = TaskIndex.__dict__.get("build") if TaskIndex is not None else None
 
     def capture(*args: Any, **kwargs: Any) -> Any:
         res = original(*args, **kwargs)
-        if res is not None:
-            captured.update({k: v for k, v in res.items() if k != "samples"})
+        captured.update({k: v for k, v in (res or {}).items() if k != "samples"})
         return res
 
     def build(paths: Any, *args: Any, **kwargs: Any) -> Any:
         paths = list(paths)
         key = repr(([str(p) for p in paths], args, sorted(kwargs.items())))
         if key not in indexes:
-            indexes[key] = original_build(paths, *args, **kwargs)
+            indexes[key] = descriptor.__func__(paths, *args, **kwargs)
         return dict(indexes[key])
 
-    saved_argv = sys.argv
-    lm_eval.simple_evaluate = capture
-    reuse = isinstance(descriptor, staticmethod) and indexes is not None
+    saved_argv, sys.argv, lm_eval.simple_evaluate = sys.argv, ["lm-eval", *argv], capture
     if reuse:
         TaskIndex.build = staticmethod(build)
     try:
-        sys.argv = ["lm-eval", *argv]
         cli_evaluate()
     except ValueError as e:
         if str(e).startswith("Tasks not found"):        # lm-eval's own words; say what to do
@@ -138,8 +134,7 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
                               "tasks` lists them) or pass --include_path DIR with your task YAML files") from None
         raise
     finally:
-        sys.argv = saved_argv
-        lm_eval.simple_evaluate = original
+        sys.argv, lm_eval.simple_evaluate = saved_argv, original
         if reuse:
             TaskIndex.build = descriptor
     return captured or None
@@ -147,15 +142,10 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (``argv``: ``sys.argv[1:]``); the exit status (2: a user's mistake, in one line)."""
-    from .cli_errors import debug_requested, run_reporting_errors
+    from .cli_errors import run_reporting_errors
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    reporter = argparse.Namespace(command="lm-eval")
-    debug = debug_requested("--debug" in argv, reporter)
-    argv = [a for a in argv if a != "--debug"]              # our flag, not lm-eval's
-    if debug is None:
-        return 2
-    return run_reporting_errors(lambda: _main(argv), reporter, debug)
+    argv = list(sys.argv[1:] if argv is None else argv)      # --debug: our flag, not lm-eval's
+    return run_reporting_errors(lambda: _main([a for a in argv if a != "--debug"]), "lm-eval", "--debug" in argv)
 
 
 def _main(argv: list[str]) -> int:
@@ -163,10 +153,8 @@ def _main(argv: list[str]) -> int:
         argv = argv[1:]
     if any(a in ("-h", "--help") for a in argv) or not argv:
         print(__doc__)
-        try:
+        with contextlib.suppress(SystemExit):
             _run_lm_eval(["run", "--help"])
-        except SystemExit:
-            pass
         return 0
     argv, csv_path = _pop_flag(argv, "--csv")
     overwrite = "--overwrite" in argv                       # our flag too (lm-eval has none)
@@ -207,9 +195,9 @@ def _main(argv: list[str]) -> int:
         from .bench.report import format_table
 
         print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
-    if csv_path and rows:
-        Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
-        write_csv(csv_path, rows, overwrite, csv_flag)
+        if csv_path:
+            Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
+            write_csv(csv_path, rows, overwrite, csv_flag)
     return 0
 
 

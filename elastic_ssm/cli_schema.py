@@ -89,7 +89,8 @@ class HeldOutOptions(ModelDirOptions, TokenizerOptions, DeviceOptions, QuietOpti
                                      "when that is shorter: an ES-SSM's filter length seq_len)", minimum=1)
     batch_size: int = flag(8, "sequences per batch", minimum=1)
     n_batches: int = flag(16, "number of batches (fixed windows)", minimum=1)
-    bytes_per_token: float = flag(0.0, "divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)")
+    bytes_per_token: float = flag(0.0, "divisor of bits per byte (0: 1 for bytes, measured on the data for BPE)",
+                                  minimum=0)
 
 
 @dataclass(kw_only=True)
@@ -101,15 +102,6 @@ class TierBudgetOptions:
     max_state_bytes: int | None = flag(None, "--tier auto: state budget per sequence", minimum=1)
     max_params: int | None = flag(None, "--tier auto: parameter budget", minimum=1)
     budget_batch: int = flag(1, "--tier auto: decode batch the budget is for", minimum=1)
-
-
-@dataclass(kw_only=True)
-class SamplingOptions:
-    max_new_tokens: int = flag(200, "tokens to sample", minimum=0)
-    temperature: float = flag(0.8, "0 = greedy")
-    top_k: int | None = flag(None, "sample from the k most likely tokens")
-    top_p: float | None = flag(None, "nucleus sampling mass")
-    seed: int = flag(0, "sampling seed")
 
 
 # ---- commands --------------------------------------------------------------------------------------------------
@@ -164,10 +156,14 @@ class ImportanceOptions(HeldOutOptions, PrecisionOptions):
 
 
 @dataclass(kw_only=True)
-class GenerateOptions(ModelDirOptions, TokenizerOptions, DeviceOptions, DtypeOptions, TierBudgetOptions,
-                      SamplingOptions):
+class GenerateOptions(ModelDirOptions, TokenizerOptions, DeviceOptions, DtypeOptions, TierBudgetOptions):
     tier: str = flag("full", "tier to load ('full', T1..T10, 'auto'; ES-SSM: a budget 8 or K8)")
     prompt: str = flag(help="text to continue")
+    max_new_tokens: int = flag(200, "tokens to sample", minimum=0)
+    temperature: float = flag(0.8, "0 = greedy")
+    top_k: int | None = flag(None, "sample from the k most likely tokens")
+    top_p: float | None = flag(None, "nucleus sampling mass")
+    seed: int = flag(0, "sampling seed")
 
 
 @dataclass(kw_only=True)

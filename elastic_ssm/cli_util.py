@@ -7,6 +7,8 @@ import argparse
 import csv
 import os
 import sys
+from operator import attrgetter
+from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, tier_word
@@ -15,8 +17,6 @@ from .config import ConfigError, tier_word
 def check_output_path(flag: str, path: str, kind: str) -> None:
     """Refuse an output ``path`` (``kind`` "file" or "folder") that is the other kind or lies below a file, before
     the work that produces it (missing folders above it are created later)."""
-    from pathlib import Path
-
     p = Path(path)
     if kind == "file" and p.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; give a file path")
@@ -32,22 +32,13 @@ def check_output_path(flag: str, path: str, kind: str) -> None:
 def spelled(args: argparse.Namespace, name: str) -> str:
     """The flag of option ``name`` as the user typed it (``--train.no_compile``), else ``--name``; a positional
     argument by its ``--help`` name (``MODEL_DIR``)."""
-    typed = getattr(args, "_spelled", {})
-    return typed.get(name) or "--" + name
+    return getattr(args, "_spelled", {}).get(name) or "--" + name
 
 
 def overrides(args: argparse.Namespace, section: str) -> dict[str, Any]:
     """The ``--<section>.<field>`` flags given, as field path (``optim.lr``) -> parsed value."""
-    out = {}
-    for path in sorted(getattr(args, "_given", ())):
-        head, _, rest = path.partition(".")
-        if head != section or not rest:
-            continue
-        value = getattr(args, section)
-        for part in rest.split("."):
-            value = getattr(value, part)
-        out[rest] = value
-    return out
+    return {path.partition(".")[2]: attrgetter(path)(args) for path in sorted(getattr(args, "_given", ()))
+            if path.startswith(section + ".")}
 
 
 def find_flag(argv: list[str], spellings: tuple[str, ...]) -> tuple[int, str | None]:
@@ -87,6 +78,17 @@ def resolve_device(spec: str) -> str:
     except ValueError as e:
         raise ConfigError(f"{e} (or auto)") from None
     return spec
+
+
+def load_model(args: argparse.Namespace, path: str | None = None, dtype: str | None = None, **kw: Any):
+    """``(model, device)``: the model directory ``path`` (default: ``args.checkpoint``) loaded on ``--device``, its
+    weights in the dtype ``dtype`` names (``--dtype``; None: as saved); ``kw``: ``load_pretrained``'s."""
+    from .models import load_pretrained
+
+    device = resolve_device(args.device)
+    if dtype is not None:
+        kw["dtype"] = resolve_dtype(dtype, device)
+    return load_pretrained(path or args.checkpoint, device=device, **kw), device
 
 
 def resolve_dtype(name: str, device: str):
@@ -171,8 +173,6 @@ def check_csv_target(path: str, overwrite: bool, flag: str = "--csv") -> None:
     """``ConfigError`` for a CSV ``path`` that is a folder, an existing file not named ``*.csv`` (even with
     ``overwrite``: say a model's ``config.json``), or an existing ``*.csv`` without ``overwrite``; checked before any
     work and again by ``write_csv``."""
-    from pathlib import Path
-
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; give a file path")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .config import ConfigError
-from .utils.threads import cpu_threads_for
+from .utils.devices import cpu_threads_for
 
 
 @dataclass

@@ -4,13 +4,12 @@ refinement), export and check all ten tiers, evaluate them beside the dense cont
 
 from __future__ import annotations
 
-import csv
 import time
 from pathlib import Path
 from typing import Any
 
 from .eval.perplexity import TierEval, evaluate_tiers, format_evals
-from .utils.threads import cpu_threads_for
+from .utils.devices import cpu_threads_for
 
 EMBEDDED = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 
@@ -106,6 +105,7 @@ def _train_or_load(run: Any, data: Any, resume: bool, overwrite: bool, stages=No
 def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control: bool = True,
                config: str | Path | None = None, overwrite: bool = False,
                resume: bool | str = False, progress: bool | str = True) -> dict[str, Any]:
+    from .cli_util import write_csv
     from .config import ConfigError, RunConfig
     from .elastic.export import check_export, export_tier
     from .elastic.model_card import model_card
@@ -158,11 +158,8 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
 
     table = format_evals(rows)
     print("\n" + table)
-    with open(out / "tiers.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[*rows[0].row(), "export_check"])
-        w.writeheader()
-        for r, c in zip(rows, checks):
-            w.writerow({**r.row(), "export_check": "bitwise" if c.bitwise_equal else f"{c.max_abs_diff:.3g}"})
+    write_csv(str(out / "tiers.csv"), [{**r.row(), "export_check": "bitwise" if c.bitwise_equal else
+                                        f"{c.max_abs_diff:.3g}"} for r, c in zip(rows, checks)], overwrite=True)
     plotted = _plot(rows, control_rows, out / "quality_size.png", raw_rows)
     summary = {
         "monotone": _monotone(rows), "inversions": _inversions(rows), "held_out_tokens": rows[0].tokens,

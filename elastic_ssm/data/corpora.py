@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .pysrc import is_pysrc, iter_pysrc
-from .splits import VAL_FRACTION, check_split, split_by_path, stdlib_root, stdlib_split_files, unit_hash
+from .splits import VAL_FRACTION, check_split, split_by_path, stdlib_root, stdlib_split_files, tree_files, unit_hash
 
 TEXT_SUFFIXES = frozenset(
     ".txt .md .rst .py .pyi .c .h .cc .cpp .hpp .cu .js .ts .java .go .rs .rb .sh .tex .html .htm .css "
@@ -141,17 +141,12 @@ def _check_hub_reachable(spec: str, timeout: float = 5.0) -> None:
 
 
 def _iter_hf(spec: str, field: str, split: str | None) -> Iterator[str]:
-    parts = spec[3:].split(":")
-    name, config, hf_split = parts[0], None, None
-    if len(parts) == 2:
-        if parts[1] in ("train", "validation", "valid", "test"):
-            hf_split = parts[1]
-        else:
-            config = parts[1]
-    elif len(parts) == 3:
-        config, hf_split = parts[1] or None, parts[2]
-    elif len(parts) > 3 or not name:
+    name, *rest = spec[3:].split(":")
+    if len(rest) == 1 and rest[0] in ("train", "validation", "valid", "test"):
+        rest = ["", rest[0]]                    # hf:<name>:<split>
+    if len(rest) > 2 or not name:
         raise ValueError(f"bad dataset spec {spec!r}: use hf:<name>[:<config>][:<split>]")
+    config, hf_split = (x or None for x in [*rest, "", ""][:2])
     try:
         import datasets
     except ImportError as err:
@@ -167,23 +162,17 @@ def _iter_hf(spec: str, field: str, split: str | None) -> Iterator[str]:
 
 
 def _iter_file(path: Path, field: str, split: str | None, val_fraction: float):
+    """The non-empty documents of one file (each reader skips empty ones)."""
     kind = _kind(path)
-    if kind == "jsonl":
-        return _iter_jsonl(path, field, split, val_fraction)
-    if kind == "parquet":
-        return _iter_parquet(path, field, split, val_fraction)
+    if kind in ("jsonl", "parquet"):
+        return (_iter_jsonl if kind == "jsonl" else _iter_parquet)(path, field, split, val_fraction)
     return _iter_text(path, split, val_fraction)
 
 
 def folder_files(folder: str | Path) -> list[str]:
     """Sorted POSIX relative paths of the readable files under ``folder`` (hidden entries skipped)."""
-    folder = Path(folder)
-    out = []
-    for p in folder.rglob("*"):
-        rel = p.relative_to(folder).parts
-        if p.is_file() and not any(s.startswith(".") for s in rel) and _kind(p) is not None:
-            out.append("/".join(rel))
-    return sorted(out)
+    return tree_files(Path(folder), "*", lambda parts: not any(s.startswith(".") for s in parts)
+                      and _kind(Path(parts[-1])) is not None)
 
 
 def iter_documents(source: str | Path, split: str | None = None, *, text_field: str = "text",
@@ -214,12 +203,12 @@ def iter_documents(source: str | Path, split: str | None = None, *, text_field: 
             train, val = split_by_path(files, val_fraction)
             files = train if split == "train" else val
         for rel in files:
-            yield from (d for d in _iter_file(path / rel, text_field, None, val_fraction) if d)
+            yield from _iter_file(path / rel, text_field, None, val_fraction)
         return
     if path.is_file():
         if _kind(path) is None and path.suffix.lower() in (".bin", ".json"):
             raise ValueError(f"{path} looks like a prepared token file; open it with TokenFile/load_corpus")
-        yield from (d for d in _iter_file(path, text_field, split, val_fraction) if d)
+        yield from _iter_file(path, text_field, split, val_fraction)
         return
     raise FileNotFoundError(f"data source not found: {str(source)!r}; use 'stdlib', 'pysrc', a file, a "
                             "folder, or hf:<name>[:<config>][:<split>]")

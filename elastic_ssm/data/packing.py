@@ -9,6 +9,7 @@ also on another ``world_size`` when the global batch divides the consumed count.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import islice
 
 import numpy as np
 import torch
@@ -41,27 +42,11 @@ def iter_token_chunks(docs: Iterable[str | bytes], tokenizer,
                       chunk_docs: int = CHUNK_DOCS) -> Iterator[np.ndarray]:
     """Tokenize ``docs`` in groups of ``chunk_docs``; yield int64 arrays ``[n]`` of ``doc SEP doc SEP``."""
     sep = np.array([tokenizer.sep_id], dtype=np.int64)
-    group: list = []
-
-    def flush():
-        parts = []
-        for ids in tokenizer.encode_batch_np(group):
-            if len(ids):
-                parts += [ids, sep]
-        group.clear()
-        return np.concatenate(parts) if parts else None
-
-    for doc in docs:
-        if doc:
-            group.append(doc)
-        if len(group) >= chunk_docs:
-            out = flush()
-            if out is not None:
-                yield out
-    if group:
-        out = flush()
-        if out is not None:
-            yield out
+    nonempty = (d for d in docs if d)
+    while group := list(islice(nonempty, chunk_docs)):
+        parts = [x for ids in tokenizer.encode_batch_np(group) if len(ids) for x in (ids, sep)]
+        if parts:
+            yield np.concatenate(parts)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -7,6 +7,7 @@ tokens under ``tokens/pysrc-<key>/``."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import site
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..utils.files import atomic_write_text
-from .splits import STDLIB_MIN_VAL_FILES, VAL_FRACTION, split_by_path, stdlib_files, stdlib_root
+from .splits import STDLIB_MIN_VAL_FILES, VAL_FRACTION, split_by_path, stdlib_files, stdlib_root, tree_files
 
 __all__ = ["PREFIX", "is_pysrc", "pysrc_roots", "PySrcManifest", "manifest", "iter_pysrc", "describe_split_files"]
 
@@ -30,11 +31,7 @@ def is_pysrc(source) -> bool:
 
 def _site_roots() -> list[Path]:
     paths = list(site.getsitepackages()) + [sysconfig.get_paths().get(k, "") for k in ("purelib", "platlib")]
-    out: list[Path] = []
-    for p in paths:
-        if p and Path(p).is_dir() and Path(p).resolve() not in out:
-            out.append(Path(p).resolve())
-    return sorted(out)
+    return sorted({Path(p).resolve() for p in paths if p and Path(p).is_dir()})
 
 
 def pysrc_roots(spec: str) -> list[tuple[str, Path]]:
@@ -66,9 +63,8 @@ def _candidates(spec: str) -> list[tuple[str, Path]]:
         if label == "stdlib":
             rels = stdlib_files(include_tests=True)
         else:
-            rels = sorted("/".join(p.relative_to(root).parts) for p in root.rglob("*.py")
-                          if p.is_file() and not any(s.startswith(".") or s == "__pycache__"
-                                                     for s in p.relative_to(root).parts))
+            rels = tree_files(root, "*.py", lambda parts: not any(s.startswith(".") or s == "__pycache__"
+                                                                  for s in parts))
         if not rels:
             raise FileNotFoundError(f"data source {spec!r}: no .py files under {root}; give folders that hold "
                                     "Python sources")
@@ -110,17 +106,13 @@ def manifest(spec: str, cache: bool = True) -> PySrcManifest:
     path = cache_dir() / f"pysrc-manifest-{listing[:24]}.json"
     digests = None
     if cache and path.is_file():
-        try:
+        with contextlib.suppress(OSError, ValueError, KeyError):
             digests = json.loads(path.read_text())["sha256"]
-        except (OSError, ValueError, KeyError):
-            digests = None
     if digests is None or len(digests) != len(cands):
         digests = [hashlib.sha256(p.read_bytes()).hexdigest() for _, p in cands]
         if cache:
-            try:
+            with contextlib.suppress(OSError):   # the cache is an accelerator, never a requirement
                 atomic_write_text(path, json.dumps({"spec": spec, "sha256": digests}))
-            except OSError:
-                pass                        # the cache is an accelerator, never a requirement
     seen: set[str] = set()
     files, sizes, dups, dup_bytes, key = {}, {}, 0, 0, hashlib.sha256()
     for (name, p), (_, st), h in zip(cands, stats, digests):

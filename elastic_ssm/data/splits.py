@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 VAL_FRACTION = 0.02
@@ -50,24 +50,25 @@ def stdlib_files(include_tests: bool = True) -> list[str]:
     return list(_stdlib_files(include_tests))
 
 
+def tree_files(root: Path, pattern: str, keep: Callable[[tuple[str, ...]], bool]) -> list[str]:
+    """Sorted POSIX relative paths of the files under ``root`` matching ``pattern`` whose relative path parts
+    pass ``keep`` (the one file scan of folders, the stdlib and ``pysrc`` roots)."""
+    return sorted("/".join(parts) for p in root.rglob(pattern) if keep(parts := p.relative_to(root).parts)
+                  and p.is_file())
+
+
 @functools.lru_cache(maxsize=2)
 def _stdlib_files(include_tests: bool) -> tuple[str, ...]:
-    root = stdlib_root()
-    out = []
-    for p in root.rglob("*.py"):
-        parts = p.relative_to(root).parts
-        if any(d in _SKIP_DIRS or d.startswith("config-") for d in parts[:-1]):
-            continue
-        if parts[-1].startswith("_sysconfigdata"):
-            continue
-        if not include_tests and any(d in ("test", "tests", "idle_test") for d in parts[:-1]):
-            continue
-        if p.is_file():
-            out.append("/".join(parts))
+    def keep(parts: tuple[str, ...]) -> bool:
+        dirs = parts[:-1]
+        return not (any(d in _SKIP_DIRS or d.startswith("config-") for d in dirs) or parts[-1].startswith(
+            "_sysconfigdata") or not include_tests and any(d in ("test", "tests", "idle_test") for d in dirs))
+
+    out = tree_files(stdlib_root(), "*.py", keep)
     if not out:
-        raise FileNotFoundError(f"no .py files under the stdlib path {root}; this Python installation "
+        raise FileNotFoundError(f"no .py files under the stdlib path {stdlib_root()}; this Python installation "
                                 "ships no standard-library sources, so use another source")
-    return tuple(sorted(out))
+    return tuple(out)
 
 
 def stdlib_split_files(split: str | None, include_tests: bool = True) -> list[str]:

@@ -6,7 +6,9 @@ in-memory tokenization."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -42,19 +44,12 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
     tok = load_tokenizer(tokenizer)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tok.vocab_size)
-    digest, count, n_docs = hashlib.sha256(), 0, 0
+    digest, count, n_docs = hashlib.sha256(), 0, itertools.count()
     bar = progress(desc=f"prepare {out_path.name}", unit="tok", unit_scale=True, total=max_tokens,
                    enabled=show_progress)
-
-    def counted(docs):
-        nonlocal n_docs
-        for d in docs:
-            n_docs += 1
-            yield d
-
     try:
         with atomic_writer(out_path) as f:   # replaces out_path only when the block completes
-            docs = counted(iter_documents(source, split, text_field=text_field))
+            docs = (d for d, _ in zip(iter_documents(source, split, text_field=text_field), n_docs))  # counted
             for chunk in iter_token_chunks(docs, tok):
                 if max_tokens is not None:
                     chunk = chunk[: max_tokens - count]
@@ -75,17 +70,14 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
             "format": FORMAT, "version": VERSION, "dtype": dtype.name, "count": count,
             "tokenizer": tok.spec, "tokenizer_sha256": getattr(tok, "sha256", None),
             "vocab_size": tok.vocab_size, "sep_id": tok.sep_id, "source": str(source), "split": split,
-            "text_field": text_field, "num_documents": n_docs, "sha256": digest.hexdigest(),
+            "text_field": text_field, "num_documents": next(n_docs), "sha256": digest.hexdigest(),
             "fingerprint": tokens_fingerprint(np.memmap(out_path, dtype=dtype, mode="r", shape=(count,))),
         }
         if is_pysrc(source) and extra_meta is None:
             extra_meta = {"pysrc": manifest(str(source)).stats(split)}
         meta.update(extra_meta or {})
         if str(source) == "stdlib" or is_pysrc(source):
-            import sys
-
-            meta["python"] = sys.version.split()[0]
-            meta["stdlib_root"] = str(stdlib_root())
+            meta.update(python=sys.version.split()[0], stdlib_root=str(stdlib_root()))
         atomic_write_text(sidecar, json.dumps(meta, indent=2) + "\n")
     finally:
         bar.close()

@@ -28,19 +28,7 @@ __all__ = ["fingerprint", "tokenizer_record", "save_tokenizer_files", "load_save
 def tokenizer_record(tok: Tokenizer) -> dict[str, Any]:
     """What ``config.json`` records of the model's tokenizer."""
     return {"type": "bytes" if isinstance(tok, ByteTokenizer) else "bpe", "vocab_size": int(tok.vocab_size),
-            "fingerprint": fingerprint(tok), "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
-            "pad_token_id": tok.pad_id, "sep_token_id": tok.sep_id}
-
-
-def _name_missing_file(directory: Path, record: dict[str, Any] | None, has_meta: bool, has_file: bool) -> None:
-    """``FileNotFoundError`` naming the tokenizer file the ``record`` of ``config.json`` needs when it is missing:
-    ``elastic_tokenizer.json`` for bytes, ``tokenizer.json`` for BPE."""
-    kind = (record or {}).get("type")
-    missing = META_FILE if kind == "bytes" and not has_meta else TOKENIZER_FILE if kind == "bpe" and not has_file \
-        else None
-    if missing is not None:
-        raise FileNotFoundError(f"{directory / missing} is missing: this model's {kind} tokenizer is read from it; "
-                                "restore it from where the model was saved")
+            "fingerprint": fingerprint(tok), **{f"{r}_token_id": getattr(tok, f"{r}_id") for r in SPECIAL_ROLES}}
 
 
 def load_saved_tokenizer(directory: str | Path, record: dict[str, Any] | None = None) -> Tokenizer | None:
@@ -50,7 +38,12 @@ def load_saved_tokenizer(directory: str | Path, record: dict[str, Any] | None = 
     has_meta, has_file = (directory / META_FILE).is_file(), (directory / TOKENIZER_FILE).is_file()
     if not has_meta and not has_file:
         return None
-    _name_missing_file(directory, record, has_meta, has_file)
+    kind = (record or {}).get("type")     # the file the record of config.json needs, when it is missing
+    missing = META_FILE if kind == "bytes" and not has_meta else TOKENIZER_FILE if kind == "bpe" and not has_file \
+        else None
+    if missing is not None:
+        raise FileNotFoundError(f"{directory / missing} is missing: this model's {kind} tokenizer is read from it; "
+                                "restore it from where the model was saved")
     tok = load_tokenizer(directory)
     if record is not None and record.get("fingerprint") not in (None, fingerprint(tok)):
         raise ValueError(f"the tokenizer files in {directory} do not match the tokenizer recorded in its "
@@ -74,18 +67,6 @@ def check_same_tokenizer(given: Tokenizer, saved: Tokenizer | dict[str, Any], wh
                          "leave --tokenizer out to use the saved one")
 
 
-def _why_not_loaded(record: dict[str, Any], where: str, directory: Any) -> str:
-    """Why a model's recorded tokenizer is absent: its files are missing from the model's folder, or the
-    ``tokenizers`` package that reads them is not installed."""
-    folder = Path(directory) if directory else None
-    if folder is not None and folder.is_dir() and not any((folder / f).is_file() for f in (META_FILE, TOKENIZER_FILE)):
-        return (f"the tokenizer recorded in {folder / 'config.json'} ({record.get('type')}, vocabulary "
-                f"{record.get('vocab_size')}) has no files in {folder} ({META_FILE}, {TOKENIZER_FILE}): copy them back "
-                "from where the model was saved, or pass --tokenizer with the tokenizer it was trained with")
-    return (f"the tokenizer saved with {where} could not be loaded (a {record.get('type')} tokenizer needs the "
-            "`tokenizers` package: pip install 'elastic-ssm[data]')")
-
-
 def resolve_tokenizer(model: Any, spec: Any = None) -> Tokenizer:
     """The tokenizer of ``model``: the saved one (``spec``, when given, must equal it); without one ``spec``, else
     bytes. A tokenizer with more ids than the model's vocabulary is refused."""
@@ -95,8 +76,16 @@ def resolve_tokenizer(model: Any, spec: Any = None) -> Tokenizer:
     if spec is None or spec == "":
         if saved is not None:
             return saved
-        if record is not None:
-            raise ValueError(_why_not_loaded(record, where, getattr(model, "name_or_path", None)))
+        folder = Path(model.name_or_path) if getattr(model, "name_or_path", None) else None
+        if record is not None and folder is not None and folder.is_dir() and not any(
+                (folder / f).is_file() for f in (META_FILE, TOKENIZER_FILE)):
+            raise ValueError(f"the tokenizer recorded in {folder / 'config.json'} ({record.get('type')}, vocabulary "
+                             f"{record.get('vocab_size')}) has no files in {folder} ({META_FILE}, {TOKENIZER_FILE}): "
+                             "copy them back from where the model was saved, or pass --tokenizer with the tokenizer "
+                             "it was trained with")
+        if record is not None:      # files there, yet not loaded: the package that reads them is missing
+            raise ValueError(f"the tokenizer saved with {where} could not be loaded (a {record.get('type')} tokenizer "
+                             "needs the `tokenizers` package: pip install 'elastic-ssm[data]')")
         tok: Tokenizer = ByteTokenizer()
         if model.config.vocab_size != ByteTokenizer.vocab_size:
             warnings.warn(f"the model has no saved tokenizer and a {model.config.vocab_size}-entry vocabulary; "

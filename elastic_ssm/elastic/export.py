@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..config import TierLike
+from ..eval.perplexity import eval_mode
 
 __all__ = ["export_tier", "check_export", "ExportCheck"]
 
@@ -68,15 +69,9 @@ def check_export(model: Any, tier: TierLike, input_ids: torch.Tensor | None = No
         input_ids = torch.randint(0, vocab, (batch, seq_len), generator=g)
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
-    was_training = (model.training, standalone.training)
-    model.eval()
-    standalone.eval()
-    try:
+    with eval_mode(model, standalone):
         ref = model(input_ids, tier=t)
         out = standalone(input_ids)
-    finally:
-        model.train(was_training[0])
-        standalone.train(was_training[1])
     ref = ref.logits if hasattr(ref, "logits") else ref
     out = out.logits if hasattr(out, "logits") else out
     diff = (ref.float() - out.float()).abs().max().item()

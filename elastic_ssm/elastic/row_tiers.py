@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import torch
 
@@ -77,14 +78,6 @@ class RowTiers:
     def batch(self) -> int:
         return self.channel_scale.shape[0]
 
-    @property
-    def K(self) -> int:
-        return self.widest.K
-
-    @property
-    def n_ff(self) -> int:
-        return self.widest.n_ff
-
-    @property
-    def name(self) -> str:
-        return self.widest.name
+    K = property(attrgetter("widest.K"))
+    n_ff = property(attrgetter("widest.n_ff"))
+    name = property(attrgetter("widest.name"))

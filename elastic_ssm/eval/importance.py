@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..config import TierLike
-from .perplexity import loss_sums, perplexity
+from .perplexity import eval_mode, loss_sums, perplexity
 
 __all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "has_spectral_channels", "ordering",
            "first_share", "format_importance", "plot_importance"]
@@ -157,9 +157,7 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
     K = t.K
     if first > K:
         raise ValueError(f"first={first} exceeds the {K} channels of tier {t.name}; give first <= {K}")
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         meter = _EnergyMeter(layers, K)
         with meter:
             base = loss_sums(lambda x, **kw: model(x, tier=t, **kw), batches, model, precision)
@@ -176,8 +174,6 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
             loss = loss_sums(fwd, batches, model, precision)[0].item() / count
             channels.append(ChannelImportance(k + 1, loss, loss - base_loss, perplexity(loss) - perplexity(base_loss),
                                               (loss - base_loss) / math.log(2) / bytes_per_token, 0.0))
-    finally:
-        model.train(was_training)
     for c, e in zip(channels, meter.energy()):
         c.energy = e
     knock, energy = [c.delta_ppl for c in channels], [c.energy for c in channels]

@@ -1,16 +1,19 @@
 """lm-evaluation-harness adapter (ESSH Appendix E.4; Tables 1(a), 13, 15; docs/evaluation.md; extra ``eval``):
 ``ElasticLM`` is one tier of a model as an lm-eval ``LM`` (context + continuation left-truncated to
-``max_length + 1`` tokens, one right-padded forward, ``scoring.py``; rolling windows of ``max_length``; cached
-generation cut at the first stop string); ``evaluate_tiers_on_tasks`` loads the model once and runs every tier."""
+``max_length + 1`` tokens, one right-padded forward, ``perplexity.continuation_scores``; rolling windows of
+``max_length``; cached generation cut at the first stop string); ``evaluate_tiers_on_tasks`` loads the model once
+and runs every tier."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -23,7 +26,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from ..config import tier_word
 from ..data.tokenizer_files import resolve_tokenizer
 from ..utils.progress import progress
-from .scoring import continuation_scores
+from .perplexity import continuation_scores
 
 __all__ = ["ElasticLM", "check_model_args", "evaluate_tiers_on_tasks", "result_rows"]
 
@@ -79,8 +82,7 @@ class ElasticLM(TemplateLM):
         """lm-eval's ``--model_args`` string; an unknown key is named with the accepted ones (``check_model_args``)."""
         from lm_eval.utils import simple_parse_args_string
 
-        check_model_args(simple_parse_args_string(arg_string), additional_config)
-        return super().create_from_arg_string(arg_string, additional_config)
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> ElasticLM:
@@ -120,19 +122,14 @@ class ElasticLM(TemplateLM):
         self._device = next(model.parameters()).device
 
     # ---- tokens ----------------------------------------------------------------------------------
-    @property
-    def eot_token_id(self) -> int:
-        return self.tok.eos_id
+    eot_token_id = property(attrgetter("tok.eos_id"))
+    device = property(attrgetter("_device"))
 
     @property
     def prefix_token_id(self) -> int:
         """Conditioning token for an empty context and the first rolling window: BOS (else EOS)."""
         bos = getattr(self.tok, "bos_id", None)
         return self.tok.eos_id if bos is None else bos
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
     @property
     def tokenizer_name(self) -> str:
@@ -237,12 +234,10 @@ class ElasticLM(TemplateLM):
                 idx = members[start:start + self.batch_size]
                 prompts = [self.tok_encode(requests[i].args[0])[-max(1, self.max_length - n_new):]
                            or [self.prefix_token_id] for i in idx]
-                width = max(len(p) for p in prompts)
-                x = torch.full((len(idx), width), self.eot_token_id, dtype=torch.long)
-                mask = torch.zeros(len(idx), width, dtype=torch.long)
-                for row, p in enumerate(prompts):
-                    x[row, width - len(p):] = torch.tensor(p)
-                    mask[row, width - len(p):] = 1
+                width = max(len(p) for p in prompts)                # left padding: right-pad the reversed rows
+                x = pad_sequence([torch.tensor(p[::-1]) for p in prompts], batch_first=True,
+                                 padding_value=self.eot_token_id).flip(1)               # [B, width]
+                mask = pad_sequence([torch.ones(len(p), dtype=torch.long) for p in prompts], batch_first=True).flip(1)
                 full = self.model.generate(x.to(self._device), max_new_tokens=n_new, tier=self.tier,
                                            attention_mask=mask.to(self._device), temperature=temperature,
                                            eos=self.eot_token_id)

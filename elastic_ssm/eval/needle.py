@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..config import TierLike
-from .scoring import continuation_scores
+from .perplexity import continuation_scores, eval_mode
 
 __all__ = ["NeedleConfig", "NeedleTrial", "build_trials", "check_fits", "score_trials", "evaluate_needle",
            "summarize_needle"]
@@ -119,9 +119,7 @@ def score_trials(model: Any, trials: Sequence[NeedleTrial], tier: TierLike = Non
                  precision: str = "fp32", bar: Any = None) -> list[NeedleTrial]:
     """Fill each trial's ``result`` (``full_key``, ``first_token``, ``margin_win``) at ``tier``; ``bar`` (a progress
     bar) advances by the trials of each batch."""
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         for s in range(0, len(trials), batch_size):
             chunk = trials[s:s + batch_size]
             prompts = [t.prompt for t in chunk]
@@ -131,8 +129,6 @@ def score_trials(model: Any, trials: Sequence[NeedleTrial], tier: TierLike = Non
                 t.result = {"full_key": all(hits), "first_token": hits[0], "margin_win": e_score > c_score}
             if bar is not None:
                 bar.update(len(chunk))
-    finally:
-        model.train(was_training)
     return list(trials)
 
 
@@ -151,17 +147,15 @@ def _bootstrap_half_width(per_pair: np.ndarray, replicates: int, seed: int) -> f
 def summarize_needle(trials: Sequence[NeedleTrial], cfg: NeedleConfig) -> dict[str, Any]:
     """Means of the three metrics, the bootstrap half-width of full-key accuracy, and full-key accuracy
     per depth (Table 17 / Table 18 layout)."""
-    pairs = sorted({t.pair for t in trials})
-    depths = sorted({t.depth for t in trials})
-    grid = np.zeros((len(pairs), len(depths)))
-    index = {p: i for i, p in enumerate(pairs)}
-    col = {d: j for j, d in enumerate(depths)}
+    row = {p: i for i, p in enumerate(sorted({t.pair for t in trials}))}
+    col = {d: j for j, d in enumerate(sorted({t.depth for t in trials}))}
+    grid = np.zeros((len(row), len(col)))                                   # [pairs, depths] full-key outcomes
     for t in trials:
-        grid[index[t.pair], col[t.depth]] = t.result["full_key"]
+        grid[row[t.pair], col[t.depth]] = t.result["full_key"]
     mean = lambda k: float(np.mean([t.result[k] for t in trials]))  # noqa: E731
     return {"trials": len(trials), "margin_win": mean("margin_win"), "first_token": mean("first_token"),
             "full_key": mean("full_key"), "half_width": _bootstrap_half_width(grid, cfg.bootstrap, cfg.seed),
-            "by_depth": {f"{d:g}": float(grid[:, j].mean()) for j, d in enumerate(depths)}}
+            "by_depth": {f"{d:g}": float(grid[:, j].mean()) for d, j in col.items()}}
 
 
 def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any] | None = None,

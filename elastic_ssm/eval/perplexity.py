@@ -2,19 +2,36 @@
 
 ``evaluate_tiers`` runs the shared model at every requested tier (a named tier or any capacity fraction ``xi``,
 Eq. 7) on the same fixed batches (ESSH E.4). Bits per byte = loss_nats / ln 2 / bytes_per_token. ``loss_sums`` is
-the scoring loop, shared with the channel knock-out (``importance.py``)."""
+the scoring loop, shared with the channel knock-out (``importance.py``); ``continuation_scores`` the teacher-forced
+scores of continuations, shared by the lm-eval adapter and the needle probe."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
+from ..config import TierLike
 from ..utils.progress import progress as progress_bar
+
+
+@contextmanager
+def eval_mode(*modules: torch.nn.Module) -> Iterator[None]:
+    """The block runs with every module of ``modules`` in eval mode; each gets its own training flag back after."""
+    flags = [m.training for m in modules]
+    try:
+        for m in modules:
+            m.eval()
+        yield
+    finally:
+        for m, flag in zip(modules, flags):
+            m.train(flag)
 
 
 def perplexity(loss: float) -> float:
@@ -57,12 +74,10 @@ def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier
     tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
     lengths = {int(b[0].shape[1]) for b in batches}
     seq_len = lengths.pop() if len(lengths) == 1 else None
-    was_training = model.training
-    model.eval()
     out = []
     bar = progress_bar(desc="eval" + (f" L={seq_len}" if seq_len else ""), total=len(tiers) * len(batches),
                        enabled=progress, unit="batch")
-    try:
+    with eval_mode(model), bar:
         for t in tiers:
             bar.set_postfix_str(t.name)
             tot = loss_sums(lambda x, _t=t, **kw: model(x, tier=_t, **kw), batches, model, precision, bar=bar)
@@ -74,9 +89,6 @@ def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier
             acc = (tot[2] / count).item()
             out.append(TierEval(t.name, t.K, t.n_ff, t.params, (tot[0] / count).item(), count, bytes_per_token, acc,
                                 xi=t.xi, seq_len=seq_len))
-    finally:
-        bar.close()
-        model.train(was_training)
     return out
 
 
@@ -101,6 +113,25 @@ def loss_sums(forward: Callable[..., torch.Tensor], batches: Sequence[tuple[torc
         if bar is not None:
             bar.update()
     return tot
+
+
+@torch.no_grad()
+def continuation_scores(model: Any, tier: TierLike, contexts: Sequence[list[int]], continuations: Sequence[list[int]],
+                        precision: str = "fp32") -> list[tuple[float, list[bool]]]:
+    """``[(sum log p(continuation | context), per-token argmax hits)]`` for each row, from one right-padded causal
+    forward of ``context + continuation[:-1]`` per row; every context and continuation needs at least one token.
+    ``tier`` None runs the model as it is; ``precision="bf16"`` runs the forward under bf16 autocast."""
+    device = next(model.parameters()).device
+    x = pad_sequence([torch.tensor(list(c) + list(k[:-1]), dtype=torch.long) for c, k in zip(contexts, continuations)],
+                     batch_first=True).to(device)                                           # [B, T], 0 after a row
+    with torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16"):
+        logits = model(x, tier=tier) if tier is not None else model(x)
+    out = []
+    for i, (c, k) in enumerate(zip(contexts, continuations)):
+        lp = F.log_softmax(logits[i, len(c) - 1:len(c) - 1 + len(k)].float(), dim=-1)    # [len(k), V]
+        target = torch.tensor(k, device=lp.device)
+        out.append((float(lp.gather(-1, target[:, None]).sum()), (lp.argmax(-1) == target).tolist()))
+    return out
 
 
 def split_windows(batches: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> list[tuple[torch.Tensor, ...]]:

@@ -14,7 +14,6 @@ if int(transformers.__version__.split(".")[0]) < 5:  # pragma: no cover - depend
     raise ImportError(f"elastic_ssm.hf needs transformers >= 5, found {transformers.__version__}: "
                       "pip install -U 'transformers>=5'")
 
-from .cache import ESSHHFCache
 from .families import (
     ESSSMForCausalLM,
     ESSSMHFConfig,
@@ -24,7 +23,7 @@ from .families import (
     TransformerPPForCausalLM,
     TransformerPPHFConfig,
 )
-from .modeling import ESSHForCausalLM, ESSHHFConfig
+from .modeling import ESSHForCausalLM, ESSHHFCache, ESSHHFConfig
 
 for _config, _model in ((ESSHHFConfig, ESSHForCausalLM), (ESSSMHFConfig, ESSSMForCausalLM),
                         (TransformerPPHFConfig, TransformerPPForCausalLM), (MatFormerHFConfig, MatFormerForCausalLM)):

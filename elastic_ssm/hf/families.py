@@ -10,8 +10,7 @@ import torch
 
 from ..config import TransformerConfig
 from ..models.baselines.transformer import KVCache
-from .cache import _NoRollbackCache
-from .modeling import CACHE_KEY, ElasticForCausalLM, ElasticHFConfig
+from .modeling import CACHE_KEY, ElasticForCausalLM, ElasticHFConfig, _NoRollbackCache
 
 __all__ = ["ESSSMForCausalLM", "ESSSMHFConfig", "MatFormerForCausalLM", "MatFormerHFConfig", "StepCache",
            "TransformerPPForCausalLM", "TransformerPPHFConfig"]
@@ -22,10 +21,9 @@ class StepCache(_NoRollbackCache):
     for ``transformers`` generation, allocated at the prefill (``ensure``)."""
 
     def __init__(self, model: Any, n_layers: int, max_length: int = 0) -> None:
-        super().__init__(layers=[])
-        self.model, self.n_layers, self.max_length = model, n_layers, max_length
+        super().__init__(n_layers)
+        self.model, self.max_length = model, max_length
         self.inner: Any = None
-        self.prefilled = False
 
     def ensure(self, batch: int, length: int) -> Any:
         """Allocate ``inner`` for ``batch`` sequences of a ``length``-token prompt unless it already fits."""

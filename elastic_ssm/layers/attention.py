@@ -2,8 +2,9 @@
 
 Query i attends keys j with 0 <= i - j < window and, in a padded batch, only real keys (a padding query attends
 itself). ``qkv`` [3D, D] and ``out`` [D, D], no biases (Table 4), shared by every tier. Causal SDPA, a
-flex_attention band or masked SDPA by length and device (docs/performance.md); decoding: a ring of ``window``
-key/value slots per sequence.
+flex_attention band or masked SDPA by length and device (docs/performance.md). Decoding state (Table 53,
+``RingState``): a ring of ``window`` key/value slots per sequence; slot ``p mod W`` holds position p (``slot_pos``;
+-1 = empty), ``positions`` [B] is shared by the cache's layers.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +23,47 @@ from ..elastic.slicing import empty_linear, linear, linear_weight
 from ..ops.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from ..ops.swa_decode import ring_attend
 from .decode_plan import AttentionPlan
-from .window_ring import RingState
+
+
+@dataclass
+class RingState:
+    """Window ring of one attention layer: keys / values [B, H, W, hd], slot_pos [B, W], positions [B]."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    slot_pos: torch.Tensor
+    positions: torch.Tensor
+
+    @property
+    def window(self) -> int:
+        return self.keys.shape[2]
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+              valid: torch.Tensor | None) -> None:
+        """Store keys/values [B, H, T, hd] of the last ``window`` valid tokens at slots ``pos % window``: T = 1
+        (a decode step) writes its slot; T > 1 fills an empty ring, slot s gathering position ``s + W floor((n - 1
+        - s) / W)`` of a row's n valid tokens (empty when s >= n): fixed-shape and host-sync-free."""
+        B, _, T, _ = k.shape
+        W = self.window
+        if T == 1 and valid is None:
+            rows, slot = torch.arange(B, device=k.device), positions[:, 0] % W
+            self.keys[rows, :, slot] = k[:, :, 0].to(self.keys.dtype)
+            self.values[rows, :, slot] = v[:, :, 0].to(self.values.dtype)
+            self.slot_pos[rows, slot] = positions[:, 0]
+            return
+        n = torch.full((B,), T, device=k.device) if valid is None else valid.long().sum(1)   # [B]
+        s = torch.arange(W, device=k.device)
+        p = s + W * torch.div(n[:, None] - 1 - s, W, rounding_mode="floor")              # [B, W]
+        held = s < n[:, None]
+        idx = (T - n[:, None] + p).clamp(0, T - 1)                                         # token index [B, W]
+        gather = idx[:, None, :, None].expand(B, k.shape[1], W, k.shape[3])
+        keep = held[:, None, :, None]
+        self.keys.copy_(torch.where(keep, k.gather(2, gather), 0).to(self.keys.dtype))
+        self.values.copy_(torch.where(keep, v.gather(2, gather), 0).to(self.values.dtype))
+        self.slot_pos.copy_(torch.where(held, p, -1))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
 
 
 def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int,

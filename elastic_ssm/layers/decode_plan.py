@@ -47,40 +47,46 @@ def residual_mm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tens
     return x + (a.to(w.dtype) @ w).to(x.dtype)
 
 
-def add_product(a: torch.Tensor, w_rows: torch.Tensor, w_split: torch.Tensor | None, x: torch.Tensor,
-                o: DecodeOptions) -> None:
-    """x += a @ w: split over the rows of the in-by-out copy ``w_split`` when the plan keeps one, else one
-    output per program from the out-by-in weight ``w_rows`` (a prefix view of the module's weight)."""
-    if w_split is not None:
-        gemv_accumulate(a, w_split, x, backend=o.backend, pdl=o.pdl)
-    else:
-        norm_gemv(a, w_rows, out=x, residual=True, backend=o.backend, pdl=o.pdl)
-
-
 def in_by_out_copy(w_rows: torch.Tensor, copy: bool) -> torch.Tensor | None:
     """The in-by-out contiguous copy [N, D] of an out-by-in weight view [D, N] for the split kernel, if asked."""
     return w_rows.t().contiguous() if copy else None
 
 
 @dataclass
-class SpectralPlan:
-    """Spectral mixer at one tier: in_proj prefix [K(P+3M), D], out_proj prefix ``w_out_rows`` [D, K P]
-    (out x in, a column prefix), modal constants, and optionally an in-by-out copy ``w_out_split`` [K P, D]."""
+class _Plan:
+    """What every plan holds: the input product's weight ``w_in`` and the output product's ``w_out_rows`` [D, N]
+    (out x in, a prefix view of the module's weight); a subclass may keep its in-by-out copy ``w_out_split``."""
 
     w_in: torch.Tensor
     w_out_rows: torch.Tensor
-    consts: ModalConstants
-    w_out_split: torch.Tensor | None = None
+    w_out_split = None      # a field of the plans that keep the copy (split kernel)
 
     @property
     def w_out(self) -> torch.Tensor:
-        """The output product's weight in x out [K P, D] (the copy, else a transposed view)."""
+        """The output product's weight in x out [N, D] (the copy, else a transposed view)."""
         return self.w_out_split if self.w_out_split is not None else self.w_out_rows.t()
+
+    def add_out(self, a: torch.Tensor, x: torch.Tensor, o: DecodeOptions) -> None:
+        """x += a @ w_out: split over the rows of ``w_out_split`` when the plan keeps it, else one output per
+        program from ``w_out_rows``."""
+        if self.w_out_split is not None:
+            gemv_accumulate(a, self.w_out_split, x, backend=o.backend, pdl=o.pdl)
+        else:
+            norm_gemv(a, self.w_out_rows, out=x, residual=True, backend=o.backend, pdl=o.pdl)
+
+
+@dataclass
+class SpectralPlan(_Plan):
+    """Spectral mixer at one tier: in_proj prefix [K(P+3M), D], out_proj prefix ``w_out_rows`` [D, K P]
+    (a column prefix), modal constants, and optionally an in-by-out copy ``w_out_split`` [K P, D]."""
+
+    consts: ModalConstants
+    w_out_split: torch.Tensor | None = None
 
     def fused(self, x, norm, eps, state, o: DecodeOptions) -> None:
         h = norm_gemv(x, self.w_in, norm, eps, backend=o.backend, pdl=o.pdl)          # [B, K(P+3M)]
         z = spectral_decode_step(h, state, self.consts, x.dtype, o.backend, pdl=o.pdl)  # [B, K P] scaled
-        add_product(_per_row(z, o.channel_scale), self.w_out_rows, self.w_out_split, x, o)
+        self.add_out(_per_row(z, o.channel_scale), x, o)
 
     def batched(self, x, norm, eps, state, o: DecodeOptions) -> torch.Tensor:
         h = F.linear(rms_norm(x, norm, eps, o.backend), self.w_in)
@@ -91,17 +97,11 @@ class SpectralPlan:
 
 
 @dataclass
-class AttentionPlan:
+class AttentionPlan(_Plan):
     """Sliding-window attention: qkv [3D, D], out [D, D] (out x in; ``w_out`` is its in x out view) and
     the RoPE frequency table (float64 [hd / 2])."""
 
-    w_in: torch.Tensor
-    w_out_rows: torch.Tensor
     inv_freq: torch.Tensor
-
-    @property
-    def w_out(self) -> torch.Tensor:
-        return self.w_out_rows.t()
 
     def _attend(self, qkv, ring, out_dtype, o: DecodeOptions) -> torch.Tensor:
         return swa_decode_step(qkv, ring.keys, ring.values, ring.slot_pos, ring.positions, self.inv_freq,
@@ -109,7 +109,7 @@ class AttentionPlan:
 
     def fused(self, x, norm, eps, ring, o: DecodeOptions) -> None:
         att = self._attend(norm_gemv(x, self.w_in, norm, eps, backend=o.backend, pdl=o.pdl), ring, x.dtype, o)
-        norm_gemv(att, self.w_out_rows, out=x, residual=True, backend=o.backend, pdl=o.pdl)
+        self.add_out(att, x, o)
 
     def batched(self, x, norm, eps, ring, o: DecodeOptions) -> torch.Tensor:
         qkv = F.linear(rms_norm(x, norm, eps, o.backend), self.w_in)
@@ -117,22 +117,15 @@ class AttentionPlan:
 
 
 @dataclass
-class FFNPlan:
+class FFNPlan(_Plan):
     """SwiGLU at one tier: w_in prefix [2 n_ff, D] (rows gate_h, up_h), w_out prefix ``w_out_rows``
-    [D, n_ff] (out x in, a column prefix), optionally an in-by-out copy ``w_out_split`` [n_ff, D]."""
+    [D, n_ff] (a column prefix), optionally an in-by-out copy ``w_out_split`` [n_ff, D]."""
 
-    w_in: torch.Tensor
-    w_out_rows: torch.Tensor
     w_out_split: torch.Tensor | None = None
-
-    @property
-    def w_out(self) -> torch.Tensor:
-        """The down product's weight in x out [n_ff, D] (the copy, else a transposed view)."""
-        return self.w_out_split if self.w_out_split is not None else self.w_out_rows.t()
 
     def fused(self, x, norm, eps, state, o: DecodeOptions) -> None:
         a = norm_swiglu_gemv(x, self.w_in, norm, eps, backend=o.backend, pdl=o.pdl)
-        add_product(_per_row(a, o.unit_mask), self.w_out_rows, self.w_out_split, x, o)
+        self.add_out(_per_row(a, o.unit_mask), x, o)
 
     def batched(self, x, norm, eps, state, o: DecodeOptions) -> torch.Tensor:
         a = swiglu(F.linear(rms_norm(x, norm, eps, o.backend), self.w_in), o.backend)

@@ -1,4 +1,5 @@
-"""ES-SSM spectral sublayer and pre-norm residual block (ES-SSM paper Sec. 4.1, Eq. 4; Figure 1).
+"""ES-SSM spectral sublayer and pre-norm residual block (ES-SSM paper Sec. 4.1, Eq. 4; Figure 1), with its cached
+decoding.
 
 At runtime budget K <= K-bar (Eq. 4)::
 
@@ -9,35 +10,31 @@ At runtime budget K <= K-bar (Eq. 4)::
 ``Phi_k``: fixed Hankel filters (buffer ``filters`` [K-bar, L]); ``M_k``: columns k d .. (k + 1) d of
 ``proj.weight``, applied after the gate. ``ESSSMBlock``: ``r += DropPath(S_K(LN1(r)))``, then
 ``r += DropPath(FFN(LN2(r)))`` with a GELU FFN d -> ffn_mult d -> d.
+
+Decoding, Eq. 4 per token (docs/es_ssm.md, "Cached decoding"): ``decode="exact"`` keeps the last S = L - 1 inputs
+[B, S, D], read against the doubled, reversed filter tail ``window`` [K, 2S - 1]; ``decode="modal"`` replaces each
+filter by its m-mode matrix-pencil fit (ESSH Eq. 4, App. C.1.1), a state [B, K, M, 2, D] (ESSH Eq. 5 with unit gates).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import ESSSMConfig
 from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
+from ..elastic.tiers import tier_width
 from ..ops.fft_conv import fft_causal_conv
-from .es_ssm_decode import SpectralDecodeMixin, SpectralDecodeState
+from ..spectral import DampedModes, fit_damped_modes, hankel_filters
 
-__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "hankel_filter_tensor", "on_meta_device"]
-
-
-def on_meta_device() -> bool:
-    """True inside ``with torch.device("meta")`` (where parameters must not be initialised)."""
-    return torch.empty(0).device.type == "meta"
-
-
-def hankel_filter_tensor(seq_len: int, n_channels: int) -> torch.Tensor:
-    """The first ``n_channels`` Hankel eigenfilters of length ``seq_len`` (float64, App. B.3) as float32 [K, L]."""
-    from ..spectral import hankel_filters
-
-    _, phi = hankel_filters(seq_len, n_channels)  # numpy float64 [K, L]
-    return torch.from_numpy(phi).to(torch.float32).contiguous()
+__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "DECODE_MODES", "ModalFit", "DecodePlan",
+           "SpectralDecodeState", "check_decode", "modal_fit"]
 
 
 class DropPath(nn.Module):
@@ -73,7 +70,78 @@ class GeluFFN(nn.Module):
         return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
 
 
-class SpectralSublayer(SpectralDecodeMixin, nn.Module):
+#: The decode modes of ``ESSSM.allocate_cache``.
+DECODE_MODES = ("exact", "modal")
+
+
+def check_decode(decode: object, n_modes: object, L: int) -> tuple[str, int]:
+    """Validate a decode mode and mode count for filters of length L; one-line ``ValueError`` otherwise."""
+    if decode not in DECODE_MODES:
+        raise ValueError(f"unknown decode mode {decode!r}; use 'exact' (ring buffer, default) or 'modal'"
+                         " (m damped modes per channel, constant memory)")
+    if isinstance(n_modes, bool) or not isinstance(n_modes, int) or not 1 <= n_modes <= max(1, L // 4):
+        raise ValueError(f"n_modes={n_modes!r} must be an int in [1, L/4 = {L // 4}] for filters of length"
+                         f" L={L} (the matrix-pencil rank); pass fewer modes")
+    return str(decode), n_modes
+
+
+@dataclass(frozen=True)
+class ModalFit:
+    """m-mode fits of K filters, all float64: ``rho, theta, kc, ks`` [K, M], the fitted filters
+    ``filters`` [K, L] (ESSH Eq. 4 sampled at lags 0..L-1) and the relative errors ``errors`` [K]
+    (``||fit - phi_k|| / ||phi_k||``, ESSH App. B.7 epsilon_k^(m))."""
+
+    rho: torch.Tensor
+    theta: torch.Tensor
+    kc: torch.Tensor
+    ks: torch.Tensor
+    filters: torch.Tensor
+    errors: torch.Tensor
+
+
+@functools.cache
+def _fit_row(row: bytes, n_modes: int) -> DampedModes:
+    """``fit_damped_modes`` of one float64 filter (its bytes), cached in-process by its bytes and m."""
+    return fit_damped_modes(np.frombuffer(row, dtype=np.float64), n_modes)
+
+
+def modal_fit(filters: torch.Tensor, n_modes: int) -> ModalFit:
+    """Matrix-pencil fits (``spectral.fit_damped_modes``) of the rows of ``filters`` [K, L], m = ``n_modes``;
+    each row cached in-process by its bytes and m."""
+    phi = filters.detach().to("cpu", torch.float64).contiguous()  # [K, L]
+    fits = [_fit_row(row.tobytes(), n_modes) for row in phi.numpy()]
+    t = lambda name: torch.from_numpy(np.stack([getattr(f, name) for f in fits]))  # [K, M]
+    L = phi.shape[1]
+    recon = torch.from_numpy(np.stack([f.filter(L) for f in fits]))  # [K, L]
+    errors = (recon - phi).norm(dim=1) / phi.norm(dim=1)  # [K]
+    return ModalFit(t("rho"), t("theta"), t("kc"), t("ks"), recon, errors)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Constants of one sublayer's decoder at budget K (not in ``nbytes``), in the state dtype unless said.
+    exact: ``phi0`` [K] (lag-0 taps), ``window`` [K, 2S-1] (the reversed filter tail, doubled). modal: ``a = rho
+    cos theta``, ``b = rho sin theta``, ``kc``, ``ks`` [K, M, 1]; ``filters`` [K, L] the fitted filters (filters'
+    dtype); ``rho``, ``theta`` [K, M] float64 (prefill phases); ``errors`` [K] the fit errors."""
+
+    mode: str
+    K: int
+    tensors: dict[str, torch.Tensor]
+    errors: torch.Tensor | None = None
+
+
+@dataclass
+class SpectralDecodeState:
+    """One sublayer's slice of an ES-SSM decode cache: ``buffer`` (exact: the ring of the last L-1 inputs
+    [B, L-1, D]; modal: the mode states [B, K, M, 2, D]), the constants ``plan`` of its budget, and ``t``, the
+    next time index (the padded prompt length plus the steps taken; every row shares it)."""
+
+    buffer: torch.Tensor
+    plan: DecodePlan
+    t: int = 0
+
+
+class SpectralSublayer(nn.Module):
     """The ES-SSM spectral sublayer S_K of Eq. 4 of width ``d_model``, full budget ``n_channels`` (K-bar),
     filter length ``seq_len`` (the longest sequence), gate-MLP width ``gate_hidden`` (paper: d / 2), initial
     b_g2 ``gate_bias_init`` (paper: -2) and ``init_std`` for W_g1, W_g2 and M_k."""
@@ -87,8 +155,8 @@ class SpectralSublayer(SpectralDecodeMixin, nn.Module):
         self.gate_out = nn.Linear(gate_hidden, n_channels)  # W_g2 [K, d_g], b_g2 [K]
         self.proj = empty_linear(n_channels * d_model, d_model)  # weight [d, K d]: M_k = columns k d .. (k+1) d
         self.register_buffer("filters", torch.empty(n_channels, seq_len), persistent=True)  # [K, L]
-        if not on_meta_device():
-            self.filters.copy_(hankel_filter_tensor(seq_len, n_channels))
+        if self.filters.device.type != "meta":     # the first K-bar Hankel eigenfilters (float64, App. B.3)
+            self.filters.copy_(torch.from_numpy(hankel_filters(seq_len, n_channels)[1]))
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -129,6 +197,102 @@ class SpectralSublayer(SpectralDecodeMixin, nn.Module):
         xg = xg.reshape(B, K * D, T).transpose(1, 2)  # [B, T, K*D]
         return linear(self.proj, xg, cols=K * D)  # [B, T, D]
 
+    # ---- decoding (Eq. 4 per token; the layer decode protocol of ESSH's mixers) ----------------------------
+    def decode_plan(self, tier=None, decode: str = "exact", n_modes: int = 8,
+                    dtype: torch.dtype = torch.float32) -> DecodePlan:
+        """The precomputed constants of budget ``tier`` (an int K, a ``Tier`` or None: every channel) in
+        ``dtype`` (the state dtype) on the filters' device."""
+        K = tier_width(tier, self.n_channels)
+        decode, n_modes = check_decode(decode, n_modes, self.seq_len)
+        self._check_budget(K)
+        phi = prefix(self.filters, K)  # [K, L]
+        if decode == "exact":
+            S = phi.shape[1] - 1
+            tail = phi[:, 1:].to(dtype).flip(-1)  # [K, S], tail[:, j] = phi(S - j)
+            window = torch.cat([tail, tail[:, :-1]], dim=1) if S else tail  # [K, 2S-1]
+            return DecodePlan("exact", K, {"phi0": phi[:, 0].to(dtype), "window": window.contiguous()})
+        fit = modal_fit(phi, n_modes)
+        dev = phi.device
+        cast = lambda x: x.to(device=dev, dtype=dtype).unsqueeze(-1)  # [K, M, 1]
+        tensors = {"a": cast(fit.rho * torch.cos(fit.theta)), "b": cast(fit.rho * torch.sin(fit.theta)),
+                   "kc": cast(fit.kc), "ks": cast(fit.ks), "rho": fit.rho.to(dev), "theta": fit.theta.to(dev),
+                   "filters": fit.filters.to(device=dev, dtype=self.filters.dtype)}
+        return DecodePlan("modal", K, tensors, fit.errors)
+
+    def init_state(self, batch: int, tier=None, *, state_dtype: torch.dtype = torch.float32, decode: str = "exact",
+                   n_modes: int = 8, plan: DecodePlan | None = None, **_: object) -> SpectralDecodeState:
+        """Zero state at time 0: exact [B, L-1, D] ring buffer; modal [B, K, M, 2, D] mode states; ``plan``
+        (default ``decode_plan(tier, decode, n_modes, state_dtype)``) of the same budget."""
+        if plan is None:
+            plan = self.decode_plan(tier, decode, n_modes, state_dtype)
+        elif plan.K != tier_width(tier, plan.K):
+            raise ValueError(f"a plan of budget K={plan.K} given for tier {tier!r}; build it with decode_plan(tier)")
+        dev = self.filters.device
+        if plan.mode == "exact":
+            buf = torch.zeros(batch, self.seq_len - 1, self.d_model, dtype=state_dtype, device=dev)
+        else:
+            M = plan.tensors["a"].shape[1]
+            buf = torch.zeros(batch, plan.K, M, 2, self.d_model, dtype=state_dtype, device=dev)
+        return SpectralDecodeState(buf, plan)
+
+    def _check_budget(self, K: int) -> None:
+        if not 1 <= K <= self.n_channels:
+            raise ValueError(f"budget K={K} is outside [1, {self.n_channels}]; pass a K this layer holds (1..K-bar)")
+
+    def prefill(self, u: torch.Tensor, state: SpectralDecodeState) -> torch.Tensor:
+        """Forward over a whole prompt ``u`` [B, T, D] (masked, T <= L) -> [B, T, D]; fills ``state`` for the next
+        token (``state.t`` becomes T). modal: ``h_i(T-1) = sum_t z_i^(T-1-t) u(t)`` (phases in float64)."""
+        plan, buf, T = state.plan, state.buffer, u.shape[1]
+        K = plan.K
+        state.t = T
+        if plan.mode == "exact":
+            y = self(u, K)  # [B, T, D]
+            S = buf.shape[1]
+            if S:
+                n = min(T, S)
+                slots = torch.arange(T - n, T, device=u.device) % S
+                buf[:, slots] = u[:, T - n:].detach().to(buf.dtype)
+            return y
+        y = self(u, K, phi=plan.tensors["filters"])  # [B, T, D]
+        n = torch.arange(T - 1, -1, -1, device=u.device, dtype=torch.float64)  # lags T-1-t, [T]
+        rho, theta = plan.tensors["rho"], plan.tensors["theta"]  # [K, M] float64
+        mag = rho.unsqueeze(-1) ** n  # [K, M, T]
+        phase = theta.unsqueeze(-1) * n  # [K, M, T], float64 phase
+        uu = u.detach().to(torch.float64)  # the state is not differentiated through
+        buf[:, :, :, 0] = torch.einsum("kmt,btd->bkmd", mag * torch.cos(phase), uu).to(buf.dtype)
+        buf[:, :, :, 1] = torch.einsum("kmt,btd->bkmd", mag * torch.sin(phase), uu).to(buf.dtype)
+        return y
+
+    def step(self, x: torch.Tensor, state: SpectralDecodeState, tier=None) -> torch.Tensor:
+        """One token at time ``state.t``: x [B, D] -> S_K(x)(t) [B, D]; ``state`` advances in place (Eq. 4).
+        ``tier`` (optional) must be the budget the state was built for."""
+        plan, buf, t = state.plan, state.buffer, state.t
+        K, D = plan.K, self.d_model
+        if tier is not None and tier_width(tier, K) != K:
+            raise ValueError(f"this decode state holds budget K={K}, the step asks for {tier!r}; allocate a cache "
+                             "at that tier")
+        B = x.shape[0]
+        g = self.gates(x.unsqueeze(1), K)[:, 0]  # [B, K]
+        us = x.to(buf.dtype)
+        p = plan.tensors
+        if plan.mode == "exact":
+            z = p["phi0"].unsqueeze(-1) * us.unsqueeze(1)  # [B, K, D], lag 0
+            S = buf.shape[1]
+            if S:
+                o = (-t) % S
+                z = z + torch.matmul(p["window"][:, o:o + S], buf)  # [K, S] @ [B, S, D] -> [B, K, D]
+                buf[:, t % S] = us
+        else:
+            re, im = buf[:, :, :, 0], buf[:, :, :, 1]  # [B, K, M, D]
+            new_re = p["a"] * re - p["b"] * im + us[:, None, None, :]
+            new_im = p["b"] * re + p["a"] * im
+            re.copy_(new_re)
+            im.copy_(new_im)
+            z = (p["kc"] * new_re - p["ks"] * new_im).sum(2)  # [B, K, D], Re(sum_i c_i h_i)
+        state.t = t + 1
+        zg = (z * g.unsqueeze(-1).to(z.dtype)).reshape(B, K * D)  # [B, K*D], gate first
+        return linear(self.proj, zg, cols=K * D).to(x.dtype)  # [B, D]
+
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_channels={self.n_channels}, seq_len={self.seq_len}"
 
@@ -145,8 +309,7 @@ class ESSSMBlock(nn.Module):
         self.ffn = GeluFFN(d, cfg.ffn_mult * d, cfg.dropout)
         self.drop_path = DropPath(cfg.drop_path)
         self.init_std = cfg.init_std
-        if not on_meta_device():
-            self.reset_parameters()
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """LayerNorms to (1, 0); FFN weights Normal(0, init_std), biases 0; the sublayer as its own."""

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import re
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,53 +28,20 @@ from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_di
 from ..layers.norm import RMSNorm
 from ..utils.devices import checked_device
 from ..utils.files import atomic_write_bytes
-from .checksums import PendingCheck
-from .generation import check_attention_mask
 from .model_dir import (
     CONFIG_NAME,
     FORMAT_VERSION,
     WEIGHTS_NAME,
     CheckpointError,
+    PendingCheck,
     _old_export_alias,
     _saved_tokenizer,
     _tier_of_directory,
+    pieces_record,
     read_model_meta,
     verify_sha256,
 )
-from .remote_code import hf_keys, write_remote_code
-
-
-def empty_input_message(shape) -> str:
-    """The one refusal of an empty ``input_ids`` (B = 0 or T = 0), the same for every architecture."""
-    return f"input_ids {tuple(shape)} is empty; pass at least one sequence of at least one token"
-
-
-def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = None,
-                       left_padding: bool = False) -> None:
-    """``input_ids`` an integer tensor [B, T] with B >= 1 and ids in [0, vocab_size); ``attention_mask`` (when
-    given) a tensor of exactly that shape (never broadcast) holding 0 / 1 with a 1 in every row, its zeros before
-    the ones with ``left_padding``. A ``ValueError`` (``TypeError`` for a non-tensor) names the problem. The
-    value checks read the host and are skipped while tracing (``torch.compile`` / ``torch.export``)."""
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}")
-    if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
-                         f"{tuple(input_ids.shape)}")
-    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
-        raise ValueError(empty_input_message(input_ids.shape))
-    B, T = input_ids.shape
-    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
-                                       or tuple(attention_mask.shape) != (B, T)):
-        got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
-        raise ValueError(f"attention_mask must be [B, T] = {(B, T)} like input_ids (1 = real token, 0 = left "
-                         f"padding), got {got}; it is never broadcast")
-    if torch.compiler.is_compiling() or not input_ids.numel():
-        return
-    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size:
-        raise ValueError(f"token ids must lie in [0, vocab_size={vocab_size}); "
-                         f"got range [{int(input_ids.min())}, {int(input_ids.max())}]")
-    if attention_mask is not None:
-        check_attention_mask(attention_mask, left_padding=left_padding)
+from .remote_code import hf_keys, remote_code
 
 
 class ElasticModel(nn.Module):
@@ -215,12 +183,10 @@ class ElasticModel(nn.Module):
             from ..elastic.model_card import model_card
 
             atomic_write_bytes(path / "README.md", model_card(self).encode())
-        if hf_keys(self):                  # transformers' trust_remote_code=True loads it without our import
-            write_remote_code(path, self.arch)
+        for name, text in remote_code(self.arch).items() if hf_keys(self) else ():
+            atomic_write_bytes(path / name, text.encode())  # trust_remote_code=True loads it without our import
         # Size and checksum tie config.json to its weights: a directory overwritten only halfway and same-size
         # bit rot are both detected on load.
-        from .checksums import pieces_record
-
         text = json.dumps({**self._config_json(), "weights_bytes": len(blob), "weights_sha256": digest,
                            "weights_sha256_pieces": pieces_record(blob)}, indent=2)
         atomic_write_bytes(path / CONFIG_NAME, text.encode())
@@ -247,7 +213,7 @@ class ElasticModel(nn.Module):
         dtype: torch.dtype | None = None, verify: bool = True, defer_verify: bool | None = None,
     ) -> ElasticModel:
         """Load a saved model; with ``tier`` only that tier's tensor prefixes are loaded. ``verify`` checks the
-        weights against ``config.json``'s sha256 digests on threads beside the load (``models/checksums.py``); a
+        weights against ``config.json``'s sha256 digests on threads beside the load (``model_dir.verify_sha256``); a
         mismatch is a ``CheckpointError`` naming the file. ``defer_verify`` (None: on CUDA) returns before the check
         ends: it goes on beside the first forward, and every output waits for it (``verified``), so corrupted
         weights never give a result."""
@@ -267,12 +233,10 @@ class ElasticModel(nn.Module):
                                   "directory was partially overwritten; save the model again")
         check = None
         if verify and meta.get("weights_sha256"):
-            from concurrent.futures import ThreadPoolExecutor
-
             pool = ThreadPoolExecutor(1)
             check = pool.submit(verify_sha256, wfile, meta["weights_sha256"], meta.get("weights_sha256_pieces"))
             pool.shutdown(wait=False)
-        rules: list[SliceRule] = []
+        rules: list[SliceRule] = []                 # the tier's prefixes, and those of the full model
         full: list[SliceRule] = []
         source = dict(meta.get("source") or {})
         t = _tier_of_directory(config, tier, source, path) if tier is not None else None
@@ -286,11 +250,19 @@ class ElasticModel(nn.Module):
             import_fla_in_background()          # overlaps the load and the decoder build (first prefill)
         with torch.device("meta"):
             model = cls(config)
+        read = False
         try:
             state = load_sliced_safetensors(wfile, rules, device=device, full=full)
+            read = True
+            if dtype is not None:
+                state = {k: v.to(dtype) if v.is_floating_point() and not re.fullmatch(cls.keep_fp32, k) else v
+                         for k, v in state.items()}
+            _check_loaded_values(state, cls.keep_fp32, wfile)
         except Exception as e:  # safetensors raises several types on corruption
             if check is not None:
                 check.result()  # the checksum names the corruption first
+            if read:            # read, but values no saved model holds (_check_loaded_values)
+                raise
             if isinstance(e, ValueError):   # a tensor of another size than the config's (read, not corrupted)
                 raise CheckpointError(f"{e}; the weights do not match {CONFIG_NAME}: save the model again") from e
             raise CheckpointError(f"{wfile} could not be read ({e}); the file is corrupted or truncated") from e
@@ -298,15 +270,6 @@ class ElasticModel(nn.Module):
             defer_verify = torch.device(device).type == "cuda"
         if check is not None and not defer_verify:
             check.result()
-        if dtype is not None:
-            state = {k: v.to(dtype) if v.is_floating_point() and not re.fullmatch(cls.keep_fp32, k) else v
-                     for k, v in state.items()}
-        try:
-            _check_loaded_values(state, cls.keep_fp32, wfile)
-        except CheckpointError:
-            if check is not None:
-                check.result()          # the checksum names a corruption first
-            raise
         _load_strict(model, state, wfile)
         model._weights_check = PendingCheck(check) if defer_verify and check is not None else None
         model.source = source

@@ -1,18 +1,42 @@
-"""Inference cache of an ESSH model at one tier: one state per layer, each the layer's own ``init_state``.
+"""Inference caches at one tier: one state per layer, each the layer's own ``init_state``.
 
-Spectral layers: mode states [B, K_T, M, 2, P] (float32 by default, ESSH Sec. 4.3); attention layers: a
-``RingState`` [B, H, W, hd] (bfloat16 on CUDA, Table 53); ``positions`` [B] is shared by every ring. Every tensor
-stays at a fixed address (in-place writes), so a step can be captured in a CUDA graph.
+``ESSHCache``: spectral layers hold mode states [B, K_T, M, 2, P] (float32 by default, ESSH Sec. 4.3), attention
+layers a ``RingState`` [B, H, W, hd] (bfloat16 on CUDA, Table 53); ``positions`` [B] is shared by every ring. Every
+tensor stays at a fixed address (in-place writes), so a step can be captured in a CUDA graph.
+``ESSSMCache`` (budget K): per block the last L-1 inputs [B, L-1, D] (``decode="exact"``) or modal states
+[B, K, M, 2, D] (``"modal"``), sized as ``elastic.tiers.state_bytes``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from ..config import TierLike
 from ..elastic.tiers import Tier
-from ..layers.window_ring import RingState
+from ..layers.attention import RingState
+from ..layers.es_ssm import DecodePlan, SpectralDecodeState, check_decode
+
+__all__ = ["ESSHCache", "ESSSMCache"]
+
+
+def _state_dtype(model, batch: Any, state_dtype: torch.dtype | None) -> torch.dtype:
+    """Checks ``batch`` (an int >= 1) and gives the state dtype: ``state_dtype`` (a floating dtype), else float32
+    (float64 for a float64 model)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"a cache needs batch >= 1 sequences (an int), got {batch!r}")
+    if state_dtype is None:
+        return torch.float64 if model.embed.weight.dtype == torch.float64 else torch.float32
+    if not state_dtype.is_floating_point:
+        raise ValueError(f"state_dtype must be a floating dtype, got {state_dtype}")
+    return state_dtype
+
+
+def _nbytes(states: Any, kv: int = 0) -> dict[str, int]:
+    rec = sum(s.numel() * s.element_size() for s in states)
+    return {"recurrent": rec, "kv": kv, "total": rec + kv}
 
 
 @dataclass
@@ -28,13 +52,10 @@ class ESSHCache:
                  kv_dtype: torch.dtype | None = None) -> ESSHCache:
         """Zeroed cache for ``batch`` sequences at ``tier``. Defaults: fp32 mode states (float64 for a
         float64 model), a bf16 KV ring on CUDA and the parameter dtype on CPU."""
-        if not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"a cache needs batch >= 1 sequences, got {batch!r}")
+        state_dtype = _state_dtype(model, batch, state_dtype)
         t = model.resolve_tier(tier)
         param = model.embed.weight
         device = torch.device(device) if device is not None else param.device
-        if state_dtype is None:
-            state_dtype = torch.float64 if param.dtype == torch.float64 else torch.float32
         if kv_dtype is None:
             kv_dtype = torch.bfloat16 if device.type == "cuda" else param.dtype
         positions = torch.zeros(batch, dtype=torch.long, device=device)
@@ -69,22 +90,16 @@ class ESSHCache:
         return [*out, self.positions]
 
     def nbytes(self) -> dict[str, int]:
-        rec = sum(s.numel() * s.element_size() for s in self.states.values())
-        kv = sum(r.nbytes() for r in self.rings.values())
-        return {"recurrent": rec, "kv": kv, "total": rec + kv}
+        return _nbytes(self.states.values(), sum(r.nbytes() for r in self.rings.values()))
 
     # ---- in-place reuse ------------------------------------------------------------------------------------
     @torch.no_grad()
     def reset_(self) -> ESSHCache:
         """Empty every sequence in place (zero states and rings, no slot filled, position 0)."""
-        for s in self.layers:
-            if isinstance(s, torch.Tensor):
-                s.zero_()
-            else:
-                s.keys.zero_()
-                s.values.zero_()
-                s.slot_pos.fill_(-1)
-        self.positions.zero_()
+        for t in self.tensors():
+            t.zero_()
+        for r in self.rings.values():
+            r.slot_pos.fill_(-1)
         return self
 
     def _map(self, fn) -> ESSHCache:
@@ -119,3 +134,78 @@ class ESSHCache:
         if not (1 <= rows and 0 <= start and start + rows <= self.batch):
             raise ValueError(f"cannot take {rows} rows from row {start} of a cache built for batch {self.batch}")
         return self._map(lambda t: t[start:start + rows])
+
+
+@dataclass
+class ESSSMCache:
+    """Decode state of ``batch`` sequences at ``tier`` (``tier.K`` retained channels)."""
+
+    batch: int
+    tier: Tier
+    decode: str
+    n_modes: int
+    layers: dict[int, SpectralDecodeState] = field(default_factory=dict)   # block -> its sublayer's state
+
+    @property
+    def states(self) -> dict[int, torch.Tensor]:
+        """block -> its buffer: exact [B, L-1, D] ring | modal [B, K, M, 2, D] mode states."""
+        return {i: s.buffer for i, s in self.layers.items()}
+
+    @property
+    def plans(self) -> dict[int, DecodePlan]:
+        """block -> the constants of its decoder."""
+        return {i: s.plan for i, s in self.layers.items()}
+
+    @property
+    def position(self) -> int:
+        """The next time index (the padded prompt length plus the steps taken), shared by every block."""
+        return next(iter(self.layers.values())).t if self.layers else 0
+
+    @position.setter
+    def position(self, t: int) -> None:
+        for s in self.layers.values():
+            s.t = t
+
+    @classmethod
+    def allocate(cls, model, batch: int, tier: TierLike = None, *, decode: str = "exact",
+                 n_modes: int = 8, state_dtype: torch.dtype | None = None,
+                 kv_dtype: torch.dtype | None = None, **unknown: Any) -> ESSSMCache:
+        """Zeroed cache. ``state_dtype`` defaults to float32 (float64 for a float64 model); ``kv_dtype`` is
+        accepted for the generation contract and unused (ES-SSM keeps no keys or values)."""
+        if unknown:
+            raise ValueError(f"unknown ES-SSM cache option(s) {sorted(unknown)}; allocate_cache takes batch, tier,"
+                             " decode ('exact' | 'modal'), n_modes and state_dtype")
+        cfg = model.config
+        if cfg.task != "lm":
+            raise ValueError("cached decoding needs an ES-SSM language model (task='lm'); a classifier has"
+                             " no next token")
+        decode, n_modes = check_decode(decode, n_modes, cfg.seq_len)
+        state_dtype = _state_dtype(model, batch, state_dtype)
+        t = model.resolve_tier(tier)
+        layers = {i: b.mixer.init_state(batch, t, state_dtype=state_dtype, decode=decode, n_modes=n_modes)
+                  for i, b in enumerate(model.blocks)}
+        return cls(batch=batch, tier=t, decode=decode, n_modes=n_modes, layers=layers)
+
+    def nbytes(self) -> dict[str, int]:
+        """Per-cache state in bytes: ``recurrent`` (ring buffers or mode states), ``kv`` (0), ``total``."""
+        return _nbytes(self.states.values())
+
+    def fit_errors(self) -> torch.Tensor | None:
+        """Modal mode: relative filter-fit errors [K] of block 0 (every block has the same filters unless a
+        saved model says otherwise; ``plans[i].errors`` has each); exact mode: None."""
+        return None if self.decode == "exact" else self.plans[0].errors
+
+    def reset(self) -> None:
+        """Empty the cache in place (zero states, time 0) for a new batch of prompts."""
+        for s in self.layers.values():
+            s.buffer.zero_()
+        self.position = 0
+
+    def check_prefill(self, K: int) -> None:
+        """A prefill must target the cache's budget and an empty cache."""
+        if K != self.tier.K:
+            raise ValueError(f"this cache was built for budget K={self.tier.K} but the forward asks for K={K};"
+                             f" allocate a cache with tier={K} (or run the forward with tier={self.tier.K})")
+        if self.position:
+            raise ValueError("forward(cache=...) prefills an empty cache; continue a cached sequence with step()"
+                             " (or cache.reset() and prefill the whole prefix)")

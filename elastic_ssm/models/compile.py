@@ -1,5 +1,6 @@
 """Compiling the ESSH trunk (``ESSH._trunk``: embedding, blocks, final norm, logits) and resolving its scan backend
-eagerly. Graphs are cached under ``TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/elastic_ssm/inductor``).
+eagerly. Graphs are cached under ``TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/elastic_ssm/inductor``). Also the
+one CUDA-graph capture of the fused decoder's steps and of the prefill graphs (``capture_graph``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import torch
 
 from ..ops import resolve_backend
 
-__all__ = ["compile_model", "compile_trunk", "compiled_trunk", "scan_backend", "trunk_for", "compile_cache_dir"]
+__all__ = ["compile_model", "compile_trunk", "compiled_trunk", "scan_backend", "trunk_for", "compile_cache_dir",
+           "capture_graph"]
 
 log = logging.getLogger("elastic_ssm")
 
@@ -93,3 +95,19 @@ def scan_backend(model: Any, backend: str, device: torch.device) -> str:
         return backend
     dtype = torch.promote_types(mixer.theta.dtype, torch.float32)
     return resolve_backend(backend, torch.empty(0, device=device, dtype=dtype))
+
+
+@torch.no_grad()
+def capture_graph(run: Callable[[], Any], warmup: int = 2, pool: Any = None) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """``run()`` captured in a CUDA graph (memory ``pool``) after ``warmup`` eager calls on a side stream, so
+    compiling, autotuning and library handles happen outside the capture: the graph and the outputs it writes."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = run()
+    return graph, out

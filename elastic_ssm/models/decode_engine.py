@@ -5,7 +5,6 @@ docs/performance.md, "``generate`` is fast by default".
 
 from __future__ import annotations
 
-import functools
 import warnings
 import weakref
 from collections import OrderedDict
@@ -49,10 +48,6 @@ def use_fast_decoding(model, fast: bool | None) -> bool:
     return replaced is None
 
 
-def _weights_signature(model) -> tuple:
-    return tuple((id(p), p._version) for p in model.parameters())
-
-
 def _describe(module: torch.nn.Module) -> str:
     """``package.Class`` of a module, and of its weight when that is a tensor subclass."""
     kind = f"{type(module).__module__}.{type(module).__qualname__}"
@@ -60,19 +55,10 @@ def _describe(module: torch.nn.Module) -> str:
     return kind if not isinstance(w, torch.Tensor) else f"{kind} with a {type(w.data).__qualname__} weight"
 
 
-def _normal_tensors(fn):
-    """Run ``fn`` outside inference mode and without gradients: a pooled decoder's tensors are then ordinary ones,
-    which a later ``generate`` outside ``torch.inference_mode`` may still write in place."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with torch.inference_mode(False), torch.no_grad():
-            return fn(*args, **kwargs)
-    return wrapper
-
-
 class DecoderPool:
-    """Least-recently-used pool of ``FastDecoder``s of one model, keyed by (tier, bucket, cache dtypes)."""
+    """Least-recently-used pool of ``FastDecoder``s of one model, keyed by (tier, bucket, cache dtypes). Decoders
+    and prefill graphs are built outside inference mode and without gradients: their tensors are then ordinary
+    ones, which a later ``generate`` outside ``torch.inference_mode`` may still write in place."""
 
     def __init__(self, model, max_decoders: int = 4) -> None:
         self._model, self.max_decoders = weakref.ref(model), max_decoders
@@ -85,13 +71,14 @@ class DecoderPool:
         self.captures = 0                     # graphs captured so far (tests check reuse with it)
         self.eager_graphs = True              # graphs of an eager model's prefill (off after a capture fails)
 
-    @_normal_tensors
+    @torch.inference_mode(False)
+    @torch.no_grad()
     def get(self, tier: Any, batch: int, state_dtype: torch.dtype | None = None,
             kv_dtype: torch.dtype | None = None) -> FastDecoder:
         """The decoder serving ``batch`` rows at ``tier`` (built and captured on first use)."""
         model = self._model()
         t = model.resolve_tier(tier)
-        sig = _weights_signature(model)
+        sig = tuple((id(p), p._version) for p in model.parameters())     # weights replaced or edited in place
         if sig != self._signature:
             self.clear()
             self._signature = sig
@@ -118,7 +105,8 @@ class DecoderPool:
                 del self._prefills[k]
         return fd
 
-    @_normal_tensors
+    @torch.inference_mode(False)
+    @torch.no_grad()
     def prefill_graph(self, fd: FastDecoder, length: int, padded: bool, graph: bool = True) -> PrefillGraph:
         """The prefill graph of decoder ``fd`` for prompts of ``length`` tokens (captured on first use)."""
         key = (id(fd), length, padded)
@@ -200,7 +188,6 @@ _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def decoder_pool(model) -> DecoderPool:
     """The model's pool, created on first use. Held beside the model (a weak-keyed table), not in it, so
     copying, pickling or saving a model never touches captured graphs."""
-    pool = _POOLS.get(model)
-    if pool is None:
-        pool = _POOLS[model] = DecoderPool(model)
-    return pool
+    if model not in _POOLS:
+        _POOLS[model] = DecoderPool(model)
+    return _POOLS[model]

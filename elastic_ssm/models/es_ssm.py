@@ -15,10 +15,10 @@ from torch import nn
 from ..config import ESSSMConfig, TierLike
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule
-from ..layers.es_ssm import ESSSMBlock, on_meta_device
-from .base import ElasticModel, empty_input_message
-from .es_ssm_cache import ESSSMCache, cache_options
-from .generation import GenerationMixin, check_attention_mask
+from ..layers.es_ssm import ESSSMBlock
+from .base import ElasticModel
+from .cache import ESSSMCache
+from .generation import GenerationMixin, check_step_tokens, check_token_inputs
 
 __all__ = ["ESSSM"]
 
@@ -34,6 +34,9 @@ class ESSSM(GenerationMixin, ElasticModel):
     arch = "es_ssm"
     keep_fp32 = r".*filters"
     config_class = ESSSMConfig
+    #: ``generate(decode=, n_modes=)``: 'exact' (ring buffer, default) | 'modal' (the constant-memory modal
+    #: decoder with ``n_modes`` modes per channel, default 8), passed to ``allocate_cache``
+    cache_options = ("decode", "n_modes")
 
     def __init__(self, config: ESSSMConfig) -> None:
         super().__init__(config)
@@ -48,8 +51,7 @@ class ESSSM(GenerationMixin, ElasticModel):
                 self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)  # [V, d]
         else:
             self.head = nn.Linear(c.d_model, c.num_classes)  # [C, d], [C]
-        if not on_meta_device():
-            self.init_weights()
+        self.init_weights()
 
     def init_weights(self) -> None:
         """Normal(0, init_std) for embeddings and projections, zero biases, b_g2 = gate_bias_init,
@@ -73,30 +75,6 @@ class ESSSM(GenerationMixin, ElasticModel):
         K = tiers_mod.resolve_tier(config, tier).K
         return [SliceRule(CHANNEL_TENSORS, K), SliceRule(CHANNEL_COLUMNS, K * config.d_model, dim=1)]
 
-    def _check_ids(self, input_ids: Any) -> torch.Tensor:
-        if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}")
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must have shape [B, T], got {tuple(input_ids.shape)}; for a single sequence "
-                             "pass input_ids[None]")
-        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise ValueError(f"input_ids must be an integer tensor of token ids (torch.long), got {input_ids.dtype}")
-        B, T = input_ids.shape
-        if B == 0 or T == 0:
-            raise ValueError(empty_input_message(input_ids.shape))
-        L = self.config.seq_len
-        if T > L:
-            raise ValueError(f"sequence length T={T} exceeds the filter length L={L} this model was built for; build "
-                             f"with seq_len >= T or truncate the input to {L} tokens")
-        if not torch.compiler.is_compiling():
-            lo, hi = int(input_ids.min()), int(input_ids.max())
-            V = self.config.vocab_size
-            if lo < 0 or hi >= V:
-                bad = hi if hi >= V else lo
-                raise ValueError(f"token id {bad} is outside the vocabulary [0, {V}); check the tokenizer or build the "
-                                 f"model with vocab_size > {max(hi, V - 1)}")
-        return input_ids
-
     def forward(self, input_ids: torch.Tensor, tier: TierLike = None, attention_mask: torch.Tensor | None = None,
                 cache: ESSSMCache | None = None) -> torch.Tensor:
         """input_ids [B, T] (T <= cfg.seq_len) at ``tier`` (None = full budget; an int K, "K8" or a Tier) ->
@@ -104,12 +82,11 @@ class ESSSM(GenerationMixin, ElasticModel):
         positions (``attention_mask`` [B, T], 0) never enter a convolution nor the mean pool; an empty ``cache``
         of the same budget is prefilled for ``step`` (the mask then uses left padding)."""
         K = self.resolve_tier(tier).K
-        ids = self._check_ids(input_ids)
-        if attention_mask is not None and tuple(attention_mask.shape) != tuple(ids.shape):
-            raise ValueError(f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, got "
-                             f"{tuple(attention_mask.shape)}")
-        if attention_mask is not None and not torch.compiler.is_compiling():
-            check_attention_mask(attention_mask, left_padding=cache is not None)   # a cache prefill: left padding
+        check_token_inputs(input_ids, self.config.vocab_size, attention_mask, left_padding=cache is not None)
+        ids, L = input_ids, self.config.seq_len
+        if ids.shape[1] > L:
+            raise ValueError(f"sequence length T={ids.shape[1]} exceeds the filter length L={L} this model was built "
+                             f"for; build with seq_len >= T or truncate the input to {L} tokens")
         valid = None if attention_mask is None else attention_mask.to(torch.bool)  # [B, T]
         if cache is not None:
             cache.check_prefill(K)
@@ -137,19 +114,8 @@ class ESSSM(GenerationMixin, ElasticModel):
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, cache: ESSSMCache) -> torch.Tensor:
         """Decode one token per sequence: tokens [B] -> logits [B, V] (Eq. 4 per token); the cache advances by one."""
-        if tokens.dim() != 1 or tokens.shape[0] != cache.batch:
-            raise ValueError(f"step takes one token per sequence, tokens [B={cache.batch}], got {tuple(tokens.shape)}")
-        V = self.config.vocab_size
-        if not torch.compiler.is_compiling() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
-            raise ValueError(f"token ids must lie in [0, {V}); got [{int(tokens.min())}, {int(tokens.max())}]")
+        check_step_tokens(tokens, cache.batch, self.config.vocab_size)
         x = self.embed(tokens)  # [B, d]
         for i, block in enumerate(self.blocks):
             x = block.step(x, cache.layers[i], cache.tier)  # [B, d]; each block's state advances by one
         return self.logits_from_hidden(self.norm(x))  # [B, V]
-
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 32, tier: TierLike = None, *args: Any,
-                 decode: str = "exact", n_modes: int = 8, **kw: Any) -> torch.Tensor:
-        """``GenerationMixin.generate`` (same arguments, left padding, sampling) at the integer budget
-        ``tier``; ``decode='modal'`` with ``n_modes`` selects the constant-memory modal decoder."""
-        with cache_options(decode=decode, n_modes=n_modes):
-            return super().generate(input_ids, max_new_tokens, tier, *args, **kw)

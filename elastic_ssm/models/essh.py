@@ -21,10 +21,11 @@ from ..layers.attention import SlidingWindowAttention
 from ..layers.ffn import SwiGLU
 from ..layers.norm import RMSNorm
 from ..layers.spectral_mixer import SpectralMixer
-from .base import ElasticModel, check_token_inputs
+from .base import ElasticModel
 from .cache import ESSHCache
 from .compile import compile_trunk, scan_backend, trunk_for
-from .generation import GenerationMixin
+from .decode_engine import FusedSession, decoder_pool, use_fast_decoding
+from .generation import GenerationMixin, ReferenceSession, check_step_tokens, check_token_inputs, token_positions
 
 __all__ = ["ESSH", "ESSHBlock"]
 
@@ -69,7 +70,7 @@ class ESSH(GenerationMixin, ElasticModel):
 
     arch = "essh"
     config_class = ESSHConfig
-    keep_fp32 = r"blocks\.\d+\.mixer\.(gate_bias|rho_raw|theta|kc|ks|a|beta)"
+    keep_fp32 = _MIXER_TENSORS
     scans_with_fla = True
 
     def __init__(self, config: ESSHConfig) -> None:
@@ -94,9 +95,9 @@ class ESSH(GenerationMixin, ElasticModel):
         return [b.ffn for b in self.blocks]
 
     # ---- forward ----------------------------------------------------------------------------------
-    def _prepare(self, input_ids: torch.Tensor, tier: Any, attention_mask: torch.Tensor | None,
-                 cache: ESSHCache | None):
-        """Eager checks before the (possibly compiled) trunk: tier, padding mask and positions [B, T]."""
+    def _run(self, input_ids: torch.Tensor, tier: Any, attention_mask: torch.Tensor | None, cache: ESSHCache | None,
+             backend: str, logits: bool) -> torch.Tensor:
+        """Eager checks (tier, padding mask, positions [B, T], scan backend), then the (possibly compiled) trunk."""
         # a cache prefill continues from the end of every row: its padding must come first
         check_token_inputs(input_ids, self.config.vocab_size, attention_mask, left_padding=cache is not None)
         B, T = input_ids.shape
@@ -107,14 +108,16 @@ class ESSH(GenerationMixin, ElasticModel):
         else:
             t = tier if isinstance(tier, RowTiers) else self.resolve_tier(tier)
         valid = None if attention_mask is None else attention_mask.bool()
-        if valid is None:
-            positions = torch.arange(T, device=input_ids.device).expand(B, T)
-        else:
-            positions = (valid.long().cumsum(1) - 1).clamp_min(0)
+        positions = token_positions(valid, B, T, input_ids.device)
         if cache is not None and bool(cache.positions.any()):
             raise ValueError("forward(cache=...) prefills an empty cache; continue a cached sequence with "
                              "step() (or allocate a new cache and prefill the whole prefix)")
-        return t, valid, positions
+        backend = scan_backend(self, backend, input_ids.device)  # eager: the compiled trunk gets a constant
+        out = trunk_for(self, cache)(self, input_ids, t, positions, valid, cache, backend, logits)
+        self.verified()                         # hidden states too wait for a deferred load's checksum
+        if cache is not None:
+            cache.positions += input_ids.shape[1] if valid is None else valid.long().sum(1)
+        return out
 
     def _trunk(self, input_ids: torch.Tensor, t: Tier, positions: torch.Tensor, valid: torch.Tensor | None,
                cache: ESSHCache | None, backend: str, logits: bool) -> torch.Tensor:
@@ -125,15 +128,6 @@ class ESSH(GenerationMixin, ElasticModel):
             x = block(x, t, positions, valid, state, backend)
         x = self.norm_f(x)
         return self.logits_from_hidden(x) if logits else x
-
-    def _run(self, input_ids, tier, attention_mask, cache, backend, logits: bool):
-        t, valid, positions = self._prepare(input_ids, tier, attention_mask, cache)
-        backend = scan_backend(self, backend, input_ids.device)  # eager: the compiled trunk gets a constant
-        out = trunk_for(self, cache)(self, input_ids, t, positions, valid, cache, backend, logits)
-        self.verified()                         # hidden states too wait for a deferred load's checksum
-        if cache is not None:
-            cache.positions += input_ids.shape[1] if valid is None else valid.long().sum(1)
-        return out
 
     def row_tiers(self, tiers: list | tuple, widest: Any = None) -> RowTiers:
         """``tiers`` (one per row) as a ``RowTiers`` at ``widest`` (None: the widest of them): what ``forward`` and
@@ -163,11 +157,7 @@ class ESSH(GenerationMixin, ElasticModel):
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, cache: ESSHCache) -> torch.Tensor:
         """Decode one token per sequence (the reference step): tokens [B] -> logits [B,V]; the cache advances."""
-        if not isinstance(tokens, torch.Tensor) or tokens.dtype not in (torch.int64, torch.int32) \
-                or tuple(tokens.shape) != (cache.batch,):
-            got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-            raise ValueError(f"step takes one integer token id per sequence, tokens [{cache.batch}]; got {got}")
-        check_token_inputs(tokens[None], self.config.vocab_size)   # read on the host; the fused decoder does not
+        check_step_tokens(tokens, cache.batch, self.config.vocab_size)
         t = cache.tier
         x = self.embed(tokens)
         for block, state in zip(self.blocks, cache.layers):
@@ -181,15 +171,10 @@ class ESSH(GenerationMixin, ElasticModel):
     def _decode_session(self, batch: int, tier: Any, fast: bool | None, state_dtype, kv_dtype):
         """``generate``'s decoder: the pooled fused decoder (``models/decode_engine.py``; CUDA-graphed on
         CUDA, with a graphed prefill when the model is compiled), or the reference step."""
-        from .decode_engine import FusedSession, use_fast_decoding
-        from .generation import ReferenceSession
-
         if not use_fast_decoding(self, fast):
             return ReferenceSession(self, batch, tier, state_dtype, kv_dtype)
         return FusedSession(self, batch, tier, state_dtype, kv_dtype)
 
     def clear_decoders(self) -> None:
         """Free the pooled decoders and their CUDA graphs (``models/decode_engine.py``)."""
-        from .decode_engine import decoder_pool
-
         decoder_pool(self).clear()

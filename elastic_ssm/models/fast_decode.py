@@ -8,6 +8,7 @@ one step can be captured (``capture()``). Kernels, attended spans, mixed tiers: 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from ..ops.gemv import MAX_FUSED_BATCH, norm_gemv
 from ..ops.norm_swiglu import rms_norm
 from ..ops.pdl import resolve_pdl
 from .cache import ESSHCache
+from .compile import capture_graph
 
 __all__ = ["FastDecoder", "span_buckets"]
 
@@ -62,10 +64,9 @@ class FastDecoder:
             attention = "sdpa" if self.device.type == "cuda" else "math"
         self.options = DecodeOptions(self.backend, pdl_on, attention)
         self.row_tiers = [self.tier] * batch            # every row's own tier (``set_row_tier``; mixed only)
-        if mixed:
-            width, dt = self.tier.K * cfg.value_width, torch.promote_types(self.dtype, torch.float32)
-            self.options = replace(self.options, channel_scale=torch.ones(batch, width, dtype=dt, device=self.device),
-                                   unit_mask=torch.ones(batch, self.tier.n_ff, dtype=dt, device=self.device))
+        if mixed:                                       # factors of every row at the decoder's tier (all ones)
+            rows = model.row_tiers(self.row_tiers, self.tier)
+            self.options = replace(self.options, channel_scale=rows.channel_scale, unit_mask=rows.unit_mask)
         if cache is None:  # ESSHCache.allocate resolves the default dtypes (bf16 KV on CUDA only)
             cache = model.allocate_cache(batch, self.tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
         if cache.batch != batch or cache.tier != self.tier:
@@ -175,9 +176,6 @@ class FastDecoder:
             return logits[:rows]
         return self._step_impl(span)[:rows]
 
-    def _snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(t, t.clone()) for t in self.cache.tensors()]
-
     @torch.no_grad()
     def capture(self, warmup: int = 2, preserve_cache: bool = True, spans: bool = False) -> None:
         """Capture one decode step in a CUDA graph after ``warmup`` eager steps on a side stream (Triton
@@ -185,19 +183,10 @@ class FastDecoder:
         per attended span of ``self.spans`` (one memory pool), for ``step(tokens, span=...)``."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA-graph capture needs the model on a CUDA device")
-        saved = self._snapshot() if preserve_cache else []
+        saved = [(t, t.clone()) for t in self.cache.tensors()] if preserve_cache else []
         pool = torch.cuda.graph_pool_handle() if spans and self.spans else None
-        graphs = {}
-        for span in [None, *(self.spans if spans else [])]:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(warmup):
-                    self._step_impl(span)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                graphs[span] = (graph, self._step_impl(span))
+        graphs = {span: capture_graph(partial(self._step_impl, span), warmup, pool)
+                  for span in [None, *(self.spans if spans else [])]}
         for t, copy in saved:
             t.copy_(copy)
         self._graph, self._logits = graphs.pop(None)

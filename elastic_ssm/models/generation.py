@@ -1,4 +1,5 @@
-"""Cached autoregressive generation: one prefill, then one decode step per token (ESSH Algorithm 4).
+"""Cached autoregressive generation: one prefill, then one decode step per token (ESSH Algorithm 4), and the
+input checks of every architecture's ``forward``, ``step`` and ``generate``.
 
 Hugging Face's argument names; a left-padded batch (``attention_mask`` [B, T], 1 = token) gives every row its
 unpadded result; the loop never syncs with the host per token.
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..utils.first_run import tuning_notice
+from ..utils.progress import tuning_notice
 
 _GENERATE_ARGS = ("input_ids", "max_new_tokens", "tier", "attention_mask", "do_sample", "temperature", "top_k",
                   "top_p", "eos_token_id", "pad_token_id", "eos", "streamer", "generator", "fast", "state_dtype",
@@ -36,12 +37,6 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     """logits [B, V] -> token ids [B] on the device, no host sync: argmax at ``temperature == 0``, else
     temperature, ``top_k``, ``top_p``, then the exponential race ``argmax_i p_i / E_i`` (E_i ~ Exp(1))."""
     check_sampling(temperature, top_k, top_p)
-    return _sample(logits, temperature, top_k, top_p, generator)
-
-
-def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-            generator: torch.Generator | None) -> torch.Tensor:
-    """``sample_next`` without the argument checks (the decode loop checks them once per call)."""
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
@@ -71,31 +66,63 @@ def check_attention_mask(mask: torch.Tensor, left_padding: bool = True) -> None:
         raise ValueError("every row needs at least one real token (attention_mask row of zeros)")
 
 
-def _check_inputs(model, input_ids: torch.Tensor, attention_mask, max_new_tokens, eos, pad) -> None:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise ValueError("input_ids must be a tensor [B, T] (or [T]) of token ids")
-    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
-        raise ValueError(f"the prompt is empty (input_ids of shape {tuple(input_ids.shape)}): give every row "
-                         "at least one token (e.g. the bos token)")
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    V = model.config.vocab_size
-    for name, t in (("eos_token_id", eos), ("pad_token_id", pad)):
-        if t is not None and (not isinstance(t, int) or not 0 <= t < V):
-            raise ValueError(f"{name} must be a token id in [0, vocab_size={V}), got {t!r}")
+def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = None,
+                       left_padding: bool = False) -> None:
+    """``input_ids`` an integer tensor [B, T] with B, T >= 1 and ids in [0, vocab_size); ``attention_mask`` (when
+    given) a tensor of exactly that shape (never broadcast) holding 0 / 1 with a 1 in every row, its zeros before
+    the ones with ``left_padding``. A ``ValueError`` (``TypeError`` for a non-tensor) names the problem, the same
+    for every architecture. The value checks read the host and are skipped while tracing (``torch.compile``)."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape [B, T], got {tuple(input_ids.shape)}; for a single sequence "
+                         "pass input_ids[None]")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"input_ids must be an integer tensor of token ids (torch.long or torch.int32), got "
+                         f"{input_ids.dtype}")
+    if 0 in input_ids.shape:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)} is empty; pass at least one sequence of at least one "
+                         "token")
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                       or attention_mask.shape != input_ids.shape):
+        got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+        raise ValueError(f"attention_mask must be [B, T] = {tuple(input_ids.shape)} like input_ids (1 = real token, "
+                         f"0 = left padding), got {got}; it is never broadcast")
+    if torch.compiler.is_compiling():
+        return
+    lo, hi, V = int(input_ids.min()), int(input_ids.max()), vocab_size
+    if lo < 0 or hi >= V:
+        raise ValueError(f"token id {hi if hi >= V else lo} is outside the vocabulary [0, {V}) (token ids must lie "
+                         f"in [0, vocab_size)); check the tokenizer or build the model with vocab_size > "
+                         f"{max(hi, V - 1)}")
     if attention_mask is not None:
-        if attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got "
-                             f"{tuple(attention_mask.shape)}")
-        check_attention_mask(attention_mask)
+        check_attention_mask(attention_mask, left_padding=left_padding)
+
+
+def token_positions(valid: torch.Tensor | None, B: int, T: int, device: Any) -> torch.Tensor:
+    """Positions [B, T] of the tokens: 0 .. T-1, or with ``valid`` [B, T] (left padding) the number of real
+    tokens before each (0 on the padding)."""
+    if valid is None:
+        return torch.arange(T, device=device).expand(B, T)
+    return (valid.long().cumsum(1) - 1).clamp_min(0)
+
+
+def check_step_tokens(tokens: Any, batch: int, vocab_size: int) -> None:
+    """A model's ``step`` input: one integer token id per sequence, tokens [batch], in the vocabulary (read on
+    the host; the fused decoder does not)."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype not in (torch.int64, torch.int32) \
+            or tuple(tokens.shape) != (batch,):
+        got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"step takes one integer token id per sequence, tokens [B={batch}]; got {got}")
+    check_token_inputs(tokens[None], vocab_size)
 
 
 class ReferenceSession:
     """The reference decode path: a fresh cache, ``forward(..., cache=)`` prefill, the model's ``step``."""
 
-    def __init__(self, model, batch: int, tier: Any, state_dtype, kv_dtype) -> None:
+    def __init__(self, model, batch: int, tier: Any, state_dtype, kv_dtype, **cache_kw: Any) -> None:
         self.model, self.tier = model, tier
-        self.cache = model.allocate_cache(batch, tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
+        self.cache = model.allocate_cache(batch, tier, state_dtype=state_dtype, kv_dtype=kv_dtype, **cache_kw)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Prompt [B, T] -> logits of its last position [B, V]; fills the cache."""
@@ -109,11 +136,14 @@ class GenerationMixin:
     """``generate`` for models with ``allocate_cache``, a prefilling ``forward(..., cache=)`` and
     ``step(tokens, cache)``; a model with a fused decoder overrides ``_decode_session``."""
 
-    def _decode_session(self, batch: int, tier: Any, fast: bool | None, state_dtype, kv_dtype):
+    #: keyword arguments of ``generate`` that go to ``allocate_cache`` (ES-SSM: decode, n_modes)
+    cache_options: tuple[str, ...] = ()
+
+    def _decode_session(self, batch: int, tier: Any, fast: bool | None, state_dtype, kv_dtype, **cache_kw: Any):
         """An object with ``prefill(ids, mask) -> logits [B, V]`` and ``step(tokens [B]) -> logits [B, V]``."""
         if fast:
             raise ValueError(f"{type(self).__name__} has no fused decoder; use fast=None or False")
-        return ReferenceSession(self, batch, tier, state_dtype, kv_dtype)
+        return ReferenceSession(self, batch, tier, state_dtype, kv_dtype, **cache_kw)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 32, tier: Any = None,
@@ -131,10 +161,12 @@ class GenerationMixin:
         ``pad_token_id`` (default: the eos id); generation ends once every row has, checked every ``sync_every``
         tokens. ``streamer(tokens [B])`` gets each step's device tensor. ``fast``: None / True = the fused
         decoder, False = the reference step. Caches: fp32 states, a bf16 KV ring on CUDA (CPU: parameter dtype).
+        The model's ``cache_options`` (ES-SSM: ``decode``, ``n_modes``) go to its ``allocate_cache``.
         """
+        cache_kw = {k: unknown.pop(k) for k in self.cache_options if k in unknown}
         if unknown:
             raise TypeError(f"generate() got unsupported argument(s) {sorted(unknown)}; supported: "
-                            f"{', '.join(_GENERATE_ARGS)}")
+                            f"{', '.join(_GENERATE_ARGS + self.cache_options)}")
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
             input_ids = input_ids[None]
         if attention_mask is not None and attention_mask.dim() == 1:
@@ -145,7 +177,16 @@ class GenerationMixin:
         if eos is None and self.config.eos_token_id >= 0:
             eos = self.config.eos_token_id
         pad = pad_token_id if pad_token_id is not None else eos
-        _check_inputs(self, input_ids, attention_mask, max_new_tokens, eos, pad)
+        if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and 0 in input_ids.shape:
+            raise ValueError(f"the prompt is empty (input_ids of shape {tuple(input_ids.shape)}): give every row "
+                             "at least one token (e.g. the bos token)")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        V = self.config.vocab_size
+        for name, t in (("eos_token_id", eos), ("pad_token_id", pad)):
+            if t is not None and (not isinstance(t, int) or not 0 <= t < V):
+                raise ValueError(f"{name} must be a token id in [0, vocab_size={V}), got {t!r}")
+        check_token_inputs(input_ids, V, attention_mask, left_padding=True)
         check_sampling(temperature, top_k, top_p)
         if do_sample is None:
             do_sample = (temperature is not None and temperature > 0) or bool(top_k) or top_p is not None
@@ -157,7 +198,7 @@ class GenerationMixin:
         try:
             B = input_ids.shape[0]
             with tuning_notice(input_ids.device):        # a fresh machine's first decoder and prefill say so
-                session = self._decode_session(B, tier, fast, state_dtype, kv_dtype)
+                session = self._decode_session(B, tier, fast, state_dtype, kv_dtype, **cache_kw)
                 logits = session.prefill(input_ids, attention_mask)
             return torch.cat([input_ids, self._decode_loop(logits, session.step, max_new_tokens, temp, top_k,
                                                            top_p, eos, pad, streamer, generator, sync_every)],
@@ -175,7 +216,7 @@ class GenerationMixin:
         all_done = torch.zeros(n_new, dtype=torch.bool, device=dev)
         n = 0
         for i in range(n_new):
-            nxt = _sample(logits, temperature, top_k, top_p, generator)
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)
             if eos is not None:
                 nxt = torch.where(done, pad, nxt)
                 done |= nxt == eos

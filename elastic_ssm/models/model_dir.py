@@ -1,12 +1,17 @@
 """A saved model directory's record: ``config.json`` checked for shape, the weights' checksums, the tier a
 directory answers to and its saved tokenizer (``models/base.py`` writes and loads the directory).
+
+The checksums verify in parallel: sha256 of 64 MiB pieces of ``model.safetensors`` (``config.json``'s
+``weights_sha256_pieces``), each read and hashed on its own thread; a mismatch names the byte range.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +19,12 @@ from ..config import TierLike
 from ..elastic import tiers as tiers_mod
 
 __all__ = ["FORMAT_VERSION", "WEIGHTS_NAME", "CONFIG_NAME", "CheckpointError", "read_model_meta", "file_sha256",
-           "verify_sha256", "export_tier_aliases"]
+           "verify_sha256", "export_tier_aliases", "PIECE_BYTES", "piece_digests", "file_piece_digests",
+           "pieces_record", "mismatched_piece", "PendingCheck"]
 
 
 FORMAT_VERSION = 1
+PIECE_BYTES = 1 << 26
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 #: the JSON types of the other keys of ``config.json`` that loading reads (each optional)
@@ -104,13 +111,65 @@ def file_sha256(path: str | Path, chunk: int = 1 << 26) -> str:
     return h.hexdigest()
 
 
+def _workers() -> int:
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+def piece_digests(data: bytes | memoryview, piece: int = PIECE_BYTES) -> list[str]:
+    """sha256 hex digests of ``data[i * piece:(i + 1) * piece]``, hashed on several threads."""
+    view = memoryview(data)
+    with ThreadPoolExecutor(_workers()) as pool:
+        return list(pool.map(lambda s: hashlib.sha256(view[s:s + piece]).hexdigest(), range(0, len(view), piece)))
+
+
+def file_piece_digests(path: str | Path, piece: int = PIECE_BYTES) -> list[str]:
+    """The same digests of a file's bytes, each piece read (``os.pread``) and hashed on its own thread."""
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with ThreadPoolExecutor(_workers()) as pool:
+            return list(pool.map(lambda s: hashlib.sha256(os.pread(fd, piece, s)).hexdigest(), range(0, size, piece)))
+    finally:
+        os.close(fd)
+
+
+def pieces_record(data: bytes | memoryview) -> dict:
+    """What ``config.json`` stores under ``weights_sha256_pieces``."""
+    return {"piece_bytes": PIECE_BYTES, "digests": piece_digests(data)}
+
+
+def mismatched_piece(path: str | Path, record: dict) -> tuple[int, int] | None:
+    """The byte range [start, end) of the first piece whose digest differs from ``record``; None if all match."""
+    piece = int(record["piece_bytes"])
+    got, want, size = file_piece_digests(path, piece), list(record["digests"]), os.path.getsize(path)
+    if len(got) != len(want):
+        return (0, size)
+    return next(((i * piece, min((i + 1) * piece, size)) for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+
+
+class PendingCheck:
+    """A weights checksum running on a thread (``from_pretrained(defer_verify=True)``): a deep copy of the model
+    shares it, and pickling waits for it and stores nothing of it."""
+
+    def __init__(self, future: Any) -> None:
+        self.future = future
+
+    def result(self) -> None:
+        self.future.result()
+
+    def __deepcopy__(self, memo: dict) -> PendingCheck:
+        return self
+
+    def __reduce__(self):
+        self.future.result()
+        return (type(None), ())
+
+
 def verify_sha256(path: str | Path, expected: str | None, pieces: dict | None = None) -> None:
     """Raise ``CheckpointError`` naming ``path`` when its bytes differ from what was written: by the piece
-    digests when given (parallel, ``models/checksums.py``), else by the whole-file sha256 ``expected``
+    digests when given (``mismatched_piece``, parallel), else by the whole-file sha256 ``expected``
     (None: unchecked)."""
     if pieces:
-        from .checksums import mismatched_piece
-
         bad = mismatched_piece(path, pieces)
         if bad is not None:
             raise CheckpointError(f"{path}: sha256 checksum mismatch in bytes {bad[0]}..{bad[1]} (the bytes changed "
@@ -139,7 +198,7 @@ def _old_export_alias(config: Any, source: dict[str, Any], tier: TierLike) -> Ti
 
 def export_tier_aliases(model: Any) -> dict[str, str]:
     """``{source tier name: its one tier's name}`` for an older export (``_old_export_alias``), else ``{}``: the
-    names a server accepts for such an export beside its own (``serve/protocol.resolve_model_field``)."""
+    names a server accepts for such an export beside its own (``serve/schema.resolve_model_field``)."""
     source = dict(getattr(model, "source", None) or {})
     exported = _exported_tier(source)
     if exported and _old_export_alias(model.config, source, exported) is None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ..elastic.row_tiers import RowTiers
 from .cache import ESSHCache
-from .compile import compiled_trunk, scan_backend, trunk_for
+from .compile import capture_graph, compiled_trunk, scan_backend, trunk_for
+from .generation import token_positions
 
 __all__ = ["PrefillGraph", "length_bucket", "GRAPH_TOKENS"]
 
@@ -39,8 +39,7 @@ class PrefillGraph:
         self.model, self.cache, self.length, self.padded = model, cache, length, padded
         B, dev = cache.batch, cache.positions.device
         # row_tiers: each call names one tier per row (nested in cache.tier), written into static factors
-        dt, vw = torch.promote_types(model.embed.weight.dtype, torch.float32), model.config.value_width
-        self.rows = RowTiers.build(cache.tier, [cache.tier] * B, vw, dev, dt) if row_tiers else None
+        self.rows = model.row_tiers([cache.tier] * B, cache.tier) if row_tiers else None
         self.ids = torch.zeros(B, length, dtype=torch.long, device=dev)
         self.mask = torch.ones(B, length, dtype=torch.bool, device=dev) if padded else None
         self._positions = torch.arange(length, device=dev).expand(B, length)
@@ -49,16 +48,15 @@ class PrefillGraph:
         self.compiled = compiled_trunk(model) is not None
         self._graph: torch.cuda.CUDAGraph | None = None
         self._logits: torch.Tensor | None = None
-        if graph:
-            self._capture(pool)
+        if graph:   # compile, autotune and create handles outside the capture
+            self._graph, self._logits = capture_graph(self._run, 2, pool)
 
     def _run(self) -> torch.Tensor:
         """The captured work: trunk into the cache, next positions, last-position logits [B, V]."""
         m, cache = self.model, self.cache
         if self.padded:
             valid = self.mask
-            n = valid.long().sum(1)
-            positions = (valid.long().cumsum(1) - 1).clamp_min(0)
+            n, positions = valid.long().sum(1), token_positions(valid, *valid.shape, None)
         else:
             valid, positions = None, self._positions
             n = torch.full_like(cache.positions, self.length)
@@ -66,19 +64,6 @@ class PrefillGraph:
         h = self._trunk(m, self.ids, tier, positions, valid, cache, self._backend, False)
         cache.positions.copy_(n)
         return m.logits_from_hidden(h[:, -1])
-
-    @torch.no_grad()
-    def _capture(self, pool) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):          # compile, autotune and create handles outside the capture
-            for _ in range(2):
-                self._run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            self._logits = self._run()
-        self._graph = graph
 
     @property
     def graphed(self) -> bool:
@@ -103,10 +88,7 @@ class PrefillGraph:
         if self.padded:
             self.ids[:B, :L - T].zero_()
             self.mask[:B, :L - T].fill_(False)
-            if attention_mask is None:
-                self.mask[:B, L - T:].fill_(True)
-            else:
-                self.mask[:B, L - T:].copy_(attention_mask.bool())
+            self.mask[:B, L - T:] = True if attention_mask is None else attention_mask.bool()
             self.mask[B:].copy_(self.mask[:1].expand_as(self.mask[B:]))
         self.ids[B:].copy_(self.ids[:1].expand_as(self.ids[B:]))
         if self._graph is not None:

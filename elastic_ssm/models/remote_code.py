@@ -7,12 +7,9 @@ elastic_ssm.hf``. Every language model has its entry in ``FAMILIES`` (an ES-SSM 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..utils.files import atomic_write_bytes
-
-__all__ = ["FAMILIES", "Family", "auto_map", "hf_keys", "remote_code", "write_remote_code"]
+__all__ = ["FAMILIES", "Family", "auto_map", "hf_keys", "remote_code"]
 
 
 class Family(NamedTuple):
@@ -65,9 +62,3 @@ def hf_keys(model: Any) -> dict[str, Any]:
         return {}
     f = FAMILIES[model.arch]
     return {"model_type": f.model_type, "architectures": [f.model_class], "auto_map": auto_map(model.arch)}
-
-
-def write_remote_code(path: str | Path, arch: str) -> None:
-    """Write the ``remote_code(arch)`` modules into the model directory ``path`` (each atomically)."""
-    for name, text in remote_code(arch).items():
-        atomic_write_bytes(Path(path) / name, text.encode())

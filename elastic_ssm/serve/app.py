@@ -2,6 +2,7 @@
 health, model list and metrics; every refusal is OpenAI's error shape with a one-line message (docs/serving.md)."""
 
 import asyncio
+import functools
 import gc
 import json
 import logging
@@ -18,22 +19,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..data.tokenizer_files import resolve_tokenizer
 from ..models.model_dir import export_tier_aliases
+from . import schema
+from .chat_templates import ChatTemplate
 from .engine import PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import ApiError, ChatTemplate, chunk_body, completion_body, error_body, parse_prompt, resolve_model_field
 from .remote import RemoteEngine
-from .schema import ChatCompletionResponse, CompletionResponse, ErrorResponse, ModelList, error_message, request_models
+from .schema import ApiError, error_body, parse_prompt, resolve_model_field, response_body
 from .slots import GRAPH_TOKENS
 
 __all__ = ["ServerSettings", "create_app", "Metrics"]
 
 log = logging.getLogger("elastic_ssm.serve")
 #: the refusals a route documents in /openapi.json, all in OpenAI's error shape (never FastAPI's 422)
-_ERRORS = {"4XX": {"model": ErrorResponse, "description": "refused: 400 a bad field, 401 no key, 404 another model, "
-                   "408 too slow, 413 too large, 415 not JSON, 421 another host, 429 too many "
+_ERRORS = {"4XX": {"model": schema.ErrorResponse, "description": "refused: 400 a bad field, 401 no key, 404 another "
+                   "model, 408 too slow, 413 too large, 415 not JSON, 421 another host, 429 too many "
                    "requests from one client"},
-           "5XX": {"model": ErrorResponse, "description": "500 a failure in the server, 503 busy (Retry-After)"}}
+           "5XX": {"model": schema.ErrorResponse, "description": "500 a failure in the server, 503 busy (Retry-After)"}}
 
 
 @dataclass
@@ -73,21 +75,15 @@ def _json(status: int, body: dict, headers: dict | None = None):
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _is_json(content_type: str) -> bool:
-    """Whether a ``Content-Type`` is ``application/json`` or ``application/...+json`` (else 415: no web form post)."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
-
-
 _MARK = "\x00text\x00"
 
 
-def _text_event(render_chunk, req, model_id: str):
-    """``text -> "data: <chunk JSON>\\n\\n"`` for a request's text chunks after its first, rendered once around a
-    marker (the bytes of ``json.dumps`` of the whole chunk)."""
-    head, sep, tail = json.dumps(render_chunk(req, model_id, _MARK, None)).partition(json.dumps(_MARK))
+def _text_event(render_chunk):
+    """``text -> "data: <chunk JSON>\\n\\n"`` for a request's text chunks after its first (``render_chunk(text,
+    finish_reason)``), rendered once around a marker (the bytes of ``json.dumps`` of the whole chunk)."""
+    head, sep, tail = json.dumps(render_chunk(_MARK, None)).partition(json.dumps(_MARK))
     if not sep:               # a body that does not carry the text as one JSON string: render every chunk whole
-        return lambda text: f"data: {json.dumps(render_chunk(req, model_id, text, None))}\n\n"
+        return lambda text: f"data: {json.dumps(render_chunk(text, None))}\n\n"
     head, tail = "data: " + head, tail + "\n\n"
     return lambda text: head + json.dumps(text) + tail
 
@@ -103,7 +99,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     eos = model.config.eos_token_id if model.config.eos_token_id >= 0 else None
     chat = ChatTemplate.from_model(model, tok, settings.chat_template)
     vocab = model.config.vocab_size
-    Completion, Chat = request_models(settings.max_tokens_limit, vocab)
+    Completion, Chat = schema.request_models(settings.max_tokens_limit, vocab)
     bodies = {"/v1/completions": Completion, "/v1/chat/completions": Chat}
 
     sizes = (settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s)
@@ -133,8 +129,9 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             handler = super().get_route_handler()
 
             async def read_first(request):
-                kind = request.headers.get("content-type")
-                if kind is not None and not _is_json(kind):
+                kind = request.headers.get("content-type")      # application/json or .../...+json; else 415
+                media = ("application/json" if kind is None else kind).split(";", 1)[0].strip().lower()   # no form
+                if not (media == "application/json" or media.startswith("application/") and media.endswith("+json")):
                     raise ApiError(415, f"the request body must be JSON (Content-Type: application/json), not "
                                         f"{kind[:60]!r}; a body without a Content-Type is read as JSON")
                 raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
@@ -159,7 +156,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
         """Every field's refusal: a 400 in OpenAI's shape naming the field (``schema.error_message``)."""
-        message, param = error_message(exc.errors()[0], bodies[request.scope["route"].path])
+        message, param = schema.error_message(exc.errors()[0], bodies[request.scope["route"].path])
         return await _api_error(request, ApiError(400, message, param))
 
     @app.exception_handler(StarletteHTTPException)
@@ -182,11 +179,11 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             return _json(503, {"status": "engine stopped", "model": settings.name})
         return {"status": "ok", "model": settings.name, "tiers": eng.snapshot()}
 
-    @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
+    @app.get("/v1/models", response_model=schema.ModelList, responses=_ERRORS)
     async def models():
         ids = [settings.name] + [f"{settings.name}@{t}" for t in settings.tiers]
         now = int(time.time())
-        return ModelList(data=[{"id": i, "created": now, "tier": i.partition("@")[2] or settings.default_tier}
+        return schema.ModelList(data=[{"id": i, "created": now, "tier": i.partition("@")[2] or settings.default_tier}
                                for i in ids])
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
@@ -196,9 +193,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     def tier_of(body) -> str:
         return resolve_model_field(body.model, body.tier, settings.name, settings.tiers, settings.default_tier, aliases)
 
-    async def run_completion(http: HttpRequest, body, prompt: list[int], tier: str, render_chunk, render_whole):
+    async def run_completion(http: HttpRequest, body, prompt: list[int], tier: str, is_chat: bool):
         eng = state["engine"]
-        tier = eng.pick_auto(settings.default_tier) if tier == "auto" else tier
         req = Request(tier=tier, prompt=prompt, **body.engine_fields(), loop=asyncio.get_running_loop(),
                       queue=asyncio.Queue())
         try:
@@ -207,6 +203,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             metrics.request(tier, 503)
             raise ApiError(503, str(e), headers={"Retry-After": "1"}) from None
         model_id = f"{settings.name}@{tier}"
+        render_chunk = functools.partial(response_body, req, model_id, is_chat, stream=True)
         client = http.client.host if http.client else "?"
         watcher = asyncio.create_task(watch_disconnect(http.receive, req))
         started = time.monotonic()
@@ -255,16 +252,16 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                             yield text_event(value)
                             continue
                         if kind == "text":         # the first text chunk as rendered (chat names the role in it)
-                            chunk = render_chunk(req, model_id, value, None)
-                            text_event = _text_event(render_chunk, req, model_id)
+                            chunk = render_chunk(value, None)
+                            text_event = _text_event(render_chunk)
                         elif kind == "done":
-                            chunk = render_chunk(req, model_id, "", value)
+                            chunk = render_chunk("", value)
                         else:                      # an error, or the engine gone ("unavailable": retry)
                             status = 503 if kind == "unavailable" else 500
                             chunk = error_body(status, value)
                         yield f"data: {json.dumps(chunk)}\n\n"
                     if body.stream_options and body.stream_options.include_usage and status == 200:
-                        yield f"data: {json.dumps(render_chunk(req, model_id, '', None, usage=True))}\n\n"
+                        yield f"data: {json.dumps(render_chunk(usage=True))}\n\n"
                     yield "data: [DONE]\n\n"
                 finally:
                     finish(status)
@@ -281,17 +278,17 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                     return _json(status, error_body(status, value), {"Retry-After": "1"} if status == 503 else None)
         finally:
             finish(status)
-        return render_whole(req, model_id, "".join(parts))
+        return response_body(req, model_id, is_chat, "".join(parts), req.finish_reason)
 
     sse = {"description": "the completion; with stream: true, server-sent events of its chunks, then data: [DONE]",
            "content": {"text/event-stream": {}}}
 
-    @app.post("/v1/completions", response_model=CompletionResponse, responses={**_ERRORS, 200: sse})
+    @app.post("/v1/completions", response_model=schema.CompletionResponse, responses={**_ERRORS, 200: sse})
     async def completions(body: Completion, http: HttpRequest):
         prompt = parse_prompt(body.prompt, tok, vocab, settings.max_prompt_tokens)
-        return await run_completion(http, body, prompt, tier_of(body), chunk_body, completion_body)
+        return await run_completion(http, body, prompt, tier_of(body), False)
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={**_ERRORS, 200: sse})
+    @app.post("/v1/chat/completions", response_model=schema.ChatCompletionResponse, responses={**_ERRORS, 200: sse})
     async def chat_completions(body: Chat, http: HttpRequest):
         if chat is None:
             raise ApiError(400, "this model has no chat template: start the server with --chat_template chatml (or "
@@ -302,6 +299,6 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         except ApiError as e:      # the prompt is the template's rendering of the client's messages: name those
             raise ApiError(e.status, f"messages, as the chat template renders them: {e.message}", "messages") \
                 if e.param == "prompt" else e from None
-        return await run_completion(http, body, prompt, tier, chat.chunk_body, chat.completion_body)
+        return await run_completion(http, body, prompt, tier, True)
 
     return app

@@ -1,13 +1,18 @@
-"""The chat templates ``serve --chat_template`` can name (``chatml``, ``plain``), and how a name or a file
-becomes a template's source (docs/serving.md, "Chat")."""
+"""Chat (docs/serving.md, "Chat"): ``ChatTemplate``, a compiled Jinja chat template that renders and encodes a
+request's messages as ``apply_chat_template`` does, the built-in templates ``serve --chat_template`` can name
+(``chatml``, ``plain``), and how a name or a file becomes a template's source."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
+from typing import Any
 
 from ..config import ConfigError
+from .schema import ApiError
 
-__all__ = ["BUILTIN", "chat_template_source"]
+__all__ = ["BUILTIN", "chat_template_source", "ChatTemplate", "special_token_ids"]
 
 BUILTIN = {
     "chatml": ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -19,11 +24,12 @@ BUILTIN = {
 MAX_BYTES = 1 << 18
 
 
-def chat_template_source(spec: str) -> str:
-    """The Jinja source ``spec`` names: a built-in name (``BUILTIN``) or a template file (UTF-8 text, or a JSON
-    ``tokenizer_config.json`` whose ``chat_template`` is taken); a one-line ``ConfigError`` otherwise."""
-    if spec in BUILTIN:
-        return BUILTIN[spec]
+def chat_template_source(spec: str | None) -> str | None:
+    """The Jinja source ``spec`` names (None: None): a built-in name (``BUILTIN``) or a template file (UTF-8 text, or
+    a JSON ``tokenizer_config.json`` whose ``chat_template`` is taken), compiled once here so that a broken one
+    stops ``serve`` before the model loads, in a one-line ``ConfigError``."""
+    if spec is None or spec in BUILTIN:
+        return BUILTIN.get(spec)
     path = Path(spec)
     if not path.is_file():
         raise ConfigError(f"--chat_template {spec!r} is neither a file nor one of {', '.join(BUILTIN)}; give a Jinja "
@@ -36,8 +42,6 @@ def chat_template_source(spec: str) -> str:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"--chat_template {spec}: cannot read it as UTF-8 text ({e})") from None
     if path.suffix == ".json":
-        import json
-
         try:
             text = json.loads(text)["chat_template"]
         except (ValueError, KeyError, TypeError):
@@ -47,4 +51,118 @@ def chat_template_source(spec: str) -> str:
             raise ConfigError(f"--chat_template {spec}: its 'chat_template' is not a string") from None
     if not text.strip():
         raise ConfigError(f"--chat_template {spec} is empty; give a Jinja template")
+    from jinja2 import TemplateError
+
+    try:
+        ChatTemplate(text, {})
+    except TemplateError as e:
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise ConfigError(f"--chat_template {spec}: not a valid Jinja template{where}: {e.message}") from None
     return text
+
+
+def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = None) -> dict[str, int]:
+    """Special-token text -> id: ``tokenizer.json``'s special ``added_tokens``, and the ``specials``
+    (``bos_token`` -> ``"<bos>"``) of the roles ``tokenizer`` has ids for (``bos_id``, ``eos_id``, ...)."""
+    out: dict[str, int] = {}
+    try:
+        added = json.loads((path / "tokenizer.json").read_text()).get("added_tokens") or []
+    except (OSError, ValueError, AttributeError):
+        added = []
+    for t in added if isinstance(added, list) else []:
+        if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str) and t["content"] \
+                and isinstance(t.get("id"), int):
+            out[t["content"]] = t["id"]
+    for key, text in specials.items():
+        tid = getattr(tokenizer, key.removesuffix("_token") + "_id", None)
+        if text and text not in out and isinstance(tid, int) and not isinstance(tid, bool) and tid >= 0:
+            out[text] = tid
+    return out
+
+
+def text_content(content, index: int) -> str:
+    """A chat message's ``content`` as text: a string, or its ``text`` parts joined (another part is a 400)."""
+    if isinstance(content, str):
+        return content
+    other = next((part.type for part in content if part.type != "text"), None)
+    if other is not None:
+        raise ApiError(400, f"messages[{index}].content has a {other!r} part; this model reads text only "
+                       "(content parts of type 'text')", "messages")
+    if any(part.text is None for part in content):
+        raise ApiError(400, f"messages[{index}].content has a text part without its text", "messages")
+    return "".join(part.text for part in content)
+
+
+class ChatTemplate:
+    """A compiled chat template. ``specials``: its special-token variables; with a ``tokenizer`` a rendered prompt is
+    encoded as ``apply_chat_template`` does (each ``special_ids`` string one id)."""
+
+    def __init__(self, source: str, specials: dict[str, str], tokenizer: Any = None,
+                 special_ids: dict[str, int] | None = None) -> None:
+        import jinja2.ext
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: Any) -> None:     # the globals transformers gives chat templates
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        env.globals.update(raise_exception=raise_exception, strftime_now=time.strftime)
+        self.template, self.specials = env.from_string(source), specials
+        self.tokenizer = tokenizer
+        self.special_ids = {k: int(v) for k, v in (special_ids or {}).items() if k}
+        self._split = None
+        if self.special_ids:
+            import re
+
+            # longest first, so that a special token containing another is matched whole
+            alternatives = sorted(self.special_ids, key=len, reverse=True)
+            self._split = re.compile("(" + "|".join(re.escape(t) for t in alternatives) + ")")
+
+    @classmethod
+    def from_model(cls, model, tokenizer: Any = None, source: str | None = None) -> ChatTemplate | None:
+        """The directory's template or ``source``, specials from ``tokenizer_config.json``; None: none."""
+        path = getattr(model, "name_or_path", None)
+        cfg = Path(path) / "tokenizer_config.json" if path else None
+        try:
+            meta = json.loads(cfg.read_text()) if cfg is not None and cfg.is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            meta = {}
+        meta = meta if isinstance(meta, dict) else {}
+        if source is None:
+            source = meta.get("chat_template")
+        if not isinstance(source, str) or not source.strip():
+            return None
+        specials = {}
+        for k, v in meta.items():             # "<bos>", or an AddedToken record {"content": "<bos>", ...}
+            v = v.get("content") if isinstance(v, dict) else v
+            if k.endswith("_token") and isinstance(v, str):
+                specials[k] = v
+        return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer) if path else {})
+
+    def encode(self, prompt: str) -> list[int] | str:
+        """The rendered prompt's token ids (special tokens as their ids), or the text without a tokenizer."""
+        if self.tokenizer is None:
+            return prompt
+        ids: list[int] = []
+        for i, piece in enumerate(self._split.split(prompt) if self._split is not None else [prompt]):
+            if i % 2:
+                ids.append(self.special_ids[piece])
+            elif piece:
+                ids += list(self.tokenizer.encode(piece))
+        return ids if ids else prompt          # an empty prompt: parse_prompt's own message
+
+    def prompt(self, messages: list) -> list[int] | str:
+        """The prompt of validated chat ``messages`` (``schema.ChatMessage``): rendered, then encoded."""
+        messages = [{**m.model_dump(), "content": text_content(m.content, i)} for i, m in enumerate(messages)]
+        try:
+            prompt = self.template.render(messages=messages, add_generation_prompt=True, **self.specials)
+        except Exception as e:   # a template error (e.g. raise_exception on a role order) is the request's fault
+            text = " ".join(str(e).split()) or type(e).__name__
+            raise ApiError(400, f"the chat template refused these messages: {text}", "messages") from None
+        try:                     # the tokenizer encodes it as UTF-8 (parse_prompt checks a completion's prompt)
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, "messages hold text that is not valid UTF-8 (an unpaired surrogate)",
+                           "messages") from None
+        return self.encode(prompt)

@@ -65,17 +65,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError:
         raise ConfigError("serving needs the serve extra: pip install 'elastic-ssm[serve]'") from None
-    chat_template = checked_chat_template(args.chat_template)      # before the model loads: a typo costs nothing
-
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     from ..data.tokenizer_files import resolve_tokenizer
     from ..models import load_pretrained
     from .app import ServerSettings, create_app
+    from .chat_templates import chat_template_source
     from .guard import is_loopback, uvicorn_connection_limit
     from .header_deadline import with_header_deadline
     from .remote import model_view
 
+    chat_template = chat_template_source(args.chat_template)      # before the model loads: a typo costs nothing
     if args.name is not None and ("@" in args.name or not args.name.strip()):
         raise ConfigError(f"--name {args.name!r}: a model name cannot contain '@' (model ids are NAME@TIER)")
     _check_bind(args.host, args.port)             # before the model loads: a bad address fails in a second
@@ -94,7 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if default not in tiers:                     # --tier auto picked a tier outside --tiers: it is served too
         status(f"--tier auto picked {default}, which --tiers does not list; serving it too", file=sys.stderr)
     tiers = sorted(set(tiers) | {default}, key=table.index)
-    check_state_fits(model.config, [(tiers[-1], args.max_batch)], device,     # one pool, at the widest tier
+    check_state_fits(model.config, tiers[-1], args.max_batch, device,     # one pool, at the widest tier
                      f"{spelled(args, 'max_batch')} {args.max_batch}", weight_bytes(model, dtype))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     name = args.name or Path(args.checkpoint).resolve().name
@@ -162,21 +162,17 @@ def weight_bytes(model, dtype=None) -> int:
     return sum(p.numel() * (dtype.itemsize if dtype is not None else p.element_size()) for p in model.parameters())
 
 
-def check_state_fits(config, pools: list[tuple[str, int]], device, flag: str, weights: int = 0) -> None:
-    """``ConfigError`` naming ``flag`` when the decode state of ``pools`` ((tier, batch) each; Table 53) and
+def check_state_fits(config, tier: str, batch: int, device, flag: str, weights: int = 0) -> None:
+    """``ConfigError`` naming ``flag`` when the decode state of ``batch`` sequences at ``tier`` (Table 53) and
     ``weights`` bytes exceed ``device``'s memory, before any allocation."""
     from ..elastic.tiers import state_bytes
 
-    state = sum(state_bytes(config, tier, batch)["total"] for tier, batch in pools)
+    state = state_bytes(config, tier, batch)["total"]
     have = _device_memory(device)
     if have is not None and state + weights > have:
-        batch = pools[0][1]
-        what = (f"{batch} sequences at {pools[0][0]}" if len(pools) == 1 else
-                f"{batch} sequences in each of {len(pools)} tiers" if all(b == batch for _, b in pools) else
-                ", ".join(f"{b} sequences at {t}" for t, b in pools))
         beside = f" beside the weights' {weights / 2**30:,.1f} GiB" if weights and state <= have else ""
-        raise ConfigError(f"{flag}: the decode state of {what} needs {state / 2**30:,.1f} GiB{beside}, more than "
-                          f"this device's {have / 2**30:,.1f} GiB; give a smaller batch")
+        raise ConfigError(f"{flag}: the decode state of {batch} sequences at {tier} needs {state / 2**30:,.1f} GiB"
+                          f"{beside}, more than this device's {have / 2**30:,.1f} GiB; give a smaller batch")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -196,29 +192,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     tiers = checked_tiers(model, args.tiers)          # the tier-list parser of every verb: "T1, T4" is T1, T4
     weights = weight_bytes(model)
     for t in tiers or [x.name for x in model.tier_table()]:    # one tier and batch at a time
-        check_state_fits(model.config, [(t, max(batches))], device, f"--batches {args.batches}", weights)
+        check_state_fits(model.config, t, max(batches), device, f"--batches {args.batches}", weights)
     announce_device("calibrate", device, dtype)
     profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters, show_progress=not args.quiet)
     print(f"wrote {write_profile(args.checkpoint, profile, notice=lambda line: status(line, file=sys.stderr))}")
     return 0
-
-
-def checked_chat_template(spec: str | None) -> str | None:
-    """``--chat_template``'s Jinja source, compiled once here so a broken template stops the start in one line."""
-    if spec is None:
-        return None
-    from jinja2 import TemplateError
-
-    from .chat_templates import chat_template_source
-    from .protocol import ChatTemplate
-
-    source = chat_template_source(spec)
-    try:
-        ChatTemplate(source, {})
-    except TemplateError as e:
-        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
-        raise ConfigError(f"--chat_template {spec}: not a valid Jinja template{where}: {e.message}") from None
-    return source
 
 
 def record_quality(args: argparse.Namespace, rows, model=None, window: int | None = None) -> None:

@@ -1,22 +1,24 @@
 """The serving engine: continuous batching of every served tier in one ``SlotPool``, in a background thread, with
-coalescing admission (docs/serving.md, "Continuous batching"). A failing request ends alone; the engine keeps
-serving."""
+coalescing admission (docs/serving.md, "Continuous batching"); a served ``Request``, whose events reach their event
+loop through ``deliver`` in one thread-safe call per loop. A failing request ends alone; the engine keeps serving."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
 import time
 from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from .request import Busy, Request, deliver
-from .slots import GRAPH_TOKENS, SlotPool, prefill_groups
+from .slots import GRAPH_TOKENS, SlotPool, check_counts, prefill_groups
 from .tokens import RowNoise, TextStream, sample_rows
 
-__all__ = ["Engine", "Request", "Busy", "PREFILL_WAIT_MS", "PREFILL_TOKENS", "COUNTERS", "check_prefill_wait"]
+__all__ = ["Engine", "Request", "Busy", "deliver", "PREFILL_WAIT_MS", "PREFILL_TOKENS", "COUNTERS", "check_options"]
 
 log = logging.getLogger("elastic_ssm.serve")
 
@@ -35,12 +37,95 @@ COUNTERS = {
 #: default of ``--prefill_wait_ms`` (docs/serving.md, "Coalescing admission")
 PREFILL_WAIT_MS = 50.0
 
+_ids = itertools.count(1)
+_OUTBOX: dict[Any, list] = {}     # event loop -> [(queue, event)], filled and flushed by the engine thread only
 
-def check_prefill_wait(ms) -> None:
-    """ValueError unless ``ms`` is a finite number of milliseconds >= 0."""
+
+def _put_all(items: list) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
+def deliver() -> None:
+    """Hand every queued event to its event loop: one ``call_soon_threadsafe`` per loop."""
+    while _OUTBOX:
+        loop, items = _OUTBOX.popitem()
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_put_all, items)
+
+
+def check_options(max_prefill: int = 16, max_prefill_tokens: int = PREFILL_TOKENS,
+                  prefill_graph_tokens: int = GRAPH_TOKENS, prefill_wait_ms: float = PREFILL_WAIT_MS, **_: Any) -> None:
+    """ValueError naming the first of ``Engine``'s admission options out of range (ints >= 1, a finite wait >= 0)."""
+    check_counts(max_prefill=max_prefill, max_prefill_tokens=max_prefill_tokens,
+                 prefill_graph_tokens=prefill_graph_tokens)
+    ms = prefill_wait_ms
     if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms < 0:
         raise ValueError(f"prefill_wait_ms must be a finite number of milliseconds >= 0 (0: admit at once), "
                          f"got {ms!r}")
+
+
+class Busy(RuntimeError):
+    """Every slot is busy and the queue is full (the HTTP layer answers 503)."""
+
+
+@dataclass
+class Request:
+    """One completion: token ids of the prompt, sampling parameters, and the way back to its client."""
+
+    tier: str
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    loop: Any = None                 # the asyncio loop of the handler (None: events are only recorded)
+    queue: Any = None                # asyncio.Queue the handler reads
+    id: str = field(default_factory=lambda: f"cmpl-{next(_ids)}")
+    created: float = field(default_factory=time.time)
+    completion_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)             # the generated token ids
+    finish_reason: str | None = None
+    first_token_at: float | None = None
+    cancelled: bool = False
+    role_sent: bool = False          # a streamed chat answer has named its role
+    consumed_at: float = field(default_factory=time.monotonic)   # the handler last took an event
+    emitted: int = 0                 # events emitted (engine thread only)
+    taken: int = 0                   # events taken (handler side only)
+    rid: int = 0                     # the request's number between the processes of ``RemoteEngine``
+    queued_at: float = 0.0           # when ``Engine.submit`` queued it (the engine's clock)
+    on_cancel: Any = None            # called once by ``cancel`` (``RemoteEngine`` tells its engine process)
+
+    @property
+    def pending(self) -> int:
+        """Events emitted and not yet taken by the handler."""
+        return self.emitted - self.taken
+
+    def emit(self, *event: Any) -> None:
+        """Queue ``event`` for the handler (delivered by the engine at the end of its step)."""
+        self.emitted += 1
+        if self.loop is not None:
+            _OUTBOX.setdefault(self.loop, []).append((self.queue, event))
+
+    def took(self) -> None:
+        """The handler took one event (called on its side; used to detect a client that stopped reading)."""
+        self.taken += 1
+        self.consumed_at = time.monotonic()
+
+    def cancel(self) -> None:
+        if not self.cancelled and self.on_cancel is not None:
+            self.on_cancel(self)
+        self.cancelled = True
+
+    def cancel_if_stalled(self, now: float, timeout: float) -> bool:
+        """Cancel the request when its client has left pending output untaken for over ``timeout`` s (one warning);
+        whether it is cancelled."""
+        if not self.cancelled and self.pending > 0 and now - self.consumed_at > timeout:
+            log.warning("%s: client stopped reading for %.0f s; cancelled", self.id, timeout)
+            self.cancel()
+        return self.cancelled
 
 
 class Engine:
@@ -60,12 +145,8 @@ class Engine:
                  max_prefill: int = 16, prefill_wait_ms: float = PREFILL_WAIT_MS, clock=time.monotonic,
                  max_prefill_tokens: int = PREFILL_TOKENS, prefill_graphs: bool = True,
                  attended_spans: bool = True, prefill_graph_tokens: int = GRAPH_TOKENS) -> None:
-        for key, value in (("max_prefill", max_prefill), ("max_prefill_tokens", max_prefill_tokens),
-                           ("prefill_graph_tokens", prefill_graph_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key} must be an int >= 1, got {value!r}")
+        check_options(max_prefill, max_prefill_tokens, prefill_graph_tokens, prefill_wait_ms)
         self.max_prefill_tokens = max_prefill_tokens
-        check_prefill_wait(prefill_wait_ms)
         self.prefill_wait, self._clock = prefill_wait_ms / 1e3, clock
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
         self.eos, self.max_queue, self.stall_timeout = eos, max_queue, stall_timeout
@@ -82,10 +163,7 @@ class Engine:
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="elastic-ssm-engine", daemon=True)
-        self.steps = 0                  # decode steps run (one per token position, whatever the mix of tiers)
-        self.prefills = 0               # prefill forwards run (a batched one counts once)
-        self.idle_s = 0.0               # seconds the loop waited with nothing to run
-        self.prefill_s = 0.0            # seconds the loop spent admitting (prefill forwards, host wall clock)
+        self.count = dict.fromkeys(COUNTERS, 0)   # COUNTERS but the captures (a decode step: one, whatever the tiers)
 
     # ---- control -----------------------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -115,30 +193,16 @@ class Engine:
             self.waiting.append(req)
             self._cond.notify_all()
 
-    def load(self, tier: str | None = None) -> float:
-        """Busy slots plus waiting requests, per slot (> 1: requests wait); the same for every tier (one pool)."""
-        return (self.pool.busy() + len(self.waiting)) / self.pool.slots
-
-    def pick_auto(self, default: str) -> str:
-        """``"tier": "auto"``: the default tier (in one pool a smaller tier frees no capacity)."""
-        return default
-
     def snapshot(self) -> dict[str, dict[str, int]]:
         """Per tier: the pool's slots (shared by every tier), the rows busy at that tier, its waiting requests."""
         busy = Counter(self.pool.row_tier[r].name for r in self.pool.active_rows())
         waiting = Counter(r.tier for r in self.waiting)
         return {n: {"slots": self.pool.slots, "busy": busy[n], "waiting": waiting[n]} for n in self.tiers}
 
-    @property
-    def captures(self) -> int:
-        """Prefill graphs captured so far by the pool (``SlotPool.captures``)."""
-        return getattr(self.pool, "captures", 0)
-
     def counters(self) -> dict[str, float]:
         """The loop's ``COUNTERS`` so far, as ``/metrics`` reports them (admission time is host wall clock)."""
-        return {"decode_steps": self.steps, "prefill_forwards": self.prefills,
-                "prefill_graph_captures": self.captures, "idle_seconds": round(self.idle_s, 6),
-                "prefill_seconds": round(self.prefill_s, 6)}
+        return {**{k: round(v, 6) for k, v in self.count.items()},
+                "prefill_graph_captures": getattr(self.pool, "captures", 0)}
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def _admit_in(self, now: float) -> float | None:
@@ -161,7 +225,7 @@ class Engine:
                 start = time.monotonic()
                 while not self._stop and (wait := self._idle_for()) != 0:
                     self._cond.wait(timeout=1.0 if wait is None else min(wait, 1.0))
-                self.idle_s += time.monotonic() - start
+                self.count["idle_seconds"] += time.monotonic() - start
                 if self._stop:
                     return
             try:
@@ -217,13 +281,13 @@ class Engine:
         try:
             rows = (self.pool.admit_many(chunk, [r.prompt for r in chunk], [r.tier for r in chunk])
                     if len(chunk) > 1 else None)
-            self.prefills += rows is not None
+            self.count["prefill_forwards"] += rows is not None
         except Exception as e:
             log.warning("batched prefill of %d prompts failed (%s); prefilling them one by one", len(chunk), e)
             rows = None
         if rows is None:
             rows = [self._admit_one(req) for req in chunk]
-            self.prefills += len(chunk)
+            self.count["prefill_forwards"] += len(chunk)
         for req, row in zip(chunk, rows):
             if row is not None:
                 self._start(req, row)
@@ -251,16 +315,12 @@ class Engine:
         pool = self.pool
         now = time.monotonic()
         for row in pool.active_rows():
-            req = pool.owner[row]
-            if req.cancelled or (req.pending > 0 and now - req.consumed_at > self.stall_timeout):
-                if not req.cancelled:
-                    log.warning("%s: client stopped reading for %.0f s; cancelled", req.id, self.stall_timeout)
-                    req.cancel()
+            if pool.owner[row].cancel_if_stalled(now, self.stall_timeout):
                 self._finish(row, "cancelled")
         if self._admit_in(self._clock()) == 0:
             start = time.monotonic()
             self._admit()
-            self.prefill_s += time.monotonic() - start
+            self.count["prefill_seconds"] += time.monotonic() - start
         rows = pool.active_rows()
         if not rows:
             return
@@ -292,4 +352,4 @@ class Engine:
         if self.metrics is not None:
             for tier, n in Counter(r.tier for r in reqs).items():
                 self.metrics.add_tokens(tier, n)
-        self.steps += 1
+        self.count["decode_steps"] += 1

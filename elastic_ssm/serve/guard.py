@@ -12,7 +12,7 @@ import sys
 import traceback
 from collections import defaultdict
 
-from .protocol import ApiError, error_body
+from .schema import ApiError, error_body
 
 __all__ = ["Guard", "host_allowed", "is_loopback", "read_body", "parse_json", "watch_disconnect",
            "uvicorn_connection_limit"]

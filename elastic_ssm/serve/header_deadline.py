@@ -17,7 +17,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from .protocol import error_body
+from .schema import error_body
 
 __all__ = ["with_header_deadline", "timeout_response", "refusal_response", "MAX_HEADER_BYTES", "LINGER_S"]
 

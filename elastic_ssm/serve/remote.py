@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..data.tokenizer_files import resolve_tokenizer
-from .engine import COUNTERS, Busy, Engine, Request, check_prefill_wait
+from .engine import COUNTERS, Busy, Engine, Request, check_options
 
 __all__ = ["RemoteEngine", "model_view"]
 
@@ -134,8 +134,7 @@ class RemoteEngine:
                  stall_timeout: float = 30.0, metrics=None, start_timeout: float = 1800.0, tokenizer=None,
                  **engine_options: Any) -> None:
         inspect.signature(Engine).bind_partial(**engine_options)   # in this process: an unknown name or a bad
-        if "prefill_wait_ms" in engine_options:                   # value fails before the child starts
-            check_prefill_wait(engine_options["prefill_wait_ms"])
+        check_options(**engine_options)                           # value fails before the child starts
         self.model, self.tiers, self.slots, self.max_queue = model, list(tiers), slots, max_queue
         self.stall_timeout, self.metrics, self.start_timeout = stall_timeout, metrics, start_timeout
         kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, **engine_options,
@@ -224,10 +223,6 @@ class RemoteEngine:
         if req.rid in self.live and self.alive():
             self._cmd.send(("cancel", req.rid))
 
-    def pick_auto(self, default: str) -> str:
-        """As ``Engine.pick_auto``: the default tier."""
-        return default
-
     def snapshot(self) -> dict[str, dict[str, int]]:
         """As ``Engine.snapshot``, as of the engine's last message."""
         out = {}
@@ -302,6 +297,4 @@ class RemoteEngine:
             await asyncio.sleep(min(1.0, self.stall_timeout / 4))
             now = time.monotonic()
             for req in list(self.live.values()):
-                if not req.cancelled and req.pending > 0 and now - req.consumed_at > self.stall_timeout:
-                    log.warning("%s: client stopped reading for %.0f s; cancelled", req.id, self.stall_timeout)
-                    req.cancel()
+                req.cancel_if_stalled(now, self.stall_timeout)

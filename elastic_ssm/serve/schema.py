@@ -1,16 +1,37 @@
-"""The OpenAI request and response bodies as pydantic models. Requests are strict (``n: 1.0`` is no integer), ``null``
-is the default, unknown keys are ignored, a field the server cannot honour is ``refused`` unless it asks nothing."""
+"""The OpenAI API's bodies and rules (docs/serving.md, "The API"): requests and responses as pydantic models, one
+renderer of their validation errors, the rules a schema cannot say (tier names, prompt limits) and the response
+bodies. Requests are strict (``n: 1.0`` is no integer), ``null`` is the default, unknown keys are ignored, a field
+the server cannot honour is ``refused`` unless it asks nothing; every refusal is an ``ApiError``, answered in
+OpenAI's error shape (``error_body``)."""
 
 from __future__ import annotations
 
 import functools
+import time
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 __all__ = ["CompletionRequest", "ChatCompletionRequest", "request_models", "error_message", "CompletionResponse",
-           "ChatCompletionResponse", "ModelList", "ErrorResponse"]
+           "ChatCompletionResponse", "ModelList", "ErrorResponse", "ApiError", "error_body", "resolve_model_field",
+           "parse_prompt", "response_body"]
+
+
+class ApiError(Exception):
+    """A refused request: HTTP ``status`` and a one-line ``message`` (``param``: the field at fault)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers or {}
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+            413: "invalid_request_error", 415: "invalid_request_error", 431: "invalid_request_error",
+            429: "rate_limit_error", 500: "server_error", 503: "server_overloaded"}.get(status, "error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
 
 _STRICT = ConfigDict(strict=True, extra="ignore")
 _STOP = Annotated[str, Field(min_length=1, max_length=64)]
@@ -233,3 +254,73 @@ class ErrorResponse(BaseModel):
     """OpenAI's error shape: every refusal of this server."""
 
     error: ErrorInfo
+
+
+def resolve_model_field(model: str | None, extra: str | None, name: str, tiers: list[str], default_tier: str,
+                        aliases: dict[str, str] | None = None) -> str:
+    """The tier a request names by ``model`` and/or ``tier`` (``auto``: the default tier, since in one pool a
+    smaller tier frees no capacity); ``aliases``: other names -> served tiers."""
+    picked = None
+    if model is not None:
+        base, at, tier = model.partition("@")
+        if at and not tier.strip():
+            raise ApiError(400, f"model {model!r} names no tier after '@'; give '{name}' for the default tier or "
+                                f"one of {', '.join(f'{name}@{t}' for t in tiers)}", "model")
+        if base != name:
+            raise ApiError(404, f"unknown model {model!r}; this server serves {name!r} "
+                                f"(tiers: {', '.join(f'{name}@{t}' for t in tiers)})", "model")
+        picked = tier or None
+    if extra is not None:
+        if picked is not None and picked.upper() != extra.upper():
+            raise ApiError(400, f"model {model!r} and tier {extra!r} disagree; give one of them", "tier")
+        picked = extra
+    if picked is None or picked.lower() == "auto":
+        return default_tier
+    for t in [*tiers, *(aliases or {})]:
+        if t.upper() == picked.upper():
+            return (aliases or {}).get(t, t)
+    raise ApiError(400, f"tier {picked!r} is not served here; served tiers: {', '.join(tiers)} (or 'auto')", "tier")
+
+
+def parse_prompt(prompt: str | list, tokenizer, vocab: int, max_prompt: int) -> list[int]:
+    """A validated ``prompt`` (``CompletionRequest``) as token ids, within the vocabulary and the limit."""
+    if isinstance(prompt, list) and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, "prompt is not valid UTF-8 text (it holds an unpaired surrogate)", "prompt") from None
+        ids = tokenizer.encode(prompt)
+    elif not all(0 <= t < vocab for t in prompt):
+        raise ApiError(400, f"prompt token ids must lie in [0, {vocab})", "prompt")
+    else:
+        ids = list(prompt)
+    if not ids:
+        raise ApiError(400, "prompt is empty: give at least one character", "prompt")
+    if len(ids) > max_prompt:
+        raise ApiError(400, f"prompt has {len(ids)} tokens; this server takes at most {max_prompt}", "prompt")
+    return ids
+
+
+def response_body(req, model_id: str, chat: bool, text: str = "", finish_reason: str | None = None, *,
+                  stream: bool = False, usage: bool = False) -> dict:
+    """The body of ``req``'s whole answer, or with ``stream`` one chunk of it (``usage``: the last chunk, with empty
+    choices and the counts); ``chat``: chat completions' shapes (the first streamed text names the role)."""
+    body = {"id": req.id.replace("cmpl", "chatcmpl") if chat else req.id,
+            "object": ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion",
+            "created": int(req.created or time.time()), "model": model_id, "tier": req.tier, "choices": []}
+    if not usage:
+        if not chat:
+            choice = {"text": text, "logprobs": None}
+        elif not stream:
+            choice = {"message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"delta": {"content": text} if text else {}}
+            if text and not req.role_sent:                   # the first text chunk names the role
+                choice["delta"]["role"], req.role_sent = "assistant", True
+        body["choices"] = [{"index": 0, **choice, "finish_reason": finish_reason}]
+    if usage or not stream:
+        n, m = len(req.prompt), req.completion_tokens
+        body["usage"] = {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
+    return body

@@ -1,12 +1,14 @@
 """The slot pool: one ``FastDecoder`` of ``slots`` rows at the widest served tier, each row a sequence at any
 served tier (nested prefixes share one step: ``mixed=True``), with batched, CUDA-graphed prefill and attended spans
 (docs/serving.md, "Continuous batching"). A slot is a fixed row of fixed buffers: admitting or releasing a request
-never reallocates or recaptures."""
+never reallocates or recaptures. Its row bookkeeping: row views of a cache, left padding, prefill grouping,
+``SlotRows``."""
 
 from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections import OrderedDict
 from typing import Any
 
@@ -17,12 +19,109 @@ from ..models.decode_engine import batch_bucket
 from ..models.fast_decode import FastDecoder
 from ..models.prefill_graph import GRAPH_TOKENS, PrefillGraph, length_bucket
 from ..ops.dispatch import ENV_VAR
-from ..utils.first_run import tuning_notice
-from .rows import SlotRows, left_pad, prefill_groups, raised_in_fla, reset_row_, row_cache
+from ..utils.progress import tuning_notice
 
-__all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups", "served_tiers"]
+__all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups", "served_tiers",
+           "check_counts", "GRAPH_TOKENS"]
 
 log = logging.getLogger("elastic_ssm.serve")
+
+
+def check_counts(**values: Any) -> None:
+    """ValueError naming the first of ``values`` that is not an int >= 1."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def raised_in_fla(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from) was raised inside fla (the torch scan goes around it)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if any("/fla/" in frame.filename.replace("\\", "/") for frame in traceback.extract_tb(error.__traceback__)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def row_cache(cache: ESSHCache, i: int) -> ESSHCache:
+    """A batch-1 cache of views of row ``i`` of ``cache`` (writes land in ``cache``)."""
+    if not 0 <= i < cache.batch:
+        raise IndexError(f"row {i} is outside a cache of {cache.batch} rows")
+    return cache.narrow(1, start=i)
+
+
+def reset_row_(cache: ESSHCache, i: int) -> ESSHCache:
+    """Empty sequence ``i`` of ``cache`` in place; returns its row view, ready for a prefill."""
+    return row_cache(cache, i).reset_()
+
+
+def left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``ids [n, T]`` of prompts left-padded (id 0) to the longest, ``T``, and the mask of real tokens ``[n, T]``
+    (None when every prompt has ``T`` tokens: the unmasked forward)."""
+    T = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), T, dtype=torch.long)
+    mask = torch.zeros(len(prompts), T, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, T - len(p):] = True
+    same = all(len(p) == T for p in prompts)
+    return ids.to(device), (None if same else mask.to(device))
+
+
+def prefill_groups(lengths: list[int], max_prefill: int, max_tokens: int | None = None, pad_ratio: float = 1.25,
+                   pad_tokens: int = 2048) -> list[list[int]]:
+    """Prompt indices grouped for batched prefill: by length, a prompt joins the current group while it stays within
+    ``max_prefill`` prompts and ``max_tokens`` padded tokens (None: no bound) and the padding is at most
+    ``pad_ratio`` x the real tokens or ``pad_tokens`` more (docs/serving.md)."""
+    groups: list[list[int]] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
+        L = lengths[i]
+        padded, total = ((len(groups[-1]) + 1) * L, real + L) if groups else (0, 0)
+        if groups and len(groups[-1]) < max_prefill and (max_tokens is None or padded <= max_tokens):
+            if padded <= pad_ratio * total or padded - total <= pad_tokens:
+                groups[-1].append(i)
+                real = total
+                continue
+        groups.append([i])
+        real = L
+    return groups
+
+
+class SlotRows:
+    """Which request holds which of ``slots`` rows (``owner[i]``; None: free): ``SlotPool``'s and ``StubPool``'s."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.owner: list[Any] = [None] * slots
+
+    def free_slots(self) -> int:
+        return sum(o is None for o in self.owner)
+
+    def busy(self) -> int:
+        return self.slots - self.free_slots()
+
+    def active_rows(self) -> list[int]:
+        return [i for i, o in enumerate(self.owner) if o is not None]
+
+    def free_rows(self, n: int) -> list[int]:
+        """The first ``n`` free rows (fewer when fewer are free)."""
+        return [i for i, o in enumerate(self.owner) if o is None][:n]
+
+    def free_run(self, n: int) -> int | None:
+        """First row of ``n`` consecutive free rows, or None when the free rows are more scattered."""
+        run = 0
+        for i, o in enumerate(self.owner):
+            run = run + 1 if o is None else 0
+            if run == n:
+                return i - n + 1
+        return None
+
+    def release(self, i: int) -> None:
+        """Free row ``i`` at once (finished, cancelled or failed); it is reset when next admitted."""
+        self.owner[i] = None
 
 
 def served_tiers(model, tiers: Any) -> list:
@@ -53,10 +152,7 @@ class SlotPool(SlotRows):
             raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
         if prefill_graphs not in (None, True, False):
             raise ValueError(f"prefill_graphs must be True, False or None (on CUDA), got {prefill_graphs!r}")
-        for name, value in (("max_graphs", max_graphs), ("max_graph_tokens", max_graph_tokens),
-                            ("graph_after", graph_after)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_counts(max_graphs=max_graphs, max_graph_tokens=max_graph_tokens, graph_after=graph_after)
         super().__init__(slots)
         self.model = model
         self.tiers = served_tiers(model, tiers)
@@ -80,7 +176,7 @@ class SlotPool(SlotRows):
         self.tokens = torch.zeros(slots, dtype=torch.long, device=self.device)         # last token per row
         self.max_prefill = min(slots, max_prefill)
         self._dtypes = (state_dtype, kv_dtype)
-        self._scratch: dict[Any, ESSHCache] = {}      # admit_many's prefill cache per tier, allocated on first need
+        self._scratch: ESSHCache | None = None       # admit_many's prefill cache, allocated on first need
         self._host_tokens: torch.Tensor | None = None  # step_async's pinned copy of the sampled tokens (CUDA)
         self._copied: torch.cuda.Event | None = None
         self.prefill_graphs = self.device.type == "cuda" if prefill_graphs is None else prefill_graphs
@@ -116,25 +212,21 @@ class SlotPool(SlotRows):
             raise RuntimeError("warm_up needs a free slot; call it before admitting requests")
         row = self.owner.index(None)
         start = time.perf_counter()
+        tier = [self.tiers[0]] if self.fd.mixed else self.tier     # what _prefill runs: the widest (row factors)
         with tuning_notice(self.device):
-            self._warm_rows(row, lengths)
+            for T in lengths:
+                ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                      # [1, T]
+                try:
+                    self.model.hidden_states(ids, tier=tier, cache=reset_row_(self.cache, row))
+                except RuntimeError as e:   # a kernel that fails on this stack: say where, and the way around fla
+                    first = (str(e).strip().splitlines() or [""])[0]
+                    around = (f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if raised_in_fla(e) else "")
+                    raise RuntimeError(f"tier{'s' * self.fd.mixed} {self._names()}: the warm-up prefill of {T} "
+                                       f"tokens failed ({type(e).__name__}: {first}){around}") from e
         reset_row_(self.cache, row)
         log.info("tiers %s: prefill warmed up for prompts of %s tokens in %.1f s (on a fresh machine fla autotunes "
                  "here, once; Triton keeps the result on disk)", self._names(), "/".join(map(str, lengths)),
                  time.perf_counter() - start)
-
-    def _warm_rows(self, row: int, lengths: tuple[int, ...]) -> None:
-        tier = [self.tiers[0]] if self.fd.mixed else self.tier     # what _prefill runs: the widest (row factors)
-        for T in lengths:
-            ids = torch.zeros(1, T, dtype=torch.long, device=self.device)                      # [1, T]
-            try:
-                reset_row_(self.cache, row)
-                self.model.hidden_states(ids, tier=tier, cache=self.cache.narrow(1, start=row))
-            except RuntimeError as e:   # a kernel that fails on this stack: say where, and the way around fla
-                first = (str(e).strip().splitlines() or [""])[0]
-                around = (f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if raised_in_fla(e) else "")
-                raise RuntimeError(f"tier{'s' * self.fd.mixed} {self._names()}: the warm-up prefill of {T} tokens "
-                                   f"failed ({type(e).__name__}: {first}){around}") from e
 
     # ---- slots -------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -170,23 +262,21 @@ class SlotPool(SlotRows):
         n, t = len(prompts), self.tier
         per_row = tiers if self.fd.mixed else None
         ids, mask = left_pad(prompts, self.device)                                       # [n, T], [n, T] | None
-        graph = self._graph_for(prompts, t)
+        graph = self._graph_for(prompts)
+        start = None if graph is not None else self.free_run(n)
         if graph is not None:
-            rows = self.free_rows(n)
-            self._copy_rows(graph(ids, mask, per_row), rows, t)
+            logits = graph(ids, mask, per_row)
         else:
             tier = t if per_row is None else self.model.row_tiers(per_row, t)
-            start = self.free_run(n)
-            if start is not None:
-                rows = list(range(start, start + n))
-                view = self.cache.narrow(n, start=start).reset_()
-                h = self.model.hidden_states(ids, tier=tier, attention_mask=mask, cache=view)   # [n, T, D]
-                self.logits[start:start + n] = self.model.logits_from_hidden(h[:, -1]).float()
-            else:
-                view = self.scratch(t).narrow(n).reset_()
-                h = self.model.hidden_states(ids, tier=tier, attention_mask=mask, cache=view)   # [n, T, D]
-                rows = self.free_rows(n)
-                self._copy_rows(self.model.logits_from_hidden(h[:, -1]), rows, t)
+            view = (self.cache.narrow(n, start=start) if start is not None else self.scratch().narrow(n)).reset_()
+            h = self.model.hidden_states(ids, tier=tier, attention_mask=mask, cache=view)   # [n, T, D]
+            logits = self.model.logits_from_hidden(h[:, -1])
+        if start is not None:
+            rows = list(range(start, start + n))
+            self.logits[start:start + n] = logits.float()
+        else:
+            rows = self.free_rows(n)
+            self._copy_rows(logits, rows)
         self._own(rows, owners, prompts, tiers)
         return rows
 
@@ -207,24 +297,24 @@ class SlotPool(SlotRows):
                 s[:, K:].index_fill_(0, idx_t, 0.0)
 
     # ---- prefill through the scratch cache ----------------------------------------------------------------
-    def scratch(self, tier: Any = None) -> ESSHCache:
-        """The prefill cache of ``max_prefill`` rows at ``tier`` (None: the widest; allocated on first need)."""
-        t = self.tier_of(tier)
-        if t not in self._scratch:
-            self._scratch[t] = self.model.allocate_cache(self.max_prefill, t, state_dtype=self._dtypes[0],
-                                                         kv_dtype=self._dtypes[1])
-        return self._scratch[t]
+    def scratch(self) -> ESSHCache:
+        """The prefill cache of ``max_prefill`` rows at the widest tier (allocated on first need)."""
+        if self._scratch is None:
+            self._scratch = self.model.allocate_cache(self.max_prefill, self.tier, state_dtype=self._dtypes[0],
+                                                      kv_dtype=self._dtypes[1])
+        return self._scratch
 
-    def _copy_rows(self, logits: torch.Tensor, rows: list[int], tier) -> None:
-        """Rows ``0 .. n-1`` of ``tier``'s scratch cache, and their next-token ``logits [n, V]``, into pool ``rows``."""
+    def _copy_rows(self, logits: torch.Tensor, rows: list[int]) -> None:
+        """Rows ``0 .. n-1`` of the scratch cache, and their next-token ``logits [n, V]``, into pool ``rows``."""
         idx = torch.tensor(rows, device=self.device)
-        for dst, s in zip(self.cache.tensors(), self._scratch[tier].narrow(len(rows)).tensors()):
+        for dst, s in zip(self.cache.tensors(), self.scratch().narrow(len(rows)).tensors()):
             dst.index_copy_(0, idx, s)
         self.logits.index_copy_(0, idx, logits.float())
 
-    def _graph_for(self, prompts: list[list[int]], tier) -> PrefillGraph | None:
-        """The prefill graph at ``tier`` for these prompts (in a pool of several tiers: taking one tier per row), or
-        None: eager prefill."""
+    def _graph_for(self, prompts: list[list[int]]) -> PrefillGraph | None:
+        """The prefill graph at the widest tier for these prompts (in a pool of several tiers: taking one tier per
+        row), or None: eager prefill."""
+        tier = self.tier
         if not self.prefill_graphs:
             return None
         T = max(len(p) for p in prompts)
@@ -246,7 +336,7 @@ class SlotPool(SlotRows):
         try:
             if cuda and self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
-            graph = PrefillGraph(self.model, self.scratch(tier).narrow(rows), length, key[3], graph=cuda,
+            graph = PrefillGraph(self.model, self.scratch().narrow(rows), length, key[3], graph=cuda,
                                  pool=self._graph_pool, row_tiers=self.fd.mixed)
         except Exception as e:       # e.g. a kernel that cannot be captured: prefill eagerly from now on
             log.warning("tier %s: capturing a prefill graph failed (%s: %s); prefilling without graphs",

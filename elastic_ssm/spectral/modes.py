@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from . import cache
-from .hankel import _filters, _resolved_at, _warn_unresolved, check_channels, check_length
+from .hankel import _as_int, _filters, _resolved_at, _warn_unresolved, check_channels, check_length
 
 __all__ = ["DEFAULT_CLIP", "DampedModes", "fit_damped_modes", "modal_tables"]
 
@@ -87,9 +87,7 @@ def _as_signal(phi_k: object) -> np.ndarray:
 
 def _check_modes(L: int, m: object) -> int:
     """Validate the mode count 1 <= m <= L/4 (the pencil parameter) for a length-L filter."""
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)):
-        raise ValueError(f"m must be an integer number of modes, got {m!r}; pass 1 <= m <= L/4")
-    m = int(m)
+    m = _as_int(m, "m", "pass a number of modes 1 <= m <= L/4")
     if not 1 <= m <= L // 4:
         raise ValueError(f"m must satisfy 1 <= m <= L/4 = {L // 4} (the pencil parameter) for L={L}, got m={m}; "
                          "pass fewer modes or a longer filter")

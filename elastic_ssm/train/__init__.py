@@ -5,7 +5,6 @@ Sec. 4.2). ``train(model_or_cfg, batches, TrainConfig(...))`` runs on CPU, one G
 from ..config import REFINE_CAPACITIES, TRAIN_CAPACITIES, RefineConfig, TrainConfig
 from ..eval.perplexity import evaluate_tiers  # the one per-tier evaluation (kept importable from here)
 from ..models import build_model  # the one model builder (kept importable from here)
-from .budget_dropout import BudgetDropout
 from .capacity_mixed import CapacityMixed, MicroPlan, Recipe, SharedRefinement
 from .checkpoint import DataStream, find_checkpoint, load_checkpoint, save_checkpoint
 from .dist import DistContext, init_distributed
@@ -15,7 +14,7 @@ from .losses import LossModule, chunked_loss_sums, ffn_grad_scaled, loss_sums
 from .metrics import MetricsLogger, validation_records
 from .optim import WarmupCosine, build_adamw, param_groups
 from .preflight import TrainingInterrupted
-from .recipes import make_recipe, resolve_recipe_name
+from .recipes import BudgetDropout, make_recipe, resolve_recipe_name
 
 __all__ = [
     "BudgetDropout", "CapacityMixed", "DataStream", "DistContext", "LossModule", "MetricsLogger",

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..config import TierLike, TrainConfig
-from ..elastic.tiers import Tier, capacity_tier, resolve_tier
+from ..elastic.tiers import capacity_tier, resolve_tier
 from .dist import DistContext
 from .ffn_order import enable_tracking, order_ffn_units, should_order
 
@@ -86,11 +86,6 @@ def reserved_slots(full_share: float, n_global: int, u: float = 1.0) -> int:
     return min(n_global, base + (1 if u < frac else 0))
 
 
-def _is_full(cfg: Any, tier: Tier) -> bool:
-    full = resolve_tier(cfg, None)
-    return tier.K == full.K and tier.n_ff == full.n_ff
-
-
 class CapacityMixed(Recipe):
     """ESSH capacity-mixed pretraining (Algorithm 1) with FFN importance ordering (D.3)."""
 
@@ -125,8 +120,8 @@ class CapacityMixed(Recipe):
     def plan_for(self, xi: float) -> MicroPlan:
         if xi == 1.0:
             return MicroPlan(label=1.0)
-        tier = self.tiers[self.capacities.index(xi)]
-        if _is_full(self.model_cfg, tier):
+        tier, full = self.tiers[self.capacities.index(xi)], resolve_tier(self.model_cfg, None)
+        if (tier.K, tier.n_ff) == (full.K, full.n_ff):     # a capacity that rounds to the full model
             return MicroPlan(label=xi)
         return MicroPlan(tier=tier, label=xi, ffn_grad_scale=self.mix.alpha_ff, distill=("kl", self.mix.kl_coef))
 

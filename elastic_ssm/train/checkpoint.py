@@ -274,15 +274,6 @@ def verify_checkpoint(path: Path) -> None:
             raise CheckpointError(f"{path / name}: sha256 checksum mismatch with {COMPLETE} (same-size corruption)")
 
 
-def changed_model_fields(model: nn.Module, saved: Any) -> list[str]:
-    """``config_changes`` from a checkpoint's ``model_config`` ``saved`` (``ModelConfig.upgrade_record``) to
-    ``model``'s config, leaving out ``ModelConfig.RESUME_FREE`` (names: no weight or loss)."""
-    cfg = getattr(model, "config", None)
-    if not hasattr(cfg, "upgrade_record") or not isinstance(saved, dict):
-        return []
-    return config_changes(type(cfg).upgrade_record(saved), cfg.to_dict(), cfg.RESUME_FREE)
-
-
 class _OtherModel(ValueError):
     """A checkpoint of a model with another config: a refusal, not a damaged file to skip."""
 
@@ -292,23 +283,26 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
     """Restore ``model`` and ``optimizer`` from the newest usable checkpoint of ``stage_dir``.
 
     Returns ``(trainer_state, rank_state)`` or ``None`` when there is no checkpoint; one that fails to load is
-    skipped with a warning. RNG states are applied by the loop, right before the first resumed step."""
+    skipped with a warning; one of a model with another config (``config_changes`` from its ``model_config``,
+    upgraded by ``ModelConfig.upgrade_record``, less ``ModelConfig.RESUME_FREE``) is refused. RNG states are
+    applied by the loop, right before the first resumed step."""
     from safetensors.torch import load_file
 
     candidates: list[Path] = []
     if ctx.is_main:
-        first = find_checkpoint(stage_dir)
-        rest = [p for p in valid_checkpoints(stage_dir) if p != first]
-        candidates = ([first] if first is not None else []) + rest
+        first = find_checkpoint(stage_dir)   # when None, no checkpoint is valid
+        candidates = [first, *(p for p in valid_checkpoints(stage_dir) if p != first)] if first else []
     candidates = broadcast_object([str(p) for p in candidates], ctx)
-    sharded = is_sharded(model)
+    sharded, cfg = is_sharded(model), getattr(model, "config", None)
     device = "cpu" if sharded else next(model.parameters()).device
     failures = []
     for cand in map(Path, candidates):
         try:
             verify_checkpoint(cand)
             trainer = _load(cand / "trainer.pt")
-            changed = changed_model_fields(model, trainer.get("model_config") if isinstance(trainer, dict) else None)
+            saved = trainer.get("model_config") if isinstance(trainer, dict) else None
+            changed = config_changes(type(cfg).upgrade_record(saved), cfg.to_dict(), cfg.RESUME_FREE) \
+                if hasattr(cfg, "upgrade_record") and isinstance(saved, dict) else []
             if changed:
                 raise _OtherModel(f"cannot resume from {cand}: it was written by a model with a different config "
                                   f"({'; '.join(changed)}); resume with the same model or use a new out_dir")

@@ -3,7 +3,13 @@ environment; NCCL on CUDA, gloo on CPU; without it a single-process context whos
 ``wrap_ddp`` (gradients accumulate under ``no_sync``, all-reduced with the last backward: Alg. 1 line 20) and
 ``wrap_fsdp`` (FSDP2 ``fully_shard`` per block: parameters, gradients and AdamW moments become ``DTensor`` shards,
 plain tensors inside a forward; outside it ``full_tensor`` / ``shard_like``). Both *average* gradients, so the loop
-scales each micro-batch loss by the world size to get Algorithm 1's sum."""
+scales each micro-batch loss by the world size to get Algorithm 1's sum.
+
+Ranks in lock step: the same collectives in the same order on every rank, and no silent hang. Under FSDP2 every
+rank must run the same forwards (NCCL matches collectives by position); a reduced micro-batch of capacity mixing runs
+a teacher pass (Alg. 1 line 12) and a full one does not, so ``teacher_padding`` names the micro-batches that run an
+idle teacher pass (``LossModule.idle_teacher``; results unchanged). A collective that waits past ``dist_timeout_s``
+becomes one line naming rank, stage and step (``collective_error``, ``StepWatch``)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +17,11 @@ import datetime
 import inspect
 import os
 import sys
+import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,10 +29,11 @@ from torch import nn
 
 from ..config import ConfigError
 from ..utils.devices import auto_device, checked_device
-from ..utils.env import env_int
+from ..utils.environment import env_int
 
 __all__ = ["DistContext", "init_distributed", "all_reduce", "barrier", "wrap_ddp", "wrap_fsdp", "no_sync",
-           "unwrap", "is_sharded", "full_tensor", "shard_like", "unsharded_copy"]
+           "unwrap", "is_sharded", "full_tensor", "shard_like", "unsharded_copy", "CollectiveError", "teacher_padding",
+           "collective_error", "check_same_count", "StepWatch"]
 
 
 @dataclass
@@ -58,11 +69,9 @@ class DistContext:
 
 def _pick_device(device: str, local_rank: int) -> torch.device:
     if device == "auto":
-        device = auto_device()[0]       # the CLI printed why not mps (utils/threads.cpu_threads_for)
+        device = auto_device()[0]       # the CLI printed why not mps (utils/devices.cpu_threads_for)
     if device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("TrainConfig.device='cuda' but CUDA is not available; use 'cpu' or 'auto'")
-        device = f"cuda:{local_rank}"
+        device = f"cuda:{local_rank}"       # checked_device refuses it without CUDA
     try:
         dev = checked_device(device, "train.device")
     except ValueError as e:
@@ -90,8 +99,7 @@ def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_
     rank = env_int("RANK", 0)
     local = env_int("LOCAL_RANK", rank)
     dev = _pick_device(device, local)
-    backend = "nccl" if dev.type == "cuda" else "gloo"
-    kw = {"device_id": dev} if dev.type == "cuda" else {}
+    backend, kw = ("nccl", {"device_id": dev}) if dev.type == "cuda" else ("gloo", {})
     if backend == "nccl":
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         if os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0") in ("", "0"):
@@ -229,3 +237,80 @@ def unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], device: tor
             dst.track_activations, dst.stat_decay = src.track_activations, src.stat_decay
             dst.act_sq = None if src.act_sq is None else src.act_sq.clone()
     return plain
+
+
+_MARKERS = ("timed out", "timeout", "gloo", "nccl", "connection closed", "connection reset", "broken pipe")
+
+
+class CollectiveError(RuntimeError):
+    """A collective did not complete on this rank (timeout, a peer that died or ran other collectives)."""
+
+
+def teacher_padding(gplan: Sequence[Any], n_local: int, world: int, rank: int) -> list[bool]:
+    """For local micro-batches ``r = 0 .. n_local - 1`` (global slot ``r x world + rank``): whether this rank
+    must run an idle teacher pass because it has none and another rank's r-th micro-batch has one."""
+    rows = [[p.distill is not None and not p.full_ce for p in gplan[r * world:(r + 1) * world]]  # a KL teacher pass
+            for r in range(n_local)]
+    return [any(row) and not row[rank] for row in rows]
+
+
+def collective_error(e: BaseException, ctx: DistContext, where: tuple[str, int] | None,
+                     timeout_s: float) -> BaseException:
+    """``e`` itself, or for a failed collective of a distributed run a one-line ``CollectiveError`` naming the
+    rank and the step (the original error is chained)."""
+    failed = isinstance(e, torch.distributed.DistError) or isinstance(e, RuntimeError) and any(
+        m in str(e).lower() for m in _MARKERS)
+    if not ctx.distributed or isinstance(e, CollectiveError) or not failed:
+        return e
+    step = f"{where[0]} step {where[1]}" if where else "start-up (before the first step)"
+    first = " ".join(str(e).split())[:300]
+    return CollectiveError(
+        f"rank {ctx.rank} of {ctx.world_size}: a collective of {step} did not complete ({type(e).__name__}: "
+        f"{first}); another rank failed, stopped or ran a different sequence of collectives (the process-group "
+        f"timeout is {timeout_s:g} s, --train.dist_timeout_s); see that rank's error")
+
+
+def check_same_count(n: int, ctx: DistContext, what: str) -> None:
+    """Raise on every rank unless ``n`` is the same on all of them (a collective; one process: nothing)."""
+    if not ctx.distributed:
+        return
+    t = torch.tensor([n, -n], dtype=torch.float64, device=ctx.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)  # [max n, -min n]
+    if t[0].item() != -t[1].item():
+        raise ValueError(f"{what}: rank {ctx.rank} has {n}, the ranks have between {int(-t[1].item())} and "
+                         f"{int(t[0].item())}; under parallel='fsdp' every rank must run the same number of "
+                         "forward passes: give every rank the same number of batches")
+
+
+class StepWatch:
+    """A daemon thread that prints one line naming the rank and the step when a step has run for
+    ``timeout_s - margin`` seconds (NCCL runs only: its watchdog then aborts the process at the timeout)."""
+
+    def __init__(self, ctx: DistContext, timeout_s: float) -> None:
+        self.ctx, self.timeout_s = ctx, timeout_s
+        self.where: tuple[str, int] | None = None
+        self._since = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = None
+        if ctx.distributed and ctx.backend == "nccl":
+            self._thread = threading.Thread(target=self._run, name="elastic-ssm-step-watch", daemon=True)
+            self._thread.start()
+
+    def mark(self, stage: str, step: int) -> None:
+        """This rank starts ``stage`` step ``step`` (1-based) now."""
+        self.where, self._since = (stage, step), time.monotonic()
+
+    def _run(self) -> None:
+        limit = max(self.timeout_s - min(30.0, 0.1 * self.timeout_s), 1.0)
+        told = None
+        while not self._stop.wait(1.0):
+            if self.where is not None and self.where != told and time.monotonic() - self._since > limit:
+                told = self.where
+                print(f"elastic-ssm train: rank {self.ctx.rank} of {self.ctx.world_size}: {self.where[0]} step "
+                      f"{self.where[1]} has run for {limit:.0f} s: if a collective is waiting for another rank it "
+                      f"fails at the {self.timeout_s:g} s process-group timeout (--train.dist_timeout_s; first "
+                      f"fla/Triton autotuning of new shapes can also take minutes: raise it if so)",
+                      file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._stop.set()

@@ -31,10 +31,7 @@ def should_order(step: int, total_steps: int, order_every: int, order_until: flo
 
 def enable_tracking(model: nn.Module, on: bool, stat_decay: float = 0.99) -> None:
     """Switch the running squared-activation statistics of every FFN layer on or off."""
-    layers = getattr(model, "ffn_layers", None)
-    if layers is None:
-        return
-    for ffn in layers():
+    for ffn in model.ffn_layers() if hasattr(model, "ffn_layers") else []:
         ffn.track_activations = on
         ffn.stat_decay = stat_decay
 

@@ -16,6 +16,7 @@ into ``<out_dir>/<stage>/``; a resume continues an interrupted stage bit for bit
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -38,17 +39,20 @@ from .checkpoint import (
 )
 from .dist import (
     DistContext,
+    StepWatch,
     all_reduce,
+    check_same_count,
+    collective_error,
     full_tensor,
     init_distributed,
     is_sharded,
     no_sync,
+    teacher_padding,
     unsharded_copy,
     unwrap,
     wrap_ddp,
     wrap_fsdp,
 )
-from .lockstep import StepWatch, check_same_count, collective_error, teacher_padding
 from .losses import IGNORE_INDEX, LossModule
 from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, validation_records
 from .optim import WarmupCosine, build_adamw, set_lr
@@ -113,13 +117,9 @@ class _Trainer:
         self.sharded = cfg.parallel == "fsdp" and ctx.distributed
         self.watch = StepWatch(ctx, cfg.dist_timeout_s)
         self.precision = resolve_precision(cfg.precision, ctx.device)
-        if cfg.parallel == "fsdp":
-            wrap_fsdp(model, ctx)
-            self.loss_mod = LossModule(model)
-            self.sync_mod: nn.Module = model
-        else:
-            self.loss_mod = wrap_ddp(LossModule(model), ctx)
-            self.sync_mod = self.loss_mod
+        fsdp = cfg.parallel == "fsdp"   # FSDP2 shards the model in place; DDP wraps the loss module
+        self.loss_mod = LossModule(wrap_fsdp(model, ctx)) if fsdp else wrap_ddp(LossModule(model), ctx)
+        self.sync_mod: nn.Module = model if fsdp else self.loss_mod
         self._shape_checked = False
 
     def _check_shape(self, ids: torch.Tensor) -> None:
@@ -212,8 +212,7 @@ class _Trainer:
             self.watch.mark(st.name, step + 1)
             batches = [self.stream.next_on(ctx.device) for _ in range(M)]
             self._check_shape(batches[0][0])
-            n_tok = torch.stack([(b[1] != IGNORE_INDEX).sum() for b in batches]).sum().to(torch.float64)
-            all_reduce(n_tok, ctx)
+            n_tok = all_reduce(torch.stack([(b[1] != IGNORE_INDEX).sum() for b in batches]).sum().double(), ctx)
             if n_tok.item() == 0:
                 raise ValueError(f"step {step}: no valid labels (all -100) in the global batch")
             n_local_tok = sum(b[0].numel() for b in batches)
@@ -225,7 +224,7 @@ class _Trainer:
                 plan = gplan[r * W + ctx.rank]
                 with no_sync(self.sync_mod, r < M - 1):
                     with torch.autocast(ctx.device.type, torch.bfloat16, enabled=amp):
-                        if idle[r]:  # another rank's r-th micro-batch runs a teacher pass (lockstep.py)
+                        if idle[r]:  # another rank's r-th micro-batch runs a teacher pass (dist.teacher_padding)
                             self.loss_mod.idle_teacher(ids, mask, cfg.loss_chunk)
                         out = self.loss_mod(ids, labels, attention_mask=mask, chunk=cfg.loss_chunk,
                                             **plan.loss_kwargs())
@@ -241,8 +240,8 @@ class _Trainer:
             step_tokens = n_local_tok * W
             tokens += step_tokens
             step += 1
-            loss = (sums[0] / n_tok).item()
-            if not torch.isfinite(torch.tensor(loss)):
+            loss, ce, aux, ce_full = (sums / n_tok).tolist()
+            if not math.isfinite(loss):
                 last = find_checkpoint(self.out / st.name) if ctx.is_main else "(named on rank 0)"
                 kept = f"the last checkpoint is {last}" if last else "no checkpoint was written yet"
                 raise FloatingPointError(
@@ -250,13 +249,12 @@ class _Trainer:
                     "lower --train.optim.lr or a longer warm-up (--train.optim.warmup_frac) in a new --train.out_dir, "
                     "or check the data for bad tokens")
             dt = time.perf_counter() - t0
-            rec = {"kind": "train", "stage": st.name, "step": step, "loss": loss,
-                   "ce": (sums[1] / n_tok).item(), "aux": (sums[2] / n_tok).item(), "lr": lr,
+            rec = {"kind": "train", "stage": st.name, "step": step, "loss": loss, "ce": ce, "aux": aux, "lr": lr,
                    "tokens": tokens, "tokens_per_s": step_tokens / max(dt, 1e-9),
                    "capacities": [p.label for p in gplan],
                    "grad_norm": float(full_tensor(gnorm)), **events}
             if st.name == "refine":
-                rec["ce_full"] = (sums[3] / n_tok).item()
+                rec["ce_full"] = ce_full
             saved = (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step in (st.steps, end)
             self.log.train_step(rec, step % cfg.log_every == 0 or saved)   # checkpoint steps too: counts complete
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == st.steps:

@@ -39,8 +39,7 @@ def loss_sums(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor 
     y = labels.reshape(-1)
     ce = F.nll_loss(logp, y, ignore_index=IGNORE_INDEX, reduction="sum")
     if teacher is None or coef == 0.0:
-        zero = ce.new_zeros(())
-        return torch.stack([ce, ce, zero])
+        return torch.stack([ce, ce, ce.new_zeros(())])
     valid = (y != IGNORE_INDEX).to(logp.dtype)                             # [N]
     tlogp = teacher.detach().reshape(-1, V).float().log_softmax(-1)        # [N, V]
     if kind == "kl":
@@ -131,7 +130,7 @@ class LossModule(nn.Module):
     def idle_teacher(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                      chunk: int = 0) -> None:
         """A teacher pass (full capacity, no gradient) whose output is discarded and FFN statistics untouched:
-        the padding of ``lockstep.teacher_padding`` under FSDP2."""
+        the padding of ``dist.teacher_padding`` under FSDP2."""
         with _ffn_set(self.model, "track_activations", False):
             self._out(input_ids, None, attention_mask, None, chunk > 0)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -56,18 +57,16 @@ class MetricsLogger:
         self.path = Path(out_dir) / "metrics.jsonl"
         self.progress = progress is True and ctx.is_main
         self.lines = progress in (True, "lines") and ctx.is_main
-        self.history: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []      # every train record; evals: every validation record
         self.evals: list[dict[str, Any]] = []
-        self._bar = None
-        self._counts: dict[str, int] = {}
-        self.sinks: list = []
+        self._bar, self._counts, self.sinks = None, Counter(), []
         if ctx.is_main:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.sinks = make_sinks(sinks, self.path.parent, run or {})
 
     def start_stage(self, stage: str, total: int, initial: int) -> None:
         self.close_bar()
-        self._counts = {}
+        self._counts = Counter()
         if self.progress:
             self._bar = progress(total=total, initial=initial, desc=stage, unit="step", enabled=True)
 
@@ -101,11 +100,9 @@ class MetricsLogger:
 
     def train_step(self, record: dict[str, Any], log: bool) -> None:
         self.history.append(record)
-        for c in record.get("capacities", ()):
-            self._counts[str(c)] = self._counts.get(str(c), 0) + 1
+        self._counts.update(map(str, record.get("capacities", ())))
         if log:
-            self.write({**record, "capacity_counts": self._counts} if self._counts else record)
-            self._counts = {}
+            self.flush(record) if self._counts else self.write(record)
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}",
@@ -115,8 +112,8 @@ class MetricsLogger:
         """Write ``record`` (the last step's) when capacity counts are pending, e.g. before a checkpoint that an
         interrupted run resumes from (the steps after it are logged again, so no count is lost or doubled)."""
         if self._counts:
-            self.write({**record, "capacity_counts": self._counts})
-            self._counts = {}
+            self.write({**record, "capacity_counts": dict(self._counts)})
+            self._counts = Counter()
 
     def eval_results(self, records: list[dict[str, Any]]) -> None:
         self.evals.extend(records)

@@ -22,15 +22,11 @@ __all__ = ["NO_DECAY_NAMES", "param_groups", "build_adamw", "WarmupCosine", "set
 NO_DECAY_NAMES = frozenset({"rho_raw", "theta", "kc", "ks", "beta", "gate_bias"})
 
 
-def _is_norm(module: nn.Module) -> bool:
-    return isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)) or "Norm" in type(module).__name__
-
-
 def _decays(module: nn.Module, leaf: str, p: torch.Tensor, policy: str) -> bool:
     """Whether parameter ``leaf`` of ``module`` is weight-decayed under ``policy``."""
     if policy == "refine":  # D.8, literally: every tensor with >= 2 dims (gate_bias [K, 3, M] included)
         return p.dim() >= 2
-    if isinstance(module, nn.Embedding) or _is_norm(module):
+    if isinstance(module, (nn.Embedding, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)) or "Norm" in type(module).__name__:
         return False
     if leaf in NO_DECAY_NAMES or leaf == "bias" or leaf.endswith("_bias"):
         return False

@@ -13,6 +13,7 @@ import yaml
 
 from ..config import ConfigError, TrainConfig, model_configs
 from ..config.base import NOT_SAVED, config_changes
+from ..utils.files import atomic_write_bytes
 from .rundir import (
     LOCK_NAME,
     RUN_RECORD,
@@ -115,26 +116,18 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
         claim_run_dir(out, resume, overwrite)
         clean_stale_files(out)
         if record is not None:
-            from ..utils.files import atomic_write_bytes
-
             atomic_write_bytes(out / RUN_RECORD, yaml.safe_dump(record, sort_keys=False).encode())
-    except BaseException:
-        _undo_claim(out, lock, made, had_lock)
+    except BaseException:   # a refused start leaves out as it found it: the lock file it created is removed
+        if not had_lock:    # (while still held: no other run can have locked it in between), so are the folders
+            (out / LOCK_NAME).unlink(missing_ok=True)     # it created, each only when empty
+        lock.release()
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         raise
     return lock, bool(resume)
-
-
-def _undo_claim(out: Path, lock: RunLock, made: list[Path], had_lock: bool) -> None:
-    """A refused start leaves ``out`` as it found it: the lock file it created is removed (while still held, so
-    no other run can have locked it in between) and so are the folders it created, each only when empty."""
-    if not had_lock:
-        (out / LOCK_NAME).unlink(missing_ok=True)
-    lock.release()
-    for folder in made:
-        try:
-            folder.rmdir()
-        except OSError:
-            break
 
 
 def start_run(model: Any, cfg: Any, ctx: Any, resume: bool | str, overwrite: bool,

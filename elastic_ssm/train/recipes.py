@@ -1,5 +1,6 @@
-"""Recipe selection: ``resolve_recipe_name`` ('auto' is the model config's ``default_recipe()``; a recipe of another
-architecture is refused) and ``make_recipe``, the one place that builds every recipe of a stage."""
+"""The recipes of one file each too small to stand alone, and recipe selection: ``BudgetDropout`` (ES-SSM),
+``NestedFFN`` (MatFormer), ``resolve_recipe_name`` ('auto' is the model config's ``default_recipe()``; a recipe of
+another architecture is refused) and ``make_recipe``, the one place that builds every recipe of a stage."""
 
 from __future__ import annotations
 
@@ -8,13 +9,81 @@ from typing import Any
 from torch import nn
 
 from ..config import ModelConfig
-from ..elastic.budget import BudgetSampler
-from .budget_dropout import BudgetDropout, bd_warmup_steps
-from .capacity_mixed import CapacityMixed, Recipe, SharedRefinement
-from .nested_ffn import NestedFFN
+from ..elastic.budget import BudgetSampler, warmup_steps_from_epochs
+from ..elastic.tiers import capacity_tier
+from .capacity_mixed import CapacityMixed, MicroPlan, Recipe, SharedRefinement, slot_rng
 from .posthoc import PosthocRecovery
 
-__all__ = ["make_recipe", "resolve_recipe_name"]
+__all__ = ["BudgetDropout", "NestedFFN", "bd_warmup_steps", "make_recipe", "resolve_recipe_name"]
+
+#: the random stream of ``NestedFFN``'s draws (capacity mixing, refinement and post-hoc recovery use 1, 2 and 4)
+_NESTED_STREAM = 3
+
+
+class BudgetDropout(Recipe):
+    """ES-SSM budget dropout (ES-SSM Sec. 4.2, Eq. 5, Algorithm 2): every step trains at one budget K_train for all
+    its micro-batches on every rank (``elastic.budget.BudgetSampler``: the full budget during warm-up and on the
+    anchor steps ``step % n_full == 0``, else the log-uniform snapped draw of Eq. 5), with the plain task loss
+    ``L_task(F_theta(u; K_train), y)``. Warm-up: ``bd_warmup_steps`` (the paper's E_warmup value is not in its
+    text)."""
+
+    name = "budget_dropout"
+
+    def __init__(self, sampler: BudgetSampler) -> None:
+        self.sampler = sampler
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.sampler.state_dict()}
+
+    def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
+        K = self.sampler.sample(step)
+        return [MicroPlan(tier=K, label=K) for _ in range(n_global)]
+
+
+def bd_warmup_steps(cfg: Any, data: Any, accum: int | None = None) -> int:
+    """Budget-dropout warm-up in steps (``cfg.budget_dropout``): ``warmup_epochs`` x steps per epoch
+    (``len(data) // accum``, the micro-batches per rank and step; default ``cfg.grad_accum``), else
+    ``warmup_steps``, else ``round(warmup_frac x steps)``."""
+    bd = cfg.budget_dropout
+    if bd.warmup_epochs <= 0:
+        return bd.warmup_steps or round(bd.warmup_frac * cfg.steps)
+    try:
+        per_epoch = len(data) // (accum or cfg.grad_accum)
+    except TypeError as e:
+        raise ValueError("TrainConfig.budget_dropout.warmup_epochs needs data with len() (batches per epoch, e.g. "
+                         "PackedBatches); otherwise set budget_dropout.warmup_steps") from e
+    return warmup_steps_from_epochs(bd.warmup_epochs, max(1, per_epoch))
+
+
+class NestedFFN(Recipe):
+    """MatFormer's nested-FFN recipe as the ESSH paper trains its baseline (N.1, Table 9): every slot draws one
+    granularity uniformly and trains at that FFN width (``n_ff = align floor(d_ff xi / align)``, Table 39) with
+    plain CE: no distillation, no gradient scaling, no reordering."""
+
+    name = "nested_ffn"
+
+    def __init__(self, model_cfg: Any, cfg: Any) -> None:
+        """The ``granularities`` of the MatFormer config ``model_cfg``, the seed of the ``TrainConfig`` ``cfg``."""
+        grains = getattr(model_cfg, "granularities", None)
+        if grains is None:
+            raise ValueError(f"TrainConfig.recipe='nested_ffn' trains a MatFormer (model.arch matformer); the model "
+                             f"config is {type(model_cfg).__name__}")
+        self.model_cfg, self.seed = model_cfg, cfg.seed
+        self.granularities = tuple(float(x) for x in grains)
+        self.tiers = [capacity_tier(model_cfg, x) for x in self.granularities]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "granularities": list(self.granularities), "seed": self.seed}
+
+    def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
+        draws = slot_rng(self.seed, step, _NESTED_STREAM).integers(0, len(self.granularities), size=n_global)
+        return [MicroPlan(label=self.granularities[i]) if self.tiers[i].n_ff == self.model_cfg.d_ff
+                else MicroPlan(tier=self.tiers[i], label=self.granularities[i]) for i in map(int, draws)]
+
+
+#: recipes defined for one architecture only (``ModelConfig.elastic_recipes`` says which a config takes)
+_NEEDS = {"capacity_mixed": "the ESSH recipe (Algorithm 1)", "budget_dropout": "the ES-SSM recipe (Sec. 4.2)",
+          "refine": "shared refinement of ESSH (D.8)"}
 
 
 def resolve_recipe_name(recipe: str, model: nn.Module) -> str:
@@ -29,29 +98,18 @@ def resolve_recipe_name(recipe: str, model: nn.Module) -> str:
     return recipe
 
 
-#: recipes defined for one architecture only (``ModelConfig.elastic_recipes`` says which a config takes)
-_NEEDS = {"capacity_mixed": "the ESSH recipe (Algorithm 1)", "budget_dropout": "the ES-SSM recipe (Sec. 4.2)",
-          "refine": "shared refinement of ESSH (D.8)"}
-
-
 def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None, accum: int | None = None) -> Recipe:
-    """The recipe object of stage ``name`` ('capacity_mixed', 'budget_dropout', 'nested_ffn', 'dense', 'refine');
-    ``accum``: micro-batches per rank and step (for an epoch-based budget-dropout warm-up)."""
+    """The recipe object of stage ``name`` ('capacity_mixed', 'budget_dropout', 'nested_ffn', 'dense', 'refine',
+    'posthoc'); ``accum``: micro-batches per rank and step (for an epoch-based budget-dropout warm-up)."""
     mcfg = getattr(model, "config", None)
-    if name == "capacity_mixed":
-        return CapacityMixed(mcfg, cfg)
-    if name == "refine":
-        if "refine" not in getattr(mcfg, "elastic_recipes", ()):
-            raise ValueError("shared refinement (TrainConfig.refine.steps > 0) is defined for ESSH only")
-        return SharedRefinement(mcfg, cfg)
+    if name == "refine" and "refine" not in getattr(mcfg, "elastic_recipes", ()):
+        raise ValueError("shared refinement (TrainConfig.refine.steps > 0) is defined for ESSH only")
     if name == "budget_dropout":
-        sampler = BudgetSampler(mcfg.budgets, mcfg.n_channels, warmup_steps=bd_warmup_steps(cfg, data, accum),
-                                n_full=cfg.budget_dropout.n_full, seed=cfg.seed)
-        return BudgetDropout(sampler)
-    if name == "dense":
-        return Recipe()
-    if name == "posthoc":
-        return PosthocRecovery(model, cfg)
-    if name == "nested_ffn":
-        return NestedFFN(mcfg, cfg)
-    raise ValueError(f"unknown recipe {name!r}")
+        return BudgetDropout(BudgetSampler(mcfg.budgets, mcfg.n_channels, n_full=cfg.budget_dropout.n_full,
+                                           warmup_steps=bd_warmup_steps(cfg, data, accum), seed=cfg.seed))
+    builders = {"capacity_mixed": lambda: CapacityMixed(mcfg, cfg), "refine": lambda: SharedRefinement(mcfg, cfg),
+                "dense": Recipe, "posthoc": lambda: PosthocRecovery(model, cfg),
+                "nested_ffn": lambda: NestedFFN(mcfg, cfg)}
+    if name not in builders:
+        raise ValueError(f"unknown recipe {name!r}")
+    return builders[name]()

@@ -54,15 +54,12 @@ def truncate_and_recover(model: nn.Module, data: Any, cfg: Any, val_batches: lis
                          "refinement and post-hoc-matched runs, 4120 for label-only)")
     names = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
     truncated = evaluate_tiers(model, val_batches, names, bytes_per_token=bytes_per_token)
-    if protocol == "refine":
-        res = train(model, data, cfg, val_data=val_batches, stages=("refine",), **train_kw)
-        recovered = evaluate_tiers(res.model, val_batches, names, bytes_per_token=bytes_per_token)
-        return Recovery(protocol, truncated, recovered, res.model, results=[res])
-    if protocol == "posthoc":
-        if not calibration:
-            raise ValueError("protocol 'posthoc' needs calibration batches (E.7: a 2M-token calibration subset)")
-        res = elastify(model, data, cfg.replace(steps=cfg.refine.steps), calibration, val_data=val_batches,
-                       masks=masks, channel_order=channel_order, **train_kw)
+    if protocol == "posthoc" and not calibration:
+        raise ValueError("protocol 'posthoc' needs calibration batches (E.7: a 2M-token calibration subset)")
+    if protocol in ("refine", "posthoc"):
+        res = train(model, data, cfg, val_data=val_batches, stages=("refine",), **train_kw) if protocol == "refine" \
+            else elastify(model, data, cfg.replace(steps=cfg.refine.steps), calibration, val_data=val_batches,
+                          masks=masks, channel_order=channel_order, **train_kw)
         recovered = evaluate_tiers(res.model, val_batches, names, bytes_per_token=bytes_per_token)
         return Recovery(protocol, truncated, recovered, res.model, results=[res])
     exports, results, recovered = {}, [], []

@@ -4,6 +4,7 @@ what each refuses, moves aside or removes. ``train()`` calls them on rank 0 befo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -82,10 +83,10 @@ class RunLock:
                 os.close(fd)
                 raise RunDirBusy(f"{self.path.parent} is in use by pid {held['pid']} (this file system has no "
                                  f"file locks; the pid is alive); choose another {self.flag}") from None
-        if held.get("pid") and held.get("pid") != os.getpid():
-            if held.get("host") != socket.gethostname() or not _alive(int(held["pid"])):
-                warnings.warn(f"{self.path}: taking over the stale lock of pid {held['pid']} on "
-                              f"{held.get('host', '?')} (that run ended without releasing it)", stacklevel=2)
+        if held.get("pid") and held["pid"] != os.getpid() and (held.get("host") != socket.gethostname()
+                                                               or not _alive(int(held["pid"]))):
+            warnings.warn(f"{self.path}: taking over the stale lock of pid {held['pid']} on "
+                          f"{held.get('host', '?')} (that run ended without releasing it)", stacklevel=2)
         info = {"host": socket.gethostname(), "pid": os.getpid(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         os.ftruncate(fd, 0)
@@ -96,10 +97,8 @@ class RunLock:
     def release(self) -> None:
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)
-        except OSError:
-            pass
         os.close(self._fd)  # closing the descriptor drops the lock
         self._fd = None
 
@@ -112,12 +111,8 @@ class RunLock:
 
 def run_artifacts(out: Path) -> list[str]:
     """What a previous run left in ``out`` (checkpoints, final model, damaged checkpoints), for messages."""
-    found = [f"{s}/{p.name}" for s in STAGES for p in sorted((out / s).glob("step_*")) if p.is_dir()]
-    if (out / "final").is_dir():
-        found.append("final/")
-    if (out / "damaged").is_dir():
-        found.append("damaged/")
-    return found
+    return ([f"{s}/{p.name}" for s in STAGES for p in sorted((out / s).glob("step_*")) if p.is_dir()]
+            + [f"{name}/" for name in ("final", "damaged") if (out / name).is_dir()])
 
 
 def _move_aside(out: Path) -> Path:
@@ -273,9 +268,7 @@ def clean_stale_files(out: str | Path) -> list[Path]:
     ``<out>/damaged/<stage>/`` (never deleted). Returns the paths removed or moved."""
     out, removed = Path(out), []
     folders = [out, out / "final", *[out / s for s in STAGES]]
-    for folder in folders:
-        if not folder.is_dir():
-            continue
+    for folder in (f for f in folders if f.is_dir()):
         for p in folder.iterdir():
             if _own_temp(folder, out, p.name):
                 warnings.warn(f"removing {p} (temporary file of an interrupted write)", stacklevel=2)
@@ -300,10 +293,7 @@ def clean_stale_files(out: str | Path) -> list[Path]:
                   f"was deleted; {then}", flush=True)
         pointer = out / s / LATEST
         if dirs and pointer.is_file() and not (out / s / pointer.read_text().strip()).is_dir():
-            if good:
-                atomic_write_bytes(pointer, good[0].name.encode())
-            else:
-                pointer.unlink()
+            atomic_write_bytes(pointer, good[0].name.encode()) if good else pointer.unlink()
     return removed
 
 

@@ -1,7 +1,8 @@
-"""What a measured number depends on: device, torch / CUDA / triton / fla versions, scan backend, commit, date.
-
-``environment(device)`` is the record every benchmark row, replication call and ``tier_profile.json`` carries;
-``library_versions`` the optional libraries' versions (None when absent, the import error when broken).
+"""What a measured number depends on, ``environment(device)``: device, torch / CUDA / triton / fla versions
+(``library_versions``: None when absent, the import error when broken), scan backend, commit, date: the record of
+every benchmark row, replication call and ``tier_profile.json``. ``env_int`` / ``env_flag`` (1 / true / yes / on,
+or unset / empty / 0 / false / no / off) read the library's environment variables, a one-line ``ConfigError`` naming
+a bad one; torch loads only where a number is measured (the CLI reads ``ELASTIC_SSM_DEBUG`` first).
 """
 
 from __future__ import annotations
@@ -14,10 +15,39 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from ..config import ConfigError
 
-__all__ = ["environment", "library_versions"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["env_flag", "env_int", "environment", "library_versions"]
+
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def env_int(name: str, default: int) -> int:
+    """``int(os.environ[name])``, ``default`` when unset or empty; a ``ConfigError`` naming ``name`` otherwise."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"the environment variable {name}={raw!r} is not an integer; unset it, or launch "
+                          f"through torchrun, which sets it") from None
+
+
+def env_flag(name: str) -> bool:
+    """Whether the switch ``name`` is on (see the module docstring); a ``ConfigError`` for any other value."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in _ON:
+        return True
+    if raw in _OFF:
+        return False
+    raise ConfigError(f"the environment variable {name}={os.environ[name]!r} is not a switch; set it to 1 (on) or "
+                      f"0 (off), or unset it")
 
 
 def library_versions() -> dict[str, str | None]:
@@ -56,6 +86,8 @@ def _git_commit() -> str:
 def _scan_backend(device: torch.device) -> str:
     """The spectral-scan backend ``"auto"`` resolves to for this device (``ELASTIC_SSM_SCAN_BACKEND`` applied):
     the fla and torch scans differ in speed and in first-use autotuning, so a benchmark row names it."""
+    import torch
+
     from ..ops.dispatch import resolve_backend
 
     try:
@@ -65,6 +97,8 @@ def _scan_backend(device: torch.device) -> str:
 
 
 def environment(device: torch.device, command: str | None = None) -> dict:
+    import torch
+
     libs = library_versions()
     return {
         "device": (torch.cuda.get_device_name(device) if device.type == "cuda"

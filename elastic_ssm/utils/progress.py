@@ -1,15 +1,26 @@
-"""The one progress bar of the library and the CLI (DESIGN rule 9): tqdm on stderr, silent unless ``enabled``, shown
-on a terminal (``ELASTIC_SSM_PROGRESS=always`` forces it).
+"""What long work shows (DESIGN rule 9), torch-free. ``progress``: the one progress bar of the library and the CLI,
+tqdm on stderr, silent unless ``enabled``, shown on a terminal (``ELASTIC_SSM_PROGRESS=always`` forces it).
+``tuning_notice``: what a fresh machine's first CUDA prefill is doing (Triton compiles and fla autotunes the scan's
+kernels, once), a logged line at the start, every ``every`` seconds and at the end when the Triton cache holds no
+autotuning results.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Iterable
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-__all__ = ["progress", "shown"]
+__all__ = ["kernels_tuned", "progress", "shown", "triton_cache_dir", "tuning_notice"]
+
+log = logging.getLogger("elastic_ssm")
+_CHECKED: list[bool] = []       # the first CUDA prefill of the process was looked at (the cache is read once)
 
 
 def _disable(enabled: bool) -> bool | None:
@@ -36,3 +47,63 @@ def progress(iterable: Iterable[Any] | None = None, desc: str = "", total: int |
         total = len(iterable)
     return tqdm(iterable, desc=desc, total=total, unit=unit, disable=disable, file=sys.stderr,
                 dynamic_ncols=True, leave=False, **kw)
+
+
+def triton_cache_dir() -> Path:
+    """Where Triton keeps compiled kernels and autotuning results (``TRITON_CACHE_DIR``, else its default)."""
+    env = os.environ.get("TRITON_CACHE_DIR", "").strip()
+    return Path(env) if env else Path.home() / ".triton" / "cache"
+
+
+#: the scan's fla output kernel, compiled once per machine: its files in Triton's cache (``<key>/<name>.cubin``, its
+#: ``.json`` metadata...) say the first prefill ran here, also when every config came from the shipped files and
+#: Triton timed nothing (then no ``*.autotune.json`` is written)
+SCAN_KERNEL = "chunk_gla_fwd_kernel_o"
+
+
+def kernels_tuned(cache: Path | None = None) -> bool:
+    """Whether the Triton cache already holds autotuning results (``<cache>/<key>/*.autotune.json``) or the scan's
+    compiled kernel (``<cache>/<key>/chunk_gla_fwd_kernel_o.*``)."""
+    cache = triton_cache_dir() if cache is None else cache
+    try:
+        return any(True for _ in cache.glob("*/*.autotune.json")) or any(True for _ in cache.glob(f"*/{SCAN_KERNEL}.*"))
+    except OSError:
+        return False
+
+
+@contextmanager
+def tuning_notice(device: Any, every: float = 10.0, cache: Path | None = None):
+    """Around the first CUDA prefill of a process: the lines of the module docstring on a cold machine, else
+    nothing. ``device``: a ``torch.device`` (or anything with ``.type``)."""
+    cache = triton_cache_dir() if cache is None else cache
+    if getattr(device, "type", device) != "cuda" or _CHECKED:
+        yield
+        return
+    _CHECKED.append(True)
+    if kernels_tuned(cache):
+        yield
+        return
+    shipped = os.environ.get("FLA_CONFIG_DIR", "").strip()     # fla configs for known shapes (ops/tuned_configs.py)
+    where = f"; tuned configs of known shapes from {shipped}" if shipped else ""
+    how_long = "those compile in seconds, a new shape tunes for about a minute" if shipped else "about a minute"
+    log.warning("tuning kernels for this GPU (first run only, cached in %s%s): %s", cache, where, how_long)
+    start, done = time.monotonic(), threading.Event()
+
+    def tick() -> None:
+        while not done.wait(every):
+            log.warning("still tuning kernels: %.0f s", time.monotonic() - start)
+
+    ticker = threading.Thread(target=tick, name="elastic-ssm-tuning-notice", daemon=True)
+    ticker.start()
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        done.set()
+        ticker.join()
+        if finished:
+            log.warning("kernels tuned in %.0f s; later runs on this machine read them from %s",
+                        time.monotonic() - start, cache)
+        else:
+            log.warning("kernel tuning stopped after %.0f s by an error", time.monotonic() - start)

@@ -1,4 +1,4 @@
-"""The staged whole-file read (``elastic/staged_read.py``) against safetensors itself: every dtype and shape the
+"""The staged whole-file read (``elastic/slicing.py``) against safetensors itself: every dtype and shape the
 format holds, reads split across tensors by small chunks, and headers it must not trust (it returns None and the
 caller's safetensors path reports them)."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from elastic_ssm.elastic.staged_read import parse_header, read_to_device
+from elastic_ssm.elastic.slicing import parse_header, read_to_device
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_a_file_that_shrinks_after_its_header_was_read_is_left_to_safetensors(sa
     """The readers meet the end of the file early (another process truncated it): None, every thread joined."""
     import threading
 
-    import elastic_ssm.elastic.staged_read as staged
+    import elastic_ssm.elastic.slicing as staged
 
     parsed = parse_header(saved)
     monkeypatch.setattr(staged, "parse_header", lambda path: parsed)

@@ -1,4 +1,4 @@
-"""On CUDA, ``from_pretrained`` of a whole saved model reads it in staged reads (``elastic/staged_read.py``): its
+"""On CUDA, ``from_pretrained`` of a whole saved model reads it in staged reads (``elastic/slicing.py``): its
 tensors equal the CPU load bitwise, a tier's load keeps the per-tensor path and equals the CPU tier, and the loaded
 model saves again (its tensors are views of one buffer)."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm.elastic.staged_read import read_to_device
+from elastic_ssm.elastic.slicing import read_to_device
 
 pytestmark = pytest.mark.gpu
 

@@ -298,7 +298,7 @@ def test_cache_batch_edits_follow_the_rows(model):
 
 def test_reference_step_names_bad_token_ids(model):
     cache = model.allocate_cache(2, "T1")
-    for bad, match in ((torch.tensor([1.0, 2.0]), "integer token id"), (torch.tensor([1, 2, 3]), r"tokens \[2\]"),
+    for bad, match in ((torch.tensor([1.0, 2.0]), "integer token id"), (torch.tensor([1, 2, 3]), r"tokens \[B=2\]"),
                        (torch.tensor([1, 10**6]), "token ids must lie in")):
         with pytest.raises(ValueError, match=match):
             model.step(bad, cache)
@@ -308,19 +308,18 @@ def test_reference_step_names_bad_token_ids(model):
 
 def test_weight_piece_digests_find_a_flipped_byte(tmp_path):
     """``config.json`` carries per-piece sha256 digests; loading verifies them in parallel and names the
-    corrupted byte range (``models/checksums.py``)."""
+    corrupted byte range (``models/model_dir.py``)."""
     import json
 
-    from elastic_ssm.models import checksums
-    from elastic_ssm.models.model_dir import CheckpointError
+    from elastic_ssm.models.model_dir import CheckpointError, file_piece_digests
 
     model = es.ESSH(es.ESSHConfig.preset("tiny"))
     model.save_pretrained(tmp_path)
     meta = json.loads((tmp_path / "config.json").read_text())
     rec = meta["weights_sha256_pieces"]
-    assert rec["digests"] == checksums.file_piece_digests(tmp_path / "model.safetensors", rec["piece_bytes"])
+    assert rec["digests"] == file_piece_digests(tmp_path / "model.safetensors", rec["piece_bytes"])
     es.ESSH.from_pretrained(tmp_path)
-    small = {**rec, "piece_bytes": 4096, "digests": checksums.file_piece_digests(tmp_path / "model.safetensors", 4096)}
+    small = {**rec, "piece_bytes": 4096, "digests": file_piece_digests(tmp_path / "model.safetensors", 4096)}
     meta["weights_sha256_pieces"] = small
     (tmp_path / "config.json").write_text(json.dumps(meta))
     blob = bytearray((tmp_path / "model.safetensors").read_bytes())

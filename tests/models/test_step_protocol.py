@@ -41,5 +41,5 @@ def test_every_step_follows_its_role():
             wrong.append(f"{cls.__module__}.{cls.__name__}.step{positional}: want {_role(cls)}")
     assert not wrong, "\n".join(wrong)
     # every role was found (a walk that found nothing would pass vacuously)
-    assert {"SpectralMixer", "SlidingWindowAttention", "SpectralDecodeMixin", "ESSSMBlock", "ESSHBlock", "ESSH",
+    assert {"SpectralMixer", "SlidingWindowAttention", "SpectralSublayer", "ESSSMBlock", "ESSHBlock", "ESSH",
             "ESSSM", "TransformerPP", "FastDecoder", "ReferenceSession"} <= seen, sorted(seen)

@@ -89,11 +89,11 @@ def test_running_rows_keep_decoding_while_admission_waits(tiny):
     late = _req()
     clock.t = 101.0
     eng.submit(late)
-    steps = eng.steps
+    steps = eng.counters()["decode_steps"]
     for k in range(5):                                       # 0..40 ms after the late arrival: decode, no prefill
         clock.t = 101.0 + 0.01 * k
         eng._tick()
-    assert eng.steps == steps + 5 and [r.completion_tokens for r in running] == [6, 6]
+    assert eng.counters()["decode_steps"] == steps + 5 and [r.completion_tokens for r in running] == [6, 6]
     assert eng.groups == [2] and late.completion_tokens == 0
     clock.t = 101.05
     eng._tick()

@@ -14,7 +14,6 @@ from elastic_ssm.cli import main  # noqa: E402
 from elastic_ssm.config import ConfigError  # noqa: E402
 from elastic_ssm.serve.app import ServerSettings, create_app  # noqa: E402
 from elastic_ssm.serve.chat_templates import BUILTIN, chat_template_source  # noqa: E402
-from elastic_ssm.serve.cli import checked_chat_template  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def f"}]
 
@@ -40,7 +39,7 @@ def test_without_a_template_the_400_names_the_flag(model_dir):
     ("chatml", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\ndef f<|im_end|>\n<|im_start|>assistant\n"),
     ("plain", "System: Be brief.\nUser: def f\nAssistant:")])
 def test_a_named_template_renders_the_messages_into_the_prompt_the_model_completes(model_dir, name, rendered):
-    with _client(model_dir, checked_chat_template(name)) as c:
+    with _client(model_dir, chat_template_source(name)) as c:
         chat = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 6,
                                                     "temperature": 0})
         plain = c.post("/v1/completions", json={"model": "tiny", "prompt": rendered, "max_tokens": 6,
@@ -57,7 +56,7 @@ def test_a_file_replaces_the_directorys_own_template(model_dir, tmp_path):
     cfg.write_text(json.dumps({"chat_template": "{{ 'never used' }}"}))
     assert chat_template_source(str(template)) == template.read_text()
     assert chat_template_source(str(cfg)) == "{{ 'never used' }}"        # a tokenizer_config.json works too
-    with _client(model_dir, checked_chat_template(str(template))) as c:
+    with _client(model_dir, chat_template_source(str(template))) as c:
         r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 1})
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len("[system] Be brief.\n[user] def f\n>")
 
@@ -73,7 +72,7 @@ def test_a_bad_template_stops_the_start_in_one_line(model_dir, tmp_path, capsys,
     if write is not None:
         spec.write_bytes(write if isinstance(write, bytes) else write.encode())
     with pytest.raises(ConfigError, match=needle):
-        checked_chat_template(str(spec))
+        chat_template_source(str(spec))
     assert main(["serve", str(model_dir), "--chat_template", str(spec), "--device", "cpu", "--port", "0"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "--chat_template" in err[0] and needle in err[0], err

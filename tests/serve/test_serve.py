@@ -14,6 +14,7 @@ from elastic_ssm.elastic.tiers import state_bytes
 from elastic_ssm.models.generation import sample_next
 from elastic_ssm.serve.calibrate import calibrate, quality_table, write_profile, write_quality
 from elastic_ssm.serve.engine import Busy, Engine, Request
+from elastic_ssm.serve.schema import resolve_model_field
 from elastic_ssm.serve.slots import SlotPool, prefill_groups, reset_row_, row_cache
 from elastic_ssm.serve.tokens import RowNoise, TextStream, sample_rows
 
@@ -179,7 +180,7 @@ def test_a_burst_of_equal_length_prompts_is_prefilled_together(tiny, busy, rows)
     before = [t[list(busy)].clone() for t in pool.cache.tensors()]
     assert pool.admit_many([0, 1, 2], prompts) == rows
     assert all(torch.equal(b, t[list(busy)]) for b, t in zip(before, pool.cache.tensors()))   # busy rows untouched
-    assert (not pool._scratch) == (rows == list(range(rows[0], rows[0] + 3)))
+    assert (pool._scratch is None) == (rows == list(range(rows[0], rows[0] + 3)))
     more = max(2, pool.free_slots() + 1)                                        # more prompts than free slots
     with pytest.raises(ValueError, match=f"at most the {pool.free_slots()} free slots"):
         pool.admit_many(list(range(3, 3 + more)), [[1, 2]] * more)
@@ -403,13 +404,14 @@ def test_every_tier_shares_one_pool_and_auto_keeps_the_default_tier(tiny):
     stays at the default tier (a smaller tier frees no capacity in a shared decode step)."""
     eng = Engine(tiny, ["T1", "T4", "T10"], slots=1, max_queue=2, tokenizer=tiny.tokenizer)   # not started: wait
     assert eng.pool.tiers == [tiny.resolve_tier(t) for t in ("T1", "T4", "T10")] and eng.pool.fd.mixed
-    assert eng.pick_auto("T10") == "T10" and eng.pick_auto("T4") == "T4"
     for tier in ("T10", "T4", "T1"):                    # 1 free slot + max_queue 2: three may wait
         eng.submit(Request(tier=tier, prompt=[1], max_tokens=1))
     with pytest.raises(Busy, match="at capacity"):
         eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))
     assert eng.snapshot() == {t: {"slots": 1, "busy": 0, "waiting": 1} for t in ("T1", "T4", "T10")}
-    assert eng.pick_auto("T10") == "T10" and eng.load("T1") == eng.load("T10") == 3.0
+    assert eng.pool.free_slots() == 1 and len(eng.waiting) == 3
+    for model, tier in (("m@auto", None), ("m", "auto"), ("m@AUTO", "auto")):    # "auto": the default tier
+        assert resolve_model_field(model, tier, "m", ["T1", "T4", "T10"], "T4") == "T4"
     with pytest.raises(ValueError, match="not served here"):
         eng.submit(Request(tier="T2", prompt=[1], max_tokens=1))
 

@@ -302,27 +302,25 @@ def test_a_streamed_text_event_is_the_json_of_its_whole_chunk(chat):
     from types import SimpleNamespace
 
     from elastic_ssm.serve.app import _text_event
-    from elastic_ssm.serve.protocol import ChatTemplate, chunk_body
+    from elastic_ssm.serve.schema import response_body
 
-    render = ChatTemplate("{{ messages }}", {}).chunk_body if chat else chunk_body
     req = SimpleNamespace(id="cmpl-1", created=1700000000.0, tier="T4", prompt=[1, 2], completion_tokens=3,
                           role_sent=False)
+    render = lambda text, finish: response_body(req, "m@T4", chat, text, finish, stream=True)  # noqa: E731
     if chat:
-        render(req, "m@T4", "first", None)
-    event = _text_event(render, req, "m@T4")
+        render("first", None)
+    event = _text_event(render)
     for text in ["a", 'quote " and \\ backslash', "line\nbreak\ttab", "\x00nul\x1f", "é ü 中文 🙂", "\u2028"]:
-        assert event(text) == f"data: {json.dumps(render(req, 'm@T4', text, None))}\n\n", text
+        assert event(text) == f"data: {json.dumps(render(text, None))}\n\n", text
 
 
 def test_a_chunk_without_its_text_as_one_string_is_rendered_whole():
     """A chunk renderer that does not put the text in one JSON string (here: split into characters) still streams
     what it renders: the fast path steps aside."""
-    from types import SimpleNamespace
-
     from elastic_ssm.serve.app import _text_event
 
-    render = lambda req, model_id, text, finish: {"chars": list(text), "model": model_id}  # noqa: E731
-    event = _text_event(render, SimpleNamespace(), "m")
+    render = lambda text, finish: {"chars": list(text), "model": "m"}  # noqa: E731
+    event = _text_event(render)
     assert event('a"b') == "data: " + json.dumps({"chars": ["a", '"', "b"], "model": "m"}) + "\n\n"
 
 
@@ -341,7 +339,7 @@ def test_chat_template_special_tokens_are_their_ids_as_in_apply_chat_template(mo
     """``{{ bos_token }}`` (and any special-token string the template writes) is one id, not its characters'
     bytes: the prompt ids equal transformers' ``apply_chat_template``'s."""
     from elastic_ssm.data.tokenizer_files import resolve_tokenizer
-    from elastic_ssm.serve.protocol import ChatTemplate
+    from elastic_ssm.serve.chat_templates import ChatTemplate
     from elastic_ssm.serve.schema import ChatMessage
 
     template = ("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}<sep>{% endfor %}"
@@ -437,9 +435,9 @@ def test_a_batch_that_fits_alone_but_not_beside_the_weights_is_named(monkeypatch
     state = state_bytes(config, "T4", 1000)["total"]
     have = int(state / 0.6)
     monkeypatch.setattr(serve_cli, "_device_memory", lambda device: have)
-    serve_cli.check_state_fits(config, [("T4", 1000)], "cpu", "--max-batch 1000", weights=int(0.3 * have))
+    serve_cli.check_state_fits(config, "T4", 1000, "cpu", "--max-batch 1000", weights=int(0.3 * have))
     with pytest.raises(ConfigError) as e:
-        serve_cli.check_state_fits(config, [("T4", 1000)], "cpu", "--max-batch 1000", weights=int(0.6 * have))
+        serve_cli.check_state_fits(config, "T4", 1000, "cpu", "--max-batch 1000", weights=int(0.6 * have))
     msg = str(e.value)
     assert msg.startswith("--max-batch 1000: the decode state of 1000 sequences at T4") and "beside the weights'" in msg
     with torch.device("meta"):

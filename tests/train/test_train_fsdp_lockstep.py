@@ -16,7 +16,7 @@ from gloo_ranks import finish_rank
 
 import elastic_ssm as es
 from elastic_ssm.train import TrainConfig, find_checkpoint, train
-from elastic_ssm.train.lockstep import teacher_padding
+from elastic_ssm.train.dist import teacher_padding
 
 L, B, STEPS = 16, 2, 4
 # one reserved full slot per step (slots 0, 1 of 4 are r = 0 on both ranks); slots 2, 3 (r = 1) draw from

@@ -6,7 +6,7 @@ import pytest
 from elastic_ssm.cli import main as cli_main
 from elastic_ssm.config import ConfigError
 from elastic_ssm.train.dist import init_distributed
-from elastic_ssm.utils.env import env_flag, env_int
+from elastic_ssm.utils.environment import env_flag, env_int
 
 
 def test_env_int_and_flag_parse_or_name_the_variable(monkeypatch):

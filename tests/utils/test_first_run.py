@@ -1,4 +1,4 @@
-"""The fresh-machine notice around the first CUDA prefill (``utils/first_run.py``): one line before, a line per
+"""The fresh-machine notice around the first CUDA prefill (``utils/progress.py``): one line before, a line per
 ``every`` seconds while it lasts, one after; nothing on a warm cache, on the CPU, or a second time."""
 
 import logging
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from elastic_ssm.utils import first_run
+from elastic_ssm.utils import progress as first_run
 
 CUDA = SimpleNamespace(type="cuda")
 

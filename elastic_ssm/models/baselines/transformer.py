@@ -18,10 +18,11 @@ from torch import nn
 from ...config import MatFormerConfig, TierLike, TransformerConfig
 from ...elastic.slicing import SliceRule, empty_linear, linear
 from ...elastic.tiers import Tier
-from ...layers.attention import rope_qkv
+from ...layers.attention import rope_qkv, window_mask
 from ...layers.ffn import SwiGLU
 from ...layers.norm import RMSNorm
-from ..base import ElasticModel, check_token_inputs
+from ..base import ElasticModel
+from ..generation import check_token_inputs, token_positions
 
 __all__ = ["TransformerConfig", "TransformerPP", "MatFormerConfig", "MatFormer", "KVCache"]
 
@@ -97,14 +98,10 @@ class TransformerPP(ElasticModel):
         check_token_inputs(input_ids, self.config.vocab_size, attention_mask, left_padding=cache is not None)
         B, T = input_ids.shape
         n_ff = self.resolve_tier(tier).n_ff
-        mask = None
-        if attention_mask is None:
-            pos = torch.arange(T, device=input_ids.device).expand(B, T)
-        else:
-            valid = attention_mask.bool()                                      # [B, T]
-            pos = (valid.long().cumsum(1) - 1).clamp_min(0)
-            eye = torch.eye(T, dtype=torch.bool, device=valid.device)
-            mask = ((torch.ones_like(eye).tril() & valid[:, None, :]) | eye)[:, None]   # [B, 1, T, T]
+        valid = None if attention_mask is None else attention_mask.bool()          # [B, T]
+        pos = token_positions(valid, B, T, input_ids.device)
+        idx = torch.arange(T, device=input_ids.device)
+        mask = None if valid is None else window_mask(idx, idx, T, valid)          # [B, 1, T, T]: causal, real keys
         x = self.embed(input_ids)
         for i, blk in enumerate(self.blocks):
             q, k, v = self._qkv(blk, x, pos)
@@ -119,7 +116,7 @@ class TransformerPP(ElasticModel):
         if cache is not None:
             cache.positions.fill_(T)
             cache.valid.zero_()
-            cache.valid[:, :T] = True if attention_mask is None else attention_mask.bool()
+            cache.valid[:, :T] = True if valid is None else valid
             cache.seen.copy_(cache.valid.sum(1))
         return self.norm_f(x)
 
