@@ -194,16 +194,6 @@ class TrainConfig(ConfigBase):
             base[sec] = {**base.get(sec, {}), **given}
         return cls(**{**base, **overrides})
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """``ConfigBase.from_dict`` plus an optional ``preset`` key (``TrainConfig.preset``)."""
-        if isinstance(d, dict) and "preset" in d:
-            d = dict(d)
-            name = d.pop("preset")
-            cls.check_names(d, f" beside preset {name!r}")
-            return cls.preset(name, **d)
-        return super().from_dict(d)  # type: ignore[return-value]
-
 
 _SECTION_NAMES = frozenset(f.name for f in dataclasses.fields(TrainConfig)
                            if isinstance(f.default_factory, type) and issubclass(f.default_factory, ConfigBase))
