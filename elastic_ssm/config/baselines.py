@@ -54,17 +54,6 @@ class TransformerConfig(FractionTierConfig):
     ffn_align: PosInt = opt(64, "FFN width alignment of the nested tiers (Table 39: 64)")
     eos_token_id: TokenId = opt(-1, "end-of-sequence token id (-1: none)")
 
-    def validate(self) -> None:
-        """The rules across fields (each field's type and range is declared on it)."""
-        super().validate()
-        if self.d_model % self.head_dim:
-            raise ConfigError(f"{type(self).__name__}.d_model={self.d_model} must be divisible by "
-                              f"head_dim={self.head_dim}")
-
-    @property
-    def n_heads(self) -> int:
-        return self.d_model // self.head_dim
-
     def count_parameters(self, n_ff: int) -> dict[str, int]:
         """Parameters at ``n_ff`` FFN units by component (Table 4 rules: ``V d + N (4 d^2 + 3 d n_ff + 2 d) + d``)."""
         d, N = self.d_model, self.n_layers

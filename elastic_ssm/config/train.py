@@ -127,7 +127,6 @@ class TrainConfig(ConfigBase):
                                 "rank; raise it when one rank alone does long work such as a big checkpoint)")
 
     def validate(self) -> None:
-        """The rules across fields (each field's type and range is declared on it)."""
         if self.tokens_per_step and self.grad_accum != 1:
             raise ConfigError(f"TrainConfig.grad_accum: is derived from tokens_per_step={self.tokens_per_step:,} (the "
                               "global batch in tokens); give one of them (set tokens_per_step 0 to use grad_accum)")
