@@ -58,8 +58,6 @@ def opt(default: Any, help: str, repeatable: bool = False, **kw: Any) -> Any:
     """A dataclass field with a default and a one-line help text (used by the CLI). ``repeatable``: a tuple
     field whose flag, given several times, keeps every value (``--bench.set a=1 --bench.set b=2``); other
     flags given twice keep the last, as argparse does."""
-    if isinstance(default, (list, dict, set)):
-        raise TypeError("use a tuple or default_factory for mutable defaults")
     return field(default=default, metadata={"help": help, "repeatable": repeatable}, **kw)
 
 
@@ -273,8 +271,15 @@ class ConfigBase:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ConfigBase:
+        """The config of a mapping of field names; on a class with a ``preset`` classmethod, a ``preset`` key names
+        the preset that the other keys override."""
         if not isinstance(d, dict):
             raise ConfigError(f"{cls.__name__}: expected a mapping of field names to values, got {d!r}")
+        if "preset" in d and callable(getattr(cls, "preset", None)):
+            d = dict(d)
+            name = d.pop("preset")
+            cls.check_names(d, f" beside preset {name!r}")
+            return cls.preset(name, **d)  # type: ignore[attr-defined]
         cls.check_names(d)
         return cls(**d)
 
@@ -312,6 +317,3 @@ class ConfigBase:
             own[head] = getattr(self, head).updated(sub, f"{where}{head}.")
         return dataclasses.replace(self, **own) if own else self
 
-    @classmethod
-    def field_help(cls) -> dict[str, str]:
-        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}

@@ -54,24 +54,16 @@ class TransformerConfig(FractionTierConfig):
     ffn_align: PosInt = opt(64, "FFN width alignment of the nested tiers (Table 39: 64)")
     eos_token_id: TokenId = opt(-1, "end-of-sequence token id (-1: none)")
 
-    def validate(self) -> None:
-        """The rules across fields (each field's type and range is declared on it)."""
-        super().validate()
-        if self.d_model % self.head_dim:
-            raise ConfigError(f"{type(self).__name__}.d_model={self.d_model} must be divisible by "
-                              f"head_dim={self.head_dim}")
-
-    @property
-    def n_heads(self) -> int:
-        return self.d_model // self.head_dim
+    def count_parameters(self, n_ff: int) -> dict[str, int]:
+        """Parameters at ``n_ff`` FFN units by component (Table 4 rules: ``V d + N (4 d^2 + 3 d n_ff + 2 d) + d``)."""
+        d, N = self.d_model, self.n_layers
+        out = {"embedding": self.vocab_size * d, "head": 0 if self.tie_embeddings else self.vocab_size * d,
+               "norms": 2 * d * N + d, "attention": 4 * d * d * N, "ffn": 3 * d * n_ff * N}
+        return {**out, "total": sum(out.values())}
 
     def num_parameters(self, n_ff: int | None = None) -> int:
-        """``V d`` (tied, once) ``+ N (4 d^2 + 3 d n_ff + 2 d) + d`` (Table 4 counting rules), at ``n_ff``
-        retained FFN units (default: all)."""
-        d, N = self.d_model, self.n_layers
-        n = self.d_ff if n_ff is None else n_ff
-        head = 0 if self.tie_embeddings else self.vocab_size * d
-        return self.vocab_size * d + head + N * (4 * d * d + 3 * d * n + 2 * d) + d
+        """The total of ``count_parameters`` at ``n_ff`` FFN units (default: all)."""
+        return self.count_parameters(self.d_ff if n_ff is None else n_ff)["total"]
 
     def flops_per_token(self, context: int = 2048, n_ff: int | None = None) -> dict[str, int]:
         """Per-token FLOPs (2 per multiply-accumulate), the convention of ``elastic.tiers.flops_per_token``:
@@ -97,10 +89,7 @@ class TransformerConfig(FractionTierConfig):
         return Tier(name, index, float(xi), 0, n_ff, self.num_parameters(n_ff))
 
     def tier_parameters(self, tier: Tier) -> dict[str, int]:
-        d, N = self.d_model, self.n_layers
-        out = {"embedding": self.vocab_size * d, "head": 0 if self.tie_embeddings else self.vocab_size * d,
-               "norms": 2 * d * N + d, "attention": 4 * d * d * N, "ffn": 3 * d * tier.n_ff * N}
-        return {**out, "total": sum(out.values())}
+        return self.count_parameters(tier.n_ff)
 
     def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8,
                    context: int = 2048) -> tuple[int, int]:

@@ -48,7 +48,6 @@ class ESSSMConfig(ModelConfig):
     eos_token_id: TokenId = opt(-1, "end-of-sequence token id that stops generation (-1: none)")
 
     def validate(self) -> None:
-        """The rules across fields (each field's type and range is declared on it)."""
         super().validate()
         if self.task == "classify" and self.num_classes < 2:
             raise ConfigError("ESSSMConfig.num_classes must be >= 2 when task='classify'")

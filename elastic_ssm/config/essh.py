@@ -61,13 +61,10 @@ class ESSHConfig(FractionTierConfig):
     eos_token_id: TokenId = opt(-1, "end-of-sequence token id (-1: none)")
 
     def validate(self) -> None:
-        """The rules across fields (each field's type and range is declared on it)."""
-        super().validate()
         if self.channel_width == 0 and self.d_model % self.n_channels:
             raise ConfigError(f"ESSHConfig.d_model={self.d_model} must be divisible by n_channels={self.n_channels}"
                               " (value width P = d / K-bar)")
-        if self.d_model % self.head_dim:
-            raise ConfigError(f"ESSHConfig.d_model={self.d_model} must be divisible by head_dim={self.head_dim}")
+        super().validate()
         if any(i >= self.n_layers for i in self.swa_layers):
             raise ConfigError(f"ESSHConfig.swa_layers={self.swa_layers}: indices must be in [0, {self.n_layers})")
         if self.n_modes > self.filter_length // 4:
@@ -77,10 +74,6 @@ class ESSHConfig(FractionTierConfig):
     def value_width(self) -> int:
         """P = d / K-bar, the per-channel value width (or the explicit ``channel_width``)."""
         return self.channel_width or self.d_model // self.n_channels
-
-    @property
-    def n_heads(self) -> int:
-        return self.d_model // self.head_dim
 
     @property
     def layout(self) -> str:

@@ -183,16 +183,23 @@ class ModelConfig(ConfigBase):
 
 class FractionTierConfig(ModelConfig):
     """Tiers ``T1..Tn`` over ``tier_xi``, any capacity fraction through Eq. 7. ``tier_names`` (empty: ``T1..Tn``)
-    renames them: a standalone export of ``T4`` has one tier and keeps the name ``T4`` (``standalone_config``)."""
+    renames them: a standalone export of ``T4`` has one tier and keeps the name ``T4`` (``standalone_config``).
+    Both such architectures (ESSH, Transformer++) have attention heads of ``head_dim`` over ``d_model``."""
 
     tier_xi: tuple[float, ...]
     tier_names: tuple[str, ...]
     #: runs saved before ``tier_names`` existed named every tier ``T<index>``: empty names
     added_fields: ClassVar[dict[str, Any]] = {"tier_names": []}
     RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"tier_names"})
+    d_model: int
+    head_dim: int
     d_ff: int
     ffn_exponent: float
     ffn_align: int
+
+    @property
+    def n_heads(self) -> int:
+        return self.d_model // self.head_dim
 
     def fraction_tier(self, name: str, index: int, xi: float) -> Tier:
         """The tier of capacity fraction ``xi`` (its K, n_ff and exact parameter count)."""
@@ -216,9 +223,12 @@ class FractionTierConfig(ModelConfig):
         return self.tier_names[index - 1] if self.tier_names else f"T{index}"
 
     def validate(self) -> None:
-        """``tier_names`` is empty or names each ``tier_xi`` entry ``T<n>``, with ``n`` increasing (the names of
-        the source's tiers, which are ordered by size too)."""
+        """``d_model`` splits into heads; ``tier_names`` is empty or names each ``tier_xi`` entry ``T<n>``, with
+        ``n`` increasing (the names of the source's tiers, which are ordered by size too)."""
         super().validate()
+        if self.d_model % self.head_dim:
+            raise ConfigError(f"{type(self).__name__}.d_model={self.d_model} must be divisible by "
+                              f"head_dim={self.head_dim}")
         names = self.tier_names
         if not names:
             return

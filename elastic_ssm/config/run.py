@@ -70,14 +70,10 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
     configs = model_configs()
     if arch not in configs:
         raise ConfigError(f"model.arch must be one of {sorted(configs)}, got {arch!r}")
-    cls = configs[arch]
-    preset = d.pop("preset", None)
+    if d.get("preset") is None:
+        d.pop("preset", None)
     tier = d.pop("tier_config", None)
-    if preset is not None:
-        cls.check_names(d, f" beside preset {preset!r}")
-        cfg = cls.preset(preset, **d)  # type: ignore[attr-defined]
-    else:
-        cfg = cls.from_dict(d)
+    cfg = configs[arch].from_dict(d)
     return cfg if tier in (None, "") else specialist_config(cfg, tier)
 
 

@@ -127,7 +127,6 @@ class TrainConfig(ConfigBase):
                                 "rank; raise it when one rank alone does long work such as a big checkpoint)")
 
     def validate(self) -> None:
-        """The rules across fields (each field's type and range is declared on it)."""
         if self.tokens_per_step and self.grad_accum != 1:
             raise ConfigError(f"TrainConfig.grad_accum: is derived from tokens_per_step={self.tokens_per_step:,} (the "
                               "global batch in tokens); give one of them (set tokens_per_step 0 to use grad_accum)")
@@ -193,16 +192,6 @@ class TrainConfig(ConfigBase):
                 raise ConfigError(f"TrainConfig.{sec}: expected a mapping of {sec} fields, got {given!r}")
             base[sec] = {**base.get(sec, {}), **given}
         return cls(**{**base, **overrides})
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """``ConfigBase.from_dict`` plus an optional ``preset`` key (``TrainConfig.preset``)."""
-        if isinstance(d, dict) and "preset" in d:
-            d = dict(d)
-            name = d.pop("preset")
-            cls.check_names(d, f" beside preset {name!r}")
-            return cls.preset(name, **d)
-        return super().from_dict(d)  # type: ignore[return-value]
 
 
 _SECTION_NAMES = frozenset(f.name for f in dataclasses.fields(TrainConfig)

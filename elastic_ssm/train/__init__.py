@@ -3,8 +3,6 @@ Sec. 4.2). ``train(model_or_cfg, batches, TrainConfig(...))`` runs on CPU, one G
 (docs/training.md)."""
 
 from ..config import REFINE_CAPACITIES, TRAIN_CAPACITIES, RefineConfig, TrainConfig
-from ..eval.perplexity import evaluate_tiers  # the one per-tier evaluation (kept importable from here)
-from ..models import build_model  # the one model builder (kept importable from here)
 from .capacity_mixed import CapacityMixed, MicroPlan, Recipe, SharedRefinement
 from .checkpoint import DataStream, find_checkpoint, load_checkpoint, save_checkpoint
 from .dist import DistContext, init_distributed
@@ -17,10 +15,10 @@ from .preflight import TrainingInterrupted
 from .recipes import BudgetDropout, make_recipe, resolve_recipe_name
 
 __all__ = [
-    "BudgetDropout", "CapacityMixed", "DataStream", "DistContext", "LossModule", "MetricsLogger",
-    "MicroPlan", "REFINE_CAPACITIES", "Recipe", "RefineConfig", "SharedRefinement", "TRAIN_CAPACITIES",
-    "TrainConfig", "TrainResult", "WarmupCosine", "build_adamw", "build_model", "chunked_loss_sums",
-    "evaluate_tiers", "ffn_grad_scaled", "find_checkpoint", "importance_scores", "init_distributed", "load_checkpoint",
-    "loss_sums", "make_recipe", "order_ffn_units", "param_groups", "permute_optimizer_state", "refine",
-    "resolve_recipe_name", "save_checkpoint", "train", "TrainingInterrupted", "validation_records",
+    "BudgetDropout", "CapacityMixed", "DataStream", "DistContext", "LossModule", "MetricsLogger", "MicroPlan",
+    "REFINE_CAPACITIES", "Recipe", "RefineConfig", "SharedRefinement", "TRAIN_CAPACITIES", "TrainConfig",
+    "TrainResult", "WarmupCosine", "build_adamw", "chunked_loss_sums", "ffn_grad_scaled", "find_checkpoint",
+    "importance_scores", "init_distributed", "load_checkpoint", "loss_sums", "make_recipe", "order_ffn_units",
+    "param_groups", "permute_optimizer_state", "refine", "resolve_recipe_name", "save_checkpoint", "train",
+    "TrainingInterrupted", "validation_records",
 ]

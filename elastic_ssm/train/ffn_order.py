@@ -77,18 +77,13 @@ def _permute_units(ffn: nn.Module, perm: torch.Tensor) -> None:
 
 @torch.no_grad()
 def permute_optimizer_state(optimizer: torch.optim.Optimizer, param: torch.Tensor,
-                            perm: torch.Tensor, dim: int = 0, per_unit: int = 1) -> int:
+                            perm: torch.Tensor, dim: int = 0, per_unit: int = 1) -> None:
     """Reorder the units along ``dim`` (``per_unit`` entries each) of every state tensor of ``param`` that has
-    the parameter's shape; returns the number of tensors moved (2 for AdamW after its first step, 0 before)."""
-    state = optimizer.state.get(param)
-    if not state:
-        return 0
-    moved = 0
+    the parameter's shape (AdamW's two moments after its first step; nothing before)."""
+    state = optimizer.state.get(param) or {}
     for key, value in state.items():
         if torch.is_tensor(value) and value.shape == param.shape and value.dim() > 0:
             state[key] = _permuted(value, perm, dim, per_unit)
-            moved += 1
-    return moved
 
 
 @torch.no_grad()

@@ -25,13 +25,12 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
             and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def keep_lines(path: Path, text: str, keep) -> int:
-    """Rewrite ``path`` (atomically) with the lines of its ``text`` that ``keep``; returns how many were dropped."""
+def keep_lines(path: Path, text: str, keep) -> None:
+    """Rewrite ``path`` (atomically) with the lines of its ``text`` that ``keep`` (untouched when all are kept)."""
     lines = text.splitlines()
     kept = [line for line in lines if keep(line)]
     if len(kept) != len(lines):
         atomic_write_bytes(path, "".join(f"{x}\n" for x in kept).encode())
-    return len(lines) - len(kept)
 
 
 def _tag(record: dict[str, Any], metric: str) -> str:

@@ -82,13 +82,13 @@ class MetricsLogger:
             for sink in self.sinks:
                 sink.write(record)
 
-    def drop_after(self, stage: str, step: int) -> int:
+    def drop_after(self, stage: str, step: int) -> None:
         """Drop the records of ``stage`` after ``step`` (written after the checkpoint a run resumes from, so
-        they are written again) and any torn last line; returns how many lines were dropped."""
+        they are written again) and any torn last line."""
         for sink in self.sinks:
             sink.drop_after(stage, step)
         if not self.path.is_file():
-            return 0
+            return
 
         def keep(line: str) -> bool:
             try:
@@ -96,7 +96,7 @@ class MetricsLogger:
             except ValueError:
                 return False
             return not (rec.get("stage") == stage and int(rec.get("step", 0)) > step)
-        return keep_lines(self.path, read_log(self.path), keep)
+        keep_lines(self.path, read_log(self.path), keep)
 
     def train_step(self, record: dict[str, Any], log: bool) -> None:
         self.history.append(record)

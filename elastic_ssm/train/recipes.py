@@ -82,8 +82,7 @@ class NestedFFN(Recipe):
 
 
 #: recipes defined for one architecture only (``ModelConfig.elastic_recipes`` says which a config takes)
-_NEEDS = {"capacity_mixed": "the ESSH recipe (Algorithm 1)", "budget_dropout": "the ES-SSM recipe (Sec. 4.2)",
-          "refine": "shared refinement of ESSH (D.8)"}
+_NEEDS = {"capacity_mixed": "the ESSH recipe (Algorithm 1)", "budget_dropout": "the ES-SSM recipe (Sec. 4.2)"}
 
 
 def resolve_recipe_name(recipe: str, model: nn.Module) -> str:

@@ -3,6 +3,7 @@ FFN gradient scaling (D.4), importance ordering (D.3), chunked loss (D.6), share
 budget dropout (ES-SSM Sec. 4.2), bit-exact resume, corrupted checkpoints and DDP on gloo."""
 
 import copy
+import dataclasses
 import importlib
 import math
 import os
@@ -88,7 +89,7 @@ def test_config_defaults_validation_and_yaml(tmp_path):
     r = cfg.refine
     assert (r.lr, r.tv_coef, r.warmup_frac, r.min_lr_frac, r.weight_decay) == (6e-5, 5.0, 0.05, 0.0, 0.1)
     assert r.capacities == (2 / 32, 4 / 32, 8 / 32, 16 / 32, 24 / 32) and cfg.budget_dropout.n_full == 8
-    assert all(TrainConfig.field_help().values())
+    assert all(f.metadata.get("help") for f in dataclasses.fields(TrainConfig))
     with pytest.raises(ConfigError, match="full_share"):
         TrainConfig(mixing={"full_share": 1.5})
     with pytest.raises(ConfigError, match="recipe"):
