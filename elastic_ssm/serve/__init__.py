@@ -3,6 +3,6 @@ uvicorn and prometheus_client are imported only through ``app.py`` and ``cli.py`
 
 from __future__ import annotations
 
-from .select import read_profile, read_quality, select_tier
+from .select import select_tier
 
-__all__ = ["select_tier", "read_profile", "read_quality"]
+__all__ = ["select_tier"]

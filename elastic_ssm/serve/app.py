@@ -15,6 +15,7 @@ from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
+from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..data.tokenizer_files import resolve_tokenizer
@@ -71,21 +72,14 @@ class ServerSettings:
                                                "prefill_graph_tokens", "attended_spans")}
 
 
-def _json(status: int, body: dict, headers: dict | None = None):
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
 _MARK = "\x00text\x00"
 
 
 def _text_event(render_chunk):
     """``text -> "data: <chunk JSON>\\n\\n"`` for a request's text chunks after its first (``render_chunk(text,
     finish_reason)``), rendered once around a marker (the bytes of ``json.dumps`` of the whole chunk)."""
-    head, sep, tail = json.dumps(render_chunk(_MARK, None)).partition(json.dumps(_MARK))
-    if not sep:               # a body that does not carry the text as one JSON string: render every chunk whole
-        return lambda text: f"data: {json.dumps(render_chunk(text, None))}\n\n"
-    head, tail = "data: " + head, tail + "\n\n"
-    return lambda text: head + json.dumps(text) + tail
+    head, _, tail = json.dumps(render_chunk(_MARK, None)).partition(json.dumps(_MARK))
+    return lambda text: f"data: {head}{json.dumps(text)}{tail}\n\n"
 
 
 def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
@@ -151,7 +145,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
         metrics.reject(f"http_{exc.status}")
-        return _json(exc.status, error_body(exc.status, exc.message, exc.param), exc.headers)
+        return JSONResponse(error_body(exc.status, exc.message, exc.param), exc.status, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -166,17 +160,17 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             message = f"no such endpoint: {request.url.path}; see GET /v1/models, POST /v1/completions, " \
                       "POST /v1/chat/completions, GET /health, GET /metrics, GET /openapi.json"
         elif exc.status_code == 405:
-            allowed = (exc.headers or {}).get("allow") or (exc.headers or {}).get("Allow")
+            allowed = (exc.headers or {}).get("Allow")
             message = f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}" if allowed else "")
         else:
             message = str(exc.detail)
-        return _json(exc.status_code, error_body(exc.status_code, message), dict(exc.headers or {}))
+        return JSONResponse(error_body(exc.status_code, message), exc.status_code, exc.headers)
 
     @app.get("/health")
     async def health():
         eng = state["engine"]
         if not eng.alive():
-            return _json(503, {"status": "engine stopped", "model": settings.name})
+            return JSONResponse({"status": "engine stopped", "model": settings.name}, 503)
         return {"status": "ok", "model": settings.name, "tiers": eng.snapshot()}
 
     @app.get("/v1/models", response_model=schema.ModelList, responses=_ERRORS)
@@ -188,7 +182,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
     async def prometheus():
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE)
 
     def tier_of(body) -> str:
         return resolve_model_field(body.model, body.tier, settings.name, settings.tiers, settings.default_tier, aliases)
@@ -275,7 +269,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                     parts.append(value)
                 elif kind in ("error", "unavailable"):       # "unavailable": the engine is gone, retry
                     status = 503 if kind == "unavailable" else 500
-                    return _json(status, error_body(status, value), {"Retry-After": "1"} if status == 503 else None)
+                    return JSONResponse(error_body(status, value), status,
+                                        {"Retry-After": "1"} if status == 503 else None)
         finally:
             finish(status)
         return response_body(req, model_id, is_chat, "".join(parts), req.finish_reason)

@@ -138,10 +138,8 @@ def write_profile(path: str | Path, profile: dict, notice: Callable[[str], None]
 
 
 def quality_table(rows, data: str, split: str, metric: str = "bpb", **settings) -> dict:
-    """``tier_quality.json``'s table from ``evaluate_tiers`` rows (higher is better for ``accuracy`` only);
-    ``settings``: the ``QUALITY_KEYS`` the rows do not give."""
-    if metric not in ("bpb", "loss", "perplexity", "accuracy"):
-        raise ValueError(f"metric must be bpb, loss, perplexity or accuracy, got {metric!r}")
+    """``tier_quality.json``'s table from ``evaluate_tiers`` rows (``metric``: one of ``eval --quality_metric``'s
+    choices; higher is better for ``accuracy`` only); ``settings``: the ``QUALITY_KEYS`` the rows do not give."""
     unknown = set(settings) - set(QUALITY_KEYS)
     if unknown:
         raise ValueError(f"unknown quality settings {sorted(unknown)}; known: {', '.join(QUALITY_KEYS)}")

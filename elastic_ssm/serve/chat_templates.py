@@ -1,6 +1,5 @@
-"""Chat (docs/serving.md, "Chat"): ``ChatTemplate``, a compiled Jinja chat template that renders and encodes a
-request's messages as ``apply_chat_template`` does, the built-in templates ``serve --chat_template`` can name
-(``chatml``, ``plain``), and how a name or a file becomes a template's source."""
+"""Chat templates (docs/serving.md, "Chat"): ``ChatTemplate`` renders and encodes messages as
+``apply_chat_template`` does; ``chat_template_source`` reads ``--chat_template`` (a ``BUILTIN`` name or a file)."""
 
 from __future__ import annotations
 
@@ -45,10 +44,10 @@ def chat_template_source(spec: str | None) -> str | None:
         try:
             text = json.loads(text)["chat_template"]
         except (ValueError, KeyError, TypeError):
-            raise ConfigError(f"--chat_template {spec}: a JSON file must hold a string 'chat_template' (as "
-                              "tokenizer_config.json does)") from None
+            text = None
         if not isinstance(text, str):
-            raise ConfigError(f"--chat_template {spec}: its 'chat_template' is not a string") from None
+            raise ConfigError(f"--chat_template {spec}: a JSON file must hold a string 'chat_template' (as "
+                              "tokenizer_config.json does)")
     if not text.strip():
         raise ConfigError(f"--chat_template {spec} is empty; give a Jinja template")
     from jinja2 import TemplateError

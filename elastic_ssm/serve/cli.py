@@ -126,10 +126,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=port, log_level="warning", timeout_keep_alive=5,
                     limit_concurrency=uvicorn_connection_limit(args.max_connections),
                     proxy_headers=bool(args.forwarded_allow_ips), forwarded_allow_ips=args.forwarded_allow_ips or None,
-                    http=with_header_deadline(AutoHTTPProtocol, args.timeout,
-                                              functools.partial(app.state.metrics.reject, "http_408"),
-                                              max_header_bytes=args.max_header_bytes, write_timeout=args.timeout,
-                                              on_refuse=app.state.metrics.reject))
+                    http=with_header_deadline(AutoHTTPProtocol, args.timeout, app.state.metrics.reject,
+                                              max_header_bytes=args.max_header_bytes, write_timeout=args.timeout))
     finally:
         app.state.engine.shutdown()
     return 0

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import json
@@ -12,20 +13,15 @@ import sys
 import traceback
 from collections import defaultdict
 
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse
+
 from .schema import ApiError, error_body
 
 __all__ = ["Guard", "host_allowed", "is_loopback", "read_body", "parse_json", "watch_disconnect",
            "uvicorn_connection_limit"]
 
 log = logging.getLogger("elastic_ssm.serve")
-
-
-async def _send_error(send, status: int, message: str, headers: dict | None = None) -> None:
-    body = json.dumps(error_body(status, message)).encode()
-    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    hdrs += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": hdrs})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _ip(name: str):
@@ -69,11 +65,11 @@ class Guard:
         self._open: dict[str, int] = defaultdict(int)
         self._in_flight = 0
 
-    async def _refuse(self, send, reason: str, status: int, message: str, headers: dict | None = None) -> None:
-        """Answer ``status`` in the API's error shape, counted under ``reason``."""
-        if self.metrics is not None:
+    async def _refuse(self, scope, send, reason: str | None, status: int, message: str, headers=None) -> None:
+        """Answer ``status`` in the API's error shape, counted under ``reason`` (None: not counted)."""
+        if self.metrics is not None and reason is not None:
             self.metrics.reject(reason)
-        await _send_error(send, status, message, headers)
+        await JSONResponse(error_body(status, message), status, headers)(scope, None, send)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -81,31 +77,31 @@ class Guard:
             return
         headers = dict(scope.get("headers") or [])
         if self._hosts is not None and not host_allowed(headers.get(b"host"), self._hosts):
-            await self._refuse(send, "misdirected_host", 421, "this server answers requests for its own address "
-                               "only: without an API key, a Host other than localhost or a loopback address needs "
-                               "--allowed_hosts")
+            await self._refuse(scope, send, "misdirected_host", 421, "this server answers requests for its own "
+                               "address only: without an API key, a Host other than localhost or a loopback address "
+                               "needs --allowed_hosts")
             return
         if self._key is not None and scope.get("path") != "/health":
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self._key):
-                await self._refuse(send, "unauthorized", 401, "missing or wrong API key: send 'Authorization: "
-                                   "Bearer <key>'", {"WWW-Authenticate": "Bearer"})
+                await self._refuse(scope, send, "unauthorized", 401, "missing or wrong API key: send "
+                                   "'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"})
                 return
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            await self._refuse(send, "body_too_large", 413, f"request body over {self.max_body} bytes")
+            await self._refuse(scope, send, "body_too_large", 413, f"request body over {self.max_body} bytes")
             return
         if scope.get("path") == "/health":       # outside the caps, as outside the key
             await self._run(scope, receive, send)
             return
         client = (scope.get("client") or ("unknown", 0))[0]
         if self._open[client] >= self.max_connections:
-            await self._refuse(send, "too_many_connections", 429, f"more than {self.max_connections} concurrent "
-                               f"requests from {client}; wait for one to finish", {"Retry-After": "1"})
+            await self._refuse(scope, send, "too_many_connections", 429, f"more than {self.max_connections} "
+                               f"concurrent requests from {client}; wait for one to finish", {"Retry-After": "1"})
             return
         if self.max_requests is not None and self._in_flight >= self.max_requests:
-            await self._refuse(send, "server_full", 503, f"the server has {self.max_requests} requests in flight "
-                               "(--max-connections); retry shortly", {"Retry-After": "1"})
+            await self._refuse(scope, send, "server_full", 503, f"the server has {self.max_requests} requests in "
+                               "flight (--max-connections); retry shortly", {"Retry-After": "1"})
             return
         self._open[client] += 1
         self._in_flight += 1
@@ -126,11 +122,9 @@ class Guard:
                       " ".join(f"{type(e).__name__}: {e}".split()), where.filename, where.lineno)
             if self.metrics is not None:
                 self.metrics.server_errors.inc()
-            try:
-                await _send_error(send, 500, f"the server failed on this request ({type(e).__name__}); it keeps "
-                                             "serving: retry, or report it with the server's log")
-            except Exception:           # the answer had started (a stream): it ends here
-                pass
+            with contextlib.suppress(Exception):     # the answer had started (a stream): it ends here
+                await self._refuse(scope, send, None, 500, f"the server failed on this request ({type(e).__name__}); "
+                                   "it keeps serving: retry, or report it with the server's log")
 
 
 def uvicorn_connection_limit(max_requests: int) -> int:
@@ -140,8 +134,6 @@ def uvicorn_connection_limit(max_requests: int) -> int:
 
 async def read_body(request, limit: int, timeout: float) -> bytes:
     """The request body, at most ``limit`` bytes within ``timeout`` s (413, 408; 499 for a client gone meanwhile)."""
-    from starlette.requests import ClientDisconnect  # the serve extra's; this module imports without it
-
     chunks, size = [], 0
 
     async def _read() -> None:

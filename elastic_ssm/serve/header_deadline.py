@@ -1,12 +1,6 @@
-"""Connection limits below uvicorn (``with_header_deadline``, a subclass of its HTTP protocol class):
-
-* a deadline on each request's headers, from a connection's opening or its last response's end: a 408;
-* at most ``max_header_bytes`` of request line and headers, counted as they arrive: a 431, then the server shuts its
-  side and drops what the client still sends for up to ``LINGER_S`` s (so the close is no reset);
-* ``write_timeout``: a client that takes (almost) none of its output for that long is aborted;
-* an answer sent while its request's body is still arriving closes the connection after it.
-
-docs/serving.md ("Security defaults") says why; a request being answered is never timed here."""
+"""Connection limits below uvicorn (``with_header_deadline``, a subclass of its HTTP protocol class): the request
+head's deadline (408) and size (431), a write-stall abort and a close after an early answer (docs/serving.md, "Security
+defaults"); a request being answered is never timed here."""
 
 from __future__ import annotations
 
@@ -16,10 +10,11 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 
 from .schema import error_body
 
-__all__ = ["with_header_deadline", "timeout_response", "refusal_response", "MAX_HEADER_BYTES", "LINGER_S"]
+__all__ = ["with_header_deadline", "refusal_response", "MAX_HEADER_BYTES", "LINGER_S"]
 
 log = logging.getLogger("elastic_ssm.serve")
 
@@ -51,36 +46,23 @@ def _unacked(sock) -> tuple[int, int] | None:
     if len(info) < _ACKED_AT + 8:
         return None
     return struct.unpack_from("Q", info, _ACKED_AT)[0], queued
-_PHRASES = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
 def refusal_response(status: int, message: str) -> bytes:
     """A raw HTTP/1.1 ``status`` answer in the API's error shape that closes the connection."""
     body = json.dumps(error_body(status, message)).encode()
-    head = (f"HTTP/1.1 {status} {_PHRASES[status]}\r\ncontent-type: application/json\r\n"
+    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
     return head.encode() + body
 
 
-def timeout_response(seconds: float) -> bytes:
-    """The raw HTTP/1.1 408 sent to a client whose headers did not arrive within ``seconds``."""
-    return refusal_response(408, f"the request headers did not arrive within {seconds:g} s; send the whole request "
-                                 "at once")
-
-
-def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], None] | None = None, *,
-                         max_header_bytes: int | None = MAX_HEADER_BYTES, write_timeout: float | None = None,
-                         on_refuse: Callable[[str], None] | None = None) -> type:
-    """``base`` (a uvicorn HTTP protocol class) with the module docstring's limits (None: no bound / timeout);
-    ``on_timeout()`` counts each 408 close, ``on_refuse(reason)`` the others (``"http_431"``, ``"stalled_reader"``);
-    ``ValueError`` for a bad limit."""
-    if not seconds > 0:
-        raise ValueError(f"the header deadline must be positive, got {seconds!r}")
-    if max_header_bytes is not None and not (isinstance(max_header_bytes, int) and max_header_bytes >= 1024):
-        raise ValueError(f"max_header_bytes must be an integer >= 1024, got {max_header_bytes!r}")
-    if write_timeout is not None and not write_timeout > 0:
-        raise ValueError(f"the write timeout must be positive, got {write_timeout!r}")
-    answer = timeout_response(seconds)
+def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], None] | None = None, *,
+                         max_header_bytes: int | None = MAX_HEADER_BYTES, write_timeout: float | None = None) -> type:
+    """``base`` (a uvicorn HTTP protocol class) with the module docstring's limits (None: no bound / timeout; the
+    values ``ServeOptions`` checks); ``on_refuse(reason)`` counts each refusal (``"http_408"``, ``"http_431"``,
+    ``"stalled_reader"``)."""
+    answer = refusal_response(408, f"the request headers did not arrive within {seconds:g} s; send the whole "
+                                   "request at once")
     too_large = None if max_header_bytes is None else refusal_response(
         431, f"the request line and headers are over {max_header_bytes} bytes")
     head_bound = max_header_bytes
@@ -92,7 +74,6 @@ def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], No
         deadline_s = seconds
         max_header_bytes = head_bound          # (a class body cannot read an enclosing name it assigns)
         write_timeout_s = write_timeout
-        count_timeout = staticmethod(on_timeout or (lambda: None))
         count_refusal = staticmethod(on_refuse or (lambda reason: None))
         _deadline = None
         _waiting_for = None   # the cycle current when the deadline was armed: a new one means headers arrived
@@ -147,7 +128,7 @@ def with_header_deadline(base: type, seconds: float, on_timeout: Callable[[], No
             log.info("closed a connection from %s whose request headers did not arrive within %g s", self._who(),
                      seconds)
             self._refuse(answer, linger=False)
-            self.count_timeout()
+            self.count_refusal("http_408")
 
         def _head_pending(self) -> int | None:
             """Bytes of the request head now arriving; None while none is (a body, or a cycle not yet ended)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .engine import COUNTERS
@@ -60,7 +60,3 @@ class Metrics:
                 yield CounterMetricFamily(f"elastic_ssm_{key}", f"{doc}.", value=counters[key])
         yield GaugeMetricFamily("elastic_ssm_uptime_seconds", "Seconds since the server started.",
                                 value=time.time() - self.started)
-
-    def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)

@@ -7,6 +7,7 @@ rid)``, ``("stop",)``; engine -> HTTP ``("ready",)`` or ``("failed", message)``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import logging
@@ -94,10 +95,8 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
             elif msg[0] == "stop":
                 break
     except _Stop:
-        try:
+        with contextlib.suppress(OSError):      # the HTTP process may be gone already
             events.send(("stopped", "SIGTERM"))
-        except OSError:             # the HTTP process is gone already
-            pass
     except (EOFError, OSError):      # the HTTP process is gone
         pass
     finally:
@@ -189,10 +188,8 @@ class RemoteEngine:
                 self._watch.cancel()
         if self._proc.pid is None:
             return
-        try:
+        with contextlib.suppress(OSError):
             self._cmd.send(("stop",))
-        except OSError:
-            pass
         self._proc.join(10)
         if self._proc.is_alive():
             self._proc.kill()

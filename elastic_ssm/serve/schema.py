@@ -1,8 +1,6 @@
-"""The OpenAI API's bodies and rules (docs/serving.md, "The API"): requests and responses as pydantic models, one
-renderer of their validation errors, the rules a schema cannot say (tier names, prompt limits) and the response
-bodies. Requests are strict (``n: 1.0`` is no integer), ``null`` is the default, unknown keys are ignored, a field
-the server cannot honour is ``refused`` unless it asks nothing; every refusal is an ``ApiError``, answered in
-OpenAI's error shape (``error_body``)."""
+"""The OpenAI API's bodies and rules (docs/serving.md, "The API"): pydantic request and response models, one
+renderer of their validation errors, the rules a schema cannot say (tier names, prompt limits); every refusal is an
+``ApiError``, answered in OpenAI's error shape (``error_body``)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ from typing import Any
 
 from ..elastic.tiers import Tier, state_bytes, tier_table
 
-__all__ = ["select_tier", "tier_choice", "TierChoice", "read_profile", "read_quality", "PROFILE_FILE", "QUALITY_FILE",
-           "profile_ms"]
+__all__ = ["select_tier", "tier_choice", "TierChoice", "PROFILE_FILE", "QUALITY_FILE", "profile_ms"]
 
 PROFILE_FILE = "tier_profile.json"
 QUALITY_FILE = "tier_quality.json"
@@ -26,16 +25,6 @@ def _read(path: Path | None, name: str) -> dict | None:
     if not isinstance(data, dict) or not isinstance(data.get("tiers"), dict):
         raise ValueError(f"{path / name} has no 'tiers' table; measure it again")
     return data
-
-
-def read_profile(path: str | Path) -> dict | None:
-    """The ``tier_profile.json`` of a model directory (None when absent)."""
-    return _read(Path(path), PROFILE_FILE)
-
-
-def read_quality(path: str | Path) -> dict | None:
-    """The ``tier_quality.json`` of a model directory (None when absent)."""
-    return _read(Path(path), QUALITY_FILE)
 
 
 def profile_ms(profile: dict, tier: str, batch: int) -> float | None:

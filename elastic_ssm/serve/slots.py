@@ -1,8 +1,5 @@
 """The slot pool: one ``FastDecoder`` of ``slots`` rows at the widest served tier, each row a sequence at any
-served tier (nested prefixes share one step: ``mixed=True``), with batched, CUDA-graphed prefill and attended spans
-(docs/serving.md, "Continuous batching"). A slot is a fixed row of fixed buffers: admitting or releasing a request
-never reallocates or recaptures. Its row bookkeeping: row views of a cache, left padding, prefill grouping,
-``SlotRows``."""
+served tier, with batched, CUDA-graphed prefill and attended spans (docs/serving.md, "Continuous batching")."""
 
 from __future__ import annotations
 
@@ -66,8 +63,7 @@ def left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tens
     for i, p in enumerate(prompts):
         ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
         mask[i, T - len(p):] = True
-    same = all(len(p) == T for p in prompts)
-    return ids.to(device), (None if same else mask.to(device))
+    return ids.to(device), (None if mask.all() else mask.to(device))
 
 
 def prefill_groups(lengths: list[int], max_prefill: int, max_tokens: int | None = None, pad_ratio: float = 1.25,
@@ -148,11 +144,9 @@ class SlotPool(SlotRows):
                  kv_dtype: torch.dtype | None = None, max_prefill: int = 16, prefill_graphs: bool | None = None,
                  max_graphs: int = 32, max_graph_tokens: int = GRAPH_TOKENS, graph_after: int = 2, spans: bool = True,
                  min_span: int = 128) -> None:
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise ValueError(f"a slot pool needs at least one slot, got {slots!r}")
         if prefill_graphs not in (None, True, False):
             raise ValueError(f"prefill_graphs must be True, False or None (on CUDA), got {prefill_graphs!r}")
-        check_counts(max_graphs=max_graphs, max_graph_tokens=max_graph_tokens, graph_after=graph_after)
+        check_counts(slots=slots, max_graphs=max_graphs, max_graph_tokens=max_graph_tokens, graph_after=graph_after)
         super().__init__(slots)
         self.model = model
         self.tiers = served_tiers(model, tiers)

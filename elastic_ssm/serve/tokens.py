@@ -35,13 +35,10 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
 class RowNoise:
     """Exp(1) noise [B, V] for ``sample_rows``: seeded rows from their own generator, the rest shared."""
 
-    def __init__(self, rows: int, vocab: int, device: torch.device, seed: int | None = None) -> None:
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
         self.buf = torch.empty(rows, vocab, dtype=torch.float32, device=device)
         self.shared = torch.Generator(device=device)
-        if seed is not None:
-            self.shared.manual_seed(seed)
-        else:
-            self.shared.seed()
+        self.shared.seed()
         self.own: dict[int, torch.Generator] = {}
 
     def seed_row(self, row: int, seed: int | None) -> None:
@@ -56,7 +53,6 @@ class RowNoise:
         for row, g in self.own.items():
             self.buf[row:row + 1].exponential_(1.0, generator=g)
         return self.buf
-
 
 
 class TextStream:

@@ -215,7 +215,7 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
     assert kw["http"].deadline_s == 30.0                                      # --timeout's default
     assert (kw["http"].max_header_bytes, kw["http"].write_timeout_s) == (65536, 30.0)
     assert kw["proxy_headers"] is False and settings[-1].allowed_hosts == ("0.0.0.0",)   # no proxy trusted
-    kw["http"].count_timeout()                                                # a connection closed by it
+    kw["http"].count_refusal("http_408")                                      # a connection closed by it
     assert (settings[-1].slots, settings[-1].max_prefill) == (2, 2)           # --max-prefill 0: --max-batch
     with TestClient(app, base_url="http://localhost") as c:       # no key: the Host must be a local name
         assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["tiny", "tiny@T1", "tiny@T4"]
@@ -239,6 +239,8 @@ def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monk
     served = len(runs)
     assert main(["serve", str(model_dir), "--tiers", "T1, T4", "--tier", "T10", "--device", "cpu"]) == 2
     assert len(runs) == served                              # an explicit default outside --tiers: refused, not added
+    for flag, bad in (("--timeout", "0"), ("--max_header_bytes", "1000")):     # the connection limits' bounds
+        assert main(["serve", str(model_dir), flag, bad, "--device", "cpu"]) == 2 and len(runs) == served
 
 
 def test_serve_tier_full_is_the_whole_model_as_in_tiers_full(model_dir, monkeypatch):
@@ -312,16 +314,6 @@ def test_a_streamed_text_event_is_the_json_of_its_whole_chunk(chat):
     event = _text_event(render)
     for text in ["a", 'quote " and \\ backslash', "line\nbreak\ttab", "\x00nul\x1f", "é ü 中文 🙂", "\u2028"]:
         assert event(text) == f"data: {json.dumps(render(text, None))}\n\n", text
-
-
-def test_a_chunk_without_its_text_as_one_string_is_rendered_whole():
-    """A chunk renderer that does not put the text in one JSON string (here: split into characters) still streams
-    what it renders: the fast path steps aside."""
-    from elastic_ssm.serve.app import _text_event
-
-    render = lambda text, finish: {"chars": list(text), "model": "m"}  # noqa: E731
-    event = _text_event(render)
-    assert event('a"b') == "data: " + json.dumps({"chars": ["a", '"', "b"], "model": "m"}) + "\n\n"
 
 
 def _with_template(model_dir, tmp_path, template):
