@@ -118,12 +118,12 @@ class BenchConfig(ConfigBase):
 class _Runner:
     def __init__(self, cfg: BenchConfig, log: Callable[[str], None]) -> None:
         self.cfg, self.log, self.t0 = cfg, log, time.monotonic()
-        want = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        self.dev = torch.device(want)
-        self.dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(
-            cfg.dtype, torch.bfloat16 if self.dev.type == "cuda" else torch.float32)
-        self.mcfg = ESSHConfig.preset(cfg.preset)
+        from ..cli_util import resolve_device, resolve_dtype
         from ..elastic.tiers import tier_table
+
+        self.dev = torch.device(resolve_device(cfg.device))
+        self.dtype = resolve_dtype(cfg.dtype, str(self.dev))
+        self.mcfg = ESSHConfig.preset(cfg.preset)
 
         self.table = {t.name: t for t in tier_table(self.mcfg)}
         self.full = list(self.table)[-1]
