@@ -221,17 +221,13 @@ def _check_before_running(cfg: BenchConfig, given: dict) -> None:
     """What would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a
     device this machine lacks, and output paths that cannot be written (a folder where the JSON or markdown
     file goes, a file where the suite's folder goes, an empty ``--bench.out_dir``)."""
-    from ..cli_util import check_output_path
-    from ..utils.devices import checked_device
+    from ..cli_util import check_output_path, resolve_device
 
     for key in ("set", "only"):
         if given.get(key) and not cfg.suite:
             raise ConfigError(f"--bench.{key} picks or changes entries of a suite; give --bench.suite NAME as well")
     if cfg.device != "auto" and not cfg.suite:     # a suite's entries may name their own devices
-        try:
-            checked_device(cfg.device, "--bench.device")
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        resolve_device(cfg.device, "--bench.device")
     if cfg.suite and cfg.suite != "list":
         if not cfg.out_dir.strip():
             raise ConfigError("--bench.out_dir is an empty string; give the folder for the suite's results")
