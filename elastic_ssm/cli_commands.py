@@ -328,14 +328,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_main(argv: list[str] | None = None) -> dict:
-    """``elastic-ssm bench``'s command line (``--bench.preset 1.5b ...``) in process; returns the results."""
-    from .bench import bench_command
-    from .cli import parse
-
-    return bench_command(overrides(parse("bench", list(argv or [])), "bench"))
-
-
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from .quickstart import quickstart
 

@@ -63,9 +63,9 @@ def is_rank_zero() -> bool:
 DEVICE_HELP = "auto (cuda when a GPU is present, else cpu; never mps, which has no float64), cpu, cuda or cuda:N"
 
 
-def resolve_device(spec: str) -> str:
-    """``--device`` -> a torch device string (``ConfigError`` for one this machine lacks; ``auto`` says on stderr why
-    a machine with MPS runs on the CPU)."""
+def resolve_device(spec: str, flag: str = "--device") -> str:
+    """``--device`` (or the setting ``flag``) -> a torch device string (``ConfigError`` for one this machine lacks;
+    ``auto`` says on stderr why a machine with MPS runs on the CPU)."""
     from .utils.devices import auto_device, checked_device
 
     if spec == "auto":
@@ -74,7 +74,7 @@ def resolve_device(spec: str) -> str:
             print(note, file=sys.stderr)
         return device
     try:
-        checked_device(spec, "--device")
+        checked_device(spec, flag)
     except ValueError as e:
         raise ConfigError(f"{e} (or auto)") from None
     return spec

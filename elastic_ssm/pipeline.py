@@ -156,13 +156,10 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
     """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
     from pathlib import Path
 
-    from .utils.devices import checked_device
+    from .cli_util import resolve_device
 
     if run.train.device != "auto":        # a device this machine lacks is named before any data is read
-        try:
-            checked_device(run.train.device, "train.device")
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        resolve_device(run.train.device, "train.device")
     run = fit_model_to_tokenizer(run)
     out = Path(run.train.out_dir)
     if resume == "auto":       # checkpoints that all fail their check: named now, not "no checkpoint yet, starting"

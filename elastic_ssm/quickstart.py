@@ -42,12 +42,8 @@ def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path, raw:
     return True
 
 
-def _monotone(rows: list[TierEval]) -> bool:
-    return all(a.bpb >= b.bpb for a, b in zip(rows, rows[1:]))
-
-
 def _inversions(rows: list[TierEval]) -> str:
-    """Where a larger tier scored worse than the one below it, with by how much (empty when none)."""
+    """Where a larger tier scored worse than the one below it, with by how much (empty when none: monotone)."""
     return ", ".join(f"{b.tier} {b.bpb - a.bpb:.2g} bpb above {a.tier}" for a, b in zip(rows, rows[1:])
                      if b.bpb > a.bpb)
 
@@ -162,7 +158,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
                                         f"{c.max_abs_diff:.3g}"} for r, c in zip(rows, checks)], overwrite=True)
     plotted = _plot(rows, control_rows, out / "quality_size.png", raw_rows)
     summary = {
-        "monotone": _monotone(rows), "inversions": _inversions(rows), "held_out_tokens": rows[0].tokens,
+        "monotone": not _inversions(rows), "inversions": _inversions(rows), "held_out_tokens": rows[0].tokens,
         "bpb_T1": rows[0].bpb, "bpb_T10": rows[-1].bpb, "control_bpb_T1": control_rows and control_rows[0].bpb,
         "control_bpb_T10": control_rows and control_rows[-1].bpb, "control_raw_bpb_T1": raw_rows and raw_rows[0].bpb,
         "control_recovered": bool(raw_rows), "all_exports_bitwise": all(c.bitwise_equal for c in checks),

@@ -118,12 +118,12 @@ class BenchConfig(ConfigBase):
 class _Runner:
     def __init__(self, cfg: BenchConfig, log: Callable[[str], None]) -> None:
         self.cfg, self.log, self.t0 = cfg, log, time.monotonic()
-        want = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        self.dev = torch.device(want)
-        self.dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(
-            cfg.dtype, torch.bfloat16 if self.dev.type == "cuda" else torch.float32)
-        self.mcfg = ESSHConfig.preset(cfg.preset)
+        from ..cli_util import resolve_device, resolve_dtype
         from ..elastic.tiers import tier_table
+
+        self.dev = torch.device(resolve_device(cfg.device))
+        self.dtype = resolve_dtype(cfg.dtype, str(self.dev))
+        self.mcfg = ESSHConfig.preset(cfg.preset)
 
         self.table = {t.name: t for t in tier_table(self.mcfg)}
         self.full = list(self.table)[-1]
@@ -221,17 +221,13 @@ def _check_before_running(cfg: BenchConfig, given: dict) -> None:
     """What would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a
     device this machine lacks, and output paths that cannot be written (a folder where the JSON or markdown
     file goes, a file where the suite's folder goes, an empty ``--bench.out_dir``)."""
-    from ..cli_util import check_output_path
-    from ..utils.devices import checked_device
+    from ..cli_util import check_output_path, resolve_device
 
     for key in ("set", "only"):
         if given.get(key) and not cfg.suite:
             raise ConfigError(f"--bench.{key} picks or changes entries of a suite; give --bench.suite NAME as well")
     if cfg.device != "auto" and not cfg.suite:     # a suite's entries may name their own devices
-        try:
-            checked_device(cfg.device, "--bench.device")
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        resolve_device(cfg.device, "--bench.device")
     if cfg.suite and cfg.suite != "list":
         if not cfg.out_dir.strip():
             raise ConfigError("--bench.out_dir is an empty string; give the folder for the suite's results")

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import torch
 
 from ..models.fast_decode import FastDecoder
-from .peers import build_transformer, fla_peers, transformer_matched
+from .peers import PeerUnavailable, build_transformer, fla_peers, transformer_matched
 from .timing import GraphedStep, oom_as_result, summarize, time_fn
 
-__all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model"]
+__all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model", "built_peer"]
 
 
 @torch.no_grad()
@@ -109,19 +109,37 @@ def _modes(cfg, dev: torch.device, batch: int) -> list[bool]:
     return ([True] if graph else []) + ([False] if (batch in cfg.eager_batches or not graph) else [])
 
 
-def peer_model(r, peer: str):
-    """(model, make_decoder(batch, graph), params info) of a peer, or raise with the reason it is absent."""
-    cfg = r.cfg
+def peer_model(r, peer: str, dtype: torch.dtype | str = "bench", training: bool = False):
+    """(model, make_decoder(batch, graph), params info) of a peer, its matrices in the bench dtype (or ``dtype``), or
+    raise with the reason it is absent (``training``: also when fla cannot train it)."""
+    cfg, dtype = r.cfg, r.dtype if dtype == "bench" else dtype
     if peer == "transformer":
         tcfg, info = transformer_matched(r.mcfg)
-        pm = build_transformer(tcfg, r.dev, r.dtype)
+        pm = build_transformer(tcfg, r.dev, dtype)
         margin = cfg.warmup + cfg.iters + 8
         return pm, (lambda b, g: TransformerDecoder(pm, b, cfg.context, g, margin=margin)), info
     fla = fla_peers()
     fla.require_fla(peer)
+    refused = training and fla.fla_training_refused(peer)
+    if refused:
+        raise PeerUnavailable(refused)
     info = fla.fla_matched(peer, r.mcfg)
-    pm = fla.build_fla(peer, r.mcfg, info["d_ff"], r.dev, r.dtype)
+    pm = fla.build_fla(peer, r.mcfg, info["d_ff"], r.dev, dtype)
     return pm, (lambda b, g: fla.FlaDecoder(pm, b, g)), info
+
+
+def built_peer(r, out: list, base: dict, peer: str) -> tuple | None:
+    """``peer_model(r, peer)``, its build reported as a row of ``out`` (``base`` + params, gap and FFN width; an
+    absent peer: the row's ``error``), or None when it failed."""
+    built = []
+
+    def build() -> dict:
+        built.append(peer_model(r, peer))
+        info = built[0][2]
+        return {"params": info["params"], "param_gap": info["gap"], "d_ff": info["d_ff"]}
+
+    r.run(out, base, build)
+    return built[0] if built else None
 
 
 def decode_suite(r, out: list) -> None:
@@ -148,19 +166,13 @@ def decode_suite(r, out: list) -> None:
     model = None
     for peer in cfg.peers:
         base = {"bench": "decode", "model": peer, "preset": cfg.preset, "tier": "-"}
-        holder: dict = {}
-
-        def build(peer=peer, holder=holder) -> dict:
-            holder["m"], holder["make"], info = peer_model(r, peer)
-            holder["params"] = info["params"]
-            return {"params": info["params"], "param_gap": info["gap"], "d_ff": info["d_ff"]}
-
-        r.run(out, {**base, "batch": 0, "mode": "build"}, build)
-        if "make" not in holder:
+        built = built_peer(r, out, {**base, "batch": 0, "mode": "build"}, peer)
+        if built is None:
             continue
+        _, make, info = built
         for B in cfg.batches:
             for g in _modes(cfg, dev, B):
-                row = {**base, "params": holder["params"], "batch": B, "mode": "graph" if g else "eager"}
-                r.run(out, row, lambda B=B, g=g, holder=holder: bench_decode(holder["make"], B, g, cfg.warmup,
-                                                                             cfg.iters, V, dev, cfg.sessions))
-        holder.clear()
+                row = {**base, "params": info["params"], "batch": B, "mode": "graph" if g else "eager"}
+                r.run(out, row, lambda B=B, g=g, make=make: bench_decode(make, B, g, cfg.warmup, cfg.iters, V,
+                                                                         dev, cfg.sessions))
+        built = make = None          # the peer's memory goes before the next one is built

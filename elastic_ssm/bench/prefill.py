@@ -27,7 +27,7 @@ def bench_prefill(forward: Callable[[torch.Tensor], torch.Tensor], length: int, 
 
 def prefill_suite(r, out: list) -> None:
     """ESSH at ``prefill_tiers`` and every peer at every prompt length."""
-    from .decode import peer_model
+    from .decode import built_peer
     from .peers import peer_forward
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
@@ -42,20 +42,12 @@ def prefill_suite(r, out: list) -> None:
                                                                 cfg.prefill_iters))
     model = None
     for peer in cfg.peers:
-        holder: dict = {}
-
-        def build(peer=peer, holder=holder) -> dict:
-            m, _, info = peer_model(r, peer)
-            holder["m"], holder["compiled"] = peer_forward(m, peer, cfg.compile, cfg.compile_mode)
-            holder["params"] = info["params"]
-            return {"params": info["params"]}
-
         base = {"bench": "prefill", "model": peer, "preset": cfg.preset, "tier": "-"}
-        r.run(out, {**base, "length": 0}, build)
-        if "m" not in holder:
+        built = built_peer(r, out, {**base, "length": 0}, peer)
+        if built is None:
             continue
+        m, compiled = peer_forward(built[0], peer, cfg.compile, cfg.compile_mode)
         for T in cfg.prefill_lengths:
-            row = {**base, "params": holder["params"], "length": T, "compiled": holder["compiled"]}
-            r.run(out, row, lambda T=T, m=holder["m"]: bench_prefill(m, T, V, dev, cfg.prefill_warmup,
-                                                                     cfg.prefill_iters))
-        holder.clear()
+            row = {**base, "params": built[2]["params"], "length": T, "compiled": compiled}
+            r.run(out, row, lambda T=T, m=m: bench_prefill(m, T, V, dev, cfg.prefill_warmup, cfg.prefill_iters))
+        built = m = None

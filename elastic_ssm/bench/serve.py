@@ -15,8 +15,9 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 from ..serve.engine import COUNTERS
-from .timing import percentile
 
 __all__ = ["serve_suite", "bench_serve", "wait_healthy", "free_port"]
 
@@ -203,11 +204,10 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
     ttft = [x for p in parts for x in p["ttft"]]
     itl = [x for p in parts for x in p["itl"]]
     tokens = sum(p["tokens"] for p in parts)
-    ms = lambda v: None if v is None else v * 1e3
+    ms = lambda v, q: float(np.percentile(v, q, method="nearest")) * 1e3 if v else None   # nearest rank
     return {"warmup_s": warmup, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
-            "ttft_p50_ms": ms(percentile(ttft, 50)), "ttft_p99_ms": ms(percentile(ttft, 99)),
-            "itl_p50_ms": ms(percentile(itl, 50)),
-            "itl_p99_ms": ms(percentile(itl, 99)), "steps_s": served["decode_steps"] / wall,
+            "ttft_p50_ms": ms(ttft, 50), "ttft_p99_ms": ms(ttft, 99), "itl_p50_ms": ms(itl, 50),
+            "itl_p99_ms": ms(itl, 99), "steps_s": served["decode_steps"] / wall,
             "prefills": served["prefill_forwards"], "captures": served["prefill_graph_captures"],
             "prefill_s": served["prefill_seconds"], "idle_s": served["idle_seconds"],
             "server_cpu": (cpu1[1] - cpu0[1]) / wall, "http_cpu": (cpu1[0] - cpu0[0]) / wall,

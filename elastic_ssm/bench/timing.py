@@ -1,5 +1,5 @@
 """Timing helpers of every benchmark: warm-up then timed calls (CUDA events on the GPU, ``perf_counter`` on
-the CPU), medians and percentiles, wall-clock calls, CUDA-graph replays, OOM as a result."""
+the CPU), medians, wall-clock calls, CUDA-graph replays, OOM as a result."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["sync", "time_fn", "summarize", "wall_ms", "percentile", "oom_as_result", "GraphedStep"]
+__all__ = ["sync", "time_fn", "summarize", "wall_ms", "oom_as_result", "GraphedStep"]
 
 
 def sync(device: torch.device) -> None:
@@ -56,14 +56,6 @@ def wall_ms(fn: Callable[[], object], device: torch.device) -> float:
     fn()
     sync(device)
     return (time.perf_counter() - t) * 1e3
-
-
-def percentile(xs: list[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100) of ``xs`` by nearest rank; None for an empty list."""
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
 @contextlib.contextmanager

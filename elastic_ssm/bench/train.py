@@ -52,7 +52,8 @@ def bench_train(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.
 def train_suite(r, out: list) -> None:
     """ESSH at full capacity (fp32 master weights, bf16 autocast) and, with ``train_peers``, the peers."""
     from ..elastic.tiers import flops_per_token
-    from .peers import PeerUnavailable, build_transformer, fla_peers, peer_forward, transformer_matched
+    from .decode import peer_model
+    from .peers import peer_forward
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
     kw = dict(batch=cfg.train_batch, seq_len=cfg.train_seq_len, warmup=cfg.train_warmup, steps=cfg.train_steps,
@@ -70,19 +71,9 @@ def train_suite(r, out: list) -> None:
         return
     for peer in cfg.peers:
         def run_peer(peer=peer) -> dict:
-            if peer == "transformer":
-                tcfg, info = transformer_matched(r.mcfg)
-                model = build_transformer(tcfg, dev, None)
-                fpt = tcfg.flops_per_token(cfg.train_seq_len)["total"]
-            else:
-                fla = fla_peers()
-                fla.require_fla(peer)
-                refused = fla.fla_training_refused(peer)
-                if refused:
-                    raise PeerUnavailable(refused)
-                info = fla.fla_matched(peer, r.mcfg)
-                model = fla.build_fla(peer, r.mcfg, info["d_ff"], dev, torch.float32)
-                fpt = 2 * info["params"]   # dense-layer estimate: 2 FLOPs per parameter and token
+            model, _, info = peer_model(r, peer, torch.float32, training=True)
+            seq = cfg.train_seq_len    # fla peers: the dense-layer estimate, 2 FLOPs per parameter and token
+            fpt = model.config.flops_per_token(seq)["total"] if peer == "transformer" else 2 * info["params"]
             fwd, compiled = peer_forward(model, peer, cfg.compile, cfg.compile_mode)
             return {"params": info["params"], "compiled": compiled,
                     **bench_train(model, fwd, V, fpt, dev, compile_loss=compiled, **kw)}

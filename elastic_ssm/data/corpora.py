@@ -25,15 +25,6 @@ TEXT_SUFFIXES = frozenset(
 MAX_TEXT_DOC_BYTES = 16 << 20
 
 
-def stdlib_corpus(split: str | None = "train", max_bytes: int | None = None,
-                  include_tests: bool = True) -> list[bytes]:
-    """The embedded default corpus: raw bytes of each stdlib file of ``split`` in path order, cut at
-    ``max_bytes``."""
-    root = stdlib_root()
-    files = ((root / rel).read_bytes() for rel in stdlib_split_files(split, include_tests))  # read lazily
-    return [d for d in cap_bytes(files, max_bytes) if d]
-
-
 def cap_bytes(docs: Iterable[str | bytes], max_bytes: int | None) -> Iterator[str | bytes]:
     """``docs`` until ``max_bytes`` (in ``len`` units) are reached; the last one is cut so the total is exactly
     ``max_bytes``. No document is read after the cap (``docs`` is consumed lazily). None: no cap."""

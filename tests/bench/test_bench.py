@@ -12,16 +12,22 @@ import torch
 from triton_interpreter import run_interpreted
 
 import elastic_ssm as es
-from elastic_ssm.bench import BenchConfig, run_bench
+from elastic_ssm.bench import BenchConfig, bench_command, run_bench
 from elastic_ssm.bench.memory import essh_memory_rows
 from elastic_ssm.bench.peers import cast_matrices, match_ffn_width, transformer_matched
-from elastic_ssm.cli_commands import bench_main as main
+from elastic_ssm.cli import parse
+from elastic_ssm.cli_util import overrides
 from elastic_ssm.models.baselines import TransformerConfig, TransformerPP
 from elastic_ssm.models.fast_decode import FastDecoder
 from elastic_ssm.models.testing import randomize_selective
 from elastic_ssm.ops.dispatch import resolve_decode_backend
 from elastic_ssm.ops.spectral_scan import decode_triton as dt
 from elastic_ssm.ops.spectral_scan.naive import naive_spectral_scan
+
+
+def main(argv: list[str]) -> dict:
+    """``elastic-ssm bench ARGV`` in process (``--bench.preset 1.5b ...``); returns the results."""
+    return bench_command(overrides(parse("bench", list(argv)), "bench"))
 
 
 def _perturbed(dtype, preset="tiny"):
@@ -287,9 +293,6 @@ def test_server_cpu_splits_the_http_process_from_its_engine_child():
 def test_only_repeatable_list_flags_add_up():
     """``--bench.set`` / ``--bench.only`` given twice keep both lists; another list flag given twice keeps the last,
     as argparse does (``--bench.serve_streams 1 --bench.serve_streams 128`` is 128)."""
-    from elastic_ssm.cli import parse
-    from elastic_ssm.cli_util import overrides
-
     ns = parse("bench", ["--bench.set", "a=1", "b=2", "--bench.set", "c=3", "--bench.only", "x",
                          "--bench.only", "y", "--bench.serve_streams", "1", "--bench.serve_streams", "128"])
     got = overrides(ns, "bench")

@@ -5,10 +5,16 @@ byte-base shapes. Run the GPU part with ``python -m pytest -m gpu tests/bench/te
 import pytest
 import torch
 
-from elastic_ssm.bench import BenchConfig, run_bench
-from elastic_ssm.cli_commands import bench_main as main
+from elastic_ssm.bench import BenchConfig, bench_command, run_bench
+from elastic_ssm.cli import parse
+from elastic_ssm.cli_util import overrides
 from elastic_ssm.config import ConfigError, ESSSMConfig
 from elastic_ssm.elastic.tiers import state_bytes
+
+
+def main(argv: list[str]) -> dict:
+    """``elastic-ssm bench ARGV`` in process (``--bench.preset 1.5b ...``); returns the results."""
+    return bench_command(overrides(parse("bench", list(argv)), "bench"))
 
 
 @pytest.fixture(autouse=True)

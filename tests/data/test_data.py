@@ -22,7 +22,7 @@ def test_stdlib_split_deterministic_disjoint_by_file():
     assert len(val) >= splits.STDLIB_MIN_VAL_FILES and len(train) > 10 * len(val)
     splits._stdlib_files.cache_clear()
     assert data.stdlib_split_files("validation") == val  # recomputed from disk: same split
-    docs = data.stdlib_corpus("validation", max_bytes=5000)
+    docs = list(corpora.cap_bytes(data.iter_documents("stdlib", "validation"), 5000))
     assert sum(map(len, docs)) == 5000 and all(isinstance(d, bytes) for d in docs)
     assert docs[0] == (data.stdlib_root() / val[0]).read_bytes()[: len(docs[0])]
     with pytest.raises(ValueError, match="unknown split"):
@@ -53,7 +53,7 @@ def test_byte_tokenizer_round_trip():
 
 
 def test_bpe_train_round_trip_and_save(tmp_path):
-    docs = data.stdlib_corpus("train", max_bytes=300_000)
+    docs = corpora.cap_bytes(data.iter_documents("stdlib", "train"), 300_000)
     tok = data.train_bpe(docs, 600, tmp_path / "bpe" / "tokenizer.json")
     assert tok.vocab_size == 600 and (tok.pad_id, tok.bos_id, tok.eos_id, tok.sep_id) == (0, 1, 2, 3)
     text = "def f(x):\n    return {'ü': x ** 2}  # ✓\n"
