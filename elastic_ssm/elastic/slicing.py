@@ -2,17 +2,12 @@
 "Prefix layout". A dim-0 prefix is a contiguous view, a dim-1 prefix a strided view BLAS reads in place (an export
 stores it contiguous), so the shared model at a tier and its export give bitwise-equal CPU outputs (ESSH Q.2).
 
-A whole safetensors file goes onto a CUDA device in large staged reads (issue 39: the load of the first token).
-``safe_open(device="cuda")`` copies tensor by tensor from the memory-mapped file: every 4 KB page is faulted in on
-first touch and every copy leaves from pageable memory. ``read_to_device`` reads the data section with
-``os.preadv`` on ``READERS`` threads into pinned buffers of ``chunk`` bytes and copies each to one device buffer
-while the next ones are read (an event per buffer keeps it from being refilled before its copy is done); the
-tensors are views of that buffer. Only whole files are read this way (a tier's prefixes go through
-``load_sliced_safetensors``' per-tensor path): the views then cover every byte read.
-
-The header is checked before anything is read: entries' offsets must tile the data section exactly, with known
-dtypes, sizes that match their shapes and aligned offsets. A file that fails a check returns None, and the caller
-reads it with safetensors, whose errors name the corruption (``models/model_dir.py`` checks the bytes).
+A whole safetensors file goes onto a CUDA device in large staged reads (``read_to_device``), since
+``safe_open(device="cuda")`` faults in every 4 KB page of the memory-mapped file and copies from pageable memory;
+a tier's prefixes take ``load_sliced_safetensors``' per-tensor path (whole files only: the tensors, views of one
+buffer, then cover every byte read). The header is checked first (entries tile the data section exactly, known
+dtypes, sizes matching shapes, aligned offsets); a file that fails returns None and the caller reads it with
+safetensors, whose errors name the corruption (``models/model_dir.py`` checks the bytes).
 """
 
 from __future__ import annotations

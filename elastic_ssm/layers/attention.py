@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from ..elastic.slicing import empty_linear, linear, linear_weight
+from ..ops.dispatch import pow2
 from ..ops.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from ..ops.swa_decode import ring_attend
 from .decode_plan import AttentionPlan
@@ -135,8 +136,7 @@ _flex_shapes: set = set()
 def flex_length(T: int, block_size: int = 128) -> int:
     """The length flex_attention runs a T-token sequence at: the next power of two (at least one tile); the
     padding after the last token is never attended (causal band) and is dropped, so the result is exact."""
-    n = max(T, block_size)
-    return 1 << (n - 1).bit_length()
+    return pow2(max(T, block_size))
 
 
 def flex_admits(q: torch.Tensor, block_size: int = 128) -> bool:

@@ -90,9 +90,8 @@ def fla_configs_for_every_kernel():
 
 
 def import_fla_chunk():
-    """``fla.ops.gla.chunk``, imported the package's one way: Triton's autotuning persisted and fla pointed at the
-    shipped configs first (``persist_autotuning``), fla's ``__init__`` deferred (``import_leaf``), every kernel under
-    fla's autotuner (``fla_configs_for_every_kernel``). Raises what the import raises."""
+    """``fla.ops.gla.chunk``, imported the package's one way (``persist_autotuning``, ``import_leaf``,
+    ``fla_configs_for_every_kernel``). Raises what the import raises."""
     persist_autotuning()
     chunk = sys.modules.get("fla.ops.gla.chunk")
     if chunk is not None:

@@ -16,17 +16,6 @@ from ..dispatch import pow2, resolve_decode_backend
 __all__ = ["rms_norm", "swiglu"]
 
 
-def _rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dt = x.dtype
-    xf = x.float() if dt in (torch.float16, torch.bfloat16) else x
-    return F.rms_norm(xf, (xf.shape[-1],), weight.to(xf.dtype), eps).to(dt)
-
-
-def _swiglu_torch(h: torch.Tensor) -> torch.Tensor:
-    g = h.unflatten(-1, (-1, 2))  # [B, n, 2] (gate, up) pairs
-    return F.silu(g[..., 0]) * g[..., 1]
-
-
 def _use_triton(x: torch.Tensor, backend: str) -> bool:
     return resolve_decode_backend(backend, x.device) == "triton" and x.dtype != torch.float64 and x.dim() == 2
 
@@ -35,7 +24,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "
     """RMSNorm of rows ``x [B, D]`` (the torch path: any ``[..., D]``) with ``weight [D]`` (float32 arithmetic for
     half inputs, output in ``x.dtype``)."""
     if not _use_triton(x, backend):
-        return _rms_norm_torch(x, weight, eps)
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return F.rms_norm(xf, (xf.shape[-1],), weight.to(xf.dtype), eps).to(x.dtype)
     from .triton_kernels import rms_norm_kernel
 
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -49,7 +39,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "
 def swiglu(h: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """``silu(gate) * up`` of interleaved pairs: ``h [B, 2n]``, ``(gate_j, up_j)`` at ``(2j, 2j+1)`` -> ``[B, n]``."""
     if not _use_triton(h, backend):
-        return _swiglu_torch(h)
+        g = h.unflatten(-1, (-1, 2))  # [B, n, 2] (gate, up) pairs
+        return F.silu(g[..., 0]) * g[..., 1]
     from .triton_kernels import swiglu_kernel
 
     h = h if h.stride(-1) == 1 else h.contiguous()

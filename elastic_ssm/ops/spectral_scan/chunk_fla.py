@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .chunk_torch import _rotation
+from .chunk_torch import _rotated_frame, _rotation
 from .edges import capped_log_decay, host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
 from .gla_op import gla_chunk
 from .inputs import ModalTables
@@ -43,9 +43,7 @@ def gla_inputs(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, clock: 
     wide = torch.promote_types(v.dtype, torch.float32)  # gates and tables before the final cast
     phase = _absolute_phase(theta, T)  # [T, K, M] float64
     cph, sph = torch.cos(phase).to(wide), torch.sin(phase).to(wide)
-    kcw, ksw = kc.to(wide), ks.to(wide)
-    qrot = torch.stack([cph * kcw - sph * ksw, -(sph * kcw + cph * ksw)], -1)  # R(-theta t) kappa
-    krot = torch.stack([cph, -sph], -1)  # R(-theta t) e1
+    qrot, krot = _rotated_frame(cph, sph, kc.to(wide), ks.to(wide))  # R(-theta t) kappa, R(-theta t) e1
     q = (read.to(wide)[..., None] * qrot).reshape(B, T, K, 2 * M).to(dtype)
     k = (write.to(wide)[..., None] * krot).reshape(B, T, K, 2 * M).to(dtype)
     # capped like the torch path (edges.py): rho = 0 or an infinite clock is an exact reset (exp underflows to

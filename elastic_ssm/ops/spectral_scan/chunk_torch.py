@@ -134,6 +134,11 @@ def _rotation(phase: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)
 
 
+def _rotated_frame(cph: torch.Tensor, sph: torch.Tensor, kc: torch.Tensor, ks: torch.Tensor):
+    """``R(-phase) kappa`` and ``R(-phase) e1`` ``[..., M, 2]`` from the phase's cos / sin (kappa = (kc, -ks))."""
+    return torch.stack([cph * kc - sph * ks, -(sph * kc + cph * ks)], -1), torch.stack([cph, -sph], -1)
+
+
 def _autocast_off(fn):
     """Run ``fn(v, ...)`` with autocast disabled on ``v``'s device type (see :func:`chunk_spectral_scan`)."""
     @functools.wraps(fn)
@@ -187,10 +192,8 @@ def chunk_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor
     tau = torch.arange(1, C + 1, dtype=torch.float64, device=dev)
     phi = theta.double()[:, None, :] * tau[None, :, None]  # [K, C, M]
     cph, sph = torch.cos(phi), torch.sin(phi)
-    kcd, ksd = kc.double()[:, None, :], ks.double()[:, None, :]
-    qrot = torch.stack([cph * kcd - sph * ksd, -(sph * kcd + cph * ksd)], -1)  # R(phi)^T kappa  [K, C, M, 2]
-    qrot = qrot.to(dt).reshape(K, 1, nc, sub, M, 2)
-    krot = torch.stack([cph, -sph], -1).to(dt).reshape(K, 1, nc, sub, M, 2)  # R(phi)^T e1
+    qrot, krot = _rotated_frame(cph, sph, kc.double()[:, None, :], ks.double()[:, None, :])  # [K, C, M, 2]
+    qrot, krot = (x.to(dt).reshape(K, 1, nc, sub, M, 2) for x in (qrot, krot))  # R(phi)^T kappa, R(phi)^T e1
 
     def keys(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:  # [.., c, M] -> [.., c, 2M] (mode-major)
         return torch.stack([x * rot[..., 0], x * rot[..., 1]], -1).flatten(-2)

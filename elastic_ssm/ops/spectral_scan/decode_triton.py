@@ -104,8 +104,8 @@ def spectral_decode_step(h: torch.Tensor, state: torch.Tensor, consts: ModalCons
     K, M, P = consts.K, consts.M, consts.P
     if h.dim() != 2 or h.shape[1] != K * (P + 3 * M):
         raise ValueError(f"h must be [B, K(P+3M)] = [B, {K * (P + 3 * M)}], got {tuple(h.shape)}")
-    if tuple(state.shape) != (h.shape[0], K, M, 2, P):
-        want = (h.shape[0], K, M, 2, P)
+    want = (h.shape[0], K, M, 2, P)
+    if tuple(state.shape) != want:
         raise ValueError(f"state must be [B, K, M, 2, P] = {want}, got {tuple(state.shape)}")
     if resolve_decode_backend(backend, h.device) == "triton" and state.dtype == torch.float32:
         return _spectral_step_triton(h, state, consts, out_dtype, pdl)
