@@ -56,7 +56,6 @@ def load_arrays(stem: str, expected: dict[str, tuple[int, ...]]) -> dict[str, np
 def save_arrays(stem: str, arrays: dict[str, np.ndarray]) -> bool:
     """Write ``arrays`` to the entry ``stem`` atomically (mode 0666 less the umask: users can share the cache);
     ``False`` (no error) when the directory is not usable."""
-
     path = cache_path(stem)
     try:
         with atomic_writer(path) as fh:

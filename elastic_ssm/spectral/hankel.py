@@ -167,7 +167,6 @@ def hankel_filters(L: int, K: int) -> tuple[np.ndarray, np.ndarray]:
     """The K (1 <= K <= L) leading Hankel spectral channels of length L >= 2 (ES-SSM Eq. 11-12, ESSH Sec. 3):
     sigma float64 [K] (decreasing eigenvalues of Z), phi float64 [K, L] (unit rows, ``phi_k(0) > 0``). Warns
     (:class:`UnresolvedChannelWarning`) when K exceeds :func:`resolved_channels` (L)."""
-
     L = check_length(L)
     K = check_channels(L, K)
     sigma, phi, spectrum = _filters(L, K)

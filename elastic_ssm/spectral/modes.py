@@ -150,7 +150,6 @@ def modal_tables(L: int, K: int, m: int, clip: float = DEFAULT_CLIP) -> dict[str
     """ESSH App. C.1.1 initialisation tables: float64 [K, m] arrays ``"rho"``, ``"theta"``, ``"kc"``, ``"ks"``,
     row k-1 the ``fit_damped_modes`` of Hankel filter k (L >= 4, 1 <= K <= L, 1 <= m <= L/4, clip in (0, 1]);
     warns as ``hankel_filters`` does (the paper fits K=32 at L=2048, 24 resolved)."""
-
     L = check_length(L)
     K = check_channels(L, K)
     m = _check_modes(L, m)
