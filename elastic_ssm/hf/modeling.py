@@ -9,6 +9,7 @@ a recurrent state cannot be rolled back (``crop`` refuses)."""
 
 from __future__ import annotations
 
+import dataclasses
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..config import TierLike
+from ..elastic.tiers import tier_table
 from ..models import model_class
 from ..models.cache import ESSHCache
 from ..models.remote_code import FAMILIES
@@ -160,10 +162,6 @@ class ElasticHFConfig(PretrainedConfig):
         self.num_hidden_layers = cfg.n_layers
         self.tie_word_embeddings = cfg.tie_embeddings
         if self.tiers is None:
-            import dataclasses
-
-            from ..elastic.tiers import tier_table
-
             self.tiers = [dataclasses.asdict(t) for t in tier_table(cfg)]
         self.tier = tier_name(self.tier)
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):     # our configs use -1 for "none"

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..config import TierLike
 from .base import ElasticModel
 from .compile import compile_model
@@ -40,8 +42,6 @@ def build_model(config: Any, seed: int | None = None) -> ElasticModel:
         raise TypeError(f"build_model needs a model config (ESSHConfig, ESSSMConfig, TransformerConfig, "
                         f"MatFormerConfig), got {type(config).__name__}")
     if seed is not None:
-        import torch
-
         torch.manual_seed(seed)
     return model_class(arch)(config)
 

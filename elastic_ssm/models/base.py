@@ -71,7 +71,6 @@ class ElasticModel(nn.Module):
         self.name_or_path = ""
         self.register_load_state_dict_pre_hook(_refuse_older_layout)
 
-    # ---- tiers -----------------------------------------------------------------------------------
     def resolve_tier(self, tier: TierLike = None) -> tiers_mod.Tier:
         return tiers_mod.resolve_tier(self.config, _old_export_alias(self.config, self.source, tier))
 
@@ -131,7 +130,6 @@ class ElasticModel(nn.Module):
         """The dtype of the weight matrices (the embedding's); modal tables may stay float32 beside bf16."""
         return next(self.parameters()).dtype
 
-    # ---- save / load -----------------------------------------------------------------------------
     def _config_json(self) -> dict[str, Any]:
         from .. import __version__
 
@@ -330,15 +328,12 @@ def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], origin: Any) 
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(
-            f"{origin} does not match the model config: missing tensors {missing[:5]}"
-            f"{'...' if len(missing) > 5 else ''}, unexpected tensors {unexpected[:5]}"
-        )
+        raise CheckpointError(f"{origin} does not match the model config: missing tensors {missing[:5]}"
+                              f"{'...' if len(missing) > 5 else ''}, unexpected tensors {unexpected[:5]}")
     for k, v in expected.items():
         if tuple(v.shape) != tuple(state[k].shape):
-            raise CheckpointError(
-                f"{origin}: tensor {k} has shape {tuple(state[k].shape)}, the config expects {tuple(v.shape)}"
-            )
+            raise CheckpointError(f"{origin}: tensor {k} has shape {tuple(state[k].shape)}, the config expects "
+                                  f"{tuple(v.shape)}")
         if v.is_floating_point() != state[k].is_floating_point():   # torch would fail inside its copy, naming no file
             raise CheckpointError(f"{origin}: tensor {k} is {state[k].dtype}, the model holds {v.dtype} there; the "
                                   "file was edited or is not this model's: save the model again")

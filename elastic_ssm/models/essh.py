@@ -84,7 +84,6 @@ class ESSH(GenerationMixin, ElasticModel):
         self.blocks = nn.ModuleList(ESSHBlock(config, kind) for kind in config.layout)
         self._build_head(config)
 
-    # ---- tiers ------------------------------------------------------------------------------------
     @classmethod
     def slice_rules(cls, config: ESSHConfig, tier: Tier) -> list[SliceRule]:
         K, P, M = tier.K, config.value_width, config.n_modes
@@ -94,7 +93,6 @@ class ESSH(GenerationMixin, ElasticModel):
     def ffn_layers(self) -> list[SwiGLU]:
         return [b.ffn for b in self.blocks]
 
-    # ---- forward ----------------------------------------------------------------------------------
     def _run(self, input_ids: torch.Tensor, tier: Any, attention_mask: torch.Tensor | None, cache: ESSHCache | None,
              backend: str, logits: bool) -> torch.Tensor:
         """Eager checks (tier, padding mask, positions [B, T], scan backend), then the (possibly compiled) trunk."""

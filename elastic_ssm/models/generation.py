@@ -7,6 +7,7 @@ unpadded result; the loop never syncs with the host per token.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -14,10 +15,6 @@ from typing import Any
 import torch
 
 from ..utils.progress import tuning_notice
-
-_GENERATE_ARGS = ("input_ids", "max_new_tokens", "tier", "attention_mask", "do_sample", "temperature", "top_k",
-                  "top_p", "eos_token_id", "pad_token_id", "eos", "streamer", "generator", "fast", "state_dtype",
-                  "kv_dtype", "sync_every")
 
 
 def check_sampling(temperature: float | None, top_k: int | None, top_p: float | None) -> None:
@@ -165,8 +162,9 @@ class GenerationMixin:
         """
         cache_kw = {k: unknown.pop(k) for k in self.cache_options if k in unknown}
         if unknown:
+            supported = [p for p in inspect.signature(self.generate).parameters if p != "unknown"]
             raise TypeError(f"generate() got unsupported argument(s) {sorted(unknown)}; supported: "
-                            f"{', '.join(_GENERATE_ARGS + self.cache_options)}")
+                            f"{', '.join(supported + list(self.cache_options))}")
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
             input_ids = input_ids[None]
         if attention_mask is not None and attention_mask.dim() == 1:

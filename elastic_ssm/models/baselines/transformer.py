@@ -76,7 +76,6 @@ class TransformerPP(ElasticModel):
         self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
         self._build_head(config)
 
-    # ---- tiers (nested FFN width only) ------------------------------------------------------------------
     @classmethod
     def slice_rules(cls, config: TransformerConfig, tier: Tier) -> list[SliceRule]:
         return [SliceRule(_FFN_IN, 2 * tier.n_ff, dim=0), SliceRule(_FFN_OUT, tier.n_ff, dim=1)]
@@ -84,7 +83,6 @@ class TransformerPP(ElasticModel):
     def ffn_layers(self) -> list[SwiGLU]:
         return [b.ffn for b in self.blocks]
 
-    # ---- forward ----------------------------------------------------------------------------------------
     def _qkv(self, blk: _Block, x: torch.Tensor, positions: torch.Tensor):
         """x [B,T,D], positions [B,T] -> q, k, v [B,H,T,hd] of the block's pre-normed x, RoPE on q and k."""
         c = self.config
