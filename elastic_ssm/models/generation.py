@@ -34,6 +34,12 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     """logits [B, V] -> token ids [B] on the device, no host sync: argmax at ``temperature == 0``, else
     temperature, ``top_k``, ``top_p``, then the exponential race ``argmax_i p_i / E_i`` (E_i ~ Exp(1))."""
     check_sampling(temperature, top_k, top_p)
+    return _draw(logits, temperature, top_k, top_p, generator)
+
+
+def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+          generator: torch.Generator | None) -> torch.Tensor:
+    """``sample_next`` without its argument checks: the decode loop checks them once per ``generate``, not per token."""
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
@@ -214,7 +220,7 @@ class GenerationMixin:
         all_done = torch.zeros(n_new, dtype=torch.bool, device=dev)
         n = 0
         for i in range(n_new):
-            nxt = sample_next(logits, temperature, top_k, top_p, generator)
+            nxt = _draw(logits, temperature, top_k, top_p, generator)
             if eos is not None:
                 nxt = torch.where(done, pad, nxt)
                 done |= nxt == eos
