@@ -107,7 +107,7 @@ def long_table(records: Path) -> str:
     for i in range(1, 11):
         t = f"T{i}"
         cells = [bpb[run].get(t) for _, short, long in LONG for run in (short, long)]
-        gaps = [bpb[e].get(t) - bpb[d][t] if t in bpb[e] and t in bpb[d] else None
+        gaps = [bpb[e][t] - bpb[d][t] if t in bpb[e] and t in bpb[d] else None
                 for e, d in ((LONG[0][1], LONG[1][1]), (LONG[0][2], LONG[1][2]))]
         rows.append([t] + [f"{x:.3f}" if x is not None else "" for x in cells]
                     + [f"{g:+.3f}" if g is not None else "" for g in gaps])

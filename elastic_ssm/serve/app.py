@@ -72,6 +72,12 @@ class ServerSettings:
                                                "prefill_graph_tokens", "attended_spans")}
 
 
+def _is_json(content_type: str) -> bool:
+    """Whether a ``Content-Type`` is ``application/json`` or ``application/...+json`` (else 415: no web form post)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 _MARK = "\x00text\x00"
 
 
@@ -123,9 +129,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             handler = super().get_route_handler()
 
             async def read_first(request):
-                kind = request.headers.get("content-type")      # application/json or .../...+json; else 415
-                media = ("application/json" if kind is None else kind).split(";", 1)[0].strip().lower()   # no form
-                if not (media == "application/json" or media.startswith("application/") and media.endswith("+json")):
+                kind = request.headers.get("content-type")
+                if kind is not None and not _is_json(kind):
                     raise ApiError(415, f"the request body must be JSON (Content-Type: application/json), not "
                                         f"{kind[:60]!r}; a body without a Content-Type is read as JSON")
                 raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)

@@ -163,7 +163,8 @@ class Engine:
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="elastic-ssm-engine", daemon=True)
-        self.count = dict.fromkeys(COUNTERS, 0)   # COUNTERS but the captures (a decode step: one, whatever the tiers)
+        # COUNTERS but the captures, which the pool counts (a decode step: one, whatever the tiers)
+        self.count = {key: 0 for key in COUNTERS if key != "prefill_graph_captures"}
 
     # ---- control -----------------------------------------------------------------------------------------
     def start(self) -> Engine:
