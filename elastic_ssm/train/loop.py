@@ -121,6 +121,9 @@ class _Trainer:
         self.loss_mod = LossModule(wrap_fsdp(model, ctx)) if fsdp else wrap_ddp(LossModule(model), ctx)
         self.sync_mod: nn.Module = model if fsdp else self.loss_mod
         self._shape_checked = False
+        #: compile_mode reduce-overhead replays CUDA graphs whose outputs the next replay overwrites: each
+        #: micro-batch starts a new graph step (its outputs are consumed by its own backward and loss sums)
+        self.graph_steps = cfg.compile and cfg.compile_mode == "reduce-overhead"
 
     def _check_shape(self, ids: torch.Tensor) -> None:
         """Warn once when the data's batch shape differs from ``micro_batch_size x seq_len``."""
@@ -222,6 +225,8 @@ class _Trainer:
             sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)
             for r, (ids, labels, mask) in enumerate(batches):
                 plan = gplan[r * W + ctx.rank]
+                if self.graph_steps:
+                    torch.compiler.cudagraph_mark_step_begin()
                 with no_sync(self.sync_mod, r < M - 1):
                     with torch.autocast(ctx.device.type, torch.bfloat16, enabled=amp):
                         if idle[r]:  # another rank's r-th micro-batch runs a teacher pass (dist.teacher_padding)
