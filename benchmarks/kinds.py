@@ -35,6 +35,8 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "scan_timing": ("benchmarks.scan_timing", "ScanTimingOptions", "run_scan_timing"),
     "checksum_cost": ("benchmarks.checksum", "ChecksumOptions", "run_checksum"),
     "es_ssm_report": ("benchmarks.es_ssm_report", "EsSsmReportOptions", "run_es_ssm_report"),
+    "es_ssm_decode": ("benchmarks.es_ssm_decode", "EsSsmDecodeOptions", "run_es_ssm_decode"),
+    "memory": ("benchmarks.memory", "MemoryOptions", "run_memory"),
     "replication_step": ("benchmarks.replication.steps", "ReplicationStepOptions", "run_step"),
     "replication_state": ("benchmarks.replication.state", "ReplicationStateOptions", "run_state"),
     "replication_report": ("benchmarks.replication.report", "ReplicationReportOptions", "run_report"),
