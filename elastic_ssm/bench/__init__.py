@@ -1,7 +1,7 @@
 """``elastic-ssm bench``: ``BenchConfig``, ``run_bench`` (decode, prefill, generate, train and serve of ESSH tiers
 against parameter-matched peers, random weights at the preset shapes; docs/performance.md) and ``bench_command`` (one
-run, or a suite of the research harness: ``benchmarks/suite.py`` of a clone, whose ``bench`` entries are ``run_bench``
-calls)."""
+run, or a suite of the research harness: ``benchmarks/suite.py`` of a clone, whose ``bench`` entries call
+``run_bench``)."""
 
 from __future__ import annotations
 
@@ -194,19 +194,6 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
         report.append_markdown(cfg.docs, results)
         log(f"appended to {cfg.docs}")
     return results
-
-
-def run_bench_entry(cfg: BenchConfig, ctx) -> list[dict]:
-    """Suite kind ``bench``: ``run_bench`` with the suite's remaining budget; rows of every section, each with its
-    ``section``."""
-    from . import report
-
-    left = ctx.time_left()
-    cfg = cfg.replace(out="", docs="", suite="", time_budget_s=left if left != float("inf") else 0.0)
-    res = run_bench(cfg, log=ctx.log, print_tables=False)
-    ctx.save_json("results.json", res)
-    rows = [{"section": name, **row} for name in report.SECTIONS for row in res.get(name, [])]
-    return rows + [{"section": "ratios", **row} for row in res.get("ratios", [])]
 
 
 def _check_before_running(cfg: BenchConfig, given: dict) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..utils.environment import environment
 from ..utils.files import atomic_write_text
 
-__all__ = ["SECTIONS", "COLUMNS", "environment", "format_table", "ratios", "tables", "write_json",
+__all__ = ["COLUMNS", "environment", "format_table", "ratios", "tables", "write_json",
            "markdown_section", "append_markdown"]
 
 
@@ -71,7 +71,6 @@ _RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value",
 #: the result sections of one ``run_bench`` (in run order) and their columns
 _SECTION_COLS = {"decode": _DECODE_COLS, "prefill": _PREFILL_COLS, "generate": _GENERATE_COLS, "train": _TRAIN_COLS,
                  "serve": _SERVE_COLS}
-SECTIONS = tuple(_SECTION_COLS)
 #: the columns of each section and of the ratios (a suite's tables of ``bench`` rows, ``benchmarks/suite_report.py``)
 COLUMNS = {**_SECTION_COLS, "ratios": _RATIO_COLS}
 
