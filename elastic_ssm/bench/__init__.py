@@ -198,8 +198,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
 
 def _check_before_running(cfg: BenchConfig, given: dict) -> None:
     """What would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a
-    device this machine lacks, and output paths that cannot be written (a folder where the JSON or markdown
-    file goes, a file where the suite's folder goes, an empty ``--bench.out_dir``)."""
+    device this machine lacks, and output files that cannot be written (a folder where the JSON or markdown file
+    goes; a suite's ``--bench.out_dir``: ``suite_command``)."""
     from ..cli_util import check_output_path, resolve_device
 
     for key in ("set", "only"):
@@ -207,10 +207,6 @@ def _check_before_running(cfg: BenchConfig, given: dict) -> None:
             raise ConfigError(f"--bench.{key} picks or changes entries of a suite; give --bench.suite NAME as well")
     if cfg.device != "auto" and not cfg.suite:     # a suite's entries may name their own devices
         resolve_device(cfg.device, "--bench.device")
-    if cfg.suite and cfg.suite != "list":
-        if not cfg.out_dir.strip():
-            raise ConfigError("--bench.out_dir is an empty string; give the folder for the suite's results")
-        check_output_path("--bench.out_dir", cfg.out_dir, "folder")
     for key in ("out", "docs"):
         if getattr(cfg, key) and (key in given or not cfg.suite):
             check_output_path(f"--bench.{key}", getattr(cfg, key), "file")
