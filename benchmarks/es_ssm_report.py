@@ -2,7 +2,7 @@
 (e.g. the final model of ``elastic-ssm train --config configs/es-ssm-decode-cpu.yaml``), the filter-fit error and
 the bits-per-byte change of the modal decoder against exact decoding on held-out windows of the embedded stdlib
 corpus, through prefill + ``ESSSM.step`` (``decode_bpb`` below), at each budget and m
-(docs/results.md). The decode-speed benchmark of ES-SSM stays in the package (``elastic_ssm/bench/es_ssm_decode.py``).
+(docs/results.md). The decode-speed benchmark of ES-SSM is the ``es_ssm_decode`` kind (``es_ssm_decode.py``).
 """
 
 from __future__ import annotations

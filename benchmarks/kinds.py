@@ -1,8 +1,8 @@
 """Entry kinds of a bench suite (``suite.py``): ``KINDS`` maps each to its options dataclass and
 ``run(options, ctx) -> rows``.
 
-The generic kind ``command`` lives here, ``bench`` in ``elastic_ssm.bench`` (``run_bench_entry``); the other kinds are
-modules of this harness, imported by name through ``elastic_ssm.bench.harness.harness_module`` (the current folder
+The kinds ``bench`` (one ``elastic_ssm.bench.run_bench``) and ``command`` live here; the other kinds are modules of
+this harness, imported by name through ``elastic_ssm.bench.harness.harness_module`` (the current folder
 or the checkout when they are not importable, else loading the suite is a one-line ``ConfigError``)."""
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ import threading
 import time
 from dataclasses import dataclass
 
+from elastic_ssm.bench import BenchConfig, run_bench
 from elastic_ssm.bench.harness import harness_module
 from elastic_ssm.config import ConfigBase, ConfigError, opt
 
-__all__ = ["KINDS", "kind_options", "kind_runner", "run_child", "CommandOptions", "run_command"]
+__all__ = ["KINDS", "kind_options", "kind_runner", "run_child", "run_bench_entry", "CommandOptions", "run_command"]
 
-#: kind -> (module, options class, run function); ``benchmarks.*`` kinds live in this harness
+#: kind -> (module, options class, run function), every module one of this harness
 KINDS: dict[str, tuple[str, str, str]] = {
-    "bench": ("elastic_ssm.bench", "BenchConfig", "run_bench_entry"),
+    "bench": ("benchmarks.kinds", "BenchConfig", "run_bench_entry"),
     "tests": ("benchmarks.tests_kind", "PytestOptions", "run_tests"),
     "command": ("benchmarks.kinds", "CommandOptions", "run_command"),
     "session_prefill": ("benchmarks.generate_paths", "SessionPrefillOptions", "run_session_prefill"),
@@ -35,6 +36,8 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "scan_timing": ("benchmarks.scan_timing", "ScanTimingOptions", "run_scan_timing"),
     "checksum_cost": ("benchmarks.checksum", "ChecksumOptions", "run_checksum"),
     "es_ssm_report": ("benchmarks.es_ssm_report", "EsSsmReportOptions", "run_es_ssm_report"),
+    "es_ssm_decode": ("benchmarks.es_ssm_decode", "EsSsmDecodeOptions", "run_es_ssm_decode"),
+    "memory": ("benchmarks.memory", "MemoryOptions", "run_memory"),
     "replication_step": ("benchmarks.replication.steps", "ReplicationStepOptions", "run_step"),
     "replication_state": ("benchmarks.replication.state", "ReplicationStateOptions", "run_state"),
     "replication_report": ("benchmarks.replication.report", "ReplicationReportOptions", "run_report"),
@@ -88,6 +91,16 @@ def run_child(cmd: list[str], ctx, timeout: float, log_name: str, echo: bool = F
         reader.join(timeout=5)
     text = [x for x in lines if x.strip()]
     return {"rc": rc, "wall_s": round(time.monotonic() - t, 2), "last_line": text[-1][-300:] if text else ""}
+
+
+def run_bench_entry(cfg: BenchConfig, ctx) -> list[dict]:
+    """Kind ``bench``: ``run_bench`` within the suite's remaining budget (its JSON in ``results.json``); the rows of
+    every section, then the ratios, each with its ``section``."""
+    left = ctx.time_left()
+    cfg = cfg.replace(out="", docs="", suite="", time_budget_s=left if left != float("inf") else 0.0)
+    res = run_bench(cfg, log=ctx.log, print_tables=False)
+    ctx.save_json("results.json", res)
+    return [{"section": name, **row} for name, rows in res.items() if isinstance(rows, list) for row in rows]
 
 
 @dataclass(kw_only=True)

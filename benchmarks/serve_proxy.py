@@ -8,7 +8,7 @@ server can push for that many streams on this machine. Beside the bench's row it
 per second the engine ran: 1000 / step_ms is the ceiling) and ``server_cpu`` (CPU cores the server process used).
 The load generator runs on the same machine: on a small machine read ``steps_s`` and ``server_cpu`` as much as
 ``tok_s``. Flags: the fields of ``ProxyOptions`` (tyro, ``cli_derive``); ``--server.<field>`` sets another option
-of the server process (``BenchServerOptions``, e.g. ``--server.max_prefill 8``).
+of the server process (``ExperimentServerOptions``, e.g. ``--server.max_prefill 8`` or ``--server.engine thread``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from benchmarks.serve_stub import StubServerOptions
+from benchmarks.serve_stub import ExperimentServerOptions, StubServerOptions
 from elastic_ssm.bench.serve import bench_serve
-from elastic_ssm.bench.serve_server import BenchServerOptions
 from elastic_ssm.config import opt
 
 #: the server options the proxy sets itself: the tiny preset's T10 on the CPU, ``--slots``, a free port, seed 0
@@ -39,7 +38,7 @@ class ProxyOptions:
     new_tokens: int = opt(256, "tokens generated per request")
     rounds: int = opt(2, "requests per stream, one after another")
     procs: int = opt(2, "load-generator processes")
-    server: BenchServerOptions = field(default_factory=BenchServerOptions, metadata={
+    server: ExperimentServerOptions = field(default_factory=ExperimentServerOptions, metadata={
         "help": "the server process's other options (its preset, tiers, slots, port, device, dtype and seed are "
                 "the proxy's)"})
 

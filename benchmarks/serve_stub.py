@@ -1,18 +1,21 @@
 """The serve proxy's server: the bench server (``elastic_ssm.bench.serve_server``) whose pools are ``StubPool``s of
-fixed wall-time cost, on the CPU. Started by ``bench_serve(..., server_class=StubServerOptions)`` as
-``python -m benchmarks.serve_stub`` with the flags of a ``StubServerOptions``."""
+fixed wall-time cost, on the CPU, with the settings of experiments on the server process (``ExperimentServerOptions``:
+the engine as a thread, the switch interval, uvicorn's loop and HTTP parser). Started by ``bench_serve(...,
+server_class=StubServerOptions)`` as ``python -m benchmarks.serve_stub`` with the flags of a ``StubServerOptions``."""
 
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from elastic_ssm.bench.serve_server import BenchServerOptions, run_server
 from elastic_ssm.config import opt
 from elastic_ssm.serve.slots import SlotRows, served_tiers
 
-__all__ = ["StubPool", "StubServerOptions", "main"]
+__all__ = ["StubPool", "ExperimentServerOptions", "StubServerOptions", "main"]
 
 
 class StubPool(SlotRows):
@@ -83,7 +86,18 @@ def _one_thread_pool(*args, **kw) -> StubPool:
 
 
 @dataclass(kw_only=True)
-class StubServerOptions(BenchServerOptions):
+class ExperimentServerOptions(BenchServerOptions):
+    """The bench server and the settings of experiments on its process (the serve proxy's ``--server.*``)."""
+
+    engine: Literal["process", "thread"] = opt("process", "the engine in its own process (as elastic-ssm serve) "
+                                                          "or a thread of the HTTP process")
+    switch_interval: float | None = opt(None, "sys.setswitchinterval of the HTTP process")
+    loop: str = opt("auto", "uvicorn's event loop")
+    http: str = opt("auto", "uvicorn's HTTP protocol")
+
+
+@dataclass(kw_only=True)
+class StubServerOptions(ExperimentServerOptions):
     """The bench server with ``StubPool``s: their costs."""
 
     stub_step_ms: float = opt(3.7, "wall time of one decode step of the stub pool")
@@ -98,7 +112,10 @@ def main(argv: list[str] | None = None) -> None:
     a.device, a.dtype = "cpu", "float32"
     pools = functools.partial(_one_thread_pool, step_ms=a.stub_step_ms, prefill_ms=a.stub_prefill_ms,
                               prefill_us_per_token=a.stub_prefill_us_per_token)
-    run_server(a, pools, vocab_size=1024)     # above 260 ids: the text is IdTokenizer's, one character per token
+    if a.switch_interval is not None:
+        sys.setswitchinterval(a.switch_interval)
+    run_server(a, pools, vocab_size=1024,     # above 260 ids: the text is IdTokenizer's, one character per token
+               thread_engine=a.engine == "thread", loop=a.loop, http=a.http)
 
 
 if __name__ == "__main__":

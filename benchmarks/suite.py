@@ -22,6 +22,7 @@ from benchmarks.kinds import KINDS, kind_options, kind_runner
 from benchmarks.suite_report import suite_markdown, suite_tables
 from benchmarks.targets import Target, evaluate_targets, parse_targets
 from elastic_ssm.bench import harness, report
+from elastic_ssm.cli_util import check_output_path
 from elastic_ssm.config import ConfigBase, ConfigError
 from elastic_ssm.config.base import load_yaml, read_yaml_file
 from elastic_ssm.models.model_dir import CheckpointError
@@ -318,13 +319,17 @@ SUITE_FIELDS = ("suite", "only", "set", "out_dir", "out", "docs", "time_budget_s
 def suite_command(cfg, given: dict) -> dict:
     """``elastic-ssm bench --bench.suite`` with the ``BenchConfig`` ``cfg`` and the fields the user gave (``given``):
     ``list`` prints the suites, else one suite runs (the given fields but ``SUITE_FIELDS`` override entry options);
-    a failed entry is a one-line ``ConfigError`` after every result is written."""
+    a failed entry is a one-line ``ConfigError`` after every result is written; a ``--bench.out_dir`` that cannot be
+    written is one before anything runs."""
     if cfg.suite == "list":
         for name, path in list_suites().items():
             s = load_suite(path)
             names = ", ".join(e.name + (" (optional)" if e.optional else "") for e in s.entries)
             print(f"{name:<18} {s.description}\n{'':<18} entries: {names}")
         return {}
+    if not cfg.out_dir.strip():
+        raise ConfigError("--bench.out_dir is an empty string; give the folder for the suite's results")
+    check_output_path("--bench.out_dir", cfg.out_dir, "folder")
     suite = apply_overrides(load_suite(cfg.suite), cfg.set, {k: v for k, v in given.items() if k not in SUITE_FIELDS})
     res = run_suite(suite, only=cfg.only, budget_s=cfg.time_budget_s if "time_budget_s" in given else None,
                     out_dir=cfg.out_dir, docs=cfg.docs)

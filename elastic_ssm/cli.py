@@ -45,8 +45,8 @@ COMMANDS: dict[str, tuple[str, type | None, str]] = {
               schema.ServeOptions, "serve.cli"),
     "calibrate": ("measure ms/token of every tier on this device (served decode path) into the model directory's "
                   "tier_profile.json", schema.CalibrateOptions, "serve.cli"),
-    "bench": ("GPU benchmarks (decode, prefill, training, memory) with peers, or a suite of configs/bench/", None,
-              "cli_commands"),
+    "bench": ("GPU benchmarks (decode, prefill, generate, train, serve) with peers, or a suite of configs/bench/",
+              None, "cli_commands"),
     "quickstart": ("the main job: train a small ESSH on CPU, export, check and evaluate all ten tiers, write "
                    "report.md / tiers.csv / plot", schema.QuickstartOptions, "cli_commands"),
 }

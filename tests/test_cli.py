@@ -141,14 +141,16 @@ def test_python_resume_refuses_a_different_model(tmp_path):
 
 def test_bench_command_passes_its_flags_to_the_harness(tmp_path, capsys):
     """``elastic-ssm bench --bench.*``: the harness's flags reach its parser (they start with '-', which an
-    argparse remainder does not take first) and the command exits 0; here the memory benchmark on CPU."""
+    argparse remainder does not take first) and the command exits 0; here the decode benchmark on CPU."""
     out = tmp_path / "bench.json"
-    argv = ["bench", "--bench.device", "cpu", "--bench.benchmarks", "memory", "--bench.preset", "tiny",
-            "--bench.peers", "transformer", "--bench.out", str(out)]
+    argv = ["bench", "--bench.device", "cpu", "--bench.benchmarks", "decode", "--bench.preset", "tiny",
+            "--bench.tiers", "T1", "T10", "--bench.batches", "1", "--bench.warmup", "0", "--bench.iters", "1",
+            "--bench.no_reference", "--bench.peers", "transformer", "--bench.out", str(out)]
     assert main(argv) == 0
-    rows = json.loads(out.read_text())["memory"]
+    rows = json.loads(out.read_text())["decode"]
     assert {r["model"] for r in rows} == {"essh", "transformer"}
-    assert all(r["match"] for r in rows) and len([r for r in rows if r["model"] == "essh"]) == 10
+    assert [r["tier"] for r in rows if r["model"] == "essh"] == ["T1", "T10"] and all(r["ms"] > 0 for r in rows
+                                                                                     if r["mode"] == "eager")
     assert main(["--debug", *argv]) == 0
     with pytest.raises(SystemExit):            # the harness's own help, not the top-level parser's error
         main(["bench", "--help"])

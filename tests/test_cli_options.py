@@ -112,14 +112,15 @@ def test_helper_processes_get_their_options_through_the_derived_flags():
     from benchmarks.ddp_check import DdpCheckOptions
     from benchmarks.first_token import ChildOptions
     from benchmarks.serve_proxy import ProxyOptions
-    from benchmarks.serve_stub import StubServerOptions
+    from benchmarks.serve_stub import ExperimentServerOptions, StubServerOptions
     from elastic_ssm.bench.serve_server import BenchServerOptions
     from elastic_ssm.cli_derive import derive, to_argv
 
     for opts in (ChildOptions(mode="import-fla", spawned_at=1.25), ChildOptions(model="/m", cprofile="p.txt"),
                  BenchServerOptions(tiers="T1,T10", port=9, prefill_graphs=False),
-                 StubServerOptions(tiers="T1,T10", stub_step_ms=2.0),
-                 DdpCheckOptions(seq_len=32, precision="bf16"), ProxyOptions(server=BenchServerOptions(max_prefill=8))):
+                 StubServerOptions(tiers="T1,T10", stub_step_ms=2.0, engine="thread", switch_interval=0.001),
+                 DdpCheckOptions(seq_len=32, precision="bf16"),
+                 ProxyOptions(server=ExperimentServerOptions(max_prefill=8, loop="asyncio"))):
         assert derive(type(opts), to_argv(opts), "child") == opts
 
 

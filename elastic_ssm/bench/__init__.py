@@ -1,6 +1,7 @@
-"""``elastic-ssm bench``: ``BenchConfig``, ``run_bench`` (memory, decode, prefill, generate, train, serve and
-es_ssm_decode of ESSH tiers against parameter-matched peers, random weights at the preset shapes; docs/performance.md)
-and ``bench_command`` (one run, or a suite of the research harness: ``benchmarks/suite.py`` of a clone)."""
+"""``elastic-ssm bench``: ``BenchConfig``, ``run_bench`` (decode, prefill, generate, train and serve of ESSH tiers
+against parameter-matched peers, random weights at the preset shapes; docs/performance.md) and ``bench_command`` (one
+run, or a suite of the research harness: ``benchmarks/suite.py`` of a clone, whose ``bench`` entries call
+``run_bench``)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from annotated_types import Ge
 from ..config import ConfigBase, ConfigError, ESSHConfig, opt
 from ..config.base import AtLeast1, NonNegF
 
-__all__ = ["BenchConfig", "run_bench", "bench_command"]
+__all__ = ["BenchConfig", "run_bench", "bench_command", "Peer"]
 
-Bench = Literal["memory", "decode", "prefill", "generate", "train", "serve", "es_ssm_decode"]   # in run order
+Bench = Literal["decode", "prefill", "generate", "train", "serve"]   # in run order
 _BENCHES = get_args(Bench)
-_DEFAULT_BENCHES = _BENCHES[:5]   # serve (server + client processes) and es_ssm_decode: asked for by name
+_DEFAULT_BENCHES = _BENCHES[:4]   # serve (a server process and client processes): asked for by name
 Peer = Literal["transformer", "gated_deltanet", "mamba2"]
 
 
@@ -40,9 +41,8 @@ class BenchConfig(ConfigBase):
     out_dir: str = opt("bench_out", "suite: folder of <suite>.json, <suite>.md and each entry's files (logs, "
                        "child outputs, plots); pass $OUT on the device machine")
     preset: str = opt("370m", "ESSH preset whose shapes are benchmarked with random weights")
-    benchmarks: tuple[Bench, ...] = opt(_DEFAULT_BENCHES, "benchmarks to run: memory, decode, prefill, generate, "
-                                      "train; serve (streams against a server process), es_ssm_decode (ES-SSM "
-                                      "step per budget, es_ssm_* fields) on request")
+    benchmarks: tuple[Bench, ...] = opt(_DEFAULT_BENCHES, "benchmarks to run: decode, prefill, generate, train; "
+                                      "serve (streams against a server process) on request")
     tiers: tuple[str, ...] = opt(("T1", "T4", "T7", "T10"), "ESSH tiers to decode ('all': every tier)")
     peers: tuple[Peer, ...] = opt(get_args(Peer), "peers: transformer (ours), gated_deltanet / mamba2 (fla + FFN)")
     batches: tuple[AtLeast1, ...] = opt((1, 16, 128, 512), "decode batch sizes (CUDA-graph mode)")
@@ -107,12 +107,6 @@ class BenchConfig(ConfigBase):
     docs: str = opt("", "markdown file to append the tables (a suite: its section) to, e.g. docs/benchmarks.md "
                     "('' to skip)")
     seed: int = opt(0, "random seed of weights and tokens")
-    es_ssm_preset: str = opt("byte-base", "es_ssm_decode: ES-SSM preset whose shapes are decoded (random weights)")
-    es_ssm_budgets: tuple[int, ...] = opt((2, 8, 32), "es_ssm_decode: budgets K")
-    es_ssm_batches: tuple[AtLeast1, ...] = opt((1, 64), "es_ssm_decode: batch sizes (eager)")
-    es_ssm_decoders: tuple[Literal["exact", "modal"], ...] = opt(("exact", "modal"), "es_ssm_decode: decoders, "
-                                                                 "exact and/or modal")
-    es_ssm_modes: AtLeast1 = opt(8, "es_ssm_decode: modes m per channel of the modal decoder")
 
 
 class _Runner:
@@ -174,9 +168,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     one line per completed entry (default: print, flushed); ``print_tables`` logs the tables at the end."""
     from . import report
     from .decode import decode_suite
-    from .es_ssm_decode import es_ssm_decode_suite
     from .generate import generate_suite
-    from .memory import memory_suite
     from .prefill import prefill_suite
     from .serve import serve_suite
     from .train import train_suite
@@ -187,8 +179,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     results: dict = {"env": report.environment(r.dev), "config": cfg.to_dict(),
                      **{name: [] for name in _BENCHES}}
     log(f"elastic-ssm bench on {results['env']['device']} ({r.dev}, {r.dtype}); preset {cfg.preset}")
-    suites = {"memory": memory_suite, "decode": decode_suite, "prefill": prefill_suite, "generate": generate_suite,
-              "train": train_suite, "serve": serve_suite, "es_ssm_decode": es_ssm_decode_suite}
+    suites = {"decode": decode_suite, "prefill": prefill_suite, "generate": generate_suite, "train": train_suite,
+              "serve": serve_suite}
     for name in _BENCHES:
         if name in cfg.benchmarks:
             suites[name](r, results[name])
@@ -204,23 +196,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     return results
 
 
-def run_bench_entry(cfg: BenchConfig, ctx) -> list[dict]:
-    """Suite kind ``bench``: ``run_bench`` with the suite's remaining budget; rows of every section, each with its
-    ``section``."""
-    from . import report
-
-    left = ctx.time_left()
-    cfg = cfg.replace(out="", docs="", suite="", time_budget_s=left if left != float("inf") else 0.0)
-    res = run_bench(cfg, log=ctx.log, print_tables=False)
-    ctx.save_json("results.json", res)
-    rows = [{"section": name, **row} for name in report.SECTIONS for row in res.get(name, [])]
-    return rows + [{"section": "ratios", **row} for row in res.get("ratios", [])]
-
-
 def _check_before_running(cfg: BenchConfig, given: dict) -> None:
     """What would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a
-    device this machine lacks, and output paths that cannot be written (a folder where the JSON or markdown
-    file goes, a file where the suite's folder goes, an empty ``--bench.out_dir``)."""
+    device this machine lacks, and output files that cannot be written (a folder where the JSON or markdown file
+    goes; a suite's ``--bench.out_dir``: ``suite_command``)."""
     from ..cli_util import check_output_path, resolve_device
 
     for key in ("set", "only"):
@@ -228,10 +207,6 @@ def _check_before_running(cfg: BenchConfig, given: dict) -> None:
             raise ConfigError(f"--bench.{key} picks or changes entries of a suite; give --bench.suite NAME as well")
     if cfg.device != "auto" and not cfg.suite:     # a suite's entries may name their own devices
         resolve_device(cfg.device, "--bench.device")
-    if cfg.suite and cfg.suite != "list":
-        if not cfg.out_dir.strip():
-            raise ConfigError("--bench.out_dir is an empty string; give the folder for the suite's results")
-        check_output_path("--bench.out_dir", cfg.out_dir, "folder")
     for key in ("out", "docs"):
         if getattr(cfg, key) and (key in given or not cfg.suite):
             check_output_path(f"--bench.{key}", getattr(cfg, key), "file")

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..utils.environment import environment
 from ..utils.files import atomic_write_text
 
-__all__ = ["SECTIONS", "COLUMNS", "environment", "format_table", "ratios", "tables", "write_json",
+__all__ = ["COLUMNS", "environment", "format_table", "ratios", "tables", "write_json",
            "markdown_section", "append_markdown"]
 
 
@@ -62,18 +62,15 @@ _GENERATE_COLS = ["preset", "tier", "batch", "compiled", "prompt", "new_tokens",
                   "prefill_ktok_s", "total_ms", "ms_per_token", "step_ms", "ratio", "graphed", "error"]
 _TRAIN_COLS = ["model", "preset", "params", "compiled", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb",
                "error"]
-_ES_SSM_COLS = ["model", "preset", "K", "decode", "m", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq", "error"]
 _SERVE_COLS = ["preset", "mix", "streams", "slots", "prompt", "new_tokens", "tokens", "wall_s", "tok_s",
                "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "prefills", "captures",
                "prefill_s", "idle_s", "http_cpu", "error"]
-_MEM_COLS = ["model", "preset", "tier", "recurrent", "kv", "total", "formula_total", "match"]
 _RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value", "ratio"]
 
 
 #: the result sections of one ``run_bench`` (in run order) and their columns
-_SECTION_COLS = {"memory": _MEM_COLS, "decode": _DECODE_COLS, "prefill": _PREFILL_COLS, "generate": _GENERATE_COLS,
-                 "train": _TRAIN_COLS, "serve": _SERVE_COLS, "es_ssm_decode": _ES_SSM_COLS}
-SECTIONS = tuple(_SECTION_COLS)
+_SECTION_COLS = {"decode": _DECODE_COLS, "prefill": _PREFILL_COLS, "generate": _GENERATE_COLS, "train": _TRAIN_COLS,
+                 "serve": _SERVE_COLS}
 #: the columns of each section and of the ratios (a suite's tables of ``bench`` rows, ``benchmarks/suite_report.py``)
 COLUMNS = {**_SECTION_COLS, "ratios": _RATIO_COLS}
 

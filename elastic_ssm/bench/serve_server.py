@@ -4,9 +4,7 @@ Started as ``python -m elastic_ssm.bench.serve_server`` with the flags of a ``Be
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import dataclass
-from typing import Literal
 
 from ..config import opt
 from ..serve.engine import PREFILL_WAIT_MS
@@ -49,11 +47,6 @@ class BenchServerOptions:
                                                   "--prefill_graph_tokens)")
     attended_spans: bool = opt(True, "decode steps read the filled prefix of the window rings only (serve "
                                      "--attended_spans)")
-    engine: Literal["process", "thread"] = opt("process", "the engine in its own process (as elastic-ssm serve) "
-                                                          "or a thread of the HTTP process")
-    switch_interval: float | None = opt(None, "sys.setswitchinterval (experiments)")
-    loop: str = opt("auto", "uvicorn's event loop (experiments)")
-    http: str = opt("auto", "uvicorn's HTTP protocol (experiments)")
 
 
 def _bench_model(preset: str, device: str, dtype: str, seed: int, vocab_size: int | None):
@@ -71,14 +64,15 @@ def _bench_model(preset: str, device: str, dtype: str, seed: int, vocab_size: in
     return model
 
 
-def run_server(a: BenchServerOptions, pool_factory=None, vocab_size: int | None = None) -> None:
-    """Serve ``a``'s random-weight model on 127.0.0.1 until stopped (``pool_factory``: ``Engine``'s)."""
+def run_server(a: BenchServerOptions, pool_factory=None, vocab_size: int | None = None, thread_engine: bool = False,
+               **uvicorn_options) -> None:
+    """Serve ``a``'s random-weight model on 127.0.0.1 until stopped, the engine in its own process as in ``elastic-ssm
+    serve`` (``thread_engine``: a thread of the HTTP process; ``pool_factory``: ``Engine``'s; ``uvicorn_options``:
+    more keywords of ``uvicorn.run``, e.g. ``loop``; the experiments of ``benchmarks/serve_stub.py``)."""
     import uvicorn
 
     from ..serve.app import ServerSettings, create_app
 
-    if a.switch_interval is not None:
-        sys.setswitchinterval(a.switch_interval)
     load = functools.partial(_bench_model, a.preset, a.device, a.dtype, a.seed, vocab_size)
     tiers = a.tiers.split(",")
     settings = ServerSettings(name="bench", tiers=tiers, default_tier=tiers[-1], slots=a.slots,
@@ -87,13 +81,13 @@ def run_server(a: BenchServerOptions, pool_factory=None, vocab_size: int | None 
                               attended_spans=a.attended_spans,
                               max_queue=4 * a.slots,
                               max_connections_per_client=1 << 16, max_prompt_tokens=1 << 16, max_tokens_limit=1 << 16)
-    if a.engine == "process":
+    if thread_engine:
+        app = create_app(load(), settings, pool_factory)
+    else:
         meta = _bench_model(a.preset, "meta", a.dtype, a.seed, vocab_size)
         app = create_app(meta, settings, pool_factory, load=load)
-    else:
-        app = create_app(load(), settings, pool_factory)
-    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", limit_concurrency=1 << 16, loop=a.loop,
-                http=a.http)
+    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", limit_concurrency=1 << 16,
+                **uvicorn_options)
 
 
 def main(argv: list[str] | None = None) -> None:
