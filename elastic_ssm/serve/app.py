@@ -60,8 +60,7 @@ class ServerSettings:
     max_tokens_limit: int = 4096
     max_connections_per_client: int = 32
     max_requests: int | None = None          # in flight from all clients (``--max-connections``); None: no cap
-    body_timeout_s: float = 30.0
-    stall_timeout_s: float = 30.0
+    timeout_s: float = 30.0                  # --timeout: for a body to arrive, for a client to take its output
     chat_template: str | None = None         # Jinja source from --chat_template; None: the directory's own
     #: ``Host`` names admitted beyond the loopback ones without an API key (``guard.Guard``); None: no check
     allowed_hosts: tuple[str, ...] | None = ()
@@ -92,8 +91,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     """The FastAPI app serving ``model``; its lifespan starts and stops the engine. With ``load`` (a picklable model
     builder) the engine runs in its own process (``app.state.engine``, a ``RemoteEngine`` whose ``start`` may be
     called early; ``model`` may be ``remote.model_view``), else in a thread. ``pool_factory``: ``Engine``'s."""
-    state: dict = {}
-    metrics = Metrics(lambda: state.get("engine"))
+    metrics = Metrics(lambda: app.state.engine)     # read at scrape time (app: below)
     tok = resolve_tokenizer(model)                   # the saved one; bytes for a model saved without one
     aliases = export_tier_aliases(model)             # an older export answers to its source tier's name too
     eos = model.config.eos_token_id if model.config.eos_token_id >= 0 else None
@@ -102,7 +100,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     Completion, Chat = schema.request_models(settings.max_tokens_limit, vocab)
     bodies = {"/v1/completions": Completion, "/v1/chat/completions": Chat}
 
-    sizes = (settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s)
+    sizes = (settings.tiers, settings.slots, settings.max_queue, settings.timeout_s)
     options = {"eos": eos, "tokenizer": tok, "metrics": metrics, **settings.engine_options(),
                **({} if pool_factory is None else {"pool_factory": pool_factory})}
     remote = None if load is None else RemoteEngine(load, model, *sizes, **options)
@@ -114,7 +112,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             eng.attach(asyncio.get_running_loop())
         else:
             eng = Engine(model, *sizes, **options).start()
-        state["engine"] = app.state.engine = eng
+        app.state.engine = eng
         gc.freeze()          # start-up's objects out of the collector's sight (a full collection paused arrivals)
         try:
             yield
@@ -133,7 +131,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                 if kind is not None and not _is_json(kind):
                     raise ApiError(415, f"the request body must be JSON (Content-Type: application/json), not "
                                         f"{kind[:60]!r}; a body without a Content-Type is read as JSON")
-                raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+                raw = await read_body(request, settings.max_body_bytes, settings.timeout_s)
                 request._body, request._json = raw, parse_json(raw)
                 return await handler(request)
             return handler if self.body_field is None else read_first
@@ -141,8 +139,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     app = FastAPI(title="elastic-ssm", summary="OpenAI-compatible completions at every tier of one elastic model",
                   lifespan=lifespan, docs_url=None, redoc_url=None, strict_content_type=False)
     app.router.route_class = BoundedRoute
-    app.state.engine = remote
-    app.state.metrics = metrics
+    app.state.engine, app.state.metrics = remote, metrics
     app.add_middleware(Guard, api_key=settings.api_key, max_connections=settings.max_connections_per_client,
                        max_body=settings.max_body_bytes, metrics=metrics, max_requests=settings.max_requests,
                        allowed_hosts=settings.allowed_hosts)
@@ -173,7 +170,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
 
     @app.get("/health")
     async def health():
-        eng = state["engine"]
+        eng = app.state.engine
         if not eng.alive():
             return JSONResponse({"status": "engine stopped", "model": settings.name}, 503)
         return {"status": "ok", "model": settings.name, "tiers": eng.snapshot()}
@@ -193,7 +190,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         return resolve_model_field(body.model, body.tier, settings.name, settings.tiers, settings.default_tier, aliases)
 
     async def run_completion(http: HttpRequest, body, prompt: list[int], tier: str, is_chat: bool):
-        eng = state["engine"]
+        eng = app.state.engine
         req = Request(tier=tier, prompt=prompt, **body.engine_fields(), loop=asyncio.get_running_loop(),
                       queue=asyncio.Queue())
         try:

@@ -108,8 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "max_queue", "max_body_bytes", "max_prompt_tokens", "max_tokens_limit", "max_connections_per_client")
     settings = ServerSettings(name=name, tiers=tiers, default_tier=default, slots=args.max_batch, api_key=key,
                               max_prefill=min(args.max_prefill or args.max_batch, args.max_batch),
-                              max_requests=args.max_connections, body_timeout_s=args.timeout,
-                              stall_timeout_s=args.timeout, chat_template=chat_template,
+                              max_requests=args.max_connections, timeout_s=args.timeout, chat_template=chat_template,
                               allowed_hosts=(args.host, *filter(None, (args.allowed_hosts or "").split(","))),
                               **{k: getattr(args, k) for k in same})
     app = create_app(model, settings, load=functools.partial(load_pretrained, args.checkpoint, device=device,

@@ -166,7 +166,6 @@ class Engine:
         # COUNTERS but the captures, which the pool counts (a decode step: one, whatever the tiers)
         self.count = {key: 0 for key in COUNTERS if key != "prefill_graph_captures"}
 
-    # ---- control -----------------------------------------------------------------------------------------
     def start(self) -> Engine:
         self._thread.start()
         return self
@@ -205,7 +204,6 @@ class Engine:
         return {**{k: round(v, 6) for k, v in self.count.items()},
                 "prefill_graph_captures": getattr(self.pool, "captures", 0)}
 
-    # ---- the loop ----------------------------------------------------------------------------------------
     def _admit_in(self, now: float) -> float | None:
         """Seconds until the waiting requests should be prefilled (0: now; None: none wait, or no slot is free)."""
         q = self.waiting
@@ -234,30 +232,23 @@ class Engine:
             except Exception as e:   # a failure of the step itself: end the running requests, keep serving
                 log.exception("engine step failed")
                 try:
-                    self._fail_all(f"internal error while decoding: {type(e).__name__}")
+                    for row in self.pool.active_rows():
+                        self._finish(row, "error", f"internal error while decoding: {type(e).__name__}")
                 except Exception:
                     log.exception("could not end the running requests; freeing their slots")
                     self.pool.owner = [None] * self.pool.slots
             deliver()
 
-    def _finish(self, row: int, reason: str) -> None:
+    def _finish(self, row: int, reason: str, error: str | None = None) -> None:
+        """End the request of ``row`` (``error``: with an ``error`` event, its text left unsent) and free the row."""
         req, text = self.pool.owner[row], self._texts[row]
-        if reason != "cancelled" and text is not None:
-            tail = text.finish()
-            if tail:
-                req.emit("text", tail)
+        if error is None and reason != "cancelled" and text is not None and (tail := text.finish()):
+            req.emit("text", tail)
         req.finish_reason = reason
-        req.emit("done", reason)
+        req.emit(*(("done", reason) if error is None else ("error", error)))
         self.pool.release(row)
         self._texts[row] = None
         self._noise.seed_row(row, None)
-
-    def _fail_all(self, message: str) -> None:
-        for row in self.pool.active_rows():
-            self.pool.owner[row].finish_reason = "error"
-            self.pool.owner[row].emit("error", message)
-            self.pool.release(row)
-            self._texts[row] = None
 
     def _admit(self) -> None:
         """Prefill waiting requests into free rows, oldest first, in groups of similar length whatever their tiers

@@ -134,15 +134,13 @@ def uvicorn_connection_limit(max_requests: int) -> int:
 
 async def read_body(request, limit: int, timeout: float) -> bytes:
     """The request body, at most ``limit`` bytes within ``timeout`` s (413, 408; 499 for a client gone meanwhile)."""
-    chunks, size = [], 0
+    body = bytearray()
 
     async def _read() -> None:
-        nonlocal size
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
+            body.extend(chunk)
+            if len(body) > limit:
                 raise ApiError(413, f"request body over {limit} bytes")
-            chunks.append(chunk)
 
     try:
         await asyncio.wait_for(_read(), timeout)
@@ -150,7 +148,7 @@ async def read_body(request, limit: int, timeout: float) -> bytes:
         raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
     except ClientDisconnect:
         raise ApiError(499, "the client disconnected before sending the whole request body") from None
-    return b"".join(chunks)
+    return bytes(body)
 
 
 def parse_json(raw: bytes):

@@ -17,9 +17,14 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..data.tokenizer_files import resolve_tokenizer
+from ..models import saved_model_class
+from ..models.model_dir import _saved_tokenizer
 from .engine import COUNTERS, Busy, Engine, Request, check_options
 
 __all__ = ["RemoteEngine", "model_view"]
@@ -107,13 +112,6 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
 
 def model_view(path: str) -> Any:
     """A saved model on the meta device with its tokenizer (``CheckpointError`` as ``load_pretrained``)."""
-    from pathlib import Path
-
-    import torch
-
-    from ..models import saved_model_class
-    from ..models.model_dir import _saved_tokenizer
-
     cls = saved_model_class(path)
     config, meta = cls.read_config(path)
     with torch.device("meta"):
@@ -153,7 +151,6 @@ class RemoteEngine:
         self._loop = None
         self._watch = None
 
-    # ---- control -----------------------------------------------------------------------------------------
     def start(self) -> RemoteEngine:
         """Start the child and wait until its pools are built (idempotent); ``RuntimeError`` if it fails."""
         if self._proc.pid is not None:
@@ -201,7 +198,6 @@ class RemoteEngine:
     def alive(self) -> bool:
         return not self._dead and self._proc.is_alive()
 
-    # ---- requests ----------------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         """Send ``req`` to the engine; ``Busy`` when its tier's slots and queue are full (``Engine.submit``)."""
         if not self.alive():
@@ -228,7 +224,6 @@ class RemoteEngine:
             out[t] = {"slots": self.slots, "busy": busy, "waiting": self.in_flight[t] - busy}
         return out
 
-    # ---- events ------------------------------------------------------------------------------------------
     def _on_events(self) -> None:
         try:
             while self._ev.poll():

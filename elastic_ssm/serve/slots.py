@@ -222,7 +222,6 @@ class SlotPool(SlotRows):
                  "here, once; Triton keeps the result on disk)", self._names(), "/".join(map(str, lengths)),
                  time.perf_counter() - start)
 
-    # ---- slots -------------------------------------------------------------------------------------------
     @torch.no_grad()
     def admit(self, owner: Any, prompt: list[int], tier: Any = None) -> int:
         """Prefill ``prompt`` at ``tier`` (None: the widest served) into a free row for ``owner``; its next-token
@@ -290,7 +289,6 @@ class SlotPool(SlotRows):
             for s in self.cache.states.values():
                 s[:, K:].index_fill_(0, idx_t, 0.0)
 
-    # ---- prefill through the scratch cache ----------------------------------------------------------------
     def scratch(self) -> ESSHCache:
         """The prefill cache of ``max_prefill`` rows at the widest tier (allocated on first need)."""
         if self._scratch is None:
