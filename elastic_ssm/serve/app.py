@@ -15,16 +15,16 @@ from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..data.tokenizer_files import resolve_tokenizer
 from ..models.model_dir import export_tier_aliases
 from . import schema
 from .chat_templates import ChatTemplate
-from .engine import PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
+from .engine import COUNTERS, PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
-from .metrics import CONTENT_TYPE, Metrics
 from .remote import RemoteEngine
 from .schema import ApiError, error_body, parse_prompt, resolve_model_field, response_body
 from .slots import GRAPH_TOKENS
@@ -37,6 +37,55 @@ _ERRORS = {"4XX": {"model": schema.ErrorResponse, "description": "refused: 400 a
                    "model, 408 too slow, 413 too large, 415 not JSON, 421 another host, 429 too many "
                    "requests from one client"},
            "5XX": {"model": schema.ErrorResponse, "description": "500 a failure in the server, 503 busy (Retry-After)"}}
+#: the text exposition format ``generate_latest`` writes
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_POOL = {"slots": "Slots of the one pool every tier shares (its decode batch bucket)",
+         "busy": "Slots holding a running request at the tier",
+         "waiting": "Requests of the tier queued for a free slot"}
+
+
+class Metrics:
+    """The ``prometheus_client`` counters of one server process, in a registry of their own; when scraped it reads the
+    slots and the loop's counters of ``engine()`` (None: not started)."""
+
+    def __init__(self, engine) -> None:
+        self.registry, self.engine, self.started = CollectorRegistry(), engine, time.time()
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"elastic_ssm_{name}", doc, labels, registry=self.registry)
+
+        self.requests = counter("requests", "Completion requests by tier and HTTP status.", ("tier", "status"))
+        self.rejected = counter("rejected", "Requests refused before reaching a tier, by reason.", ("reason",))
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens prefilled, by tier.", ("tier",))
+        self.generated_tokens = counter("generated_tokens", "Tokens generated, by tier.", ("tier",))
+        self.server_errors = counter("server_errors", "Requests ended by an unexpected exception (HTTP 500).")
+        self.registry.register(self)
+
+    def add_tokens(self, tier: str, n: int) -> None:
+        self.generated_tokens.labels(tier).inc(n)
+
+    def request(self, tier: str, status: int, prompt_tokens: int = 0) -> None:
+        self.requests.labels(tier, str(status)).inc()
+        self.prompt_tokens.labels(tier).inc(prompt_tokens)
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+
+    def collect(self):
+        """The engine's gauges and counters at scrape time (``Metrics`` is a registry collector)."""
+        engine = self.engine()
+        if engine is not None:
+            snap, counters = engine.snapshot(), engine.counters()
+            for key, doc in _POOL.items():
+                family = GaugeMetricFamily(f"elastic_ssm_{key}", f"{doc}.", labels=["tier"])
+                for tier, v in snap.items():
+                    family.add_metric([tier], v[key])
+                yield family
+            for key, doc in COUNTERS.items():
+                yield CounterMetricFamily(f"elastic_ssm_{key}", f"{doc}.", value=counters[key])
+        yield GaugeMetricFamily("elastic_ssm_uptime_seconds", "Seconds since the server started.",
+                                value=time.time() - self.started)
 
 
 @dataclass

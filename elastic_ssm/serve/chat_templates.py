@@ -124,8 +124,8 @@ class ChatTemplate:
         return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer) if path else {})
 
     def prompt(self, messages: list) -> list[int] | str:
-        """The token ids of validated chat ``messages`` (``schema.ChatMessage``, text content) as rendered, special tokens as their
-        ids (an empty rendering: its text, for ``parse_prompt``'s own message)."""
+        """The token ids of validated chat ``messages`` (``schema.ChatMessage``: text content) as rendered, special
+        tokens as their ids (an empty rendering: its text, for ``parse_prompt``'s own message)."""
         messages = [m.model_dump() for m in messages]
         try:
             prompt = self.template.render(messages=messages, add_generation_prompt=True, **self.specials)
