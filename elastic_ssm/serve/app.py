@@ -47,7 +47,7 @@ _POOL = {"slots": "Slots of the one pool every tier shares (its decode batch buc
 
 class Metrics:
     """The ``prometheus_client`` counters of one server process, in a registry of their own; when scraped it reads the
-    slots and the loop's counters of ``engine()`` (None: not started)."""
+    slots, tokens generated per tier and the loop's counters of ``engine()`` (None: not started)."""
 
     def __init__(self, engine) -> None:
         self.registry, self.engine, self.started = CollectorRegistry(), engine, time.time()
@@ -58,12 +58,8 @@ class Metrics:
         self.requests = counter("requests", "Completion requests by tier and HTTP status.", ("tier", "status"))
         self.rejected = counter("rejected", "Requests refused before reaching a tier, by reason.", ("reason",))
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens prefilled, by tier.", ("tier",))
-        self.generated_tokens = counter("generated_tokens", "Tokens generated, by tier.", ("tier",))
         self.server_errors = counter("server_errors", "Requests ended by an unexpected exception (HTTP 500).")
         self.registry.register(self)
-
-    def add_tokens(self, tier: str, n: int) -> None:
-        self.generated_tokens.labels(tier).inc(n)
 
     def request(self, tier: str, status: int, prompt_tokens: int = 0) -> None:
         self.requests.labels(tier, str(status)).inc()
@@ -77,6 +73,10 @@ class Metrics:
         engine = self.engine()
         if engine is not None:
             snap, counters = engine.snapshot(), engine.counters()
+            family = CounterMetricFamily("elastic_ssm_generated_tokens", "Tokens generated, by tier.", labels=["tier"])
+            for tier, n in dict(engine.generated).items():       # a copy: the engine thread may add a tier
+                family.add_metric([tier], n, created=self.started)
+            yield family
             for key, doc in _POOL.items():
                 family = GaugeMetricFamily(f"elastic_ssm_{key}", f"{doc}.", labels=["tier"])
                 for tier, v in snap.items():
@@ -150,7 +150,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     bodies = {"/v1/completions": Completion, "/v1/chat/completions": Chat}
 
     sizes = (settings.tiers, settings.slots, settings.max_queue, settings.timeout_s)
-    options = {"eos": eos, "tokenizer": tok, "metrics": metrics, **settings.engine_options(),
+    options = {"eos": eos, "tokenizer": tok, **settings.engine_options(),
                **({} if pool_factory is None else {"pool_factory": pool_factory})}
     remote = None if load is None else RemoteEngine(load, model, *sizes, **options)
 

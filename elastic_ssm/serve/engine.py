@@ -141,14 +141,14 @@ class Engine:
     that admission reads (tests inject one)."""
 
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
-                 eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool,
+                 eos: int | None = None, tokenizer=None, pool_factory=SlotPool,
                  max_prefill: int = 16, prefill_wait_ms: float = PREFILL_WAIT_MS, clock=time.monotonic,
                  max_prefill_tokens: int = PREFILL_TOKENS, prefill_graphs: bool = True,
                  attended_spans: bool = True, prefill_graph_tokens: int = GRAPH_TOKENS) -> None:
         check_options(max_prefill, max_prefill_tokens, prefill_graph_tokens, prefill_wait_ms)
         self.max_prefill_tokens = max_prefill_tokens
         self.prefill_wait, self._clock = prefill_wait_ms / 1e3, clock
-        self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
+        self.model, self.tokenizer = model, tokenizer
         self.eos, self.max_queue, self.stall_timeout = eos, max_queue, stall_timeout
         self.tiers = [model.resolve_tier(t).name for t in tiers]
         self.pool = pool_factory(model, self.tiers, slots, max_prefill=max_prefill,
@@ -165,6 +165,7 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="elastic-ssm-engine", daemon=True)
         # COUNTERS but the captures, which the pool counts (a decode step: one, whatever the tiers)
         self.count = {key: 0 for key in COUNTERS if key != "prefill_graph_captures"}
+        self.generated: Counter[str] = Counter()      # tokens generated per tier (/metrics reads it when scraped)
 
     def start(self) -> Engine:
         self._thread.start()
@@ -341,7 +342,5 @@ class Engine:
                 self._finish(row, "stop")
             elif req.completion_tokens >= req.max_tokens:
                 self._finish(row, "length")
-        if self.metrics is not None:
-            for tier, n in Counter(r.tier for r in reqs).items():
-                self.metrics.add_tokens(tier, n)
+        self.generated.update(r.tier for r in reqs)
         self.count["decode_steps"] += 1
