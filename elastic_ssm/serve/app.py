@@ -297,8 +297,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                             yield text_event(value)
                             continue
                         if kind == "text":         # the first text chunk as rendered (chat names the role in it)
-                            chunk = render_chunk(value, None)
-                            text_event = _text_event(render_chunk)
+                            chunk, text_event = render_chunk(value, None), _text_event(render_chunk)
                         elif kind == "done":
                             chunk = render_chunk("", value)
                         else:                      # an error, or the engine gone ("unavailable": retry)

@@ -81,12 +81,11 @@ class Guard:
                                "address only: without an API key, a Host other than localhost or a loopback address "
                                "needs --allowed_hosts")
             return
-        if self._key is not None and scope.get("path") != "/health":
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._key):
-                await self._refuse(scope, send, "unauthorized", 401, "missing or wrong API key: send "
-                                   "'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"})
-                return
+        if self._key is not None and scope.get("path") != "/health" and \
+                not hmac.compare_digest(headers.get(b"authorization", b""), self._key):
+            await self._refuse(scope, send, "unauthorized", 401, "missing or wrong API key: send "
+                               "'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"})
+            return
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             await self._refuse(scope, send, "body_too_large", 413, f"request body over {self.max_body} bytes")
