@@ -15,16 +15,16 @@ from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..data.tokenizer_files import resolve_tokenizer
 from ..models.model_dir import export_tier_aliases
 from . import schema
 from .chat_templates import ChatTemplate
-from .engine import PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
+from .engine import COUNTERS, PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
-from .metrics import CONTENT_TYPE, Metrics
 from .remote import RemoteEngine
 from .schema import ApiError, error_body, parse_prompt, resolve_model_field, response_body
 from .slots import GRAPH_TOKENS
@@ -37,6 +37,55 @@ _ERRORS = {"4XX": {"model": schema.ErrorResponse, "description": "refused: 400 a
                    "model, 408 too slow, 413 too large, 415 not JSON, 421 another host, 429 too many "
                    "requests from one client"},
            "5XX": {"model": schema.ErrorResponse, "description": "500 a failure in the server, 503 busy (Retry-After)"}}
+#: the text exposition format ``generate_latest`` writes
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_POOL = {"slots": "Slots of the one pool every tier shares (its decode batch bucket)",
+         "busy": "Slots holding a running request at the tier",
+         "waiting": "Requests of the tier queued for a free slot"}
+
+
+class Metrics:
+    """The ``prometheus_client`` counters of one server process, in a registry of their own; when scraped it reads the
+    slots, tokens generated per tier and the loop's counters of ``engine()`` (None: not started)."""
+
+    def __init__(self, engine) -> None:
+        self.registry, self.engine, self.started = CollectorRegistry(), engine, time.time()
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"elastic_ssm_{name}", doc, labels, registry=self.registry)
+
+        self.requests = counter("requests", "Completion requests by tier and HTTP status.", ("tier", "status"))
+        self.rejected = counter("rejected", "Requests refused before reaching a tier, by reason.", ("reason",))
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens prefilled, by tier.", ("tier",))
+        self.server_errors = counter("server_errors", "Requests ended by an unexpected exception (HTTP 500).")
+        self.registry.register(self)
+
+    def request(self, tier: str, status: int, prompt_tokens: int = 0) -> None:
+        self.requests.labels(tier, str(status)).inc()
+        self.prompt_tokens.labels(tier).inc(prompt_tokens)
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+
+    def collect(self):
+        """The engine's gauges and counters at scrape time (``Metrics`` is a registry collector)."""
+        engine = self.engine()
+        if engine is not None:
+            snap, counters = engine.snapshot(), engine.counters()
+            family = CounterMetricFamily("elastic_ssm_generated_tokens", "Tokens generated, by tier.", labels=["tier"])
+            for tier, n in dict(engine.generated).items():       # a copy: the engine thread may add a tier
+                family.add_metric([tier], n, created=self.started)
+            yield family
+            for key, doc in _POOL.items():
+                family = GaugeMetricFamily(f"elastic_ssm_{key}", f"{doc}.", labels=["tier"])
+                for tier, v in snap.items():
+                    family.add_metric([tier], v[key])
+                yield family
+            for key, doc in COUNTERS.items():
+                yield CounterMetricFamily(f"elastic_ssm_{key}", f"{doc}.", value=counters[key])
+        yield GaugeMetricFamily("elastic_ssm_uptime_seconds", "Seconds since the server started.",
+                                value=time.time() - self.started)
 
 
 @dataclass
@@ -60,8 +109,7 @@ class ServerSettings:
     max_tokens_limit: int = 4096
     max_connections_per_client: int = 32
     max_requests: int | None = None          # in flight from all clients (``--max-connections``); None: no cap
-    body_timeout_s: float = 30.0
-    stall_timeout_s: float = 30.0
+    timeout_s: float = 30.0                  # --timeout: for a body to arrive, for a client to take its output
     chat_template: str | None = None         # Jinja source from --chat_template; None: the directory's own
     #: ``Host`` names admitted beyond the loopback ones without an API key (``guard.Guard``); None: no check
     allowed_hosts: tuple[str, ...] | None = ()
@@ -92,8 +140,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     """The FastAPI app serving ``model``; its lifespan starts and stops the engine. With ``load`` (a picklable model
     builder) the engine runs in its own process (``app.state.engine``, a ``RemoteEngine`` whose ``start`` may be
     called early; ``model`` may be ``remote.model_view``), else in a thread. ``pool_factory``: ``Engine``'s."""
-    state: dict = {}
-    metrics = Metrics(lambda: state.get("engine"))
+    metrics = Metrics(lambda: app.state.engine)     # read at scrape time (app: below)
     tok = resolve_tokenizer(model)                   # the saved one; bytes for a model saved without one
     aliases = export_tier_aliases(model)             # an older export answers to its source tier's name too
     eos = model.config.eos_token_id if model.config.eos_token_id >= 0 else None
@@ -102,8 +149,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     Completion, Chat = schema.request_models(settings.max_tokens_limit, vocab)
     bodies = {"/v1/completions": Completion, "/v1/chat/completions": Chat}
 
-    sizes = (settings.tiers, settings.slots, settings.max_queue, settings.stall_timeout_s)
-    options = {"eos": eos, "tokenizer": tok, "metrics": metrics, **settings.engine_options(),
+    sizes = (settings.tiers, settings.slots, settings.max_queue, settings.timeout_s)
+    options = {"eos": eos, "tokenizer": tok, **settings.engine_options(),
                **({} if pool_factory is None else {"pool_factory": pool_factory})}
     remote = None if load is None else RemoteEngine(load, model, *sizes, **options)
 
@@ -114,7 +161,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             eng.attach(asyncio.get_running_loop())
         else:
             eng = Engine(model, *sizes, **options).start()
-        state["engine"] = app.state.engine = eng
+        app.state.engine = eng
         gc.freeze()          # start-up's objects out of the collector's sight (a full collection paused arrivals)
         try:
             yield
@@ -133,7 +180,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                 if kind is not None and not _is_json(kind):
                     raise ApiError(415, f"the request body must be JSON (Content-Type: application/json), not "
                                         f"{kind[:60]!r}; a body without a Content-Type is read as JSON")
-                raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+                raw = await read_body(request, settings.max_body_bytes, settings.timeout_s)
                 request._body, request._json = raw, parse_json(raw)
                 return await handler(request)
             return handler if self.body_field is None else read_first
@@ -141,8 +188,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     app = FastAPI(title="elastic-ssm", summary="OpenAI-compatible completions at every tier of one elastic model",
                   lifespan=lifespan, docs_url=None, redoc_url=None, strict_content_type=False)
     app.router.route_class = BoundedRoute
-    app.state.engine = remote
-    app.state.metrics = metrics
+    app.state.engine, app.state.metrics = remote, metrics
     app.add_middleware(Guard, api_key=settings.api_key, max_connections=settings.max_connections_per_client,
                        max_body=settings.max_body_bytes, metrics=metrics, max_requests=settings.max_requests,
                        allowed_hosts=settings.allowed_hosts)
@@ -173,7 +219,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
 
     @app.get("/health")
     async def health():
-        eng = state["engine"]
+        eng = app.state.engine
         if not eng.alive():
             return JSONResponse({"status": "engine stopped", "model": settings.name}, 503)
         return {"status": "ok", "model": settings.name, "tiers": eng.snapshot()}
@@ -193,7 +239,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
         return resolve_model_field(body.model, body.tier, settings.name, settings.tiers, settings.default_tier, aliases)
 
     async def run_completion(http: HttpRequest, body, prompt: list[int], tier: str, is_chat: bool):
-        eng = state["engine"]
+        eng = app.state.engine
         req = Request(tier=tier, prompt=prompt, **body.engine_fields(), loop=asyncio.get_running_loop(),
                       queue=asyncio.Queue())
         try:
@@ -251,8 +297,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                             yield text_event(value)
                             continue
                         if kind == "text":         # the first text chunk as rendered (chat names the role in it)
-                            chunk = render_chunk(value, None)
-                            text_event = _text_event(render_chunk)
+                            chunk, text_event = render_chunk(value, None), _text_event(render_chunk)
                         elif kind == "done":
                             chunk = render_chunk("", value)
                         else:                      # an error, or the engine gone ("unavailable": retry)

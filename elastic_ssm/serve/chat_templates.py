@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -79,22 +80,9 @@ def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = Non
     return out
 
 
-def text_content(content, index: int) -> str:
-    """A chat message's ``content`` as text: a string, or its ``text`` parts joined (another part is a 400)."""
-    if isinstance(content, str):
-        return content
-    other = next((part.type for part in content if part.type != "text"), None)
-    if other is not None:
-        raise ApiError(400, f"messages[{index}].content has a {other!r} part; this model reads text only "
-                       "(content parts of type 'text')", "messages")
-    if any(part.text is None for part in content):
-        raise ApiError(400, f"messages[{index}].content has a text part without its text", "messages")
-    return "".join(part.text for part in content)
-
-
 class ChatTemplate:
-    """A compiled chat template. ``specials``: its special-token variables; with a ``tokenizer`` a rendered prompt is
-    encoded as ``apply_chat_template`` does (each ``special_ids`` string one id)."""
+    """A compiled chat template. ``specials``: its special-token variables; ``prompt`` encodes a rendering with
+    ``tokenizer`` as ``apply_chat_template`` does (each ``special_ids`` string one id)."""
 
     def __init__(self, source: str, specials: dict[str, str], tokenizer: Any = None,
                  special_ids: dict[str, int] | None = None) -> None:
@@ -110,13 +98,9 @@ class ChatTemplate:
         self.template, self.specials = env.from_string(source), specials
         self.tokenizer = tokenizer
         self.special_ids = {k: int(v) for k, v in (special_ids or {}).items() if k}
-        self._split = None
-        if self.special_ids:
-            import re
-
-            # longest first, so that a special token containing another is matched whole
-            alternatives = sorted(self.special_ids, key=len, reverse=True)
-            self._split = re.compile("(" + "|".join(re.escape(t) for t in alternatives) + ")")
+        # longest first, so that a special token containing another is matched whole
+        alternatives = sorted(self.special_ids, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(map(re.escape, alternatives)) + ")") if alternatives else None
 
     @classmethod
     def from_model(cls, model, tokenizer: Any = None, source: str | None = None) -> ChatTemplate | None:
@@ -139,21 +123,10 @@ class ChatTemplate:
                 specials[k] = v
         return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer) if path else {})
 
-    def encode(self, prompt: str) -> list[int] | str:
-        """The rendered prompt's token ids (special tokens as their ids), or the text without a tokenizer."""
-        if self.tokenizer is None:
-            return prompt
-        ids: list[int] = []
-        for i, piece in enumerate(self._split.split(prompt) if self._split is not None else [prompt]):
-            if i % 2:
-                ids.append(self.special_ids[piece])
-            elif piece:
-                ids += list(self.tokenizer.encode(piece))
-        return ids if ids else prompt          # an empty prompt: parse_prompt's own message
-
     def prompt(self, messages: list) -> list[int] | str:
-        """The prompt of validated chat ``messages`` (``schema.ChatMessage``): rendered, then encoded."""
-        messages = [{**m.model_dump(), "content": text_content(m.content, i)} for i, m in enumerate(messages)]
+        """The token ids of validated chat ``messages`` (``schema.ChatMessage``: text content) as rendered, special
+        tokens as their ids (an empty rendering: its text, for ``parse_prompt``'s own message)."""
+        messages = [m.model_dump() for m in messages]
         try:
             prompt = self.template.render(messages=messages, add_generation_prompt=True, **self.specials)
         except Exception as e:   # a template error (e.g. raise_exception on a role order) is the request's fault
@@ -164,4 +137,10 @@ class ChatTemplate:
         except UnicodeEncodeError:
             raise ApiError(400, "messages hold text that is not valid UTF-8 (an unpaired surrogate)",
                            "messages") from None
-        return self.encode(prompt)
+        ids: list[int] = []
+        for i, piece in enumerate(self._split.split(prompt) if self._split is not None else [prompt]):
+            if i % 2:
+                ids.append(self.special_ids[piece])
+            elif piece:
+                ids += list(self.tokenizer.encode(piece))
+        return ids if ids else prompt

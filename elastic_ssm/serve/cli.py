@@ -17,13 +17,13 @@ __all__ = ["auto_tier", "cmd_calibrate", "cmd_serve", "record_quality"]
 API_KEY_ENV = "ELASTIC_SSM_API_KEY"
 
 
-def auto_tier(checkpoint: str, args: argparse.Namespace, progress=status) -> str:
+def auto_tier(checkpoint: str, args: argparse.Namespace) -> str:
     """The tier ``es.select_tier`` picks for the budget flags (one line saying which, why and from which tiers)."""
     from .select import tier_choice
 
     choice = tier_choice(checkpoint, max_ms_per_token=args.max_ms_per_token, max_state_bytes=args.max_state_bytes,
                          max_params=args.max_params, batch=args.budget_batch)
-    progress(f"--tier auto: {choice.line()}", file=sys.stderr)
+    status(f"--tier auto: {choice.line()}", file=sys.stderr)
     return choice.tier.name
 
 
@@ -108,8 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "max_queue", "max_body_bytes", "max_prompt_tokens", "max_tokens_limit", "max_connections_per_client")
     settings = ServerSettings(name=name, tiers=tiers, default_tier=default, slots=args.max_batch, api_key=key,
                               max_prefill=min(args.max_prefill or args.max_batch, args.max_batch),
-                              max_requests=args.max_connections, body_timeout_s=args.timeout,
-                              stall_timeout_s=args.timeout, chat_template=chat_template,
+                              max_requests=args.max_connections, timeout_s=args.timeout, chat_template=chat_template,
                               allowed_hosts=(args.host, *filter(None, (args.allowed_hosts or "").split(","))),
                               **{k: getattr(args, k) for k in same})
     app = create_app(model, settings, load=functools.partial(load_pretrained, args.checkpoint, device=device,
@@ -197,18 +196,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def record_quality(args: argparse.Namespace, rows, model=None, window: int | None = None) -> None:
-    """``eval --write_quality``: ``rows`` into tier_quality.json (``window``: the longest length)."""
+def record_quality(args: argparse.Namespace, rows, model, window: int) -> None:
+    """``eval --write_quality``: ``rows`` of ``model`` into tier_quality.json (``window``: the longest length)."""
     from .calibrate import quality_table, write_quality
 
     if not args.write_quality:
         return
-    weight = next(model.parameters()) if model is not None else None
-    settings = {"window": window, "batch_size": getattr(args, "batch_size", None),
-                "n_batches": getattr(args, "n_batches", None), "tokenizer": getattr(args, "tokenizer", None) or "saved",
-                "device": weight.device.type if weight is not None else None,
-                "dtype": str(weight.dtype).replace("torch.", "") if weight is not None else None}
-    table = quality_table(rows, args.data, args.split, args.quality_metric, **settings)
+    weight = next(model.parameters())
+    table = quality_table(rows, args.data, args.split, args.quality_metric, window=window, batch_size=args.batch_size,
+                          n_batches=args.n_batches, tokenizer=args.tokenizer or "saved", device=weight.device.type,
+                          dtype=str(weight.dtype).replace("torch.", ""))
     try:
         path = write_quality(args.checkpoint, table, notice=lambda line: status(line, file=sys.stderr))
     except OSError as e:   # asked for and not written: an error (the results above are printed, and in --csv)

@@ -141,14 +141,14 @@ class Engine:
     that admission reads (tests inject one)."""
 
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
-                 eos: int | None = None, tokenizer=None, metrics=None, pool_factory=SlotPool,
+                 eos: int | None = None, tokenizer=None, pool_factory=SlotPool,
                  max_prefill: int = 16, prefill_wait_ms: float = PREFILL_WAIT_MS, clock=time.monotonic,
                  max_prefill_tokens: int = PREFILL_TOKENS, prefill_graphs: bool = True,
                  attended_spans: bool = True, prefill_graph_tokens: int = GRAPH_TOKENS) -> None:
         check_options(max_prefill, max_prefill_tokens, prefill_graph_tokens, prefill_wait_ms)
         self.max_prefill_tokens = max_prefill_tokens
         self.prefill_wait, self._clock = prefill_wait_ms / 1e3, clock
-        self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
+        self.model, self.tokenizer = model, tokenizer
         self.eos, self.max_queue, self.stall_timeout = eos, max_queue, stall_timeout
         self.tiers = [model.resolve_tier(t).name for t in tiers]
         self.pool = pool_factory(model, self.tiers, slots, max_prefill=max_prefill,
@@ -165,8 +165,8 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="elastic-ssm-engine", daemon=True)
         # COUNTERS but the captures, which the pool counts (a decode step: one, whatever the tiers)
         self.count = {key: 0 for key in COUNTERS if key != "prefill_graph_captures"}
+        self.generated: Counter[str] = Counter()      # tokens generated per tier (/metrics reads it when scraped)
 
-    # ---- control -----------------------------------------------------------------------------------------
     def start(self) -> Engine:
         self._thread.start()
         return self
@@ -205,7 +205,6 @@ class Engine:
         return {**{k: round(v, 6) for k, v in self.count.items()},
                 "prefill_graph_captures": getattr(self.pool, "captures", 0)}
 
-    # ---- the loop ----------------------------------------------------------------------------------------
     def _admit_in(self, now: float) -> float | None:
         """Seconds until the waiting requests should be prefilled (0: now; None: none wait, or no slot is free)."""
         q = self.waiting
@@ -234,30 +233,23 @@ class Engine:
             except Exception as e:   # a failure of the step itself: end the running requests, keep serving
                 log.exception("engine step failed")
                 try:
-                    self._fail_all(f"internal error while decoding: {type(e).__name__}")
+                    for row in self.pool.active_rows():
+                        self._finish(row, "error", f"internal error while decoding: {type(e).__name__}")
                 except Exception:
                     log.exception("could not end the running requests; freeing their slots")
                     self.pool.owner = [None] * self.pool.slots
             deliver()
 
-    def _finish(self, row: int, reason: str) -> None:
+    def _finish(self, row: int, reason: str, error: str | None = None) -> None:
+        """End the request of ``row`` (``error``: with an ``error`` event, its text left unsent) and free the row."""
         req, text = self.pool.owner[row], self._texts[row]
-        if reason != "cancelled" and text is not None:
-            tail = text.finish()
-            if tail:
-                req.emit("text", tail)
+        if error is None and reason != "cancelled" and text is not None and (tail := text.finish()):
+            req.emit("text", tail)
         req.finish_reason = reason
-        req.emit("done", reason)
+        req.emit(*(("done", reason) if error is None else ("error", error)))
         self.pool.release(row)
         self._texts[row] = None
         self._noise.seed_row(row, None)
-
-    def _fail_all(self, message: str) -> None:
-        for row in self.pool.active_rows():
-            self.pool.owner[row].finish_reason = "error"
-            self.pool.owner[row].emit("error", message)
-            self.pool.release(row)
-            self._texts[row] = None
 
     def _admit(self) -> None:
         """Prefill waiting requests into free rows, oldest first, in groups of similar length whatever their tiers
@@ -350,7 +342,5 @@ class Engine:
                 self._finish(row, "stop")
             elif req.completion_tokens >= req.max_tokens:
                 self._finish(row, "length")
-        if self.metrics is not None:
-            for tier, n in Counter(r.tier for r in reqs).items():
-                self.metrics.add_tokens(tier, n)
+        self.generated.update(r.tier for r in reqs)
         self.count["decode_steps"] += 1

@@ -81,12 +81,11 @@ class Guard:
                                "address only: without an API key, a Host other than localhost or a loopback address "
                                "needs --allowed_hosts")
             return
-        if self._key is not None and scope.get("path") != "/health":
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._key):
-                await self._refuse(scope, send, "unauthorized", 401, "missing or wrong API key: send "
-                                   "'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"})
-                return
+        if self._key is not None and scope.get("path") != "/health" and \
+                not hmac.compare_digest(headers.get(b"authorization", b""), self._key):
+            await self._refuse(scope, send, "unauthorized", 401, "missing or wrong API key: send "
+                               "'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"})
+            return
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             await self._refuse(scope, send, "body_too_large", 413, f"request body over {self.max_body} bytes")
@@ -134,15 +133,13 @@ def uvicorn_connection_limit(max_requests: int) -> int:
 
 async def read_body(request, limit: int, timeout: float) -> bytes:
     """The request body, at most ``limit`` bytes within ``timeout`` s (413, 408; 499 for a client gone meanwhile)."""
-    chunks, size = [], 0
+    body = bytearray()
 
     async def _read() -> None:
-        nonlocal size
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
+            body.extend(chunk)
+            if len(body) > limit:
                 raise ApiError(413, f"request body over {limit} bytes")
-            chunks.append(chunk)
 
     try:
         await asyncio.wait_for(_read(), timeout)
@@ -150,7 +147,7 @@ async def read_body(request, limit: int, timeout: float) -> bytes:
         raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
     except ClientDisconnect:
         raise ApiError(499, "the client disconnected before sending the whole request body") from None
-    return b"".join(chunks)
+    return bytes(body)
 
 
 def parse_json(raw: bytes):

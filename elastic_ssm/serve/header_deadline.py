@@ -56,15 +56,13 @@ def refusal_response(status: int, message: str) -> bytes:
     return head.encode() + body
 
 
-def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], None] | None = None, *,
-                         max_header_bytes: int | None = MAX_HEADER_BYTES, write_timeout: float | None = None) -> type:
-    """``base`` (a uvicorn HTTP protocol class) with the module docstring's limits (None: no bound / timeout; the
-    values ``ServeOptions`` checks); ``on_refuse(reason)`` counts each refusal (``"http_408"``, ``"http_431"``,
-    ``"stalled_reader"``)."""
+def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], None], *,
+                         write_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES) -> type:
+    """``base`` (a uvicorn HTTP protocol class) with the module docstring's limits (the values ``ServeOptions``
+    checks); ``on_refuse(reason)`` counts each refusal (``"http_408"``, ``"http_431"``, ``"stalled_reader"``)."""
     answer = refusal_response(408, f"the request headers did not arrive within {seconds:g} s; send the whole "
                                    "request at once")
-    too_large = None if max_header_bytes is None else refusal_response(
-        431, f"the request line and headers are over {max_header_bytes} bytes")
+    too_large = refusal_response(431, f"the request line and headers are over {max_header_bytes} bytes")
     head_bound = max_header_bytes
     h11 = hasattr(base, "handle_events")       # h11's protocol parses in handle_events; httptools' in callbacks
     if h11:
@@ -74,7 +72,7 @@ def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], 
         deadline_s = seconds
         max_header_bytes = head_bound          # (a class body cannot read an enclosing name it assigns)
         write_timeout_s = write_timeout
-        count_refusal = staticmethod(on_refuse or (lambda reason: None))
+        count_refusal = staticmethod(on_refuse)
         _deadline = None
         _waiting_for = None   # the cycle current when the deadline was armed: a new one means headers arrived
         _stall = None         # the write-stall timer, while the transport's write buffer is above its high-water mark
@@ -87,7 +85,7 @@ def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], 
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            if h11 and max_header_bytes is not None:    # ours refuses first, with a 431 (h11's: a 400 past 16 KiB)
+            if h11:                                     # ours refuses first, with a 431 (h11's: a 400 past 16 KiB)
                 self.conn = h11_lib.Connection(h11_lib.SERVER, max_incomplete_event_size=max_header_bytes + (1 << 20))
 
         def _arm(self) -> None:
@@ -153,10 +151,7 @@ def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], 
         def data_received(self, data: bytes) -> None:
             if self._linger is not None:                # refused: what the client still sends is dropped
                 return
-            if max_header_bytes is None:
-                super().data_received(data)
-            else:
-                self._feed_bounded(data)
+            self._feed_bounded(data)
             if self._linger is not None or self.transport.is_closing():
                 return
             if self._deadline is not None and self.cycle is not self._waiting_for:
@@ -207,7 +202,7 @@ def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], 
 
         def _watch_writes(self) -> None:
             """Start the write-progress check of the module docstring (Linux; elsewhere ``pause_writing``'s)."""
-            if write_timeout is None or self._watch is not None or self._stall is not None:
+            if self._watch is not None or self._stall is not None:
                 return
             self._acked, self._progress_at = -1, time.monotonic()
             self._check_writes()
@@ -235,7 +230,7 @@ def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], 
             super().pause_writing()
             if self._watch is None:                      # the progress check is not running: start it
                 self._watch_writes()
-            if write_timeout is not None and self._stall is None and self._watch is False:
+            if self._stall is None and self._watch is False:
                 self._stall = self.loop.call_later(write_timeout, self._write_stalled)
 
         def resume_writing(self) -> None:

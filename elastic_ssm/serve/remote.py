@@ -1,8 +1,8 @@
 """The engine in its own process (``RemoteEngine``): the HTTP process only parses requests and streams events
 (docs/serving.md, "Two processes"). One pipe each way: HTTP -> engine ``("submit", rid, fields)``, ``("cancel",
 rid)``, ``("stop",)``; engine -> HTTP ``("ready",)`` or ``("failed", message)``, then per step ``("ev", counters,
-{tier: tokens}, {tier: busy}, [(rid, kind, value, completion_tokens, first_token_at), ...])``, and ``("stopped",
-"SIGTERM")``."""
+{tier: tokens generated}, {tier: busy}, [(rid, kind, value, completion_tokens, first_token_at), ...])``, and
+``("stopped", "SIGTERM")``."""
 
 from __future__ import annotations
 
@@ -15,11 +15,15 @@ import math
 import multiprocessing as mp
 import signal
 import time
-from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..data.tokenizer_files import resolve_tokenizer
+from ..models import saved_model_class
+from ..models.model_dir import _saved_tokenizer
 from .engine import COUNTERS, Busy, Engine, Request, check_options
 
 __all__ = ["RemoteEngine", "model_view"]
@@ -29,14 +33,10 @@ _FIELDS = ("tier", "prompt", "max_tokens", "temperature", "top_k", "top_p", "see
 
 
 class _Sink:
-    """The engine's asyncio loop in ``deliver`` (one message per call to the HTTP process) and its ``Metrics``."""
+    """The engine's asyncio loop in ``deliver``: one message per call to the HTTP process."""
 
     def __init__(self, conn, live: dict) -> None:
         self.conn, self.live, self.engine = conn, live, None
-        self.by_tier: dict[str, int] = defaultdict(int)
-
-    def add_tokens(self, tier: str, n: int) -> None:
-        self.by_tier[tier] += n
 
     def is_closed(self) -> bool:
         return False
@@ -47,9 +47,8 @@ class _Sink:
             out.append((req.rid, kind, value, req.completion_tokens, req.first_token_at))
             if kind in ("done", "error", "unavailable"):
                 self.live.pop(req.rid, None)
-        counts, self.by_tier = dict(self.by_tier), defaultdict(int)
         busy = {t: v["busy"] for t, v in self.engine.snapshot().items()}
-        self.conn.send(("ev", self.engine.counters(), counts, busy, out))
+        self.conn.send(("ev", self.engine.counters(), dict(self.engine.generated), busy, out))
 
 
 class _Stop(BaseException):
@@ -70,7 +69,7 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
     sink = _Sink(events, live)
     try:
         try:
-            engine = sink.engine = Engine(load(), stall_timeout=math.inf, metrics=sink, **kw)
+            engine = sink.engine = Engine(load(), stall_timeout=math.inf, **kw)
         except Exception as e:
             events.send(("failed", f"{type(e).__name__}: {e}"))
             return
@@ -107,13 +106,6 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
 
 def model_view(path: str) -> Any:
     """A saved model on the meta device with its tokenizer (``CheckpointError`` as ``load_pretrained``)."""
-    from pathlib import Path
-
-    import torch
-
-    from ..models import saved_model_class
-    from ..models.model_dir import _saved_tokenizer
-
     cls = saved_model_class(path)
     config, meta = cls.read_config(path)
     with torch.device("meta"):
@@ -130,12 +122,12 @@ class RemoteEngine:
     model there, ``model`` is this side's view of it (``model_view``); the others are ``Engine``'s (picklable)."""
 
     def __init__(self, load: Callable[[], Any], model, tiers: list[str], slots: int = 8, max_queue: int = 64,
-                 stall_timeout: float = 30.0, metrics=None, start_timeout: float = 1800.0, tokenizer=None,
+                 stall_timeout: float = 30.0, start_timeout: float = 1800.0, tokenizer=None,
                  **engine_options: Any) -> None:
         inspect.signature(Engine).bind_partial(**engine_options)   # in this process: an unknown name or a bad
         check_options(**engine_options)                           # value fails before the child starts
         self.model, self.tiers, self.slots, self.max_queue = model, list(tiers), slots, max_queue
-        self.stall_timeout, self.metrics, self.start_timeout = stall_timeout, metrics, start_timeout
+        self.stall_timeout, self.start_timeout = stall_timeout, start_timeout
         kw: dict[str, Any] = {"tiers": self.tiers, "slots": slots, "max_queue": max_queue, **engine_options,
                               "tokenizer": tokenizer if tokenizer is not None else resolve_tokenizer(model)}
         ctx = mp.get_context("spawn")
@@ -147,13 +139,13 @@ class RemoteEngine:
         self.in_flight: dict[str, int] = {t: 0 for t in self.tiers}
         self._busy: dict[str, int] = {}   # rows busy per tier, as of the engine's last message
         self._counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)   # the engine's, as of its last message
+        self.generated: dict[str, int] = {}                             # its tokens per tier, as of that message
         self._next_rid = 0
         self._dead = False
         self._stopped = False             # shutdown() ran, or the engine said it stopped: said once, as info
         self._loop = None
         self._watch = None
 
-    # ---- control -----------------------------------------------------------------------------------------
     def start(self) -> RemoteEngine:
         """Start the child and wait until its pools are built (idempotent); ``RuntimeError`` if it fails."""
         if self._proc.pid is not None:
@@ -201,7 +193,6 @@ class RemoteEngine:
     def alive(self) -> bool:
         return not self._dead and self._proc.is_alive()
 
-    # ---- requests ----------------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         """Send ``req`` to the engine; ``Busy`` when its tier's slots and queue are full (``Engine.submit``)."""
         if not self.alive():
@@ -228,7 +219,6 @@ class RemoteEngine:
             out[t] = {"slots": self.slots, "busy": busy, "waiting": self.in_flight[t] - busy}
         return out
 
-    # ---- events ------------------------------------------------------------------------------------------
     def _on_events(self) -> None:
         try:
             while self._ev.poll():
@@ -245,11 +235,9 @@ class RemoteEngine:
         """``Engine.counters()`` of the engine process, as of its last message."""
         return dict(self._counters)
 
-    def _dispatch(self, counters: dict[str, float], tokens: dict[str, int], busy: dict[str, int], items: list) -> None:
-        self._counters, self._busy = counters, busy
-        if self.metrics is not None:
-            for tier, n in tokens.items():
-                self.metrics.add_tokens(tier, n)
+    def _dispatch(self, counters: dict[str, float], generated: dict[str, int], busy: dict[str, int],
+                  items: list) -> None:
+        self._counters, self.generated, self._busy = counters, generated, busy
         now = time.monotonic()
         for rid, kind, value, completion_tokens, first_token_at in items:
             req = self.live.get(rid)

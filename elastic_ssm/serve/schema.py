@@ -5,7 +5,6 @@ renderer of their validation errors, the rules a schema cannot say (tier names, 
 from __future__ import annotations
 
 import functools
-import time
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
@@ -122,6 +121,20 @@ class ChatMessage(BaseModel):
     content: str | Annotated[list[ContentPart], Field(min_length=1)] = Field(
         description="a string or a list of {type: 'text', text} parts")
 
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, content: str | list[ContentPart]) -> str:
+        """The content as text: its parts joined (another part than text: this model reads text only)."""
+        if isinstance(content, str):
+            return content
+        other = next((part.type for part in content if part.type != "text"), None)
+        if other is not None:
+            raise PydanticCustomError("rule", "has a {part} part; this model reads text only (content parts of type "
+                                      "'text')", {"part": repr(other)})
+        if any(part.text is None for part in content):
+            raise PydanticCustomError("rule", "has a text part without its text")
+        return "".join(part.text for part in content)
+
 
 class ChatCompletionRequest(Sampling):
     """``POST /v1/chat/completions``: the messages go through the model's chat template."""
@@ -184,7 +197,7 @@ def error_message(error: dict, model: type[BaseModel]) -> tuple[str, str | None]
         path += f"[{step}]" if isinstance(step, int) else f".{step}"
     if error["type"] == "missing":
         return f"{path} is required", str(loc[0])
-    if error["type"] == "rule":        # ours: refused(), _needs_stream
+    if error["type"] == "rule":        # ours: refused(), _needs_stream, ChatMessage._text_only
         return f"{path} {error['msg']}", str(loc[0])
     got = repr(error.get("input"))
     got = got if len(got) <= 40 else got[:37] + "..."
@@ -307,7 +320,7 @@ def response_body(req, model_id: str, chat: bool, text: str = "", finish_reason:
     choices and the counts); ``chat``: chat completions' shapes (the first streamed text names the role)."""
     body = {"id": req.id.replace("cmpl", "chatcmpl") if chat else req.id,
             "object": ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion",
-            "created": int(req.created or time.time()), "model": model_id, "tier": req.tier, "choices": []}
+            "created": int(req.created), "model": model_id, "tier": req.tier, "choices": []}
     if not usage:
         if not chat:
             choice = {"text": text, "logprobs": None}

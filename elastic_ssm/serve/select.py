@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,13 +51,8 @@ def _config_and_dir(model_or_dir: Any):
 
 def _span(names: list[str], order: list[str]) -> str:
     """Tier names with runs of neighbours in the tier table written ``T5-T10``."""
-    idx = sorted(order.index(n) for n in names)
-    runs: list[list[int]] = []
-    for i in idx:
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
+    idx = enumerate(sorted(order.index(n) for n in names))
+    runs = [[i for _, i in run] for _, run in itertools.groupby(idx, lambda k_i: k_i[1] - k_i[0])]
     return ",".join(order[r[0]] if len(r) == 1 else f"{order[r[0]]}{'-' if len(r) > 2 else ','}{order[r[-1]]}"
                     for r in runs)
 

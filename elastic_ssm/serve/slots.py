@@ -31,17 +31,6 @@ def check_counts(**values: Any) -> None:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
-def raised_in_fla(error: BaseException) -> bool:
-    """Whether ``error`` (or one it was raised from) was raised inside fla (the torch scan goes around it)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if any("/fla/" in frame.filename.replace("\\", "/") for frame in traceback.extract_tb(error.__traceback__)):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
 def row_cache(cache: ESSHCache, i: int) -> ESSHCache:
     """A batch-1 cache of views of row ``i`` of ``cache`` (writes land in ``cache``)."""
     if not 0 <= i < cache.batch:
@@ -214,7 +203,8 @@ class SlotPool(SlotRows):
                     self.model.hidden_states(ids, tier=tier, cache=reset_row_(self.cache, row))
                 except RuntimeError as e:   # a kernel that fails on this stack: say where, and the way around fla
                     first = (str(e).strip().splitlines() or [""])[0]
-                    around = (f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if raised_in_fla(e) else "")
+                    in_fla = "/fla/" in "".join(traceback.format_exception(e)).replace("\\", "/")   # or a cause
+                    around = f"; {ENV_VAR}=torch runs the scan in PyTorch instead" if in_fla else ""
                     raise RuntimeError(f"tier{'s' * self.fd.mixed} {self._names()}: the warm-up prefill of {T} "
                                        f"tokens failed ({type(e).__name__}: {first}){around}") from e
         reset_row_(self.cache, row)
@@ -222,7 +212,6 @@ class SlotPool(SlotRows):
                  "here, once; Triton keeps the result on disk)", self._names(), "/".join(map(str, lengths)),
                  time.perf_counter() - start)
 
-    # ---- slots -------------------------------------------------------------------------------------------
     @torch.no_grad()
     def admit(self, owner: Any, prompt: list[int], tier: Any = None) -> int:
         """Prefill ``prompt`` at ``tier`` (None: the widest served) into a free row for ``owner``; its next-token
@@ -290,7 +279,6 @@ class SlotPool(SlotRows):
             for s in self.cache.states.values():
                 s[:, K:].index_fill_(0, idx_t, 0.0)
 
-    # ---- prefill through the scratch cache ----------------------------------------------------------------
     def scratch(self) -> ESSHCache:
         """The prefill cache of ``max_prefill`` rows at the widest tier (allocated on first need)."""
         if self._scratch is None:
