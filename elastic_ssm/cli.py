@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import math
 import sys
 import typing
 from pathlib import Path
@@ -19,6 +18,7 @@ from .cli_errors import CommandLineError, parse_error, report, run_reporting_err
 from .cli_schema import DEFAULT_RUN
 from .cli_util import check_csv_target, check_output_path, find_flag, spelled
 from .config import ConfigError
+from .config.base import check_field
 
 __all__ = ["COMMANDS", "check_options", "main", "parse"]
 
@@ -192,23 +192,19 @@ def parse(command: str, argv: list[str]) -> argparse.Namespace:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """What the options' types cannot say (``flag`` metadata, ``--csv``, ``--depths``), before the verb runs."""
-    for f in dataclasses.fields(args.options_cls) if args.options_cls is not None else ():
-        meta, value, flag = f.metadata, getattr(args, f.name, None), spelled(args, f.name)
+    """Before the verb runs: no blank string, the declared types and ranges of the other options (pydantic,
+    ``config.base.check_field``), outputs (``flag``'s ``output``), ``--csv`` and ``--depths``."""
+    cls = args.options_cls
+    for f in dataclasses.fields(cls) if cls is not None else ():
+        value, flag = getattr(args, f.name, None), spelled(args, f.name)
         if dataclasses.is_dataclass(value):
             continue                                   # a config section validates itself
-        items = value if isinstance(value, list | tuple) else [value]
-        if any(isinstance(v, str) and not v.strip() for v in items):
+        if isinstance(value, str) and not value.strip():
             raise ConfigError(f"{flag} is an empty string; give a value (see --help)")
-        numbers = [v for v in items if isinstance(v, int | float) and not isinstance(v, bool)]
-        if any(not math.isfinite(v) for v in numbers):
-            raise ConfigError(f"{flag} must be a finite number, got {value}")
-        for key, bad, words in (("minimum", lambda v, b: v < b, ">="), ("above", lambda v, b: v <= b, ">"),
-                                ("maximum", lambda v, b: v > b, "<=")):
-            if meta.get(key) is not None and any(bad(v, meta[key]) for v in numbers):
-                raise ConfigError(f"{flag} must be {words} {meta[key]}, got {value}")
-        if meta.get("output") and isinstance(value, str):
-            check_output_path(flag, value, meta["output"])
+        if not isinstance(value, str):                 # pydantic refuses a str that is not UTF-8, as a path may be
+            check_field(cls, f.name, value, flag)
+        if f.metadata.get("output") and isinstance(value, str):
+            check_output_path(flag, value, f.metadata["output"])
     csv = getattr(args, "csv", None)
     if csv and not Path(csv).resolve().parent.is_dir():       # write_csv creates no folder
         raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")

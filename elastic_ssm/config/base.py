@@ -17,7 +17,8 @@ from pydantic import AfterValidator, ConfigDict, StringConstraints, TypeAdapter,
 
 __all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
            "NonEmpty", "NonBlank", "TokenId", "HeadDim", "Rising", "Distinct", "Ladder", "ConfigBase", "ConfigError",
-           "opt", "section", "read_yaml_mapping", "read_yaml_file", "load_yaml", "config_changes", "NOT_SAVED"]
+           "opt", "section", "check_field", "read_yaml_mapping", "read_yaml_file", "load_yaml",
+           "config_changes", "NOT_SAVED"]
 
 
 def _rule(ok: Any, what: str) -> AfterValidator:
@@ -67,7 +68,7 @@ def section(cls: type, help: str) -> Any:
 
 
 _CONFIG = ConfigDict(allow_inf_nan=False)   # lax mode: "3e-4" -> 3e-4, [a, b] -> (a, b), 2.0 -> 2
-_ADAPTERS: dict[type, dict[str, TypeAdapter[Any]]] = {}
+_ADAPTERS: dict[type, dict[str, tuple[Any, TypeAdapter[Any]]]] = {}
 _WORDS = {"greater_than": "must be > {gt:g}", "greater_than_equal": "must be >= {ge:g}",
           "less_than": "must be < {lt:g}", "less_than_equal": "must be <= {le:g}",
           "finite_number": "expected a finite number", "literal_error": "must be one of {expected}",
@@ -76,16 +77,6 @@ _WORDS = {"greater_than": "must be > {gt:g}", "greater_than_equal": "must be >= 
           "value_error": "{error}"}
 _KINDS = {"float": "float", "int": "int", "string": "str", "bool": "bool", "tuple": "a list", "list": "a list",
           "frozenset": "a list", "dict": "a mapping"}
-
-
-def _adapters(cls: type) -> dict[str, TypeAdapter[Any]]:
-    """One pydantic ``TypeAdapter`` per field of ``cls`` (built once): the annotated type with its ``Annotated``
-    constraints (``Gt(0)``, ``Interval(ge=0, lt=1)``, ``Literal[...]``). Nested sections are left to their class."""
-    if cls not in _ADAPTERS:
-        hints = typing.get_type_hints(cls, include_extras=True)
-        _ADAPTERS[cls] = {f.name: TypeAdapter(hints[f.name], config=_CONFIG) for f in dataclasses.fields(cls)
-                          if not _section_type(hints[f.name])}
-    return _ADAPTERS[cls]
 
 
 def _section_type(tp: Any) -> type | None:
@@ -117,24 +108,35 @@ def _one_line(name: str, tp: Any, err: ValidationError) -> ConfigError:
     return ConfigError(f"{where}: {what}, got {e['input']!r}")
 
 
+def check_field(cls: type, name: str, value: Any, where: str = "") -> Any:
+    """``value`` validated as field ``name`` of dataclass ``cls`` by its annotation (pydantic, lax mode: type, range,
+    choices), else one ``ConfigError`` line naming ``where`` (default ``Class.name``). One ``TypeAdapter`` per field,
+    built once; a nested section (a dataclass) is left to its own class."""
+    if cls not in _ADAPTERS:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        _ADAPTERS[cls] = {f.name: (hints[f.name], TypeAdapter(hints[f.name], config=_CONFIG))
+                          for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])}
+    tp, adapter = _ADAPTERS[cls][name]
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as e:
+        raise _one_line(where or f"{cls.__name__}.{name}", tp, e) from None
+
+
 def _validate_field(cls: type, name: str, tp: Any, value: Any) -> Any:
-    """``value`` validated as field ``name`` of ``cls`` (pydantic, lax mode); a mapping for a nested section
-    becomes that section's config."""
-    path = f"{cls.__name__}.{name}"
+    """``value`` validated as field ``name`` of ``cls`` (``check_field``); a mapping for a nested section becomes
+    that section's config."""
     sec = _section_type(tp)
     if sec is not None:
         if isinstance(value, dict):
             return sec.from_dict(value)
         if not isinstance(value, sec):
-            raise ConfigError(f"{path}: expected a mapping of {sec.__name__} fields, got {value!r}")
+            raise ConfigError(f"{cls.__name__}.{name}: expected a mapping of {sec.__name__} fields, got {value!r}")
         return value
     if isinstance(value, bool) and typing.get_origin(tp) is not typing.Literal and \
-            (tp in (int, float) or typing.get_args(tp)[:1] in ((int,), (float,))):
-        raise ConfigError(f"{path}: expected a number, got the boolean {value!r}")  # YAML `steps: true` is not 1
-    try:
-        return _adapters(cls)[name].validate_python(value)
-    except ValidationError as e:
-        raise _one_line(path, tp, e) from None
+            (tp in (int, float) or typing.get_args(tp)[:1] in ((int,), (float,))):   # YAML `steps: true` is not 1
+        raise ConfigError(f"{cls.__name__}.{name}: expected a number, got the boolean {value!r}")
+    return check_field(cls, name, value)
 
 
 #: what ``config_changes`` says of a setting the saved dict lacks (added since the run was written)
