@@ -40,23 +40,15 @@ def _flag(argv: list[str], name: str) -> tuple[int, str | None]:
     return find_flag(argv, ALIASES.get(name, (name,)))
 
 
-def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
-    i, _ = _flag(argv, name)
-    if i < 0:
-        return [*argv, name, value]
-    out = list(argv)
-    if "=" not in out[i]:
-        out[i + 1] = value
-    else:
-        out[i] = f"{name}={value}"
-    return out
-
-
 def _pop_flag(argv: list[str], name: str) -> tuple[list[str], str | None]:
     i, value = _flag(argv, name)
     if i < 0:
         return argv, None
     return argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], value
+
+
+def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
+    return [*_pop_flag(argv, name)[0], name, value]
 
 
 def _parse_model_args(text: str) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import sys
 from operator import attrgetter
@@ -136,28 +137,20 @@ def checked_tiers(model, spec: str) -> list[str] | None:
 def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
     """``eval --tiers``: None for 'all', else a ``Tier`` per entry: a tier name or, for ESSH, a capacity fraction in
     (0, 1] through the two-rate map (Eq. 7); anything else a ``ConfigError`` naming ``flag``."""
-    names = tier_names(spec)
-    if names is None:
-        return None
-    out = []
-    for name in names:
+    names, out = tier_names(spec), []
+    for name in names or ():
         try:
             out.append(model.resolve_tier(listed_tier(name)))
-            continue
         except ValueError as e:
-            named_error = e
-        try:
-            xi = float(name)
-        except ValueError:
-            raise ConfigError(f"{flag} {name!r} is neither a tier name nor a number: {named_error}; or give a "
-                              "capacity fraction in (0, 1], e.g. 0.45") from None
-        if model.arch != "essh":
-            raise ConfigError(f"{flag} {name}: capacity fractions are the ESSH two-rate map; this "
-                              f"{model.arch!r} model takes tier names ({named_error})")
-        if not 0 < xi <= 1:   # also NaN
-            raise ConfigError(f"{flag} {name}: a capacity fraction must lie in (0, 1] (0 < xi <= 1)")
-        out.append(model.resolve_tier(xi))
-    return out
+            try:
+                xi = float(name) if model.arch == "essh" else math.nan
+            except ValueError:
+                xi = math.nan
+            if not 0 < xi <= 1:   # also NaN
+                raise ConfigError(f"{flag} {name}: {e}; or, for an ESSH model, a capacity fraction in (0, 1] such as "
+                                  "0.45") from None
+            out.append(model.resolve_tier(xi))
+    return None if names is None else out
 
 
 def refuse_existing(args: argparse.Namespace, *paths) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,21 +46,17 @@ class RunData:
         return make
 
 
-def check_model_length(run: Any) -> None:
-    """Refuse a ``train.seq_len`` longer than the model accepts (ES-SSM: its filter length) before any work."""
-    limit, t = run.model.max_seq_len(), run.train.seq_len
-    if limit is not None and t > limit:
-        field = type(run.model).length_field
-        raise ConfigError(f"--train.seq_len {t} exceeds --model.{field} {limit}, the longest sequence this {run.arch} "
-                          f"model accepts; give --train.seq_len {limit} or less, or --model.{field} {t} or more")
-
-
 def build_data(run: Any, verify: bool = False) -> RunData:
     """``run``'s checked training and validation data; ``verify``: re-hash prepared token files whole."""
     from .data import evaluation_batches, load_corpus, load_tokenizer
 
-    check_model_length(run)
     d, t = run.data, run.train
+    limit = run.model.max_seq_len()         # refused before any work: longer than the model accepts (ES-SSM filters)
+    if limit is not None and t.seq_len > limit:
+        field = type(run.model).length_field
+        raise ConfigError(f"--train.seq_len {t.seq_len} exceeds --model.{field} {limit}, the longest sequence this "
+                          f"{run.arch} model accepts; give --train.seq_len {limit} or less, or --model.{field} "
+                          f"{t.seq_len} or more")
     if getattr(run.model, "task", "lm") != "lm":
         raise ConfigError("the CLI's data pipeline packs token streams for language modelling; train an ES-SSM "
                           "classifier from Python with train(model, batches of (input_ids, labels[B]), cfg)")
@@ -143,20 +138,12 @@ def _position(out: Any) -> tuple[str, int] | None:
     return None
 
 
-def _kept_added_fields(run: Any, saved_model: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    """The ``added_fields`` a resumed run keeps from a record written before they existed (unless set explicitly):
-    a specialist started before ``tier_names`` (``--model.tier_config T4``, named T1) keeps its T1 name."""
-    return {k: before[k] for k in type(run.model).added_fields
-            if k not in saved_model and k in before and k not in run.explicit_model_fields
-            and before[k] != getattr(run.model, k)}
-
-
 def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, stop_after: int | None = None,
                  verify_data: bool = False, progress: bool | str = True):
     """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
     from pathlib import Path
 
-    from .cli_util import resolve_device
+    from .cli_util import is_rank_zero, resolve_device
 
     if run.train.device != "auto":        # a device this machine lacks is named before any data is read
         resolve_device(run.train.device, "train.device")
@@ -182,12 +169,13 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
             raise ConfigError(f"{out / 'run.yaml'}: its model section is invalid ({e}); restore it from a copy, or "
                               "start a new --train.out_dir") from None
         # a run started before the tokenizer set eos / pad keeps its saved ids (they do not touch the weights), one
-        # started before a setting existed its old value; every other setting is compared by train()'s start-up checks
-        ids = {k: before[k] for k in ("eos_token_id", "pad_token_id")
+        # started before a setting existed (``added_fields``) its old value, unless set explicitly (a specialist
+        # started before tier_names keeps its T1 name); every other setting is compared by train()'s start-up checks
+        kept = ["eos_token_id", "pad_token_id", *(k for k in type(run.model).added_fields if k not in saved["model"])]
+        ids = {k: before[k] for k in kept
                if k in before and k not in run.explicit_model_fields and before[k] != getattr(run.model, k)}
-        ids.update(_kept_added_fields(run, saved["model"], before))
         run = dataclasses.replace(run, model=run.model.replace(**ids)) if ids else run
-    main = os.environ.get("RANK", "0") == "0"  # under torchrun, status lines come from rank 0 only
+    main = is_rank_zero()                # under torchrun, status lines come from rank 0 only
     threads = cpu_threads_for(run.train.device)     # before any work: the data is tokenized with them too
     if threads and main:
         print(f"[train] {threads}")
