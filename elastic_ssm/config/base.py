@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +17,8 @@ from annotated_types import Ge, Gt, Interval, Len
 from pydantic import AfterValidator, ConfigDict, StringConstraints, TypeAdapter, ValidationError
 
 __all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
-           "NonEmpty", "NonBlank", "TokenId", "HeadDim", "Rising", "Distinct", "Ladder", "ConfigBase", "ConfigError",
-           "opt", "section", "check_field", "read_yaml_mapping", "read_yaml_file", "load_yaml",
+           "NonEmpty", "NonBlank", "TokenId", "HeadDim", "Rising", "Distinct", "Ladder", "TierNames", "ConfigBase",
+           "ConfigError", "opt", "section", "check_field", "read_yaml_mapping", "read_yaml_file", "load_yaml",
            "config_changes", "NOT_SAVED"]
 
 
@@ -49,6 +50,11 @@ Rising = _rule(lambda v: list(v) == sorted(set(v)), "must be strictly increasing
 Distinct = _rule(lambda v: len(set(v)) == len(v), "must not repeat an entry")
 #: tier fractions: strictly increasing in (0, 1], ending with the full tier
 Ladder = Annotated[Fracs, Rising, _rule(lambda v: v[-1] == 1.0, "must end with 1.0 (the full tier)")]
+#: tier names ``T<n>`` with ``n`` increasing (the names of the source's tiers, ordered by size too); empty: T1..Tn
+TierNames = Annotated[tuple[str, ...], _rule(lambda v: (n := [int(x[1:]) if re.fullmatch(r"T[1-9]\d*", x) else 0
+                                                              for x in v]) == sorted(set(n)) and 0 not in n,
+                                             "must be names T<n> with n increasing (as T1, T4); leave it empty for "
+                                             "T1..Tn")]
 
 
 class ConfigError(ValueError):

@@ -63,9 +63,7 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
     if not isinstance(d, dict):
         raise ConfigError(f"model: expected a mapping such as {{arch: essh, preset: tiny}}, got {d!r}")
     d = dict(d)
-    for key in sorted(_CHOICE_KEYS & set(d)):
-        if d[key] is not None and not isinstance(d[key], str):
-            raise ConfigError(f"model.{key} must be a name (a string), got {type(d[key]).__name__} {d[key]!r}")
+    ModelChoice.from_dict({k: v for k, v in d.items() if k in _CHOICE_KEYS and v is not None})   # names: strings
     arch = d.pop("arch", "essh")
     configs = model_configs()
     if arch not in configs:
@@ -108,15 +106,12 @@ class RunConfig(ConfigBase):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         if not isinstance(d, dict):
-            raise ConfigError(f"run config: expected a mapping with model/train/data sections, got {d!r}")
+            raise ConfigError(f"run config: expected a mapping with model/train/data sections, got {d!r}"[:300])
         unknown = sorted(set(d) - {"model", "train", "data"})
         if unknown:
             raise ConfigError(f"run config: unknown section(s) {unknown}; use model, train, data")
-        model = d.get("model") or {"arch": "essh", "preset": "small"}
-        if not isinstance(model, dict):
-            raise ConfigError(f"run config: the model section must be a mapping (e.g. model: {{preset: tiny}}), "
-                              f"got {type(model).__name__} {model!r}")
-        return cls(model=dict(model), train=TrainConfig.from_dict(d.get("train") or {}),
+        return cls(model=d.get("model") or {"arch": "essh", "preset": "small"},   # not a mapping: RunConfig.model
+                   train=TrainConfig.from_dict(d.get("train") or {}),
                    data=DataConfig.from_dict(d.get("data") or {}))
 
     def with_model_choice(self, **choice: str) -> RunConfig:
@@ -146,9 +141,6 @@ class RunConfig(ConfigBase):
         if data is None:
             raise ConfigError(f"run config {path} is empty; give model/train/data sections (e.g. model: {{preset: "
                               "tiny}) or leave out --config for the default run")
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a YAML mapping with model/train/data sections, got "
-                              f"{type(data).__name__} {data!r}"[:300])
         try:
             return cls.from_dict(data)
         except ConfigError as e:
@@ -157,10 +149,6 @@ class RunConfig(ConfigBase):
     def with_overrides(self, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> RunConfig:
         """A copy with field overrides per section (``train`` keys may be dotted: ``optim.lr``); a field the
         section's config lacks is a ConfigError."""
-        unknown = sorted(set(model) - self.model.field_names())
-        if unknown:
-            raise ConfigError(f"--model.{unknown[0]}: {type(self.model).__name__} has no field(s) {unknown}"
-                              f" (this run's model arch is {self.arch!r})")
         return dataclasses.replace(
             self, model=self.model.updated(model, "--model."), train=self.train.updated(train, "--train."),
             data=self.data.updated(data, "--data."), model_source={**self.model_source, **model},
