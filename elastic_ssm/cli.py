@@ -14,9 +14,8 @@ from pkgutil import resolve_name
 from typing import Any
 
 from . import cli_schema as schema
-from .cli_errors import CommandLineError, parse_error, report, run_reporting_errors
+from . import cli_util as util
 from .cli_schema import DEFAULT_RUN
-from .cli_util import check_csv_target, check_output_path, find_flag, spelled
 from .config import ConfigError
 from .config.base import check_field
 
@@ -86,7 +85,7 @@ def run_options(base: type, argv: list[str], model: bool) -> type:
     """``base`` plus the run sections, defaulting to the values of the run file ``--config`` names (``DEFAULT_RUN``)."""
     from .config import RunConfig
 
-    config = find_flag(argv, ("--config",))[1]
+    config = util.find_flag(argv, ("--config",))[1]
     if config is not None and not config.strip():
         raise ConfigError("--config is an empty string; give a run file, or leave it out for the default run")
     run = RunConfig.from_yaml(config or DEFAULT_RUN)
@@ -137,7 +136,7 @@ def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set
             near = [p for p in paths if p.startswith(head + ".") and p.endswith("." + last)] if head else []
             near = near or difflib.get_close_matches(key, [p for p in paths if "." not in p], n=1, cutoff=0.75)
             if near:                         # a flat name (--train.lr) or a near miss (--batches): name the flags
-                raise CommandLineError(f"unrecognized arguments: {token}; did you mean "
+                raise util.CommandLineError(f"unrecognized arguments: {token}; did you mean "
                                        f"{' or '.join('--' + p for p in near)}?")
             out.append([token, *vals])       # tyro names what it does not know
             continue
@@ -177,13 +176,13 @@ def parse(command: str, argv: list[str]) -> argparse.Namespace:
     prog = "elastic-ssm tokenizer train" if command == "tokenizer" else f"elastic-ssm {command}"
     if cls is None:
         if argv and argv != ["--help"]:
-            raise CommandLineError(f"unrecognized arguments: {' '.join(argv)} (see {prog} --help)")
+            raise util.CommandLineError(f"unrecognized arguments: {' '.join(argv)} (see {prog} --help)")
         if argv:
             print(f"usage: {prog}\n\n{help_}")
             raise SystemExit(0)
         return argparse.Namespace(command=command, fn=fn, options_cls=None, _spelled={}, _given=set())
     tokens, typed, given = _prepare(cls, argv)
-    with on_parse_error(parse_error):
+    with on_parse_error(util.parse_error):
         opts = tyro.cli(cls, args=tokens, prog=prog, description=help_, use_underscores=True)
     ns = argparse.Namespace(**{f.name: getattr(opts, f.name) for f in dataclasses.fields(cls)})
     positional = {f.name: f.metadata["metavar"] for f in dataclasses.fields(cls) if f.metadata.get("metavar")}
@@ -193,10 +192,10 @@ def parse(command: str, argv: list[str]) -> argparse.Namespace:
 
 def check_options(args: argparse.Namespace) -> None:
     """Before the verb runs: no blank string, the declared types and ranges of the other options (pydantic,
-    ``config.base.check_field``), outputs (``flag``'s ``output``), ``--csv`` and ``--depths``."""
+    ``config.base.check_field``), outputs (``flag``'s ``output``) and ``--csv``."""
     cls = args.options_cls
     for f in dataclasses.fields(cls) if cls is not None else ():
-        value, flag = getattr(args, f.name, None), spelled(args, f.name)
+        value, flag = getattr(args, f.name, None), util.spelled(args, f.name)
         if dataclasses.is_dataclass(value):
             continue                                   # a config section validates itself
         if isinstance(value, str) and not value.strip():
@@ -204,19 +203,12 @@ def check_options(args: argparse.Namespace) -> None:
         if not isinstance(value, str):                 # pydantic refuses a str that is not UTF-8, as a path may be
             check_field(cls, f.name, value, flag)
         if f.metadata.get("output") and isinstance(value, str):
-            check_output_path(flag, value, f.metadata["output"])
+            util.check_output_path(flag, value, f.metadata["output"])
     csv = getattr(args, "csv", None)
     if csv and not Path(csv).resolve().parent.is_dir():       # write_csv creates no folder
         raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")
     if csv:                                      # an existing file: refused now, not after the evaluation
-        check_csv_target(csv, getattr(args, "overwrite", False))
-    depths = getattr(args, "depths", None)
-    try:
-        ok = not isinstance(depths, str) or all(0 <= float(d) <= 1 for d in depths.split(","))   # also NaN
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ConfigError(f"--depths must be comma-separated numbers in [0, 1], got {depths!r}")
+        util.check_csv_target(csv, getattr(args, "overwrite", False))
 
 
 def _overview() -> str:
@@ -245,23 +237,23 @@ def main(argv: list[str] | None = None) -> int:
         rest = rest[1:]
     elif command == "tokenizer" and rest != ["--help"]:
         what = f"tokenizer {rest[0]}: unknown action" if rest else "tokenizer: no action given"
-        report(command, f"error: {what}; give `tokenizer train` (see elastic-ssm tokenizer --help)")
+        util.report(command, f"error: {what}; give `tokenizer train` (see elastic-ssm tokenizer --help)")
         raise SystemExit(2)
     if command not in COMMANDS:
         what = f"unknown command {command!r}" if command else "no command given"
-        report("", f"error: {what}; give one of {', '.join(COMMANDS)} (see elastic-ssm --help)")
+        util.report("", f"error: {what}; give one of {', '.join(COMMANDS)} (see elastic-ssm --help)")
         raise SystemExit(2)
 
     def run() -> int:
         try:
             args = parse(command, rest)
-        except CommandLineError as e:
-            report(command, f"error: {e}")
+        except util.CommandLineError as e:
+            util.report(command, f"error: {e}")
             raise SystemExit(2) from None
         check_options(args)
         return resolve_name(args.fn)(args)
 
-    return run_reporting_errors(run, command, debug)
+    return util.run_reporting_errors(run, command, debug)
 
 
 if __name__ == "__main__":

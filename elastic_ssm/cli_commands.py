@@ -14,6 +14,7 @@ from .cli_util import (
     check_csv_target,
     checked_tiers,
     is_rank_zero,
+    listed_tier,
     load_model,
     overrides,
     refuse_existing,
@@ -22,7 +23,7 @@ from .cli_util import (
     tier_names,
     write_csv,
 )
-from .config import ConfigError, tier_word
+from .config import ConfigError
 from .utils.files import is_temp_name
 from .utils.progress import progress, shown
 
@@ -245,9 +246,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         what = "every tier" if names is None else "several tiers"
         raise ConfigError(f"{spelled(args, 'tier')} {args.tier!r} names {what}; generate samples from one tier: give "
                           "one ('full', T1..T10, 'auto'; ES-SSM: 8 or K8)")
-    args.tier = tier_word(names[0])        # an ES-SSM budget 8 is an int
-    tier = auto_tier(args.checkpoint, args) if args.tier == "auto" else args.tier
-    model, device = load_model(args, tier=None if tier == "full" else tier, dtype=args.dtype)
+    tier = listed_tier(names[0])           # full: None; an ES-SSM budget 8 is an int
+    model, device = load_model(args, tier=auto_tier(args.checkpoint, args) if tier == "auto" else tier,
+                               dtype=args.dtype)
     if not hasattr(model, "generate"):
         raise ConfigError(f"{args.checkpoint} holds a {model.arch!r} model, which has no cached generation; generate "
                           "runs ESSH and ES-SSM models")

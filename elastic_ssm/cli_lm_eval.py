@@ -134,7 +134,7 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (``argv``: ``sys.argv[1:]``); the exit status (2: a user's mistake, in one line)."""
-    from .cli_errors import run_reporting_errors
+    from .cli_util import run_reporting_errors
 
     argv = list(sys.argv[1:] if argv is None else argv)      # --debug: our flag, not lm-eval's
     return run_reporting_errors(lambda: _main([a for a in argv if a != "--debug"]), "lm-eval", "--debug" in argv)

@@ -184,13 +184,9 @@ class TrainConfig(ConfigBase):
         if name not in TRAIN_PRESETS:
             raise ConfigError(f"unknown training preset {name!r}; choose one of {sorted(TRAIN_PRESETS)}")
         base = dict(TRAIN_PRESETS[name])
-        for sec in _SECTION_NAMES & set(overrides):
+        for sec in _SECTION_NAMES & set(overrides):      # a mapping updates the preset's section; a config replaces it
             given = overrides.pop(sec)
-            if isinstance(given, ConfigBase):
-                given = given.to_dict()
-            if not isinstance(given, dict):
-                raise ConfigError(f"TrainConfig.{sec}: expected a mapping of {sec} fields, got {given!r}")
-            base[sec] = {**base.get(sec, {}), **given}
+            base[sec] = {**base.get(sec, {}), **given} if isinstance(given, dict) else given
         return cls(**{**base, **overrides})
 
 
