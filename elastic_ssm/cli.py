@@ -95,6 +95,7 @@ def run_options(base: type, argv: list[str], model: bool) -> type:
         fields.insert(0, _section("model", *model_flags(run), "the model"))
     cls = dataclasses.make_dataclass(base.__name__, fields, bases=(base,), kw_only=True)
     cls.__doc__ = f"{base.__doc__} Defaults: {config or DEFAULT_RUN.name + ' (no --config)'}."
+    cls.run = run                      # the run file, read once: the verb applies the flags given to it
     return cls
 
 

@@ -8,7 +8,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli_schema import DEFAULT_RUN
 from .cli_util import (
     announce_device,
     check_csv_target,
@@ -50,10 +49,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def load_run_config(args: argparse.Namespace):
-    from .config import RunConfig
-
-    base = RunConfig.from_yaml(DEFAULT_RUN if args.config is None else args.config)
-    model = overrides(args, "model")
+    """The run file ``parse`` read (``--config``, else ``DEFAULT_RUN``) with the ``--model/train/data.*`` flags."""
+    base, model = args.options_cls.run, overrides(args, "model")
     choice = {k: model.pop(k) for k in ("arch", "preset", "tier_config") if k in model}
     base = base.with_model_choice(**choice) if choice else base
     return base.with_overrides(model, overrides(args, "train"), overrides(args, "data"))

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .cli_util import check_csv_target, find_flag, write_csv
-from .config import ConfigError, tier_word
+from .cli_util import check_csv_target, find_flag, listed_tier, tier_names, write_csv
+from .config import ConfigError
 
 __all__ = ["main"]
 
@@ -77,11 +77,9 @@ def _tiers(args: dict[str, str]) -> tuple[list[Any], bool]:
         config, _ = saved_model_class(args["pretrained"]).read_config(args["pretrained"])
     except CheckpointError as e:
         raise ConfigError(f"--model_args pretrained={args['pretrained']}: {e}") from None
-    if spec == "all":
-        return tier_table(config), True
-    names = spec.split("+") if several else [None if spec in ("", "full", "none") else spec]
+    names = tier_names("full" if spec in ("", "none") else spec.replace("+", ","))     # None: all
     try:
-        return [resolve_tier(config, name and tier_word(name)) for name in names], several
+        return tier_table(config) if names is None else [resolve_tier(config, listed_tier(n)) for n in names], several
     except ValueError as e:
         raise ConfigError(f"--model_args tier={spec}: {e}") from None
 

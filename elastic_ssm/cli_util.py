@@ -254,11 +254,7 @@ def one_line(e: BaseException) -> str:
 def report(command: str, text: str, every_rank: bool = False) -> None:
     """The error line of ``elastic-ssm <command>`` on stderr: by rank 0 only, or with ``every_rank`` by each rank
     (naming it) under torchrun."""
-    try:                                            # the reporter must not fail on the variable it reports
-        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    except ValueError:
-        world = 1
-    if every_rank and world > 1:
+    if every_rank and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):   # not parsed: it may be garbage
         print(f"elastic-ssm {command} (rank {os.environ.get('RANK', '?')}): {text}", file=sys.stderr)
     elif is_rank_zero():
         print(f"{f'elastic-ssm {command}'.strip()}: {text}", file=sys.stderr)
