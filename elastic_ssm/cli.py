@@ -23,7 +23,7 @@ __all__ = ["COMMANDS", "check_options", "main", "parse"]
 
 #: verb -> (one-line help, options dataclass or None, the module of its ``cmd_<verb>``, imported only when it runs)
 COMMANDS: dict[str, tuple[str, type | None, str]] = {
-    "info": ("versions, scan backends and device", None, "cli_commands"),
+    "info": ("versions, scan backends and device", schema.InfoOptions, "cli_commands"),
     "train": ("train a model from a YAML run file plus --section.field overrides", schema.TrainOptions,
               "cli_commands"),
     "export": ("write standalone tier models and check each against the shared model", schema.ExportOptions,
@@ -175,13 +175,6 @@ def parse(command: str, argv: list[str]) -> argparse.Namespace:
         cls = dataclasses.make_dataclass("BenchOptions", [_section("bench", BenchConfig, BenchConfig(),
                                                                    "what bench measures and how")], kw_only=True)
     prog = "elastic-ssm tokenizer train" if command == "tokenizer" else f"elastic-ssm {command}"
-    if cls is None:
-        if argv and argv != ["--help"]:
-            raise util.CommandLineError(f"unrecognized arguments: {' '.join(argv)} (see {prog} --help)")
-        if argv:
-            print(f"usage: {prog}\n\n{help_}")
-            raise SystemExit(0)
-        return argparse.Namespace(command=command, fn=fn, options_cls=None, _spelled={}, _given=set())
     tokens, typed, given = _prepare(cls, argv)
     with on_parse_error(util.parse_error):
         opts = tyro.cli(cls, args=tokens, prog=prog, description=help_, use_underscores=True)
@@ -195,7 +188,7 @@ def check_options(args: argparse.Namespace) -> None:
     """Before the verb runs: no blank string, the declared types and ranges of the other options (pydantic,
     ``config.base.check_field``), outputs (``flag``'s ``output``) and ``--csv``."""
     cls = args.options_cls
-    for f in dataclasses.fields(cls) if cls is not None else ():
+    for f in dataclasses.fields(cls):
         value, flag = getattr(args, f.name, None), util.spelled(args, f.name)
         if dataclasses.is_dataclass(value):
             continue                                   # a config section validates itself
@@ -212,14 +205,6 @@ def check_options(args: argparse.Namespace) -> None:
         util.check_csv_target(csv, getattr(args, "overwrite", False))
 
 
-def _overview() -> str:
-    width = max(map(len, COMMANDS))
-    lines = [f"  {name:<{width}}  {help_}" for name, (help_, _, _) in COMMANDS.items()]
-    return ("usage: elastic-ssm [--debug] [--version] COMMAND [OPTIONS]\n\n" + __doc__.splitlines()[0] +
-            "\n\ncommands (elastic-ssm COMMAND --help lists its flags):\n" + "\n".join(lines) +
-            "\n\n  --debug    show full tracebacks\n  --version  print the package version and exit")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = False
@@ -231,7 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"elastic-ssm {__version__}")
         raise SystemExit(0)
     if argv[:1] in (["-h"], ["--help"]):
-        print(_overview())
+        width = max(map(len, COMMANDS))
+        print("usage: elastic-ssm [--debug] [--version] COMMAND [OPTIONS]\n\n" + __doc__.splitlines()[0] +
+              "\n\ncommands (elastic-ssm COMMAND --help lists its flags):\n" +
+              "\n".join(f"  {name:<{width}}  {help_}" for name, (help_, _, _) in COMMANDS.items()) +
+              "\n\n  --debug    show full tracebacks\n  --version  print the package version and exit")
         return 0
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
     if command == "tokenizer" and rest[:1] == ["train"]:

@@ -103,6 +103,11 @@ class TierBudgetOptions:
 
 # ---- commands --------------------------------------------------------------------------------------------------
 @dataclass(kw_only=True)
+class InfoOptions:
+    """``info``: no options."""
+
+
+@dataclass(kw_only=True)
 class TrainOptions(QuietOptions):
     """``train``: the run file and how the run directory is treated (settings: --model.* --train.* --data.*)."""
 
