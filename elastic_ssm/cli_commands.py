@@ -11,6 +11,7 @@ from pathlib import Path
 from .cli_util import (
     announce_device,
     check_csv_target,
+    check_output_path,
     checked_tiers,
     is_rank_zero,
     listed_tier,
@@ -140,8 +141,7 @@ def _check_recovery(args: argparse.Namespace, parent, t, tiers: list[str] | None
     out = Path(t.out_dir)
     names = tiers or [x.name for x in parent.tier_table()]
     for d in [out / n for n in names] if args.protocol == "label_only" else [out]:
-        if d.exists() and not d.is_dir():
-            raise ConfigError(f"--train.out_dir: {d} is a file; choose a directory path")
+        check_output_path("--train.out_dir", str(d), "folder")
         found = [] if args.overwrite else run_artifacts(d)
         if found:
             raise ConfigError(f"{d} already holds another run ({', '.join(found[:3])}); pass --overwrite (moves it "

@@ -130,7 +130,6 @@ IMPORTANCE_FILES = ("channel_importance.csv", "channel_importance.json", "channe
 
 
 def cmd_importance(args: argparse.Namespace) -> int:
-    from .cli_schema import ImportanceOptions
     from .eval.importance import has_spectral_channels
 
     out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
@@ -146,7 +145,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
                           "fraction)")
     K = model.resolve_tier(tier and tier[0]).K
     if args.first > K:
-        if args.first != ImportanceOptions.first:       # the option's default
+        if "first" in args._given:                   # not the default: the user's number
             raise ConfigError(f"{spelled(args, 'first')} {args.first} exceeds the {K} channels of the measured tier; "
                               f"give at most {K}")
         status(f"the measured tier has {K} channels: the first-N share counts all {K} (the default --first is "

@@ -119,9 +119,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     run = RunConfig.from_yaml(EMBEDDED if config is None else config)
     if run.arch != "essh":
         raise ConfigError("quickstart trains an ESSH (model.arch: essh); use `elastic-ssm train` for ES-SSM runs")
-    if steps:
-        run = run.with_overrides({}, {"steps": steps}, {})
-    run = run.with_overrides({}, {"out_dir": str(out / "elastic")}, {})
+    run = run.with_overrides({}, {"out_dir": str(out / "elastic"), **({"steps": steps} if steps else {})}, {})
     if not resume:
         _claim_outputs(out, control, overwrite)
     out.mkdir(parents=True, exist_ok=True)          # after the checks: a refused run leaves no folder behind
