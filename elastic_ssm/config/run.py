@@ -83,25 +83,25 @@ class RunConfig(ConfigBase):
                                metadata={"help": "the model: {arch, preset, tier_config, ...fields}"})
     train: TrainConfig = section(TrainConfig, "training: recipe, batch, optimizer and recipe sections")
     data: DataConfig = section(DataConfig, "where tokens come from")
-    explicit_model_fields: frozenset = field(
-        default_factory=frozenset, compare=False,
-        metadata={"help": "model fields set explicitly (the YAML model section or --model.<field>), e.g. a "
-                          "padded vocab_size that the tokenizer must not replace"})
     model_source: dict = field(default_factory=dict, compare=False,
                                metadata={"help": "the model section as written (arch, preset, tier_config, "
-                                                 "fields), for with_model_choice"})
+                                                 "fields) and the --model.<field> flags, for with_model_choice"})
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
-            source = dict(self.model)
-            self.model = model_config_from_dict(source)
-            self.model_source = self.model_source or source
-            self.explicit_model_fields = self.explicit_model_fields or frozenset(source) - _CHOICE_KEYS
+            self.model_source = self.model_source or dict(self.model)
+            self.model = model_config_from_dict(self.model_source)
         super().__post_init__()
 
     @property
     def arch(self) -> str:
         return type(self.model).arch
+
+    @property
+    def explicit_model_fields(self) -> frozenset[str]:
+        """The model fields set explicitly (the YAML model section or --model.<field>), e.g. a padded vocab_size that
+        the tokenizer must not replace."""
+        return frozenset(self.model_source) - _CHOICE_KEYS
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
@@ -151,8 +151,7 @@ class RunConfig(ConfigBase):
         section's config lacks is a ConfigError."""
         return dataclasses.replace(
             self, model=self.model.updated(model, "--model."), train=self.train.updated(train, "--train."),
-            data=self.data.updated(data, "--data."), model_source={**self.model_source, **model},
-            explicit_model_fields=self.explicit_model_fields | frozenset(model))
+            data=self.data.updated(data, "--data."), model_source={**self.model_source, **model})
 
 
 def load_any_config(path: str | Path) -> RunConfig | ModelConfig:
