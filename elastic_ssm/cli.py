@@ -138,7 +138,7 @@ def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set
             near = near or difflib.get_close_matches(key, [p for p in paths if "." not in p], n=1, cutoff=0.75)
             if near:                         # a flat name (--train.lr) or a near miss (--batches): name the flags
                 raise util.CommandLineError(f"unrecognized arguments: {token}; did you mean "
-                                       f"{' or '.join('--' + p for p in near)}?")
+                                            f"{' or '.join('--' + p for p in near)}?")
             out.append([token, *vals])       # tyro names what it does not know
             continue
         if canonical == "resume" and not eq and not vals:

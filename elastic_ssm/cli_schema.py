@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Interval
@@ -14,9 +13,8 @@ from tyro.conf import Positional, arg
 
 from .cli_util import DEVICE_HELP
 from .config.base import AtLeast1, NonNeg, NonNegF, Pos
+from .config.run import DEFAULT_RUN
 
-#: the run file of ``train`` / ``recover`` without ``--config`` (and of ``quickstart``)
-DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 MODEL_DIR = "model directory (save_pretrained / a run's final/)"
 TOKENIZER_HELP = ("default: the tokenizer saved with the model (bytes when it has none); 'bytes', a tokenizer.json "
                   "or folder names one for a model saved without one; one that differs from the saved one is refused")

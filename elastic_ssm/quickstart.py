@@ -11,8 +11,6 @@ from typing import Any
 from .eval.perplexity import TierEval, evaluate_tiers, format_evals
 from .utils.devices import cpu_threads_for
 
-EMBEDDED = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
-
 
 def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path, raw: list[TierEval] | None = None) -> bool:
     try:
@@ -103,6 +101,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
                resume: bool | str = False, progress: bool | str = True) -> dict[str, Any]:
     from .cli_util import write_csv
     from .config import ConfigError, RunConfig
+    from .config.run import DEFAULT_RUN
     from .elastic.export import check_export, export_tier
     from .elastic.model_card import model_card
     from .pipeline import build_data, fit_model_to_tokenizer
@@ -116,7 +115,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     if resume and not (out / "elastic").is_dir():
         raise ConfigError(f"--resume: {out} holds no quickstart run to continue (no {out / 'elastic'}); drop "
                           "--resume to start one, or give its --out")
-    run = RunConfig.from_yaml(EMBEDDED if config is None else config)
+    run = RunConfig.from_yaml(DEFAULT_RUN if config is None else config)
     if run.arch != "essh":
         raise ConfigError("quickstart trains an ESSH (model.arch: essh); use `elastic-ssm train` for ES-SSM runs")
     run = run.with_overrides({}, {"out_dir": str(out / "elastic"), **({"steps": steps} if steps else {})}, {})

@@ -14,10 +14,12 @@ from .essh import ESSHConfig
 from .model import ModelConfig, TierLike, model_configs, tier_word
 from .train import TrainConfig
 
-__all__ = ["DataConfig", "ModelChoice", "RunConfig", "model_config_from_dict", "specialist_config",
+__all__ = ["DEFAULT_RUN", "DataConfig", "ModelChoice", "RunConfig", "model_config_from_dict", "specialist_config",
            "load_any_config"]
 
 _CHOICE_KEYS = frozenset({"arch", "preset", "tier_config"})
+#: the run file of ``quickstart``, and of ``train`` / ``recover`` without ``--config``
+DEFAULT_RUN = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 
 
 @dataclass(kw_only=True)
