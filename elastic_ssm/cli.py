@@ -16,7 +16,7 @@ from typing import Any
 from . import cli_schema as schema
 from . import cli_util as util
 from .cli_schema import DEFAULT_RUN
-from .config import ConfigError
+from .config import ConfigError, ModelChoice, RunConfig, model_configs
 from .config.base import check_field
 
 __all__ = ["COMMANDS", "check_options", "main", "parse"]
@@ -59,13 +59,11 @@ def _section(name: str, cls: type, value: Any, help_: str) -> tuple[str, type, A
 def model_flags(run: Any) -> tuple[type, Any]:
     """The ``--model.*`` flags: a field of the model choice or of any model config (the first class with it gives
     its type and help), defaulting to the run's value (``None`` where its arch lacks it)."""
-    from . import config
-
     choice = {k: v for k, v in run.model_source.items() if k in ("arch", "preset", "tier_config")}
     values = {**{name: getattr(run.model, name) for name in run.model.field_names()},
-              **config.ModelChoice(**choice).to_dict()}
+              **ModelChoice(**choice).to_dict()}
     fields, seen = [], set()
-    for cls in (config.ModelChoice, *config.model_configs().values()):
+    for cls in (ModelChoice, *model_configs().values()):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if f.name in seen or not f.init:
@@ -83,8 +81,6 @@ def model_flags(run: Any) -> tuple[type, Any]:
 
 def run_options(base: type, argv: list[str], model: bool) -> type:
     """``base`` plus the run sections, defaulting to the values of the run file ``--config`` names (``DEFAULT_RUN``)."""
-    from .config import RunConfig
-
     config = util.find_flag(argv, ("--config",))[1]
     if config is not None and not config.strip():
         raise ConfigError("--config is an empty string; give a run file, or leave it out for the default run")

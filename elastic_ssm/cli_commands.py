@@ -5,7 +5,14 @@ imported inside them (``--help`` stays light)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import platform
+import shutil
+import signal
 import sys
+import tempfile
+from itertools import islice
 from pathlib import Path
 
 from .cli_util import (
@@ -24,13 +31,11 @@ from .cli_util import (
     write_csv,
 )
 from .config import ConfigError
-from .utils.files import is_temp_name
+from .utils.files import is_temp_name, process_umask
 from .utils.progress import progress, shown
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    import platform
-
     import torch
 
     from . import __version__
@@ -59,8 +64,6 @@ def load_run_config(args: argparse.Namespace):
 
 def _training(verb: str, args: argparse.Namespace, run) -> int:
     """``run(resume, progress)``; a stopped run (checkpointed) is one line and the signal's exit code."""
-    import signal
-
     from .train.preflight import TrainingInterrupted
 
     try:
@@ -87,9 +90,6 @@ def cmd_recover(args: argparse.Namespace) -> int:
     """``recover PARENT``: truncate a saved ESSH and recover it by ``--protocol refine`` (Tables 33/43),
     ``label_only`` (Table 43) or ``posthoc`` (E.7); per-tier tables before and after, ``recovery.csv``
     (``train/recover.py``)."""
-    import dataclasses
-    from itertools import islice
-
     from .bench.report import format_table
     from .pipeline import build_data
     from .train.recover import truncate_and_recover
@@ -199,12 +199,6 @@ def _occupied_tier_folders(out: Path, names: list[str], overwrite: bool) -> set[
 
 def _replace_folder(folder: Path, write) -> None:
     """``write(path)`` into a staging folder beside ``folder``, then swapped in: the old files stay whole until then."""
-    import os
-    import shutil
-    import tempfile
-
-    from .utils.files import process_umask
-
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
     os.chmod(staging, 0o777 & ~process_umask())    # mkdtemp's 0700 would hide the model from other users
     old = staging.with_name(staging.name.replace(".tmp", ".old.tmp"))

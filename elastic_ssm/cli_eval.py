@@ -23,7 +23,7 @@ from .cli_util import (
     tier_names,
     write_csv,
 )
-from .config import ConfigError
+from .config import ConfigError, RunConfig
 from .utils.files import atomic_write_text
 
 __all__ = ["cmd_eval", "cmd_importance", "cmd_lm_eval", "cmd_niah", "parse_lengths"]
@@ -80,8 +80,6 @@ def _lengths(args: argparse.Namespace, model) -> list[int]:
                    f"{DEFAULT_SEQ_LEN} for longer models)")
     lengths, spec = [args.seq_len], getattr(args, "lengths", None)
     if spec:      # Nx: times --train_len, else train.seq_len of the run.yaml of the run the model directory is in
-        from .config import RunConfig
-
         runs = [p / "run.yaml" for p in list(Path(args.checkpoint).resolve().parents)[:3] if (p / "run.yaml").is_file()]
         run = None if args.train_len or not runs else runs[0]
         train_len = args.train_len or (run and RunConfig.from_yaml(run).train.seq_len)

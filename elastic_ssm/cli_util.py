@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .config import ConfigError, tier_word
+from .utils.environment import env_flag
+from .utils.files import atomic_write_text
 
 
 def check_output_path(flag: str, path: str, kind: str) -> None:
@@ -186,10 +192,6 @@ def write_csv(path: str | None, rows: list[dict], overwrite: bool = False, flag:
     """``rows`` (dicts of the same keys) as CSV at ``path``, atomically (None: nothing; ``check_csv_target``)."""
     if not path:
         return
-    import io
-
-    from .utils.files import atomic_write_text
-
     check_csv_target(path, overwrite, flag)
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=list(rows[0]))
@@ -233,8 +235,6 @@ def parse_error(event: Any) -> None:
 def one_line(e: BaseException) -> str:
     """The exception as one line: an ``OSError`` as ``<file>: <reason>`` (with a hint beyond a missing file or a
     denied permission), a YAML error with its line and column, ``MemoryError`` with what to make smaller."""
-    import yaml
-
     if isinstance(e, OSError) and e.strerror and not isinstance(e, FileNotFoundError | PermissionError):
         text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
         text += "" if e.filename is None else " (check the path, its permissions and the free disk space)"
@@ -264,12 +264,6 @@ def run_reporting_errors(fn: Callable[[], Any], command: str, debug: bool) -> in
     """``fn()``'s exit code, errors reported as the module docstring says; ``debug``: ``--debug`` was given (the
     ``ELASTIC_SSM_DEBUG`` switch, ``utils.environment.env_flag``, turns it on too; garbage there is one line, exit
     code 2). Without it a warning is one line too (no source line)."""
-    import warnings
-
-    import yaml
-
-    from .utils.environment import env_flag
-
     try:
         debug = debug or env_flag("ELASTIC_SSM_DEBUG")
     except ConfigError as e:

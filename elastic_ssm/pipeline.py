@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, model_config_from_dict
 from .utils.devices import cpu_threads_for
 
 
@@ -125,8 +128,6 @@ def train_run(run: Any, data: RunData, resume: bool | str = False, progress: boo
 
 def _position(out: Any) -> tuple[str, int] | None:
     """``(stage, step)`` of the newest complete checkpoint in ``out`` (later stage first), or None; read only."""
-    import warnings
-
     from .train.checkpoint import find_checkpoint
 
     with warnings.catch_warnings():
@@ -141,8 +142,6 @@ def _position(out: Any) -> tuple[str, int] | None:
 def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, stop_after: int | None = None,
                  verify_data: bool = False, progress: bool | str = True):
     """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
-    from pathlib import Path
-
     from .cli_util import is_rank_zero, resolve_device
 
     if run.train.device != "auto":        # a device this machine lacks is named before any data is read
@@ -159,10 +158,7 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
 
     saved = read_run_record(out) if resume is True or (resume == "auto" and resume_auto_continues) else None
     if saved is not None:
-        from .config import model_config_from_dict
-
         check_same_arch(out, saved, run.arch)
-
         try:
             before = model_config_from_dict(type(run.model).upgrade_record(saved["model"])).to_dict()
         except ConfigError as e:
@@ -190,8 +186,6 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
     if not main:
         return model
     if (out / "final").is_dir():
-        import json
-
         from .utils.files import atomic_write_bytes
 
         atomic_write_bytes(out / "parameters.json", json.dumps(params, indent=2).encode())
