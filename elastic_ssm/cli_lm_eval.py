@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .cli_util import check_csv_target, find_flag, listed_tier, tier_names, write_csv
+from .cli_util import check_csv_target, find_flag, listed_tier, run_reporting_errors, tier_names, write_csv
 from .config import ConfigError
 
 __all__ = ["main"]
@@ -132,8 +132,6 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (``argv``: ``sys.argv[1:]``); the exit status (2: a user's mistake, in one line)."""
-    from .cli_util import run_reporting_errors
-
     argv = list(sys.argv[1:] if argv is None else argv)      # --debug: our flag, not lm-eval's
     return run_reporting_errors(lambda: _main([a for a in argv if a != "--debug"]), "lm-eval", "--debug" in argv)
 

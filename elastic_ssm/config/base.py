@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import yaml
 from annotated_types import Ge, Gt, Interval, Len
-from pydantic import AfterValidator, ConfigDict, StringConstraints, TypeAdapter, ValidationError
+from pydantic import AfterValidator, ConfigDict, TypeAdapter, ValidationError
 
 __all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
            "NonEmpty", "NonBlank", "TokenId", "HeadDim", "Rising", "Distinct", "Ladder", "TierNames", "ConfigBase",
@@ -43,7 +43,7 @@ Share = Annotated[float, Interval(gt=0, le=1)]        # (0, 1]
 Fracs = Annotated[tuple[Share, ...], Len(1)]          # a non-empty list of capacity fractions in (0, 1]
 Betas = Annotated[tuple[Frac01, ...], Len(2, 2)]      # AdamW (beta1, beta2), each in [0, 1)
 NonEmpty = Annotated[str, Len(1)]
-NonBlank = Annotated[str, StringConstraints(pattern=r"\S")]   # not empty, not only spaces
+NonBlank = Annotated[str, _rule(lambda v: bool(v.strip()), "must not be empty or blank")]
 TokenId = Annotated[int, Ge(-1)]                       # -1: none
 HeadDim = Annotated[PosInt, _rule(lambda v: v % 2 == 0, "must be even (RoPE)")]   # attention head width
 Rising = _rule(lambda v: list(v) == sorted(set(v)), "must be strictly increasing")
@@ -103,9 +103,7 @@ def _one_line(name: str, tp: Any, err: ValidationError) -> ConfigError:
     e = err.errors(include_url=False)[0]
     where = name + "".join(f"[{x}]" for x in e["loc"] if isinstance(x, int))
     kind = e["type"]
-    if kind == "string_pattern_mismatch" and e["ctx"]["pattern"] == r"\S":
-        what = "must not be empty or blank"
-    elif kind.startswith(("greater", "less")) and _interval(tp):
+    if kind.startswith(("greater", "less")) and _interval(tp):
         what = f"must lie in {_interval(tp)}"
     elif kind in _WORDS:
         what = _WORDS[kind].format(**e.get("ctx", {}))
