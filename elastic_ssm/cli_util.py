@@ -81,8 +81,8 @@ def resolve_device(spec: str, flag: str = "--device") -> str:
 
     if spec == "auto":
         device, note = auto_device()
-        if note and is_rank_zero():
-            print(note, file=sys.stderr)
+        if note:
+            status(note, file=sys.stderr)
         return device
     try:
         checked_device(spec, flag)
@@ -120,10 +120,8 @@ def announce_device(verb: str, device: str, dtype) -> None:
     """One line on stderr (rank 0 only): where and in which dtype ``verb`` runs."""
     import torch
 
-    if not is_rank_zero():
-        return
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "CPU"
-    print(f"{verb}: {device} ({name}), weights {str(dtype).replace('torch.', '')}", file=sys.stderr)
+    status(f"{verb}: {device} ({name}), weights {str(dtype).replace('torch.', '')}", file=sys.stderr)
 
 
 # ---- tier lists and CSV output of the evaluating verbs ---------------------------------------------------
