@@ -123,16 +123,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-#: what ``importance`` writes into its ``--out`` folder
-IMPORTANCE_FILES = ("channel_importance.csv", "channel_importance.json", "channel_importance.png")
-
-
 def cmd_importance(args: argparse.Namespace) -> int:
     from .eval.importance import has_spectral_channels
 
     out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
     check_output_path(spelled(args, "out"), str(out), "folder")     # refused before any work, as earlier results
-    refuse_existing(args, *(out / name for name in IMPORTANCE_FILES))
+    refuse_existing(args, *(out / f"channel_importance.{x}" for x in ("csv", "json", "png")))   # what it writes
     model, device = load_model(args)
     if not has_spectral_channels(model):
         raise ConfigError(f"{args.checkpoint} holds a {model.arch!r} model: it has no spectral channels; importance "
