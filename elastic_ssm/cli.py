@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import math
 import sys
 import typing
 from pathlib import Path
@@ -15,16 +14,16 @@ from pkgutil import resolve_name
 from typing import Any
 
 from . import cli_schema as schema
-from .cli_errors import CommandLineError, parse_error, report, run_reporting_errors
+from . import cli_util as util
 from .cli_schema import DEFAULT_RUN
-from .cli_util import check_csv_target, check_output_path, find_flag, spelled
-from .config import ConfigError
+from .config import ConfigError, ModelChoice, RunConfig, model_configs
+from .config.base import check_field
 
 __all__ = ["COMMANDS", "check_options", "main", "parse"]
 
 #: verb -> (one-line help, options dataclass or None, the module of its ``cmd_<verb>``, imported only when it runs)
 COMMANDS: dict[str, tuple[str, type | None, str]] = {
-    "info": ("versions, scan backends and device", None, "cli_commands"),
+    "info": ("versions, scan backends and device", schema.InfoOptions, "cli_commands"),
     "train": ("train a model from a YAML run file plus --section.field overrides", schema.TrainOptions,
               "cli_commands"),
     "export": ("write standalone tier models and check each against the shared model", schema.ExportOptions,
@@ -60,13 +59,11 @@ def _section(name: str, cls: type, value: Any, help_: str) -> tuple[str, type, A
 def model_flags(run: Any) -> tuple[type, Any]:
     """The ``--model.*`` flags: a field of the model choice or of any model config (the first class with it gives
     its type and help), defaulting to the run's value (``None`` where its arch lacks it)."""
-    from . import config
-
     choice = {k: v for k, v in run.model_source.items() if k in ("arch", "preset", "tier_config")}
     values = {**{name: getattr(run.model, name) for name in run.model.field_names()},
-              **config.ModelChoice(**choice).to_dict()}
+              **ModelChoice(**choice).to_dict()}
     fields, seen = [], set()
-    for cls in (config.ModelChoice, *config.model_configs().values()):
+    for cls in (ModelChoice, *model_configs().values()):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if f.name in seen or not f.init:
@@ -84,9 +81,7 @@ def model_flags(run: Any) -> tuple[type, Any]:
 
 def run_options(base: type, argv: list[str], model: bool) -> type:
     """``base`` plus the run sections, defaulting to the values of the run file ``--config`` names (``DEFAULT_RUN``)."""
-    from .config import RunConfig
-
-    config = find_flag(argv, ("--config",))[1]
+    config = util.find_flag(argv, ("--config",))[1]
     if config is not None and not config.strip():
         raise ConfigError("--config is an empty string; give a run file, or leave it out for the default run")
     run = RunConfig.from_yaml(config or DEFAULT_RUN)
@@ -96,6 +91,7 @@ def run_options(base: type, argv: list[str], model: bool) -> type:
         fields.insert(0, _section("model", *model_flags(run), "the model"))
     cls = dataclasses.make_dataclass(base.__name__, fields, bases=(base,), kw_only=True)
     cls.__doc__ = f"{base.__doc__} Defaults: {config or DEFAULT_RUN.name + ' (no --config)'}."
+    cls.run = run                      # the run file, read once: the verb applies the flags given to it
     return cls
 
 
@@ -137,8 +133,8 @@ def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set
             near = [p for p in paths if p.startswith(head + ".") and p.endswith("." + last)] if head else []
             near = near or difflib.get_close_matches(key, [p for p in paths if "." not in p], n=1, cutoff=0.75)
             if near:                         # a flat name (--train.lr) or a near miss (--batches): name the flags
-                raise CommandLineError(f"unrecognized arguments: {token}; did you mean "
-                                       f"{' or '.join('--' + p for p in near)}?")
+                raise util.CommandLineError(f"unrecognized arguments: {token}; did you mean "
+                                            f"{' or '.join('--' + p for p in near)}?")
             out.append([token, *vals])       # tyro names what it does not know
             continue
         if canonical == "resume" and not eq and not vals:
@@ -175,15 +171,8 @@ def parse(command: str, argv: list[str]) -> argparse.Namespace:
         cls = dataclasses.make_dataclass("BenchOptions", [_section("bench", BenchConfig, BenchConfig(),
                                                                    "what bench measures and how")], kw_only=True)
     prog = "elastic-ssm tokenizer train" if command == "tokenizer" else f"elastic-ssm {command}"
-    if cls is None:
-        if argv and argv != ["--help"]:
-            raise CommandLineError(f"unrecognized arguments: {' '.join(argv)} (see {prog} --help)")
-        if argv:
-            print(f"usage: {prog}\n\n{help_}")
-            raise SystemExit(0)
-        return argparse.Namespace(command=command, fn=fn, options_cls=None, _spelled={}, _given=set())
     tokens, typed, given = _prepare(cls, argv)
-    with on_parse_error(parse_error):
+    with on_parse_error(util.parse_error):
         opts = tyro.cli(cls, args=tokens, prog=prog, description=help_, use_underscores=True)
     ns = argparse.Namespace(**{f.name: getattr(opts, f.name) for f in dataclasses.fields(cls)})
     positional = {f.name: f.metadata["metavar"] for f in dataclasses.fields(cls) if f.metadata.get("metavar")}
@@ -192,43 +181,24 @@ def parse(command: str, argv: list[str]) -> argparse.Namespace:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """What the options' types cannot say (``flag`` metadata, ``--csv``, ``--depths``), before the verb runs."""
-    for f in dataclasses.fields(args.options_cls) if args.options_cls is not None else ():
-        meta, value, flag = f.metadata, getattr(args, f.name, None), spelled(args, f.name)
+    """Before the verb runs: no blank string, the declared types and ranges of the other options (pydantic,
+    ``config.base.check_field``), outputs (``flag``'s ``output``) and ``--csv``."""
+    cls = args.options_cls
+    for f in dataclasses.fields(cls):
+        value, flag = getattr(args, f.name, None), util.spelled(args, f.name)
         if dataclasses.is_dataclass(value):
             continue                                   # a config section validates itself
-        items = value if isinstance(value, list | tuple) else [value]
-        if any(isinstance(v, str) and not v.strip() for v in items):
+        if isinstance(value, str) and not value.strip():
             raise ConfigError(f"{flag} is an empty string; give a value (see --help)")
-        numbers = [v for v in items if isinstance(v, int | float) and not isinstance(v, bool)]
-        if any(not math.isfinite(v) for v in numbers):
-            raise ConfigError(f"{flag} must be a finite number, got {value}")
-        for key, bad, words in (("minimum", lambda v, b: v < b, ">="), ("above", lambda v, b: v <= b, ">"),
-                                ("maximum", lambda v, b: v > b, "<=")):
-            if meta.get(key) is not None and any(bad(v, meta[key]) for v in numbers):
-                raise ConfigError(f"{flag} must be {words} {meta[key]}, got {value}")
-        if meta.get("output") and isinstance(value, str):
-            check_output_path(flag, value, meta["output"])
+        if not isinstance(value, str):                 # pydantic refuses a str that is not UTF-8, as a path may be
+            check_field(cls, f.name, value, flag)
+        if f.metadata.get("output") and isinstance(value, str):
+            util.check_output_path(flag, value, f.metadata["output"])
     csv = getattr(args, "csv", None)
     if csv and not Path(csv).resolve().parent.is_dir():       # write_csv creates no folder
         raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")
     if csv:                                      # an existing file: refused now, not after the evaluation
-        check_csv_target(csv, getattr(args, "overwrite", False))
-    depths = getattr(args, "depths", None)
-    try:
-        ok = not isinstance(depths, str) or all(0 <= float(d) <= 1 for d in depths.split(","))   # also NaN
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ConfigError(f"--depths must be comma-separated numbers in [0, 1], got {depths!r}")
-
-
-def _overview() -> str:
-    width = max(map(len, COMMANDS))
-    lines = [f"  {name:<{width}}  {help_}" for name, (help_, _, _) in COMMANDS.items()]
-    return ("usage: elastic-ssm [--debug] [--version] COMMAND [OPTIONS]\n\n" + __doc__.splitlines()[0] +
-            "\n\ncommands (elastic-ssm COMMAND --help lists its flags):\n" + "\n".join(lines) +
-            "\n\n  --debug    show full tracebacks\n  --version  print the package version and exit")
+        util.check_csv_target(csv, getattr(args, "overwrite", False))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,30 +212,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"elastic-ssm {__version__}")
         raise SystemExit(0)
     if argv[:1] in (["-h"], ["--help"]):
-        print(_overview())
+        width = max(map(len, COMMANDS))
+        print("usage: elastic-ssm [--debug] [--version] COMMAND [OPTIONS]\n\n" + __doc__.splitlines()[0] +
+              "\n\ncommands (elastic-ssm COMMAND --help lists its flags):\n" +
+              "\n".join(f"  {name:<{width}}  {help_}" for name, (help_, _, _) in COMMANDS.items()) +
+              "\n\n  --debug    show full tracebacks\n  --version  print the package version and exit")
         return 0
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
     if command == "tokenizer" and rest[:1] == ["train"]:
         rest = rest[1:]
     elif command == "tokenizer" and rest != ["--help"]:
         what = f"tokenizer {rest[0]}: unknown action" if rest else "tokenizer: no action given"
-        report(command, f"error: {what}; give `tokenizer train` (see elastic-ssm tokenizer --help)")
+        util.report(command, f"error: {what}; give `tokenizer train` (see elastic-ssm tokenizer --help)")
         raise SystemExit(2)
     if command not in COMMANDS:
         what = f"unknown command {command!r}" if command else "no command given"
-        report("", f"error: {what}; give one of {', '.join(COMMANDS)} (see elastic-ssm --help)")
+        util.report("", f"error: {what}; give one of {', '.join(COMMANDS)} (see elastic-ssm --help)")
         raise SystemExit(2)
 
     def run() -> int:
         try:
             args = parse(command, rest)
-        except CommandLineError as e:
-            report(command, f"error: {e}")
+        except util.CommandLineError as e:
+            util.report(command, f"error: {e}")
             raise SystemExit(2) from None
         check_options(args)
         return resolve_name(args.fn)(args)
 
-    return run_reporting_errors(run, command, debug)
+    return util.run_reporting_errors(run, command, debug)
 
 
 if __name__ == "__main__":

@@ -5,15 +5,23 @@ imported inside them (``--help`` stays light)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import platform
+import shutil
+import signal
 import sys
+import tempfile
+from itertools import islice
 from pathlib import Path
 
-from .cli_schema import DEFAULT_RUN
 from .cli_util import (
     announce_device,
     check_csv_target,
+    check_output_path,
     checked_tiers,
     is_rank_zero,
+    listed_tier,
     load_model,
     overrides,
     refuse_existing,
@@ -22,14 +30,12 @@ from .cli_util import (
     tier_names,
     write_csv,
 )
-from .config import ConfigError, tier_word
-from .utils.files import is_temp_name
+from .config import ConfigError
+from .utils.files import is_temp_name, process_umask
 from .utils.progress import progress, shown
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    import platform
-
     import torch
 
     from . import __version__
@@ -49,10 +55,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def load_run_config(args: argparse.Namespace):
-    from .config import RunConfig
-
-    base = RunConfig.from_yaml(DEFAULT_RUN if args.config is None else args.config)
-    model = overrides(args, "model")
+    """The run file ``parse`` read (``--config``, else ``DEFAULT_RUN``) with the ``--model/train/data.*`` flags."""
+    base, model = args.options_cls.run, overrides(args, "model")
     choice = {k: model.pop(k) for k in ("arch", "preset", "tier_config") if k in model}
     base = base.with_model_choice(**choice) if choice else base
     return base.with_overrides(model, overrides(args, "train"), overrides(args, "data"))
@@ -60,8 +64,6 @@ def load_run_config(args: argparse.Namespace):
 
 def _training(verb: str, args: argparse.Namespace, run) -> int:
     """``run(resume, progress)``; a stopped run (checkpointed) is one line and the signal's exit code."""
-    import signal
-
     from .train.preflight import TrainingInterrupted
 
     try:
@@ -88,9 +90,6 @@ def cmd_recover(args: argparse.Namespace) -> int:
     """``recover PARENT``: truncate a saved ESSH and recover it by ``--protocol refine`` (Tables 33/43),
     ``label_only`` (Table 43) or ``posthoc`` (E.7); per-tier tables before and after, ``recovery.csv``
     (``train/recover.py``)."""
-    import dataclasses
-    from itertools import islice
-
     from .bench.report import format_table
     from .pipeline import build_data
     from .train.recover import truncate_and_recover
@@ -142,8 +141,7 @@ def _check_recovery(args: argparse.Namespace, parent, t, tiers: list[str] | None
     out = Path(t.out_dir)
     names = tiers or [x.name for x in parent.tier_table()]
     for d in [out / n for n in names] if args.protocol == "label_only" else [out]:
-        if d.exists() and not d.is_dir():
-            raise ConfigError(f"--train.out_dir: {d} is a file; choose a directory path")
+        check_output_path("--train.out_dir", str(d), "folder")
         found = [] if args.overwrite else run_artifacts(d)
         if found:
             raise ConfigError(f"{d} already holds another run ({', '.join(found[:3])}); pass --overwrite (moves it "
@@ -201,12 +199,6 @@ def _occupied_tier_folders(out: Path, names: list[str], overwrite: bool) -> set[
 
 def _replace_folder(folder: Path, write) -> None:
     """``write(path)`` into a staging folder beside ``folder``, then swapped in: the old files stay whole until then."""
-    import os
-    import shutil
-    import tempfile
-
-    from .utils.files import process_umask
-
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
     os.chmod(staging, 0o777 & ~process_umask())    # mkdtemp's 0700 would hide the model from other users
     old = staging.with_name(staging.name.replace(".tmp", ".old.tmp"))
@@ -245,9 +237,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         what = "every tier" if names is None else "several tiers"
         raise ConfigError(f"{spelled(args, 'tier')} {args.tier!r} names {what}; generate samples from one tier: give "
                           "one ('full', T1..T10, 'auto'; ES-SSM: 8 or K8)")
-    args.tier = tier_word(names[0])        # an ES-SSM budget 8 is an int
-    tier = auto_tier(args.checkpoint, args) if args.tier == "auto" else args.tier
-    model, device = load_model(args, tier=None if tier == "full" else tier, dtype=args.dtype)
+    tier = listed_tier(names[0])           # full: None; an ES-SSM budget 8 is an int
+    model, device = load_model(args, tier=auto_tier(args.checkpoint, args) if tier == "auto" else tier,
+                               dtype=args.dtype)
     if not hasattr(model, "generate"):
         raise ConfigError(f"{args.checkpoint} holds a {model.arch!r} model, which has no cached generation; generate "
                           "runs ESSH and ES-SSM models")

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from .cli_errors import CommandLineError, parse_error
+from .cli_util import CommandLineError, parse_error
 
 __all__ = ["derive", "to_argv"]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .cli_util import (
     announce_device,
+    check_output_path,
     checked_capacities,
     checked_tiers,
     listed_tier,
@@ -22,26 +23,13 @@ from .cli_util import (
     tier_names,
     write_csv,
 )
-from .config import ConfigError
+from .config import ConfigError, RunConfig
 from .utils.files import atomic_write_text
 
-__all__ = ["DEFAULT_SEQ_LEN", "cmd_eval", "cmd_importance", "cmd_lm_eval", "cmd_niah", "parse_lengths",
-           "training_length"]
+__all__ = ["cmd_eval", "cmd_importance", "cmd_lm_eval", "cmd_niah", "parse_lengths"]
 
 #: ``--seq_len`` of ``eval`` and ``importance`` when not given (a shorter model's own limit, see ``_lengths``)
 DEFAULT_SEQ_LEN = 512
-
-
-def training_length(checkpoint: str | Path) -> tuple[int, Path] | None:
-    """``(train.seq_len, run.yaml)`` of the run a model directory (or checkpoint) is in, or None."""
-    from .config import RunConfig
-
-    here = Path(checkpoint).resolve()
-    for parent in list(here.parents)[:3]:
-        run = parent / "run.yaml"
-        if run.is_file():
-            return RunConfig.from_yaml(run).train.seq_len, run
-    return None
 
 
 def parse_lengths(spec: str, train_len: int | None) -> list[int]:
@@ -91,11 +79,13 @@ def _lengths(args: argparse.Namespace, model) -> list[int]:
             status(f"--seq_len {args.seq_len}: the longest sequence this {model.arch} model accepts (the default is "
                    f"{DEFAULT_SEQ_LEN} for longer models)")
     lengths, spec = [args.seq_len], getattr(args, "lengths", None)
-    if spec:
-        found = (args.train_len, None) if args.train_len else training_length(args.checkpoint)
-        lengths = parse_lengths(spec, found and found[0])
-        if found and found[1] is not None and any(x.strip().lower().endswith("x") for x in spec.split(",")):
-            status(f"training length {found[0]} (from {found[1]})")
+    if spec:      # Nx: times --train_len, else train.seq_len of the run.yaml of the run the model directory is in
+        runs = [p / "run.yaml" for p in list(Path(args.checkpoint).resolve().parents)[:3] if (p / "run.yaml").is_file()]
+        run = None if args.train_len or not runs else runs[0]
+        train_len = args.train_len or (run and RunConfig.from_yaml(run).train.seq_len)
+        lengths = parse_lengths(spec, train_len)
+        if run is not None and any(x.strip().lower().endswith("x") for x in spec.split(",")):
+            status(f"training length {train_len} (from {run})")
     if limit is not None and max(lengths) > limit:
         raise ConfigError(f"{'--lengths' if spec else spelled(args, 'seq_len')}: {max(lengths)} tokens exceed this "
                           f"ES-SSM model's filter length {limit}, the longest sequence it accepts")
@@ -133,18 +123,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-#: what ``importance`` writes into its ``--out`` folder
-IMPORTANCE_FILES = ("channel_importance.csv", "channel_importance.json", "channel_importance.png")
-
-
 def cmd_importance(args: argparse.Namespace) -> int:
-    from .cli_schema import ImportanceOptions
     from .eval.importance import has_spectral_channels
 
     out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
-    if out.exists() and not out.is_dir():       # a file, or earlier results there: refused before any work
-        raise ConfigError(f"{spelled(args, 'out')} {out} is a file; give a folder")
-    refuse_existing(args, *(out / name for name in IMPORTANCE_FILES))
+    check_output_path(spelled(args, "out"), str(out), "folder")     # refused before any work, as earlier results
+    refuse_existing(args, *(out / f"channel_importance.{x}" for x in ("csv", "json", "png")))   # what it writes
     model, device = load_model(args)
     if not has_spectral_channels(model):
         raise ConfigError(f"{args.checkpoint} holds a {model.arch!r} model: it has no spectral channels; importance "
@@ -155,7 +139,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
                           "fraction)")
     K = model.resolve_tier(tier and tier[0]).K
     if args.first > K:
-        if args.first != ImportanceOptions.first:       # the option's default
+        if "first" in args._given:                   # not the default: the user's number
             raise ConfigError(f"{spelled(args, 'first')} {args.first} exceeds the {K} channels of the measured tier; "
                               f"give at most {K}")
         status(f"the measured tier has {K} channels: the first-N share counts all {K} (the default --first is "
@@ -226,9 +210,14 @@ def cmd_niah(args: argparse.Namespace) -> int:
     from .data.tokenizer_files import resolve_tokenizer
     from .eval.needle import NeedleConfig, build_trials, check_fits, evaluate_needle
 
-    cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition, seed=args.seed,
-                       depths=tuple(float(d) for d in args.depths.split(",")), batch_size=args.batch_size)
-    cfg.check()
+    try:               # the other fields are typed options, so a mistake here is in --depths
+        cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition,
+                           seed=args.seed, depths=tuple(float(d) for d in args.depths.split(",")),
+                           batch_size=args.batch_size)
+        cfg.check()
+    except ValueError:
+        raise ConfigError(f"{spelled(args, 'depths')} must be comma-separated numbers in [0, 1], got "
+                          f"{args.depths!r}") from None
     model, device = load_model(args)
     tok = resolve_tokenizer(model, args.tokenizer)
     filler = load_corpus(args.data, tok, split=args.split)

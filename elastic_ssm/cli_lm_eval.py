@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .cli_util import check_csv_target, find_flag, write_csv
-from .config import ConfigError, tier_word
+from .cli_util import check_csv_target, find_flag, listed_tier, run_reporting_errors, tier_names, write_csv
+from .config import ConfigError
 
 __all__ = ["main"]
 
@@ -40,23 +40,15 @@ def _flag(argv: list[str], name: str) -> tuple[int, str | None]:
     return find_flag(argv, ALIASES.get(name, (name,)))
 
 
-def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
-    i, _ = _flag(argv, name)
-    if i < 0:
-        return [*argv, name, value]
-    out = list(argv)
-    if "=" not in out[i]:
-        out[i + 1] = value
-    else:
-        out[i] = f"{name}={value}"
-    return out
-
-
 def _pop_flag(argv: list[str], name: str) -> tuple[list[str], str | None]:
     i, value = _flag(argv, name)
     if i < 0:
         return argv, None
     return argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], value
+
+
+def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
+    return [*_pop_flag(argv, name)[0], name, value]
 
 
 def _parse_model_args(text: str) -> dict[str, str]:
@@ -85,11 +77,9 @@ def _tiers(args: dict[str, str]) -> tuple[list[Any], bool]:
         config, _ = saved_model_class(args["pretrained"]).read_config(args["pretrained"])
     except CheckpointError as e:
         raise ConfigError(f"--model_args pretrained={args['pretrained']}: {e}") from None
-    if spec == "all":
-        return tier_table(config), True
-    names = spec.split("+") if several else [None if spec in ("", "full", "none") else spec]
+    names = tier_names("full" if spec in ("", "none") else spec.replace("+", ","))     # None: all
     try:
-        return [resolve_tier(config, name and tier_word(name)) for name in names], several
+        return tier_table(config) if names is None else [resolve_tier(config, listed_tier(n)) for n in names], several
     except ValueError as e:
         raise ConfigError(f"--model_args tier={spec}: {e}") from None
 
@@ -142,8 +132,6 @@ def _run_lm_eval(argv: list[str], indexes: dict[str, Any] | None = None) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (``argv``: ``sys.argv[1:]``); the exit status (2: a user's mistake, in one line)."""
-    from .cli_errors import run_reporting_errors
-
     argv = list(sys.argv[1:] if argv is None else argv)      # --debug: our flag, not lm-eval's
     return run_reporting_errors(lambda: _main([a for a in argv if a != "--debug"]), "lm-eval", "--debug" in argv)
 

@@ -1,17 +1,28 @@
-"""What the verbs share once their options are parsed: status lines, ``--device`` / ``--dtype``, tier lists, output
-checks and CSV writing, and flags as typed; torch is imported only by the functions that need it."""
+"""What the verbs share: status lines, ``--device`` / ``--dtype``, tier lists, output checks and CSV writing, flags as
+typed; and the one place a user's mistake becomes one line naming the problem and the fix, exit code 2
+(``run_reporting_errors``; anything else one line calling it a probable bug, exit code 1; ``--debug`` /
+``ELASTIC_SSM_DEBUG=1``: the traceback instead; under torchrun a command-line or run-file mistake is said once, by
+rank 0, other errors by each rank). torch is imported only by the functions that need it."""
 
 from __future__ import annotations
 
 import argparse
 import csv
+import io
+import math
 import os
 import sys
+import warnings
+from collections.abc import Callable
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .config import ConfigError, tier_word
+from .utils.environment import env_flag
+from .utils.files import atomic_write_text
 
 
 def check_output_path(flag: str, path: str, kind: str) -> None:
@@ -70,8 +81,8 @@ def resolve_device(spec: str, flag: str = "--device") -> str:
 
     if spec == "auto":
         device, note = auto_device()
-        if note and is_rank_zero():
-            print(note, file=sys.stderr)
+        if note:
+            status(note, file=sys.stderr)
         return device
     try:
         checked_device(spec, flag)
@@ -109,10 +120,8 @@ def announce_device(verb: str, device: str, dtype) -> None:
     """One line on stderr (rank 0 only): where and in which dtype ``verb`` runs."""
     import torch
 
-    if not is_rank_zero():
-        return
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "CPU"
-    print(f"{verb}: {device} ({name}), weights {str(dtype).replace('torch.', '')}", file=sys.stderr)
+    status(f"{verb}: {device} ({name}), weights {str(dtype).replace('torch.', '')}", file=sys.stderr)
 
 
 # ---- tier lists and CSV output of the evaluating verbs ---------------------------------------------------
@@ -136,28 +145,20 @@ def checked_tiers(model, spec: str) -> list[str] | None:
 def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
     """``eval --tiers``: None for 'all', else a ``Tier`` per entry: a tier name or, for ESSH, a capacity fraction in
     (0, 1] through the two-rate map (Eq. 7); anything else a ``ConfigError`` naming ``flag``."""
-    names = tier_names(spec)
-    if names is None:
-        return None
-    out = []
-    for name in names:
+    names, out = tier_names(spec), []
+    for name in names or ():
         try:
             out.append(model.resolve_tier(listed_tier(name)))
-            continue
         except ValueError as e:
-            named_error = e
-        try:
-            xi = float(name)
-        except ValueError:
-            raise ConfigError(f"{flag} {name!r} is neither a tier name nor a number: {named_error}; or give a "
-                              "capacity fraction in (0, 1], e.g. 0.45") from None
-        if model.arch != "essh":
-            raise ConfigError(f"{flag} {name}: capacity fractions are the ESSH two-rate map; this "
-                              f"{model.arch!r} model takes tier names ({named_error})")
-        if not 0 < xi <= 1:   # also NaN
-            raise ConfigError(f"{flag} {name}: a capacity fraction must lie in (0, 1] (0 < xi <= 1)")
-        out.append(model.resolve_tier(xi))
-    return out
+            try:
+                xi = float(name) if model.arch == "essh" else math.nan
+            except ValueError:
+                xi = math.nan
+            if not 0 < xi <= 1:   # also NaN
+                raise ConfigError(f"{flag} {name}: {e}; or, for an ESSH model, a capacity fraction in (0, 1] such as "
+                                  "0.45") from None
+            out.append(model.resolve_tier(xi))
+    return None if names is None else out
 
 
 def refuse_existing(args: argparse.Namespace, *paths) -> None:
@@ -189,10 +190,6 @@ def write_csv(path: str | None, rows: list[dict], overwrite: bool = False, flag:
     """``rows`` (dicts of the same keys) as CSV at ``path``, atomically (None: nothing; ``check_csv_target``)."""
     if not path:
         return
-    import io
-
-    from .utils.files import atomic_write_text
-
     check_csv_target(path, overwrite, flag)
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=list(rows[0]))
@@ -200,3 +197,100 @@ def write_csv(path: str | None, rows: list[dict], overwrite: bool = False, flag:
     w.writerows(rows)
     atomic_write_text(path, buf.getvalue())     # a crash or a full disk never leaves half a table
     status(f"wrote {path}")
+
+
+# ---- errors: one line, exit code 2 -----------------------------------------------------------------------
+class CommandLineError(ConfigError):
+    """The command line itself is wrong (an unknown flag, a value of the wrong type): argparse's exit code 2."""
+
+
+def parse_error(event: Any) -> None:
+    """tyro's hook for a command line it rejects (``tyro._errors.on_parse_error``): raise it as one
+    ``CommandLineError`` naming the flag, instead of tyro's boxed report."""
+    from tyro import _errors as ev
+
+    def name(argument: Any) -> str:
+        lowered = argument.lowered
+        return str(lowered.metavar) if argument.is_positional() else lowered.name_or_flags[-1]
+
+    if isinstance(event, ev.UnrecognizedArgs):
+        text = f"unrecognized arguments: {' '.join(event.tokens)}"
+    elif isinstance(event, ev.MissingArgs):
+        text = "the following arguments are required: " + ", ".join(name(a.arg) for a in event.missing_arguments)
+    elif isinstance(event, ev.InvalidChoice):
+        text = f"{name(event.argument)}: invalid choice {event.value!r} (choose from {', '.join(event.choices)})"
+    elif isinstance(event, ev.BadValue):
+        text = f"{name(event.argument)}: " + ("expected more values" if event.offending_value is None else
+                                              f"unexpected value {event.offending_value!r}")
+    elif isinstance(event, ev.InstantiationFailure):        # an optional's message lists each member's failure
+        message = event.message.partition("Got errors:")[0].strip().rstrip(".")
+        text = message if event.argument is None else f"{name(event.argument)}: {message}"
+    else:
+        text = type(event).__name__
+    raise CommandLineError(f"{' '.join(text.split())} (see {event.prog} --help)")
+
+
+def one_line(e: BaseException) -> str:
+    """The exception as one line: an ``OSError`` as ``<file>: <reason>`` (with a hint beyond a missing file or a
+    denied permission), a YAML error with its line and column, ``MemoryError`` with what to make smaller."""
+    if isinstance(e, OSError) and e.strerror and not isinstance(e, FileNotFoundError | PermissionError):
+        text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+        text += "" if e.filename is None else " (check the path, its permissions and the free disk space)"
+    elif isinstance(e, OSError) and e.strerror and e.filename:
+        text = f"{e.filename}: {e.strerror}"
+    elif isinstance(e, yaml.YAMLError):
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        text = f"invalid YAML{where}: {getattr(e, 'problem', None) or e}; fix the file's syntax"
+    elif isinstance(e, MemoryError):
+        text = f"out of memory ({e or 'allocation failed'}); use a smaller model, batch or sequence length"
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(text.split())
+
+
+def report(command: str, text: str, every_rank: bool = False) -> None:
+    """The error line of ``elastic-ssm <command>`` on stderr: by rank 0 only, or with ``every_rank`` by each rank
+    (naming it) under torchrun."""
+    if every_rank and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):   # not parsed: it may be garbage
+        print(f"elastic-ssm {command} (rank {os.environ.get('RANK', '?')}): {text}", file=sys.stderr)
+    elif is_rank_zero():
+        print(f"{f'elastic-ssm {command}'.strip()}: {text}", file=sys.stderr)
+
+
+def run_reporting_errors(fn: Callable[[], Any], command: str, debug: bool) -> int:
+    """``fn()``'s exit code, errors reported as the module docstring says; ``debug``: ``--debug`` was given (the
+    ``ELASTIC_SSM_DEBUG`` switch, ``utils.environment.env_flag``, turns it on too; garbage there is one line, exit
+    code 2). Without it a warning is one line too (no source line)."""
+    try:
+        debug = debug or env_flag("ELASTIC_SSM_DEBUG")
+    except ConfigError as e:
+        report(command, f"error: {e}")
+        return 2
+    original = warnings.formatwarning
+    if not debug:
+        warnings.formatwarning = lambda message, category, *rest, **kw: (
+            f"elastic-ssm {command}: {category.__name__}: {' '.join(str(message).split())}\n")
+    try:
+        return int(fn() or 0)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        report(command, "interrupted")
+        return 130
+    except (ConfigError, ValueError, OSError, RuntimeError, yaml.YAMLError, ArithmeticError, ImportError,
+            MemoryError) as e:
+        if debug:
+            raise
+        kind = "training diverged" if isinstance(e, FloatingPointError) else "error"
+        text = one_line(e).removeprefix("training diverged: ")
+        report(command, f"{kind}: {text} (--debug shows the traceback)", every_rank=not isinstance(e, ConfigError))
+        return 2
+    except Exception as e:  # not a known user mistake: still one line, but say it looks like a bug
+        if debug:
+            raise
+        report(command, f"unexpected {type(e).__name__}: {one_line(e)} (probably a bug: rerun with --debug and "
+               "report the traceback)", every_rank=True)
+        return 1
+    finally:
+        warnings.formatwarning = original

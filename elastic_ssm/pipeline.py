@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import os
+import json
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, model_config_from_dict
 from .utils.devices import cpu_threads_for
 
 
@@ -47,21 +49,17 @@ class RunData:
         return make
 
 
-def check_model_length(run: Any) -> None:
-    """Refuse a ``train.seq_len`` longer than the model accepts (ES-SSM: its filter length) before any work."""
-    limit, t = run.model.max_seq_len(), run.train.seq_len
-    if limit is not None and t > limit:
-        field = type(run.model).length_field
-        raise ConfigError(f"--train.seq_len {t} exceeds --model.{field} {limit}, the longest sequence this {run.arch} "
-                          f"model accepts; give --train.seq_len {limit} or less, or --model.{field} {t} or more")
-
-
 def build_data(run: Any, verify: bool = False) -> RunData:
     """``run``'s checked training and validation data; ``verify``: re-hash prepared token files whole."""
     from .data import evaluation_batches, load_corpus, load_tokenizer
 
-    check_model_length(run)
     d, t = run.data, run.train
+    limit = run.model.max_seq_len()         # refused before any work: longer than the model accepts (ES-SSM filters)
+    if limit is not None and t.seq_len > limit:
+        field = type(run.model).length_field
+        raise ConfigError(f"--train.seq_len {t.seq_len} exceeds --model.{field} {limit}, the longest sequence this "
+                          f"{run.arch} model accepts; give --train.seq_len {limit} or less, or --model.{field} "
+                          f"{t.seq_len} or more")
     if getattr(run.model, "task", "lm") != "lm":
         raise ConfigError("the CLI's data pipeline packs token streams for language modelling; train an ES-SSM "
                           "classifier from Python with train(model, batches of (input_ids, labels[B]), cfg)")
@@ -130,8 +128,6 @@ def train_run(run: Any, data: RunData, resume: bool | str = False, progress: boo
 
 def _position(out: Any) -> tuple[str, int] | None:
     """``(stage, step)`` of the newest complete checkpoint in ``out`` (later stage first), or None; read only."""
-    import warnings
-
     from .train.checkpoint import find_checkpoint
 
     with warnings.catch_warnings():
@@ -143,20 +139,10 @@ def _position(out: Any) -> tuple[str, int] | None:
     return None
 
 
-def _kept_added_fields(run: Any, saved_model: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    """The ``added_fields`` a resumed run keeps from a record written before they existed (unless set explicitly):
-    a specialist started before ``tier_names`` (``--model.tier_config T4``, named T1) keeps its T1 name."""
-    return {k: before[k] for k in type(run.model).added_fields
-            if k not in saved_model and k in before and k not in run.explicit_model_fields
-            and before[k] != getattr(run.model, k)}
-
-
 def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, stop_after: int | None = None,
                  verify_data: bool = False, progress: bool | str = True):
     """``elastic-ssm train``: build data (every source checked before anything is written), then train."""
-    from pathlib import Path
-
-    from .cli_util import resolve_device
+    from .cli_util import is_rank_zero, resolve_device
 
     if run.train.device != "auto":        # a device this machine lacks is named before any data is read
         resolve_device(run.train.device, "train.device")
@@ -172,22 +158,20 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
 
     saved = read_run_record(out) if resume is True or (resume == "auto" and resume_auto_continues) else None
     if saved is not None:
-        from .config import model_config_from_dict
-
         check_same_arch(out, saved, run.arch)
-
         try:
             before = model_config_from_dict(type(run.model).upgrade_record(saved["model"])).to_dict()
         except ConfigError as e:
             raise ConfigError(f"{out / 'run.yaml'}: its model section is invalid ({e}); restore it from a copy, or "
                               "start a new --train.out_dir") from None
         # a run started before the tokenizer set eos / pad keeps its saved ids (they do not touch the weights), one
-        # started before a setting existed its old value; every other setting is compared by train()'s start-up checks
-        ids = {k: before[k] for k in ("eos_token_id", "pad_token_id")
+        # started before a setting existed (``added_fields``) its old value, unless set explicitly (a specialist
+        # started before tier_names keeps its T1 name); every other setting is compared by train()'s start-up checks
+        kept = ["eos_token_id", "pad_token_id", *(k for k in type(run.model).added_fields if k not in saved["model"])]
+        ids = {k: before[k] for k in kept
                if k in before and k not in run.explicit_model_fields and before[k] != getattr(run.model, k)}
-        ids.update(_kept_added_fields(run, saved["model"], before))
         run = dataclasses.replace(run, model=run.model.replace(**ids)) if ids else run
-    main = os.environ.get("RANK", "0") == "0"  # under torchrun, status lines come from rank 0 only
+    main = is_rank_zero()                # under torchrun, status lines come from rank 0 only
     threads = cpu_threads_for(run.train.device)     # before any work: the data is tokenized with them too
     if threads and main:
         print(f"[train] {threads}")
@@ -202,8 +186,6 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
     if not main:
         return model
     if (out / "final").is_dir():
-        import json
-
         from .utils.files import atomic_write_bytes
 
         atomic_write_bytes(out / "parameters.json", json.dumps(params, indent=2).encode())

@@ -4,14 +4,16 @@ refinement), export and check all ten tiers, evaluate them beside the dense cont
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
+from .cli_util import write_csv
+from .config import ConfigError, RunConfig
+from .config.run import DEFAULT_RUN
 from .eval.perplexity import TierEval, evaluate_tiers, format_evals
 from .utils.devices import cpu_threads_for
-
-EMBEDDED = Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
 
 
 def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path, raw: list[TierEval] | None = None) -> bool:
@@ -55,10 +57,6 @@ OUTPUTS = ("elastic", "dense", "exports", "report.md", "tiers.csv", "quality_siz
 def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
     """``ConfigError`` naming the ``OUTPUTS`` already in ``out``; with ``overwrite`` they move (nothing is deleted)
     into ``<out>/replaced-<UTC time>/``, returned."""
-    import os
-
-    from .config import ConfigError
-
     names = [n for n in OUTPUTS if (out / n).exists() and (control or n != "dense")]
     if not names:
         return None
@@ -101,8 +99,6 @@ def _train_or_load(run: Any, data: Any, resume: bool, overwrite: bool, stages=No
 def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control: bool = True,
                config: str | Path | None = None, overwrite: bool = False,
                resume: bool | str = False, progress: bool | str = True) -> dict[str, Any]:
-    from .cli_util import write_csv
-    from .config import ConfigError, RunConfig
     from .elastic.export import check_export, export_tier
     from .elastic.model_card import model_card
     from .pipeline import build_data, fit_model_to_tokenizer
@@ -116,12 +112,10 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     if resume and not (out / "elastic").is_dir():
         raise ConfigError(f"--resume: {out} holds no quickstart run to continue (no {out / 'elastic'}); drop "
                           "--resume to start one, or give its --out")
-    run = RunConfig.from_yaml(EMBEDDED if config is None else config)
+    run = RunConfig.from_yaml(DEFAULT_RUN if config is None else config)
     if run.arch != "essh":
         raise ConfigError("quickstart trains an ESSH (model.arch: essh); use `elastic-ssm train` for ES-SSM runs")
-    if steps:
-        run = run.with_overrides({}, {"steps": steps}, {})
-    run = run.with_overrides({}, {"out_dir": str(out / "elastic")}, {})
+    run = run.with_overrides({}, {"out_dir": str(out / "elastic"), **({"steps": steps} if steps else {})}, {})
     if not resume:
         _claim_outputs(out, control, overwrite)
     out.mkdir(parents=True, exist_ok=True)          # after the checks: a refused run leaves no folder behind

@@ -60,9 +60,9 @@ def test_one_spelling_per_flag_and_a_near_miss_names_it(capsys):
 
 def test_an_error_names_the_flag_as_typed(capsys):
     assert main(["niah", "m", "--n-pairs", "0"]) == 2
-    assert "--n-pairs must be >= 1" in capsys.readouterr().err
+    assert "--n-pairs: must be >= 1, got 0" in capsys.readouterr().err
     assert main(["niah", "m", "--n_pairs", "0"]) == 2
-    assert "--n_pairs must be >= 1" in capsys.readouterr().err
+    assert "--n_pairs: must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_an_abbreviated_flag_is_an_error_not_another_setting(capsys):
@@ -130,7 +130,7 @@ def test_every_verb_help_shows_defaults(capsys):
             main([cmd, "--help"])
         assert e.value.code == 0
         text = capsys.readouterr().out
-        assert f"elastic-ssm {cmd}" in text and (COMMANDS[cmd][1] is None and cmd != "bench" or "(default: " in text)
+        assert f"elastic-ssm {cmd}" in text and (cmd == "info" or "(default: " in text)
 
 
 def test_version(capsys):
@@ -187,7 +187,7 @@ def test_status_and_input_errors_come_from_rank_zero(saved, rank, monkeypatch, c
     assert announced == (rank == "0")
     assert main(["niah", str(saved), "--context_len", "0"]) == 2           # the same mistake on every rank
     err = capsys.readouterr().err
-    assert ("--context_len must be >= 1" in err) == (rank == "0") and err.count("\n") <= 1
+    assert ("--context_len: must be >= 1, got 0" in err) == (rank == "0") and err.count("\n") <= 1
     with pytest.raises(SystemExit) as e:                                     # tyro's own error
         main(["eval", str(saved), "--no-such-flag"])
     assert e.value.code == 2 and ("--no-such-flag" in capsys.readouterr().err) == (rank == "0")

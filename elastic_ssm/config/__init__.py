@@ -18,7 +18,7 @@ from .recipe import (
     RefineConfig,
 )
 from .run import DataConfig, ModelChoice, RunConfig, load_any_config, model_config_from_dict, specialist_config
-from .train import PARALLEL, PRECISIONS, RECIPES, TRAIN_PRESETS, TrainConfig, resolve_precision
+from .train import TRAIN_PRESETS, TrainConfig, resolve_precision
 
 __all__ = [
     "ConfigBase", "ConfigError", "opt",
@@ -26,7 +26,6 @@ __all__ = [
     "ESSHConfig", "ESSH_PRESETS", "ESSH_TIER_XI", "ESSSMConfig", "ESSSM_PRESETS", "ESSSM_BUDGETS",
     "TransformerConfig", "MatFormerConfig", "TRANSFORMER_PRESETS", "MATFORMER_GRANULARITIES",
     "TrainConfig", "RefineConfig", "OptimConfig", "MixingConfig", "OrderingConfig", "BudgetDropoutConfig",
-    "EvalConfig", "CheckpointConfig", "TRAIN_CAPACITIES", "REFINE_CAPACITIES", "TRAIN_PRESETS", "RECIPES",
-    "PARALLEL", "PRECISIONS", "resolve_precision",
+    "EvalConfig", "CheckpointConfig", "TRAIN_CAPACITIES", "REFINE_CAPACITIES", "TRAIN_PRESETS", "resolve_precision",
     "RunConfig", "DataConfig", "ModelChoice", "load_any_config", "model_config_from_dict", "specialist_config",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,11 +14,12 @@ from typing import Annotated, Any
 
 import yaml
 from annotated_types import Ge, Gt, Interval, Len
-from pydantic import AfterValidator, ConfigDict, StringConstraints, TypeAdapter, ValidationError
+from pydantic import AfterValidator, ConfigDict, TypeAdapter, ValidationError
 
 __all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
-           "NonEmpty", "NonBlank", "TokenId", "HeadDim", "Rising", "Distinct", "Ladder", "ConfigBase", "ConfigError",
-           "opt", "section", "read_yaml_mapping", "read_yaml_file", "load_yaml", "config_changes", "NOT_SAVED"]
+           "NonEmpty", "NonBlank", "TokenId", "HeadDim", "Rising", "Distinct", "Ladder", "TierNames", "ConfigBase",
+           "ConfigError", "opt", "section", "check_field", "read_yaml_mapping", "read_yaml_file", "load_yaml",
+           "config_changes", "NOT_SAVED"]
 
 
 def _rule(ok: Any, what: str) -> AfterValidator:
@@ -41,13 +43,18 @@ Share = Annotated[float, Interval(gt=0, le=1)]        # (0, 1]
 Fracs = Annotated[tuple[Share, ...], Len(1)]          # a non-empty list of capacity fractions in (0, 1]
 Betas = Annotated[tuple[Frac01, ...], Len(2, 2)]      # AdamW (beta1, beta2), each in [0, 1)
 NonEmpty = Annotated[str, Len(1)]
-NonBlank = Annotated[str, StringConstraints(pattern=r"\S")]   # not empty, not only spaces
+NonBlank = Annotated[str, _rule(lambda v: bool(v.strip()), "must not be empty or blank")]
 TokenId = Annotated[int, Ge(-1)]                       # -1: none
 HeadDim = Annotated[PosInt, _rule(lambda v: v % 2 == 0, "must be even (RoPE)")]   # attention head width
 Rising = _rule(lambda v: list(v) == sorted(set(v)), "must be strictly increasing")
 Distinct = _rule(lambda v: len(set(v)) == len(v), "must not repeat an entry")
 #: tier fractions: strictly increasing in (0, 1], ending with the full tier
 Ladder = Annotated[Fracs, Rising, _rule(lambda v: v[-1] == 1.0, "must end with 1.0 (the full tier)")]
+#: tier names ``T<n>`` with ``n`` increasing (the names of the source's tiers, ordered by size too); empty: T1..Tn
+TierNames = Annotated[tuple[str, ...], _rule(lambda v: (n := [int(x[1:]) if re.fullmatch(r"T[1-9]\d*", x) else 0
+                                                              for x in v]) == sorted(set(n)) and 0 not in n,
+                                             "must be names T<n> with n increasing (as T1, T4); leave it empty for "
+                                             "T1..Tn")]
 
 
 class ConfigError(ValueError):
@@ -67,7 +74,7 @@ def section(cls: type, help: str) -> Any:
 
 
 _CONFIG = ConfigDict(allow_inf_nan=False)   # lax mode: "3e-4" -> 3e-4, [a, b] -> (a, b), 2.0 -> 2
-_ADAPTERS: dict[type, dict[str, TypeAdapter[Any]]] = {}
+_ADAPTERS: dict[type, dict[str, tuple[Any, TypeAdapter[Any]]]] = {}
 _WORDS = {"greater_than": "must be > {gt:g}", "greater_than_equal": "must be >= {ge:g}",
           "less_than": "must be < {lt:g}", "less_than_equal": "must be <= {le:g}",
           "finite_number": "expected a finite number", "literal_error": "must be one of {expected}",
@@ -76,16 +83,6 @@ _WORDS = {"greater_than": "must be > {gt:g}", "greater_than_equal": "must be >= 
           "value_error": "{error}"}
 _KINDS = {"float": "float", "int": "int", "string": "str", "bool": "bool", "tuple": "a list", "list": "a list",
           "frozenset": "a list", "dict": "a mapping"}
-
-
-def _adapters(cls: type) -> dict[str, TypeAdapter[Any]]:
-    """One pydantic ``TypeAdapter`` per field of ``cls`` (built once): the annotated type with its ``Annotated``
-    constraints (``Gt(0)``, ``Interval(ge=0, lt=1)``, ``Literal[...]``). Nested sections are left to their class."""
-    if cls not in _ADAPTERS:
-        hints = typing.get_type_hints(cls, include_extras=True)
-        _ADAPTERS[cls] = {f.name: TypeAdapter(hints[f.name], config=_CONFIG) for f in dataclasses.fields(cls)
-                          if not _section_type(hints[f.name])}
-    return _ADAPTERS[cls]
 
 
 def _section_type(tp: Any) -> type | None:
@@ -106,9 +103,7 @@ def _one_line(name: str, tp: Any, err: ValidationError) -> ConfigError:
     e = err.errors(include_url=False)[0]
     where = name + "".join(f"[{x}]" for x in e["loc"] if isinstance(x, int))
     kind = e["type"]
-    if kind == "string_pattern_mismatch" and e["ctx"]["pattern"] == r"\S":
-        what = "must not be empty or blank"
-    elif kind.startswith(("greater", "less")) and _interval(tp):
+    if kind.startswith(("greater", "less")) and _interval(tp):
         what = f"must lie in {_interval(tp)}"
     elif kind in _WORDS:
         what = _WORDS[kind].format(**e.get("ctx", {}))
@@ -117,24 +112,35 @@ def _one_line(name: str, tp: Any, err: ValidationError) -> ConfigError:
     return ConfigError(f"{where}: {what}, got {e['input']!r}")
 
 
+def check_field(cls: type, name: str, value: Any, where: str = "") -> Any:
+    """``value`` validated as field ``name`` of dataclass ``cls`` by its annotation (pydantic, lax mode: type, range,
+    choices), else one ``ConfigError`` line naming ``where`` (default ``Class.name``). One ``TypeAdapter`` per field,
+    built once; a nested section (a dataclass) is left to its own class."""
+    if cls not in _ADAPTERS:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        _ADAPTERS[cls] = {f.name: (hints[f.name], TypeAdapter(hints[f.name], config=_CONFIG))
+                          for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])}
+    tp, adapter = _ADAPTERS[cls][name]
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as e:
+        raise _one_line(where or f"{cls.__name__}.{name}", tp, e) from None
+
+
 def _validate_field(cls: type, name: str, tp: Any, value: Any) -> Any:
-    """``value`` validated as field ``name`` of ``cls`` (pydantic, lax mode); a mapping for a nested section
-    becomes that section's config."""
-    path = f"{cls.__name__}.{name}"
+    """``value`` validated as field ``name`` of ``cls`` (``check_field``); a mapping for a nested section becomes
+    that section's config."""
     sec = _section_type(tp)
     if sec is not None:
         if isinstance(value, dict):
             return sec.from_dict(value)
         if not isinstance(value, sec):
-            raise ConfigError(f"{path}: expected a mapping of {sec.__name__} fields, got {value!r}")
+            raise ConfigError(f"{cls.__name__}.{name}: expected a mapping of {sec.__name__} fields, got {value!r}")
         return value
     if isinstance(value, bool) and typing.get_origin(tp) is not typing.Literal and \
-            (tp in (int, float) or typing.get_args(tp)[:1] in ((int,), (float,))):
-        raise ConfigError(f"{path}: expected a number, got the boolean {value!r}")  # YAML `steps: true` is not 1
-    try:
-        return _adapters(cls)[name].validate_python(value)
-    except ValidationError as e:
-        raise _one_line(path, tp, e) from None
+            (tp in (int, float) or typing.get_args(tp)[:1] in ((int,), (float,))):   # YAML `steps: true` is not 1
+        raise ConfigError(f"{cls.__name__}.{name}: expected a number, got the boolean {value!r}")
+    return check_field(cls, name, value)
 
 
 #: what ``config_changes`` says of a setting the saved dict lacks (added since the run was written)

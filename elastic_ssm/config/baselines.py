@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar
 
-from .base import ConfigError, HeadDim, Ladder, NonNegF, Pos, PosInt, TokenId, opt
+from .base import ConfigError, HeadDim, Ladder, NonNegF, Pos, PosInt, TierNames, TokenId, opt
 from .essh import ESSH_TIER_XI
 from .model import FractionTierConfig, Tier
 
@@ -48,7 +48,7 @@ class TransformerConfig(FractionTierConfig):
     init_std: NonNegF = opt(0.02, "std of the normal initialisation")
     tier_xi: Ladder = opt((1.0,), "budget fractions of the nested-FFN tiers ((1.0,): a plain "
                                      "Transformer++ with one tier; MatFormer: the ten ESSH fractions)")
-    tier_names: tuple[str, ...] = opt((), "names of the tier_xi tiers; empty: T1..Tn (a standalone export keeps its "
+    tier_names: TierNames = opt((), "names of the tier_xi tiers; empty: T1..Tn (a standalone export keeps its "
                                       "source tier's name, e.g. [T4])")
     ffn_exponent: Pos = opt(1.0, "nested FFN width n_ff = align floor(d_ff xi^e / align) (Table 39: e = 1)")
     ffn_align: PosInt = opt(64, "FFN width alignment of the nested tiers (Table 39: 64)")

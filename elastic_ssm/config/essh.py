@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar
 
 from annotated_types import Interval
 
-from .base import ConfigError, Distinct, HeadDim, Ladder, NonNeg, NonNegF, Pos, PosInt, TokenId, opt
+from .base import ConfigError, Distinct, HeadDim, Ladder, NonNeg, NonNegF, Pos, PosInt, TierNames, TokenId, opt
 from .model import FractionTierConfig, Tier, scaled_power
 
 __all__ = ["ESSHConfig", "ESSH_PRESETS", "ESSH_TIER_XI"]
@@ -45,7 +45,7 @@ class ESSHConfig(FractionTierConfig):
     rope_base: Pos = opt(10000.0, "RoPE base frequency (paper silent; 10000 as in Su et al.)")
     filter_length: PosInt = opt(2048, "Hankel length L of the filters the modal tables are fitted to (C.1)")
     tier_xi: Ladder = opt(ESSH_TIER_XI, "budget fractions xi_T of the deployment tiers (D.1)")
-    tier_names: tuple[str, ...] = opt((), "names of the tier_xi tiers; empty: T1..Tn (a standalone export keeps its "
+    tier_names: TierNames = opt((), "names of the tier_xi tiers; empty: T1..Tn (a standalone export keeps its "
                                       "source tier's name, e.g. [T4])")
     channel_exponent: Pos = opt(0.5, "two-rate map: K_T = max(1, round(K xi^e)) (Eq. 7)")
     ffn_exponent: Pos = opt(0.8, "two-rate map: n_ff = align * max(1, floor(d_ff xi^e / align)) (Eq. 7)")

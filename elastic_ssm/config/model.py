@@ -223,22 +223,14 @@ class FractionTierConfig(ModelConfig):
         return self.tier_names[index - 1] if self.tier_names else f"T{index}"
 
     def validate(self) -> None:
-        """``d_model`` splits into heads; ``tier_names`` is empty or names each ``tier_xi`` entry ``T<n>``, with
-        ``n`` increasing (the names of the source's tiers, which are ordered by size too)."""
+        """``d_model`` splits into heads; ``tier_names`` is empty or names each ``tier_xi`` entry."""
         super().validate()
         if self.d_model % self.head_dim:
             raise ConfigError(f"{type(self).__name__}.d_model={self.d_model} must be divisible by "
                               f"head_dim={self.head_dim}")
-        names = self.tier_names
-        if not names:
-            return
-        where = f"{type(self).__name__}.tier_names"
-        if len(names) != len(self.tier_xi):
-            raise ConfigError(f"{where} must name each of the {len(self.tier_xi)} tier_xi entries, got {list(names)}")
-        numbers = [int(m.group(1)) if (m := re.fullmatch(r"T([1-9]\d*)", n)) else None for n in names]
-        if None in numbers or numbers != sorted(set(numbers)):   # type: ignore[type-var]
-            raise ConfigError(f"{where} must be names T<n> with n increasing (as T1, T4), got {list(names)}; "
-                              "leave it empty for T1..Tn")
+        if self.tier_names and len(self.tier_names) != len(self.tier_xi):
+            raise ConfigError(f"{type(self).__name__}.tier_names must name each of the {len(self.tier_xi)} tier_xi "
+                              f"entries, got {list(self.tier_names)}")
 
     def tier_table(self) -> list[Tier]:
         """``T1..Tn``, kept with the field values it was built from (``resolve_tier`` of every request and row

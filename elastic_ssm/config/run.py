@@ -14,10 +14,12 @@ from .essh import ESSHConfig
 from .model import ModelConfig, TierLike, model_configs, tier_word
 from .train import TrainConfig
 
-__all__ = ["DataConfig", "ModelChoice", "RunConfig", "model_config_from_dict", "specialist_config",
+__all__ = ["DEFAULT_RUN", "DataConfig", "ModelChoice", "RunConfig", "model_config_from_dict", "specialist_config",
            "load_any_config"]
 
 _CHOICE_KEYS = frozenset({"arch", "preset", "tier_config"})
+#: the run file of ``quickstart``, and of ``train`` / ``recover`` without ``--config``
+DEFAULT_RUN = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 
 
 @dataclass(kw_only=True)
@@ -63,9 +65,7 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
     if not isinstance(d, dict):
         raise ConfigError(f"model: expected a mapping such as {{arch: essh, preset: tiny}}, got {d!r}")
     d = dict(d)
-    for key in sorted(_CHOICE_KEYS & set(d)):
-        if d[key] is not None and not isinstance(d[key], str):
-            raise ConfigError(f"model.{key} must be a name (a string), got {type(d[key]).__name__} {d[key]!r}")
+    ModelChoice.from_dict({k: v for k, v in d.items() if k in _CHOICE_KEYS and v is not None})   # names: strings
     arch = d.pop("arch", "essh")
     configs = model_configs()
     if arch not in configs:
@@ -85,38 +85,35 @@ class RunConfig(ConfigBase):
                                metadata={"help": "the model: {arch, preset, tier_config, ...fields}"})
     train: TrainConfig = section(TrainConfig, "training: recipe, batch, optimizer and recipe sections")
     data: DataConfig = section(DataConfig, "where tokens come from")
-    explicit_model_fields: frozenset = field(
-        default_factory=frozenset, compare=False,
-        metadata={"help": "model fields set explicitly (the YAML model section or --model.<field>), e.g. a "
-                          "padded vocab_size that the tokenizer must not replace"})
     model_source: dict = field(default_factory=dict, compare=False,
                                metadata={"help": "the model section as written (arch, preset, tier_config, "
-                                                 "fields), for with_model_choice"})
+                                                 "fields) and the --model.<field> flags, for with_model_choice"})
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
-            source = dict(self.model)
-            self.model = model_config_from_dict(source)
-            self.model_source = self.model_source or source
-            self.explicit_model_fields = self.explicit_model_fields or frozenset(source) - _CHOICE_KEYS
+            self.model_source = self.model_source or dict(self.model)
+            self.model = model_config_from_dict(self.model_source)
         super().__post_init__()
 
     @property
     def arch(self) -> str:
         return type(self.model).arch
 
+    @property
+    def explicit_model_fields(self) -> frozenset[str]:
+        """The model fields set explicitly (the YAML model section or --model.<field>), e.g. a padded vocab_size that
+        the tokenizer must not replace."""
+        return frozenset(self.model_source) - _CHOICE_KEYS
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         if not isinstance(d, dict):
-            raise ConfigError(f"run config: expected a mapping with model/train/data sections, got {d!r}")
+            raise ConfigError(f"run config: expected a mapping with model/train/data sections, got {d!r}"[:300])
         unknown = sorted(set(d) - {"model", "train", "data"})
         if unknown:
             raise ConfigError(f"run config: unknown section(s) {unknown}; use model, train, data")
-        model = d.get("model") or {"arch": "essh", "preset": "small"}
-        if not isinstance(model, dict):
-            raise ConfigError(f"run config: the model section must be a mapping (e.g. model: {{preset: tiny}}), "
-                              f"got {type(model).__name__} {model!r}")
-        return cls(model=dict(model), train=TrainConfig.from_dict(d.get("train") or {}),
+        return cls(model=d.get("model") or {"arch": "essh", "preset": "small"},   # not a mapping: RunConfig.model
+                   train=TrainConfig.from_dict(d.get("train") or {}),
                    data=DataConfig.from_dict(d.get("data") or {}))
 
     def with_model_choice(self, **choice: str) -> RunConfig:
@@ -146,9 +143,6 @@ class RunConfig(ConfigBase):
         if data is None:
             raise ConfigError(f"run config {path} is empty; give model/train/data sections (e.g. model: {{preset: "
                               "tiny}) or leave out --config for the default run")
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a YAML mapping with model/train/data sections, got "
-                              f"{type(data).__name__} {data!r}"[:300])
         try:
             return cls.from_dict(data)
         except ConfigError as e:
@@ -157,14 +151,9 @@ class RunConfig(ConfigBase):
     def with_overrides(self, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> RunConfig:
         """A copy with field overrides per section (``train`` keys may be dotted: ``optim.lr``); a field the
         section's config lacks is a ConfigError."""
-        unknown = sorted(set(model) - self.model.field_names())
-        if unknown:
-            raise ConfigError(f"--model.{unknown[0]}: {type(self.model).__name__} has no field(s) {unknown}"
-                              f" (this run's model arch is {self.arch!r})")
         return dataclasses.replace(
             self, model=self.model.updated(model, "--model."), train=self.train.updated(train, "--train."),
-            data=self.data.updated(data, "--data."), model_source={**self.model_source, **model},
-            explicit_model_fields=self.explicit_model_fields | frozenset(model))
+            data=self.data.updated(data, "--data."), model_source={**self.model_source, **model})
 
 
 def load_any_config(path: str | Path) -> RunConfig | ModelConfig:

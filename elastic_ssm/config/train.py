@@ -25,7 +25,7 @@ from .recipe import (
     RefineConfig,
 )
 
-__all__ = ["TrainConfig", "RECIPES", "PARALLEL", "PRECISIONS", "TRAIN_PRESETS", "resolve_precision"]
+__all__ = ["TrainConfig", "TRAIN_PRESETS", "resolve_precision"]
 
 Recipe = Literal["auto", "capacity_mixed", "budget_dropout", "nested_ffn", "posthoc", "dense"]
 Parallel = Literal["ddp", "fsdp"]
@@ -35,7 +35,7 @@ LogSink = Literal["csv", "tensorboard", "wandb"]
 CompileScope = Literal["blocks", "model"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 Device = Annotated[str, StringConstraints(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")]   # 'cuda:<i>' too
-RECIPES, PARALLEL, PRECISIONS, LOG_SINKS = (get_args(t) for t in (Recipe, Parallel, Precision, LogSink))
+LOG_SINKS = get_args(LogSink)
 
 #: The papers' training settings per ESSH model size (Table 7, Table 55, D.4, D.8, E.3). Steps are the
 #: pretraining tokens over the tokens per step (370M: 7.4B / 262,144; 1.5B: 100B / 524,288). The 1.5B
@@ -184,13 +184,9 @@ class TrainConfig(ConfigBase):
         if name not in TRAIN_PRESETS:
             raise ConfigError(f"unknown training preset {name!r}; choose one of {sorted(TRAIN_PRESETS)}")
         base = dict(TRAIN_PRESETS[name])
-        for sec in _SECTION_NAMES & set(overrides):
+        for sec in _SECTION_NAMES & set(overrides):      # a mapping updates the preset's section; a config replaces it
             given = overrides.pop(sec)
-            if isinstance(given, ConfigBase):
-                given = given.to_dict()
-            if not isinstance(given, dict):
-                raise ConfigError(f"TrainConfig.{sec}: expected a mapping of {sec} fields, got {given!r}")
-            base[sec] = {**base.get(sec, {}), **given}
+            base[sec] = {**base.get(sec, {}), **given} if isinstance(given, dict) else given
         return cls(**{**base, **overrides})
 
 

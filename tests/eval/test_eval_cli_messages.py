@@ -38,7 +38,7 @@ def test_importance_counts_every_channel_of_a_small_tier_by_default(saved, capsy
 
 def test_importance_names_its_own_flag_and_leaves_no_empty_folder(saved, capsys):
     assert cli_main(["importance", str(saved / "m"), "--tier", "T11"]) == 2
-    assert "--tier 'T11'" in capsys.readouterr().err
+    assert "--tier T11: unknown tier 'T11'" in capsys.readouterr().err
     (saved / "empty.txt").write_text("")
     out = saved / "never"
     assert cli_main(["importance", str(saved / "m"), "--data", str(saved / "empty.txt"), "--out", str(out)]) == 2

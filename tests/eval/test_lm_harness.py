@@ -216,8 +216,9 @@ def test_console_script_reads_lm_evals_short_flags():
     argv = ["-M", "elastic-ssm", "-a", "pretrained=m,tier=all", "-o=res", "--csv", "s.csv", "--tasks", "t"]
     assert [_flag(argv, f)[1] for f in ("--model", "--model_args", "--output_path")] == \
         ["elastic-ssm", "pretrained=m,tier=all", "res"]
-    assert _set_flag(argv, "--model_args", "pretrained=m,tier=T1")[3] == "pretrained=m,tier=T1"
-    assert _set_flag(argv, "--output_path", "res/T1")[4] == "--output_path=res/T1"
+    assert _set_flag(argv, "--model_args", "pretrained=m,tier=T1") == [*argv[:2], *argv[4:], "--model_args",
+                                                                        "pretrained=m,tier=T1"]
+    assert _set_flag(argv, "--output_path", "res/T1") == [*argv[:4], *argv[5:], "--output_path", "res/T1"]
     assert _pop_flag(argv, "--csv") == ([*argv[:5], "--tasks", "t"], "s.csv")
     assert _set_flag(["--tasks", "t"], "--device", "cpu") == ["--tasks", "t", "--device", "cpu"]
 

@@ -176,7 +176,7 @@ CASES = {  # name: (argv, words the message must contain)
     "yaml empty": (["train", "--config", "{blank}"], ["blank.yaml", "is empty"]),
     "config path empty": (["train", "--config", ""], ["--config", "empty string"]),
     "config is a folder": (["train", "--config", "{prep}"], ["prep", "folder"]),
-    "preset not a string": (["train", "--config", "{preset_int}"], ["model.preset", "string"]),
+    "preset not a string": (["train", "--config", "{preset_int}"], ["ModelChoice.preset", "expected str"]),
     "section null": (["train", "--config", "{eval_null}"], ["TrainConfig.eval", "mapping"]),
     "cuda:7 in the run file": (["train", "--config", "{cuda7}", "--data.source", "{corpus}", "--train.out_dir",
                                 "{root}/c7"], ["train.device", "cuda:7"]),
