@@ -82,6 +82,9 @@ def model_flags(run: Any) -> tuple[type, Any]:
 def run_options(base: type, argv: list[str], model: bool) -> type:
     """``base`` plus the run sections, defaulting to the values of the run file ``--config`` names (``DEFAULT_RUN``)."""
     config = util.find_flag(argv, ("--config",))[1]
+    if sum(a == "--config" or a.startswith("--config=") for a in argv) > 1:
+        raise ConfigError("--config is given more than once; give one run file (its values are the defaults "
+                          "the other flags change)")
     if config is not None and not config.strip():
         raise ConfigError("--config is an empty string; give a run file, or leave it out for the default run")
     run = RunConfig.from_yaml(config or DEFAULT_RUN)

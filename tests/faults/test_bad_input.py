@@ -89,6 +89,7 @@ CASES = {  # name: (argv, words the message must contain)
     "unknown section": (["train", "--config", "{section}"], ["extra"]),
     "steps: true": (["train", "--config", "{steps_bool}"], ["steps", "boolean"]),
     "config missing": (["train", "--config", "{root}/nope.yaml"], ["nope.yaml", "does not exist"]),
+    "config twice": ([*TRAIN, "--config={root}/nope.yaml"], ["--config", "more than once"]),
     "lr 1/0": ([*TRAIN, "--train.optim.lr", "1/0"], ["--train.optim.lr", "1/0"]),
     "lr inf": ([*TRAIN, "--train.optim.lr", "inf"], ["lr", "finite"]),
     "lr nan": ([*TRAIN, "--train.optim.lr", "nan"], ["lr", "finite"]),
