@@ -235,7 +235,7 @@ def unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], device: tor
     if hasattr(model, "ffn_layers"):
         for src, dst in zip(model.ffn_layers(), plain.ffn_layers()):
             dst.track_activations, dst.stat_decay = src.track_activations, src.stat_decay
-            dst.act_sq = None if src.act_sq is None else src.act_sq.clone()
+            dst.act_sq = src.act_sq
     return plain
 
 

@@ -34,6 +34,8 @@ def enable_tracking(model: nn.Module, on: bool, stat_decay: float = 0.99) -> Non
     for ffn in model.ffn_layers() if hasattr(model, "ffn_layers") else []:
         ffn.track_activations = on
         ffn.stat_decay = stat_decay
+        if on:
+            ffn.start_stats()   # before a compiled forward updates them in place
 
 
 def importance_scores(model: nn.Module, ctx: DistContext | None = None) -> list[torch.Tensor]:

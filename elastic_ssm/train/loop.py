@@ -187,7 +187,7 @@ class _Trainer:
                           "run that was interrupted", stacklevel=3)
         if hasattr(self.model, "ffn_layers"):
             for f, s in zip(self.model.ffn_layers(), rank["act_sq"]):
-                f.act_sq = None if s is None else s.to(f.w_out.weight.device)
+                f.act_sq = s
         self.stream.load_state_dict(rank["data"])
         set_rng_state(rank["rng"])
         return int(trainer["step"]), int(trainer["tokens_seen"])
