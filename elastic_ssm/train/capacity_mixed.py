@@ -36,17 +36,13 @@ def slot_rng(seed: int, step: int, stream: int) -> np.random.Generator:
 
 @dataclass(frozen=True)
 class MicroPlan:
-    """What one micro-batch computes (keyword arguments of ``LossModule.forward`` plus a log label)."""
+    """What one micro-batch computes (the arguments of ``LossModule.forward``) and its log label."""
 
     tier: TierLike = None
     label: float | int = 1.0
     ffn_grad_scale: float | None = None
     distill: tuple[str, float] | None = None
     full_ce: bool = False
-
-    def loss_kwargs(self) -> dict[str, Any]:
-        return {"tier": self.tier, "ffn_grad_scale": self.ffn_grad_scale, "distill": self.distill,
-                "full_ce": self.full_ce}
 
 
 class Recipe:
@@ -57,15 +53,12 @@ class Recipe:
     policy = "pretrain"
 
     def setup(self, model: nn.Module) -> None:
-        """Prepare the (unwrapped) model before the first step (e.g. activation statistics)."""
+        """Prepare the model before the first step: no FFN activation statistics (capacity mixing tracks them)."""
+        enable_tracking(model, False)
 
     def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
+        """The plans of the global slots ``g = 0 .. n_global - 1`` (rank k runs ``g = r x world + k``)."""
         return [MicroPlan() for _ in range(n_global)]
-
-    def local_plan(self, step: int, tokens_seen: int, n_local: int, ctx: DistContext) -> list[MicroPlan]:
-        """Plans of this rank's micro-batches ``r = 0 .. n_local - 1`` (global slot ``r x world + rank``)."""
-        plans = self.global_plan(step, tokens_seen, n_local * ctx.world_size)
-        return [plans[r * ctx.world_size + ctx.rank] for r in range(n_local)]
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                    ctx: DistContext) -> dict[str, Any]:
@@ -92,7 +85,6 @@ class CapacityMixed(Recipe):
     name = "capacity_mixed"
 
     def __init__(self, model_cfg: Any, cfg: TrainConfig) -> None:
-        """``cfg.mixing`` and ``cfg.ordering`` settings of the ``TrainConfig`` ``cfg``."""
         self.model_cfg, self.seed, self.total_steps = model_cfg, cfg.seed, cfg.steps
         self.mix, self.order = cfg.mixing, cfg.ordering
         self.capacities = tuple(float(x) for x in self.mix.capacities)
@@ -143,14 +135,10 @@ class SharedRefinement(Recipe):
     policy = "refine"
 
     def __init__(self, model_cfg: Any, cfg: TrainConfig) -> None:
-        """``cfg.refine`` settings of the ``TrainConfig`` ``cfg``."""
         r = cfg.refine
         self.capacities = tuple(float(x) for x in r.capacities)
         self.tiers = [capacity_tier(model_cfg, x) for x in self.capacities]
         self.tv_coef, self.alpha_ff, self.seed, self.mode = r.tv_coef, r.alpha_ff, cfg.seed, r.capacity_mode
-
-    def setup(self, model: nn.Module) -> None:
-        enable_tracking(model, False)
 
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "capacities": list(self.capacities), "mode": self.mode, "seed": self.seed}

@@ -1,17 +1,10 @@
-"""Atomic, resumable training checkpoints (docs/training.md, "Checkpoints and resume"). One stage directory::
-
-    step_0000250/
-        model/model.safetensors, model/config.json     (ElasticModel.save_pretrained)
-        optimizer.pt        AdamW state (moments, step counts, groups)
-        trainer.pt          step, tokens seen, LR-schedule settings, data-stream state, configs
-        rank0.pt, rank1.pt  per rank: RNG states (python, numpy, torch, cuda), FFN activation statistics
-        train_config.yaml   the TrainConfig of the run (for people; trainer.pt holds the same dict)
-        COMPLETE.json       written last: the step, the size and the sha256 of every file above
-    latest                  text file naming the newest complete directory (written atomically, last)
-
-A checkpoint is written into ``.step_XXXXXXX.tmp/`` and renamed into place; a directory without a valid
-``COMPLETE.json`` is skipped, one that fails a check is moved aside (``move_damaged``), never deleted; when
-checkpoints exist but none loads, loading is an error. Under FSDP2 the full states are gathered to rank 0.
+"""Atomic, resumable training checkpoints (docs/training.md, "Checkpoints and resume"). A stage directory holds
+``step_XXXXXXX/`` folders (``model/`` by ``save_pretrained``, ``optimizer.pt``, ``trainer.pt``, one ``rank<k>.pt``
+per rank: RNG states, FFN statistics, data position; ``train_config.yaml``; written last, ``COMPLETE.json``: the
+step, size and sha256 of every file) and ``latest``, naming the newest. A checkpoint is assembled in
+``.step_XXXXXXX.tmp/`` and renamed into place; a directory without a valid ``COMPLETE.json`` is skipped, one that
+fails a check is moved aside (``move_damaged``), never deleted; when checkpoints exist but none loads, loading is an
+error. Under FSDP2 the full states are gathered to rank 0.
 """
 
 from __future__ import annotations

@@ -12,8 +12,6 @@ and cut back to this rank's shard.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
@@ -40,12 +38,9 @@ def enable_tracking(model: nn.Module, on: bool, stat_decay: float = 0.99) -> Non
 
 def importance_scores(model: nn.Module, ctx: DistContext | None = None) -> list[torch.Tensor]:
     """Per-layer importance [F] averaged across ranks (line 24). Raises if statistics are missing."""
-    scores = []
-    for ffn in model.ffn_layers():
-        s = _importance(ffn)
-        if ctx is not None:
-            all_reduce(s, ctx, "mean")
-        scores.append(s)
+    scores = [_importance(ffn) for ffn in model.ffn_layers()]
+    for s in scores if ctx is not None else ():
+        all_reduce(s, ctx, "mean")
     return scores
 
 
@@ -90,20 +85,17 @@ def permute_optimizer_state(optimizer: torch.optim.Optimizer, param: torch.Tenso
 
 @torch.no_grad()
 def order_ffn_units(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    ctx: DistContext | None = None,
-                    scores: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """PermuteFFN on every FFN layer of ``model`` (``scores`` overrides the importances); returns the permutations.
-    Without statistics on some rank yet, every layer stays in place (identity permutations)."""
+                    ctx: DistContext | None = None) -> list[torch.Tensor]:
+    """PermuteFFN on every FFN layer of ``model``; returns the permutations. Without statistics on some rank yet,
+    every layer stays in place (identity permutations)."""
     layers = model.ffn_layers()
     perms: list[torch.Tensor] = []
     missing = torch.tensor([float(any(f.act_sq is None for f in layers))], device=layers[0].w_out.weight.device)
-    if scores is None and ctx is not None:
+    if ctx is not None:
         all_reduce(missing, ctx)  # every rank takes the same branch (the importances are a collective)
-    if scores is None and missing.item() > 0:
+    if missing.item() > 0:
         return [torch.arange(f.d_ff, device=f.w_out.weight.device) for f in layers]
-    if scores is None:
-        scores = importance_scores(model, ctx)
-    for ffn, score in zip(layers, scores):
+    for ffn, score in zip(layers, importance_scores(model, ctx)):
         perm = torch.argsort(score.to(ffn.w_out.weight.device), descending=True, stable=True)
         if optimizer is not None:
             for p, dim, per in ffn.unit_tensors():

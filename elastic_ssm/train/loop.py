@@ -49,13 +49,12 @@ from .dist import (
     no_sync,
     teacher_padding,
     unsharded_copy,
-    unwrap,
     wrap_ddp,
     wrap_fsdp,
 )
 from .losses import IGNORE_INDEX, LossModule
 from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, validation_records
-from .optim import WarmupCosine, build_adamw, set_lr
+from .optim import WarmupCosine, build_adamw
 from .preflight import StopSignals, TrainingInterrupted, config_changes, start_run
 from .recipes import make_recipe, resolve_recipe_name
 
@@ -80,24 +79,22 @@ class _Stage:
     name: str
     recipe_name: str
     steps: int
-    lr: float
+    sched: WarmupCosine          # its peak is the stage's lr
     weight_decay: float
-    warmup: int
-    min_frac: float
-    accum: int = 1
+    accum: int
 
 
-def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None, world: int = 1) -> list[_Stage]:
+def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None, world: int) -> list[_Stage]:
     out = []
     if only is None or "pretrain" in only:
-        out.append(_Stage("pretrain", recipe, cfg.steps, cfg.optim.lr, cfg.optim.weight_decay,
-                          cfg.warmup_steps, cfg.optim.min_lr_frac, cfg.micro_batches(world)))
+        sched = WarmupCosine(cfg.optim.lr, cfg.steps, cfg.warmup_steps, cfg.optim.min_lr_frac)
+        out.append(_Stage("pretrain", recipe, cfg.steps, sched, cfg.optim.weight_decay, cfg.micro_batches(world)))
     r = cfg.refine
     if (only is None and r.steps > 0 and recipe == "capacity_mixed") or (only and "refine" in only):
         if r.steps < 1:
             raise ValueError("refine(): TrainConfig.refine.steps must be >= 1")
-        out.append(_Stage("refine", "refine", r.steps, r.lr, r.weight_decay, round(r.warmup_frac * r.steps),
-                          r.min_lr_frac, cfg.micro_batches(world, "refine")))
+        sched = WarmupCosine(r.lr, r.steps, round(r.warmup_frac * r.steps), r.min_lr_frac)
+        out.append(_Stage("refine", "refine", r.steps, sched, r.weight_decay, cfg.micro_batches(world, "refine")))
     return out
 
 
@@ -153,16 +150,14 @@ class _Trainer:
         return {"rng": rng_state(), "act_sq": [None if s is None else s.cpu() for s in stats],
                 "data": self.stream.state_dict()}
 
-    def save(self, st: _Stage, step: int, tokens: int, opt: torch.optim.Optimizer,
-             sched: WarmupCosine, recipe: Any) -> None:
-        trainer = {"stage": st.name, "step": step, "tokens_seen": tokens, "schedule": sched.state_dict(),
+    def save(self, st: _Stage, step: int, tokens: int, opt: torch.optim.Optimizer, recipe: Any) -> None:
+        trainer = {"stage": st.name, "step": step, "tokens_seen": tokens, "schedule": st.sched.state_dict(),
                    "recipe": recipe.state_dict(), "train_config": self.cfg.to_dict(),
                    "model_config": self.model.config.to_dict(), "world_size": self.ctx.world_size}
         save_checkpoint(self.out / st.name, step, self.model, opt, trainer, self.rank_state(), self.ctx,
                         self.cfg.checkpoint.keep_last, self.cfg.to_yaml())
 
-    def restore(self, st: _Stage, opt: torch.optim.Optimizer, sched: WarmupCosine,
-                recipe: Any) -> tuple[int, int]:
+    def restore(self, st: _Stage, opt: torch.optim.Optimizer, recipe: Any) -> tuple[int, int]:
         got = load_checkpoint(self.out / st.name, self.model, opt, self.ctx)
         if got is None:
             return 0, 0
@@ -180,7 +175,7 @@ class _Trainer:
             raise ConfigError(f"cannot resume {self.out / st.name}: TrainConfig setting(s) that change the objective "
                               f"differ from the checkpoint's ({'; '.join(changed[:4])}); resume with the same "
                               "settings or train into a new out_dir")
-        sched.check_state(trainer["schedule"])
+        st.sched.check_state(trainer["schedule"])
         if trainer["recipe"] != recipe.state_dict():
             warnings.warn(f"resuming {st.name} with other sampling settings than the checkpoint's "
                           f"({trainer['recipe']} -> {recipe.state_dict()}); the continuation is not the "
@@ -197,9 +192,8 @@ class _Trainer:
         """Run (or resume) stage ``st``; returns whether it finished (``stop_after`` ends it early)."""
         cfg, ctx, model = self.cfg, self.ctx, self.model
         recipe = make_recipe(st.recipe_name, model, cfg, self.data, st.accum)
-        opt = build_adamw(model, st.lr, cfg.optim.betas, st.weight_decay, cfg.optim.eps, recipe.policy)
-        sched = WarmupCosine(st.lr, st.steps, st.warmup, st.min_frac)
-        step, tokens = self.restore(st, opt, sched, recipe) if resume else (0, 0)
+        opt = build_adamw(model, st.sched.peak, cfg.optim.betas, st.weight_decay, cfg.optim.eps, recipe.policy)
+        step, tokens = self.restore(st, opt, recipe) if resume else (0, 0)
         if resume and ctx.is_main:
             self.log.drop_after(st.name, step)
         end = st.steps if stop_after is None else min(st.steps, stop_after)
@@ -231,13 +225,14 @@ class _Trainer:
                     with torch.autocast(ctx.device.type, torch.bfloat16, enabled=amp):
                         if idle[r]:  # another rank's r-th micro-batch runs a teacher pass (dist.teacher_padding)
                             self.loss_mod.idle_teacher(ids, mask, cfg.loss_chunk)
-                        out = self.loss_mod(ids, labels, attention_mask=mask, chunk=cfg.loss_chunk,
-                                            **plan.loss_kwargs())
+                        out = self.loss_mod(ids, labels, plan.tier, plan.ffn_grad_scale, plan.distill, plan.full_ce,
+                                            attention_mask=mask, chunk=cfg.loss_chunk)
                     (out[0] * scale).backward()
                 sums += out.detach().double()
             gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip if cfg.optim.clip > 0 else float("inf"))
-            lr = sched(step)
-            set_lr(opt, lr)
+            lr = st.sched(step)
+            for g in opt.param_groups:
+                g["lr"] = lr
             opt.step()
             opt.zero_grad(set_to_none=True)
             events = recipe.after_step(step, model, opt, ctx)
@@ -265,11 +260,11 @@ class _Trainer:
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == st.steps:
                 self.evaluate(st.name, step)
             if saved:
-                self.save(st, step, tokens, opt, sched, recipe)
+                self.save(st, step, tokens, opt, recipe)
             if self._stop_requested():
                 if not saved:
                     self.log.flush(rec)
-                    self.save(st, step, tokens, opt, sched, recipe)
+                    self.save(st, step, tokens, opt, recipe)
                 raise TrainingInterrupted(self.stop.requested or "a signal on another rank", st.name, step,
                                           self.out / st.name / f"step_{step:07d}")
         self.log.close_bar()
@@ -362,7 +357,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
                 if ctx.is_main:
                     model = unsharded_copy(model, state, ctx.device)
             if finished and ctx.is_main:
-                path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
+                path = model.save_pretrained(Path(cfg.out_dir) / "final")
             if finished and stop.requested and ctx.is_main:
                 print(f"[train] {stop.requested} arrived during the final save; the save finished and the run is "
                       f"complete ({path})", flush=True)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["NO_DECAY_NAMES", "param_groups", "build_adamw", "WarmupCosine", "set_lr"]
+__all__ = ["NO_DECAY_NAMES", "param_groups", "build_adamw", "WarmupCosine"]
 
 #: Parameter leaf names excluded from weight decay during pretraining (E.2), besides embeddings,
 #: normalisation parameters and biases, which are recognised by module type / name.
@@ -95,9 +95,3 @@ class WarmupCosine:
         if state != self.state_dict():
             raise ValueError(f"cannot resume: the checkpoint's LR schedule {state} differs from this run's "
                              f"{self.state_dict()}; use the same steps, lr, warmup_frac and min_lr_frac")
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set the learning rate of every group."""
-    for g in optimizer.param_groups:
-        g["lr"] = lr

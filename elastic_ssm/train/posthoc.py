@@ -40,18 +40,17 @@ class PosthocRecovery(Recipe):
 
     name = "posthoc"
 
-    def __init__(self, model: nn.Module, cfg: Any, kl_coef: float = 1.0) -> None:
-        """The masks ``cfg.mixing.capacities`` of the ``TrainConfig`` ``cfg`` for ``model`` (holding its parent)."""
+    def __init__(self, model: nn.Module, cfg: Any) -> None:
         if model.__dict__.get("frozen_teacher") is None:
             raise ValueError("TrainConfig.recipe='posthoc' recovers a dense-trained parent under its frozen copy: "
                              "run `elastic-ssm recover PARENT --protocol posthoc` or elastic_ssm.train.recover."
                              "elastify, not `train` from scratch")
         self.masks = tuple(float(x) for x in cfg.mixing.capacities)
         self.tiers = [None if x == 1.0 else capacity_tier(model.config, x) for x in self.masks]
-        self.seed, self.kl_coef = cfg.seed, kl_coef
+        self.seed = cfg.seed
 
     def setup(self, model: nn.Module) -> None:
-        enable_tracking(model, False)
+        super().setup(model)
         teacher = model.__dict__["frozen_teacher"]
         teacher.to(next(model.parameters()).device).eval().requires_grad_(False)
 
@@ -60,7 +59,7 @@ class PosthocRecovery(Recipe):
 
     def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
         draws = slot_rng(self.seed, step, _POSTHOC_STREAM).integers(0, len(self.masks), size=n_global)
-        return [MicroPlan(tier=self.tiers[int(i)], label=self.masks[int(i)], distill=("kl", self.kl_coef))
+        return [MicroPlan(tier=self.tiers[int(i)], label=self.masks[int(i)], distill=("kl", 1.0))
                 for i in draws]
 
 

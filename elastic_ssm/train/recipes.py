@@ -63,7 +63,6 @@ class NestedFFN(Recipe):
     name = "nested_ffn"
 
     def __init__(self, model_cfg: Any, cfg: Any) -> None:
-        """The ``granularities`` of the MatFormer config ``model_cfg``, the seed of the ``TrainConfig`` ``cfg``."""
         grains = getattr(model_cfg, "granularities", None)
         if grains is None:
             raise ValueError(f"TrainConfig.recipe='nested_ffn' trains a MatFormer (model.arch matformer); the model "
