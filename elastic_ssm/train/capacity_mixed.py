@@ -1,12 +1,10 @@
-"""Recipes: the per-step micro-batch plan (``MicroPlan``). ESSH capacity-mixed pretraining and shared refinement.
-
-Plans are drawn for the global slots ``g = 0 .. M x world - 1`` from a generator seeded with ``(seed, step)``;
-rank ``k`` runs slots ``g = r x world + k``, so a DDP run equals one process with the same global batch.
-``CapacityMixed`` (Algorithm 1, D.4, D.5): full capacity until ``n_warm_tokens``, then the first
+"""Recipes: the per-step micro-batch plan (``MicroPlan``); ESSH capacity-mixed pretraining and shared refinement
+(their objectives: ``losses.py``). Plans are drawn for the global slots ``g = 0 .. M x world - 1`` from a generator
+seeded with ``(seed, step)``; rank ``k`` runs slots ``g = r x world + k``, so a DDP run equals one process with the
+same global batch. ``CapacityMixed`` (Algorithm 1, D.4, D.5): full capacity until ``n_warm_tokens``, then the first
 ``n_F = floor(f x M_global) + Bernoulli(frac(f x M_global))`` slots are full and the others draw uniformly from the
-capacities (full share ``f + (1 - f) / n_capacities`` in expectation); a reduced slot trains
-``CE(p_T) + kl_coef KL(sg[p_full] || p_T)`` with ``ffn_grad_scale = alpha_ff`` (Eq. 8). ``SharedRefinement`` (D.8):
-``CE(p_full) + CE(p_T) + tv_coef TV(sg[p_full], p_T)``, one capacity per step (``per_step``) or cycled (``cycle``).
+capacities (full share ``f + (1 - f) / n_capacities`` in expectation). ``SharedRefinement`` (D.8): one capacity per
+step (``per_step``) or cycled (``cycle``).
 """
 
 from __future__ import annotations

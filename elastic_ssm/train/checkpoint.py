@@ -154,15 +154,8 @@ def valid_checkpoints(stage_dir: str | Path) -> list[Path]:
 
 
 def find_checkpoint(stage_dir: str | Path) -> Path | None:
-    """The checkpoint to resume from: ``latest`` if complete, else the newest complete directory."""
-    stage_dir = Path(stage_dir)
-    pointer = stage_dir / LATEST
-    if pointer.is_file():
-        cand = stage_dir / pointer.read_text().strip()
-        if checkpoint_fault(cand) is None:
-            return cand
-        warnings.warn(f"{pointer} names {cand.name}, which is incomplete or missing; using the newest "
-                      "complete checkpoint instead", stacklevel=2)
+    """The checkpoint to resume from: the newest complete directory (``latest`` names it for people and tools; a
+    save cut short before it was rewritten leaves it one behind)."""
     valid = valid_checkpoints(stage_dir)
     return valid[0] if valid else None
 
@@ -210,7 +203,7 @@ def _load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, state: dic
 
 def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     trainer_state: dict[str, Any], rank_state: dict[str, Any], ctx: DistContext,
-                    keep_last: int = 3, config_yaml: str = "") -> Path:
+                    keep_last: int, config_yaml: str) -> Path:
     """Write checkpoint ``step`` of ``model`` (the unwrapped or FSDP2-sharded model) atomically; collective
     under DDP and FSDP."""
     stage_dir = Path(stage_dir)
@@ -220,8 +213,7 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
     name = f"step_{step:07d}"
     final, tmp = stage_dir / name, stage_dir / f".{name}.tmp"
     if ctx.is_main:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)      # a save of this step cut short
         tmp.mkdir(parents=True)
     barrier(ctx)
     _save_torch(rank_state, tmp / f"rank{ctx.rank}.pt")
@@ -229,9 +221,8 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
     if ctx.is_main:
         model.save_pretrained(tmp / "model", state_dict=model_state)
         sums = {"optimizer.pt": _save_torch(opt_state, tmp / "optimizer.pt"),
-                "trainer.pt": _save_torch(trainer_state, tmp / "trainer.pt")}
-        if config_yaml:
-            sums["train_config.yaml"] = atomic_write_bytes(tmp / "train_config.yaml", config_yaml.encode())
+                "trainer.pt": _save_torch(trainer_state, tmp / "trainer.pt"),
+                "train_config.yaml": atomic_write_bytes(tmp / "train_config.yaml", config_yaml.encode())}
         sums[f"model/{WEIGHTS_NAME}"] = json.loads((tmp / "model" / CONFIG_NAME).read_text())["weights_sha256"]
         files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
         sha = {f: sums[f] if f in sums else file_sha256(tmp / f) for f in files}  # rank files, config.json: small
@@ -281,11 +272,7 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
     applied by the loop, right before the first resumed step."""
     from safetensors.torch import load_file
 
-    candidates: list[Path] = []
-    if ctx.is_main:
-        first = find_checkpoint(stage_dir)   # when None, no checkpoint is valid
-        candidates = [first, *(p for p in valid_checkpoints(stage_dir) if p != first)] if first else []
-    candidates = broadcast_object([str(p) for p in candidates], ctx)
+    candidates = broadcast_object([str(p) for p in valid_checkpoints(stage_dir)] if ctx.is_main else [], ctx)
     sharded, cfg = is_sharded(model), getattr(model, "config", None)
     device = "cpu" if sharded else next(model.parameters()).device
     failures = []

@@ -102,12 +102,10 @@ def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_
     return DistContext(rank, world, dev, backend, True)
 
 
-def all_reduce(t: torch.Tensor, ctx: DistContext, op: str = "sum") -> torch.Tensor:
-    """In-place all-reduce (``'sum'`` or ``'mean'``) across ranks; identity for one process."""
+def all_reduce(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """In-place sum across ranks; identity for one process."""
     if ctx.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        if op == "mean":
-            t.div_(ctx.world_size)
     return t
 
 

@@ -39,8 +39,8 @@ def enable_tracking(model: nn.Module, on: bool, stat_decay: float = 0.99) -> Non
 def importance_scores(model: nn.Module, ctx: DistContext | None = None) -> list[torch.Tensor]:
     """Per-layer importance [F] averaged across ranks (line 24). Raises if statistics are missing."""
     scores = [_importance(ffn) for ffn in model.ffn_layers()]
-    for s in scores if ctx is not None else ():
-        all_reduce(s, ctx, "mean")
+    for s in scores if ctx is not None and ctx.distributed else ():
+        all_reduce(s, ctx).div_(ctx.world_size)
     return scores
 
 

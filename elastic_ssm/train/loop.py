@@ -63,15 +63,13 @@ __all__ = ["train", "refine", "TrainResult"]
 
 @dataclass
 class TrainResult:
-    """``history``: one record per optimizer step (all stages); ``evals``: validation records;
-    ``model_path``: the final model directory (``save_pretrained``); ``model``: the trained model (under
-    ``parallel='fsdp'``: an unsharded copy on rank 0, the sharded module on the other ranks)."""
+    """``history``: one record per optimizer step (all stages); ``evals``: validation records; ``model_path``: the
+    final model directory; ``model``: the trained model (fsdp: an unsharded copy on rank 0, shards elsewhere)."""
 
     history: list[dict[str, Any]]
     model_path: Path | None
     model: nn.Module
     evals: list[dict[str, Any]] = field(default_factory=list)
-    out_dir: Path | None = None
 
 
 @dataclass
@@ -296,28 +294,15 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
           resume: bool | str = False, progress: bool | str = True, distributed: bool | None = None,
           stages: tuple[str, ...] | None = None, stop_after: int | None = None, overwrite: bool = False,
           record: dict[str, Any] | None = None, tokenizer: Any = None) -> TrainResult:
-    """Train an ESSH or ES-SSM model; returns the history and the final model directory.
-
-    Args:
-        model_or_cfg: a model (trained in place; sharded in place under ``parallel='fsdp'``, use
-            ``TrainResult.model``) or its config (built with ``cfg.seed``).
-        data: iterable of micro-batches ``(input_ids [B,T], labels [B,T])`` (labels -100 ignored; ES-SSM
-            classification: labels [B]; an optional third element is an attention mask), e.g. a
-            ``PackedBatches`` sharded with this rank's ``rank``/``world_size``; or a callable
-            ``data(rank, world_size)`` returning one.
-        cfg: the ``TrainConfig``. val_data: iterable of validation batches (the first
-            ``cfg.eval.batches`` are kept and reused). resume: continue from ``cfg.out_dir`` (refused when
-            it holds no checkpoint; ``"auto"``: continue if it holds one, else start). overwrite: a fresh
-            run into an ``out_dir`` holding another run's checkpoints moves that run aside (else: refused).
-        record: the whole run settings (``RunConfig.to_dict()``): compared on resume, written to ``run.yaml``.
-        distributed: None reads the torchrun environment; False forces one process.
-        stages: None runs pretraining (+ refinement when configured); ``("refine",)`` only refinement.
-        progress: True: a step bar on a terminal and the validation lines; ``"lines"`` (``--quiet``): the lines.
-        stop_after: end this call after that many steps of the current stage (a checkpoint is written
-            there; no final model is saved); a later ``resume=True`` call continues the same schedule.
-        tokenizer: the tokenizer of the data (a spec for ``load_tokenizer`` or a tokenizer); it becomes
-            ``model.tokenizer`` and is saved with every checkpoint and the final model.
-    """
+    """Train a model (in place; under ``parallel='fsdp'`` sharded in place: use ``TrainResult.model``) or one built
+    from its config with ``cfg.seed``; docs/training.md describes every argument. ``data``: micro-batches
+    ``(input_ids [B,T], labels [B,T])`` (labels -100 ignored; ES-SSM classification: labels [B]; an optional third
+    element is an attention mask), or a callable ``data(rank, world_size)`` returning them. ``resume``: True or
+    ``"auto"``; ``record``: the run's settings (``RunConfig.to_dict()``), compared on resume and written to
+    ``run.yaml``; ``distributed=False``: one process even under torchrun; ``stages=("refine",)``: refinement only;
+    ``progress``: True (bar and lines), ``"lines"`` or False; ``stop_after``: end after that many steps of the current
+    stage, with a checkpoint there and no final model; ``tokenizer`` (a ``load_tokenizer`` spec or a tokenizer)
+    becomes ``model.tokenizer``, saved with every checkpoint and the final model."""
     ctx = init_distributed(cfg.device, distributed, cfg.dist_timeout_s)
     lock, trainer = None, None
     try:
@@ -361,7 +346,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             if finished and stop.requested and ctx.is_main:
                 print(f"[train] {stop.requested} arrived during the final save; the save finished and the run is "
                       f"complete ({path})", flush=True)
-        return TrainResult(trainer.log.history, path, model, trainer.log.evals, Path(cfg.out_dir))
+        return TrainResult(trainer.log.history, path, model, trainer.log.evals)
     except TrainingInterrupted:  # every rank stops after the same step: the usual clean close
         raise
     except OSError as e:         # a full disk or quota during a write: say what is kept and how to go on

@@ -36,10 +36,10 @@ DATA_RESUME_FREE = frozenset({"val_source"})
 class TrainingInterrupted(Exception):
     """Training stopped on a signal after a finished step; ``checkpoint`` is where it can be resumed."""
 
-    def __init__(self, signame: str, stage: str, step: int, checkpoint: Path | None) -> None:
+    def __init__(self, signame: str, stage: str, step: int, checkpoint: Path) -> None:
         self.signame, self.stage, self.step, self.checkpoint = signame, stage, step, checkpoint
-        where = f"checkpoint {checkpoint}" if checkpoint else "no new checkpoint (no step had finished)"
-        super().__init__(f"stopped by {signame} after {stage} step {step}; {where}; continue with --resume")
+        super().__init__(f"stopped by {signame} after {stage} step {step}; checkpoint {checkpoint}; continue with "
+                         "--resume")
 
 
 def check_same_arch(out: Path, saved: dict[str, Any], arch: str) -> None:

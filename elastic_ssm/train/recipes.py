@@ -21,11 +21,9 @@ _NESTED_STREAM = 3
 
 
 class BudgetDropout(Recipe):
-    """ES-SSM budget dropout (ES-SSM Sec. 4.2, Eq. 5, Algorithm 2): every step trains at one budget K_train for all
-    its micro-batches on every rank (``elastic.budget.BudgetSampler``: the full budget during warm-up and on the
-    anchor steps ``step % n_full == 0``, else the log-uniform snapped draw of Eq. 5), with the plain task loss
-    ``L_task(F_theta(u; K_train), y)``. Warm-up: ``bd_warmup_steps`` (the paper's E_warmup value is not in its
-    text)."""
+    """ES-SSM budget dropout (Sec. 4.2, Eq. 5, Algorithm 2): every micro-batch of a step trains at the budget K_train
+    of ``elastic.budget.BudgetSampler`` (full during the warm-up ``bd_warmup_steps`` and on the anchors
+    ``step % n_full == 0``, else Eq. 5's draw) with the plain task loss ``L_task(F_theta(u; K_train), y)``."""
 
     name = "budget_dropout"
 
