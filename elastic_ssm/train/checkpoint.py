@@ -160,25 +160,19 @@ def find_checkpoint(stage_dir: str | Path) -> Path | None:
     return valid[0] if valid else None
 
 
-def _full_options(**kw: Any):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, **kw)
-
-
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole state of an FSDP2-sharded model on CPU (a collective; empty off rank 0)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The gathered optimizer state of a sharded ``model`` in ``Optimizer.state_dict`` form (collective;
     empty off rank 0): parameters numbered through the param groups in order."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    osd = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
+    osd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not osd:
         return {}
     index = {fqn: i for i, fqn in enumerate(f for g in osd["param_groups"] for f in g["params"])}
@@ -189,7 +183,7 @@ def _full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) ->
 def _load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, torch.Tensor],
                   opt_state: dict[str, Any]) -> None:
     """Load full (unsharded) model and optimizer states into a sharded model; each rank keeps its shards."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     names = {id(p): n for n, p in model.named_parameters()}
     order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
@@ -197,8 +191,8 @@ def _load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, state: dic
         raise ValueError("the optimizer state has another number of parameters than the optimizer")
     osd = {"state": {order[int(i)]: v for i, v in opt_state["state"].items()},
            "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in opt_state["param_groups"]]}
-    set_model_state_dict(model, state, options=_full_options(strict=True))
-    set_optimizer_state_dict(model, optimizer, osd, options=_full_options())
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=True))
+    set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
 
 
 def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,

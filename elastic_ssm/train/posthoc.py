@@ -1,18 +1,14 @@
-"""Post-hoc elastification of a dense-trained ESSH (ESSH Appendix E.7, N.6; after Nemotron Elastic):
-
-1. **Calibration ranking** (``calibrate``) on a held-aside subset: FFN units by
-   ``I_{l,h} = abar_{l,h}^2 ||W_down[:, h]||^2`` (a plain mean over the calibration tokens), in decreasing order;
-   spectral channels keep their order (E.7), or with ``channel_order="energy"`` are ranked by their output energy
-   ``E_k = mean_t ||W_k^out z_k(t)||^2``. Both permutations leave the full model unchanged.
-2. **Nested masks**: the tiers of Eq. 7 at the mask fractions (``TrainConfig.mixing.capacities``).
-3. **Recovery** (recipe ``posthoc``): each micro-batch draws one mask and trains ``CE(p_mask, y) +
-   KL(p_parent || p_mask)`` under a frozen copy of the parent, 1% warm-up to a constant lr 1e-4
-   (``posthoc_train_config``). The parent rides on the student as ``model.__dict__["frozen_teacher"]`` (not a
-   submodule: not trained, checkpointed or wrapped), where ``LossModule`` finds it.
+"""Post-hoc elastification of a dense-trained ESSH (ESSH Appendix E.7, N.6; docs/baselines.md): ``calibrate`` ranks
+FFN units by ``I_{l,h} = abar_{l,h}^2 ||W_down[:, h]||^2`` (a plain mean over the calibration tokens) and, with
+``channel_order="energy"``, spectral channels by ``E_k = mean_t ||W_k^out z_k(t)||^2`` (both permutations leave the
+full model unchanged); recipe ``posthoc`` draws one mask (Eq. 7 tiers) per micro-batch and trains
+``CE(p_mask, y) + KL(p_parent || p_mask)`` (``posthoc_train_config``). The frozen parent rides on the student as
+``model.__dict__["frozen_teacher"]`` (not a submodule: not trained, checkpointed or wrapped) for ``LossModule``.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -103,13 +99,10 @@ def calibrate(model: nn.Module, batches: list[Any], channel_order: str = "origin
     ffns = model.ffn_layers()
     mixers = [b.mixer for b in model.blocks if getattr(b, "kind", "") == "S"]
     energy = [torch.zeros(m.K, dtype=torch.float64) for m in mixers]
-    hooks = []
-    if channel_order == "energy":
-        def hook(i):
-            def add(mod, args) -> None:       # args = (u, K, valid) of SpectralMixer.forward; returns None
-                energy[i].add_(channel_energy(mod, args[0], args[2] if len(args) > 2 else None))
-            return add
-        hooks = [m.register_forward_pre_hook(hook(i)) for i, m in enumerate(mixers)]
+
+    def add(e, mod, args) -> None:       # args = (u, K, valid) of SpectralMixer.forward; returns None
+        e.add_(channel_energy(mod, args[0], args[2] if len(args) > 2 else None))
+    hooks = [m.register_forward_pre_hook(partial(add, e)) for m, e in zip(mixers, energy) if channel_order == "energy"]
     was_training = model.training
     model.train()                                   # activation statistics are gathered in training mode
     for f in ffns:
