@@ -134,7 +134,7 @@ class LossModule(nn.Module):
             raise ValueError(f"loss_chunk > 0 needs a model with hidden_states/logits_from_hidden; "
                              f"{type(self.model).__name__} has none: set loss_chunk=0")
         teacher = None
-        frozen = self.model.__dict__.get("frozen_teacher")   # post-hoc recovery's parent (train/posthoc.py)
+        frozen = self.model.__dict__.get("frozen_teacher")   # post-hoc recovery's parent (train/recover.py)
         if full_ce:
             teacher = self._out(input_ids, None, attention_mask, None, hidden)
         elif distill is not None and frozen is not None:
