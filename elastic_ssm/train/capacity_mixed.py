@@ -20,7 +20,7 @@ from torch import nn
 from ..config import TierLike, TrainConfig
 from ..elastic.tiers import capacity_tier, resolve_tier
 from .dist import DistContext
-from .ffn_order import enable_tracking, order_ffn_units, should_order
+from .ffn_order import enable_tracking, order_ffn_units
 
 __all__ = ["MicroPlan", "Recipe", "CapacityMixed", "SharedRefinement", "slot_rng"]
 
@@ -120,7 +120,8 @@ class CapacityMixed(Recipe):
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                    ctx: DistContext) -> dict[str, Any]:
-        if not should_order(step, self.total_steps, self.order.every, self.order.until):
+        every = self.order.every       # Algorithm 1 line 22 for the 0-based step that has just been applied
+        if not (every > 0 and step > 0 and step % every == 0 and step < self.order.until * self.total_steps):
             return {}
         order_ffn_units(model, optimizer, ctx)
         return {"ffn_ordered": True}

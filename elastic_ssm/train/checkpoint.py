@@ -29,7 +29,7 @@ from ..utils.files import atomic_write_bytes, free_stamped_path, fsync_dir
 from .dist import DistContext, barrier, broadcast_object, is_sharded
 
 __all__ = ["DataStream", "save_checkpoint", "load_checkpoint", "find_checkpoint", "valid_checkpoints",
-           "checkpoint_dirs", "rng_state", "set_rng_state", "full_model_state", "verify_checkpoint", "COMPLETE",
+           "checkpoint_dirs", "rng_state", "set_rng_state", "full_model_state", "COMPLETE",
            "LATEST", "checkpoint_fault", "move_damaged", "file_sha256"]
 
 COMPLETE, LATEST = "COMPLETE.json", "latest"
@@ -112,7 +112,7 @@ def checkpoint_dirs(stage_dir: Path) -> list[Path]:
 
 def checkpoint_fault(path: Path) -> str | None:
     """What makes checkpoint directory ``path`` unusable, naming the file; None when its ``COMPLETE.json`` lists
-    every file at its recorded size (sizes only: ``verify_checkpoint`` hashes)."""
+    every file at its recorded size (sizes only: ``load_checkpoint`` compares the hashes)."""
     marker = path / COMPLETE
     if not marker.is_file():
         return f"it has no {COMPLETE} (its save or its deletion was cut short)"
@@ -198,8 +198,7 @@ def _load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, state: dic
 def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     trainer_state: dict[str, Any], rank_state: dict[str, Any], ctx: DistContext,
                     keep_last: int, config_yaml: str) -> Path:
-    """Write checkpoint ``step`` of ``model`` (the unwrapped or FSDP2-sharded model) atomically; collective
-    under DDP and FSDP."""
+    """Write checkpoint ``step`` of ``model`` (FSDP2-sharded or not) atomically; a collective of every rank."""
     stage_dir = Path(stage_dir)
     sharded = is_sharded(model)
     model_state, opt_state = (full_model_state(model), _full_optimizer_state(model, optimizer)) if sharded \
@@ -243,27 +242,16 @@ def _load(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def verify_checkpoint(path: Path) -> None:
-    """Compare every file of checkpoint ``path`` with the sha256 recorded in its ``COMPLETE.json``; raises
-    ``CheckpointError`` naming the first file that differs (checkpoints written before checksums: sizes only)."""
-    meta = json.loads((path / COMPLETE).read_text())
-    for name, digest in (meta.get("sha256") or {}).items():
-        if file_sha256(path / name) != digest:
-            raise CheckpointError(f"{path / name}: sha256 checksum mismatch with {COMPLETE} (same-size corruption)")
-
-
 class _OtherModel(ValueError):
     """A checkpoint of a model with another config: a refusal, not a damaged file to skip."""
 
 
 def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                     ctx: DistContext) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """Restore ``model`` and ``optimizer`` from the newest usable checkpoint of ``stage_dir``.
-
-    Returns ``(trainer_state, rank_state)`` or ``None`` when there is no checkpoint; one that fails to load is
-    skipped with a warning; one of a model with another config (``config_changes`` from its ``model_config``,
-    upgraded by ``ModelConfig.upgrade_record``, less ``ModelConfig.RESUME_FREE``) is refused. RNG states are
-    applied by the loop, right before the first resumed step."""
+    """Restore ``model`` and ``optimizer`` from the newest usable checkpoint of ``stage_dir``; returns
+    ``(trainer_state, rank_state)`` (the loop applies the RNG states) or None when there is none. One that fails to
+    load is skipped with a warning; one of another model config (``config_changes`` of its upgraded ``model_config``,
+    less ``ModelConfig.RESUME_FREE``) is refused."""
     from safetensors.torch import load_file
 
     candidates = broadcast_object([str(p) for p in valid_checkpoints(stage_dir)] if ctx.is_main else [], ctx)
@@ -271,8 +259,11 @@ def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.op
     device = "cpu" if sharded else next(model.parameters()).device
     failures = []
     for cand in map(Path, candidates):
-        try:
-            verify_checkpoint(cand)
+        try:        # every file against its sha256 in COMPLETE.json (checkpoints written before checksums: sizes)
+            for name, digest in (json.loads((cand / COMPLETE).read_text()).get("sha256") or {}).items():
+                if file_sha256(cand / name) != digest:
+                    raise CheckpointError(f"{cand / name}: sha256 checksum mismatch with {COMPLETE} (same-size "
+                                          "corruption)")
             trainer = _load(cand / "trainer.pt")
             saved = trainer.get("model_config") if isinstance(trainer, dict) else None
             changed = config_changes(type(cfg).upgrade_record(saved), cfg.to_dict(), cfg.RESUME_FREE) \

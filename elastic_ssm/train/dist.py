@@ -271,10 +271,8 @@ class StepWatch:
         self.where: tuple[str, int] | None = None
         self._since = time.monotonic()
         self._stop = threading.Event()
-        self._thread = None
         if ctx.distributed and ctx.backend == "nccl":
-            self._thread = threading.Thread(target=self._run, name="elastic-ssm-step-watch", daemon=True)
-            self._thread.start()
+            threading.Thread(target=self._run, name="elastic-ssm-step-watch", daemon=True).start()
 
     def mark(self, stage: str, step: int) -> None:
         """This rank starts ``stage`` step ``step`` (1-based) now."""

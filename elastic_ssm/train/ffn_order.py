@@ -17,13 +17,8 @@ from torch import nn
 from ..layers.ffn import unit_index, unit_norms_sq
 from .dist import DistContext, _is_dtensor, all_reduce, full_tensor, shard_like
 
-__all__ = ["should_order", "enable_tracking", "importance_scores", "permute_optimizer_state",
+__all__ = ["enable_tracking", "importance_scores", "permute_optimizer_state",
            "order_ffn_units"]
-
-
-def should_order(step: int, total_steps: int, order_every: int, order_until: float) -> bool:
-    """Algorithm 1 line 22 for the 0-based step ``step`` that has just been applied."""
-    return order_every > 0 and step > 0 and step % order_every == 0 and step < order_until * total_steps
 
 
 def enable_tracking(model: nn.Module, on: bool, stat_decay: float = 0.99) -> None:

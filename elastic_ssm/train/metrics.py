@@ -142,17 +142,14 @@ def eval_tier_list(model: nn.Module, names: Iterable[str] = ()) -> list[Any]:
     """The tiers to validate: ``names`` resolved against the model (tier words: ES-SSM ``"8"`` is K8), or every
     deployment tier."""
     names = list(names)
-    if not names:
-        return list(model.tier_table())
-    return [model.resolve_tier(tier_word(n)) for n in names]
+    return [model.resolve_tier(tier_word(n)) for n in names] if names else list(model.tier_table())
 
 
 @torch.no_grad()
 def validation_records(model: nn.Module, batches: list[Any], tiers: list[Any], ctx: DistContext,
                        bpt_bytes: float = 0.0, precision: str = "fp32") -> list[dict[str, Any]]:
-    """``metrics.jsonl`` records of the validation of ``model`` at every tier: the one
-    ``eval.perplexity.evaluate_tiers`` with its sums all-reduced across ranks; loss, tokens, accuracy, and
-    for language models bits per token and bits per byte when ``bpt_bytes`` > 0."""
+    """``metrics.jsonl`` records of ``eval.perplexity.evaluate_tiers`` at every tier, its sums all-reduced across
+    ranks: loss, tokens, accuracy and, for language models, bits per token (and per byte when ``bpt_bytes`` > 0)."""
     from ..eval.perplexity import evaluate_tiers
 
     classify = getattr(model.config, "task", "lm") == "classify"
