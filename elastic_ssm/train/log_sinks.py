@@ -85,7 +85,6 @@ class WandbSink:
         import wandb
 
         (out_dir / "wandb").mkdir(parents=True, exist_ok=True)
-        self.wandb = wandb
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "elastic_ssm"), name=out_dir.name,
                               dir=str(out_dir), config=run, resume="allow")
 

@@ -257,9 +257,7 @@ def clean_stale_files(out: str | Path) -> list[Path]:
         dirs = checkpoint_dirs(out / s)
         faults = {p: checkpoint_fault(p) for p in dirs}
         good = [p for p in dirs if faults[p] is None]
-        for p in dirs:
-            if faults[p] is None:
-                continue
+        for p in (p for p in dirs if faults[p] is not None):
             removed.append(p)
             if not (p / COMPLETE).exists() and good and step_of(p) < step_of(good[0]):
                 warnings.warn(f"removing {p} (an old checkpoint whose deletion was cut short)", stacklevel=2)
