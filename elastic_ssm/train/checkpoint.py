@@ -56,9 +56,8 @@ class DataStream:
         if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
             raise TypeError("each training micro-batch must be (input_ids, labels) or (input_ids, labels, "
                             f"attention_mask); got {type(batch).__name__}")
-        nb = device.type == "cuda"
-        ids, labels = batch[0].to(device, non_blocking=nb), batch[1].to(device, non_blocking=nb)
-        return ids, labels, batch[2].to(device, non_blocking=nb) if len(batch) == 3 else None
+        moved = tuple(t.to(device, non_blocking=device.type == "cuda") for t in batch)
+        return moved if len(moved) == 3 else (*moved, None)
 
     def state_dict(self) -> dict[str, Any]:
         inner = self.data.state_dict() if hasattr(self.data, "state_dict") else None

@@ -39,12 +39,10 @@ def importance_scores(model: nn.Module, ctx: DistContext | None = None) -> list[
 
 
 def _importance(ffn: nn.Module) -> torch.Tensor:
-    """``ffn.importance()`` [F] (float32 copy); with a sharded down weight the same formula on its full value."""
-    if not _is_dtensor(ffn.w_out.weight):
-        return ffn.importance().float().clone()
-    if ffn.act_sq is None:
-        return ffn.importance()  # raises the layer's error about missing statistics
-    return ffn.act_sq.float() * unit_norms_sq(full_tensor(ffn.w_out.weight))
+    """``ffn.importance()`` [F] (float32); with a sharded down weight the same formula on its full value."""
+    if not _is_dtensor(ffn.w_out.weight) or ffn.act_sq is None:
+        return ffn.importance()  # without statistics: the layer's error
+    return ffn.act_sq * unit_norms_sq(full_tensor(ffn.w_out.weight))
 
 
 def _permuted(t: torch.Tensor, perm: torch.Tensor, dim: int = 0, per_unit: int = 1) -> torch.Tensor:

@@ -139,9 +139,7 @@ class _Trainer:
                 check_same_count(len(self._val), self.ctx, "validation batches")
         tiers = eval_tier_list(self.model, self.cfg.eval.tiers)
         recs = validation_records(self.model, self._val, tiers, self.ctx, self.bpb, self.precision)
-        for r in recs:
-            r.update(stage=stage, step=step)
-        self.log.eval_results(recs)
+        self.log.eval_results([{**r, "stage": stage, "step": step} for r in recs])
 
     def rank_state(self) -> dict[str, Any]:
         stats = [f.act_sq for f in self.model.ffn_layers()] if hasattr(self.model, "ffn_layers") else []
