@@ -127,7 +127,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 def _check_recovery(args: argparse.Namespace, parent, t, tiers: list[str] | None) -> None:
     """What the recovery would reject only after evaluating the truncated model (minutes at scale): its length,
     post-hoc masks, run directories that are files or hold another run, an earlier ``recovery.csv``."""
-    from .train.posthoc import posthoc_train_config
+    from .train.recover import posthoc_train_config
     from .train.rundir import run_artifacts
 
     if t.refine.steps < 1:

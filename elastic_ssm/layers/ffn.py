@@ -44,7 +44,6 @@ class SwiGLU(nn.Module):
         self.grad_scale: float | None = None   # D.4's alpha_ff, set by train.losses.ffn_grad_scaled
         self.track_activations = False
         self.stat_decay = 0.99
-        self.act_sq: torch.Tensor | None = None                   # [F] running mean of a_h^2
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -83,13 +82,36 @@ class SwiGLU(nn.Module):
         w_out = linear_weight(self.w_out, cols=n)
         return FFNPlan(linear_weight(self.w_in, rows=2 * n), w_out, in_by_out_copy(w_out, split_copy))
 
+    def start_stats(self) -> None:
+        """Allocate the statistics (outside a forward): non-persistent buffers ``stat_sq`` [F] (float32) and
+        ``stat_seen`` (a 0-dim bool). Every update overwrites them in place, so under ``torch.compile`` with CUDA
+        graphs they are never a graph output that the next replay overwrites."""
+        if "stat_sq" not in self._buffers:
+            dev = self.w_out.weight.device
+            self.register_buffer("stat_sq", torch.zeros(self.d_ff, device=dev), persistent=False)
+            self.register_buffer("stat_seen", torch.zeros((), dtype=torch.bool, device=dev), persistent=False)
+
+    @property
+    def act_sq(self) -> torch.Tensor | None:
+        """[F] running mean of a_h^2 (D.3): the first tracked full-width step's mean, then an EMA of decay
+        ``stat_decay``; None before that step. Setting it copies the value in (None: no statistics)."""
+        return self.stat_sq if "stat_sq" in self._buffers and bool(self.stat_seen) else None
+
+    @act_sq.setter
+    def act_sq(self, value: torch.Tensor | None) -> None:
+        self.start_stats()
+        if value is not None:
+            self.stat_sq.copy_(value)
+        self.stat_seen.fill_(value is not None)
+
     @torch.no_grad()
     def _update_stats(self, act: torch.Tensor) -> None:
-        m = act.detach().float().pow(2).reshape(-1, act.shape[-1]).mean(0)
-        if self.act_sq is None or self.act_sq.shape != m.shape:
-            self.act_sq = m
-        else:
-            self.act_sq.mul_(self.stat_decay).add_(m, alpha=1 - self.stat_decay)
+        m = act.detach().float().pow(2).reshape(-1, act.shape[-1]).mean(0)     # [F]
+        if "stat_sq" not in self._buffers:                  # tracking switched on by hand, in eager mode
+            self.start_stats()
+        ema = torch.add(self.stat_sq * self.stat_decay, m, alpha=1 - self.stat_decay)
+        self.stat_sq.copy_(torch.where(self.stat_seen, ema, m))
+        self.stat_seen.fill_(True)
 
     def importance(self) -> torch.Tensor:
         """I_h = abar_h^2 * ||W_down[:, h]||^2 (ESSH D.3 / Algorithm 1 line 24); [F]."""
@@ -107,8 +129,8 @@ class SwiGLU(nn.Module):
         """Reorder units by ``perm`` (new unit i = old unit perm[i]); the full-width function is unchanged."""
         for p, dim, per in self.unit_tensors():
             p.copy_(p.index_select(dim, unit_index(perm.to(p.device), per)))
-        if self.act_sq is not None:
-            self.act_sq = self.act_sq[perm.to(self.act_sq.device)]
+        if "stat_sq" in self._buffers:
+            self.stat_sq.copy_(self.stat_sq[perm.to(self.stat_sq.device)])
 
 
 def unit_norms_sq(w_out: torch.Tensor) -> torch.Tensor:

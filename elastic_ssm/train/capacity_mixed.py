@@ -1,12 +1,10 @@
-"""Recipes: the per-step micro-batch plan (``MicroPlan``). ESSH capacity-mixed pretraining and shared refinement.
-
-Plans are drawn for the global slots ``g = 0 .. M x world - 1`` from a generator seeded with ``(seed, step)``;
-rank ``k`` runs slots ``g = r x world + k``, so a DDP run equals one process with the same global batch.
-``CapacityMixed`` (Algorithm 1, D.4, D.5): full capacity until ``n_warm_tokens``, then the first
+"""Recipes: the per-step micro-batch plan (``MicroPlan``); ESSH capacity-mixed pretraining and shared refinement
+(their objectives: ``losses.py``). Plans are drawn for the global slots ``g = 0 .. M x world - 1`` from a generator
+seeded with ``(seed, step)``; rank ``k`` runs slots ``g = r x world + k``, so a DDP run equals one process with the
+same global batch. ``CapacityMixed`` (Algorithm 1, D.4, D.5): full capacity until ``n_warm_tokens``, then the first
 ``n_F = floor(f x M_global) + Bernoulli(frac(f x M_global))`` slots are full and the others draw uniformly from the
-capacities (full share ``f + (1 - f) / n_capacities`` in expectation); a reduced slot trains
-``CE(p_T) + kl_coef KL(sg[p_full] || p_T)`` with ``ffn_grad_scale = alpha_ff`` (Eq. 8). ``SharedRefinement`` (D.8):
-``CE(p_full) + CE(p_T) + tv_coef TV(sg[p_full], p_T)``, one capacity per step (``per_step``) or cycled (``cycle``).
+capacities (full share ``f + (1 - f) / n_capacities`` in expectation). ``SharedRefinement`` (D.8): one capacity per
+step (``per_step``) or cycled (``cycle``).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from torch import nn
 from ..config import TierLike, TrainConfig
 from ..elastic.tiers import capacity_tier, resolve_tier
 from .dist import DistContext
-from .ffn_order import enable_tracking, order_ffn_units, should_order
+from .ffn_order import enable_tracking, order_ffn_units
 
 __all__ = ["MicroPlan", "Recipe", "CapacityMixed", "SharedRefinement", "slot_rng"]
 
@@ -36,17 +34,13 @@ def slot_rng(seed: int, step: int, stream: int) -> np.random.Generator:
 
 @dataclass(frozen=True)
 class MicroPlan:
-    """What one micro-batch computes (keyword arguments of ``LossModule.forward`` plus a log label)."""
+    """What one micro-batch computes (the arguments of ``LossModule.forward``) and its log label."""
 
     tier: TierLike = None
     label: float | int = 1.0
     ffn_grad_scale: float | None = None
     distill: tuple[str, float] | None = None
     full_ce: bool = False
-
-    def loss_kwargs(self) -> dict[str, Any]:
-        return {"tier": self.tier, "ffn_grad_scale": self.ffn_grad_scale, "distill": self.distill,
-                "full_ce": self.full_ce}
 
 
 class Recipe:
@@ -57,15 +51,12 @@ class Recipe:
     policy = "pretrain"
 
     def setup(self, model: nn.Module) -> None:
-        """Prepare the (unwrapped) model before the first step (e.g. activation statistics)."""
+        """Prepare the model before the first step: no FFN activation statistics (capacity mixing tracks them)."""
+        enable_tracking(model, False)
 
     def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
+        """The plans of the global slots ``g = 0 .. n_global - 1`` (rank k runs ``g = r x world + k``)."""
         return [MicroPlan() for _ in range(n_global)]
-
-    def local_plan(self, step: int, tokens_seen: int, n_local: int, ctx: DistContext) -> list[MicroPlan]:
-        """Plans of this rank's micro-batches ``r = 0 .. n_local - 1`` (global slot ``r x world + rank``)."""
-        plans = self.global_plan(step, tokens_seen, n_local * ctx.world_size)
-        return [plans[r * ctx.world_size + ctx.rank] for r in range(n_local)]
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                    ctx: DistContext) -> dict[str, Any]:
@@ -92,7 +83,6 @@ class CapacityMixed(Recipe):
     name = "capacity_mixed"
 
     def __init__(self, model_cfg: Any, cfg: TrainConfig) -> None:
-        """``cfg.mixing`` and ``cfg.ordering`` settings of the ``TrainConfig`` ``cfg``."""
         self.model_cfg, self.seed, self.total_steps = model_cfg, cfg.seed, cfg.steps
         self.mix, self.order = cfg.mixing, cfg.ordering
         self.capacities = tuple(float(x) for x in self.mix.capacities)
@@ -130,7 +120,8 @@ class CapacityMixed(Recipe):
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                    ctx: DistContext) -> dict[str, Any]:
-        if not should_order(step, self.total_steps, self.order.every, self.order.until):
+        every = self.order.every       # Algorithm 1 line 22 for the 0-based step that has just been applied
+        if not (every > 0 and step > 0 and step % every == 0 and step < self.order.until * self.total_steps):
             return {}
         order_ffn_units(model, optimizer, ctx)
         return {"ffn_ordered": True}
@@ -143,14 +134,10 @@ class SharedRefinement(Recipe):
     policy = "refine"
 
     def __init__(self, model_cfg: Any, cfg: TrainConfig) -> None:
-        """``cfg.refine`` settings of the ``TrainConfig`` ``cfg``."""
         r = cfg.refine
         self.capacities = tuple(float(x) for x in r.capacities)
         self.tiers = [capacity_tier(model_cfg, x) for x in self.capacities]
         self.tv_coef, self.alpha_ff, self.seed, self.mode = r.tv_coef, r.alpha_ff, cfg.seed, r.capacity_mode
-
-    def setup(self, model: nn.Module) -> None:
-        enable_tracking(model, False)
 
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "capacities": list(self.capacities), "mode": self.mode, "seed": self.seed}

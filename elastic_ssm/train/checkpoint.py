@@ -1,17 +1,10 @@
-"""Atomic, resumable training checkpoints (docs/training.md, "Checkpoints and resume"). One stage directory::
-
-    step_0000250/
-        model/model.safetensors, model/config.json     (ElasticModel.save_pretrained)
-        optimizer.pt        AdamW state (moments, step counts, groups)
-        trainer.pt          step, tokens seen, LR-schedule settings, data-stream state, configs
-        rank0.pt, rank1.pt  per rank: RNG states (python, numpy, torch, cuda), FFN activation statistics
-        train_config.yaml   the TrainConfig of the run (for people; trainer.pt holds the same dict)
-        COMPLETE.json       written last: the step, the size and the sha256 of every file above
-    latest                  text file naming the newest complete directory (written atomically, last)
-
-A checkpoint is written into ``.step_XXXXXXX.tmp/`` and renamed into place; a directory without a valid
-``COMPLETE.json`` is skipped, one that fails a check is moved aside (``move_damaged``), never deleted; when
-checkpoints exist but none loads, loading is an error. Under FSDP2 the full states are gathered to rank 0.
+"""Atomic, resumable training checkpoints (docs/training.md, "Checkpoints and resume"). A stage directory holds
+``step_XXXXXXX/`` folders (``model/`` by ``save_pretrained``, ``optimizer.pt``, ``trainer.pt``, one ``rank<k>.pt``
+per rank: RNG states, FFN statistics, data position; ``train_config.yaml``; written last, ``COMPLETE.json``: the
+step, size and sha256 of every file) and ``latest``, naming the newest. A checkpoint is assembled in
+``.step_XXXXXXX.tmp/`` and renamed into place; a directory without a valid ``COMPLETE.json`` is skipped, one that
+fails a check is moved aside (``move_damaged``), never deleted; when checkpoints exist but none loads, loading is an
+error. Under FSDP2 the full states are gathered to rank 0.
 """
 
 from __future__ import annotations
@@ -36,7 +29,7 @@ from ..utils.files import atomic_write_bytes, free_stamped_path, fsync_dir
 from .dist import DistContext, barrier, broadcast_object, is_sharded
 
 __all__ = ["DataStream", "save_checkpoint", "load_checkpoint", "find_checkpoint", "valid_checkpoints",
-           "checkpoint_dirs", "rng_state", "set_rng_state", "full_model_state", "verify_checkpoint", "COMPLETE",
+           "checkpoint_dirs", "rng_state", "set_rng_state", "full_model_state", "COMPLETE",
            "LATEST", "checkpoint_fault", "move_damaged", "file_sha256"]
 
 COMPLETE, LATEST = "COMPLETE.json", "latest"
@@ -63,9 +56,8 @@ class DataStream:
         if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
             raise TypeError("each training micro-batch must be (input_ids, labels) or (input_ids, labels, "
                             f"attention_mask); got {type(batch).__name__}")
-        nb = device.type == "cuda"
-        ids, labels = batch[0].to(device, non_blocking=nb), batch[1].to(device, non_blocking=nb)
-        return ids, labels, batch[2].to(device, non_blocking=nb) if len(batch) == 3 else None
+        moved = tuple(t.to(device, non_blocking=device.type == "cuda") for t in batch)
+        return moved if len(moved) == 3 else (*moved, None)
 
     def state_dict(self) -> dict[str, Any]:
         inner = self.data.state_dict() if hasattr(self.data, "state_dict") else None
@@ -119,7 +111,7 @@ def checkpoint_dirs(stage_dir: Path) -> list[Path]:
 
 def checkpoint_fault(path: Path) -> str | None:
     """What makes checkpoint directory ``path`` unusable, naming the file; None when its ``COMPLETE.json`` lists
-    every file at its recorded size (sizes only: ``verify_checkpoint`` hashes)."""
+    every file at its recorded size (sizes only: ``load_checkpoint`` compares the hashes)."""
     marker = path / COMPLETE
     if not marker.is_file():
         return f"it has no {COMPLETE} (its save or its deletion was cut short)"
@@ -161,38 +153,25 @@ def valid_checkpoints(stage_dir: str | Path) -> list[Path]:
 
 
 def find_checkpoint(stage_dir: str | Path) -> Path | None:
-    """The checkpoint to resume from: ``latest`` if complete, else the newest complete directory."""
-    stage_dir = Path(stage_dir)
-    pointer = stage_dir / LATEST
-    if pointer.is_file():
-        cand = stage_dir / pointer.read_text().strip()
-        if checkpoint_fault(cand) is None:
-            return cand
-        warnings.warn(f"{pointer} names {cand.name}, which is incomplete or missing; using the newest "
-                      "complete checkpoint instead", stacklevel=2)
+    """The checkpoint to resume from: the newest complete directory (``latest`` names it for people and tools; a
+    save cut short before it was rewritten leaves it one behind)."""
     valid = valid_checkpoints(stage_dir)
     return valid[0] if valid else None
 
 
-def _full_options(**kw: Any):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, **kw)
-
-
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole state of an FSDP2-sharded model on CPU (a collective; empty off rank 0)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The gathered optimizer state of a sharded ``model`` in ``Optimizer.state_dict`` form (collective;
     empty off rank 0): parameters numbered through the param groups in order."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    osd = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
+    osd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not osd:
         return {}
     index = {fqn: i for i, fqn in enumerate(f for g in osd["param_groups"] for f in g["params"])}
@@ -203,7 +182,7 @@ def _full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) ->
 def _load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, torch.Tensor],
                   opt_state: dict[str, Any]) -> None:
     """Load full (unsharded) model and optimizer states into a sharded model; each rank keeps its shards."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     names = {id(p): n for n, p in model.named_parameters()}
     order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
@@ -211,15 +190,14 @@ def _load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, state: dic
         raise ValueError("the optimizer state has another number of parameters than the optimizer")
     osd = {"state": {order[int(i)]: v for i, v in opt_state["state"].items()},
            "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in opt_state["param_groups"]]}
-    set_model_state_dict(model, state, options=_full_options(strict=True))
-    set_optimizer_state_dict(model, optimizer, osd, options=_full_options())
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=True))
+    set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
 
 
 def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     trainer_state: dict[str, Any], rank_state: dict[str, Any], ctx: DistContext,
-                    keep_last: int = 3, config_yaml: str = "") -> Path:
-    """Write checkpoint ``step`` of ``model`` (the unwrapped or FSDP2-sharded model) atomically; collective
-    under DDP and FSDP."""
+                    keep_last: int, config_yaml: str) -> Path:
+    """Write checkpoint ``step`` of ``model`` (FSDP2-sharded or not) atomically; a collective of every rank."""
     stage_dir = Path(stage_dir)
     sharded = is_sharded(model)
     model_state, opt_state = (full_model_state(model), _full_optimizer_state(model, optimizer)) if sharded \
@@ -227,8 +205,7 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
     name = f"step_{step:07d}"
     final, tmp = stage_dir / name, stage_dir / f".{name}.tmp"
     if ctx.is_main:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)      # a save of this step cut short
         tmp.mkdir(parents=True)
     barrier(ctx)
     _save_torch(rank_state, tmp / f"rank{ctx.rank}.pt")
@@ -236,9 +213,8 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
     if ctx.is_main:
         model.save_pretrained(tmp / "model", state_dict=model_state)
         sums = {"optimizer.pt": _save_torch(opt_state, tmp / "optimizer.pt"),
-                "trainer.pt": _save_torch(trainer_state, tmp / "trainer.pt")}
-        if config_yaml:
-            sums["train_config.yaml"] = atomic_write_bytes(tmp / "train_config.yaml", config_yaml.encode())
+                "trainer.pt": _save_torch(trainer_state, tmp / "trainer.pt"),
+                "train_config.yaml": atomic_write_bytes(tmp / "train_config.yaml", config_yaml.encode())}
         sums[f"model/{WEIGHTS_NAME}"] = json.loads((tmp / "model" / CONFIG_NAME).read_text())["weights_sha256"]
         files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
         sha = {f: sums[f] if f in sums else file_sha256(tmp / f) for f in files}  # rank files, config.json: small
@@ -265,40 +241,28 @@ def _load(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def verify_checkpoint(path: Path) -> None:
-    """Compare every file of checkpoint ``path`` with the sha256 recorded in its ``COMPLETE.json``; raises
-    ``CheckpointError`` naming the first file that differs (checkpoints written before checksums: sizes only)."""
-    meta = json.loads((path / COMPLETE).read_text())
-    for name, digest in (meta.get("sha256") or {}).items():
-        if file_sha256(path / name) != digest:
-            raise CheckpointError(f"{path / name}: sha256 checksum mismatch with {COMPLETE} (same-size corruption)")
-
-
 class _OtherModel(ValueError):
     """A checkpoint of a model with another config: a refusal, not a damaged file to skip."""
 
 
 def load_checkpoint(stage_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                     ctx: DistContext) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """Restore ``model`` and ``optimizer`` from the newest usable checkpoint of ``stage_dir``.
-
-    Returns ``(trainer_state, rank_state)`` or ``None`` when there is no checkpoint; one that fails to load is
-    skipped with a warning; one of a model with another config (``config_changes`` from its ``model_config``,
-    upgraded by ``ModelConfig.upgrade_record``, less ``ModelConfig.RESUME_FREE``) is refused. RNG states are
-    applied by the loop, right before the first resumed step."""
+    """Restore ``model`` and ``optimizer`` from the newest usable checkpoint of ``stage_dir``; returns
+    ``(trainer_state, rank_state)`` (the loop applies the RNG states) or None when there is none. One that fails to
+    load is skipped with a warning; one of another model config (``config_changes`` of its upgraded ``model_config``,
+    less ``ModelConfig.RESUME_FREE``) is refused."""
     from safetensors.torch import load_file
 
-    candidates: list[Path] = []
-    if ctx.is_main:
-        first = find_checkpoint(stage_dir)   # when None, no checkpoint is valid
-        candidates = [first, *(p for p in valid_checkpoints(stage_dir) if p != first)] if first else []
-    candidates = broadcast_object([str(p) for p in candidates], ctx)
+    candidates = broadcast_object([str(p) for p in valid_checkpoints(stage_dir)] if ctx.is_main else [], ctx)
     sharded, cfg = is_sharded(model), getattr(model, "config", None)
     device = "cpu" if sharded else next(model.parameters()).device
     failures = []
     for cand in map(Path, candidates):
-        try:
-            verify_checkpoint(cand)
+        try:        # every file against its sha256 in COMPLETE.json (checkpoints written before checksums: sizes)
+            for name, digest in (json.loads((cand / COMPLETE).read_text()).get("sha256") or {}).items():
+                if file_sha256(cand / name) != digest:
+                    raise CheckpointError(f"{cand / name}: sha256 checksum mismatch with {COMPLETE} (same-size "
+                                          "corruption)")
             trainer = _load(cand / "trainer.pt")
             saved = trainer.get("model_config") if isinstance(trainer, dict) else None
             changed = config_changes(type(cfg).upgrade_record(saved), cfg.to_dict(), cfg.RESUME_FREE) \

@@ -1,15 +1,10 @@
-"""Process groups for one code path on CPU, one GPU and ``torchrun``: ``init_distributed`` (the torchrun
-environment; NCCL on CUDA, gloo on CPU; without it a single-process context whose collectives are the identity),
-``wrap_ddp`` (gradients accumulate under ``no_sync``, all-reduced with the last backward: Alg. 1 line 20) and
-``wrap_fsdp`` (FSDP2 ``fully_shard`` per block: parameters, gradients and AdamW moments become ``DTensor`` shards,
-plain tensors inside a forward; outside it ``full_tensor`` / ``shard_like``). Both *average* gradients, so the loop
-scales each micro-batch loss by the world size to get Algorithm 1's sum.
-
-Ranks in lock step: the same collectives in the same order on every rank, and no silent hang. Under FSDP2 every
-rank must run the same forwards (NCCL matches collectives by position); a reduced micro-batch of capacity mixing runs
-a teacher pass (Alg. 1 line 12) and a full one does not, so ``teacher_padding`` names the micro-batches that run an
-idle teacher pass (``LossModule.idle_teacher``; results unchanged). A collective that waits past ``dist_timeout_s``
-becomes one line naming rank, stage and step (``collective_error``, ``StepWatch``)."""
+"""Process groups for one code path on CPU, one GPU and ``torchrun`` (docs/training.md, "Multi-GPU"):
+``init_distributed`` (NCCL on CUDA, gloo on CPU; one process: collectives are the identity), ``wrap_ddp`` (gradients
+all-reduced with the last backward: Alg. 1 line 20) and ``wrap_fsdp`` (FSDP2 ``fully_shard`` per block: ``DTensor``
+shards outside a forward, ``full_tensor`` / ``shard_like``). Both *average* gradients, so the loop scales each
+micro-batch loss by the world size to get Algorithm 1's sum. Every rank runs the same collectives in the same order
+(``teacher_padding``: idle teacher passes under FSDP2, Alg. 1 line 12); one that waits past ``dist_timeout_s`` becomes
+one line naming rank, stage and step (``collective_error``, ``StepWatch``)."""
 from __future__ import annotations
 
 import contextlib
@@ -32,7 +27,7 @@ from ..utils.devices import auto_device, checked_device
 from ..utils.environment import env_int
 
 __all__ = ["DistContext", "init_distributed", "all_reduce", "barrier", "wrap_ddp", "wrap_fsdp", "no_sync",
-           "unwrap", "is_sharded", "full_tensor", "shard_like", "unsharded_copy", "CollectiveError", "teacher_padding",
+           "is_sharded", "full_tensor", "shard_like", "unsharded_copy", "CollectiveError", "teacher_padding",
            "collective_error", "check_same_count", "StepWatch"]
 
 
@@ -42,7 +37,6 @@ class DistContext:
 
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
     device: torch.device = torch.device("cpu")
     backend: str = ""
     owns_group: bool = False
@@ -89,7 +83,7 @@ def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_
     if enabled is not False and dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
         local = env_int("LOCAL_RANK", rank)
-        return DistContext(rank, world, local, _pick_device(device, local), dist.get_backend(), False)
+        return DistContext(rank, world, _pick_device(device, local), dist.get_backend(), False)
     world = 1 if enabled is False else env_int("WORLD_SIZE", 1)
     if world <= 1:
         return DistContext(device=_pick_device(device, 0))
@@ -97,8 +91,7 @@ def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_
         raise ConfigError(f"WORLD_SIZE={world} but RANK is not set; launch with torchrun (which sets both), or "
                           "unset WORLD_SIZE for one process")
     rank = env_int("RANK", 0)
-    local = env_int("LOCAL_RANK", rank)
-    dev = _pick_device(device, local)
+    dev = _pick_device(device, env_int("LOCAL_RANK", rank))
     backend, kw = ("nccl", {"device_id": dev}) if dev.type == "cuda" else ("gloo", {})
     if backend == "nccl":
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
@@ -106,15 +99,13 @@ def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_
             os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s),
                             **kw)
-    return DistContext(rank, world, local, dev, backend, True)
+    return DistContext(rank, world, dev, backend, True)
 
 
-def all_reduce(t: torch.Tensor, ctx: DistContext, op: str = "sum") -> torch.Tensor:
-    """In-place all-reduce (``'sum'`` or ``'mean'``) across ranks; identity for one process."""
+def all_reduce(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """In-place sum across ranks; identity for one process."""
     if ctx.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        if op == "mean":
-            t.div_(ctx.world_size)
     return t
 
 
@@ -123,12 +114,12 @@ def barrier(ctx: DistContext) -> None:
         dist.barrier(**({"device_ids": [ctx.device.index]} if ctx.backend == "nccl" else {}))
 
 
-def broadcast_object(obj, ctx: DistContext, src: int = 0):
-    """Rank ``src``'s ``obj`` on every rank (picklable objects)."""
+def broadcast_object(obj, ctx: DistContext):
+    """Rank 0's ``obj`` on every rank (picklable objects)."""
     if not ctx.distributed:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
@@ -211,17 +202,6 @@ def no_sync(module: nn.Module, skip_sync: bool):
             yield
 
 
-def unwrap(module: nn.Module) -> nn.Module:
-    """The module inside DDP / ``torch.compile`` wrappers (an FSDP2 module is its own model)."""
-    while True:
-        if hasattr(module, "module") and isinstance(module.module, nn.Module):
-            module = module.module
-        elif hasattr(module, "_orig_mod"):
-            module = module._orig_mod
-        else:
-            return module
-
-
 def unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], device: torch.device) -> nn.Module:
     """A plain (non-FSDP) model of ``model``'s class and config holding ``state`` and the FFN statistics."""
     from torch.distributed.fsdp import FSDPModule
@@ -235,7 +215,7 @@ def unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], device: tor
     if hasattr(model, "ffn_layers"):
         for src, dst in zip(model.ffn_layers(), plain.ffn_layers()):
             dst.track_activations, dst.stat_decay = src.track_activations, src.stat_decay
-            dst.act_sq = None if src.act_sq is None else src.act_sq.clone()
+            dst.act_sq = src.act_sq
     return plain
 
 
@@ -291,10 +271,8 @@ class StepWatch:
         self.where: tuple[str, int] | None = None
         self._since = time.monotonic()
         self._stop = threading.Event()
-        self._thread = None
         if ctx.distributed and ctx.backend == "nccl":
-            self._thread = threading.Thread(target=self._run, name="elastic-ssm-step-watch", daemon=True)
-            self._thread.start()
+            threading.Thread(target=self._run, name="elastic-ssm-step-watch", daemon=True).start()
 
     def mark(self, stage: str, step: int) -> None:
         """This rank starts ``stage`` step ``step`` (1-based) now."""

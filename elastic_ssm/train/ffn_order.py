@@ -6,13 +6,10 @@
     PermuteFFN(Theta_l, Omega_l, abar_l^2; pi_l)                        (line 26)
 
 PermuteFFN reorders ``w_in.weight`` [2F, D] row pairs, ``w_out.weight`` [D, F] columns, ``act_sq`` [F] and the AdamW
-moments of those weights; the full model's function is unchanged. Under FSDP2 each tensor is gathered, permuted
-and cut back to this rank's shard.
+moments of those weights (under FSDP2: gathered, permuted, cut back to this rank's shard); the function is unchanged.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -20,13 +17,8 @@ from torch import nn
 from ..layers.ffn import unit_index, unit_norms_sq
 from .dist import DistContext, _is_dtensor, all_reduce, full_tensor, shard_like
 
-__all__ = ["should_order", "enable_tracking", "importance_scores", "permute_optimizer_state",
+__all__ = ["enable_tracking", "importance_scores", "permute_optimizer_state",
            "order_ffn_units"]
-
-
-def should_order(step: int, total_steps: int, order_every: int, order_until: float) -> bool:
-    """Algorithm 1 line 22 for the 0-based step ``step`` that has just been applied."""
-    return order_every > 0 and step > 0 and step % order_every == 0 and step < order_until * total_steps
 
 
 def enable_tracking(model: nn.Module, on: bool, stat_decay: float = 0.99) -> None:
@@ -34,26 +26,23 @@ def enable_tracking(model: nn.Module, on: bool, stat_decay: float = 0.99) -> Non
     for ffn in model.ffn_layers() if hasattr(model, "ffn_layers") else []:
         ffn.track_activations = on
         ffn.stat_decay = stat_decay
+        if on:
+            ffn.start_stats()   # before a compiled forward updates them in place
 
 
 def importance_scores(model: nn.Module, ctx: DistContext | None = None) -> list[torch.Tensor]:
     """Per-layer importance [F] averaged across ranks (line 24). Raises if statistics are missing."""
-    scores = []
-    for ffn in model.ffn_layers():
-        s = _importance(ffn)
-        if ctx is not None:
-            all_reduce(s, ctx, "mean")
-        scores.append(s)
+    scores = [_importance(ffn) for ffn in model.ffn_layers()]
+    for s in scores if ctx is not None and ctx.distributed else ():
+        all_reduce(s, ctx).div_(ctx.world_size)
     return scores
 
 
 def _importance(ffn: nn.Module) -> torch.Tensor:
-    """``ffn.importance()`` [F] (float32 copy); with a sharded down weight the same formula on its full value."""
-    if not _is_dtensor(ffn.w_out.weight):
-        return ffn.importance().float().clone()
-    if ffn.act_sq is None:
-        return ffn.importance()  # raises the layer's error about missing statistics
-    return ffn.act_sq.float() * unit_norms_sq(full_tensor(ffn.w_out.weight))
+    """``ffn.importance()`` [F] (float32); with a sharded down weight the same formula on its full value."""
+    if not _is_dtensor(ffn.w_out.weight) or ffn.act_sq is None:
+        return ffn.importance()  # without statistics: the layer's error
+    return ffn.act_sq * unit_norms_sq(full_tensor(ffn.w_out.weight))
 
 
 def _permuted(t: torch.Tensor, perm: torch.Tensor, dim: int = 0, per_unit: int = 1) -> torch.Tensor:
@@ -88,20 +77,17 @@ def permute_optimizer_state(optimizer: torch.optim.Optimizer, param: torch.Tenso
 
 @torch.no_grad()
 def order_ffn_units(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    ctx: DistContext | None = None,
-                    scores: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """PermuteFFN on every FFN layer of ``model`` (``scores`` overrides the importances); returns the permutations.
-    Without statistics on some rank yet, every layer stays in place (identity permutations)."""
+                    ctx: DistContext | None = None) -> list[torch.Tensor]:
+    """PermuteFFN on every FFN layer of ``model``; returns the permutations. Without statistics on some rank yet,
+    every layer stays in place (identity permutations)."""
     layers = model.ffn_layers()
     perms: list[torch.Tensor] = []
     missing = torch.tensor([float(any(f.act_sq is None for f in layers))], device=layers[0].w_out.weight.device)
-    if scores is None and ctx is not None:
+    if ctx is not None:
         all_reduce(missing, ctx)  # every rank takes the same branch (the importances are a collective)
-    if scores is None and missing.item() > 0:
+    if missing.item() > 0:
         return [torch.arange(f.d_ff, device=f.w_out.weight.device) for f in layers]
-    if scores is None:
-        scores = importance_scores(model, ctx)
-    for ffn, score in zip(layers, scores):
+    for ffn, score in zip(layers, importance_scores(model, ctx)):
         perm = torch.argsort(score.to(ffn.w_out.weight.device), descending=True, stable=True)
         if optimizer is not None:
             for p, dim, per in ffn.unit_tensors():

@@ -1,8 +1,6 @@
-"""Loggers beside ``metrics.jsonl`` that ``train.log`` names, each given the same records on rank 0 (their scalars):
-``csv`` -> ``<out_dir>/metrics.csv`` in long format (``kind,stage,step,tier,metric,value``; a resumed stage drops
-the rows after its checkpoint); ``tensorboard`` -> ``<out_dir>/tensorboard/`` (tags ``<stage>/<metric>``,
-``<stage>/eval/<tier>/<metric>``); ``wandb`` -> a W&B run in ``<out_dir>/wandb/`` named after the run directory
-(project ``WANDB_PROJECT``, default ``elastic_ssm``; ``WANDB_MODE=offline`` works). Extra ``log`` for the last two."""
+"""Loggers beside ``metrics.jsonl`` that ``train.log`` names, given the scalars of the same records on rank 0
+(docs/training.md, "Metrics and validation"): ``csv`` (``<out_dir>/metrics.csv``, long format; a resumed stage drops
+the rows after its checkpoint), ``tensorboard`` (``<out_dir>/tensorboard/``) and ``wandb`` (extra ``log``)."""
 
 from __future__ import annotations
 
@@ -87,7 +85,6 @@ class WandbSink:
         import wandb
 
         (out_dir / "wandb").mkdir(parents=True, exist_ok=True)
-        self.wandb = wandb
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "elastic_ssm"), name=out_dir.name,
                               dir=str(out_dir), config=run, resume="allow")
 

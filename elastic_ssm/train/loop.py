@@ -49,13 +49,12 @@ from .dist import (
     no_sync,
     teacher_padding,
     unsharded_copy,
-    unwrap,
     wrap_ddp,
     wrap_fsdp,
 )
 from .losses import IGNORE_INDEX, LossModule
 from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, validation_records
-from .optim import WarmupCosine, build_adamw, set_lr
+from .optim import WarmupCosine, build_adamw
 from .preflight import StopSignals, TrainingInterrupted, config_changes, start_run
 from .recipes import make_recipe, resolve_recipe_name
 
@@ -64,15 +63,13 @@ __all__ = ["train", "refine", "TrainResult"]
 
 @dataclass
 class TrainResult:
-    """``history``: one record per optimizer step (all stages); ``evals``: validation records;
-    ``model_path``: the final model directory (``save_pretrained``); ``model``: the trained model (under
-    ``parallel='fsdp'``: an unsharded copy on rank 0, the sharded module on the other ranks)."""
+    """``history``: one record per optimizer step (all stages); ``evals``: validation records; ``model_path``: the
+    final model directory; ``model``: the trained model (fsdp: an unsharded copy on rank 0, shards elsewhere)."""
 
     history: list[dict[str, Any]]
     model_path: Path | None
     model: nn.Module
     evals: list[dict[str, Any]] = field(default_factory=list)
-    out_dir: Path | None = None
 
 
 @dataclass
@@ -80,24 +77,22 @@ class _Stage:
     name: str
     recipe_name: str
     steps: int
-    lr: float
+    sched: WarmupCosine          # its peak is the stage's lr
     weight_decay: float
-    warmup: int
-    min_frac: float
-    accum: int = 1
+    accum: int
 
 
-def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None, world: int = 1) -> list[_Stage]:
+def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None, world: int) -> list[_Stage]:
     out = []
     if only is None or "pretrain" in only:
-        out.append(_Stage("pretrain", recipe, cfg.steps, cfg.optim.lr, cfg.optim.weight_decay,
-                          cfg.warmup_steps, cfg.optim.min_lr_frac, cfg.micro_batches(world)))
+        sched = WarmupCosine(cfg.optim.lr, cfg.steps, cfg.warmup_steps, cfg.optim.min_lr_frac)
+        out.append(_Stage("pretrain", recipe, cfg.steps, sched, cfg.optim.weight_decay, cfg.micro_batches(world)))
     r = cfg.refine
     if (only is None and r.steps > 0 and recipe == "capacity_mixed") or (only and "refine" in only):
         if r.steps < 1:
             raise ValueError("refine(): TrainConfig.refine.steps must be >= 1")
-        out.append(_Stage("refine", "refine", r.steps, r.lr, r.weight_decay, round(r.warmup_frac * r.steps),
-                          r.min_lr_frac, cfg.micro_batches(world, "refine")))
+        sched = WarmupCosine(r.lr, r.steps, round(r.warmup_frac * r.steps), r.min_lr_frac)
+        out.append(_Stage("refine", "refine", r.steps, sched, r.weight_decay, cfg.micro_batches(world, "refine")))
     return out
 
 
@@ -144,25 +139,21 @@ class _Trainer:
                 check_same_count(len(self._val), self.ctx, "validation batches")
         tiers = eval_tier_list(self.model, self.cfg.eval.tiers)
         recs = validation_records(self.model, self._val, tiers, self.ctx, self.bpb, self.precision)
-        for r in recs:
-            r.update(stage=stage, step=step)
-        self.log.eval_results(recs)
+        self.log.eval_results([{**r, "stage": stage, "step": step} for r in recs])
 
     def rank_state(self) -> dict[str, Any]:
         stats = [f.act_sq for f in self.model.ffn_layers()] if hasattr(self.model, "ffn_layers") else []
         return {"rng": rng_state(), "act_sq": [None if s is None else s.cpu() for s in stats],
                 "data": self.stream.state_dict()}
 
-    def save(self, st: _Stage, step: int, tokens: int, opt: torch.optim.Optimizer,
-             sched: WarmupCosine, recipe: Any) -> None:
-        trainer = {"stage": st.name, "step": step, "tokens_seen": tokens, "schedule": sched.state_dict(),
+    def save(self, st: _Stage, step: int, tokens: int, opt: torch.optim.Optimizer, recipe: Any) -> None:
+        trainer = {"stage": st.name, "step": step, "tokens_seen": tokens, "schedule": st.sched.state_dict(),
                    "recipe": recipe.state_dict(), "train_config": self.cfg.to_dict(),
                    "model_config": self.model.config.to_dict(), "world_size": self.ctx.world_size}
         save_checkpoint(self.out / st.name, step, self.model, opt, trainer, self.rank_state(), self.ctx,
                         self.cfg.checkpoint.keep_last, self.cfg.to_yaml())
 
-    def restore(self, st: _Stage, opt: torch.optim.Optimizer, sched: WarmupCosine,
-                recipe: Any) -> tuple[int, int]:
+    def restore(self, st: _Stage, opt: torch.optim.Optimizer, recipe: Any) -> tuple[int, int]:
         got = load_checkpoint(self.out / st.name, self.model, opt, self.ctx)
         if got is None:
             return 0, 0
@@ -180,14 +171,14 @@ class _Trainer:
             raise ConfigError(f"cannot resume {self.out / st.name}: TrainConfig setting(s) that change the objective "
                               f"differ from the checkpoint's ({'; '.join(changed[:4])}); resume with the same "
                               "settings or train into a new out_dir")
-        sched.check_state(trainer["schedule"])
+        st.sched.check_state(trainer["schedule"])
         if trainer["recipe"] != recipe.state_dict():
             warnings.warn(f"resuming {st.name} with other sampling settings than the checkpoint's "
                           f"({trainer['recipe']} -> {recipe.state_dict()}); the continuation is not the "
                           "run that was interrupted", stacklevel=3)
         if hasattr(self.model, "ffn_layers"):
             for f, s in zip(self.model.ffn_layers(), rank["act_sq"]):
-                f.act_sq = None if s is None else s.to(f.w_out.weight.device)
+                f.act_sq = s
         self.stream.load_state_dict(rank["data"])
         set_rng_state(rank["rng"])
         return int(trainer["step"]), int(trainer["tokens_seen"])
@@ -197,9 +188,8 @@ class _Trainer:
         """Run (or resume) stage ``st``; returns whether it finished (``stop_after`` ends it early)."""
         cfg, ctx, model = self.cfg, self.ctx, self.model
         recipe = make_recipe(st.recipe_name, model, cfg, self.data, st.accum)
-        opt = build_adamw(model, st.lr, cfg.optim.betas, st.weight_decay, cfg.optim.eps, recipe.policy)
-        sched = WarmupCosine(st.lr, st.steps, st.warmup, st.min_frac)
-        step, tokens = self.restore(st, opt, sched, recipe) if resume else (0, 0)
+        opt = build_adamw(model, st.sched.peak, cfg.optim.betas, st.weight_decay, cfg.optim.eps, recipe.policy)
+        step, tokens = self.restore(st, opt, recipe) if resume else (0, 0)
         if resume and ctx.is_main:
             self.log.drop_after(st.name, step)
         end = st.steps if stop_after is None else min(st.steps, stop_after)
@@ -231,13 +221,14 @@ class _Trainer:
                     with torch.autocast(ctx.device.type, torch.bfloat16, enabled=amp):
                         if idle[r]:  # another rank's r-th micro-batch runs a teacher pass (dist.teacher_padding)
                             self.loss_mod.idle_teacher(ids, mask, cfg.loss_chunk)
-                        out = self.loss_mod(ids, labels, attention_mask=mask, chunk=cfg.loss_chunk,
-                                            **plan.loss_kwargs())
+                        out = self.loss_mod(ids, labels, plan.tier, plan.ffn_grad_scale, plan.distill, plan.full_ce,
+                                            attention_mask=mask, chunk=cfg.loss_chunk)
                     (out[0] * scale).backward()
                 sums += out.detach().double()
             gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip if cfg.optim.clip > 0 else float("inf"))
-            lr = sched(step)
-            set_lr(opt, lr)
+            lr = st.sched(step)
+            for g in opt.param_groups:
+                g["lr"] = lr
             opt.step()
             opt.zero_grad(set_to_none=True)
             events = recipe.after_step(step, model, opt, ctx)
@@ -265,11 +256,11 @@ class _Trainer:
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == st.steps:
                 self.evaluate(st.name, step)
             if saved:
-                self.save(st, step, tokens, opt, sched, recipe)
+                self.save(st, step, tokens, opt, recipe)
             if self._stop_requested():
                 if not saved:
                     self.log.flush(rec)
-                    self.save(st, step, tokens, opt, sched, recipe)
+                    self.save(st, step, tokens, opt, recipe)
                 raise TrainingInterrupted(self.stop.requested or "a signal on another rank", st.name, step,
                                           self.out / st.name / f"step_{step:07d}")
         self.log.close_bar()
@@ -301,28 +292,15 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
           resume: bool | str = False, progress: bool | str = True, distributed: bool | None = None,
           stages: tuple[str, ...] | None = None, stop_after: int | None = None, overwrite: bool = False,
           record: dict[str, Any] | None = None, tokenizer: Any = None) -> TrainResult:
-    """Train an ESSH or ES-SSM model; returns the history and the final model directory.
-
-    Args:
-        model_or_cfg: a model (trained in place; sharded in place under ``parallel='fsdp'``, use
-            ``TrainResult.model``) or its config (built with ``cfg.seed``).
-        data: iterable of micro-batches ``(input_ids [B,T], labels [B,T])`` (labels -100 ignored; ES-SSM
-            classification: labels [B]; an optional third element is an attention mask), e.g. a
-            ``PackedBatches`` sharded with this rank's ``rank``/``world_size``; or a callable
-            ``data(rank, world_size)`` returning one.
-        cfg: the ``TrainConfig``. val_data: iterable of validation batches (the first
-            ``cfg.eval.batches`` are kept and reused). resume: continue from ``cfg.out_dir`` (refused when
-            it holds no checkpoint; ``"auto"``: continue if it holds one, else start). overwrite: a fresh
-            run into an ``out_dir`` holding another run's checkpoints moves that run aside (else: refused).
-        record: the whole run settings (``RunConfig.to_dict()``): compared on resume, written to ``run.yaml``.
-        distributed: None reads the torchrun environment; False forces one process.
-        stages: None runs pretraining (+ refinement when configured); ``("refine",)`` only refinement.
-        progress: True: a step bar on a terminal and the validation lines; ``"lines"`` (``--quiet``): the lines.
-        stop_after: end this call after that many steps of the current stage (a checkpoint is written
-            there; no final model is saved); a later ``resume=True`` call continues the same schedule.
-        tokenizer: the tokenizer of the data (a spec for ``load_tokenizer`` or a tokenizer); it becomes
-            ``model.tokenizer`` and is saved with every checkpoint and the final model.
-    """
+    """Train a model (in place; under ``parallel='fsdp'`` sharded in place: use ``TrainResult.model``) or one built
+    from its config with ``cfg.seed``; docs/training.md describes every argument. ``data``: micro-batches
+    ``(input_ids [B,T], labels [B,T])`` (labels -100 ignored; ES-SSM classification: labels [B]; an optional third
+    element is an attention mask), or a callable ``data(rank, world_size)`` returning them. ``resume``: True or
+    ``"auto"``; ``record``: the run's settings (``RunConfig.to_dict()``), compared on resume and written to
+    ``run.yaml``; ``distributed=False``: one process even under torchrun; ``stages=("refine",)``: refinement only;
+    ``progress``: True (bar and lines), ``"lines"`` or False; ``stop_after``: end after that many steps of the current
+    stage, with a checkpoint there and no final model; ``tokenizer`` (a ``load_tokenizer`` spec or a tokenizer)
+    becomes ``model.tokenizer``, saved with every checkpoint and the final model."""
     ctx = init_distributed(cfg.device, distributed, cfg.dist_timeout_s)
     lock, trainer = None, None
     try:
@@ -362,11 +340,11 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
                 if ctx.is_main:
                     model = unsharded_copy(model, state, ctx.device)
             if finished and ctx.is_main:
-                path = unwrap(model).save_pretrained(Path(cfg.out_dir) / "final")
+                path = model.save_pretrained(Path(cfg.out_dir) / "final")
             if finished and stop.requested and ctx.is_main:
                 print(f"[train] {stop.requested} arrived during the final save; the save finished and the run is "
                       f"complete ({path})", flush=True)
-        return TrainResult(trainer.log.history, path, model, trainer.log.evals, Path(cfg.out_dir))
+        return TrainResult(trainer.log.history, path, model, trainer.log.evals)
     except TrainingInterrupted:  # every rank stops after the same step: the usual clean close
         raise
     except OSError as e:         # a full disk or quota during a write: say what is kept and how to go on

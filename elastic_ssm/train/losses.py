@@ -102,29 +102,20 @@ def ffn_grad_scaled(model: nn.Module, scale: float | None) -> AbstractContextMan
 
 class LossModule(nn.Module):
     """An elastic model whose ``forward(input_ids, labels, tier, ...)`` returns a micro-batch's fp32 sums
-    ``[objective, ce, aux, ce_full]`` (DDP wraps this):
-
-    * ``distill=None``: plain CE at ``tier``;
-    * ``distill=('kl', c)``: teacher = the model at full capacity under ``no_grad`` (Alg. 1 line 12), student at
-      ``tier`` with ``ffn_grad_scale`` (lines 16-18); with ``model.__dict__["frozen_teacher"]`` that separate
-      frozen model is the teacher (post-hoc recovery, E.7);
-    * ``distill=('tv', c), full_ce=True``: shared refinement; the full pass keeps its gradient and its detached
-      prediction is the teacher (D.8).
-
-    ``chunk`` > 0 selects the chunked loss (needs ``hidden_states`` / ``logits_from_hidden``)."""
+    ``[objective, ce, aux, ce_full]`` (DDP wraps this). ``distill=None``: plain CE at ``tier``; ``('kl', c)``: the
+    teacher is the model at full capacity under ``no_grad`` (Alg. 1 line 12; post-hoc recovery, E.7: the frozen
+    ``model.__dict__["frozen_teacher"]``), the student runs at ``tier`` with ``ffn_grad_scale`` (lines 16-18);
+    ``('tv', c), full_ce=True``: shared refinement, the full pass keeps its gradient and its detached prediction is
+    the teacher (D.8). ``chunk`` > 0: the chunked loss (needs ``hidden_states`` / ``logits_from_hidden``)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def _out(self, input_ids, tier, mask, scale, hidden: bool) -> torch.Tensor:
-        kw: dict[str, Any] = {"tier": tier}
-        if mask is not None:
-            kw["attention_mask"] = mask
+        kw = {"tier": tier} if mask is None else {"tier": tier, "attention_mask": mask}
         with ffn_grad_scaled(self.model, scale):
-            if hidden:
-                return self.model.hidden_states(input_ids, **kw)
-            return self.model(input_ids, **kw)
+            return (self.model.hidden_states if hidden else self.model)(input_ids, **kw)
 
     @torch.no_grad()
     def idle_teacher(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -143,7 +134,7 @@ class LossModule(nn.Module):
             raise ValueError(f"loss_chunk > 0 needs a model with hidden_states/logits_from_hidden; "
                              f"{type(self.model).__name__} has none: set loss_chunk=0")
         teacher = None
-        frozen = self.model.__dict__.get("frozen_teacher")   # post-hoc recovery's parent (train/posthoc.py)
+        frozen = self.model.__dict__.get("frozen_teacher")   # post-hoc recovery's parent (train/recover.py)
         if full_ce:
             teacher = self._out(input_ids, None, attention_mask, None, hidden)
         elif distill is not None and frozen is not None:

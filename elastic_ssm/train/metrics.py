@@ -1,15 +1,7 @@
-"""Training metrics: ``metrics.jsonl`` (rank 0, the record of truth), a tqdm bar and per-tier validation records::
-
-    {"kind": "train", "stage": "pretrain", "step": 10, "loss": 3.1, "ce": 3.0, "aux": 0.2, "lr": 1e-3,
-     "tokens": 40960, "tokens_per_s": 5120.0, "capacities": [1.0, 1.0, 0.25, 1.0], "grad_norm": 0.8,
-     "capacity_counts": {"1.0": 29, "0.25": 3, ...}, ...}
-    {"kind": "eval", "stage": "pretrain", "step": 500, "tier": "T4", "loss": 3.4, "bpt": 4.9, "bpb": 4.9,
-     "accuracy": 0.31, "tokens": 65536}
-
-``capacities``: each global slot's capacity (ESSH xi, ES-SSM K); ``capacity_counts``: every micro-batch's capacity
-since the previous record (checkpoint steps are always written, so a stage's sum is its exact mix, D.4). ``loss`` is
-the step objective per valid token, ``ce`` the label CE, ``aux`` the KL or TV term, ``ce_full`` the full model's CE
-in refinement; ``bpt = loss / ln 2``, ``bpb = bpt / bytes_per_token`` (ES-SSM Sec. 5).
+"""Training metrics (docs/training.md, "Metrics and validation" lists the fields): ``metrics.jsonl`` (rank 0, the
+record of truth; ``kind`` ``train`` or ``eval``), a tqdm bar and per-tier validation records. ``capacity_counts``
+counts every micro-batch's capacity since the previous record (checkpoint steps are always written, so a stage's
+sum is its exact mix, D.4); ``bpt = loss / ln 2``, ``bpb = bpt / bytes_per_token`` (ES-SSM Sec. 5).
 """
 
 from __future__ import annotations
@@ -50,9 +42,7 @@ class MetricsLogger:
 
     def __init__(self, out_dir: str | Path, ctx: DistContext, progress: bool | str = True,
                  sinks: tuple[str, ...] = (), run: dict[str, Any] | None = None) -> None:
-        """``progress``: True = a step bar (on a terminal) and validation lines, ``"lines"`` = the lines only
-        (``--quiet``), False = silent. ``sinks``: ``train.log``'s loggers beside the JSONL (``log_sinks.py``), given
-        ``run`` as their config."""
+        """``progress`` as ``train``'s; ``sinks``: ``train.log``'s loggers (``log_sinks.py``), ``run`` their config."""
         self.ctx = ctx
         self.path = Path(out_dir) / "metrics.jsonl"
         self.progress = progress is True and ctx.is_main
@@ -152,17 +142,14 @@ def eval_tier_list(model: nn.Module, names: Iterable[str] = ()) -> list[Any]:
     """The tiers to validate: ``names`` resolved against the model (tier words: ES-SSM ``"8"`` is K8), or every
     deployment tier."""
     names = list(names)
-    if not names:
-        return list(model.tier_table())
-    return [model.resolve_tier(tier_word(n)) for n in names]
+    return [model.resolve_tier(tier_word(n)) for n in names] if names else list(model.tier_table())
 
 
 @torch.no_grad()
 def validation_records(model: nn.Module, batches: list[Any], tiers: list[Any], ctx: DistContext,
                        bpt_bytes: float = 0.0, precision: str = "fp32") -> list[dict[str, Any]]:
-    """``metrics.jsonl`` records of the validation of ``model`` at every tier: the one
-    ``eval.perplexity.evaluate_tiers`` with its sums all-reduced across ranks; loss, tokens, accuracy, and
-    for language models bits per token and bits per byte when ``bpt_bytes`` > 0."""
+    """``metrics.jsonl`` records of ``eval.perplexity.evaluate_tiers`` at every tier, its sums all-reduced across
+    ranks: loss, tokens, accuracy and, for language models, bits per token (and per byte when ``bpt_bytes`` > 0)."""
     from ..eval.perplexity import evaluate_tiers
 
     classify = getattr(model.config, "task", "lm") == "classify"

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["NO_DECAY_NAMES", "param_groups", "build_adamw", "WarmupCosine", "set_lr"]
+__all__ = ["NO_DECAY_NAMES", "param_groups", "build_adamw", "WarmupCosine"]
 
 #: Parameter leaf names excluded from weight decay during pretraining (E.2), besides embeddings,
 #: normalisation parameters and biases, which are recognised by module type / name.
@@ -39,20 +39,14 @@ def param_groups(model: nn.Module, weight_decay: float, policy: str = "pretrain"
     if policy not in ("pretrain", "refine"):
         raise ValueError(f"policy must be 'pretrain' or 'refine', got {policy!r}")
     seen: set[int] = set()
-    decay: list[tuple[str, torch.Tensor]] = []
-    no_decay: list[tuple[str, torch.Tensor]] = []
+    groups: tuple[list, list] = ([], [])       # (name, parameter) pairs with decay, without
     for mod_name, module in model.named_modules():
         for leaf, p in module.named_parameters(recurse=False):
-            if not p.requires_grad or id(p) in seen:
-                continue
-            seen.add(id(p))
-            name = f"{mod_name}.{leaf}" if mod_name else leaf
-            (decay if _decays(module, leaf, p, policy) else no_decay).append((name, p))
-    groups = [
-        {"params": [p for _, p in decay], "names": [n for n, _ in decay], "weight_decay": weight_decay},
-        {"params": [p for _, p in no_decay], "names": [n for n, _ in no_decay], "weight_decay": 0.0},
-    ]
-    return [g for g in groups if g["params"]]
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                groups[not _decays(module, leaf, p, policy)].append((f"{mod_name}.{leaf}" if mod_name else leaf, p))
+    return [{"params": [p for _, p in g], "names": [n for n, _ in g], "weight_decay": wd}
+            for g, wd in zip(groups, (weight_decay, 0.0)) if g]
 
 
 def build_adamw(model: nn.Module, lr: float, betas: tuple[float, ...], weight_decay: float,
@@ -95,9 +89,3 @@ class WarmupCosine:
         if state != self.state_dict():
             raise ValueError(f"cannot resume: the checkpoint's LR schedule {state} differs from this run's "
                              f"{self.state_dict()}; use the same steps, lr, warmup_frac and min_lr_frac")
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set the learning rate of every group."""
-    for g in optimizer.param_groups:
-        g["lr"] = lr

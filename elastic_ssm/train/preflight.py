@@ -36,10 +36,10 @@ DATA_RESUME_FREE = frozenset({"val_source"})
 class TrainingInterrupted(Exception):
     """Training stopped on a signal after a finished step; ``checkpoint`` is where it can be resumed."""
 
-    def __init__(self, signame: str, stage: str, step: int, checkpoint: Path | None) -> None:
+    def __init__(self, signame: str, stage: str, step: int, checkpoint: Path) -> None:
         self.signame, self.stage, self.step, self.checkpoint = signame, stage, step, checkpoint
-        where = f"checkpoint {checkpoint}" if checkpoint else "no new checkpoint (no step had finished)"
-        super().__init__(f"stopped by {signame} after {stage} step {step}; {where}; continue with --resume")
+        super().__init__(f"stopped by {signame} after {stage} step {step}; checkpoint {checkpoint}; continue with "
+                         "--resume")
 
 
 def check_same_arch(out: Path, saved: dict[str, Any], arch: str) -> None:
@@ -63,11 +63,10 @@ def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]
         if arch in model_configs():                # settings added since the run began, at their old behaviour
             saved["model"] = model_configs()[arch].upgrade_record(saved["model"])
             model_free = model_configs()[arch].RESUME_FREE
-    if isinstance(saved.get("train"), dict):     # an earlier version wrote flat names (lr, eval_every, ...)
-        saved["train"] = TrainConfig.upgrade_record(saved["train"])
+    saved["train"] = TrainConfig.upgrade_record(saved["train"])   # an earlier version wrote flat names (lr, ...)
     changed = []
     for section in ("model", "train", "data"):
-        if section in record and isinstance(saved.get(section), dict):
+        if section in record:
             skip = {"train": free, "data": DATA_RESUME_FREE, "model": model_free}[section]
             changed += config_changes(saved[section], record[section], skip, f"{section}.")
     newer = [c.split(":")[0] for c in changed if NOT_SAVED in c]

@@ -1,5 +1,6 @@
 """The recipes of one file each too small to stand alone, and recipe selection: ``BudgetDropout`` (ES-SSM),
-``NestedFFN`` (MatFormer), ``resolve_recipe_name`` ('auto' is the model config's ``default_recipe()``; a recipe of
+``NestedFFN`` (MatFormer), ``PosthocRecovery`` (E.7's recovery under a frozen parent, ``recover.py``),
+``resolve_recipe_name`` ('auto' is the model config's ``default_recipe()``; a recipe of
 another architecture is refused) and ``make_recipe``, the one place that builds every recipe of a stage."""
 
 from __future__ import annotations
@@ -12,20 +13,17 @@ from ..config import ModelConfig
 from ..elastic.budget import BudgetSampler, warmup_steps_from_epochs
 from ..elastic.tiers import capacity_tier
 from .capacity_mixed import CapacityMixed, MicroPlan, Recipe, SharedRefinement, slot_rng
-from .posthoc import PosthocRecovery
 
-__all__ = ["BudgetDropout", "NestedFFN", "bd_warmup_steps", "make_recipe", "resolve_recipe_name"]
+__all__ = ["BudgetDropout", "NestedFFN", "PosthocRecovery", "bd_warmup_steps", "make_recipe", "resolve_recipe_name"]
 
-#: the random stream of ``NestedFFN``'s draws (capacity mixing, refinement and post-hoc recovery use 1, 2 and 4)
-_NESTED_STREAM = 3
+#: the random streams of ``NestedFFN``'s and ``PosthocRecovery``'s draws (capacity mixing and refinement use 1, 2)
+_NESTED_STREAM, _POSTHOC_STREAM = 3, 4
 
 
 class BudgetDropout(Recipe):
-    """ES-SSM budget dropout (ES-SSM Sec. 4.2, Eq. 5, Algorithm 2): every step trains at one budget K_train for all
-    its micro-batches on every rank (``elastic.budget.BudgetSampler``: the full budget during warm-up and on the
-    anchor steps ``step % n_full == 0``, else the log-uniform snapped draw of Eq. 5), with the plain task loss
-    ``L_task(F_theta(u; K_train), y)``. Warm-up: ``bd_warmup_steps`` (the paper's E_warmup value is not in its
-    text)."""
+    """ES-SSM budget dropout (Sec. 4.2, Eq. 5, Algorithm 2): every micro-batch of a step trains at the budget K_train
+    of ``elastic.budget.BudgetSampler`` (full during the warm-up ``bd_warmup_steps`` and on the anchors
+    ``step % n_full == 0``, else Eq. 5's draw) with the plain task loss ``L_task(F_theta(u; K_train), y)``."""
 
     name = "budget_dropout"
 
@@ -63,7 +61,6 @@ class NestedFFN(Recipe):
     name = "nested_ffn"
 
     def __init__(self, model_cfg: Any, cfg: Any) -> None:
-        """The ``granularities`` of the MatFormer config ``model_cfg``, the seed of the ``TrainConfig`` ``cfg``."""
         grains = getattr(model_cfg, "granularities", None)
         if grains is None:
             raise ValueError(f"TrainConfig.recipe='nested_ffn' trains a MatFormer (model.arch matformer); the model "
@@ -79,6 +76,34 @@ class NestedFFN(Recipe):
         draws = slot_rng(self.seed, step, _NESTED_STREAM).integers(0, len(self.granularities), size=n_global)
         return [MicroPlan(label=self.granularities[i]) if self.tiers[i].n_ff == self.model_cfg.d_ff
                 else MicroPlan(tier=self.tiers[i], label=self.granularities[i]) for i in map(int, draws)]
+
+
+class PosthocRecovery(Recipe):
+    """E.7 recovery: one uniformly drawn mask per slot; CE + forward KL from the frozen parent (coef 1)."""
+
+    name = "posthoc"
+
+    def __init__(self, model: nn.Module, cfg: Any) -> None:
+        if model.__dict__.get("frozen_teacher") is None:
+            raise ValueError("TrainConfig.recipe='posthoc' recovers a dense-trained parent under its frozen copy: "
+                             "run `elastic-ssm recover PARENT --protocol posthoc` or elastic_ssm.train.recover."
+                             "elastify, not `train` from scratch")
+        self.masks = tuple(float(x) for x in cfg.mixing.capacities)
+        self.tiers = [None if x == 1.0 else capacity_tier(model.config, x) for x in self.masks]
+        self.seed = cfg.seed
+
+    def setup(self, model: nn.Module) -> None:
+        super().setup(model)
+        teacher = model.__dict__["frozen_teacher"]
+        teacher.to(next(model.parameters()).device).eval().requires_grad_(False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "masks": list(self.masks), "seed": self.seed}
+
+    def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
+        draws = slot_rng(self.seed, step, _POSTHOC_STREAM).integers(0, len(self.masks), size=n_global)
+        return [MicroPlan(tier=self.tiers[int(i)], label=self.masks[int(i)], distill=("kl", 1.0))
+                for i in draws]
 
 
 #: recipes defined for one architecture only (``ModelConfig.elastic_recipes`` says which a config takes)

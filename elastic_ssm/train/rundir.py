@@ -57,18 +57,15 @@ class RunLock:
         self.owner, self.flag = owner, flag
         self._fd: int | None = None
 
-    def _holder(self) -> dict:
-        try:
-            return json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
-            return {}
-
     def acquire(self) -> RunLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        held = self._holder()
+        try:                                   # the holder's record: host, pid, start time
+            held = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            held = {}
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -115,15 +112,6 @@ def run_artifacts(out: Path) -> list[str]:
             + [f"{name}/" for name in ("final", "damaged") if (out / name).is_dir()])
 
 
-def _move_aside(out: Path) -> Path:
-    dest = free_stamped_path(out.parent, f"{out.name}.replaced-")
-    dest.mkdir(parents=True)
-    for child in out.iterdir():
-        if child.name != LOCK_NAME:
-            os.replace(child, dest / child.name)
-    return dest
-
-
 def has_checkpoint(out: str | Path) -> bool:
     """Whether ``out`` holds a complete checkpoint of a stage (what ``--resume`` needs)."""
     return any(checkpoint_fault(p) is None for s in STAGES for p in checkpoint_dirs(Path(out) / s))
@@ -168,15 +156,6 @@ def read_run_record(out: str | Path) -> dict[str, Any] | None:
     return saved
 
 
-def _is_run_record(out: Path) -> bool:
-    """Whether ``out`` holds a ``run.yaml`` that ``train`` wrote (not a file of the user's with that name)."""
-    try:
-        rec = read_run_record(out)
-    except (ConfigError, OSError):
-        return False
-    return rec is not None and _RECORD_TRAIN_KEYS <= set(rec["train"])
-
-
 #: how ``_would_overwrite`` names a saved model's files (an export, a model folder: not a run)
 MODEL_FILES = "a saved model (config.json / model.safetensors)"
 
@@ -185,7 +164,11 @@ def _would_overwrite(out: Path) -> list[str]:
     """Entries of ``out`` (holding no checkpoint or final model) that a new run would overwrite or trip on."""
     clash = [MODEL_FILES] if any((out / n).exists() for n in ("config.json", "model.safetensors")) else []
     run_yaml = out / "run.yaml"
-    earlier = _is_run_record(out)     # an earlier attempt of train: kept, not a clash
+    try:                              # a run.yaml that train wrote (an earlier attempt: kept, not a clash)
+        rec = read_run_record(out)
+        earlier = rec is not None and _RECORD_TRAIN_KEYS <= set(rec["train"])
+    except (ConfigError, OSError):
+        earlier = False
     if run_yaml.exists() and not earlier:
         clash.append("run.yaml (not a run record written by train)")
     if (out / "parameters.json").exists() and not (earlier and (out / "parameters.json").is_file()):
@@ -249,17 +232,13 @@ def claim_run_dir(out: str | Path, resume: bool, overwrite: bool) -> Path | None
         shown = ", ".join(found[:3]) + (" ..." if len(found) > 3 else "")
         raise ConfigError(f"{out} already holds another run ({shown}); continue it with --resume, replace it with "
                           "--overwrite (moves it aside), or choose another --train.out_dir")
-    dest = _move_aside(out)
+    dest = free_stamped_path(out.parent, f"{out.name}.replaced-")
+    dest.mkdir(parents=True)
+    for child in out.iterdir():
+        if child.name != LOCK_NAME:           # this run holds it
+            os.replace(child, dest / child.name)
     print(f"[train] --overwrite: moved the previous {'run' if found else 'files'} in {out} to {dest}")
     return dest
-
-
-def _own_temp(folder: Path, out: Path, name: str) -> bool:
-    """A temporary file of an interrupted write by ``train``: any in its own folders, only those of ``OWN_FILES``
-    at the top of ``out`` (a folder the user may share)."""
-    if not is_temp_name(name):
-        return False
-    return folder != out or any(name.startswith(f".{own}.") for own in OWN_FILES)
 
 
 def clean_stale_files(out: str | Path) -> list[Path]:
@@ -269,8 +248,8 @@ def clean_stale_files(out: str | Path) -> list[Path]:
     out, removed = Path(out), []
     folders = [out, out / "final", *[out / s for s in STAGES]]
     for folder in (f for f in folders if f.is_dir()):
-        for p in folder.iterdir():
-            if _own_temp(folder, out, p.name):
+        for p in folder.iterdir():    # at the top of out (a folder the user may share): only OWN_FILES' temporaries
+            if is_temp_name(p.name) and (folder != out or any(p.name.startswith(f".{f}.") for f in OWN_FILES)):
                 warnings.warn(f"removing {p} (temporary file of an interrupted write)", stacklevel=2)
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
                 removed.append(p)
@@ -278,9 +257,7 @@ def clean_stale_files(out: str | Path) -> list[Path]:
         dirs = checkpoint_dirs(out / s)
         faults = {p: checkpoint_fault(p) for p in dirs}
         good = [p for p in dirs if faults[p] is None]
-        for p in dirs:
-            if faults[p] is None:
-                continue
+        for p in (p for p in dirs if faults[p] is not None):
             removed.append(p)
             if not (p / COMPLETE).exists() and good and step_of(p) < step_of(good[0]):
                 warnings.warn(f"removing {p} (an old checkpoint whose deletion was cut short)", stacklevel=2)

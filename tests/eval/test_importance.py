@@ -71,11 +71,11 @@ def test_knockout_is_the_zeroed_model_and_never_writes_the_weights(arch):
 
 
 def test_energy_is_the_mean_square_of_each_channels_own_output():
-    """The meter's energy of channel k (and ``posthoc.channel_energy`` / (K D)) equals the mean square of the
+    """The meter's energy of channel k (and ``recover.channel_energy`` / (K D)) equals the mean square of the
     mixer's output with every other channel's ``out_proj.weight`` columns zeroed, averaged over layers."""
     from torch.func import functional_call
 
-    from elastic_ssm.train.posthoc import channel_energy
+    from elastic_ssm.train.recover import channel_energy
 
     torch.manual_seed(0)
     model = es.ESSH(es.ESSHConfig.preset("tiny")).eval()

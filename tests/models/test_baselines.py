@@ -13,9 +13,8 @@ from elastic_ssm.elastic.export import check_export
 from elastic_ssm.elastic.matching import parameter_report
 from elastic_ssm.models import build_model, load_pretrained
 from elastic_ssm.train import TrainConfig, resolve_recipe_name, train
-from elastic_ssm.train.posthoc import calibrate
 from elastic_ssm.train.recipes import NestedFFN
-from elastic_ssm.train.recover import elastify, truncate_and_recover
+from elastic_ssm.train.recover import calibrate, elastify, truncate_and_recover
 
 RUN = """
 model: {arch: essh, preset: tiny}

@@ -90,6 +90,21 @@ def test_bf16_training_with_the_torch_scan_at_model_shape(tmp_path, monkeypatch)
     assert sum(losses[-5:]) / 5 < losses[0] - 0.3, losses
 
 
+@pytest.mark.parametrize("scope", ["model", "blocks"])
+def test_reduce_overhead_keeps_the_ffn_statistics(tmp_path, scope):
+    """compile_mode reduce-overhead: the FFN statistics are updated in place inside the CUDA graphs (once a new
+    tensor that the next replay overwrote: the FFN ordering then read an overwritten graph output)."""
+    cfg = TrainConfig(steps=6, micro_batch_size=4, grad_accum=2, seq_len=64, compile=True, compile_scope=scope,
+                      compile_mode="reduce-overhead", ordering={"every": 2},
+                      mixing={"n_warm_tokens": 0, "full_share": 0.5, "capacities": (0.5, 1.0)},
+                      precision="bf16", device="cuda", eval={"every": 0}, checkpoint={"every": 0},
+                      out_dir=str(tmp_path))
+    res = train(es.ESSHConfig.preset("tiny"), _text_batches(64, 4), cfg, progress=False)
+    assert sum(bool(h.get("ffn_ordered")) for h in res.history) == 2
+    assert all(math.isfinite(h["loss"]) for h in res.history)
+    assert all(f.act_sq is not None and torch.isfinite(f.act_sq).all() for f in res.model.ffn_layers())
+
+
 # ---- two GPUs (torchrun, NCCL) ----------------------------------------------------------------------
 REPO = Path(__file__).resolve().parents[2]
 RUN_YAML = """model: {arch: essh, preset: small}
