@@ -15,7 +15,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils.files import atomic_write_text
+from ..utils.files import atomic_write_text, cache_dir
 from .splits import STDLIB_MIN_VAL_FILES, VAL_FRACTION, split_by_path, stdlib_files, stdlib_root, tree_files
 
 __all__ = ["PREFIX", "is_pysrc", "pysrc_roots", "PySrcManifest", "manifest", "iter_pysrc", "describe_split_files"]
@@ -97,8 +97,6 @@ class PySrcManifest:
 
 def manifest(spec: str, cache: bool = True) -> PySrcManifest:
     """List, stat, hash (once, then cached), deduplicate and split the files of ``spec``."""
-    from ..spectral.cache import cache_dir  # here, not at import: the spectral package imports scipy
-
     cands = _candidates(spec)
     stats = [(name, p.stat()) for name, p in cands]
     listing = hashlib.sha256(json.dumps([MANIFEST_VERSION, spec] + [

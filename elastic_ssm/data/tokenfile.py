@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils.files import atomic_write_text, atomic_writer
+from ..utils.files import atomic_write_text, atomic_writer, cache_dir
 from ..utils.progress import progress
 from .corpora import cap_bytes, iter_documents
 from .packing import TokenArray, iter_token_chunks, pack_documents, token_dtype, tokens_fingerprint
@@ -201,8 +201,6 @@ def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_b
 
 def pysrc_tokens(spec: str, tokenizer, split: str):
     """The tokens of one split as a memory-mapped ``TokenFile`` from the cache (prepared on first use)."""
-    from ..spectral.cache import cache_dir  # here, not at import: the spectral package imports scipy
-
     m = manifest(spec)
     tag = hashlib.sha256(f"{m.key}\0{tokenizer.spec}\0{getattr(tokenizer, 'sha256', '')}".encode()).hexdigest()
     path = cache_dir() / "tokens" / f"pysrc-{tag[:24]}" / f"{split}.bin"

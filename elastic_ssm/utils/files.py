@@ -13,8 +13,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "fsync_dir", "is_temp_name", "with_path",
-           "process_umask", "free_stamped_path"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "cache_dir", "fsync_dir", "is_temp_name",
+           "with_path", "process_umask", "free_stamped_path"]
+
+
+def cache_dir() -> Path:
+    """Where elastic_ssm caches what it computes (spectral buffers, ``pysrc`` manifests and tokens):
+    ``$ELASTIC_SSM_CACHE`` or ``~/.cache/elastic_ssm`` (may not exist yet)."""
+    env = os.environ.get("ELASTIC_SSM_CACHE", "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "elastic_ssm"
 
 
 def free_stamped_path(folder: Path, head: str, tail: str = "") -> Path:
