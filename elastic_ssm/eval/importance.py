@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..config import TierLike
+from ..utils.progress import progress as progress_bar
 from .perplexity import eval_mode, loss_sums, perplexity
 
 __all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "has_spectral_channels", "ordering",
@@ -143,10 +144,6 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
                        progress: bool = False) -> ImportanceResult:
     """Knock-out and energy profile of every channel of ``tier`` on ``batches`` (as for ``evaluate_tiers``;
     module docstring, Table 31): K + 1 evaluations."""
-    from torch.func import functional_call
-
-    from ..utils.progress import progress as progress_bar
-
     layers = _channel_layers(model)
     if not layers:
         raise ValueError(f"channel importance needs spectral channels (ESSH or ES-SSM); this "
@@ -160,18 +157,15 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
     with eval_mode(model):
         meter = _EnergyMeter(layers, K)
         with meter:
-            base = loss_sums(lambda x, **kw: model(x, tier=t, **kw), batches, model, precision)
+            base = loss_sums(model, batches, t, precision)
         count = int(base[1].item())
-        if count == 0:
-            raise ValueError("evaluation batches contain no scored tokens")
         base_loss = base[0].item() / count
         weights = {name: (model.get_parameter(name), per) for name, _, per in layers}   # [D, K per] each
         channels = []
         for k in progress_bar(range(K), desc="knock-out", unit="channel", enabled=progress):
             knocked = {name: w.index_fill(1, torch.arange(k * per, (k + 1) * per, device=w.device), 0)
                        for name, (w, per) in weights.items()}
-            fwd = lambda x, _p=knocked, **kw: functional_call(model, _p, (x,), {"tier": t, **kw})
-            loss = loss_sums(fwd, batches, model, precision)[0].item() / count
+            loss = loss_sums(model, batches, t, precision, params=knocked)[0].item() / count
             channels.append(ChannelImportance(k + 1, loss, loss - base_loss, perplexity(loss) - perplexity(base_loss),
                                               (loss - base_loss) / math.log(2) / bytes_per_token, 0.0))
     for c, e in zip(channels, meter.energy()):

@@ -25,7 +25,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from ..config import tier_word
 from ..data.tokenizer_files import resolve_tokenizer
-from ..utils.progress import progress
+from ..utils.progress import progress as progress_bar
 from .perplexity import continuation_scores
 
 __all__ = ["ElasticLM", "check_model_args", "evaluate_tiers_on_tasks", "result_rows"]
@@ -160,8 +160,8 @@ class ElasticLM(TemplateLM):
         order = sorted(range(len(prepared)), key=lambda i: -sum(map(len, prepared[i])))   # longest first
         if order and not self.batch_size:
             self.batch_size = self._auto_batch_size(sum(map(len, prepared[order[0]])))
-        bar = progress(total=len(order), desc="scoring", unit="req",
-                       enabled=self.show_progress and not disable_tqdm and len(order) >= 2)
+        bar = progress_bar(total=len(order), desc="scoring", unit="req",
+                           enabled=self.show_progress and not disable_tqdm and len(order) >= 2)
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
             bar.update(len(idx))
@@ -195,8 +195,8 @@ class ElasticLM(TemplateLM):
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """Log-likelihood of whole documents over disjoint rolling windows of ``max_length`` tokens."""
         out = []
-        for req in progress(requests, desc="rolling log-likelihood", unit="doc",
-                            enabled=self.show_progress and not disable_tqdm):
+        for req in progress_bar(requests, desc="rolling log-likelihood", unit="doc",
+                                enabled=self.show_progress and not disable_tqdm):
             (text,) = req.args
             windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
                 self.tok_encode(text), self.prefix_token_id, self.max_length, context_len=1)]
@@ -222,8 +222,8 @@ class ElasticLM(TemplateLM):
         out: list[str] = [""] * len(requests)
         if not self.batch_size:
             self.batch_size = self._auto_batch_size(self.max_length)
-        bar = progress(total=len(requests), desc="generating", unit="req",
-                       enabled=self.show_progress and not disable_tqdm)
+        bar = progress_bar(total=len(requests), desc="generating", unit="req",
+                           enabled=self.show_progress and not disable_tqdm)
         for members in groups.values():
             kw = dict(requests[members[0]].args[1] or {})
             until = kw.pop("until", None) or []
@@ -264,8 +264,6 @@ def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | 
     caps the documents per task (a smoke run)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
-
-    from ..utils.progress import progress as progress_bar
 
     manager = TaskManager(include_path=include_path)   # task names are checked before the model loads
     unknown = [t for t in tasks if t not in manager.all_tasks and not Path(t).is_file()]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..config import TierLike
+from ..utils.progress import progress as progress_bar
 from .perplexity import continuation_scores, eval_mode
 
 __all__ = ["NeedleConfig", "NeedleTrial", "build_trials", "check_fits", "score_trials", "evaluate_needle",
@@ -163,8 +164,6 @@ def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any
                     trials: list[NeedleTrial] | None = None, progress: bool = False) -> list[dict[str, Any]]:
     """NIAH rows (tier, K, n_ff, params, context_len, condition and ``summarize_needle``'s numbers) for every tier
     of ``tiers`` (default: the tier table) on the same trials; ``trials``: ``build_trials``' when already built."""
-    from ..utils.progress import progress as progress_bar
-
     cfg = cfg or NeedleConfig()
     vocab = model.config.vocab_size
     if tokenizer.vocab_size > vocab:
