@@ -8,6 +8,7 @@ also on another ``world_size`` when the global batch divides the consumed count.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
@@ -72,8 +73,6 @@ def _as_array(tokens):
 def tokens_fingerprint(tokens, samples: int = 64, width: int = 4096) -> str:
     """The length and SHA-256 of ``samples`` evenly spaced runs of ``width`` tokens (about 2 MB read): a resume
     compares it with its checkpoint's, catching replaced or edited data (not an edit between the runs)."""
-    import hashlib
-
     arr = _as_array(tokens)
     n = len(arr)
     digest = hashlib.sha256(f"{n}:".encode())
