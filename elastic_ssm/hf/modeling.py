@@ -82,14 +82,8 @@ class _NoRollbackCache(Cache):
             raise NotImplementedError(f"this cache cannot be rolled back by {tokens_to_remove} tokens (assisted "
                                       "decoding is not supported)")
 
-    def activate_past_recording(self) -> None:
+    def activate_past_recording(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError("this cache cannot record past states (assisted decoding is not supported)")
-
-    def offload(self, layer_idx: int, only_non_sliding: bool = True) -> None:
-        return None
-
-    def prefetch(self, layer_idx: int, only_non_sliding: bool = True) -> None:
-        return None
 
 
 class ESSHHFCache(_NoRollbackCache):
