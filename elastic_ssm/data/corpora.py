@@ -1,9 +1,6 @@
-"""Document sources (docs/data.md): ``iter_documents(source, split=None)`` streams documents (``bytes`` or ``str``)
-one at a time from ``"stdlib"`` (the standard library's ``.py`` files), ``"pysrc[:<roots>]"`` (``pysrc.py``), a
-text file (one document; ``.gz`` too), ``.jsonl`` (a line's ``text_field``), ``.parquet`` (a row's ``text_field``),
-a folder (all of these, sorted, hidden entries skipped) or ``"hf:<name>[:<config>][:<split>]"`` (streamed).
-Splits are deterministic: folders and the stdlib by file (``split_by_path``), JSONL / Parquet by a hash of the
-row index, a single text file by its last ``VAL_FRACTION`` of bytes (cut at a line break)."""
+"""Document sources (docs/data.md, "Sources" gives each one and its deterministic split): ``iter_documents(source,
+split=None)`` streams the documents (``bytes`` or ``str``) of ``"stdlib"``, ``"pysrc[:<roots>]"``, a text,
+``.jsonl`` or ``.parquet`` file (``.gz`` too), a folder of them or ``"hf:<name>[:<config>][:<split>]"``."""
 
 from __future__ import annotations
 
@@ -163,8 +160,8 @@ def folder_files(folder: str | Path) -> list[str]:
 
 
 def iter_documents(source: str | Path, split: str | None = None, *, text_field: str = "text") -> Iterator[bytes | str]:
-    """The non-empty documents of ``source`` (module docstring) in ``split``: ``bytes`` from text files and the
-    stdlib, ``str`` from JSONL, Parquet and datasets."""
+    """The non-empty documents of ``source`` in ``split``: ``bytes`` from text files and the stdlib, ``str`` from
+    JSONL, Parquet and datasets."""
     check_split(split)
     if not str(source).strip():       # Path("") is the working directory: never read it by accident
         raise ValueError("the data source is an empty string; use 'stdlib', a file, a folder, or "

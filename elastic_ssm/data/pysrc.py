@@ -1,9 +1,6 @@
-"""``pysrc``: every Python source file under some roots as one corpus (no download). ``"pysrc"``: the stdlib (as
-``stdlib``) and the site-packages folders (never ``PYTHONPATH`` or the user site); ``"pysrc:<root>[,<root>...]"``:
-the ``.py`` files under these folders. Files are named ``<label>/<relative path>`` (``stdlib/json/decoder.py``,
-``root0/...``), sorted, deduplicated by content and split by file (``split_by_path``: 2%, at least 8 files).
-``manifest(spec)`` hashes each file once (cached in ``cache_dir()``); ``tokenfile.load_corpus`` caches each split's
-tokens under ``tokens/pysrc-<key>/``."""
+"""``pysrc`` (docs/data.md): every ``.py`` file of the stdlib and the site-packages folders (``"pysrc"``) or of the
+given folders (``"pysrc:<root>[,<root>...]"``) as one corpus, each file named ``<label>/<relative path>``
+(``stdlib/json/decoder.py``, ``root0/...``); ``manifest(spec)`` hashes each file once (cached in ``cache_dir()``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Parameter matching of the baselines, reported with every run (ESSH Appendix E.6, Tables 8, 9, 39, 54).
-
-Rules (Table 8): Transformer++ keeps ESSH's depth, width and vocabulary and matches the total within 2% through
-the FFN width; MatFormer is that backbone with nested FFN widths (Table 39); a specialist has exactly the export
-shape of an ESSH tier (Table 43); a mixer-only ESSH (Tables 21-23) is reported, not matched. ``elastic-ssm
-train`` prints ``format_report`` before the first step and writes ``<out_dir>/parameters.json``."""
+"""Parameter matching of the baselines, reported with every run (ESSH Appendix E.6, Tables 8, 9, 39, 54; the rules
+are ``RULES``; a mixer-only ESSH, Tables 21-23, is reported, not matched). ``elastic-ssm train`` prints
+``format_report`` before the first step and writes ``<out_dir>/parameters.json``."""
 
 from __future__ import annotations
 

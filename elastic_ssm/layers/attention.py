@@ -85,14 +85,6 @@ def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int,
 SWA_KERNEL = os.environ.get("ELASTIC_SSM_SWA_KERNEL", "auto").strip().lower() or "auto"
 
 
-def _band(window: int):
-    def mask_mod(b, h, q_idx, kv_idx):
-        diff = q_idx - kv_idx
-        return (diff >= 0) & (diff < window)
-
-    return mask_mod
-
-
 def swa_block_mask(T: int, window: int, device, block_size: int = 128):
     """flex_attention ``BlockMask`` of the causal band ``0 <= q - k < window`` for length T.
 
@@ -106,12 +98,15 @@ def swa_block_mask(T: int, window: int, device, block_size: int = 128):
     full = (lo >= 0) & (hi < window)
     partial = (hi >= 0) & (lo < window) & ~full
 
+    def band(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx >= 0) & (q_idx - kv_idx < window)
+
     def ordered(m: torch.Tensor):  # counts [1, 1, nb] and tile indices, selected tiles first [1, 1, nb, nb]
         idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True)
         return m.sum(-1).to(torch.int32)[None, None], idx.to(torch.int32)[None, None]
 
     return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block_size,
-                                    mask_mod=_band(window), seq_lengths=(T, T))
+                                    mask_mod=band, seq_lengths=(T, T))
 
 
 @functools.lru_cache(maxsize=16)
