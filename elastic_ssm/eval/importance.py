@@ -1,9 +1,7 @@
-"""Channel importance profile of a spectral model (ESSH Appendix L.3, Table 31, Figure 10), per channel ``k`` of a
-tier on the same held-out batches: the **knock-out** perplexity increase after zeroing channel ``k`` in every
-spectral layer (ESSH ``out_proj.weight[:, kP:(k+1)P]`` [D, P]; ES-SSM ``proj.weight[:, kD:(k+1)D]`` = M_k [D, D],
-through ``torch.func.functional_call``) and its **output energy**, the mean squared contribution to the mixer
-output (ESSH ``K^{-1/2} W_k^out z_k``, Sec. 4.1; ES-SSM ``g_k M_k (Phi_k * u)``, Eq. 3/4). Summaries (Table 31):
-``-Spearman(k, importance_k)`` and the share of the first ``first`` channels (a negative knock-out counts 0)."""
+"""Channel importance profile of a spectral model (ESSH Appendix L.3, Table 31, Figure 10; docs/evaluation.md), per
+channel ``k`` of a tier on the same held-out batches: the **knock-out** perplexity increase after zeroing channel
+``k``'s output columns in every spectral layer and its **output energy**, the mean squared contribution to the mixer
+output (ESSH ``K^{-1/2} W_k^out z_k``, Sec. 4.1; ES-SSM ``g_k M_k (Phi_k * u)``, Eq. 3/4), with Table 31's summaries."""
 
 from __future__ import annotations
 

@@ -111,9 +111,8 @@ class ElasticLM(TemplateLM):
         if self.tier is not None:
             model.resolve_tier(self.tier)                    # unknown names fail here, naming the choices
         self.tok = resolve_tokenizer(model, tokenizer)
-        self._batch_spec = str(batch_size)
         self.max_batch_size = _as_int(max_batch_size, "max_batch_size") if max_batch_size else 64
-        self.batch_size = 0 if self._batch_spec.startswith("auto") else _as_int(batch_size, "batch_size")
+        self.batch_size = 0 if str(batch_size).startswith("auto") else _as_int(batch_size, "batch_size")
         self.max_length = _as_int(max_length, "max_length")
         if model.arch == "es_ssm":                           # fixed filter length L (ES-SSM Sec. 3)
             self.max_length = min(self.max_length, model.config.seq_len)
@@ -124,16 +123,9 @@ class ElasticLM(TemplateLM):
     # ---- tokens ----------------------------------------------------------------------------------
     eot_token_id = property(attrgetter("tok.eos_id"))
     device = property(attrgetter("_device"))
-
-    @property
-    def prefix_token_id(self) -> int:
-        """Conditioning token for an empty context and the first rolling window: BOS (else EOS)."""
-        bos = getattr(self.tok, "bos_id", None)
-        return self.tok.eos_id if bos is None else bos
-
-    @property
-    def tokenizer_name(self) -> str:
-        return getattr(self.tok, "spec", type(self.tok).__name__)
+    #: the conditioning token of an empty context and of the first rolling window
+    prefix_token_id = property(attrgetter("tok.bos_id"))
+    tokenizer_name = property(attrgetter("tok.spec"))
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kw: Any) -> list[int]:
         return list(self.tok.encode(string))

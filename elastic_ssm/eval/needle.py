@@ -1,10 +1,6 @@
-"""Needle-in-a-haystack key retrieval by tier (ESSH Appendix E.4, H.1-H.2, Tables 1(b), 17, 18; docs/evaluation.md).
-
-A trial plants a sentence with a six-digit key into filler at a relative depth and asks for the key at the end of
-a ``context_len``-token sequence: ``[filler ... NEEDLE(key) ... filler] QUERY -> key digits``. Each key pair
-(planted, counterfactual) runs at every depth; ``condition="counterfactual"`` (the paper's) inserts and expects the
-alternative. Per trial: ``full_key`` (every key token is the argmax), ``first_token``, ``margin_win`` (the expected
-key beats the competitor); ``half_width``: half the 95% pair-cluster bootstrap interval of full-key accuracy."""
+"""Needle-in-a-haystack key retrieval by tier (ESSH Appendix E.4, H.1-H.2, Tables 1(b), 17, 18; docs/evaluation.md
+states the protocol and the metrics): a ``context_len``-token trial ``[filler ... NEEDLE(key) ... filler] QUERY``
+is scored on the key's digits, each key pair (planted, counterfactual) at every depth."""
 
 from __future__ import annotations
 
