@@ -97,12 +97,10 @@ def _iter_parquet(path: Path, field: str, split: str | None) -> Iterator[str | b
     pf = pq.ParquetFile(path)
     if field not in pf.schema_arrow.names:
         raise KeyError(f"{path}: no column {field!r} (columns: {pf.schema_arrow.names}); set text_field=")
-    row = -1
-    for batch in pf.iter_batches(columns=[field], batch_size=1024):
-        for value in batch.column(0).to_pylist():
-            row += 1
-            if value and _keep_row(row, split):
-                yield value
+    values = (v for batch in pf.iter_batches(columns=[field], batch_size=1024) for v in batch.column(0).to_pylist())
+    for row, value in enumerate(values):
+        if value and _keep_row(row, split):
+            yield value
 
 
 def _check_hub_reachable(spec: str, timeout: float = 5.0) -> None:

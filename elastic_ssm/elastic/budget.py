@@ -9,6 +9,7 @@ resumed run reproduces the schedule with no sampler state to save.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -106,11 +107,8 @@ class BudgetSampler:
         """Empirical fraction of each budget over steps ``start .. start + n_steps - 1`` (for reports)."""
         if n_steps < 1:
             raise ValueError(f"n_steps must be >= 1, got {n_steps}")
-        counts = dict.fromkeys(self.budgets, 0)
-        counts.setdefault(self.full, 0)
-        for s in range(start, start + n_steps):
-            counts[self.sample(s)] += 1
-        return {k: c / n_steps for k, c in sorted(counts.items())}
+        counts = Counter(self.sample(s) for s in range(start, start + n_steps))
+        return {k: counts[k] / n_steps for k in sorted({*self.budgets, self.full})}
 
     # ---- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
