@@ -184,13 +184,12 @@ class PackedBatches:
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
 
 
-def evaluation_batches(tokens, seq_len: int, batch_size: int, max_batches: int | None = None,
-                       stride: int | None = None, rank: int = 0,
+def evaluation_batches(tokens, seq_len: int, batch_size: int, max_batches: int | None = None, rank: int = 0,
                        world_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed validation batches ``(input_ids [b, L], labels [b, L])`` (only the last has b < B) of non-overlapping
     windows (``stride = L + 1``), never shuffled; ``max_batches`` spreads its windows evenly over the whole
     stream; rank ``r`` gets every ``world_size``-th window."""
-    stride = seq_len + 1 if stride is None else stride
+    stride = seq_len + 1
     n = num_windows(len(_as_array(tokens)), seq_len, stride)
     if n == 0:
         raise ValueError(f"evaluation corpus too small: {len(_as_array(tokens))} tokens, need at least "

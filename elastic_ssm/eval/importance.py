@@ -203,18 +203,16 @@ def plot_importance(res: ImportanceResult, path: Any) -> str | None:
     ks = [c.channel for c in res.channels]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     a.bar(ks, [c.delta_ppl for c in res.channels], color="tab:blue")
-    a.set_xlabel("channel k")
-    a.set_ylabel("validation PPL increase after zeroing k")
-    a.set_title(f"(a) knock-out, -Spearman {res.ordering_knockout:.2f}")
+    a.set(xlabel="channel k", ylabel="validation PPL increase after zeroing k",
+          title=f"(a) knock-out, -Spearman {res.ordering_knockout:.2f}")
     for vals, label in (([max(c.delta_ppl, 0.0) for c in res.channels], "knock-out"),
                         ([c.energy for c in res.channels], "output energy")):
         total = sum(vals) or float("nan")
         cum = [sum(vals[:i + 1]) / total for i in range(len(vals))]
         b.plot(ks, cum, "o-", label=label, markersize=3)
     b.axvline(res.first, color="gray", linestyle=":")
-    b.set_xlabel("channel k")
-    b.set_ylabel("cumulative share")
-    b.set_title(f"(b) first-{res.first} share: knock-out {res.share_knockout:.2f}, energy {res.share_energy:.2f}")
+    b.set(xlabel="channel k", ylabel="cumulative share",
+          title=f"(b) first-{res.first} share: knock-out {res.share_knockout:.2f}, energy {res.share_energy:.2f}")
     b.legend()
     for ax in (a, b):
         ax.grid(alpha=0.3)

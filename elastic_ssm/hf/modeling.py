@@ -41,7 +41,8 @@ GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "
 class _NoRollbackCache(Cache):
     """Our caches' common part: ``n_layers`` layers, beam edits by ``_apply(fn)``, no rollback."""
 
-    is_compileable = False
+    is_compileable = is_croppable = False
+    is_initialized = True
 
     def __init__(self, n_layers: int) -> None:
         super().__init__(layers=[])
@@ -52,14 +53,6 @@ class _NoRollbackCache(Cache):
 
     def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
         return self.prefilled
-
-    @property
-    def is_initialized(self) -> bool:
-        return True
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
 
     @property
     def is_dummy(self) -> list[bool]:
