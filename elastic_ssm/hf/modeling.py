@@ -1,11 +1,8 @@
 """``ElasticHFConfig`` / ``ElasticForCausalLM`` (what every family shares; ``families.py``) and ESSH's. ``forward``
 takes ``input_ids`` [B, T], a left-padding ``attention_mask``, ``labels`` and a ``cache``: with none and
 ``use_cache`` one is allocated and prefilled; with a prefilled one each token is one ``step`` (``ESSH.generate``'s
-calls in its order, so HF ``generate`` gives our tokens).
-
-``ESSHHFCache``: our ``ESSHCache`` (mode states ``[B, K_T, M, 2, P]`` per spectral layer, a ring of ``window``
-key/value slots ``[B, H, W, hd]`` per SWA layer) behind ``transformers.Cache``: length, batch size and beam edits;
-a recurrent state cannot be rolled back (``crop`` refuses)."""
+calls in its order, so HF ``generate`` gives our tokens). ``ESSHHFCache``: our ``ESSHCache`` behind
+``transformers.Cache`` (docs/huggingface.md, "What is inside"); a recurrent state cannot be rolled back."""
 
 from __future__ import annotations
 

@@ -11,9 +11,8 @@ At runtime budget K <= K-bar (Eq. 4)::
 ``proj.weight``, applied after the gate. ``ESSSMBlock``: ``r += DropPath(S_K(LN1(r)))``, then
 ``r += DropPath(FFN(LN2(r)))`` with a GELU FFN d -> ffn_mult d -> d.
 
-Decoding, Eq. 4 per token (docs/es_ssm.md, "Cached decoding"): ``decode="exact"`` keeps the last S = L - 1 inputs
-[B, S, D], read against the doubled, reversed filter tail ``window`` [K, 2S - 1]; ``decode="modal"`` replaces each
-filter by its m-mode matrix-pencil fit (ESSH Eq. 4, App. C.1.1), a state [B, K, M, 2, D] (ESSH Eq. 5 with unit gates).
+Decoding, Eq. 4 per token (docs/es_ssm.md, "Decoding"): ``decode="exact"`` keeps the last L - 1 inputs;
+``decode="modal"`` replaces each filter by its m-mode matrix-pencil fit (ESSH Eq. 4, 5; ``DecodePlan``).
 """
 
 from __future__ import annotations

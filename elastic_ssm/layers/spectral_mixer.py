@@ -123,15 +123,14 @@ class SpectralMixer(nn.Module):
 
     # ---- training / prefill -------------------------------------------------------------------------
     def forward(self, u: torch.Tensor, K: int | None = None, valid: torch.Tensor | None = None,
-                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-                backend: str = "auto", channel_scale: torch.Tensor | None = None):
+                output_final_state: bool = False, backend: str = "auto", channel_scale: torch.Tensor | None = None):
         """u [B,T,D] -> y [B,T,D] (and the final state [B,K,M,2,P] when ``output_final_state``); ``channel_scale``
         [B, K P]: each row's tier (``_readout``)."""
         K = self.K if K is None else K
         v, write, read, clock = self._controls(u, K, valid)
         # gates in (0, 2), clock = softplus >= 0 and rho = exp(-softplus) in [0, 1] by construction: no range check
-        z, state = scan(v, write, read, clock, self._modal(K), initial_state=initial_state,
-                        output_final_state=output_final_state, backend=backend, check_values=False)
+        z, state = scan(v, write, read, clock, self._modal(K), output_final_state=output_final_state, backend=backend,
+                        check_values=False)
         y = self._readout(z, K, channel_scale)
         return (y, state) if output_final_state else y
 
