@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config import ConfigError, ESSHConfig, model_config_from_dict, tier_word
 from . import tiers as tiers_mod
 
 __all__ = ["PAPER_PARAMS_M", "parameter_report", "format_report"]
@@ -26,8 +27,6 @@ RULES = {"transformer": (0.02, "Table 8: same depth, width, vocabulary; paramete
 
 def _reference(source: dict[str, Any]) -> tuple[str, int] | None:
     """(description, parameter count) of what a run is matched to, from its ``model`` section."""
-    from ..config import ConfigError, ESSHConfig, model_config_from_dict, tier_word
-
     arch, preset, tier = source.get("arch", "essh"), source.get("preset"), source.get("tier_config")
     if tier:
         parent = model_config_from_dict({k: v for k, v in source.items() if k != "tier_config"})

@@ -18,7 +18,7 @@ from torch.nn.utils.rnn import pad_sequence
 try:
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("the lm-eval adapter needs lm-evaluation-harness: pip install 'elastic-ssm[eval]' "
                       "(or pip install 'lm-eval>=0.4.9')") from e
@@ -80,8 +80,6 @@ class ElasticLM(TemplateLM):
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ElasticLM:
         """lm-eval's ``--model_args`` string; an unknown key is named with the accepted ones (``check_model_args``)."""
-        from lm_eval.utils import simple_parse_args_string
-
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     @classmethod
