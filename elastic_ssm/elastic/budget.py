@@ -59,7 +59,6 @@ class BudgetSampler:
     def k_min(self) -> int:
         return self.budgets[0]
 
-    # ---- sampling ------------------------------------------------------------------------------------
     def is_full_step(self, step: int) -> bool:
         """True for warm-up steps and post-warm-up anchors (``step % n_full == 0``)."""
         if step < self.warmup_steps:
@@ -85,7 +84,6 @@ class BudgetSampler:
 
     __call__ = sample
 
-    # ---- reporting -----------------------------------------------------------------------------------
     def snap_probabilities(self) -> dict[int, float]:
         """Exact P(K_train = k) of an Eq. 5 draw (no warm-up, no anchor): budget b_i wins for targets between the
         midpoints around it, and P(target <= x) = log(x / K_min) / log(K-bar / K_min)."""
@@ -110,7 +108,6 @@ class BudgetSampler:
         counts = Counter(self.sample(s) for s in range(start, start + n_steps))
         return {k: counts[k] / n_steps for k in sorted({*self.budgets, self.full})}
 
-    # ---- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The settings (the schedule itself is a pure function of them and the step)."""
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"budgets": list(self.budgets)}

@@ -118,7 +118,6 @@ class ElasticLM(TemplateLM):
         self.precision = precision
         self._device = next(model.parameters()).device
 
-    # ---- tokens ----------------------------------------------------------------------------------
     eot_token_id = property(attrgetter("tok.eos_id"))
     device = property(attrgetter("_device"))
     #: the conditioning token of an empty context and of the first rolling window
@@ -131,7 +130,6 @@ class ElasticLM(TemplateLM):
     def tok_decode(self, tokens: Iterable[int]) -> str:
         return self.tok.decode(list(tokens))
 
-    # ---- scoring ---------------------------------------------------------------------------------
     def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
                               disable_tqdm: bool = False, **kw: Any) -> list[tuple[float, bool]]:
         """``(context, continuation)`` token pairs -> ``(sum log p(continuation | context), is_greedy)``."""
@@ -196,7 +194,6 @@ class ElasticLM(TemplateLM):
             out.append(total)
         return out
 
-    # ---- generation ------------------------------------------------------------------------------
     @torch.no_grad()
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Greedy (or sampled, when the task sets ``do_sample``) continuation, cut at the first stop string.

@@ -235,7 +235,6 @@ class SlidingWindowAttention(nn.Module):
         scan ``backend`` are unused."""
         return self(x, positions, valid, ring=state)
 
-    # ---- decoding -------------------------------------------------------------------------------------
     def init_state(self, batch: int, tier=None, *, kv_dtype: torch.dtype | None = None,
                    device: torch.device | str | None = None, positions: torch.Tensor | None = None,
                    **_: object) -> RingState:

@@ -32,7 +32,7 @@ from ..elastic.tiers import tier_width
 from ..ops.fft_conv import fft_causal_conv
 from ..spectral import DampedModes, fit_damped_modes, hankel_filters
 
-__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "DECODE_MODES", "DecodePlan",
+__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "DecodePlan",
            "SpectralDecodeState", "check_decode"]
 
 
@@ -69,13 +69,9 @@ class GeluFFN(nn.Module):
         return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
 
 
-#: The decode modes of ``ESSSM.allocate_cache``.
-DECODE_MODES = ("exact", "modal")
-
-
 def check_decode(decode: object, n_modes: object, L: int) -> tuple[str, int]:
     """Validate a decode mode and mode count for filters of length L; one-line ``ValueError`` otherwise."""
-    if decode not in DECODE_MODES:
+    if decode not in ("exact", "modal"):
         raise ValueError(f"unknown decode mode {decode!r}; use 'exact' (ring buffer, default) or 'modal'"
                          " (m damped modes per channel, constant memory)")
     if isinstance(n_modes, bool) or not isinstance(n_modes, int) or not 1 <= n_modes <= max(1, L // 4):
@@ -171,7 +167,6 @@ class SpectralSublayer(nn.Module):
         xg = xg.reshape(B, K * D, T).transpose(1, 2)  # [B, T, K*D]
         return linear(self.proj, xg, cols=K * D)  # [B, T, D]
 
-    # ---- decoding (Eq. 4 per token; the layer decode protocol of ESSH's mixers) ----------------------------
     def decode_plan(self, tier=None, decode: str = "exact", n_modes: int = 8,
                     dtype: torch.dtype = torch.float32) -> DecodePlan:
         """The precomputed constants of budget ``tier`` (an int K, a ``Tier`` or None: every channel) in

@@ -76,7 +76,6 @@ class SpectralMixer(nn.Module):
         self.a.fill_(self.zero_lag_init)
         self.beta.zero_()
 
-    # ---- shared pieces ---------------------------------------------------------------------------
     def _controls(self, u: torch.Tensor, K: int, valid: torch.Tensor | None):
         """u [..., D] -> v [..., K, P], write/read/clock [..., K, M] in the scan dtype (at least fp32); the
         projection stays in its dtype (each consumer upcasts as it reads) and Eq. 23 is one product
@@ -121,7 +120,6 @@ class SpectralMixer(nn.Module):
         zf = z.to(dt).reshape(-1, K, self.P)                                               # [N, K, P]
         return torch.einsum("nkp,kpq,nkq->k", zf, gram, zf).double() / max(zf.shape[0], 1)
 
-    # ---- training / prefill -------------------------------------------------------------------------
     def forward(self, u: torch.Tensor, K: int | None = None, valid: torch.Tensor | None = None,
                 output_final_state: bool = False, backend: str = "auto", channel_scale: torch.Tensor | None = None):
         """u [B,T,D] -> y [B,T,D] (and the final state [B,K,M,2,P] when ``output_final_state``); ``channel_scale``
@@ -145,7 +143,6 @@ class SpectralMixer(nn.Module):
         state.copy_(final)
         return y
 
-    # ---- decoding -------------------------------------------------------------------------------------
     def init_state(self, batch: int, tier=None, *, state_dtype: torch.dtype = torch.float32,
                    device: torch.device | str | None = None, **_: object) -> torch.Tensor:
         """This layer's slice of a decode cache: zeroed mode states [B, K_T, M, 2, P] in ``state_dtype``
