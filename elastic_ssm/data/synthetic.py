@@ -9,6 +9,7 @@ reversed (scored)."""
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
@@ -87,11 +88,9 @@ def synthetic_batches(task: str, batch_size: int, seq_len: int, seed: int = 0, s
     one stream per rank); ``kwargs`` go to the generator (``num_pairs=``, ``vocab_size=``)."""
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}: choose from {sorted(TASKS)}")
-    step = start_step
-    while True:
+    for step in itertools.count(start_step):
         key = [seed, step] if shard == 0 else [seed, step, shard]
         yield TASKS[task](batch_size, seq_len, seed=np.random.default_rng(key), **kwargs)
-        step += 1
 
 
 class SyntheticSource:

@@ -61,13 +61,7 @@ class BudgetSampler:
 
     def is_full_step(self, step: int) -> bool:
         """True for warm-up steps and post-warm-up anchors (``step % n_full == 0``)."""
-        if step < self.warmup_steps:
-            return True
-        return self.n_full > 0 and step % self.n_full == 0
-
-    def xi(self, step: int) -> float:
-        """The uniform draw xi in [0, 1) of ``step`` (a pure function of ``(seed, step)``)."""
-        return float(np.random.default_rng([self.seed, int(step)]).random())
+        return step < self.warmup_steps or (self.n_full > 0 and step % self.n_full == 0)
 
     def snap(self, target: float) -> int:
         """Nearest budget to ``target`` (Eq. 5 argmin); a tie goes to the smaller budget."""
@@ -79,8 +73,8 @@ class BudgetSampler:
             raise ValueError(f"step must be >= 0, got {step}")
         if self.is_full_step(step):
             return self.full
-        target = self.k_min * (self.full / self.k_min) ** self.xi(step)
-        return self.snap(target)
+        xi = np.random.default_rng([self.seed, int(step)]).random()     # U[0, 1), a pure function of (seed, step)
+        return self.snap(self.k_min * (self.full / self.k_min) ** xi)
 
     __call__ = sample
 
