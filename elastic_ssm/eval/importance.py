@@ -6,7 +6,8 @@ output (ESSH ``K^{-1/2} W_k^out z_k``, Sec. 4.1; ES-SSM ``g_k M_k (Phi_k * u)``,
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -89,51 +90,38 @@ def has_spectral_channels(model: torch.nn.Module) -> bool:
     return bool(_channel_layers(model))
 
 
-class _EnergyMeter:
-    """Each channel's output energy [K] over the spectral layers of the forwards inside it: ESSH wraps the mixer's
-    readout (``SpectralMixer.channel_energy`` of ``z [.., K, P]``), ES-SSM hooks ``channel_outputs`` [B, T, K, D]."""
+@contextmanager
+def _energy_meter(layers: list[tuple[str, torch.nn.Module, int]], K: int) -> Iterator[Callable[[], list[float]]]:
+    """Each channel's output energy [K] over the spectral layers of the forwards inside the block: ESSH wraps the
+    mixer's readout (``SpectralMixer.channel_energy`` of ``z [.., K, P]``), ES-SSM hooks ``channel_outputs``
+    [B, T, K, D]. Yields ``energy()``: per layer the mean over positions, averaged over the spectral layers."""
+    from ..layers.spectral_mixer import SpectralMixer
 
-    def __init__(self, layers: list[tuple[str, torch.nn.Module, int]], K: int) -> None:
-        self.layers, self.K = layers, K
-        self.sums = torch.zeros(len(layers), K, dtype=torch.float64)
-        self.counts = torch.zeros(len(layers), dtype=torch.float64)
-        self._undo: list[Any] = []
+    sums = torch.zeros(len(layers), K, dtype=torch.float64)
+    counts = torch.zeros(len(layers), dtype=torch.float64)
 
-    def _add(self, i: int, energy: torch.Tensor, n: int) -> None:
-        self.sums[i] += energy.detach().double().cpu()
-        self.counts[i] += n
+    def add(i: int, energy: torch.Tensor, n: int) -> None:
+        sums[i] += energy.detach().double().cpu()
+        counts[i] += n
 
-    def __enter__(self) -> _EnergyMeter:
-        from ..layers.spectral_mixer import SpectralMixer
-
-        for i, (_, mod, _per) in enumerate(self.layers):
+    with ExitStack() as undo:
+        for i, (_, mod, _per) in enumerate(layers):
             if isinstance(mod, SpectralMixer):
-                readout = mod._readout
-
-                def wrapped(z, K, _i=i, _mod=mod, _readout=readout):
+                def wrapped(z, K, _i=i, _mod=mod, _readout=mod._readout):
                     n = z[..., 0, 0].numel()                                   # positions in this call
-                    self._add(_i, _mod.channel_energy(z, K) * n / (K * _mod.D), n)
+                    add(_i, _mod.channel_energy(z, K) * n / (K * _mod.D), n)
                     return _readout(z, K)
 
                 mod._readout = wrapped
-                self._undo.append(lambda _mod=mod: delattr(_mod, "_readout"))
+                undo.callback(delattr, mod, "_readout")
             else:
                 def hook(mod, args, _out, _i=i):
                     u, K = args[0], (args[1] if len(args) > 1 and args[1] is not None else mod.n_channels)
                     c = mod.channel_outputs(u, K).float()                      # [B, T, K, D]
-                    self._add(_i, c.square().mean(dim=(0, 1, 3)), c.shape[0] * c.shape[1])
+                    add(_i, c.square().mean(dim=(0, 1, 3)), c.shape[0] * c.shape[1])
 
-                self._undo.append(mod.register_forward_hook(hook).remove)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for undo in reversed(self._undo):
-            undo()
-        self._undo.clear()
-
-    def energy(self) -> list[float]:
-        """Per-channel energy [K]: per layer the mean over positions, averaged over the spectral layers."""
-        return (self.sums / self.counts.clamp(min=1)[:, None]).mean(0).tolist()
+                undo.callback(mod.register_forward_hook(hook).remove)
+        yield lambda: (sums / counts.clamp(min=1)[:, None]).mean(0).tolist()
 
 
 @torch.no_grad()
@@ -153,8 +141,7 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
     if first > K:
         raise ValueError(f"first={first} exceeds the {K} channels of tier {t.name}; give first <= {K}")
     with eval_mode(model):
-        meter = _EnergyMeter(layers, K)
-        with meter:
+        with _energy_meter(layers, K) as energy:
             base = loss_sums(model, batches, t, precision)
         count = int(base[1].item())
         base_loss = base[0].item() / count
@@ -166,7 +153,7 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
             loss = loss_sums(model, batches, t, precision, params=knocked)[0].item() / count
             channels.append(ChannelImportance(k + 1, loss, loss - base_loss, perplexity(loss) - perplexity(base_loss),
                                               (loss - base_loss) / math.log(2) / bytes_per_token, 0.0))
-    for c, e in zip(channels, meter.energy()):
+    for c, e in zip(channels, energy()):
         c.energy = e
     knock, energy = [c.delta_ppl for c in channels], [c.energy for c in channels]
     return ImportanceResult(t.name, K, t.params, base_loss, perplexity(base_loss),

@@ -26,8 +26,7 @@ def auto_device() -> tuple[str, str | None]:
     ``note`` is one line saying why not mps when this machine has MPS (None when it has not)."""
     if torch.cuda.is_available():
         return "cuda", None
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
+    if torch.backends.mps.is_available():
         return "cpu", f"device auto: cpu, not mps ({MPS_NO_FLOAT64})"
     return "cpu", None
 
