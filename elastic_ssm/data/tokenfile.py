@@ -1,7 +1,6 @@
 """Prepared token files: ``<out>.bin`` (uint16 when V <= 65535, else uint32) and a JSON sidecar ``<out>.bin.json``
 (dtype, count, tokenizer, source, split, sha256, sampled ``fingerprint``), written by ``prepare`` one chunk at a
-time; ``TokenFile`` maps one read-only and checks it against its sidecar; ``load_corpus`` picks a prepared file or
-in-memory tokenization."""
+time, read by ``TokenFile`` and ``load_corpus``."""
 
 from __future__ import annotations
 

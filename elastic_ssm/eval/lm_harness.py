@@ -1,8 +1,6 @@
-"""lm-evaluation-harness adapter (ESSH Appendix E.4; Tables 1(a), 13, 15; docs/evaluation.md; extra ``eval``):
-``ElasticLM`` is one tier of a model as an lm-eval ``LM`` (context + continuation left-truncated to
-``max_length + 1`` tokens, one right-padded forward, ``perplexity.continuation_scores``; rolling windows of
-``max_length``; cached generation cut at the first stop string); ``evaluate_tiers_on_tasks`` loads the model once
-and runs every tier."""
+"""lm-evaluation-harness adapter (ESSH Appendix E.4; Tables 1(a), 13, 15; extra ``eval``; docs/evaluation.md says how
+each request type is scored): ``ElasticLM`` is one tier of a model as an lm-eval ``LM``; ``evaluate_tiers_on_tasks``
+loads the model once and runs every tier."""
 
 from __future__ import annotations
 
@@ -57,7 +55,7 @@ def check_model_args(args: Iterable[str], added: dict[str, Any] | None = None) -
 
 @register_model("elastic-ssm", "elastic_ssm")
 class ElasticLM(TemplateLM):
-    """One tier of an elastic model behind lm-eval's ``LM`` interface (see module docstring).
+    """One tier of an elastic model behind lm-eval's ``LM`` interface.
 
     ``show_progress`` (class default True) gates the scoring bar; ``evaluate_tiers_on_tasks`` sets it.
 

@@ -17,7 +17,6 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..config import TierLike
 from ..elastic.tiers import tier_table
 from ..models import model_class
 from ..models.cache import ESSHCache
@@ -77,13 +76,12 @@ class _NoRollbackCache(Cache):
 
 
 class ESSHHFCache(_NoRollbackCache):
-    """Decoding state of ``batch_size`` sequences of one ESSH at ``tier`` (None: the model as loaded) for
-    ``transformers`` generation; ``state_dtype`` / ``kv_dtype`` as ``ESSHCache.allocate``."""
+    """Decoding state of ``batch_size`` sequences of one ESSH as loaded, for ``transformers`` generation (the
+    dtypes of ``ESSHCache.allocate``)."""
 
-    def __init__(self, model: Any, batch_size: int, tier: TierLike = None, state_dtype: torch.dtype | None = None,
-                 kv_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: Any, batch_size: int) -> None:
         super().__init__(model.config.n_layers)
-        self.inner = ESSHCache.allocate(model, batch_size, tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
+        self.inner = ESSHCache.allocate(model, batch_size)
 
     def __repr__(self) -> str:
         n = self.inner.nbytes()
