@@ -39,12 +39,11 @@ class TokenArray:
         return f"TokenArray(n={len(self)}, dtype={self.tokens.dtype}, vocab_size={self.vocab_size})"
 
 
-def iter_token_chunks(docs: Iterable[str | bytes], tokenizer,
-                      chunk_docs: int = CHUNK_DOCS) -> Iterator[np.ndarray]:
-    """Tokenize ``docs`` in groups of ``chunk_docs``; yield int64 arrays ``[n]`` of ``doc SEP doc SEP``."""
+def iter_token_chunks(docs: Iterable[str | bytes], tokenizer) -> Iterator[np.ndarray]:
+    """Tokenize ``docs`` in groups of ``CHUNK_DOCS``; yield int64 arrays ``[n]`` of ``doc SEP doc SEP``."""
     sep = np.array([tokenizer.sep_id], dtype=np.int64)
     nonempty = (d for d in docs if d)
-    while group := list(islice(nonempty, chunk_docs)):
+    while group := list(islice(nonempty, CHUNK_DOCS)):
         parts = [x for ids in tokenizer.encode_batch_np(group) if len(ids) for x in (ids, sep)]
         if parts:
             yield np.concatenate(parts)

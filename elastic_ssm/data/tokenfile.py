@@ -41,12 +41,10 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
         raise ValueError(f"{out_path}: a token file's name must end in .bin (e.g. {out_path.with_suffix('.bin')}), "
                          "or training and evaluation would read its bytes as text")
     tok = load_tokenizer(tokenizer)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tok.vocab_size)
     digest, count, n_docs = hashlib.sha256(), 0, itertools.count()
-    bar = progress(desc=f"prepare {out_path.name}", unit="tok", unit_scale=True, total=max_tokens,
-                   enabled=show_progress)
-    try:
+    with progress(desc=f"prepare {out_path.name}", unit="tok", unit_scale=True, total=max_tokens,
+                  enabled=show_progress) as bar:
         with atomic_writer(out_path) as f:   # replaces out_path only when the block completes
             docs = (d for d, _ in zip(iter_documents(source, split, text_field=text_field), n_docs))  # counted
             for chunk in iter_token_chunks(docs, tok):
@@ -78,8 +76,6 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
         if str(source) == "stdlib" or is_pysrc(source):
             meta.update(python=sys.version.split()[0], stdlib_root=str(stdlib_root()))
         atomic_write_text(sidecar, json.dumps(meta, indent=2) + "\n")
-    finally:
-        bar.close()
     return TokenFile(out_path)
 
 

@@ -192,7 +192,6 @@ def save_tokenizer_files(tok: Tokenizer, directory: str | Path) -> list[str]:
     without the ``tokenizers`` package), ``tokenizer_config.json`` (special tokens, left padding) and
     ``elastic_tokenizer.json`` (read by ``load_tokenizer``) into ``directory``, each atomically; returns the names."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     written, is_bytes = [], isinstance(tok, ByteTokenizer)
     try:
         inner = byte_level_tokenizer() if is_bytes else tok._tok
@@ -253,7 +252,6 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
                                      initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(itertools.chain([first], texts), trainer=trainer)
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_path, tok.to_str())
     return BPETokenizer(tok, out_path.resolve())
 

@@ -146,20 +146,19 @@ class ElasticLM(TemplateLM):
         order = sorted(range(len(prepared)), key=lambda i: -sum(map(len, prepared[i])))   # longest first
         if order and not self.batch_size:
             self.batch_size = self._auto_batch_size(sum(map(len, prepared[order[0]])))
-        bar = progress_bar(total=len(order), desc="scoring", unit="req",
-                           enabled=self.show_progress and not disable_tqdm and len(order) >= 2)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start:start + self.batch_size]
-            bar.update(len(idx))
-            scores = continuation_scores(self.model, self.tier, [prepared[i][0] for i in idx],
-                                         [prepared[i][1] for i in idx], self.precision)
-            for i, (score, hits) in zip(idx, scores):
-                greedy = all(hits)
-                out[i] = (score, greedy)
-                key = requests[i][0]
-                if key is not None and key[0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", key, (score, greedy))
-        bar.close()
+        with progress_bar(total=len(order), desc="scoring", unit="req",
+                          enabled=self.show_progress and not disable_tqdm and len(order) >= 2) as bar:
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start:start + self.batch_size]
+                bar.update(len(idx))
+                scores = continuation_scores(self.model, self.tier, [prepared[i][0] for i in idx],
+                                             [prepared[i][1] for i in idx], self.precision)
+                for i, (score, hits) in zip(idx, scores):
+                    greedy = all(hits)
+                    out[i] = (score, greedy)
+                    key = requests[i][0]
+                    if key is not None and key[0] is not None:
+                        self.cache_hook.add_partial("loglikelihood", key, (score, greedy))
         return out  # type: ignore[return-value]
 
     def _auto_batch_size(self, length: int) -> int:

@@ -168,12 +168,11 @@ def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any
     check_fits(model, trials, cfg)
     tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
     rows = []
-    bar = progress_bar(desc="niah", total=len(tiers) * len(trials), enabled=progress, unit="trial")
-    for t in tiers:
-        bar.set_postfix_str(t.name)
-        scored = score_trials(model, trials, t, cfg.batch_size, precision, bar=bar)
-        rows.append({"tier": t.name, "K": t.K, "n_ff": t.n_ff, "params": t.params,
-                     "context_len": cfg.context_len, "condition": cfg.condition,
-                     **summarize_needle(scored, cfg)})
-    bar.close()
+    with progress_bar(desc="niah", total=len(tiers) * len(trials), enabled=progress, unit="trial") as bar:
+        for t in tiers:
+            bar.set_postfix_str(t.name)
+            scored = score_trials(model, trials, t, cfg.batch_size, precision, bar=bar)
+            rows.append({"tier": t.name, "K": t.K, "n_ff": t.n_ff, "params": t.params,
+                         "context_len": cfg.context_len, "condition": cfg.condition,
+                         **summarize_needle(scored, cfg)})
     return rows
