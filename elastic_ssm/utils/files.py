@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,8 +28,6 @@ def cache_dir() -> Path:
 def free_stamped_path(folder: Path, head: str, tail: str = "") -> Path:
     """``folder/<head><UTC time><tail>`` (``-1``, ``-2`` ... before ``tail`` when taken): the one name of what is
     set aside instead of deleted (a replaced run, a damaged checkpoint, ...). Nothing is created."""
-    import time
-
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     dest, n = folder / f"{head}{stamp}{tail}", 1
     while dest.exists():
