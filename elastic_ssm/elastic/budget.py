@@ -1,8 +1,5 @@
-"""Budget dropout: the training-budget schedule of ES-SSM (paper Sec. 4.2, Eq. 5; Algorithm 2).
-
-K_train is K-bar during warm-up and on anchors (after warm-up, ``step % n_full == 0``; DESIGN: the text ends
-mid-Alg. 2); otherwise Eq. 5: ``xi ~ U[0, 1)``, ``target = K_min (K-bar / K_min)^xi``, ``K_train = argmin_{k in
-budgets} |k - target|`` (a tie goes to the smaller k). ``sample(step)`` is a pure function of ``(seed, step)``, so a
+"""Budget dropout: the training-budget schedule of ES-SSM (paper Sec. 4.2, Eq. 5; Algorithm 2, whose text ends
+mid-way: DESIGN; docs/es_ssm.md, "Budget dropout"). ``sample(step)`` is a pure function of ``(seed, step)``, so a
 resumed run reproduces the schedule with no sampler state to save.
 """
 
@@ -68,12 +65,13 @@ class BudgetSampler:
         return self.budgets[int(np.argmin(np.abs(self._arr - target)))]
 
     def sample(self, step: int) -> int:
-        """K_train of global step ``step`` (>= 0)."""
+        """K_train of global step ``step`` (>= 0): K-bar on full steps, else Eq. 5's ``target = K_min (K-bar /
+        K_min)^xi`` with ``xi ~ U[0, 1)``, snapped to the nearest budget."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         if self.is_full_step(step):
             return self.full
-        xi = np.random.default_rng([self.seed, int(step)]).random()     # U[0, 1), a pure function of (seed, step)
+        xi = np.random.default_rng([self.seed, int(step)]).random()
         return self.snap(self.k_min * (self.full / self.k_min) ** xi)
 
     __call__ = sample

@@ -1,7 +1,5 @@
-"""One check of a device a user names (``--device``, ``from_pretrained(device=)``): ``checked_device`` (cpu, cuda,
-cuda:N present here; mps refused, it has no float64) and ``auto_device`` (cuda when available, else cpu); the CPU
-threads torch runs with (``apply_default_threads``): the cores this process may use (affinity mask, cgroup quota)
-unless ``OMP_NUM_THREADS`` is set.
+"""One check of a device a user names (``--device``, ``from_pretrained(device=)``): ``checked_device`` and
+``auto_device`` (never mps, which has no float64); the CPU threads torch runs with (``apply_default_threads``).
 """
 
 from __future__ import annotations
