@@ -23,6 +23,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from ..config import tier_word
 from ..data.tokenizer_files import resolve_tokenizer
+from ..models import load_pretrained
 from ..utils.progress import progress as progress_bar
 from .perplexity import continuation_scores
 
@@ -91,8 +92,6 @@ class ElasticLM(TemplateLM):
                  max_gen_toks: int | str = 256, precision: str = "fp32", max_batch_size: Any = None) -> None:
         super().__init__()
         if isinstance(pretrained, (str, Path)):
-            from ..models import load_pretrained
-
             model = load_pretrained(pretrained, device=device or "cpu")
         else:
             model = pretrained if device is None else pretrained.to(device)
