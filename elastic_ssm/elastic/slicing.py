@@ -198,12 +198,7 @@ def _fill(fd: int, view: memoryview, offset: int) -> bool:
     once (one thread's copy, ~5 GB/s, was the load's slowest stage)."""
     got, n = 0, len(view)
     while got < n:
-        if hasattr(os, "preadv"):
-            r = os.preadv(fd, [view[got:]], offset + got)
-        else:                                             # no preadv (e.g. Windows): one extra copy
-            piece = os.pread(fd, n - got, offset + got)
-            view[got:got + len(piece)] = piece
-            r = len(piece)
+        r = os.preadv(fd, [view[got:]], offset + got)
         if not r:
             return False
         got += r
@@ -213,12 +208,12 @@ def _fill(fd: int, view: memoryview, offset: int) -> bool:
 def read_to_device(path: str | Path, device: torch.device | str, chunk: int = CHUNK_BYTES,
                    readers: int = READERS) -> dict[str, torch.Tensor] | None:
     """Every tensor of the safetensors file ``path`` on ``device`` (views of one buffer), or None when the header
-    fails its checks or the file ends early. ``readers`` threads read ``chunk``-byte pieces into ``2 x readers``
-    staging buffers (pinned on CUDA) while the pieces already read are copied to the device; a buffer is refilled
-    only after its copy is done (an event per buffer). The CPU takes the same path, which its tests check against
-    safetensors."""
+    fails its checks, the file ends early or the platform has no ``os.preadv`` (Windows). ``readers`` threads read
+    ``chunk``-byte pieces into ``2 x readers`` staging buffers (pinned on CUDA) while the pieces already read are
+    copied to the device; a buffer is refilled only after its copy is done (an event per buffer). The CPU takes the
+    same path, which its tests check against safetensors."""
     parsed = parse_header(path)
-    if parsed is None:
+    if parsed is None or not hasattr(os, "preadv"):
         return None
     start, entries = parsed
     device = torch.device(device)
