@@ -1,7 +1,6 @@
 """Tokenizers behind one interface (``encode`` / ``encode_np`` / ``encode_batch_np`` without specials, ``decode``
 dropping specials, ``vocab_size``, ``pad_id`` / ``bos_id`` / ``eos_id`` / ``sep_id``, ``spec``, ``save(dir)``):
-``ByteTokenizer`` (ids 0..255 are the bytes, then PAD=256, BOS=257, EOS=258, SEP=259; V = 260; no dependency) and
-``BPETokenizer`` (a ``tokenizers.Tokenizer`` from a ``tokenizer.json``, yours or one ``train_bpe`` made)."""
+``ByteTokenizer`` (no dependency) and ``BPETokenizer`` (a ``tokenizer.json``, yours or one ``train_bpe`` made)."""
 
 from __future__ import annotations
 

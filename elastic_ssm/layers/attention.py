@@ -1,10 +1,8 @@
 """Sliding-window causal self-attention with RoPE (ESSH Sec. 4, Appendix E.2).
 
-Query i attends keys j with 0 <= i - j < window and, in a padded batch, only real keys (a padding query attends
-itself). ``qkv`` [3D, D] and ``out`` [D, D], no biases (Table 4), shared by every tier. Causal SDPA, a
-flex_attention band or masked SDPA by length and device (docs/performance.md). Decoding state (Table 53,
-``RingState``): a ring of ``window`` key/value slots per sequence; slot ``p mod W`` holds position p (``slot_pos``;
--1 = empty), ``positions`` [B] is shared by the cache's layers.
+Query i attends keys j with 0 <= i - j < window (``window_mask``). ``qkv`` [3D, D] and ``out`` [D, D], no biases
+(Table 4), shared by every tier. Causal SDPA, a flex_attention band or masked SDPA by length and device
+(docs/performance.md). Decoding state (Table 53): a ``RingState`` per layer.
 """
 
 from __future__ import annotations
@@ -28,7 +26,8 @@ from .decode_plan import AttentionPlan
 
 @dataclass
 class RingState:
-    """Window ring of one attention layer: keys / values [B, H, W, hd], slot_pos [B, W], positions [B]."""
+    """Window ring of one attention layer: keys / values [B, H, W, hd], slot_pos [B, W] (slot ``p mod W`` holds
+    position p; -1 = empty), positions [B] (shared by the cache's layers)."""
 
     keys: torch.Tensor
     values: torch.Tensor
