@@ -44,11 +44,8 @@ class SpectralMixer(nn.Module):
         self.in_proj = empty_linear(D, K * (P + 3 * M))   # weight [K(P+3M), D], channel-major rows
         self.gate_bias = nn.Parameter(torch.empty(K, 3, M))         # [K, 3, M] write/read/clock biases
         self.out_proj = empty_linear(K * P, D)             # weight [D, K P], channel-major columns
-        self.rho_raw = nn.Parameter(torch.empty(K, M))
-        self.theta = nn.Parameter(torch.empty(K, M))
-        self.kc = nn.Parameter(torch.empty(K, M))
-        self.ks = nn.Parameter(torch.empty(K, M))
-        self.a = nn.Parameter(torch.empty(K, M))
+        for name in ("rho_raw", "theta", "kc", "ks", "a"):                 # modal tables [K, M]
+            self.register_parameter(name, nn.Parameter(torch.empty(K, M)))
         self.beta = nn.Parameter(torch.empty(K))
         self.reset_parameters()
 
@@ -70,9 +67,8 @@ class SpectralMixer(nn.Module):
         rho = torch.as_tensor(tab["rho"], dtype=torch.float64).clamp(1e-6, self.pole_clip)  # rho=0 fits stay finite
         gamma = -torch.log(rho)                                      # rho = exp(-softplus(rho_raw))
         self.rho_raw.copy_(torch.log(torch.expm1(gamma)))
-        self.theta.copy_(torch.as_tensor(tab["theta"]))
-        self.kc.copy_(torch.as_tensor(tab["kc"]))
-        self.ks.copy_(torch.as_tensor(tab["ks"]))
+        for name in ("theta", "kc", "ks"):
+            getattr(self, name).copy_(torch.as_tensor(tab[name]))
         self.a.fill_(self.zero_lag_init)
         self.beta.zero_()
 
