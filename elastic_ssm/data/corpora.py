@@ -1,9 +1,6 @@
-"""Document sources (docs/data.md): ``iter_documents(source, split=None)`` streams documents (``bytes`` or ``str``)
-one at a time from ``"stdlib"`` (the standard library's ``.py`` files), ``"pysrc[:<roots>]"`` (``pysrc.py``), a
-text file (one document; ``.gz`` too), ``.jsonl`` (a line's ``text_field``), ``.parquet`` (a row's ``text_field``),
-a folder (all of these, sorted, hidden entries skipped) or ``"hf:<name>[:<config>][:<split>]"`` (streamed).
-Splits are deterministic: folders and the stdlib by file (``split_by_path``), JSONL / Parquet by a hash of the
-row index, a single text file by its last ``val_fraction`` of bytes (cut at a line break)."""
+"""Document sources (docs/data.md, "Sources" gives each one and its deterministic split): ``iter_documents(source,
+split=None)`` streams the documents (``bytes`` or ``str``) of ``"stdlib"``, ``"pysrc[:<roots>]"``, a text,
+``.jsonl`` or ``.parquet`` file (``.gz`` too), a folder of them or ``"hf:<name>[:<config>][:<split>]"``."""
 
 from __future__ import annotations
 
@@ -11,6 +8,7 @@ import gzip
 import json
 import os
 import socket
+import sys
 import urllib.parse
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -47,43 +45,38 @@ def _kind(path: Path) -> str | None:
     return {".jsonl": "jsonl", ".parquet": "parquet"}.get(last, "text" if last in TEXT_SUFFIXES else None)
 
 
-def _iter_text(path: Path, split: str | None, val_fraction: float) -> Iterator[bytes]:
+def _iter_text(path: Path, split: str | None) -> Iterator[bytes]:
     """One document per file; files above ``MAX_TEXT_DOC_BYTES`` come in pieces cut at line breaks."""
     with _open_binary(path) as f:
-        start, stop = 0, None
+        stop = sys.maxsize
         if split is not None:
             if path.suffix == ".gz":
                 raise ValueError(f"cannot split the compressed text file {path}; pass a folder or separate "
                                  "train/validation files")
-            size = path.stat().st_size
-            f.seek(int(size * (1.0 - val_fraction)))
+            stop = path.stat().st_size
+            f.seek(int(stop * (1.0 - VAL_FRACTION)))
             f.readline()  # move the cut to the next line break
-            cut = f.tell()
-            start, stop = (0, cut) if split == "train" else (cut, size)
-        f.seek(start)
-        while stop is None or f.tell() < stop:
-            want = MAX_TEXT_DOC_BYTES if stop is None else min(MAX_TEXT_DOC_BYTES, stop - f.tell())
-            chunk = f.read(want)
-            if not chunk:
-                return
-            if len(chunk) == MAX_TEXT_DOC_BYTES and (stop is None or f.tell() < stop):
-                tail = f.readline()
-                chunk += tail if stop is None else tail[: max(0, stop - (f.tell() - len(tail)))]
+            if split == "train":
+                stop = f.tell()
+                f.seek(0)
+        while chunk := f.read(min(MAX_TEXT_DOC_BYTES, stop - f.tell())):
+            if len(chunk) == MAX_TEXT_DOC_BYTES:
+                chunk += f.readline(stop - f.tell())    # on to the line break, never past the split's end
             yield chunk
 
 
-def _keep_row(index: int, split: str | None, val_fraction: float) -> bool:
-    return split is None or (unit_hash(f"row:{index}") < val_fraction) == (split == "validation")
+def _keep_row(index: int, split: str | None) -> bool:
+    return split is None or (unit_hash(f"row:{index}") < VAL_FRACTION) == (split == "validation")
 
 
-def _iter_jsonl(path: Path, field: str, split: str | None, val_fraction: float) -> Iterator[str]:
+def _iter_jsonl(path: Path, field: str, split: str | None) -> Iterator[str]:
     with _open_binary(path) as f:
         row = -1
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             row += 1
-            if not _keep_row(row, split, val_fraction):
+            if not _keep_row(row, split):
                 continue
             try:
                 obj = json.loads(line)
@@ -96,7 +89,7 @@ def _iter_jsonl(path: Path, field: str, split: str | None, val_fraction: float) 
                 yield obj[field]
 
 
-def _iter_parquet(path: Path, field: str, split: str | None, val_fraction: float) -> Iterator[str | bytes]:
+def _iter_parquet(path: Path, field: str, split: str | None) -> Iterator[str | bytes]:
     try:
         import pyarrow.parquet as pq
     except ImportError as err:
@@ -104,12 +97,10 @@ def _iter_parquet(path: Path, field: str, split: str | None, val_fraction: float
     pf = pq.ParquetFile(path)
     if field not in pf.schema_arrow.names:
         raise KeyError(f"{path}: no column {field!r} (columns: {pf.schema_arrow.names}); set text_field=")
-    row = -1
-    for batch in pf.iter_batches(columns=[field], batch_size=1024):
-        for value in batch.column(0).to_pylist():
-            row += 1
-            if value and _keep_row(row, split, val_fraction):
-                yield value
+    values = (v for batch in pf.iter_batches(columns=[field], batch_size=1024) for v in batch.column(0).to_pylist())
+    for row, value in enumerate(values):
+        if value and _keep_row(row, split):
+            yield value
 
 
 def _check_hub_reachable(spec: str, timeout: float = 5.0) -> None:
@@ -152,12 +143,12 @@ def _iter_hf(spec: str, field: str, split: str | None) -> Iterator[str]:
             yield row[field]
 
 
-def _iter_file(path: Path, field: str, split: str | None, val_fraction: float):
+def _iter_file(path: Path, field: str, split: str | None):
     """The non-empty documents of one file (each reader skips empty ones)."""
     kind = _kind(path)
     if kind in ("jsonl", "parquet"):
-        return (_iter_jsonl if kind == "jsonl" else _iter_parquet)(path, field, split, val_fraction)
-    return _iter_text(path, split, val_fraction)
+        return (_iter_jsonl if kind == "jsonl" else _iter_parquet)(path, field, split)
+    return _iter_text(path, split)
 
 
 def folder_files(folder: str | Path) -> list[str]:
@@ -166,10 +157,9 @@ def folder_files(folder: str | Path) -> list[str]:
                       and _kind(Path(parts[-1])) is not None)
 
 
-def iter_documents(source: str | Path, split: str | None = None, *, text_field: str = "text",
-                   val_fraction: float = VAL_FRACTION) -> Iterator[bytes | str]:
-    """The non-empty documents of ``source`` (module docstring) in ``split``: ``bytes`` from text files and the
-    stdlib, ``str`` from JSONL, Parquet and datasets."""
+def iter_documents(source: str | Path, split: str | None = None, *, text_field: str = "text") -> Iterator[bytes | str]:
+    """The non-empty documents of ``source`` in ``split``: ``bytes`` from text files and the stdlib, ``str`` from
+    JSONL, Parquet and datasets."""
     check_split(split)
     if not str(source).strip():       # Path("") is the working directory: never read it by accident
         raise ValueError("the data source is an empty string; use 'stdlib', a file, a folder, or "
@@ -191,15 +181,15 @@ def iter_documents(source: str | Path, split: str | None = None, *, text_field: 
         if not files:
             raise FileNotFoundError(f"no readable files (text, .jsonl, .parquet) under {path}")
         if split is not None:
-            train, val = split_by_path(files, val_fraction)
+            train, val = split_by_path(files)
             files = train if split == "train" else val
         for rel in files:
-            yield from _iter_file(path / rel, text_field, None, val_fraction)
+            yield from _iter_file(path / rel, text_field, None)
         return
     if path.is_file():
         if _kind(path) is None and path.suffix.lower() in (".bin", ".json"):
             raise ValueError(f"{path} looks like a prepared token file; open it with TokenFile/load_corpus")
-        yield from _iter_file(path, text_field, split, val_fraction)
+        yield from _iter_file(path, text_field, split)
         return
     raise FileNotFoundError(f"data source not found: {str(source)!r}; use 'stdlib', 'pysrc', a file, a "
                             "folder, or hf:<name>[:<config>][:<split>]")

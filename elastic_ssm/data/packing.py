@@ -8,6 +8,7 @@ also on another ``world_size`` when the global batch divides the consumed count.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
@@ -38,12 +39,11 @@ class TokenArray:
         return f"TokenArray(n={len(self)}, dtype={self.tokens.dtype}, vocab_size={self.vocab_size})"
 
 
-def iter_token_chunks(docs: Iterable[str | bytes], tokenizer,
-                      chunk_docs: int = CHUNK_DOCS) -> Iterator[np.ndarray]:
-    """Tokenize ``docs`` in groups of ``chunk_docs``; yield int64 arrays ``[n]`` of ``doc SEP doc SEP``."""
+def iter_token_chunks(docs: Iterable[str | bytes], tokenizer) -> Iterator[np.ndarray]:
+    """Tokenize ``docs`` in groups of ``CHUNK_DOCS``; yield int64 arrays ``[n]`` of ``doc SEP doc SEP``."""
     sep = np.array([tokenizer.sep_id], dtype=np.int64)
     nonempty = (d for d in docs if d)
-    while group := list(islice(nonempty, chunk_docs)):
+    while group := list(islice(nonempty, CHUNK_DOCS)):
         parts = [x for ids in tokenizer.encode_batch_np(group) if len(ids) for x in (ids, sep)]
         if parts:
             yield np.concatenate(parts)
@@ -72,8 +72,6 @@ def _as_array(tokens):
 def tokens_fingerprint(tokens, samples: int = 64, width: int = 4096) -> str:
     """The length and SHA-256 of ``samples`` evenly spaced runs of ``width`` tokens (about 2 MB read): a resume
     compares it with its checkpoint's, catching replaced or edited data (not an edit between the runs)."""
-    import hashlib
-
     arr = _as_array(tokens)
     n = len(arr)
     digest = hashlib.sha256(f"{n}:".encode())
@@ -185,13 +183,12 @@ class PackedBatches:
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
 
 
-def evaluation_batches(tokens, seq_len: int, batch_size: int, max_batches: int | None = None,
-                       stride: int | None = None, rank: int = 0,
+def evaluation_batches(tokens, seq_len: int, batch_size: int, max_batches: int | None = None, rank: int = 0,
                        world_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed validation batches ``(input_ids [b, L], labels [b, L])`` (only the last has b < B) of non-overlapping
     windows (``stride = L + 1``), never shuffled; ``max_batches`` spreads its windows evenly over the whole
     stream; rank ``r`` gets every ``world_size``-th window."""
-    stride = seq_len + 1 if stride is None else stride
+    stride = seq_len + 1
     n = num_windows(len(_as_array(tokens)), seq_len, stride)
     if n == 0:
         raise ValueError(f"evaluation corpus too small: {len(_as_array(tokens))} tokens, need at least "

@@ -1,9 +1,6 @@
-"""``pysrc``: every Python source file under some roots as one corpus (no download). ``"pysrc"``: the stdlib (as
-``stdlib``) and the site-packages folders (never ``PYTHONPATH`` or the user site); ``"pysrc:<root>[,<root>...]"``:
-the ``.py`` files under these folders. Files are named ``<label>/<relative path>`` (``stdlib/json/decoder.py``,
-``root0/...``), sorted, deduplicated by content and split by file (``split_by_path``: 2%, at least 8 files).
-``manifest(spec)`` hashes each file once (cached in ``cache_dir()``); ``tokenfile.load_corpus`` caches each split's
-tokens under ``tokens/pysrc-<key>/``."""
+"""``pysrc`` (docs/data.md): every ``.py`` file of the stdlib and the site-packages folders (``"pysrc"``) or of the
+given folders (``"pysrc:<root>[,<root>...]"``) as one corpus, each file named ``<label>/<relative path>``
+(``stdlib/json/decoder.py``, ``root0/...``); ``manifest(spec)`` hashes each file once (cached in ``cache_dir()``)."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils.files import atomic_write_text
+from ..utils.files import atomic_write_text, cache_dir
 from .splits import STDLIB_MIN_VAL_FILES, VAL_FRACTION, split_by_path, stdlib_files, stdlib_root, tree_files
 
 __all__ = ["PREFIX", "is_pysrc", "pysrc_roots", "PySrcManifest", "manifest", "iter_pysrc", "describe_split_files"]
@@ -97,8 +94,6 @@ class PySrcManifest:
 
 def manifest(spec: str, cache: bool = True) -> PySrcManifest:
     """List, stat, hash (once, then cached), deduplicate and split the files of ``spec``."""
-    from ..spectral.cache import cache_dir  # here, not at import: the spectral package imports scipy
-
     cands = _candidates(spec)
     stats = [(name, p.stat()) for name, p in cands]
     listing = hashlib.sha256(json.dumps([MANIFEST_VERSION, spec] + [

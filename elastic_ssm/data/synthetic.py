@@ -3,12 +3,12 @@
 
 MQAR (Arora et al., 2024; Tables 21-22): ``num_pairs`` bigrams ``k1 v1 k2 v2 ...`` (distinct keys from the lower half
 of the vocabulary, values from the upper half), then filler (id 0) in which ``num_queries`` keys reappear, each
-followed by its (scored) value. Palindrome (Table 23): ``L // 2`` symbols (ids from 2), a separator (1), the symbols
-reversed (scored)."""
+followed by its (scored) value. Palindrome: Table 23, ``palindrome``."""
 
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
@@ -61,8 +61,8 @@ def mqar(num_examples: int, seq_len: int, num_pairs: int, vocab_size: int = 8192
 
 def palindrome(num_examples: int, seq_len: int, vocab_size: int = 16,
                seed=0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Palindrome completion ``(input_ids [N, L], labels [N, L])``: ``x SEP reverse(x)``, ``len(x) = L // 2``
-    symbols from ``[2, vocab_size)`` (odd L: one PAD at the end); the reversed half is scored."""
+    """Palindrome completion (Table 23) ``(input_ids [N, L], labels [N, L])``: ``x SEP reverse(x)``, ``len(x) = L //
+    2`` symbols from ``[2, vocab_size)``, SEP = 1 (odd L: one PAD = 0 at the end); the reversed half is scored."""
     if vocab_size < 3:
         raise ValueError(f"vocab_size={vocab_size} must be >= 3 (pad, separator and at least one symbol)")
     half = seq_len // 2
@@ -87,11 +87,9 @@ def synthetic_batches(task: str, batch_size: int, seq_len: int, seed: int = 0, s
     one stream per rank); ``kwargs`` go to the generator (``num_pairs=``, ``vocab_size=``)."""
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}: choose from {sorted(TASKS)}")
-    step = start_step
-    while True:
+    for step in itertools.count(start_step):
         key = [seed, step] if shard == 0 else [seed, step, shard]
         yield TASKS[task](batch_size, seq_len, seed=np.random.default_rng(key), **kwargs)
-        step += 1
 
 
 class SyntheticSource:

@@ -1,7 +1,6 @@
 """Prepared token files: ``<out>.bin`` (uint16 when V <= 65535, else uint32) and a JSON sidecar ``<out>.bin.json``
 (dtype, count, tokenizer, source, split, sha256, sampled ``fingerprint``), written by ``prepare`` one chunk at a
-time; ``TokenFile`` maps one read-only and checks it against its sidecar; ``load_corpus`` picks a prepared file or
-in-memory tokenization."""
+time, read by ``TokenFile`` and ``load_corpus``."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils.files import atomic_write_text, atomic_writer
+from ..utils.files import atomic_write_text, atomic_writer, cache_dir
 from ..utils.progress import progress
 from .corpora import cap_bytes, iter_documents
 from .packing import TokenArray, iter_token_chunks, pack_documents, token_dtype, tokens_fingerprint
@@ -42,12 +41,10 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
         raise ValueError(f"{out_path}: a token file's name must end in .bin (e.g. {out_path.with_suffix('.bin')}), "
                          "or training and evaluation would read its bytes as text")
     tok = load_tokenizer(tokenizer)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tok.vocab_size)
     digest, count, n_docs = hashlib.sha256(), 0, itertools.count()
-    bar = progress(desc=f"prepare {out_path.name}", unit="tok", unit_scale=True, total=max_tokens,
-                   enabled=show_progress)
-    try:
+    with progress(desc=f"prepare {out_path.name}", unit="tok", unit_scale=True, total=max_tokens,
+                  enabled=show_progress) as bar:
         with atomic_writer(out_path) as f:   # replaces out_path only when the block completes
             docs = (d for d, _ in zip(iter_documents(source, split, text_field=text_field), n_docs))  # counted
             for chunk in iter_token_chunks(docs, tok):
@@ -79,8 +76,6 @@ def prepare(source, out_path: str | Path, tokenizer="bytes", split: str | None =
         if str(source) == "stdlib" or is_pysrc(source):
             meta.update(python=sys.version.split()[0], stdlib_root=str(stdlib_root()))
         atomic_write_text(sidecar, json.dumps(meta, indent=2) + "\n")
-    finally:
-        bar.close()
     return TokenFile(out_path)
 
 
@@ -201,8 +196,6 @@ def load_corpus(source, tokenizer="bytes", split: str | None = "train", *, max_b
 
 def pysrc_tokens(spec: str, tokenizer, split: str):
     """The tokens of one split as a memory-mapped ``TokenFile`` from the cache (prepared on first use)."""
-    from ..spectral.cache import cache_dir  # here, not at import: the spectral package imports scipy
-
     m = manifest(spec)
     tag = hashlib.sha256(f"{m.key}\0{tokenizer.spec}\0{getattr(tokenizer, 'sha256', '')}".encode()).hexdigest()
     path = cache_dir() / "tokens" / f"pysrc-{tag[:24]}" / f"{split}.bin"

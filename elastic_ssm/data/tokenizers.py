@@ -1,11 +1,11 @@
 """Tokenizers behind one interface (``encode`` / ``encode_np`` / ``encode_batch_np`` without specials, ``decode``
 dropping specials, ``vocab_size``, ``pad_id`` / ``bos_id`` / ``eos_id`` / ``sep_id``, ``spec``, ``save(dir)``):
-``ByteTokenizer`` (ids 0..255 are the bytes, then PAD=256, BOS=257, EOS=258, SEP=259; V = 260; no dependency) and
-``BPETokenizer`` (a ``tokenizers.Tokenizer`` from a ``tokenizer.json``, yours or one ``train_bpe`` made)."""
+``ByteTokenizer`` (no dependency) and ``BPETokenizer`` (a ``tokenizer.json``, yours or one ``train_bpe`` made)."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -191,7 +191,6 @@ def save_tokenizer_files(tok: Tokenizer, directory: str | Path) -> list[str]:
     without the ``tokenizers`` package), ``tokenizer_config.json`` (special tokens, left padding) and
     ``elastic_tokenizer.json`` (read by ``load_tokenizer``) into ``directory``, each atomically; returns the names."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     written, is_bytes = [], isinstance(tok, ByteTokenizer)
     try:
         inner = byte_level_tokenizer() if is_bytes else tok._tok
@@ -239,26 +238,19 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
     else:
         docs = iter(files_or_iterator)
 
-    seen = [0]
-
-    def texts():
-        for d in cap_bytes(docs, max_bytes):
-            text = _as_text(d)
-            seen[0] += len(text)
-            yield text
-
+    texts = (text for d in cap_bytes(docs, max_bytes) if (text := _as_text(d)))
+    first = next(texts, None)
+    if first is None:
+        what = repr(str(files_or_iterator)) if isinstance(files_or_iterator, (str, Path)) else "the given documents"
+        raise ValueError(f"the tokenizer's training text is empty ({what} holds no text); give a non-empty source")
     tok = tk.Tokenizer(tk.models.BPE())
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tk.decoders.ByteLevel()
     trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                      special_tokens=list(SPECIAL_TOKENS), show_progress=show_progress,
                                      initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts(), trainer=trainer)
-    if not seen[0]:
-        what = repr(str(files_or_iterator)) if isinstance(files_or_iterator, (str, Path)) else "the given documents"
-        raise ValueError(f"the tokenizer's training text is empty ({what} holds no text); give a non-empty source")
+    tok.train_from_iterator(itertools.chain([first], texts), trainer=trainer)
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_path, tok.to_str())
     return BPETokenizer(tok, out_path.resolve())
 

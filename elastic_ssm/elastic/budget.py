@@ -1,14 +1,12 @@
-"""Budget dropout: the training-budget schedule of ES-SSM (paper Sec. 4.2, Eq. 5; Algorithm 2).
-
-K_train is K-bar during warm-up and on anchors (after warm-up, ``step % n_full == 0``; DESIGN: the text ends
-mid-Alg. 2); otherwise Eq. 5: ``xi ~ U[0, 1)``, ``target = K_min (K-bar / K_min)^xi``, ``K_train = argmin_{k in
-budgets} |k - target|`` (a tie goes to the smaller k). ``sample(step)`` is a pure function of ``(seed, step)``, so a
+"""Budget dropout: the training-budget schedule of ES-SSM (paper Sec. 4.2, Eq. 5; Algorithm 2, whose text ends
+mid-way: DESIGN; docs/es_ssm.md, "Budget dropout"). ``sample(step)`` is a pure function of ``(seed, step)``, so a
 resumed run reproduces the schedule with no sampler state to save.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -58,33 +56,26 @@ class BudgetSampler:
     def k_min(self) -> int:
         return self.budgets[0]
 
-    # ---- sampling ------------------------------------------------------------------------------------
     def is_full_step(self, step: int) -> bool:
         """True for warm-up steps and post-warm-up anchors (``step % n_full == 0``)."""
-        if step < self.warmup_steps:
-            return True
-        return self.n_full > 0 and step % self.n_full == 0
-
-    def xi(self, step: int) -> float:
-        """The uniform draw xi in [0, 1) of ``step`` (a pure function of ``(seed, step)``)."""
-        return float(np.random.default_rng([self.seed, int(step)]).random())
+        return step < self.warmup_steps or (self.n_full > 0 and step % self.n_full == 0)
 
     def snap(self, target: float) -> int:
         """Nearest budget to ``target`` (Eq. 5 argmin); a tie goes to the smaller budget."""
         return self.budgets[int(np.argmin(np.abs(self._arr - target)))]
 
     def sample(self, step: int) -> int:
-        """K_train of global step ``step`` (>= 0)."""
+        """K_train of global step ``step`` (>= 0): K-bar on full steps, else Eq. 5's ``target = K_min (K-bar /
+        K_min)^xi`` with ``xi ~ U[0, 1)``, snapped to the nearest budget."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         if self.is_full_step(step):
             return self.full
-        target = self.k_min * (self.full / self.k_min) ** self.xi(step)
-        return self.snap(target)
+        xi = np.random.default_rng([self.seed, int(step)]).random()
+        return self.snap(self.k_min * (self.full / self.k_min) ** xi)
 
     __call__ = sample
 
-    # ---- reporting -----------------------------------------------------------------------------------
     def snap_probabilities(self) -> dict[int, float]:
         """Exact P(K_train = k) of an Eq. 5 draw (no warm-up, no anchor): budget b_i wins for targets between the
         midpoints around it, and P(target <= x) = log(x / K_min) / log(K-bar / K_min)."""
@@ -106,13 +97,9 @@ class BudgetSampler:
         """Empirical fraction of each budget over steps ``start .. start + n_steps - 1`` (for reports)."""
         if n_steps < 1:
             raise ValueError(f"n_steps must be >= 1, got {n_steps}")
-        counts = dict.fromkeys(self.budgets, 0)
-        counts.setdefault(self.full, 0)
-        for s in range(start, start + n_steps):
-            counts[self.sample(s)] += 1
-        return {k: c / n_steps for k, c in sorted(counts.items())}
+        counts = Counter(self.sample(s) for s in range(start, start + n_steps))
+        return {k: counts[k] / n_steps for k in sorted({*self.budgets, self.full})}
 
-    # ---- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The settings (the schedule itself is a pure function of them and the step)."""
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"budgets": list(self.budgets)}

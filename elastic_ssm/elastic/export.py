@@ -22,10 +22,8 @@ def export_tier(model: Any, tier: TierLike) -> Any:
         raise TypeError(f"export_tier needs an elastic_ssm model (ESSH, ESSSM, TransformerPP, MatFormer), got "
                         f"{type(model).__name__}; load a directory with es.models.load_pretrained first")
     t = model.resolve_tier(tier)
-    cls = type(model)
-    small_cfg = cls.tier_config(model.config, t)
     with torch.device("meta"):
-        small = cls(small_cfg)
+        small = type(model)(type(model).tier_config(model.config, t))
     device = next(model.parameters()).device
     small.load_tier_state({k: v.to(device) for k, v in export_state(model, t).items()})
     small.source = {"tier": t.name, "parent_config": model.config.to_dict()}
@@ -65,16 +63,12 @@ def check_export(model: Any, tier: TierLike, input_ids: torch.Tensor | None = No
         standalone = export_tier(model, t)
     if input_ids is None:
         g = torch.Generator().manual_seed(seed)
-        vocab = model.config.vocab_size
-        input_ids = torch.randint(0, vocab, (batch, seq_len), generator=g)
-    device = next(model.parameters()).device
-    input_ids = input_ids.to(device)
+        input_ids = torch.randint(0, model.config.vocab_size, (batch, seq_len), generator=g)
+    input_ids = input_ids.to(next(model.parameters()).device)
     with eval_mode(model, standalone):
         ref = model(input_ids, tier=t)
         out = standalone(input_ids)
     ref = ref.logits if hasattr(ref, "logits") else ref
     out = out.logits if hasattr(out, "logits") else out
-    diff = (ref.float() - out.float()).abs().max().item()
-    n_actual = sum(p.numel() for p in standalone.parameters())
-    return ExportCheck(tier=t.name, params_expected=model.num_parameters(t), params_actual=n_actual,
-                       max_abs_diff=diff, bitwise_equal=bool(torch.equal(ref, out)), tolerance=tolerance)
+    return ExportCheck(t.name, model.num_parameters(t), sum(p.numel() for p in standalone.parameters()),
+                       (ref.float() - out.float()).abs().max().item(), bool(torch.equal(ref, out)), tolerance)

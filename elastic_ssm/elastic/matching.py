@@ -1,14 +1,12 @@
-"""Parameter matching of the baselines, reported with every run (ESSH Appendix E.6, Tables 8, 9, 39, 54).
-
-Rules (Table 8): Transformer++ keeps ESSH's depth, width and vocabulary and matches the total within 2% through
-the FFN width; MatFormer is that backbone with nested FFN widths (Table 39); a specialist has exactly the export
-shape of an ESSH tier (Table 43); a mixer-only ESSH (Tables 21-23) is reported, not matched. ``elastic-ssm
-train`` prints ``format_report`` before the first step and writes ``<out_dir>/parameters.json``."""
+"""Parameter matching of the baselines, reported with every run (ESSH Appendix E.6, Tables 8, 9, 39, 54; the rules
+are ``RULES``; a mixer-only ESSH, Tables 21-23, is reported, not matched). ``elastic-ssm train`` prints
+``format_report`` before the first step and writes ``<out_dir>/parameters.json``."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..config import ConfigError, ESSHConfig, model_config_from_dict, tier_word
 from . import tiers as tiers_mod
 
 __all__ = ["PAPER_PARAMS_M", "parameter_report", "format_report"]
@@ -29,8 +27,6 @@ RULES = {"transformer": (0.02, "Table 8: same depth, width, vocabulary; paramete
 
 def _reference(source: dict[str, Any]) -> tuple[str, int] | None:
     """(description, parameter count) of what a run is matched to, from its ``model`` section."""
-    from ..config import ConfigError, ESSHConfig, model_config_from_dict, tier_word
-
     arch, preset, tier = source.get("arch", "essh"), source.get("preset"), source.get("tier_config")
     if tier:
         parent = model_config_from_dict({k: v for k, v in source.items() if k != "tier_config"})

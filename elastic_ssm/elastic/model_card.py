@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import __version__
+from ..config import model_config_from_dict
 from . import tiers as tiers_mod
 
 __all__ = ["model_card"]
@@ -48,8 +50,6 @@ def model_card(model: Any, quality: dict[str, float] | None = None) -> str:
     ]
     parent = source.get("parent_config")
     if parent:
-        from ..config import model_config_from_dict
-
         pcfg = model_config_from_dict({"arch": model.arch, **parent})
         lines.append(f"| parameters of the shared model | {tiers_mod.num_parameters(pcfg):,} |")
     if model.arch == "essh":
@@ -92,7 +92,5 @@ def model_card(model: Any, quality: dict[str, float] | None = None) -> str:
                   "```"]
     else:
         lines += ["import torch", "logits = model(torch.tensor([ids]))", "```"]
-    from .. import __version__
-
     lines += ["", f"Written by elastic_ssm {__version__}."]
     return "\n".join(lines) + "\n"

@@ -64,15 +64,12 @@ class RowTiers:
         graph that reads these buffers stays valid."""
         if not 1 <= len(tiers) <= self.batch:
             raise ValueError(f"{len(tiers)} row tiers for a batch of {self.batch}")
-        host_s = torch.empty(self.channel_scale.shape[1], dtype=self.channel_scale.dtype)
-        host_u = torch.empty(self.unit_mask.shape[1], dtype=self.unit_mask.dtype)
-        rows: dict[Tier, tuple[torch.Tensor, torch.Tensor]] = {}
-        for t in set(tiers):
-            write_row_factors(host_s, host_u, self.widest, t, value_width)
-            rows[t] = (host_s.clone(), host_u.clone())
-        full = list(tiers) + [tiers[0]] * (self.batch - len(tiers))
-        self.channel_scale.copy_(torch.stack([rows[t][0] for t in full]))
-        self.unit_mask.copy_(torch.stack([rows[t][1] for t in full]))
+        host_s = torch.empty(self.channel_scale.shape, dtype=self.channel_scale.dtype)   # [B, K P]
+        host_u = torch.empty(self.unit_mask.shape, dtype=self.unit_mask.dtype)           # [B, n_ff]
+        for row, t in enumerate(list(tiers) + [tiers[0]] * (self.batch - len(tiers))):
+            write_row_factors(host_s[row], host_u[row], self.widest, t, value_width)
+        self.channel_scale.copy_(host_s)
+        self.unit_mask.copy_(host_u)
 
     @property
     def batch(self) -> int:

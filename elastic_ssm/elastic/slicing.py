@@ -3,11 +3,8 @@
 stores it contiguous), so the shared model at a tier and its export give bitwise-equal CPU outputs (ESSH Q.2).
 
 A whole safetensors file goes onto a CUDA device in large staged reads (``read_to_device``), since
-``safe_open(device="cuda")`` faults in every 4 KB page of the memory-mapped file and copies from pageable memory;
-a tier's prefixes take ``load_sliced_safetensors``' per-tensor path (whole files only: the tensors, views of one
-buffer, then cover every byte read). The header is checked first (entries tile the data section exactly, known
-dtypes, sizes matching shapes, aligned offsets); a file that fails returns None and the caller reads it with
-safetensors, whose errors name the corruption (``models/model_dir.py`` checks the bytes).
+``safe_open(device="cuda")`` faults in every 4 KB page of the memory-mapped file and copies from pageable memory; a
+tier's prefixes, and a file whose header fails ``parse_header``'s checks, are read through safetensors.
 """
 
 from __future__ import annotations
@@ -162,8 +159,8 @@ _MAX_HEADER = 100 << 20     # safetensors' own limit on the header's length
 
 
 def parse_header(path: str | Path) -> tuple[int, dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]] | None:
-    """``(data_start, {name: (dtype, shape, begin, end)})`` with offsets relative to the data section, or None when
-    the header is not one this reader trusts (see the module docstring)."""
+    """``(data_start, {name: (dtype, shape, begin, end)})`` with offsets relative to the data section, or None unless
+    the entries tile the data section exactly with known dtypes, sizes matching shapes and aligned offsets."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -201,12 +198,7 @@ def _fill(fd: int, view: memoryview, offset: int) -> bool:
     once (one thread's copy, ~5 GB/s, was the load's slowest stage)."""
     got, n = 0, len(view)
     while got < n:
-        if hasattr(os, "preadv"):
-            r = os.preadv(fd, [view[got:]], offset + got)
-        else:                                             # no preadv (e.g. Windows): one extra copy
-            piece = os.pread(fd, n - got, offset + got)
-            view[got:got + len(piece)] = piece
-            r = len(piece)
+        r = os.preadv(fd, [view[got:]], offset + got)
         if not r:
             return False
         got += r
@@ -216,12 +208,12 @@ def _fill(fd: int, view: memoryview, offset: int) -> bool:
 def read_to_device(path: str | Path, device: torch.device | str, chunk: int = CHUNK_BYTES,
                    readers: int = READERS) -> dict[str, torch.Tensor] | None:
     """Every tensor of the safetensors file ``path`` on ``device`` (views of one buffer), or None when the header
-    fails its checks or the file ends early. ``readers`` threads read ``chunk``-byte pieces into ``2 x readers``
-    staging buffers (pinned on CUDA) while the pieces already read are copied to the device; a buffer is refilled
-    only after its copy is done (an event per buffer). The CPU takes the same path, which its tests check against
-    safetensors."""
+    fails its checks, the file ends early or the platform has no ``os.preadv`` (Windows). ``readers`` threads read
+    ``chunk``-byte pieces into ``2 x readers`` staging buffers (pinned on CUDA) while the pieces already read are
+    copied to the device; a buffer is refilled only after its copy is done (an event per buffer). The CPU takes the
+    same path, which its tests check against safetensors."""
     parsed = parse_header(path)
-    if parsed is None:
+    if parsed is None or not hasattr(os, "preadv"):
         return None
     start, entries = parsed
     device = torch.device(device)

@@ -1,13 +1,7 @@
 """Capacity tiers: tier tables, resolution and exact per-tier costs, the functional front of each config's own
-methods (``ModelConfig``; no switch over config types). docs/tiers.md states every rule.
-
-ESSH: tier T keeps channels 1..K_T and FFN units 1..n_ff,T by the two-rate map (Sec. 4.2, Eq. 7; Table 6)::
-
-    K_T   = max(1, round(K-bar * xi_T ** 0.5))
-    n_ff  = align * max(1, floor(d_ff * xi_T ** 0.8 / align))       (align = 64 in the paper)
-
-parameters by Eq. 25 (C.5, Table 4), state by C.5 and Table 53. ES-SSM: one tier per budget ``K`` in
-``cfg.budgets``. Transformer++ / MatFormer: nested FFN tiers only (``K = 0``, Table 39).
+methods (``ModelConfig``; no switch over config types). docs/tiers.md states every rule: ESSH's two-rate map (Sec.
+4.2, Eq. 7; Table 6), parameters by Eq. 25 (C.5, Table 4), state by C.5 and Table 53; ES-SSM one tier per budget
+``K``; Transformer++ / MatFormer nested FFN tiers only (``K = 0``, Table 39).
 """
 
 from __future__ import annotations
@@ -36,22 +30,19 @@ def _fraction_config(cfg: Any, what: str) -> FractionTierConfig:
 
 
 def channels_for(cfg: Any, xi: float | Fraction) -> int:
-    """Retained spectral channels ``K_T = max(1, round(K-bar xi^{1/2}))`` (Eq. 7; exponent
-    ``cfg.channel_exponent``), Python's ``round`` of the exact value (no budget lands on a .5 tie: DESIGN.md)."""
+    """Retained spectral channels ``K_T = max(1, round(K-bar xi^{1/2}))`` (Eq. 7; ``ESSHConfig.channels_for``)."""
     if not callable(getattr(cfg, "channels_for", None)):
         raise TypeError(f"channels_for is the ESSH channel map (Eq. 7); got {type(cfg).__name__}")
     return cfg.channels_for(xi)
 
 
 def ffn_width_for(cfg: Any, xi: float | Fraction) -> int:
-    """Retained FFN width ``n_ff = align max(1, floor(d_ff xi^{0.8} / align))`` (Eq. 7, Figure 5), from a
-    50-digit decimal evaluation (exact multiples of ``align``, e.g. at ``xi = 1``, are never pushed down)."""
+    """Retained FFN width ``n_ff = align max(1, floor(d_ff xi^{0.8} / align))`` (Eq. 7, Figure 5)."""
     return _fraction_config(cfg, "ffn_width_for").ffn_width_for(xi)
 
 
 def capacity_tier(cfg: Any, xi: float) -> Tier:
-    """The tier of an arbitrary budget fraction ``xi`` in (0, 1] through Eq. 7 (training capacities of
-    D.4 such as 3/32 need not be deployment tiers). Named ``"xi=<xi>"`` with ``index`` 0."""
+    """The tier of any budget fraction ``xi`` in (0, 1] through Eq. 7 (D.4), named ``"xi=<xi>"``, ``index`` 0."""
     return _fraction_config(cfg, "capacity_tier").capacity_tier(xi)
 
 
@@ -61,9 +52,7 @@ def tier_table(cfg: ModelConfig) -> list[Tier]:
 
 
 def resolve_tier(cfg: ModelConfig, tier: TierLike = None) -> Tier:
-    """A user-facing tier spec as a ``Tier`` of ``cfg``: None (full), a ``Tier`` of ``cfg``, for ESSH a name
-    ``"T<i>"`` or a float capacity fraction, for ES-SSM an int ``K`` or ``"K<k>"``; else a ``ValueError`` listing
-    the valid names."""
+    """A tier spec (``TierLike``) as a ``Tier`` of ``cfg``; else a ``ValueError`` listing the valid names."""
     return _model_config(cfg, "resolve_tier").resolve_tier(tier)
 
 
@@ -81,10 +70,8 @@ def num_parameters(cfg: ModelConfig, tier: TierLike = None) -> int:
 def state_bytes(cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_dtype_bytes: int = 4,
                 kv_dtype_bytes: int = 2, decode: str = "exact", n_modes: int = 8,
                 context: int = 2048) -> dict[str, int]:
-    """Persistent per-batch decoding state in bytes: ``recurrent``, ``kv`` and ``total`` (docs/tiers.md). ESSH:
-    ``2 (N - |A|) K_T m P`` recurrent entries (C.5) and a ``window x d`` K and V ring per SWA layer (Table 53);
-    ES-SSM (``decode``, ``n_modes``): the last ``L - 1`` inputs per block or ``2 N K m d`` modal entries;
-    Transformer++ / MatFormer: ``N * 2 * context * d`` KV entries."""
+    """Persistent per-batch decoding state in bytes, ``recurrent``, ``kv`` and ``total``, of the entries of
+    ``cfg.tier_state`` (C.5, Table 53; docs/tiers.md); ``decode`` / ``n_modes``: ES-SSM's exact or modal decoder."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     rec, kv = cfg.tier_state(resolve_tier(cfg, tier), decode=decode, n_modes=n_modes, context=context)
@@ -106,7 +93,6 @@ def tier_width(tier: Any, full: int, field: str = "K") -> int:
     return full if tier is None else int(getattr(tier, field, tier))
 
 
-# ---- readable output ----------------------------------------------------------------------------------
 def _human(n: float) -> str:
     for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:

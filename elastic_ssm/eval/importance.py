@@ -1,20 +1,20 @@
-"""Channel importance profile of a spectral model (ESSH Appendix L.3, Table 31, Figure 10), per channel ``k`` of a
-tier on the same held-out batches: the **knock-out** perplexity increase after zeroing channel ``k`` in every
-spectral layer (ESSH ``out_proj.weight[:, kP:(k+1)P]`` [D, P]; ES-SSM ``proj.weight[:, kD:(k+1)D]`` = M_k [D, D],
-through ``torch.func.functional_call``) and its **output energy**, the mean squared contribution to the mixer
-output (ESSH ``K^{-1/2} W_k^out z_k``, Sec. 4.1; ES-SSM ``g_k M_k (Phi_k * u)``, Eq. 3/4). Summaries (Table 31):
-``-Spearman(k, importance_k)`` and the share of the first ``first`` channels (a negative knock-out counts 0)."""
+"""Channel importance profile of a spectral model (ESSH Appendix L.3, Table 31, Figure 10; docs/evaluation.md), per
+channel ``k`` of a tier on the same held-out batches: the **knock-out** perplexity increase after zeroing channel
+``k``'s output columns in every spectral layer and its **output energy**, the mean squared contribution to the mixer
+output (ESSH ``K^{-1/2} W_k^out z_k``, Sec. 4.1; ES-SSM ``g_k M_k (Phi_k * u)``, Eq. 3/4), with Table 31's summaries."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from ..config import TierLike
+from ..utils.progress import progress as progress_bar
 from .perplexity import eval_mode, loss_sums, perplexity
 
 __all__ = ["ChannelImportance", "ImportanceResult", "channel_importance", "has_spectral_channels", "ordering",
@@ -90,51 +90,38 @@ def has_spectral_channels(model: torch.nn.Module) -> bool:
     return bool(_channel_layers(model))
 
 
-class _EnergyMeter:
-    """Each channel's output energy [K] over the spectral layers of the forwards inside it: ESSH wraps the mixer's
-    readout (``SpectralMixer.channel_energy`` of ``z [.., K, P]``), ES-SSM hooks ``channel_outputs`` [B, T, K, D]."""
+@contextmanager
+def _energy_meter(layers: list[tuple[str, torch.nn.Module, int]], K: int) -> Iterator[Callable[[], list[float]]]:
+    """Each channel's output energy [K] over the spectral layers of the forwards inside the block: ESSH wraps the
+    mixer's readout (``SpectralMixer.channel_energy`` of ``z [.., K, P]``), ES-SSM hooks ``channel_outputs``
+    [B, T, K, D]. Yields ``energy()``: per layer the mean over positions, averaged over the spectral layers."""
+    from ..layers.spectral_mixer import SpectralMixer
 
-    def __init__(self, layers: list[tuple[str, torch.nn.Module, int]], K: int) -> None:
-        self.layers, self.K = layers, K
-        self.sums = torch.zeros(len(layers), K, dtype=torch.float64)
-        self.counts = torch.zeros(len(layers), dtype=torch.float64)
-        self._undo: list[Any] = []
+    sums = torch.zeros(len(layers), K, dtype=torch.float64)
+    counts = torch.zeros(len(layers), dtype=torch.float64)
 
-    def _add(self, i: int, energy: torch.Tensor, n: int) -> None:
-        self.sums[i] += energy.detach().double().cpu()
-        self.counts[i] += n
+    def add(i: int, energy: torch.Tensor, n: int) -> None:
+        sums[i] += energy.detach().double().cpu()
+        counts[i] += n
 
-    def __enter__(self) -> _EnergyMeter:
-        from ..layers.spectral_mixer import SpectralMixer
-
-        for i, (_, mod, _per) in enumerate(self.layers):
+    with ExitStack() as undo:
+        for i, (_, mod, _per) in enumerate(layers):
             if isinstance(mod, SpectralMixer):
-                readout = mod._readout
-
-                def wrapped(z, K, _i=i, _mod=mod, _readout=readout):
+                def wrapped(z, K, _i=i, _mod=mod, _readout=mod._readout):
                     n = z[..., 0, 0].numel()                                   # positions in this call
-                    self._add(_i, _mod.channel_energy(z, K) * n / (K * _mod.D), n)
+                    add(_i, _mod.channel_energy(z, K) * n / (K * _mod.D), n)
                     return _readout(z, K)
 
                 mod._readout = wrapped
-                self._undo.append(lambda _mod=mod: delattr(_mod, "_readout"))
+                undo.callback(delattr, mod, "_readout")
             else:
                 def hook(mod, args, _out, _i=i):
                     u, K = args[0], (args[1] if len(args) > 1 and args[1] is not None else mod.n_channels)
                     c = mod.channel_outputs(u, K).float()                      # [B, T, K, D]
-                    self._add(_i, c.square().mean(dim=(0, 1, 3)), c.shape[0] * c.shape[1])
+                    add(_i, c.square().mean(dim=(0, 1, 3)), c.shape[0] * c.shape[1])
 
-                self._undo.append(mod.register_forward_hook(hook).remove)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for undo in reversed(self._undo):
-            undo()
-        self._undo.clear()
-
-    def energy(self) -> list[float]:
-        """Per-channel energy [K]: per layer the mean over positions, averaged over the spectral layers."""
-        return (self.sums / self.counts.clamp(min=1)[:, None]).mean(0).tolist()
+                undo.callback(mod.register_forward_hook(hook).remove)
+        yield lambda: (sums / counts.clamp(min=1)[:, None]).mean(0).tolist()
 
 
 @torch.no_grad()
@@ -143,10 +130,6 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
                        progress: bool = False) -> ImportanceResult:
     """Knock-out and energy profile of every channel of ``tier`` on ``batches`` (as for ``evaluate_tiers``;
     module docstring, Table 31): K + 1 evaluations."""
-    from torch.func import functional_call
-
-    from ..utils.progress import progress as progress_bar
-
     layers = _channel_layers(model)
     if not layers:
         raise ValueError(f"channel importance needs spectral channels (ESSH or ES-SSM); this "
@@ -158,23 +141,19 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
     if first > K:
         raise ValueError(f"first={first} exceeds the {K} channels of tier {t.name}; give first <= {K}")
     with eval_mode(model):
-        meter = _EnergyMeter(layers, K)
-        with meter:
-            base = loss_sums(lambda x, **kw: model(x, tier=t, **kw), batches, model, precision)
+        with _energy_meter(layers, K) as energy:
+            base = loss_sums(model, batches, t, precision)
         count = int(base[1].item())
-        if count == 0:
-            raise ValueError("evaluation batches contain no scored tokens")
         base_loss = base[0].item() / count
         weights = {name: (model.get_parameter(name), per) for name, _, per in layers}   # [D, K per] each
         channels = []
         for k in progress_bar(range(K), desc="knock-out", unit="channel", enabled=progress):
             knocked = {name: w.index_fill(1, torch.arange(k * per, (k + 1) * per, device=w.device), 0)
                        for name, (w, per) in weights.items()}
-            fwd = lambda x, _p=knocked, **kw: functional_call(model, _p, (x,), {"tier": t, **kw})
-            loss = loss_sums(fwd, batches, model, precision)[0].item() / count
+            loss = loss_sums(model, batches, t, precision, params=knocked)[0].item() / count
             channels.append(ChannelImportance(k + 1, loss, loss - base_loss, perplexity(loss) - perplexity(base_loss),
                                               (loss - base_loss) / math.log(2) / bytes_per_token, 0.0))
-    for c, e in zip(channels, meter.energy()):
+    for c, e in zip(channels, energy()):
         c.energy = e
     knock, energy = [c.delta_ppl for c in channels], [c.energy for c in channels]
     return ImportanceResult(t.name, K, t.params, base_loss, perplexity(base_loss),
@@ -211,18 +190,16 @@ def plot_importance(res: ImportanceResult, path: Any) -> str | None:
     ks = [c.channel for c in res.channels]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     a.bar(ks, [c.delta_ppl for c in res.channels], color="tab:blue")
-    a.set_xlabel("channel k")
-    a.set_ylabel("validation PPL increase after zeroing k")
-    a.set_title(f"(a) knock-out, -Spearman {res.ordering_knockout:.2f}")
+    a.set(xlabel="channel k", ylabel="validation PPL increase after zeroing k",
+          title=f"(a) knock-out, -Spearman {res.ordering_knockout:.2f}")
     for vals, label in (([max(c.delta_ppl, 0.0) for c in res.channels], "knock-out"),
                         ([c.energy for c in res.channels], "output energy")):
         total = sum(vals) or float("nan")
         cum = [sum(vals[:i + 1]) / total for i in range(len(vals))]
         b.plot(ks, cum, "o-", label=label, markersize=3)
     b.axvline(res.first, color="gray", linestyle=":")
-    b.set_xlabel("channel k")
-    b.set_ylabel("cumulative share")
-    b.set_title(f"(b) first-{res.first} share: knock-out {res.share_knockout:.2f}, energy {res.share_energy:.2f}")
+    b.set(xlabel="channel k", ylabel="cumulative share",
+          title=f"(b) first-{res.first} share: knock-out {res.share_knockout:.2f}, energy {res.share_energy:.2f}")
     b.legend()
     for ax in (a, b):
         ax.grid(alpha=0.3)

@@ -1,8 +1,6 @@
-"""lm-evaluation-harness adapter (ESSH Appendix E.4; Tables 1(a), 13, 15; docs/evaluation.md; extra ``eval``):
-``ElasticLM`` is one tier of a model as an lm-eval ``LM`` (context + continuation left-truncated to
-``max_length + 1`` tokens, one right-padded forward, ``perplexity.continuation_scores``; rolling windows of
-``max_length``; cached generation cut at the first stop string); ``evaluate_tiers_on_tasks`` loads the model once
-and runs every tier."""
+"""lm-evaluation-harness adapter (ESSH Appendix E.4; Tables 1(a), 13, 15; extra ``eval``; docs/evaluation.md says how
+each request type is scored): ``ElasticLM`` is one tier of a model as an lm-eval ``LM``; ``evaluate_tiers_on_tasks``
+loads the model once and runs every tier."""
 
 from __future__ import annotations
 
@@ -18,14 +16,15 @@ from torch.nn.utils.rnn import pad_sequence
 try:
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("the lm-eval adapter needs lm-evaluation-harness: pip install 'elastic-ssm[eval]' "
                       "(or pip install 'lm-eval>=0.4.9')") from e
 
 from ..config import tier_word
 from ..data.tokenizer_files import resolve_tokenizer
-from ..utils.progress import progress
+from ..models import load_pretrained
+from ..utils.progress import progress as progress_bar
 from .perplexity import continuation_scores
 
 __all__ = ["ElasticLM", "check_model_args", "evaluate_tiers_on_tasks", "result_rows"]
@@ -57,7 +56,7 @@ def check_model_args(args: Iterable[str], added: dict[str, Any] | None = None) -
 
 @register_model("elastic-ssm", "elastic_ssm")
 class ElasticLM(TemplateLM):
-    """One tier of an elastic model behind lm-eval's ``LM`` interface (see module docstring).
+    """One tier of an elastic model behind lm-eval's ``LM`` interface.
 
     ``show_progress`` (class default True) gates the scoring bar; ``evaluate_tiers_on_tasks`` sets it.
 
@@ -80,8 +79,6 @@ class ElasticLM(TemplateLM):
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ElasticLM:
         """lm-eval's ``--model_args`` string; an unknown key is named with the accepted ones (``check_model_args``)."""
-        from lm_eval.utils import simple_parse_args_string
-
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     @classmethod
@@ -95,8 +92,6 @@ class ElasticLM(TemplateLM):
                  max_gen_toks: int | str = 256, precision: str = "fp32", max_batch_size: Any = None) -> None:
         super().__init__()
         if isinstance(pretrained, (str, Path)):
-            from ..models import load_pretrained
-
             model = load_pretrained(pretrained, device=device or "cpu")
         else:
             model = pretrained if device is None else pretrained.to(device)
@@ -111,9 +106,8 @@ class ElasticLM(TemplateLM):
         if self.tier is not None:
             model.resolve_tier(self.tier)                    # unknown names fail here, naming the choices
         self.tok = resolve_tokenizer(model, tokenizer)
-        self._batch_spec = str(batch_size)
         self.max_batch_size = _as_int(max_batch_size, "max_batch_size") if max_batch_size else 64
-        self.batch_size = 0 if self._batch_spec.startswith("auto") else _as_int(batch_size, "batch_size")
+        self.batch_size = 0 if str(batch_size).startswith("auto") else _as_int(batch_size, "batch_size")
         self.max_length = _as_int(max_length, "max_length")
         if model.arch == "es_ssm":                           # fixed filter length L (ES-SSM Sec. 3)
             self.max_length = min(self.max_length, model.config.seq_len)
@@ -121,19 +115,11 @@ class ElasticLM(TemplateLM):
         self.precision = precision
         self._device = next(model.parameters()).device
 
-    # ---- tokens ----------------------------------------------------------------------------------
     eot_token_id = property(attrgetter("tok.eos_id"))
     device = property(attrgetter("_device"))
-
-    @property
-    def prefix_token_id(self) -> int:
-        """Conditioning token for an empty context and the first rolling window: BOS (else EOS)."""
-        bos = getattr(self.tok, "bos_id", None)
-        return self.tok.eos_id if bos is None else bos
-
-    @property
-    def tokenizer_name(self) -> str:
-        return getattr(self.tok, "spec", type(self.tok).__name__)
+    #: the conditioning token of an empty context and of the first rolling window
+    prefix_token_id = property(attrgetter("tok.bos_id"))
+    tokenizer_name = property(attrgetter("tok.spec"))
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kw: Any) -> list[int]:
         return list(self.tok.encode(string))
@@ -141,7 +127,6 @@ class ElasticLM(TemplateLM):
     def tok_decode(self, tokens: Iterable[int]) -> str:
         return self.tok.decode(list(tokens))
 
-    # ---- scoring ---------------------------------------------------------------------------------
     def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
                               disable_tqdm: bool = False, **kw: Any) -> list[tuple[float, bool]]:
         """``(context, continuation)`` token pairs -> ``(sum log p(continuation | context), is_greedy)``."""
@@ -160,20 +145,19 @@ class ElasticLM(TemplateLM):
         order = sorted(range(len(prepared)), key=lambda i: -sum(map(len, prepared[i])))   # longest first
         if order and not self.batch_size:
             self.batch_size = self._auto_batch_size(sum(map(len, prepared[order[0]])))
-        bar = progress(total=len(order), desc="scoring", unit="req",
-                       enabled=self.show_progress and not disable_tqdm and len(order) >= 2)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start:start + self.batch_size]
-            bar.update(len(idx))
-            scores = continuation_scores(self.model, self.tier, [prepared[i][0] for i in idx],
-                                         [prepared[i][1] for i in idx], self.precision)
-            for i, (score, hits) in zip(idx, scores):
-                greedy = all(hits)
-                out[i] = (score, greedy)
-                key = requests[i][0]
-                if key is not None and key[0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", key, (score, greedy))
-        bar.close()
+        with progress_bar(total=len(order), desc="scoring", unit="req",
+                          enabled=self.show_progress and not disable_tqdm and len(order) >= 2) as bar:
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start:start + self.batch_size]
+                bar.update(len(idx))
+                scores = continuation_scores(self.model, self.tier, [prepared[i][0] for i in idx],
+                                             [prepared[i][1] for i in idx], self.precision)
+                for i, (score, hits) in zip(idx, scores):
+                    greedy = all(hits)
+                    out[i] = (score, greedy)
+                    key = requests[i][0]
+                    if key is not None and key[0] is not None:
+                        self.cache_hook.add_partial("loglikelihood", key, (score, greedy))
         return out  # type: ignore[return-value]
 
     def _auto_batch_size(self, length: int) -> int:
@@ -195,8 +179,8 @@ class ElasticLM(TemplateLM):
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """Log-likelihood of whole documents over disjoint rolling windows of ``max_length`` tokens."""
         out = []
-        for req in progress(requests, desc="rolling log-likelihood", unit="doc",
-                            enabled=self.show_progress and not disable_tqdm):
+        for req in progress_bar(requests, desc="rolling log-likelihood", unit="doc",
+                                enabled=self.show_progress and not disable_tqdm):
             (text,) = req.args
             windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
                 self.tok_encode(text), self.prefix_token_id, self.max_length, context_len=1)]
@@ -206,7 +190,6 @@ class ElasticLM(TemplateLM):
             out.append(total)
         return out
 
-    # ---- generation ------------------------------------------------------------------------------
     @torch.no_grad()
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Greedy (or sampled, when the task sets ``do_sample``) continuation, cut at the first stop string.
@@ -222,8 +205,8 @@ class ElasticLM(TemplateLM):
         out: list[str] = [""] * len(requests)
         if not self.batch_size:
             self.batch_size = self._auto_batch_size(self.max_length)
-        bar = progress(total=len(requests), desc="generating", unit="req",
-                       enabled=self.show_progress and not disable_tqdm)
+        bar = progress_bar(total=len(requests), desc="generating", unit="req",
+                           enabled=self.show_progress and not disable_tqdm)
         for members in groups.values():
             kw = dict(requests[members[0]].args[1] or {})
             until = kw.pop("until", None) or []
@@ -264,8 +247,6 @@ def evaluate_tiers_on_tasks(pretrained: Any, tasks: Sequence[str], tiers: str | 
     caps the documents per task (a smoke run)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
-
-    from ..utils.progress import progress as progress_bar
 
     manager = TaskManager(include_path=include_path)   # task names are checked before the model loads
     unknown = [t for t in tasks if t not in manager.all_tasks and not Path(t).is_file()]

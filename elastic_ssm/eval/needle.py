@@ -1,10 +1,6 @@
-"""Needle-in-a-haystack key retrieval by tier (ESSH Appendix E.4, H.1-H.2, Tables 1(b), 17, 18; docs/evaluation.md).
-
-A trial plants a sentence with a six-digit key into filler at a relative depth and asks for the key at the end of
-a ``context_len``-token sequence: ``[filler ... NEEDLE(key) ... filler] QUERY -> key digits``. Each key pair
-(planted, counterfactual) runs at every depth; ``condition="counterfactual"`` (the paper's) inserts and expects the
-alternative. Per trial: ``full_key`` (every key token is the argmax), ``first_token``, ``margin_win`` (the expected
-key beats the competitor); ``half_width``: half the 95% pair-cluster bootstrap interval of full-key accuracy."""
+"""Needle-in-a-haystack key retrieval by tier (ESSH Appendix E.4, H.1-H.2, Tables 1(b), 17, 18; docs/evaluation.md
+states the protocol and the metrics): a ``context_len``-token trial ``[filler ... NEEDLE(key) ... filler] QUERY``
+is scored on the key's digits, each key pair (planted, counterfactual) at every depth."""
 
 from __future__ import annotations
 
@@ -15,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..config import TierLike
+from ..utils.progress import progress as progress_bar
 from .perplexity import continuation_scores, eval_mode
 
 __all__ = ["NeedleConfig", "NeedleTrial", "build_trials", "check_fits", "score_trials", "evaluate_needle",
@@ -163,8 +160,6 @@ def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any
                     trials: list[NeedleTrial] | None = None, progress: bool = False) -> list[dict[str, Any]]:
     """NIAH rows (tier, K, n_ff, params, context_len, condition and ``summarize_needle``'s numbers) for every tier
     of ``tiers`` (default: the tier table) on the same trials; ``trials``: ``build_trials``' when already built."""
-    from ..utils.progress import progress as progress_bar
-
     cfg = cfg or NeedleConfig()
     vocab = model.config.vocab_size
     if tokenizer.vocab_size > vocab:
@@ -173,12 +168,11 @@ def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any
     check_fits(model, trials, cfg)
     tiers = [model.resolve_tier(t) for t in (tiers if tiers is not None else model.tier_table())]
     rows = []
-    bar = progress_bar(desc="niah", total=len(tiers) * len(trials), enabled=progress, unit="trial")
-    for t in tiers:
-        bar.set_postfix_str(t.name)
-        scored = score_trials(model, trials, t, cfg.batch_size, precision, bar=bar)
-        rows.append({"tier": t.name, "K": t.K, "n_ff": t.n_ff, "params": t.params,
-                     "context_len": cfg.context_len, "condition": cfg.condition,
-                     **summarize_needle(scored, cfg)})
-    bar.close()
+    with progress_bar(desc="niah", total=len(tiers) * len(trials), enabled=progress, unit="trial") as bar:
+        for t in tiers:
+            bar.set_postfix_str(t.name)
+            scored = score_trials(model, trials, t, cfg.batch_size, precision, bar=bar)
+            rows.append({"tier": t.name, "K": t.K, "n_ff": t.n_ff, "params": t.params,
+                         "context_len": cfg.context_len, "condition": cfg.condition,
+                         **summarize_needle(scored, cfg)})
     return rows

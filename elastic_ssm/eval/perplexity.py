@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.func import functional_call
 from torch.nn.utils.rnn import pad_sequence
 
 from ..config import TierLike
@@ -80,31 +81,28 @@ def evaluate_tiers(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier
     with eval_mode(model), bar:
         for t in tiers:
             bar.set_postfix_str(t.name)
-            tot = loss_sums(lambda x, _t=t, **kw: model(x, tier=_t, **kw), batches, model, precision, bar=bar)
-            if reduce is not None:
-                reduce(tot)
+            tot = loss_sums(model, batches, t, precision, reduce=reduce, bar=bar)
             count = int(tot[1].item())
-            if count == 0:
-                raise ValueError("evaluation batches contain no scored tokens")
-            acc = (tot[2] / count).item()
-            out.append(TierEval(t.name, t.K, t.n_ff, t.params, (tot[0] / count).item(), count, bytes_per_token, acc,
-                                xi=t.xi, seq_len=seq_len))
+            out.append(TierEval(t.name, t.K, t.n_ff, t.params, (tot[0] / count).item(), count, bytes_per_token,
+                                (tot[2] / count).item(), xi=t.xi, seq_len=seq_len))
     return out
 
 
 @torch.no_grad()
-def loss_sums(forward: Callable[..., torch.Tensor], batches: Sequence[tuple[torch.Tensor, ...]], model: Any,
-              precision: str = "fp32", bar: Any = None) -> torch.Tensor:
-    """``[summed CE in nats, scored positions, argmax hits]`` (float64 [3]) of ``forward(x, **kw) -> logits``
-    over ``batches`` (as for ``evaluate_tiers``), on the device of ``model``'s parameters; ``bar`` (a progress bar)
-    advances once per batch."""
+def loss_sums(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], tier: TierLike, precision: str = "fp32", *,
+              params: dict[str, torch.Tensor] | None = None, reduce: Callable[[torch.Tensor], Any] | None = None,
+              bar: Any = None) -> torch.Tensor:
+    """``[summed CE in nats, scored positions, argmax hits]`` (float64 [3]) of ``model(x, tier=tier)`` over
+    ``batches`` (as for ``evaluate_tiers``) on the device of ``model``'s parameters, after ``reduce``; ``params``
+    replace some of the model's tensors (``torch.func.functional_call``); ``bar`` advances once per batch. Batches
+    without a scored position are a ``ValueError``."""
     device = next(model.parameters()).device
     tot = torch.zeros(3, dtype=torch.float64, device=device)      # loss sum, count, correct
     for batch in batches:
         x, y = batch[0].to(device), batch[1].to(device)
-        kw = {"attention_mask": batch[2].to(device)} if len(batch) > 2 else {}
+        kw = {"tier": tier, **({"attention_mask": batch[2].to(device)} if len(batch) > 2 else {})}
         with torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16"):
-            logits = forward(x, **kw)
+            logits = model(x, **kw) if params is None else functional_call(model, params, (x,), kw)
         flat = logits.float().reshape(-1, logits.shape[-1])
         tot[0] += F.cross_entropy(flat, y.reshape(-1), ignore_index=-100, reduction="sum").double()
         valid = y != -100
@@ -112,6 +110,10 @@ def loss_sums(forward: Callable[..., torch.Tensor], batches: Sequence[tuple[torc
         tot[2] += ((logits.argmax(-1) == y) & valid).sum()
         if bar is not None:
             bar.update()
+    if reduce is not None:
+        reduce(tot)
+    if tot[1].item() == 0:
+        raise ValueError("evaluation batches contain no scored tokens")
     return tot
 
 

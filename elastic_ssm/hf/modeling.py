@@ -1,11 +1,8 @@
 """``ElasticHFConfig`` / ``ElasticForCausalLM`` (what every family shares; ``families.py``) and ESSH's. ``forward``
 takes ``input_ids`` [B, T], a left-padding ``attention_mask``, ``labels`` and a ``cache``: with none and
 ``use_cache`` one is allocated and prefilled; with a prefilled one each token is one ``step`` (``ESSH.generate``'s
-calls in its order, so HF ``generate`` gives our tokens).
-
-``ESSHHFCache``: our ``ESSHCache`` (mode states ``[B, K_T, M, 2, P]`` per spectral layer, a ring of ``window``
-key/value slots ``[B, H, W, hd]`` per SWA layer) behind ``transformers.Cache``: length, batch size and beam edits;
-a recurrent state cannot be rolled back (``crop`` refuses)."""
+calls in its order, so HF ``generate`` gives our tokens). ``ESSHHFCache``: our ``ESSHCache`` behind
+``transformers.Cache`` (docs/huggingface.md, "What is inside"); a recurrent state cannot be rolled back."""
 
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..config import TierLike
 from ..elastic.tiers import tier_table
 from ..models import model_class
 from ..models.cache import ESSHCache
@@ -41,7 +37,8 @@ GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "
 class _NoRollbackCache(Cache):
     """Our caches' common part: ``n_layers`` layers, beam edits by ``_apply(fn)``, no rollback."""
 
-    is_compileable = False
+    is_compileable = is_croppable = False
+    is_initialized = True
 
     def __init__(self, n_layers: int) -> None:
         super().__init__(layers=[])
@@ -52,14 +49,6 @@ class _NoRollbackCache(Cache):
 
     def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
         return self.prefilled
-
-    @property
-    def is_initialized(self) -> bool:
-        return True
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
 
     @property
     def is_dummy(self) -> list[bool]:
@@ -82,24 +71,17 @@ class _NoRollbackCache(Cache):
             raise NotImplementedError(f"this cache cannot be rolled back by {tokens_to_remove} tokens (assisted "
                                       "decoding is not supported)")
 
-    def activate_past_recording(self) -> None:
+    def activate_past_recording(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError("this cache cannot record past states (assisted decoding is not supported)")
-
-    def offload(self, layer_idx: int, only_non_sliding: bool = True) -> None:
-        return None
-
-    def prefetch(self, layer_idx: int, only_non_sliding: bool = True) -> None:
-        return None
 
 
 class ESSHHFCache(_NoRollbackCache):
-    """Decoding state of ``batch_size`` sequences of one ESSH at ``tier`` (None: the model as loaded) for
-    ``transformers`` generation; ``state_dtype`` / ``kv_dtype`` as ``ESSHCache.allocate``."""
+    """Decoding state of ``batch_size`` sequences of one ESSH as loaded, for ``transformers`` generation (the
+    dtypes of ``ESSHCache.allocate``)."""
 
-    def __init__(self, model: Any, batch_size: int, tier: TierLike = None, state_dtype: torch.dtype | None = None,
-                 kv_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: Any, batch_size: int) -> None:
         super().__init__(model.config.n_layers)
-        self.inner = ESSHCache.allocate(model, batch_size, tier, state_dtype=state_dtype, kv_dtype=kv_dtype)
+        self.inner = ESSHCache.allocate(model, batch_size)
 
     def __repr__(self) -> str:
         n = self.inner.nbytes()

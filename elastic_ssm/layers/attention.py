@@ -1,10 +1,8 @@
 """Sliding-window causal self-attention with RoPE (ESSH Sec. 4, Appendix E.2).
 
-Query i attends keys j with 0 <= i - j < window and, in a padded batch, only real keys (a padding query attends
-itself). ``qkv`` [3D, D] and ``out`` [D, D], no biases (Table 4), shared by every tier. Causal SDPA, a
-flex_attention band or masked SDPA by length and device (docs/performance.md). Decoding state (Table 53,
-``RingState``): a ring of ``window`` key/value slots per sequence; slot ``p mod W`` holds position p (``slot_pos``;
--1 = empty), ``positions`` [B] is shared by the cache's layers.
+Query i attends keys j with 0 <= i - j < window (``window_mask``). ``qkv`` [3D, D] and ``out`` [D, D], no biases
+(Table 4), shared by every tier. Causal SDPA, a flex_attention band or masked SDPA by length and device
+(docs/performance.md). Decoding state (Table 53): a ``RingState`` per layer.
 """
 
 from __future__ import annotations
@@ -28,7 +26,8 @@ from .decode_plan import AttentionPlan
 
 @dataclass
 class RingState:
-    """Window ring of one attention layer: keys / values [B, H, W, hd], slot_pos [B, W], positions [B]."""
+    """Window ring of one attention layer: keys / values [B, H, W, hd], slot_pos [B, W] (slot ``p mod W`` holds
+    position p; -1 = empty), positions [B] (shared by the cache's layers)."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -85,14 +84,6 @@ def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int,
 SWA_KERNEL = os.environ.get("ELASTIC_SSM_SWA_KERNEL", "auto").strip().lower() or "auto"
 
 
-def _band(window: int):
-    def mask_mod(b, h, q_idx, kv_idx):
-        diff = q_idx - kv_idx
-        return (diff >= 0) & (diff < window)
-
-    return mask_mod
-
-
 def swa_block_mask(T: int, window: int, device, block_size: int = 128):
     """flex_attention ``BlockMask`` of the causal band ``0 <= q - k < window`` for length T.
 
@@ -106,12 +97,15 @@ def swa_block_mask(T: int, window: int, device, block_size: int = 128):
     full = (lo >= 0) & (hi < window)
     partial = (hi >= 0) & (lo < window) & ~full
 
+    def band(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx >= 0) & (q_idx - kv_idx < window)
+
     def ordered(m: torch.Tensor):  # counts [1, 1, nb] and tile indices, selected tiles first [1, 1, nb, nb]
         idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True)
         return m.sum(-1).to(torch.int32)[None, None], idx.to(torch.int32)[None, None]
 
     return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block_size,
-                                    mask_mod=_band(window), seq_lengths=(T, T))
+                                    mask_mod=band, seq_lengths=(T, T))
 
 
 @functools.lru_cache(maxsize=16)
@@ -240,7 +234,6 @@ class SlidingWindowAttention(nn.Module):
         scan ``backend`` are unused."""
         return self(x, positions, valid, ring=state)
 
-    # ---- decoding -------------------------------------------------------------------------------------
     def init_state(self, batch: int, tier=None, *, kv_dtype: torch.dtype | None = None,
                    device: torch.device | str | None = None, positions: torch.Tensor | None = None,
                    **_: object) -> RingState:

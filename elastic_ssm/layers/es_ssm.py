@@ -11,9 +11,8 @@ At runtime budget K <= K-bar (Eq. 4)::
 ``proj.weight``, applied after the gate. ``ESSSMBlock``: ``r += DropPath(S_K(LN1(r)))``, then
 ``r += DropPath(FFN(LN2(r)))`` with a GELU FFN d -> ffn_mult d -> d.
 
-Decoding, Eq. 4 per token (docs/es_ssm.md, "Cached decoding"): ``decode="exact"`` keeps the last S = L - 1 inputs
-[B, S, D], read against the doubled, reversed filter tail ``window`` [K, 2S - 1]; ``decode="modal"`` replaces each
-filter by its m-mode matrix-pencil fit (ESSH Eq. 4, App. C.1.1), a state [B, K, M, 2, D] (ESSH Eq. 5 with unit gates).
+Decoding, Eq. 4 per token (docs/es_ssm.md, "Decoding"): ``decode="exact"`` keeps the last L - 1 inputs;
+``decode="modal"`` replaces each filter by its m-mode matrix-pencil fit (ESSH Eq. 4, 5; ``DecodePlan``).
 """
 
 from __future__ import annotations
@@ -33,8 +32,8 @@ from ..elastic.tiers import tier_width
 from ..ops.fft_conv import fft_causal_conv
 from ..spectral import DampedModes, fit_damped_modes, hankel_filters
 
-__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "DECODE_MODES", "ModalFit", "DecodePlan",
-           "SpectralDecodeState", "check_decode", "modal_fit"]
+__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "DecodePlan",
+           "SpectralDecodeState", "check_decode"]
 
 
 class DropPath(nn.Module):
@@ -70,13 +69,9 @@ class GeluFFN(nn.Module):
         return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
 
 
-#: The decode modes of ``ESSSM.allocate_cache``.
-DECODE_MODES = ("exact", "modal")
-
-
 def check_decode(decode: object, n_modes: object, L: int) -> tuple[str, int]:
     """Validate a decode mode and mode count for filters of length L; one-line ``ValueError`` otherwise."""
-    if decode not in DECODE_MODES:
+    if decode not in ("exact", "modal"):
         raise ValueError(f"unknown decode mode {decode!r}; use 'exact' (ring buffer, default) or 'modal'"
                          " (m damped modes per channel, constant memory)")
     if isinstance(n_modes, bool) or not isinstance(n_modes, int) or not 1 <= n_modes <= max(1, L // 4):
@@ -85,36 +80,10 @@ def check_decode(decode: object, n_modes: object, L: int) -> tuple[str, int]:
     return str(decode), n_modes
 
 
-@dataclass(frozen=True)
-class ModalFit:
-    """m-mode fits of K filters, all float64: ``rho, theta, kc, ks`` [K, M], the fitted filters
-    ``filters`` [K, L] (ESSH Eq. 4 sampled at lags 0..L-1) and the relative errors ``errors`` [K]
-    (``||fit - phi_k|| / ||phi_k||``, ESSH App. B.7 epsilon_k^(m))."""
-
-    rho: torch.Tensor
-    theta: torch.Tensor
-    kc: torch.Tensor
-    ks: torch.Tensor
-    filters: torch.Tensor
-    errors: torch.Tensor
-
-
 @functools.cache
 def _fit_row(row: bytes, n_modes: int) -> DampedModes:
     """``fit_damped_modes`` of one float64 filter (its bytes), cached in-process by its bytes and m."""
     return fit_damped_modes(np.frombuffer(row, dtype=np.float64), n_modes)
-
-
-def modal_fit(filters: torch.Tensor, n_modes: int) -> ModalFit:
-    """Matrix-pencil fits (``spectral.fit_damped_modes``) of the rows of ``filters`` [K, L], m = ``n_modes``;
-    each row cached in-process by its bytes and m."""
-    phi = filters.detach().to("cpu", torch.float64).contiguous()  # [K, L]
-    fits = [_fit_row(row.tobytes(), n_modes) for row in phi.numpy()]
-    t = lambda name: torch.from_numpy(np.stack([getattr(f, name) for f in fits]))  # [K, M]
-    L = phi.shape[1]
-    recon = torch.from_numpy(np.stack([f.filter(L) for f in fits]))  # [K, L]
-    errors = (recon - phi).norm(dim=1) / phi.norm(dim=1)  # [K]
-    return ModalFit(t("rho"), t("theta"), t("kc"), t("ks"), recon, errors)
 
 
 @dataclass(frozen=True)
@@ -122,7 +91,8 @@ class DecodePlan:
     """Constants of one sublayer's decoder at budget K (not in ``nbytes``), in the state dtype unless said.
     exact: ``phi0`` [K] (lag-0 taps), ``window`` [K, 2S-1] (the reversed filter tail, doubled). modal: ``a = rho
     cos theta``, ``b = rho sin theta``, ``kc``, ``ks`` [K, M, 1]; ``filters`` [K, L] the fitted filters (filters'
-    dtype); ``rho``, ``theta`` [K, M] float64 (prefill phases); ``errors`` [K] the fit errors."""
+    dtype); ``rho``, ``theta`` [K, M] float64 (prefill phases); ``errors`` [K] the fit errors ``||fit - phi_k|| /
+    ||phi_k||`` (ESSH App. B.7 epsilon_k^(m))."""
 
     mode: str
     K: int
@@ -197,7 +167,6 @@ class SpectralSublayer(nn.Module):
         xg = xg.reshape(B, K * D, T).transpose(1, 2)  # [B, T, K*D]
         return linear(self.proj, xg, cols=K * D)  # [B, T, D]
 
-    # ---- decoding (Eq. 4 per token; the layer decode protocol of ESSH's mixers) ----------------------------
     def decode_plan(self, tier=None, decode: str = "exact", n_modes: int = 8,
                     dtype: torch.dtype = torch.float32) -> DecodePlan:
         """The precomputed constants of budget ``tier`` (an int K, a ``Tier`` or None: every channel) in
@@ -211,13 +180,17 @@ class SpectralSublayer(nn.Module):
             tail = phi[:, 1:].to(dtype).flip(-1)  # [K, S], tail[:, j] = phi(S - j)
             window = torch.cat([tail, tail[:, :-1]], dim=1) if S else tail  # [K, 2S-1]
             return DecodePlan("exact", K, {"phi0": phi[:, 0].to(dtype), "window": window.contiguous()})
-        fit = modal_fit(phi, n_modes)
+        phi64 = phi.detach().to("cpu", torch.float64).contiguous()  # [K, L]
+        fits = [_fit_row(row.tobytes(), n_modes) for row in phi64.numpy()]  # matrix-pencil fits, m = n_modes
+        rho, theta, kc, ks = (torch.from_numpy(np.stack([getattr(f, k) for f in fits]))   # [K, M] float64
+                              for k in ("rho", "theta", "kc", "ks"))
+        recon = torch.from_numpy(np.stack([f.filter(phi.shape[1]) for f in fits]))  # [K, L], ESSH Eq. 4
         dev = phi.device
         cast = lambda x: x.to(device=dev, dtype=dtype).unsqueeze(-1)  # [K, M, 1]
-        tensors = {"a": cast(fit.rho * torch.cos(fit.theta)), "b": cast(fit.rho * torch.sin(fit.theta)),
-                   "kc": cast(fit.kc), "ks": cast(fit.ks), "rho": fit.rho.to(dev), "theta": fit.theta.to(dev),
-                   "filters": fit.filters.to(device=dev, dtype=self.filters.dtype)}
-        return DecodePlan("modal", K, tensors, fit.errors)
+        tensors = {"a": cast(rho * torch.cos(theta)), "b": cast(rho * torch.sin(theta)), "kc": cast(kc),
+                   "ks": cast(ks), "rho": rho.to(dev), "theta": theta.to(dev),
+                   "filters": recon.to(device=dev, dtype=self.filters.dtype)}
+        return DecodePlan("modal", K, tensors, (recon - phi64).norm(dim=1) / phi64.norm(dim=1))
 
     def init_state(self, batch: int, tier=None, *, state_dtype: torch.dtype = torch.float32, decode: str = "exact",
                    n_modes: int = 8, plan: DecodePlan | None = None, **_: object) -> SpectralDecodeState:

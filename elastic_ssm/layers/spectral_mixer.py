@@ -44,11 +44,8 @@ class SpectralMixer(nn.Module):
         self.in_proj = empty_linear(D, K * (P + 3 * M))   # weight [K(P+3M), D], channel-major rows
         self.gate_bias = nn.Parameter(torch.empty(K, 3, M))         # [K, 3, M] write/read/clock biases
         self.out_proj = empty_linear(K * P, D)             # weight [D, K P], channel-major columns
-        self.rho_raw = nn.Parameter(torch.empty(K, M))
-        self.theta = nn.Parameter(torch.empty(K, M))
-        self.kc = nn.Parameter(torch.empty(K, M))
-        self.ks = nn.Parameter(torch.empty(K, M))
-        self.a = nn.Parameter(torch.empty(K, M))
+        for name in ("rho_raw", "theta", "kc", "ks", "a"):                 # modal tables [K, M]
+            self.register_parameter(name, nn.Parameter(torch.empty(K, M)))
         self.beta = nn.Parameter(torch.empty(K))
         self.reset_parameters()
 
@@ -70,13 +67,11 @@ class SpectralMixer(nn.Module):
         rho = torch.as_tensor(tab["rho"], dtype=torch.float64).clamp(1e-6, self.pole_clip)  # rho=0 fits stay finite
         gamma = -torch.log(rho)                                      # rho = exp(-softplus(rho_raw))
         self.rho_raw.copy_(torch.log(torch.expm1(gamma)))
-        self.theta.copy_(torch.as_tensor(tab["theta"]))
-        self.kc.copy_(torch.as_tensor(tab["kc"]))
-        self.ks.copy_(torch.as_tensor(tab["ks"]))
+        for name in ("theta", "kc", "ks"):
+            getattr(self, name).copy_(torch.as_tensor(tab[name]))
         self.a.fill_(self.zero_lag_init)
         self.beta.zero_()
 
-    # ---- shared pieces ---------------------------------------------------------------------------
     def _controls(self, u: torch.Tensor, K: int, valid: torch.Tensor | None):
         """u [..., D] -> v [..., K, P], write/read/clock [..., K, M] in the scan dtype (at least fp32); the
         projection stays in its dtype (each consumer upcasts as it reads) and Eq. 23 is one product
@@ -121,17 +116,15 @@ class SpectralMixer(nn.Module):
         zf = z.to(dt).reshape(-1, K, self.P)                                               # [N, K, P]
         return torch.einsum("nkp,kpq,nkq->k", zf, gram, zf).double() / max(zf.shape[0], 1)
 
-    # ---- training / prefill -------------------------------------------------------------------------
     def forward(self, u: torch.Tensor, K: int | None = None, valid: torch.Tensor | None = None,
-                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-                backend: str = "auto", channel_scale: torch.Tensor | None = None):
+                output_final_state: bool = False, backend: str = "auto", channel_scale: torch.Tensor | None = None):
         """u [B,T,D] -> y [B,T,D] (and the final state [B,K,M,2,P] when ``output_final_state``); ``channel_scale``
         [B, K P]: each row's tier (``_readout``)."""
         K = self.K if K is None else K
         v, write, read, clock = self._controls(u, K, valid)
         # gates in (0, 2), clock = softplus >= 0 and rho = exp(-softplus) in [0, 1] by construction: no range check
-        z, state = scan(v, write, read, clock, self._modal(K), initial_state=initial_state,
-                        output_final_state=output_final_state, backend=backend, check_values=False)
+        z, state = scan(v, write, read, clock, self._modal(K), output_final_state=output_final_state, backend=backend,
+                        check_values=False)
         y = self._readout(z, K, channel_scale)
         return (y, state) if output_final_state else y
 
@@ -146,7 +139,6 @@ class SpectralMixer(nn.Module):
         state.copy_(final)
         return y
 
-    # ---- decoding -------------------------------------------------------------------------------------
     def init_state(self, batch: int, tier=None, *, state_dtype: torch.dtype = torch.float32,
                    device: torch.device | str | None = None, **_: object) -> torch.Tensor:
         """This layer's slice of a decode cache: zeroed mode states [B, K_T, M, 2, P] in ``state_dtype``

@@ -5,32 +5,22 @@ written atomically; every failure is soft (a bad file is a miss): the cache is a
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 
-from ..utils.files import atomic_writer
+from ..utils.files import atomic_writer, cache_dir
 
 __all__ = ["FORMAT", "cache_dir", "cache_path", "load_arrays", "save_arrays"]
 
 #: Layout tag embedded in every file name; bump it when the stored arrays change meaning.
 FORMAT = "v1"
 
-_ENV = "ELASTIC_SSM_CACHE"
 _log = logging.getLogger(__name__)
-
-
-def cache_dir() -> Path:
-    """The cache directory: ``$ELASTIC_SSM_CACHE`` or ``~/.cache/elastic_ssm`` (may not exist yet)."""
-    env = os.environ.get(_ENV, "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "elastic_ssm"
 
 
 def cache_path(stem: str) -> Path:
     """Full path of the cache entry ``stem`` (a name without directory or suffix)."""
-    if not stem or "/" in stem or os.sep in stem:
-        raise ValueError(f"cache entry name must be a plain file stem, got {stem!r}")
     return cache_dir() / f"{stem}.{FORMAT}.npz"
 
 

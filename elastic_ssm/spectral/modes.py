@@ -33,8 +33,7 @@ class DampedModes:
     ks: np.ndarray
 
     def __post_init__(self) -> None:
-        names = [f.name for f in dataclasses.fields(self)]
-        fields = {name: np.asarray(getattr(self, name), dtype=np.float64) for name in names}
+        fields = {f.name: np.asarray(getattr(self, f.name), dtype=np.float64) for f in dataclasses.fields(self)}
         shapes = {arr.shape for arr in fields.values()}
         if len(shapes) != 1 or len(next(iter(shapes))) != 1:
             raise ValueError(f"DampedModes fields must be 1-D arrays of one length m, got shapes "

@@ -1,7 +1,5 @@
-"""One check of a device a user names (``--device``, ``from_pretrained(device=)``): ``checked_device`` (cpu, cuda,
-cuda:N present here; mps refused, it has no float64) and ``auto_device`` (cuda when available, else cpu); the CPU
-threads torch runs with (``apply_default_threads``): the cores this process may use (affinity mask, cgroup quota)
-unless ``OMP_NUM_THREADS`` is set.
+"""One check of a device a user names (``--device``, ``from_pretrained(device=)``): ``checked_device`` and
+``auto_device`` (never mps, which has no float64); the CPU threads torch runs with (``apply_default_threads``).
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ def auto_device() -> tuple[str, str | None]:
     ``note`` is one line saying why not mps when this machine has MPS (None when it has not)."""
     if torch.cuda.is_available():
         return "cuda", None
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
+    if torch.backends.mps.is_available():
         return "cpu", f"device auto: cpu, not mps ({MPS_NO_FLOAT64})"
     return "cpu", None
 

@@ -1,8 +1,7 @@
 """What a measured number depends on, ``environment(device)``: device, torch / CUDA / triton / fla versions
 (``library_versions``: None when absent, the import error when broken), scan backend, commit, date: the record of
-every benchmark row, replication call and ``tier_profile.json``. ``env_int`` / ``env_flag`` (1 / true / yes / on,
-or unset / empty / 0 / false / no / off) read the library's environment variables, a one-line ``ConfigError`` naming
-a bad one; torch loads only where a number is measured (the CLI reads ``ELASTIC_SSM_DEBUG`` first).
+every benchmark row, replication call and ``tier_profile.json``. ``env_int`` / ``env_flag`` read the library's
+environment variables, a one-line ``ConfigError`` naming a bad one; torch loads only where a number is measured.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ def env_int(name: str, default: int) -> int:
 
 
 def env_flag(name: str) -> bool:
-    """Whether the switch ``name`` is on (see the module docstring); a ``ConfigError`` for any other value."""
+    """Whether the switch ``name`` is on (``_ON``) or off (``_OFF``: unset too); a ``ConfigError`` otherwise."""
     raw = os.environ.get(name, "").strip().lower()
     if raw in _ON:
         return True

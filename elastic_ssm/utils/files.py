@@ -8,20 +8,26 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "fsync_dir", "is_temp_name", "with_path",
-           "process_umask", "free_stamped_path"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "cache_dir", "fsync_dir", "is_temp_name",
+           "with_path", "process_umask", "free_stamped_path"]
+
+
+def cache_dir() -> Path:
+    """Where elastic_ssm caches what it computes (spectral buffers, ``pysrc`` manifests and tokens):
+    ``$ELASTIC_SSM_CACHE`` or ``~/.cache/elastic_ssm`` (may not exist yet)."""
+    env = os.environ.get("ELASTIC_SSM_CACHE", "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "elastic_ssm"
 
 
 def free_stamped_path(folder: Path, head: str, tail: str = "") -> Path:
     """``folder/<head><UTC time><tail>`` (``-1``, ``-2`` ... before ``tail`` when taken): the one name of what is
     set aside instead of deleted (a replaced run, a damaged checkpoint, ...). Nothing is created."""
-    import time
-
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     dest, n = folder / f"{head}{stamp}{tail}", 1
     while dest.exists():

@@ -42,10 +42,7 @@ def progress(iterable: Iterable[Any] | None = None, desc: str = "", total: int |
     """A tqdm bar over ``iterable`` (or a manual one with ``.update``) on stderr; silent unless ``enabled``."""
     from tqdm.auto import tqdm
 
-    disable = _disable(enabled)
-    if total is None and iterable is not None and hasattr(iterable, "__len__"):
-        total = len(iterable)
-    return tqdm(iterable, desc=desc, total=total, unit=unit, disable=disable, file=sys.stderr,
+    return tqdm(iterable, desc=desc, total=total, unit=unit, disable=_disable(enabled), file=sys.stderr,
                 dynamic_ncols=True, leave=False, **kw)
 
 
