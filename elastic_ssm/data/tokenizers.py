@@ -221,6 +221,19 @@ def measured_bytes_per_token(tokenizer, tokens, max_tokens: int = 1 << 20) -> fl
     return len(tokenizer.decode(ids.tolist()).encode("utf-8")) / n
 
 
+def _names_a_source(s: object) -> bool:
+    """Whether ``s`` names an ``iter_documents`` source (``stdlib``, ``hf:...``, an existing path) rather than being
+    a document's text (a long text or one with a NUL byte is no file name: the OS refuses it, so it is text)."""
+    if not isinstance(s, (str, Path)):
+        return False
+    if s == "stdlib" or str(s).startswith("hf:"):
+        return True
+    try:
+        return Path(s).exists()
+    except (OSError, ValueError):
+        return False
+
+
 def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_frequency: int = 2,
               max_bytes: int | None = None, show_progress: bool = False) -> BPETokenizer:
     """Train a byte-level BPE tokenizer on ``files_or_iterator`` (an ``iter_documents`` spec, a list of them, or
@@ -231,9 +244,7 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
                          f"{256 + len(SPECIAL_TOKENS)} (256 bytes + {len(SPECIAL_TOKENS)} specials)")
     if isinstance(files_or_iterator, (str, Path)):
         docs = iter_documents(files_or_iterator)
-    elif isinstance(files_or_iterator, (list, tuple)) and all(
-            isinstance(s, (str, Path)) and (s == "stdlib" or Path(s).exists() or str(s).startswith("hf:"))
-            for s in files_or_iterator):
+    elif isinstance(files_or_iterator, (list, tuple)) and all(_names_a_source(s) for s in files_or_iterator):
         docs = (d for s in files_or_iterator for d in iter_documents(s))
     else:
         docs = iter(files_or_iterator)

@@ -310,3 +310,11 @@ def test_cap_bytes_cuts_exactly_and_reads_nothing_past_the_cap():
 
     assert list(cap_bytes(docs(), 5)) == [b"abc", b"de"] and pulled == [b"abc", b"defg"]
     assert list(cap_bytes(["ab", "c"], None)) == ["ab", "c"] and list(cap_bytes([b"x"], 0)) == []
+
+
+def test_bpe_trains_on_a_list_of_long_document_strings(tmp_path):
+    """A list of texts longer than a file name may be (or holding a NUL byte) is read as documents, not refused by
+    the OS as a path."""
+    docs = [("def f(x):\n    return x * 2\n" * 200) + str(i) for i in range(20)] + ["a\0b " * 50]
+    tok = data.train_bpe(docs, 300, tmp_path / "long.json")
+    assert 260 < tok.vocab_size <= 300 and tok.decode(tok.encode(docs[0])) == docs[0]   # merges learned from them
