@@ -93,12 +93,6 @@ class BenchConfig(ConfigBase):
     dtype: Literal["auto", "bfloat16", "float32"] = opt("auto", "weights / KV dtype: auto (bfloat16 on CUDA, "
                                                         "float32 on CPU), bfloat16, float32")
     device: str = opt("auto", "auto (cuda if available), cuda, cpu")
-    decode_backend: Literal["auto", "triton", "torch"] = opt("auto", "fused decode kernels: auto, triton, torch")
-    decode_out_layout: Literal["auto", "split", "rows"] = opt("auto", "FastDecoder out_layout of the batch <= 8 "
-                                                              "products: auto (split for Triton without PDL, else "
-                                                              "rows), split, rows")
-    decode_pdl: Literal["auto", "on", "off"] = opt("auto", "FastDecoder programmatic dependent launch: auto "
-                                                   "(Hopper+), on, off")
     peak_tflops: float = opt(989.0, "dense bf16 peak for MFU (H200 SXM datasheet: 989 TFLOP/s)")
     time_budget_s: NonNegF = opt(0.0, "skip the remaining entries after this many seconds (0: no limit; a suite: "
                                "its own budget_s unless this flag is given)")
@@ -132,9 +126,9 @@ class _Runner:
         """A random-weight ESSH of the preset, matrices in the bench dtype (or ``dtype``; None: float32), through
         ``compile_model`` when ``BenchConfig.compile`` (and ``compile``) is set."""
         from ..models import compile_model
-        from .peers import build_essh
+        from .peers import random_model
 
-        model = build_essh(self.mcfg, self.dev, self.dtype if dtype == "bench" else dtype)
+        model = random_model(self.mcfg, self.dev, self.dtype if dtype == "bench" else dtype)
         if compile and self.cfg.compile:
             compile_model(model, mode=self.cfg.compile_mode)
         return model

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from ..models.fast_decode import FastDecoder
-from .peers import PeerUnavailable, build_transformer, fla_peers, transformer_matched
+from .peers import PeerUnavailable, fla_peers, random_model, transformer_matched
 from .timing import GraphedStep, oom_as_result, summarize, time_fn
 
 __all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model", "built_peer"]
@@ -18,10 +18,6 @@ __all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model", "b
 def _fill_random(t: torch.Tensor, std: float = 0.1) -> None:
     if t.is_floating_point():
         t.normal_(std=std)
-
-
-#: BenchConfig.decode_pdl -> FastDecoder(pdl=...)
-_PDL = {"auto": "auto", "on": True, "off": False}
 
 
 class EsshDecoder:
@@ -115,7 +111,7 @@ def peer_model(r, peer: str, dtype: torch.dtype | str = "bench", training: bool 
     cfg, dtype = r.cfg, r.dtype if dtype == "bench" else dtype
     if peer == "transformer":
         tcfg, info = transformer_matched(r.mcfg)
-        pm = build_transformer(tcfg, r.dev, dtype)
+        pm = random_model(tcfg, r.dev, dtype)
         margin = cfg.warmup + cfg.iters + 8
         return pm, (lambda b, g: TransformerDecoder(pm, b, cfg.context, g, margin=margin)), info
     fla = fla_peers()
@@ -146,14 +142,13 @@ def decode_suite(r, out: list) -> None:
     """ESSH tiers x batches x modes, the unfused reference at batch 1, then every peer (full size)."""
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
     model = r.essh(compile=False) if (r.tiers or cfg.reference) else None
-    kernels = dict(backend=cfg.decode_backend, out_layout=cfg.decode_out_layout, pdl=_PDL[cfg.decode_pdl])
     for name in r.tiers:
         for B in cfg.batches:
             for g in _modes(cfg, dev, B):
                 base = {"bench": "decode", "model": "essh", "preset": cfg.preset, "tier": name,
                         "params": r.table[name].params, "full": name == r.full, "batch": B,
                         "mode": "graph" if g else "eager"}
-                make = lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg, **kernels)
+                make = lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg)
                 fn = lambda make=make, B=B, g=g: bench_decode(make, B, g, cfg.warmup, cfg.iters, V, dev,
                                                               cfg.sessions)
                 r.run(out, base, fn)
