@@ -99,12 +99,6 @@ def bench_decode(make: Callable[[int, bool], object], batch: int, graph: bool, w
     return row
 
 
-def _modes(cfg, dev: torch.device, batch: int) -> list[bool]:
-    """Graph mode for every batch on CUDA, eager for ``eager_batches`` (every batch without CUDA)."""
-    graph = cfg.graph and dev.type == "cuda"
-    return ([True] if graph else []) + ([False] if (batch in cfg.eager_batches or not graph) else [])
-
-
 def peer_model(r, peer: str, dtype: torch.dtype | str = "bench", training: bool = False):
     """(model, make_decoder(batch, graph), params info) of a peer, its matrices in the bench dtype (or ``dtype``), or
     raise with the reason it is absent (``training``: also when fla cannot train it)."""
@@ -141,17 +135,19 @@ def built_peer(r, out: list, base: dict, peer: str) -> tuple | None:
 def decode_suite(r, out: list) -> None:
     """ESSH tiers x batches x modes, the unfused reference at batch 1, then every peer (full size)."""
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
+    graph = cfg.graph and dev.type == "cuda"
+
+    def sweep(base: dict, make: Callable[[int, bool], object]) -> None:
+        """Every batch in graph mode on CUDA, eager for ``eager_batches`` (every batch without CUDA)."""
+        for B in cfg.batches:
+            for g in ([True] if graph else []) + ([False] if (B in cfg.eager_batches or not graph) else []):
+                r.run(out, {**base, "batch": B, "mode": "graph" if g else "eager"},
+                      lambda B=B, g=g: bench_decode(make, B, g, cfg.warmup, cfg.iters, V, dev, cfg.sessions))
+
     model = r.essh(compile=False) if (r.tiers or cfg.reference) else None
     for name in r.tiers:
-        for B in cfg.batches:
-            for g in _modes(cfg, dev, B):
-                base = {"bench": "decode", "model": "essh", "preset": cfg.preset, "tier": name,
-                        "params": r.table[name].params, "full": name == r.full, "batch": B,
-                        "mode": "graph" if g else "eager"}
-                make = lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg)
-                fn = lambda make=make, B=B, g=g: bench_decode(make, B, g, cfg.warmup, cfg.iters, V, dev,
-                                                              cfg.sessions)
-                r.run(out, base, fn)
+        sweep({"bench": "decode", "model": "essh", "preset": cfg.preset, "tier": name, "params": r.table[name].params,
+               "full": name == r.full}, lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg))
     if cfg.reference:
         base = {"bench": "decode", "model": "essh-unfused", "preset": cfg.preset, "tier": r.full,
                 "params": r.table[r.full].params, "batch": 1, "mode": "eager"}
@@ -162,12 +158,6 @@ def decode_suite(r, out: list) -> None:
     for peer in cfg.peers:
         base = {"bench": "decode", "model": peer, "preset": cfg.preset, "tier": "-"}
         built = built_peer(r, out, {**base, "batch": 0, "mode": "build"}, peer)
-        if built is None:
-            continue
-        _, make, info = built
-        for B in cfg.batches:
-            for g in _modes(cfg, dev, B):
-                row = {**base, "params": info["params"], "batch": B, "mode": "graph" if g else "eager"}
-                r.run(out, row, lambda B=B, g=g, make=make: bench_decode(make, B, g, cfg.warmup, cfg.iters, V,
-                                                                         dev, cfg.sessions))
-        built = make = None          # the peer's memory goes before the next one is built
+        if built is not None:
+            sweep({**base, "params": built[2]["params"]}, built[1])
+        built = None          # the peer's memory goes before the next one is built

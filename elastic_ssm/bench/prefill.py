@@ -31,23 +31,21 @@ def prefill_suite(r, out: list) -> None:
     from .peers import peer_forward
 
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
+
+    def sweep(base: dict, forward: Callable[[torch.Tensor], torch.Tensor], compiled: bool) -> None:
+        for T in cfg.prefill_lengths:
+            r.run(out, {**base, "length": T, "compiled": compiled}, lambda T=T: bench_prefill(
+                forward, T, V, dev, cfg.prefill_warmup, cfg.prefill_iters))
+
     model = r.essh() if cfg.prefill_tiers else None
     for name in cfg.prefill_tiers:
-        for T in cfg.prefill_lengths:
-            base = {"bench": "prefill", "model": "essh", "preset": cfg.preset, "tier": name,
-                    "params": r.table[name].params, "full": name == r.full, "length": T,
-                    "compiled": cfg.compile}
-            fwd = lambda ids, name=name: model(ids, tier=name)
-            r.run(out, base, lambda fwd=fwd, T=T: bench_prefill(fwd, T, V, dev, cfg.prefill_warmup,
-                                                                cfg.prefill_iters))
+        sweep({"bench": "prefill", "model": "essh", "preset": cfg.preset, "tier": name,
+               "params": r.table[name].params, "full": name == r.full}, lambda ids, name=name: model(ids, tier=name),
+              cfg.compile)
     model = None
     for peer in cfg.peers:
         base = {"bench": "prefill", "model": peer, "preset": cfg.preset, "tier": "-"}
         built = built_peer(r, out, {**base, "length": 0}, peer)
-        if built is None:
-            continue
-        m, compiled = peer_forward(built[0], peer, cfg.compile, cfg.compile_mode)
-        for T in cfg.prefill_lengths:
-            row = {**base, "params": built[2]["params"], "length": T, "compiled": compiled}
-            r.run(out, row, lambda T=T, m=m: bench_prefill(m, T, V, dev, cfg.prefill_warmup, cfg.prefill_iters))
-        built = m = None
+        if built is not None:
+            sweep({**base, "params": built[2]["params"]}, *peer_forward(built[0], peer, cfg.compile, cfg.compile_mode))
+        built = None
