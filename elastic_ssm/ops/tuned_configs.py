@@ -1,13 +1,7 @@
-"""Kernel configs of fla's autotuned kernels, shipped per GPU, so a new machine's first prefill compiles the tuned
-config of each kernel instead of timing every candidate (issue 39: the first token on a cold machine).
-
-fla-core reads such configs itself (``fla/ops/utils/cache.py``): with ``FLA_CACHE_MODE=strict`` and
-``FLA_CONFIG_DIR=<dir>``, a kernel's call whose autotuning key (its key arguments and the tensors' dtypes) has an
-entry in ``<dir>/<kernel>.json`` runs that entry's config, and any other key autotunes as before. The package keeps
-them in ``ops/fla_configs/<GPU>/`` (the GPU's name as fla writes it: ``NVIDIA_H200``); ``use_shipped_configs`` points
-fla there before fla is imported, unless the user set either variable. ``configs_from_autotuning`` builds the files
-from Triton's own on-disk autotuning results (``<TRITON_CACHE_DIR>/<hash>/<kernel>.autotune.json``, which
-``TRITON_CACHE_AUTOTUNING=1`` writes): ``python -m benchmarks.fla_configs`` on the GPU after a run.
+"""Kernel configs of fla's autotuned kernels shipped per GPU (``ops/fla_configs/<GPU>/``; issue 39: the first token on
+a cold machine), which fla-core itself reads under ``FLA_CACHE_MODE=strict`` and ``FLA_CONFIG_DIR`` (exact autotuning
+keys only; docs/performance.md, "Graphed compiled prefill"), and the files built from Triton's on-disk autotuning
+results (``<TRITON_CACHE_DIR>/<hash>/<kernel>.autotune.json``): ``python -m benchmarks.fla_configs`` after a run.
 """
 
 from __future__ import annotations

@@ -19,15 +19,6 @@ from .inputs import ModalTables
 SUB_BLOCK = 16  # diagonal-block length when a whole chunk cannot be factorised
 
 
-def _geometry(T: int, chunk_size: int) -> tuple[int, int, int]:
-    """Effective chunk length, number of chunks and time padding for a length-T sequence."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
-    C = min(chunk_size, -(-T // SUB_BLOCK) * SUB_BLOCK)  # short sequences do not pay for a full chunk
-    N = -(-T // C)
-    return C, N, N * C - T
-
-
 def _safe_exponent(dtype) -> float:
     """``E_safe`` of Appendix O.2 (eps = 2e-3): the largest log-decay span a factorised block may have."""
     fi, eps = torch.finfo(dtype), 2e-3
@@ -164,7 +155,11 @@ def chunk_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor
     if T == 0:
         h = initial_state if initial_state is not None else v.new_zeros(B, K, M, 2, P)
         return v.new_zeros(B, 0, K, P), (h if output_final_state else None)
-    C, N, pad = _geometry(T, chunk_size)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+    C = min(chunk_size, -(-T // SUB_BLOCK) * SUB_BLOCK)  # short sequences do not pay for a full chunk
+    N = -(-T // C)  # chunks; the time padding is N C - T
+    pad = N * C - T
     z_bad = state_bad = None
     if host_sync_allowed(v):  # NaN/Inf inputs stay where the spec puts them (edges.py)
         v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock, initial_state)
