@@ -161,11 +161,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     "config", <section>: rows, "ratios"}``; a failing entry is its row's ``error``. ``log`` receives
     one line per completed entry (default: print, flushed); ``print_tables`` logs the tables at the end."""
     from . import report
-    from .decode import decode_suite
-    from .generate import generate_suite
-    from .prefill import prefill_suite
+    from .decode import decode_suite, generate_suite
     from .serve import serve_suite
-    from .train import train_suite
+    from .throughput import prefill_suite, train_suite
 
     log = log or (lambda s: print(s, flush=True))
     torch.manual_seed(cfg.seed)
