@@ -12,8 +12,7 @@ import torch
 from ..dispatch import resolve_backend
 from .chunk_fla import fla_spectral_scan
 from .chunk_torch import chunk_spectral_scan
-from .edges import host_sync_allowed, poison_out_of_range, validate_scan_values
-from .inputs import ModalTables, validate_scan_inputs
+from .inputs import ModalTables, host_sync_allowed, poison_out_of_range, validate_scan_inputs, validate_scan_values
 from .naive import naive_spectral_scan
 from .step import spectral_scan_step
 
