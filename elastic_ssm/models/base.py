@@ -230,8 +230,7 @@ class ElasticModel(nn.Module):
             pool = ThreadPoolExecutor(1)
             check = pool.submit(verify_sha256, wfile, meta["weights_sha256"], meta.get("weights_sha256_pieces"))
             pool.shutdown(wait=False)
-        rules: list[SliceRule] = []                 # the tier's prefixes, and those of the full model
-        full: list[SliceRule] = []
+        rules, full = [], []                        # the tier's prefixes, and those of the full model
         source = dict(meta.get("source") or {})
         t = _tier_of_directory(config, tier, source, path) if tier is not None else None
         if t is not None:
