@@ -188,12 +188,16 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     return results
 
 
-def _check_before_running(cfg: BenchConfig, given: dict) -> None:
-    """What would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a
-    device this machine lacks, and output files that cannot be written (a folder where the JSON or markdown file
-    goes; a suite's ``--bench.out_dir``: ``suite_command``)."""
+def bench_command(given: dict) -> dict:
+    """``elastic-ssm bench`` with the ``BenchConfig`` fields the user gave (``given``): a suite when ``suite``
+    is set (``benchmarks/suite.py`` of a clone, ``suite_command``; the other given fields override entry options),
+    else one ``run_bench``."""
     from ..cli_util import check_output_path, resolve_device
+    from .harness import harness_module
 
+    cfg = BenchConfig(**given)
+    # what would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a device
+    # this machine lacks, output files that cannot be written (a suite's --bench.out_dir: suite_command)
     for key in ("set", "only"):
         if given.get(key) and not cfg.suite:
             raise ConfigError(f"--bench.{key} picks or changes entries of a suite; give --bench.suite NAME as well")
@@ -202,16 +206,6 @@ def _check_before_running(cfg: BenchConfig, given: dict) -> None:
     for key in ("out", "docs"):
         if getattr(cfg, key) and (key in given or not cfg.suite):
             check_output_path(f"--bench.{key}", getattr(cfg, key), "file")
-
-
-def bench_command(given: dict) -> dict:
-    """``elastic-ssm bench`` with the ``BenchConfig`` fields the user gave (``given``): a suite when ``suite``
-    is set (``benchmarks/suite.py`` of a clone, ``suite_command``; the other given fields override entry options),
-    else one ``run_bench``."""
-    from .harness import harness_module
-
-    cfg = BenchConfig(**given)
-    _check_before_running(cfg, given)
     if not cfg.suite:
         return run_bench(cfg)
     try:
