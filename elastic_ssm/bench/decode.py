@@ -31,10 +31,11 @@ class EsshDecoder:
         cache = model.allocate_cache(batch, tier, state_dtype=torch.float32,
                                      kv_dtype=model.embed.weight.dtype)
         W = model.config.window
-        for t in (*cache.states.values(), *cache.keys.values(), *cache.values.values()):
+        rings = cache.rings.values()
+        for t in (*cache.states.values(), *(r.keys for r in rings), *(r.values for r in rings)):
             _fill_random(t)
         last = torch.arange(max(0, context - W), context, device=cache.positions.device)
-        for ring in cache.rings.values():
+        for ring in rings:
             ring.slot_pos[:, last % W] = last
         cache.positions.fill_(context)
         self.model, self.cache, self.fused = model, cache, fused

@@ -73,14 +73,6 @@ class ESSHCache:
         """layer -> window ring of every attention layer."""
         return {i: s for i, s in enumerate(self.layers) if isinstance(s, RingState)}
 
-    @property
-    def keys(self) -> dict[int, torch.Tensor]:
-        return {i: r.keys for i, r in self.rings.items()}
-
-    @property
-    def values(self) -> dict[int, torch.Tensor]:
-        return {i: r.values for i, r in self.rings.items()}
-
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the cache holds (states, rings, slot positions, positions), for snapshots."""
         out = []
