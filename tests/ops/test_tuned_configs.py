@@ -157,7 +157,7 @@ def test_no_config_folder_or_a_failed_import_leaves_triton_autotune_alone(fake_f
 
 
 def test_the_scan_imports_fla_one_way(fake_fla, monkeypatch):
-    """``import_fla_chunk`` (``fla_available`` and the scan's ``_kernels``): fla.ops/__init__ deferred, the chunk's
+    """``import_fla_chunk`` (``fla_available`` and the scan's custom ops): fla.ops/__init__ deferred, the chunk's
     kernels under fla's autotuner; a second call returns the module already imported."""
     from elastic_ssm.ops.dispatch import import_fla_chunk
 
