@@ -34,11 +34,9 @@ def persist_autotuning() -> None:
 
 
 def import_leaf(package: str, leaf: str):
-    """Import module ``leaf`` of ``package`` before ``package/__init__.py`` runs (fla's ``fla/ops/__init__.py``
-    imports every op family, ~240 modules and 2-4 s; the scan needs ``fla.ops.gla.chunk``'s ~40). ``package`` is
-    created from its spec with its ``__init__`` deferred: the first attribute it lacks (``from fla.ops import
-    chunk_kda``) runs that ``__init__`` in place (PEP 562 ``__getattr__``), so other users of the package see it
-    whole. A plain import when ``package`` is already imported."""
+    """Import module ``leaf`` of ``package`` with ``package/__init__.py`` deferred (fla's imports every op family,
+    ~240 modules and 2-4 s; docs/performance.md): the first attribute the package lacks runs that ``__init__`` in
+    place (PEP 562 ``__getattr__``), so other users see it whole. A plain import when ``package`` is imported."""
     if package in sys.modules:
         return importlib.import_module(leaf)
     spec = importlib.util.find_spec(package)
