@@ -84,11 +84,10 @@ class DecoderPool:
         if fd is not None:
             self._decoders.move_to_end(key)
             return fd
-        graph = model.embed.weight.device.type == "cuda"
         shared = next((d for (name, *_), d in self._decoders.items() if name == t.name), None)
         fd = FastDecoder(model, t, bucket, state_dtype=state_dtype, kv_dtype=kv_dtype, share_plans=shared,
                          min_span=self.min_span)
-        if graph:
+        if model.embed.weight.device.type == "cuda":
             try:
                 fd.capture(preserve_cache=False, spans=bucket > SPAN_MIN_BATCH)
                 self.captures += 1
