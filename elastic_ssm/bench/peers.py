@@ -41,10 +41,8 @@ def match_ffn_width(target: int, params_at: callable, align: int) -> tuple[int, 
 def transformer_matched(cfg: ESSHConfig) -> tuple[TransformerConfig, dict]:
     """Transformer++ with the ESSH depth/width/vocabulary and a SwiGLU width matched to the full model (Table 54)."""
     t = resolve_tier(cfg, None)
-    base = TransformerConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                             d_ff=cfg.ffn_align, head_dim=cfg.head_dim, rope_base=cfg.rope_base,
-                             norm_eps=cfg.norm_eps,
-                             tie_embeddings=cfg.tie_embeddings, init_std=cfg.init_std)
+    kept = ("vocab_size", "d_model", "n_layers", "head_dim", "rope_base", "norm_eps", "tie_embeddings", "init_std")
+    base = TransformerConfig(d_ff=cfg.ffn_align, **{k: getattr(cfg, k) for k in kept})
     d_ff, params, gap = match_ffn_width(t.params, lambda f: base.replace(d_ff=f).num_parameters(), cfg.ffn_align)
     return base.replace(d_ff=d_ff), {"target_params": t.params, "params": params, "gap": gap, "d_ff": d_ff}
 
