@@ -53,11 +53,11 @@ def saved_model(preset: str, model_dir: str = "", device: str = "cuda") -> Path:
     if not (d / "config.json").is_file():
         import torch
 
-        from elastic_ssm.bench.peers import build_essh
+        from elastic_ssm.bench.peers import random_model
         from elastic_ssm.config import ESSHConfig
 
         dev = torch.device(device if device != "cuda" or torch.cuda.is_available() else "cpu")
-        model = build_essh(ESSHConfig.preset(preset), dev, torch.bfloat16)
+        model = random_model(ESSHConfig.preset(preset), dev, torch.bfloat16)
         model.save_pretrained(d)
         del model
         if dev.type == "cuda":

@@ -41,14 +41,14 @@ class SessionPrefillOptions(ConfigBase):
 def run_session_prefill(opts: SessionPrefillOptions, ctx) -> list[dict]:
     """Rows ``{"backend", "compiled", "length", "first_call_s", "ms", "ktok_s", "generate_1_ms"}``
     (``generate_1_ms``: the median wall of ``model.generate(prompt, 1)``, the user's call around this prefill)."""
-    from elastic_ssm.bench.peers import build_essh
+    from elastic_ssm.bench.peers import random_model
     from elastic_ssm.config import ESSHConfig
     from elastic_ssm.models import compile_model
     from elastic_ssm.models.decode_engine import FusedSession
     from elastic_ssm.ops.dispatch import ENV_VAR
 
     dev = torch.device(opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = build_essh(ESSHConfig.preset(opts.preset), dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    model = random_model(ESSHConfig.preset(opts.preset), dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
     if opts.compile:
         compile_model(model)
     rows, before = [], os.environ.get(ENV_VAR)

@@ -50,7 +50,9 @@ class ProfileOptions(ConfigBase):
     batch: AtLeast1 = opt(1, "batch (train: micro-batch, decode: sequences)")
     compile: bool = opt(False, "compile_model first (prefill, train; the loss too)")
     compile_mode: str = opt("default", "torch.compile mode with compile (reduce-overhead: CUDA graphs)")
-    out_layout: Literal["auto", "split", "rows"] = opt("auto", "decode: FastDecoder out_layout (auto, split, rows)")
+    backend: Literal["auto", "triton", "torch"] = opt("auto", "decode: FastDecoder kernels (auto, triton, torch)")
+    out_layout: Literal["auto", "split", "rows"] = opt("auto", "decode: FastDecoder out_layout (auto: split for "
+                                                       "Triton without PDL, else rows; split, rows)")
     pdl: Literal["auto", "on", "off"] = opt("auto", "decode: programmatic dependent launch (auto, on, off)")
     warmup: NonNeg = opt(2, "untimed calls (absorb compilation and autotuning)")
     iters: AtLeast1 = opt(5, "timed calls (median)")
@@ -59,7 +61,7 @@ class ProfileOptions(ConfigBase):
 
 def _workload(opts: ProfileOptions, dev: torch.device):
     """(fn, tokens per call) of the workload."""
-    from elastic_ssm.bench.peers import build_essh
+    from elastic_ssm.bench.peers import random_model
     from elastic_ssm.config import ESSHConfig
     from elastic_ssm.models import compile_model
 
@@ -67,13 +69,13 @@ def _workload(opts: ProfileOptions, dev: torch.device):
     if opts.workload == "decode":
         from elastic_ssm.bench.decode import EsshDecoder
 
-        d = EsshDecoder(build_essh(cfg, dev, torch.bfloat16), opts.tier, opts.batch, opts.length,
-                        graph=dev.type == "cuda", out_layout=opts.out_layout,
+        d = EsshDecoder(random_model(cfg, dev, torch.bfloat16), opts.tier, opts.batch, opts.length,
+                        graph=dev.type == "cuda", backend=opts.backend, out_layout=opts.out_layout,
                         pdl={"auto": "auto", "on": True, "off": False}[opts.pdl])
         tok = torch.randint(0, cfg.vocab_size, (opts.batch,), device=dev)
         return (lambda: d.step(tok)), opts.batch
     kw = {} if opts.compile_mode == "default" else {"mode": opts.compile_mode}
-    model = build_essh(cfg, dev, torch.bfloat16 if opts.workload == "prefill" else None)
+    model = random_model(cfg, dev, torch.bfloat16 if opts.workload == "prefill" else None)
     if opts.compile:
         compile_model(model, **kw)
     ids = torch.randint(0, cfg.vocab_size, (opts.batch, opts.length), device=dev)

@@ -154,4 +154,4 @@ def test_bench_command_passes_its_flags_to_the_harness(tmp_path, capsys):
     assert main(["--debug", *argv]) == 0
     with pytest.raises(SystemExit):            # the harness's own help, not the top-level parser's error
         main(["bench", "--help"])
-    assert "--bench.decode_pdl" in capsys.readouterr().out
+    assert "--bench.generate_new_tokens" in capsys.readouterr().out

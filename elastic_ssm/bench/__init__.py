@@ -93,12 +93,6 @@ class BenchConfig(ConfigBase):
     dtype: Literal["auto", "bfloat16", "float32"] = opt("auto", "weights / KV dtype: auto (bfloat16 on CUDA, "
                                                         "float32 on CPU), bfloat16, float32")
     device: str = opt("auto", "auto (cuda if available), cuda, cpu")
-    decode_backend: Literal["auto", "triton", "torch"] = opt("auto", "fused decode kernels: auto, triton, torch")
-    decode_out_layout: Literal["auto", "split", "rows"] = opt("auto", "FastDecoder out_layout of the batch <= 8 "
-                                                              "products: auto (split for Triton without PDL, else "
-                                                              "rows), split, rows")
-    decode_pdl: Literal["auto", "on", "off"] = opt("auto", "FastDecoder programmatic dependent launch: auto "
-                                                   "(Hopper+), on, off")
     peak_tflops: float = opt(989.0, "dense bf16 peak for MFU (H200 SXM datasheet: 989 TFLOP/s)")
     time_budget_s: NonNegF = opt(0.0, "skip the remaining entries after this many seconds (0: no limit; a suite: "
                                "its own budget_s unless this flag is given)")
@@ -132,9 +126,9 @@ class _Runner:
         """A random-weight ESSH of the preset, matrices in the bench dtype (or ``dtype``; None: float32), through
         ``compile_model`` when ``BenchConfig.compile`` (and ``compile``) is set."""
         from ..models import compile_model
-        from .peers import build_essh
+        from .peers import random_model
 
-        model = build_essh(self.mcfg, self.dev, self.dtype if dtype == "bench" else dtype)
+        model = random_model(self.mcfg, self.dev, self.dtype if dtype == "bench" else dtype)
         if compile and self.cfg.compile:
             compile_model(model, mode=self.cfg.compile_mode)
         return model
@@ -167,11 +161,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     "config", <section>: rows, "ratios"}``; a failing entry is its row's ``error``. ``log`` receives
     one line per completed entry (default: print, flushed); ``print_tables`` logs the tables at the end."""
     from . import report
-    from .decode import decode_suite
-    from .generate import generate_suite
-    from .prefill import prefill_suite
+    from .decode import decode_suite, generate_suite
     from .serve import serve_suite
-    from .train import train_suite
+    from .throughput import prefill_suite, train_suite
 
     log = log or (lambda s: print(s, flush=True))
     torch.manual_seed(cfg.seed)
@@ -196,12 +188,16 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     return results
 
 
-def _check_before_running(cfg: BenchConfig, given: dict) -> None:
-    """What would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a
-    device this machine lacks, and output files that cannot be written (a folder where the JSON or markdown file
-    goes; a suite's ``--bench.out_dir``: ``suite_command``)."""
+def bench_command(given: dict) -> dict:
+    """``elastic-ssm bench`` with the ``BenchConfig`` fields the user gave (``given``): a suite when ``suite``
+    is set (``benchmarks/suite.py`` of a clone, ``suite_command``; the other given fields override entry options),
+    else one ``run_bench``."""
     from ..cli_util import check_output_path, resolve_device
+    from .harness import harness_module
 
+    cfg = BenchConfig(**given)
+    # what would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a device
+    # this machine lacks, output files that cannot be written (a suite's --bench.out_dir: suite_command)
     for key in ("set", "only"):
         if given.get(key) and not cfg.suite:
             raise ConfigError(f"--bench.{key} picks or changes entries of a suite; give --bench.suite NAME as well")
@@ -210,16 +206,6 @@ def _check_before_running(cfg: BenchConfig, given: dict) -> None:
     for key in ("out", "docs"):
         if getattr(cfg, key) and (key in given or not cfg.suite):
             check_output_path(f"--bench.{key}", getattr(cfg, key), "file")
-
-
-def bench_command(given: dict) -> dict:
-    """``elastic-ssm bench`` with the ``BenchConfig`` fields the user gave (``given``): a suite when ``suite``
-    is set (``benchmarks/suite.py`` of a clone, ``suite_command``; the other given fields override entry options),
-    else one ``run_bench``."""
-    from .harness import harness_module
-
-    cfg = BenchConfig(**given)
-    _check_before_running(cfg, given)
     if not cfg.suite:
         return run_bench(cfg)
     try:

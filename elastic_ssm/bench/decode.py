@@ -1,5 +1,6 @@
 """Decode latency: one synchronous step of the whole batch after ``context`` tokens placed in the caches (random
-values), median ms by CUDA events, eager or one CUDA graph of the step (ESSH E.5, Appendix R; docs/performance.md)."""
+values), median ms by CUDA events, eager or one CUDA graph of the step (ESSH E.5, Appendix R; docs/performance.md);
+and the user's generation path, ``model.generate`` per tier and batch (first call, prefill, ms/token, the step)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,19 @@ from collections.abc import Callable
 
 import torch
 
+from ..models.decode_engine import decoder_pool
 from ..models.fast_decode import FastDecoder
-from .peers import PeerUnavailable, build_transformer, fla_peers, transformer_matched
-from .timing import GraphedStep, oom_as_result, summarize, time_fn
+from .peers import PeerUnavailable, fla_peers, random_model, transformer_matched
+from .timing import GraphedStep, oom_as_result, summarize, time_fn, wall_ms
 
-__all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model", "built_peer"]
+__all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model", "built_peer", "decode_suite",
+           "bench_generate", "generate_suite"]
 
 
 @torch.no_grad()
 def _fill_random(t: torch.Tensor, std: float = 0.1) -> None:
     if t.is_floating_point():
         t.normal_(std=std)
-
-
-#: BenchConfig.decode_pdl -> FastDecoder(pdl=...)
-_PDL = {"auto": "auto", "on": True, "off": False}
 
 
 class EsshDecoder:
@@ -32,10 +31,11 @@ class EsshDecoder:
         cache = model.allocate_cache(batch, tier, state_dtype=torch.float32,
                                      kv_dtype=model.embed.weight.dtype)
         W = model.config.window
-        for t in (*cache.states.values(), *cache.keys.values(), *cache.values.values()):
+        rings = cache.rings.values()
+        for t in (*cache.states.values(), *(r.keys for r in rings), *(r.values for r in rings)):
             _fill_random(t)
         last = torch.arange(max(0, context - W), context, device=cache.positions.device)
-        for ring in cache.rings.values():
+        for ring in rings:
             ring.slot_pos[:, last % W] = last
         cache.positions.fill_(context)
         self.model, self.cache, self.fused = model, cache, fused
@@ -103,19 +103,13 @@ def bench_decode(make: Callable[[int, bool], object], batch: int, graph: bool, w
     return row
 
 
-def _modes(cfg, dev: torch.device, batch: int) -> list[bool]:
-    """Graph mode for every batch on CUDA, eager for ``eager_batches`` (every batch without CUDA)."""
-    graph = cfg.graph and dev.type == "cuda"
-    return ([True] if graph else []) + ([False] if (batch in cfg.eager_batches or not graph) else [])
-
-
 def peer_model(r, peer: str, dtype: torch.dtype | str = "bench", training: bool = False):
     """(model, make_decoder(batch, graph), params info) of a peer, its matrices in the bench dtype (or ``dtype``), or
     raise with the reason it is absent (``training``: also when fla cannot train it)."""
     cfg, dtype = r.cfg, r.dtype if dtype == "bench" else dtype
     if peer == "transformer":
         tcfg, info = transformer_matched(r.mcfg)
-        pm = build_transformer(tcfg, r.dev, dtype)
+        pm = random_model(tcfg, r.dev, dtype)
         margin = cfg.warmup + cfg.iters + 8
         return pm, (lambda b, g: TransformerDecoder(pm, b, cfg.context, g, margin=margin)), info
     fla = fla_peers()
@@ -145,18 +139,19 @@ def built_peer(r, out: list, base: dict, peer: str) -> tuple | None:
 def decode_suite(r, out: list) -> None:
     """ESSH tiers x batches x modes, the unfused reference at batch 1, then every peer (full size)."""
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
-    model = r.essh(compile=False) if (r.tiers or cfg.reference) else None
-    kernels = dict(backend=cfg.decode_backend, out_layout=cfg.decode_out_layout, pdl=_PDL[cfg.decode_pdl])
-    for name in r.tiers:
+    graph = cfg.graph and dev.type == "cuda"
+
+    def sweep(base: dict, make: Callable[[int, bool], object]) -> None:
+        """Every batch in graph mode on CUDA, eager for ``eager_batches`` (every batch without CUDA)."""
         for B in cfg.batches:
-            for g in _modes(cfg, dev, B):
-                base = {"bench": "decode", "model": "essh", "preset": cfg.preset, "tier": name,
-                        "params": r.table[name].params, "full": name == r.full, "batch": B,
-                        "mode": "graph" if g else "eager"}
-                make = lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg, **kernels)
-                fn = lambda make=make, B=B, g=g: bench_decode(make, B, g, cfg.warmup, cfg.iters, V, dev,
-                                                              cfg.sessions)
-                r.run(out, base, fn)
+            for g in ([True] if graph else []) + ([False] if (B in cfg.eager_batches or not graph) else []):
+                r.run(out, {**base, "batch": B, "mode": "graph" if g else "eager"},
+                      lambda B=B, g=g: bench_decode(make, B, g, cfg.warmup, cfg.iters, V, dev, cfg.sessions))
+
+    model = r.essh(compile=False) if (r.tiers or cfg.reference) else None
+    for name in r.tiers:
+        sweep({"bench": "decode", "model": "essh", "preset": cfg.preset, "tier": name, "params": r.table[name].params,
+               "full": name == r.full}, lambda b, gg, name=name: EsshDecoder(model, name, b, cfg.context, gg))
     if cfg.reference:
         base = {"bench": "decode", "model": "essh-unfused", "preset": cfg.preset, "tier": r.full,
                 "params": r.table[r.full].params, "batch": 1, "mode": "eager"}
@@ -167,12 +162,46 @@ def decode_suite(r, out: list) -> None:
     for peer in cfg.peers:
         base = {"bench": "decode", "model": peer, "preset": cfg.preset, "tier": "-"}
         built = built_peer(r, out, {**base, "batch": 0, "mode": "build"}, peer)
-        if built is None:
-            continue
-        _, make, info = built
-        for B in cfg.batches:
-            for g in _modes(cfg, dev, B):
-                row = {**base, "params": info["params"], "batch": B, "mode": "graph" if g else "eager"}
-                r.run(out, row, lambda B=B, g=g, make=make: bench_decode(make, B, g, cfg.warmup, cfg.iters, V,
-                                                                         dev, cfg.sessions))
-        built = make = None          # the peer's memory goes before the next one is built
+        if built is not None:
+            sweep({**base, "params": built[2]["params"]}, built[1])
+        built = None          # the peer's memory goes before the next one is built
+
+
+def bench_generate(model, tier: str, batch: int, prompt_len: int, new_tokens: int, iters: int,
+                   device: torch.device) -> dict:
+    """One entry: ``first_call_s`` (decoder build, graph capture, compilation), ``prefill_ms`` (``max_new_tokens=1``),
+    ``total_ms``, ``ms_per_token`` = (total - prefill) / (new tokens - 1), ``step_ms`` (the pooled decoder's step)
+    and their ``ratio``; medians over ``iters`` calls after one warm-up call."""
+    if new_tokens < 2:
+        raise ValueError("generate_new_tokens must be >= 2 (the per-token figure needs two or more)")
+    row: dict = {"batch": batch, "prompt": prompt_len, "new_tokens": new_tokens}
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device)
+    with oom_as_result(row, device, peak=True):
+        row["first_call_s"] = wall_ms(lambda: model.generate(ids, 2, tier=tier), device) / 1e3
+        model.generate(ids, new_tokens, tier=tier)                     # warm: every graph exists now
+        pre = [wall_ms(lambda: model.generate(ids, 1, tier=tier), device) for _ in range(iters)]
+        tot = [wall_ms(lambda: model.generate(ids, new_tokens, tier=tier), device) for _ in range(iters)]
+        row["prefill_ms"] = summarize(pre)["ms"]
+        row["prefill_ktok_s"] = batch * prompt_len / row["prefill_ms"]
+        row["total_ms"] = summarize(tot)["ms"]
+        row["ms_per_token"] = (row["total_ms"] - row["prefill_ms"]) / (new_tokens - 1)
+        fd = decoder_pool(model).get(tier, batch)
+        row["graphed"] = fd.graphed
+        tok = torch.zeros(batch, dtype=torch.long, device=device)
+        with torch.inference_mode():
+            row["step_ms"] = summarize(time_fn(lambda: fd.step(tok), 20, 100, device))["ms"]
+        row["ratio"] = row["ms_per_token"] / row["step_ms"]
+    return row
+
+
+def generate_suite(r, out: list) -> None:
+    """Every (tier, batch) of the config through ``model.generate`` (compiled when ``compile`` is set)."""
+    cfg, dev = r.cfg, r.dev
+    model = r.essh()
+    for name in cfg.generate_tiers:
+        for batch in cfg.generate_batches:
+            base = {"bench": "generate", "model": "essh", "preset": cfg.preset, "tier": name,
+                    "params": r.table[name].params, "compiled": cfg.compile}
+            r.run(out, base, lambda name=name, batch=batch: bench_generate(
+                model, name, batch, cfg.generate_prompt, cfg.generate_new_tokens, cfg.generate_iters, dev))
+    model.clear_decoders()

@@ -12,10 +12,11 @@ from torch import nn
 
 from ..config import ConfigError, ESSHConfig
 from ..elastic.tiers import resolve_tier
-from ..models.baselines import TransformerConfig, TransformerPP
+from ..models import build_model
+from ..models.baselines import TransformerConfig
 
 __all__ = ["PeerUnavailable", "fla_peers", "match_ffn_width", "transformer_matched",
-           "peer_forward", "build_essh", "build_transformer", "cast_matrices"]
+           "peer_forward", "random_model", "cast_matrices"]
 
 #: Weight matrices that run in the low-precision dtype; modal tables, gate biases, blend and norm
 #: vectors stay float32 (ESSH deployment: bf16 weights, fp32 recurrence).
@@ -37,16 +38,12 @@ def match_ffn_width(target: int, params_at: callable, align: int) -> tuple[int, 
     return best, p, p / target - 1
 
 
-def transformer_matched(cfg: ESSHConfig, tier=None,
-                        align: int | None = None) -> tuple[TransformerConfig, dict]:
-    """Transformer++ with the ESSH depth/width/vocabulary and a matched SwiGLU width (Table 54)."""
-    t = resolve_tier(cfg, tier)
-    align = align or cfg.ffn_align
-    base = TransformerConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                             d_ff=align, head_dim=cfg.head_dim, rope_base=cfg.rope_base,
-                             norm_eps=cfg.norm_eps,
-                             tie_embeddings=cfg.tie_embeddings, init_std=cfg.init_std)
-    d_ff, params, gap = match_ffn_width(t.params, lambda f: base.replace(d_ff=f).num_parameters(), align)
+def transformer_matched(cfg: ESSHConfig) -> tuple[TransformerConfig, dict]:
+    """Transformer++ with the ESSH depth/width/vocabulary and a SwiGLU width matched to the full model (Table 54)."""
+    t = resolve_tier(cfg, None)
+    kept = ("vocab_size", "d_model", "n_layers", "head_dim", "rope_base", "norm_eps", "tie_embeddings", "init_std")
+    base = TransformerConfig(d_ff=cfg.ffn_align, **{k: getattr(cfg, k) for k in kept})
+    d_ff, params, gap = match_ffn_width(t.params, lambda f: base.replace(d_ff=f).num_parameters(), cfg.ffn_align)
     return base.replace(d_ff=d_ff), {"target_params": t.params, "params": params, "gap": gap, "d_ff": d_ff}
 
 
@@ -59,18 +56,11 @@ def cast_matrices(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
-def build_essh(cfg: ESSHConfig, device: torch.device, dtype: torch.dtype | None = None):
-    """Random-weight ESSH at ``cfg`` created directly on ``device``; matrices cast to ``dtype``."""
-    from ..models.essh import ESSH
-
+def random_model(cfg, device: torch.device, dtype: torch.dtype | None = None):
+    """Random-weight model of ``cfg`` (ESSH, Transformer++: ``models.build_model``) created directly on ``device``;
+    matrices cast to ``dtype``."""
     with torch.device(device):
-        model = ESSH(cfg)
-    return (cast_matrices(model, dtype) if dtype is not None else model).eval()
-
-
-def build_transformer(tcfg: TransformerConfig, device: torch.device, dtype: torch.dtype | None = None):
-    with torch.device(device):
-        model = TransformerPP(tcfg)
+        model = build_model(cfg)
     return (cast_matrices(model, dtype) if dtype is not None else model).eval()
 
 

@@ -22,23 +22,16 @@ from ..serve.engine import COUNTERS
 __all__ = ["serve_suite", "bench_serve", "wait_healthy", "free_port"]
 
 
-async def _read_head(reader) -> tuple[int, dict[str, str]]:
-    """The status and headers of an HTTP/1.1 response."""
-    status = int((await reader.readline()).split()[1])
-    headers = {}
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        k, _, v = line.decode("latin-1").partition(":")
-        headers[k.strip().lower()] = v.strip()
-    return status, headers
-
-
 async def _stream_once(reader, writer, host: str, body: dict):
     """POST one streamed completion on an open keep-alive connection; yields (arrival time, characters of text)
     per read that carried text: raw HTTP/1.1 with chunked transfer, so the client costs little per token."""
     raw = json.dumps(body).encode()
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(raw), raw))
-    status, headers = await _read_head(reader)
+    status, headers = int((await reader.readline()).split()[1]), {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):        # the response's headers
+        k, _, v = line.decode("latin-1").partition(":")
+        headers[k.strip().lower()] = v.strip()
     if status != 200:
         n = int(headers.get("content-length", "0"))
         raise RuntimeError(f"server answered {status}: {(await reader.readexactly(n))[:200]!r}")

@@ -55,11 +55,11 @@ def _bench_model(preset: str, device: str, dtype: str, seed: int, vocab_size: in
     import torch
 
     from ..config import ESSHConfig
-    from .peers import build_essh
+    from .peers import random_model
 
     torch.manual_seed(seed)
     cfg = ESSHConfig.preset(preset, **({} if vocab_size is None else {"vocab_size": vocab_size}))
-    model = build_essh(cfg, torch.device(device), getattr(torch, dtype))
+    model = random_model(cfg, torch.device(device), getattr(torch, dtype))
     model.tokenizer = IdTokenizer(model.config.vocab_size)
     return model
 

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from ..models.compile import capture_graph
+
 __all__ = ["sync", "time_fn", "summarize", "wall_ms", "oom_as_result", "GraphedStep"]
 
 
@@ -79,20 +81,13 @@ def oom_as_result(row: dict, device: torch.device, peak: bool = False) -> Iterat
 
 
 class GraphedStep:
-    """CUDA graph of ``step(tokens [B]) -> logits`` for any step function with static buffers."""
+    """CUDA graph of ``step(tokens [B]) -> logits`` for any step function with static buffers
+    (``models.compile.capture_graph``)."""
 
     def __init__(self, step: Callable[[torch.Tensor], torch.Tensor], batch: int, device: torch.device,
                  warmup: int = 2) -> None:
         self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                step(self.tokens)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = step(self.tokens)
+        self.graph, self.out = capture_graph(lambda: step(self.tokens), warmup)
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         self.tokens.copy_(tokens, non_blocking=True)

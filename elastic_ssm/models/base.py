@@ -1,11 +1,7 @@
-"""Base class of the elastic models: tier resolution, exact counts, safetensors save / load.
-
-A model directory holds ``model.safetensors`` (parameters and persistent buffers: the filters and modal tables a
-model was trained with travel with it), ``config.json`` (format, arch, config, tier table, tokenizer record, the
-keys transformers reads, the weights' size and sha256) and the tokenizer files (docs/architecture.md, "A model
-directory"). ``from_pretrained(path, tier=)`` reads only the tier's prefixes (``elastic/slicing.py``). Subclasses
-define ``slice_rules`` and build no non-persistent buffers, so a model made on the meta device is completed by
-``load_state_dict(assign=True)``.
+"""Base class of the elastic models: tier resolution, exact counts, save / load of a model directory
+(docs/architecture.md, "A model directory"; ``from_pretrained(path, tier=)`` reads only the tier's prefixes).
+Subclasses define ``slice_rules`` and build no non-persistent buffers, so a model made on the meta device is
+completed by ``load_state_dict(assign=True)``.
 """
 
 from __future__ import annotations
@@ -234,8 +230,7 @@ class ElasticModel(nn.Module):
             pool = ThreadPoolExecutor(1)
             check = pool.submit(verify_sha256, wfile, meta["weights_sha256"], meta.get("weights_sha256_pieces"))
             pool.shutdown(wait=False)
-        rules: list[SliceRule] = []                 # the tier's prefixes, and those of the full model
-        full: list[SliceRule] = []
+        rules, full = [], []                        # the tier's prefixes, and those of the full model
         source = dict(meta.get("source") or {})
         t = _tier_of_directory(config, tier, source, path) if tier is not None else None
         if t is not None:

@@ -43,7 +43,6 @@ def _nbytes(states: Any, kv: int = 0) -> dict[str, int]:
 class ESSHCache:
     batch: int
     tier: Tier
-    window: int
     layers: list = field(default_factory=list)     # per layer: mode state [B,K,M,2,P] or RingState
     positions: torch.Tensor | None = None           # [B] int64
 
@@ -61,7 +60,7 @@ class ESSHCache:
         positions = torch.zeros(batch, dtype=torch.long, device=device)
         layers = [b.mixer.init_state(batch, t, state_dtype=state_dtype, kv_dtype=kv_dtype, device=device,
                                      positions=positions) for b in model.blocks]
-        return cls(batch=batch, tier=t, window=model.config.window, layers=layers, positions=positions)
+        return cls(batch=batch, tier=t, layers=layers, positions=positions)
 
     # ---- views by kind (for tests, benchmarks and memory accounting) ------------------------------------
     @property
@@ -73,14 +72,6 @@ class ESSHCache:
     def rings(self) -> dict[int, RingState]:
         """layer -> window ring of every attention layer."""
         return {i: s for i, s in enumerate(self.layers) if isinstance(s, RingState)}
-
-    @property
-    def keys(self) -> dict[int, torch.Tensor]:
-        return {i: r.keys for i, r in self.rings.items()}
-
-    @property
-    def values(self) -> dict[int, torch.Tensor]:
-        return {i: r.values for i, r in self.rings.items()}
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the cache holds (states, rings, slot positions, positions), for snapshots."""
@@ -107,8 +98,7 @@ class ESSHCache:
         positions = fn(self.positions)
         layers = [fn(s) if isinstance(s, torch.Tensor) else
                   RingState(fn(s.keys), fn(s.values), fn(s.slot_pos), positions) for s in self.layers]
-        return ESSHCache(batch=int(positions.shape[0]), tier=self.tier, window=self.window, layers=layers,
-                         positions=positions)
+        return ESSHCache(batch=int(positions.shape[0]), tier=self.tier, layers=layers, positions=positions)
 
     @torch.no_grad()
     def apply_(self, fn) -> ESSHCache:
@@ -127,7 +117,7 @@ class ESSHCache:
             raise ValueError(f"a cache of {self.tier.name} (K={self.tier.K}) holds no state for {tier.name} "
                              f"(K={tier.K}); allocate it at the widest tier served")
         layers = [s[:, :tier.K] if isinstance(s, torch.Tensor) else s for s in self.layers]
-        return ESSHCache(batch=self.batch, tier=tier, window=self.window, layers=layers, positions=self.positions)
+        return ESSHCache(batch=self.batch, tier=tier, layers=layers, positions=self.positions)
 
     def narrow(self, rows: int, start: int = 0) -> ESSHCache:
         """A cache of views of sequences ``start .. start + rows - 1`` (writes land in this cache)."""

@@ -42,17 +42,13 @@ def use_fast_decoding(model, fast: bool | None) -> bool:
     replaced = next((n for n, m in model.named_modules() if hasattr(m, "in_features") and not has_float_weight(m)),
                     None)
     if replaced is not None and fast:
-        raise ValueError(f"fast=True: the fused decoder reads nn.Linear weights, but {replaced} is a "
-                         f"{_describe(model.get_submodule(replaced))}; use fast=None or False (the reference "
-                         "step runs replaced modules)")
+        module = model.get_submodule(replaced)          # package.Class, and its weight's when a tensor subclass
+        w = getattr(module, "weight", None)
+        kind = f"{type(module).__module__}.{type(module).__qualname__}" + (
+            f" with a {type(w.data).__qualname__} weight" if isinstance(w, torch.Tensor) else "")
+        raise ValueError(f"fast=True: the fused decoder reads nn.Linear weights, but {replaced} is a {kind}; use "
+                         "fast=None or False (the reference step runs replaced modules)")
     return replaced is None
-
-
-def _describe(module: torch.nn.Module) -> str:
-    """``package.Class`` of a module, and of its weight when that is a tensor subclass."""
-    kind = f"{type(module).__module__}.{type(module).__qualname__}"
-    w = getattr(module, "weight", None)
-    return kind if not isinstance(w, torch.Tensor) else f"{kind} with a {type(w.data).__qualname__} weight"
 
 
 class DecoderPool:
@@ -88,11 +84,10 @@ class DecoderPool:
         if fd is not None:
             self._decoders.move_to_end(key)
             return fd
-        graph = model.embed.weight.device.type == "cuda"
         shared = next((d for (name, *_), d in self._decoders.items() if name == t.name), None)
         fd = FastDecoder(model, t, bucket, state_dtype=state_dtype, kv_dtype=kv_dtype, share_plans=shared,
                          min_span=self.min_span)
-        if graph:
+        if model.embed.weight.device.type == "cuda":
             try:
                 fd.capture(preserve_cache=False, spans=bucket > SPAN_MIN_BATCH)
                 self.captures += 1

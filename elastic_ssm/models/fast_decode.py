@@ -23,16 +23,7 @@ from ..ops.pdl import resolve_pdl
 from .cache import ESSHCache
 from .compile import capture_graph
 
-__all__ = ["FastDecoder", "span_buckets"]
-
-
-def span_buckets(window: int, min_span: int) -> list[int]:
-    """The attended spans of a ring of ``window`` slots below the whole ring: powers of two from ``min_span``."""
-    out, s = [], 1 << max(0, min_span - 1).bit_length()
-    while s < window:
-        out.append(s)
-        s *= 2
-    return out
+__all__ = ["FastDecoder"]
 
 
 class FastDecoder:
@@ -101,7 +92,8 @@ class FastDecoder:
         self._graph: torch.cuda.CUDAGraph | None = None
         self._logits: torch.Tensor | None = None
         has_ring = any(getattr(b, "kind", None) != "S" for b in model.blocks)
-        self.spans = span_buckets(cfg.window, min_span) if has_ring else []   # attended spans below the window
+        lo = max(0, min_span - 1).bit_length()          # attended spans below the window: powers of two >= min_span
+        self.spans = [1 << i for i in range(lo, (cfg.window - 1).bit_length())] if has_ring else []
         self._span_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         if cuda_graph:
             self.capture()

@@ -34,12 +34,6 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     """logits [B, V] -> token ids [B] on the device, no host sync: argmax at ``temperature == 0``, else
     temperature, ``top_k``, ``top_p``, then the exponential race ``argmax_i p_i / E_i`` (E_i ~ Exp(1))."""
     check_sampling(temperature, top_k, top_p)
-    return _draw(logits, temperature, top_k, top_p, generator)
-
-
-def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-          generator: torch.Generator | None) -> torch.Tensor:
-    """``sample_next`` without its argument checks: the decode loop checks them once per ``generate``, not per token."""
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
@@ -54,19 +48,6 @@ def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: fl
     probs = logits.softmax(-1)
     race = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return (probs / race).argmax(-1)
-
-
-def check_attention_mask(mask: torch.Tensor, left_padding: bool = True) -> None:
-    """``mask`` [B, T] holds only 0 and 1 (or booleans), every row at least one 1, and with ``left_padding`` the
-    zeros of a row before its ones (what a cache prefill and ``generate`` continue from). Reads the values on
-    the host: call it outside compiled regions."""
-    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token), got other values")
-    m = mask.long()
-    if left_padding and (m[:, 1:] < m[:, :-1]).any():
-        raise ValueError("attention_mask must use LEFT padding (zeros before the real tokens of each row)")
-    if (m.sum(1) == 0).any():
-        raise ValueError("every row needs at least one real token (attention_mask row of zeros)")
 
 
 def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = None,
@@ -98,8 +79,15 @@ def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = No
         raise ValueError(f"token id {hi if hi >= V else lo} is outside the vocabulary [0, {V}) (token ids must lie "
                          f"in [0, vocab_size)); check the tokenizer or build the model with vocab_size > "
                          f"{max(hi, V - 1)}")
-    if attention_mask is not None:
-        check_attention_mask(attention_mask, left_padding=left_padding)
+    if attention_mask is None:
+        return
+    if attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token), got other values")
+    m = attention_mask.long()
+    if left_padding and (m[:, 1:] < m[:, :-1]).any():
+        raise ValueError("attention_mask must use LEFT padding (zeros before the real tokens of each row)")
+    if (m.sum(1) == 0).any():
+        raise ValueError("every row needs at least one real token (attention_mask row of zeros)")
 
 
 def token_positions(valid: torch.Tensor | None, B: int, T: int, device: Any) -> torch.Tensor:
@@ -220,7 +208,7 @@ class GenerationMixin:
         all_done = torch.zeros(n_new, dtype=torch.bool, device=dev)
         n = 0
         for i in range(n_new):
-            nxt = _draw(logits, temperature, top_k, top_p, generator)
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)
             if eos is not None:
                 nxt = torch.where(done, pad, nxt)
                 done |= nxt == eos

@@ -1,8 +1,6 @@
-"""A saved model directory's record: ``config.json`` checked for shape, the weights' checksums, the tier a
-directory answers to and its saved tokenizer (``models/base.py`` writes and loads the directory).
-
-The checksums verify in parallel: sha256 of 64 MiB pieces of ``model.safetensors`` (``config.json``'s
-``weights_sha256_pieces``), each read and hashed on its own thread; a mismatch names the byte range.
+"""A saved model directory's record: ``config.json`` checked for shape, the weights' checksums (sha256 of 64 MiB
+pieces, hashed in parallel; docs/training.md, "Integrity"), the tier a directory answers to and its saved tokenizer
+(``models/base.py`` writes and loads the directory).
 """
 
 from __future__ import annotations

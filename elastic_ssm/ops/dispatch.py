@@ -27,20 +27,16 @@ _FLA_LOCK = threading.Lock()   # one import of fla at a time: a caller waits for
 
 
 def persist_autotuning() -> None:
-    """``TRITON_CACHE_AUTOTUNING=1`` unless the user set it, so fla's autotuning results (minutes per new shape on a
-    fresh machine) stay in Triton's disk cache for later processes, and fla pointed at the package's tuned configs
-    for this GPU (``tuned_configs.use_shipped_configs``: a new machine skips the timing of known shapes). Runs
-    before fla is imported."""
+    """Before fla is imported: ``TRITON_CACHE_AUTOTUNING=1`` unless the user set it (autotuning results stay in
+    Triton's disk cache) and fla pointed at the shipped configs (``tuned_configs.use_shipped_configs``)."""
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     use_shipped_configs()
 
 
 def import_leaf(package: str, leaf: str):
-    """Import module ``leaf`` of ``package`` before ``package/__init__.py`` runs (fla's ``fla/ops/__init__.py``
-    imports every op family, ~240 modules and 2-4 s; the scan needs ``fla.ops.gla.chunk``'s ~40). ``package`` is
-    created from its spec with its ``__init__`` deferred: the first attribute it lacks (``from fla.ops import
-    chunk_kda``) runs that ``__init__`` in place (PEP 562 ``__getattr__``), so other users of the package see it
-    whole. A plain import when ``package`` is already imported."""
+    """Import module ``leaf`` of ``package`` with ``package/__init__.py`` deferred (fla's imports every op family,
+    ~240 modules and 2-4 s; docs/performance.md): the first attribute the package lacks runs that ``__init__`` in
+    place (PEP 562 ``__getattr__``), so other users see it whole. A plain import when ``package`` is imported."""
     if package in sys.modules:
         return importlib.import_module(leaf)
     spec = importlib.util.find_spec(package)
@@ -66,12 +62,10 @@ _PLAIN_AUTOTUNED = "fla.ops.common.chunk_h"   # the GLA chunk's state kernels, d
 
 @contextlib.contextmanager
 def fla_configs_for_every_kernel():
-    """While fla's kernel modules import: fla's ``configure_fla_cache_autotune`` (``triton.autotune`` is fla's
-    ``fla_cache_autotune``), then Triton's own back. fla-core 0.6 looks its config files up only for kernels
-    decorated with ``fla_cache_autotune``; the chunk's ``chunk_fwd_kernel_h`` and ``chunk_bwd_kernel_dh``
-    (``fla/ops/common/chunk_h.py``) use plain ``triton.autotune`` and, without this, time all 48 candidates on a
-    new machine even when their config is shipped (~45 s of the 1.5b's cold first prefill on an H200). Nothing
-    when no config folder is set (``FLA_CONFIG_DIR``) or those kernels are already defined."""
+    """While fla's kernel modules import, ``triton.autotune`` is fla's config-reading autotuner, so the chunk's
+    plainly ``triton.autotune``'d state kernels (``fla/ops/common/chunk_h.py``) read the shipped configs too (else
+    ~45 s of timing in the 1.5b's cold first prefill on an H200; docs/performance.md). Nothing when no config folder
+    is set (``FLA_CONFIG_DIR``) or those kernels are already defined."""
     if not os.environ.get("FLA_CONFIG_DIR") or _PLAIN_AUTOTUNED in sys.modules:
         yield
         return

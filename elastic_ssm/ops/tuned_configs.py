@@ -1,31 +1,21 @@
-"""Kernel configs of fla's autotuned kernels, shipped per GPU, so a new machine's first prefill compiles the tuned
-config of each kernel instead of timing every candidate (issue 39: the first token on a cold machine).
-
-fla-core reads such configs itself (``fla/ops/utils/cache.py``): with ``FLA_CACHE_MODE=strict`` and
-``FLA_CONFIG_DIR=<dir>``, a kernel's call whose autotuning key (its key arguments and the tensors' dtypes) has an
-entry in ``<dir>/<kernel>.json`` runs that entry's config, and any other key autotunes as before. The package keeps
-them in ``ops/fla_configs/<GPU>/`` (the GPU's name as fla writes it: ``NVIDIA_H200``); ``use_shipped_configs`` points
-fla there before fla is imported, unless the user set either variable. ``configs_from_autotuning`` builds the files
-from Triton's own on-disk autotuning results (``<TRITON_CACHE_DIR>/<hash>/<kernel>.autotune.json``, which
-``TRITON_CACHE_AUTOTUNING=1`` writes): ``python -m benchmarks.fla_configs`` on the GPU after a run.
+"""Kernel configs of fla's autotuned kernels shipped per GPU (``ops/fla_configs/<GPU>/``; issue 39: the first token on
+a cold machine), which fla-core itself reads under ``FLA_CACHE_MODE=strict`` and ``FLA_CONFIG_DIR`` (exact autotuning
+keys only; docs/performance.md, "Graphed compiled prefill"); ``python -m benchmarks.fla_configs`` builds the files
+from Triton's on-disk autotuning results after a run.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 
-__all__ = ["SHIPPED", "gpu_dir_name", "shipped_dir", "use_shipped_configs", "configs_from_autotuning", "entry_hash"]
+__all__ = ["SHIPPED", "gpu_dir_name", "shipped_dir", "use_shipped_configs"]
 
 SHIPPED = Path(__file__).with_name("fla_configs")
-_CONFIG_FIELDS = ("kwargs", "num_warps", "num_stages", "num_ctas", "maxnreg", "ir_override")
 
 
 def gpu_dir_name(device_name: str) -> str:
@@ -51,35 +41,3 @@ def use_shipped_configs(root: Path = SHIPPED) -> Path | None:
     if d is not None:
         os.environ["FLA_CONFIG_DIR"], os.environ["FLA_CACHE_MODE"] = str(d), "strict"
     return d
-
-
-def entry_hash(key: list[Any]) -> str:
-    """The entry name fla looks a key up by: md5 of the key as compact, sorted JSON (fla's ``AutotuneKey.key_hash``;
-    ``tests/ops/test_tuned_configs_gpu.py`` checks it against fla's own)."""
-    return hashlib.md5(json.dumps(key, separators=(",", ":"), sort_keys=True).encode()).hexdigest()
-
-
-def _best(timings: list) -> dict[str, Any]:
-    """The config Triton picked: the least timing (its lists compare by their first entry, the median)."""
-    config, _ = min(timings, key=lambda ct: ct[1])
-    return {k: config.get(k) for k in _CONFIG_FIELDS}
-
-
-def configs_from_autotuning(triton_cache: Path, triton_version: str = "") -> dict[str, dict[str, Any]]:
-    """Every ``*.autotune.json`` under ``triton_cache`` as fla config files: kernel name -> ``{"kernel_name",
-    "triton_version", "autotune_entries": {entry_hash(key): {"autotune_key": key, "config": best config}}}``.
-    Results with a pre-hook (Triton does not write them) or without timings are skipped."""
-    out: dict[str, dict[str, Any]] = {}
-    for path in sorted(triton_cache.glob("*/*.autotune.json")):
-        try:
-            data = json.loads(path.read_text())
-            key, timings = list(data["key"]), data["configs_timings"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if not timings:
-            continue
-        kernel = path.name[: -len(".autotune.json")]
-        entries = out.setdefault(kernel, {"kernel_name": kernel, "triton_version": triton_version,
-                                          "autotune_entries": {}})["autotune_entries"]
-        entries[entry_hash(key)] = {"autotune_key": key, "config": _best(timings)}
-    return out

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from benchmarks.fla_peers import FlaDecoder, build_fla, fla_matched, fla_training_refused
-from elastic_ssm.bench.train import bench_train
+from elastic_ssm.bench.throughput import bench_train
 from elastic_ssm.config import ESSHConfig
 
 pytestmark = pytest.mark.gpu

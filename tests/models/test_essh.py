@@ -220,7 +220,7 @@ def test_swa_causal_fast_path_equals_the_band_mask():
 def test_default_cache_on_cpu_keeps_the_model_precision(tiny):
     x = torch.randint(0, tiny.config.vocab_size, (1, 2 * tiny.config.window))
     cache = tiny.allocate_cache(1, "T3")
-    assert cache.keys[1].dtype == torch.float32 and cache.states[0].dtype == torch.float32
+    assert cache.rings[1].keys.dtype == torch.float32 and cache.states[0].dtype == torch.float32
     out = [tiny(x[:, :3], tier="T3", cache=cache)]
     out += [tiny.step(x[:, t], cache)[:, None] for t in range(3, x.shape[1])]
     torch.testing.assert_close(torch.cat(out, 1), tiny(x, tier="T3"), rtol=0, atol=2e-5)

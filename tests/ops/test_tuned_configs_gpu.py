@@ -1,6 +1,7 @@
 """On the GPU with fla: a fresh process that imports fla through elastic_ssm reads the configs shipped for this GPU
 (``ops/tuned_configs.py``): fla's mode is strict, its folder ours, and fla's own lookup returns each shipped entry
-(so ``entry_hash`` agrees with fla's ``AutotuneKey.key_hash``), the chunk's plainly autotuned state kernels too."""
+(so ``benchmarks.fla_configs.entry_hash`` agrees with fla's ``AutotuneKey.key_hash``), the chunk's plainly autotuned
+state kernels too."""
 
 import json
 import os

@@ -27,10 +27,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-
-
 def _check(x: torch.Tensor, w: torch.Tensor, what: str) -> None:
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"{what}: need x [B, D] and w [N, D] with the same D, got {tuple(x.shape)} and "
@@ -147,7 +143,8 @@ def gemv_accumulate(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, scale: fl
     bn = block_n or max(8, 64 // bb)
     n_col = _cdiv(D, bd)
     if split is None:   # ~2 programs per SM, each at least one row tile
-        split = max(1, min(_cdiv(N, bn), _cdiv(2 * _sm_count(a.device), n_col)))
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.device.type == "cuda" else 8
+        split = max(1, min(_cdiv(N, bn), _cdiv(2 * sms, n_col)))
     rows = _cdiv(_cdiv(N, split), bn) * bn          # rows per split, a whole number of row tiles
     split = _cdiv(N, rows)
     cols_gemv_kernel[(n_col, split)](a, w, x, B, N, D, a.stride(0), w.stride(0), x.stride(0),

@@ -18,9 +18,8 @@ import math
 import torch
 
 from .chunk_torch import _rotated_frame, _rotation
-from .edges import capped_log_decay, host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
 from .gla_op import gla_chunk
-from .inputs import ModalTables
+from .inputs import ModalTables, capped_log_decay, host_sync_allowed, isolate_nonfinite, restore_nonfinite
 from .naive import naive_spectral_scan
 
 
@@ -46,9 +45,9 @@ def gla_inputs(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, clock: 
     qrot, krot = _rotated_frame(cph, sph, kc.to(wide), ks.to(wide))  # R(-theta t) kappa, R(-theta t) e1
     q = (read.to(wide)[..., None] * qrot).reshape(B, T, K, 2 * M).to(dtype)
     k = (write.to(wide)[..., None] * krot).reshape(B, T, K, 2 * M).to(dtype)
-    # capped like the torch path (edges.py): rho = 0 or an infinite clock is an exact reset (exp underflows to
+    # capped like the torch path (inputs.py): rho = 0 or an infinite clock is an exact reset (exp underflows to
     # 0 in fp32, also after fla's base-2 conversion), never -inf - (-inf) = NaN in fla's within-chunk cumsums
-    g = -capped_log_decay(clock, rho, wide, reset_exponent(wide))  # log rho - Delta, >= -cap
+    g = -capped_log_decay(clock, rho, wide, wide)  # log rho - Delta, >= -cap
     g = g[..., None].expand(B, T, K, M, 2).reshape(B, T, K, 2 * M)
     h0 = None if initial_state is None else initial_state.to(wide).reshape(B, K, 2 * M, P)
     return q, k, v.to(dtype), g, h0

@@ -13,19 +13,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .edges import capped_log_decay, host_sync_allowed, isolate_nonfinite, reset_exponent, restore_nonfinite
-from .inputs import ModalTables
+from .inputs import ModalTables, capped_log_decay, host_sync_allowed, isolate_nonfinite, restore_nonfinite
 
 SUB_BLOCK = 16  # diagonal-block length when a whole chunk cannot be factorised
-
-
-def _geometry(T: int, chunk_size: int) -> tuple[int, int, int]:
-    """Effective chunk length, number of chunks and time padding for a length-T sequence."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
-    C = min(chunk_size, -(-T // SUB_BLOCK) * SUB_BLOCK)  # short sequences do not pay for a full chunk
-    N = -(-T // C)
-    return C, N, N * C - T
 
 
 def _safe_exponent(dtype) -> float:
@@ -164,9 +154,13 @@ def chunk_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor
     if T == 0:
         h = initial_state if initial_state is not None else v.new_zeros(B, K, M, 2, P)
         return v.new_zeros(B, 0, K, P), (h if output_final_state else None)
-    C, N, pad = _geometry(T, chunk_size)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+    C = min(chunk_size, -(-T // SUB_BLOCK) * SUB_BLOCK)  # short sequences do not pay for a full chunk
+    N = -(-T // C)  # chunks; the time padding is N C - T
+    pad = N * C - T
     z_bad = state_bad = None
-    if host_sync_allowed(v):  # NaN/Inf inputs stay where the spec puts them (edges.py)
+    if host_sync_allowed(v):  # NaN/Inf inputs stay where the spec puts them (inputs.py)
         v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock, initial_state)
 
     def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, K, X] -> [B, K, N, C, X], zero padded in time
@@ -174,7 +168,7 @@ def chunk_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor
         return x.permute(0, 2, 1, 3).reshape(B, K, N, C, x.shape[-1])
 
     # Per-position log-decay gamma + Delta (Eq. 34), float64, zero on padding; cumulative within each chunk.
-    gamma = capped_log_decay(clock, rho, torch.float64, reset_exponent(dt))  # rho = 0, Delta = inf: resets
+    gamma = capped_log_decay(clock, rho, torch.float64, dt)  # rho = 0, Delta = inf: resets
     L = chunks(gamma).cumsum(-2)  # [B, K, N, C, M] l(tau), tau = 1..C
     limit = _safe_exponent(dt)
     sub, keep, kind = _plan(L, diagonal, limit)

@@ -30,11 +30,6 @@ def local_cumsum_log2(g: Tensor, C: int) -> Tensor:
     return (gp.view(B, n, C, H, D).cumsum(2).view(B, n * C, H, D)[:, :T] * _RCP_LN2).contiguous()
 
 
-def _kernels():
-    fla_chunk = import_fla_chunk()  # optional dependency (CUDA + triton)
-    return fla_chunk.chunk_gla_fwd, fla_chunk.chunk_gla_bwd
-
-
 def _device(x: Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
@@ -48,7 +43,7 @@ def gla_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Optional[Tenso
                   output_final_state: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``o [B, T, H, Dv]`` (v.dtype), ``ht [B, H, Dk, Dv]`` float32 (empty unless ``output_final_state``),
     ``A [B, T, H, C]`` float32 and ``g_cumsum [B, T, H, Dk]`` float32 (the last two for the backward)."""
-    fwd, _ = _kernels()
+    fwd = import_fla_chunk().chunk_gla_fwd  # optional dependency (CUDA + triton)
     C = chunk_length(q.shape[1])
     with _device(q):
         g_cumsum, A, _, ht, o = fwd(
@@ -74,7 +69,7 @@ def gla_chunk_bwd(q: Tensor, k: Tensor, v: Tensor, g_cumsum: Tensor, h0: Optiona
                   scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``dq, dk, dv`` (input dtypes), ``dg`` float32 (gradient of the per-step gate ``g``) and ``dh0`` float32
     (empty when ``h0`` is None)."""
-    _, bwd = _kernels()
+    bwd = import_fla_chunk().chunk_gla_bwd
     with _device(q):
         dq, dk, dv, dg, dh0 = bwd(
             q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=None, g_cumsum=g_cumsum.contiguous(),

@@ -28,17 +28,6 @@ __all__ = ["swa_decode_step", "ring_attend", "rope_inv_freq", "MAX_TRITON_BATCH"
 MAX_TRITON_BATCH = 8
 
 
-def _check(qkv, keys, values, slot_pos, positions) -> None:
-    if keys.dim() != 4 or values.shape != keys.shape:
-        raise ValueError(f"keys/values must both be [B, H, W, hd], got {tuple(keys.shape)} and {tuple(values.shape)}")
-    B, H, W, hd = keys.shape
-    if qkv.shape != (B, 3 * H * hd) or slot_pos.shape != (B, W) or positions.shape != (B,):
-        raise ValueError(f"need qkv [B, 3 H hd] = [{B}, {3 * H * hd}], slot_pos [{B}, {W}], positions [{B}]; "
-                         f"got {tuple(qkv.shape)}, {tuple(slot_pos.shape)}, {tuple(positions.shape)}")
-    if hd % 2:
-        raise ValueError(f"head_dim must be even for RoPE, got {hd}")
-
-
 def _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention: str, span: int) -> torch.Tensor:
     B, H, W, hd = keys.shape
     q, k, v = qkv.view(B, 3, H, hd).unbind(1)                             # [B, H, hd]
@@ -100,14 +89,19 @@ def swa_decode_step(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     ``slot_pos`` [B, W] in place at ``positions`` [B] (not advanced here); ``inv_freq``: :func:`rope_inv_freq`.
     ``attention`` ('math' | 'sdpa'): the torch path's kernel; ``chunk``: the Triton window split; ``span``: attend
     the ring's first ``span`` slots only, exact when every row read has position < span."""
-    _check(qkv, keys, values, slot_pos, positions)
-    W = keys.shape[2]
+    if keys.dim() != 4 or values.shape != keys.shape:
+        raise ValueError(f"keys/values must both be [B, H, W, hd], got {tuple(keys.shape)} and {tuple(values.shape)}")
+    B, H, W, hd = keys.shape
+    if qkv.shape != (B, 3 * H * hd) or slot_pos.shape != (B, W) or positions.shape != (B,):
+        raise ValueError(f"need qkv [B, 3 H hd] = [{B}, {3 * H * hd}], slot_pos [{B}, {W}], positions [{B}]; "
+                         f"got {tuple(qkv.shape)}, {tuple(slot_pos.shape)}, {tuple(positions.shape)}")
+    if hd % 2:
+        raise ValueError(f"head_dim must be even for RoPE, got {hd}")
     if span is not None and (isinstance(span, bool) or not isinstance(span, int) or span < 1):
         raise ValueError(f"span must be a number of ring slots >= 1 (or None: the whole ring), got {span!r}")
     span = W if span is None else min(span, W)
     use_triton = (resolve_decode_backend(backend, qkv.device) == "triton" and qkv.dtype != torch.float64
-                  and qkv.shape[0] <= MAX_TRITON_BATCH
-                  and keys.shape[3] & (keys.shape[3] - 1) == 0)          # power-of-two head dim
+                  and B <= MAX_TRITON_BATCH and hd & (hd - 1) == 0)          # power-of-two head dim
     if use_triton:
         return _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype or qkv.dtype, chunk, pdl, span)
     return _torch_step(qkv, keys, values, slot_pos, positions, inv_freq, attention, span).to(out_dtype or qkv.dtype)

@@ -1,5 +1,7 @@
-"""Training throughput at full capacity and MFU (ESSH P.1, Table 50): ``3 F tok/s / peak``, ``F`` =
-``elastic.tiers.flops_per_token`` at ``seq_len``; elementwise work is not counted, so MFU is a lower bound."""
+"""Throughput of ESSH at the preset shapes against the peers: prefill (batch-1 full-logit forwards per prompt length,
+ESSH P.2, Table 58: ktok/s and peak GB) and training at full capacity with its MFU (ESSH P.1, Table 50: ``3 F tok/s /
+peak``, ``F`` = ``elastic.tiers.flops_per_token`` at ``seq_len``; elementwise work is not counted, so MFU is a lower
+bound)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,49 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ..elastic import tiers
+from .decode import built_peer, peer_model
+from .peers import peer_forward
 from .timing import oom_as_result, summarize, time_fn
 
-__all__ = ["bench_train", "train_suite"]
+__all__ = ["bench_prefill", "prefill_suite", "bench_train", "train_suite"]
+
+
+def bench_prefill(forward: Callable[[torch.Tensor], torch.Tensor], length: int, vocab: int,
+                  device: torch.device,
+                  warmup: int = 3, iters: int = 5, batch: int = 1) -> dict:
+    """Time ``forward(ids [batch, length])``; returns ``{"length", "ms", "ktok_s", "peak_gb", ...}``."""
+    row: dict = {"length": length, "batch": batch}
+    ids = torch.randint(0, vocab, (batch, length), device=device)
+    with oom_as_result(row, device, peak=True):
+        with torch.inference_mode():
+            times = time_fn(lambda: forward(ids), warmup, iters, device)
+        row.update(summarize(times))
+        row["ktok_s"] = batch * length / row["ms"]
+    return row
+
+
+def prefill_suite(r, out: list) -> None:
+    """ESSH at ``prefill_tiers`` and every peer at every prompt length."""
+    cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
+
+    def sweep(base: dict, forward: Callable[[torch.Tensor], torch.Tensor], compiled: bool) -> None:
+        for T in cfg.prefill_lengths:
+            r.run(out, {**base, "length": T, "compiled": compiled}, lambda T=T: bench_prefill(
+                forward, T, V, dev, cfg.prefill_warmup, cfg.prefill_iters))
+
+    model = r.essh() if cfg.prefill_tiers else None
+    for name in cfg.prefill_tiers:
+        sweep({"bench": "prefill", "model": "essh", "preset": cfg.preset, "tier": name,
+               "params": r.table[name].params, "full": name == r.full}, lambda ids, name=name: model(ids, tier=name),
+              cfg.compile)
+    model = None
+    for peer in cfg.peers:
+        base = {"bench": "prefill", "model": peer, "preset": cfg.preset, "tier": "-"}
+        built = built_peer(r, out, {**base, "length": 0}, peer)
+        if built is not None:
+            sweep({**base, "params": built[2]["params"]}, *peer_forward(built[0], peer, cfg.compile, cfg.compile_mode))
+        built = None
 
 
 def _loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -51,10 +93,6 @@ def bench_train(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.
 
 def train_suite(r, out: list) -> None:
     """ESSH at full capacity (fp32 master weights, bf16 autocast) and, with ``train_peers``, the peers."""
-    from ..elastic.tiers import flops_per_token
-    from .decode import peer_model
-    from .peers import peer_forward
-
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
     kw = dict(batch=cfg.train_batch, seq_len=cfg.train_seq_len, warmup=cfg.train_warmup, steps=cfg.train_steps,
               peak_tflops=cfg.peak_tflops)
@@ -63,7 +101,7 @@ def train_suite(r, out: list) -> None:
 
     def essh() -> dict:
         model = r.essh(dtype=None)
-        fpt = flops_per_token(r.mcfg, None, context=cfg.train_seq_len)["total"]
+        fpt = tiers.flops_per_token(r.mcfg, None, context=cfg.train_seq_len)["total"]
         return bench_train(model, model, V, fpt, dev, compile_loss=cfg.compile, **kw)
 
     r.run(out, {**base, "compiled": cfg.compile}, essh)
