@@ -50,7 +50,7 @@ class DdpCheckOptions:
 
 
 def _args(argv=None) -> DdpCheckOptions:
-    from elastic_ssm.cli_derive import derive
+    from elastic_ssm.cli_util import derive
 
     a = derive(DdpCheckOptions, argv, "python -m benchmarks.ddp_check", __doc__.split("\n")[0])
     a.out = a.out or os.environ.get("OUT", "")

@@ -82,7 +82,7 @@ class ChildOptions:
 
 def _child(opts: ChildOptions, ctx, env: dict[str, str], timeout: float, log_name: str) -> dict:
     """One ``python -m benchmarks.first_token ...`` child; its ``RESULT {json}`` line, or the error."""
-    from elastic_ssm.cli_derive import to_argv
+    from elastic_ssm.cli_util import to_argv
 
     cmd = [sys.executable, "-m", "benchmarks.first_token", *to_argv(replace(opts, spawned_at=time.time()))]
     try:
@@ -203,7 +203,7 @@ def _import_fla_child(a: ChildOptions) -> dict:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    from elastic_ssm.cli_derive import derive
+    from elastic_ssm.cli_util import derive
 
     a = derive(ChildOptions, argv, "python -m benchmarks.first_token", __doc__.splitlines()[0])
     if a.spawned_at is None:

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     import triton
 
-    from elastic_ssm.cli_derive import derive
+    from elastic_ssm.cli_util import derive
 
     a = derive(FlaConfigsOptions, argv, "python -m benchmarks.fla_configs", __doc__.splitlines()[0])
     gpu = a.gpu or torch.cuda.get_device_name(0)

@@ -7,7 +7,7 @@ runs ``elastic_ssm.bench.serve.bench_serve`` against the server of ``benchmarks/
 server can push for that many streams on this machine. Beside the bench's row it prints ``steps_s`` (decode steps
 per second the engine ran: 1000 / step_ms is the ceiling) and ``server_cpu`` (CPU cores the server process used).
 The load generator runs on the same machine: on a small machine read ``steps_s`` and ``server_cpu`` as much as
-``tok_s``. Flags: the fields of ``ProxyOptions`` (tyro, ``cli_derive``); ``--server.<field>`` sets another option
+``tok_s``. Flags: the fields of ``ProxyOptions`` (tyro, ``cli_util.derive``); ``--server.<field>`` sets another option
 of the server process (``ExperimentServerOptions``, e.g. ``--server.max_prefill 8`` or ``--server.engine thread``).
 """
 
@@ -44,7 +44,7 @@ class ProxyOptions:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from elastic_ssm.cli_derive import derive
+    from elastic_ssm.cli_util import derive
 
     a = derive(ProxyOptions, argv, "python -m benchmarks.serve_proxy", __doc__.splitlines()[0])
     server = {f.name: getattr(a.server, f.name) for f in dataclasses.fields(a.server) if f.name not in _SET_HERE}

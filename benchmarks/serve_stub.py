@@ -106,7 +106,7 @@ class StubServerOptions(ExperimentServerOptions):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from elastic_ssm.cli_derive import derive
+    from elastic_ssm.cli_util import derive
 
     a = derive(StubServerOptions, argv, "python -m benchmarks.serve_stub", __doc__.splitlines()[0])
     a.device, a.dtype = "cpu", "float32"

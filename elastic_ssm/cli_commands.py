@@ -218,7 +218,7 @@ def _replace_folder(folder: Path, write) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from .data.tokenizer_files import resolve_tokenizer
+    from .data.tokenizers import resolve_tokenizer
     from .models.generation import check_sampling
     from .serve.cli import auto_tier
     from .serve.tokens import TextStream

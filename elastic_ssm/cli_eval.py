@@ -57,8 +57,7 @@ def parse_lengths(spec: str, train_len: int | None) -> list[int]:
 def _tokens_and_bpt(args: argparse.Namespace, model):
     """The held-out token stream of ``--data`` / ``--split`` and the bits-per-byte divisor."""
     from .data import load_corpus
-    from .data.tokenizer_files import resolve_tokenizer
-    from .data.tokenizers import measured_bytes_per_token
+    from .data.tokenizers import measured_bytes_per_token, resolve_tokenizer
 
     tok = resolve_tokenizer(model, args.tokenizer)
     tokens = load_corpus(args.data, tok, split=args.split)
@@ -207,7 +206,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
 def cmd_niah(args: argparse.Namespace) -> int:
     from .bench.report import format_table
     from .data import load_corpus
-    from .data.tokenizer_files import resolve_tokenizer
+    from .data.tokenizers import resolve_tokenizer
     from .eval.needle import NeedleConfig, build_trials, check_fits, evaluate_needle
 
     try:               # the other fields are typed options, so a mistake here is in --depths

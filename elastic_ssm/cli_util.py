@@ -1,5 +1,6 @@
 """What the verbs share: status lines, ``--device`` / ``--dtype``, tier lists, output checks and CSV writing, flags as
-typed; and the one place a user's mistake becomes one line naming the problem and the fix, exit code 2
+typed, ``to_argv`` / ``derive`` (a parent hands an options dataclass to a helper process as flags it parses
+by tyro); and the one place a user's mistake becomes one line naming the problem and the fix, exit code 2
 (``run_reporting_errors``; anything else one line calling it a probable bug, exit code 1; ``--debug`` /
 ``ELASTIC_SSM_DEBUG=1``: the traceback instead; under torchrun a command-line or run-file mistake is said once, by
 rank 0, other errors by each rank). torch is imported only by the functions that need it."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import math
 import os
@@ -294,3 +296,35 @@ def run_reporting_errors(fn: Callable[[], Any], command: str, debug: bool) -> in
         return 1
     finally:
         warnings.formatwarning = original
+
+
+
+def to_argv(options: Any, prefix: str = "") -> list[str]:
+    """The flags of ``options`` (a dataclass instance) for a child process that parses them with ``derive``
+    (booleans as ``--x`` / ``--no_x``, tuples as several values, ``None`` left out)."""
+    out: list[str] = []
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if dataclasses.is_dataclass(value):
+            out += to_argv(value, f"{prefix}{f.name}.")
+        elif isinstance(value, bool):
+            out.append(f"--{prefix}{f.name}" if value else f"--{prefix}no_{f.name}")
+        elif isinstance(value, tuple):
+            out += [f"--{prefix}{f.name}", *map(str, value)]
+        elif value is not None:
+            out += [f"--{prefix}{f.name}", str(value)]
+    return out
+
+
+def derive(cls: type, argv: list[str] | None, prog: str, description: str = "") -> Any:
+    """``cls`` (an options dataclass) from ``argv`` by tyro, a mistake one line and exit code 2, as in
+    ``elastic-ssm``: the helper processes' entry (``elastic_ssm.bench.serve_server``, ``benchmarks.first_token``...)."""
+    import tyro
+    from tyro._errors import on_parse_error
+
+    try:
+        with on_parse_error(parse_error):
+            return tyro.cli(cls, args=argv, prog=prog, description=description, use_underscores=True)
+    except CommandLineError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -152,7 +152,7 @@ def bench_serve(preset: str, tiers: list[str], mix: list[str], streams: int, slo
     """Start the server process, drive ``streams`` streams over the tiers of ``mix``, return the row
     (``server``: more options of the server process; ``server_class``: a ``BenchServerOptions`` subclass whose
     module is the server's, default ``BenchServerOptions``)."""
-    from ..cli_derive import to_argv
+    from ..cli_util import to_argv
     from ..config import ESSHConfig
     from ..serve.cli import http_stack  # the server process: this interpreter, this environment
     from .serve_server import BenchServerOptions

@@ -1,5 +1,6 @@
 """The ``serve`` benchmark's server process: ``serve/app.py`` over a random-weight ESSH with ``IdTokenizer``.
-Started as ``python -m elastic_ssm.bench.serve_server`` with the flags of a ``BenchServerOptions`` (``cli_derive``)."""
+Started as ``python -m elastic_ssm.bench.serve_server`` with the flags of a ``BenchServerOptions``
+(``cli_util.derive``)."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def run_server(a: BenchServerOptions, pool_factory=None, vocab_size: int | None 
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..cli_derive import derive
+    from ..cli_util import derive
 
     run_server(derive(BenchServerOptions, argv, "python -m elastic_ssm.bench.serve_server", __doc__.splitlines()[0]))
 

@@ -22,7 +22,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
                       "(or pip install 'lm-eval>=0.4.9')") from e
 
 from ..config import tier_word
-from ..data.tokenizer_files import resolve_tokenizer
+from ..data.tokenizers import resolve_tokenizer
 from ..models import load_pretrained
 from ..utils.progress import progress as progress_bar
 from .perplexity import continuation_scores

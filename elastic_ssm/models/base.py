@@ -60,7 +60,7 @@ class ElasticModel(nn.Module):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config)}")
         self.config = config
         self.source: dict[str, Any] = {}
-        #: the tokenizer the model was trained with (saved with it; ``data.tokenizer_files``)
+        #: the tokenizer the model was trained with (saved with it; ``data.tokenizers``)
         self.tokenizer: Any = None
         #: the tokenizer entry of the loaded config.json (kept when the tokenizer itself cannot be loaded)
         self.tokenizer_record: dict[str, Any] | None = None
@@ -139,7 +139,7 @@ class ElasticModel(nn.Module):
             "source": self.source,
         }
         if self.tokenizer is not None:
-            from ..data.tokenizer_files import tokenizer_record
+            from ..data.tokenizers import tokenizer_record
 
             out["tokenizer"] = tokenizer_record(self.tokenizer)
         elif self.tokenizer_record is not None:
@@ -170,7 +170,7 @@ class ElasticModel(nn.Module):
         blob = save(tensors, metadata={"format": "pt", "arch": self.arch})
         digest = atomic_write_bytes(path / WEIGHTS_NAME, blob)
         if self.tokenizer is not None:
-            from ..data.tokenizer_files import save_tokenizer_files
+            from ..data.tokenizers import save_tokenizer_files
 
             save_tokenizer_files(self.tokenizer, path)
         if self.source.get("tier"):       # a standalone export: write its model card

@@ -224,7 +224,7 @@ def _tier_of_directory(config: Any, tier: TierLike, source: dict[str, Any], path
 
 def _saved_tokenizer(path: Path, record: dict[str, Any] | None) -> Any:
     """The tokenizer saved in ``path``; None (with a warning) when it needs a package that is missing."""
-    from ..data.tokenizer_files import load_saved_tokenizer
+    from ..data.tokenizers import load_saved_tokenizer
 
     try:
         return load_saved_tokenizer(path, record)

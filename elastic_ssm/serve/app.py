@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..data.tokenizer_files import resolve_tokenizer
+from ..data.tokenizers import resolve_tokenizer
 from ..models.model_dir import export_tier_aliases
 from . import schema
 from .chat_templates import ChatTemplate

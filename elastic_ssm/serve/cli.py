@@ -67,7 +67,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("serving needs the serve extra: pip install 'elastic-ssm[serve]'") from None
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    from ..data.tokenizer_files import resolve_tokenizer
+    from ..data.tokenizers import resolve_tokenizer
     from ..models import load_pretrained
     from .app import ServerSettings, create_app
     from .chat_templates import chat_template_source

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..data.tokenizer_files import resolve_tokenizer
+from ..data.tokenizers import resolve_tokenizer
 from ..models import saved_model_class
 from ..models.model_dir import _saved_tokenizer
 from .engine import COUNTERS, Busy, Engine, Request, check_options

@@ -330,7 +330,7 @@ def _with_template(model_dir, tmp_path, template):
 def test_chat_template_special_tokens_are_their_ids_as_in_apply_chat_template(model_dir, tmp_path):
     """``{{ bos_token }}`` (and any special-token string the template writes) is one id, not its characters'
     bytes: the prompt ids equal transformers' ``apply_chat_template``'s."""
-    from elastic_ssm.data.tokenizer_files import resolve_tokenizer
+    from elastic_ssm.data.tokenizers import resolve_tokenizer
     from elastic_ssm.serve.chat_templates import ChatTemplate
     from elastic_ssm.serve.schema import ChatMessage
 

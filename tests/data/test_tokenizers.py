@@ -4,7 +4,7 @@ import pytest
 
 import elastic_ssm as es
 from elastic_ssm.data import ByteTokenizer
-from elastic_ssm.data.tokenizer_files import resolve_tokenizer
+from elastic_ssm.data.tokenizers import resolve_tokenizer
 from elastic_ssm.models import load_pretrained
 
 
