@@ -167,7 +167,7 @@ class ElasticModel(nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         state = self.state_dict() if state_dict is None else state_dict
         tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-        blob = save(tensors, metadata={"format": "pt", "arch": self.arch})
+        blob = save(tensors, metadata={"format": "pt"})   # one key: safetensors writes a map in no fixed order
         digest = atomic_write_bytes(path / WEIGHTS_NAME, blob)
         if self.tokenizer is not None:
             from ..data.tokenizers import save_tokenizer_files

@@ -127,6 +127,16 @@ def test_saved_files_are_0644_under_umask_022(tmp_path):
         os.umask(old)
 
 
+def test_saving_one_model_twice_writes_the_same_bytes(tmp_path):
+    """Reproducible saves: the weights file (and so its recorded sha256) does not depend on the save."""
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    digests = set()
+    for i in range(6):
+        model.save_pretrained(tmp_path / str(i))
+        digests.add(json.loads((tmp_path / str(i) / "config.json").read_text())["weights_sha256"])
+    assert len(digests) == 1
+
+
 def test_byte_model_directory_tokenizes_like_the_byte_tokenizer(tmp_path):
     model = es.ESSH(es.ESSHConfig.preset("tiny"))
     model.tokenizer = data.load_tokenizer("bytes")
