@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
                   stub_prefill_us_per_token=a.prefill_us_per_token)
     row = bench_serve("tiny", ["T10"], ["T10"], a.streams, a.slots, a.prompt, a.new_tokens, a.rounds, a.procs,
                       "cpu", "float32", server=server, server_class=StubServerOptions)
+    row["http_stack"] = a.server.stack        # the server's, as --server.loop / --server.http set it
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}))
 
 

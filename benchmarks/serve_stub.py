@@ -95,6 +95,16 @@ class ExperimentServerOptions(BenchServerOptions):
     loop: str = opt("auto", "uvicorn's event loop")
     http: str = opt("auto", "uvicorn's HTTP protocol")
 
+    @property
+    def stack(self) -> str:
+        """The event loop and HTTP parser the server runs (the serve rows' ``http_stack``): ``loop`` / ``http`` as
+        given, uvicorn's ``auto`` pick (``serve.cli.http_stack``) where they are ``auto``."""
+        from elastic_ssm.serve.cli import http_stack
+
+        loop, http = http_stack().removeprefix("event loop ").split(", HTTP ")
+        loop = self.loop if self.loop != "auto" else loop
+        return f"event loop {loop}, HTTP {self.http if self.http != 'auto' else http}"
+
 
 @dataclass(kw_only=True)
 class StubServerOptions(ExperimentServerOptions):

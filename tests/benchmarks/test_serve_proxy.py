@@ -22,3 +22,12 @@ def test_proxy_row_counts_every_token_and_splits_the_servers_time():
     assert 0 <= row["prefill_s"] < row["wall_s"] and 0 <= row["idle_s"] < row["wall_s"]
     assert 0 <= row["http_cpu"] <= row["server_cpu"] + 1e-6      # CPU in 10 ms ticks: the engine may show none
     assert row["http_stack"].startswith("event loop ") and ", HTTP " in row["http_stack"]
+
+
+def test_proxy_rows_name_the_servers_loop_and_parser_as_set():
+    """``--server.loop`` / ``--server.http`` given: the row's ``http_stack`` names them, not uvicorn's auto pick."""
+    from elastic_ssm.serve.cli import http_stack
+
+    assert StubServerOptions().stack == http_stack()
+    assert StubServerOptions(loop="asyncio", http="h11").stack == "event loop asyncio, HTTP h11"
+    assert StubServerOptions(http="h11").stack.endswith(", HTTP h11")
