@@ -107,8 +107,7 @@ class SwiGLU(nn.Module):
     @torch.no_grad()
     def _update_stats(self, act: torch.Tensor) -> None:
         m = act.detach().float().pow(2).reshape(-1, act.shape[-1]).mean(0)     # [F]
-        if "stat_sq" not in self._buffers:                  # tracking switched on by hand, in eager mode
-            self.start_stats()
+        self.start_stats()                                  # allocated already, unless tracking was switched on by hand
         ema = torch.add(self.stat_sq * self.stat_decay, m, alpha=1 - self.stat_decay)
         self.stat_sq.copy_(torch.where(self.stat_seen, ema, m))
         self.stat_seen.fill_(True)
