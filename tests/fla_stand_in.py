@@ -73,7 +73,8 @@ def install(monkeypatch) -> dict:
         assert all(x.is_contiguous() for x in (q, k, v, g))
         calls["fwd"] += 1
         calls["chunk_size"] = chunk_size
-        calls["heads"] = q.shape[2]
+        calls["heads"], calls["widths"] = q.shape[2], (q.shape[3], v.shape[3])
+        assert min(q.shape[3], v.shape[3]) >= 16, "fla-core 0.6.0's backward needs Dk, Dv >= 16 (tl.dot)"
         o, S = naive_gla(q.double(), k.double(), v.double(), g.double(), _state0(q, v, initial_state), scale)
         B, T, H, _ = q.shape
         o = _poison_chunks(o, (q, k, v, g), chunk_size)
@@ -86,6 +87,7 @@ def install(monkeypatch) -> dict:
                       chunk_size=64, chunk_indices=None):
         assert g is None and h is None and g_cumsum.dtype == torch.float32
         assert A.shape == (*q.shape[:3], chunk_size) and bool((A == 7.0).all())
+        assert min(q.shape[3], v.shape[3]) >= 16, "fla-core 0.6.0's backward needs Dk, Dv >= 16 (tl.dot)"
         calls["bwd"] += 1
         # Custom-op kernels run below autograd, so the stand-in differentiates with torch.func.
         leaves = [x.double() for x in (q, k, v)]

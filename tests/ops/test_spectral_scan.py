@@ -296,9 +296,10 @@ def test_fla_path_with_stand_in_kernel(monkeypatch, dtype, compute):
 
 
 @pytest.mark.parametrize("H", [1, 3, 5, 8, 11])
-def test_gla_chunk_pads_heads_to_a_power_of_two(monkeypatch, H):
-    """fla autotunes per head count: ``gla_chunk`` runs the kernels on ``head_bucket(H)`` heads and returns the
-    unpadded heads' outputs, states and gradients exactly (heads never mix)."""
+def test_gla_chunk_pads_heads_to_a_power_of_two_and_widths_to_16(monkeypatch, H):
+    """fla autotunes per head count, and its backward's ``tl.dot`` needs widths >= 16: ``gla_chunk`` runs the
+    kernels on ``head_bucket(H)`` heads and Dk, Dv of 16 and returns the unpadded outputs, states and gradients
+    exactly (heads never mix; the tiny preset's Dk = Dv = 8 failed on an H100 with fla-core 0.6.0)."""
     calls = fla_stand_in.install(monkeypatch)
     gla_op = importlib.import_module("elastic_ssm.ops.spectral_scan.gla_op")
     assert [gla_op.head_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 32]
@@ -309,6 +310,7 @@ def test_gla_chunk_pads_heads_to_a_power_of_two(monkeypatch, H):
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
     o, ht = gla_op.gla_chunk(*leaves[:4], initial_state=leaves[4], output_final_state=True)
     assert calls["heads"] == gla_op.head_bucket(H) and o.shape == (2, 19, H, 3) and ht.shape == (2, H, 4, 3)
+    assert calls["widths"] == (16, 16)
     assert calls["given_cumsum"] == 1       # the cumulative gate from torch (fla's cumsum autotunes per B)
     ref = [x.double().requires_grad_() for x in (q, k, v, g, h0)]
     o_ref, ht_ref = fla_stand_in.naive_gla(*ref)

@@ -13,6 +13,7 @@ from torch import Tensor
 from ..dispatch import import_fla_chunk
 
 _RCP_LN2 = 1.0 / math.log(2.0)
+MIN_WIDTH = 16  # fla-core 0.6.0's backward (chunk_gla_bwd_dA: tl.dot over BV = next_pow2(Dv)) needs widths >= 16
 
 
 def chunk_length(T: int) -> int:
@@ -120,17 +121,17 @@ def gla_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float = 1.0, in
     """Chunked GLA through fla (differentiable): ``o(t) = scale q(t)^T S(t)``, ``S(t) = diag(exp g(t)) S(t-1) +
     k(t) v(t)^T`` for q, k, g [B, T, H, Dk] (``g``: float32 natural-log decays), v [B, T, H, Dv] and ``S(0) =
     initial_state`` (float32 [B, H, Dk, Dv] or None) -> ``o [B, T, H, Dv]`` and ``S(T)`` float32 or None. The
-    kernels run on ``head_bucket(H)`` heads (zero heads appended, their outputs dropped)."""
+    kernels run on ``head_bucket(H)`` heads and on Dk, Dv of at least ``MIN_WIDTH`` (zeros appended, sliced off)."""
     if g.dtype != torch.float32 or (initial_state is not None and initial_state.dtype != torch.float32):
         raise ValueError(f"gla_chunk: g and initial_state must be float32, got {g.dtype} and "
                          f"{None if initial_state is None else initial_state.dtype}")
     if q.shape != k.shape or q.shape != g.shape or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"gla_chunk: q, k, g must be [B, T, H, Dk] and v [B, T, H, Dv], got {list(q.shape)}, "
                          f"{list(k.shape)}, {list(g.shape)}, {list(v.shape)}")
-    H = q.shape[2]
-    Hb = head_bucket(H)
-    if Hb != H:                       # zero heads: q = k = v = 0, g = 0 keep S = 0 and o = 0; sliced off below
-        q, k, v, g = (F.pad(x, (0, 0, 0, Hb - H)) for x in (q, k, v, g))
-        initial_state = None if initial_state is None else F.pad(initial_state, (0, 0, 0, 0, 0, Hb - H))
+    H, Dk, Dv = q.shape[2], q.shape[3], v.shape[3]
+    dh, dk, dv = head_bucket(H) - H, max(MIN_WIDTH - Dk, 0), max(MIN_WIDTH - Dv, 0)
+    if dh or dk or dv:                # zeros: q = k = v = 0, g = 0 keep S = 0 and o = 0 there; sliced off below
+        q, k, g, v = (F.pad(x, (0, w, 0, dh)) for x, w in ((q, dk), (k, dk), (g, dk), (v, dv)))
+        initial_state = None if initial_state is None else F.pad(initial_state, (0, dv, 0, dk, 0, dh))
     o, ht, _, _ = gla_chunk_fwd(q, k, v, g, initial_state, float(scale), output_final_state)
-    return o[:, :, :H], (ht[:, :H] if output_final_state else None)
+    return o[:, :, :H, :Dv], (ht[:, :H, :Dk, :Dv] if output_final_state else None)
