@@ -14,8 +14,6 @@ import operator
 import warnings
 
 import numpy as np
-import scipy.fft
-import scipy.linalg
 
 from . import cache
 
@@ -75,6 +73,7 @@ def hankel_matrix(L: int) -> np.ndarray:
 
 def _hankel_matmul(h: np.ndarray, X: np.ndarray) -> np.ndarray:
     """Z @ X for the Hankel Z with anti-diagonals ``h`` [2L-1], X [L, p] -> [L, p], by FFT."""
+    import scipy.fft  # here, not at the top: loading a saved model never needs scipy (~0.3 s of import)
     L = X.shape[0]
     n = scipy.fft.next_fast_len(3 * L - 2, real=True)
     spec = scipy.fft.rfft(h, n)[:, None] * scipy.fft.rfft(X[::-1], n, axis=0)  # correlation as convolution
@@ -88,6 +87,7 @@ def _top_eigenpairs(L: int, n: int, method: str = "auto") -> tuple[np.ndarray, n
     if method == "auto":
         method = "dense" if L <= DENSE_MAX_L or 4 * (n + _OVERSAMPLE) > L else "subspace"
     if method == "dense":
+        import scipy.linalg
         w, v = scipy.linalg.eigh(hankel_matrix(L), subset_by_index=[L - n, L - 1])  # ascending
         sigma, phi = w[::-1], v[:, ::-1].T
     elif method == "subspace":

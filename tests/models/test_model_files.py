@@ -137,6 +137,20 @@ def test_saving_one_model_twice_writes_the_same_bytes(tmp_path):
     assert len(digests) == 1
 
 
+def test_loading_a_saved_model_imports_no_scipy(tmp_path):
+    """scipy (~0.3 s of import) serves only the spectral initialisation; a load and a forward never need it
+    (issue 39: the load of a fresh process)."""
+    import subprocess
+    import sys
+
+    es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(tmp_path)
+    code = (f"import sys, torch, elastic_ssm as es; m = es.ESSH.from_pretrained({str(tmp_path)!r}, tier='T4'); "
+            "m(torch.zeros(1, 8, dtype=torch.long)); print(sorted({n.split('.')[0] for n in sys.modules}))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "scipy" not in p.stdout and "torch" in p.stdout, p.stdout
+
+
 def test_byte_model_directory_tokenizes_like_the_byte_tokenizer(tmp_path):
     model = es.ESSH(es.ESSHConfig.preset("tiny"))
     model.tokenizer = data.load_tokenizer("bytes")
