@@ -6,6 +6,7 @@ never imported at module import.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import logging
@@ -83,14 +84,35 @@ def fla_configs_for_every_kernel():
         cache.restore_autotune_backend()
 
 
+@contextlib.contextmanager
+def fla_without_dynamo():
+    """While fla's modules import, ``torch.compiler.disable`` of an ``fla.`` function defers fla's own: fla-core
+    0.6.0 wraps its entry points at import, and that wrapper imports ``torch._dynamo`` (1-2 s, most of fla's import;
+    docs/performance.md). Until something else imports ``torch._dynamo`` nothing can trace, so the function runs
+    itself; after, fla's wrapper (built on first call). Our calls into fla sit in custom ops, which nothing traces."""
+    real = torch.compiler.disable
+
+    def disable(fn=None, recursive=True, *, reason=None):
+        if fn is None or "torch._dynamo" in sys.modules or not getattr(fn, "__module__", "").startswith("fla."):
+            return real(fn, recursive, reason=reason)
+        wrapped = functools.cache(lambda: real(fn, recursive, reason=reason))
+        return functools.wraps(fn)(lambda *a, **k: (fn if "torch._dynamo" not in sys.modules else wrapped())(*a, **k))
+
+    torch.compiler.disable = disable
+    try:
+        yield
+    finally:
+        torch.compiler.disable = real
+
+
 def import_fla_chunk():
     """``fla.ops.gla.chunk``, imported the package's one way (``persist_autotuning``, ``import_leaf``,
-    ``fla_configs_for_every_kernel``). Raises what the import raises."""
+    ``fla_configs_for_every_kernel``, ``fla_without_dynamo``). Raises what the import raises."""
     persist_autotuning()
     chunk = sys.modules.get("fla.ops.gla.chunk")
     if chunk is not None:
         return chunk
-    with fla_configs_for_every_kernel():
+    with fla_without_dynamo(), fla_configs_for_every_kernel():
         return import_leaf("fla.ops", "fla.ops.gla.chunk")
 
 

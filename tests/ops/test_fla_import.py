@@ -2,6 +2,7 @@
 ``from_pretrained(device="cuda")`` for ESSH) overlaps that import with loading; a later ``fla_available()`` waits
 for it. A stand-in ``fla`` package on ``sys.path`` counts its imports and takes a while to import."""
 
+import os
 import sys
 import threading
 
@@ -80,3 +81,31 @@ def test_the_check_imports_only_the_gla_kernels_and_the_package_completes_on_dem
 
     assert every_op == "all" and fake_fla._fake_ops_inits == 1 and fake_fla._fake_fla_imports == 1
     assert fla.ops.chunk_gla is chunk.chunk_gla and sys.modules["fla.ops"] is fla.ops
+
+
+def test_fla_import_leaves_torch_dynamo_unimported_and_compile_still_works(tmp_path):
+    """fla-core wraps its entry points with ``torch.compiler.disable`` at import, which imports ``torch._dynamo``
+    (1-2 s): ``fla_without_dynamo`` defers that wrapper to the first call after something imports dynamo, and
+    a compiled caller still runs the function outside its graph. In a fresh process (pytest's may hold dynamo)."""
+    import subprocess
+
+    pkg = tmp_path / "fla" / "ops" / "gla"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "fla", tmp_path / "fla" / "ops", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "chunk.py").write_text("import torch\n\ndef _entry(x):\n    return x + 1\n\n"
+                                  "entry = torch.compiler.disable(_entry)\n")
+    code = """if True:
+        import sys, torch
+        from elastic_ssm.ops import dispatch
+        c = dispatch.import_fla_chunk()
+        assert "torch._dynamo" not in sys.modules and c.entry(1) == 2
+        assert torch.compiler.disable.__module__ == "torch.compiler"      # torch's own again after the import
+        f = torch.compile(lambda x: c.entry(x) * 2, backend="eager")
+        assert f(torch.ones(2)).tolist() == [4.0, 4.0] and c.entry(2) == 3
+        print("ok")
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])}
+    env.pop(dispatch.ENV_VAR, None)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
