@@ -185,7 +185,8 @@ def _first_token_child(a: ChildOptions) -> dict:
     m.generate(ids, 1)
     sync()
     return {"import_s": t_imp - a.spawned_at, "load_s": t_load - t_imp, "decoder_s": t_dec - t_load,
-            "prefill_s": t_pre - t_dec, "first_token_s": t_pre - a.spawned_at, "next_generate_s": time.time() - t_pre}
+            "prefill_s": t_pre - t_dec, "first_token_s": t_pre - a.spawned_at, "next_generate_s": time.time() - t_pre,
+            "dynamo_imported": "torch._dynamo" in sys.modules}
 
 
 def _import_fla_child(a: ChildOptions) -> dict:

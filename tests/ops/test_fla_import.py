@@ -109,3 +109,29 @@ def test_fla_import_leaves_torch_dynamo_unimported_and_compile_still_works(tmp_p
     env.pop(dispatch.ENV_VAR, None)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
+def test_eager_calls_of_the_gla_ops_import_no_dynamo():
+    """The scan's two ops are declared with ``torch.library.Library`` (``torch.library.custom_op`` would import
+    ``torch._dynamo`` at their first call): an inference call and a forward under autograd leave it unimported.
+    In a fresh process, with the CPU stand-in for fla (tests/fla_stand_in.py)."""
+    import subprocess
+
+    code = """if True:
+        import sys, torch
+        import fla_stand_in
+        class Patch:
+            def setitem(self, d, k, v): d[k] = v
+        fla_stand_in.install(Patch())
+        from elastic_ssm.ops.spectral_scan import gla_op
+        q, v, g = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16), -torch.rand(1, 8, 2, 16)
+        with torch.inference_mode():
+            gla_op.gla_chunk(q, q, v, g)
+        o, _ = gla_op.gla_chunk(q.clone().requires_grad_(), q, v, g)
+        assert o.requires_grad and "torch._dynamo" not in sys.modules
+        print("ok")
+    """
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.path.dirname(tests)])}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]

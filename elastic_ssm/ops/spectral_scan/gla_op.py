@@ -1,10 +1,11 @@
-"""fla-core's chunked GLA kernels as two torch custom ops (``elastic_ssm::gla_chunk_fwd`` / ``_bwd``), so
-``torch.compile`` traces around them; fla is imported when an op first runs. README.md, section on the fla path.
+"""fla-core's chunked GLA kernels as two torch ops (``elastic_ssm::gla_chunk_fwd`` / ``_bwd``), so ``torch.compile``
+traces around them; fla is imported when an op first runs. README.md, section on the fla path. Declared with
+``torch.library.Library``: ``torch.library.custom_op`` runs each call through ``torch._disable_dynamo``, whose first
+call imports ``torch._dynamo`` (1-2 s of a fresh process's first prefill, docs/performance.md).
 """
 
 import contextlib
 import math
-from typing import Optional  # custom-op schemas: Optional is understood by every torch 2.x
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +40,16 @@ def _empty_state(x: Tensor) -> Tensor:
     return x.new_empty(0, dtype=torch.float32)
 
 
-@torch.library.custom_op("elastic_ssm::gla_chunk_fwd", mutates_args=())
-def gla_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Optional[Tensor], scale: float,  # noqa: UP045
-                  output_final_state: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+_LIB = torch.library.Library("elastic_ssm", "FRAGMENT")
+_LIB.define("gla_chunk_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor? h0, float scale, bool output_final_state)"
+            " -> (Tensor, Tensor, Tensor, Tensor)")
+_LIB.define("gla_chunk_bwd(Tensor q, Tensor k, Tensor v, Tensor g_cumsum, Tensor? h0, Tensor A, Tensor do, Tensor? dht,"
+            " float scale) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+
+
+@torch.library.impl("elastic_ssm::gla_chunk_fwd", "default", lib=_LIB)
+def _gla_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, scale: float,
+                   output_final_state: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``o [B, T, H, Dv]`` (v.dtype), ``ht [B, H, Dk, Dv]`` float32 (empty unless ``output_final_state``),
     ``A [B, T, H, C]`` float32 and ``g_cumsum [B, T, H, Dk]`` float32 (the last two for the backward)."""
     fwd = import_fla_chunk().chunk_gla_fwd  # optional dependency (CUDA + triton)
@@ -55,7 +63,7 @@ def gla_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Optional[Tenso
     return o.to(v.dtype), ht, A.float(), g_cumsum.float()
 
 
-@gla_chunk_fwd.register_fake
+@torch.library.register_fake("elastic_ssm::gla_chunk_fwd", lib=_LIB)
 def _(q, k, v, g, h0, scale, output_final_state):
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
@@ -64,10 +72,9 @@ def _(q, k, v, g, h0, scale, output_final_state):
     return torch.empty_like(v), ht, A, torch.empty_like(g, dtype=torch.float32)
 
 
-@torch.library.custom_op("elastic_ssm::gla_chunk_bwd", mutates_args=())
-def gla_chunk_bwd(q: Tensor, k: Tensor, v: Tensor, g_cumsum: Tensor, h0: Optional[Tensor], A: Tensor,  # noqa: UP045
-                  do: Tensor, dht: Optional[Tensor],  # noqa: UP045
-                  scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+@torch.library.impl("elastic_ssm::gla_chunk_bwd", "default", lib=_LIB)
+def _gla_chunk_bwd(q: Tensor, k: Tensor, v: Tensor, g_cumsum: Tensor, h0: Tensor | None, A: Tensor, do: Tensor,
+                   dht: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``dq, dk, dv`` (input dtypes), ``dg`` float32 (gradient of the per-step gate ``g``) and ``dh0`` float32
     (empty when ``h0`` is None)."""
     bwd = import_fla_chunk().chunk_gla_bwd
@@ -81,7 +88,7 @@ def gla_chunk_bwd(q: Tensor, k: Tensor, v: Tensor, g_cumsum: Tensor, h0: Optiona
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.float(), dh0
 
 
-@gla_chunk_bwd.register_fake
+@torch.library.register_fake("elastic_ssm::gla_chunk_bwd", lib=_LIB)
 def _(q, k, v, g_cumsum, h0, A, do, dht, scale):
     dh0 = _empty_state(q) if h0 is None else torch.empty_like(h0, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
@@ -104,7 +111,8 @@ def _backward(ctx, do, dht, dA, dg_cumsum):
     return dq, dk, dv, dg, (dh0 if ctx.has_h0 else None), None, None
 
 
-gla_chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
+gla_chunk_fwd, gla_chunk_bwd = torch.ops.elastic_ssm.gla_chunk_fwd, torch.ops.elastic_ssm.gla_chunk_bwd
+torch.library.register_autograd("elastic_ssm::gla_chunk_fwd", _backward, setup_context=_setup_context, lib=_LIB)
 
 
 def head_bucket(H: int) -> int:
