@@ -281,14 +281,10 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
           stages: tuple[str, ...] | None = None, stop_after: int | None = None, overwrite: bool = False,
           record: dict[str, Any] | None = None, tokenizer: Any = None) -> TrainResult:
     """Train a model (in place; under ``parallel='fsdp'`` sharded in place: use ``TrainResult.model``) or one built
-    from its config with ``cfg.seed``; docs/training.md describes every argument. ``data``: micro-batches
-    ``(input_ids [B,T], labels [B,T])`` (labels -100 ignored; ES-SSM classification: labels [B]; an optional third
-    element is an attention mask), or a callable ``data(rank, world_size)`` returning them. ``resume``: True or
-    ``"auto"``; ``record``: the run's settings (``RunConfig.to_dict()``), compared on resume and written to
-    ``run.yaml``; ``distributed=False``: one process even under torchrun; ``stages=("refine",)``: refinement only;
-    ``progress``: True (bar and lines), ``"lines"`` or False; ``stop_after``: end after that many steps of the current
-    stage, with a checkpoint there and no final model; ``tokenizer`` (a ``load_tokenizer`` spec or a tokenizer)
-    becomes ``model.tokenizer``, saved with every checkpoint and the final model."""
+    from its config with ``cfg.seed``. ``data``: micro-batches ``(input_ids [B,T], labels [B,T])`` (labels -100
+    ignored; ES-SSM classification: labels [B]; an optional third element is an attention mask), or a callable
+    ``data(rank, world_size)`` returning them; ``resume``: True or ``"auto"``; ``progress``: True (bar and lines),
+    ``"lines"`` or False. Every other argument: docs/training.md, the list under its ``train(...)`` signature."""
     ctx = init_distributed(cfg.device, distributed, cfg.dist_timeout_s)
     lock, trainer = None, None
     try:
