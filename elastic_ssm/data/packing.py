@@ -1,10 +1,8 @@
 """Token streams packed into training windows, with resumable shuffled batching.
 
-The stream is ``d0 SEP d1 SEP ...``; window ``i`` = ``stream[i*stride : i*stride + L + 1]``, input ``w[:-1]`` and
-labels ``w[1:]`` ([L] each). Training uses ``stride = L``; ``evaluation_batches`` the non-overlapping ``L + 1``
-windows of the ESSH evaluation (Appendix E). ``PackedBatches`` permutes windows by ``(seed, epoch)``, shards each
-global batch of ``B * world_size`` windows into per-rank blocks and resumes at the next batch (``state_dict``),
-also on another ``world_size`` when the global batch divides the consumed count."""
+Window ``i`` = ``stream[i*stride : i*stride + L + 1]`` of ``d0 SEP d1 SEP ...``, input ``w[:-1]`` and labels
+``w[1:]`` ([L] each; training: ``stride = L``). Windows, evaluation windows (Appendix E), the shuffled order, the
+per-rank blocks and the resume rules: docs/data.md, "Packing" and "Resume and data parallelism"."""
 
 from __future__ import annotations
 

@@ -26,17 +26,13 @@ def is_pysrc(source) -> bool:
     return s == PREFIX or s.startswith(PREFIX + ":")
 
 
-def _site_roots() -> list[Path]:
-    paths = list(site.getsitepackages()) + [sysconfig.get_paths().get(k, "") for k in ("purelib", "platlib")]
-    return sorted({Path(p).resolve() for p in paths if p and Path(p).is_dir()})
-
-
 def pysrc_roots(spec: str) -> list[tuple[str, Path]]:
     """``(label, folder)`` pairs of a ``pysrc`` spec; a missing or empty root is a one-line error."""
     if not is_pysrc(spec):
         raise ValueError(f"not a pysrc source: {spec!r}")
     if spec == PREFIX:
-        sites = _site_roots()
+        paths = list(site.getsitepackages()) + [sysconfig.get_paths().get(k, "") for k in ("purelib", "platlib")]
+        sites = sorted({Path(p).resolve() for p in paths if p and Path(p).is_dir()})
         return [("stdlib", stdlib_root())] + [
             ("site-packages" if i == 0 else f"site-packages.{i}", p) for i, p in enumerate(sites)]
     items = [r.strip() for r in spec[len(PREFIX) + 1:].split(",")]

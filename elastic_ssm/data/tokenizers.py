@@ -1,9 +1,8 @@
 """Tokenizers behind one interface (``encode`` / ``encode_np`` / ``encode_batch_np`` without specials, ``decode``
 dropping specials, ``vocab_size``, ``pad_id`` / ``bos_id`` / ``eos_id`` / ``sep_id``, ``spec``, ``save(dir)``):
 ``ByteTokenizer`` (no dependency) and ``BPETokenizer`` (a ``tokenizer.json``, yours or one ``train_bpe`` made); and the
-tokenizer inside a model directory: ``config.json`` records ``tokenizer_record(tok)`` (type, V, special ids,
-fingerprint), ``load_saved_tokenizer`` checks the files against it, ``resolve_tokenizer(model, spec)`` gives the saved
-tokenizer and refuses a ``spec`` that differs from it."""
+tokenizer inside a model directory (``tokenizer_record``, ``load_saved_tokenizer``, ``resolve_tokenizer``): what
+it saves and checks is docs/data.md, the paragraph on the tokenizer ``train`` saves with the model."""
 
 from __future__ import annotations
 

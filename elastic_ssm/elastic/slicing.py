@@ -2,9 +2,8 @@
 "Prefix layout". A dim-0 prefix is a contiguous view, a dim-1 prefix a strided view BLAS reads in place (an export
 stores it contiguous), so the shared model at a tier and its export give bitwise-equal CPU outputs (ESSH Q.2).
 
-A whole safetensors file goes onto a CUDA device in large staged reads (``read_to_device``), since
-``safe_open(device="cuda")`` faults in every 4 KB page of the memory-mapped file and copies from pageable memory; a
-tier's prefixes, and a file whose header fails ``parse_header``'s checks, are read through safetensors.
+A whole safetensors file goes onto CUDA in large staged reads (``read_to_device``; ``safe_open(device="cuda")``
+faults in every 4 KB page): docs/performance.md, where ``read_to_device`` is described.
 """
 
 from __future__ import annotations

@@ -66,12 +66,11 @@ class ElasticLM(TemplateLM):
         tokenizer: None (default): the tokenizer saved with the model (bytes for a model without one); else
             ``"bytes"``, a ``tokenizer.json`` or a tokenizer folder, which must equal the saved one.
         device: where a loaded model goes (default: the model's device, else ``"cpu"``).
-        batch_size: sequences per forward pass, or ``"auto"``: on CUDA the largest power of two up to
-            ``max_batch_size`` whose forward at the longest request fits in memory; on CPU ``min(8, max_batch_size)``.
+        batch_size: sequences per forward pass, or ``"auto"`` up to ``max_batch_size`` (default 64): on CUDA the
+            largest power of two whose forward at the longest request fits in memory; on CPU ``min(8, max_batch_size)``.
         max_length: longest scored input in tokens; longer inputs keep their last ``max_length`` tokens.
         max_gen_toks: default generation length for ``generate_until``.
-        precision: ``"fp32"`` or ``"bf16"`` (autocast).
-        max_batch_size: the ceiling of ``batch_size="auto"`` (default 64)."""
+        precision: ``"fp32"`` or ``"bf16"`` (autocast)."""
 
     backend = "causal"
     show_progress = True

@@ -196,12 +196,6 @@ def _device(device_map: Any) -> str:
     return str(device_map)
 
 
-def _dtype(dtype: Any) -> torch.dtype | None:
-    if dtype is None or dtype == "auto":
-        return None
-    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
-
-
 class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
     """One of our models behind ``transformers``' causal-LM API (a family subclass each)."""
 
@@ -249,8 +243,10 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
             raise OSError(f"{path} is not a local elastic_ssm model directory (no config.json); our models load "
                           "from a directory written by save_pretrained (a training run's final/, an export)")
         tier = tier_name(tier if tier is not None else getattr(config, "tier", None))
-        model = model_class(cls.config_class.arch).from_pretrained(
-            path, tier=tier, device=_device(device_map), dtype=_dtype(dtype if dtype is not None else torch_dtype))
+        dtype = torch_dtype if dtype is None else dtype
+        dtype = None if dtype == "auto" else getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        model = model_class(cls.config_class.arch).from_pretrained(path, tier=tier, device=_device(device_map),
+                                                                   dtype=dtype)
         out = cls(cls.config_class.from_model(model, tier=tier), model=model)
         out.config.name_or_path = str(path)
         out.name_or_path = str(path)

@@ -54,22 +54,26 @@ def compile_model(model: Any, **kw: Any) -> Any:
     return model
 
 
+def prepare_dynamo(limit: int) -> None:
+    """``ops.dispatch.prepare_compile`` and dynamo's recompile limit raised to at least ``limit`` graphs."""
+    import torch._dynamo
+
+    from ..ops.dispatch import prepare_compile
+
+    prepare_compile()
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+
+
 def compile_trunk(model: Any, **kw: Any) -> Any:
     """Store ``torch.compile(type(model)._trunk, **kw)`` (the unbound method: a deep copy keeps its own weights)
     on ``model`` (``disable=True``: drop it); one graph per input shape, tier and padding mode, at most 64."""
     if kw.pop("disable", False):
         model.__dict__.pop(_KEY, None)
         return model
-    import torch._dynamo
-
-    from ..ops.dispatch import prepare_compile
-
-    prepare_compile()
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
-    limit = 64
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+    prepare_dynamo(64)
     kw.setdefault("dynamic", False)
     model.__dict__[_KEY] = _announcing(torch.compile(type(model)._trunk, **kw))
     return model

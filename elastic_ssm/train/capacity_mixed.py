@@ -1,10 +1,7 @@
-"""Recipes: the per-step micro-batch plan (``MicroPlan``); ESSH capacity-mixed pretraining and shared refinement
-(their objectives: ``losses.py``). Plans are drawn for the global slots ``g = 0 .. M x world - 1`` from a generator
-seeded with ``(seed, step)``; rank ``k`` runs slots ``g = r x world + k``, so a DDP run equals one process with the
-same global batch. ``CapacityMixed`` (Algorithm 1, D.4, D.5): full capacity until ``n_warm_tokens``, then the first
-``n_F = floor(f x M_global) + Bernoulli(frac(f x M_global))`` slots are full and the others draw uniformly from the
-capacities (full share ``f + (1 - f) / n_capacities`` in expectation). ``SharedRefinement`` (D.8): one capacity per
-step (``per_step``) or cycled (``cycle``).
+"""Recipes: the per-step micro-batch plan (``MicroPlan``); ESSH capacity-mixed pretraining (``CapacityMixed``:
+Algorithm 1, D.4, D.5) and shared refinement (``SharedRefinement``: D.8, ``per_step`` or ``cycle``); their
+objectives: ``losses.py``. The plan of the global slots, seeded with ``(seed, step)``, and the ``n_F`` draw:
+docs/training.md, "One optimizer step", item 2.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Atomic, resumable training checkpoints (docs/training.md, "Checkpoints and resume"). A stage directory holds
-``step_XXXXXXX/`` folders (``model/`` by ``save_pretrained``, ``optimizer.pt``, ``trainer.pt``, one ``rank<k>.pt``
-per rank: RNG states, FFN statistics, data position; ``train_config.yaml``; written last, ``COMPLETE.json``: the
-step, size and sha256 of every file) and ``latest``, naming the newest. A checkpoint is assembled in
-``.step_XXXXXXX.tmp/`` and renamed into place; a directory without a valid ``COMPLETE.json`` is skipped, one that
-fails a check is moved aside (``move_damaged``), never deleted; when checkpoints exist but none loads, loading is an
-error. Under FSDP2 the full states are gathered to rank 0.
+"""Atomic, resumable training checkpoints: the ``step_XXXXXXX/`` layout, ``COMPLETE.json``, ``latest`` and what
+happens to a damaged one (``move_damaged``, never deleted): docs/training.md, "Checkpoints and resume" and "Work
+is never lost". Under FSDP2 the full states are gathered to rank 0.
 """
 
 from __future__ import annotations

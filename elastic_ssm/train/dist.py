@@ -1,10 +1,7 @@
 """Process groups for one code path on CPU, one GPU and ``torchrun`` (docs/training.md, "Multi-GPU"):
-``init_distributed`` (NCCL on CUDA, gloo on CPU; one process: collectives are the identity), ``wrap_ddp`` (gradients
-all-reduced with the last backward: Alg. 1 line 20) and ``wrap_fsdp`` (FSDP2 ``fully_shard`` per block: ``DTensor``
-shards outside a forward, ``full_tensor`` / ``shard_like``). Both *average* gradients, so the loop scales each
-micro-batch loss by the world size to get Algorithm 1's sum. Every rank runs the same collectives in the same order
-(``teacher_padding``: idle teacher passes under FSDP2, Alg. 1 line 12); one that waits past ``dist_timeout_s`` becomes
-one line naming rank, stage and step (``collective_error``, ``StepWatch``)."""
+``init_distributed`` (NCCL on CUDA, gloo on CPU; one process: collectives are the identity), ``wrap_ddp`` (Alg. 1
+line 20) and ``wrap_fsdp`` (FSDP2 ``fully_shard`` per block), both averaging gradients; the same collectives on
+every rank (``teacher_padding``: Alg. 1 line 12) and a stuck one as one line (``collective_error``, ``StepWatch``)."""
 from __future__ import annotations
 
 import contextlib

@@ -1,14 +1,8 @@
 """``train()``: one code path for CPU, one GPU and ``torchrun`` DDP or FSDP2 (ESSH Algorithm 1; ES-SSM Alg. 2).
 
-One optimizer step of every recipe:
-
-1. draw this rank's M micro-batches; N_tok = AllReduceSum(sum_r N_r) valid tokens     (Alg. 1 line 2)
-2. the recipe's plan gives each micro-batch its tier, FFN gradient scale and distillation term
-3. for each micro-batch: loss sums from ``LossModule``; backward of ``world x sum / N_tok`` (DDP and
-   FSDP average, so this accumulates sum_r (N_r / N_tok) grad l_r summed over ranks) (lines 3-20)
-4. clip the global gradient norm, set the warm-up/cosine LR, AdamW step               (line 21)
-5. the recipe's hook (FFN importance ordering for capacity-mixed training)          (lines 22-26)
-6. log, validate every ``eval.every`` steps, checkpoint every ``checkpoint.every`` steps.
+One optimizer step of every recipe (docs/training.md, "One optimizer step": Alg. 1 lines 2-26): N_tok valid
+tokens all-reduced, the recipe's plan per micro-batch, backward of ``world x sum / N_tok`` for each, clip, LR,
+AdamW, the recipe's hook (FFN ordering); then log, validate and checkpoint at their cadences.
 
 Stages: ``pretrain`` and, for ESSH with ``refine.steps > 0``, ``refine`` (D.8: a fresh AdamW and schedule), each
 into ``<out_dir>/<stage>/``; a resume continues an interrupted stage bit for bit on CPU.
@@ -275,15 +269,9 @@ class _Trainer:
 
 
 def _compile_blocks(model: nn.Module, n_capacities: int, **kw: Any) -> None:
-    import torch._dynamo
+    from ..models.compile import prepare_dynamo
 
-    from ..ops.dispatch import prepare_compile
-
-    prepare_compile()
-    limit = max(8, 2 * n_capacities + 4)
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+    prepare_dynamo(max(8, 2 * n_capacities + 4))
     for block in getattr(model, "blocks", []):
         block.compile(**kw)
 
@@ -293,14 +281,10 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
           stages: tuple[str, ...] | None = None, stop_after: int | None = None, overwrite: bool = False,
           record: dict[str, Any] | None = None, tokenizer: Any = None) -> TrainResult:
     """Train a model (in place; under ``parallel='fsdp'`` sharded in place: use ``TrainResult.model``) or one built
-    from its config with ``cfg.seed``; docs/training.md describes every argument. ``data``: micro-batches
-    ``(input_ids [B,T], labels [B,T])`` (labels -100 ignored; ES-SSM classification: labels [B]; an optional third
-    element is an attention mask), or a callable ``data(rank, world_size)`` returning them. ``resume``: True or
-    ``"auto"``; ``record``: the run's settings (``RunConfig.to_dict()``), compared on resume and written to
-    ``run.yaml``; ``distributed=False``: one process even under torchrun; ``stages=("refine",)``: refinement only;
-    ``progress``: True (bar and lines), ``"lines"`` or False; ``stop_after``: end after that many steps of the current
-    stage, with a checkpoint there and no final model; ``tokenizer`` (a ``load_tokenizer`` spec or a tokenizer)
-    becomes ``model.tokenizer``, saved with every checkpoint and the final model."""
+    from its config with ``cfg.seed``. ``data``: micro-batches ``(input_ids [B,T], labels [B,T])`` (labels -100
+    ignored; ES-SSM classification: labels [B]; an optional third element is an attention mask), or a callable
+    ``data(rank, world_size)`` returning them; ``resume``: True or ``"auto"``; ``progress``: True (bar and lines),
+    ``"lines"`` or False. Every other argument: docs/training.md, the list under its ``train(...)`` signature."""
     ctx = init_distributed(cfg.device, distributed, cfg.dist_timeout_s)
     lock, trainer = None, None
     try:

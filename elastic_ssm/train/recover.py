@@ -1,11 +1,9 @@
 """Truncate a trained ESSH and recover it (the paper's controls for models not trained with capacity mixing; CLI
-``elastic-ssm recover``, docs/baselines.md): ``truncate_and_recover`` evaluates every tier as cut, recovers by one
-protocol and evaluates again: ``"refine"`` (the dense control of Tables 33, 37, 43: shared refinement, D.8),
-``"label_only"`` (Table 43: each tier exported and trained at its shape with label CE) or ``"posthoc"`` (E.7, N.6,
-``elastify``: ``calibrate`` ranks FFN units by ``I_{l,h} = abar_{l,h}^2 ||W_down[:, h]||^2`` and, with
-``channel_order="energy"``, spectral channels by ``E_k = mean_t ||W_k^out z_k(t)||^2``; recipe ``posthoc`` then
-trains the masks under the frozen parent, on the student as ``model.__dict__["frozen_teacher"]``: not a submodule,
-so not trained, checkpointed or wrapped)."""
+``elastic-ssm recover``): ``truncate_and_recover`` evaluates every tier as cut, recovers by ``"refine"`` (Tables 33,
+37, 43; D.8), ``"label_only"`` (Table 43) or ``"posthoc"`` (E.7, N.6: ``calibrate``, then ``elastify``) and evaluates
+again; each protocol and its rankings: docs/baselines.md, "Truncate and recover" and "Post-hoc elastification".
+The frozen parent rides on the student as ``model.__dict__["frozen_teacher"]``: not a submodule, so not trained,
+checkpointed or wrapped."""
 
 from __future__ import annotations
 

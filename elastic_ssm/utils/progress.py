@@ -1,8 +1,5 @@
-"""What long work shows (DESIGN rule 9), torch-free. ``progress``: the one progress bar of the library and the CLI,
-tqdm on stderr, silent unless ``enabled``, shown on a terminal (``ELASTIC_SSM_PROGRESS=always`` forces it).
-``tuning_notice``: what a fresh machine's first CUDA prefill is doing (Triton compiles and fla autotunes the scan's
-kernels, once), a logged line at the start, every ``every`` seconds and at the end when the Triton cache holds no
-autotuning results.
+"""What long work shows (DESIGN rule 9), torch-free: ``progress`` (the one tqdm bar), ``shown`` and
+``tuning_notice`` (a fresh machine's first CUDA prefill); docs/architecture.md, ``utils/progress.py``.
 """
 
 from __future__ import annotations
