@@ -36,8 +36,9 @@ class DecodeOptions:
 
 
 def _per_row(a: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
-    """``a * factor`` (rows' own tiers), in place; ``a`` itself when every row is at the plan's."""
-    return a if factor is None else a.mul_(factor[:a.shape[0]].to(a.dtype))
+    """``a * factor`` (rows' own tiers), in place, computed in the wider dtype and rounded once (one kernel, no cast
+    of ``factor`` per step); ``a`` itself when every row is at the plan's."""
+    return a if factor is None else a.mul_(factor[:a.shape[0]])
 
 
 def residual_mm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -90,10 +91,12 @@ class SpectralPlan(_Plan):
 
     def batched(self, x, norm, eps, state, o: DecodeOptions) -> torch.Tensor:
         h = F.linear(rms_norm(x, norm, eps, o.backend), self.w_in)
-        # rows at their own tiers: the sqrt(K / K_T) factor is applied in float32, then cast for the product
-        dt = self.w_out.dtype if o.channel_scale is None else torch.promote_types(self.w_out.dtype, torch.float32)
-        z = spectral_decode_step(h, state, self.consts, dt, o.backend)                    # [B, K P] scaled
-        return residual_mm(x, _per_row(z, o.channel_scale), self.w_out)
+        wt, s = self.w_out.dtype, o.channel_scale
+        z = spectral_decode_step(h, state, self.consts, wt if s is None else torch.promote_types(wt, torch.float32),
+                                 o.backend)                                               # [B, K P] scaled
+        if s is not None:   # rows at their own tiers: z sqrt(K / K_T) in float32, rounded once into the product's dtype
+            z = torch.mul(z, s[:z.shape[0]], out=torch.empty_like(z, dtype=wt))
+        return residual_mm(x, z, self.w_out)                          # one addmm: every operand in the weights' dtype
 
 
 @dataclass
