@@ -93,7 +93,7 @@ def fla_without_dynamo():
     real = torch.compiler.disable
 
     def disable(fn=None, recursive=True, *, reason=None):
-        if fn is None or "torch._dynamo" in sys.modules or not getattr(fn, "__module__", "").startswith("fla."):
+        if fn is None or "torch._dynamo" in sys.modules or not str(getattr(fn, "__module__", None)).startswith("fla."):
             return real(fn, recursive, reason=reason)
         wrapped = functools.cache(lambda: real(fn, recursive, reason=reason))
         return functools.wraps(fn)(lambda *a, **k: (fn if "torch._dynamo" not in sys.modules else wrapped())(*a, **k))
