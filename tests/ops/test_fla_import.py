@@ -3,8 +3,10 @@
 for it. A stand-in ``fla`` package on ``sys.path`` counts its imports and takes a while to import."""
 
 import os
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -83,12 +85,22 @@ def test_the_check_imports_only_the_gla_kernels_and_the_package_completes_on_dem
     assert fla.ops.chunk_gla is chunk.chunk_gla and sys.modules["fla.ops"] is fla.ops
 
 
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _fresh_process_says_ok(code: str, *paths: Path) -> None:
+    """Run ``code`` in a new interpreter with ``paths``, the tests folder and the repository on ``sys.path`` (this
+    process may already hold ``torch._dynamo``); it must print ``ok``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [*paths, TESTS, TESTS.parent]))}
+    env.pop(dispatch.ENV_VAR, None)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
 def test_fla_import_leaves_torch_dynamo_unimported_and_compile_still_works(tmp_path):
     """fla-core wraps its entry points with ``torch.compiler.disable`` at import, which imports ``torch._dynamo``
     (1-2 s): ``fla_without_dynamo`` defers that wrapper to the first call after something imports dynamo, and
     a compiled caller still runs the function outside its graph. In a fresh process (pytest's may hold dynamo)."""
-    import subprocess
-
     pkg = tmp_path / "fla" / "ops" / "gla"
     pkg.mkdir(parents=True)
     for d in (tmp_path / "fla", tmp_path / "fla" / "ops", pkg):
@@ -105,18 +117,13 @@ def test_fla_import_leaves_torch_dynamo_unimported_and_compile_still_works(tmp_p
         assert f(torch.ones(2)).tolist() == [4.0, 4.0] and c.entry(2) == 3
         print("ok")
     """
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])}
-    env.pop(dispatch.ENV_VAR, None)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+    _fresh_process_says_ok(code, tmp_path)
 
 
 def test_eager_calls_of_the_gla_ops_import_no_dynamo():
     """The scan's two ops are declared with ``torch.library.Library`` (``torch.library.custom_op`` would import
     ``torch._dynamo`` at their first call): an inference call and a forward under autograd leave it unimported.
     In a fresh process, with the CPU stand-in for fla (tests/fla_stand_in.py)."""
-    import subprocess
-
     code = """if True:
         import sys, torch
         import fla_stand_in
@@ -131,7 +138,4 @@ def test_eager_calls_of_the_gla_ops_import_no_dynamo():
         assert o.requires_grad and "torch._dynamo" not in sys.modules
         print("ok")
     """
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.path.dirname(tests)])}
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+    _fresh_process_says_ok(code)
