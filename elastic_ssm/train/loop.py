@@ -113,6 +113,10 @@ class _Trainer:
         #: compile_mode reduce-overhead replays CUDA graphs whose outputs the next replay overwrites: each
         #: micro-batch starts a new graph step (its outputs are consumed by its own backward and loss sums)
         self.graph_steps = cfg.compile and cfg.compile_mode == "reduce-overhead"
+        if self.graph_steps:    # a .grad would alias a backward graph's output, which the next micro-batch's
+            for p in model.parameters():    # replay overwrites before the sum (pytorch#169545): sum into copies
+                if p.requires_grad:
+                    p.register_hook(torch.clone)
 
     def _check_shape(self, ids: torch.Tensor) -> None:
         """Warn once when the data's batch shape differs from ``micro_batch_size x seq_len``."""
