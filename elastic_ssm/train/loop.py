@@ -113,10 +113,6 @@ class _Trainer:
         #: compile_mode reduce-overhead replays CUDA graphs whose outputs the next replay overwrites: each
         #: micro-batch starts a new graph step (its outputs are consumed by its own backward and loss sums)
         self.graph_steps = cfg.compile and cfg.compile_mode == "reduce-overhead"
-        if self.graph_steps:    # a .grad would alias a backward graph's output, which the next micro-batch's
-            for p in model.parameters():    # replay overwrites before the sum (pytorch#169545): sum into copies
-                if p.requires_grad:
-                    p.register_hook(torch.clone)
 
     def _check_shape(self, ids: torch.Tensor) -> None:
         """Warn once when the data's batch shape differs from ``micro_batch_size x seq_len``."""
@@ -222,6 +218,9 @@ class _Trainer:
                         out = self.loss_mod(ids, labels, plan.tier, plan.ffn_grad_scale, plan.distill, plan.full_ce,
                                             attention_mask=mask, chunk=cfg.loss_chunk)
                     (out[0] * scale).backward()
+                if self.graph_steps and r < M - 1:  # a .grad aliases the backward graph's output, which the next
+                    for p in params:                # replay overwrites before the sum (pytorch#169545): copy it
+                        p.grad = None if p.grad is None else p.grad.clone()
                 sums += out.detach().double()
             gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip if cfg.optim.clip > 0 else float("inf"))
             lr = st.sched(step)

@@ -434,6 +434,30 @@ def test_compile_scope_model_trains_like_eager(tiny_cfg, tmp_path, monkeypatch):
     assert modes == [{"mode": "reduce-overhead"}]
 
 
+def test_graph_steps_copy_accumulated_gradients_without_changing_them(tiny_cfg, tmp_path, monkeypatch):
+    """compile_mode reduce-overhead: each micro-batch starts a graph step, and a gradient that another micro-batch
+    will add to is first copied out of the backward graph's output (pytorch#169545); the losses stay those of the
+    same run without it (here the model itself stands in for its compiled form)."""
+    from elastic_ssm import models
+
+    monkeypatch.setattr(models, "compile_model", lambda m, **kw: m)
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    clones = []
+    real_clone = torch.Tensor.clone
+    monkeypatch.setattr(torch.Tensor, "clone", lambda t, *a, **k: clones.append(1) or real_clone(t, *a, **k))
+    kw = dict(steps=3, grad_accum=2, recipe="dense")
+    plain = train(tiny_cfg, _micro_batches(6), _cfg(tmp_path / "p", **kw), progress=False)
+    n_plain = len(clones)
+    graphed = train(tiny_cfg, _micro_batches(6), _cfg(tmp_path / "g", compile=True, compile_scope="model",
+                                                     compile_mode="reduce-overhead", **kw), progress=False)
+    assert len(marks) == 3 * 2
+    n_params = sum(p.requires_grad for p in graphed.model.parameters())
+    assert len(clones) - 2 * n_plain == 3 * n_params   # each parameter copied after each step's first backward
+    assert [h["loss"] for h in graphed.history] == [h["loss"] for h in plain.history]
+    assert [h["grad_norm"] for h in graphed.history] == [h["grad_norm"] for h in plain.history]
+
+
 def test_bf16_autocast_training_with_the_torch_scan(tiny_cfg, tmp_path, monkeypatch):
     """``precision='bf16'`` with the torch scan (no fla): a mode too steep for a factorised block makes the scan
     plan mixed (Eq. 27 pairwise + factorised), the case that failed under autocast (issue #19)."""
