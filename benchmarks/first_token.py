@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Literal
@@ -38,6 +39,8 @@ class FirstTokenOptions(ConfigBase):
     import_fla: NonNeg = opt(0, "children that only import fla first (startup and fla import seconds)")
     cprofile: bool = opt(False, "one more child with its load, decoder build and first prefill under cProfile "
                                 "(profile.txt; Triton prints its autotuning)")
+    torch_profile: bool = opt(False, "one more child with its decoder build and first prefill under torch.profiler, "
+                                     "CPU and CUDA (torch_profile.txt: each phase's ops by self CPU time)")
     cli_tokens: NonNeg = opt(0, "then `elastic-ssm generate` end to end: prompt of `prompt` characters, this many "
                              "greedy tokens (0: not run)")
     compile: bool = opt(False, "the children call compile_model before the first prefill (the compiled trunk's "
@@ -76,6 +79,7 @@ class ChildOptions:
     prompt: int = opt(2048, "prompt tokens")
     device: str = opt("cuda", "where the model runs")
     cprofile: str = opt("", "write a cProfile of the prefill here")
+    torch_profile: str = opt("", "write torch.profiler tables of the decoder build and the prefill here")
     compile: bool = opt(False, "compile_model after loading")
     spawned_at: float | None = opt(None, "time.time() when the parent started us")
 
@@ -126,6 +130,10 @@ def run_first_token(opts: FirstTokenOptions, ctx) -> list[dict]:
         env = {"TRITON_PRINT_AUTOTUNING": "1"}
         res = _child(replace(base, cprofile=str(ctx.path("profile.txt"))), ctx, env, opts.timeout_s, "children.log")
         rows.append({"probe": "first token, cProfile", "backend": "auto", "warm": n > 0, **res})
+    if opts.torch_profile:
+        res = _child(replace(base, torch_profile=str(ctx.path("torch_profile.txt"))), ctx, {}, opts.timeout_s,
+                     "children.log")
+        rows.append({"probe": "first token, torch.profiler", "backend": "auto", "warm": n > 0, **res})
     if opts.cli_tokens:
         prompt = ("def main(argv):\n    return argv\n" * (opts.prompt // 30 + 1))[:opts.prompt]
         cmd = [sys.executable, "-m", "elastic_ssm.cli", "generate", str(d), "--tier", opts.tier, "--prompt", prompt,
@@ -165,14 +173,18 @@ def _first_token_child(a: ChildOptions) -> dict:
     sync()
     t_load = time.time()
     ids = torch.randint(0, m.config.vocab_size, (1, a.prompt), device=a.device)
+    tables = []
     with tuning_notice(torch.device(a.device)):   # as generate: a fresh machine's first decoder and prefill say so
-        s = FusedSession(m, 1, None, None, None)  # a model loaded at a tier is standalone: its only tier
-        sync()
+        with _torch_profiled(a.torch_profile, "decoder build", tables):
+            s = FusedSession(m, 1, None, None, None)  # a model loaded at a tier is standalone: its only tier
+            sync()
         t_dec = time.time()
-        with torch.inference_mode():
+        with _torch_profiled(a.torch_profile, "first prefill", tables), torch.inference_mode():
             s.prefill(ids, None).argmax(-1)       # logits: it waits for the deferred weights checksum
-        sync()
+            sync()
         t_pre = time.time()
+    if tables:
+        Path(a.torch_profile).write_text("\n\n".join(tables))
     if prof is not None:
         import io
         import pstats
@@ -181,12 +193,31 @@ def _first_token_child(a: ChildOptions) -> dict:
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("cumtime").print_stats(60)
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+        pstats.Stats(prof, stream=buf).print_callers("entry_points|capture_graph|_do_compile")  # who pays them
         Path(a.cprofile).write_text(buf.getvalue())
     m.generate(ids, 1)
     sync()
     return {"import_s": t_imp - a.spawned_at, "load_s": t_load - t_imp, "decoder_s": t_dec - t_load,
             "prefill_s": t_pre - t_dec, "first_token_s": t_pre - a.spawned_at, "next_generate_s": time.time() - t_pre,
             "dynamo_imported": "torch._dynamo" in sys.modules}
+
+
+@contextmanager
+def _torch_profiled(path: str, phase: str, tables: list[str]):
+    """With ``path``: the block under ``torch.profiler`` (CPU and CUDA), its ops by self CPU time and by CUDA time
+    appended to ``tables``; else the block alone."""
+    if not path:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    t = time.time()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield
+    avg = prof.key_averages()
+    tables.append(f"== {phase}: {time.time() - t:.3f} s under the profiler, by self CPU time\n"
+                  + avg.table(sort_by="self_cpu_time_total", row_limit=40)
+                  + f"\n== {phase}, by CUDA time\n" + avg.table(sort_by="cuda_time_total", row_limit=20))
 
 
 def _import_fla_child(a: ChildOptions) -> dict:
