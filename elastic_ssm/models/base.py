@@ -237,10 +237,12 @@ class ElasticModel(nn.Module):
             rules, full = cls.slice_rules(config, t), cls.slice_rules(config, tiers_mod.resolve_tier(config, None))
             source = {"parent": str(path), "tier": t.name, "parent_config": config.to_dict()}
             config = cls.tier_config(config, t)
-        if cls.scans_with_fla and torch.device(device).type == "cuda":
-            from ..ops.dispatch import import_fla_in_background
+        if torch.device(device).type == "cuda":   # both overlap the load and the decoder build (first prefill)
+            from ..ops.dispatch import hash_triton_key_in_background, import_fla_in_background
 
-            import_fla_in_background()          # overlaps the load and the decoder build (first prefill)
+            hash_triton_key_in_background()
+            if cls.scans_with_fla:
+                import_fla_in_background()
         with torch.device("meta"):
             model = cls(config)
         read = False

@@ -25,6 +25,7 @@ _logger = logging.getLogger("elastic_ssm")
 _announced: set[tuple[str, str]] = set()
 _FLA_OK: list[bool] = []  # memo of fla_available(): a plain global, so compiled code reads it as a constant
 _FLA_LOCK = threading.Lock()   # one import of fla at a time: a caller waits for the background one to end
+_TRITON_KEYED: list[bool] = []  # hash_triton_key_in_background() started
 
 
 def persist_autotuning() -> None:
@@ -138,6 +139,20 @@ def import_fla_in_background() -> None:
     if importlib.util.find_spec("fla") is None:
         return
     threading.Thread(target=fla_available, name="elastic-ssm-import-fla", daemon=True).start()
+
+
+def _triton_key() -> None:
+    with contextlib.suppress(Exception):   # another Triton's layout: its first compile computes the key as before
+        importlib.import_module("triton.runtime.cache").triton_key()
+
+
+def hash_triton_key_in_background() -> None:
+    """Once per process, on a daemon thread while a CUDA model loads: Triton's per-process compile-cache key
+    (``triton.runtime.cache.triton_key``, memoised), whose sha256 of Triton's ~400 MB library (~0.25 s) the first
+    kernel of the decoder build would wait for; hashing releases the GIL, so it overlaps the load."""
+    if not _TRITON_KEYED and importlib.util.find_spec("triton") is not None:
+        _TRITON_KEYED.append(True)
+        threading.Thread(target=_triton_key, name="elastic-ssm-triton-key", daemon=True).start()
 
 
 def prepare_compile() -> None:

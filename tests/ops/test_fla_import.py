@@ -139,3 +139,18 @@ def test_eager_calls_of_the_gla_ops_import_no_dynamo():
         print("ok")
     """
     _fresh_process_says_ok(code)
+
+
+def test_triton_key_is_hashed_once_per_process_on_a_background_thread(monkeypatch):
+    """``hash_triton_key_in_background`` (started by ``from_pretrained(device="cuda")``): Triton's per-process
+    compile-cache key, which the decoder build's first kernel would otherwise compute, is hashed on its own thread,
+    once however often models load."""
+    cache = pytest.importorskip("triton.runtime.cache", reason="triton is a dev dependency on linux x86_64 only")
+    calls = []
+    monkeypatch.setattr(cache, "triton_key", lambda: calls.append(threading.current_thread().name))
+    monkeypatch.setattr(dispatch, "_TRITON_KEYED", [])
+    dispatch.hash_triton_key_in_background()
+    dispatch.hash_triton_key_in_background()
+    for t in [t for t in threading.enumerate() if t.name == "elastic-ssm-triton-key"]:
+        t.join(10)
+    assert calls == ["elastic-ssm-triton-key"]
