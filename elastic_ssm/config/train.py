@@ -39,7 +39,7 @@ LOG_SINKS = get_args(LogSink)
 
 #: The papers' training settings per ESSH model size (Table 7, Table 55, D.4, D.8, E.3). Steps are the
 #: pretraining tokens over the tokens per step (370M: 7.4B / 262,144; 1.5B: 100B / 524,288). The 1.5B
-#: micro-batches, 8 x 2048 (370M) and 4 x 2048 (1.5B) tokens, are Table 50's B.
+#: micro-batches, 8 x 2048 (370M) and 4 x 2048 (1.5B) tokens, are the B that Table 50 lists for its runs.
 TRAIN_PRESETS: dict[str, dict] = {
     "370m": dict(recipe="capacity_mixed", steps=28229, micro_batch_size=8, seq_len=2048, tokens_per_step=262_144,
                  optim=dict(lr=1.2e-3), mixing=dict(n_warm_tokens=250_000_000), eval=dict(every=500),
@@ -100,7 +100,8 @@ class TrainConfig(ConfigBase):
     refine: RefineConfig = section(RefineConfig, "shared-refinement stage after pretraining (D.8)")
     eval: EvalConfig = section(EvalConfig, "validation during training (E.4)")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "checkpoint cadence and retention")
-    loss_chunk: NonNeg = opt(0, "chunked loss (D.6): positions per chunk, 0 = full-logit loss (paper: 4096 when enabled; its main 370M run and SR use the full-logit loss)")
+    loss_chunk: NonNeg = opt(0, "chunked loss (D.6): positions per chunk, 0 = full-logit loss (paper: 4096 when "
+                                "enabled; its main 370M run and SR use the full-logit loss)")
     precision: Precision = opt("auto", "'auto' (bf16 on CUDA, fp32 on CPU), 'fp32' or 'bf16' (autocast with fp32 "
                          "master weights, E.5)")
     out_dir: NonEmpty = opt("runs/train", "run directory: checkpoints, metrics.jsonl, final model")
