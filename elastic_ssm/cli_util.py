@@ -298,7 +298,6 @@ def run_reporting_errors(fn: Callable[[], Any], command: str, debug: bool) -> in
         warnings.formatwarning = original
 
 
-
 def to_argv(options: Any, prefix: str = "") -> list[str]:
     """The flags of ``options`` (a dataclass instance) for a child process that parses them with ``derive``
     (booleans as ``--x`` / ``--no_x``, tuples as several values, ``None`` left out)."""

@@ -76,12 +76,10 @@ def run_server(a: BenchServerOptions, pool_factory=None, vocab_size: int | None 
 
     load = functools.partial(_bench_model, a.preset, a.device, a.dtype, a.seed, vocab_size)
     tiers = a.tiers.split(",")
-    settings = ServerSettings(name="bench", tiers=tiers, default_tier=tiers[-1], slots=a.slots,
-                              max_prefill=a.max_prefill, prefill_wait_ms=a.prefill_wait_ms,
-                              prefill_graphs=a.prefill_graphs, prefill_graph_tokens=a.prefill_graph_tokens,
-                              attended_spans=a.attended_spans,
-                              max_queue=4 * a.slots,
-                              max_connections_per_client=1 << 16, max_prompt_tokens=1 << 16, max_tokens_limit=1 << 16)
+    same = ("max_prefill", "prefill_wait_ms", "prefill_graphs", "prefill_graph_tokens", "attended_spans")
+    settings = ServerSettings(name="bench", tiers=tiers, default_tier=tiers[-1], slots=a.slots, max_queue=4 * a.slots,
+                              max_connections_per_client=1 << 16, max_prompt_tokens=1 << 16, max_tokens_limit=1 << 16,
+                              **{k: getattr(a, k) for k in same})
     if thread_engine:
         app = create_app(load(), settings, pool_factory)
     else:

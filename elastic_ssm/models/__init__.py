@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +18,16 @@ __all__ = ["CheckpointError", "ElasticModel", "load_pretrained", "model_class", 
            "read_model_meta", "saved_model_class"]
 
 
+#: arch -> (submodule, class), imported on first use
+_CLASSES = {"essh": ("essh", "ESSH"), "es_ssm": ("es_ssm", "ESSSM"), "transformer": ("baselines", "TransformerPP"),
+            "matformer": ("baselines", "MatFormer")}
+
+
 def model_class(arch: str) -> type[ElasticModel]:
-    if arch == "essh":
-        from .essh import ESSH
-
-        return ESSH
-    if arch == "es_ssm":
-        from .es_ssm import ESSSM
-
-        return ESSSM
-    if arch in ("transformer", "matformer"):
-        from .baselines import MatFormer, TransformerPP
-
-        return TransformerPP if arch == "transformer" else MatFormer
-    raise CheckpointError(f"unknown model arch {arch!r}; expected 'essh', 'es_ssm', 'transformer' or 'matformer'")
+    if not isinstance(arch, str) or arch not in _CLASSES:
+        raise CheckpointError(f"unknown model arch {arch!r}; expected 'essh', 'es_ssm', 'transformer' or 'matformer'")
+    module, name = _CLASSES[arch]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def build_model(config: Any, seed: int | None = None) -> ElasticModel:

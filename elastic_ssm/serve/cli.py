@@ -173,24 +173,22 @@ def check_state_fits(config, tier: str, batch: int, device, flag: str, weights: 
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from ..models import load_pretrained
+    from ..cli_util import load_model
     from .calibrate import calibrate, write_profile
 
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
         raise ConfigError(f"--batches must be comma-separated integers, got {args.batches!r}") from None
     if not batches or min(batches) < 1:
         raise ConfigError(f"--batches must be integers >= 1, got {args.batches!r}")
-    model = load_pretrained(args.checkpoint, device=device, dtype=dtype)
+    model, device = load_model(args, dtype=args.dtype)
     require_essh(args.checkpoint, model.arch, "calibrate")
     tiers = checked_tiers(model, args.tiers)          # the tier-list parser of every verb: "T1, T4" is T1, T4
     weights = weight_bytes(model)
     for t in tiers or [x.name for x in model.tier_table()]:    # one tier and batch at a time
         check_state_fits(model.config, t, max(batches), device, f"--batches {args.batches}", weights)
-    announce_device("calibrate", device, dtype)
+    announce_device("calibrate", device, resolve_dtype(args.dtype, device))
     profile = calibrate(model, batches, tiers, warmup=args.warmup, iters=args.iters, show_progress=not args.quiet)
     print(f"wrote {write_profile(args.checkpoint, profile, notice=lambda line: status(line, file=sys.stderr))}")
     return 0

@@ -90,11 +90,7 @@ def norm_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None
         return out
     dt = _wide(x, w)
     y = _normed(x, norm_weight, eps, dt) @ w.to(dt).t()
-    if residual:
-        out.add_(y.to(out.dtype))
-    else:
-        out.copy_(y)
-    return out
+    return out.add_(y.to(out.dtype)) if residual else out.copy_(y)
 
 
 def norm_swiglu_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None = None,

@@ -86,9 +86,7 @@ def capped_log_decay(clock: torch.Tensor, rho: torch.Tensor, dtype: torch.dtype,
 
 def host_sync_allowed(x: torch.Tensor) -> bool:
     """True outside ``torch.compile`` tracing and outside CUDA-graph capture (where ``bool(tensor)`` fails)."""
-    if torch.compiler.is_compiling():
-        return False
-    return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+    return not (torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()))
 
 
 def validate_scan_values(clock: torch.Tensor, modal: ModalTables) -> None:
