@@ -240,9 +240,9 @@ class ElasticModel(nn.Module):
         if torch.device(device).type == "cuda":   # both overlap the load and the decoder build (first prefill)
             from ..ops.dispatch import hash_triton_key_in_background, import_fla_in_background
 
-            hash_triton_key_in_background()
             if cls.scans_with_fla:
                 import_fla_in_background()
+            hash_triton_key_in_background()     # after: its import of triton waits for fla's (dispatch._FLA_LOCK)
         with torch.device("meta"):
             model = cls(config)
         read = False

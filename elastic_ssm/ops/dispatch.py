@@ -134,22 +134,22 @@ def import_fla_in_background() -> None:
     """Import fla on a daemon thread while a CUDA model that scans with it loads, so the import overlaps the load
     (the first prefill's ``fla_available()`` waits for the rest); nothing when another backend is chosen, the check
     already ran or fla is not installed."""
-    if _FLA_OK or _FLA_LOCK.locked() or os.environ.get(ENV_VAR, "").strip().lower() not in ("", "auto", "fla"):
-        return
-    if importlib.util.find_spec("fla") is None:
+    if _FLA_OK or _FLA_LOCK.locked() or os.environ.get(ENV_VAR, "").strip().lower() not in ("", "auto", "fla") \
+            or importlib.util.find_spec("fla") is None:
         return
     threading.Thread(target=fla_available, name="elastic-ssm-import-fla", daemon=True).start()
 
 
 def _triton_key() -> None:
     with contextlib.suppress(Exception):   # another Triton's layout: its first compile computes the key as before
-        importlib.import_module("triton.runtime.cache").triton_key()
+        with _FLA_LOCK:                    # never beside fla's import of triton, and the package whole first (tests)
+            triton = importlib.import_module("triton")
+        triton.runtime.cache.triton_key()
 
 
 def hash_triton_key_in_background() -> None:
-    """Once per process, on a daemon thread while a CUDA model loads: Triton's per-process compile-cache key
-    (``triton.runtime.cache.triton_key``, memoised), whose sha256 of Triton's ~400 MB library (~0.25 s) the first
-    kernel of the decoder build would wait for; hashing releases the GIL, so it overlaps the load."""
+    """Once per process, on a daemon thread while a CUDA model loads: Triton's per-process compile-cache key (a
+    memoised sha256 of its ~400 MB library, ~0.25 s the decoder build's first kernel would wait for; GIL-free)."""
     if not _TRITON_KEYED and importlib.util.find_spec("triton") is not None:
         _TRITON_KEYED.append(True)
         threading.Thread(target=_triton_key, name="elastic-ssm-triton-key", daemon=True).start()

@@ -154,3 +154,61 @@ def test_triton_key_is_hashed_once_per_process_on_a_background_thread(monkeypatc
     for t in [t for t in threading.enumerate() if t.name == "elastic-ssm-triton-key"]:
         t.join(10)
     assert calls == ["elastic-ssm-triton-key"]
+
+
+def test_hashing_the_triton_key_beside_another_import_of_triton_breaks_neither(tmp_path):
+    """The key's thread imports the ``triton`` package whole before its submodule. Asked first for
+    ``triton.runtime.cache`` while another thread (the fla import) still runs ``triton/__init__.py``, it starts
+    ``triton.runtime`` against the half-initialised package; the other thread's ``from .runtime import ...`` then
+    meets that half-done submodule and its ``import triton`` fails (the scan would silently leave fla). A stand-in
+    ``triton`` that imports slowly."""
+    pkg = tmp_path / "triton" / "runtime"
+    pkg.mkdir(parents=True)
+    (tmp_path / "triton" / "__init__.py").write_text("import time\ntime.sleep(0.5)\nknobs = 1\n"
+                                                     "from .runtime import autotune\n")
+    (pkg / "__init__.py").write_text("from .. import knobs\nautotune = 'autotune'\nfrom . import cache\n")
+    (pkg / "cache.py").write_text("import threading\nkeys = []\n\ndef triton_key():\n"
+                                  "    keys.append(threading.current_thread().name)\n")
+    code = """if True:
+        import threading, time, traceback
+        from elastic_ssm.ops import dispatch
+        errors = []
+        def fla_like():
+            try:
+                import triton
+            except Exception:
+                errors.append(traceback.format_exc())
+        other = threading.Thread(target=fla_like)
+        other.start()
+        time.sleep(0.1)                      # the other import holds the package's lock
+        dispatch.hash_triton_key_in_background()
+        other.join(10)
+        [t.join(10) for t in threading.enumerate() if t.name == "elastic-ssm-triton-key"]
+        import triton.runtime.cache as cache
+        assert not errors, errors
+        assert cache.keys == ["elastic-ssm-triton-key"], cache.keys
+        print("ok")
+    """
+    _fresh_process_says_ok(code, tmp_path)
+
+
+def test_the_triton_key_waits_for_an_import_of_fla_in_progress(tmp_path):
+    """fla imports triton too: the key's thread imports it only once fla's import (``dispatch._FLA_LOCK``) is done,
+    so the two threads never import triton at the same time. A stand-in ``triton``."""
+    pkg = tmp_path / "triton" / "runtime"
+    pkg.mkdir(parents=True)
+    (tmp_path / "triton" / "__init__.py").write_text("from . import runtime\n")
+    (pkg / "__init__.py").write_text("from . import cache\n")
+    (pkg / "cache.py").write_text("keys = []\n\ndef triton_key():\n    keys.append(1)\n")
+    code = """if True:
+        import sys, threading, time
+        from elastic_ssm.ops import dispatch
+        with dispatch._FLA_LOCK:             # an import of fla in progress
+            dispatch.hash_triton_key_in_background()
+            time.sleep(0.3)
+            assert "triton" not in sys.modules
+        [t.join(10) for t in threading.enumerate() if t.name == "elastic-ssm-triton-key"]
+        assert sys.modules["triton.runtime.cache"].keys == [1]
+        print("ok")
+    """
+    _fresh_process_says_ok(code, tmp_path)
