@@ -209,10 +209,12 @@ def _torch_profiled(path: str, phase: str, tables: list[str]):
     if not path:
         yield
         return
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     t = time.time()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    cuda = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    with profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
         yield
     avg = prof.key_averages()
     tables.append(f"== {phase}: {time.time() - t:.3f} s under the profiler, by self CPU time\n"
