@@ -24,7 +24,7 @@ _FLA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _logger = logging.getLogger("elastic_ssm")
 _announced: set[tuple[str, str]] = set()
 _FLA_OK: list[bool] = []  # memo of fla_available(): a plain global, so compiled code reads it as a constant
-_FLA_LOCK = threading.Lock()   # one import of fla at a time: a caller waits for the background one to end
+_FLA_LOCK = threading.Lock()   # one import of fla (or of triton, by _triton_key) at a time: a caller waits for it
 _TRITON_KEYED: list[bool] = []  # hash_triton_key_in_background() started
 
 
