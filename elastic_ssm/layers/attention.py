@@ -42,9 +42,10 @@ class RingState:
               valid: torch.Tensor | None) -> None:
         """Store keys/values [B, H, T, hd] of the last ``window`` valid tokens at slots ``pos % window``: T = 1
         (a decode step) writes its slot; T > 1 fills an empty ring, slot s gathering position ``s + W floor((n - 1
-        - s) / W)`` of a row's n valid tokens (empty when s >= n): fixed-shape and host-sync-free."""
+        - s) / W)`` of a row's n valid tokens (empty when s >= n; only the first min(T, W) slots can be held, so
+        only they are gathered): fixed-shape and host-sync-free."""
         B, _, T, _ = k.shape
-        W = self.window
+        W, S = self.window, min(T, self.window)
         if T == 1 and valid is None:
             rows, slot = torch.arange(B, device=k.device), positions[:, 0] % W
             self.keys[rows, :, slot] = k[:, :, 0].to(self.keys.dtype)
@@ -56,10 +57,11 @@ class RingState:
         p = s + W * torch.div(n[:, None] - 1 - s, W, rounding_mode="floor")              # [B, W]
         held = s < n[:, None]
         idx = (T - n[:, None] + p).clamp(0, T - 1)                                         # token index [B, W]
-        gather = idx[:, None, :, None].expand(B, k.shape[1], W, k.shape[3])
-        keep = held[:, None, :, None]
-        self.keys.copy_(torch.where(keep, k.gather(2, gather), 0).to(self.keys.dtype))
-        self.values.copy_(torch.where(keep, v.gather(2, gather), 0).to(self.values.dtype))
+        gather = idx[:, None, :S, None].expand(B, k.shape[1], S, k.shape[3])
+        keep = held[:, None, :S, None]
+        for ring, x in ((self.keys, k), (self.values, v)):
+            ring[:, :, :S].copy_(torch.where(keep, x.gather(2, gather), 0).to(ring.dtype))
+            ring[:, :, S:].zero_()
         self.slot_pos.copy_(torch.where(held, p, -1))
 
     def nbytes(self) -> int:
@@ -217,8 +219,7 @@ class SlidingWindowAttention(nn.Module):
         else:
             blocks = []
             for s in range(0, T, W):
-                e = min(s + W, T)
-                ks = max(0, s - W + 1)
+                e, ks = min(s + W, T), max(0, s - W + 1)
                 kv = valid[:, ks:e] if valid is not None else None
                 mask = window_mask(idx[s:e], idx[ks:e], W, kv)
                 blocks.append(F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, ks:e], v[:, :, ks:e],
@@ -242,8 +243,7 @@ class SlidingWindowAttention(nn.Module):
         device = device or self.out.weight.device
         dtype = kv_dtype or self.out.weight.dtype
         shape = (batch, self.n_heads, self.window, self.head_dim)
-        if positions is None:
-            positions = torch.zeros(batch, dtype=torch.long, device=device)
+        positions = torch.zeros(batch, dtype=torch.long, device=device) if positions is None else positions
         return RingState(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
                          torch.full((batch, self.window), -1, dtype=torch.long, device=device), positions)
 
