@@ -204,22 +204,15 @@ def _first_token_child(a: ChildOptions) -> dict:
 
 @contextmanager
 def _torch_profiled(path: str, phase: str, tables: list[str]):
-    """With ``path``: the block under ``torch.profiler`` (CPU and CUDA), its ops by self CPU time and by CUDA time
-    appended to ``tables``; else the block alone."""
+    """With ``path``: the block under ``benchmarks.profiling.torch_profiled`` (imported only then: the child times
+    its own imports); else the block alone."""
     if not path:
         yield
         return
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from benchmarks.profiling import torch_profiled
 
-    t = time.time()
-    cuda = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
-    with profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
+    with torch_profiled(phase, tables):
         yield
-    avg = prof.key_averages()
-    tables.append(f"== {phase}: {time.time() - t:.3f} s under the profiler, by self CPU time\n"
-                  + avg.table(sort_by="self_cpu_time_total", row_limit=40)
-                  + f"\n== {phase}, by CUDA time\n" + avg.table(sort_by="cuda_time_total", row_limit=20))
 
 
 def _import_fla_child(a: ChildOptions) -> dict:

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -13,7 +14,7 @@ import torch
 from elastic_ssm.config import ConfigBase, opt
 from elastic_ssm.config.base import AtLeast1, NonNeg
 
-__all__ = ["top_kernels", "ProfileOptions", "run_profile"]
+__all__ = ["top_kernels", "torch_profiled", "ProfileOptions", "run_profile"]
 
 
 def top_kernels(fn: Callable[[], object], n: int = 15, log: Callable[[str], None] = print) -> list[dict]:
@@ -35,6 +36,24 @@ def top_kernels(fn: Callable[[], object], n: int = 15, log: Callable[[str], None
         log(f"  {e.self_device_time_total / 1e3:9.3f} ms {e.count:6d}x  {e.key[:90]}")
         out.append({"name": e.key, "ms": e.self_device_time_total / 1e3, "count": e.count})
     return out
+
+
+@contextmanager
+def torch_profiled(phase: str, tables: list[str], rows: int = 40) -> Iterator[None]:
+    """The block under ``torch.profiler`` (CPU, and CUDA where there is CUDA): its ops by self CPU time and by
+    device time (by CPU time without CUDA), ``rows`` each, appended to ``tables`` under a ``== phase`` header."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t = time.time()
+    cuda = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    with profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
+        yield
+    avg = prof.key_averages()
+    tables.append(f"== {phase}: {time.time() - t:.3f} s under the profiler, by self CPU time\n"
+                  + avg.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=70)
+                  + f"\n== {phase}, by {'CUDA' if cuda else 'CPU'} time\n"
+                  + avg.table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=rows,
+                              max_name_column_width=70))
 
 
 @dataclass(kw_only=True)

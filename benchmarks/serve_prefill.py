@@ -62,18 +62,15 @@ def _timed(pool, args: tuple, repeats: int) -> list[float]:
 
 
 def _profile(pool, owners, prompts, tiers, path: Path) -> None:
-    from torch.profiler import ProfilerActivity, profile
+    from benchmarks.profiling import torch_profiled
 
-    cuda = [ProfilerActivity.CUDA] if pool.device.type == "cuda" else []
-    with profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
+    tables: list[str] = []
+    with torch_profiled(f"eager prefill, {pool.slots} slots", tables):
         rows = pool.admit_many(owners, prompts, tiers)
         _sync()
     for r in rows:
         pool.release(r)
-    avg = prof.key_averages()
-    by = "cuda_time_total" if cuda else "cpu_time_total"
-    path.write_text(avg.table(sort_by=by, row_limit=40, max_name_column_width=70) + "\n\n"
-                    + avg.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
+    path.write_text(tables[0])
 
 
 def run(a: PrefillProbeOptions) -> list[dict]:
