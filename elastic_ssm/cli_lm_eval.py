@@ -42,9 +42,7 @@ def _flag(argv: list[str], name: str) -> tuple[int, str | None]:
 
 def _pop_flag(argv: list[str], name: str) -> tuple[list[str], str | None]:
     i, value = _flag(argv, name)
-    if i < 0:
-        return argv, None
-    return argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], value
+    return (argv, None) if i < 0 else (argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], value)
 
 
 def _set_flag(argv: list[str], name: str, value: str) -> list[str]:

@@ -67,9 +67,7 @@ RECORD_RENAMES = {**{n: f"{s}.{n}" for s, names in _SECTIONS.items() for n in na
 def resolve_precision(precision: str, device: object) -> str:
     """``'auto'`` -> ``'bf16'`` on CUDA (bf16 autocast, ESSH E.5 / Table 7), ``'fp32'`` elsewhere; an explicit
     ``'fp32'`` / ``'bf16'`` is kept. ``device`` is a ``torch.device`` or a device string."""
-    if precision != "auto":
-        return precision
-    return "bf16" if str(device).startswith("cuda") else "fp32"
+    return precision if precision != "auto" else "bf16" if str(device).startswith("cuda") else "fp32"
 
 
 @dataclass(kw_only=True)

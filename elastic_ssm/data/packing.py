@@ -62,9 +62,7 @@ def pack_documents(docs: Iterable[str | bytes], tokenizer) -> TokenArray:
 def _as_array(tokens):
     if hasattr(tokens, "tokens"):
         return tokens.tokens
-    if isinstance(tokens, torch.Tensor):
-        return tokens.numpy()
-    return np.asarray(tokens)
+    return tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
 
 
 def tokens_fingerprint(tokens, samples: int = 64, width: int = 4096) -> str:

@@ -19,9 +19,7 @@ RETAINED = {"essh": "spectral-channel and feed-forward", "es_ssm": "spectral-cha
 def _size(n: int) -> str:
     if n < 1024:
         return f"{n:,} B"
-    if n < 2**20:
-        return f"{n:,} B ({n / 1024:.1f} KiB)"
-    return f"{n:,} B ({n / 2**20:.1f} MiB)"
+    return f"{n:,} B ({n / 1024:.1f} KiB)" if n < 2**20 else f"{n:,} B ({n / 2**20:.1f} MiB)"
 
 
 def model_card(model: Any, quality: dict[str, float] | None = None) -> str:

@@ -191,9 +191,7 @@ def _device(device_map: Any) -> str:
         device_map = devices.pop()
     if device_map == "auto":
         return auto_device()[0]         # never mps (no float64)
-    if isinstance(device_map, int) or str(device_map).isdigit():
-        return f"cuda:{int(device_map)}"
-    return str(device_map)
+    return f"cuda:{int(device_map)}" if isinstance(device_map, int) or str(device_map).isdigit() else str(device_map)
 
 
 class ElasticForCausalLM(PreTrainedModel, GenerationMixin):

@@ -43,9 +43,7 @@ def _per_row(a: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
 
 def residual_mm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x + a @ w with the add in the GEMM epilogue when dtypes agree. x [B,D], a [B,N], w [N,D]."""
-    if x.dtype == w.dtype and a.dtype == w.dtype:
-        return torch.addmm(x, a, w)
-    return x + (a.to(w.dtype) @ w).to(x.dtype)
+    return torch.addmm(x, a, w) if x.dtype == w.dtype and a.dtype == w.dtype else x + (a.to(w.dtype) @ w).to(x.dtype)
 
 
 def in_by_out_copy(w_rows: torch.Tensor, copy: bool) -> torch.Tensor | None:

@@ -93,9 +93,7 @@ def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = No
 def token_positions(valid: torch.Tensor | None, B: int, T: int, device: Any) -> torch.Tensor:
     """Positions [B, T] of the tokens: 0 .. T-1, or with ``valid`` [B, T] (left padding) the number of real
     tokens before each (0 on the padding)."""
-    if valid is None:
-        return torch.arange(T, device=device).expand(B, T)
-    return (valid.long().cumsum(1) - 1).clamp_min(0)
+    return torch.arange(T, device=device).expand(B, T) if valid is None else (valid.long().cumsum(1) - 1).clamp_min(0)
 
 
 def check_step_tokens(tokens: Any, batch: int, vocab_size: int) -> None:

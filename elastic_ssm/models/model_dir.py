@@ -95,9 +95,7 @@ def _model_inside(path: Path) -> str | None:
     if (path / "model" / CONFIG_NAME).is_file():
         return f"it is a training checkpoint; its model is {path / 'model'}"
     saved = sorted(path.glob(f"*/step_*/model/{CONFIG_NAME}"), key=lambda f: f.stat().st_mtime)
-    if saved:
-        return f"it is an unfinished training run; its newest checkpoint's model is {saved[-1].parent}"
-    return None
+    return f"it is an unfinished training run; its newest checkpoint's model is {saved[-1].parent}" if saved else None
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 26) -> str:

@@ -43,9 +43,7 @@ def _unacked(sock) -> tuple[int, int] | None:
         queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
     except (OSError, ValueError, AttributeError, ImportError):
         return None
-    if len(info) < _ACKED_AT + 8:
-        return None
-    return struct.unpack_from("Q", info, _ACKED_AT)[0], queued
+    return None if len(info) < _ACKED_AT + 8 else (struct.unpack_from("Q", info, _ACKED_AT)[0], queued)
 
 
 def refusal_response(status: int, message: str) -> bytes:
@@ -132,9 +130,7 @@ def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], 
             """Bytes of the request head now arriving; None while none is (a body, or a cycle not yet ended)."""
             if not h11:
                 return self._head_bytes if self._in_head else None
-            if self.conn.their_state is not h11_lib.IDLE:
-                return None
-            return len(self.conn.trailing_data[0])
+            return None if self.conn.their_state is not h11_lib.IDLE else len(self.conn.trailing_data[0])
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)

@@ -16,6 +16,7 @@ from ..models.decode_engine import batch_bucket
 from ..models.fast_decode import FastDecoder
 from ..models.prefill_graph import GRAPH_TOKENS, PrefillGraph, length_bucket
 from ..ops.dispatch import ENV_VAR
+from ..ops.spectral_scan.inputs import sync_free
 from ..utils.progress import tuning_notice
 
 __all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups", "served_tiers",
@@ -252,7 +253,8 @@ class SlotPool(SlotRows):
         else:
             tier = t if per_row is None else self.model.row_tiers(per_row, t)
             view = (self.cache.narrow(n, start=start) if start is not None else self.scratch().narrow(n)).reset_()
-            h = self.model.hidden_states(ids, tier=tier, attention_mask=mask, cache=view)   # [n, T, D]
+            with sync_free():      # as the graphed prefill: no host sync per layer (the CPU stays ahead of the GPU)
+                h = self.model.hidden_states(ids, tier=tier, attention_mask=mask, cache=view)   # [n, T, D]
             logits = self.model.logits_from_hidden(h[:, -1])
         if start is not None:
             rows = list(range(start, start + n))

@@ -28,9 +28,7 @@ def _decays(module: nn.Module, leaf: str, p: torch.Tensor, policy: str) -> bool:
         return p.dim() >= 2
     if isinstance(module, (nn.Embedding, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)) or "Norm" in type(module).__name__:
         return False
-    if leaf in NO_DECAY_NAMES or leaf == "bias" or leaf.endswith("_bias"):
-        return False
-    return p.dim() >= 2
+    return False if leaf in NO_DECAY_NAMES or leaf == "bias" or leaf.endswith("_bias") else p.dim() >= 2
 
 
 def param_groups(model: nn.Module, weight_decay: float, policy: str = "pretrain") -> list[dict[str, Any]]:

@@ -24,9 +24,7 @@ def auto_device() -> tuple[str, str | None]:
     ``note`` is one line saying why not mps when this machine has MPS (None when it has not)."""
     if torch.cuda.is_available():
         return "cuda", None
-    if torch.backends.mps.is_available():
-        return "cpu", f"device auto: cpu, not mps ({MPS_NO_FLOAT64})"
-    return "cpu", None
+    return "cpu", (f"device auto: cpu, not mps ({MPS_NO_FLOAT64})" if torch.backends.mps.is_available() else None)
 
 
 def checked_device(spec: str | torch.device, what: str = "device") -> torch.device:

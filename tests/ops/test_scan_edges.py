@@ -249,3 +249,27 @@ def test_public_op_under_compile_keeps_values_and_marks_bad_ranges():
     z, h = fn(*args)
     assert not torch.isfinite(z[0, 9:, 0]).any() and not torch.isfinite(z[0, :, 2]).any()
     assert torch.isfinite(z[0, :, 1]).all() and torch.isfinite(h[0, 1]).all()
+
+
+def test_sync_free_block_skips_the_isolation_and_a_nan_spoils_only_its_own_row(monkeypatch):
+    """``sync_free`` (the serving pools' eager prefill) takes no host sync, as compiled and captured scans: the
+    stand-in kernel NaNs the bad position's chunk in its own row and channel, and the other row's output and final
+    state equal the checked scan's bit for bit. The block is per thread (a context variable)."""
+    import threading
+
+    from elastic_ssm.ops.spectral_scan.inputs import host_sync_allowed, isolating, sync_free
+
+    x = make_inputs(B=2, T=70, K=3, M=4, P=5, seed=1)
+    _set_bad(x, "v", math.nan, 37, 1)
+    checked = _fla(monkeypatch, x)[1]
+    seen = []
+    with sync_free():
+        assert not isolating(x["v"]) and host_sync_allowed(x["v"])   # the torch scan's plan may still read data
+        other = threading.Thread(target=lambda: seen.append(isolating(x["v"])))
+        other.start()
+        other.join()
+        free = _fla(monkeypatch, x)[1]
+    assert seen == [True] and isolating(x["v"])
+    assert torch.equal(free[0][0], checked[0][0]) and torch.equal(free[1][0], checked[1][0])
+    assert torch.isfinite(checked[0][1, :37]).all() and not torch.isfinite(free[0][1, :37, 1]).any()
+    assert torch.equal(free[0][1, :, [0, 2]], checked[0][1, :, [0, 2]])       # the bad row's other channels

@@ -3,6 +3,8 @@ step, and every request's greedy text equals ``model.generate(..., tier=its tier
 leaving, left-padded batched prefills, and slots reused at another tier. The engine counts one decode step per
 token position, not one per tier."""
 
+import importlib
+
 import pytest
 import torch
 from served import greedy_rows, run_to_completion
@@ -98,3 +100,19 @@ def test_one_prefill_of_prompts_at_three_tiers_equals_each_generate_alone(tiny):
         assert greedy_rows(pool, rows, 6) == [_alone(tiny, p, t, 6) for p, t in reqs]
     with pytest.raises(ValueError, match="2 tiers for 3 prompts"):
         pool.admit_many([0, 1, 2], [[1], [2], [3]], ["T1", "T4"])
+
+
+@torch.no_grad()
+def test_the_eager_prefill_takes_no_host_sync_per_layer(tiny, monkeypatch):
+    """The pool's eager prefill scans inside ``sync_free`` (no ``isolate_nonfinite``: one host sync per layer on
+    CUDA, which kept the GPU waiting for the CPU between layers); its rows still equal generate alone."""
+    ct = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_torch")
+    calls, real = [], ct.isolate_nonfinite
+    monkeypatch.setattr(ct, "isolate_nonfinite", lambda *a: calls.append(1) or real(*a))
+    reqs = _requests(4)
+    pool = SlotPool(tiny, list(TIERS), 4, max_prefill=4, prefill_graphs=False)
+    rows = pool.admit_many(list(range(4)), [p for p, _ in reqs], [t for _, t in reqs])
+    assert calls == []
+    tiny.hidden_states(torch.tensor([list(b"outside the pool")]))
+    assert calls                                   # the check the pool skips runs in a plain forward
+    assert greedy_rows(pool, rows, 6) == [_alone(tiny, p, t, 6) for p, t in reqs]

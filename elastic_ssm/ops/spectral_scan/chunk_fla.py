@@ -19,7 +19,7 @@ import torch
 
 from .chunk_torch import _rotated_frame, _rotation
 from .gla_op import gla_chunk
-from .inputs import ModalTables, capped_log_decay, host_sync_allowed, isolate_nonfinite, restore_nonfinite
+from .inputs import ModalTables, capped_log_decay, isolate_nonfinite, isolating, restore_nonfinite
 from .naive import naive_spectral_scan
 
 
@@ -81,7 +81,7 @@ def fla_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, 
     if v.shape[1] == 0:
         return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)
     z_bad = state_bad = None
-    if host_sync_allowed(v):
+    if isolating(v):
         v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock, initial_state)
     q, k, vv, g, h0 = gla_inputs(v, write, read, clock, modal, initial_state, compute_dtype)
     g = g.float()

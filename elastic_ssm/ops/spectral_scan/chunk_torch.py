@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .inputs import ModalTables, capped_log_decay, host_sync_allowed, isolate_nonfinite, restore_nonfinite
+from .inputs import ModalTables, capped_log_decay, host_sync_allowed, isolate_nonfinite, isolating, restore_nonfinite
 
 SUB_BLOCK = 16  # diagonal-block length when a whole chunk cannot be factorised
 
@@ -160,7 +160,7 @@ def chunk_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor
     N = -(-T // C)  # chunks; the time padding is N C - T
     pad = N * C - T
     z_bad = state_bad = None
-    if host_sync_allowed(v):  # NaN/Inf inputs stay where the spec puts them (inputs.py)
+    if isolating(v):  # NaN/Inf inputs stay where the spec puts them (inputs.py)
         v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock, initial_state)
 
     def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, K, X] -> [B, K, N, C, X], zero padded in time

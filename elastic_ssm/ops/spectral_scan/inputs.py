@@ -5,7 +5,9 @@ float64 spec (``naive.py``) puts them, value ranges checked (README.md, "Edge va
 
 from __future__ import annotations
 
+import contextvars
 import math
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -84,9 +86,28 @@ def capped_log_decay(clock: torch.Tensor, rho: torch.Tensor, dtype: torch.dtype,
     return (clock.to(dtype) - log_rho).clamp(max=reset_exponent(cap_of))
 
 
+_SYNC_FREE = contextvars.ContextVar("elastic_ssm_sync_free", default=False)
+
+
+@contextmanager
+def sync_free():
+    """Scans in this block (this thread) skip ``isolate_nonfinite`` and its host sync, as compiled and captured
+    ones do (a NaN input then spoils its own row's chunk; README.md, "Edge values")."""
+    token = _SYNC_FREE.set(True)
+    try:
+        yield
+    finally:
+        _SYNC_FREE.reset(token)
+
+
 def host_sync_allowed(x: torch.Tensor) -> bool:
     """True outside ``torch.compile`` tracing and outside CUDA-graph capture (where ``bool(tensor)`` fails)."""
     return not (torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()))
+
+
+def isolating(x: torch.Tensor) -> bool:
+    """Whether a scan of ``x`` runs ``isolate_nonfinite``: where a host sync is allowed, outside ``sync_free``."""
+    return host_sync_allowed(x) and not _SYNC_FREE.get()
 
 
 def validate_scan_values(clock: torch.Tensor, modal: ModalTables) -> None:
