@@ -254,8 +254,9 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
     max_prefill_tokens: AtLeast1 = flag(32768, "most prompt tokens (padding included) in one prefill forward, "
                                                "bounding its memory and the stall of running streams (a longer prompt "
                                                "goes alone)")
-    prefill_wait_ms: NonNegF = flag(50.0, "longest (ms) a waiting request is held for more arrivals to share its "
-                                          "prefill, unless min(--max_prefill, free slots) wait (0: at once)")
+    prefill_wait_ms: NonNegF = flag(150.0, "longest (ms) a waiting request is held for more arrivals to share its "
+                                           "prefill, unless min(--max_prefill, free slots) wait or arrivals pause "
+                                           "10 ms (0: at once)")
     prefill_graphs: bool = flag(True, "on CUDA, replay prefills of up to --prefill_graph_tokens from CUDA graphs, "
                                       "one per (prompts, length) bucket, captured at its second use")
     prefill_graph_tokens: AtLeast1 = flag(2048, "the largest graphed prefill, in padded prompt tokens (larger ones "

@@ -72,7 +72,7 @@ class BenchConfig(ConfigBase):
     serve_client_procs: AtLeast1 = opt(8, "serve: load-generator processes")
     serve_max_prefill: tuple[AtLeast1, ...] = opt((16,), "serve: the server's --max_prefill (prompts of one length "
                                              "prefilled together); one row per value")
-    serve_prefill_wait_ms: tuple[NonNegF, ...] = opt((50.0,), "serve: the server's --prefill_wait_ms (longest a "
+    serve_prefill_wait_ms: tuple[NonNegF, ...] = opt((150.0,), "serve: the server's --prefill_wait_ms (longest a "
                                                    "waiting request is held for more arrivals to share its prefill "
                                                    "forward); one row per value")
     serve_prefill_graphs: tuple[bool, ...] = opt((True,), "serve: the server's --prefill_graphs (prefill forwards "

@@ -18,7 +18,7 @@ import torch
 from .slots import GRAPH_TOKENS, SlotPool, check_counts, prefill_groups
 from .tokens import RowNoise, TextStream, sample_rows
 
-__all__ = ["Engine", "Request", "Busy", "deliver", "PREFILL_WAIT_MS", "PREFILL_TOKENS", "COUNTERS", "check_options"]
+__all__ = ["Engine", "Request", "Busy", "deliver", "PREFILL_WAIT_MS", "PREFILL_GAP_MS", "PREFILL_TOKENS", "COUNTERS"]
 
 log = logging.getLogger("elastic_ssm.serve")
 
@@ -34,8 +34,8 @@ COUNTERS = {
     "prefill_seconds": "Seconds the engine loop spent admitting requests (host wall clock)",
 }
 
-#: default of ``--prefill_wait_ms`` (docs/serving.md, "Coalescing admission")
-PREFILL_WAIT_MS = 50.0
+#: default of ``--prefill_wait_ms``; a pause in arrivals that admits sooner (docs/serving.md, "Coalescing admission")
+PREFILL_WAIT_MS, PREFILL_GAP_MS = 150.0, 10.0
 
 _ids = itertools.count(1)
 _OUTBOX: dict[Any, list] = {}     # event loop -> [(queue, event)], filled and flushed by the engine thread only
@@ -135,10 +135,10 @@ class Engine:
     ``stall_timeout``: seconds a request may hold undelivered output before it is cancelled. ``eos``: token id
     that ends a request (None: none). ``max_prefill`` / ``max_prefill_tokens``: the most prompts / padded prompt
     tokens in one prefill forward (a longer prompt goes alone). ``prefill_wait_ms``: the longest a waiting request
-    is held for more arrivals (0: at once). ``prefill_graphs``: CUDA-graphed prefill on CUDA, each of at most
-    ``prefill_graph_tokens`` padded tokens. ``attended_spans``: ``SlotPool``'s ``spans``. ``pool_factory``:
-    internal (the bench's CPU ``StubPool``), called as ``SlotPool`` is. ``clock``: the monotonic clock in seconds
-    that admission reads (tests inject one)."""
+    is held for more arrivals (0: at once; sooner once they pause ``PREFILL_GAP_MS``). ``prefill_graphs``:
+    CUDA-graphed prefill on CUDA, each of at most ``prefill_graph_tokens`` padded tokens. ``attended_spans``:
+    ``SlotPool``'s ``spans``. ``pool_factory``: internal (the bench's CPU ``StubPool``), called as ``SlotPool`` is.
+    ``clock``: the monotonic clock in seconds that admission reads (tests inject one)."""
 
     def __init__(self, model, tiers: list[str], slots: int = 8, max_queue: int = 64, stall_timeout: float = 30.0,
                  eos: int | None = None, tokenizer=None, pool_factory=SlotPool,
@@ -213,7 +213,7 @@ class Engine:
             return None
         if self.prefill_wait <= 0 or len(q) >= min(self.pool.max_prefill, free):
             return 0.0
-        return max(0.0, q[0].queued_at + self.prefill_wait - now)
+        return max(0.0, min(q[0].queued_at + self.prefill_wait, q[-1].queued_at + PREFILL_GAP_MS / 1e3) - now)
 
     def _idle_for(self) -> float | None:
         """Seconds the loop may sleep (0: the pool has running rows or an admission is due; None: until notified)."""

@@ -1,5 +1,6 @@
 """Coalescing admission (``Engine(prefill_wait_ms=W)``): a burst of arrivals is prefilled in one forward, a lone
-request waits at most W, running rows keep decoding meanwhile, W=0 admits at once.
+request waits until arrivals pause ``PREFILL_GAP_MS`` (at most W), running rows keep decoding meanwhile, W=0 admits
+at once.
 
 The engine reads admission time through an injected fake clock and the tests drive ``Engine._tick`` by hand (no
 engine thread), so every assertion is on counts and group sizes at chosen clock values, never on wall time. The
@@ -14,7 +15,7 @@ import time
 import pytest
 
 from benchmarks.serve_stub import StubPool
-from elastic_ssm.serve.engine import COUNTERS, Engine, Request
+from elastic_ssm.serve.engine import COUNTERS, PREFILL_GAP_MS, Engine, Request
 from elastic_ssm.serve.remote import RemoteEngine
 
 STUB = functools.partial(StubPool, step_ms=0.0)
@@ -60,21 +61,43 @@ def test_a_burst_over_a_few_ms_is_admitted_in_one_forward_when_it_fills_the_free
     assert set(c) == set(COUNTERS) and c["prefill_seconds"] > 0
 
 
-def test_a_lone_request_waits_at_most_the_wait_and_the_idle_loop_sleeps_until_then(tiny):
+def test_a_lone_request_waits_for_a_pause_in_arrivals_and_the_idle_loop_sleeps_until_then(tiny):
     clock = FakeClock()
+    gap = PREFILL_GAP_MS / 1e3
     eng = _engine(tiny, wait_ms=50, clock=clock)
     assert eng._idle_for() is None                           # nothing to do: sleep until notified
     lone = _req()
     eng.submit(lone)
-    for t, left in ((0.0, 0.05), (0.01, 0.04), (0.0499, 0.0001)):
+    for t in (0.0, gap / 2, gap - 1e-4):
         clock.t = 100.0 + t
-        assert eng._idle_for() == pytest.approx(left)        # what the loop sleeps on its condition variable
+        assert eng._idle_for() == pytest.approx(gap - t)     # what the loop sleeps on its condition variable
         eng._tick()
         assert eng.groups == [] and lone.completion_tokens == 0
-    clock.t = 100.05
+    clock.t = 100.0 + gap
     assert eng._idle_for() == 0
     eng._tick()
     assert eng.groups == [1] and lone.completion_tokens == 1
+
+
+def test_a_burst_that_keeps_arriving_waits_for_its_pause_but_at_most_the_wait(tiny):
+    """Arrivals closer than the gap hold the forming batch (one forward for the wave), up to W after the first."""
+    clock, gap = FakeClock(), PREFILL_GAP_MS / 1e3
+    eng = _engine(tiny, wait_ms=50, slots=16, max_prefill=16, clock=clock)
+    for k in range(4):                                       # 4 arrivals, gap/2 apart: one forward after the pause
+        clock.t = 100.0 + k * gap / 2
+        eng.submit(_req(max_tokens=100))
+        eng._tick()
+    assert eng.groups == []
+    clock.t += gap
+    eng._tick()
+    assert eng.groups == [4]
+    t0, k = clock.t + 1.0, 0
+    while not eng.groups[1:]:                                # a steady trickle: cut at W = 50 ms after its first
+        clock.t = t0 + k * gap / 2
+        eng.submit(_req())
+        eng._tick()
+        k += 1
+    assert clock.t - t0 == pytest.approx(0.05) and eng.groups == [4, 11]
 
 
 def test_running_rows_keep_decoding_while_admission_waits(tiny):
@@ -84,20 +107,20 @@ def test_running_rows_keep_decoding_while_admission_waits(tiny):
     for r in running:
         eng.submit(r)
     clock.t = 100.05
-    eng._tick()                                          # the two waited 50 ms: admitted together
+    eng._tick()                                          # the two waited: admitted together
     assert eng.groups == [2]
-    late = _req()
-    clock.t = 101.0
-    eng.submit(late)
+    late = [_req(), _req()]
     steps = eng.counters()["decode_steps"]
-    for k in range(5):                                       # 0..40 ms after the late arrival: decode, no prefill
-        clock.t = 101.0 + 0.01 * k
+    for k in range(5):                                       # arrivals 1 ms apart: decode, no prefill
+        clock.t = 101.0 + 0.001 * k
+        if k < 2:
+            eng.submit(late[k])
         eng._tick()
     assert eng.counters()["decode_steps"] == steps + 5 and [r.completion_tokens for r in running] == [6, 6]
-    assert eng.groups == [2] and late.completion_tokens == 0
-    clock.t = 101.05
+    assert eng.groups == [2] and late[0].completion_tokens == 0
+    clock.t = 101.001 + PREFILL_GAP_MS / 1e3
     eng._tick()
-    assert eng.groups == [2, 1] and late.completion_tokens == 1 and running[0].completion_tokens == 7
+    assert eng.groups == [2, 2] and late[0].completion_tokens == 1 and running[0].completion_tokens == 7
 
 
 def test_the_preferred_batch_is_what_fits_max_prefill_and_the_free_slots(tiny):
