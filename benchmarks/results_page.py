@@ -21,6 +21,7 @@ import re
 import sys
 from pathlib import Path
 
+from benchmarks import results_claim1 as rc1
 from benchmarks.replication.claims import arm_of, base_of, collect_claim, read_jsonl, run_summary, seed_of
 from benchmarks.replication.claims import markdown_table as table
 from benchmarks.replication.seeds import CLAIM1_GAPS, paired_gaps
@@ -289,7 +290,9 @@ def summary() -> str:
     c3 = {(r["arm"], r["tier"]): r["accuracy"] for r in claim(3)["rows"]}
     c4, c5 = claim(4)["summary"], claim(5)["summary"]
     c4b = {r["tier"]: r["bpb"] for r in claim(4)["rows"]}
-    tpp = _tokens_per_parameter("essh-s0")
+    tpp, long4 = _tokens_per_parameter("essh-s0"), rc1.long_clause(RECORDS, max(
+        abs(b1[f"{m}-s0-retrain", "T10"] - b1[f"{m}-s0", "T10"]) for m in ("dense", "essh")))
+    tpp4 = f"; 4x point {_tokens_per_parameter(rc1.LONG[0][2]):.2f}" if long4 else ""
     return table(["claim", "verdict", "numbers (bits per byte unless said)", "seeds", "tokens per parameter"], [
         ["1 train once vs each size", "partial",
          f"shared tier - specialist: T1 {cell(gaps['T1 shared - specialist'], sgn)}, T4 "
@@ -297,11 +300,11 @@ def summary() -> str:
          f"{cell(t10, sgn)}: sign not resolved (paper: the specialist better; same-seed repeats moved T10 by "
          f"{sgn(b1['dense-s0-retrain', 'T10'] - b1['dense-s0', 'T10'])} (dense-s0) and "
          f"{sgn(b1['essh-s0-retrain', 'T10'] - b1['essh-s0', 'T10'])} (essh-s0), as much as the gaps' spread: "
-         "run-to-run noise); recovered dense - shared at T1, "
+         f"run-to-run noise){long4}; recovered dense - shared at T1, "
          f"paper's protocol {cell(gaps['T1 recovered (paper) - shared'], sgn)}, #16's "
          f"{cell(gaps['T1 recovered (#16) - shared'], sgn)}: the paper's sign (Table 33), larger",
          f"essh n={e['T10']['n']}, dense n={d['T10']['n']}, spec-t1 n={st['spec-t1']['T1']['n']}, "
-         f"spec-t4 n={st['spec-t4']['T1']['n']}", f"{tpp:.2f} (paper ~20)"],
+         f"spec-t4 n={st['spec-t4']['T1']['n']}; 4x: 1", f"{tpp:.2f}{tpp4} (paper ~20)"],
         ["2 budget dropout", "partial",
          f"every prefix usable with it (K = 4: {cell(c2['essm-bd']['K4'])}); without it K = 4 "
          f"{cell(c2['essm-full']['K4'])}, degraded, not collapsed; full-budget cost {cell(cost2, sgn)} at K = 32",
@@ -341,14 +344,11 @@ def essm_modal() -> str:
 
 
 RENDER = {"essm-modal": essm_modal, "summary": summary, "claim1": claim1, "claim1-seeds": claim1_seeds,
-          "claim1-gaps": claim1_gaps,
-          "claim1-repeat": functools.partial(repeat_table, RECORDS),
-          "claim1-baselines": functools.partial(baselines_table, RECORDS),
-          "claim1-long": functools.partial(long_table, RECORDS),
-          "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3,
-          "claim3-steps": claim3_steps,
-          "claim4": claim4, "claim5": claim5, "claim5-sizes": claim5_sizes,
-          **{name: functools.partial(fn, RECORDS) for name, fn in RENDER_EVALS.items()}}
+          "claim1-gaps": claim1_gaps, "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3,
+          "claim3-steps": claim3_steps, "claim4": claim4, "claim5": claim5, "claim5-sizes": claim5_sizes,
+          **{name: functools.partial(fn, RECORDS) for name, fn in (*RENDER_EVALS.items(), ("claim1-long", long_table),
+                                                                   ("claim1-repeat", repeat_table),
+                                                                   ("claim1-baselines", baselines_table))}}
 
 
 def render(text: str) -> tuple[str, list[str]]:

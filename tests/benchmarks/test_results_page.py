@@ -164,3 +164,25 @@ def test_the_importance_plot_draws_both_models_from_the_records(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     empty = tmp_path / "none.png"
     assert evals.plot_importance_records(tmp_path, empty) == "no importance records" and not empty.exists()
+
+
+def test_the_4x_sentence_follows_its_records(tmp_path):
+    """The summary's 4x clause is "" until both 2,600-step runs have an eval.csv; then it gives T10 shared - dense,
+    whether that is the paper's sign (Table 37: the dense control better), and whether it lies inside ``noise``."""
+    from benchmarks.results_claim1 import LONG, long_clause
+
+    assert long_clause(tmp_path, 0.05) == ""
+
+    def write(run, bpb):
+        (tmp_path / run).mkdir(exist_ok=True)
+        (tmp_path / run / "eval.csv").write_text(f"tier,K,bpb\nT1,8,1.5\nT10,32,{bpb}\n")
+
+    (essh, dense) = (LONG[0][2], LONG[1][2])
+    write(essh, 0.818)
+    assert long_clause(tmp_path, 0.05) == ""
+    write(dense, 0.799)
+    assert "T10 shared - dense +0.019, the paper's sign" in long_clause(tmp_path, 0.05)
+    assert "inside the 1x same-seed repeats' 0.050" in long_clause(tmp_path, 0.05)
+    write(dense, 0.900)
+    clause = long_clause(tmp_path, 0.05)
+    assert "-0.082, not the paper's sign" in clause and "outside" in clause
