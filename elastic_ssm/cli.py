@@ -60,8 +60,7 @@ def model_flags(run: Any) -> tuple[type, Any]:
     """The ``--model.*`` flags: a field of the model choice or of any model config (the first class with it gives
     its type and help), defaulting to the run's value (``None`` where its arch lacks it)."""
     choice = {k: v for k, v in run.model_source.items() if k in ("arch", "preset", "tier_config")}
-    values = {**{name: getattr(run.model, name) for name in run.model.field_names()},
-              **ModelChoice(**choice).to_dict()}
+    values = {**{name: getattr(run.model, name) for name in run.model.field_names()}, **ModelChoice(**choice).to_dict()}
     fields, seen = [], set()
     for cls in (ModelChoice, *model_configs().values()):
         hints = typing.get_type_hints(cls)

@@ -168,8 +168,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     log = log or (lambda s: print(s, flush=True))
     torch.manual_seed(cfg.seed)
     r = _Runner(cfg, log)
-    results: dict = {"env": report.environment(r.dev), "config": cfg.to_dict(),
-                     **{name: [] for name in _BENCHES}}
+    results: dict = {"env": report.environment(r.dev), "config": cfg.to_dict(), **{name: [] for name in _BENCHES}}
     log(f"elastic-ssm bench on {results['env']['device']} ({r.dev}, {r.dtype}); preset {cfg.preset}")
     suites = {"decode": decode_suite, "prefill": prefill_suite, "generate": generate_suite, "train": train_suite,
               "serve": serve_suite}

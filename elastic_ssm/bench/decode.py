@@ -28,8 +28,7 @@ class EsshDecoder:
 
     def __init__(self, model, tier, batch: int, context: int, graph: bool, fused: bool = True,
                  backend: str = "auto", out_layout: str = "auto", pdl: bool | str = "auto") -> None:
-        cache = model.allocate_cache(batch, tier, state_dtype=torch.float32,
-                                     kv_dtype=model.embed.weight.dtype)
+        cache = model.allocate_cache(batch, tier, state_dtype=torch.float32, kv_dtype=model.embed.weight.dtype)
         W = model.config.window
         rings = cache.rings.values()
         for t in (*cache.states.values(), *(r.keys for r in rings), *(r.values for r in rings)):

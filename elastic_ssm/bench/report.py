@@ -55,13 +55,11 @@ def write_json(path: str | Path, results: dict) -> Path:
     return Path(path)
 
 
-_DECODE_COLS = ["model", "preset", "tier", "params", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq",
-                "error"]
+_DECODE_COLS = ["model", "preset", "tier", "params", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq", "error"]
 _PREFILL_COLS = ["model", "preset", "tier", "params", "compiled", "length", "ms", "ktok_s", "peak_gb", "error"]
 _GENERATE_COLS = ["preset", "tier", "batch", "compiled", "prompt", "new_tokens", "first_call_s", "prefill_ms",
                   "prefill_ktok_s", "total_ms", "ms_per_token", "step_ms", "ratio", "graphed", "error"]
-_TRAIN_COLS = ["model", "preset", "params", "compiled", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb",
-               "error"]
+_TRAIN_COLS = ["model", "preset", "params", "compiled", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb", "error"]
 _SERVE_COLS = ["preset", "mix", "streams", "slots", "prompt", "new_tokens", "tokens", "wall_s", "tok_s",
                "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "prefills", "captures",
                "prefill_s", "idle_s", "http_cpu", "error"]

@@ -85,8 +85,7 @@ def run_server(a: BenchServerOptions, pool_factory=None, vocab_size: int | None 
     else:
         meta = _bench_model(a.preset, "meta", a.dtype, a.seed, vocab_size)
         app = create_app(meta, settings, pool_factory, load=load)
-    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", limit_concurrency=1 << 16,
-                **uvicorn_options)
+    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", limit_concurrency=1 << 16, **uvicorn_options)
 
 
 def main(argv: list[str] | None = None) -> None:

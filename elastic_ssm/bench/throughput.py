@@ -96,8 +96,7 @@ def train_suite(r, out: list) -> None:
     cfg, dev, V = r.cfg, r.dev, r.mcfg.vocab_size
     kw = dict(batch=cfg.train_batch, seq_len=cfg.train_seq_len, warmup=cfg.train_warmup, steps=cfg.train_steps,
               peak_tflops=cfg.peak_tflops)
-    base = {"bench": "train", "model": "essh", "preset": cfg.preset, "tier": r.full,
-            "params": r.table[r.full].params}
+    base = {"bench": "train", "model": "essh", "preset": cfg.preset, "tier": r.full, "params": r.table[r.full].params}
 
     def essh() -> dict:
         model = r.essh(dtype=None)

@@ -47,8 +47,7 @@ def time_fn(fn: Callable[[], object], warmup: int, iters: int, device: torch.dev
 def summarize(times_ms: list[float]) -> dict[str, float]:
     """Median, min and spread (p90 - p10) of a list of times in ms."""
     q = statistics.quantiles(times_ms, n=10) if len(times_ms) >= 2 else [times_ms[0]] * 9
-    return {"ms": statistics.median(times_ms), "ms_min": min(times_ms), "ms_spread": q[-1] - q[0],
-            "n": len(times_ms)}
+    return {"ms": statistics.median(times_ms), "ms_min": min(times_ms), "ms_spread": q[-1] - q[0], "n": len(times_ms)}
 
 
 def wall_ms(fn: Callable[[], object], device: torch.device) -> float:

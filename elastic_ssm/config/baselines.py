@@ -91,8 +91,7 @@ class TransformerConfig(FractionTierConfig):
     def tier_parameters(self, tier: Tier) -> dict[str, int]:
         return self.count_parameters(tier.n_ff)
 
-    def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8,
-                   context: int = 2048) -> tuple[int, int]:
+    def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8, context: int = 2048) -> tuple[int, int]:
         """Full attention: K and V of every layer for ``context`` tokens, no recurrent state."""
         return 0, self.n_layers * 2 * context * self.d_model
 

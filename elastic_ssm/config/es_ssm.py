@@ -106,8 +106,7 @@ class ESSSMConfig(ModelConfig):
     def tier_parameters(self, tier: Tier) -> dict[str, int]:
         return self.count_parameters(tier.K)
 
-    def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8,
-                   context: int = 2048) -> tuple[int, int]:
+    def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8, context: int = 2048) -> tuple[int, int]:
         """The LTI sublayer has no finite recurrent realisation: exact decoding keeps the last ``L - 1``
         normalised inputs of every block (``N (L - 1) d`` entries, whatever K); the modal decoder keeps
         ``2 N K m d`` entries (m = ``n_modes`` per retained channel). No KV cache."""
@@ -138,8 +137,7 @@ class ESSSMConfig(ModelConfig):
                       n_modes: tuple[int, ...]) -> list[tuple[str, str]]:
         """The fp32 decode state of the exact ring buffer and of the modal decoder at each m, in MB."""
         cols = [("exact MB", state_bytes(self, tier, batch=batch, decode="exact"))]
-        cols += [(f"modal m={m} MB", state_bytes(self, tier, batch=batch, decode="modal", n_modes=m))
-                 for m in n_modes]
+        cols += [(f"modal m={m} MB", state_bytes(self, tier, batch=batch, decode="modal", n_modes=m)) for m in n_modes]
         return [(h, f"{sb['total'] / 1e6:.3f}") for h, sb in cols]
 
     def standalone_config(self, tier: Tier) -> ESSSMConfig:

@@ -116,8 +116,7 @@ class ESSHConfig(FractionTierConfig):
     def tier_parameters(self, tier: Tier) -> dict[str, int]:
         return self.count_parameters(tier.K, tier.n_ff)
 
-    def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8,
-                   context: int = 2048) -> tuple[int, int]:
+    def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8, context: int = 2048) -> tuple[int, int]:
         """``2 (N - |A|) K_T m P`` recurrent entries (C.5) and a full ``window`` ring of K and V per SWA
         layer (``decode``, ``n_modes``, ``context`` do not apply)."""
         rec = 2 * self.n_spectral_layers * tier.K * self.n_modes * self.value_width

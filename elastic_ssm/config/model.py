@@ -150,8 +150,7 @@ class ModelConfig(ConfigBase):
         """Parameters of ``tier``'s standalone export by component, plus ``"total"``."""
         raise NotImplementedError
 
-    def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8,
-                   context: int = 2048) -> tuple[int, int]:
+    def tier_state(self, tier: Tier, decode: str = "exact", n_modes: int = 8, context: int = 2048) -> tuple[int, int]:
         """Persistent decode state of one sequence in entries: ``(recurrent, kv)``."""
         raise NotImplementedError
 

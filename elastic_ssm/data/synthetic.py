@@ -59,8 +59,7 @@ def mqar(num_examples: int, seq_len: int, num_pairs: int, vocab_size: int = 8192
     return _shift(seq, scored)
 
 
-def palindrome(num_examples: int, seq_len: int, vocab_size: int = 16,
-               seed=0) -> tuple[torch.Tensor, torch.Tensor]:
+def palindrome(num_examples: int, seq_len: int, vocab_size: int = 16, seed=0) -> tuple[torch.Tensor, torch.Tensor]:
     """Palindrome completion (Table 23) ``(input_ids [N, L], labels [N, L])``: ``x SEP reverse(x)``, ``len(x) = L //
     2`` symbols from ``[2, vocab_size)``, SEP = 1 (odd L: one PAD = 0 at the end); the reversed half is scored."""
     if vocab_size < 3:

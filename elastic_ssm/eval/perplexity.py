@@ -172,6 +172,5 @@ def format_length_sweep(rows: Sequence[TierEval]) -> str:
     head = f"{'bpb':<10}" + "".join(f"{f'L={n}':>10}" for n in lengths)
     lines = [head, "-" * len(head)]
     for t in tiers:
-        lines.append(f"{t:<10}" + "".join(f"{bpb[(t, n)]:>10.4f}" if (t, n) in bpb else f"{'-':>10}"
-                                          for n in lengths))
+        lines.append(f"{t:<10}" + "".join(f"{bpb[(t, n)]:>10.4f}" if (t, n) in bpb else f"{'-':>10}" for n in lengths))
     return "\n".join(lines)

@@ -38,8 +38,7 @@ class RingState:
     def window(self) -> int:
         return self.keys.shape[2]
 
-    def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-              valid: torch.Tensor | None) -> None:
+    def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None) -> None:
         """Store keys/values [B, H, T, hd] of the last ``window`` valid tokens at slots ``pos % window``: T = 1
         (a decode step) writes its slot; T > 1 fills an empty ring, slot s gathering position ``s + W floor((n - 1
         - s) / W)`` of a row's n valid tokens (empty when s >= n; only the first min(T, W) slots can be held, so
@@ -258,8 +257,7 @@ class SlidingWindowAttention(nn.Module):
         return linear(self.out, o.reshape(B, D))
 
     @torch.no_grad()
-    def decode_plan(self, tier=None, state_dtype: torch.dtype | None = None,
-                    split_copy: bool = False) -> AttentionPlan:
+    def decode_plan(self, tier=None, state_dtype: torch.dtype | None = None, split_copy: bool = False) -> AttentionPlan:
         """The fused step's weights (``layers/decode_plan.py``): ``qkv.weight`` [3D, D], ``out.weight``
         [D, D] (out x in, so no copy is needed) and the float64 RoPE table. Shared by every tier."""
         w_in, w_out = linear_weight(self.qkv), linear_weight(self.out)

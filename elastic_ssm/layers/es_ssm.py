@@ -32,8 +32,7 @@ from ..elastic.tiers import tier_width
 from ..ops.fft_conv import fft_causal_conv
 from ..spectral import DampedModes, fit_damped_modes, hankel_filters
 
-__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "DecodePlan",
-           "SpectralDecodeState", "check_decode"]
+__all__ = ["SpectralSublayer", "ESSSMBlock", "GeluFFN", "DropPath", "DecodePlan", "SpectralDecodeState", "check_decode"]
 
 
 class DropPath(nn.Module):

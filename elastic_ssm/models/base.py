@@ -238,11 +238,9 @@ class ElasticModel(nn.Module):
             source = {"parent": str(path), "tier": t.name, "parent_config": config.to_dict()}
             config = cls.tier_config(config, t)
         if torch.device(device).type == "cuda":   # both overlap the load and the decoder build (first prefill)
-            from ..ops.dispatch import hash_triton_key_in_background, import_fla_in_background
+            from ..ops.dispatch import hash_triton_key_in_background
 
-            if cls.scans_with_fla:
-                import_fla_in_background()
-            hash_triton_key_in_background()     # after: its import of triton waits for fla's (dispatch._FLA_LOCK)
+            hash_triton_key_in_background(fla=cls.scans_with_fla)   # triton's import, then fla's beside the key
         with torch.device("meta"):
             model = cls(config)
         read = False

@@ -155,8 +155,7 @@ class FusedSession:
             return True
         return self.pool.eager_graphs and length is not None and self.fd.batch * length_bucket(length) <= GRAPH_TOKENS
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                graph: bool = True) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, graph: bool = True) -> torch.Tensor:
         """Prompt [B, T] -> logits of its last position [B, V]; fills the first B rows of the cache.
         ``graph=False`` runs the prefill-graph function without capturing it (how the CPU tests check it)."""
         B, T = input_ids.shape

@@ -24,8 +24,7 @@ def check_sampling(temperature: float | None, top_k: int | None, top_p: float | 
         raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0):
         raise ValueError(f"top_k must be an integer >= 0 (0 = no top-k filter), got {top_k!r}")
-    if top_p is not None and (not isinstance(top_p, (int, float)) or isinstance(top_p, bool)
-                              or not 0 < top_p <= 1):
+    if top_p is not None and (not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not 0 < top_p <= 1):
         raise ValueError(f"top_p must lie in (0, 1] (1 = no nucleus filter), got {top_p!r}")
 
 
@@ -50,8 +49,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return (probs / race).argmax(-1)
 
 
-def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = None,
-                       left_padding: bool = False) -> None:
+def check_token_inputs(input_ids: Any, vocab_size: int, attention_mask: Any = None, left_padding: bool = False) -> None:
     """``input_ids`` an integer tensor [B, T] with B, T >= 1 and ids in [0, vocab_size); ``attention_mask`` (when
     given) a tensor of exactly that shape (never broadcast) holding 0 / 1 with a 1 in every row, its zeros before
     the ones with ``left_padding``. A ``ValueError`` (``TypeError`` for a non-tensor) names the problem, the same

@@ -140,19 +140,49 @@ def import_fla_in_background() -> None:
     threading.Thread(target=fla_available, name="elastic-ssm-import-fla", daemon=True).start()
 
 
-def _triton_key() -> None:
+@contextlib.contextmanager
+def _compiles_wait_for(thread: threading.Thread, triton):
+    """While the block runs, Triton's ``jit_cache_hook`` (called before each compile) makes a compile on another
+    thread wait for ``thread``'s key: ``triton_key`` is an ``lru_cache``, so a second caller would hash it again."""
+    rt = getattr(getattr(triton, "knobs", None), "runtime", None)
+    prev = getattr(rt, "jit_cache_hook", None)
+
+    def hook(**kw):
+        if threading.current_thread() is not thread:
+            thread.join(30)
+        return prev(**kw) if prev else None
+
+    if rt is not None:
+        rt.jit_cache_hook = hook
+    try:
+        yield
+    finally:
+        if rt is not None and rt.jit_cache_hook is hook:
+            rt.jit_cache_hook = prev
+
+
+def _triton_key(fla: bool) -> None:
+    triton = None
     with contextlib.suppress(Exception):   # another Triton's layout: its first compile computes the key as before
         with _FLA_LOCK:                    # never beside fla's import of triton, and the package whole first (tests)
             triton = importlib.import_module("triton")
-        triton.runtime.cache.triton_key()
+    if fla:
+        import_fla_in_background()         # triton is in: the rest of fla's import runs beside the hash
+    if triton is not None:
+        with _compiles_wait_for(threading.current_thread(), triton), contextlib.suppress(Exception):
+            triton.runtime.cache.triton_key()
 
 
-def hash_triton_key_in_background() -> None:
-    """Once per process, on a daemon thread while a CUDA model loads: Triton's per-process compile-cache key (a
-    memoised sha256 of its ~400 MB library, ~0.25 s the decoder build's first kernel would wait for; GIL-free)."""
-    if not _TRITON_KEYED and importlib.util.find_spec("triton") is not None:
-        _TRITON_KEYED.append(True)
-        threading.Thread(target=_triton_key, name="elastic-ssm-triton-key", daemon=True).start()
+def hash_triton_key_in_background(fla: bool = False) -> None:
+    """Once per process, on a daemon thread while a CUDA model loads: import triton, start fla's import (``fla``:
+    ``import_fla_in_background``), then hash Triton's per-process compile-cache key (a memoised sha256 of its
+    ~400 MB library, 0.25-0.4 s that the decoder build's first kernel would spend; GIL-free) while compiles wait."""
+    if _TRITON_KEYED or importlib.util.find_spec("triton") is None:
+        if fla:
+            import_fla_in_background()
+        return
+    _TRITON_KEYED.append(True)
+    threading.Thread(target=_triton_key, args=(fla,), name="elastic-ssm-triton-key", daemon=True).start()
 
 
 def prepare_compile() -> None:

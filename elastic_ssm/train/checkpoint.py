@@ -143,8 +143,7 @@ def valid_checkpoints(stage_dir: str | Path) -> list[Path]:
         if checkpoint_fault(p) is None:
             out.append(p)
         else:
-            warnings.warn(f"skipping checkpoint {p}: no valid {COMPLETE} (incomplete or corrupted write)",
-                          stacklevel=2)
+            warnings.warn(f"skipping checkpoint {p}: no valid {COMPLETE} (incomplete or corrupted write)", stacklevel=2)
     return out
 
 
@@ -214,8 +213,7 @@ def save_checkpoint(stage_dir: str | Path, step: int, model: nn.Module, optimize
         sums[f"model/{WEIGHTS_NAME}"] = json.loads((tmp / "model" / CONFIG_NAME).read_text())["weights_sha256"]
         files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
         sha = {f: sums[f] if f in sums else file_sha256(tmp / f) for f in files}  # rank files, config.json: small
-        atomic_write_bytes(tmp / COMPLETE, json.dumps({"step": step, "files": files, "sha256": sha},
-                                                      indent=1).encode())
+        atomic_write_bytes(tmp / COMPLETE, json.dumps({"step": step, "files": files, "sha256": sha}, indent=1).encode())
         fsync_dir(tmp / "model")
         fsync_dir(tmp)
         if final.exists():  # a checkpoint of this step that failed to load (e.g. same-size corruption): kept

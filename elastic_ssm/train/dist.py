@@ -94,8 +94,7 @@ def init_distributed(device: str = "auto", enabled: bool | None = None, timeout_
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         if os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0") in ("", "0"):
             os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s),
-                            **kw)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s), **kw)
     return DistContext(rank, world, dev, backend, True)
 
 

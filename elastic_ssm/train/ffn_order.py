@@ -17,8 +17,7 @@ from torch import nn
 from ..layers.ffn import unit_index, unit_norms_sq
 from .dist import DistContext, _is_dtensor, all_reduce, full_tensor, shard_like
 
-__all__ = ["enable_tracking", "importance_scores", "permute_optimizer_state",
-           "order_ffn_units"]
+__all__ = ["enable_tracking", "importance_scores", "permute_optimizer_state", "order_ffn_units"]
 
 
 def enable_tracking(model: nn.Module, on: bool, stat_decay: float = 0.99) -> None:

@@ -118,8 +118,7 @@ class LossModule(nn.Module):
             return (self.model.hidden_states if hidden else self.model)(input_ids, **kw)
 
     @torch.no_grad()
-    def idle_teacher(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                     chunk: int = 0) -> None:
+    def idle_teacher(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, chunk: int = 0) -> None:
         """A teacher pass (full capacity, no gradient) whose output is discarded and FFN statistics untouched:
         the padding of ``dist.teacher_padding`` under FSDP2."""
         with _ffn_set(self.model, "track_activations", False):

@@ -102,8 +102,7 @@ class PosthocRecovery(Recipe):
 
     def global_plan(self, step: int, tokens_seen: int, n_global: int) -> list[MicroPlan]:
         draws = slot_rng(self.seed, step, _POSTHOC_STREAM).integers(0, len(self.masks), size=n_global)
-        return [MicroPlan(tier=self.tiers[int(i)], label=self.masks[int(i)], distill=("kl", 1.0))
-                for i in draws]
+        return [MicroPlan(tier=self.tiers[int(i)], label=self.masks[int(i)], distill=("kl", 1.0)) for i in draws]
 
 
 #: recipes defined for one architecture only (``ModelConfig.elastic_recipes`` says which a config takes)

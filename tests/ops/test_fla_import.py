@@ -212,3 +212,64 @@ def test_the_triton_key_waits_for_an_import_of_fla_in_progress(tmp_path):
         print("ok")
     """
     _fresh_process_says_ok(code, tmp_path)
+
+
+def _slow_key_triton(tmp_path: Path) -> None:
+    """A stand-in ``triton`` whose key takes 0.5 s, with ``knobs.runtime.jit_cache_hook`` set to a user's hook."""
+    pkg = tmp_path / "triton" / "runtime"
+    pkg.mkdir(parents=True)
+    (tmp_path / "triton" / "__init__.py").write_text(
+        "from . import runtime\nimport types\nseen = []\n"
+        "def user_hook(**kw):\n    seen.append(kw['key'])\n    return False\n"
+        "knobs = types.SimpleNamespace(runtime=types.SimpleNamespace(jit_cache_hook=user_hook))\n")
+    (pkg / "__init__.py").write_text("from . import cache\n")
+    (pkg / "cache.py").write_text("import time\nkeys = []\n\ndef triton_key():\n    time.sleep(0.5)\n"
+                                  "    keys.append(1)\n")
+
+
+def test_a_compile_beside_the_key_waits_for_it_and_the_hook_is_put_back(tmp_path):
+    """``triton_key`` is an ``lru_cache``: a kernel compiled while the key's thread hashes would hash it again (the
+    decoder build's first kernel, 0.25-0.4 s on an H200). While the thread runs, Triton's pre-compile hook makes
+    such a compile wait for it and still calls the hook that was there; afterwards that hook is back."""
+    _slow_key_triton(tmp_path)
+    code = """if True:
+        import sys, threading, time
+        from elastic_ssm.ops import dispatch
+        dispatch.hash_triton_key_in_background()
+        deadline = time.time() + 5
+        def hook_set():
+            knobs = getattr(sys.modules.get("triton"), "knobs", None)   # None while triton still imports
+            return knobs is not None and knobs.runtime.jit_cache_hook is not sys.modules["triton"].user_hook
+        while time.time() < deadline and not hook_set():
+            time.sleep(0.01)
+        import triton
+        cache = sys.modules["triton.runtime.cache"]
+        assert cache.keys == []                               # still hashing
+        assert triton.knobs.runtime.jit_cache_hook(key="k1") is False    # what a compile calls first
+        assert cache.keys == [1] and triton.seen == ["k1"]    # it waited for the key, then ran the user's hook
+        [t.join(10) for t in threading.enumerate() if t.name == "elastic-ssm-triton-key"]
+        assert triton.knobs.runtime.jit_cache_hook is triton.user_hook
+        print("ok")
+    """
+    _fresh_process_says_ok(code, tmp_path)
+
+
+def test_fla_import_starts_once_triton_is_in_and_runs_beside_the_key(tmp_path):
+    """``hash_triton_key_in_background(fla=True)`` (``from_pretrained`` of a model that scans with fla): the key's
+    thread imports triton first, then starts fla's import, which no longer waits for the hash; when the key was
+    started before (or triton is absent), only fla's import starts."""
+    _slow_key_triton(tmp_path)
+    code = """if True:
+        import sys, threading
+        from elastic_ssm.ops import dispatch
+        started = []
+        dispatch.import_fla_in_background = lambda: started.append(
+            ("triton" in sys.modules, list(sys.modules["triton.runtime.cache"].keys)))
+        dispatch.hash_triton_key_in_background(fla=True)
+        [t.join(10) for t in threading.enumerate() if t.name == "elastic-ssm-triton-key"]
+        assert started == [(True, [])], started             # after triton's import, before the key's hash ends
+        dispatch.hash_triton_key_in_background(fla=True)
+        assert started[1:] == [(True, [1])], started
+        print("ok")
+    """
+    _fresh_process_says_ok(code, tmp_path)

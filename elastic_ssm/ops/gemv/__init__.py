@@ -119,8 +119,7 @@ def gemv_accumulate(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, scale: fl
     """``x += scale * a @ w`` in place: a [B, N], w [N, D] (input x output, unit stride along D), x [B, D]
     contiguous, float32 (or float64 on the torch path). Returns x. The Triton path splits N across
     programs and adds with atomics."""
-    if a.dim() != 2 or w.dim() != 2 or x.dim() != 2 or a.shape[1] != w.shape[0] or x.shape != (a.shape[0],
-                                                                                                 w.shape[1]):
+    if a.dim() != 2 or w.dim() != 2 or x.dim() != 2 or a.shape[1] != w.shape[0] or x.shape != (a.shape[0], w.shape[1]):
         raise ValueError(f"gemv_accumulate: need a [B, N], w [N, D], x [B, D]; got {tuple(a.shape)}, "
                          f"{tuple(w.shape)}, {tuple(x.shape)}")
     if x.dtype not in (torch.float32, torch.float64) or not x.is_contiguous():

@@ -57,8 +57,7 @@ def ring_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_
     return s.softmax(-1).to(values.dtype) @ values
 
 
-def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, chunk: int | None,
-                 pdl: bool, span: int):
+def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, chunk: int | None, pdl: bool, span: int):
     from .triton_kernels import swa_combine_kernel, swa_partial_kernel
 
     B, H, W, hd = keys.shape
