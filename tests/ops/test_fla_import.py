@@ -273,3 +273,18 @@ def test_fla_import_starts_once_triton_is_in_and_runs_beside_the_key(tmp_path):
         print("ok")
     """
     _fresh_process_says_ok(code, tmp_path)
+
+
+def test_the_installed_triton_has_the_pre_compile_hook_the_key_thread_sets():
+    """``_compiles_wait_for`` sets ``triton.knobs.runtime.jit_cache_hook`` (Triton 3.4+ calls it before each compile);
+    a Triton without it would silently lose the wait, so the pinned one must have it, unset by default."""
+    triton = pytest.importorskip("triton", reason="triton is a dev dependency on linux x86_64 only")
+    assert hasattr(triton.knobs.runtime, "jit_cache_hook") and triton.knobs.runtime.jit_cache_hook is None
+    gate = threading.Event()
+    worker = threading.Thread(target=gate.wait, args=(10,))
+    worker.start()
+    with dispatch._compiles_wait_for(worker, triton):
+        hook = triton.knobs.runtime.jit_cache_hook
+        threading.Timer(0.2, gate.set).start()
+        assert hook(key="k") is None and not worker.is_alive()     # the caller waited for the worker
+    assert triton.knobs.runtime.jit_cache_hook is None
