@@ -7,7 +7,8 @@ into q and k, so ``d theta = sum_t t * d phase_t``: the relative error of fla's 
 multiplied by t. This prints, per T, the theta gradient's error (max |error| / max |reference|, the test's
 measure), that of the strong-clock modes alone, and the worst other gradient, under the Triton float32 dot
 precision of ``TRITON_F32_DEFAULT`` (unset: tf32; set ``tf32x3`` or ``ieee`` before the process starts), then
-the fp32 forward + backward time at T = 2048 (median of 10, CUDA events).
+the fp32 forward + backward time at T = 2048 (median of 10, CUDA events); each with the default segments of the
+theta-gradient path (``chunk_fla.GRAD_SEGMENT``) and with one kernel call for the whole sequence.
 
     python -m benchmarks.scan_theta_precision                              # fla's default (TF32 products)
     TRITON_F32_DEFAULT=tf32x3 python -m benchmarks.scan_theta_precision    # near-fp32 products
@@ -26,6 +27,9 @@ sys.path.insert(0, str(ROOT / "tests" / "ops"))   # the GPU test's inputs and me
 from test_spectral_scan_gpu import NAMES, make_inputs, outputs_and_grads, rel  # noqa: E402
 
 from elastic_ssm.ops import chunk_spectral_scan, naive_spectral_scan, spectral_scan  # noqa: E402
+from elastic_ssm.ops.spectral_scan import chunk_fla  # noqa: E402
+
+SEGMENTS = (chunk_fla.GRAD_SEGMENT, 1 << 30)   # the theta-gradient path's segments, and none (one kernel call)
 
 
 def theta_errors(g: list, g_ref: list, strong: bool) -> tuple[float, float, float]:
@@ -48,10 +52,21 @@ def main() -> int:
         x = make_inputs(T=T, strong=strong, seed=T)
         ref = naive_spectral_scan if T <= 256 else chunk_spectral_scan
         _, _, g_ref = outputs_and_grads(ref, x, upcast=True)
-        _, _, g = outputs_and_grads(spectral_scan, x, backend="fla")
-        err, fast, other = theta_errors(g, g_ref, strong)
-        print(f"strong={strong} T={T}: theta {err:.3e} (strong-clock modes {fast:.3e}); worst other gradient "
-              f"{other:.3e}", flush=True)
+        for seg in SEGMENTS:                     # the default segments of the theta-gradient path, then one call
+            chunk_fla.GRAD_SEGMENT = seg
+            _, _, g = outputs_and_grads(spectral_scan, x, backend="fla")
+            err, fast, other = theta_errors(g, g_ref, strong)
+            print(f"strong={strong} T={T} segment={min(seg, T)}: theta {err:.3e} (strong-clock modes {fast:.3e}); "
+                  f"worst other gradient {other:.3e}", flush=True)
+    for seg in SEGMENTS:
+        chunk_fla.GRAD_SEGMENT = seg
+        print(f"fwd+bwd B=8 T=2048 K=32 M=8 P=28 fp32, segment={min(seg, 2048)}: {_fwd_bwd_ms():.3f} ms", flush=True)
+    chunk_fla.GRAD_SEGMENT = SEGMENTS[0]
+    return 0
+
+
+def _fwd_bwd_ms() -> float:
+    """Median of 10 (after 3 warm-up) forward + backward passes, CUDA events."""
     x = {n: t.detach().requires_grad_() for n, t in make_inputs(B=8, T=2048, K=32, strong=True).items()}
     times = []
     for i in range(13):
@@ -64,8 +79,7 @@ def main() -> int:
         torch.cuda.synchronize()
         if i >= 3:
             times.append(start.elapsed_time(end))
-    print(f"fwd+bwd B=8 T=2048 K=32 M=8 P=28 fp32: {sorted(times)[len(times) // 2]:.3f} ms", flush=True)
-    return 0
+    return sorted(times)[len(times) // 2]
 
 
 if __name__ == "__main__":

@@ -160,6 +160,4 @@ def load_any_config(path: str | Path) -> RunConfig | ModelConfig:
     """Load a YAML file of ``configs/``: a run file (``model:`` plus optional ``train:``/``data:``
     sections, loaded as a ``RunConfig``) or a bare model file (``arch:`` plus model fields)."""
     data = read_yaml_mapping(Path(path), str(path))
-    if "model" in data:
-        return RunConfig.from_dict(data)
-    return model_config_from_dict(data)
+    return RunConfig.from_dict(data) if "model" in data else model_config_from_dict(data)

@@ -140,6 +140,4 @@ def unit_norms_sq(w_out: torch.Tensor) -> torch.Tensor:
 def unit_index(perm: torch.Tensor, per_unit: int) -> torch.Tensor:
     """Entry indices of a unit permutation ``perm`` [F] along a dim holding ``per_unit`` entries per unit:
     [F * per_unit], unit perm[i]'s entries at i * per_unit + (0 .. per_unit - 1)."""
-    if per_unit == 1:
-        return perm
-    return (perm[:, None] * per_unit + torch.arange(per_unit, device=perm.device)).flatten()
+    return perm if per_unit == 1 else (perm[:, None] * per_unit + torch.arange(per_unit, device=perm.device)).flatten()

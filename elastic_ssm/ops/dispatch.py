@@ -110,8 +110,7 @@ def import_fla_chunk():
     """``fla.ops.gla.chunk``, imported the package's one way (``persist_autotuning``, ``import_leaf``,
     ``fla_configs_for_every_kernel``, ``fla_without_dynamo``). Raises what the import raises."""
     persist_autotuning()
-    chunk = sys.modules.get("fla.ops.gla.chunk")
-    if chunk is not None:
+    if (chunk := sys.modules.get("fla.ops.gla.chunk")) is not None:
         return chunk
     with fla_without_dynamo(), fla_configs_for_every_kernel():
         return import_leaf("fla.ops", "fla.ops.gla.chunk")
@@ -162,10 +161,9 @@ def _compiles_wait_for(thread: threading.Thread, triton):
 
 
 def _triton_key(fla: bool) -> None:
-    triton = None
-    with contextlib.suppress(Exception):   # another Triton's layout: its first compile computes the key as before
-        with _FLA_LOCK:                    # never beside fla's import of triton, and the package whole first (tests)
-            triton = importlib.import_module("triton")
+    triton = None   # suppress: another Triton's layout (its first compile hashes the key); the lock: fla's import
+    with contextlib.suppress(Exception), _FLA_LOCK:   # never beside this import of triton, the package whole first
+        triton = importlib.import_module("triton")
     if fla:
         import_fla_in_background()         # triton is in: the rest of fla's import runs beside the hash
     if triton is not None:
@@ -174,13 +172,10 @@ def _triton_key(fla: bool) -> None:
 
 
 def hash_triton_key_in_background(fla: bool = False) -> None:
-    """Once per process, on a daemon thread while a CUDA model loads: import triton, start fla's import (``fla``:
-    ``import_fla_in_background``), then hash Triton's per-process compile-cache key (a memoised sha256 of its
-    ~400 MB library, 0.25-0.4 s that the decoder build's first kernel would spend; GIL-free) while compiles wait."""
+    """Once per process, on a daemon thread while a CUDA model loads: import triton, start fla's import (``fla``), then
+    hash Triton's compile-cache key (sha256 of its ~400 MB library, 0.25-0.4 s; GIL-free) while compiles wait."""
     if _TRITON_KEYED or importlib.util.find_spec("triton") is None:
-        if fla:
-            import_fla_in_background()
-        return
+        return import_fla_in_background() if fla else None
     _TRITON_KEYED.append(True)
     threading.Thread(target=_triton_key, args=(fla,), name="elastic-ssm-triton-key", daemon=True).start()
 

@@ -295,6 +295,29 @@ def test_fla_path_with_stand_in_kernel(monkeypatch, dtype, compute):
         assert (gr.double() - r).abs().max() <= gtol * r.abs().max(), name
 
 
+def test_fla_path_with_a_theta_gradient_scans_in_segments_and_equals_the_spec(monkeypatch):
+    """With a theta gradient and T > ``GRAD_SEGMENT``, ``fla_spectral_scan`` chains segments (each from the last
+    one's state, phases from its own start): the kernel's error in dq, dk is then multiplied by at most the segment's
+    length in ``d theta`` (README "theta gradient"). Through the float64 stand-in (its gates float32, as fla's): the
+    spec's values and gradients to the one-call path's 1e-4; without a theta gradient it stays one kernel call."""
+    calls = fla_stand_in.install(monkeypatch)
+    mod = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_fla")
+    monkeypatch.setattr(mod, "GRAD_SEGMENT", 32)
+    x = make_inputs(T=70, clock=0.3, strong=(1, 2, 30.0))
+    for name, g_fla, g_ref in zip(NAMES, _grads(mod.fla_spectral_scan, x, compute_dtype=F64),
+                                  _grads(naive_spectral_scan, x)):
+        assert (g_fla - g_ref).abs().max() <= 1e-4 * g_ref.abs().max(), name
+    assert calls["fwd"] == 3 and calls["bwd"] == 3          # segments of 32, 32 and 6 tokens
+    with torch.no_grad():
+        z, h = run(mod.fla_spectral_scan, x, compute_dtype=F64)
+    z_ref, h_ref = run(naive_spectral_scan, x)
+    assert calls["fwd"] == 4 and (z - z_ref).abs().max() < 1e-5 * z_ref.abs().max()
+    assert (h - h_ref).abs().max() < 1e-5 * h_ref.abs().max()
+    leaves = {n: t.clone().requires_grad_(n != "theta") for n, t in x.items()}
+    mod.fla_spectral_scan(*inputs_of(mod.fla_spectral_scan, leaves), initial_state=leaves["initial_state"])
+    assert calls["fwd"] == 5                                 # no theta gradient: one call, no final state asked
+
+
 @pytest.mark.parametrize("H", [1, 3, 5, 8, 11])
 def test_gla_chunk_pads_heads_to_a_power_of_two_and_widths_to_16(monkeypatch, H):
     """fla autotunes per head count, and its backward's ``tl.dot`` needs widths >= 16: ``gla_chunk`` runs the

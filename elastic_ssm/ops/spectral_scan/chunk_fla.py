@@ -59,8 +59,7 @@ def gla_outputs(o: torch.Tensor, final_state: torch.Tensor | None, v: torch.Tens
     ``v, write, read, modal`` (theta, kc, a used): ``z = o - sum_i a_i r_i w_i kc_i v`` (Eq. 24) in ``v.dtype``
     and ``H(T) = R(theta T) S(T)`` or None."""
     B, T, K, P = v.shape
-    theta, kc, a = modal.theta, modal.kc, modal.a
-    M = theta.shape[-1]
+    theta, kc, a, M = modal.theta, modal.kc, modal.a, modal.theta.shape[-1]
     wide = torch.promote_types(v.dtype, torch.float32)
     corr = (read.to(wide) * write.to(wide) * (a * kc).to(wide)).sum(-1, keepdim=True)  # [B, T, K, 1]
     z = (o.to(wide) - corr * v.to(wide)).to(v.dtype)
@@ -72,20 +71,30 @@ def gla_outputs(o: torch.Tensor, final_state: torch.Tensor | None, v: torch.Tens
     return z, torch.matmul(rot.to(sdt), S.to(sdt))  # [B, K, M, 2, P] natural frame
 
 
+GRAD_SEGMENT = 256   # with a theta gradient: segments of at most this many tokens (fla_spectral_scan)
+
+
 def fla_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, clock: torch.Tensor,
                       modal: ModalTables, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
                       compute_dtype: torch.dtype | None = torch.float32) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The scan (shapes of ``spectral_scan``) through fla's chunked GLA kernels (CUDA; differentiable): ``z`` in
     ``v.dtype``, the state in float32. ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for
-    bf16 inputs: an accurate theta gradient; None: ``v.dtype``)."""
-    if v.shape[1] == 0:
+    bf16 inputs: an accurate theta gradient; None: ``v.dtype``). With a theta gradient, segments of ``GRAD_SEGMENT``
+    tokens chain their states: ``d theta = sum_t t d phase_t`` then scales fla's (TF32) dq, dk errors by that, not T."""
+    if (T := v.shape[1]) == 0:
         return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)
+    if T > GRAD_SEGMENT and torch.is_grad_enabled() and modal.theta.requires_grad:
+        zs, state = [], initial_state
+        for s in (slice(b, b + GRAD_SEGMENT) for b in range(0, T, GRAD_SEGMENT)):
+            z, state = fla_spectral_scan(v[:, s], write[:, s], read[:, s], clock[:, s], modal, state,
+                                         output_final_state or s.stop < T, compute_dtype)
+            zs.append(z)
+        return torch.cat(zs, 1), state
     z_bad = state_bad = None
     if isolating(v):
         v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock, initial_state)
     q, k, vv, g, h0 = gla_inputs(v, write, read, clock, modal, initial_state, compute_dtype)
-    g = g.float()
     h0 = None if h0 is None else h0.float().contiguous()
-    o, ht = gla_chunk(q, k, vv, g, scale=1.0, initial_state=h0, output_final_state=output_final_state)
+    o, ht = gla_chunk(q, k, vv, g.float(), scale=1.0, initial_state=h0, output_final_state=output_final_state)
     z, state = gla_outputs(o, ht if output_final_state else None, v, write, read, modal)
     return restore_nonfinite(z, state, z_bad, state_bad)
