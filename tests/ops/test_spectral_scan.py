@@ -19,6 +19,7 @@ from elastic_ssm.ops import (
     spectral_scan_step,
 )
 from elastic_ssm.ops.spectral_scan.chunk_fla import gla_inputs, gla_outputs
+from elastic_ssm.ops.spectral_scan.inputs import isolate_nonfinite
 
 F64 = torch.float64
 NAMES = ("v", "write", "read", "clock", "rho", "theta", "kc", "ks", "a", "initial_state")
@@ -316,6 +317,25 @@ def test_fla_path_with_a_theta_gradient_scans_in_segments_and_equals_the_spec(mo
     leaves = {n: t.clone().requires_grad_(n != "theta") for n, t in x.items()}
     mod.fla_spectral_scan(*inputs_of(mod.fla_spectral_scan, leaves), initial_state=leaves["initial_state"])
     assert calls["fwd"] == 5                                 # no theta gradient: one call, no final state asked
+
+
+def test_segments_isolate_a_nan_once_and_keep_earlier_positions_finite(monkeypatch):
+    """The segmented theta-gradient path checks the whole sequence for non-finite inputs once (one host sync, not
+    one per segment); a NaN in a later segment reaches neither earlier positions, nor the other row, nor any
+    gradient of a loss on them."""
+    fla_stand_in.install(monkeypatch)
+    mod = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_fla")
+    monkeypatch.setattr(mod, "GRAD_SEGMENT", 32)
+    checks = []
+    monkeypatch.setattr(mod, "isolate_nonfinite", lambda *a: checks.append(1) or isolate_nonfinite(*a))
+    x = make_inputs(T=100, clock=0.3)
+    x["v"][0, 50, 0, 0] = math.nan
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
+    z, _ = run(mod.fla_spectral_scan, leaves, compute_dtype=F64)
+    assert checks == [1] and torch.isfinite(z[0, :50]).all() and torch.isfinite(z[1]).all()
+    assert not torch.isfinite(z[0, 50:, 0]).all()
+    grads = torch.autograd.grad(z[0, :50].sum() + z[1].sum(), [leaves[n] for n in NAMES])
+    assert all(torch.isfinite(g).all() for g in grads)
 
 
 @pytest.mark.parametrize("H", [1, 3, 5, 8, 11])

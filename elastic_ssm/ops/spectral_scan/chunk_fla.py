@@ -22,6 +22,8 @@ from .gla_op import gla_chunk
 from .inputs import ModalTables, capped_log_decay, isolate_nonfinite, isolating, restore_nonfinite
 from .naive import naive_spectral_scan
 
+GRAD_SEGMENT = 256   # with a theta gradient: segments of at most this many tokens (fla_spectral_scan)
+
 
 def _absolute_phase(theta: torch.Tensor, T: int) -> torch.Tensor:
     """``theta t mod 2 pi`` for ``t = 1..T`` in float64: ``[T, K, M]`` (differentiable in theta)."""
@@ -71,7 +73,12 @@ def gla_outputs(o: torch.Tensor, final_state: torch.Tensor | None, v: torch.Tens
     return z, torch.matmul(rot.to(sdt), S.to(sdt))  # [B, K, M, 2, P] natural frame
 
 
-GRAD_SEGMENT = 256   # with a theta gradient: segments of at most this many tokens (fla_spectral_scan)
+def _gla_scan(v, write, read, clock, modal, initial_state, output_final_state, compute_dtype):
+    """One ``gla_chunk`` call over finite inputs (arguments of ``fla_spectral_scan``): ``(z, H(T) or None)``."""
+    q, k, vv, g, h0 = gla_inputs(v, write, read, clock, modal, initial_state, compute_dtype)
+    h0 = None if h0 is None else h0.float().contiguous()
+    o, ht = gla_chunk(q, k, vv, g.float(), scale=1.0, initial_state=h0, output_final_state=output_final_state)
+    return gla_outputs(o, ht if output_final_state else None, v, write, read, modal)
 
 
 def fla_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, clock: torch.Tensor,
@@ -83,18 +90,12 @@ def fla_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, 
     tokens chain their states: ``d theta = sum_t t d phase_t`` then scales fla's (TF32) dq, dk errors by that, not T."""
     if (T := v.shape[1]) == 0:
         return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)
-    if T > GRAD_SEGMENT and torch.is_grad_enabled() and modal.theta.requires_grad:
-        zs, state = [], initial_state
-        for s in (slice(b, b + GRAD_SEGMENT) for b in range(0, T, GRAD_SEGMENT)):
-            z, state = fla_spectral_scan(v[:, s], write[:, s], read[:, s], clock[:, s], modal, state,
-                                         output_final_state or s.stop < T, compute_dtype)
-            zs.append(z)
-        return torch.cat(zs, 1), state
     z_bad = state_bad = None
-    if isolating(v):
+    if isolating(v):     # once for the whole sequence: the segments see finite inputs
         v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock, initial_state)
-    q, k, vv, g, h0 = gla_inputs(v, write, read, clock, modal, initial_state, compute_dtype)
-    h0 = None if h0 is None else h0.float().contiguous()
-    o, ht = gla_chunk(q, k, vv, g.float(), scale=1.0, initial_state=h0, output_final_state=output_final_state)
-    z, state = gla_outputs(o, ht if output_final_state else None, v, write, read, modal)
-    return restore_nonfinite(z, state, z_bad, state_bad)
+    seg, zs, state = (GRAD_SEGMENT if torch.is_grad_enabled() and modal.theta.requires_grad else T), [], initial_state
+    for s in (slice(b, b + seg) for b in range(0, T, seg)):
+        z, state = _gla_scan(v[:, s], write[:, s], read[:, s], clock[:, s], modal, state,
+                             output_final_state or s.stop < T, compute_dtype)
+        zs.append(z)
+    return restore_nonfinite(zs[0] if len(zs) == 1 else torch.cat(zs, 1), state, z_bad, state_bad)
