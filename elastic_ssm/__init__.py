@@ -1,7 +1,6 @@
 """elastic_ssm: train-once, export-many elastic spectral state space models (ES-SSM and ESSH).
 
-Heavy modules are imported lazily, so ``import elastic_ssm`` is fast and works without CUDA, triton or fla.
-"""
+Heavy modules are imported lazily, so ``import elastic_ssm`` is fast and works without CUDA, triton or fla."""
 
 from __future__ import annotations
 

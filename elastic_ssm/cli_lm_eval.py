@@ -14,8 +14,7 @@
   ``*.csv`` always.
 
 The tokenizer is the one saved with the model. A user's mistake (a bad ``--model_args``, an unknown task) is one line
-on stderr and exit code 2; ``--debug`` or ``ELASTIC_SSM_DEBUG=1`` shows the traceback.
-"""
+on stderr and exit code 2; ``--debug`` or ``ELASTIC_SSM_DEBUG=1`` shows the traceback."""
 
 from __future__ import annotations
 

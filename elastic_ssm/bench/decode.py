@@ -86,8 +86,7 @@ def bench_decode(make: Callable[[int, bool], object], batch: int, graph: bool, w
     """Median ms per decode step of ``make(batch, graph)``; OOM is reported, not raised.
 
     Returns ``{"batch", "mode", "ms", "ms_min", "ms_spread", "n", "tok_s", "state_bytes_per_seq"}`` or
-    ``{"batch", "mode", "error": "OOM" | message}``.
-    """
+    ``{"batch", "mode", "error": "OOM" | message}``."""
     row: dict = {"batch": batch, "mode": "graph" if graph else "eager"}
     with oom_as_result(row, device):
         dec = make(batch, graph)

@@ -27,8 +27,7 @@ def match_ffn_width(target: int, params_at: callable, align: int) -> tuple[int, 
     """FFN width (multiple of ``align``, >= align) whose parameter count is closest to ``target``.
 
     ``params_at(d_ff)`` must be affine in ``d_ff``. Returns ``(d_ff, params, gap)`` with
-    ``gap = params / target - 1``.
-    """
+    ``gap = params / target - 1``."""
     p0, p1 = params_at(align), params_at(2 * align)
     slope = (p1 - p0) / align
     exact = align + (target - p0) / slope

@@ -1,7 +1,6 @@
 """Budget dropout: the training-budget schedule of ES-SSM (paper Sec. 4.2, Eq. 5; Algorithm 2, whose text ends
 mid-way: DESIGN; docs/es_ssm.md, "Budget dropout"). ``sample(step)`` is a pure function of ``(seed, step)``, so a
-resumed run reproduces the schedule with no sampler state to save.
-"""
+resumed run reproduces the schedule with no sampler state to save."""
 
 from __future__ import annotations
 

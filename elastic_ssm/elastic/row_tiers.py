@@ -9,8 +9,7 @@ spectral channels and its first n_ff(T) FFN units. At the widest tier (K, n_ff) 
 which is ``K_T^{-1/2} W^out_{:, :K_T P} z_{:K_T}``, its own tier's readout; the FFN's SiLU(gate) * up [n_ff] is
 multiplied by a 0/1 unit mask. Channels and units past a row's prefix are computed and discarded: the cost is the
 widest tier's, and the kernels run at one shape for every mix. The decode step uses the same two factors
-(``FastDecoder(mixed=True)``); the forward and the prefill graphs use them through ``RowTiers``.
-"""
+(``FastDecoder(mixed=True)``); the forward and the prefill graphs use them through ``RowTiers``."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 stores it contiguous), so the shared model at a tier and its export give bitwise-equal CPU outputs (ESSH Q.2).
 
 A whole safetensors file goes onto CUDA in large staged reads (``read_to_device``; ``safe_open(device="cuda")``
-faults in every 4 KB page): docs/performance.md, where ``read_to_device`` is described.
-"""
+faults in every 4 KB page): docs/performance.md, where ``read_to_device`` is described."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Capacity tiers: tier tables, resolution and exact per-tier costs, the functional front of each config's own
 methods (``ModelConfig``; no switch over config types). docs/tiers.md states every rule: ESSH's two-rate map (Sec.
 4.2, Eq. 7; Table 6), parameters by Eq. 25 (C.5, Table 4), state by C.5 and Table 53; ES-SSM one tier per budget
-``K``; Transformer++ / MatFormer nested FFN tiers only (``K = 0``, Table 39).
-"""
+``K``; Transformer++ / MatFormer nested FFN tiers only (``K = 0``, Table 39)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Query i attends keys j with 0 <= i - j < window (``window_mask``). ``qkv`` [3D, D] and ``out`` [D, D], no biases
 (Table 4), shared by every tier. Causal SDPA, a flex_attention band or masked SDPA by length and device
-(docs/performance.md). Decoding state (Table 53): a ``RingState`` per layer.
-"""
+(docs/performance.md). Decoding state (Table 53): a ``RingState`` per layer."""
 
 from __future__ import annotations
 
@@ -90,8 +89,7 @@ def swa_block_mask(T: int, window: int, device, block_size: int = 128):
 
     Built at tile level without a [T, T] mask: for query tile i and key tile j, ``q - k`` ranges over
     ``(i - j) bs +- (bs - 1)``; tiles inside the band are "full" (no mask_mod call), tiles that cross an
-    edge "partial", the rest are skipped.
-    """
+    edge "partial", the rest are skipped."""
     nb = -(-T // block_size)
     rel = (torch.arange(nb, device=device)[:, None] - torch.arange(nb, device=device)[None, :]) * block_size
     lo, hi = rel - (block_size - 1), rel + (block_size - 1)  # [nb, nb] extremes of q - k in the tile
@@ -158,8 +156,7 @@ def swa_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, blo
 
     ``compiled``: run flex_attention through ``torch.compile`` (its fast kernels; inside an already
     compiled graph it is traced in place). False runs the eager reference (tests on CPU). Outside a compiled
-    graph the sequence runs at ``flex_length(T)``.
-    """
+    graph the sequence runs at ``flex_length(T)``."""
     T = q.shape[-2]
     if torch.compiler.is_compiling():
         return flex_attention(q, k, v, block_mask=swa_block_mask(T, window, q.device, block_size))

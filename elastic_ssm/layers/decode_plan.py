@@ -2,8 +2,7 @@
 
 A plan holds prefix views of its layer's weights and its kernel's constants; ``fused(x, norm, eps, state, opts)``
 (batch <= ``ops.gemv.MAX_FUSED_BATCH``: float32 stream x [B, D] updated in place) or ``batched(...)`` (cuBLAS;
-returns the new x) runs its part of a step. The math of every plan is its layer's ``step``.
-"""
+returns the new x) runs its part of a step. The math of every plan is its layer's ``step``."""
 
 from __future__ import annotations
 

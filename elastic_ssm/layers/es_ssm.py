@@ -12,8 +12,7 @@ At runtime budget K <= K-bar (Eq. 4)::
 ``r += DropPath(FFN(LN2(r)))`` with a GELU FFN d -> ffn_mult d -> d.
 
 Decoding, Eq. 4 per token (docs/es_ssm.md, "Decoding"): ``decode="exact"`` keeps the last L - 1 inputs;
-``decode="modal"`` replaces each filter by its m-mode matrix-pencil fit (ESSH Eq. 4, 5; ``DecodePlan``).
-"""
+``decode="modal"`` replaces each filter by its m-mode matrix-pencil fit (ESSH Eq. 4, 5; ``DecodePlan``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Elastic SwiGLU feed-forward layer (Shazeer, 2020): a tier keeps a unit prefix (ESSH D.2) of ``w_in.weight``
 [2F, D] (rows gate_h, up_h) and ``w_out.weight`` [D, F] (column h = unit h); FFN gradient scaling (D.4) and
-the running activation statistics ``act_sq`` [F] of the FFN ordering (D.3).
-"""
+the running activation statistics ``act_sq`` [F] of the FFN ordering (D.3)."""
 
 from __future__ import annotations
 

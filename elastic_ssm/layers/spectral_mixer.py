@@ -11,8 +11,7 @@ k's P value rows v_k^0, then the write, read and clock rows of its M modes) give
     y     = K^{-1/2} sum_{k<=K} W_k^out z_k                                         (Sec. 4.1)
 
 Init: gate/clock weights 0, biases (0, 0, -3); modal tables from the matrix-pencil fit of the first K-bar Hankel
-filters (C.1); a = 1/2; beta = 0. Padding (``valid`` False) zeroes the write gate.
-"""
+filters (C.1); a = 1/2; beta = 0. Padding (``valid`` False) zeroes the write gate."""
 
 from __future__ import annotations
 

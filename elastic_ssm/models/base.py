@@ -1,8 +1,7 @@
 """Base class of the elastic models: tier resolution, exact counts, save / load of a model directory
 (docs/architecture.md, "A model directory"; ``from_pretrained(path, tier=)`` reads only the tier's prefixes).
 Subclasses define ``slice_rules`` and build no non-persistent buffers, so a model made on the meta device is
-completed by ``load_state_dict(assign=True)``.
-"""
+completed by ``load_state_dict(assign=True)``."""
 
 from __future__ import annotations
 

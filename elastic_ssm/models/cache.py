@@ -4,8 +4,7 @@
 layers a ``RingState`` [B, H, W, hd] (bfloat16 on CUDA, Table 53); ``positions`` [B] is shared by every ring. Every
 tensor stays at a fixed address (in-place writes), so a step can be captured in a CUDA graph.
 ``ESSSMCache`` (budget K): per block the last L-1 inputs [B, L-1, D] (``decode="exact"``) or modal states
-[B, K, M, 2, D] (``"modal"``), sized as ``elastic.tiers.state_bytes``.
-"""
+[B, K, M, 2, D] (``"modal"``), sized as ``elastic.tiers.state_bytes``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Compiling the ESSH trunk (``ESSH._trunk``: embedding, blocks, final norm, logits) and resolving its scan backend
 eagerly. Graphs are cached under ``TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/elastic_ssm/inductor``). Also the
-one CUDA-graph capture of the fused decoder's steps and of the prefill graphs (``capture_graph``).
-"""
+one CUDA-graph capture of the fused decoder's steps and of the prefill graphs (``capture_graph``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The decoders ``generate`` uses: ``FastDecoder``s pooled per (tier, batch bucket), captured once on CUDA, and
 ``FusedSession`` (the pooled decoder, the prompt's prefill, attended spans above ``SPAN_MIN_BATCH`` rows).
-docs/performance.md, "``generate`` is fast by default".
-"""
+docs/performance.md, "``generate`` is fast by default"."""
 
 from __future__ import annotations
 

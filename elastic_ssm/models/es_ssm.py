@@ -2,8 +2,7 @@
 
 Embedding, ``n_layers`` pre-norm ``ESSSMBlock``s, a final LayerNorm, then the LM head (tied, or ``lm_head``
 [V, d]) or, for ``task='classify'``, a mean pool over valid positions and ``head`` [C, d]. ``tier=K`` evaluates
-budget K (Eq. 4); the standalone export (``slice_rules``) is bitwise equal on CPU in float32 (Appendix B.6).
-"""
+budget K (Eq. 4); the standalone export (``slice_rules``) is bitwise equal on CPU in float32 (Appendix B.6)."""
 
 from __future__ import annotations
 

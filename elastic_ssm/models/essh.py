@@ -2,8 +2,7 @@
 
 Pre-norm blocks by ``config.layout`` ('S' spectral mixer, 'A' sliding-window attention): x += Mixer(RMSNorm(x));
 x += SwiGLU(RMSNorm(x)); a final RMSNorm and the tied embedding give the logits. A tier keeps the first K_T
-channels and n_ff,T units (``elastic/slicing.py``); attention, embeddings and norms are shared (Sec. 4.2).
-"""
+channels and n_ff,T units (``elastic/slicing.py``); attention, embeddings and norms are shared (Sec. 4.2)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 ``FastDecoder(model, tier, batch)`` evaluates what ``ESSH.step`` evaluates through each layer's ``decode_plan``
 (``layers/decode_plan.py``) on the residual stream [B, D]; its cache is an ``ESSHCache`` at fixed addresses, so
-one step can be captured (``capture()``). Kernels, attended spans, mixed tiers: docs/performance.md.
-"""
+one step can be captured (``capture()``). Kernels, attended spans, mixed tiers: docs/performance.md."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ class FastDecoder:
     ``MAX_FUSED_BATCH``) | 'fused' | 'cublas'. ``out_layout``: 'rows' (weights in place, deterministic) | 'split'
     (an in-by-out copy, float32 atomics) | 'auto' ('split' for Triton without PDL). ``pdl``: ``ops/pdl.py``.
     ``share_plans``: a decoder whose plans this one reuses when tier, state dtype and layout agree.
-    ``min_span``: the smallest attended span (ring slots). ``mixed``: rows may run at tiers nested in ``tier``.
-    """
+    ``min_span``: the smallest attended span (ring slots). ``mixed``: rows may run at tiers nested in ``tier``."""
 
     def __init__(self, model, tier: Any = None, batch: int = 1, cache: ESSHCache | None = None,
                  state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,

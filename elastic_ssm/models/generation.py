@@ -2,8 +2,7 @@
 input checks of every architecture's ``forward``, ``step`` and ``generate``.
 
 Hugging Face's argument names; a left-padded batch (``attention_mask`` [B, T], 1 = token) gives every row its
-unpadded result; the loop never syncs with the host per token.
-"""
+unpadded result; the loop never syncs with the host per token."""
 
 from __future__ import annotations
 
@@ -148,8 +147,7 @@ class GenerationMixin:
         ``pad_token_id`` (default: the eos id); generation ends once every row has, checked every ``sync_every``
         tokens. ``streamer(tokens [B])`` gets each step's device tensor. ``fast``: None / True = the fused
         decoder, False = the reference step. Caches: fp32 states, a bf16 KV ring on CUDA (CPU: parameter dtype).
-        The model's ``cache_options`` (ES-SSM: ``decode``, ``n_modes``) go to its ``allocate_cache``.
-        """
+        The model's ``cache_options`` (ES-SSM: ``decode``, ``n_modes``) go to its ``allocate_cache``."""
         cache_kw = {k: unknown.pop(k) for k in self.cache_options if k in unknown}
         if unknown:
             supported = [p for p in inspect.signature(self.generate).parameters if p != "unknown"]

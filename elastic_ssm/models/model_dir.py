@@ -1,7 +1,6 @@
 """A saved model directory's record: ``config.json`` checked for shape, the weights' checksums (sha256 of 64 MiB
 pieces, hashed in parallel; docs/training.md, "Integrity"), the tier a directory answers to and its saved tokenizer
-(``models/base.py`` writes and loads the directory).
-"""
+(``models/base.py`` writes and loads the directory)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Prompt prefill replayed from a CUDA graph per (decoder, length bucket): the trunk (compiled when
 ``compile_model`` was called) into a cache, the last position's logits. Prompts are left-padded to
-``length_bucket``; extra rows of the batch bucket repeat the first. docs/performance.md, "Graphed compiled prefill".
-"""
+``length_bucket``; extra rows of the batch bucket repeat the first. docs/performance.md, "Graphed compiled prefill"."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 ``config.json``'s ``auto_map`` (``hf_keys``) names two thin modules written beside it; each imports its class
 from the installed ``elastic_ssm.hf`` (no frozen copy of the model code), so a fresh process needs no ``import
-elastic_ssm.hf``. Every language model has its entry in ``FAMILIES`` (an ES-SSM classifier has none).
-"""
+elastic_ssm.hf``. Every language model has its entry in ``FAMILIES`` (an ES-SSM classifier has none)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Backend selection: the spectral scan's ``"torch"`` (any device), ``"fla"`` (fla-core's Triton GLA kernels, CUDA)
 or ``"naive"`` (the spec), and the decode kernels' ``"triton"`` or ``"torch"``. fla and triton are optional and
-never imported at module import.
-"""
+never imported at module import."""
 
 from __future__ import annotations
 

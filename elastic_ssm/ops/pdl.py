@@ -3,8 +3,7 @@
 Rules every PDL kernel follows: ``gdc_launch_dependents`` at the program's start; before ``gdc_wait`` only reads
 of memory no kernel of the step writes (weights, constant tables); ``gdc_wait`` once per program before its first
 activation read and any store. Kernels take a ``PDL: tl.constexpr`` flag (False: CPU interpreter, older GPUs,
-``ELASTIC_SSM_PDL=0``); launches pass ``**launch_options(pdl)``.
-"""
+``ELASTIC_SSM_PDL=0``); launches pass ``**launch_options(pdl)``."""
 
 from __future__ import annotations
 

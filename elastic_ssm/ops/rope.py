@@ -1,6 +1,5 @@
 """Rotary position embedding (RoPE), halves convention, phases in float64 (positions reach 1e5+); shared by the
-attention layer and the one-token window step of the decoder.
-"""
+attention layer and the one-token window step of the decoder."""
 
 from __future__ import annotations
 

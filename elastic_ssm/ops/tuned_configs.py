@@ -1,8 +1,7 @@
 """Kernel configs of fla's autotuned kernels shipped per GPU (``ops/fla_configs/<GPU>/``; issue 39: the first token on
 a cold machine), which fla-core itself reads under ``FLA_CACHE_MODE=strict`` and ``FLA_CONFIG_DIR`` (exact autotuning
 keys only; docs/performance.md, "Graphed compiled prefill"); ``python -m benchmarks.fla_configs`` builds the files
-from Triton's on-disk autotuning results after a run.
-"""
+from Triton's on-disk autotuning results after a run."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Disk cache of the fixed spectral buffers: ``.npz`` files in ``$ELASTIC_SSM_CACHE`` (else ``~/.cache/elastic_ssm``),
-written atomically; every failure is soft (a bad file is a miss): the cache is an accelerator, never a requirement.
-"""
+written atomically; every failure is soft (a bad file is a miss): the cache is an accelerator, never a requirement."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ mu(lambda) = (1 - lambda) [1, lambda, ..., lambda^(L-1)]^T,
     Z = int_0^1 mu(rho) mu(rho)^T d rho,   Z_ij = 2 / ((i+j)^3 - (i+j))   (1-based i, j)
 
 Eigenpairs in float64, decreasing, unit norm, ``phi_k(0) > 0``; channel k is *resolved* when
-``eps * sigma_1 / gap_k <= 1e-2`` (24 at L=2048). Solvers and conventions: docs/spectral.md.
-"""
+``eps * sigma_1 / gap_k <= 1e-2`` (24 at L=2048). Solvers and conventions: docs/spectral.md."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
     phi_k(t) ~ sum_i rho_i^t (kc_i cos(theta_i t) - ks_i sin(theta_i t)),   t = 0..L-1,
 
-the impulse response of ESSH Eq. 5 with unit gates and no clock (readout kappa = (kc, -ks)); docs/spectral.md.
-"""
+the impulse response of ESSH Eq. 5 with unit gates and no clock (readout kappa = (kc, -ks)); docs/spectral.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Recipes: the per-step micro-batch plan (``MicroPlan``); ESSH capacity-mixed pretraining (``CapacityMixed``:
 Algorithm 1, D.4, D.5) and shared refinement (``SharedRefinement``: D.8, ``per_step`` or ``cycle``); their
 objectives: ``losses.py``. The plan of the global slots, seeded with ``(seed, step)``, and the ``n_F`` draw:
-docs/training.md, "One optimizer step", item 2.
-"""
+docs/training.md, "One optimizer step", item 2."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Atomic, resumable training checkpoints: the ``step_XXXXXXX/`` layout, ``COMPLETE.json``, ``latest`` and what
 happens to a damaged one (``move_damaged``, never deleted): docs/training.md, "Checkpoints and resume" and "Work
-is never lost". Under FSDP2 the full states are gathered to rank 0.
-"""
+is never lost". Under FSDP2 the full states are gathered to rank 0."""
 
 from __future__ import annotations
 

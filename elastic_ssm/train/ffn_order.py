@@ -6,8 +6,7 @@
     PermuteFFN(Theta_l, Omega_l, abar_l^2; pi_l)                        (line 26)
 
 PermuteFFN reorders ``w_in.weight`` [2F, D] row pairs, ``w_out.weight`` [D, F] columns, ``act_sq`` [F] and the AdamW
-moments of those weights (under FSDP2: gathered, permuted, cut back to this rank's shard); the function is unchanged.
-"""
+moments of those weights (under FSDP2: gathered, permuted, cut back to this rank's shard); the function is unchanged."""
 
 from __future__ import annotations
 

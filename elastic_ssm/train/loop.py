@@ -5,8 +5,7 @@ tokens all-reduced, the recipe's plan per micro-batch, backward of ``world x sum
 AdamW, the recipe's hook (FFN ordering); then log, validate and checkpoint at their cadences.
 
 Stages: ``pretrain`` and, for ESSH with ``refine.steps > 0``, ``refine`` (D.8: a fresh AdamW and schedule), each
-into ``<out_dir>/<stage>/``; a resume continues an interrupted stage bit for bit on CPU.
-"""
+into ``<out_dir>/<stage>/``; a resume continues an interrupted stage bit for bit on CPU."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ valid-token count N_tok (the N_r / N_tok weighting of Algorithm 1 line 19, D.7).
   with TV(p, q) = 1/2 sum_v |p(v) - q(v)|.
 
 Reductions run in fp32 (D.6). The chunked path (D.6) computes the logits of ``chunk`` positions at a time from the
-final hidden states and recomputes them in backward, so the full [B, T, V] logits never exist.
-"""
+final hidden states and recomputes them in backward, so the full [B, T, V] logits never exist."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Training metrics (docs/training.md, "Metrics and validation" lists the fields): ``metrics.jsonl`` (rank 0, the
 record of truth; ``kind`` ``train`` or ``eval``), a tqdm bar and per-tier validation records. ``capacity_counts``
 counts every micro-batch's capacity since the previous record (checkpoint steps are always written, so a stage's
-sum is its exact mix, D.4); ``bpt = loss / ln 2``, ``bpb = bpt / bytes_per_token`` (ES-SSM Sec. 5).
-"""
+sum is its exact mix, D.4); ``bpt = loss / ln 2``, ``bpb = bpt / bytes_per_token`` (ES-SSM Sec. 5)."""
 
 from __future__ import annotations
 

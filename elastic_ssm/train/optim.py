@@ -3,8 +3,7 @@
 Pretraining (E.2): no weight decay on ``rho_raw``, ``theta``, ``kc``, ``ks``, embeddings, normalisation weights,
 biases (``gate_bias``, ``*.bias``) and the blend coefficients ``beta``; decay on the zero-lag table ``a`` and every
 other tensor with >= 2 dims. Shared refinement (D.8): decay on every tensor with >= 2 dims, none on vectors.
-Schedule: linear warm-up to the peak, then cosine to ``min_frac x peak`` (Table 7: 1%, 10%; D.8: 5%, zero).
-"""
+Schedule: linear warm-up to the peak, then cosine to ``min_frac x peak`` (Table 7: 1%, 10%; D.8: 5%, zero)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """One check of a device a user names (``--device``, ``from_pretrained(device=)``): ``checked_device`` and
-``auto_device`` (never mps, which has no float64); the CPU threads torch runs with (``apply_default_threads``).
-"""
+``auto_device`` (never mps, which has no float64); the CPU threads torch runs with (``apply_default_threads``)."""
 
 from __future__ import annotations
 

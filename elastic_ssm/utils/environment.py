@@ -1,8 +1,7 @@
 """What a measured number depends on, ``environment(device)``: device, torch / CUDA / triton / fla versions
 (``library_versions``: None when absent, the import error when broken), scan backend, commit, date: the record of
 every benchmark row, replication call and ``tier_profile.json``. ``env_int`` / ``env_flag`` read the library's
-environment variables, a one-line ``ConfigError`` naming a bad one; torch loads only where a number is measured.
-"""
+environment variables, a one-line ``ConfigError`` naming a bad one; torch loads only where a number is measured."""
 
 from __future__ import annotations
 

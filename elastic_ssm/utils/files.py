@@ -1,7 +1,6 @@
 """Atomic file writes, one implementation for every file elastic_ssm writes: ``.<name>.<random>.tmp`` in the target's
 directory, flushed, ``fsync``ed, mode 0666 less the umask, then ``os.replace``d over the target (a reader sees the
-old file or the complete new one; after a crash only a temporary file is left, see :func:`is_temp_name`).
-"""
+old file or the complete new one; after a crash only a temporary file is left, see :func:`is_temp_name`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """What long work shows (DESIGN rule 9), torch-free: ``progress`` (the one tqdm bar), ``shown`` and
-``tuning_notice`` (a fresh machine's first CUDA prefill); docs/architecture.md, ``utils/progress.py``.
-"""
+``tuning_notice`` (a fresh machine's first CUDA prefill); docs/architecture.md, ``utils/progress.py``."""
 
 from __future__ import annotations
 

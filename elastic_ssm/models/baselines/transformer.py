@@ -3,8 +3,7 @@ causal attention, tied embedding; trained through ``train()`` like ESSH.
 
 Attention has no biases (``qkv`` [3D, D], ``out`` [D, D]); decoding uses a static KV cache [N, B, H, L_max, hd].
 Parameters (Table 4 / 54 rules): ``V d + N (4 d^2 + 3 d n_ff + 2 d) + d``. The SwiGLU is ESSH's elastic layer, so
-a tier ``(K = 0, n_ff)`` keeps its unit prefix; ``MatFormer`` is this model under ``MatFormerConfig``.
-"""
+a tier ``(K = 0, n_ff)`` keeps its unit prefix; ``MatFormer`` is this model under ``MatFormerConfig``."""
 
 from __future__ import annotations
 

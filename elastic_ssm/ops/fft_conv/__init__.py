@@ -1,8 +1,7 @@
 """Causal convolution with the fixed Hankel filters (ES-SSM paper Eq. 3-4): u [B, T, D], phi [K, L] -> [B, T, K, D].
 
 ``naive.py`` is the spec; ``fft_causal_conv`` (Sec. 4.1, Eq. 4): real FFTs of length ``next_fast_len(2T)`` (no
-wrap-around), the input transformed once for all K channels, float32 (float64 for float64 inputs) with autocast off.
-"""
+wrap-around), the input transformed once for all K channels, float32 (float64 for float64 inputs) with autocast off."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ the kernel, Sec. 3)::
     y_k(t) = sum_{tau=0}^{t} phi_k(tau) u(t - tau),        t = 0, ..., T-1,  k = 1, ..., K
 
 Zero initial conditions (inputs before t = 0 are zero). This module is a plain loop over t, works in
-any floating dtype (float64 for the reference tests) and is differentiable by autograd.
-"""
+any floating dtype (float64 for the reference tests) and is differentiable by autograd."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@
     gemv_accumulate(a, w, x)    x += scale * a W                 W [N, D] in x out (down / out projection)
 
 x [B, D]; products accumulate in float32 (float64 operands keep float64 on the torch path). ``backend="torch"``
-is the reference; ``"triton"`` runs ``triton_kernels.py`` for ``B <= MAX_FUSED_BATCH``.
-"""
+is the reference; ``"triton"`` runs ``triton_kernels.py`` for ``B <= MAX_FUSED_BATCH``."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@
   residual stream (results agree to float32 rounding, not bitwise, between runs).
 
 Reduction lengths are compile-time constants; batch rows ``b < B <= BLOCK_B`` share one read of the weights.
-This module imports triton: import it only on the Triton path (``TRITON_INTERPRET=1`` must be set before).
-"""
+This module imports triton: import it only on the Triton path (``TRITON_INTERPRET=1`` must be set before)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
     rms_norm(x, weight, eps)   y = weight * x / sqrt(mean_j x_j^2 + eps)          x [B, D] -> [B, D]
     swiglu(h)                  y_j = silu(h_{2j}) * h_{2j+1}                      h [B, 2n] -> [B, n]
 
-``backend="triton"`` runs ``triton_kernels.py``; ``"torch"`` is the reference (also for float64, non-2-D inputs).
-"""
+``backend="triton"`` runs ``triton_kernels.py``; ``"torch"`` is the reference (also for float64, non-2-D inputs)."""
 
 from __future__ import annotations
 

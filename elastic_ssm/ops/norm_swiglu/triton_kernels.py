@@ -4,8 +4,7 @@
 mean square in float32 and writes ``weight * x * rsqrt(mean + eps)`` in the output dtype.
 ``swiglu_kernel``, grid ``(B, cdiv(n, BLOCK_N))``: reads the interleaved (gate, up) pairs of ``BLOCK_N``
 units and writes ``silu(gate) * up`` computed in float32. This module imports triton: import it only on the
-Triton path (``TRITON_INTERPRET=1`` must be set before, to run on CPU tensors).
-"""
+Triton path (``TRITON_INTERPRET=1`` must be set before, to run on CPU tensors)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 ``spectral_scan`` checks its inputs and dispatches to the chunked PyTorch scan (``"torch"``, Algorithm 2),
 fla's GLA kernels (``"fla"``) or the spec (``"naive"``); inside the package the five modal tables travel as one
 ``ModalTables`` (``scan``). ``spectral_scan_step``: the single-token decode step (Algorithm 4, lines 10-14;
-Appendix O.3) in plain torch. Math and edge values: README.md beside this file.
-"""
+Appendix O.3) in plain torch. Math and edge values: README.md beside this file."""
 
 from __future__ import annotations
 
@@ -70,8 +69,7 @@ def spectral_scan(
     ``H(T) [B, K, M, 2, P]`` in the natural frame (float32 for bf16/fp16 inputs; None unless
     ``output_final_state``). ``backend``: "auto" | "torch" | "fla" | "naive" (:func:`resolve_backend`);
     ``chunk_size``: the torch path's chunk length. ``check_values``: a ValueError for a negative clock, ``rho``
-    outside [0, 1] or non-finite tables (one host sync; inside compiled regions those entries become NaN).
-    """
+    outside [0, 1] or non-finite tables (one host sync; inside compiled regions those entries become NaN)."""
     return scan(v, write, read, clock, ModalTables(rho, theta, kc, ks, a), initial_state=initial_state,
                 output_final_state=output_final_state, backend=backend, chunk_size=chunk_size,
                 check_values=check_values)

@@ -2,8 +2,7 @@
 
 Chunks of C positions carry only the 2 M P boundary state per channel (Eq. 28); diagonal blocks are factorised
 through centred endpoint factors (Eq. 34, admitted per mode by Appendix O.2) or built pairwise; the scans over
-blocks and chunks are lower-triangular matmuls (``_decay_scan``). The math: README.md.
-"""
+blocks and chunks are lower-triangular matmuls (``_decay_scan``). The math: README.md."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ class _PairwiseDiagonal(torch.autograd.Function):
     """``G[t, s] = r(t) w(s) exp(-(l(t) - l(s))) psi(t - s)`` of one mode per diagonal block (Eq. 27).
 
     Only non-positive exponents (``max(0, l(t) - l(s))``; above the diagonal ``psi = 0``), so always finite.
-    Inputs ``lq, r, w [B, n, N, nc, c]`` for n (channel, mode) pairs, ``psi [n, c, c]``.
-    """
+    Inputs ``lq, r, w [B, n, N, nc, c]`` for n (channel, mode) pairs, ``psi [n, c, c]``."""
 
     @staticmethod
     def forward(ctx, lq, r, w, psi):
@@ -94,8 +92,7 @@ def _decay_scan(ell: torch.Tensor, U: torch.Tensor, h0: torch.Tensor | None, gro
     ``ell [..., N]`` float64 log-decays >= 0, ``U [..., N, X]``, ``h0 [..., X]`` or None. Returns the states
     entering every step ``[..., N, X]`` (``h_{j-1}``) and the last state ``[..., X]``. Up to ``group`` steps
     are combined by one matmul with ``exp(-(l_{j-1} - l_i))`` for ``i < j`` (non-positive exponents);
-    longer scans recurse on groups of ``group`` steps.
-    """
+    longer scans recurse on groups of ``group`` steps."""
     N = ell.shape[-1]
     if N > group:
         G = -(-N // group)

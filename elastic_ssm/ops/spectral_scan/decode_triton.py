@@ -8,8 +8,7 @@ retained channel k and row b, from the raw output ``h`` of the concatenated inpu
     z      = sum_i eta^r_i H_i^T kappa_i - (sum_i a_i eta^r_i eta^w_i kc_i) v       (Eq. 24)
     out    = K^{-1/2} z                                                             (Sec. 4.1 readout scale)
 
-``backend="triton"``: one program per (b, k), the M modes in registers; ``"torch"``: the reference.
-"""
+``backend="triton"``: one program per (b, k), the M modes in registers; ``"torch"``: the reference."""
 
 from __future__ import annotations
 

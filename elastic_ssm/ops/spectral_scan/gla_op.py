@@ -1,8 +1,7 @@
 """fla-core's chunked GLA kernels as two torch ops (``elastic_ssm::gla_chunk_fwd`` / ``_bwd``), so ``torch.compile``
 traces around them; fla is imported when an op first runs. README.md, section on the fla path. Declared with
 ``torch.library.Library``: ``torch.library.custom_op`` runs each call through ``torch._disable_dynamo``, whose first
-call imports ``torch._dynamo`` (1-2 s of a fresh process's first prefill, docs/performance.md).
-"""
+call imports ``torch._dynamo`` (1-2 s of a fresh process's first prefill, docs/performance.md)."""
 
 import contextlib
 import math

@@ -1,7 +1,6 @@
 """The inputs of the ESSH scan (Eq. 5, 9, 24; C.3): ``ModalTables`` (the five per-mode tables), their checks, and the
 edge values shared by the chunked paths: exact resets (a capped log-decay), non-finite inputs isolated where the
-float64 spec (``naive.py``) puts them, value ranges checked (README.md, "Edge values").
-"""
+float64 spec (``naive.py``) puts them, value ranges checked (README.md, "Edge values")."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ For each channel k and mode i (ESSH paper, Eq. 5/9 and Eq. 24)::
     z(t)   = sum_i eta^r_i(t) H_i(t)^T kappa_i - sum_i a_i eta^r_i(t) eta^w_i(t) kc_i v(t)
 
 with kappa_i = (kc_i, -ks_i) and R(th) = [[cos th, -sin th], [sin th, cos th]]. Plain loop, dtype-generic
-(the tests run it in float64), differentiable by autograd.
-"""
+(the tests run it in float64), differentiable by autograd."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ b (next position ``p = positions[b]``) and head h, from the raw projection ``qkv
     o[b, h] = softmax_j(q . K_j / sqrt(hd) over allowed j) V                 -> o [B, D]
 
 ``SlidingWindowAttention.step`` without the output projection. ``backend="torch"``: the reference;
-``"triton"``: a split-window kernel and a combine kernel. ``span``: docs/performance.md, "Attended spans".
-"""
+``"triton"``: a split-window kernel and a combine kernel. ``span``: docs/performance.md, "Attended spans"."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ chunk holds the ring slot ``pos % W`` writes k, v there (and ``slot_pos``), and 
 online softmax over its ``CHUNK`` slots, using the fresh k, v for the current slot instead of memory (no
 cross-program dependency inside the launch). It writes the running max, the sum and the unnormalised
 output of its chunk. ``swa_combine_kernel``, grid ``(B * H,)``, merges the S chunks (flash-decoding).
-This module imports triton: import it only on the Triton path.
-"""
+This module imports triton: import it only on the Triton path."""
 
 from __future__ import annotations
 
