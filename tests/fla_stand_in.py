@@ -73,7 +73,7 @@ def install(monkeypatch) -> dict:
         assert all(x.is_contiguous() for x in (q, k, v, g))
         calls["fwd"] += 1
         calls["chunk_size"] = chunk_size
-        calls["heads"], calls["widths"] = q.shape[2], (q.shape[3], v.shape[3])
+        calls["heads"], calls["widths"], calls["batch_length"] = q.shape[2], (q.shape[3], v.shape[3]), q.shape[:2]
         assert min(q.shape[3], v.shape[3]) >= 16, "fla-core 0.6.0's backward needs Dk, Dv >= 16 (tl.dot)"
         o, S = naive_gla(q.double(), k.double(), v.double(), g.double(), _state0(q, v, initial_state), scale)
         B, T, H, _ = q.shape

@@ -297,10 +297,11 @@ def test_fla_path_with_stand_in_kernel(monkeypatch, dtype, compute):
 
 
 def test_fla_path_with_a_theta_gradient_scans_in_segments_and_equals_the_spec(monkeypatch):
-    """With a theta gradient and T > ``GRAD_SEGMENT``, ``fla_spectral_scan`` chains segments (each from the last
-    one's state, phases from its own start): the kernel's error in dq, dk is then multiplied by at most the segment's
-    length in ``d theta`` (README "theta gradient"). Through the float64 stand-in (its gates float32, as fla's): the
-    spec's values and gradients to the one-call path's 1e-4; without a theta gradient it stays one kernel call."""
+    """With a theta gradient and T > ``GRAD_SEGMENT``, ``fla_spectral_scan`` folds the segments (phases from each
+    one's own start) into the batch of one kernel call and chains their states outside it: the kernel's error in
+    dq, dk is then multiplied by at most the segment's length in ``d theta`` (README "theta gradient"). Through the
+    float64 stand-in (its gates float32, as fla's): the spec's values and gradients to the one-call path's 1e-4;
+    without a theta gradient it stays one call over the whole sequence."""
     calls = fla_stand_in.install(monkeypatch)
     mod = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_fla")
     monkeypatch.setattr(mod, "GRAD_SEGMENT", 32)
@@ -308,15 +309,23 @@ def test_fla_path_with_a_theta_gradient_scans_in_segments_and_equals_the_spec(mo
     for name, g_fla, g_ref in zip(NAMES, _grads(mod.fla_spectral_scan, x, compute_dtype=F64),
                                   _grads(naive_spectral_scan, x)):
         assert (g_fla - g_ref).abs().max() <= 1e-4 * g_ref.abs().max(), name
-    assert calls["fwd"] == 3 and calls["bwd"] == 3          # segments of 32, 32 and 6 tokens
+    # segments of 32, 32 and 6 (+ 26 zeros) tokens, each row's three in the batch of one call
+    assert calls["fwd"] == 1 and calls["bwd"] == 1 and tuple(calls["batch_length"]) == (3 * x["v"].shape[0], 32)
+    for T in (64, 33):                                       # whole segments; one token in the last
+        y = make_inputs(T=T, clock=0.3, strong=(1, 2, 30.0))
+        for name, g_fla, g_ref in zip(NAMES, _grads(mod.fla_spectral_scan, y, compute_dtype=F64),
+                                      _grads(naive_spectral_scan, y)):
+            assert (g_fla - g_ref).abs().max() <= 1e-4 * g_ref.abs().max(), (T, name)
+    calls["fwd"], whole = 0, (x["v"].shape[0], 70)
     with torch.no_grad():
         z, h = run(mod.fla_spectral_scan, x, compute_dtype=F64)
     z_ref, h_ref = run(naive_spectral_scan, x)
-    assert calls["fwd"] == 4 and (z - z_ref).abs().max() < 1e-5 * z_ref.abs().max()
+    assert calls["fwd"] == 1 and tuple(calls["batch_length"]) == whole
+    assert (z - z_ref).abs().max() < 1e-5 * z_ref.abs().max()
     assert (h - h_ref).abs().max() < 1e-5 * h_ref.abs().max()
     leaves = {n: t.clone().requires_grad_(n != "theta") for n, t in x.items()}
     mod.fla_spectral_scan(*inputs_of(mod.fla_spectral_scan, leaves), initial_state=leaves["initial_state"])
-    assert calls["fwd"] == 5                                 # no theta gradient: one call, no final state asked
+    assert calls["fwd"] == 2 and tuple(calls["batch_length"]) == whole   # no theta gradient: one call
 
 
 def test_segments_isolate_a_nan_once_and_keep_earlier_positions_finite(monkeypatch):

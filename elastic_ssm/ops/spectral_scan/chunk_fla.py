@@ -8,14 +8,14 @@ Per channel k (a GLA head) and mode i (key dimensions ``2i, 2i+1``), positions `
     o(t)   = q(t)^T S(t),  S(t) = diag(exp g(t)) S(t-1) + k(t) v(t)^T,  scale 1
 
 The GLA state is ``S_i(t) = R(-theta_i t) H_i(t)``; phases ``theta t mod 2 pi`` in float64; the zero-lag
-correction (Eq. 24) is added outside the kernel. The mapping is pure torch, tested on CPU in float64.
-"""
+correction (Eq. 24) is added outside the kernel. The mapping is pure torch, tested on CPU in float64."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 
 from .chunk_torch import _rotated_frame, _rotation
 from .gla_op import gla_chunk
@@ -25,24 +25,27 @@ from .naive import naive_spectral_scan
 GRAD_SEGMENT = 256   # with a theta gradient: segments of at most this many tokens (fla_spectral_scan)
 
 
-def _absolute_phase(theta: torch.Tensor, T: int) -> torch.Tensor:
-    """``theta t mod 2 pi`` for ``t = 1..T`` in float64: ``[T, K, M]`` (differentiable in theta)."""
-    t = torch.arange(1, T + 1, dtype=torch.float64, device=theta.device)
+def _absolute_phase(theta: torch.Tensor, T: int, period: int | None = None) -> torch.Tensor:
+    """``theta t mod 2 pi`` for ``t = 1..T`` (with ``period`` L: t counted from each L-token segment's start, 1..L)
+    in float64: ``[T, K, M]`` (differentiable in theta)."""
+    t = torch.arange(T, dtype=torch.float64, device=theta.device)
+    t = (t if period is None else torch.remainder(t, period)) + 1
     return torch.remainder(theta.double()[None] * t[:, None, None], 2 * math.pi)
 
 
 def gla_inputs(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, clock: torch.Tensor, modal: ModalTables,
-               initial_state: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+               initial_state: torch.Tensor | None = None, dtype: torch.dtype | None = None, period: int | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The scan's inputs (shapes of ``spectral_scan``; ``modal.a`` is used by gla_outputs) as GLA operands
     ``q, k [B, T, K, 2M]``, ``v [B, T, K, P]`` (in ``dtype``, default ``v.dtype``), ``g [B, T, K,
-    2M]`` and ``h0 [B, K, 2M, P]`` (at least float32); key dimension ``2i + j`` is coordinate ``j`` of mode ``i``."""
+    2M]`` and ``h0 [B, K, 2M, P]`` (at least float32); key dimension ``2i + j`` is coordinate ``j`` of mode ``i``.
+    With ``period`` L, the phases of q and k restart at each L-token segment (``_absolute_phase``)."""
     B, T, K, P = v.shape
     rho, theta, kc, ks, _ = modal
     M = rho.shape[-1]
     dtype = dtype or v.dtype
     wide = torch.promote_types(v.dtype, torch.float32)  # gates and tables before the final cast
-    phase = _absolute_phase(theta, T)  # [T, K, M] float64
+    phase = _absolute_phase(theta, T, period)  # [T, K, M] float64
     cph, sph = torch.cos(phase).to(wide), torch.sin(phase).to(wide)
     qrot, krot = _rotated_frame(cph, sph, kc.to(wide), ks.to(wide))  # R(-theta t) kappa, R(-theta t) e1
     q = (read.to(wide)[..., None] * qrot).reshape(B, T, K, 2 * M).to(dtype)
@@ -81,21 +84,46 @@ def _gla_scan(v, write, read, clock, modal, initial_state, output_final_state, c
     return gla_outputs(o, ht if output_final_state else None, v, write, read, modal)
 
 
+def _segment_scan(v, write, read, clock, modal, initial_state, output_final_state, compute_dtype, L):
+    """The scan (arguments of ``fla_spectral_scan``, finite) as ``L``-token segments folded into the batch of one
+    ``gla_chunk`` call, each from a zero state with phases from its own start (``period=L``). Their entering
+    states ``H_j`` (natural frame) chain outside the kernel in float32: ``H_{j+1} = R(theta L_j) (F_j + diag(exp
+    G_j(L_j)) H_j)``, ``F_j`` segment j's own final state and ``G_j(t)`` its log decay summed from its start through
+    t; position t of segment j adds ``(q(t) * exp G_j(t))^T H_j`` to the kernel's output. ``(z, H(T) or None)``."""
+    B, T, K, P = v.shape
+    n, M = -(-T // L), modal.theta.shape[-1]
+    q, k, vv, g, h0 = gla_inputs(v, write, read, clock, modal, initial_state, compute_dtype, period=L)
+    fold = lambda x: F.pad(x, (0, 0, 0, 0, 0, n * L - T)).reshape(B * n, L, K, x.shape[-1])  # noqa: E731 zeros: S kept
+    q, g = fold(q), fold(g.float())
+    o, fin = gla_chunk(q, k=fold(k), v=fold(vv), g=g, scale=1.0, output_final_state=True)
+    G = g.view(B, n, L, K, 2 * M).cumsum(2)                                   # [B, n, L, K, 2M]
+    fin, decay = fin.view(B, n, K, 2 * M, P), G[:, :, -1, :, :, None].exp()   # padding: k = 0, g = 0
+    H = [fin.new_zeros(B, K, 2 * M, P) if h0 is None else h0.float()]
+    for j in range(n if output_final_state else n - 1):
+        rot = _rotation(modal.theta.double() * min(L, T - j * L)).float()      # [K, M, 2, 2]
+        S = (fin[:, j] + decay[:, j] * H[-1]).view(B, K, M, 2, P)
+        H.append(torch.matmul(rot, S).view(B, K, 2 * M, P))
+    wide = torch.promote_types(q.dtype, torch.float32)
+    o_in = torch.einsum("bjlkm,bjkmp->bjlkp", q.view(B, n, L, K, 2 * M).to(wide) * G.exp().to(wide),
+                        torch.stack(H[:n], 1).to(wide))
+    o = (o.view(B, n, L, K, P).to(wide) + o_in).reshape(B, n * L, K, P)[:, :T]
+    return gla_outputs(o, None, v, write, read, modal)[0], (H[n].view(B, K, M, 2, P) if output_final_state else None)
+
+
 def fla_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, clock: torch.Tensor,
                       modal: ModalTables, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
                       compute_dtype: torch.dtype | None = torch.float32) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The scan (shapes of ``spectral_scan``) through fla's chunked GLA kernels (CUDA; differentiable): ``z`` in
     ``v.dtype``, the state in float32. ``q, k, v`` go to the kernel in ``compute_dtype`` (default float32 also for
-    bf16 inputs: an accurate theta gradient; None: ``v.dtype``). With a theta gradient, segments of ``GRAD_SEGMENT``
-    tokens chain their states: ``d theta = sum_t t d phase_t`` then scales fla's (TF32) dq, dk errors by that, not T."""
+    bf16 inputs: an accurate theta gradient; None: ``v.dtype``). With a theta gradient, ``GRAD_SEGMENT``-token segments
+    with phases from their own starts (``_segment_scan``): ``d theta = sum_t t d phase_t`` then scales fla's (TF32)
+    dq, dk errors by at most that, not T."""
     if (T := v.shape[1]) == 0:
         return naive_spectral_scan(v, write, read, clock, *modal, initial_state, output_final_state)
     z_bad = state_bad = None
     if isolating(v):     # once for the whole sequence: the segments see finite inputs
         v, write, read, clock, initial_state, z_bad, state_bad = isolate_nonfinite(v, write, read, clock, initial_state)
-    seg, zs, state = (GRAD_SEGMENT if torch.is_grad_enabled() and modal.theta.requires_grad else T), [], initial_state
-    for s in (slice(b, b + seg) for b in range(0, T, seg)):
-        z, state = _gla_scan(v[:, s], write[:, s], read[:, s], clock[:, s], modal, state,
-                             output_final_state or s.stop < T, compute_dtype)
-        zs.append(z)
-    return restore_nonfinite(zs[0] if len(zs) == 1 else torch.cat(zs, 1), state, z_bad, state_bad)
+    args = (v, write, read, clock, modal, initial_state, output_final_state, compute_dtype)
+    segmented = T > GRAD_SEGMENT and torch.is_grad_enabled() and modal.theta.requires_grad
+    z, state = _segment_scan(*args, GRAD_SEGMENT) if segmented else _gla_scan(*args)
+    return restore_nonfinite(z, state, z_bad, state_bad)
