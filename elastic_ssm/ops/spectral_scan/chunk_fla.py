@@ -99,10 +99,10 @@ def _segment_scan(v, write, read, clock, modal, initial_state, output_final_stat
     G = g.view(B, n, L, K, 2 * M).cumsum(2)                                   # [B, n, L, K, 2M]
     fin, decay = fin.view(B, n, K, 2 * M, P), G[:, :, -1, :, :, None].exp()   # padding: k = 0, g = 0
     H = [fin.new_zeros(B, K, 2 * M, P) if h0 is None else h0.float()]
+    rot = {lj: _rotation(modal.theta.double() * lj).float() for lj in {L, T - (n - 1) * L}}  # [K, M, 2, 2] by length
     for j in range(n if output_final_state else n - 1):
-        rot = _rotation(modal.theta.double() * min(L, T - j * L)).float()      # [K, M, 2, 2]
         S = (fin[:, j] + decay[:, j] * H[-1]).view(B, K, M, 2, P)
-        H.append(torch.matmul(rot, S).view(B, K, 2 * M, P))
+        H.append(torch.matmul(rot[min(L, T - j * L)], S).view(B, K, 2 * M, P))
     wide = torch.promote_types(q.dtype, torch.float32)
     o_in = torch.einsum("bjlkm,bjkmp->bjlkp", q.view(B, n, L, K, 2 * M).to(wide) * G.exp().to(wide),
                         torch.stack(H[:n], 1).to(wide))
