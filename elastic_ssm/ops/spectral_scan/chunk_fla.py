@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .chunk_torch import _rotated_frame, _rotation
+from .chunk_torch import _decay_scan, _rotated_frame, _rotation
 from .gla_op import gla_chunk
 from .inputs import ModalTables, capped_log_decay, isolate_nonfinite, isolating, restore_nonfinite
 from .naive import naive_spectral_scan
@@ -86,28 +86,31 @@ def _gla_scan(v, write, read, clock, modal, initial_state, output_final_state, c
 
 def _segment_scan(v, write, read, clock, modal, initial_state, output_final_state, compute_dtype, L):
     """The scan (arguments of ``fla_spectral_scan``, finite) as ``L``-token segments folded into the batch of one
-    ``gla_chunk`` call, each from a zero state with phases from its own start (``period=L``). Their entering
-    states ``H_j`` (natural frame) chain outside the kernel in float32: ``H_{j+1} = R(theta L_j) (F_j + diag(exp
-    G_j(L_j)) H_j)``, ``F_j`` segment j's own final state and ``G_j(t)`` its log decay summed from its start through
-    t; position t of segment j adds ``(q(t) * exp G_j(t))^T H_j`` to the kernel's output. ``(z, H(T) or None)``."""
+    ``gla_chunk`` call, each from a zero state with phases from its own start (``period=L``). The states entering
+    the segments, ``H_{j+1} = R(theta L_j) (F_j + diag(exp G_j(L_j)) H_j)`` (``F_j`` segment j's own final state,
+    ``G_j(t)`` its log decay summed from its start through t), are a pure decay scan in the global frame
+    ``R(-theta s_j) H_j`` (s_j: the tokens before segment j), run as chunk_torch's chunk boundaries are
+    (``_decay_scan``); position t of segment j adds ``(q(t) * exp G_j(t))^T H_j``. ``(z, H(T) or None)``."""
     B, T, K, P = v.shape
-    n, M = -(-T // L), modal.theta.shape[-1]
+    n, M, theta = -(-T // L), modal.theta.shape[-1], modal.theta.double()
     q, k, vv, g, h0 = gla_inputs(v, write, read, clock, modal, initial_state, compute_dtype, period=L)
     fold = lambda x: F.pad(x, (0, 0, 0, 0, 0, n * L - T)).reshape(B * n, L, K, x.shape[-1])  # noqa: E731 zeros: S kept
     q, g = fold(q), fold(g.float())
     o, fin = gla_chunk(q, k=fold(k), v=fold(vv), g=g, scale=1.0, output_final_state=True)
-    G = g.view(B, n, L, K, 2 * M).cumsum(2)                                   # [B, n, L, K, 2M]
-    fin, decay = fin.view(B, n, K, 2 * M, P), G[:, :, -1, :, :, None].exp()   # padding: k = 0, g = 0
-    H = [fin.new_zeros(B, K, 2 * M, P) if h0 is None else h0.float()]
-    rot = {lj: _rotation(modal.theta.double() * lj).float() for lj in {L, T - (n - 1) * L}}  # [K, M, 2, 2] by length
-    for j in range(n if output_final_state else n - 1):
-        S = (fin[:, j] + decay[:, j] * H[-1]).view(B, K, M, 2, P)
-        H.append(torch.matmul(rot[min(L, T - j * L)], S).view(B, K, 2 * M, P))
+    G = g.view(B, n, L, K, 2 * M).cumsum(2)                                   # [B, n, L, K, 2M]; padding: g = 0
+    starts = torch.arange(n, dtype=torch.float64, device=v.device) * L        # s_j
+    to_global = _rotation(-theta[:, None, :] * starts[:, None]).float()       # [K, n, M, 2, 2]
+    U = torch.matmul(to_global, fin.view(B, n, K, M, 2, P).transpose(1, 2))   # [B, K, n, M, 2, P]
+    ell = -G[:, :, -1, :, ::2].double().permute(0, 2, 3, 1)                   # [B, K, M, n]: a mode's two keys alike
+    h0 = None if h0 is None else h0.float().reshape(B, K, M, 2 * P)
+    enter, last = _decay_scan(ell, U.transpose(2, 3).reshape(B, K, M, n, 2 * P), h0)
+    enter = torch.matmul(to_global.mT, enter.reshape(B, K, M, n, 2, P).transpose(2, 3))  # [B, K, n, M, 2, P] natural
     wide = torch.promote_types(q.dtype, torch.float32)
-    o_in = torch.einsum("bjlkm,bjkmp->bjlkp", q.view(B, n, L, K, 2 * M).to(wide) * G.exp().to(wide),
-                        torch.stack(H[:n], 1).to(wide))
+    o_in = torch.einsum("bjlkm,bkjmp->bjlkp", q.view(B, n, L, K, 2 * M).to(wide) * G.exp().to(wide),
+                        enter.reshape(B, K, n, 2 * M, P).to(wide))
     o = (o.view(B, n, L, K, P).to(wide) + o_in).reshape(B, n * L, K, P)[:, :T]
-    return gla_outputs(o, None, v, write, read, modal)[0], (H[n].view(B, K, M, 2, P) if output_final_state else None)
+    z = gla_outputs(o, None, v, write, read, modal)[0]
+    return z, (torch.matmul(_rotation(theta * T).float(), last.view(B, K, M, 2, P)) if output_final_state else None)
 
 
 def fla_spectral_scan(v: torch.Tensor, write: torch.Tensor, read: torch.Tensor, clock: torch.Tensor,
