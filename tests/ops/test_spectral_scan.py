@@ -311,7 +311,8 @@ def test_fla_path_with_a_theta_gradient_scans_in_segments_and_equals_the_spec(mo
         assert (g_fla - g_ref).abs().max() <= 1e-4 * g_ref.abs().max(), name
     # segments of 32, 32 and 6 (+ 26 zeros) tokens, each row's three in the batch of one call
     assert calls["fwd"] == 1 and calls["bwd"] == 1 and tuple(calls["batch_length"]) == (3 * x["v"].shape[0], 32)
-    for T in (64, 33):                                       # whole segments; one token in the last
+    for T, seg in ((64, 32), (33, 32), (70, 1)):   # whole segments; one token in the last; > 64 (_decay_scan's groups)
+        monkeypatch.setattr(mod, "GRAD_SEGMENT", seg)
         y = make_inputs(T=T, clock=0.3, strong=(1, 2, 30.0))
         for name, g_fla, g_ref in zip(NAMES, _grads(mod.fla_spectral_scan, y, compute_dtype=F64),
                                       _grads(naive_spectral_scan, y)):
