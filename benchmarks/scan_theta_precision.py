@@ -12,10 +12,12 @@ theta-gradient path (``chunk_fla.GRAD_SEGMENT``) and with one kernel call for th
 
     python -m benchmarks.scan_theta_precision                              # fla's default (TF32 products)
     TRITON_F32_DEFAULT=tf32x3 python -m benchmarks.scan_theta_precision    # near-fp32 products
+    python -m benchmarks.scan_theta_precision --parts time,precision       # the time first (fla tunes each shape)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -42,11 +44,24 @@ def theta_errors(g: list, g_ref: list, strong: bool) -> tuple[float, float, floa
     return rel(g[theta], g_ref[theta]), fast, other
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="precision,time",
+                    help="comma-separated, run in this order: precision (four shapes), time (T = 2048)")
+    parts = ap.parse_args(argv).parts.split(",")
+    if unknown := set(parts) - {"precision", "time"}:
+        ap.error(f"--parts: unknown {sorted(unknown)}; give precision, time or both")
     if not torch.cuda.is_available():
         print("scan_theta_precision: needs a CUDA device (the fla path)", file=sys.stderr)
         return 2
     print(f"TRITON_F32_DEFAULT={os.environ.get('TRITON_F32_DEFAULT', '(unset: tf32)')}", flush=True)
+    for part in parts:
+        _precision() if part == "precision" else _time()
+    chunk_fla.GRAD_SEGMENT = SEGMENTS[0]
+    return 0
+
+
+def _precision() -> None:
     # four shapes: fla autotunes each new one on first use (tens of seconds each on a fresh machine)
     for strong, T in ((True, 130), (True, 512), (True, 2048), (False, 2048)):
         x = make_inputs(T=T, strong=strong, seed=T)
@@ -58,11 +73,12 @@ def main() -> int:
             err, fast, other = theta_errors(g, g_ref, strong)
             print(f"strong={strong} T={T} segment={min(seg, T)}: theta {err:.3e} (strong-clock modes {fast:.3e}); "
                   f"worst other gradient {other:.3e}", flush=True)
+
+
+def _time() -> None:
     for seg in SEGMENTS:
         chunk_fla.GRAD_SEGMENT = seg
         print(f"fwd+bwd B=8 T=2048 K=32 M=8 P=28 fp32, segment={min(seg, 2048)}: {_fwd_bwd_ms():.3f} ms", flush=True)
-    chunk_fla.GRAD_SEGMENT = SEGMENTS[0]
-    return 0
 
 
 def _fwd_bwd_ms() -> float:
