@@ -48,15 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="precision,time",
                     help="comma-separated, run in this order: precision (four shapes), time (T = 2048)")
+    known = {"precision": _precision, "time": _time}
     parts = ap.parse_args(argv).parts.split(",")
-    if unknown := set(parts) - {"precision", "time"}:
-        ap.error(f"--parts: unknown {sorted(unknown)}; give precision, time or both")
+    if unknown := set(parts) - known.keys():
+        ap.error(f"--parts: unknown {sorted(unknown)}; give {' or '.join(known)}, or both")
     if not torch.cuda.is_available():
         print("scan_theta_precision: needs a CUDA device (the fla path)", file=sys.stderr)
         return 2
     print(f"TRITON_F32_DEFAULT={os.environ.get('TRITON_F32_DEFAULT', '(unset: tf32)')}", flush=True)
     for part in parts:
-        _precision() if part == "precision" else _time()
+        known[part]()
     chunk_fla.GRAD_SEGMENT = SEGMENTS[0]
     return 0
 

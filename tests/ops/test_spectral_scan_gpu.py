@@ -3,8 +3,8 @@ reference, forward and backward, fp32 and bf16 inputs; a T = 131072 forward; the
 
 Tolerances are max |error| / max |reference| per tensor. Forward: 4e-3 (fp32; fla's matmuls run in tf32,
 measured ~1e-3 in DESIGN.md and up to 2.2e-3 with strong clocks: K = 5, T = 130 on an H100, 2026-12-07, where a
-tokenwise TF32 emulation on the CPU gives 7e-4, the rest being fla's chunked form) and 8e-3 (bf16 inputs,
-measured ~4e-3). Gradients: 5e-3 (fp32) and 3e-2 (bf16;
+tokenwise TF32 emulation on the CPU gives 7e-4, the rest presumably fla's chunked form, which it does not model)
+and 8e-3 (bf16 inputs, measured ~4e-3). Gradients: 5e-3 (fp32) and 3e-2 (bf16;
 the default fla path keeps q, k, v in fp32, see ``fla_spectral_scan``). The theta gradient is a long
 cancelling sum over t, and fla's float32 products are TF32 for fp32 and bf16 inputs alike (same kernel
 precision), so it is held to 3e-2 for both: measured on an H200 1.06e-2 (P=28, T=130) and 1.38e-2 (P=64,
