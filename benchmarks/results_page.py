@@ -108,7 +108,7 @@ def claim1() -> str:
                     cell(g(mat)), cell(seeds.get(best, {}).get("T1")) if t == "T10" else ""])
     return table(["tier", "ESSH params (M)", "ESSH capacity-mixed + SR", "specialist from scratch",
                   "dense control, truncated", "+ recovered, #16 protocol (lr 6e-5, 60 steps)",
-                  "+ recovered, paper protocol (lr 1e-4, 95 steps)", "MatFormer params (M)",
+                  "+ recovered, paper's share (lr 1e-4, 95 steps)", "MatFormer params (M)",
                   f"MatFormer (lr {lr_runs(RECORDS, 'matformer')[mat][0]:g})",
                   f"Transformer++ dense (41.1M, lr {lr_runs(RECORDS, 'transformer')[best][0]:g})"], out)
 
@@ -301,7 +301,7 @@ def summary() -> str:
          f"{sgn(b1['dense-s0-retrain', 'T10'] - b1['dense-s0', 'T10'])} (dense-s0) and "
          f"{sgn(b1['essh-s0-retrain', 'T10'] - b1['essh-s0', 'T10'])} (essh-s0), as much as the gaps' spread: "
          f"run-to-run noise){long4}; recovered dense - shared at T1, "
-         f"paper's protocol {cell(gaps['T1 recovered (paper) - shared'], sgn)}, #16's "
+         f"paper's share {cell(gaps['T1 recovered (paper) - shared'], sgn)}, #16's "
          f"{cell(gaps['T1 recovered (#16) - shared'], sgn)}: the paper's sign (Table 33), larger",
          f"essh n={e['T10']['n']}, dense n={d['T10']['n']}, spec-t1 n={st['spec-t1']['T1']['n']}, "
          f"spec-t4 n={st['spec-t4']['T1']['n']}; 4x: 1", f"{tpp:.2f}{tpp4} (paper ~20)"],
