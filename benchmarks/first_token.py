@@ -126,6 +126,9 @@ def run_first_token(opts: FirstTokenOptions, ctx) -> list[dict]:
                          "compiled": opts.compile, **res})
             n += 1
             ctx.log(f"  {rows[-1]}")
+            if res.get("torch_pyc") is False and n == 1:
+                ctx.log("  torch has no .pyc here (PYTHONDONTWRITEBYTECODE=1 on an install without them?): import_s "
+                        "is not a pip install's; byte-compile site-packages first (docs/performance.md)")
     if opts.cprofile:
         env = {"TRITON_PRINT_AUTOTUNING": "1"}
         res = _child(replace(base, cprofile=str(ctx.path("profile.txt"))), ctx, env, opts.timeout_s, "children.log")
@@ -199,7 +202,16 @@ def _first_token_child(a: ChildOptions) -> dict:
     sync()
     return {"import_s": t_imp - a.spawned_at, "load_s": t_load - t_imp, "decoder_s": t_dec - t_load,
             "prefill_s": t_pre - t_dec, "first_token_s": t_pre - a.spawned_at, "next_generate_s": time.time() - t_pre,
-            "dynamo_imported": "torch._dynamo" in sys.modules}
+            "dynamo_imported": "torch._dynamo" in sys.modules, "torch_pyc": _has_bytecode(torch.__file__)}
+
+
+def _has_bytecode(source: str) -> bool:
+    """Whether ``source`` has its cached ``.pyc`` (as ``pip install`` leaves one): without it, as under
+    ``PYTHONDONTWRITEBYTECODE=1`` on an image installed with ``--no-compile``, every process compiles the module
+    again and "import" is not what a user measures (docs/performance.md)."""
+    import importlib.util
+
+    return Path(importlib.util.cache_from_source(source)).exists()
 
 
 @contextmanager
