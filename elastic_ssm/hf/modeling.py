@@ -242,7 +242,7 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
                           "from a directory written by save_pretrained (a training run's final/, an export)")
         tier = tier_name(tier if tier is not None else getattr(config, "tier", None))
         dtype = torch_dtype if dtype is None else dtype
-        dtype = None if dtype == "auto" else getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        dtype = None if dtype == "auto" else getattr(torch, dtype, dtype) if isinstance(dtype, str) else dtype
         model = model_class(cls.config_class.arch).from_pretrained(path, tier=tier, device=_device(device_map),
                                                                    dtype=dtype)
         out = cls(cls.config_class.from_model(model, tier=tier), model=model)
@@ -251,7 +251,8 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
         return out.eval()
 
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
-        """Write our format (weights, tokenizer, ``config.json`` readable by both loaders)."""
+        """Write our format (weights, tokenizer, ``config.json`` readable by both loaders); a tier is never written
+        over the directory it was read from (``ElasticModel.save_pretrained``)."""
         self.model.save_pretrained(save_directory)
 
     def get_input_embeddings(self) -> torch.nn.Module:

@@ -163,6 +163,11 @@ class ElasticModel(nn.Module):
         self.verified()                 # weights that failed their checksum are never written out
 
         path = Path(path)
+        parent = self.source.get("parent") if self.source.get("tier") else None
+        if parent and path.is_dir() and Path(parent).is_dir() and path.samefile(parent):
+            raise ValueError(f"save_pretrained({str(path)!r}): that directory holds the model this tier "
+                             f"{self.source['tier']} was read from, which writing it there would replace; save the "
+                             "tier into another directory")
         path.mkdir(parents=True, exist_ok=True)
         state = self.state_dict() if state_dict is None else state_dict
         tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}

@@ -201,7 +201,9 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
         """Every field's refusal: a 400 in OpenAI's shape naming the field (``schema.error_message``)."""
-        message, param = schema.error_message(exc.errors()[0], bodies[request.scope["route"].path])
+        errors = exc.errors()       # a form of a union refusing unpaired surrogates says more than the others
+        error = next((e for e in errors if e["type"] == "string_unicode"), errors[0])
+        message, param = schema.error_message(error, bodies[request.scope["route"].path])
         return await _api_error(request, ApiError(400, message, param))
 
     @app.exception_handler(StarletteHTTPException)

@@ -1,6 +1,7 @@
 """Connection limits below uvicorn (``with_header_deadline``, a subclass of its HTTP protocol class): the request
 head's deadline (408) and size (431), a write-stall abort and a close after an early answer (docs/serving.md, "Security
-defaults"); a request being answered is never timed here."""
+defaults"); a request being answered is never timed here. Bytes the HTTP parser refuses get a 400 in the API's error
+shape (uvicorn's own is plain text)."""
 
 from __future__ import annotations
 
@@ -57,10 +58,13 @@ def refusal_response(status: int, message: str) -> bytes:
 def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], None], *,
                          write_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES) -> type:
     """``base`` (a uvicorn HTTP protocol class) with the module docstring's limits (the values ``ServeOptions``
-    checks); ``on_refuse(reason)`` counts each refusal (``"http_408"``, ``"http_431"``, ``"stalled_reader"``)."""
+    checks); ``on_refuse(reason)`` counts each refusal (``"http_400"``, ``"http_408"``, ``"http_431"``,
+    ``"stalled_reader"``)."""
     answer = refusal_response(408, f"the request headers did not arrive within {seconds:g} s; send the whole "
                                    "request at once")
     too_large = refusal_response(431, f"the request line and headers are over {max_header_bytes} bytes")
+    malformed = refusal_response(400, "the request is not valid HTTP/1.1 (its request line, headers or chunked body "
+                                      "could not be parsed)")
     head_bound = max_header_bytes
     h11 = hasattr(base, "handle_events")       # h11's protocol parses in handle_events; httptools' in callbacks
     if h11:
@@ -102,8 +106,9 @@ def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], 
         def _refuse(self, response: bytes, linger: bool) -> None:
             """Send ``response`` and close (``linger``: after ``LINGER_S`` s of dropping what the client sends)."""
             self._disarm()
-            if self.cycle is not None and not self.cycle.response_complete:   # a pipelined request is being
-                self.transport.abort()                                        # answered: no room for ours
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete and not cycle.disconnected:   # a pipelined request
+                self.transport.abort()                                      # is being answered: no room for ours
                 return
             self.transport.write(response)
             if not linger:                  # a client trickling its head is held no longer than its deadline
@@ -172,6 +177,17 @@ def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], 
                     self._refuse(too_large, linger=True)
                     self.count_refusal("http_431")
                     return
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to bytes its parser refuses (after its one warning line), in the API's error shape;
+            a request not yet answered on the connection (they were its body, or pipelined after it) ends for the app
+            as if its client had left: its answer is dropped, as uvicorn's own 400 closing the connection drops it."""
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete and not cycle.response_started:
+                cycle.disconnected = True
+                cycle.message_event.set()
+            self._refuse(malformed, linger=True)
+            self.count_refusal("http_400")
 
         def _close_after_early_answer(self) -> None:
             """While the current request's body is arriving, an answer closes the connection (module docstring)."""

@@ -199,6 +199,8 @@ def error_message(error: dict, model: type[BaseModel]) -> tuple[str, str | None]
         return f"{path} is required", str(loc[0])
     if error["type"] == "rule":        # ours: refused(), _needs_stream, ChatMessage._text_only
         return f"{path} {error['msg']}", str(loc[0])
+    if error["type"] == "string_unicode":     # JSON's "\ud800": a bounded string (stop) refuses it
+        return f"{path} is not valid UTF-8 text (it holds an unpaired surrogate)", str(loc[0])
     got = repr(error.get("input"))
     got = got if len(got) <= 40 else got[:37] + "..."
     return f"{path} must be {_expected(prop, defs)}, got {got}", str(loc[0])

@@ -167,3 +167,33 @@ def test_a_template_in_the_directory_is_used_without_the_argument(saved, tmp_pat
     tok = AutoTokenizer.from_pretrained(tmp_path / "m")
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text == "User: hi\nAssistant:"
+
+
+def test_a_tier_is_not_saved_over_the_directory_it_was_read_from(saved, tmp_path):
+    """``from_pretrained(dir, tier="T2").save_pretrained(dir)`` replaced the directory's whole model with T2's slice;
+    an export of it saved over its source directory would too. Elsewhere, or the whole model over itself, it saves."""
+    import shutil
+
+    _, path = saved
+    shutil.copytree(path, tmp_path / "m")
+    before = (tmp_path / "m" / "model.safetensors").read_bytes()
+    small = AutoModelForCausalLM.from_pretrained(tmp_path / "m", tier="T2")
+    with pytest.raises(ValueError, match="holds the model this tier T2 was read from"):
+        small.save_pretrained(tmp_path / "m")
+    small.save_pretrained(tmp_path / "t2")
+    export = AutoModelForCausalLM.from_pretrained(tmp_path / "t2")
+    assert export.num_parameters() == small.num_parameters()
+    with pytest.raises(ValueError, match="holds the model this tier T2 was read from"):
+        export.save_pretrained(tmp_path / "m")
+    assert (tmp_path / "m" / "model.safetensors").read_bytes() == before
+    AutoModelForCausalLM.from_pretrained(tmp_path / "m").save_pretrained(tmp_path / "m")
+    assert (tmp_path / "m" / "model.safetensors").read_bytes() == before
+
+
+def test_a_dtype_name_torch_lacks_is_named(saved):
+    """It was ``AttributeError: module 'torch' has no attribute 'float23'`` (through ``AutoModelForCausalLM``
+    transformers' own config raises that first, as for any model)."""
+    _, path = saved
+    with pytest.raises(TypeError, match="takes a floating torch.dtype .* got 'float23'"):
+        elastic_ssm.hf.ESSHForCausalLM.from_pretrained(path, dtype="float23")
+    assert elastic_ssm.hf.ESSHForCausalLM.from_pretrained(path, dtype="bfloat16").dtype == torch.bfloat16

@@ -183,3 +183,17 @@ def test_resuming_a_run_from_before_tokenizers_set_eos_and_pad(tmp_path):
     assert json.loads((tmp_path / "run" / "final" / "config.json").read_text())["config"]["eos_token_id"] == -1
     assert main(["train", "--config", str(tmp_path / "run.yaml"), "--train.out_dir", str(tmp_path / "new")]) == 0
     assert json.loads((tmp_path / "new" / "final" / "config.json").read_text())["config"]["eos_token_id"] == 258
+
+
+def test_a_tier_is_not_saved_over_the_directory_it_was_read_from(tmp_path):
+    """``ESSH.from_pretrained(d, tier=...).save_pretrained(d)`` had replaced ``d``'s whole model with the tier's
+    slice; it refuses and leaves ``d`` as it was. Elsewhere it saves."""
+    es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(tmp_path / "m")
+    before = (tmp_path / "m" / "model.safetensors").read_bytes()
+    small = es.ESSH.from_pretrained(tmp_path / "m", tier="T2")
+    with pytest.raises(ValueError, match="holds the model this tier T2 was read from"):
+        small.save_pretrained(tmp_path / "m")
+    assert (tmp_path / "m" / "model.safetensors").read_bytes() == before
+    small.save_pretrained(tmp_path / "t2")
+    whole, tier = (es.ESSH.from_pretrained(tmp_path / d).num_parameters() for d in ("m", "t2"))
+    assert tier < whole

@@ -57,17 +57,20 @@ async def _app(scope, receive, send):
 
 
 TIMEOUTS: list[float] = []     # when each connection the deadline closed was closed (``on_refuse("http_408")``)
+REFUSED: list[str] = []        # every ``on_refuse`` reason
 
 
 @pytest.fixture(params=_bases(), ids=lambda b: b.__name__)
 def server(request):
     TIMEOUTS.clear()
+    REFUSED.clear()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     STREAMS_ENDED.clear()
     config = uvicorn.Config(_app, log_level="warning", timeout_keep_alive=30, lifespan="off",
                             http=with_header_deadline(request.param, DEADLINE,
-                                                      lambda r: r == "http_408" and TIMEOUTS.append(time.monotonic()),
+                                                      lambda r: REFUSED.append(r) or r == "http_408" and
+                                                      TIMEOUTS.append(time.monotonic()),
                                                       write_timeout=DEADLINE))
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -220,3 +223,27 @@ def test_a_client_that_stops_reading_is_dropped(server):
         time.sleep(0.05)
     assert STREAMS_ENDED and STREAMS_ENDED[0] - start < DEADLINE + 5
     conn.close()
+
+
+@pytest.mark.parametrize("head, rest", [
+    (b"\x00\x01 not http\r\n\r\n", b""),
+    (b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n", b""),
+    (b"POST /slow HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n", b"zz\r\nhello\r\n0\r\n\r\n"),
+], ids=["garbage", "content-length", "chunk-in-a-body"])
+def test_bytes_the_parser_refuses_get_one_json_400_and_the_connection_closes(server, head, rest):
+    """uvicorn's own answer is plain text; a bad chunk arrives while /slow runs: its answer is dropped, not sent."""
+    conn = _connect(server)
+    conn.sendall(head)
+    if rest:
+        time.sleep(DEADLINE / 4)
+        conn.sendall(rest)
+    data = _read_all(conn)
+    assert data.startswith(b"HTTP/1.1 400 "), data[:200]
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head and b"connection: close" in head
+    error = json.loads(body)["error"]            # the whole rest: no second answer after it
+    assert error["code"] == 400 and "not valid HTTP/1.1" in error["message"]
+    assert REFUSED == ["http_400"]
+    other = _connect(server)
+    other.sendall(REQUEST % b"after")
+    assert _response(other).endswith(b"/after")

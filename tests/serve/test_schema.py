@@ -52,6 +52,8 @@ BAD = [
      "stream_options.include_usage must be true or false, got 1"),
     (b'{"prompt": "hi", "presence_penalty": 0.5}', "presence_penalty is not supported by this server"),
     (b'{"prompt": "hi", "stop": ""}', "stop must be a string or a list of at most 4 non-empty strings"),
+    (b'{"prompt": "hi", "stop": "\\ud800"}', "stop is not valid UTF-8 text (it holds an unpaired surrogate)"),
+    (b'{"prompt": "hi", "stop": ["a", "\\udc00"]}', "stop is not valid UTF-8 text"),
     (b'{"max_tokens": 2}', "prompt is required"),
     (b"[]", "the request body must be a JSON object"),
 ]
