@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import platform
 import shutil
@@ -307,10 +308,23 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
     from .data import train_bpe
 
     refuse_existing(args, Path(args.out))
+    if Path(args.out).is_file() and not _is_tokenizer_file(Path(args.out)):
+        raise ConfigError(f"--out {args.out} already exists and is not a tokenizer.json (say a model's config.json); "
+                          "it is never replaced, even with --overwrite: choose another path")
     tok = train_bpe(args.source, args.vocab_size, args.out, max_bytes=args.max_bytes or None,
                     show_progress=shown(not args.quiet))
     print(f"trained a {tok.vocab_size}-entry BPE tokenizer -> {args.out}")
     return 0
+
+
+def _is_tokenizer_file(path: Path) -> bool:
+    """Whether ``path`` holds a tokenizer.json (a JSON object with a ``model`` mapping), which ``--overwrite`` may
+    replace."""
+    try:
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and isinstance(record.get("model"), dict)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -163,7 +163,8 @@ class GenerateOptions(ModelDirOptions, TokenizerOptions, DeviceOptions, DtypeOpt
     temperature: float = flag(0.8, "0 = greedy")
     top_k: int | None = flag(None, "sample from the k most likely tokens")
     top_p: float | None = flag(None, "nucleus sampling mass")
-    seed: int = flag(0, "sampling seed")
+    seed: Annotated[int, Interval(ge=-(1 << 63), le=(1 << 64) - 1)] = flag(0, "sampling seed (torch's range: a "
+                                                                               "64-bit integer)")
 
 
 @dataclass(kw_only=True)
@@ -189,7 +190,7 @@ class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions
     depths: str = flag("0.1,0.3,0.5,0.7,0.9", "comma-separated relative needle depths in [0, 1]")
     condition: Literal["counterfactual", "planted"] = flag(
         "counterfactual", "which key of a pair is inserted and expected (the paper's tables: counterfactual)")
-    seed: int = flag(0, "keys, filler windows and bootstrap")
+    seed: NonNeg = flag(0, "keys, filler windows and bootstrap")
     batch_size: AtLeast1 = flag(8, "sequences per forward pass")
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import io
 import math
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -246,6 +247,10 @@ def one_line(e: BaseException) -> str:
         text = f"invalid YAML{where}: {getattr(e, 'problem', None) or e}; fix the file's syntax"
     elif isinstance(e, MemoryError):
         text = f"out of memory ({e or 'allocation failed'}); use a smaller model, batch or sequence length"
+    elif isinstance(e, RuntimeError) and (asked := re.search(r"can't allocate memory: you tried to allocate (\d+) "
+                                                             r"bytes", str(e))):
+        text = (f"out of memory (the CPU could not allocate {int(asked[1]):,} bytes); use a smaller model, batch or "
+                "sequence length (--max_new_tokens, --seq_len, --check_len...)")
     else:
         text = str(e) or type(e).__name__
     return " ".join(text.split())

@@ -104,6 +104,42 @@ def test_prepare_and_tokenizer(tmp_path):
     assert (tmp_path / "tok.json").is_file()
 
 
+def test_tokenizer_train_never_replaces_a_file_that_is_no_tokenizer(tmp_path, capsys):
+    """``--overwrite`` replaces an earlier tokenizer.json, never another file (a model's config.json was replaced by a
+    tokenizer, so the model no longer loaded); a vocabulary the BPE trainer cannot hold is one line (it aborted the
+    process with a Rust out-of-memory backtrace)."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello elastic world\n" * 200)
+    es_model = tmp_path / "m"
+    import elastic_ssm as es
+
+    es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(es_model)
+    saved = (es_model / "config.json").read_bytes()
+    train = ["tokenizer", "train", str(text), "--vocab_size", "300", "--quiet"]
+    capsys.readouterr()
+    assert main([*train, "--out", str(es_model / "config.json"), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a tokenizer.json" in err[0] and "choose another path" in err[0], err
+    assert (es_model / "config.json").read_bytes() == saved
+    es.ESSH.from_pretrained(es_model)
+    assert main([*train[:3], "--vocab_size", str(10**11), "--out", str(tmp_path / "big.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "vocab_size=100,000,000,000 is too large" in err[0], err
+    assert not (tmp_path / "big.json").exists()
+
+
+def test_a_failed_cpu_allocation_says_out_of_memory_and_what_to_shrink(capsys):
+    """torch's CPU allocator raises a RuntimeError ("[enforce fail at alloc_cpu.cpp:127] err == 0.
+    DefaultCPUAllocator: ..."), as ``generate --max_new_tokens 1e14`` or ``export --check_len 1e8`` met it: one
+    line saying out of memory and which flags make the work smaller, not the allocator's internals."""
+    from elastic_ssm.cli_util import run_reporting_errors
+
+    assert run_reporting_errors(lambda: torch.empty(1 << 62, dtype=torch.uint8), "generate", False) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "out of memory (the CPU could not allocate 4,611,686,018,427,387,904 bytes)" in err[0]
+    assert "--max_new_tokens" in err[0] and "enforce fail" not in err[0], err
+
+
 def test_info_and_clear_errors(tmp_path, capsys):
     assert main(["info"]) == 0
     assert "scan backends" in capsys.readouterr().out

@@ -65,6 +65,15 @@ def test_an_error_names_the_flag_as_typed(capsys):
     assert "--n_pairs: must be >= 1, got 0" in capsys.readouterr().err
 
 
+def test_a_seed_out_of_its_generators_range_names_the_flag(capsys):
+    """``generate --seed 1e24`` said "Overflow when unpacking long long" after loading the model, ``niah --seed -1``
+    numpy's "expected non-negative integer": neither named the flag. Both are refused before the verb runs."""
+    assert main(["generate", "m", "--prompt", "a", "--seed", str(10**24)]) == 2
+    assert f"--seed: must lie in [-9.22337e+18, 1.84467e+19], got {10**24}" in capsys.readouterr().err
+    assert main(["niah", "m", "--seed", "-1"]) == 2
+    assert "--seed: must be >= 0, got -1" in capsys.readouterr().err
+
+
 def test_an_abbreviated_flag_is_an_error_not_another_setting(capsys):
     assert parse("train", ["--train.steps", "5"]).train.steps == 5
     for argv in (["train", "--train.st", "5"], ["serve", "m", "--max_batc", "4"], ["eval", "m", "--tier", "T1"]):

@@ -126,12 +126,12 @@ def corpus(tmp_path):
 
 def test_tokenizer_train_refuses_an_existing_out(corpus, tmp_path, capsys):
     out = tmp_path / "tokenizer.json"
-    out.write_text("a model's tokenizer")
+    out.write_text('{"model": {"type": "a model\'s tokenizer"}}')
     args = ["tokenizer", "train", str(corpus), "--vocab_size", "300", "--out", str(out)]
     assert main(args) == 2
     line = one_error_line(capsys)
     assert f"--out {out} already exists" in line and "--overwrite" in line
-    assert out.read_text() == "a model's tokenizer"
+    assert out.read_text() == '{"model": {"type": "a model\'s tokenizer"}}'
     assert main([*args, "--overwrite"]) == 0
     assert json.loads(out.read_text())["model"]["type"] == "BPE"
 
@@ -198,8 +198,8 @@ def test_csv_refusal_comes_before_the_model_is_loaded(verb, model_dir, tmp_path,
     def loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the --csv check")
 
-    monkeypatch.setattr(elastic_ssm.models, "load_pretrained", loading)
-    monkeypatch.setattr("elastic_ssm.eval.lm_harness.evaluate_tiers_on_tasks", loading)
+    monkeypatch.setattr("elastic_ssm.eval.lm_harness.evaluate_tiers_on_tasks", loading)   # imports it first: it
+    monkeypatch.setattr(elastic_ssm.models, "load_pretrained", loading)   # binds the real load_pretrained for later
     csv = tmp_path / "mine.csv"
     csv.write_text("mine")
     assert main([verb[0], str(model_dir), *verb[1:], "--csv", str(csv)]) == 2

@@ -36,6 +36,17 @@ def cap_bytes(docs: Iterable[str | bytes], max_bytes: int | None) -> Iterator[st
         yield d
 
 
+_FIELD_HINT = "name the text field with text_field (--text_field, --data.text_field)"
+
+
+def _text_value(value: object, where: str, field: str) -> str | bytes:
+    """A row's ``field`` when it is text; a ``ValueError`` naming ``where`` for a number, list or mapping."""
+    if not isinstance(value, str | bytes):
+        raise ValueError(f"{where}: the {field!r} field holds {type(value).__name__} {str(value)[:40]!r}, not "
+                         f"text; {_FIELD_HINT} that holds the documents' text")
+    return value
+
+
 def _open_binary(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
@@ -84,9 +95,9 @@ def _iter_jsonl(path: Path, field: str, split: str | None) -> Iterator[str]:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
             if not isinstance(obj, dict) or field not in obj:
                 keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-                raise KeyError(f"{path}:{lineno}: no {field!r} field (found {keys}); set text_field=")
+                raise ValueError(f"{path}:{lineno}: no {field!r} field (found {keys}); {_FIELD_HINT}")
             if obj[field]:
-                yield obj[field]
+                yield _text_value(obj[field], f"{path}:{lineno}", field)
 
 
 def _iter_parquet(path: Path, field: str, split: str | None) -> Iterator[str | bytes]:
@@ -96,11 +107,11 @@ def _iter_parquet(path: Path, field: str, split: str | None) -> Iterator[str | b
         raise ImportError('reading Parquet needs pyarrow: pip install "elastic-ssm[data]"') from err
     pf = pq.ParquetFile(path)
     if field not in pf.schema_arrow.names:
-        raise KeyError(f"{path}: no column {field!r} (columns: {pf.schema_arrow.names}); set text_field=")
+        raise ValueError(f"{path}: no column {field!r} (columns: {pf.schema_arrow.names}); {_FIELD_HINT}")
     values = (v for batch in pf.iter_batches(columns=[field], batch_size=1024) for v in batch.column(0).to_pylist())
     for row, value in enumerate(values):
         if value and _keep_row(row, split):
-            yield value
+            yield _text_value(value, f"{path}: row {row}", field)
 
 
 def _check_hub_reachable(spec: str, timeout: float = 5.0) -> None:
@@ -138,9 +149,9 @@ def _iter_hf(spec: str, field: str, split: str | None) -> Iterator[str]:
     ds = datasets.load_dataset(name, config, split=hf_split or split or "train", streaming=True)
     for row in ds:
         if field not in row:
-            raise KeyError(f"{spec}: no {field!r} field (found {sorted(row)}); set text_field=")
+            raise ValueError(f"{spec}: no {field!r} field (found {sorted(row)}); {_FIELD_HINT}")
         if row[field]:
-            yield row[field]
+            yield _text_value(row[field], spec, field)
 
 
 def _iter_file(path: Path, field: str, split: str | None):

@@ -20,6 +20,9 @@ from ..utils.files import atomic_write_text
 from .corpora import cap_bytes, iter_documents
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<sep>")
+#: the largest vocabulary ``train_bpe`` trains: far above any real one; the BPE trainer of ``tokenizers`` reserves
+#: memory in proportion to it and aborts the process (no Python exception) when that fails (10**11 asks for 4.5 TB)
+MAX_BPE_VOCAB = 1 << 24
 SPECIAL_ROLES = ("bos", "eos", "pad", "sep")
 META_FILE = "elastic_tokenizer.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -247,6 +250,9 @@ def train_bpe(files_or_iterator, vocab_size: int, out_path: str | Path, *, min_f
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least "
                          f"{256 + len(SPECIAL_TOKENS)} (256 bytes + {len(SPECIAL_TOKENS)} specials)")
+    if vocab_size > MAX_BPE_VOCAB:
+        raise ValueError(f"vocab_size={vocab_size:,} is too large: give at most {MAX_BPE_VOCAB:,} (real vocabularies "
+                         "hold up to a few 100,000 entries; the BPE trainer reserves memory in proportion to it)")
     if isinstance(files_or_iterator, (str, Path)):
         docs = iter_documents(files_or_iterator)
     elif isinstance(files_or_iterator, (list, tuple)) and all(_names_a_source(s) for s in files_or_iterator):

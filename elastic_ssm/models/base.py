@@ -32,6 +32,7 @@ from .model_dir import (
     _old_export_alias,
     _saved_tokenizer,
     _tier_of_directory,
+    check_config_fits_weights,
     pieces_record,
     read_model_meta,
     verify_sha256,
@@ -234,6 +235,7 @@ class ElasticModel(nn.Module):
             pool = ThreadPoolExecutor(1)
             check = pool.submit(verify_sha256, wfile, meta["weights_sha256"], meta.get("weights_sha256_pieces"))
             pool.shutdown(wait=False)
+        check_config_fits_weights(config, wfile)   # before the model is built from the config
         rules, full = [], []                        # the tier's prefixes, and those of the full model
         source = dict(meta.get("source") or {})
         t = _tier_of_directory(config, tier, source, path) if tier is not None else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,7 @@ from ..elastic import tiers as tiers_mod
 
 __all__ = ["FORMAT_VERSION", "WEIGHTS_NAME", "CONFIG_NAME", "CheckpointError", "read_model_meta", "file_sha256",
            "verify_sha256", "export_tier_aliases", "PIECE_BYTES", "piece_digests", "file_piece_digests",
-           "pieces_record", "mismatched_piece", "PendingCheck"]
+           "pieces_record", "mismatched_piece", "PendingCheck", "check_config_fits_weights"]
 
 
 FORMAT_VERSION = 1
@@ -84,6 +85,23 @@ def _check_record_fields(cfile: Path, meta: dict[str, Any]) -> None:
     if meta.get("format_version", FORMAT_VERSION) > FORMAT_VERSION:
         raise CheckpointError(f"{cfile} is of format version {meta['format_version']}, newer than the "
                               f"{FORMAT_VERSION} this elastic_ssm reads: upgrade elastic_ssm to load it")
+
+
+def check_config_fits_weights(config: Any, wfile: Path) -> None:
+    """A ``CheckpointError`` before the model is built when the saved ``config`` needs more parameters than the
+    weights file ``wfile`` holds values (its header read alone): a ``config.json`` edited to a huge ``d_model`` or
+    ``n_layers`` overflowed torch or built layers for minutes. A header that does not parse is left to the load."""
+    from ..elastic.slicing import parse_header
+
+    parsed = parse_header(wfile)
+    if parsed is None:
+        return
+    held = sum(math.prod(shape) for _, shape, _, _ in parsed[1].values())
+    needed = tiers_mod.num_parameters(config)
+    if needed > held:
+        raise CheckpointError(f"{wfile.parent / CONFIG_NAME}: its model config needs {needed:,} parameters but "
+                              f"{wfile} holds {held:,} values; the config was edited by hand or belongs to another "
+                              "model: save the model again")
 
 
 def _model_inside(path: Path) -> str | None:

@@ -100,9 +100,9 @@ def test_readers_text_jsonl_parquet_folder(tmp_path):
     rows = list(data.iter_documents(tmp_path / "sub" / "e.parquet"))
     assert rows == [f"row {i}" for i in range(2500)]
     assert list(data.iter_documents(tmp_path / "sub" / "d.jsonl.gz", text_field="body")) == ["x"]
-    with pytest.raises(KeyError, match="no 'text' field"):
+    with pytest.raises(ValueError, match="no 'text' field"):
         list(data.iter_documents(tmp_path / "sub" / "d.jsonl.gz"))
-    with pytest.raises(KeyError, match="no column 'body'"):
+    with pytest.raises(ValueError, match="no column 'body'"):
         list(data.iter_documents(tmp_path / "sub" / "e.parquet", text_field="body"))
     assert data.folder_files(tmp_path) == ["a.txt", "c.jsonl", "sub/b.md", "sub/d.jsonl.gz", "sub/e.parquet"]
     (tmp_path / "sub" / "d.jsonl.gz").unlink()

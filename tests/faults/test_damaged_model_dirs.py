@@ -198,3 +198,15 @@ def test_weights_with_nan_or_inf_name_the_tensor(saved, tmp_path, capsys, value)
             es.models.load_pretrained(d, tier=tier)
     assert main(["generate", str(d), "--prompt", "a", "--max_new_tokens", "1"]) == 2
     _one_line(capsys, str(d / "model.safetensors"), name, "earlier checkpoint")
+
+
+@pytest.mark.parametrize("field, value", [("d_model", 10**12), ("n_layers", 10**9)])
+def test_a_config_sized_beyond_its_weights_is_refused_before_the_model_is_built(saved, tmp_path, capsys, field, value):
+    """A ``config.json`` edited to sizes its weights cannot fill was built first: d_model 1e12 overflowed torch
+    ("Storage size calculation overflowed"), n_layers 1e9 built layers past any timeout. Now one line naming it."""
+    d = _copy(saved, tmp_path)
+    _edit_config(d, lambda m: m["config"].update({field: value}))
+    with pytest.raises(CheckpointError, match="its model config needs .* parameters but .* holds 173,264 values"):
+        es.models.load_pretrained(d)
+    assert main(["generate", str(d), "--prompt", "a", "--max_new_tokens", "1"]) == 2
+    _one_line(capsys, str(d / "config.json"), "save the model again")

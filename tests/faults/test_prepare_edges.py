@@ -97,3 +97,19 @@ def test_a_token_file_corrupted_in_place_is_refused_before_training(tmp_path, ca
         assert rc == 2 and len(err) == 1, err
         assert str(out) in err[0] and "re-run elastic-ssm prepare" in err[0] and all(w in err[0] for w in words), err
         assert not (tmp_path / "run" / "pretrain").exists()
+
+
+def test_jsonl_rows_without_text_are_one_line_user_errors(tmp_path, capsys):
+    """A JSONL row lacking the text field, or holding a number or list there, is the user's data, not a bug: one
+    line naming the file and line and ``--text_field``, exit code 2 (was a KeyError / TypeError called a bug)."""
+    for name, rows, said in (("missing", '{"body": "x"}\n', "no 'text' field"),
+                             ("number", '{"text": "ok"}\n{"text": 1}\n', "holds int"),
+                             ("list", '[1, 2]\n', "no 'text' field")):
+        src = tmp_path / f"{name}.jsonl"
+        src.write_text(rows)
+        rc = main(["prepare", str(src), str(tmp_path / f"{name}.bin"), "--quiet"])
+        err = _err_lines(capsys.readouterr().err)
+        assert rc == 2 and len(err) == 1, err
+        assert said in err[0] and f"{src}:" in err[0] and "--text_field" in err[0], err
+        assert "probably a bug" not in err[0], err
+        assert not (tmp_path / f"{name}.bin").exists()
