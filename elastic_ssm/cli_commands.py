@@ -257,9 +257,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.write(text.push(int(t[0])))
         sys.stdout.flush()
 
-    model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   streamer=stream, generator=g, do_sample=args.temperature > 0)
-    sys.stdout.write(text.finish() + "\n")
+    try:
+        model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                       streamer=stream, generator=g, do_sample=args.temperature > 0)
+    finally:                               # an error's line starts on its own line, after the text so far
+        sys.stdout.write(text.finish() + "\n")
+        sys.stdout.flush()
     return 0
 
 

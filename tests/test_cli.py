@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+import elastic_ssm as es
 from elastic_ssm import ESSHConfig, tier_table
 from elastic_ssm.cli import main
 
@@ -191,3 +192,18 @@ def test_bench_command_passes_its_flags_to_the_harness(tmp_path, capsys):
     with pytest.raises(SystemExit):            # the harness's own help, not the top-level parser's error
         main(["bench", "--help"])
     assert "--bench.generate_new_tokens" in capsys.readouterr().out
+
+
+def test_an_error_while_generate_streams_starts_its_own_line(tmp_path, capsys, monkeypatch):
+    """The streamed text had no newline before the error, so a terminal showed "hielastic-ssm generate: error"."""
+    es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(tmp_path / "m")
+
+    def failing(self, ids, n, *, streamer, **kwargs):
+        streamer(ids[:, :1])
+        raise RuntimeError("the device went away")
+
+    monkeypatch.setattr(es.ESSH, "generate", failing)
+    assert main(["generate", str(tmp_path / "m"), "--prompt", "hi", "--max_new_tokens", "4"]) != 0
+    out, err = capsys.readouterr()
+    assert out.startswith("hi") and out.endswith("\n")
+    assert "the device went away" in err.strip().splitlines()[-1]

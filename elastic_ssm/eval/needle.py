@@ -91,7 +91,8 @@ def build_trials(filler: Any, tokenizer: Any, cfg: NeedleConfig) -> list[NeedleT
             raise ValueError(f"context_len={cfg.context_len} leaves no room for filler around the "
                              f"{len(needle)}-token needle and {len(query)}-token query")
         if len(filler) < n_fill + 1:
-            raise ValueError(f"the filler corpus has {len(filler)} tokens; a trial needs {n_fill}")
+            raise ValueError(f"the filler corpus has {len(filler)} tokens; a trial needs {n_fill}: lower "
+                             "--context_len or give a larger filler source (--data)")
         start = int(rng.integers(0, len(filler) - n_fill + 1))
         fill = [int(t) for t in np.asarray(filler[start:start + n_fill]).reshape(-1)]
         for depth in cfg.depths:

@@ -224,7 +224,9 @@ class ElasticModel(nn.Module):
         config, meta = cls.read_config(path)
         wfile = path / WEIGHTS_NAME
         if not wfile.is_file():
-            raise CheckpointError(f"{path}: missing {WEIGHTS_NAME}")
+            what = "is a folder, not the weights file" if wfile.exists() else "is missing"
+            raise CheckpointError(f"{path}: its {WEIGHTS_NAME} {what}; a directory written by save_pretrained holds "
+                                  "it beside config.json: copy the whole directory again, or save the model again")
         expected = meta.get("weights_bytes")
         if expected is not None and wfile.stat().st_size != expected:
             raise CheckpointError(f"{wfile} has {wfile.stat().st_size} bytes but {CONFIG_NAME} was written with a "

@@ -210,3 +210,15 @@ def test_a_config_sized_beyond_its_weights_is_refused_before_the_model_is_built(
         es.models.load_pretrained(d)
     assert main(["generate", str(d), "--prompt", "a", "--max_new_tokens", "1"]) == 2
     _one_line(capsys, str(d / "config.json"), "save the model again")
+
+
+@pytest.mark.parametrize("damage", ["missing", "folder"])
+def test_weights_missing_or_a_folder_say_so_and_what_to_do(saved, tmp_path, capsys, damage):
+    """It was "<dir>: missing model.safetensors" for both, with nothing to do."""
+    d = _copy(saved, tmp_path)
+    (d / "model.safetensors").unlink()
+    if damage == "folder":
+        (d / "model.safetensors").mkdir()
+    assert main(["generate", str(d), "--prompt", "hi", "--max_new_tokens", "1"]) == 2
+    said = "is a folder, not the weights file" if damage == "folder" else "model.safetensors is missing"
+    _one_line(capsys, str(d), said, "copy the whole directory again")
