@@ -207,3 +207,17 @@ def test_an_error_while_generate_streams_starts_its_own_line(tmp_path, capsys, m
     out, err = capsys.readouterr()
     assert out.startswith("hi") and out.endswith("\n")
     assert "the device went away" in err.strip().splitlines()[-1]
+
+
+def test_train_refuses_a_file_as_out_dir_before_loading_data(tmp_path, capsys, monkeypatch):
+    """It was refused only after the data was loaded (minutes for a large corpus)."""
+    import elastic_ssm.pipeline
+
+    def loading(*args, **kwargs):
+        raise AssertionError("the data was loaded before the --train.out_dir check")
+
+    monkeypatch.setattr(elastic_ssm.pipeline, "build_data", loading)
+    (tmp_path / "a_file").write_text("mine")
+    assert main(["train", "--model.preset", "tiny", "--train.out_dir", str(tmp_path / "a_file")]) == 2
+    assert "is a file; choose a directory path" in capsys.readouterr().err
+    assert (tmp_path / "a_file").read_text() == "mine"

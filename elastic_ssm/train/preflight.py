@@ -81,6 +81,12 @@ def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]
                           "saved settings or start a new --train.out_dir")
 
 
+def refuse_file_out_dir(out: Path) -> None:
+    """A ``ConfigError`` when the run directory ``out`` is a file (``train`` checks it before loading any data)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--train.out_dir {out} is a file; choose a directory path")
+
+
 def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
               record: dict[str, Any] | None) -> tuple[RunLock, bool]:
     """Rank-0 checks before the first step; returns the held ``RunLock`` and whether the run resumes
@@ -88,8 +94,7 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
     from .metrics import eval_tier_list, read_log
 
     out = Path(cfg.out_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--train.out_dir {out} is a file; choose a directory path")
+    refuse_file_out_dir(out)
     try:
         eval_tier_list(model, cfg.eval.tiers)
     except Exception as e:
