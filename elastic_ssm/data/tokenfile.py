@@ -97,11 +97,15 @@ class TokenFile(TokenArray):
             self.meta = json.loads(self.sidecar.read_text())
         except json.JSONDecodeError as err:
             raise ValueError(f"corrupt sidecar {self.sidecar}: {err}; re-run elastic-ssm prepare") from err
-        if self.meta.get("format") != FORMAT or self.meta.get("version", 0) > VERSION:
-            raise ValueError(f"{self.sidecar} is not an elastic_ssm token sidecar of version <= {VERSION} "
-                             f"(format={self.meta.get('format')!r}, version={self.meta.get('version')!r})")
-        self.dtype = np.dtype(self.meta["dtype"])
-        self.count = int(self.meta["count"])
+        if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT or \
+                not isinstance(self.meta.get("version", 0), int) or self.meta.get("version", 0) > VERSION:
+            got = self.meta if not isinstance(self.meta, dict) else \
+                f"format={self.meta.get('format')!r}, version={self.meta.get('version')!r}"
+            raise ValueError(f"{self.sidecar} is not an elastic_ssm token sidecar of version <= {VERSION} ({got}); "
+                             "re-run elastic-ssm prepare")
+        self.dtype = np.dtype(self._field("dtype", str, ("uint16", "uint32")))
+        self.count = self._field("count", int)
+        self._field("vocab_size", int)
         if self.count < 1:
             raise ValueError(f"{path} holds no tokens (its sidecar says count={self.count}); prepare it from a "
                              "non-empty source")
@@ -115,12 +119,22 @@ class TokenFile(TokenArray):
         super().__init__(np.memmap(path, dtype=self.dtype, mode="r", shape=(self.count,)),
                          int(self.meta["vocab_size"]), self.meta)
 
+    def _field(self, key: str, kind: type, choices: tuple = ()):
+        """The sidecar's ``key``, refused in one line naming the sidecar when it is missing, not a ``kind`` or not
+        one of ``choices`` (a sidecar edited by hand or damaged: never a KeyError or a dtype read as garbage)."""
+        value = self.meta.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or (choices and value not in choices):
+            want = " or ".join(map(repr, choices)) if choices else "an integer" if kind is int else "a string"
+            got = f"{key} is {value!r}, not {want}" if key in self.meta else f"it has no {key} ({want})"
+            raise ValueError(f"corrupt sidecar {self.sidecar}: {got}; re-run elastic-ssm prepare")
+        return value
+
     def verify(self, chunk: int = 1 << 24) -> None:
         """Recompute the sha256 of the tokens (reads the whole file) and compare with the sidecar."""
-        digest = hashlib.sha256()
+        want, digest = self._field("sha256", str), hashlib.sha256()
         for lo in range(0, self.count, chunk):
             digest.update(np.ascontiguousarray(self.tokens[lo : lo + chunk]).tobytes())
-        if digest.hexdigest() != self.meta["sha256"]:
+        if digest.hexdigest() != want:
             raise ValueError(f"{self.path}: sha256 mismatch with {self.sidecar}; the file is corrupt or "
                              "was replaced; re-run elastic-ssm prepare")
 
@@ -136,13 +150,13 @@ class TokenFile(TokenArray):
     def check_tokenizer(self, tokenizer) -> None:
         """Raise if ``tokenizer`` is not the one the file was prepared with (vocab size / digest)."""
         if tokenizer.vocab_size != self.vocab_size:
-            raise ValueError(f"{self.path} was prepared with tokenizer {self.meta['tokenizer']!r} "
+            raise ValueError(f"{self.path} was prepared with tokenizer {self.meta.get('tokenizer')!r} "
                              f"(vocab {self.vocab_size}) but the model uses vocab {tokenizer.vocab_size}; "
                              "re-run elastic-ssm prepare with the same tokenizer")
         want, have = self.meta.get("tokenizer_sha256"), getattr(tokenizer, "sha256", None)
         if want and have and want != have:
             raise ValueError(f"{self.path} was prepared with a different tokenizer.json "
-                             f"({self.meta['tokenizer']}); re-run elastic-ssm prepare")
+                             f"({self.meta.get('tokenizer')}); re-run elastic-ssm prepare")
 
     def __repr__(self) -> str:
         return (f"TokenFile({str(self.path)!r}, n={self.count}, dtype={self.dtype.name}, "

@@ -25,6 +25,13 @@ def _read(path: Path | None, name: str) -> dict | None:
         raise ValueError(f"{path / name} is not valid JSON ({e}); measure it again") from e
     if not isinstance(data, dict) or not isinstance(data.get("tiers"), dict):
         raise ValueError(f"{path / name} has no 'tiers' table; measure it again")
+    for tier, row in data["tiers"].items() if name == PROFILE_FILE else ():   # profile_ms reads every row
+        table = row.get("ms_per_token") if isinstance(row, dict) else None
+        if not isinstance(table, dict) or not all(b.isdigit() and not isinstance(v, bool) and isinstance(v, int | float)
+                                                  and v >= 0 for b, v in table.items()):
+            got = json.dumps(table if isinstance(row, dict) else row)[:80]
+            raise ValueError(f"{path / name}: tier {tier!r} has no ms_per_token table (batch size -> ms >= 0), "
+                             f"got {got}; measure it again: elastic-ssm calibrate {path} --tiers {tier}")
     return data
 
 
@@ -140,7 +147,7 @@ def tier_choice(model_or_dir: Any, max_ms_per_token: float | None = None, max_st
     if not fits:
         closest = min(table, key=lambda t: (len(misses[t.name]), t.index))
         raise ValueError(f"no tier fits the budget; the closest is {closest.name} ({'; '.join(misses[closest.name])})")
-    scores = {k: v["value"] if isinstance(v, dict) else v for k, v in ((quality or {}).get("tiers") or {}).items()}
+    scores = {k: v.get("value") if isinstance(v, dict) else v for k, v in ((quality or {}).get("tiers") or {}).items()}
     unscored = [t.name for t in fits if not isinstance(scores.get(t.name), (int, float))]
     choice = TierChoice(max(fits, key=lambda t: t.index), [t.name for t in fits],
                         [n for n in unmeasured if len(misses[n]) == 1], unscored=unscored if quality else [],

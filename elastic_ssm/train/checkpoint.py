@@ -98,9 +98,9 @@ def step_of(path: Path) -> int:
 
 
 def checkpoint_dirs(stage_dir: Path) -> list[Path]:
-    """The checkpoint directories of a stage (valid or not), newest first."""
-    found = [p for p in Path(stage_dir).glob("step_*")
-             if _STEP_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+    """The checkpoint directories of a stage (valid or not; a file of that name too, which fails its check),
+    newest first."""
+    found = [p for p in Path(stage_dir).glob("step_*") if _STEP_NAME.fullmatch(p.name) and not p.is_symlink()]
     return sorted(found, key=step_of, reverse=True)
 
 
@@ -108,6 +108,8 @@ def checkpoint_fault(path: Path) -> str | None:
     """What makes checkpoint directory ``path`` unusable, naming the file; None when its ``COMPLETE.json`` lists
     every file at its recorded size (sizes only: ``load_checkpoint`` compares the hashes)."""
     marker = path / COMPLETE
+    if not path.is_dir():
+        return "it is a file, not a checkpoint folder"
     if not marker.is_file():
         return f"it has no {COMPLETE} (its save or its deletion was cut short)"
     try:

@@ -259,7 +259,7 @@ def clean_stale_files(out: str | Path) -> list[Path]:
         good = [p for p in dirs if faults[p] is None]
         for p in (p for p in dirs if faults[p] is not None):
             removed.append(p)
-            if not (p / COMPLETE).exists() and good and step_of(p) < step_of(good[0]):
+            if p.is_dir() and not (p / COMPLETE).exists() and good and step_of(p) < step_of(good[0]):
                 warnings.warn(f"removing {p} (an old checkpoint whose deletion was cut short)", stacklevel=2)
                 shutil.rmtree(p, ignore_errors=True)
                 continue

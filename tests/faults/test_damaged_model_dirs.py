@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 import elastic_ssm as es
 from elastic_ssm.cli import main
 from elastic_ssm.models import CheckpointError
+from elastic_ssm.serve.select import tier_choice
 
 CHECKSUM_KEYS = ("weights_bytes", "weights_sha256", "weights_sha256_pieces")
 
@@ -222,3 +223,29 @@ def test_weights_missing_or_a_folder_say_so_and_what_to_do(saved, tmp_path, caps
     assert main(["generate", str(d), "--prompt", "hi", "--max_new_tokens", "1"]) == 2
     said = "is a folder, not the weights file" if damage == "folder" else "model.safetensors is missing"
     _one_line(capsys, str(d), said, "copy the whole directory again")
+
+
+@pytest.mark.parametrize("row", [5, {"ms_per_token": "x"}, {"ms_per_token": {"1": "fast"}},
+                                 {"ms_per_token": {"one": 2.0}}, {"params": 1}])
+def test_a_damaged_tier_profile_row_names_the_file_and_the_tier(saved, tmp_path, capsys, row):
+    """A ``tier_profile.json`` row edited or damaged is a one-line error naming the file, the tier and the
+    calibrate command (``serve --tier auto`` said "unexpected AttributeError ... probably a bug" or an ``int()`` /
+    ``float()`` message naming no file)."""
+    d = _copy(saved, tmp_path)
+    good = {"ms_per_token": {"1": 1.0}, "state_bytes": 1, "params": 1}
+    (d / "tier_profile.json").write_text(json.dumps({"device": "cpu", "tiers": {"T1": good, "T2": row}}))
+    before = (d / "tier_profile.json").read_bytes()
+    with pytest.raises(ValueError, match="tier 'T2' has no ms_per_token table"):
+        es.select_tier(d, max_ms_per_token=5.0)
+    assert main(["serve", str(d), "--device", "cpu", "--port", "0", "--tier", "auto", "--max_ms_per_token", "5"]) == 2
+    _one_line(capsys, str(d / "tier_profile.json"), "'T2'", f"elastic-ssm calibrate {d} --tiers T2")
+    assert (d / "tier_profile.json").read_bytes() == before
+
+
+def test_a_tier_quality_row_without_a_value_is_unscored(saved, tmp_path):
+    """A ``tier_quality.json`` row that is a mapping without ``value`` is a tier it does not score (said in the
+    choice's line), not a KeyError."""
+    d = _copy(saved, tmp_path)
+    (d / "tier_quality.json").write_text(json.dumps({"metric": "bpb", "tiers": {"T1": {"x": 1}, "T2": {"value": 1}}}))
+    choice = tier_choice(d, max_params=10**12)
+    assert choice.tier.name == "T10" and "tier_quality.json does not score" in choice.line()

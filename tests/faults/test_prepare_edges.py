@@ -1,16 +1,19 @@
 """``prepare`` edges (issue 40 items 9-11): one writer per output, stale temporaries of dead writers cleaned, and a
-token file corrupted without a change of size refused before training."""
+token file corrupted without a change of size or a damaged sidecar refused before training."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 import warnings
 
+import pytest
 from harness import REPO
 
+import elastic_ssm as es
 from elastic_ssm.cli import main
 
 HOLD = """
@@ -113,3 +116,42 @@ def test_jsonl_rows_without_text_are_one_line_user_errors(tmp_path, capsys):
         assert said in err[0] and f"{src}:" in err[0] and "--text_field" in err[0], err
         assert "probably a bug" not in err[0], err
         assert not (tmp_path / f"{name}.bin").exists()
+
+
+def _edit(key, value):
+    def edit(meta):
+        meta.pop(key) if value is None else meta.__setitem__(key, value)
+        return meta
+    return edit
+
+
+@pytest.mark.parametrize("edit,needles", [
+    (lambda meta: [1], ["not an elastic_ssm token sidecar", "[1]"]),
+    (_edit("dtype", "foo"), ["dtype is 'foo'", "'uint16' or 'uint32'"]),
+    (_edit("dtype", "float32"), ["dtype is 'float32'"]),             # same bytes read as floats: never used
+    (_edit("dtype", None), ["it has no dtype"]),
+    (_edit("count", "abc"), ["count is 'abc'", "an integer"]),
+    (_edit("vocab_size", None), ["it has no vocab_size"]),
+])
+def test_a_damaged_sidecar_is_one_line_naming_it_in_train_and_eval(tmp_path, capsys, edit, needles):
+    """A sidecar that is not an object or lacks / mistypes dtype, count or vocab_size is a user error naming the
+    sidecar and the key (it was an "unexpected KeyError / TypeError / AttributeError ... probably a bug", exit 1,
+    or an int() message without a file)."""
+    out = tmp_path / "x.bin"
+    assert main(["prepare", str(_corpus(tmp_path)), str(out)]) == 0
+    sidecar = out.with_name("x.bin.json")
+    sidecar.write_text(json.dumps(edit(json.loads(sidecar.read_text()))))
+    model = tmp_path / "model"
+    es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(model)
+    capsys.readouterr()
+    for argv in (["train", "--model.preset", "tiny", "--data.source", str(out), "--train.out_dir",
+                  str(tmp_path / "run"), "--train.steps", "1", "--train.device", "cpu"],
+                 ["eval", str(model), "--data", str(out), "--seq_len", "16", "--batch_size", "1", "--n_batches", "1",
+                  "--device", "cpu"]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(argv) == 2
+        err = _err_lines(capsys.readouterr().err)
+        assert len(err) == 1 and str(sidecar) in err[0] and "re-run elastic-ssm prepare" in err[0], err
+        assert all(n in err[0] for n in needles), err
+        assert not (tmp_path / "run" / "pretrain").exists()

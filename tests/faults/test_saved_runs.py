@@ -251,3 +251,20 @@ def test_the_python_api_resume_auto_names_damaged_checkpoints_first(cut, tmp_pat
     with pytest.raises(ConfigError, match="fail their check"):
         train(model, [], TrainConfig(steps=6, out_dir=str(run), device="cpu"), resume="auto")
     assert "no checkpoint yet" not in capsys.readouterr().out
+
+
+def test_a_file_in_place_of_the_newest_checkpoint_is_named_and_moved_before_resuming(cut, tmp_path, capsys):
+    """``step_0000003`` replaced by a file: ``--resume`` says so and which checkpoint it resumes from before
+    training, and keeps the file under damaged/ (it was passed over without a word, then reported at the save of
+    step 3 as a checkpoint that "failed to load")."""
+    cfg, run = _copy(cut, tmp_path)
+    shutil.rmtree(run / "pretrain" / "step_0000003")
+    (run / "pretrain" / "step_0000003").write_text("not a checkpoint\n")
+    assert _train(cfg, run, "--resume", "--stop_after", "3") == 0
+    out = capsys.readouterr().out
+    line = next((line for line in out.splitlines() if "failed its check" in line), out)
+    assert "it is a file, not a checkpoint folder" in line and "pretrain/step_0000002" in line, line
+    assert "failed to load" not in out
+    [moved] = (run / "damaged" / "pretrain").glob("step_0000003.damaged-*")
+    assert moved.read_text() == "not a checkpoint\n" and str(moved) in line
+    assert (run / "pretrain" / "step_0000003" / "COMPLETE.json").is_file()
