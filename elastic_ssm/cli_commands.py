@@ -5,6 +5,7 @@ imported inside them (``--help`` stays light)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -264,8 +265,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                        streamer=stream, generator=g, do_sample=args.temperature > 0)
     finally:                               # an error's line starts on its own line, after the text so far
-        sys.stdout.write(text.finish() + "\n")
-        sys.stdout.flush()
+        print(text.finish(), flush=True)
     return 0
 
 
@@ -324,13 +324,10 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _is_tokenizer_file(path: Path) -> bool:
-    """Whether ``path`` holds a tokenizer.json (a JSON object with a ``model`` mapping), which ``--overwrite`` may
-    replace."""
-    try:
-        record = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return False
-    return isinstance(record, dict) and isinstance(record.get("model"), dict)
+    """Whether ``path`` holds a tokenizer.json (an object with a ``model`` mapping): what ``--overwrite`` replaces."""
+    with contextlib.suppress(OSError, ValueError):
+        return isinstance(record := json.loads(path.read_bytes()), dict) and isinstance(record.get("model"), dict)
+    return False
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -41,10 +41,10 @@ _FIELD_HINT = "name the text field with text_field (--text_field, --data.text_fi
 
 def _text_value(value: object, where: str, field: str) -> str | bytes:
     """A row's ``field`` when it is text; a ``ValueError`` naming ``where`` for a number, list or mapping."""
-    if not isinstance(value, str | bytes):
-        raise ValueError(f"{where}: the {field!r} field holds {type(value).__name__} {str(value)[:40]!r}, not "
-                         f"text; {_FIELD_HINT} that holds the documents' text")
-    return value
+    if isinstance(value, str | bytes):
+        return value
+    raise ValueError(f"{where}: the {field!r} field holds {type(value).__name__} {str(value)[:40]!r}, not text; "
+                     f"{_FIELD_HINT} that holds the documents' text")
 
 
 def _open_binary(path: Path):

@@ -97,14 +97,11 @@ class TokenFile(TokenArray):
             self.meta = json.loads(self.sidecar.read_text())
         except json.JSONDecodeError as err:
             raise ValueError(f"corrupt sidecar {self.sidecar}: {err}; re-run elastic-ssm prepare") from err
-        if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT or \
-                not isinstance(self.meta.get("version", 0), int) or self.meta.get("version", 0) > VERSION:
-            got = self.meta if not isinstance(self.meta, dict) else \
-                f"format={self.meta.get('format')!r}, version={self.meta.get('version')!r}"
-            raise ValueError(f"{self.sidecar} is not an elastic_ssm token sidecar of version <= {VERSION} ({got}); "
-                             "re-run elastic-ssm prepare")
-        self.dtype = np.dtype(self._field("dtype", str, ("uint16", "uint32")))
-        self.count = self._field("count", int)
+        meta = self.meta if isinstance(self.meta, dict) else {"format": self.meta}
+        if meta.get("format") != FORMAT or not isinstance(version := meta.get("version", 0), int) or version > VERSION:
+            raise ValueError(f"{self.sidecar} is not an elastic_ssm token sidecar of version <= {VERSION} (format="
+                             f"{meta.get('format')!r}, version={meta.get('version')!r}); re-run elastic-ssm prepare")
+        self.dtype, self.count = np.dtype(self._field("dtype", str, ("uint16", "uint32"))), self._field("count", int)
         self._field("vocab_size", int)
         if self.count < 1:
             raise ValueError(f"{path} holds no tokens (its sidecar says count={self.count}); prepare it from a "
@@ -120,8 +117,7 @@ class TokenFile(TokenArray):
                          int(self.meta["vocab_size"]), self.meta)
 
     def _field(self, key: str, kind: type, choices: tuple = ()):
-        """The sidecar's ``key``, refused in one line naming the sidecar when it is missing, not a ``kind`` or not
-        one of ``choices`` (a sidecar edited by hand or damaged: never a KeyError or a dtype read as garbage)."""
+        """The sidecar's ``key``; one line naming the sidecar if it is missing, not a ``kind`` or not in ``choices``."""
         value = self.meta.get(key)
         if not isinstance(value, kind) or isinstance(value, bool) or (choices and value not in choices):
             want = " or ".join(map(repr, choices)) if choices else "an integer" if kind is int else "a string"

@@ -20,9 +20,7 @@ from ..utils.files import atomic_write_text
 from .corpora import cap_bytes, iter_documents
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<sep>")
-#: the largest vocabulary ``train_bpe`` trains: far above any real one; the BPE trainer of ``tokenizers`` reserves
-#: memory in proportion to it and aborts the process (no Python exception) when that fails (10**11 asks for 4.5 TB)
-MAX_BPE_VOCAB = 1 << 24
+MAX_BPE_VOCAB = 1 << 24   # far above any real vocabulary: the BPE trainer's memory grows with it, and it aborts
 SPECIAL_ROLES = ("bos", "eos", "pad", "sep")
 META_FILE = "elastic_tokenizer.json"
 TOKENIZER_FILE = "tokenizer.json"

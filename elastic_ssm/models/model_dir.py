@@ -88,17 +88,12 @@ def _check_record_fields(cfile: Path, meta: dict[str, Any]) -> None:
 
 
 def check_config_fits_weights(config: Any, wfile: Path) -> None:
-    """A ``CheckpointError`` before the model is built when the saved ``config`` needs more parameters than the
-    weights file ``wfile`` holds values (its header read alone): a ``config.json`` edited to a huge ``d_model`` or
-    ``n_layers`` overflowed torch or built layers for minutes. A header that does not parse is left to the load."""
+    """Refuse a ``config`` needing more parameters than ``wfile``'s header holds values, before the model is built
+    (an edited ``d_model`` or ``n_layers`` overflowed torch or built layers for minutes); a bad header: the load's."""
     from ..elastic.slicing import parse_header
 
-    parsed = parse_header(wfile)
-    if parsed is None:
-        return
-    held = sum(math.prod(shape) for _, shape, _, _ in parsed[1].values())
-    needed = tiers_mod.num_parameters(config)
-    if needed > held:
+    held = sum(math.prod(v[1]) for v in parsed[1].values()) if (parsed := parse_header(wfile)) else math.inf
+    if (needed := tiers_mod.num_parameters(config)) > held:
         raise CheckpointError(f"{wfile.parent / CONFIG_NAME}: its model config needs {needed:,} parameters but "
                               f"{wfile} holds {held:,} values; the config was edited by hand or belongs to another "
                               "model: save the model again")

@@ -1,7 +1,6 @@
 """Connection limits below uvicorn (``with_header_deadline``, a subclass of its HTTP protocol class): the request
 head's deadline (408) and size (431), a write-stall abort and a close after an early answer (docs/serving.md, "Security
-defaults"); a request being answered is never timed here. Bytes the HTTP parser refuses get a 400 in the API's error
-shape (uvicorn's own is plain text)."""
+defaults"); a request being answered is never timed here. Unparseable bytes get a JSON 400 (uvicorn's: plain text)."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ def refusal_response(status: int, message: str) -> bytes:
 def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], None], *,
                          write_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES) -> type:
     """``base`` (a uvicorn HTTP protocol class) with the module docstring's limits (the values ``ServeOptions``
-    checks); ``on_refuse(reason)`` counts each refusal (``"http_400"``, ``"http_408"``, ``"http_431"``,
-    ``"stalled_reader"``)."""
+    checks); ``on_refuse(reason)`` counts each refusal (``"http_400"``, ``"http_408"``, ``"http_431"``, ...)."""
     answer = refusal_response(408, f"the request headers did not arrive within {seconds:g} s; send the whole "
                                    "request at once")
     too_large = refusal_response(431, f"the request line and headers are over {max_header_bytes} bytes")
@@ -179,9 +177,8 @@ def with_header_deadline(base: type, seconds: float, on_refuse: Callable[[str], 
                     return
 
         def send_400_response(self, msg: str) -> None:
-            """uvicorn's answer to bytes its parser refuses (after its one warning line), in the API's error shape;
-            a request not yet answered on the connection (they were its body, or pipelined after it) ends for the app
-            as if its client had left: its answer is dropped, as uvicorn's own 400 closing the connection drops it."""
+            """uvicorn's answer to bytes its parser refuses, in the API's error shape; a request not yet answered on
+            the connection ends for the app as if its client had left (uvicorn's own 400 drops its answer too)."""
             cycle = self.cycle
             if cycle is not None and not cycle.response_complete and not cycle.response_started:
                 cycle.disconnected = True
