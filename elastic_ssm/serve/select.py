@@ -6,7 +6,9 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, StringConstraints, TypeAdapter, ValidationError
 
 from ..elastic.tiers import Tier, state_bytes, tier_table
 
@@ -14,6 +16,9 @@ __all__ = ["select_tier", "tier_choice", "TierChoice", "PROFILE_FILE", "QUALITY_
 
 PROFILE_FILE = "tier_profile.json"
 QUALITY_FILE = "tier_quality.json"
+#: a profile row's ``ms_per_token`` table: batch sizes (decimal digits) -> milliseconds >= 0
+_MS_TABLE = TypeAdapter(dict[Annotated[str, StringConstraints(pattern=r"^[0-9]+$")],
+                             Annotated[float, Field(ge=0, strict=True)]])
 
 
 def _read(path: Path | None, name: str) -> dict | None:
@@ -26,12 +31,13 @@ def _read(path: Path | None, name: str) -> dict | None:
     if not isinstance(data, dict) or not isinstance(data.get("tiers"), dict):
         raise ValueError(f"{path / name} has no 'tiers' table; measure it again")
     for tier, row in data["tiers"].items() if name == PROFILE_FILE else ():   # profile_ms reads every row
-        table = row.get("ms_per_token") if isinstance(row, dict) else None
-        if not isinstance(table, dict) or not all(b.isdigit() and not isinstance(v, bool) and isinstance(v, int | float)
-                                                  and v >= 0 for b, v in table.items()):
-            got = json.dumps(table if isinstance(row, dict) else row)[:80]
-            raise ValueError(f"{path / name}: tier {tier!r} has no ms_per_token table (batch size -> ms >= 0), "
-                             f"got {got}; measure it again: elastic-ssm calibrate {path} --tiers {tier}")
+        table = row.get("ms_per_token") if isinstance(row, dict) else row
+        try:
+            _MS_TABLE.validate_python(table)
+        except ValidationError:
+            raise ValueError(f"{path / name}: tier {tier!r} has no ms_per_token table (batch size -> ms >= 0), got "
+                             f"{json.dumps(table)[:80]}; measure it again: elastic-ssm calibrate {path} --tiers {tier}"
+                             ) from None
     return data
 
 
