@@ -204,7 +204,15 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:                     # the top-level --help or --version into `| head`
+        if util.stdout_gone():
+            return 141
+        raise
+
+
+def _main(argv: list[str]) -> int:
     debug = False
     while argv[:1] == ["--debug"]:
         debug, argv = True, argv[1:]

@@ -14,6 +14,7 @@ import io
 import math
 import os
 import re
+import select
 import sys
 import warnings
 from collections.abc import Callable
@@ -265,6 +266,21 @@ def report(command: str, text: str, every_rank: bool = False) -> None:
         print(f"{f'elastic-ssm {command}'.strip()}: {text}", file=sys.stderr)
 
 
+def stdout_gone() -> bool:
+    """Whether stdout's reader has gone (``elastic-ssm ... | head``: the pipe's write end reports POLLERR). If so,
+    stdout now points at /dev/null, so that the exit's flush raises nothing, and the caller stops quietly with 141
+    (128 + SIGPIPE), as a Unix tool does."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        if not any(events & select.POLLERR for _, events in poll.poll(0)):
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):     # no poll (Windows), or stdout is no file
+        return False
+    return True
+
+
 def run_reporting_errors(fn: Callable[[], Any], command: str, debug: bool) -> int:
     """``fn()``'s exit code, errors reported as the module docstring says; ``debug``: ``--debug`` was given (the
     ``ELASTIC_SSM_DEBUG`` switch, ``utils.environment.env_flag``, turns it on too; garbage there is one line, exit
@@ -287,6 +303,8 @@ def run_reporting_errors(fn: Callable[[], Any], command: str, debug: bool) -> in
         return 130
     except (ConfigError, ValueError, OSError, RuntimeError, yaml.YAMLError, ArithmeticError, ImportError,
             MemoryError) as e:
+        if isinstance(e, BrokenPipeError) and stdout_gone():
+            return 141
         if debug:
             raise
         kind = "training diverged" if isinstance(e, FloatingPointError) else "error"

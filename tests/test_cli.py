@@ -221,3 +221,20 @@ def test_train_refuses_a_file_as_out_dir_before_loading_data(tmp_path, capsys, m
     assert main(["train", "--model.preset", "tiny", "--train.out_dir", str(tmp_path / "a_file")]) == 2
     assert "is a file; choose a directory path" in capsys.readouterr().err
     assert (tmp_path / "a_file").read_text() == "mine"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"]])
+def test_help_into_a_closed_pipe_stops_quietly(argv):
+    """`elastic-ssm --help | head -1`: the reader has gone; no traceback, no error line, exit 141 (SIGPIPE's)."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)                               # the reader is gone before the first write
+    try:
+        r = subprocess.run([sys.executable, "-m", "elastic_ssm.cli", *argv], stdout=write, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, "")

@@ -219,7 +219,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             message = str(exc.detail)
         return JSONResponse(error_body(exc.status_code, message), exc.status_code, exc.headers)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])        # HEAD: load balancers' and `curl -I`'s probe
     async def health():
         eng = app.state.engine
         if not eng.alive():

@@ -381,6 +381,8 @@ def test_unknown_paths_and_methods_answer_in_the_openai_error_shape(model_dir):
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         err = r.json()["error"]
         assert err["code"] == 405 and err["message"] == "GET is not allowed on /v1/completions; use POST"
+        r = c.head("/health")                                 # a load balancer's probe: the status, no body
+        assert r.status_code == 200 and r.content == b""
 
 
 def test_chat_content_may_be_a_list_of_text_parts_as_openai_clients_send(model_dir, tmp_path):
