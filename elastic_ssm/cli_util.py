@@ -237,7 +237,8 @@ def parse_error(event: Any) -> None:
 def one_line(e: BaseException) -> str:
     """The exception as one line: an ``OSError`` as ``<file>: <reason>`` (with a hint beyond a missing file or a
     denied permission), a YAML error with its line and column, ``MemoryError`` with what to make smaller."""
-    if isinstance(e, OSError) and e.strerror and not isinstance(e, FileNotFoundError | PermissionError):
+    named = FileNotFoundError | PermissionError | IsADirectoryError    # these name their fault: no hint
+    if isinstance(e, OSError) and e.strerror and not isinstance(e, named):
         text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
         text += "" if e.filename is None else " (check the path, its permissions and the free disk space)"
     elif isinstance(e, OSError) and e.strerror and e.filename:

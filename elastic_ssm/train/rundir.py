@@ -269,6 +269,9 @@ def clean_stale_files(out: str | Path) -> list[Path]:
             print(f"[train] checkpoint {s}/{p.name} failed its check ({faults[p]}); moved it to {dest}, nothing "
                   f"was deleted; {then}", flush=True)
         pointer = out / s / LATEST
+        if pointer.is_dir():                   # the pointer is a one-line file; a folder there is moved, not lost
+            removed.append(pointer)
+            print(f"[train] {pointer} is a folder, not the pointer file; moved it to {move_damaged(pointer)}")
         if dirs and pointer.is_file() and not (out / s / pointer.read_text().strip()).is_dir():
             atomic_write_bytes(pointer, good[0].name.encode()) if good else pointer.unlink()
     return removed

@@ -4,6 +4,7 @@ old file or the complete new one; after a crash only a temporary file is left, s
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
@@ -59,6 +60,8 @@ def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
     ends without an exception (flush, fsync, mode 0666 less the umask, ``os.replace``) and is removed
     otherwise. The parent directory is created when missing."""
     path = Path(path)
+    if path.is_dir():                            # else os.replace's error names the temporary file
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file; move the folder aside", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

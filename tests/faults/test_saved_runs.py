@@ -117,6 +117,20 @@ def test_an_unmarked_checkpoint_newer_than_the_last_good_one_is_moved_not_delete
     assert (stage / "step_0000003.bak" / "COMPLETE.json").is_file() and (stage / "step_0000003").is_dir()
 
 
+def test_a_folder_in_place_of_the_latest_pointer_is_moved_and_the_run_resumes(cut, tmp_path, capsys):
+    """``pretrain/latest`` is a one-line file; a folder there (with a user's file in it) is moved into damaged/,
+    named on stdout, and the resumed run writes its pointer again."""
+    cfg, run = _copy(cut, tmp_path)
+    pointer = run / "pretrain" / "latest"
+    pointer.unlink()
+    pointer.mkdir()
+    (pointer / "notes.txt").write_text("mine")
+    assert _train(cfg, run, "--resume", "--stop_after", "4") == 0
+    moved = list((run / "damaged" / "pretrain").glob("latest.damaged-*"))
+    assert len(moved) == 1 and (moved[0] / "notes.txt").read_text() == "mine"
+    assert str(moved[0]) in capsys.readouterr().out
+    assert pointer.read_text() == "step_0000004"
+
 def test_a_prune_cut_short_leaves_no_marked_half_checkpoint(cut, tmp_path, monkeypatch):
     """Pruning removes an old checkpoint's COMPLETE.json before its files, so a kill mid-prune can never leave
     a marked, half-deleted directory (which the next start would have to keep as damaged)."""

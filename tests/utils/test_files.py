@@ -44,6 +44,16 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     assert np.load(target)["x"].tolist() == [0, 1, 2]
 
 
+def test_a_folder_where_the_file_goes_is_named_and_kept(tmp_path):
+    """E.g. a run's ``pretrain/latest`` made a folder: the error names it, not the temporary file, and keeps it."""
+    (tmp_path / "latest").mkdir()
+    (tmp_path / "latest" / "notes").write_text("mine")
+    with pytest.raises(IsADirectoryError) as e:
+        atomic_write_bytes(tmp_path / "latest", b"step_0000010")
+    assert e.value.filename == str(tmp_path / "latest") and "folder" in e.value.strerror
+    assert [p.name for p in tmp_path.iterdir()] == ["latest"] and (tmp_path / "latest" / "notes").read_text() == "mine"
+
+
 @pytest.mark.parametrize("name,temp", [(".model.safetensors.k3j_9.tmp", True), (".step_0000010.tmp", True),
                                        ("model.safetensors", False), ("notes.tmp", False)])
 def test_temp_names(name, temp):
