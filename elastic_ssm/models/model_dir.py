@@ -106,8 +106,10 @@ def _model_inside(path: Path) -> str | None:
         return f"it is a training run; its model is {path / 'final'}"
     if (path / "model" / CONFIG_NAME).is_file():
         return f"it is a training checkpoint; its model is {path / 'model'}"
-    saved = sorted(path.glob(f"*/step_*/model/{CONFIG_NAME}"), key=lambda f: f.stat().st_mtime)
-    return f"it is an unfinished training run; its newest checkpoint's model is {saved[-1].parent}" if saved else None
+    saved = sorted((f for f in path.glob(f"*/step_*/model/{CONFIG_NAME}")   # complete ones (train/checkpoint.py)
+                    if (f.parent.parent / "COMPLETE.json").is_file()), key=lambda f: f.stat().st_mtime)
+    return f"it is an unfinished training run; its newest complete checkpoint's model is {saved[-1].parent}" \
+        if saved else None
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 26) -> str:

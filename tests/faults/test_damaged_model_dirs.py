@@ -150,10 +150,13 @@ def test_the_missing_tokenizer_file_is_the_one_named(saved, bpe_saved, tmp_path,
 
 def test_a_run_or_checkpoint_given_as_the_model_names_the_model_inside(saved, tmp_path, capsys):
     """A training run, one of its checkpoints, or an unfinished run given where the model directory belongs: the
-    error names the model directory inside it (it gave the generic '<out_dir>/final' hint)."""
+    error names the model directory inside it (it gave the generic '<out_dir>/final' hint); of an unfinished run's
+    checkpoints, the newest complete one (a save cut short has no COMPLETE.json)."""
     run = tmp_path / "run"
     shutil.copytree(saved, run / "pretrain" / "step_0000002" / "model")
-    cases = [(run, "an unfinished training run; its newest checkpoint's model is "
+    (run / "pretrain" / "step_0000002" / "COMPLETE.json").write_text("{}")
+    shutil.copytree(saved, run / "pretrain" / "step_0000003" / "model")     # a save cut short: no COMPLETE.json
+    cases = [(run, "an unfinished training run; its newest complete checkpoint's model is "
               f"{run / 'pretrain' / 'step_0000002' / 'model'}"),
              (run / "pretrain" / "step_0000002", f"a training checkpoint; its model is "
               f"{run / 'pretrain' / 'step_0000002' / 'model'}")]
