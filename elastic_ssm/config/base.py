@@ -192,7 +192,7 @@ def load_yaml(text: str, where: str) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"{where}: invalid YAML{at}: {getattr(e, 'problem', None) or e}; fix the file's "
+        raise ConfigError(f"{where}: invalid YAML{at}: {getattr(e, 'problem', None) or e}; fix the "
                           "syntax") from None
 
 

@@ -251,7 +251,7 @@ CASES = {  # name: (argv, words the message must contain)
     "bench set malformed": (["bench", "--bench.suite", "cpu-smoke", "--bench.set", "iters"],
                             ["--bench.set", "KEY=VALUE"]),
     "bench set bad YAML value": (["bench", "--bench.suite", "cpu-smoke", "--bench.set", "memory.iters=["],
-                                 ["--bench.set memory.iters=[", "invalid YAML"]),
+                                 ["--bench.set memory.iters=[", "invalid YAML", "fix the syntax"]),
     "bench set without suite": (["bench", "--bench.set", "iters=3"], ["--bench.set", "--bench.suite"]),
     "bench device cuda:7": (["bench", "--bench.device", "cuda:7"], ["--bench.device", "cuda:7"]),
     "bench docs is a folder": (["bench", "--bench.device", "cpu", "--bench.docs", "{prep}"],
