@@ -238,3 +238,12 @@ def test_help_into_a_closed_pipe_stops_quietly(argv):
     finally:
         os.close(write)
     assert (r.returncode, r.stderr) == (141, "")
+
+
+def test_bench_without_a_suite_or_a_gpu_says_what_to_run(monkeypatch, capsys):
+    """Without CUDA the default bench (370m and peers, 131k prefills) would run for hours on the CPU: refused,
+    naming the CPU suite; --bench.device cpu still runs it (test_bench_command_passes_its_flags_to_the_harness)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no CUDA GPU" in err and "--bench.suite cpu-smoke" in err
