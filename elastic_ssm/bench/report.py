@@ -75,10 +75,8 @@ COLUMNS = {**_SECTION_COLS, "ratios": _RATIO_COLS}
 
 def tables(results: dict) -> str:
     """All sections of ``results`` as text tables."""
-    parts = []
-    for key, cols in _SECTION_COLS.items():
-        if results.get(key):
-            parts.append(format_table(results[key], cols, title=f"## {key}"))
+    parts = [format_table(results[key], cols, title=f"## {key}")
+             for key, cols in _SECTION_COLS.items() if results.get(key)]
     rat = ratios(results)
     if rat:
         parts.append(format_table(rat, _RATIO_COLS, title="## ratios (decode: ESSH ms / peer ms; "

@@ -83,9 +83,8 @@ def bench_train(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.
     try:
         with oom_as_result(row, device, peak=True):
             row.update(summarize(time_fn(step, warmup, steps, device)))
-            tok_s = batch * seq_len / (row["ms"] / 1e3)
-            row["tok_s"] = tok_s
-            row["mfu"] = 3 * flops_per_token * tok_s / (peak_tflops * 1e12)
+            row["tok_s"] = batch * seq_len / (row["ms"] / 1e3)
+            row["mfu"] = 3 * flops_per_token * row["tok_s"] / (peak_tflops * 1e12)
     finally:
         model.eval()
     return row

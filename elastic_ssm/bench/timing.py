@@ -36,12 +36,7 @@ def time_fn(fn: Callable[[], object], warmup: int, iters: int, device: torch.dev
             e.record()
         torch.cuda.synchronize(device)
         return [s.elapsed_time(e) for s, e in ev]
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+    return [wall_ms(fn, device) for _ in range(iters)]
 
 
 def summarize(times_ms: list[float]) -> dict[str, float]:

@@ -72,8 +72,7 @@ class TransformerConfig(FractionTierConfig):
         n = self.d_ff if n_ff is None else n_ff
         out = {"projection": 2 * N * 4 * d * d, "attention": 2 * N * 2 * d * context,
                "ffn": 2 * N * 3 * d * n, "head": 2 * d * self.vocab_size}
-        out["total"] = sum(out.values())
-        return out
+        return {**out, "total": sum(out.values())}
 
     def kv_bytes(self, context: int, batch: int = 1, dtype_bytes: int = 2) -> int:
         """Persistent KV bytes: K and V of every layer for ``context`` tokens."""

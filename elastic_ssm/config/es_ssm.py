@@ -100,8 +100,7 @@ class ESSSMConfig(ModelConfig):
             "spectral": N * K * d * d,  # M_k, dense d x d per retained channel, no bias
             "ffn": N * (2 * d * n_ff + n_ff + d),  # d -> n_ff -> d with biases
         }
-        out["total"] = sum(out.values())
-        return out
+        return {**out, "total": sum(out.values())}
 
     def tier_parameters(self, tier: Tier) -> dict[str, int]:
         return self.count_parameters(tier.K)
@@ -130,8 +129,7 @@ class ESSSMConfig(ModelConfig):
             "scan": round(N * fft),
             "head": round(head),
         }
-        out["total"] = sum(out.values())
-        return out
+        return {**out, "total": sum(out.values())}
 
     def state_columns(self, tier: Tier, state_bytes: Any, batch: int,
                       n_modes: tuple[int, ...]) -> list[tuple[str, str]]:

@@ -110,8 +110,7 @@ class ESSHConfig(FractionTierConfig):
             "spectral": self.n_spectral_layers * K * (2 * d * P + 3 * m * d + 8 * m + 1),
             "ffn": 3 * d * n_ff * N,  # SwiGLU gate/up/down in every block
         }
-        out["total"] = sum(out.values())
-        return out
+        return {**out, "total": sum(out.values())}
 
     def tier_parameters(self, tier: Tier) -> dict[str, int]:
         return self.count_parameters(tier.K, tier.n_ff)
@@ -135,8 +134,7 @@ class ESSHConfig(FractionTierConfig):
             "scan": 2 * S * K * (7 * m * P + 3 * P),
             "head": 2 * d * self.vocab_size,
         }
-        out["total"] = sum(out.values())
-        return out
+        return {**out, "total": sum(out.values())}
 
     def standalone_config(self, tier: Tier) -> ESSHConfig:
         return self.replace(n_channels=tier.K, channel_width=self.value_width, d_ff=tier.n_ff, tier_xi=(1.0,),

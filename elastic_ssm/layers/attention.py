@@ -72,8 +72,7 @@ def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int,
     diff = q_pos[..., :, None] - k_pos[..., None, :]
     allowed = (diff >= 0) & (diff < window)
     if k_valid is not None:
-        allowed = allowed & k_valid[..., None, :]
-        allowed = allowed | (diff == 0)
+        allowed = (allowed & k_valid[..., None, :]) | (diff == 0)
     if allowed.dim() == 2:
         allowed = allowed[None]
     return allowed[:, None]

@@ -188,10 +188,7 @@ def prepare_compile() -> None:
 
 def available_backends() -> list[str]:
     """Scan backends usable in this process: always "naive" and "torch"; "fla" when fla and CUDA work."""
-    out = ["naive", "torch"]
-    if torch.cuda.is_available() and fla_available():
-        out.append("fla")
-    return out
+    return ["naive", "torch", *(["fla"] if torch.cuda.is_available() and fla_available() else [])]
 
 
 def resolve_backend(backend: str = "auto", tensor: torch.Tensor | None = None) -> str:

@@ -335,8 +335,7 @@ class Engine:
                 self._finish(row, "stop")
                 continue
             stream = self._texts[row]
-            piece = stream.push(tok)
-            if piece:
+            if piece := stream.push(tok):
                 req.emit("text", piece)
             if stream.stopped:
                 self._finish(row, "stop")

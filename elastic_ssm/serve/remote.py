@@ -88,8 +88,7 @@ def _child(load: Callable[[], Any], kw: dict, commands, events) -> None:
                     req.finish_reason = "error"
                     req.emit("unavailable", str(e))
             elif msg[0] == "cancel":
-                req = live.get(msg[1])
-                if req is not None:
+                if (req := live.get(msg[1])) is not None:
                     req.cancel()
             elif msg[0] == "stop":
                 break

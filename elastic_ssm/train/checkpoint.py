@@ -151,8 +151,7 @@ def valid_checkpoints(stage_dir: str | Path) -> list[Path]:
 def find_checkpoint(stage_dir: str | Path) -> Path | None:
     """The checkpoint to resume from: the newest complete directory (``latest`` names it for people and tools; a
     save cut short before it was rewritten leaves it one behind)."""
-    valid = valid_checkpoints(stage_dir)
-    return valid[0] if valid else None
+    return next(iter(valid_checkpoints(stage_dir)), None)
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:

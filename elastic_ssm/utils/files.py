@@ -10,7 +10,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
@@ -37,13 +37,10 @@ def free_stamped_path(folder: Path, head: str, tail: str = "") -> Path:
 
 def process_umask() -> int:
     """The process umask: from /proc on Linux (no side effect), else by setting and restoring it."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
