@@ -47,8 +47,18 @@ def _text_value(value: object, where: str, field: str) -> str | bytes:
                      f"{_FIELD_HINT} that holds the documents' text")
 
 
+# First bytes of compressed files: gzip is read through, the others are refused (never tokenized as text).
+_MAGIC = {b"\x1f\x8b": "gzip", b"(\xb5/\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip"}
+
+
 def _open_binary(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    """``path`` for reading, through gzip when its bytes are gzip's (whatever its name: ``.GZ`` too)."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    kind = next((k for m, k in _MAGIC.items() if head.startswith(m) and (k != "bzip2" or head[3:4].isdigit())), None)
+    if kind not in (None, "gzip"):
+        raise ValueError(f"{path} is {kind}-compressed, which is not read (gzip is); decompress it first")
+    return gzip.open(path, "rb") if kind else open(path, "rb")
 
 
 def _kind(path: Path) -> str | None:
@@ -61,7 +71,7 @@ def _iter_text(path: Path, split: str | None) -> Iterator[bytes]:
     with _open_binary(path) as f:
         stop = sys.maxsize
         if split is not None:
-            if path.suffix == ".gz":
+            if isinstance(f, gzip.GzipFile):
                 raise ValueError(f"cannot split the compressed text file {path}; pass a folder or separate "
                                  "train/validation files")
             stop = path.stat().st_size
