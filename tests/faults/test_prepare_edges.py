@@ -174,3 +174,18 @@ def test_compressed_sources_are_read_by_their_bytes_not_their_name(tmp_path, cap
         err = _err_lines(capsys.readouterr().err)
         assert len(err) == 1 and "-compressed" in err[0] and "decompress it first" in err[0], err
         assert not (tmp_path / f"{name}.bin").exists()
+
+
+def test_damaged_gzip_or_parquet_source_is_named_in_one_line(tmp_path, capsys):
+    """A truncated gzip file was an 'unexpected EOFError' (a bug report), a damaged Parquet file in a folder an
+    error naming no file."""
+    import gzip
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("fine\n")
+    (tmp_path / "d" / "b.parquet").write_bytes(b"not parquet at all")
+    (tmp_path / "t.txt.gz").write_bytes(gzip.compress(b"hello text\n" * 50)[:20])
+    for src, what in [(tmp_path / "t.txt.gz", "damaged gzip data"), (tmp_path / "d", "not a readable Parquet")]:
+        capsys.readouterr()
+        assert main(["prepare", str(src), str(tmp_path / "out.bin")]) == 2
+        err = _err_lines(capsys.readouterr().err)
+        assert len(err) == 1 and what in err[0] and src.name in err[0] and "error:" in err[0], err
