@@ -148,6 +148,7 @@ CASES = {  # name: (argv, words the message must contain)
     "eval train-len 0": ([*EVAL, "--lengths", "2x", "--train_len", "0"], ["--train_len", ">= 1"]),
     "importance first 0": (["importance", "{model}", "--first", "0"], ["--first", ">= 1"]),
     "importance unknown tier": (["importance", "{model}", "--tier", "T99", "--out", "{root}/imp"], ["T99"]),
+    "importance tier all": (["importance", "{model}", "--tier", "all", "--out", "{root}/imp"], ["--tier all"]),
     "importance out is a file": (["importance", "{model}", "--out", "{file}"], ["--out", "is a file"]),
     "importance of a transformer": (["importance", "{transformer}", "--seq_len", "16", "--out", "{root}/imp-tf"],
                                     ["'transformer' model", "no spectral channels", "ESSH and ES-SSM"]),
