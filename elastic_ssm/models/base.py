@@ -256,7 +256,8 @@ class ElasticModel(nn.Module):
             state = load_sliced_safetensors(wfile, rules, device=device, full=full)
             read = True
             if dtype is not None:
-                state = {k: v.to(dtype) if v.is_floating_point() and not re.fullmatch(cls.keep_fp32, k) else v
+                state = {k: v.to(dtype) if v.is_floating_point() and (dtype.itemsize > 4 or   # float64: every one
+                                                                  not re.fullmatch(cls.keep_fp32, k)) else v
                          for k, v in state.items()}
             _check_loaded_values(state, cls.keep_fp32, wfile)
         except Exception as e:  # safetensors raises several types on corruption
