@@ -195,6 +195,7 @@ CASES = {  # name: (argv, words the message must contain)
     "config.json bad field": (["eval", "{cfg_field}"], ["config.json", "d_model", "invalid"]),
     "eval device cuda:7": ([*EVAL, "--device", "cuda:7"], ["--device", "cuda:7"]),
     "eval device nonsense": ([*EVAL, "--device", "gpu0"], ["--device", "gpu0"]),
+    "eval device cpu:0": ([*EVAL, "--device", "cpu:0"], ["--device", "cpu:0", "use cpu"]),
     # every option: empty strings, non-finite numbers, outputs that cannot be written (before any work)
     "eval data empty": ([*EVAL, "--data", ""], ["--data", "empty"]),
     "eval lengths empty": ([*EVAL, "--lengths", ""], ["--lengths", "empty"]),
@@ -345,6 +346,8 @@ def test_python_api_arguments_are_checked(files):
         es.ESSH.from_pretrained(w["model"], dtype="float16")
     with pytest.raises(ValueError, match="cuda:7"):
         es.ESSH.from_pretrained(w["model"], device="cuda:7")
+    with pytest.raises(ValueError, match="'cpu:1': the CPU is one device"):     # not 'the file is corrupted'
+        es.ESSH.from_pretrained(w["model"], device="cpu:1")
     for budget in (dict(max_state_bytes=float("nan")), dict(max_params=-1), dict(max_ms_per_token=float("nan"))):
         with pytest.raises(ValueError, match="positive number"):
             es.select_tier(model, **budget)
