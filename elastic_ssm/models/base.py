@@ -218,9 +218,10 @@ class ElasticModel(nn.Module):
         weights never give a result."""
         path = Path(path)
         checked_device(device, "from_pretrained(device=)")
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        floating = isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize > 1   # not float8
+        if dtype is not None and not floating:
             raise TypeError(f"from_pretrained(dtype=) takes a floating torch.dtype (torch.float32, torch.bfloat16, "
-                            f"...) or None (as saved), got {dtype!r}")
+                            f"...; float8 weights: quantize with torchao) or None (as saved), got {dtype!r}")
         config, meta = cls.read_config(path)
         wfile = path / WEIGHTS_NAME
         if not wfile.is_file():

@@ -344,6 +344,8 @@ def test_python_api_arguments_are_checked(files):
         es.export_tier(str(w["model"]), "T1")
     with pytest.raises(TypeError, match="dtype"):
         es.ESSH.from_pretrained(w["model"], dtype="float16")
+    with pytest.raises(TypeError, match="float8"):        # was loaded, then every forward failed in promotion
+        es.ESSH.from_pretrained(w["model"], dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="cuda:7"):
         es.ESSH.from_pretrained(w["model"], device="cuda:7")
     with pytest.raises(ValueError, match="'cpu:1': the CPU is one device"):     # not 'the file is corrupted'
