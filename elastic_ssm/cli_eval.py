@@ -132,8 +132,8 @@ def cmd_importance(args: argparse.Namespace) -> int:
     if not has_spectral_channels(model):
         raise ConfigError(f"{args.checkpoint} holds a {model.arch!r} model: it has no spectral channels; importance "
                           "applies to ESSH and ES-SSM models")
-    tier = None if args.tier == "full" else checked_capacities(model, args.tier, spelled(args, "tier"))
-    if tier is not None and len(tier) != 1:
+    tier = [None] if args.tier == "full" else checked_capacities(model, args.tier, spelled(args, "tier"))
+    if tier is None or len(tier) != 1:         # None: --tier all
         raise ConfigError(f"{spelled(args, 'tier')} {args.tier}: give one tier ('full', a name such as T4, or a "
                           "fraction)")
     K = model.resolve_tier(tier and tier[0]).K

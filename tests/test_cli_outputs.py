@@ -70,6 +70,13 @@ def test_export_of_the_same_model_again_is_refused_too(model_dir, tmp_path, caps
     assert (out / "T2" / "config.json").read_bytes() == before
 
 
+def test_export_of_a_tier_named_twice_writes_it_once(model_dir, tmp_path, capsys):
+    """``--tiers T4,T4`` (or ``T10,full``) saved the tier twice into one folder, the second time over the first
+    without --overwrite, and counted two models."""
+    assert export(model_dir, tmp_path / "exp", "--tiers", "T4, T4,full,T10") == 0
+    assert "wrote 2 standalone model(s)" in capsys.readouterr().out
+
+
 def test_export_overwrite_replaces_the_whole_tier_folder(model_dir, tmp_path, capsys):
     out = tmp_path / "exp"
     (out / "T1").mkdir(parents=True)

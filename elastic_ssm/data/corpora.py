@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import urllib.parse
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -47,8 +48,18 @@ def _text_value(value: object, where: str, field: str) -> str | bytes:
                      f"{_FIELD_HINT} that holds the documents' text")
 
 
+# First bytes of compressed files: gzip is read through, the others are refused (never tokenized as text).
+_MAGIC = {b"\x1f\x8b": "gzip", b"(\xb5/\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip"}
+
+
 def _open_binary(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    """``path`` for reading, through gzip when its bytes are gzip's (whatever its name: ``.GZ`` too)."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    kind = next((k for m, k in _MAGIC.items() if head.startswith(m) and (k != "bzip2" or head[3:4].isdigit())), None)
+    if kind not in (None, "gzip"):
+        raise ValueError(f"{path} is {kind}-compressed, which is not read (gzip is); decompress it first")
+    return gzip.open(path, "rb") if kind else open(path, "rb")
 
 
 def _kind(path: Path) -> str | None:
@@ -61,7 +72,7 @@ def _iter_text(path: Path, split: str | None) -> Iterator[bytes]:
     with _open_binary(path) as f:
         stop = sys.maxsize
         if split is not None:
-            if path.suffix == ".gz":
+            if isinstance(f, gzip.GzipFile):
                 raise ValueError(f"cannot split the compressed text file {path}; pass a folder or separate "
                                  "train/validation files")
             stop = path.stat().st_size
@@ -102,16 +113,20 @@ def _iter_jsonl(path: Path, field: str, split: str | None) -> Iterator[str]:
 
 def _iter_parquet(path: Path, field: str, split: str | None) -> Iterator[str | bytes]:
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as err:
         raise ImportError('reading Parquet needs pyarrow: pip install "elastic-ssm[data]"') from err
-    pf = pq.ParquetFile(path)
-    if field not in pf.schema_arrow.names:
-        raise ValueError(f"{path}: no column {field!r} (columns: {pf.schema_arrow.names}); {_FIELD_HINT}")
-    values = (v for batch in pf.iter_batches(columns=[field], batch_size=1024) for v in batch.column(0).to_pylist())
-    for row, value in enumerate(values):
-        if value and _keep_row(row, split):
-            yield _text_value(value, f"{path}: row {row}", field)
+    try:
+        pf = pq.ParquetFile(path)
+        if field not in pf.schema_arrow.names:
+            raise ValueError(f"{path}: no column {field!r} (columns: {pf.schema_arrow.names}); {_FIELD_HINT}")
+        batches = pf.iter_batches(columns=[field], batch_size=1024)
+        for row, value in enumerate(v for batch in batches for v in batch.column(0).to_pylist()):
+            if value and _keep_row(row, split):
+                yield _text_value(value, f"{path}: row {row}", field)
+    except pa.ArrowException as err:
+        raise ValueError(f"{path}: not a readable Parquet file ({err}); replace the file or leave it out") from err
 
 
 def _check_hub_reachable(spec: str, timeout: float = 5.0) -> None:
@@ -155,11 +170,12 @@ def _iter_hf(spec: str, field: str, split: str | None) -> Iterator[str]:
 
 
 def _iter_file(path: Path, field: str, split: str | None):
-    """The non-empty documents of one file (each reader skips empty ones)."""
-    kind = _kind(path)
-    if kind in ("jsonl", "parquet"):
-        return (_iter_jsonl if kind == "jsonl" else _iter_parquet)(path, field, split)
-    return _iter_text(path, split)
+    """The non-empty documents of one file (each reader skips empty ones); damaged gzip data is named."""
+    reader = {"jsonl": _iter_jsonl, "parquet": _iter_parquet}.get(_kind(path))
+    try:
+        yield from reader(path, field, split) if reader else _iter_text(path, split)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+        raise ValueError(f"{path}: damaged gzip data ({err}); replace the file or leave it out") from err
 
 
 def folder_files(folder: str | Path) -> list[str]:

@@ -218,9 +218,10 @@ class ElasticModel(nn.Module):
         weights never give a result."""
         path = Path(path)
         checked_device(device, "from_pretrained(device=)")
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        floating = isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize > 1   # not float8
+        if dtype is not None and not floating:
             raise TypeError(f"from_pretrained(dtype=) takes a floating torch.dtype (torch.float32, torch.bfloat16, "
-                            f"...) or None (as saved), got {dtype!r}")
+                            f"...; float8 weights: quantize with torchao) or None (as saved), got {dtype!r}")
         config, meta = cls.read_config(path)
         wfile = path / WEIGHTS_NAME
         if not wfile.is_file():
@@ -256,7 +257,8 @@ class ElasticModel(nn.Module):
             state = load_sliced_safetensors(wfile, rules, device=device, full=full)
             read = True
             if dtype is not None:
-                state = {k: v.to(dtype) if v.is_floating_point() and not re.fullmatch(cls.keep_fp32, k) else v
+                state = {k: v.to(dtype) if v.is_floating_point() and (dtype.itemsize > 4 or   # float64: every one
+                                                                  not re.fullmatch(cls.keep_fp32, k)) else v
                          for k, v in state.items()}
             _check_loaded_values(state, cls.keep_fp32, wfile)
         except Exception as e:  # safetensors raises several types on corruption

@@ -36,6 +36,8 @@ def checked_device(spec: str | torch.device, what: str = "device") -> torch.devi
         raise ValueError(f"{what} {str(spec)!r}: {MPS_NO_FLOAT64}; use cpu")
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"{what} {str(spec)!r}: only cpu and cuda are supported; use {DEVICE_CHOICES}")
+    if dev.type == "cpu" and dev.index is not None:     # safetensors cannot load onto cpu:N (blamed the file)
+        raise ValueError(f"{what} {str(spec)!r}: the CPU is one device without an index; use cpu")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"{what} {str(spec)!r}: CUDA is not available on this machine; use cpu")

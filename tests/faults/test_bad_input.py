@@ -148,6 +148,7 @@ CASES = {  # name: (argv, words the message must contain)
     "eval train-len 0": ([*EVAL, "--lengths", "2x", "--train_len", "0"], ["--train_len", ">= 1"]),
     "importance first 0": (["importance", "{model}", "--first", "0"], ["--first", ">= 1"]),
     "importance unknown tier": (["importance", "{model}", "--tier", "T99", "--out", "{root}/imp"], ["T99"]),
+    "importance tier all": (["importance", "{model}", "--tier", "all", "--out", "{root}/imp"], ["--tier all"]),
     "importance out is a file": (["importance", "{model}", "--out", "{file}"], ["--out", "is a file"]),
     "importance of a transformer": (["importance", "{transformer}", "--seq_len", "16", "--out", "{root}/imp-tf"],
                                     ["'transformer' model", "no spectral channels", "ESSH and ES-SSM"]),
@@ -194,6 +195,7 @@ CASES = {  # name: (argv, words the message must contain)
     "config.json bad field": (["eval", "{cfg_field}"], ["config.json", "d_model", "invalid"]),
     "eval device cuda:7": ([*EVAL, "--device", "cuda:7"], ["--device", "cuda:7"]),
     "eval device nonsense": ([*EVAL, "--device", "gpu0"], ["--device", "gpu0"]),
+    "eval device cpu:0": ([*EVAL, "--device", "cpu:0"], ["--device", "cpu:0", "use cpu"]),
     # every option: empty strings, non-finite numbers, outputs that cannot be written (before any work)
     "eval data empty": ([*EVAL, "--data", ""], ["--data", "empty"]),
     "eval lengths empty": ([*EVAL, "--lengths", ""], ["--lengths", "empty"]),
@@ -342,8 +344,12 @@ def test_python_api_arguments_are_checked(files):
         es.export_tier(str(w["model"]), "T1")
     with pytest.raises(TypeError, match="dtype"):
         es.ESSH.from_pretrained(w["model"], dtype="float16")
+    with pytest.raises(TypeError, match="float8"):        # was loaded, then every forward failed in promotion
+        es.ESSH.from_pretrained(w["model"], dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="cuda:7"):
         es.ESSH.from_pretrained(w["model"], device="cuda:7")
+    with pytest.raises(ValueError, match="'cpu:1': the CPU is one device"):     # not 'the file is corrupted'
+        es.ESSH.from_pretrained(w["model"], device="cpu:1")
     for budget in (dict(max_state_bytes=float("nan")), dict(max_params=-1), dict(max_ms_per_token=float("nan"))):
         with pytest.raises(ValueError, match="positive number"):
             es.select_tier(model, **budget)

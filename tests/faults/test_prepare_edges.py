@@ -155,3 +155,37 @@ def test_a_damaged_sidecar_is_one_line_naming_it_in_train_and_eval(tmp_path, cap
         assert len(err) == 1 and str(sidecar) in err[0] and "re-run elastic-ssm prepare" in err[0], err
         assert all(n in err[0] for n in needles), err
         assert not (tmp_path / "run" / "pretrain").exists()
+
+
+def test_compressed_sources_are_read_by_their_bytes_not_their_name(tmp_path, capsys):
+    """A gzip file named ``.GZ`` is decompressed (its compressed bytes were tokenized as text), and a zstd / bzip2 /
+    xz file is refused in one line rather than tokenized as text."""
+    import bz2
+    import gzip
+    import lzma
+    (tmp_path / "t.TXT.GZ").write_bytes(gzip.compress(b"hello text\n"))
+    assert main(["prepare", str(tmp_path / "t.TXT.GZ"), str(tmp_path / "t.bin")]) == 0
+    assert bytes(es.data.TokenFile(tmp_path / "t.bin").tokens[:-1].astype("uint8")) == b"hello text\n"
+    for name, data in [("a.jsonl.zst", b"(\xb5/\xfd\x04X"), ("b.txt.bz2", bz2.compress(b"x")),
+                       ("c.txt", lzma.compress(b"x"))]:
+        (tmp_path / name).write_bytes(data)
+        capsys.readouterr()
+        assert main(["prepare", str(tmp_path / name), str(tmp_path / f"{name}.bin")]) == 2
+        err = _err_lines(capsys.readouterr().err)
+        assert len(err) == 1 and "-compressed" in err[0] and "decompress it first" in err[0], err
+        assert not (tmp_path / f"{name}.bin").exists()
+
+
+def test_damaged_gzip_or_parquet_source_is_named_in_one_line(tmp_path, capsys):
+    """A truncated gzip file was an 'unexpected EOFError' (a bug report), a damaged Parquet file in a folder an
+    error naming no file."""
+    import gzip
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("fine\n")
+    (tmp_path / "d" / "b.parquet").write_bytes(b"not parquet at all")
+    (tmp_path / "t.txt.gz").write_bytes(gzip.compress(b"hello text\n" * 50)[:20])
+    for src, what in [(tmp_path / "t.txt.gz", "damaged gzip data"), (tmp_path / "d", "not a readable Parquet")]:
+        capsys.readouterr()
+        assert main(["prepare", str(src), str(tmp_path / "out.bin")]) == 2
+        err = _err_lines(capsys.readouterr().err)
+        assert len(err) == 1 and what in err[0] and src.name in err[0] and "error:" in err[0], err

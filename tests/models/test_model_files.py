@@ -197,3 +197,17 @@ def test_a_tier_is_not_saved_over_the_directory_it_was_read_from(tmp_path):
     small.save_pretrained(tmp_path / "t2")
     whole, tier = (es.ESSH.from_pretrained(tmp_path / d).num_parameters() for d in ("m", "t2"))
     assert tier < whole
+
+
+@pytest.mark.parametrize("cls,cfg,tier", [(es.ESSH, es.ESSHConfig, "T4"), (es.ESSSM, es.ESSSMConfig, 4)])
+def test_from_pretrained_float64_converts_every_tensor(tmp_path, cls, cfg, tier):
+    """``dtype=torch.float64`` left the mixer's keep-fp32 tensors in float32 beside float64 weights: an ESSH's forward
+    then failed (linalg.vector_norm 'convertible without narrowing'). Upward, every tensor converts."""
+    torch.manual_seed(0)
+    model = cls(cfg.preset("tiny"))
+    model.save_pretrained(tmp_path / "m")
+    x = torch.randint(0, 256, (1, 12))
+    wide = cls.from_pretrained(tmp_path / "m", tier=tier, dtype=torch.float64)
+    assert {p.dtype for p in wide.state_dict().values() if p.is_floating_point()} == {torch.float64}
+    assert torch.equal(wide(x), cls.from_pretrained(tmp_path / "m", tier=tier).double()(x))
+    assert wide.generate(x, max_new_tokens=2).shape == (1, 14)
