@@ -61,7 +61,7 @@ class Guard:
         self.app, self.max_connections, self.max_body, self.metrics = app, max_connections, max_body, metrics
         self.max_requests = max_requests
         self._hosts = None if api_key or allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
-        self._key = f"Bearer {api_key}".encode() if api_key else None
+        self._key = f"bearer {api_key}".encode() if api_key else None     # the scheme in lower case: RFC 9110 11.1
         self._open: dict[str, int] = defaultdict(int)
         self._in_flight = 0
 
@@ -81,8 +81,9 @@ class Guard:
                                "address only: without an API key, a Host other than localhost or a loopback address "
                                "needs --allowed_hosts")
             return
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         if self._key is not None and scope.get("path") != "/health" and \
-                not hmac.compare_digest(headers.get(b"authorization", b""), self._key):
+                not hmac.compare_digest(scheme.lower() + b" " + token.lstrip(b" "), self._key):
             await self._refuse(scope, send, "unauthorized", 401, "missing or wrong API key: send "
                                "'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"})
             return

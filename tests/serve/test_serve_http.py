@@ -60,6 +60,16 @@ def test_key_limits_and_still_serving(model_dir):
         assert body["model"] == "tiny@T10" and body["choices"][0]["finish_reason"] == "length"
 
 
+def test_the_bearer_scheme_is_matched_in_any_case(model_dir):
+    """RFC 9110 11.1: the auth scheme is case-insensitive (and RFC 6750 allows spaces before the token): "bearer
+    s3cret" was a 401, the whole header being compared to "Bearer s3cret"."""
+    with _client(model_dir, api_key="s3cret") as c:
+        for header in ("bearer s3cret", "BEARER s3cret", "Bearer  s3cret"):
+            assert c.get("/v1/models", headers={"Authorization": header}).status_code == 200, header
+        for header in ("bearer S3CRET", "Basic s3cret", "Bearer", "Bearers3cret", "bearer s3cret2"):
+            assert c.get("/v1/models", headers={"Authorization": header}).status_code == 401, header
+
+
 BAD = [
     ({"model": "tiny@T7"}, 400, "not served here"),
     ({"model": "other"}, 404, "unknown model"),
