@@ -54,7 +54,8 @@ def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
 class Guard:
     """Without ``api_key`` a ``Host`` not loopback nor in ``allowed_hosts`` is a 421 (None: no check); with it every
     path but ``/health`` needs the bearer key (401). 413 over ``max_body``, 429 over ``max_connections`` per client
-    address, 503 over ``max_requests`` in all; an exception escaping the app is OpenAI's 500."""
+    address, 503 over ``max_requests`` in all (``/health`` and ``/metrics`` neither); an exception escaping the app is
+    OpenAI's 500."""
 
     def __init__(self, app, api_key: str | None, max_connections: int, max_body: int, metrics=None,
                  max_requests: int | None = None, allowed_hosts=()) -> None:
@@ -91,7 +92,7 @@ class Guard:
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             await self._refuse(scope, send, "body_too_large", 413, f"request body over {self.max_body} bytes")
             return
-        if scope.get("path") == "/health":       # outside the caps, as outside the key
+        if scope.get("path") in ("/health", "/metrics"):     # outside the caps: a full server is still watched
             await self._run(scope, receive, send)
             return
         client = (scope.get("client") or ("unknown", 0))[0]
