@@ -104,7 +104,8 @@ class ChatTemplate:
 
     @classmethod
     def from_model(cls, model, tokenizer: Any = None, source: str | None = None) -> ChatTemplate | None:
-        """The directory's template or ``source``, specials from ``tokenizer_config.json``; None: none."""
+        """``source`` or the directory's template (``chat_template.jinja``, else ``tokenizer_config.json``'s
+        ``chat_template``, as transformers reads them), specials from ``tokenizer_config.json``; None: none."""
         path = getattr(model, "name_or_path", None)
         cfg = Path(path) / "tokenizer_config.json" if path else None
         try:
@@ -112,8 +113,10 @@ class ChatTemplate:
         except (OSError, json.JSONDecodeError):
             meta = {}
         meta = meta if isinstance(meta, dict) else {}
+        jinja = Path(path) / "chat_template.jinja" if path else None     # where transformers saves it now
         if source is None:
-            source = meta.get("chat_template")
+            source = jinja.read_text(encoding="utf-8") if jinja is not None and jinja.is_file() else \
+                meta.get("chat_template")
         if not isinstance(source, str) or not source.strip():
             return None
         specials = {}

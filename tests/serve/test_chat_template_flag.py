@@ -3,6 +3,7 @@ template one (or replaces its own), rendered as any template is; without one the
 file or template stops the start in one line."""
 
 import json
+import shutil
 
 import pytest
 
@@ -33,6 +34,19 @@ def test_without_a_template_the_400_names_the_flag(model_dir):
     with _client(model_dir) as c:
         r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES})
         assert r.status_code == 400 and "--chat_template" in r.json()["error"]["message"]
+
+
+def test_a_template_saved_by_transformers_in_the_directory_is_used(model_dir, tmp_path):
+    """transformers' ``tokenizer.save_pretrained`` writes ``chat_template.jinja`` beside ``tokenizer_config.json``
+    (which then holds none), and ``apply_chat_template`` reads it; the server said "this model has no chat template"."""
+    path = tmp_path / "saved"
+    shutil.copytree(model_dir, path)
+    (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m['role'] }}> {{ m['content'] }}\n"
+                                              "{% endfor %}bot>")
+    with _client(path) as c:
+        r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(b"system> Be brief.\nuser> def f\nbot>")
 
 
 @pytest.mark.parametrize("name, rendered", [
