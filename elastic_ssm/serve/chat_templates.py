@@ -114,9 +114,10 @@ class ChatTemplate:
             meta = {}
         meta = meta if isinstance(meta, dict) else {}
         jinja = Path(path) / "chat_template.jinja" if path else None     # where transformers saves it now
+        origin = "--chat_template"
         if source is None:
-            source = jinja.read_text(encoding="utf-8") if jinja is not None and jinja.is_file() else \
-                meta.get("chat_template")
+            origin = jinja if jinja is not None and jinja.is_file() else cfg
+            source = jinja.read_text(encoding="utf-8") if origin is jinja else meta.get("chat_template")
         if not isinstance(source, str) or not source.strip():
             return None
         specials = {}
@@ -124,7 +125,14 @@ class ChatTemplate:
             v = v.get("content") if isinstance(v, dict) else v
             if k.endswith("_token") and isinstance(v, str):
                 specials[k] = v
-        return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer) if path else {})
+        from jinja2 import TemplateError
+
+        try:
+            return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer) if path else {})
+        except TemplateError as e:       # the directory's own (--chat_template's was compiled when read)
+            raise ConfigError(f"the chat template of {origin} is not a valid Jinja template (line {e.lineno}): "
+                              f"{e.message}; fix it, or replace it with --chat_template chatml (or plain, or a "
+                              "Jinja file)") from None
 
     def prompt(self, messages: list) -> list[int] | str:
         """The token ids of validated chat ``messages`` (``schema.ChatMessage``: text content) as rendered, special

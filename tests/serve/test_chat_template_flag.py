@@ -92,5 +92,20 @@ def test_a_bad_template_stops_the_start_in_one_line(model_dir, tmp_path, capsys,
     assert len(err) == 1 and "--chat_template" in err[0] and needle in err[0], err
 
 
+def test_a_broken_template_in_the_directory_stops_the_start_in_one_line_naming_the_file(model_dir, tmp_path):
+    """The directory's own template that Jinja cannot compile was "unexpected TemplateSyntaxError ... probably a bug";
+    it is named with its file and the flag that replaces it, which then serves."""
+    path = tmp_path / "broken"
+    shutil.copytree(model_dir, path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": "{% for m in messages %}"}))
+    with pytest.raises(ConfigError, match=r"chat template of .*tokenizer_config.json is not a valid Jinja template "
+                                          r"\(line 1\): .*; fix it, or replace it with --chat_template"):
+        _client(path)
+    with _client(path, chat_template_source("plain")) as c:
+        r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
 def test_the_names_are_the_documented_ones():
     assert set(BUILTIN) == {"chatml", "plain"}
