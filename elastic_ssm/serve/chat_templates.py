@@ -12,7 +12,7 @@ from typing import Any
 from ..config import ConfigError
 from .schema import ApiError
 
-__all__ = ["BUILTIN", "chat_template_source", "ChatTemplate", "special_token_ids"]
+__all__ = ["BUILTIN", "chat_template_source", "ChatTemplate", "default_template", "special_token_ids"]
 
 BUILTIN = {
     "chatml": ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -43,7 +43,7 @@ def chat_template_source(spec: str | None) -> str | None:
         raise ConfigError(f"--chat_template {spec}: cannot read it as UTF-8 text ({e})") from None
     if path.suffix == ".json":
         try:
-            text = json.loads(text)["chat_template"]
+            text = default_template(json.loads(text)["chat_template"])
         except (ValueError, KeyError, TypeError):
             text = None
         if not isinstance(text, str):
@@ -59,6 +59,13 @@ def chat_template_source(spec: str | None) -> str | None:
         where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
         raise ConfigError(f"--chat_template {spec}: not a valid Jinja template{where}: {e.message}") from None
     return text
+
+
+def default_template(saved: Any) -> Any:
+    """A saved ``chat_template``: a string, or transformers' list of named ones, of which ``default`` is used."""
+    if isinstance(saved, list):
+        return next((t.get("template") for t in saved if isinstance(t, dict) and t.get("name") == "default"), None)
+    return saved
 
 
 def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = None) -> dict[str, int]:
@@ -117,7 +124,8 @@ class ChatTemplate:
         origin = "--chat_template"
         if source is None:
             origin = jinja if jinja is not None and jinja.is_file() else cfg
-            source = jinja.read_text(encoding="utf-8") if origin is jinja else meta.get("chat_template")
+            source = jinja.read_text(encoding="utf-8") if origin is jinja else \
+                default_template(meta.get("chat_template"))
         if not isinstance(source, str) or not source.strip():
             return None
         specials = {}

@@ -92,6 +92,21 @@ def test_a_bad_template_stops_the_start_in_one_line(model_dir, tmp_path, capsys,
     assert len(err) == 1 and "--chat_template" in err[0] and needle in err[0], err
 
 
+def test_a_list_of_named_templates_uses_the_default_one(model_dir, tmp_path):
+    """tokenizer_config.json may hold transformers' list of named templates ({"name", "template"}); transformers
+    renders the "default" one, the server said the model had none (and --chat_template refused the file)."""
+    path = tmp_path / "named"
+    shutil.copytree(model_dir, path)
+    named = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "{{ messages[0]['content'] }}!"}]
+    cfg = {**json.loads((path / "tokenizer_config.json").read_text()), "chat_template": named}
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert chat_template_source(str(path / "tokenizer_config.json")) == "{{ messages[0]['content'] }}!"
+    with _client(path) as c:
+        r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(b"Be brief.!")
+
+
 def test_a_broken_template_in_the_directory_stops_the_start_in_one_line_naming_the_file(model_dir, tmp_path):
     """The directory's own template that Jinja cannot compile was "unexpected TemplateSyntaxError ... probably a bug";
     it is named with its file and the flag that replaces it, which then serves."""
