@@ -77,6 +77,9 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
+        if [name for name, _ in scope.get("headers") or []].count(b"host") > 1:     # RFC 9112 3.2: a 400
+            await self._refuse(scope, send, "http_400", 400, "the request has more than one Host header; send one")
+            return
         if self._hosts is not None and not host_allowed(headers.get(b"host"), self._hosts):
             await self._refuse(scope, send, "misdirected_host", 421, "this server answers requests for its own "
                                "address only: without an API key, a Host other than localhost or a loopback address "

@@ -124,3 +124,14 @@ def test_a_compressed_body_is_a_415_naming_the_encoding(tiny_dir):
             assert r.json()["error"]["message"] == f"Content-Encoding {coding!r} is not supported; send the body " \
                                                    "uncompressed"
         assert c.post("/v1/completions", content=body, headers={"Content-Encoding": "identity"}).status_code == 200
+
+
+def test_a_request_with_two_host_headers_is_a_400(tiny_dir):
+    """RFC 9112 3.2 (a server MUST answer 400): the Host check read the last one ("evil.example", then "localhost"
+    passed), while a proxy in front, or Starlette's ``request.headers``, reads the first."""
+    with _client(tiny_dir) as c:
+        for hosts in (("evil.example", "localhost"), ("localhost", "localhost")):
+            r = c.get("/v1/models", headers=[("host", hosts[0]), ("host", hosts[1])])
+            assert r.status_code == 400, (hosts, r.text)
+            assert r.json()["error"]["message"] == "the request has more than one Host header; send one"
+        assert c.get("/v1/models", headers={"host": "localhost"}).status_code == 200
