@@ -180,6 +180,10 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
                 if kind is not None and not _is_json(kind):
                     raise ApiError(415, f"the request body must be JSON (Content-Type: application/json), not "
                                         f"{kind[:60]!r}; a body without a Content-Type is read as JSON")
+                coding = request.headers.get("content-encoding", "identity").strip().lower()
+                if coding != "identity":            # compressed bodies are not read (gzip's was "not UTF-8 JSON")
+                    raise ApiError(415, f"Content-Encoding {coding[:40]!r} is not supported; send the body "
+                                        "uncompressed")
                 raw = await read_body(request, settings.max_body_bytes, settings.timeout_s)
                 request._body, request._json = raw, parse_json(raw)
                 return await handler(request)
@@ -219,7 +223,8 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             message = str(exc.detail)
         return JSONResponse(error_body(exc.status_code, message), exc.status_code, exc.headers)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])        # HEAD: load balancers' and `curl -I`'s probe
+    @app.head("/health")        # load balancers' and `curl -I`'s probe; a route of its own, so its operationId too
+    @app.get("/health")
     async def health():
         eng = app.state.engine
         if not eng.alive():

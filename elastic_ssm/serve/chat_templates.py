@@ -12,7 +12,7 @@ from typing import Any
 from ..config import ConfigError
 from .schema import ApiError
 
-__all__ = ["BUILTIN", "chat_template_source", "ChatTemplate", "special_token_ids"]
+__all__ = ["BUILTIN", "chat_template_source", "ChatTemplate", "default_template", "special_token_ids"]
 
 BUILTIN = {
     "chatml": ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -43,7 +43,7 @@ def chat_template_source(spec: str | None) -> str | None:
         raise ConfigError(f"--chat_template {spec}: cannot read it as UTF-8 text ({e})") from None
     if path.suffix == ".json":
         try:
-            text = json.loads(text)["chat_template"]
+            text = default_template(json.loads(text)["chat_template"])
         except (ValueError, KeyError, TypeError):
             text = None
         if not isinstance(text, str):
@@ -59,6 +59,13 @@ def chat_template_source(spec: str | None) -> str | None:
         where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
         raise ConfigError(f"--chat_template {spec}: not a valid Jinja template{where}: {e.message}") from None
     return text
+
+
+def default_template(saved: Any) -> Any:
+    """A saved ``chat_template``: a string, or transformers' list of named ones, of which ``default`` is used."""
+    if isinstance(saved, list):
+        return next((t.get("template") for t in saved if isinstance(t, dict) and t.get("name") == "default"), None)
+    return saved
 
 
 def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = None) -> dict[str, int]:
@@ -104,7 +111,8 @@ class ChatTemplate:
 
     @classmethod
     def from_model(cls, model, tokenizer: Any = None, source: str | None = None) -> ChatTemplate | None:
-        """The directory's template or ``source``, specials from ``tokenizer_config.json``; None: none."""
+        """``source`` or the directory's template (``chat_template.jinja``, else ``tokenizer_config.json``'s
+        ``chat_template``, as transformers reads them), specials from ``tokenizer_config.json``; None: none."""
         path = getattr(model, "name_or_path", None)
         cfg = Path(path) / "tokenizer_config.json" if path else None
         try:
@@ -112,8 +120,12 @@ class ChatTemplate:
         except (OSError, json.JSONDecodeError):
             meta = {}
         meta = meta if isinstance(meta, dict) else {}
+        jinja = Path(path) / "chat_template.jinja" if path else None     # where transformers saves it now
+        origin = "--chat_template"
         if source is None:
-            source = meta.get("chat_template")
+            origin = jinja if jinja is not None and jinja.is_file() else cfg
+            source = jinja.read_text(encoding="utf-8") if origin is jinja else \
+                default_template(meta.get("chat_template"))
         if not isinstance(source, str) or not source.strip():
             return None
         specials = {}
@@ -121,7 +133,14 @@ class ChatTemplate:
             v = v.get("content") if isinstance(v, dict) else v
             if k.endswith("_token") and isinstance(v, str):
                 specials[k] = v
-        return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer) if path else {})
+        from jinja2 import TemplateError
+
+        try:
+            return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer) if path else {})
+        except TemplateError as e:       # the directory's own (--chat_template's was compiled when read)
+            raise ConfigError(f"the chat template of {origin} is not a valid Jinja template (line {e.lineno}): "
+                              f"{e.message}; fix it, or replace it with --chat_template chatml (or plain, or a "
+                              "Jinja file)") from None
 
     def prompt(self, messages: list) -> list[int] | str:
         """The token ids of validated chat ``messages`` (``schema.ChatMessage``: text content) as rendered, special

@@ -54,14 +54,15 @@ def host_allowed(value: bytes | None, allowed: frozenset[str]) -> bool:
 class Guard:
     """Without ``api_key`` a ``Host`` not loopback nor in ``allowed_hosts`` is a 421 (None: no check); with it every
     path but ``/health`` needs the bearer key (401). 413 over ``max_body``, 429 over ``max_connections`` per client
-    address, 503 over ``max_requests`` in all; an exception escaping the app is OpenAI's 500."""
+    address, 503 over ``max_requests`` in all (``/health`` and ``/metrics`` neither); an exception escaping the app is
+    OpenAI's 500."""
 
     def __init__(self, app, api_key: str | None, max_connections: int, max_body: int, metrics=None,
                  max_requests: int | None = None, allowed_hosts=()) -> None:
         self.app, self.max_connections, self.max_body, self.metrics = app, max_connections, max_body, metrics
         self.max_requests = max_requests
         self._hosts = None if api_key or allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
-        self._key = f"Bearer {api_key}".encode() if api_key else None
+        self._key = f"bearer {api_key}".encode() if api_key else None     # the scheme in lower case: RFC 9110 11.1
         self._open: dict[str, int] = defaultdict(int)
         self._in_flight = 0
 
@@ -76,13 +77,17 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
+        if [name for name, _ in scope.get("headers") or []].count(b"host") > 1:     # RFC 9112 3.2: a 400
+            await self._refuse(scope, send, "http_400", 400, "the request has more than one Host header; send one")
+            return
         if self._hosts is not None and not host_allowed(headers.get(b"host"), self._hosts):
             await self._refuse(scope, send, "misdirected_host", 421, "this server answers requests for its own "
                                "address only: without an API key, a Host other than localhost or a loopback address "
                                "needs --allowed_hosts")
             return
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         if self._key is not None and scope.get("path") != "/health" and \
-                not hmac.compare_digest(headers.get(b"authorization", b""), self._key):
+                not hmac.compare_digest(scheme.lower() + b" " + token.lstrip(b" "), self._key):
             await self._refuse(scope, send, "unauthorized", 401, "missing or wrong API key: send "
                                "'Authorization: Bearer <key>'", {"WWW-Authenticate": "Bearer"})
             return
@@ -90,7 +95,7 @@ class Guard:
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             await self._refuse(scope, send, "body_too_large", 413, f"request body over {self.max_body} bytes")
             return
-        if scope.get("path") == "/health":       # outside the caps, as outside the key
+        if scope.get("path") in ("/health", "/metrics"):     # outside the caps: a full server is still watched
             await self._run(scope, receive, send)
             return
         client = (scope.get("client") or ("unknown", 0))[0]

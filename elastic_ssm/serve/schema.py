@@ -75,6 +75,9 @@ class Sampling(BaseModel):
     logit_bias: refused({})
     tools: refused([])
     functions: refused([])
+    tool_choice: refused("none", "auto")          # "required" or a named tool: a tool call this server cannot make
+    function_call: refused("none", "auto")
+    modalities: refused(["text"])                 # ["audio"]: spoken output
     response_format: refused({"type": "text"})
     presence_penalty: refused(0, 0.0)
     frequency_penalty: refused(0, 0.0)

@@ -83,8 +83,11 @@ class TextStream:
 
     def push(self, token: int) -> str:
         """Add one generated token; the text that can be sent now (stop strings cut and held back)."""
+        return self._add(self._decode_new(token))
+
+    def _add(self, new: str) -> str:
         start = len(self.text)
-        self.text += self._decode_new(token)
+        self.text += new
         if self.stop:
             hold = max(len(s) for s in self.stop) - 1
             cut = min((i for i in (self.text.find(s, max(0, start - hold)) for s in self.stop) if i >= 0), default=-1)
@@ -99,11 +102,16 @@ class TextStream:
         return self._take(len(self.text))
 
     def finish(self) -> str:
-        """The rest of the text at the end of a request: a trailing incomplete character of a byte model
-        becomes U+FFFD (as ``tokenizer.decode`` of all the tokens gives), unless a stop string ended it."""
-        if self.bytes and not self.stopped:
-            self.text += self._utf8.decode(b"", final=True)
-        return self.flush()
+        """The rest of the text at the end of a request: a trailing incomplete character (a byte model's last bytes,
+        a subword model's held-back tokens) becomes U+FFFD, as ``tokenizer.decode`` of all the tokens gives, unless a
+        stop string ended it."""
+        if self.stopped:
+            return self.flush()
+        if self.bytes:
+            rest = self._utf8.decode(b"", final=True)
+        else:
+            rest = self.tok.decode(self._ids[self._prefix:])[len(self.tok.decode(self._ids[self._prefix:self._read])):]
+        return self._add(rest) + self.flush()
 
     def _take(self, upto: int) -> str:
         if upto <= self.sent:

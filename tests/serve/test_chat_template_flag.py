@@ -3,6 +3,7 @@ template one (or replaces its own), rendered as any template is; without one the
 file or template stops the start in one line."""
 
 import json
+import shutil
 
 import pytest
 
@@ -33,6 +34,19 @@ def test_without_a_template_the_400_names_the_flag(model_dir):
     with _client(model_dir) as c:
         r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES})
         assert r.status_code == 400 and "--chat_template" in r.json()["error"]["message"]
+
+
+def test_a_template_saved_by_transformers_in_the_directory_is_used(model_dir, tmp_path):
+    """transformers' ``tokenizer.save_pretrained`` writes ``chat_template.jinja`` beside ``tokenizer_config.json``
+    (which then holds none), and ``apply_chat_template`` reads it; the server said "this model has no chat template"."""
+    path = tmp_path / "saved"
+    shutil.copytree(model_dir, path)
+    (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m['role'] }}> {{ m['content'] }}\n"
+                                              "{% endfor %}bot>")
+    with _client(path) as c:
+        r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(b"system> Be brief.\nuser> def f\nbot>")
 
 
 @pytest.mark.parametrize("name, rendered", [
@@ -76,6 +90,36 @@ def test_a_bad_template_stops_the_start_in_one_line(model_dir, tmp_path, capsys,
     assert main(["serve", str(model_dir), "--chat_template", str(spec), "--device", "cpu", "--port", "0"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "--chat_template" in err[0] and needle in err[0], err
+
+
+def test_a_list_of_named_templates_uses_the_default_one(model_dir, tmp_path):
+    """tokenizer_config.json may hold transformers' list of named templates ({"name", "template"}); transformers
+    renders the "default" one, the server said the model had none (and --chat_template refused the file)."""
+    path = tmp_path / "named"
+    shutil.copytree(model_dir, path)
+    named = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "{{ messages[0]['content'] }}!"}]
+    cfg = {**json.loads((path / "tokenizer_config.json").read_text()), "chat_template": named}
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert chat_template_source(str(path / "tokenizer_config.json")) == "{{ messages[0]['content'] }}!"
+    with _client(path) as c:
+        r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(b"Be brief.!")
+
+
+def test_a_broken_template_in_the_directory_stops_the_start_in_one_line_naming_the_file(model_dir, tmp_path):
+    """The directory's own template that Jinja cannot compile was "unexpected TemplateSyntaxError ... probably a bug";
+    it is named with its file and the flag that replaces it, which then serves."""
+    path = tmp_path / "broken"
+    shutil.copytree(model_dir, path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": "{% for m in messages %}"}))
+    with pytest.raises(ConfigError, match=r"chat template of .*tokenizer_config.json is not a valid Jinja template "
+                                          r"\(line 1\): .*; fix it, or replace it with --chat_template"):
+        _client(path)
+    with _client(path, chat_template_source("plain")) as c:
+        r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 2})
+    assert r.status_code == 200, r.text
 
 
 def test_the_names_are_the_documented_ones():

@@ -1,7 +1,7 @@
 """A real ``elastic-ssm serve`` process over real sockets, attacked at the connection level: an oversized header
 block (431), answers sent before their body (408, 413: the connection closes), clients that stop reading (dropped,
-their places under both connection caps given back), a forged ``X-Forwarded-For``, ``/health`` at the caps, a
-foreign ``Host`` (421) and a body that is not JSON (415)."""
+their places under both connection caps given back), a forged ``X-Forwarded-For``, ``/health`` and ``/metrics`` at
+the caps, a foreign ``Host`` (421) and a body that is not JSON (415)."""
 
 import json
 import socket
@@ -152,15 +152,17 @@ def _until(what, seconds: float) -> bool:
 
 def test_clients_that_stop_reading_are_dropped_and_give_their_places_back(port):
     """Two stalled streams from 127.0.0.1 fill its cap (a forged X-Forwarded-For does not escape it; /health
-    answers), a third from 127.0.0.2 fills the server's (/health answers); after --timeout without taking any
-    output the three are dropped and both caps take requests again."""
+    and /metrics answer), a third from 127.0.0.2 fills the server's (they answer); after --timeout without taking
+    any output the three are dropped and both caps take requests again."""
     held = [_stalled(port, "127.0.0.1"), _stalled(port, "127.0.0.1")]
     assert _until(lambda: _complete(port) == 429, 10)
     assert _complete(port, headers={"x-forwarded-for": "10.9.9.9"}) == 429     # no proxy is trusted
     assert _ask(port, "GET", "/health")[0] == 200                               # at the per-client cap
+    assert _ask(port, "GET", "/metrics")[0] == 200                  # a scrape too (it was a 429 / 503 under load)
     held.append(_stalled(port, "127.0.0.2"))
     assert _until(lambda: _complete(port, "127.0.0.3") == 503, 10)
     assert _ask(port, "GET", "/health", source="127.0.0.3")[0] == 200           # at the server's cap
+    assert _ask(port, "GET", "/metrics", source="127.0.0.3")[0] == 200
     start = time.monotonic()
     assert _until(lambda: _complete(port, "127.0.0.3") == 200 and _complete(port) == 200, 60)
     assert time.monotonic() - start < 60

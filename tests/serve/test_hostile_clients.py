@@ -3,6 +3,7 @@ JSON reader itself, text the chat path must refuse, and clients that leave in th
 4xx in OpenAI's error shape (or, when it has gone, nothing) and the server keeps answering."""
 
 import asyncio
+import gzip
 import json
 import shutil
 
@@ -111,3 +112,26 @@ def test_a_json_error_reads_as_one_phrase(tiny_dir):
                             (b"{", "Expecting property name enclosed in double quotes at position 1")):
             r = c.post("/v1/completions", content=body)
             assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_a_compressed_body_is_a_415_naming_the_encoding(tiny_dir):
+    """A gzip body was a 400 "not UTF-8 encoded JSON" and a plain body labelled ``br`` was read as if plain."""
+    body = b'{"prompt": "hi", "max_tokens": 2}'
+    with _client(tiny_dir) as c:
+        for coding, raw in (("gzip", gzip.compress(body)), ("br", body)):
+            r = c.post("/v1/completions", content=raw, headers={"Content-Encoding": coding})
+            assert r.status_code == 415, r.text
+            assert r.json()["error"]["message"] == f"Content-Encoding {coding!r} is not supported; send the body " \
+                                                   "uncompressed"
+        assert c.post("/v1/completions", content=body, headers={"Content-Encoding": "identity"}).status_code == 200
+
+
+def test_a_request_with_two_host_headers_is_a_400(tiny_dir):
+    """RFC 9112 3.2 (a server MUST answer 400): the Host check read the last one ("evil.example", then "localhost"
+    passed), while a proxy in front, or Starlette's ``request.headers``, reads the first."""
+    with _client(tiny_dir) as c:
+        for hosts in (("evil.example", "localhost"), ("localhost", "localhost")):
+            r = c.get("/v1/models", headers=[("host", hosts[0]), ("host", hosts[1])])
+            assert r.status_code == 400, (hosts, r.text)
+            assert r.json()["error"]["message"] == "the request has more than one Host header; send one"
+        assert c.get("/v1/models", headers={"host": "localhost"}).status_code == 200

@@ -306,6 +306,16 @@ def test_text_stream_decodes_split_characters_and_cuts_at_stop():
     assert plain.push(258) == "" and plain.flush() == ""
 
 
+def test_text_stream_of_a_subword_model_ends_an_incomplete_character_as_decode_does(tmp_path):
+    """A BPE model's tokens held back as an incomplete character were dropped at the end (max_tokens cutting an
+    emoji or a CJK character in two lost it, and the text of a token ending in a lead byte with it)."""
+    tok = data.train_bpe(["plain ascii text, nothing else here. " * 20], 300, tmp_path / "tokenizer.json")
+    ids = tok.encode("ok \u20ac")[:-1]                  # the euro sign's last byte cut off
+    for stop in ([], ["zz"]):
+        s = TextStream(tok, stop)
+        assert "".join(s.push(t) for t in ids) + s.finish() == tok.decode(ids) == "ok \ufffd"
+
+
 def test_engine_queue_is_bounded(tiny):
     eng = Engine(tiny, ["T1"], slots=1, max_queue=1, tokenizer=tiny.tokenizer)   # not started: nothing runs
     eng.submit(Request(tier="T1", prompt=[1], max_tokens=1))

@@ -60,6 +60,16 @@ def test_key_limits_and_still_serving(model_dir):
         assert body["model"] == "tiny@T10" and body["choices"][0]["finish_reason"] == "length"
 
 
+def test_the_bearer_scheme_is_matched_in_any_case(model_dir):
+    """RFC 9110 11.1: the auth scheme is case-insensitive (and RFC 6750 allows spaces before the token): "bearer
+    s3cret" was a 401, the whole header being compared to "Bearer s3cret"."""
+    with _client(model_dir, api_key="s3cret") as c:
+        for header in ("bearer s3cret", "BEARER s3cret", "Bearer  s3cret"):
+            assert c.get("/v1/models", headers={"Authorization": header}).status_code == 200, header
+        for header in ("bearer S3CRET", "Basic s3cret", "Bearer", "Bearers3cret", "bearer s3cret2"):
+            assert c.get("/v1/models", headers={"Authorization": header}).status_code == 401, header
+
+
 BAD = [
     ({"model": "tiny@T7"}, 400, "not served here"),
     ({"model": "other"}, 404, "unknown model"),
@@ -81,6 +91,10 @@ BAD = [
     ({"top_logprobs": 2}, 400, "top_logprobs is not supported"),
     ({"response_format": {"type": "json_object"}}, 400, "response_format is not supported"),
     ({"echo": 1}, 400, "echo is not supported"),
+    ({"tool_choice": "required"}, 400, "tool_choice is not supported"),      # were ignored: text came back
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, 400, "tool_choice is not supported"),
+    ({"function_call": {"name": "f"}}, 400, "function_call is not supported"),
+    ({"modalities": ["text", "audio"]}, 400, "modalities is not supported"),
     ({"stop": ["a"] * 5}, 400, "stop must be"),
     ({"stream": "yes"}, 400, "stream must be"),
     ({"prompt": ""}, 400, "prompt is empty"),
@@ -108,7 +122,8 @@ def test_bad_requests_get_400_and_the_server_keeps_answering(model_dir):
         assert chat.status_code == 400 and "no chat template" in chat.json()["error"]["message"]
         assert _complete(c, headers={}, prompt=[104, 105], temperature=0).status_code == 200
         asks_nothing = {"logprobs": False, "echo": False, "best_of": 1, "top_logprobs": 0,
-                        "response_format": {"type": "text"}, "logit_bias": {}}
+                        "response_format": {"type": "text"}, "logit_bias": {}, "tool_choice": "auto",
+                        "function_call": "none", "modalities": ["text"]}
         assert _complete(c, headers={}, prompt=[104, 105], temperature=0, **asks_nothing).status_code == 200
         c.app.state.engine.submit = lambda req: (_ for _ in ()).throw(Busy("tier T10 is at capacity"))
         full = _complete(c, headers={})
