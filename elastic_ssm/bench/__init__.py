@@ -202,7 +202,7 @@ def bench_command(given: dict) -> dict:
             raise ConfigError(f"--bench.{key} picks or changes entries of a suite; give --bench.suite NAME as well")
     if cfg.device != "auto" and not cfg.suite:     # a suite's entries may name their own devices
         resolve_device(cfg.device, "--bench.device")
-    if cfg.device == "auto" and not cfg.suite and not torch.cuda.is_available():   # hours on a CPU, never chosen
+    if not ({"suite", "device", "preset"} & given.keys() or torch.cuda.is_available()):   # 370m: hours on a CPU
         raise ConfigError("no CUDA GPU here, and the benchmarks time the 370m preset against its peers (hours on a "
                           "CPU); run --bench.suite cpu-smoke (seconds), or pass --bench.device cpu to time them here")
     for key in ("out", "docs"):

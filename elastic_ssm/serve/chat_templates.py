@@ -122,10 +122,10 @@ class ChatTemplate:
         meta = meta if isinstance(meta, dict) else {}
         jinja = Path(path) / "chat_template.jinja" if path else None     # where transformers saves it now
         origin = "--chat_template"
-        if source is None:
-            origin = jinja if jinja is not None and jinja.is_file() else cfg
-            source = jinja.read_text(encoding="utf-8") if origin is jinja else \
-                default_template(meta.get("chat_template"))
+        if source is None and jinja is not None and jinja.is_file():
+            origin, source = jinja, jinja.read_text(encoding="utf-8")
+        elif source is None:                     # a model without a directory (random weights): no template
+            origin, source = cfg, default_template(meta.get("chat_template"))
         if not isinstance(source, str) or not source.strip():
             return None
         specials = {}
