@@ -80,7 +80,16 @@ def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int,
 
 #: "auto" (flex_attention for unpadded CUDA inputs longer than the window) or "masked" (always the SDPA band
 #: mask path); from the environment variable ELASTIC_SSM_SWA_KERNEL at import, settable at run time.
-SWA_KERNEL = os.environ.get("ELASTIC_SSM_SWA_KERNEL", "auto").strip().lower() or "auto"
+def swa_kernel(raw: str | None) -> str:
+    """The kernel choice ``raw`` names; an unknown one is named in a warning and is ``auto``."""
+    kernel = (raw or "").strip().lower() or "auto"
+    if kernel not in ("auto", "masked"):
+        logging.getLogger("elastic_ssm").warning("ELASTIC_SSM_SWA_KERNEL=%r is neither auto nor masked; using auto",
+                                                 raw)
+    return kernel if kernel in ("auto", "masked") else "auto"
+
+
+SWA_KERNEL = swa_kernel(os.environ.get("ELASTIC_SSM_SWA_KERNEL"))
 
 
 def swa_block_mask(T: int, window: int, device, block_size: int = 128):

@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from ..utils.environment import env_flag
 from .dispatch import triton_interpreting
 
 __all__ = ["pdl_supported", "resolve_pdl", "launch_options"]
@@ -20,7 +21,8 @@ def pdl_supported(device: torch.device | str) -> bool:
     """True on a CUDA device of compute capability >= 9.0, outside the Triton interpreter, unless the
     environment sets ``ELASTIC_SSM_PDL=0``."""
     device = torch.device(device)
-    if device.type != "cuda" or triton_interpreting() or os.environ.get("ELASTIC_SSM_PDL", "1") == "0":
+    off = "ELASTIC_SSM_PDL" in os.environ and not env_flag("ELASTIC_SSM_PDL")    # 0 / false / off; garbage: one line
+    if device.type != "cuda" or triton_interpreting() or off:
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .environment import env_flag
+
 __all__ = ["kernels_tuned", "progress", "shown", "triton_cache_dir", "tuning_notice"]
 
 log = logging.getLogger("elastic_ssm")
@@ -23,7 +25,10 @@ def _disable(enabled: bool) -> bool | None:
     """tqdm's ``disable`` for ``enabled``: True (off), False (forced on) or None (on when stderr is a terminal)."""
     if not enabled:
         return True
-    return False if os.environ.get("ELASTIC_SSM_PROGRESS") == "always" else None
+    raw = os.environ.get("ELASTIC_SSM_PROGRESS", "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    return False if raw == "always" or env_flag("ELASTIC_SSM_PROGRESS") else True    # 1: always, 0: never
 
 
 def shown(enabled: bool) -> bool:

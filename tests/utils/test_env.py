@@ -50,3 +50,32 @@ def test_debug_false_means_off_and_world_size_garbage_stops_training(monkeypatch
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(ConfigError, match="RANK is not set"):
         init_distributed(device="cpu")
+
+
+def test_progress_and_pdl_switches_read_every_spelling_and_refuse_garbage(monkeypatch):
+    """ELASTIC_SSM_PROGRESS=1 did nothing (only 'always' was read) and ELASTIC_SSM_PDL=false left PDL on (only '0'
+    was read): both take the switches env_flag takes, and garbage is a ConfigError naming the variable."""
+    from elastic_ssm.ops.pdl import pdl_supported
+    from elastic_ssm.utils.progress import _disable
+
+    for value, disable in (("", None), ("auto", None), ("always", False), ("1", False), ("true", False),
+                           ("0", True), ("off", True)):
+        monkeypatch.setenv("ELASTIC_SSM_PROGRESS", value)
+        assert _disable(True) is disable, value
+    monkeypatch.setenv("ELASTIC_SSM_PROGRESS", "sometimes")
+    with pytest.raises(ConfigError, match="ELASTIC_SSM_PROGRESS='sometimes' is not a switch"):
+        _disable(True)
+    monkeypatch.setenv("ELASTIC_SSM_PDL", "maybe")
+    with pytest.raises(ConfigError, match="ELASTIC_SSM_PDL='maybe' is not a switch"):
+        pdl_supported("cuda")
+    monkeypatch.setenv("ELASTIC_SSM_PDL", "false")
+    assert pdl_supported("cuda") is False       # off before any CUDA query: no GPU is needed to say so
+
+
+def test_an_unknown_swa_kernel_is_named_and_auto_is_used(caplog):
+    from elastic_ssm.layers.attention import swa_kernel
+
+    assert (swa_kernel(None), swa_kernel(" Masked "), swa_kernel("")) == ("auto", "masked", "auto")
+    with caplog.at_level("WARNING", logger="elastic_ssm"):
+        assert swa_kernel("flash") == "auto"
+    assert "ELASTIC_SSM_SWA_KERNEL='flash'" in caplog.text
