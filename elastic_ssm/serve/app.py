@@ -231,12 +231,20 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             return JSONResponse({"status": "engine stopped", "model": settings.name}, 503)
         return {"status": "ok", "model": settings.name, "tiers": eng.snapshot()}
 
+    started = int(time.time())                   # the cards' `created`: when this server loaded the model
+    cards = [schema.ModelCard(id=i, created=started, tier=i.partition("@")[2] or settings.default_tier)
+             for i in [settings.name] + [f"{settings.name}@{t}" for t in settings.tiers]]
+
     @app.get("/v1/models", response_model=schema.ModelList, responses=_ERRORS)
     async def models():
-        ids = [settings.name] + [f"{settings.name}@{t}" for t in settings.tiers]
-        now = int(time.time())
-        return schema.ModelList(data=[{"id": i, "created": now, "tier": i.partition("@")[2] or settings.default_tier}
-                               for i in ids])
+        return schema.ModelList(data=cards)
+
+    @app.get("/v1/models/{model_id:path}", response_model=schema.ModelCard, responses=_ERRORS)
+    async def model_card(model_id: str):        # the openai client's models.retrieve
+        card = next((c for c in cards if c.id == model_id), None)
+        if card is None:
+            raise ApiError(404, f"unknown model {model_id!r}; GET /v1/models lists this server's", "model")
+        return card
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
     async def prometheus():

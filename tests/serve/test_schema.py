@@ -28,9 +28,10 @@ def test_openapi_describes_every_route_with_the_servers_limits_and_no_422(tiny_d
         spec = c.get("/openapi.json", headers={"Authorization": "Bearer k"}).json()
         key = {"Authorization": "Bearer k"}
         assert c.get("/docs", headers=key).status_code == 404 and c.get("/redoc", headers=key).status_code == 404
-    assert set(spec["paths"]) == {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics"}
+    assert set(spec["paths"]) == {"/health", "/v1/models", "/v1/models/{model_id}", "/v1/completions",
+                                  "/v1/chat/completions", "/metrics"}
     ids = [op["operationId"] for ops in spec["paths"].values() for op in ops.values()]
-    assert len(ids) == len(set(ids)) == 6, ids          # unique (OpenAPI 3): GET and HEAD /health shared one
+    assert len(ids) == len(set(ids)) == 7, ids          # unique (OpenAPI 3): GET and HEAD /health shared one
     schemas = spec["components"]["schemas"]
     assert {"CompletionRequest", "ChatCompletionRequest", "CompletionResponse", "ChatCompletionResponse",
             "ModelList", "ErrorResponse"} <= set(schemas)

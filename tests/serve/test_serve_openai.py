@@ -40,6 +40,10 @@ def test_models_lists_every_served_tier(server):
     base, _ = server
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
     assert [m.id for m in client.models.list()] == ["tiny", "tiny@T1", "tiny@T10"]
+    card = client.models.retrieve("tiny@T1")                      # GET /v1/models/{id}: it was a 404
+    assert (card.id, card.tier, card.created) == ("tiny@T1", "T1", client.models.list().data[0].created)
+    with pytest.raises(openai.NotFoundError, match="unknown model 'tiny@T4'"):
+        client.models.retrieve("tiny@T4")
 
 
 def test_concurrent_tiers_streamed_and_not_equal_generate(server):
