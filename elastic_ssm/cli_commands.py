@@ -159,7 +159,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .train.rundir import RunLock
 
     model, device = load_model(args)
-    names = list(dict.fromkeys(checked_tiers(model, args.tiers) or [t.name for t in model.tier_table()]))   # T4,T4
+    names = checked_tiers(model, args.tiers) or [t.name for t in model.tier_table()]
     out = Path(args.out)
     failed = 0
     with RunLock(out, owner="export", flag="--out"):   # one writer: two exports never interleave a tier's files

@@ -141,9 +141,10 @@ def listed_tier(name: str):
 
 
 def checked_tiers(model, spec: str) -> list[str] | None:
-    """``tier_names`` resolved against the model (``listed_tier``), so an unknown tier is named before any work."""
+    """``tier_names`` resolved against the model (``listed_tier``), so an unknown tier is named before any work; a
+    tier named twice (``T4,T4``, ``T10,full``) once."""
     names = tier_names(spec)
-    return None if names is None else [model.resolve_tier(listed_tier(n)).name for n in names]
+    return None if names is None else list(dict.fromkeys(model.resolve_tier(listed_tier(n)).name for n in names))
 
 
 def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
@@ -162,7 +163,7 @@ def checked_capacities(model, spec: str, flag: str = "--tiers") -> list | None:
                 raise ConfigError(f"{flag} {name}: {e}; or, for an ESSH model, a capacity fraction in (0, 1] such as "
                                   "0.45") from None
             out.append(model.resolve_tier(xi))
-    return None if names is None else out
+    return None if names is None else list(dict.fromkeys(out))       # a tier given twice (T4,T4): once
 
 
 def refuse_existing(args: argparse.Namespace, *paths) -> None:

@@ -252,6 +252,8 @@ def test_tier_lists_with_spaces_in_every_verb(model_dir, tmp_path, capsys):
     model = es.models.load_pretrained(model_dir)
     assert checked_tiers(model, "T1, T4") == ["T1", "T4"]
     assert [t.name for t in checked_capacities(model, "T1, T4")] == ["T1", "T4"]    # eval: as before
+    assert checked_tiers(model, "T4,T4,full,T10") == ["T4", "T10"]       # a tier given twice is measured once
+    assert [t.name for t in checked_capacities(model, "T4, T4,full,T10")] == ["T4", "T10"]
     out = tmp_path / "exp"
     assert export(model_dir, out, "--tiers", "T1, T4") == 0
     assert tier_of(out / "T1") == "T1" and tier_of(out / "T4") == "T4"
