@@ -261,6 +261,12 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> torch.nn.Module | None:
         return self.model.lm_head
 
+    def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused before anything changes (transformers' own resize half-resized the embedding, then failed)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot resize its token embeddings (vocab_size "
+                                  f"{self.config.vocab_size} is fixed by the tokenizer it was trained with); train "
+                                  "a model with a larger --model.vocab_size instead")
+
     tokenizer = property(attrgetter("model.tokenizer"), doc="The tokenizer saved with the model (or None).")
 
     def allocate_cache(self, batch_size: int, prompt_length: int = 0) -> Any:

@@ -197,3 +197,11 @@ def test_a_dtype_name_torch_lacks_is_named(saved):
     with pytest.raises(TypeError, match="takes a floating torch.dtype .* got 'float23'"):
         elastic_ssm.hf.ESSHForCausalLM.from_pretrained(path, dtype="float23")
     assert elastic_ssm.hf.ESSHForCausalLM.from_pretrained(path, dtype="bfloat16").dtype == torch.bfloat16
+
+
+def test_resize_token_embeddings_is_refused_and_changes_nothing(saved):
+    """It was transformers' ``set_input_embeddings not auto-handled`` after the embedding had grown to the new size."""
+    hf = AutoModelForCausalLM.from_pretrained(saved[1])
+    with pytest.raises(NotImplementedError, match=r"cannot resize its token embeddings \(vocab_size 260 is fixed"):
+        hf.resize_token_embeddings(300)
+    assert hf.get_input_embeddings().num_embeddings == hf.config.vocab_size == 260
