@@ -155,7 +155,7 @@ class GenerationMixin:
                             f"{', '.join(supported + list(self.cache_options))}")
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
             input_ids = input_ids[None]
-        if attention_mask is not None and attention_mask.dim() == 1:
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 1:
             attention_mask = attention_mask[None]
         if eos is not None and eos_token_id is not None and eos != eos_token_id:
             raise ValueError(f"eos={eos} and eos_token_id={eos_token_id} disagree; give one of them")

@@ -336,6 +336,13 @@ def test_attention_masks_are_checked_in_every_architecture(arch):
             model(ids, attention_mask=right, cache=model.allocate_cache(2))
 
 
+def test_generate_names_a_mask_that_is_not_a_tensor():
+    """It was ``AttributeError: 'list' object has no attribute 'dim'``."""
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    with pytest.raises(ValueError, match="attention_mask must be"):
+        model.generate(torch.tensor([[1, 2, 3]]), 2, attention_mask=[[1, 1, 1]])
+
+
 def test_python_api_arguments_are_checked(files):
     _, w = files
     torch.manual_seed(0)
