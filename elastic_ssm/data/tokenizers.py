@@ -161,7 +161,9 @@ class BPETokenizer:
         return [np.asarray(e.ids, dtype=np.int64) for e in encs]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+        """Text of ``ids``: special ids and ids outside the vocabulary are dropped (as ``ByteTokenizer`` does)."""
+        V = self.vocab_size
+        return self._tok.decode([i for i in map(int, ids) if 0 <= i < V], skip_special_tokens=True)
 
     save = ByteTokenizer.save
 

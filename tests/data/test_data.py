@@ -60,6 +60,7 @@ def test_bpe_train_round_trip_and_save(tmp_path):
     ids = tok.encode(text)
     assert len(ids) < len(text.encode()) and tok.decode(ids) == text
     assert tok.decode([tok.bos_id, *ids, tok.sep_id]) == text
+    assert tok.decode([-1, *ids, 600, 10**12]) == text        # was OverflowError: dropped, as ByteTokenizer does
     loaded = data.load_tokenizer(tmp_path / "bpe" / "tokenizer.json")
     assert loaded.encode(text) == ids and loaded.sha256 == tok.sha256
     tok.save(tmp_path / "ckpt")
