@@ -270,9 +270,9 @@ class ConfigBase:
     def check_names(cls, d: dict[str, Any], beside: str = "") -> None:
         """ConfigError naming the keys of ``d`` that are not fields (and the closest path of the first)."""
         names = cls.field_names()
-        unknown = sorted(set(d) - names)
+        unknown = sorted(set(d) - names, key=str)      # YAML keys may be numbers, booleans or null
         if unknown:
-            raise ConfigError(f"{cls.__name__}: unknown field(s) {unknown}{beside}{cls.suggest(unknown[0])} "
+            raise ConfigError(f"{cls.__name__}: unknown field(s) {unknown}{beside}{cls.suggest(str(unknown[0]))} "
                               f"the fields are {sorted(names)}")
 
     @classmethod

@@ -1,4 +1,5 @@
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,17 @@ def test_exponent_floats_written_without_a_dot_load_from_yaml(tmp_path):
     assert run.train.optim.lr == 3e-4 and run.train.optim.weight_decay == 1e-2
     path.write_text("model: {arch: essh, preset: tiny}\ntrain: {optim: {lr: fast}}\n")
     with pytest.raises(es.ConfigError, match="lr: expected float, got 'fast'"):
+        RunConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize("text, unknown", [("train: {1: 3}", "[1]"), ("train: {~: 3, x: 1}", "[None, 'x']"),
+                                           ("model: {preset: tiny, 7: 1}", "[7]"), ("3: {}\nfoo: {}", "[3, 'foo']")])
+def test_a_key_that_is_not_a_string_is_named_as_unknown(tmp_path, text, unknown):
+    from elastic_ssm.config import RunConfig
+
+    path = tmp_path / "run.yaml"
+    path.write_text(text + "\n")                     # YAML reads 1, ~ and 7 as a number and null
+    with pytest.raises(es.ConfigError, match=rf"unknown (field|section)\(s\) {re.escape(unknown)}"):
         RunConfig.from_yaml(path)
 
 
