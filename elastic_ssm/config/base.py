@@ -204,7 +204,7 @@ def read_yaml_file(path: str | Path, what: str = "config file") -> Any:
         raise ConfigError(f"{what}: the path is an empty string; give a YAML file")
     if p.is_dir():
         raise ConfigError(f"{what} {p} is a folder; give a YAML file")
-    if not p.is_file():
+    if not p.exists():      # a pipe (/dev/stdin, <(...)) or /dev/null is read like a file
         raise ConfigError(f"{what} {p} does not exist")
     try:
         text = p.read_text()

@@ -82,6 +82,25 @@ def test_a_key_that_is_not_a_string_is_named_as_unknown(tmp_path, text, unknown)
         RunConfig.from_yaml(path)
 
 
+@pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="needs /dev/fd")
+def test_a_run_file_from_a_pipe_or_dev_null_is_read(tmp_path):
+    import os
+
+    from elastic_ssm.config import RunConfig
+
+    r, w = os.pipe()                                 # what --config /dev/stdin or --config <(...) names
+    os.write(w, b"model: {arch: essh, preset: tiny}\ntrain: {steps: 3}\n")
+    os.close(w)
+    try:
+        assert RunConfig.from_yaml(f"/dev/fd/{r}").train.steps == 3
+    finally:
+        os.close(r)
+    with pytest.raises(es.ConfigError, match="/dev/null is empty"):
+        RunConfig.from_yaml("/dev/null")
+    with pytest.raises(es.ConfigError, match="does not exist"):
+        RunConfig.from_yaml(tmp_path / "missing.yaml")
+
+
 # ---- one torch-free config tree ----------------------------------------------------------------------------
 _NO_TORCH = """
 import sys
