@@ -204,7 +204,7 @@ def read_yaml_file(path: str | Path, what: str = "config file") -> Any:
         raise ConfigError(f"{what}: the path is an empty string; give a YAML file")
     if p.is_dir():
         raise ConfigError(f"{what} {p} is a folder; give a YAML file")
-    if not p.is_file():
+    if not p.exists():      # a pipe (/dev/stdin, <(...)) or /dev/null is read like a file
         raise ConfigError(f"{what} {p} does not exist")
     try:
         text = p.read_text()
@@ -270,9 +270,9 @@ class ConfigBase:
     def check_names(cls, d: dict[str, Any], beside: str = "") -> None:
         """ConfigError naming the keys of ``d`` that are not fields (and the closest path of the first)."""
         names = cls.field_names()
-        unknown = sorted(set(d) - names)
+        unknown = sorted(set(d) - names, key=str)      # YAML keys may be numbers, booleans or null
         if unknown:
-            raise ConfigError(f"{cls.__name__}: unknown field(s) {unknown}{beside}{cls.suggest(unknown[0])} "
+            raise ConfigError(f"{cls.__name__}: unknown field(s) {unknown}{beside}{cls.suggest(str(unknown[0]))} "
                               f"the fields are {sorted(names)}")
 
     @classmethod

@@ -109,7 +109,7 @@ class RunConfig(ConfigBase):
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         if not isinstance(d, dict):
             raise ConfigError(f"run config: expected a mapping with model/train/data sections, got {d!r}"[:300])
-        unknown = sorted(set(d) - {"model", "train", "data"})
+        unknown = sorted(set(d) - {"model", "train", "data"}, key=str)
         if unknown:
             raise ConfigError(f"run config: unknown section(s) {unknown}; use model, train, data")
         return cls(model=d.get("model") or {"arch": "essh", "preset": "small"},   # not a mapping: RunConfig.model

@@ -1,4 +1,5 @@
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,36 @@ def test_exponent_floats_written_without_a_dot_load_from_yaml(tmp_path):
     path.write_text("model: {arch: essh, preset: tiny}\ntrain: {optim: {lr: fast}}\n")
     with pytest.raises(es.ConfigError, match="lr: expected float, got 'fast'"):
         RunConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize("text, unknown", [("train: {1: 3}", "[1]"), ("train: {~: 3, x: 1}", "[None, 'x']"),
+                                           ("model: {preset: tiny, 7: 1}", "[7]"), ("3: {}\nfoo: {}", "[3, 'foo']")])
+def test_a_key_that_is_not_a_string_is_named_as_unknown(tmp_path, text, unknown):
+    from elastic_ssm.config import RunConfig
+
+    path = tmp_path / "run.yaml"
+    path.write_text(text + "\n")                     # YAML reads 1, ~ and 7 as a number and null
+    with pytest.raises(es.ConfigError, match=rf"unknown (field|section)\(s\) {re.escape(unknown)}"):
+        RunConfig.from_yaml(path)
+
+
+@pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="needs /dev/fd")
+def test_a_run_file_from_a_pipe_or_dev_null_is_read(tmp_path):
+    import os
+
+    from elastic_ssm.config import RunConfig
+
+    r, w = os.pipe()                                 # what --config /dev/stdin or --config <(...) names
+    os.write(w, b"model: {arch: essh, preset: tiny}\ntrain: {steps: 3}\n")
+    os.close(w)
+    try:
+        assert RunConfig.from_yaml(f"/dev/fd/{r}").train.steps == 3
+    finally:
+        os.close(r)
+    with pytest.raises(es.ConfigError, match="/dev/null is empty"):
+        RunConfig.from_yaml("/dev/null")
+    with pytest.raises(es.ConfigError, match="does not exist"):
+        RunConfig.from_yaml(tmp_path / "missing.yaml")
 
 
 # ---- one torch-free config tree ----------------------------------------------------------------------------
