@@ -83,10 +83,10 @@ def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int,
 def swa_kernel(raw: str | None) -> str:
     """The kernel choice ``raw`` names; an unknown one is named in a warning and is ``auto``."""
     kernel = (raw or "").strip().lower() or "auto"
-    if kernel not in ("auto", "masked"):
-        logging.getLogger("elastic_ssm").warning("ELASTIC_SSM_SWA_KERNEL=%r is neither auto nor masked; using auto",
-                                                 raw)
-    return kernel if kernel in ("auto", "masked") else "auto"
+    if kernel in ("auto", "masked"):
+        return kernel
+    logging.getLogger("elastic_ssm").warning("ELASTIC_SSM_SWA_KERNEL=%r is neither auto nor masked; using auto", raw)
+    return "auto"
 
 
 SWA_KERNEL = swa_kernel(os.environ.get("ELASTIC_SSM_SWA_KERNEL"))

@@ -74,12 +74,15 @@ class TextStream:
         if self.bytes:
             return self._utf8.decode(bytes([token])) if 0 <= token < 256 else ""
         self._ids.append(token)
-        before = self.tok.decode(self._ids[self._prefix:self._read])
-        after = self.tok.decode(self._ids[self._prefix:])
+        before, after = self._window()
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self._prefix, self._read = max(0, len(self._ids) - 6), len(self._ids)
             return after[len(before):]
         return ""
+
+    def _window(self) -> tuple[str, str]:
+        """The subword window's text without and with the tokens not yet turned into text."""
+        return self.tok.decode(self._ids[self._prefix:self._read]), self.tok.decode(self._ids[self._prefix:])
 
     def push(self, token: int) -> str:
         """Add one generated token; the text that can be sent now (stop strings cut and held back)."""
@@ -110,7 +113,8 @@ class TextStream:
         if self.bytes:
             rest = self._utf8.decode(b"", final=True)
         else:
-            rest = self.tok.decode(self._ids[self._prefix:])[len(self.tok.decode(self._ids[self._prefix:self._read])):]
+            before, after = self._window()
+            rest = after[len(before):]
         return self._add(rest) + self.flush()
 
     def _take(self, upto: int) -> str:
