@@ -205,3 +205,22 @@ def test_resize_token_embeddings_is_refused_and_changes_nothing(saved):
     with pytest.raises(NotImplementedError, match=r"cannot resize its token embeddings \(vocab_size 260 is fixed"):
         hf.resize_token_embeddings(300)
     assert hf.get_input_embeddings().num_embeddings == hf.config.vocab_size == 260
+
+
+def test_output_hidden_states_are_the_embedding_each_block_and_the_final_norm(saved):
+    """They were None: now n_layers + 1 tensors [B, T, D], the embedding output first, the last after the final norm
+    (what the LM head reads), the same from a cached step as from the whole sequence, and through ``generate``."""
+    model, path = saved
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    x = PROMPT
+    hs = hf(x, output_hidden_states=True).hidden_states
+    assert len(hs) == model.config.n_layers + 1 and all(h.shape == (1, x.shape[1], 64) for h in hs)
+    torch.testing.assert_close(hs[0], model.embed(x))
+    torch.testing.assert_close(hs[-1], model.hidden_states(x))
+    assert not torch.equal(hs[1], hs[2]) and hf(x).hidden_states is None
+    cache = hf(x[:, :-1], use_cache=True).cache
+    step = hf(x[:, -1:], cache=cache, output_hidden_states=True).hidden_states
+    for a, b in zip(step, hs):
+        torch.testing.assert_close(a, b[:, -1:], rtol=1e-4, atol=1e-4)
+    out = hf.generate(x, max_new_tokens=3, output_hidden_states=True, return_dict_in_generate=True)
+    assert len(out.hidden_states) == 3 and out.hidden_states[1][-1].shape == (1, 1, 64)
