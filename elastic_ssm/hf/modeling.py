@@ -246,11 +246,16 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
 
     def _prepare_generation_config(self, generation_config: Any = None, *args: Any, **kwargs: Any) -> Any:
         """transformers' merge of the call's and the model's generation settings, except that an unasked
-        ``top_k`` is 0 (no top-k cut, as in ``ESSH.generate``) instead of transformers' global default 50."""
+        ``top_k`` is 0 (no top-k cut, as in ``ESSH.generate``) instead of transformers' global default 50, and an
+        unasked ``pad_token_id`` is the (first) ``eos_token_id`` of the call, as in ``ESSH.generate``."""
         out = super()._prepare_generation_config(generation_config, *args, **kwargs)
         asked = kwargs.get("top_k", getattr(generation_config, "top_k", None))
         if asked is None and self.generation_config.top_k is None:
             out[0].top_k = 0
+        eos = out[0].eos_token_id
+        first = eos[0] if isinstance(eos, list) and eos else eos if isinstance(eos, int) else None
+        if first is not None and kwargs.get("pad_token_id", getattr(generation_config, "pad_token_id", None)) is None:
+            out[0].pad_token_id = first
         return out
 
     def _init_weights(self, module: torch.nn.Module) -> None:

@@ -224,3 +224,27 @@ def test_output_hidden_states_are_the_embedding_each_block_and_the_final_norm(sa
         torch.testing.assert_close(a, b[:, -1:], rtol=1e-4, atol=1e-4)
     out = hf.generate(x, max_new_tokens=3, output_hidden_states=True, return_dict_in_generate=True)
     assert len(out.hidden_states) == 3 and out.hidden_states[1][-1].shape == (1, 1, 64)
+
+
+def test_a_list_of_eos_ids_stops_ours_and_theirs_alike(saved):
+    """``eos_token_id=[a, b]`` (as generation_config.json files give it) was refused by our generate: now a row stops
+    at either id and repeats the first, in ours and through the wrapper; a wrong type is one line."""
+    model, path = saved
+    tok = AutoTokenizer.from_pretrained(path)
+    enc = tok(["import os", "def f(a, b):\n    return", "x"], return_tensors="pt", padding=True)
+    free = model.generate(enc["input_ids"], max_new_tokens=10, temperature=0.0, attention_mask=enc["attention_mask"])
+    stops = [int(free[1, -7]), int(free[0, -5])]
+    ours = model.generate(enc["input_ids"], max_new_tokens=10, temperature=0.0, attention_mask=enc["attention_mask"],
+                          eos_token_id=stops)
+    theirs = AutoModelForCausalLM.from_pretrained(path).generate(**enc, max_new_tokens=10, eos_token_id=stops)
+    assert torch.equal(theirs, ours) and not torch.equal(ours, free)
+    new = ours[:, enc["input_ids"].shape[1]:]
+    assert (new == stops[1]).any()                                   # a row stopped at the second id
+    for row in new.tolist():                                         # and every stopped row repeats the first
+        hit = [i for i, t in enumerate(row) if t in stops]
+        assert not hit or set(row[hit[0] + 1:]) <= {stops[0]}
+    assert torch.equal(ours, model.generate(enc["input_ids"], max_new_tokens=10, temperature=0.0, eos=tuple(stops),
+                                            attention_mask=enc["attention_mask"]))
+    for bad in ([], [1, "2"], "2", [1, 999]):
+        with pytest.raises(ValueError, match=r"eos_token_id must be a token id in \[0, vocab_size=260\) or a non"):
+            model.generate(PROMPT, max_new_tokens=2, eos_token_id=bad)
