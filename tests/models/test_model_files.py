@@ -54,6 +54,7 @@ def test_training_saves_the_tokenizer_and_takes_vocab_size_from_it(bpe_run):
 
     hf_tok = AutoTokenizer.from_pretrained(final)
     assert hf_tok(text)["input_ids"] == tok.encode(text) and hf_tok.eos_token_id == tok.eos_id
+    assert hf_tok("x<eos>y")["input_ids"] == tok.encode("x<eos>y")      # a BPE's specials match in text in both
 
 
 def test_a_hugging_face_tokenizer_folder_loads_by_path(bpe_run, tmp_path):
