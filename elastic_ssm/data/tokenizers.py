@@ -196,8 +196,7 @@ def byte_level_tokenizer():
 
 def save_tokenizer_files(tok: Tokenizer | None, directory: str | Path) -> list[str]:
     """Write ``tokenizer.json`` (for bytes an equivalent byte-level file, so ``AutoTokenizer`` works; skipped
-    without the ``tokenizers`` package), ``tokenizer_config.json`` (special tokens, left padding; for bytes
-    ``split_special_tokens``, so that ``"<eos>"`` in text is five bytes there too, as ``ByteTokenizer`` has it) and
+    without the ``tokenizers`` package), ``tokenizer_config.json`` (special tokens, left padding) and
     ``elastic_tokenizer.json`` (read by ``load_tokenizer``) into ``directory``, each atomically; returns the names.
     Those of the three not written (all for ``tok`` None) are removed: another tokenizer's must not stay beside it."""
     directory = Path(directory)
@@ -210,7 +209,7 @@ def save_tokenizer_files(tok: Tokenizer | None, directory: str | Path) -> list[s
         atomic_write_text(directory / TOKENIZER_FILE, inner.to_str(pretty=True))
         name = (lambda i: SPECIAL_TOKENS[i - ByteTokenizer.PAD]) if is_bytes else tok._tok.id_to_token
         hf = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, "add_eos_token": False,
-              "clean_up_tokenization_spaces": False, "padding_side": "left", "split_special_tokens": is_bytes,
+              "clean_up_tokenization_spaces": False, "padding_side": "left",
               **{f"{role}_token": name(getattr(tok, f"{role}_id")) for role in ("bos", "eos", "pad", "sep")}}
         atomic_write_text(directory / TOKENIZER_CONFIG_FILE, json.dumps(hf, indent=2) + "\n")
         written += [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE]

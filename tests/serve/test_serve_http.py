@@ -366,8 +366,7 @@ def _with_template(model_dir, tmp_path, template):
 
 def test_chat_template_special_tokens_are_their_ids_as_in_apply_chat_template(model_dir, tmp_path):
     """``{{ bos_token }}`` (and any special-token string the template writes) is one id, not its characters'
-    bytes: the prompt ids equal transformers' ``apply_chat_template``'s (told not to split special tokens, which a
-    byte directory's tokenizer_config.json asks for plain text: docs/huggingface.md, "Tokenizers")."""
+    bytes: the prompt ids equal transformers' ``apply_chat_template``'s."""
     from elastic_ssm.data.tokenizers import resolve_tokenizer
     from elastic_ssm.serve.chat_templates import ChatTemplate
     from elastic_ssm.serve.schema import ChatMessage
@@ -382,8 +381,7 @@ def test_chat_template_special_tokens_are_their_ids_as_in_apply_chat_template(mo
     assert ids == [257, *b"<user>hi", 259, *b"<assistant>"]          # <bos> = 257, <sep> = 259 (byte tokenizer)
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(path)
-    expected = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                      tokenizer_kwargs={"split_special_tokens": False})
+    expected = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     expected = expected["input_ids"] if isinstance(expected, dict) or hasattr(expected, "keys") else expected
     assert ids == list(expected)
     with _client(path) as c:
