@@ -154,6 +154,18 @@ def test_apply_chat_template_renders_a_serve_builtin_for_our_tokenizer(saved):
     assert bytes(ids) == text.encode()
 
 
+def test_special_token_strings_in_text_are_ids_unless_split_as_the_docs_say(saved):
+    """docs/huggingface.md: AutoTokenizer maps a literal "<eos>" in text to its id (as transformers does for any
+    tokenizer); ``split_special_tokens=True`` gives ByteTokenizer's bytes, as training read them."""
+    from elastic_ssm.data.tokenizers import ByteTokenizer
+
+    _, path = saved
+    tok, ours = AutoTokenizer.from_pretrained(path), ByteTokenizer()
+    text = "a<eos>b"
+    assert tok(text)["input_ids"] == [97, ours.eos_id, 98]
+    assert tok(text, split_special_tokens=True)["input_ids"] == ours.encode(text) == list(text.encode())
+
+
 def test_a_template_in_the_directory_is_used_without_the_argument(saved, tmp_path):
     import json
     import shutil
