@@ -194,14 +194,15 @@ def byte_level_tokenizer():
     return tok
 
 
-def save_tokenizer_files(tok: Tokenizer, directory: str | Path) -> list[str]:
+def save_tokenizer_files(tok: Tokenizer | None, directory: str | Path) -> list[str]:
     """Write ``tokenizer.json`` (for bytes an equivalent byte-level file, so ``AutoTokenizer`` works; skipped
     without the ``tokenizers`` package), ``tokenizer_config.json`` (special tokens, left padding) and
-    ``elastic_tokenizer.json`` (read by ``load_tokenizer``) into ``directory``, each atomically; returns the names."""
+    ``elastic_tokenizer.json`` (read by ``load_tokenizer``) into ``directory``, each atomically; returns the names.
+    Those of the three not written (all for ``tok`` None) are removed: another tokenizer's must not stay beside it."""
     directory = Path(directory)
     written, is_bytes = [], isinstance(tok, ByteTokenizer)
     try:
-        inner = byte_level_tokenizer() if is_bytes else tok._tok
+        inner = None if tok is None else byte_level_tokenizer() if is_bytes else tok._tok
     except ImportError:
         inner = None
     if inner is not None:
@@ -212,11 +213,15 @@ def save_tokenizer_files(tok: Tokenizer, directory: str | Path) -> list[str]:
               **{f"{role}_token": name(getattr(tok, f"{role}_id")) for role in ("bos", "eos", "pad", "sep")}}
         atomic_write_text(directory / TOKENIZER_CONFIG_FILE, json.dumps(hf, indent=2) + "\n")
         written += [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE]
-    meta = {"type": "bytes"} if is_bytes else {"type": "bpe", "file": TOKENIZER_FILE}
-    meta.update(vocab_size=tok.vocab_size, specials={r: getattr(tok, f"{r}_id") for r in ("pad", "bos", "eos", "sep")},
-                sha256=fingerprint(tok))
-    atomic_write_text(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
-    return [*written, META_FILE]
+    if tok is not None:
+        meta = {"type": "bytes"} if is_bytes else {"type": "bpe", "file": TOKENIZER_FILE}
+        specials = {r: getattr(tok, f"{r}_id") for r in ("pad", "bos", "eos", "sep")}
+        meta.update(vocab_size=tok.vocab_size, specials=specials, sha256=fingerprint(tok))
+        atomic_write_text(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
+        written.append(META_FILE)
+    for name in {TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, META_FILE} - set(written):
+        (directory / name).unlink(missing_ok=True)
+    return written
 
 
 def measured_bytes_per_token(tokenizer, tokens, max_tokens: int = 1 << 20) -> float:

@@ -6,6 +6,7 @@ calls in its order, so HF ``generate`` gives our tokens). ``ESSHHFCache``: our `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from operator import attrgetter
 from pathlib import Path
@@ -32,6 +33,35 @@ CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ el
 #: ``ESSH.generate``'s defaults (greedy; sampling at temperature 1, no top-p cut). ``top_k`` stays unset (a 0
 #: beside ``do_sample=False`` makes transformers warn); ``_prepare_generation_config`` makes an unasked one 0.
 GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 1.0, "top_p": 1.0}
+
+
+@contextlib.contextmanager
+def recording_hidden(model: Any, on: bool):
+    """Yield the list transformers' ``hidden_states`` is made from (``hidden_tuple``): the input of each block's
+    first norm (the embedding output, then each block's output) and the final norm's output, per call of the trunk
+    or of ``step`` while inside (a compiled trunk runs eagerly, since it would skip the hooks)."""
+    seen: list[torch.Tensor] = []
+    if not on:
+        yield seen
+        return
+    final = model.norm_f if hasattr(model, "norm_f") else model.norm
+    hooks = [(b.norm1 if hasattr(b, "norm1") else b.ln1).register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+             for b in model.blocks] + [final.register_forward_hook(lambda m, a, out: seen.append(out))]
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            yield seen
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def hidden_tuple(seen: list[torch.Tensor], n_layers: int) -> tuple[torch.Tensor, ...]:
+    """``n_layers + 1`` tensors [B, T, D] of a ``recording_hidden`` list (decode steps joined along T)."""
+    if not seen or len(seen) % (n_layers + 1):
+        raise RuntimeError(f"output_hidden_states=True recorded {len(seen)} tensors, not a multiple of "
+                           f"n_layers + 1 = {n_layers + 1}; call the model without it")
+    return tuple(torch.cat([h.reshape(h.shape[0], -1, h.shape[-1]) for h in seen[i::n_layers + 1]], 1)
+                 for i in range(n_layers + 1))
 
 
 class _NoRollbackCache(Cache):
@@ -216,11 +246,16 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
 
     def _prepare_generation_config(self, generation_config: Any = None, *args: Any, **kwargs: Any) -> Any:
         """transformers' merge of the call's and the model's generation settings, except that an unasked
-        ``top_k`` is 0 (no top-k cut, as in ``ESSH.generate``) instead of transformers' global default 50."""
+        ``top_k`` is 0 (no top-k cut, as in ``ESSH.generate``) instead of transformers' global default 50, and an
+        unasked ``pad_token_id`` is the (first) ``eos_token_id`` of the call, as in ``ESSH.generate``."""
         out = super()._prepare_generation_config(generation_config, *args, **kwargs)
         asked = kwargs.get("top_k", getattr(generation_config, "top_k", None))
         if asked is None and self.generation_config.top_k is None:
             out[0].top_k = 0
+        eos = out[0].eos_token_id
+        first = eos[0] if isinstance(eos, list) and eos else eos if isinstance(eos, int) else None
+        if first is not None and kwargs.get("pad_token_id", getattr(generation_config, "pad_token_id", None)) is None:
+            out[0].pad_token_id = first
         return out
 
     def _init_weights(self, module: torch.nn.Module) -> None:
@@ -285,8 +320,9 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 labels: torch.LongTensor | None = None, use_cache: bool | None = None,
                 return_dict: bool | None = None, inputs_embeds: torch.Tensor | None = None,
-                **kwargs: Any) -> CausalLMOutputWithPast:
-        """Logits [B, T, V] (and ``loss`` with ``labels``, ``cache`` with ``use_cache``); see the module docstring."""
+                output_hidden_states: bool | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
+        """Logits [B, T, V] (and ``loss`` with ``labels``, ``cache`` with ``use_cache``, ``hidden_states`` with
+        ``output_hidden_states``: ``hidden_tuple``, the last after the final norm); see the module docstring."""
         if inputs_embeds is not None or input_ids is None:
             raise ValueError(f"{type(self).__name__} takes input_ids (inputs_embeds is not supported)")
         cache = kwargs.pop("cache", None) or kwargs.pop("past_key_values", None)
@@ -294,23 +330,27 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
             raise TypeError(f"{type(self).__name__} needs the cache its generate allocates (or none), got "
                             f"{type(cache).__name__}")
         use_cache = bool(use_cache) or cache is not None      # generate passes use_cache=True; scoring needs none
-        if cache is not None and cache.prefilled:
-            logits = torch.stack([self._step(tok, cache) for tok in input_ids.unbind(1)], dim=1)
-        else:
-            mask = attention_mask
-            if mask is not None and bool(mask.bool().all()):
-                mask = None                # no padding: the same call as ESSH.generate without a mask
-            if use_cache and cache is None:
-                cache = self.allocate_cache(*input_ids.shape)
-            inner = self._inner_for_prefill(cache, input_ids) if use_cache else None
-            logits = self.model(input_ids, attention_mask=mask, cache=inner)
-            if use_cache:
-                cache.prefilled = True
+        record = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        with recording_hidden(self.model, record) as seen:
+            if cache is not None and cache.prefilled:
+                logits = torch.stack([self._step(tok, cache) for tok in input_ids.unbind(1)], dim=1)
+            else:
+                mask = attention_mask
+                if mask is not None and bool(mask.bool().all()):
+                    mask = None                # no padding: the same call as ESSH.generate without a mask
+                if use_cache and cache is None:
+                    cache = self.allocate_cache(*input_ids.shape)
+                inner = self._inner_for_prefill(cache, input_ids) if use_cache else None
+                logits = self.model(input_ids, attention_mask=mask, cache=inner)
+                if use_cache:
+                    cache.prefilled = True
+        hidden = hidden_tuple(seen, len(self.model.blocks)) if record else None
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device),
                                    ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache if use_cache else None})
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden,
+                                      **{CACHE_KEY: cache if use_cache else None})
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, next_sequence_length: int | None = None,
                                       attention_mask: torch.Tensor | None = None, use_cache: bool | None = True,
@@ -319,7 +359,8 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if cache is not None and cache.prefilled:
             input_ids = input_ids[:, -(next_sequence_length or 1):]
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": use_cache}
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": use_cache,
+                  "output_hidden_states": kwargs.get("output_hidden_states")}
         if cache is not None:
             inputs[CACHE_KEY] = cache
         return inputs

@@ -174,7 +174,7 @@ class ElasticModel(nn.Module):
         tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
         blob = save(tensors, metadata={"format": "pt"})   # one key: safetensors writes a map in no fixed order
         digest = atomic_write_bytes(path / WEIGHTS_NAME, blob)
-        if self.tokenizer is not None:
+        if self.tokenizer is not None or self.tokenizer_record is None:    # none at all: remove another model's
             from ..data.tokenizers import save_tokenizer_files
 
             save_tokenizer_files(self.tokenizer, path)

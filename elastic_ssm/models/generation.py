@@ -135,7 +135,7 @@ class GenerationMixin:
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 32, tier: Any = None,
                  attention_mask: torch.Tensor | None = None, do_sample: bool | None = None,
                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 eos_token_id: int | None = None, pad_token_id: int | None = None,
+                 eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
                  streamer: Callable[[torch.Tensor], None] | None = None,
                  generator: torch.Generator | None = None, fast: bool | None = None,
                  state_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None,
@@ -143,11 +143,11 @@ class GenerationMixin:
         """Return ``input_ids`` followed by up to ``max_new_tokens`` generated tokens, [B, T + new].
 
         Greedy unless ``do_sample`` (None: sample exactly when a ``temperature`` > 0, ``top_k`` or ``top_p`` is
-        given). A row stops at ``eos_token_id`` (default: the config's; ``eos`` is an alias) and then emits
-        ``pad_token_id`` (default: the eos id); generation ends once every row has, checked every ``sync_every``
-        tokens. ``streamer(tokens [B])`` gets each step's device tensor. ``fast``: None / True = the fused
-        decoder, False = the reference step. Caches: fp32 states, a bf16 KV ring on CUDA (CPU: parameter dtype).
-        The model's ``cache_options`` (ES-SSM: ``decode``, ``n_modes``) go to its ``allocate_cache``."""
+        given). A row stops at ``eos_token_id`` (an id or a list of ids; default: the config's; ``eos`` is an alias)
+        and then emits ``pad_token_id`` (default: the first eos id); generation ends once every row has, checked
+        every ``sync_every`` tokens. ``streamer(tokens [B])`` gets each step's device tensor. ``fast``: None / True =
+        the fused decoder, False = the reference step. Caches: fp32 states, a bf16 KV ring on CUDA (CPU: parameter
+        dtype). The model's ``cache_options`` (ES-SSM: ``decode``, ``n_modes``) go to its ``allocate_cache``."""
         cache_kw = {k: unknown.pop(k) for k in self.cache_options if k in unknown}
         if unknown:
             supported = [p for p in inspect.signature(self.generate).parameters if p != "unknown"]
@@ -162,16 +162,18 @@ class GenerationMixin:
         eos = eos_token_id if eos_token_id is not None else eos
         if eos is None and self.config.eos_token_id >= 0:
             eos = self.config.eos_token_id
-        pad = pad_token_id if pad_token_id is not None else eos
+        stops = list(eos) if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]
+        pad = pad_token_id if pad_token_id is not None else stops[0] if stops else None
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and 0 in input_ids.shape:
             raise ValueError(f"the prompt is empty (input_ids of shape {tuple(input_ids.shape)}): give every row "
                              "at least one token (e.g. the bos token)")
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         V = self.config.vocab_size
-        for name, t in (("eos_token_id", eos), ("pad_token_id", pad)):
+        for name, t in [*(("eos_token_id", s) for s in stops or [eos]), ("pad_token_id", pad)]:
             if t is not None and (not isinstance(t, int) or not 0 <= t < V):
-                raise ValueError(f"{name} must be a token id in [0, vocab_size={V}), got {t!r}")
+                raise ValueError(f"{name} must be a token id in [0, vocab_size={V})"
+                                 f"{' or a non-empty list of them' if name == 'eos_token_id' else ''}, got {t!r}")
         check_token_inputs(input_ids, V, attention_mask, left_padding=True)
         check_sampling(temperature, top_k, top_p)
         if do_sample is None:
@@ -187,16 +189,17 @@ class GenerationMixin:
                 session = self._decode_session(B, tier, fast, state_dtype, kv_dtype, **cache_kw)
                 logits = session.prefill(input_ids, attention_mask)
             return torch.cat([input_ids, self._decode_loop(logits, session.step, max_new_tokens, temp, top_k,
-                                                           top_p, eos, pad, streamer, generator, sync_every)],
+                                                           top_p, stops, pad, streamer, generator, sync_every)],
                              dim=1)
         finally:
             self.train(was_training)
 
     @staticmethod
-    def _decode_loop(logits, step, n_new: int, temperature, top_k, top_p, eos, pad, streamer, generator,
+    def _decode_loop(logits, step, n_new: int, temperature, top_k, top_p, stops, pad, streamer, generator,
                      sync_every: int) -> torch.Tensor:
-        """Sample ``n_new`` tokens [B, n] on the device; cut after the step at which every row was done."""
+        """Sample ``n_new`` tokens [B, n] on the device; cut after the step at which every row emitted a stop id."""
         B, dev = logits.shape[0], logits.device
+        eos = torch.tensor(stops, device=dev) if stops else None
         out = torch.empty(B, n_new, dtype=torch.long, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         all_done = torch.zeros(n_new, dtype=torch.bool, device=dev)
@@ -205,7 +208,7 @@ class GenerationMixin:
             nxt = sample_next(logits, temperature, top_k, top_p, generator)
             if eos is not None:
                 nxt = torch.where(done, pad, nxt)
-                done |= nxt == eos
+                done |= torch.isin(nxt, eos)
                 all_done[i] = done.all()
             out[:, i] = nxt
             n = i + 1

@@ -322,7 +322,7 @@ def parse_prompt(prompt: str | list, tokenizer, vocab: int, max_prompt: int) -> 
 def response_body(req, model_id: str, chat: bool, text: str = "", finish_reason: str | None = None, *,
                   stream: bool = False, usage: bool = False) -> dict:
     """The body of ``req``'s whole answer, or with ``stream`` one chunk of it (``usage``: the last chunk, with empty
-    choices and the counts); ``chat``: chat completions' shapes (the first streamed text names the role)."""
+    choices and the counts); ``chat``: chat completions' shapes (the first streamed chunk names the role)."""
     body = {"id": req.id.replace("cmpl", "chatcmpl") if chat else req.id,
             "object": ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion",
             "created": int(req.created), "model": model_id, "tier": req.tier, "choices": []}
@@ -332,9 +332,8 @@ def response_body(req, model_id: str, chat: bool, text: str = "", finish_reason:
         elif not stream:
             choice = {"message": {"role": "assistant", "content": text}}
         else:
-            choice = {"delta": {"content": text} if text else {}}
-            if text and not req.role_sent:                   # the first text chunk names the role
-                choice["delta"]["role"], req.role_sent = "assistant", True
+            first, req.role_sent = not req.role_sent, True   # the first chunk names the role, with text or not
+            choice = {"delta": {"role": "assistant", "content": text} if first else {"content": text} if text else {}}
         body["choices"] = [{"index": 0, **choice, "finish_reason": finish_reason}]
     if usage or not stream:
         n, m = len(req.prompt), req.completion_tokens

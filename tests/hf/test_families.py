@@ -120,6 +120,28 @@ def test_a_left_padded_batch_and_beams_run(dirs):
         assert beams.shape == (1, PROMPT.shape[1] + 6)
 
 
+@pytest.mark.parametrize("arch", ["es_ssm", "transformer", "matformer"])
+def test_output_hidden_states(dirs, arch):
+    """n_layers + 1 tensors [B, T, D]: the embedding output, each block's, the last after the final norm (the LM
+    head's input); a cached step gives the last position's."""
+    from transformers import AutoModelForCausalLM
+
+    import elastic_ssm.hf  # noqa: F401
+
+    model, path = dirs[arch]
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    out = hf(PROMPT, output_hidden_states=True)
+    hs = out.hidden_states
+    assert len(hs) == model.config.n_layers + 1 and hs[0].shape == (1, PROMPT.shape[1], model.config.d_model)
+    torch.testing.assert_close(hs[0], model.embed(PROMPT))
+    torch.testing.assert_close(model.logits_from_hidden(hs[-1]), out.logits)
+    cache = hf.allocate_cache(1, PROMPT.shape[1] - 1, max_length=PROMPT.shape[1])   # a baseline's KV: T positions
+    hf(PROMPT[:, :-1], cache=cache)
+    step = hf(PROMPT[:, -1:], cache=cache, output_hidden_states=True).hidden_states
+    for a, b in zip(step, hs):
+        torch.testing.assert_close(a, b[:, -1:], rtol=1e-4, atol=1e-4)
+
+
 def test_a_classifier_has_no_transformers_keys(tmp_path):
     clf = es.ESSSM(es.ESSSMConfig.preset("tiny", task="classify", num_classes=3))
     clf.save_pretrained(tmp_path / "clf")

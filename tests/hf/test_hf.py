@@ -154,6 +154,18 @@ def test_apply_chat_template_renders_a_serve_builtin_for_our_tokenizer(saved):
     assert bytes(ids) == text.encode()
 
 
+def test_special_token_strings_in_text_are_ids_unless_split_as_the_docs_say(saved):
+    """docs/huggingface.md: AutoTokenizer maps a literal "<eos>" in text to its id (as transformers does for any
+    tokenizer); ``split_special_tokens=True`` gives ByteTokenizer's bytes, as training read them."""
+    from elastic_ssm.data.tokenizers import ByteTokenizer
+
+    _, path = saved
+    tok, ours = AutoTokenizer.from_pretrained(path), ByteTokenizer()
+    text = "a<eos>b"
+    assert tok(text)["input_ids"] == [97, ours.eos_id, 98]
+    assert tok(text, split_special_tokens=True)["input_ids"] == ours.encode(text) == list(text.encode())
+
+
 def test_a_template_in_the_directory_is_used_without_the_argument(saved, tmp_path):
     import json
     import shutil
@@ -205,3 +217,46 @@ def test_resize_token_embeddings_is_refused_and_changes_nothing(saved):
     with pytest.raises(NotImplementedError, match=r"cannot resize its token embeddings \(vocab_size 260 is fixed"):
         hf.resize_token_embeddings(300)
     assert hf.get_input_embeddings().num_embeddings == hf.config.vocab_size == 260
+
+
+def test_output_hidden_states_are_the_embedding_each_block_and_the_final_norm(saved):
+    """They were None: now n_layers + 1 tensors [B, T, D], the embedding output first, the last after the final norm
+    (what the LM head reads), the same from a cached step as from the whole sequence, and through ``generate``."""
+    model, path = saved
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    x = PROMPT
+    hs = hf(x, output_hidden_states=True).hidden_states
+    assert len(hs) == model.config.n_layers + 1 and all(h.shape == (1, x.shape[1], 64) for h in hs)
+    torch.testing.assert_close(hs[0], model.embed(x))
+    torch.testing.assert_close(hs[-1], model.hidden_states(x))
+    assert not torch.equal(hs[1], hs[2]) and hf(x).hidden_states is None
+    cache = hf(x[:, :-1], use_cache=True).cache
+    step = hf(x[:, -1:], cache=cache, output_hidden_states=True).hidden_states
+    for a, b in zip(step, hs):
+        torch.testing.assert_close(a, b[:, -1:], rtol=1e-4, atol=1e-4)
+    out = hf.generate(x, max_new_tokens=3, output_hidden_states=True, return_dict_in_generate=True)
+    assert len(out.hidden_states) == 3 and out.hidden_states[1][-1].shape == (1, 1, 64)
+
+
+def test_a_list_of_eos_ids_stops_ours_and_theirs_alike(saved):
+    """``eos_token_id=[a, b]`` (as generation_config.json files give it) was refused by our generate: now a row stops
+    at either id and repeats the first, in ours and through the wrapper; a wrong type is one line."""
+    model, path = saved
+    tok = AutoTokenizer.from_pretrained(path)
+    enc = tok(["import os", "def f(a, b):\n    return", "x"], return_tensors="pt", padding=True)
+    free = model.generate(enc["input_ids"], max_new_tokens=10, temperature=0.0, attention_mask=enc["attention_mask"])
+    stops = [int(free[1, -7]), int(free[0, -5])]
+    ours = model.generate(enc["input_ids"], max_new_tokens=10, temperature=0.0, attention_mask=enc["attention_mask"],
+                          eos_token_id=stops)
+    theirs = AutoModelForCausalLM.from_pretrained(path).generate(**enc, max_new_tokens=10, eos_token_id=stops)
+    assert torch.equal(theirs, ours) and not torch.equal(ours, free)
+    new = ours[:, enc["input_ids"].shape[1]:]
+    assert (new == stops[1]).any()                                   # a row stopped at the second id
+    for row in new.tolist():                                         # and every stopped row repeats the first
+        hit = [i for i, t in enumerate(row) if t in stops]
+        assert not hit or set(row[hit[0] + 1:]) <= {stops[0]}
+    assert torch.equal(ours, model.generate(enc["input_ids"], max_new_tokens=10, temperature=0.0, eos=tuple(stops),
+                                            attention_mask=enc["attention_mask"]))
+    for bad in ([], [1, "2"], "2", [1, 999]):
+        with pytest.raises(ValueError, match=r"eos_token_id must be a token id in \[0, vocab_size=260\) or a non"):
+            model.generate(PROMPT, max_new_tokens=2, eos_token_id=bad)

@@ -56,6 +56,34 @@ def test_training_saves_the_tokenizer_and_takes_vocab_size_from_it(bpe_run):
     assert hf_tok(text)["input_ids"] == tok.encode(text) and hf_tok.eos_token_id == tok.eos_id
 
 
+def test_saving_over_another_models_directory_leaves_only_its_own_tokenizer(bpe_run, tmp_path, monkeypatch):
+    """A model saved into a folder that held another model's tokenizer files left them there, so a later load (ours
+    or AutoTokenizer) paired the new weights with the old tokenizer. Now they are removed or overwritten; a file
+    that save_pretrained never writes stays."""
+    import shutil
+
+    from elastic_ssm.data import tokenizers
+
+    root, _ = bpe_run
+    for name in ("none", "bytes"):
+        shutil.copytree(root / "run" / "final", tmp_path / name)
+        (tmp_path / name / "notes.txt").write_text("mine")
+    es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(tmp_path / "none")          # a model with no tokenizer
+    assert not [p.name for p in (tmp_path / "none").iterdir() if "tokenizer" in p.name]
+    assert es.models.load_pretrained(tmp_path / "none").tokenizer is None
+
+    def missing():
+        raise ImportError("no tokenizers")
+
+    monkeypatch.setattr(tokenizers, "_import_tokenizers", missing)       # bytes then write elastic_tokenizer.json only
+    byte_model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    byte_model.tokenizer = data.ByteTokenizer()
+    byte_model.save_pretrained(tmp_path / "bytes")
+    assert [p.name for p in (tmp_path / "bytes").iterdir() if "tokenizer" in p.name] == ["elastic_tokenizer.json"]
+    assert isinstance(es.models.load_pretrained(tmp_path / "bytes").tokenizer, data.ByteTokenizer)
+    assert (tmp_path / "none" / "notes.txt").read_text() == (tmp_path / "bytes" / "notes.txt").read_text() == "mine"
+
+
 def test_a_hugging_face_tokenizer_folder_loads_by_path(bpe_run, tmp_path):
     """tokenizer.json + tokenizer_config.json (a downloaded GPT-2 / Llama folder): the config names the specials."""
     _, tok = bpe_run

@@ -207,6 +207,28 @@ def test_chat_completions_through_the_saved_chat_template(model_dir, tmp_path):
         assert error["message"].startswith("messages, as the chat template renders them: prompt has 118 tokens")
 
 
+def test_a_streamed_chat_without_text_names_the_role_for_the_openai_client(model_dir):
+    """A stream whose generation yields no text (a stop string at its first character) sent no chunk with
+    ``delta.role``, so the openai client's stream accumulator built a message of role None; the first chunk now
+    names it, as OpenAI's does."""
+    pytest.importorskip("openai")
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    with _client(model_dir, chat_template="{% for m in messages %}{{ m.content }}{% endfor %}") as c:
+        body = {"model": "tiny@T1", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4,
+                "temperature": 0}
+        text = c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        for stop, want in ((text[0], ""), (None, text)):
+            r = c.post("/v1/chat/completions", json={**body, "stream": True, "stop": stop})
+            state = ChatCompletionStreamState()
+            for line in r.text.splitlines():
+                if line.startswith("data: {"):
+                    state.handle_chunk(ChatCompletionChunk.model_validate_json(line[6:]))
+            message = state.current_completion_snapshot.choices[0].message
+            assert (message.role, message.content) == ("assistant", want), stop
+
+
 def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monkeypatch, caplog):
     import uvicorn
 
