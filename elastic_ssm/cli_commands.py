@@ -277,30 +277,15 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".bin":      # another name is refused by prepare, before any work, whether it exists or not
         return _prepare(args, prepare)
-    made = [d for d in (out.parent, *out.parent.parents) if not d.exists()]   # the folders the lock creates
     lock = RunLock(out.parent, owner=f"prepare writing {out.name}", flag="OUT", name=f".{out.name}.lock")
-    had_lock = lock.path.exists()
-    lock.acquire()
-    ok = False
-    try:
+    with lock.undone_on_failure(remove=True):   # its own lock file goes; a refused prepare leaves no folder either
         for p in sorted(out.parent.iterdir()):    # the temporary files an interrupted prepare of OUT left
             if p.is_file() and is_temp_name(p.name) and p.name.startswith(f".{out.name}."):
                 p.unlink(missing_ok=True)
                 print(f"[prepare] removed {p} (temporary file of an interrupted prepare of {out.name})",
                       file=sys.stderr)
         refuse_existing(args, out, sidecar_path(out))      # the tokens and their .json sidecar are one output
-        rc = _prepare(args, prepare)
-        ok = True
-        return rc
-    finally:      # its own lock file goes (removed while still held); a refused prepare leaves no folder either
-        if not had_lock:
-            lock.path.unlink(missing_ok=True)
-        lock.release()
-        for folder in [] if ok else made:
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        return _prepare(args, prepare)
 
 
 def _prepare(args: argparse.Namespace, prepare) -> int:
