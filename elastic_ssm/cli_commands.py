@@ -42,14 +42,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     from . import __version__
     from .ops.dispatch import available_backends
+    from .utils.environment import library_versions
 
     print(f"elastic_ssm {__version__}  python {platform.python_version()}  torch {torch.__version__}")
-    for mod in ("triton", "fla", "safetensors", "tokenizers", "transformers", "lm_eval"):
-        try:
-            m = __import__(mod)
-            print(f"  {mod:<13}{getattr(m, '__version__', 'installed')}")
-        except Exception:
-            print(f"  {mod:<13}not installed")
+    for mod, version in library_versions(("triton", "fla", "safetensors", "tokenizers", "transformers",
+                                          "lm_eval")).items():
+        print(f"  {mod:<13}{version or 'not installed'}")
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     print(f"device: {dev}   threads: {torch.get_num_threads()}")
     print(f"scan backends available: {', '.join(available_backends())}")
