@@ -42,14 +42,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     from . import __version__
     from .ops.dispatch import available_backends
+    from .utils.environment import library_versions
 
     print(f"elastic_ssm {__version__}  python {platform.python_version()}  torch {torch.__version__}")
-    for mod in ("triton", "fla", "safetensors", "tokenizers", "transformers", "lm_eval"):
-        try:
-            m = __import__(mod)
-            print(f"  {mod:<13}{getattr(m, '__version__', 'installed')}")
-        except Exception:
-            print(f"  {mod:<13}not installed")
+    for mod, version in library_versions(("triton", "fla", "safetensors", "tokenizers", "transformers",
+                                          "lm_eval")).items():
+        print(f"  {mod:<13}{version or 'not installed'}")
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     print(f"device: {dev}   threads: {torch.get_num_threads()}")
     print(f"scan backends available: {', '.join(available_backends())}")
@@ -277,30 +275,15 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".bin":      # another name is refused by prepare, before any work, whether it exists or not
         return _prepare(args, prepare)
-    made = [d for d in (out.parent, *out.parent.parents) if not d.exists()]   # the folders the lock creates
     lock = RunLock(out.parent, owner=f"prepare writing {out.name}", flag="OUT", name=f".{out.name}.lock")
-    had_lock = lock.path.exists()
-    lock.acquire()
-    ok = False
-    try:
+    with lock.undone_on_failure(remove=True):   # its own lock file goes; a refused prepare leaves no folder either
         for p in sorted(out.parent.iterdir()):    # the temporary files an interrupted prepare of OUT left
             if p.is_file() and is_temp_name(p.name) and p.name.startswith(f".{out.name}."):
                 p.unlink(missing_ok=True)
                 print(f"[prepare] removed {p} (temporary file of an interrupted prepare of {out.name})",
                       file=sys.stderr)
         refuse_existing(args, out, sidecar_path(out))      # the tokens and their .json sidecar are one output
-        rc = _prepare(args, prepare)
-        ok = True
-        return rc
-    finally:      # its own lock file goes (removed while still held); a refused prepare leaves no folder either
-        if not had_lock:
-            lock.path.unlink(missing_ok=True)
-        lock.release()
-        for folder in [] if ok else made:
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        return _prepare(args, prepare)
 
 
 def _prepare(args: argparse.Namespace, prepare) -> int:

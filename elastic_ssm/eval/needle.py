@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from annotated_types import Len
 
-from ..config import TierLike
+from ..config import ConfigBase, ConfigError, TierLike, opt
+from ..config.base import AtLeast1, NonNeg, Unit
 from ..utils.progress import progress as progress_bar
 from .perplexity import continuation_scores, eval_mode
 
@@ -18,28 +20,24 @@ __all__ = ["NeedleConfig", "NeedleTrial", "build_trials", "check_fits", "score_t
            "summarize_needle"]
 
 
-@dataclass
-class NeedleConfig:
-    context_len: int = 2048                       # tokens of the whole sequence before the answer
-    depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
-    n_pairs: int = 256
-    key_digits: int = 6
-    condition: str = "counterfactual"             # or "planted"
-    needle: str = " The special magic number is {key}. Remember it. "
-    query: str = "\nWhat is the special magic number? The special magic number is "
-    seed: int = 0
-    bootstrap: int = 2000
-    batch_size: int = 8
+@dataclass(kw_only=True)
+class NeedleConfig(ConfigBase):
+    """A NIAH run: trial shape, keys and scoring (types and ranges checked by pydantic, ``ConfigBase``)."""
 
-    def check(self) -> None:
-        if self.condition not in ("counterfactual", "planted"):
-            raise ValueError(f"condition must be 'counterfactual' or 'planted', got {self.condition!r}")
-        if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):
-            raise ValueError(f"depths must be fractions in [0, 1], got {self.depths}")
-        if self.n_pairs < 1 or self.key_digits < 1 or self.bootstrap < 0 or self.batch_size < 1:
-            raise ValueError("n_pairs, key_digits and batch_size must be >= 1 and bootstrap >= 0")
+    context_len: AtLeast1 = opt(2048, "tokens of the whole sequence before the answer")
+    depths: Annotated[tuple[Unit, ...], Len(1)] = opt((0.1, 0.3, 0.5, 0.7, 0.9), "relative needle depths in [0, 1]")
+    n_pairs: AtLeast1 = opt(256, "key pairs (each runs at every depth)")
+    key_digits: AtLeast1 = opt(6, "decimal digits of a key")
+    condition: Literal["counterfactual", "planted"] = opt("counterfactual", "which key of a pair is inserted")
+    needle: str = opt(" The special magic number is {key}. Remember it. ", "needle template holding '{key}'")
+    query: str = opt("\nWhat is the special magic number? The special magic number is ", "query after the filler")
+    seed: int = opt(0, "keys, filler windows and bootstrap")
+    bootstrap: NonNeg = opt(2000, "bootstrap resamples of the half width")
+    batch_size: AtLeast1 = opt(8, "sequences per forward pass")
+
+    def validate(self) -> None:
         if "{key}" not in self.needle:
-            raise ValueError("the needle template must contain '{key}'")
+            raise ConfigError("NeedleConfig.needle: the needle template must contain '{key}'")
 
 
 @dataclass
@@ -77,7 +75,6 @@ def _split_answer(enc: Any, query: str, keys: tuple[str, str]) -> tuple[list[int
 def build_trials(filler: Any, tokenizer: Any, cfg: NeedleConfig) -> list[NeedleTrial]:
     """Trials of ``cfg`` (pair-major, depth-minor) over ``filler`` tokens (any 1-D token sequence, e.g. a
     ``TokenArray``): pair ``i`` takes its filler from a fixed window chosen by ``cfg.seed``."""
-    cfg.check()
     enc = lambda s: [int(t) for t in tokenizer.encode(s)]  # noqa: E731
     rng = np.random.default_rng(cfg.seed)
     trials = []

@@ -63,10 +63,7 @@ def _pick_device(device: str, local_rank: int) -> torch.device:
         device = auto_device()[0]       # the CLI printed why not mps (utils/devices.cpu_threads_for)
     if device == "cuda":
         device = f"cuda:{local_rank}"       # checked_device refuses it without CUDA
-    try:
-        dev = checked_device(device, "train.device")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    dev = checked_device(device, "train.device")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     return dev

@@ -15,7 +15,6 @@ from ..config import ConfigError, TrainConfig, model_configs
 from ..config.base import NOT_SAVED, config_changes
 from ..utils.files import atomic_write_bytes
 from .rundir import (
-    LOCK_NAME,
     RUN_RECORD,
     RunLock,
     check_free_disk,
@@ -102,11 +101,8 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
     if resume is True and not out.is_dir():
         raise ConfigError(f"--resume: {out} does not exist, so there is no run to continue; run without --resume "
                           "to start one there")
-    made = [d for d in (out, *out.parents) if not d.exists()]       # the folders mkdir creates, deepest first
-    had_lock = (out / LOCK_NAME).exists()
-    out.mkdir(parents=True, exist_ok=True)
-    lock = RunLock(out).acquire()
-    try:
+    lock = RunLock(out)
+    with lock.undone_on_failure():    # a refused start leaves out as it found it
         if resume == "auto":
             refuse_unusable_run(out)            # damaged checkpoints only: named, never "no checkpoint yet"
             resume = has_checkpoint(out)
@@ -121,16 +117,6 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
         clean_stale_files(out)
         if record is not None:
             atomic_write_bytes(out / RUN_RECORD, yaml.safe_dump(record, sort_keys=False).encode())
-    except BaseException:   # a refused start leaves out as it found it: the lock file it created is removed
-        if not had_lock:    # (while still held: no other run can have locked it in between), so are the folders
-            (out / LOCK_NAME).unlink(missing_ok=True)     # it created, each only when empty
-        lock.release()
-        for folder in made:
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-        raise
     return lock, bool(resume)
 
 

@@ -99,6 +99,30 @@ class RunLock:
         os.close(self._fd)  # closing the descriptor drops the lock
         self._fd = None
 
+    @contextlib.contextmanager
+    def undone_on_failure(self, remove: bool = False):
+        """Hold the lock for the block; if the block fails, the disk is left as found: the lock file when acquiring
+        created it (removed while still held: no other run can have locked it in between) and, each only when
+        empty, the folders it created. ``remove``: the lock file goes and the lock is released at the end either
+        way (a one-off writer such as ``prepare``); else a lock that succeeded stays held."""
+        made = [d for d in (self.path.parent, *self.path.parent.parents) if not d.exists()]    # deepest first
+        had_lock = self.path.exists()
+        self.acquire()
+        ok = False
+        try:
+            yield self
+            ok = True
+        finally:
+            if remove or not ok:
+                if not had_lock:
+                    self.path.unlink(missing_ok=True)
+                self.release()
+            for folder in [] if ok else made:
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+
     def __enter__(self) -> RunLock:
         return self.acquire()
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from ..config import ConfigError
+
 __all__ = ["auto_device", "available_cores", "apply_default_threads", "checked_device", "cpu_threads_for",
            "DEVICE_CHOICES", "MPS_NO_FLOAT64"]
 
@@ -27,23 +29,23 @@ def auto_device() -> tuple[str, str | None]:
 
 
 def checked_device(spec: str | torch.device, what: str = "device") -> torch.device:
-    """``spec`` as a ``torch.device`` that exists on this machine; ``what`` names the setting in errors."""
+    """``spec`` as a ``torch.device`` on this machine, else a ``ConfigError`` naming the setting ``what``."""
     try:
         dev = torch.device(spec)
     except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"{what} {str(spec)!r} is not a device; use {DEVICE_CHOICES}") from None
+        raise ConfigError(f"{what} {str(spec)!r} is not a device; use {DEVICE_CHOICES}") from None
     if dev.type == "mps":
-        raise ValueError(f"{what} {str(spec)!r}: {MPS_NO_FLOAT64}; use cpu")
+        raise ConfigError(f"{what} {str(spec)!r}: {MPS_NO_FLOAT64}; use cpu")
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"{what} {str(spec)!r}: only cpu and cuda are supported; use {DEVICE_CHOICES}")
+        raise ConfigError(f"{what} {str(spec)!r}: only cpu and cuda are supported; use {DEVICE_CHOICES}")
     if dev.type == "cpu" and dev.index is not None:     # safetensors cannot load onto cpu:N (blamed the file)
-        raise ValueError(f"{what} {str(spec)!r}: the CPU is one device without an index; use cpu")
+        raise ConfigError(f"{what} {str(spec)!r}: the CPU is one device without an index; use cpu")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{what} {str(spec)!r}: CUDA is not available on this machine; use cpu")
+            raise ConfigError(f"{what} {str(spec)!r}: CUDA is not available on this machine; use cpu")
         count = torch.cuda.device_count()
         if dev.index is not None and not 0 <= dev.index < count:
-            raise ValueError(f"{what} {str(spec)!r}: this machine has {count} CUDA device(s) (cuda:0 .. "
+            raise ConfigError(f"{what} {str(spec)!r}: this machine has {count} CUDA device(s) (cuda:0 .. "
                              f"cuda:{count - 1}); pick one of them")
     return dev
 

@@ -48,10 +48,11 @@ def env_flag(name: str) -> bool:
                       f"0 (off), or unset it")
 
 
-def library_versions() -> dict[str, str | None]:
-    """Installed versions of the optional libraries the fast paths and the peers use (None when absent)."""
+def library_versions(mods: tuple[str, ...] = ("fla", "mamba_ssm", "triton")) -> dict[str, str | None]:
+    """Installed versions of ``mods`` (default: the optional libraries the fast paths and the peers use; None when
+    absent)."""
     out: dict[str, str | None] = {}
-    for mod in ("fla", "mamba_ssm", "triton"):
+    for mod in mods:
         if importlib.util.find_spec(mod) is None:
             out[mod] = None
             continue
