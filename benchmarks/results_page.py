@@ -26,6 +26,7 @@ from benchmarks.replication.claims import arm_of, base_of, collect_claim, read_j
 from benchmarks.replication.claims import markdown_table as table
 from benchmarks.replication.seeds import CLAIM1_GAPS, paired_gaps
 from benchmarks.results_claim1 import baselines_table, best_run, commits_of, long_table, lr_runs, repeat_table
+from benchmarks.results_claim3 import claim3, claim3_data, claim3_seeds, claim3_steps, seed_cell
 from benchmarks.results_evals import RENDER_EVALS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,8 +47,6 @@ PAPER_PPL = {"T1 shared - specialist": (23.61, 19.79, "Table 11"), "T4 shared - 
              "MatFormer full - Transformer++": (16.80, 15.88, "Table 10")}
 #: ESSH Table 47 (A100-hours): independent T1, T4, T10, and shared training total (pretraining + refinement)
 PAPER_COST = (22.8, 33.1, 50.6, 53.9)
-#: ESSH Table 21 (L = 256, 32 pairs, 20k steps): accuracy at T1 / T4 / T10
-PAPER_MQAR = {"mqar-hybrid": "0.999 / 0.998 / 0.999", "mqar-mixer": "0.011 / 0.023 / 0.024"}
 
 
 @functools.cache
@@ -215,34 +214,6 @@ def claim2() -> str:
                                         ["without - with, same seed", *[cell(gaps.get(k), sgn) for k in ks]]])
 
 
-def acc(x: float) -> str:
-    return f"{x:.4f}" if x >= 0.99 else f"{x:.3f}"
-
-
-def claim3() -> str:
-    res, out = claim(3), []
-    for run in suite_runs(3):
-        r = {x["tier"]: x for x in res["rows"] if x["run"] == run}
-        p = "/".join(f"{r[t]['params'] / 1e6:.2f}" for t in ("T1", "T4", "T10")).replace("/", " / ")
-        out.append([run, p, f"{r['T10']['step']:,}", *[acc(r[t]["accuracy"]) for t in ("T1", "T4", "T10")],
-                    PAPER_MQAR[base_of(run)]])
-    return table(["run", "parameters T1 / T4 / T10 (M)", "validated at step", "T1", "T4", "T10",
-                  "paper, Table 21: T1 / T4 / T10"], out)
-
-
-def claim3_steps() -> str:
-    runs = suite_runs(3)
-    val = {run: {} for run in runs}
-    for run in runs:
-        for r in read_jsonl(RECORDS / run / "metrics.jsonl"):
-            if r.get("kind") == "eval":
-                val[run].setdefault(r["step"], {})[r["tier"]] = r["accuracy"]
-    steps = sorted(set.intersection(*(set(v) for v in val.values())))
-    return table(["step", *[f"{run}: T1 / T4 / T10" for run in runs]],
-                 [[f"{s:,}", *[" / ".join(acc(val[run][s][t]) for t in ("T1", "T4", "T10")) for run in runs]]
-                  for s in steps])
-
-
 def claim4() -> str:
     rows = sorted(claim(4)["rows"], key=lambda r: r["xi"])
     return table(["point", "xi", "K", "FFN width", "parameters (M)", "bpb", "shape sampled in training"],
@@ -287,7 +258,7 @@ def summary() -> str:
     st = c1["seeds"]
     e, d = st["essh"], st["dense"]
     c2, cost2 = claim(2)["summary"]["seeds"], claim2_gaps("essm-bd", "essm-full")[32]    # with - without at K = 32
-    c3 = {(r["arm"], r["tier"]): r["accuracy"] for r in claim(3)["rows"]}
+    c3 = claim3_data(RECORDS)["seeds"]
     c4, c5 = claim(4)["summary"], claim(5)["summary"]
     c4b = {r["tier"]: r["bpb"] for r in claim(4)["rows"]}
     tpp, long4 = _tokens_per_parameter("essh-s0"), rc1.long_clause(RECORDS, max(
@@ -310,9 +281,10 @@ def summary() -> str:
          f"{cell(c2['essm-full']['K4'])}, degraded, not collapsed; full-budget cost {cell(cost2, sgn)} at K = 32",
          f"{cost2['n']} ({', '.join(f's{x}' for x in cost2['seeds'])})", f"{_tokens_per_parameter('essm-bd-s0'):.2f}"],
         ["3 recall needs the hybrid", "partial",
-         f"hybrid T1/T4/T10 {' / '.join(acc(c3[('mqar-hybrid', t)]) for t in ('T1', 'T4', 'T10'))} (replicated); "
-         f"mixer-only {' / '.join(acc(c3[('mqar-mixer', t)]) for t in ('T1', 'T4', 'T10'))} accuracy, "
-         "far above the paper's 0.011 / 0.023 / 0.024", "1 (s0)",
+         f"hybrid T1/T4/T10 {' / '.join(seed_cell(c3['mqar-hybrid'][t]) for t in ('T1', 'T4', 'T10'))} "
+         f"(replicated); mixer-only {' / '.join(seed_cell(c3['mqar-mixer'][t]) for t in ('T1', 'T4', 'T10'))} "
+         "accuracy, far above the paper's 0.011 / 0.023 / 0.024",
+         "; ".join(f"{a.removeprefix('mqar-')} {c['T10']['n']}" for a, c in c3.items()),
          f"{_tokens_per_parameter('mqar-hybrid-s0'):.0f} (hybrid; synthetic)"],
         ["4 capacities between tiers", "replicated",
          f"{c4['points']} points ({c4['untrained_points']} shapes no step sampled) "
@@ -344,11 +316,13 @@ def essm_modal() -> str:
 
 
 RENDER = {"essm-modal": essm_modal, "summary": summary, "claim1": claim1, "claim1-seeds": claim1_seeds,
-          "claim1-gaps": claim1_gaps, "claim1-paper": claim1_paper, "claim2": claim2, "claim3": claim3,
-          "claim3-steps": claim3_steps, "claim4": claim4, "claim5": claim5, "claim5-sizes": claim5_sizes,
+          "claim1-gaps": claim1_gaps, "claim1-paper": claim1_paper, "claim2": claim2, "claim4": claim4,
+          "claim5": claim5, "claim5-sizes": claim5_sizes,
           **{name: functools.partial(fn, RECORDS) for name, fn in (*RENDER_EVALS.items(), ("claim1-long", long_table),
                                                                    ("claim1-repeat", repeat_table),
-                                                                   ("claim1-baselines", baselines_table))}}
+                                                                   ("claim1-baselines", baselines_table),
+                                                                   ("claim3", claim3), ("claim3-seeds", claim3_seeds),
+                                                                   ("claim3-steps", claim3_steps))}}
 
 
 def render(text: str) -> tuple[str, list[str]]:

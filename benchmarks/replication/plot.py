@@ -60,7 +60,8 @@ def plot_claim(res: dict[str, Any], path: str | Path) -> str:
     elif claim == 3:
         for run in dict.fromkeys(r["run"] for r in rows):
             pts = [(r["tier"], r["accuracy"]) for r in rows if r["run"] == run]
-            ax.plot([t for t, _ in pts], [a for _, a in pts], "o-", label=ROLES.get(base_of(run), (run,))[0])
+            label = f"{ROLES.get(base_of(run), (run,))[0]} ({run})"
+            ax.plot([t for t, _ in pts], [a for _, a in pts], "o-", label=label)
         ax.set_xlabel("tier")
         ax.set_ylabel("MQAR accuracy")
         ax.set_ylim(0, 1.05)

@@ -30,7 +30,7 @@ def _region(text, name):
     return m.start(1), m.end(1)
 
 
-@pytest.mark.parametrize("name", ["claim1", "claim1-gaps", "claim2", "claim5"])
+@pytest.mark.parametrize("name", ["claim1", "claim1-gaps", "claim2", "claim3-seeds", "claim5"])
 def test_one_changed_digit_in_a_claim_table_fails(tmp_path, name, capsys):
     text = PAGE.read_text()
     start, end = _region(text, name)
@@ -186,3 +186,22 @@ def test_the_4x_sentence_follows_its_records(tmp_path):
     write(dense, 0.900)
     clause = long_clause(tmp_path, 0.05)
     assert "-0.082, not the paper's sign" in clause and "outside" in clause
+
+
+def test_claim3_takes_each_seeds_run_that_has_a_record_and_gives_its_arms_spread(tmp_path):
+    """A run of replication-mqar-seeds joins claim 3's tables once it has an eval.csv (not before: a number never
+    stands without its record); the seeds table gives each arm's mean [min, max] over exactly those runs."""
+    import shutil
+
+    rc3 = importlib.import_module("benchmarks.results_claim3")
+    src = ROOT / "docs" / "results" / "records"
+    for run in ("mqar-hybrid-s0", "mqar-mixer-s0", "mqar-hybrid-s1", "mqar-hybrid-s2"):
+        shutil.copytree(src / run, tmp_path / run)
+    (tmp_path / "mqar-hybrid-s2" / "eval.csv").unlink()           # trained but without its record
+    assert rc3.claim3_runs(tmp_path) == ("mqar-hybrid-s0", "mqar-hybrid-s1", "mqar-mixer-s0")
+    seeds = rc3.claim3_data(tmp_path)["seeds"]["mqar-hybrid"]["T1"]
+    assert seeds["n"] == 2 and seeds["min"] <= seeds["mean"] <= seeds["max"]
+    row = next(ln for ln in rc3.claim3_seeds(tmp_path).splitlines() if ln.startswith("| mqar-hybrid |"))
+    assert row.startswith("| mqar-hybrid | 2 (s0, s1) | ") and f"[{rc3.acc(seeds['min'])}, " in row
+    assert "| mqar-mixer | 1 (s0) | 0.243 | 0.607 | 0.694 |" in rc3.claim3_seeds(tmp_path)
+    assert rc3.seed_cell({"n": 1, "mean": 0.5, "min": 0.5, "max": 0.5}) == "0.500"
