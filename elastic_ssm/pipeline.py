@@ -79,7 +79,7 @@ def build_data(run: Any, verify: bool = False) -> RunData:
     cap = d.max_train_bytes or None
     train_tokens = load_corpus(d.source, tok, split="train", max_bytes=cap, text_field=d.text_field, verify=verify)
     val_src = d.val_source or d.source
-    val_tokens = load_corpus(val_src, tok, split="validation", text_field=d.text_field, verify=verify)
+    val_tokens = load_corpus(val_src, tok, split=_validation_split(d), text_field=d.text_field, verify=verify)
     val = list(evaluation_batches(val_tokens, t.seq_len, t.micro_batch_size, t.eval.batches))
     if not val:
         raise ConfigError(f"validation source {val_src!r} is shorter than one sequence of {t.seq_len} tokens")
@@ -88,6 +88,17 @@ def build_data(run: Any, verify: bool = False) -> RunData:
 
     corpus = describe_split_files(getattr(train_tokens, "meta", {}), getattr(val_tokens, "meta", {}))
     return RunData(train_tokens, val, tok.vocab_size, bpt or 1.0, d.source, tokenizer=tok, corpus=corpus)
+
+
+def _validation_split(d: Any) -> str | None:
+    """The split of the validation source read: all of a ``data.val_source`` file or folder of its own (None), the
+    validation split of ``data.source``, of a named corpus (stdlib, pysrc, hf:) or of a folder of prepared splits."""
+    from .data.pysrc import is_pysrc
+
+    v = d.val_source
+    if not v or v == d.source or is_pysrc(v) or v == "stdlib" or v.startswith("hf:"):
+        return "validation"
+    return "validation" if (Path(v).expanduser() / "validation.bin").is_file() else None
 
 
 def fit_model_to_tokenizer(run: Any) -> Any:

@@ -29,7 +29,8 @@ class DataConfig(ConfigBase):
     source: NonBlank = opt("stdlib", "'stdlib' (embedded default), a text/JSONL/Parquet file or folder, a prepared "
                                 "*.bin token file, 'hf:<name>[:<config>][:<split>]', or a synthetic recall task "
                                 "'synthetic:mqar[:num_pairs=16,...]' / 'synthetic:palindrome' (ESSH Appendix I)")
-    val_source: str = opt("", "validation source ('' = the validation split of `source`)")
+    val_source: str = opt("", "validation source, read whole ('' = the validation split of `source`; a named corpus or "
+                          "prepared folder: its validation split)")
     tokenizer: NonBlank = opt("bytes", "'bytes', a tokenizer.json, or a tokenizer folder (tokenizer.json + "
                                   "tokenizer_config.json, e.g. a downloaded GPT-2 or Llama tokenizer); the "
                                   "model's vocab_size is taken from it and it is saved with every checkpoint")

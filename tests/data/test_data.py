@@ -319,3 +319,26 @@ def test_bpe_trains_on_a_list_of_long_document_strings(tmp_path):
     docs = [("def f(x):\n    return x * 2\n" * 200) + str(i) for i in range(20)] + ["a\0b " * 50]
     tok = data.train_bpe(docs, 300, tmp_path / "long.json")
     assert 260 < tok.vocab_size <= 300 and tok.decode(tok.encode(docs[0])) == docs[0]   # merges learned from them
+
+
+def test_a_validation_source_of_its_own_is_read_whole(tmp_path):
+    """data.val_source naming a text file of its own: all of it is validation (only its last 2% were read, as if it
+    were the training source's split); a prepared folder's or named corpus's validation split stays the split."""
+    from types import SimpleNamespace
+
+    from elastic_ssm.config import RunConfig
+    from elastic_ssm.pipeline import _validation_split, build_data
+
+    text = "".join(f"line {i} of the held-out text, all of it validation\n" for i in range(400))
+    (tmp_path / "val.txt").write_text(text)
+    (tmp_path / "train.txt").write_text(text.upper() * 4)
+    run = RunConfig(model={"arch": "essh", "preset": "tiny"})
+    run.train.seq_len, run.train.micro_batch_size, run.train.eval.batches = 64, 1, 10_000
+    run.data.source, run.data.val_source = str(tmp_path / "train.txt"), str(tmp_path / "val.txt")
+    windows = len(build_data(run).val_batches)       # one window of 64 (+1) tokens a batch, bytes tokenizer
+    assert len(text) // 65 - 1 <= windows <= len(text) // 65 + 1         # the 2% split held 6
+    (tmp_path / "prepared").mkdir()
+    (tmp_path / "prepared" / "validation.bin").write_bytes(b"")
+    for v, want in (("", "validation"), ("stdlib", "validation"), ("hf:x", "validation"), ("pysrc", "validation"),
+                    (str(tmp_path / "prepared"), "validation"), (str(tmp_path / "val.txt"), None)):
+        assert _validation_split(SimpleNamespace(val_source=v, source="stdlib")) == want
