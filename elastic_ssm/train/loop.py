@@ -178,7 +178,8 @@ class _Trainer:
 
     # ---- one stage ------------------------------------------------------------------------------------
     def run_stage(self, st: _Stage, resume: bool, stop_after: int | None = None) -> bool:
-        """Run (or resume) stage ``st``; returns whether it finished (``stop_after`` ends it early)."""
+        """Run (or resume) stage ``st``; returns whether the call goes on (``stop_after`` ends it early, also at the
+        stage's last step: no next stage, no final model)."""
         cfg, ctx, model = self.cfg, self.ctx, self.model
         recipe = make_recipe(st.recipe_name, model, cfg, self.data, st.accum)
         opt = build_adamw(model, st.sched.peak, cfg.optim.betas, st.weight_decay, cfg.optim.eps, recipe.policy)
@@ -260,7 +261,7 @@ class _Trainer:
                 raise TrainingInterrupted(self.stop.requested or "a signal on another rank", st.name, step,
                                           self.out / st.name / f"step_{step:07d}")
         self.log.close_bar()
-        return step >= st.steps
+        return step >= st.steps and step != stop_after    # stopped at its last step: the next stage waits too
 
     def _stop_requested(self) -> bool:
         """Whether any rank received SIGTERM/SIGINT (one tiny all-reduce per step under torchrun)."""

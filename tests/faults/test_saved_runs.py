@@ -282,3 +282,16 @@ def test_a_file_in_place_of_the_newest_checkpoint_is_named_and_moved_before_resu
     [moved] = (run / "damaged" / "pretrain").glob("step_0000003.damaged-*")
     assert moved.read_text() == "not a checkpoint\n" and str(moved) in line
     assert (run / "pretrain" / "step_0000003" / "COMPLETE.json").is_file()
+
+
+def test_stop_after_at_the_last_pretraining_step_stops_before_refinement(tmp_path, capsys):
+    """--stop_after N with N = train.steps ended pretraining there and then ran the whole refinement stage and wrote
+    final/ ("no final model", says the flag); the call now ends at that checkpoint, and --resume goes on."""
+    cfg = harness.write_run(tmp_path, steps=3)
+    out = tmp_path / "run"
+    assert _train(cfg, out, "--train.refine.steps", "2", "--stop_after", "3") == 0
+    assert (out / "pretrain" / "step_0000003").is_dir()
+    assert not (out / "refine").exists() and not (out / "final").exists()
+    assert "stopped at step 3 of the current stage" in capsys.readouterr().out
+    assert _train(cfg, out, "--train.refine.steps", "2", "--resume") == 0
+    assert (out / "refine" / "step_0000002").is_dir() and (out / "final").is_dir()
