@@ -230,6 +230,10 @@ def parse_error(event: Any) -> None:
     elif isinstance(event, ev.InstantiationFailure):        # an optional's message lists each member's failure
         message = event.message.partition("Got errors:")[0].strip().rstrip(".")
         text = message if event.argument is None else f"{name(event.argument)}: {message}"
+        tokens = re.findall(r"'([^']*)'", message)
+        values = [v for token in tokens for v in token.split(",") if v]
+        if event.argument is not None and event.argument.lowered.nargs in ("*", "+") and len(values) > len(tokens):
+            text += f"; give the values separated by spaces, not commas: {name(event.argument)} {' '.join(values)}"
     else:
         text = type(event).__name__
     raise CommandLineError(f"{' '.join(text.split())} (see {event.prog} --help)")

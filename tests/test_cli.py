@@ -247,3 +247,18 @@ def test_bench_without_a_suite_or_a_gpu_says_what_to_run(monkeypatch, capsys):
     assert main(["bench"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no CUDA GPU" in err and "--bench.suite cpu-smoke" in err
+
+
+def test_a_list_flag_given_with_commas_says_to_use_spaces(tmp_path, capsys):
+    """tyro takes a list flag as separate values; `0.5,1.0` got only "Could not find valid parse"."""
+    argv = ["train", "--model.preset", "tiny", "--train.out_dir", str(tmp_path / "r"), "--train.mixing.capacities"]
+    with pytest.raises(SystemExit, match="2"):
+        main([*argv, "0.5,1.0"])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.endswith("give the values separated by spaces, not commas: --train.mixing.capacities 0.5 1.0 "
+                        "(see elastic-ssm train --help)")
+    with pytest.raises(SystemExit, match="2"):
+        main([*argv, "0.5", "x"])
+    assert "commas" not in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
