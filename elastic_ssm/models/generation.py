@@ -145,9 +145,11 @@ class GenerationMixin:
         Greedy unless ``do_sample`` (None: sample exactly when a ``temperature`` > 0, ``top_k`` or ``top_p`` is
         given). A row stops at ``eos_token_id`` (an id or a list of ids; default: the config's; ``eos`` is an alias)
         and then emits ``pad_token_id`` (default: the first eos id); generation ends once every row has, checked
-        every ``sync_every`` tokens. ``streamer(tokens [B])`` gets each step's device tensor. ``fast``: None / True =
-        the fused decoder, False = the reference step. Caches: fp32 states, a bf16 KV ring on CUDA (CPU: parameter
-        dtype). The model's ``cache_options`` (ES-SSM: ``decode``, ``n_modes``) go to its ``allocate_cache``."""
+        every ``sync_every`` tokens. ``streamer(tokens [B])`` gets each step's device tensor (a transformers streamer,
+        e.g. ``TextStreamer``: ``put`` of the prompt and of each step's tokens on the CPU, then ``end``). ``fast``:
+        None / True = the fused decoder, False = the reference step. Caches: fp32 states, a bf16 KV ring on CUDA
+        (CPU: parameter dtype). The model's ``cache_options`` (ES-SSM: ``decode``, ``n_modes``) go to its
+        ``allocate_cache``."""
         cache_kw = {k: unknown.pop(k) for k in self.cache_options if k in unknown}
         if unknown:
             supported = [p for p in inspect.signature(self.generate).parameters if p != "unknown"]
@@ -181,6 +183,13 @@ class GenerationMixin:
         temp = 0.0 if not do_sample else (1.0 if temperature is None else float(temperature))
         if not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}")
+        hf_streamer = streamer if hasattr(streamer, "put") and hasattr(streamer, "end") else None   # transformers'
+        if hf_streamer is not None:                      # TextStreamer & co.: the prompt, each step's tokens, end()
+            hf_streamer.put(input_ids.cpu())
+            streamer = lambda tokens: hf_streamer.put(tokens.cpu())   # noqa: E731
+        elif streamer is not None and not callable(streamer):
+            raise TypeError(f"streamer must be a function of each step's tokens [B] or a transformers streamer (put, "
+                            f"end), got {type(streamer).__name__}")
         was_training = self.training
         self.eval()
         try:
@@ -188,9 +197,11 @@ class GenerationMixin:
             with tuning_notice(input_ids.device):        # a fresh machine's first decoder and prefill say so
                 session = self._decode_session(B, tier, fast, state_dtype, kv_dtype, **cache_kw)
                 logits = session.prefill(input_ids, attention_mask)
-            return torch.cat([input_ids, self._decode_loop(logits, session.step, max_new_tokens, temp, top_k,
-                                                           top_p, stops, pad, streamer, generator, sync_every)],
-                             dim=1)
+            new = self._decode_loop(logits, session.step, max_new_tokens, temp, top_k, top_p, stops, pad, streamer,
+                                    generator, sync_every)
+            if hf_streamer is not None:
+                hf_streamer.end()
+            return torch.cat([input_ids, new], dim=1)
         finally:
             self.train(was_training)
 

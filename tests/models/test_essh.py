@@ -165,6 +165,41 @@ def test_generate_streams_and_samples(tiny):
     assert torch.equal(greedy, cur)
 
 
+def test_generate_feeds_a_transformers_streamer_as_transformers_generate_does(tiny):
+    """A transformers streamer (put / end, e.g. TextStreamer) was called as a function ("object is not callable");
+    it now gets the prompt, each step's tokens on the CPU and end(), so a TextIteratorStreamer yields the text."""
+    from transformers import TextIteratorStreamer
+
+    from elastic_ssm.data.tokenizers import ByteTokenizer
+
+    class Recorder:
+        def __init__(self):
+            self.put_calls, self.ended = [], 0
+
+        def put(self, value):
+            self.put_calls.append(value.clone())
+
+        def end(self):
+            self.ended += 1
+
+    x = torch.randint(3, 200, (1, 5))
+    rec = Recorder()
+    out = tiny.generate(x, 4, streamer=rec)
+    assert torch.equal(rec.put_calls[0], x) and rec.ended == 1
+    assert torch.equal(torch.stack([t for t in rec.put_calls[1:]], 1), out[:, 5:])
+    assert all(t.device.type == "cpu" for t in rec.put_calls)
+
+    class Tok:                              # the two methods TextIteratorStreamer uses, over our byte tokenizer
+        def decode(self, ids, **kw):
+            return ByteTokenizer().decode(list(ids))
+
+    it = TextIteratorStreamer(Tok(), skip_prompt=True)
+    out = tiny.generate(x, 6, streamer=it)
+    assert "".join(it) == ByteTokenizer().decode(out[0, 5:].tolist())
+    with pytest.raises(TypeError, match="streamer must be a function of each step's tokens"):
+        tiny.generate(x, 2, streamer=object())
+
+
 def test_generate_under_inference_mode_then_outside(tiny):
     """The pooled decoder built by a generate under torch.inference_mode serves a later generate outside it (its
     buffers are ordinary tensors, written in place by both), and the other way round."""
