@@ -182,6 +182,19 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _yaml12_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node).replace("_", "")
+    return int(text, 0) if text.lower().startswith(("0o", "0x")) else int(text, 10)
+
+
+# integers as YAML 1.2 reads them: ``010`` is ten (PyYAML's YAML 1.1 made it octal 8, and ``1:30`` ninety)
+_StrictLoader.yaml_implicit_resolvers = {c: [(tag, rx) for tag, rx in rs if tag != "tag:yaml.org,2002:int"]
+                                         for c, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_YAML12_INT = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", _YAML12_INT, list("-+0123456789"))
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _yaml12_int)
+
+
 def load_yaml(text: str, where: str) -> Any:
     """``yaml.safe_load`` of ``text`` that names ``where`` (a file or what the text configures) in its errors:
     a syntax error (line and column) and a key given twice in one mapping are a ``ConfigError``."""

@@ -199,3 +199,17 @@ def test_an_old_flat_train_record_maps_silently_to_the_sections():
     changed = config_changes(TrainConfig.upgrade_record({**old, "kl_coef": 0.1, "eval_every": 3}), cfg.to_dict(),
                              TrainConfig.RESUME_FREE)
     assert changed == ["mixing.kl_coef: 0.1 -> 0.5"]               # eval is free, the objective is not
+
+
+def test_integers_in_a_run_file_are_read_as_yaml_1_2_does(tmp_path):
+    """PyYAML (YAML 1.1) read `steps: 010` as octal 8 and `1:30` as ninety, silently; a leading zero is decimal now,
+    0o / 0x prefixes and digit groups (1_000) still work."""
+    from elastic_ssm.config import RunConfig
+    from elastic_ssm.config.base import load_yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {arch: essh, preset: tiny}\ntrain: {steps: 010, seed: 0o10, log_every: 0x10}\n")
+    run = RunConfig.from_yaml(path)
+    assert (run.train.steps, run.train.seed, run.train.log_every) == (10, 8, 16)
+    assert load_yaml("a: 1_000\nb: 1:30\nc: -5\nd: 3e-4\ne: 1.5\nf: true", "x") == {
+        "a": 1000, "b": "1:30", "c": -5, "d": "3e-4", "e": 1.5, "f": True}
