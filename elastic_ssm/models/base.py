@@ -33,11 +33,12 @@ from .model_dir import (
     _saved_tokenizer,
     _tier_of_directory,
     check_config_fits_weights,
+    hf_keys,
     pieces_record,
     read_model_meta,
+    remote_code,
     verify_sha256,
 )
-from .remote_code import hf_keys, remote_code
 
 
 class ElasticModel(nn.Module):
