@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm.models.prefill_graph import PrefillGraph
+from elastic_ssm.models.compile import PrefillGraph
 from elastic_ssm.models.testing import randomize_selective
 
 F64 = torch.float64
