@@ -54,7 +54,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor, n_ff: int | None = None, unit_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., D] -> [..., D] through the first ``n_ff`` units (None: all). ``unit_mask`` [B, n_ff] (0/1, x
-        [B, ..., D]): each row keeps its own tier's units (``elastic/row_tiers.py``)."""
+        [B, ..., D]): each row keeps its own tier's units (``elastic/slicing.py``)."""
         n = self.d_ff if n_ff is None else n_ff
         grad_scale = self.grad_scale
         scaled = grad_scale is not None and grad_scale != 1.0

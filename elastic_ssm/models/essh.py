@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from ..config import ESSHConfig
-from ..elastic.row_tiers import RowTiers
-from ..elastic.slicing import SliceRule
+from ..elastic.slicing import RowTiers, SliceRule
 from ..elastic.tiers import Tier
 from ..layers.attention import SlidingWindowAttention
 from ..layers.ffn import SwiGLU

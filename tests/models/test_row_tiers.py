@@ -1,4 +1,4 @@
-"""One forward whose rows run at different tiers (``tier=[...]``, ``elastic/row_tiers.py``), CPU, float64: each row
+"""One forward whose rows run at different tiers (``tier=[...]``, ``elastic/slicing.py``), CPU, float64: each row
 equals the forward of its own tier alone, with left padding and into a cache at the widest tier (the first K_T
 channels of its mode states equal its own prefill's), forward and backward; the prefill graph's static-buffer
 function takes one tier per row and equals the eager forward. Bad input is one ``ValueError``."""
