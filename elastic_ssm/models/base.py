@@ -20,7 +20,7 @@ from torch import nn
 from ..config import ConfigBase, ConfigError, TierLike
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
-from ..layers.norm import RMSNorm
+from ..layers.ffn import RMSNorm
 from ..utils.devices import checked_device
 from ..utils.files import atomic_write_bytes
 from .model_dir import (
