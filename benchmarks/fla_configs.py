@@ -1,5 +1,5 @@
 """Write fla kernel configs from Triton's autotuning results (``<TRITON_CACHE_DIR>/<hash>/<kernel>.autotune.json``,
-which ``TRITON_CACHE_AUTOTUNING=1`` writes; the package reads them: ``elastic_ssm/ops/tuned_configs.py``): run on the
+which ``TRITON_CACHE_AUTOTUNING=1`` writes; the package reads them: ``elastic_ssm/ops/dispatch.py``): run on the
 GPU after a run that tuned the shapes to ship (``bench generate/first-token``, a served pool, training), then commit
 ``elastic_ssm/ops/fla_configs/<GPU>/``. Entries already there are kept; a new result for the same key replaces its
 entry. ``python -m benchmarks.fla_configs [--triton_cache DIR] [--out DIR] [--gpu NAME]``."""
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_ssm.config import opt
-from elastic_ssm.ops.tuned_configs import SHIPPED, gpu_dir_name
+from elastic_ssm.ops.dispatch import SHIPPED, gpu_dir_name
 from elastic_ssm.utils.progress import triton_cache_dir
 
 __all__ = ["FlaConfigsOptions", "write_configs", "configs_from_autotuning", "entry_hash"]

@@ -13,8 +13,7 @@ from elastic_ssm.bench.peers import PeerUnavailable, match_ffn_width
 from elastic_ssm.bench.timing import GraphedStep
 from elastic_ssm.config import ESSHConfig
 from elastic_ssm.elastic.tiers import resolve_tier
-from elastic_ssm.layers.ffn import SwiGLU
-from elastic_ssm.layers.norm import RMSNorm
+from elastic_ssm.layers.ffn import RMSNorm, SwiGLU
 from elastic_ssm.utils.environment import library_versions
 
 __all__ = ["require_fla", "fla_training_refused", "FlaFFNModel", "fla_matched", "build_fla", "FlaDecoder"]

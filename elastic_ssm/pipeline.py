@@ -187,7 +187,7 @@ def run_training(run: Any, resume: bool | str = False, overwrite: bool = False, 
     if threads and main:
         print(f"[train] {threads}")
     data = build_data(run, verify=verify_data)
-    from .elastic.matching import format_report, parameter_report
+    from .elastic.tiers import format_report, parameter_report
 
     params = parameter_report(run.model, run.model_source)      # Tables 8 / 9 / 54, reported with the run
     if main:

@@ -379,7 +379,7 @@ def test_es_ssm_budgets_are_accepted_by_every_verb(es_dir, tmp_path, capsys):
     """``8`` is ``K8`` wherever a tier is named: the shared list parser (export, niah, serve, calibrate, recover),
     eval's capacities, generate, --train.eval.tiers and --model.tier_config (a specialist and its matching)."""
     from elastic_ssm.config import model_config_from_dict
-    from elastic_ssm.elastic.matching import parameter_report
+    from elastic_ssm.elastic.tiers import parameter_report
     from elastic_ssm.train.metrics import eval_tier_list
 
     model = es.models.load_pretrained(es_dir)

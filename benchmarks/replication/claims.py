@@ -166,7 +166,7 @@ def _count_parameters(model: dict[str, Any]) -> dict[str, Any]:
     """The full and per-tier parameter counts of a run's resolved ``model`` section (``parameter_report``); empty
     when the section does not describe a model this version can build."""
     from elastic_ssm.config import ConfigError, model_config_from_dict
-    from elastic_ssm.elastic.matching import parameter_report
+    from elastic_ssm.elastic.tiers import parameter_report
 
     try:
         rep = parameter_report(model_config_from_dict(dict(model)))

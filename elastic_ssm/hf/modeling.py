@@ -21,7 +21,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from ..elastic.tiers import tier_table
 from ..models import model_class
 from ..models.cache import ESSHCache
-from ..models.remote_code import FAMILIES
+from ..models.model_dir import FAMILIES
 from ..utils.devices import auto_device
 
 __all__ = ["ESSHForCausalLM", "ESSHHFCache", "ESSHHFConfig", "ElasticForCausalLM", "ElasticHFConfig"]

@@ -18,8 +18,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from ..elastic.slicing import empty_linear, linear, linear_weight
 from ..ops.dispatch import pow2
-from ..ops.rope import apply_rope, rope_cos_sin, rope_inv_freq
-from ..ops.swa_decode import ring_attend
+from ..ops.swa_decode import apply_rope, ring_attend, rope_cos_sin, rope_inv_freq
 from .decode_plan import AttentionPlan
 
 

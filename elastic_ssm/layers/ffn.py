@@ -1,6 +1,7 @@
 """Elastic SwiGLU feed-forward layer (Shazeer, 2020): a tier keeps a unit prefix (ESSH D.2) of ``w_in.weight``
 [2F, D] (rows gate_h, up_h) and ``w_out.weight`` [D, F] (column h = unit h); FFN gradient scaling (D.4) and
-the running activation statistics ``act_sq`` [F] of the FFN ordering (D.3)."""
+the running activation statistics ``act_sq`` [F] of the FFN ordering (D.3). Beside it RMSNorm (Zhang & Sennrich,
+2019), the pre-norm of every block (before its mixer and this FFN) and the final norm."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch import nn
 
 from ..elastic.slicing import empty_linear, linear, linear_weight
 from ..elastic.tiers import tier_width
+from ..ops.norm_swiglu import rms_norm
 from .decode_plan import FFNPlan, in_by_out_copy
 
 
@@ -54,7 +56,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor, n_ff: int | None = None, unit_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., D] -> [..., D] through the first ``n_ff`` units (None: all). ``unit_mask`` [B, n_ff] (0/1, x
-        [B, ..., D]): each row keeps its own tier's units (``elastic/row_tiers.py``)."""
+        [B, ..., D]): each row keeps its own tier's units (``elastic/slicing.py``)."""
         n = self.d_ff if n_ff is None else n_ff
         grad_scale = self.grad_scale
         scaled = grad_scale is not None and grad_scale != 1.0
@@ -140,3 +142,20 @@ def unit_index(perm: torch.Tensor, per_unit: int) -> torch.Tensor:
     """Entry indices of a unit permutation ``perm`` [F] along a dim holding ``per_unit`` entries per unit:
     [F * per_unit], unit perm[i]'s entries at i * per_unit + (0 .. per_unit - 1)."""
     return perm if per_unit == 1 else (perm[:, None] * per_unit + torch.arange(per_unit, device=perm.device)).flatten()
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight, over the last dim D; computed in float32 under autocast."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight.device.type != "meta":
+            nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., D]
+        return rms_norm(x, self.weight, self.eps, backend="torch")

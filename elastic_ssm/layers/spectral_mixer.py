@@ -98,7 +98,7 @@ class SpectralMixer(nn.Module):
 
     def _readout(self, z: torch.Tensor, K: int, channel_scale: torch.Tensor | None = None) -> torch.Tensor:
         """z [..., K, P] -> y [..., D] = K^{-1/2} W^out z (first K*P columns of W^out). ``channel_scale`` [B, K P]:
-        rows at narrower tiers (``elastic/row_tiers.py``), z [B, T, K, P] scaled per row before the readout."""
+        rows at narrower tiers (``elastic/slicing.py``), z [B, T, K, P] scaled per row before the readout."""
         zf = z.flatten(-2)
         if channel_scale is not None:
             zf = zf * channel_scale[:, None, :].to(zf.dtype)

@@ -20,7 +20,7 @@ from torch import nn
 from ..config import ConfigBase, ConfigError, TierLike
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
-from ..layers.norm import RMSNorm
+from ..layers.ffn import RMSNorm
 from ..utils.devices import checked_device
 from ..utils.files import atomic_write_bytes
 from .model_dir import (
@@ -33,11 +33,12 @@ from .model_dir import (
     _saved_tokenizer,
     _tier_of_directory,
     check_config_fits_weights,
+    hf_keys,
     pieces_record,
     read_model_meta,
+    remote_code,
     verify_sha256,
 )
-from .remote_code import hf_keys, remote_code
 
 
 class ElasticModel(nn.Module):

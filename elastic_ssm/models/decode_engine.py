@@ -13,9 +13,8 @@ import torch
 
 from ..elastic.slicing import has_float_weight
 from ..ops.swa_decode import MAX_TRITON_BATCH
-from .compile import compiled_trunk
+from .compile import GRAPH_TOKENS, PrefillGraph, compiled_trunk, length_bucket
 from .fast_decode import FastDecoder
-from .prefill_graph import GRAPH_TOKENS, PrefillGraph, length_bucket
 
 __all__ = ["DecoderPool", "FusedSession", "decoder_pool", "batch_bucket", "use_fast_decoding", "SPAN_MIN_BATCH"]
 

@@ -13,12 +13,10 @@ import torch
 from torch import nn
 
 from ..config import ESSHConfig
-from ..elastic.row_tiers import RowTiers
-from ..elastic.slicing import SliceRule
+from ..elastic.slicing import RowTiers, SliceRule
 from ..elastic.tiers import Tier
 from ..layers.attention import SlidingWindowAttention
-from ..layers.ffn import SwiGLU
-from ..layers.norm import RMSNorm
+from ..layers.ffn import RMSNorm, SwiGLU
 from ..layers.spectral_mixer import SpectralMixer
 from .base import ElasticModel
 from .cache import ESSHCache

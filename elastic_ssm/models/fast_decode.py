@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..elastic.row_tiers import write_row_factors
+from ..elastic.slicing import write_row_factors
 from ..layers.decode_plan import DecodeOptions
 from ..ops.dispatch import resolve_decode_backend
 from ..ops.gemv import MAX_FUSED_BATCH, norm_gemv

@@ -1,6 +1,11 @@
 """A saved model directory's record: ``config.json`` checked for shape, the weights' checksums (sha256 of 64 MiB
 pieces, hashed in parallel; docs/training.md, "Integrity"), the tier a directory answers to and its saved tokenizer
-(``models/base.py`` writes and loads the directory)."""
+(``models/base.py`` writes and loads the directory).
+
+Its remote-code files: transformers loads the directory with ``trust_remote_code=True`` alone. ``config.json``'s
+``auto_map`` (``hf_keys``) names two thin modules written beside it; each imports its class from the installed
+``elastic_ssm.hf`` (no frozen copy of the model code), so a fresh process needs no ``import elastic_ssm.hf``. Every
+language model has its entry in ``FAMILIES`` (an ES-SSM classifier has none)."""
 
 from __future__ import annotations
 
@@ -11,14 +16,15 @@ import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..config import TierLike
 from ..elastic import tiers as tiers_mod
 
 __all__ = ["FORMAT_VERSION", "WEIGHTS_NAME", "CONFIG_NAME", "CheckpointError", "read_model_meta", "file_sha256",
            "verify_sha256", "export_tier_aliases", "PIECE_BYTES", "piece_digests", "file_piece_digests",
-           "pieces_record", "mismatched_piece", "PendingCheck", "check_config_fits_weights"]
+           "pieces_record", "mismatched_piece", "PendingCheck", "check_config_fits_weights", "FAMILIES", "Family",
+           "auto_map", "hf_keys", "remote_code"]
 
 
 FORMAT_VERSION = 1
@@ -243,3 +249,55 @@ def _saved_tokenizer(path: Path, record: dict[str, Any] | None) -> Any:
     except ImportError as e:
         warnings.warn(f"{path}: the saved tokenizer was not loaded ({e})", stacklevel=3)
         return None
+
+
+class Family(NamedTuple):
+    """How one architecture appears to transformers: its ``model_type``, the two classes and where they live."""
+
+    model_type: str
+    config_class: str
+    model_class: str
+    module: str          # the module of elastic_ssm that defines both classes
+
+
+#: arch (``ElasticModel.arch``) -> its transformers family
+FAMILIES: dict[str, Family] = {
+    "essh": Family("essh", "ESSHHFConfig", "ESSHForCausalLM", "elastic_ssm.hf.modeling"),
+    "es_ssm": Family("es_ssm", "ESSSMHFConfig", "ESSSMForCausalLM", "elastic_ssm.hf.families"),
+    "transformer": Family("transformer_pp", "TransformerPPHFConfig", "TransformerPPForCausalLM",
+                          "elastic_ssm.hf.families"),
+    "matformer": Family("matformer", "MatFormerHFConfig", "MatFormerForCausalLM", "elastic_ssm.hf.families"),
+}
+
+_HEAD = '''"""Remote code of an elastic_ssm model directory, written by save_pretrained. transformers imports this file
+for from_pretrained(dir, trust_remote_code=True); the class comes from the installed elastic_ssm package
+(pip install "elastic-ssm[hf]"), so the directory holds no second copy of the model code."""
+
+'''
+
+
+def auto_map(arch: str) -> dict[str, str]:
+    """``config.json``'s ``auto_map`` of ``arch``: the Auto class -> ``module.Class`` in the directory."""
+    f = FAMILIES[arch]
+    return {"AutoConfig": f"configuration_{f.model_type}.{f.config_class}",
+            "AutoModelForCausalLM": f"modeling_{f.model_type}.{f.model_class}"}
+
+
+def remote_code(arch: str) -> dict[str, str]:
+    """File name -> text of the two modules ``auto_map(arch)`` names."""
+    f = FAMILIES[arch]
+    return {
+        f"configuration_{f.model_type}.py": f'{_HEAD}from {f.module} import {f.config_class}\n\n'
+                                            f'__all__ = ["{f.config_class}"]\n',
+        f"modeling_{f.model_type}.py": f'{_HEAD}from {f.module} import {f.model_class}, {f.config_class}\n\n'
+                                       f'__all__ = ["{f.model_class}", "{f.config_class}"]\n',
+    }
+
+
+def hf_keys(model: Any) -> dict[str, Any]:
+    """The ``config.json`` keys that let transformers read ``model``'s directory (none for a model without a
+    family, such as an ES-SSM classifier)."""
+    if model.arch not in FAMILIES or getattr(model.config, "task", "lm") != "lm":
+        return {}
+    f = FAMILIES[model.arch]
+    return {"model_type": f.model_type, "architectures": [f.model_class], "auto_map": auto_map(model.arch)}

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from ..models.cache import ESSHCache
+from ..models.compile import GRAPH_TOKENS, PrefillGraph, length_bucket
 from ..models.decode_engine import batch_bucket
 from ..models.fast_decode import FastDecoder
-from ..models.prefill_graph import GRAPH_TOKENS, PrefillGraph, length_bucket
 from ..ops.dispatch import ENV_VAR
 from ..ops.spectral_scan.inputs import sync_free
 from ..utils.progress import tuning_notice
@@ -242,7 +242,7 @@ class SlotPool(SlotRows):
     def _prefill(self, owners: list, prompts: list[list[int]], tiers: list) -> list[int]:
         """``prompts`` prefilled into free rows for ``owners``, row i at ``tiers[i]``: graphed, in place or via
         scratch. A pool of several tiers runs every prefill at its widest tier with per-row factors
-        (``elastic/row_tiers.py``): any mix of tiers is one forward, at one set of kernel shapes and graphs."""
+        (``elastic/slicing.py``): any mix of tiers is one forward, at one set of kernel shapes and graphs."""
         n, t = len(prompts), self.tier
         per_row = tiers if self.fd.mixed else None
         ids, mask = left_pad(prompts, self.device)                                       # [n, T], [n, T] | None

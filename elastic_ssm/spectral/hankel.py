@@ -4,19 +4,26 @@ mu(lambda) = (1 - lambda) [1, lambda, ..., lambda^(L-1)]^T,
     Z = int_0^1 mu(rho) mu(rho)^T d rho,   Z_ij = 2 / ((i+j)^3 - (i+j))   (1-based i, j)
 
 Eigenpairs in float64, decreasing, unit norm, ``phi_k(0) > 0``; channel k is *resolved* when
-``eps * sigma_1 / gap_k <= 1e-2`` (24 at L=2048). Solvers and conventions: docs/spectral.md."""
+``eps * sigma_1 / gap_k <= 1e-2`` (24 at L=2048). Solvers and conventions: docs/spectral.md.
+
+Disk cache of the fixed spectral buffers (these filters and ``modes.py``'s fits): ``.npz`` files in
+``$ELASTIC_SSM_CACHE`` (else ``~/.cache/elastic_ssm``), written atomically; every failure is soft (a bad file is a
+miss): the cache is an accelerator, never a requirement."""
 
 from __future__ import annotations
 
 import functools
+import logging
 import operator
 import warnings
+from pathlib import Path
 
 import numpy as np
 
-from . import cache
+from ..utils.files import atomic_writer, cache_dir
 
-__all__ = ["UnresolvedChannelWarning", "hankel_filters", "hankel_matrix", "resolved_channels"]
+__all__ = ["UnresolvedChannelWarning", "hankel_filters", "hankel_matrix", "resolved_channels", "FORMAT", "cache_dir",
+           "cache_path", "load_arrays", "save_arrays"]
 
 #: Threshold on eps * sigma_1 / gap_k below which channel k counts as resolved.
 RESOLVE_TOL = 1e-2
@@ -25,6 +32,49 @@ DENSE_MAX_L = 4096
 _PROBE = 64  # eigenvalues computed at least, so the resolved count is known from one solve
 _OVERSAMPLE = 24  # extra subspace vectors beyond the requested eigenpairs
 _POWER_STEPS = 3  # block products with Z before Rayleigh-Ritz
+
+#: Layout tag embedded in every file name; bump it when the stored arrays change meaning.
+FORMAT = "v1"
+
+_log = logging.getLogger(__name__)
+
+
+def cache_path(stem: str) -> Path:
+    """Full path of the cache entry ``stem`` (a name without directory or suffix)."""
+    return cache_dir() / f"{stem}.{FORMAT}.npz"
+
+
+def load_arrays(stem: str, expected: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray] | None:
+    """The arrays of entry ``stem`` (e.g. ``"hankel_L2048_K32"``) if it holds exactly ``expected`` (name ->
+    shape, ``()`` for a scalar); ``None`` on any miss (absent, unreadable, corrupt, or another shape)."""
+    path = cache_path(stem)
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            out = {name: np.array(data[name]) for name in expected}
+    except Exception as err:  # a corrupt or foreign file is a miss, never a crash
+        _log.debug("ignoring unreadable cache file %s: %s", path, err)
+        return None
+    for name, shape in expected.items():
+        if out[name].shape != tuple(shape):
+            _log.debug("ignoring cache file %s: %s has shape %s, expected %s", path, name, out[name].shape, shape)
+            return None
+    return out
+
+
+def save_arrays(stem: str, arrays: dict[str, np.ndarray]) -> bool:
+    """Write ``arrays`` to the entry ``stem`` atomically (mode 0666 less the umask: users can share the cache);
+    ``False`` (no error) when the directory is not usable."""
+    path = cache_path(stem)
+    try:
+        with atomic_writer(path) as fh:
+            np.savez(fh, **arrays)
+        return True
+    except OSError as err:
+        _log.debug("spectral cache not written (%s): %s", path, err)
+        return False
+
 
 
 class UnresolvedChannelWarning(UserWarning):
@@ -125,11 +175,11 @@ def _filters(L: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sigma [K], phi [K, L], spectrum [n]) from memory, disk, or a fresh solve of n >= K+1 pairs."""
     n = min(L, max(K + 1, _PROBE))
     stem = f"hankel_L{L}_K{K}"
-    hit = cache.load_arrays(stem, {"sigma": (K,), "phi": (K, L), "spectrum": (n,)})
+    hit = load_arrays(stem, {"sigma": (K,), "phi": (K, L), "spectrum": (n,)})
     if hit is None:
         spectrum, phi = _top_eigenpairs(L, n)
         hit = {"sigma": spectrum[:K].copy(), "phi": phi[:K].copy(), "spectrum": spectrum}
-        cache.save_arrays(stem, hit)
+        save_arrays(stem, hit)
     for arr in hit.values():
         arr.setflags(write=False)
     return hit["sigma"], hit["phi"], hit["spectrum"]

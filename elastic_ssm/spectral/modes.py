@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from . import cache
+from . import hankel
 from .hankel import _as_int, _filters, _resolved_at, _warn_unresolved, check_channels, check_length
 
 __all__ = ["DEFAULT_CLIP", "DampedModes", "fit_damped_modes", "modal_tables"]
@@ -132,13 +132,13 @@ _TABLE_KEYS = ("rho", "theta", "kc", "ks")
 def _tables(L: int, K: int, m: int, clip: float) -> dict[str, np.ndarray]:
     """Read-only [K, m] tables from memory, disk (key (L, K, m, clip)), or fresh fits."""
     stem = f"modes_L{L}_K{K}_m{m}_clip{clip!r}"
-    hit = cache.load_arrays(stem, {**{key: (K, m) for key in _TABLE_KEYS}, "resolved": ()})
+    hit = hankel.load_arrays(stem, {**{key: (K, m) for key in _TABLE_KEYS}, "resolved": ()})
     if hit is None:
         _, phi, spectrum = _filters(L, K)  # phi [K, L] as hankel_filters returns it (without its warning)
         fits = [fit_damped_modes(phi[k], m, clip) for k in range(K)]
         hit = {key: np.stack([getattr(f, key) for f in fits]) for key in _TABLE_KEYS}
         hit["resolved"] = np.array(_resolved_at(L, spectrum))
-        cache.save_arrays(stem, hit)
+        hankel.save_arrays(stem, hit)
     for arr in hit.values():
         arr.setflags(write=False)
     return hit

@@ -3,10 +3,17 @@ Sec. 4.2). ``train(model_or_cfg, batches, TrainConfig(...))`` runs on CPU, one G
 (docs/training.md)."""
 
 from ..config import REFINE_CAPACITIES, TRAIN_CAPACITIES, RefineConfig, TrainConfig
-from .capacity_mixed import CapacityMixed, MicroPlan, Recipe, SharedRefinement
+from .capacity_mixed import (
+    CapacityMixed,
+    MicroPlan,
+    Recipe,
+    SharedRefinement,
+    importance_scores,
+    order_ffn_units,
+    permute_optimizer_state,
+)
 from .checkpoint import DataStream, find_checkpoint, load_checkpoint, save_checkpoint
 from .dist import DistContext, init_distributed
-from .ffn_order import importance_scores, order_ffn_units, permute_optimizer_state
 from .loop import TrainResult, refine, train
 from .losses import LossModule, chunked_loss_sums, ffn_grad_scaled, loss_sums
 from .metrics import MetricsLogger, validation_records

@@ -20,7 +20,7 @@ from torch import nn
 from ..elastic.export import export_tier
 from ..eval.perplexity import evaluate_tiers
 from ..layers.ffn import unit_index
-from .ffn_order import enable_tracking, order_ffn_units
+from .capacity_mixed import enable_tracking, order_ffn_units
 from .loop import train
 
 __all__ = ["PROTOCOLS", "Recovery", "truncate_and_recover", "elastify", "calibrate", "channel_energy",

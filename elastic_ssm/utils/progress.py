@@ -81,7 +81,7 @@ def tuning_notice(device: Any, every: float = 10.0, cache: Path | None = None):
     if kernels_tuned(cache):
         yield
         return
-    shipped = os.environ.get("FLA_CONFIG_DIR", "").strip()     # fla configs for known shapes (ops/tuned_configs.py)
+    shipped = os.environ.get("FLA_CONFIG_DIR", "").strip()     # fla configs for known shapes (ops/dispatch.py)
     where = f"; tuned configs of known shapes from {shipped}" if shipped else ""
     how_long = "those compile in seconds, a new shape tunes for about a minute" if shipped else "about a minute"
     log.warning("tuning kernels for this GPU (first run only, cached in %s%s): %s", cache, where, how_long)

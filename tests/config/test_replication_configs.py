@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.suite import load_suite
 from elastic_ssm.config import RunConfig
-from elastic_ssm.elastic.matching import parameter_report
+from elastic_ssm.elastic.tiers import parameter_report
 
 ROOT = Path(__file__).resolve().parents[2]
 CLAIMS = {"lm": ["essh", "dense", "spec-t1", "spec-t4", "matformer", "transformer"], "es_ssm": ["essm-bd", "essm-full"],

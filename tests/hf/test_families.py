@@ -13,7 +13,7 @@ import elastic_ssm as es
 from elastic_ssm import data
 from elastic_ssm.config import MatFormerConfig, TransformerConfig
 from elastic_ssm.models.baselines import MatFormer, TransformerPP
-from elastic_ssm.models.remote_code import FAMILIES, auto_map, remote_code
+from elastic_ssm.models.model_dir import FAMILIES, auto_map, remote_code
 
 pytest.importorskip("transformers", reason="the hf extra is installed by the dev extra; CI runs these")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm.models.remote_code import auto_map, remote_code
+from elastic_ssm.models.model_dir import auto_map, remote_code
 
 pytest.importorskip("transformers", reason="the hf extra is installed by the dev extra; CI runs these")
 

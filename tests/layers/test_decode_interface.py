@@ -252,8 +252,8 @@ def test_bad_decoding_input_is_named(model):
 def test_prefill_graph_function_equals_reference_prefill(model, lengths):
     """The static-buffer prefill that ``PrefillGraph`` captures (run eagerly here): left padding to the length
     bucket, extra rows of the batch bucket, positions and layer states equal the reference prefill."""
+    from elastic_ssm.models.compile import length_bucket
     from elastic_ssm.models.decode_engine import FusedSession
-    from elastic_ssm.models.prefill_graph import length_bucket
 
     assert [length_bucket(t) for t in (1, 256, 257, 2048, 2049, 131072)] == [256, 256, 512, 2048, 2304, 131072]
     torch.manual_seed(5)
@@ -345,8 +345,8 @@ def test_generate_prefills_from_a_graph_on_cuda_up_to_graph_tokens(model, monkey
     from types import SimpleNamespace
 
     from elastic_ssm.models import compile as compile_mod
+    from elastic_ssm.models.compile import GRAPH_TOKENS
     from elastic_ssm.models.decode_engine import FusedSession
-    from elastic_ssm.models.prefill_graph import GRAPH_TOKENS
 
     session = FusedSession(model, 1, "T2", None, None)
     assert GRAPH_TOKENS == 2048 and not session.uses_prefill_graph(16)            # CPU: eager

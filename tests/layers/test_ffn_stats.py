@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from elastic_ssm.layers.ffn import SwiGLU
-from elastic_ssm.train.ffn_order import enable_tracking
+from elastic_ssm.train.capacity_mixed import enable_tracking
 
 
 def _reference(acts, decay):

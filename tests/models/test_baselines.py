@@ -10,7 +10,7 @@ import elastic_ssm as es
 from elastic_ssm.cli import main
 from elastic_ssm.config import model_config_from_dict
 from elastic_ssm.elastic.export import check_export
-from elastic_ssm.elastic.matching import parameter_report
+from elastic_ssm.elastic.tiers import parameter_report
 from elastic_ssm.models import build_model, load_pretrained
 from elastic_ssm.train import TrainConfig, resolve_recipe_name, train
 from elastic_ssm.train.recipes import NestedFFN

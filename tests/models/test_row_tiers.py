@@ -1,4 +1,4 @@
-"""One forward whose rows run at different tiers (``tier=[...]``, ``elastic/row_tiers.py``), CPU, float64: each row
+"""One forward whose rows run at different tiers (``tier=[...]``, ``elastic/slicing.py``), CPU, float64: each row
 equals the forward of its own tier alone, with left padding and into a cache at the widest tier (the first K_T
 channels of its mode states equal its own prefill's), forward and backward; the prefill graph's static-buffer
 function takes one tier per row and equals the eager forward. Bad input is one ``ValueError``."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm.models.prefill_graph import PrefillGraph
+from elastic_ssm.models.compile import PrefillGraph
 from elastic_ssm.models.testing import randomize_selective
 
 F64 = torch.float64

@@ -1,4 +1,4 @@
-"""fla kernel configs shipped per GPU (``ops/tuned_configs.py``): pointed at before fla is imported unless the user
+"""fla kernel configs shipped per GPU (``ops/dispatch.py``): pointed at before fla is imported unless the user
 chose otherwise (built by ``benchmarks.fla_configs``: tests/benchmarks/test_fla_configs.py)."""
 
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from elastic_ssm.ops import tuned_configs as tc
+from elastic_ssm.ops import dispatch as tc
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """On the GPU with fla: a fresh process that imports fla through elastic_ssm reads the configs shipped for this GPU
-(``ops/tuned_configs.py``): fla's mode is strict, its folder ours, and fla's own lookup returns each shipped entry
+(``ops/dispatch.py``): fla's mode is strict, its folder ours, and fla's own lookup returns each shipped entry
 (so ``benchmarks.fla_configs.entry_hash`` agrees with fla's ``AutotuneKey.key_hash``), the chunk's plainly autotuned
 state kernels too."""
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from elastic_ssm.ops import tuned_configs as tc
+from elastic_ssm.ops import dispatch as tc
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from elastic_ssm import spectral
-from elastic_ssm.spectral import cache, hankel, modes
+from elastic_ssm.spectral import hankel, modes
 
 L0 = 2048
 KEYS = ("rho", "theta", "kc", "ks")
@@ -246,8 +246,8 @@ def test_disk_cache_is_written_atomically_and_read_back(fresh_cache):
     spectral.modal_tables(40, 3, 2)
     names = sorted(p.name for p in fresh_cache.iterdir())
     assert names == ["hankel_L40_K3.v1.npz", "modes_L40_K3_m2_clip0.9999.v1.npz"]
-    stored = cache.load_arrays("hankel_L40_K3", {"sigma": (3,), "phi": (3, 40), "spectrum": (40,)})
-    cache.save_arrays("hankel_L40_K3", {**stored, "phi": -stored["phi"]})  # a marker only the disk has
+    stored = hankel.load_arrays("hankel_L40_K3", {"sigma": (3,), "phi": (3, 40), "spectrum": (40,)})
+    hankel.save_arrays("hankel_L40_K3", {**stored, "phi": -stored["phi"]})  # a marker only the disk has
     hankel._filters.cache_clear()
     np.testing.assert_array_equal(spectral.hankel_filters(40, 3)[1], -phi)
 
@@ -256,10 +256,10 @@ def test_cache_falls_back_when_unusable(fresh_cache, tmp_path, monkeypatch):
     fresh_cache.mkdir()
     (fresh_cache / "hankel_L40_K3.v1.npz").write_bytes(b"not an npz file")  # corrupt entry
     ref = spectral.hankel_filters(40, 3)[1]
-    assert cache.load_arrays("hankel_L40_K3", {"phi": (3, 40)}) is not None  # rewritten
+    assert hankel.load_arrays("hankel_L40_K3", {"phi": (3, 40)}) is not None  # rewritten
     (tmp_path / "blocker").write_text("a file, so no directory can be made below it")
     monkeypatch.setenv("ELASTIC_SSM_CACHE", str(tmp_path / "blocker" / "cache"))
     hankel._filters.cache_clear()
     np.testing.assert_array_equal(spectral.hankel_filters(40, 3)[1], ref)
     monkeypatch.delenv("ELASTIC_SSM_CACHE")
-    assert cache.cache_dir() == cache.Path.home() / ".cache" / "elastic_ssm"
+    assert hankel.cache_dir() == hankel.Path.home() / ".cache" / "elastic_ssm"

@@ -18,8 +18,7 @@ from ...config import MatFormerConfig, TierLike, TransformerConfig
 from ...elastic.slicing import SliceRule, empty_linear, linear
 from ...elastic.tiers import Tier
 from ...layers.attention import rope_qkv, window_mask
-from ...layers.ffn import SwiGLU
-from ...layers.norm import RMSNorm
+from ...layers.ffn import RMSNorm, SwiGLU
 from ..base import ElasticModel
 from ..generation import check_token_inputs, token_positions
 

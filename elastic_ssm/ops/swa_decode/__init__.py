@@ -7,7 +7,10 @@ b (next position ``p = positions[b]``) and head h, from the raw projection ``qkv
     o[b, h] = softmax_j(q . K_j / sqrt(hd) over allowed j) V                 -> o [B, D]
 
 ``SlidingWindowAttention.step`` without the output projection. ``backend="torch"``: the reference;
-``"triton"``: a split-window kernel and a combine kernel. ``span``: docs/performance.md, "Attended spans"."""
+``"triton"``: a split-window kernel and a combine kernel. ``span``: docs/performance.md, "Attended spans".
+
+Also the rotary position embedding (RoPE) itself, halves convention, phases in float64 (positions reach 1e5+); shared
+by the attention layer and this one-token window step."""
 
 from __future__ import annotations
 
@@ -18,9 +21,32 @@ import torch.nn.functional as F
 
 from ..dispatch import pow2, resolve_decode_backend
 from ..pdl import launch_options
-from ..rope import apply_rope, cos_sin, rope_inv_freq
 
-__all__ = ["swa_decode_step", "ring_attend", "rope_inv_freq", "MAX_TRITON_BATCH"]
+__all__ = ["swa_decode_step", "ring_attend", "rope_inv_freq", "cos_sin", "rope_cos_sin", "apply_rope",
+           "MAX_TRITON_BATCH"]
+
+
+def rope_inv_freq(head_dim: int, base: float, device=None) -> torch.Tensor:
+    """``base ** (-2 i / head_dim)`` for i < head_dim / 2, float64 ``[head_dim / 2]``."""
+    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+
+
+def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
+    """cos/sin ``[..., hd/2]`` in ``dtype`` of integer ``positions`` for the float64 table ``inv_freq``."""
+    ang = positions.to(torch.float64)[..., None] * inv_freq
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
+    """cos/sin tables [..., head_dim/2] for integer ``positions`` (phases in float64)."""
+    return cos_sin(positions, rope_inv_freq(head_dim, base, positions.device), dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the halves (x[:h/2], x[h/2:]) by the position angle. x [..., hd], cos/sin broadcast to [..., hd/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
 
 # Above this batch the window read dominates and SDPA's kernel streams the ring faster than ours
 # (H200, 1.5b, batch 128: 5.01 ms per step with the Triton pair vs 3.67 ms with SDPA).
