@@ -159,6 +159,7 @@ class ElasticHFConfig(PretrainedConfig):
     vocab_size: int = 260
     hidden_size: int | None = None
     num_hidden_layers: int | None = None
+    max_position_embeddings: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
@@ -172,6 +173,7 @@ class ElasticHFConfig(PretrainedConfig):
         self.vocab_size = cfg.vocab_size
         self.hidden_size = cfg.d_model
         self.num_hidden_layers = cfg.n_layers
+        self.max_position_embeddings = getattr(cfg, "seq_len", None)    # ES-SSM's filter length L; others: none
         self.tie_word_embeddings = cfg.tie_embeddings
         if self.tiers is None:
             self.tiers = [dataclasses.asdict(t) for t in tier_table(cfg)]
