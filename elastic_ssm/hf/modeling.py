@@ -7,6 +7,7 @@ calls in its order, so HF ``generate`` gives our tokens). ``ESSHHFCache``: our `
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from operator import attrgetter
 from pathlib import Path
@@ -14,9 +15,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import GENERATION_CONFIG_NAME
 
 from ..elastic.tiers import tier_table
 from ..models import model_class
@@ -272,7 +274,8 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
                         config: ElasticHFConfig | None = None, device_map: Any = None, dtype: Any = None,
                         torch_dtype: Any = None, **kwargs: Any) -> ElasticForCausalLM:
         """Load one of our model directories; ``tier`` (or ``config.tier``) reads only that tier's prefixes;
-        ``device_map`` (one device), ``dtype`` / ``torch_dtype`` as in ``transformers``, hub keywords ignored."""
+        ``device_map`` (one device), ``dtype`` / ``torch_dtype`` and ``generation_config`` (else the directory's
+        ``generation_config.json``) as in ``transformers``, hub keywords ignored."""
         path = Path(pretrained_model_name_or_path)
         if not (path / "config.json").is_file():
             raise OSError(f"{path} is not a local elastic_ssm model directory (no config.json); our models load "
@@ -283,14 +286,20 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
         model = model_class(cls.config_class.arch).from_pretrained(path, tier=tier, device=_device(device_map),
                                                                    dtype=dtype)
         out = cls(cls.config_class.from_model(model, tier=tier), model=model)
+        gen = kwargs.get("generation_config")          # else the directory's generation_config.json, as transformers
+        if gen is None and (path / GENERATION_CONFIG_NAME).is_file():
+            gen = GenerationConfig.from_pretrained(path)
+        if gen is not None:
+            out.generation_config = copy.deepcopy(gen)
         out.config.name_or_path = str(path)
         out.name_or_path = str(path)
         return out.eval()
 
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
         """Write our format (weights, tokenizer, ``config.json`` readable by both loaders); a tier is never written
-        over the directory it was read from (``ElasticModel.save_pretrained``)."""
+        over the directory it was read from (``ElasticModel.save_pretrained``), and ``generation_config.json``."""
         self.model.save_pretrained(save_directory)
+        self.generation_config.save_pretrained(save_directory)
 
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.model.embed
