@@ -275,8 +275,13 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
                         torch_dtype: Any = None, **kwargs: Any) -> ElasticForCausalLM:
         """Load one of our model directories; ``tier`` (or ``config.tier``) reads only that tier's prefixes;
         ``device_map`` (one device), ``dtype`` / ``torch_dtype`` and ``generation_config`` (else the directory's
-        ``generation_config.json``) as in ``transformers``, hub keywords ignored."""
-        path = Path(pretrained_model_name_or_path)
+        ``generation_config.json``), ``subfolder`` and ``output_loading_info`` as in ``transformers``; quantization
+        options refused, hub keywords ignored."""
+        path = Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "")
+        asked = [k for k in ("quantization_config", "load_in_8bit", "load_in_4bit") if kwargs.get(k)]
+        if asked:
+            raise ValueError(f"{cls.__name__}.from_pretrained does not apply {asked[0]}=; load the float model and "
+                             "quantize it with torchao's quantize_ (docs/architecture.md, 'Standard modules')")
         if not (path / "config.json").is_file():
             raise OSError(f"{path} is not a local elastic_ssm model directory (no config.json); our models load "
                           "from a directory written by save_pretrained (a training run's final/, an export)")
@@ -293,6 +298,8 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
             out.generation_config = copy.deepcopy(gen)
         out.config.name_or_path = str(path)
         out.name_or_path = str(path)
+        if kwargs.get("output_loading_info"):          # every tensor is loaded or the load fails: nothing to report
+            return out.eval(), {k: [] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")}
         return out.eval()
 
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:

@@ -281,3 +281,24 @@ def test_generation_config_is_saved_and_loaded_as_transformers_does(saved, tmp_p
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "m").generate(x)[0, x.shape[1]:].tolist() == free[:1]
     given = AutoModelForCausalLM.from_pretrained(path, generation_config=GenerationConfig(max_new_tokens=3))
     assert given.generate(PROMPT).shape[1] == PROMPT.shape[1] + 3
+
+
+@pytest.mark.parametrize("kw", [{"quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True}},
+                                {"load_in_4bit": True}])
+def test_a_loading_option_the_wrapper_does_not_apply_is_refused(saved, kw):
+    """``quantization_config=`` / ``load_in_4bit=True`` (lm-eval's ``--model_args load_in_4bit=True`` too)
+    were ignored: a float32 model came back as if quantized. Now one line naming the option and what to do."""
+    with pytest.raises(ValueError, match=rf"does not apply {next(iter(kw))}=.*torchao"):
+        AutoModelForCausalLM.from_pretrained(saved[1], **kw)
+
+
+def test_subfolder_and_output_loading_info_are_honoured(saved, tmp_path):
+    """``subfolder="model"`` (a checkpoint's model/) loaded the folder above, and ``output_loading_info=True``
+    returned the model alone where transformers returns ``(model, info)``."""
+    import shutil
+
+    shutil.copytree(saved[1], tmp_path / "ckpt" / "model")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", subfolder="model", tier="T4")
+    assert hf.num_parameters() == saved[0].num_parameters("T4")
+    hf, info = AutoModelForCausalLM.from_pretrained(saved[1], output_loading_info=True)
+    assert isinstance(hf, elastic_ssm.hf.ESSHForCausalLM) and info["missing_keys"] == info["unexpected_keys"] == []
