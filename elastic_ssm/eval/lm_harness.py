@@ -191,7 +191,8 @@ class ElasticLM(TemplateLM):
 
     @torch.no_grad()
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        """Greedy (or sampled, when the task sets ``do_sample``) continuation, cut at the first stop string.
+        """Greedy (or sampled, when the task sets ``do_sample``: its ``temperature``, default 1, ``top_k``, ``top_p``)
+        continuation, cut at the first stop string; another generation argument is ``generate``'s one-line error.
 
         Requests with the same generation arguments run together, ``batch_size`` at a time, as one
         left-padded batch (``ESSH.generate``: every row equals its unpadded single-sequence result)."""
@@ -210,8 +211,12 @@ class ElasticLM(TemplateLM):
             kw = dict(requests[members[0]].args[1] or {})
             until = kw.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
-            n_new = _as_int(kw.pop("max_gen_toks", self.max_gen_toks), "max_gen_toks")
-            temperature = float(kw.pop("temperature", 0.0)) if kw.pop("do_sample", False) else 0.0
+            n_new = kw.pop("max_gen_toks", self.max_gen_toks)
+            n_new = _as_int(kw.pop("max_new_tokens", n_new), "max_gen_toks")   # transformers' name wins, as in hf
+            if kw.get("num_beams") == 1:                                        # greedy; more beams: refused below
+                kw.pop("num_beams")
+            sample = {k: kw.pop(k) for k in ("temperature", "top_k", "top_p") if k in kw}
+            sample = {**sample, "do_sample": True} if kw.pop("do_sample", False) else {"do_sample": False}
             for start in range(0, len(members), self.batch_size):
                 idx = members[start:start + self.batch_size]
                 prompts = [self.tok_encode(requests[i].args[0])[-max(1, self.max_length - n_new):]
@@ -221,8 +226,8 @@ class ElasticLM(TemplateLM):
                                  padding_value=self.eot_token_id).flip(1)               # [B, width]
                 mask = pad_sequence([torch.ones(len(p), dtype=torch.long) for p in prompts], batch_first=True).flip(1)
                 full = self.model.generate(x.to(self._device), max_new_tokens=n_new, tier=self.tier,
-                                           attention_mask=mask.to(self._device), temperature=temperature,
-                                           eos=self.eot_token_id)
+                                           attention_mask=mask.to(self._device), eos=self.eot_token_id,
+                                           **sample, **kw)       # generate names an option it lacks
                 for row, i in enumerate(idx):
                     text = self.tok_decode([t for t in full[row, width:].tolist() if t != self.eot_token_id])
                     for stop in until:

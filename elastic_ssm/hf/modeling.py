@@ -7,6 +7,7 @@ calls in its order, so HF ``generate`` gives our tokens). ``ESSHHFCache``: our `
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from operator import attrgetter
 from pathlib import Path
@@ -14,9 +15,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import GENERATION_CONFIG_NAME
 
 from ..elastic.tiers import tier_table
 from ..models import model_class
@@ -159,6 +161,7 @@ class ElasticHFConfig(PretrainedConfig):
     vocab_size: int = 260
     hidden_size: int | None = None
     num_hidden_layers: int | None = None
+    max_position_embeddings: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
@@ -172,6 +175,7 @@ class ElasticHFConfig(PretrainedConfig):
         self.vocab_size = cfg.vocab_size
         self.hidden_size = cfg.d_model
         self.num_hidden_layers = cfg.n_layers
+        self.max_position_embeddings = getattr(cfg, "seq_len", None)    # ES-SSM's filter length L; others: none
         self.tie_word_embeddings = cfg.tie_embeddings
         if self.tiers is None:
             self.tiers = [dataclasses.asdict(t) for t in tier_table(cfg)]
@@ -270,8 +274,14 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
                         config: ElasticHFConfig | None = None, device_map: Any = None, dtype: Any = None,
                         torch_dtype: Any = None, **kwargs: Any) -> ElasticForCausalLM:
         """Load one of our model directories; ``tier`` (or ``config.tier``) reads only that tier's prefixes;
-        ``device_map`` (one device), ``dtype`` / ``torch_dtype`` as in ``transformers``, hub keywords ignored."""
-        path = Path(pretrained_model_name_or_path)
+        ``device_map`` (one device), ``dtype`` / ``torch_dtype`` and ``generation_config`` (else the directory's
+        ``generation_config.json``), ``subfolder`` and ``output_loading_info`` as in ``transformers``; quantization
+        options refused, hub keywords ignored."""
+        path = Path(pretrained_model_name_or_path) / (kwargs.get("subfolder") or "")
+        asked = [k for k in ("quantization_config", "load_in_8bit", "load_in_4bit") if kwargs.get(k)]
+        if asked:
+            raise ValueError(f"{cls.__name__}.from_pretrained does not apply {asked[0]}=; load the float model and "
+                             "quantize it with torchao's quantize_ (docs/architecture.md, 'Standard modules')")
         if not (path / "config.json").is_file():
             raise OSError(f"{path} is not a local elastic_ssm model directory (no config.json); our models load "
                           "from a directory written by save_pretrained (a training run's final/, an export)")
@@ -281,14 +291,22 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
         model = model_class(cls.config_class.arch).from_pretrained(path, tier=tier, device=_device(device_map),
                                                                    dtype=dtype)
         out = cls(cls.config_class.from_model(model, tier=tier), model=model)
+        gen = kwargs.get("generation_config")          # else the directory's generation_config.json, as transformers
+        if gen is None and (path / GENERATION_CONFIG_NAME).is_file():
+            gen = GenerationConfig.from_pretrained(path)
+        if gen is not None:
+            out.generation_config = copy.deepcopy(gen)
         out.config.name_or_path = str(path)
         out.name_or_path = str(path)
+        if kwargs.get("output_loading_info"):          # every tensor is loaded or the load fails: nothing to report
+            return out.eval(), {k: [] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")}
         return out.eval()
 
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
         """Write our format (weights, tokenizer, ``config.json`` readable by both loaders); a tier is never written
-        over the directory it was read from (``ElasticModel.save_pretrained``)."""
+        over the directory it was read from (``ElasticModel.save_pretrained``), and ``generation_config.json``."""
         self.model.save_pretrained(save_directory)
+        self.generation_config.save_pretrained(save_directory)
 
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.model.embed

@@ -83,3 +83,25 @@ def test_lm_eval_cli_scores_a_tier_of_a_saved_directory(tmp_path, arch):
             assert got == pytest.approx(_ours(model, tier, s["doc"]["question"], " " + choice), abs=1e-4)
             # the tier reached the model: the full model scores this pair otherwise
             assert abs(got - _ours(model, None, s["doc"]["question"], " " + choice)) > 1e-4
+
+
+def test_stock_hf_model_keeps_an_es_ssm_input_within_its_filter_length(tmp_path):
+    """lm-eval's ``hf`` model read no context length from an ES-SSM directory's config, took its 2048 default and
+    crashed on a context longer than the filter length L (``T=201 exceeds the filter length L=128``); the config's
+    ``max_position_embeddings`` is now L, so lm-eval keeps the last L tokens as our adapter does, and scores alike."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from elastic_ssm.eval.lm_harness import ElasticLM
+
+    torch.manual_seed(0)
+    model = es.ESSSM(es.ESSSMConfig.preset("tiny", vocab_size=260)).eval()
+    model.tokenizer = data.load_tokenizer("bytes")
+    model.save_pretrained(tmp_path / "m")
+    theirs = HFLM(pretrained=str(tmp_path / "m"), trust_remote_code=True, tier="K4", device="cpu", batch_size=2)
+    ours = ElasticLM(tmp_path / "m", tier="K4", batch_size=2)
+    assert theirs.max_length == ours.max_length == model.config.seq_len == 128
+    reqs = [Instance(request_type="loglikelihood", doc={}, arguments=(c, x), idx=0)
+            for c, x in [("a b " * 100, " c"), ("x", " y")]]
+    assert [s for s, _ in theirs.loglikelihood(reqs)] == pytest.approx([s for s, _ in ours.loglikelihood(reqs)],
+                                                                        abs=1e-4)

@@ -102,6 +102,28 @@ def test_generate_until_is_greedy_generation_cut_at_the_stop_string(tiny):
     assert got == text.split(stop)[0] and len(got) <= 5
 
 
+def test_generate_until_samples_as_the_task_asks_and_names_what_it_cannot_do(tiny):
+    """A task's ``do_sample: true`` without a temperature decoded greedily (temperature 0), and ``top_k`` /
+    ``top_p`` / ``repetition_penalty`` were silently dropped; now sampling is at temperature 1 with the task's
+    top-k / top-p cut (as ``ESSH.generate`` and transformers sample), ``max_new_tokens`` and ``num_beams: 1`` are
+    taken as lm-eval's hf model takes them, and an option ours lacks (more beams, a penalty) is one line."""
+    lm = ElasticLM(tiny, tier="T7", max_gen_toks=16)
+    ids = torch.tensor([list(b"for i in range(")])
+    for args in ({"do_sample": True}, {"do_sample": True, "temperature": 0.9, "top_k": 5, "top_p": 0.8}):
+        torch.manual_seed(4)
+        got, = lm.generate_until([_req("generate_until", "for i in range(", {"until": [], **args})])
+        torch.manual_seed(4)
+        want = tiny.generate(ids, max_new_tokens=16, tier="T7", eos=258, **args)[0, ids.shape[1]:].tolist()
+        assert got == bytes(t for t in want if t < 256).decode("utf-8", errors="replace"), args
+    want = tiny.generate(ids, max_new_tokens=6, tier="T7", eos=258)[0, ids.shape[1]:].tolist()
+    got, = lm.generate_until([_req("generate_until", "for i in range(",     # greedy: no do_sample, one beam
+                                   {"until": [], "num_beams": 1, "max_new_tokens": 6, "temperature": 0.5})])
+    assert got == bytes(t for t in want if t < 256).decode("utf-8", errors="replace")
+    for bad in ({"repetition_penalty": 1.2}, {"num_beams": 4}):
+        with pytest.raises(TypeError, match=rf"unsupported argument\(s\) \['{next(iter(bad))}'\]"):
+            lm.generate_until([_req("generate_until", "x", {"until": [], **bad})])
+
+
 def test_batched_generation_equals_one_request_at_a_time(tiny):
     model = copy.deepcopy(tiny).double()         # float64: no near-tie argmax can flip between batch shapes
     reqs = [_req("generate_until", p, {"until": ["\n\n"], "max_gen_toks": 12})

@@ -260,3 +260,45 @@ def test_a_list_of_eos_ids_stops_ours_and_theirs_alike(saved):
     for bad in ([], [1, "2"], "2", [1, 999]):
         with pytest.raises(ValueError, match=r"eos_token_id must be a token id in \[0, vocab_size=260\) or a non"):
             model.generate(PROMPT, max_new_tokens=2, eos_token_id=bad)
+
+
+def test_generation_config_is_saved_and_loaded_as_transformers_does(saved, tmp_path):
+    """``save_pretrained`` wrote no ``generation_config.json`` and ``from_pretrained`` read none (nor took
+    ``generation_config=``): a saved ``max_new_tokens`` or a directory's own eos ids were silently dropped."""
+    from transformers import GenerationConfig
+
+    _, path = saved
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    hf.generation_config.max_new_tokens = 7
+    hf.save_pretrained(tmp_path / "m")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    assert back.generation_config.max_new_tokens == 7 and back.generate(PROMPT).shape[1] == PROMPT.shape[1] + 7
+    assert back.generation_config.do_sample is False                      # our defaults travel with it
+    x = torch.tensor([list(b"def f(a, b):\n    return")])
+    free = hf.generate(x, max_new_tokens=7)[0, x.shape[1]:].tolist()
+    assert free[1] != free[0]
+    GenerationConfig(max_new_tokens=7, eos_token_id=[free[0]]).save_pretrained(tmp_path / "m")
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "m").generate(x)[0, x.shape[1]:].tolist() == free[:1]
+    given = AutoModelForCausalLM.from_pretrained(path, generation_config=GenerationConfig(max_new_tokens=3))
+    assert given.generate(PROMPT).shape[1] == PROMPT.shape[1] + 3
+
+
+@pytest.mark.parametrize("kw", [{"quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True}},
+                                {"load_in_4bit": True}])
+def test_a_loading_option_the_wrapper_does_not_apply_is_refused(saved, kw):
+    """``quantization_config=`` / ``load_in_4bit=True`` (lm-eval's ``--model_args load_in_4bit=True`` too)
+    were ignored: a float32 model came back as if quantized. Now one line naming the option and what to do."""
+    with pytest.raises(ValueError, match=rf"does not apply {next(iter(kw))}=.*torchao"):
+        AutoModelForCausalLM.from_pretrained(saved[1], **kw)
+
+
+def test_subfolder_and_output_loading_info_are_honoured(saved, tmp_path):
+    """``subfolder="model"`` (a checkpoint's model/) loaded the folder above, and ``output_loading_info=True``
+    returned the model alone where transformers returns ``(model, info)``."""
+    import shutil
+
+    shutil.copytree(saved[1], tmp_path / "ckpt" / "model")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", subfolder="model", tier="T4")
+    assert hf.num_parameters() == saved[0].num_parameters("T4")
+    hf, info = AutoModelForCausalLM.from_pretrained(saved[1], output_loading_info=True)
+    assert isinstance(hf, elastic_ssm.hf.ESSHForCausalLM) and info["missing_keys"] == info["unexpected_keys"] == []
