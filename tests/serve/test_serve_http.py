@@ -312,6 +312,24 @@ def test_serve_port_0_names_the_port_it_listens_on(model_dir, monkeypatch, caplo
     assert port > 0 and f"on http://127.0.0.1:{port} " in caplog.text
 
 
+def test_a_directory_named_with_an_at_sign_is_refused_at_start_naming_the_name_flag(model_dir, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """The name defaults to the directory's: 'run@1000' was served, and every id /v1/models listed ('run@1000',
+    'run@1000@T1') was a 404, as ids are read as NAME@TIER at the first '@'."""
+    import shutil
+
+    import uvicorn
+
+    from elastic_ssm.cli import main
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+
+    shutil.copytree(model_dir, tmp_path / "run@1000")
+    assert main(["serve", str(tmp_path / "run@1000"), "--port", "0", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'run@1000'" in err and "'@'" in err and "--name" in err and len(err.splitlines()) == 1
+
+
 def test_serve_refuses_other_architectures_with_what_they_offer(tmp_path, capsys):
     from elastic_ssm.cli import main
     from elastic_ssm.config import TransformerConfig
