@@ -276,7 +276,7 @@ def resolve_model_field(model: str | None, extra: str | None, name: str, tiers: 
                         aliases: dict[str, str] | None = None) -> str:
     """The tier a request names by ``model`` and/or ``tier`` (``auto``: the default tier, since in one pool a
     smaller tier frees no capacity); ``aliases``: other names -> served tiers."""
-    picked = None
+    picked, field = None, "model"
     if model is not None:
         base, at, tier = model.partition("@")
         if at and not tier.strip():
@@ -289,13 +289,15 @@ def resolve_model_field(model: str | None, extra: str | None, name: str, tiers: 
     if extra is not None:
         if picked is not None and picked.upper() != extra.upper():
             raise ApiError(400, f"model {model!r} and tier {extra!r} disagree; give one of them", "tier")
-        picked = extra
+        picked, field = extra, "tier"
     if picked is None or picked.lower() == "auto":
         return default_tier
     for t in [*tiers, *(aliases or {})]:
         if t.upper() == picked.upper():
             return (aliases or {}).get(t, t)
-    raise ApiError(400, f"tier {picked!r} is not served here; served tiers: {', '.join(tiers)} (or 'auto')", "tier")
+    named = "" if field == "tier" else f"model {model!r}: "       # param: the field the client named it in
+    raise ApiError(400, f"{named}tier {picked!r} is not served here; served tiers: {', '.join(tiers)} (or 'auto')",
+                   field)
 
 
 def parse_prompt(prompt: str | list, tokenizer, vocab: int, max_prompt: int) -> list[int]:

@@ -60,6 +60,15 @@ def test_key_limits_and_still_serving(model_dir):
         assert body["model"] == "tiny@T10" and body["choices"][0]["finish_reason"] == "length"
 
 
+def test_an_unserved_tier_names_the_field_that_named_it(model_dir):
+    """``model: "tiny@T7"`` answered ``param: "tier"``, a field the client never sent."""
+    with _client(model_dir) as c:
+        for fields, param in (({"model": "tiny@T7"}, "model"), ({"tier": "T7"}, "tier"), ({"model": "tiny@T7",
+                                                                                          "tier": "T7"}, "tier")):
+            error = _complete(c, headers={}, **fields).json()["error"]
+            assert error["param"] == param and error["message"].startswith(f"{param} "), (fields, error)
+
+
 def test_the_bearer_scheme_is_matched_in_any_case(model_dir):
     """RFC 9110 11.1: the auth scheme is case-insensitive (and RFC 6750 allows spaces before the token): "bearer
     s3cret" was a 401, the whole header being compared to "Bearer s3cret"."""
