@@ -154,7 +154,7 @@ class ChatTemplate:
         try:
             prompt = self.template.render(messages=messages, add_generation_prompt=True, **self.specials)
         except Exception as e:   # a template error (e.g. raise_exception on a role order) is the request's fault
-            text = " ".join(str(e).split()) or type(e).__name__
+            text = " ".join(str(e).split())[:200] or type(e).__name__     # it may quote a message
             raise ApiError(400, f"the chat template refused these messages: {text}", "messages") from None
         ids: list[int] = []
         for i, piece in enumerate(self._split.split(prompt) if self._split is not None else [prompt]):

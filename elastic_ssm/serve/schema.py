@@ -12,7 +12,7 @@ from pydantic_core import PydanticCustomError
 
 __all__ = ["CompletionRequest", "ChatCompletionRequest", "request_models", "error_message", "CompletionResponse",
            "ChatCompletionResponse", "ModelList", "ErrorResponse", "ApiError", "error_body", "resolve_model_field",
-           "parse_prompt", "response_body"]
+           "parse_prompt", "response_body", "shown"]
 
 
 class ApiError(Exception):
@@ -204,9 +204,13 @@ def error_message(error: dict, model: type[BaseModel]) -> tuple[str, str | None]
         return f"{path} {error['msg']}", str(loc[0])
     if error["type"] == "string_unicode":     # JSON's "\ud800": a bounded string (stop) refuses it
         return f"{path} is not valid UTF-8 text (it holds an unpaired surrogate)", str(loc[0])
-    got = repr(error.get("input"))
-    got = got if len(got) <= 40 else got[:37] + "..."
-    return f"{path} must be {_expected(prop, defs)}, got {got}", str(loc[0])
+    return f"{path} must be {_expected(prop, defs)}, got {shown(error.get('input'))}", str(loc[0])
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to 40 characters: what an error message quotes of a client's input."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class Usage(BaseModel):
@@ -280,24 +284,24 @@ def resolve_model_field(model: str | None, extra: str | None, name: str, tiers: 
     if model is not None:
         base, at, tier = model.partition("@")
         if at and not tier.strip():
-            raise ApiError(400, f"model {model!r} names no tier after '@'; give '{name}' for the default tier or "
+            raise ApiError(400, f"model {shown(model)} names no tier after '@'; give '{name}' for the default tier or "
                                 f"one of {', '.join(f'{name}@{t}' for t in tiers)}", "model")
         if base != name:
-            raise ApiError(404, f"unknown model {model!r}; this server serves {name!r} "
+            raise ApiError(404, f"unknown model {shown(model)}; this server serves {name!r} "
                                 f"(tiers: {', '.join(f'{name}@{t}' for t in tiers)})", "model")
         picked = tier or None
     if extra is not None:
         if picked is not None and picked.upper() != extra.upper():
-            raise ApiError(400, f"model {model!r} and tier {extra!r} disagree; give one of them", "tier")
+            raise ApiError(400, f"model {shown(model)} and tier {shown(extra)} disagree; give one of them", "tier")
         picked, field = extra, "tier"
     if picked is None or picked.lower() == "auto":
         return default_tier
     for t in [*tiers, *(aliases or {})]:
         if t.upper() == picked.upper():
             return (aliases or {}).get(t, t)
-    named = "" if field == "tier" else f"model {model!r}: "       # param: the field the client named it in
-    raise ApiError(400, f"{named}tier {picked!r} is not served here; served tiers: {', '.join(tiers)} (or 'auto')",
-                   field)
+    named = "" if field == "tier" else f"model {shown(model)}: "       # param: the field the client named it in
+    raise ApiError(400, f"{named}tier {shown(picked)} is not served here; served tiers: {', '.join(tiers)} "
+                        "(or 'auto')", field)
 
 
 def parse_prompt(prompt: str | list, tokenizer, vocab: int, max_prompt: int) -> list[int]:

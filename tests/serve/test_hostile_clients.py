@@ -63,6 +63,8 @@ def test_a_template_refusal_quoting_an_unpaired_surrogate_is_a_400_not_a_500(tin
         assert r.json()["error"]["message"] == "messages hold text that is not valid UTF-8 (an unpaired surrogate)"
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "bot", "content": "x"}]})
         assert "refused these messages: Unknown role: bot" in r.json()["error"]["message"]
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "b" * 5000, "content": "x"}]})
+        assert len(r.json()["error"]["message"]) < 300              # a refusal quoting a long text: cut
 
 
 def _drive(app, body: bytes, more_body: bool = False, leave_after_text: bool = False) -> list[dict]:

@@ -69,6 +69,17 @@ def test_an_unserved_tier_names_the_field_that_named_it(model_dir):
             assert error["param"] == param and error["message"].startswith(f"{param} "), (fields, error)
 
 
+def test_an_error_quotes_at_most_a_few_words_of_a_long_name(model_dir):
+    """A 5,000-character ``model`` or ``tier`` came back whole inside the one-line message (a path too), though a
+    bad field's value is cut to 40 characters."""
+    long = "m" * 5000
+    with _client(model_dir, max_body_bytes=1 << 20) as c:
+        for r in (_complete(c, headers={}, model=long), _complete(c, headers={}, model=f"tiny@{long}"),
+                  _complete(c, headers={}, tier=long), _complete(c, headers={}, model="tiny@T1", tier=long),
+                  c.get(f"/v1/models/{long}"), c.get(f"/{long}")):
+            assert r.status_code in (400, 404) and len(r.json()["error"]["message"]) < 300, r.text[:200]
+
+
 def test_the_bearer_scheme_is_matched_in_any_case(model_dir):
     """RFC 9110 11.1: the auth scheme is case-insensitive (and RFC 6750 allows spaces before the token): "bearer
     s3cret" was a 401, the whole header being compared to "Bearer s3cret"."""
