@@ -104,12 +104,15 @@ class Sampling(BaseModel):
                 "stop": [self.stop] if isinstance(self.stop, str) else self.stop}
 
 
+_IDS = Annotated[list[int], Field(min_length=1)]
+
+
 class CompletionRequest(Sampling):
     """``POST /v1/completions``."""
 
-    prompt: str | Annotated[list[int], Field(min_length=1)] | Annotated[list[str], Field(min_length=1, max_length=1)] \
-        = Field(description="a string, a list of one string, or a list of token ids (batched prompts: send one "
-                            "request each)")
+    prompt: str | _IDS | Annotated[list[str] | list[_IDS], Field(min_length=1, max_length=1)] = Field(
+        description="a string or a list of token ids, or a list of one of those (batched prompts: send one request "
+                    "each)")
 
 
 class ContentPart(BaseModel):
@@ -306,7 +309,7 @@ def resolve_model_field(model: str | None, extra: str | None, name: str, tiers: 
 
 def parse_prompt(prompt: str | list, tokenizer, vocab: int, max_prompt: int) -> list[int]:
     """A validated ``prompt`` (``CompletionRequest``) as token ids, within the vocabulary and the limit."""
-    if isinstance(prompt, list) and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):      # a batch of one
         prompt = prompt[0]
     if isinstance(prompt, str):
         try:

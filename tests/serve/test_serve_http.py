@@ -80,6 +80,18 @@ def test_an_error_quotes_at_most_a_few_words_of_a_long_name(model_dir):
             assert r.status_code in (400, 404) and len(r.json()["error"]["message"]) < 300, r.text[:200]
 
 
+def test_a_batch_of_one_token_id_list_is_a_prompt_as_a_batch_of_one_string_is(model_dir):
+    """``prompt: [[104, 105]]`` (what lm-eval's local-completions sends at batch size 1, tokenized) was a 400 while
+    ``["hi"]`` was served; a batch of more stays a 400."""
+    with _client(model_dir) as c:
+        one = _complete(c, headers={}, prompt=[[104, 105]], temperature=0)
+        assert one.status_code == 200, one.text
+        assert one.json()["choices"] == _complete(c, headers={}, prompt="hi", temperature=0).json()["choices"]
+        for bad in ([[104], [105]], [[]], [["hi"]], [[104, 999]]):
+            r = _complete(c, headers={}, prompt=bad)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (bad, r.text)
+
+
 def test_the_bearer_scheme_is_matched_in_any_case(model_dir):
     """RFC 9110 11.1: the auth scheme is case-insensitive (and RFC 6750 allows spaces before the token): "bearer
     s3cret" was a 401, the whole header being compared to "Bearer s3cret"."""
