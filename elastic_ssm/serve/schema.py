@@ -24,9 +24,8 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            413: "invalid_request_error", 415: "invalid_request_error", 431: "invalid_request_error",
-            429: "rate_limit_error", 500: "server_error", 503: "server_overloaded"}.get(status, "error")
+    kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error",
+            503: "server_overloaded"}.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 

@@ -468,6 +468,9 @@ def test_unknown_paths_and_methods_answer_in_the_openai_error_shape(model_dir):
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         err = r.json()["error"]
         assert err["code"] == 405 and err["message"] == "GET is not allowed on /v1/completions; use POST"
+        assert err["type"] == "invalid_request_error"         # was "error", no type of OpenAI's (so were 408, 421)
+        misdirected = c.get("/v1/models", headers={"Host": "evil.example"}).json()["error"]
+        assert (misdirected["code"], misdirected["type"]) == (421, "invalid_request_error")
         r = c.head("/health")                                 # a load balancer's probe: the status, no body
         assert r.status_code == 200 and r.content == b""
 
