@@ -214,7 +214,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     async def _http_error(request, exc: StarletteHTTPException):
         """Starlette's own refusals (an unknown path, a method the path does not take) in OpenAI's error shape."""
         if exc.status_code == 404:
-            message = f"no such endpoint: {request.url.path}; see GET /v1/models, POST /v1/completions, " \
+            message = f"no such endpoint: {request.url.path[:80]}; see GET /v1/models, POST /v1/completions, " \
                       "POST /v1/chat/completions, GET /health, GET /metrics, GET /openapi.json"
         elif exc.status_code == 405:
             allowed = (exc.headers or {}).get("Allow")
@@ -243,7 +243,7 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
     async def model_card(model_id: str):        # the openai client's models.retrieve
         card = next((c for c in cards if c.id == model_id), None)
         if card is None:
-            raise ApiError(404, f"unknown model {model_id!r}; GET /v1/models lists this server's", "model")
+            raise ApiError(404, f"unknown model {schema.shown(model_id)}; GET /v1/models lists this server's", "model")
         return card
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})

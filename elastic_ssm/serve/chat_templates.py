@@ -146,16 +146,16 @@ class ChatTemplate:
         """The token ids of validated chat ``messages`` (``schema.ChatMessage``: text content) as rendered, special
         tokens as their ids (an empty rendering: its text, for ``parse_prompt``'s own message)."""
         messages = [m.model_dump() for m in messages]
-        try:
-            prompt = self.template.render(messages=messages, add_generation_prompt=True, **self.specials)
-        except Exception as e:   # a template error (e.g. raise_exception on a role order) is the request's fault
-            text = " ".join(str(e).split()) or type(e).__name__
-            raise ApiError(400, f"the chat template refused these messages: {text}", "messages") from None
-        try:                     # the tokenizer encodes it as UTF-8 (parse_prompt checks a completion's prompt)
-            prompt.encode("utf-8")
+        try:     # before rendering: the tokenizer encodes UTF-8, and a template's refusal may quote the messages
+            json.dumps(messages, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
             raise ApiError(400, "messages hold text that is not valid UTF-8 (an unpaired surrogate)",
                            "messages") from None
+        try:
+            prompt = self.template.render(messages=messages, add_generation_prompt=True, **self.specials)
+        except Exception as e:   # a template error (e.g. raise_exception on a role order) is the request's fault
+            text = " ".join(str(e).split())[:200] or type(e).__name__     # it may quote a message
+            raise ApiError(400, f"the chat template refused these messages: {text}", "messages") from None
         ids: list[int] = []
         for i, piece in enumerate(self._split.split(prompt) if self._split is not None else [prompt]):
             if i % 2:

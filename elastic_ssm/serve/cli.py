@@ -76,8 +76,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .remote import model_view
 
     chat_template = chat_template_source(args.chat_template)      # before the model loads: a typo costs nothing
-    if args.name is not None and ("@" in args.name or not args.name.strip()):
-        raise ConfigError(f"--name {args.name!r}: a model name cannot contain '@' (model ids are NAME@TIER)")
+    name = args.name if args.name is not None else Path(args.checkpoint).resolve().name
+    if "@" in name or not name.strip():           # the directory's name too: every id of /v1/models was a 404
+        given = args.name is not None
+        raise ConfigError(f"{'--name' if given else 'the model directory name'} {name!r}: a model name cannot contain "
+                          f"'@' (model ids are NAME@TIER){'' if given else '; serve it under another with --name'}")
     _check_bind(args.host, args.port)             # before the model loads: a bad address fails in a second
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -97,7 +100,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_state_fits(model.config, tiers[-1], args.max_batch, device,     # one pool, at the widest tier
                      f"{spelled(args, 'max_batch')} {args.max_batch}", weight_bytes(model, dtype))
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    name = args.name or Path(args.checkpoint).resolve().name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("elastic_ssm.serve")
     if not is_loopback(args.host) and key is None:

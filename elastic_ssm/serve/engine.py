@@ -258,15 +258,8 @@ class Engine:
         pool, q = self.pool, self.waiting
         take: list[Request] = []
         with self._cond:
-            n = 0
-            while q and n < pool.free_slots():
-                req = q.popleft()
-                if req.cancelled:
-                    req.finish_reason = "cancelled"
-                    req.emit("done", "cancelled")
-                else:
-                    take.append(req)
-                    n += 1
+            while q and len(take) < pool.free_slots():
+                take.append(q.popleft())           # one cancelled meanwhile ends at the next step, as a running row
         for group in prefill_groups([len(r.prompt) for r in take], pool.max_prefill, self.max_prefill_tokens):
             self._admit_group([take[i] for i in group])
 
@@ -310,6 +303,12 @@ class Engine:
         for row in pool.active_rows():
             if pool.owner[row].cancel_if_stalled(now, self.stall_timeout):
                 self._finish(row, "cancelled")
+        with self._cond:            # a waiting request whose client left gives its place in the queue back now
+            gone = [r for r in self.waiting if r.cancelled]
+            for req in gone:
+                self.waiting.remove(req)
+                req.finish_reason = "cancelled"
+                req.emit("done", "cancelled")
         if self._admit_in(self._clock()) == 0:
             start = time.monotonic()
             self._admit()

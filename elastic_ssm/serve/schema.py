@@ -12,7 +12,7 @@ from pydantic_core import PydanticCustomError
 
 __all__ = ["CompletionRequest", "ChatCompletionRequest", "request_models", "error_message", "CompletionResponse",
            "ChatCompletionResponse", "ModelList", "ErrorResponse", "ApiError", "error_body", "resolve_model_field",
-           "parse_prompt", "response_body"]
+           "parse_prompt", "response_body", "shown"]
 
 
 class ApiError(Exception):
@@ -24,9 +24,8 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            413: "invalid_request_error", 415: "invalid_request_error", 431: "invalid_request_error",
-            429: "rate_limit_error", 500: "server_error", 503: "server_overloaded"}.get(status, "error")
+    kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error",
+            503: "server_overloaded"}.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
@@ -104,12 +103,15 @@ class Sampling(BaseModel):
                 "stop": [self.stop] if isinstance(self.stop, str) else self.stop}
 
 
+_IDS = Annotated[list[int], Field(min_length=1)]
+
+
 class CompletionRequest(Sampling):
     """``POST /v1/completions``."""
 
-    prompt: str | Annotated[list[int], Field(min_length=1)] | Annotated[list[str], Field(min_length=1, max_length=1)] \
-        = Field(description="a string, a list of one string, or a list of token ids (batched prompts: send one "
-                            "request each)")
+    prompt: str | _IDS | Annotated[list[str] | list[_IDS], Field(min_length=1, max_length=1)] = Field(
+        description="a string or a list of token ids, or a list of one of those (batched prompts: send one request "
+                    "each)")
 
 
 class ContentPart(BaseModel):
@@ -204,9 +206,13 @@ def error_message(error: dict, model: type[BaseModel]) -> tuple[str, str | None]
         return f"{path} {error['msg']}", str(loc[0])
     if error["type"] == "string_unicode":     # JSON's "\ud800": a bounded string (stop) refuses it
         return f"{path} is not valid UTF-8 text (it holds an unpaired surrogate)", str(loc[0])
-    got = repr(error.get("input"))
-    got = got if len(got) <= 40 else got[:37] + "..."
-    return f"{path} must be {_expected(prop, defs)}, got {got}", str(loc[0])
+    return f"{path} must be {_expected(prop, defs)}, got {shown(error.get('input'))}", str(loc[0])
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to 40 characters: what an error message quotes of a client's input."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class Usage(BaseModel):
@@ -276,31 +282,33 @@ def resolve_model_field(model: str | None, extra: str | None, name: str, tiers: 
                         aliases: dict[str, str] | None = None) -> str:
     """The tier a request names by ``model`` and/or ``tier`` (``auto``: the default tier, since in one pool a
     smaller tier frees no capacity); ``aliases``: other names -> served tiers."""
-    picked = None
+    picked, field = None, "model"
     if model is not None:
         base, at, tier = model.partition("@")
         if at and not tier.strip():
-            raise ApiError(400, f"model {model!r} names no tier after '@'; give '{name}' for the default tier or "
+            raise ApiError(400, f"model {shown(model)} names no tier after '@'; give '{name}' for the default tier or "
                                 f"one of {', '.join(f'{name}@{t}' for t in tiers)}", "model")
         if base != name:
-            raise ApiError(404, f"unknown model {model!r}; this server serves {name!r} "
+            raise ApiError(404, f"unknown model {shown(model)}; this server serves {name!r} "
                                 f"(tiers: {', '.join(f'{name}@{t}' for t in tiers)})", "model")
         picked = tier or None
     if extra is not None:
         if picked is not None and picked.upper() != extra.upper():
-            raise ApiError(400, f"model {model!r} and tier {extra!r} disagree; give one of them", "tier")
-        picked = extra
+            raise ApiError(400, f"model {shown(model)} and tier {shown(extra)} disagree; give one of them", "tier")
+        picked, field = extra, "tier"
     if picked is None or picked.lower() == "auto":
         return default_tier
     for t in [*tiers, *(aliases or {})]:
         if t.upper() == picked.upper():
             return (aliases or {}).get(t, t)
-    raise ApiError(400, f"tier {picked!r} is not served here; served tiers: {', '.join(tiers)} (or 'auto')", "tier")
+    named = "" if field == "tier" else f"model {shown(model)}: "       # param: the field the client named it in
+    raise ApiError(400, f"{named}tier {shown(picked)} is not served here; served tiers: {', '.join(tiers)} "
+                        "(or 'auto')", field)
 
 
 def parse_prompt(prompt: str | list, tokenizer, vocab: int, max_prompt: int) -> list[int]:
     """A validated ``prompt`` (``CompletionRequest``) as token ids, within the vocabulary and the limit."""
-    if isinstance(prompt, list) and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):      # a batch of one
         prompt = prompt[0]
     if isinstance(prompt, str):
         try:

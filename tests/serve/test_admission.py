@@ -136,6 +136,21 @@ def test_the_preferred_batch_is_what_fits_max_prefill_and_the_free_slots(tiny):
     assert eng.groups == [3, 3, 2]
 
 
+def test_a_waiting_request_whose_client_left_gives_its_place_back_at_the_next_step(tiny):
+    """Every slot busy and the queue full: a queued request cancelled (its client gone) ended only when a slot
+    freed, so the server answered 503 meanwhile and /health counted it waiting."""
+    eng = _engine(tiny, wait_ms=0, slots=1)
+    eng.max_queue = 1
+    eng.submit(running := _req(max_tokens=100))
+    eng._tick()
+    eng.submit(queued := _req())
+    queued.cancel()
+    eng._tick()
+    assert queued.finish_reason == "cancelled" and eng.snapshot()["T4"] == {"slots": 1, "busy": 1, "waiting": 0}
+    eng.submit(_req())                                       # its place is free again: no Busy
+    assert running.finish_reason is None
+
+
 def test_zero_wait_admits_whatever_waits_at_once(tiny):
     clock = FakeClock()
     eng = _engine(tiny, wait_ms=0, clock=clock)

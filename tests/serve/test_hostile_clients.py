@@ -52,6 +52,21 @@ def test_a_chat_message_with_an_unpaired_surrogate_is_a_400(tiny_dir, tmp_path):
         assert ok.status_code == 200, ok.text
 
 
+def test_a_template_refusal_quoting_an_unpaired_surrogate_is_a_400_not_a_500(tiny_dir):
+    """A template's ``raise_exception`` may quote the client's text ('Unknown role: ...'): with ``\\udfff`` in it the
+    refusal's JSON could not be encoded, a 500."""
+    refuse = "{% for m in messages %}{% if m.role != 'user' %}{{ raise_exception('Unknown role: ' + m.role) }}" \
+             "{% endif %}{{ m.content }}{% endfor %}"
+    with _client(tiny_dir, chat_template=refuse) as c:
+        r = c.post("/v1/chat/completions", content=b'{"messages": [{"role": "\\udfff", "content": "x"}]}')
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"] == "messages hold text that is not valid UTF-8 (an unpaired surrogate)"
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "bot", "content": "x"}]})
+        assert "refused these messages: Unknown role: bot" in r.json()["error"]["message"]
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "b" * 5000, "content": "x"}]})
+        assert len(r.json()["error"]["message"]) < 300              # a refusal quoting a long text: cut
+
+
 def _drive(app, body: bytes, more_body: bool = False, leave_after_text: bool = False) -> list[dict]:
     """Run one ``POST /v1/completions`` through the ASGI ``app`` as uvicorn does (spec 2.3), for a client that
     sends ``body`` (``more_body``: and then leaves before the rest) or, ``leave_after_text``, leaves once the

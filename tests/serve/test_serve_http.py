@@ -60,6 +60,38 @@ def test_key_limits_and_still_serving(model_dir):
         assert body["model"] == "tiny@T10" and body["choices"][0]["finish_reason"] == "length"
 
 
+def test_an_unserved_tier_names_the_field_that_named_it(model_dir):
+    """``model: "tiny@T7"`` answered ``param: "tier"``, a field the client never sent."""
+    with _client(model_dir) as c:
+        for fields, param in (({"model": "tiny@T7"}, "model"), ({"tier": "T7"}, "tier"), ({"model": "tiny@T7",
+                                                                                          "tier": "T7"}, "tier")):
+            error = _complete(c, headers={}, **fields).json()["error"]
+            assert error["param"] == param and error["message"].startswith(f"{param} "), (fields, error)
+
+
+def test_an_error_quotes_at_most_a_few_words_of_a_long_name(model_dir):
+    """A 5,000-character ``model`` or ``tier`` came back whole inside the one-line message (a path too), though a
+    bad field's value is cut to 40 characters."""
+    long = "m" * 5000
+    with _client(model_dir, max_body_bytes=1 << 20) as c:
+        for r in (_complete(c, headers={}, model=long), _complete(c, headers={}, model=f"tiny@{long}"),
+                  _complete(c, headers={}, tier=long), _complete(c, headers={}, model="tiny@T1", tier=long),
+                  c.get(f"/v1/models/{long}"), c.get(f"/{long}")):
+            assert r.status_code in (400, 404) and len(r.json()["error"]["message"]) < 300, r.text[:200]
+
+
+def test_a_batch_of_one_token_id_list_is_a_prompt_as_a_batch_of_one_string_is(model_dir):
+    """``prompt: [[104, 105]]`` (what lm-eval's local-completions sends at batch size 1, tokenized) was a 400 while
+    ``["hi"]`` was served; a batch of more stays a 400."""
+    with _client(model_dir) as c:
+        one = _complete(c, headers={}, prompt=[[104, 105]], temperature=0)
+        assert one.status_code == 200, one.text
+        assert one.json()["choices"] == _complete(c, headers={}, prompt="hi", temperature=0).json()["choices"]
+        for bad in ([[104], [105]], [[]], [["hi"]], [[104, 999]]):
+            r = _complete(c, headers={}, prompt=bad)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (bad, r.text)
+
+
 def test_the_bearer_scheme_is_matched_in_any_case(model_dir):
     """RFC 9110 11.1: the auth scheme is case-insensitive (and RFC 6750 allows spaces before the token): "bearer
     s3cret" was a 401, the whole header being compared to "Bearer s3cret"."""
@@ -312,6 +344,24 @@ def test_serve_port_0_names_the_port_it_listens_on(model_dir, monkeypatch, caplo
     assert port > 0 and f"on http://127.0.0.1:{port} " in caplog.text
 
 
+def test_a_directory_named_with_an_at_sign_is_refused_at_start_naming_the_name_flag(model_dir, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """The name defaults to the directory's: 'run@1000' was served, and every id /v1/models listed ('run@1000',
+    'run@1000@T1') was a 404, as ids are read as NAME@TIER at the first '@'."""
+    import shutil
+
+    import uvicorn
+
+    from elastic_ssm.cli import main
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+
+    shutil.copytree(model_dir, tmp_path / "run@1000")
+    assert main(["serve", str(tmp_path / "run@1000"), "--port", "0", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'run@1000'" in err and "'@'" in err and "--name" in err and len(err.splitlines()) == 1
+
+
 def test_serve_refuses_other_architectures_with_what_they_offer(tmp_path, capsys):
     from elastic_ssm.cli import main
     from elastic_ssm.config import TransformerConfig
@@ -418,6 +468,9 @@ def test_unknown_paths_and_methods_answer_in_the_openai_error_shape(model_dir):
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         err = r.json()["error"]
         assert err["code"] == 405 and err["message"] == "GET is not allowed on /v1/completions; use POST"
+        assert err["type"] == "invalid_request_error"         # was "error", no type of OpenAI's (so were 408, 421)
+        misdirected = c.get("/v1/models", headers={"Host": "evil.example"}).json()["error"]
+        assert (misdirected["code"], misdirected["type"]) == (421, "invalid_request_error")
         r = c.head("/health")                                 # a load balancer's probe: the status, no body
         assert r.status_code == 200 and r.content == b""
 
