@@ -210,7 +210,8 @@ class GenerationMixin:
                      sync_every: int) -> torch.Tensor:
         """Sample ``n_new`` tokens [B, n] on the device; cut after the step at which every row emitted a stop id."""
         B, dev = logits.shape[0], logits.device
-        eos = torch.tensor(stops, device=dev) if stops else None
+        # one stop id: one comparison a step, as before lists were taken; several: ``isin`` (two kernels)
+        eos = None if not stops else stops[0] if len(stops) == 1 else torch.tensor(stops, device=dev)
         out = torch.empty(B, n_new, dtype=torch.long, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         all_done = torch.zeros(n_new, dtype=torch.bool, device=dev)
@@ -219,7 +220,7 @@ class GenerationMixin:
             nxt = sample_next(logits, temperature, top_k, top_p, generator)
             if eos is not None:
                 nxt = torch.where(done, pad, nxt)
-                done |= torch.isin(nxt, eos)
+                done |= (nxt == eos) if isinstance(eos, int) else torch.isin(nxt, eos)
                 all_done[i] = done.all()
             out[:, i] = nxt
             n = i + 1
