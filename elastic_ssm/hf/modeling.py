@@ -340,7 +340,8 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
                 return_dict: bool | None = None, inputs_embeds: torch.Tensor | None = None,
                 output_hidden_states: bool | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
         """Logits [B, T, V] (and ``loss`` with ``labels``, ``cache`` with ``use_cache``, ``hidden_states`` with
-        ``output_hidden_states``: ``hidden_tuple``, the last after the final norm); see the module docstring."""
+        ``output_hidden_states``: ``hidden_tuple``, the last after the final norm; ``return_dict=False``: the tuple
+        of those given, loss first, as transformers' models); see the module docstring."""
         if inputs_embeds is not None or input_ids is None:
             raise ValueError(f"{type(self).__name__} takes input_ids (inputs_embeds is not supported)")
         cache = kwargs.pop("cache", None) or kwargs.pop("past_key_values", None)
@@ -367,8 +368,9 @@ class ElasticForCausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device),
                                    ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden,
-                                      **{CACHE_KEY: cache if use_cache else None})
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden,
+                                     **{CACHE_KEY: cache if use_cache else None})
+        return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, next_sequence_length: int | None = None,
                                       attention_mask: torch.Tensor | None = None, use_cache: bool | None = True,

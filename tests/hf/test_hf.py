@@ -73,6 +73,9 @@ def test_forward_loss_and_cache(saved):
     torch.testing.assert_close(out.logits, logits)
     expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, expected)
+    loss, plain = hf(x, labels=x, return_dict=False)            # was the ModelOutput: a tuple, as transformers gives
+    assert isinstance(hf(x, return_dict=False), tuple) and torch.equal(plain, out.logits)
+    assert torch.equal(loss, out.loss)
     cache = hf(x[:, :-1], use_cache=True).cache
     assert isinstance(cache, elastic_ssm.hf.ESSHHFCache) and cache.get_seq_length() == 15
     assert cache.nbytes()["total"] == es.elastic.tiers.state_bytes(model.config, batch=2, kv_dtype_bytes=4)["total"]
