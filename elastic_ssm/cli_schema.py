@@ -266,7 +266,7 @@ class ServeOptions(ModelDirOptions, TokenizerOptions, TierBudgetOptions, DtypeOp
                                       "window, decode steps read only that prefix of the window caches")
     max_queue: NonNeg = flag(64, "requests waiting (all tiers together) before 503")
     max_prompt_tokens: AtLeast1 = flag(8192, "longest prompt accepted")
-    max_tokens_limit: AtLeast1 = flag(4096, "largest max_tokens accepted")
+    max_tokens_limit: AtLeast1 = flag(4096, "largest max_tokens accepted (and a chat's default)")
     max_body_bytes: AtLeast1 = flag(1 << 20, "largest request body accepted")
     max_connections_per_client: AtLeast1 = flag(32, "concurrent requests per address")
     chat_template: str | None = flag(None, "chat template for /v1/chat/completions: 'chatml', 'plain' or a Jinja "

@@ -150,9 +150,11 @@ class ChatCompletionRequest(Sampling):
 def request_models(max_tokens: int, vocab: int) -> tuple[type[CompletionRequest], type[ChatCompletionRequest]]:
     """The request models of a server taking at most ``max_tokens`` new tokens and a vocabulary of ``vocab``."""
     tokens = (int, Field(min(16, max_tokens), ge=0, le=max_tokens, description="new tokens at most"))
+    reply = (int, Field(max_tokens, ge=0, le=max_tokens, description="new tokens at most (default: the server's "
+                        "limit; a chat runs to its end, as in OpenAI's API)"))
     top_k = (int, Field(0, ge=-1, le=vocab, description="extension: 0 or -1 = off"))
     return (create_model("CompletionRequest", __base__=CompletionRequest, max_tokens=tokens, top_k=top_k),
-            create_model("ChatCompletionRequest", __base__=ChatCompletionRequest, max_tokens=tokens, top_k=top_k,
+            create_model("ChatCompletionRequest", __base__=ChatCompletionRequest, max_tokens=reply, top_k=top_k,
                          max_completion_tokens=(int | None, Field(None, ge=0, le=max_tokens))))
 
 

@@ -41,6 +41,8 @@ def test_openapi_describes_every_route_with_the_servers_limits_and_no_422(tiny_d
     assert set(post["responses"]) == {"200", "4XX", "5XX"}
     fields = schemas["CompletionRequest"]["properties"]
     assert fields["max_tokens"]["maximum"] == 32 and fields["max_tokens"]["default"] == 16
+    chat = schemas["ChatCompletionRequest"]["properties"]["max_tokens"]    # was 16: a chat runs to eos or the limit
+    assert chat["maximum"] == 32 and chat["default"] == 32
     assert fields["top_k"]["maximum"] == es.ESSH.from_pretrained(tiny_dir).config.vocab_size
     assert schemas["CompletionRequest"]["required"] == ["prompt"]
 
