@@ -17,7 +17,7 @@ from . import cli_schema as schema
 from . import cli_util as util
 from .cli_schema import DEFAULT_RUN
 from .config import ConfigError, ModelChoice, RunConfig, model_configs
-from .config.base import check_field
+from .config.base import check_field, field_paths
 
 __all__ = ["COMMANDS", "check_options", "main", "parse"]
 
@@ -97,25 +97,12 @@ def run_options(base: type, argv: list[str], model: bool) -> type:
     return cls
 
 
-def _flag_table(cls: type, prefix: str = "") -> dict[str, Any]:
-    """The dotted paths of ``cls``'s flags -> their field."""
-    hints = typing.get_type_hints(cls)
-    paths = {}
-    for f in dataclasses.fields(cls):
-        tp = hints.get(f.name)
-        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-            paths.update(_flag_table(tp, f"{prefix}{f.name}."))
-        else:
-            paths[prefix + f.name] = f
-    return paths
-
-
 def _prepare(cls: type, argv: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
     """``argv`` as tyro reads it, the flag each option was typed with, and the dotted paths given. A repeatable list
     flag given again adds its values; ``--resume`` alone is ``--resume yes``; two spellings of one setting with
     different values are refused. A boolean config field is ``--train.compile`` / ``--train.no_compile``
     (``--no-train.compile``, argparse's spelling, is read too; tyro reads dashes for underscores itself)."""
-    paths = _flag_table(cls)
+    paths = field_paths(cls)
     segments: list[list[str]] = [[]]
     for token in argv:
         if token.startswith("--") and token not in ("--help", "--"):

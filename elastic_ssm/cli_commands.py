@@ -22,11 +22,11 @@ from .cli_util import (
     check_csv_target,
     check_output_path,
     checked_tiers,
-    is_rank_zero,
     listed_tier,
     load_model,
     overrides,
     refuse_existing,
+    report,
     spelled,
     status,
     tier_names,
@@ -69,8 +69,7 @@ def _training(verb: str, args: argparse.Namespace, run) -> int:
     try:
         run({None: False, "yes": True}.get(args.resume, args.resume), "lines" if args.quiet else True)
     except TrainingInterrupted as e:
-        if is_rank_zero():
-            print(f"elastic-ssm {verb}: {e}", file=sys.stderr)
+        report(verb, str(e))
         return 128 + int(getattr(signal, e.signame, signal.SIGTERM))
     return 0
 

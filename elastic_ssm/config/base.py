@@ -19,7 +19,7 @@ from pydantic import AfterValidator, ConfigDict, TypeAdapter, ValidationError
 __all__ = ["Pos", "PosInt", "NonNegF", "NonNeg", "AtLeast1", "Frac01", "Unit", "Share", "Fracs", "Betas",
            "NonEmpty", "NonBlank", "TokenId", "HeadDim", "Rising", "Distinct", "Ladder", "TierNames", "ConfigBase",
            "ConfigError", "opt", "section", "check_field", "read_yaml_mapping", "read_yaml_file", "load_yaml",
-           "config_changes", "NOT_SAVED"]
+           "config_changes", "field_paths", "NOT_SAVED"]
 
 
 def _rule(ok: Any, what: str) -> AfterValidator:
@@ -125,6 +125,19 @@ def check_field(cls: type, name: str, value: Any, where: str = "") -> Any:
         return adapter.validate_python(value)
     except ValidationError as e:
         raise _one_line(where or f"{cls.__name__}.{name}", tp, e) from None
+
+
+def field_paths(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
+    """The dotted path of every field of dataclass ``cls`` (``optim.lr``), nested dataclasses' fields included ->
+    its field."""
+    hints, paths = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        tp = hints.get(f.name)
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            paths.update(field_paths(tp, f"{prefix}{f.name}."))
+        else:
+            paths[prefix + f.name] = f
+    return paths
 
 
 def _validate_field(cls: type, name: str, tp: Any, value: Any) -> Any:
@@ -262,19 +275,10 @@ class ConfigBase:
         return {f.name for f in dataclasses.fields(cls)}
 
     @classmethod
-    def paths(cls, prefix: str = "") -> list[str]:
-        """The dotted paths of every setting (``optim.lr``), sections' fields included."""
-        out = []
-        for f in dataclasses.fields(cls):
-            sec = _section_type(typing.get_type_hints(cls).get(f.name))
-            out += sec.paths(f"{prefix}{f.name}.") if sec else [prefix + f.name]
-        return out
-
-    @classmethod
     def suggest(cls, key: str) -> str:
         """``'; did you mean optim.lr?'`` (else ``';'``) for an unknown ``key``: a section's field of that name,
         or the closest path."""
-        paths = cls.paths()
+        paths = list(field_paths(cls))
         near = [p for p in paths if p.rpartition(".")[2] == key] or \
             difflib.get_close_matches(key, paths, n=1, cutoff=0.6)
         return f"; did you mean {' or '.join(near)}?" if near else ";"
