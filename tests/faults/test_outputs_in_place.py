@@ -1,0 +1,42 @@
+"""Outputs that would land on what a command reads or on a path that is not what it seems: ``export --overwrite``
+never replaces the model it exports, an output path that is a broken symbolic link is one line before any work,
+a source that is a pipe or device is named as such, and every figure or report is written whole or not at all."""
+
+import pytest
+
+import elastic_ssm as es
+from elastic_ssm.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("own") / "T3"          # a full model in a folder named like a tier
+    es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(path)
+    return path
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    lines = [line for line in err.splitlines() if line.startswith("elastic-ssm ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["its own folder", "a folder holding it"])
+def test_export_overwrite_never_replaces_the_model_it_exports(model_dir, tmp_path, capsys, where):
+    """``export T3 --out . --tiers T3 --overwrite`` replaced the full model by its T3 export (the model is lost)."""
+    source, out = model_dir, model_dir.parent          # out/T3 is the model itself
+    if where == "a folder holding it":                 # out/T1/full is the model: replacing out/T1 deletes it
+        import shutil
+
+        out = tmp_path
+        source = out / "T1" / "full"
+        shutil.copytree(model_dir, source)
+    weights = (source / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(["export", str(source), "--out", str(out), "--tiers", "T3,T1", "--check_len", "8",
+                 "--overwrite"]) == 2
+    line = one_error_line(capsys)
+    assert "the model being exported" in line and "--out" in line, line
+    assert (source / "model.safetensors").read_bytes() == weights
+    assert es.ESSH.from_pretrained(source).config.d_model == 64
