@@ -81,9 +81,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in --train.out_dir and --overwrite replaces it; give one")
     run = load_run_config(args)
-    from .train.preflight import refuse_file_out_dir
-
-    refuse_file_out_dir(Path(run.train.out_dir))      # before the data is loaded (preflight checks it again)
+    check_output_path("--train.out_dir", run.train.out_dir, "folder")   # before any data (preflight checks again)
     return _training("train", args, lambda resume, progress: run_training(
         run, resume=resume, overwrite=args.overwrite, stop_after=args.stop_after or None,
         verify_data=args.verify_data, progress=progress))

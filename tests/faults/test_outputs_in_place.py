@@ -2,6 +2,8 @@
 never replaces the model it exports, an output path that is a broken symbolic link is one line before any work,
 a source that is a pipe or device is named as such, and every figure or report is written whole or not at all."""
 
+import os
+
 import pytest
 
 import elastic_ssm as es
@@ -40,3 +42,22 @@ def test_export_overwrite_never_replaces_the_model_it_exports(model_dir, tmp_pat
     assert "the model being exported" in line and "--out" in line, line
     assert (source / "model.safetensors").read_bytes() == weights
     assert es.ESSH.from_pretrained(source).config.d_model == 64
+
+
+@pytest.mark.parametrize("target", ["missing", "itself"])
+def test_an_output_that_is_a_broken_symlink_is_one_line_before_any_work(model_dir, tmp_path, capsys, target):
+    """A link to nothing (or to itself) was 'File exists' / 'Symlink loop' after the model was built."""
+    link = tmp_path / "out"
+    os.symlink(tmp_path / "missing" if target == "missing" else link, link)
+    for argv in (["export", str(model_dir), "--out", str(link), "--tiers", "T1"],
+                 ["train", "--model.preset", "tiny", "--train.out_dir", str(link)],
+                 ["train", "--model.preset", "tiny", "--train.out_dir", str(link / "run")],
+                 ["tokenizer", "train", str(model_dir / "configuration_essh.py"), "--vocab_size", "300", "--out",
+                  str(link)]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        line = [x for x in captured.err.splitlines() if x.startswith("elastic-ssm ")]
+        assert len(line) == 1 and f"{link} is a symbolic link" in line[0] and "remove the link" in line[0], captured
+        assert "parameters" not in captured.out + captured.err      # refused before the model was built
+    assert os.path.islink(link)
