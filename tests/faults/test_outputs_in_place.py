@@ -61,3 +61,17 @@ def test_an_output_that_is_a_broken_symlink_is_one_line_before_any_work(model_di
         assert len(line) == 1 and f"{link} is a symbolic link" in line[0] and "remove the link" in line[0], captured
         assert "parameters" not in captured.out + captured.err      # refused before the model was built
     assert os.path.islink(link)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_source_that_is_a_pipe_or_device_is_named_as_such(tmp_path, capsys, kind):
+    """A FIFO or /dev/zero as the source was 'data source not found'."""
+    source = "/dev/zero"
+    if kind == "fifo":
+        source = str(tmp_path / "fifo")
+        os.mkfifo(source)
+    for argv in (["prepare", source, str(tmp_path / "t.bin")],
+                 ["tokenizer", "train", source, "--vocab_size", "300", "--out", str(tmp_path / "t.json")]):
+        assert main(argv) == 2
+        line = one_error_line(capsys)
+        assert source in line and "not a regular file" in line and "not found" not in line, line
