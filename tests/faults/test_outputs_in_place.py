@@ -2,6 +2,7 @@
 never replaces the model it exports, an output path that is a broken symbolic link is one line before any work,
 a source that is a pipe or device is named as such, and every figure or report is written whole or not at all."""
 
+import errno
 import os
 
 import pytest
@@ -75,3 +76,38 @@ def test_a_source_that_is_a_pipe_or_device_is_named_as_such(tmp_path, capsys, ki
         assert main(argv) == 2
         line = one_error_line(capsys)
         assert source in line and "not a regular file" in line and "not found" not in line, line
+
+
+@pytest.fixture
+def full_disk_png(monkeypatch):
+    """Matplotlib's PNG writer writes half a file, then the disk is full."""
+    import matplotlib.image
+
+    def imsave(fname, *a, **kw):
+        if isinstance(fname, (str, os.PathLike)):
+            with open(fname, "wb") as f:
+                f.write(b"\x89PNG half")
+        else:
+            fname.write(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.image, "imsave", imsave)
+
+
+@pytest.mark.parametrize("figure", ["importance", "quickstart"])
+def test_a_figure_cut_short_keeps_the_old_one(tmp_path, full_disk_png, figure):
+    """``importance --overwrite`` and the quickstart: a full disk while the PNG was written left a torn file in place
+    of the old figure."""
+    from elastic_ssm.eval.importance import ChannelImportance, ImportanceResult, plot_importance
+    from elastic_ssm.eval.perplexity import TierEval
+    from elastic_ssm.quickstart import _plot
+
+    png = tmp_path / "figure.png"
+    png.write_bytes(b"the old figure")
+    res = ImportanceResult("T10", 3, 1, 1.0, 2.7, 1.0, 10, 2, 1.0, 1.0, 0.5, 0.5,
+                           [ChannelImportance(k, 1.0, 0.1, 1.0 / k, 0.1, 1.0 / k) for k in (1, 2, 3)])
+    rows = [TierEval(f"T{k}", k, 16, 1000 * k, 2.0 - k / 10, 64, 1.0) for k in (1, 2)]
+    with pytest.raises(OSError):
+        plot_importance(res, png) if figure == "importance" else _plot(rows, None, png)
+    assert png.read_bytes() == b"the old figure"
+    assert os.listdir(tmp_path) == ["figure.png"]
