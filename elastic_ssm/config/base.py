@@ -37,6 +37,7 @@ PosInt = Annotated[int, Gt(0)]
 NonNegF = Annotated[float, Ge(0)]
 NonNeg = Annotated[int, Ge(0)]
 AtLeast1 = Annotated[int, Ge(1)]
+Seed = Annotated[int, Interval(ge=0, le=(1 << 64) - 1)]   # torch.manual_seed's range
 Frac01 = Annotated[float, Interval(ge=0, lt=1)]       # [0, 1)
 Unit = Annotated[float, Interval(ge=0, le=1)]         # [0, 1]
 Share = Annotated[float, Interval(gt=0, le=1)]        # (0, 1]
@@ -89,12 +90,16 @@ def _section_type(tp: Any) -> type | None:
     return tp if isinstance(tp, type) and issubclass(tp, ConfigBase) else None
 
 
+def _num(v: float) -> str:
+    return str(v) if isinstance(v, int) else f"{v:g}"     # a 64-bit bound in full, not 1.84467e+19
+
+
 def _interval(tp: Any) -> str:
     """``'[0, 1)'`` for the first ``annotated_types.Interval`` in annotation ``tp`` (items included), else ``''``."""
     for m in getattr(tp, "__metadata__", ()):
         if isinstance(m, Interval):
             lo, hi = ("(", m.gt) if m.gt is not None else ("[", m.ge), (")", m.lt) if m.lt is not None else ("]", m.le)
-            return f"{lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+            return f"{lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
     return next(filter(None, map(_interval, typing.get_args(tp))), "")
 
 

@@ -94,6 +94,7 @@ CASES = {  # name: (argv, words the message must contain)
     "lr inf": ([*TRAIN, "--train.optim.lr", "inf"], ["lr", "finite"]),
     "lr nan": ([*TRAIN, "--train.optim.lr", "nan"], ["lr", "finite"]),
     "steps 0": ([*TRAIN, "--train.steps", "0"], ["steps", ">= 1"]),
+    "seed beyond 64 bits": ([*TRAIN, "--train.seed", str(1 << 64)], ["TrainConfig.seed", "18446744073709551615"]),
     "uneven token batch": ([*TRAIN, "--train.tokens_per_step", "100"], ["tokens_per_step", "multiple"]),
     "token batch and grad_accum": ([*TRAIN, "--train.tokens_per_step", "64", "--train.grad_accum", "2"],
                                    ["grad_accum", "tokens_per_step"]),
