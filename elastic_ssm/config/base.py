@@ -119,7 +119,8 @@ def _one_line(name: str, tp: Any, err: ValidationError) -> ConfigError:
 
 def check_field(cls: type, name: str, value: Any, where: str = "") -> Any:
     """``value`` validated as field ``name`` of dataclass ``cls`` by its annotation (pydantic, lax mode: type, range,
-    choices), else one ``ConfigError`` line naming ``where`` (default ``Class.name``). One ``TypeAdapter`` per field,
+    choices; an int without a declared interval within 64 bits), else one ``ConfigError`` line naming ``where``
+    (default ``Class.name``). One ``TypeAdapter`` per field,
     built once; a nested section (a dataclass) is left to its own class."""
     if cls not in _ADAPTERS:
         hints = typing.get_type_hints(cls, include_extras=True)
@@ -127,9 +128,13 @@ def check_field(cls: type, name: str, value: Any, where: str = "") -> Any:
                           for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])}
     tp, adapter = _ADAPTERS[cls][name]
     try:
-        return adapter.validate_python(value)
+        out = adapter.validate_python(value)
     except ValidationError as e:
         raise _one_line(where or f"{cls.__name__}.{name}", tp, e) from None
+    if type(out) is int and not _interval(tp) and not -(1 << 63) <= out < 1 << 63:   # torch takes no larger int
+        raise ConfigError(f"{where or f'{cls.__name__}.{name}'}: {out} is beyond a 64-bit integer; give a smaller "
+                          "value")
+    return out
 
 
 def _validate_field(cls: type, name: str, tp: Any, value: Any) -> Any:
