@@ -80,9 +80,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in --train.out_dir and --overwrite replaces it; give one")
     run = load_run_config(args)
-    from .train.preflight import refuse_file_out_dir
-
-    refuse_file_out_dir(Path(run.train.out_dir))      # before the data is loaded (preflight checks it again)
+    check_output_path("--train.out_dir", run.train.out_dir, "folder")   # before any data (preflight checks again)
     return _training("train", args, lambda resume, progress: run_training(
         run, resume=resume, overwrite=args.overwrite, stop_after=args.stop_after or None,
         verify_data=args.verify_data, progress=progress))
@@ -160,7 +158,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out)
     failed = 0
     with RunLock(out, owner="export", flag="--out"):   # one writer: two exports never interleave a tier's files
-        occupied = _occupied_tier_folders(out, names, args.overwrite)   # refused before any tier is exported
+        occupied = _occupied_tier_folders(out, names, args.overwrite, Path(args.checkpoint))   # before any export
         announce_device("export check", device, next(model.parameters()).dtype)
         tolerance = 0.0 if device == "cpu" else 1e-4   # bitwise on CPU; GPU kernels may pick other reductions
         for name in progress(names, desc="export + check", unit="tier", enabled=not args.quiet):
@@ -180,12 +178,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _occupied_tier_folders(out: Path, names: list[str], overwrite: bool) -> set[str]:
+def _occupied_tier_folders(out: Path, names: list[str], overwrite: bool, source: Path) -> set[str]:
     """The tiers whose folder under ``out`` holds files (temporary ones aside); without ``overwrite`` one is a
-    ``ConfigError``, even for the same export (its bytes vary: the weights header's order is not fixed)."""
+    ``ConfigError``, even for the same export (its bytes vary: the weights header's order is not fixed). A folder
+    that is or holds the model ``source`` is one either way (replacing it would delete the model)."""
     occupied = set()
     for name in names:
         folder = out / name
+        if folder.resolve() in (source.resolve(), *source.resolve().parents):
+            raise ConfigError(f"--out {out}: {folder} holds the model being exported ({source}), which tier {name}'s "
+                              "folder would replace; choose another --out")
         if folder.exists() and not folder.is_dir():
             raise ConfigError(f"--out {out}: {folder} is a file where tier {name}'s folder belongs; move it away or "
                               "choose another --out")

@@ -25,7 +25,7 @@ Port = Annotated[int, Interval(ge=0, le=65535)]
 def flag(default: Any = dataclasses.MISSING, help: str = "", *, output: str | None = None,
          metavar: str | None = None) -> Any:
     """A verb option: its default (none: required), a one-line ``help``, ``output`` "file" / "folder" (a path checked
-    before the verb runs, ``cli_util.check_output_path``); ``metavar`` names a positional argument in messages."""
+    before the verb runs, ``utils.files.check_output_path``); ``metavar`` names a positional argument in messages."""
     return dataclasses.field(default=default, metadata={"help": help, "output": output, "metavar": metavar})
 
 

@@ -27,21 +27,7 @@ import yaml
 from .config import ConfigError, tier_word
 from .utils.environment import env_flag
 from .utils.files import atomic_write_text
-
-
-def check_output_path(flag: str, path: str, kind: str) -> None:
-    """Refuse an output ``path`` (``kind`` "file" or "folder") that is the other kind or lies below a file, before
-    the work that produces it (missing folders above it are created later)."""
-    p = Path(path)
-    if kind == "file" and p.is_dir():
-        raise ConfigError(f"{flag} {path} is a folder; give a file path")
-    if kind == "folder" and p.exists() and not p.is_dir():
-        raise ConfigError(f"{flag} {path} is a file; give a folder (it is created if missing)")
-    parent = p.resolve().parent if kind == "file" else p.resolve()
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{flag} {path}: {parent} is a file, so nothing can be written below it; choose another path")
+from .utils.files import check_output_path as check_output_path  # the verbs' output check, re-exported
 
 
 def spelled(args: argparse.Namespace, name: str) -> str:

@@ -14,6 +14,7 @@ from .config import ConfigError, RunConfig
 from .config.run import DEFAULT_RUN
 from .eval.perplexity import TierEval, evaluate_tiers, format_evals
 from .utils.devices import cpu_threads_for
+from .utils.files import atomic_write_bytes, atomic_write_text, atomic_writer, free_stamped_path
 
 
 def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path, raw: list[TierEval] | None = None) -> bool:
@@ -39,7 +40,8 @@ def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path, raw:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_writer(path) as f:
+        fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
     return True
 
@@ -68,7 +70,6 @@ def _claim_outputs(out: Path, control: bool, overwrite: bool) -> Path | None:
     for name in ("elastic", "dense"):               # never move a run that a live process is writing
         if (out / name / ".lock").is_file():
             RunLock(out / name, owner="quickstart run", flag="--out").acquire().release()
-    from .utils.files import free_stamped_path
 
     dest = free_stamped_path(out, "replaced-")
     dest.mkdir()
@@ -102,7 +103,6 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
     from .elastic.export import check_export, export_tier
     from .elastic.model_card import model_card
     from .pipeline import build_data, fit_model_to_tokenizer
-    from .utils.files import atomic_write_bytes
 
     out = Path(out_dir)
     if resume and overwrite:
@@ -234,4 +234,4 @@ def _write_report(out: Path, run: Any, table: str, control_rows, summary: dict, 
     if plotted:
         lines += ["", "![quality vs size](quality_size.png)"]
     lines += ["", f"Wall time: {summary['total_seconds']:.0f} s (training {summary['train_seconds']:.0f} s)."]
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(out / "report.md", "\n".join(lines) + "\n")

@@ -219,7 +219,7 @@ def test_train_refuses_a_file_as_out_dir_before_loading_data(tmp_path, capsys, m
     monkeypatch.setattr(elastic_ssm.pipeline, "build_data", loading)
     (tmp_path / "a_file").write_text("mine")
     assert main(["train", "--model.preset", "tiny", "--train.out_dir", str(tmp_path / "a_file")]) == 2
-    assert "is a file; choose a directory path" in capsys.readouterr().err
+    assert "a_file is a file; give a folder" in capsys.readouterr().err
     assert (tmp_path / "a_file").read_text() == "mine"
 
 

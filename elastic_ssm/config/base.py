@@ -37,6 +37,7 @@ PosInt = Annotated[int, Gt(0)]
 NonNegF = Annotated[float, Ge(0)]
 NonNeg = Annotated[int, Ge(0)]
 AtLeast1 = Annotated[int, Ge(1)]
+Seed = Annotated[int, Interval(ge=0, le=(1 << 64) - 1)]   # torch.manual_seed's range
 Frac01 = Annotated[float, Interval(ge=0, lt=1)]       # [0, 1)
 Unit = Annotated[float, Interval(ge=0, le=1)]         # [0, 1]
 Share = Annotated[float, Interval(gt=0, le=1)]        # (0, 1]
@@ -89,12 +90,16 @@ def _section_type(tp: Any) -> type | None:
     return tp if isinstance(tp, type) and issubclass(tp, ConfigBase) else None
 
 
+def _num(v: float) -> str:
+    return str(v) if isinstance(v, int) else f"{v:g}"     # a 64-bit bound in full, not 1.84467e+19
+
+
 def _interval(tp: Any) -> str:
     """``'[0, 1)'`` for the first ``annotated_types.Interval`` in annotation ``tp`` (items included), else ``''``."""
     for m in getattr(tp, "__metadata__", ()):
         if isinstance(m, Interval):
             lo, hi = ("(", m.gt) if m.gt is not None else ("[", m.ge), (")", m.lt) if m.lt is not None else ("]", m.le)
-            return f"{lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+            return f"{lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
     return next(filter(None, map(_interval, typing.get_args(tp))), "")
 
 
@@ -114,7 +119,8 @@ def _one_line(name: str, tp: Any, err: ValidationError) -> ConfigError:
 
 def check_field(cls: type, name: str, value: Any, where: str = "") -> Any:
     """``value`` validated as field ``name`` of dataclass ``cls`` by its annotation (pydantic, lax mode: type, range,
-    choices), else one ``ConfigError`` line naming ``where`` (default ``Class.name``). One ``TypeAdapter`` per field,
+    choices; an int without a declared interval within 64 bits), else one ``ConfigError`` line naming ``where``
+    (default ``Class.name``). One ``TypeAdapter`` per field,
     built once; a nested section (a dataclass) is left to its own class."""
     if cls not in _ADAPTERS:
         hints = typing.get_type_hints(cls, include_extras=True)
@@ -122,9 +128,13 @@ def check_field(cls: type, name: str, value: Any, where: str = "") -> Any:
                           for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])}
     tp, adapter = _ADAPTERS[cls][name]
     try:
-        return adapter.validate_python(value)
+        out = adapter.validate_python(value)
     except ValidationError as e:
         raise _one_line(where or f"{cls.__name__}.{name}", tp, e) from None
+    if type(out) is int and not _interval(tp) and not -(1 << 63) <= out < 1 << 63:   # torch takes no larger int
+        raise ConfigError(f"{where or f'{cls.__name__}.{name}'}: {out} is beyond a 64-bit integer; give a smaller "
+                          "value")
+    return out
 
 
 def field_paths(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:

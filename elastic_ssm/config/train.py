@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import StringConstraints
 
-from .base import AtLeast1, ConfigBase, ConfigError, Distinct, NonEmpty, NonNeg, Pos, opt, section
+from .base import AtLeast1, ConfigBase, ConfigError, Distinct, NonEmpty, NonNeg, Pos, Seed, opt, section
 from .recipe import (
     REFINE_CAPACITIES,
     T1_T9,
@@ -103,7 +103,7 @@ class TrainConfig(ConfigBase):
     precision: Precision = opt("auto", "'auto' (bf16 on CUDA, fp32 on CPU), 'fp32' or 'bf16' (autocast with fp32 "
                          "master weights, E.5)")
     out_dir: NonEmpty = opt("runs/train", "run directory: checkpoints, metrics.jsonl, final model")
-    seed: NonNeg = opt(0, "seed of model init, capacity sampling and budget sampling")
+    seed: Seed = opt(0, "seed of model init, capacity sampling and budget sampling (a 64-bit unsigned integer)")
     log_every: AtLeast1 = opt(10, "write a metrics.jsonl training record every this many steps")
     log: Annotated[tuple[LogSink, ...], Distinct] = opt((), "loggers beside metrics.jsonl (the record of truth): "
                                                         "any of 'csv' (metrics.csv), 'tensorboard', 'wandb' (extra "

@@ -218,5 +218,8 @@ def iter_documents(source: str | Path, split: str | None = None, *, text_field: 
             raise ValueError(f"{path} looks like a prepared token file; open it with TokenFile/load_corpus")
         yield from _iter_file(path, text_field, split)
         return
+    if path.exists():                             # a FIFO, socket or device: never read to its (maybe absent) end
+        raise ValueError(f"data source {str(source)!r} is not a regular file or folder (a pipe, socket or device); "
+                         "save the text into a file and give that")
     raise FileNotFoundError(f"data source not found: {str(source)!r}; use 'stdlib', 'pysrc', a file, a "
                             "folder, or hf:<name>[:<config>][:<split>]")

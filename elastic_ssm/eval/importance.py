@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..config import TierLike
+from ..utils.files import atomic_writer
 from ..utils.progress import progress as progress_bar
 from .perplexity import eval_mode, loss_sums, perplexity
 
@@ -205,6 +206,7 @@ def plot_importance(res: ImportanceResult, path: Any) -> str | None:
         ax.grid(alpha=0.3)
     fig.suptitle(f"channel importance at {res.tier} (ESSH App. L.3)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_writer(path) as f:       # an old figure stays whole until the new one is complete
+        fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
     return None

@@ -212,11 +212,15 @@ class GenerationMixin:
         B, dev = logits.shape[0], logits.device
         # one stop id: one comparison a step, as before lists were taken; several: ``isin`` (two kernels)
         eos = None if not stops else stops[0] if len(stops) == 1 else torch.tensor(stops, device=dev)
-        out = torch.empty(B, n_new, dtype=torch.long, device=dev)
+        # n_new is a bound, maybe far beyond where a stop id ends: the output grows by doubling, never allocated whole
+        out = torch.empty(B, min(n_new, 256), dtype=torch.long, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
-        all_done = torch.zeros(n_new, dtype=torch.bool, device=dev)
+        all_done = torch.zeros(out.shape[1], dtype=torch.bool, device=dev)
         n = 0
         for i in range(n_new):
+            if i == out.shape[1]:
+                out = torch.cat([out, torch.empty_like(out)], dim=1)
+                all_done = torch.cat([all_done, torch.zeros_like(all_done)])
             nxt = sample_next(logits, temperature, top_k, top_p, generator)
             if eos is not None:
                 nxt = torch.where(done, pad, nxt)

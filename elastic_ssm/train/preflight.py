@@ -13,7 +13,7 @@ import yaml
 
 from ..config import ConfigError, TrainConfig, model_configs
 from ..config.base import NOT_SAVED, config_changes
-from ..utils.files import atomic_write_bytes
+from ..utils.files import atomic_write_bytes, check_output_path
 from .rundir import (
     RUN_RECORD,
     RunLock,
@@ -80,12 +80,6 @@ def _check_resume_record(out: Path, record: dict[str, Any], free: frozenset[str]
                           "saved settings or start a new --train.out_dir")
 
 
-def refuse_file_out_dir(out: Path) -> None:
-    """A ``ConfigError`` when the run directory ``out`` is a file (``train`` checks it before loading any data)."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--train.out_dir {out} is a file; choose a directory path")
-
-
 def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
               record: dict[str, Any] | None) -> tuple[RunLock, bool]:
     """Rank-0 checks before the first step; returns the held ``RunLock`` and whether the run resumes
@@ -93,7 +87,7 @@ def preflight(model: Any, cfg: Any, resume: bool | str, overwrite: bool,
     from .metrics import eval_tier_list, read_log
 
     out = Path(cfg.out_dir)
-    refuse_file_out_dir(out)
+    check_output_path("--train.out_dir", str(out), "folder")
     try:
         eval_tier_list(model, cfg.eval.tiers)
     except Exception as e:

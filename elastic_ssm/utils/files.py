@@ -1,6 +1,7 @@
 """Atomic file writes, one implementation for every file elastic_ssm writes: ``.<name>.<random>.tmp`` in the target's
 directory, flushed, ``fsync``ed, mode 0666 less the umask, then ``os.replace``d over the target (a reader sees the
-old file or the complete new one; after a crash only a temporary file is left, see :func:`is_temp_name`)."""
+old file or the complete new one; after a crash only a temporary file is left, see :func:`is_temp_name`); and the
+one check of an output path before the work that fills it (:func:`check_output_path`)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
+from ..config import ConfigError
+
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "cache_dir", "fsync_dir", "is_temp_name",
-           "with_path", "process_umask", "free_stamped_path"]
+           "with_path", "process_umask", "free_stamped_path", "check_output_path"]
 
 
 def cache_dir() -> Path:
@@ -105,3 +108,22 @@ def fsync_dir(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def check_output_path(flag: str, path: str, kind: str) -> None:
+    """Refuse an output ``path`` (``kind`` "file" or "folder") that is the other kind or lies below a file, before
+    the work that produces it, or a broken symbolic link on its way (missing folders above it are created later)."""
+    p = Path(path)
+    for q in (p, *p.parents):     # a link to nothing (or to itself) on the way: else "File exists" after the work
+        if q.is_symlink() and not q.exists():
+            raise ConfigError(f"{flag} {path}: {q} is a symbolic link to {os.readlink(q)}, which does not exist or "
+                              "loops back to itself; remove the link or create its target")
+    if kind == "file" and p.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; give a file path")
+    if kind == "folder" and p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {path} is a file; give a folder (it is created if missing)")
+    parent = p.resolve().parent if kind == "file" else p.resolve()
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: {parent} is a file, so nothing can be written below it; choose another path")

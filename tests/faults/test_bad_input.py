@@ -94,6 +94,7 @@ CASES = {  # name: (argv, words the message must contain)
     "lr inf": ([*TRAIN, "--train.optim.lr", "inf"], ["lr", "finite"]),
     "lr nan": ([*TRAIN, "--train.optim.lr", "nan"], ["lr", "finite"]),
     "steps 0": ([*TRAIN, "--train.steps", "0"], ["steps", ">= 1"]),
+    "seed beyond 64 bits": ([*TRAIN, "--train.seed", str(1 << 64)], ["TrainConfig.seed", "18446744073709551615"]),
     "uneven token batch": ([*TRAIN, "--train.tokens_per_step", "100"], ["tokens_per_step", "multiple"]),
     "token batch and grad_accum": ([*TRAIN, "--train.tokens_per_step", "64", "--train.grad_accum", "2"],
                                    ["grad_accum", "tokens_per_step"]),
@@ -117,6 +118,8 @@ CASES = {  # name: (argv, words the message must contain)
     "es_ssm seq_len above its filters": ([*TRAIN, "--model.arch", "es_ssm", "--train.seq_len", "256"],
                                          ["--train.seq_len 256", "--model.seq_len 128"]),
     "export check-len 0": (["export", "{model}", "--out", "{root}/ex", "--check_len", "0"], ["--check_len"]),
+    "export check-len beyond 64 bits": (["export", "{model}", "--out", "{root}/ex", "--check_len", str(1 << 63)],
+                                        ["--check_len", "64-bit integer"]),
     "export unknown tier": (["export", "{model}", "--out", "{root}/ex", "--tiers", "T99"], ["T99"]),
     # tier words: an all-digit word is an ES-SSM budget in every verb (ESSH refuses it, naming its tiers)
     "export budget on ESSH": (["export", "{model}", "--out", "{root}/ex", "--tiers", "4"],

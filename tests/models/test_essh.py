@@ -283,3 +283,16 @@ def test_an_empty_input_gets_the_same_refusal_from_every_architecture(arch, shap
     with pytest.raises(ValueError, match=rf"^input_ids \({shape[0]}, {shape[1]}\) is empty; pass at least one "
                                          "sequence of at least one token$"):
         model(torch.zeros(shape, dtype=torch.long))
+
+
+@torch.no_grad()
+def test_max_new_tokens_is_a_bound_not_an_allocation(tiny):
+    """``generate`` allocated all of ``max_new_tokens`` up front: 10**11 was 'out of memory' (800 GB), 2**63 - 1 an
+    overflow, 10**23 a TypeError called a bug; a stop id ends every one of them after the first token, and a
+    generation longer than the first block of its output equals the same generation cut shorter."""
+    ids = torch.tensor([[1, 2, 3]])
+    first = int(tiny.generate(ids, 1)[0, -1])
+    for n in (10**11, 2**63 - 1, 10**23):
+        assert tiny.generate(ids, n, eos_token_id=first, sync_every=1).shape == (1, 4)
+    long = tiny.generate(ids, 300)
+    assert long.shape == (1, 303) and torch.equal(long[:, :103], tiny.generate(ids, 100))
