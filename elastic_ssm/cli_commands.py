@@ -155,6 +155,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     model, device = load_model(args)
     names = checked_tiers(model, args.tiers) or [t.name for t in model.tier_table()]
+    limit = model.config.max_seq_len()             # an ES-SSM's filter length: the default check fits it
+    if limit is not None and "check_len" not in args._given:
+        args.check_len = min(args.check_len, limit)
+    if limit is not None and args.check_len > limit:
+        raise ConfigError(f"{spelled(args, 'check_len')} {args.check_len}: exceeds this {model.arch} model's filter "
+                          f"length {limit}, the longest sequence it accepts; give --check_len {limit} or less")
     out = Path(args.out)
     failed = 0
     with RunLock(out, owner="export", flag="--out"):   # one writer: two exports never interleave a tier's files

@@ -126,7 +126,8 @@ class TrainOptions(QuietOptions):
 class ExportOptions(ModelDirOptions, TiersOptions, DeviceOptions, QuietOptions):
     tiers: str = flag("all", "'all' or comma-separated tier names to export (T1,T4; ES-SSM K8 or a budget 8)")
     out: str = flag(help="output folder; one sub-folder per tier", output="folder")
-    check_len: AtLeast1 = flag(128, "tokens per sequence of the export check")
+    check_len: AtLeast1 = flag(128, "tokens per sequence of the export check (an ES-SSM: at most its filter length, "
+                                    "the default when shorter)")
     overwrite: bool = flag(False, "replace tier folders under --out that already hold files (refused otherwise, "
                                   "even for the same model)")
 

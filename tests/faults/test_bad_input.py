@@ -120,6 +120,8 @@ CASES = {  # name: (argv, words the message must contain)
     "export check-len 0": (["export", "{model}", "--out", "{root}/ex", "--check_len", "0"], ["--check_len"]),
     "export check-len beyond 64 bits": (["export", "{model}", "--out", "{root}/ex", "--check_len", str(1 << 63)],
                                         ["--check_len", "64-bit integer"]),
+    "export check-len above ES-SSM filters": (["export", "{es}", "--out", "{root}/ex", "--check_len", "256"],
+                                              ["--check_len 256", "filter length 128", "--check_len 128 or less"]),
     "export unknown tier": (["export", "{model}", "--out", "{root}/ex", "--tiers", "T99"], ["T99"]),
     # tier words: an all-digit word is an ES-SSM budget in every verb (ESSH refuses it, naming its tiers)
     "export budget on ESSH": (["export", "{model}", "--out", "{root}/ex", "--tiers", "4"],

@@ -111,3 +111,15 @@ def test_a_figure_cut_short_keeps_the_old_one(tmp_path, full_disk_png, figure):
         plot_importance(res, png) if figure == "importance" else _plot(rows, None, png)
     assert png.read_bytes() == b"the old figure"
     assert os.listdir(tmp_path) == ["figure.png"]
+
+
+def test_export_checks_a_short_es_ssm_at_its_filter_length_by_default(tmp_path, capsys):
+    """An ES-SSM built for 64 tokens failed ``export`` without ``--check_len`` (the default 128 exceeded its filters,
+    and the error said to rebuild the model); the default check now runs at the model's filter length."""
+    from elastic_ssm.config import model_config_from_dict
+    from elastic_ssm.models import build_model
+
+    model = build_model(model_config_from_dict({"arch": "es_ssm", "preset": "tiny", "seq_len": 64}), seed=0)
+    model.save_pretrained(tmp_path / "m")
+    assert main(["export", str(tmp_path / "m"), "--out", str(tmp_path / "ex"), "--tiers", "2", "--quiet"]) == 0
+    assert "K2: OK" in capsys.readouterr().out and (tmp_path / "ex" / "K2" / "config.json").is_file()
