@@ -257,6 +257,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ids = torch.tensor([tok.encode(args.prompt)], dtype=torch.long, device=device)
     if ids.numel() == 0:
         raise ConfigError(f"{spelled(args, 'prompt')} is empty: give at least one character")
+    limit = model.config.max_seq_len()    # checked before the prompt is echoed (decoding may run past it)
+    if limit is not None and ids.shape[1] > limit:
+        raise ConfigError(f"{spelled(args, 'prompt')} is {ids.shape[1]} tokens, more than the {limit} this "
+                          f"{model.arch} model reads at once (its filter length); give a shorter prompt")
     announce_device("generate", device, next(model.parameters()).dtype)
     g = torch.Generator(device=device).manual_seed(args.seed)
     sys.stdout.write(args.prompt)

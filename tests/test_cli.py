@@ -209,6 +209,16 @@ def test_an_error_while_generate_streams_starts_its_own_line(tmp_path, capsys, m
     assert "the device went away" in err.strip().splitlines()[-1]
 
 
+def test_a_prompt_beyond_an_es_ssm_filter_is_refused_before_it_is_echoed(tmp_path, capsys):
+    """A 200-byte prompt to an ES-SSM of filter length 128 was printed, then refused with advice to rebuild the
+    model; it is now one line naming --prompt before any output (decoding past the filter length still runs)."""
+    es.ESSSM(es.ESSSMConfig.preset("tiny")).save_pretrained(tmp_path / "m")
+    assert main(["generate", str(tmp_path / "m"), "--prompt", "a" * 200, "--max_new_tokens", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--prompt is 200 tokens, more than the 128" in err
+    assert main(["generate", str(tmp_path / "m"), "--prompt", "a" * 120, "--max_new_tokens", "20"]) == 0
+
+
 def test_train_refuses_a_file_as_out_dir_before_loading_data(tmp_path, capsys, monkeypatch):
     """It was refused only after the data was loaded (minutes for a large corpus)."""
     import elastic_ssm.pipeline
