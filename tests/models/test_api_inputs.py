@@ -101,3 +101,26 @@ def test_save_pretrained_names_a_meta_model_and_a_file_target(essh, tmp_path):
     with pytest.raises(ValueError, match="that is a file; a model is saved into a directory"):
         essh.save_pretrained(tmp_path / "afile")
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_generate_with_a_huge_max_new_tokens_stops_at_eos(essh):
+    """max_new_tokens is a bound, as in transformers: 10**12 with an eos tried to allocate [B, 10**12] up front
+    (torch's 'DefaultCPUAllocator: can't allocate memory')."""
+    ids = torch.randint(0, 200, (1, 6))
+    first = int(essh.generate(ids, 1)[0, -1])
+    out = essh.generate(ids, 10**12, eos_token_id=first, sync_every=1)
+    assert out.shape == (1, 7) and int(out[0, -1]) == first
+    long = essh.generate(ids, 1030, fast=False)             # past the first buffer (1024): it grows, nothing changes
+    assert long.shape == (1, 1036) and torch.equal(long[:, :12], essh.generate(ids, 6, fast=False))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(generator=0), "generator must be None or a torch.Generator"),          # a seed is not a generator
+    (dict(generator="0", do_sample=False), "generator must be"),                 # greedy ignored it silently
+    (dict(eos_token_id=True), "eos_token_id must be a token id"),                # was taken as token 1
+    (dict(pad_token_id=False, eos_token_id=3), "pad_token_id must be a token id"),
+    (dict(do_sample="no"), "do_sample must be True, False or None"),             # a truthy string sampled
+])
+def test_generate_names_odd_sampling_arguments(essh, kw, match):
+    with pytest.raises(TypeError if "generator" in kw or "do_sample" in kw else ValueError, match=match):
+        essh.generate(torch.randint(0, 200, (1, 4)), 2, **kw)
