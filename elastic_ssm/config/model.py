@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import re
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal, localcontext
@@ -63,13 +64,18 @@ def exact_decimal(x: float | int | Fraction) -> Decimal:
     return Decimal(repr(float(x))) if isinstance(x, float) else Decimal(int(x))
 
 
+def check_fraction(xi: Any, what: str = "a capacity fraction") -> None:
+    """A ``ValueError`` unless ``xi`` is a number in (0, 1] (NaN was decimal.InvalidOperation, a str a TypeError)."""
+    if isinstance(xi, bool) or not isinstance(xi, numbers.Real) or not 0 < xi <= 1:
+        raise ValueError(f"{what} must lie in (0, 1], got {xi!r}")
+
+
 @functools.lru_cache(maxsize=4096)
 def scaled_power(total: int, xi: float | Fraction, exponent: float) -> Decimal:
     """``total * xi ** exponent`` to 50 significant digits (correctly rounded ``Decimal`` power). Cached: every
     ``resolve_tier`` builds the tier table through it, and a server resolves tiers per request and row."""
+    check_fraction(xi, "budget variable xi")
     xi_d = exact_decimal(xi)
-    if not 0 < xi_d <= 1:
-        raise ValueError(f"budget variable xi must lie in (0, 1], got {xi!r}")
     with localcontext() as ctx:
         ctx.prec = 50
         return Decimal(total) * xi_d ** exact_decimal(exponent)
@@ -213,8 +219,7 @@ class FractionTierConfig(ModelConfig):
     def capacity_tier(self, xi: float) -> Tier:
         """The tier of an arbitrary budget fraction ``xi`` in (0, 1] (training capacities of D.4 such as
         3/32 need not be deployment tiers). Named ``"xi=<xi>"`` with ``index`` 0."""
-        if not 0 < xi <= 1:
-            raise ValueError(f"a capacity fraction must lie in (0, 1], got {xi}")
+        check_fraction(xi)
         return self.fraction_tier(f"xi={xi:g}", 0, xi)
 
     def tier_name(self, index: int) -> str:

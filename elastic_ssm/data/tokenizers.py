@@ -49,6 +49,17 @@ def _as_text(doc: str | bytes) -> str:
     return doc.decode("utf-8", errors="replace") if isinstance(doc, (bytes, bytearray)) else doc
 
 
+def _utf8(doc: Any) -> bytes:
+    """``doc`` (str or bytes) as UTF-8; another type, or a str with a lone surrogate (not UTF-8), a one-line error."""
+    if not isinstance(doc, (str, bytes, bytearray, memoryview)):     # bytes(5) was five zero bytes
+        raise TypeError(f"encode takes a str (or UTF-8 bytes), got {type(doc).__name__}")
+    try:
+        return doc.encode("utf-8") if isinstance(doc, str) else bytes(doc)
+    except UnicodeEncodeError as e:
+        raise ValueError(f"the text holds a lone surrogate U+{ord(doc[e.start]):04X} at character {e.start}, not valid "
+                         "UTF-8: pass the original bytes or text.encode('utf-8', 'replace').decode()") from None
+
+
 class ByteTokenizer:
     """Byte-level tokenizer: token id = byte value (0..255); specials PAD/BOS/EOS/SEP = 256..259."""
 
@@ -59,8 +70,7 @@ class ByteTokenizer:
 
     def encode_np(self, doc: str | bytes) -> np.ndarray:
         """Bytes of ``doc`` (UTF-8 for ``str``) as an int64 array ``[n]``."""
-        raw = doc.encode("utf-8") if isinstance(doc, str) else bytes(doc)
-        return np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+        return np.frombuffer(_utf8(doc), dtype=np.uint8).astype(np.int64)
 
     def encode(self, doc: str | bytes) -> list[int]:
         """Token ids of ``doc`` (no special tokens added)."""
@@ -151,13 +161,17 @@ class BPETokenizer:
 
     def encode(self, doc: str | bytes) -> list[int]:
         """Token ids of ``doc`` (bytes are decoded as UTF-8 with replacement; no specials added)."""
-        return self._tok.encode(_as_text(doc), add_special_tokens=False).ids
+        return self.encode_np(doc).tolist()
 
     def encode_np(self, doc: str | bytes) -> np.ndarray:
-        return np.asarray(self.encode(doc), dtype=np.int64)
+        return self.encode_batch_np([doc])[0]
 
     def encode_batch_np(self, docs: Sequence[str | bytes]) -> list[np.ndarray]:
-        encs = self._tok.encode_batch([_as_text(d) for d in docs], add_special_tokens=False)
+        try:
+            encs = self._tok.encode_batch([_as_text(d) for d in docs], add_special_tokens=False)
+        except TypeError:            # the Rust library's words name neither a non-text document nor a lone surrogate
+            [_utf8(d) for d in docs]
+            raise
         return [np.asarray(e.ids, dtype=np.int64) for e in encs]
 
     def decode(self, ids: Iterable[int]) -> str:

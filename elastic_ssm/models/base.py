@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import shutil
+import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +25,7 @@ from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
 from ..layers.ffn import RMSNorm
 from ..utils.devices import checked_device
-from ..utils.files import atomic_write_bytes
+from ..utils.files import atomic_write_bytes, fsync_dir
 from .model_dir import (
     CONFIG_NAME,
     FORMAT_VERSION,
@@ -157,39 +160,58 @@ class ElasticModel(nn.Module):
         return out
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-        """Write ``model.safetensors``, the tokenizer files, a model card (standalone exports) and, last (it names
-        the weights' size and digests, so a directory interrupted halfway is detected), ``config.json`` into
-        ``path``, each atomically. ``state_dict`` replaces the model's tensors (e.g. gathered from FSDP shards)."""
+        """Write ``model.safetensors``, the tokenizer files, a model card (standalone exports) and ``config.json``
+        (it names the weights' size and digests, so a directory overwritten only halfway is detected) into ``path``.
+        Every file is first written whole into a staging folder inside ``path``, then moved in, ``config.json`` last:
+        a model saved there before stays loadable until then (an error or Ctrl-C on the way leaves it as it was).
+        ``state_dict`` replaces the model's tensors (e.g. gathered from FSDP shards)."""
         from safetensors.torch import save
 
-        self.verified()                 # weights that failed their checksum are never written out
+        from ..data.tokenizers import META_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, save_tokenizer_files
 
+        self.verified()                 # weights that failed their checksum are never written out
         path = Path(path)
         parent = self.source.get("parent") if self.source.get("tier") else None
         if parent and path.is_dir() and Path(parent).is_dir() and path.samefile(parent):
             raise ValueError(f"save_pretrained({str(path)!r}): that directory holds the model this tier "
                              f"{self.source['tier']} was read from, which writing it there would replace; save the "
                              "tier into another directory")
-        path.mkdir(parents=True, exist_ok=True)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"save_pretrained({str(path)!r}): that is a file; a model is saved into a directory: "
+                             "give another path")
         state = self.state_dict() if state_dict is None else state_dict
-        tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-        blob = save(tensors, metadata={"format": "pt"})   # one key: safetensors writes a map in no fixed order
-        digest = atomic_write_bytes(path / WEIGHTS_NAME, blob)
-        if self.tokenizer is not None or self.tokenizer_record is None:    # none at all: remove another model's
-            from ..data.tokenizers import save_tokenizer_files
+        meta = next((k for k, v in state.items() if v.device.type == "meta"), None)
+        if meta is not None:
+            raise ValueError(f"save_pretrained: tensor {meta} is on the meta device (no values); load or initialise "
+                             "the weights first (from_pretrained, load_state_dict(..., assign=True))")
+        path.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=path, prefix=".save.", suffix=".tmp"))   # a temp name (utils.files)
+        try:
+            tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+            blob = save(tensors, metadata={"format": "pt"})   # one key: safetensors writes a map in no fixed order
+            digest = atomic_write_bytes(staging / WEIGHTS_NAME, blob)
+            stale: set[str] = set()
+            if self.tokenizer is not None or self.tokenizer_record is None:   # none at all: remove another model's
+                stale = {TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, META_FILE} - set(
+                    save_tokenizer_files(self.tokenizer, staging))
+            if self.source.get("tier"):       # a standalone export: write its model card
+                from ..elastic.model_card import model_card
 
-            save_tokenizer_files(self.tokenizer, path)
-        if self.source.get("tier"):       # a standalone export: write its model card
-            from ..elastic.model_card import model_card
-
-            atomic_write_bytes(path / "README.md", model_card(self).encode())
-        for name, text in remote_code(self.arch).items() if hf_keys(self) else ():
-            atomic_write_bytes(path / name, text.encode())  # trust_remote_code=True loads it without our import
-        # Size and checksum tie config.json to its weights: a directory overwritten only halfway and same-size
-        # bit rot are both detected on load.
-        text = json.dumps({**self._config_json(), "weights_bytes": len(blob), "weights_sha256": digest,
-                           "weights_sha256_pieces": pieces_record(blob)}, indent=2)
-        atomic_write_bytes(path / CONFIG_NAME, text.encode())
+                atomic_write_bytes(staging / "README.md", model_card(self).encode())
+            for name, text in remote_code(self.arch).items() if hf_keys(self) else ():
+                atomic_write_bytes(staging / name, text.encode())  # trust_remote_code=True loads it without our import
+            # Size and checksum tie config.json to its weights: a directory overwritten only halfway and same-size
+            # bit rot are both detected on load.
+            text = json.dumps({**self._config_json(), "weights_bytes": len(blob), "weights_sha256": digest,
+                               "weights_sha256_pieces": pieces_record(blob)}, indent=2)
+            atomic_write_bytes(staging / CONFIG_NAME, text.encode())
+            for name in sorted(os.listdir(staging), key=lambda n: n == CONFIG_NAME):   # config.json last
+                os.replace(staging / name, path / name)
+            for name in stale:
+                (path / name).unlink(missing_ok=True)
+            fsync_dir(path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         return path
 
     @classmethod

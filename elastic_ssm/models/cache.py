@@ -17,19 +17,43 @@ from ..config import TierLike
 from ..elastic.tiers import Tier
 from ..layers.attention import RingState
 from ..layers.es_ssm import DecodePlan, SpectralDecodeState, check_decode
+from ..utils.devices import checked_device
 
-__all__ = ["ESSHCache", "ESSSMCache"]
+__all__ = ["ESSHCache", "ESSSMCache", "check_cache", "check_cache_dtype"]
 
 
-def _state_dtype(model, batch: Any, state_dtype: torch.dtype | None) -> torch.dtype:
-    """Checks ``batch`` (an int >= 1) and gives the state dtype: ``state_dtype`` (a floating dtype), else float32
+def check_cache_dtype(name: str, dtype: Any) -> None:
+    """``state_dtype`` / ``kv_dtype``: None or a floating ``torch.dtype`` of 2 bytes or more (an integer KV ring
+    truncated keys and values to integers: every logit after the prefill was silently wrong)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize > 1):
+        raise TypeError(f"{name} must be None (the default) or a floating torch.dtype (torch.float32, torch.bfloat16, "
+                        f"...), got {dtype!r}")
+
+
+def check_cache(cache: Any, kind: type, batch: int | None = None, tier: Tier | None = None) -> None:
+    """A ``forward(cache=)`` / ``step`` cache: a ``kind`` built for ``batch`` sequences at ``tier`` (the same
+    channels and FFN units: a prefill at another tier filled states of another shape or mixed two models)."""
+    if not isinstance(cache, kind):
+        raise TypeError(f"cache must be the {kind.__name__} of model.allocate_cache(batch, tier), got "
+                        f"{type(cache).__name__}")
+    if batch is not None and cache.batch != batch:
+        raise ValueError(f"this cache holds batch={cache.batch} sequences, input_ids has {batch}; "
+                         f"allocate_cache({batch}, ...)")
+    if tier is not None and (tier.K, tier.n_ff) != (cache.tier.K, cache.tier.n_ff):
+        raise ValueError(f"this cache was built for tier {cache.tier.name} (K={cache.tier.K}) but the forward runs at "
+                         f"{tier.name} (K={tier.K}); allocate a cache with tier={tier.name!r} (or run the forward with "
+                         f"tier={cache.tier.name!r})")
+
+
+def _state_dtype(model, batch: Any, state_dtype: torch.dtype | None, kv_dtype: Any = None) -> torch.dtype:
+    """Checks ``batch`` (an int >= 1) and both dtypes, and gives the state dtype: ``state_dtype``, else float32
     (float64 for a float64 model)."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"a cache needs batch >= 1 sequences (an int), got {batch!r}")
+    check_cache_dtype("state_dtype", state_dtype)
+    check_cache_dtype("kv_dtype", kv_dtype)
     if state_dtype is None:
         return torch.float64 if model.embed.weight.dtype == torch.float64 else torch.float32
-    if not state_dtype.is_floating_point:
-        raise ValueError(f"state_dtype must be a floating dtype, got {state_dtype}")
     return state_dtype
 
 
@@ -50,10 +74,11 @@ class ESSHCache:
                  kv_dtype: torch.dtype | None = None) -> ESSHCache:
         """Zeroed cache for ``batch`` sequences at ``tier``. Defaults: fp32 mode states (float64 for a
         float64 model), a bf16 KV ring on CUDA and the parameter dtype on CPU."""
-        state_dtype = _state_dtype(model, batch, state_dtype)
+        state_dtype = _state_dtype(model, batch, state_dtype, kv_dtype)
         t = model.resolve_tier(tier)
         param = model.embed.weight
-        device = torch.device(device) if device is not None else param.device
+        device = param.device if device is None else torch.device("meta") if str(device) == "meta" else \
+            checked_device(device, "allocate_cache(device=)")   # meta: shapes and bytes only (benchmarks/memory.py)
         if kv_dtype is None:
             kv_dtype = torch.bfloat16 if device.type == "cuda" else param.dtype
         positions = torch.zeros(batch, dtype=torch.long, device=device)
@@ -169,7 +194,7 @@ class ESSSMCache:
             raise ValueError("cached decoding needs an ES-SSM language model (task='lm'); a classifier has"
                              " no next token")
         decode, n_modes = check_decode(decode, n_modes, cfg.seq_len)
-        state_dtype = _state_dtype(model, batch, state_dtype)
+        state_dtype = _state_dtype(model, batch, state_dtype, kv_dtype)
         t = model.resolve_tier(tier)
         layers = {i: b.mixer.init_state(batch, t, state_dtype=state_dtype, decode=decode, n_modes=n_modes)
                   for i, b in enumerate(model.blocks)}

@@ -16,7 +16,7 @@ from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule
 from ..layers.es_ssm import ESSSMBlock
 from .base import ElasticModel
-from .cache import ESSSMCache
+from .cache import ESSSMCache, check_cache
 from .generation import GenerationMixin, check_step_tokens, check_token_inputs
 
 __all__ = ["ESSSM"]
@@ -88,10 +88,8 @@ class ESSSM(GenerationMixin, ElasticModel):
                              f"for; build with seq_len >= T or truncate the input to {L} tokens")
         valid = None if attention_mask is None else attention_mask.to(torch.bool)  # [B, T]
         if cache is not None:
+            check_cache(cache, ESSSMCache, ids.shape[0])
             cache.check_prefill(K)
-            if cache.batch != ids.shape[0]:
-                raise ValueError(f"this cache holds batch={cache.batch} sequences, input_ids has"
-                                 f" {ids.shape[0]}; allocate_cache({ids.shape[0]}, ...)")
         x = self.embed(ids)  # [B, T, d]
         for i, block in enumerate(self.blocks):
             x = block(x, K, valid, None if cache is None else cache.layers[i])  # [B, T, d]; a state now at time T
@@ -113,6 +111,7 @@ class ESSSM(GenerationMixin, ElasticModel):
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, cache: ESSSMCache) -> torch.Tensor:
         """Decode one token per sequence: tokens [B] -> logits [B, V] (Eq. 4 per token); the cache advances by one."""
+        check_cache(cache, ESSSMCache)
         check_step_tokens(tokens, cache.batch, self.config.vocab_size)
         x = self.embed(tokens)  # [B, d]
         for i, block in enumerate(self.blocks):

@@ -19,7 +19,7 @@ from ..layers.attention import SlidingWindowAttention
 from ..layers.ffn import RMSNorm, SwiGLU
 from ..layers.spectral_mixer import SpectralMixer
 from .base import ElasticModel
-from .cache import ESSHCache
+from .cache import ESSHCache, check_cache
 from .compile import compile_trunk, scan_backend, trunk_for
 from .decode_engine import FusedSession, decoder_pool, use_fast_decoding
 from .generation import GenerationMixin, ReferenceSession, check_step_tokens, check_token_inputs, token_positions
@@ -102,6 +102,8 @@ class ESSH(GenerationMixin, ElasticModel):
             t = self.row_tiers(tier, None if cache is None else cache.tier)
         else:
             t = tier if isinstance(tier, RowTiers) else self.resolve_tier(tier)
+        if cache is not None:
+            check_cache(cache, ESSHCache, B, t.widest if isinstance(t, RowTiers) else t)
         valid = None if attention_mask is None else attention_mask.bool()
         positions = token_positions(valid, B, T, input_ids.device)
         if cache is not None and bool(cache.positions.any()):
@@ -152,6 +154,7 @@ class ESSH(GenerationMixin, ElasticModel):
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, cache: ESSHCache) -> torch.Tensor:
         """Decode one token per sequence (the reference step): tokens [B] -> logits [B,V]; the cache advances."""
+        check_cache(cache, ESSHCache)
         check_step_tokens(tokens, cache.batch, self.config.vocab_size)
         t = cache.tier
         x = self.embed(tokens)

@@ -173,11 +173,20 @@ class GenerationMixin:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         V = self.config.vocab_size
         for name, t in [*(("eos_token_id", s) for s in stops or [eos]), ("pad_token_id", pad)]:
-            if t is not None and (not isinstance(t, int) or not 0 <= t < V):
+            if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V):
                 raise ValueError(f"{name} must be a token id in [0, vocab_size={V})"
                                  f"{' or a non-empty list of them' if name == 'eos_token_id' else ''}, got {t!r}")
         check_token_inputs(input_ids, V, attention_mask, left_padding=True)
         check_sampling(temperature, top_k, top_p)
+        if do_sample is not None and not isinstance(do_sample, bool):
+            raise TypeError(f"do_sample must be True, False or None (sample when a temperature > 0, top_k or top_p is "
+                            f"given), got {do_sample!r}")
+        if generator is not None and (not isinstance(generator, torch.Generator)
+                                      or generator.device.type != input_ids.device.type):
+            got = f"one on {generator.device}" if isinstance(generator, torch.Generator) else repr(generator)
+            kind = input_ids.device.type
+            raise TypeError(f"generator must be None or a torch.Generator on the model's device ({kind}), e.g. "
+                            f"torch.Generator({kind!r}).manual_seed(0); got {got}")
         if do_sample is None:
             do_sample = (temperature is not None and temperature > 0) or bool(top_k) or top_p is not None
         temp = 0.0 if not do_sample else (1.0 if temperature is None else float(temperature))
@@ -212,8 +221,8 @@ class GenerationMixin:
         B, dev = logits.shape[0], logits.device
         # one stop id: one comparison a step, as before lists were taken; several: ``isin`` (two kernels)
         eos = None if not stops else stops[0] if len(stops) == 1 else torch.tensor(stops, device=dev)
-        # n_new is a bound, maybe far beyond where a stop id ends: the output grows by doubling, never allocated whole
-        out = torch.empty(B, min(n_new, 256), dtype=torch.long, device=dev)
+        # the buffers grow as tokens come: max_new_tokens is a bound (10**9 with an eos is fine), not an allocation
+        out = torch.empty(B, min(n_new, 1024), dtype=torch.long, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         all_done = torch.zeros(out.shape[1], dtype=torch.bool, device=dev)
         n = 0

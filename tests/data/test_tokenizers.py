@@ -20,3 +20,28 @@ def test_missing_tokenizer_files_are_named_with_the_fix(tmp_path):
     with pytest.raises(ValueError, match="has no files in .*copy them back.*--tokenizer") as err:
         resolve_tokenizer(bare)
     assert "tokenizers` package" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    pytest.importorskip("tokenizers")
+    from elastic_ssm.data.tokenizers import train_bpe
+
+    d = tmp_path_factory.mktemp("bpe")
+    (d / "c.txt").write_text("def main():\n    return 1\n" * 50)
+    return train_bpe([str(d / "c.txt")], 280, d / "tokenizer.json")
+
+
+@pytest.mark.parametrize("which", ["bytes", "bpe"])
+def test_encode_names_a_document_that_is_not_text(request, which):
+    """ByteTokenizer().encode(5) was five zero bytes, [0, 0, 0, 0, 0]; a lone surrogate was a UnicodeEncodeError
+    (bytes) or the tokenizers library's 'TextInputSequence must be str' (BPE), naming neither character nor place."""
+    tok = ByteTokenizer() if which == "bytes" else request.getfixturevalue("bpe")
+    for doc in (5, None, [1, 2]):
+        with pytest.raises(TypeError, match="encode takes a str .or UTF-8 bytes., got"):
+            tok.encode(doc)
+    for call in (tok.encode, tok.encode_np, lambda d: tok.encode_batch_np(["ok", d])):
+        with pytest.raises(ValueError, match="lone surrogate U.DC80 at character 1, not valid UTF-8"):
+            call("a\udc80b")
+    assert tok.encode("") == [] and tok.decode(tok.encode("def x")) == "def x"
+    assert tok.encode(b"def") == tok.encode("def")

@@ -248,3 +248,18 @@ def test_the_kept_tier_table_follows_a_changed_field():
     cfg.tier_xi = cfg.tier_xi[1:]
     assert [t.xi for t in tier_table(cfg)] == list(cfg.tier_xi)
     assert resolve_tier(cfg, "T1").xi == cfg.tier_xi[0]
+
+
+@pytest.mark.parametrize("xi", [float("nan"), "0.5", 0.0, 1.5])
+def test_a_budget_fraction_that_is_not_in_0_1_is_named(xi):
+    """NaN was decimal.InvalidOperation in channels_for / ffn_width_for, a str torch-free TypeError ('<' not
+    supported); numpy floats keep working."""
+    import numpy as np
+
+    from elastic_ssm.elastic import tiers
+
+    cfg = ESSHConfig.preset("tiny")
+    for f in (tiers.channels_for, tiers.ffn_width_for, tiers.capacity_tier):
+        with pytest.raises(ValueError, match=r"must lie in \(0, 1\], got"):
+            f(cfg, xi)
+    assert tiers.capacity_tier(cfg, np.float32(0.5)).K == tiers.capacity_tier(cfg, 0.5).K
