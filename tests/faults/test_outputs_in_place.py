@@ -6,6 +6,7 @@ import errno
 import os
 
 import pytest
+from test_cli_outputs import one_error_line  # tests/ is on sys.path (its conftest.py)
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
@@ -16,13 +17,6 @@ def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("own") / "T3"          # a full model in a folder named like a tier
     es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(path)
     return path
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    lines = [line for line in err.splitlines() if line.startswith("elastic-ssm ")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.mark.parametrize("where", ["its own folder", "a folder holding it"])
