@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from fractions import Fraction
+from numbers import Integral
 from typing import Any
 
 from ..config import ConfigError, ESSHConfig, model_config_from_dict, tier_word
@@ -72,13 +73,22 @@ def num_parameters(cfg: ModelConfig, tier: TierLike = None) -> int:
     return resolve_tier(cfg, tier).params
 
 
+def _count(name: str, value: Any) -> None:
+    """A ``ValueError`` unless ``value`` is an int >= 1 (a bool, float or NaN is no count)."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
 def state_bytes(cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_dtype_bytes: int = 4,
                 kv_dtype_bytes: int = 2, decode: str = "exact", n_modes: int = 8,
                 context: int = 2048) -> dict[str, int]:
     """Persistent per-batch decoding state in bytes, ``recurrent``, ``kv`` and ``total``, of the entries of
     ``cfg.tier_state`` (C.5, Table 53; docs/tiers.md); ``decode`` / ``n_modes``: ES-SSM's exact or modal decoder."""
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
+    for name, value in dict(batch=batch, state_dtype_bytes=state_dtype_bytes, kv_dtype_bytes=kv_dtype_bytes,
+                            n_modes=n_modes, context=context).items():
+        _count(name, value)
+    if decode not in ("exact", "modal"):
+        raise ValueError(f"decode must be 'exact' or 'modal', got {decode!r}")
     rec, kv = cfg.tier_state(resolve_tier(cfg, tier), decode=decode, n_modes=n_modes, context=context)
     out = {"recurrent": batch * rec * state_dtype_bytes, "kv": batch * kv * kv_dtype_bytes}
     out["total"] = out["recurrent"] + out["kv"]
@@ -88,8 +98,7 @@ def state_bytes(cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_d
 def flops_per_token(cfg: ModelConfig, tier: TierLike = None, context: int = 2048) -> dict[str, int]:
     """Per-token FLOPs (a multiply-accumulate = 2, C.5) of ``tier``: ``projection``, ``ffn``, ``attention``, ``scan``,
     ``head`` and ``total`` (ESSH: Eq. 9, 23, 24 per spectral block; ES-SSM: the FFT convolution at ``context``)."""
-    if context < 1:
-        raise ValueError(f"context must be >= 1, got {context}")
+    _count("context", context)
     return cfg.tier_flops(resolve_tier(cfg, tier), context)
 
 

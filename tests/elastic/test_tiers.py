@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from elastic_ssm import ESSHConfig, ESSSMConfig
@@ -199,6 +200,13 @@ def test_table53_state_bytes(c15):
     assert state_bytes(es) == {"recurrent": 2 * 127 * 32 * 4, "kv": 0, "total": 2 * 127 * 32 * 4}
     with pytest.raises(ValueError):
         state_bytes(c15, batch=0)
+    # a fractional or NaN batch gave fractional or NaN bytes, context 0 and decode="foo" were taken silently
+    bad = [dict(batch=1.5), dict(batch=float("nan")), dict(batch=True), dict(context=0), dict(state_dtype_bytes=0),
+           dict(n_modes=-1), dict(decode="foo")]
+    for kw in bad:
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            state_bytes(c15, **kw)
+    assert state_bytes(c15, batch=np.int64(2)) == state_bytes(c15, batch=2)
 
 
 def test_flops(c370):
