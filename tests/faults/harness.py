@@ -131,8 +131,9 @@ def _arm(fault: str) -> None:
         original_write = base.atomic_write_bytes
         sent = []
 
-        def atomic_write_bytes(path, data):
-            if not sent and Path(path).as_posix().endswith(arg):
+        def atomic_write_bytes(path, data):    # save_pretrained writes into a staging folder inside its target
+            logical = "/".join(q for q in Path(path).parts if not (q.startswith(".save.") and q.endswith(".tmp")))
+            if not sent and logical.endswith(arg):
                 sent.append(path)
                 os.kill(os.getpid(), signal.SIGTERM)
             return original_write(path, data)
