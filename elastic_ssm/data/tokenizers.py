@@ -46,6 +46,9 @@ def _import_tokenizers():
 
 
 def _as_text(doc: str | bytes) -> str:
+    """``doc`` for the tokenizers library: bytes decoded (UTF-8, replacement), anything else checked by ``_utf8``."""
+    if not isinstance(doc, (bytes, bytearray)):
+        _utf8(doc)        # another type or a lone surrogate: one line (the library's own error names neither)
     return doc.decode("utf-8", errors="replace") if isinstance(doc, (bytes, bytearray)) else doc
 
 
@@ -161,17 +164,13 @@ class BPETokenizer:
 
     def encode(self, doc: str | bytes) -> list[int]:
         """Token ids of ``doc`` (bytes are decoded as UTF-8 with replacement; no specials added)."""
-        return self.encode_np(doc).tolist()
+        return self._tok.encode(_as_text(doc), add_special_tokens=False).ids
 
     def encode_np(self, doc: str | bytes) -> np.ndarray:
-        return self.encode_batch_np([doc])[0]
+        return np.asarray(self.encode(doc), dtype=np.int64)
 
     def encode_batch_np(self, docs: Sequence[str | bytes]) -> list[np.ndarray]:
-        try:
-            encs = self._tok.encode_batch([_as_text(d) for d in docs], add_special_tokens=False)
-        except TypeError:            # the Rust library's words name neither a non-text document nor a lone surrogate
-            [_utf8(d) for d in docs]
-            raise
+        encs = self._tok.encode_batch([_as_text(d) for d in docs], add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int64) for e in encs]
 
     def decode(self, ids: Iterable[int]) -> str:
