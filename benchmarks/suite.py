@@ -22,10 +22,10 @@ from benchmarks.kinds import KINDS, kind_options, kind_runner
 from benchmarks.suite_report import suite_markdown, suite_tables
 from benchmarks.targets import Target, evaluate_targets, parse_targets
 from elastic_ssm.bench import harness, report
-from elastic_ssm.cli_util import check_output_path
 from elastic_ssm.config import ConfigBase, ConfigError
 from elastic_ssm.config.base import load_yaml, read_yaml_file
 from elastic_ssm.models.model_dir import CheckpointError
+from elastic_ssm.utils.files import check_output_path
 
 __all__ = ["Entry", "Suite", "EntryContext", "suite_dirs", "find_suite", "list_suites", "load_suite",
            "apply_overrides", "select", "run_suite", "RunLog", "SUITE_FIELDS", "suite_command"]

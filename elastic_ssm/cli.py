@@ -18,6 +18,7 @@ from . import cli_util as util
 from .cli_schema import DEFAULT_RUN
 from .config import ConfigError, ModelChoice, RunConfig, model_configs
 from .config.base import check_field, field_paths
+from .utils.files import check_output_path
 
 __all__ = ["COMMANDS", "check_options", "main", "parse"]
 
@@ -182,7 +183,7 @@ def check_options(args: argparse.Namespace) -> None:
         if not isinstance(value, str):                 # pydantic refuses a str that is not UTF-8, as a path may be
             check_field(cls, f.name, value, flag)
         if f.metadata.get("output") and isinstance(value, str):
-            util.check_output_path(flag, value, f.metadata["output"])
+            check_output_path(flag, value, f.metadata["output"])
     csv = getattr(args, "csv", None)
     if csv and not Path(csv).resolve().parent.is_dir():       # write_csv creates no folder
         raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")

@@ -20,7 +20,6 @@ from pathlib import Path
 from .cli_util import (
     announce_device,
     check_csv_target,
-    check_output_path,
     checked_tiers,
     listed_tier,
     load_model,
@@ -33,7 +32,7 @@ from .cli_util import (
     write_csv,
 )
 from .config import ConfigError
-from .utils.files import is_temp_name, process_umask
+from .utils.files import check_output_path, is_temp_name, process_umask
 from .utils.progress import progress, shown
 
 

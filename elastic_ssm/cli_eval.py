@@ -11,7 +11,6 @@ from pathlib import Path
 
 from .cli_util import (
     announce_device,
-    check_output_path,
     checked_capacities,
     checked_tiers,
     listed_tier,
@@ -24,7 +23,7 @@ from .cli_util import (
     write_csv,
 )
 from .config import ConfigError, RunConfig
-from .utils.files import atomic_write_text
+from .utils.files import atomic_write_text, check_output_path
 
 __all__ = ["cmd_eval", "cmd_importance", "cmd_lm_eval", "cmd_niah", "parse_lengths"]
 

@@ -27,7 +27,6 @@ import yaml
 from .config import ConfigError, tier_word
 from .utils.environment import env_flag
 from .utils.files import atomic_write_text
-from .utils.files import check_output_path as check_output_path  # the verbs' output check, re-exported
 
 
 def spelled(args: argparse.Namespace, name: str) -> str:

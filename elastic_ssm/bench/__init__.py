@@ -191,7 +191,8 @@ def bench_command(given: dict) -> dict:
     """``elastic-ssm bench`` with the ``BenchConfig`` fields the user gave (``given``): a suite when ``suite``
     is set (``benchmarks/suite.py`` of a clone, ``suite_command``; the other given fields override entry options),
     else one ``run_bench``."""
-    from ..cli_util import check_output_path, resolve_device
+    from ..cli_util import resolve_device
+    from ..utils.files import check_output_path
     from .harness import harness_module
 
     cfg = BenchConfig(**given)
