@@ -39,9 +39,9 @@ TIERS = [f"T{i}" for i in range(1, 11)]
 PAPER_PPL = {"T1 shared - specialist": (23.61, 19.79, "Table 11"), "T4 shared - specialist": (17.68, 16.25, "Table 11"),
              "T10 shared - dense": (14.71, 14.44, "Table 11"),
              "T1 recovered (#16) - shared": (45.66, 25.32, "Table 33"),
-             "T1 recovered (paper) - shared": (45.66, 25.32, "Table 33"),
+             "T1 recovered (paper's share) - shared": (45.66, 25.32, "Table 33"),
              "T4 recovered (#16) - shared": (23.75, 19.15, "Table 33"),
-             "T4 recovered (paper) - shared": (23.75, 19.15, "Table 33"),
+             "T4 recovered (paper's share) - shared": (23.75, 19.15, "Table 33"),
              "MatFormer full - ESSH T10": (16.80, 14.71, "Table 10"),
              "Transformer++ - ESSH T10": (15.88, 14.71, "Table 10"),
              "MatFormer full - Transformer++": (16.80, 15.88, "Table 10")}
@@ -272,10 +272,10 @@ def summary() -> str:
          f"{sgn(b1['dense-s0-retrain', 'T10'] - b1['dense-s0', 'T10'])} (dense-s0) and "
          f"{sgn(b1['essh-s0-retrain', 'T10'] - b1['essh-s0', 'T10'])} (essh-s0), as much as the gaps' spread: "
          f"run-to-run noise){long4}; recovered dense - shared at T1, "
-         f"paper's share {cell(gaps['T1 recovered (paper) - shared'], sgn)}, #16's "
+         "paper's share " + cell(gaps["T1 recovered (paper's share) - shared"], sgn) + ", #16's "
          f"{cell(gaps['T1 recovered (#16) - shared'], sgn)}: the paper's sign (Table 33), larger",
          f"essh n={e['T10']['n']}, dense n={d['T10']['n']}, spec-t1 n={st['spec-t1']['T1']['n']}, "
-         f"spec-t4 n={st['spec-t4']['T1']['n']}; 4x: 1", f"{tpp:.2f}{tpp4} (paper ~20)"],
+         f"spec-t4 n={st['spec-t4']['T1']['n']}; 4x: 1", f"{tpp:.2f}{tpp4} (paper ~20; ~10 in Tables 33, 37)"],
         ["2 budget dropout", "partial",
          f"every prefix usable with it (K = 4: {cell(c2['essm-bd']['K4'])}); without it K = 4 "
          f"{cell(c2['essm-full']['K4'])}, degraded, not collapsed; full-budget cost {cell(cost2, sgn)} at K = 32",

@@ -54,7 +54,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "dense": ("dense control, truncated (full tier = T10 specialist)", "truncated"),
     "essh-long": ("ESSH capacity-mixed + SR, 2,600 steps", "elastic"),
     "dense-long": ("dense control, 2,600 steps, truncated", "truncated"),
-    "dense-rec": ("dense control, truncated + recovered (paper: lr peak/20, 7.3% tokens)", "recovered"),
+    "dense-rec": ("dense control, truncated + recovered (paper's share: lr peak/20, 7.3% tokens)", "recovered"),
     "dense-rec33": ("dense control, truncated + recovered (#16: lr peak/33, 4.6% tokens)", "recovered"),
     "dense-s0-retrain": ("dense control, seed 0 trained again (a same-seed repeat)", "repeat"),
     "essh-s0-retrain": ("ESSH, seed 0 trained again (a same-seed repeat)", "repeat"),

@@ -47,11 +47,11 @@ CLAIM1_GAPS = {"T1 shared - specialist": ("essh", "T1", "spec-t1", "T1"),
                "T4 shared - specialist": ("essh", "T4", "spec-t4", "T1"),
                "T10 shared - dense": ("essh", "T10", "dense", "T10"),
                "T1 recovered (#16) - shared": ("dense-rec33", "T1", "essh", "T1"),
-               "T1 recovered (paper) - shared": ("dense-rec", "T1", "essh", "T1"),
+               "T1 recovered (paper's share) - shared": ("dense-rec", "T1", "essh", "T1"),
                "T4 recovered (#16) - shared": ("dense-rec33", "T4", "essh", "T4"),
-               "T4 recovered (paper) - shared": ("dense-rec", "T4", "essh", "T4"),
+               "T4 recovered (paper's share) - shared": ("dense-rec", "T4", "essh", "T4"),
                "T10 recovered (#16) - dense": ("dense-rec33", "T10", "dense", "T10"),
-               "T10 recovered (paper) - dense": ("dense-rec", "T10", "dense", "T10")}
+               "T10 recovered (paper's share) - dense": ("dense-rec", "T10", "dense", "T10")}
 
 
 def claim1_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:

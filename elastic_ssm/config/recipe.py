@@ -67,7 +67,7 @@ class BudgetDropoutConfig(ConfigBase):
                                "data with len() (batches per epoch)")
     warmup_frac: Frac01 = opt(0.1, "warm-up as a fraction of steps when warmup_steps and warmup_epochs are 0 "
                              "(Alg. 2's first phase is on by default; the paper's E_warmup is not in our copy of it, "
-                             "which ends in App. B.7; 0.1 is our choice; 0 disables the warm-up)")
+                             "which stops after App. B.7, in Alg. 2; 0.1 is our choice; 0 disables the warm-up)")
     n_full: NonNeg = opt(8, "a full-budget anchor on every n_full-th step after warm-up")
 
 

@@ -83,7 +83,8 @@ class TrainConfig(ConfigBase):
     recipe: Recipe = opt("auto", "'capacity_mixed' (ESSH, Alg. 1), 'budget_dropout' (ES-SSM, Sec. 4.2), "
                       "'nested_ffn' (MatFormer, N.1), 'posthoc' (recovery of a dense parent, E.7: `elastic-ssm "
                       "recover`), 'dense' (full capacity only) or 'auto' (by model type)")
-    steps: AtLeast1 = opt(1000, "optimizer steps of the pretraining stage (CPU default; paper 370M: 28,229)")
+    steps: AtLeast1 = opt(1000, "optimizer steps of the pretraining stage (CPU default; paper 370M: 7.4B tokens / "
+                               "262,144 = 28,229)")
     micro_batch_size: AtLeast1 = opt(8, "sequences per micro-batch on each rank (B); the data must deliver it")
     grad_accum: AtLeast1 = opt(1, "micro-batches per optimizer step on each rank (M; global M = M x world); "
                           "with tokens_per_step > 0 it is derived and must stay 1")

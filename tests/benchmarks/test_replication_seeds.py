@@ -56,7 +56,7 @@ def test_a_recovery_is_paired_with_the_run_it_started_from(tmp_path):
     (tmp_path / "dense-rec-s1" / "run.yaml").write_text("recover:\n  source: runs/replication/dense-s1-retrain/final\n")
     res = collect_claim(1, tmp_path, ["dense-s0", "dense-s1", "dense-s0-retrain", "dense-s1-retrain", "dense-rec-s0",
                                       "dense-rec-s1"])
-    gap = res["summary"]["gaps"]["T10 recovered (paper) - dense"]
+    gap = res["summary"]["gaps"]["T10 recovered (paper's share) - dense"]
     assert gap["seeds"] == pytest.approx({0: 1.074 - 1.058, 1: 1.062 - 1.040})
     assert res["summary"]["seeds"]["dense"]["T10"]["n"] == 2      # the repeat is its own arm, not a third seed
     assert {r["role"] for r in res["rows"] if r["run"] == "dense-s0-retrain"} == {"repeat"}
