@@ -19,7 +19,7 @@ from ..config.model import FractionTierConfig, ModelConfig, Tier, TierLike
 
 __all__ = ["Tier", "TierLike", "tier_table", "resolve_tier", "capacity_tier", "channels_for", "ffn_width_for",
            "num_parameters", "parameter_breakdown", "state_bytes", "flops_per_token", "format_tier_table", "tier_width",
-           "PAPER_PARAMS_M", "parameter_report", "format_report"]
+           "PAPER_PARAMS_M", "parameter_report", "format_report", "check_counts"]
 
 
 def _model_config(cfg: Any, what: str) -> ModelConfig:
@@ -73,10 +73,12 @@ def num_parameters(cfg: ModelConfig, tier: TierLike = None) -> int:
     return resolve_tier(cfg, tier).params
 
 
-def _count(name: str, value: Any) -> None:
-    """A ``ValueError`` unless ``value`` is an int >= 1 (a bool, float or NaN is no count)."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+def check_counts(least: int = 1, **values: Any) -> None:
+    """A ``ValueError`` naming the first of ``values`` that is not an int >= ``least`` (a bool, float or NaN is no
+    count; numpy ints pass): the one count check of the package's arguments."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
 
 
 def state_bytes(cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_dtype_bytes: int = 4,
@@ -84,9 +86,8 @@ def state_bytes(cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_d
                 context: int = 2048) -> dict[str, int]:
     """Persistent per-batch decoding state in bytes, ``recurrent``, ``kv`` and ``total``, of the entries of
     ``cfg.tier_state`` (C.5, Table 53; docs/tiers.md); ``decode`` / ``n_modes``: ES-SSM's exact or modal decoder."""
-    for name, value in dict(batch=batch, state_dtype_bytes=state_dtype_bytes, kv_dtype_bytes=kv_dtype_bytes,
-                            n_modes=n_modes, context=context).items():
-        _count(name, value)
+    check_counts(batch=batch, state_dtype_bytes=state_dtype_bytes, kv_dtype_bytes=kv_dtype_bytes, n_modes=n_modes,
+                 context=context)
     if decode not in ("exact", "modal"):
         raise ValueError(f"decode must be 'exact' or 'modal', got {decode!r}")
     rec, kv = cfg.tier_state(resolve_tier(cfg, tier), decode=decode, n_modes=n_modes, context=context)
@@ -98,7 +99,7 @@ def state_bytes(cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_d
 def flops_per_token(cfg: ModelConfig, tier: TierLike = None, context: int = 2048) -> dict[str, int]:
     """Per-token FLOPs (a multiply-accumulate = 2, C.5) of ``tier``: ``projection``, ``ffn``, ``attention``, ``scan``,
     ``head`` and ``total`` (ESSH: Eq. 9, 23, 24 per spectral block; ES-SSM: the FFT convolution at ``context``)."""
-    _count("context", context)
+    check_counts(context=context)
     return cfg.tier_flops(resolve_tier(cfg, tier), context)
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints, TypeAdapter, ValidationError
 
-from ..elastic.tiers import Tier, state_bytes, tier_table
+from ..elastic.tiers import Tier, check_counts, state_bytes, tier_table
 
 __all__ = ["select_tier", "tier_choice", "TierChoice", "PROFILE_FILE", "QUALITY_FILE", "profile_ms"]
 
@@ -115,8 +115,7 @@ def tier_choice(model_or_dir: Any, max_ms_per_token: float | None = None, max_st
                 max_params: int | None = None, batch: int = 1, *, profile: dict | None = None,
                 quality: dict | None = None) -> TierChoice:
     """``select_tier``'s choice with what it was made from (``TierChoice``; ``.line()`` says it)."""
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    check_counts(batch=batch)
     for name, v in (("max_ms_per_token", max_ms_per_token), ("max_state_bytes", max_state_bytes),
                     ("max_params", max_params)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):   # NaN too
