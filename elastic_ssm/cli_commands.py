@@ -33,7 +33,7 @@ from .cli_util import (
 )
 from .config import ConfigError
 from .utils.files import check_output_path, is_temp_name, process_umask
-from .utils.progress import progress, shown
+from .utils.progress import format_table, progress, shown
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -89,7 +89,6 @@ def cmd_recover(args: argparse.Namespace) -> int:
     """``recover PARENT``: truncate a saved ESSH and recover it by ``--protocol refine`` (Tables 33/43),
     ``label_only`` (Table 43) or ``posthoc`` (E.7); per-tier tables before and after, ``recovery.csv``
     (``train/recover.py``)."""
-    from .bench.report import format_table
     from .pipeline import build_data
     from .train.recover import truncate_and_recover
 

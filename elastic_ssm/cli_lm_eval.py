@@ -177,7 +177,7 @@ def _main(argv: list[str]) -> int:
         if res is not None and tier is not None:
             rows += result_rows(res, tier)
     if rows:
-        from .bench.report import format_table
+        from .utils.progress import format_table
 
         print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
         if csv_path:

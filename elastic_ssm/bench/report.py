@@ -8,31 +8,10 @@ from pathlib import Path
 
 from ..utils.environment import environment
 from ..utils.files import atomic_write_text
+from ..utils.progress import format_table
 
 __all__ = ["COLUMNS", "environment", "format_table", "ratios", "tables", "write_json",
            "markdown_section", "append_markdown"]
-
-
-def _cell(v, width: int = 0) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
-    s = str(v)
-    return s[:width - 3] + "..." if width and len(s) > width else s
-
-
-def format_table(rows: list[dict], columns: list[str], title: str | None = None) -> str:
-    """Rows as a left/right aligned text table over ``columns`` (missing cells print '-')."""
-    head = list(columns)
-    body = [[_cell(r.get(c), 80) for c in columns] for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                  for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    lines = [fmt(head), "-" * len(fmt(head)), *map(fmt, body)]
-    return "\n".join(([title] if title else []) + lines)
 
 
 def ratios(results: dict) -> list[dict]:

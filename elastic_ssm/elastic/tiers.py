@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config import ConfigError, ESSHConfig, model_config_from_dict, tier_word
 from ..config.model import FractionTierConfig, ModelConfig, Tier, TierLike
+from ..utils.progress import format_table
 
 __all__ = ["Tier", "TierLike", "tier_table", "resolve_tier", "capacity_tier", "channels_for", "ffn_width_for",
            "num_parameters", "parameter_breakdown", "state_bytes", "flops_per_token", "format_tier_table", "tier_width",
@@ -127,17 +128,10 @@ def format_tier_table(rows: Iterable[Tier], cfg: ModelConfig | None = None, batc
     head = ["tier", "xi", "K", "n_ff", "params", "", "r"]
     body = []
     for r in rows:
-        line = [r.name, f"{r.xi:.4f}", str(r.K), str(r.n_ff), f"{r.params:,}", _human(r.params),
-                f"{r.params / full:.3f}"]
+        line = [r.name, f"{r.xi:.4f}", r.K, r.n_ff, f"{r.params:,}", _human(r.params), f"{r.params / full:.3f}"]
         extra = [] if cfg is None else cfg.state_columns(r, state_bytes, batch, n_modes)
-        body.append(line + [cell for _, cell in extra])
-    if cfg is not None:
-        head += [h for h, _ in cfg.state_columns(rows[0], state_bytes, batch, n_modes)]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                  for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    rule = "-" * len(fmt(head))
-    return "\n".join([fmt(head), rule, *map(fmt, body)])
+        body.append(dict(zip(head + [h for h, _ in extra], line + [cell for _, cell in extra])))
+    return format_table(body, list(body[0]))
 
 
 #: Full-model parameter counts in millions as the paper reports them: (arch, preset) -> (count, source).

@@ -19,6 +19,7 @@ from torch.func import functional_call
 from torch.nn.utils.rnn import pad_sequence
 
 from ..config import TierLike
+from ..utils.progress import format_table
 from ..utils.progress import progress as progress_bar
 
 
@@ -151,26 +152,17 @@ def split_windows(batches: Sequence[tuple[torch.Tensor, torch.Tensor]], length: 
 def format_evals(rows: Sequence[TierEval]) -> str:
     """The rows as a text table; an ``xi`` column when a row is a capacity fraction (not a named tier) and a
     ``length`` column when the rows were evaluated at more than one sequence length."""
-    show_xi = any(not r.tier[1:].isdigit() for r in rows)
-    show_len = len({r.seq_len for r in rows}) > 1
-    head = (f"{'tier':<10}" + (f"{'xi':>8}" if show_xi else "") + (f"{'length':>8}" if show_len else "")
-            + f"{'K':>4}{'n_ff':>7}{'params':>14}{'loss':>9}{'ppl':>10}{'bpb':>8}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        xi = f"{r.xi:>8.4g}" if show_xi else ""
-        length = f"{r.seq_len if r.seq_len is not None else '-':>8}" if show_len else ""
-        lines.append(f"{r.tier:<10}{xi}{length}{r.K:>4}{r.n_ff:>7}{r.params:>14,}{r.loss:>9.4f}"
-                     f"{r.perplexity:>10.3f}{r.bpb:>8.4f}")
-    return "\n".join(lines)
+    columns = ["tier", *(["xi"] * any(not r.tier[1:].isdigit() for r in rows)),
+               *(["length"] * (len({r.seq_len for r in rows}) > 1)), "K", "n_ff", "params", "loss", "ppl", "bpb"]
+    return format_table([{"tier": r.tier, "xi": r.xi, "length": r.seq_len, "K": r.K, "n_ff": r.n_ff,
+                          "params": f"{r.params:,}", "loss": f"{r.loss:.4f}", "ppl": f"{r.perplexity:.3f}",
+                          "bpb": f"{r.bpb:.4f}"} for r in rows], columns)
 
 
 def format_length_sweep(rows: Sequence[TierEval]) -> str:
     """Bits per byte of every tier (rows) at every evaluated sequence length (columns)."""
     lengths = sorted({r.seq_len for r in rows if r.seq_len is not None})
-    tiers = list(dict.fromkeys(r.tier for r in rows))
-    bpb = {(r.tier, r.seq_len): r.bpb for r in rows}
-    head = f"{'bpb':<10}" + "".join(f"{f'L={n}':>10}" for n in lengths)
-    lines = [head, "-" * len(head)]
-    for t in tiers:
-        lines.append(f"{t:<10}" + "".join(f"{bpb[(t, n)]:>10.4f}" if (t, n) in bpb else f"{'-':>10}" for n in lengths))
-    return "\n".join(lines)
+    table: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        table.setdefault(r.tier, {"bpb": r.tier})[f"L={r.seq_len}"] = f"{r.bpb:.4f}"
+    return format_table(list(table.values()), ["bpb", *(f"L={n}" for n in lengths)])
