@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..elastic.tiers import state_bytes
 from ..models.decode_engine import decoder_pool
 from ..models.fast_decode import FastDecoder
 from .peers import PeerUnavailable, fla_peers, random_model, transformer_matched
@@ -76,9 +77,9 @@ class TransformerDecoder:
         self.cache.positions.fill_(self.context)
 
     def state_bytes(self) -> dict[str, int]:
-        c = self.model.config
-        kv = c.kv_bytes(self.context, self.cache.keys.shape[1], self.cache.keys.element_size())
-        return {"recurrent": 0, "kv": kv, "total": kv}
+        keys = self.cache.keys        # [N, B, H, L, hd]
+        return state_bytes(self.model.config, None, keys.shape[1], kv_dtype_bytes=keys.element_size(),
+                           context=self.context)
 
 
 def bench_decode(make: Callable[[int, bool], object], batch: int, graph: bool, warmup: int, iters: int,

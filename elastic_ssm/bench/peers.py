@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigError, ESSHConfig
-from ..elastic.tiers import resolve_tier
+from ..elastic.tiers import num_parameters, resolve_tier
 from ..models import build_model
 from ..models.baselines import TransformerConfig
 
@@ -42,7 +42,7 @@ def transformer_matched(cfg: ESSHConfig) -> tuple[TransformerConfig, dict]:
     t = resolve_tier(cfg, None)
     kept = ("vocab_size", "d_model", "n_layers", "head_dim", "rope_base", "norm_eps", "tie_embeddings", "init_std")
     base = TransformerConfig(d_ff=cfg.ffn_align, **{k: getattr(cfg, k) for k in kept})
-    d_ff, params, gap = match_ffn_width(t.params, lambda f: base.replace(d_ff=f).num_parameters(), cfg.ffn_align)
+    d_ff, params, gap = match_ffn_width(t.params, lambda f: num_parameters(base.replace(d_ff=f)), cfg.ffn_align)
     return base.replace(d_ff=d_ff), {"target_params": t.params, "params": params, "gap": gap, "d_ff": d_ff}
 
 

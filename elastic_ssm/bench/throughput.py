@@ -108,8 +108,9 @@ def train_suite(r, out: list) -> None:
     for peer in cfg.peers:
         def run_peer(peer=peer) -> dict:
             model, _, info = peer_model(r, peer, torch.float32, training=True)
-            seq = cfg.train_seq_len    # fla peers: the dense-layer estimate, 2 FLOPs per parameter and token
-            fpt = model.config.flops_per_token(seq)["total"] if peer == "transformer" else 2 * info["params"]
+            # fla peers: the dense-layer estimate, 2 FLOPs per parameter and token
+            fpt = tiers.flops_per_token(model.config, context=cfg.train_seq_len)["total"] if peer == "transformer" \
+                else 2 * info["params"]
             fwd, compiled = peer_forward(model, peer, cfg.compile, cfg.compile_mode)
             return {"params": info["params"], "compiled": compiled,
                     **bench_train(model, fwd, V, fpt, dev, compile_loss=compiled, **kw)}

@@ -140,7 +140,7 @@ def test_transformer_decode_equals_forward():
     torch.testing.assert_close(prompt_logits, full[:, :9])
     for t in range(9, 14):
         torch.testing.assert_close(model.step(ids[:, t], cache), full[:, t], rtol=1e-10, atol=1e-10)
-    assert sum(p.numel() for p in model.parameters()) == cfg.num_parameters()
+    assert sum(p.numel() for p in model.parameters()) == es.elastic.num_parameters(cfg)
 
 
 def test_table54_matching_and_counts():
@@ -149,7 +149,7 @@ def test_table54_matching_and_counts():
     assert round(info["params"] / 1e6, 1) == 1536.3 and abs(info["gap"] - 0.0034) < 1e-4   # Table 54
     with torch.device("meta"):
         model = TransformerPP(tcfg)
-    assert sum(p.numel() for p in model.parameters()) == tcfg.num_parameters() == info["params"]
+    assert sum(p.numel() for p in model.parameters()) == es.elastic.num_parameters(tcfg) == info["params"]
     d_ff, p, gap = match_ffn_width(1000, lambda f: 10 * f + 7, 8)
     assert (d_ff, p) == (96, 967) and gap == pytest.approx(-0.033)
 
