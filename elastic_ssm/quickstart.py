@@ -95,7 +95,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
                config: str | Path | None = None, overwrite: bool = False,
                resume: bool | str = False, progress: bool | str = True) -> dict[str, Any]:
     from .elastic.export import check_export, export_tier
-    from .elastic.model_card import model_card
+    from .elastic.tiers import model_card
     from .pipeline import build_data, fit_model_to_tokenizer
 
     out = Path(out_dir)
