@@ -106,8 +106,7 @@ def _cpu_ms_per_token(model, x: torch.Tensor, fast: bool, n: int) -> float:
 def run_generate_paths(opts: GeneratePathsOptions, ctx) -> list[dict]:
     """A row per (preset, path): ``{"preset", "path", "ms_per_token"}``."""
     from elastic_ssm.config import ESSHConfig
-    from elastic_ssm.models.essh import ESSH
-    from elastic_ssm.models.testing import randomize_selective
+    from elastic_ssm.models.essh import ESSH, randomize_selective
 
     threads = torch.get_num_threads()
     torch.set_num_threads(opts.threads)

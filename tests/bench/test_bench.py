@@ -18,8 +18,8 @@ from elastic_ssm.bench.peers import cast_matrices, match_ffn_width, transformer_
 from elastic_ssm.cli import parse
 from elastic_ssm.cli_util import overrides
 from elastic_ssm.models.baselines import TransformerConfig, TransformerPP
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
-from elastic_ssm.models.testing import randomize_selective
 from elastic_ssm.ops.dispatch import resolve_decode_backend
 from elastic_ssm.ops.spectral_scan import decode_triton as dt
 from elastic_ssm.ops.spectral_scan.naive import naive_spectral_scan

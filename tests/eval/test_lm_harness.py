@@ -16,7 +16,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 import elastic_ssm as es  # noqa: E402
 from elastic_ssm.cli import main  # noqa: E402
 from elastic_ssm.eval.lm_harness import ElasticLM, evaluate_tiers_on_tasks  # noqa: E402
-from elastic_ssm.models.testing import randomize_selective  # noqa: E402
+from elastic_ssm.models.essh import randomize_selective  # noqa: E402
 
 BOS = 257
 

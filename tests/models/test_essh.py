@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import elastic_ssm as es
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.model_dir import CheckpointError
-from elastic_ssm.models.testing import randomize_selective
 
 
 @pytest.fixture(scope="module")
