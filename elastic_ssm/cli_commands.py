@@ -5,9 +5,7 @@ imported inside them (``--help`` stays light)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import json
 import os
 import platform
 import shutil
@@ -32,7 +30,7 @@ from .cli_util import (
     write_csv,
 )
 from .config import ConfigError
-from .utils.files import check_output_path, is_temp_name, process_umask
+from .utils.files import check_output_path, is_temp_name, process_umask, read_json
 from .utils.progress import format_table, progress, shown
 
 
@@ -317,9 +315,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
 
 def _is_tokenizer_file(path: Path) -> bool:
     """Whether ``path`` holds a tokenizer.json (an object with a ``model`` mapping): what ``--overwrite`` replaces."""
-    with contextlib.suppress(OSError, ValueError):
-        return isinstance(record := json.loads(path.read_bytes()), dict) and isinstance(record.get("model"), dict)
-    return False
+    return isinstance(record := read_json(path), dict) and isinstance(record.get("model"), dict)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils.files import atomic_write_text, cache_dir
+from ..utils.files import atomic_write_text, cache_dir, read_json
 from .splits import STDLIB_MIN_VAL_FILES, VAL_FRACTION, split_by_path, stdlib_files, stdlib_root, tree_files
 
 __all__ = ["PREFIX", "is_pysrc", "pysrc_roots", "PySrcManifest", "manifest", "iter_pysrc", "describe_split_files"]
@@ -95,10 +95,8 @@ def manifest(spec: str, cache: bool = True) -> PySrcManifest:
     listing = hashlib.sha256(json.dumps([MANIFEST_VERSION, spec] + [
         (n, s.st_size, s.st_mtime_ns, str(p)) for (n, s), (_, p) in zip(stats, cands)]).encode()).hexdigest()
     path = cache_dir() / f"pysrc-manifest-{listing[:24]}.json"
-    digests = None
-    if cache and path.is_file():
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            digests = json.loads(path.read_text())["sha256"]
+    record = read_json(path) if cache else None
+    digests = record.get("sha256") if isinstance(record, dict) else None
     if digests is None or len(digests) != len(cands):
         digests = [hashlib.sha256(p.read_bytes()).hexdigest() for _, p in cands]
         if cache:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..elastic.tiers import state_bytes
-from ..utils.files import atomic_write_bytes, free_stamped_path
+from ..utils.files import atomic_write_bytes, free_stamped_path, read_json
 from .select import PROFILE_FILE, QUALITY_FILE
 from .slots import SlotPool
 
@@ -104,10 +104,7 @@ def _merge_write(path: str | Path, name: str, table: dict, keys: tuple[str, ...]
     """Write ``table`` as ``path/name``, merged into the saved record when comparable, else beside it."""
     target = Path(path) / name
     if target.is_file():
-        try:
-            old = json.loads(target.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            old = None
+        old = read_json(target)
         why = _not_comparable(old, table, keys)
         if why is None:
             tiers = dict(old["tiers"])

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from ..utils.files import read_json
 from .schema import ApiError
 
 __all__ = ["BUILTIN", "chat_template_source", "ChatTemplate", "default_template", "special_token_ids"]
@@ -72,10 +73,8 @@ def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = Non
     """Special-token text -> id: ``tokenizer.json``'s special ``added_tokens``, and the ``specials``
     (``bos_token`` -> ``"<bos>"``) of the roles ``tokenizer`` has ids for (``bos_id``, ``eos_id``, ...)."""
     out: dict[str, int] = {}
-    try:
-        added = json.loads((path / "tokenizer.json").read_text()).get("added_tokens") or []
-    except (OSError, ValueError, AttributeError):
-        added = []
+    record = read_json(path / "tokenizer.json")
+    added = record.get("added_tokens") if isinstance(record, dict) else []
     for t in added if isinstance(added, list) else []:
         if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str) and t["content"] \
                 and isinstance(t.get("id"), int):
@@ -115,10 +114,7 @@ class ChatTemplate:
         ``chat_template``, as transformers reads them), specials from ``tokenizer_config.json``; None: none."""
         path = getattr(model, "name_or_path", None)
         cfg = Path(path) / "tokenizer_config.json" if path else None
-        try:
-            meta = json.loads(cfg.read_text()) if cfg is not None and cfg.is_file() else {}
-        except (OSError, json.JSONDecodeError):
-            meta = {}
+        meta = read_json(cfg) if cfg is not None else {}
         meta = meta if isinstance(meta, dict) else {}
         jinja = Path(path) / "chat_template.jinja" if path else None     # where transformers saves it now
         origin = "--chat_template"
