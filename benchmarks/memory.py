@@ -66,7 +66,7 @@ def transformer_memory_row(tcfg: TransformerConfig, context: int, name: str = "t
 
 def run_memory(opts: MemoryOptions, ctx) -> list[dict]:
     """Every ESSH tier of ``opts.preset`` (measured == formula) and, with the transformer peer, its KV cache."""
-    from elastic_ssm.bench.peers import transformer_matched
+    from elastic_ssm.bench.decode import transformer_matched
 
     cfg = ESSHConfig.preset(opts.preset)
     rows = essh_memory_rows(cfg)

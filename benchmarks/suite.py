@@ -2,7 +2,7 @@
 (``targets.py``) and a time budget (docs/performance.md, "Suites"). ``load_suite`` validates a suite with one-line
 errors before anything runs; ``run_suite`` runs its entries in order, each into ``OUT_DIR/<entry>/``;
 ``suite_command`` is ``elastic-ssm bench --bench.suite`` (``elastic_ssm.bench.bench_command`` loads this module from
-a clone through ``elastic_ssm.bench.harness``)."""
+a clone through ``elastic_ssm.bench.harness_module``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from unittest import mock
 from benchmarks.kinds import KINDS, kind_options, kind_runner
 from benchmarks.suite_report import suite_markdown, suite_tables
 from benchmarks.targets import Target, evaluate_targets, parse_targets
-from elastic_ssm.bench import harness, report
+from elastic_ssm import bench as harness
+from elastic_ssm.bench import report
 from elastic_ssm.config import ConfigBase, ConfigError
 from elastic_ssm.config.base import load_yaml, read_yaml_file
 from elastic_ssm.models.model_dir import CheckpointError

@@ -1,14 +1,22 @@
 """``elastic-ssm bench``: ``BenchConfig``, ``run_bench`` (decode, prefill, generate, train and serve of ESSH tiers
 against parameter-matched peers, random weights at the preset shapes; docs/performance.md) and ``bench_command`` (one
 run, or a suite of the research harness: ``benchmarks/suite.py`` of a clone, whose ``bench`` entries call
-``run_bench``)."""
+``run_bench``).
+
+Finding the research harness (``benchmarks/`` at the repository root, not installed) from a clone: the suites of
+``elastic-ssm bench --bench.suite`` (``benchmarks/suite.py``), their entry kinds (``benchmarks/kinds.py``) and the fla
+peers (``benchmarks/fla_peers.py``) are imported by name, from the current folder or the checkout this
+``elastic_ssm`` is imported from when they are not importable, else a one-line ``ConfigError``."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Literal, get_args
 
 import torch
@@ -17,7 +25,8 @@ from annotated_types import Ge
 from ..config import ConfigBase, ConfigError, ESSHConfig, opt
 from ..config.base import AtLeast1, NonNegF
 
-__all__ = ["BenchConfig", "run_bench", "bench_command", "Peer"]
+__all__ = ["BenchConfig", "run_bench", "bench_command", "Peer", "HARNESS", "CHECKOUT", "harness_roots",
+           "harness_module"]
 
 Bench = Literal["decode", "prefill", "generate", "train", "serve"]   # in run order
 _BENCHES = get_args(Bench)
@@ -126,7 +135,7 @@ class _Runner:
         """A random-weight ESSH of the preset, matrices in the bench dtype (or ``dtype``; None: float32), through
         ``compile_model`` when ``BenchConfig.compile`` (and ``compile``) is set."""
         from ..models import compile_model
-        from .peers import random_model
+        from .decode import random_model
 
         model = random_model(self.mcfg, self.dev, self.dtype if dtype == "bench" else dtype)
         if compile and self.cfg.compile:
@@ -142,7 +151,7 @@ class _Runner:
             try:
                 row = {**base, **fn()}
             except Exception as e:  # one failing entry must not abort the run
-                from .peers import PeerUnavailable
+                from .decode import PeerUnavailable
 
                 if not isinstance(e, PeerUnavailable):
                     traceback.print_exc()
@@ -193,7 +202,6 @@ def bench_command(given: dict) -> dict:
     else one ``run_bench``."""
     from ..cli_util import resolve_device
     from ..utils.files import check_output_path
-    from .harness import harness_module
 
     cfg = BenchConfig(**given)
     # what would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a device
@@ -218,3 +226,40 @@ def bench_command(given: dict) -> dict:
                           "its benchmarks/ folder and the suites in configs/bench/ are not installed with "
                           "elastic_ssm); run elastic-ssm bench --bench.suite from the root of a clone") from None
     return suites.suite_command(cfg, given)
+
+
+#: the research harness: a top-level package of the repository beside ``elastic_ssm/``, not installed
+HARNESS = "benchmarks"
+#: the folder this ``elastic_ssm`` is imported from: the clone's root for a checkout or an editable install
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def harness_roots() -> list[Path]:
+    """Folders that may hold the harness (``benchmarks/__init__.py``): the current folder, then the checkout this
+    ``elastic_ssm`` is imported from (an editable install run from elsewhere)."""
+    dirs = [Path.cwd(), CHECKOUT]
+    return [d for d in dict.fromkeys(dirs) if (d / HARNESS / "__init__.py").is_file()]
+
+
+def harness_module(what: str, module: str):
+    """``module``; a harness module is looked up in ``harness_roots()`` when it is not importable (the installed
+    ``elastic-ssm`` run outside the repository root), else a one-line ``ConfigError`` naming ``what`` needs it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if module.partition(".")[0] != HARNESS or not (e.name or "").partition(".")[0] == HARNESS:
+            raise
+    for root in harness_roots():
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        if getattr(sys.modules.get(HARNESS), "__file__", 1) is None:    # a namespace package: some folder named
+            for name in [m for m in sys.modules if m.partition(".")[0] == HARNESS]:   # benchmarks/ on sys.path
+                del sys.modules[name]
+        importlib.invalidate_caches()
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if not (e.name or "").partition(".")[0] == HARNESS:
+                raise
+    raise ConfigError(f"{what} belongs to the research harness in the repository's {HARNESS}/ folder "
+                      f"(not installed with elastic_ssm): run it from the root of a clone ({module} not found)")

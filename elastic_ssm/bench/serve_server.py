@@ -56,7 +56,7 @@ def _bench_model(preset: str, device: str, dtype: str, seed: int, vocab_size: in
     import torch
 
     from ..config import ESSHConfig
-    from .peers import random_model
+    from .decode import random_model
 
     torch.manual_seed(seed)
     cfg = ESSHConfig.preset(preset, **({} if vocab_size is None else {"vocab_size": vocab_size}))

@@ -11,9 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..elastic import tiers
-from .decode import built_peer, peer_model
-from .peers import peer_forward
-from .timing import oom_as_result, summarize, time_fn
+from .decode import built_peer, oom_as_result, peer_forward, peer_model, summarize, time_fn
 
 __all__ = ["bench_prefill", "prefill_suite", "bench_train", "train_suite"]
 

@@ -14,7 +14,7 @@ from triton_interpreter import run_interpreted
 
 import elastic_ssm as es
 from elastic_ssm.bench import BenchConfig, bench_command, run_bench
-from elastic_ssm.bench.peers import cast_matrices, match_ffn_width, transformer_matched
+from elastic_ssm.bench.decode import cast_matrices, match_ffn_width, transformer_matched
 from elastic_ssm.cli import parse
 from elastic_ssm.cli_util import overrides
 from elastic_ssm.models.baselines import TransformerConfig, TransformerPP
@@ -226,7 +226,7 @@ def test_compiled_bench_compiles_transformer_peer_too(tmp_path):
 
 
 def test_out_of_memory_is_a_row_result_and_other_errors_propagate():
-    from elastic_ssm.bench.timing import oom_as_result
+    from elastic_ssm.bench.decode import oom_as_result
 
     row: dict = {}
     with oom_as_result(row, torch.device("cpu"), peak=True):
