@@ -1,11 +1,9 @@
-"""Chat templates (docs/serving.md, "Chat"): ``ChatTemplate`` renders and encodes messages as
-``apply_chat_template`` does; ``chat_template_source`` reads ``--chat_template`` (a ``BUILTIN`` name or a file)."""
+"""Chat templates (docs/serving.md, "Chat"): ``ChatTemplate`` renders and encodes messages by transformers'
+``apply_chat_template``; ``chat_template_source`` reads ``--chat_template`` (a ``BUILTIN`` name or a file)."""
 
 from __future__ import annotations
 
 import json
-import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +11,7 @@ from ..config import ConfigError
 from ..utils.files import read_json
 from .schema import ApiError
 
-__all__ = ["BUILTIN", "chat_template_source", "ChatTemplate", "default_template", "special_token_ids"]
+__all__ = ["BUILTIN", "chat_template_source", "ChatTemplate", "compiled", "default_template"]
 
 BUILTIN = {
     "chatml": ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -55,7 +53,7 @@ def chat_template_source(spec: str | None) -> str | None:
     from jinja2 import TemplateError
 
     try:
-        ChatTemplate(text, {})
+        compiled(text)
     except TemplateError as e:
         where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
         raise ConfigError(f"--chat_template {spec}: not a valid Jinja template{where}: {e.message}") from None
@@ -69,74 +67,52 @@ def default_template(saved: Any) -> Any:
     return saved
 
 
-def special_token_ids(path: Path, specials: dict[str, str], tokenizer: Any = None) -> dict[str, int]:
-    """Special-token text -> id: ``tokenizer.json``'s special ``added_tokens``, and the ``specials``
-    (``bos_token`` -> ``"<bos>"``) of the roles ``tokenizer`` has ids for (``bos_id``, ``eos_id``, ...)."""
-    out: dict[str, int] = {}
-    record = read_json(path / "tokenizer.json")
-    added = record.get("added_tokens") if isinstance(record, dict) else []
-    for t in added if isinstance(added, list) else []:
-        if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str) and t["content"] \
-                and isinstance(t.get("id"), int):
-            out[t["content"]] = t["id"]
-    for key, text in specials.items():
-        tid = getattr(tokenizer, key.removesuffix("_token") + "_id", None)
-        if text and text not in out and isinstance(tid, int) and not isinstance(tid, bool) and tid >= 0:
-            out[text] = tid
-    return out
+def compiled(source: str) -> Any:
+    """``source`` compiled in the Jinja sandbox transformers renders chat templates in (a ``TemplateError`` when Jinja
+    cannot compile it)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    return ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
 
 
 class ChatTemplate:
-    """A compiled chat template. ``specials``: its special-token variables; ``prompt`` encodes a rendering with
-    ``tokenizer`` as ``apply_chat_template`` does (each ``special_ids`` string one id)."""
+    """A chat template and the tokenizer of a served model as ``transformers`` holds it; ``prompt`` renders and
+    encodes messages by its ``apply_chat_template`` (every special-token string of the rendering is that token's
+    id)."""
 
-    def __init__(self, source: str, specials: dict[str, str], tokenizer: Any = None,
-                 special_ids: dict[str, int] | None = None) -> None:
-        import jinja2.ext
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    def __init__(self, source: str, tokenizer: Any) -> None:
+        from transformers import PreTrainedTokenizerFast
 
-        def raise_exception(message: Any) -> None:     # the globals transformers gives chat templates
-            raise TemplateError(message)
+        from ..data.tokenizers import SPECIAL_ROLES, ByteTokenizer, byte_level_tokenizer
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-        env.globals.update(raise_exception=raise_exception, strftime_now=time.strftime)
-        self.template, self.specials = env.from_string(source), specials
-        self.tokenizer = tokenizer
-        self.special_ids = {k: int(v) for k, v in (special_ids or {}).items() if k}
-        # longest first, so that a special token containing another is matched whole
-        alternatives = sorted(self.special_ids, key=len, reverse=True)
-        self._split = re.compile("(" + "|".join(map(re.escape, alternatives)) + ")") if alternatives else None
+        inner = byte_level_tokenizer() if isinstance(tokenizer, ByteTokenizer) else tokenizer._tok
+        specials = {f"{r}_token": inner.id_to_token(getattr(tokenizer, f"{r}_id")) for r in SPECIAL_ROLES}
+        self.source, self.hf = source, PreTrainedTokenizerFast(tokenizer_object=inner, **specials)
 
     @classmethod
     def from_model(cls, model, tokenizer: Any = None, source: str | None = None) -> ChatTemplate | None:
         """``source`` or the directory's template (``chat_template.jinja``, else ``tokenizer_config.json``'s
-        ``chat_template``, as transformers reads them), specials from ``tokenizer_config.json``; None: none."""
+        ``chat_template``, as transformers reads them); None: none."""
         path = getattr(model, "name_or_path", None)
         cfg = Path(path) / "tokenizer_config.json" if path else None
         meta = read_json(cfg) if cfg is not None else {}
-        meta = meta if isinstance(meta, dict) else {}
         jinja = Path(path) / "chat_template.jinja" if path else None     # where transformers saves it now
         origin = "--chat_template"
         if source is None and jinja is not None and jinja.is_file():
             origin, source = jinja, jinja.read_text(encoding="utf-8")
         elif source is None:                     # a model without a directory (random weights): no template
-            origin, source = cfg, default_template(meta.get("chat_template"))
+            origin, source = cfg, default_template(meta.get("chat_template") if isinstance(meta, dict) else None)
         if not isinstance(source, str) or not source.strip():
             return None
-        specials = {}
-        for k, v in meta.items():             # "<bos>", or an AddedToken record {"content": "<bos>", ...}
-            v = v.get("content") if isinstance(v, dict) else v
-            if k.endswith("_token") and isinstance(v, str):
-                specials[k] = v
         from jinja2 import TemplateError
 
         try:
-            return cls(source, specials, tokenizer, special_token_ids(Path(path), specials, tokenizer) if path else {})
+            compiled(source)
         except TemplateError as e:       # the directory's own (--chat_template's was compiled when read)
             raise ConfigError(f"the chat template of {origin} is not a valid Jinja template (line {e.lineno}): "
                               f"{e.message}; fix it, or replace it with --chat_template chatml (or plain, or a "
                               "Jinja file)") from None
+        return cls(source, tokenizer)
 
     def prompt(self, messages: list) -> list[int] | str:
         """The token ids of validated chat ``messages`` (``schema.ChatMessage``: text content) as rendered, special
@@ -148,14 +124,9 @@ class ChatTemplate:
             raise ApiError(400, "messages hold text that is not valid UTF-8 (an unpaired surrogate)",
                            "messages") from None
         try:
-            prompt = self.template.render(messages=messages, add_generation_prompt=True, **self.specials)
+            ids = self.hf.apply_chat_template(messages, chat_template=self.source, add_generation_prompt=True,
+                                              tokenize=True, return_dict=False)
         except Exception as e:   # a template error (e.g. raise_exception on a role order) is the request's fault
             text = " ".join(str(e).split())[:200] or type(e).__name__     # it may quote a message
             raise ApiError(400, f"the chat template refused these messages: {text}", "messages") from None
-        ids: list[int] = []
-        for i, piece in enumerate(self._split.split(prompt) if self._split is not None else [prompt]):
-            if i % 2:
-                ids.append(self.special_ids[piece])
-            elif piece:
-                ids += list(self.tokenizer.encode(piece))
-        return ids if ids else prompt
+        return list(ids) or ""
