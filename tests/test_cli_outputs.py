@@ -410,7 +410,7 @@ def test_eval_writes_into_the_model_directory_only_when_asked(model_dir, tmp_pat
     assert {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()} == before and csv_path.is_file()
     capsys.readouterr()
 
-    import elastic_ssm.serve.calibrate as calibrate
+    import elastic_ssm.serve.select as calibrate
 
     def read_only(path, *a, **k):
         raise PermissionError(13, "Permission denied", str(path))

@@ -176,7 +176,7 @@ def check_state_fits(config, tier: str, batch: int, device, flag: str, weights: 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..cli_util import load_model
-    from .calibrate import calibrate, write_profile
+    from .select import calibrate, write_profile
 
     try:
         batches = [int(b) for b in args.batches.split(",")]
@@ -198,7 +198,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def record_quality(args: argparse.Namespace, rows, model, window: int) -> None:
     """``eval --write_quality``: ``rows`` of ``model`` into tier_quality.json (``window``: the longest length)."""
-    from .calibrate import quality_table, write_quality
+    from .select import quality_table, write_quality
 
     if not args.write_quality:
         return
