@@ -205,7 +205,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
 def cmd_niah(args: argparse.Namespace) -> int:
     from .data import load_corpus
     from .data.tokenizers import resolve_tokenizer
-    from .eval.needle import NeedleConfig, build_trials, check_fits, evaluate_needle
+    from .eval.perplexity import NeedleConfig, build_trials, check_fits, evaluate_needle
 
     try:               # the other fields are typed options, so a mistake here is in --depths
         cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition,

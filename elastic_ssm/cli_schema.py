@@ -182,7 +182,7 @@ class LmEvalOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptio
 @dataclass(kw_only=True)
 class NiahOptions(ModelDirOptions, TiersOptions, TokenizerOptions, DeviceOptions, PrecisionOptions, CsvOptions,
                   QuietOptions):
-    """``niah``: the fields of ``eval.needle.NeedleConfig`` the command line sets, under their own names."""
+    """``niah``: the fields of ``eval.perplexity.NeedleConfig`` the command line sets, under their own names."""
 
     data: str = flag("stdlib", "filler text source (as for eval)")
     split: str = flag("validation", "split of the filler source")
