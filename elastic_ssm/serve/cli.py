@@ -70,10 +70,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..data.tokenizers import resolve_tokenizer
     from ..models import load_pretrained
     from .app import ServerSettings, create_app
-    from .chat_templates import chat_template_source
     from .guard import is_loopback, uvicorn_connection_limit
     from .header_deadline import with_header_deadline
     from .remote import model_view
+    from .tokens import chat_template_source
 
     chat_template = chat_template_source(args.chat_template)      # before the model loads: a typo costs nothing
     name = args.name if args.name is not None else Path(args.checkpoint).resolve().name
