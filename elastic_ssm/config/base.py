@@ -76,44 +76,24 @@ def section(cls: type, help: str) -> Any:
 
 _CONFIG = ConfigDict(allow_inf_nan=False)   # lax mode: "3e-4" -> 3e-4, [a, b] -> (a, b), 2.0 -> 2
 _ADAPTERS: dict[type, dict[str, tuple[Any, TypeAdapter[Any]]]] = {}
-_WORDS = {"greater_than": "must be > {gt:g}", "greater_than_equal": "must be >= {ge:g}",
-          "less_than": "must be < {lt:g}", "less_than_equal": "must be <= {le:g}",
-          "finite_number": "expected a finite number", "literal_error": "must be one of {expected}",
-          "too_short": "must have at least {min_length} item(s)", "too_long": "must have at most {max_length} item(s)",
-          "string_too_short": "must not be empty", "string_pattern_mismatch": "must match {pattern}",
-          "value_error": "{error}"}
-_KINDS = {"float": "float", "int": "int", "string": "str", "bool": "bool", "tuple": "a list", "list": "a list",
-          "frozenset": "a list", "dict": "a mapping"}
 
 
 def _section_type(tp: Any) -> type | None:
     return tp if isinstance(tp, type) and issubclass(tp, ConfigBase) else None
 
 
-def _num(v: float) -> str:
-    return str(v) if isinstance(v, int) else f"{v:g}"     # a 64-bit bound in full, not 1.84467e+19
+def _bounded(tp: Any) -> bool:
+    """Whether annotation ``tp`` (its items included) declares an ``annotated_types.Interval``."""
+    return any(isinstance(m, Interval) for m in getattr(tp, "__metadata__", ())) or any(map(_bounded,
+                                                                                           typing.get_args(tp)))
 
 
-def _interval(tp: Any) -> str:
-    """``'[0, 1)'`` for the first ``annotated_types.Interval`` in annotation ``tp`` (items included), else ``''``."""
-    for m in getattr(tp, "__metadata__", ()):
-        if isinstance(m, Interval):
-            lo, hi = ("(", m.gt) if m.gt is not None else ("[", m.ge), (")", m.lt) if m.lt is not None else ("]", m.le)
-            return f"{lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
-    return next(filter(None, map(_interval, typing.get_args(tp))), "")
-
-
-def _one_line(name: str, tp: Any, err: ValidationError) -> ConfigError:
-    """The first error of pydantic's ``err`` as one ``ConfigError`` line naming ``name`` (and the item)."""
+def _one_line(name: str, err: ValidationError) -> ConfigError:
+    """The first error of pydantic's ``err`` as one ``ConfigError`` line naming ``name`` (and the item): pydantic's
+    own words (a declared rule's: its message)."""
     e = err.errors(include_url=False)[0]
     where = name + "".join(f"[{x}]" for x in e["loc"] if isinstance(x, int))
-    kind = e["type"]
-    if kind.startswith(("greater", "less")) and _interval(tp):
-        what = f"must lie in {_interval(tp)}"
-    elif kind in _WORDS:
-        what = _WORDS[kind].format(**e.get("ctx", {}))
-    else:
-        what = f"expected {_KINDS.get(kind.split('_')[0], kind)}"
+    what = str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"]
     return ConfigError(f"{where}: {what}, got {e['input']!r}")
 
 
@@ -130,8 +110,8 @@ def check_field(cls: type, name: str, value: Any, where: str = "") -> Any:
     try:
         out = adapter.validate_python(value)
     except ValidationError as e:
-        raise _one_line(where or f"{cls.__name__}.{name}", tp, e) from None
-    if type(out) is int and not _interval(tp) and not -(1 << 63) <= out < 1 << 63:   # torch takes no larger int
+        raise _one_line(where or f"{cls.__name__}.{name}", e) from None
+    if type(out) is int and not _bounded(tp) and not -(1 << 63) <= out < 1 << 63:   # torch takes no larger int
         raise ConfigError(f"{where or f'{cls.__name__}.{name}'}: {out} is beyond a 64-bit integer; give a smaller "
                           "value")
     return out

@@ -294,14 +294,18 @@ def test_only_repeatable_list_flags_add_up():
 
 
 @pytest.mark.parametrize("cls,fields,message", [
-    ("BenchConfig", {"compile_mode": "fast"}, "BenchConfig.compile_mode: must be one of 'default'"),
-    ("BenchConfig", {"serve_streams": [0]}, "BenchConfig.serve_streams[0]: must be >= 1, got 0"),
-    ("BenchConfig", {"serve_prefill_wait_ms": [float("inf")]}, "serve_prefill_wait_ms[0]: expected a finite number"),
-    ("BenchConfig", {"generate_new_tokens": 1}, "BenchConfig.generate_new_tokens: must be >= 2, got 1"),
-    ("SessionPrefillOptions", {"scan_backends": ["x"]}, "scan_backends[0]: must be one of 'auto', 'fla' or 'torch'"),
-    ("SessionPrefillOptions", {"lengths": []}, "SessionPrefillOptions.lengths: must have at least 1 item(s)"),
-    ("FirstTokenOptions", {"runs": -1}, "FirstTokenOptions.runs: must be >= 0, got -1"),
-    ("GeneratePathsOptions", {"threads": 0}, "GeneratePathsOptions.threads: must be >= 1, got 0"),
+    ("BenchConfig", {"compile_mode": "fast"}, "BenchConfig.compile_mode: Input should be 'default'"),
+    ("BenchConfig", {"serve_streams": [0]},
+     "BenchConfig.serve_streams[0]: Input should be greater than or equal to 1, got 0"),
+    ("BenchConfig", {"serve_prefill_wait_ms": [float("inf")]},
+     "serve_prefill_wait_ms[0]: Input should be a finite number"),
+    ("BenchConfig", {"generate_new_tokens": 1},
+     "BenchConfig.generate_new_tokens: Input should be greater than or equal to 2, got 1"),
+    ("SessionPrefillOptions", {"scan_backends": ["x"]}, "scan_backends[0]: Input should be 'auto', 'fla' or 'torch'"),
+    ("SessionPrefillOptions", {"lengths": []}, "SessionPrefillOptions.lengths: Tuple should have at least 1 item"),
+    ("FirstTokenOptions", {"runs": -1}, "FirstTokenOptions.runs: Input should be greater than or equal to 0, got -1"),
+    ("GeneratePathsOptions", {"threads": 0},
+     "GeneratePathsOptions.threads: Input should be greater than or equal to 1, got 0"),
 ])
 def test_bench_options_are_checked_by_their_declared_types(cls, fields, message):
     """Choices and ranges are declared on the fields (Literal, AtLeast1, ...): pydantic names the field in one line."""
