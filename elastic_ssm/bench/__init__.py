@@ -11,6 +11,7 @@ peers (``benchmarks/fla_peers.py``) are imported by name, from the current folde
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import time
 import traceback
@@ -24,9 +25,13 @@ from annotated_types import Ge
 
 from ..config import ConfigBase, ConfigError, ESSHConfig, opt
 from ..config.base import AtLeast1, NonNegF
+from ..utils.environment import environment
+from ..utils.files import atomic_write_text
+from ..utils.progress import format_table
 
 __all__ = ["BenchConfig", "run_bench", "bench_command", "Peer", "HARNESS", "CHECKOUT", "harness_roots",
-           "harness_module"]
+           "harness_module", "COLUMNS", "environment", "format_table", "ratios", "tables", "write_json",
+           "markdown_section", "append_markdown"]
 
 Bench = Literal["decode", "prefill", "generate", "train", "serve"]   # in run order
 _BENCHES = get_args(Bench)
@@ -169,7 +174,6 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     """Run the benchmarks of ``cfg``; returns (and writes as JSON to ``cfg.out``) ``{"env",
     "config", <section>: rows, "ratios"}``; a failing entry is its row's ``error``. ``log`` receives
     one line per completed entry (default: print, flushed); ``print_tables`` logs the tables at the end."""
-    from . import report
     from .decode import decode_suite, generate_suite
     from .serve import serve_suite
     from .throughput import prefill_suite, train_suite
@@ -177,23 +181,96 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     log = log or (lambda s: print(s, flush=True))
     torch.manual_seed(cfg.seed)
     r = _Runner(cfg, log)
-    results: dict = {"env": report.environment(r.dev), "config": cfg.to_dict(), **{name: [] for name in _BENCHES}}
+    results: dict = {"env": environment(r.dev), "config": cfg.to_dict(), **{name: [] for name in _BENCHES}}
     log(f"elastic-ssm bench on {results['env']['device']} ({r.dev}, {r.dtype}); preset {cfg.preset}")
     suites = {"decode": decode_suite, "prefill": prefill_suite, "generate": generate_suite, "train": train_suite,
               "serve": serve_suite}
     for name in _BENCHES:
         if name in cfg.benchmarks:
             suites[name](r, results[name])
-    results["ratios"] = report.ratios(results)
+    results["ratios"] = ratios(results)
     if print_tables:
-        log("\n" + report.tables(results))
+        log("\n" + tables(results))
     if cfg.out:
-        report.write_json(cfg.out, results)
+        write_json(cfg.out, results)
         log(f"wrote {cfg.out}")
     if cfg.docs:
-        report.append_markdown(cfg.docs, results)
+        append_markdown(cfg.docs, results)
         log(f"appended to {cfg.docs}")
     return results
+
+
+# ---- output: environment record, text tables, ratios versus peers, JSON, docs/benchmarks.md sections ----
+def ratios(results: dict) -> list[dict]:
+    """Decode ms ratios ESSH/peer (same preset, tier = full, batch, mode) and prefill ktok/s ratios."""
+    out = []
+    for bench, keys, metric in (("decode", ("batch", "mode"), "ms"), ("prefill", ("length",), "ktok_s")):
+        rows = [r for r in results.get(bench, []) if metric in r]
+        essh = {(r["preset"], *map(r.get, keys)): r for r in rows if r["model"] == "essh" and r.get("full")}
+        for r in rows:
+            e = essh.get((r["preset"], *map(r.get, keys)))
+            if r["model"] != "essh" and e is not None:
+                batch, mode = (r["batch"], r["mode"]) if bench == "decode" else (1, f"T={r['length']}")
+                out.append({"bench": bench, "preset": r["preset"], "peer": r["model"], "batch": batch, "mode": mode,
+                            "essh": e[metric], "peer_value": r[metric], "ratio": e[metric] / r[metric]})
+    return out
+
+
+def write_json(path: str | Path, results: dict) -> Path:
+    atomic_write_text(path, json.dumps(results, indent=1, default=str))
+    return Path(path)
+
+
+_DECODE_COLS = ["model", "preset", "tier", "params", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq", "error"]
+_PREFILL_COLS = ["model", "preset", "tier", "params", "compiled", "length", "ms", "ktok_s", "peak_gb", "error"]
+_GENERATE_COLS = ["preset", "tier", "batch", "compiled", "prompt", "new_tokens", "first_call_s", "prefill_ms",
+                  "prefill_ktok_s", "total_ms", "ms_per_token", "step_ms", "ratio", "graphed", "error"]
+_TRAIN_COLS = ["model", "preset", "params", "compiled", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb", "error"]
+_SERVE_COLS = ["preset", "mix", "streams", "slots", "prompt", "new_tokens", "tokens", "wall_s", "tok_s",
+               "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "prefills", "captures",
+               "prefill_s", "idle_s", "http_cpu", "error"]
+_RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value", "ratio"]
+
+
+#: the result sections of one ``run_bench`` (in run order) and their columns
+_SECTION_COLS = {"decode": _DECODE_COLS, "prefill": _PREFILL_COLS, "generate": _GENERATE_COLS, "train": _TRAIN_COLS,
+                 "serve": _SERVE_COLS}
+#: the columns of each section and of the ratios (a suite's tables of ``bench`` rows, ``benchmarks/suite_report.py``)
+COLUMNS = {**_SECTION_COLS, "ratios": _RATIO_COLS}
+
+
+def tables(results: dict) -> str:
+    """All sections of ``results`` as text tables."""
+    parts = [format_table(results[key], cols, title=f"## {key}")
+             for key, cols in _SECTION_COLS.items() if results.get(key)]
+    rat = ratios(results)
+    if rat:
+        parts.append(format_table(rat, _RATIO_COLS, title="## ratios (decode: ESSH ms / peer ms; "
+                                                          "prefill: ESSH ktok/s / peer ktok/s)"))
+    return "\n\n".join(parts)
+
+
+def markdown_section(results: dict, what: str = "", body: str | None = None) -> str:
+    """One run (``what``: e.g. "suite `h200` on ") as a markdown section: its date and device, versions, commit and
+    command, then ``body`` (default: all its tables) in a code block."""
+    env = results.get("env", {})
+    return (f"\n## {env.get('date', '?')}: {what}{env.get('device', '?')}\n\n"
+            f"torch {env.get('torch')}, CUDA {env.get('cuda')}, triton {env.get('triton')}, fla {env.get('fla')}, "
+            f"commit `{env.get('commit')}`; command: `{env.get('command')}`\n\n```\n"
+            + (tables(results) if body is None else body) + "\n```\n")
+
+
+def append_markdown(path: str | Path, results: dict, section: str | None = None) -> Path:
+    """Append one run (``section``, default ``markdown_section(results)``) to a markdown file
+    (``docs/benchmarks.md``), creating it with a header; what is there already is never rewritten."""
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# Benchmarks\n\nRaw numbers appended by `elastic-ssm bench` (one section per run; "
+                        "see docs/performance.md for the protocol).\n")
+    with path.open("a") as f:
+        f.write(markdown_section(results) if section is None else section)
+    return path
 
 
 def bench_command(given: dict) -> dict:
