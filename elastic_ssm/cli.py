@@ -188,7 +188,7 @@ def check_options(args: argparse.Namespace) -> None:
     if csv and not Path(csv).resolve().parent.is_dir():       # write_csv creates no folder
         raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")
     if csv:                                      # an existing file: refused now, not after the evaluation
-        util.check_csv_target(csv, getattr(args, "overwrite", False))
+        util.check_replaceable(csv, getattr(args, "overwrite", False))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .cli_util import (
     announce_device,
-    check_csv_target,
+    check_replaceable,
     checked_tiers,
     listed_tier,
     load_model,
@@ -142,7 +142,7 @@ def _check_recovery(args: argparse.Namespace, parent, t, tiers: list[str] | None
         if found:
             raise ConfigError(f"{d} already holds another run ({', '.join(found[:3])}); pass --overwrite (moves it "
                               "aside) or choose another --train.out_dir")
-    check_csv_target(str(out / "recovery.csv"), args.overwrite, "--train.out_dir")   # also beside label_only tiers
+    check_replaceable(str(out / "recovery.csv"), args.overwrite, "--train.out_dir")   # also beside label_only tiers
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -303,19 +303,12 @@ def _prepare(args: argparse.Namespace, prepare) -> int:
 def cmd_tokenizer(args: argparse.Namespace) -> int:
     from .data import train_bpe
 
-    refuse_existing(args, Path(args.out))
-    if Path(args.out).is_file() and not _is_tokenizer_file(Path(args.out)):
-        raise ConfigError(f"--out {args.out} already exists and is not a tokenizer.json (say a model's config.json); "
-                          "it is never replaced, even with --overwrite: choose another path")
+    check_replaceable(args.out, args.overwrite, "--out", "a tokenizer.json",    # an object with a model mapping
+                      lambda p: isinstance(rec := read_json(p), dict) and isinstance(rec.get("model"), dict))
     tok = train_bpe(args.source, args.vocab_size, args.out, max_bytes=args.max_bytes or None,
                     show_progress=shown(not args.quiet))
     print(f"trained a {tok.vocab_size}-entry BPE tokenizer -> {args.out}")
     return 0
-
-
-def _is_tokenizer_file(path: Path) -> bool:
-    """Whether ``path`` holds a tokenizer.json (an object with a ``model`` mapping): what ``--overwrite`` replaces."""
-    return isinstance(record := read_json(path), dict) and isinstance(record.get("model"), dict)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

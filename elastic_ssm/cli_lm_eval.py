@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .cli_util import check_csv_target, listed_tier, run_reporting_errors, tier_names, write_csv
+from .cli_util import check_replaceable, listed_tier, run_reporting_errors, tier_names, write_csv
 from .config import ConfigError
 
 __all__ = ["main"]
@@ -149,7 +149,7 @@ def _main(argv: list[str]) -> int:
     csv_flag = "--csv" if csv_path else "the summary of --output_path"
     csv_path = csv_path or (str(Path(out_dir) / "tiers.csv") if out_dir and tiers != [None] else None)
     if csv_path:
-        check_csv_target(csv_path, overwrite, csv_flag)     # before lm-eval loads the model, not after every task
+        check_replaceable(csv_path, overwrite, csv_flag)     # before lm-eval loads the model, not after every task
     indexes: dict[str, Any] = {}
     for tier in tiers:
         model_args, out = own.model_args, out_dir

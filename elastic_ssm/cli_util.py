@@ -160,27 +160,28 @@ def refuse_existing(args: argparse.Namespace, *paths) -> None:
                           f"{'them' if also else 'it'}, or choose another output path")
 
 
-def check_csv_target(path: str, overwrite: bool, flag: str = "--csv") -> None:
-    """``ConfigError`` for a CSV ``path`` that is a folder, an existing file not named ``*.csv`` (even with
-    ``overwrite``: say a model's ``config.json``), or an existing ``*.csv`` without ``overwrite``; checked before any
-    work and again by ``write_csv``."""
+def check_replaceable(path: str, overwrite: bool, flag: str = "--csv", kind: str = "a .csv file",
+                      ours: Callable[[Path], bool] = lambda p: p.suffix.lower() == ".csv") -> None:
+    """``ConfigError`` for an output file ``path`` that is a folder, an existing file that is not ``ours`` (``kind``;
+    even with ``overwrite``: say a model's ``config.json``), or an existing one of its kind without ``overwrite``;
+    checked before any work and again by ``write_csv``."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; give a file path")
     if not os.path.lexists(p):
         return
-    if p.suffix.lower() != ".csv":
-        raise ConfigError(f"{flag} {path} already exists and is not a .csv file (say a model's config.json); it is "
+    if not ours(p):
+        raise ConfigError(f"{flag} {path} already exists and is not {kind} (say a model's config.json); it is "
                           "never replaced, even with --overwrite: choose another path")
     if not overwrite:
         raise ConfigError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another path")
 
 
 def write_csv(path: str | None, rows: list[dict], overwrite: bool = False, flag: str = "--csv") -> None:
-    """``rows`` (dicts of the same keys) as CSV at ``path``, atomically (None: nothing; ``check_csv_target``)."""
+    """``rows`` (dicts of the same keys) as CSV at ``path``, atomically (None: nothing; ``check_replaceable``)."""
     if not path:
         return
-    check_csv_target(path, overwrite, flag)
+    check_replaceable(path, overwrite, flag)
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=list(rows[0]))
     w.writeheader()
