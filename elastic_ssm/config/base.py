@@ -78,10 +78,6 @@ _CONFIG = ConfigDict(allow_inf_nan=False)   # lax mode: "3e-4" -> 3e-4, [a, b] -
 _ADAPTERS: dict[type, dict[str, tuple[Any, TypeAdapter[Any]]]] = {}
 
 
-def _section_type(tp: Any) -> type | None:
-    return tp if isinstance(tp, type) and issubclass(tp, ConfigBase) else None
-
-
 def _bounded(tp: Any) -> bool:
     """Whether annotation ``tp`` (its items included) declares an ``annotated_types.Interval``."""
     return any(isinstance(m, Interval) for m in getattr(tp, "__metadata__", ())) or any(map(_bounded,
@@ -133,12 +129,11 @@ def field_paths(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
 def _validate_field(cls: type, name: str, tp: Any, value: Any) -> Any:
     """``value`` validated as field ``name`` of ``cls`` (``check_field``); a mapping for a nested section becomes
     that section's config."""
-    sec = _section_type(tp)
-    if sec is not None:
+    if isinstance(tp, type) and issubclass(tp, ConfigBase):
         if isinstance(value, dict):
-            return sec.from_dict(value)
-        if not isinstance(value, sec):
-            raise ConfigError(f"{cls.__name__}.{name}: expected a mapping of {sec.__name__} fields, got {value!r}")
+            return tp.from_dict(value)
+        if not isinstance(value, tp):
+            raise ConfigError(f"{cls.__name__}.{name}: expected a mapping of {tp.__name__} fields, got {value!r}")
         return value
     if isinstance(value, bool) and typing.get_origin(tp) is not typing.Literal and \
             (tp in (int, float) or typing.get_args(tp)[:1] in ((int,), (float,))):   # YAML `steps: true` is not 1
