@@ -172,13 +172,7 @@ def chat_template_source(spec: str | None) -> str | None:
                               "tokenizer_config.json does)")
     if not text.strip():
         raise ConfigError(f"--chat_template {spec} is empty; give a Jinja template")
-    from jinja2 import TemplateError
-
-    try:
-        compiled(text)
-    except TemplateError as e:
-        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
-        raise ConfigError(f"--chat_template {spec}: not a valid Jinja template{where}: {e.message}") from None
+    compiled(text, f"--chat_template {spec}")
     return text
 
 
@@ -189,12 +183,17 @@ def default_template(saved: Any) -> Any:
     return saved
 
 
-def compiled(source: str) -> Any:
-    """``source`` compiled in the Jinja sandbox transformers renders chat templates in (a ``TemplateError`` when Jinja
-    cannot compile it)."""
+def compiled(source: str, what: str, fix: str = "") -> Any:
+    """``source`` compiled in the Jinja sandbox transformers renders chat templates in; one that Jinja cannot compile
+    is a one-line ``ConfigError`` naming ``what`` (the template's flag or file), then ``fix``."""
+    from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    return ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
+    try:
+        return ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
+    except TemplateError as e:
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise ConfigError(f"{what} is not a valid Jinja template{where}: {e.message}{fix}") from None
 
 
 class ChatTemplate:
@@ -226,14 +225,8 @@ class ChatTemplate:
             origin, source = cfg, default_template(meta.get("chat_template") if isinstance(meta, dict) else None)
         if not isinstance(source, str) or not source.strip():
             return None
-        from jinja2 import TemplateError
-
-        try:
-            compiled(source)
-        except TemplateError as e:       # the directory's own (--chat_template's was compiled when read)
-            raise ConfigError(f"the chat template of {origin} is not a valid Jinja template (line {e.lineno}): "
-                              f"{e.message}; fix it, or replace it with --chat_template chatml (or plain, or a "
-                              "Jinja file)") from None
+        compiled(source, f"the chat template of {origin}", "; fix it, or replace it with --chat_template chatml (or "
+                 "plain, or a Jinja file)")       # the directory's own (--chat_template's was compiled when read)
         return cls(source, tokenizer)
 
     def prompt(self, messages: list) -> list[int] | str:
