@@ -148,6 +148,7 @@ def make_recipe(name: str, model: nn.Module, cfg: Any, data: Any = None, accum: 
         raise ValueError(f"unknown recipe {name!r}")
     return builders[name]()
 
+
 #: Parameter leaf names excluded from weight decay during pretraining (E.2), besides embeddings,
 #: normalisation parameters and biases, which are recognised by module type / name.
 NO_DECAY_NAMES = frozenset({"rho_raw", "theta", "kc", "ks", "beta", "gate_bias"})
