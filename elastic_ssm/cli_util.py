@@ -332,7 +332,7 @@ def to_argv(options: Any, prefix: str = "") -> list[str]:
 
 def derive(cls: type, argv: list[str] | None, prog: str, description: str = "") -> Any:
     """``cls`` (an options dataclass) from ``argv`` by tyro, a mistake one line and exit code 2, as in
-    ``elastic-ssm``: the helper processes' entry (``elastic_ssm.bench.serve_server``, ``benchmarks.first_token``...)."""
+    ``elastic-ssm``: the helper processes' entry (``elastic_ssm.bench.serve``, ``benchmarks.first_token``...)."""
     import tyro
     from tyro._errors import on_parse_error
 

@@ -122,7 +122,7 @@ def test_helper_processes_get_their_options_through_the_derived_flags():
     from benchmarks.first_token import ChildOptions
     from benchmarks.serve_proxy import ProxyOptions
     from benchmarks.serve_stub import ExperimentServerOptions, StubServerOptions
-    from elastic_ssm.bench.serve_server import BenchServerOptions
+    from elastic_ssm.bench.serve import BenchServerOptions
     from elastic_ssm.cli_util import derive, to_argv
 
     for opts in (ChildOptions(mode="import-fla", spawned_at=1.25), ChildOptions(model="/m", cprofile="p.txt"),

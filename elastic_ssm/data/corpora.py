@@ -180,7 +180,7 @@ def _iter_file(path: Path, field: str, split: str | None):
 def folder_files(folder: str | Path) -> list[str]:
     """Sorted POSIX relative paths of the readable files under ``folder`` (hidden entries skipped)."""
     return pysrc.tree_files(Path(folder), "*", lambda parts: not any(s.startswith(".") for s in parts)
-                      and _kind(Path(parts[-1])) is not None)
+                            and _kind(Path(parts[-1])) is not None)
 
 
 def iter_documents(source: str | Path, split: str | None = None, *, text_field: str = "text") -> Iterator[bytes | str]:
