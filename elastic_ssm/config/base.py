@@ -62,11 +62,14 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and what to do."""
 
 
-def opt(default: Any, help: str, repeatable: bool = False, **kw: Any) -> Any:
-    """A dataclass field with a default and a one-line help text (used by the CLI). ``repeatable``: a tuple
-    field whose flag, given several times, keeps every value (``--bench.set a=1 --bench.set b=2``); other
-    flags given twice keep the last, as argparse does."""
-    return field(default=default, metadata={"help": help, "repeatable": repeatable}, **kw)
+def opt(default: Any = dataclasses.MISSING, help: str = "", repeatable: bool = False, *, output: str | None = None,
+        metavar: str | None = None, **kw: Any) -> Any:
+    """A dataclass field with a default (none: required) and a one-line help text (used by the CLI). ``repeatable``:
+    a tuple field whose flag, given several times, keeps every value (``--bench.set a=1 --bench.set b=2``); other
+    flags given twice keep the last, as argparse does. A verb's option: ``output`` "file" / "folder", a path checked
+    before the verb runs (``utils.files.check_output_path``); ``metavar`` names a positional argument in messages."""
+    return field(default=default, metadata={"help": help, "repeatable": repeatable, "output": output,
+                                            "metavar": metavar}, **kw)
 
 
 def section(cls: type, help: str) -> Any:
