@@ -76,8 +76,10 @@ def model_flags(run: Any) -> type:
 
 def run_options(base: type, argv: list[str], model: bool) -> type:
     """``base`` plus the run sections, defaulting to the values of the run file ``--config`` names (``DEFAULT_RUN``)."""
-    config = util.find_flag(argv, ("--config",))[1]
-    if sum(a == "--config" or a.startswith("--config=") for a in argv) > 1:
+    given = [a.partition("=")[2] if a != "--config" else argv[i + 1] if i + 1 < len(argv) else None
+             for i, a in enumerate(argv) if a == "--config" or a.startswith("--config=")]   # --config F, --config=F
+    config = given[0] if given else None
+    if len(given) > 1:
         raise ConfigError("--config is given more than once; give one run file (its values are the defaults "
                           "the other flags change)")
     if config is not None and not config.strip():

@@ -41,16 +41,6 @@ def overrides(args: argparse.Namespace, section: str) -> dict[str, Any]:
             if path.startswith(section + ".")}
 
 
-def find_flag(argv: list[str], spellings: tuple[str, ...]) -> tuple[int, str | None]:
-    """Index in ``argv`` of the first of ``spellings`` (``--x V`` or ``--x=V``) and its value; (-1, None): absent."""
-    for i, a in enumerate(argv):
-        if a in spellings:
-            return i, argv[i + 1] if i + 1 < len(argv) else None
-        if any(a.startswith(sp + "=") for sp in spellings):
-            return i, a.split("=", 1)[1]
-    return -1, None
-
-
 def is_rank_zero() -> bool:
     """Whether this process is rank 0 of a torchrun job (the process group, else ``RANK``) or a single process."""
     dist = sys.modules.get("torch.distributed")
