@@ -56,7 +56,7 @@ def saved_model(preset: str, model_dir: str = "", device: str = "cuda") -> Path:
     if not (d / "config.json").is_file():
         import torch
 
-        from elastic_ssm.bench.peers import random_model
+        from elastic_ssm.bench.decode import random_model
         from elastic_ssm.config import ESSHConfig
 
         dev = torch.device(device if device != "cuda" or torch.cuda.is_available() else "cpu")

@@ -1,4 +1,4 @@
-"""The flash-linear-attention peers of ``elastic-ssm bench`` (``elastic_ssm.bench.peers.fla_peers`` loads this
+"""The flash-linear-attention peers of ``elastic-ssm bench`` (``elastic_ssm.bench.decode.fla_peers`` loads this
 module): Gated DeltaNet and Mamba-2 between SwiGLU blocks (ESSH E.6), their FFN width matched by Table 54's rule."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elastic_ssm.bench.peers import PeerUnavailable, match_ffn_width
-from elastic_ssm.bench.timing import GraphedStep
+from elastic_ssm.bench.decode import GraphedStep, PeerUnavailable, match_ffn_width
 from elastic_ssm.config import ESSHConfig
 from elastic_ssm.elastic.tiers import resolve_tier
 from elastic_ssm.layers.ffn import RMSNorm, SwiGLU

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import torch
 from annotated_types import Len
 
-from elastic_ssm.bench.timing import oom_as_result, summarize, time_fn, wall_ms
+from elastic_ssm.bench.decode import oom_as_result, summarize, time_fn, wall_ms
 from elastic_ssm.config import ConfigBase, opt
 from elastic_ssm.config.base import AtLeast1
 
@@ -41,7 +41,7 @@ class SessionPrefillOptions(ConfigBase):
 def run_session_prefill(opts: SessionPrefillOptions, ctx) -> list[dict]:
     """Rows ``{"backend", "compiled", "length", "first_call_s", "ms", "ktok_s", "generate_1_ms"}``
     (``generate_1_ms``: the median wall of ``model.generate(prompt, 1)``, the user's call around this prefill)."""
-    from elastic_ssm.bench.peers import random_model
+    from elastic_ssm.bench.decode import random_model
     from elastic_ssm.config import ESSHConfig
     from elastic_ssm.models import compile_model
     from elastic_ssm.models.decode_engine import FusedSession
@@ -106,8 +106,7 @@ def _cpu_ms_per_token(model, x: torch.Tensor, fast: bool, n: int) -> float:
 def run_generate_paths(opts: GeneratePathsOptions, ctx) -> list[dict]:
     """A row per (preset, path): ``{"preset", "path", "ms_per_token"}``."""
     from elastic_ssm.config import ESSHConfig
-    from elastic_ssm.models.essh import ESSH
-    from elastic_ssm.models.testing import randomize_selective
+    from elastic_ssm.models.essh import ESSH, randomize_selective
 
     threads = torch.get_num_threads()
     torch.set_num_threads(opts.threads)

@@ -2,7 +2,7 @@
 ``run(options, ctx) -> rows``.
 
 The kinds ``bench`` (one ``elastic_ssm.bench.run_bench``) and ``command`` live here; the other kinds are modules of
-this harness, imported by name through ``elastic_ssm.bench.harness.harness_module`` (the current folder
+this harness, imported by name through ``elastic_ssm.bench.harness_module`` (the current folder
 or the checkout when they are not importable, else loading the suite is a one-line ``ConfigError``)."""
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from elastic_ssm.bench import BenchConfig, run_bench
-from elastic_ssm.bench.harness import harness_module
+from elastic_ssm.bench import BenchConfig, harness_module, run_bench
 from elastic_ssm.config import ConfigBase, ConfigError, opt
 
 __all__ = ["KINDS", "kind_options", "kind_runner", "run_child", "run_bench_entry", "CommandOptions", "run_command"]

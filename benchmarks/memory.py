@@ -59,14 +59,14 @@ def essh_memory_rows(cfg: ESSHConfig, tiers=None, batch: int = 1, device: str | 
 def transformer_memory_row(tcfg: TransformerConfig, context: int, name: str = "transformer",
                            kv_dtype_bytes: int = 2) -> dict:
     """The KV cache of ``tcfg`` at ``context`` tokens (bf16 by default), in the columns of ``essh_memory_rows``."""
-    kv = tcfg.kv_bytes(context, 1, kv_dtype_bytes)
+    kv = state_bytes(tcfg, None, 1, kv_dtype_bytes=kv_dtype_bytes, context=context)["kv"]
     return {"model": name, "tier": "-", "batch": 1, "recurrent": 0, "kv": kv, "total": kv,
             "formula_total": kv, "bookkeeping": 8, "match": True}
 
 
 def run_memory(opts: MemoryOptions, ctx) -> list[dict]:
     """Every ESSH tier of ``opts.preset`` (measured == formula) and, with the transformer peer, its KV cache."""
-    from elastic_ssm.bench.peers import transformer_matched
+    from elastic_ssm.bench.decode import transformer_matched
 
     cfg = ESSHConfig.preset(opts.preset)
     rows = essh_memory_rows(cfg)

@@ -80,7 +80,7 @@ class ProfileOptions(ConfigBase):
 
 def _workload(opts: ProfileOptions, dev: torch.device):
     """(fn, tokens per call) of the workload."""
-    from elastic_ssm.bench.peers import random_model
+    from elastic_ssm.bench.decode import random_model
     from elastic_ssm.config import ESSHConfig
     from elastic_ssm.models import compile_model
 
@@ -120,7 +120,7 @@ def _workload(opts: ProfileOptions, dev: torch.device):
 def run_profile(opts: ProfileOptions, ctx) -> list[dict]:
     """One row: ``ms`` (median), ``ktok_s``, ``peak_gb``, and with ``top`` the profiled call's kernel kinds,
     launches and device ms; the kernel list goes to the log and ``kernels.json``."""
-    from elastic_ssm.bench.timing import summarize, time_fn
+    from elastic_ssm.bench.decode import summarize, time_fn
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     row: dict = {"workload": opts.workload, "preset": opts.preset, "tier": opts.tier, "length": opts.length,

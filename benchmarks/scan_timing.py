@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from elastic_ssm.bench.timing import summarize, time_fn
+from elastic_ssm.bench.decode import summarize, time_fn
 from elastic_ssm.config import ConfigBase, ConfigError, opt
 
 __all__ = ["ScanTimingOptions", "run_scan_timing", "scan_inputs"]

@@ -74,7 +74,7 @@ def _profile(pool, owners, prompts, tiers, path: Path) -> None:
 
 
 def run(a: PrefillProbeOptions) -> list[dict]:
-    from elastic_ssm.bench.peers import random_model
+    from elastic_ssm.bench.decode import random_model
     from elastic_ssm.config import ESSHConfig
     from elastic_ssm.serve.slots import SlotPool
 

@@ -1,4 +1,4 @@
-"""The serve proxy's server: the bench server (``elastic_ssm.bench.serve_server``) whose pools are ``StubPool``s of
+"""The serve proxy's server: the bench server (``elastic_ssm.bench.serve``) whose pools are ``StubPool``s of
 fixed wall-time cost, on the CPU, with the settings of experiments on the server process (``ExperimentServerOptions``:
 the engine as a thread, the switch interval, uvicorn's loop and HTTP parser). Started by ``bench_serve(...,
 server_class=StubServerOptions)`` as ``python -m benchmarks.serve_stub`` with the flags of a ``StubServerOptions``."""
@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from elastic_ssm.bench.serve_server import BenchServerOptions, run_server
+from elastic_ssm.bench.serve import BenchServerOptions, run_server
 from elastic_ssm.config import opt
 from elastic_ssm.serve.slots import SlotRows, served_tiers
 

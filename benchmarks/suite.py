@@ -2,7 +2,7 @@
 (``targets.py``) and a time budget (docs/performance.md, "Suites"). ``load_suite`` validates a suite with one-line
 errors before anything runs; ``run_suite`` runs its entries in order, each into ``OUT_DIR/<entry>/``;
 ``suite_command`` is ``elastic-ssm bench --bench.suite`` (``elastic_ssm.bench.bench_command`` loads this module from
-a clone through ``elastic_ssm.bench.harness``)."""
+a clone through ``elastic_ssm.bench.harness_module``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from unittest import mock
 from benchmarks.kinds import KINDS, kind_options, kind_runner
 from benchmarks.suite_report import suite_markdown, suite_tables
 from benchmarks.targets import Target, evaluate_targets, parse_targets
-from elastic_ssm.bench import harness, report
+from elastic_ssm import bench as harness
 from elastic_ssm.config import ConfigBase, ConfigError
 from elastic_ssm.config.base import load_yaml, read_yaml_file
 from elastic_ssm.models.model_dir import CheckpointError
@@ -264,7 +264,7 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
     out.mkdir(parents=True, exist_ok=True)
     log = log or RunLog(out / f"{suite.name}.log")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    res: dict = {"env": report.environment(dev), "suite": suite.name, "path": str(suite.path),
+    res: dict = {"env": harness.environment(dev), "suite": suite.name, "path": str(suite.path),
                  "description": suite.description, "budget_s": budget, "entries": [], "targets": [], "skipped": [],
                  "stopped_by": None}
     log(f"bench suite {suite.name} on {res['env']['device']}: {len(entries)} entries, "
@@ -301,13 +301,13 @@ def run_suite(suite: Suite, *, only: tuple[str, ...] = (), budget_s: float | Non
         rec["targets"] = evaluate_targets(e.targets, rec["rows"], e.name, rec["state"])
         res["entries"].append(rec)
         res["targets"] += rec["targets"]
-        report.write_json(out / f"{suite.name}.json", res)
+        harness.write_json(out / f"{suite.name}.json", res)
     text = suite_tables(res)
     log("\n" + text)
     (out / f"{suite.name}.md").write_text(suite_markdown(res))
     log(f"wrote {out / (suite.name + '.json')} and {out / (suite.name + '.md')}")
     if docs:
-        report.append_markdown(docs, res, section=suite_markdown(res))
+        harness.append_markdown(docs, res, section=suite_markdown(res))
         log(f"appended to {docs}")
     return res
 
@@ -334,7 +334,7 @@ def suite_command(cfg, given: dict) -> dict:
     res = run_suite(suite, only=cfg.only, budget_s=cfg.time_budget_s if "time_budget_s" in given else None,
                     out_dir=cfg.out_dir, docs=cfg.docs)
     if "out" in given and cfg.out:
-        report.write_json(cfg.out, res)
+        harness.write_json(cfg.out, res)
     if res.get("stopped_by"):
         stop = res["stopped_by"]
         raise ConfigError(f"bench suite {suite.name} stopped: its required entry {stop['entry']} failed "

@@ -3,7 +3,7 @@ targets with PASS / FAIL / n/a, the entries' states, and the run as a markdown s
 
 from __future__ import annotations
 
-from elastic_ssm.bench.report import COLUMNS, format_table, markdown_section
+from elastic_ssm.bench import COLUMNS, format_table, markdown_section
 
 __all__ = ["rows_table", "suite_tables", "suite_markdown"]
 

@@ -17,7 +17,7 @@ from . import cli_schema as schema
 from . import cli_util as util
 from .cli_schema import DEFAULT_RUN
 from .config import ConfigError, ModelChoice, RunConfig, model_configs
-from .config.base import check_field, field_paths
+from .config.base import check_field, field_paths, opt, section
 from .utils.files import check_output_path
 
 __all__ = ["COMMANDS", "check_options", "main", "parse"]
@@ -52,12 +52,7 @@ COMMANDS: dict[str, tuple[str, type | None, str]] = {
 }
 
 
-def _section(name: str, cls: type, value: Any, help_: str) -> tuple[str, type, Any]:
-    """A field ``name`` of a derived options class: the config section ``value`` (its flags' defaults)."""
-    return (name, cls, dataclasses.field(default_factory=lambda: value, metadata={"help": help_}))
-
-
-def model_flags(run: Any) -> tuple[type, Any]:
+def model_flags(run: Any) -> type:
     """The ``--model.*`` flags: a field of the model choice or of any model config (the first class with it gives
     its type and help), defaulting to the run's value (``None`` where its arch lacks it)."""
     choice = {k: v for k, v in run.model_source.items() if k in ("arch", "preset", "tier_config")}
@@ -72,26 +67,30 @@ def model_flags(run: Any) -> tuple[type, Any]:
             tp, help_ = hints[f.name], f.metadata.get("help", "")
             if f.name not in values:
                 tp, help_ = tp | None, help_ + " (default: from the preset of the chosen arch)"
-            fields.append((f.name, tp, dataclasses.field(default=values.get(f.name), metadata={"help": help_})))
+            fields.append((f.name, tp, opt(values.get(f.name), help_)))
     cls = dataclasses.make_dataclass("ModelFlags", fields, kw_only=True)
     cls.__doc__ = ("the model section: arch, preset, tier_config and the fields of every architecture's config (a "
                    "field another arch has is refused)")
-    return cls, cls()
+    return cls
 
 
 def run_options(base: type, argv: list[str], model: bool) -> type:
     """``base`` plus the run sections, defaulting to the values of the run file ``--config`` names (``DEFAULT_RUN``)."""
-    config = util.find_flag(argv, ("--config",))[1]
-    if sum(a == "--config" or a.startswith("--config=") for a in argv) > 1:
+    given = [a.partition("=")[2] if a != "--config" else argv[i + 1] if i + 1 < len(argv) else None
+             for i, a in enumerate(argv) if a == "--config" or a.startswith("--config=")]   # --config F, --config=F
+    config = given[0] if given else None
+    if len(given) > 1:
         raise ConfigError("--config is given more than once; give one run file (its values are the defaults "
                           "the other flags change)")
     if config is not None and not config.strip():
         raise ConfigError("--config is an empty string; give a run file, or leave it out for the default run")
     run = RunConfig.from_yaml(config or DEFAULT_RUN)
-    fields = [_section("train", type(run.train), run.train, "training: recipe, batch, optimizer and recipe sections"),
-              _section("data", type(run.data), run.data, "where tokens come from")]
+    fields = [(name, type(value), section(lambda v=value: v, help_)) for name, value, help_ in (   # the run's values
+        ("train", run.train, "training: recipe, batch, optimizer and recipe sections"),
+        ("data", run.data, "where tokens come from"))]
     if model:
-        fields.insert(0, _section("model", *model_flags(run), "the model"))
+        flags = model_flags(run)
+        fields.insert(0, ("model", flags, section(flags, "the model")))
     cls = dataclasses.make_dataclass(base.__name__, fields, bases=(base,), kw_only=True)
     cls.__doc__ = f"{base.__doc__} Defaults: {config or DEFAULT_RUN.name + ' (no --config)'}."
     cls.run = run                      # the run file, read once: the verb applies the flags given to it
@@ -158,8 +157,8 @@ def parse(command: str, argv: list[str]) -> argparse.Namespace:
     elif command == "bench":
         from .bench import BenchConfig
 
-        cls = dataclasses.make_dataclass("BenchOptions", [_section("bench", BenchConfig, BenchConfig(),
-                                                                   "what bench measures and how")], kw_only=True)
+        bench = ("bench", BenchConfig, section(BenchConfig, "what bench measures and how"))
+        cls = dataclasses.make_dataclass("BenchOptions", [bench], kw_only=True)
     prog = "elastic-ssm tokenizer train" if command == "tokenizer" else f"elastic-ssm {command}"
     tokens, typed, given = _prepare(cls, argv)
     with on_parse_error(util.parse_error):
@@ -188,7 +187,7 @@ def check_options(args: argparse.Namespace) -> None:
     if csv and not Path(csv).resolve().parent.is_dir():       # write_csv creates no folder
         raise ConfigError(f"--csv {csv}: the folder {Path(csv).resolve().parent} does not exist; create it first")
     if csv:                                      # an existing file: refused now, not after the evaluation
-        util.check_csv_target(csv, getattr(args, "overwrite", False))
+        util.check_replaceable(csv, getattr(args, "overwrite", False))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,9 +5,7 @@ imported inside them (``--help`` stays light)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import json
 import os
 import platform
 import shutil
@@ -19,7 +17,7 @@ from pathlib import Path
 
 from .cli_util import (
     announce_device,
-    check_csv_target,
+    check_replaceable,
     checked_tiers,
     listed_tier,
     load_model,
@@ -32,8 +30,8 @@ from .cli_util import (
     write_csv,
 )
 from .config import ConfigError
-from .utils.files import check_output_path, is_temp_name, process_umask
-from .utils.progress import progress, shown
+from .utils.files import check_output_path, is_temp_name, process_umask, read_json
+from .utils.progress import format_table, progress, shown
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -89,7 +87,6 @@ def cmd_recover(args: argparse.Namespace) -> int:
     """``recover PARENT``: truncate a saved ESSH and recover it by ``--protocol refine`` (Tables 33/43),
     ``label_only`` (Table 43) or ``posthoc`` (E.7); per-tier tables before and after, ``recovery.csv``
     (``train/recover.py``)."""
-    from .bench.report import format_table
     from .pipeline import build_data
     from .train.recover import truncate_and_recover
 
@@ -145,7 +142,7 @@ def _check_recovery(args: argparse.Namespace, parent, t, tiers: list[str] | None
         if found:
             raise ConfigError(f"{d} already holds another run ({', '.join(found[:3])}); pass --overwrite (moves it "
                               "aside) or choose another --train.out_dir")
-    check_csv_target(str(out / "recovery.csv"), args.overwrite, "--train.out_dir")   # also beside label_only tiers
+    check_replaceable(str(out / "recovery.csv"), args.overwrite, "--train.out_dir")   # also beside label_only tiers
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -306,21 +303,12 @@ def _prepare(args: argparse.Namespace, prepare) -> int:
 def cmd_tokenizer(args: argparse.Namespace) -> int:
     from .data import train_bpe
 
-    refuse_existing(args, Path(args.out))
-    if Path(args.out).is_file() and not _is_tokenizer_file(Path(args.out)):
-        raise ConfigError(f"--out {args.out} already exists and is not a tokenizer.json (say a model's config.json); "
-                          "it is never replaced, even with --overwrite: choose another path")
+    check_replaceable(args.out, args.overwrite, "--out", "a tokenizer.json",    # an object with a model mapping
+                      lambda p: isinstance(rec := read_json(p), dict) and isinstance(rec.get("model"), dict))
     tok = train_bpe(args.source, args.vocab_size, args.out, max_bytes=args.max_bytes or None,
                     show_progress=shown(not args.quiet))
     print(f"trained a {tok.vocab_size}-entry BPE tokenizer -> {args.out}")
     return 0
-
-
-def _is_tokenizer_file(path: Path) -> bool:
-    """Whether ``path`` holds a tokenizer.json (an object with a ``model`` mapping): what ``--overwrite`` replaces."""
-    with contextlib.suppress(OSError, ValueError):
-        return isinstance(record := json.loads(path.read_bytes()), dict) and isinstance(record.get("model"), dict)
-    return False
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from .cli_util import (
 )
 from .config import ConfigError, RunConfig
 from .utils.files import atomic_write_text, check_output_path
+from .utils.progress import format_table
 
 __all__ = ["cmd_eval", "cmd_importance", "cmd_lm_eval", "cmd_niah", "parse_lengths"]
 
@@ -182,7 +183,6 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
         from .eval.lm_harness import evaluate_tiers_on_tasks
     except ImportError as e:
         raise ConfigError(str(e)) from e
-    from .bench.report import format_table
 
     tasks = [t for t in args.tasks.split(",") if t]
     if not tasks:
@@ -203,10 +203,9 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_niah(args: argparse.Namespace) -> int:
-    from .bench.report import format_table
     from .data import load_corpus
     from .data.tokenizers import resolve_tokenizer
-    from .eval.needle import NeedleConfig, build_trials, check_fits, evaluate_needle
+    from .eval.perplexity import NeedleConfig, build_trials, check_fits, evaluate_needle
 
     try:               # the other fields are typed options, so a mistake here is in --depths
         cfg = NeedleConfig(context_len=args.context_len, n_pairs=args.n_pairs, condition=args.condition,

@@ -18,34 +18,26 @@ on stderr and exit code 2; ``--debug`` or ``ELASTIC_SSM_DEBUG=1`` shows the trac
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 from pathlib import Path
 from typing import Any
 
-from .cli_util import check_csv_target, find_flag, listed_tier, run_reporting_errors, tier_names, write_csv
+from .cli_util import check_replaceable, listed_tier, run_reporting_errors, tier_names, write_csv
 from .config import ConfigError
 
 __all__ = ["main"]
 
 
-#: lm-eval's short spellings of the flags read here
-ALIASES = {"--model": ("--model", "-M"), "--model_args": ("--model_args", "-a"),
-           "--output_path": ("--output_path", "-o"), "--device": ("--device",), "--csv": ("--csv",)}
-
-
-def _flag(argv: list[str], name: str) -> tuple[int, str | None]:
-    """``find_flag`` of ``--name`` and its short form."""
-    return find_flag(argv, ALIASES.get(name, (name,)))
-
-
-def _pop_flag(argv: list[str], name: str) -> tuple[list[str], str | None]:
-    i, value = _flag(argv, name)
-    return (argv, None) if i < 0 else (argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], value)
-
-
-def _set_flag(argv: list[str], name: str, value: str) -> list[str]:
-    return [*_pop_flag(argv, name)[0], name, value]
+def _own_flags(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The flags read here (lm-eval's ``--model``, ``--model_args``, ``--output_path``, ``--device`` with their short
+    spellings; our ``--csv`` and ``--overwrite``) and the others, which go to lm-eval as they are."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flags in (("--model", "-M"), ("--model_args", "-a"), ("--output_path", "-o"), ("--device",), ("--csv",)):
+        parser.add_argument(*flags)
+    parser.add_argument("--overwrite", action="store_true")
+    return parser.parse_known_args(argv)
 
 
 def _parse_model_args(text: str) -> dict[str, str]:
@@ -141,19 +133,14 @@ def _main(argv: list[str]) -> int:
         with contextlib.suppress(SystemExit):
             _run_lm_eval(["run", "--help"])
         return 0
-    argv, csv_path = _pop_flag(argv, "--csv")
-    overwrite = "--overwrite" in argv                       # our flag too (lm-eval has none)
-    argv = [a for a in argv if a != "--overwrite"]
-    if _flag(argv, "--model")[0] < 0:
-        argv = ["--model", "elastic-ssm", *argv]
-    if _flag(argv, "--device")[0] < 0:
+    own, argv = _own_flags(argv)
+    if own.device is None:
         import torch
 
-        argv = [*argv, "--device", "cuda" if torch.cuda.is_available() else "cpu"]
-    _, model_args = _flag(argv, "--model_args")
-    ours = _flag(argv, "--model")[1] in ("elastic-ssm", "elastic_ssm")
-    args = _parse_model_args(model_args or "") if ours else {}      # another --model: lm-eval as it is
-    _, out_dir = _flag(argv, "--output_path")
+        own.device = "cuda" if torch.cuda.is_available() else "cpu"
+    own.model = own.model or "elastic-ssm"
+    args = _parse_model_args(own.model_args or "") if own.model in ("elastic-ssm", "elastic_ssm") else {}
+    csv_path, out_dir, overwrite = own.csv, own.output_path, own.overwrite     # another --model: lm-eval as it is
     rows: list[dict[str, Any]] = []
     from .eval.lm_harness import check_model_args, result_rows
 
@@ -162,22 +149,22 @@ def _main(argv: list[str]) -> int:
     csv_flag = "--csv" if csv_path else "the summary of --output_path"
     csv_path = csv_path or (str(Path(out_dir) / "tiers.csv") if out_dir and tiers != [None] else None)
     if csv_path:
-        check_csv_target(csv_path, overwrite, csv_flag)     # before lm-eval loads the model, not after every task
+        check_replaceable(csv_path, overwrite, csv_flag)     # before lm-eval loads the model, not after every task
     indexes: dict[str, Any] = {}
     for tier in tiers:
-        run = list(argv)
+        model_args, out = own.model_args, out_dir
         if rewrite:
-            tier_args = ",".join(f"{k}={tier.name if k == 'tier' else v}" for k, v in args.items())
-            run = _set_flag(run, "--model_args", tier_args)
-            if out_dir:
-                run = _set_flag(run, "--output_path", str(Path(out_dir) / tier.name))
+            model_args = ",".join(f"{k}={tier.name if k == 'tier' else v}" for k, v in args.items())
+            out = out_dir and str(Path(out_dir) / tier.name)
+        run = [*argv, "--model", own.model, "--device", own.device, *(["--model_args", model_args] * bool(model_args)),
+               *(["--output_path", out] * bool(out))]
         if tier is not None:
             print(f"[elastic-ssm-lm-eval] tier {tier.name}: K={tier.K}, n_ff={tier.n_ff}, params={tier.params:,}")
         res = _run_lm_eval(["run", *run], indexes)
         if res is not None and tier is not None:
             rows += result_rows(res, tier)
     if rows:
-        from .bench.report import format_table
+        from .utils.progress import format_table
 
         print(format_table(rows, ["tier", "params", "task", "metric", "value", "stderr"]))
         if csv_path:

@@ -41,16 +41,6 @@ def overrides(args: argparse.Namespace, section: str) -> dict[str, Any]:
             if path.startswith(section + ".")}
 
 
-def find_flag(argv: list[str], spellings: tuple[str, ...]) -> tuple[int, str | None]:
-    """Index in ``argv`` of the first of ``spellings`` (``--x V`` or ``--x=V``) and its value; (-1, None): absent."""
-    for i, a in enumerate(argv):
-        if a in spellings:
-            return i, argv[i + 1] if i + 1 < len(argv) else None
-        if any(a.startswith(sp + "=") for sp in spellings):
-            return i, a.split("=", 1)[1]
-    return -1, None
-
-
 def is_rank_zero() -> bool:
     """Whether this process is rank 0 of a torchrun job (the process group, else ``RANK``) or a single process."""
     dist = sys.modules.get("torch.distributed")
@@ -160,27 +150,28 @@ def refuse_existing(args: argparse.Namespace, *paths) -> None:
                           f"{'them' if also else 'it'}, or choose another output path")
 
 
-def check_csv_target(path: str, overwrite: bool, flag: str = "--csv") -> None:
-    """``ConfigError`` for a CSV ``path`` that is a folder, an existing file not named ``*.csv`` (even with
-    ``overwrite``: say a model's ``config.json``), or an existing ``*.csv`` without ``overwrite``; checked before any
-    work and again by ``write_csv``."""
+def check_replaceable(path: str, overwrite: bool, flag: str = "--csv", kind: str = "a .csv file",
+                      ours: Callable[[Path], bool] = lambda p: p.suffix.lower() == ".csv") -> None:
+    """``ConfigError`` for an output file ``path`` that is a folder, an existing file that is not ``ours`` (``kind``;
+    even with ``overwrite``: say a model's ``config.json``), or an existing one of its kind without ``overwrite``;
+    checked before any work and again by ``write_csv``."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; give a file path")
     if not os.path.lexists(p):
         return
-    if p.suffix.lower() != ".csv":
-        raise ConfigError(f"{flag} {path} already exists and is not a .csv file (say a model's config.json); it is "
+    if not ours(p):
+        raise ConfigError(f"{flag} {path} already exists and is not {kind} (say a model's config.json); it is "
                           "never replaced, even with --overwrite: choose another path")
     if not overwrite:
         raise ConfigError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another path")
 
 
 def write_csv(path: str | None, rows: list[dict], overwrite: bool = False, flag: str = "--csv") -> None:
-    """``rows`` (dicts of the same keys) as CSV at ``path``, atomically (None: nothing; ``check_csv_target``)."""
+    """``rows`` (dicts of the same keys) as CSV at ``path``, atomically (None: nothing; ``check_replaceable``)."""
     if not path:
         return
-    check_csv_target(path, overwrite, flag)
+    check_replaceable(path, overwrite, flag)
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=list(rows[0]))
     w.writeheader()
@@ -331,7 +322,7 @@ def to_argv(options: Any, prefix: str = "") -> list[str]:
 
 def derive(cls: type, argv: list[str] | None, prog: str, description: str = "") -> Any:
     """``cls`` (an options dataclass) from ``argv`` by tyro, a mistake one line and exit code 2, as in
-    ``elastic-ssm``: the helper processes' entry (``elastic_ssm.bench.serve_server``, ``benchmarks.first_token``...)."""
+    ``elastic-ssm``: the helper processes' entry (``elastic_ssm.bench.serve``, ``benchmarks.first_token``...)."""
     import tyro
     from tyro._errors import on_parse_error
 

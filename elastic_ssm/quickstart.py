@@ -14,16 +14,13 @@ from .config import ConfigError, RunConfig
 from .config.run import DEFAULT_RUN
 from .eval.perplexity import TierEval, evaluate_tiers, format_evals
 from .utils.devices import cpu_threads_for
-from .utils.files import atomic_write_bytes, atomic_write_text, atomic_writer, free_stamped_path
+from .utils.files import atomic_write_bytes, atomic_write_text, free_stamped_path
+from .utils.progress import pyplot, save_png
 
 
 def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path, raw: list[TierEval] | None = None) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r.params / 1e6 for r in rows], [r.bpb for r in rows], "o-", label="ESSH capacity-mixed (exports)")
@@ -39,10 +36,7 @@ def _plot(rows: list[TierEval], control: list[TierEval] | None, path: Path, raw:
            title="Train once, export many: quality vs size")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    with atomic_writer(path) as f:
-        fig.savefig(f, format="png", dpi=120)
-    plt.close(fig)
+    save_png(fig, path)
     return True
 
 
@@ -101,7 +95,7 @@ def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control:
                config: str | Path | None = None, overwrite: bool = False,
                resume: bool | str = False, progress: bool | str = True) -> dict[str, Any]:
     from .elastic.export import check_export, export_tier
-    from .elastic.model_card import model_card
+    from .elastic.tiers import model_card
     from .pipeline import build_data, fit_model_to_tokenizer
 
     out = Path(out_dir)

@@ -215,7 +215,7 @@ def test_csv_refusal_comes_before_the_model_is_loaded(verb, model_dir, tmp_path,
 
 
 def test_write_csv_applies_the_same_rule_as_the_early_check(tmp_path):
-    """A file that appears while a verb runs is refused at the write too (one rule, ``check_csv_target``)."""
+    """A file that appears while a verb runs is refused at the write too (one rule, ``check_replaceable``)."""
     target = tmp_path / "t.csv"
     write_csv(str(target), [{"a": 1}])
     with pytest.raises(ConfigError, match="already exists; pass --overwrite"):
@@ -410,7 +410,7 @@ def test_eval_writes_into_the_model_directory_only_when_asked(model_dir, tmp_pat
     assert {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()} == before and csv_path.is_file()
     capsys.readouterr()
 
-    import elastic_ssm.serve.calibrate as calibrate
+    import elastic_ssm.serve.select as calibrate
 
     def read_only(path, *a, **k):
         raise PermissionError(13, "Permission denied", str(path))

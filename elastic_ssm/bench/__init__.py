@@ -1,14 +1,23 @@
 """``elastic-ssm bench``: ``BenchConfig``, ``run_bench`` (decode, prefill, generate, train and serve of ESSH tiers
 against parameter-matched peers, random weights at the preset shapes; docs/performance.md) and ``bench_command`` (one
 run, or a suite of the research harness: ``benchmarks/suite.py`` of a clone, whose ``bench`` entries call
-``run_bench``)."""
+``run_bench``).
+
+Finding the research harness (``benchmarks/`` at the repository root, not installed) from a clone: the suites of
+``elastic-ssm bench --bench.suite`` (``benchmarks/suite.py``), their entry kinds (``benchmarks/kinds.py``) and the fla
+peers (``benchmarks/fla_peers.py``) are imported by name, from the current folder or the checkout this
+``elastic_ssm`` is imported from when they are not importable, else a one-line ``ConfigError``."""
 
 from __future__ import annotations
 
+import importlib
+import json
+import sys
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Literal, get_args
 
 import torch
@@ -16,8 +25,13 @@ from annotated_types import Ge
 
 from ..config import ConfigBase, ConfigError, ESSHConfig, opt
 from ..config.base import AtLeast1, NonNegF
+from ..utils.environment import environment
+from ..utils.files import atomic_write_text
+from ..utils.progress import format_table
 
-__all__ = ["BenchConfig", "run_bench", "bench_command", "Peer"]
+__all__ = ["BenchConfig", "run_bench", "bench_command", "Peer", "HARNESS", "CHECKOUT", "harness_roots",
+           "harness_module", "COLUMNS", "environment", "format_table", "ratios", "tables", "write_json",
+           "markdown_section", "append_markdown"]
 
 Bench = Literal["decode", "prefill", "generate", "train", "serve"]   # in run order
 _BENCHES = get_args(Bench)
@@ -126,7 +140,7 @@ class _Runner:
         """A random-weight ESSH of the preset, matrices in the bench dtype (or ``dtype``; None: float32), through
         ``compile_model`` when ``BenchConfig.compile`` (and ``compile``) is set."""
         from ..models import compile_model
-        from .peers import random_model
+        from .decode import random_model
 
         model = random_model(self.mcfg, self.dev, self.dtype if dtype == "bench" else dtype)
         if compile and self.cfg.compile:
@@ -142,7 +156,7 @@ class _Runner:
             try:
                 row = {**base, **fn()}
             except Exception as e:  # one failing entry must not abort the run
-                from .peers import PeerUnavailable
+                from .decode import PeerUnavailable
 
                 if not isinstance(e, PeerUnavailable):
                     traceback.print_exc()
@@ -160,7 +174,6 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     """Run the benchmarks of ``cfg``; returns (and writes as JSON to ``cfg.out``) ``{"env",
     "config", <section>: rows, "ratios"}``; a failing entry is its row's ``error``. ``log`` receives
     one line per completed entry (default: print, flushed); ``print_tables`` logs the tables at the end."""
-    from . import report
     from .decode import decode_suite, generate_suite
     from .serve import serve_suite
     from .throughput import prefill_suite, train_suite
@@ -168,23 +181,96 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None, print_
     log = log or (lambda s: print(s, flush=True))
     torch.manual_seed(cfg.seed)
     r = _Runner(cfg, log)
-    results: dict = {"env": report.environment(r.dev), "config": cfg.to_dict(), **{name: [] for name in _BENCHES}}
+    results: dict = {"env": environment(r.dev), "config": cfg.to_dict(), **{name: [] for name in _BENCHES}}
     log(f"elastic-ssm bench on {results['env']['device']} ({r.dev}, {r.dtype}); preset {cfg.preset}")
     suites = {"decode": decode_suite, "prefill": prefill_suite, "generate": generate_suite, "train": train_suite,
               "serve": serve_suite}
     for name in _BENCHES:
         if name in cfg.benchmarks:
             suites[name](r, results[name])
-    results["ratios"] = report.ratios(results)
+    results["ratios"] = ratios(results)
     if print_tables:
-        log("\n" + report.tables(results))
+        log("\n" + tables(results))
     if cfg.out:
-        report.write_json(cfg.out, results)
+        write_json(cfg.out, results)
         log(f"wrote {cfg.out}")
     if cfg.docs:
-        report.append_markdown(cfg.docs, results)
+        append_markdown(cfg.docs, results)
         log(f"appended to {cfg.docs}")
     return results
+
+
+# ---- output: environment record, text tables, ratios versus peers, JSON, docs/benchmarks.md sections ----
+def ratios(results: dict) -> list[dict]:
+    """Decode ms ratios ESSH/peer (same preset, tier = full, batch, mode) and prefill ktok/s ratios."""
+    out = []
+    for bench, keys, metric in (("decode", ("batch", "mode"), "ms"), ("prefill", ("length",), "ktok_s")):
+        rows = [r for r in results.get(bench, []) if metric in r]
+        essh = {(r["preset"], *map(r.get, keys)): r for r in rows if r["model"] == "essh" and r.get("full")}
+        for r in rows:
+            e = essh.get((r["preset"], *map(r.get, keys)))
+            if r["model"] != "essh" and e is not None:
+                batch, mode = (r["batch"], r["mode"]) if bench == "decode" else (1, f"T={r['length']}")
+                out.append({"bench": bench, "preset": r["preset"], "peer": r["model"], "batch": batch, "mode": mode,
+                            "essh": e[metric], "peer_value": r[metric], "ratio": e[metric] / r[metric]})
+    return out
+
+
+def write_json(path: str | Path, results: dict) -> Path:
+    atomic_write_text(path, json.dumps(results, indent=1, default=str))
+    return Path(path)
+
+
+_DECODE_COLS = ["model", "preset", "tier", "params", "batch", "mode", "ms", "tok_s", "state_bytes_per_seq", "error"]
+_PREFILL_COLS = ["model", "preset", "tier", "params", "compiled", "length", "ms", "ktok_s", "peak_gb", "error"]
+_GENERATE_COLS = ["preset", "tier", "batch", "compiled", "prompt", "new_tokens", "first_call_s", "prefill_ms",
+                  "prefill_ktok_s", "total_ms", "ms_per_token", "step_ms", "ratio", "graphed", "error"]
+_TRAIN_COLS = ["model", "preset", "params", "compiled", "batch", "seq_len", "ms", "tok_s", "mfu", "peak_gb", "error"]
+_SERVE_COLS = ["preset", "mix", "streams", "slots", "prompt", "new_tokens", "tokens", "wall_s", "tok_s",
+               "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "prefills", "captures",
+               "prefill_s", "idle_s", "http_cpu", "error"]
+_RATIO_COLS = ["bench", "preset", "peer", "batch", "mode", "essh", "peer_value", "ratio"]
+
+
+#: the result sections of one ``run_bench`` (in run order) and their columns
+_SECTION_COLS = {"decode": _DECODE_COLS, "prefill": _PREFILL_COLS, "generate": _GENERATE_COLS, "train": _TRAIN_COLS,
+                 "serve": _SERVE_COLS}
+#: the columns of each section and of the ratios (a suite's tables of ``bench`` rows, ``benchmarks/suite_report.py``)
+COLUMNS = {**_SECTION_COLS, "ratios": _RATIO_COLS}
+
+
+def tables(results: dict) -> str:
+    """All sections of ``results`` as text tables."""
+    parts = [format_table(results[key], cols, title=f"## {key}")
+             for key, cols in _SECTION_COLS.items() if results.get(key)]
+    rat = ratios(results)
+    if rat:
+        parts.append(format_table(rat, _RATIO_COLS, title="## ratios (decode: ESSH ms / peer ms; "
+                                                          "prefill: ESSH ktok/s / peer ktok/s)"))
+    return "\n\n".join(parts)
+
+
+def markdown_section(results: dict, what: str = "", body: str | None = None) -> str:
+    """One run (``what``: e.g. "suite `h200` on ") as a markdown section: its date and device, versions, commit and
+    command, then ``body`` (default: all its tables) in a code block."""
+    env = results.get("env", {})
+    return (f"\n## {env.get('date', '?')}: {what}{env.get('device', '?')}\n\n"
+            f"torch {env.get('torch')}, CUDA {env.get('cuda')}, triton {env.get('triton')}, fla {env.get('fla')}, "
+            f"commit `{env.get('commit')}`; command: `{env.get('command')}`\n\n```\n"
+            + (tables(results) if body is None else body) + "\n```\n")
+
+
+def append_markdown(path: str | Path, results: dict, section: str | None = None) -> Path:
+    """Append one run (``section``, default ``markdown_section(results)``) to a markdown file
+    (``docs/benchmarks.md``), creating it with a header; what is there already is never rewritten."""
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# Benchmarks\n\nRaw numbers appended by `elastic-ssm bench` (one section per run; "
+                        "see docs/performance.md for the protocol).\n")
+    with path.open("a") as f:
+        f.write(markdown_section(results) if section is None else section)
+    return path
 
 
 def bench_command(given: dict) -> dict:
@@ -193,7 +279,6 @@ def bench_command(given: dict) -> dict:
     else one ``run_bench``."""
     from ..cli_util import resolve_device
     from ..utils.files import check_output_path
-    from .harness import harness_module
 
     cfg = BenchConfig(**given)
     # what would otherwise fail after the measurements (or be ignored): suite-only flags without a suite, a device
@@ -218,3 +303,40 @@ def bench_command(given: dict) -> dict:
                           "its benchmarks/ folder and the suites in configs/bench/ are not installed with "
                           "elastic_ssm); run elastic-ssm bench --bench.suite from the root of a clone") from None
     return suites.suite_command(cfg, given)
+
+
+#: the research harness: a top-level package of the repository beside ``elastic_ssm/``, not installed
+HARNESS = "benchmarks"
+#: the folder this ``elastic_ssm`` is imported from: the clone's root for a checkout or an editable install
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def harness_roots() -> list[Path]:
+    """Folders that may hold the harness (``benchmarks/__init__.py``): the current folder, then the checkout this
+    ``elastic_ssm`` is imported from (an editable install run from elsewhere)."""
+    dirs = [Path.cwd(), CHECKOUT]
+    return [d for d in dict.fromkeys(dirs) if (d / HARNESS / "__init__.py").is_file()]
+
+
+def harness_module(what: str, module: str):
+    """``module``; a harness module is looked up in ``harness_roots()`` when it is not importable (the installed
+    ``elastic-ssm`` run outside the repository root), else a one-line ``ConfigError`` naming ``what`` needs it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if module.partition(".")[0] != HARNESS or not (e.name or "").partition(".")[0] == HARNESS:
+            raise
+    for root in harness_roots():
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        if getattr(sys.modules.get(HARNESS), "__file__", 1) is None:    # a namespace package: some folder named
+            for name in [m for m in sys.modules if m.partition(".")[0] == HARNESS]:   # benchmarks/ on sys.path
+                del sys.modules[name]
+        importlib.invalidate_caches()
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if not (e.name or "").partition(".")[0] == HARNESS:
+                raise
+    raise ConfigError(f"{what} belongs to the research harness in the repository's {HARNESS}/ folder "
+                      f"(not installed with elastic_ssm): run it from the root of a clone ({module} not found)")

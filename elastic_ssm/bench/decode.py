@@ -1,20 +1,182 @@
 """Decode latency: one synchronous step of the whole batch after ``context`` tokens placed in the caches (random
 values), median ms by CUDA events, eager or one CUDA graph of the step (ESSH E.5, Appendix R; docs/performance.md);
-and the user's generation path, ``model.generate`` per tier and batch (first call, prefill, ms/token, the step)."""
+and the user's generation path, ``model.generate`` per tier and batch (first call, prefill, ms/token, the step).
+
+The peers of the systems comparison at the preset shapes, random weights (ESSH P.4): our Transformer++ and,
+with fla, Gated DeltaNet and Mamba-2 between SwiGLU blocks (E.6; ``benchmarks/fla_peers.py`` of the research
+harness, loaded by ``fla_peers``), their FFN width matched by Table 54's rule.
+
+Timing helpers of every benchmark: warm-up then timed calls (CUDA events on the GPU, ``perf_counter`` on
+the CPU), medians, wall-clock calls, CUDA-graph replays, OOM as a result."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterator
 
 import torch
+from torch import nn
 
+from ..config import ConfigError, ESSHConfig
+from ..elastic.tiers import num_parameters, resolve_tier, state_bytes
+from ..models import build_model
+from ..models.baselines import TransformerConfig
+from ..models.compile import capture_graph
 from ..models.decode_engine import decoder_pool
 from ..models.fast_decode import FastDecoder
-from .peers import PeerUnavailable, fla_peers, random_model, transformer_matched
-from .timing import GraphedStep, oom_as_result, summarize, time_fn, wall_ms
 
 __all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model", "built_peer", "decode_suite",
-           "bench_generate", "generate_suite"]
+           "bench_generate", "generate_suite", "PeerUnavailable", "fla_peers", "match_ffn_width",
+           "transformer_matched", "peer_forward", "random_model", "cast_matrices", "sync", "time_fn", "summarize",
+           "wall_ms", "oom_as_result", "GraphedStep"]
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (no-op off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_fn(fn: Callable[[], object], warmup: int, iters: int, device: torch.device) -> list[float]:
+    """Run ``fn`` ``warmup`` times untimed, then ``iters`` times; per-call times in ms (CUDA events on CUDA,
+    one event pair per call, read after one final synchronisation)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    if device.type == "cuda":
+        new = lambda: torch.cuda.Event(enable_timing=True)
+        ev = [(new(), new()) for _ in range(iters)]
+        for s, e in ev:
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize(device)
+        return [s.elapsed_time(e) for s, e in ev]
+    return [wall_ms(fn, device) for _ in range(iters)]
+
+
+def summarize(times_ms: list[float]) -> dict[str, float]:
+    """Median, min and spread (p90 - p10) of a list of times in ms."""
+    q = statistics.quantiles(times_ms, n=10) if len(times_ms) >= 2 else [times_ms[0]] * 9
+    return {"ms": statistics.median(times_ms), "ms_min": min(times_ms), "ms_spread": q[-1] - q[0], "n": len(times_ms)}
+
+
+def wall_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall-clock ms of one call of ``fn``, the device synchronised before and after."""
+    sync(device)
+    t = time.perf_counter()
+    fn()
+    sync(device)
+    return (time.perf_counter() - t) * 1e3
+
+
+@contextlib.contextmanager
+def oom_as_result(row: dict, device: torch.device, peak: bool = False) -> Iterator[None]:
+    """One benchmark entry: on CUDA the allocator cache is emptied before and after the body (and with ``peak`` the
+    peak counter reset, then ``row["peak_gb"]`` set in decimal GB); out-of-memory becomes ``row["error"] = "OOM"``."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        if peak:
+            torch.cuda.reset_peak_memory_stats(device)
+    try:
+        yield
+        if cuda and peak:
+            row["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    except torch.OutOfMemoryError:
+        row["error"] = "OOM"
+    finally:
+        if cuda:
+            torch.cuda.empty_cache()
+
+
+class GraphedStep:
+    """CUDA graph of ``step(tokens [B]) -> logits`` for any step function with static buffers
+    (``models.compile.capture_graph``)."""
+
+    def __init__(self, step: Callable[[torch.Tensor], torch.Tensor], batch: int, device: torch.device,
+                 warmup: int = 2) -> None:
+        self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
+        self.graph, self.out = capture_graph(lambda: step(self.tokens), warmup)
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.tokens.copy_(tokens, non_blocking=True)
+        self.graph.replay()
+        return self.out
+
+
+#: Weight matrices that run in the low-precision dtype; modal tables, gate biases, blend and norm
+#: vectors stay float32 (ESSH deployment: bf16 weights, fp32 recurrence).
+_MATRIX = re.compile(r"(embed\.weight|lm_head\.weight|.*\.(in_proj|out_proj|qkv|out|w_in|w_out)(\.weight)?)$")
+
+
+def match_ffn_width(target: int, params_at: callable, align: int) -> tuple[int, int, float]:
+    """FFN width (multiple of ``align``, >= align) whose parameter count is closest to ``target``.
+
+    ``params_at(d_ff)`` must be affine in ``d_ff``. Returns ``(d_ff, params, gap)`` with
+    ``gap = params / target - 1``."""
+    p0, p1 = params_at(align), params_at(2 * align)
+    slope = (p1 - p0) / align
+    exact = align + (target - p0) / slope
+    cands = {max(align, align * math.floor(exact / align)), max(align, align * math.ceil(exact / align))}
+    best = min(cands, key=lambda f: (abs(params_at(f) - target), f))
+    p = params_at(best)
+    return best, p, p / target - 1
+
+
+def transformer_matched(cfg: ESSHConfig) -> tuple[TransformerConfig, dict]:
+    """Transformer++ with the ESSH depth/width/vocabulary and a SwiGLU width matched to the full model (Table 54)."""
+    t = resolve_tier(cfg, None)
+    kept = ("vocab_size", "d_model", "n_layers", "head_dim", "rope_base", "norm_eps", "tie_embeddings", "init_std")
+    base = TransformerConfig(d_ff=cfg.ffn_align, **{k: getattr(cfg, k) for k in kept})
+    d_ff, params, gap = match_ffn_width(t.params, lambda f: num_parameters(base.replace(d_ff=f)), cfg.ffn_align)
+    return base.replace(d_ff=d_ff), {"target_params": t.params, "params": params, "gap": gap, "d_ff": d_ff}
+
+
+@torch.no_grad()
+def cast_matrices(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast the weight matrices of an ESSH / Transformer++ model to ``dtype`` (in place)."""
+    for name, p in model.named_parameters():
+        if _MATRIX.fullmatch(name):
+            p.data = p.data.to(dtype)
+    return model
+
+
+def random_model(cfg, device: torch.device, dtype: torch.dtype | None = None):
+    """Random-weight model of ``cfg`` (ESSH, Transformer++: ``models.build_model``) created directly on ``device``;
+    matrices cast to ``dtype``."""
+    with torch.device(device):
+        model = build_model(cfg)
+    return (cast_matrices(model, dtype) if dtype is not None else model).eval()
+
+
+def peer_forward(model: nn.Module, peer: str, compile: bool, mode: str = "default"):
+    """``(forward, compiled)`` for timing a peer: with ``compile`` our Transformer++ is ``torch.compile``d
+    like ESSH (``BenchConfig.compile``), so compiled ESSH is compared with a compiled Transformer++; fla
+    peers stay eager (their kernels sit behind ``torch.compiler.disable`` and fla tunes them itself)."""
+    if compile and peer == "transformer":
+        kw = {} if mode == "default" else {"mode": mode}
+        return torch.compile(model, dynamic=False, **kw), True
+    return model, False
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer's optional library is missing: reported in the results, not treated as a failure."""
+
+
+def fla_peers():
+    """``benchmarks.fla_peers`` (the Gated DeltaNet and Mamba-2 peers), found as the harness's suite kinds are
+    (``bench.harness_module``); outside a clone a ``PeerUnavailable`` saying where it lives."""
+    from . import harness_module
+
+    try:
+        return harness_module("the fla peer module", "benchmarks.fla_peers")
+    except ConfigError as e:
+        raise PeerUnavailable(str(e)) from None
 
 
 @torch.no_grad()
@@ -76,9 +238,9 @@ class TransformerDecoder:
         self.cache.positions.fill_(self.context)
 
     def state_bytes(self) -> dict[str, int]:
-        c = self.model.config
-        kv = c.kv_bytes(self.context, self.cache.keys.shape[1], self.cache.keys.element_size())
-        return {"recurrent": 0, "kv": kv, "total": kv}
+        keys = self.cache.keys        # [N, B, H, L, hd]
+        return state_bytes(self.model.config, None, keys.shape[1], kv_dtype_bytes=keys.element_size(),
+                           context=self.context)
 
 
 def bench_decode(make: Callable[[int, bool], object], batch: int, graph: bool, warmup: int, iters: int,

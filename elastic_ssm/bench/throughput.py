@@ -11,9 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..elastic import tiers
-from .decode import built_peer, peer_model
-from .peers import peer_forward
-from .timing import oom_as_result, summarize, time_fn
+from .decode import built_peer, oom_as_result, peer_forward, peer_model, summarize, time_fn
 
 __all__ = ["bench_prefill", "prefill_suite", "bench_train", "train_suite"]
 
@@ -108,8 +106,9 @@ def train_suite(r, out: list) -> None:
     for peer in cfg.peers:
         def run_peer(peer=peer) -> dict:
             model, _, info = peer_model(r, peer, torch.float32, training=True)
-            seq = cfg.train_seq_len    # fla peers: the dense-layer estimate, 2 FLOPs per parameter and token
-            fpt = model.config.flops_per_token(seq)["total"] if peer == "transformer" else 2 * info["params"]
+            # fla peers: the dense-layer estimate, 2 FLOPs per parameter and token
+            fpt = tiers.flops_per_token(model.config, context=cfg.train_seq_len)["total"] if peer == "transformer" \
+                else 2 * info["params"]
             fwd, compiled = peer_forward(model, peer, cfg.compile, cfg.compile_mode)
             return {"params": info["params"], "compiled": compiled,
                     **bench_train(model, fwd, V, fpt, dev, compile_loss=compiled, **kw)}

@@ -61,23 +61,6 @@ class TransformerConfig(FractionTierConfig):
                "norms": 2 * d * N + d, "attention": 4 * d * d * N, "ffn": 3 * d * n_ff * N}
         return {**out, "total": sum(out.values())}
 
-    def num_parameters(self, n_ff: int | None = None) -> int:
-        """The total of ``count_parameters`` at ``n_ff`` FFN units (default: all)."""
-        return self.count_parameters(self.d_ff if n_ff is None else n_ff)["total"]
-
-    def flops_per_token(self, context: int = 2048, n_ff: int | None = None) -> dict[str, int]:
-        """Per-token FLOPs (2 per multiply-accumulate), the convention of ``elastic.tiers.flops_per_token``:
-        projections 2 N 4 d^2, attention scores/values 2 N 2 d context, SwiGLU 2 N 3 d n_ff, head 2 d V."""
-        d, N = self.d_model, self.n_layers
-        n = self.d_ff if n_ff is None else n_ff
-        out = {"projection": 2 * N * 4 * d * d, "attention": 2 * N * 2 * d * context,
-               "ffn": 2 * N * 3 * d * n, "head": 2 * d * self.vocab_size}
-        return {**out, "total": sum(out.values())}
-
-    def kv_bytes(self, context: int, batch: int = 1, dtype_bytes: int = 2) -> int:
-        """Persistent KV bytes: K and V of every layer for ``context`` tokens."""
-        return batch * self.n_layers * 2 * context * self.d_model * dtype_bytes
-
     # ---- nested FFN tiers (K = 0) ------------------------------------------------------------------------
     def ffn_width_for(self, xi: float | Fraction) -> int:
         """The nested map ``align max(1, floor(d_ff xi^e / align))``; the full tier keeps every unit."""
@@ -85,7 +68,7 @@ class TransformerConfig(FractionTierConfig):
 
     def fraction_tier(self, name: str, index: int, xi: float) -> Tier:
         n_ff = self.ffn_width_for(xi)
-        return Tier(name, index, float(xi), 0, n_ff, self.num_parameters(n_ff))
+        return Tier(name, index, float(xi), 0, n_ff, self.count_parameters(n_ff)["total"])
 
     def tier_parameters(self, tier: Tier) -> dict[str, int]:
         return self.count_parameters(tier.n_ff)
@@ -95,7 +78,11 @@ class TransformerConfig(FractionTierConfig):
         return 0, self.n_layers * 2 * context * self.d_model
 
     def tier_flops(self, tier: Tier, context: int = 2048) -> dict[str, int]:
-        return self.flops_per_token(context, tier.n_ff)
+        """Projections 2 N 4 d^2, attention scores/values 2 N 2 d context, SwiGLU 2 N 3 d n_ff, head 2 d V."""
+        d, N = self.d_model, self.n_layers
+        out = {"projection": 2 * N * 4 * d * d, "attention": 2 * N * 2 * d * context,
+               "ffn": 2 * N * 3 * d * tier.n_ff, "head": 2 * d * self.vocab_size}
+        return {**out, "total": sum(out.values())}
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> TransformerConfig:

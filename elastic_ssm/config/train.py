@@ -30,7 +30,7 @@ __all__ = ["TrainConfig", "TRAIN_PRESETS", "resolve_precision"]
 Recipe = Literal["auto", "capacity_mixed", "budget_dropout", "nested_ffn", "posthoc", "dense"]
 Parallel = Literal["ddp", "fsdp"]
 Precision = Literal["auto", "fp32", "bf16"]
-#: the loggers ``log`` may name beside metrics.jsonl (``train/log_sinks.py``)
+#: the loggers ``log`` may name beside metrics.jsonl (``train/metrics.py``)
 LogSink = Literal["csv", "tensorboard", "wandb"]
 CompileScope = Literal["blocks", "model"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
@@ -108,7 +108,7 @@ class TrainConfig(ConfigBase):
     log_every: AtLeast1 = opt(10, "write a metrics.jsonl training record every this many steps")
     log: Annotated[tuple[LogSink, ...], Distinct] = opt((), "loggers beside metrics.jsonl (the record of truth): "
                                                         "any of 'csv' (metrics.csv), 'tensorboard', 'wandb' (extra "
-                                                        "'log'; WANDB_MODE=offline works); train/log_sinks.py")
+                                                        "'log'; WANDB_MODE=offline works); train/metrics.py")
     compile: bool = opt(False, "torch.compile the model (scope: compile_scope; one compile per sampled capacity, "
                         "absorbed by the first steps)")
     compile_scope: CompileScope = opt("blocks", "with compile: 'blocks' (each block, one graph per block kind and "

@@ -12,7 +12,7 @@ from .packing import (
     num_windows,
     pack_documents,
 )
-from .splits import VAL_FRACTION, split_by_path, stdlib_files, stdlib_root, stdlib_split_files
+from .pysrc import VAL_FRACTION, split_by_path, stdlib_files, stdlib_root, stdlib_split_files
 from .synthetic import IGNORE, masked_accuracy, mqar, palindrome, synthetic_batches
 from .tokenfile import TokenFile, load_corpus, prepare, sidecar_path, token_dtype
 from .tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer, train_bpe

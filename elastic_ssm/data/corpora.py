@@ -14,8 +14,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from .pysrc import is_pysrc, iter_pysrc
-from .splits import VAL_FRACTION, check_split, split_by_path, stdlib_root, stdlib_split_files, tree_files, unit_hash
+from . import pysrc
 
 TEXT_SUFFIXES = frozenset(
     ".txt .md .rst .py .pyi .c .h .cc .cpp .hpp .cu .js .ts .java .go .rs .rb .sh .tex .html .htm .css "
@@ -76,7 +75,7 @@ def _iter_text(path: Path, split: str | None) -> Iterator[bytes]:
                 raise ValueError(f"cannot split the compressed text file {path}; pass a folder or separate "
                                  "train/validation files")
             stop = path.stat().st_size
-            f.seek(int(stop * (1.0 - VAL_FRACTION)))
+            f.seek(int(stop * (1.0 - pysrc.VAL_FRACTION)))
             f.readline()  # move the cut to the next line break
             if split == "train":
                 stop = f.tell()
@@ -88,7 +87,7 @@ def _iter_text(path: Path, split: str | None) -> Iterator[bytes]:
 
 
 def _keep_row(index: int, split: str | None) -> bool:
-    return split is None or (unit_hash(f"row:{index}") < VAL_FRACTION) == (split == "validation")
+    return split is None or (pysrc.unit_hash(f"row:{index}") < pysrc.VAL_FRACTION) == (split == "validation")
 
 
 def _iter_jsonl(path: Path, field: str, split: str | None) -> Iterator[str]:
@@ -180,23 +179,23 @@ def _iter_file(path: Path, field: str, split: str | None):
 
 def folder_files(folder: str | Path) -> list[str]:
     """Sorted POSIX relative paths of the readable files under ``folder`` (hidden entries skipped)."""
-    return tree_files(Path(folder), "*", lambda parts: not any(s.startswith(".") for s in parts)
-                      and _kind(Path(parts[-1])) is not None)
+    return pysrc.tree_files(Path(folder), "*", lambda parts: not any(s.startswith(".") for s in parts)
+                            and _kind(Path(parts[-1])) is not None)
 
 
 def iter_documents(source: str | Path, split: str | None = None, *, text_field: str = "text") -> Iterator[bytes | str]:
     """The non-empty documents of ``source`` in ``split``: ``bytes`` from text files and the stdlib, ``str`` from
     JSONL, Parquet and datasets."""
-    check_split(split)
+    pysrc.check_split(split)
     if not str(source).strip():       # Path("") is the working directory: never read it by accident
         raise ValueError("the data source is an empty string; use 'stdlib', a file, a folder, or "
                          "hf:<name>[:<config>][:<split>]")
-    if is_pysrc(source):
-        yield from iter_pysrc(str(source), split)
+    if pysrc.is_pysrc(source):
+        yield from pysrc.iter_pysrc(str(source), split)
         return
     if str(source) == "stdlib":
-        root = stdlib_root()
-        for rel in stdlib_split_files(split):
+        root = pysrc.stdlib_root()
+        for rel in pysrc.stdlib_split_files(split):
             yield (root / rel).read_bytes()
         return
     if str(source).startswith("hf:"):
@@ -208,7 +207,7 @@ def iter_documents(source: str | Path, split: str | None = None, *, text_field: 
         if not files:
             raise FileNotFoundError(f"no readable files (text, .jsonl, .parquet) under {path}")
         if split is not None:
-            train, val = split_by_path(files)
+            train, val = pysrc.split_by_path(files)
             files = train if split == "train" else val
         for rel in files:
             yield from _iter_file(path / rel, text_field, None)

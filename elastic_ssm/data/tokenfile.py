@@ -16,8 +16,7 @@ from ..utils.files import atomic_write_text, atomic_writer, cache_dir
 from ..utils.progress import progress
 from .corpora import cap_bytes, iter_documents
 from .packing import TokenArray, iter_token_chunks, pack_documents, token_dtype, tokens_fingerprint
-from .pysrc import is_pysrc, manifest
-from .splits import VAL_FRACTION, stdlib_root
+from .pysrc import VAL_FRACTION, is_pysrc, manifest, stdlib_root
 from .tokenizers import load_tokenizer
 
 FORMAT = "elastic_ssm.tokens"

@@ -5,7 +5,11 @@ methods (``ModelConfig``; no switch over config types). docs/tiers.md states eve
 
 Parameter matching of the baselines, reported with every run (ESSH Appendix E.6, Tables 8, 9, 39, 54; the rules are
 ``RULES``; a mixer-only ESSH, Tables 21-23, is reported, not matched). ``elastic-ssm train`` prints
-``format_report`` before the first step and writes ``<out_dir>/parameters.json``."""
+``format_report`` before the first step and writes ``<out_dir>/parameters.json``.
+
+The model card (``README.md``) written by ``save_pretrained`` into every exported tier directory, ``model_card``: the
+tier and its parent's sizes, exact parameter count, decoding state in bytes (ESSH Table 53), tokenizer, quality when
+known, and how to load the directory with this library and with Hugging Face ``transformers``."""
 
 from __future__ import annotations
 
@@ -14,12 +18,14 @@ from fractions import Fraction
 from numbers import Integral
 from typing import Any
 
+from .. import __version__
 from ..config import ConfigError, ESSHConfig, model_config_from_dict, tier_word
 from ..config.model import FractionTierConfig, ModelConfig, Tier, TierLike
+from ..utils.progress import format_table
 
 __all__ = ["Tier", "TierLike", "tier_table", "resolve_tier", "capacity_tier", "channels_for", "ffn_width_for",
            "num_parameters", "parameter_breakdown", "state_bytes", "flops_per_token", "format_tier_table", "tier_width",
-           "PAPER_PARAMS_M", "parameter_report", "format_report"]
+           "PAPER_PARAMS_M", "parameter_report", "format_report", "check_counts", "model_card"]
 
 
 def _model_config(cfg: Any, what: str) -> ModelConfig:
@@ -73,10 +79,12 @@ def num_parameters(cfg: ModelConfig, tier: TierLike = None) -> int:
     return resolve_tier(cfg, tier).params
 
 
-def _count(name: str, value: Any) -> None:
-    """A ``ValueError`` unless ``value`` is an int >= 1 (a bool, float or NaN is no count)."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+def check_counts(least: int = 1, **values: Any) -> None:
+    """A ``ValueError`` naming the first of ``values`` that is not an int >= ``least`` (a bool, float or NaN is no
+    count; numpy ints pass): the one count check of the package's arguments."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
 
 
 def state_bytes(cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_dtype_bytes: int = 4,
@@ -84,9 +92,8 @@ def state_bytes(cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_d
                 context: int = 2048) -> dict[str, int]:
     """Persistent per-batch decoding state in bytes, ``recurrent``, ``kv`` and ``total``, of the entries of
     ``cfg.tier_state`` (C.5, Table 53; docs/tiers.md); ``decode`` / ``n_modes``: ES-SSM's exact or modal decoder."""
-    for name, value in dict(batch=batch, state_dtype_bytes=state_dtype_bytes, kv_dtype_bytes=kv_dtype_bytes,
-                            n_modes=n_modes, context=context).items():
-        _count(name, value)
+    check_counts(batch=batch, state_dtype_bytes=state_dtype_bytes, kv_dtype_bytes=kv_dtype_bytes, n_modes=n_modes,
+                 context=context)
     if decode not in ("exact", "modal"):
         raise ValueError(f"decode must be 'exact' or 'modal', got {decode!r}")
     rec, kv = cfg.tier_state(resolve_tier(cfg, tier), decode=decode, n_modes=n_modes, context=context)
@@ -98,7 +105,7 @@ def state_bytes(cfg: ModelConfig, tier: TierLike = None, batch: int = 1, state_d
 def flops_per_token(cfg: ModelConfig, tier: TierLike = None, context: int = 2048) -> dict[str, int]:
     """Per-token FLOPs (a multiply-accumulate = 2, C.5) of ``tier``: ``projection``, ``ffn``, ``attention``, ``scan``,
     ``head`` and ``total`` (ESSH: Eq. 9, 23, 24 per spectral block; ES-SSM: the FFT convolution at ``context``)."""
-    _count("context", context)
+    check_counts(context=context)
     return cfg.tier_flops(resolve_tier(cfg, tier), context)
 
 
@@ -126,17 +133,10 @@ def format_tier_table(rows: Iterable[Tier], cfg: ModelConfig | None = None, batc
     head = ["tier", "xi", "K", "n_ff", "params", "", "r"]
     body = []
     for r in rows:
-        line = [r.name, f"{r.xi:.4f}", str(r.K), str(r.n_ff), f"{r.params:,}", _human(r.params),
-                f"{r.params / full:.3f}"]
+        line = [r.name, f"{r.xi:.4f}", r.K, r.n_ff, f"{r.params:,}", _human(r.params), f"{r.params / full:.3f}"]
         extra = [] if cfg is None else cfg.state_columns(r, state_bytes, batch, n_modes)
-        body.append(line + [cell for _, cell in extra])
-    if cfg is not None:
-        head += [h for h, _ in cfg.state_columns(rows[0], state_bytes, batch, n_modes)]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                  for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    rule = "-" * len(fmt(head))
-    return "\n".join([fmt(head), rule, *map(fmt, body)])
+        body.append(dict(zip(head + [h for h, _ in extra], line + [cell for _, cell in extra])))
+    return format_table(body, list(body[0]))
 
 
 #: Full-model parameter counts in millions as the paper reports them: (arch, preset) -> (count, source).
@@ -209,3 +209,85 @@ def format_report(rep: dict[str, Any]) -> str:
     if "paper" in rep:
         extra.append(f"paper {rep['paper']['params_m']}M, {rep['paper']['source']}")
     return text + (f" ({'; '.join(extra)})" if extra else "")
+
+
+#: what a tier of each arch keeps (Transformer++ / MatFormer: nested FFN units only)
+RETAINED = {"essh": "spectral-channel and feed-forward", "es_ssm": "spectral-channel"}
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n:,} B"
+    return f"{n:,} B ({n / 1024:.1f} KiB)" if n < 2**20 else f"{n:,} B ({n / 2**20:.1f} MiB)"
+
+
+def model_card(model: Any, quality: dict[str, float] | None = None) -> str:
+    """Markdown text of the card of ``model`` (a standalone export). ``quality``: metric name -> value
+    (e.g. held-out bits per byte), printed when given; else the card says it was not measured."""
+    cfg, source = model.config, model.source or {}
+    tier = source.get("tier", "full")
+    params = model.num_parameters()
+    state = state_bytes(cfg)
+    tok = model.tokenizer
+    loader = "models.load_pretrained"
+    tok_line = "none saved (pass one with --tokenizer)" if tok is None else \
+        f"{'byte-level (bytes 0-255 + 4 specials)' if tok.vocab_size <= 260 else 'BPE'}, {tok.vocab_size:,} ids " \
+        f"(`tokenizer.json`, `tokenizer_config.json`)"
+    lines = [
+        f"# elastic_ssm {model.arch.upper()} export, tier {tier}",
+        "",
+        f"A standalone {model.arch} model cut from a shared elastic model at tier **{tier}** "
+        "(train once, export many): it holds only the retained "
+        f"{RETAINED.get(model.arch, 'feed-forward')} prefixes.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| tier | {tier} |",
+        f"| parameters | {params:,} |",
+    ]
+    parent = source.get("parent_config")
+    if parent:
+        pcfg = model_config_from_dict({"arch": model.arch, **parent})
+        lines.append(f"| parameters of the shared model | {num_parameters(pcfg):,} |")
+    if model.arch == "essh":
+        lines += [f"| spectral channels K / FFN width | {cfg.n_channels} / {cfg.d_ff} |",
+                  f"| layers / width / vocabulary | {cfg.n_layers} / {cfg.d_model} / {cfg.vocab_size:,} |"]
+    detail = {"essh": f"recurrent {_size(state['recurrent'])} fp32, window ring {_size(state['kv'])} bf16",
+              "es_ssm": "the last L-1 normalised inputs per block, fp32"}.get(
+        model.arch, "bf16 K and V of every layer at 2048 tokens of context (full attention)")
+    lines += [f"| decoding state per sequence | {_size(state['total'])} ({detail}) |", f"| tokenizer | {tok_line} |"]
+    if quality:
+        lines += [f"| {k} | {v:.4f} |" for k, v in quality.items()]
+    else:
+        lines.append("| quality | not measured at export (`elastic-ssm eval DIR`) |")
+    lines += [
+        "",
+        "## Load with elastic_ssm",
+        "",
+        "```python",
+        "import elastic_ssm as es",
+        f"model = es.{ {'essh': 'ESSH.from_pretrained', 'es_ssm': 'ESSSM.from_pretrained'}.get(model.arch, loader)}"
+        "(\"DIR\")          # model.tokenizer is the saved tokenizer",
+        "ids = model.tokenizer.encode(\"def main():\")",
+    ]
+    if model.arch == "essh":
+        lines += ["import torch",
+                  "out = model.generate(torch.tensor([ids]), max_new_tokens=32)",
+                  "print(model.tokenizer.decode(out[0].tolist()))",
+                  "```",
+                  "",
+                  "Command line: `elastic-ssm generate DIR --prompt \"def \"`, `elastic-ssm eval DIR`.",
+                  "",
+                  "## Load with Hugging Face transformers (`pip install 'elastic-ssm[hf]'`)",
+                  "",
+                  "```python",
+                  "import elastic_ssm.hf  # registers model_type 'essh' with AutoConfig / AutoModelForCausalLM",
+                  "from transformers import AutoModelForCausalLM, AutoTokenizer",
+                  "tok = AutoTokenizer.from_pretrained(\"DIR\")",
+                  "model = AutoModelForCausalLM.from_pretrained(\"DIR\")",
+                  "out = model.generate(**tok(\"def main():\", return_tensors=\"pt\"), max_new_tokens=32)",
+                  "```"]
+    else:
+        lines += ["import torch", "logits = model(torch.tensor([ids]))", "```"]
+    lines += ["", f"Written by elastic_ssm {__version__}."]
+    return "\n".join(lines) + "\n"

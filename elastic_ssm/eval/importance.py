@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..config import TierLike
-from ..utils.files import atomic_writer
+from ..utils.progress import format_table, pyplot, save_png
 from ..utils.progress import progress as progress_bar
 from .perplexity import eval_mode, loss_sums, perplexity
 
@@ -165,13 +165,12 @@ def channel_importance(model: Any, batches: Sequence[tuple[torch.Tensor, ...]], 
 
 def format_importance(res: ImportanceResult) -> str:
     """The per-channel table and the Table 31 summary as text."""
-    head = f"{'k':>4}{'knock-out dPPL':>16}{'dbpb':>10}{'energy':>12}{'energy share':>14}"
     total = sum(c.energy for c in res.channels) or float("nan")
-    lines = [f"channel importance at {res.tier} (K={res.K}, {res.params:,} parameters) on {res.tokens:,} tokens: "
-             f"base ppl {res.base_ppl:.4f}, bpb {res.base_bpb:.4f}", head, "-" * len(head)]
-    for c in res.channels:
-        lines.append(f"{c.channel:>4}{c.delta_ppl:>16.4f}{c.delta_bpb:>10.4f}{c.energy:>12.4g}"
-                     f"{c.energy / total:>14.3f}")
+    lines = [format_table([{"k": c.channel, "knock-out dPPL": f"{c.delta_ppl:.4f}", "dbpb": f"{c.delta_bpb:.4f}",
+                            "energy": f"{c.energy:.4g}", "energy share": f"{c.energy / total:.3f}"}
+                           for c in res.channels], ["k", "knock-out dPPL", "dbpb", "energy", "energy share"],
+                          title=f"channel importance at {res.tier} (K={res.K}, {res.params:,} parameters) on "
+                                f"{res.tokens:,} tokens: base ppl {res.base_ppl:.4f}, bpb {res.base_bpb:.4f}")]
     lines += ["", f"{'':<22}{'energy':>10}{'knock-out':>11}",
               f"{'-Spearman(k, imp_k)':<22}{res.ordering_energy:>10.3f}{res.ordering_knockout:>11.3f}",
               f"{f'first-{res.first} share':<22}{res.share_energy:>10.3f}{res.share_knockout:>11.3f}"]
@@ -181,12 +180,8 @@ def format_importance(res: ImportanceResult) -> str:
 def plot_importance(res: ImportanceResult, path: Any) -> str | None:
     """Figure 10 (a, b) as a PNG at ``path``: knock-out increase per channel and the cumulative shares of
     knock-out and energy. Returns None when written, else why it was skipped (matplotlib missing)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return "matplotlib is not installed (pip install 'elastic-ssm[plot]')"
     ks = [c.channel for c in res.channels]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -205,8 +200,5 @@ def plot_importance(res: ImportanceResult, path: Any) -> str | None:
     for ax in (a, b):
         ax.grid(alpha=0.3)
     fig.suptitle(f"channel importance at {res.tier} (ESSH App. L.3)")
-    fig.tight_layout()
-    with atomic_writer(path) as f:       # an old figure stays whole until the new one is complete
-        fig.savefig(f, format="png", dpi=120)
-    plt.close(fig)
+    save_png(fig, path)
     return None

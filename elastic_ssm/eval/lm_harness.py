@@ -23,6 +23,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from ..config import tier_word
 from ..data.tokenizers import resolve_tokenizer
+from ..elastic.tiers import check_counts
 from ..models import load_pretrained
 from ..utils.progress import progress as progress_bar
 from .perplexity import continuation_scores
@@ -35,8 +36,7 @@ def _as_int(value: Any, name: str) -> int:
         out = int(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if out < 1:
-        raise ValueError(f"{name} must be >= 1, got {out}")
+    check_counts(**{name: out})
     return out
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import TransformerConfig
-from ..models.baselines.transformer import KVCache
+from ..models.baselines import KVCache
 from .modeling import CACHE_KEY, ElasticForCausalLM, ElasticHFConfig, _NoRollbackCache
 
 __all__ = ["ESSSMForCausalLM", "ESSSMHFConfig", "MatFormerForCausalLM", "MatFormerHFConfig", "StepCache",

@@ -195,9 +195,7 @@ class ElasticModel(nn.Module):
                 stale = {TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, META_FILE} - set(
                     save_tokenizer_files(self.tokenizer, staging))
             if self.source.get("tier"):       # a standalone export: write its model card
-                from ..elastic.model_card import model_card
-
-                atomic_write_bytes(staging / "README.md", model_card(self).encode())
+                atomic_write_bytes(staging / "README.md", tiers_mod.model_card(self).encode())
             for name, text in remote_code(self.arch).items() if hf_keys(self) else ():
                 atomic_write_bytes(staging / name, text.encode())  # trust_remote_code=True loads it without our import
             # Size and checksum tie config.json to its weights: a directory overwritten only halfway and same-size

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..config import TierLike
-from ..elastic.tiers import Tier
+from ..elastic.tiers import Tier, check_counts
 from ..layers.attention import RingState
 from ..layers.es_ssm import DecodePlan, SpectralDecodeState, check_decode
 from ..utils.devices import checked_device
@@ -48,8 +48,7 @@ def check_cache(cache: Any, kind: type, batch: int | None = None, tier: Tier | N
 def _state_dtype(model, batch: Any, state_dtype: torch.dtype | None, kv_dtype: Any = None) -> torch.dtype:
     """Checks ``batch`` (an int >= 1) and both dtypes, and gives the state dtype: ``state_dtype``, else float32
     (float64 for a float64 model)."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"a cache needs batch >= 1 sequences (an int), got {batch!r}")
+    check_counts(batch=batch)
     check_cache_dtype("state_dtype", state_dtype)
     check_cache_dtype("kv_dtype", kv_dtype)
     if state_dtype is None:

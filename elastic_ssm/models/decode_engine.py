@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..elastic.slicing import has_float_weight
+from ..elastic.tiers import check_counts
 from ..ops.swa_decode import MAX_TRITON_BATCH
 from .compile import GRAPH_TOKENS, PrefillGraph, compiled_trunk, length_bucket
 from .fast_decode import FastDecoder
@@ -24,8 +25,7 @@ SPAN_MIN_BATCH = MAX_TRITON_BATCH
 
 def batch_bucket(batch: int) -> int:
     """The captured batch size serving ``batch`` rows: the next power of two."""
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
+    check_counts(batch=batch)
     return 1 << (batch - 1).bit_length()
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..elastic.slicing import write_row_factors
+from ..elastic.tiers import check_counts
 from ..layers.decode_plan import DecodeOptions
 from ..ops.dispatch import resolve_decode_backend
 from ..ops.gemv import MAX_FUSED_BATCH, norm_gemv
@@ -63,8 +64,7 @@ class FastDecoder:
                              f"batch {batch} at {self.tier.name}: allocate it with "
                              "model.allocate_cache(batch, tier)")
         self.cache, self.batch = cache, batch
-        if isinstance(min_span, bool) or not isinstance(min_span, int) or min_span < 1:
-            raise ValueError(f"min_span must be an int >= 1 (ring slots), got {min_span!r}")
+        check_counts(min_span=min_span)
         if out_layout not in ("auto", "split", "rows"):
             raise ValueError(f"out_layout must be 'auto', 'split' or 'rows', got {out_layout!r}")
         if out_layout == "auto":

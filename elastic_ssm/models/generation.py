@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..elastic.tiers import check_counts
 from ..utils.progress import tuning_notice
 
 
@@ -169,8 +170,7 @@ class GenerationMixin:
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and 0 in input_ids.shape:
             raise ValueError(f"the prompt is empty (input_ids of shape {tuple(input_ids.shape)}): give every row "
                              "at least one token (e.g. the bos token)")
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        check_counts(0, max_new_tokens=max_new_tokens)
         V = self.config.vocab_size
         for name, t in [*(("eos_token_id", s) for s in stops or [eos]), ("pad_token_id", pad)]:
             if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V):
@@ -190,8 +190,7 @@ class GenerationMixin:
         if do_sample is None:
             do_sample = (temperature is not None and temperature > 0) or bool(top_k) or top_p is not None
         temp = 0.0 if not do_sample else (1.0 if temperature is None else float(temperature))
-        if not isinstance(sync_every, int) or sync_every < 1:
-            raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}")
+        check_counts(sync_every=sync_every)
         hf_streamer = streamer if hasattr(streamer, "put") and hasattr(streamer, "end") else None   # transformers'
         if hf_streamer is not None:                      # TextStreamer & co.: the prompt, each step's tokens, end()
             hf_streamer.put(input_ids.cpu())

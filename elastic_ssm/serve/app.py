@@ -22,12 +22,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..data.tokenizers import resolve_tokenizer
 from ..models.model_dir import export_tier_aliases
 from . import schema
-from .chat_templates import ChatTemplate
 from .engine import COUNTERS, PREFILL_TOKENS, PREFILL_WAIT_MS, Busy, Engine, Request
 from .guard import Guard, parse_json, read_body, watch_disconnect
 from .remote import RemoteEngine
 from .schema import ApiError, error_body, parse_prompt, resolve_model_field, response_body
 from .slots import GRAPH_TOKENS
+from .tokens import ChatTemplate
 
 __all__ = ["ServerSettings", "create_app", "Metrics"]
 

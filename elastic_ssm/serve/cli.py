@@ -70,10 +70,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..data.tokenizers import resolve_tokenizer
     from ..models import load_pretrained
     from .app import ServerSettings, create_app
-    from .chat_templates import chat_template_source
     from .guard import is_loopback, uvicorn_connection_limit
     from .header_deadline import with_header_deadline
     from .remote import model_view
+    from .tokens import chat_template_source
 
     chat_template = chat_template_source(args.chat_template)      # before the model loads: a typo costs nothing
     name = args.name if args.name is not None else Path(args.checkpoint).resolve().name
@@ -176,7 +176,7 @@ def check_state_fits(config, tier: str, batch: int, device, flag: str, weights: 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..cli_util import load_model
-    from .calibrate import calibrate, write_profile
+    from .select import calibrate, write_profile
 
     try:
         batches = [int(b) for b in args.batches.split(",")]
@@ -198,7 +198,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def record_quality(args: argparse.Namespace, rows, model, window: int) -> None:
     """``eval --write_quality``: ``rows`` of ``model`` into tier_quality.json (``window``: the longest length)."""
-    from .calibrate import quality_table, write_quality
+    from .select import quality_table, write_quality
 
     if not args.write_quality:
         return

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from .slots import GRAPH_TOKENS, SlotPool, check_counts, prefill_groups
+from ..elastic.tiers import check_counts
+from .slots import GRAPH_TOKENS, SlotPool, prefill_groups
 from .tokens import RowNoise, TextStream, sample_rows
 
 __all__ = ["Engine", "Request", "Busy", "deliver", "PREFILL_WAIT_MS", "PREFILL_GAP_MS", "PREFILL_TOKENS", "COUNTERS"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..elastic.tiers import check_counts
 from ..models.cache import ESSHCache
 from ..models.compile import GRAPH_TOKENS, PrefillGraph, length_bucket
 from ..models.decode_engine import batch_bucket
@@ -20,16 +21,9 @@ from ..ops.spectral_scan.inputs import sync_free
 from ..utils.progress import tuning_notice
 
 __all__ = ["SlotPool", "SlotRows", "row_cache", "reset_row_", "left_pad", "prefill_groups", "served_tiers",
-           "check_counts", "GRAPH_TOKENS"]
+           "GRAPH_TOKENS"]
 
 log = logging.getLogger("elastic_ssm.serve")
-
-
-def check_counts(**values: Any) -> None:
-    """ValueError naming the first of ``values`` that is not an int >= 1."""
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 def row_cache(cache: ESSHCache, i: int) -> ESSHCache:

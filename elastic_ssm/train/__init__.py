@@ -17,9 +17,8 @@ from .dist import DistContext, init_distributed
 from .loop import TrainResult, refine, train
 from .losses import LossModule, chunked_loss_sums, ffn_grad_scaled, loss_sums
 from .metrics import MetricsLogger, validation_records
-from .optim import WarmupCosine, build_adamw, param_groups
 from .preflight import TrainingInterrupted
-from .recipes import BudgetDropout, make_recipe, resolve_recipe_name
+from .recipes import BudgetDropout, WarmupCosine, build_adamw, make_recipe, param_groups, resolve_recipe_name
 
 __all__ = [
     "BudgetDropout", "CapacityMixed", "DataStream", "DistContext", "LossModule", "MetricsLogger", "MicroPlan",

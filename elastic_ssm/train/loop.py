@@ -47,9 +47,8 @@ from .dist import (
 )
 from .losses import IGNORE_INDEX, LossModule
 from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, validation_records
-from .optim import WarmupCosine, build_adamw
 from .preflight import StopSignals, TrainingInterrupted, config_changes, start_run
-from .recipes import make_recipe, resolve_recipe_name
+from .recipes import WarmupCosine, build_adamw, make_recipe, resolve_recipe_name
 
 __all__ = ["train", "refine", "TrainResult"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..config.base import read_yaml_file
-from ..utils.files import atomic_write_bytes, free_stamped_path, is_temp_name
+from ..utils.files import atomic_write_bytes, free_stamped_path, is_temp_name, read_json
 from .checkpoint import COMPLETE, LATEST, checkpoint_dirs, checkpoint_fault, move_damaged, step_of
 
 __all__ = ["RunLock", "RunDirBusy", "claim_run_dir", "clean_stale_files", "check_free_disk", "run_artifacts",
@@ -62,10 +62,7 @@ class RunLock:
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:                                   # the holder's record: host, pid, start time
-            held = json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
-            held = {}
+        held = read_json(self.path) or {}      # the holder's record: host, pid, start time
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

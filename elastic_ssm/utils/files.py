@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..config import ConfigError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "cache_dir", "fsync_dir", "is_temp_name",
-           "with_path", "process_umask", "free_stamped_path", "check_output_path"]
+           "with_path", "process_umask", "free_stamped_path", "check_output_path", "read_json"]
 
 
 def cache_dir() -> Path:
@@ -99,6 +100,15 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> str:
 def atomic_write_text(path: str | Path, text: str) -> str:
     """``atomic_write_bytes(path, text.encode("utf-8"))``; returns the sha256 hex digest."""
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def read_json(path: str | Path, default: Any = None) -> Any:
+    """The JSON document in file ``path``, or ``default`` when it is missing, unreadable or not JSON: the one read of
+    a record that is only a hint or an accelerator (a lock's holder, a cache, a tokenizer's or template's file)."""
+    try:
+        return json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return default
 
 
 def fsync_dir(path: str | Path) -> None:

@@ -1,5 +1,6 @@
-"""What long work shows (DESIGN rule 9), torch-free: ``progress`` (the one tqdm bar), ``shown`` and
-``tuning_notice`` (a fresh machine's first CUDA prefill); docs/architecture.md, ``utils/progress.py``."""
+"""What long work shows and leaves to read (DESIGN rule 9), torch-free: ``progress`` (the one tqdm bar), ``shown``,
+``tuning_notice`` (a fresh machine's first CUDA prefill), ``format_table`` (the one text table) and ``pyplot`` /
+``save_png`` (the plots); docs/architecture.md, ``utils/progress.py``."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from .environment import env_flag
+from .files import atomic_writer
 
-__all__ = ["kernels_tuned", "progress", "shown", "triton_cache_dir", "tuning_notice"]
+__all__ = ["format_table", "kernels_tuned", "progress", "pyplot", "save_png", "shown", "triton_cache_dir",
+           "tuning_notice"]
 
 log = logging.getLogger("elastic_ssm")
 _CHECKED: list[bool] = []       # the first CUDA prefill of the process was looked at (the cache is read once)
@@ -45,6 +48,49 @@ def progress(iterable: Iterable[Any] | None = None, desc: str = "", total: int |
 
     return tqdm(iterable, desc=desc, total=total, unit=unit, disable=_disable(enabled), file=sys.stderr,
                 dynamic_ncols=True, leave=False, **kw)
+
+
+def _cell(v: Any, width: int = 0) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+    s = str(v)
+    return s[:width - 3] + "..." if width and len(s) > width else s
+
+
+def format_table(rows: list[dict], columns: list[str], title: str | None = None) -> str:
+    """Rows as a left/right aligned text table over ``columns`` (missing cells print '-'; a str cell as it is)."""
+    head = list(columns)
+    body = [[_cell(r.get(c), 80) for c in columns] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                  for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    lines = [fmt(head), "-" * len(fmt(head)), *map(fmt, body)]
+    return "\n".join(([title] if title else []) + lines)
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend, or None when matplotlib is not installed (extra ``plot``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_png(fig: Any, path: str | Path) -> None:
+    """``fig`` written to ``path`` as a PNG atomically (an old figure stays whole until the new one is complete),
+    then closed."""
+    fig.tight_layout()
+    with atomic_writer(path) as f:
+        fig.savefig(f, format="png", dpi=120)
+    pyplot().close(fig)
 
 
 def triton_cache_dir() -> Path:

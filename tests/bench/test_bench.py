@@ -14,12 +14,12 @@ from triton_interpreter import run_interpreted
 
 import elastic_ssm as es
 from elastic_ssm.bench import BenchConfig, bench_command, run_bench
-from elastic_ssm.bench.peers import cast_matrices, match_ffn_width, transformer_matched
+from elastic_ssm.bench.decode import cast_matrices, match_ffn_width, transformer_matched
 from elastic_ssm.cli import parse
 from elastic_ssm.cli_util import overrides
 from elastic_ssm.models.baselines import TransformerConfig, TransformerPP
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
-from elastic_ssm.models.testing import randomize_selective
 from elastic_ssm.ops.dispatch import resolve_decode_backend
 from elastic_ssm.ops.spectral_scan import decode_triton as dt
 from elastic_ssm.ops.spectral_scan.naive import naive_spectral_scan
@@ -140,7 +140,7 @@ def test_transformer_decode_equals_forward():
     torch.testing.assert_close(prompt_logits, full[:, :9])
     for t in range(9, 14):
         torch.testing.assert_close(model.step(ids[:, t], cache), full[:, t], rtol=1e-10, atol=1e-10)
-    assert sum(p.numel() for p in model.parameters()) == cfg.num_parameters()
+    assert sum(p.numel() for p in model.parameters()) == es.elastic.num_parameters(cfg)
 
 
 def test_table54_matching_and_counts():
@@ -149,7 +149,7 @@ def test_table54_matching_and_counts():
     assert round(info["params"] / 1e6, 1) == 1536.3 and abs(info["gap"] - 0.0034) < 1e-4   # Table 54
     with torch.device("meta"):
         model = TransformerPP(tcfg)
-    assert sum(p.numel() for p in model.parameters()) == tcfg.num_parameters() == info["params"]
+    assert sum(p.numel() for p in model.parameters()) == es.elastic.num_parameters(tcfg) == info["params"]
     d_ff, p, gap = match_ffn_width(1000, lambda f: 10 * f + 7, 8)
     assert (d_ff, p) == (96, 967) and gap == pytest.approx(-0.033)
 
@@ -226,7 +226,7 @@ def test_compiled_bench_compiles_transformer_peer_too(tmp_path):
 
 
 def test_out_of_memory_is_a_row_result_and_other_errors_propagate():
-    from elastic_ssm.bench.timing import oom_as_result
+    from elastic_ssm.bench.decode import oom_as_result
 
     row: dict = {}
     with oom_as_result(row, torch.device("cpu"), peak=True):
@@ -294,14 +294,18 @@ def test_only_repeatable_list_flags_add_up():
 
 
 @pytest.mark.parametrize("cls,fields,message", [
-    ("BenchConfig", {"compile_mode": "fast"}, "BenchConfig.compile_mode: must be one of 'default'"),
-    ("BenchConfig", {"serve_streams": [0]}, "BenchConfig.serve_streams[0]: must be >= 1, got 0"),
-    ("BenchConfig", {"serve_prefill_wait_ms": [float("inf")]}, "serve_prefill_wait_ms[0]: expected a finite number"),
-    ("BenchConfig", {"generate_new_tokens": 1}, "BenchConfig.generate_new_tokens: must be >= 2, got 1"),
-    ("SessionPrefillOptions", {"scan_backends": ["x"]}, "scan_backends[0]: must be one of 'auto', 'fla' or 'torch'"),
-    ("SessionPrefillOptions", {"lengths": []}, "SessionPrefillOptions.lengths: must have at least 1 item(s)"),
-    ("FirstTokenOptions", {"runs": -1}, "FirstTokenOptions.runs: must be >= 0, got -1"),
-    ("GeneratePathsOptions", {"threads": 0}, "GeneratePathsOptions.threads: must be >= 1, got 0"),
+    ("BenchConfig", {"compile_mode": "fast"}, "BenchConfig.compile_mode: Input should be 'default'"),
+    ("BenchConfig", {"serve_streams": [0]},
+     "BenchConfig.serve_streams[0]: Input should be greater than or equal to 1, got 0"),
+    ("BenchConfig", {"serve_prefill_wait_ms": [float("inf")]},
+     "serve_prefill_wait_ms[0]: Input should be a finite number"),
+    ("BenchConfig", {"generate_new_tokens": 1},
+     "BenchConfig.generate_new_tokens: Input should be greater than or equal to 2, got 1"),
+    ("SessionPrefillOptions", {"scan_backends": ["x"]}, "scan_backends[0]: Input should be 'auto', 'fla' or 'torch'"),
+    ("SessionPrefillOptions", {"lengths": []}, "SessionPrefillOptions.lengths: Tuple should have at least 1 item"),
+    ("FirstTokenOptions", {"runs": -1}, "FirstTokenOptions.runs: Input should be greater than or equal to 0, got -1"),
+    ("GeneratePathsOptions", {"threads": 0},
+     "GeneratePathsOptions.threads: Input should be greater than or equal to 1, got 0"),
 ])
 def test_bench_options_are_checked_by_their_declared_types(cls, fields, message):
     """Choices and ranges are declared on the fields (Literal, AtLeast1, ...): pydantic names the field in one line."""

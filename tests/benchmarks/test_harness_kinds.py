@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import kinds
 from benchmarks.suite import load_suite
-from elastic_ssm.bench import harness
+from elastic_ssm import bench as harness
 from elastic_ssm.cli import main as cli_main
 from elastic_ssm.config import ConfigError
 
@@ -67,7 +67,7 @@ def test_an_editable_install_finds_the_harness_of_its_checkout(no_harness, monke
 def test_the_fla_peers_outside_a_clone_are_an_unavailable_peer(no_harness):
     """``benchmarks/fla_peers.py`` is the harness's: outside a clone a gated_deltanet / mamba2 row says where it lives
     (a ``PeerUnavailable``, reported in the row, not a failure)."""
-    from elastic_ssm.bench.peers import PeerUnavailable, fla_peers
+    from elastic_ssm.bench.decode import PeerUnavailable, fla_peers
 
     with pytest.raises(PeerUnavailable, match="fla peer module belongs to the research harness") as e:
         fla_peers()

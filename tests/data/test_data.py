@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from elastic_ssm import data
-from elastic_ssm.data import corpora, splits
+from elastic_ssm.data import corpora, pysrc
 
 
 def test_stdlib_split_deterministic_disjoint_by_file():
@@ -19,8 +19,8 @@ def test_stdlib_split_deterministic_disjoint_by_file():
     assert not any("site-packages" in f for f in files)
     train, val = data.stdlib_split_files("train"), data.stdlib_split_files("validation")
     assert set(train).isdisjoint(val) and sorted(train + val) == files
-    assert len(val) >= splits.STDLIB_MIN_VAL_FILES and len(train) > 10 * len(val)
-    splits._stdlib_files.cache_clear()
+    assert len(val) >= pysrc.STDLIB_MIN_VAL_FILES and len(train) > 10 * len(val)
+    pysrc._stdlib_files.cache_clear()
     assert data.stdlib_split_files("validation") == val  # recomputed from disk: same split
     docs = list(corpora.cap_bytes(data.iter_documents("stdlib", "validation"), 5000))
     assert sum(map(len, docs)) == 5000 and all(isinstance(d, bytes) for d in docs)

@@ -18,7 +18,7 @@ import elastic_ssm as es  # noqa: E402
 from elastic_ssm import data  # noqa: E402
 from elastic_ssm.config import MatFormerConfig  # noqa: E402
 from elastic_ssm.models.baselines import MatFormer  # noqa: E402
-from elastic_ssm.models.testing import randomize_selective  # noqa: E402
+from elastic_ssm.models.essh import randomize_selective  # noqa: E402
 
 DOCS = [{"question": f"{a} + {b} =", "choices": [str(a + b), str(a + b + 1), "cat"], "label": 0}
         for a, b in [(1, 2), (3, 4), (2, 2)]]

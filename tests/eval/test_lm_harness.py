@@ -16,7 +16,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 import elastic_ssm as es  # noqa: E402
 from elastic_ssm.cli import main  # noqa: E402
 from elastic_ssm.eval.lm_harness import ElasticLM, evaluate_tiers_on_tasks  # noqa: E402
-from elastic_ssm.models.testing import randomize_selective  # noqa: E402
+from elastic_ssm.models.essh import randomize_selective  # noqa: E402
 
 BOS = 257
 
@@ -233,16 +233,14 @@ def test_console_script_runs_lm_evals_own_cli_per_tier(tiny, tmp_path, monkeypat
 
 
 def test_console_script_reads_lm_evals_short_flags():
-    from elastic_ssm.cli_lm_eval import _flag, _pop_flag, _set_flag
+    from elastic_ssm.cli_lm_eval import _own_flags
 
-    argv = ["-M", "elastic-ssm", "-a", "pretrained=m,tier=all", "-o=res", "--csv", "s.csv", "--tasks", "t"]
-    assert [_flag(argv, f)[1] for f in ("--model", "--model_args", "--output_path")] == \
-        ["elastic-ssm", "pretrained=m,tier=all", "res"]
-    assert _set_flag(argv, "--model_args", "pretrained=m,tier=T1") == [*argv[:2], *argv[4:], "--model_args",
-                                                                        "pretrained=m,tier=T1"]
-    assert _set_flag(argv, "--output_path", "res/T1") == [*argv[:4], *argv[5:], "--output_path", "res/T1"]
-    assert _pop_flag(argv, "--csv") == ([*argv[:5], "--tasks", "t"], "s.csv")
-    assert _set_flag(["--tasks", "t"], "--device", "cpu") == ["--tasks", "t", "--device", "cpu"]
+    argv = ["-M", "elastic-ssm", "-a", "pretrained=m,tier=all", "-o=res", "--csv", "s.csv", "--tasks", "t",
+            "--overwrite", "--limit", "-1"]
+    own, rest = _own_flags(argv)
+    assert (own.model, own.model_args, own.output_path, own.csv, own.device, own.overwrite) == \
+        ("elastic-ssm", "pretrained=m,tier=all", "res", "s.csv", None, True)
+    assert rest == ["--tasks", "t", "--limit", "-1"]                   # lm-eval's own flags, as they were
 
 
 def test_console_script_refuses_an_existing_csv_before_running(tiny, tmp_path, monkeypatch, capsys):

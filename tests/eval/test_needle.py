@@ -1,4 +1,4 @@
-"""Needle-in-a-haystack evaluator (``eval/needle.py``): trial layout, metrics against a model that can
+"""Needle-in-a-haystack evaluator (``eval/perplexity.py``): trial layout, metrics against a model that can
 retrieve (an induction-head oracle) and one that cannot, per-trial scores equal the model's own
 log-probabilities, the item-cluster bootstrap, and the CLI on a trained-from-scratch tiny model."""
 
@@ -13,7 +13,7 @@ from torch import nn
 import elastic_ssm as es
 from elastic_ssm.cli import main
 from elastic_ssm.data import ByteTokenizer, load_corpus
-from elastic_ssm.eval.needle import (
+from elastic_ssm.eval.perplexity import (
     NeedleConfig,
     _bootstrap_half_width,
     build_trials,

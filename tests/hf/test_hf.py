@@ -146,7 +146,7 @@ def test_an_empty_tier_is_an_error_not_the_full_model(saved, tier):
 def test_apply_chat_template_renders_a_serve_builtin_for_our_tokenizer(saved):
     """A base model has no template of its own; transformers' apply_chat_template takes one of serve's built-in
     templates (the same text `serve --chat_template chatml` renders) and the ids are our byte tokens."""
-    from elastic_ssm.serve.chat_templates import BUILTIN
+    from elastic_ssm.serve.tokens import BUILTIN
 
     _, path = saved
     tok = AutoTokenizer.from_pretrained(path)
@@ -173,7 +173,7 @@ def test_a_template_in_the_directory_is_used_without_the_argument(saved, tmp_pat
     import json
     import shutil
 
-    from elastic_ssm.serve.chat_templates import BUILTIN
+    from elastic_ssm.serve.tokens import BUILTIN
 
     _, path = saved
     shutil.copytree(path, tmp_path / "m")

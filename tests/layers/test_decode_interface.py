@@ -16,9 +16,9 @@ import elastic_ssm as es
 from elastic_ssm.layers.attention import SlidingWindowAttention
 from elastic_ssm.layers.spectral_mixer import SpectralMixer
 from elastic_ssm.models.decode_engine import batch_bucket, decoder_pool
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
 from elastic_ssm.models.generation import sample_next
-from elastic_ssm.models.testing import randomize_selective
 
 F64 = torch.float64
 

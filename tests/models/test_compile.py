@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import elastic_ssm as es
 from elastic_ssm.layers import attention
 from elastic_ssm.layers.attention import SlidingWindowAttention, flex_length, swa_block_mask, swa_flex, window_mask
-from elastic_ssm.models.testing import randomize_selective
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.ops import ModalTables
 
 NAMES = ("v", "write", "read", "clock", "rho", "theta", "kc", "ks", "a", "initial_state")
@@ -87,7 +87,7 @@ _INDUCTOR_SCALAR_CHECK = """
 import torch
 import torch._inductor.config as inductor_config
 import elastic_ssm as es
-from elastic_ssm.models.testing import randomize_selective
+from elastic_ssm.models.essh import randomize_selective
 
 torch.manual_seed(0)
 model = randomize_selective(es.ESSH(es.ESSHConfig.preset("tiny")), zero_lag=True)

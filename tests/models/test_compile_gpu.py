@@ -9,7 +9,7 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm.layers import attention
-from elastic_ssm.models.testing import randomize_selective
+from elastic_ssm.models.essh import randomize_selective
 
 pytestmark = pytest.mark.gpu
 

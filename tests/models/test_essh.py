@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import elastic_ssm as es
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.model_dir import CheckpointError
-from elastic_ssm.models.testing import randomize_selective
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +275,7 @@ def test_env_backend_fla_leaves_cpu_calls_on_torch(monkeypatch):
 def test_an_empty_input_gets_the_same_refusal_from_every_architecture(arch, shape):
     """Issue 40 item 14: ESSH accepted T = 0 (and returned [B, 0, V]) where ES-SSM refused it."""
     from elastic_ssm.config import TransformerConfig
-    from elastic_ssm.models.baselines.transformer import TransformerPP
+    from elastic_ssm.models.baselines import TransformerPP
 
     model = {"essh": lambda: es.ESSH(es.ESSHConfig.preset("tiny")),
              "es_ssm": lambda: es.ESSSM(es.ESSSMConfig.preset("tiny")),

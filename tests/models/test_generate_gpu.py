@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import elastic_ssm as es
-from elastic_ssm.bench.peers import cast_matrices
+from elastic_ssm.bench.decode import cast_matrices
 from elastic_ssm.models.decode_engine import decoder_pool
-from elastic_ssm.models.testing import randomize_selective
+from elastic_ssm.models.essh import randomize_selective
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"

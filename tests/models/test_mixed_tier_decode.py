@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import elastic_ssm as es
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
-from elastic_ssm.models.testing import randomize_selective
 from elastic_ssm.ops.gemv import MAX_FUSED_BATCH
 
 F64 = torch.float64

@@ -8,7 +8,7 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm.models.compile import PrefillGraph
-from elastic_ssm.models.testing import randomize_selective
+from elastic_ssm.models.essh import randomize_selective
 
 F64 = torch.float64
 TIERS = ["T1", "T4", "T10", "T4"]

@@ -16,8 +16,8 @@ from torch import nn
 
 import elastic_ssm as es
 from elastic_ssm.config import model_config_from_dict
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.model_dir import CheckpointError
-from elastic_ssm.models.testing import randomize_selective
 
 LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_layout"
 PROJECTIONS = ("in_proj", "out_proj", "qkv", "out", "w_in", "w_out")

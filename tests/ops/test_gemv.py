@@ -11,8 +11,8 @@ from triton_interpreter import run_interpreted
 
 import elastic_ssm as es
 from elastic_ssm.layers.decode_plan import FFNPlan, SpectralPlan
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
-from elastic_ssm.models.testing import randomize_selective
 from elastic_ssm.ops import gemv
 
 
@@ -57,7 +57,7 @@ _INTERPRETER_CHECK = """
 import copy
 import torch
 import elastic_ssm as es
-from elastic_ssm.models.testing import randomize_selective
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
 from elastic_ssm.ops import gemv
 

@@ -6,7 +6,7 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm import data
-from elastic_ssm.models.testing import randomize_selective
+from elastic_ssm.models.essh import randomize_selective
 
 
 def _varied_tiny():

@@ -14,7 +14,7 @@ import elastic_ssm as es  # noqa: E402
 from elastic_ssm.cli import main  # noqa: E402
 from elastic_ssm.config import ConfigError  # noqa: E402
 from elastic_ssm.serve.app import ServerSettings, create_app  # noqa: E402
-from elastic_ssm.serve.chat_templates import BUILTIN, chat_template_source  # noqa: E402
+from elastic_ssm.serve.tokens import BUILTIN, chat_template_source  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def f"}]
 

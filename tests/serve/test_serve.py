@@ -12,9 +12,9 @@ import elastic_ssm as es
 from elastic_ssm import data
 from elastic_ssm.elastic.tiers import state_bytes
 from elastic_ssm.models.generation import sample_next
-from elastic_ssm.serve.calibrate import calibrate, quality_table, write_profile, write_quality
 from elastic_ssm.serve.engine import Busy, Engine, Request
 from elastic_ssm.serve.schema import resolve_model_field
+from elastic_ssm.serve.select import calibrate, quality_table, write_profile, write_quality
 from elastic_ssm.serve.slots import SlotPool, prefill_groups, reset_row_, row_cache
 from elastic_ssm.serve.tokens import RowNoise, TextStream, sample_rows
 

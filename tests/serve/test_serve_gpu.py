@@ -16,9 +16,9 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm import data
-from elastic_ssm.models.testing import randomize_selective
-from elastic_ssm.serve.calibrate import calibrate
+from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.serve.engine import Engine, Request
+from elastic_ssm.serve.select import calibrate
 from elastic_ssm.serve.slots import SlotPool
 from elastic_ssm.serve.tokens import sample_rows
 

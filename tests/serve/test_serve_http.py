@@ -418,8 +418,8 @@ def test_chat_template_special_tokens_are_their_ids_as_in_apply_chat_template(mo
     """``{{ bos_token }}`` (and any special-token string the template writes) is one id, not its characters'
     bytes: the prompt ids equal transformers' ``apply_chat_template``'s."""
     from elastic_ssm.data.tokenizers import resolve_tokenizer
-    from elastic_ssm.serve.chat_templates import ChatTemplate
     from elastic_ssm.serve.schema import ChatMessage
+    from elastic_ssm.serve.tokens import ChatTemplate
 
     template = ("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}<sep>{% endfor %}"
                 "{% if add_generation_prompt %}<assistant>{% endif %}")

@@ -14,7 +14,7 @@ import torch
 
 import elastic_ssm as es
 from benchmarks.serve_stub import StubPool
-from elastic_ssm.bench.serve_server import IdTokenizer
+from elastic_ssm.bench.serve import IdTokenizer
 from elastic_ssm.data.tokenizers import resolve_tokenizer
 from elastic_ssm.models import load_pretrained
 from elastic_ssm.serve.engine import Busy, Engine, Request

@@ -9,8 +9,7 @@ import pytest
 import elastic_ssm as es
 from elastic_ssm.cli import main
 from elastic_ssm.eval.perplexity import TierEval
-from elastic_ssm.serve.calibrate import quality_table, write_profile, write_quality
-from elastic_ssm.serve.select import tier_choice
+from elastic_ssm.serve.select import quality_table, tier_choice, write_profile, write_quality
 
 
 def _profile(tiers: dict, device="cpu", dtype="float32", params=None, date="d1"):

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from elastic_ssm.cli import main
-from elastic_ssm.train.log_sinks import scalars
+from elastic_ssm.train.metrics import scalars
 
 RUN = """
 model: {arch: essh, preset: tiny}

@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...config import MatFormerConfig, TierLike, TransformerConfig
-from ...elastic.slicing import SliceRule, empty_linear, linear
-from ...elastic.tiers import Tier
-from ...layers.attention import rope_qkv, window_mask
-from ...layers.ffn import RMSNorm, SwiGLU
-from ..base import ElasticModel
-from ..generation import check_token_inputs, token_positions
+from ..config import MatFormerConfig, TierLike, TransformerConfig
+from ..elastic.slicing import SliceRule, empty_linear, linear
+from ..elastic.tiers import Tier
+from ..layers.attention import rope_qkv, window_mask
+from ..layers.ffn import RMSNorm, SwiGLU
+from .base import ElasticModel
+from .generation import check_token_inputs, token_positions
 
 __all__ = ["TransformerConfig", "TransformerPP", "MatFormerConfig", "MatFormer", "KVCache"]
 
