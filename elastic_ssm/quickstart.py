@@ -13,7 +13,7 @@ from .cli_util import write_csv
 from .config import ConfigError, RunConfig
 from .config.run import DEFAULT_RUN
 from .eval.perplexity import TierEval, evaluate_tiers, format_evals
-from .utils.devices import cpu_threads_for
+from .utils.environment import cpu_threads_for
 from .utils.files import atomic_write_bytes, atomic_write_text, free_stamped_path
 from .utils.progress import pyplot, save_png
 
