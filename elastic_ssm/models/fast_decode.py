@@ -17,8 +17,7 @@ from ..elastic.slicing import write_row_factors
 from ..elastic.tiers import check_counts
 from ..layers.decode_plan import DecodeOptions
 from ..ops.dispatch import resolve_decode_backend
-from ..ops.gemv import MAX_FUSED_BATCH, norm_gemv
-from ..ops.norm_swiglu import rms_norm
+from ..ops.gemv import MAX_FUSED_BATCH, norm_gemv, rms_norm
 from ..ops.pdl import resolve_pdl
 from .cache import ESSHCache
 from .compile import capture_graph

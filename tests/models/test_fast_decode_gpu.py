@@ -17,7 +17,7 @@ import elastic_ssm as es
 from elastic_ssm.bench.decode import cast_matrices
 from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
-from elastic_ssm.ops import norm_swiglu as ns
+from elastic_ssm.ops import gemv as ns
 from elastic_ssm.ops.spectral_scan import decode_triton as dt
 
 pytestmark = pytest.mark.gpu

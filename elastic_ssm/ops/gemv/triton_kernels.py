@@ -1,4 +1,4 @@
-"""Triton kernels of the fused small-batch products (see ``ops/gemv/__init__.py`` for the math).
+"""Triton kernels of the decode step's row kernels (see ``ops/gemv/__init__.py`` for the math).
 
 * ``rows_gemv_kernel``: ``y[b, n] = sum_d W[n, d] u[b, d]``, W row-major ``[N, D]``; one program owns ``BLOCK_N``
   outputs and walks D in ``BLOCK_K`` tiles, with the input's RMSNorm from the same pass, a SwiGLU variant on
@@ -6,6 +6,11 @@
 * ``cols_gemv_kernel``: ``x[b, d] += scale * sum_n a[b, n] W[n, d]``, W ``[N, D]`` input x output (the split
   layout's copies); ``BLOCK_D`` output columns, N split into ``SPLIT`` ranges, float32 atomics into the
   residual stream (results agree to float32 rounding, not bitwise, between runs).
+
+* ``rms_norm_kernel``, grid ``(B,)``: one program per row holds the whole row (``BLOCK_D >= D``), reduces the
+  mean square in float32 and writes ``weight * x * rsqrt(mean + eps)`` in the output dtype.
+* ``swiglu_kernel``, grid ``(B, cdiv(n, BLOCK_N))``: reads the interleaved (gate, up) pairs of ``BLOCK_N`` units
+  and writes ``silu(gate) * up`` computed in float32.
 
 Reduction lengths are compile-time constants; batch rows ``b < B <= BLOCK_B`` share one read of the weights.
 This module imports triton: import it only on the Triton path (``TRITON_INTERPRET=1`` must be set before)."""
@@ -107,3 +112,24 @@ def cols_gemv_kernel(a_ptr, w_ptr, x_ptr, B, N, D, stride_ab, stride_wn, stride_
         acc += tl.sum(av[:, :, None] * w[None, :, :], axis=1)
     tl.atomic_add(x_ptr + offs_b[:, None] * stride_xb + offs_d[None, :], acc * scale,
                   mask=mb[:, None] & md[None, :], sem="relaxed")
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0)
+    o = tl.arange(0, BLOCK_D)
+    m = o < D
+    x = tl.load(x_ptr + b * stride_x + o, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + o, mask=m, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, 0) / D + eps) * w
+    tl.store(y_ptr + b * stride_y + o, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def swiglu_kernel(h_ptr, y_ptr, N, stride_h, stride_y, BLOCK_N: tl.constexpr):
+    b = tl.program_id(0)
+    o = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = o < N
+    g = tl.load(h_ptr + b * stride_h + 2 * o, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(h_ptr + b * stride_h + 2 * o + 1, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + b * stride_y + o, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=m)
