@@ -9,21 +9,57 @@ products and the RMSNorm and SwiGLU of decode rows::
 
 x [B, D]; products accumulate in float32 (float64 operands keep float64 on the torch path). ``backend="torch"``
 is the reference; ``"triton"`` runs ``triton_kernels.py``: the products for ``B <= MAX_FUSED_BATCH``, the norm and
-SwiGLU for 2-D inputs that are not float64."""
+SwiGLU for 2-D inputs that are not float64.
+
+Programmatic dependent launch (PDL) of every decode kernel (CUDA, Hopper and newer; PTX ``griddepcontrol``): rules
+every PDL kernel follows: ``gdc_launch_dependents`` at the program's start; before ``gdc_wait`` only reads of memory
+no kernel of the step writes (weights, constant tables); ``gdc_wait`` once per program before its first activation
+read and any store. Kernels take a ``PDL: tl.constexpr`` flag (False: CPU interpreter, older GPUs,
+``ELASTIC_SSM_PDL=0``; ``pdl_enter`` of ``triton_kernels.py``); launches pass ``**launch_options(pdl)``."""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
 
-from ..dispatch import pow2, resolve_decode_backend
-from ..pdl import launch_options
+from ...utils.environment import env_flag
+from ..dispatch import pow2, resolve_decode_backend, triton_interpreting
 
-__all__ = ["MAX_FUSED_BATCH", "norm_gemv", "norm_swiglu_gemv", "gemv_accumulate", "rms_norm", "swiglu"]
+__all__ = ["MAX_FUSED_BATCH", "norm_gemv", "norm_swiglu_gemv", "gemv_accumulate", "rms_norm", "swiglu",
+           "pdl_supported", "resolve_pdl", "launch_options"]
 
 MAX_FUSED_BATCH = 8
+
+
+def pdl_supported(device: torch.device | str) -> bool:
+    """True on a CUDA device of compute capability >= 9.0, outside the Triton interpreter, unless the
+    environment sets ``ELASTIC_SSM_PDL=0``."""
+    device = torch.device(device)
+    off = "ELASTIC_SSM_PDL" in os.environ and not env_flag("ELASTIC_SSM_PDL")    # 0 / false / off; garbage: one line
+    if device.type != "cuda" or triton_interpreting() or off:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def resolve_pdl(pdl: bool | str, device: torch.device | str) -> bool:
+    """``pdl``: True / False, or 'auto' (= :func:`pdl_supported`). True on an unsupported device raises."""
+    if pdl == "auto":
+        return pdl_supported(device)
+    if pdl not in (True, False):
+        raise ValueError(f"pdl must be True, False or 'auto', got {pdl!r}")
+    if pdl and not pdl_supported(device):
+        raise ValueError("pdl=True needs a CUDA device of compute capability >= 9.0 (Hopper) outside the "
+                         "Triton interpreter and ELASTIC_SSM_PDL unset or 1; use pdl='auto' or False")
+    return bool(pdl)
+
+
+def launch_options(pdl: bool) -> dict:
+    """Keywords of a Triton launch: ``launch_pdl=True`` when ``pdl`` (an ordinary launch otherwise)."""
+    return {"launch_pdl": True} if pdl else {}
+
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -79,7 +115,7 @@ def norm_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None
               backend: str = "auto", block_n: int | None = None, block_k: int | None = None,
               num_warps: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``y [B, N] = rmsnorm(x; norm_weight) @ w.T`` (no norm when ``norm_weight`` is None); x [B, D], w [N, D].
-    ``residual=True`` adds the product into ``out`` (not ``x``) in place. ``pdl`` (``ops/pdl.py``; all three ops)
+    ``residual=True`` adds the product into ``out`` (not ``x``) in place. ``pdl`` (module docstring; all three ops)
     is ignored on the torch path."""
     _check(x, w, "norm_gemv")
     B, N = x.shape[0], w.shape[0]

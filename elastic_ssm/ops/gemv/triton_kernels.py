@@ -13,14 +13,23 @@
   and writes ``silu(gate) * up`` computed in float32.
 
 Reduction lengths are compile-time constants; batch rows ``b < B <= BLOCK_B`` share one read of the weights.
-This module imports triton: import it only on the Triton path (``TRITON_INTERPRET=1`` must be set before)."""
+This module imports triton: import it only on the Triton path (``TRITON_INTERPRET=1`` must be set before).
+``pdl_enter`` is the prologue of every decode kernel that reads nothing before the PDL wait."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..pdl_triton import gdc_launch_dependents, gdc_wait, pdl_enter
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """Prologue of a PDL kernel that reads nothing before the wait: signal the successor, then wait for
+    the predecessor's writes. With ``PDL=False`` it emits nothing."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
 
 
 @triton.jit
@@ -49,7 +58,7 @@ def rows_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, B, N, D: tl.constexpr, stride_x
     One pass over D: the weight tile, the input tile and the input's sum of squares together; the norm is a
     per-row scalar, so ``W (g x / rms) = (W (g x)) / rms`` is applied once at the end (no prologue). When
     one tile covers D (``BLOCK_K >= D``) the program's whole weight slab is read before ``gdc_wait``
-    (``ops/pdl.py``): with PDL it streams while the previous kernel finishes."""
+    (``ops/gemv/__init__.py``): with PDL it streams while the previous kernel finishes."""
     if PDL:
         gdc_launch_dependents()
     R: tl.constexpr = BLOCK_N * 2 if SWIGLU else BLOCK_N            # weight rows per program
@@ -92,7 +101,7 @@ def rows_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, B, N, D: tl.constexpr, stride_x
 def cols_gemv_kernel(a_ptr, w_ptr, x_ptr, B, N, D, stride_ab, stride_wn, stride_xb, scale, ROWS: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """Rows ``[n_start, n_start + ROWS)`` of W times the matching inputs, added into BLOCK_D columns of x.
-    With PDL the program only signals and waits (``ops/pdl.py``): the pipelined row-tile loop keeps
+    With PDL the program only signals and waits (``ops/gemv/__init__.py``): the pipelined row-tile loop keeps
     several weight tiles in flight, which reading one tile before the wait would break."""
     pdl_enter(PDL)
     pid_d = tl.program_id(0)
