@@ -7,7 +7,7 @@ graph of ``reps`` calls, each on a different copy of the weights (more bytes tha
 shape gives microseconds, effective weight bandwidth and the best configuration. A configuration whose output
 differs from the torch path by more than 1e-4 (relative) is left out of the timing and counted in ``wrong``
 (the kernels' correctness is checked by ``tests/models/test_fast_decode_gpu.py``). ``pdl`` sweeps the products
-as ``FastDecoder`` launches them with programmatic dependent launch (``elastic_ssm/ops/pdl.py``): row kernels whose
+as ``FastDecoder`` launches them with programmatic dependent launch (``elastic_ssm/ops/gemv``): row kernels whose
 one tile spans D, output products from transposed copies, per (outputs per program, warps).
 """
 

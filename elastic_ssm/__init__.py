@@ -20,8 +20,8 @@ _LAZY = {
     "compile_model": ("elastic_ssm.models", "compile_model"),
     "Tier": ("elastic_ssm.elastic.tiers", "Tier"),
     "tier_table": ("elastic_ssm.elastic.tiers", "tier_table"),
-    "export_tier": ("elastic_ssm.elastic.export", "export_tier"),
-    "check_export": ("elastic_ssm.elastic.export", "check_export"),
+    "export_tier": ("elastic_ssm.models", "export_tier"),
+    "check_export": ("elastic_ssm.models", "check_export"),
     "BudgetSampler": ("elastic_ssm.elastic.budget", "BudgetSampler"),
     "select_tier": ("elastic_ssm.serve.select", "select_tier"),
 }

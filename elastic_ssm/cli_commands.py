@@ -146,7 +146,7 @@ def _check_recovery(args: argparse.Namespace, parent, t, tiers: list[str] | None
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .elastic.export import check_export, export_tier
+    from .models import check_export, export_tier
     from .train.rundir import RunLock
 
     model, device = load_model(args)

@@ -56,7 +56,7 @@ DEVICE_HELP = "auto (cuda when a GPU is present, else cpu; never mps, which has 
 def resolve_device(spec: str, flag: str = "--device") -> str:
     """``--device`` (or the setting ``flag``) -> a torch device string (``ConfigError`` for one this machine lacks;
     ``auto`` says on stderr why a machine with MPS runs on the CPU)."""
-    from .utils.devices import auto_device, checked_device
+    from .utils.environment import auto_device, checked_device
 
     if spec == "auto":
         device, note = auto_device()

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .config import ConfigError, model_config_from_dict
-from .utils.devices import cpu_threads_for
+from .utils.environment import cpu_threads_for
 
 
 @dataclass

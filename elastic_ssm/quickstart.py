@@ -13,7 +13,7 @@ from .cli_util import write_csv
 from .config import ConfigError, RunConfig
 from .config.run import DEFAULT_RUN
 from .eval.perplexity import TierEval, evaluate_tiers, format_evals
-from .utils.devices import cpu_threads_for
+from .utils.environment import cpu_threads_for
 from .utils.files import atomic_write_bytes, atomic_write_text, free_stamped_path
 from .utils.progress import pyplot, save_png
 
@@ -94,8 +94,8 @@ def _train_or_load(run: Any, data: Any, resume: bool, overwrite: bool, stages=No
 def quickstart(out_dir: str | Path = "runs/quickstart", steps: int = 0, control: bool = True,
                config: str | Path | None = None, overwrite: bool = False,
                resume: bool | str = False, progress: bool | str = True) -> dict[str, Any]:
-    from .elastic.export import check_export, export_tier
     from .elastic.tiers import model_card
+    from .models import check_export, export_tier
     from .pipeline import build_data, fit_model_to_tokenizer
 
     out = Path(out_dir)

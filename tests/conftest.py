@@ -6,7 +6,7 @@ import pytest
 import torch
 
 # One thread: tests are small, and oversubscribed cores slow tiny ops by orders of magnitude. OMP_NUM_THREADS
-# too, so the CLI's own default (utils/devices.py) keeps it in the commands the tests run, in process or not.
+# too, so the CLI's own default (utils/environment.py) keeps it in the commands the tests run, in process or not.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 

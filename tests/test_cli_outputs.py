@@ -96,7 +96,7 @@ def test_export_overwrite_replaces_the_whole_tier_folder(model_dir, tmp_path, ca
 
 
 def test_export_overwrite_keeps_the_old_folder_when_the_check_fails(model_dir, tmp_path, capsys, monkeypatch):
-    import elastic_ssm.elastic.export as export_mod
+    import elastic_ssm.models as export_mod
 
     out = tmp_path / "exp"
     (out / "T1").mkdir(parents=True)

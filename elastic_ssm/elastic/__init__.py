@@ -1,4 +1,4 @@
-"""elastic_ssm.elastic: tiers (two-rate map, exact counts), budget sampling, slicing and export."""
+"""elastic_ssm.elastic: tiers (two-rate map, exact counts), budget sampling and slicing."""
 
 from .tiers import (
     Tier,

@@ -24,7 +24,7 @@ from ..elastic.tiers import tier_table
 from ..models import model_class
 from ..models.cache import ESSHCache
 from ..models.model_dir import FAMILIES
-from ..utils.devices import auto_device
+from ..utils.environment import auto_device
 
 __all__ = ["ESSHForCausalLM", "ESSHHFCache", "ESSHHFConfig", "ElasticForCausalLM", "ElasticHFConfig"]
 

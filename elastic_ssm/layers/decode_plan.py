@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..ops.gemv import gemv_accumulate, norm_gemv, norm_swiglu_gemv
-from ..ops.norm_swiglu import rms_norm, swiglu
+from ..ops.gemv import gemv_accumulate, norm_gemv, norm_swiglu_gemv, rms_norm, swiglu
 from ..ops.spectral_scan.decode_triton import ModalConstants, spectral_decode_step
 from ..ops.swa_decode import swa_decode_step
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..elastic.slicing import empty_linear, linear, linear_weight
 from ..elastic.tiers import tier_width
-from ..ops.norm_swiglu import rms_norm
+from ..ops.gemv import rms_norm
 from .decode_plan import FFNPlan, in_by_out_copy
 
 

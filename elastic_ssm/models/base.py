@@ -24,7 +24,7 @@ from ..config import ConfigBase, ConfigError, TierLike
 from ..elastic import tiers as tiers_mod
 from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_dict
 from ..layers.ffn import RMSNorm
-from ..utils.devices import checked_device
+from ..utils.environment import checked_device
 from ..utils.files import atomic_write_bytes, fsync_dir
 from .model_dir import (
     CONFIG_NAME,

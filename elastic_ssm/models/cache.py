@@ -17,7 +17,7 @@ from ..config import TierLike
 from ..elastic.tiers import Tier, check_counts
 from ..layers.attention import RingState
 from ..layers.es_ssm import DecodePlan, SpectralDecodeState, check_decode
-from ..utils.devices import checked_device
+from ..utils.environment import checked_device
 
 __all__ = ["ESSHCache", "ESSSMCache", "check_cache", "check_cache_dtype"]
 

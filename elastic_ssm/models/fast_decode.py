@@ -17,9 +17,7 @@ from ..elastic.slicing import write_row_factors
 from ..elastic.tiers import check_counts
 from ..layers.decode_plan import DecodeOptions
 from ..ops.dispatch import resolve_decode_backend
-from ..ops.gemv import MAX_FUSED_BATCH, norm_gemv
-from ..ops.norm_swiglu import rms_norm
-from ..ops.pdl import resolve_pdl
+from ..ops.gemv import MAX_FUSED_BATCH, norm_gemv, resolve_pdl, rms_norm
 from .cache import ESSHCache
 from .compile import capture_graph
 
@@ -32,7 +30,7 @@ class FastDecoder:
     ``cache``: an ``ESSHCache`` of this tier and batch (allocated if None). ``backend``: 'auto' | 'triton' |
     'torch'. ``attention``: 'auto' (SDPA on CUDA, else 'math') | 'sdpa' | 'math'. ``gemv``: 'auto' (fused up to
     ``MAX_FUSED_BATCH``) | 'fused' | 'cublas'. ``out_layout``: 'rows' (weights in place, deterministic) | 'split'
-    (an in-by-out copy, float32 atomics) | 'auto' ('split' for Triton without PDL). ``pdl``: ``ops/pdl.py``.
+    (an in-by-out copy, float32 atomics) | 'auto' ('split' for Triton without PDL). ``pdl``: ``ops/gemv``.
     ``share_plans``: a decoder whose plans this one reuses when tier, state dtype and layout agree.
     ``min_span``: the smallest attended span (ring slots). ``mixed``: rows may run at tiers nested in ``tier``."""
 

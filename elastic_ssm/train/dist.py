@@ -20,8 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import ConfigError
-from ..utils.devices import auto_device, checked_device
-from ..utils.environment import env_int
+from ..utils.environment import auto_device, checked_device, env_int
 
 __all__ = ["DistContext", "init_distributed", "all_reduce", "barrier", "wrap_ddp", "wrap_fsdp", "no_sync",
            "is_sharded", "full_tensor", "shard_like", "unsharded_copy", "CollectiveError", "teacher_padding",
@@ -60,7 +59,7 @@ class DistContext:
 
 def _pick_device(device: str, local_rank: int) -> torch.device:
     if device == "auto":
-        device = auto_device()[0]       # the CLI printed why not mps (utils/devices.cpu_threads_for)
+        device = auto_device()[0]       # the CLI printed why not mps (utils/environment.cpu_threads_for)
     if device == "cuda":
         device = f"cuda:{local_rank}"       # checked_device refuses it without CUDA
     dev = checked_device(device, "train.device")

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..elastic.export import export_tier
 from ..eval.perplexity import evaluate_tiers
 from ..layers.ffn import unit_index
+from ..models import export_tier
 from .capacity_mixed import enable_tracking, order_ffn_units
 from .loop import train
 

@@ -71,7 +71,7 @@ def test_fused_step_validates_shapes():
 
 _INTERPRETER_CHECK = """
 import torch
-from elastic_ssm.ops import norm_swiglu as ns
+from elastic_ssm.ops import gemv as ns
 from elastic_ssm.ops.spectral_scan import decode_triton as dt
 for B, K, M, P in [(1, 4, 8, 28), (3, 5, 3, 64)]:
     table = torch.randn(K, 9, M)

@@ -9,9 +9,8 @@ import yaml
 import elastic_ssm as es
 from elastic_ssm.cli import main
 from elastic_ssm.config import model_config_from_dict
-from elastic_ssm.elastic.export import check_export
 from elastic_ssm.elastic.tiers import parameter_report
-from elastic_ssm.models import build_model, load_pretrained
+from elastic_ssm.models import build_model, check_export, load_pretrained
 from elastic_ssm.train import TrainConfig, resolve_recipe_name, train
 from elastic_ssm.train.recipes import NestedFFN
 from elastic_ssm.train.recover import calibrate, elastify, truncate_and_recover

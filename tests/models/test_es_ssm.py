@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from elastic_ssm.config import ESSSMConfig
-from elastic_ssm.elastic.export import check_export, export_tier
 from elastic_ssm.layers.es_ssm import DropPath, SpectralSublayer
+from elastic_ssm.models import check_export, export_tier
 from elastic_ssm.models.es_ssm import ESSSM
 from elastic_ssm.ops.fft_conv import naive_causal_conv
 

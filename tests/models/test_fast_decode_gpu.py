@@ -17,7 +17,7 @@ import elastic_ssm as es
 from elastic_ssm.bench.decode import cast_matrices
 from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
-from elastic_ssm.ops import norm_swiglu as ns
+from elastic_ssm.ops import gemv as ns
 from elastic_ssm.ops.spectral_scan import decode_triton as dt
 
 pytestmark = pytest.mark.gpu
@@ -183,12 +183,12 @@ def test_window_step_triton_equals_torch(B, H, hd):
 @pytest.mark.parametrize("graph", [True, False])
 @pytest.mark.parametrize("B,out_layout", [(1, "rows"), (1, "split"), (4, "rows")])
 def test_programmatic_dependent_launch_changes_nothing(graph, B, out_layout):
-    """PDL (ops/pdl.py) moves kernel starts; at batch 1 it also picks row tiles spanning all of D, which at
+    """PDL (ops/gemv) moves kernel starts; at batch 1 it also picks row tiles spanning all of D, which at
     this preset's widths (192, 512 -> 256, 512 columns) are the ordinary tiles, so with the deterministic
     row products the logits and states are bitwise those of ordinary launches (at 1.5b the tiles differ
     and so does the float32 summation order); with split products (float32 atomics) equal to rounding;
     both equal ESSH.step. Graphed and eager, over enough steps for the window ring to wrap."""
-    from elastic_ssm.ops.pdl import pdl_supported
+    from elastic_ssm.ops.gemv import pdl_supported
 
     if not pdl_supported(DEV):
         pytest.skip("programmatic dependent launch needs compute capability >= 9.0 (Hopper)")

@@ -146,11 +146,11 @@ def test_fast_decoder_product_paths_agree(batch, out_layout):
 
 
 def test_programmatic_dependent_launch_is_off_where_unsupported(monkeypatch):
-    """PDL (ops/pdl.py) is a CUDA Hopper feature: 'auto' resolves to off on CPU and in the interpreter,
+    """PDL (ops/gemv) is a CUDA Hopper feature: 'auto' resolves to off on CPU and in the interpreter,
     forcing it there is a clear error, and FastDecoder follows the same rule."""
     import elastic_ssm as es
     from elastic_ssm.models.fast_decode import FastDecoder
-    from elastic_ssm.ops.pdl import pdl_supported, resolve_pdl
+    from elastic_ssm.ops.gemv import pdl_supported, resolve_pdl
 
     assert not pdl_supported("cpu") and resolve_pdl("auto", "cpu") is False and resolve_pdl(False, "cpu") is False
     with pytest.raises(ValueError, match="compute capability"):

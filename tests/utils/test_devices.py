@@ -4,7 +4,7 @@
 
 import pytest
 
-from elastic_ssm.utils.devices import auto_device, checked_device
+from elastic_ssm.utils.environment import auto_device, checked_device
 
 
 @pytest.mark.parametrize("spec", ["mps", "mps:0"])
@@ -56,7 +56,7 @@ def test_the_cli_says_it_once_on_stderr(mac, capsys):
 
 def test_a_training_run_picks_cpu_and_its_first_line_says_why(mac, monkeypatch):
     from elastic_ssm.train.dist import _pick_device
-    from elastic_ssm.utils.devices import cpu_threads_for
+    from elastic_ssm.utils.environment import cpu_threads_for
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert _pick_device("auto", 0).type == "cpu"

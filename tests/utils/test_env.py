@@ -55,7 +55,7 @@ def test_debug_false_means_off_and_world_size_garbage_stops_training(monkeypatch
 def test_progress_and_pdl_switches_read_every_spelling_and_refuse_garbage(monkeypatch):
     """ELASTIC_SSM_PROGRESS=1 did nothing (only 'always' was read) and ELASTIC_SSM_PDL=false left PDL on (only '0'
     was read): both take the switches env_flag takes, and garbage is a ConfigError naming the variable."""
-    from elastic_ssm.ops.pdl import pdl_supported
+    from elastic_ssm.ops.gemv import pdl_supported
     from elastic_ssm.utils.progress import _disable
 
     for value, disable in (("", None), ("auto", None), ("always", False), ("1", False), ("true", False),

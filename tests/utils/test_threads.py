@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from elastic_ssm.utils import devices as threads
+from elastic_ssm.utils import environment as threads
 
 
 @pytest.fixture(autouse=True)

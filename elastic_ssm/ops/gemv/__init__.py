@@ -1,25 +1,65 @@
-"""Fused small-batch weight products of a decode step (ESSH paper Appendix O.3: decoding streams weights)::
+"""The decode step's row kernels (ESSH paper Appendix O.3: decoding streams weights): fused small-batch weight
+products and the RMSNorm and SwiGLU of decode rows::
 
     norm_gemv(x, w, g)          y = W (g * x / rms(x))           W [N, D] rows   (pre-norm + projection)
     norm_swiglu_gemv(x, w, g)   a = silu(W_g u) * (W_u u)        W [2F, D] rows (gate_f, up_f), u normed
     gemv_accumulate(a, w, x)    x += scale * a W                 W [N, D] in x out (down / out projection)
+    rms_norm(x, weight, eps)    y = weight * x / sqrt(mean_j x_j^2 + eps)          x [B, D] -> [B, D]
+    swiglu(h)                   y_j = silu(h_{2j}) * h_{2j+1}                      h [B, 2n] -> [B, n]
 
 x [B, D]; products accumulate in float32 (float64 operands keep float64 on the torch path). ``backend="torch"``
-is the reference; ``"triton"`` runs ``triton_kernels.py`` for ``B <= MAX_FUSED_BATCH``."""
+is the reference; ``"triton"`` runs ``triton_kernels.py``: the products for ``B <= MAX_FUSED_BATCH``, the norm and
+SwiGLU for 2-D inputs that are not float64.
+
+Programmatic dependent launch (PDL) of every decode kernel (CUDA, Hopper and newer; PTX ``griddepcontrol``): rules
+every PDL kernel follows: ``gdc_launch_dependents`` at the program's start; before ``gdc_wait`` only reads of memory
+no kernel of the step writes (weights, constant tables); ``gdc_wait`` once per program before its first activation
+read and any store. Kernels take a ``PDL: tl.constexpr`` flag (False: CPU interpreter, older GPUs,
+``ELASTIC_SSM_PDL=0``; ``pdl_enter`` of ``triton_kernels.py``); launches pass ``**launch_options(pdl)``."""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
 
-from ..dispatch import pow2, resolve_decode_backend
-from ..pdl import launch_options
+from ...utils.environment import env_flag
+from ..dispatch import pow2, resolve_decode_backend, triton_interpreting
 
-__all__ = ["MAX_FUSED_BATCH", "norm_gemv", "norm_swiglu_gemv", "gemv_accumulate"]
+__all__ = ["MAX_FUSED_BATCH", "norm_gemv", "norm_swiglu_gemv", "gemv_accumulate", "rms_norm", "swiglu",
+           "pdl_supported", "resolve_pdl", "launch_options"]
 
 MAX_FUSED_BATCH = 8
+
+
+def pdl_supported(device: torch.device | str) -> bool:
+    """True on a CUDA device of compute capability >= 9.0, outside the Triton interpreter, unless the
+    environment sets ``ELASTIC_SSM_PDL=0``."""
+    device = torch.device(device)
+    off = "ELASTIC_SSM_PDL" in os.environ and not env_flag("ELASTIC_SSM_PDL")    # 0 / false / off; garbage: one line
+    if device.type != "cuda" or triton_interpreting() or off:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def resolve_pdl(pdl: bool | str, device: torch.device | str) -> bool:
+    """``pdl``: True / False, or 'auto' (= :func:`pdl_supported`). True on an unsupported device raises."""
+    if pdl == "auto":
+        return pdl_supported(device)
+    if pdl not in (True, False):
+        raise ValueError(f"pdl must be True, False or 'auto', got {pdl!r}")
+    if pdl and not pdl_supported(device):
+        raise ValueError("pdl=True needs a CUDA device of compute capability >= 9.0 (Hopper) outside the "
+                         "Triton interpreter and ELASTIC_SSM_PDL unset or 1; use pdl='auto' or False")
+    return bool(pdl)
+
+
+def launch_options(pdl: bool) -> dict:
+    """Keywords of a Triton launch: ``launch_pdl=True`` when ``pdl`` (an ordinary launch otherwise)."""
+    return {"launch_pdl": True} if pdl else {}
+
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -75,7 +115,7 @@ def norm_gemv(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None
               backend: str = "auto", block_n: int | None = None, block_k: int | None = None,
               num_warps: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``y [B, N] = rmsnorm(x; norm_weight) @ w.T`` (no norm when ``norm_weight`` is None); x [B, D], w [N, D].
-    ``residual=True`` adds the product into ``out`` (not ``x``) in place. ``pdl`` (``ops/pdl.py``; all three ops)
+    ``residual=True`` adds the product into ``out`` (not ``x``) in place. ``pdl`` (module docstring; all three ops)
     is ignored on the torch path."""
     _check(x, w, "norm_gemv")
     B, N = x.shape[0], w.shape[0]
@@ -145,3 +185,38 @@ def gemv_accumulate(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor, scale: fl
                                      float(scale), ROWS=rows, BLOCK_B=bb, BLOCK_N=bn, BLOCK_D=bd, PDL=pdl,
                                      num_warps=num_warps or 4, **launch_options(pdl))
     return x
+
+
+def _rows_on_triton(x: torch.Tensor, backend: str) -> bool:
+    return resolve_decode_backend(backend, x.device) == "triton" and x.dtype != torch.float64 and x.dim() == 2
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto") -> torch.Tensor:
+    """RMSNorm of rows ``x [B, D]`` (the torch path: any ``[..., D]``) with ``weight [D]`` (float32 arithmetic for
+    half inputs, output in ``x.dtype``)."""
+    if not _rows_on_triton(x, backend):
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return F.rms_norm(xf, (xf.shape[-1],), weight.to(xf.dtype), eps).to(x.dtype)
+    from .triton_kernels import rms_norm_kernel
+
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    y = torch.empty_like(x)
+    B, D = x.shape
+    rms_norm_kernel[(B,)](x, weight, y, D, x.stride(0), y.stride(0), eps, BLOCK_D=pow2(D, 16),
+                          num_warps=4 if D <= 2048 else 8)
+    return y
+
+
+def swiglu(h: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """``silu(gate) * up`` of interleaved pairs: ``h [B, 2n]``, ``(gate_j, up_j)`` at ``(2j, 2j+1)`` -> ``[B, n]``."""
+    if not _rows_on_triton(h, backend):
+        g = h.unflatten(-1, (-1, 2))  # [B, n, 2] (gate, up) pairs
+        return F.silu(g[..., 0]) * g[..., 1]
+    from .triton_kernels import swiglu_kernel
+
+    h = h if h.stride(-1) == 1 else h.contiguous()
+    B, N = h.shape[0], h.shape[1] // 2
+    y = torch.empty(B, N, dtype=h.dtype, device=h.device)
+    block = 1024
+    swiglu_kernel[(B, -(-N // block))](h, y, N, h.stride(0), y.stride(0), BLOCK_N=block, num_warps=4)
+    return y

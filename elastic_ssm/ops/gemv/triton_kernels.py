@@ -1,4 +1,4 @@
-"""Triton kernels of the fused small-batch products (see ``ops/gemv/__init__.py`` for the math).
+"""Triton kernels of the decode step's row kernels (see ``ops/gemv/__init__.py`` for the math).
 
 * ``rows_gemv_kernel``: ``y[b, n] = sum_d W[n, d] u[b, d]``, W row-major ``[N, D]``; one program owns ``BLOCK_N``
   outputs and walks D in ``BLOCK_K`` tiles, with the input's RMSNorm from the same pass, a SwiGLU variant on
@@ -7,15 +7,29 @@
   layout's copies); ``BLOCK_D`` output columns, N split into ``SPLIT`` ranges, float32 atomics into the
   residual stream (results agree to float32 rounding, not bitwise, between runs).
 
+* ``rms_norm_kernel``, grid ``(B,)``: one program per row holds the whole row (``BLOCK_D >= D``), reduces the
+  mean square in float32 and writes ``weight * x * rsqrt(mean + eps)`` in the output dtype.
+* ``swiglu_kernel``, grid ``(B, cdiv(n, BLOCK_N))``: reads the interleaved (gate, up) pairs of ``BLOCK_N`` units
+  and writes ``silu(gate) * up`` computed in float32.
+
 Reduction lengths are compile-time constants; batch rows ``b < B <= BLOCK_B`` share one read of the weights.
-This module imports triton: import it only on the Triton path (``TRITON_INTERPRET=1`` must be set before)."""
+This module imports triton: import it only on the Triton path (``TRITON_INTERPRET=1`` must be set before).
+``pdl_enter`` is the prologue of every decode kernel that reads nothing before the PDL wait."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..pdl_triton import gdc_launch_dependents, gdc_wait, pdl_enter
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """Prologue of a PDL kernel that reads nothing before the wait: signal the successor, then wait for
+    the predecessor's writes. With ``PDL=False`` it emits nothing."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
 
 
 @triton.jit
@@ -44,7 +58,7 @@ def rows_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, B, N, D: tl.constexpr, stride_x
     One pass over D: the weight tile, the input tile and the input's sum of squares together; the norm is a
     per-row scalar, so ``W (g x / rms) = (W (g x)) / rms`` is applied once at the end (no prologue). When
     one tile covers D (``BLOCK_K >= D``) the program's whole weight slab is read before ``gdc_wait``
-    (``ops/pdl.py``): with PDL it streams while the previous kernel finishes."""
+    (``ops/gemv/__init__.py``): with PDL it streams while the previous kernel finishes."""
     if PDL:
         gdc_launch_dependents()
     R: tl.constexpr = BLOCK_N * 2 if SWIGLU else BLOCK_N            # weight rows per program
@@ -87,7 +101,7 @@ def rows_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, B, N, D: tl.constexpr, stride_x
 def cols_gemv_kernel(a_ptr, w_ptr, x_ptr, B, N, D, stride_ab, stride_wn, stride_xb, scale, ROWS: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """Rows ``[n_start, n_start + ROWS)`` of W times the matching inputs, added into BLOCK_D columns of x.
-    With PDL the program only signals and waits (``ops/pdl.py``): the pipelined row-tile loop keeps
+    With PDL the program only signals and waits (``ops/gemv/__init__.py``): the pipelined row-tile loop keeps
     several weight tiles in flight, which reading one tile before the wait would break."""
     pdl_enter(PDL)
     pid_d = tl.program_id(0)
@@ -107,3 +121,24 @@ def cols_gemv_kernel(a_ptr, w_ptr, x_ptr, B, N, D, stride_ab, stride_wn, stride_
         acc += tl.sum(av[:, :, None] * w[None, :, :], axis=1)
     tl.atomic_add(x_ptr + offs_b[:, None] * stride_xb + offs_d[None, :], acc * scale,
                   mask=mb[:, None] & md[None, :], sem="relaxed")
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0)
+    o = tl.arange(0, BLOCK_D)
+    m = o < D
+    x = tl.load(x_ptr + b * stride_x + o, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + o, mask=m, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, 0) / D + eps) * w
+    tl.store(y_ptr + b * stride_y + o, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def swiglu_kernel(h_ptr, y_ptr, N, stride_h, stride_y, BLOCK_N: tl.constexpr):
+    b = tl.program_id(0)
+    o = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = o < N
+    g = tl.load(h_ptr + b * stride_h + 2 * o, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(h_ptr + b * stride_h + 2 * o + 1, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + b * stride_y + o, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=m)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..dispatch import pow2, resolve_decode_backend
-from ..pdl import launch_options
+from ..gemv import launch_options
 from .inputs import ModalTables
 
 __all__ = ["ModalConstants", "spectral_decode_step", "spectral_step_torch"]
@@ -99,7 +99,7 @@ def spectral_decode_step(h: torch.Tensor, state: torch.Tensor, consts: ModalCons
                          out_dtype: torch.dtype | None = None, backend: str = "auto",
                          pdl: bool = False) -> torch.Tensor:
     """One recurrent step of a whole spectral layer: h [B, K (P + 3M)] raw ``in_proj`` output, state [B, K, M, 2,
-    P] updated in place -> ``K^{-1/2} z`` [B, K P] in ``out_dtype`` (default ``h.dtype``); ``pdl``: ``ops/pdl.py``."""
+    P] updated in place -> ``K^{-1/2} z`` [B, K P] in ``out_dtype`` (default ``h.dtype``); ``pdl``: ``ops/gemv``."""
     K, M, P = consts.K, consts.M, consts.P
     if h.dim() != 2 or h.shape[1] != K * (P + 3 * M):
         raise ValueError(f"h must be [B, K(P+3M)] = [B, {K * (P + 3 * M)}], got {tuple(h.shape)}")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..pdl_triton import pdl_enter
+from ..gemv.triton_kernels import pdl_enter
 
 
 @triton.jit
 def spectral_step_kernel(h_ptr, state_ptr, out_ptr, tab_ptr, beta_ptr, K, P, M, stride_h, stride_o,
                          eps, scale, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)  # programmatic dependent launch (ops/pdl.py): nothing is read before the wait
+    pdl_enter(PDL)  # programmatic dependent launch (ops/gemv): nothing is read before the wait
     pid = tl.program_id(0)
     b = pid // K
     k = pid % K

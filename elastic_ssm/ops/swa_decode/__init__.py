@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..dispatch import pow2, resolve_decode_backend
-from ..pdl import launch_options
+from ..gemv import launch_options
 
 __all__ = ["swa_decode_step", "ring_attend", "rope_inv_freq", "cos_sin", "rope_cos_sin", "apply_rope",
            "MAX_TRITON_BATCH"]

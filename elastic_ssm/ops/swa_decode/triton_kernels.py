@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..pdl_triton import pdl_enter
+from ..gemv.triton_kernels import pdl_enter
 
 
 @triton.jit
@@ -21,7 +21,7 @@ def swa_partial_kernel(qkv_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, inv_ptr, m_pt
                        stride_qb, stride_kb, stride_kh, stride_kw, stride_sb, sm_scale,
                        W: tl.constexpr, HD: tl.constexpr, CHUNK: tl.constexpr, S: tl.constexpr,
                        BLOCK_W: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)  # programmatic dependent launch (ops/pdl.py): nothing is read before the wait
+    pdl_enter(PDL)  # programmatic dependent launch (ops/gemv): nothing is read before the wait
     HALF: tl.constexpr = HD // 2
     bh = tl.program_id(0)
     s = tl.program_id(1)
