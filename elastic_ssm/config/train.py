@@ -36,6 +36,9 @@ CompileScope = Literal["blocks", "model"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 Device = Annotated[str, StringConstraints(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")]   # 'cuda:<i>' too
 LOG_SINKS = get_args(LogSink)
+#: most tokens one rank may read for one optimizer step (2^31, ~4,000x Table 7's 1.5B batch): above it a step
+#: would take days, and a flag typo (``--train.grad_accum 1000000000``) would look like a hang
+MAX_STEP_TOKENS = 1 << 31
 
 #: The papers' training settings per ESSH model size (Table 7, Table 55, D.4, D.8, E.3). Steps are the
 #: pretraining tokens over the tokens per step (370M: 7.4B / 262,144; 1.5B: 100B / 524,288). The 1.5B
@@ -131,7 +134,11 @@ class TrainConfig(ConfigBase):
             raise ConfigError(f"TrainConfig.grad_accum: is derived from tokens_per_step={self.tokens_per_step:,} (the "
                               "global batch in tokens); give one of them (set tokens_per_step 0 to use grad_accum)")
         for stage in ("pretrain", "refine"):
-            self.micro_batches(1, stage)       # a batch in tokens splits into whole micro-batches
+            tokens = self.micro_batch_size * self.seq_len * self.micro_batches(1, stage)   # whole micro-batches
+            if tokens > MAX_STEP_TOKENS:
+                raise ConfigError(f"TrainConfig: one {stage} optimizer step would read {tokens:,} tokens "
+                                  f"(micro_batch_size x seq_len x micro-batches), more than {MAX_STEP_TOKENS:,}; "
+                                  "lower grad_accum, tokens_per_step, micro_batch_size or seq_len")
         if self.compile_mode != "default" and not self.compile:
             raise ConfigError(f"TrainConfig.compile_mode: {self.compile_mode!r} takes effect only with compile; "
                               "add --train.compile (or leave compile_mode at 'default')")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 import elastic_ssm as es
-from elastic_ssm.config import ConfigError
+from elastic_ssm.config import ConfigError, TrainConfig
 
 
 @pytest.mark.parametrize("name", ["370m", "1.5b", "tiny", "small"])
@@ -213,3 +213,13 @@ def test_integers_in_a_run_file_are_read_as_yaml_1_2_does(tmp_path):
     assert (run.train.steps, run.train.seed, run.train.log_every) == (10, 8, 16)
     assert load_yaml("a: 1_000\nb: 1:30\nc: -5\nd: 3e-4\ne: 1.5\nf: true", "x") == {
         "a": 1000, "b": "1:30", "c": -5, "d": "3e-4", "e": 1.5, "f": True}
+
+
+@pytest.mark.parametrize("changes", [dict(grad_accum=10**12, tokens_per_step=0), dict(tokens_per_step=2**40),
+                                     dict(micro_batch_size=2**20, seq_len=2**12, tokens_per_step=0)])
+def test_an_optimizer_step_beyond_the_token_ceiling_is_refused_before_training(changes):
+    """A flag typo (``--train.grad_accum 1000000000000``) would read for days before the first log line."""
+    with pytest.raises(ConfigError, match=r"optimizer step would read [\d,]+ tokens .* more than 2,147,483,648"):
+        TrainConfig(**changes)
+    ok = TrainConfig(grad_accum=2**31 // (8 * 512), tokens_per_step=0, micro_batch_size=8, seq_len=512)
+    assert ok.micro_batches() * 8 * 512 == 2**31
