@@ -57,7 +57,8 @@ def parse_lengths(spec: str, train_len: int | None) -> list[int]:
 def _tokens_and_bpt(args: argparse.Namespace, model):
     """The held-out token stream of ``--data`` / ``--split`` and the bits-per-byte divisor."""
     from .data import load_corpus
-    from .data.tokenizers import measured_bytes_per_token, resolve_tokenizer
+    from .data.tokenizers import resolve_tokenizer
+    from .eval.perplexity import measured_bytes_per_token
 
     tok = resolve_tokenizer(model, args.tokenizer)
     tokens = load_corpus(args.data, tok, split=args.split)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import operator
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -52,6 +53,15 @@ def _as_text(doc: str | bytes) -> str:
     return doc.decode("utf-8", errors="replace") if isinstance(doc, (bytes, bytearray)) else doc
 
 
+def _in_vocab(ids: Iterable[int], V: int) -> list[int]:
+    """The ids of ``ids`` (any shape) in ``[0, V)``, others dropped; a non-integer id (``1.5``) is a one-line error."""
+    try:
+        flat = [operator.index(i) for i in (ids.reshape(-1).tolist() if hasattr(ids, "reshape") else ids)]
+    except TypeError as e:
+        raise TypeError(f"decode takes integer token ids ({e}); round or cast them first") from None
+    return [i for i in flat if 0 <= i < V]
+
+
 def _utf8(doc: Any) -> bytes:
     """``doc`` (str or bytes) as UTF-8; another type, or a str with a lone surrogate (not UTF-8), a one-line error."""
     if not isinstance(doc, (str, bytes, bytearray, memoryview)):     # bytes(5) was five zero bytes
@@ -84,8 +94,7 @@ class ByteTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``: special ids are dropped, invalid UTF-8 becomes U+FFFD."""
-        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.int64).reshape(-1)
-        return arr[(arr >= 0) & (arr < 256)].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+        return bytes(_in_vocab(ids, 256)).decode("utf-8", errors="replace")
 
     def save(self, directory: str | Path) -> list[str]:
         """``save_tokenizer_files``: ``load_tokenizer(directory)`` reads it back."""
@@ -148,10 +157,7 @@ class BPETokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    pad_id = property(lambda self: self._ids["pad"])
-    bos_id = property(lambda self: self._ids["bos"])
-    eos_id = property(lambda self: self._ids["eos"])
-    sep_id = property(lambda self: self._ids["sep"])
+    pad_id, bos_id, eos_id, sep_id = (property(lambda self, r=r: self._ids[r]) for r in ("pad", "bos", "eos", "sep"))
 
     @property
     def spec(self) -> str:
@@ -175,8 +181,7 @@ class BPETokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``: special ids and ids outside the vocabulary are dropped (as ``ByteTokenizer`` does)."""
-        V = self.vocab_size
-        return self._tok.decode([i for i in map(int, ids) if 0 <= i < V], skip_special_tokens=True)
+        return self._tok.decode(_in_vocab(ids, self.vocab_size), skip_special_tokens=True)
 
     save = ByteTokenizer.save
 
@@ -235,16 +240,6 @@ def save_tokenizer_files(tok: Tokenizer | None, directory: str | Path) -> list[s
     for name in {TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, META_FILE} - set(written):
         (directory / name).unlink(missing_ok=True)
     return written
-
-
-def measured_bytes_per_token(tokenizer, tokens, max_tokens: int = 1 << 20) -> float:
-    """UTF-8 bytes of the decoded text per token over the first ``max_tokens`` of ``tokens`` (anything sliceable to
-    1-D ids): the bits-per-byte divisor of a subword tokenizer (ES-SSM Sec. 5); specials count, with no bytes."""
-    n = min(len(tokens), int(max_tokens))
-    if n <= 0:
-        raise ValueError("measured_bytes_per_token: no tokens to measure on")
-    ids = np.asarray(tokens[:n]).astype(np.int64).reshape(-1)
-    return len(tokenizer.decode(ids.tolist()).encode("utf-8")) / n
 
 
 def _names_a_source(s: object) -> bool:

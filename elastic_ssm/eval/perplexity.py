@@ -1,7 +1,8 @@
 """Per-tier held-out loss, perplexity and bits-per-byte of one shared model (or of exports).
 
 ``evaluate_tiers`` runs the shared model at every requested tier (a named tier or any capacity fraction ``xi``,
-Eq. 7) on the same fixed batches (ESSH E.4). Bits per byte = loss_nats / ln 2 / bytes_per_token. ``loss_sums`` is
+Eq. 7) on the same fixed batches (ESSH E.4). Bits per byte = loss_nats / ln 2 / bytes_per_token (of a subword
+tokenizer: ``measured_bytes_per_token`` on the evaluated text). ``loss_sums`` is
 the scoring loop, shared with the channel knock-out (``importance.py``); ``continuation_scores`` the teacher-forced
 scores of continuations, shared by the lm-eval adapter and the needle probe.
 
@@ -329,3 +330,12 @@ def evaluate_needle(model: Any, filler: Any, tokenizer: Any, tiers: Sequence[Any
                          "context_len": cfg.context_len, "condition": cfg.condition,
                          **summarize_needle(scored, cfg)})
     return rows
+
+
+def measured_bytes_per_token(tokenizer, tokens, max_tokens: int = 1 << 20) -> float:
+    """UTF-8 bytes of the decoded text per token over the first ``max_tokens`` of ``tokens`` (anything sliceable to
+    1-D ids): the bits-per-byte divisor of a subword tokenizer (ES-SSM Sec. 5); specials count, with no bytes."""
+    n = min(len(tokens), int(max_tokens))
+    if n <= 0:
+        raise ValueError("measured_bytes_per_token: no tokens to measure on")
+    return len(tokenizer.decode(np.asarray(tokens[:n])).encode("utf-8")) / n

@@ -70,7 +70,7 @@ def test_bpe_train_round_trip_and_save(tmp_path):
     with pytest.raises(ValueError, match="too small"):
         data.train_bpe(docs, 100, tmp_path / "x.json")
     # bits-per-byte divisor: decoded UTF-8 bytes per token, separators counted as tokens without bytes
-    from elastic_ssm.data.tokenizers import measured_bytes_per_token
+    from elastic_ssm.eval.perplexity import measured_bytes_per_token
 
     stream = [*ids, tok.sep_id, *ids]
     assert measured_bytes_per_token(tok, stream) == pytest.approx(2 * len(text.encode()) / len(stream))

@@ -45,3 +45,18 @@ def test_encode_names_a_document_that_is_not_text(request, which):
             call("a\udc80b")
     assert tok.encode("") == [] and tok.decode(tok.encode("def x")) == "def x"
     assert tok.encode(b"def") == tok.encode("def")
+
+
+@pytest.mark.parametrize("which", ["bytes", "bpe"])
+def test_decode_drops_ids_outside_the_vocabulary_and_names_ids_that_are_not_integers(request, which):
+    """decode([104.7]) truncated the float to 104 ('h'); an id beyond 64 bits was numpy's OverflowError traceback
+    (bytes). Ids outside the vocabulary are dropped, of any size; a float or a string is a one-line TypeError."""
+    np, torch = pytest.importorskip("numpy"), pytest.importorskip("torch")
+    tok = ByteTokenizer() if which == "bytes" else request.getfixturevalue("bpe")
+    ids = tok.encode("def x")
+    for given in (ids, np.asarray([ids], dtype=np.uint16), torch.tensor(ids), list(torch.tensor(ids)), iter(ids)):
+        assert tok.decode(given) == "def x"
+    assert tok.decode([-1, *ids, 2**70, tok.vocab_size]) == "def x"
+    for bad in ([ids[0] + 0.7], [ids[0], "a"], np.asarray(ids, dtype=float), torch.tensor([1.0])):
+        with pytest.raises(TypeError, match=r"^decode takes integer token ids \('(float|str)' object .*round or cast"):
+            tok.decode(bad)
