@@ -205,6 +205,8 @@ def parse_error(event: Any) -> None:
                                               f"unexpected value {event.offending_value!r}")
     elif isinstance(event, ev.InstantiationFailure):        # an optional's message lists each member's failure
         message = event.message.partition("Got errors:")[0].strip().rstrip(".")
+        message = re.sub(r"invalid literal for int\(\) with base 10: ('.*')", r"\1 is not a whole number", message)
+        message = re.sub(r"could not convert string to float: ('.*')", r"\1 is not a number", message)
         text = message if event.argument is None else f"{name(event.argument)}: {message}"
         tokens = re.findall(r"'([^']*)'", message)
         values = [v for token in tokens for v in token.split(",") if v]

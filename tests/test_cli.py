@@ -272,3 +272,14 @@ def test_a_list_flag_given_with_commas_says_to_use_spaces(tmp_path, capsys):
         main([*argv, "0.5", "x"])
     assert "commas" not in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("flag,value,says", [("--train.steps", "1.5", "'1.5' is not a whole number"),
+                                             ("--train.steps", "1e3", "'1e3' is not a whole number"),
+                                             ("--train.optim.lr", "abc", "'abc' is not a number")])
+def test_a_value_of_the_wrong_type_is_named_in_plain_words(tmp_path, capsys, flag, value, says):
+    """Python's own parse errors ("invalid literal for int() with base 10") reached the user as they were."""
+    with pytest.raises(SystemExit, match="2"):
+        main(["train", "--train.out_dir", str(tmp_path / "r"), flag, value])
+    err = capsys.readouterr().err.strip()
+    assert err == f"elastic-ssm train: error: {flag}: {says} (see elastic-ssm train --help)"
