@@ -2,10 +2,9 @@
 
 ``FastDecoder(model, tier, batch)`` evaluates what ``ESSH.step`` evaluates through each layer's ``decode_plan``
 (``layers/decode_plan.py``) on the residual stream [B, D]; its cache is an ``ESSHCache`` at fixed addresses, so
-one step can be captured (``capture()``). Kernels, attended spans, mixed tiers: docs/performance.md.
-``generate``'s decoders: ``FastDecoder``s pooled per (tier, batch bucket), captured once on CUDA, and ``FusedSession``
-(the pooled decoder, the prompt's prefill, attended spans above ``SPAN_MIN_BATCH`` rows); docs/performance.md,
-"``generate`` is fast by default"."""
+one step can be captured (``capture()``). ``generate``'s decoders: ``FastDecoder``s pooled per (tier, batch bucket),
+captured once on CUDA, and ``FusedSession`` (the pooled decoder, the prompt's prefill, attended spans above
+``SPAN_MIN_BATCH`` rows). Kernels, attended spans, mixed tiers, pooling: docs/performance.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """The recipes of one file each too small to stand alone, and recipe selection: ``BudgetDropout`` (ES-SSM),
 ``NestedFFN`` (MatFormer), ``PosthocRecovery`` (E.7's recovery under a frozen parent, ``recover.py``),
-``resolve_recipe_name`` ('auto' is the model config's ``default_recipe()``; a recipe of
-another architecture is refused) and ``make_recipe``, the one place that builds every recipe of a stage.
-``BudgetSampler``: the training-budget schedule of ES-SSM (Sec. 4.2, Eq. 5; Algorithm 2, whose text ends mid-way:
-DESIGN; docs/es_ssm.md, "Budget dropout"); ``sample(step)`` is a pure function of ``(seed, step)``, so a resumed
-run reproduces the schedule with no sampler state to save.
+``resolve_recipe_name`` ('auto' is the model config's ``default_recipe()``; a recipe of another architecture is
+refused) and ``make_recipe``, the one place that builds every recipe of a stage. ``BudgetSampler``: the training-budget
+schedule of ES-SSM (Sec. 4.2, Eq. 5; Algorithm 2, whose text ends mid-way: DESIGN; docs/es_ssm.md, "Budget
+dropout"); ``sample(step)`` is a pure function of ``(seed, step)``: a resumed run needs no sampler state.
 
 The optimizer every recipe trains with: AdamW parameter groups (a recipe's ``policy``) and the learning-rate schedule
 (ESSH Table 7, Appendices E.2 and D.8). Pretraining (E.2): no weight decay on ``rho_raw``, ``theta``, ``kc``, ``ks``,
