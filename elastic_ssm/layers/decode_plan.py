@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.gemv import gemv_accumulate, norm_gemv, norm_swiglu_gemv, rms_norm, swiglu
-from ..ops.spectral_scan import ModalConstants, spectral_decode_step
+from ..ops.spectral_scan.decode_triton import ModalConstants, spectral_decode_step
 from ..ops.swa_decode import swa_decode_step
 
 __all__ = ["DecodeOptions", "SpectralPlan", "AttentionPlan", "FFNPlan", "in_by_out_copy"]

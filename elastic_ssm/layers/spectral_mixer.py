@@ -23,7 +23,8 @@ from torch import nn
 
 from ..elastic.slicing import empty_linear, linear, linear_weight, prefix
 from ..elastic.tiers import tier_width
-from ..ops.spectral_scan import ModalConstants, scan, spectral_scan_step
+from ..ops.spectral_scan import scan, spectral_scan_step
+from ..ops.spectral_scan.decode_triton import ModalConstants
 from ..ops.spectral_scan.inputs import ModalTables
 from .decode_plan import SpectralPlan, in_by_out_copy
 

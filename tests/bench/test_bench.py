@@ -21,7 +21,7 @@ from elastic_ssm.models.baselines import TransformerConfig, TransformerPP
 from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
 from elastic_ssm.ops.dispatch import resolve_decode_backend
-from elastic_ssm.ops.spectral_scan import ModalConstants, spectral_decode_step
+from elastic_ssm.ops.spectral_scan import decode_triton as dt
 from elastic_ssm.ops.spectral_scan.naive import naive_spectral_scan
 
 
@@ -54,17 +54,17 @@ def test_fused_step_equals_naive_scan_step():
     consts = plan.consts
     h = u @ plan.w_in.T
     s = state.clone()
-    z = spectral_decode_step(h, s, consts, backend="torch")
+    z = dt.spectral_decode_step(h, s, consts, backend="torch")
     torch.testing.assert_close(z, z_ref[:, 0].reshape(B, -1) / K ** 0.5, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(s, s_ref, rtol=1e-12, atol=1e-12)
 
 
 def test_fused_step_validates_shapes():
-    consts = ModalConstants(torch.rand(4, 9, 2), torch.rand(4), 4, 2, 3, 1e-6)
+    consts = dt.ModalConstants(torch.rand(4, 9, 2), torch.rand(4), 4, 2, 3, 1e-6)
     with pytest.raises(ValueError, match="h must be"):
-        spectral_decode_step(torch.randn(1, 5), torch.zeros(1, 4, 2, 2, 3), consts)
+        dt.spectral_decode_step(torch.randn(1, 5), torch.zeros(1, 4, 2, 2, 3), consts)
     with pytest.raises(ValueError, match="state must be"):
-        spectral_decode_step(torch.randn(1, 36), torch.zeros(1, 4, 2, 2, 4), consts)
+        dt.spectral_decode_step(torch.randn(1, 36), torch.zeros(1, 4, 2, 2, 4), consts)
     with pytest.raises(ValueError, match="decode backend"):
         resolve_decode_backend("cuda", torch.device("cpu"))
 
@@ -72,15 +72,15 @@ def test_fused_step_validates_shapes():
 _INTERPRETER_CHECK = """
 import torch
 from elastic_ssm.ops import gemv as ns
-from elastic_ssm.ops.spectral_scan import ModalConstants, spectral_decode_step, spectral_step_torch
+from elastic_ssm.ops.spectral_scan import decode_triton as dt
 for B, K, M, P in [(1, 4, 8, 28), (3, 5, 3, 64)]:
     table = torch.randn(K, 9, M)
     table[:, 3] = torch.rand(K, M)
-    c = ModalConstants(table, torch.rand(K), K, M, P, 1e-6)
+    c = dt.ModalConstants(table, torch.rand(K), K, M, P, 1e-6)
     h, s = torch.randn(B, K * (P + 3 * M)), torch.randn(B, K, M, 2, P)
     s2 = s.clone()
-    torch.testing.assert_close(spectral_decode_step(h, s2, c, backend="triton"),
-                               spectral_step_torch(h, s, c), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dt.spectral_decode_step(h, s2, c, backend="triton"),
+                               dt.spectral_step_torch(h, s, c), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(s2, s, rtol=1e-5, atol=1e-5)
 x, w = torch.randn(3, 100), torch.randn(100)
 torch.testing.assert_close(ns.rms_norm(x, w, 1e-6, "triton"), ns.rms_norm(x, w, 1e-6, "torch"))

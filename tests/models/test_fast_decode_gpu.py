@@ -18,7 +18,7 @@ from elastic_ssm.bench.decode import cast_matrices
 from elastic_ssm.models.essh import randomize_selective
 from elastic_ssm.models.fast_decode import FastDecoder
 from elastic_ssm.ops import gemv as ns
-from elastic_ssm.ops.spectral_scan import ModalConstants, spectral_decode_step
+from elastic_ssm.ops.spectral_scan import decode_triton as dt
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -45,12 +45,12 @@ def _model(dtype=torch.float32, preset="small"):
 def test_triton_step_equals_torch_step(B, K, M, P, hdtype):
     table = torch.randn(K, 9, M, device=DEV)
     table[:, 3] = torch.rand(K, M, device=DEV)
-    c = ModalConstants(table, torch.rand(K, device=DEV), K, M, P, 1e-6)
+    c = dt.ModalConstants(table, torch.rand(K, device=DEV), K, M, P, 1e-6)
     h = torch.randn(B, K * (P + 3 * M), device=DEV).to(hdtype)
     s = torch.randn(B, K, M, 2, P, device=DEV)
     s2 = s.clone()
-    z_ref = spectral_decode_step(h, s, c, out_dtype=torch.float32, backend="torch")
-    out = spectral_decode_step(h, s2, c, out_dtype=torch.float32, backend="triton")
+    z_ref = dt.spectral_decode_step(h, s, c, out_dtype=torch.float32, backend="torch")
+    out = dt.spectral_decode_step(h, s2, c, out_dtype=torch.float32, backend="triton")
     assert torch.isfinite(out).all() and _rel(out, z_ref) < 1e-5 and _rel(s2, s) < 1e-5
 
 

@@ -1,5 +1,5 @@
 """Triton kernels of the decode step: the row kernels (math: ``ops/gemv/__init__.py``), the spectral mixer's fused
-step (``ops/spectral_scan/__init__.py``) and the sliding-window attention step (``ops/swa_decode``).
+step (``ops/spectral_scan/decode_triton.py``) and the sliding-window attention step (``ops/swa_decode``).
 
 * ``rows_gemv_kernel``: ``y[b, n] = sum_d W[n, d] u[b, d]``, W row-major ``[N, D]``; one program owns ``BLOCK_N``
   outputs and walks D in ``BLOCK_K`` tiles, with the input's RMSNorm from the same pass, a SwiGLU variant on
@@ -13,7 +13,7 @@ step (``ops/spectral_scan/__init__.py``) and the sliding-window attention step (
 * ``swiglu_kernel``, grid ``(B, cdiv(n, BLOCK_N))``: reads the interleaved (gate, up) pairs of ``BLOCK_N`` units
   and writes ``silu(gate) * up`` computed in float32.
 * ``spectral_step_kernel``, grid ``(B * K,)``: one program per (row, channel) runs the fused decode step of
-  ``spectral_scan.spectral_decode_step`` (its torch math is the reference).
+  ``decode_triton.py`` (its torch math is the reference).
 * ``swa_partial_kernel``, grid ``(B * H, S)``: program (b, h, s) rotates q and k of its head by the token's absolute
   position (RoPE phases reduced mod 2 pi in float64, then cos/sin in float32), the program whose chunk holds the ring
   slot ``pos % W`` writes k, v there (and ``slot_pos``), and every program runs an online softmax over its ``CHUNK``
