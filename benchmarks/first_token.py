@@ -159,7 +159,7 @@ def _first_token_child(a: ChildOptions) -> dict:
     import torch
 
     import elastic_ssm as es
-    from elastic_ssm.models.decode_engine import FusedSession
+    from elastic_ssm.models.fast_decode import FusedSession
     from elastic_ssm.utils.progress import tuning_notice
 
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)

@@ -44,7 +44,7 @@ def run_session_prefill(opts: SessionPrefillOptions, ctx) -> list[dict]:
     from elastic_ssm.bench.decode import random_model
     from elastic_ssm.config import ESSHConfig
     from elastic_ssm.models import compile_model
-    from elastic_ssm.models.decode_engine import FusedSession
+    from elastic_ssm.models.fast_decode import FusedSession
     from elastic_ssm.ops.dispatch import ENV_VAR
 
     dev = torch.device(opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -22,7 +22,7 @@ _LAZY = {
     "tier_table": ("elastic_ssm.elastic.tiers", "tier_table"),
     "export_tier": ("elastic_ssm.models", "export_tier"),
     "check_export": ("elastic_ssm.models", "check_export"),
-    "BudgetSampler": ("elastic_ssm.elastic.budget", "BudgetSampler"),
+    "BudgetSampler": ("elastic_ssm.train.recipes", "BudgetSampler"),
     "select_tier": ("elastic_ssm.serve.select", "select_tier"),
 }
 

@@ -1,6 +1,6 @@
 """A CPU stand-in for fla-core's ``fla.ops.gla.chunk`` (``chunk_gla_fwd`` / ``chunk_gla_bwd``), for tests.
 
-It follows the conventions the custom ops of ``elastic_ssm/ops/spectral_scan/gla_op.py`` rely on: the forward
+It follows the conventions the custom ops of ``elastic_ssm/ops/spectral_scan/chunk_fla.py`` rely on: the forward
 returns ``(g_cumsum, A, h, ht, o)`` with ``g_cumsum`` the within-chunk cumulative gate in log2 units
 (fla's ``chunk_local_cumsum(g, C, scale=1/ln 2)``) and ``A [B, T, H, C]`` float32; the backward gets
 ``g=None`` and that ``g_cumsum`` (float32 gates), recomputes the states (``h=None``) and returns the
@@ -66,7 +66,7 @@ def install(monkeypatch) -> dict:
     def chunk_gla_fwd(q, k, v, g, g_cumsum, scale, initial_state, output_final_state, cu_seqlens=None,
                       chunk_size=64, chunk_indices=None):
         assert g.dtype == torch.float32 and cu_seqlens is None
-        if g_cumsum is not None:                 # given (gla_op.local_cumsum_log2): must be fla's own
+        if g_cumsum is not None:                 # given (chunk_fla.local_cumsum_log2): must be fla's own
             assert g_cumsum.dtype == torch.float32 and g_cumsum.shape == g.shape
             assert torch.allclose(g_cumsum.double(), _local_cumsum(g.double(), chunk_size), rtol=1e-5, atol=1e-5)
             calls["given_cumsum"] = calls.get("given_cumsum", 0) + 1

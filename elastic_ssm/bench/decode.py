@@ -26,8 +26,7 @@ from ..elastic.tiers import num_parameters, resolve_tier, state_bytes
 from ..models import build_model
 from ..models.baselines import TransformerConfig
 from ..models.compile import capture_graph
-from ..models.decode_engine import decoder_pool
-from ..models.fast_decode import FastDecoder
+from ..models.fast_decode import FastDecoder, decoder_pool
 
 __all__ = ["EsshDecoder", "TransformerDecoder", "bench_decode", "peer_model", "built_peer", "decode_suite",
            "bench_generate", "generate_suite", "PeerUnavailable", "fla_peers", "match_ffn_width",

@@ -1,4 +1,4 @@
-"""elastic_ssm.elastic: tiers (two-rate map, exact counts), budget sampling and slicing."""
+"""elastic_ssm.elastic: tiers (two-rate map, exact counts) and slicing."""
 
 from .tiers import (
     Tier,

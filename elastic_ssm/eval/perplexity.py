@@ -207,15 +207,6 @@ class NeedleTrial:
     result: dict[str, bool] = field(default_factory=dict)
 
 
-def _keys(rng: np.random.Generator, digits: int) -> tuple[str, str]:
-    lo, hi = 10 ** (digits - 1), 10 ** digits
-    a = int(rng.integers(lo, hi))
-    b = a
-    while b == a:
-        b = int(rng.integers(lo, hi))
-    return str(a), str(b)
-
-
 def _split_answer(enc: Any, query: str, keys: tuple[str, str]) -> tuple[list[int], list[list[int]]]:
     """Query tokens and the tokens of each key as they follow the query in one encoding. When the
     tokenizer merges the query's trailing whitespace with the key (BPE: ``" 123456"``), the whitespace
@@ -234,8 +225,11 @@ def build_trials(filler: Any, tokenizer: Any, cfg: NeedleConfig) -> list[NeedleT
     enc = lambda s: [int(t) for t in tokenizer.encode(s)]  # noqa: E731
     rng = np.random.default_rng(cfg.seed)
     trials = []
+    lo, hi = 10 ** (cfg.key_digits - 1), 10 ** cfg.key_digits
     for p in range(cfg.n_pairs):
-        planted, alternative = _keys(rng, cfg.key_digits)
+        planted = alternative = str(rng.integers(lo, hi))      # the pair's two distinct keys
+        while alternative == planted:
+            alternative = str(rng.integers(lo, hi))
         inserted, other = (alternative, planted) if cfg.condition == "counterfactual" else (planted, alternative)
         query, (expected, competitor) = _split_answer(enc, cfg.query, (inserted, other))
         needle = enc(cfg.needle.format(key=inserted))

@@ -14,7 +14,7 @@ import torch
 
 from ..config import TierLike
 from ..eval.perplexity import eval_mode
-from .base import ElasticModel, export_state
+from .base import ElasticModel, _load_strict, export_state
 from .compile import compile_model
 from .model_dir import CheckpointError, read_model_meta
 
@@ -71,7 +71,7 @@ def export_tier(model: Any, tier: TierLike) -> Any:
     with torch.device("meta"):
         small = type(model)(type(model).tier_config(model.config, t))
     device = next(model.parameters()).device
-    small.load_tier_state({k: v.to(device) for k, v in export_state(model, t).items()})
+    _load_strict(small, {k: v.to(device) for k, v in export_state(model, t).items()}, "state dict")
     small.source = {"tier": t.name, "parent_config": model.config.to_dict()}
     small.tokenizer, small.tokenizer_record = model.tokenizer, model.tokenizer_record   # the tokenizer travels
     return small.train(model.training)

@@ -302,9 +302,6 @@ class ElasticModel(nn.Module):
         model.tokenizer = _saved_tokenizer(path, model.tokenizer_record)
         return model.eval()
 
-    def load_tier_state(self, state: dict[str, torch.Tensor]) -> None:
-        _load_strict(self, state, "state dict")
-
 
 def _check_loaded_values(state: dict[str, torch.Tensor], keep_fp32: str, origin: Any) -> None:
     """``CheckpointError`` for weights no saved model holds: a floating tensor of another dtype than the rest

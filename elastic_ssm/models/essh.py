@@ -21,7 +21,7 @@ from ..layers.spectral_mixer import SpectralMixer
 from .base import ElasticModel
 from .cache import ESSHCache, check_cache
 from .compile import compile_trunk, scan_backend, trunk_for
-from .decode_engine import FusedSession, decoder_pool, use_fast_decoding
+from .fast_decode import FusedSession, decoder_pool, use_fast_decoding
 from .generation import GenerationMixin, ReferenceSession, check_step_tokens, check_token_inputs, token_positions
 
 __all__ = ["ESSH", "ESSHBlock", "randomize_selective"]
@@ -167,14 +167,14 @@ class ESSH(GenerationMixin, ElasticModel):
         return ESSHCache.allocate(self, batch, tier, **kw)
 
     def _decode_session(self, batch: int, tier: Any, fast: bool | None, state_dtype, kv_dtype):
-        """``generate``'s decoder: the pooled fused decoder (``models/decode_engine.py``; CUDA-graphed on
+        """``generate``'s decoder: the pooled fused decoder (``models/fast_decode.py``; CUDA-graphed on
         CUDA, with a graphed prefill when the model is compiled), or the reference step."""
         if not use_fast_decoding(self, fast):
             return ReferenceSession(self, batch, tier, state_dtype, kv_dtype)
         return FusedSession(self, batch, tier, state_dtype, kv_dtype)
 
     def clear_decoders(self) -> None:
-        """Free the pooled decoders and their CUDA graphs (``models/decode_engine.py``)."""
+        """Free the pooled decoders and their CUDA graphs (``models/fast_decode.py``)."""
         decoder_pool(self).clear()
 
 

@@ -120,12 +120,6 @@ class ServerSettings:
                                                "prefill_graph_tokens", "attended_spans")}
 
 
-def _is_json(content_type: str) -> bool:
-    """Whether a ``Content-Type`` is ``application/json`` or ``application/...+json`` (else 415: no web form post)."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
-
-
 _MARK = "\x00text\x00"
 
 
@@ -176,8 +170,9 @@ def create_app(model, settings: ServerSettings, pool_factory=None, load=None):
             handler = super().get_route_handler()
 
             async def read_first(request):
-                kind = request.headers.get("content-type")
-                if kind is not None and not _is_json(kind):
+                kind = request.headers.get("content-type")      # application/json or .../...+json, no web form
+                media = "application/json" if kind is None else kind.split(";", 1)[0].strip().lower()
+                if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
                     raise ApiError(415, f"the request body must be JSON (Content-Type: application/json), not "
                                         f"{kind[:60]!r}; a body without a Content-Type is read as JSON")
                 coding = request.headers.get("content-encoding", "identity").strip().lower()

@@ -14,8 +14,7 @@ import torch
 from ..elastic.tiers import check_counts
 from ..models.cache import ESSHCache
 from ..models.compile import GRAPH_TOKENS, PrefillGraph, length_bucket
-from ..models.decode_engine import batch_bucket
-from ..models.fast_decode import FastDecoder
+from ..models.fast_decode import FastDecoder, batch_bucket
 from ..ops.dispatch import ENV_VAR
 from ..ops.spectral_scan.inputs import sync_free
 from ..utils.progress import tuning_notice

@@ -270,14 +270,6 @@ class _Trainer:
         return bool(all_reduce(flag, self.ctx).item() > 0)
 
 
-def _compile_blocks(model: nn.Module, n_capacities: int, **kw: Any) -> None:
-    from ..models.compile import prepare_dynamo
-
-    prepare_dynamo(max(8, 2 * n_capacities + 4))
-    for block in getattr(model, "blocks", []):
-        block.compile(**kw)
-
-
 def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
           resume: bool | str = False, progress: bool | str = True, distributed: bool | None = None,
           stages: tuple[str, ...] | None = None, stop_after: int | None = None, overwrite: bool = False,
@@ -305,8 +297,12 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             from ..models import compile_model
 
             compile_model(model, **mode)
-        elif cfg.compile:
-            _compile_blocks(model, len(cfg.mixing.capacities), **mode)
+        elif cfg.compile:                    # each block; one compile per sampled capacity (the limit covers them)
+            from ..models.compile import prepare_dynamo
+
+            prepare_dynamo(max(8, 2 * len(cfg.mixing.capacities) + 4))
+            for block in getattr(model, "blocks", []):
+                block.compile(**mode)
         with StopSignals(announce=ctx.is_main) as stop:
             trainer = _Trainer(model, data, cfg, ctx, val_data, progress, stop)
             finished = True

@@ -15,9 +15,8 @@ import torch
 import elastic_ssm as es
 from elastic_ssm.layers.attention import SlidingWindowAttention
 from elastic_ssm.layers.spectral_mixer import SpectralMixer
-from elastic_ssm.models.decode_engine import batch_bucket, decoder_pool
 from elastic_ssm.models.essh import randomize_selective
-from elastic_ssm.models.fast_decode import FastDecoder
+from elastic_ssm.models.fast_decode import FastDecoder, batch_bucket, decoder_pool
 from elastic_ssm.models.generation import sample_next
 
 F64 = torch.float64
@@ -126,7 +125,7 @@ def test_generate_passes_attended_spans_above_the_span_batch(model, monkeypatch)
     """``generate``'s fused session (batch above ``SPAN_MIN_BATCH``) steps over the span of the prompt's padded
     length + the steps so far, crossing every span of the decoder, and equals the reference step's greedy text
     (left-padded rows of different lengths included)."""
-    import elastic_ssm.models.decode_engine as engine
+    import elastic_ssm.models.fast_decode as engine
 
     W = model.config.window
     monkeypatch.setattr(engine, "SPAN_MIN_BATCH", 0)
@@ -253,7 +252,7 @@ def test_prefill_graph_function_equals_reference_prefill(model, lengths):
     """The static-buffer prefill that ``PrefillGraph`` captures (run eagerly here): left padding to the length
     bucket, extra rows of the batch bucket, positions and layer states equal the reference prefill."""
     from elastic_ssm.models.compile import length_bucket
-    from elastic_ssm.models.decode_engine import FusedSession
+    from elastic_ssm.models.fast_decode import FusedSession
 
     assert [length_bucket(t) for t in (1, 256, 257, 2048, 2049, 131072)] == [256, 256, 512, 2048, 2304, 131072]
     torch.manual_seed(5)
@@ -346,7 +345,7 @@ def test_generate_prefills_from_a_graph_on_cuda_up_to_graph_tokens(model, monkey
 
     from elastic_ssm.models import compile as compile_mod
     from elastic_ssm.models.compile import GRAPH_TOKENS
-    from elastic_ssm.models.decode_engine import FusedSession
+    from elastic_ssm.models.fast_decode import FusedSession
 
     session = FusedSession(model, 1, "T2", None, None)
     assert GRAPH_TOKENS == 2048 and not session.uses_prefill_graph(16)            # CPU: eager
@@ -356,14 +355,14 @@ def test_generate_prefills_from_a_graph_on_cuda_up_to_graph_tokens(model, monkey
     session.fd = SimpleNamespace(device=torch.device("cuda"), batch=8)
     assert session.uses_prefill_graph(256) and not session.uses_prefill_graph(300)
     monkeypatch.setattr(compile_mod, "compiled_trunk", lambda m: object())
-    monkeypatch.setattr("elastic_ssm.models.decode_engine.compiled_trunk", lambda m: object())
+    monkeypatch.setattr("elastic_ssm.models.fast_decode.compiled_trunk", lambda m: object())
     assert session.uses_prefill_graph(131072)                                     # compiled: every length
 
 
 def test_a_failing_prefill_capture_of_an_eager_model_falls_back_to_eager(model, monkeypatch):
     """A capture that fails (a kernel this stack cannot capture) warns once and the prompt is prefilled eagerly, as
     every later one; the result equals the reference prefill."""
-    from elastic_ssm.models.decode_engine import FusedSession
+    from elastic_ssm.models.fast_decode import FusedSession
 
     session = FusedSession(model, 1, "T2", None, None)
     monkeypatch.setattr(FusedSession, "uses_prefill_graph", lambda self, length=None: self.pool.eager_graphs)

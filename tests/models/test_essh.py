@@ -203,7 +203,7 @@ def test_generate_feeds_a_transformers_streamer_as_transformers_generate_does(ti
 def test_generate_under_inference_mode_then_outside(tiny):
     """The pooled decoder built by a generate under torch.inference_mode serves a later generate outside it (its
     buffers are ordinary tensors, written in place by both), and the other way round."""
-    from elastic_ssm.models.decode_engine import decoder_pool
+    from elastic_ssm.models.fast_decode import decoder_pool
 
     decoder_pool(tiny).clear()
     x = torch.randint(0, tiny.config.vocab_size, (2, 7))

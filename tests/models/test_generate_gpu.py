@@ -8,8 +8,8 @@ import torch
 
 import elastic_ssm as es
 from elastic_ssm.bench.decode import cast_matrices
-from elastic_ssm.models.decode_engine import decoder_pool
 from elastic_ssm.models.essh import randomize_selective
+from elastic_ssm.models.fast_decode import decoder_pool
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"

@@ -75,7 +75,7 @@ def test_the_check_imports_only_the_gla_kernels_and_the_package_completes_on_dem
     ``from fla.ops import <another op>`` runs that ``__init__`` once, in the same module, reusing the loaded kernels."""
     assert dispatch.fla_available() is True
     assert (fake_fla._fake_fla_imports, fake_fla._fake_ops_inits) == (1, 0)
-    from fla.ops.gla import chunk  # what the scan imports (ops/spectral_scan/gla_op.py)
+    from fla.ops.gla import chunk  # what the scan imports (ops/spectral_scan/chunk_fla.py)
 
     assert chunk.chunk_gla() == "gla" and fake_fla._fake_ops_inits == 0
     import fla.ops
@@ -130,11 +130,11 @@ def test_eager_calls_of_the_gla_ops_import_no_dynamo():
         class Patch:
             def setitem(self, d, k, v): d[k] = v
         fla_stand_in.install(Patch())
-        from elastic_ssm.ops.spectral_scan import gla_op
+        from elastic_ssm.ops.spectral_scan import chunk_fla
         q, v, g = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16), -torch.rand(1, 8, 2, 16)
         with torch.inference_mode():
-            gla_op.gla_chunk(q, q, v, g)
-        o, _ = gla_op.gla_chunk(q.clone().requires_grad_(), q, v, g)
+            chunk_fla.gla_chunk(q, q, v, g)
+        o, _ = chunk_fla.gla_chunk(q.clone().requires_grad_(), q, v, g)
         assert o.requires_grad and "torch._dynamo" not in sys.modules
         print("ok")
     """

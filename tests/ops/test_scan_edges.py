@@ -103,7 +103,7 @@ def test_fla_path_keeps_nonfinite_inputs_where_the_spec_does(monkeypatch, where,
 def test_stand_in_kernel_spreads_a_nan_over_its_chunk(monkeypatch):
     """What the wrapper guards against: the raw kernel (custom op) NaNs the earlier rows of the chunk."""
     fla_stand_in.install(monkeypatch)
-    from elastic_ssm.ops.spectral_scan.gla_op import gla_chunk
+    from elastic_ssm.ops.spectral_scan.chunk_fla import gla_chunk
 
     q, k, v = (torch.randn(1, 70, 2, 4) for _ in range(3))
     v[0, 37, 1, 0] = math.nan

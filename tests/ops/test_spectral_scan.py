@@ -269,7 +269,7 @@ def test_gla_mapping_matches_spec(T):
 @pytest.mark.parametrize("dtype,compute", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
                                            (torch.bfloat16, None)])
 def test_fla_path_with_stand_in_kernel(monkeypatch, dtype, compute):
-    """``fla_spectral_scan`` end to end on CPU, forward and backward, through the custom ops of ``gla_op.py``
+    """``fla_spectral_scan`` end to end on CPU, forward and backward, through the custom ops of ``chunk_fla.py``
     with a tokenwise stand-in for fla's ``chunk_gla_fwd`` / ``chunk_gla_bwd`` (tests/fla_stand_in.py)."""
     calls = fla_stand_in.install(monkeypatch)
     fla_spectral_scan = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_fla").fla_spectral_scan
@@ -278,7 +278,7 @@ def test_fla_path_with_stand_in_kernel(monkeypatch, dtype, compute):
     leaves = {n: t.clone().requires_grad_() for n, t in low.items()}
     z, h = run(fla_spectral_scan, leaves, compute_dtype=compute)
     assert calls["fwd"] == 1 and calls["chunk_size"] == 64 and z.dtype == dtype and h.dtype == torch.float32
-    assert calls["heads"] == 4              # K = 3 channels run as 4 heads (gla_op.head_bucket), one sliced off
+    assert calls["heads"] == 4              # K = 3 channels run as 4 heads (chunk_fla.head_bucket), one sliced off
     ref = {n: t.double().requires_grad_() for n, t in low.items()}
     z_ref, h_ref = run(naive_spectral_scan, ref)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
@@ -354,15 +354,15 @@ def test_gla_chunk_pads_heads_to_a_power_of_two_and_widths_to_16(monkeypatch, H)
     kernels on ``head_bucket(H)`` heads and Dk, Dv of 16 and returns the unpadded outputs, states and gradients
     exactly (heads never mix; the tiny preset's Dk = Dv = 8 failed on an H100 with fla-core 0.6.0)."""
     calls = fla_stand_in.install(monkeypatch)
-    gla_op = importlib.import_module("elastic_ssm.ops.spectral_scan.gla_op")
-    assert [gla_op.head_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 32]
+    chunk_fla = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_fla")
+    assert [chunk_fla.head_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 32]
     g0 = torch.Generator().manual_seed(H)
     q, k, g = (torch.randn(2, 19, H, 4, generator=g0) for _ in range(3))
     v, h0 = torch.randn(2, 19, H, 3, generator=g0), torch.randn(2, H, 4, 3, generator=g0)
     g = -torch.nn.functional.softplus(g)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
-    o, ht = gla_op.gla_chunk(*leaves[:4], initial_state=leaves[4], output_final_state=True)
-    assert calls["heads"] == gla_op.head_bucket(H) and o.shape == (2, 19, H, 3) and ht.shape == (2, H, 4, 3)
+    o, ht = chunk_fla.gla_chunk(*leaves[:4], initial_state=leaves[4], output_final_state=True)
+    assert calls["heads"] == chunk_fla.head_bucket(H) and o.shape == (2, 19, H, 3) and ht.shape == (2, H, 4, 3)
     assert calls["widths"] == (16, 16)
     assert calls["given_cumsum"] == 1       # the cumulative gate from torch (fla's cumsum autotunes per B)
     ref = [x.double().requires_grad_() for x in (q, k, v, g, h0)]
@@ -378,7 +378,7 @@ def test_gla_chunk_pads_heads_to_a_power_of_two_and_widths_to_16(monkeypatch, H)
 @pytest.mark.parametrize("T,C", [(1, 16), (19, 16), (64, 64), (130, 64)])
 def test_local_cumsum_log2_is_fla_chunk_local_cumsum(T, C):
     """fla's ``chunk_local_cumsum(g, C, scale=1/ln 2)``: cumulate within each chunk of C positions, then scale."""
-    from elastic_ssm.ops.spectral_scan.gla_op import local_cumsum_log2
+    from elastic_ssm.ops.spectral_scan.chunk_fla import local_cumsum_log2
 
     g = -torch.rand(2, T, 3, 4, dtype=F64)
     got = local_cumsum_log2(g, C)
@@ -488,16 +488,16 @@ def test_bad_step_inputs():
 
 @pytest.mark.parametrize("T,C", [(5, 16), (16, 16), (17, 64), (32, 64), (40, 64)])
 def test_gla_chunk_never_asks_fla_for_chunks_of_32(monkeypatch, T, C):
-    """``gla_op.chunk_length``: 16 up to 16 positions, else 64 (fla-core 0.6.0's output kernel stopped an H200 at
+    """``chunk_fla.chunk_length``: 16 up to 16 positions, else 64 (fla-core 0.6.0's output kernel stopped an H200 at
     chunk 32, prompts of 17-32 tokens); a chunk longer than the sequence still gives the exact recurrence."""
     calls = fla_stand_in.install(monkeypatch)
-    gla_op = importlib.import_module("elastic_ssm.ops.spectral_scan.gla_op")
+    chunk_fla = importlib.import_module("elastic_ssm.ops.spectral_scan.chunk_fla")
     g0 = torch.Generator().manual_seed(T)
     q, k, g = (torch.randn(1, T, 4, 16, generator=g0) for _ in range(3))
     v, h0 = torch.randn(1, T, 4, 8, generator=g0), torch.randn(1, 4, 16, 8, generator=g0)
     g = -torch.nn.functional.softplus(g)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
-    o, ht = gla_op.gla_chunk(*leaves[:4], initial_state=leaves[4], output_final_state=True)
+    o, ht = chunk_fla.gla_chunk(*leaves[:4], initial_state=leaves[4], output_final_state=True)
     assert calls["chunk_size"] == C
     ref = [x.double().requires_grad_() for x in (q, k, v, g, h0)]
     o_ref, ht_ref = fla_stand_in.naive_gla(*ref)

@@ -110,8 +110,8 @@ def test_fla_at_short_prompt_lengths_of_the_preset_widths(T):
     """Prompts of 17-63 tokens at the 1.5b's channel shape (32 channels, M = 8, P = 64, float32 compute): fla's
     own chunk length for them would be 32, at which fla-core 0.6.0's output kernel stopped an H200 with "CUDA
     error: misaligned address" (eleventh session: every served 1.5b pool failed in its warm-up prefill of 32
-    tokens); ``gla_op.chunk_length`` runs them as one partial chunk of 64, forward and backward."""
-    from elastic_ssm.ops.spectral_scan.gla_op import chunk_length
+    tokens); ``chunk_fla.chunk_length`` runs them as one partial chunk of 64, forward and backward."""
+    from elastic_ssm.ops.spectral_scan.chunk_fla import chunk_length
 
     assert chunk_length(T) == 64
     check_fla_against_reference(make_inputs(B=1, T=T, K=32, M=8, P=64, strong=True, seed=T), torch.float32)
@@ -120,7 +120,7 @@ def test_fla_at_short_prompt_lengths_of_the_preset_widths(T):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("K", [5, 11])
 def test_fla_matches_reference_with_padded_heads(K, dtype):
-    """K channels that are not a power of two run on ``gla_op.head_bucket(K)`` heads (8, 16: zero heads added
+    """K channels that are not a power of two run on ``chunk_fla.head_bucket(K)`` heads (8, 16: zero heads added
     and dropped), with the within-chunk cumulative gate from torch (``local_cumsum_log2``); forward and
     backward still match the reference."""
     check_fla_against_reference(make_inputs(T=130, K=K, dtype=dtype, strong=True, seed=K), dtype)

@@ -87,7 +87,7 @@ def _spectral_step_triton(h, state, c: ModalConstants, out_dtype, pdl: bool = Fa
     B = h.shape[0]
     h = h if h.stride(-1) == 1 else h.contiguous()
     out = torch.empty(B, c.K * c.P, dtype=out_dtype or h.dtype, device=h.device)
-    from .decode_triton_kernels import spectral_step_kernel  # imports triton: on this path only
+    from ..gemv.triton_kernels import spectral_step_kernel  # imports triton: on this path only
 
     spectral_step_kernel[(B * c.K,)](h, state, out, c.table, c.beta, c.K, c.P, c.M, h.stride(0), out.stride(0),
                                      c.eps, c.scale, BLOCK_P=pow2(c.P, 16), BLOCK_M=pow2(c.M, 2), PDL=pdl,

@@ -19,8 +19,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..dispatch import pow2, resolve_decode_backend
-from ..gemv import launch_options
+from .dispatch import pow2, resolve_decode_backend
+from .gemv import launch_options
 
 __all__ = ["swa_decode_step", "ring_attend", "rope_inv_freq", "cos_sin", "rope_cos_sin", "apply_rope",
            "MAX_TRITON_BATCH"]
@@ -83,7 +83,7 @@ def ring_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_
 
 
 def _triton_step(qkv, keys, values, slot_pos, positions, inv_freq, out_dtype, chunk: int | None, pdl: bool, span: int):
-    from .triton_kernels import swa_combine_kernel, swa_partial_kernel
+    from .gemv.triton_kernels import swa_combine_kernel, swa_partial_kernel
 
     B, H, W, hd = keys.shape
     if keys.stride(3) != 1 or values.stride() != keys.stride() or slot_pos.stride(1) != 1:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from elastic_ssm.config import ESSSMConfig
-from elastic_ssm.elastic.budget import BudgetSampler, warmup_steps_from_epochs
+from elastic_ssm.train.recipes import BudgetSampler, warmup_steps_from_epochs
 
 PAPER = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 
