@@ -26,22 +26,8 @@ from ..elastic.slicing import SliceRule, load_sliced_safetensors, slice_state_di
 from ..layers.ffn import RMSNorm
 from ..utils.environment import checked_device
 from ..utils.files import atomic_write_bytes, fsync_dir
-from .model_dir import (
-    CONFIG_NAME,
-    FORMAT_VERSION,
-    WEIGHTS_NAME,
-    CheckpointError,
-    PendingCheck,
-    _old_export_alias,
-    _saved_tokenizer,
-    _tier_of_directory,
-    check_config_fits_weights,
-    hf_keys,
-    pieces_record,
-    read_model_meta,
-    remote_code,
-    verify_sha256,
-)
+from . import model_dir
+from .model_dir import CONFIG_NAME, WEIGHTS_NAME, CheckpointError
 
 
 class ElasticModel(nn.Module):
@@ -72,7 +58,7 @@ class ElasticModel(nn.Module):
         self.register_load_state_dict_pre_hook(_refuse_older_layout)
 
     def resolve_tier(self, tier: TierLike = None) -> tiers_mod.Tier:
-        return tiers_mod.resolve_tier(self.config, _old_export_alias(self.config, self.source, tier))
+        return tiers_mod.resolve_tier(self.config, model_dir._old_export_alias(self.config, self.source, tier))
 
     def tier_table(self) -> list[tiers_mod.Tier]:
         return tiers_mod.tier_table(self.config)
@@ -135,7 +121,7 @@ class ElasticModel(nn.Module):
 
         out = {
             "format": "elastic_ssm",
-            "format_version": FORMAT_VERSION,
+            "format_version": model_dir.FORMAT_VERSION,
             "library_version": __version__,
             "arch": self.arch,
             "config": self.config.to_dict(),
@@ -156,7 +142,7 @@ class ElasticModel(nn.Module):
             own = getattr(self.config, key, None)
             value = own if own is not None and (own >= 0 or key == "eos_token_id") else tok.get(key)
             specials[key] = value if value is not None and value >= 0 else None
-        out.update(hf_keys(self), vocab_size=self.config.vocab_size, **specials)
+        out.update(model_dir.hf_keys(self), vocab_size=self.config.vocab_size, **specials)
         return out
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
@@ -196,12 +182,12 @@ class ElasticModel(nn.Module):
                     save_tokenizer_files(self.tokenizer, staging))
             if self.source.get("tier"):       # a standalone export: write its model card
                 atomic_write_bytes(staging / "README.md", tiers_mod.model_card(self).encode())
-            for name, text in remote_code(self.arch).items() if hf_keys(self) else ():
+            for name, text in model_dir.remote_code(self.arch).items() if model_dir.hf_keys(self) else ():
                 atomic_write_bytes(staging / name, text.encode())  # trust_remote_code=True loads it without our import
             # Size and checksum tie config.json to its weights: a directory overwritten only halfway and same-size
             # bit rot are both detected on load.
             text = json.dumps({**self._config_json(), "weights_bytes": len(blob), "weights_sha256": digest,
-                               "weights_sha256_pieces": pieces_record(blob)}, indent=2)
+                               "weights_sha256_pieces": model_dir.pieces_record(blob)}, indent=2)
             atomic_write_bytes(staging / CONFIG_NAME, text.encode())
             for name in sorted(os.listdir(staging), key=lambda n: n == CONFIG_NAME):   # config.json last
                 os.replace(staging / name, path / name)
@@ -217,7 +203,7 @@ class ElasticModel(nn.Module):
         """The model config and the whole ``config.json`` record of a saved directory (``read_model_meta``); a
         record of another arch, or a config the file holds that does not validate, is a ``CheckpointError``
         naming the file."""
-        meta = read_model_meta(path)
+        meta = model_dir.read_model_meta(path)
         if meta["arch"] != cls.arch:
             raise CheckpointError(f"{path} holds a {meta['arch']!r} model; load it with the matching class "
                                   "(or es.models.load_pretrained, which picks it)")
@@ -257,12 +243,13 @@ class ElasticModel(nn.Module):
         check = None
         if verify and meta.get("weights_sha256"):
             pool = ThreadPoolExecutor(1)
-            check = pool.submit(verify_sha256, wfile, meta["weights_sha256"], meta.get("weights_sha256_pieces"))
+            check = pool.submit(model_dir.verify_sha256, wfile, meta["weights_sha256"],
+                                meta.get("weights_sha256_pieces"))
             pool.shutdown(wait=False)
-        check_config_fits_weights(config, wfile)   # before the model is built from the config
+        model_dir.check_config_fits_weights(config, wfile)   # before the model is built from the config
         rules, full = [], []                        # the tier's prefixes, and those of the full model
         source = dict(meta.get("source") or {})
-        t = _tier_of_directory(config, tier, source, path) if tier is not None else None
+        t = model_dir._tier_of_directory(config, tier, source, path) if tier is not None else None
         if t is not None:
             rules, full = cls.slice_rules(config, t), cls.slice_rules(config, tiers_mod.resolve_tier(config, None))
             source = {"parent": str(path), "tier": t.name, "parent_config": config.to_dict()}
@@ -295,11 +282,11 @@ class ElasticModel(nn.Module):
         if check is not None and not defer_verify:
             check.result()
         _load_strict(model, state, wfile)
-        model._weights_check = PendingCheck(check) if defer_verify and check is not None else None
+        model._weights_check = model_dir.PendingCheck(check) if defer_verify and check is not None else None
         model.source = source
         model.name_or_path = str(path)
         model.tokenizer_record = meta.get("tokenizer")
-        model.tokenizer = _saved_tokenizer(path, model.tokenizer_record)
+        model.tokenizer = model_dir._saved_tokenizer(path, model.tokenizer_record)
         return model.eval()
 
 
