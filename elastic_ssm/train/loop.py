@@ -21,30 +21,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigBase, ConfigError, TrainConfig, resolve_precision
-from .checkpoint import (
-    DataStream,
-    find_checkpoint,
-    full_model_state,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from .dist import (
-    DistContext,
-    StepWatch,
-    all_reduce,
-    check_same_count,
-    collective_error,
-    full_tensor,
-    init_distributed,
-    is_sharded,
-    no_sync,
-    teacher_padding,
-    unsharded_copy,
-    wrap_ddp,
-    wrap_fsdp,
-)
+from . import checkpoint, dist
 from .losses import IGNORE_INDEX, LossModule
 from .metrics import MetricsLogger, bytes_per_token, eval_tier_list, validation_records
 from .preflight import StopSignals, TrainingInterrupted, config_changes, start_run
@@ -91,21 +68,21 @@ def _stages(cfg: TrainConfig, recipe: str, only: tuple[str, ...] | None, world: 
 class _Trainer:
     """State shared by the stages of one ``train()`` call."""
 
-    def __init__(self, model: nn.Module, data: Any, cfg: TrainConfig, ctx: DistContext, val_data: Any,
+    def __init__(self, model: nn.Module, data: Any, cfg: TrainConfig, ctx: dist.DistContext, val_data: Any,
                  progress: bool | str, stop: StopSignals) -> None:
         self.model, self.cfg, self.ctx, self.stop = model, cfg, ctx, stop
         factory = callable(data) and not hasattr(data, "__iter__")
         self.data = data(ctx.rank, ctx.world_size) if factory else data
-        self.stream = DataStream(self.data)
+        self.stream = checkpoint.DataStream(self.data)
         self.out = Path(cfg.out_dir)
         self.log = MetricsLogger(self.out, ctx, progress, cfg.log, cfg.to_dict())
         self.val_data, self._val = val_data, None
         self.bpb = bytes_per_token(cfg, model)
         self.sharded = cfg.parallel == "fsdp" and ctx.distributed
-        self.watch = StepWatch(ctx, cfg.dist_timeout_s)
+        self.watch = dist.StepWatch(ctx, cfg.dist_timeout_s)
         self.precision = resolve_precision(cfg.precision, ctx.device)
         fsdp = cfg.parallel == "fsdp"   # FSDP2 shards the model in place; DDP wraps the loss module
-        self.loss_mod = LossModule(wrap_fsdp(model, ctx)) if fsdp else wrap_ddp(LossModule(model), ctx)
+        self.loss_mod = LossModule(dist.wrap_fsdp(model, ctx)) if fsdp else dist.wrap_ddp(LossModule(model), ctx)
         self.sync_mod: nn.Module = model if fsdp else self.loss_mod
         self._shape_checked = False
         #: compile_mode reduce-overhead replays CUDA graphs whose outputs the next replay overwrites: each
@@ -128,25 +105,25 @@ class _Trainer:
         if self._val is None:
             self._val = list(islice(iter(self.val_data), self.cfg.eval.batches))   # a one-shot iterator: read once
             if self.sharded:
-                check_same_count(len(self._val), self.ctx, "validation batches")
+                dist.check_same_count(len(self._val), self.ctx, "validation batches")
         tiers = eval_tier_list(self.model, self.cfg.eval.tiers)
         recs = validation_records(self.model, self._val, tiers, self.ctx, self.bpb, self.precision)
         self.log.eval_results([{**r, "stage": stage, "step": step} for r in recs])
 
     def rank_state(self) -> dict[str, Any]:
         stats = [f.act_sq for f in self.model.ffn_layers()] if hasattr(self.model, "ffn_layers") else []
-        return {"rng": rng_state(), "act_sq": [None if s is None else s.cpu() for s in stats],
+        return {"rng": checkpoint.rng_state(), "act_sq": [None if s is None else s.cpu() for s in stats],
                 "data": self.stream.state_dict()}
 
     def save(self, st: _Stage, step: int, tokens: int, opt: torch.optim.Optimizer, recipe: Any) -> None:
         trainer = {"stage": st.name, "step": step, "tokens_seen": tokens, "schedule": st.sched.state_dict(),
                    "recipe": recipe.state_dict(), "train_config": self.cfg.to_dict(),
                    "model_config": self.model.config.to_dict(), "world_size": self.ctx.world_size}
-        save_checkpoint(self.out / st.name, step, self.model, opt, trainer, self.rank_state(), self.ctx,
-                        self.cfg.checkpoint.keep_last, self.cfg.to_yaml())
+        checkpoint.save_checkpoint(self.out / st.name, step, self.model, opt, trainer, self.rank_state(), self.ctx,
+                                   self.cfg.checkpoint.keep_last, self.cfg.to_yaml())
 
     def restore(self, st: _Stage, opt: torch.optim.Optimizer, recipe: Any) -> tuple[int, int]:
-        got = load_checkpoint(self.out / st.name, self.model, opt, self.ctx)
+        got = checkpoint.load_checkpoint(self.out / st.name, self.model, opt, self.ctx)
         if got is None:
             return 0, 0
         trainer, rank = got
@@ -172,7 +149,7 @@ class _Trainer:
             for f, s in zip(self.model.ffn_layers(), rank["act_sq"]):
                 f.act_sq = s
         self.stream.load_state_dict(rank["data"])
-        set_rng_state(rank["rng"])
+        checkpoint.set_rng_state(rank["rng"])
         return int(trainer["step"]), int(trainer["tokens_seen"])
 
     # ---- one stage ------------------------------------------------------------------------------------
@@ -198,19 +175,19 @@ class _Trainer:
             self.watch.mark(st.name, step + 1)
             batches = [self.stream.next_on(ctx.device) for _ in range(M)]
             self._check_shape(batches[0][0])
-            n_tok = all_reduce(torch.stack([(b[1] != IGNORE_INDEX).sum() for b in batches]).sum().double(), ctx)
+            n_tok = dist.all_reduce(torch.stack([(b[1] != IGNORE_INDEX).sum() for b in batches]).sum().double(), ctx)
             if n_tok.item() == 0:
                 raise ValueError(f"step {step}: no valid labels (all -100) in the global batch")
             n_local_tok = sum(b[0].numel() for b in batches)
             gplan = recipe.global_plan(step, tokens, M * W)
-            idle = teacher_padding(gplan, M, W, ctx.rank) if self.sharded else [False] * M
+            idle = dist.teacher_padding(gplan, M, W, ctx.rank) if self.sharded else [False] * M
             scale = W / n_tok.item()
             sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)
             for r, (ids, labels, mask) in enumerate(batches):
                 plan = gplan[r * W + ctx.rank]
                 if self.graph_steps:
                     torch.compiler.cudagraph_mark_step_begin()
-                with no_sync(self.sync_mod, r < M - 1):
+                with dist.no_sync(self.sync_mod, r < M - 1):
                     with torch.autocast(ctx.device.type, torch.bfloat16, enabled=amp):
                         if idle[r]:  # another rank's r-th micro-batch runs a teacher pass (dist.teacher_padding)
                             self.loss_mod.idle_teacher(ids, mask, cfg.loss_chunk)
@@ -228,13 +205,13 @@ class _Trainer:
             opt.step()
             opt.zero_grad(set_to_none=True)
             events = recipe.after_step(step, model, opt, ctx)
-            all_reduce(sums, ctx)
+            dist.all_reduce(sums, ctx)
             step_tokens = n_local_tok * W
             tokens += step_tokens
             step += 1
             loss, ce, aux, ce_full = (sums / n_tok).tolist()
             if not math.isfinite(loss):
-                last = find_checkpoint(self.out / st.name) if ctx.is_main else "(named on rank 0)"
+                last = checkpoint.find_checkpoint(self.out / st.name) if ctx.is_main else "(named on rank 0)"
                 kept = f"the last checkpoint is {last}" if last else "no checkpoint was written yet"
                 raise FloatingPointError(
                     f"training diverged: {st.name} step {step} has a non-finite loss ({loss}); {kept}; retry with a "
@@ -244,7 +221,7 @@ class _Trainer:
             rec = {"kind": "train", "stage": st.name, "step": step, "loss": loss, "ce": ce, "aux": aux, "lr": lr,
                    "tokens": tokens, "tokens_per_s": step_tokens / max(dt, 1e-9),
                    "capacities": [p.label for p in gplan],
-                   "grad_norm": float(full_tensor(gnorm)), **events}
+                   "grad_norm": float(dist.full_tensor(gnorm)), **events}
             if st.name == "refine":
                 rec["ce_full"] = ce_full
             saved = (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step in (st.steps, end)
@@ -267,7 +244,7 @@ class _Trainer:
         if not self.ctx.distributed:
             return self.stop.requested is not None
         flag = torch.tensor([float(self.stop.requested is not None)], device=self.ctx.device)
-        return bool(all_reduce(flag, self.ctx).item() > 0)
+        return bool(dist.all_reduce(flag, self.ctx).item() > 0)
 
 
 def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val_data: Any = None,
@@ -279,7 +256,7 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
     ignored; ES-SSM classification: labels [B]; an optional third element is an attention mask), or a callable
     ``data(rank, world_size)`` returning them; ``resume``: True or ``"auto"``; ``progress``: True (bar and lines),
     ``"lines"`` or False. Every other argument: docs/training.md, the list under its ``train(...)`` signature."""
-    ctx = init_distributed(cfg.device, distributed, cfg.dist_timeout_s)
+    ctx = dist.init_distributed(cfg.device, distributed, cfg.dist_timeout_s)
     lock, trainer = None, None
     try:
         from ..models import build_model  # ESSH, ES-SSM, Transformer++ or MatFormer by the config's arch
@@ -317,10 +294,10 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
             # the final save runs under the same handlers: a SIGTERM / Ctrl-C now lets it finish (a half-written
             # final/ and a silent exit would leave a finished run looking unfinished)
             path = None
-            if is_sharded(model):
-                state = full_model_state(model)
+            if dist.is_sharded(model):
+                state = checkpoint.full_model_state(model)
                 if ctx.is_main:
-                    model = unsharded_copy(model, state, ctx.device)
+                    model = dist.unsharded_copy(model, state, ctx.device)
             if finished and ctx.is_main:
                 path = model.save_pretrained(Path(cfg.out_dir) / "final")
             if finished and stop.requested and ctx.is_main:
@@ -334,13 +311,13 @@ def train(model_or_cfg: nn.Module | ConfigBase, data: Any, cfg: TrainConfig, val
 
         if e.errno not in (errno.ENOSPC, errno.EDQUOT) or e.filename is None:
             raise
-        found = [c for c in (find_checkpoint(Path(cfg.out_dir) / s) for s in ("refine", "pretrain")) if c]
+        found = [c for c in (checkpoint.find_checkpoint(Path(cfg.out_dir) / s) for s in ("refine", "pretrain")) if c]
         kept = (f"the last complete checkpoint is {found[0]}: free space, then continue with --resume" if found
                 else "no checkpoint was written yet: free space, then start again (--resume auto)")
         raise type(e)(e.errno, f"{e.strerror}; {kept}", e.filename) from e
     except Exception as e:  # a failed collective: one line naming this rank and its step
         ctx.close(clean=False)  # no final barrier: the peers may never come to it
-        err = collective_error(e, ctx, trainer and trainer.watch.where, cfg.dist_timeout_s)
+        err = dist.collective_error(e, ctx, trainer and trainer.watch.where, cfg.dist_timeout_s)
         if err is e:
             raise
         raise err from e
