@@ -114,9 +114,7 @@ def swa_block_mask(T: int, window: int, device, block_size: int = 128):
                                     mask_mod=band, seq_lengths=(T, T))
 
 
-@functools.lru_cache(maxsize=16)
-def _cached_block_mask(T: int, window: int, device: torch.device, block_size: int):
-    return swa_block_mask(T, window, device, block_size)
+_cached_block_mask = functools.lru_cache(maxsize=16)(swa_block_mask)
 
 
 @functools.cache
