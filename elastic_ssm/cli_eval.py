@@ -9,19 +9,8 @@ import json
 import math
 from pathlib import Path
 
-from .cli_util import (
-    announce_device,
-    checked_capacities,
-    checked_tiers,
-    listed_tier,
-    load_model,
-    refuse_existing,
-    resolve_device,
-    spelled,
-    status,
-    tier_names,
-    write_csv,
-)
+from . import cli_util
+from .cli_util import announce_device, load_model, spelled, status, write_csv
 from .config import ConfigError, RunConfig
 from .utils.files import atomic_write_text, check_output_path
 from .utils.progress import format_table
@@ -98,7 +87,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .serve.cli import record_quality
 
     model, device = load_model(args)
-    tiers = checked_capacities(model, args.tiers)
+    tiers = cli_util.checked_capacities(model, args.tiers)
     lengths = _lengths(args, model)
     tokens, bpt = _tokens_and_bpt(args, model)
     longest = list(evaluation_batches(tokens, max(lengths), args.batch_size, args.n_batches))
@@ -128,12 +117,12 @@ def cmd_importance(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path(args.checkpoint) / "importance"
     check_output_path(spelled(args, "out"), str(out), "folder")     # refused before any work, as earlier results
-    refuse_existing(args, *(out / f"channel_importance.{x}" for x in ("csv", "json", "png")))   # what it writes
+    cli_util.refuse_existing(args, *(out / f"channel_importance.{x}" for x in ("csv", "json", "png")))  # what it writes
     model, device = load_model(args)
     if not has_spectral_channels(model):
         raise ConfigError(f"{args.checkpoint} holds a {model.arch!r} model: it has no spectral channels; importance "
                           "applies to ESSH and ES-SSM models")
-    tier = [None] if args.tier == "full" else checked_capacities(model, args.tier, spelled(args, "tier"))
+    tier = [None] if args.tier == "full" else cli_util.checked_capacities(model, args.tier, spelled(args, "tier"))
     if tier is None or len(tier) != 1:         # None: --tier all
         raise ConfigError(f"{spelled(args, 'tier')} {args.tier}: give one tier ('full', a name such as T4, or a "
                           "fraction)")
@@ -192,9 +181,9 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--include_path {args.include_path} is not a folder; give the folder of your task YAML "
                           "files")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    names = tier_names(args.tiers)
-    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=names and [listed_tier(n) for n in names],
-                                   tokenizer=args.tokenizer, device=resolve_device(args.device),
+    names = cli_util.tier_names(args.tiers)
+    rows = evaluate_tiers_on_tasks(args.checkpoint, tasks, tiers=names and [cli_util.listed_tier(n) for n in names],
+                                   tokenizer=args.tokenizer, device=cli_util.resolve_device(args.device),
                                    batch_size=args.batch_size, max_length=args.max_length, limit=limit,
                                    num_fewshot=args.num_fewshot, include_path=args.include_path,
                                    precision=args.precision, progress=not args.quiet)
@@ -218,7 +207,7 @@ def cmd_niah(args: argparse.Namespace) -> int:
     model, device = load_model(args)
     tok = resolve_tokenizer(model, args.tokenizer)
     filler = load_corpus(args.data, tok, split=args.split)
-    tiers = checked_tiers(model, args.tiers)
+    tiers = cli_util.checked_tiers(model, args.tiers)
     try:
         trials = build_trials(filler, tok, cfg)
         check_fits(model, trials, cfg)
