@@ -7,8 +7,9 @@ before it for an abort at exit), so the ranks no longer tear gloo down. A rank w
 which has met every other rank at a barrier has nothing left to tear down that the operating system does not
 (sockets, memory), so it leaves with ``os._exit(0)`` and runs no C++ destructor. A rank that fails before that
 point still tears down and raises, so its error reaches ``mp.spawn``. The same abort hit rank 1 of
-``tests/train/test_train.py::test_ddp_gloo_matches_single_process`` once in three CI runs on 2026-12-01, where
-``train()`` owned the group and destroyed it; that test now ends its ranks here too.
+``tests/train/test_train_end_to_end.py::test_ddp_gloo_matches_single_process`` (then in ``test_train.py``) once
+in three CI runs on 2026-12-01, where ``train()`` owned the group and destroyed it; that test now ends its ranks
+here too.
 """
 
 import os

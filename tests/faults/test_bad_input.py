@@ -1,6 +1,7 @@
 """Bad input, table-driven: every case of the command line exits with code 2 and one line that names the
-problem (never a traceback); ``--debug`` shows the traceback. The model-level cases raise a ValueError
-that names the argument."""
+problem (never a traceback); ``--debug`` shows the traceback. The Python API's arguments
+(``export_tier``, ``from_pretrained``, ``select_tier``) raise an error that names them; bad tensor input to a
+model is ``test_bad_model_inputs.py``."""
 
 import json
 import socket
@@ -299,57 +300,6 @@ def test_debug_shows_the_traceback(files, monkeypatch):
     monkeypatch.setenv("ELASTIC_SSM_DEBUG", "1")
     with pytest.raises(Exception, match="mapping"):
         main(["train", "--config", str(w["train5"])])
-
-
-@pytest.mark.parametrize("make,match", [
-    (lambda: dict(input_ids=torch.zeros(0, 8, dtype=torch.long)), "is empty"),
-    (lambda: dict(input_ids=torch.zeros(2, 8, dtype=torch.long), attention_mask=torch.ones(1, 8)), r"\[B, T\]"),
-    (lambda: dict(input_ids=torch.zeros(2, 8, dtype=torch.long), attention_mask=torch.ones(2, 7)), r"\[B, T\]"),
-    (lambda: dict(input_ids=torch.zeros(2, 8, dtype=torch.long), attention_mask=torch.ones(8)), "never broadcast"),
-    (lambda: dict(input_ids=torch.full((1, 4), 999)), "vocab_size"),
-    (lambda: dict(input_ids=torch.zeros(1, 4)), "integer"),
-])
-def test_model_inputs_are_checked(make, match):
-    torch.manual_seed(0)
-    model = es.ESSH(es.ESSHConfig.preset("tiny"))
-    with pytest.raises(ValueError, match=match):
-        model(**make())
-
-
-MASKS = [
-    (torch.full((2, 8), 0.5), "only 0 .padding. and 1"),                # not a mask: never silently rounded
-    (torch.tensor([[1] * 8, [0] * 8]), "at least one real token"),      # a row with nothing to predict from
-]
-
-
-@pytest.mark.parametrize("arch", ["essh", "transformer", "es_ssm"])
-def test_attention_masks_are_checked_in_every_architecture(arch):
-    """Mask values, rows without a real token and (for the baselines too) the [B, T] shape; a cache prefill
-    needs left padding. Ids out of the vocabulary and a list instead of a tensor are named, not an IndexError."""
-    from elastic_ssm.models import build_model
-
-    cfg = {"essh": es.ESSHConfig, "transformer": es.config.TransformerConfig, "es_ssm": es.ESSSMConfig}[arch]
-    model = build_model(cfg.preset("tiny"), seed=0)
-    ids = torch.randint(0, 200, (2, 8))
-    for mask, match in [*MASKS, (torch.ones(1, 8), "attention_mask must")]:
-        with pytest.raises(ValueError, match=match):
-            model(ids, attention_mask=mask)
-    with pytest.raises(ValueError, match="vocab"):
-        model(torch.full((1, 4), 10_000))
-    with pytest.raises(TypeError, match="torch.Tensor"):
-        model([[1, 2, 3]])
-    right = torch.tensor([[1] * 6 + [0] * 2, [1] * 8])
-    model(ids, attention_mask=right)                 # no cache: causal, the padding after the tokens is harmless
-    if arch == "essh":
-        with pytest.raises(ValueError, match="LEFT padding"):
-            model(ids, attention_mask=right, cache=model.allocate_cache(2))
-
-
-def test_generate_names_a_mask_that_is_not_a_tensor():
-    """It was ``AttributeError: 'list' object has no attribute 'dim'``."""
-    model = es.ESSH(es.ESSHConfig.preset("tiny"))
-    with pytest.raises(ValueError, match="attention_mask must be"):
-        model.generate(torch.tensor([[1, 2, 3]]), 2, attention_mask=[[1, 1, 1]])
 
 
 def test_python_api_arguments_are_checked(files):

@@ -16,7 +16,8 @@ import math
 import fla_stand_in
 import pytest
 import torch
-from test_spectral_scan import _grads, make_inputs, naive_gla, tables
+from test_spectral_scan import _grads, make_inputs, tables
+from test_spectral_scan_fla import naive_gla
 
 import elastic_ssm as es
 from elastic_ssm.ops import chunk_spectral_scan, naive_spectral_scan, spectral_scan
