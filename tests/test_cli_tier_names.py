@@ -5,6 +5,7 @@ one tier word (an ES-SSM budget ``8``) of every verb."""
 import json
 
 import pytest
+from test_cli_outputs import export, one_error_line, tier_of
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
@@ -16,21 +17,6 @@ def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "m"
     es.ESSH(es.ESSHConfig.preset("tiny")).save_pretrained(path)
     return path
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    lines = [line for line in err.splitlines() if line.startswith("elastic-ssm ")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-def export(model_dir, out, *flags):
-    return main(["export", str(model_dir), "--out", str(out), "--check_len", "8", *flags])
-
-
-def tier_of(folder) -> str:
-    return json.loads((folder / "config.json").read_text())["source"]["tier"]
 
 
 # ---- 4. one tier-list parser: spaces around names ----------------------------------------------------------------

@@ -10,28 +10,11 @@ import warnings
 
 import harness
 import pytest
+from test_run_dir import _copy, _one_line_error
 
 import elastic_ssm as es
 from elastic_ssm.cli import main
 from elastic_ssm.models.model_dir import CheckpointError
-
-
-def _copy(done, tmp_path):
-    cfg, run = done
-    dst = tmp_path / "run"
-    shutil.copytree(run, dst)
-    return cfg, dst
-
-
-def _one_line_error(capsys, *needles):
-    """The one error line (progress-bar lines of a run that started are not messages)."""
-    text = capsys.readouterr().err
-    lines = [line for line in text.splitlines() if line.strip() and "step/s" not in line and "?step" not in line]
-    assert len(lines) == 1 and lines[0].startswith("elastic-ssm") and "Traceback" not in text, text
-    err = lines[0]
-    for n in needles:
-        assert n in err, (n, err)
-    return err
 
 
 def test_flipped_bytes_in_weights_and_checkpoints_are_detected(done, tmp_path, capsys):

@@ -27,3 +27,14 @@ def tiny_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("served") / "tiny"
     _varied_tiny().save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """ESSH ``tiny`` as initialized (seed 0), saved with the byte tokenizer (a file may define its own)."""
+    torch.manual_seed(0)
+    model = es.ESSH(es.ESSHConfig.preset("tiny"))
+    model.tokenizer = data.load_tokenizer("bytes")
+    path = tmp_path_factory.mktemp("m") / "tiny"
+    model.save_pretrained(path)
+    return path

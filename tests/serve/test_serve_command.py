@@ -9,20 +9,9 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 import elastic_ssm as es  # noqa: E402
-from elastic_ssm import data  # noqa: E402
 from elastic_ssm.serve.app import ServerSettings, create_app  # noqa: E402
 
 KEY = {"Authorization": "Bearer s3cret"}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    model = es.ESSH(es.ESSHConfig.preset("tiny"))
-    model.tokenizer = data.load_tokenizer("bytes")
-    path = tmp_path_factory.mktemp("m") / "tiny"
-    model.save_pretrained(path)
-    return path
 
 
 def test_serve_command_wires_flags_key_and_the_non_local_warning(model_dir, monkeypatch, caplog):

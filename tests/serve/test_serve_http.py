@@ -4,27 +4,15 @@
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 import elastic_ssm as es  # noqa: E402
-from elastic_ssm import data  # noqa: E402
 from elastic_ssm.serve.app import ServerSettings, create_app  # noqa: E402
 from elastic_ssm.serve.engine import COUNTERS, Busy  # noqa: E402
 
 KEY = {"Authorization": "Bearer s3cret"}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    model = es.ESSH(es.ESSHConfig.preset("tiny"))
-    model.tokenizer = data.load_tokenizer("bytes")
-    path = tmp_path_factory.mktemp("m") / "tiny"
-    model.save_pretrained(path)
-    return path
 
 
 def _client(path, **kw):

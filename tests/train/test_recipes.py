@@ -20,14 +20,6 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 L, B = 16, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _tokens(n=6000):
     return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(0)).numpy()
 

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from gloo_ranks import finish_rank
+from test_train import B, L, _cfg, _micro_batches, _tiny, _tokens
 
 import elastic_ssm as es
 from elastic_ssm.config import ConfigError
@@ -22,51 +23,6 @@ from elastic_ssm.train import (
     find_checkpoint,
     train,
 )
-
-L, B = 16, 2
-
-
-def _tokens(n=6000, seed=0):
-    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).numpy()
-
-
-def _micro_batches(n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        ids = torch.randint(0, 256, (B, L), generator=g)
-        labels = torch.randint(0, 256, (B, L), generator=g)
-        labels[0, : 3 * i] = -100                  # unequal valid counts N_r
-        out.append((ids, labels))
-    return out
-
-
-def _cfg(tmp_path, **kw):
-    base = dict(steps=4, micro_batch_size=B, grad_accum=2, seq_len=L, out_dir=str(tmp_path), log_every=1,
-                device="cpu", eval=dict(every=0), checkpoint=dict(every=0), mixing=dict(n_warm_tokens=0))
-    for k, v in kw.items():   # a section given as a mapping updates the base's section field by field
-        base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-    return TrainConfig(**base)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a loaded shared machine two spinning OpenMP
-    threads per process slow these tests down by up to 100x."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tiny_cfg():
-    return es.ESSHConfig.preset("tiny")
-
-
-def _tiny(cfg, seed=0):
-    torch.manual_seed(seed)
-    return es.ESSH(cfg)
 
 
 # ---- recipes end to end ------------------------------------------------------------------------------
